@@ -1,0 +1,425 @@
+//! The time budget of one request. It is fixed once, when the request head is parsed, as an
+//! absolute deadline; every later step (reading the body, connecting, waiting for tokens)
+//! reads what is left of it instead of starting a clock of its own.
+
+use std::time::Duration;
+
+use http::HeaderMap;
+use tokio::time::Instant;
+
+use crate::config::Limits;
+use crate::error::GatewayError;
+
+pub const BUDGET_HEADER: &str = "x-request-budget-ms";
+pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+pub const ENVOY_EXPECTED: &str = "x-envoy-expected-rq-timeout-ms";
+/// Sent by the official OpenAI (Node) and Anthropic SDKs: the client's overall patience, seconds.
+pub const STAINLESS_TIMEOUT: &str = "x-stainless-timeout";
+/// Sent by the official Python SDKs: the longest silence the client tolerates, seconds.
+pub const STAINLESS_READ_TIMEOUT: &str = "x-stainless-read-timeout";
+
+/// Headers that carry a budget into Hourglass; none is forwarded as received.
+pub const INBOUND_BUDGET_HEADERS: [&str; 3] = [BUDGET_HEADER, GRPC_TIMEOUT, ENVOY_EXPECTED];
+
+/// Where a request's budget came from, for the log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetSource {
+    Header,
+    GrpcTimeout,
+    EnvoyExpected,
+    Config,
+}
+
+impl BudgetSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Header => BUDGET_HEADER,
+            Self::GrpcTimeout => GRPC_TIMEOUT,
+            Self::EnvoyExpected => ENVOY_EXPECTED,
+            Self::Config => "config",
+        }
+    }
+}
+
+/// A request's budget, as an absolute deadline plus the limits every decision needs.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    pub arrival: Instant,
+    /// `arrival + total`: when the client's promise runs out.
+    pub deadline: Instant,
+    pub total: Duration,
+    pub source: BudgetSource,
+    /// The client asked for more than the route's `max_budget`.
+    pub clamped: bool,
+    pub reserve: Duration,
+    pub min_useful: Duration,
+    /// The longest silence any watchdog allows: the configured first-token and idle limits,
+    /// lowered below the client's own read timeout so the client hears our error first.
+    pub first_token_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+/// What the client asked for, read once from the request head so that a route chosen later
+/// (after the body names the model) resolves the same request against its own limits.
+#[derive(Debug, Clone, Default)]
+pub struct BudgetRequest {
+    asked: Option<(Duration, BudgetSource)>,
+    /// Caps from the client's SDK patience headers.
+    total_cap: Option<Duration>,
+    silence_cap: Option<Duration>,
+}
+
+impl BudgetRequest {
+    /// Reads every budget header. A malformed, zero, negative, duplicated or overflowing value
+    /// in any of them is refused: a client that sent a budget must not be served on another.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Self, GatewayError> {
+        let ms = single(headers, BUDGET_HEADER)?
+            .map(|v| parse_millis(BUDGET_HEADER, v))
+            .transpose()?;
+        let grpc = single(headers, GRPC_TIMEOUT)?
+            .map(parse_grpc_timeout)
+            .transpose()?;
+        let envoy = single(headers, ENVOY_EXPECTED)?
+            .map(|v| parse_millis(ENVOY_EXPECTED, v))
+            .transpose()?;
+        let asked = ms
+            .map(|d| (d, BudgetSource::Header))
+            .or(grpc.map(|d| (d, BudgetSource::GrpcTimeout)))
+            .or(envoy.map(|d| (d, BudgetSource::EnvoyExpected)));
+        Ok(Self {
+            asked,
+            total_cap: patience(headers, STAINLESS_TIMEOUT),
+            silence_cap: patience(headers, STAINLESS_READ_TIMEOUT),
+        })
+    }
+
+    /// Resolves against a route's limits. `arrival` is when the head was parsed, so a route
+    /// picked after reading the body still counts the body's time against the budget.
+    pub fn resolve(&self, limits: &Limits, arrival: Instant) -> Budget {
+        let (asked, source) = self.asked.unwrap_or((limits.budget, BudgetSource::Config));
+        let clamped = asked > limits.max_budget;
+        let mut total = asked.min(limits.max_budget);
+        if let Some(cap) = self.total_cap {
+            total = total.min(cap);
+        }
+        let silence = |d: Duration| self.silence_cap.map_or(d, |cap| d.min(cap));
+        Budget {
+            arrival,
+            deadline: arrival + total,
+            total,
+            source,
+            clamped,
+            reserve: limits.reserve,
+            min_useful: limits.min_useful,
+            first_token_timeout: silence(limits.first_token_timeout),
+            idle_timeout: silence(limits.idle_timeout),
+            connect_timeout: limits.connect_timeout,
+        }
+    }
+}
+
+impl Budget {
+    /// When work on the upstream must stop: the deadline less what is held back for after it.
+    pub fn work_deadline(&self) -> Instant {
+        self.deadline
+            .checked_sub(self.reserve)
+            .unwrap_or(self.arrival)
+    }
+
+    /// What the upstream may still spend at `now`.
+    pub fn usable(&self, now: Instant) -> Duration {
+        self.work_deadline().saturating_duration_since(now)
+    }
+
+    /// The fail-fast rule: with less than `min_useful` usable, the upstream is never called.
+    pub fn ensure_useful(&self, now: Instant) -> Result<(), GatewayError> {
+        let usable = self.usable(now);
+        if usable < self.min_useful || usable.is_zero() {
+            return Err(GatewayError::InsufficientBudget {
+                remaining: self.deadline.saturating_duration_since(now),
+                reserve: self.reserve,
+                min_useful: self.min_useful,
+            });
+        }
+        Ok(())
+    }
+
+    /// The value of `x-request-budget-ms` forwarded upstream: what is usable now, rounded
+    /// down, at least 1, so a chain of gateways shrinks one budget.
+    pub fn forwarded_ms(&self, now: Instant) -> u64 {
+        (self.usable(now).as_millis() as u64).max(1)
+    }
+}
+
+fn single<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<Option<&'a str>, GatewayError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        let all: Vec<String> = headers
+            .get_all(name)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        return Err(invalid(name, &all.join(", "), "is given more than once"));
+    }
+    first.to_str().map(Some).map_err(|_| {
+        invalid(
+            name,
+            &String::from_utf8_lossy(first.as_bytes()),
+            "is not ASCII",
+        )
+    })
+}
+
+fn invalid(header: &'static str, value: &str, reason: &'static str) -> GatewayError {
+    // Bounded so that a hostile header cannot make the error body large.
+    let value: String = value.chars().take(64).collect();
+    GatewayError::InvalidBudget {
+        header,
+        value,
+        reason,
+    }
+}
+
+fn parse_millis(header: &'static str, v: &str) -> Result<Duration, GatewayError> {
+    let n = parse_positive(
+        header,
+        v,
+        "must be a positive integer number of milliseconds",
+    )?;
+    Ok(Duration::from_millis(n))
+}
+
+/// Digits only: no sign, no exponent, no fraction, no spaces inside.
+fn parse_positive(header: &'static str, v: &str, what: &'static str) -> Result<u64, GatewayError> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(header, v, what));
+    }
+    let n: u64 = v
+        .parse()
+        .map_err(|_| invalid(header, v, "does not fit in 64 bits"))?;
+    if n == 0 {
+        return Err(invalid(header, v, "must be greater than zero"));
+    }
+    Ok(n)
+}
+
+/// gRPC wire format: `TimeoutValue TimeoutUnit`, at most 8 digits, unit one of H M S m u n.
+fn parse_grpc_timeout(v: &str) -> Result<Duration, GatewayError> {
+    const WHAT: &str = "must be 1-8 digits followed by a unit (H, M, S, m, u, n)";
+    let Some(unit) = v.bytes().last() else {
+        return Err(invalid(GRPC_TIMEOUT, v, WHAT));
+    };
+    let digits = &v[..v.len() - 1];
+    if digits.is_empty() || digits.len() > 8 {
+        return Err(invalid(GRPC_TIMEOUT, v, WHAT));
+    }
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(GRPC_TIMEOUT, v, WHAT));
+    }
+    // At most 8 digits: always fits, and the error names the whole value.
+    let n: u64 = digits.parse().map_err(|_| invalid(GRPC_TIMEOUT, v, WHAT))?;
+    if n == 0 {
+        return Err(invalid(GRPC_TIMEOUT, v, "must be greater than zero"));
+    }
+    Ok(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return Err(invalid(GRPC_TIMEOUT, v, WHAT)),
+    })
+}
+
+/// The SDKs' own timeouts, in (possibly fractional) seconds. They are hints, not requests:
+/// an unreadable one is ignored rather than refused. The returned cap sits a little below the
+/// client's limit (10%, at most 1 s) so that our error reaches the client before it gives up.
+fn patience(headers: &HeaderMap, name: &str) -> Option<Duration> {
+    let v = headers.get(name)?.to_str().ok()?;
+    let secs: f64 = v.trim().parse().ok()?;
+    if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
+        return None;
+    }
+    let d = Duration::from_secs_f64(secs);
+    let margin = (d / 10).min(Duration::from_secs(1));
+    Some(d - margin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn limits() -> Limits {
+        Limits {
+            budget: Duration::from_secs(60),
+            max_budget: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(2),
+            first_token_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(20),
+            reserve: Duration::from_millis(0),
+            min_useful: Duration::from_millis(100),
+        }
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    fn resolve(pairs: &[(&'static str, &str)]) -> Result<Budget, GatewayError> {
+        let now = Instant::now();
+        BudgetRequest::from_headers(&headers(pairs)).map(|r| r.resolve(&limits(), now))
+    }
+
+    #[tokio::test]
+    async fn precedence_header_then_grpc_then_envoy_then_config() {
+        let b = resolve(&[
+            (BUDGET_HEADER, "1500"),
+            (GRPC_TIMEOUT, "3S"),
+            (ENVOY_EXPECTED, "4000"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (b.total, b.source),
+            (Duration::from_millis(1500), BudgetSource::Header)
+        );
+        let b = resolve(&[(GRPC_TIMEOUT, "3S"), (ENVOY_EXPECTED, "4000")]).unwrap();
+        assert_eq!(
+            (b.total, b.source),
+            (Duration::from_secs(3), BudgetSource::GrpcTimeout)
+        );
+        let b = resolve(&[(ENVOY_EXPECTED, "4000")]).unwrap();
+        assert_eq!(
+            (b.total, b.source),
+            (Duration::from_secs(4), BudgetSource::EnvoyExpected)
+        );
+        let b = resolve(&[]).unwrap();
+        assert_eq!(
+            (b.total, b.source),
+            (Duration::from_secs(60), BudgetSource::Config)
+        );
+    }
+
+    #[tokio::test]
+    async fn deadline_is_absolute_from_arrival() {
+        let arrival = Instant::now();
+        let b = BudgetRequest::from_headers(&headers(&[(BUDGET_HEADER, "2000")]))
+            .unwrap()
+            .resolve(&limits(), arrival);
+        assert_eq!(b.deadline, arrival + Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn client_values_are_clamped_not_rejected() {
+        let b = resolve(&[(BUDGET_HEADER, "99999999")]).unwrap();
+        assert_eq!(b.total, Duration::from_secs(600));
+        assert!(b.clamped);
+        let b = resolve(&[(GRPC_TIMEOUT, "99999999H")]).unwrap();
+        assert_eq!(b.total, Duration::from_secs(600));
+    }
+
+    #[tokio::test]
+    async fn grpc_units() {
+        for (v, d) in [
+            (
+                "1H",
+                Duration::from_secs(3600).min(Duration::from_secs(600)),
+            ),
+            ("2M", Duration::from_secs(120)),
+            ("7S", Duration::from_secs(7)),
+            ("250m", Duration::from_millis(250)),
+            ("250000u", Duration::from_millis(250)),
+            ("25000000n", Duration::from_millis(25)),
+        ] {
+            assert_eq!(resolve(&[(GRPC_TIMEOUT, v)]).unwrap().total, d, "{v}");
+        }
+    }
+
+    #[test]
+    fn every_bad_form_is_refused_naming_header_and_value() {
+        let cases: &[(&'static str, &str, &str)] = &[
+            (BUDGET_HEADER, "abc", "positive integer"),
+            (BUDGET_HEADER, "0", "greater than zero"),
+            (BUDGET_HEADER, "-5", "positive integer"),
+            (BUDGET_HEADER, "1e3", "positive integer"),
+            (BUDGET_HEADER, "1.5", "positive integer"),
+            (BUDGET_HEADER, "+5", "positive integer"),
+            (BUDGET_HEADER, "", "positive integer"),
+            (BUDGET_HEADER, "99999999999999999999", "64 bits"),
+            (ENVOY_EXPECTED, "soon", "positive integer"),
+            (GRPC_TIMEOUT, "10", "unit"),
+            (GRPC_TIMEOUT, "S", "unit"),
+            (GRPC_TIMEOUT, "123456789S", "unit"),
+            (GRPC_TIMEOUT, "0S", "greater than zero"),
+            (GRPC_TIMEOUT, "5x", "unit"),
+        ];
+        for (h, v, why) in cases {
+            let err = BudgetRequest::from_headers(&headers(&[(h, v)])).unwrap_err();
+            assert_eq!(err.code(), "invalid_budget");
+            let msg = err.to_string();
+            assert!(msg.starts_with(h), "{msg}");
+            assert!(msg.contains(&format!("{v:?}")), "{msg}");
+            assert!(msg.contains(why), "{msg} should say {why}");
+        }
+    }
+
+    #[test]
+    fn duplicated_header_is_refused() {
+        let err = BudgetRequest::from_headers(&headers(&[
+            (BUDGET_HEADER, "100"),
+            (BUDGET_HEADER, "200"),
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "x-request-budget-ms: \"100, 200\" is given more than once"
+        );
+    }
+
+    #[tokio::test]
+    async fn stainless_patience_caps_watchdogs_below_the_client() {
+        let b = resolve(&[(STAINLESS_READ_TIMEOUT, "5.0"), (STAINLESS_TIMEOUT, "600")]).unwrap();
+        assert_eq!(b.first_token_timeout, Duration::from_millis(4500));
+        assert_eq!(b.idle_timeout, Duration::from_millis(4500));
+        assert_eq!(b.total, Duration::from_secs(60));
+        let b = resolve(&[(STAINLESS_TIMEOUT, "20")]).unwrap();
+        assert_eq!(b.total, Duration::from_secs(19));
+        // Garbage from an SDK is ignored, never a reason to refuse the request.
+        let b = resolve(&[(STAINLESS_TIMEOUT, "nan"), (STAINLESS_READ_TIMEOUT, "-1")]).unwrap();
+        assert_eq!(b.total, Duration::from_secs(60));
+        assert_eq!(b.idle_timeout, Duration::from_secs(20));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fail_fast_and_forwarded_value() {
+        let mut l = limits();
+        l.reserve = Duration::from_millis(200);
+        let arrival = Instant::now();
+        let b = BudgetRequest::from_headers(&headers(&[(BUDGET_HEADER, "1000")]))
+            .unwrap()
+            .resolve(&l, arrival);
+        assert_eq!(b.forwarded_ms(arrival), 800);
+        assert!(b.ensure_useful(arrival).is_ok());
+        tokio::time::advance(Duration::from_millis(750)).await;
+        let err = b.ensure_useful(Instant::now()).unwrap_err();
+        assert_eq!(err.code(), "insufficient_budget");
+        assert_eq!(b.forwarded_ms(Instant::now()), 50);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert_eq!(b.forwarded_ms(Instant::now()), 1);
+    }
+
+    #[tokio::test]
+    async fn one_millisecond_budget_is_never_useful() {
+        let b = resolve(&[(BUDGET_HEADER, "1")]).unwrap();
+        assert!(b.ensure_useful(b.arrival).is_err());
+    }
+}

@@ -1,0 +1,200 @@
+//! What a client is told when Hourglass ends a request: one typed error per failure, whose
+//! `code()` is both the JSON `code` and the metric label (low cardinality by construction).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::StatusCode;
+
+use crate::outcome::Origin;
+
+/// Every way Hourglass itself can end a request. Upstream non-2xx answers are not errors here:
+/// they pass through unchanged.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GatewayError {
+    #[error("{header}: {value:?} {reason}")]
+    InvalidBudget {
+        header: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("no route matches path {path:?}{}", model_suffix(.model))]
+    NoRoute { path: String, model: Option<String> },
+    #[error("request body exceeds the limit of {limit} bytes")]
+    BodyTooLarge { limit: u64 },
+    #[error("{message}")]
+    BadRequest { message: String },
+    #[error("{} of budget left after the {} reserve; at least {} is needed to call the upstream", ms(*.remaining), ms(*.reserve), ms(*.min_useful))]
+    InsufficientBudget {
+        remaining: Duration,
+        reserve: Duration,
+        min_useful: Duration,
+    },
+    #[error("upstream {upstream:?} not connected within {}", ms(*.after))]
+    ConnectTimeout { upstream: String, after: Duration },
+    #[error("upstream {upstream:?} sent no token within {}", ms(*.after))]
+    FirstTokenTimeout { upstream: String, after: Duration },
+    #[error("upstream {upstream:?} was silent for {}", ms(*.after))]
+    IdleTimeout { upstream: String, after: Duration },
+    #[error("the request's budget of {} is spent", ms(*.budget))]
+    DeadlineExceeded { budget: Duration },
+    #[error("upstream {upstream:?} unavailable: {reason}")]
+    UpstreamUnavailable { upstream: String, reason: String },
+    #[error("upstream {upstream:?} failed: {reason}")]
+    UpstreamError { upstream: String, reason: String },
+    #[error("the gateway is shutting down")]
+    Shutdown,
+}
+
+fn model_suffix(model: &Option<String>) -> String {
+    match model {
+        Some(m) => format!(" and model {m:?}"),
+        None => String::new(),
+    }
+}
+
+/// Durations in messages read as milliseconds so that clients can compare them with the
+/// `x-request-budget-ms` they sent.
+fn ms(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+impl GatewayError {
+    /// The stable, low-cardinality name of this failure: JSON `code` and metric label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidBudget { .. } => "invalid_budget",
+            Self::NoRoute { .. } => "no_route",
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BadRequest { .. } => "invalid_request",
+            Self::InsufficientBudget { .. } => "insufficient_budget",
+            Self::ConnectTimeout { .. } => "connect_timeout",
+            Self::FirstTokenTimeout { .. } => "first_token_timeout",
+            Self::IdleTimeout { .. } => "idle_timeout",
+            Self::DeadlineExceeded { .. } => "deadline_exceeded",
+            Self::UpstreamUnavailable { .. } => "upstream_unavailable",
+            Self::UpstreamError { .. } => "upstream_error",
+            Self::Shutdown => "shutdown",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidBudget { .. } | Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::NoRoute { .. } => StatusCode::NOT_FOUND,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::InsufficientBudget { .. }
+            | Self::ConnectTimeout { .. }
+            | Self::FirstTokenTimeout { .. }
+            | Self::IdleTimeout { .. }
+            | Self::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::UpstreamUnavailable { .. } | Self::UpstreamError { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            Self::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The OpenAI/Anthropic error `type`, which the official SDKs map to exception classes.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::InvalidBudget { .. }
+            | Self::NoRoute { .. }
+            | Self::BodyTooLarge { .. }
+            | Self::BadRequest { .. } => "invalid_request_error",
+            Self::InsufficientBudget { .. }
+            | Self::ConnectTimeout { .. }
+            | Self::FirstTokenTimeout { .. }
+            | Self::IdleTimeout { .. }
+            | Self::DeadlineExceeded { .. } => "timeout_error",
+            Self::UpstreamUnavailable { .. } | Self::UpstreamError { .. } | Self::Shutdown => {
+                "upstream_error"
+            }
+        }
+    }
+
+    /// The cancellation origin this failure counts as, if it cancels work (as opposed to a
+    /// request that was refused or an upstream that failed on its own).
+    pub fn origin(&self) -> Option<Origin> {
+        match self {
+            Self::InsufficientBudget { .. } => Some(Origin::InsufficientBudget),
+            Self::ConnectTimeout { .. } => Some(Origin::Connect),
+            Self::FirstTokenTimeout { .. } => Some(Origin::FirstToken),
+            Self::IdleTimeout { .. } => Some(Origin::Idle),
+            Self::DeadlineExceeded { .. } => Some(Origin::Deadline),
+            Self::Shutdown => Some(Origin::Shutdown),
+            _ => None,
+        }
+    }
+
+    fn error_object(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": self.error_type(),
+            "code": self.code(),
+            "message": self.to_string(),
+        })
+    }
+
+    /// The body sent when no response head has gone out yet.
+    pub fn json_body(&self) -> Bytes {
+        let v = serde_json::json!({ "error": self.error_object() });
+        Bytes::from(v.to_string())
+    }
+
+    /// The single event appended to an SSE stream that a limit or failure cut. Anthropic's
+    /// SDKs read `event: error`; OpenAI's raise on any data object with an `error` key.
+    pub fn sse_event(&self) -> Bytes {
+        let v = serde_json::json!({ "type": "error", "error": self.error_object() });
+        Bytes::from(format!("event: error\ndata: {v}\n\n"))
+    }
+
+    pub fn response(&self) -> http::Response<Bytes> {
+        let mut resp = http::Response::new(self.json_body());
+        *resp.status_mut() = self.status();
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_body_has_contract_shape() {
+        let e = GatewayError::InvalidBudget {
+            header: "x-request-budget-ms",
+            value: "abc".into(),
+            reason: "is not a positive integer",
+        };
+        let v: serde_json::Value = serde_json::from_slice(&e.json_body()).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["code"], "invalid_budget");
+        assert_eq!(
+            v["error"]["message"],
+            "x-request-budget-ms: \"abc\" is not a positive integer"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn sse_event_is_one_parseable_event() {
+        let e = GatewayError::IdleTimeout {
+            upstream: "openai".into(),
+            after: Duration::from_millis(1500),
+        };
+        let ev = e.sse_event();
+        let text = std::str::from_utf8(&ev).unwrap();
+        assert!(text.starts_with("event: error\ndata: "));
+        assert!(text.ends_with("\n\n"));
+        let data = text.lines().nth(1).unwrap().strip_prefix("data: ").unwrap();
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["code"], "idle_timeout");
+        assert_eq!(v["error"]["type"], "timeout_error");
+        assert!(v["error"]["message"].as_str().unwrap().contains("1500ms"));
+    }
+}

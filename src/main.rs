@@ -1,0 +1,210 @@
+//! The `hourglass` command line: parse arguments, set up logging, load the config, run.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use hourglass::config::Config;
+use hourglass::fake::FakeUpstream;
+
+#[derive(Parser)]
+#[command(
+    name = "hourglass",
+    version,
+    about = "A budget-aware streaming gateway for LLM APIs"
+)]
+struct Cli {
+    /// Configuration file.
+    #[arg(
+        long,
+        env = "HOURGLASS_CONFIG",
+        default_value = "config/hourglass.toml"
+    )]
+    config: PathBuf,
+    /// Log format: `pretty` for people, `json` for log shippers.
+    #[arg(long, value_enum, default_value_t = LogFormat::Pretty, global = true)]
+    log_format: LogFormat,
+    /// Runtime worker threads; 1 runs a single-threaded runtime (least latency on one core).
+    #[arg(long, env = "HOURGLASS_WORKERS", global = true)]
+    workers: Option<usize>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a configuration and print the resolved routes.
+    Check {
+        #[arg(
+            long,
+            env = "HOURGLASS_CONFIG",
+            default_value = "config/hourglass.toml"
+        )]
+        config: PathBuf,
+    },
+    /// The gateway and a built-in fake provider in one process; no API key needed.
+    Demo,
+    /// The time-controllable fake provider, for rehearsing budgets.
+    FakeUpstream {
+        #[arg(long, default_value = "127.0.0.1:8089")]
+        listen: SocketAddr,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Pretty,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.log_format);
+    if let Some(Command::Check { config }) = &cli.command {
+        return check(config);
+    }
+    let runtime = match cli.workers {
+        Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n.max(1))
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hourglass: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Some(Command::Demo) => demo().await,
+            Some(Command::FakeUpstream { listen }) => match hourglass::fake::run(listen).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("hourglass fake-upstream: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Some(Command::Check { .. }) => unreachable!("handled before the runtime starts"),
+            None => serve(&cli.config).await,
+        }
+    })
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Pretty => builder.compact().init(),
+    }
+}
+
+fn check(path: &Path) -> ExitCode {
+    match Config::load(path) {
+        Ok(config) => {
+            for w in config.warnings() {
+                eprintln!("warning: {w}");
+            }
+            print!("{}", config.describe());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(path: &Path) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    run(config).await
+}
+
+async fn run(config: Config) -> ExitCode {
+    for w in config.warnings() {
+        tracing::warn!("{w}");
+    }
+    match hourglass::server::start(config).await {
+        Ok(running) => {
+            running.serve_until(shutdown_signal()).await;
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hourglass: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn demo() -> ExitCode {
+    let config = match Config::from_toml(hourglass::DEMO_CONFIG, "config/demo.toml (embedded)") {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(fake_addr) = config
+        .upstreams
+        .iter()
+        .find(|u| u.name == "fake")
+        .and_then(|u| u.url.authority())
+        .and_then(|a| a.as_str().parse::<SocketAddr>().ok())
+    else {
+        eprintln!("the demo config needs an upstream \"fake\" with an IP:port url");
+        return ExitCode::FAILURE;
+    };
+    let _fake = match FakeUpstream::start(fake_addr).await {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("hourglass demo: fake provider on {fake_addr}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listen = config.server.listen;
+    let admin = config.server.admin_listen;
+    eprintln!(
+        "Hourglass demo: gateway on http://{listen}, metrics on http://{admin}/metrics, \
+         fake provider on http://{fake_addr}. Try:\n\n  \
+         curl -N http://{listen}/v1/chat/completions -H 'content-type: application/json' \
+         -d '{{\"model\":\"demo\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'\n"
+    );
+    run(config).await
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,201 @@
+//! The Prometheus registry and the typed handles the request path uses. Nothing else in the
+//! crate touches `prometheus` directly. Label handles are resolved once per route and upstream
+//! when the gateway is built, so a request never does a label lookup.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::outcome::Origin;
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+    600.0,
+];
+const BUDGET_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+const RATIO_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
+
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    cancellations: IntCounterVec,
+    budget: HistogramVec,
+    margin: HistogramVec,
+    used_ratio: HistogramVec,
+    duration: HistogramVec,
+    ttft: HistogramVec,
+    in_flight: IntGaugeVec,
+}
+
+/// Pre-resolved handles for one route (and its upstream).
+#[derive(Clone)]
+pub struct RouteMetrics {
+    pub ok: IntCounter,
+    pub error: IntCounter,
+    pub cancelled: IntCounter,
+    cancellations: Vec<IntCounter>,
+    pub budget: Histogram,
+    pub margin: Histogram,
+    pub used_ratio: Histogram,
+    pub duration: Histogram,
+    pub ttft: Histogram,
+    pub in_flight: IntGauge,
+}
+
+impl RouteMetrics {
+    pub fn cancellation(&self, origin: Origin) -> &IntCounter {
+        &self.cancellations[origin as usize]
+    }
+}
+
+/// The route label for requests that matched no route.
+pub const NO_ROUTE: &str = "none";
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+            let h = HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                labels,
+            )
+            .expect("valid metric");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric");
+            h
+        };
+        let requests = counter(
+            "hourglass_requests_total",
+            "Requests finished, by route and outcome (ok, error, cancelled).",
+            &["route", "outcome"],
+        );
+        let cancellations = counter(
+            "hourglass_cancellations_total",
+            "Requests cancelled, by route and the one origin of the cancellation.",
+            &["route", "origin"],
+        );
+        let budget = histogram(
+            "hourglass_budget_seconds",
+            "Budget given to each request.",
+            &["route"],
+            BUDGET_BUCKETS,
+        );
+        let margin = histogram(
+            "hourglass_budget_margin_seconds",
+            "Budget left when a response completed.",
+            &["route"],
+            LATENCY_BUCKETS,
+        );
+        let used_ratio = histogram(
+            "hourglass_budget_used_ratio",
+            "Elapsed time divided by budget, for every request.",
+            &["route"],
+            RATIO_BUCKETS,
+        );
+        let duration = histogram(
+            "hourglass_request_duration_seconds",
+            "Time from request head to the end of the response.",
+            &["route"],
+            LATENCY_BUCKETS,
+        );
+        let ttft = histogram(
+            "hourglass_time_to_first_token_seconds",
+            "Time from request head to the first data event (first body byte for non-SSE).",
+            &["route", "upstream"],
+            LATENCY_BUCKETS,
+        );
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "hourglass_upstream_requests_in_flight",
+                "Upstream requests started and not yet finished or cancelled.",
+            ),
+            &["upstream"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(in_flight.clone()))
+            .expect("unique metric");
+        Self {
+            registry,
+            requests,
+            cancellations,
+            budget,
+            margin,
+            used_ratio,
+            duration,
+            ttft,
+            in_flight,
+        }
+    }
+
+    /// Resolves (and so creates at zero) every series of one route, so dashboards see the
+    /// route before its first request.
+    pub fn route(&self, route: &str, upstream: &str) -> RouteMetrics {
+        RouteMetrics {
+            ok: self.requests.with_label_values(&[route, "ok"]),
+            error: self.requests.with_label_values(&[route, "error"]),
+            cancelled: self.requests.with_label_values(&[route, "cancelled"]),
+            cancellations: Origin::ALL
+                .iter()
+                .map(|o| self.cancellations.with_label_values(&[route, o.as_str()]))
+                .collect(),
+            budget: self.budget.with_label_values(&[route]),
+            margin: self.margin.with_label_values(&[route]),
+            used_ratio: self.used_ratio.with_label_values(&[route]),
+            duration: self.duration.with_label_values(&[route]),
+            ttft: self.ttft.with_label_values(&[route, upstream]),
+            in_flight: self.in_flight.with_label_values(&[upstream]),
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = Vec::with_capacity(16 * 1024);
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_series_exist_at_zero_with_contract_names() {
+        let m = Metrics::new();
+        let r = m.route("chat", "openai");
+        r.cancellation(Origin::Idle).inc();
+        let text = m.encode();
+        for needle in [
+            "hourglass_requests_total{outcome=\"ok\",route=\"chat\"} 0",
+            "hourglass_cancellations_total{origin=\"idle\",route=\"chat\"} 1",
+            "hourglass_cancellations_total{origin=\"client\",route=\"chat\"} 0",
+            "hourglass_budget_seconds_bucket{route=\"chat\",le=\"+Inf\"} 0",
+            "hourglass_time_to_first_token_seconds_count{route=\"chat\",upstream=\"openai\"} 0",
+            "hourglass_upstream_requests_in_flight{upstream=\"openai\"} 0",
+            "# HELP hourglass_budget_margin_seconds",
+            "# TYPE hourglass_budget_used_ratio histogram",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+}

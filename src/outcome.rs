@@ -1,0 +1,254 @@
+//! How one request ended, and the record that reports it. A `RequestRecord` travels with the
+//! request (handler, then response body); whoever drops it last reports it, exactly once. A
+//! record dropped before anyone said how the request ended was abandoned by the client: that
+//! is how client disconnects are counted, at any phase, without a separate signal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use tokio::time::Instant;
+
+use crate::budget::Budget;
+use crate::error::GatewayError;
+use crate::metrics::RouteMetrics;
+use crate::watchdog::{Observer, StreamEnd};
+
+/// Who cancelled a request. Each cancellation has exactly one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Client = 0,
+    Deadline,
+    FirstToken,
+    Idle,
+    Connect,
+    InsufficientBudget,
+    Shutdown,
+}
+
+impl Origin {
+    pub const ALL: [Origin; 7] = [
+        Origin::Client,
+        Origin::Deadline,
+        Origin::FirstToken,
+        Origin::Idle,
+        Origin::Connect,
+        Origin::InsufficientBudget,
+        Origin::Shutdown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Deadline => "deadline",
+            Self::FirstToken => "first_token",
+            Self::Idle => "idle",
+            Self::Connect => "connect",
+            Self::InsufficientBudget => "insufficient_budget",
+            Self::Shutdown => "shutdown",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Ok,
+    Error(&'static str),
+    Cancelled(Origin),
+}
+
+impl End {
+    pub fn from_error(e: &GatewayError) -> Self {
+        match e.origin() {
+            Some(o) => End::Cancelled(o),
+            None => End::Error(e.code()),
+        }
+    }
+
+    fn outcome(self) -> &'static str {
+        match self {
+            End::Ok => "ok",
+            End::Error(_) => "error",
+            End::Cancelled(_) => "cancelled",
+        }
+    }
+}
+
+/// Everything the log line and the metrics need about one request.
+pub struct RequestRecord {
+    pub id: Arc<str>,
+    method: Method,
+    path: String,
+    arrival: Instant,
+    route: Option<Arc<str>>,
+    upstream: Option<Arc<str>>,
+    metrics: RouteMetrics,
+    budget: Option<Budget>,
+    status: Option<u16>,
+    first_token_at: Option<Instant>,
+    bytes: u64,
+    code: Option<&'static str>,
+    end: Option<End>,
+    upstream_active: bool,
+}
+
+impl RequestRecord {
+    pub fn new(
+        id: Arc<str>,
+        method: Method,
+        path: String,
+        arrival: Instant,
+        metrics: RouteMetrics,
+    ) -> Self {
+        Self {
+            id,
+            method,
+            path,
+            arrival,
+            route: None,
+            upstream: None,
+            metrics,
+            budget: None,
+            status: None,
+            first_token_at: None,
+            bytes: 0,
+            code: None,
+            end: None,
+            upstream_active: false,
+        }
+    }
+
+    pub fn set_route(&mut self, route: Arc<str>, upstream: Arc<str>, metrics: RouteMetrics) {
+        self.route = Some(route);
+        self.upstream = Some(upstream);
+        self.metrics = metrics;
+    }
+
+    pub fn set_budget(&mut self, budget: Budget) {
+        self.budget = Some(budget);
+    }
+
+    pub fn set_status(&mut self, status: u16) {
+        self.status = Some(status);
+    }
+
+    /// The upstream call has started: counted in flight until `finish` or drop.
+    pub fn upstream_started(&mut self) {
+        if !self.upstream_active {
+            self.upstream_active = true;
+            self.metrics.in_flight.inc();
+        }
+    }
+
+    fn upstream_ended(&mut self) {
+        if self.upstream_active {
+            self.upstream_active = false;
+            self.metrics.in_flight.dec();
+        }
+    }
+
+    /// Records a failure Hourglass answered itself (before or after the head).
+    pub fn fail(&mut self, e: &GatewayError) {
+        self.code = Some(e.code());
+        self.end = Some(End::from_error(e));
+        self.upstream_ended();
+    }
+
+    pub fn complete(&mut self) {
+        self.end = Some(End::Ok);
+        self.upstream_ended();
+    }
+
+    fn report(&mut self) {
+        let now = Instant::now();
+        let end = self.end.unwrap_or(End::Cancelled(Origin::Client));
+        let m = &self.metrics;
+        match end {
+            End::Ok => m.ok.inc(),
+            End::Error(_) => m.error.inc(),
+            End::Cancelled(origin) => {
+                m.cancelled.inc();
+                m.cancellation(origin).inc();
+            }
+        }
+        let elapsed = now - self.arrival;
+        m.duration.observe(elapsed.as_secs_f64());
+        let ttft = self.first_token_at.map(|t| t - self.arrival);
+        if let Some(t) = ttft {
+            m.ttft.observe(t.as_secs_f64());
+        }
+        let mut margin = None;
+        if let Some(b) = &self.budget {
+            m.budget.observe(b.total.as_secs_f64());
+            if !b.total.is_zero() {
+                m.used_ratio
+                    .observe(elapsed.as_secs_f64() / b.total.as_secs_f64());
+            }
+            if end == End::Ok {
+                // Never negative: an overrun shows in used_ratio > 1, not as a negative margin.
+                let left = b.deadline.saturating_duration_since(now);
+                m.margin.observe(left.as_secs_f64());
+                margin = Some(left);
+            }
+        }
+        let origin = match end {
+            End::Cancelled(o) => Some(o.as_str()),
+            _ => None,
+        };
+        let code = match end {
+            End::Cancelled(Origin::Client) => Some("client_closed"),
+            End::Error(c) => Some(c),
+            _ => self.code,
+        };
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        tracing::info!(
+            target: "hourglass::request",
+            request_id = %self.id,
+            method = %self.method,
+            path = %self.path,
+            route = self.route.as_deref(),
+            upstream = self.upstream.as_deref(),
+            budget_ms = self.budget.as_ref().map(|b| b.total.as_millis() as u64),
+            budget_source = self.budget.as_ref().map(|b| b.source.as_str()),
+            budget_clamped = self.budget.as_ref().map(|b| b.clamped),
+            elapsed_ms = ms(elapsed),
+            margin_ms = margin.map(ms),
+            ttft_ms = ttft.map(ms),
+            bytes = self.bytes,
+            status = self.status,
+            outcome = end.outcome(),
+            origin,
+            code,
+            "request"
+        );
+    }
+}
+
+impl Observer for RequestRecord {
+    fn first_token(&mut self, at: Instant) {
+        self.first_token_at.get_or_insert(at);
+    }
+
+    fn data(&mut self, len: usize) {
+        self.bytes += len as u64;
+    }
+
+    fn finish(&mut self, end: StreamEnd) {
+        match end {
+            StreamEnd::Complete => self.complete(),
+            StreamEnd::Cut(e) => self.fail(&e),
+            StreamEnd::UpstreamErrorEvent => {
+                self.code = Some("upstream_error_event");
+                self.end = Some(End::Error("upstream_error_event"));
+                self.upstream_ended();
+            }
+        }
+    }
+}
+
+impl Drop for RequestRecord {
+    fn drop(&mut self) {
+        self.upstream_ended();
+        self.report();
+    }
+}

@@ -1,0 +1,235 @@
+//! The client side: one pooled hyper client per upstream, with TLS (rustls, webpki roots plus
+//! an optional `ca_file`), ALPN for HTTP/2, TCP_NODELAY, keep-alive, a connect timeout that
+//! covers TCP and TLS together, and the upstream's credentials.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, AUTHORIZATION};
+use http::{HeaderMap, HeaderValue, Uri};
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+
+use crate::config::{AuthMode, UpstreamConfig};
+use crate::watchdog::BoxError;
+
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamBuildError {
+    #[error("upstream {upstream:?}: ca_file {path}: {reason}")]
+    CaFile {
+        upstream: String,
+        path: String,
+        reason: String,
+    },
+    #[error("upstream {upstream:?}: TLS setup: {reason}")]
+    Tls { upstream: String, reason: String },
+    #[error("upstream {upstream:?}: the key in {var} is not a valid header value")]
+    BadKey { upstream: String, var: String },
+}
+
+/// The connect step took longer than allowed. Mapped to `connect_timeout` by the proxy.
+#[derive(Debug, thiserror::Error)]
+#[error("connect (TCP and TLS) did not finish within {0:?}")]
+pub struct ConnectTimedOut(pub Duration);
+
+type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
+
+pub struct Upstream {
+    pub name: Arc<str>,
+    pub config: Arc<UpstreamConfig>,
+    /// `scheme://authority` plus the url's path without a trailing slash.
+    base: String,
+    credential: Option<(HeaderName, HeaderValue)>,
+    client: Client<Connector, Full<Bytes>>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the credential.
+        f.debug_struct("Upstream")
+            .field("name", &self.name)
+            .field("base", &self.base)
+            .field("has_credential", &self.credential.is_some())
+            .finish()
+    }
+}
+
+impl Upstream {
+    /// `connect_timeout` is the longest any route allows this upstream; each request also
+    /// bounds its own connect by what is left of its budget.
+    pub fn new(
+        config: Arc<UpstreamConfig>,
+        connect_timeout: Duration,
+    ) -> Result<Self, UpstreamBuildError> {
+        let name: Arc<str> = Arc::from(config.name.as_str());
+        let tls = tls_config(&config)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_keepalive(Some(Duration::from_secs(30)));
+        http.set_connect_timeout(Some(connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let connector = TimeoutConnector {
+            inner: https,
+            timeout: connect_timeout,
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .http2_keep_alive_while_idle(false)
+            .build(connector);
+        let credential = credential(&config)?;
+        let url = &config.url;
+        let base = format!(
+            "{}://{}{}",
+            url.scheme_str().unwrap_or("http"),
+            url.authority().map(|a| a.as_str()).unwrap_or_default(),
+            url.path().trim_end_matches('/')
+        );
+        Ok(Self {
+            name,
+            config,
+            base,
+            credential,
+            client,
+        })
+    }
+
+    /// The upstream URI for a client request's path and query.
+    pub fn uri_for(&self, path_and_query: &str) -> Result<Uri, http::uri::InvalidUri> {
+        format!("{}{}", self.base, path_and_query).parse()
+    }
+
+    pub fn has_credential(&self) -> bool {
+        self.credential.is_some()
+    }
+
+    /// Replaces whatever credentials the client sent with the upstream's own. Without a
+    /// configured key the client's own headers pass through untouched.
+    pub fn apply_credentials(&self, headers: &mut HeaderMap) {
+        if let Some((name, value)) = &self.credential {
+            headers.remove(AUTHORIZATION);
+            headers.remove(X_API_KEY);
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+
+    pub fn request(&self, req: http::Request<Full<Bytes>>) -> ResponseFuture {
+        self.client.request(req)
+    }
+}
+
+fn credential(
+    config: &UpstreamConfig,
+) -> Result<Option<(HeaderName, HeaderValue)>, UpstreamBuildError> {
+    let Some(var) = &config.api_key_env else {
+        return Ok(None);
+    };
+    let Ok(key) = std::env::var(var) else {
+        return Ok(None);
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        return Ok(None);
+    }
+    let bad = || UpstreamBuildError::BadKey {
+        upstream: config.name.clone(),
+        var: var.clone(),
+    };
+    let (name, mut value) = match config.auth {
+        AuthMode::Bearer => (
+            AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| bad())?,
+        ),
+        AuthMode::XApiKey => (X_API_KEY, HeaderValue::from_str(key).map_err(|_| bad())?),
+        AuthMode::None => return Ok(None),
+    };
+    // Kept out of HPACK tables and printed as "Sensitive" by Debug.
+    value.set_sensitive(true);
+    Ok(Some((name, value)))
+}
+
+fn tls_config(config: &UpstreamConfig) -> Result<rustls::ClientConfig, UpstreamBuildError> {
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    if let Some(path) = &config.ca_file {
+        let ca_err = |reason: String| UpstreamBuildError::CaFile {
+            upstream: config.name.clone(),
+            path: path.display().to_string(),
+            reason,
+        };
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| ca_err(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ca_err(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(ca_err("no PEM certificate found".into()));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| ca_err(e.to_string()))?;
+        }
+    }
+    // An explicit provider: the process-wide default is ambiguous when more than one crypto
+    // backend ends up in the dependency graph.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+        .map_err(|e| UpstreamBuildError::Tls {
+            upstream: config.name.clone(),
+            reason: e.to_string(),
+        })
+}
+
+/// Bounds the whole connector call, TCP and TLS together (hyper-util's own connect timeout
+/// covers TCP only).
+#[derive(Clone)]
+pub struct TimeoutConnector<C> {
+    inner: C,
+    timeout: Duration,
+}
+
+impl<C> tower_service::Service<Uri> for TimeoutConnector<C>
+where
+    C: tower_service::Service<Uri>,
+    C::Error: Into<BoxError>,
+    C::Future: Send + 'static,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let fut = self.inner.call(uri);
+        let timeout = self.timeout;
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, fut).await {
+                Ok(r) => r.map_err(Into::into),
+                Err(_) => Err(Box::new(ConnectTimedOut(timeout)) as BoxError),
+            }
+        })
+    }
+}

@@ -1,0 +1,642 @@
+//! The watchdog body: wraps the upstream response body on its way to the client and enforces
+//! the first-token, idle and total limits on it.
+//!
+//! The inner body is polled first; the timer only when the inner body is pending, so a frame
+//! that is ready always wins over a limit that fires at the same moment. One `Sleep` serves all
+//! three limits: it is set to the earliest of them and, rather than being reset on every data
+//! event, it is re-armed lazily when it fires early (the idle limit moved on since it was set).
+//! When a limit fires, the upstream body is dropped at once (which closes the upstream
+//! connection or resets the HTTP/2 stream) and the client is told why: an SSE `event: error`
+//! after the last complete event, or an aborted body for anything else.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::{sleep_until, Instant, Sleep};
+
+use crate::error::GatewayError;
+use crate::sse::SseScanner;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An event still incomplete after this many bytes is forwarded as it comes instead of held.
+pub const MAX_HELD_EVENT: usize = 1 << 20;
+
+/// How a stream ended, as the watchdog saw it.
+#[derive(Debug)]
+pub enum StreamEnd {
+    /// The upstream body ended cleanly.
+    Complete,
+    /// A limit fired or the upstream failed; the client was told.
+    Cut(GatewayError),
+    /// The upstream sent its own `event: error`; it was passed through and ended the stream.
+    UpstreamErrorEvent,
+}
+
+/// Told what happens on the stream. Dropping the observer without `finish` means the client
+/// went away first.
+pub trait Observer {
+    fn first_token(&mut self, at: Instant);
+    fn data(&mut self, len: usize);
+    fn finish(&mut self, end: StreamEnd);
+}
+
+/// The limits of one stream, as absolute instants fixed before the head arrived.
+#[derive(Debug, Clone)]
+pub struct StreamLimits {
+    /// Request sent + first-token limit: the first data event must arrive before this.
+    pub first_token_deadline: Instant,
+    pub first_token_timeout: Duration,
+    /// Longest silence between data events once streaming.
+    pub idle_timeout: Duration,
+    /// The request's deadline less its reserve.
+    pub deadline: Instant,
+    /// The request's whole budget, for the error message.
+    pub budget: Duration,
+    pub upstream: Arc<str>,
+}
+
+struct Sse {
+    scanner: SseScanner,
+    /// The bytes of an event not yet complete, as the frames that carried them.
+    held: Vec<Bytes>,
+    held_len: usize,
+}
+
+enum State {
+    Streaming,
+    /// A non-SSE body that must be aborted: the error is returned on the next poll.
+    Failing(GatewayError),
+    Done,
+}
+
+pin_project! {
+    pub struct WatchdogBody<B, O> {
+        #[pin]
+        inner: Option<B>,
+        #[pin]
+        timer: Sleep,
+        limits: StreamLimits,
+        last_progress: Option<Instant>,
+        sse: Option<Sse>,
+        ready: VecDeque<Bytes>,
+        state: State,
+        observer: O,
+    }
+}
+
+impl<B, O> WatchdogBody<B, O>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+    O: Observer,
+{
+    pub fn new(inner: B, is_sse: bool, limits: StreamLimits, observer: O) -> Self {
+        let first_due = limits.first_token_deadline.min(limits.deadline);
+        Self {
+            inner: Some(inner),
+            timer: sleep_until(first_due),
+            limits,
+            last_progress: None,
+            sse: is_sse.then(|| Sse {
+                scanner: SseScanner::new(),
+                held: Vec::new(),
+                held_len: 0,
+            }),
+            ready: VecDeque::new(),
+            state: State::Streaming,
+            observer,
+        }
+    }
+}
+
+impl<B, O> Body for WatchdogBody<B, O>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+    O: Observer,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        loop {
+            if let Some(b) = this.ready.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(b))));
+            }
+            match std::mem::replace(this.state, State::Done) {
+                State::Done => return Poll::Ready(None),
+                State::Failing(e) => return Poll::Ready(Some(Err(Box::new(e)))),
+                State::Streaming => *this.state = State::Streaming,
+            }
+            let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+                *this.state = State::Done;
+                continue;
+            };
+            match inner.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(trailers) => {
+                            // Trailers end a body; whatever was held goes out before them.
+                            flush_held(this.sse, this.ready);
+                            if this.ready.is_empty() {
+                                return Poll::Ready(Some(Ok(trailers)));
+                            }
+                            continue;
+                        }
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    this.observer.data(data.len());
+                    let Some(sse) = this.sse.as_mut() else {
+                        mark_progress(
+                            this.last_progress,
+                            this.observer,
+                            this.timer.as_mut(),
+                            this.limits,
+                        );
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    };
+                    let scan = sse.scanner.scan(&data);
+                    if scan.progress > 0 {
+                        mark_progress(
+                            this.last_progress,
+                            this.observer,
+                            this.timer.as_mut(),
+                            this.limits,
+                        );
+                    }
+                    if let Some(end) = scan.error_end {
+                        // The upstream's own error event is passed through and ends the
+                        // stream; Hourglass adds none of its own after it.
+                        flush_held(this.sse, this.ready);
+                        this.ready.push_back(data.slice(..end));
+                        this.inner.set(None);
+                        this.observer.finish(StreamEnd::UpstreamErrorEvent);
+                        *this.state = State::Done;
+                        continue;
+                    }
+                    match scan.last_boundary {
+                        Some(end) => {
+                            flush_held(this.sse, this.ready);
+                            let sse = this.sse.as_mut().expect("checked above");
+                            if end == data.len() {
+                                this.ready.push_back(data);
+                            } else {
+                                if end > 0 {
+                                    this.ready.push_back(data.slice(..end));
+                                }
+                                sse.held_len = data.len() - end;
+                                sse.held.push(data.slice(end..));
+                            }
+                        }
+                        None => {
+                            sse.held_len += data.len();
+                            sse.held.push(data);
+                            if sse.held_len > MAX_HELD_EVENT {
+                                flush_held(this.sse, this.ready);
+                            }
+                        }
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    let err = GatewayError::UpstreamError {
+                        upstream: this.limits.upstream.to_string(),
+                        reason: e.to_string(),
+                    };
+                    cut(
+                        this.inner.as_mut(),
+                        this.sse,
+                        this.ready,
+                        this.state,
+                        this.observer,
+                        err,
+                    );
+                }
+                Poll::Ready(None) => {
+                    // A clean end: an incomplete trailing event is forwarded as is (the
+                    // client's parser discards it, exactly as it would have without us).
+                    flush_held(this.sse, this.ready);
+                    this.inner.set(None);
+                    this.observer.finish(StreamEnd::Complete);
+                    *this.state = State::Done;
+                }
+                Poll::Pending => {
+                    if this.timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    let limits = &*this.limits;
+                    let due = match *this.last_progress {
+                        None => limits.first_token_deadline,
+                        Some(t) => t + limits.idle_timeout,
+                    }
+                    .min(limits.deadline);
+                    let now = Instant::now();
+                    if now < due {
+                        // Progress moved the idle limit since the timer was armed.
+                        this.timer.as_mut().reset(due);
+                        continue;
+                    }
+                    let upstream = limits.upstream.to_string();
+                    let err = if now >= limits.deadline {
+                        GatewayError::DeadlineExceeded {
+                            budget: limits.budget,
+                        }
+                    } else if this.last_progress.is_none() {
+                        GatewayError::FirstTokenTimeout {
+                            upstream,
+                            after: limits.first_token_timeout,
+                        }
+                    } else {
+                        GatewayError::IdleTimeout {
+                            upstream,
+                            after: limits.idle_timeout,
+                        }
+                    };
+                    cut(
+                        this.inner.as_mut(),
+                        this.sse,
+                        this.ready,
+                        this.state,
+                        this.observer,
+                        err,
+                    );
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done) && self.ready.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.inner, &self.sse) {
+            // Only a raw body passes through byte for byte; an SSE body may gain an event.
+            (Some(inner), None) => inner.size_hint(),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// Notes a data event. The first one moves the timer from the first-token limit to the idle
+/// limit, which may be earlier, so it is re-armed now; later events only move the idle limit
+/// later, which the timer catches up with lazily when it fires.
+fn mark_progress<O: Observer>(
+    last: &mut Option<Instant>,
+    observer: &mut O,
+    timer: Pin<&mut Sleep>,
+    limits: &StreamLimits,
+) {
+    let now = Instant::now();
+    if last.is_none() {
+        observer.first_token(now);
+        timer.reset((now + limits.idle_timeout).min(limits.deadline));
+    }
+    *last = Some(now);
+}
+
+fn flush_held(sse: &mut Option<Sse>, ready: &mut VecDeque<Bytes>) {
+    if let Some(sse) = sse {
+        ready.extend(sse.held.drain(..));
+        sse.held_len = 0;
+    }
+}
+
+/// Ends the stream because of `err`: the upstream body is dropped now (that is what closes
+/// the upstream connection), a held partial event is discarded so that the error event that
+/// follows parses on its own, and the observer learns the cause.
+fn cut<B, O: Observer>(
+    mut inner: Pin<&mut Option<B>>,
+    sse: &mut Option<Sse>,
+    ready: &mut VecDeque<Bytes>,
+    state: &mut State,
+    observer: &mut O,
+    err: GatewayError,
+) {
+    inner.set(None);
+    observer.finish(StreamEnd::Cut(err.clone()));
+    match sse {
+        Some(sse) => {
+            sse.held.clear();
+            sse.held_len = 0;
+            ready.push_back(err.sse_event());
+            *state = State::Done;
+        }
+        None => *state = State::Failing(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Channel};
+    use std::sync::Mutex;
+
+    #[derive(Default, Debug)]
+    struct Seen {
+        first_token: Option<Instant>,
+        bytes: usize,
+        end: Option<String>,
+        dropped: bool,
+    }
+
+    #[derive(Clone, Default)]
+    struct Probe(Arc<Mutex<Seen>>);
+
+    impl Observer for Probe {
+        fn first_token(&mut self, at: Instant) {
+            self.0.lock().unwrap().first_token.get_or_insert(at);
+        }
+        fn data(&mut self, len: usize) {
+            self.0.lock().unwrap().bytes += len;
+        }
+        fn finish(&mut self, end: StreamEnd) {
+            let s = match end {
+                StreamEnd::Complete => "complete".to_string(),
+                StreamEnd::Cut(e) => e.code().to_string(),
+                StreamEnd::UpstreamErrorEvent => "upstream_error_event".to_string(),
+            };
+            let mut seen = self.0.lock().unwrap();
+            assert!(seen.end.is_none(), "finish called twice");
+            seen.end = Some(s);
+        }
+    }
+
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            if let Ok(mut s) = self.0.lock() {
+                s.dropped = true;
+            }
+        }
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn limits(first: u64, idle: u64, total: u64) -> StreamLimits {
+        let now = Instant::now();
+        StreamLimits {
+            first_token_deadline: now + ms(first),
+            first_token_timeout: ms(first),
+            idle_timeout: ms(idle),
+            deadline: now + ms(total),
+            budget: ms(total),
+            upstream: Arc::from("up"),
+        }
+    }
+
+    type Sender = http_body_util::channel::Sender<Bytes, std::io::Error>;
+    type TestBody = Pin<Box<WatchdogBody<Channel<Bytes, std::io::Error>, Probe>>>;
+
+    fn body(sse: bool, l: StreamLimits) -> (Sender, TestBody, Probe) {
+        let (tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+        let probe = Probe::default();
+        (
+            tx,
+            Box::pin(WatchdogBody::new(rx, sse, l, probe.clone())),
+            probe,
+        )
+    }
+
+    /// Collects frames until the body ends; returns the data and whether it ended in an error.
+    async fn drain<B: Body<Data = Bytes, Error = BoxError> + Unpin>(
+        b: &mut B,
+    ) -> (Vec<u8>, Option<String>) {
+        let mut out = Vec::new();
+        while let Some(f) = b.frame().await {
+            match f {
+                Ok(f) => out.extend_from_slice(&f.into_data().unwrap_or_default()),
+                Err(e) => return (out, Some(e.to_string())),
+            }
+        }
+        (out, None)
+    }
+
+    fn feeder(mut tx: Sender, script: Vec<(u64, &'static str)>) -> tokio::task::JoinHandle<Sender> {
+        tokio::spawn(async move {
+            for (delay, chunk) in script {
+                tokio::time::sleep(ms(delay)).await;
+                if tx
+                    .send_data(Bytes::from_static(chunk.as_bytes()))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            tx
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn passes_complete_events_and_ends_cleanly() {
+        let (tx, mut b, probe) = body(true, limits(1000, 1000, 10_000));
+        let start = Instant::now();
+        let t = feeder(
+            tx,
+            vec![(10, "data: a\n\n"), (10, "data: b\n\ndata: c\n\n")],
+        );
+        // The feeder's sender is dropped when it is done: the body's clean end.
+        tokio::spawn(async move { drop(t.await) });
+        let (out, err) = drain(&mut b).await;
+        assert_eq!(out, b"data: a\n\ndata: b\n\ndata: c\n\n");
+        assert!(err.is_none());
+        let seen = probe.0.lock().unwrap();
+        assert_eq!(seen.end.as_deref(), Some("complete"));
+        assert_eq!(seen.first_token, Some(start + ms(10)));
+        assert_eq!(seen.bytes, out.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn first_token_limit_fires_and_says_so() {
+        let (tx, mut b, probe) = body(true, limits(500, 1000, 10_000));
+        // Keep-alives are not tokens: they are forwarded but do not satisfy the limit.
+        let t = feeder(
+            tx,
+            vec![(100, ": ping\n\n"), (100, "event: ping\ndata: {}\n\n")],
+        );
+        let start = Instant::now();
+        let (out, err) = drain(&mut b).await;
+        assert!(err.is_none(), "SSE ends cleanly with an event");
+        assert_eq!(Instant::now() - start, ms(500));
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with(": ping\n\nevent: ping\ndata: {}\n\nevent: error\ndata: "),
+            "{text}"
+        );
+        assert!(text.contains("\"code\":\"first_token_timeout\""));
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("first_token_timeout")
+        );
+        assert!(probe.0.lock().unwrap().first_token.is_none());
+        // The upstream body was dropped when the limit fired, not later.
+        let mut tx = t.await.unwrap();
+        assert!(tx.send_data(Bytes::from_static(b"x")).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_limit_counts_only_data_events_and_drops_partial_event() {
+        let (tx, mut b, probe) = body(true, limits(1000, 300, 10_000));
+        let t = feeder(
+            tx,
+            vec![
+                (10, "data: 1\n\n"),
+                (200, "data: 2\n\n"),
+                (200, ": keep-alive\n\n"),
+                (50, "data: partial-with"),
+            ],
+        );
+        let start = Instant::now();
+        let (out, err) = drain(&mut b).await;
+        assert!(err.is_none());
+        // Last progress at 210 ms; keep-alive at 410 does not move the idle limit.
+        assert_eq!(Instant::now() - start, ms(510));
+        let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("partial"), "{text}");
+        assert!(
+            text.starts_with("data: 1\n\ndata: 2\n\n: keep-alive\n\nevent: error\n"),
+            "{text}"
+        );
+        assert!(text.contains("\"code\":\"idle_timeout\""));
+        assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+        drop(t);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn total_deadline_beats_a_trickle() {
+        let (tx, mut b, probe) = body(true, limits(1000, 1000, 2000));
+        let script = (0..100).map(|_| (150, "data: t\n\n")).collect();
+        let t = feeder(tx, script);
+        let start = Instant::now();
+        let (out, _) = drain(&mut b).await;
+        assert_eq!(Instant::now() - start, ms(2000));
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.ends_with("\n\n"));
+        assert!(text.contains("\"code\":\"deadline_exceeded\""));
+        assert_eq!(text.matches("event: error").count(), 1);
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("deadline_exceeded")
+        );
+        drop(t);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn partial_events_are_held_until_complete() {
+        let (mut tx, mut b, _probe) = body(true, limits(1000, 1000, 10_000));
+        tx.send_data(Bytes::from_static(b"data: one\n\ndata: tw"))
+            .await
+            .unwrap();
+        let f = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&f[..], b"data: one\n\n");
+        // Nothing more is ready: the partial event is held.
+        assert!(futures_poll_once(&mut b).await.is_none());
+        tx.send_data(Bytes::from_static(b"o\n\ndata: thr"))
+            .await
+            .unwrap();
+        let a = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        let c = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!([&a[..], &c[..]].concat(), b"data: two\n\n");
+    }
+
+    async fn futures_poll_once<B: Body + Unpin>(b: &mut B) -> Option<()> {
+        std::future::poll_fn(|cx| match Pin::new(&mut *b).poll_frame(cx) {
+            Poll::Pending => Poll::Ready(None),
+            Poll::Ready(_) => Poll::Ready(Some(())),
+        })
+        .await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn upstream_error_event_passes_through_and_ends() {
+        let (tx, mut b, probe) = body(true, limits(1000, 1000, 10_000));
+        let t = feeder(
+            tx,
+            vec![(
+                5,
+                "data: a\n\nevent: error\ndata: {\"type\":\"error\"}\n\ndata: never\n\n",
+            )],
+        );
+        let (out, err) = drain(&mut b).await;
+        assert!(err.is_none());
+        assert_eq!(
+            out,
+            b"data: a\n\nevent: error\ndata: {\"type\":\"error\"}\n\n"
+        );
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("upstream_error_event")
+        );
+        drop(t);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn upstream_failure_mid_sse_becomes_error_event() {
+        let (mut tx, mut b, probe) = body(true, limits(1000, 1000, 10_000));
+        tx.send_data(Bytes::from_static(b"data: a\n\ndata: half"))
+            .await
+            .unwrap();
+        tx.abort(std::io::Error::other("connection reset"));
+        let (out, err) = drain(&mut b).await;
+        assert!(err.is_none());
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("data: a\n\nevent: error\n"), "{text}");
+        assert!(text.contains("\"code\":\"upstream_error\""));
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("upstream_error")
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn non_sse_body_is_aborted_not_truncated() {
+        let (tx, mut b, probe) = body(false, limits(1000, 200, 10_000));
+        let t = feeder(tx, vec![(10, "{\"partial\":")]);
+        let (out, err) = drain(&mut b).await;
+        assert_eq!(out, b"{\"partial\":");
+        assert!(err.unwrap().contains("silent for 200ms"));
+        assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+        drop(t);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_body_is_a_client_cancel() {
+        let (mut tx, b, probe) = body(true, limits(1000, 1000, 10_000));
+        drop(b);
+        {
+            let s = probe.0.lock().unwrap();
+            assert!(
+                s.end.is_none(),
+                "no end recorded: the record calls it a client cancel"
+            );
+            assert!(s.dropped);
+        }
+        assert!(tx.send_data(Bytes::from_static(b"x")).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn oversized_event_is_forwarded_as_it_comes() {
+        let (mut tx, mut b, _probe) = body(true, limits(1000, 1000, 10_000));
+        let big = Bytes::from(vec![b'x'; MAX_HELD_EVENT + 1]);
+        tx.send_data(Bytes::from_static(b"data: ")).await.unwrap();
+        tx.send_data(big).await.unwrap();
+        let a = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&a[..], b"data: ");
+    }
+}

@@ -1,0 +1,235 @@
+//! Budgets from the client's headers: refused when malformed, fail fast when too small, and
+//! the shrunken remainder forwarded upstream.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+#[tokio::test]
+async fn every_bad_budget_header_is_refused_and_never_forwarded() {
+    let h = Harness::start().await;
+    let cases: &[&[(&str, &str)]] = &[
+        &[("x-request-budget-ms", "abc")],
+        &[("x-request-budget-ms", "0")],
+        &[("x-request-budget-ms", "-5")],
+        &[("x-request-budget-ms", "1e3")],
+        &[("x-request-budget-ms", "99999999999999999999")],
+        &[
+            ("x-request-budget-ms", "100"),
+            ("x-request-budget-ms", "200"),
+        ],
+        &[("grpc-timeout", "10")],
+        &[("x-envoy-expected-rq-timeout-ms", "soon")],
+    ];
+    for headers in cases {
+        let (resp, _c) = h.chat(headers).await;
+        assert_eq!(resp.status(), 400, "{headers:?}");
+        let v = json_body(resp).await;
+        assert_eq!(v["error"]["code"], "invalid_budget", "{headers:?}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(headers[0].0), "{msg}");
+        assert!(msg.contains(headers[0].1), "{msg}");
+    }
+    assert!(h.fake.requests().is_empty(), "nothing reaches the upstream");
+    assert!(h.fake.connections().is_empty());
+}
+
+#[tokio::test]
+async fn an_expired_budget_never_reaches_the_upstream() {
+    let h = Harness::start().await;
+    let (resp, _c) = h.chat(&[("x-request-budget-ms", "1")]).await;
+    assert_eq!(resp.status(), 504);
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "insufficient_budget");
+    assert_eq!(v["error"]["type"], "timeout_error");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"insufficient_budget\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    assert!(h.fake.connections().is_empty());
+}
+
+#[tokio::test]
+async fn a_budget_spent_reading_a_slow_body_never_reaches_the_upstream() {
+    let h = Harness::start().await;
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    let start = Instant::now();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          x-request-budget-ms: 300\r\ncontent-length: 100\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let took = start.elapsed();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 504"), "{text}");
+    assert!(text.contains("deadline_exceeded"), "{text}");
+    assert!(
+        took >= Duration::from_millis(280) && took < Duration::from_millis(600),
+        "{took:?}"
+    );
+    assert!(h.fake.connections().is_empty());
+}
+
+#[tokio::test]
+async fn the_remaining_budget_is_forwarded_and_shrinks() {
+    let h =
+        Harness::with_config(&BASE.replace("[defaults]\n", "[defaults]\nreserve = \"200ms\"\n"))
+            .await;
+    let (resp, _c) = h
+        .chat(&[("x-request-budget-ms", "5000"), ("grpc-timeout", "1S")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    let reqs = h.fake.requests();
+    let fwd: u64 = reqs[0].headers["x-request-budget-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // 5000 - 200 reserve, less the little time spent before sending.
+    assert!((4700..=4800).contains(&fwd), "{fwd}");
+    assert!(reqs[0].headers.get("grpc-timeout").is_none());
+}
+
+#[tokio::test]
+async fn a_client_budget_above_the_maximum_is_clamped() {
+    let h = Harness::start().await;
+    let (resp, _c) = h.chat(&[("x-request-budget-ms", "999999999")]).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    let fwd: u64 = h.fake.requests()[0].headers["x-request-budget-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(fwd <= 30_000 && fwd > 29_000, "{fwd}");
+}
+
+#[tokio::test]
+async fn propagation_can_be_turned_off() {
+    let h = Harness::with_config(&BASE.replace(
+        "auth = \"bearer\"",
+        "auth = \"bearer\"\npropagate_budget = false",
+    ))
+    .await;
+    let (resp, _c) = h.chat(&[("x-request-budget-ms", "5000")]).await;
+    read_body(resp.into_body()).await;
+    assert!(h.fake.requests()[0]
+        .headers
+        .get("x-request-budget-ms")
+        .is_none());
+}
+
+#[tokio::test]
+async fn forwarding_rewrites_host_strips_hop_by_hop_and_keeps_request_id() {
+    let h = Harness::start().await;
+    let req = Request::post("/v1/chat/completions?x=1")
+        .header("host", "gateway.example")
+        .header("content-type", "application/json")
+        .header("connection", "keep-alive, x-hop")
+        .header("x-hop", "secret-hop")
+        .header("keep-alive", "timeout=5")
+        .header("x-request-id", "req-abc-123")
+        .header("authorization", "Bearer client-own-key")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"m","stream":true}"#,
+        )))
+        .unwrap();
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.headers()["x-request-id"], "req-abc-123");
+    read_body(resp.into_body()).await;
+    let r = &h.fake.requests()[0];
+    assert_eq!(r.path, "/v1/chat/completions?x=1");
+    assert_eq!(r.headers["host"], h.fake.addr().to_string().as_str());
+    assert!(r.headers.get("x-hop").is_none());
+    assert!(r.headers.get("keep-alive").is_none());
+    assert_eq!(r.headers["x-request-id"], "req-abc-123");
+    // No key configured (its variable is unset): the client's own credentials pass through.
+    assert_eq!(r.headers["authorization"], "Bearer client-own-key");
+    assert_eq!(&r.body[..], br#"{"model":"m","stream":true}"#);
+}
+
+#[tokio::test]
+async fn a_configured_key_replaces_the_clients_credentials() {
+    std::env::set_var("HOURGLASS_TEST_KEY_SET", "sk-upstream-canary");
+    let h =
+        Harness::with_config(&BASE.replace("HOURGLASS_TEST_KEY_UNSET", "HOURGLASS_TEST_KEY_SET"))
+            .await;
+    let (resp, _c) = h
+        .chat(&[
+            ("authorization", "Bearer client-key"),
+            ("x-api-key", "client-key-2"),
+        ])
+        .await;
+    assert!(
+        resp.headers().get("x-request-id").is_some(),
+        "an id is made when none is sent"
+    );
+    read_body(resp.into_body()).await;
+    let r = &h.fake.requests()[0];
+    assert_eq!(r.headers["authorization"], "Bearer sk-upstream-canary");
+    assert!(r.headers.get("x-api-key").is_none());
+}
+
+#[tokio::test]
+async fn unknown_paths_get_no_route_and_large_bodies_413() {
+    let h = Harness::with_config(&BASE.replace("[server]\n", "[server]\nmax_request_body = 64\n"))
+        .await;
+    let req = Request::post("/v2/unknown")
+        .header("host", "x")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 404);
+    assert_eq!(json_body(resp).await["error"]["code"], "no_route");
+    let big = Request::post("/v1/chat/completions")
+        .header("host", "x")
+        .body(Full::new(Bytes::from(vec![b' '; 65])))
+        .unwrap();
+    let (resp, _c) = h.send(big).await;
+    assert_eq!(resp.status(), 413);
+    assert_eq!(json_body(resp).await["error"]["code"], "body_too_large");
+    assert!(h.fake.requests().is_empty());
+}
+
+#[tokio::test]
+async fn routes_match_on_model_globs() {
+    let cfg = BASE.replace(
+        "[[routes]]\nname = \"chat\"",
+        "[[routes]]\nname = \"reasoning\"\npath_prefix = \"/v1/chat/completions\"\nmodels = [\"o3*\"]\nupstream = \"fake\"\nfirst_token_timeout = \"300ms\"\n\n[[routes]]\nname = \"chat\"",
+    );
+    let h = Harness::with_config(&cfg).await;
+    let req = Request::post("/v1/chat/completions")
+        .header("host", "x")
+        .header("x-fake-ttft-ms", "1000")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"o3-mini","stream":true}"#,
+        )))
+        .unwrap();
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(
+        resp.status(),
+        504,
+        "the reasoning route's 300ms first-token limit applies"
+    );
+    h.wait_requests("reasoning", 1.0).await;
+    let (resp, _c) = h.chat(&[("x-fake-ttft-ms", "500")]).await;
+    assert_eq!(resp.status(), 200, "other models take the chat route");
+}

@@ -1,0 +1,211 @@
+//! Each limit, one at a time, over real sockets: the client sees the contracted error, the
+//! upstream connection is closed, and the metric counts the right origin exactly once.
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use tokio::time::Instant;
+
+const ORIGINS: [&str; 7] = [
+    "client",
+    "deadline",
+    "first_token",
+    "idle",
+    "connect",
+    "insufficient_budget",
+    "shutdown",
+];
+
+/// Asserts that exactly one cancellation was counted on `route`, with `origin`.
+async fn assert_one_cancellation(h: &Harness, route: &str, origin: &str) {
+    h.wait_requests(route, 1.0).await;
+    for o in ORIGINS {
+        let v = h
+            .metric(&format!(
+                "hourglass_cancellations_total{{origin=\"{o}\",route=\"{route}\"}}"
+            ))
+            .await;
+        assert_eq!(v, if o == origin { 1.0 } else { 0.0 }, "origin {o}");
+    }
+    let cancelled = h
+        .metric(&format!(
+            "hourglass_requests_total{{outcome=\"cancelled\",route=\"{route}\"}}"
+        ))
+        .await;
+    assert_eq!(cancelled, 1.0);
+}
+
+#[tokio::test]
+async fn connect_limit() {
+    let (_guard, addr) = hourglass::fake::never_accepting_listener().unwrap();
+    let cfg = BASE
+        .replace("{FAKE}", &format!("http://{addr}"))
+        .replace("connect_timeout = \"500ms\"", "connect_timeout = \"300ms\"");
+    let h = Harness::with_config(&cfg).await;
+    let start = Instant::now();
+    let (resp, _c) = h.chat(&[]).await;
+    let took = start.elapsed();
+    assert_eq!(resp.status(), 504);
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "connect_timeout");
+    assert_eq!(v["error"]["type"], "timeout_error");
+    assert!(
+        took >= Duration::from_millis(290) && took < Duration::from_millis(1000),
+        "{took:?}"
+    );
+    assert_one_cancellation(&h, "chat", "connect").await;
+}
+
+#[tokio::test]
+async fn connect_limit_is_capped_by_the_budget() {
+    let (_guard, addr) = hourglass::fake::never_accepting_listener().unwrap();
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{addr}"))).await;
+    let start = Instant::now();
+    let (resp, _c) = h.chat(&[("x-request-budget-ms", "250")]).await;
+    let took = start.elapsed();
+    assert_eq!(resp.status(), 504);
+    assert_eq!(json_body(resp).await["error"]["code"], "deadline_exceeded");
+    assert!(took < Duration::from_millis(450), "{took:?}");
+    assert_one_cancellation(&h, "chat", "deadline").await;
+}
+
+#[tokio::test]
+async fn first_token_limit_before_the_head() {
+    let h = Harness::with_config(&BASE.replace(
+        "first_token_timeout = \"2s\"",
+        "first_token_timeout = \"300ms\"",
+    ))
+    .await;
+    let start = Instant::now();
+    let (resp, _c) = h.chat(&[("x-fake-ttft-ms", "5000")]).await;
+    let cut_at = Instant::now();
+    assert!(start.elapsed() < Duration::from_millis(800));
+    assert_eq!(resp.status(), 504);
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "first_token_timeout"
+    );
+    let delay = upstream_close_delay(&h.fake, cut_at).await;
+    assert!(
+        delay < Duration::from_millis(100),
+        "upstream closed {delay:?} after the cut"
+    );
+    assert_one_cancellation(&h, "chat", "first_token").await;
+}
+
+#[tokio::test]
+async fn first_token_limit_after_the_head() {
+    let h = Harness::with_config(&BASE.replace(
+        "first_token_timeout = \"2s\"",
+        "first_token_timeout = \"300ms\"",
+    ))
+    .await;
+    let (resp, _c) = h
+        .chat(&[
+            ("x-fake-ttft-ms", "5000"),
+            ("x-fake-headers-first", "1"),
+            ("x-fake-keepalive-ms", "50"),
+        ])
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["cache-control"], "no-cache");
+    assert_eq!(resp.headers()["x-accel-buffering"], "no");
+    let read = read_body(resp.into_body()).await;
+    let cut_at = Instant::now();
+    assert!(read.error.is_none(), "SSE ends cleanly: {:?}", read.error);
+    let err = read.error_event().expect("an error event");
+    assert_eq!(err["code"], "first_token_timeout");
+    assert_eq!(err["type"], "timeout_error");
+    // Keep-alives were forwarded but did not count as tokens.
+    assert!(read.text().contains(": keep-alive\n\n"));
+    assert_eq!(read.text().matches("event: error").count(), 1);
+    let delay = upstream_close_delay(&h.fake, cut_at).await;
+    assert!(delay < Duration::from_millis(100), "{delay:?}");
+    assert_one_cancellation(&h, "chat", "first_token").await;
+}
+
+#[tokio::test]
+async fn idle_limit() {
+    let h =
+        Harness::with_config(&BASE.replace("idle_timeout = \"1s\"", "idle_timeout = \"300ms\""))
+            .await;
+    let (resp, _c) = h
+        .chat(&[
+            ("x-fake-freeze-after", "3"),
+            ("x-fake-interval-ms", "10"),
+            ("x-fake-keepalive-ms", "50"),
+            ("x-fake-keepalive-kind", "ping"),
+        ])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let start = Instant::now();
+    let read = read_body(resp.into_body()).await;
+    let cut_at = Instant::now();
+    let took = cut_at - start;
+    assert!(
+        took >= Duration::from_millis(280) && took < Duration::from_millis(900),
+        "{took:?}"
+    );
+    assert!(read.error.is_none());
+    assert_eq!(
+        read.error_event().expect("error event")["code"],
+        "idle_timeout"
+    );
+    // role chunk + 3 tokens arrived, each a whole event, then the single error event.
+    let text = read.text();
+    assert_eq!(text.matches("\"content\":\"tok").count(), 3, "{text}");
+    assert!(text.ends_with("\n\n"));
+    let delay = upstream_close_delay(&h.fake, cut_at).await;
+    assert!(delay < Duration::from_millis(100), "{delay:?}");
+    assert_one_cancellation(&h, "chat", "idle").await;
+}
+
+#[tokio::test]
+async fn total_deadline_caps_a_trickle() {
+    // The worst upstream: a slow first token, then a trickle that never goes idle long enough
+    // for the idle limit, and would outlast the budget. The whole request ends by its deadline.
+    let h = Harness::start().await;
+    let start = Instant::now();
+    let (resp, _c) = h
+        .chat(&[
+            ("x-request-budget-ms", "1500"),
+            ("x-fake-ttft-ms", "700"),
+            ("x-fake-chunks", "1000"),
+            ("x-fake-interval-ms", "100"),
+        ])
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let total = start.elapsed();
+    assert!(
+        total >= Duration::from_millis(1450) && total < Duration::from_millis(1700),
+        "{total:?}"
+    );
+    assert_eq!(
+        read.error_event().expect("error event")["code"],
+        "deadline_exceeded"
+    );
+    let delay = upstream_close_delay(&h.fake, start + total).await;
+    assert!(delay < Duration::from_millis(100), "{delay:?}");
+    assert_one_cancellation(&h, "chat", "deadline").await;
+}
+
+#[tokio::test]
+async fn non_sse_body_cut_is_an_abort_not_a_short_body() {
+    let h =
+        Harness::with_config(&BASE.replace("idle_timeout = \"1s\"", "idle_timeout = \"300ms\""))
+            .await;
+    let req = chat_request(
+        &[("x-fake-ttft-ms", "5000"), ("x-fake-headers-first", "1")],
+        false,
+    );
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(
+        read.error.is_some(),
+        "the client must see a broken body, got {:?}",
+        read.text()
+    );
+}
