@@ -163,7 +163,6 @@ impl Gateway {
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
-        let asked = BudgetRequest::from_headers(req.headers())?;
         let path = req.uri().path().to_string();
         let candidates: Vec<&RouteRuntime> = self
             .routes
@@ -173,11 +172,18 @@ impl Gateway {
         let Some(first) = candidates.first() else {
             return Err(GatewayError::NoRoute { path, model: None });
         };
+        // Until the body names the model, a request is attributed to the route it would take
+        // without one (the first that does not filter on models), or else the first candidate.
+        let tentative = candidates
+            .iter()
+            .find(|r| !r.route.needs_model())
+            .unwrap_or(first);
         record.set_route(
-            first.name.clone(),
-            first.upstream.name.clone(),
-            first.metrics.clone(),
+            tentative.name.clone(),
+            tentative.upstream.name.clone(),
+            tentative.metrics.clone(),
         );
+        let asked = BudgetRequest::from_headers(req.headers())?;
 
         // Until the body names the model, the widest budget among the candidates bounds the
         // body read; the chosen route's own budget is then resolved from the same arrival.
@@ -186,9 +192,7 @@ impl Gateway {
             .map(|r| asked.resolve(&r.route.limits, arrival))
             .max_by_key(|b| b.deadline)
             .expect("candidates is not empty");
-        if !first.route.needs_model() {
-            record.set_budget(asked.resolve(&first.route.limits, arrival));
-        }
+        record.set_budget(provisional.clone());
         provisional.ensure_useful(Instant::now())?;
 
         let (parts, body) = req.into_parts();

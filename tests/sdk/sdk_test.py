@@ -1,0 +1,325 @@
+"""End-to-end checks of Hourglass with the official OpenAI and Anthropic Python SDKs as clients.
+
+Run by tests/sdk/run.sh, which starts the fake provider and a gateway and passes:
+  HOURGLASS_SDK_BASE_URL   the gateway, e.g. http://127.0.0.1:PORT
+  HOURGLASS_SDK_ADMIN_URL  its admin listener (for /metrics)
+  HOURGLASS_SDK_RESULT     optional: a file to receive "PASSED FAILED" instead of the summary line
+
+The gateway config run.sh writes: defaults idle_timeout 20s, first_token_timeout 3s, budget 30s;
+routes "chat" (/v1/chat/completions) and "messages" (/v1/messages) on the fake provider.
+Every client uses max_retries=0, so an SDK retry never hides a failure or slows the run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+import urllib.request
+
+import anthropic
+import openai
+
+BASE_URL = os.environ["HOURGLASS_SDK_BASE_URL"].rstrip("/")
+ADMIN_URL = os.environ["HOURGLASS_SDK_ADMIN_URL"].rstrip("/")
+RESULT_FILE = os.environ.get("HOURGLASS_SDK_RESULT")
+
+CHAT_ROUTE = "chat"
+MESSAGES_ROUTE = "messages"
+FIRST_TOKEN_TIMEOUT = 3.0  # the route's first_token_timeout in run.sh's config
+TOKENS = [f"tok{n} " for n in range(1, 6)]
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+# A client that is patient enough for every check that expects an answer. Its read timeout is
+# sent as x-stainless-read-timeout (30 s, capped by the gateway to 29 s), well above the route's
+# own limits, so those are what the checks see. It also bounds a hang if the gateway misbehaves.
+PATIENT = openai.Timeout(30.0)
+# The impatient client of the idle checks: 2 s of silence and httpx gives up. Hourglass should
+# cap its idle watchdog at 2.0 - min(10%, 1 s) = 1.8 s and answer first.
+IMPATIENT = openai.Timeout(60.0, read=2.0)
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise CheckFailed(what)
+
+
+def openai_client(timeout=PATIENT) -> openai.OpenAI:
+    return openai.OpenAI(base_url=BASE_URL + "/v1", api_key="sk-sdk-test", max_retries=0, timeout=timeout)
+
+
+def anthropic_client(timeout=PATIENT) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=BASE_URL, api_key="sk-ant-sdk-test", max_retries=0, timeout=timeout)
+
+
+def openai_tokens(chunks) -> list[str]:
+    """Content deltas of a chat completion stream, in order (skips the role and finish chunks)."""
+    out = []
+    for chunk in chunks:
+        for choice in chunk.choices:
+            if choice.delta and choice.delta.content:
+                out.append(choice.delta.content)
+    return out
+
+
+def error_code(body) -> str | None:
+    """The `code` of an error body as the SDKs hand it over (the error object itself, or the
+    whole `{"type":"error","error":{...}}` / `{"error":{...}}` envelope)."""
+    if isinstance(body, dict):
+        if isinstance(body.get("error"), dict):
+            return body["error"].get("code")
+        return body.get("code")
+    return None
+
+
+def describe(err: BaseException) -> str:
+    parts = [f"{type(err).__module__}.{type(err).__name__}: {err}"]
+    for attr in ("status_code", "code", "body"):
+        if hasattr(err, attr):
+            parts.append(f"{attr}={getattr(err, attr)!r}")
+    return " ".join(parts)
+
+
+# ---- checks -----------------------------------------------------------------------------------
+
+
+def check_openai_stream_and_plain():
+    """openai: a stream yields exactly tok1..tok5 in order; a non-stream call returns the text."""
+    client = openai_client()
+    stream = client.chat.completions.create(
+        model="gpt-test", messages=MESSAGES, stream=True, extra_headers={"x-fake-chunks": "5"}
+    )
+    got = openai_tokens(stream)
+    expect(got == TOKENS, f"stream tokens {got!r}, expected {TOKENS!r}")
+    plain = client.chat.completions.create(
+        model="gpt-test", messages=MESSAGES, extra_headers={"x-fake-chunks": "5"}
+    )
+    content = plain.choices[0].message.content
+    expect(content == "".join(TOKENS), f"non-stream content {content!r}")
+    return f"stream {got!r}; non-stream {content!r}"
+
+
+def check_anthropic_stream_and_plain():
+    """anthropic: a stream yields the 5 text deltas; a non-stream call returns the text."""
+    client = anthropic_client()
+    stream = client.messages.create(
+        model="claude-test",
+        max_tokens=64,
+        messages=MESSAGES,
+        stream=True,
+        extra_headers={"x-fake-chunks": "5"},
+    )
+    types, got = [], []
+    for event in stream:
+        types.append(event.type)
+        if event.type == "content_block_delta" and event.delta.type == "text_delta":
+            got.append(event.delta.text)
+    expect(got == TOKENS, f"stream text deltas {got!r}, expected {TOKENS!r}")
+    expect(types[0] == "message_start" and types[-1] == "message_stop", f"event types {types!r}")
+    # The helper that accumulates a whole message from the stream sees the same text.
+    with client.messages.stream(
+        model="claude-test", max_tokens=64, messages=MESSAGES, extra_headers={"x-fake-chunks": "5"}
+    ) as helper:
+        final = helper.get_final_message()
+    final_text = "".join(b.text for b in final.content if b.type == "text")
+    expect(final_text == "".join(TOKENS), f"messages.stream final text {final_text!r}")
+    plain = client.messages.create(
+        model="claude-test", max_tokens=64, messages=MESSAGES, extra_headers={"x-fake-chunks": "5"}
+    )
+    text = "".join(b.text for b in plain.content if b.type == "text")
+    expect(text == "".join(TOKENS), f"non-stream text {text!r}")
+    return f"stream {got!r}; messages.stream {final_text!r}; non-stream {text!r}"
+
+
+def check_openai_idle_timeout():
+    """openai, 2 s read timeout, upstream freezes after 2 tokens: the SDK raises APIError
+    (not APITimeoutError) naming idle_timeout, ~1.8 s after the last token."""
+    client = openai_client(IMPATIENT)
+    started = time.monotonic()
+    stream = client.chat.completions.create(
+        model="gpt-test",
+        messages=MESSAGES,
+        stream=True,
+        extra_headers={"x-fake-chunks": "5", "x-fake-freeze-after": "2"},
+    )
+    got, last_token_at = [], None
+    try:
+        for chunk in stream:
+            for choice in chunk.choices:
+                if choice.delta and choice.delta.content:
+                    got.append(choice.delta.content)
+                    last_token_at = time.monotonic()
+    except openai.APITimeoutError as err:
+        raise CheckFailed(
+            f"the SDK timed out blind after {time.monotonic() - started:.3f} s "
+            f"(tokens {got!r}): {describe(err)}"
+        ) from err
+    except openai.APIError as err:
+        failed_at = time.monotonic()
+        expect(got == TOKENS[:2], f"tokens before the error {got!r}, expected {TOKENS[:2]!r}")
+        gap = failed_at - last_token_at
+        text = f"{err} {err.body!r}"
+        expect("idle_timeout" in text, f"error does not name idle_timeout: {describe(err)}")
+        expect(error_code(err.body) == "idle_timeout", f"body code: {describe(err)}")
+        expect(1.5 <= gap <= 2.5, f"error {gap:.3f} s after the last token, expected 1.5-2.5 s")
+        return f"{type(err).__name__} {gap:.3f} s after token 2 (code {error_code(err.body)}, message {err.message!r})"
+    raise CheckFailed(f"the stream ended without an error after tokens {got!r}")
+
+
+def check_anthropic_idle_timeout():
+    """anthropic, 2 s read timeout, upstream freezes after 2 deltas: the SDK raises
+    APIStatusError naming idle_timeout, ~1.8 s after the last delta."""
+    client = anthropic_client(IMPATIENT)
+    started = time.monotonic()
+    stream = client.messages.create(
+        model="claude-test",
+        max_tokens=64,
+        messages=MESSAGES,
+        stream=True,
+        extra_headers={"x-fake-chunks": "5", "x-fake-freeze-after": "2"},
+    )
+    got, last_token_at = [], None
+    try:
+        for event in stream:
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                got.append(event.delta.text)
+                last_token_at = time.monotonic()
+    except anthropic.APIStatusError as err:
+        failed_at = time.monotonic()
+        expect(got == TOKENS[:2], f"deltas before the error {got!r}, expected {TOKENS[:2]!r}")
+        gap = failed_at - last_token_at
+        text = f"{err} {err.body!r}"
+        expect("idle_timeout" in text, f"error does not name idle_timeout: {describe(err)}")
+        expect(error_code(err.body) == "idle_timeout", f"body code: {describe(err)}")
+        expect(1.5 <= gap <= 2.5, f"error {gap:.3f} s after the last delta, expected 1.5-2.5 s")
+        return f"{type(err).__name__} {gap:.3f} s after delta 2 (code {error_code(err.body)})"
+    except Exception as err:  # a read timeout surfaces as the transport's own exception here
+        raise CheckFailed(
+            f"unexpected {describe(err)} after {time.monotonic() - started:.3f} s (deltas {got!r})"
+        ) from err
+    raise CheckFailed(f"the stream ended without an error after deltas {got!r}")
+
+
+def check_first_token_timeout_before_head():
+    """openai, upstream silent for 10 s before its head: 504 first_token_timeout after ~3 s."""
+    client = openai_client()
+    started = time.monotonic()
+    try:
+        stream = client.chat.completions.create(
+            model="gpt-test",
+            messages=MESSAGES,
+            stream=True,
+            extra_headers={"x-fake-ttft-ms": "10000"},
+        )
+        got = openai_tokens(stream)
+    except openai.APIStatusError as err:
+        took = time.monotonic() - started
+        expect(err.status_code == 504, f"status {err.status_code}: {describe(err)}")
+        expect(error_code(err.body) == "first_token_timeout", f"body code: {describe(err)}")
+        expect(
+            FIRST_TOKEN_TIMEOUT - 0.3 <= took <= FIRST_TOKEN_TIMEOUT + 1.0,
+            f"error after {took:.3f} s, expected ~{FIRST_TOKEN_TIMEOUT} s",
+        )
+        return f"{type(err).__name__} {err.status_code} code {error_code(err.body)} after {took:.3f} s"
+    except openai.APIError as err:
+        raise CheckFailed(f"unexpected {describe(err)}") from err
+    raise CheckFailed(f"no error; the stream gave {got!r} after {time.monotonic() - started:.3f} s")
+
+
+def check_invalid_budget_header():
+    """openai, x-request-budget-ms: abc → BadRequestError with code invalid_budget."""
+    client = openai_client()
+    try:
+        client.chat.completions.create(
+            model="gpt-test", messages=MESSAGES, extra_headers={"x-request-budget-ms": "abc"}
+        )
+    except openai.BadRequestError as err:
+        expect(error_code(err.body) == "invalid_budget", f"body code: {describe(err)}")
+        expect(err.code == "invalid_budget", f"err.code {err.code!r}")
+        return f"{type(err).__name__} {err.status_code} code {err.code} message {err.message!r}"
+    except openai.APIError as err:
+        raise CheckFailed(f"unexpected {describe(err)}") from err
+    raise CheckFailed("the request succeeded")
+
+
+def metric_samples() -> dict[str, float]:
+    with urllib.request.urlopen(ADMIN_URL + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def check_metrics():
+    """/metrics counts the idle cancellations (>= 2: one per SDK) and the first-token one."""
+
+    def sample(s, route, origin):
+        return s.get(f'hourglass_cancellations_total{{origin="{origin}",route="{route}"}}', 0.0)
+
+    # The gateway reports a request when it drops the response body, a moment after the
+    # client saw the end, so give it a little time.
+    deadline = time.monotonic() + 5
+    while True:
+        s = metric_samples()
+        idle = {r: sample(s, r, "idle") for r in (CHAT_ROUTE, MESSAGES_ROUTE)}
+        first = sample(s, CHAT_ROUTE, "first_token")
+        ok = sum(idle.values()) >= 2 and all(v >= 1 for v in idle.values()) and first >= 1
+        if ok or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    summary = f"idle {idle}, first_token chat {first}"
+    expect(sum(idle.values()) >= 2, f"idle cancellations: {summary}")
+    expect(idle[CHAT_ROUTE] >= 1 and idle[MESSAGES_ROUTE] >= 1, f"idle per route: {summary}")
+    expect(first >= 1, f"first_token cancellations: {summary}")
+    return summary
+
+
+CHECKS = [
+    check_openai_stream_and_plain,
+    check_anthropic_stream_and_plain,
+    check_openai_idle_timeout,
+    check_anthropic_idle_timeout,
+    check_first_token_timeout_before_head,
+    check_invalid_budget_header,
+    check_metrics,
+]
+
+
+def main() -> int:
+    print(
+        f"sdk: python {sys.version.split()[0]}, openai {openai.__version__}, "
+        f"anthropic {anthropic.__version__}, gateway {BASE_URL}"
+    )
+    passed = failed = 0
+    for check in CHECKS:
+        started = time.monotonic()
+        try:
+            detail = check()
+        except CheckFailed as err:
+            failed += 1
+            print(f"FAIL {check.__name__} ({time.monotonic() - started:.2f} s): {err}")
+        except Exception as err:  # noqa: BLE001 - any surprise is a failure with its details
+            failed += 1
+            print(f"FAIL {check.__name__} ({time.monotonic() - started:.2f} s): {describe(err)}")
+            traceback.print_exc(file=sys.stdout)
+        else:
+            passed += 1
+            print(f"PASS {check.__name__} ({time.monotonic() - started:.2f} s): {detail}")
+    if RESULT_FILE:
+        with open(RESULT_FILE, "w") as f:
+            f.write(f"{passed} {failed}\n")
+    else:
+        print(f"sdk: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
