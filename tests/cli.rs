@@ -25,7 +25,11 @@ fn check_prints_the_resolved_routes_of_the_shipped_configs() {
     for file in ["config/hourglass.toml", "config/demo.toml"] {
         let out = hourglass(&["check", "--config", file]);
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(stdout.contains("chat"), "{stdout}");
         assert!(stdout.contains("first_token_timeout"), "{stdout}");
     }
@@ -75,7 +79,10 @@ first_token_timeout = "40s"
 
 #[test]
 fn the_server_refuses_to_start_on_a_bad_config() {
-    let path = temp_config("bad.toml", "[[routes]]\nname = \"x\"\npath_prefix = \"/\"\nupstream = \"nowhere\"\n");
+    let path = temp_config(
+        "bad.toml",
+        "[[routes]]\nname = \"x\"\npath_prefix = \"/\"\nupstream = \"nowhere\"\n",
+    );
     let out = hourglass(&["--config", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(!String::from_utf8_lossy(&out.stderr).is_empty());

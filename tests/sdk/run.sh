@@ -136,9 +136,9 @@ EOF
 }
 
 # ---- start both servers -----------------------------------------------------------------------
-"$BIN" fake-upstream --listen "127.0.0.1:$FAKE_PORT" >"$WORK/fake.log" 2>&1 &
+NO_COLOR=1 "$BIN" fake-upstream --listen "127.0.0.1:$FAKE_PORT" >"$WORK/fake.log" 2>&1 &
 FAKE_PID=$!
-"$BIN" --config "$CONFIG" >"$WORK/gateway.log" 2>&1 &
+NO_COLOR=1 "$BIN" --config "$CONFIG" >"$WORK/gateway.log" 2>&1 &
 GW_PID=$!
 
 wait_port() {

@@ -1,0 +1,220 @@
+//! HTTPS upstreams: certificate checks with `ca_file`, ALPN to HTTP/2, and cancellation of an
+//! HTTP/2 upstream by stream reset. The fake provider sits behind a TLS-terminating relay that
+//! offers `h2` and `http/1.1`; the fake speaks HTTP/1.1 and HTTP/2 (prior knowledge) on plain
+//! TCP, so the relay only splices bytes.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hourglass::config::Config;
+use hourglass::fake::FakeUpstream;
+use hourglass::server;
+use http::Version;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use support::*;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+struct Tls {
+    relay: SocketAddr,
+    ca_pem: std::path::PathBuf,
+    fake: FakeUpstream,
+}
+
+async fn tls_fake(alpn: &[&[u8]]) -> Tls {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca, &ca_key)
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "hourglass-tls-{}-{}",
+        std::process::id(),
+        fake.addr().port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_pem = dir.join("ca.pem");
+    std::fs::write(&ca_pem, ca.pem()).unwrap();
+
+    let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(leaf.der().to_vec())],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
+    )
+    .unwrap();
+    server.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let relay = listener.local_addr().unwrap();
+    let target = fake.addr();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut plain) = TcpStream::connect(target).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    Tls {
+        relay,
+        ca_pem,
+        fake,
+    }
+}
+
+fn config(url: &str, ca_file: Option<&std::path::Path>) -> Config {
+    let mut toml = BASE.replace("{FAKE}", url);
+    if let Some(ca) = ca_file {
+        toml = toml.replace(
+            "auth = \"bearer\"",
+            &format!(
+                "auth = \"bearer\"\nca_file = {:?}",
+                ca.display().to_string()
+            ),
+        );
+    }
+    Config::from_toml(&toml, "tls-test.toml").unwrap()
+}
+
+#[tokio::test]
+async fn https_upstream_negotiates_http2_and_streams() {
+    let tls = tls_fake(&[b"h2", b"http/1.1"]).await;
+    let url = format!("https://localhost:{}", tls.relay.port());
+    let gw = server::start(config(&url, Some(&tls.ca_pem)))
+        .await
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[("x-fake-chunks", "4")], true))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
+    let reqs = tls.fake.requests();
+    assert_eq!(reqs[0].version, Version::HTTP_2);
+}
+
+#[tokio::test]
+async fn https_upstream_over_http1_when_h2_is_not_offered() {
+    let tls = tls_fake(&[b"http/1.1"]).await;
+    let url = format!("https://localhost:{}", tls.relay.port());
+    let gw = server::start(config(&url, Some(&tls.ca_pem)))
+        .await
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], true))
+        .await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    assert_eq!(tls.fake.requests()[0].version, Version::HTTP_11);
+}
+
+#[tokio::test]
+async fn an_untrusted_certificate_is_upstream_unavailable() {
+    let tls = tls_fake(&[b"h2", b"http/1.1"]).await;
+    let url = format!("https://localhost:{}", tls.relay.port());
+    let gw = server::start(config(&url, None)).await.unwrap();
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], true))
+        .await;
+    assert_eq!(resp.status(), 502);
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "upstream_unavailable");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("certificate"),
+        "{v}"
+    );
+    assert!(tls.fake.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_client_leaving_resets_the_http2_upstream_stream() {
+    let tls = tls_fake(&[b"h2", b"http/1.1"]).await;
+    let url = format!("https://localhost:{}", tls.relay.port());
+    let gw = server::start(config(&url, Some(&tls.ca_pem)))
+        .await
+        .unwrap();
+    let (resp, conn) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[("x-fake-freeze-after", "1")], true))
+        .await;
+    let mut body = resp.into_body();
+    read_events(&mut body, 2).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let left = Instant::now();
+    drop(body);
+    conn.close();
+    let rec = tls
+        .fake
+        .wait_request_finished(0, Duration::from_secs(2))
+        .await
+        .expect("the upstream stream ended");
+    assert!(!rec.completed, "the stream was cut, not finished");
+    let delay = rec.finished_at.unwrap().saturating_duration_since(left);
+    assert!(
+        delay < Duration::from_millis(100),
+        "upstream stream reset {delay:?} after the client left"
+    );
+    assert_eq!(rec.version, Version::HTTP_2);
+}
+
+#[tokio::test]
+async fn an_idle_limit_resets_the_http2_upstream_stream_and_the_connection_is_reused() {
+    let tls = tls_fake(&[b"h2", b"http/1.1"]).await;
+    let url = format!("https://localhost:{}", tls.relay.port());
+    let gw = server::start(config(&url, Some(&tls.ca_pem)))
+        .await
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[("x-fake-freeze-after", "1")], true))
+        .await;
+    let read = read_body(resp.into_body()).await;
+    assert_eq!(read.error_event().unwrap()["code"], "idle_timeout");
+    let rec = tls
+        .fake
+        .wait_request_finished(0, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(!rec.completed);
+    // The HTTP/2 connection survives a stream reset and carries the next request.
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], true))
+        .await;
+    read_body(resp.into_body()).await;
+    let reqs = tls.fake.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].conn_id, reqs[1].conn_id);
+}
