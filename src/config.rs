@@ -107,6 +107,12 @@ pub struct UpstreamConfig {
     pub ca_file: Option<PathBuf>,
     /// Whether to tell the upstream the remaining budget (default true).
     pub propagate_budget: bool,
+    /// Rewrites the JSON body's `model` for this upstream (e.g. a smaller model on a
+    /// fallback that must answer in the time left).
+    pub model: Option<String>,
+    /// Seed for the learned time-to-first-token estimate that decides whether an attempt
+    /// on this upstream still fits a request's remaining budget.
+    pub expected_first_token: Option<Duration>,
 }
 
 /// Time limits of one route after inheritance from `[defaults]`.
@@ -148,6 +154,109 @@ pub struct Route {
     pub upstream: Arc<UpstreamConfig>,
     /// Limits after merging the route's overrides onto `[defaults]`.
     pub limits: Limits,
+    /// Retries, fallbacks and hedging: how this route spends one budget on several
+    /// attempts.
+    pub policy: Policy,
+}
+
+/// A failure that may trigger a retry or a move to the next fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryCause {
+    /// The connection could not be made (refused, DNS, TLS, connect timeout).
+    Connect,
+    /// No data event within the attempt's first-token limit.
+    FirstToken,
+    /// The upstream answered 5xx.
+    Status5xx,
+    /// The upstream answered 429.
+    Status429,
+    /// The upstream reset or broke the exchange before its response head.
+    Reset,
+}
+
+impl RetryCause {
+    /// Spelling in TOML and the `reason` label of `hourglass_retries_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::FirstToken => "first_token",
+            Self::Status5xx => "5xx",
+            Self::Status429 => "429",
+            Self::Reset => "reset",
+        }
+    }
+
+    const ALL: [RetryCause; 5] = [
+        Self::Connect,
+        Self::FirstToken,
+        Self::Status5xx,
+        Self::Status429,
+        Self::Reset,
+    ];
+}
+
+/// A set of [`RetryCause`]s.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct RetryOn(u8);
+
+impl RetryOn {
+    pub const ALL: RetryOn = RetryOn(0b1_1111);
+
+    pub fn contains(self, cause: RetryCause) -> bool {
+        self.0 & (1 << cause as u8) != 0
+    }
+
+    fn with(self, cause: RetryCause) -> Self {
+        RetryOn(self.0 | (1 << cause as u8))
+    }
+}
+
+impl fmt::Debug for RetryOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set()
+            .entries(
+                RetryCause::ALL
+                    .iter()
+                    .filter(|c| self.contains(**c))
+                    .map(|c| c.as_str()),
+            )
+            .finish()
+    }
+}
+
+impl fmt::Display for RetryOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = RetryCause::ALL
+            .iter()
+            .filter(|c| self.contains(**c))
+            .map(|c| c.as_str())
+            .collect();
+        write!(f, "[{}]", names.join(", "))
+    }
+}
+
+/// How a route spends one budget on several attempts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Extra attempts on the same upstream (each upstream of the chain gets as many).
+    pub retries: u32,
+    /// The failures that trigger a retry or a move to the next fallback.
+    pub retry_on: RetryOn,
+    /// Upstreams tried in order after the route's own.
+    pub fallbacks: Vec<Arc<UpstreamConfig>>,
+    /// Start the first fallback in parallel when the first attempt has produced no token
+    /// by then.
+    pub hedge_after: Option<Duration>,
+}
+
+impl Policy {
+    /// Whether the response head must be held until the first data event, so that a
+    /// first-token failure can still become a retry or a switch instead of a stream that
+    /// started and died.
+    pub fn holds_head(&self) -> bool {
+        !self.fallbacks.is_empty()
+            || (self.retries > 0 && self.retry_on.contains(RetryCause::FirstToken))
+    }
 }
 
 impl Route {
@@ -391,7 +500,23 @@ impl Config {
             if let Some(ca) = &up.ca_file {
                 let _ = write!(out, ", ca_file {}", ca.display());
             }
-            let _ = writeln!(out, ", propagate_budget {})", up.propagate_budget);
+            let _ = write!(out, ", propagate_budget {}", up.propagate_budget);
+            if let Some(m) = &up.model {
+                let _ = write!(out, ", model {m:?}");
+            }
+            if let Some(e) = up.expected_first_token {
+                let _ = write!(out, ", expected_first_token {}", hd(e));
+            }
+            let _ = writeln!(out, ")");
+            let p = &r.policy;
+            let _ = writeln!(out, "  retries: {} on {}", p.retries, p.retry_on);
+            if !p.fallbacks.is_empty() {
+                let names: Vec<&str> = p.fallbacks.iter().map(|f| f.name.as_str()).collect();
+                let _ = writeln!(out, "  fallbacks: {}", names.join(" -> "));
+            }
+            if let Some(h) = p.hedge_after {
+                let _ = writeln!(out, "  hedge_after: {}", hd(h));
+            }
             for (key, value) in [
                 ("budget", l.budget),
                 ("max_budget", l.max_budget),
@@ -520,6 +645,8 @@ struct RawUpstream {
     auth: Option<RawAuth>,
     ca_file: Option<PathBuf>,
     propagate_budget: Option<bool>,
+    model: Option<String>,
+    expected_first_token: Option<RawDuration>,
 }
 
 /// `[upstreams.*]` kept in file order (a plain map would sort by name), so
@@ -557,6 +684,10 @@ struct RawRoute {
     path_prefix: Option<String>,
     upstream: Option<String>,
     models: Option<Vec<String>>,
+    retries: Option<u32>,
+    retry_on: Option<Vec<RawRetryCause>>,
+    fallbacks: Option<Vec<String>>,
+    hedge_after: Option<RawDuration>,
     budget: Option<RawDuration>,
     max_budget: Option<RawDuration>,
     connect_timeout: Option<RawDuration>,
@@ -584,6 +715,32 @@ impl RawRoute {
 /// the error quotes the value and says why humantime rejected it.
 #[derive(Debug, Clone, Copy)]
 struct RawDuration(Duration);
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+enum RawRetryCause {
+    #[serde(rename = "connect")]
+    Connect,
+    #[serde(rename = "first_token")]
+    FirstToken,
+    #[serde(rename = "5xx")]
+    Status5xx,
+    #[serde(rename = "429")]
+    Status429,
+    #[serde(rename = "reset")]
+    Reset,
+}
+
+impl From<RawRetryCause> for RetryCause {
+    fn from(r: RawRetryCause) -> Self {
+        match r {
+            RawRetryCause::Connect => RetryCause::Connect,
+            RawRetryCause::FirstToken => RetryCause::FirstToken,
+            RawRetryCause::Status5xx => RetryCause::Status5xx,
+            RawRetryCause::Status429 => RetryCause::Status429,
+            RawRetryCause::Reset => RetryCause::Reset,
+        }
+    }
+}
 
 impl<'de> Deserialize<'de> for RawDuration {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -821,6 +978,18 @@ fn build_upstream(
         },
         ca_file,
         propagate_budget: raw.propagate_budget.unwrap_or(true),
+        model: match raw.model {
+            Some(m) if m.is_empty() => return Err(format!("{label}: model must not be empty")),
+            other => other,
+        },
+        expected_first_token: match raw.expected_first_token {
+            Some(d) if d.0.is_zero() => {
+                return Err(format!(
+                    "{label}: expected_first_token must be greater than 0"
+                ))
+            }
+            other => other.map(|d| d.0),
+        },
     })
 }
 
@@ -936,12 +1105,14 @@ fn build_route(
         }
     })?;
 
+    let policy = build_policy(&label, &raw, &upstream, &limits, upstreams)?;
     Ok(Route {
         name,
         path_prefix,
         models,
         upstream,
         limits,
+        policy,
     })
 }
 
@@ -949,6 +1120,68 @@ struct LimitsError {
     message: String,
     /// Keys whose values the message is about.
     keys: &'static [&'static str],
+}
+
+/// Retries are bounded so that a typo cannot turn one request into hundreds of calls.
+const MAX_RETRIES: u32 = 10;
+
+fn build_policy(
+    label: &str,
+    raw: &RawRoute,
+    upstream: &Arc<UpstreamConfig>,
+    limits: &Limits,
+    upstreams: &[Arc<UpstreamConfig>],
+) -> Result<Policy, String> {
+    let retries = raw.retries.unwrap_or(0);
+    if retries > MAX_RETRIES {
+        return Err(format!(
+            "{label}: retries ({retries}) must be at most {MAX_RETRIES}"
+        ));
+    }
+    let retry_on = match &raw.retry_on {
+        None => RetryOn::ALL,
+        Some(list) => list
+            .iter()
+            .fold(RetryOn(0), |set, c| set.with(RetryCause::from(*c))),
+    };
+    let mut fallbacks: Vec<Arc<UpstreamConfig>> = Vec::new();
+    for (i, name) in raw.fallbacks.iter().flatten().enumerate() {
+        let Some(up) = upstreams.iter().find(|u| &u.name == name) else {
+            let mut known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+            known.sort_unstable();
+            return Err(format!(
+                "{label}: fallbacks[{i}] names upstream {name:?}, which is not defined (known: {})",
+                known.join(", ")
+            ));
+        };
+        if up.name == upstream.name || fallbacks.iter().any(|f| f.name == up.name) {
+            return Err(format!(
+                "{label}: fallbacks[{i}] ({name:?}) is already in the route's chain; each upstream is tried once (use retries for more attempts)"
+            ));
+        }
+        fallbacks.push(Arc::clone(up));
+    }
+    let hedge_after = raw.hedge_after.map(|d| d.0);
+    if let Some(h) = hedge_after {
+        if fallbacks.is_empty() {
+            return Err(format!(
+                "{label}: hedge_after needs at least one upstream in fallbacks to hedge with"
+            ));
+        }
+        if h.is_zero() || h >= limits.first_token_timeout {
+            return Err(format!(
+                "{label}: hedge_after ({}) must be greater than 0 and less than first_token_timeout ({})",
+                hd(h),
+                hd(limits.first_token_timeout)
+            ));
+        }
+    }
+    Ok(Policy {
+        retries,
+        retry_on,
+        fallbacks,
+        hedge_after,
+    })
 }
 
 fn check_limits(l: &Limits) -> Result<(), LimitsError> {
