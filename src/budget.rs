@@ -13,7 +13,9 @@ use crate::error::GatewayError;
 pub const BUDGET_HEADER: &str = "x-request-budget-ms";
 pub const GRPC_TIMEOUT: &str = "grpc-timeout";
 pub const ENVOY_EXPECTED: &str = "x-envoy-expected-rq-timeout-ms";
-/// Sent by the official OpenAI (Node) and Anthropic SDKs: the client's overall patience, seconds.
+/// Sent by the official OpenAI (Node) and Anthropic SDKs, seconds. Not a whole-request
+/// deadline: Node's covers the wait for the response head, anthropic-python's is its httpx
+/// read timeout. Either way, the longest wait the client sits through without data.
 pub const STAINLESS_TIMEOUT: &str = "x-stainless-timeout";
 /// Sent by the official Python SDKs: the longest silence the client tolerates, seconds.
 pub const STAINLESS_READ_TIMEOUT: &str = "x-stainless-read-timeout";
@@ -65,8 +67,7 @@ pub struct Budget {
 #[derive(Debug, Clone, Default)]
 pub struct BudgetRequest {
     asked: Option<(Duration, BudgetSource)>,
-    /// Caps from the client's SDK patience headers.
-    total_cap: Option<Duration>,
+    /// The cap from the client's SDK patience headers on any silence we make it sit through.
     silence_cap: Option<Duration>,
 }
 
@@ -87,11 +88,14 @@ impl BudgetRequest {
             .map(|d| (d, BudgetSource::Header))
             .or(grpc.map(|d| (d, BudgetSource::GrpcTimeout)))
             .or(envoy.map(|d| (d, BudgetSource::EnvoyExpected)));
-        Ok(Self {
-            asked,
-            total_cap: patience(headers, STAINLESS_TIMEOUT),
-            silence_cap: patience(headers, STAINLESS_READ_TIMEOUT),
-        })
+        let silence_cap = match (
+            patience(headers, STAINLESS_TIMEOUT),
+            patience(headers, STAINLESS_READ_TIMEOUT),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        Ok(Self { asked, silence_cap })
     }
 
     /// Resolves against a route's limits. `arrival` is when the head was parsed, so a route
@@ -99,10 +103,7 @@ impl BudgetRequest {
     pub fn resolve(&self, limits: &Limits, arrival: Instant) -> Budget {
         let (asked, source) = self.asked.unwrap_or((limits.budget, BudgetSource::Config));
         let clamped = asked > limits.max_budget;
-        let mut total = asked.min(limits.max_budget);
-        if let Some(cap) = self.total_cap {
-            total = total.min(cap);
-        }
+        let total = asked.min(limits.max_budget);
         let silence = |d: Duration| self.silence_cap.map_or(d, |cap| d.min(cap));
         Budget {
             arrival,
@@ -391,8 +392,11 @@ mod tests {
         assert_eq!(b.first_token_timeout, Duration::from_millis(4500));
         assert_eq!(b.idle_timeout, Duration::from_millis(4500));
         assert_eq!(b.total, Duration::from_secs(60));
-        let b = resolve(&[(STAINLESS_TIMEOUT, "20")]).unwrap();
-        assert_eq!(b.total, Duration::from_secs(19));
+        // Neither header is a whole-request deadline: a long healthy stream is not cut.
+        let b = resolve(&[(STAINLESS_TIMEOUT, "12")]).unwrap();
+        assert_eq!(b.total, Duration::from_secs(60));
+        assert_eq!(b.first_token_timeout, Duration::from_millis(11_000));
+        assert_eq!(b.idle_timeout, Duration::from_millis(11_000));
         // Garbage from an SDK is ignored, never a reason to refuse the request.
         let b = resolve(&[(STAINLESS_TIMEOUT, "nan"), (STAINLESS_READ_TIMEOUT, "-1")]).unwrap();
         assert_eq!(b.total, Duration::from_secs(60));

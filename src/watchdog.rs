@@ -161,6 +161,13 @@ where
                         continue;
                     }
                     this.observer.data(data.len());
+                    // A body framed by content-length is not polled again after its last
+                    // byte, so its end must be noticed here, or it would look abandoned.
+                    let ended = this
+                        .inner
+                        .as_ref()
+                        .as_pin_ref()
+                        .is_some_and(|b| b.is_end_stream());
                     let Some(sse) = this.sse.as_mut() else {
                         mark_progress(
                             this.last_progress,
@@ -168,6 +175,11 @@ where
                             this.timer.as_mut(),
                             this.limits,
                         );
+                        if ended {
+                            this.inner.set(None);
+                            this.observer.finish(StreamEnd::Complete);
+                            *this.state = State::Done;
+                        }
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     };
                     let scan = sse.scanner.scan(&data);
@@ -210,6 +222,12 @@ where
                                 flush_held(this.sse, this.ready);
                             }
                         }
+                    }
+                    if ended {
+                        flush_held(this.sse, this.ready);
+                        this.inner.set(None);
+                        this.observer.finish(StreamEnd::Complete);
+                        *this.state = State::Done;
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -613,6 +631,24 @@ mod tests {
         assert!(err.unwrap().contains("silent for 200ms"));
         assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
         drop(t);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_knows_its_end_completes_on_its_last_byte() {
+        // Like a content-length response: hyper stops polling after the last byte.
+        let inner = http_body_util::Full::new(Bytes::from_static(b"{\"ok\":true}"));
+        let probe = Probe::default();
+        let mut b = Box::pin(WatchdogBody::new(
+            inner,
+            false,
+            limits(1000, 1000, 10_000),
+            probe.clone(),
+        ));
+        let f = b.frame().await.unwrap().unwrap();
+        assert_eq!(f.into_data().unwrap(), &b"{\"ok\":true}"[..]);
+        assert!(b.is_end_stream());
+        drop(b);
+        assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
     }
 
     #[tokio::test(start_paused = true)]

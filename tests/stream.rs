@@ -180,3 +180,31 @@ async fn an_event_split_across_frames_is_held_until_complete() {
         .collect();
     assert_eq!(before_second, b"data: {\"a\":1}\n\n");
 }
+
+#[tokio::test]
+async fn a_complete_non_streaming_answer_is_ok_and_its_upstream_connection_reused() {
+    let h = Harness::start().await;
+    for _ in 0..2 {
+        let (resp, _c) = h.send(chat_request(&[], false)).await;
+        assert_eq!(resp.status(), 200);
+        assert!(resp.headers().get("content-length").is_some());
+        let read = read_body(resp.into_body()).await;
+        assert!(read.error.is_none());
+        let v: serde_json::Value = serde_json::from_slice(&read.bytes).unwrap();
+        assert_eq!(v["object"], "chat.completion");
+    }
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+            .await,
+        2.0
+    );
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        0.0
+    );
+    // The first answer ended cleanly, so its connection went back to the pool.
+    let reqs = h.fake.requests();
+    assert_eq!(reqs[0].conn_id, reqs[1].conn_id);
+}
