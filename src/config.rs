@@ -186,7 +186,7 @@ impl RetryCause {
         }
     }
 
-    const ALL: [RetryCause; 5] = [
+    pub const ALL: [RetryCause; 5] = [
         Self::Connect,
         Self::FirstToken,
         Self::Status5xx,

@@ -119,6 +119,9 @@ struct Shared {
     /// Bumped after every change so `wait_*` can sleep instead of polling.
     changed: watch::Sender<()>,
     next_reply_id: AtomicU64,
+    /// Script headers this instance applies when a request does not carry them itself, so
+    /// that two fakes behind one gateway can behave differently for the same request.
+    script_defaults: Mutex<HeaderMap>,
 }
 
 impl Shared {
@@ -296,6 +299,7 @@ impl FakeUpstream {
             records: Mutex::new(Records::default()),
             changed: watch::Sender::new(()),
             next_reply_id: AtomicU64::new(1),
+            script_defaults: Mutex::new(HeaderMap::new()),
         });
         let cancel = CancellationToken::new();
         tokio::spawn(accept_loop(listener, shared.clone(), cancel.clone()));
@@ -304,6 +308,25 @@ impl FakeUpstream {
             shared,
             cancel,
         })
+    }
+
+    /// Sets `x-fake-*` headers this instance behaves by whenever a request does not send
+    /// them (a request's own headers win).
+    pub fn set_script(&self, headers: &[(&str, &str)]) {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            if let (Ok(k), Ok(v)) = (
+                http::header::HeaderName::from_bytes(k.as_bytes()),
+                HeaderValue::from_str(v),
+            ) {
+                map.insert(k, v);
+            }
+        }
+        *self
+            .shared
+            .script_defaults
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = map;
     }
 
     /// The bound address.
@@ -500,7 +523,15 @@ async fn respond(
     body: &Bytes,
     finisher: Finisher,
 ) -> Response<ScriptBody> {
-    let script = match Script::from_headers(&parts.headers) {
+    let mut headers = shared
+        .script_defaults
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    for (k, v) in &parts.headers {
+        headers.insert(k, v.clone());
+    }
+    let script = match Script::from_headers(&headers) {
         Ok(script) => script,
         Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, finisher),
     };

@@ -9,13 +9,16 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod attempt;
 pub mod budget;
 pub mod config;
 pub mod error;
 pub mod fake;
 pub mod metrics;
 pub mod outcome;
+pub mod policy;
 pub mod proxy;
+pub mod retry;
 pub mod server;
 pub mod sse;
 pub mod upstream;

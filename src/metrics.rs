@@ -3,9 +3,10 @@
 //! when the gateway is built, so a request never does a label lookup.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
+pub use prometheus::{Histogram, IntGauge};
 
 use crate::outcome::Origin;
 
@@ -28,6 +29,10 @@ pub struct Metrics {
     duration: HistogramVec,
     ttft: HistogramVec,
     in_flight: IntGaugeVec,
+    retries: IntCounterVec,
+    fallbacks: IntCounterVec,
+    hedges: IntCounterVec,
+    attempts: HistogramVec,
 }
 
 /// Pre-resolved handles for one route (and its upstream).
@@ -41,8 +46,23 @@ pub struct RouteMetrics {
     pub margin: Histogram,
     pub used_ratio: Histogram,
     pub duration: Histogram,
-    pub ttft: Histogram,
-    pub in_flight: IntGauge,
+    pub attempts: Histogram,
+}
+
+/// Counts one upstream call in flight from creation to drop.
+pub struct InFlight(IntGauge);
+
+impl InFlight {
+    pub fn new(gauge: &IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl RouteMetrics {
@@ -126,6 +146,27 @@ impl Metrics {
         registry
             .register(Box::new(in_flight.clone()))
             .expect("unique metric");
+        let retries = counter(
+            "hourglass_retries_total",
+            "Extra attempts on the same upstream, by the failure that caused them.",
+            &["route", "upstream", "reason"],
+        );
+        let fallbacks = counter(
+            "hourglass_fallbacks_total",
+            "Moves from one upstream to the next in a route's fallback chain.",
+            &["route", "from", "to"],
+        );
+        let hedges = counter(
+            "hourglass_hedges_total",
+            "Hedged requests (a fallback started in parallel), by which attempt won.",
+            &["route", "winner"],
+        );
+        let attempts = histogram(
+            "hourglass_attempts",
+            "Upstream attempts made for one request.",
+            &["route"],
+            &[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+        );
         Self {
             registry,
             requests,
@@ -136,12 +177,16 @@ impl Metrics {
             duration,
             ttft,
             in_flight,
+            retries,
+            fallbacks,
+            hedges,
+            attempts,
         }
     }
 
     /// Resolves (and so creates at zero) every series of one route, so dashboards see the
     /// route before its first request.
-    pub fn route(&self, route: &str, upstream: &str) -> RouteMetrics {
+    pub fn route(&self, route: &str) -> RouteMetrics {
         RouteMetrics {
             ok: self.requests.with_label_values(&[route, "ok"]),
             error: self.requests.with_label_values(&[route, "error"]),
@@ -154,9 +199,51 @@ impl Metrics {
             margin: self.margin.with_label_values(&[route]),
             used_ratio: self.used_ratio.with_label_values(&[route]),
             duration: self.duration.with_label_values(&[route]),
-            ttft: self.ttft.with_label_values(&[route, upstream]),
-            in_flight: self.in_flight.with_label_values(&[upstream]),
+            attempts: self.attempts.with_label_values(&[route]),
         }
+    }
+
+    /// Time-to-first-token handle for one (route, upstream) pair.
+    pub fn ttft(&self, route: &str, upstream: &str) -> Histogram {
+        self.ttft.with_label_values(&[route, upstream])
+    }
+
+    pub fn in_flight(&self, upstream: &str) -> IntGauge {
+        self.in_flight.with_label_values(&[upstream])
+    }
+
+    /// Creates the retry/fallback/hedge series of a route at zero, so dashboards can plot
+    /// rates before the first event.
+    pub fn init_policy(&self, route: &str, chain: &[&str], retry_reasons: &[&str], hedged: bool) {
+        for up in chain {
+            for reason in retry_reasons {
+                self.retries.with_label_values(&[route, up, reason]);
+            }
+        }
+        for pair in chain.windows(2) {
+            self.fallbacks.with_label_values(&[route, pair[0], pair[1]]);
+        }
+        if hedged {
+            for winner in ["primary", "hedge"] {
+                self.hedges.with_label_values(&[route, winner]);
+            }
+        }
+    }
+
+    // The policy counters are touched only when an attempt fails or a hedge resolves, so a
+    // label lookup there costs nothing on the streaming path.
+    pub fn retry(&self, route: &str, upstream: &str, reason: &str) {
+        self.retries
+            .with_label_values(&[route, upstream, reason])
+            .inc();
+    }
+
+    pub fn fallback(&self, route: &str, from: &str, to: &str) {
+        self.fallbacks.with_label_values(&[route, from, to]).inc();
+    }
+
+    pub fn hedge(&self, route: &str, winner: &str) {
+        self.hedges.with_label_values(&[route, winner]).inc();
     }
 
     /// The Prometheus text exposition of every metric.
@@ -182,7 +269,9 @@ mod tests {
     #[test]
     fn route_series_exist_at_zero_with_contract_names() {
         let m = Metrics::new();
-        let r = m.route("chat", "openai");
+        let r = m.route("chat");
+        m.ttft("chat", "openai");
+        m.in_flight("openai");
         r.cancellation(Origin::Idle).inc();
         let text = m.encode();
         for needle in [

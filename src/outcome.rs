@@ -11,7 +11,8 @@ use tokio::time::Instant;
 
 use crate::budget::Budget;
 use crate::error::GatewayError;
-use crate::metrics::RouteMetrics;
+use crate::metrics::{Histogram, RouteMetrics};
+use crate::upstream::Upstream;
 use crate::watchdog::{Observer, StreamEnd};
 
 /// Who cancelled a request. Each cancellation has exactly one.
@@ -24,10 +25,12 @@ pub enum Origin {
     Connect,
     InsufficientBudget,
     Shutdown,
+    /// The slower of two hedged attempts; an attempt cancelled, not a request.
+    HedgeLoser,
 }
 
 impl Origin {
-    pub const ALL: [Origin; 7] = [
+    pub const ALL: [Origin; 8] = [
         Origin::Client,
         Origin::Deadline,
         Origin::FirstToken,
@@ -35,6 +38,7 @@ impl Origin {
         Origin::Connect,
         Origin::InsufficientBudget,
         Origin::Shutdown,
+        Origin::HedgeLoser,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -46,6 +50,7 @@ impl Origin {
             Self::Connect => "connect",
             Self::InsufficientBudget => "insufficient_budget",
             Self::Shutdown => "shutdown",
+            Self::HedgeLoser => "hedge_loser",
         }
     }
 }
@@ -74,6 +79,13 @@ impl End {
     }
 }
 
+/// One upstream attempt, for the log line.
+struct AttemptLog {
+    upstream: Arc<str>,
+    outcome: &'static str,
+    took: Duration,
+}
+
 /// Everything the log line and the metrics need about one request.
 pub struct RequestRecord {
     pub id: Arc<str>,
@@ -81,15 +93,19 @@ pub struct RequestRecord {
     path: String,
     arrival: Instant,
     route: Option<Arc<str>>,
-    upstream: Option<Arc<str>>,
+    upstream: Option<Arc<Upstream>>,
     metrics: RouteMetrics,
+    ttft_metric: Option<Histogram>,
+    /// When the winning attempt's request was sent: the start of its first-token clock,
+    /// which feeds the upstream's learned estimate.
+    sent_at: Option<Instant>,
     budget: Option<Budget>,
     status: Option<u16>,
     first_token_at: Option<Instant>,
     bytes: u64,
     code: Option<&'static str>,
     end: Option<End>,
-    upstream_active: bool,
+    attempts: Vec<AttemptLog>,
 }
 
 impl RequestRecord {
@@ -108,20 +124,28 @@ impl RequestRecord {
             route: None,
             upstream: None,
             metrics,
+            ttft_metric: None,
+            sent_at: None,
             budget: None,
             status: None,
             first_token_at: None,
             bytes: 0,
             code: None,
             end: None,
-            upstream_active: false,
+            attempts: Vec::new(),
         }
     }
 
-    pub fn set_route(&mut self, route: Arc<str>, upstream: Arc<str>, metrics: RouteMetrics) {
+    pub fn set_route(&mut self, route: Arc<str>, metrics: RouteMetrics) {
         self.route = Some(route);
-        self.upstream = Some(upstream);
         self.metrics = metrics;
+    }
+
+    /// The upstream whose answer the client gets (the last attempt, or the hedge winner).
+    pub fn set_upstream(&mut self, upstream: Arc<Upstream>, ttft: Histogram, sent_at: Instant) {
+        self.upstream = Some(upstream);
+        self.ttft_metric = Some(ttft);
+        self.sent_at = Some(sent_at);
     }
 
     pub fn set_budget(&mut self, budget: Budget) {
@@ -132,31 +156,29 @@ impl RequestRecord {
         self.status = Some(status);
     }
 
-    /// The upstream call has started: counted in flight until `finish` or drop.
-    pub fn upstream_started(&mut self) {
-        if !self.upstream_active {
-            self.upstream_active = true;
-            self.metrics.in_flight.inc();
-        }
+    /// Notes one attempt's result for the log line.
+    pub fn attempt(&mut self, upstream: &Arc<str>, outcome: &'static str, started: Instant) {
+        self.attempts.push(AttemptLog {
+            upstream: upstream.clone(),
+            outcome,
+            took: Instant::now().saturating_duration_since(started),
+        });
     }
 
-    fn upstream_ended(&mut self) {
-        if self.upstream_active {
-            self.upstream_active = false;
-            self.metrics.in_flight.dec();
-        }
+    /// An attempt that lost a hedge race was cancelled: counted by origin, not as the
+    /// request's outcome.
+    pub fn hedge_loser(&self) {
+        self.metrics.cancellation(Origin::HedgeLoser).inc();
     }
 
     /// Records a failure Hourglass answered itself (before or after the head).
     pub fn fail(&mut self, e: &GatewayError) {
         self.code = Some(e.code());
         self.end = Some(End::from_error(e));
-        self.upstream_ended();
     }
 
     pub fn complete(&mut self) {
         self.end = Some(End::Ok);
-        self.upstream_ended();
     }
 
     fn report(&mut self) {
@@ -173,9 +195,12 @@ impl RequestRecord {
         }
         let elapsed = now - self.arrival;
         m.duration.observe(elapsed.as_secs_f64());
+        if self.route.is_some() {
+            m.attempts.observe(self.attempts.len() as f64);
+        }
         let ttft = self.first_token_at.map(|t| t - self.arrival);
-        if let Some(t) = ttft {
-            m.ttft.observe(t.as_secs_f64());
+        if let (Some(t), Some(h)) = (ttft, &self.ttft_metric) {
+            h.observe(t.as_secs_f64());
         }
         let mut margin = None;
         if let Some(b) = &self.budget {
@@ -201,13 +226,21 @@ impl RequestRecord {
             _ => self.code,
         };
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        // "openai:connect_timeout:512ms,backup:ok:1203ms": every attempt, in order.
+        let attempts = (self.attempts.len() > 1).then(|| {
+            self.attempts
+                .iter()
+                .map(|a| format!("{}:{}:{}ms", a.upstream, a.outcome, a.took.as_millis()))
+                .collect::<Vec<_>>()
+                .join(",")
+        });
         tracing::info!(
             target: "hourglass::request",
             request_id = %self.id,
             method = %self.method,
             path = %self.path,
             route = self.route.as_deref(),
-            upstream = self.upstream.as_deref(),
+            upstream = self.upstream.as_ref().map(|u| &*u.name),
             budget_ms = self.budget.as_ref().map(|b| b.total.as_millis() as u64),
             budget_source = self.budget.as_ref().map(|b| b.source.as_str()),
             budget_clamped = self.budget.as_ref().map(|b| b.clamped),
@@ -219,6 +252,7 @@ impl RequestRecord {
             outcome = end.outcome(),
             origin,
             code,
+            attempts = attempts.as_deref(),
             "request"
         );
     }
@@ -226,7 +260,12 @@ impl RequestRecord {
 
 impl Observer for RequestRecord {
     fn first_token(&mut self, at: Instant) {
-        self.first_token_at.get_or_insert(at);
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(at);
+            if let (Some(up), Some(sent)) = (&self.upstream, self.sent_at) {
+                up.ttft.observe(at.saturating_duration_since(sent));
+            }
+        }
     }
 
     fn data(&mut self, len: usize) {
@@ -240,7 +279,6 @@ impl Observer for RequestRecord {
             StreamEnd::UpstreamErrorEvent => {
                 self.code = Some("upstream_error_event");
                 self.end = Some(End::Error("upstream_error_event"));
-                self.upstream_ended();
             }
         }
     }
@@ -248,7 +286,6 @@ impl Observer for RequestRecord {
 
 impl Drop for RequestRecord {
     fn drop(&mut self) {
-        self.upstream_ended();
         self.report();
     }
 }

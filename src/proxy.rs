@@ -1,28 +1,29 @@
-//! The request path: route, budget, read the body, forward, and hand the upstream's body to
-//! the watchdog. Everything before the response head is decided here; everything after it by
-//! the watchdog body.
+//! The request path: route, budget, read the body, then hand the request to the route's
+//! attempt policy (`retry`) and the upstream's body to the watchdog. Everything before the
+//! response head is decided here and in `retry`/`attempt`; everything after it by the
+//! watchdog body.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response};
+use http::{Method, Request, Response, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::capture_connection;
-use tokio::time::{sleep_until, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 
-use crate::budget::{Budget, BudgetRequest, BUDGET_HEADER, INBOUND_BUDGET_HEADERS};
-use crate::config::{Config, Route};
+use crate::attempt::UpstreamBody;
+use crate::budget::{Budget, BudgetRequest, INBOUND_BUDGET_HEADERS};
+use crate::config::{Config, RetryCause, Route};
 use crate::error::GatewayError;
-use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
+use crate::metrics::{Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE};
 use crate::outcome::RequestRecord;
-use crate::upstream::{ConnectTimedOut, Upstream, UpstreamBuildError};
-use crate::watchdog::{BoxError, StreamLimits, WatchdogBody};
+use crate::policy::rewrite_model;
+use crate::upstream::{Upstream, UpstreamBuildError};
+use crate::watchdog::{BoxError, WatchdogBody};
 
-pub type ProxyBody = Either<Full<Bytes>, WatchdogBody<Incoming, RequestRecord>>;
+pub type ProxyBody = Either<Full<Bytes>, WatchdogBody<UpstreamBody, RequestRecord>>;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -38,11 +39,18 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     header::TRANSFER_ENCODING,
 ];
 
-struct RouteRuntime {
-    route: Route,
-    name: Arc<str>,
-    upstream: Arc<Upstream>,
-    metrics: RouteMetrics,
+/// One upstream of a route's chain (its own, then its fallbacks) with its metric handles.
+pub struct ChainEntry {
+    pub upstream: Arc<Upstream>,
+    pub ttft: Histogram,
+    pub in_flight: IntGauge,
+}
+
+pub struct RouteRuntime {
+    pub route: Route,
+    pub name: Arc<str>,
+    pub chain: Vec<ChainEntry>,
+    pub metrics: RouteMetrics,
 }
 
 /// The routing table with its upstream clients and metric handles, built once per config.
@@ -50,16 +58,45 @@ pub struct Gateway {
     config: Arc<Config>,
     routes: Vec<RouteRuntime>,
     no_route: RouteMetrics,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
-/// What the head phase hands to the body phase.
-struct Forwarded {
-    response: Response<Incoming>,
-    limits: StreamLimits,
+/// The request as every attempt sends it, less what differs per upstream (URI, credentials,
+/// model, the forwarded budget).
+pub struct Template {
+    pub method: Method,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Template {
+    pub fn request_for(&self, upstream: &Upstream) -> Result<Request<Full<Bytes>>, GatewayError> {
+        let uri: Uri =
+            upstream
+                .uri_for(&self.path_and_query)
+                .map_err(|e| GatewayError::BadRequest {
+                    message: format!("request target cannot be forwarded: {e}"),
+                })?;
+        let body = match &upstream.config.model {
+            Some(model) => rewrite_model(&self.body, model).unwrap_or_else(|| self.body.clone()),
+            None => self.body.clone(),
+        };
+        let mut req = Request::builder()
+            .method(self.method.clone())
+            .uri(uri)
+            .body(Full::new(body))
+            .map_err(|e| GatewayError::BadRequest {
+                message: format!("request cannot be forwarded: {e}"),
+            })?;
+        *req.headers_mut() = self.headers.clone();
+        upstream.apply_credentials(req.headers_mut());
+        Ok(req)
+    }
 }
 
 impl Gateway {
-    pub fn new(config: Arc<Config>, metrics: &Metrics) -> Result<Self, UpstreamBuildError> {
+    pub fn new(config: Arc<Config>, metrics: &Arc<Metrics>) -> Result<Self, UpstreamBuildError> {
         let mut upstreams: Vec<Arc<Upstream>> = Vec::new();
         for up in &config.upstreams {
             // The connector's own bound is the longest any route allows; each request bounds
@@ -67,33 +104,55 @@ impl Gateway {
             let connect = config
                 .routes
                 .iter()
-                .filter(|r| r.upstream.name == up.name)
+                .filter(|r| {
+                    r.upstream.name == up.name
+                        || r.policy.fallbacks.iter().any(|f| f.name == up.name)
+                })
                 .map(|r| r.limits.connect_timeout)
                 .max()
                 .unwrap_or(std::time::Duration::from_secs(10));
             upstreams.push(Arc::new(Upstream::new(up.clone(), connect)?));
         }
+        let find = |name: &str| {
+            upstreams
+                .iter()
+                .find(|u| &*u.name == name)
+                .expect("config checks that every route names known upstreams")
+                .clone()
+        };
         let routes = config
             .routes
             .iter()
             .map(|r| {
-                let upstream = upstreams
+                let names: Vec<&str> = std::iter::once(r.upstream.name.as_str())
+                    .chain(r.policy.fallbacks.iter().map(|f| f.name.as_str()))
+                    .collect();
+                let reasons: Vec<&str> = RetryCause::ALL
                     .iter()
-                    .find(|u| *u.name == r.upstream.name)
-                    .expect("config checks that every route names a known upstream")
-                    .clone();
+                    .filter(|c| r.policy.retry_on.contains(**c))
+                    .map(|c| c.as_str())
+                    .collect();
+                metrics.init_policy(&r.name, &names, &reasons, r.policy.hedge_after.is_some());
                 RouteRuntime {
                     route: r.clone(),
                     name: Arc::from(r.name.as_str()),
-                    metrics: metrics.route(&r.name, &upstream.name),
-                    upstream,
+                    metrics: metrics.route(&r.name),
+                    chain: names
+                        .iter()
+                        .map(|n| ChainEntry {
+                            upstream: find(n),
+                            ttft: metrics.ttft(&r.name, n),
+                            in_flight: metrics.in_flight(n),
+                        })
+                        .collect(),
                 }
             })
             .collect();
         Ok(Self {
             config,
             routes,
-            no_route: metrics.route(NO_ROUTE, NO_ROUTE),
+            no_route: metrics.route(NO_ROUTE),
+            metrics: metrics.clone(),
         })
     }
 
@@ -122,8 +181,8 @@ impl Gateway {
             self.no_route.clone(),
         );
         match self.forward(req, arrival, &id, &mut record).await {
-            Ok(fwd) => {
-                let (mut parts, body) = fwd.response.into_parts();
+            Ok(started) => {
+                let (mut parts, body) = started.response.into_parts();
                 let is_sse = is_event_stream(&parts.headers);
                 strip_hop_by_hop(&mut parts.headers);
                 if is_sse {
@@ -139,7 +198,7 @@ impl Gateway {
                 }
                 insert_request_id(&mut parts.headers, &id);
                 record.set_status(parts.status.as_u16());
-                let body = WatchdogBody::new(body, is_sse, fwd.limits, record);
+                let body = WatchdogBody::new(body, is_sse, started.limits, record);
                 Response::from_parts(parts, Either::Right(body))
             }
             Err(e) => {
@@ -158,7 +217,7 @@ impl Gateway {
         arrival: Instant,
         id: &str,
         record: &mut RequestRecord,
-    ) -> Result<Forwarded, GatewayError>
+    ) -> Result<crate::attempt::Started, GatewayError>
     where
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
@@ -178,11 +237,7 @@ impl Gateway {
             .iter()
             .find(|r| !r.route.needs_model())
             .unwrap_or(first);
-        record.set_route(
-            tentative.name.clone(),
-            tentative.upstream.name.clone(),
-            tentative.metrics.clone(),
-        );
+        record.set_route(tentative.name.clone(), tentative.metrics.clone());
         let asked = BudgetRequest::from_headers(req.headers())?;
 
         // Until the body names the model, the widest budget among the candidates bounds the
@@ -217,21 +272,11 @@ impl Gateway {
         } else {
             first
         };
-        record.set_route(
-            route.name.clone(),
-            route.upstream.name.clone(),
-            route.metrics.clone(),
-        );
+        record.set_route(route.name.clone(), route.metrics.clone());
         let budget = asked.resolve(&route.route.limits, arrival);
         record.set_budget(budget.clone());
         budget.ensure_useful(Instant::now())?;
 
-        let upstream = &route.upstream;
-        let uri = upstream
-            .uri_for(parts.uri.path_and_query().map_or("/", |p| p.as_str()))
-            .map_err(|e| GatewayError::BadRequest {
-                message: format!("request target cannot be forwarded: {e}"),
-            })?;
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
         for h in INBOUND_BUDGET_HEADERS {
@@ -240,124 +285,18 @@ impl Gateway {
         headers.remove(header::HOST);
         headers.remove(header::CONTENT_LENGTH);
         headers.remove(header::EXPECT);
-        upstream.apply_credentials(&mut headers);
         insert_request_id(&mut headers, id);
-        let mut up_req = Request::builder()
-            .method(parts.method)
-            .uri(uri)
-            .body(Full::new(body))
-            .map_err(|e| GatewayError::BadRequest {
-                message: format!("request cannot be forwarded: {e}"),
-            })?;
-        *up_req.headers_mut() = headers;
-        send(upstream, up_req, &budget, record).await
-    }
-}
-
-/// Sends the request and waits for the response head under the connect limit, then the
-/// first-token limit (counted from the moment a connection carries the request), both capped
-/// by the deadline. Dropping the response future on a limit (or with the whole handler, when
-/// the client goes away) is what cancels the upstream call.
-async fn send(
-    upstream: &Arc<Upstream>,
-    mut req: Request<Full<Bytes>>,
-    budget: &Budget,
-    record: &mut RequestRecord,
-) -> Result<Forwarded, GatewayError> {
-    let work_deadline = budget.work_deadline();
-    let now = Instant::now();
-    if upstream.config.propagate_budget {
-        req.headers_mut()
-            .insert(BUDGET_HEADER, HeaderValue::from(budget.forwarded_ms(now)));
-    }
-    let mut connection = capture_connection(&mut req);
-    record.upstream_started();
-    let response = upstream.request(req);
-    tokio::pin!(response);
-    let timer = sleep_until((now + budget.connect_timeout).min(work_deadline));
-    tokio::pin!(timer);
-    let mut first_token_deadline: Option<Instant> = None;
-    let result = loop {
-        tokio::select! {
-            biased;
-            r = &mut response => break r,
-            _ = connection.wait_for_connection_metadata(), if first_token_deadline.is_none() => {
-                let at = (Instant::now() + budget.first_token_timeout).min(work_deadline);
-                first_token_deadline = Some(at);
-                timer.as_mut().reset(at);
-            }
-            () = &mut timer => {
-                let now = Instant::now();
-                return Err(if now >= work_deadline {
-                    GatewayError::DeadlineExceeded { budget: budget.total }
-                } else if first_token_deadline.is_none() {
-                    GatewayError::ConnectTimeout { upstream: upstream.name.to_string(), after: budget.connect_timeout }
-                } else {
-                    GatewayError::FirstTokenTimeout { upstream: upstream.name.to_string(), after: budget.first_token_timeout }
-                });
-            }
-        }
-    };
-    let response = result.map_err(|e| classify(upstream, &e, budget.connect_timeout))?;
-    let first_token_deadline = first_token_deadline
-        .unwrap_or_else(|| (Instant::now() + budget.first_token_timeout).min(work_deadline));
-    Ok(Forwarded {
-        response,
-        limits: StreamLimits {
-            first_token_deadline,
-            first_token_timeout: budget.first_token_timeout,
-            idle_timeout: budget.idle_timeout,
-            deadline: work_deadline,
-            budget: budget.total,
-            upstream: upstream.name.clone(),
-        },
-    })
-}
-
-fn classify(
-    upstream: &Upstream,
-    e: &hyper_util::client::legacy::Error,
-    upstream_connect_timeout: std::time::Duration,
-) -> GatewayError {
-    let mut reason = String::new();
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    let mut timed_out = None;
-    while let Some(s) = source {
-        // Our own connector bound, or the TCP connect timeout beneath it (which may fire a
-        // moment earlier): both mean the connect limit, not an unreachable upstream.
-        if let Some(t) = s.downcast_ref::<ConnectTimedOut>() {
-            timed_out = Some(t.0);
-        } else if s
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-        {
-            timed_out.get_or_insert(upstream_connect_timeout);
-        }
-        if !reason.is_empty() {
-            reason.push_str(": ");
-        }
-        reason.push_str(&s.to_string());
-        source = s.source();
-    }
-    if reason.is_empty() {
-        reason = e.to_string();
-    }
-    let name = upstream.name.to_string();
-    if let Some(after) = timed_out {
-        GatewayError::ConnectTimeout {
-            upstream: name,
-            after,
-        }
-    } else if e.is_connect() {
-        GatewayError::UpstreamUnavailable {
-            upstream: name,
-            reason,
-        }
-    } else {
-        GatewayError::UpstreamError {
-            upstream: name,
-            reason,
-        }
+        let template = Template {
+            method: parts.method,
+            path_and_query: parts
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_string(),
+            headers,
+            body,
+        };
+        crate::retry::run(self, route, &template, &budget, record).await
     }
 }
 
@@ -404,7 +343,7 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-fn is_event_stream(headers: &HeaderMap) -> bool {
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -20,6 +20,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
 use crate::config::{AuthMode, UpstreamConfig};
+use crate::policy::TtftEstimate;
 use crate::watchdog::BoxError;
 
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
@@ -52,6 +53,8 @@ pub struct Upstream {
     base: String,
     credential: Option<(HeaderName, HeaderValue)>,
     client: Client<Connector, Full<Bytes>>,
+    /// What an attempt here is expected to take until its first token.
+    pub ttft: TtftEstimate,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -106,6 +109,7 @@ impl Upstream {
         );
         Ok(Self {
             name,
+            ttft: TtftEstimate::new(config.expected_first_token),
             config,
             base,
             credential,

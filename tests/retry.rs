@@ -1,0 +1,412 @@
+//! Retries, fallbacks and hedging spend one budget: two fake providers behind one route.
+
+mod support;
+
+use std::time::Duration;
+
+use hourglass::config::Config;
+use hourglass::fake::FakeUpstream;
+use hourglass::server::{self, Running};
+use support::*;
+use tokio::time::Instant;
+
+struct Pair {
+    primary: FakeUpstream,
+    backup: FakeUpstream,
+    gw: Running,
+}
+
+const CONFIG: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "5s"
+max_budget = "30s"
+connect_timeout = "500ms"
+first_token_timeout = "2s"
+idle_timeout = "1s"
+
+[upstreams.primary]
+url = "{PRIMARY}"
+auth = "none"
+{PRIMARY_EXTRA}
+
+[upstreams.backup]
+url = "{BACKUP}"
+auth = "none"
+{BACKUP_EXTRA}
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "primary"
+{ROUTE}
+"#;
+
+async fn pair(route: &str, primary_extra: &str, backup_extra: &str) -> Pair {
+    pair_with(route, primary_extra, backup_extra, None).await
+}
+
+async fn pair_with(
+    route: &str,
+    primary_extra: &str,
+    backup_extra: &str,
+    primary_url: Option<String>,
+) -> Pair {
+    let primary = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let text = CONFIG
+        .replace("{PRIMARY}", &primary_url.unwrap_or_else(|| primary.url()))
+        .replace("{BACKUP}", &backup.url())
+        .replace("{PRIMARY_EXTRA}", primary_extra)
+        .replace("{BACKUP_EXTRA}", backup_extra)
+        .replace("{ROUTE}", route);
+    let config = Config::from_toml(&text, "retry-test.toml").unwrap();
+    let gw = server::start(config).await.unwrap();
+    Pair {
+        primary,
+        backup,
+        gw,
+    }
+}
+
+impl Pair {
+    async fn chat(
+        &self,
+        headers: &[(&str, &str)],
+    ) -> (http::Response<hyper::body::Incoming>, Conn) {
+        Conn::open(self.gw.addr)
+            .await
+            .send(chat_request(headers, true))
+            .await
+    }
+
+    async fn metric(&self, sample: &str) -> f64 {
+        let conn = Conn::open(self.gw.admin_addr).await;
+        let req = http::Request::get("/metrics")
+            .header("host", "admin")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let (resp, _c) = conn.send(req).await;
+        let text = read_body(resp.into_body()).await.text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or_else(|| panic!("no sample {sample} in\n{text}"))
+    }
+
+    async fn wait_reported(&self, n: f64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut total = 0.0;
+            for o in ["ok", "error", "cancelled"] {
+                total += self
+                    .metric(&format!(
+                        "hourglass_requests_total{{outcome=\"{o}\",route=\"chat\"}}"
+                    ))
+                    .await;
+            }
+            if total >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{total} of {n} requests reported"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn closed_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn a_primary_that_refuses_connections_falls_back_within_budget() {
+    let p = pair_with("fallbacks = [\"backup\"]", "", "", Some(closed_port())).await;
+    let start = Instant::now();
+    let (resp, _c) = p
+        .chat(&[("x-request-budget-ms", "3000"), ("x-fake-chunks", "3")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
+    assert!(start.elapsed() < Duration::from_secs(3));
+    assert_eq!(p.backup.requests().len(), 1);
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_fallbacks_total{from=\"primary\",route=\"chat\",to=\"backup\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        p.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        p.metric("hourglass_attempts_sum{route=\"chat\"}").await,
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn a_late_first_token_switches_to_the_fallback_and_leaves_it_room() {
+    // The backup is expected to need 800 ms to its first token, so the primary gets
+    // 2500 - 800 = 1700 ms for its own, not the route's 2 s.
+    let p = pair(
+        "fallbacks = [\"backup\"]",
+        "",
+        "expected_first_token = \"800ms\"",
+    )
+    .await;
+    p.primary
+        .set_script(&[("x-fake-ttft-ms", "5000"), ("x-fake-headers-first", "1")]);
+    p.backup.set_script(&[("x-fake-ttft-ms", "300")]);
+    let start = Instant::now();
+    let (resp, _c) = p.chat(&[("x-request-budget-ms", "2500")]).await;
+    let head_at = start.elapsed();
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    let total = start.elapsed();
+    assert!(read.error_event().is_none(), "{}", read.text());
+    assert!(read.text().ends_with("data: [DONE]\n\n"));
+    // Switched at ~1.7 s, backup's first token 300 ms later; all inside the 2.5 s budget.
+    assert!(
+        head_at >= Duration::from_millis(1900) && head_at < Duration::from_millis(2300),
+        "{head_at:?}"
+    );
+    assert!(total < Duration::from_millis(2500), "{total:?}");
+    // The primary's stream was cut when its attempt's limit fired.
+    let primary_conn = p.primary.connections()[0].id;
+    assert!(p
+        .primary
+        .wait_closed(primary_conn, Duration::from_secs(1))
+        .await
+        .is_some());
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_late_first_token_without_a_fallback_is_a_504() {
+    let p = pair("first_token_timeout = \"400ms\"", "", "").await;
+    p.primary.set_script(&[("x-fake-ttft-ms", "5000")]);
+    let start = Instant::now();
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "first_token_timeout"
+    );
+    assert!(start.elapsed() < Duration::from_millis(900));
+    assert!(p.backup.requests().is_empty());
+}
+
+#[tokio::test]
+async fn a_retry_that_does_not_fit_is_not_made() {
+    let p = pair(
+        "retries = 2\nretry_on = [\"5xx\"]",
+        "expected_first_token = \"500ms\"",
+        "",
+    )
+    .await;
+    p.primary
+        .set_script(&[("x-fake-status", "503"), ("x-fake-ttft-ms", "600")]);
+    let (resp, _c) = p.chat(&[("x-request-budget-ms", "1000")]).await;
+    // No time for another attempt: the upstream's own answer passes through.
+    assert_eq!(resp.status(), 503);
+    read_body(resp.into_body()).await;
+    assert_eq!(p.primary.requests().len(), 1, "no second request was made");
+}
+
+#[tokio::test]
+async fn a_retry_that_fits_is_made_and_counted() {
+    let p = pair("retries = 2\nretry_on = [\"5xx\"]", "", "").await;
+    p.primary.set_script(&[("x-fake-status", "500")]);
+    let (resp, _c) = p.chat(&[("x-request-budget-ms", "5000")]).await;
+    assert_eq!(resp.status(), 500, "the last answer passes through");
+    read_body(resp.into_body()).await;
+    assert_eq!(p.primary.requests().len(), 3);
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_retries_total{reason=\"5xx\",route=\"chat\",upstream=\"primary\"}")
+            .await,
+        2.0
+    );
+}
+
+#[tokio::test]
+async fn no_retry_after_the_first_byte_reached_the_client() {
+    for route in ["retries = 2", "retries = 2\nfallbacks = [\"backup\"]"] {
+        let p = pair(route, "", "").await;
+        p.primary.set_script(&[("x-fake-disconnect-after", "2")]);
+        let (resp, _c) = p.chat(&[]).await;
+        assert_eq!(resp.status(), 200);
+        let read = read_body(resp.into_body()).await;
+        assert_eq!(
+            read.error_event().expect("error event")["code"],
+            "upstream_error",
+            "{route}"
+        );
+        assert_eq!(p.primary.requests().len(), 1, "{route}");
+        assert!(p.backup.requests().is_empty(), "{route}");
+    }
+}
+
+#[tokio::test]
+async fn no_retry_after_the_client_left() {
+    let p = pair("retries = 2\nfallbacks = [\"backup\"]", "", "").await;
+    p.primary.set_script(&[("x-fake-ttft-ms", "1500")]);
+    let conn = Conn::open(p.gw.addr).await;
+    let pending = tokio::spawn(async move {
+        let _ = conn.send(chat_request(&[], true)).await;
+    });
+    assert!(p.primary.wait_for_requests(1, Duration::from_secs(2)).await);
+    let left = Instant::now();
+    pending.abort();
+    let _ = pending.await;
+    let closed = p
+        .primary
+        .wait_closed(p.primary.connections()[0].id, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(closed.saturating_duration_since(left) < Duration::from_millis(100));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(p.primary.requests().len(), 1);
+    assert!(p.backup.requests().is_empty());
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn hedging_the_faster_upstream_wins_and_the_loser_is_cancelled() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nhedge_after = \"300ms\"",
+        "",
+        "model = \"small-fast\"",
+    )
+    .await;
+    p.primary
+        .set_script(&[("x-fake-ttft-ms", "3000"), ("x-fake-headers-first", "1")]);
+    p.backup.set_script(&[("x-fake-ttft-ms", "100")]);
+    let start = Instant::now();
+    let (resp, _c) = p.chat(&[("x-fake-chunks", "3")]).await;
+    let won_at = Instant::now();
+    assert!(
+        start.elapsed() >= Duration::from_millis(380)
+            && start.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        start.elapsed()
+    );
+    let read = read_body(resp.into_body()).await;
+    // Only the winner's bytes: the backup answers as the rewritten model.
+    assert!(
+        read.text().contains("\"model\":\"small-fast\""),
+        "{}",
+        read.text()
+    );
+    assert!(!read.text().contains("gpt-test"));
+    let loser = p.primary.connections()[0].id;
+    let closed = p
+        .primary
+        .wait_closed(loser, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let delay = closed.saturating_duration_since(won_at);
+    assert!(
+        delay < Duration::from_millis(100),
+        "loser closed {delay:?} after the win"
+    );
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_hedges_total{route=\"chat\",winner=\"hedge\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        p.metric("hourglass_hedges_total{route=\"chat\",winner=\"primary\"}")
+            .await,
+        0.0
+    );
+    assert_eq!(
+        p.metric("hourglass_cancellations_total{origin=\"hedge_loser\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        p.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        p.metric("hourglass_time_to_first_token_seconds_count{route=\"chat\",upstream=\"backup\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn hedging_the_primary_can_win_too() {
+    let p = pair("fallbacks = [\"backup\"]\nhedge_after = \"200ms\"", "", "").await;
+    p.primary.set_script(&[("x-fake-ttft-ms", "500")]);
+    p.backup
+        .set_script(&[("x-fake-ttft-ms", "3000"), ("x-fake-headers-first", "1")]);
+    let (resp, _c) = p.chat(&[]).await;
+    let won_at = Instant::now();
+    read_body(resp.into_body()).await;
+    assert_eq!(p.backup.requests().len(), 1, "the hedge was started");
+    let closed = p
+        .backup
+        .wait_closed(p.backup.connections()[0].id, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(closed.saturating_duration_since(won_at) < Duration::from_millis(100));
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_hedges_total{route=\"chat\",winner=\"primary\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn the_model_rewrite_reaches_the_fallback_and_nothing_else_changes() {
+    let p = pair_with(
+        "fallbacks = [\"backup\"]",
+        "",
+        "model = \"gpt-small\"",
+        Some(closed_port()),
+    )
+    .await;
+    let (resp, _c) = p.chat(&[]).await;
+    read_body(resp.into_body()).await;
+    let sent = chat_request(&[], true);
+    let original = {
+        use http_body_util::BodyExt;
+        sent.into_body().collect().await.unwrap().to_bytes()
+    };
+    let got = &p.backup.requests()[0].body;
+    let expected = String::from_utf8(original.to_vec())
+        .unwrap()
+        .replace("\"model\":\"gpt-test\"", "\"model\":\"gpt-small\"");
+    assert_eq!(std::str::from_utf8(got).unwrap(), expected);
+}
