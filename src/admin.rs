@@ -15,9 +15,22 @@ use crate::metrics::Metrics;
 #[derive(Default)]
 pub struct Health {
     ready: AtomicBool,
+    /// Which config is served and how the last reload went, shown by /readyz.
+    detail: std::sync::Mutex<String>,
 }
 
 impl Health {
+    pub fn set_detail(&self, detail: String) {
+        *self.detail.lock().unwrap_or_else(|e| e.into_inner()) = detail;
+    }
+
+    fn detail(&self) -> String {
+        self.detail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }
@@ -45,8 +58,13 @@ pub async fn handle<B>(
             resp
         }
         "/healthz" => text(StatusCode::OK, "ok\n"),
-        "/readyz" if health.is_ready() => text(StatusCode::OK, "ready\n"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n"),
+        "/readyz" if health.is_ready() => {
+            text(StatusCode::OK, format!("ready: {}\n", health.detail()))
+        }
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready (starting or draining): {}\n", health.detail()),
+        ),
         _ => text(
             StatusCode::NOT_FOUND,
             "not found: try /metrics, /healthz or /readyz\n",

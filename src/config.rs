@@ -43,6 +43,12 @@ pub struct Config {
     /// Name of the file (or embedded source) this was loaded from, used to
     /// prefix messages, e.g. `config/hourglass.toml`.
     pub source: String,
+    /// A short hash of the config text: which config is loaded, for the info metric and
+    /// the reload log.
+    pub fingerprint: String,
+    /// Where the file seems to hold a credential itself (named by key path, the value
+    /// never repeated); reported by [`Config::warnings`].
+    pub inlined_secrets: Vec<String>,
 }
 
 /// The `[server]` table.
@@ -63,6 +69,26 @@ pub struct ServerConfig {
     /// Cap on concurrent client connections; `None` means no limit. Never
     /// `Some(0)`.
     pub max_connections: Option<usize>,
+    /// Largest request head (request line and headers) in bytes (default 64 KiB); larger
+    /// heads get 431.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request (default 100); more get 431.
+    pub max_headers: usize,
+    /// Concurrent streams one HTTP/2 client connection may open (default 256).
+    pub http2_max_concurrent_streams: u32,
+    /// TLS for the client listener (`[server.tls]`); `None` serves plain HTTP.
+    pub tls: Option<ServerTls>,
+}
+
+/// `[server.tls]`: PEM files, relative paths resolved against the config file's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTls {
+    /// Certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// How the proxy presents the upstream API key.
@@ -100,6 +126,10 @@ pub struct UpstreamConfig {
     /// Environment variable holding the API key, if any. Read at startup, not
     /// here, so `hourglass check` works without secrets.
     pub api_key_env: Option<String>,
+    /// File holding the API key (its whole content, trimmed), if any; never set together
+    /// with `api_key_env`. Relative paths are resolved against the config file's
+    /// directory. Read at startup, like the variable.
+    pub api_key_file: Option<PathBuf>,
     /// How the key is sent.
     pub auth: AuthMode,
     /// Extra CA bundle (PEM) to trust; relative paths are already resolved
@@ -157,6 +187,23 @@ pub struct Route {
     /// Retries, fallbacks and hedging: how this route spends one budget on several
     /// attempts.
     pub policy: Policy,
+    /// Most requests this route serves at once (`max_in_flight`); `None` means no limit.
+    /// Never `Some(0)`.
+    pub max_in_flight: Option<usize>,
+    /// Where the keys clients must present come from (`client_keys_env`,
+    /// `client_keys_file`); `None` means the route is open.
+    pub client_auth: Option<ClientAuth>,
+}
+
+/// The sources of a route's client keys. The keys themselves are read when the gateway is
+/// built, never kept in the config (so `hourglass check` needs no secrets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAuth {
+    /// An environment variable holding comma-separated keys.
+    pub env: Option<String>,
+    /// A file with one key per line (blank lines and `#` comments ignored); relative paths
+    /// are resolved against the config file's directory.
+    pub file: Option<PathBuf>,
 }
 
 /// A failure that may trigger a retry or a move to the next fallback.
@@ -414,10 +461,23 @@ impl Config {
     }
 
     fn warnings_with(&self, env: &dyn Fn(&str) -> Option<OsString>) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out = self.inlined_secrets.clone();
         for up in &self.upstreams {
             let name = &up.name;
-            if let Some(var) = &up.api_key_env {
+            if let Some(path) = &up.api_key_file {
+                if up.auth == AuthMode::None {
+                    out.push(format!(
+                        "upstream {name:?}: api_key_file is ignored because auth is \"none\""
+                    ));
+                } else {
+                    secret_file_warnings(
+                        &format!("upstream {name:?}: api_key_file"),
+                        path,
+                        &mut out,
+                    );
+                }
+            }
+            if let Some(var) = up.api_key_env.as_ref().filter(|v| !looks_like_secret(v)) {
                 if up.auth == AuthMode::None {
                     out.push(format!(
                         "upstream {name:?}: api_key_env {var} is ignored because auth is \"none\""
@@ -446,6 +506,28 @@ impl Config {
             }
             if !self.routes.iter().any(|r| Arc::ptr_eq(&r.upstream, up)) {
                 out.push(format!("upstream {name:?} is not used by any route"));
+            }
+        }
+        for r in &self.routes {
+            let Some(auth) = &r.client_auth else { continue };
+            let label = format!("route {:?}", r.name);
+            if let Some(var) = auth.env.as_ref().filter(|v| !looks_like_secret(v)) {
+                if env(var).is_none() {
+                    out.push(format!(
+                        "{label}: client_keys_env {var} is not set; the gateway will not start without the route's keys"
+                    ));
+                }
+            }
+            if let Some(path) = &auth.file {
+                secret_file_warnings(&format!("{label}: client_keys_file"), path, &mut out);
+            }
+            let up = &r.upstream;
+            if up.auth == AuthMode::None || (up.api_key_env.is_none() && up.api_key_file.is_none())
+            {
+                out.push(format!(
+                    "{label}: clients authenticate with their gateway keys, which are never passed on, and upstream {:?} has no key of its own",
+                    up.name
+                ));
             }
         }
         for (i, later) in self.routes.iter().enumerate() {
@@ -495,7 +577,15 @@ impl Config {
             }
             let _ = write!(out, "  upstream: {} ({}, auth {}", up.name, up.url, up.auth);
             if let Some(var) = &up.api_key_env {
+                let var = if looks_like_secret(var) {
+                    "(not shown: looks like a key)"
+                } else {
+                    var
+                };
                 let _ = write!(out, ", api_key_env {var}");
+            }
+            if let Some(path) = &up.api_key_file {
+                let _ = write!(out, ", api_key_file {}", path.display());
             }
             if let Some(ca) = &up.ca_file {
                 let _ = write!(out, ", ca_file {}", ca.display());
@@ -517,6 +607,26 @@ impl Config {
             if let Some(h) = p.hedge_after {
                 let _ = writeln!(out, "  hedge_after: {}", hd(h));
             }
+            if let Some(n) = r.max_in_flight {
+                let _ = writeln!(out, "  max_in_flight: {n}");
+            }
+            if let Some(auth) = &r.client_auth {
+                let mut from = Vec::new();
+                if let Some(var) = &auth.env {
+                    from.push(format!(
+                        "client_keys_env {}",
+                        if looks_like_secret(var) {
+                            "(not shown)"
+                        } else {
+                            var
+                        }
+                    ));
+                }
+                if let Some(path) = &auth.file {
+                    from.push(format!("client_keys_file {}", path.display()));
+                }
+                let _ = writeln!(out, "  client keys: {}", from.join(", "));
+            }
             for (key, value) in [
                 ("budget", l.budget),
                 ("max_budget", l.max_budget),
@@ -530,6 +640,32 @@ impl Config {
             }
         }
         out
+    }
+}
+
+/// A file of secrets that cannot be read makes startup fail; one others may read is a
+/// leak waiting to happen.
+fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
+    match std::fs::metadata(path) {
+        Err(e) => out.push(format!(
+            "{label} {}: {e}; the gateway will not start without it",
+            path.display()
+        )),
+        Ok(meta) => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = meta.permissions().mode() & 0o777;
+                if mode & 0o007 != 0 {
+                    out.push(format!(
+                        "{label} {} is open to every user (mode {mode:03o}); chmod 600 it",
+                        path.display()
+                    ));
+                }
+            }
+            #[cfg(not(unix))]
+            let _ = meta;
+        }
     }
 }
 
@@ -585,6 +721,18 @@ struct RawServer {
     header_read_timeout: Option<RawDuration>,
     shutdown_grace: Option<RawDuration>,
     max_connections: Option<usize>,
+    max_header_bytes: Option<usize>,
+    max_headers: Option<usize>,
+    http2_max_concurrent_streams: Option<u32>,
+    tls: Option<RawTls>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [server.tls] table")]
+struct RawTls {
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
 }
 
 /// The limit keys, as written in `[defaults]` or (via [`RawRoute::overrides`])
@@ -642,6 +790,7 @@ enum RawAuth {
 struct RawUpstream {
     url: Option<String>,
     api_key_env: Option<String>,
+    api_key_file: Option<PathBuf>,
     auth: Option<RawAuth>,
     ca_file: Option<PathBuf>,
     propagate_budget: Option<bool>,
@@ -688,6 +837,9 @@ struct RawRoute {
     retry_on: Option<Vec<RawRetryCause>>,
     fallbacks: Option<Vec<String>>,
     hedge_after: Option<RawDuration>,
+    max_in_flight: Option<usize>,
+    client_keys_env: Option<String>,
+    client_keys_file: Option<PathBuf>,
     budget: Option<RawDuration>,
     max_budget: Option<RawDuration>,
     connect_timeout: Option<RawDuration>,
@@ -710,6 +862,9 @@ impl RawRoute {
         }
     }
 }
+
+/// No duration in the file may exceed this (humantime's year is 365.25 days).
+const MAX_DURATION: Duration = Duration::from_secs(31_557_600);
 
 /// A humantime duration string. Hand-rolled rather than `humantime_serde` so
 /// the error quotes the value and says why humantime rejected it.
@@ -751,9 +906,15 @@ impl<'de> Deserialize<'de> for RawDuration {
                 f.write_str("a duration string such as \"250ms\", \"8s\" or \"10m\"")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                humantime::parse_duration(v)
-                    .map(RawDuration)
-                    .map_err(|e| E::custom(format!("invalid duration {v:?}: {e}")))
+                let d = humantime::parse_duration(v)
+                    .map_err(|e| E::custom(format!("invalid duration {v:?}: {e}")))?;
+                // Deadlines are instants: an absurd duration would overflow them at run time.
+                if d > MAX_DURATION {
+                    return Err(E::custom(format!(
+                        "invalid duration {v:?}: longer than the maximum of 1 year"
+                    )));
+                }
+                Ok(RawDuration(d))
             }
         }
         d.deserialize_str(V)
@@ -813,10 +974,21 @@ const DEFAULT_LIMITS: Limits = Limits {
 
 fn parse(text: &str, source: &str, base_dir: Option<&Path>) -> Result<Config, ConfigError> {
     let raw: RawConfig = toml::from_str(text).map_err(|e| syntax_error(text, source, &e))?;
-    build(raw, source, base_dir).map_err(|message| ConfigError::Invalid {
+    let mut config = build(raw, source, base_dir).map_err(|message| ConfigError::Invalid {
         source_name: source.to_owned(),
         message,
-    })
+    })?;
+    config.fingerprint = fingerprint(text);
+    config.inlined_secrets = inlined_secrets(text);
+    Ok(config)
+}
+
+/// FNV-1a of the text: stable across builds and platforms, unlike std's hasher.
+fn fingerprint(text: &str) -> String {
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{hash:016x}")
 }
 
 fn syntax_error(text: &str, source: &str, err: &toml::de::Error) -> ConfigError {
@@ -865,7 +1037,7 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
 /// [`ConfigError::Invalid`]; the first problem found wins, in file order:
 /// server, upstreams, defaults, routes.
 fn build(raw: RawConfig, source: &str, base_dir: Option<&Path>) -> Result<Config, String> {
-    let server = build_server(&raw.server)?;
+    let server = build_server(&raw.server, base_dir)?;
 
     if raw.upstreams.0.is_empty() {
         return Err(
@@ -886,7 +1058,7 @@ fn build(raw: RawConfig, source: &str, base_dir: Option<&Path>) -> Result<Config
     let mut routes: Vec<Route> = Vec::with_capacity(raw.routes.len());
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (index, r) in raw.routes.into_iter().enumerate() {
-        let route = build_route(index, r, &defaults, &upstreams)?;
+        let route = build_route(index, r, &defaults, &upstreams, base_dir)?;
         if let Some(first) = seen.insert(route.name.clone(), index) {
             return Err(format!(
                 "routes[{index}]: name {:?} is already used by routes[{first}]; route names must be unique",
@@ -901,11 +1073,35 @@ fn build(raw: RawConfig, source: &str, base_dir: Option<&Path>) -> Result<Config
         upstreams,
         routes,
         source: source.to_owned(),
+        fingerprint: String::new(),
+        inlined_secrets: Vec::new(),
     })
 }
 
-fn build_server(raw: &RawServer) -> Result<ServerConfig, String> {
+fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig, String> {
+    let resolve = |p: &Path| match base_dir {
+        Some(dir) if p.is_relative() => dir.join(p),
+        _ => p.to_path_buf(),
+    };
+    let tls = match &raw.tls {
+        None => None,
+        Some(t) => {
+            let need = |v: &Option<PathBuf>, key: &str| match v {
+                Some(p) if !p.as_os_str().is_empty() => Ok(resolve(p)),
+                _ => Err(format!("server.tls: {key} is required (a PEM file)")),
+            };
+            Some(ServerTls {
+                cert: need(&t.cert, "cert")?,
+                key: need(&t.key, "key")?,
+                client_ca: t.client_ca.as_deref().map(resolve),
+            })
+        }
+    };
     let server = ServerConfig {
+        max_header_bytes: raw.max_header_bytes.unwrap_or(64 * 1024),
+        max_headers: raw.max_headers.unwrap_or(100),
+        http2_max_concurrent_streams: raw.http2_max_concurrent_streams.unwrap_or(256),
+        tls,
         listen: raw.listen.map_or(DEFAULT_LISTEN, |a| a.0),
         admin_listen: raw.admin_listen.map_or(DEFAULT_ADMIN_LISTEN, |a| a.0),
         max_request_body: raw.max_request_body.unwrap_or(DEFAULT_MAX_REQUEST_BODY),
@@ -920,6 +1116,19 @@ fn build_server(raw: &RawServer) -> Result<ServerConfig, String> {
     }
     if server.header_read_timeout.is_zero() {
         return Err("server: header_read_timeout must be greater than 0".to_owned());
+    }
+    // hyper needs room for at least one 8 KiB read.
+    if server.max_header_bytes < 8192 {
+        return Err(format!(
+            "server: max_header_bytes ({}) must be at least 8192",
+            server.max_header_bytes
+        ));
+    }
+    if server.max_headers == 0 || server.http2_max_concurrent_streams == 0 {
+        return Err(
+            "server: max_headers and http2_max_concurrent_streams must be greater than 0"
+                .to_owned(),
+        );
     }
     if server.max_connections == Some(0) {
         return Err(
@@ -949,14 +1158,19 @@ fn build_upstream(
     let url = check_url(&url_text).map_err(|why| format!("{label}: url {url_text:?} {why}"))?;
 
     if let Some(var) = &raw.api_key_env {
-        // std::env lookups cannot represent these names; reject them here
-        // rather than have the key silently never found.
-        if var.is_empty() || var.contains(['=', '\0']) {
-            return Err(format!(
-                "{label}: api_key_env {var:?} is not a valid environment variable name"
-            ));
-        }
+        check_env_name(var).map_err(|why| format!("{label}: api_key_env {why}"))?;
     }
+    if raw.api_key_env.is_some() && raw.api_key_file.is_some() {
+        return Err(format!(
+            "{label}: api_key_env and api_key_file are both set; use one"
+        ));
+    }
+    let api_key_file = match raw.api_key_file {
+        Some(p) if p.as_os_str().is_empty() => {
+            return Err(format!("{label}: api_key_file must not be empty"));
+        }
+        other => other.map(|p| resolve_path(p, base_dir)),
+    };
     let ca_file = match raw.ca_file {
         Some(p) if p.as_os_str().is_empty() => {
             return Err(format!("{label}: ca_file must not be empty"));
@@ -971,6 +1185,7 @@ fn build_upstream(
         name,
         url,
         api_key_env: raw.api_key_env,
+        api_key_file,
         auth: match raw.auth {
             None | Some(RawAuth::Bearer) => AuthMode::Bearer,
             Some(RawAuth::XApiKey) => AuthMode::XApiKey,
@@ -991,6 +1206,84 @@ fn build_upstream(
             other => other.map(|d| d.0),
         },
     })
+}
+
+/// Checks an environment variable name; the error completes the sentence
+/// `api_key_env …` (or `client_keys_env …`) and never echoes what looks like a key.
+fn check_env_name(var: &str) -> Result<(), String> {
+    // std::env lookups cannot represent these names; reject them here rather than have
+    // the key silently never found.
+    if var.is_empty() || var.contains(['=', '\0']) {
+        return Err(format!(
+            "{} is not a valid environment variable name",
+            shown(var)
+        ));
+    }
+    Ok(())
+}
+
+fn resolve_path(p: PathBuf, base_dir: Option<&Path>) -> PathBuf {
+    match base_dir {
+        Some(dir) if p.is_relative() => dir.join(p),
+        _ => p,
+    }
+}
+
+/// Whether a string from the config looks like a credential rather than the name of one:
+/// a known provider key prefix, or a long random-looking token (letters of both cases and
+/// digits, no separators that names, paths and URLs have).
+pub fn looks_like_secret(v: &str) -> bool {
+    const PREFIXES: [&str; 8] = [
+        "sk-", "sk_", "rk-", "xai-", "gsk_", "AIza", "hf_", "Bearer ",
+    ];
+    if v.len() >= 12 && PREFIXES.iter().any(|p| v.starts_with(p)) {
+        return true;
+    }
+    v.len() >= 32
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && v.bytes().any(|b| b.is_ascii_lowercase())
+        && v.bytes().any(|b| b.is_ascii_uppercase())
+        && v.bytes().any(|b| b.is_ascii_digit())
+}
+
+/// A config value as messages may show it: quoted, unless it looks like a key.
+fn shown(v: &str) -> String {
+    if looks_like_secret(v) {
+        "(a value that looks like an API key, not shown)".to_owned()
+    } else {
+        format!("{v:?}")
+    }
+}
+
+/// Warnings for string values anywhere in the file that look like inlined credentials.
+/// Keys belong in the environment or a file (`api_key_env`, `api_key_file`,
+/// `client_keys_env`, `client_keys_file`); the value itself is never repeated.
+fn inlined_secrets(text: &str) -> Vec<String> {
+    fn walk(path: &str, v: &toml::Value, out: &mut Vec<String>) {
+        match v {
+            toml::Value::String(s) if looks_like_secret(s) => out.push(format!(
+                "{path} looks like an inlined API key; keep keys out of the config file (use api_key_env or api_key_file)"
+            )),
+            toml::Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    walk(&format!("{path}[{i}]"), item, out);
+                }
+            }
+            toml::Value::Table(t) => {
+                for (k, item) in t {
+                    let sub = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                    walk(&sub, item, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(table) = text.parse::<toml::Table>() {
+        walk("", &toml::Value::Table(table), &mut out);
+    }
+    out
 }
 
 /// Parses and normalizes an upstream base URL; the error completes the
@@ -1042,6 +1335,7 @@ fn build_route(
     raw: RawRoute,
     defaults: &Limits,
     upstreams: &[Arc<UpstreamConfig>],
+    base_dir: Option<&Path>,
 ) -> Result<Route, String> {
     let name = match raw.name.as_deref() {
         None => return Err(format!("routes[{index}]: name is required")),
@@ -1106,6 +1400,21 @@ fn build_route(
     })?;
 
     let policy = build_policy(&label, &raw, &upstream, &limits, upstreams)?;
+    let max_in_flight = match raw.max_in_flight {
+        Some(0) => {
+            return Err(format!(
+                "{label}: max_in_flight must be greater than 0 (omit it for no limit)"
+            ))
+        }
+        Some(n) if n > MAX_IN_FLIGHT => {
+            return Err(format!(
+                "{label}: max_in_flight ({n}) must be at most {MAX_IN_FLIGHT}"
+            ))
+        }
+        other => other,
+    };
+    let client_auth =
+        build_client_auth(&label, raw.client_keys_env, raw.client_keys_file, base_dir)?;
     Ok(Route {
         name,
         path_prefix,
@@ -1113,7 +1422,33 @@ fn build_route(
         upstream,
         limits,
         policy,
+        max_in_flight,
+        client_auth,
     })
+}
+
+/// Far beyond any real route; keeps the admission semaphore within its bounds.
+const MAX_IN_FLIGHT: usize = 1_000_000;
+
+fn build_client_auth(
+    label: &str,
+    env: Option<String>,
+    file: Option<PathBuf>,
+    base_dir: Option<&Path>,
+) -> Result<Option<ClientAuth>, String> {
+    if let Some(var) = &env {
+        check_env_name(var).map_err(|why| format!("{label}: client_keys_env {why}"))?;
+    }
+    let file = match file {
+        Some(p) if p.as_os_str().is_empty() => {
+            return Err(format!("{label}: client_keys_file must not be empty"));
+        }
+        other => other.map(|p| resolve_path(p, base_dir)),
+    };
+    if env.is_none() && file.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(ClientAuth { env, file }))
 }
 
 struct LimitsError {
@@ -1336,6 +1671,10 @@ upstream = "openai"
                 header_read_timeout: secs(5),
                 shutdown_grace: secs(60),
                 max_connections: Some(500),
+                max_header_bytes: 64 * 1024,
+                max_headers: 100,
+                http2_max_concurrent_streams: 256,
+                tls: None,
             }
         );
 
@@ -1414,6 +1753,10 @@ upstream = "openai"
                 header_read_timeout: secs(10),
                 shutdown_grace: secs(30),
                 max_connections: None,
+                max_header_bytes: 64 * 1024,
+                max_headers: 100,
+                http2_max_concurrent_streams: 256,
+                tls: None,
             }
         );
         assert_eq!(

@@ -44,6 +44,32 @@ pub enum GatewayError {
     UpstreamError { upstream: String, reason: String },
     #[error("the gateway is shutting down")]
     Shutdown,
+    /// The route wants a client key and the request carried none of its keys. The message
+    /// never repeats what was sent.
+    #[error("this route requires an API key of this gateway (Authorization: Bearer KEY or x-api-key: KEY)")]
+    Unauthorized,
+    /// The route is at `max_in_flight` and the request's budget leaves no time to wait
+    /// (longer) for a slot.
+    #[error("route {route:?} is at its limit of {limit} requests in flight; {}", overload_detail(*.waited))]
+    Overloaded {
+        route: String,
+        limit: usize,
+        waited: Duration,
+    },
+    /// A bug: the request handler panicked. Logged and counted; the process keeps serving.
+    #[error("internal error in the gateway")]
+    Internal,
+}
+
+fn overload_detail(waited: Duration) -> String {
+    if waited.is_zero() {
+        "the request's budget leaves no time to wait for a slot".to_owned()
+    } else {
+        format!(
+            "no slot freed within the {} its budget allowed to wait",
+            ms(waited)
+        )
+    }
 }
 
 fn model_suffix(model: &Option<String>) -> String {
@@ -75,6 +101,9 @@ impl GatewayError {
             Self::UpstreamUnavailable { .. } => "upstream_unavailable",
             Self::UpstreamError { .. } => "upstream_error",
             Self::Shutdown => "shutdown",
+            Self::Unauthorized => "unauthorized",
+            Self::Overloaded { .. } => "overloaded",
+            Self::Internal => "internal_error",
         }
     }
 
@@ -91,7 +120,9 @@ impl GatewayError {
             Self::UpstreamUnavailable { .. } | Self::UpstreamError { .. } => {
                 StatusCode::BAD_GATEWAY
             }
-            Self::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Shutdown | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -102,14 +133,18 @@ impl GatewayError {
             | Self::NoRoute { .. }
             | Self::BodyTooLarge { .. }
             | Self::BadRequest { .. } => "invalid_request_error",
+            // The names both OpenAI and Anthropic use for these.
+            Self::Unauthorized => "authentication_error",
+            Self::Overloaded { .. } => "overloaded_error",
             Self::InsufficientBudget { .. }
             | Self::ConnectTimeout { .. }
             | Self::FirstTokenTimeout { .. }
             | Self::IdleTimeout { .. }
             | Self::DeadlineExceeded { .. } => "timeout_error",
-            Self::UpstreamUnavailable { .. } | Self::UpstreamError { .. } | Self::Shutdown => {
-                "upstream_error"
-            }
+            Self::UpstreamUnavailable { .. }
+            | Self::UpstreamError { .. }
+            | Self::Shutdown
+            | Self::Internal => "upstream_error",
         }
     }
 
@@ -123,6 +158,7 @@ impl GatewayError {
             Self::IdleTimeout { .. } => Some(Origin::Idle),
             Self::DeadlineExceeded { .. } => Some(Origin::Deadline),
             Self::Shutdown => Some(Origin::Shutdown),
+            Self::Overloaded { .. } => Some(Origin::Overloaded),
             _ => None,
         }
     }
@@ -155,6 +191,20 @@ impl GatewayError {
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/json"),
         );
+        match self {
+            Self::Overloaded { .. } => {
+                let secs = crate::admission::RETRY_AFTER.as_secs().max(1);
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+            }
+            Self::Unauthorized => {
+                resp.headers_mut().insert(
+                    http::header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer realm=\"hourglass\""),
+                );
+            }
+            _ => {}
+        }
         resp
     }
 }

@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod admission;
 pub mod attempt;
 pub mod budget;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod proxy;
 pub mod retry;
 pub mod server;
 pub mod sse;
+pub mod tls;
 pub mod upstream;
 pub mod watchdog;
 

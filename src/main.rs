@@ -133,15 +133,20 @@ async fn serve(path: &Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    run(config).await
+    run(config, Some(path.to_path_buf())).await
 }
 
-async fn run(config: Config) -> ExitCode {
+/// Serves until SIGTERM or Ctrl-C; with a config file, reloads it on SIGHUP and on change.
+async fn run(config: Config, source: Option<PathBuf>) -> ExitCode {
     for w in config.warnings() {
         tracing::warn!("{w}");
     }
-    match hourglass::server::start(config).await {
+    let watch = source.is_some();
+    match hourglass::server::start_with_source(config, source).await {
         Ok(running) => {
+            if watch {
+                running.watch_config(std::time::Duration::from_secs(1));
+            }
             running.serve_until(shutdown_signal()).await;
             ExitCode::SUCCESS
         }
@@ -185,7 +190,7 @@ async fn demo() -> ExitCode {
          curl -N http://{listen}/v1/chat/completions -H 'content-type: application/json' \
          -d '{{\"model\":\"demo\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'\n"
     );
-    run(config).await
+    run(config, None).await
 }
 
 async fn shutdown_signal() {

@@ -33,6 +33,9 @@ pub struct Metrics {
     fallbacks: IntCounterVec,
     hedges: IntCounterVec,
     attempts: HistogramVec,
+    reloads: IntCounterVec,
+    config_info: IntGaugeVec,
+    panics: IntCounter,
 }
 
 /// Pre-resolved handles for one route (and its upstream).
@@ -167,8 +170,38 @@ impl Metrics {
             &["route"],
             &[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
         );
+        let reloads = counter(
+            "hourglass_config_reloads_total",
+            "Configuration reloads, by result (ok, error).",
+            &["result"],
+        );
+        for result in ["ok", "error"] {
+            reloads.with_label_values(&[result]);
+        }
+        let config_info = IntGaugeVec::new(
+            Opts::new(
+                "hourglass_config_info",
+                "The configuration being served: 1 for the hash of the loaded file.",
+            ),
+            &["hash"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(config_info.clone()))
+            .expect("unique metric");
+        let panics = IntCounter::new(
+            "hourglass_panics_total",
+            "Request handlers that panicked (a bug; the process keeps serving).",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(panics.clone()))
+            .expect("unique metric");
         Self {
             registry,
+            reloads,
+            config_info,
+            panics,
             requests,
             cancellations,
             budget,
@@ -240,6 +273,22 @@ impl Metrics {
 
     pub fn fallback(&self, route: &str, from: &str, to: &str) {
         self.fallbacks.with_label_values(&[route, from, to]).inc();
+    }
+
+    pub fn reload(&self, ok: bool) {
+        self.reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// Marks `fingerprint` as the configuration being served (and no other).
+    pub fn config_loaded(&self, fingerprint: &str) {
+        self.config_info.reset();
+        self.config_info.with_label_values(&[fingerprint]).set(1);
+    }
+
+    pub fn panicked(&self) {
+        self.panics.inc();
     }
 
     pub fn hedge(&self, route: &str, winner: &str) {

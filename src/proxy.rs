@@ -12,7 +12,9 @@ use http::{Method, Request, Response, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use tokio::time::{timeout_at, Instant};
+use tokio_util::sync::CancellationToken;
 
+use crate::admission::{strip_client_credentials, Admission, ClientKeys};
 use crate::attempt::UpstreamBody;
 use crate::budget::{Budget, BudgetRequest, INBOUND_BUDGET_HEADERS};
 use crate::config::{Config, RetryCause, Route};
@@ -51,6 +53,27 @@ pub struct RouteRuntime {
     pub name: Arc<str>,
     pub chain: Vec<ChainEntry>,
     pub metrics: RouteMetrics,
+    /// The keys clients must present (`client_keys_*`), if any.
+    pub keys: Option<ClientKeys>,
+    /// The route's `max_in_flight` slots, if limited.
+    pub admission: Option<Admission>,
+}
+
+impl RouteRuntime {
+    /// The least budget an attempt anywhere on the chain needs: what a request waiting for
+    /// admission must still have when it gets its slot.
+    fn least_need(&self, min_useful: std::time::Duration) -> std::time::Duration {
+        self.chain
+            .iter()
+            .map(|e| e.upstream.ttft.get().max(min_useful))
+            .min()
+            .unwrap_or(min_useful)
+    }
+
+    /// Whether this route would refuse `headers` for want of a client key.
+    fn refuses(&self, headers: &HeaderMap) -> bool {
+        self.keys.as_ref().is_some_and(|k| !k.accepts(headers))
+    }
 }
 
 /// The routing table with its upstream clients and metric handles, built once per config.
@@ -59,6 +82,7 @@ pub struct Gateway {
     routes: Vec<RouteRuntime>,
     no_route: RouteMetrics,
     pub(crate) metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
 }
 
 /// The request as every attempt sends it, less what differs per upstream (URI, credentials,
@@ -96,7 +120,15 @@ impl Template {
 }
 
 impl Gateway {
-    pub fn new(config: Arc<Config>, metrics: &Arc<Metrics>) -> Result<Self, UpstreamBuildError> {
+    /// Builds the routing table. Upstreams whose settings are unchanged in `previous` (the
+    /// gateway a reload replaces) are reused with their connection pools and learned
+    /// estimates. `shutdown` is cancelled when in-flight requests must end.
+    pub fn new(
+        config: Arc<Config>,
+        metrics: &Arc<Metrics>,
+        previous: Option<&Gateway>,
+        shutdown: CancellationToken,
+    ) -> Result<Self, UpstreamBuildError> {
         let mut upstreams: Vec<Arc<Upstream>> = Vec::new();
         for up in &config.upstreams {
             // The connector's own bound is the longest any route allows; each request bounds
@@ -111,7 +143,18 @@ impl Gateway {
                 .map(|r| r.limits.connect_timeout)
                 .max()
                 .unwrap_or(std::time::Duration::from_secs(10));
-            upstreams.push(Arc::new(Upstream::new(up.clone(), connect)?));
+            let reused = previous.and_then(|g| {
+                g.routes
+                    .iter()
+                    .flat_map(|r| r.chain.iter())
+                    .map(|e| &e.upstream)
+                    .find(|u| *u.config == **up && u.connect_bound == connect)
+                    .cloned()
+            });
+            upstreams.push(match reused {
+                Some(u) => u,
+                None => Arc::new(Upstream::new(up.clone(), connect)?),
+            });
         }
         let find = |name: &str| {
             upstreams
@@ -133,7 +176,23 @@ impl Gateway {
                     .map(|c| c.as_str())
                     .collect();
                 metrics.init_policy(&r.name, &names, &reasons, r.policy.hedge_after.is_some());
-                RouteRuntime {
+                let keys = r
+                    .client_auth
+                    .as_ref()
+                    .map(|a| ClientKeys::load(&r.name, a))
+                    .transpose()?;
+                // Across a reload, a route keeps its slots (and so counts the requests still
+                // in flight on the old configuration) unless its limit changed.
+                let admission = r.max_in_flight.map(|n| {
+                    previous
+                        .and_then(|g| g.routes.iter().find(|p| p.route.name == r.name))
+                        .and_then(|p| p.admission.clone())
+                        .filter(|a| a.limit() == n)
+                        .unwrap_or_else(|| Admission::new(Arc::from(r.name.as_str()), n))
+                });
+                Ok(RouteRuntime {
+                    keys,
+                    admission,
                     route: r.clone(),
                     name: Arc::from(r.name.as_str()),
                     metrics: metrics.route(&r.name),
@@ -145,14 +204,15 @@ impl Gateway {
                             in_flight: metrics.in_flight(n),
                         })
                         .collect(),
-                }
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>, UpstreamBuildError>>()?;
         Ok(Self {
             config,
             routes,
             no_route: metrics.route(NO_ROUTE),
             metrics: metrics.clone(),
+            shutdown,
         })
     }
 
@@ -180,7 +240,12 @@ impl Gateway {
             arrival,
             self.no_route.clone(),
         );
-        match self.forward(req, arrival, &id, &mut record).await {
+        // A request still waiting for its head when the shutdown grace ends is answered too.
+        let forwarded = tokio::select! {
+            r = self.forward(req, arrival, &id, &mut record) => r,
+            () = self.shutdown.cancelled() => Err(GatewayError::Shutdown),
+        };
+        match forwarded {
             Ok(started) => {
                 let (mut parts, body) = started.response.into_parts();
                 let is_sse = is_event_stream(&parts.headers);
@@ -198,7 +263,8 @@ impl Gateway {
                 }
                 insert_request_id(&mut parts.headers, &id);
                 record.set_status(parts.status.as_u16());
-                let body = WatchdogBody::new(body, is_sse, started.limits, record);
+                let body = WatchdogBody::new(body, is_sse, started.limits, record)
+                    .with_shutdown(&self.shutdown);
                 Response::from_parts(parts, Either::Right(body))
             }
             Err(e) => {
@@ -238,6 +304,11 @@ impl Gateway {
             .find(|r| !r.route.needs_model())
             .unwrap_or(first);
         record.set_route(tentative.name.clone(), tentative.metrics.clone());
+        // Before anything is read or parsed: a request that no candidate route would accept
+        // is refused now (the chosen route checks again once the body names the model).
+        if candidates.iter().all(|r| r.refuses(req.headers())) {
+            return Err(GatewayError::Unauthorized);
+        }
         let asked = BudgetRequest::from_headers(req.headers())?;
 
         // Until the body names the model, the widest budget among the candidates bounds the
@@ -273,11 +344,18 @@ impl Gateway {
             first
         };
         record.set_route(route.name.clone(), route.metrics.clone());
+        if route.refuses(&parts.headers) {
+            return Err(GatewayError::Unauthorized);
+        }
         let budget = asked.resolve(&route.route.limits, arrival);
         record.set_budget(budget.clone());
         budget.ensure_useful(Instant::now())?;
 
         let mut headers = parts.headers;
+        if route.keys.is_some() {
+            // The client's key is this gateway's, never the upstream's.
+            strip_client_credentials(&mut headers);
+        }
         strip_hop_by_hop(&mut headers);
         for h in INBOUND_BUDGET_HEADERS {
             headers.remove(h);
@@ -296,6 +374,12 @@ impl Gateway {
             headers,
             body,
         };
+        if let Some(admission) = &route.admission {
+            let slot = admission
+                .admit(&budget, route.least_need(budget.min_useful))
+                .await?;
+            record.hold(slot);
+        }
         crate::retry::run(self, route, &template, &budget, record).await
     }
 }

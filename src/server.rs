@@ -1,26 +1,40 @@
-//! Listeners, connection tasks and shutdown. The client listener speaks HTTP/1.1 and HTTP/2
-//! (prior knowledge) on one port; the admin listener serves metrics and health.
+//! Listeners, connection tasks, reload and shutdown. The client listener speaks HTTP/1.1 and
+//! HTTP/2 on one port (ALPN under TLS, prior knowledge without); the admin listener serves
+//! metrics and health. The routing table lives behind an `ArcSwap`: a reload swaps it
+//! atomically and every request keeps the table it started with.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, ArcSwapOption};
+use http_body_util::{Either, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use pin_project_lite::pin_project;
 use socket2::{SockRef, TcpKeepalive};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Health};
-use crate::config::Config;
+use crate::config::{Config, ConfigError, ServerConfig};
+use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::proxy::Gateway;
+use crate::proxy::{Gateway, ProxyBody};
+use crate::tls::TlsError;
 use crate::upstream::UpstreamBuildError;
 
 #[derive(Debug, thiserror::Error)]
@@ -32,22 +46,44 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Upstream(#[from] UpstreamBuildError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("no config file to reload from")]
+    NoSource,
 }
 
-/// A started gateway: its bound addresses and the handle that stops it.
+/// What the accept loop, the connections and reloads share.
+struct Shared {
+    gateway: ArcSwap<Gateway>,
+    tls: ArcSwapOption<TlsAcceptor>,
+    server: ArcSwap<ServerConfig>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    /// Cancelled when in-flight requests must end (shutdown grace over).
+    cut: CancellationToken,
+    /// The file reloads read; `None` for configs built in memory.
+    source: Option<PathBuf>,
+    reloading: tokio::sync::Mutex<()>,
+}
+
+/// A started gateway: its bound addresses and the handle that reloads and stops it.
 pub struct Running {
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
-    shutdown: CancellationToken,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
     task: JoinHandle<()>,
 }
 
 impl Running {
-    /// Stops accepting, drains connections for up to `shutdown_grace`, then returns.
+    /// Stops accepting, lets in-flight requests finish for up to `shutdown_grace`, then cuts
+    /// the rest (origin `shutdown`, each told with an error event or a 503) and returns.
     pub async fn shutdown(self) {
-        self.shutdown.cancel();
+        self.stop.cancel();
         let _ = self.task.await;
     }
 
@@ -57,44 +93,191 @@ impl Running {
         tracing::info!("shutting down");
         self.shutdown().await;
     }
+
+    /// Re-reads the config file and swaps it in. On any error the running config stays.
+    pub async fn reload(&self) -> Result<String, ServerError> {
+        reload(&self.shared).await
+    }
+
+    /// Swaps in a config built in memory (tests, embedders).
+    pub async fn apply(&self, config: Config) -> Result<String, ServerError> {
+        let _guard = self.shared.reloading.lock().await;
+        apply(&self.shared, config)
+    }
+
+    /// Reloads on SIGHUP and whenever the config file's contents change (checked every
+    /// `poll`). Runs until shutdown.
+    pub fn watch_config(&self, poll: Duration) {
+        let shared = self.shared.clone();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut hangup = hangup_stream();
+            let mut seen = read_source(&shared).await;
+            let mut tick = tokio::time::interval(poll);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let by_signal = tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = next_hangup(&mut hangup) => true,
+                    _ = tick.tick() => false,
+                };
+                let now = read_source(&shared).await;
+                if by_signal || now != seen {
+                    seen = now;
+                    let _ = reload(&shared).await;
+                }
+            }
+        });
+    }
 }
 
-/// Binds both listeners and starts serving in the background.
-pub async fn start(config: Config) -> Result<Running, ServerError> {
-    let config = Arc::new(config);
+#[cfg(unix)]
+type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangup = Option<()>;
+
+fn hangup_stream() -> Hangup {
+    #[cfg(unix)]
+    {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+async fn next_hangup(h: &mut Hangup) {
+    #[cfg(unix)]
+    if let Some(s) = h {
+        s.recv().await;
+        return;
+    }
+    let _ = h;
+    std::future::pending::<()>().await;
+}
+
+async fn read_source(shared: &Shared) -> Option<Vec<u8>> {
+    tokio::fs::read(shared.source.as_ref()?).await.ok()
+}
+
+async fn reload(shared: &Shared) -> Result<String, ServerError> {
+    let _guard = shared.reloading.lock().await;
+    let Some(path) = shared.source.clone() else {
+        return Err(ServerError::NoSource);
+    };
+    let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let result = loaded
+        .map_err(ServerError::from)
+        .and_then(|c| apply(shared, c));
+    if let Err(e) = &result {
+        shared.metrics.reload(false);
+        let serving = shared.gateway.load().config().fingerprint.clone();
+        shared
+            .health
+            .set_detail(format!("config {serving}; last reload failed: {e}"));
+        tracing::error!(error = %e, serving = %serving, "config reload failed; the running config stays");
+    }
+    result
+}
+
+fn apply(shared: &Shared, config: Config) -> Result<String, ServerError> {
+    let old = shared.gateway.load_full();
+    let current = &old.config().server;
+    if config.server.listen != current.listen || config.server.admin_listen != current.admin_listen
+    {
+        tracing::warn!("listen and admin_listen changes take effect only after a restart");
+    }
+    let tls = match &config.server.tls {
+        Some(t) => Some(Arc::new(TlsAcceptor::from(crate::tls::server_config(t)?))),
+        None => None,
+    };
+    let fingerprint = config.fingerprint.clone();
+    let server = Arc::new(config.server.clone());
+    let gateway = Gateway::new(
+        Arc::new(config),
+        &shared.metrics,
+        Some(&old),
+        shared.cut.clone(),
+    )?;
+    for w in gateway.config().warnings() {
+        tracing::warn!("{w}");
+    }
+    shared.gateway.store(Arc::new(gateway));
+    shared.tls.store(tls);
+    shared.server.store(server);
+    shared.metrics.reload(true);
+    shared.metrics.config_loaded(&fingerprint);
+    shared.health.set_detail(format!("config {fingerprint}"));
+    tracing::info!(config = %fingerprint, "config reloaded");
+    Ok(fingerprint)
+}
+
+/// Binds both listeners and starts serving in the background. `source` is the file that
+/// [`Running::reload`] re-reads.
+pub async fn start_with_source(
+    config: Config,
+    source: Option<PathBuf>,
+) -> Result<Running, ServerError> {
     let metrics = Arc::new(Metrics::new());
-    let gateway = Arc::new(Gateway::new(config.clone(), &metrics)?);
+    let cut = CancellationToken::new();
+    let tls = match &config.server.tls {
+        Some(t) => Some(Arc::new(TlsAcceptor::from(crate::tls::server_config(t)?))),
+        None => None,
+    };
+    let fingerprint = config.fingerprint.clone();
+    let server = Arc::new(config.server.clone());
+    let gateway = Gateway::new(Arc::new(config), &metrics, None, cut.clone())?;
     let health = Arc::new(Health::default());
     let bind = |addr: SocketAddr| async move {
         TcpListener::bind(addr)
             .await
             .map_err(|source| ServerError::Bind { addr, source })
     };
-    let listener = bind(config.server.listen).await?;
-    let admin = bind(config.server.admin_listen).await?;
+    let listener = bind(server.listen).await?;
+    let admin = bind(server.admin_listen).await?;
     let addr = local(&listener);
     let admin_addr = local(&admin);
-    let shutdown = CancellationToken::new();
-
+    metrics.config_loaded(&fingerprint);
+    health.set_detail(format!("config {fingerprint}"));
+    let shared = Arc::new(Shared {
+        gateway: ArcSwap::from_pointee(gateway),
+        tls: ArcSwapOption::new(tls),
+        server: ArcSwap::new(server),
+        metrics: metrics.clone(),
+        health: health.clone(),
+        cut,
+        source,
+        reloading: tokio::sync::Mutex::new(()),
+    });
+    let stop = CancellationToken::new();
     // The admin listener outlives the client one, so /readyz reports the drain.
     let admin_task = tokio::spawn(serve_admin(admin, metrics.clone(), health.clone()));
     let task = {
-        let (health, shutdown) = (health.clone(), shutdown.clone());
+        let (shared, stop) = (shared.clone(), stop.clone());
         tokio::spawn(async move {
-            serve_clients(listener, gateway, config, health, shutdown).await;
+            serve_clients(listener, shared, stop).await;
             admin_task.abort();
         })
     };
     health.set_ready(true);
-    tracing::info!(%addr, %admin_addr, "hourglass listening");
+    tracing::info!(%addr, %admin_addr, config = %fingerprint, "hourglass listening");
     Ok(Running {
         addr,
         admin_addr,
         metrics,
         health,
-        shutdown,
+        shared,
+        stop,
         task,
     })
+}
+
+/// [`start_with_source`] for a config that has no file to reload from.
+pub async fn start(config: Config) -> Result<Running, ServerError> {
+    start_with_source(config, None).await
 }
 
 fn local(l: &TcpListener) -> SocketAddr {
@@ -111,30 +294,37 @@ fn tune(stream: &TcpStream) {
     let _ = SockRef::from(stream).set_tcp_keepalive(&ka);
 }
 
-async fn serve_clients(
-    listener: TcpListener,
-    gateway: Arc<Gateway>,
-    config: Arc<Config>,
-    health: Arc<Health>,
-    shutdown: CancellationToken,
-) {
+fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(config.server.header_read_timeout)
+        .header_read_timeout(server.header_read_timeout)
+        .max_buf_size(server.max_header_bytes)
+        .max_headers(server.max_headers)
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(server.http2_max_concurrent_streams)
+        // Rapid-reset (CVE-2023-44487) and its variants: bound the resets a client can make us
+        // process, and the streams it can open and abandon.
+        .max_pending_accept_reset_streams(Some(50))
+        .max_local_error_reset_streams(Some(256))
+        .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    builder
+}
+
+async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
     let graceful = GracefulShutdown::new();
-    let slots = config
-        .server
-        .max_connections
-        .map(|n| Arc::new(Semaphore::new(n)));
+    let initial = shared.server.load_full();
+    let slots = initial.max_connections.map(|n| Arc::new(Semaphore::new(n)));
     loop {
         let permit = match &slots {
             Some(s) => tokio::select! {
                 p = s.clone().acquire_owned() => Some(p.expect("semaphore is never closed")),
-                () = shutdown.cancelled() => break,
+                () = stop.cancelled() => break,
             },
             None => None,
         };
@@ -148,31 +338,201 @@ async fn serve_clients(
                     continue;
                 }
             },
-            () = shutdown.cancelled() => break,
+            () = stop.cancelled() => break,
         };
         tune(&stream);
-        let gw = gateway.clone();
-        let svc = service_fn(move |req| {
-            let gw = gw.clone();
-            async move { Ok::<_, Infallible>(gw.handle(req).await) }
-        });
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), svc)
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let shared = shared.clone();
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "client connection ended with an error");
-            }
+            serve_connection(stream, peer, shared, watcher).await;
             drop(permit);
         });
     }
-    health.set_ready(false);
+    shared.health.set_ready(false);
     drop(listener);
-    let grace = config.server.shutdown_grace;
+    let grace = shared.server.load().shutdown_grace;
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
     tokio::select! {
-        () = graceful.shutdown() => tracing::info!("all connections drained"),
-        () = tokio::time::sleep(grace) => tracing::warn!(?grace, "shutdown grace elapsed with connections still open"),
+        () = &mut drained => tracing::info!("all connections drained"),
+        () = tokio::time::sleep(grace) => {
+            tracing::warn!(?grace, "shutdown grace elapsed: cutting the requests still in flight");
+            shared.cut.cancel();
+            // Long enough for every cut stream to write its error event.
+            tokio::select! {
+                () = &mut drained => {}
+                () = tokio::time::sleep(Duration::from_secs(2)) => {
+                    tracing::warn!("connections still open after the cut; closing them");
+                }
+            }
+        }
+    }
+    shared.cut.cancel();
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    watcher: hyper_util::server::graceful::Watcher,
+) {
+    let server = shared.server.load_full();
+    let builder = builder(&server);
+    let shared_svc = shared.clone();
+    let svc = service_fn(move |req| {
+        // Each request keeps the routing table it started with, across reloads.
+        let gateway = shared_svc.gateway.load_full();
+        let metrics = shared_svc.metrics.clone();
+        async move {
+            let resp = match (CatchPanic {
+                inner: gateway.handle(req),
+            })
+            .await
+            {
+                Ok(resp) => resp,
+                Err(message) => {
+                    metrics.panicked();
+                    tracing::error!(%peer, panic = %message, "request handler panicked");
+                    GatewayError::Internal
+                        .response()
+                        .map(|b| Either::Left(Full::new(b)) as ProxyBody)
+                }
+            };
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let tls = shared.tls.load_full();
+    let result = match tls {
+        Some(acceptor) => {
+            let handshake =
+                tokio::time::timeout(server.header_read_timeout, acceptor.accept(stream));
+            let tls_stream = match handshake.await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let conn = builder.serve_connection(TokioIo::new(tls_stream), svc);
+            watcher.watch(conn.into_owned()).await
+        }
+        None => {
+            // Kept to answer 408 on the raw socket when a client stalls mid-head: hyper
+            // closes such a connection without a word.
+            let raw = SockRef::from(&stream).try_clone().ok();
+            let tracked = Tracked {
+                inner: stream,
+                mid_request: Arc::new(AtomicBool::new(false)),
+            };
+            let mid_request = tracked.mid_request.clone();
+            let conn = builder.serve_connection(TokioIo::new(tracked), svc);
+            let result = watcher.watch(conn.into_owned()).await;
+            if let (Err(e), Some(raw)) = (&result, raw) {
+                let timed_out = e
+                    .downcast_ref::<hyper::Error>()
+                    .is_some_and(hyper::Error::is_timeout);
+                if timed_out && mid_request.load(Ordering::Relaxed) {
+                    let _ = raw.send(
+                        b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+                    );
+                    let _ = raw.shutdown(std::net::Shutdown::Both);
+                }
+            }
+            result
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "client connection ended with an error");
+    }
+}
+
+pin_project! {
+    /// A client socket that remembers whether the client has sent bytes since our last
+    /// write: at a header-read timeout that tells a stalled request from an idle keep-alive.
+    struct Tracked {
+        #[pin]
+        inner: TcpStream,
+        mid_request: Arc<AtomicBool>,
+    }
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.project();
+        let before = buf.filled().len();
+        let r = this.inner.poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.mid_request.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.project();
+        this.mid_request.store(false, Ordering::Relaxed);
+        this.inner.poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.project();
+        this.mid_request.store(false, Ordering::Relaxed);
+        this.inner.poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}
+
+pin_project! {
+    /// Turns a panic while polling the handler into an error value, so one bad request
+    /// cannot take its connection (or a worker) down with it.
+    struct CatchPanic<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F: Future> Future for CatchPanic<F> {
+    type Output = Result<F::Output, String>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let inner = self.project().inner;
+        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(payload) => Poll::Ready(Err(payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "non-string panic".to_string()))),
+        }
     }
 }
 

@@ -37,6 +37,16 @@ pub enum UpstreamBuildError {
     Tls { upstream: String, reason: String },
     #[error("upstream {upstream:?}: the key in {var} is not a valid header value")]
     BadKey { upstream: String, var: String },
+    #[error("upstream {upstream:?}: api_key_file {path}: {reason}")]
+    KeyFile {
+        upstream: String,
+        path: String,
+        reason: String,
+    },
+    /// Not an upstream's, but checked when the gateway is built, with the upstreams: a
+    /// route that asks clients for keys must not start open.
+    #[error("route {route:?}: {reason}")]
+    ClientKeys { route: String, reason: String },
 }
 
 /// The connect step took longer than allowed. Mapped to `connect_timeout` by the proxy.
@@ -55,6 +65,8 @@ pub struct Upstream {
     client: Client<Connector, Full<Bytes>>,
     /// What an attempt here is expected to take until its first token.
     pub ttft: TtftEstimate,
+    /// The connector's own connect bound (a reload reuses this upstream only if unchanged).
+    pub connect_bound: Duration,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -109,6 +121,7 @@ impl Upstream {
         );
         Ok(Self {
             name,
+            connect_bound: connect_timeout,
             ttft: TtftEstimate::new(config.expected_first_token),
             config,
             base,
@@ -141,9 +154,28 @@ impl Upstream {
     }
 }
 
-fn credential(
-    config: &UpstreamConfig,
-) -> Result<Option<(HeaderName, HeaderValue)>, UpstreamBuildError> {
+/// The provider key, from `api_key_env` (unset or empty: none, the client's own
+/// credentials pass through) or `api_key_file` (which must exist and hold a key).
+fn read_key(config: &UpstreamConfig) -> Result<Option<(String, String)>, UpstreamBuildError> {
+    if let Some(path) = &config.api_key_file {
+        let file_err = |reason: String| UpstreamBuildError::KeyFile {
+            upstream: config.name.clone(),
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+        let key = text.trim();
+        if key.is_empty() {
+            return Err(file_err("the file is empty".into()));
+        }
+        if key.contains(['\n', '\r']) {
+            return Err(file_err("the file must hold exactly one key".into()));
+        }
+        return Ok(Some((
+            key.to_owned(),
+            format!("api_key_file {}", path.display()),
+        )));
+    }
     let Some(var) = &config.api_key_env else {
         return Ok(None);
     };
@@ -154,6 +186,16 @@ fn credential(
     if key.is_empty() {
         return Ok(None);
     }
+    Ok(Some((key.to_owned(), var.clone())))
+}
+
+fn credential(
+    config: &UpstreamConfig,
+) -> Result<Option<(HeaderName, HeaderValue)>, UpstreamBuildError> {
+    let Some((key, var)) = read_key(config)? else {
+        return Ok(None);
+    };
+    let key = key.as_str();
     let bad = || UpstreamBuildError::BadKey {
         upstream: config.name.clone(),
         var: var.clone(),

@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::error::GatewayError;
 use crate::sse::SseScanner;
@@ -89,6 +90,9 @@ pin_project! {
         ready: VecDeque<Bytes>,
         state: State,
         observer: O,
+        // Fires when the gateway gives up on in-flight streams at the end of its shutdown
+        // grace. Boxed because it lives only on streams, not per chunk.
+        shutdown: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     }
 }
 
@@ -113,7 +117,14 @@ where
             ready: VecDeque::new(),
             state: State::Streaming,
             observer,
+            shutdown: None,
         }
+    }
+
+    /// Cuts the stream (origin `shutdown`, with the error event) when `token` is cancelled.
+    pub fn with_shutdown(mut self, token: &CancellationToken) -> Self {
+        self.shutdown = Some(Box::pin(token.clone().cancelled_owned()));
+        self
     }
 }
 
@@ -253,6 +264,19 @@ where
                     *this.state = State::Done;
                 }
                 Poll::Pending => {
+                    if let Some(s) = this.shutdown.as_mut() {
+                        if s.as_mut().poll(cx).is_ready() {
+                            cut(
+                                this.inner.as_mut(),
+                                this.sse,
+                                this.ready,
+                                this.state,
+                                this.observer,
+                                GatewayError::Shutdown,
+                            );
+                            continue;
+                        }
+                    }
                     if this.timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
@@ -649,6 +673,34 @@ mod tests {
         assert!(b.is_end_stream());
         drop(b);
         assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_cuts_a_silent_stream_with_its_own_event() {
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+        let probe = Probe::default();
+        let token = CancellationToken::new();
+        let mut b = Box::pin(
+            WatchdogBody::new(rx, true, limits(1000, 5000, 10_000), probe.clone())
+                .with_shutdown(&token),
+        );
+        tx.send_data(Bytes::from_static(b"data: a\n\n"))
+            .await
+            .unwrap();
+        let first = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"data: a\n\n");
+        let t = token.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ms(100)).await;
+            t.cancel();
+        });
+        let (out, err) = drain(&mut b).await;
+        assert!(err.is_none());
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("event: error\n"), "{text}");
+        assert!(text.contains("\"code\":\"shutdown\""));
+        assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("shutdown"));
+        drop(tx);
     }
 
     #[tokio::test(start_paused = true)]

@@ -90,3 +90,182 @@ fn the_server_refuses_to_start_on_a_bad_config() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/hourglass.toml"));
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+        .ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn wait_for(mut check: impl FnMut() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !check() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_reloads_on_sighup_drains_on_sigterm_and_logs_json_without_secrets() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fake = hourglass::fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:{port}"
+admin_listen = "127.0.0.1:{admin}"
+shutdown_grace = "500ms"
+
+[defaults]
+idle_timeout = "20s"
+
+[upstreams.fake]
+url = "{}"
+api_key_env = "HOURGLASS_CANARY_KEY"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+"#,
+        fake.url()
+    );
+    let path = temp_config("served.toml", &config);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["--config", path.to_str().unwrap(), "--log-format", "json"])
+        .env("HOURGLASS_CANARY_KEY", "sk-canary-0123456789")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let pid = child.id().unwrap().to_string();
+    tokio::task::spawn_blocking(move || {
+        wait_for(
+            || http_get(admin, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")),
+            "readiness",
+        )
+    })
+    .await
+    .unwrap();
+
+    // SIGHUP reloads even when the file did not change.
+    std::process::Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        wait_for(
+            || {
+                http_get(admin, "/metrics")
+                    .is_some_and(|m| m.contains("hourglass_config_reloads_total{result=\"ok\"} 1"))
+            },
+            "the SIGHUP reload",
+        )
+    })
+    .await
+    .unwrap();
+
+    // A stream that will not finish within the grace period, then SIGTERM.
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let body = r#"{"model":"m","stream":true}"#;
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             authorization: Bearer client-secret-key\r\nx-fake-freeze-after: 1\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("tok1") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    loop {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("the stream ends")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("event: error"), "{text}");
+    assert!(text.contains("\"code\":\"shutdown\""), "{text}");
+    let status = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait())
+        .await
+        .expect("the process exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .await
+        .unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    let request_lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "hourglass::request")
+        .collect();
+    assert_eq!(request_lines.len(), 1, "{stdout}");
+    assert_eq!(request_lines[0]["origin"], "shutdown");
+    assert_eq!(request_lines[0]["route"], "chat");
+    for secret in ["sk-canary-0123456789", "client-secret-key"] {
+        assert!(
+            !stdout.contains(secret) && !stderr.contains(secret),
+            "{secret} leaked"
+        );
+    }
+    // The upstream got the configured key, not the client's.
+    let auth = fake.requests()[0].headers["authorization"].clone();
+    assert_eq!(auth, "Bearer sk-canary-0123456789");
+}

@@ -1,0 +1,456 @@
+//! Operations: reload without dropping requests, graceful shutdown, TLS and HTTP/2 clients,
+//! and the header-read timeout.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hourglass::config::Config;
+use hourglass::fake::FakeUpstream;
+use hourglass::server;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hourglass-ops-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn reload_under_load_drops_nothing_and_a_bad_file_changes_nothing() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let path = temp_dir("reload").join("hourglass.toml");
+    let text = BASE.replace("{FAKE}", &fake.url());
+    std::fs::write(&path, &text).unwrap();
+    let config = Config::load(&path).unwrap();
+    let first = config.fingerprint.clone();
+    let gw = server::start_with_source(config, Some(path.clone()))
+        .await
+        .unwrap();
+    let addr = gw.addr;
+
+    // A long stream that started under the first config must finish under it, even after
+    // its route disappears.
+    let (long, long_conn) = Conn::open(addr)
+        .await
+        .send(chat_request(
+            &[("x-fake-chunks", "30"), ("x-fake-interval-ms", "20")],
+            true,
+        ))
+        .await;
+    let long = tokio::spawn(async move {
+        let r = read_body(long.into_body()).await;
+        drop(long_conn);
+        r
+    });
+
+    // Load: requests back to back on four workers while the config flips.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            let (mut ok, mut bad) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (resp, _c) = Conn::open(addr)
+                    .await
+                    .send(chat_request(&[("x-fake-chunks", "2")], true))
+                    .await;
+                let status = resp.status();
+                let read = read_body(resp.into_body()).await;
+                if status == 200 && read.text().ends_with("data: [DONE]\n\n") {
+                    ok += 1;
+                } else {
+                    bad.push(format!("{status} {}", read.text()));
+                }
+            }
+            (ok, bad)
+        }));
+    }
+    for i in 0..5 {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let changed = text.replace("budget = \"10s\"", &format!("budget = \"{}s\"", 11 + i));
+        std::fs::write(&path, changed).unwrap();
+        gw.reload().await.expect("valid reload");
+    }
+    // A broken file: the running config stays, and says why.
+    std::fs::write(&path, "[server\nlisten = ").unwrap();
+    let err = gw.reload().await.unwrap_err().to_string();
+    assert!(err.contains("hourglass.toml:1:"), "{err}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for w in workers {
+        let (ok, bad) = w.await.unwrap();
+        assert!(bad.is_empty(), "requests failed during reloads: {bad:?}");
+        total += ok;
+    }
+    assert!(total > 10, "only {total} requests ran");
+    let long = long.await.unwrap();
+    assert!(long.text().ends_with("data: [DONE]\n\n"), "{}", long.text());
+
+    let metrics = {
+        let conn = Conn::open(gw.admin_addr).await;
+        let req = http::Request::get("/metrics")
+            .header("host", "a")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (resp, _c) = conn.send(req).await;
+        read_body(resp.into_body()).await.text()
+    };
+    assert!(
+        metrics.contains("hourglass_config_reloads_total{result=\"ok\"} 5"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("hourglass_config_reloads_total{result=\"error\"} 1"));
+    assert!(!metrics.contains(&format!("hourglass_config_info{{hash=\"{first}\"}} 1")));
+    assert_eq!(
+        metrics.matches("hourglass_config_info{").count(),
+        1,
+        "exactly one config is served"
+    );
+
+    // Removing the route: new requests get 404, nothing else breaks.
+    let without = text.replace("[[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n", "");
+    std::fs::write(&path, without).unwrap();
+    gw.reload().await.unwrap();
+    let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], true)).await;
+    assert_eq!(resp.status(), 404);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_changed_file_is_picked_up_by_the_watcher() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let path = temp_dir("watch").join("hourglass.toml");
+    let text = BASE.replace("{FAKE}", &fake.url());
+    std::fs::write(&path, &text).unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    gw.watch_config(Duration::from_millis(50));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::fs::write(&path, text.replace("budget = \"10s\"", "budget = \"12s\"")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        if gw
+            .metrics
+            .encode()
+            .contains("hourglass_config_reloads_total{result=\"ok\"} 1")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the change was not picked up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn shutdown_lets_streams_finish_then_cuts_the_rest_with_an_event() {
+    let h = Harness::with_config(
+        &BASE
+            .replace("[server]\n", "[server]\nshutdown_grace = \"600ms\"\n")
+            .replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\""),
+    )
+    .await;
+    let (short, c1) = h
+        .chat(&[("x-fake-chunks", "10"), ("x-fake-interval-ms", "30")])
+        .await;
+    let (frozen, c2) = h.chat(&[("x-fake-freeze-after", "1")]).await;
+    let short = tokio::spawn(async move { (read_body(short.into_body()).await, c1) });
+    let frozen = tokio::spawn(async move { (read_body(frozen.into_body()).await, c2) });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let admin = h.gw.admin_addr;
+    let addr = h.gw.addr;
+    let start = Instant::now();
+    let Harness { gw, fake } = h;
+    let metrics = gw.metrics.clone();
+    let health = gw.health.clone();
+    let stopping = tokio::spawn(gw.shutdown());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!health.is_ready(), "/readyz turns 503 while draining");
+    let refused = TcpStream::connect(addr).await;
+    assert!(refused.is_err(), "no new connections once shutdown began");
+    let (short, _) = short.await.unwrap();
+    assert!(
+        short.text().ends_with("data: [DONE]\n\n"),
+        "the stream within grace finished"
+    );
+    let (frozen, _) = frozen.await.unwrap();
+    let cut_at = start.elapsed();
+    assert_eq!(
+        frozen.error_event().expect("an error event")["code"],
+        "shutdown"
+    );
+    assert!(
+        cut_at >= Duration::from_millis(550) && cut_at < Duration::from_millis(1500),
+        "{cut_at:?}"
+    );
+    stopping.await.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "shutdown returned"
+    );
+    let text = metrics.encode();
+    assert!(
+        text.contains("hourglass_cancellations_total{origin=\"shutdown\",route=\"chat\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("hourglass_requests_total{outcome=\"ok\",route=\"chat\"} 1"));
+    let _ = (admin, fake);
+}
+
+struct Certs {
+    dir: std::path::PathBuf,
+    ca_der: CertificateDer<'static>,
+    client: (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
+}
+
+fn certs(tag: &str) -> Certs {
+    let dir = temp_dir(tag);
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let server_key = KeyPair::generate().unwrap();
+    let server = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&server_key, &ca, &ca_key)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let client = CertificateParams::new(vec!["client".to_string()])
+        .unwrap()
+        .signed_by(&client_key, &ca, &ca_key)
+        .unwrap();
+    std::fs::write(dir.join("server.pem"), server.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
+    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    Certs {
+        dir,
+        ca_der: ca.der().clone(),
+        client: (
+            vec![client.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(client_key.serialize_der())),
+        ),
+    }
+}
+
+fn tls_config_toml(c: &Certs, client_ca: bool) -> String {
+    let mut tls = format!(
+        "[server.tls]\ncert = {:?}\nkey = {:?}\n",
+        c.dir.join("server.pem").display().to_string(),
+        c.dir.join("server.key").display().to_string()
+    );
+    if client_ca {
+        tls.push_str(&format!(
+            "client_ca = {:?}\n",
+            c.dir.join("ca.pem").display().to_string()
+        ));
+    }
+    BASE.replace("[defaults]\n", &format!("{tls}\n[defaults]\n"))
+        .replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\"")
+}
+
+async fn tls_client(
+    addr: std::net::SocketAddr,
+    c: &Certs,
+    alpn: &[u8],
+    with_cert: bool,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(c.ca_der.clone()).unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let mut config = if with_cert {
+        builder
+            .with_client_auth_cert(c.client.0.clone(), c.client.1.clone_key())
+            .unwrap()
+    } else {
+        builder.with_no_client_auth()
+    };
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await?;
+    let mut s = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await?;
+    // With client auth, a rejected certificate surfaces on the first read.
+    s.flush().await?;
+    Ok(s)
+}
+
+#[tokio::test]
+async fn tls_clients_stream_over_http2_and_http1_and_cancel() {
+    let c = certs("tls");
+    let h = Harness::with_config(&tls_config_toml(&c, false)).await;
+
+    // HTTP/2 over TLS (ALPN h2): stream, then reset mid-stream.
+    let tls = tls_client(h.addr(), &c, b"h2", false).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = chat_request(&[("x-fake-chunks", "3")], true);
+    *req.version_mut() = http::Version::HTTP_2;
+    *req.uri_mut() = "https://localhost/v1/chat/completions".parse().unwrap();
+    req.headers_mut().remove("host");
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+
+    let mut req = chat_request(&[("x-fake-freeze-after", "1")], true);
+    *req.uri_mut() = "https://localhost/v1/chat/completions".parse().unwrap();
+    req.headers_mut().remove("host");
+    let resp = sender.send_request(req).await.unwrap();
+    let mut body = resp.into_body();
+    read_events(&mut body, 2).await;
+    let frozen_conn = h.fake.requests().last().unwrap().conn_id;
+    let left = Instant::now();
+    drop(body); // RST_STREAM on the client's HTTP/2 connection, which stays open
+    let closed = h
+        .fake
+        .wait_closed(frozen_conn, Duration::from_secs(2))
+        .await
+        .expect("upstream closed");
+    assert!(closed.saturating_duration_since(left) < Duration::from_millis(100));
+
+    // HTTP/1.1 over TLS.
+    let tls = tls_client(h.addr(), &c, b"http/1.1", false).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let resp = sender
+        .send_request(chat_request(&[("x-fake-chunks", "2")], true))
+        .await
+        .unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+}
+
+#[tokio::test]
+async fn client_certificates_are_required_when_client_ca_is_set() {
+    let c = certs("mtls");
+    let h = Harness::with_config(&tls_config_toml(&c, true)).await;
+    let ok = tls_client(h.addr(), &c, b"http/1.1", true).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(ok))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let resp = sender.send_request(chat_request(&[], true)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    // Without a certificate the handshake (or the first exchange) fails; nothing is forwarded.
+    let before = h.fake.requests().len();
+    if let Ok(s) = tls_client(h.addr(), &c, b"http/1.1", false).await {
+        let r = hyper::client::conn::http1::handshake(TokioIo::new(s)).await;
+        if let Ok((mut sender, conn)) = r {
+            tokio::spawn(conn);
+            assert!(sender.send_request(chat_request(&[], true)).await.is_err());
+        }
+    }
+    assert_eq!(h.fake.requests().len(), before);
+}
+
+#[tokio::test]
+async fn an_h2c_client_reset_cancels_the_upstream() {
+    let h = Harness::with_config(&BASE.replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\""))
+        .await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = chat_request(&[("x-fake-freeze-after", "1")], true);
+    *req.uri_mut() = "http://localhost/v1/chat/completions".parse().unwrap();
+    req.headers_mut().remove("host");
+    let resp = sender.send_request(req).await.unwrap();
+    let mut body = resp.into_body();
+    read_events(&mut body, 2).await;
+    let left = Instant::now();
+    drop(body);
+    let delay = upstream_close_delay(&h.fake, left).await;
+    assert!(delay < Duration::from_millis(100), "{delay:?}");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_client_stalling_mid_head_gets_408() {
+    let h = Harness::with_config(
+        &BASE.replace("[server]\n", "[server]\nheader_read_timeout = \"300ms\"\n"),
+    )
+    .await;
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut buf = vec![0; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert!(h.fake.requests().is_empty());
+}
+
+#[tokio::test]
+async fn oversized_heads_and_too_many_headers_get_431() {
+    let h = Harness::start().await;
+    for head in [
+        format!(
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "a".repeat(70_000)
+        ),
+        format!(
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\n{}\r\n",
+            (0..120)
+                .map(|i| format!("x-h{i}: v\r\n"))
+                .collect::<String>()
+        ),
+    ] {
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        let _ = s.write_all(head.as_bytes()).await;
+        let mut buf = vec![0; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 431"),
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+    }
+    assert!(h.fake.requests().is_empty());
+}
