@@ -27,10 +27,12 @@ pub enum Origin {
     Shutdown,
     /// The slower of two hedged attempts; an attempt cancelled, not a request.
     HedgeLoser,
+    /// The route was at `max_in_flight` and the budget left no time to wait for a slot.
+    Overloaded,
 }
 
 impl Origin {
-    pub const ALL: [Origin; 8] = [
+    pub const ALL: [Origin; 9] = [
         Origin::Client,
         Origin::Deadline,
         Origin::FirstToken,
@@ -39,6 +41,7 @@ impl Origin {
         Origin::InsufficientBudget,
         Origin::Shutdown,
         Origin::HedgeLoser,
+        Origin::Overloaded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -51,6 +54,7 @@ impl Origin {
             Self::InsufficientBudget => "insufficient_budget",
             Self::Shutdown => "shutdown",
             Self::HedgeLoser => "hedge_loser",
+            Self::Overloaded => "overloaded",
         }
     }
 }
@@ -106,6 +110,8 @@ pub struct RequestRecord {
     code: Option<&'static str>,
     end: Option<End>,
     attempts: Vec<AttemptLog>,
+    /// The route's admission slot, freed when the request is reported.
+    slot: Option<crate::admission::Slot>,
 }
 
 impl RequestRecord {
@@ -133,6 +139,7 @@ impl RequestRecord {
             code: None,
             end: None,
             attempts: Vec::new(),
+            slot: None,
         }
     }
 
@@ -146,6 +153,11 @@ impl RequestRecord {
         self.upstream = Some(upstream);
         self.ttft_metric = Some(ttft);
         self.sent_at = Some(sent_at);
+    }
+
+    /// Holds the route's admission slot until the request ends.
+    pub fn hold(&mut self, slot: crate::admission::Slot) {
+        self.slot = Some(slot);
     }
 
     pub fn set_budget(&mut self, budget: Budget) {

@@ -139,6 +139,12 @@ impl Upstream {
         self.credential.is_some()
     }
 
+    /// Whether the key this upstream was built with is still the one its source holds: a
+    /// reload that reuses this upstream must not keep sending a rotated key.
+    pub fn credential_is_current(&self) -> bool {
+        matches!(credential(&self.config), Ok(c) if c == self.credential)
+    }
+
     /// Replaces whatever credentials the client sent with the upstream's own. Without a
     /// configured key the client's own headers pass through untouched.
     pub fn apply_credentials(&self, headers: &mut HeaderMap) {
