@@ -1,0 +1,526 @@
+#!/usr/bin/env python3
+"""Writes docker/grafana/dashboards/hourglass.json, the Grafana dashboard of docker/compose.yaml.
+
+The JSON is this script's output: change the panels here and run it again
+(`python3 docker/grafana/make-dashboard.py`); scripts/deploy-check.sh fails when the two differ.
+`--check` only compares. Standard library only.
+
+Panels use the `${datasource}`, `$route` and `$upstream` variables and `$__rate_interval`, so the
+dashboard also works on another Prometheus; scripts/prometheus-check.sh runs every query against
+a real one, and scripts/dashboard-png.sh draws them for docs/dashboard.png.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+R = 'route=~"$route"'
+RI = "$__rate_interval"
+panels = []
+pid = [0]
+
+
+def nid():
+    """The next panel id."""
+    pid[0] += 1
+    return pid[0]
+
+
+def target(expr, legend, ref, **kw):
+    """One PromQL query of a panel."""
+    t = {
+        "datasource": DS,
+        "expr": expr,
+        "legendFormat": legend,
+        "refId": ref,
+        "range": True,
+        "editorMode": "code",
+    }
+    t.update(kw)
+    return t
+
+
+def row(title, y):
+    """A row header spanning the grid at height y."""
+    panels.append(
+        {
+            "type": "row",
+            "title": title,
+            "id": nid(),
+            "collapsed": False,
+            "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+            "panels": [],
+        }
+    )
+
+
+def stat(title, desc, expr, unit, x, y, w=4, h=4, thresholds=None, decimals=None):
+    """A single number (the last value) with a sparkline, coloured by thresholds."""
+    steps = thresholds or [{"color": "green", "value": None}]
+    d = {"unit": unit, "thresholds": {"mode": "absolute", "steps": steps}, "color": {"mode": "thresholds"}}
+    if decimals is not None:
+        d["decimals"] = decimals
+    panels.append(
+        {
+            "type": "stat",
+            "title": title,
+            "description": desc,
+            "id": nid(),
+            "datasource": DS,
+            "gridPos": {"h": h, "w": w, "x": x, "y": y},
+            "fieldConfig": {"defaults": d, "overrides": []},
+            "options": {
+                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                "colorMode": "value",
+                "graphMode": "area",
+                "justifyMode": "auto",
+                "orientation": "auto",
+                "textMode": "auto",
+                "wideLayout": True,
+                "showPercentChange": False,
+            },
+            "targets": [target(expr, "", "A", instant=False)],
+        }
+    )
+
+
+def ts(
+    title,
+    desc,
+    targets,
+    unit,
+    x,
+    y,
+    w=8,
+    h=8,
+    stack=False,
+    bars=False,
+    overrides=None,
+    no_value=None,
+    thresholds_line=None,
+    min0=True,
+    legend_calcs=None,
+):
+    """A time series panel; no_value is what Grafana shows when the queries return nothing."""
+    custom = {
+        "drawStyle": "bars" if bars else "line",
+        "lineWidth": 1 if bars else 2,
+        "fillOpacity": 60 if (stack or bars) else 10,
+        "gradientMode": "none",
+        "showPoints": "never",
+        "spanNulls": False,
+        "lineInterpolation": "linear",
+        "stacking": {"mode": "normal" if stack else "none", "group": "A"},
+        "axisPlacement": "auto",
+        "axisSoftMin": 0 if min0 else None,
+    }
+    if custom["axisSoftMin"] is None:
+        del custom["axisSoftMin"]
+    steps = [{"color": "green", "value": None}]
+    if thresholds_line is not None:
+        steps.append({"color": "red", "value": thresholds_line})
+        custom["thresholdsStyle"] = {"mode": "dashed"}
+    d = {
+        "unit": unit,
+        "custom": custom,
+        "color": {"mode": "palette-classic"},
+        "thresholds": {"mode": "absolute", "steps": steps},
+    }
+    if no_value:
+        d["noValue"] = no_value
+    panels.append(
+        {
+            "type": "timeseries",
+            "title": title,
+            "description": desc,
+            "id": nid(),
+            "datasource": DS,
+            "gridPos": {"h": h, "w": w, "x": x, "y": y},
+            "fieldConfig": {"defaults": d, "overrides": overrides or []},
+            "options": {
+                "legend": {
+                    "showLegend": True,
+                    "displayMode": "table" if legend_calcs else "list",
+                    "placement": "bottom",
+                    "calcs": legend_calcs or [],
+                },
+                "tooltip": {"mode": "multi", "sort": "desc"},
+            },
+            "targets": targets,
+        }
+    )
+
+
+def color(name, c):
+    """A fixed colour for the series named `name`."""
+    return {
+        "matcher": {"id": "byName", "options": name},
+        "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": c}}],
+    }
+
+
+# --- at a glance
+row("At a glance", 0)
+req = f"sum(rate(hourglass_requests_total{{{R}}}[{RI}]))"
+stat("Requests / s", "Requests finished per second (all outcomes).", req, "reqps", 0, 1, decimals=1)
+stat(
+    "Errors",
+    'Share of requests with outcome="error": refused by Hourglass (malformed budget, no route, body too large) or the upstream failed. Fail-fast insufficient_budget counts as cancelled.',
+    f'sum(rate(hourglass_requests_total{{{R},outcome="error"}}[{RI}])) / clamp_min({req}, 1e-9)',
+    "percentunit",
+    4,
+    1,
+    thresholds=[
+        {"color": "green", "value": None},
+        {"color": "orange", "value": 0.01},
+        {"color": "red", "value": 0.05},
+    ],
+    decimals=1,
+)
+stat(
+    "Cancelled",
+    'Share of requests with outcome="cancelled": a limit fired or the client left. The origins are in "Cancellations by origin".',
+    f'sum(rate(hourglass_requests_total{{{R},outcome="cancelled"}}[{RI}])) / clamp_min({req}, 1e-9)',
+    "percentunit",
+    8,
+    1,
+    thresholds=[
+        {"color": "green", "value": None},
+        {"color": "orange", "value": 0.05},
+        {"color": "red", "value": 0.2},
+    ],
+    decimals=1,
+)
+stat(
+    "Time to first token p95",
+    "95th percentile of head received -> first data event, all selected routes.",
+    f"histogram_quantile(0.95, sum by (le) (rate(hourglass_time_to_first_token_seconds_bucket{{{R}}}[{RI}])))",
+    "s",
+    12,
+    1,
+    thresholds=[
+        {"color": "green", "value": None},
+        {"color": "orange", "value": 2},
+        {"color": "red", "value": 10},
+    ],
+    decimals=2,
+)
+stat(
+    "Budget used p95",
+    "95th percentile of elapsed / budget. Near 100%: requests are being cut by their deadline.",
+    f"histogram_quantile(0.95, sum by (le) (rate(hourglass_budget_used_ratio_bucket{{{R}}}[{RI}])))",
+    "percentunit",
+    16,
+    1,
+    thresholds=[
+        {"color": "green", "value": None},
+        {"color": "orange", "value": 0.8},
+        {"color": "red", "value": 0.95},
+    ],
+    decimals=0,
+)
+stat(
+    "Upstream in flight",
+    "Upstream calls started and not yet finished or cancelled, all selected upstreams.",
+    'sum(hourglass_upstream_requests_in_flight{upstream=~"$upstream"})',
+    "none",
+    20,
+    1,
+    decimals=0,
+)
+
+# --- traffic
+row("Traffic and cancellations", 5)
+ts(
+    "Requests by outcome",
+    "hourglass_requests_total by outcome: ok (delivered in full, whatever its status), error (refused or upstream failed), cancelled (a limit fired or the client left).",
+    [target(f"sum by (outcome) (rate(hourglass_requests_total{{{R}}}[{RI}]))", "{{outcome}}", "A")],
+    "reqps",
+    0,
+    6,
+    stack=True,
+    overrides=[color("ok", "green"), color("error", "red"), color("cancelled", "orange")],
+)
+ts(
+    "Cancellations by origin",
+    "hourglass_cancellations_total by origin: client (went away), deadline, first_token, idle, connect, insufficient_budget (failed fast, provider never called), shutdown.",
+    [target(f"sum by (origin) (rate(hourglass_cancellations_total{{{R}}}[{RI}])) > 0", "{{origin}}", "A")],
+    "reqps",
+    8,
+    6,
+    stack=True,
+    overrides=[
+        color("client", "blue"),
+        color("deadline", "red"),
+        color("first_token", "purple"),
+        color("idle", "orange"),
+        color("connect", "dark-red"),
+        color("insufficient_budget", "yellow"),
+        color("shutdown", "text"),
+    ],
+)
+ts(
+    "Upstream requests in flight",
+    "hourglass_upstream_requests_in_flight: calls to each upstream started and not yet finished or cancelled. A cancelled stream leaves this at once.",
+    [
+        target(
+            'sum by (upstream) (hourglass_upstream_requests_in_flight{upstream=~"$upstream"})',
+            "{{upstream}}",
+            "A",
+        )
+    ],
+    "none",
+    16,
+    6,
+)
+
+# --- budget
+row("Budget", 14)
+ts(
+    "Budget margin (completed responses)",
+    "hourglass_budget_margin_seconds: budget left when a response completed. The low quantiles are the near misses: when p05 approaches 0, budgets are too tight for the upstream.",
+    [
+        target(
+            f"histogram_quantile({q}, sum by (le) (rate(hourglass_budget_margin_seconds_bucket{{{R}}}[{RI}])))",
+            f"p{int(q*100):02d}",
+            chr(65 + i),
+        )
+        for i, q in enumerate([0.05, 0.5, 0.95])
+    ],
+    "s",
+    0,
+    15,
+)
+ts(
+    "Budget used ratio",
+    "hourglass_budget_used_ratio: elapsed / budget for every request. 1.0 (dashed) means the deadline cut the request.",
+    [
+        target(
+            f"histogram_quantile({q}, sum by (le) (rate(hourglass_budget_used_ratio_bucket{{{R}}}[{RI}])))",
+            f"p{int(q*100)}",
+            chr(65 + i),
+        )
+        for i, q in enumerate([0.5, 0.95, 0.99])
+    ],
+    "percentunit",
+    8,
+    15,
+    thresholds_line=1.0,
+)
+panels.append(
+    {
+        "type": "heatmap",
+        "title": "Where requests end in their budget",
+        "id": nid(),
+        "datasource": DS,
+        "description": "Requests per bucket of hourglass_budget_used_ratio over time: a band at the top is requests cut by their deadline.",
+        "gridPos": {"h": 8, "w": 8, "x": 16, "y": 15},
+        "fieldConfig": {"defaults": {"custom": {"scaleDistribution": {"type": "linear"}}}, "overrides": []},
+        "options": {
+            "calculate": False,
+            "cellGap": 1,
+            "color": {
+                "mode": "scheme",
+                "scheme": "Oranges",
+                "exponent": 0.5,
+                "fill": "dark-orange",
+                "scale": "exponential",
+                "steps": 64,
+                "reverse": False,
+            },
+            "yAxis": {"axisPlacement": "left", "unit": "percentunit", "reverse": False},
+            "rowsFrame": {"layout": "le"},
+            "legend": {"show": True},
+            "tooltip": {"mode": "single", "yHistogram": False, "showColorScale": False},
+            "filterValues": {"le": 1e-9},
+            "cellValues": {"unit": "short"},
+            "exemplars": {"color": "rgba(255,0,255,0.7)"},
+        },
+        "targets": [
+            target(
+                f"sum by (le) (increase(hourglass_budget_used_ratio_bucket{{{R}}}[{RI}]))",
+                "{{le}}",
+                "A",
+                format="heatmap",
+            )
+        ],
+    }
+)
+
+# --- latency
+row("Latency", 23)
+ts(
+    "Time to first token by route (p50 / p95 / p99)",
+    "hourglass_time_to_first_token_seconds: request head received -> first data event (first byte for non-SSE bodies), per route.",
+    [
+        target(
+            f"histogram_quantile({q}, sum by (le, route) (rate(hourglass_time_to_first_token_seconds_bucket{{{R}}}[{RI}])))",
+            f"{{{{route}}}} p{int(q*100)}",
+            chr(65 + i),
+        )
+        for i, q in enumerate([0.5, 0.95, 0.99])
+    ],
+    "s",
+    0,
+    24,
+    w=12,
+    legend_calcs=["mean", "max"],
+)
+ts(
+    "Request duration by route (p50 / p95 / p99)",
+    "hourglass_request_duration_seconds: request head received -> response ended, per route.",
+    [
+        target(
+            f"histogram_quantile({q}, sum by (le, route) (rate(hourglass_request_duration_seconds_bucket{{{R}}}[{RI}])))",
+            f"{{{{route}}}} p{int(q*100)}",
+            chr(65 + i),
+        )
+        for i, q in enumerate([0.5, 0.95, 0.99])
+    ],
+    "s",
+    12,
+    24,
+    w=12,
+    legend_calcs=["mean", "max"],
+)
+
+# --- resilience
+row("Retries, fallbacks and reloads", 32)
+NV = "No data: not exported by this version of Hourglass"
+ts(
+    "Retries by reason",
+    "hourglass_retries_total by reason (connect, first_token, 5xx, 429, reset). Shows No data until the running Hourglass exports it.",
+    [target(f"sum by (reason) (rate(hourglass_retries_total{{{R}}}[{RI}]))", "{{reason}}", "A")],
+    "reqps",
+    0,
+    33,
+    h=7,
+    stack=True,
+    no_value=NV,
+)
+ts(
+    "Fallbacks",
+    "hourglass_fallbacks_total: moves from one upstream to the next in a route's fallback chain, by from -> to. Shows No data until the running Hourglass exports it.",
+    [
+        target(
+            f"sum by (from, to) (rate(hourglass_fallbacks_total{{{R}}}[{RI}]))", "{{from}} \u2192 {{to}}", "A"
+        )
+    ],
+    "reqps",
+    8,
+    33,
+    h=7,
+    stack=True,
+    no_value="No fallbacks yet (or not exported by this version)",
+)
+ts(
+    "Config reloads",
+    "hourglass_config_reloads_total by result (ok, error) per interval. An error keeps the previous config serving; the log names the precise error.",
+    [target(f"sum by (result) (increase(hourglass_config_reloads_total[{RI}]))", "{{result}}", "A")],
+    "none",
+    16,
+    33,
+    h=7,
+    bars=True,
+    no_value=NV,
+    overrides=[color("ok", "green"), color("error", "red")],
+)
+
+dash = {
+    "uid": "hourglass",
+    "title": "Hourglass",
+    "description": "Budgets, time to first token, cancellations and upstream load of the Hourglass LLM gateway.",
+    "tags": ["hourglass", "llm", "gateway"],
+    "timezone": "browser",
+    "editable": True,
+    "graphTooltip": 1,
+    "refresh": "10s",
+    "schemaVersion": 39,
+    "version": 1,
+    "time": {"from": "now-30m", "to": "now"},
+    "timepicker": {"refresh_intervals": ["5s", "10s", "30s", "1m", "5m"]},
+    "annotations": {
+        "list": [
+            {
+                "builtIn": 1,
+                "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                "enable": True,
+                "hide": True,
+                "iconColor": "rgba(0, 211, 255, 1)",
+                "name": "Annotations & Alerts",
+                "type": "dashboard",
+            }
+        ]
+    },
+    "links": [],
+    "templating": {
+        "list": [
+            {
+                "name": "datasource",
+                "label": "Data source",
+                "type": "datasource",
+                "query": "prometheus",
+                "current": {"selected": True, "text": "Prometheus", "value": "hourglass-prometheus"},
+                "hide": 0,
+                "refresh": 1,
+                "regex": "",
+                "includeAll": False,
+                "multi": False,
+                "options": [],
+            },
+            {
+                "name": "route",
+                "label": "Route",
+                "type": "query",
+                "datasource": DS,
+                "definition": "label_values(hourglass_requests_total, route)",
+                "query": {
+                    "query": "label_values(hourglass_requests_total, route)",
+                    "refId": "PrometheusVariableQueryEditor-VariableQuery",
+                    "qryType": 1,
+                },
+                "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+                "includeAll": True,
+                "allValue": ".*",
+                "multi": True,
+                "refresh": 2,
+                "sort": 1,
+                "hide": 0,
+                "regex": "",
+                "options": [],
+            },
+            {
+                "name": "upstream",
+                "label": "Upstream",
+                "type": "query",
+                "datasource": DS,
+                "definition": "label_values(hourglass_upstream_requests_in_flight, upstream)",
+                "query": {
+                    "query": "label_values(hourglass_upstream_requests_in_flight, upstream)",
+                    "refId": "PrometheusVariableQueryEditor-VariableQuery",
+                    "qryType": 1,
+                },
+                "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+                "includeAll": True,
+                "allValue": ".*",
+                "multi": True,
+                "refresh": 2,
+                "sort": 1,
+                "hide": 0,
+                "regex": "",
+                "options": [],
+            },
+        ]
+    },
+    "panels": panels,
+}
+OUT = Path(__file__).resolve().parent / "dashboards" / "hourglass.json"
+text = json.dumps(dash, indent=2) + "\n"
+if "--check" in sys.argv:
+    if OUT.read_text() != text:
+        sys.exit(f"{OUT} differs from what {Path(__file__).name} makes: run it, or move your edit into it")
+    print(f"{OUT.name} is up to date ({len(panels)} panels)")
+else:
+    OUT.write_text(text)
+    print(f"wrote {OUT} ({len(panels)} panels)")
