@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod admin;
 pub mod admission;
 pub mod attempt;

@@ -1,5 +1,6 @@
 //! The `hourglass` command line: parse arguments, set up logging, load the config, run.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -54,8 +55,12 @@ enum Command {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
+    /// Human-readable lines.
     Pretty,
+    /// One JSON object per line, for log shippers.
     Json,
+    /// Requests as NCSA combined-format lines on stdout; everything else on stderr.
+    Access,
 }
 
 fn main() -> ExitCode {
@@ -100,12 +105,43 @@ fn main() -> ExitCode {
 }
 
 fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    use tracing_subscriber::filter::{filter_fn, EnvFilter};
+    use tracing_subscriber::prelude::*;
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match format {
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-        LogFormat::Pretty => builder.compact().init(),
+        LogFormat::Json => tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .json()
+            .flatten_event(true)
+            .init(),
+        LogFormat::Pretty => tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_ansi(std::io::stdout().is_terminal())
+            .compact()
+            .init(),
+        LogFormat::Access => {
+            hourglass::access::enable();
+            // The access line is the whole record: no timestamp, level or target around it.
+            let access = tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stdout)
+                .without_time()
+                .with_level(false)
+                .with_target(false)
+                .with_ansi(false)
+                .with_filter(filter_fn(|m| m.target() == "hourglass::access"));
+            let rest = tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .compact()
+                .with_filter(filter_fn(|m| {
+                    !matches!(m.target(), "hourglass::access" | "hourglass::request")
+                }))
+                .with_filter(filter());
+            tracing_subscriber::registry()
+                .with(access)
+                .with(rest)
+                .init();
+        }
     }
 }
 

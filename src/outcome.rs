@@ -112,6 +112,8 @@ pub struct RequestRecord {
     attempts: Vec<AttemptLog>,
     /// The route's admission slot, freed when the request is reported.
     slot: Option<crate::admission::Slot>,
+    /// Only kept when the access log is on.
+    client: Option<Box<crate::access::ClientInfo>>,
 }
 
 impl RequestRecord {
@@ -140,6 +142,24 @@ impl RequestRecord {
             end: None,
             attempts: Vec::new(),
             slot: None,
+            client: None,
+        }
+    }
+
+    /// Who asked, for the access log (ignored when it is off).
+    pub fn set_client(
+        &mut self,
+        addr: Option<std::net::SocketAddr>,
+        user_agent: Option<&str>,
+        version: http::Version,
+    ) {
+        if crate::access::enabled() {
+            self.client = Some(Box::new(crate::access::ClientInfo {
+                addr,
+                user_agent: user_agent.map(str::to_string),
+                version,
+                at: std::time::SystemTime::now(),
+            }));
         }
     }
 
@@ -267,6 +287,22 @@ impl RequestRecord {
             attempts = attempts.as_deref(),
             "request"
         );
+        if let Some(client) = &self.client {
+            let line = crate::access::Line {
+                client,
+                method: &self.method,
+                path: &self.path,
+                status: self.status,
+                bytes: self.bytes,
+                request_id: &self.id,
+                route: self.route.as_deref(),
+                elapsed,
+                outcome: end.outcome(),
+                origin,
+            }
+            .render();
+            tracing::info!(target: "hourglass::access", "{line}");
+        }
     }
 }
 

@@ -240,6 +240,15 @@ impl Gateway {
             arrival,
             self.no_route.clone(),
         );
+        record.set_client(
+            req.extensions()
+                .get::<crate::server::ClientAddr>()
+                .map(|c| c.0),
+            req.headers()
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok()),
+            req.version(),
+        );
         // A request still waiting for its head when the shutdown grace ends is answered too.
         let forwarded = tokio::select! {
             r = self.forward(req, arrival, &id, &mut record) => r,
@@ -270,7 +279,9 @@ impl Gateway {
             Err(e) => {
                 record.set_status(e.status().as_u16());
                 record.fail(&e);
-                let mut resp = e.response().map(|b| Either::Left(Full::new(b)));
+                let resp = e.response();
+                crate::watchdog::Observer::data(&mut record, resp.body().len());
+                let mut resp = resp.map(|b| Either::Left(Full::new(b)));
                 insert_request_id(resp.headers_mut(), &id);
                 resp
             }

@@ -379,7 +379,8 @@ async fn serve_connection(
     let server = shared.server.load_full();
     let builder = builder(&server);
     let shared_svc = shared.clone();
-    let svc = service_fn(move |req| {
+    let svc = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(ClientAddr(peer));
         // Each request keeps the routing table it started with, across reloads.
         let gateway = shared_svc.gateway.load_full();
         let metrics = shared_svc.metrics.clone();
@@ -449,6 +450,10 @@ async fn serve_connection(
         tracing::debug!(%peer, error = %e, "client connection ended with an error");
     }
 }
+
+/// The client's address, for the access log.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub SocketAddr);
 
 pin_project! {
     /// A client socket that remembers whether the client has sent bytes since our last

@@ -269,3 +269,73 @@ upstream = "fake"
     let auth = fake.requests()[0].headers["authorization"].clone();
     assert_eq!(auth, "Bearer sk-canary-0123456789");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_mode_writes_combined_format_lines() {
+    use tokio::io::AsyncReadExt;
+    let fake = hourglass::fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\n\
+         [upstreams.fake]\nurl = \"{}\"\nauth = \"none\"\n\n\
+         [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+        fake.url()
+    );
+    let path = temp_config("access.toml", &config);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["--config", path.to_str().unwrap(), "--log-format", "access"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        wait_for(|| http_get(admin, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")), "readiness");
+        // A bad budget: answered by Hourglass itself.
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nuser-agent: probe/1.0\r\nx-request-budget-ms: abc\r\n\
+             content-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 400"));
+    })
+    .await
+    .unwrap();
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    child.wait().await.unwrap();
+    let mut stdout = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .await
+        .unwrap();
+    let line = stdout.lines().next().expect("one access line");
+    assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
+    assert!(
+        line.contains("] \"POST /v1/chat/completions HTTP/1.1\" 400 "),
+        "{line}"
+    );
+    assert!(line.contains(" \"-\" \"probe/1.0\" request_id="), "{line}");
+    assert!(
+        line.contains("route=chat") && line.contains("outcome=error"),
+        "{line}"
+    );
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "only access lines on stdout: {stdout}"
+    );
+}

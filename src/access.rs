@@ -1,0 +1,173 @@
+//! The access-log mode (`--log-format access`): one line per request in the NCSA combined
+//! format that log shippers parse out of the box (Fluent Bit's `apache2`, Vector's
+//! `parse_apache_log`, Filebeat's nginx module), with Hourglass's own fields appended as
+//! `key=value` pairs after it.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{Method, Version};
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// What only the access line needs, captured when the request arrives.
+#[derive(Debug, Clone)]
+pub struct ClientInfo {
+    pub addr: Option<SocketAddr>,
+    pub user_agent: Option<String>,
+    pub version: Version,
+    pub at: SystemTime,
+}
+
+/// The fields of one access line.
+pub struct Line<'a> {
+    pub client: &'a ClientInfo,
+    pub method: &'a Method,
+    pub path: &'a str,
+    pub status: Option<u16>,
+    pub bytes: u64,
+    pub request_id: &'a str,
+    pub route: Option<&'a str>,
+    pub elapsed: Duration,
+    pub outcome: &'a str,
+    pub origin: Option<&'a str>,
+}
+
+impl Line<'_> {
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(256);
+        let ip = self
+            .client
+            .addr
+            .map_or_else(|| "-".to_string(), |a| a.ip().to_string());
+        let version = match self.client.version {
+            Version::HTTP_2 => "HTTP/2.0",
+            Version::HTTP_10 => "HTTP/1.0",
+            _ => "HTTP/1.1",
+        };
+        // Status 0 would break parsers; a request that ended before any status (the client
+        // left before the head) is logged as 499, as nginx does.
+        let status = self.status.unwrap_or(499);
+        let _ = write!(
+            out,
+            "{ip} - - [{}] \"{} {} {version}\" {status} {} \"-\" \"{}\"",
+            clf_time(self.client.at),
+            self.method,
+            escape(self.path),
+            self.bytes,
+            escape(self.client.user_agent.as_deref().unwrap_or("-")),
+        );
+        let _ = write!(
+            out,
+            " request_id={} route={} duration_ms={:.1} outcome={}",
+            self.request_id,
+            self.route.unwrap_or("-"),
+            self.elapsed.as_secs_f64() * 1000.0,
+            self.outcome
+        );
+        if let Some(o) = self.origin {
+            let _ = write!(out, " origin={o}");
+        }
+        out
+    }
+}
+
+/// Quotes and control characters would let a client forge log fields.
+fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `10/Oct/2000:13:55:36 +0000` (UTC).
+fn clf_time(t: SystemTime) -> String {
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{d:02}/{}/{y:04}:{:02}:{:02}:{:02} +0000",
+        MONTHS[(m - 1) as usize],
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_right() {
+        assert_eq!(clf_time(UNIX_EPOCH), "01/Jan/1970:00:00:00 +0000");
+        let t = UNIX_EPOCH + Duration::from_secs(971_186_136);
+        assert_eq!(clf_time(t), "10/Oct/2000:13:55:36 +0000");
+        let t = UNIX_EPOCH + Duration::from_secs(1_796_030_125);
+        assert_eq!(clf_time(t), "30/Nov/2026:09:15:25 +0000");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
+        assert_eq!(clf_time(leap), "29/Feb/2000:00:00:00 +0000");
+    }
+
+    #[test]
+    fn a_line_is_combined_format_and_cannot_be_forged() {
+        let client = ClientInfo {
+            addr: Some("10.1.2.3:5555".parse().unwrap()),
+            user_agent: Some("OpenAI/Python 1.0\" injected=\"x".into()),
+            version: Version::HTTP_11,
+            at: UNIX_EPOCH + Duration::from_secs(971_186_136),
+        };
+        let line = Line {
+            client: &client,
+            method: &Method::POST,
+            path: "/v1/chat/completions",
+            status: Some(200),
+            bytes: 952,
+            request_id: "abc",
+            route: Some("chat"),
+            elapsed: Duration::from_millis(87),
+            outcome: "ok",
+            origin: None,
+        }
+        .render();
+        assert_eq!(
+            line,
+            "10.1.2.3 - - [10/Oct/2000:13:55:36 +0000] \"POST /v1/chat/completions HTTP/1.1\" 200 952 \"-\" \"OpenAI/Python 1.0\\\" injected=\\\"x\" request_id=abc route=chat duration_ms=87.0 outcome=ok"
+        );
+    }
+}
