@@ -37,6 +37,7 @@ async fn client_leaves_mid_stream_while_upstream_is_frozen() {
     drop(body);
     conn.close();
     let delay = upstream_close_delay(&h.fake, left).await;
+    eprintln!("mid-stream, frozen upstream: upstream closed {delay:?} after the client left");
     assert!(
         delay < PROMPT,
         "upstream closed {delay:?} after the client left"
@@ -56,6 +57,7 @@ async fn client_leaves_mid_stream_while_tokens_flow() {
     drop(body);
     conn.close();
     let delay = upstream_close_delay(&h.fake, left).await;
+    eprintln!("mid-stream, tokens flowing: upstream closed {delay:?} after the client left");
     assert!(delay < PROMPT, "{delay:?}");
     assert_client_cancel_counted(&h).await;
 }
@@ -72,6 +74,7 @@ async fn client_leaves_while_waiting_for_the_first_token() {
     drop(resp);
     conn.close();
     let delay = upstream_close_delay(&h.fake, left).await;
+    eprintln!("waiting for the first token: upstream closed {delay:?} after the client left");
     assert!(delay < PROMPT, "{delay:?}");
     assert_client_cancel_counted(&h).await;
 }
@@ -90,6 +93,7 @@ async fn client_leaves_before_the_response_head() {
     pending.abort();
     let _ = pending.await;
     let delay = upstream_close_delay(&h.fake, left).await;
+    eprintln!("before the head: upstream closed {delay:?} after the client left");
     assert!(delay < PROMPT, "{delay:?}");
     assert_client_cancel_counted(&h).await;
 }
