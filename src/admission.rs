@@ -61,8 +61,8 @@ impl ClientKeys {
         };
         let mut keys: Vec<String> = Vec::new();
         if let Some(var) = &auth.env {
-            let value = std::env::var(var)
-                .map_err(|e| err(format!("client_keys_env {var}: {e}")))?;
+            let value =
+                std::env::var(var).map_err(|e| err(format!("client_keys_env {var}: {e}")))?;
             for (i, key) in value.split(',').map(str::trim).enumerate() {
                 if key.is_empty() {
                     continue;
@@ -144,7 +144,9 @@ fn check_key(key: &str) -> Result<(), String> {
         return Err("a key must be printable ASCII without spaces or commas".into());
     }
     if key.len() < MIN_KEY_LEN {
-        return Err(format!("a key must be at least {MIN_KEY_LEN} characters long"));
+        return Err(format!(
+            "a key must be at least {MIN_KEY_LEN} characters long"
+        ));
     }
     Ok(())
 }
@@ -268,7 +270,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("hourglass-keys-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("keys");
-        std::fs::write(&file, format!("# clients\n\n{KEY}\n  other-key-0123456789  \n")).unwrap();
+        std::fs::write(
+            &file,
+            format!("# clients\n\n{KEY}\n  other-key-0123456789  \n"),
+        )
+        .unwrap();
         let auth = ClientAuth {
             env: None,
             file: Some(file.clone()),
@@ -353,13 +359,21 @@ mod tests {
 
         let t = Instant::now();
         let e = adm.admit(&budget(500), need).await.unwrap_err();
-        assert_eq!(t.elapsed(), Duration::from_millis(400), "gave up when 100 ms were left");
+        assert_eq!(
+            t.elapsed(),
+            Duration::from_millis(400),
+            "gave up when 100 ms were left"
+        );
         assert_eq!(e.code(), "overloaded");
         assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);
 
         let t = Instant::now();
         let e = adm.admit(&budget(100), need).await.unwrap_err();
-        assert_eq!(t.elapsed(), Duration::ZERO, "nothing to wait with: refused at once");
+        assert_eq!(
+            t.elapsed(),
+            Duration::ZERO,
+            "nothing to wait with: refused at once"
+        );
         assert_eq!(e.code(), "overloaded");
         assert_eq!(adm.in_flight(), 1);
     }
