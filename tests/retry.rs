@@ -88,17 +88,7 @@ impl Pair {
     }
 
     async fn metric(&self, sample: &str) -> f64 {
-        let conn = Conn::open(self.gw.admin_addr).await;
-        let req = http::Request::get("/metrics")
-            .header("host", "admin")
-            .body(http_body_util::Full::new(bytes::Bytes::new()))
-            .unwrap();
-        let (resp, _c) = conn.send(req).await;
-        let text = read_body(resp.into_body()).await.text();
-        text.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
-            .map(|v| v.trim().parse().unwrap())
-            .unwrap_or_else(|| panic!("no sample {sample} in\n{text}"))
+        metric(self.gw.admin_addr, sample).await
     }
 
     async fn wait_reported(&self, n: f64) {

@@ -83,22 +83,11 @@ impl Harness {
     /// The value of one sample of the gateway's /metrics, e.g.
     /// `hourglass_cancellations_total{origin="idle",route="chat"}`.
     pub async fn metric(&self, sample: &str) -> f64 {
-        let text = self.metrics_text().await;
-        text.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
-            .map(|v| v.trim().parse().expect("numeric sample"))
-            .unwrap_or_else(|| panic!("no sample {sample} in\n{text}"))
+        metric(self.gw.admin_addr, sample).await
     }
 
     pub async fn metrics_text(&self) -> String {
-        let conn = Conn::open(self.gw.admin_addr).await;
-        let req = Request::get("/metrics")
-            .header("host", "admin")
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        let (resp, _conn) = conn.send(req).await;
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        String::from_utf8(body.to_vec()).unwrap()
+        scrape(self.gw.admin_addr).await
     }
 
     /// Waits until the gateway has reported `n` requests in total for `route` (reports happen
@@ -124,6 +113,27 @@ impl Harness {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// The admin listener's /metrics text.
+pub async fn scrape(admin: SocketAddr) -> String {
+    let conn = Conn::open(admin).await;
+    let req = Request::get("/metrics")
+        .header("host", "admin")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (resp, _conn) = conn.send(req).await;
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(body.to_vec()).unwrap()
+}
+
+/// One sample's value from a live scrape; panics (showing the scrape) when it is missing.
+pub async fn metric(admin: SocketAddr, sample: &str) -> f64 {
+    let text = scrape(admin).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample).and_then(|r| r.strip_prefix(' ')))
+        .map(|v| v.trim().parse().expect("numeric sample"))
+        .unwrap_or_else(|| panic!("no sample {sample} in\n{text}"))
 }
 
 pub fn chat_request(headers: &[(&str, &str)], stream: bool) -> Request<Full<Bytes>> {
