@@ -169,6 +169,10 @@ pub struct Admission {
 /// One request's slot; dropping it frees the slot.
 pub type Slot = OwnedSemaphorePermit;
 
+/// Kept on top of what an attempt needs when deciding how long a request may wait for a
+/// slot: the slot must come early enough that the attempt still fits once it is made.
+pub const ADMIT_SLACK: Duration = Duration::from_millis(50);
+
 /// What a client that found the route full is told to wait before trying again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -199,7 +203,7 @@ impl Admission {
         let start = Instant::now();
         let latest = budget
             .work_deadline()
-            .checked_sub(need)
+            .checked_sub(need + ADMIT_SLACK)
             .filter(|t| *t > start);
         let overloaded = |waited: Duration| GatewayError::Overloaded {
             route: self.route.to_string(),
@@ -335,7 +339,7 @@ mod tests {
         let held = adm.admit(&budget(1000), need).await.unwrap();
         assert_eq!(adm.in_flight(), 1);
 
-        // Waits up to 1000 - 100 ms; the slot frees at 300 ms.
+        // Waits up to 1000 - 100 - 50 ms; the slot frees at 300 ms.
         let waiter = {
             let adm = adm.clone();
             tokio::spawn(async move {
@@ -361,8 +365,8 @@ mod tests {
         let e = adm.admit(&budget(500), need).await.unwrap_err();
         assert_eq!(
             t.elapsed(),
-            Duration::from_millis(400),
-            "gave up when 100 ms were left"
+            Duration::from_millis(350),
+            "gave up when 100 ms (and the slack) were left"
         );
         assert_eq!(e.code(), "overloaded");
         assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);

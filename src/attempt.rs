@@ -21,7 +21,9 @@ use tokio::time::{sleep_until, Instant};
 use crate::budget::{Budget, BUDGET_HEADER};
 use crate::config::RetryCause;
 use crate::error::GatewayError;
+use crate::inspect::Inspector;
 use crate::metrics::InFlight;
+use crate::provider::Format;
 use crate::sse::SseScanner;
 use crate::upstream::{ConnectTimedOut, Upstream};
 use crate::watchdog::StreamLimits;
@@ -44,6 +46,10 @@ pub struct Started {
     /// When the request was handed to a connection: the start of the first-token clock.
     pub sent_at: Instant,
     pub first_token_at: Option<Instant>,
+    /// The first body byte, when it was read while the head was held.
+    pub first_byte_at: Option<Instant>,
+    /// The wire format of the exchange, when it is known (the upstream's `api` and the path).
+    pub format: Option<Format>,
 }
 
 /// An attempt that failed before anything reached the client.
@@ -59,6 +65,7 @@ impl Attempt<'_> {
     pub async fn run(self, mut req: Request<Full<Bytes>>) -> Result<Started, Failed> {
         let budget = self.budget;
         let upstream = self.upstream;
+        let format = Format::detect(upstream.config.api, req.uri().path());
         let work_deadline = budget.work_deadline();
         let now = Instant::now();
         if upstream.config.propagate_budget {
@@ -115,11 +122,12 @@ impl Attempt<'_> {
             inner: incoming,
             _in_flight: self.in_flight,
         };
-        let mut first_token_at = None;
+        let (mut first_token_at, mut first_byte_at) = (None, None);
         if self.hold && parts.status.is_success() {
             let is_sse = crate::proxy::is_event_stream(&parts.headers);
-            match hold_until_first_token(&mut body, is_sse, &limits).await {
-                Ok(at) => first_token_at = at,
+            let inspector = format.filter(|_| is_sse).map(|f| Inspector::new(f, true));
+            match hold_until_first_token(&mut body, is_sse, inspector, &limits).await {
+                Ok((token, byte)) => (first_token_at, first_byte_at) = (token, byte),
                 Err(error) => {
                     let cause = match error {
                         GatewayError::FirstTokenTimeout { .. } => Some(RetryCause::FirstToken),
@@ -135,6 +143,8 @@ impl Attempt<'_> {
             limits,
             sent_at,
             first_token_at,
+            first_byte_at,
+            format,
         })
     }
 
@@ -167,15 +177,18 @@ impl Attempt<'_> {
     }
 }
 
-/// Reads the body until its first data event (SSE) or first byte (anything else), keeping
-/// what it read as the body's prefix. Returns when that event arrived; `None` if the body
-/// ended first.
+/// Reads the body until its first token (SSE: the first event carrying model output when an
+/// `inspector` knows the format, else the first data event) or first byte (anything else),
+/// keeping what it read as the body's prefix. Returns when that token and the first byte
+/// arrived; no token if the body ended (or the provider's error event came) first.
 async fn hold_until_first_token(
     body: &mut UpstreamBody,
     is_sse: bool,
+    mut inspector: Option<Inspector>,
     limits: &StreamLimits,
-) -> Result<Option<Instant>, GatewayError> {
+) -> Result<(Option<Instant>, Option<Instant>), GatewayError> {
     let mut scanner = SseScanner::new();
+    let mut first_byte = None;
     let timer = sleep_until(limits.first_token_deadline.min(limits.deadline));
     tokio::pin!(timer);
     loop {
@@ -194,7 +207,7 @@ async fn hold_until_first_token(
             }
         };
         match frame {
-            None => return Ok(None),
+            None => return Ok((None, first_byte)),
             Some(Err(e)) => {
                 return Err(GatewayError::UpstreamError {
                     upstream: limits.upstream.to_string(),
@@ -208,19 +221,29 @@ async fn hold_until_first_token(
                 if data.is_empty() {
                     continue;
                 }
-                let scan = if is_sse {
-                    Some(scanner.scan(&data))
-                } else {
-                    None
+                let now = Instant::now();
+                let byte_at = *first_byte.get_or_insert(now);
+                if !is_sse {
+                    body.prefix.push_back(data);
+                    return Ok((Some(now), Some(byte_at)));
+                }
+                let scan = scanner.scan(&data);
+                let (output, error) = match inspector.as_mut() {
+                    None => (scan.progress > 0, scan.error_end.is_some()),
+                    Some(i) => {
+                        let found = i.feed(&data[..scan.error_end.unwrap_or(data.len())]);
+                        let error = found.error_end.is_some() || scan.error_end.is_some();
+                        (found.output, error)
+                    }
                 };
                 body.prefix.push_back(data);
-                match scan {
-                    None => return Ok(Some(Instant::now())),
-                    Some(s) if s.progress > 0 => return Ok(Some(Instant::now())),
+                if output {
+                    return Ok((Some(now), Some(byte_at)));
+                }
+                if error {
                     // The upstream's own error event: no token will come, but it is the
                     // upstream's answer to pass through, not ours to retry.
-                    Some(s) if s.error_end.is_some() => return Ok(None),
-                    Some(_) => {}
+                    return Ok((None, Some(byte_at)));
                 }
             }
         }

@@ -24,6 +24,10 @@ pub enum GatewayError {
     BodyTooLarge { limit: u64 },
     #[error("{message}")]
     BadRequest { message: String },
+    /// A head whose framing two HTTP/1 parsers could read differently (request smuggling):
+    /// refused, and the connection closed after the answer.
+    #[error("ambiguous request framing: {reason}")]
+    AmbiguousRequest { reason: &'static str },
     #[error("{} of budget left after the {} reserve; at least {} is needed to call the upstream", ms(*.remaining), ms(*.reserve), ms(*.min_useful))]
     InsufficientBudget {
         remaining: Duration,
@@ -92,7 +96,7 @@ impl GatewayError {
             Self::InvalidBudget { .. } => "invalid_budget",
             Self::NoRoute { .. } => "no_route",
             Self::BodyTooLarge { .. } => "body_too_large",
-            Self::BadRequest { .. } => "invalid_request",
+            Self::BadRequest { .. } | Self::AmbiguousRequest { .. } => "invalid_request",
             Self::InsufficientBudget { .. } => "insufficient_budget",
             Self::ConnectTimeout { .. } => "connect_timeout",
             Self::FirstTokenTimeout { .. } => "first_token_timeout",
@@ -109,7 +113,9 @@ impl GatewayError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::InvalidBudget { .. } | Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::InvalidBudget { .. }
+            | Self::BadRequest { .. }
+            | Self::AmbiguousRequest { .. } => StatusCode::BAD_REQUEST,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::InsufficientBudget { .. }
@@ -132,7 +138,8 @@ impl GatewayError {
             Self::InvalidBudget { .. }
             | Self::NoRoute { .. }
             | Self::BodyTooLarge { .. }
-            | Self::BadRequest { .. } => "invalid_request_error",
+            | Self::BadRequest { .. }
+            | Self::AmbiguousRequest { .. } => "invalid_request_error",
             // The names both OpenAI and Anthropic use for these.
             Self::Unauthorized => "authentication_error",
             Self::Overloaded { .. } => "overloaded_error",
@@ -196,6 +203,14 @@ impl GatewayError {
                 let secs = crate::admission::RETRY_AFTER.as_secs().max(1);
                 resp.headers_mut()
                     .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
+            }
+            // No byte after this head may be read as another request (RFC 9112 6.3).
+            // hyper drops the header from HTTP/2 answers, where it has no meaning.
+            Self::AmbiguousRequest { .. } => {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
             }
             Self::Unauthorized => {
                 resp.headers_mut().insert(

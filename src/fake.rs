@@ -18,6 +18,11 @@
 //! | `x-fake-keepalive-kind` | `comment` (`: keep-alive`) or `ping` (`event: ping`) |
 //! | `x-fake-timestamps` (`1`) | content events carry `"x_fake_sent_ns"` from [`monotonic_ns`] |
 //!
+//! [`FakeUpstream::set_replay`] makes every `POST` answer with recorded events instead (real
+//! providers' streams, kept as fixtures): the first after `x-fake-ttft-ms`, then one every
+//! interval, each counting as a content event for `x-fake-freeze-after` and
+//! `x-fake-disconnect-after`.
+//!
 //! Non-stream answers are a single event that is not a content event, so any freeze/disconnect
 //! count stops them before the body. Unknown `x-fake-*` headers are ignored; malformed values get
 //! a 400. Every connection and request is recorded for tests to assert on (see [`FakeUpstream`]).
@@ -122,6 +127,41 @@ struct Shared {
     /// Script headers this instance applies when a request does not carry them itself, so
     /// that two fakes behind one gateway can behave differently for the same request.
     script_defaults: Mutex<HeaderMap>,
+    replay: Mutex<Option<Replay>>,
+}
+
+/// A recorded answer that [`FakeUpstream::set_replay`] plays back, one frame per event.
+#[derive(Clone, Debug)]
+pub struct Replay {
+    /// `text/event-stream`, or `application/json` for a non-streaming body.
+    pub content_type: &'static str,
+    pub events: Arc<[Bytes]>,
+    /// The gap before every event after the first.
+    pub interval: Duration,
+}
+
+impl Replay {
+    /// An SSE stream, cut into its events (each ending with its blank line).
+    pub fn sse(stream: &str, interval: Duration) -> Replay {
+        let events = stream
+            .split_inclusive("\n\n")
+            .map(|e| Bytes::copy_from_slice(e.as_bytes()))
+            .collect();
+        Replay {
+            content_type: "text/event-stream",
+            events,
+            interval,
+        }
+    }
+
+    /// A JSON body, sent whole.
+    pub fn json(body: &str) -> Replay {
+        Replay {
+            content_type: "application/json",
+            events: Arc::from([Bytes::copy_from_slice(body.as_bytes())]),
+            interval: Duration::ZERO,
+        }
+    }
 }
 
 impl Shared {
@@ -300,6 +340,7 @@ impl FakeUpstream {
             changed: watch::Sender::new(()),
             next_reply_id: AtomicU64::new(1),
             script_defaults: Mutex::new(HeaderMap::new()),
+            replay: Mutex::new(None),
         });
         let cancel = CancellationToken::new();
         tokio::spawn(accept_loop(listener, shared.clone(), cancel.clone()));
@@ -327,6 +368,15 @@ impl FakeUpstream {
             .script_defaults
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = map;
+    }
+
+    /// Answers every `POST` with `replay` (or, with `None`, generates answers again).
+    pub fn set_replay(&self, replay: Option<Replay>) {
+        *self
+            .shared
+            .replay
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = replay;
     }
 
     /// The bound address.
@@ -539,6 +589,30 @@ async fn respond(
         tokio::time::sleep(script.ttft).await;
         return error_response(status, "status injected by x-fake-status", finisher);
     }
+    let replay = shared
+        .replay
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    if let Some(replay) = replay.filter(|_| parts.method == Method::POST) {
+        let mut script = script;
+        script.interval = replay.interval;
+        script.keepalive = None;
+        let reply = Reply {
+            chunks: replay.events.len(),
+            shape: Shape::Replay(replay.events),
+            ..Reply::full(Bytes::new())
+        };
+        let mut first_delay = script.ttft;
+        if !script.headers_first {
+            tokio::time::sleep(std::mem::take(&mut first_delay)).await;
+        }
+        let mut response = Response::new(ScriptBody::new(reply, script, first_delay, finisher));
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(replay.content_type));
+        headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return response;
+    }
     let anthropic = match (&parts.method, parts.uri.path()) {
         (&Method::GET, "/v1/models") => {
             let models = json!({"object": "list", "data": [
@@ -719,6 +793,8 @@ enum Shape {
     OpenAi,
     Anthropic,
     Full(Bytes),
+    /// Recorded events, every one a content event.
+    Replay(Arc<[Bytes]>),
 }
 
 /// What one response says. Events are rendered lazily, one at a time, so a long or frozen stream
@@ -759,6 +835,7 @@ impl Reply {
             Shape::OpenAi => self.chunks + 3,
             Shape::Anthropic => self.chunks + 6,
             Shape::Full(_) => 1,
+            Shape::Replay(ref events) => events.len(),
         }
     }
 
@@ -768,6 +845,7 @@ impl Reply {
             Shape::OpenAi => 1,
             Shape::Anthropic => 3,
             Shape::Full(_) => usize::MAX,
+            Shape::Replay(_) => 0,
         }
     }
 
@@ -822,6 +900,7 @@ impl Reply {
         let kind = self.kind(i);
         let (event, mut data) = match (&self.shape, kind) {
             (Shape::Full(bytes), _) => return bytes.clone(),
+            (Shape::Replay(events), _) => return events[i].clone(),
             (Shape::OpenAi, Kind::Content(n)) => (
                 None,
                 self.openai_chunk(json!({"content": format!("tok{n} ")}), Value::Null),

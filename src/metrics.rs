@@ -8,6 +8,8 @@ use prometheus::{
 };
 pub use prometheus::{Histogram, IntGauge};
 
+use std::sync::Arc;
+
 use crate::outcome::Origin;
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -28,6 +30,10 @@ pub struct Metrics {
     used_ratio: HistogramVec,
     duration: HistogramVec,
     ttft: HistogramVec,
+    ttfb: HistogramVec,
+    tokens: IntCounterVec,
+    tokens_cancelled: IntCounterVec,
+    stream_errors: IntCounterVec,
     in_flight: IntGaugeVec,
     retries: IntCounterVec,
     fallbacks: IntCounterVec,
@@ -38,9 +44,22 @@ pub struct Metrics {
     panics: IntCounter,
 }
 
-/// Pre-resolved handles for one route (and its upstream).
+/// Pre-resolved handles for one route, shared: every request takes a copy (once for the route
+/// its path selects, again for the one its model selects), and with the handles behind one
+/// `Arc` that copy is one reference count instead of one per handle plus a `Vec`.
 #[derive(Clone)]
-pub struct RouteMetrics {
+pub struct RouteMetrics(Arc<RouteHandles>);
+
+impl std::ops::Deref for RouteMetrics {
+    type Target = RouteHandles;
+
+    fn deref(&self) -> &RouteHandles {
+        &self.0
+    }
+}
+
+/// The handles of one route; reached through [`RouteMetrics`].
+pub struct RouteHandles {
     pub ok: IntCounter,
     pub error: IntCounter,
     pub cancelled: IntCounter,
@@ -50,6 +69,28 @@ pub struct RouteMetrics {
     pub used_ratio: Histogram,
     pub duration: Histogram,
     pub attempts: Histogram,
+    tokens_cancelled: Vec<IntCounter>,
+}
+
+/// Pre-resolved handles for what the answers of one (route, upstream) pair cost.
+pub struct AnswerMetrics {
+    pub ttfb: Histogram,
+    pub prompt_reported: IntCounter,
+    pub completion_reported: IntCounter,
+    pub completion_estimated: IntCounter,
+    stream_errors: IntCounterVec,
+    route: Arc<str>,
+    upstream: Arc<str>,
+}
+
+impl AnswerMetrics {
+    /// Counts one mid-stream provider error. Rare, so the label lookup happens here rather
+    /// than creating a series per type up front.
+    pub fn stream_error(&self, kind: &str) {
+        self.stream_errors
+            .with_label_values(&[&*self.route, &*self.upstream, kind])
+            .inc();
+    }
 }
 
 /// Counts one upstream call in flight from creation to drop.
@@ -68,9 +109,14 @@ impl Drop for InFlight {
     }
 }
 
-impl RouteMetrics {
+impl RouteHandles {
     pub fn cancellation(&self, origin: Origin) -> &IntCounter {
         &self.cancellations[origin as usize]
+    }
+
+    /// Completion tokens streamed to requests that were then cancelled by `origin`.
+    pub fn tokens_cancelled(&self, origin: Origin) -> &IntCounter {
+        &self.tokens_cancelled[origin as usize]
     }
 }
 
@@ -134,9 +180,30 @@ impl Metrics {
         );
         let ttft = histogram(
             "hourglass_time_to_first_token_seconds",
-            "Time from request head to the first data event (first body byte for non-SSE).",
+            "Time from request head to the first event carrying model output (with a known API; else the first data event, or the first body byte for non-SSE).",
             &["route", "upstream"],
             LATENCY_BUCKETS,
+        );
+        let ttfb = histogram(
+            "hourglass_time_to_first_byte_seconds",
+            "Time from request head to the first byte of the upstream's response body.",
+            &["route", "upstream"],
+            LATENCY_BUCKETS,
+        );
+        let tokens = counter(
+            "hourglass_tokens_total",
+            "Tokens of answers, by kind (prompt, completion) and source (reported by the provider, or estimated from the deltas seen).",
+            &["route", "upstream", "kind", "source"],
+        );
+        let tokens_cancelled = counter(
+            "hourglass_tokens_cancelled_total",
+            "Completion tokens streamed to requests that were then cancelled, by the origin of the cancellation.",
+            &["route", "origin"],
+        );
+        let stream_errors = counter(
+            "hourglass_upstream_stream_errors_total",
+            "Errors the provider sent in the middle of a stream (passed through), by their type.",
+            &["route", "upstream", "type"],
         );
         let in_flight = IntGaugeVec::new(
             Opts::new(
@@ -209,6 +276,10 @@ impl Metrics {
             used_ratio,
             duration,
             ttft,
+            ttfb,
+            tokens,
+            tokens_cancelled,
+            stream_errors,
             in_flight,
             retries,
             fallbacks,
@@ -220,7 +291,7 @@ impl Metrics {
     /// Resolves (and so creates at zero) every series of one route, so dashboards see the
     /// route before its first request.
     pub fn route(&self, route: &str) -> RouteMetrics {
-        RouteMetrics {
+        RouteMetrics(Arc::new(RouteHandles {
             ok: self.requests.with_label_values(&[route, "ok"]),
             error: self.requests.with_label_values(&[route, "error"]),
             cancelled: self.requests.with_label_values(&[route, "cancelled"]),
@@ -233,6 +304,30 @@ impl Metrics {
             used_ratio: self.used_ratio.with_label_values(&[route]),
             duration: self.duration.with_label_values(&[route]),
             attempts: self.attempts.with_label_values(&[route]),
+            tokens_cancelled: Origin::ALL
+                .iter()
+                .map(|o| {
+                    self.tokens_cancelled
+                        .with_label_values(&[route, o.as_str()])
+                })
+                .collect(),
+        }))
+    }
+
+    /// The answer handles of one (route, upstream) pair; the token series exist from then on.
+    pub fn answer(&self, route: &str, upstream: &str) -> AnswerMetrics {
+        let tokens = |kind, source| {
+            self.tokens
+                .with_label_values(&[route, upstream, kind, source])
+        };
+        AnswerMetrics {
+            ttfb: self.ttfb.with_label_values(&[route, upstream]),
+            prompt_reported: tokens("prompt", "reported"),
+            completion_reported: tokens("completion", "reported"),
+            completion_estimated: tokens("completion", "estimated"),
+            stream_errors: self.stream_errors.clone(),
+            route: Arc::from(route),
+            upstream: Arc::from(upstream),
         }
     }
 
@@ -320,6 +415,7 @@ mod tests {
         let m = Metrics::new();
         let r = m.route("chat");
         m.ttft("chat", "openai");
+        m.answer("chat", "openai").stream_error("overloaded_error");
         m.in_flight("openai");
         r.cancellation(Origin::Idle).inc();
         let text = m.encode();
@@ -329,9 +425,14 @@ mod tests {
             "hourglass_cancellations_total{origin=\"client\",route=\"chat\"} 0",
             "hourglass_budget_seconds_bucket{route=\"chat\",le=\"+Inf\"} 0",
             "hourglass_time_to_first_token_seconds_count{route=\"chat\",upstream=\"openai\"} 0",
+            "hourglass_time_to_first_byte_seconds_count{route=\"chat\",upstream=\"openai\"} 0",
+            "hourglass_tokens_total{kind=\"completion\",route=\"chat\",source=\"estimated\",upstream=\"openai\"} 0",
+            "hourglass_tokens_total{kind=\"prompt\",route=\"chat\",source=\"reported\",upstream=\"openai\"} 0",
+            "hourglass_tokens_cancelled_total{origin=\"client\",route=\"chat\"} 0",
             "hourglass_upstream_requests_in_flight{upstream=\"openai\"} 0",
             "# HELP hourglass_budget_margin_seconds",
             "# TYPE hourglass_budget_used_ratio histogram",
+            "hourglass_upstream_stream_errors_total{route=\"chat\",type=\"overloaded_error\",upstream=\"openai\"} 1",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

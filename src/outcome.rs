@@ -9,9 +9,13 @@ use std::time::Duration;
 use http::Method;
 use tokio::time::Instant;
 
+use crate::attempt::Started;
 use crate::budget::Budget;
 use crate::error::GatewayError;
-use crate::metrics::{Histogram, RouteMetrics};
+use crate::inspect::{Source, Tokens};
+use crate::metrics::{AnswerMetrics, Histogram, RouteMetrics};
+use crate::provider::ErrorType;
+use crate::proxy::ChainEntry;
 use crate::upstream::Upstream;
 use crate::watchdog::{Observer, StreamEnd};
 
@@ -100,12 +104,16 @@ pub struct RequestRecord {
     upstream: Option<Arc<Upstream>>,
     metrics: RouteMetrics,
     ttft_metric: Option<Histogram>,
+    answer_metrics: Option<Arc<AnswerMetrics>>,
     /// When the winning attempt's request was sent: the start of its first-token clock,
     /// which feeds the upstream's learned estimate.
     sent_at: Option<Instant>,
     budget: Option<Budget>,
     status: Option<u16>,
     first_token_at: Option<Instant>,
+    first_byte_at: Option<Instant>,
+    /// What the stream's inspector counted (only for a known format).
+    tokens: Option<Tokens>,
     bytes: u64,
     code: Option<&'static str>,
     end: Option<End>,
@@ -133,10 +141,13 @@ impl RequestRecord {
             upstream: None,
             metrics,
             ttft_metric: None,
+            answer_metrics: None,
             sent_at: None,
             budget: None,
             status: None,
             first_token_at: None,
+            first_byte_at: None,
+            tokens: None,
             bytes: 0,
             code: None,
             end: None,
@@ -169,15 +180,25 @@ impl RequestRecord {
     }
 
     /// The upstream whose answer the client gets (the last attempt, or the hedge winner).
-    pub fn set_upstream(&mut self, upstream: Arc<Upstream>, ttft: Histogram, sent_at: Instant) {
-        self.upstream = Some(upstream);
-        self.ttft_metric = Some(ttft);
-        self.sent_at = Some(sent_at);
+    pub fn set_upstream(&mut self, entry: &ChainEntry, started: &Started) {
+        self.upstream = Some(entry.upstream.clone());
+        self.ttft_metric = Some(entry.ttft.clone());
+        self.answer_metrics = Some(entry.answer.clone());
+        self.sent_at = Some(started.sent_at);
+        if let Some(at) = started.first_byte_at {
+            self.first_byte_at.get_or_insert(at);
+        }
     }
 
     /// Holds the route's admission slot until the request ends.
     pub fn hold(&mut self, slot: crate::admission::Slot) {
         self.slot = Some(slot);
+    }
+
+    /// Hands the slot over to the stream (see `reaper`), which frees it when the stream
+    /// ends or its deadline passes, whichever comes first.
+    pub fn take_slot(&mut self) -> Option<crate::admission::Slot> {
+        self.slot.take()
     }
 
     pub fn set_budget(&mut self, budget: Budget) {
@@ -234,6 +255,27 @@ impl RequestRecord {
         if let (Some(t), Some(h)) = (ttft, &self.ttft_metric) {
             h.observe(t.as_secs_f64());
         }
+        let ttfb = self.first_byte_at.map(|t| t - self.arrival);
+        let completion = self.tokens.map(|t| t.completion());
+        if let Some(a) = &self.answer_metrics {
+            if let Some(t) = ttfb {
+                a.ttfb.observe(t.as_secs_f64());
+            }
+            if let Some(p) = self.tokens.and_then(|t| t.prompt) {
+                a.prompt_reported.inc_by(p);
+            }
+            match completion {
+                Some((n, Source::Reported)) => a.completion_reported.inc_by(n),
+                Some((n, Source::Estimated)) => a.completion_estimated.inc_by(n),
+                None => {}
+            }
+            if let Some(kind) = self.stream_error() {
+                a.stream_error(kind.as_str());
+            }
+        }
+        if let (End::Cancelled(origin), Some((n, _))) = (end, completion) {
+            m.tokens_cancelled(origin).inc_by(n);
+        }
         let mut margin = None;
         if let Some(b) = &self.budget {
             m.budget.observe(b.total.as_secs_f64());
@@ -278,7 +320,12 @@ impl RequestRecord {
             budget_clamped = self.budget.as_ref().map(|b| b.clamped),
             elapsed_ms = ms(elapsed),
             margin_ms = margin.map(ms),
+            ttfb_ms = ttfb.map(ms),
             ttft_ms = ttft.map(ms),
+            prompt_tokens = self.tokens.and_then(|t| t.prompt),
+            completion_tokens = completion.map(|c| c.0),
+            tokens_source = completion.map(|c| c.1.as_str()),
+            stream_error = self.stream_error().map(ErrorType::as_str),
             bytes = self.bytes,
             status = self.status,
             outcome = end.outcome(),
@@ -306,6 +353,16 @@ impl RequestRecord {
     }
 }
 
+impl RequestRecord {
+    /// The provider's own mid-stream error: the type the inspector read, or `other` for an
+    /// error event it could not name (or that came on a stream of unknown format).
+    fn stream_error(&self) -> Option<ErrorType> {
+        self.tokens
+            .and_then(|t| t.error)
+            .or_else(|| (self.code == Some("upstream_error_event")).then_some(ErrorType::Other))
+    }
+}
+
 impl Observer for RequestRecord {
     fn first_token(&mut self, at: Instant) {
         if self.first_token_at.is_none() {
@@ -317,7 +374,14 @@ impl Observer for RequestRecord {
     }
 
     fn data(&mut self, len: usize) {
+        if self.first_byte_at.is_none() {
+            self.first_byte_at = Some(Instant::now());
+        }
         self.bytes += len as u64;
+    }
+
+    fn tokens(&mut self, tokens: Tokens) {
+        self.tokens = Some(tokens);
     }
 
     fn finish(&mut self, end: StreamEnd) {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Response, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use tokio::time::{timeout_at, Instant};
@@ -19,13 +19,16 @@ use crate::attempt::UpstreamBody;
 use crate::budget::{Budget, BudgetRequest, INBOUND_BUDGET_HEADERS};
 use crate::config::{Config, RetryCause, Route};
 use crate::error::GatewayError;
-use crate::metrics::{Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE};
+use crate::inspect::Inspector;
+use crate::metrics::{AnswerMetrics, Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE};
 use crate::outcome::RequestRecord;
 use crate::policy::rewrite_model;
+use crate::provider::{include_usage, Format};
+use crate::reaper::Reapable;
 use crate::upstream::{Upstream, UpstreamBuildError};
 use crate::watchdog::{BoxError, WatchdogBody};
 
-pub type ProxyBody = Either<Full<Bytes>, WatchdogBody<UpstreamBody, RequestRecord>>;
+pub type ProxyBody = Either<Full<Bytes>, WatchdogBody<Reapable<UpstreamBody>, RequestRecord>>;
 
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -46,6 +49,8 @@ pub struct ChainEntry {
     pub upstream: Arc<Upstream>,
     pub ttft: Histogram,
     pub in_flight: IntGauge,
+    /// Time to first byte and the tokens of this upstream's answers on this route.
+    pub answer: Arc<AnswerMetrics>,
 }
 
 pub struct RouteRuntime {
@@ -102,10 +107,17 @@ impl Template {
                 .map_err(|e| GatewayError::BadRequest {
                     message: format!("request target cannot be forwarded: {e}"),
                 })?;
-        let body = match &upstream.config.model {
+        let mut body = match &upstream.config.model {
             Some(model) => rewrite_model(&self.body, model).unwrap_or_else(|| self.body.clone()),
             None => self.body.clone(),
         };
+        if upstream.config.include_usage
+            && Format::detect(upstream.config.api, uri.path()) == Some(Format::Chat)
+        {
+            if let Some(with_usage) = include_usage(&body) {
+                body = with_usage;
+            }
+        }
         let mut req = Request::builder()
             .method(self.method.clone())
             .uri(uri)
@@ -202,6 +214,7 @@ impl Gateway {
                             upstream: find(n),
                             ttft: metrics.ttft(&r.name, n),
                             in_flight: metrics.in_flight(n),
+                            answer: Arc::new(metrics.answer(&r.name, n)),
                         })
                         .collect(),
                 })
@@ -272,8 +285,17 @@ impl Gateway {
                 }
                 insert_request_id(&mut parts.headers, &id);
                 record.set_status(parts.status.as_u16());
+                // A successful answer in a known format is read as it passes: SSE for its
+                // tokens, usage and errors, JSON for its usage.
+                let inspector = started
+                    .format
+                    .filter(|_| parts.status.is_success() && (is_sse || is_json(&parts.headers)))
+                    .map(|format| Inspector::new(format, is_sse));
+                // Past the deadline the upstream goes even if the client stopped reading.
+                let body = crate::reaper::guard(body, record.take_slot(), started.limits.deadline);
                 let body = WatchdogBody::new(body, is_sse, started.limits, record)
-                    .with_shutdown(&self.shutdown);
+                    .with_shutdown(&self.shutdown)
+                    .with_inspector(inspector);
                 Response::from_parts(parts, Either::Right(body))
             }
             Err(e) => {
@@ -299,6 +321,7 @@ impl Gateway {
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
+        check_framing(req.version(), req.headers())?;
         let path = req.uri().path().to_string();
         let candidates: Vec<&RouteRuntime> = self
             .routes
@@ -420,6 +443,24 @@ where
     }
 }
 
+/// Refuses heads whose target two parsers could read differently (RFC 9112 3.2). hyper's
+/// HTTP/1 parser already refuses obs-fold, bare CR, conflicting or malformed lengths and
+/// unknown codings, merges equal lengths, and lets Transfer-Encoding override (and remove)
+/// Content-Length, closing the connection after the answer; what it leaves is checked here.
+fn check_framing(version: Version, headers: &HeaderMap) -> Result<(), GatewayError> {
+    let count = |name: HeaderName| headers.get_all(name).iter().count();
+    let reason = if count(header::CONTENT_LENGTH) > 1 {
+        "more than one Content-Length"
+    } else if count(header::HOST) > 1 {
+        "more than one Host"
+    } else if version == Version::HTTP_11 && count(header::HOST) == 0 {
+        "an HTTP/1.1 request without Host"
+    } else {
+        return Ok(());
+    };
+    Err(GatewayError::AmbiguousRequest { reason })
+}
+
 fn model_of(body: &Bytes) -> Option<Cow<'_, str>> {
     #[derive(serde::Deserialize)]
     struct ModelOnly<'a> {
@@ -436,6 +477,19 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
+}
+
+/// `application/json` or a `+json` type.
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|m| m.trim().as_bytes())
+        .is_some_and(|m| {
+            m.eq_ignore_ascii_case(b"application/json")
+                || m.len() > 5 && m[m.len() - 5..].eq_ignore_ascii_case(b"+json")
+        })
 }
 
 pub fn is_event_stream(headers: &HeaderMap) -> bool {

@@ -108,8 +108,7 @@ pub async fn run(
                         last = Last::Answer(Box::new(started), cause);
                         continue;
                     }
-                    let w = &route.chain[winner];
-                    record.set_upstream(w.upstream.clone(), w.ttft.clone(), started.sent_at);
+                    record.set_upstream(&route.chain[winner], &started);
                     if let Some(at) = started.first_token_at {
                         crate::watchdog::Observer::first_token(record, at);
                     }
@@ -134,7 +133,7 @@ pub async fn run(
                 .iter()
                 .find(|e| e.upstream.name == started.limits.upstream)
                 .unwrap_or(&route.chain[0]);
-            record.set_upstream(entry.upstream.clone(), entry.ttft.clone(), started.sent_at);
+            record.set_upstream(entry, &started);
             Ok(*started)
         }
         Last::Error(e) => Err(e),

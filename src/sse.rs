@@ -502,6 +502,28 @@ mod tests {
             let cuts: Vec<usize> = (0..=s.len()).collect();
             check_split(&s, &cuts)?;
         }
+
+        /// Not only streams shaped like SSE: any bytes at all, cut anywhere.
+        #[test]
+        fn arbitrary_bytes_split_anywhere_match_reference(
+            s in prop::collection::vec(any::<u8>(), 0..600),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+        ) {
+            let cuts: Vec<usize> = cuts.iter().map(|i| i.index(s.len() + 1)).collect();
+            check_split(&s, &cuts)?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
+        /// The stream in two pieces, split at every byte boundary in turn.
+        #[test]
+        fn every_two_piece_split_matches_reference(s in stream()) {
+            for k in 0..=s.len() {
+                check_split(&s, &[k])?;
+            }
+        }
     }
 
     #[test]

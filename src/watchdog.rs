@@ -23,6 +23,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::error::GatewayError;
+use crate::inspect::{Inspector, Tokens};
 use crate::sse::SseScanner;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -44,9 +45,13 @@ pub enum StreamEnd {
 /// Told what happens on the stream. Dropping the observer without `finish` means the client
 /// went away first.
 pub trait Observer {
+    /// The first event that carries model output (with a known format; otherwise the first
+    /// data event, or the first byte of a non-SSE body).
     fn first_token(&mut self, at: Instant);
     fn data(&mut self, len: usize);
     fn finish(&mut self, end: StreamEnd);
+    /// What the inspector counted, told once when the body is dropped (only with one).
+    fn tokens(&mut self, _tokens: Tokens) {}
 }
 
 /// The limits of one stream, as absolute instants fixed before the head arrived.
@@ -69,6 +74,9 @@ struct Sse {
     /// The bytes of an event not yet complete, as the frames that carried them.
     held: Vec<Bytes>,
     held_len: usize,
+    /// Part of the open event already went to the client (it outgrew `MAX_HELD_EVENT`), so
+    /// an error event must first end that event's line and block to parse on its own.
+    partial_sent: bool,
 }
 
 enum State {
@@ -79,13 +87,21 @@ enum State {
 }
 
 pin_project! {
-    pub struct WatchdogBody<B, O> {
+    pub struct WatchdogBody<B, O>
+    where
+        O: Observer,
+    {
         #[pin]
         inner: Option<B>,
         #[pin]
         timer: Sleep,
         limits: StreamLimits,
+        // The last data event, from the first token on (`None` until then: before the first
+        // token only the first-token limit applies, so a reasoning model may think in silence).
         last_progress: Option<Instant>,
+        // Reads the provider's format as it passes, when it is known: what counts as a token,
+        // the usage, the provider's own errors.
+        inspect: Option<Inspector>,
         sse: Option<Sse>,
         ready: VecDeque<Bytes>,
         state: State,
@@ -93,6 +109,19 @@ pin_project! {
         // Fires when the gateway gives up on in-flight streams at the end of its shutdown
         // grace. Boxed because it lives only on streams, not per chunk.
         shutdown: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    }
+
+    impl<B, O> PinnedDrop for WatchdogBody<B, O>
+    where
+        O: Observer,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            // Before the observer itself is dropped (and reports), however the stream ended.
+            let this = this.project();
+            if let Some(inspect) = this.inspect.as_ref() {
+                this.observer.tokens(inspect.tokens());
+            }
+        }
     }
 }
 
@@ -109,10 +138,12 @@ where
             timer: sleep_until(first_due),
             limits,
             last_progress: None,
+            inspect: None,
             sse: is_sse.then(|| Sse {
                 scanner: SseScanner::new(),
                 held: Vec::new(),
                 held_len: 0,
+                partial_sent: false,
             }),
             ready: VecDeque::new(),
             state: State::Streaming,
@@ -124,6 +155,14 @@ where
     /// Cuts the stream (origin `shutdown`, with the error event) when `token` is cancelled.
     pub fn with_shutdown(mut self, token: &CancellationToken) -> Self {
         self.shutdown = Some(Box::pin(token.clone().cancelled_owned()));
+        self
+    }
+
+    /// Reads the body with `inspector` (for a response whose format is known): on an SSE
+    /// body the first token becomes the first event carrying model output, and the
+    /// provider's data-only error event ends the stream as an `event: error` does.
+    pub fn with_inspector(mut self, inspector: Option<Inspector>) -> Self {
+        self.inspect = inspector;
         self
     }
 }
@@ -180,6 +219,9 @@ where
                         .as_pin_ref()
                         .is_some_and(|b| b.is_end_stream());
                     let Some(sse) = this.sse.as_mut() else {
+                        if let Some(inspect) = this.inspect.as_mut() {
+                            inspect.feed(&data);
+                        }
                         mark_progress(
                             this.last_progress,
                             this.observer,
@@ -194,7 +236,16 @@ where
                         return Poll::Ready(Some(Ok(Frame::data(data))));
                     };
                     let scan = sse.scanner.scan(&data);
-                    if scan.progress > 0 {
+                    let (output, error_end) = match this.inspect.as_mut() {
+                        None => (scan.progress > 0, scan.error_end),
+                        Some(inspect) => {
+                            let found = inspect.feed(&data[..scan.error_end.unwrap_or(data.len())]);
+                            (found.output, found.error_end.or(scan.error_end))
+                        }
+                    };
+                    // The first token starts the idle limit; after it, every data event
+                    // (output or not) moves it.
+                    if output || (scan.progress > 0 && this.last_progress.is_some()) {
                         mark_progress(
                             this.last_progress,
                             this.observer,
@@ -202,7 +253,7 @@ where
                             this.limits,
                         );
                     }
-                    if let Some(end) = scan.error_end {
+                    if let Some(end) = error_end {
                         // The upstream's own error event is passed through and ends the
                         // stream; Hourglass adds none of its own after it.
                         flush_held(this.sse, this.ready);
@@ -213,9 +264,18 @@ where
                         continue;
                     }
                     match scan.last_boundary {
+                        // The common case, a frame of whole events with nothing held
+                        // before it, goes straight out (`ready` is always empty when the
+                        // inner body is polled).
+                        Some(end) if end == data.len() && sse.held.is_empty() => {
+                            debug_assert!(this.ready.is_empty());
+                            sse.partial_sent = false;
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
                         Some(end) => {
                             flush_held(this.sse, this.ready);
                             let sse = this.sse.as_mut().expect("checked above");
+                            sse.partial_sent = false;
                             if end == data.len() {
                                 this.ready.push_back(data);
                             } else {
@@ -230,6 +290,7 @@ where
                             sse.held_len += data.len();
                             sse.held.push(data);
                             if sse.held_len > MAX_HELD_EVENT {
+                                sse.partial_sent = true;
                                 flush_held(this.sse, this.ready);
                             }
                         }
@@ -242,9 +303,17 @@ where
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    let err = GatewayError::UpstreamError {
-                        upstream: this.limits.upstream.to_string(),
-                        reason: e.to_string(),
+                    // Past the deadline, the deadline is why the upstream is gone (the reaper
+                    // drops it there when nobody was reading).
+                    let err = if Instant::now() >= this.limits.deadline {
+                        GatewayError::DeadlineExceeded {
+                            budget: this.limits.budget,
+                        }
+                    } else {
+                        GatewayError::UpstreamError {
+                            upstream: this.limits.upstream.to_string(),
+                            reason: e.to_string(),
+                        }
                     };
                     cut(
                         this.inner.as_mut(),
@@ -375,6 +444,12 @@ fn cut<B, O: Observer>(
         Some(sse) => {
             sse.held.clear();
             sse.held_len = 0;
+            if std::mem::take(&mut sse.partial_sent) {
+                // "\n\n" ends any line (even one whose CR already went out) and then the
+                // block: the truncated event is dispatched as it stands, and the error event
+                // that follows is one of its own.
+                ready.push_back(Bytes::from_static(b"\n\n"));
+            }
             ready.push_back(err.sse_event());
             *state = State::Done;
         }
@@ -394,6 +469,7 @@ mod tests {
         bytes: usize,
         end: Option<String>,
         dropped: bool,
+        tokens: Option<Tokens>,
     }
 
     #[derive(Clone, Default)]
@@ -406,6 +482,12 @@ mod tests {
         fn data(&mut self, len: usize) {
             self.0.lock().unwrap().bytes += len;
         }
+        fn tokens(&mut self, tokens: Tokens) {
+            let mut seen = self.0.lock().unwrap();
+            assert!(seen.tokens.is_none(), "tokens told twice");
+            seen.tokens = Some(tokens);
+        }
+
         fn finish(&mut self, end: StreamEnd) {
             let s = match end {
                 StreamEnd::Complete => "complete".to_string(),
@@ -726,5 +808,156 @@ mod tests {
         tx.send_data(big).await.unwrap();
         let a = b.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&a[..], b"data: ");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_after_part_of_an_oversized_event_went_out_still_gives_a_parseable_error() {
+        let (mut tx, mut b, probe) = body(true, limits(1000, 1000, 10_000));
+        tx.send_data(Bytes::from_static(b"data: ")).await.unwrap();
+        tx.send_data(Bytes::from(vec![b'x'; MAX_HELD_EVENT + 1]))
+            .await
+            .unwrap();
+        // The event never ends; the first-token limit fires.
+        let (out, err) = drain(&mut b).await;
+        assert!(err.is_none());
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("data: xxx"));
+        let (partial, error) = text.split_once("\n\n").expect("the open event is ended");
+        assert_eq!(partial.len(), 6 + MAX_HELD_EVENT + 1);
+        assert!(error.starts_with("event: error\ndata: "), "{error}");
+        assert!(error.contains("first_token_timeout"));
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("first_token_timeout")
+        );
+        drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_partial_event_is_dropped_without_an_extra_blank_line() {
+        let (mut tx, mut b, _probe) = body(true, limits(1000, 1000, 10_000));
+        tx.send_data(Bytes::from_static(b"data: a\n\ndata: par"))
+            .await
+            .unwrap();
+        let (out, _) = drain(&mut b).await;
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("data: a\n\nevent: error\n"), "{text}");
+        drop(tx);
+    }
+
+    fn chat_body(l: StreamLimits) -> (Sender, TestBody, Probe) {
+        let (tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+        let probe = Probe::default();
+        let inspector = Inspector::new(crate::provider::Format::Chat, true);
+        let body = WatchdogBody::new(rx, true, l, probe.clone()).with_inspector(Some(inspector));
+        (tx, Box::pin(body), probe)
+    }
+
+    const ROLE: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+    const CONTENT: &str =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"}}]}\n\n";
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_known_format_the_first_token_is_the_first_output() {
+        // The role preamble comes at once, the first content after 300 ms: that is the first
+        // token, and the idle limit (100 ms) does not apply before it.
+        let (tx, mut b, probe) = chat_body(limits(500, 100, 10_000));
+        let start = Instant::now();
+        let t = feeder(
+            tx,
+            vec![(10, ROLE), (290, CONTENT), (50, "data: [DONE]\n\n")],
+        );
+        tokio::spawn(async move { drop(t.await) });
+        let (out, err) = drain(&mut b).await;
+        assert!(err.is_none());
+        assert_eq!(out, [ROLE, CONTENT, "data: [DONE]\n\n"].concat().as_bytes());
+        drop(b);
+        let seen = probe.0.lock().unwrap();
+        assert_eq!(seen.end.as_deref(), Some("complete"));
+        assert_eq!(seen.first_token, Some(start + ms(300)));
+        let tokens = seen.tokens.expect("told on drop");
+        assert_eq!((tokens.output_events, tokens.completion), (1, None));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_preamble_alone_does_not_satisfy_the_first_token_limit() {
+        let (tx, mut b, probe) = chat_body(limits(500, 100, 10_000));
+        let t = feeder(tx, vec![(10, ROLE)]);
+        let start = Instant::now();
+        let (out, _) = drain(&mut b).await;
+        assert_eq!(Instant::now() - start, ms(500));
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with(ROLE), "{text}");
+        assert!(text.contains("\"code\":\"first_token_timeout\""));
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("first_token_timeout")
+        );
+        drop(t);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_the_first_token_any_data_event_moves_the_idle_limit() {
+        let (tx, mut b, probe) = chat_body(limits(500, 100, 10_000));
+        // Content, then non-output events 80 ms apart (each within the idle limit).
+        let t = feeder(tx, vec![(10, CONTENT), (80, ROLE), (80, ROLE), (80, ROLE)]);
+        let start = Instant::now();
+        let (_, _) = drain(&mut b).await;
+        assert_eq!(
+            Instant::now() - start,
+            ms(350),
+            "idle counted from the last event"
+        );
+        assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+        drop(t);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_openai_error_data_event_ends_the_stream_like_an_error_event() {
+        let (tx, mut b, probe) = chat_body(limits(1000, 1000, 10_000));
+        let error = "data: {\"error\":{\"message\":\"m\",\"type\":\"server_error\"}}\n\n";
+        let chunk: &'static str =
+            Box::leak(format!("{CONTENT}{error}data: never\n\n").into_boxed_str());
+        let t = feeder(tx, vec![(5, chunk)]);
+        let (out, err) = drain(&mut b).await;
+        assert!(err.is_none());
+        assert_eq!(
+            out,
+            [CONTENT, error].concat().as_bytes(),
+            "nothing added, nothing after"
+        );
+        drop(b);
+        let seen = probe.0.lock().unwrap();
+        assert_eq!(seen.end.as_deref(), Some("upstream_error_event"));
+        assert_eq!(
+            seen.tokens.and_then(|t| t.error),
+            Some(crate::provider::ErrorType::Server)
+        );
+        drop(t);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_json_body_is_read_for_its_usage() {
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+        let probe = Probe::default();
+        let inspector = Inspector::new(crate::provider::Format::Messages, false);
+        let mut b = Box::pin(
+            WatchdogBody::new(rx, false, limits(1000, 1000, 10_000), probe.clone())
+                .with_inspector(Some(inspector)),
+        );
+        for piece in [
+            "{\"usage\":{\"input_",
+            "tokens\":12,\"output_tokens\":3",
+            "}}",
+        ] {
+            tx.send_data(Bytes::from_static(piece.as_bytes()))
+                .await
+                .unwrap();
+        }
+        drop(tx);
+        drain(&mut b).await;
+        drop(b);
+        let t = probe.0.lock().unwrap().tokens.unwrap();
+        assert_eq!((t.prompt, t.completion), (Some(12), Some(3)));
     }
 }

@@ -115,7 +115,8 @@ fn http_get(port: u16, path: &str) -> Option<String> {
 }
 
 fn wait_for(mut check: impl FnMut() -> bool, what: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Generous: CI machines run these next to other builds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !check() {
         assert!(
             std::time::Instant::now() < deadline,

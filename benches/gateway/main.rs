@@ -1,0 +1,371 @@
+//! Hourglass against nginx, haproxy and a direct connection, side by side (issue 3).
+//!
+//! `scripts/bench.sh` is the front door (it installs the peers and the plotting venv); this
+//! binary is `cargo bench --bench gateway -- [--quick] [--out DIR] [--targets a,b]
+//! [--scenarios a,b]`.
+//!
+//! Layout of a run: this process (the load generator and the fake provider, in-process so
+//! that the fake's `x_fake_sent_ns` stamps and the client's receive times read the same
+//! clock) is pinned to the first allowed core; each gateway is a separate process pinned to
+//! the last one, started fresh for every scenario and target. Scenarios and their targets
+//! are in `scenarios.rs`, the table and the verdicts in `report.rs`.
+
+mod client;
+mod report;
+mod scenarios;
+mod stats;
+mod targets;
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use serde_json::json;
+
+use scenarios::{Ctx, Params};
+use targets::{Env, Target};
+
+const SCENARIOS: [&str; 6] = ["nonstream", "streams", "leave", "memory", "limits", "cpu"];
+
+struct Args {
+    quick: bool,
+    out: Option<PathBuf>,
+    targets: Vec<Target>,
+    scenarios: Vec<String>,
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: cargo bench --bench gateway -- [--quick] [--out DIR] [--targets {}] [--scenarios {}]",
+        Target::ALL.map(Target::name).join(","),
+        SCENARIOS.join(",")
+    );
+    std::process::exit(2)
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        quick: false,
+        out: None,
+        targets: Target::ALL.to_vec(),
+        scenarios: SCENARIOS.iter().map(|s| s.to_string()).collect(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            // cargo bench passes --bench to every bench binary.
+            "--bench" => {}
+            "--quick" => args.quick = true,
+            "--out" => args.out = Some(it.next().unwrap_or_else(|| usage()).into()),
+            "--targets" => {
+                let list = it.next().unwrap_or_else(|| usage());
+                args.targets = list
+                    .split(',')
+                    .map(|n| Target::from_name(n.trim()).unwrap_or_else(|| usage()))
+                    .collect();
+                if !args.targets.contains(&Target::Direct) {
+                    // Added latency is measured against the direct connection.
+                    args.targets.insert(0, Target::Direct);
+                }
+            }
+            "--scenarios" => {
+                let list = it.next().unwrap_or_else(|| usage());
+                args.scenarios = list.split(',').map(|s| s.trim().to_owned()).collect();
+                if args
+                    .scenarios
+                    .iter()
+                    .any(|s| !SCENARIOS.contains(&s.as_str()))
+                {
+                    usage();
+                }
+            }
+            "-h" | "--help" => usage(),
+            _ => usage(),
+        }
+    }
+    args
+}
+
+fn proc_status_field(name: &str) -> Option<String> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(name))
+                .map(|l| l[name.len()..].trim().to_owned())
+        })
+}
+
+/// CPUs this process may run on, from a list like `0-1,4`.
+fn allowed_cpus() -> Vec<usize> {
+    let list = proc_status_field("Cpus_allowed_list:").unwrap_or_default();
+    let mut cpus = Vec::new();
+    for part in list.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) {
+                    cpus.extend(a..=b);
+                }
+            }
+            None => cpus.extend(part.parse::<usize>().ok()),
+        }
+    }
+    cpus
+}
+
+fn nofile_limit() -> u64 {
+    std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(1024)
+}
+
+const PINNED: &str = "HOURGLASS_BENCH_PINNED";
+
+/// Re-executes this binary under `taskset` on the load core (first allowed CPU), with a
+/// real-time (or at least the highest) priority and the open-files soft limit raised to the
+/// hard one; the gateway core (last allowed CPU) is passed along.
+fn pin_self(load: usize, gateway: usize) {
+    if std::env::var_os(PINNED).is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else {
+        return;
+    };
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    // `prlimit --nofile=HARD` sets the soft limit to the hard one (the most an unprivileged
+    // process, or one without CAP_SYS_RESOURCE, may have).
+    let hard = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(4).map(str::to_owned))
+        })
+        .unwrap_or_else(|| "1024".into());
+    // A real-time priority too where allowed (SCHED_FIFO, inherited by the gateways), else
+    // nice -20: on a shared machine, background work (a compiler on the gateway's core)
+    // otherwise adds milliseconds to whatever it preempts. Every target is treated the same.
+    let rt = Command::new("chrt")
+        .args(["-f", "20", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let sched: &[&str] = if rt {
+        &["chrt", "-f", "20"]
+    } else {
+        &["nice", "-n", "-20"]
+    };
+    let err = Command::new(sched[0])
+        .args(&sched[1..])
+        .arg("prlimit")
+        .arg(format!("--nofile={hard}:{hard}"))
+        .arg("--")
+        .arg("taskset")
+        .arg("-c")
+        .arg(load.to_string())
+        .arg(exe)
+        .args(args)
+        .env(PINNED, gateway.to_string())
+        .exec();
+    eprintln!("[bench] cannot pin with chrt/nice, prlimit, taskset ({err}); running unpinned");
+}
+
+/// This process's scheduling policy as /proc shows it (field 41 of stat: 0 normal, 1 FIFO).
+fn scheduling() -> String {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    // After the command name, field 3 is index 0: priority is field 18, nice 19, policy 41.
+    let get = |n: usize| fields.get(n - 3).copied().unwrap_or("?");
+    match get(41) {
+        "1" => format!("SCHED_FIFO, priority {}", get(40)),
+        "0" => format!("SCHED_OTHER, nice {}", get(19)),
+        p => format!("policy {p}"),
+    }
+}
+
+fn find_bin(name: &str) -> Option<PathBuf> {
+    ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.exists())
+}
+
+fn git_rev() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn machine() -> serde_json::Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':').map(|(_, v)| v.trim().to_owned()))
+        })
+        .unwrap_or_default();
+    let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let debian = std::fs::read_to_string("/etc/debian_version").unwrap_or_default();
+    json!({
+        "cpu": cpu,
+        // Online CPUs, not this (pinned) process's share of them.
+        "cpus": std::fs::read_to_string("/proc/cpuinfo")
+            .map_or(0, |s| s.lines().filter(|l| l.starts_with("processor")).count()),
+        "memory_gib": (mem_kib as f64 / 1048576.0 * 10.0).round() / 10.0,
+        "kernel": kernel.trim(),
+        "debian": debian.trim(),
+    })
+}
+
+fn main() -> ExitCode {
+    let args = parse_args();
+    let cpus = allowed_cpus();
+    let (load_core, gateway_core) = match std::env::var(PINNED) {
+        Ok(g) => (cpus.first().copied().unwrap_or(0), g.parse().unwrap_or(0)),
+        Err(_) => {
+            let load = cpus.first().copied().unwrap_or(0);
+            let gw = cpus.last().copied().unwrap_or(0);
+            if load == gw {
+                eprintln!("[bench] only one CPU: the gateways share it with the load generator");
+            }
+            pin_self(load, gw);
+            (load, gw)
+        }
+    };
+    let quick = args.quick;
+    // Only a full run of everything lands in bench-results/ (the committed results).
+    let partial = args.targets.len() < Target::ALL.len() || args.scenarios.len() < SCENARIOS.len();
+    let out_dir = args.out.clone().unwrap_or_else(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        if quick {
+            root.join("target/bench-quick")
+        } else if partial {
+            root.join("target/bench-partial")
+        } else {
+            root.join("bench-results")
+        }
+    });
+    let run_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-run");
+    let _ = std::fs::remove_dir_all(&run_dir);
+    if let Err(e) = std::fs::create_dir_all(&run_dir).and(std::fs::create_dir_all(&out_dir)) {
+        eprintln!("[bench] cannot create {}: {e}", out_dir.display());
+        return ExitCode::FAILURE;
+    }
+    let nofile = nofile_limit();
+    let env = Env {
+        hourglass: PathBuf::from(env!("CARGO_BIN_EXE_hourglass")),
+        nginx: find_bin("nginx"),
+        haproxy: find_bin("haproxy"),
+        gateway_core,
+        run_dir,
+        nofile,
+    };
+    let mut targets = args.targets.clone();
+    let mut skipped = Vec::new();
+    targets.retain(|&t| {
+        let ok = env.available(t);
+        if !ok {
+            eprintln!(
+                "[bench] {} is not installed: skipped (scripts/bench.sh installs it)",
+                t.name()
+            );
+            skipped.push(t.name());
+        }
+        ok
+    });
+    let p = if quick {
+        Params::quick()
+    } else {
+        Params::full(nofile)
+    };
+    let versions = json!({
+        "hourglass": git_rev(),
+        "nginx": env.nginx.as_deref().map(|b| targets::version_of(b, "-v")),
+        "haproxy": env.haproxy.as_deref().map(|b| targets::version_of(b, "-v")),
+        "rustc": option_env!("RUSTC_VERSION").unwrap_or(""),
+    });
+    eprintln!(
+        "[bench] {} run: load generator + fake on CPU {load_core}, gateways on CPU {gateway_core}, \
+         open-files limit {nofile}; targets: {}",
+        if quick { "quick" } else { "full" },
+        targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+    );
+    let ctx = Ctx { env, targets, p };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let started = Instant::now();
+    let mut results = serde_json::Map::new();
+    runtime.block_on(async {
+        for s in &args.scenarios {
+            let t0 = Instant::now();
+            let v = match s.as_str() {
+                "nonstream" => scenarios::nonstream(&ctx).await,
+                "streams" => scenarios::streams(&ctx).await,
+                "leave" => scenarios::leave(&ctx).await,
+                "memory" => scenarios::memory(&ctx).await,
+                "limits" => scenarios::limits(&ctx).await,
+                "cpu" => scenarios::cpu(&ctx).await,
+                _ => unreachable!("checked in parse_args"),
+            };
+            eprintln!("[bench] {s}: {:.1} s", t0.elapsed().as_secs_f64());
+            results.insert(s.clone(), v);
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let doc = json!({
+        "meta": {
+            "mode": if quick { "quick" } else { "full" },
+            "duration_s": elapsed,
+            "machine": machine(),
+            "load_core": load_core,
+            "gateway_core": gateway_core,
+            "nofile_limit": nofile,
+            "scheduling": scheduling(),
+            "targets": ctx.targets.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            "skipped": skipped,
+            "versions": versions,
+            "date": Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output().ok()
+                .and_then(|o| String::from_utf8(o.stdout).ok()).map(|s| s.trim().to_owned()),
+        },
+        "scenarios": results,
+    });
+    let markdown = report::markdown(&doc, !quick);
+    let json_path = out_dir.join("results.json");
+    let md_path = out_dir.join("results.md");
+    let text = serde_json::to_string_pretty(&doc).expect("JSON");
+    if let Err(e) = std::fs::write(&json_path, text).and(std::fs::write(&md_path, &markdown)) {
+        eprintln!("[bench] cannot write results: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!("{markdown}");
+    eprintln!(
+        "[bench] done in {elapsed:.0} s: {} and {}",
+        json_path.display(),
+        md_path.display()
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,401 @@
+//! Who gets in, and how many at once, over real sockets: per-route `max_in_flight` that waits
+//! only while a request's own budget allows, and client keys checked before anything is read
+//! and never forwarded.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// The base config with a limit of one request in flight on `chat`, and long watchdog limits
+/// so that a held stream ends only when its client leaves.
+fn one_slot(extra_upstream: &str) -> String {
+    BASE.replace("idle_timeout = \"1s\"", "idle_timeout = \"30s\"")
+        .replace(
+            "auth = \"bearer\"\n",
+            &format!("auth = \"bearer\"\n{extra_upstream}"),
+        )
+        .replace(
+            "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+            "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\nmax_in_flight = 1\n",
+        )
+}
+
+/// Takes the route's only slot with a stream that stays open until the returned parts drop.
+async fn hold_the_slot(h: &Harness) -> (hyper::body::Incoming, Conn) {
+    let (resp, conn) = h
+        .chat(&[("x-fake-freeze-after", "1"), ("x-fake-interval-ms", "1")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    read_events(&mut body, 2).await;
+    (body, conn)
+}
+
+async fn overloaded_count(h: &Harness) -> f64 {
+    h.metric("hourglass_cancellations_total{origin=\"overloaded\",route=\"chat\"}")
+        .await
+}
+
+#[tokio::test]
+async fn a_full_route_refuses_before_the_budget_is_spent_and_with_retry_after() {
+    let h = Harness::with_config(&one_slot("")).await;
+    let held = hold_the_slot(&h).await;
+
+    // 400 ms of budget, 100 ms of it needed by the upstream and 50 ms of slack: waits
+    // 250 ms at most.
+    let start = Instant::now();
+    let (resp, _c) = h.chat(&[("x-request-budget-ms", "400")]).await;
+    let took = start.elapsed();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    assert!(resp.headers().get("x-request-id").is_some());
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "overloaded");
+    assert_eq!(v["error"]["type"], "overloaded_error");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("limit of 1 requests in flight"), "{msg}");
+    assert!(
+        took >= Duration::from_millis(230) && took < Duration::from_millis(390),
+        "gave up after {took:?}: before the deadline, once waiting could no longer fit"
+    );
+    assert_eq!(
+        h.fake.requests().len(),
+        1,
+        "the refused request never went upstream"
+    );
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(overloaded_count(&h).await, 1.0);
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"cancelled\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    // The other route has no limit.
+    let (resp, _c) = h
+        .send(
+            Request::post("/v1/messages")
+                .header("host", "g")
+                .header("x-fake-chunks", "1")
+                .body(Full::new(Bytes::from_static(br#"{"stream":true}"#)))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    drop(held);
+}
+
+#[tokio::test]
+async fn a_budget_that_cannot_wait_at_all_is_refused_at_once() {
+    // The upstream is expected to need 2 s before its first token; 1.5 s of budget cannot
+    // wait for a slot at all.
+    let h = Harness::with_config(&one_slot("expected_first_token = \"2s\"\n")).await;
+    let _held = {
+        let (resp, conn) = h
+            .chat(&[
+                ("x-fake-freeze-after", "1"),
+                ("x-fake-interval-ms", "1"),
+                ("x-request-budget-ms", "20000"),
+            ])
+            .await;
+        let mut body = resp.into_body();
+        read_events(&mut body, 2).await;
+        (body, conn)
+    };
+    let start = Instant::now();
+    let (resp, _c) = h.chat(&[("x-request-budget-ms", "1500")]).await;
+    let took = start.elapsed();
+    assert_eq!(resp.status(), 503);
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "overloaded");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("leaves no time to wait"),
+        "{v}"
+    );
+    assert!(took < Duration::from_millis(100), "{took:?}");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(overloaded_count(&h).await, 1.0);
+}
+
+#[tokio::test]
+async fn a_waiting_request_gets_the_slot_its_predecessor_frees() {
+    let h = Harness::with_config(&one_slot("")).await;
+    let (body, conn) = hold_the_slot(&h).await;
+    let addr = h.addr();
+    let waiter = tokio::spawn(async move {
+        let conn = Conn::open(addr).await;
+        let (resp, _c) = conn
+            .send(chat_request(
+                &[("x-request-budget-ms", "5000"), ("x-fake-chunks", "2")],
+                true,
+            ))
+            .await;
+        let status = resp.status();
+        (status, read_body(resp.into_body()).await)
+    });
+    // Let it queue, then the holder leaves (a client cancel frees the slot as well).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        h.fake.requests().len(),
+        1,
+        "the waiter is not sent while it waits"
+    );
+    drop(body);
+    conn.close();
+    let (status, read) = waiter.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(overloaded_count(&h).await, 0.0);
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    // Both slots given back: a third request is admitted at once.
+    let start = Instant::now();
+    let (resp, _c) = h.chat(&[("x-fake-chunks", "1")]).await;
+    assert_eq!(resp.status(), 200);
+    assert!(start.elapsed() < Duration::from_millis(500));
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_while_queued_gives_up_its_place() {
+    let h = Harness::with_config(&one_slot("")).await;
+    let (body, conn) = hold_the_slot(&h).await;
+    let addr = h.addr();
+    let queued = tokio::spawn(async move {
+        let conn = Conn::open(addr).await;
+        conn.send(chat_request(&[("x-request-budget-ms", "20000")], true))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    queued.abort();
+    let _ = queued.await;
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    // The slot holder leaves; the next request is admitted at once, not after the dead one.
+    drop(body);
+    conn.close();
+    h.wait_requests("chat", 2.0).await;
+    let (resp, _c) = h.chat(&[("x-fake-chunks", "1")]).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(h.fake.requests().len(), 2);
+}
+
+// --- Client keys -------------------------------------------------------------
+
+const CLIENT_KEY: &str = "hg-client-key-0123456789";
+const OTHER_KEY: &str = "hg-other-key-9876543210";
+
+/// `chat` wants CLIENT_KEY (from a variable), `messages` wants OTHER_KEY (from a file).
+async fn with_keys(upstream_key: Option<&str>) -> (Harness, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "hourglass-admission-{}-{}",
+        std::process::id(),
+        fastrand::u64(..)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("keys");
+    std::fs::write(&file, format!("# messages clients\n{OTHER_KEY}\n")).unwrap();
+    std::env::set_var(
+        "HOURGLASS_TEST_CLIENT_KEYS",
+        format!(" {CLIENT_KEY} , another-valid-key-000000 "),
+    );
+    let mut cfg = BASE
+        .replace(
+            "upstream = \"fake\"\n\n[[routes]]",
+            "upstream = \"fake\"\nclient_keys_env = \"HOURGLASS_TEST_CLIENT_KEYS\"\n\n[[routes]]",
+        )
+        .replace(
+            "path_prefix = \"/v1/messages\"\nupstream = \"fake\"\n",
+            &format!(
+                "path_prefix = \"/v1/messages\"\nupstream = \"fake\"\nclient_keys_file = \"{}\"\n",
+                file.display()
+            ),
+        );
+    if let Some(key) = upstream_key {
+        let var = format!("HOURGLASS_TEST_UPSTREAM_KEY_{}", fastrand::u64(..));
+        std::env::set_var(&var, key);
+        cfg = cfg.replace("HOURGLASS_TEST_KEY_UNSET", &var);
+    }
+    (Harness::with_config(&cfg).await, dir)
+}
+
+async fn refused(h: &Harness, headers: &[(&str, &str)]) {
+    let (resp, _c) = h.chat(headers).await;
+    assert_eq!(resp.status(), 401, "{headers:?}");
+    assert_eq!(
+        resp.headers()["www-authenticate"],
+        "Bearer realm=\"hourglass\""
+    );
+    let text = String::from_utf8(
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], "unauthorized");
+    assert_eq!(v["error"]["type"], "authentication_error");
+    for (_, value) in headers {
+        let secretish = value.trim_start_matches("Bearer ");
+        assert!(
+            !text.contains(secretish),
+            "the answer repeats {value:?}: {text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn requests_without_a_valid_key_are_refused_and_never_forwarded() {
+    let (h, dir) = with_keys(None).await;
+    for headers in [
+        vec![],
+        vec![("authorization", "Bearer wrong-key-000000000000")],
+        vec![("x-api-key", "wrong-key-000000000000")],
+        vec![("authorization", CLIENT_KEY)],
+        vec![("authorization", &*format!("Basic {CLIENT_KEY}"))],
+        // The other route's key is not this route's.
+        vec![("authorization", &*format!("Bearer {OTHER_KEY}"))],
+        // A bad budget header is not even looked at before the key.
+        vec![("x-request-budget-ms", "abc")],
+    ] {
+        refused(&h, &headers).await;
+    }
+    assert!(h.fake.requests().is_empty());
+    assert!(h.fake.connections().is_empty());
+    h.wait_requests("chat", 7.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"error\",route=\"chat\"}")
+            .await,
+        7.0
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_valid_key_is_accepted_in_either_header_and_stripped_before_forwarding() {
+    let (h, dir) = with_keys(None).await;
+    for headers in [
+        [("authorization", format!("Bearer {CLIENT_KEY}"))],
+        [("x-api-key", CLIENT_KEY.to_owned())],
+        [(
+            "authorization",
+            "Bearer another-valid-key-000000".to_owned(),
+        )],
+    ] {
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (resp, _c) = h.chat(&headers).await;
+        assert_eq!(resp.status(), 200, "{headers:?}");
+        read_body(resp.into_body()).await;
+    }
+    // The file's key opens the other route.
+    let req = Request::post("/v1/messages")
+        .header("host", "g")
+        .header("x-api-key", OTHER_KEY)
+        .body(Full::new(Bytes::from_static(br#"{"stream":true}"#)))
+        .unwrap();
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+
+    let requests = h.fake.requests();
+    assert_eq!(requests.len(), 4);
+    for r in &requests {
+        // No upstream key is configured, and the client's gateway key is never passed on.
+        assert!(r.headers.get("authorization").is_none(), "{:?}", r.headers);
+        assert!(r.headers.get("x-api-key").is_none(), "{:?}", r.headers);
+        let all = format!("{:?}{:?}", r.headers, r.body);
+        assert!(
+            !all.contains(CLIENT_KEY) && !all.contains(OTHER_KEY),
+            "{all}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn the_upstreams_own_key_replaces_the_clients() {
+    let (h, dir) = with_keys(Some("sk-upstream-0000")).await;
+    let (resp, _c) = h
+        .chat(&[("authorization", &format!("Bearer {CLIENT_KEY}"))])
+        .await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    let r = &h.fake.requests()[0];
+    assert_eq!(r.headers["authorization"], "Bearer sk-upstream-0000");
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn an_unauthenticated_body_is_never_read() {
+    let (h, dir) = with_keys(None).await;
+    // A head that promises 10 MB and sends none of it: the answer comes at once.
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+          content-length: 10000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+        .await
+        .expect("answered without the body")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(h.fake.requests().is_empty());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn routes_chosen_by_model_check_the_chosen_routes_keys() {
+    std::env::set_var("HOURGLASS_TEST_GPT_KEYS", CLIENT_KEY);
+    std::env::set_var("HOURGLASS_TEST_ANY_KEYS", OTHER_KEY);
+    let cfg = BASE.replace(
+        "[[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+        "[[routes]]\nname = \"gpt\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n\
+         models = [\"gpt*\"]\nclient_keys_env = \"HOURGLASS_TEST_GPT_KEYS\"\n\n\
+         [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n\
+         client_keys_env = \"HOURGLASS_TEST_ANY_KEYS\"\n",
+    );
+    let h = Harness::with_config(&cfg).await;
+    let send = |model: &'static str, key: &'static str| {
+        let req = Request::post("/v1/chat/completions")
+            .header("host", "g")
+            .header("x-api-key", key)
+            .body(Full::new(Bytes::from(format!(
+                r#"{{"model":"{model}","stream":true}}"#
+            ))))
+            .unwrap();
+        let addr = h.addr();
+        async move {
+            let (resp, _c) = Conn::open(addr).await.send(req).await;
+            resp.status().as_u16()
+        }
+    };
+    assert_eq!(send("gpt-4o", CLIENT_KEY).await, 200);
+    assert_eq!(send("claude", OTHER_KEY).await, 200);
+    // Either key passes the check before the body; the route the model picks decides.
+    assert_eq!(send("claude", CLIENT_KEY).await, 401);
+    assert_eq!(send("gpt-4o", OTHER_KEY).await, 401);
+    assert_eq!(h.fake.requests().len(), 2);
+}

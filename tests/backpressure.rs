@@ -1,0 +1,262 @@
+//! A client that reads slowly against an upstream that never stops producing: Hourglass
+//! reads from the upstream only as fast as the client drains, so what sits between them is
+//! bounded by socket and connection buffers, not by how much the upstream could send.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::time::{sleep, Instant};
+
+/// The tests here measure this process's memory: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// In flight between the upstream's socket and the client's, at most: the kernel's socket
+/// buffers on the two gateway sockets (a few MiB each at most with autotuning) plus hyper's
+/// and the watchdog's own, which are small. Without backpressure it would be everything the
+/// upstream wrote: hundreds of MiB per second over loopback.
+const BOUND: u64 = 24 << 20;
+
+/// An upstream that streams complete SSE events as fast as its socket takes them, forever,
+/// counting what it managed to write.
+async fn firehose() -> (SocketAddr, Arc<AtomicU64>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let count = written.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let mut req = Vec::new();
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+                if s.write_all(head).await.is_err() {
+                    return;
+                }
+                let event = format!("data: {}\n\n", "x".repeat(1000));
+                let block = event.repeat(16);
+                loop {
+                    if s.write_all(block.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    count.fetch_add(block.len() as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (addr, written)
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// A client socket with a small receive buffer, so that what the client has not read stays
+/// in the gateway's hands (where it must be bounded) rather than the client's kernel.
+async fn small_client(addr: SocketAddr, budget_ms: u64) -> (TcpStream, Vec<u8>) {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    let mut s = socket.connect(addr).await.unwrap();
+    let body = "{\"stream\":true}";
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+         x-request-budget-ms: {budget_ms}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    (s, got)
+}
+
+fn config(upstream: SocketAddr) -> String {
+    BASE.replace("{FAKE}", &format!("http://{upstream}"))
+        .replace("max_budget = \"30s\"", "max_budget = \"120s\"")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_stops_the_upstream() {
+    let _serial = SERIAL.lock().await;
+    let (up, written) = firehose().await;
+    let h = Harness::with_config(&config(up)).await;
+    let rss_before = rss_bytes();
+    let (mut client, head) = small_client(h.addr(), 60_000).await;
+    assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 200"));
+
+    // The client reads nothing for 2 s. The upstream fills the buffers and then blocks.
+    sleep(Duration::from_secs(1)).await;
+    let at_1s = written.load(Ordering::Relaxed);
+    sleep(Duration::from_secs(1)).await;
+    let at_2s = written.load(Ordering::Relaxed);
+    let rss_stalled = rss_bytes();
+    eprintln!(
+        "stalled client: upstream wrote {} KiB by 1 s, {} KiB by 2 s; RSS {} -> {} MiB",
+        at_1s >> 10,
+        at_2s >> 10,
+        rss_before >> 20,
+        rss_stalled >> 20
+    );
+    assert!(
+        at_2s < BOUND,
+        "{at_2s} bytes went out for a client that read none"
+    );
+    assert!(
+        at_2s - at_1s < 2 << 20,
+        "the upstream kept writing ({at_1s} -> {at_2s}) while the client read nothing"
+    );
+    assert!(
+        rss_stalled.saturating_sub(rss_before) < BOUND,
+        "RSS grew {} MiB",
+        (rss_stalled - rss_before) >> 20
+    );
+
+    // The stream is alive: reading again lets the upstream go on.
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut read = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while read < at_2s + (4 << 20) {
+        let n = client.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the stream ended");
+        read += n as u64;
+        assert!(Instant::now() < deadline);
+    }
+    let later = written.load(Ordering::Relaxed);
+    assert!(later > at_2s, "the upstream resumed");
+    assert!(later - read < BOUND, "in flight: {}", later - read);
+    drop(client);
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        h.metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_steady_reader_keeps_the_gateway_bounded() {
+    let _serial = SERIAL.lock().await;
+    let (up, written) = firehose().await;
+    let h = Harness::with_config(&config(up)).await;
+    let rss_before = rss_bytes();
+    let (mut client, _) = small_client(h.addr(), 60_000).await;
+    // 64 KiB every 20 ms: about 3 MiB/s, far below what the upstream could send.
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut read = 0u64;
+    let mut worst = 0u64;
+    let mut rss_max = 0u64;
+    for _ in 0..100 {
+        let mut want = buf.len();
+        while want > 0 {
+            let n = client.read(&mut buf[..want]).await.unwrap();
+            assert!(n > 0, "the stream ended");
+            read += n as u64;
+            want -= n;
+        }
+        worst = worst.max(written.load(Ordering::Relaxed).saturating_sub(read));
+        rss_max = rss_max.max(rss_bytes());
+        sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "slow reader: read {} MiB, at most {} KiB in flight, RSS {} -> at most {} MiB",
+        read >> 20,
+        worst >> 10,
+        rss_before >> 20,
+        rss_max >> 20
+    );
+    assert!(worst < BOUND, "{worst} bytes in flight");
+    assert!(rss_max.saturating_sub(rss_before) < BOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_does_not_outlive_its_budget() {
+    let _serial = SERIAL.lock().await;
+    let (up, written) = firehose().await;
+    let cfg = config(up).replace(
+        "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+        "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\nmax_in_flight = 1\n",
+    );
+    let h = Harness::with_config(&cfg).await;
+    let start = Instant::now();
+    let (mut client, _) = small_client(h.addr(), 1500).await;
+    // Not a byte read after the head. At the deadline the upstream call ends anyway: its
+    // in-flight count drops and the route's only slot is free again.
+    let deadline = start + Duration::from_secs(5);
+    while h
+        .metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
+        .await
+        != 0.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream call outlived its budget"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let ended = start.elapsed();
+    assert!(
+        ended >= Duration::from_millis(1400) && ended < Duration::from_millis(2500),
+        "ended after {ended:?}"
+    );
+    let stalled_at = written.load(Ordering::Relaxed);
+    let (resp, _c) = h
+        .chat(&[("x-request-budget-ms", "3000"), ("x-fake-chunks", "1")])
+        .await;
+    assert_eq!(resp.status(), 200, "the slot was given back");
+    drop(resp);
+
+    // When the client reads again, it gets what was already on its way and then the reason.
+    let mut rest = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    tokio::time::timeout(Duration::from_secs(10), async {
+        // The chunked body's last chunk.
+        while !rest.ends_with(b"\r\n0\r\n\r\n") {
+            let n = client.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before the end of the body");
+            rest.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("the stream ends");
+    let text = String::from_utf8_lossy(&rest);
+    assert!(rest.len() as u64 <= stalled_at + (1 << 20));
+    assert!(
+        text.contains("event: error\r\n") || text.contains("event: error\n"),
+        "{}",
+        &text[text.len().saturating_sub(300)..]
+    );
+    assert!(text.contains("deadline_exceeded"));
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"deadline\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+}

@@ -1,0 +1,656 @@
+//! A hostile upstream: resets, early closes, lying `Content-Length`s, malformed SSE, one
+//! enormous line, heads that never finish. For each: the client gets the contracted error
+//! (never a truncated body that looks complete), the gateway keeps serving others meanwhile,
+//! the upstream connection is closed, the in-flight gauge returns to 0 and the request is
+//! counted once.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// What the hostile upstream saw of one connection.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    /// The script the request asked for (`x-evil`).
+    script: String,
+    /// When the gateway closed the connection (EOF or error while we read after the script).
+    closed_at: Option<Instant>,
+}
+
+/// An HTTP/1.1 "server" written by hand, so each script controls every byte. The script is
+/// named by the request's `x-evil` header.
+struct Hostile {
+    addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    changed: watch::Receiver<()>,
+}
+
+const SSE_HEAD: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:x}\r\n", data.len()).into_bytes();
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// An SSE event the way the fake provider words its tokens.
+fn event(i: usize) -> Vec<u8> {
+    format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n").into_bytes()
+}
+
+/// The bytes of `MALFORMED`: nothing a client parser can use, then one good event.
+const MALFORMED: &[u8] =
+    b"\xEF\xBB\xBFgarbage without a colon\n:\n\0\0\0\xFF\xFE binary \x80\x81\n\
+    data\rdata:\r\n\r\nevent: \n\nid: 7\nretry: x\n\n\xC3\x28 invalid utf-8\n\
+    event: error\ndata-no: no\n\ndata: ok\n\n";
+
+impl Hostile {
+    async fn start() -> Hostile {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let (tx, changed) = watch::channel(());
+        let tx = Arc::new(tx);
+        let log = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((s, _)) = listener.accept().await else {
+                    return;
+                };
+                s.set_nodelay(true).unwrap();
+                let index = {
+                    let mut seen = log.lock().unwrap();
+                    seen.push(Seen::default());
+                    seen.len() - 1
+                };
+                tokio::spawn(serve(s, index, log.clone(), tx.clone()));
+            }
+        });
+        Hostile {
+            addr,
+            seen,
+            changed,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until every connection the hostile upstream accepted has been closed by the
+    /// gateway; returns how many there were.
+    async fn all_closed(&self) -> usize {
+        let mut changed = self.changed.clone();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let seen = self.seen();
+            if seen.iter().all(|s| s.closed_at.is_some()) {
+                return seen.len();
+            }
+            assert!(
+                tokio::time::timeout_at(deadline, changed.changed())
+                    .await
+                    .is_ok(),
+                "upstream connections left open: {seen:?}"
+            );
+        }
+    }
+}
+
+/// Reads one request (head and content-length body); returns its `x-evil` script.
+async fn read_request(s: &mut TcpStream) -> Option<String> {
+    let mut req = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        req.extend_from_slice(&buf[..n]);
+        let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&req[..end]).to_lowercase();
+        let header = |name: &str| {
+            head.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.trim().to_owned())
+        };
+        let len: usize = header("content-length:").map_or(0, |v| v.parse().unwrap());
+        if req.len() >= end + 4 + len {
+            return Some(header("x-evil:").unwrap_or_default());
+        }
+    }
+}
+
+async fn serve(
+    mut s: TcpStream,
+    index: usize,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    changed: Arc<watch::Sender<()>>,
+) {
+    // Keep-alive: a connection may carry more than one request (the pool reuses it).
+    while let Some(script) = read_request(&mut s).await {
+        seen.lock().unwrap()[index].script = script.clone();
+        changed.send_replace(());
+        if !run(&mut s, &script).await {
+            break;
+        }
+    }
+    // Whatever the script did, now wait for the gateway to close its side.
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    seen.lock().unwrap()[index].closed_at = Some(Instant::now());
+    changed.send_replace(());
+}
+
+/// Plays one script. Returns true when the connection may carry another request; false
+/// leaves it open, unread, until the gateway closes it.
+async fn run(s: &mut TcpStream, script: &str) -> bool {
+    match script {
+        "ok" => {
+            let body = b"{\"ok\":true}";
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = s.write_all(&[head.as_bytes(), body].concat()).await;
+            true
+        }
+        // Two events, then a TCP reset.
+        "reset-mid-stream" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(chunk(&event(2)));
+            let _ = s.write_all(&out).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            socket2::SockRef::from(&*s)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+            let _ = s.shutdown().await;
+            false
+        }
+        "reset-before-head" => {
+            socket2::SockRef::from(&*s)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+            let _ = s.shutdown().await;
+            false
+        }
+        "close-before-head" => {
+            let _ = s.shutdown().await;
+            false
+        }
+        // A JSON answer that promises 1000 bytes, sends 100 and closes cleanly (FIN).
+        "short-body" => {
+            let head =
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n";
+            let _ = s.write_all(head.as_bytes()).await;
+            let _ = s.write_all(&[b'x'; 100]).await;
+            let _ = s.shutdown().await;
+            false
+        }
+        // The same for a content-length SSE stream.
+        "short-sse" => {
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 1000\r\n\r\n";
+            let _ = s
+                .write_all(&[head.as_bytes(), &event(1), &event(2)].concat())
+                .await;
+            let _ = s.shutdown().await;
+            false
+        }
+        // A chunked stream that ends (FIN) without its last chunk.
+        "chunked-eof" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(chunk(&event(2)));
+            let _ = s.write_all(&out).await;
+            let _ = s.shutdown().await;
+            false
+        }
+        // Says 10 bytes, sends 40: the extra 30 are garbage in front of the next answer.
+        "content-length-too-small" => {
+            let head =
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 10\r\n\r\n";
+            let _ = s
+                .write_all(&[head.as_bytes(), b"0123456789EXTRA-BYTES-NOT-IN-THE-ANSWER"].concat())
+                .await;
+            true
+        }
+        "content-length-invalid" => {
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: abc\r\n\r\nhello")
+                .await;
+            false
+        }
+        "content-length-conflict" => {
+            let _ = s
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 7\r\n\r\nhello",
+                )
+                .await;
+            false
+        }
+        // Both framings: chunked wins (RFC 9112 6.3), and what is forwarded is the chunked body.
+        "content-length-and-chunked" => {
+            let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                content-length: 3\r\ntransfer-encoding: chunked\r\n\r\n"
+                .to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(b"0\r\n\r\n");
+            let _ = s.write_all(&out).await;
+            true
+        }
+        "malformed-sse" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            // Split inside the CRLF, the BOM and the NULs, to exercise the scanner's state.
+            for piece in MALFORMED.chunks(7) {
+                out.extend(chunk(piece));
+            }
+            out.extend(b"0\r\n\r\n");
+            let _ = s.write_all(&out).await;
+            true
+        }
+        // Garbage that never makes an event: no token ever arrives.
+        "malformed-sse-forever" => {
+            let _ = s.write_all(SSE_HEAD.as_bytes()).await;
+            loop {
+                let junk = chunk(b"\0\xFF: not an event\nid: 1\nretry: 5\n\n");
+                if s.write_all(&junk).await.is_err() {
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        // One event whose single line is 8 MiB long, then the end of the stream.
+        "enormous-line" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(chunk(b"data: "));
+            let _ = s.write_all(&out).await;
+            let block = chunk(&[b'a'; 64 * 1024]);
+            for _ in 0..128 {
+                if s.write_all(&block).await.is_err() {
+                    return false;
+                }
+            }
+            let mut end = chunk(b"\n\n");
+            end.extend(chunk(&event(2)));
+            end.extend(b"0\r\n\r\n");
+            let _ = s.write_all(&end).await;
+            true
+        }
+        // A line that never ends: first token never comes.
+        "enormous-line-forever" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(b": hello\n\ndata: "));
+            let _ = s.write_all(&out).await;
+            let block = chunk(&[b'a'; 64 * 1024]);
+            loop {
+                if s.write_all(&block).await.is_err() {
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        // The status line and half a header, then nothing, forever.
+        "unfinished-head" => {
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/ev")
+                .await;
+            false
+        }
+        // Header lines forever, a few at a time.
+        "endless-head" => {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\n").await;
+            loop {
+                if s.write_all(&b"x-pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n".repeat(64))
+                    .await
+                    .is_err()
+                {
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        // 1xx answers forever: never a final head.
+        "informational-forever" => loop {
+            if s.write_all(b"HTTP/1.1 102 Processing\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        },
+        "not-http" => {
+            let _ = s.write_all(b"SSH-2.0-OpenSSH_9.6\r\n\r\n").await;
+            false
+        }
+        other => panic!("unknown script {other:?}"),
+    }
+}
+
+/// Short first-token limit (the scripts that never make a token end by it); a long idle
+/// limit, because one enormous line is one event however long it takes to pass.
+fn config(hostile: &Hostile) -> String {
+    BASE.replace(
+        "first_token_timeout = \"2s\"",
+        "first_token_timeout = \"600ms\"",
+    )
+    .replace("idle_timeout = \"1s\"", "idle_timeout = \"10s\"")
+        + &format!(
+            "\n[upstreams.hostile]\nurl = \"{}\"\n\n[[routes]]\nname = \"evil\"\npath_prefix = \"/evil\"\nupstream = \"hostile\"\n",
+            hostile.url()
+        )
+}
+
+fn evil(script: &str, stream: bool) -> Request<Full<Bytes>> {
+    Request::post("/evil/v1/chat/completions")
+        .header("host", "gateway")
+        .header("content-type", "application/json")
+        .header("x-evil", script)
+        .body(Full::new(Bytes::from(format!(r#"{{"stream":{stream}}}"#))))
+        .unwrap()
+}
+
+/// What the client saw.
+struct Outcome {
+    status: u16,
+    read: Read,
+}
+
+impl Outcome {
+    /// The JSON error code of an answer sent before the head.
+    fn json_code(&self) -> String {
+        let v: serde_json::Value = serde_json::from_slice(&self.read.bytes)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.read.text()));
+        v["error"]["code"].as_str().unwrap().to_owned()
+    }
+
+    /// The code of the trailing SSE error event; it must be the last thing in a body that
+    /// ended cleanly, and parse as an event of its own.
+    fn event_code(&self) -> String {
+        assert!(self.read.error.is_none(), "{:?}", self.read.error);
+        let text = self.read.text();
+        assert!(text.ends_with("\n\n"), "{}", tail(&text));
+        let last = text.trim_end_matches('\n');
+        let last = &last[last.rfind("\n\n").map_or(0, |i| i + 2)..];
+        assert!(last.starts_with("event: error\ndata: "), "{}", tail(&text));
+        let v: serde_json::Value =
+            serde_json::from_str(last.trim_start_matches("event: error\ndata: ")).unwrap();
+        v["error"]["code"].as_str().unwrap().to_owned()
+    }
+}
+
+fn tail(text: &str) -> &str {
+    let mut at = text.len().saturating_sub(300);
+    while !text.is_char_boundary(at) {
+        at += 1;
+    }
+    &text[at..]
+}
+
+/// Sends the hostile request; while it runs, a healthy request on the other route must be
+/// served in full. Then checks the aftermath: every hostile upstream connection closed, the
+/// gauge at 0, the hostile request counted exactly once with `outcome`.
+async fn survive(script: &str, stream: bool, outcome: &str) -> Outcome {
+    let hostile = Hostile::start().await;
+    let h = Harness::with_config(&config(&hostile)).await;
+    let addr = h.addr();
+    let req = evil(script, stream);
+    let bad = tokio::spawn(async move {
+        let conn = Conn::open(addr).await;
+        let (resp, _conn) = conn.send(req).await;
+        let status = resp.status().as_u16();
+        Outcome {
+            status,
+            read: read_body(resp.into_body()).await,
+        }
+    });
+    // The hostile request is in progress (or over) once its upstream saw it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while hostile.seen().iter().all(|s| s.script.is_empty()) {
+        assert!(
+            Instant::now() < deadline,
+            "{script}: never reached upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (resp, _c) = h
+        .chat(&[("x-fake-chunks", "3"), ("x-fake-interval-ms", "1")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let good = read_body(resp.into_body()).await;
+    assert!(
+        good.error.is_none() && good.text().ends_with("data: [DONE]\n\n"),
+        "{script}: the healthy request suffered: {}",
+        good.text()
+    );
+
+    let out = tokio::time::timeout(Duration::from_secs(10), bad)
+        .await
+        .unwrap_or_else(|_| panic!("{script}: the client never got an answer"))
+        .unwrap();
+    if outcome == "ok" {
+        // A complete answer leaves its connection in the pool, healthy: the next request
+        // may go over it (or over a new one, if it is asked for before the pool has it back).
+        let (resp, _c) = h.send(evil("ok", false)).await;
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.unwrap();
+        assert!(hostile.seen().len() <= 2, "{script}: {:?}", hostile.seen());
+    } else {
+        hostile.all_closed().await;
+    }
+    let extra = f64::from(outcome == "ok");
+    h.wait_requests("evil", 1.0 + extra).await;
+    for o in ["ok", "error", "cancelled"] {
+        let v = h
+            .metric(&format!(
+                "hourglass_requests_total{{outcome=\"{o}\",route=\"evil\"}}"
+            ))
+            .await;
+        let expected = f64::from(o == outcome) + if o == "ok" { extra } else { 0.0 };
+        assert_eq!(v, expected, "{script}: outcome {o}");
+    }
+    assert_eq!(
+        h.metric("hourglass_upstream_requests_in_flight{upstream=\"hostile\"}")
+            .await,
+        0.0,
+        "{script}"
+    );
+    out
+}
+
+#[tokio::test]
+async fn upstream_reset_mid_stream_ends_with_an_error_event() {
+    let out = survive("reset-mid-stream", true, "error").await;
+    assert_eq!(out.status, 200);
+    assert!(out.read.text().contains("tok2"));
+    assert_eq!(out.event_code(), "upstream_error");
+}
+
+#[tokio::test]
+async fn upstream_reset_before_its_head_is_a_502() {
+    let out = survive("reset-before-head", true, "error").await;
+    assert_eq!(out.status, 502);
+    assert_eq!(out.json_code(), "upstream_error");
+}
+
+#[tokio::test]
+async fn upstream_closing_before_its_head_is_a_502() {
+    let out = survive("close-before-head", true, "error").await;
+    assert_eq!(out.status, 502);
+    assert_eq!(out.json_code(), "upstream_error");
+}
+
+#[tokio::test]
+async fn a_short_body_is_aborted_never_passed_off_as_complete() {
+    let out = survive("short-body", false, "error").await;
+    assert_eq!(out.status, 200);
+    assert!(
+        out.read.error.is_some(),
+        "the client must see a broken body, got {} clean bytes",
+        out.read.bytes.len()
+    );
+}
+
+#[tokio::test]
+async fn a_short_sse_stream_ends_with_an_error_event() {
+    let out = survive("short-sse", true, "error").await;
+    assert_eq!(out.status, 200);
+    assert_eq!(out.event_code(), "upstream_error");
+}
+
+#[tokio::test]
+async fn a_chunked_stream_without_its_last_chunk_ends_with_an_error_event() {
+    let out = survive("chunked-eof", true, "error").await;
+    assert_eq!(out.event_code(), "upstream_error");
+}
+
+#[tokio::test]
+async fn a_content_length_smaller_than_the_body_poisons_only_its_own_connection() {
+    // The answer is the promised 10 bytes; the extra bytes must not become the next answer.
+    let hostile = Hostile::start().await;
+    let h = Harness::with_config(&config(&hostile)).await;
+    for i in 0..3 {
+        let (resp, _c) = h
+            .send(evil(
+                if i == 0 {
+                    "content-length-too-small"
+                } else {
+                    "ok"
+                },
+                false,
+            ))
+            .await;
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let expected: &[u8] = if i == 0 {
+            b"0123456789"
+        } else {
+            b"{\"ok\":true}"
+        };
+        assert_eq!(&body[..], expected, "answer {i}");
+    }
+    h.wait_requests("evil", 3.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"evil\"}")
+            .await,
+        3.0
+    );
+    let seen = hostile.seen();
+    assert!(
+        seen[0].closed_at.is_some() || seen.len() > 1,
+        "the connection with stray bytes was not reused: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_content_length_is_a_502() {
+    let out = survive("content-length-invalid", false, "error").await;
+    assert_eq!(out.status, 502);
+    assert_eq!(out.json_code(), "upstream_error");
+}
+
+#[tokio::test]
+async fn conflicting_content_lengths_are_a_502() {
+    let out = survive("content-length-conflict", false, "error").await;
+    assert_eq!(out.status, 502);
+    assert_eq!(out.json_code(), "upstream_error");
+}
+
+#[tokio::test]
+async fn content_length_with_chunked_framing_follows_the_chunks() {
+    let out = survive("content-length-and-chunked", true, "ok").await;
+    assert_eq!(out.status, 200);
+    assert_eq!(out.read.bytes, event(1));
+}
+
+#[tokio::test]
+async fn malformed_sse_passes_through_byte_exact() {
+    let out = survive("malformed-sse", true, "ok").await;
+    assert_eq!(out.status, 200);
+    assert!(out.read.error.is_none());
+    assert_eq!(out.read.bytes, MALFORMED);
+}
+
+#[tokio::test]
+async fn sse_that_never_makes_an_event_hits_the_first_token_limit() {
+    let out = survive("malformed-sse-forever", true, "cancelled").await;
+    assert_eq!(out.status, 200);
+    assert_eq!(out.event_code(), "first_token_timeout");
+}
+
+#[tokio::test]
+async fn one_enormous_line_is_forwarded_whole() {
+    let out = survive("enormous-line", true, "ok").await;
+    assert!(out.read.error.is_none());
+    let mut expected = event(1);
+    expected.extend(b"data: ");
+    expected.extend(vec![b'a'; 128 * 64 * 1024]);
+    expected.extend(b"\n\n");
+    expected.extend(event(2));
+    assert!(out.read.bytes == expected, "{} bytes", out.read.bytes.len());
+}
+
+#[tokio::test]
+async fn an_enormous_line_that_never_ends_is_cut_with_a_parseable_error_event() {
+    let out = survive("enormous-line-forever", true, "cancelled").await;
+    assert!(
+        out.read.bytes.len() > 1 << 20,
+        "{} bytes",
+        out.read.bytes.len()
+    );
+    assert_eq!(out.event_code(), "first_token_timeout");
+}
+
+#[tokio::test]
+async fn a_head_that_never_finishes_is_a_504() {
+    let out = survive("unfinished-head", true, "cancelled").await;
+    assert_eq!(out.status, 504);
+    assert_eq!(out.json_code(), "first_token_timeout");
+}
+
+#[tokio::test]
+async fn a_head_that_never_ends_is_refused() {
+    let out = survive("endless-head", true, "error").await;
+    assert_eq!(out.status, 502);
+    assert_eq!(out.json_code(), "upstream_error");
+}
+
+#[tokio::test]
+async fn informational_answers_forever_hit_the_first_token_limit() {
+    let out = survive("informational-forever", true, "cancelled").await;
+    assert_eq!(out.status, 504);
+    assert_eq!(out.json_code(), "first_token_timeout");
+}
+
+#[tokio::test]
+async fn an_upstream_that_is_not_http_is_a_502() {
+    let out = survive("not-http", true, "error").await;
+    assert_eq!(out.status, 502);
+    assert_eq!(out.json_code(), "upstream_error");
+}

@@ -1,0 +1,289 @@
+//! Canary keys: provider keys (from a file and from the environment) and client keys are
+//! pushed through every path a request can take, with every log line captured at TRACE, and
+//! then looked for everywhere a secret could leak: logs, answers (heads, bodies, error
+//! events), `/metrics`, the config's debug output, `hourglass check`, and what the upstream
+//! received.
+
+mod support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use hourglass::config::Config;
+use hourglass::fake::FakeUpstream;
+use http::Request;
+use http_body_util::Full;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::*;
+
+const PROVIDER_FILE_KEY: &str = "sk-canary-FILEKEY-7f3a9c1e5b";
+const PROVIDER_ENV_KEY: &str = "sk-canary-ENVKEY-2d8e4b6a0c";
+const CLIENT_KEY: &str = "hg-canary-CLIENTKEY-91b7e3f5";
+const CLIENT_FILE_KEY: &str = "hg-canary-CLIENTFILE-c4a2d8e6";
+const WRONG_KEY: &str = "hg-canary-WRONGKEY-5e1f9a3b7d";
+/// The distinctive middle of every canary: none of these may appear anywhere but upstream.
+const MARKERS: [&str; 5] = [
+    "FILEKEY-7f3a",
+    "ENVKEY-2d8e",
+    "CLIENTKEY-91b7",
+    "CLIENTFILE-c4a2",
+    "WRONGKEY-5e1f",
+];
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn assert_clean(what: &str, text: &str) {
+    for m in MARKERS {
+        assert!(
+            !text.contains(m),
+            "{what} leaks a key ({m}):\n{}",
+            text.lines()
+                .filter(|l| l.contains(m))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
+/// Everything a client could see of one answer: status, head and whole body (or its error).
+async fn seen(resp: http::Response<hyper::body::Incoming>) -> String {
+    let head = format!("{:?} {:?}", resp.status(), resp.headers());
+    let read = read_body(resp.into_body()).await;
+    format!("{head}\n{}\n{:?}", read.text(), read.error)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_keys_never_leak() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    tracing_subscriber::fmt()
+        .json()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .init();
+
+    let dir = std::env::temp_dir().join(format!("hourglass-canary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("provider.key");
+    std::fs::write(&key_file, format!("{PROVIDER_FILE_KEY}\n")).unwrap();
+    let client_file = dir.join("clients");
+    std::fs::write(&client_file, format!("{CLIENT_FILE_KEY}\n")).unwrap();
+    std::env::set_var("HOURGLASS_CANARY_PROVIDER", PROVIDER_ENV_KEY);
+    std::env::set_var("HOURGLASS_CANARY_CLIENTS", CLIENT_KEY);
+
+    let second = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let cfg = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "10s"
+connect_timeout = "500ms"
+first_token_timeout = "2s"
+idle_timeout = "300ms"
+
+[upstreams.fake]
+url = "{{FAKE}}"
+api_key_file = "{key_file}"
+
+[upstreams.second]
+url = "{second}"
+api_key_env = "HOURGLASS_CANARY_PROVIDER"
+auth = "x-api-key"
+
+[upstreams.gone]
+url = "http://127.0.0.1:{closed_port}"
+api_key_env = "HOURGLASS_CANARY_PROVIDER"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+client_keys_env = "HOURGLASS_CANARY_CLIENTS"
+
+[[routes]]
+name = "messages"
+path_prefix = "/v1/messages"
+upstream = "second"
+client_keys_file = "{client_file}"
+
+[[routes]]
+name = "gone"
+path_prefix = "/gone"
+upstream = "gone"
+client_keys_env = "HOURGLASS_CANARY_CLIENTS"
+"#,
+        key_file = key_file.display(),
+        client_file = client_file.display(),
+        second = second.url(),
+    );
+    let h = Harness::with_config(&cfg).await;
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let wrong = format!("Bearer {WRONG_KEY}");
+    let mut answers = String::new();
+
+    // Every ending a request can have, each carrying a client key.
+    let cases: Vec<Vec<(&str, &str)>> = vec![
+        vec![("authorization", &bearer), ("x-fake-chunks", "3")],
+        vec![("x-api-key", CLIENT_KEY), ("x-fake-freeze-after", "1")],
+        vec![("authorization", &bearer), ("x-fake-status", "500")],
+        vec![("authorization", &bearer), ("x-fake-status", "401")],
+        vec![("authorization", &bearer), ("x-fake-disconnect-after", "1")],
+        vec![("authorization", &bearer), ("x-request-budget-ms", "abc")],
+        vec![("authorization", &bearer), ("x-request-budget-ms", "1")],
+        vec![("authorization", &wrong)],
+        vec![("x-api-key", WRONG_KEY)],
+        vec![("authorization", &bearer), ("x-api-key", WRONG_KEY)],
+    ];
+    for headers in &cases {
+        let (resp, _c) = h.chat(headers).await;
+        answers.push_str(&seen(resp).await);
+    }
+    // A client that leaves mid-stream.
+    let (resp, conn) = h
+        .chat(&[("authorization", &bearer), ("x-fake-chunks", "1000")])
+        .await;
+    let mut body = resp.into_body();
+    read_events(&mut body, 2).await;
+    drop(body);
+    conn.close();
+    // The other provider key, the client key file, a non-streaming answer.
+    for (path, key) in [
+        ("/v1/messages", CLIENT_FILE_KEY),
+        ("/v1/messages", WRONG_KEY),
+        ("/gone/v1/chat/completions", CLIENT_KEY),
+    ] {
+        let req = Request::post(path)
+            .header("host", "g")
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(br#"{"model":"m"}"#)))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        answers.push_str(&seen(resp).await);
+    }
+    // HTTP/2 from the client (HPACK, h2's own tracing).
+    let stream = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Full<Bytes>>(
+        TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    for key in [CLIENT_KEY, WRONG_KEY] {
+        let req = Request::post(format!("http://{}/v1/chat/completions", h.addr()))
+            .header("authorization", format!("Bearer {key}"))
+            .body(Full::new(Bytes::from_static(br#"{"stream":true}"#)))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        answers.push_str(&seen(resp).await);
+    }
+    h.wait_requests("chat", (cases.len() + 3) as f64).await;
+
+    // Upstreams got the provider keys (so the canaries were really in use), never a
+    // client's key.
+    let upstream_seen: Vec<String> = h
+        .fake
+        .requests()
+        .iter()
+        .chain(second.requests().iter())
+        .map(|r| format!("{:?} {:?}", r.headers, r.body))
+        .collect();
+    assert!(upstream_seen
+        .iter()
+        .any(|r| r.contains(&format!("Bearer {PROVIDER_FILE_KEY}"))));
+    assert!(upstream_seen.iter().any(|r| r.contains(PROVIDER_ENV_KEY)));
+    for r in &upstream_seen {
+        for m in ["CLIENTKEY-91b7", "CLIENTFILE-c4a2", "WRONGKEY-5e1f"] {
+            assert!(!r.contains(m), "a client key reached the upstream: {r}");
+        }
+    }
+
+    assert_clean("answers to clients", &answers);
+    assert_clean("/metrics", &h.metrics_text().await);
+    let config = Config::from_toml(
+        &cfg.replace("{FAKE}", &h.fake.url()),
+        &dir.join("hourglass.toml").display().to_string(),
+    )
+    .unwrap();
+    assert_clean("the config's Debug", &format!("{config:?}"));
+    assert_clean("hourglass check", &config.describe());
+    assert_clean("warnings", &config.warnings().join("\n"));
+
+    let config_path = dir.join("hourglass.toml");
+    std::fs::write(&config_path, cfg.replace("{FAKE}", &h.fake.url())).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["check", "--config"])
+        .arg(&config_path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_clean(
+        "hourglass check output",
+        &format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    );
+
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let request_lines = logs.matches("\"target\":\"hourglass::request\"").count();
+    assert!(
+        request_lines >= cases.len() + 6,
+        "every request logged ({request_lines} lines):\n{logs}"
+    );
+    assert_clean("logs", &logs);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn check_warns_about_an_inlined_key_without_repeating_it() {
+    let dir = std::env::temp_dir().join(format!("hourglass-inlined-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("inlined.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[upstreams.openai]\nurl = \"https://api.openai.com\"\napi_key_env = \"{PROVIDER_ENV_KEY}\"\n\n\
+             [[routes]]\nname = \"chat\"\npath_prefix = \"/v1\"\nupstream = \"openai\"\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "warning: upstreams.openai.api_key_env looks like an inlined API key; keep keys out of the config file"
+        ),
+        "{stderr}"
+    );
+    assert_clean("hourglass check", &format!("{stdout}{stderr}"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
