@@ -267,7 +267,7 @@ where
                         // The common case, a frame of whole events with nothing held
                         // before it, goes straight out (`ready` is always empty when the
                         // inner body is polled).
-                        Some(end) if end == data.len() && sse.held.is_empty() => {
+                        Some(end) if end == data.len() && sse.held.is_empty() && !ended => {
                             debug_assert!(this.ready.is_empty());
                             sse.partial_sent = false;
                             return Poll::Ready(Some(Ok(Frame::data(data))));
@@ -783,6 +783,25 @@ mod tests {
         assert!(text.contains("\"code\":\"shutdown\""));
         assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("shutdown"));
         drop(tx);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_sse_body_that_knows_its_end_completes_on_its_last_event() {
+        // An SSE answer framed by content-length: hyper stops polling after the last byte,
+        // which here ends exactly on an event boundary (the fast path).
+        let inner = http_body_util::Full::new(Bytes::from_static(b"data: a\n\ndata: [DONE]\n\n"));
+        let probe = Probe::default();
+        let mut b = Box::pin(WatchdogBody::new(
+            inner,
+            true,
+            limits(1000, 1000, 10_000),
+            probe.clone(),
+        ));
+        let f = b.frame().await.unwrap().unwrap();
+        assert_eq!(f.into_data().unwrap(), &b"data: a\n\ndata: [DONE]\n\n"[..]);
+        assert!(b.is_end_stream());
+        drop(b);
+        assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
     }
 
     #[tokio::test(start_paused = true)]
