@@ -148,17 +148,18 @@ fn status_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Established TCP connections whose local port is `port` (the fake's side of upstream
-/// connections the gateway still holds open).
+/// Established TCP connections from 127.0.0.1 to 127.0.0.1:`port`, seen from the `port`
+/// side: the fake's side of the upstream connections the gateway still holds open. (Other
+/// processes on this machine have sockets too; only this exact address pair counts.)
 fn established_on(port: u16) -> usize {
-    let port_hex = format!(":{port:04X}");
+    let local = format!("0100007F:{port:04X}");
     std::fs::read_to_string("/proc/net/tcp")
         .unwrap_or_default()
         .lines()
         .skip(1)
         .filter(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() > 3 && f[1].ends_with(&port_hex) && f[3] == "01"
+            f.len() > 3 && f[1] == local && f[2].starts_with("0100007F:") && f[3] == "01"
         })
         .count()
 }
@@ -365,7 +366,10 @@ async fn ten_thousand_streams_with_clients_leaving_at_random() {
     let rss_all = status_kib(pid, "VmRSS:");
     let fds_all = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count());
     assert_eq!(in_flight_all, n as f64, "every stream in flight at once");
-    assert_eq!(upstream_all, n, "one upstream connection per stream");
+    assert!(
+        (n..n + 32).contains(&upstream_all),
+        "{upstream_all} upstream connections for {n} streams"
+    );
 
     // Tokens flow on every stream; clients leave at random over the next 4 s.
     go.send_replace(true);
@@ -379,15 +383,19 @@ async fn ten_thousand_streams_with_clients_leaving_at_random() {
     let staying = n - leavers;
     // The leavers' upstream connections close; the stayers' stay, one each.
     let settle = Instant::now() + Duration::from_secs(30);
-    let (in_flight, upstream) = loop {
+    let (in_flight, serving, upstream) = loop {
         let in_flight = metric(
             gw.admin,
             "hourglass_upstream_requests_in_flight{upstream=\"fake\"}",
         )
         .await;
+        // A cut stream is noticed upstream at its next write, at most one interval later.
+        let serving = fake.requests.load(Ordering::Relaxed)
+            - fake.completed.load(Ordering::Relaxed)
+            - fake.cut.load(Ordering::Relaxed);
         let upstream = established_on(fake_addr.port());
-        if (in_flight, upstream) == (staying as f64, staying) || Instant::now() > settle {
-            break (in_flight, upstream);
+        if (in_flight, serving) == (staying as f64, staying) || Instant::now() > settle {
+            break (in_flight, serving, upstream);
         }
         sleep(Duration::from_millis(100)).await;
     };
@@ -402,8 +410,14 @@ async fn ten_thousand_streams_with_clients_leaving_at_random() {
         "in flight after the leavers left"
     );
     assert_eq!(
-        upstream, staying,
-        "upstream connections match the streams still open"
+        serving, staying,
+        "the upstream serves exactly the streams still open"
+    );
+    // One connection per open stream, plus at most a few idle in the pool (the pool may
+    // open a spare one while a request waits).
+    assert!(
+        (staying..staying + 32).contains(&upstream),
+        "{upstream} upstream connections for {staying} open streams"
     );
 
     // The rest run to their end, without an error.
@@ -499,7 +513,7 @@ async fn ten_thousand_streams_with_clients_leaving_at_random() {
     // state), not the stream's bytes.
     let per_stream_kib = rss_peak.saturating_sub(rss_idle) / n as u64;
     assert!(per_stream_kib < 160, "{per_stream_kib} KiB per stream");
-    drop(gw);
     h2_runtime.shutdown_background();
+    drop(gw);
     let _ = std::fs::remove_dir_all(&dir);
 }
