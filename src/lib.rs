@@ -3,8 +3,9 @@
 //! upstream call when the client leaves or a limit fires.
 //!
 //! Where to read: `budget` (the deadline of one request), `watchdog` (the streaming body
-//! wrapper), `sse` (what counts as a token), `proxy` (the request path), `upstream` (the client
-//! side), `outcome` (how a request ended, logged and counted once).
+//! wrapper), `sse` (event boundaries), `inspect` and `provider` (what counts as a token, what
+//! an answer cost), `proxy` (the request path), `upstream` (the client side), `outcome` (how a
+//! request ended, logged and counted once).
 
 #![forbid(unsafe_code)]
 

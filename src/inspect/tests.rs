@@ -768,3 +768,10 @@ proptest! {
         prop_assert_eq!(whole.error_end, split.error_end);
     }
 }
+
+#[test]
+fn it_stays_small() {
+    // It lives inline in every stream's watchdog body (a stream costs ~25 KiB in all).
+    let size = std::mem::size_of::<Inspector>();
+    assert!(size <= 256, "{size} bytes");
+}
