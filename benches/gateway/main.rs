@@ -356,16 +356,39 @@ fn main() -> ExitCode {
     let markdown = report::markdown(&doc, !quick);
     let json_path = out_dir.join("results.json");
     let md_path = out_dir.join("results.md");
-    let text = serde_json::to_string_pretty(&doc).expect("JSON");
+    let text = stats::to_json_text(&doc);
     if let Err(e) = std::fs::write(&json_path, text).and(std::fs::write(&md_path, &markdown)) {
         eprintln!("[bench] cannot write results: {e}");
         return ExitCode::FAILURE;
     }
     println!("{markdown}");
+    let failures = failures(&doc["scenarios"], "");
+    for f in &failures {
+        eprintln!("[bench] FAILED: {f}");
+    }
     eprintln!(
         "[bench] done in {elapsed:.0} s: {} and {}",
         json_path.display(),
         md_path.display()
     );
-    ExitCode::SUCCESS
+    // A target that could not be measured fails the run (and so the CI smoke run).
+    if failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Every `"error": "..."` the scenarios recorded, with where it was.
+fn failures(v: &serde_json::Value, at: &str) -> Vec<String> {
+    match v {
+        serde_json::Value::Object(map) => map
+            .iter()
+            .flat_map(|(k, v)| match (k.as_str(), v) {
+                ("error", serde_json::Value::String(e)) => vec![format!("{at}: {e}")],
+                _ => failures(v, &format!("{at}/{k}")),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }

@@ -52,8 +52,61 @@ pub fn cdf(sorted: &[u64]) -> Value {
             } else {
                 pct(sorted, q * 100.0)
             };
-            json!([ms(v), q])
+            // 0.1 µs and 4 digits of quantile are plenty for a plot, and keep the JSON small.
+            json!([(ms(v) * 1e4).round() / 1e4, (q * 1e4).round() / 1e4])
         })
         .collect();
     Value::Array(points)
+}
+
+/// Pretty JSON whose arrays of numbers (CDF points) stay on one line each.
+pub fn to_json_text(v: &Value) -> String {
+    let mut out = String::new();
+    write_value(v, 0, &mut out);
+    out.push('\n');
+    out
+}
+
+fn write_value(v: &Value, indent: usize, out: &mut String) {
+    let flat = |v: &Value| !matches!(v, Value::Array(_) | Value::Object(_));
+    let pad = |n: usize| "  ".repeat(n);
+    match v {
+        Value::Object(map) if !map.is_empty() => {
+            out.push_str("{\n");
+            for (i, (k, val)) in map.iter().enumerate() {
+                out.push_str(&pad(indent + 1));
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push_str(": ");
+                write_value(val, indent + 1, out);
+                if i + 1 < map.len() {
+                    out.push(',');
+                }
+                out.push('\n');
+            }
+            out.push_str(&pad(indent));
+            out.push('}');
+        }
+        Value::Array(items)
+            if items.iter().all(|i| match i {
+                Value::Array(inner) => inner.iter().all(flat),
+                other => flat(other),
+            }) =>
+        {
+            out.push_str(&v.to_string());
+        }
+        Value::Array(items) => {
+            out.push_str("[\n");
+            for (i, item) in items.iter().enumerate() {
+                out.push_str(&pad(indent + 1));
+                write_value(item, indent + 1, out);
+                if i + 1 < items.len() {
+                    out.push(',');
+                }
+                out.push('\n');
+            }
+            out.push_str(&pad(indent));
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
 }

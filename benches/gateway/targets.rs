@@ -15,7 +15,8 @@ pub enum Target {
     Direct,
     /// Hourglass with `--workers 1`: a current-thread runtime.
     Hourglass,
-    /// Hourglass with its default multi-thread runtime (one worker on its one core).
+    /// Hourglass with its default multi-thread runtime (tokio starts a worker per CPU of the
+    /// machine, not of the process's affinity: two on the one pinned core here).
     HourglassMt,
     Nginx,
     Haproxy,
