@@ -68,6 +68,9 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// How long in-flight requests get to finish on shutdown (default 30s).
     pub shutdown_grace: Duration,
+    /// How long a write to a client may wait for the client to read (default 60s, like
+    /// nginx's `send_timeout`); past it the connection is closed. Never zero.
+    pub send_timeout: Duration,
     /// Cap on concurrent client connections; `None` means no limit. Never
     /// `Some(0)`.
     pub max_connections: Option<usize>,
@@ -567,6 +570,7 @@ impl Config {
         let _ = writeln!(out, "  max_request_body: {} bytes", s.max_request_body);
         let _ = writeln!(out, "  header_read_timeout: {}", hd(s.header_read_timeout));
         let _ = writeln!(out, "  shutdown_grace: {}", hd(s.shutdown_grace));
+        let _ = writeln!(out, "  send_timeout: {}", hd(s.send_timeout));
         let max_connections = s
             .max_connections
             .map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
@@ -733,6 +737,7 @@ struct RawServer {
     max_request_body: Option<u64>,
     header_read_timeout: Option<RawDuration>,
     shutdown_grace: Option<RawDuration>,
+    send_timeout: Option<RawDuration>,
     max_connections: Option<usize>,
     max_header_bytes: Option<usize>,
     max_headers: Option<usize>,
@@ -985,6 +990,7 @@ const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::
 ));
 const DEFAULT_MAX_REQUEST_BODY: u64 = 10 * 1024 * 1024;
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 const DEFAULT_LIMITS: Limits = Limits {
@@ -1134,6 +1140,7 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
             .header_read_timeout
             .map_or(DEFAULT_HEADER_READ_TIMEOUT, |d| d.0),
         shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
+        send_timeout: raw.send_timeout.map_or(DEFAULT_SEND_TIMEOUT, |d| d.0),
         max_connections: raw.max_connections,
     };
     if server.max_request_body == 0 {
@@ -1141,6 +1148,9 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
     }
     if server.header_read_timeout.is_zero() {
         return Err("server: header_read_timeout must be greater than 0".to_owned());
+    }
+    if server.send_timeout.is_zero() {
+        return Err("server: send_timeout must be greater than 0".to_owned());
     }
     // hyper needs room for at least one 8 KiB read.
     if server.max_header_bytes < 8192 {
@@ -1159,6 +1169,18 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
         return Err(
             "server: max_connections must be greater than 0 (omit it for no limit)".to_owned(),
         );
+    }
+    if let Some(n) = server.max_connections.filter(|&n| n > MAX_CONNECTIONS) {
+        return Err(format!(
+            "server: max_connections ({n}) must be at most {MAX_CONNECTIONS}"
+        ));
+    }
+    // hyper sizes a header array per request from this: a huge value is memory, not safety.
+    if server.max_headers > MAX_HEADERS {
+        return Err(format!(
+            "server: max_headers ({}) must be at most {MAX_HEADERS}",
+            server.max_headers
+        ));
     }
     // Both listeners would fail to bind at startup; say so now instead (port 0 picks two ports).
     if server.listen == server.admin_listen && server.listen.port() != 0 {
@@ -1467,6 +1489,10 @@ fn build_route(
 
 /// Far beyond any real route; keeps the admission semaphore within its bounds.
 const MAX_IN_FLIGHT: usize = 1_000_000;
+/// Far beyond any descriptor limit; keeps the connection semaphore within its bounds.
+const MAX_CONNECTIONS: usize = 1_000_000;
+/// Envoy's own ceiling for headers per request is 100 by default; 1000 leaves room.
+const MAX_HEADERS: usize = 1000;
 
 fn build_client_auth(
     label: &str,
@@ -1618,6 +1644,7 @@ admin_listen = "127.0.0.1:9100"
 max_request_body = 2048
 header_read_timeout = "5s"
 shutdown_grace = "1m"
+send_timeout = "20s"
 max_connections = 500
 
 [defaults]
@@ -1708,6 +1735,7 @@ upstream = "openai"
                 max_request_body: 2048,
                 header_read_timeout: secs(5),
                 shutdown_grace: secs(60),
+                send_timeout: secs(20),
                 max_connections: Some(500),
                 max_header_bytes: 64 * 1024,
                 max_headers: 100,
@@ -1790,6 +1818,7 @@ upstream = "openai"
                 max_request_body: 10 * 1024 * 1024,
                 header_read_timeout: secs(10),
                 shutdown_grace: secs(30),
+                send_timeout: secs(60),
                 max_connections: None,
                 max_header_bytes: 64 * 1024,
                 max_headers: 100,
@@ -2107,6 +2136,18 @@ upstream = "openai"
                 "max_connections must be greater than 0 (omit it for no limit)",
             ),
             (
+                "max_connections = 2000000000000",
+                "max_connections (2000000000000) must be at most 1000000",
+            ),
+            (
+                "max_headers = 5000",
+                "max_headers (5000) must be at most 1000",
+            ),
+            (
+                "send_timeout = \"0s\"",
+                "send_timeout must be greater than 0",
+            ),
+            (
                 "header_read_timeout = \"0s\"",
                 "header_read_timeout must be greater than 0",
             ),
@@ -2321,6 +2362,7 @@ upstream = "openai"
             "max_request_body: 2048 bytes",
             "header_read_timeout: 5s",
             "shutdown_grace: 1m",
+            "send_timeout: 20s",
             "max_connections: 500",
         ] {
             assert!(d.contains(needle), "missing {needle:?} in:\n{d}");

@@ -14,6 +14,7 @@ pub mod admin;
 pub mod admission;
 pub mod attempt;
 pub mod budget;
+pub mod client_io;
 pub mod config;
 pub mod error;
 pub mod fake;

@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,7 +21,6 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use pin_project_lite::pin_project;
 use socket2::{SockRef, TcpKeepalive};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -30,6 +28,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, Health};
+use crate::client_io::ClientIo;
 use crate::config::{Config, ConfigError, ServerConfig};
 use crate::error::GatewayError;
 use crate::metrics::Metrics;
@@ -402,11 +401,11 @@ async fn serve_connection(
             Ok::<_, Infallible>(resp)
         }
     });
+    let (io, returned) = ClientIo::new(stream, server.send_timeout);
     let tls = shared.tls.load_full();
     let result = match tls {
         Some(acceptor) => {
-            let handshake =
-                tokio::time::timeout(server.header_read_timeout, acceptor.accept(stream));
+            let handshake = tokio::time::timeout(server.header_read_timeout, acceptor.accept(io));
             let tls_stream = match handshake.await {
                 Ok(Ok(s)) => s,
                 Ok(Err(e)) => {
@@ -422,26 +421,15 @@ async fn serve_connection(
             watcher.watch(conn.into_owned()).await
         }
         None => {
-            // Kept to answer 408 on the raw socket when a client stalls mid-head: hyper
-            // closes such a connection without a word.
-            let raw = SockRef::from(&stream).try_clone().ok();
-            let tracked = Tracked {
-                inner: stream,
-                mid_request: Arc::new(AtomicBool::new(false)),
-            };
-            let mid_request = tracked.mid_request.clone();
-            let conn = builder.serve_connection(TokioIo::new(tracked), svc);
+            let conn = builder.serve_connection(TokioIo::new(io), svc);
             let result = watcher.watch(conn.into_owned()).await;
-            if let (Err(e), Some(raw)) = (&result, raw) {
-                let timed_out = e
-                    .downcast_ref::<hyper::Error>()
-                    .is_some_and(hyper::Error::is_timeout);
-                if timed_out && mid_request.load(Ordering::Relaxed) {
-                    let _ = raw.send(
-                        b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
-                    );
-                    let _ = raw.shutdown(std::net::Shutdown::Both);
-                }
+            let timed_out = result.as_ref().is_err_and(|e| {
+                e.downcast_ref::<hyper::Error>()
+                    .is_some_and(hyper::Error::is_timeout)
+            });
+            if timed_out {
+                // hyper closes such a connection without a word.
+                returned.answer_stalled_head();
             }
             result
         }
@@ -454,66 +442,6 @@ async fn serve_connection(
 /// The client's address, for the access log.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub SocketAddr);
-
-pin_project! {
-    /// A client socket that remembers whether the client has sent bytes since our last
-    /// write: at a header-read timeout that tells a stalled request from an idle keep-alive.
-    struct Tracked {
-        #[pin]
-        inner: TcpStream,
-        mid_request: Arc<AtomicBool>,
-    }
-}
-
-impl AsyncRead for Tracked {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.project();
-        let before = buf.filled().len();
-        let r = this.inner.poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.mid_request.store(true, Ordering::Relaxed);
-        }
-        r
-    }
-}
-
-impl AsyncWrite for Tracked {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.project();
-        this.mid_request.store(false, Ordering::Relaxed);
-        this.inner.poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.project();
-        this.mid_request.store(false, Ordering::Relaxed);
-        this.inner.poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
-    }
-}
 
 pin_project! {
     /// Turns a panic while polling the handler into an error value, so one bad request

@@ -260,3 +260,52 @@ async fn a_client_that_stops_reading_does_not_outlive_its_budget() {
         1.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_for_send_timeout_is_disconnected() {
+    let _serial = SERIAL.lock().await;
+    let (up, _written) = firehose().await;
+    let cfg = config(up).replace("[server]\n", "[server]\nsend_timeout = \"1s\"\n");
+    let h = Harness::with_config(&cfg).await;
+    let start = Instant::now();
+    // A 60 s budget: only the send timeout can end this early.
+    let (mut client, _) = small_client(h.addr(), 60_000).await;
+    let deadline = start + Duration::from_secs(5);
+    while h
+        .metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
+        .await
+        != 0.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "a client that reads nothing held its stream past send_timeout"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let ended = start.elapsed();
+    assert!(
+        ended >= Duration::from_millis(950) && ended < Duration::from_millis(3000),
+        "ended after {ended:?}"
+    );
+    // The connection is gone: reading drains what the kernels held, then ends.
+    let mut buf = vec![0u8; 64 * 1024];
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match client.read(&mut buf).await {
+                Ok(0) => return "eof",
+                Ok(_) => {}
+                Err(_) => return "reset",
+            }
+        }
+    })
+    .await
+    .expect("the connection was closed, not left open");
+    eprintln!("send_timeout: stream ended after {ended:?}; client saw {end}");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        1.0,
+        "a client that stopped reading is a client-side end"
+    );
+}

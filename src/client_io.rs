@@ -1,0 +1,173 @@
+//! The client's socket as hyper sees it: a `TcpStream` that also
+//! - remembers whether the client has sent bytes since our last write, so that at a
+//!   header-read timeout a stalled request (answered 408) can be told from an idle keep-alive
+//!   (closed without a word), and hands the socket back when hyper is done with it, so the
+//!   408 can be written without holding a second descriptor per connection;
+//! - gives up on a client that has not read for `send_timeout` while we have bytes for it
+//!   (nginx's `send_timeout`). The reaper ends such a stream's upstream call at its deadline;
+//!   this ends the client connection itself, which would otherwise sit on its socket buffers
+//!   for as long as the client likes.
+//!
+//! One timer per connection, made the first time a write stalls and reset (not recreated)
+//! at every later stall; a write that makes progress disarms it.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+/// What the connection task keeps of a socket it gave to hyper.
+#[derive(Default)]
+pub struct Returned {
+    mid_request: AtomicBool,
+    socket: Mutex<Option<TcpStream>>,
+}
+
+impl Returned {
+    /// After hyper's header-read timeout: tells a client that stalled part-way through a
+    /// request head why its connection is closing. An idle keep-alive connection is closed
+    /// without a word, as RFC 9112 9.6 allows.
+    pub fn answer_stalled_head(&self) {
+        let socket = self
+            .socket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(socket) = socket.filter(|_| self.mid_request.load(Ordering::Relaxed)) {
+            // A fresh 56-byte write to an otherwise idle socket: the send buffer takes it.
+            let _ = socket.try_write(
+                b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+            );
+            let _ = socket2::SockRef::from(&socket).shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+pub struct ClientIo {
+    /// `None` only once dropped: the socket goes back to [`Returned`].
+    socket: Option<TcpStream>,
+    returned: Arc<Returned>,
+    send_timeout: Duration,
+    stall: Option<Pin<Box<Sleep>>>,
+    stalled: bool,
+}
+
+impl ClientIo {
+    pub fn new(socket: TcpStream, send_timeout: Duration) -> (ClientIo, Arc<Returned>) {
+        let returned = Arc::new(Returned::default());
+        let io = ClientIo {
+            socket: Some(socket),
+            returned: returned.clone(),
+            send_timeout,
+            stall: None,
+            stalled: false,
+        };
+        (io, returned)
+    }
+
+    fn socket(&mut self) -> Pin<&mut TcpStream> {
+        Pin::new(
+            self.socket
+                .as_mut()
+                .expect("the socket leaves only when the ClientIo is dropped"),
+        )
+    }
+
+    /// Called when a write could not proceed: pending until `send_timeout` has passed since
+    /// the writes stalled, then the error that makes hyper close the connection.
+    fn poll_stall<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let timeout = self.send_timeout;
+        let sleep = self
+            .stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+        if !self.stalled {
+            self.stalled = true;
+            sleep.as_mut().reset(Instant::now() + timeout);
+        }
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing for send_timeout",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn wrote<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match r {
+            Poll::Pending => self.poll_stall(cx),
+            ready => {
+                self.stalled = false;
+                self.returned.mid_request.store(false, Ordering::Relaxed);
+                ready
+            }
+        }
+    }
+}
+
+impl Drop for ClientIo {
+    fn drop(&mut self) {
+        *self
+            .returned
+            .socket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = self.socket.take();
+    }
+}
+
+impl AsyncRead for ClientIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = this.socket().poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.returned.mid_request.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl AsyncWrite for ClientIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = this.socket().poll_write(cx, buf);
+        this.wrote(cx, r)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = this.socket().poll_write_vectored(cx, bufs);
+        this.wrote(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.socket.as_ref().is_some_and(|s| s.is_write_vectored())
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().socket().poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut().socket().poll_shutdown(cx)
+    }
+}
