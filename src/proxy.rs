@@ -160,7 +160,10 @@ impl Gateway {
                     .iter()
                     .flat_map(|r| r.chain.iter())
                     .map(|e| &e.upstream)
-                    .find(|u| *u.config == **up && u.connect_bound == connect)
+                    // A rotated key (same file, new contents) needs a new upstream.
+                    .find(|u| {
+                        *u.config == **up && u.connect_bound == connect && u.credential_is_current()
+                    })
                     .cloned()
             });
             upstreams.push(match reused {
@@ -241,11 +244,8 @@ impl Gateway {
     {
         let arrival = Instant::now();
         let id = request_id(req.headers());
-        let path = req
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_string();
+        // The path alone: a query string may carry a key (`?key=` is how Gemini takes one).
+        let path = req.uri().path().to_string();
         let mut record = RequestRecord::new(
             id.clone(),
             req.method().clone(),

@@ -454,3 +454,46 @@ async fn oversized_heads_and_too_many_headers_get_431() {
     }
     assert!(h.fake.requests().is_empty());
 }
+
+/// A provider key rotated in its file (same path, so the upstream's config is unchanged)
+/// must be picked up by the next reload, not kept with the reused connection pool.
+#[tokio::test]
+async fn a_reload_picks_up_a_rotated_key_file() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = temp_dir("rotate");
+    let key_file = dir.join("provider.key");
+    std::fs::write(&key_file, "sk-old-key\n").unwrap();
+    let path = dir.join("hourglass.toml");
+    let text = BASE.replace("{FAKE}", &fake.url()).replace(
+        "api_key_env = \"HOURGLASS_TEST_KEY_UNSET\"",
+        &format!("api_key_file = \"{}\"", key_file.display()),
+    );
+    std::fs::write(&path, &text).unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    let addr = gw.addr;
+    let sent_key = |n: usize| {
+        fake.requests()[n]
+            .headers
+            .get("authorization")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+
+    let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    assert_eq!(sent_key(0).as_deref(), Some("Bearer sk-old-key"));
+
+    // An unchanged file keeps the upstream (and its pool); a rotated one replaces it.
+    gw.reload().await.unwrap();
+    std::fs::write(&key_file, "sk-new-key\n").unwrap();
+    gw.reload().await.unwrap();
+    let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    assert_eq!(sent_key(1).as_deref(), Some("Bearer sk-new-key"));
+    gw.shutdown().await;
+}
