@@ -586,7 +586,7 @@ async fn respond(
         Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, finisher),
     };
     if let Some(status) = script.status {
-        tokio::time::sleep(script.ttft).await;
+        pause(script.ttft).await;
         return error_response(status, "status injected by x-fake-status", finisher);
     }
     let replay = shared
@@ -605,7 +605,7 @@ async fn respond(
         };
         let mut first_delay = script.ttft;
         if !script.headers_first {
-            tokio::time::sleep(std::mem::take(&mut first_delay)).await;
+            pause(std::mem::take(&mut first_delay)).await;
         }
         let mut response = Response::new(ScriptBody::new(reply, script, first_delay, finisher));
         let headers = response.headers_mut();
@@ -671,7 +671,7 @@ async fn respond(
     let mut first_delay = script.ttft;
     if !script.headers_first {
         // The head is only handed to hyper after the wait, so it leaves with the first event.
-        tokio::time::sleep(std::mem::take(&mut first_delay)).await;
+        pause(std::mem::take(&mut first_delay)).await;
     }
     let mut response = Response::new(ScriptBody::new(reply, script, first_delay, finisher));
     let headers = response.headers_mut();
@@ -1069,6 +1069,13 @@ impl Body for ScriptBody {
             Shape::Full(bytes) if self.next == 0 => SizeHint::with_exact(bytes.len() as u64),
             _ => SizeHint::default(),
         }
+    }
+}
+
+/// `sleep(0)` still waits for the timer's next millisecond tick: a ttft of 0 must not.
+async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
     }
 }
 
