@@ -15,8 +15,9 @@ pub enum Target {
     Direct,
     /// Hourglass with `--workers 1`: a current-thread runtime.
     Hourglass,
-    /// Hourglass with its default multi-thread runtime (tokio starts a worker per CPU of the
-    /// machine, not of the process's affinity: two on the one pinned core here).
+    /// Hourglass with the multi-thread runtime, two workers (what tokio's default gives on
+    /// this 2-CPU machine) on the one pinned core. Hourglass's own default is now the
+    /// current-thread runtime when the process may use only one CPU, as here.
     HourglassMt,
     Nginx,
     Haproxy,
@@ -136,9 +137,12 @@ impl Gateway {
                     .arg(&path)
                     .arg("--log-format")
                     .arg("json");
-                if target == Target::Hourglass {
-                    cmd.arg("--workers").arg("1");
-                }
+                let workers = if target == Target::Hourglass {
+                    "1"
+                } else {
+                    "2"
+                };
+                cmd.arg("--workers").arg(workers);
                 cmd.env_remove("HOURGLASS_WORKERS").env_remove("RUST_LOG");
             }
             Target::Nginx => {
