@@ -383,7 +383,10 @@ async fn serve_connection(
         // Each request keeps the routing table it started with, across reloads.
         let gateway = shared_svc.gateway.load_full();
         let metrics = shared_svc.metrics.clone();
-        async move {
+        // Boxed: hyper keeps the service future in a per-connection box that lives as long as
+        // the connection, sized for the future (about 8 KiB of routing, retry and attempt
+        // state). Behind our own box the 8 KiB is freed once the response head is out.
+        Box::pin(async move {
             let resp = match (CatchPanic {
                 inner: gateway.handle(req),
             })
@@ -399,7 +402,7 @@ async fn serve_connection(
                 }
             };
             Ok::<_, Infallible>(resp)
-        }
+        })
     });
     let (io, returned) = ClientIo::new(stream, server.send_timeout);
     let tls = shared.tls.load_full();
