@@ -19,6 +19,7 @@ pub mod config;
 pub mod error;
 pub mod fake;
 pub mod inspect;
+pub mod json_log;
 pub mod metrics;
 pub mod outcome;
 pub mod policy;

@@ -121,8 +121,7 @@ fn init_tracing(format: LogFormat) {
     match format {
         LogFormat::Json => tracing_subscriber::fmt()
             .with_env_filter(filter())
-            .json()
-            .flatten_event(true)
+            .event_format(hourglass::json_log::JsonLines)
             .init(),
         LogFormat::Pretty => tracing_subscriber::fmt()
             .with_env_filter(filter())

@@ -310,9 +310,9 @@ impl RequestRecord {
         });
         tracing::info!(
             target: "hourglass::request",
-            request_id = %self.id,
-            method = %self.method,
-            path = %self.path,
+            request_id = &*self.id,
+            method = self.method.as_str(),
+            path = self.path.as_str(),
             route = self.route.as_deref(),
             upstream = self.upstream.as_ref().map(|u| &*u.name),
             budget_ms = self.budget.as_ref().map(|b| b.total.as_millis() as u64),
