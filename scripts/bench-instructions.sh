@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Instructions Hourglass executes per non-streaming request and per streamed chunk, counted by
+# valgrind's callgrind: deterministic, so two builds can be compared on a noisy machine where
+# wall-clock numbers move by 30% between runs (see BENCHMARKS.md).
+#
+#   scripts/bench-instructions.sh                 # the release build of this tree
+#   scripts/bench-instructions.sh path/to/hourglass [another/hourglass ...]   # A/B
+#
+# Each figure is the difference of two runs of the same gateway (N1 and N2 requests, or
+# streams of C1 and C2 chunks), so start-up and shutdown cancel out. User-space
+# instructions only: the syscalls themselves are the same per request as nginx's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || {
+  [ "$(id -u)" = 0 ] || { echo "valgrind is missing" >&2; exit 1; }
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
+}
+bins=("$@")
+if [ ${#bins[@]} = 0 ]; then
+  cargo build --release --quiet --bin hourglass
+  bins=(target/release/hourglass)
+fi
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+fake_port=$(port) gw_port=$(port) admin_port=$(port)
+"${bins[0]}" fake-upstream --listen "127.0.0.1:$fake_port" >/dev/null 2>&1 &
+cat >"$work/hourglass.toml" <<EOF
+[server]
+listen = "127.0.0.1:$gw_port"
+admin_listen = "127.0.0.1:$admin_port"
+shutdown_grace = "1s"
+[defaults]
+budget = "60s"
+[upstreams.fake]
+url = "http://127.0.0.1:$fake_port"
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+EOF
+# One keep-alive connection, requests one after another; every answer is checked.
+cat >"$work/client.py" <<'EOF'
+import http.client, json, sys
+port, n, chunks = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+c = http.client.HTTPConnection("127.0.0.1", port)
+body = json.dumps({"model": "m", "stream": chunks > 0, "messages": [{"role": "user", "content": "hi"}]})
+headers = {"content-type": "application/json", "x-fake-headers-first": "1"}
+if chunks:
+    headers.update({"x-fake-chunks": str(chunks), "x-fake-interval-ms": "0"})
+for _ in range(n):
+    c.request("POST", "/v1/chat/completions", body, headers)
+    r = c.getresponse()
+    data = r.read()
+    assert r.status == 200, (r.status, data[:200])
+EOF
+# Total instructions of one gateway process serving N requests of C chunks (0: not streamed).
+count() {
+  local bin=$1 n=$2 chunks=$3 out="$work/callgrind.out"
+  valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" --config "$work/hourglass.toml" \
+    --workers 1 --log-format json >"$work/gateway.log" 2>&1 &
+  local vg=$!
+  for _ in $(seq 100); do
+    curl -s -o /dev/null "http://127.0.0.1:$admin_port/healthz" && break
+    sleep 0.2
+  done
+  python3 "$work/client.py" "$gw_port" "$n" "$chunks"
+  kill -INT "$vg"
+  wait "$vg" || true
+  awk '/^(summary|totals):/ {print $2; exit}' "$out"
+}
+printf '%-40s %22s %22s\n' binary "instructions/request" "instructions/chunk"
+for bin in "${bins[@]}"; do
+  a=$(count "$bin" 200 0) b=$(count "$bin" 1200 0)
+  c=$(count "$bin" 100 10) d=$(count "$bin" 100 210)
+  printf '%-40s %22d %22d\n' "$bin" $(((b - a) / 1000)) $(((d - c) / 20000))
+done
