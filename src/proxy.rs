@@ -530,7 +530,6 @@ fn request_id(headers: &HeaderMap) -> Arc<str> {
 /// call per request that a UUIDv4 costs (it showed in profiles).
 fn new_request_id() -> Arc<str> {
     use std::hash::BuildHasher;
-    use std::io::Write;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static PREFIX: OnceLock<u64> = OnceLock::new();
@@ -541,9 +540,13 @@ fn new_request_id() -> Arc<str> {
             .map_or(0, |d| d.as_nanos());
         std::collections::hash_map::RandomState::new().hash_one((nanos, std::process::id()))
     });
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut buf = [0u8; 32];
-    write!(&mut buf[..], "{prefix:016x}{n:016x}").expect("32 hex digits fit 32 bytes");
+    for (i, digit) in buf.iter_mut().enumerate() {
+        let word = if i < 16 { prefix } else { n };
+        *digit = HEX[((word >> (60 - 4 * (i % 16))) & 0xf) as usize];
+    }
     Arc::from(std::str::from_utf8(&buf).expect("hex digits are ASCII"))
 }
 
@@ -566,6 +569,11 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
         assert_eq!(a[..16], b[..16], "one prefix per process");
+        let (na, nb) = (
+            u64::from_str_radix(&a[16..], 16).unwrap(),
+            u64::from_str_radix(&b[16..], 16).unwrap(),
+        );
+        assert!(nb > na, "a counter after the prefix: {a} then {b}");
         h.insert(REQUEST_ID, HeaderValue::from_static("client-chosen-id"));
         assert_eq!(&*request_id(&h), "client-chosen-id");
         h.insert(REQUEST_ID, HeaderValue::from_static("has space"));
