@@ -151,19 +151,11 @@ fn timestamp(w: &mut Writer<'_>) -> fmt::Result {
     })
 }
 
-/// `YYYY-MM-DDTHH:MM:SS` for seconds since the Unix epoch (Howard Hinnant's days-to-civil).
+/// `YYYY-MM-DDTHH:MM:SS` for seconds since the Unix epoch.
 fn civil_time(out: &mut String, secs: u64) -> fmt::Result {
     let days = i64::try_from(secs / 86_400).map_err(|_| fmt::Error)?;
     let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = crate::access::civil_from_days(days);
     write!(
         out,
         "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
@@ -253,7 +245,8 @@ mod tests {
         }
     }
 
-    fn lines(emit: impl FnOnce()) -> Vec<serde_json::Value> {
+    /// What the formatter writes for the events `emit` makes.
+    fn captured(emit: impl FnOnce()) -> String {
         let out = Captured::default();
         let writer = out.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -261,8 +254,13 @@ mod tests {
             .with_writer(move || writer.clone())
             .finish();
         tracing::subscriber::with_default(subscriber, emit);
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        text.lines()
+        let bytes = out.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    fn lines(emit: impl FnOnce()) -> Vec<serde_json::Value> {
+        captured(emit)
+            .lines()
             .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
             .collect()
     }
@@ -341,13 +339,7 @@ mod tests {
 
     #[test]
     fn milliseconds_have_three_decimals_and_keep_their_sign() {
-        let out = Captured::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .event_format(JsonLines)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = captured(|| {
             tracing::info!(
                 a = 2.5f64,
                 b = -0.0004f64,
@@ -356,7 +348,6 @@ mod tests {
                 "m"
             );
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         assert!(
             text.contains("\"a\":2.500,\"b\":0.000,\"c\":-12.346,\"d\":1e300"),
             "{text}"
@@ -366,18 +357,11 @@ mod tests {
 
     #[test]
     fn the_first_key_order_matches_tracing_subscribers_json() {
-        let out = Captured::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .event_format(JsonLines)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = captured(|| {
             let span = tracing::info_span!("outer");
             let _g = span.enter();
             tracing::warn!(a = 1u64, "hello");
         });
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         assert!(text.starts_with("{\"timestamp\":\""), "{text}");
         assert!(
             text.contains(",\"level\":\"WARN\",\"message\":\"hello\",\"a\":1,\"spans\":[\"outer\"],\"target\":"),

@@ -535,17 +535,12 @@ fn request_id(headers: &HeaderMap) -> Arc<str> {
 /// within the process and, with overwhelming odds, across processes, without the kernel
 /// call per request that a UUIDv4 costs (it showed in profiles).
 fn new_request_id() -> Arc<str> {
-    use std::hash::BuildHasher;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static PREFIX: OnceLock<u64> = OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let prefix = *PREFIX.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        std::collections::hash_map::RandomState::new().hash_one((nanos, std::process::id()))
-    });
+    // fastrand seeds itself from the process's random state (std's `RandomState`).
+    let prefix = *PREFIX.get_or_init(|| fastrand::u64(..));
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let mut buf = [0u8; 32];

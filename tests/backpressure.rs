@@ -92,6 +92,21 @@ async fn small_client(addr: SocketAddr, budget_ms: u64) -> (TcpStream, Vec<u8>) 
     (s, got)
 }
 
+/// How long after `start` the gateway's upstream call ended (its in-flight gauge back at 0),
+/// failing with `why` past 5 s.
+async fn upstream_ended(h: &Harness, start: Instant, why: &str) -> Duration {
+    let deadline = start + Duration::from_secs(5);
+    while h
+        .metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
+        .await
+        != 0.0
+    {
+        assert!(Instant::now() < deadline, "{why}");
+        sleep(Duration::from_millis(20)).await;
+    }
+    start.elapsed()
+}
+
 fn config(upstream: SocketAddr) -> String {
     BASE.replace("{FAKE}", &format!("http://{upstream}"))
         .replace("max_budget = \"30s\"", "max_budget = \"120s\"")
@@ -208,19 +223,7 @@ async fn a_client_that_stops_reading_does_not_outlive_its_budget() {
     let (mut client, _) = small_client(h.addr(), 1500).await;
     // Not a byte read after the head. At the deadline the upstream call ends anyway: its
     // in-flight count drops and the route's only slot is free again.
-    let deadline = start + Duration::from_secs(5);
-    while h
-        .metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
-        .await
-        != 0.0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream call outlived its budget"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-    let ended = start.elapsed();
+    let ended = upstream_ended(&h, start, "the upstream call outlived its budget").await;
     assert!(
         ended >= Duration::from_millis(1400) && ended < Duration::from_millis(2500),
         "ended after {ended:?}"
@@ -270,19 +273,12 @@ async fn a_client_that_reads_nothing_for_send_timeout_is_disconnected() {
     let start = Instant::now();
     // A 60 s budget: only the send timeout can end this early.
     let (mut client, _) = small_client(h.addr(), 60_000).await;
-    let deadline = start + Duration::from_secs(5);
-    while h
-        .metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
-        .await
-        != 0.0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "a client that reads nothing held its stream past send_timeout"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-    let ended = start.elapsed();
+    let ended = upstream_ended(
+        &h,
+        start,
+        "a client that reads nothing held its stream past send_timeout",
+    )
+    .await;
     assert!(
         ended >= Duration::from_millis(950) && ended < Duration::from_millis(3000),
         "ended after {ended:?}"
