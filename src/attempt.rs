@@ -4,7 +4,6 @@
 //! could yet fail. Dropping an attempt's future (or its body) cancels it upstream.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -14,6 +13,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::capture_connection;
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant};
 
@@ -24,7 +25,7 @@ use crate::inspect::Inspector;
 use crate::metrics::InFlight;
 use crate::provider::Format;
 use crate::sse::SseScanner;
-use crate::upstream::{ConnectTimedOut, ExchangeError, Upstream, UpstreamIncoming};
+use crate::upstream::{ConnectTimedOut, Upstream};
 use crate::watchdog::StreamLimits;
 
 /// What one attempt needs beyond the request itself.
@@ -73,7 +74,9 @@ impl Attempt<'_> {
                 http::HeaderValue::from(budget.forwarded_ms(now)),
             );
         }
-        let mut response = upstream.request(req);
+        let mut connection = capture_connection(&mut req);
+        let response = upstream.request(req);
+        tokio::pin!(response);
         let timer = sleep_until((now + budget.connect_timeout).min(work_deadline));
         tokio::pin!(timer);
         let mut sent_at: Option<Instant> = None;
@@ -82,23 +85,20 @@ impl Attempt<'_> {
             cause,
             sent_at,
         };
-        let result = std::future::poll_fn(|cx| {
-            if let Poll::Ready(r) = Pin::new(&mut response).poll(cx) {
-                return Poll::Ready(Ok(r));
+        let result = loop {
+            tokio::select! {
+                biased;
+                r = &mut response => break r,
+                _ = connection.wait_for_connection_metadata(), if sent_at.is_none() => {
+                    let at = Instant::now();
+                    sent_at = Some(at);
+                    timer.as_mut().reset((at + self.first_token_timeout).min(work_deadline));
+                }
+                () = &mut timer => {
+                    let (error, cause) = self.limit_error(sent_at.is_some());
+                    return Err(fail(error, cause, sent_at));
+                }
             }
-            if sent_at.is_none() && response.is_connected() {
-                let at = Instant::now();
-                sent_at = Some(at);
-                timer
-                    .as_mut()
-                    .reset((at + self.first_token_timeout).min(work_deadline));
-            }
-            timer.as_mut().poll(cx).map(Err)
-        })
-        .await;
-        let Ok(result) = result else {
-            let (error, cause) = self.limit_error(sent_at.is_some());
-            return Err(fail(error, cause, sent_at));
         };
         let response = result.map_err(|e| {
             let (error, cause) = classify(upstream, &e, budget.connect_timeout);
@@ -256,7 +256,7 @@ pin_project! {
     pub struct UpstreamBody {
         prefix: VecDeque<Bytes>,
         #[pin]
-        inner: UpstreamIncoming,
+        inner: Incoming,
         _in_flight: InFlight,
     }
 }
@@ -294,11 +294,11 @@ impl Body for UpstreamBody {
 
 fn classify(
     upstream: &Upstream,
-    e: &ExchangeError,
+    e: &hyper_util::client::legacy::Error,
     connect_timeout: Duration,
 ) -> (GatewayError, Option<RetryCause>) {
     let mut reason = String::new();
-    let mut source = e.causes();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     let mut timed_out = None;
     while let Some(s) = source {
         // Our own connector bound, or the TCP connect timeout beneath it (which may fire a

@@ -1,11 +1,6 @@
-//! The client side of an upstream: its connections and its credentials.
-//!
-//! `http://` upstreams use `pool` (HTTP/1.1 connections driven by the requests' own tasks).
-//! `https://` upstreams use hyper-util's pooled client, with TLS (rustls, webpki roots plus an
-//! optional `ca_file`) and ALPN for HTTP/2. Both set TCP_NODELAY and keep-alive and bound the
-//! connect step (TCP and TLS together).
-
-mod pool;
+//! The client side: one pooled hyper client per upstream, with TLS (rustls, webpki roots plus
+//! an optional `ca_file`), ALPN for HTTP/2, TCP_NODELAY, keep-alive, a connect timeout that
+//! covers TCP and TLS together, and the upstream's credentials.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,12 +11,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{HeaderName, AUTHORIZATION};
 use http::{HeaderMap, HeaderValue, Uri};
-use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::{capture_connection, CaptureConnection, HttpConnector};
-use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -40,8 +33,6 @@ pub enum UpstreamBuildError {
         path: String,
         reason: String,
     },
-    #[error("upstream {upstream:?}: url: {reason}")]
-    Url { upstream: String, reason: String },
     #[error("upstream {upstream:?}: TLS setup: {reason}")]
     Tls { upstream: String, reason: String },
     #[error("upstream {upstream:?}: the key in {var} is not a valid header value")]
@@ -63,55 +54,15 @@ pub enum UpstreamBuildError {
 #[error("connect (TCP and TLS) did not finish within {0:?}")]
 pub struct ConnectTimedOut(pub Duration);
 
-/// An exchange with an upstream failed before its response head arrived.
-#[derive(Debug, thiserror::Error)]
-pub enum ExchangeError {
-    /// hyper-util's client (HTTPS upstreams); it tells connect errors apart itself.
-    #[error(transparent)]
-    Client(#[from] hyper_util::client::legacy::Error),
-    /// No connection to the upstream could be made (`http://` upstreams).
-    #[error("connect: {0}")]
-    Connect(BoxError),
-    /// The connection failed while the request was sent or the head awaited.
-    #[error(transparent)]
-    Exchange(#[from] hyper::Error),
-}
-
-impl ExchangeError {
-    /// The connect step failed: nothing reached the upstream.
-    pub fn is_connect(&self) -> bool {
-        match self {
-            Self::Client(e) => e.is_connect(),
-            Self::Connect(_) => true,
-            Self::Exchange(_) => false,
-        }
-    }
-
-    /// The errors beneath this one's own message, outermost first.
-    pub fn causes(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Client(e) => std::error::Error::source(e),
-            Self::Connect(e) => Some(e.as_ref()),
-            Self::Exchange(e) => Some(e),
-        }
-    }
-}
-
 type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
-
-enum Transport {
-    Pool(pool::Pool),
-    Client(Box<Client<Connector, Full<Bytes>>>),
-}
 
 pub struct Upstream {
     pub name: Arc<str>,
     pub config: Arc<UpstreamConfig>,
-    /// What request URIs start with: the url's path without a trailing slash, after
-    /// `scheme://authority` for hyper-util's client (the pool sends origin-form URIs).
+    /// `scheme://authority` plus the url's path without a trailing slash.
     base: String,
     credential: Option<(HeaderName, HeaderValue)>,
-    transport: Transport,
+    client: Client<Connector, Full<Bytes>>,
     /// What an attempt here is expected to take until its first token.
     pub ttft: TtftEstimate,
     /// The connector's own connect bound (a reload reuses this upstream only if unchanged).
@@ -137,32 +88,37 @@ impl Upstream {
         connect_timeout: Duration,
     ) -> Result<Self, UpstreamBuildError> {
         let name: Arc<str> = Arc::from(config.name.as_str());
-        let url = &config.url;
-        let path = url.path().trim_end_matches('/');
-        let (transport, base) = if url.scheme_str() == Some("http") {
-            if config.ca_file.is_some() {
-                // Unused over plain HTTP, but a broken one is still the operator's mistake.
-                tls_config(&config)?;
-            }
-            let pool = pool::Pool::new(url, connect_timeout).map_err(|reason| {
-                UpstreamBuildError::Url {
-                    upstream: config.name.clone(),
-                    reason,
-                }
-            })?;
-            (Transport::Pool(pool), path.to_owned())
-        } else {
-            let base = format!(
-                "{}://{}{path}",
-                url.scheme_str().unwrap_or("https"),
-                url.authority().map(|a| a.as_str()).unwrap_or_default(),
-            );
-            (
-                Transport::Client(Box::new(https_client(&config, connect_timeout)?)),
-                base,
-            )
+        let tls = tls_config(&config)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_keepalive(Some(Duration::from_secs(30)));
+        http.set_connect_timeout(Some(connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let connector = TimeoutConnector {
+            inner: https,
+            timeout: connect_timeout,
         };
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .http2_keep_alive_while_idle(false)
+            .build(connector);
         let credential = credential(&config)?;
+        let url = &config.url;
+        let base = format!(
+            "{}://{}{}",
+            url.scheme_str().unwrap_or("http"),
+            url.authority().map(|a| a.as_str()).unwrap_or_default(),
+            url.path().trim_end_matches('/')
+        );
         Ok(Self {
             name,
             connect_bound: connect_timeout,
@@ -170,7 +126,7 @@ impl Upstream {
             config,
             base,
             credential,
-            transport,
+            client,
         })
     }
 
@@ -199,121 +155,8 @@ impl Upstream {
         }
     }
 
-    pub fn request(&self, mut req: http::Request<Full<Bytes>>) -> ResponseFuture {
-        match &self.transport {
-            Transport::Pool(pool) => ResponseFuture::Pool(pool.send(req)),
-            Transport::Client(client) => {
-                let connection = capture_connection(&mut req);
-                ResponseFuture::Client(client.request(req), connection)
-            }
-        }
-    }
-
-    /// Idle connections this upstream keeps (`http://` upstreams; 0 for the others).
-    pub fn idle_connections(&self) -> usize {
-        match &self.transport {
-            Transport::Pool(pool) => pool.idle_count(),
-            Transport::Client(_) => 0,
-        }
-    }
-}
-
-fn https_client(
-    config: &UpstreamConfig,
-    connect_timeout: Duration,
-) -> Result<Client<Connector, Full<Bytes>>, UpstreamBuildError> {
-    let tls = tls_config(config)?;
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_keepalive(Some(Duration::from_secs(30)));
-    http.set_connect_timeout(Some(connect_timeout));
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
-    let connector = TimeoutConnector {
-        inner: https,
-        timeout: connect_timeout,
-    };
-    Ok(Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .http2_keep_alive_interval(Duration::from_secs(30))
-        .http2_keep_alive_while_idle(false)
-        .build(connector))
-}
-
-/// A request on its way to the upstream, until its response head.
-pub enum ResponseFuture {
-    Pool(pool::Exchange),
-    Client(
-        hyper_util::client::legacy::ResponseFuture,
-        CaptureConnection,
-    ),
-}
-
-impl ResponseFuture {
-    /// Whether the request has a connection, from which on its first-token clock runs.
-    pub fn is_connected(&self) -> bool {
-        match self {
-            Self::Pool(exchange) => exchange.is_connected(),
-            Self::Client(_, connection) => connection.connection_metadata().is_some(),
-        }
-    }
-}
-
-impl Future for ResponseFuture {
-    type Output = Result<http::Response<UpstreamIncoming>, ExchangeError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.get_mut() {
-            Self::Pool(exchange) => Pin::new(exchange)
-                .poll(cx)
-                .map_ok(|r| r.map(UpstreamIncoming::Pool)),
-            Self::Client(fut, _) => Pin::new(fut)
-                .poll(cx)
-                .map_ok(|r| r.map(UpstreamIncoming::Client))
-                .map_err(ExchangeError::Client),
-        }
-    }
-}
-
-/// An upstream response body, from whichever transport carried it.
-pub enum UpstreamIncoming {
-    Pool(pool::PooledBody),
-    Client(Incoming),
-}
-
-impl Body for UpstreamIncoming {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        match self.get_mut() {
-            Self::Pool(body) => Pin::new(body).poll_frame(cx),
-            Self::Client(body) => Pin::new(body).poll_frame(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Self::Pool(body) => body.is_end_stream(),
-            Self::Client(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Self::Pool(body) => body.size_hint(),
-            Self::Client(body) => body.size_hint(),
-        }
+    pub fn request(&self, req: http::Request<Full<Bytes>>) -> ResponseFuture {
+        self.client.request(req)
     }
 }
 
