@@ -29,61 +29,48 @@ use targets::{Env, Target};
 
 const SCENARIOS: [&str; 6] = ["nonstream", "streams", "leave", "memory", "limits", "cpu"];
 
+/// Hourglass against nginx, haproxy and a direct connection (`scripts/bench.sh` runs this).
+#[derive(clap::Parser)]
+#[command(bin_name = "cargo bench --bench gateway --")]
 struct Args {
+    /// A short smoke run: seconds, no verdicts.
+    #[arg(long)]
     quick: bool,
+    /// Where the results go (default: bench-results/, or target/bench-quick/ or
+    /// target/bench-partial/ for a quick or partial run).
+    #[arg(long)]
     out: Option<PathBuf>,
+    /// Which targets to measure (default: all); the direct connection is always added (added
+    /// latency is measured against it).
+    #[arg(long, value_delimiter = ',', value_parser = target)]
     targets: Vec<Target>,
+    /// Which scenarios to run (default: all).
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenarios: Vec<String>,
+    /// Passed by `cargo bench` to every bench binary.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: cargo bench --bench gateway -- [--quick] [--out DIR] [--targets {}] [--scenarios {}]",
-        Target::ALL.map(Target::name).join(","),
-        SCENARIOS.join(",")
-    );
-    std::process::exit(2)
+fn target(name: &str) -> Result<Target, String> {
+    Target::from_name(name.trim()).ok_or_else(|| {
+        format!(
+            "{name:?} is not a target (one of: {})",
+            Target::ALL.map(Target::name).join(",")
+        )
+    })
 }
 
 fn parse_args() -> Args {
-    let mut args = Args {
-        quick: false,
-        out: None,
-        targets: Target::ALL.to_vec(),
-        scenarios: SCENARIOS.iter().map(|s| s.to_string()).collect(),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            // cargo bench passes --bench to every bench binary.
-            "--bench" => {}
-            "--quick" => args.quick = true,
-            "--out" => args.out = Some(it.next().unwrap_or_else(|| usage()).into()),
-            "--targets" => {
-                let list = it.next().unwrap_or_else(|| usage());
-                args.targets = list
-                    .split(',')
-                    .map(|n| Target::from_name(n.trim()).unwrap_or_else(|| usage()))
-                    .collect();
-                if !args.targets.contains(&Target::Direct) {
-                    // Added latency is measured against the direct connection.
-                    args.targets.insert(0, Target::Direct);
-                }
-            }
-            "--scenarios" => {
-                let list = it.next().unwrap_or_else(|| usage());
-                args.scenarios = list.split(',').map(|s| s.trim().to_owned()).collect();
-                if args
-                    .scenarios
-                    .iter()
-                    .any(|s| !SCENARIOS.contains(&s.as_str()))
-                {
-                    usage();
-                }
-            }
-            "-h" | "--help" => usage(),
-            _ => usage(),
-        }
+    let mut args = <Args as clap::Parser>::parse();
+    if args.targets.is_empty() {
+        args.targets = Target::ALL.to_vec();
+    }
+    if args.scenarios.is_empty() {
+        args.scenarios = SCENARIOS.map(String::from).to_vec();
+    }
+    if !args.targets.contains(&Target::Direct) {
+        args.targets.insert(0, Target::Direct);
     }
     args
 }
