@@ -18,8 +18,11 @@ COLORS = {
     "hourglass-mt": "#ff9896",
     "nginx": "#2ca02c",
     "haproxy": "#1f77b4",
+    "bare-hyper": "#9467bd",
+    "bare-hyper-conn": "#c5b0d5",
 }
-STYLE = {"direct": ":"}
+# The direct connection and the bare hyper proxies are references, not contenders.
+STYLE = {"direct": ":", "bare-hyper": "--", "bare-hyper-conn": "--"}
 
 
 def cdf_lines(ax, per_target, title, xlabel, tail=False):
@@ -133,6 +136,10 @@ def main():
             ax.bar_label(bars, fmt="%.0f", fontsize=8)
             ax.set_title("non-streaming requests/s (direct: no gateway)", fontsize=10)
             ax.grid(True, axis="y", alpha=0.3)
+        for ax in axes:
+            ax.tick_params(axis="x", labelrotation=25)
+            for label in ax.get_xticklabels():
+                label.set_horizontalalignment("right")
         fig.tight_layout()
         path = f"{out}/memory_cpu.png"
         fig.savefig(path, dpi=90)

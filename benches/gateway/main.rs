@@ -10,6 +10,7 @@
 //! the last one, started fresh for every scenario and target. Scenarios and their targets
 //! are in `scenarios.rs`, the table and the verdicts in `report.rs`.
 
+mod bare;
 mod client;
 mod report;
 mod scenarios;
@@ -50,6 +51,13 @@ struct Args {
     /// Passed by `cargo bench` to every bench binary.
     #[arg(long, hide = true)]
     bench: bool,
+    /// Run as the bare hyper proxy target instead (the harness starts itself this way).
+    #[arg(long, hide = true, value_enum, requires_all = ["bare_listen", "bare_upstream"])]
+    bare_proxy: Option<bare::Mode>,
+    #[arg(long, hide = true)]
+    bare_listen: Option<std::net::SocketAddr>,
+    #[arg(long, hide = true)]
+    bare_upstream: Option<std::net::SocketAddr>,
 }
 
 fn target(name: &str) -> Result<Target, String> {
@@ -228,6 +236,17 @@ fn machine() -> serde_json::Value {
 
 fn main() -> ExitCode {
     let args = parse_args();
+    if let (Some(mode), Some(listen), Some(upstream)) =
+        (args.bare_proxy, args.bare_listen, args.bare_upstream)
+    {
+        return match bare::run(mode, listen, upstream) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bare proxy: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cpus = allowed_cpus();
     let (load_core, gateway_core) = match std::env::var(PINNED) {
         Ok(g) => (cpus.first().copied().unwrap_or(0), g.parse().unwrap_or(0)),
@@ -263,6 +282,13 @@ fn main() -> ExitCode {
     let nofile = nofile_limit();
     let env = Env {
         hourglass: PathBuf::from(env!("CARGO_BIN_EXE_hourglass")),
+        harness: match std::env::current_exe() {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("[bench] cannot find this binary ({e}): the bare proxies need it");
+                return ExitCode::FAILURE;
+            }
+        },
         nginx: find_bin("nginx"),
         haproxy: find_bin("haproxy"),
         gateway_core,

@@ -1041,7 +1041,7 @@ pub async fn limits(ctx: &Ctx) -> Value {
             .targets
             .iter()
             .copied()
-            .filter(|&t| t != Target::Direct)
+            .filter(|&t| t.has_limits())
             .collect(),
         p: p.clone(),
     };

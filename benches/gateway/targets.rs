@@ -21,15 +21,22 @@ pub enum Target {
     HourglassMt,
     Nginx,
     Haproxy,
+    /// The floor of the mandated stack (`bare.rs`): hyper's server and hyper-util's pooled
+    /// client with nothing of Hourglass in between.
+    BarePool,
+    /// The same with one upstream connection per client connection, in the client's task.
+    BareConn,
 }
 
 impl Target {
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 7] = [
         Target::Direct,
         Target::Hourglass,
         Target::HourglassMt,
         Target::Nginx,
         Target::Haproxy,
+        Target::BarePool,
+        Target::BareConn,
     ];
 
     pub fn name(self) -> &'static str {
@@ -39,6 +46,8 @@ impl Target {
             Target::HourglassMt => "hourglass-mt",
             Target::Nginx => "nginx",
             Target::Haproxy => "haproxy",
+            Target::BarePool => "bare-hyper",
+            Target::BareConn => "bare-hyper-conn",
         }
     }
 
@@ -53,12 +62,23 @@ impl Target {
     pub fn is_hourglass(self) -> bool {
         matches!(self, Target::Hourglass | Target::HourglassMt)
     }
+
+    pub fn is_bare(self) -> bool {
+        matches!(self, Target::BarePool | Target::BareConn)
+    }
+
+    /// The bare hyper proxies have no time limits to measure.
+    pub fn has_limits(self) -> bool {
+        !matches!(self, Target::Direct | Target::BarePool | Target::BareConn)
+    }
 }
 
 /// Where things are and which cores to use.
 #[derive(Clone, Debug)]
 pub struct Env {
     pub hourglass: PathBuf,
+    /// This harness's own binary, which is also the bare hyper proxy (`--bare-proxy`).
+    pub harness: PathBuf,
     pub nginx: Option<PathBuf>,
     pub haproxy: Option<PathBuf>,
     pub gateway_core: usize,
@@ -144,6 +164,20 @@ impl Gateway {
                 };
                 cmd.arg("--workers").arg(workers);
                 cmd.env_remove("HOURGLASS_WORKERS").env_remove("RUST_LOG");
+            }
+            Target::BarePool | Target::BareConn => {
+                let mode = if target == Target::BarePool {
+                    "pool"
+                } else {
+                    "conn"
+                };
+                cmd.arg(&env.harness)
+                    .arg("--bare-proxy")
+                    .arg(mode)
+                    .arg("--bare-listen")
+                    .arg(addr.to_string())
+                    .arg("--bare-upstream")
+                    .arg(upstream.to_string());
             }
             Target::Nginx => {
                 let bin = env.nginx.as_ref().ok_or("nginx is not installed")?;
