@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
@@ -95,7 +96,7 @@ pub struct Gateway {
 /// model, the forwarded budget).
 pub struct Template {
     pub method: Method,
-    pub path_and_query: String,
+    pub path_and_query: PathAndQuery,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
@@ -404,8 +405,8 @@ impl Gateway {
             path_and_query: parts
                 .uri
                 .path_and_query()
-                .map_or("/", |p| p.as_str())
-                .to_string(),
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
             headers,
             body,
         };
