@@ -18,7 +18,7 @@ use hyper_util::client::legacy::connect::capture_connection;
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant};
 
-use crate::budget::{Budget, BUDGET_HEADER};
+use crate::budget::{names, Budget};
 use crate::config::RetryCause;
 use crate::error::GatewayError;
 use crate::inspect::Inspector;
@@ -70,7 +70,7 @@ impl Attempt<'_> {
         let now = Instant::now();
         if upstream.config.propagate_budget {
             req.headers_mut().insert(
-                BUDGET_HEADER,
+                names::BUDGET,
                 http::HeaderValue::from(budget.forwarded_ms(now)),
             );
         }

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::{strip_client_credentials, Admission, ClientKeys};
 use crate::attempt::UpstreamBody;
-use crate::budget::{Budget, BudgetRequest, INBOUND_BUDGET_HEADERS};
+use crate::budget::{names, Budget, BudgetRequest};
 use crate::config::{Config, RetryCause, Route};
 use crate::error::GatewayError;
 use crate::inspect::Inspector;
@@ -393,7 +393,7 @@ impl Gateway {
             strip_client_credentials(&mut headers);
         }
         strip_hop_by_hop(&mut headers);
-        for h in INBOUND_BUDGET_HEADERS {
+        for h in names::INBOUND {
             headers.remove(h);
         }
         headers.remove(header::HOST);
