@@ -7,9 +7,9 @@
 #
 # Installs what it needs when absent (Debian's nginx-light and haproxy; matplotlib in a venv
 # under target/), runs every scenario against a direct connection, Hourglass (both runtime
-# flavours), nginx and haproxy, prints the table and draws the plots. Other arguments go to the
-# harness: --targets direct,hourglass,... --scenarios nonstream,streams,leave,memory,limits,cpu
-# --out DIR.
+# flavours), nginx, haproxy and two bare hyper proxies (the floor of the stack Hourglass is
+# built on), prints the table and draws the plots. Other arguments go to the harness:
+# --targets direct,hourglass,... --scenarios nonstream,streams,leave,memory,limits,cpu --out DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}

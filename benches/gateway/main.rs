@@ -1,4 +1,5 @@
-//! Hourglass against nginx, haproxy and a direct connection, side by side (issue 3).
+//! Hourglass against nginx, haproxy, a direct connection and a bare hyper proxy, side by side
+//! (issue 3).
 //!
 //! `scripts/bench.sh` is the front door (it installs the peers and the plotting venv); this
 //! binary is `cargo bench --bench gateway -- [--quick] [--out DIR] [--targets a,b]
@@ -30,7 +31,8 @@ use targets::{Env, Target};
 
 const SCENARIOS: [&str; 6] = ["nonstream", "streams", "leave", "memory", "limits", "cpu"];
 
-/// Hourglass against nginx, haproxy and a direct connection (`scripts/bench.sh` runs this).
+/// Hourglass against nginx, haproxy, a direct connection and a bare hyper proxy
+/// (`scripts/bench.sh` runs this).
 #[derive(clap::Parser)]
 #[command(bin_name = "cargo bench --bench gateway --")]
 struct Args {
@@ -41,7 +43,8 @@ struct Args {
     /// target/bench-partial/ for a quick or partial run).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Which targets to measure (default: all); the direct connection is always added (added
+    /// Which targets to measure (default: all: direct, hourglass, hourglass-mt, nginx,
+    /// haproxy, bare-hyper, bare-hyper-conn); the direct connection is always added (added
     /// latency is measured against it).
     #[arg(long, value_delimiter = ',', value_parser = target)]
     targets: Vec<Target>,
