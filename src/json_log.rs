@@ -31,7 +31,9 @@ where
     ) -> fmt::Result {
         w.write_str("{\"timestamp\":\"")?;
         timestamp(&mut w)?;
-        write!(w, "\",\"level\":\"{}\"", event.metadata().level())?;
+        w.write_str("\",\"level\":\"")?;
+        w.write_str(event.metadata().level().as_str())?;
+        w.write_str("\"")?;
         let mut fields = Fields {
             w: &mut w,
             result: Ok(()),
@@ -64,9 +66,12 @@ impl Fields<'_, '_> {
     fn entry(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
         if self.result.is_ok() {
             self.result = (|| {
-                self.w.write_char(',')?;
-                string(self.w, field.name())?;
-                self.w.write_char(':')?;
+                // `write_str` rather than `write_char`: the writer is a `dyn fmt::Write`, and a
+                // char goes through UTF-8 encoding and its own growth check (about 2,600
+                // instructions a line for the separators alone).
+                self.w.write_str(",\"")?;
+                Escaped(self.w).write_str(field.name())?;
+                self.w.write_str("\":")?;
                 value(self.w)
             })();
         }
@@ -120,9 +125,9 @@ impl Visit for Fields<'_, '_> {
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         self.entry(field, |w| {
-            w.write_char('"')?;
+            w.write_str("\"")?;
             write!(Escaped(w), "{value:?}")?;
-            w.write_char('"')
+            w.write_str("\"")
         });
     }
 }
@@ -147,7 +152,15 @@ fn timestamp(w: &mut Writer<'_>) -> fmt::Result {
             civil_time(&mut cached.1, secs)?;
             cached.0 = secs;
         }
-        write!(w, "{}.{:06}Z", cached.1, now.subsec_micros())
+        w.write_str(&cached.1)?;
+        // Six digits by hand: `{:06}` goes through the formatter's padding path.
+        let mut frac = *b".000000Z";
+        let mut micros = now.subsec_micros();
+        for digit in frac[1..7].iter_mut().rev() {
+            *digit = b'0' + (micros % 10) as u8;
+            micros /= 10;
+        }
+        w.write_str(std::str::from_utf8(&frac).map_err(|_| fmt::Error)?)
     })
 }
 
@@ -166,9 +179,9 @@ fn civil_time(out: &mut String, secs: u64) -> fmt::Result {
 }
 
 fn string(w: &mut Writer<'_>, s: &str) -> fmt::Result {
-    w.write_char('"')?;
+    w.write_str("\"")?;
     Escaped(w).write_str(s)?;
-    w.write_char('"')
+    w.write_str("\"")
 }
 
 /// Writes a JSON string's contents (RFC 8259 7): runs of plain characters at once.
@@ -368,5 +381,35 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("}\n"));
+    }
+
+    #[test]
+    fn the_timestamp_is_rfc3339_utc_with_microseconds_and_current() {
+        let before = std::time::SystemTime::now();
+        let text = captured(|| tracing::info!("x"));
+        let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        let ts = v["timestamp"].as_str().unwrap();
+        let b = ts.as_bytes();
+        assert_eq!(b.len(), "2026-11-30T18:37:00.123456Z".len(), "{ts}");
+        for (i, &c) in b.iter().enumerate() {
+            let want_digit = !matches!(i, 4 | 7 | 10 | 13 | 16 | 19 | 26);
+            assert_eq!(c.is_ascii_digit(), want_digit, "{ts} at {i}");
+        }
+        assert_eq!(
+            (b[4], b[7], b[10], b[13], b[16], b[19], b[26]),
+            (b'-', b'-', b'T', b':', b':', b'.', b'Z'),
+            "{ts}"
+        );
+        // The seconds and microseconds are this moment's, to within the test's own runtime.
+        let since = before.duration_since(std::time::UNIX_EPOCH).unwrap();
+        let secs_of_day = since.as_secs() % 86_400;
+        let hms: u64 = ts[11..13].parse::<u64>().unwrap() * 3600
+            + ts[14..16].parse::<u64>().unwrap() * 60
+            + ts[17..19].parse::<u64>().unwrap();
+        let micros: u64 = ts[20..26].parse().unwrap();
+        let stamped = hms as f64 + micros as f64 / 1e6;
+        let then = secs_of_day as f64 + f64::from(since.subsec_micros()) / 1e6;
+        let diff = (stamped - then).rem_euclid(86_400.0);
+        assert!(diff < 5.0, "{ts} is {diff} s after the test started");
     }
 }
