@@ -70,7 +70,7 @@ impl Attempt<'_> {
         let now = Instant::now();
         if upstream.config.propagate_budget {
             req.headers_mut().insert(
-                names::BUDGET,
+                names::BUDGET.clone(),
                 http::HeaderValue::from(budget.forwarded_ms(now)),
             );
         }

@@ -393,7 +393,7 @@ impl Gateway {
             strip_client_credentials(&mut headers);
         }
         strip_hop_by_hop(&mut headers);
-        for h in names::INBOUND {
+        for &h in &names::INBOUND {
             headers.remove(h);
         }
         headers.remove(header::HOST);

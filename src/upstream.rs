@@ -60,8 +60,6 @@ type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
 pub struct Upstream {
     pub name: Arc<str>,
     pub config: Arc<UpstreamConfig>,
-    /// `scheme://authority` plus the url's path without a trailing slash.
-    base: String,
     /// The url's scheme and authority, and its path without a trailing slash (often empty),
     /// parsed once: every request's URI is put together from them.
     scheme: Scheme,
@@ -80,7 +78,10 @@ impl std::fmt::Debug for Upstream {
         // Never the credential.
         f.debug_struct("Upstream")
             .field("name", &self.name)
-            .field("base", &self.base)
+            .field(
+                "base",
+                &format_args!("{}://{}{}", self.scheme, self.authority, self.prefix),
+            )
             .field("has_credential", &self.credential.is_some())
             .finish()
     }
@@ -125,13 +126,11 @@ impl Upstream {
             .cloned()
             .expect("config::check_url admits only URLs with a host");
         let prefix = url.path().trim_end_matches('/').to_owned();
-        let base = format!("{scheme}://{authority}{prefix}");
         Ok(Self {
             name,
             connect_bound: connect_timeout,
             ttft: TtftEstimate::new(config.expected_first_token),
             config,
-            base,
             scheme,
             authority,
             prefix,
