@@ -89,7 +89,11 @@ pub async fn run(
             previous = Some(i);
             let outcome =
                 if i == 0 && n == 0 && policy.hedge_after.is_some() && route.chain.len() > 1 {
-                    let (outcome, hedged) = hedge(gw, route, template, budget, record).await;
+                    // Boxed: a hedge holds two attempts, and inline it would more than
+                    // double the size of every request's future, which is moved whole
+                    // (memcpy) several times per request on routes that never hedge.
+                    let (outcome, hedged) =
+                        Box::pin(hedge(gw, route, template, budget, record)).await;
                     skip_hedge_target = hedged;
                     outcome
                 } else {
