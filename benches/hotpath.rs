@@ -6,6 +6,8 @@
 //! - `watchdog`: the watchdog body's overhead per frame, against polling the same in-memory
 //!   body directly (`baseline`), for SSE with whole events per frame, SSE with frames that
 //!   split events (the hold path), and a non-SSE body.
+//! - `inspect`: the response inspector (first token, usage, errors) on the same streams, one
+//!   event per frame as the watchdog feeds it, and on a non-streaming JSON answer.
 //! - `metrics`: taking a copy of a route's metric handles, which every request does.
 //!
 //! `cargo bench --bench hotpath` (criterion; `-- --quick` for a fast pass).
@@ -251,6 +253,49 @@ fn watchdog(c: &mut Criterion) {
     g.finish();
 }
 
+/// A non-streaming Chat Completions answer as OpenAI shapes it: the inspector reads it for its
+/// top-level `usage` only.
+const CHAT_ANSWER: &[u8] = br#"{"id":"chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG","object":"chat.completion","created":1741570283,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":"The image shows a wooden boardwalk path running through a lush green field or meadow.","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":1117,"completion_tokens":46,"total_tokens":1163,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_fc9f1d7035"}"#;
+
+fn inspect(c: &mut Criterion) {
+    use hourglass::inspect::Inspector;
+    use hourglass::provider::Format;
+    let mut g = c.benchmark_group("inspect");
+    for (name, format, events) in [
+        ("openai/event_per_frame", Format::Chat, openai_stream(1000)),
+        (
+            "anthropic/event_per_frame",
+            Format::Messages,
+            anthropic_stream(1000),
+        ),
+    ] {
+        let bytes: usize = events.iter().map(Vec::len).sum();
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut inspector = Inspector::new(format, true);
+                let mut output = 0;
+                for e in &events {
+                    output += u32::from(inspector.feed(black_box(e)).output);
+                }
+                assert_eq!(output, 1000, "one output event per token");
+                inspector.tokens()
+            })
+        });
+    }
+    g.throughput(Throughput::Bytes(CHAT_ANSWER.len() as u64));
+    g.bench_function("openai/json_answer", |b| {
+        b.iter(|| {
+            let mut inspector = Inspector::new(Format::Chat, false);
+            inspector.feed(black_box(CHAT_ANSWER));
+            let t = inspector.tokens();
+            assert_eq!((t.prompt, t.completion), (Some(1117), Some(46)));
+            t
+        })
+    });
+    g.finish();
+}
+
 /// What a request does with its route's metric handles besides observing: the record takes
 /// a copy of them (for the route its path selects, then for the one its model selects).
 fn metrics(c: &mut Criterion) {
@@ -261,5 +306,5 @@ fn metrics(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, sse_scan, watchdog, metrics);
+criterion_group!(benches, sse_scan, watchdog, inspect, metrics);
 criterion_main!(benches);
