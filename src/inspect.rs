@@ -258,6 +258,17 @@ impl Inspector {
                             return out;
                         }
                     }
+                    // A whole field name in this piece (nearly always) is taken at once;
+                    // else byte by byte, as a name split across pieces must be.
+                    b'd' if chunk[pos..].starts_with(b"data:") => {
+                        self.has_data = true;
+                        self.line = Line::DataSpace;
+                        pos += 5;
+                    }
+                    b'e' if chunk[pos..].starts_with(b"event:") => {
+                        self.line = Line::EventSpace;
+                        pos += 6;
+                    }
                     b'd' => self.line = Line::Field(0),
                     b'e' => self.line = Line::EventField(0),
                     _ => self.line = Line::Skip,

@@ -155,6 +155,12 @@ pub(super) struct Json {
     ctx: [Ctx; MAX_DEPTH + 1],
     /// Bit `d`: the container at depth `d` is an array.
     arrays: u32,
+    /// The innermost container's context and whether it is an array: what `ctx[depth]` and
+    /// `arrays` say, kept by `open` and `close` because every token reads them. `Other`
+    /// outside any tracked container (at depth 0 too): there only strings and brackets
+    /// matter.
+    cur: Ctx,
+    cur_array: bool,
     /// The last key read in the innermost object.
     key: Key,
     /// The next string in the innermost object is a key.
@@ -171,9 +177,6 @@ pub(super) struct Json {
     /// Usage read in the open usage object, committed when it closes.
     prompt: Option<u64>,
     completion: Option<u64>,
-    /// Outside any tracked container (`depth == 0` or an `Other` one): only strings and
-    /// brackets matter.
-    skip: bool,
 }
 
 impl Default for Json {
@@ -182,6 +185,8 @@ impl Default for Json {
             depth: 0,
             ctx: [Ctx::Other; MAX_DEPTH + 1],
             arrays: 0,
+            cur: Ctx::Other,
+            cur_array: false,
             key: Key::Other,
             expect_key: false,
             value_pos: true,
@@ -192,7 +197,6 @@ impl Default for Json {
             num: None,
             prompt: None,
             completion: None,
-            skip: true,
         }
     }
 }
@@ -201,6 +205,8 @@ impl Json {
     /// Ready for the next event's data (what `default` gives, without rewriting the buffers).
     pub(super) fn reset(&mut self) {
         self.depth = 0;
+        self.cur = Ctx::Other;
+        self.cur_array = false;
         self.key = Key::Other;
         self.expect_key = false;
         self.value_pos = true;
@@ -209,57 +215,33 @@ impl Json {
         self.num = None;
         self.prompt = None;
         self.completion = None;
-        self.skip = true;
     }
 
-    fn ctx(&self) -> Ctx {
-        match self.depth {
+    /// Makes `cur` and `cur_array` describe the container at `depth`.
+    fn enter(&mut self) {
+        self.cur = match self.depth {
             0 => Ctx::Other,
             d if d <= MAX_DEPTH => self.ctx[d],
             _ => Ctx::Other,
-        }
-    }
-
-    fn in_array(&self) -> bool {
-        self.depth < 32 && self.arrays & (1 << self.depth) != 0
+        };
+        self.cur_array = self.depth < 32 && self.arrays & (1 << self.depth) != 0;
     }
 
     /// Reads the next bytes of one document (or of one event's data).
     pub(super) fn feed(&mut self, s: &[u8], ev: &mut Event, tokens: &mut Tokens) {
+        // What the previous piece left open: a string or a usage number. Both are read to
+        // their end where they start, so the loop below need not ask on every byte.
         let mut i = 0;
-        while i < s.len() {
-            if let Some(kind) = self.in_str {
-                if self.escaped {
-                    // The byte after a backslash is content; names never contain escapes.
-                    self.escaped = false;
-                    self.str_len += 1;
-                    if kind != Str::Output {
-                        self.str_len = CAP as u64 + 1;
-                    }
-                    i += 1;
-                    continue;
-                }
-                let rest = &s[i..];
-                match string_end(rest) {
-                    None => {
-                        self.str_bytes(kind, rest);
-                        return;
-                    }
-                    Some(j) => {
-                        self.str_bytes(kind, &rest[..j]);
-                        i += j + 1;
-                        if rest[j] == b'\\' {
-                            self.escaped = true;
-                            self.str_len += 1;
-                        } else {
-                            self.in_str = None;
-                            self.end_split_str(kind, ev);
-                        }
-                    }
-                }
-                continue;
+        if let Some(kind) = self.in_str {
+            match self.string_rest(kind, s, ev) {
+                Some(n) => i = n,
+                None => return,
             }
-            if self.skip {
+        } else if self.num.is_some() {
+            i = self.number_rest(s);
+        }
+        while i < s.len() {
+            if self.cur == Ctx::Other {
                 // Nothing matters here but strings and brackets: skip to the next one.
                 match next_structural(&s[i..]) {
                     Some(j) => i += j,
@@ -268,22 +250,11 @@ impl Json {
             }
             let b = s[i];
             i += 1;
-            if let Some((k, n, plain)) = self.num {
-                match b {
-                    b'0'..=b'9' => {
-                        let n = n.saturating_mul(10).saturating_add(u64::from(b - b'0'));
-                        self.num = Some((k, n, plain));
-                        continue;
-                    }
-                    b'.' | b'e' | b'E' | b'+' | b'-' => {
-                        self.num = Some((k, n, false));
-                        continue;
-                    }
-                    _ => self.end_number(),
-                }
-            }
             match b {
-                b'"' => i += self.start_str(&s[i..], ev),
+                b'"' => match self.string(&s[i..], ev) {
+                    Some(n) => i += n,
+                    None => return,
+                },
                 b'{' => self.open(false, ev),
                 b'[' => self.open(true, ev),
                 b'}' | b']' => self.close(tokens),
@@ -292,14 +263,14 @@ impl Json {
                     self.value_pos = true;
                 }
                 b',' => {
-                    let array = self.in_array();
-                    self.expect_key = !array;
-                    self.value_pos = array;
+                    self.expect_key = !self.cur_array;
+                    self.value_pos = self.cur_array;
                 }
                 b'0'..=b'9' if self.value_pos => {
                     self.value_pos = false;
-                    if matches!(self.ctx(), Ctx::Usage | Ctx::MessageUsage) {
+                    if matches!(self.cur, Ctx::Usage | Ctx::MessageUsage) {
                         self.num = Some((self.key, u64::from(b - b'0'), true));
+                        i += self.number_rest(&s[i..]);
                     } else {
                         // A number nothing needs: skip the rest of it at once.
                         i += skip_scalar(&s[i..]);
@@ -315,6 +286,27 @@ impl Json {
         }
     }
 
+    /// Reads the digits of the open usage number from the start of `s`; returns how many
+    /// bytes it took. A byte that cannot continue a number ends it (and is not taken).
+    fn number_rest(&mut self, s: &[u8]) -> usize {
+        let Some((key, mut n, mut plain)) = self.num else {
+            return 0;
+        };
+        for (j, &b) in s.iter().enumerate() {
+            match b {
+                b'0'..=b'9' => n = n.saturating_mul(10).saturating_add(u64::from(b - b'0')),
+                b'.' | b'e' | b'E' | b'+' | b'-' => plain = false,
+                _ => {
+                    self.num = Some((key, n, plain));
+                    self.end_number();
+                    return j;
+                }
+            }
+        }
+        self.num = Some((key, n, plain));
+        s.len()
+    }
+
     /// The end of a `data` line: a number at its very end is complete.
     pub(super) fn line_break(&mut self) {
         if self.num.is_some() {
@@ -324,9 +316,10 @@ impl Json {
 
     /// Reads a string whose opening quote was just read, from `rest` (what follows it):
     /// at once when it ends in `rest` without escapes (the common case: no copy), else byte
-    /// run by byte run. Returns how much of `rest` it used.
+    /// run by byte run. Returns how much of `rest` it used, `None` when the piece ended
+    /// inside the string.
     #[inline]
-    fn start_str(&mut self, rest: &[u8], ev: &mut Event) -> usize {
+    fn string(&mut self, rest: &[u8], ev: &mut Event) -> Option<usize> {
         let kind = self.str_kind();
         self.value_pos = false;
         if let Some(j) = string_end(rest) {
@@ -338,23 +331,58 @@ impl Json {
                 if kind == Str::Key && rest.get(j + 1) == Some(&b':') {
                     self.expect_key = false;
                     self.value_pos = true;
-                    return j + 2;
+                    return Some(j + 2);
                 }
-                return j + 1;
+                return Some(j + 1);
             }
         }
         self.in_str = Some(kind);
         self.str_len = 0;
-        0
+        self.string_rest(kind, rest, ev)
+    }
+
+    /// Reads the open string (escapes and all) from the start of `s`: how much of `s` it
+    /// used up to and with its closing quote, or `None` when `s` ended first.
+    fn string_rest(&mut self, kind: Str, s: &[u8], ev: &mut Event) -> Option<usize> {
+        let mut i = 0;
+        loop {
+            if self.escaped {
+                if i == s.len() {
+                    return None;
+                }
+                // The byte after a backslash is content; names never contain escapes.
+                self.escaped = false;
+                self.str_len += 1;
+                if kind != Str::Output {
+                    self.str_len = CAP as u64 + 1;
+                }
+                i += 1;
+            }
+            let rest = &s[i..];
+            let Some(j) = string_end(rest) else {
+                self.str_bytes(kind, rest);
+                return None;
+            };
+            self.str_bytes(kind, &rest[..j]);
+            i += j + 1;
+            if rest[j] == b'\\' {
+                self.escaped = true;
+                self.str_len += 1;
+            } else {
+                self.in_str = None;
+                self.end_split_str(kind, ev);
+                return Some(i);
+            }
+        }
     }
 
     fn str_kind(&self) -> Str {
-        let ctx = self.ctx();
+        let ctx = self.cur;
         if ctx == Ctx::Other {
             Str::Skip
         } else if ctx == Ctx::Payload {
             Str::Payload
-        } else if self.expect_key && !self.in_array() {
+        } else if self.expect_key && !self.cur_array {
             Str::Key
         } else {
             use Key::*;
@@ -411,7 +439,7 @@ impl Json {
                 }
             }
             Str::Named => {
-                match (self.ctx(), self.key) {
+                match (self.cur, self.key) {
                     (Ctx::Root, Key::Type) => {
                         // A name longer than kept is none of the known ones.
                         ev.kind = if name.is_empty() {
@@ -443,11 +471,11 @@ impl Json {
             0 if !array => Ctx::Root,
             0 => Ctx::Other,
             _ => {
-                let parent = self.ctx();
+                let parent = self.cur;
                 if parent == Ctx::Payload {
                     ev.output = true;
                     Ctx::Other
-                } else if self.in_array() {
+                } else if self.cur_array {
                     match parent {
                         Ctx::Choices if !array => Ctx::Choice,
                         // A tool-call delta is model output, whatever it carries.
@@ -471,8 +499,11 @@ impl Json {
         self.depth += 1;
         if self.depth <= MAX_DEPTH {
             self.ctx[self.depth] = ctx;
+            self.cur = ctx;
+        } else {
+            self.cur = Ctx::Other;
         }
-        self.skip = self.ctx() == Ctx::Other;
+        self.cur_array = array && self.depth < 32;
         if self.depth < 32 {
             if array {
                 self.arrays |= 1 << self.depth;
@@ -489,7 +520,7 @@ impl Json {
         if self.depth == 0 {
             return;
         }
-        match self.ctx() {
+        match self.cur {
             Ctx::Usage => {
                 if let Some(p) = self.prompt.take() {
                     tokens.prompt = Some(p);
@@ -507,7 +538,7 @@ impl Json {
             _ => {}
         }
         self.depth -= 1;
-        self.skip = self.ctx() == Ctx::Other;
+        self.enter();
         self.key = Key::Other;
         self.expect_key = false;
         self.value_pos = false;
