@@ -205,8 +205,7 @@ impl Json {
     /// Ready for the next event's data (what `default` gives, without rewriting the buffers).
     pub(super) fn reset(&mut self) {
         self.depth = 0;
-        self.cur = Ctx::Other;
-        self.cur_array = false;
+        self.enter();
         self.key = Key::Other;
         self.expect_key = false;
         self.value_pos = true;
@@ -217,7 +216,8 @@ impl Json {
         self.completion = None;
     }
 
-    /// Makes `cur` and `cur_array` describe the container at `depth`.
+    /// Makes `cur` and `cur_array` describe the container at `depth`: the one place they are
+    /// derived from `ctx` and `arrays`.
     fn enter(&mut self) {
         self.cur = match self.depth {
             0 => Ctx::Other,
@@ -499,11 +499,7 @@ impl Json {
         self.depth += 1;
         if self.depth <= MAX_DEPTH {
             self.ctx[self.depth] = ctx;
-            self.cur = ctx;
-        } else {
-            self.cur = Ctx::Other;
         }
-        self.cur_array = array && self.depth < 32;
         if self.depth < 32 {
             if array {
                 self.arrays |= 1 << self.depth;
@@ -511,6 +507,7 @@ impl Json {
                 self.arrays &= !(1 << self.depth);
             }
         }
+        self.enter();
         self.key = Key::Other;
         self.expect_key = !array;
         self.value_pos = array;
