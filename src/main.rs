@@ -66,7 +66,8 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.log_format);
+    // Held to the end of `main`: dropping it writes out the lines still queued.
+    let _log = init_tracing(cli.log_format);
     if let Some(Command::Check { config }) = &cli.command {
         return check(config);
     }
@@ -114,30 +115,43 @@ fn main() -> ExitCode {
     })
 }
 
-fn init_tracing(format: LogFormat) {
+/// The log goes through a thread of its own: a request's line is formatted on the runtime
+/// and queued, never written there, so a slow log reader (a full pipe, a stalled shipper)
+/// cannot stall the streams, and a burst of lines leaves in a few large writes. When the
+/// queue (128k lines) is full, lines are dropped and counted
+/// (`hourglass_log_lines_dropped_total`) rather than making the gateway wait.
+fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     use tracing_subscriber::filter::{filter_fn, EnvFilter};
     use tracing_subscriber::prelude::*;
+    let (stdout, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .thread_name("hourglass-log")
+        .finish(std::io::BufWriter::new(std::io::stdout()));
+    let dropped = stdout.error_counter();
+    hourglass::metrics::count_dropped_log_lines(move || dropped.dropped_lines() as u64);
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match format {
         LogFormat::Json => tracing_subscriber::fmt()
             .with_env_filter(filter())
             .event_format(hourglass::json_log::JsonLines)
+            .with_writer(stdout)
             .init(),
         LogFormat::Pretty => tracing_subscriber::fmt()
             .with_env_filter(filter())
             .with_ansi(std::io::stdout().is_terminal())
             .compact()
+            .with_writer(stdout)
             .init(),
         LogFormat::Access => {
             hourglass::access::enable();
             // The access line is the whole record: no timestamp, level or target around it.
             let access = tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stdout)
+                .with_writer(stdout)
                 .without_time()
                 .with_level(false)
                 .with_target(false)
                 .with_ansi(false)
                 .with_filter(filter_fn(|m| m.target() == "hourglass::access"));
+            // Everything else is rare (start-up, reloads, warnings): written where it happens.
             let rest = tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
                 .with_ansi(std::io::stderr().is_terminal())
@@ -152,6 +166,7 @@ fn init_tracing(format: LogFormat) {
                 .init();
         }
     }
+    guard
 }
 
 fn check(path: &Path) -> ExitCode {

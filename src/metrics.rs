@@ -8,9 +8,18 @@ use prometheus::{
 };
 pub use prometheus::{Histogram, IntGauge};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::outcome::Origin;
+
+/// How many log lines the process has dropped, for a log writer that drops lines rather than
+/// block the runtime when its reader falls behind (set once, by the binary).
+static LOG_LINES_DROPPED: OnceLock<Box<dyn Fn() -> u64 + Send + Sync>> = OnceLock::new();
+
+/// Makes `hourglass_log_lines_dropped_total` read `dropped`. Only the first call counts.
+pub fn count_dropped_log_lines(dropped: impl Fn() -> u64 + Send + Sync + 'static) {
+    let _ = LOG_LINES_DROPPED.set(Box::new(dropped));
+}
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
@@ -42,6 +51,7 @@ pub struct Metrics {
     reloads: IntCounterVec,
     config_info: IntGaugeVec,
     panics: IntCounter,
+    log_lines_dropped: IntCounter,
 }
 
 /// Pre-resolved handles for one route, shared: every request takes a copy (once for the route
@@ -264,8 +274,18 @@ impl Metrics {
         registry
             .register(Box::new(panics.clone()))
             .expect("unique metric");
+        let log_lines_dropped = IntCounter::new(
+            "hourglass_log_lines_dropped_total",
+            "Log lines dropped because the log's reader fell behind (the gateway never waits \
+             on its log).",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(log_lines_dropped.clone()))
+            .expect("unique metric");
         Self {
             registry,
+            log_lines_dropped,
             reloads,
             config_info,
             panics,
@@ -392,6 +412,11 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        if let Some(dropped) = LOG_LINES_DROPPED.get() {
+            // The writer keeps the running total; the counter catches up at each scrape.
+            let behind = dropped().saturating_sub(self.log_lines_dropped.get());
+            self.log_lines_dropped.inc_by(behind);
+        }
         let mut out = Vec::with_capacity(16 * 1024);
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

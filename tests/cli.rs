@@ -340,3 +340,67 @@ async fn access_log_mode_writes_combined_format_lines() {
         "only access lines on stdout: {stdout}"
     );
 }
+
+/// The log has a thread of its own: with nobody reading the gateway's stdout (a full pipe, a
+/// stalled log shipper) requests are still served, and every line comes out once the reader
+/// is back. Written in place, the line of the request that filled the pipe would block the
+/// runtime, and with it every connection.
+#[test]
+fn a_log_reader_that_stops_reading_does_not_stall_the_gateway() {
+    use std::io::{Read, Write};
+    let (port, admin) = (free_port(), free_port());
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\n\
+         [upstreams.fake]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+         [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n"
+    );
+    let path = temp_config("stalled-log.toml", &config);
+    let child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["--config", path.to_str().unwrap(), "--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for(
+        || http_get(admin, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")),
+        "readiness",
+    );
+    // Each request's JSON line is a few hundred bytes: 600 of them are several times what a
+    // pipe holds (64 KiB on Linux). A bad budget is answered by the gateway itself.
+    const REQUESTS: usize = 600;
+    for i in 0..REQUESTS {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-request-budget-ms: abc\r\n\
+             content-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out)
+            .unwrap_or_else(|e| panic!("request {i} of {REQUESTS} was not answered: {e}"));
+        assert!(out.starts_with("HTTP/1.1 400"), "request {i}: {out}");
+    }
+    let metrics = http_get(admin, "/metrics").expect("metrics");
+    assert!(
+        metrics.contains("hourglass_log_lines_dropped_total 0"),
+        "{metrics}"
+    );
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    // Reading now lets the queued lines out; the process exits once they are written.
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let requests = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["target"] == "hourglass::request")
+        .count();
+    assert_eq!(requests, REQUESTS);
+}
