@@ -236,6 +236,8 @@ pub async fn start_with_source(
             .map_err(|source| ServerError::Bind { addr, source })
     };
     let listener = bind(server.listen).await?;
+    #[cfg(target_os = "linux")]
+    tune(SockRef::from(&listener));
     let admin = bind(server.admin_listen).await?;
     let addr = local(&listener);
     let admin_addr = local(&admin);
@@ -283,25 +285,36 @@ fn local(l: &TcpListener) -> SocketAddr {
     l.local_addr().expect("a bound listener has an address")
 }
 
-fn tune(stream: &TcpStream) {
-    // Tokens are small writes that must leave at once; keep-alive finds peers that vanished
-    // without a FIN, which the idle watchdog would otherwise be the only one to notice.
-    let _ = stream.set_nodelay(true);
+/// Tokens are small writes that must leave at once; keep-alive finds peers that vanished
+/// without a FIN, which the idle watchdog would otherwise be the only one to notice.
+/// On Linux a connection accepted from a listener has the listener's settings, so it is
+/// the listener that is tuned there, once, instead of each connection with four system
+/// calls (the test below checks what an accepted connection gets).
+fn tune(socket: SockRef<'_>) {
+    let _ = socket.set_nodelay(true);
     let ka = TcpKeepalive::new()
         .with_time(Duration::from_secs(60))
         .with_interval(Duration::from_secs(10));
-    let _ = SockRef::from(stream).set_tcp_keepalive(&ka);
+    let _ = socket.set_tcp_keepalive(&ka);
 }
+
+/// hyper's HTTP/1 header limit when none is set (`DEFAULT_MAX_HEADERS` in its `role.rs`).
+const HYPER_MAX_HEADERS: usize = 100;
 
 fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+    let mut http1 = builder.http1();
+    http1
         .timer(TokioTimer::new())
         .header_read_timeout(server.header_read_timeout)
         .max_buf_size(server.max_header_bytes)
-        .max_headers(server.max_headers)
         .keep_alive(true);
+    // Without a limit of its own hyper allows 100 headers in arrays on the stack; any limit
+    // set, even 100, has it fill a vector of that many slots twice per request head parsed
+    // (about 1,700 instructions a request). The same limit, then, is left to hyper.
+    if server.max_headers != HYPER_MAX_HEADERS {
+        http1.max_headers(server.max_headers);
+    }
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -339,7 +352,8 @@ async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: Cancell
             },
             () = stop.cancelled() => break,
         };
-        tune(&stream);
+        #[cfg(not(target_os = "linux"))]
+        tune(SockRef::from(&stream));
         let shared = shared.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
@@ -485,5 +499,28 @@ async fn serve_admin(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<H
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    /// What `tune` relies on: the listener's settings are the accepted connection's.
+    #[tokio::test]
+    async fn an_accepted_connection_has_the_listeners_tuning() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        tune(SockRef::from(&listener));
+        let addr = local(&listener);
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (_client, (stream, _)) = (client.unwrap(), accepted.unwrap());
+        let socket = SockRef::from(&stream);
+        assert!(socket.nodelay().unwrap());
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.keepalive_time().unwrap(), Duration::from_secs(60));
+        assert_eq!(
+            socket.keepalive_interval().unwrap(),
+            Duration::from_secs(10)
+        );
     }
 }

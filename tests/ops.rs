@@ -455,6 +455,36 @@ async fn oversized_heads_and_too_many_headers_get_431() {
     assert!(h.fake.requests().is_empty());
 }
 
+/// The default limit is 100 header lines, `host` included: the 100th is served, the 101st
+/// refused.
+#[tokio::test]
+async fn the_default_header_limit_is_one_hundred() {
+    let h = Harness::start().await;
+    for (extra, refused) in [(99, false), (100, true)] {
+        let head = format!(
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\n{}connection: close\r\n\r\n",
+            (0..extra - 1)
+                .map(|i| format!("x-h{i}: v\r\n"))
+                .collect::<String>()
+        );
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert_eq!(
+            text.starts_with("HTTP/1.1 431"),
+            refused,
+            "{} headers: {text:?}",
+            extra + 1
+        );
+        assert!(text.starts_with("HTTP/1.1 "), "{text:?}");
+    }
+}
+
 /// A provider key rotated in its file (same path, so the upstream's config is unchanged)
 /// must be picked up by the next reload, not kept with the reused connection pool.
 #[tokio::test]
