@@ -20,6 +20,7 @@ pub mod error;
 pub mod fake;
 pub mod inspect;
 pub mod json_log;
+pub mod log_writer;
 pub mod metrics;
 pub mod outcome;
 pub mod policy;

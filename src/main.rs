@@ -67,7 +67,13 @@ enum LogFormat {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Held to the end of `main`: dropping it writes out the lines still queued.
-    let _log = init_tracing(cli.log_format);
+    let _log = match init_tracing(cli.log_format) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("hourglass: cannot start the log's thread: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     if let Some(Command::Check { config }) = &cli.command {
         return check(config);
     }
@@ -115,19 +121,16 @@ fn main() -> ExitCode {
     })
 }
 
-/// The log goes through a thread of its own: a request's line is formatted on the runtime
-/// and queued, never written there, so a slow log reader (a full pipe, a stalled shipper)
-/// cannot stall the streams, and a burst of lines leaves in a few large writes. When the
-/// queue (128k lines) is full, lines are dropped and counted
+/// The log goes through a thread of its own (`hourglass::log_writer`): a request's line is
+/// formatted on the runtime and queued, never written there. When 64 MiB of lines wait for
+/// a reader that stopped reading, lines are dropped and counted
 /// (`hourglass_log_lines_dropped_total`) rather than making the gateway wait.
-fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
+fn init_tracing(format: LogFormat) -> std::io::Result<hourglass::log_writer::LogGuard> {
     use tracing_subscriber::filter::{filter_fn, EnvFilter};
     use tracing_subscriber::prelude::*;
-    let (stdout, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .thread_name("hourglass-log")
-        .finish(std::io::BufWriter::new(std::io::stdout()));
-    let dropped = stdout.error_counter();
-    hourglass::metrics::count_dropped_log_lines(move || dropped.dropped_lines() as u64);
+    let (stdout, guard) = hourglass::log_writer::spawn(std::io::stdout())?;
+    let counted = stdout.clone();
+    hourglass::metrics::count_dropped_log_lines(move || counted.dropped());
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match format {
         LogFormat::Json => tracing_subscriber::fmt()
@@ -166,7 +169,7 @@ fn init_tracing(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
                 .init();
         }
     }
-    guard
+    Ok(guard)
 }
 
 fn check(path: &Path) -> ExitCode {

@@ -1,0 +1,234 @@
+//! The log's own thread. Whoever logs (a request's line is formatted on the runtime) appends
+//! the line to a buffer and goes on; this thread writes the buffer out. A reader that stops
+//! reading stdout (a full pipe, a stalled log shipper) then stalls this thread only, never
+//! the streams, and a busy gateway's lines leave in a few large writes.
+//!
+//! Not tracing-appender's non-blocking writer: it hands each line to a channel whose receiver
+//! is woken for every line (a futex wake, then `sched_yield`s while it spins), which cost 10%
+//! of the non-streaming throughput on one core. Here the writer is woken only when it waits
+//! on an empty buffer, and after each write lingers a moment so that lines gather.
+
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Bytes that may wait for a slow reader before lines are dropped (about 128k request lines).
+pub const QUEUE_LIMIT: usize = 64 << 20;
+
+/// How long the writer lets lines gather after a write: a few hundred lines at full load.
+const LINGER: Duration = Duration::from_millis(2);
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    dropped: AtomicU64,
+}
+
+#[derive(Default)]
+struct State {
+    lines: Vec<u8>,
+    /// The writer waits on `wake` for a line.
+    waiting: bool,
+    closed: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves whole lines behind: carry on with them.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The appending end, given to `tracing` as its writer.
+#[derive(Clone)]
+pub struct LogWriter {
+    shared: Arc<Shared>,
+    limit: usize,
+}
+
+/// Ends the writer thread when dropped, after it has written every line queued.
+pub struct LogGuard {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Starts the thread that writes to `out`.
+pub fn spawn(out: impl Write + Send + 'static) -> io::Result<(LogWriter, LogGuard)> {
+    spawn_with_limit(out, QUEUE_LIMIT)
+}
+
+fn spawn_with_limit(
+    mut out: impl Write + Send + 'static,
+    limit: usize,
+) -> io::Result<(LogWriter, LogGuard)> {
+    let shared = Arc::new(Shared::default());
+    let theirs = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("hourglass-log".into())
+        .spawn(move || {
+            let mut batch = Vec::new();
+            loop {
+                {
+                    let mut state = theirs.lock();
+                    while state.lines.is_empty() && !state.closed {
+                        state.waiting = true;
+                        state = theirs
+                            .wake
+                            .wait(state)
+                            .unwrap_or_else(PoisonError::into_inner);
+                    }
+                    state.waiting = false;
+                    if state.lines.is_empty() {
+                        return;
+                    }
+                    std::mem::swap(&mut state.lines, &mut batch);
+                }
+                // Nowhere to report a failed log write; the next batch tries again.
+                let _ = out.write_all(&batch).and_then(|()| out.flush());
+                batch.clear();
+                std::thread::sleep(LINGER);
+            }
+        })?;
+    let writer = LogWriter {
+        shared: shared.clone(),
+        limit,
+    };
+    let guard = LogGuard {
+        shared,
+        thread: Some(thread),
+    };
+    Ok((writer, guard))
+}
+
+impl LogWriter {
+    /// Lines dropped so far because `QUEUE_LIMIT` bytes were already waiting.
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = &'a LogWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self
+    }
+}
+
+impl Write for &LogWriter {
+    /// Takes one whole line (`tracing` writes each event with one call), or drops it whole.
+    fn write(&mut self, line: &[u8]) -> io::Result<usize> {
+        let mut state = self.shared.lock();
+        if state.lines.len() + line.len() > self.limit {
+            drop(state);
+            self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+            return Ok(line.len());
+        }
+        state.lines.extend_from_slice(line);
+        let wake = std::mem::take(&mut state.waiting);
+        drop(state);
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// A reader that takes nothing until told to, like a pipe nobody reads.
+    struct Stalled {
+        open: mpsc::Receiver<()>,
+        got: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Stalled {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let _ = self.open.recv();
+            self.got.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn lines_wait_for_a_stalled_reader_then_all_come_out_in_order() {
+        let (open, gate) = mpsc::channel();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let stalled = Stalled {
+            open: gate,
+            got: got.clone(),
+        };
+        let (writer, guard) = spawn_with_limit(stalled, 1 << 20).unwrap();
+        // Every write returns while the reader takes nothing.
+        let lines: Vec<String> = (0..1000).map(|i| format!("line {i}\n")).collect();
+        for line in &lines {
+            (&writer).write_all(line.as_bytes()).unwrap();
+        }
+        assert_eq!(writer.dropped(), 0);
+        // The reader comes back: open the gate for every write the thread may make.
+        for _ in 0..lines.len() {
+            let _ = open.send(());
+        }
+        drop(guard);
+        assert_eq!(
+            String::from_utf8(got.lock().unwrap().clone()).unwrap(),
+            lines.concat()
+        );
+    }
+
+    #[test]
+    fn beyond_the_limit_whole_lines_are_dropped_and_counted() {
+        let (open, gate) = mpsc::channel();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let stalled = Stalled {
+            open: gate,
+            got: got.clone(),
+        };
+        let (writer, guard) = spawn_with_limit(stalled, 100).unwrap();
+        // The first line may already be in the writer's hands, the rest wait: ten lines of 10
+        // bytes fill the 100 allowed, and of 30 more at least 20 cannot wait.
+        for i in 0..40 {
+            (&writer)
+                .write_all(format!("line {i:04}\n").as_bytes())
+                .unwrap();
+        }
+        let dropped = writer.dropped();
+        assert!((20..=30).contains(&dropped), "{dropped} dropped");
+        for _ in 0..40 {
+            let _ = open.send(());
+        }
+        drop(guard);
+        let out = String::from_utf8(got.lock().unwrap().clone()).unwrap();
+        // Whole lines, in order, none twice, and every line not counted as dropped.
+        let kept: Vec<&str> = out.lines().collect();
+        assert_eq!(kept.len() as u64, 40 - dropped);
+        assert!(kept.windows(2).all(|w| w[0] < w[1]), "{out}");
+        assert!(
+            kept.iter().all(|l| l.len() == 9 && l.starts_with("line ")),
+            "{out}"
+        );
+    }
+}
