@@ -173,15 +173,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn lines_wait_for_a_stalled_reader_then_all_come_out_in_order() {
+    /// A log whose reader is stalled; each send on the sender lets one write through.
+    fn stalled_log(limit: usize) -> (LogWriter, LogGuard, mpsc::Sender<()>, Arc<Mutex<Vec<u8>>>) {
         let (open, gate) = mpsc::channel();
         let got = Arc::new(Mutex::new(Vec::new()));
         let stalled = Stalled {
             open: gate,
             got: got.clone(),
         };
-        let (writer, guard) = spawn_with_limit(stalled, 1 << 20).unwrap();
+        let (writer, guard) = spawn_with_limit(stalled, limit).unwrap();
+        (writer, guard, open, got)
+    }
+
+    #[test]
+    fn lines_wait_for_a_stalled_reader_then_all_come_out_in_order() {
+        let (writer, guard, open, got) = stalled_log(1 << 20);
         // Every write returns while the reader takes nothing.
         let lines: Vec<String> = (0..1000).map(|i| format!("line {i}\n")).collect();
         for line in &lines {
@@ -201,13 +207,7 @@ mod tests {
 
     #[test]
     fn beyond_the_limit_whole_lines_are_dropped_and_counted() {
-        let (open, gate) = mpsc::channel();
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let stalled = Stalled {
-            open: gate,
-            got: got.clone(),
-        };
-        let (writer, guard) = spawn_with_limit(stalled, 100).unwrap();
+        let (writer, guard, open, got) = stalled_log(100);
         // The first line may already be in the writer's hands, the rest wait: ten lines of 10
         // bytes fill the 100 allowed, and of 30 more at least 20 cannot wait.
         for i in 0..40 {
