@@ -8,7 +8,7 @@ use prometheus::{
 };
 pub use prometheus::{Histogram, IntGauge};
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use crate::outcome::Origin;
 
@@ -52,6 +52,8 @@ pub struct Metrics {
     config_info: IntGaugeVec,
     panics: IntCounter,
     log_lines_dropped: IntCounter,
+    /// Two scrapes at once must not both add what the counter is behind.
+    log_catch_up: Mutex<()>,
 }
 
 /// Pre-resolved handles for one route, shared: every request takes a copy (once for the route
@@ -286,6 +288,7 @@ impl Metrics {
         Self {
             registry,
             log_lines_dropped,
+            log_catch_up: Mutex::new(()),
             reloads,
             config_info,
             panics,
@@ -414,6 +417,10 @@ impl Metrics {
     pub fn encode(&self) -> String {
         if let Some(dropped) = LOG_LINES_DROPPED.get() {
             // The writer keeps the running total; the counter catches up at each scrape.
+            let _one = self
+                .log_catch_up
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             let behind = dropped().saturating_sub(self.log_lines_dropped.get());
             self.log_lines_dropped.inc_by(behind);
         }
@@ -461,5 +468,20 @@ mod tests {
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }
+    }
+
+    /// The only test in this binary that sets the process-wide source of dropped lines.
+    #[test]
+    fn dropped_log_lines_are_counted_once_per_line_across_scrapes() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static DROPPED: AtomicU64 = AtomicU64::new(0);
+        count_dropped_log_lines(|| DROPPED.load(Ordering::Relaxed));
+        let m = Metrics::new();
+        assert!(m.encode().contains("hourglass_log_lines_dropped_total 0\n"));
+        DROPPED.store(7, Ordering::Relaxed);
+        assert!(m.encode().contains("hourglass_log_lines_dropped_total 7\n"));
+        assert!(m.encode().contains("hourglass_log_lines_dropped_total 7\n"));
+        DROPPED.store(9, Ordering::Relaxed);
+        assert!(m.encode().contains("hourglass_log_lines_dropped_total 9\n"));
     }
 }
