@@ -259,6 +259,15 @@ pub fn markdown(doc: &Value, verdicts: bool) -> String {
                 },
             );
         }
+        row(
+            "↳ gateway CPU per stream, its setup and its end (µs; the streams start together)"
+                .into(),
+            &|x| {
+                at(&lim, &["targets", x]).map_or("–".into(), |v| {
+                    f(num(v, &["gateway_cpu_us_per_stream"]), 0)
+                })
+            },
+        );
     }
 
     if let Some(cpu) = s(&["cpu"]) {

@@ -1046,16 +1046,25 @@ pub async fn limits(ctx: &Ctx) -> Value {
         p: p.clone(),
     };
     let results = each_target!(&gateways, Limits { idle: LIMIT }, "limits", |t, setup| {
+        let gw0 = setup.cpu();
         // The three kinds are independent and light: run them side by side.
         let (a, b, c) = tokio::join!(
             silence_once(&setup, Silence::Idle, p.s5_streams),
             silence_once(&setup, Silence::FirstTokenHeadSent, p.s5_streams),
             silence_once(&setup, Silence::FirstTokenHeadHeld, p.s5_streams),
         );
-        Ok(
-            json!({ Silence::Idle.name(): a, Silence::FirstTokenHeadSent.name(): b,
-                   Silence::FirstTokenHeadHeld.name(): c }),
-        )
+        let mut v = json!({ Silence::Idle.name(): a, Silence::FirstTokenHeadSent.name(): b,
+                   Silence::FirstTokenHeadHeld.name(): c });
+        // The streams start together and each costs the gateway its setup and its end, one
+        // after the other on its core: how late the last end is follows this cost.
+        if let Some(used) = setup.cpu().zip(gw0).map(|(a, b)| a.since(b)) {
+            let streams = 3 * p.s5_streams.max(1);
+            let (u, s) = used.user_sys_ms();
+            let per = |ms: f64| ms * 1e3 / streams as f64;
+            v["gateway_cpu_us_per_stream"] = json!(used.run_ns as f64 / 1e3 / streams as f64);
+            v["gateway_user_sys_us_per_stream"] = json!([per(u), per(s)]);
+        }
+        Ok(v)
     });
     json!({
         "params": {"limit_ms": LIMIT.as_millis() as u64, "streams": p.s5_streams},
