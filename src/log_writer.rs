@@ -17,6 +17,9 @@ use std::time::Duration;
 /// Bytes that may wait for a slow reader before lines are dropped (about 128k request lines).
 pub const QUEUE_LIMIT: usize = 64 << 20;
 
+/// Buffer capacity kept between batches (the two buffers otherwise keep their largest size).
+const KEEP: usize = 1 << 20;
+
 /// How long the writer lets lines gather after a write: a few hundred lines at full load.
 const LINGER: Duration = Duration::from_millis(2);
 
@@ -89,6 +92,9 @@ fn spawn_with_limit(
                 // Nowhere to report a failed log write; the next batch tries again.
                 let _ = out.write_all(&batch).and_then(|()| out.flush());
                 batch.clear();
+                // After a reader's stall the batch may have grown to the limit: keep what a
+                // busy gateway's lines need, not the stall's high-water mark.
+                batch.shrink_to(KEEP);
                 std::thread::sleep(LINGER);
             }
         })?;

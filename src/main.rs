@@ -66,9 +66,9 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Held to the end of `main`: dropping it writes out the lines still queued.
+    // Held to the end of `main`: dropping them writes out the lines still queued.
     let _log = match init_tracing(cli.log_format) {
-        Ok(guard) => guard,
+        Ok(guards) => guards,
         Err(e) => {
             eprintln!("hourglass: cannot start the log's thread: {e}");
             return ExitCode::FAILURE;
@@ -121,16 +121,17 @@ fn main() -> ExitCode {
     })
 }
 
-/// The log goes through a thread of its own (`hourglass::log_writer`): a request's line is
-/// formatted on the runtime and queued, never written there. When 64 MiB of lines wait for
-/// a reader that stopped reading, lines are dropped and counted
+/// The log goes through a thread of its own (`hourglass::log_writer`), one per output: a
+/// line is formatted where it is logged and queued, never written there. When 64 MiB of
+/// lines wait for a reader that stopped reading, lines are dropped and counted
 /// (`hourglass_log_lines_dropped_total`) rather than making the gateway wait.
-fn init_tracing(format: LogFormat) -> std::io::Result<hourglass::log_writer::LogGuard> {
+fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::log_writer::LogGuard>> {
+    use hourglass::log_writer::{spawn, LogWriter};
     use tracing_subscriber::filter::{filter_fn, EnvFilter};
     use tracing_subscriber::prelude::*;
-    let (stdout, guard) = hourglass::log_writer::spawn(std::io::stdout())?;
-    let counted = stdout.clone();
-    hourglass::metrics::count_dropped_log_lines(move || counted.dropped());
+    let (stdout, guard) = spawn(std::io::stdout())?;
+    let mut guards = vec![guard];
+    let mut counted = vec![stdout.clone()];
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match format {
         LogFormat::Json => tracing_subscriber::fmt()
@@ -154,9 +155,11 @@ fn init_tracing(format: LogFormat) -> std::io::Result<hourglass::log_writer::Log
                 .with_target(false)
                 .with_ansi(false)
                 .with_filter(filter_fn(|m| m.target() == "hourglass::access"));
-            // Everything else is rare (start-up, reloads, warnings): written where it happens.
+            let (stderr, guard) = spawn(std::io::stderr())?;
+            guards.push(guard);
+            counted.push(stderr.clone());
             let rest = tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
+                .with_writer(stderr)
                 .with_ansi(std::io::stderr().is_terminal())
                 .compact()
                 .with_filter(filter_fn(|m| {
@@ -169,7 +172,10 @@ fn init_tracing(format: LogFormat) -> std::io::Result<hourglass::log_writer::Log
                 .init();
         }
     }
-    Ok(guard)
+    hourglass::metrics::count_dropped_log_lines(move || {
+        counted.iter().map(LogWriter::dropped).sum()
+    });
+    Ok(guards)
 }
 
 fn check(path: &Path) -> ExitCode {

@@ -287,8 +287,9 @@ async fn access_log_mode_writes_combined_format_lines() {
     let path = temp_config("access.toml", &config);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
         .args(["--config", path.to_str().unwrap(), "--log-format", "access"])
+        .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
@@ -323,6 +324,19 @@ async fn access_log_mode_writes_combined_format_lines() {
         .read_to_string(&mut stdout)
         .await
         .unwrap();
+    // Everything but the access lines goes to stderr, through its own log thread, all of it
+    // written out by the time the process has exited.
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .await
+        .unwrap();
+    assert!(stderr.contains("hourglass listening"), "{stderr}");
+    assert!(stderr.contains("shutting down"), "{stderr}");
+    assert!(!stderr.contains("POST"), "{stderr}");
     let line = stdout.lines().next().expect("one access line");
     assert!(line.starts_with("127.0.0.1 - - ["), "{line}");
     assert!(
