@@ -114,6 +114,17 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     Some(out)
 }
 
+/// What an exited child wrote on stdout and stderr.
+async fn outputs(child: &mut tokio::process::Child) -> (String, String) {
+    use tokio::io::AsyncReadExt;
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    let mut out = child.stdout.take().expect("stdout piped");
+    let mut err = child.stderr.take().expect("stderr piped");
+    out.read_to_string(&mut stdout).await.unwrap();
+    err.read_to_string(&mut stderr).await.unwrap();
+    (stdout, stderr)
+}
+
 fn wait_for(mut check: impl FnMut() -> bool, what: &str) {
     // Generous: CI machines run these next to other builds.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -236,22 +247,7 @@ upstream = "fake"
         .unwrap();
     assert_eq!(status.code(), Some(0));
 
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .await
-        .unwrap();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .await
-        .unwrap();
+    let (stdout, stderr) = outputs(&mut child).await;
     let request_lines: Vec<serde_json::Value> = stdout
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -273,7 +269,6 @@ upstream = "fake"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_log_mode_writes_combined_format_lines() {
-    use tokio::io::AsyncReadExt;
     let fake = hourglass::fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -316,24 +311,9 @@ async fn access_log_mode_writes_combined_format_lines() {
         .status()
         .unwrap();
     child.wait().await.unwrap();
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .await
-        .unwrap();
     // Everything but the access lines goes to stderr, through its own log thread, all of it
     // written out by the time the process has exited.
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .await
-        .unwrap();
+    let (stdout, stderr) = outputs(&mut child).await;
     assert!(stderr.contains("hourglass listening"), "{stderr}");
     assert!(stderr.contains("shutting down"), "{stderr}");
     assert!(!stderr.contains("POST"), "{stderr}");
