@@ -4,6 +4,7 @@
 //! could yet fail. Dropping an attempt's future (or its body) cancels it upstream.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -61,8 +62,15 @@ pub struct Failed {
     pub sent_at: Option<Instant>,
 }
 
-impl Attempt<'_> {
-    pub async fn run(self, mut req: Request<Full<Bytes>>) -> Result<Started, Failed> {
+impl<'a> Attempt<'a> {
+    /// Not an `async fn`, and the request handed to the client before the future is made:
+    /// an `async fn` would keep the request (and its other arguments) in its future twice
+    /// over for its whole life, and this future sits inside every request's. (The client's
+    /// future does nothing until it is polled.)
+    pub fn run(
+        self,
+        mut req: Request<Full<Bytes>>,
+    ) -> impl Future<Output = Result<Started, Failed>> + 'a {
         let budget = self.budget;
         let upstream = self.upstream;
         let format = Format::detect(upstream.config.api, req.uri().path());
@@ -76,76 +84,84 @@ impl Attempt<'_> {
         }
         let mut connection = capture_connection(&mut req);
         let response = upstream.request(req);
-        tokio::pin!(response);
-        let timer = sleep_until((now + budget.connect_timeout).min(work_deadline));
-        tokio::pin!(timer);
-        let mut sent_at: Option<Instant> = None;
-        let fail = |error: GatewayError, cause, sent_at| Failed {
-            error,
-            cause,
-            sent_at,
-        };
-        let result = loop {
-            tokio::select! {
-                biased;
-                r = &mut response => break r,
-                _ = connection.wait_for_connection_metadata(), if sent_at.is_none() => {
-                    let at = Instant::now();
-                    sent_at = Some(at);
-                    timer.as_mut().reset((at + self.first_token_timeout).min(work_deadline));
+        async move {
+            tokio::pin!(response);
+            let timer = sleep_until((now + budget.connect_timeout).min(work_deadline));
+            tokio::pin!(timer);
+            let mut sent_at: Option<Instant> = None;
+            let fail = |error: GatewayError, cause, sent_at| Failed {
+                error,
+                cause,
+                sent_at,
+            };
+            let result = loop {
+                tokio::select! {
+                    biased;
+                    r = &mut response => break r,
+                    _ = connection.wait_for_connection_metadata(), if sent_at.is_none() => {
+                        let at = Instant::now();
+                        sent_at = Some(at);
+                        timer.as_mut().reset((at + self.first_token_timeout).min(work_deadline));
+                    }
+                    () = &mut timer => {
+                        let (error, cause) = self.limit_error(sent_at.is_some());
+                        return Err(fail(error, cause, sent_at));
+                    }
                 }
-                () = &mut timer => {
-                    let (error, cause) = self.limit_error(sent_at.is_some());
-                    return Err(fail(error, cause, sent_at));
+            };
+            let response = result.map_err(|e| {
+                let (error, cause) = classify(upstream, &e, budget.connect_timeout);
+                fail(error, cause, sent_at)
+            })?;
+            // A head always comes over a connection; should its metadata not have been seen yet,
+            // the head itself proves the request was sent.
+            let sent_at = sent_at.unwrap_or_else(Instant::now);
+            let first_token_deadline = (sent_at + self.first_token_timeout).min(work_deadline);
+            let limits = StreamLimits {
+                first_token_deadline,
+                first_token_timeout: self.first_token_timeout,
+                idle_timeout: budget.idle_timeout,
+                deadline: work_deadline,
+                budget: budget.total,
+                upstream: upstream.name.clone(),
+            };
+            let (parts, incoming) = response.into_parts();
+            let mut body = UpstreamBody {
+                prefix: VecDeque::new(),
+                inner: incoming,
+                _in_flight: self.in_flight,
+            };
+            let (mut first_token_at, mut first_byte_at) = (None, None);
+            if self.hold && parts.status.is_success() {
+                let is_sse = crate::proxy::is_event_stream(&parts.headers);
+                let inspector = format.filter(|_| is_sse).map(|f| Inspector::new(f, true));
+                // Boxed: only routes that may switch hold, and inline the hold's state would
+                // grow every request's future by its size.
+                match Box::pin(hold_until_first_token(
+                    &mut body, is_sse, inspector, &limits,
+                ))
+                .await
+                {
+                    Ok((token, byte)) => (first_token_at, first_byte_at) = (token, byte),
+                    Err(error) => {
+                        let cause = match error {
+                            GatewayError::FirstTokenTimeout { .. } => Some(RetryCause::FirstToken),
+                            GatewayError::UpstreamError { .. } => Some(RetryCause::Reset),
+                            _ => None,
+                        };
+                        return Err(fail(error, cause, Some(sent_at)));
+                    }
                 }
             }
-        };
-        let response = result.map_err(|e| {
-            let (error, cause) = classify(upstream, &e, budget.connect_timeout);
-            fail(error, cause, sent_at)
-        })?;
-        // A head always comes over a connection; should its metadata not have been seen yet,
-        // the head itself proves the request was sent.
-        let sent_at = sent_at.unwrap_or_else(Instant::now);
-        let first_token_deadline = (sent_at + self.first_token_timeout).min(work_deadline);
-        let limits = StreamLimits {
-            first_token_deadline,
-            first_token_timeout: self.first_token_timeout,
-            idle_timeout: budget.idle_timeout,
-            deadline: work_deadline,
-            budget: budget.total,
-            upstream: upstream.name.clone(),
-        };
-        let (parts, incoming) = response.into_parts();
-        let mut body = UpstreamBody {
-            prefix: VecDeque::new(),
-            inner: incoming,
-            _in_flight: self.in_flight,
-        };
-        let (mut first_token_at, mut first_byte_at) = (None, None);
-        if self.hold && parts.status.is_success() {
-            let is_sse = crate::proxy::is_event_stream(&parts.headers);
-            let inspector = format.filter(|_| is_sse).map(|f| Inspector::new(f, true));
-            match hold_until_first_token(&mut body, is_sse, inspector, &limits).await {
-                Ok((token, byte)) => (first_token_at, first_byte_at) = (token, byte),
-                Err(error) => {
-                    let cause = match error {
-                        GatewayError::FirstTokenTimeout { .. } => Some(RetryCause::FirstToken),
-                        GatewayError::UpstreamError { .. } => Some(RetryCause::Reset),
-                        _ => None,
-                    };
-                    return Err(fail(error, cause, Some(sent_at)));
-                }
-            }
+            Ok(Started {
+                response: Response::from_parts(parts, body),
+                limits,
+                sent_at,
+                first_token_at,
+                first_byte_at,
+                format,
+            })
         }
-        Ok(Started {
-            response: Response::from_parts(parts, body),
-            limits,
-            sent_at,
-            first_token_at,
-            first_byte_at,
-            format,
-        })
     }
 
     fn limit_error(&self, connected: bool) -> (GatewayError, Option<RetryCause>) {

@@ -4,6 +4,7 @@
 //! watchdog body.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -239,7 +240,9 @@ impl Gateway {
     }
 
     /// Serves one client request. Never fails: every failure becomes the contracted answer.
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ProxyBody>
+    /// (Not an `async fn`, for the reason given at `forward`; what needs no waiting is done
+    /// before the future is made.)
+    pub fn handle<B>(self: Arc<Self>, req: Request<B>) -> impl Future<Output = Response<ProxyBody>>
     where
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
@@ -264,159 +267,178 @@ impl Gateway {
                 .and_then(|v| v.to_str().ok()),
             req.version(),
         );
-        // A request still waiting for its head when the shutdown grace ends is answered too.
-        let forwarded = tokio::select! {
-            r = self.forward(req, arrival, &id, &mut record) => r,
-            () = self.shutdown.cancelled() => Err(GatewayError::Shutdown),
-        };
-        match forwarded {
-            Ok(started) => {
-                let (mut parts, body) = started.response.into_parts();
-                let is_sse = is_event_stream(&parts.headers);
-                strip_hop_by_hop(&mut parts.headers);
-                if is_sse {
-                    // The body may gain an error event, so its length is not the upstream's.
-                    parts.headers.remove(header::CONTENT_LENGTH);
-                    parts
-                        .headers
-                        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-                    parts.headers.insert(
-                        HeaderName::from_static("x-accel-buffering"),
-                        HeaderValue::from_static("no"),
-                    );
+        async move {
+            // A request still waiting for its head when the shutdown grace ends is answered too.
+            let forwarded = tokio::select! {
+                r = self.forward(req, arrival, &id, &mut record) => r,
+                () = self.shutdown.cancelled() => Err(GatewayError::Shutdown),
+            };
+            match forwarded {
+                Ok(started) => {
+                    let (mut parts, body) = started.response.into_parts();
+                    let is_sse = is_event_stream(&parts.headers);
+                    strip_hop_by_hop(&mut parts.headers);
+                    if is_sse {
+                        // The body may gain an error event, so its length is not the upstream's.
+                        parts.headers.remove(header::CONTENT_LENGTH);
+                        parts
+                            .headers
+                            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+                        parts.headers.insert(
+                            HeaderName::from_static("x-accel-buffering"),
+                            HeaderValue::from_static("no"),
+                        );
+                    }
+                    insert_request_id(&mut parts.headers, &id);
+                    record.set_status(parts.status.as_u16());
+                    // A successful answer in a known format is read as it passes: SSE for its
+                    // tokens, usage and errors, JSON for its usage.
+                    let inspector = started
+                        .format
+                        .filter(|_| {
+                            parts.status.is_success() && (is_sse || is_json(&parts.headers))
+                        })
+                        .map(|format| Inspector::new(format, is_sse));
+                    // Past the deadline the upstream goes even if the client stopped reading.
+                    let body =
+                        crate::reaper::guard(body, record.take_slot(), started.limits.deadline);
+                    let body = WatchdogBody::new(body, is_sse, started.limits, record)
+                        .with_shutdown(&self.shutdown)
+                        .with_inspector(inspector);
+                    Response::from_parts(parts, Either::Right(body))
                 }
-                insert_request_id(&mut parts.headers, &id);
-                record.set_status(parts.status.as_u16());
-                // A successful answer in a known format is read as it passes: SSE for its
-                // tokens, usage and errors, JSON for its usage.
-                let inspector = started
-                    .format
-                    .filter(|_| parts.status.is_success() && (is_sse || is_json(&parts.headers)))
-                    .map(|format| Inspector::new(format, is_sse));
-                // Past the deadline the upstream goes even if the client stopped reading.
-                let body = crate::reaper::guard(body, record.take_slot(), started.limits.deadline);
-                let body = WatchdogBody::new(body, is_sse, started.limits, record)
-                    .with_shutdown(&self.shutdown)
-                    .with_inspector(inspector);
-                Response::from_parts(parts, Either::Right(body))
-            }
-            Err(e) => {
-                record.set_status(e.status().as_u16());
-                record.fail(&e);
-                let resp = e.response();
-                crate::watchdog::Observer::data(&mut record, resp.body().len());
-                let mut resp = resp.map(|b| Either::Left(Full::new(b)));
-                insert_request_id(resp.headers_mut(), &id);
-                resp
+                Err(e) => {
+                    record.set_status(e.status().as_u16());
+                    record.fail(&e);
+                    let resp = e.response();
+                    crate::watchdog::Observer::data(&mut record, resp.body().len());
+                    let mut resp = resp.map(|b| Either::Left(Full::new(b)));
+                    insert_request_id(resp.headers_mut(), &id);
+                    resp
+                }
             }
         }
     }
 
-    async fn forward<B>(
-        &self,
+    /// Not an `async fn`, and the request taken apart before the future is made: an
+    /// `async fn` stores its arguments twice (as arguments and as locals) for the whole life
+    /// of a future that sits inside every request's.
+    fn forward<'a, B>(
+        &'a self,
         req: Request<B>,
         arrival: Instant,
-        id: &str,
-        record: &mut RequestRecord,
-    ) -> Result<crate::attempt::Started, GatewayError>
+        id: &'a str,
+        record: &'a mut RequestRecord,
+    ) -> impl Future<Output = Result<crate::attempt::Started, GatewayError>> + 'a
     where
-        B: Body<Data = Bytes>,
+        B: Body<Data = Bytes> + 'a,
         B::Error: Into<BoxError>,
     {
-        check_framing(req.version(), req.headers())?;
-        let path = req.uri().path().to_string();
-        let candidates: Vec<&RouteRuntime> = self
-            .routes
-            .iter()
-            .filter(|r| r.route.matches_path(&path))
-            .collect();
-        let Some(first) = candidates.first() else {
-            return Err(GatewayError::NoRoute { path, model: None });
-        };
-        // Until the body names the model, a request is attributed to the route it would take
-        // without one (the first that does not filter on models), or else the first candidate.
-        let tentative = candidates
-            .iter()
-            .find(|r| !r.route.needs_model())
-            .unwrap_or(first);
-        record.set_route(tentative.name.clone(), tentative.metrics.clone());
-        // Before anything is read or parsed: a request that no candidate route would accept
-        // is refused now (the chosen route checks again once the body names the model).
-        if candidates.iter().all(|r| r.refuses(req.headers())) {
-            return Err(GatewayError::Unauthorized);
-        }
-        let asked = BudgetRequest::from_headers(req.headers())?;
-
-        // Until the body names the model, the widest budget among the candidates bounds the
-        // body read; the chosen route's own budget is then resolved from the same arrival.
-        let provisional = candidates
-            .iter()
-            .map(|r| asked.resolve(&r.route.limits, arrival))
-            .max_by_key(|b| b.deadline)
-            .expect("candidates is not empty");
-        record.set_budget(provisional.clone());
-        provisional.ensure_useful(Instant::now())?;
-
-        let (parts, body) = req.into_parts();
-        let limit = self.config.server.max_request_body;
-        if let Some(len) = content_length(&parts.headers) {
-            if len > limit {
-                return Err(GatewayError::BodyTooLarge { limit });
-            }
-        }
-        let body = read_body(body, limit, &provisional).await?;
-
-        let route = if first.route.needs_model() {
-            let model = model_of(&body);
-            candidates
-                .iter()
-                .find(|r| r.route.matches(&path, model.as_deref()))
-                .copied()
-                .ok_or_else(|| GatewayError::NoRoute {
-                    path: path.clone(),
-                    model: model.map(Cow::into_owned),
-                })?
-        } else {
-            first
-        };
-        record.set_route(route.name.clone(), route.metrics.clone());
-        if route.refuses(&parts.headers) {
-            return Err(GatewayError::Unauthorized);
-        }
-        let budget = asked.resolve(&route.route.limits, arrival);
-        record.set_budget(budget.clone());
-        budget.ensure_useful(Instant::now())?;
-
-        let mut headers = parts.headers;
-        if route.keys.is_some() {
-            // The client's key is this gateway's, never the upstream's.
-            strip_client_credentials(&mut headers);
-        }
-        strip_hop_by_hop(&mut headers);
-        for &h in &names::INBOUND {
-            headers.remove(h);
-        }
-        headers.remove(header::HOST);
-        headers.remove(header::CONTENT_LENGTH);
-        headers.remove(header::EXPECT);
-        insert_request_id(&mut headers, id);
-        let template = Template {
-            method: parts.method,
-            path_and_query: parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-            headers,
+        let (
+            http::request::Parts {
+                method,
+                uri,
+                version,
+                mut headers,
+                ..
+            },
             body,
-        };
-        if let Some(admission) = &route.admission {
-            let slot = admission
-                .admit(&budget, route.least_need(budget.min_useful))
-                .await?;
-            record.hold(slot);
+        ) = req.into_parts();
+        async move {
+            check_framing(version, &headers)?;
+            let path = uri.path().to_string();
+            let candidates: Vec<&RouteRuntime> = self
+                .routes
+                .iter()
+                .filter(|r| r.route.matches_path(&path))
+                .collect();
+            let Some(first) = candidates.first() else {
+                return Err(GatewayError::NoRoute { path, model: None });
+            };
+            // Until the body names the model, a request is attributed to the route it would take
+            // without one (the first that does not filter on models), or else the first candidate.
+            let tentative = candidates
+                .iter()
+                .find(|r| !r.route.needs_model())
+                .unwrap_or(first);
+            record.set_route(tentative.name.clone(), tentative.metrics.clone());
+            // Before anything is read or parsed: a request that no candidate route would accept
+            // is refused now (the chosen route checks again once the body names the model).
+            if candidates.iter().all(|r| r.refuses(&headers)) {
+                return Err(GatewayError::Unauthorized);
+            }
+            let asked = BudgetRequest::from_headers(&headers)?;
+
+            // Until the body names the model, the widest budget among the candidates bounds the
+            // body read; the chosen route's own budget is then resolved from the same arrival.
+            // (In a block of its own so that it is not kept in the future past the read.)
+            let body = {
+                let provisional = candidates
+                    .iter()
+                    .map(|r| asked.resolve(&r.route.limits, arrival))
+                    .max_by_key(|b| b.deadline)
+                    .expect("candidates is not empty");
+                record.set_budget(provisional.clone());
+                provisional.ensure_useful(Instant::now())?;
+                let limit = self.config.server.max_request_body;
+                if let Some(len) = content_length(&headers) {
+                    if len > limit {
+                        return Err(GatewayError::BodyTooLarge { limit });
+                    }
+                }
+                read_body(body, limit, &provisional).await?
+            };
+
+            let route = if first.route.needs_model() {
+                let model = model_of(&body);
+                candidates
+                    .iter()
+                    .find(|r| r.route.matches(&path, model.as_deref()))
+                    .copied()
+                    .ok_or_else(|| GatewayError::NoRoute {
+                        path: path.clone(),
+                        model: model.map(Cow::into_owned),
+                    })?
+            } else {
+                first
+            };
+            record.set_route(route.name.clone(), route.metrics.clone());
+            if route.refuses(&headers) {
+                return Err(GatewayError::Unauthorized);
+            }
+            let budget = asked.resolve(&route.route.limits, arrival);
+            record.set_budget(budget.clone());
+            budget.ensure_useful(Instant::now())?;
+
+            if route.keys.is_some() {
+                // The client's key is this gateway's, never the upstream's.
+                strip_client_credentials(&mut headers);
+            }
+            strip_hop_by_hop(&mut headers);
+            for &h in &names::INBOUND {
+                headers.remove(h);
+            }
+            headers.remove(header::HOST);
+            headers.remove(header::CONTENT_LENGTH);
+            headers.remove(header::EXPECT);
+            insert_request_id(&mut headers, id);
+            let template = Template {
+                method,
+                path_and_query: uri
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
+                headers,
+                body,
+            };
+            if let Some(admission) = &route.admission {
+                let slot = admission
+                    .admit(&budget, route.least_need(budget.min_useful))
+                    .await?;
+                record.hold(slot);
+            }
+            crate::retry::run(self, route, &template, &budget, record).await
         }
-        crate::retry::run(self, route, &template, &budget, record).await
     }
 }
 

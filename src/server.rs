@@ -14,6 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
+use http::Response;
 use http_body_util::{Either, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -396,27 +397,12 @@ async fn serve_connection(
         req.extensions_mut().insert(ClientAddr(peer));
         // Each request keeps the routing table it started with, across reloads.
         let gateway = shared_svc.gateway.load_full();
-        let metrics = shared_svc.metrics.clone();
         // Boxed: hyper keeps the service future in a per-connection box that lives as long as
-        // the connection, sized for the future (about 8 KiB of routing, retry and attempt
-        // state). Behind our own box the 8 KiB is freed once the response head is out.
-        Box::pin(async move {
-            let resp = match (CatchPanic {
-                inner: gateway.handle(req),
-            })
-            .await
-            {
-                Ok(resp) => resp,
-                Err(message) => {
-                    metrics.panicked();
-                    tracing::error!(%peer, panic = %message, "request handler panicked");
-                    GatewayError::Internal
-                        .response()
-                        .map(|b| Either::Left(Full::new(b)) as ProxyBody)
-                }
-            };
-            Ok::<_, Infallible>(resp)
-        })
+        // the connection, sized for the future (a few KiB of routing, retry and attempt
+        // state). Behind our own box that is freed once the response head is out.
+        Box::pin(Handler::new(shared_svc.metrics.clone(), peer, || {
+            gateway.handle(req)
+        }))
     });
     let (io, returned) = ClientIo::new(stream, server.send_timeout);
     let tls = shared.tls.load_full();
@@ -461,29 +447,68 @@ async fn serve_connection(
 pub struct ClientAddr(pub SocketAddr);
 
 pin_project! {
-    /// Turns a panic while polling the handler into an error value, so one bad request
-    /// cannot take its connection (or a worker) down with it.
-    struct CatchPanic<F> {
+    /// The request handler's future, with a panic (while it is made or polled) turned into a
+    /// 500, so that one bad request cannot take its connection (or a worker) down with it.
+    ///
+    /// A future of its own rather than an `async` block around the handler: such a block
+    /// keeps what it captures (the request) for its whole life next to the handler's own
+    /// copy, and this is the box every request allocates.
+    struct Handler<F> {
         #[pin]
-        inner: F,
+        inner: Option<F>,
+        // Why `inner` is `None`: the handler panicked before its future was made.
+        panic: Option<String>,
+        metrics: Arc<Metrics>,
+        peer: SocketAddr,
     }
 }
 
-impl<F: Future> Future for CatchPanic<F> {
-    type Output = Result<F::Output, String>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = self.project().inner;
-        match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
-            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(payload) => Poll::Ready(Err(payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "non-string panic".to_string()))),
+impl<F> Handler<F> {
+    fn new(metrics: Arc<Metrics>, peer: SocketAddr, make: impl FnOnce() -> F) -> Self {
+        let (inner, panic) = match std::panic::catch_unwind(AssertUnwindSafe(make)) {
+            Ok(f) => (Some(f), None),
+            Err(payload) => (None, Some(panic_message(&*payload))),
+        };
+        Self {
+            inner,
+            panic,
+            metrics,
+            peer,
         }
     }
+}
+
+impl<F: Future<Output = Response<ProxyBody>>> Future for Handler<F> {
+    type Output = Result<Response<ProxyBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let message = match this.inner.as_mut().as_pin_mut() {
+            Some(inner) => match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+                Ok(Poll::Ready(resp)) => return Poll::Ready(Ok(resp)),
+                Ok(Poll::Pending) => return Poll::Pending,
+                Err(payload) => {
+                    // Not polled again, and dropped now rather than with the connection.
+                    this.inner.set(None);
+                    panic_message(&*payload)
+                }
+            },
+            None => this.panic.take().unwrap_or_default(),
+        };
+        this.metrics.panicked();
+        tracing::error!(peer = %this.peer, panic = %message, "request handler panicked");
+        Poll::Ready(Ok(GatewayError::Internal
+            .response()
+            .map(|b| Either::Left(Full::new(b)))))
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".to_string())
 }
 
 async fn serve_admin(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Health>) {
@@ -502,11 +527,51 @@ async fn serve_admin(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<H
     }
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
+    fn panics_counted(metrics: &Metrics) -> String {
+        metrics
+            .encode()
+            .lines()
+            .find(|l| l.starts_with("hourglass_panics_total "))
+            .unwrap_or("no panics line")
+            .to_owned()
+    }
+
+    async fn answered<F: Future<Output = Response<ProxyBody>>>(
+        make: impl FnOnce() -> F,
+    ) -> (http::StatusCode, String) {
+        let metrics = Arc::new(Metrics::new());
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let resp = Handler::new(metrics.clone(), peer, make).await.unwrap();
+        (resp.status(), panics_counted(&metrics))
+    }
+
+    #[tokio::test]
+    async fn a_handler_that_panics_while_made_or_polled_is_a_500_and_counted() {
+        let ok = answered(|| async { Response::new(Either::Left(Full::default())) }).await;
+        assert_eq!(ok, (http::StatusCode::OK, "hourglass_panics_total 0".into()));
+
+        let made = answered(|| -> std::future::Ready<Response<ProxyBody>> { panic!("made") });
+        let polled = answered(|| async {
+            tokio::task::yield_now().await;
+            panic!("polled")
+        });
+        for got in [made.await, polled.await] {
+            assert_eq!(
+                got,
+                (
+                    http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "hourglass_panics_total 1".into()
+                )
+            );
+        }
+    }
+
     /// What `tune` relies on: the listener's settings are the accepted connection's.
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn an_accepted_connection_has_the_listeners_tuning() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
