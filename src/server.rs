@@ -16,9 +16,9 @@ use std::time::Duration;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use http::Response;
 use http_body_util::{Either, Full};
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use pin_project_lite::pin_project;
 use socket2::{SockRef, TcpKeepalive};
@@ -302,23 +302,29 @@ fn tune(socket: SockRef<'_>) {
 /// hyper's HTTP/1 header limit when none is set (`DEFAULT_MAX_HEADERS` in its `role.rs`).
 const HYPER_MAX_HEADERS: usize = 100;
 
-fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    let mut http1 = builder.http1();
-    http1
-        .timer(TokioTimer::new())
+/// hyper's HTTP/1 and HTTP/2 connection settings, from `[server]`.
+struct Protocols {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+fn protocols(server: &ServerConfig) -> Protocols {
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
         .header_read_timeout(server.header_read_timeout)
+        // The head's own limit; the buffer's alone is not one (a read may fill the buffer
+        // past it, and a head that arrives in large reads then passes).
+        .max_header_size(server.max_header_bytes)
         .max_buf_size(server.max_header_bytes)
         .keep_alive(true);
     // Without a limit of its own hyper allows 100 headers in arrays on the stack; any limit
     // set, even 100, has it fill a vector of that many slots twice per request head parsed
     // (about 1,700 instructions a request). The same limit, then, is left to hyper.
     if server.max_headers != HYPER_MAX_HEADERS {
-        http1.max_headers(server.max_headers);
+        h1.max_headers(server.max_headers);
     }
-    builder
-        .http2()
-        .timer(TokioTimer::new())
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new())
         .max_concurrent_streams(server.http2_max_concurrent_streams)
         // Rapid-reset (CVE-2023-44487) and its variants: bound the resets a client can make us
         // process, and the streams it can open and abandon.
@@ -326,7 +332,51 @@ fn builder(server: &ServerConfig) -> auto::Builder<TokioExecutor> {
         .max_local_error_reset_streams(Some(256))
         .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
         .keep_alive_interval(Some(Duration::from_secs(30)));
-    builder
+    Protocols {
+        http1: h1,
+        http2: h2,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// How a client speaking HTTP/2 without TLS opens the connection (RFC 9113 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Which protocol a cleartext client speaks, from its first bytes, looked at without taking
+/// them (`MSG_PEEK`): hyper then reads them itself. `None` when the client closed, or sent
+/// nothing that tells within `limit` (the header-read timeout, which hyper only starts once
+/// it serves the connection).
+///
+/// Why not hyper-util's `auto` builder, which reads the 24 bytes itself and hands hyper the
+/// rest behind a rewind buffer: it waits for them without any limit (a client that connects
+/// and sends nothing held its connection, and a `max_connections` slot, forever), and
+/// hyper's first read then returning only those 24 bytes made it double its read buffer to
+/// 16 KiB on every connection.
+async fn sniff(stream: &TcpStream, limit: Duration) -> Option<Protocol> {
+    let mut buf = [0u8; PREFACE.len()];
+    let look = async {
+        loop {
+            let n = stream.peek(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            if buf[..n] != PREFACE[..n] {
+                return Some(Protocol::Http1);
+            }
+            if n == PREFACE.len() {
+                return Some(Protocol::Http2);
+            }
+            // Part of the preface: a peek returns at once while those bytes wait, so
+            // wait a moment for the rest instead of spinning.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(limit, look).await.ok().flatten()
 }
 
 async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
@@ -391,7 +441,6 @@ async fn serve_connection(
     watcher: hyper_util::server::graceful::Watcher,
 ) {
     let server = shared.server.load_full();
-    let builder = builder(&server);
     let shared_svc = shared.clone();
     let svc = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(ClientAddr(peer));
@@ -404,33 +453,62 @@ async fn serve_connection(
             gateway.handle(req)
         }))
     });
-    let (io, returned) = ClientIo::new(stream, server.send_timeout);
-    let tls = shared.tls.load_full();
-    let result = match tls {
+    let protocols = protocols(&server);
+    let result = match shared.tls.load_full() {
         Some(acceptor) => {
-            let handshake = tokio::time::timeout(server.header_read_timeout, acceptor.accept(io));
-            let tls_stream = match handshake.await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let conn = builder.serve_connection(TokioIo::new(tls_stream), svc);
-            watcher.watch(conn.into_owned()).await
+            // Boxed, as HTTP/2 is below: inline, the TLS and HTTP/2 states would size every
+            // connection's task (cleartext HTTP/1 too) for the largest of them.
+            let tls = Box::pin(async move {
+                let (io, _) = ClientIo::new(stream, server.send_timeout);
+                let handshake =
+                    tokio::time::timeout(server.header_read_timeout, acceptor.accept(io));
+                let tls_stream = match handshake.await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return None;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return None;
+                    }
+                };
+                // ALPN decides (RFC 9113 3.3): a client that did not choose h2 speaks
+                // HTTP/1.1.
+                let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                let io = TokioIo::new(tls_stream);
+                Some(if h2 {
+                    watcher
+                        .watch(protocols.http2.serve_connection(io, svc))
+                        .await
+                } else {
+                    watcher
+                        .watch(protocols.http1.serve_connection(io, svc))
+                        .await
+                })
+            });
+            let Some(result) = tls.await else { return };
+            result
         }
         None => {
-            let conn = builder.serve_connection(TokioIo::new(io), svc);
-            let result = watcher.watch(conn.into_owned()).await;
-            let timed_out = result.as_ref().is_err_and(|e| {
-                e.downcast_ref::<hyper::Error>()
-                    .is_some_and(hyper::Error::is_timeout)
-            });
-            if timed_out {
+            // Closed, or nothing that tells within the header-read timeout: closed without
+            // a word, as an idle connection may be (RFC 9112 9.6).
+            let Some(protocol) = sniff(&stream, server.header_read_timeout).await else {
+                return;
+            };
+            let (io, returned) = ClientIo::new(stream, server.send_timeout);
+            let io = TokioIo::new(io);
+            let result = match protocol {
+                Protocol::Http2 => {
+                    Box::pin(watcher.watch(protocols.http2.serve_connection(io, svc))).await
+                }
+                Protocol::Http1 => {
+                    watcher
+                        .watch(protocols.http1.serve_connection(io, svc))
+                        .await
+                }
+            };
+            if result.as_ref().is_err_and(hyper::Error::is_timeout) {
                 // hyper closes such a connection without a word.
                 returned.answer_stalled_head();
             }
@@ -552,7 +630,10 @@ mod tests {
     #[tokio::test]
     async fn a_handler_that_panics_while_made_or_polled_is_a_500_and_counted() {
         let ok = answered(|| async { Response::new(Either::Left(Full::default())) }).await;
-        assert_eq!(ok, (http::StatusCode::OK, "hourglass_panics_total 0".into()));
+        assert_eq!(
+            ok,
+            (http::StatusCode::OK, "hourglass_panics_total 0".into())
+        );
 
         let made = answered(|| -> std::future::Ready<Response<ProxyBody>> { panic!("made") });
         let polled = answered(|| async {

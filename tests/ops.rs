@@ -424,6 +424,113 @@ async fn a_client_stalling_mid_head_gets_408() {
     assert!(h.fake.requests().is_empty());
 }
 
+/// A connection that never says anything is not held past the header-read timeout (nor is
+/// one that stops part-way through the HTTP/2 preface), and any `max_connections` slot it
+/// held is free again.
+#[tokio::test]
+async fn a_client_that_sends_nothing_is_closed_at_the_header_read_timeout() {
+    let h = Harness::with_config(&BASE.replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"300ms\"\nmax_connections = 2\n",
+    ))
+    .await;
+    for sent in [&b""[..], b"PRI * HTTP/2.0\r\n"] {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(h.addr()).await.unwrap();
+            s.write_all(sent).await.unwrap();
+            held.push(s);
+        }
+        let start = Instant::now();
+        for s in &mut held {
+            let mut buf = [0u8; 64];
+            let read = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("{sent:?}: still open after 3 s"));
+            // Closed without an answer (a reset when unread bytes were left behind).
+            assert!(matches!(read, Ok(0) | Err(_)), "{sent:?}: {read:?}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(2), "{sent:?}");
+        // Both slots are free again: a real request is served.
+        let (resp, _conn) = h.chat(&[]).await;
+        assert_eq!(resp.status(), 200, "{sent:?}");
+    }
+    assert_eq!(h.fake.requests().len(), 2);
+}
+
+/// The HTTP/2 preface arriving in two pieces is still HTTP/2.
+#[tokio::test]
+async fn an_h2c_preface_split_across_writes_is_still_http2() {
+    let h = Harness::start().await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let io = SplitFirstWrite {
+        inner: tcp,
+        first: true,
+        pause: None,
+    };
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = chat_request(&[], false);
+    *req.uri_mut() = "http://localhost/v1/chat/completions".parse().unwrap();
+    req.headers_mut().remove("host");
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+}
+
+/// Sends the first 10 bytes of the first write alone, then nothing for 50 ms.
+struct SplitFirstWrite {
+    inner: TcpStream,
+    first: bool,
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl tokio::io::AsyncRead for SplitFirstWrite {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for SplitFirstWrite {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if let Some(pause) = self.pause.as_mut() {
+            std::task::ready!(std::future::Future::poll(pause.as_mut(), cx));
+            self.pause = None;
+        }
+        if std::mem::take(&mut self.first) {
+            self.pause = Some(Box::pin(tokio::time::sleep(Duration::from_millis(50))));
+            let n = buf.len().min(10);
+            return std::pin::Pin::new(&mut self.inner).poll_write(cx, &buf[..n]);
+        }
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 #[tokio::test]
 async fn oversized_heads_and_too_many_headers_get_431() {
     let h = Harness::start().await;
