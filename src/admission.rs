@@ -271,9 +271,11 @@ mod tests {
 
     #[test]
     fn loading_refuses_bad_and_missing_keys_without_quoting_them() {
-        let dir = std::env::temp_dir().join(format!("hourglass-keys-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("keys");
+        let dir = tempfile::Builder::new()
+            .prefix("hourglass-keys-")
+            .tempdir()
+            .unwrap();
+        let file = dir.path().join("keys");
         std::fs::write(
             &file,
             format!("# clients\n\n{KEY}\n  other-key-0123456789  \n"),
@@ -301,7 +303,7 @@ mod tests {
         };
         let e = ClientKeys::load("chat", &missing).unwrap_err().to_string();
         assert!(e.starts_with("route \"chat\": client_keys_env"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
+        dir.close().unwrap();
     }
 
     #[test]

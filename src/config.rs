@@ -1842,13 +1842,11 @@ upstream = "openai"
 
     #[test]
     fn load_reads_file_and_resolves_ca_file_next_to_it() {
-        let dir = std::env::temp_dir().join(format!(
-            "hourglass-config-test-{}-{:?}",
-            std::process::id(),
-            std::time::SystemTime::now()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("hourglass.toml");
+        let dir = tempfile::Builder::new()
+            .prefix("hourglass-config-test-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("hourglass.toml");
         let text = BASE.replace(
             "url = \"https://api.openai.com\"",
             "url = \"https://api.openai.com\"\nca_file = \"ca.pem\"",
@@ -1856,12 +1854,12 @@ upstream = "openai"
         std::fs::write(&path, text).unwrap();
         let c = Config::load(&path).unwrap();
         assert_eq!(c.source, path.display().to_string());
-        assert_eq!(c.upstreams[0].ca_file, Some(dir.join("ca.pem")));
+        assert_eq!(c.upstreams[0].ca_file, Some(dir.path().join("ca.pem")));
         // The CA file does not exist yet: a warning, not an error.
         assert!(c.warnings().iter().any(|w| w.contains("ca_file")));
-        std::fs::write(dir.join("ca.pem"), "pem").unwrap();
+        std::fs::write(dir.path().join("ca.pem"), "pem").unwrap();
         assert!(!c.warnings().iter().any(|w| w.contains("ca_file")));
-        std::fs::remove_dir_all(&dir).unwrap();
+        dir.close().unwrap();
     }
 
     #[test]
@@ -2619,9 +2617,11 @@ upstream = "openai"
 
     #[test]
     fn key_sources_are_checked_by_warnings() {
-        let dir = std::env::temp_dir().join(format!("hourglass-cfg-keys-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let key = dir.join("openai.key");
+        let dir = tempfile::Builder::new()
+            .prefix("hourglass-cfg-keys-")
+            .tempdir()
+            .unwrap();
+        let key = dir.path().join("openai.key");
         std::fs::write(&key, "sk-test\n").unwrap();
         #[cfg(unix)]
         {
@@ -2654,6 +2654,6 @@ upstream = "openai"
             "route \"msgs\": clients authenticate with their gateway keys, which are never passed on, and upstream \"anthropic\" has no key of its own".to_owned(),
         ]);
         assert_eq!(w, expected);
-        std::fs::remove_dir_all(&dir).unwrap();
+        dir.close().unwrap();
     }
 }

@@ -203,14 +203,12 @@ const CLIENT_KEY: &str = "hg-client-key-0123456789";
 const OTHER_KEY: &str = "hg-other-key-9876543210";
 
 /// `chat` wants CLIENT_KEY (from a variable), `messages` wants OTHER_KEY (from a file).
-async fn with_keys(upstream_key: Option<&str>) -> (Harness, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!(
-        "hourglass-admission-{}-{}",
-        std::process::id(),
-        fastrand::u64(..)
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("keys");
+async fn with_keys(upstream_key: Option<&str>) -> (Harness, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-admission-")
+        .tempdir()
+        .unwrap();
+    let file = dir.path().join("keys");
     std::fs::write(&file, format!("# messages clients\n{OTHER_KEY}\n")).unwrap();
     std::env::set_var(
         "HOURGLASS_TEST_CLIENT_KEYS",
@@ -287,7 +285,7 @@ async fn requests_without_a_valid_key_are_refused_and_never_forwarded() {
             .await,
         7.0
     );
-    std::fs::remove_dir_all(dir).unwrap();
+    dir.close().unwrap();
 }
 
 #[tokio::test]
@@ -328,7 +326,7 @@ async fn a_valid_key_is_accepted_in_either_header_and_stripped_before_forwarding
             "{all}"
         );
     }
-    std::fs::remove_dir_all(dir).unwrap();
+    dir.close().unwrap();
 }
 
 #[tokio::test]
@@ -341,7 +339,7 @@ async fn the_upstreams_own_key_replaces_the_clients() {
     read_body(resp.into_body()).await;
     let r = &h.fake.requests()[0];
     assert_eq!(r.headers["authorization"], "Bearer sk-upstream-0000");
-    std::fs::remove_dir_all(dir).unwrap();
+    dir.close().unwrap();
 }
 
 #[tokio::test]
@@ -363,7 +361,7 @@ async fn an_unauthenticated_body_is_never_read() {
     let text = String::from_utf8_lossy(&buf[..n]);
     assert!(text.starts_with("HTTP/1.1 401"), "{text}");
     assert!(h.fake.requests().is_empty());
-    std::fs::remove_dir_all(dir).unwrap();
+    dir.close().unwrap();
 }
 
 #[tokio::test]

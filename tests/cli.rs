@@ -12,12 +12,15 @@ fn hourglass(args: &[&str]) -> Output {
         .expect("the binary runs")
 }
 
-fn temp_config(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hourglass-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
+/// The file's path, and the guard that removes its directory when dropped.
+fn temp_config(name: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-cli-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join(name);
     std::fs::write(&path, text).unwrap();
-    path
+    (dir, path)
 }
 
 #[test]
@@ -41,7 +44,7 @@ fn check_prints_the_resolved_routes_of_the_shipped_configs() {
 
 #[test]
 fn check_reports_syntax_errors_with_file_line_and_column() {
-    let path = temp_config(
+    let (_dir, path) = temp_config(
         "syntax.toml",
         "[server]\nlisten = \"127.0.0.1:8080\"\n\n[defaults]\nbudget = \"8s\"\nfirst_token_timout = \"5s\"\n",
     );
@@ -55,7 +58,7 @@ fn check_reports_syntax_errors_with_file_line_and_column() {
 
 #[test]
 fn check_names_the_route_and_key_of_a_semantic_error() {
-    let path = temp_config(
+    let (_dir, path) = temp_config(
         "semantic.toml",
         r#"
 [upstreams.openai]
@@ -79,7 +82,7 @@ first_token_timeout = "40s"
 
 #[test]
 fn the_server_refuses_to_start_on_a_bad_config() {
-    let path = temp_config(
+    let (_dir, path) = temp_config(
         "bad.toml",
         "[[routes]]\nname = \"x\"\npath_prefix = \"/\"\nupstream = \"nowhere\"\n",
     );
@@ -165,7 +168,7 @@ upstream = "fake"
 "#,
         fake.url()
     );
-    let path = temp_config("served.toml", &config);
+    let (_dir, path) = temp_config("served.toml", &config);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
         .args(["--config", path.to_str().unwrap(), "--log-format", "json"])
         .env("HOURGLASS_CANARY_KEY", "sk-canary-0123456789")
@@ -279,7 +282,7 @@ async fn access_log_mode_writes_combined_format_lines() {
          [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
         fake.url()
     );
-    let path = temp_config("access.toml", &config);
+    let (_dir, path) = temp_config("access.toml", &config);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
         .args(["--config", path.to_str().unwrap(), "--log-format", "access"])
         .env("RUST_LOG", "info")
@@ -348,7 +351,7 @@ fn a_log_reader_that_stops_reading_does_not_stall_the_gateway() {
          [upstreams.fake]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
          [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n"
     );
-    let path = temp_config("stalled-log.toml", &config);
+    let (_dir, path) = temp_config("stalled-log.toml", &config);
     let child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
         .args(["--config", path.to_str().unwrap(), "--log-format", "json"])
         .env("RUST_LOG", "info")

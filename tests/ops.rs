@@ -19,10 +19,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("hourglass-ops-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("hourglass-ops-{tag}-"))
+        .tempdir()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -30,7 +31,8 @@ async fn reload_under_load_drops_nothing_and_a_bad_file_changes_nothing() {
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let path = temp_dir("reload").join("hourglass.toml");
+    let dir = temp_dir("reload");
+    let path = dir.path().join("hourglass.toml");
     let text = BASE.replace("{FAKE}", &fake.url());
     std::fs::write(&path, &text).unwrap();
     let config = Config::load(&path).unwrap();
@@ -135,7 +137,8 @@ async fn a_changed_file_is_picked_up_by_the_watcher() {
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let path = temp_dir("watch").join("hourglass.toml");
+    let dir = temp_dir("watch");
+    let path = dir.path().join("hourglass.toml");
     let text = BASE.replace("{FAKE}", &fake.url());
     std::fs::write(&path, &text).unwrap();
     let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
@@ -214,7 +217,7 @@ async fn shutdown_lets_streams_finish_then_cuts_the_rest_with_an_event() {
 }
 
 struct Certs {
-    dir: std::path::PathBuf,
+    dir: tempfile::TempDir,
     ca_der: CertificateDer<'static>,
     client: (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
 }
@@ -235,9 +238,9 @@ fn certs(tag: &str) -> Certs {
         .unwrap()
         .signed_by(&client_key, &ca, &ca_key)
         .unwrap();
-    std::fs::write(dir.join("server.pem"), server.pem()).unwrap();
-    std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
-    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(dir.path().join("server.pem"), server.pem()).unwrap();
+    std::fs::write(dir.path().join("server.key"), server_key.serialize_pem()).unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
     Certs {
         dir,
         ca_der: ca.der().clone(),
@@ -251,13 +254,13 @@ fn certs(tag: &str) -> Certs {
 fn tls_config_toml(c: &Certs, client_ca: bool) -> String {
     let mut tls = format!(
         "[server.tls]\ncert = {:?}\nkey = {:?}\n",
-        c.dir.join("server.pem").display().to_string(),
-        c.dir.join("server.key").display().to_string()
+        c.dir.path().join("server.pem").display().to_string(),
+        c.dir.path().join("server.key").display().to_string()
     );
     if client_ca {
         tls.push_str(&format!(
             "client_ca = {:?}\n",
-            c.dir.join("ca.pem").display().to_string()
+            c.dir.path().join("ca.pem").display().to_string()
         ));
     }
     BASE.replace("[defaults]\n", &format!("{tls}\n[defaults]\n"))
@@ -600,9 +603,9 @@ async fn a_reload_picks_up_a_rotated_key_file() {
         .await
         .unwrap();
     let dir = temp_dir("rotate");
-    let key_file = dir.join("provider.key");
+    let key_file = dir.path().join("provider.key");
     std::fs::write(&key_file, "sk-old-key\n").unwrap();
-    let path = dir.join("hourglass.toml");
+    let path = dir.path().join("hourglass.toml");
     let text = BASE.replace("{FAKE}", &fake.url()).replace(
         "api_key_env = \"HOURGLASS_TEST_KEY_UNSET\"",
         &format!("api_key_file = \"{}\"", key_file.display()),

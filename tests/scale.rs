@@ -245,11 +245,13 @@ async fn ten_thousand_streams_with_clients_leaving_at_random() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000);
-    let dir = std::env::temp_dir().join(format!("hourglass-scale-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-scale-")
+        .tempdir()
+        .unwrap();
     let (go, go_rx) = watch::channel(false);
     let (fake_addr, fake) = upstream(go_rx.clone()).await;
-    let gw = start_gateway(fake_addr, &dir).await;
+    let gw = start_gateway(fake_addr, dir.path()).await;
     let pid = gw.child.id();
     let rss_idle = status_kib(pid, "VmRSS:");
 
@@ -515,5 +517,4 @@ async fn ten_thousand_streams_with_clients_leaving_at_random() {
     assert!(per_stream_kib < 160, "{per_stream_kib} KiB per stream");
     h2_runtime.shutdown_background();
     drop(gw);
-    let _ = std::fs::remove_dir_all(&dir);
 }

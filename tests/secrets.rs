@@ -74,11 +74,13 @@ async fn canary_keys_never_leak() {
         .with_writer(move || writer.clone())
         .init();
 
-    let dir = std::env::temp_dir().join(format!("hourglass-canary-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let key_file = dir.join("provider.key");
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-canary-")
+        .tempdir()
+        .unwrap();
+    let key_file = dir.path().join("provider.key");
     std::fs::write(&key_file, format!("{PROVIDER_FILE_KEY}\n")).unwrap();
-    let client_file = dir.join("clients");
+    let client_file = dir.path().join("clients");
     std::fs::write(&client_file, format!("{CLIENT_FILE_KEY}\n")).unwrap();
     std::env::set_var("HOURGLASS_CANARY_PROVIDER", PROVIDER_ENV_KEY);
     std::env::set_var("HOURGLASS_CANARY_CLIENTS", CLIENT_KEY);
@@ -223,14 +225,14 @@ client_keys_env = "HOURGLASS_CANARY_CLIENTS"
     assert_clean("/metrics", &h.metrics_text().await);
     let config = Config::from_toml(
         &cfg.replace("{FAKE}", &h.fake.url()),
-        &dir.join("hourglass.toml").display().to_string(),
+        &dir.path().join("hourglass.toml").display().to_string(),
     )
     .unwrap();
     assert_clean("the config's Debug", &format!("{config:?}"));
     assert_clean("hourglass check", &config.describe());
     assert_clean("warnings", &config.warnings().join("\n"));
 
-    let config_path = dir.join("hourglass.toml");
+    let config_path = dir.path().join("hourglass.toml");
     std::fs::write(&config_path, cfg.replace("{FAKE}", &h.fake.url())).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
         .args(["check", "--config"])
@@ -254,14 +256,16 @@ client_keys_env = "HOURGLASS_CANARY_CLIENTS"
         "every request logged ({request_lines} lines):\n{logs}"
     );
     assert_clean("logs", &logs);
-    std::fs::remove_dir_all(&dir).unwrap();
+    dir.close().unwrap();
 }
 
 #[test]
 fn check_warns_about_an_inlined_key_without_repeating_it() {
-    let dir = std::env::temp_dir().join(format!("hourglass-inlined-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("inlined.toml");
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-inlined-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("inlined.toml");
     std::fs::write(
         &path,
         format!(
@@ -285,5 +289,5 @@ fn check_warns_about_an_inlined_key_without_repeating_it() {
         "{stderr}"
     );
     assert_clean("hourglass check", &format!("{stdout}{stderr}"));
-    std::fs::remove_dir_all(&dir).unwrap();
+    dir.close().unwrap();
 }

@@ -23,6 +23,8 @@ struct Tls {
     relay: SocketAddr,
     ca_pem: std::path::PathBuf,
     fake: FakeUpstream,
+    /// Holds `ca_pem`, which the gateway reads when it starts; removed with the test's `Tls`.
+    _dir: tempfile::TempDir,
 }
 
 async fn tls_fake(alpn: &[&[u8]]) -> Tls {
@@ -38,13 +40,11 @@ async fn tls_fake(alpn: &[&[u8]]) -> Tls {
         .unwrap()
         .signed_by(&leaf_key, &ca, &ca_key)
         .unwrap();
-    let dir = std::env::temp_dir().join(format!(
-        "hourglass-tls-{}-{}",
-        std::process::id(),
-        fake.addr().port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ca_pem = dir.join("ca.pem");
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-tls-")
+        .tempdir()
+        .unwrap();
+    let ca_pem = dir.path().join("ca.pem");
     std::fs::write(&ca_pem, ca.pem()).unwrap();
 
     let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
@@ -84,6 +84,7 @@ async fn tls_fake(alpn: &[&[u8]]) -> Tls {
         relay,
         ca_pem,
         fake,
+        _dir: dir,
     }
 }
 
