@@ -83,6 +83,10 @@ where
 
 impl<B> Drop for Reapable<B> {
     fn drop(&mut self) {
+        // The upstream call and the slot go now, not when the reaper task next runs: a
+        // client that left is cancelled upstream without waiting for another task, and the
+        // in-flight gauge is down before the request's record (dropped after this) reports.
+        self.shared.reap();
         // `notify_one` stores a permit, so a reaper that has not started waiting yet still
         // sees it.
         self.shared.done.notify_one();
@@ -157,6 +161,21 @@ mod tests {
         assert_eq!(slots.available_permits(), 1, "slot freed");
         let err = body.frame().await.unwrap().unwrap_err();
         assert!(err.is::<Reaped>());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_body_drops_the_upstream_and_the_slot_at_once() {
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let slot = slots.clone().try_acquire_owned().unwrap();
+        let body = guard(rx, Some(slot), Instant::now() + Duration::from_secs(600));
+        drop(body);
+        // No yield in between: the reaper task has not run.
+        assert_eq!(slots.available_permits(), 1, "slot freed");
+        assert!(
+            tx.send_data(Bytes::from_static(b"a")).await.is_err(),
+            "upstream dropped"
+        );
     }
 
     #[tokio::test(start_paused = true)]
