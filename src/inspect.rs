@@ -30,9 +30,7 @@ use memchr::memchr2;
 use self::json::Json;
 
 use crate::provider::{ErrorType, Format};
-
-/// The UTF-8 byte order mark, stripped once at stream start (as `sse` does).
-const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
+use crate::sse::LeadingBom;
 
 /// What one call to [`Inspector::feed`] found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -100,8 +98,7 @@ pub struct Inspector {
     line: Line,
     /// The previous piece ended with a CR: an LF starting the next one belongs to it.
     pending_cr: bool,
-    started: bool,
-    bom_matched: u8,
+    bom: LeadingBom,
     /// The open event has a `data` line, so it dispatches at its blank line.
     has_data: bool,
     /// An error event was read; nothing after it is.
@@ -211,8 +208,7 @@ impl Inspector {
             sse,
             line: Line::Start,
             pending_cr: false,
-            started: false,
-            bom_matched: 0,
+            bom: LeadingBom::default(),
             has_data: false,
             stopped: false,
             json: Json::default(),
@@ -237,9 +233,14 @@ impl Inspector {
             return out;
         }
         let mut pos = 0;
-        if !self.started {
-            pos = self.skip_bom(chunk);
-            if !self.started {
+        if !self.bom.settled() {
+            let broken;
+            (pos, broken) = self.bom.skip(chunk);
+            if !broken.is_empty() {
+                // Content of the first line, which no field name starts with.
+                self.line = Line::Skip;
+            }
+            if !self.bom.settled() {
                 return out;
             }
         }
@@ -439,29 +440,6 @@ impl Inspector {
             t.error.get_or_insert(named.unwrap_or(ErrorType::Other));
         }
         false
-    }
-
-    fn skip_bom(&mut self, chunk: &[u8]) -> usize {
-        let mut pos = 0;
-        while let (Some(&got), Some(&want)) =
-            (chunk.get(pos), BOM.get(usize::from(self.bom_matched)))
-        {
-            if got != want {
-                break;
-            }
-            pos += 1;
-            self.bom_matched += 1;
-        }
-        if usize::from(self.bom_matched) == BOM.len() {
-            self.started = true;
-        } else if pos < chunk.len() {
-            self.started = true;
-            if self.bom_matched > 0 {
-                // A broken BOM is content of the first line, which no field name starts with.
-                self.line = Line::Skip;
-            }
-        }
-        pos
     }
 }
 

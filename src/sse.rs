@@ -17,6 +17,48 @@ use memchr::memchr2;
 /// The UTF-8 byte order mark, which the standard's decoder strips once at stream start.
 const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
+/// A leading BOM, matched across chunks at the start of a stream (here and in the response
+/// inspector, which reads the same stream).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LeadingBom {
+    matched: u8,
+    /// Past the point where a BOM may still appear.
+    settled: bool,
+}
+
+impl LeadingBom {
+    pub(crate) fn settled(&self) -> bool {
+        self.settled
+    }
+
+    /// Some BOM bytes matched, and the chunk ended before the rest could tell.
+    pub(crate) fn partial(&self) -> bool {
+        !self.settled && self.matched > 0
+    }
+
+    /// Consumes the part of a leading BOM at the start of `chunk`: how many bytes it used,
+    /// and, when the BOM turned out broken, the bytes of it matched so far (possibly in
+    /// earlier chunks), which are then ordinary content of the first line (the decoder
+    /// turns them into U+FFFD). Stays unsettled only when the chunk ended mid-BOM.
+    pub(crate) fn skip(&mut self, chunk: &[u8]) -> (usize, &'static [u8]) {
+        let mut pos = 0;
+        while let (Some(&got), Some(&want)) = (chunk.get(pos), BOM.get(usize::from(self.matched))) {
+            if got != want {
+                break;
+            }
+            pos += 1;
+            self.matched += 1;
+        }
+        if usize::from(self.matched) == BOM.len() {
+            self.settled = true;
+        } else if pos < chunk.len() {
+            self.settled = true;
+            return (pos, &BOM[..usize::from(self.matched)]);
+        }
+        (pos, &[])
+    }
+}
+
 /// How many leading bytes of a line are looked at (and kept, when the line straddles
 /// chunks). A line classifies the same as its first `PREFIX` bytes would on their own, as
 /// long as `PREFIX` exceeds the longest line whose end matters, `event: error`: without a
@@ -64,10 +106,7 @@ pub struct SseScanner {
     pending_cr: bool,
     /// The pending CR ended a blank line, so its LF also finishes a block boundary.
     cr_was_blank: bool,
-    /// Past the point where a BOM may still appear.
-    started: bool,
-    /// How many BOM bytes have been matched at stream start.
-    bom_matched: u8,
+    bom: LeadingBom,
     /// The open block has at least one `data` line, so it will dispatch.
     has_data: bool,
     kind: Kind,
@@ -115,9 +154,11 @@ impl SseScanner {
             return out;
         }
         let mut pos = 0;
-        if !self.started {
-            pos = self.skip_bom(chunk);
-            if !self.started {
+        if !self.bom.settled() {
+            let broken;
+            (pos, broken) = self.bom.skip(chunk);
+            self.push_prefix(broken);
+            if !self.bom.settled() {
                 return out;
             }
         }
@@ -185,32 +226,7 @@ impl SseScanner {
     /// open). A complete leading BOM does not count; a partial one does, since it may turn
     /// out to be line content.
     pub fn in_block(&self) -> bool {
-        self.block_open || self.prefix_len > 0 || (!self.started && self.bom_matched > 0)
-    }
-
-    /// Consumes the part of a leading BOM found at the start of `chunk` and returns how
-    /// many bytes it used. Leaves `started` false only when the chunk ended mid-BOM.
-    fn skip_bom(&mut self, chunk: &[u8]) -> usize {
-        let mut pos = 0;
-        while let (Some(&got), Some(&want)) =
-            (chunk.get(pos), BOM.get(usize::from(self.bom_matched)))
-        {
-            if got != want {
-                break;
-            }
-            pos += 1;
-            self.bom_matched += 1;
-        }
-        if usize::from(self.bom_matched) == BOM.len() {
-            self.started = true;
-        } else if pos < chunk.len() {
-            self.started = true;
-            // A broken BOM is ordinary content of the first line (the decoder turns it into
-            // U+FFFD), possibly matched across earlier chunks, so it opens the line here.
-            let matched = usize::from(self.bom_matched);
-            self.push_prefix(&BOM[..matched]);
-        }
-        pos
+        self.block_open || self.prefix_len > 0 || self.bom.partial()
     }
 
     /// Appends the next bytes of the line in progress, keeping only its first `PREFIX`.
