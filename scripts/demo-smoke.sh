@@ -4,9 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${CARGO_TARGET_DIR:-target}/debug/hourglass
 cargo build --quiet
-"$bin" demo >/tmp/hourglass-demo.log 2>&1 &
+log=$(mktemp)
+"$bin" demo >"$log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
+trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 100); do curl -sf localhost:9090/readyz >/dev/null && break; sleep 0.1; done
 fail=0; pass=0
 check() { if eval "$2"; then pass=$((pass+1)); echo "ok: $1"; else fail=$((fail+1)); echo "FAILED: $1"; fi; }
@@ -19,4 +20,8 @@ check "budget of 1 ms fails fast with 504" '[[ "$code" == 504 ]]'
 metrics=$(curl -s localhost:9090/metrics)
 check "metrics count the idle cancellation" '[[ "$metrics" == *"hourglass_cancellations_total{origin=\"idle\",route=\"chat\"} 1"* ]]'
 echo "demo: $pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+if [ "$fail" -ne 0 ]; then
+  echo "--- the gateway's output:"
+  cat "$log"
+  exit 1
+fi
