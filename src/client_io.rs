@@ -4,9 +4,9 @@
 //!   (closed without a word), and hands the socket back when hyper is done with it, so the
 //!   408 can be written without holding a second descriptor per connection;
 //! - gives up on a client that has not read for `send_timeout` while we have bytes for it
-//!   (nginx's `send_timeout`). The reaper ends such a stream's upstream call at its deadline;
-//!   this ends the client connection itself, which would otherwise sit on its socket buffers
-//!   for as long as the client likes.
+//!   (nginx's `send_timeout`). The reaper ends such a stream's upstream call (after the same
+//!   `send_timeout` without a read, or at its deadline); this ends the client connection
+//!   itself, which would otherwise sit on its socket buffers for as long as the client likes.
 //!
 //! One timer per connection, made the first time a write stalls and reset (not recreated)
 //! at every later stall; a write that makes progress disarms it.

@@ -69,7 +69,8 @@ pub struct ServerConfig {
     /// How long in-flight requests get to finish on shutdown (default 30s).
     pub shutdown_grace: Duration,
     /// How long a write to a client may wait for the client to read (default 60s, like
-    /// nginx's `send_timeout`); past it the connection is closed. Never zero.
+    /// nginx's `send_timeout`); past it the connection is closed, and an HTTP/2 stream that its
+    /// client gives no window for as long has its upstream call ended (`reaper`). Never zero.
     pub send_timeout: Duration,
     /// Cap on concurrent client connections; `None` means no limit. Never
     /// `Some(0)`.

@@ -299,9 +299,14 @@ impl Gateway {
                             parts.status.is_success() && (is_sse || is_json(&parts.headers))
                         })
                         .map(|format| Inspector::new(format, is_sse));
-                    // Past the deadline the upstream goes even if the client stopped reading.
-                    let body =
-                        crate::reaper::guard(body, record.take_slot(), started.limits.deadline);
+                    // Past the deadline, or once the client has taken nothing for
+                    // `send_timeout`, the upstream goes even if nobody polls the stream.
+                    let body = crate::reaper::guard(
+                        body,
+                        record.take_slot(),
+                        started.limits.deadline,
+                        self.config.server.send_timeout,
+                    );
                     let body = WatchdogBody::new(body, is_sse, started.limits, record)
                         .with_shutdown(&self.shutdown)
                         .with_inspector(inspector);

@@ -24,6 +24,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::error::GatewayError;
 use crate::inspect::{Inspector, Tokens};
+use crate::reaper::Reaped;
 use crate::sse::SseScanner;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -128,7 +129,7 @@ pin_project! {
 impl<B, O> WatchdogBody<B, O>
 where
     B: Body<Data = Bytes>,
-    B::Error: std::fmt::Display,
+    B::Error: Into<BoxError>,
     O: Observer,
 {
     pub fn new(inner: B, is_sse: bool, limits: StreamLimits, observer: O) -> Self {
@@ -170,7 +171,7 @@ where
 impl<B, O> Body for WatchdogBody<B, O>
 where
     B: Body<Data = Bytes>,
-    B::Error: std::fmt::Display,
+    B::Error: Into<BoxError>,
     O: Observer,
 {
     type Data = Bytes;
@@ -303,6 +304,16 @@ where
                     }
                 }
                 Poll::Ready(Some(Err(e))) => {
+                    let e: BoxError = e.into();
+                    if let Some(Reaped::Stalled(_)) = e.downcast_ref::<Reaped>() {
+                        // The client took nothing for `send_timeout` and its upstream call is
+                        // gone. It is aborted as an HTTP/1 client's connection is closed
+                        // (an HTTP/2 stream is reset); without `finish`, the record counts it
+                        // as the client's.
+                        this.inner.set(None);
+                        *this.state = State::Done;
+                        return Poll::Ready(Some(Err(e)));
+                    }
                     // Past the deadline, the deadline is why the upstream is gone (the reaper
                     // drops it there when nobody was reading).
                     let err = if Instant::now() >= this.limits.deadline {
@@ -817,6 +828,43 @@ mod tests {
             assert!(s.dropped);
         }
         assert!(tx.send_data(Bytes::from_static(b"x")).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stalls_for_send_timeout_is_aborted_as_a_client_cancel() {
+        let send_timeout = ms(400);
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
+        let reapable = crate::reaper::guard(rx, None, Instant::now() + ms(60_000), send_timeout);
+        let probe = Probe::default();
+        let mut b = Box::pin(WatchdogBody::new(
+            reapable,
+            true,
+            limits(1000, 1000, 60_000),
+            probe.clone(),
+        ));
+        tx.send_data(Bytes::from_static(b"data: a\n\n"))
+            .await
+            .unwrap();
+        assert_eq!(
+            &b.frame().await.unwrap().unwrap().into_data().unwrap()[..],
+            b"data: a\n\n"
+        );
+        // The client takes nothing more; well within the idle limit, the upstream goes.
+        tokio::time::sleep(send_timeout * 2).await;
+        assert!(
+            tx.send_data(Bytes::from_static(b"data: b\n\n"))
+                .await
+                .is_err(),
+            "upstream dropped"
+        );
+        // Reading again finds the stream aborted, with no error event and no end of its own.
+        let err = b.frame().await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("send_timeout"), "{err}");
+        assert!(b.frame().await.is_none());
+        drop(b);
+        let s = probe.0.lock().unwrap();
+        assert!(s.end.is_none(), "counted as the client's");
+        assert!(s.dropped);
     }
 
     #[tokio::test(start_paused = true)]

@@ -305,3 +305,92 @@ async fn a_client_that_reads_nothing_for_send_timeout_is_disconnected() {
         "a client that stopped reading is a client-side end"
     );
 }
+
+/// HTTP/2: one stream whose client grants it no more window, while another stream on the same
+/// connection keeps flowing. No socket-level timer can see this stall (the connection is busy),
+/// so without a per-stream clock the first upstream call would run to the deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_its_client_stops_reading_ends_at_send_timeout_while_others_flow() {
+    use http_body_util::BodyExt;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let _serial = SERIAL.lock().await;
+    let (up, _written) = firehose().await;
+    let cfg = config(up).replace("[server]\n", "[server]\nsend_timeout = \"1s\"\n");
+    let h = Harness::with_config(&cfg).await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    // No adaptive window: a stream's window is what its client gives back as it reads.
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(16 << 20)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let request = || {
+        let mut req = chat_request(&[("x-request-budget-ms", "60000")], true);
+        *req.uri_mut() = "http://localhost/v1/chat/completions".parse().unwrap();
+        req.headers_mut().remove("host");
+        req
+    };
+    let start = Instant::now();
+    // Stream A: its head is read, its body never.
+    let stalled = sender.send_request(request()).await.unwrap();
+    assert_eq!(stalled.status(), 200);
+    // Stream B: read all along, so the connection never goes quiet.
+    let flowing = sender.send_request(request()).await.unwrap();
+    let mut flowing = flowing.into_body();
+    let mut read = 0u64;
+    let reader = async {
+        loop {
+            let frame = flowing.frame().await.expect("B ended").expect("B failed");
+            read += frame.data_ref().map_or(0, |d| d.len() as u64);
+            if h.metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
+                .await
+                == 1.0
+            {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "A's upstream call still runs"
+            );
+        }
+    };
+    let ended = reader.await;
+    assert!(
+        ended >= Duration::from_millis(950) && ended < Duration::from_millis(3000),
+        "A's upstream call ended after {ended:?}"
+    );
+    // B still streams.
+    let more = flowing.frame().await.expect("B ended").expect("B failed");
+    assert!(more.is_data());
+    eprintln!(
+        "h2 stall: A's upstream ended after {ended:?}; B read {} KiB by then",
+        read >> 10
+    );
+
+    // A, read again, is reset: no silent end that looks whole.
+    let mut body = stalled.into_body();
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match body.frame().await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return format!("error: {e}"),
+                None => return "clean end".to_owned(),
+            }
+        }
+    })
+    .await
+    .expect("A ends once read");
+    assert!(end.starts_with("error"), "{end}");
+    drop(body);
+    drop(flowing);
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        2.0,
+        "the stalled stream and the one dropped here are the client's"
+    );
+}
