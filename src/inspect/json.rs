@@ -325,13 +325,24 @@ impl Json {
         if let Some(j) = string_end(rest) {
             if rest[j] == b'"' {
                 let body = &rest[..j];
-                let name = if body.len() <= CAP { body } else { &[] };
-                self.end_str(kind, name, body.len() as u64, ev);
-                // A key is followed by its colon: read it now rather than on another turn.
-                if kind == Str::Key && rest.get(j + 1) == Some(&b':') {
-                    self.expect_key = false;
-                    self.value_pos = true;
-                    return Some(j + 2);
+                match kind {
+                    Str::Skip => {}
+                    Str::Key => {
+                        // No key that matters is longer than `CAP`: a longer one is `Other`.
+                        self.key = key(body);
+                        // A key is followed by its colon, and most values by nothing that
+                        // matters: both are read now rather than on further turns.
+                        if rest.get(j + 1) == Some(&b':') {
+                            self.expect_key = false;
+                            self.value_pos = true;
+                            let value = j + 2;
+                            return Some(value + self.skip_value(&rest[value..]));
+                        }
+                    }
+                    _ => {
+                        let name = if body.len() <= CAP { body } else { &[] };
+                        self.end_str(kind, name, body.len() as u64, ev);
+                    }
                 }
                 return Some(j + 1);
             }
@@ -339,6 +350,39 @@ impl Json {
         self.in_str = Some(kind);
         self.str_len = 0;
         self.string_rest(kind, rest, ev)
+    }
+
+    /// Skips the value at the start of `s` when nothing needs it: a string the reader would
+    /// skip (whole, without escapes) or a scalar outside usage, with the comma after it.
+    /// Returns how many bytes it took; 0 leaves the value to the main loop.
+    #[inline]
+    fn skip_value(&mut self, s: &[u8]) -> usize {
+        let taken = match s.first() {
+            Some(b'"') if self.str_kind() == Str::Skip => match string_end(&s[1..]) {
+                Some(j) if s[1 + j] == b'"' => j + 2,
+                _ => 0,
+            },
+            Some(b'0'..=b'9') if matches!(self.cur, Ctx::Usage | Ctx::MessageUsage) => 0,
+            Some(b'0'..=b'9' | b'-') => s
+                .iter()
+                .position(|b| !matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                .unwrap_or(s.len()),
+            Some(b'n') if s.starts_with(b"null") => 4,
+            Some(b't') if s.starts_with(b"true") => 4,
+            Some(b'f') if s.starts_with(b"false") => 5,
+            _ => 0,
+        };
+        if taken == 0 {
+            return 0;
+        }
+        self.value_pos = false;
+        // And the comma after it, which nearly always follows at once.
+        if s.get(taken) == Some(&b',') {
+            self.expect_key = !self.cur_array;
+            self.value_pos = self.cur_array;
+            return taken + 1;
+        }
+        taken
     }
 
     /// Reads the open string (escapes and all) from the start of `s`: how much of `s` it
@@ -376,6 +420,7 @@ impl Json {
         }
     }
 
+    #[inline(always)]
     fn str_kind(&self) -> Str {
         let ctx = self.cur;
         if ctx == Ctx::Other {
@@ -596,10 +641,21 @@ fn skip_scalar(s: &[u8]) -> usize {
         .unwrap_or(s.len())
 }
 
-/// The next quote or bracket, in time linear in the distance to it.
+/// The next quote or bracket, in time linear in the distance to it. What lies between two of
+/// them is nearly always short (a colon, a comma, a number), where a plain loop beats the
+/// setup of two `memchr`s; a long run goes to them.
 #[inline]
 fn next_structural(s: &[u8]) -> Option<usize> {
+    const NEAR: usize = 16;
+    if let Some(i) = s
+        .iter()
+        .take(NEAR)
+        .position(|b| matches!(b, b'"' | b'{' | b'[' | b'}' | b']'))
+    {
+        return Some(i);
+    }
+    let s = s.get(NEAR..)?;
     let open = memchr3(b'"', b'{', b'[', s);
     let close = memchr2(b'}', b']', &s[..open.unwrap_or(s.len())]);
-    close.or(open)
+    close.or(open).map(|i| i + NEAR)
 }
