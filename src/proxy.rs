@@ -35,7 +35,8 @@ pub type ProxyBody = Either<Full<Bytes>, WatchdogBody<Reapable<UpstreamBody>, Re
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Connection-level headers (RFC 9110 section 7.6.1) that never cross a proxy.
-const HOP_BY_HOP: [HeaderName; 9] = [
+const HOPS: usize = 9;
+const HOP_BY_HOP: [HeaderName; HOPS] = [
     header::CONNECTION,
     header::UPGRADE,
     HeaderName::from_static("keep-alive"),
@@ -530,11 +531,19 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none of them: one pass over the names present is cheaper than nine
-    // blind removals, each a hash and a probe (measured: 2.5k instructions per request).
+    // A removal hashes the name and probes the map, so only the hop-by-hop names present are
+    // removed: most messages carry none, and an HTTP/1.1 stream's answer one
+    // (`transfer-encoding`), where nine blind removals cost 1,200 instructions a stream.
     if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
         return;
     }
+    let mut present = [false; HOPS];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    // Names the `Connection` header lists are hop-by-hop too (RFC 9110 7.6.1).
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -542,7 +551,10 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .flat_map(|v| v.split(','))
         .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
         .collect();
-    for n in named.iter().chain(HOP_BY_HOP.iter()) {
+    for n in named.iter() {
+        headers.remove(n);
+    }
+    for (n, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         headers.remove(n);
     }
 }
@@ -611,6 +623,14 @@ mod tests {
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         h.insert(header::TE, HeaderValue::from_static("trailers"));
         h.insert("proxy-connection", HeaderValue::from_static("close"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, untouched);
+
+        // An HTTP/1.1 stream's answer: one of them, alone.
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
         strip_hop_by_hop(&mut h);
         assert_eq!(h, untouched);
     }
