@@ -63,8 +63,9 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     /// Largest accepted request body in bytes (default 10 MiB); never zero.
     pub max_request_body: u64,
-    /// How long a client may take to send its request headers (default 10s);
-    /// never zero.
+    /// How long a client may take to send its request headers (default 10s), and how long a
+    /// connection may sit idle: an HTTP/1 keep-alive between requests, an HTTP/2 connection
+    /// with no stream open (`idle`). Never zero.
     pub header_read_timeout: Duration,
     /// How long in-flight requests get to finish on shutdown (default 30s).
     pub shutdown_grace: Duration,

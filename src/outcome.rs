@@ -122,6 +122,9 @@ pub struct RequestRecord {
     slot: Option<crate::admission::Slot>,
     /// Only kept when the access log is on.
     client: Option<Box<crate::access::ClientInfo>>,
+    /// Over HTTP/2, this request's stream, counted as open for the connection's idle limit
+    /// until the answer is done (`idle`).
+    _stream: Option<crate::idle::Open>,
 }
 
 impl RequestRecord {
@@ -154,10 +157,15 @@ impl RequestRecord {
             attempts: Vec::new(),
             slot: None,
             client: None,
+            _stream: None,
         }
     }
 
     /// Who asked, for the access log (ignored when it is off).
+    pub fn hold_stream(&mut self, stream: Option<crate::idle::Open>) {
+        self._stream = stream;
+    }
+
     pub fn set_client(
         &mut self,
         addr: Option<std::net::SocketAddr>,

@@ -259,10 +259,11 @@ impl Gateway {
             arrival,
             self.no_route.clone(),
         );
+        let client = req.extensions().get::<crate::server::ClientAddr>();
+        // Over HTTP/2 the stream counts as open until the record goes with the answer.
+        record.hold_stream(client.and_then(|c| c.1.as_ref()).map(|s| s.open()));
         record.set_client(
-            req.extensions()
-                .get::<crate::server::ClientAddr>()
-                .map(|c| c.0),
+            client.map(|c| c.0),
             req.headers()
                 .get(header::USER_AGENT)
                 .and_then(|v| v.to_str().ok()),

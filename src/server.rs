@@ -32,6 +32,7 @@ use crate::admin::{self, Health};
 use crate::client_io::ClientIo;
 use crate::config::{Config, ConfigError, ServerConfig};
 use crate::error::GatewayError;
+use crate::idle::Streams;
 use crate::metrics::Metrics;
 use crate::proxy::{Gateway, ProxyBody};
 use crate::tls::TlsError;
@@ -407,8 +408,9 @@ async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: Cancell
         tune(SockRef::from(&stream));
         let shared = shared.clone();
         let watcher = graceful.watcher();
+        let drain = stop.clone();
         tokio::spawn(async move {
-            serve_connection(stream, peer, shared, watcher).await;
+            serve_connection(stream, peer, shared, watcher, drain).await;
             drop(permit);
         });
     }
@@ -439,20 +441,29 @@ async fn serve_connection(
     peer: SocketAddr,
     shared: Arc<Shared>,
     watcher: hyper_util::server::graceful::Watcher,
+    drain: CancellationToken,
 ) {
     let server = shared.server.load_full();
-    let shared_svc = shared.clone();
-    let svc = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
-        req.extensions_mut().insert(ClientAddr(peer));
-        // Each request keeps the routing table it started with, across reloads.
-        let gateway = shared_svc.gateway.load_full();
-        // Boxed: hyper keeps the service future in a per-connection box that lives as long as
-        // the connection, sized for the future (a few KiB of routing, retry and attempt
-        // state). Behind our own box that is freed once the response head is out.
-        Box::pin(Handler::new(shared_svc.metrics.clone(), peer, || {
-            gateway.handle(req)
-        }))
-    });
+    // The service of this connection; over HTTP/2 its requests also count its open streams.
+    let service = {
+        let shared = shared.clone();
+        move |streams: Option<Streams>| {
+            let shared = shared.clone();
+            service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(ClientAddr(peer, streams.clone()));
+                // Each request keeps the routing table it started with, across reloads.
+                let gateway = shared.gateway.load_full();
+                // Boxed: hyper keeps the service future in a per-connection box that lives as
+                // long as the connection, sized for the future (a few KiB of routing, retry and
+                // attempt state). Behind our own box that is freed once the response head is
+                // out.
+                Box::pin(Handler::new(shared.metrics.clone(), peer, || {
+                    gateway.handle(req)
+                }))
+            })
+        }
+    };
     let protocols = protocols(&server);
     let result = match shared.tls.load_full() {
         Some(acceptor) => {
@@ -478,12 +489,19 @@ async fn serve_connection(
                 let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
                 let io = TokioIo::new(tls_stream);
                 Some(if h2 {
-                    watcher
-                        .watch(protocols.http2.serve_connection(io, svc))
-                        .await
+                    // HTTP/2 keeps its own idle limit and drain (`idle`), not the watcher's.
+                    crate::idle::serve(
+                        &protocols.http2,
+                        io,
+                        |streams| service(Some(streams)),
+                        server.header_read_timeout,
+                        drain,
+                        watcher,
+                    )
+                    .await
                 } else {
                     watcher
-                        .watch(protocols.http1.serve_connection(io, svc))
+                        .watch(protocols.http1.serve_connection(io, service(None)))
                         .await
                 })
             });
@@ -500,11 +518,19 @@ async fn serve_connection(
             let io = TokioIo::new(io);
             let result = match protocol {
                 Protocol::Http2 => {
-                    Box::pin(watcher.watch(protocols.http2.serve_connection(io, svc))).await
+                    Box::pin(crate::idle::serve(
+                        &protocols.http2,
+                        io,
+                        |streams| service(Some(streams)),
+                        server.header_read_timeout,
+                        drain,
+                        watcher,
+                    ))
+                    .await
                 }
                 Protocol::Http1 => {
                     watcher
-                        .watch(protocols.http1.serve_connection(io, svc))
+                        .watch(protocols.http1.serve_connection(io, service(None)))
                         .await
                 }
             };
@@ -520,9 +546,9 @@ async fn serve_connection(
     }
 }
 
-/// The client's address, for the access log.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientAddr(pub SocketAddr);
+/// The client's address, for the access log, and over HTTP/2 its connection's streams.
+#[derive(Clone)]
+pub struct ClientAddr(pub SocketAddr, pub Option<Streams>);
 
 pin_project! {
     /// The request handler's future, with a panic (while it is made or polled) turned into a

@@ -637,3 +637,84 @@ async fn a_reload_picks_up_a_rotated_key_file() {
     assert_eq!(sent_key(1).as_deref(), Some("Bearer sk-new-key"));
     gw.shutdown().await;
 }
+
+/// An HTTP/2 connection with no stream open is closed (GOAWAY, then close) after the
+/// header-read timeout, as an idle HTTP/1 keep-alive connection is: one that sent its preface
+/// and then nothing, and one whose last stream has ended. A connection with a stream open
+/// stays, however long the stream.
+#[tokio::test]
+async fn an_h2c_connection_with_no_stream_open_is_closed_after_the_header_read_timeout() {
+    let h = Harness::with_config(&BASE.replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"300ms\"\nmax_connections = 1\n",
+    ))
+    .await;
+    async fn connect(
+        addr: std::net::SocketAddr,
+    ) -> (
+        hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+        tokio::sync::oneshot::Receiver<Instant>,
+    ) {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        let (closed_tx, closed) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let _ = conn.await;
+            let _ = closed_tx.send(Instant::now());
+        });
+        (sender, closed)
+    }
+    let request = |headers: &[(&str, &str)]| {
+        let mut req = chat_request(headers, true);
+        *req.uri_mut() = "http://localhost/v1/chat/completions".parse().unwrap();
+        req.headers_mut().remove("host");
+        req
+    };
+
+    // The preface, then nothing.
+    let start = Instant::now();
+    let (_sender, closed) = connect(h.addr()).await;
+    let at = tokio::time::timeout(Duration::from_secs(3), closed)
+        .await
+        .expect("an idle h2c connection was still open after 3 s")
+        .unwrap();
+    let idle = at - start;
+    assert!(
+        idle >= Duration::from_millis(250) && idle < Duration::from_millis(1500),
+        "closed after {idle:?}"
+    );
+
+    // A stream of 1.2 s, four limits long: the connection stays, and serves another after it.
+    let (mut sender, mut closed) = connect(h.addr()).await;
+    let resp = sender
+        .send_request(request(&[
+            ("x-fake-chunks", "12"),
+            ("x-fake-interval-ms", "100"),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+    assert!(closed.try_recv().is_err(), "closed while a stream was open");
+    let resp = sender.send_request(request(&[])).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+    let ended = Instant::now();
+    // Then, with nothing open, it goes.
+    let at = tokio::time::timeout(Duration::from_secs(3), closed)
+        .await
+        .expect("an h2c connection idle after its streams was still open after 3 s")
+        .unwrap();
+    let idle = at - ended;
+    assert!(
+        idle >= Duration::from_millis(250) && idle < Duration::from_millis(1500),
+        "closed {idle:?} after its last stream"
+    );
+    // Its `max_connections` slot serves again.
+    let (resp, _conn) = h.chat(&[]).await;
+    assert_eq!(resp.status(), 200);
+}

@@ -76,6 +76,9 @@ async fn start_gateway(fake: SocketAddr, dir: &std::path::Path) -> Gateway {
 listen = "127.0.0.1:{port}"
 admin_listen = "127.0.0.1:{admin_port}"
 shutdown_grace = "1s"
+# The HTTP/2 connections are all opened first and their streams started over a minute: with
+# the default 10 s an HTTP/2 connection with no stream open yet is closed (src/idle.rs).
+header_read_timeout = "300s"
 
 [defaults]
 budget = "300s"
