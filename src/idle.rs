@@ -10,9 +10,10 @@
 //! Each request on such a connection carries a [`Streams`] handle in its extensions; the
 //! request's record holds an [`Open`] from it until the response's body is done. The
 //! connection's task looks every `header_read_timeout`: when no stream is open and none has
-//! started or ended since its last look, it starts a graceful shutdown (GOAWAY, then close),
-//! so a connection is closed between one and two limits after its last stream ended (or,
-//! with none, after its preface). The same
+//! started or ended since its last look, it starts a graceful shutdown (GOAWAY, then close once
+//! the client acknowledges a PING), so a connection is closed between one and two limits after
+//! its last stream ended (or, with none, after its preface); one whose client does not finish
+//! the graceful close within another limit is dropped. The same
 //! task starts the graceful shutdown when the server drains.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -89,19 +90,26 @@ where
     let timer = sleep(limit);
     tokio::pin!(timer);
     let mut seen = 0;
-    let mut closing = false;
+    // Idle: GOAWAY sent. Draining: the server's own grace governs from there.
+    let (mut idle, mut draining) = (false, false);
     let served = loop {
         tokio::select! {
             r = conn.as_mut() => break r,
-            () = drain.cancelled(), if !closing => {
-                closing = true;
+            () = drain.cancelled(), if !idle && !draining => {
+                draining = true;
                 conn.as_mut().graceful_shutdown();
             }
-            () = timer.as_mut(), if !closing => {
+            () = timer.as_mut(), if !draining => {
+                if idle {
+                    // The graceful close waits for the client to acknowledge a PING; one that
+                    // never does would hold the connection until the keep-alive timeout.
+                    break Ok(());
+                }
                 let changes = streams.0.changes.load(Ordering::Relaxed);
                 if streams.0.open.load(Ordering::Relaxed) == 0 && changes == seen {
-                    closing = true;
+                    idle = true;
                     conn.as_mut().graceful_shutdown();
+                    timer.as_mut().reset(Instant::now() + limit);
                 } else {
                     seen = changes;
                     timer.as_mut().reset(Instant::now() + limit);

@@ -687,6 +687,35 @@ async fn an_h2c_connection_with_no_stream_open_is_closed_after_the_header_read_t
         "closed after {idle:?}"
     );
 
+    // The preface and SETTINGS from a client that then reads nothing and answers no PING, so
+    // never completes the graceful close: dropped a limit after its GOAWAY.
+    let mut raw = TcpStream::connect(h.addr()).await.unwrap();
+    raw.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = raw.read(&mut buf).await {
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("a client that ignores the GOAWAY's PING held the connection past 5 s");
+    let held = start.elapsed();
+    assert!(held < Duration::from_millis(2500), "closed after {held:?}");
+    // A GOAWAY frame (type 7) was among what it was sent.
+    let mut at = 0;
+    let mut goaway = false;
+    while at + 9 <= got.len() {
+        let len =
+            usize::from(got[at]) << 16 | usize::from(got[at + 1]) << 8 | usize::from(got[at + 2]);
+        goaway |= got[at + 3] == 7;
+        at += 9 + len;
+    }
+    assert!(goaway, "no GOAWAY in {got:?}");
+
     // A stream of 1.2 s, four limits long: the connection stays, and serves another after it.
     let (mut sender, mut closed) = connect(h.addr()).await;
     let resp = sender
