@@ -24,6 +24,10 @@ pub enum GatewayError {
     BodyTooLarge { limit: u64 },
     #[error("{message}")]
     BadRequest { message: String },
+    /// A request body in a content coding: the gateway reads every body (for the model, and to
+    /// rewrite it for some upstreams), so it takes them unencoded only.
+    #[error("content-encoding: {value:?} is not supported; send the body unencoded")]
+    UnsupportedEncoding { value: String },
     /// A head whose framing two HTTP/1 parsers could read differently (request smuggling):
     /// refused, and the connection closed after the answer.
     #[error("ambiguous request framing: {reason}")]
@@ -110,6 +114,7 @@ impl GatewayError {
             Self::InvalidBudget { .. } => "invalid_budget",
             Self::NoRoute { .. } => "no_route",
             Self::BodyTooLarge { .. } => "body_too_large",
+            Self::UnsupportedEncoding { .. } => "unsupported_encoding",
             Self::BadRequest { .. } | Self::AmbiguousRequest { .. } => "invalid_request",
             Self::InsufficientBudget { .. } => "insufficient_budget",
             Self::ConnectTimeout { .. } => "connect_timeout",
@@ -132,6 +137,7 @@ impl GatewayError {
             | Self::AmbiguousRequest { .. } => StatusCode::BAD_REQUEST,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InsufficientBudget { .. }
             | Self::ConnectTimeout { .. }
             | Self::FirstTokenTimeout { .. }
@@ -152,6 +158,7 @@ impl GatewayError {
             Self::InvalidBudget { .. }
             | Self::NoRoute { .. }
             | Self::BodyTooLarge { .. }
+            | Self::UnsupportedEncoding { .. }
             | Self::BadRequest { .. }
             | Self::AmbiguousRequest { .. } => "invalid_request_error",
             // The names both OpenAI and Anthropic use for these.
@@ -251,6 +258,13 @@ impl GatewayError {
                 resp.headers_mut().insert(
                     http::header::CONNECTION,
                     http::HeaderValue::from_static("close"),
+                );
+            }
+            // The codings this server takes (RFC 9110 12.5.3).
+            Self::UnsupportedEncoding { .. } => {
+                resp.headers_mut().insert(
+                    http::header::ACCEPT_ENCODING,
+                    http::HeaderValue::from_static("identity"),
                 );
             }
             Self::Unauthorized => {

@@ -279,10 +279,15 @@ impl Gateway {
                 Ok(started) => {
                     let (mut parts, body) = started.response.into_parts();
                     let is_sse = is_event_stream(&parts.headers);
+                    // An upstream that encodes although asked not to is passed through opaque:
+                    // its bytes are not SSE text, so nothing is read from them or added to them.
+                    let readable = content_coding(&parts.headers).is_none();
                     strip_hop_by_hop(&mut parts.headers);
                     if is_sse {
-                        // The body may gain an error event, so its length is not the upstream's.
-                        parts.headers.remove(header::CONTENT_LENGTH);
+                        if readable {
+                            // The body may gain an error event: its length is not the upstream's.
+                            parts.headers.remove(header::CONTENT_LENGTH);
+                        }
                         parts
                             .headers
                             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
@@ -298,7 +303,9 @@ impl Gateway {
                     let inspector = started
                         .format
                         .filter(|_| {
-                            parts.status.is_success() && (is_sse || is_json(&parts.headers))
+                            readable
+                                && parts.status.is_success()
+                                && (is_sse || is_json(&parts.headers))
                         })
                         .map(|format| Inspector::new(format, is_sse));
                     // Past the deadline, or once the client has taken nothing for
@@ -309,7 +316,7 @@ impl Gateway {
                         started.limits.deadline,
                         self.config.server.send_timeout,
                     );
-                    let body = WatchdogBody::new(body, is_sse, started.limits, record)
+                    let body = WatchdogBody::new(body, is_sse && readable, started.limits, record)
                         .with_shutdown(&self.shutdown)
                         .with_inspector(inspector);
                     Response::from_parts(parts, Either::Right(body))
@@ -374,6 +381,11 @@ impl Gateway {
             if candidates.iter().all(|r| r.refuses(&headers)) {
                 return Err(GatewayError::Unauthorized);
             }
+            if let Some(value) = content_coding(&headers) {
+                return Err(GatewayError::UnsupportedEncoding {
+                    value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                });
+            }
             let asked = BudgetRequest::from_headers(&headers)?;
 
             // Until the body names the model, the widest budget among the candidates bounds the
@@ -428,6 +440,13 @@ impl Gateway {
             headers.remove(header::HOST);
             headers.remove(header::CONTENT_LENGTH);
             headers.remove(header::EXPECT);
+            // Answers are read as they pass (tokens, usage, errors), and an encoded stream cannot
+            // be: clients send `gzip` by default (httpx, undici), and a compressing upstream's
+            // SSE would look silent to the first-token limit and be corrupted by an error event.
+            headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
             insert_request_id(&mut headers, id);
             let template = Template {
                 method,
@@ -529,6 +548,16 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// The first `Content-Encoding` value that names a coding other than `identity`.
+pub fn content_coding(headers: &HeaderMap) -> Option<&HeaderValue> {
+    headers.get_all(header::CONTENT_ENCODING).iter().find(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+            .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
+    })
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -634,6 +663,26 @@ mod tests {
         );
         strip_hop_by_hop(&mut h);
         assert_eq!(h, untouched);
+    }
+
+    #[test]
+    fn only_codings_other_than_identity_count_as_encoded() {
+        let coded = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::CONTENT_ENCODING, HeaderValue::from_str(v).unwrap());
+            }
+            content_coding(&h).map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(coded(&[]), None);
+        assert_eq!(coded(&["identity"]), None);
+        assert_eq!(coded(&[" Identity , IDENTITY", ""]), None);
+        assert_eq!(coded(&["gzip"]).as_deref(), Some("gzip"));
+        assert_eq!(coded(&["identity", "br"]).as_deref(), Some("br"));
+        assert_eq!(
+            coded(&["identity, gzip"]).as_deref(),
+            Some("identity, gzip")
+        );
     }
 
     #[test]

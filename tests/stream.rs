@@ -1,5 +1,5 @@
-//! Streaming fidelity: byte-exact pass-through of a long, oddly chunked SSE stream, and no
-//! coalescing of events that arrived apart.
+//! Streaming fidelity: byte-exact pass-through of a long, oddly chunked SSE stream, no
+//! coalescing of events that arrived apart, and content codings kept out of what is read.
 
 mod support;
 
@@ -14,6 +14,16 @@ use tokio::time::Instant;
 /// An upstream that answers one request with the given chunks (HTTP/1.1 chunked), each after
 /// its delay. Written by hand so the test controls the exact bytes and frame boundaries.
 async fn scripted_upstream(chunks: Vec<(Duration, Vec<u8>)>) -> SocketAddr {
+    scripted_upstream_with("", chunks).await.0
+}
+
+/// `scripted_upstream` whose answer head also carries `extra` (whole lines, each ending in
+/// CRLF); the receiver gets the request head it read, lowercased.
+async fn scripted_upstream_with(
+    extra: &'static str,
+    chunks: Vec<(Duration, Vec<u8>)>,
+) -> (SocketAddr, tokio::sync::oneshot::Receiver<String>) {
+    let (seen, seen_rx) = tokio::sync::oneshot::channel();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -32,13 +42,15 @@ async fn scripted_upstream(chunks: Vec<(Duration, Vec<u8>)>) -> SocketAddr {
                     .find_map(|l| l.strip_prefix("content-length:"))
                     .map_or(0, |v| v.trim().parse().unwrap());
                 if req.len() >= end + 4 + len {
+                    let _ = seen.send(head);
                     break;
                 }
             }
         }
-        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
-            .await
-            .unwrap();
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n{extra}\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
         for (delay, chunk) in chunks {
             tokio::time::sleep(delay).await;
             let mut frame = format!("{:x}\r\n", chunk.len()).into_bytes();
@@ -51,7 +63,7 @@ async fn scripted_upstream(chunks: Vec<(Duration, Vec<u8>)>) -> SocketAddr {
         let _ = s.write_all(b"0\r\n\r\n").await;
         let _ = s.read(&mut buf).await;
     });
-    addr
+    (addr, seen_rx)
 }
 
 /// A small deterministic generator, so a failure reproduces.
@@ -207,4 +219,100 @@ async fn a_complete_non_streaming_answer_is_ok_and_its_upstream_connection_reuse
     // The first answer ended cleanly, so its connection went back to the pool.
     let reqs = h.fake.requests();
     assert_eq!(reqs[0].conn_id, reqs[1].conn_id);
+}
+
+#[tokio::test]
+async fn the_upstream_is_asked_for_an_unencoded_answer_whatever_the_client_accepts() {
+    let (up, seen) =
+        scripted_upstream_with("", vec![(Duration::ZERO, b"data: {}\n\n".to_vec())]).await;
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    // What httpx (the OpenAI and Anthropic Python SDKs) sends.
+    let (resp, _c) = h
+        .chat(&[("accept-encoding", "gzip, deflate, br, zstd")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(read_body(resp.into_body()).await.text(), "data: {}\n\n");
+    let head = seen.await.unwrap();
+    let asked: Vec<&str> = head
+        .lines()
+        .filter_map(|l| l.strip_prefix("accept-encoding:"))
+        .map(str::trim)
+        .collect();
+    assert_eq!(asked, ["identity"], "{head}");
+}
+
+#[tokio::test]
+async fn an_answer_encoded_anyway_passes_opaque_and_a_limit_aborts_it() {
+    // Not SSE text: gzip's magic, a blank line, bytes that are not UTF-8, and no event that
+    // SSE would dispatch. Then silence past the idle limit (1 s). Also on a route that holds
+    // the head until the first token, which for an opaque body is its first byte.
+    let first = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\n\n\xff\xfe".to_vec();
+    let second = b"\x00\x80data: x".to_vec();
+    for route in ["", "retries = 1\nretry_on = [\"first_token\"]"] {
+        let (up, _seen) = scripted_upstream_with(
+            "content-encoding: gzip\r\n",
+            vec![
+                (Duration::ZERO, first.clone()),
+                (Duration::from_millis(50), second.clone()),
+                (Duration::from_secs(30), b"never".to_vec()),
+            ],
+        )
+        .await;
+        let config = BASE.replace("{FAKE}", &format!("http://{up}")).replacen(
+            "upstream = \"fake\"\n",
+            &format!("upstream = \"fake\"\n{route}\n"),
+            1,
+        );
+        let h = Harness::with_config(&config).await;
+        let (resp, _c) = h.chat(&[]).await;
+        assert_eq!(resp.status(), 200, "{route}");
+        assert_eq!(resp.headers()["content-encoding"], "gzip");
+        let read = read_body(resp.into_body()).await;
+        // Byte for byte what the upstream sent, nothing added: an error event inside a gzip
+        // stream would break the client's decoder. The limit is told by aborting the body
+        // instead, as for any body that is not SSE text.
+        assert_eq!(
+            read.bytes,
+            [first.clone(), second.clone()].concat(),
+            "{route}"
+        );
+        assert!(read.error.is_some(), "the body ended cleanly ({route})");
+        // The first byte was the first token: the idle limit ended it, not the first-token
+        // limit that no SSE event would ever have satisfied.
+        h.wait_requests("chat", 1.0).await;
+        assert_eq!(
+            h.metric(r#"hourglass_cancellations_total{origin="idle",route="chat"}"#)
+                .await,
+            1.0,
+            "{route}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_request_body_in_a_content_coding_is_refused_before_the_upstream() {
+    let (up, seen) =
+        scripted_upstream_with("", vec![(Duration::ZERO, b"data: {}\n\n".to_vec())]).await;
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    let (resp, _c) = h
+        .chat(&[("content-encoding", "gzip"), ("x-which", "encoded")])
+        .await;
+    assert_eq!(resp.status(), 415);
+    assert_eq!(resp.headers()["accept-encoding"], "identity");
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "unsupported_encoding");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("content-encoding") && message.contains("\"gzip\""),
+        "{message}"
+    );
+    // `identity` is no coding at all: that request is forwarded, and it is the first the
+    // upstream sees.
+    let (resp, _c) = h
+        .chat(&[("content-encoding", "identity"), ("x-which", "plain")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let head = seen.await.unwrap();
+    assert!(head.contains("x-which: plain"), "{head}");
 }
