@@ -115,9 +115,8 @@ impl Template {
             Some(model) => rewrite_model(&self.body, model).unwrap_or_else(|| self.body.clone()),
             None => self.body.clone(),
         };
-        if upstream.config.include_usage
-            && Format::detect(upstream.config.api, uri.path()) == Some(Format::Chat)
-        {
+        let format = Format::detect(upstream.config.api, uri.path());
+        if upstream.config.include_usage && format == Some(Format::Chat) {
             if let Some(with_usage) = include_usage(&body) {
                 body = with_usage;
             }
@@ -130,6 +129,16 @@ impl Template {
                 message: format!("request cannot be forwarded: {e}"),
             })?;
         *req.headers_mut() = self.headers.clone();
+        if format.is_some() {
+            // An answer in a known format is read as it passes (tokens, usage, errors), and an
+            // encoded one cannot be. Clients ask for `gzip` by default (httpx, undici): against
+            // a compressing upstream, a stream would look silent to the first-token limit and
+            // an error event would corrupt it. Other answers pass opaque, so they keep theirs.
+            req.headers_mut().insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
+        }
         upstream.apply_credentials(req.headers_mut());
         Ok(req)
     }
@@ -440,13 +449,6 @@ impl Gateway {
             headers.remove(header::HOST);
             headers.remove(header::CONTENT_LENGTH);
             headers.remove(header::EXPECT);
-            // Answers are read as they pass (tokens, usage, errors), and an encoded stream cannot
-            // be: clients send `gzip` by default (httpx, undici), and a compressing upstream's
-            // SSE would look silent to the first-token limit and be corrupted by an error event.
-            headers.insert(
-                header::ACCEPT_ENCODING,
-                HeaderValue::from_static("identity"),
-            );
             insert_request_id(&mut headers, id);
             let template = Template {
                 method,

@@ -222,10 +222,23 @@ async fn a_complete_non_streaming_answer_is_ok_and_its_upstream_connection_reuse
 }
 
 #[tokio::test]
-async fn the_upstream_is_asked_for_an_unencoded_answer_whatever_the_client_accepts() {
+async fn an_answer_that_is_read_is_asked_for_unencoded_whatever_the_client_accepts() {
+    let asked = |head: &str| -> Vec<String> {
+        head.lines()
+            .filter_map(|l| l.strip_prefix("accept-encoding:"))
+            .map(|v| v.trim().to_owned())
+            .collect()
+    };
     let (up, seen) =
         scripted_upstream_with("", vec![(Duration::ZERO, b"data: {}\n\n".to_vec())]).await;
-    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    let (other, other_seen) =
+        scripted_upstream_with("", vec![(Duration::ZERO, b"{}".to_vec())]).await;
+    let config = format!(
+        "{}\n[upstreams.other]\nurl = \"http://{other}\"\nauth = \"none\"\n\n\
+         [[routes]]\nname = \"embeddings\"\npath_prefix = \"/v1/embeddings\"\nupstream = \"other\"\n",
+        BASE.replace("{FAKE}", &format!("http://{up}"))
+    );
+    let h = Harness::with_config(&config).await;
     // What httpx (the OpenAI and Anthropic Python SDKs) sends.
     let (resp, _c) = h
         .chat(&[("accept-encoding", "gzip, deflate, br, zstd")])
@@ -233,12 +246,20 @@ async fn the_upstream_is_asked_for_an_unencoded_answer_whatever_the_client_accep
     assert_eq!(resp.status(), 200);
     assert_eq!(read_body(resp.into_body()).await.text(), "data: {}\n\n");
     let head = seen.await.unwrap();
-    let asked: Vec<&str> = head
-        .lines()
-        .filter_map(|l| l.strip_prefix("accept-encoding:"))
-        .map(str::trim)
-        .collect();
-    assert_eq!(asked, ["identity"], "{head}");
+    assert_eq!(asked(&head), ["identity"], "{head}");
+    // A path whose answers are not read (an `auto` upstream's embeddings) keeps the client's
+    // codings: a large answer then crosses the network compressed.
+    let req = http::Request::post("/v1/embeddings")
+        .header("host", "gateway")
+        .header("accept-encoding", "gzip")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            b"{\"input\":\"x\"}",
+        )))
+        .unwrap();
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let head = other_seen.await.unwrap();
+    assert_eq!(asked(&head), ["gzip"], "{head}");
 }
 
 #[tokio::test]
