@@ -449,6 +449,9 @@ impl Gateway {
             headers.remove(header::HOST);
             headers.remove(header::CONTENT_LENGTH);
             headers.remove(header::EXPECT);
+            // A gateway names itself in every request it forwards, after any intermediary
+            // before it (RFC 9110 7.6.3).
+            headers.append(header::VIA, via(version));
             insert_request_id(&mut headers, id);
             let template = Template {
                 method,
@@ -550,6 +553,18 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// `Via` for a request received over `version`: the protocol as RFC 9110 7.6.3 spells it
+/// ("1.1", "2"; HTTP is implied), and this gateway's pseudonym.
+fn via(version: Version) -> HeaderValue {
+    HeaderValue::from_static(match version {
+        Version::HTTP_09 => "0.9 hourglass",
+        Version::HTTP_10 => "1.0 hourglass",
+        Version::HTTP_2 => "2 hourglass",
+        Version::HTTP_3 => "3 hourglass",
+        _ => "1.1 hourglass",
+    })
 }
 
 /// The first `Content-Encoding` value that names a coding other than `identity`.
@@ -665,6 +680,13 @@ mod tests {
         );
         strip_hop_by_hop(&mut h);
         assert_eq!(h, untouched);
+    }
+
+    #[test]
+    fn via_names_the_protocol_the_request_came_over() {
+        assert_eq!(via(Version::HTTP_10), "1.0 hourglass");
+        assert_eq!(via(Version::HTTP_11), "1.1 hourglass");
+        assert_eq!(via(Version::HTTP_2), "2 hourglass");
     }
 
     #[test]

@@ -241,12 +241,23 @@ async fn an_answer_that_is_read_is_asked_for_unencoded_whatever_the_client_accep
     let h = Harness::with_config(&config).await;
     // What httpx (the OpenAI and Anthropic Python SDKs) sends.
     let (resp, _c) = h
-        .chat(&[("accept-encoding", "gzip, deflate, br, zstd")])
+        .chat(&[
+            ("accept-encoding", "gzip, deflate, br, zstd"),
+            ("via", "1.1 edge"),
+        ])
         .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(read_body(resp.into_body()).await.text(), "data: {}\n\n");
     let head = seen.await.unwrap();
     assert_eq!(asked(&head), ["identity"], "{head}");
+    // RFC 9110 7.6.3: the gateway names itself after the intermediaries before it.
+    let via: Vec<&str> = head
+        .lines()
+        .filter_map(|l| l.strip_prefix("via:"))
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    assert_eq!(via, ["1.1 edge", "1.1 hourglass"], "{head}");
     // A path whose answers are not read (an `auto` upstream's embeddings) keeps the client's
     // codings: a large answer then crosses the network compressed.
     let req = http::Request::post("/v1/embeddings")
