@@ -99,7 +99,10 @@ pub struct Gateway {
 pub struct Template {
     pub method: Method,
     pub path_and_query: PathAndQuery,
+    /// With `Accept-Encoding: identity`, what an answer that is read needs.
     pub headers: HeaderMap,
+    /// The client's own `Accept-Encoding`, for answers that are not read.
+    pub accept_encoding: Option<HeaderValue>,
     pub body: Bytes,
 }
 
@@ -129,15 +132,12 @@ impl Template {
                 message: format!("request cannot be forwarded: {e}"),
             })?;
         *req.headers_mut() = self.headers.clone();
-        if format.is_some() {
-            // An answer in a known format is read as it passes (tokens, usage, errors), and an
-            // encoded one cannot be. Clients ask for `gzip` by default (httpx, undici): against
-            // a compressing upstream, a stream would look silent to the first-token limit and
-            // an error event would corrupt it. Other answers pass opaque, so they keep theirs.
-            req.headers_mut().insert(
-                header::ACCEPT_ENCODING,
-                HeaderValue::from_static("identity"),
-            );
+        if format.is_none() {
+            // Not read, so passed opaque: it may come in any coding the client takes.
+            match &self.accept_encoding {
+                Some(v) => req.headers_mut().insert(header::ACCEPT_ENCODING, v.clone()),
+                None => req.headers_mut().remove(header::ACCEPT_ENCODING),
+            };
         }
         upstream.apply_credentials(req.headers_mut());
         Ok(req)
@@ -452,6 +452,13 @@ impl Gateway {
             // A gateway names itself in every request it forwards, after any intermediary
             // before it (RFC 9110 7.6.3).
             headers.append(header::VIA, via(version));
+            // An answer in a known format is read as it passes (tokens, usage, errors), and an
+            // encoded one cannot be. Clients ask for `gzip` by default (httpx, undici): against
+            // a compressing upstream, a stream would look silent to the first-token limit and
+            // an error event would corrupt it. Set here once rather than per attempt, where the
+            // insert would grow every attempt's copy of the headers.
+            let accept_encoding = client_accept_encoding(&headers);
+            headers.insert(header::ACCEPT_ENCODING, IDENTITY);
             insert_request_id(&mut headers, id);
             let template = Template {
                 method,
@@ -460,6 +467,7 @@ impl Gateway {
                     .cloned()
                     .unwrap_or_else(|| PathAndQuery::from_static("/")),
                 headers,
+                accept_encoding,
                 body,
             };
             if let Some(admission) = &route.admission {
@@ -555,16 +563,40 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
 }
 
+const IDENTITY: HeaderValue = HeaderValue::from_static("identity");
+
 /// `Via` for a request received over `version`: the protocol as RFC 9110 7.6.3 spells it
-/// ("1.1", "2"; HTTP is implied), and this gateway's pseudonym.
+/// ("1.1", "2"; HTTP is implied), and this gateway's pseudonym. Constants, so that the bytes
+/// are checked once at compile time and not on every request.
 fn via(version: Version) -> HeaderValue {
-    HeaderValue::from_static(match version {
-        Version::HTTP_09 => "0.9 hourglass",
-        Version::HTTP_10 => "1.0 hourglass",
-        Version::HTTP_2 => "2 hourglass",
-        Version::HTTP_3 => "3 hourglass",
-        _ => "1.1 hourglass",
-    })
+    const V09: HeaderValue = HeaderValue::from_static("0.9 hourglass");
+    const V10: HeaderValue = HeaderValue::from_static("1.0 hourglass");
+    const V11: HeaderValue = HeaderValue::from_static("1.1 hourglass");
+    const V2: HeaderValue = HeaderValue::from_static("2 hourglass");
+    const V3: HeaderValue = HeaderValue::from_static("3 hourglass");
+    match version {
+        Version::HTTP_09 => V09,
+        Version::HTTP_10 => V10,
+        Version::HTTP_2 => V2,
+        Version::HTTP_3 => V3,
+        _ => V11,
+    }
+}
+
+/// The client's `Accept-Encoding` as one value (its field lines joined, as RFC 9110 5.3
+/// allows), or none.
+fn client_accept_encoding(headers: &HeaderMap) -> Option<HeaderValue> {
+    let mut values = headers.get_all(header::ACCEPT_ENCODING).iter();
+    let first = values.next()?;
+    let rest: Vec<&[u8]> = values.map(HeaderValue::as_bytes).collect();
+    if rest.is_empty() {
+        return Some(first.clone());
+    }
+    let joined = std::iter::once(first.as_bytes())
+        .chain(rest)
+        .collect::<Vec<_>>()
+        .join(&b", "[..]);
+    HeaderValue::from_bytes(&joined).ok()
 }
 
 /// The first `Content-Encoding` value that names a coding other than `identity`.
@@ -687,6 +719,19 @@ mod tests {
         assert_eq!(via(Version::HTTP_10), "1.0 hourglass");
         assert_eq!(via(Version::HTTP_11), "1.1 hourglass");
         assert_eq!(via(Version::HTTP_2), "2 hourglass");
+    }
+
+    #[test]
+    fn the_clients_accept_encoding_is_kept_whole() {
+        let mut h = HeaderMap::new();
+        assert_eq!(client_accept_encoding(&h), None);
+        h.append(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+        assert_eq!(client_accept_encoding(&h).unwrap(), "gzip");
+        h.append(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("br;q=0.5"),
+        );
+        assert_eq!(client_accept_encoding(&h).unwrap(), "gzip, br;q=0.5");
     }
 
     #[test]
