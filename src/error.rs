@@ -24,9 +24,9 @@ pub enum GatewayError {
     BodyTooLarge { limit: u64 },
     #[error("{message}")]
     BadRequest { message: String },
-    /// A request body in a content coding: the gateway reads every body (for the model, and to
-    /// rewrite it for some upstreams), so it takes them unencoded only.
-    #[error("content-encoding: {value:?} is not supported; send the body unencoded")]
+    /// A request body in a content coding on a route that reads the body (for the model that
+    /// picks the route, or to rewrite it for an upstream).
+    #[error("content-encoding: {value:?} is not supported on this route, which reads the body; send it unencoded")]
     UnsupportedEncoding { value: String },
     /// A head whose framing two HTTP/1 parsers could read differently (request smuggling):
     /// refused, and the connection closed after the answer.

@@ -390,10 +390,12 @@ impl Gateway {
             if candidates.iter().all(|r| r.refuses(&headers)) {
                 return Err(GatewayError::Unauthorized);
             }
-            if let Some(value) = content_coding(&headers) {
-                return Err(GatewayError::UnsupportedEncoding {
-                    value: String::from_utf8_lossy(value.as_bytes()).into_owned(),
-                });
+            // A body in a content coding passes as it is, unless the gateway must read it: for
+            // the model that picks the route (refused before reading it), or to rewrite the
+            // model for an upstream of the chosen route.
+            let encoded = content_coding(&headers).is_some();
+            if encoded && first.route.needs_model() {
+                return Err(unsupported_encoding(&headers));
             }
             let asked = BudgetRequest::from_headers(&headers)?;
 
@@ -433,6 +435,14 @@ impl Gateway {
             record.set_route(route.name.clone(), route.metrics.clone());
             if route.refuses(&headers) {
                 return Err(GatewayError::Unauthorized);
+            }
+            if encoded
+                && route
+                    .chain
+                    .iter()
+                    .any(|e| e.upstream.config.model.is_some())
+            {
+                return Err(unsupported_encoding(&headers));
             }
             let budget = asked.resolve(&route.route.limits, arrival);
             record.set_budget(budget.clone());
@@ -597,6 +607,13 @@ fn client_accept_encoding(headers: &HeaderMap) -> Option<HeaderValue> {
         .collect::<Vec<_>>()
         .join(&b", "[..]);
     HeaderValue::from_bytes(&joined).ok()
+}
+
+fn unsupported_encoding(headers: &HeaderMap) -> GatewayError {
+    let value = content_coding(headers).map(HeaderValue::as_bytes);
+    GatewayError::UnsupportedEncoding {
+        value: String::from_utf8_lossy(value.unwrap_or_default()).into_owned(),
+    }
 }
 
 /// The first `Content-Encoding` value that names a coding other than `identity`.

@@ -18,7 +18,7 @@ async fn scripted_upstream(chunks: Vec<(Duration, Vec<u8>)>) -> SocketAddr {
 }
 
 /// `scripted_upstream` whose answer head also carries `extra` (whole lines, each ending in
-/// CRLF); the receiver gets the request head it read, lowercased.
+/// CRLF); the receiver gets the request it read (head and body), lowercased.
 async fn scripted_upstream_with(
     extra: &'static str,
     chunks: Vec<(Duration, Vec<u8>)>,
@@ -42,7 +42,7 @@ async fn scripted_upstream_with(
                     .find_map(|l| l.strip_prefix("content-length:"))
                     .map_or(0, |v| v.trim().parse().unwrap());
                 if req.len() >= end + 4 + len {
-                    let _ = seen.send(head);
+                    let _ = seen.send(String::from_utf8_lossy(&req).to_lowercase());
                     break;
                 }
             }
@@ -322,29 +322,66 @@ async fn an_answer_encoded_anyway_passes_opaque_and_a_limit_aborts_it() {
 }
 
 #[tokio::test]
-async fn a_request_body_in_a_content_coding_is_refused_before_the_upstream() {
+async fn an_encoded_request_body_is_refused_only_where_the_gateway_reads_it() {
+    // A route that picks by model, and an upstream that rewrites the model: both must read
+    // the body, so an encoded one is refused before anything reaches the upstream.
+    for (what, from, to) in [
+        (
+            "models",
+            "upstream = \"fake\"\n",
+            "upstream = \"fake\"\nmodels = [\"gpt-*\"]\n",
+        ),
+        (
+            "model rewrite",
+            "auth = \"bearer\"\n",
+            "auth = \"bearer\"\nmodel = \"other\"\n",
+        ),
+    ] {
+        let (up, seen) =
+            scripted_upstream_with("", vec![(Duration::ZERO, b"data: {}\n\n".to_vec())]).await;
+        let config = BASE
+            .replace("{FAKE}", &format!("http://{up}"))
+            .replacen(from, to, 1);
+        let h = Harness::with_config(&config).await;
+        let (resp, _c) = h
+            .chat(&[("content-encoding", "gzip"), ("x-which", "encoded")])
+            .await;
+        assert_eq!(resp.status(), 415, "{what}");
+        assert_eq!(resp.headers()["accept-encoding"], "identity");
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], "unsupported_encoding");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("content-encoding") && message.contains("\"gzip\""),
+            "{message}"
+        );
+        // `identity` is no coding at all: that request is forwarded, and it is the first the
+        // upstream sees.
+        let (resp, _c) = h
+            .chat(&[("content-encoding", "identity"), ("x-which", "plain")])
+            .await;
+        assert_eq!(resp.status(), 200, "{what}");
+        let seen = seen.await.unwrap();
+        assert!(seen.contains("x-which: plain"), "{what}: {seen}");
+    }
+    // A route that reads nothing of the body forwards it as it is, coding and all.
     let (up, seen) =
         scripted_upstream_with("", vec![(Duration::ZERO, b"data: {}\n\n".to_vec())]).await;
     let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
-    let (resp, _c) = h
-        .chat(&[("content-encoding", "gzip"), ("x-which", "encoded")])
-        .await;
-    assert_eq!(resp.status(), 415);
-    assert_eq!(resp.headers()["accept-encoding"], "identity");
-    let body = json_body(resp).await;
-    assert_eq!(body["error"]["code"], "unsupported_encoding");
-    assert_eq!(body["error"]["type"], "invalid_request_error");
-    let message = body["error"]["message"].as_str().unwrap();
-    assert!(
-        message.contains("content-encoding") && message.contains("\"gzip\""),
-        "{message}"
-    );
-    // `identity` is no coding at all: that request is forwarded, and it is the first the
-    // upstream sees.
-    let (resp, _c) = h
-        .chat(&[("content-encoding", "identity"), ("x-which", "plain")])
-        .await;
+    let req = http::Request::post("/v1/chat/completions")
+        .header("host", "gateway")
+        .header("content-encoding", "gzip")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            b"\x1f\x8b COMPRESSED",
+        )))
+        .unwrap();
+    let (resp, _c) = h.send(req).await;
     assert_eq!(resp.status(), 200);
-    let head = seen.await.unwrap();
-    assert!(head.contains("x-which: plain"), "{head}");
+    let seen = seen.await.unwrap();
+    assert!(seen.contains("\r\ncontent-encoding: gzip\r\n"), "{seen}");
+    assert!(
+        seen.ends_with("\r\n\r\n\u{1f}\u{fffd} compressed"),
+        "{seen:?}"
+    );
 }
