@@ -64,6 +64,10 @@ pub enum GatewayError {
         limit: usize,
         waited: Duration,
     },
+    /// The request already passed through `hops` Hourglass gateways (each names itself in
+    /// `Via`): an upstream leads back into the chain.
+    #[error("the request has already passed through {hops} Hourglass gateways (Via): an upstream leads back into the chain")]
+    LoopDetected { hops: usize },
     /// A bug: the request handler panicked. Logged and counted; the process keeps serving.
     #[error("internal error in the gateway")]
     Internal,
@@ -126,6 +130,7 @@ impl GatewayError {
             Self::Shutdown => "shutdown",
             Self::Unauthorized => "unauthorized",
             Self::Overloaded { .. } => "overloaded",
+            Self::LoopDetected { .. } => "loop_detected",
             Self::Internal => "internal_error",
         }
     }
@@ -148,6 +153,7 @@ impl GatewayError {
             }
             Self::Shutdown | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -172,6 +178,7 @@ impl GatewayError {
             Self::UpstreamUnavailable { .. }
             | Self::UpstreamError { .. }
             | Self::Shutdown
+            | Self::LoopDetected { .. }
             | Self::Internal => "upstream_error",
         }
     }

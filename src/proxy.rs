@@ -385,6 +385,12 @@ impl Gateway {
                 .find(|r| !r.route.needs_model())
                 .unwrap_or(first);
             record.set_route(tentative.name.clone(), tentative.metrics.clone());
+            // A chain that leads back into itself would otherwise recurse until file
+            // descriptors run out, starving every other client.
+            let hops = hops(&headers);
+            if hops >= MAX_HOPS {
+                return Err(GatewayError::LoopDetected { hops });
+            }
             // Before anything is read or parsed: a request that no candidate route would accept
             // is refused now (the chosen route checks again once the body names the model).
             if candidates.iter().all(|r| r.refuses(&headers)) {
@@ -573,6 +579,25 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
 }
 
+/// Hourglass gateways a request may already have passed through. A deliberate chain is a few
+/// deep; a loop reaches this within milliseconds.
+pub const MAX_HOPS: usize = 10;
+
+/// How many `Via` entries name a Hourglass gateway ("1.1 hourglass"; a comment may follow).
+fn hops(headers: &HeaderMap) -> usize {
+    headers
+        .get_all(header::VIA)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .filter(|entry| {
+            let mut words = entry
+                .split(u8::is_ascii_whitespace)
+                .filter(|w| !w.is_empty());
+            words.nth(1) == Some(b"hourglass")
+        })
+        .count()
+}
+
 const IDENTITY: HeaderValue = HeaderValue::from_static("identity");
 
 /// `Via` for a request received over `version`: the protocol as RFC 9110 7.6.3 spells it
@@ -729,6 +754,22 @@ mod tests {
         );
         strip_hop_by_hop(&mut h);
         assert_eq!(h, untouched);
+    }
+
+    #[test]
+    fn hops_count_the_via_entries_of_hourglass_gateways_only() {
+        let mut h = HeaderMap::new();
+        assert_eq!(hops(&h), 0);
+        h.append(
+            header::VIA,
+            HeaderValue::from_static("1.1 edge, 1.1 hourglass"),
+        );
+        h.append(
+            header::VIA,
+            HeaderValue::from_static("2 hourglass (chat),1.0  hourglass ,1.1 hourglass-like"),
+        );
+        h.append(header::VIA, HeaderValue::from_static("hourglass"));
+        assert_eq!(hops(&h), 3);
     }
 
     #[test]

@@ -747,3 +747,42 @@ async fn an_h2c_connection_with_no_stream_open_is_closed_after_the_header_read_t
     let (resp, _conn) = h.chat(&[]).await;
     assert_eq!(resp.status(), 200);
 }
+
+#[tokio::test]
+async fn an_upstream_that_leads_back_into_the_gateway_is_a_loop_detected_within_ten_hops() {
+    // The gateway's own address as its upstream: a misconfiguration one typo away.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // (The first `listen` is the server's; `admin_listen` stays on a port of its own.)
+    let config = BASE
+        .replacen(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+            1,
+        )
+        .replace("{FAKE}", &format!("http://127.0.0.1:{port}"));
+    let h = Harness::with_config(&config).await;
+    assert_eq!(h.addr().port(), port);
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    // The innermost hop's answer, passed back out through every hop before it.
+    assert_eq!(resp.status(), 508);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "loop_detected");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("10 Hourglass gateways"), "{message}");
+    // Ten hops forwarded, the eleventh refused; nothing else was held open.
+    h.wait_requests("chat", 11.0).await;
+    assert_eq!(
+        h.metric(r#"hourglass_requests_total{outcome="error",route="chat"}"#)
+            .await,
+        1.0
+    );
+    assert_eq!(
+        h.metric(r#"hourglass_upstream_requests_in_flight{upstream="fake"}"#)
+            .await,
+        0.0
+    );
+}
