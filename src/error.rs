@@ -267,6 +267,14 @@ impl GatewayError {
                     http::HeaderValue::from_static("close"),
                 );
             }
+            // The same request loops the same way again: the OpenAI and Anthropic SDKs, which
+            // retry any 5xx by default, obey this header.
+            Self::LoopDetected { .. } => {
+                resp.headers_mut().insert(
+                    http::HeaderName::from_static("x-should-retry"),
+                    http::HeaderValue::from_static("false"),
+                );
+            }
             // The codings this server takes (RFC 9110 12.5.3).
             Self::UnsupportedEncoding { .. } => {
                 resp.headers_mut().insert(

@@ -769,6 +769,7 @@ async fn an_upstream_that_leads_back_into_the_gateway_is_a_loop_detected_within_
     let (resp, _c) = h.send(chat_request(&[], false)).await;
     // The innermost hop's answer, passed back out through every hop before it.
     assert_eq!(resp.status(), 508);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
     let body = json_body(resp).await;
     assert_eq!(body["error"]["code"], "loop_detected");
     let message = body["error"]["message"].as_str().unwrap();
