@@ -18,6 +18,7 @@ pub mod client_io;
 pub mod config;
 pub mod error;
 pub mod fake;
+pub mod headers;
 pub mod idle;
 pub mod inspect;
 pub mod json_log;

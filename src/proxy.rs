@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response, Uri, Version};
+use http::{Method, Request, Response, Uri};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use tokio::time::{timeout_at, Instant};
@@ -21,6 +21,11 @@ use crate::attempt::UpstreamBody;
 use crate::budget::{names, Budget, BudgetRequest};
 use crate::config::{Config, RetryCause, Route};
 use crate::error::GatewayError;
+use crate::headers::{
+    check_framing, client_accept_encoding, content_coding, content_length, hops, insert_request_id,
+    is_event_stream, is_json, request_id, strip_hop_by_hop, unsupported_encoding, via, IDENTITY,
+    MAX_HOPS,
+};
 use crate::inspect::Inspector;
 use crate::metrics::{AnswerMetrics, Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE};
 use crate::outcome::RequestRecord;
@@ -31,22 +36,6 @@ use crate::upstream::{Upstream, UpstreamBuildError};
 use crate::watchdog::{BoxError, WatchdogBody};
 
 pub type ProxyBody = Either<Full<Bytes>, WatchdogBody<Reapable<UpstreamBody>, RequestRecord>>;
-
-pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-
-/// Connection-level headers (RFC 9110 section 7.6.1) that never cross a proxy.
-const HOPS: usize = 9;
-const HOP_BY_HOP: [HeaderName; HOPS] = [
-    header::CONNECTION,
-    header::UPGRADE,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-];
 
 /// One upstream of a route's chain (its own, then its fallbacks) with its metric handles.
 pub struct ChainEntry {
@@ -522,24 +511,6 @@ where
     }
 }
 
-/// Refuses heads whose target two parsers could read differently (RFC 9112 3.2). hyper's
-/// HTTP/1 parser already refuses obs-fold, bare CR, conflicting or malformed lengths and
-/// unknown codings, merges equal lengths, and lets Transfer-Encoding override (and remove)
-/// Content-Length, closing the connection after the answer; what it leaves is checked here.
-fn check_framing(version: Version, headers: &HeaderMap) -> Result<(), GatewayError> {
-    let count = |name: HeaderName| headers.get_all(name).iter().count();
-    let reason = if count(header::CONTENT_LENGTH) > 1 {
-        "more than one Content-Length"
-    } else if count(header::HOST) > 1 {
-        "more than one Host"
-    } else if version == Version::HTTP_11 && count(header::HOST) == 0 {
-        "an HTTP/1.1 request without Host"
-    } else {
-        return Ok(());
-    };
-    Err(GatewayError::AmbiguousRequest { reason })
-}
-
 fn model_of(body: &Bytes) -> Option<Cow<'_, str>> {
     #[derive(serde::Deserialize)]
     struct ModelOnly<'a> {
@@ -549,286 +520,4 @@ fn model_of(body: &Bytes) -> Option<Cow<'_, str>> {
     serde_json::from_slice::<ModelOnly<'_>>(body)
         .ok()
         .and_then(|m| m.model)
-}
-
-fn content_length(headers: &HeaderMap) -> Option<u64> {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-}
-
-/// `application/json` or a `+json` type.
-fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .map(|m| m.trim().as_bytes())
-        .is_some_and(|m| {
-            m.eq_ignore_ascii_case(b"application/json")
-                || m.len() > 5 && m[m.len() - 5..].eq_ignore_ascii_case(b"+json")
-        })
-}
-
-pub fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
-}
-
-/// Hourglass gateways a request may already have passed through. A deliberate chain is a few
-/// deep; a loop reaches this within milliseconds.
-pub const MAX_HOPS: usize = 10;
-
-/// How many `Via` entries name a Hourglass gateway ("1.1 hourglass"; a comment may follow).
-fn hops(headers: &HeaderMap) -> usize {
-    headers
-        .get_all(header::VIA)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .filter(|entry| {
-            let mut words = entry
-                .split(u8::is_ascii_whitespace)
-                .filter(|w| !w.is_empty());
-            words.nth(1) == Some(b"hourglass")
-        })
-        .count()
-}
-
-const IDENTITY: HeaderValue = HeaderValue::from_static("identity");
-
-/// `Via` for a request received over `version`: the protocol as RFC 9110 7.6.3 spells it
-/// ("1.1", "2"; HTTP is implied), and this gateway's pseudonym. Constants, so that the bytes
-/// are checked once at compile time and not on every request.
-fn via(version: Version) -> HeaderValue {
-    const V09: HeaderValue = HeaderValue::from_static("0.9 hourglass");
-    const V10: HeaderValue = HeaderValue::from_static("1.0 hourglass");
-    const V11: HeaderValue = HeaderValue::from_static("1.1 hourglass");
-    const V2: HeaderValue = HeaderValue::from_static("2 hourglass");
-    const V3: HeaderValue = HeaderValue::from_static("3 hourglass");
-    match version {
-        Version::HTTP_09 => V09,
-        Version::HTTP_10 => V10,
-        Version::HTTP_2 => V2,
-        Version::HTTP_3 => V3,
-        _ => V11,
-    }
-}
-
-/// The client's `Accept-Encoding` as one value (its field lines joined, as RFC 9110 5.3
-/// allows), or none.
-fn client_accept_encoding(headers: &HeaderMap) -> Option<HeaderValue> {
-    let mut values = headers.get_all(header::ACCEPT_ENCODING).iter();
-    let first = values.next()?;
-    let rest: Vec<&[u8]> = values.map(HeaderValue::as_bytes).collect();
-    if rest.is_empty() {
-        return Some(first.clone());
-    }
-    let joined = std::iter::once(first.as_bytes())
-        .chain(rest)
-        .collect::<Vec<_>>()
-        .join(&b", "[..]);
-    HeaderValue::from_bytes(&joined).ok()
-}
-
-fn unsupported_encoding(headers: &HeaderMap) -> GatewayError {
-    let value = content_coding(headers).map(HeaderValue::as_bytes);
-    GatewayError::UnsupportedEncoding {
-        value: String::from_utf8_lossy(value.unwrap_or_default()).into_owned(),
-    }
-}
-
-/// The first `Content-Encoding` value that names a coding other than `identity`.
-pub fn content_coding(headers: &HeaderMap) -> Option<&HeaderValue> {
-    headers.get_all(header::CONTENT_ENCODING).iter().find(|v| {
-        v.as_bytes()
-            .split(|&b| b == b',')
-            .map(<[u8]>::trim_ascii)
-            .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
-    })
-}
-
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // A removal hashes the name and probes the map, so only the hop-by-hop names present are
-    // removed: most messages carry none, and an HTTP/1.1 stream's answer one
-    // (`transfer-encoding`), where nine blind removals cost 1,200 instructions a stream.
-    if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
-        return;
-    }
-    let mut present = [false; HOPS];
-    for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            present[i] = true;
-        }
-    }
-    // Names the `Connection` header lists are hop-by-hop too (RFC 9110 7.6.1).
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named.iter() {
-        headers.remove(n);
-    }
-    for (n, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
-        headers.remove(n);
-    }
-}
-
-/// Keeps a client's request id when it is a sane token, so logs correlate across hops;
-/// otherwise makes one.
-fn request_id(headers: &HeaderMap) -> Arc<str> {
-    headers
-        .get(REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-        .map(Arc::from)
-        .unwrap_or_else(new_request_id)
-}
-
-/// 32 hex digits: a random 64-bit prefix drawn once per process, then a counter. Unique
-/// within the process and, with overwhelming odds, across processes, without the kernel
-/// call per request that a UUIDv4 costs (it showed in profiles).
-fn new_request_id() -> Arc<str> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::OnceLock;
-    static PREFIX: OnceLock<u64> = OnceLock::new();
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    // fastrand seeds itself from the process's random state (std's `RandomState`).
-    let prefix = *PREFIX.get_or_init(|| fastrand::u64(..));
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    // By hand: `format!` (1,450 instructions more per request) or `write!` into a stack
-    // buffer (780 more) spend more on padding and dispatch than the digits take.
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut buf = [0u8; 32];
-    for (i, digit) in buf.iter_mut().enumerate() {
-        let word = if i < 16 { prefix } else { n };
-        *digit = HEX[((word >> (60 - 4 * (i % 16))) & 0xf) as usize];
-    }
-    Arc::from(std::str::from_utf8(&buf).expect("hex digits are ASCII"))
-}
-
-fn insert_request_id(headers: &mut HeaderMap, id: &str) {
-    if let Ok(v) = HeaderValue::from_str(id) {
-        headers.insert(REQUEST_ID, v);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_and_those_connection_names_are_stripped() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        h.insert("x-keep", HeaderValue::from_static("1"));
-        let untouched = h.clone();
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h, untouched);
-
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, X-Secret"),
-        );
-        h.insert("x-secret", HeaderValue::from_static("s"));
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        h.insert(header::TE, HeaderValue::from_static("trailers"));
-        h.insert("proxy-connection", HeaderValue::from_static("close"));
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h, untouched);
-
-        // An HTTP/1.1 stream's answer: one of them, alone.
-        h.insert(
-            header::TRANSFER_ENCODING,
-            HeaderValue::from_static("chunked"),
-        );
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h, untouched);
-    }
-
-    #[test]
-    fn hops_count_the_via_entries_of_hourglass_gateways_only() {
-        let mut h = HeaderMap::new();
-        assert_eq!(hops(&h), 0);
-        h.append(
-            header::VIA,
-            HeaderValue::from_static("1.1 edge, 1.1 hourglass"),
-        );
-        h.append(
-            header::VIA,
-            HeaderValue::from_static("2 hourglass (chat),1.0  hourglass ,1.1 hourglass-like"),
-        );
-        h.append(header::VIA, HeaderValue::from_static("hourglass"));
-        assert_eq!(hops(&h), 3);
-    }
-
-    #[test]
-    fn via_names_the_protocol_the_request_came_over() {
-        assert_eq!(via(Version::HTTP_10), "1.0 hourglass");
-        assert_eq!(via(Version::HTTP_11), "1.1 hourglass");
-        assert_eq!(via(Version::HTTP_2), "2 hourglass");
-    }
-
-    #[test]
-    fn the_clients_accept_encoding_is_kept_whole() {
-        let mut h = HeaderMap::new();
-        assert_eq!(client_accept_encoding(&h), None);
-        h.append(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
-        assert_eq!(client_accept_encoding(&h).unwrap(), "gzip");
-        h.append(
-            header::ACCEPT_ENCODING,
-            HeaderValue::from_static("br;q=0.5"),
-        );
-        assert_eq!(client_accept_encoding(&h).unwrap(), "gzip, br;q=0.5");
-    }
-
-    #[test]
-    fn only_codings_other_than_identity_count_as_encoded() {
-        let coded = |values: &[&str]| {
-            let mut h = HeaderMap::new();
-            for v in values {
-                h.append(header::CONTENT_ENCODING, HeaderValue::from_str(v).unwrap());
-            }
-            content_coding(&h).map(|v| v.to_str().unwrap().to_owned())
-        };
-        assert_eq!(coded(&[]), None);
-        assert_eq!(coded(&["identity"]), None);
-        assert_eq!(coded(&[" Identity , IDENTITY", ""]), None);
-        assert_eq!(coded(&["gzip"]).as_deref(), Some("gzip"));
-        assert_eq!(coded(&["identity", "br"]).as_deref(), Some("br"));
-        assert_eq!(
-            coded(&["identity, gzip"]).as_deref(),
-            Some("identity, gzip")
-        );
-    }
-
-    #[test]
-    fn request_ids_are_kept_when_sane_and_made_unique_otherwise() {
-        let mut h = HeaderMap::new();
-        let a = request_id(&h);
-        let b = request_id(&h);
-        assert_ne!(a, b);
-        assert_eq!(a.len(), 32);
-        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
-        assert_eq!(a[..16], b[..16], "one prefix per process");
-        let (na, nb) = (
-            u64::from_str_radix(&a[16..], 16).unwrap(),
-            u64::from_str_radix(&b[16..], 16).unwrap(),
-        );
-        assert!(nb > na, "a counter after the prefix: {a} then {b}");
-        h.insert(REQUEST_ID, HeaderValue::from_static("client-chosen-id"));
-        assert_eq!(&*request_id(&h), "client-chosen-id");
-        h.insert(REQUEST_ID, HeaderValue::from_static("has space"));
-        assert_eq!(request_id(&h).len(), 32);
-    }
 }
