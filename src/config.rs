@@ -155,7 +155,15 @@ pub struct UpstreamConfig {
     pub api: Api,
     /// Ask OpenAI chat streams for their usage (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// How long an idle connection to this upstream is kept for reuse. Set it below the
+    /// upstream's own keep-alive limit (uvicorn's default is 5 s), so that the gateway, not
+    /// the upstream, closes it: a request sent on a connection the upstream closes in the
+    /// same instant fails.
+    pub pool_idle_timeout: Duration,
 }
+
+/// `pool_idle_timeout` when the upstream names none: hyper-util's own default.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Time limits of one route after inheritance from `[defaults]`.
 ///
@@ -616,6 +624,9 @@ impl Config {
             if up.include_usage {
                 let _ = write!(out, ", include_usage true");
             }
+            if up.pool_idle_timeout != DEFAULT_POOL_IDLE_TIMEOUT {
+                let _ = write!(out, ", pool_idle_timeout {}", hd(up.pool_idle_timeout));
+            }
             let _ = writeln!(out, ")");
             let p = &r.policy;
             let _ = writeln!(out, "  retries: {} on {}", p.retries, p.retry_on);
@@ -818,6 +829,7 @@ struct RawUpstream {
     expected_first_token: Option<RawDuration>,
     api: Option<RawApi>,
     include_usage: Option<bool>,
+    pool_idle_timeout: Option<RawDuration>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -1266,6 +1278,12 @@ fn build_upstream(
                 ))
             }
             (v, _) => v.unwrap_or(false),
+        },
+        pool_idle_timeout: match raw.pool_idle_timeout {
+            Some(d) if d.0.is_zero() => {
+                return Err(format!("{label}: pool_idle_timeout must be greater than 0"))
+            }
+            other => other.map_or(DEFAULT_POOL_IDLE_TIMEOUT, |d| d.0),
         },
     })
 }
@@ -1951,6 +1969,22 @@ upstream = "openai"
         }
         let text = BASE.replace("url = \"https://api.openai.com\"", "api_key_env = \"K\"");
         assert_eq!(err(&text), "t.toml: upstream \"openai\": url is required");
+    }
+
+    #[test]
+    fn pool_idle_timeout_defaults_to_90s_and_must_not_be_zero() {
+        assert_eq!(load(BASE).upstreams[0].pool_idle_timeout, secs(90));
+        let set = |v: &str| {
+            BASE.replace(
+                "url = \"https://api.openai.com\"",
+                &format!("url = \"https://api.openai.com\"\npool_idle_timeout = \"{v}\""),
+            )
+        };
+        assert_eq!(load(&set("4s")).upstreams[0].pool_idle_timeout, secs(4));
+        assert_eq!(
+            err(&set("0s")),
+            "t.toml: upstream \"openai\": pool_idle_timeout must be greater than 0"
+        );
     }
 
     #[test]

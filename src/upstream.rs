@@ -114,7 +114,7 @@ impl Upstream {
         let client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_idle_timeout(config.pool_idle_timeout)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .http2_keep_alive_while_idle(false)
             .build(connector);

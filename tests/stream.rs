@@ -222,6 +222,33 @@ async fn a_complete_non_streaming_answer_is_ok_and_its_upstream_connection_reuse
 }
 
 #[tokio::test]
+async fn an_idle_upstream_connection_is_closed_after_pool_idle_timeout() {
+    let config = BASE.replacen(
+        "auth = \"bearer\"\n",
+        "auth = \"bearer\"\npool_idle_timeout = \"300ms\"\n",
+        1,
+    );
+    let h = Harness::with_config(&config).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    assert!(read_body(resp.into_body()).await.error.is_none());
+    // Pooled, then closed by the gateway once idle for the limit (the pool looks once per
+    // limit, so between 300 and 600 ms): an upstream with a longer keep-alive never gets
+    // to close it under a request.
+    assert!(
+        h.fake
+            .wait_open_connections(0, Duration::from_secs(3))
+            .await,
+        "the idle upstream connection is still open"
+    );
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    let reqs = h.fake.requests();
+    assert_ne!(reqs[0].conn_id, reqs[1].conn_id);
+}
+
+#[tokio::test]
 async fn an_answer_that_is_read_is_asked_for_unencoded_whatever_the_client_accepts() {
     let asked = |head: &str| -> Vec<String> {
         head.lines()
