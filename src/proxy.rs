@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response, Uri};
+use http::{Method, Request, Response, Uri, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use tokio::time::{timeout_at, Instant};
@@ -267,6 +267,8 @@ impl Gateway {
                 .and_then(|v| v.to_str().ok()),
             req.version(),
         );
+        // HTTP/1.0 has no chunked coding, and a HEAD answer no body.
+        let close_delimited = req.version() == Version::HTTP_10 && req.method() != Method::HEAD;
         async move {
             // A request still waiting for its head when the shutdown grace ends is answered too.
             let forwarded = tokio::select! {
@@ -317,6 +319,14 @@ impl Gateway {
                     let body = WatchdogBody::new(body, is_sse && readable, started.limits, record)
                         .with_shutdown(&self.shutdown)
                         .with_inspector(inspector);
+                    let abortable = !(is_sse && readable);
+                    if close_delimited
+                        && abortable
+                        && !parts.headers.contains_key(header::CONTENT_LENGTH)
+                        && !matches!(parts.status.as_u16(), 100..=199 | 204 | 304)
+                    {
+                        return with_length(parts, body, &id).await;
+                    }
                     Response::from_parts(parts, Either::Right(body))
                 }
                 Err(e) => {
@@ -484,6 +494,62 @@ impl Gateway {
             crate::retry::run(self, route, &template, &budget, record).await
         }
     }
+}
+
+/// An answer to an HTTP/1.0 client is read whole before it is sent, up to this many bytes.
+pub const LENGTH_CAP: usize = 1 << 20;
+
+/// The answer to an HTTP/1.0 client, for a body that can only be aborted (not SSE text) and
+/// has no length of its own. HTTP/1.0 has no chunked coding, so such a body would end with the
+/// connection, and an abort would look like its end. It is read whole, with every limit
+/// still running, and sent with its length; a limit or failure meanwhile becomes the JSON
+/// error answer instead. One longer than `LENGTH_CAP` goes out as it comes, as before.
+async fn with_length(
+    mut parts: http::response::Parts,
+    mut body: WatchdogBody<Reapable<UpstreamBody>, RequestRecord>,
+    id: &str,
+) -> Response<ProxyBody> {
+    let mut frames = Vec::new();
+    let mut len = 0;
+    loop {
+        match body.frame().await {
+            None => break,
+            // Trailers: HTTP/1.0 has no way to send them.
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                len += data.len();
+                frames.push(data);
+                if len > LENGTH_CAP {
+                    body.unread(frames);
+                    return Response::from_parts(parts, Either::Right(body));
+                }
+            }
+            Some(Err(e)) => {
+                // The watchdog ends a body it polls with a `GatewayError` and nothing else.
+                let e = e
+                    .downcast::<GatewayError>()
+                    .map_or(GatewayError::Internal, |e| *e);
+                let record = body.observer_mut();
+                record.set_status(e.status().as_u16());
+                let resp = e.response();
+                crate::watchdog::Observer::data(record, resp.body().len());
+                let mut resp = resp.map(|b| Either::Left(Full::new(b)));
+                insert_request_id(resp.headers_mut(), id);
+                return resp;
+            }
+        }
+    }
+    let whole = match frames.len() {
+        0 => Bytes::new(),
+        1 => frames.pop().expect("one frame"),
+        _ => Bytes::from(frames.concat()),
+    };
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
+    Response::from_parts(parts, Either::Left(Full::new(whole)))
 }
 
 async fn read_body<B>(body: B, limit: u64, budget: &Budget) -> Result<Bytes, GatewayError>

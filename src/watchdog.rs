@@ -94,8 +94,10 @@ pin_project! {
     {
         #[pin]
         inner: Option<B>,
-        #[pin]
-        timer: Sleep,
+        // Boxed, so that the body is `Unpin` and can be read in place before it is handed on
+        // (HTTP/1.0 answers are read whole to give them a length): one allocation per stream,
+        // and the timer is still reset, never recreated.
+        timer: Pin<Box<Sleep>>,
         limits: StreamLimits,
         // The last data event, from the first token on (`None` until then: before the first
         // token only the first-token limit applies, so a reasoning model may think in silence).
@@ -136,7 +138,7 @@ where
         let first_due = limits.first_token_deadline.min(limits.deadline);
         Self {
             inner: Some(inner),
-            timer: sleep_until(first_due),
+            timer: Box::pin(sleep_until(first_due)),
             limits,
             last_progress: None,
             inspect: None,
@@ -157,6 +159,18 @@ where
     pub fn with_shutdown(mut self, token: &CancellationToken) -> Self {
         self.shutdown = Some(Box::pin(token.clone().cancelled_owned()));
         self
+    }
+
+    /// Puts frames already read from this body back in front of what it yields next.
+    pub fn unread(&mut self, frames: impl IntoIterator<Item = Bytes>) {
+        let mut ready: VecDeque<Bytes> = frames.into_iter().collect();
+        ready.append(&mut self.ready);
+        self.ready = ready;
+    }
+
+    /// The observer, to note what the caller did with the body (an answer sent instead).
+    pub fn observer_mut(&mut self) -> &mut O {
+        &mut self.observer
     }
 
     /// Reads the body with `inspector` (for a response whose format is known): on an SSE

@@ -18,7 +18,8 @@ async fn scripted_upstream(chunks: Vec<(Duration, Vec<u8>)>) -> SocketAddr {
 }
 
 /// `scripted_upstream` whose answer head also carries `extra` (whole lines, each ending in
-/// CRLF); the receiver gets the request it read (head and body), lowercased.
+/// CRLF, which may replace the SSE content type); the receiver gets the request it read (head
+/// and body), lowercased.
 async fn scripted_upstream_with(
     extra: &'static str,
     chunks: Vec<(Duration, Vec<u8>)>,
@@ -47,9 +48,13 @@ async fn scripted_upstream_with(
                 }
             }
         }
-        let head = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n{extra}\r\n"
-        );
+        // `extra` may name its own content type.
+        let kind = if extra.contains("content-type:") {
+            ""
+        } else {
+            "content-type: text/event-stream\r\n"
+        };
+        let head = format!("HTTP/1.1 200 OK\r\n{kind}transfer-encoding: chunked\r\n{extra}\r\n");
         s.write_all(head.as_bytes()).await.unwrap();
         for (delay, chunk) in chunks {
             tokio::time::sleep(delay).await;
@@ -411,4 +416,78 @@ async fn an_encoded_request_body_is_refused_only_where_the_gateway_reads_it() {
         seen.ends_with("\r\n\r\n\u{1f}\u{fffd} compressed"),
         "{seen:?}"
     );
+}
+
+/// An HTTP/1.0 exchange on a raw socket, read to the connection's end: status, head, body.
+async fn http10(addr: SocketAddr) -> (u16, String, Vec<u8>) {
+    let body = r#"{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.0\r\nhost: gateway\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let end = out
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head");
+    let head = String::from_utf8_lossy(&out[..end]).to_lowercase();
+    let status = head[9..12].parse().unwrap();
+    (status, head, out[end + 4..].to_vec())
+}
+
+#[tokio::test]
+async fn an_http10_client_gets_a_length_or_an_error_never_a_short_body() {
+    const JSON: &str = "content-type: application/json\r\n";
+    // HTTP/1.0 has no chunked coding: without a length, the end of the connection is the end
+    // of the body, and an abort would look whole.
+    let (up, _) = scripted_upstream_with(
+        JSON,
+        vec![
+            (Duration::ZERO, b"{\"choices\":".to_vec()),
+            (Duration::from_millis(50), b"[]}".to_vec()),
+        ],
+    )
+    .await;
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    let (status, head, body) = http10(h.addr()).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("\r\ncontent-length: 14"), "{head}");
+    assert_eq!(body, b"{\"choices\":[]}");
+
+    // Half an answer, then silence past the idle limit: the error, not the half.
+    let (up, _) = scripted_upstream_with(
+        JSON,
+        vec![
+            (Duration::ZERO, b"{\"choices\":".to_vec()),
+            (Duration::from_secs(30), b"[]}".to_vec()),
+        ],
+    )
+    .await;
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    let (status, head, body) = http10(h.addr()).await;
+    assert_eq!(status, 504, "{head}");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "idle_timeout");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric(r#"hourglass_cancellations_total{origin="idle",route="chat"}"#)
+            .await,
+        1.0
+    );
+
+    // Longer than the gateway reads ahead: it goes out as it comes, every byte of it.
+    let big = vec![b'x'; hourglass::proxy::LENGTH_CAP / 4];
+    let (up, _) = scripted_upstream_with(
+        JSON,
+        (0..6).map(|_| (Duration::ZERO, big.clone())).collect(),
+    )
+    .await;
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    let (status, head, body) = http10(h.addr()).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert_eq!(body.len(), big.len() * 6);
 }
