@@ -298,6 +298,10 @@ impl Gateway {
                     }
                     insert_request_id(&mut parts.headers, &id);
                     record.set_status(parts.status.as_u16());
+                    // A JSON answer in a known format is one document (these APIs stream as
+                    // SSE), which arrives at once when it is ready.
+                    let document =
+                        started.format.is_some() && !is_sse && readable && is_json(&parts.headers);
                     // A successful answer in a known format is read as it passes: SSE for its
                     // tokens, usage and errors, JSON for its usage.
                     let inspector = started
@@ -319,9 +323,8 @@ impl Gateway {
                     let body = WatchdogBody::new(body, is_sse && readable, started.limits, record)
                         .with_shutdown(&self.shutdown)
                         .with_inspector(inspector);
-                    let abortable = !(is_sse && readable);
                     if close_delimited
-                        && abortable
+                        && document
                         && !parts.headers.contains_key(header::CONTENT_LENGTH)
                         && !matches!(parts.status.as_u16(), 100..=199 | 204 | 304)
                     {
@@ -499,11 +502,13 @@ impl Gateway {
 /// An answer to an HTTP/1.0 client is read whole before it is sent, up to this many bytes.
 pub const LENGTH_CAP: usize = 1 << 20;
 
-/// The answer to an HTTP/1.0 client, for a body that can only be aborted (not SSE text) and
-/// has no length of its own. HTTP/1.0 has no chunked coding, so such a body would end with the
-/// connection, and an abort would look like its end. It is read whole, with every limit
-/// still running, and sent with its length; a limit or failure meanwhile becomes the JSON
-/// error answer instead. One longer than `LENGTH_CAP` goes out as it comes, as before.
+/// The answer to an HTTP/1.0 client, for a JSON document in a known format without a length of
+/// its own. HTTP/1.0 has no chunked coding, so it would end with the connection, and the abort
+/// that tells a failure would look like its end. It is read whole, with every limit still
+/// running, and sent with its length; a limit or failure meanwhile becomes the JSON error
+/// answer instead. One longer than `LENGTH_CAP` goes out as it comes, as before. Anything
+/// else (SSE, NDJSON, audio, a JSON array streamed piece by piece) is never held back: it
+/// streams as it comes, and an abort ends it as the connection's end.
 async fn with_length(
     mut parts: http::response::Parts,
     mut body: WatchdogBody<Reapable<UpstreamBody>, RequestRecord>,

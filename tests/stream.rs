@@ -439,7 +439,7 @@ async fn http10(addr: SocketAddr) -> (u16, String, Vec<u8>) {
 }
 
 #[tokio::test]
-async fn an_http10_client_gets_a_length_or_an_error_never_a_short_body() {
+async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
     const JSON: &str = "content-type: application/json\r\n";
     // HTTP/1.0 has no chunked coding: without a length, the end of the connection is the end
     // of the body, and an abort would look whole.
@@ -477,6 +477,22 @@ async fn an_http10_client_gets_a_length_or_an_error_never_a_short_body() {
             .await,
         1.0
     );
+
+    // Anything but a JSON document may be a stream (NDJSON here): never held back, so the
+    // client has the first line before the limit ends it with the connection.
+    let (up, _) = scripted_upstream_with(
+        "content-type: application/x-ndjson\r\n",
+        vec![
+            (Duration::ZERO, b"{\"n\":1}\n".to_vec()),
+            (Duration::from_secs(30), b"{\"n\":2}\n".to_vec()),
+        ],
+    )
+    .await;
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    let (status, head, body) = http10(h.addr()).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert_eq!(body, b"{\"n\":1}\n");
 
     // Longer than the gateway reads ahead: it goes out as it comes, every byte of it.
     let big = vec![b'x'; hourglass::proxy::LENGTH_CAP / 4];
