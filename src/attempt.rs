@@ -134,8 +134,7 @@ impl<'a> Attempt<'a> {
             let (mut first_token_at, mut first_byte_at) = (None, None);
             if self.hold && parts.status.is_success() {
                 // An encoded answer is held to its first byte, as any body that is not SSE text.
-                let is_sse = crate::headers::is_event_stream(&parts.headers)
-                    && crate::headers::content_coding(&parts.headers).is_none();
+                let is_sse = crate::headers::is_readable_event_stream(&parts.headers);
                 let inspector = format.filter(|_| is_sse).map(|f| Inspector::new(f, true));
                 // Boxed: only routes that may switch hold, and inline the hold's state would
                 // grow every request's future by its size.

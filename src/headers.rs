@@ -134,6 +134,12 @@ pub(crate) fn unsupported_encoding(headers: &HeaderMap) -> GatewayError {
     }
 }
 
+/// SSE text the gateway can read as it passes: an event stream in no content coding. An
+/// encoded one (an upstream that ignored `identity`) is handled as any other opaque body.
+pub fn is_readable_event_stream(headers: &HeaderMap) -> bool {
+    is_event_stream(headers) && content_coding(headers).is_none()
+}
+
 /// The first `Content-Encoding` value that names a coding other than `identity`.
 pub fn content_coding(headers: &HeaderMap) -> Option<&HeaderValue> {
     headers.get_all(header::CONTENT_ENCODING).iter().find(|v| {

@@ -333,13 +333,8 @@ impl Gateway {
                     Response::from_parts(parts, Either::Right(body))
                 }
                 Err(e) => {
-                    record.set_status(e.status().as_u16());
                     record.fail(&e);
-                    let resp = e.response();
-                    crate::watchdog::Observer::data(&mut record, resp.body().len());
-                    let mut resp = resp.map(|b| Either::Left(Full::new(b)));
-                    insert_request_id(resp.headers_mut(), &id);
-                    resp
+                    error_answer(&e, &mut record, &id)
                 }
             }
         }
@@ -499,6 +494,16 @@ impl Gateway {
     }
 }
 
+/// The JSON error answer for `e`, noted in `record` as what the client was sent.
+fn error_answer(e: &GatewayError, record: &mut RequestRecord, id: &str) -> Response<ProxyBody> {
+    record.set_status(e.status().as_u16());
+    let resp = e.response();
+    crate::watchdog::Observer::data(record, resp.body().len());
+    let mut resp = resp.map(|b| Either::Left(Full::new(b)));
+    insert_request_id(resp.headers_mut(), id);
+    resp
+}
+
 /// An answer to an HTTP/1.0 client is read whole before it is sent, up to this many bytes.
 pub const LENGTH_CAP: usize = 1 << 20;
 
@@ -536,13 +541,8 @@ async fn with_length(
                 let e = e
                     .downcast::<GatewayError>()
                     .map_or(GatewayError::Internal, |e| *e);
-                let record = body.observer_mut();
-                record.set_status(e.status().as_u16());
-                let resp = e.response();
-                crate::watchdog::Observer::data(record, resp.body().len());
-                let mut resp = resp.map(|b| Either::Left(Full::new(b)));
-                insert_request_id(resp.headers_mut(), id);
-                return resp;
+                // The watchdog has already noted how the body ended.
+                return error_answer(&e, body.observer_mut(), id);
             }
         }
     }

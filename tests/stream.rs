@@ -418,6 +418,18 @@ async fn an_encoded_request_body_is_refused_only_where_the_gateway_reads_it() {
     );
 }
 
+/// An HTTP/1.0 exchange through a gateway whose upstream answers as `scripted_upstream_with`
+/// does: the gateway (for its metrics), then status, head and body.
+async fn http10_through(
+    extra: &'static str,
+    chunks: Vec<(Duration, Vec<u8>)>,
+) -> (Harness, u16, String, Vec<u8>) {
+    let (up, _) = scripted_upstream_with(extra, chunks).await;
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    let (status, head, body) = http10(h.addr()).await;
+    (h, status, head, body)
+}
+
 /// An HTTP/1.0 exchange on a raw socket, read to the connection's end: status, head, body.
 async fn http10(addr: SocketAddr) -> (u16, String, Vec<u8>) {
     let body = r#"{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}"#;
@@ -443,7 +455,7 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
     const JSON: &str = "content-type: application/json\r\n";
     // HTTP/1.0 has no chunked coding: without a length, the end of the connection is the end
     // of the body, and an abort would look whole.
-    let (up, _) = scripted_upstream_with(
+    let (_h, status, head, body) = http10_through(
         JSON,
         vec![
             (Duration::ZERO, b"{\"choices\":".to_vec()),
@@ -451,14 +463,12 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
         ],
     )
     .await;
-    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
-    let (status, head, body) = http10(h.addr()).await;
     assert_eq!(status, 200, "{head}");
     assert!(head.contains("\r\ncontent-length: 14"), "{head}");
     assert_eq!(body, b"{\"choices\":[]}");
 
     // Half an answer, then silence past the idle limit: the error, not the half.
-    let (up, _) = scripted_upstream_with(
+    let (h, status, head, body) = http10_through(
         JSON,
         vec![
             (Duration::ZERO, b"{\"choices\":".to_vec()),
@@ -466,8 +476,6 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
         ],
     )
     .await;
-    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
-    let (status, head, body) = http10(h.addr()).await;
     assert_eq!(status, 504, "{head}");
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["error"]["code"], "idle_timeout");
@@ -480,7 +488,7 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
 
     // Anything but a JSON document may be a stream (NDJSON here): never held back, so the
     // client has the first line before the limit ends it with the connection.
-    let (up, _) = scripted_upstream_with(
+    let (_h, status, head, body) = http10_through(
         "content-type: application/x-ndjson\r\n",
         vec![
             (Duration::ZERO, b"{\"n\":1}\n".to_vec()),
@@ -488,21 +496,17 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
         ],
     )
     .await;
-    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
-    let (status, head, body) = http10(h.addr()).await;
     assert_eq!(status, 200, "{head}");
     assert!(!head.contains("content-length"), "{head}");
     assert_eq!(body, b"{\"n\":1}\n");
 
     // Longer than the gateway reads ahead: it goes out as it comes, every byte of it.
     let big = vec![b'x'; hourglass::proxy::LENGTH_CAP / 4];
-    let (up, _) = scripted_upstream_with(
+    let (_h, status, head, body) = http10_through(
         JSON,
         (0..6).map(|_| (Duration::ZERO, big.clone())).collect(),
     )
     .await;
-    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
-    let (status, head, body) = http10(h.addr()).await;
     assert_eq!(status, 200, "{head}");
     assert!(!head.contains("content-length"), "{head}");
     assert_eq!(body.len(), big.len() * 6);
