@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# End-to-end test with the official OpenAI and Anthropic Python SDKs as real clients.
+# End-to-end test with the official OpenAI and Anthropic SDKs, Python and Node, as real clients.
 #
-# Runs the fake provider and the gateway on free loopback ports, then tests/sdk/sdk_test.py
-# against them. Run from anywhere: `bash tests/sdk/run.sh`. The venv with the SDKs is kept at
-# ${HOURGLASS_SDK_VENV:-target/sdk-venv} (relative to the repo root) and reused when it already
-# has both SDKs. Last line: `sdk: N passed, M failed`; exit status 0 only when M is 0.
+# Runs the fake provider and the gateway on free loopback ports, then tests/sdk/sdk_test.py and
+# tests/sdk/node_test.mjs against them. Run from anywhere: `bash tests/sdk/run.sh`. The venv
+# with the Python SDKs is kept at ${HOURGLASS_SDK_VENV:-target/sdk-venv} and reused when it
+# already has both; the Node SDKs are installed from tests/sdk/package-lock.json into
+# ${HOURGLASS_SDK_NODE_DIR:-target/sdk-node} (both relative to the repo root) and reinstalled
+# when the lockfile changes. Last line: `sdk: N passed, M failed` over both; exit status 0 only
+# when M is 0.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -81,6 +84,18 @@ if ! have_sdks; then
     log "installing $OPENAI_REQ $ANTHROPIC_REQ"
     "$PY" -m pip install --quiet --disable-pip-version-check "$OPENAI_REQ" "$ANTHROPIC_REQ"
     have_sdks || { log "the SDKs are not installed after pip install"; exit 1; }
+fi
+
+# ---- the Node SDKs, from the lockfile, into target/sdk-node -----------------------------------
+NODE_DIR="${HOURGLASS_SDK_NODE_DIR:-target/sdk-node}"
+command -v node >/dev/null && command -v npm >/dev/null \
+    || { log "node and npm are needed for the Node SDK checks (Debian: apt-get install nodejs npm)"; exit 1; }
+mkdir -p "$NODE_DIR"
+if ! cmp -s tests/sdk/package-lock.json "$NODE_DIR/installed-lock.json"; then
+    log "installing the Node SDKs from tests/sdk/package-lock.json into $NODE_DIR"
+    cp tests/sdk/package.json tests/sdk/package-lock.json "$NODE_DIR/"
+    (cd "$NODE_DIR" && npm ci --silent --no-audit --no-fund)
+    cp tests/sdk/package-lock.json "$NODE_DIR/installed-lock.json"
 fi
 
 # ---- the binary -------------------------------------------------------------------------------
@@ -169,14 +184,34 @@ set -e
 
 PASSED=0
 FAILED=0
-if [ -s "$RESULT" ]; then
-    read -r PASSED FAILED <"$RESULT"
-fi
-if [ "$PY_RC" -ne 0 ] && [ "$FAILED" -eq 0 ]; then
-    # The script died (or was timed out) before it could report a failure itself.
-    log "sdk_test.py exited with status $PY_RC"
-    FAILED=$((FAILED + 1))
-fi
+# Adds one script's "PASSED FAILED" line to the totals; a script that died (or was timed out)
+# before it could report a failure itself counts as one.
+tally() {
+    local name="$1" rc="$2" p=0 f=0
+    if [ -s "$RESULT" ]; then
+        read -r p f <"$RESULT"
+    fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        log "$name exited with status $rc"
+        f=1
+    fi
+    PASSED=$((PASSED + p))
+    FAILED=$((FAILED + f))
+    rm -f "$RESULT"
+}
+tally sdk_test.py "$PY_RC"
+
+# The Node SDKs against the same gateway: the Python checks' counts are already in /metrics,
+# so node_test.mjs counts from where it starts.
+set +e
+HOURGLASS_SDK_BASE_URL="http://127.0.0.1:$GW_PORT" \
+HOURGLASS_SDK_ADMIN_URL="http://127.0.0.1:$ADMIN_PORT" \
+HOURGLASS_SDK_NODE_MODULES="$ROOT/$NODE_DIR/node_modules" \
+HOURGLASS_SDK_RESULT="$RESULT" \
+    timeout --kill-after=5 100 node tests/sdk/node_test.mjs
+NODE_RC=$?
+set -e
+tally node_test.mjs "$NODE_RC"
 if [ "$FAILED" -ne 0 ]; then
     show_logs
 fi
