@@ -153,6 +153,21 @@ pub fn markdown(doc: &Value, verdicts: bool) -> String {
                 pair(num(&v, &["added_p50_ms"]), num(&v, &["added_p99_ms"]), 3)
             })
         });
+        row(
+            format!(
+                "↳ p99 (ms): each stream's first {} chunks (behind the other streams' setup) / the rest",
+                crate::scenarios::SETUP_CHUNKS
+            ),
+            &|x| {
+                tv(x).map_or("–".into(), |v| {
+                    pair(
+                        num(&v, &["setup_latency", "p99_ms"]),
+                        num(&v, &["steady_latency", "p99_ms"]),
+                        3,
+                    )
+                })
+            },
+        );
         row("↳ chunks coalesced / streams incomplete".into(), &|x| {
             tv(x).map_or("–".into(), |v| {
                 pair(num(&v, &["coalesced"]), num(&v, &["incomplete_streams"]), 0)
