@@ -68,6 +68,12 @@ pub enum GatewayError {
     /// `Via`): an upstream leads back into the chain.
     #[error("the request has already passed through {hops} Hourglass gateways (Via): an upstream leads back into the chain")]
     LoopDetected { hops: usize },
+    /// The client asked to switch the connection to WebSocket (the OpenAI Realtime API, for
+    /// one). Hourglass forwards HTTP requests and streams only; passed on without `Upgrade`
+    /// (a hop-by-hop header), the request would reach the provider as a plain GET and fail
+    /// there with an answer the client's WebSocket library cannot explain.
+    #[error("Upgrade: {value:?}: this gateway forwards HTTP requests and their streams, it does not tunnel WebSocket connections")]
+    UpgradeUnsupported { value: String },
     /// A bug: the request handler panicked. Logged and counted; the process keeps serving.
     #[error("internal error in the gateway")]
     Internal,
@@ -131,6 +137,7 @@ impl GatewayError {
             Self::Unauthorized => "unauthorized",
             Self::Overloaded { .. } => "overloaded",
             Self::LoopDetected { .. } => "loop_detected",
+            Self::UpgradeUnsupported { .. } => "upgrade_unsupported",
             Self::Internal => "internal_error",
         }
     }
@@ -154,6 +161,7 @@ impl GatewayError {
             Self::Shutdown | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
+            Self::UpgradeUnsupported { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -166,7 +174,8 @@ impl GatewayError {
             | Self::BodyTooLarge { .. }
             | Self::UnsupportedEncoding { .. }
             | Self::BadRequest { .. }
-            | Self::AmbiguousRequest { .. } => "invalid_request_error",
+            | Self::AmbiguousRequest { .. }
+            | Self::UpgradeUnsupported { .. } => "invalid_request_error",
             // The names both OpenAI and Anthropic use for these.
             Self::Unauthorized => "authentication_error",
             Self::Overloaded { .. } => "overloaded_error",
@@ -267,9 +276,9 @@ impl GatewayError {
                     http::HeaderValue::from_static("close"),
                 );
             }
-            // The same request loops the same way again: the OpenAI and Anthropic SDKs, which
-            // retry any 5xx by default, obey this header.
-            Self::LoopDetected { .. } => {
+            // The same request loops (or is refused) the same way again: the OpenAI and
+            // Anthropic SDKs, which retry any 5xx by default, obey this header.
+            Self::LoopDetected { .. } | Self::UpgradeUnsupported { .. } => {
                 resp.headers_mut().insert(
                     http::HeaderName::from_static("x-should-retry"),
                     http::HeaderValue::from_static("false"),

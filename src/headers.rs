@@ -141,6 +141,19 @@ pub fn is_readable_event_stream(headers: &HeaderMap) -> bool {
 }
 
 /// The first `Content-Encoding` value that names a coding other than `identity`.
+/// The request's `Upgrade` value when it asks for WebSocket (RFC 6455 4.1: the `websocket`
+/// token, case-insensitive, possibly among others). Other upgrades, such as curl's `h2c` on a
+/// cleartext HTTP/1.1 request, are ignored as RFC 9110 7.8 lets a server do, and the request
+/// is served as HTTP/1.1.
+pub fn websocket_upgrade(headers: &HeaderMap) -> Option<&HeaderValue> {
+    headers.get_all(header::UPGRADE).iter().find(|v| {
+        v.as_bytes().split(|&b| b == b',').any(|p| {
+            let name = p.split(|&b| b == b'/').next().unwrap_or_default();
+            name.trim_ascii().eq_ignore_ascii_case(b"websocket")
+        })
+    })
+}
+
 pub fn content_coding(headers: &HeaderMap) -> Option<&HeaderValue> {
     headers.get_all(header::CONTENT_ENCODING).iter().find(|v| {
         v.as_bytes()
@@ -221,6 +234,27 @@ pub(crate) fn insert_request_id(headers: &mut HeaderMap, id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_websocket_upgrade_is_told_from_others() {
+        let with = |values: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::UPGRADE, HeaderValue::from_static(v));
+            }
+            websocket_upgrade(&h).map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(with(&["websocket"]).as_deref(), Some("websocket"));
+        assert_eq!(with(&["WebSocket"]).as_deref(), Some("WebSocket"));
+        assert_eq!(
+            with(&["h2c", " websocket/13 "]).as_deref(),
+            Some(" websocket/13 ")
+        );
+        assert_eq!(with(&["foo, websocket"]).as_deref(), Some("foo, websocket"));
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&["h2c"]), None);
+        assert_eq!(with(&["TLS/1.2, websockets"]), None);
+    }
 
     #[test]
     fn hop_by_hop_headers_and_those_connection_names_are_stripped() {

@@ -23,8 +23,8 @@ use crate::config::{Config, RetryCause, Route};
 use crate::error::GatewayError;
 use crate::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, hops, insert_request_id,
-    is_event_stream, is_json, request_id, strip_hop_by_hop, unsupported_encoding, via, IDENTITY,
-    MAX_HOPS,
+    is_event_stream, is_json, request_id, strip_hop_by_hop, unsupported_encoding, via,
+    websocket_upgrade, IDENTITY, MAX_HOPS,
 };
 use crate::inspect::Inspector;
 use crate::metrics::{AnswerMetrics, Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE};
@@ -387,6 +387,11 @@ impl Gateway {
             let hops = hops(&headers);
             if hops >= MAX_HOPS {
                 return Err(GatewayError::LoopDetected { hops });
+            }
+            if let Some(v) = websocket_upgrade(&headers) {
+                return Err(GatewayError::UpgradeUnsupported {
+                    value: String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                });
             }
             // Before anything is read or parsed: a request that no candidate route would accept
             // is refused now (the chosen route checks again once the body names the model).

@@ -787,3 +787,49 @@ async fn an_upstream_that_leads_back_into_the_gateway_is_a_loop_detected_within_
         0.0
     );
 }
+
+#[tokio::test]
+async fn a_websocket_upgrade_is_refused_and_never_forwarded_while_h2c_is_ignored() {
+    let h = Harness::start().await;
+    // What the OpenAI Realtime client sends (RFC 6455 4.1), on a path a route matches.
+    let ws = "GET /v1/chat/completions?model=gpt-realtime HTTP/1.1\r\nhost: x\r\n\
+              connection: Upgrade\r\nupgrade: WebSocket\r\nsec-websocket-version: 13\r\n\
+              sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(ws.as_bytes()).await.unwrap();
+    let mut got = vec![0u8; 4096];
+    let n = s.read(&mut got).await.unwrap();
+    let text = String::from_utf8_lossy(&got[..n]).to_string();
+    assert!(text.starts_with("HTTP/1.1 501 "), "{text}");
+    assert!(text.contains("x-should-retry: false"), "{text}");
+    let body: serde_json::Value =
+        serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "upgrade_unsupported");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("\"WebSocket\""), "{message}");
+    assert!(h.fake.requests().is_empty(), "forwarded to the provider");
+
+    // curl's `--http2` on a cleartext URL asks for h2c this way: ignored, served as HTTP/1.1.
+    let mut req = chat_request(&[("x-fake-chunks", "2")], false);
+    req.headers_mut()
+        .insert("connection", "Upgrade, HTTP2-Settings".parse().unwrap());
+    req.headers_mut().insert("upgrade", "h2c".parse().unwrap());
+    req.headers_mut().insert(
+        "http2-settings",
+        "AAMAAABkAAQAoAAAAAIAAAAA".parse().unwrap(),
+    );
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let seen = h.fake.requests();
+    assert_eq!(seen.len(), 1);
+    for name in ["upgrade", "http2-settings"] {
+        assert!(!seen[0].headers.contains_key(name), "{name} forwarded");
+    }
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric(r#"hourglass_requests_total{outcome="error",route="chat"}"#)
+            .await,
+        1.0
+    );
+}
