@@ -38,10 +38,28 @@ pub(crate) fn check_framing(version: Version, headers: &HeaderMap) -> Result<(),
         "more than one Host"
     } else if version == Version::HTTP_11 && count(header::HOST) == 0 {
         "an HTTP/1.1 request without Host"
+    } else if headers.get(header::HOST).is_some_and(|h| !valid_host(h)) {
+        "a Host that is not host[:port]"
     } else {
         return Ok(());
     };
     Err(GatewayError::AmbiguousRequest { reason })
+}
+
+/// RFC 9112 3.2: `uri-host [ ":" port ]`, or empty (a target without an authority). The
+/// gateway replaces Host with the upstream's, but the same section has a server answer 400 to
+/// an invalid one rather than guess what the client meant.
+fn valid_host(value: &HeaderValue) -> bool {
+    let v = value.as_bytes();
+    // `http`'s authority parser takes userinfo and any port text; Host allows neither.
+    let port = match v.iter().rposition(|&b| b == b':') {
+        Some(i) if !v[i..].contains(&b']') => &v[i + 1..],
+        _ => &[],
+    };
+    v.is_empty()
+        || (!v.contains(&b'@')
+            && port.iter().all(u8::is_ascii_digit)
+            && http::uri::Authority::try_from(v).is_ok())
 }
 
 pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -234,6 +252,31 @@ pub(crate) fn insert_request_id(headers: &mut HeaderMap, id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_values() {
+        for ok in [
+            "",
+            "gateway",
+            "gateway:8080",
+            "gateway:",
+            "127.0.0.1:80",
+            "[::1]",
+            "[::1]:8080",
+        ] {
+            assert!(valid_host(&HeaderValue::from_static(ok)), "{ok:?}");
+        }
+        for bad in [
+            "a b",
+            "u@gateway",
+            "gateway/x",
+            "gateway:80x",
+            "[::1",
+            "gateway?q",
+        ] {
+            assert!(!valid_host(&HeaderValue::from_static(bad)), "{bad:?}");
+        }
+    }
 
     #[test]
     fn a_websocket_upgrade_is_told_from_others() {

@@ -159,6 +159,33 @@ fn refused() -> Vec<(&'static str, Vec<u8>)> {
             "no host header",
             format!("POST {PATH} HTTP/1.1\r\ncontent-length: {n}\r\n\r\n{body}").into_bytes(),
         ),
+        // RFC 9112 3.2: an invalid Host value is a 400 like a missing or doubled one.
+        (
+            "host with a space",
+            format!("POST {PATH} HTTP/1.1\r\nhost: a b\r\ncontent-length: {n}\r\n\r\n{body}")
+                .into_bytes(),
+        ),
+        (
+            "host with userinfo",
+            format!(
+                "POST {PATH} HTTP/1.1\r\nhost: user@gateway\r\ncontent-length: {n}\r\n\r\n{body}"
+            )
+            .into_bytes(),
+        ),
+        (
+            "host with a path",
+            format!(
+                "POST {PATH} HTTP/1.1\r\nhost: gateway/x\r\ncontent-length: {n}\r\n\r\n{body}"
+            )
+            .into_bytes(),
+        ),
+        (
+            "host with a port that is not a number",
+            format!(
+                "POST {PATH} HTTP/1.1\r\nhost: gateway:80x\r\ncontent-length: {n}\r\n\r\n{body}"
+            )
+            .into_bytes(),
+        ),
         (
             "HTTP/1.0 with chunked",
             format!(
