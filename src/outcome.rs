@@ -307,7 +307,9 @@ impl RequestRecord {
             End::Error(c) => Some(c),
             _ => self.code,
         };
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        // Whole microseconds: the nearest double to a three-decimal number prints as just that
+        // in the text format ("6826.474", not "6826.4743069999995"); JSON rounds it the same.
+        let ms = |d: Duration| d.as_micros() as f64 / 1000.0;
         // "openai:connect_timeout:512ms,backup:ok:1203ms": every attempt, in order.
         let attempts = (self.attempts.len() > 1).then(|| {
             self.attempts
