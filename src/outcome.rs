@@ -309,7 +309,14 @@ impl RequestRecord {
         };
         // Whole microseconds: the nearest double to a three-decimal number prints as just that
         // in the text format ("6826.474", not "6826.4743069999995"); JSON rounds it the same.
-        let ms = |d: Duration| d.as_micros() as f64 / 1000.0;
+        // (Through u64: a u128 to f64 conversion is a software routine.)
+        let ms = |d: Duration| {
+            let micros = d
+                .as_secs()
+                .saturating_mul(1_000_000)
+                .saturating_add(u64::from(d.subsec_micros()));
+            micros as f64 / 1000.0
+        };
         // "openai:connect_timeout:512ms,backup:ok:1203ms": every attempt, in order.
         let attempts = (self.attempts.len() > 1).then(|| {
             self.attempts
