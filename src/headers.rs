@@ -174,7 +174,6 @@ pub fn is_readable_event_stream(headers: &HeaderMap) -> bool {
     is_event_stream(headers) && content_coding(headers).is_none()
 }
 
-/// The first `Content-Encoding` value that names a coding other than `identity`.
 /// The request's `Upgrade` value when it asks for WebSocket (RFC 6455 4.1: the `websocket`
 /// token, case-insensitive, possibly among others). Other upgrades, such as curl's `h2c` on a
 /// cleartext HTTP/1.1 request, are ignored as RFC 9110 7.8 lets a server do, and the request
@@ -188,6 +187,7 @@ pub fn websocket_upgrade(headers: &HeaderMap) -> Option<&HeaderValue> {
     })
 }
 
+/// The first `Content-Encoding` value that names a coding other than `identity`.
 pub fn content_coding(headers: &HeaderMap) -> Option<&HeaderValue> {
     headers.get_all(header::CONTENT_ENCODING).iter().find(|v| {
         v.as_bytes()
@@ -288,7 +288,9 @@ mod tests {
             "gateway/x",
             "gateway:80x",
             "[::1",
+            "[]",
             "gateway?q",
+            "gate[way]",
         ] {
             assert!(!valid_host(&HeaderValue::from_static(bad)), "{bad:?}");
         }
