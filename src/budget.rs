@@ -155,6 +155,7 @@ impl Budget {
                 remaining: self.deadline.saturating_duration_since(now),
                 reserve: self.reserve,
                 min_useful: self.min_useful,
+                whole: self.total.saturating_sub(self.reserve) < self.min_useful,
             });
         }
         Ok(())

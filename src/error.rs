@@ -37,6 +37,9 @@ pub enum GatewayError {
         remaining: Duration,
         reserve: Duration,
         min_useful: Duration,
+        /// The request's whole budget was too small from the start: the same request fails
+        /// the same way however often it is sent.
+        whole: bool,
     },
     #[error("upstream {upstream:?} not connected within {}", ms(*.after))]
     ConnectTimeout { upstream: String, after: Duration },
@@ -276,9 +279,11 @@ impl GatewayError {
                     http::HeaderValue::from_static("close"),
                 );
             }
-            // The same request loops (or is refused) the same way again: the OpenAI and
-            // Anthropic SDKs, which retry any 5xx by default, obey this header.
-            Self::LoopDetected { .. } | Self::UpgradeUnsupported { .. } => {
+            // The same request loops (or is refused, or cannot fit) the same way again: the
+            // OpenAI and Anthropic SDKs, which retry any 5xx by default, obey this header.
+            Self::LoopDetected { .. }
+            | Self::UpgradeUnsupported { .. }
+            | Self::InsufficientBudget { whole: true, .. } => {
                 resp.headers_mut().insert(
                     http::HeaderName::from_static("x-should-retry"),
                     http::HeaderValue::from_static("false"),
@@ -306,6 +311,22 @@ impl GatewayError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_budget_too_small_from_the_start_tells_sdks_not_to_retry() {
+        let insufficient = |whole| GatewayError::InsufficientBudget {
+            remaining: Duration::from_millis(40),
+            reserve: Duration::ZERO,
+            min_useful: Duration::from_millis(100),
+            whole,
+        };
+        let hopeless = insufficient(true).response();
+        assert_eq!(hopeless.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(hopeless.headers()["x-should-retry"], "false");
+        // Spent on attempts or waiting: the client's retry comes with a new budget.
+        let spent = insufficient(false).response();
+        assert!(!spent.headers().contains_key("x-should-retry"));
+    }
 
     #[test]
     fn json_body_has_contract_shape() {

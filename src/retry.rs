@@ -147,6 +147,8 @@ pub async fn run(
                 remaining: budget.deadline.saturating_duration_since(now),
                 reserve: budget.reserve,
                 min_useful: route.chain[0].upstream.ttft.get().max(budget.min_useful),
+                // Spent on attempts (or on waiting): a new request gets a new budget.
+                whole: false,
             })
         }
     }

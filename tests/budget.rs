@@ -48,6 +48,9 @@ async fn an_expired_budget_never_reaches_the_upstream() {
     let h = Harness::start().await;
     let (resp, _c) = h.chat(&[("x-request-budget-ms", "1")]).await;
     assert_eq!(resp.status(), 504);
+    // The same budget cannot fit next time either: the SDKs' retries would only add their
+    // backoff before the same answer.
+    assert_eq!(resp.headers()["x-should-retry"], "false");
     let v = json_body(resp).await;
     assert_eq!(v["error"]["code"], "insufficient_budget");
     assert_eq!(v["error"]["type"], "timeout_error");
