@@ -110,13 +110,25 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
 /// deep; a loop reaches this within milliseconds.
 pub(crate) const MAX_HOPS: usize = 10;
 
+/// The elements of a list-valued header over all its lines (RFC 9110 5.6.1: comma-separated,
+/// optional whitespace around each, empty elements ignored), each with the line it is on.
+fn list_items(
+    headers: &HeaderMap,
+    name: HeaderName,
+) -> impl Iterator<Item = (&HeaderValue, &[u8])> {
+    headers.get_all(name).into_iter().flat_map(|line| {
+        line.as_bytes()
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+            .filter(|item| !item.is_empty())
+            .map(move |item| (line, item))
+    })
+}
+
 /// How many `Via` entries name a Hourglass gateway ("1.1 hourglass"; a comment may follow).
 pub(crate) fn hops(headers: &HeaderMap) -> usize {
-    headers
-        .get_all(header::VIA)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .filter(|entry| {
+    list_items(headers, header::VIA)
+        .filter(|(_, entry)| {
             let mut words = entry
                 .split(u8::is_ascii_whitespace)
                 .filter(|w| !w.is_empty());
@@ -179,22 +191,20 @@ pub fn is_readable_event_stream(headers: &HeaderMap) -> bool {
 /// cleartext HTTP/1.1 request, are ignored as RFC 9110 7.8 lets a server do, and the request
 /// is served as HTTP/1.1.
 pub fn websocket_upgrade(headers: &HeaderMap) -> Option<&HeaderValue> {
-    headers.get_all(header::UPGRADE).iter().find(|v| {
-        v.as_bytes().split(|&b| b == b',').any(|p| {
-            let name = p.split(|&b| b == b'/').next().unwrap_or_default();
+    list_items(headers, header::UPGRADE)
+        .find(|(_, protocol)| {
+            // `name[/version]`
+            let name = protocol.split(|&b| b == b'/').next().unwrap_or_default();
             name.trim_ascii().eq_ignore_ascii_case(b"websocket")
         })
-    })
+        .map(|(line, _)| line)
 }
 
 /// The first `Content-Encoding` value that names a coding other than `identity`.
 pub fn content_coding(headers: &HeaderMap) -> Option<&HeaderValue> {
-    headers.get_all(header::CONTENT_ENCODING).iter().find(|v| {
-        v.as_bytes()
-            .split(|&b| b == b',')
-            .map(<[u8]>::trim_ascii)
-            .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case(b"identity"))
-    })
+    list_items(headers, header::CONTENT_ENCODING)
+        .find(|(_, coding)| !coding.eq_ignore_ascii_case(b"identity"))
+        .map(|(line, _)| line)
 }
 
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -211,12 +221,8 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
         }
     }
     // Names the `Connection` header lists are hop-by-hop too (RFC 9110 7.6.1).
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+    let named: Vec<HeaderName> = list_items(headers, header::CONNECTION)
+        .filter_map(|(_, n)| HeaderName::from_bytes(n).ok())
         .collect();
     for n in named.iter() {
         headers.remove(n);
