@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use hourglass::sse::SseScanner;
-use hourglass::watchdog::{Observer, StreamEnd, StreamLimits, WatchdogBody};
+use hourglass::http::sse::SseScanner;
+use hourglass::stream::{Observer, StreamEnd, StreamLimits, WatchdogBody};
 use http_body::{Body, Frame};
 use tokio::time::Instant;
 
@@ -173,6 +173,8 @@ fn limits() -> StreamLimits {
         deadline: far,
         budget: Duration::from_secs(3600),
         upstream: Arc::from("bench"),
+        run: None,
+        run_tokens: None,
     }
 }
 
@@ -258,7 +260,7 @@ fn watchdog(c: &mut Criterion) {
 const CHAT_ANSWER: &[u8] = br#"{"id":"chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG","object":"chat.completion","created":1741570283,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":"The image shows a wooden boardwalk path running through a lush green field or meadow.","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":1117,"completion_tokens":46,"total_tokens":1163,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}},"service_tier":"default","system_fingerprint":"fp_fc9f1d7035"}"#;
 
 fn inspect(c: &mut Criterion) {
-    use hourglass::inspect::Inspector;
+    use hourglass::provider::inspect::Inspector;
     use hourglass::provider::Format;
     let mut g = c.benchmark_group("inspect");
     for (name, format, events) in [
@@ -299,7 +301,7 @@ fn inspect(c: &mut Criterion) {
 /// What a request does with its route's metric handles besides observing: the record takes
 /// a copy of them (for the route its path selects, then for the one its model selects).
 fn metrics(c: &mut Criterion) {
-    let m = hourglass::metrics::Metrics::new();
+    let m = hourglass::telemetry::metrics::Metrics::new();
     let r = m.route("chat");
     c.bench_function("metrics/route_handles_clone_drop", |b| {
         b.iter(|| black_box(r.clone()))

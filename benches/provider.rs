@@ -20,10 +20,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use hourglass::inspect::{Inspector, Tokens};
+use hourglass::http::sse::SseScanner;
+use hourglass::provider::inspect::{Inspector, Tokens};
 use hourglass::provider::Format;
-use hourglass::sse::SseScanner;
-use hourglass::watchdog::{Observer, StreamEnd, StreamLimits, WatchdogBody};
+use hourglass::stream::{Observer, StreamEnd, StreamLimits, WatchdogBody};
 use http_body::{Body, Frame};
 use tokio::time::Instant;
 
@@ -198,6 +198,8 @@ fn limits() -> StreamLimits {
         deadline: far,
         budget: Duration::from_secs(3600),
         upstream: Arc::from("bench"),
+        run: None,
+        run_tokens: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! absolute deadline; every later step (reading the body, connecting, waiting for tokens)
 //! reads what is left of it instead of starting a clock of its own.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
@@ -19,6 +20,8 @@ pub const ENVOY_EXPECTED: &str = "x-envoy-expected-rq-timeout-ms";
 pub const STAINLESS_TIMEOUT: &str = "x-stainless-timeout";
 /// Sent by the official Python SDKs: the longest silence the client tolerates, seconds.
 pub const STAINLESS_READ_TIMEOUT: &str = "x-stainless-read-timeout";
+/// What a client asks for its whole run (section 10 of the contract): it may only shorten it.
+pub const RUN_BUDGET_HEADER: &str = "x-run-budget-ms";
 
 /// The same names as `HeaderName`s, built at compile time: looking a header up by `&str`
 /// parses and validates the name on every call (about 200 instructions each, nine times a
@@ -32,6 +35,7 @@ pub mod names {
     pub static STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static(super::STAINLESS_TIMEOUT);
     pub static STAINLESS_READ_TIMEOUT: HeaderName =
         HeaderName::from_static(super::STAINLESS_READ_TIMEOUT);
+    pub static RUN_BUDGET: HeaderName = HeaderName::from_static(super::RUN_BUDGET_HEADER);
 
     /// Headers that carry a budget into Hourglass; none is forwarded as received.
     pub static INBOUND: [&HeaderName; 3] = [&BUDGET, &GRPC_TIMEOUT, &ENVOY_EXPECTED];
@@ -74,6 +78,17 @@ pub struct Budget {
     pub first_token_timeout: Duration,
     pub idle_timeout: Duration,
     pub connect_timeout: Duration,
+    /// The call's run, when the run's deadline comes before the call's own: then every limit
+    /// that reads the deadline names the run.
+    pub run: Option<RunBound>,
+}
+
+/// The run whose deadline bounds a call.
+#[derive(Debug, Clone)]
+pub struct RunBound {
+    pub id: Arc<str>,
+    /// The run's whole budget, for messages.
+    pub budget: Duration,
 }
 
 /// What the client asked for, read once from the request head so that a route chosen later
@@ -130,6 +145,7 @@ impl BudgetRequest {
             first_token_timeout: silence(limits.first_token_timeout),
             idle_timeout: silence(limits.idle_timeout),
             connect_timeout: limits.connect_timeout,
+            run: None,
         }
     }
 }
@@ -142,6 +158,23 @@ impl Budget {
             .unwrap_or(self.arrival)
     }
 
+    /// Makes the call end by its run's deadline, when that comes first.
+    pub fn bind_run(&mut self, id: Arc<str>, deadline: Instant, run_budget: Duration) {
+        if deadline < self.deadline {
+            self.deadline = deadline;
+            self.total = deadline.saturating_duration_since(self.arrival);
+            self.run = Some(RunBound {
+                id,
+                budget: run_budget,
+            });
+        }
+    }
+
+    /// The error of a deadline that passed: the call's, or its run's.
+    pub fn deadline_error(&self) -> GatewayError {
+        deadline_error(self.total, self.run.as_ref(), Duration::ZERO)
+    }
+
     /// What the upstream may still spend at `now`.
     pub fn usable(&self, now: Instant) -> Duration {
         self.work_deadline().saturating_duration_since(now)
@@ -151,6 +184,10 @@ impl Budget {
     pub fn ensure_useful(&self, now: Instant) -> Result<(), GatewayError> {
         let usable = self.usable(now);
         if usable < self.min_useful || usable.is_zero() {
+            if self.run.is_some() {
+                let left = self.deadline.saturating_duration_since(now);
+                return Err(deadline_error(self.total, self.run.as_ref(), left));
+            }
             return Err(GatewayError::InsufficientBudget {
                 remaining: self.deadline.saturating_duration_since(now),
                 reserve: self.reserve,
@@ -165,6 +202,27 @@ impl Budget {
     /// down, at least 1, so a chain of gateways shrinks one budget.
     pub fn forwarded_ms(&self, now: Instant) -> u64 {
         (self.usable(now).as_millis() as u64).max(1)
+    }
+}
+
+/// The run budget a request asks for (`x-run-budget-ms`), refused like any budget header when
+/// malformed.
+pub fn run_budget(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError> {
+    single(headers, &names::RUN_BUDGET)?
+        .map(|v| parse_millis(RUN_BUDGET_HEADER, v))
+        .transpose()
+}
+
+/// The error of a deadline: the call's own (`budget`), or its run's when `run` bounds it;
+/// `left` is what remains of the run when too little does.
+pub fn deadline_error(budget: Duration, run: Option<&RunBound>, left: Duration) -> GatewayError {
+    match run {
+        None => GatewayError::DeadlineExceeded { budget },
+        Some(r) => GatewayError::RunDeadlineExceeded {
+            run: r.id.to_string(),
+            budget: r.budget,
+            left,
+        },
     }
 }
 

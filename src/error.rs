@@ -6,7 +6,63 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 
-use crate::outcome::Origin;
+/// The error type of bodies and connectors, as tower and hyper name it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a client that found a route full is told to wait before trying again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Who cancelled a request. Each cancellation has exactly one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Client = 0,
+    Deadline,
+    FirstToken,
+    Idle,
+    Connect,
+    InsufficientBudget,
+    Shutdown,
+    /// The slower of two hedged attempts; an attempt cancelled, not a request.
+    HedgeLoser,
+    /// The route was at `max_in_flight` and the budget left no time to wait for a slot.
+    Overloaded,
+    /// The call's run ran out of time (its deadline, not the call's own).
+    RunDeadline,
+    /// The call's answer pushed its run past `run_max_tokens`.
+    RunTokens,
+}
+
+impl Origin {
+    pub const ALL: [Origin; 11] = [
+        Origin::Client,
+        Origin::Deadline,
+        Origin::FirstToken,
+        Origin::Idle,
+        Origin::Connect,
+        Origin::InsufficientBudget,
+        Origin::Shutdown,
+        Origin::HedgeLoser,
+        Origin::Overloaded,
+        Origin::RunDeadline,
+        Origin::RunTokens,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Deadline => "deadline",
+            Self::FirstToken => "first_token",
+            Self::Idle => "idle",
+            Self::Connect => "connect",
+            Self::InsufficientBudget => "insufficient_budget",
+            Self::Shutdown => "shutdown",
+            Self::HedgeLoser => "hedge_loser",
+            Self::Overloaded => "overloaded",
+            Self::RunDeadline => "run_deadline",
+            Self::RunTokens => "run_tokens",
+        }
+    }
+}
 
 /// Every way Hourglass itself can end a request. Upstream non-2xx answers are not errors here:
 /// they pass through unchanged.
@@ -32,7 +88,7 @@ pub enum GatewayError {
     /// refused, and the connection closed after the answer.
     #[error("ambiguous request framing: {reason}")]
     AmbiguousRequest { reason: &'static str },
-    #[error("{} of budget left after the {} reserve; at least {} is needed to call the upstream", ms(*.remaining), ms(*.reserve), ms(*.min_useful))]
+    #[error("insufficient budget: {} of budget left after the {} reserve; at least {} is needed to call the upstream", ms(*.remaining), ms(*.reserve), ms(*.min_useful))]
     InsufficientBudget {
         remaining: Duration,
         reserve: Duration,
@@ -41,13 +97,13 @@ pub enum GatewayError {
         /// the same way however often it is sent.
         whole: bool,
     },
-    #[error("upstream {upstream:?} not connected within {}", ms(*.after))]
+    #[error("connect timeout: upstream {upstream:?} not connected within {}", ms(*.after))]
     ConnectTimeout { upstream: String, after: Duration },
-    #[error("upstream {upstream:?} sent no token within {}", ms(*.after))]
+    #[error("first token timeout: upstream {upstream:?} sent no token within {}", ms(*.after))]
     FirstTokenTimeout { upstream: String, after: Duration },
-    #[error("upstream {upstream:?} was silent for {}", ms(*.after))]
+    #[error("idle timeout: upstream {upstream:?} was silent for {}", ms(*.after))]
     IdleTimeout { upstream: String, after: Duration },
-    #[error("the request's budget of {} is spent", ms(*.budget))]
+    #[error("deadline exceeded: the request's budget of {} is spent", ms(*.budget))]
     DeadlineExceeded { budget: Duration },
     #[error("upstream {upstream:?} unavailable: {reason}")]
     UpstreamUnavailable { upstream: String, reason: String },
@@ -77,6 +133,52 @@ pub enum GatewayError {
     /// there with an answer the client's WebSocket library cannot explain.
     #[error("Upgrade: {value:?}: this gateway forwards HTTP requests and their streams, it does not tunnel WebSocket connections")]
     UpgradeUnsupported { value: String },
+    /// The run id header is malformed: the calls of the run it meant cannot be bounded.
+    #[error("invalid run id: {header}: {value:?} {reason}")]
+    InvalidRunId {
+        header: String,
+        value: String,
+        reason: &'static str,
+    },
+    /// The run has made all the calls `run_max_calls` allows.
+    #[error("run call limit: run {run:?} has made its {limit} calls")]
+    RunCallLimit { run: String, limit: u32 },
+    /// The call's token reservation does not fit what the run has left.
+    #[error("run token limit: run {run:?} has used {used} of its {limit} tokens and calls in flight hold {reserved}; this call would reserve {asked}")]
+    RunTokenLimit {
+        run: String,
+        limit: u64,
+        used: u64,
+        reserved: u64,
+        asked: u64,
+    },
+    /// An answer's (estimated) tokens pushed its run past `run_max_tokens`: the stream is cut.
+    #[error("run token limit: run {run:?} reached its {limit} tokens during this answer")]
+    RunTokensSpent { run: String, limit: u64 },
+    /// The model asked for the same tool call (or the client sent the same request)
+    /// `run_max_repeats` times in a row.
+    #[error("run loop detected: run {run:?}: {}", loop_detail(.tool, *.count))]
+    RunLoopDetected {
+        run: String,
+        tool: Option<String>,
+        count: u32,
+    },
+    /// The run's deadline passed (before the call, or during it), or what is left of it
+    /// (`left`) cannot fit a call.
+    #[error("run deadline exceeded: run {run:?} {}", run_left(*.budget, *.left))]
+    RunDeadlineExceeded {
+        run: String,
+        budget: Duration,
+        left: Duration,
+    },
+    /// The run store did not answer in time and the gateway is told to deny (`on_store_error`).
+    #[error("run store unavailable: {reason}")]
+    RunStoreUnavailable { reason: String },
+    /// `CONNECT` (a client that takes the gateway for a forward proxy, `HTTPS_PROXY` pointed
+    /// at it): its authority-form target has no path to route, and the gateway opens no
+    /// tunnels.
+    #[error("method {method} is not allowed: this gateway forwards API requests to its routes and does not open tunnels (it is not a forward proxy); send requests to it directly, e.g. POST /v1/chat/completions")]
+    MethodNotAllowed { method: String },
     /// A bug: the request handler panicked. Logged and counted; the process keeps serving.
     #[error("internal error in the gateway")]
     Internal,
@@ -104,6 +206,27 @@ fn overload_detail(waited: Duration) -> String {
             "no slot freed within the {} its budget allowed to wait",
             ms(waited)
         )
+    }
+}
+
+fn run_left(budget: Duration, left: Duration) -> String {
+    if left.is_zero() {
+        format!("has spent its budget of {}", ms(budget))
+    } else {
+        format!(
+            "has {} of its budget of {} left, less than a call needs",
+            ms(left),
+            ms(budget)
+        )
+    }
+}
+
+fn loop_detail(tool: &Option<String>, count: u32) -> String {
+    match tool {
+        Some(t) => {
+            format!("the model asked for tool {t:?} with the same arguments {count} times in a row")
+        }
+        None => format!("the same request came {count} times in a row"),
     }
 }
 
@@ -141,6 +264,13 @@ impl GatewayError {
             Self::Overloaded { .. } => "overloaded",
             Self::LoopDetected { .. } => "loop_detected",
             Self::UpgradeUnsupported { .. } => "upgrade_unsupported",
+            Self::InvalidRunId { .. } => "invalid_run_id",
+            Self::RunCallLimit { .. } => "run_call_limit",
+            Self::RunTokenLimit { .. } | Self::RunTokensSpent { .. } => "run_token_limit",
+            Self::RunLoopDetected { .. } => "run_loop_detected",
+            Self::RunDeadlineExceeded { .. } => "run_deadline_exceeded",
+            Self::RunStoreUnavailable { .. } => "run_store_unavailable",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
             Self::Internal => "internal_error",
         }
     }
@@ -149,7 +279,14 @@ impl GatewayError {
         match self {
             Self::InvalidBudget { .. }
             | Self::BadRequest { .. }
-            | Self::AmbiguousRequest { .. } => StatusCode::BAD_REQUEST,
+            | Self::AmbiguousRequest { .. }
+            | Self::InvalidRunId { .. } => StatusCode::BAD_REQUEST,
+            Self::RunCallLimit { .. }
+            | Self::RunTokenLimit { .. }
+            | Self::RunTokensSpent { .. }
+            | Self::RunLoopDetected { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::RunDeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::RunStoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -165,6 +302,7 @@ impl GatewayError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
             Self::UpgradeUnsupported { .. } => StatusCode::NOT_IMPLEMENTED,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -178,7 +316,16 @@ impl GatewayError {
             | Self::UnsupportedEncoding { .. }
             | Self::BadRequest { .. }
             | Self::AmbiguousRequest { .. }
-            | Self::UpgradeUnsupported { .. } => "invalid_request_error",
+            | Self::UpgradeUnsupported { .. }
+            | Self::InvalidRunId { .. } => "invalid_request_error",
+            // OpenAI's and Anthropic's name for 429s: the SDKs map it to RateLimitError.
+            Self::RunCallLimit { .. }
+            | Self::RunTokenLimit { .. }
+            | Self::RunTokensSpent { .. }
+            | Self::RunLoopDetected { .. } => "rate_limit_error",
+            Self::RunDeadlineExceeded { .. } => "timeout_error",
+            Self::RunStoreUnavailable { .. } => "overloaded_error",
+            Self::MethodNotAllowed { .. } => "invalid_request_error",
             // The names both OpenAI and Anthropic use for these.
             Self::Unauthorized => "authentication_error",
             Self::Overloaded { .. } => "overloaded_error",
@@ -206,6 +353,8 @@ impl GatewayError {
             Self::DeadlineExceeded { .. } => Some(Origin::Deadline),
             Self::Shutdown => Some(Origin::Shutdown),
             Self::Overloaded { .. } => Some(Origin::Overloaded),
+            Self::RunDeadlineExceeded { .. } => Some(Origin::RunDeadline),
+            Self::RunTokensSpent { .. } => Some(Origin::RunTokens),
             _ => None,
         }
     }
@@ -267,7 +416,7 @@ impl GatewayError {
         );
         match self {
             Self::Overloaded { .. } => {
-                let secs = crate::admission::RETRY_AFTER.as_secs().max(1);
+                let secs = RETRY_AFTER.as_secs().max(1);
                 resp.headers_mut()
                     .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
             }
@@ -279,11 +428,33 @@ impl GatewayError {
                     http::HeaderValue::from_static("close"),
                 );
             }
+            // The methods the gateway forwards (RFC 9110 15.5.6). A CONNECT client may send
+            // its tunnel's first bytes (a TLS ClientHello) without waiting for the answer:
+            // closing keeps them from being read as a request. Refused the same way again.
+            Self::MethodNotAllowed { .. } => {
+                let headers = resp.headers_mut();
+                headers.insert(
+                    http::header::ALLOW,
+                    http::HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+                );
+                headers.insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+                headers.insert(
+                    http::HeaderName::from_static("x-should-retry"),
+                    http::HeaderValue::from_static("false"),
+                );
+            }
             // The same request loops (or is refused, or cannot fit) the same way again: the
             // OpenAI and Anthropic SDKs, which retry any 5xx by default, obey this header.
             Self::LoopDetected { .. }
             | Self::UpgradeUnsupported { .. }
-            | Self::InsufficientBudget { whole: true, .. } => {
+            | Self::InsufficientBudget { whole: true, .. }
+            | Self::RunCallLimit { .. }
+            | Self::RunTokenLimit { .. }
+            | Self::RunLoopDetected { .. }
+            | Self::RunDeadlineExceeded { .. } => {
                 resp.headers_mut().insert(
                     http::HeaderName::from_static("x-should-retry"),
                     http::HeaderValue::from_static("false"),
@@ -328,6 +499,62 @@ mod tests {
         assert!(!spent.headers().contains_key("x-should-retry"));
     }
 
+    /// Several clients (LiteLLM, for one) show the message and drop the code: the message
+    /// alone must say which limit fired (DESIGN 6).
+    #[test]
+    fn every_limit_is_named_in_words_in_its_message() {
+        let upstream = || "fake".to_owned();
+        let after = Duration::from_millis(1000);
+        let cases = [
+            (
+                GatewayError::InsufficientBudget {
+                    remaining: Duration::from_millis(40),
+                    reserve: Duration::ZERO,
+                    min_useful: Duration::from_millis(100),
+                    whole: false,
+                },
+                "insufficient budget: 40ms of budget left",
+            ),
+            (
+                GatewayError::ConnectTimeout {
+                    upstream: upstream(),
+                    after,
+                },
+                "connect timeout: upstream \"fake\" not connected within 1000ms",
+            ),
+            (
+                GatewayError::FirstTokenTimeout {
+                    upstream: upstream(),
+                    after,
+                },
+                "first token timeout: upstream \"fake\" sent no token within 1000ms",
+            ),
+            (
+                GatewayError::IdleTimeout {
+                    upstream: upstream(),
+                    after,
+                },
+                "idle timeout: upstream \"fake\" was silent for 1000ms",
+            ),
+            (
+                GatewayError::DeadlineExceeded { budget: after },
+                "deadline exceeded: the request's budget of 1000ms is spent",
+            ),
+        ];
+        for (e, start) in cases {
+            let message = e.to_string();
+            assert!(message.starts_with(start), "{}: {message}", e.code());
+            // The words are the code's, so the two never tell different stories.
+            let words = e.code().replace('_', " ");
+            let words = words.trim_end_matches(" timeout").to_owned();
+            assert!(message.starts_with(&words), "{}: {message}", e.code());
+            for body in [e.json_body(), e.sse_event()] {
+                let text = String::from_utf8(body.to_vec()).unwrap();
+                assert!(text.contains(&start.replace('"', "\\\"")), "{text}");
+            }
+        }
+    }
+
     #[test]
     fn json_body_has_contract_shape() {
         let e = GatewayError::InvalidBudget {
@@ -365,12 +592,12 @@ mod tests {
         assert_eq!(
             text,
             "event: error\ndata: {\"error\":{\"code\":\"idle_timeout\",\"message\":\
-             \"upstream \\\"openai\\\" was silent for 1500ms\",\"type\":\"timeout_error\"},\
+             \"idle timeout: upstream \\\"openai\\\" was silent for 1500ms\",\"type\":\"timeout_error\"},\
              \"type\":\"error\"}\n\n"
         );
         assert_eq!(
             &e.json_body()[..],
-            &br#"{"error":{"code":"idle_timeout","message":"upstream \"openai\" was silent for 1500ms","type":"timeout_error"}}"#[..]
+            &br#"{"error":{"code":"idle_timeout","message":"idle timeout: upstream \"openai\" was silent for 1500ms","type":"timeout_error"}}"#[..]
         );
     }
 }

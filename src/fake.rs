@@ -1,9 +1,11 @@
 //! A time-controllable fake LLM provider.
 //!
 //! Used by integration tests, `hourglass demo`, `hourglass fake-upstream --listen ADDR` and the
-//! benchmarks. It speaks an OpenAI-compatible (`POST /v1/chat/completions`, `GET /v1/models`) and
-//! an Anthropic-shaped (`POST /v1/messages`) API over HTTP/1.1 and h2c (prior knowledge) on one
-//! listener, and every request can script its own timing through `x-fake-*` headers:
+//! benchmarks. It speaks OpenAI's Chat Completions (`POST /v1/chat/completions`, `GET
+//! /v1/models`) and Responses (`POST /v1/responses`: the `response.*` event stream, or the
+//! `response` object) APIs and Anthropic's Messages (`POST /v1/messages`) over HTTP/1.1 and h2c
+//! (prior knowledge) on one listener, and every request can script its own timing through
+//! `x-fake-*` headers:
 //!
 //! | header | meaning |
 //! | --- | --- |
@@ -17,6 +19,7 @@
 //! | `x-fake-keepalive-ms` K | while the open stream is silent, write a keep-alive every K ms |
 //! | `x-fake-keepalive-kind` | `comment` (`: keep-alive`) or `ping` (`event: ping`) |
 //! | `x-fake-timestamps` (`1`) | content events carry `"x_fake_sent_ns"` from [`monotonic_ns`] |
+//! | `x-fake-tool-call` NAME | answer with a call of function NAME instead of text: its arguments `{"text":"tok1 ..."}` stream in the content events (Chat `tool_calls` deltas, Anthropic `tool_use` + `input_json_delta`, Responses `function_call` + `response.function_call_arguments.delta`) |
 //!
 //! [`FakeUpstream::set_replay`] makes every `POST` answer with recorded events instead (real
 //! providers' streams, kept as fixtures): the first after `x-fake-ttft-ms`, then one every
@@ -613,7 +616,7 @@ async fn respond(
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         return response;
     }
-    let anthropic = match (&parts.method, parts.uri.path()) {
+    let shape = match (&parts.method, parts.uri.path()) {
         (&Method::GET, "/v1/models") => {
             let models = json!({"object": "list", "data": [
                 {"id": "fake-model", "object": "model", "created": 0, "owned_by": "hourglass"},
@@ -621,8 +624,9 @@ async fn respond(
             ]});
             return full_response(StatusCode::OK, models.to_string(), finisher);
         }
-        (&Method::POST, "/v1/chat/completions") => false,
-        (&Method::POST, "/v1/messages") => true,
+        (&Method::POST, "/v1/chat/completions") => Shape::OpenAi,
+        (&Method::POST, "/v1/messages") => Shape::Anthropic,
+        (&Method::POST, "/v1/responses") => Shape::Responses,
         (method, path) => {
             let message = format!("no route for {method} {path}");
             return error_response(StatusCode::NOT_FOUND, &message, finisher);
@@ -645,10 +649,24 @@ async fn respond(
     let field = |name: &str| request.get(name).cloned().unwrap_or(Value::Null);
     let stream = field("stream") == Value::Bool(true);
     let model = field("model").as_str().unwrap_or("fake-model").to_owned();
-    let shape = if anthropic {
-        Shape::Anthropic
-    } else {
-        Shape::OpenAi
+    // What a Responses `response` object repeats of its request.
+    let echo = match shape {
+        Shape::Responses => {
+            let echoed = [
+                "instructions",
+                "max_output_tokens",
+                "metadata",
+                "previous_response_id",
+                "store",
+                "tool_choice",
+                "tools",
+            ];
+            let fields = echoed
+                .iter()
+                .filter_map(|&k| Some((k.to_owned(), request.get(k)?.clone())));
+            Value::Object(fields.collect())
+        }
+        _ => Value::Null,
     };
     let created = SystemTime::now().duration_since(UNIX_EPOCH);
     let reply = Reply {
@@ -659,6 +677,8 @@ async fn respond(
         // A rough estimate is enough for usage accounting tests.
         prompt_tokens: (body.len() / 4).max(1),
         chunks: script.chunks,
+        tool: script.tool_call.clone(),
+        echo,
     };
     let mut script = script;
     let (reply, content_type) = if stream {
@@ -720,6 +740,7 @@ struct Script {
     keepalive: Option<Duration>,
     keepalive_ping: bool,
     timestamps: bool,
+    tool_call: Option<String>,
 }
 
 impl Script {
@@ -764,7 +785,23 @@ impl Script {
                 ))
             }
         };
+        // A function name as the APIs accept one.
+        let tool_call = match headers.get("x-fake-tool-call") {
+            None => None,
+            Some(v) => {
+                let name = v.to_str().ok().filter(|n| {
+                    (1..=64).contains(&n.len())
+                        && n.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                });
+                Some(
+                    name.ok_or_else(|| invalid("x-fake-tool-call", v))?
+                        .to_owned(),
+                )
+            }
+        };
         Ok(Script {
+            tool_call,
             ttft: Duration::from_millis(number("x-fake-ttft-ms")?.unwrap_or(0)),
             headers_first: flag("x-fake-headers-first")?,
             chunks: count("x-fake-chunks")?.unwrap_or(5),
@@ -792,6 +829,8 @@ fn invalid(name: &str, value: &HeaderValue) -> String {
 enum Shape {
     OpenAi,
     Anthropic,
+    /// The OpenAI Responses API (`POST /v1/responses`).
+    Responses,
     Full(Bytes),
     /// Recorded events, every one a content event.
     Replay(Arc<[Bytes]>),
@@ -806,6 +845,12 @@ struct Reply {
     created: u64,
     prompt_tokens: usize,
     chunks: usize,
+    /// `x-fake-tool-call`: the answer is a call of this function, whose arguments the content
+    /// events stream, instead of text.
+    tool: Option<String>,
+    /// Responses API: the request fields a `response` object echoes (`instructions`,
+    /// `max_output_tokens`, `tools`, ...).
+    echo: Value,
 }
 
 /// Where an event sits in the stream.
@@ -827,6 +872,8 @@ impl Reply {
             created: 0,
             prompt_tokens: 0,
             chunks: 0,
+            tool: None,
+            echo: Value::Null,
         }
     }
 
@@ -834,6 +881,10 @@ impl Reply {
         match self.shape {
             Shape::OpenAi => self.chunks + 3,
             Shape::Anthropic => self.chunks + 6,
+            // created, in_progress, item added, (part added,) N deltas, (text done, part
+            // done,) or arguments done, item done, completed.
+            Shape::Responses if self.tool.is_some() => self.chunks + 6,
+            Shape::Responses => self.chunks + 8,
             Shape::Full(_) => 1,
             Shape::Replay(ref events) => events.len(),
         }
@@ -844,6 +895,8 @@ impl Reply {
         match self.shape {
             Shape::OpenAi => 1,
             Shape::Anthropic => 3,
+            Shape::Responses if self.tool.is_some() => 3,
+            Shape::Responses => 4,
             Shape::Full(_) => usize::MAX,
             Shape::Replay(_) => 0,
         }
@@ -861,6 +914,29 @@ impl Reply {
         (1..=self.chunks).map(|n| format!("tok{n} ")).collect()
     }
 
+    /// The arguments of a scripted tool call, whole: `{"text":"tok1 tok2 "}`.
+    fn arguments(&self) -> String {
+        json!({"text": self.text()}).to_string()
+    }
+
+    /// The piece of [`Reply::arguments`] content event `n` (from 1) streams: the pieces of all
+    /// `chunks` events join into the whole.
+    fn arguments_piece(&self, n: usize) -> String {
+        let mut piece = String::new();
+        if n == 1 {
+            piece.push_str("{\"text\":\"");
+        }
+        piece.push_str(&format!("tok{n} "));
+        if n == self.chunks {
+            piece.push_str("\"}");
+        }
+        piece
+    }
+
+    fn tool_name(&self) -> &str {
+        self.tool.as_deref().unwrap_or_default()
+    }
+
     fn usage(&self) -> Value {
         let (prompt, completion) = (self.prompt_tokens, self.chunks);
         json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
@@ -872,25 +948,174 @@ impl Reply {
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
     }
 
+    fn openai_finish(&self) -> Value {
+        json!(if self.tool.is_some() {
+            "tool_calls"
+        } else {
+            "stop"
+        })
+    }
+
     fn anthropic_message(&self, content: Value, stop: Value, output_tokens: usize) -> Value {
         json!({"id": format!("msg_fake_{}", self.id), "type": "message", "role": "assistant",
             "model": self.model, "content": content, "stop_reason": stop, "stop_sequence": null,
             "usage": {"input_tokens": self.prompt_tokens, "output_tokens": output_tokens}})
     }
 
+    fn anthropic_stop(&self) -> Value {
+        json!(if self.tool.is_some() {
+            "tool_use"
+        } else {
+            "end_turn"
+        })
+    }
+
+    /// A Responses `response` object, as `response.created`, `response.completed` and the
+    /// non-streaming answer carry it.
+    fn response_object(&self, completed: bool) -> Value {
+        let (status, output, usage, completed_at) = if completed {
+            let (prompt, completion) = (self.prompt_tokens, self.chunks);
+            let usage = json!({"input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + completion});
+            (
+                "completed",
+                json!([self.output_item(true)]),
+                usage,
+                json!(self.created),
+            )
+        } else {
+            ("in_progress", json!([]), Value::Null, Value::Null)
+        };
+        let echo = |name: &str, default: Value| self.echo.get(name).cloned().unwrap_or(default);
+        json!({"id": format!("resp_fake_{}", self.id), "object": "response",
+            "created_at": self.created, "status": status, "background": false,
+            "completed_at": completed_at, "error": null, "incomplete_details": null,
+            "instructions": echo("instructions", Value::Null),
+            "max_output_tokens": echo("max_output_tokens", Value::Null), "max_tool_calls": null,
+            "model": self.model, "output": output, "parallel_tool_calls": true,
+            "previous_response_id": echo("previous_response_id", Value::Null),
+            "reasoning": {"effort": null, "summary": null}, "service_tier": "default",
+            "store": echo("store", json!(true)), "temperature": 1.0,
+            "text": {"format": {"type": "text"}, "verbosity": "medium"},
+            "tool_choice": echo("tool_choice", json!("auto")), "tools": echo("tools", json!([])),
+            "top_logprobs": 0, "top_p": 1.0, "truncation": "disabled", "usage": usage,
+            "user": null, "metadata": echo("metadata", json!({}))})
+    }
+
+    fn item_id(&self) -> String {
+        match self.tool {
+            Some(_) => format!("fc_fake_{}", self.id),
+            None => format!("msg_fake_{}", self.id),
+        }
+    }
+
+    /// The one output item: the assistant message, or the function call.
+    fn output_item(&self, done: bool) -> Value {
+        let status = if done { "completed" } else { "in_progress" };
+        match self.tool {
+            Some(_) => json!({"id": self.item_id(), "type": "function_call", "status": status,
+                "arguments": if done { self.arguments() } else { String::new() },
+                "call_id": format!("call_fake_{}", self.id), "name": self.tool_name()}),
+            None => {
+                let content = if done {
+                    json!([self.output_text(&self.text())])
+                } else {
+                    json!([])
+                };
+                json!({"id": self.item_id(), "type": "message", "status": status,
+                    "content": content, "role": "assistant"})
+            }
+        }
+    }
+
+    fn output_text(&self, text: &str) -> Value {
+        json!({"type": "output_text", "annotations": [], "logprobs": [], "text": text})
+    }
+
+    /// Responses event `i`: its `type` and data (`sequence_number` is the event's index).
+    fn responses_event(&self, i: usize, kind: Kind) -> (&'static str, Value) {
+        let item = self.item_id();
+        let (ty, mut data) = match (kind, &self.tool) {
+            (Kind::Content(n), Some(_)) => (
+                "response.function_call_arguments.delta",
+                json!({"item_id": item, "output_index": 0, "delta": self.arguments_piece(n)}),
+            ),
+            (Kind::Content(n), None) => (
+                "response.output_text.delta",
+                json!({"item_id": item, "output_index": 0, "content_index": 0,
+                    "delta": format!("tok{n} "), "logprobs": []}),
+            ),
+            (Kind::Closing, Some(_)) => (
+                "response.function_call_arguments.done",
+                json!({"item_id": item, "output_index": 0, "arguments": self.arguments()}),
+            ),
+            (Kind::Closing, None) => (
+                "response.output_text.done",
+                json!({"item_id": item, "output_index": 0, "content_index": 0,
+                    "text": self.text(), "logprobs": []}),
+            ),
+            (Kind::Framing, _) if i < 2 => {
+                let ty = ["response.created", "response.in_progress"][i];
+                (ty, json!({"response": self.response_object(false)}))
+            }
+            (Kind::Framing, _) if i == 2 => (
+                "response.output_item.added",
+                json!({"output_index": 0, "item": self.output_item(false)}),
+            ),
+            (Kind::Framing, None) if i == 3 => (
+                "response.content_part.added",
+                json!({"item_id": item, "output_index": 0, "content_index": 0,
+                    "part": self.output_text("")}),
+            ),
+            (Kind::Framing, _) if i + 1 == self.len() => (
+                "response.completed",
+                json!({"response": self.response_object(true)}),
+            ),
+            (Kind::Framing, _) if i + 2 == self.len() => (
+                "response.output_item.done",
+                json!({"output_index": 0, "item": self.output_item(true)}),
+            ),
+            (Kind::Framing, _) => (
+                "response.content_part.done",
+                json!({"item_id": item, "output_index": 0, "content_index": 0,
+                    "part": self.output_text(&self.text())}),
+            ),
+        };
+        data["type"] = ty.into();
+        data["sequence_number"] = i.into();
+        (ty, data)
+    }
+
     /// The non-stream answer.
     fn whole(&self) -> String {
         let text = self.text();
-        let value = match self.shape {
-            Shape::Anthropic => self.anthropic_message(
-                json!([{"type": "text", "text": text}]),
-                json!("end_turn"),
+        let value = match (&self.shape, &self.tool) {
+            (Shape::Responses, _) => self.response_object(true),
+            (Shape::Anthropic, Some(name)) => self.anthropic_message(
+                json!([{"type": "tool_use", "id": format!("toolu_fake_{}", self.id),
+                    "name": name, "input": {"text": text}}]),
+                self.anthropic_stop(),
                 self.chunks,
             ),
-            _ => json!({"id": format!("chatcmpl-fake-{}", self.id), "object": "chat.completion",
-                "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                "usage": self.usage()}),
+            (Shape::Anthropic, None) => self.anthropic_message(
+                json!([{"type": "text", "text": text}]),
+                self.anthropic_stop(),
+                self.chunks,
+            ),
+            (_, tool) => {
+                let message = match tool {
+                    Some(name) => json!({"role": "assistant", "content": null,
+                        "tool_calls": [{"id": format!("call_fake_{}", self.id), "type": "function",
+                            "function": {"name": name, "arguments": self.arguments()}}]}),
+                    None => json!({"role": "assistant", "content": text}),
+                };
+                json!({"id": format!("chatcmpl-fake-{}", self.id), "object": "chat.completion",
+                    "created": self.created, "model": self.model,
+                    "choices": [{"index": 0, "message": message, "finish_reason": self.openai_finish()}],
+                    "usage": self.usage()})
+            }
         };
         value.to_string()
     }
@@ -898,27 +1123,49 @@ impl Reply {
     /// Renders event `i`, stamping content events with the send time when asked.
     fn render(&self, i: usize, stamp: bool) -> Bytes {
         let kind = self.kind(i);
+        let tool = self.tool.is_some();
         let (event, mut data) = match (&self.shape, kind) {
             (Shape::Full(bytes), _) => return bytes.clone(),
             (Shape::Replay(events), _) => return events[i].clone(),
-            (Shape::OpenAi, Kind::Content(n)) => (
-                None,
-                self.openai_chunk(json!({"content": format!("tok{n} ")}), Value::Null),
-            ),
+            (Shape::Responses, kind) => {
+                let (ty, data) = self.responses_event(i, kind);
+                (Some(ty), data)
+            }
+            (Shape::OpenAi, Kind::Content(n)) => {
+                let delta = if tool {
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": self.arguments_piece(n)}}]})
+                } else {
+                    json!({"content": format!("tok{n} ")})
+                };
+                (None, self.openai_chunk(delta, Value::Null))
+            }
             (Shape::OpenAi, Kind::Closing) => {
-                let mut chunk = self.openai_chunk(json!({}), json!("stop"));
+                let mut chunk = self.openai_chunk(json!({}), self.openai_finish());
                 chunk["usage"] = self.usage();
                 (None, chunk)
             }
-            (Shape::OpenAi, Kind::Framing) if i == 0 => (
-                None,
-                self.openai_chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-            ),
+            (Shape::OpenAi, Kind::Framing) if i == 0 => {
+                let delta = if tool {
+                    json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0,
+                        "id": format!("call_fake_{}", self.id), "type": "function",
+                        "function": {"name": self.tool_name(), "arguments": ""}}]})
+                } else {
+                    json!({"role": "assistant", "content": ""})
+                };
+                (None, self.openai_chunk(delta, Value::Null))
+            }
             (Shape::OpenAi, Kind::Framing) => return Bytes::from_static(b"data: [DONE]\n\n"),
-            (Shape::Anthropic, Kind::Content(n)) => (
-                Some("content_block_delta"),
-                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!("tok{n} ")}}),
-            ),
+            (Shape::Anthropic, Kind::Content(n)) => {
+                let delta = if tool {
+                    json!({"type": "input_json_delta", "partial_json": self.arguments_piece(n)})
+                } else {
+                    json!({"type": "text_delta", "text": format!("tok{n} ")})
+                };
+                (
+                    Some("content_block_delta"),
+                    json!({"type": "content_block_delta", "index": 0, "delta": delta}),
+                )
+            }
             (Shape::Anthropic, Kind::Closing) => (
                 Some("content_block_stop"),
                 json!({"type": "content_block_stop", "index": 0}),
@@ -929,14 +1176,22 @@ impl Reply {
                         "message_start",
                         json!({"type": "message_start", "message": self.anthropic_message(json!([]), Value::Null, 1)}),
                     ),
-                    1 => (
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                    ),
+                    1 => {
+                        let block = if tool {
+                            json!({"type": "tool_use", "id": format!("toolu_fake_{}", self.id),
+                                "name": self.tool_name(), "input": {}})
+                        } else {
+                            json!({"type": "text", "text": ""})
+                        };
+                        (
+                            "content_block_start",
+                            json!({"type": "content_block_start", "index": 0, "content_block": block}),
+                        )
+                    }
                     2 => ("ping", json!({"type": "ping"})),
                     _ if i + 1 < self.len() => (
                         "message_delta",
-                        json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": self.chunks}}),
+                        json!({"type": "message_delta", "delta": {"stop_reason": self.anthropic_stop(), "stop_sequence": null}, "usage": {"output_tokens": self.chunks}}),
                     ),
                     _ => ("message_stop", json!({"type": "message_stop"})),
                 };
@@ -1146,8 +1401,12 @@ mod tests {
     const MESSAGES: &str = r#"{"model":"claude-test","stream":true,"max_tokens":64,"messages":[]}"#;
     const MESSAGES_FULL: &str = r#"{"model":"claude-test","max_tokens":64,"messages":[]}"#;
     const SECOND: Duration = Duration::from_secs(1);
-    /// The bound the gateway design relies on for noticing a vanished peer.
-    const PROMPT: Duration = Duration::from_millis(100);
+    /// How long a wait for something that must happen may take on a busy machine.
+    const PATIENCE: Duration = Duration::from_secs(5);
+    /// How soon a vanished peer must be noticed. Generous for a loaded machine, and still
+    /// proof of the cause: the streams these tests leave are frozen, or 10 s from their head,
+    /// so nothing but the peer's going ends them this soon.
+    const PROMPT: Duration = Duration::from_secs(2);
 
     async fn fake() -> FakeUpstream {
         FakeUpstream::start(([127, 0, 0, 1], 0).into())
@@ -1268,13 +1527,13 @@ mod tests {
     /// Asserts the fake saw connection 0 close and dropped request 0's response within PROMPT.
     async fn assert_noticed_promptly(fake: &FakeUpstream, closed_by_client: Instant) {
         let closed = fake
-            .wait_closed(0, SECOND)
+            .wait_closed(0, PATIENCE)
             .await
             .expect("close never noticed");
         let lag = closed.saturating_duration_since(closed_by_client);
         assert!(lag < PROMPT, "close noticed after {lag:?}");
         let request = fake
-            .wait_request_finished(0, SECOND)
+            .wait_request_finished(0, PATIENCE)
             .await
             .expect("response never dropped");
         assert!(!request.completed);
@@ -1327,7 +1586,7 @@ mod tests {
         assert_eq!(last["choices"][0]["finish_reason"], "stop");
         assert_eq!(last["usage"]["completion_tokens"], 3);
         assert_eq!(events[5].data, "[DONE]");
-        let request = fake.wait_request_finished(0, SECOND).await.unwrap();
+        let request = fake.wait_request_finished(0, PATIENCE).await.unwrap();
         assert!(request.completed);
     }
 
@@ -1365,6 +1624,230 @@ mod tests {
         assert_eq!(json_of(&events[6])["usage"]["output_tokens"], 2);
     }
 
+    const RESPONSES: &str = r#"{"model":"gpt-test","stream":true,"input":"hi","instructions":"be brief","tools":[{"type":"function","name":"get_weather","parameters":{}}]}"#;
+    const RESPONSES_FULL: &str = r#"{"model":"gpt-test","input":"hi"}"#;
+
+    /// The Responses stream as OpenAI sends it: every event named by its `type`, numbered in
+    /// order, the text's deltas between the message item's and content part's added/done
+    /// events, and `response.completed` with the whole response and its usage.
+    #[tokio::test]
+    async fn responses_stream_shape() {
+        let fake = fake().await;
+        let headers = [("x-fake-chunks", "3"), ("x-fake-interval-ms", "1")];
+        let response = h1()
+            .request(post(&fake, "/v1/responses", RESPONSES, &headers))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[CONTENT_TYPE], "text/event-stream");
+        let events = parse_sse(&text_of(response).await);
+        let names: Vec<_> = events.iter().map(|e| e.event.clone().unwrap()).collect();
+        let expected = [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ];
+        assert_eq!(names, expected);
+        for (i, event) in events.iter().enumerate() {
+            let data = json_of(event);
+            assert_eq!(data["type"], event.event.as_deref().unwrap());
+            assert_eq!(data["sequence_number"], i);
+        }
+        let created = json_of(&events[0])["response"].clone();
+        assert_eq!(created["object"], "response");
+        assert_eq!(created["status"], "in_progress");
+        assert_eq!(created["model"], "gpt-test");
+        assert_eq!(created["output"], json!([]));
+        assert_eq!(created["instructions"], "be brief");
+        assert_eq!(created["tools"][0]["name"], "get_weather");
+        let id = created["id"].as_str().unwrap();
+        assert!(id.starts_with("resp_fake_"), "{id}");
+        let added = json_of(&events[2])["item"].clone();
+        assert_eq!(added["type"], "message");
+        assert_eq!(added["status"], "in_progress");
+        let item_id = added["id"].as_str().unwrap();
+        for event in &events[4..7] {
+            let delta = json_of(event);
+            assert_eq!(delta["item_id"], item_id);
+            assert_eq!(delta["output_index"], 0);
+            assert_eq!(delta["content_index"], 0);
+            assert_eq!(delta["logprobs"], json!([]));
+        }
+        let deltas: String = events[4..7]
+            .iter()
+            .map(|e| json_of(e)["delta"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(deltas, "tok1 tok2 tok3 ");
+        assert_eq!(json_of(&events[7])["text"], "tok1 tok2 tok3 ");
+        assert_eq!(json_of(&events[8])["part"]["text"], "tok1 tok2 tok3 ");
+        assert_eq!(json_of(&events[9])["item"]["status"], "completed");
+        let done = json_of(&events[10])["response"].clone();
+        assert_eq!(done["id"], id);
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["output"][0]["id"], item_id);
+        assert_eq!(
+            done["output"][0]["content"][0],
+            json!({"type": "output_text", "annotations": [], "logprobs": [], "text": "tok1 tok2 tok3 "})
+        );
+        assert_eq!(done["usage"]["output_tokens"], 3);
+        let input = done["usage"]["input_tokens"].as_u64().unwrap();
+        assert!(input >= 1);
+        assert_eq!(done["usage"]["total_tokens"], input + 3);
+        assert_eq!(
+            done["usage"]["output_tokens_details"]["reasoning_tokens"],
+            0
+        );
+        let request = fake.wait_request_finished(0, SECOND).await.unwrap();
+        assert!(request.completed);
+    }
+
+    /// `x-fake-tool-call` in all three APIs: the arguments stream in the content events, and
+    /// their pieces join into the whole, which the closing events and the plain answers carry.
+    #[tokio::test]
+    async fn tool_calls_stream_their_arguments() {
+        let fake = fake().await;
+        let client = h1();
+        let headers = [
+            ("x-fake-chunks", "3"),
+            ("x-fake-interval-ms", "1"),
+            ("x-fake-tool-call", "get_weather"),
+        ];
+        let whole = r#"{"text":"tok1 tok2 tok3 "}"#;
+
+        let response = client
+            .request(post(&fake, "/v1/responses", RESPONSES, &headers))
+            .await
+            .unwrap();
+        let events = parse_sse(&text_of(response).await);
+        let names: Vec<_> = events.iter().map(|e| e.event.clone().unwrap()).collect();
+        let expected = [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ];
+        assert_eq!(names, expected);
+        let item = json_of(&events[2])["item"].clone();
+        assert_eq!(item["type"], "function_call");
+        assert_eq!(item["name"], "get_weather");
+        assert_eq!(item["arguments"], "");
+        assert!(item["call_id"].as_str().unwrap().starts_with("call_fake_"));
+        let pieces: String = events[3..6]
+            .iter()
+            .map(|e| {
+                let d = json_of(e);
+                assert_eq!(d["item_id"], item["id"]);
+                d["delta"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(pieces, whole);
+        assert_eq!(json_of(&events[6])["arguments"], whole);
+        let done = json_of(&events[8])["response"].clone();
+        assert_eq!(done["output"][0]["arguments"], whole);
+        assert_eq!(done["output"][0]["status"], "completed");
+        for (i, event) in events.iter().enumerate() {
+            assert_eq!(json_of(event)["sequence_number"], i);
+        }
+
+        let response = client
+            .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+            .await
+            .unwrap();
+        let events = parse_sse(&text_of(response).await);
+        let first = json_of(&events[0])["choices"][0]["delta"].clone();
+        assert_eq!(first["tool_calls"][0]["function"]["name"], "get_weather");
+        assert_eq!(first["tool_calls"][0]["type"], "function");
+        let pieces: String = events[1..4]
+            .iter()
+            .map(|e| {
+                let d = json_of(e)["choices"][0]["delta"].clone();
+                d["tool_calls"][0]["function"]["arguments"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(pieces, whole);
+        assert_eq!(
+            json_of(&events[4])["choices"][0]["finish_reason"],
+            "tool_calls"
+        );
+
+        let response = client
+            .request(post(&fake, "/v1/messages", MESSAGES, &headers))
+            .await
+            .unwrap();
+        let events = parse_sse(&text_of(response).await);
+        let block = json_of(&events[1])["content_block"].clone();
+        assert_eq!(block["type"], "tool_use");
+        assert_eq!(block["name"], "get_weather");
+        let pieces: String = events[3..6]
+            .iter()
+            .map(|e| {
+                let d = json_of(e)["delta"].clone();
+                assert_eq!(d["type"], "input_json_delta");
+                d["partial_json"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(pieces, whole);
+        assert_eq!(json_of(&events[7])["delta"]["stop_reason"], "tool_use");
+
+        // Not streamed.
+        let plain = |path, body| post(&fake, path, body, &headers);
+        let text = text_of(
+            client
+                .request(plain("/v1/responses", RESPONSES_FULL))
+                .await
+                .unwrap(),
+        )
+        .await;
+        let r: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(r["output"][0]["type"], "function_call");
+        assert_eq!(r["output"][0]["arguments"], whole);
+        let text = text_of(
+            client
+                .request(plain("/v1/chat/completions", CHAT_FULL))
+                .await
+                .unwrap(),
+        )
+        .await;
+        let c: Value = serde_json::from_str(&text).unwrap();
+        let call = &c["choices"][0]["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["arguments"], whole);
+        assert_eq!(c["choices"][0]["finish_reason"], "tool_calls");
+        let text = text_of(
+            client
+                .request(plain("/v1/messages", MESSAGES_FULL))
+                .await
+                .unwrap(),
+        )
+        .await;
+        let m: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(m["content"][0]["input"], json!({"text": "tok1 tok2 tok3 "}));
+        assert_eq!(m["stop_reason"], "tool_use");
+
+        // A name the APIs would not take is a script error.
+        let bad = [("x-fake-tool-call", "get weather")];
+        let response = client
+            .request(post(&fake, "/v1/responses", RESPONSES, &bad))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    }
+
     #[tokio::test]
     async fn non_stream_answers() {
         let fake = fake().await;
@@ -1390,6 +1873,22 @@ mod tests {
         assert_eq!(message["type"], "message");
         assert_eq!(message["content"][0]["text"], "tok1 tok2 ");
         assert_eq!(message["usage"]["output_tokens"], 2);
+        let response = client
+            .request(post(&fake, "/v1/responses", RESPONSES_FULL, &chunks))
+            .await
+            .unwrap();
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/json");
+        let r: Value = serde_json::from_str(&text_of(response).await).unwrap();
+        assert_eq!(r["object"], "response");
+        assert_eq!(r["status"], "completed");
+        assert_eq!(r["model"], "gpt-test");
+        assert_eq!(r["output"][0]["type"], "message");
+        assert_eq!(r["output"][0]["role"], "assistant");
+        assert_eq!(r["output"][0]["content"][0]["text"], "tok1 tok2 ");
+        // `output_text` is the SDKs' convenience, not a field on the wire.
+        assert!(r.get("output_text").is_none());
+        assert_eq!(r["usage"]["output_tokens"], 2);
+        assert_eq!(r["tools"], json!([]));
     }
 
     #[tokio::test]
@@ -1486,11 +1985,14 @@ mod tests {
         );
         let mut body = response.into_body();
         let frames = frames_until_quiet(&mut body, SECOND).await;
-        assert!(frames[0].0.duration_since(started) < ttft + Duration::from_millis(150));
+        // The data follows the head at once (well before a second ttft would have passed).
+        assert!(frames[0].0.duration_since(started) < ttft * 2 + SECOND);
 
+        // With the head first: a 1.5 s ttft, so "at once" has a second of room.
+        let ttft = Duration::from_millis(1500);
         let started = Instant::now();
         let headers = [
-            ("x-fake-ttft-ms", "300"),
+            ("x-fake-ttft-ms", "1500"),
             ("x-fake-headers-first", "true"),
             ("x-fake-interval-ms", "1"),
         ];
@@ -1499,14 +2001,22 @@ mod tests {
             .await
             .unwrap();
         assert!(
-            started.elapsed() < Duration::from_millis(150),
+            started.elapsed() < SECOND,
             "head after {:?}",
             started.elapsed()
         );
         let mut body = response.into_body();
-        let frames = frames_until_quiet(&mut body, SECOND).await;
-        assert!(frames[0].0.duration_since(started) >= ttft);
-        assert!(frames[0].1.contains("\"role\":\"assistant\""));
+        let first = tokio::time::timeout(PATIENCE, body.frame())
+            .await
+            .expect("the first data within 5 s")
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap();
+        assert!(started.elapsed() >= ttft);
+        assert!(std::str::from_utf8(&first)
+            .unwrap()
+            .contains("\"role\":\"assistant\""));
     }
 
     #[tokio::test]
@@ -1568,11 +2078,11 @@ mod tests {
                 format!("{error:?}").contains(expected),
                 "{version:?}: {error:?}"
             );
-            let request = fake.wait_request_finished(0, SECOND).await.unwrap();
+            let request = fake.wait_request_finished(0, PATIENCE).await.unwrap();
             assert!(!request.completed);
             let open_after = usize::from(version == Version::HTTP_2);
             assert!(
-                fake.wait_open_connections(open_after, SECOND).await,
+                fake.wait_open_connections(open_after, PATIENCE).await,
                 "{version:?}"
             );
         }
@@ -1616,10 +2126,17 @@ mod tests {
             .await
             .unwrap();
         let mut body = response.into_body();
+        // Read until four pings have come (however slowly a busy machine lets them), then
+        // check they were not faster than every 40 ms.
+        let started = Instant::now();
         let mut text = String::new();
-        let deadline = Instant::now() + Duration::from_millis(250);
-        while let Ok(Some(frame)) = tokio::time::timeout_at(deadline, body.frame()).await {
-            text += std::str::from_utf8(&frame.unwrap().into_data().unwrap()).unwrap();
+        let pings = |text: &str| text.matches("event: ping\n").count();
+        // The preamble holds a ping of its own, skipped below with the first four events.
+        while pings(&text) < 5 || !text.ends_with("\n\n") {
+            let frame = tokio::time::timeout(PATIENCE, body.frame())
+                .await
+                .unwrap_or_else(|_| panic!("not four pings in 5 s: {text:?}"));
+            text += std::str::from_utf8(&frame.unwrap().unwrap().into_data().unwrap()).unwrap();
         }
         let events = parse_sse(&text);
         let pings = events
@@ -1627,7 +2144,12 @@ mod tests {
             .skip(4)
             .filter(|e| e.event.as_deref() == Some("ping"))
             .count();
-        assert!((4..=7).contains(&pings), "{events:?}");
+        assert!(pings >= 4, "{events:?}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(40) * (pings as u32 - 1),
+            "{pings} pings in {:?}",
+            started.elapsed()
+        );
         assert!(text.contains("event: ping\ndata: {\"type\":\"ping\"}\n\n"));
         assert!(!text.contains("tok2 "));
     }
@@ -1674,7 +2196,7 @@ mod tests {
             .await
             .unwrap();
         text_of(response).await;
-        assert!(fake.wait_for_requests(1, SECOND).await);
+        assert!(fake.wait_for_requests(1, PATIENCE).await);
         assert!(!fake.wait_for_requests(2, Duration::from_millis(50)).await);
         let request = &fake.requests()[0];
         assert_eq!(request.method, Method::POST);
@@ -1689,18 +2211,18 @@ mod tests {
         assert!(connections[0].opened_at <= request.at);
         assert_eq!(fake.open_connections(), 1);
         drop(client);
-        assert!(fake.wait_closed(0, SECOND).await.is_some());
-        assert!(fake.wait_open_connections(0, SECOND).await);
+        assert!(fake.wait_closed(0, PATIENCE).await.is_some());
+        assert!(fake.wait_open_connections(0, PATIENCE).await);
     }
 
     #[tokio::test]
     async fn shutdown_closes_everything() {
         let fake = fake().await;
         let _frozen = raw_post(&fake, &[("x-fake-freeze-after", "0")]).await;
-        assert!(fake.wait_for_requests(1, SECOND).await);
+        assert!(fake.wait_for_requests(1, PATIENCE).await);
         fake.shutdown();
-        assert!(fake.wait_open_connections(0, SECOND).await);
-        assert!(fake.wait_request_finished(0, SECOND).await.is_some());
+        assert!(fake.wait_open_connections(0, PATIENCE).await);
+        assert!(fake.wait_request_finished(0, PATIENCE).await.is_some());
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(TcpStream::connect(fake.addr()).await.is_err());
     }
@@ -1771,7 +2293,7 @@ mod tests {
     async fn h1_close_noticed_before_the_head() {
         let fake = fake().await;
         let stream = raw_post(&fake, &[("x-fake-ttft-ms", "10000")]).await;
-        assert!(fake.wait_for_requests(1, SECOND).await);
+        assert!(fake.wait_for_requests(1, PATIENCE).await);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let closed_by_client = Instant::now();
         drop(stream);
@@ -1798,7 +2320,7 @@ mod tests {
         let dropped = Instant::now();
         drop(body);
         let request = fake
-            .wait_request_finished(0, SECOND)
+            .wait_request_finished(0, PATIENCE)
             .await
             .expect("body never dropped");
         assert!(!request.completed);
@@ -1811,7 +2333,7 @@ mod tests {
         // Only the stream was reset; the connection lives on until the client goes.
         assert_eq!(fake.open_connections(), 1);
         drop(client);
-        assert!(fake.wait_open_connections(0, SECOND).await);
+        assert!(fake.wait_open_connections(0, PATIENCE).await);
     }
 
     #[tokio::test]
@@ -1824,12 +2346,12 @@ mod tests {
             CHAT,
             &[("x-fake-ttft-ms", "10000")],
         )));
-        assert!(fake.wait_for_requests(1, SECOND).await);
+        assert!(fake.wait_for_requests(1, PATIENCE).await);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let dropped = Instant::now();
         pending.abort();
         let request = fake
-            .wait_request_finished(0, SECOND)
+            .wait_request_finished(0, PATIENCE)
             .await
             .expect("service future never dropped");
         let lag = request

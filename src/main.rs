@@ -121,12 +121,12 @@ fn main() -> ExitCode {
     })
 }
 
-/// The log goes through a thread of its own (`hourglass::log_writer`), one per output: a
+/// The log goes through a thread of its own (`hourglass::telemetry::writer`), one per output: a
 /// line is formatted where it is logged and queued, never written there. When 64 MiB of
 /// lines wait for a reader that stopped reading, lines are dropped and counted
 /// (`hourglass_log_lines_dropped_total`) rather than making the gateway wait.
-fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::log_writer::LogGuard>> {
-    use hourglass::log_writer::{spawn, LogWriter};
+fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::telemetry::writer::LogGuard>> {
+    use hourglass::telemetry::writer::{spawn, LogWriter};
     use tracing_subscriber::filter::{filter_fn, EnvFilter};
     use tracing_subscriber::prelude::*;
     let (stdout, guard) = spawn(std::io::stdout())?;
@@ -136,7 +136,7 @@ fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::log_writer:
     match format {
         LogFormat::Json => tracing_subscriber::fmt()
             .with_env_filter(filter())
-            .event_format(hourglass::json_log::JsonLines)
+            .event_format(hourglass::telemetry::json::JsonLines)
             .with_writer(stdout)
             .init(),
         LogFormat::Pretty => tracing_subscriber::fmt()
@@ -146,7 +146,7 @@ fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::log_writer:
             .with_writer(stdout)
             .init(),
         LogFormat::Access => {
-            hourglass::access::enable();
+            hourglass::telemetry::access::enable();
             // The access line is the whole record: no timestamp, level or target around it.
             let access = tracing_subscriber::fmt::layer()
                 .with_writer(stdout)
@@ -172,7 +172,7 @@ fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::log_writer:
                 .init();
         }
     }
-    hourglass::metrics::count_dropped_log_lines(move || {
+    hourglass::telemetry::metrics::count_dropped_log_lines(move || {
         counted.iter().map(LogWriter::dropped).sum()
     });
     Ok(guards)

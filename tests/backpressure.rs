@@ -93,9 +93,9 @@ async fn small_client(addr: SocketAddr, budget_ms: u64) -> (TcpStream, Vec<u8>) 
 }
 
 /// How long after `start` the gateway's upstream call ended (its in-flight gauge back at 0),
-/// failing with `why` past 5 s.
+/// failing with `why` past 10 s.
 async fn upstream_ended(h: &Harness, start: Instant, why: &str) -> Duration {
-    let deadline = start + Duration::from_secs(5);
+    let deadline = start + Duration::from_secs(10);
     while h
         .metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
         .await
@@ -225,7 +225,7 @@ async fn a_client_that_stops_reading_does_not_outlive_its_budget() {
     // in-flight count drops and the route's only slot is free again.
     let ended = upstream_ended(&h, start, "the upstream call outlived its budget").await;
     assert!(
-        ended >= Duration::from_millis(1400) && ended < Duration::from_millis(2500),
+        ended >= Duration::from_millis(1500) && ended < Duration::from_secs(6),
         "ended after {ended:?}"
     );
     let stalled_at = written.load(Ordering::Relaxed);
@@ -280,7 +280,7 @@ async fn a_client_that_reads_nothing_for_send_timeout_is_disconnected() {
     )
     .await;
     assert!(
-        ended >= Duration::from_millis(950) && ended < Duration::from_millis(3000),
+        ended >= Duration::from_millis(1000) && ended < Duration::from_secs(6),
         "ended after {ended:?}"
     );
     // The connection is gone: reading drains what the kernels held, then ends.
@@ -352,14 +352,14 @@ async fn an_http2_stream_its_client_stops_reading_ends_at_send_timeout_while_oth
                 return start.elapsed();
             }
             assert!(
-                start.elapsed() < Duration::from_secs(5),
+                start.elapsed() < Duration::from_secs(10),
                 "A's upstream call still runs"
             );
         }
     };
     let ended = reader.await;
     assert!(
-        ended >= Duration::from_millis(950) && ended < Duration::from_millis(3000),
+        ended >= Duration::from_millis(1000) && ended < Duration::from_secs(6),
         "A's upstream call ended after {ended:?}"
     );
     // B still streams.

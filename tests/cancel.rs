@@ -1,5 +1,10 @@
 //! A client that goes away cancels the upstream call at once, whatever phase it is in, even
 //! while the upstream is silent.
+//!
+//! What proves "at once" on a loaded machine is the cause, not a stopwatch: every limit here
+//! is 20 s or more and every scripted wait 25 s, so an upstream connection that closes within
+//! `PROMPTLY` (2 s) was closed because the client left, which the metric confirms (origin
+//! `client`, once). The delays are printed for whoever wants the figure.
 
 mod support;
 
@@ -8,7 +13,19 @@ use std::time::Duration;
 use support::*;
 use tokio::time::Instant;
 
-const PROMPT: Duration = Duration::from_millis(100);
+/// Limits far beyond `PROMPTLY`: only the client's leaving can end these requests early.
+async fn harness() -> Harness {
+    Harness::with_config(
+        &BASE
+            .replace("budget = \"10s\"", "budget = \"30s\"")
+            .replace(
+                "first_token_timeout = \"2s\"",
+                "first_token_timeout = \"20s\"",
+            )
+            .replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\""),
+    )
+    .await
+}
 
 async fn assert_client_cancel_counted(h: &Harness) {
     h.wait_requests("chat", 1.0).await;
@@ -24,7 +41,7 @@ async fn assert_client_cancel_counted(h: &Harness) {
 
 #[tokio::test]
 async fn client_leaves_mid_stream_while_upstream_is_frozen() {
-    let h = Harness::start().await;
+    let h = harness().await;
     let (resp, conn) = h
         .chat(&[("x-fake-freeze-after", "2"), ("x-fake-interval-ms", "5")])
         .await;
@@ -39,7 +56,7 @@ async fn client_leaves_mid_stream_while_upstream_is_frozen() {
     let delay = upstream_close_delay(&h.fake, left).await;
     eprintln!("mid-stream, frozen upstream: upstream closed {delay:?} after the client left");
     assert!(
-        delay < PROMPT,
+        delay < PROMPTLY,
         "upstream closed {delay:?} after the client left"
     );
     assert_client_cancel_counted(&h).await;
@@ -47,7 +64,7 @@ async fn client_leaves_mid_stream_while_upstream_is_frozen() {
 
 #[tokio::test]
 async fn client_leaves_mid_stream_while_tokens_flow() {
-    let h = Harness::start().await;
+    let h = harness().await;
     let (resp, conn) = h
         .chat(&[("x-fake-chunks", "100000"), ("x-fake-interval-ms", "2")])
         .await;
@@ -58,15 +75,15 @@ async fn client_leaves_mid_stream_while_tokens_flow() {
     conn.close();
     let delay = upstream_close_delay(&h.fake, left).await;
     eprintln!("mid-stream, tokens flowing: upstream closed {delay:?} after the client left");
-    assert!(delay < PROMPT, "{delay:?}");
+    assert!(delay < PROMPTLY, "{delay:?}");
     assert_client_cancel_counted(&h).await;
 }
 
 #[tokio::test]
 async fn client_leaves_while_waiting_for_the_first_token() {
-    let h = Harness::start().await;
+    let h = harness().await;
     let (resp, conn) = h
-        .chat(&[("x-fake-ttft-ms", "1500"), ("x-fake-headers-first", "1")])
+        .chat(&[("x-fake-ttft-ms", "25000"), ("x-fake-headers-first", "1")])
         .await;
     assert_eq!(resp.status(), 200);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -75,25 +92,25 @@ async fn client_leaves_while_waiting_for_the_first_token() {
     conn.close();
     let delay = upstream_close_delay(&h.fake, left).await;
     eprintln!("waiting for the first token: upstream closed {delay:?} after the client left");
-    assert!(delay < PROMPT, "{delay:?}");
+    assert!(delay < PROMPTLY, "{delay:?}");
     assert_client_cancel_counted(&h).await;
 }
 
 #[tokio::test]
 async fn client_leaves_before_the_response_head() {
-    let h = Harness::start().await;
+    let h = harness().await;
     let conn = Conn::open(h.addr()).await;
-    let req = chat_request(&[("x-fake-ttft-ms", "1500")], true);
+    let req = chat_request(&[("x-fake-ttft-ms", "25000")], true);
     let pending = tokio::spawn(async move {
         let _ = conn.send(req).await;
     });
-    assert!(h.fake.wait_for_requests(1, Duration::from_secs(2)).await);
+    assert!(h.fake.wait_for_requests(1, Duration::from_secs(10)).await);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let left = Instant::now();
     pending.abort();
     let _ = pending.await;
     let delay = upstream_close_delay(&h.fake, left).await;
     eprintln!("before the head: upstream closed {delay:?} after the client left");
-    assert!(delay < PROMPT, "{delay:?}");
+    assert!(delay < PROMPTLY, "{delay:?}");
     assert_client_cancel_counted(&h).await;
 }

@@ -35,6 +35,11 @@ fn check_prints_the_resolved_routes_of_the_shipped_configs() {
         );
         assert!(stdout.contains("chat"), "{stdout}");
         assert!(stdout.contains("first_token_timeout"), "{stdout}");
+        // The OpenAI Responses API has a route of its own in both.
+        assert!(
+            stdout.contains("path_prefix: /v1/responses"),
+            "{file}: {stdout}"
+        );
     }
     // The example names its keys' variables; unset here, so check warns (and still passes).
     let out = hourglass(&["check", "--config", "config/hourglass.toml"]);

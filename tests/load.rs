@@ -12,9 +12,14 @@ use tokio::time::Instant;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_abandoned_streams_leave_no_zombies() {
     const N: usize = 500;
-    // Limits far beyond the test's length: every stream must end by its client leaving.
-    let h = Harness::with_config(&BASE.replace("idle_timeout = \"1s\"", "idle_timeout = \"60s\""))
-        .await;
+    // Limits far beyond the test's length (30 s from the last stream's start at the
+    // least): every stream must end by its client leaving, within 5 s on a busy machine.
+    let h = Harness::with_config(
+        &BASE
+            .replace("idle_timeout = \"1s\"", "idle_timeout = \"60s\"")
+            .replace("budget = \"10s\"", "budget = \"30s\""),
+    )
+    .await;
     let mut open = Vec::with_capacity(N);
     for chunk in 0..N / 50 {
         let mut set = tokio::task::JoinSet::new();
@@ -37,7 +42,7 @@ async fn five_hundred_abandoned_streams_leave_no_zombies() {
         }
         assert_eq!(open.len(), (chunk + 1) * 50);
     }
-    assert!(h.fake.wait_for_requests(N, Duration::from_secs(5)).await);
+    assert!(h.fake.wait_for_requests(N, Duration::from_secs(10)).await);
     let frozen: HashSet<u64> = h.fake.requests().iter().map(|r| r.conn_id).collect();
     assert_eq!(frozen.len(), N, "one upstream connection per stream");
 
@@ -49,7 +54,7 @@ async fn five_hundred_abandoned_streams_leave_no_zombies() {
 
     let left = Instant::now();
     drop(open);
-    let deadline = left + Duration::from_secs(1);
+    let deadline = left + Duration::from_secs(5);
     loop {
         let still_open = h
             .fake
@@ -62,7 +67,7 @@ async fn five_hundred_abandoned_streams_leave_no_zombies() {
         }
         assert!(
             Instant::now() < deadline,
-            "{still_open} upstream connections still open 1 s after the clients left"
+            "{still_open} upstream connections still open 5 s after the clients left"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -79,8 +79,19 @@ fn grpc_form(v: &str) -> bool {
         && std::str::from_utf8(digits).unwrap().parse::<u64>().unwrap() > 0
 }
 
+/// `cases` per property, unless `PROPTEST_CASES` asks for another number (a deep run:
+/// `PROPTEST_CASES=20000 cargo test`).
+fn cases(cases: u32) -> ProptestConfig {
+    let config = ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_some() {
+        config
+    } else {
+        ProptestConfig { cases, ..config }
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2048))]
+    #![proptest_config(cases(2048))]
 
     /// Any well-formed millisecond count is taken as is (leading zeros included) and only
     /// ever clamped to `max_budget`, never refused or wrapped.

@@ -1,8 +1,12 @@
-//! Canary keys: provider keys (from a file and from the environment) and client keys are
-//! pushed through every path a request can take, with every log line captured at TRACE, and
-//! then looked for everywhere a secret could leak: logs, answers (heads, bodies, error
-//! events), `/metrics`, the config's debug output, `hourglass check`, and what the upstream
-//! received.
+//! Canary keys: provider keys (from a file and from the environment), client keys (from a
+//! file and from the environment) and keys in a query string (`?key=`, as Gemini takes one)
+//! are pushed through every path a request can take, with every log line captured at TRACE,
+//! and then looked for everywhere a secret could leak: logs in every `--log-format`,
+//! answers (heads, bodies, error events), `/metrics`, the config's debug output,
+//! `hourglass check`, and what the upstream received.
+//!
+//! Keys from the environment are given to a gateway process of its own: `set_var` in this
+//! one would race the other test's threads reading theirs.
 
 mod support;
 
@@ -22,13 +26,16 @@ const PROVIDER_ENV_KEY: &str = "sk-canary-ENVKEY-2d8e4b6a0c";
 const CLIENT_KEY: &str = "hg-canary-CLIENTKEY-91b7e3f5";
 const CLIENT_FILE_KEY: &str = "hg-canary-CLIENTFILE-c4a2d8e6";
 const WRONG_KEY: &str = "hg-canary-WRONGKEY-5e1f9a3b7d";
+/// A key in the query string: forwarded (it is the provider's), never logged.
+const QUERY_KEY: &str = "AIza-canary-QUERYKEY-3c5e7a9b1d";
 /// The distinctive middle of every canary: none of these may appear anywhere but upstream.
-const MARKERS: [&str; 5] = [
+const MARKERS: [&str; 6] = [
     "FILEKEY-7f3a",
     "ENVKEY-2d8e",
     "CLIENTKEY-91b7",
     "CLIENTFILE-c4a2",
     "WRONGKEY-5e1f",
+    "QUERYKEY-3c5e",
 ];
 
 #[derive(Clone, Default)]
@@ -64,6 +71,44 @@ async fn seen(resp: http::Response<hyper::body::Incoming>) -> String {
     format!("{head}\n{}\n{:?}", read.text(), read.error)
 }
 
+/// Requests with `QUERY_KEY` in their query string: one served, one refused for its budget,
+/// one for its client key, one that finds no route, one the upstream fails (all but the
+/// no-route one on route `chat`).
+fn query_requests(bearer: &str) -> Vec<Request<Full<Bytes>>> {
+    let wrong = format!("Bearer {WRONG_KEY}");
+    let body = br#"{"model":"m","stream":true}"#;
+    [
+        ("/v1/chat/completions?key=Q", bearer, ("x-fake-chunks", "2")),
+        (
+            "/v1/chat/completions?api_key=Q&x=1",
+            bearer,
+            ("x-request-budget-ms", "abc"),
+        ),
+        (
+            "/v1/chat/completions?key=Q",
+            wrong.as_str(),
+            ("x-fake-chunks", "1"),
+        ),
+        ("/nowhere?key=Q", bearer, ("x-fake-chunks", "1")),
+        (
+            "/v1/chat/completions?alt=sse&key=Q",
+            bearer,
+            ("x-fake-status", "500"),
+        ),
+    ]
+    .into_iter()
+    .map(|(path, auth, (name, value))| {
+        Request::post(path.replace('Q', QUERY_KEY))
+            .header("host", "g")
+            .header("content-type", "application/json")
+            .header("authorization", auth)
+            .header(name, value)
+            .body(Full::new(Bytes::from_static(body)))
+            .unwrap()
+    })
+    .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn canary_keys_never_leak() {
     let logs = Captured::default();
@@ -82,15 +127,18 @@ async fn canary_keys_never_leak() {
     std::fs::write(&key_file, format!("{PROVIDER_FILE_KEY}\n")).unwrap();
     let client_file = dir.path().join("clients");
     std::fs::write(&client_file, format!("{CLIENT_FILE_KEY}\n")).unwrap();
-    std::env::set_var("HOURGLASS_CANARY_PROVIDER", PROVIDER_ENV_KEY);
-    std::env::set_var("HOURGLASS_CANARY_CLIENTS", CLIENT_KEY);
+    // The keys `environment_and_query_keys_never_reach_any_log_format` takes from the
+    // environment come from files here.
+    let provider2_file = dir.path().join("provider2.key");
+    std::fs::write(&provider2_file, PROVIDER_ENV_KEY).unwrap();
+    let chat_clients = dir.path().join("chat-clients");
+    std::fs::write(&chat_clients, CLIENT_KEY).unwrap();
 
     let second = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let closed_port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let (_refusing, closed) = refused_addr();
+    let closed_port = closed.port();
     let cfg = format!(
         r#"
 [server]
@@ -109,18 +157,18 @@ api_key_file = "{key_file}"
 
 [upstreams.second]
 url = "{second}"
-api_key_env = "HOURGLASS_CANARY_PROVIDER"
+api_key_file = "{provider2_file}"
 auth = "x-api-key"
 
 [upstreams.gone]
 url = "http://127.0.0.1:{closed_port}"
-api_key_env = "HOURGLASS_CANARY_PROVIDER"
+api_key_file = "{provider2_file}"
 
 [[routes]]
 name = "chat"
 path_prefix = "/v1/chat/completions"
 upstream = "fake"
-client_keys_env = "HOURGLASS_CANARY_CLIENTS"
+client_keys_file = "{chat_clients}"
 
 [[routes]]
 name = "messages"
@@ -132,10 +180,12 @@ client_keys_file = "{client_file}"
 name = "gone"
 path_prefix = "/gone"
 upstream = "gone"
-client_keys_env = "HOURGLASS_CANARY_CLIENTS"
+client_keys_file = "{chat_clients}"
 "#,
         key_file = key_file.display(),
         client_file = client_file.display(),
+        provider2_file = provider2_file.display(),
+        chat_clients = chat_clients.display(),
         second = second.url(),
     );
     let h = Harness::with_config(&cfg).await;
@@ -183,6 +233,13 @@ client_keys_env = "HOURGLASS_CANARY_CLIENTS"
         let (resp, _c) = h.send(req).await;
         answers.push_str(&seen(resp).await);
     }
+    // Keys in the query string, on every kind of ending: served, refused for its budget,
+    // refused for its client key, no route, an upstream error.
+    let queried = query_requests(&bearer).len();
+    for req in query_requests(&bearer) {
+        let (resp, _c) = h.send(req).await;
+        answers.push_str(&seen(resp).await);
+    }
     // HTTP/2 from the client (HPACK, h2's own tracing).
     let stream = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
     let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, Full<Bytes>>(
@@ -193,14 +250,18 @@ client_keys_env = "HOURGLASS_CANARY_CLIENTS"
     .unwrap();
     tokio::spawn(conn);
     for key in [CLIENT_KEY, WRONG_KEY] {
-        let req = Request::post(format!("http://{}/v1/chat/completions", h.addr()))
-            .header("authorization", format!("Bearer {key}"))
-            .body(Full::new(Bytes::from_static(br#"{"stream":true}"#)))
-            .unwrap();
+        let req = Request::post(format!(
+            "http://{}/v1/chat/completions?key={QUERY_KEY}",
+            h.addr()
+        ))
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from_static(br#"{"stream":true}"#)))
+        .unwrap();
         let resp = send.send_request(req).await.unwrap();
         answers.push_str(&seen(resp).await);
     }
-    h.wait_requests("chat", (cases.len() + 3) as f64).await;
+    h.wait_requests("chat", (cases.len() + 3 + queried - 1) as f64)
+        .await;
 
     // Upstreams got the provider keys (so the canaries were really in use), never a
     // client's key.
@@ -215,6 +276,8 @@ client_keys_env = "HOURGLASS_CANARY_CLIENTS"
         .iter()
         .any(|r| r.contains(&format!("Bearer {PROVIDER_FILE_KEY}"))));
     assert!(upstream_seen.iter().any(|r| r.contains(PROVIDER_ENV_KEY)));
+    // The query's key is the provider's to read: forwarded with the path.
+    assert!(h.fake.requests().iter().any(|r| r.path.contains(QUERY_KEY)));
     for r in &upstream_seen {
         for m in ["CLIENTKEY-91b7", "CLIENTFILE-c4a2", "WRONGKEY-5e1f"] {
             assert!(!r.contains(m), "a client key reached the upstream: {r}");
@@ -252,7 +315,7 @@ client_keys_env = "HOURGLASS_CANARY_CLIENTS"
     let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     let request_lines = logs.matches("\"target\":\"hourglass::request\"").count();
     assert!(
-        request_lines >= cases.len() + 6,
+        request_lines >= cases.len() + 6 + queried,
         "every request logged ({request_lines} lines):\n{logs}"
     );
     assert_clean("logs", &logs);
@@ -290,4 +353,98 @@ fn check_warns_about_an_inlined_key_without_repeating_it() {
     );
     assert_clean("hourglass check", &format!("{stdout}{stderr}"));
     dir.close().unwrap();
+}
+
+/// The binary itself, in each `--log-format`, at TRACE: keys from its environment (the
+/// provider's and the clients'), client keys in headers and keys in query strings never
+/// reach stdout or stderr, while every request is logged (by its path alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn environment_and_query_keys_never_reach_any_log_format() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let cfg = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+idle_timeout = "2s"
+
+[upstreams.fake]
+url = "{}"
+api_key_env = "HOURGLASS_CANARY_PROVIDER"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+client_keys_env = "HOURGLASS_CANARY_CLIENTS"
+"#,
+        fake.url()
+    );
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    // Every format is run before any leak is reported, so a leak names all it reaches.
+    let mut leaks = Vec::new();
+    for format in ["pretty", "json", "access"] {
+        let before = fake.requests().len();
+        let gw = Process::spawn(
+            &cfg,
+            &["--log-format", format],
+            &[
+                ("HOURGLASS_CANARY_PROVIDER", PROVIDER_ENV_KEY),
+                ("HOURGLASS_CANARY_CLIENTS", CLIENT_KEY),
+                ("RUST_LOG", "trace"),
+            ],
+        )
+        .await;
+        let mut statuses = Vec::new();
+        for req in query_requests(&bearer) {
+            let (resp, _c) = Conn::open(gw.addr).await.send(req).await;
+            statuses.push(resp.status().as_u16());
+            assert_clean("an answer", &seen(resp).await);
+        }
+        assert_eq!(statuses, [200, 400, 401, 404, 500], "{format}");
+        let (stdout, stderr) = gw.stop().await;
+        let all = format!("{stdout}\n{stderr}");
+        for m in MARKERS {
+            for line in all.lines().filter(|l| l.contains(m)) {
+                leaks.push(format!("--log-format {format} leaks {m}: {line}"));
+            }
+        }
+        // The requests were logged, with their paths.
+        let request_lines: Vec<&str> = match format {
+            "json" => stdout
+                .lines()
+                .filter(|l| l.contains("\"target\":\"hourglass::request\""))
+                .collect(),
+            "access" => stdout
+                .lines()
+                .filter(|l| l.contains(" request_id="))
+                .collect(),
+            _ => all
+                .lines()
+                .filter(|l| l.contains("hourglass::request"))
+                .collect(),
+        };
+        assert_eq!(request_lines.len(), 5, "--log-format {format}:\n{all}");
+        assert!(
+            request_lines
+                .iter()
+                .filter(|l| l.contains("/v1/chat/completions"))
+                .count()
+                == 4
+                && request_lines.iter().any(|l| l.contains("/nowhere")),
+            "--log-format {format}:\n{}",
+            request_lines.join("\n")
+        );
+        // The provider got its keys (so they were in use): the environment's, and the query.
+        let got = &fake.requests()[before..];
+        assert!(got
+            .iter()
+            .all(|r| r.headers["authorization"] == format!("Bearer {PROVIDER_ENV_KEY}").as_str()));
+        assert!(got.iter().any(|r| r.path.contains(QUERY_KEY)), "{format}");
+    }
+    assert!(leaks.is_empty(), "{}", leaks.join("\n"));
 }

@@ -3,11 +3,15 @@
 //! probe is read as a second request), and nothing reaches the upstream (its fake records no
 //! request and no connection).
 //!
-//! Three forms are accepted on purpose, each read the one way the RFC allows, and pinned
-//! down below: Content-Length next to chunked Transfer-Encoding (the coding wins, the length
-//! is dropped, and the connection is closed after the answer, so nothing after the chunked
-//! body is ever read), equal duplicate Content-Lengths (one length), and bare LF line ends
-//! (RFC 9112 2.2; the head is re-serialised with CRLF when forwarded).
+//! Content-Length next to Transfer-Encoding is among the refused, in either order and
+//! whatever the length says (RFC 9112 6.3 would let the coding win; nginx and Envoy refuse
+//! it, and so does Hourglass), also as a later request on a keep-alive connection.
+//!
+//! Two forms are accepted on purpose, each read the one way the RFC allows, and pinned down
+//! below: equal duplicate Content-Lengths (one length), and bare LF line ends (RFC 9112 2.2;
+//! the head is re-serialised with CRLF when forwarded). Over HTTP/2, where no HTTP/1 parser
+//! stands in front, duplicate lengths are refused either way (see
+//! `http2_duplicate_content_lengths_are_never_forwarded`).
 
 mod support;
 
@@ -19,10 +23,9 @@ use tokio::net::TcpStream;
 
 const PATH: &str = "/v1/chat/completions";
 
-/// Sends `raw`, reads until the gateway closes the connection, and returns the status line
-/// of every answer (the first one's, or how the connection ended without one, when only
-/// one came).
-async fn probe(h: &Harness, raw: &[u8]) -> String {
+/// Sends `raw` and reads until the gateway closes the connection: everything it answered,
+/// and whether it closed within 3 s.
+async fn exchange(h: &Harness, raw: &[u8]) -> (String, bool) {
     let mut s = TcpStream::connect(h.addr()).await.unwrap();
     s.write_all(raw).await.unwrap();
     let mut got = Vec::new();
@@ -36,13 +39,20 @@ async fn probe(h: &Harness, raw: &[u8]) -> String {
         }
     })
     .await;
-    let text = String::from_utf8_lossy(&got);
+    (String::from_utf8_lossy(&got).into_owned(), read.is_ok())
+}
+
+/// Sends `raw`, reads until the gateway closes the connection, and returns the status line
+/// of every answer (the first one's, or how the connection ended without one, when only
+/// one came).
+async fn probe(h: &Harness, raw: &[u8]) -> String {
+    let (text, closed) = exchange(h, raw).await;
     let statuses: Vec<&str> = text.lines().filter(|l| l.starts_with("HTTP/1.")).collect();
     let mut out = match statuses.as_slice() {
         [] => "closed without an answer".to_owned(),
         many => many.join(" + "),
     };
-    if read.is_err() {
+    if !closed {
         out.push_str(" (connection left open)");
     }
     out
@@ -61,6 +71,7 @@ const SMUGGLED: &str = "GET /v1/smuggled HTTP/1.1\r\nhost: gateway\r\n\r\n";
 fn refused() -> Vec<(&'static str, Vec<u8>)> {
     let body = "{\"stream\":true}";
     let n = body.len();
+    let chunked = format!("{n:x}\r\n{body}\r\n0\r\n\r\n");
     vec![
         (
             "two different content-lengths",
@@ -199,6 +210,25 @@ fn refused() -> Vec<(&'static str, Vec<u8>)> {
                 .into_bytes(),
         ),
         (
+            "content-length then transfer-encoding",
+            head(&format!(
+                "content-length: {}\r\ntransfer-encoding: chunked\r\n\r\n{chunked}{SMUGGLED}",
+                chunked.len()
+            )),
+        ),
+        (
+            "transfer-encoding then a short content-length",
+            head(&format!(
+                "transfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n{chunked}{SMUGGLED}"
+            )),
+        ),
+        (
+            "transfer-encoding then a content-length hyper does not parse",
+            head(&format!(
+                "Transfer-Encoding: chunked\r\nContent-Length: 3, 3\r\n\r\n{chunked}{SMUGGLED}"
+            )),
+        ),
+        (
             "unknown HTTP version",
             format!("POST {PATH} HTTP/1.7\r\nhost: gateway\r\ncontent-length: {n}\r\n\r\n{body}")
                 .into_bytes(),
@@ -230,36 +260,64 @@ async fn smuggling_probes_get_400_and_are_never_forwarded() {
     assert!(h.fake.connections().is_empty(), "{report}");
 }
 
-/// Content-Length next to Transfer-Encoding: hyper lets the coding win and drops the length
-/// (RFC 9112 6.1), then closes the connection after its answer (6.3), so whatever a parser
-/// that trusted the length would read next is never read at all.
+/// Content-Length next to Transfer-Encoding, as the second request of a keep-alive
+/// connection (the gateway must tell which of its requests had both): the first is served,
+/// the second refused with a message naming both headers, before anything of it is
+/// forwarded, and the connection closed, so neither its chunked body nor what a parser
+/// trusting the length would read next is ever read as a request.
 #[tokio::test]
-async fn content_length_with_chunked_is_read_as_chunked_and_nothing_after_it_is_read() {
+async fn content_length_with_transfer_encoding_is_refused_and_names_both() {
     let h = Harness::start().await;
     let body = "{\"stream\":true}";
+    let first = head(&format!("content-length: {}\r\n\r\n{body}", body.len()));
     let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
-    for (name, raw) in [
+    for (name, lines) in [
         (
             "content-length then transfer-encoding",
-            head(&format!(
-                "content-length: {}\r\ntransfer-encoding: chunked\r\n\r\n{chunked}{SMUGGLED}",
+            format!(
+                "content-length: {}\r\ntransfer-encoding: chunked\r\n",
                 chunked.len()
-            )),
+            ),
         ),
         (
-            "transfer-encoding then a short content-length",
-            head(&format!(
-                "transfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n{chunked}{SMUGGLED}"
-            )),
+            "transfer-encoding then content-length",
+            "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n".to_owned(),
         ),
     ] {
         let before = h.fake.requests().len();
-        assert_eq!(probe(&h, &raw).await, "HTTP/1.1 200 OK", "{name}");
+        let raw = [
+            first.clone(),
+            head(&format!("{lines}\r\n{chunked}{SMUGGLED}")),
+        ]
+        .concat();
+        let (text, closed) = exchange(&h, &raw).await;
+        assert!(closed, "{name}: connection left open\n{text}");
+        let statuses: Vec<&str> = text.lines().filter(|l| l.starts_with("HTTP/1.")).collect();
+        assert_eq!(
+            statuses,
+            ["HTTP/1.1 200 OK", "HTTP/1.1 400 Bad Request"],
+            "{name}\n{text}"
+        );
+        let refusal = &text[text.find("HTTP/1.1 400").unwrap()..];
+        let (refusal_head, refusal_body) = refusal.split_once("\r\n\r\n").unwrap();
+        assert!(
+            refusal_head
+                .to_ascii_lowercase()
+                .contains("\r\nconnection: close"),
+            "{name}: {refusal_head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(refusal_body).unwrap();
+        assert_eq!(v["error"]["code"], "invalid_request", "{name}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{name}");
+        assert_eq!(
+            v["error"]["message"],
+            "ambiguous request framing: both Content-Length and Transfer-Encoding are present",
+            "{name}"
+        );
+        // Only the first request reached the upstream.
         let requests = h.fake.requests();
         assert_eq!(requests.len(), before + 1, "{name}");
-        let r = &requests[before];
-        assert_eq!(&r.body[..], body.as_bytes(), "{name}");
-        assert!(r.headers.get("transfer-encoding").is_none(), "{name}");
+        assert_eq!(&requests[before].body[..], body.as_bytes(), "{name}");
     }
     assert!(h
         .fake
@@ -281,6 +339,68 @@ async fn equal_content_lengths_are_one() {
     let requests = h.fake.requests();
     assert_eq!(requests.len(), 1);
     assert_eq!(&requests[0].body[..], body.as_bytes());
+}
+
+/// One HTTP/2 request (h2c, prior knowledge) with the given `content-length` values; the
+/// answer's status and error message (the body, for a 200), or how the stream ended without
+/// one.
+async fn h2_with_lengths(h: &Harness, lengths: &[&str]) -> Result<(u16, String), String> {
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut req = chat_request(&[], true);
+    *req.uri_mut() = format!("http://gateway{PATH}").parse().unwrap();
+    req.headers_mut().remove("host");
+    for v in lengths {
+        req.headers_mut()
+            .append("content-length", v.parse().unwrap());
+    }
+    let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
+        .await
+        .expect("an answer or a reset within 5 s")
+        .map_err(|e| format!("{e:?}"))?;
+    let status = resp.status().as_u16();
+    if status == 200 {
+        return Ok((status, read_body(resp.into_body()).await.text()));
+    }
+    let v = json_body(resp).await;
+    Ok((
+        status,
+        v["error"]["message"].as_str().unwrap_or("").to_owned(),
+    ))
+}
+
+/// HTTP/2 carries lengths as plain header fields, so hyper's HTTP/1 parser is not there to
+/// refuse or merge duplicates: h2 itself resets a stream whose lengths differ (RFC 9113
+/// 8.1.1, PROTOCOL_ERROR) before the gateway sees it, and equal duplicates, which h2 and
+/// hyper pass through as two fields, are refused by `check_framing` with a 400. Neither is
+/// forwarded.
+#[tokio::test]
+async fn http2_duplicate_content_lengths_are_never_forwarded() {
+    let h = Harness::start().await;
+    let n = hyper::body::Body::size_hint(chat_request(&[], true).body())
+        .exact()
+        .unwrap();
+    let (n, other) = (n.to_string(), (n + 1).to_string());
+    let reset = h2_with_lengths(&h, &[&n, &other]).await;
+    let err = reset.expect_err("different lengths are a stream error");
+    assert!(err.contains("PROTOCOL_ERROR"), "{err}");
+    let (status, message) = h2_with_lengths(&h, &[&n, &n]).await.unwrap();
+    assert_eq!(status, 400, "{message}");
+    assert!(
+        message.contains("more than one Content-Length"),
+        "{message}"
+    );
+    assert!(h.fake.requests().is_empty());
+    assert!(h.fake.connections().is_empty());
+    // The same request with one length is served, so the refusals were about the lengths.
+    assert_eq!(h2_with_lengths(&h, &[&n]).await.unwrap().0, 200);
+    assert_eq!(h.fake.requests().len(), 1);
 }
 
 #[tokio::test]

@@ -21,9 +21,11 @@ use tokio::time::Instant;
 const CLIENT_KEY: &str = "soak-client-key-0123456789";
 
 /// Routes, chosen by the body's model: `limited` (`max_in_flight = 2`), `keyed` (client
-/// keys), and `chat` for the rest (the base limits, idle 500 ms, first token 1 s).
-fn config() -> String {
-    std::env::set_var("HOURGLASS_SOAK_KEYS", CLIENT_KEY);
+/// keys, from a file in `dir`), and `chat` for the rest (the base limits, idle 500 ms, first
+/// token 1 s).
+fn config(dir: &std::path::Path) -> String {
+    let keys = dir.join("keys");
+    std::fs::write(&keys, CLIENT_KEY).unwrap();
     BASE.replace("first_token_timeout = \"2s\"", "first_token_timeout = \"1s\"")
         .replace("idle_timeout = \"1s\"", "idle_timeout = \"500ms\"")
         .replace(
@@ -31,9 +33,10 @@ fn config() -> String {
             "[[routes]]\nname = \"limited\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n\
              models = [\"limited\"]\nmax_in_flight = 2\n\n\
              [[routes]]\nname = \"keyed\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n\
-             models = [\"keyed\"]\nclient_keys_env = \"HOURGLASS_SOAK_KEYS\"\n\n\
+             models = [\"keyed\"]\nclient_keys_file = \"{KEYS_FILE}\"\n\n\
              [[routes]]\nname = \"chat\"",
         )
+        .replace("{KEYS_FILE}", &keys.display().to_string())
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -175,7 +178,11 @@ async fn soak_reconciles_every_request_and_cancellation() {
         None if std::env::var_os("HOURGLASS_SOAK").is_some() => 120,
         None => 10,
     };
-    let h = Arc::new(Harness::with_config(&config()).await);
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-soak-")
+        .tempdir()
+        .unwrap();
+    let h = Arc::new(Harness::with_config(&config(dir.path())).await);
     let seen: Arc<Mutex<Tally>> = Arc::default();
     let end = Instant::now() + Duration::from_secs(secs);
     let mut workers = tokio::task::JoinSet::new();

@@ -9,7 +9,6 @@ use std::time::Duration;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::time::Instant;
 
 /// An upstream that answers one request with the given chunks (HTTP/1.1 chunked), each after
 /// its delay. Written by hand so the test controls the exact bytes and frame boundaries.
@@ -30,24 +29,8 @@ async fn scripted_upstream_with(
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         s.set_nodelay(true).unwrap();
-        let mut req = Vec::new();
+        let _ = seen.send(read_request(&mut s).await);
         let mut buf = [0u8; 4096];
-        // Read the head and the (small, content-length) body.
-        loop {
-            let n = s.read(&mut buf).await.unwrap();
-            req.extend_from_slice(&buf[..n]);
-            if let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&req[..end]).to_lowercase();
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .map_or(0, |v| v.trim().parse().unwrap());
-                if req.len() >= end + 4 + len {
-                    let _ = seen.send(String::from_utf8_lossy(&req).to_lowercase());
-                    break;
-                }
-            }
-        }
         // `extra` may name its own content type.
         let kind = if extra.contains("content-type:") {
             ""
@@ -69,6 +52,72 @@ async fn scripted_upstream_with(
         let _ = s.read(&mut buf).await;
     });
     (addr, seen_rx)
+}
+
+/// Reads one request's head and (small, content-length) body; returns them lowercased.
+async fn read_request(s: &mut tokio::net::TcpStream) -> String {
+    let mut req = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the request ended early");
+        req.extend_from_slice(&buf[..n]);
+        if let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&req[..end]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if req.len() >= end + 4 + len {
+                return String::from_utf8_lossy(&req).to_lowercase();
+            }
+        }
+    }
+}
+
+/// An SSE upstream that writes each chunk the test sends, as one HTTP/1.1 chunk, the moment
+/// it is sent; dropping the sender ends the body. For order assertions that hold on a busy
+/// machine: "the client has the first event before the second is even written".
+async fn stepped_upstream() -> (SocketAddr, tokio::sync::mpsc::UnboundedSender<Vec<u8>>) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        s.set_nodelay(true).unwrap();
+        read_request(&mut s).await;
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        s.write_all(head.as_bytes()).await.unwrap();
+        while let Some(chunk) = rx.recv().await {
+            let mut frame = format!("{:x}\r\n", chunk.len()).into_bytes();
+            frame.extend_from_slice(&chunk);
+            frame.extend_from_slice(b"\r\n");
+            if s.write_all(&frame).await.is_err() {
+                return;
+            }
+        }
+        let _ = s.write_all(b"0\r\n\r\n").await;
+        let mut buf = [0u8; 64];
+        let _ = s.read(&mut buf).await;
+    });
+    (addr, tx)
+}
+
+/// The next `n` bytes of `body`, however many frames carry them; fails after 10 s.
+async fn next_bytes(body: &mut hyper::body::Incoming, n: usize) -> Vec<u8> {
+    use http_body_util::BodyExt;
+    let mut got = Vec::new();
+    while got.len() < n {
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .unwrap_or_else(|_| panic!("only {:?} after 10 s", String::from_utf8_lossy(&got)))
+            .expect("more frames")
+            .expect("a frame");
+        if let Ok(d) = frame.into_data() {
+            got.extend_from_slice(&d);
+        }
+    }
+    got
 }
 
 /// A small deterministic generator, so a failure reproduces.
@@ -143,59 +192,50 @@ async fn long_random_stream_passes_byte_exact() {
     assert!(read.bytes == stream, "bytes differ");
 }
 
+/// No event waits for the next: each reaches the client before the upstream even writes
+/// the next one (order, not a stopwatch, so a busy machine cannot blur it), as a frame of
+/// its own.
 #[tokio::test]
 async fn events_that_arrive_apart_leave_apart() {
-    let gap = Duration::from_millis(30);
-    let chunks: Vec<_> = (0..10)
-        .map(|i| (gap, format!("data: {{\"n\":{i}}}\n\n").into_bytes()))
-        .collect();
-    let up = scripted_upstream(chunks).await;
+    let (up, tx) = stepped_upstream().await;
     let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
     let (resp, _c) = h.chat(&[]).await;
-    let read = read_body(resp.into_body()).await;
-    assert_eq!(
-        read.frames.len(),
-        10,
-        "one frame per event: {:?}",
-        read.frames
-    );
-    for w in read.frames.windows(2) {
-        let apart = w[1].0 - w[0].0;
-        assert!(apart >= Duration::from_millis(15), "frames {apart:?} apart");
+    let mut body = resp.into_body();
+    for i in 0..10 {
+        let event = format!("data: {{\"n\":{i}}}\n\n").into_bytes();
+        tx.send(event.clone()).unwrap();
+        assert_eq!(next_bytes(&mut body, event.len()).await, event, "event {i}");
     }
-    let _ = Instant::now();
+    drop(tx);
+    let read = read_body(body).await;
+    assert!(
+        read.bytes.is_empty() && read.error.is_none(),
+        "{}",
+        read.text()
+    );
 }
 
+/// Nothing of an event reaches the client before its blank line was written upstream, and
+/// then all of it does, before the next event is written.
 #[tokio::test]
 async fn an_event_split_across_frames_is_held_until_complete() {
-    let gap = Duration::from_millis(60);
-    let chunks = vec![
-        (Duration::ZERO, b"data: {\"a\":".to_vec()),
-        (gap, b"1}\n".to_vec()),
-        (gap, b"\n".to_vec()),
-        (gap, b"data: x\n\n".to_vec()),
-    ];
-    let up = scripted_upstream(chunks).await;
+    use http_body_util::BodyExt;
+    let (up, tx) = stepped_upstream().await;
     let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
     let (resp, _c) = h.chat(&[]).await;
-    let head_at = Instant::now();
-    let read = read_body(resp.into_body()).await;
-    assert_eq!(read.text(), "data: {\"a\":1}\n\ndata: x\n\n");
-    // Nothing of the first event reaches the client before its blank line was sent (~120 ms),
-    // and then all of it does, before the second event (~180 ms).
-    let (first_at, _) = read.frames[0];
-    assert!(
-        first_at - head_at >= Duration::from_millis(100),
-        "{:?}",
-        first_at - head_at
-    );
-    let before_second: Vec<u8> = read
-        .frames
-        .iter()
-        .filter(|(t, _)| *t - first_at < Duration::from_millis(30))
-        .flat_map(|(_, f)| f.to_vec())
-        .collect();
-    assert_eq!(before_second, b"data: {\"a\":1}\n\n");
+    let mut body = resp.into_body();
+    tx.send(b"data: {\"a\":".to_vec()).unwrap();
+    tx.send(b"1}\n".to_vec()).unwrap();
+    // Held: 300 ms and not a byte (a gateway that forwarded it would have long since).
+    let early = tokio::time::timeout(Duration::from_millis(300), body.frame()).await;
+    assert!(early.is_err(), "part of an event went out: {early:?}");
+    tx.send(b"\n".to_vec()).unwrap();
+    let first = b"data: {\"a\":1}\n\n";
+    assert_eq!(next_bytes(&mut body, first.len()).await, first);
+    tx.send(b"data: x\n\n".to_vec()).unwrap();
+    assert_eq!(next_bytes(&mut body, 9).await, b"data: x\n\n");
+    drop(tx);
+    assert!(read_body(body).await.bytes.is_empty());
 }
 
 #[tokio::test]
@@ -501,7 +541,7 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
     assert_eq!(body, b"{\"n\":1}\n");
 
     // Longer than the gateway reads ahead: it goes out as it comes, every byte of it.
-    let big = vec![b'x'; hourglass::proxy::LENGTH_CAP / 4];
+    let big = vec![b'x'; hourglass::gateway::LENGTH_CAP / 4];
     let (_h, status, head, body) = http10_through(
         JSON,
         (0..6).map(|_| (Duration::ZERO, big.clone())).collect(),

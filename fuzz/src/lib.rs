@@ -10,7 +10,7 @@ use hourglass::budget::{
     STAINLESS_TIMEOUT,
 };
 use hourglass::config::{Config, Limits};
-use hourglass::sse::SseScanner;
+use hourglass::http::sse::SseScanner;
 use http::{HeaderMap, HeaderValue};
 use tokio::time::Instant;
 
@@ -87,7 +87,7 @@ fn scan_in_pieces(stream: &[u8], cuts: &[usize]) -> Summary {
     let mut start = 0;
     // A blank line's CRLF cut between CR and LF is reported after the CR (the block is
     // complete; waiting for the LF would stall CR-only streams): it is the same boundary as
-    // the one after the LF.
+    // the one after the LF. The error event's end is exact (it waits for the next byte).
     let at = |offset: usize| {
         if stream[..offset].ends_with(b"\r") && stream.get(offset) == Some(&b'\n') {
             offset + 1
@@ -103,10 +103,14 @@ fn scan_in_pieces(stream: &[u8], cuts: &[usize]) -> Summary {
             out.last_boundary = Some(out.last_boundary.unwrap_or(0).max(at(start + b)));
         }
         if let Some(e) = s.error_end {
-            out.error_end = Some(at(start + e));
+            out.error_end = Some(start + e);
             break;
         }
         start = end;
+    }
+    if sc.error_pending() {
+        // The body ended right after the CR that ended the error event.
+        out.error_end = Some(stream.len());
     }
     out.in_block = out.error_end.is_none() && sc.in_block();
     out

@@ -56,6 +56,12 @@ function errorCode(err) {
   return e?.error?.code ?? e?.code ?? null;
 }
 
+// The message of that error object: what a client that drops the code (LiteLLM) shows.
+function errorMessage(err) {
+  const e = err?.error;
+  return e?.error?.message ?? e?.message ?? null;
+}
+
 function describe(err) {
   return `${err?.constructor?.name}: ${err?.message} (status ${err?.status}, error ${JSON.stringify(err?.error)})`;
 }
@@ -129,6 +135,7 @@ function expectIdleError({ got, lastAt, err, failedAt }, ErrorClass) {
   expect(err instanceof ErrorClass, `unexpected ${describe(err)}`);
   expect(JSON.stringify(got) === JSON.stringify(TOKENS.slice(0, 2)), `tokens before the error ${JSON.stringify(got)}`);
   expect(errorCode(err) === "idle_timeout", `error code: ${describe(err)}`);
+  expect(String(errorMessage(err)).startsWith("idle timeout: "), `message names no limit: ${describe(err)}`);
   const gap = failedAt - lastAt;
   expect(gap >= 1.5 && gap <= 2.5, `error ${gap.toFixed(3)} s after the last token, expected 1.5-2.5 s`);
   return `${err.constructor.name} ${gap.toFixed(3)} s after token 2 (code ${errorCode(err)})`;
@@ -157,6 +164,38 @@ async function checkAnthropicIdleTimeout() {
     e.type === "content_block_delta" && e.delta.type === "text_delta" ? e.delta.text : null,
   );
   return expectIdleError(seen, Anthropic.APIError);
+}
+
+// The Responses API (what the OpenAI Agents SDK calls): typed response.* events, the text's
+// deltas tok1..tok5, response.completed with usage; not streamed, the SDK's output_text.
+async function checkOpenaiResponsesStreamAndPlain() {
+  const client = openai();
+  const headers = { "x-fake-chunks": "5" };
+  const stream = await client.responses.create({ model: "demo", input: "hi", stream: true }, { headers });
+  const types = [];
+  const got = [];
+  let completed = null;
+  for await (const event of stream) {
+    types.push(event.type);
+    if (event.type === "response.output_text.delta") got.push(event.delta);
+    if (event.type === "response.completed") completed = event.response;
+  }
+  expect(JSON.stringify(got) === JSON.stringify(TOKENS), `stream deltas ${JSON.stringify(got)}`);
+  expect(types[0] === "response.created" && types.at(-1) === "response.completed", `types ${types}`);
+  expect(completed?.usage?.output_tokens === 5, `usage ${JSON.stringify(completed?.usage)}`);
+  const plain = await client.responses.create({ model: "demo", input: "hi" }, { headers });
+  expect(plain.status === "completed" && plain.output_text === TOKENS.join(""), `plain ${JSON.stringify(plain)}`);
+  return `${types.length} events, ${got.length} deltas; plain output_text ${JSON.stringify(plain.output_text)}`;
+}
+
+async function checkOpenaiResponsesIdleTimeout() {
+  const client = openai();
+  const stream = await client.responses.create(
+    { model: "demo", input: "hi", stream: true },
+    { timeout: IMPATIENT_MS, headers: { "x-fake-chunks": "5", "x-fake-freeze-after": "2" } },
+  );
+  const seen = await readUntilError(stream, (e) => (e.type === "response.output_text.delta" ? e.delta : null));
+  return expectIdleError(seen, OpenAI.APIError);
 }
 
 async function checkFirstTokenTimeoutBeforeHead() {
@@ -252,12 +291,13 @@ async function checkMetrics() {
   const grown = (m) => ({
     chat: idle(m, "chat") - idle(START, "chat"),
     messages: idle(m, "messages") - idle(START, "messages"),
+    responses: idle(m, "responses") - idle(START, "responses"),
     first: first(m) - first(START),
   });
   const s = await settledMetrics((m) => Object.values(grown(m)).every((n) => n >= 1));
   const g = grown(s);
-  const summary = `since the start: idle chat +${g.chat}, idle messages +${g.messages}, first_token chat +${g.first}`;
-  expect(g.chat === 1 && g.messages === 1, `idle cancellations: ${summary}`);
+  const summary = `since the start: idle chat +${g.chat}, idle messages +${g.messages}, idle responses +${g.responses}, first_token chat +${g.first}`;
+  expect(g.chat === 1 && g.messages === 1 && g.responses === 1, `idle cancellations: ${summary}`);
   expect(g.first === 1, `first_token cancellations: ${summary}`);
   return summary;
 }
@@ -267,6 +307,8 @@ const CHECKS = [
   checkAnthropicStreamAndPlain,
   checkOpenaiIdleTimeout,
   checkAnthropicIdleTimeout,
+  checkOpenaiResponsesStreamAndPlain,
+  checkOpenaiResponsesIdleTimeout,
   checkFirstTokenTimeoutBeforeHead,
   checkInvalidBudgetHeader,
   checkBreakCancelsUpstream,

@@ -18,6 +18,8 @@ VENV="${HOURGLASS_SDK_VENV:-target/sdk-venv}"
 # version is a deliberate update here, not a surprise in CI.
 OPENAI_REQ='openai>=3,<4'
 ANTHROPIC_REQ='anthropic>=2,<3'
+# The agent framework of agent_test.py, on the same openai major.
+AGENTS_REQ='openai-agents>=0.24,<0.25'
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/hourglass-sdk.XXXXXX")"
 FAKE_PID=""
@@ -74,6 +76,7 @@ have_sdks() {
 from importlib.metadata import version
 assert version("openai").split(".")[0] == "3"
 assert version("anthropic").split(".")[0] == "2"
+assert version("openai-agents").startswith("0.24")
 EOF
 }
 if ! have_sdks; then
@@ -81,8 +84,8 @@ if ! have_sdks; then
         log "creating venv $VENV"
         python3 -m venv "$VENV"
     fi
-    log "installing $OPENAI_REQ $ANTHROPIC_REQ"
-    "$PY" -m pip install --quiet --disable-pip-version-check "$OPENAI_REQ" "$ANTHROPIC_REQ"
+    log "installing $OPENAI_REQ $ANTHROPIC_REQ $AGENTS_REQ"
+    "$PY" -m pip install --quiet --disable-pip-version-check "$OPENAI_REQ" "$ANTHROPIC_REQ" "$AGENTS_REQ"
     have_sdks || { log "the SDKs are not installed after pip install"; exit 1; }
 fi
 
@@ -142,6 +145,33 @@ upstream = "fake"
 [[routes]]
 name = "messages"
 path_prefix = "/v1/messages"
+upstream = "fake"
+
+# The agent runs of agent_test.py, each on its own limits.
+[[routes]]
+name = "agent-loop"
+path_prefix = "/v1/responses"
+models = ["agent-loop"]
+upstream = "fake"
+run_max_repeats = 3
+
+[[routes]]
+name = "agent-calls"
+path_prefix = "/v1/responses"
+models = ["agent-calls"]
+upstream = "fake"
+run_max_calls = 2
+
+[[routes]]
+name = "agent-deadline"
+path_prefix = "/v1/responses"
+models = ["agent-deadline"]
+upstream = "fake"
+run_budget = "2s"
+
+[[routes]]
+name = "responses"
+path_prefix = "/v1/responses"
 upstream = "fake"
 EOF
 "$BIN" check --config "$CONFIG" >"$WORK/check.log" 2>&1 || {
@@ -212,6 +242,16 @@ HOURGLASS_SDK_RESULT="$RESULT" \
 NODE_RC=$?
 set -e
 tally node_test.mjs "$NODE_RC"
+
+# A real agent framework running its own tool loop through the gateway.
+set +e
+HOURGLASS_SDK_BASE_URL="http://127.0.0.1:$GW_PORT" \
+HOURGLASS_SDK_GATEWAY_LOG="$WORK/gateway.log" \
+HOURGLASS_SDK_RESULT="$RESULT" \
+    timeout --kill-after=5 100 "$PY" -u tests/sdk/agent_test.py
+AGENT_RC=$?
+set -e
+tally agent_test.py "$AGENT_RC"
 if [ "$FAILED" -ne 0 ]; then
     show_logs
 fi

@@ -2,6 +2,8 @@
 //! chosen by the OS, and a raw HTTP/1.1 client whose connection a test can drop at will.
 #![allow(dead_code)]
 
+pub mod redis;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -16,6 +18,12 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+/// How soon an effect must follow its cause on loopback sockets ("the upstream connection
+/// closed after the client left"), however loaded the machine. Tests that use it keep every
+/// other cause of the same effect (limits, scripted delays) at 10 s or more, so passing
+/// within it still proves the cause: the bound only has to beat those, not the scheduler.
+pub const PROMPTLY: Duration = Duration::from_secs(2);
 
 pub struct Harness {
     pub fake: FakeUpstream,
@@ -241,6 +249,16 @@ pub async fn read_body(body: Incoming) -> Read {
     read
 }
 
+/// Asserts that an error object's `message` starts with `start`: the limit that fired, named
+/// in words (DESIGN 6), for clients that show the message and drop the code.
+pub fn assert_message_starts(error: &serde_json::Value, start: &str) {
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(start),
+        "message {message:?} does not start with {start:?} (error {error})"
+    );
+}
+
 pub async fn json_body(resp: Response<Incoming>) -> serde_json::Value {
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     serde_json::from_slice(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body:?}"))
@@ -267,8 +285,155 @@ pub async fn upstream_close_delay(fake: &FakeUpstream, since: Instant) -> Durati
         "expected one upstream connection: {conns:?}"
     );
     let closed = fake
-        .wait_closed(conns[0].id, Duration::from_secs(3))
+        .wait_closed(conns[0].id, Duration::from_secs(5))
         .await
         .expect("the upstream connection was closed");
     closed.saturating_duration_since(since)
+}
+
+/// The `hourglass` binary serving a config of its own, in a process of its own: for what
+/// only the process can show (its log formats, its stdout and stderr) and for what comes
+/// from its environment, which a test must never change in this process with
+/// `std::env::set_var` while other tests' gateways read theirs.
+pub struct Process {
+    child: tokio::process::Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    stdout: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    stderr: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    readers: Vec<JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Process {
+    /// Serves `toml` (its listeners on port 0) with the extra `args` and `env`; returns
+    /// once the process has said where it listens.
+    pub async fn spawn(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
+        let dir = tempfile::Builder::new()
+            .prefix("hourglass-process-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("hourglass.toml");
+        std::fs::write(&path, toml).unwrap();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"));
+        cmd.arg("--config")
+            .arg(&path)
+            .args(args)
+            .env_remove("HOURGLASS_CONFIG")
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("the binary runs");
+        let (stdout, stderr) = (Default::default(), Default::default());
+        let readers = vec![
+            collect_into(child.stdout.take().unwrap(), &stdout),
+            collect_into(child.stderr.take().unwrap(), &stderr),
+        ];
+        let mut p = Process {
+            child,
+            addr: ([0, 0, 0, 0], 0).into(),
+            admin: ([0, 0, 0, 0], 0).into(),
+            stdout,
+            stderr,
+            readers,
+            _dir: dir,
+        };
+        // Generous: the machine may be busy building or running other tests.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (out, err) = p.output();
+            let text = format!("{out}{err}");
+            if let Some(line) = text.lines().find(|l| l.contains("hourglass listening")) {
+                p.addr = field_addr(line, "addr");
+                p.admin = field_addr(line, "admin_addr");
+                return p;
+            }
+            if let Ok(Some(status)) = p.child.try_wait() {
+                panic!("hourglass exited ({status}) before listening:\n{text}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "hourglass never listened:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What the process wrote so far on stdout and stderr.
+    pub fn output(&self) -> (String, String) {
+        let text = |b: &std::sync::Mutex<Vec<u8>>| {
+            String::from_utf8_lossy(&b.lock().unwrap()).into_owned()
+        };
+        (text(&self.stdout), text(&self.stderr))
+    }
+
+    /// SIGTERM, then everything it wrote on stdout and stderr once it has exited.
+    pub async fn stop(mut self) -> (String, String) {
+        let pid = self.child.id().expect("still running").to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the process exits after SIGTERM")
+            .unwrap();
+        for r in std::mem::take(&mut self.readers) {
+            r.await.unwrap();
+        }
+        let (out, err) = self.output();
+        assert!(status.success(), "{status}\n{out}{err}");
+        (out, err)
+    }
+}
+
+fn collect_into(
+    mut from: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+    into: &std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+) -> JoinHandle<()> {
+    let into = into.clone();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = from.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            into.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
+    })
+}
+
+/// The address in field `name` of a log line, in any of the log formats: `name=ADDR` or
+/// `"name":"ADDR"`.
+fn field_addr(line: &str, name: &str) -> SocketAddr {
+    for pat in [format!(" {name}="), format!("\"{name}\":\"")] {
+        if let Some(at) = line.find(&pat) {
+            let rest = &line[at + pat.len()..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ':'))
+                .unwrap_or(rest.len());
+            return rest[..end]
+                .parse()
+                .unwrap_or_else(|e| panic!("{name} in {line:?}: {e}"));
+        }
+    }
+    panic!("no {name} in {line:?}")
+}
+
+/// An address whose connects are refused, held so that no other test's listener can take
+/// its port while the guard lives: a socket bound to it that never listens. (Binding a
+/// listener to port 0 and dropping it frees the port for the next `bind(0)` in any test
+/// running meanwhile.)
+pub fn refused_addr() -> (socket2::Socket, SocketAddr) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+        .unwrap();
+    let addr = socket.local_addr().unwrap().as_socket().unwrap();
+    (socket, addr)
 }

@@ -1,0 +1,644 @@
+//! Raw -> checked: the built-in defaults, and the checks that resolve the raw tree into a
+//! [`Config`] (inheritance, upstream names, relative paths) or say what is wrong with it.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::describe::hd;
+use super::raw::{RawApi, RawAuth, RawConfig, RawLimits, RawRoute, RawServer, RawUpstream};
+use super::runs::{build_run_limits, build_runs};
+use super::secrets::{inlined_secrets, shown};
+use super::{
+    AuthMode, ClientAuth, Config, ConfigError, Limits, Policy, RetryCause, RetryOn, Route,
+    ServerConfig, ServerTls, UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
+};
+use crate::provider::Api;
+
+const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    8080,
+));
+const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    9090,
+));
+const DEFAULT_MAX_REQUEST_BODY: u64 = 10 * 1024 * 1024;
+const DEFAULT_MAX_RESPONSE_BODY: u64 = 16 * 1024 * 1024;
+const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+const DEFAULT_LIMITS: Limits = Limits {
+    budget: Duration::from_secs(60),
+    max_budget: Duration::from_secs(600),
+    connect_timeout: Duration::from_secs(2),
+    first_token_timeout: Duration::from_secs(30),
+    idle_timeout: Duration::from_secs(20),
+    reserve: Duration::ZERO,
+    min_useful: Duration::from_millis(100),
+};
+
+pub(super) fn parse(
+    text: &str,
+    source: &str,
+    base_dir: Option<&Path>,
+) -> Result<Config, ConfigError> {
+    let raw: RawConfig = toml::from_str(text).map_err(|e| syntax_error(text, source, &e))?;
+    let mut config = build(raw, source, base_dir).map_err(|message| ConfigError::Invalid {
+        source_name: source.to_owned(),
+        message,
+    })?;
+    config.fingerprint = fingerprint(text);
+    config.inlined_secrets = inlined_secrets(text);
+    Ok(config)
+}
+
+/// FNV-1a of the text: stable across builds and platforms, unlike std's hasher.
+fn fingerprint(text: &str) -> String {
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("{hash:016x}")
+}
+
+fn syntax_error(text: &str, source: &str, err: &toml::de::Error) -> ConfigError {
+    // `message()` is already free of the snippet and caret that Display adds.
+    // Some parser messages span lines ("invalid array\nexpected `]`"); keep
+    // the Display to one line so it reads well in logs.
+    let message = err
+        .message()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(", ");
+    match err.span() {
+        Some(span) => {
+            let (line, col) = line_col(text, span.start);
+            ConfigError::Syntax {
+                source_name: source.to_owned(),
+                line,
+                col,
+                message,
+            }
+        }
+        // Without a span there is no honest location to print.
+        None => ConfigError::Invalid {
+            source_name: source.to_owned(),
+            message,
+        },
+    }
+}
+
+/// 1-based line and character column of byte `offset` in `text`.
+pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let col = before[line_start..].chars().count() + 1;
+    (line, col)
+}
+
+/// Resolves and checks the raw tree. Errors are the message part of
+/// [`ConfigError::Invalid`]; the first problem found wins, in file order:
+/// server, upstreams, defaults, routes.
+fn build(raw: RawConfig, source: &str, base_dir: Option<&Path>) -> Result<Config, String> {
+    let server = build_server(&raw.server, base_dir)?;
+    let runs = build_runs(&raw.runs)?;
+
+    if raw.upstreams.0.is_empty() {
+        return Err(
+            "no upstreams defined: at least one [upstreams.NAME] table is required".to_owned(),
+        );
+    }
+    let mut upstreams: Vec<Arc<UpstreamConfig>> = Vec::with_capacity(raw.upstreams.0.len());
+    for (name, up) in raw.upstreams.0 {
+        upstreams.push(Arc::new(build_upstream(name, up, base_dir)?));
+    }
+
+    let defaults = raw.defaults.resolve(&DEFAULT_LIMITS);
+    check_limits(&defaults).map_err(|e| format!("defaults: {}", e.message))?;
+
+    if raw.routes.is_empty() {
+        return Err("no routes defined: at least one [[routes]] entry is required".to_owned());
+    }
+    let mut routes: Vec<Route> = Vec::with_capacity(raw.routes.len());
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (index, r) in raw.routes.into_iter().enumerate() {
+        let route = build_route(index, r, &defaults, &raw.defaults, &upstreams, base_dir)?;
+        if let Some(first) = seen.insert(route.name.clone(), index) {
+            return Err(format!(
+                "routes[{index}]: name {:?} is already used by routes[{first}]; route names must be unique",
+                route.name
+            ));
+        }
+        routes.push(route);
+    }
+
+    Ok(Config {
+        server,
+        upstreams,
+        routes,
+        source: source.to_owned(),
+        fingerprint: String::new(),
+        inlined_secrets: Vec::new(),
+        runs,
+    })
+}
+
+fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig, String> {
+    let resolve = |p: &Path| match base_dir {
+        Some(dir) if p.is_relative() => dir.join(p),
+        _ => p.to_path_buf(),
+    };
+    let tls = match &raw.tls {
+        None => None,
+        Some(t) => {
+            let need = |v: &Option<PathBuf>, key: &str| match v {
+                Some(p) if !p.as_os_str().is_empty() => Ok(resolve(p)),
+                _ => Err(format!("server.tls: {key} is required (a PEM file)")),
+            };
+            Some(ServerTls {
+                cert: need(&t.cert, "cert")?,
+                key: need(&t.key, "key")?,
+                client_ca: t.client_ca.as_deref().map(resolve),
+            })
+        }
+    };
+    let server = ServerConfig {
+        max_header_bytes: raw.max_header_bytes.unwrap_or(64 * 1024),
+        max_headers: raw.max_headers.unwrap_or(100),
+        http2_max_concurrent_streams: raw.http2_max_concurrent_streams.unwrap_or(256),
+        tls,
+        listen: raw.listen.map_or(DEFAULT_LISTEN, |a| a.0),
+        admin_listen: raw.admin_listen.map_or(DEFAULT_ADMIN_LISTEN, |a| a.0),
+        max_request_body: raw.max_request_body.unwrap_or(DEFAULT_MAX_REQUEST_BODY),
+        max_response_body: raw.max_response_body.unwrap_or(DEFAULT_MAX_RESPONSE_BODY),
+        header_read_timeout: raw
+            .header_read_timeout
+            .map_or(DEFAULT_HEADER_READ_TIMEOUT, |d| d.0),
+        shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
+        send_timeout: raw.send_timeout.map_or(DEFAULT_SEND_TIMEOUT, |d| d.0),
+        max_connections: raw.max_connections,
+    };
+    if server.max_request_body == 0 {
+        return Err("server: max_request_body must be greater than 0".to_owned());
+    }
+    if server.max_response_body == 0 {
+        return Err("server: max_response_body must be greater than 0".to_owned());
+    }
+    if server.header_read_timeout.is_zero() {
+        return Err("server: header_read_timeout must be greater than 0".to_owned());
+    }
+    if server.send_timeout.is_zero() {
+        return Err("server: send_timeout must be greater than 0".to_owned());
+    }
+    // hyper needs room for at least one 8 KiB read.
+    if server.max_header_bytes < 8192 {
+        return Err(format!(
+            "server: max_header_bytes ({}) must be at least 8192",
+            server.max_header_bytes
+        ));
+    }
+    if server.max_headers == 0 || server.http2_max_concurrent_streams == 0 {
+        return Err(
+            "server: max_headers and http2_max_concurrent_streams must be greater than 0"
+                .to_owned(),
+        );
+    }
+    if server.max_connections == Some(0) {
+        return Err(
+            "server: max_connections must be greater than 0 (omit it for no limit)".to_owned(),
+        );
+    }
+    if let Some(n) = server.max_connections.filter(|&n| n > MAX_CONNECTIONS) {
+        return Err(format!(
+            "server: max_connections ({n}) must be at most {MAX_CONNECTIONS}"
+        ));
+    }
+    // hyper sizes a header array per request from this: a huge value is memory, not safety.
+    if server.max_headers > MAX_HEADERS {
+        return Err(format!(
+            "server: max_headers ({}) must be at most {MAX_HEADERS}",
+            server.max_headers
+        ));
+    }
+    // Both listeners would fail to bind at startup; say so now instead (port 0 picks two ports).
+    if server.listen == server.admin_listen && server.listen.port() != 0 {
+        return Err(format!(
+            "server: listen and admin_listen must differ (both are {})",
+            server.listen
+        ));
+    }
+    Ok(server)
+}
+
+fn build_upstream(
+    name: String,
+    raw: RawUpstream,
+    base_dir: Option<&Path>,
+) -> Result<UpstreamConfig, String> {
+    if name.is_empty() {
+        return Err("upstreams: an upstream name must not be empty".to_owned());
+    }
+    let label = format!("upstream {name:?}");
+    let url_text = raw.url.ok_or_else(|| format!("{label}: url is required"))?;
+    let url = check_url(&url_text).map_err(|why| format!("{label}: url {url_text:?} {why}"))?;
+
+    if let Some(var) = &raw.api_key_env {
+        check_env_name(var).map_err(|why| format!("{label}: api_key_env {why}"))?;
+    }
+    if raw.api_key_env.is_some() && raw.api_key_file.is_some() {
+        return Err(format!(
+            "{label}: api_key_env and api_key_file are both set; use one"
+        ));
+    }
+    let api_key_file = match raw.api_key_file {
+        Some(p) if p.as_os_str().is_empty() => {
+            return Err(format!("{label}: api_key_file must not be empty"));
+        }
+        other => other.map(|p| resolve_path(p, base_dir)),
+    };
+    let ca_file = match raw.ca_file {
+        Some(p) if p.as_os_str().is_empty() => {
+            return Err(format!("{label}: ca_file must not be empty"));
+        }
+        Some(p) if p.is_relative() => Some(match base_dir {
+            Some(dir) => dir.join(p),
+            None => p,
+        }),
+        other => other,
+    };
+    Ok(UpstreamConfig {
+        name,
+        url,
+        api_key_env: raw.api_key_env,
+        api_key_file,
+        auth: match raw.auth {
+            None | Some(RawAuth::Bearer) => AuthMode::Bearer,
+            Some(RawAuth::XApiKey) => AuthMode::XApiKey,
+            Some(RawAuth::None) => AuthMode::None,
+        },
+        ca_file,
+        propagate_budget: raw.propagate_budget.unwrap_or(true),
+        model: match raw.model {
+            Some(m) if m.is_empty() => return Err(format!("{label}: model must not be empty")),
+            other => other,
+        },
+        expected_first_token: match raw.expected_first_token {
+            Some(d) if d.0.is_zero() => {
+                return Err(format!(
+                    "{label}: expected_first_token must be greater than 0"
+                ))
+            }
+            other => other.map(|d| d.0),
+        },
+        api: match raw.api {
+            None | Some(RawApi::Auto) => Api::Auto,
+            Some(RawApi::OpenAi) => Api::OpenAi,
+            Some(RawApi::Anthropic) => Api::Anthropic,
+        },
+        include_usage: match (raw.include_usage, raw.api) {
+            (Some(true), Some(RawApi::Anthropic)) => {
+                return Err(format!(
+                    "{label}: include_usage asks OpenAI chat streams for their usage, but api is \"anthropic\" (Anthropic always reports it)"
+                ))
+            }
+            (v, _) => v.unwrap_or(false),
+        },
+        pool_idle_timeout: match raw.pool_idle_timeout {
+            Some(d) if d.0.is_zero() => {
+                return Err(format!("{label}: pool_idle_timeout must be greater than 0"))
+            }
+            other => other.map_or(DEFAULT_POOL_IDLE_TIMEOUT, |d| d.0),
+        },
+    })
+}
+
+/// Checks an environment variable name; the error completes the sentence
+/// `api_key_env …` (or `client_keys_env …`) and never echoes what looks like a key.
+fn check_env_name(var: &str) -> Result<(), String> {
+    // std::env lookups cannot represent these names; reject them here rather than have
+    // the key silently never found.
+    if var.is_empty() || var.contains(['=', '\0']) {
+        return Err(format!(
+            "{} is not a valid environment variable name",
+            shown(var)
+        ));
+    }
+    Ok(())
+}
+
+fn resolve_path(p: PathBuf, base_dir: Option<&Path>) -> PathBuf {
+    match base_dir {
+        Some(dir) if p.is_relative() => dir.join(p),
+        _ => p,
+    }
+}
+
+/// Parses and normalizes an upstream base URL; the error completes the
+/// sentence `url "…" …`.
+fn check_url(text: &str) -> Result<http::Uri, String> {
+    // http::Uri has no notion of fragments, so catch them before it does
+    // something surprising with the `#`.
+    if text.contains('#') {
+        return Err("must not have a fragment".to_owned());
+    }
+    let uri: http::Uri = text
+        .parse()
+        .map_err(|e| format!("is not a valid URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err("must use http or https".to_owned()),
+    }
+    let authority = match uri.authority() {
+        Some(a) if !a.host().is_empty() => a.clone(),
+        _ => return Err("must include a host".to_owned()),
+    };
+    // The proxy sends its own credentials from api_key_env; userinfo in the
+    // URL would otherwise be silently ignored.
+    if authority.as_str().contains('@') {
+        return Err("must not contain credentials (use api_key_env)".to_owned());
+    }
+    if uri.query().is_some() {
+        return Err("must not have a query string".to_owned());
+    }
+    let path = uri.path();
+    if path == "/" || !path.ends_with('/') {
+        return Ok(uri);
+    }
+    let trimmed = match path.trim_end_matches('/') {
+        "" => "/".to_owned(),
+        t => t.to_owned(),
+    };
+    let mut parts = uri.into_parts();
+    parts.path_and_query = Some(
+        trimmed
+            .parse()
+            .map_err(|e| format!("is not a valid URL: {e}"))?,
+    );
+    http::Uri::from_parts(parts).map_err(|e| format!("is not a valid URL: {e}"))
+}
+
+fn build_route(
+    index: usize,
+    raw: RawRoute,
+    defaults: &Limits,
+    raw_defaults: &RawLimits,
+    upstreams: &[Arc<UpstreamConfig>],
+    base_dir: Option<&Path>,
+) -> Result<Route, String> {
+    let name = match raw.name.as_deref() {
+        None => return Err(format!("routes[{index}]: name is required")),
+        Some("") => return Err(format!("routes[{index}]: name must not be empty")),
+        Some(n) => n.to_owned(),
+    };
+    let label = format!("route {name:?}");
+
+    let path_prefix = raw
+        .path_prefix
+        .clone()
+        .ok_or_else(|| format!("{label}: path_prefix is required"))?;
+    if !path_prefix.starts_with('/') {
+        return Err(format!(
+            "{label}: path_prefix {path_prefix:?} must start with \"/\""
+        ));
+    }
+
+    let upstream_name = raw
+        .upstream
+        .as_deref()
+        .ok_or_else(|| format!("{label}: upstream is required"))?;
+    let upstream = match upstreams.iter().find(|u| u.name == upstream_name) {
+        Some(u) => Arc::clone(u),
+        None => {
+            let mut known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+            known.sort_unstable();
+            return Err(format!(
+                "{label}: upstream {upstream_name:?} is not defined (known: {})",
+                known.join(", ")
+            ));
+        }
+    };
+
+    let models = raw.models.clone().unwrap_or_default();
+    if let Some(i) = models.iter().position(|m| m.is_empty()) {
+        return Err(format!(
+            "{label}: models[{i}] is empty; use \"*\" to match any model"
+        ));
+    }
+
+    let overrides = raw.overrides();
+    let limits = overrides.resolve(defaults);
+    check_limits(&limits).map_err(|e| {
+        // Name inherited values, or a complaint about a key the route never
+        // set would be baffling.
+        let inherited: Vec<&str> = e
+            .keys
+            .iter()
+            .copied()
+            .filter(|k| !overrides.is_set(k))
+            .collect();
+        match inherited.as_slice() {
+            [] => format!("{label}: {}", e.message),
+            [one] => format!("{label}: {}; {one} is inherited from [defaults]", e.message),
+            many => format!(
+                "{label}: {}; {} are inherited from [defaults]",
+                e.message,
+                many.join(" and ")
+            ),
+        }
+    })?;
+
+    let policy = build_policy(&label, &raw, &upstream, &limits, upstreams)?;
+    let max_in_flight = match raw.max_in_flight {
+        Some(0) => {
+            return Err(format!(
+                "{label}: max_in_flight must be greater than 0 (omit it for no limit)"
+            ))
+        }
+        Some(n) if n > MAX_IN_FLIGHT => {
+            return Err(format!(
+                "{label}: max_in_flight ({n}) must be at most {MAX_IN_FLIGHT}"
+            ))
+        }
+        other => other,
+    };
+    let (run_id, run_limits) = build_run_limits(&label, &overrides, raw_defaults)?;
+    let stream_upstream = raw.stream_upstream.unwrap_or(false);
+    let partial_answers = raw.partial_answers.unwrap_or(false);
+    if partial_answers && !stream_upstream {
+        return Err(format!(
+            "{label}: partial_answers needs stream_upstream = true (a client that streams gets every token as it comes)"
+        ));
+    }
+    let client_auth =
+        build_client_auth(&label, raw.client_keys_env, raw.client_keys_file, base_dir)?;
+    Ok(Route {
+        name,
+        path_prefix,
+        models,
+        upstream,
+        limits,
+        policy,
+        max_in_flight,
+        stream_upstream,
+        partial_answers,
+        client_auth,
+        run_id,
+        run_limits,
+    })
+}
+
+/// Far beyond any real route; keeps the admission semaphore within its bounds.
+const MAX_IN_FLIGHT: usize = 1_000_000;
+/// Far beyond any descriptor limit; keeps the connection semaphore within its bounds.
+const MAX_CONNECTIONS: usize = 1_000_000;
+/// Envoy's own ceiling for headers per request is 100 by default; 1000 leaves room.
+const MAX_HEADERS: usize = 1000;
+
+fn build_client_auth(
+    label: &str,
+    env: Option<String>,
+    file: Option<PathBuf>,
+    base_dir: Option<&Path>,
+) -> Result<Option<ClientAuth>, String> {
+    if let Some(var) = &env {
+        check_env_name(var).map_err(|why| format!("{label}: client_keys_env {why}"))?;
+    }
+    let file = match file {
+        Some(p) if p.as_os_str().is_empty() => {
+            return Err(format!("{label}: client_keys_file must not be empty"));
+        }
+        other => other.map(|p| resolve_path(p, base_dir)),
+    };
+    if env.is_none() && file.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(ClientAuth { env, file }))
+}
+
+struct LimitsError {
+    message: String,
+    /// Keys whose values the message is about.
+    keys: &'static [&'static str],
+}
+
+/// Retries are bounded so that a typo cannot turn one request into hundreds of calls.
+const MAX_RETRIES: u32 = 10;
+
+fn build_policy(
+    label: &str,
+    raw: &RawRoute,
+    upstream: &Arc<UpstreamConfig>,
+    limits: &Limits,
+    upstreams: &[Arc<UpstreamConfig>],
+) -> Result<Policy, String> {
+    let retries = raw.retries.unwrap_or(0);
+    if retries > MAX_RETRIES {
+        return Err(format!(
+            "{label}: retries ({retries}) must be at most {MAX_RETRIES}"
+        ));
+    }
+    let retry_on = match &raw.retry_on {
+        None => RetryOn::ALL,
+        Some(list) => list
+            .iter()
+            .fold(RetryOn(0), |set, c| set.with(RetryCause::from(*c))),
+    };
+    let mut fallbacks: Vec<Arc<UpstreamConfig>> = Vec::new();
+    for (i, name) in raw.fallbacks.iter().flatten().enumerate() {
+        let Some(up) = upstreams.iter().find(|u| &u.name == name) else {
+            let mut known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+            known.sort_unstable();
+            return Err(format!(
+                "{label}: fallbacks[{i}] names upstream {name:?}, which is not defined (known: {})",
+                known.join(", ")
+            ));
+        };
+        if up.name == upstream.name || fallbacks.iter().any(|f| f.name == up.name) {
+            return Err(format!(
+                "{label}: fallbacks[{i}] ({name:?}) is already in the route's chain; each upstream is tried once (use retries for more attempts)"
+            ));
+        }
+        fallbacks.push(Arc::clone(up));
+    }
+    let hedge_after = raw.hedge_after.map(|d| d.0);
+    if let Some(h) = hedge_after {
+        if fallbacks.is_empty() {
+            return Err(format!(
+                "{label}: hedge_after needs at least one upstream in fallbacks to hedge with"
+            ));
+        }
+        if h.is_zero() || h >= limits.first_token_timeout {
+            return Err(format!(
+                "{label}: hedge_after ({}) must be greater than 0 and less than first_token_timeout ({})",
+                hd(h),
+                hd(limits.first_token_timeout)
+            ));
+        }
+    }
+    Ok(Policy {
+        retries,
+        retry_on,
+        fallbacks,
+        hedge_after,
+    })
+}
+
+fn check_limits(l: &Limits) -> Result<(), LimitsError> {
+    let fail = |keys: &'static [&'static str], message: String| Err(LimitsError { message, keys });
+    let must_be_positive: [(&'static [&'static str], Duration); 4] = [
+        (&["budget"], l.budget),
+        (&["connect_timeout"], l.connect_timeout),
+        (&["first_token_timeout"], l.first_token_timeout),
+        (&["idle_timeout"], l.idle_timeout),
+    ];
+    for (keys, value) in must_be_positive {
+        if value.is_zero() {
+            return fail(keys, format!("{} must be greater than 0", keys.join("")));
+        }
+    }
+    if l.budget > l.max_budget {
+        return fail(
+            &["budget", "max_budget"],
+            format!(
+                "budget ({}) must not exceed max_budget ({})",
+                hd(l.budget),
+                hd(l.max_budget)
+            ),
+        );
+    }
+    if l.first_token_timeout > l.budget {
+        return fail(
+            &["first_token_timeout", "budget"],
+            format!(
+                "first_token_timeout ({}) must not exceed budget ({})",
+                hd(l.first_token_timeout),
+                hd(l.budget)
+            ),
+        );
+    }
+    // Saturate: an absurd sum must fail the check, not wrap or panic.
+    let held_back = l.reserve.saturating_add(l.min_useful);
+    if held_back >= l.budget {
+        return fail(
+            &["reserve", "min_useful", "budget"],
+            format!(
+                "reserve + min_useful ({} + {} = {}) must be less than budget ({})",
+                hd(l.reserve),
+                hd(l.min_useful),
+                hd(held_back),
+                hd(l.budget)
+            ),
+        );
+    }
+    Ok(())
+}

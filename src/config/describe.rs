@@ -1,0 +1,317 @@
+//! What `hourglass check` and startup print about a loaded config: [`Config::warnings`]
+//! (non-fatal problems, from the environment and the file system too) and
+//! [`Config::describe`] (every resolved value).
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::routing::shadows;
+use super::secrets::looks_like_secret;
+use super::{AuthMode, Config, OnStoreError, RunStore, DEFAULT_POOL_IDLE_TIMEOUT};
+use crate::provider::Api;
+
+impl Config {
+    /// Non-fatal problems worth showing at startup and in `hourglass check`:
+    /// missing API key variables, settings that will be ignored, unused
+    /// upstreams, unreadable CA files and unreachable routes. Reads the
+    /// process environment and the file system, so call it when those are
+    /// final.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings_with(&|name| std::env::var_os(name))
+    }
+
+    pub(super) fn warnings_with(&self, env: &dyn Fn(&str) -> Option<OsString>) -> Vec<String> {
+        let mut out = self.inlined_secrets.clone();
+        for up in &self.upstreams {
+            let name = &up.name;
+            if let Some(path) = &up.api_key_file {
+                if up.auth == AuthMode::None {
+                    out.push(format!(
+                        "upstream {name:?}: api_key_file is ignored because auth is \"none\""
+                    ));
+                } else {
+                    secret_file_warnings(
+                        &format!("upstream {name:?}: api_key_file"),
+                        path,
+                        &mut out,
+                    );
+                }
+            }
+            if let Some(var) = up.api_key_env.as_ref().filter(|v| !looks_like_secret(v)) {
+                if up.auth == AuthMode::None {
+                    out.push(format!(
+                        "upstream {name:?}: api_key_env {var} is ignored because auth is \"none\""
+                    ));
+                } else {
+                    match env(var) {
+                        None => out.push(format!(
+                            "upstream {name:?}: api_key_env {var} is not set; the client's own credentials will be passed through"
+                        )),
+                        Some(v) if v.is_empty() => {
+                            out.push(format!("upstream {name:?}: api_key_env {var} is set but empty"))
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            if let Some(ca) = &up.ca_file {
+                if up.url.scheme_str() == Some("http") {
+                    out.push(format!(
+                        "upstream {name:?}: ca_file is ignored because url {} uses http",
+                        up.url
+                    ));
+                } else if let Err(e) = std::fs::metadata(ca) {
+                    out.push(format!("upstream {name:?}: ca_file {}: {e}", ca.display()));
+                }
+            }
+            if !self.routes.iter().any(|r| Arc::ptr_eq(&r.upstream, up)) {
+                out.push(format!("upstream {name:?} is not used by any route"));
+            }
+        }
+        for r in &self.routes {
+            let Some(auth) = &r.client_auth else { continue };
+            let label = format!("route {:?}", r.name);
+            if let Some(var) = auth.env.as_ref().filter(|v| !looks_like_secret(v)) {
+                if env(var).is_none() {
+                    out.push(format!(
+                        "{label}: client_keys_env {var} is not set; the gateway will not start without the route's keys"
+                    ));
+                }
+            }
+            if let Some(path) = &auth.file {
+                secret_file_warnings(&format!("{label}: client_keys_file"), path, &mut out);
+            }
+            let up = &r.upstream;
+            if up.auth == AuthMode::None || (up.api_key_env.is_none() && up.api_key_file.is_none())
+            {
+                out.push(format!(
+                    "{label}: clients authenticate with their gateway keys, which are never passed on, and upstream {:?} has no key of its own",
+                    up.name
+                ));
+            }
+        }
+        for (i, later) in self.routes.iter().enumerate() {
+            if let Some(earlier) = self.routes[..i].iter().find(|e| shadows(e, later)) {
+                out.push(format!(
+                    "route {:?} is unreachable: route {:?} comes first and matches every request it would",
+                    later.name, earlier.name
+                ));
+            }
+        }
+        out
+    }
+
+    /// Human-readable summary of what was resolved, for `hourglass check`:
+    /// server settings, then one block per route in file (= match) order with
+    /// its models, upstream and every limit after inheritance.
+    pub fn describe(&self) -> String {
+        use std::fmt::Write as _;
+        let s = &self.server;
+        let mut out = String::new();
+        // Writing to a String cannot fail, hence the ignored results.
+        let _ = writeln!(out, "config {}", self.source);
+        let _ = writeln!(out, "server");
+        let _ = writeln!(out, "  listen: {} (clients)", s.listen);
+        let _ = writeln!(
+            out,
+            "  admin_listen: {} (/metrics /healthz /readyz)",
+            s.admin_listen
+        );
+        let _ = writeln!(out, "  max_request_body: {} bytes", s.max_request_body);
+        let _ = writeln!(out, "  max_response_body: {} bytes", s.max_response_body);
+        let _ = writeln!(out, "  header_read_timeout: {}", hd(s.header_read_timeout));
+        let _ = writeln!(out, "  shutdown_grace: {}", hd(s.shutdown_grace));
+        let _ = writeln!(out, "  send_timeout: {}", hd(s.send_timeout));
+        let max_connections = s
+            .max_connections
+            .map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
+        let _ = writeln!(out, "  max_connections: {max_connections}");
+        let runs = &self.runs;
+        let store = match &runs.store {
+            RunStore::Memory => "memory".to_owned(),
+            RunStore::Redis(url) => match &runs.store_password_env {
+                Some(var) => format!("{} (password from {var})", redacted_url(url)),
+                None => redacted_url(url),
+            },
+        };
+        let _ = writeln!(
+            out,
+            "runs\n  store: {store} (store_timeout {}, on_store_error {})\n  ttl: {}\n  max_runs: {}",
+            hd(runs.store_timeout),
+            match runs.on_store_error {
+                OnStoreError::Allow => "allow",
+                OnStoreError::Deny => "deny",
+            },
+            hd(runs.ttl),
+            runs.max_runs
+        );
+        for r in &self.routes {
+            let up = &r.upstream;
+            let l = &r.limits;
+            let _ = writeln!(out, "route {:?}", r.name);
+            let _ = writeln!(out, "  path_prefix: {}", r.path_prefix);
+            if r.models.is_empty() {
+                let _ = writeln!(out, "  models: any");
+            } else {
+                let globs: Vec<String> = r.models.iter().map(|m| format!("{m:?}")).collect();
+                let _ = writeln!(out, "  models: {}", globs.join(", "));
+            }
+            let _ = write!(out, "  upstream: {} ({}, auth {}", up.name, up.url, up.auth);
+            if let Some(var) = &up.api_key_env {
+                let var = if looks_like_secret(var) {
+                    "(not shown: looks like a key)"
+                } else {
+                    var
+                };
+                let _ = write!(out, ", api_key_env {var}");
+            }
+            if let Some(path) = &up.api_key_file {
+                let _ = write!(out, ", api_key_file {}", path.display());
+            }
+            if let Some(ca) = &up.ca_file {
+                let _ = write!(out, ", ca_file {}", ca.display());
+            }
+            let _ = write!(out, ", propagate_budget {}", up.propagate_budget);
+            if let Some(m) = &up.model {
+                let _ = write!(out, ", model {m:?}");
+            }
+            if let Some(e) = up.expected_first_token {
+                let _ = write!(out, ", expected_first_token {}", hd(e));
+            }
+            if up.api != Api::Auto {
+                let _ = write!(out, ", api {}", up.api);
+            }
+            if up.include_usage {
+                let _ = write!(out, ", include_usage true");
+            }
+            if up.pool_idle_timeout != DEFAULT_POOL_IDLE_TIMEOUT {
+                let _ = write!(out, ", pool_idle_timeout {}", hd(up.pool_idle_timeout));
+            }
+            let _ = writeln!(out, ")");
+            let p = &r.policy;
+            let _ = writeln!(out, "  retries: {} on {}", p.retries, p.retry_on);
+            if !p.fallbacks.is_empty() {
+                let names: Vec<&str> = p.fallbacks.iter().map(|f| f.name.as_str()).collect();
+                let _ = writeln!(out, "  fallbacks: {}", names.join(" -> "));
+            }
+            if let Some(h) = p.hedge_after {
+                let _ = writeln!(out, "  hedge_after: {}", hd(h));
+            }
+            if let Some(n) = r.max_in_flight {
+                let _ = writeln!(out, "  max_in_flight: {n}");
+            }
+            if let Some(auth) = &r.client_auth {
+                let mut from = Vec::new();
+                if let Some(var) = &auth.env {
+                    from.push(format!(
+                        "client_keys_env {}",
+                        if looks_like_secret(var) {
+                            "(not shown)"
+                        } else {
+                            var
+                        }
+                    ));
+                }
+                if let Some(path) = &auth.file {
+                    from.push(format!("client_keys_file {}", path.display()));
+                }
+                let _ = writeln!(out, "  client keys: {}", from.join(", "));
+            }
+            if r.stream_upstream {
+                let partial = if r.partial_answers {
+                    ", partial_answers"
+                } else {
+                    ""
+                };
+                let _ = writeln!(out, "  stream_upstream: true{partial}");
+            }
+            let rl = &r.run_limits;
+            if rl.any() {
+                let mut parts = vec![format!("id from {}", r.run_id.header_name())];
+                if let Some(b) = rl.budget {
+                    parts.push(format!("run_budget {}", hd(b)));
+                }
+                if let Some(b) = rl.max_budget {
+                    parts.push(format!("run_max_budget {}", hd(b)));
+                }
+                if let Some(n) = rl.max_calls {
+                    parts.push(format!("run_max_calls {n}"));
+                }
+                if let Some(n) = rl.max_tokens {
+                    parts.push(format!(
+                        "run_max_tokens {n} (run_token_estimate {})",
+                        rl.token_estimate
+                    ));
+                }
+                if let Some(n) = rl.max_repeats {
+                    parts.push(format!("run_max_repeats {n}"));
+                }
+                let _ = writeln!(out, "  runs: {}", parts.join(", "));
+            }
+            for (key, value) in [
+                ("budget", l.budget),
+                ("max_budget", l.max_budget),
+                ("connect_timeout", l.connect_timeout),
+                ("first_token_timeout", l.first_token_timeout),
+                ("idle_timeout", l.idle_timeout),
+                ("reserve", l.reserve),
+                ("min_useful", l.min_useful),
+            ] {
+                let _ = writeln!(out, "  {key}: {}", hd(value));
+            }
+        }
+        out
+    }
+}
+
+/// A file of secrets that cannot be read makes startup fail; one others may read is a
+/// leak waiting to happen.
+fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
+    match std::fs::metadata(path) {
+        Err(e) => out.push(format!(
+            "{label} {}: {e}; the gateway will not start without it",
+            path.display()
+        )),
+        Ok(meta) => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = meta.permissions().mode() & 0o777;
+                if mode & 0o007 != 0 {
+                    out.push(format!(
+                        "{label} {} is open to every user (mode {mode:03o}); chmod 600 it",
+                        path.display()
+                    ));
+                }
+            }
+            #[cfg(not(unix))]
+            let _ = meta;
+        }
+    }
+}
+
+/// humantime formatting, so messages echo durations the way they are written.
+pub(super) fn hd(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(d)
+}
+
+/// A store URL without its password: `redis://user:secret@host` prints as
+/// `redis://user:***@host`.
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}")
+            } else {
+                format!("{scheme}://***@{host}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}

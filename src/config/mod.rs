@@ -1,0 +1,405 @@
+//! Hourglass configuration: the TOML file format, its defaults, and the checks
+//! that turn it into a validated [`Config`].
+//!
+//! Loading happens in two stages. serde first parses the text into private
+//! `Raw*` types that mirror the file one-to-one: every key is optional there, so
+//! that defaults, inheritance and "is required" errors are phrased by us rather
+//! than by serde, and every table denies unknown keys so typos fail loudly with
+//! a `file:line:col`. The raw tree is then resolved (defaults merged into each
+//! route, upstream names turned into shared [`UpstreamConfig`]s, relative paths
+//! anchored at the config file) and cross-checked into the public types, which
+//! are therefore always internally consistent: the rest of the proxy never
+//! re-validates them.
+//!
+//! Routing is first-match in file order: the router walks [`Config::routes`]
+//! and takes the first [`Route::matches`]. [`Config::warnings`] points out
+//! routes that an earlier route makes unreachable.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::provider::Api;
+
+mod build;
+mod describe;
+mod raw;
+mod routing;
+mod runs;
+mod secrets;
+
+pub use describe::redacted_url;
+pub use routing::glob_match;
+pub use runs::{
+    OnStoreError, RunIdSource, RunLimits, RunStore, RunsConfig, DEFAULT_TOKEN_ESTIMATE,
+};
+pub use secrets::looks_like_secret;
+
+/// A fully resolved and validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listener and connection-level settings.
+    pub server: ServerConfig,
+    /// Every `[upstreams.NAME]` table, in file order. Routes share these same
+    /// `Arc`s, so per-upstream state can be keyed by pointer or by name.
+    pub upstreams: Vec<Arc<UpstreamConfig>>,
+    /// Every `[[routes]]` entry in file order, which is also match order.
+    pub routes: Vec<Route>,
+    /// Name of the file (or embedded source) this was loaded from, used to
+    /// prefix messages, e.g. `config/hourglass.toml`.
+    pub source: String,
+    /// A short hash of the config text: which config is loaded, for the info metric and
+    /// the reload log.
+    pub fingerprint: String,
+    /// Where the file seems to hold a credential itself (named by key path, the value
+    /// never repeated); reported by [`Config::warnings`].
+    pub inlined_secrets: Vec<String>,
+    /// The `[runs]` table.
+    pub runs: RunsConfig,
+}
+
+/// The `[server]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Address clients connect to (default `127.0.0.1:8080`).
+    pub listen: SocketAddr,
+    /// Address serving `/metrics`, `/healthz` and `/readyz`
+    /// (default `127.0.0.1:9090`); always different from `listen`.
+    pub admin_listen: SocketAddr,
+    /// Largest accepted request body in bytes (default 10 MiB); never zero.
+    pub max_request_body: u64,
+    /// Largest answer the gateway assembles from a stream for a client that did not stream
+    /// (`stream_upstream`), in bytes (default 16 MiB); past it the client gets 502.
+    pub max_response_body: u64,
+    /// How long a client may take to send its request headers (default 10s), and how long a
+    /// connection may sit idle: an HTTP/1 keep-alive between requests, an HTTP/2 connection
+    /// with no stream open (`idle`). Never zero.
+    pub header_read_timeout: Duration,
+    /// How long in-flight requests get to finish on shutdown (default 30s).
+    pub shutdown_grace: Duration,
+    /// How long a write to a client may wait for the client to read (default 60s, like
+    /// nginx's `send_timeout`); past it the connection is closed, and an HTTP/2 stream that its
+    /// client gives no window for as long has its upstream call ended (`reaper`). Never zero.
+    pub send_timeout: Duration,
+    /// Cap on concurrent client connections; `None` means no limit. Never
+    /// `Some(0)`.
+    pub max_connections: Option<usize>,
+    /// Largest request head (request line and headers) in bytes (default 64 KiB); larger
+    /// heads get 431.
+    pub max_header_bytes: usize,
+    /// Most header fields in one request (default 100); more get 431.
+    pub max_headers: usize,
+    /// Concurrent streams one HTTP/2 client connection may open (default 256).
+    pub http2_max_concurrent_streams: u32,
+    /// TLS for the client listener (`[server.tls]`); `None` serves plain HTTP.
+    pub tls: Option<ServerTls>,
+}
+
+/// `[server.tls]`: PEM files, relative paths resolved against the config file's directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerTls {
+    /// Certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by one of these CAs.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// How the proxy presents the upstream API key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// `Authorization: Bearer <key>` (OpenAI style). The default.
+    Bearer,
+    /// `x-api-key: <key>` (Anthropic style).
+    XApiKey,
+    /// The proxy adds no credentials of its own.
+    None,
+}
+
+impl fmt::Display for AuthMode {
+    /// Formats as the spelling used in the config file.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            AuthMode::Bearer => "bearer",
+            AuthMode::XApiKey => "x-api-key",
+            AuthMode::None => "none",
+        })
+    }
+}
+
+/// One `[upstreams.NAME]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// The table key, e.g. `openai`.
+    pub name: String,
+    /// Base URL: scheme `http` or `https`, a host, an optional path prefix and
+    /// no query or fragment. The path never ends in `/` unless it is the root,
+    /// so joining is `url.path().trim_end_matches('/')` followed by the request
+    /// path.
+    pub url: http::Uri,
+    /// Environment variable holding the API key, if any. Read at startup, not
+    /// here, so `hourglass check` works without secrets.
+    pub api_key_env: Option<String>,
+    /// File holding the API key (its whole content, trimmed), if any; never set together
+    /// with `api_key_env`. Relative paths are resolved against the config file's
+    /// directory. Read at startup, like the variable.
+    pub api_key_file: Option<PathBuf>,
+    /// How the key is sent.
+    pub auth: AuthMode,
+    /// Extra CA bundle (PEM) to trust; relative paths are already resolved
+    /// against the config file's directory.
+    pub ca_file: Option<PathBuf>,
+    /// Whether to tell the upstream the remaining budget (default true).
+    pub propagate_budget: bool,
+    /// Rewrites the JSON body's `model` for this upstream (e.g. a smaller model on a
+    /// fallback that must answer in the time left).
+    pub model: Option<String>,
+    /// Seed for the learned time-to-first-token estimate that decides whether an attempt
+    /// on this upstream still fits a request's remaining budget.
+    pub expected_first_token: Option<Duration>,
+    /// The API this upstream speaks (default `auto`: known paths only), which decides what
+    /// counts as a token and where usage is read.
+    pub api: Api,
+    /// Ask OpenAI chat streams for their usage (`stream_options.include_usage`).
+    pub include_usage: bool,
+    /// How long an idle connection to this upstream is kept for reuse. Set it below the
+    /// upstream's own keep-alive limit (uvicorn's default is 5 s), so that the gateway, not
+    /// the upstream, closes it: a request sent on a connection the upstream closes in the
+    /// same instant fails.
+    pub pool_idle_timeout: Duration,
+}
+
+/// `pool_idle_timeout` when the upstream names none: hyper-util's own default.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Time limits of one route after inheritance from `[defaults]`.
+///
+/// Invariants (checked at load): every timeout and the budget are non-zero,
+/// `budget <= max_budget`, `first_token_timeout <= budget` and
+/// `reserve + min_useful < budget`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Total time a request gets when the client asks for nothing else.
+    pub budget: Duration,
+    /// Largest budget a client may ask for.
+    pub max_budget: Duration,
+    /// Time allowed to establish the upstream connection.
+    pub connect_timeout: Duration,
+    /// Time allowed until the first streamed token arrives.
+    pub first_token_timeout: Duration,
+    /// Longest allowed gap between streamed chunks.
+    pub idle_timeout: Duration,
+    /// Part of the budget held back for the proxy to finish the response.
+    pub reserve: Duration,
+    /// Below this much remaining budget an upstream attempt is not worth
+    /// starting.
+    pub min_useful: Duration,
+}
+
+/// One `[[routes]]` entry, with its upstream and limits resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Unique, non-empty name used in logs and metrics.
+    pub name: String,
+    /// Request path prefix; always starts with `/`. See [`Route::matches`] for
+    /// the segment-boundary rule.
+    pub path_prefix: String,
+    /// Globs on the request body's `model`; empty means any request (with or
+    /// without a model) matches. See [`glob_match`].
+    pub models: Vec<String>,
+    /// The upstream this route forwards to (shared with [`Config::upstreams`]).
+    pub upstream: Arc<UpstreamConfig>,
+    /// Limits after merging the route's overrides onto `[defaults]`.
+    pub limits: Limits,
+    /// Retries, fallbacks and hedging: how this route spends one budget on several
+    /// attempts.
+    pub policy: Policy,
+    /// Most requests this route serves at once (`max_in_flight`); `None` means no limit.
+    /// Never `Some(0)`.
+    pub max_in_flight: Option<usize>,
+    /// Ask the upstream to stream a request whose client did not (known formats only), so
+    /// that the first-token and idle limits watch it, and answer with the one JSON document.
+    pub stream_upstream: bool,
+    /// With `stream_upstream`: a limit that cuts the answer after output came gives the
+    /// client what was generated (200, `x-hourglass-partial`) instead of a 504.
+    pub partial_answers: bool,
+    /// Where the keys clients must present come from (`client_keys_env`,
+    /// `client_keys_file`); `None` means the route is open.
+    pub client_auth: Option<ClientAuth>,
+    /// Where the run id is read from (`run_id_header`, default `x-run-id`).
+    pub run_id: RunIdSource,
+    /// What a run started on this route may spend.
+    pub run_limits: RunLimits,
+}
+
+/// The sources of a route's client keys. The keys themselves are read when the gateway is
+/// built, never kept in the config (so `hourglass check` needs no secrets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAuth {
+    /// An environment variable holding comma-separated keys.
+    pub env: Option<String>,
+    /// A file with one key per line (blank lines and `#` comments ignored); relative paths
+    /// are resolved against the config file's directory.
+    pub file: Option<PathBuf>,
+}
+
+/// A failure that may trigger a retry or a move to the next fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryCause {
+    /// The connection could not be made (refused, DNS, TLS, connect timeout).
+    Connect,
+    /// No data event within the attempt's first-token limit.
+    FirstToken,
+    /// The upstream answered 5xx.
+    Status5xx,
+    /// The upstream answered 429.
+    Status429,
+    /// The upstream reset or broke the exchange before its response head.
+    Reset,
+}
+
+impl RetryCause {
+    /// Spelling in TOML and the `reason` label of `hourglass_retries_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::FirstToken => "first_token",
+            Self::Status5xx => "5xx",
+            Self::Status429 => "429",
+            Self::Reset => "reset",
+        }
+    }
+
+    pub const ALL: [RetryCause; 5] = [
+        Self::Connect,
+        Self::FirstToken,
+        Self::Status5xx,
+        Self::Status429,
+        Self::Reset,
+    ];
+}
+
+/// A set of [`RetryCause`]s.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct RetryOn(u8);
+
+impl RetryOn {
+    pub const ALL: RetryOn = RetryOn(0b1_1111);
+
+    pub fn contains(self, cause: RetryCause) -> bool {
+        self.0 & (1 << cause as u8) != 0
+    }
+
+    fn with(self, cause: RetryCause) -> Self {
+        RetryOn(self.0 | (1 << cause as u8))
+    }
+}
+
+impl fmt::Debug for RetryOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set()
+            .entries(
+                RetryCause::ALL
+                    .iter()
+                    .filter(|c| self.contains(**c))
+                    .map(|c| c.as_str()),
+            )
+            .finish()
+    }
+}
+
+impl fmt::Display for RetryOn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = RetryCause::ALL
+            .iter()
+            .filter(|c| self.contains(**c))
+            .map(|c| c.as_str())
+            .collect();
+        write!(f, "[{}]", names.join(", "))
+    }
+}
+
+/// How a route spends one budget on several attempts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Extra attempts on the same upstream (each upstream of the chain gets as many).
+    pub retries: u32,
+    /// The failures that trigger a retry or a move to the next fallback.
+    pub retry_on: RetryOn,
+    /// Upstreams tried in order after the route's own.
+    pub fallbacks: Vec<Arc<UpstreamConfig>>,
+    /// Start the first fallback in parallel when the first attempt has produced no token
+    /// by then.
+    pub hedge_after: Option<Duration>,
+}
+
+impl Policy {
+    /// Whether the response head must be held until the first data event, so that a
+    /// first-token failure can still become a retry or a switch instead of a stream that
+    /// started and died.
+    pub fn holds_head(&self) -> bool {
+        !self.fallbacks.is_empty()
+            || (self.retries > 0 && self.retry_on.contains(RetryCause::FirstToken))
+    }
+}
+
+/// Why a configuration could not be loaded. Display is a single line that
+/// names the file and, where possible, the location or item at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path as given.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML, or does not fit the schema (unknown key,
+    /// wrong type, bad duration...).
+    #[error("{source_name}:{line}:{col}: {message}")]
+    Syntax {
+        /// File name the text came from.
+        source_name: String,
+        /// 1-based line of the offending key or value.
+        line: usize,
+        /// 1-based column, counted in characters.
+        col: usize,
+        /// The parser's message, without its source snippet.
+        message: String,
+    },
+    /// The file parsed but its values are inconsistent or incomplete.
+    #[error("{source_name}: {message}")]
+    Invalid {
+        /// File name the text came from.
+        source_name: String,
+        /// What is wrong, naming the route or upstream, the key and values.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads and validates the config file at `path`. Relative `ca_file`s are
+    /// resolved against the file's directory.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+            path: source.clone(),
+            source: e,
+        })?;
+        build::parse(&text, &source, path.parent())
+    }
+
+    /// Validates config text that did not come from [`Config::load`] (embedded
+    /// configs, tests). `source` names it in messages; relative `ca_file`s are
+    /// resolved against `Path::new(source).parent()`.
+    pub fn from_toml(text: &str, source: &str) -> Result<Config, ConfigError> {
+        build::parse(text, source, Path::new(source).parent())
+    }
+}
+
+#[cfg(test)]
+mod tests;

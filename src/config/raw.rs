@@ -1,0 +1,319 @@
+//! The file-shaped side of loading: private serde types that mirror the TOML one-to-one,
+//! every key optional and every table closed to unknown keys, with the hand-written
+//! deserializers that phrase their errors.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use super::{Limits, RetryCause};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawConfig {
+    #[serde(default)]
+    pub(super) server: RawServer,
+    #[serde(default)]
+    pub(super) defaults: RawLimits,
+    #[serde(default)]
+    pub(super) upstreams: RawUpstreams,
+    #[serde(default)]
+    pub(super) routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub(super) runs: RawRuns,
+}
+
+/// `[runs]`: where runs are kept and for how long.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [runs] table")]
+pub(super) struct RawRuns {
+    pub(super) ttl: Option<RawDuration>,
+    pub(super) max_runs: Option<usize>,
+    pub(super) store: Option<String>,
+    pub(super) store_password_env: Option<String>,
+    pub(super) store_timeout: Option<RawDuration>,
+    pub(super) on_store_error: Option<RawOnStoreError>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawOnStoreError {
+    Allow,
+    Deny,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [server] table")]
+pub(super) struct RawServer {
+    pub(super) listen: Option<RawSocketAddr>,
+    pub(super) admin_listen: Option<RawSocketAddr>,
+    pub(super) max_request_body: Option<u64>,
+    pub(super) max_response_body: Option<u64>,
+    pub(super) header_read_timeout: Option<RawDuration>,
+    pub(super) shutdown_grace: Option<RawDuration>,
+    pub(super) send_timeout: Option<RawDuration>,
+    pub(super) max_connections: Option<usize>,
+    pub(super) max_header_bytes: Option<usize>,
+    pub(super) max_headers: Option<usize>,
+    pub(super) http2_max_concurrent_streams: Option<u32>,
+    pub(super) tls: Option<RawTls>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [server.tls] table")]
+pub(super) struct RawTls {
+    pub(super) cert: Option<PathBuf>,
+    pub(super) key: Option<PathBuf>,
+    pub(super) client_ca: Option<PathBuf>,
+}
+
+/// The limit keys, as written in `[defaults]` or (via [`RawRoute::overrides`])
+/// in a route. `None` means "inherit".
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [defaults] table")]
+pub(super) struct RawLimits {
+    pub(super) run_id_header: Option<String>,
+    pub(super) run_budget: Option<RawDuration>,
+    pub(super) run_max_budget: Option<RawDuration>,
+    pub(super) run_max_calls: Option<u64>,
+    pub(super) run_max_tokens: Option<u64>,
+    pub(super) run_max_repeats: Option<u64>,
+    pub(super) run_token_estimate: Option<u64>,
+    budget: Option<RawDuration>,
+    max_budget: Option<RawDuration>,
+    connect_timeout: Option<RawDuration>,
+    first_token_timeout: Option<RawDuration>,
+    idle_timeout: Option<RawDuration>,
+    reserve: Option<RawDuration>,
+    min_useful: Option<RawDuration>,
+}
+
+impl RawLimits {
+    pub(super) fn resolve(&self, base: &Limits) -> Limits {
+        let pick = |v: Option<RawDuration>, d: Duration| v.map_or(d, |v| v.0);
+        Limits {
+            budget: pick(self.budget, base.budget),
+            max_budget: pick(self.max_budget, base.max_budget),
+            connect_timeout: pick(self.connect_timeout, base.connect_timeout),
+            first_token_timeout: pick(self.first_token_timeout, base.first_token_timeout),
+            idle_timeout: pick(self.idle_timeout, base.idle_timeout),
+            reserve: pick(self.reserve, base.reserve),
+            min_useful: pick(self.min_useful, base.min_useful),
+        }
+    }
+
+    pub(super) fn is_set(&self, key: &str) -> bool {
+        match key {
+            "budget" => self.budget.is_some(),
+            "max_budget" => self.max_budget.is_some(),
+            "connect_timeout" => self.connect_timeout.is_some(),
+            "first_token_timeout" => self.first_token_timeout.is_some(),
+            "idle_timeout" => self.idle_timeout.is_some(),
+            "reserve" => self.reserve.is_some(),
+            "min_useful" => self.min_useful.is_some(),
+            _ => false,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(super) enum RawAuth {
+    Bearer,
+    XApiKey,
+    None,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "an [upstreams.NAME] table")]
+pub(super) struct RawUpstream {
+    pub(super) url: Option<String>,
+    pub(super) api_key_env: Option<String>,
+    pub(super) api_key_file: Option<PathBuf>,
+    pub(super) auth: Option<RawAuth>,
+    pub(super) ca_file: Option<PathBuf>,
+    pub(super) propagate_budget: Option<bool>,
+    pub(super) model: Option<String>,
+    pub(super) expected_first_token: Option<RawDuration>,
+    pub(super) api: Option<RawApi>,
+    pub(super) include_usage: Option<bool>,
+    pub(super) pool_idle_timeout: Option<RawDuration>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub(super) enum RawApi {
+    #[serde(rename = "openai")]
+    OpenAi,
+    #[serde(rename = "anthropic")]
+    Anthropic,
+    #[serde(rename = "auto")]
+    Auto,
+}
+
+/// `[upstreams.*]` kept in file order (a plain map would sort by name), so
+/// that `Config::upstreams`, warnings and errors follow the file.
+#[derive(Debug, Default)]
+pub(super) struct RawUpstreams(pub(super) Vec<(String, RawUpstream)>);
+
+impl<'de> Deserialize<'de> for RawUpstreams {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawUpstreams;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a table of named upstreams, e.g. [upstreams.openai]")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                // TOML itself rejects duplicate keys, so no check here.
+                while let Some((k, v)) = map.next_entry::<String, RawUpstream>()? {
+                    out.push((k, v));
+                }
+                Ok(RawUpstreams(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Route keys are spelled out rather than `#[serde(flatten)]`ing `RawLimits`,
+/// because serde cannot combine `flatten` with `deny_unknown_fields`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a [[routes]] table")]
+pub(super) struct RawRoute {
+    pub(super) name: Option<String>,
+    pub(super) path_prefix: Option<String>,
+    pub(super) upstream: Option<String>,
+    pub(super) models: Option<Vec<String>>,
+    pub(super) retries: Option<u32>,
+    pub(super) retry_on: Option<Vec<RawRetryCause>>,
+    pub(super) fallbacks: Option<Vec<String>>,
+    pub(super) hedge_after: Option<RawDuration>,
+    pub(super) max_in_flight: Option<usize>,
+    pub(super) stream_upstream: Option<bool>,
+    pub(super) partial_answers: Option<bool>,
+    pub(super) client_keys_env: Option<String>,
+    pub(super) client_keys_file: Option<PathBuf>,
+    budget: Option<RawDuration>,
+    max_budget: Option<RawDuration>,
+    connect_timeout: Option<RawDuration>,
+    first_token_timeout: Option<RawDuration>,
+    idle_timeout: Option<RawDuration>,
+    reserve: Option<RawDuration>,
+    min_useful: Option<RawDuration>,
+    pub(super) run_id_header: Option<String>,
+    pub(super) run_budget: Option<RawDuration>,
+    pub(super) run_max_budget: Option<RawDuration>,
+    pub(super) run_max_calls: Option<u64>,
+    pub(super) run_max_tokens: Option<u64>,
+    pub(super) run_max_repeats: Option<u64>,
+    pub(super) run_token_estimate: Option<u64>,
+}
+
+impl RawRoute {
+    pub(super) fn overrides(&self) -> RawLimits {
+        RawLimits {
+            budget: self.budget,
+            max_budget: self.max_budget,
+            connect_timeout: self.connect_timeout,
+            first_token_timeout: self.first_token_timeout,
+            idle_timeout: self.idle_timeout,
+            reserve: self.reserve,
+            min_useful: self.min_useful,
+            run_id_header: self.run_id_header.clone(),
+            run_budget: self.run_budget,
+            run_max_budget: self.run_max_budget,
+            run_max_calls: self.run_max_calls,
+            run_max_tokens: self.run_max_tokens,
+            run_max_repeats: self.run_max_repeats,
+            run_token_estimate: self.run_token_estimate,
+        }
+    }
+}
+
+/// No duration in the file may exceed this (humantime's year is 365.25 days).
+const MAX_DURATION: Duration = Duration::from_secs(31_557_600);
+
+/// A humantime duration string. Hand-rolled rather than `humantime_serde` so
+/// the error quotes the value and says why humantime rejected it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RawDuration(pub(super) Duration);
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub(super) enum RawRetryCause {
+    #[serde(rename = "connect")]
+    Connect,
+    #[serde(rename = "first_token")]
+    FirstToken,
+    #[serde(rename = "5xx")]
+    Status5xx,
+    #[serde(rename = "429")]
+    Status429,
+    #[serde(rename = "reset")]
+    Reset,
+}
+
+impl From<RawRetryCause> for RetryCause {
+    fn from(r: RawRetryCause) -> Self {
+        match r {
+            RawRetryCause::Connect => RetryCause::Connect,
+            RawRetryCause::FirstToken => RetryCause::FirstToken,
+            RawRetryCause::Status5xx => RetryCause::Status5xx,
+            RawRetryCause::Status429 => RetryCause::Status429,
+            RawRetryCause::Reset => RetryCause::Reset,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for RawDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = RawDuration;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration string such as \"250ms\", \"8s\" or \"10m\"")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                let d = humantime::parse_duration(v)
+                    .map_err(|e| E::custom(format!("invalid duration {v:?}: {e}")))?;
+                // Deadlines are instants: an absurd duration would overflow them at run time.
+                if d > MAX_DURATION {
+                    return Err(E::custom(format!(
+                        "invalid duration {v:?}: longer than the maximum of 1 year"
+                    )));
+                }
+                Ok(RawDuration(d))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A socket address string, with an error that says what form is expected
+/// (host names are not accepted: binding must not depend on DNS).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RawSocketAddr(pub(super) SocketAddr);
+
+impl<'de> Deserialize<'de> for RawSocketAddr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = RawSocketAddr;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an IP:port string such as \"127.0.0.1:8080\" or \"[::1]:8080\"")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                v.parse().map(RawSocketAddr).map_err(|_| {
+                    E::custom(format!(
+                        "invalid socket address {v:?}: expected IP:port such as \"127.0.0.1:8080\""
+                    ))
+                })
+            }
+        }
+        d.deserialize_str(V)
+    }
+}

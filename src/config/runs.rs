@@ -1,0 +1,274 @@
+//! The keys of runs (one budget across the calls of an agent run): the limits a route gives
+//! the runs it starts, inherited from `[defaults]` like the time limits, and the `[runs]`
+//! table that says where runs are kept and for how long.
+
+use std::time::Duration;
+
+use http::HeaderName;
+
+use super::raw::{RawLimits, RawOnStoreError, RawRuns};
+
+/// Where a route reads the run id from (`run_id_header`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunIdSource {
+    /// A header whose whole value is the id (`x-run-id`, `x-session-id`, ...).
+    Header(HeaderName),
+    /// The trace-id of a W3C `traceparent` (`00-<trace-id>-<parent-id>-<flags>`).
+    TraceParent,
+}
+
+impl RunIdSource {
+    pub const DEFAULT: &'static str = "x-run-id";
+
+    pub fn header_name(&self) -> &str {
+        match self {
+            Self::Header(h) => h.as_str(),
+            Self::TraceParent => "traceparent",
+        }
+    }
+}
+
+impl Default for RunIdSource {
+    fn default() -> Self {
+        Self::Header(HeaderName::from_static(Self::DEFAULT))
+    }
+}
+
+/// What a run started on a route may spend; each limit is optional (`None`: unlimited).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLimits {
+    /// Time for the whole run (`run_budget`), when the client names none.
+    pub budget: Option<Duration>,
+    /// Ceiling for a client's `x-run-budget-ms` (`run_max_budget`).
+    pub max_budget: Option<Duration>,
+    pub max_calls: Option<u32>,
+    /// Prompt and completion tokens, reported or estimated.
+    pub max_tokens: Option<u64>,
+    /// The same tool call (or request) this many times in a row stops the run.
+    pub max_repeats: Option<u32>,
+    /// Tokens reserved for a call that names no `max_tokens` of its own.
+    pub token_estimate: u64,
+}
+
+/// `run_token_estimate` when a route names none.
+pub const DEFAULT_TOKEN_ESTIMATE: u64 = 1024;
+
+impl RunLimits {
+    pub const UNLIMITED: RunLimits = RunLimits {
+        budget: None,
+        max_budget: None,
+        max_calls: None,
+        max_tokens: None,
+        max_repeats: None,
+        token_estimate: DEFAULT_TOKEN_ESTIMATE,
+    };
+
+    /// Whether any limit is set; a route without one only counts the runs it sees.
+    pub fn any(&self) -> bool {
+        self.budget.is_some()
+            || self.max_budget.is_some()
+            || self.max_calls.is_some()
+            || self.max_tokens.is_some()
+            || self.max_repeats.is_some()
+    }
+}
+
+/// Where runs live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunStore {
+    /// In this process (the default): enough for one replica.
+    Memory,
+    /// Redis or Valkey at this URL (`redis://` or `rediss://`), shared by every replica.
+    Redis(String),
+}
+
+/// What a call does when the run store cannot answer in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    /// Serve it without run limits (counted in `hourglass_run_store_errors_total`).
+    Allow,
+    /// Answer 503 `run_store_unavailable`.
+    Deny,
+}
+
+/// The `[runs]` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunsConfig {
+    /// A run is forgotten this long after its last call (default 10m).
+    pub ttl: Duration,
+    /// At most this many runs are held (default 100000); the least recently used goes first.
+    pub max_runs: usize,
+    pub store: RunStore,
+    /// An environment variable holding the store's password (read at start-up, so that no
+    /// secret sits in the file or a ConfigMap).
+    pub store_password_env: Option<String>,
+    /// The longest one call to the store may take (default 50ms); the request's remaining
+    /// budget bounds it too.
+    pub store_timeout: Duration,
+    pub on_store_error: OnStoreError,
+}
+
+pub(super) const DEFAULT_RUNS: RunsConfig = RunsConfig {
+    ttl: Duration::from_secs(600),
+    max_runs: 100_000,
+    store: RunStore::Memory,
+    store_password_env: None,
+    store_timeout: Duration::from_millis(50),
+    on_store_error: OnStoreError::Allow,
+};
+
+/// Far beyond what one process should hold; keeps the map's allocation sane.
+const MAX_RUNS: usize = 10_000_000;
+
+pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
+    let d = DEFAULT_RUNS;
+    let ttl = raw.ttl.map_or(d.ttl, |t| t.0);
+    if ttl.is_zero() {
+        return Err("runs: ttl must be greater than 0".into());
+    }
+    let max_runs = raw.max_runs.unwrap_or(d.max_runs);
+    if max_runs == 0 || max_runs > MAX_RUNS {
+        return Err(format!(
+            "runs: max_runs ({max_runs}) must be between 1 and {MAX_RUNS}"
+        ));
+    }
+    let store = match raw.store.as_deref() {
+        None | Some("memory") => RunStore::Memory,
+        Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
+            let rest = url.split_once("://").map_or("", |(_, r)| r);
+            let host = rest.rsplit('@').next().unwrap_or_default();
+            if host.is_empty() || host.starts_with('/') {
+                return Err(format!("runs: store {url:?} names no host"));
+            }
+            RunStore::Redis(url.to_owned())
+        }
+        Some(other) => {
+            return Err(format!(
+                "runs: store {} must be \"memory\" or a redis:// or rediss:// URL",
+                super::secrets::shown(other)
+            ))
+        }
+    };
+    let store_password_env = raw.store_password_env.clone();
+    if let Some(var) = &store_password_env {
+        let RunStore::Redis(url) = &store else {
+            return Err("runs: store_password_env needs a redis:// or rediss:// store".into());
+        };
+        if url.split_once("://").is_some_and(|(_, r)| r.contains('@')) {
+            return Err(format!(
+                "runs: store_password_env {var}: the store URL already has credentials"
+            ));
+        }
+        if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(format!(
+                "runs: store_password_env {var:?} is not a variable name"
+            ));
+        }
+    }
+    let store_timeout = raw.store_timeout.map_or(d.store_timeout, |t| t.0);
+    if store_timeout.is_zero() {
+        return Err("runs: store_timeout must be greater than 0".into());
+    }
+    let on_store_error = match raw.on_store_error {
+        None => d.on_store_error,
+        Some(RawOnStoreError::Allow) => OnStoreError::Allow,
+        Some(RawOnStoreError::Deny) => OnStoreError::Deny,
+    };
+    Ok(RunsConfig {
+        ttl,
+        max_runs,
+        store,
+        store_password_env,
+        store_timeout,
+        on_store_error,
+    })
+}
+
+/// A route's run keys, its own over those of `[defaults]`.
+pub(super) fn build_run_limits(
+    label: &str,
+    own: &RawLimits,
+    defaults: &RawLimits,
+) -> Result<(RunIdSource, RunLimits), String> {
+    fn pick<T: Copy>(own: Option<T>, d: Option<T>) -> Option<T> {
+        own.or(d)
+    }
+    let positive = |key: &str, v: Option<u64>, max: u64| -> Result<Option<u64>, String> {
+        match v {
+            Some(0) => Err(format!(
+                "{label}: {key} must be greater than 0 (omit it for no limit)"
+            )),
+            Some(n) if n > max => Err(format!("{label}: {key} ({n}) must be at most {max}")),
+            other => Ok(other),
+        }
+    };
+    let header = own
+        .run_id_header
+        .as_deref()
+        .or(defaults.run_id_header.as_deref());
+    let source = match header {
+        None => RunIdSource::default(),
+        Some(h) if h.eq_ignore_ascii_case("traceparent") => RunIdSource::TraceParent,
+        Some(h) => match HeaderName::from_bytes(h.as_bytes()) {
+            Ok(name) => RunIdSource::Header(name),
+            Err(_) => {
+                return Err(format!(
+                    "{label}: run_id_header {h:?} is not a valid header name"
+                ))
+            }
+        },
+    };
+    let budget = pick(own.run_budget, defaults.run_budget).map(|d| d.0);
+    let max_budget = pick(own.run_max_budget, defaults.run_max_budget).map(|d| d.0);
+    for (key, d) in [("run_budget", budget), ("run_max_budget", max_budget)] {
+        if d.is_some_and(|d| d.is_zero()) {
+            return Err(format!("{label}: {key} must be greater than 0"));
+        }
+    }
+    if let (Some(b), Some(m)) = (budget, max_budget) {
+        if b > m {
+            return Err(format!(
+                "{label}: run_budget ({}) must not exceed run_max_budget ({})",
+                humantime::format_duration(b),
+                humantime::format_duration(m)
+            ));
+        }
+    }
+    let max_calls = positive(
+        "run_max_calls",
+        pick(own.run_max_calls, defaults.run_max_calls),
+        u64::from(u32::MAX),
+    )?;
+    let max_tokens = positive(
+        "run_max_tokens",
+        pick(own.run_max_tokens, defaults.run_max_tokens),
+        u64::MAX / 4,
+    )?;
+    let max_repeats = pick(own.run_max_repeats, defaults.run_max_repeats);
+    if let Some(n) = max_repeats {
+        // One would refuse the call after any tool call at all.
+        if !(2..=1000).contains(&n) {
+            return Err(format!(
+                "{label}: run_max_repeats ({n}) must be between 2 and 1000"
+            ));
+        }
+    }
+    let token_estimate = positive(
+        "run_token_estimate",
+        pick(own.run_token_estimate, defaults.run_token_estimate),
+        u64::MAX / 4,
+    )?
+    .unwrap_or(DEFAULT_TOKEN_ESTIMATE);
+    Ok((
+        source,
+        RunLimits {
+            budget,
+            max_budget,
+            // Checked against u32::MAX above.
+            max_calls: max_calls.map(|n| n as u32),
+            max_tokens,
+            max_repeats: max_repeats.map(|n| n as u32),
+            token_estimate,
+        },
+    ))
+}

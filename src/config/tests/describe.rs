@@ -1,0 +1,107 @@
+//! What `hourglass check` prints: every resolved value in `describe`, and the warnings
+//! about the environment and the file's layout.
+
+use std::ffi::OsString;
+
+use super::{load, BASE, FULL};
+
+#[test]
+fn describe_lists_every_resolved_value() {
+    let c = load(FULL);
+    let d = c.describe();
+    for needle in [
+        "config config/hourglass.toml",
+        "listen: 0.0.0.0:8000",
+        "admin_listen: 127.0.0.1:9100",
+        "max_request_body: 2048 bytes",
+        "header_read_timeout: 5s",
+        "shutdown_grace: 1m",
+        "send_timeout: 20s",
+        "max_connections: 500",
+    ] {
+        assert!(d.contains(needle), "missing {needle:?} in:\n{d}");
+    }
+    let block = |name: &str| -> String {
+        let start = d.find(&format!("route \"{name}\"\n")).unwrap();
+        let rest = &d[start + 1..];
+        let end = rest.find("\nroute \"").map_or(rest.len(), |i| i + 1);
+        rest[..end].to_owned()
+    };
+    let reasoning = block("reasoning");
+    for needle in [
+        "path_prefix: /v1/chat/completions",
+        "models: \"o3*\", \"gpt-5?\"",
+        "upstream: openai (https://api.openai.com/, auth bearer, api_key_env OPENAI_API_KEY, \
+         ca_file config/certs/ca.pem, propagate_budget true)",
+        "budget: 5m\n",
+        "max_budget: 10m\n",
+        "connect_timeout: 2s\n",
+        "first_token_timeout: 2m\n",
+        "idle_timeout: 20s\n",
+        "reserve: 250ms\n",
+        "min_useful: 100ms\n",
+    ] {
+        assert!(
+            reasoning.contains(needle),
+            "missing {needle:?} in:\n{reasoning}"
+        );
+    }
+    let chat = block("chat");
+    for needle in [
+        "models: any",
+        "budget: 8s\n",
+        "first_token_timeout: 5s\n",
+        "idle_timeout: 3s\n",
+    ] {
+        assert!(chat.contains(needle), "missing {needle:?} in:\n{chat}");
+    }
+    let messages = block("messages");
+    for needle in [
+        "path_prefix: /v1/messages",
+        "upstream: anthropic (http://127.0.0.1:8089/anthropic, auth x-api-key, \
+         api_key_env ANTHROPIC_API_KEY, propagate_budget false)",
+        "budget: 45s\n",
+        "first_token_timeout: 15s\n",
+    ] {
+        assert!(
+            messages.contains(needle),
+            "missing {needle:?} in:\n{messages}"
+        );
+    }
+    // File order.
+    let pos = |n: &str| d.find(&format!("route \"{n}\"")).unwrap();
+    assert!(pos("reasoning") < pos("chat") && pos("chat") < pos("messages"));
+}
+
+#[test]
+fn warnings_cover_environment_and_layout() {
+    let text = format!(
+        "{}\n[upstreams.spare]\nurl = \"http://127.0.0.1:1\"\napi_key_env = \"SPARE_KEY\"\n\
+         auth = \"none\"\nca_file = \"/nonexistent/ca.pem\"\n\n\
+         [[routes]]\nname = \"late\"\npath_prefix = \"/v1/chat/completions/x\"\nupstream = \"openai\"\n",
+        FULL.replace("ca_file = \"certs/ca.pem\"\n", "")
+    );
+    let c = load(&text);
+    let env = |name: &str| match name {
+        "ANTHROPIC_API_KEY" => Some(OsString::new()),
+        _ => None,
+    };
+    let w = c.warnings_with(&env);
+    assert_eq!(
+        w,
+        [
+            "upstream \"openai\": api_key_env OPENAI_API_KEY is not set; the client's own credentials will be passed through",
+            "upstream \"anthropic\": api_key_env ANTHROPIC_API_KEY is set but empty",
+            "upstream \"spare\": api_key_env SPARE_KEY is ignored because auth is \"none\"",
+            "upstream \"spare\": ca_file is ignored because url http://127.0.0.1:1/ uses http",
+            "upstream \"spare\" is not used by any route",
+            "route \"late\" is unreachable: route \"chat\" comes first and matches every request it would",
+        ]
+    );
+
+    let set = |_: &str| Some(OsString::from("sk-test"));
+    assert!(load(BASE)
+        .warnings_with(&set)
+        .iter()
+        .all(|w| !w.contains("api_key_env")));
+}

@@ -1,0 +1,298 @@
+//! Files that parse but do not check out: each error names the file, the route or upstream
+//! and the key, and says which values are inherited.
+
+use super::{err, load, secs, with_route_keys, BASE};
+
+#[test]
+fn first_token_timeout_over_budget() {
+    assert_eq!(
+        err(&with_route_keys(
+            "budget = \"8s\"\nfirst_token_timeout = \"40s\""
+        )),
+        "t.toml: route \"chat\": first_token_timeout (40s) must not exceed budget (8s)"
+    );
+}
+
+#[test]
+fn inherited_values_are_pointed_out() {
+    assert_eq!(
+        err(&with_route_keys("budget = \"8s\"")),
+        "t.toml: route \"chat\": first_token_timeout (30s) must not exceed budget (8s); \
+         first_token_timeout is inherited from [defaults]"
+    );
+    assert_eq!(
+        err(&with_route_keys(
+            "budget = \"100ms\"\nfirst_token_timeout = \"100ms\""
+        )),
+        "t.toml: route \"chat\": reserve + min_useful (0s + 100ms = 100ms) must be less than \
+         budget (100ms); reserve and min_useful are inherited from [defaults]"
+    );
+}
+
+#[test]
+fn unknown_upstream_lists_known_ones_sorted() {
+    let text = BASE.replace("upstream = \"openai\"", "upstream = \"anthropc\"");
+    assert_eq!(
+        err(&text),
+        "t.toml: route \"chat\": upstream \"anthropc\" is not defined (known: anthropic, openai)"
+    );
+}
+
+#[test]
+fn upstream_url_errors() {
+    let cases = [
+        ("ftp://x", "must use http or https"),
+        ("api.openai.com", "must use http or https"),
+        ("http://:80", "must include a host"),
+        ("http://a/v1?x=1", "must not have a query string"),
+        ("http://a/v1#top", "must not have a fragment"),
+        (
+            "https://user:pw@a",
+            "must not contain credentials (use api_key_env)",
+        ),
+        ("http://a b", "is not a valid URL: invalid uri character"),
+    ];
+    for (url, why) in cases {
+        let text = BASE.replace("https://api.openai.com", url);
+        assert_eq!(
+            err(&text),
+            format!("t.toml: upstream \"openai\": url \"{url}\" {why}")
+        );
+    }
+    let text = BASE.replace("url = \"https://api.openai.com\"", "api_key_env = \"K\"");
+    assert_eq!(err(&text), "t.toml: upstream \"openai\": url is required");
+}
+
+#[test]
+fn pool_idle_timeout_defaults_to_90s_and_must_not_be_zero() {
+    assert_eq!(load(BASE).upstreams[0].pool_idle_timeout, secs(90));
+    let set = |v: &str| {
+        BASE.replace(
+            "url = \"https://api.openai.com\"",
+            &format!("url = \"https://api.openai.com\"\npool_idle_timeout = \"{v}\""),
+        )
+    };
+    assert_eq!(load(&set("4s")).upstreams[0].pool_idle_timeout, secs(4));
+    assert_eq!(
+        err(&set("0s")),
+        "t.toml: upstream \"openai\": pool_idle_timeout must be greater than 0"
+    );
+}
+
+#[test]
+fn upstream_url_path_prefix_is_kept_without_trailing_slash() {
+    for (given, path) in [
+        ("http://127.0.0.1:8089/openai", "/openai"),
+        ("http://127.0.0.1:8089/openai/", "/openai"),
+        ("http://127.0.0.1:8089/", "/"),
+        ("http://127.0.0.1:8089//", "/"),
+        ("http://127.0.0.1:8089", "/"),
+    ] {
+        let c = load(&BASE.replace("https://api.openai.com", given));
+        assert_eq!(c.upstreams[0].url.path(), path, "{given}");
+        assert_eq!(c.upstreams[0].url.authority().unwrap(), "127.0.0.1:8089");
+    }
+}
+
+#[test]
+fn other_upstream_errors() {
+    let text = BASE.replace(
+        "url = \"https://api.openai.com\"",
+        "url = \"https://api.openai.com\"\napi_key_env = \"\"",
+    );
+    assert_eq!(
+        err(&text),
+        "t.toml: upstream \"openai\": api_key_env \"\" is not a valid environment variable name"
+    );
+    let text = BASE.replace(
+        "url = \"https://api.openai.com\"",
+        "url = \"https://api.openai.com\"\nca_file = \"\"",
+    );
+    assert_eq!(
+        err(&text),
+        "t.toml: upstream \"openai\": ca_file must not be empty"
+    );
+    let text = format!("{BASE}[upstreams.\"\"]\nurl = \"http://a\"\n");
+    assert_eq!(
+        err(&text),
+        "t.toml: upstreams: an upstream name must not be empty"
+    );
+}
+
+#[test]
+fn no_upstreams_and_no_routes() {
+    assert_eq!(
+        err("[[routes]]\nname = \"chat\"\npath_prefix = \"/\"\nupstream = \"x\"\n"),
+        "t.toml: no upstreams defined: at least one [upstreams.NAME] table is required"
+    );
+    assert_eq!(
+        err(""),
+        "t.toml: no upstreams defined: at least one [upstreams.NAME] table is required"
+    );
+    assert_eq!(
+        err("[upstreams.openai]\nurl = \"https://api.openai.com\"\n"),
+        "t.toml: no routes defined: at least one [[routes]] entry is required"
+    );
+}
+
+#[test]
+fn route_identity_errors() {
+    let dup = format!(
+        "{BASE}\n[[routes]]\nname = \"other\"\npath_prefix = \"/a\"\nupstream = \"openai\"\n\n\
+         [[routes]]\nname = \"chat\"\npath_prefix = \"/b\"\nupstream = \"openai\"\n"
+    );
+    assert_eq!(
+        err(&dup),
+        "t.toml: routes[2]: name \"chat\" is already used by routes[0]; route names must be unique"
+    );
+    let unnamed = format!("{BASE}\n[[routes]]\npath_prefix = \"/a\"\nupstream = \"openai\"\n");
+    assert_eq!(err(&unnamed), "t.toml: routes[1]: name is required");
+    let empty = format!("{BASE}\n[[routes]]\nname = \"\"\npath_prefix = \"/a\"\n");
+    assert_eq!(err(&empty), "t.toml: routes[1]: name must not be empty");
+    let no_prefix = format!("{BASE}\n[[routes]]\nname = \"x\"\nupstream = \"openai\"\n");
+    assert_eq!(
+        err(&no_prefix),
+        "t.toml: route \"x\": path_prefix is required"
+    );
+    let no_upstream = format!("{BASE}\n[[routes]]\nname = \"x\"\npath_prefix = \"/x\"\n");
+    assert_eq!(
+        err(&no_upstream),
+        "t.toml: route \"x\": upstream is required"
+    );
+    let text = BASE.replace("path_prefix = \"/v1/chat\"", "path_prefix = \"v1/chat\"");
+    assert_eq!(
+        err(&text),
+        "t.toml: route \"chat\": path_prefix \"v1/chat\" must start with \"/\""
+    );
+}
+
+#[test]
+fn empty_model_glob() {
+    assert_eq!(
+        err(&with_route_keys("models = [\"o3*\", \"\"]")),
+        "t.toml: route \"chat\": models[1] is empty; use \"*\" to match any model"
+    );
+}
+
+#[test]
+fn route_limit_errors() {
+    let cases = [
+        (
+            "budget = \"0s\"",
+            "budget must be greater than 0",
+        ),
+        (
+            "budget = \"8s\"\nmax_budget = \"5s\"\nfirst_token_timeout = \"1s\"",
+            "budget (8s) must not exceed max_budget (5s)",
+        ),
+        (
+            "budget = \"10m 1s\"",
+            "budget (10m 1s) must not exceed max_budget (10m); max_budget is inherited from [defaults]",
+        ),
+        (
+            "budget = \"1s\"\nfirst_token_timeout = \"1s\"\nreserve = \"900ms\"\nmin_useful = \"100ms\"",
+            "reserve + min_useful (900ms + 100ms = 1s) must be less than budget (1s)",
+        ),
+        (
+            "connect_timeout = \"0ms\"",
+            "connect_timeout must be greater than 0",
+        ),
+        (
+            "first_token_timeout = \"0s\"",
+            "first_token_timeout must be greater than 0",
+        ),
+        ("idle_timeout = \"0s\"", "idle_timeout must be greater than 0"),
+    ];
+    for (keys, message) in cases {
+        assert_eq!(
+            err(&with_route_keys(keys)),
+            format!("t.toml: route \"chat\": {message}"),
+            "{keys}"
+        );
+    }
+}
+
+#[test]
+fn defaults_are_checked_themselves() {
+    let cases = [
+        ("budget = \"0s\"", "budget must be greater than 0"),
+        (
+            "budget = \"8s\"\nmax_budget = \"5s\"",
+            "budget (8s) must not exceed max_budget (5s)",
+        ),
+        (
+            "first_token_timeout = \"2m\"",
+            "first_token_timeout (2m) must not exceed budget (1m)",
+        ),
+        (
+            "reserve = \"1m\"",
+            "reserve + min_useful (1m + 100ms = 1m 100ms) must be less than budget (1m)",
+        ),
+        (
+            "idle_timeout = \"0s\"",
+            "idle_timeout must be greater than 0",
+        ),
+    ];
+    for (keys, message) in cases {
+        let text = format!("[defaults]\n{keys}\n{BASE}");
+        assert_eq!(err(&text), format!("t.toml: defaults: {message}"), "{keys}");
+    }
+}
+
+#[test]
+fn route_override_can_repair_nothing_in_defaults() {
+    // Defaults are validated even if every route overrides the bad key,
+    // because a route added later would silently inherit it.
+    let text = format!("[defaults]\nbudget = \"0s\"\n{BASE}budget = \"5s\"\n");
+    assert_eq!(
+        err(&text),
+        "t.toml: defaults: budget must be greater than 0"
+    );
+}
+
+#[test]
+fn server_errors() {
+    let cases = [
+        (
+            "max_request_body = 0",
+            "max_request_body must be greater than 0",
+        ),
+        (
+            "max_connections = 0",
+            "max_connections must be greater than 0 (omit it for no limit)",
+        ),
+        (
+            "max_connections = 2000000000000",
+            "max_connections (2000000000000) must be at most 1000000",
+        ),
+        (
+            "max_headers = 5000",
+            "max_headers (5000) must be at most 1000",
+        ),
+        (
+            "send_timeout = \"0s\"",
+            "send_timeout must be greater than 0",
+        ),
+        (
+            "header_read_timeout = \"0s\"",
+            "header_read_timeout must be greater than 0",
+        ),
+        (
+            "listen = \"127.0.0.1:9000\"\nadmin_listen = \"127.0.0.1:9000\"",
+            "listen and admin_listen must differ (both are 127.0.0.1:9000)",
+        ),
+    ];
+    for (keys, message) in cases {
+        let text = format!("[server]\n{keys}\n{BASE}");
+        assert_eq!(err(&text), format!("t.toml: server: {message}"), "{keys}");
+    }
+}
+
+#[test]
+fn absurd_durations_are_refused_at_load() {
+    let e = err(&format!(
+        "[defaults]\nmax_budget = \"500000000years\"\n{BASE}"
+    ));
+    assert!(e.contains("longer than the maximum of 1 year"), "{e}");
+    load(&format!("[defaults]\nmax_budget = \"365days\"\n{BASE}"));
+}

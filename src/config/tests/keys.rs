@@ -1,0 +1,168 @@
+//! Admission limits, client keys and provider key files: how they resolve, how they fail,
+//! and that a key written into the file is warned about and never repeated.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use super::{err, load, with_route_keys, BASE};
+use crate::config::{looks_like_secret, ClientAuth};
+
+#[test]
+fn admission_and_client_key_settings_resolve() {
+    let c = load(&with_route_keys(
+        "max_in_flight = 8\nclient_keys_env = \"CHAT_KEYS\"\nclient_keys_file = \"keys/chat\"",
+    ));
+    let r = &c.routes[0];
+    assert_eq!(r.max_in_flight, Some(8));
+    assert_eq!(
+        r.client_auth,
+        Some(ClientAuth {
+            env: Some("CHAT_KEYS".into()),
+            file: Some(PathBuf::from("config/keys/chat")),
+        })
+    );
+    let d = c.describe();
+    assert!(d.contains("  max_in_flight: 8\n"), "{d}");
+    assert!(
+        d.contains("  client keys: client_keys_env CHAT_KEYS, client_keys_file config/keys/chat\n"),
+        "{d}"
+    );
+    let open = load(BASE);
+    assert_eq!(open.routes[0].max_in_flight, None);
+    assert_eq!(open.routes[0].client_auth, None);
+}
+
+#[test]
+fn admission_and_client_key_errors_name_route_and_key() {
+    assert_eq!(
+        err(&with_route_keys("max_in_flight = 0")),
+        "t.toml: route \"chat\": max_in_flight must be greater than 0 (omit it for no limit)"
+    );
+    assert_eq!(
+        err(&with_route_keys("max_in_flight = 2000000")),
+        "t.toml: route \"chat\": max_in_flight (2000000) must be at most 1000000"
+    );
+    assert_eq!(
+        err(&with_route_keys("client_keys_env = \"\"")),
+        "t.toml: route \"chat\": client_keys_env \"\" is not a valid environment variable name"
+    );
+    assert_eq!(
+        err(&with_route_keys("client_keys_file = \"\"")),
+        "t.toml: route \"chat\": client_keys_file must not be empty"
+    );
+}
+
+#[test]
+fn provider_key_file_is_resolved_and_exclusive_with_the_variable() {
+    let c = load(&BASE.replace(
+        "url = \"https://api.openai.com\"\n",
+        "url = \"https://api.openai.com\"\napi_key_file = \"secrets/openai\"\n",
+    ));
+    assert_eq!(
+        c.upstreams[0].api_key_file,
+        Some(PathBuf::from("config/secrets/openai"))
+    );
+    assert!(c
+        .describe()
+        .contains(", api_key_file config/secrets/openai"));
+    assert_eq!(
+        err(&BASE.replace(
+            "url = \"https://api.openai.com\"\n",
+            "url = \"https://api.openai.com\"\napi_key_env = \"K\"\napi_key_file = \"k\"\n",
+        )),
+        "t.toml: upstream \"openai\": api_key_env and api_key_file are both set; use one"
+    );
+}
+
+#[test]
+fn inlined_keys_are_warned_about_and_never_repeated() {
+    const CANARY: &str = "sk-proj-CANARY0123456789abcdefXYZ";
+    let text = BASE.replace(
+        "url = \"https://api.openai.com\"\n",
+        &format!("url = \"https://api.openai.com\"\napi_key_env = \"{CANARY}\"\n"),
+    ) + "models = [\"gpt-4o\", \"AbCdEfGhIjKlMnOpQrStUvWxYz0123456789\"]\n";
+    let c = load(&text);
+    let w = c.warnings_with(&|_| None);
+    assert_eq!(
+        &w[..2],
+        [
+            "routes[0].models[1] looks like an inlined API key; keep keys out of the config file (use api_key_env or api_key_file)",
+            "upstreams.openai.api_key_env looks like an inlined API key; keep keys out of the config file (use api_key_env or api_key_file)",
+        ]
+    );
+    let d = c.describe();
+    let all = format!("{w:?}{d}{c:?}");
+    // Debug of the config holds the raw setting; warnings and describe must not.
+    assert!(!format!("{w:?}{d}").contains("CANARY"), "{all}");
+    assert!(
+        d.contains("api_key_env (not shown: looks like a key)"),
+        "{d}"
+    );
+    // An invalid variable name is refused without echoing what looks like a key.
+    let e = err(&BASE.replace(
+        "url = \"https://api.openai.com\"\n",
+        "url = \"https://api.openai.com\"\napi_key_env = \"sk-ant-api03-abc=def0123456789\"\n",
+    ));
+    assert!(!e.contains("abc=def"), "{e}");
+    // Ordinary names, model names and URLs are not keys.
+    for ok in [
+        "OPENAI_API_KEY",
+        "gpt-4o-mini-2024-07-18",
+        "claude-3-5-sonnet-20241022",
+        "https://api.openai.com/v1",
+        "accounts/fireworks/models/llama-v3p1-405b-instruct",
+        "/v1/chat/completions",
+    ] {
+        assert!(!looks_like_secret(ok), "{ok}");
+    }
+    for key in [
+        "sk-abcdefghijklmnop",
+        "sk-ant-api03-xxxxxxxxxxxx",
+        "xai-0123456789abcdef",
+        "AIzaSyD-0123456789abcdefghijkl",
+    ] {
+        assert!(looks_like_secret(key), "{key}");
+    }
+}
+
+#[test]
+fn key_sources_are_checked_by_warnings() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-cfg-keys-")
+        .tempdir()
+        .unwrap();
+    let key = dir.path().join("openai.key");
+    std::fs::write(&key, "sk-test\n").unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let text = BASE.replace(
+        "url = \"https://api.openai.com\"\n",
+        &format!(
+            "url = \"https://api.openai.com\"\napi_key_file = \"{}\"\n",
+            key.display()
+        ),
+    ) + "client_keys_env = \"CHAT_KEYS\"\nclient_keys_file = \"/nonexistent/keys\"\n\n\
+         [[routes]]\nname = \"msgs\"\npath_prefix = \"/v1/messages\"\nupstream = \"anthropic\"\n\
+         client_keys_env = \"MSG_KEYS\"\n";
+    let c = load(&text);
+    let w = c.warnings_with(&|name| (name == "MSG_KEYS").then(OsString::new));
+    let expect_mode = if cfg!(unix) {
+        vec![format!(
+            "upstream \"openai\": api_key_file {} is open to every user (mode 644); chmod 600 it",
+            key.display()
+        )]
+    } else {
+        vec![]
+    };
+    let mut expected = expect_mode;
+    expected.extend([
+        "route \"chat\": client_keys_env CHAT_KEYS is not set; the gateway will not start without the route's keys".to_owned(),
+        "route \"chat\": client_keys_file /nonexistent/keys: No such file or directory (os error 2); the gateway will not start without it".to_owned(),
+        "route \"msgs\": clients authenticate with their gateway keys, which are never passed on, and upstream \"anthropic\" has no key of its own".to_owned(),
+    ]);
+    assert_eq!(w, expected);
+    dir.close().unwrap();
+}

@@ -1,0 +1,111 @@
+//! Route matching: model globs, path prefixes on segment boundaries, and which routes an
+//! earlier one makes unreachable.
+
+use std::time::Duration;
+
+use super::{load, BASE};
+use crate::config::routing::shadows;
+use crate::config::{glob_match, Route};
+
+#[test]
+fn glob_cases() {
+    let yes = [
+        ("o3*", "o3"),
+        ("o3*", "o3-mini"),
+        ("*mini", "gpt-4o-mini"),
+        ("*mini", "mini"),
+        ("gpt-?o", "gpt-4o"),
+        ("*", ""),
+        ("*", "anything"),
+        ("", ""),
+        ("a*b*c", "aXXbYYc"),
+        ("*a*", "banana"),
+        ("?", "é"),
+        ("claude-*-4?", "claude-opus-45"),
+        ("**", "x"),
+    ];
+    for (p, t) in yes {
+        assert!(glob_match(p, t), "{p:?} should match {t:?}");
+    }
+    let no = [
+        ("o3*", "gpt-o3"),
+        ("*mini", "gpt-4o-mini-2024"),
+        ("gpt-?o", "gpt-4"),
+        ("gpt-?o", "gpt-45o"),
+        ("", "x"),
+        ("?", ""),
+        ("?", "ab"),
+        ("a*b*c", "aXXbYY"),
+        ("O3*", "o3"),
+    ];
+    for (p, t) in no {
+        assert!(!glob_match(p, t), "{p:?} should not match {t:?}");
+    }
+}
+
+#[test]
+fn glob_has_no_pathological_case() {
+    let long = "a".repeat(100_000);
+    let started = std::time::Instant::now();
+    assert!(!glob_match("a*a*a*a*a*b", &long));
+    assert!(glob_match("a*a*a*a*a*a", &long));
+    assert!(!glob_match(&"*a".repeat(50), &"a".repeat(49)));
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+fn route(prefix: &str, models: &[&str]) -> Route {
+    let c = load(BASE);
+    Route {
+        path_prefix: prefix.to_owned(),
+        models: models.iter().map(|m| (*m).to_owned()).collect(),
+        ..c.routes[0].clone()
+    }
+}
+
+#[test]
+fn prefix_respects_segment_boundaries() {
+    let r = route("/v1/chat", &[]);
+    assert!(r.matches("/v1/chat", None));
+    assert!(r.matches("/v1/chat/completions", None));
+    assert!(r.matches("/v1/chat?stream=true", Some("gpt-4o")));
+    assert!(!r.matches("/v1/chatter", None));
+    assert!(!r.matches("/v1/cha", None));
+    assert!(!r.matches("/v2/chat", None));
+
+    let slash = route("/v1/chat/", &[]);
+    assert!(slash.matches("/v1/chat/x", None));
+    assert!(!slash.matches("/v1/chat", None));
+
+    let root = route("/", &[]);
+    assert!(root.matches("/", None));
+    assert!(root.matches("/anything/at/all", None));
+}
+
+#[test]
+fn models_filter_requires_a_matching_model() {
+    let r = route("/v1/chat", &["o3*", "gpt-5?"]);
+    assert!(r.matches("/v1/chat", Some("o3-pro")));
+    assert!(r.matches("/v1/chat", Some("gpt-5o")));
+    assert!(!r.matches("/v1/chat", Some("gpt-4o")));
+    assert!(!r.matches("/v1/chat", None));
+    assert!(!r.matches("/v1/chatter", Some("o3")));
+}
+
+#[test]
+fn shadowing_considers_models() {
+    let any = route("/v1", &[]);
+    let o3 = route("/v1/chat", &["o3*"]);
+    let o3_and_gpt = route("/v1/chat", &["o3*", "gpt*"]);
+    let star = route("/v1/chat", &["*"]);
+    assert!(shadows(&any, &o3));
+    assert!(!shadows(&o3, &any));
+    assert!(shadows(&o3_and_gpt, &o3));
+    assert!(!shadows(&o3, &o3_and_gpt));
+    assert!(shadows(&star, &o3_and_gpt));
+    // A model-less route also serves requests without a model.
+    assert!(!shadows(&star, &route("/v1/chat", &[])));
+    assert!(!shadows(
+        &route("/v1/chat", &[]),
+        &route("/v1/chatter", &[])
+    ));
+}

@@ -1,0 +1,175 @@
+//! Run keys: inherited from `[defaults]`, overridden per route, checked; and `[runs]`.
+
+use super::*;
+use crate::config::{OnStoreError, RunIdSource, RunLimits, RunStore, DEFAULT_TOKEN_ESTIMATE};
+
+#[test]
+fn without_run_keys_a_route_counts_runs_without_limits() {
+    let c = load(BASE);
+    let r = &c.routes[0];
+    assert_eq!(r.run_id, RunIdSource::default());
+    assert_eq!(r.run_limits, RunLimits::UNLIMITED);
+    assert!(!r.run_limits.any());
+    assert_eq!(c.runs.ttl, secs(600));
+    assert_eq!(c.runs.max_runs, 100_000);
+    assert_eq!(c.runs.store, RunStore::Memory);
+    assert_eq!(c.runs.store_timeout, Duration::from_millis(50));
+    assert_eq!(c.runs.on_store_error, OnStoreError::Allow);
+}
+
+#[test]
+fn run_keys_are_inherited_and_overridden() {
+    let text = format!(
+        "[defaults]\nrun_budget = \"2m\"\nrun_max_calls = 20\nrun_id_header = \"x-session-id\"\n\
+         [runs]\nttl = \"30s\"\nmax_runs = 10\nstore = \"redis://127.0.0.1:6379/2\"\n\
+         store_timeout = \"20ms\"\non_store_error = \"deny\"\n{BASE}\
+         run_max_calls = 5\nrun_max_tokens = 9000\nrun_max_repeats = 3\nrun_max_budget = \"5m\"\n\
+         run_token_estimate = 200\n\n\
+         [[routes]]\nname = \"traced\"\npath_prefix = \"/v1/messages\"\nupstream = \"anthropic\"\n\
+         run_id_header = \"traceparent\"\n"
+    );
+    let c = load(&text);
+    let chat = &c.routes[0];
+    assert_eq!(
+        chat.run_id,
+        RunIdSource::Header(http::HeaderName::from_static("x-session-id"))
+    );
+    assert_eq!(
+        chat.run_limits,
+        RunLimits {
+            budget: Some(secs(120)),
+            max_budget: Some(secs(300)),
+            max_calls: Some(5),
+            max_tokens: Some(9000),
+            max_repeats: Some(3),
+            token_estimate: 200,
+        }
+    );
+    let traced = &c.routes[1];
+    assert_eq!(traced.run_id, RunIdSource::TraceParent);
+    assert_eq!(traced.run_limits.max_calls, Some(20));
+    assert_eq!(traced.run_limits.token_estimate, DEFAULT_TOKEN_ESTIMATE);
+    assert_eq!(c.runs.ttl, secs(30));
+    assert_eq!(c.runs.max_runs, 10);
+    assert_eq!(
+        c.runs.store,
+        RunStore::Redis("redis://127.0.0.1:6379/2".into())
+    );
+    assert_eq!(c.runs.store_timeout, Duration::from_millis(20));
+    assert_eq!(c.runs.on_store_error, OnStoreError::Deny);
+}
+
+#[test]
+fn bad_run_keys_are_refused_naming_the_route_and_key() {
+    for (keys, want) in [
+        (
+            "run_max_calls = 0",
+            "route \"chat\": run_max_calls must be greater than 0",
+        ),
+        (
+            "run_max_tokens = 0",
+            "route \"chat\": run_max_tokens must be greater than 0",
+        ),
+        (
+            "run_max_repeats = 1",
+            "route \"chat\": run_max_repeats (1) must be between 2 and 1000",
+        ),
+        (
+            "run_token_estimate = 0",
+            "run_token_estimate must be greater than 0",
+        ),
+        (
+            "run_budget = \"0s\"",
+            "route \"chat\": run_budget must be greater than 0",
+        ),
+        (
+            "run_budget = \"10m\"\nrun_max_budget = \"1m\"",
+            "run_budget (10m) must not exceed run_max_budget (1m)",
+        ),
+        (
+            "run_id_header = \"bad header\"",
+            "run_id_header \"bad header\" is not a valid header name",
+        ),
+        (
+            "run_max_calls = 5000000000",
+            "run_max_calls (5000000000) must be at most 4294967295",
+        ),
+        ("run_max_calls = \"5\"", "invalid type"),
+        ("run_limit = 5", "unknown field `run_limit`"),
+    ] {
+        let e = err(&with_route_keys(keys));
+        assert!(e.contains(want), "{keys}: {e}");
+    }
+}
+
+#[test]
+fn a_bad_runs_table_is_refused() {
+    for (table, want) in [
+        ("ttl = \"0s\"", "runs: ttl must be greater than 0"),
+        ("max_runs = 0", "runs: max_runs (0) must be between 1 and"),
+        (
+            "store = \"postgres://x\"",
+            "runs: store \"postgres://x\" must be \"memory\" or a redis:// or rediss:// URL",
+        ),
+        (
+            "store = \"redis://\"",
+            "runs: store \"redis://\" names no host",
+        ),
+        (
+            "store_timeout = \"0ms\"",
+            "runs: store_timeout must be greater than 0",
+        ),
+        ("on_store_error = \"maybe\"", "unknown variant `maybe`"),
+        ("size = 3", "unknown field `size`"),
+    ] {
+        let e = err(&format!("[runs]\n{table}\n{BASE}"));
+        assert!(e.contains(want), "{table}: {e}");
+    }
+}
+
+#[test]
+fn describe_shows_run_limits_and_hides_a_store_password() {
+    let text = format!(
+        "[runs]\nstore = \"rediss://hg:s3cret-pass@redis.internal:6380/1\"\n{BASE}\
+         run_max_calls = 5\nrun_max_repeats = 3\n"
+    );
+    let d = load(&text).describe();
+    assert!(
+        d.contains("store: rediss://hg:***@redis.internal:6380/1"),
+        "{d}"
+    );
+    assert!(!d.contains("s3cret"), "{d}");
+    assert!(
+        d.contains("runs: id from x-run-id, run_max_calls 5, run_max_repeats 3"),
+        "{d}"
+    );
+}
+
+#[test]
+fn a_store_password_comes_from_the_environment_only() {
+    let ok = load(&format!(
+        "[runs]\nstore = \"redis://redis:6379/0\"\nstore_password_env = \"REDIS_PASSWORD\"\n{BASE}"
+    ));
+    assert_eq!(
+        ok.runs.store_password_env.as_deref(),
+        Some("REDIS_PASSWORD")
+    );
+    assert!(ok.describe().contains("(password from REDIS_PASSWORD)"));
+    for (table, want) in [
+        (
+            "store_password_env = \"P\"",
+            "needs a redis:// or rediss:// store",
+        ),
+        (
+            "store = \"redis://:x@h:6379\"\nstore_password_env = \"P\"",
+            "the store URL already has credentials",
+        ),
+        (
+            "store = \"redis://h:6379\"\nstore_password_env = \"A B\"",
+            "is not a variable name",
+        ),
+    ] {
+        let e = err(&format!("[runs]\n{table}\n{BASE}"));
+        assert!(e.contains(want), "{table}: {e}");
+    }
+}

@@ -1,0 +1,119 @@
+//! Text that is not TOML or does not fit the schema: errors carry a `file:line:col` counted
+//! in characters, and every error displays as one line.
+
+use super::{with_route_keys, BASE};
+use crate::config::build::line_col;
+use crate::config::{Config, ConfigError};
+
+fn syntax(text: &str) -> (usize, usize, String) {
+    match Config::from_toml(text, "t.toml") {
+        Err(ConfigError::Syntax {
+            source_name,
+            line,
+            col,
+            message,
+        }) => {
+            assert_eq!(source_name, "t.toml");
+            (line, col, message)
+        }
+        other => panic!("expected a syntax error, got {other:?}"),
+    }
+}
+
+#[test]
+fn toml_syntax_error_location() {
+    let text = format!("{BASE}budget = \"8s\n");
+    let (line, col, message) = syntax(&text);
+    assert_eq!((line, col), (12, 13), "{message}");
+    assert!(
+        !message.contains('\n') && !message.contains('^'),
+        "{message}"
+    );
+    let shown = Config::from_toml(&text, "t.toml").unwrap_err().to_string();
+    assert!(shown.starts_with("t.toml:12:13: "), "{shown}");
+}
+
+#[test]
+fn unknown_keys_are_located() {
+    let (line, col, message) = syntax(&with_route_keys("  first_token_timout = \"5s\""));
+    assert_eq!((line, col), (12, 3));
+    assert!(
+        message.starts_with("unknown field `first_token_timout`, expected one of"),
+        "{message}"
+    );
+
+    let (line, col, message) = syntax(&format!(
+        "[server]\nlisten = \"127.0.0.1:1\"\nport = 1\n{BASE}"
+    ));
+    assert_eq!((line, col), (3, 1));
+    assert!(message.starts_with("unknown field `port`"), "{message}");
+
+    let (line, col, _) = syntax(&format!("[defaults]\ntimeout = \"1s\"\n{BASE}"));
+    assert_eq!((line, col), (2, 1));
+
+    let (line, col, _) = syntax(&format!(
+        "{BASE}[upstreams.extra]\nurl = \"http://a\"\nkey = \"k\"\n"
+    ));
+    assert_eq!((line, col), (14, 1));
+
+    let (line, col, message) = syntax(&format!("routing = 1\n{BASE}"));
+    assert_eq!((line, col), (1, 1));
+    assert!(message.starts_with("unknown field `routing`"), "{message}");
+}
+
+#[test]
+fn bad_values_are_located() {
+    let (line, col, message) = syntax(&with_route_keys("budget = \"8 parsecs\""));
+    assert_eq!((line, col), (12, 10));
+    assert!(
+        message.starts_with("invalid duration \"8 parsecs\": unknown time unit"),
+        "{message}"
+    );
+
+    let (line, col, message) = syntax(&with_route_keys("budget = 8"));
+    assert_eq!((line, col), (12, 10));
+    assert_eq!(
+        message,
+        "invalid type: integer `8`, expected a duration string such as \"250ms\", \"8s\" or \"10m\""
+    );
+
+    let (line, col, message) = syntax(&format!("[server]\nlisten = \"localhost:80\"\n{BASE}"));
+    assert_eq!((line, col), (2, 10));
+    assert_eq!(
+        message,
+        "invalid socket address \"localhost:80\": expected IP:port such as \"127.0.0.1:8080\""
+    );
+
+    let text = BASE.replace("auth = \"x-api-key\"", "auth = \"basic\"");
+    let (line, col, message) = syntax(&text);
+    assert_eq!((line, col), (6, 8));
+    assert_eq!(
+        message,
+        "unknown variant `basic`, expected one of `bearer`, `x-api-key`, `none`"
+    );
+}
+
+#[test]
+fn columns_count_characters_not_bytes() {
+    assert_eq!(line_col("ab\ncé=x", 6), (2, 3));
+    assert_eq!(line_col("", 0), (1, 1));
+    assert_eq!(line_col("abc", 99), (1, 4));
+    // Inside a multi-byte char: clamp back to its start.
+    assert_eq!(line_col("é", 1), (1, 1));
+}
+
+#[test]
+fn errors_display_their_shape() {
+    let e = ConfigError::Syntax {
+        source_name: "a.toml".into(),
+        line: 3,
+        col: 7,
+        message: "boom".into(),
+    };
+    assert_eq!(e.to_string(), "a.toml:3:7: boom");
+    let e = ConfigError::Invalid {
+        source_name: "a.toml".into(),
+        message: "bad".into(),
+    };
+    assert_eq!(e.to_string(), "a.toml: bad");
+}

@@ -1,0 +1,177 @@
+//! Valid configs: every key resolves, built-in defaults apply, and paths are anchored at the
+//! config file.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{load, secs, BASE, FULL};
+use crate::config::{AuthMode, Config, ConfigError, Limits, ServerConfig};
+
+#[test]
+fn full_example_resolves() {
+    let c = load(FULL);
+    assert_eq!(c.source, "config/hourglass.toml");
+    assert_eq!(
+        c.server,
+        ServerConfig {
+            listen: "0.0.0.0:8000".parse().unwrap(),
+            admin_listen: "127.0.0.1:9100".parse().unwrap(),
+            max_request_body: 2048,
+            max_response_body: 16 * 1024 * 1024,
+            header_read_timeout: secs(5),
+            shutdown_grace: secs(60),
+            send_timeout: secs(20),
+            max_connections: Some(500),
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            http2_max_concurrent_streams: 256,
+            tls: None,
+        }
+    );
+
+    // File order, not alphabetical.
+    let names: Vec<&str> = c.upstreams.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(names, ["openai", "anthropic"]);
+    let openai = &c.upstreams[0];
+    assert_eq!(openai.url, "https://api.openai.com/");
+    assert_eq!(openai.api_key_env.as_deref(), Some("OPENAI_API_KEY"));
+    assert_eq!(openai.auth, AuthMode::Bearer);
+    assert_eq!(
+        openai.ca_file.as_deref(),
+        Some(Path::new("config/certs/ca.pem"))
+    );
+    assert!(openai.propagate_budget);
+    let anthropic = &c.upstreams[1];
+    assert_eq!(anthropic.url.path(), "/anthropic", "trailing slash trimmed");
+    assert_eq!(anthropic.auth, AuthMode::XApiKey);
+    assert_eq!(anthropic.ca_file, None);
+    assert!(!anthropic.propagate_budget);
+
+    let names: Vec<&str> = c.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["reasoning", "chat", "messages"]);
+    let defaults = Limits {
+        budget: secs(45),
+        max_budget: secs(600),
+        connect_timeout: secs(2),
+        first_token_timeout: secs(15),
+        idle_timeout: secs(20),
+        reserve: Duration::from_millis(250),
+        min_useful: Duration::from_millis(100),
+    };
+
+    let reasoning = &c.routes[0];
+    assert_eq!(reasoning.models, ["o3*", "gpt-5?"]);
+    assert!(reasoning.needs_model());
+    assert!(Arc::ptr_eq(&reasoning.upstream, openai));
+    assert_eq!(
+        reasoning.limits,
+        Limits {
+            budget: secs(300),
+            first_token_timeout: secs(120),
+            ..defaults
+        }
+    );
+
+    let chat = &c.routes[1];
+    assert!(chat.models.is_empty());
+    assert!(!chat.needs_model());
+    assert!(Arc::ptr_eq(&chat.upstream, openai));
+    assert_eq!(
+        chat.limits,
+        Limits {
+            budget: secs(8),
+            first_token_timeout: secs(5),
+            idle_timeout: secs(3),
+            ..defaults
+        }
+    );
+
+    let messages = &c.routes[2];
+    assert_eq!(messages.path_prefix, "/v1/messages");
+    assert!(Arc::ptr_eq(&messages.upstream, anthropic));
+    assert_eq!(messages.limits, defaults);
+}
+
+#[test]
+fn built_in_defaults_apply() {
+    let c = load(BASE);
+    assert_eq!(
+        c.server,
+        ServerConfig {
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            admin_listen: "127.0.0.1:9090".parse().unwrap(),
+            max_request_body: 10 * 1024 * 1024,
+            max_response_body: 16 * 1024 * 1024,
+            header_read_timeout: secs(10),
+            shutdown_grace: secs(30),
+            send_timeout: secs(60),
+            max_connections: None,
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+            http2_max_concurrent_streams: 256,
+            tls: None,
+        }
+    );
+    assert_eq!(
+        c.routes[0].limits,
+        Limits {
+            budget: secs(60),
+            max_budget: secs(600),
+            connect_timeout: secs(2),
+            first_token_timeout: secs(30),
+            idle_timeout: secs(20),
+            reserve: Duration::ZERO,
+            min_useful: Duration::from_millis(100),
+        }
+    );
+}
+
+#[test]
+fn load_reads_file_and_resolves_ca_file_next_to_it() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-config-test-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("hourglass.toml");
+    let text = BASE.replace(
+        "url = \"https://api.openai.com\"",
+        "url = \"https://api.openai.com\"\nca_file = \"ca.pem\"",
+    );
+    std::fs::write(&path, text).unwrap();
+    let c = Config::load(&path).unwrap();
+    assert_eq!(c.source, path.display().to_string());
+    assert_eq!(c.upstreams[0].ca_file, Some(dir.path().join("ca.pem")));
+    // The CA file does not exist yet: a warning, not an error.
+    assert!(c.warnings().iter().any(|w| w.contains("ca_file")));
+    std::fs::write(dir.path().join("ca.pem"), "pem").unwrap();
+    assert!(!c.warnings().iter().any(|w| w.contains("ca_file")));
+    dir.close().unwrap();
+}
+
+#[test]
+fn absolute_ca_file_is_kept() {
+    let text = BASE.replace(
+        "url = \"https://api.openai.com\"",
+        "url = \"https://api.openai.com\"\nca_file = \"/etc/ssl/ca.pem\"",
+    );
+    let c = load(&text);
+    assert_eq!(
+        c.upstreams[0].ca_file.as_deref(),
+        Some(Path::new("/etc/ssl/ca.pem"))
+    );
+}
+
+#[test]
+fn io_error_names_the_path() {
+    let path = std::env::temp_dir().join("hourglass-config-test-does-not-exist.toml");
+    let e = Config::load(&path).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    );
+    let shown = e.to_string();
+    assert!(
+        shown.starts_with(&format!("{}: ", path.display())),
+        "{shown}"
+    );
+}

@@ -1,0 +1,207 @@
+//! The answer a client gets: the upstream's head made into ours (hop-by-hop headers out, SSE
+//! told not to be buffered, the request id) and its body wrapped by the reaper and the
+//! watchdog; or, when no head came, the contracted JSON error. HTTP/1.0 clients get JSON
+//! documents with a length.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, Request, Response, Version};
+use http_body::Body;
+use http_body_util::{BodyExt, Either, Full};
+use tokio::time::Instant;
+
+use crate::error::{BoxError, GatewayError};
+use crate::gateway::assembled::assembled;
+use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
+use crate::gateway::record::RequestRecord;
+use crate::gateway::routes::Gateway;
+use crate::http::conn::ClientConn;
+use crate::http::headers::{insert_request_id, request_id, strip_hop_by_hop};
+use crate::provider::inspect::Inspector;
+use crate::runs::call::insert_headers as insert_run_headers;
+use crate::stream::progress::Progress;
+use crate::stream::WatchdogBody;
+
+impl Gateway {
+    /// Serves one client request. Never fails: every failure becomes the contracted answer.
+    /// (Not an `async fn`, for the reason given at `forward`; what needs no waiting is done
+    /// before the future is made.)
+    pub fn handle<B>(self: Arc<Self>, req: Request<B>) -> impl Future<Output = Response<ProxyBody>>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let arrival = Instant::now();
+        let id = request_id(req.headers());
+        // The path alone: a query string may carry a key (`?key=` is how Gemini takes one).
+        let path = req.uri().path().to_string();
+        let mut record = RequestRecord::new(
+            id.clone(),
+            req.method().clone(),
+            path,
+            arrival,
+            self.no_route.clone(),
+        );
+        let client = req.extensions().get::<ClientConn>();
+        // Over HTTP/2 the stream counts as open until the record goes with the answer.
+        record.hold_stream(client.and_then(|c| c.streams.as_ref()).map(|s| s.open()));
+        record.set_client(
+            client.map(|c| c.peer),
+            req.headers()
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok()),
+            req.version(),
+        );
+        // HTTP/1.0 has no chunked coding, and a HEAD answer no body.
+        let close_delimited = req.version() == Version::HTTP_10 && req.method() != Method::HEAD;
+        async move {
+            // A request still waiting for its head when the shutdown grace ends is answered too.
+            let forwarded = tokio::select! {
+                r = self.forward(req, arrival, &id, &mut record) => r,
+                () = self.shutdown.cancelled() => Err(GatewayError::Shutdown),
+            };
+            match forwarded {
+                Ok(started) => {
+                    let (mut parts, body) = started.response.into_parts();
+                    let shape = started.shape;
+                    strip_hop_by_hop(&mut parts.headers);
+                    // Asked to stream for a client that did not: answered with the document.
+                    let assemble = started.assembled
+                        && shape.readable_sse()
+                        && parts.status.is_success()
+                        && started.format.is_some();
+                    if shape.event_stream && !assemble {
+                        if shape.readable {
+                            // The body may gain an error event: its length is not the upstream's.
+                            parts.headers.remove(header::CONTENT_LENGTH);
+                        }
+                        parts
+                            .headers
+                            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+                        parts.headers.insert(
+                            HeaderName::from_static("x-accel-buffering"),
+                            HeaderValue::from_static("no"),
+                        );
+                    }
+                    insert_request_id(&mut parts.headers, &id);
+                    if let Some(view) = record.run_view() {
+                        insert_run_headers(&mut parts.headers, view, Instant::now());
+                    }
+                    record.set_status(parts.status.as_u16());
+                    // A JSON answer in a known format is one document (these APIs stream as
+                    // SSE), which arrives at once when it is ready.
+                    let document = started.format.is_some()
+                        && !shape.event_stream
+                        && shape.readable
+                        && shape.json;
+                    // A successful answer in a known format is read as it passes: SSE for its
+                    // tokens, usage and errors, JSON for its usage.
+                    let inspector = started
+                        .format
+                        .filter(|_| {
+                            shape.readable
+                                && parts.status.is_success()
+                                && (shape.event_stream || shape.json)
+                        })
+                        .map(|format| {
+                            let mut inspector = Inspector::new(format, shape.readable_sse());
+                            if record.wants_tool_calls() {
+                                inspector = inspector.with_tool_calls();
+                            }
+                            if assemble {
+                                let limit = self.config.server.max_response_body;
+                                inspector = inspector
+                                    .with_assembler(usize::try_from(limit).unwrap_or(usize::MAX));
+                            }
+                            inspector
+                        });
+                    // Past the deadline, or once the client has taken nothing for
+                    // `send_timeout`, the upstream goes even if nobody polls the stream.
+                    let body = crate::stream::reaper::guard(
+                        body,
+                        record.take_slot(),
+                        started.limits.deadline,
+                        self.config.server.send_timeout,
+                    );
+                    let progress = Progress::new(shape.readable_sse(), inspector);
+                    let mut limits = started.limits;
+                    limits.run_tokens = record.run_tokens();
+                    let body = WatchdogBody::reading(body, progress, limits, record)
+                        .with_shutdown(&self.shutdown);
+                    if assemble {
+                        let partial = started.partial_answers;
+                        return assembled(parts, body.failing_on_cut(), partial, &id).await;
+                    }
+                    if close_delimited
+                        && document
+                        && !parts.headers.contains_key(header::CONTENT_LENGTH)
+                        && !matches!(parts.status.as_u16(), 100..=199 | 204 | 304)
+                    {
+                        return with_length(parts, body, &id).await;
+                    }
+                    Response::from_parts(parts, Either::Right(body))
+                }
+                Err(e) => {
+                    record.fail(&e);
+                    error_answer(&e, &mut record, &id)
+                }
+            }
+        }
+    }
+}
+
+/// An answer to an HTTP/1.0 client is read whole before it is sent, up to this many bytes.
+pub const LENGTH_CAP: usize = 1 << 20;
+
+/// The answer to an HTTP/1.0 client, for a JSON document in a known format without a length of
+/// its own. HTTP/1.0 has no chunked coding, so it would end with the connection, and the abort
+/// that tells a failure would look like its end. It is read whole, with every limit still
+/// running, and sent with its length; a limit or failure meanwhile becomes the JSON error
+/// answer instead. One longer than `LENGTH_CAP` goes out as it comes, as before. Anything
+/// else (SSE, NDJSON, audio, a JSON array streamed piece by piece) is never held back: it
+/// streams as it comes, and an abort ends it as the connection's end.
+async fn with_length(
+    mut parts: http::response::Parts,
+    mut body: WatchedBody,
+    id: &str,
+) -> Response<ProxyBody> {
+    let mut frames = Vec::new();
+    let mut len = 0;
+    loop {
+        match body.frame().await {
+            None => break,
+            // Trailers: HTTP/1.0 has no way to send them.
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                len += data.len();
+                frames.push(data);
+                if len > LENGTH_CAP {
+                    body.unread(frames);
+                    return Response::from_parts(parts, Either::Right(body));
+                }
+            }
+            Some(Err(e)) => {
+                // The watchdog ends a body it polls with a `GatewayError` and nothing else.
+                let e = e
+                    .downcast::<GatewayError>()
+                    .map_or(GatewayError::Internal, |e| *e);
+                // The watchdog has already noted how the body ended.
+                return error_answer(&e, body.observer_mut(), id);
+            }
+        }
+    }
+    let whole = match frames.len() {
+        0 => Bytes::new(),
+        1 => frames.pop().expect("one frame"),
+        _ => Bytes::from(frames.concat()),
+    };
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
+    Response::from_parts(parts, Either::Left(Full::new(whole)))
+}

@@ -1,0 +1,111 @@
+//! The answer of a call whose upstream was asked to stream for a client that did not
+//! (`stream_upstream`): the stream is read to its end under every limit, as any stream is,
+//! while the reader rebuilds the one JSON document the provider would have sent; a limit
+//! that cuts it after output came gives, with `partial_answers`, what was generated.
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::response::Parts;
+use http::Response;
+use http_body_util::{BodyExt, Either, Full};
+
+use crate::error::{GatewayError, Origin};
+use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
+use crate::provider::assemble::{AssembleError, Usage};
+use crate::stream::Observer;
+
+/// Set on a partial answer: the code of the limit that cut it.
+pub static PARTIAL: HeaderName = HeaderName::from_static("x-hourglass-partial");
+
+/// The limits whose cut leaves a partial answer worth sending; any other failure (a reset,
+/// a shutdown) is an error whatever came before it.
+fn leaves_partial(e: &GatewayError) -> Option<Origin> {
+    match e.origin()? {
+        o @ (Origin::Deadline | Origin::Idle | Origin::RunDeadline | Origin::RunTokens) => Some(o),
+        _ => None,
+    }
+}
+
+pub(super) async fn assembled(
+    mut parts: Parts,
+    mut body: WatchedBody,
+    partial_answers: bool,
+    id: &str,
+) -> Response<ProxyBody> {
+    body.observer_mut().note_stream_upstream();
+    let mut cut = None;
+    // The frames themselves are not kept: the reader has rebuilt the document as they passed.
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                // The watchdog ends a body it polls with a `GatewayError` and nothing else.
+                cut = Some(
+                    e.downcast::<GatewayError>()
+                        .map_or(GatewayError::Internal, |e| *e),
+                );
+                break;
+            }
+        }
+    }
+    let tokens = body.progress_mut().tokens();
+    let Some(assembler) = body.progress_mut().take_assembler() else {
+        return error_answer(&GatewayError::Internal, body.observer_mut(), id);
+    };
+    let record = body.observer_mut();
+    if let Some(error) = assembler.provider_error() {
+        // The provider's own error, as it would have answered it: its object, whole.
+        let e = GatewayError::UpstreamError {
+            upstream: record.upstream_name().unwrap_or_default(),
+            reason: "the provider sent an error event".into(),
+        };
+        let mut resp = error_answer(&e, record, id);
+        *resp.body_mut() = Either::Left(Full::new(Bytes::from(error.to_string())));
+        resp.headers_mut().remove(header::CONTENT_LENGTH);
+        return resp;
+    }
+    let partial = match &cut {
+        None => None,
+        Some(e) => match leaves_partial(e) {
+            Some(origin) if partial_answers && assembler.has_output() => Some((e.code(), origin)),
+            _ => return error_answer(e, record, id),
+        },
+    };
+    let usage = partial.map(|_| Usage {
+        prompt: tokens
+            .and_then(|t| t.prompt)
+            .unwrap_or_else(|| record.request_bytes().div_ceil(4)),
+        completion: tokens.map_or(0, |t| t.completion().0),
+    });
+    let doc = match assembler.finish(usage) {
+        Ok(doc) => doc,
+        Err(e) => {
+            let reason = match e {
+                AssembleError::TooLarge { .. } => e.to_string(),
+                AssembleError::Empty => e.to_string(),
+            };
+            let e = GatewayError::UpstreamError {
+                upstream: record.upstream_name().unwrap_or_default(),
+                reason,
+            };
+            return error_answer(&e, record, id);
+        }
+    };
+    if let Some((code, origin)) = partial {
+        record.note_partial(origin);
+        parts
+            .headers
+            .insert(PARTIAL.clone(), HeaderValue::from_static(code));
+    }
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(doc.len()));
+    record.set_status(parts.status.as_u16());
+    Observer::data(record, 0);
+    Response::from_parts(parts, Either::Left(Full::new(Bytes::from(doc))))
+}

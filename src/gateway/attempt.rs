@@ -1,0 +1,319 @@
+//! One attempt on one upstream: send the request, wait for the head under the connect and
+//! first-token limits, and, when the route may still switch to another attempt, hold the
+//! head until the first data event so that nothing reaches the client from an attempt that
+//! could yet fail. Dropping an attempt's future (or its body) cancels it upstream.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::capture_connection;
+use pin_project_lite::pin_project;
+use tokio::time::{sleep_until, Instant};
+
+use crate::budget::{names, Budget};
+use crate::error::GatewayError;
+use crate::gateway::template::Outgoing;
+use crate::http::headers::BodyShape;
+use crate::provider::inspect::Inspector;
+use crate::provider::Format;
+use crate::stream::progress::Progress;
+use crate::stream::StreamLimits;
+use crate::telemetry::metrics::InFlight;
+use crate::upstream::{ConnectTimedOut, Upstream};
+
+/// What one attempt needs beyond the request itself.
+pub struct Attempt<'a> {
+    pub upstream: &'a Arc<Upstream>,
+    pub budget: &'a Budget,
+    /// This attempt's first-token limit: the route's, shortened to leave room for a fallback.
+    pub first_token_timeout: Duration,
+    /// Hold a successful head until the first data event.
+    pub hold: bool,
+    pub in_flight: InFlight,
+}
+
+/// An attempt that produced a response head (and, when held, its first data event).
+pub struct Started {
+    pub response: Response<UpstreamBody>,
+    pub limits: StreamLimits,
+    /// When the request was handed to a connection: the start of the first-token clock.
+    pub sent_at: Instant,
+    pub first_token_at: Option<Instant>,
+    /// The first body byte, when it was read while the head was held.
+    pub first_byte_at: Option<Instant>,
+    /// The wire format of the exchange, when it is known (the upstream's `api` and the path).
+    pub format: Option<Format>,
+    /// What the answer's body is, read from its head.
+    pub shape: BodyShape,
+    /// The upstream was asked to stream on the client's behalf (`stream_upstream`).
+    pub assembled: bool,
+    /// ... and a limit that cuts it after output came gives the client a partial answer.
+    pub partial_answers: bool,
+}
+
+impl<'a> Attempt<'a> {
+    /// Not an `async fn`, and the request handed to the client before the future is made:
+    /// an `async fn` would keep the request (and its other arguments) in its future twice
+    /// over for its whole life, and this future sits inside every request's. (The client's
+    /// future does nothing until it is polled.)
+    pub fn run(self, out: Outgoing) -> impl Future<Output = Result<Started, GatewayError>> + 'a {
+        let Outgoing {
+            request: mut req,
+            format,
+            assembled,
+            partial_answers,
+        } = out;
+        let budget = self.budget;
+        let upstream = self.upstream;
+        let work_deadline = budget.work_deadline();
+        let now = Instant::now();
+        if upstream.config.propagate_budget {
+            req.headers_mut().insert(
+                names::BUDGET.clone(),
+                http::HeaderValue::from(budget.forwarded_ms(now)),
+            );
+        }
+        let mut connection = capture_connection(&mut req);
+        let response = upstream.request(req);
+        async move {
+            tokio::pin!(response);
+            let timer = sleep_until((now + budget.connect_timeout).min(work_deadline));
+            tokio::pin!(timer);
+            let mut sent_at: Option<Instant> = None;
+            let result = loop {
+                tokio::select! {
+                    biased;
+                    r = &mut response => break r,
+                    _ = connection.wait_for_connection_metadata(), if sent_at.is_none() => {
+                        let at = Instant::now();
+                        sent_at = Some(at);
+                        timer.as_mut().reset((at + self.first_token_timeout).min(work_deadline));
+                    }
+                    () = &mut timer => return Err(self.limit_error(sent_at.is_some())),
+                }
+            };
+            let response = result.map_err(|e| classify(upstream, &e, budget.connect_timeout))?;
+            // A head always comes over a connection; should its metadata not have been seen yet,
+            // the head itself proves the request was sent.
+            let sent_at = sent_at.unwrap_or_else(Instant::now);
+            let first_token_deadline = (sent_at + self.first_token_timeout).min(work_deadline);
+            let limits = StreamLimits {
+                first_token_deadline,
+                first_token_timeout: self.first_token_timeout,
+                idle_timeout: budget.idle_timeout,
+                deadline: work_deadline,
+                budget: budget.total,
+                upstream: upstream.name.clone(),
+                run: budget.run.clone(),
+                run_tokens: None,
+            };
+            let (parts, incoming) = response.into_parts();
+            let shape = BodyShape::of(&parts.headers);
+            let mut body = UpstreamBody {
+                prefix: VecDeque::new(),
+                inner: incoming,
+                _in_flight: self.in_flight,
+            };
+            let (mut first_token_at, mut first_byte_at) = (None, None);
+            if self.hold && parts.status.is_success() {
+                // An encoded answer is held to its first byte, as any body that is not SSE text.
+                let is_sse = shape.readable_sse();
+                let inspector = format.filter(|_| is_sse).map(|f| Inspector::new(f, true));
+                // Boxed: only routes that may switch hold, and inline the hold's state would
+                // grow every request's future by its size.
+                (first_token_at, first_byte_at) = Box::pin(hold_until_first_token(
+                    &mut body,
+                    Progress::new(is_sse, inspector),
+                    &limits,
+                ))
+                .await?;
+            }
+            Ok(Started {
+                response: Response::from_parts(parts, body),
+                limits,
+                sent_at,
+                first_token_at,
+                first_byte_at,
+                format,
+                shape,
+                assembled,
+                partial_answers,
+            })
+        }
+    }
+
+    fn limit_error(&self, connected: bool) -> GatewayError {
+        let upstream = self.upstream.name.to_string();
+        if Instant::now() >= self.budget.work_deadline() {
+            self.budget.deadline_error()
+        } else if !connected {
+            GatewayError::ConnectTimeout {
+                upstream,
+                after: self.budget.connect_timeout,
+            }
+        } else {
+            GatewayError::FirstTokenTimeout {
+                upstream,
+                after: self.first_token_timeout,
+            }
+        }
+    }
+}
+
+/// Reads the body until its first token, as `progress` decides it, keeping what it read as
+/// the body's prefix. Returns when that token and the first byte arrived; no token if the
+/// body ended (or the provider's error event came) first.
+async fn hold_until_first_token(
+    body: &mut UpstreamBody,
+    mut progress: Progress,
+    limits: &StreamLimits,
+) -> Result<(Option<Instant>, Option<Instant>), GatewayError> {
+    let mut first_byte = None;
+    let timer = sleep_until(limits.first_token_deadline.min(limits.deadline));
+    tokio::pin!(timer);
+    loop {
+        let frame = tokio::select! {
+            biased;
+            f = body.inner.frame() => f,
+            () = &mut timer => {
+                return Err(if Instant::now() >= limits.deadline {
+                    limits.deadline_error()
+                } else {
+                    GatewayError::FirstTokenTimeout {
+                        upstream: limits.upstream.to_string(),
+                        after: limits.first_token_timeout,
+                    }
+                });
+            }
+        };
+        match frame {
+            None => return Ok((None, first_byte)),
+            Some(Err(e)) => {
+                return Err(GatewayError::UpstreamError {
+                    upstream: limits.upstream.to_string(),
+                    reason: e.to_string(),
+                })
+            }
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if data.is_empty() {
+                    continue;
+                }
+                let now = Instant::now();
+                let byte_at = *first_byte.get_or_insert(now);
+                let read = progress.read(&data);
+                body.prefix.push_back(data);
+                if read.output {
+                    return Ok((Some(now), Some(byte_at)));
+                }
+                // An error event whose end waits on the next byte (`error_pending`) is as much
+                // the upstream's answer as one that ended.
+                if read.error_end.is_some() || progress.error_pending() {
+                    // The upstream's own error event: no token will come, but it is the
+                    // upstream's answer to pass through, not ours to retry.
+                    return Ok((None, Some(byte_at)));
+                }
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The upstream's body, after whatever was read while the head was held, counted in
+    /// flight until it is dropped.
+    pub struct UpstreamBody {
+        prefix: VecDeque<Bytes>,
+        #[pin]
+        inner: Incoming,
+        _in_flight: InFlight,
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.project();
+        if let Some(b) = this.prefix.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(b))));
+        }
+        this.inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let held: u64 = self.prefix.iter().map(|b| b.len() as u64).sum();
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + held);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + held);
+        }
+        hint
+    }
+}
+
+fn classify(
+    upstream: &Upstream,
+    e: &hyper_util::client::legacy::Error,
+    connect_timeout: Duration,
+) -> GatewayError {
+    let mut reason = String::new();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let mut timed_out = None;
+    while let Some(s) = source {
+        // Our own connector bound, or the TCP connect timeout beneath it (which may fire a
+        // moment earlier): both mean the connect limit, not an unreachable upstream.
+        if let Some(t) = s.downcast_ref::<ConnectTimedOut>() {
+            timed_out = Some(t.0);
+        } else if s
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+        {
+            timed_out.get_or_insert(connect_timeout);
+        }
+        if !reason.is_empty() {
+            reason.push_str(": ");
+        }
+        reason.push_str(&s.to_string());
+        source = s.source();
+    }
+    if reason.is_empty() {
+        reason = e.to_string();
+    }
+    let name = upstream.name.to_string();
+    if let Some(after) = timed_out {
+        GatewayError::ConnectTimeout {
+            upstream: name,
+            after,
+        }
+    } else if e.is_connect() {
+        GatewayError::UpstreamUnavailable {
+            upstream: name,
+            reason,
+        }
+    } else {
+        GatewayError::UpstreamError {
+            upstream: name,
+            reason,
+        }
+    }
+}

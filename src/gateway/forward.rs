@@ -1,0 +1,240 @@
+//! The request path up to the first attempt: refuse what must be refused (framing, loops,
+//! upgrades, keys, encodings), pick the route (by path, then by the body's model), fix the
+//! budget, read the body within it, build the template every attempt sends, take an
+//! admission slot, and hand over to the route's attempts (`retry`).
+
+use std::borrow::Cow;
+use std::future::Future;
+
+use bytes::Bytes;
+use http::header;
+use http::uri::PathAndQuery;
+use http::{Method, Request};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use tokio::time::{timeout_at, Instant};
+
+use crate::auth::strip_client_credentials;
+use crate::budget::{names, Budget, BudgetRequest};
+use crate::error::{BoxError, GatewayError};
+use crate::gateway::attempt::Started;
+use crate::gateway::record::RequestRecord;
+use crate::gateway::routes::{Gateway, RouteRuntime};
+use crate::gateway::template::Template;
+use crate::http::framing::AmbiguousFraming;
+use crate::http::headers::{
+    check_framing, client_accept_encoding, content_coding, content_length, hops, insert_request_id,
+    strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade, IDENTITY, MAX_HOPS,
+};
+use crate::provider::request::model_of;
+
+impl Gateway {
+    /// Not an `async fn`, and the request taken apart before the future is made: an
+    /// `async fn` stores its arguments twice (as arguments and as locals) for the whole life
+    /// of a future that sits inside every request's.
+    pub(super) fn forward<'a, B>(
+        &'a self,
+        req: Request<B>,
+        arrival: Instant,
+        id: &'a str,
+        record: &'a mut RequestRecord,
+    ) -> impl Future<Output = Result<Started, GatewayError>> + 'a
+    where
+        B: Body<Data = Bytes> + 'a,
+        B::Error: Into<BoxError>,
+    {
+        let (
+            http::request::Parts {
+                method,
+                uri,
+                version,
+                mut headers,
+                extensions,
+                ..
+            },
+            body,
+        ) = req.into_parts();
+        // hyper drops the Content-Length of a head that also had Transfer-Encoding; the
+        // connection's framing tracker saw it (`http::framing`).
+        let both_lengths = extensions.get::<AmbiguousFraming>().is_some();
+        drop(extensions);
+        async move {
+            // An authority-form target has no path to route: say why in words rather than
+            // "no route for path \"\"".
+            if method == Method::CONNECT {
+                return Err(GatewayError::MethodNotAllowed {
+                    method: method.to_string(),
+                });
+            }
+            check_framing(version, &headers, both_lengths)?;
+            let path = uri.path().to_string();
+            let candidates: Vec<&RouteRuntime> = self
+                .routes
+                .iter()
+                .filter(|r| r.route.matches_path(&path))
+                .collect();
+            let Some(first) = candidates.first() else {
+                return Err(GatewayError::NoRoute { path, model: None });
+            };
+            // Until the body names the model, a request is attributed to the route it would take
+            // without one (the first that does not filter on models), or else the first candidate.
+            let tentative = candidates
+                .iter()
+                .find(|r| !r.route.needs_model())
+                .unwrap_or(first);
+            record.set_route(tentative.name.clone(), tentative.metrics.clone());
+            // A chain that leads back into itself would otherwise recurse until file
+            // descriptors run out, starving every other client.
+            let hops = hops(&headers);
+            if hops >= MAX_HOPS {
+                return Err(GatewayError::LoopDetected { hops });
+            }
+            if let Some(v) = websocket_upgrade(&headers) {
+                return Err(GatewayError::UpgradeUnsupported {
+                    value: String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                });
+            }
+            // Before anything is read or parsed: a request that no candidate route would accept
+            // is refused now (the chosen route checks again once the body names the model).
+            if candidates.iter().all(|r| r.refuses(&headers)) {
+                return Err(GatewayError::Unauthorized);
+            }
+            // A body in a content coding passes as it is, unless the gateway must read it: for
+            // the model that picks the route (refused before reading it), or to rewrite the
+            // model for an upstream of the chosen route.
+            let encoded = content_coding(&headers).is_some();
+            if encoded && first.route.needs_model() {
+                return Err(unsupported_encoding(&headers));
+            }
+            let asked = BudgetRequest::from_headers(&headers)?;
+
+            // Until the body names the model, the widest budget among the candidates bounds the
+            // body read; the chosen route's own budget is then resolved from the same arrival.
+            // (In a block of its own so that it is not kept in the future past the read.)
+            let body = {
+                let provisional = candidates
+                    .iter()
+                    .map(|r| asked.resolve(&r.route.limits, arrival))
+                    .max_by_key(|b| b.deadline)
+                    .expect("candidates is not empty");
+                record.set_budget(provisional.clone());
+                provisional.ensure_useful(Instant::now())?;
+                let limit = self.config.server.max_request_body;
+                if let Some(len) = content_length(&headers) {
+                    if len > limit {
+                        return Err(GatewayError::BodyTooLarge { limit });
+                    }
+                }
+                read_body(body, limit, &provisional).await?
+            };
+
+            let route = if first.route.needs_model() {
+                let model = model_of(&body);
+                candidates
+                    .iter()
+                    .find(|r| r.route.matches(&path, model.as_deref()))
+                    .copied()
+                    .ok_or_else(|| GatewayError::NoRoute {
+                        path: path.clone(),
+                        model: model.map(Cow::into_owned),
+                    })?
+            } else {
+                first
+            };
+            record.set_route(route.name.clone(), route.metrics.clone());
+            if route.refuses(&headers) {
+                return Err(GatewayError::Unauthorized);
+            }
+            if encoded
+                && route
+                    .chain
+                    .iter()
+                    .any(|e| e.upstream.config.model.is_some())
+            {
+                return Err(unsupported_encoding(&headers));
+            }
+            record.set_request_bytes(body.len());
+            let mut budget = asked.resolve(&route.route.limits, arrival);
+            record.set_budget(budget.clone());
+            budget.ensure_useful(Instant::now())?;
+            // After the call's own budget is checked, so that a call refused for it is not
+            // counted against its run.
+            match crate::gateway::run::join(&self.runs, route, &headers, &body, &mut budget).await {
+                Ok(Some(run)) => {
+                    record.set_budget(budget.clone());
+                    record.join_run(run);
+                }
+                Ok(None) => {}
+                Err(not) => {
+                    record.refused_by_run(not.run);
+                    return Err(not.error);
+                }
+            }
+
+            if route.keys.is_some() {
+                // The client's key is this gateway's, never the upstream's.
+                strip_client_credentials(&mut headers);
+            }
+            strip_hop_by_hop(&mut headers);
+            for &h in &names::INBOUND {
+                headers.remove(h);
+            }
+            headers.remove(header::HOST);
+            headers.remove(header::CONTENT_LENGTH);
+            headers.remove(header::EXPECT);
+            // A gateway names itself in every request it forwards, after any intermediary
+            // before it (RFC 9110 7.6.3).
+            headers.append(header::VIA, via(version));
+            // An answer in a known format is read as it passes (tokens, usage, errors), and an
+            // encoded one cannot be. Clients ask for `gzip` by default (httpx, undici): against
+            // a compressing upstream, a stream would look silent to the first-token limit and
+            // an error event would corrupt it. Set here once rather than per attempt, where the
+            // insert would grow every attempt's copy of the headers.
+            let accept_encoding = client_accept_encoding(&headers);
+            headers.insert(header::ACCEPT_ENCODING, IDENTITY);
+            insert_request_id(&mut headers, id);
+            let template = Template {
+                method,
+                path_and_query: uri
+                    .path_and_query()
+                    .cloned()
+                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
+                headers,
+                accept_encoding,
+                body,
+                stream_upstream: route.route.stream_upstream,
+                partial_answers: route.route.partial_answers,
+            };
+            if let Some(admission) = &route.admission {
+                let slot = admission
+                    .admit(&budget, route.least_need(budget.min_useful))
+                    .await?;
+                record.hold(slot);
+            }
+            crate::gateway::retry::run(&self.metrics, route, &template, &budget, record).await
+        }
+    }
+}
+
+async fn read_body<B>(body: B, limit: u64, budget: &Budget) -> Result<Bytes, GatewayError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+    match timeout_at(budget.work_deadline(), limited.collect()).await {
+        Err(_) => Err(budget.deadline_error()),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                Err(GatewayError::BodyTooLarge { limit })
+            } else {
+                Err(GatewayError::BadRequest {
+                    message: format!("request body could not be read: {e}"),
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,479 @@
+//! How one request ended, and the record that reports it. A `RequestRecord` travels with the
+//! request (handler, then response body); whoever drops it last reports it, exactly once. A
+//! record dropped before anyone said how the request ended was abandoned by the client: that
+//! is how client disconnects are counted, at any phase, without a separate signal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Method;
+use tokio::time::Instant;
+
+use crate::budget::Budget;
+use crate::error::{GatewayError, Origin};
+use crate::gateway::routes::ChainEntry;
+use crate::provider::inspect::{Source, Tokens};
+use crate::provider::ErrorType;
+use crate::runs::state::View;
+use crate::runs::{RunCall, Used};
+use crate::stream::limits::RunTokens;
+use crate::stream::{Observer, StreamEnd};
+use crate::telemetry::log::RequestLog;
+use crate::telemetry::metrics::{AnswerMetrics, Histogram, RouteMetrics};
+use crate::upstream::Upstream;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Ok,
+    Error(&'static str),
+    Cancelled(Origin),
+}
+
+impl End {
+    pub fn from_error(e: &GatewayError) -> Self {
+        match e.origin() {
+            Some(o) => End::Cancelled(o),
+            None => End::Error(e.code()),
+        }
+    }
+
+    fn outcome(self) -> &'static str {
+        match self {
+            End::Ok => "ok",
+            End::Error(_) => "error",
+            End::Cancelled(_) => "cancelled",
+        }
+    }
+}
+
+/// One upstream attempt, for the log line.
+struct AttemptLog {
+    upstream: Arc<str>,
+    outcome: &'static str,
+    took: Duration,
+}
+
+/// Everything the log line and the metrics need about one request.
+pub struct RequestRecord {
+    pub id: Arc<str>,
+    method: Method,
+    path: String,
+    arrival: Instant,
+    route: Option<Arc<str>>,
+    upstream: Option<Arc<Upstream>>,
+    metrics: RouteMetrics,
+    ttft_metric: Option<Histogram>,
+    answer_metrics: Option<Arc<AnswerMetrics>>,
+    /// When the winning attempt's request was sent: the start of its first-token clock,
+    /// which feeds the upstream's learned estimate.
+    sent_at: Option<Instant>,
+    budget: Option<Budget>,
+    status: Option<u16>,
+    first_token_at: Option<Instant>,
+    first_byte_at: Option<Instant>,
+    /// What the stream's inspector counted (only for a known format).
+    tokens: Option<Tokens>,
+    bytes: u64,
+    code: Option<&'static str>,
+    end: Option<End>,
+    attempts: Vec<AttemptLog>,
+    /// The route's admission slot, freed when the request is reported.
+    slot: Option<crate::admission::Slot>,
+    /// Only kept when the access log is on.
+    client: Option<Box<crate::telemetry::access::ClientInfo>>,
+    /// Over HTTP/2, this request's stream, counted as open for the connection's idle limit
+    /// until the answer is done (`idle`).
+    _stream: Option<crate::http::conn::Open>,
+    /// The run the request is a call of (boxed: most requests are in none).
+    run: Option<Box<RunPart>>,
+    request_bytes: u64,
+}
+
+/// A call's part in its run.
+struct RunPart {
+    id: Arc<str>,
+    /// Admitted: given back (what the call used) when the record reports.
+    call: Option<RunCall>,
+    /// What the run has left, as the answer's `x-run-*` headers say.
+    view: View,
+    /// The tool calls the answer asked for, read to its end.
+    answer: Option<(u64, String)>,
+}
+
+impl RequestRecord {
+    pub fn new(
+        id: Arc<str>,
+        method: Method,
+        path: String,
+        arrival: Instant,
+        metrics: RouteMetrics,
+    ) -> Self {
+        Self {
+            id,
+            method,
+            path,
+            arrival,
+            route: None,
+            upstream: None,
+            metrics,
+            ttft_metric: None,
+            answer_metrics: None,
+            sent_at: None,
+            budget: None,
+            status: None,
+            first_token_at: None,
+            first_byte_at: None,
+            tokens: None,
+            bytes: 0,
+            code: None,
+            end: None,
+            attempts: Vec::new(),
+            slot: None,
+            client: None,
+            _stream: None,
+            run: None,
+            request_bytes: 0,
+        }
+    }
+
+    /// How many bytes the request's body had (a partial answer's prompt estimate).
+    pub fn set_request_bytes(&mut self, n: usize) {
+        self.request_bytes = n as u64;
+    }
+
+    pub fn request_bytes(&self) -> u64 {
+        self.request_bytes
+    }
+
+    /// The name of the upstream whose answer this is, once one answered.
+    pub fn upstream_name(&self) -> Option<String> {
+        self.upstream.as_ref().map(|u| u.name.to_string())
+    }
+
+    /// The upstream was asked to stream for a client that did not.
+    pub fn note_stream_upstream(&self) {
+        self.metrics.stream_upstream.inc();
+    }
+
+    /// A partial answer was sent because `origin` cut the stream.
+    pub fn note_partial(&self, origin: Origin) {
+        self.metrics.partial_answer(origin);
+    }
+
+    /// The request is an admitted call of a run.
+    pub fn join_run(&mut self, call: RunCall) {
+        self.run = Some(Box::new(RunPart {
+            id: call.id.clone(),
+            view: call.admitted.view,
+            call: Some(call),
+            answer: None,
+        }));
+    }
+
+    /// The request's run refused it; `view` is what the run has left, if it was the run's.
+    pub fn refused_by_run(&mut self, run: Option<(Arc<str>, View)>) {
+        if let Some((id, view)) = run {
+            self.run = Some(Box::new(RunPart {
+                id,
+                call: None,
+                view,
+                answer: None,
+            }));
+        }
+    }
+
+    /// Whether the answer's tool calls are to be gathered: its run stops loops.
+    pub fn wants_tool_calls(&self) -> bool {
+        self.run
+            .as_ref()
+            .and_then(|r| r.call.as_ref())
+            .is_some_and(|c| c.stops_loops())
+    }
+
+    /// What the request's run has left, for the answer's headers.
+    pub fn run_view(&self) -> Option<&View> {
+        self.run.as_ref().map(|r| &r.view)
+    }
+
+    /// The token limit the answer streams under, when its run has one.
+    pub fn run_tokens(&self) -> Option<RunTokens> {
+        let call = self.run.as_ref()?.call.as_ref()?;
+        Some(RunTokens {
+            run: call.id.clone(),
+            limit: call.limit_tokens()?,
+            allowance: call.admitted.token_allowance?,
+        })
+    }
+
+    /// Who asked, for the access log (ignored when it is off).
+    pub fn hold_stream(&mut self, stream: Option<crate::http::conn::Open>) {
+        self._stream = stream;
+    }
+
+    pub fn set_client(
+        &mut self,
+        addr: Option<std::net::SocketAddr>,
+        user_agent: Option<&str>,
+        version: http::Version,
+    ) {
+        if crate::telemetry::access::enabled() {
+            self.client = Some(Box::new(crate::telemetry::access::ClientInfo {
+                addr,
+                user_agent: user_agent.map(str::to_string),
+                version,
+                at: std::time::SystemTime::now(),
+            }));
+        }
+    }
+
+    pub fn set_route(&mut self, route: Arc<str>, metrics: RouteMetrics) {
+        self.route = Some(route);
+        self.metrics = metrics;
+    }
+
+    /// The upstream whose answer the client gets (the last attempt, or the hedge winner): when
+    /// its request was sent, and its first body byte if it was read while the head was held.
+    pub fn set_upstream(
+        &mut self,
+        entry: &ChainEntry,
+        sent_at: Instant,
+        first_byte_at: Option<Instant>,
+    ) {
+        self.upstream = Some(entry.upstream.clone());
+        self.ttft_metric = Some(entry.ttft.clone());
+        self.answer_metrics = Some(entry.answer.clone());
+        self.sent_at = Some(sent_at);
+        if let Some(at) = first_byte_at {
+            self.first_byte_at.get_or_insert(at);
+        }
+    }
+
+    /// Holds the route's admission slot until the request ends.
+    pub fn hold(&mut self, slot: crate::admission::Slot) {
+        self.slot = Some(slot);
+    }
+
+    /// Hands the slot over to the stream (see `reaper`), which frees it when the stream
+    /// ends or its deadline passes, whichever comes first.
+    pub fn take_slot(&mut self) -> Option<crate::admission::Slot> {
+        self.slot.take()
+    }
+
+    pub fn set_budget(&mut self, budget: Budget) {
+        self.budget = Some(budget);
+    }
+
+    pub fn set_status(&mut self, status: u16) {
+        self.status = Some(status);
+    }
+
+    /// Notes one attempt's result for the log line: how its answer began (`ok`, `status_5xx`,
+    /// `hedge_loser`, ...) or why it failed. A first-token limit that fired teaches the
+    /// upstream's estimate that its first token takes at least that long.
+    pub fn attempt(
+        &mut self,
+        entry: &ChainEntry,
+        outcome: Result<&'static str, &GatewayError>,
+        started: Instant,
+    ) {
+        if let Err(GatewayError::FirstTokenTimeout { after, .. }) = outcome {
+            learn_first_token(&entry.upstream, *after);
+        }
+        self.attempts.push(AttemptLog {
+            upstream: entry.upstream.name.clone(),
+            outcome: outcome.unwrap_or_else(GatewayError::code),
+            took: Instant::now().saturating_duration_since(started),
+        });
+    }
+
+    /// An attempt that lost a hedge race was cancelled: counted by origin, not as the
+    /// request's outcome.
+    pub fn hedge_loser(&self) {
+        self.metrics.cancellation(Origin::HedgeLoser).inc();
+    }
+
+    /// Records a failure Hourglass answered itself (before or after the head).
+    pub fn fail(&mut self, e: &GatewayError) {
+        self.code = Some(e.code());
+        self.end = Some(End::from_error(e));
+    }
+
+    pub fn complete(&mut self) {
+        self.end = Some(End::Ok);
+    }
+
+    fn report(&mut self) {
+        let now = Instant::now();
+        let end = self.end.unwrap_or(End::Cancelled(Origin::Client));
+        if let Some(run) = self.run.as_mut() {
+            if let Some(call) = run.call.take() {
+                let tokens = self.tokens.map_or(0, |t| {
+                    t.prompt.unwrap_or(0).saturating_add(t.completion().0)
+                });
+                call.finish(&Used {
+                    tokens,
+                    // Only an answer read to its end says which tool calls it asked for.
+                    answer: run.answer.take().filter(|_| end == End::Ok),
+                });
+            }
+        }
+        let m = &self.metrics;
+        match end {
+            End::Ok => m.ok.inc(),
+            End::Error(_) => m.error.inc(),
+            End::Cancelled(origin) => {
+                m.cancelled.inc();
+                m.cancellation(origin).inc();
+            }
+        }
+        let elapsed = now - self.arrival;
+        m.duration.observe(elapsed.as_secs_f64());
+        if self.route.is_some() {
+            m.attempts.observe(self.attempts.len() as f64);
+        }
+        let ttft = self.first_token_at.map(|t| t - self.arrival);
+        if let (Some(t), Some(h)) = (ttft, &self.ttft_metric) {
+            h.observe(t.as_secs_f64());
+        }
+        let ttfb = self.first_byte_at.map(|t| t - self.arrival);
+        let completion = self.tokens.map(|t| t.completion());
+        if let Some(a) = &self.answer_metrics {
+            if let Some(t) = ttfb {
+                a.ttfb.observe(t.as_secs_f64());
+            }
+            if let Some(p) = self.tokens.and_then(|t| t.prompt) {
+                a.prompt_reported.inc_by(p);
+            }
+            match completion {
+                Some((n, Source::Reported)) => a.completion_reported.inc_by(n),
+                Some((n, Source::Estimated)) => a.completion_estimated.inc_by(n),
+                None => {}
+            }
+            if let Some(kind) = self.stream_error() {
+                a.stream_error(kind.as_str());
+            }
+        }
+        if let (End::Cancelled(origin), Some((n, _))) = (end, completion) {
+            m.tokens_cancelled(origin).inc_by(n);
+        }
+        let mut margin = None;
+        if let Some(b) = &self.budget {
+            m.budget.observe(b.total.as_secs_f64());
+            if !b.total.is_zero() {
+                m.used_ratio
+                    .observe(elapsed.as_secs_f64() / b.total.as_secs_f64());
+            }
+            if end == End::Ok {
+                // Never negative: an overrun shows in used_ratio > 1, not as a negative margin.
+                let left = b.deadline.saturating_duration_since(now);
+                m.margin.observe(left.as_secs_f64());
+                margin = Some(left);
+            }
+        }
+        let origin = match end {
+            End::Cancelled(o) => Some(o.as_str()),
+            _ => None,
+        };
+        let code = match end {
+            End::Cancelled(Origin::Client) => Some("client_closed"),
+            End::Error(c) => Some(c),
+            _ => self.code,
+        };
+        // "openai:connect_timeout:512ms,backup:ok:1203ms": every attempt, in order.
+        let attempts = (self.attempts.len() > 1).then(|| {
+            self.attempts
+                .iter()
+                .map(|a| format!("{}:{}:{}ms", a.upstream, a.outcome, a.took.as_millis()))
+                .collect::<Vec<_>>()
+                .join(",")
+        });
+        RequestLog {
+            request_id: &self.id,
+            run_id: self.run.as_ref().map(|r| &*r.id),
+            method: &self.method,
+            path: &self.path,
+            route: self.route.as_deref(),
+            upstream: self.upstream.as_ref().map(|u| &*u.name),
+            budget: self.budget.as_ref().map(|b| b.total),
+            budget_source: self.budget.as_ref().map(|b| b.source.as_str()),
+            budget_clamped: self.budget.as_ref().map(|b| b.clamped),
+            elapsed,
+            margin,
+            ttfb,
+            ttft,
+            prompt_tokens: self.tokens.and_then(|t| t.prompt),
+            completion_tokens: completion.map(|(n, source)| (n, source.as_str())),
+            stream_error: self.stream_error().map(ErrorType::as_str),
+            bytes: self.bytes,
+            status: self.status,
+            outcome: end.outcome(),
+            origin,
+            code,
+            attempts: attempts.as_deref(),
+            client: self.client.as_deref(),
+        }
+        .emit();
+    }
+}
+
+impl RequestRecord {
+    /// The provider's own mid-stream error: the type the inspector read, or `other` for an
+    /// error event it could not name (or that came on a stream of unknown format).
+    fn stream_error(&self) -> Option<ErrorType> {
+        self.tokens
+            .and_then(|t| t.error)
+            .or_else(|| (self.code == Some("upstream_error_event")).then_some(ErrorType::Other))
+    }
+}
+
+impl Observer for RequestRecord {
+    fn first_token(&mut self, at: Instant) {
+        if self.first_token_at.is_none() {
+            self.first_token_at = Some(at);
+            if let (Some(up), Some(sent)) = (&self.upstream, self.sent_at) {
+                learn_first_token(up, at.saturating_duration_since(sent));
+            }
+        }
+    }
+
+    fn data(&mut self, len: usize) {
+        if self.first_byte_at.is_none() {
+            self.first_byte_at = Some(Instant::now());
+        }
+        self.bytes += len as u64;
+    }
+
+    fn tokens(&mut self, tokens: Tokens) {
+        self.tokens = Some(tokens);
+    }
+
+    fn tool_calls(&mut self, calls: Option<(Vec<u8>, String)>) {
+        if let Some(run) = self.run.as_mut() {
+            run.answer = calls.map(|(canon, name)| (crate::runs::fingerprint::of(&canon), name));
+        }
+    }
+
+    fn finish(&mut self, end: StreamEnd) {
+        match end {
+            StreamEnd::Complete => self.complete(),
+            StreamEnd::Cut(e) => self.fail(&e),
+            StreamEnd::UpstreamErrorEvent => {
+                self.code = Some("upstream_error_event");
+                self.end = Some(End::Error("upstream_error_event"));
+            }
+        }
+    }
+}
+
+/// The one place the upstreams' time-to-first-token estimates learn from: a first token that
+/// came `took` after the request was sent, or a first-token limit of `took` that fired first
+/// (a lower bound).
+fn learn_first_token(upstream: &Upstream, took: Duration) {
+    upstream.ttft.observe(took);
+}
+
+impl Drop for RequestRecord {
+    fn drop(&mut self) {
+        self.report();
+    }
+}

@@ -1,0 +1,400 @@
+//! Retries, fallbacks and hedging that spend one budget. Before each attempt the remaining
+//! budget must fit what an attempt on that upstream is expected to take (its learned time to
+//! first token, at least `min_useful`); an attempt that does not fit is not made. Nothing is
+//! retried once a byte reached the client (a route that may switch holds the head until the
+//! first data event), and nothing at all after the client left (dropping the handler drops
+//! every attempt in flight).
+
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+use tokio::time::{sleep, sleep_until, Instant};
+
+use crate::budget::Budget;
+use crate::config::RetryCause;
+use crate::error::GatewayError;
+use crate::gateway::attempt::{Attempt, Started};
+use crate::gateway::record::RequestRecord;
+use crate::gateway::routes::{ChainEntry, RouteRuntime};
+use crate::gateway::template::Template;
+use crate::telemetry::metrics::InFlight;
+use crate::telemetry::metrics::Metrics;
+
+/// The last thing an attempt produced, returned when no further attempt is made.
+enum Last {
+    None,
+    /// An upstream answer with a retryable status (kept to pass through unchanged).
+    Answer(Box<Started>, RetryCause),
+    Error(GatewayError),
+}
+
+pub async fn run(
+    metrics: &Metrics,
+    route: &RouteRuntime,
+    template: &Template,
+    budget: &Budget,
+    record: &mut RequestRecord,
+) -> Result<Started, GatewayError> {
+    let policy = &route.route.policy;
+    let mut last = Last::None;
+    let mut previous: Option<usize> = None;
+    let mut skip_hedge_target = false;
+    // The fallback a shortened first-token limit kept room for. When that limit fires late
+    // (a busy machine wakes its timer late), the room it left is short by as much, and the
+    // fallback must not lose the attempt the shortening was for: it needs only `min_useful`.
+    let mut room_kept_for: Option<usize> = None;
+    for (i, entry) in route.chain.iter().enumerate() {
+        if i == 1 && skip_hedge_target {
+            continue;
+        }
+        for n in 0..=policy.retries {
+            let now = Instant::now();
+            let need = if room_kept_for == Some(i) && n == 0 {
+                budget.min_useful
+            } else {
+                entry.upstream.ttft.get().max(budget.min_useful)
+            };
+            let mut wait = Duration::ZERO;
+            if n > 0 {
+                let cause = match &last {
+                    Last::Answer(started, cause) => {
+                        wait = retry_after(started.response.headers()).unwrap_or_default();
+                        Some(*cause)
+                    }
+                    Last::Error(_) => None,
+                    Last::None => None,
+                };
+                wait = wait.max(backoff(n));
+                if let Some(c) = cause {
+                    tracing::debug!(reason = c.as_str(), ?wait, "retrying");
+                }
+            }
+            if budget.usable(now) < need + wait {
+                // Retry-After, backoff or the estimate does not fit: on to the next upstream.
+                break;
+            }
+            if !wait.is_zero() {
+                sleep(wait).await;
+            }
+            // The attempt is made: what it replaces is dropped (and so cancelled) now.
+            let last_cause = match std::mem::replace(&mut last, Last::None) {
+                Last::Answer(_, c) => Some(c),
+                Last::Error(e) => error_cause(&e),
+                Last::None => None,
+            };
+            if n > 0 {
+                metrics.retry(
+                    &route.name,
+                    &entry.upstream.name,
+                    last_cause.map_or("other", RetryCause::as_str),
+                );
+            } else if let Some(p) = previous {
+                metrics.fallback(
+                    &route.name,
+                    &route.chain[p].upstream.name,
+                    &entry.upstream.name,
+                );
+            }
+            previous = Some(i);
+            let outcome =
+                if i == 0 && n == 0 && policy.hedge_after.is_some() && route.chain.len() > 1 {
+                    // Boxed: a hedge holds two attempts, and inline it would more than
+                    // double the size of every request's future, which is moved whole
+                    // (memcpy) several times per request on routes that never hedge.
+                    let (outcome, hedged) =
+                        Box::pin(hedge(metrics, route, template, budget, record)).await;
+                    skip_hedge_target = hedged;
+                    outcome
+                } else {
+                    let next = route.chain.get(i + 1).filter(|_| n == policy.retries);
+                    let ft = first_token_limit(budget, next);
+                    room_kept_for = (ft < budget.first_token_timeout).then_some(i + 1);
+                    single(route, entry, template, budget, record, ft)
+                        .await
+                        .map(|s| (s, i))
+                };
+            match outcome {
+                Ok((started, winner)) => {
+                    let status = started.response.status();
+                    if let Some(cause) =
+                        status_cause(status).filter(|c| policy.retry_on.contains(*c))
+                    {
+                        last = Last::Answer(Box::new(started), cause);
+                        continue;
+                    }
+                    record.set_upstream(
+                        &route.chain[winner],
+                        started.sent_at,
+                        started.first_byte_at,
+                    );
+                    if let Some(at) = started.first_token_at {
+                        crate::stream::Observer::first_token(record, at);
+                    }
+                    return Ok(started);
+                }
+                Err(error) => {
+                    let retryable =
+                        error_cause(&error).is_some_and(|c| policy.retry_on.contains(c));
+                    if !retryable {
+                        return Err(error);
+                    }
+                    last = Last::Error(error);
+                }
+            }
+        }
+    }
+    match last {
+        Last::Answer(started, _) => {
+            // No attempt was left to make: the upstream's own answer passes through.
+            let entry = route
+                .chain
+                .iter()
+                .find(|e| e.upstream.name == started.limits.upstream)
+                .unwrap_or(&route.chain[0]);
+            record.set_upstream(entry, started.sent_at, started.first_byte_at);
+            Ok(*started)
+        }
+        Last::Error(e) => Err(e),
+        Last::None => {
+            let now = Instant::now();
+            Err(GatewayError::InsufficientBudget {
+                remaining: budget.deadline.saturating_duration_since(now),
+                reserve: budget.reserve,
+                min_useful: route.chain[0].upstream.ttft.get().max(budget.min_useful),
+                // Spent on attempts (or on waiting): a new request gets a new budget.
+                whole: false,
+            })
+        }
+    }
+}
+
+/// Exponential backoff with jitter before retry `n` (1-based) on the same upstream: 100 ms,
+/// 200 ms, 400 ms ... capped at 2 s, each scaled by a random factor in [0.5, 1) so that
+/// clients failing together do not retry together.
+pub fn backoff(n: u32) -> Duration {
+    let base = Duration::from_millis(100) * 2u32.saturating_pow(n.saturating_sub(1).min(5));
+    base.min(Duration::from_secs(2))
+        .mul_f64(0.5 + fastrand::f64() * 0.5)
+}
+
+/// What the upstream asked us to wait before trying again: OpenAI's `retry-after-ms`, or
+/// `retry-after` in seconds. (The HTTP-date form is ignored: providers send seconds.)
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let get = |name: &str| headers.get(name)?.to_str().ok()?.trim().parse::<f64>().ok();
+    let d = get("retry-after-ms")
+        .map(|ms| ms / 1000.0)
+        .or_else(|| get("retry-after"))?;
+    (d.is_finite() && (0.0..86_400.0).contains(&d)).then(|| Duration::from_secs_f64(d))
+}
+
+/// Time the switch itself takes (timer wake-up, dropping the loser, building the next
+/// request), kept on top of the fallback's estimate so that the fallback still fits when the
+/// shortened limit fires.
+const SWITCH_SLACK: Duration = Duration::from_millis(50);
+
+/// The first-token limit of an attempt: the route's, shortened (when a fallback follows) so
+/// that what remains still fits an attempt on that fallback.
+fn first_token_limit(budget: &Budget, next: Option<&ChainEntry>) -> Duration {
+    let ft = budget.first_token_timeout;
+    let Some(next) = next else { return ft };
+    let usable = budget.usable(Instant::now());
+    let room = next.upstream.ttft.get().max(budget.min_useful) + SWITCH_SLACK;
+    match usable.checked_sub(room) {
+        Some(left) if left >= budget.min_useful => ft.min(left),
+        _ => ft,
+    }
+}
+
+fn status_cause(status: StatusCode) -> Option<RetryCause> {
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        Some(RetryCause::Status429)
+    } else if status.is_server_error() {
+        Some(RetryCause::Status5xx)
+    } else {
+        None
+    }
+}
+
+fn error_cause(e: &GatewayError) -> Option<RetryCause> {
+    match e {
+        GatewayError::ConnectTimeout { .. } | GatewayError::UpstreamUnavailable { .. } => {
+            Some(RetryCause::Connect)
+        }
+        GatewayError::FirstTokenTimeout { .. } => Some(RetryCause::FirstToken),
+        GatewayError::UpstreamError { .. } => Some(RetryCause::Reset),
+        _ => None,
+    }
+}
+
+fn attempt<'a>(
+    entry: &'a ChainEntry,
+    route: &RouteRuntime,
+    budget: &'a Budget,
+    first_token_timeout: Duration,
+) -> Attempt<'a> {
+    Attempt {
+        upstream: &entry.upstream,
+        budget,
+        first_token_timeout,
+        hold: route.route.policy.holds_head(),
+        in_flight: InFlight::new(&entry.in_flight),
+    }
+}
+
+/// One attempt, noted in the record.
+async fn single(
+    route: &RouteRuntime,
+    entry: &ChainEntry,
+    template: &Template,
+    budget: &Budget,
+    record: &mut RequestRecord,
+    first_token_timeout: Duration,
+) -> Result<Started, GatewayError> {
+    let started = Instant::now();
+    let out = template.request_for(&entry.upstream)?;
+    let result = attempt(entry, route, budget, first_token_timeout)
+        .run(out)
+        .await;
+    note(entry, record, started, &result);
+    result
+}
+
+fn note(
+    entry: &ChainEntry,
+    record: &mut RequestRecord,
+    started: Instant,
+    result: &Result<Started, GatewayError>,
+) {
+    let outcome = match result {
+        Ok(s) if s.response.status().is_success() => Ok("ok"),
+        Ok(s) => Ok(match status_cause(s.response.status()) {
+            Some(RetryCause::Status429) => "status_429",
+            Some(_) => "status_5xx",
+            None => "status_4xx",
+        }),
+        Err(e) => Err(e),
+    };
+    record.attempt(entry, outcome, started);
+}
+
+/// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
+/// budget fits an attempt on the first fallback, that one starts in parallel; the first to
+/// produce a data event wins and the other is dropped, which cancels it upstream. Returns the
+/// outcome (with the winner's chain index) and whether the fallback was started.
+async fn hedge(
+    metrics: &Metrics,
+    route: &RouteRuntime,
+    template: &Template,
+    budget: &Budget,
+    record: &mut RequestRecord,
+) -> (Result<(Started, usize), GatewayError>, bool) {
+    let hedge_after = route.route.policy.hedge_after.unwrap_or_default();
+    let (primary_entry, hedge_entry) = (&route.chain[0], &route.chain[1]);
+    let t0 = Instant::now();
+    let req = match template.request_for(&primary_entry.upstream) {
+        Ok(out) => out,
+        Err(e) => return (Err(e), false),
+    };
+    let primary = attempt(primary_entry, route, budget, budget.first_token_timeout).run(req);
+    tokio::pin!(primary);
+    let fire = sleep_until(t0 + hedge_after);
+    tokio::pin!(fire);
+    tokio::select! {
+        biased;
+        r = &mut primary => {
+            note(primary_entry, record, t0, &r);
+            return (r.map(|s| (s, 0)), false);
+        }
+        () = &mut fire => {}
+    }
+    let need = hedge_entry.upstream.ttft.get().max(budget.min_useful);
+    let hreq = match template.request_for(&hedge_entry.upstream) {
+        Ok(r) if budget.usable(Instant::now()) >= need => r,
+        _ => {
+            let r = primary.await;
+            note(primary_entry, record, t0, &r);
+            return (r.map(|s| (s, 0)), false);
+        }
+    };
+    let t1 = Instant::now();
+    let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout).run(hreq);
+    tokio::pin!(hedged);
+    let policy = &route.route.policy;
+    // An answer with a status the route would retry on is a failure here, not a win.
+    let wins = |r: &Result<Started, GatewayError>| match r {
+        Ok(s) => !status_cause(s.response.status()).is_some_and(|c| policy.retry_on.contains(c)),
+        Err(_) => false,
+    };
+    let mut primary_done: Option<Result<Started, GatewayError>> = None;
+    let mut hedge_done: Option<Result<Started, GatewayError>> = None;
+    loop {
+        tokio::select! {
+            r = &mut primary, if primary_done.is_none() => {
+                note(primary_entry, record, t0, &r);
+                if wins(&r) {
+                    if hedge_done.is_none() {
+                        record.attempt(hedge_entry, Ok("hedge_loser"), t1);
+                        record.hedge_loser();
+                    }
+                    metrics.hedge(&route.name, "primary");
+                    return (r.map(|s| (s, 0)), true);
+                }
+                primary_done = Some(r);
+            }
+            r = &mut hedged, if hedge_done.is_none() => {
+                note(hedge_entry, record, t1, &r);
+                if wins(&r) {
+                    if primary_done.is_none() {
+                        record.attempt(primary_entry, Ok("hedge_loser"), t0);
+                        record.hedge_loser();
+                    }
+                    metrics.hedge(&route.name, "hedge");
+                    return (r.map(|s| (s, 1)), true);
+                }
+                hedge_done = Some(r);
+            }
+        }
+        if primary_done.is_some() {
+            if let Some(h) = hedge_done.take() {
+                // Both failed: the later failure (the hedge's) is what the route goes on from.
+                return (h.map(|s| (s, 1)), true);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_and_a_cap() {
+        for _ in 0..100 {
+            let b1 = backoff(1);
+            assert!(b1 >= ms(50) && b1 < ms(100), "{b1:?}");
+            let b3 = backoff(3);
+            assert!(b3 >= ms(200) && b3 < ms(400), "{b3:?}");
+            assert!(backoff(30) <= Duration::from_secs(2));
+        }
+    }
+
+    #[test]
+    fn retry_after_forms() {
+        let mut h = HeaderMap::new();
+        assert_eq!(retry_after(&h), None);
+        h.insert("retry-after", "2".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
+        h.insert("retry-after-ms", "350".parse().unwrap());
+        assert_eq!(retry_after(&h), Some(ms(350)));
+        let mut h = HeaderMap::new();
+        h.insert(
+            "retry-after",
+            "Wed, 21 Oct 2026 07:28:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after(&h), None);
+    }
+}

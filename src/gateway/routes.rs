@@ -1,0 +1,205 @@
+//! The routing table: every route of a config with its chain of upstreams (its own, then its
+//! fallbacks), their clients and metric handles, built once per config and kept across
+//! reloads where nothing changed.
+
+use std::sync::Arc;
+
+use http::header::HeaderMap;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::Admission;
+use crate::auth::{ClientKeys, ClientKeysError};
+use crate::config::{Config, RetryCause, Route};
+use crate::runs::Runs;
+use crate::telemetry::metrics::{
+    AnswerMetrics, Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE,
+};
+use crate::upstream::{Upstream, UpstreamBuildError};
+
+/// Why a routing table could not be built from a config.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error(transparent)]
+    Upstream(#[from] UpstreamBuildError),
+    #[error(transparent)]
+    ClientKeys(#[from] ClientKeysError),
+    #[error("{0}")]
+    Runs(String),
+}
+
+/// One upstream of a route's chain (its own, then its fallbacks) with its metric handles.
+pub struct ChainEntry {
+    pub upstream: Arc<Upstream>,
+    pub ttft: Histogram,
+    pub in_flight: IntGauge,
+    /// Time to first byte and the tokens of this upstream's answers on this route.
+    pub answer: Arc<AnswerMetrics>,
+}
+
+pub struct RouteRuntime {
+    pub route: Route,
+    pub name: Arc<str>,
+    pub chain: Vec<ChainEntry>,
+    pub metrics: RouteMetrics,
+    /// The keys clients must present (`client_keys_*`), if any.
+    pub keys: Option<ClientKeys>,
+    /// The route's `max_in_flight` slots, if limited.
+    pub admission: Option<Admission>,
+}
+
+impl RouteRuntime {
+    /// The least budget an attempt anywhere on the chain needs: what a request waiting for
+    /// admission must still have when it gets its slot.
+    pub(super) fn least_need(&self, min_useful: std::time::Duration) -> std::time::Duration {
+        self.chain
+            .iter()
+            .map(|e| e.upstream.ttft.get().max(min_useful))
+            .min()
+            .unwrap_or(min_useful)
+    }
+
+    /// Whether this route would refuse `headers` for want of a client key.
+    pub(super) fn refuses(&self, headers: &HeaderMap) -> bool {
+        self.keys.as_ref().is_some_and(|k| !k.accepts(headers))
+    }
+}
+
+/// The routing table with its upstream clients and metric handles, built once per config.
+pub struct Gateway {
+    pub(super) config: Arc<Config>,
+    pub(super) routes: Vec<RouteRuntime>,
+    /// Where requests that match no route are counted.
+    pub(super) no_route: RouteMetrics,
+    pub(super) metrics: Arc<Metrics>,
+    /// Cancelled when in-flight requests must end (the shutdown grace is over).
+    pub(super) shutdown: CancellationToken,
+    /// The runs, which outlive a reload: a new table takes them from the one it replaces.
+    pub(super) runs: Arc<Runs>,
+}
+
+impl Gateway {
+    /// Builds the routing table. Upstreams whose settings are unchanged in `previous` (the
+    /// gateway a reload replaces) are reused with their connection pools and learned
+    /// estimates. `shutdown` is cancelled when in-flight requests must end.
+    pub fn new(
+        config: Arc<Config>,
+        metrics: &Arc<Metrics>,
+        previous: Option<&Gateway>,
+        shutdown: CancellationToken,
+    ) -> Result<Self, BuildError> {
+        let mut upstreams: Vec<Arc<Upstream>> = Vec::new();
+        for up in &config.upstreams {
+            // The connector's own bound is the longest any route allows; each request bounds
+            // its connect by its own limit and budget as well.
+            let connect = config
+                .routes
+                .iter()
+                .filter(|r| {
+                    r.upstream.name == up.name
+                        || r.policy.fallbacks.iter().any(|f| f.name == up.name)
+                })
+                .map(|r| r.limits.connect_timeout)
+                .max()
+                .unwrap_or(std::time::Duration::from_secs(10));
+            let reused = previous.and_then(|g| {
+                g.routes
+                    .iter()
+                    .flat_map(|r| r.chain.iter())
+                    .map(|e| &e.upstream)
+                    // A rotated key (same file, new contents) needs a new upstream.
+                    .find(|u| {
+                        *u.config == **up && u.connect_bound == connect && u.credential_is_current()
+                    })
+                    .cloned()
+            });
+            upstreams.push(match reused {
+                Some(u) => u,
+                None => Arc::new(Upstream::new(up.clone(), connect)?),
+            });
+        }
+        let find = |name: &str| {
+            upstreams
+                .iter()
+                .find(|u| &*u.name == name)
+                .expect("config checks that every route names known upstreams")
+                .clone()
+        };
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| {
+                let names: Vec<&str> = std::iter::once(r.upstream.name.as_str())
+                    .chain(r.policy.fallbacks.iter().map(|f| f.name.as_str()))
+                    .collect();
+                let reasons: Vec<&str> = RetryCause::ALL
+                    .iter()
+                    .filter(|c| r.policy.retry_on.contains(**c))
+                    .map(|c| c.as_str())
+                    .collect();
+                metrics.init_policy(&r.name, &names, &reasons, r.policy.hedge_after.is_some());
+                let keys = r
+                    .client_auth
+                    .as_ref()
+                    .map(|a| ClientKeys::load(&r.name, a))
+                    .transpose()?;
+                // Across a reload, a route keeps its slots (and so counts the requests still
+                // in flight on the old configuration) unless its limit changed.
+                let admission = r.max_in_flight.map(|n| {
+                    previous
+                        .and_then(|g| g.routes.iter().find(|p| p.route.name == r.name))
+                        .and_then(|p| p.admission.clone())
+                        .filter(|a| a.limit() == n)
+                        .unwrap_or_else(|| Admission::new(Arc::from(r.name.as_str()), n))
+                });
+                Ok(RouteRuntime {
+                    keys,
+                    admission,
+                    route: r.clone(),
+                    name: Arc::from(r.name.as_str()),
+                    metrics: metrics.route(&r.name),
+                    chain: names
+                        .iter()
+                        .map(|n| ChainEntry {
+                            upstream: find(n),
+                            ttft: metrics.ttft(&r.name, n),
+                            in_flight: metrics.in_flight(n),
+                            answer: Arc::new(metrics.answer(&r.name, n)),
+                        })
+                        .collect(),
+                })
+            })
+            .collect::<Result<Vec<_>, BuildError>>()?;
+        let runs = match previous {
+            Some(g) => {
+                if g.config.runs != config.runs {
+                    tracing::warn!("[runs] changes take effect only after a restart");
+                }
+                g.runs.clone()
+            }
+            None => Runs::new(&config.runs, metrics.runs()).map_err(BuildError::Runs)?,
+        };
+        for r in config.routes.iter().filter(|r| r.run_limits.any()) {
+            runs.init_metrics(&r.name);
+        }
+        for r in config.routes.iter().filter(|r| r.partial_answers) {
+            metrics.init_partial(&r.name);
+        }
+        Ok(Self {
+            config,
+            routes,
+            no_route: metrics.route(NO_ROUTE),
+            metrics: metrics.clone(),
+            shutdown,
+            runs,
+        })
+    }
+
+    /// The runs this gateway keeps (for the admin listener).
+    pub fn runs(&self) -> &Arc<Runs> {
+        &self.runs
+    }
+
+    pub fn config(&self) -> &Arc<Config> {
+        &self.config
+    }
+}

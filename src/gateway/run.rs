@@ -1,0 +1,89 @@
+//! A call joining its run: read the run id and the run budget the client asks for, reserve
+//! the call's tokens, and admit it (or answer the refusal). Once admitted, the call's budget
+//! ends by the run's deadline.
+
+use std::sync::Arc;
+
+use http::HeaderMap;
+use tokio::time::Instant;
+
+use crate::budget::{run_budget, Budget};
+use crate::error::GatewayError;
+use crate::gateway::routes::RouteRuntime;
+use crate::provider::request::max_output_tokens;
+use crate::runs::state::View;
+use crate::runs::{fingerprint, run_id, Call, RunCall, RunKey, Runs};
+
+/// Why a call did not join its run: the error, and, when the run refused it, the run's id
+/// and what it has left (for the answer's headers).
+pub struct NotJoined {
+    pub error: GatewayError,
+    pub run: Option<(Arc<str>, View)>,
+}
+
+impl From<GatewayError> for NotJoined {
+    fn from(error: GatewayError) -> Self {
+        Self { error, run: None }
+    }
+}
+
+/// Admits the call into its run, if it carries a run id, and binds its budget to the run's
+/// deadline. `Err` carries what the run has left, when the refusal came from the run.
+pub async fn join(
+    runs: &Runs,
+    route: &RouteRuntime,
+    headers: &HeaderMap,
+    body: &[u8],
+    budget: &mut Budget,
+) -> Result<Option<RunCall>, NotJoined> {
+    let Some(id) = run_id(headers, &route.route.run_id)? else {
+        return Ok(None);
+    };
+    let asked_budget = run_budget(headers)?;
+    let limits = &route.route.run_limits;
+    let key = RunKey {
+        // A client can never touch another's run: the run is the key's.
+        scope: route.keys.as_ref().and_then(|k| k.scope(headers)),
+        id,
+    };
+    let call = Call {
+        // Read from the body only where a token limit needs it.
+        reserve: limits
+            .max_tokens
+            .and_then(|_| max_output_tokens(body))
+            .unwrap_or(limits.token_estimate),
+        asked_budget,
+        request: limits.max_repeats.map(|_| fingerprint::of(body)),
+        at: budget.arrival,
+        now: Instant::now(),
+        need: budget.reserve + budget.min_useful,
+    };
+    let admitted = runs
+        .admit(
+            &key,
+            &route.name,
+            limits,
+            &call,
+            // A store that does not answer leaves the call what it needs to be made.
+            budget
+                .work_deadline()
+                .checked_sub(budget.min_useful + crate::admission::ADMIT_SLACK)
+                .unwrap_or(call.now),
+            budget.total,
+        )
+        .await
+        .map_err(|(error, view)| NotJoined {
+            error,
+            run: view.map(|v| (Arc::clone(&key.id), v)),
+        })?;
+    // The store could not answer, and the call is served without run limits.
+    let Some(admitted) = admitted else {
+        return Ok(None);
+    };
+    if let (Some(deadline), Some(run_budget)) =
+        (admitted.admitted.view.deadline, admitted.admitted.budget)
+    {
+        budget.bind_run(Arc::clone(&key.id), deadline, run_budget);
+    }
+    Ok(Some(admitted))
+}

@@ -1,0 +1,90 @@
+//! The request as every attempt sends it: built once from the client's request, then made
+//! into one upstream's request per attempt (its URI, credentials and body rewrites).
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::PathAndQuery;
+use http::{Method, Request, Uri};
+use http_body_util::Full;
+
+use crate::error::GatewayError;
+use crate::provider::rewrite::{include_usage, rewrite_model, stream_request};
+use crate::provider::Format;
+use crate::upstream::Upstream;
+
+/// The request as every attempt sends it, less what differs per upstream (URI, credentials,
+/// model, the forwarded budget).
+pub struct Template {
+    pub method: Method,
+    pub path_and_query: PathAndQuery,
+    /// With `Accept-Encoding: identity`, what an answer that is read needs.
+    pub headers: HeaderMap,
+    /// The client's own `Accept-Encoding`, for answers that are not read.
+    pub accept_encoding: Option<HeaderValue>,
+    pub body: Bytes,
+    /// Ask a known format's upstream to stream what the client did not (`stream_upstream`).
+    pub stream_upstream: bool,
+    /// A limit that cuts such an answer after output came gives the client a partial one.
+    pub partial_answers: bool,
+}
+
+/// One upstream's request, and the wire format of the exchange when it is known (the
+/// upstream's `api` and the path decide it, once per attempt).
+pub struct Outgoing {
+    pub request: Request<Full<Bytes>>,
+    pub format: Option<Format>,
+    /// The upstream was asked to stream on the client's behalf: its stream is to be
+    /// assembled into the one document the client expects.
+    pub assembled: bool,
+    pub partial_answers: bool,
+}
+
+impl Template {
+    pub fn request_for(&self, upstream: &Upstream) -> Result<Outgoing, GatewayError> {
+        let uri: Uri =
+            upstream
+                .uri_for(&self.path_and_query)
+                .map_err(|e| GatewayError::BadRequest {
+                    message: format!("request target cannot be forwarded: {e}"),
+                })?;
+        let mut body = match &upstream.config.model {
+            Some(model) => rewrite_model(&self.body, model).unwrap_or_else(|| self.body.clone()),
+            None => self.body.clone(),
+        };
+        let format = Format::detect(upstream.config.api, uri.path());
+        let mut assembled = false;
+        if let (true, Some(f)) = (self.stream_upstream, format) {
+            if let Some(streamed) = stream_request(&body, f) {
+                body = streamed;
+                assembled = true;
+            }
+        }
+        if upstream.config.include_usage && format == Some(Format::Chat) {
+            if let Some(with_usage) = include_usage(&body) {
+                body = with_usage;
+            }
+        }
+        let mut req = Request::builder()
+            .method(self.method.clone())
+            .uri(uri)
+            .body(Full::new(body))
+            .map_err(|e| GatewayError::BadRequest {
+                message: format!("request cannot be forwarded: {e}"),
+            })?;
+        *req.headers_mut() = self.headers.clone();
+        if format.is_none() {
+            // Not read, so passed opaque: it may come in any coding the client takes.
+            match &self.accept_encoding {
+                Some(v) => req.headers_mut().insert(header::ACCEPT_ENCODING, v.clone()),
+                None => req.headers_mut().remove(header::ACCEPT_ENCODING),
+            };
+        }
+        upstream.apply_credentials(req.headers_mut());
+        Ok(Outgoing {
+            request: req,
+            format,
+            assembled,
+            partial_answers: self.partial_answers,
+        })
+    }
+}

@@ -1,0 +1,56 @@
+//! What the gateway knows of the client connection a request came on: who the peer is and,
+//! over HTTP/2, how many of the connection's streams are open (for its idle limit).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Put in each request's extensions by the server.
+#[derive(Clone)]
+pub struct ClientConn {
+    pub peer: SocketAddr,
+    /// Over HTTP/2, the streams of the connection; `None` over HTTP/1.
+    pub streams: Option<Streams>,
+}
+
+#[derive(Default)]
+struct Activity {
+    open: AtomicUsize,
+    /// Streams started and ended so far: unchanged between two looks means nothing
+    /// happened in between.
+    changes: AtomicU64,
+}
+
+/// The streams of one HTTP/2 connection, as its requests see it (in their extensions).
+#[derive(Clone, Default)]
+pub struct Streams(Arc<Activity>);
+
+impl Streams {
+    /// A stream has started; it counts as open until the returned guard is dropped.
+    pub fn open(&self) -> Open {
+        self.0.open.fetch_add(1, Ordering::Relaxed);
+        self.0.changes.fetch_add(1, Ordering::Relaxed);
+        Open(self.0.clone())
+    }
+
+    /// Streams open now.
+    pub fn open_now(&self) -> usize {
+        self.0.open.load(Ordering::Relaxed)
+    }
+
+    /// Streams started and ended so far: unchanged between two looks means nothing happened
+    /// in between.
+    pub fn changes(&self) -> u64 {
+        self.0.changes.load(Ordering::Relaxed)
+    }
+}
+
+/// One open stream of an HTTP/2 connection.
+pub struct Open(Arc<Activity>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        self.0.changes.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,542 @@
+//! What the gateway does to headers as a request crosses it, one way and back: the
+//! hop-by-hop fields it removes (RFC 9110 7.6.1), the `Via` it adds (7.6.3) and the loop
+//! limit that `Via` makes possible, the content codings it cannot read through, the framing
+//! two parsers could read differently, and the request id that ties the logs of each hop.
+
+use std::sync::Arc;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::Version;
+
+use crate::error::GatewayError;
+
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Anthropic's credential header (OpenAI's is `Authorization`).
+pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+
+/// Connection-level headers (RFC 9110 section 7.6.1) that never cross a proxy.
+const HOPS: usize = 9;
+const HOP_BY_HOP: [HeaderName; HOPS] = [
+    header::CONNECTION,
+    header::UPGRADE,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+];
+
+/// Refuses heads whose target two parsers could read differently (RFC 9112 3.2). hyper's
+/// HTTP/1 parser already refuses obs-fold, bare CR, conflicting or malformed lengths and
+/// unknown codings, and merges equal lengths; what it leaves is checked here. It lets
+/// Transfer-Encoding override (and remove) Content-Length, which RFC 9112 6.3 allows, but
+/// nginx (since 1.21.1) and Envoy refuse such a request, and so does Hourglass:
+/// `content_length_with_coding` says the connection's framing tracker saw both.
+pub(crate) fn check_framing(
+    version: Version,
+    headers: &HeaderMap,
+    content_length_with_coding: bool,
+) -> Result<(), GatewayError> {
+    // One lookup per name: each hashes the name and probes the map.
+    let mut lengths = headers.get_all(header::CONTENT_LENGTH).iter();
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let host = hosts.next();
+    let reason = if content_length_with_coding {
+        "both Content-Length and Transfer-Encoding are present"
+    } else if lengths.nth(1).is_some() {
+        "more than one Content-Length"
+    } else if hosts.next().is_some() {
+        "more than one Host"
+    } else if version == Version::HTTP_11 && host.is_none() {
+        "an HTTP/1.1 request without Host"
+    } else if host.is_some_and(|h| !valid_host(h)) {
+        "a Host that is not host[:port]"
+    } else {
+        return Ok(());
+    };
+    Err(GatewayError::AmbiguousRequest { reason })
+}
+
+/// RFC 9112 3.2: `uri-host [ ":" port ]` (RFC 3986 3.2.2: a bracketed IP literal or a
+/// reg-name), or empty (a target without an authority). The gateway replaces Host with the
+/// upstream's, but the same section has a server answer 400 to an invalid one rather than
+/// guess what the client meant. Checked byte by byte: `http`'s authority parser accepts
+/// userinfo and any port text, and cost 800 instructions a request here.
+fn valid_host(value: &HeaderValue) -> bool {
+    let v = value.as_bytes();
+    let (host, port) = match v.iter().rposition(|&b| b == b':') {
+        Some(i) if !v[i..].contains(&b']') => (&v[..i], &v[i + 1..]),
+        _ => (v, &[][..]),
+    };
+    let unreserved_or_sub_delim = |b: u8| {
+        matches!(b, b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~'
+            | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=')
+    };
+    let host_ok = match host {
+        [b'[', literal @ .., b']'] => {
+            !literal.is_empty()
+                && literal
+                    .iter()
+                    .all(|&b| b == b':' || unreserved_or_sub_delim(b))
+        }
+        _ => host
+            .iter()
+            .all(|&b| b == b'%' || unreserved_or_sub_delim(b)),
+    };
+    host_ok && port.iter().all(u8::is_ascii_digit)
+}
+
+pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `application/json` or a `+json` type.
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|m| m.trim().as_bytes())
+        .is_some_and(|m| {
+            m.eq_ignore_ascii_case(b"application/json")
+                || m.len() > 5 && m[m.len() - 5..].eq_ignore_ascii_case(b"+json")
+        })
+}
+
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// Hourglass gateways a request may already have passed through. A deliberate chain is a few
+/// deep; a loop reaches this within milliseconds.
+pub(crate) const MAX_HOPS: usize = 10;
+
+/// The elements of a list-valued header over all its lines (RFC 9110 5.6.1: comma-separated,
+/// optional whitespace around each, empty elements ignored), each with the line it is on.
+fn list_items(
+    headers: &HeaderMap,
+    name: HeaderName,
+) -> impl Iterator<Item = (&HeaderValue, &[u8])> {
+    headers.get_all(name).into_iter().flat_map(|line| {
+        line.as_bytes()
+            .split(|&b| b == b',')
+            .map(<[u8]>::trim_ascii)
+            .filter(|item| !item.is_empty())
+            .map(move |item| (line, item))
+    })
+}
+
+/// How many `Via` entries name a Hourglass gateway ("1.1 hourglass"; a comment may follow).
+pub(crate) fn hops(headers: &HeaderMap) -> usize {
+    list_items(headers, header::VIA)
+        .filter(|(_, entry)| {
+            let mut words = entry
+                .split(u8::is_ascii_whitespace)
+                .filter(|w| !w.is_empty());
+            words.nth(1) == Some(b"hourglass")
+        })
+        .count()
+}
+
+pub(crate) const IDENTITY: HeaderValue = HeaderValue::from_static("identity");
+
+/// `Via` for a request received over `version`: the protocol as RFC 9110 7.6.3 spells it
+/// ("1.1", "2"; HTTP is implied), and this gateway's pseudonym. Constants, so that the bytes
+/// are checked once at compile time and not on every request.
+pub(crate) fn via(version: Version) -> HeaderValue {
+    const V09: HeaderValue = HeaderValue::from_static("0.9 hourglass");
+    const V10: HeaderValue = HeaderValue::from_static("1.0 hourglass");
+    const V11: HeaderValue = HeaderValue::from_static("1.1 hourglass");
+    const V2: HeaderValue = HeaderValue::from_static("2 hourglass");
+    const V3: HeaderValue = HeaderValue::from_static("3 hourglass");
+    match version {
+        Version::HTTP_09 => V09,
+        Version::HTTP_10 => V10,
+        Version::HTTP_2 => V2,
+        Version::HTTP_3 => V3,
+        _ => V11,
+    }
+}
+
+/// The client's `Accept-Encoding` as one value (its field lines joined, as RFC 9110 5.3
+/// allows), or none.
+pub(crate) fn client_accept_encoding(headers: &HeaderMap) -> Option<HeaderValue> {
+    let mut values = headers.get_all(header::ACCEPT_ENCODING).iter();
+    let first = values.next()?;
+    let rest: Vec<&[u8]> = values.map(HeaderValue::as_bytes).collect();
+    if rest.is_empty() {
+        return Some(first.clone());
+    }
+    let joined = std::iter::once(first.as_bytes())
+        .chain(rest)
+        .collect::<Vec<_>>()
+        .join(&b", "[..]);
+    HeaderValue::from_bytes(&joined).ok()
+}
+
+pub(crate) fn unsupported_encoding(headers: &HeaderMap) -> GatewayError {
+    let value = content_coding(headers).map(HeaderValue::as_bytes);
+    GatewayError::UnsupportedEncoding {
+        value: String::from_utf8_lossy(value.unwrap_or_default()).into_owned(),
+    }
+}
+
+/// What a response body is, read once from its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyShape {
+    /// `text/event-stream`.
+    pub event_stream: bool,
+    /// `application/json` or a `+json` type.
+    pub json: bool,
+    /// In no content coding, so its bytes are what its type says. An encoded body (an
+    /// upstream that ignored `identity`) is passed through opaque: nothing is read from it
+    /// or added to it.
+    pub readable: bool,
+}
+
+impl BodyShape {
+    pub fn of(headers: &HeaderMap) -> Self {
+        Self {
+            event_stream: is_event_stream(headers),
+            json: is_json(headers),
+            readable: content_coding(headers).is_none(),
+        }
+    }
+
+    /// SSE text the gateway can read as it passes.
+    pub fn readable_sse(self) -> bool {
+        self.event_stream && self.readable
+    }
+}
+
+/// The request's `Upgrade` value when it asks for WebSocket (RFC 6455 4.1: the `websocket`
+/// token, case-insensitive, possibly among others). Other upgrades, such as curl's `h2c` on a
+/// cleartext HTTP/1.1 request, are ignored as RFC 9110 7.8 lets a server do, and the request
+/// is served as HTTP/1.1.
+pub fn websocket_upgrade(headers: &HeaderMap) -> Option<&HeaderValue> {
+    list_items(headers, header::UPGRADE)
+        .find(|(_, protocol)| {
+            // `name[/version]`
+            let name = protocol.split(|&b| b == b'/').next().unwrap_or_default();
+            name.trim_ascii().eq_ignore_ascii_case(b"websocket")
+        })
+        .map(|(line, _)| line)
+}
+
+/// The first `Content-Encoding` value that names a coding other than `identity`.
+pub fn content_coding(headers: &HeaderMap) -> Option<&HeaderValue> {
+    list_items(headers, header::CONTENT_ENCODING)
+        .find(|(_, coding)| !coding.eq_ignore_ascii_case(b"identity"))
+        .map(|(line, _)| line)
+}
+
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // A removal hashes the name and probes the map, so only the hop-by-hop names present are
+    // removed: most messages carry none, and an HTTP/1.1 stream's answer one
+    // (`transfer-encoding`), where nine blind removals cost 1,200 instructions a stream.
+    if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
+        return;
+    }
+    let mut present = [false; HOPS];
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present[i] = true;
+        }
+    }
+    // Names the `Connection` header lists are hop-by-hop too (RFC 9110 7.6.1).
+    let named: Vec<HeaderName> = list_items(headers, header::CONNECTION)
+        .filter_map(|(_, n)| HeaderName::from_bytes(n).ok())
+        .collect();
+    for n in named.iter() {
+        headers.remove(n);
+    }
+    for (n, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
+        headers.remove(n);
+    }
+}
+
+/// Keeps a client's request id when it is a sane token, so logs correlate across hops;
+/// otherwise makes one.
+pub(crate) fn request_id(headers: &HeaderMap) -> Arc<str> {
+    headers
+        .get(REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(Arc::from)
+        .unwrap_or_else(new_request_id)
+}
+
+/// 32 hex digits: a random 64-bit prefix drawn once per process, then a counter. Unique
+/// within the process and, with overwhelming odds, across processes, without the kernel
+/// call per request that a UUIDv4 costs (it showed in profiles).
+fn new_request_id() -> Arc<str> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    // fastrand seeds itself from the process's random state (std's `RandomState`).
+    let prefix = *PREFIX.get_or_init(|| fastrand::u64(..));
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    // By hand: `format!` (1,450 instructions more per request) or `write!` into a stack
+    // buffer (780 more) spend more on padding and dispatch than the digits take.
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 32];
+    for (i, digit) in buf.iter_mut().enumerate() {
+        let word = if i < 16 { prefix } else { n };
+        *digit = HEX[((word >> (60 - 4 * (i % 16))) & 0xf) as usize];
+    }
+    Arc::from(std::str::from_utf8(&buf).expect("hex digits are ASCII"))
+}
+
+pub(crate) fn insert_request_id(headers: &mut HeaderMap, id: &str) {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        headers.insert(REQUEST_ID, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framing(version: Version, fields: &[(&'static str, &'static str)]) -> Option<&'static str> {
+        framing_seen(version, fields, false)
+    }
+
+    /// `both`: the connection's tracker saw Content-Length beside Transfer-Encoding.
+    fn framing_seen(
+        version: Version,
+        fields: &[(&'static str, &'static str)],
+        both: bool,
+    ) -> Option<&'static str> {
+        let mut h = HeaderMap::new();
+        for (name, value) in fields {
+            h.append(*name, HeaderValue::from_static(value));
+        }
+        match check_framing(version, &h, both) {
+            Ok(()) => None,
+            Err(GatewayError::AmbiguousRequest { reason }) => Some(reason),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn check_framing_refuses_each_ambiguity_and_nothing_else() {
+        use Version as V;
+        let host = ("host", "gateway");
+        let len = ("content-length", "5");
+        // Clean heads: one length or none, one valid Host; HTTP/2 and 1.0 need no Host.
+        for (v, fields) in [
+            (V::HTTP_11, &[host][..]),
+            (V::HTTP_11, &[host, len][..]),
+            (V::HTTP_10, &[][..]),
+            (V::HTTP_2, &[len][..]),
+            (V::HTTP_2, &[("host", "gateway:8443")][..]),
+        ] {
+            assert_eq!(framing(v, fields), None, "{v:?} {fields:?}");
+        }
+        // Two lengths, equal or not, on any version (HTTP/1 merges equal ones before this;
+        // HTTP/2 does not).
+        for v in [V::HTTP_11, V::HTTP_2] {
+            for second in ["5", "6"] {
+                let fields = [host, len, ("content-length", second)];
+                assert_eq!(framing(v, &fields), Some("more than one Content-Length"));
+            }
+        }
+        assert_eq!(
+            framing(V::HTTP_2, &[host, ("host", "other")]),
+            Some("more than one Host")
+        );
+        assert_eq!(
+            framing(V::HTTP_11, &[len]),
+            Some("an HTTP/1.1 request without Host")
+        );
+        for v in [V::HTTP_11, V::HTTP_10, V::HTTP_2] {
+            assert_eq!(
+                framing(v, &[("host", "u@gateway")]),
+                Some("a Host that is not host[:port]"),
+                "{v:?}"
+            );
+        }
+        // A length beside a coding, which hyper hides from the head, as the tracker saw it.
+        let chunked = ("transfer-encoding", "chunked");
+        let both = framing_seen(V::HTTP_11, &[host, chunked], true).unwrap();
+        assert!(
+            both.contains("Content-Length") && both.contains("Transfer-Encoding"),
+            "{both}"
+        );
+        assert_eq!(framing_seen(V::HTTP_11, &[host, chunked], false), None);
+        // The length is checked first: a head with two of everything names the lengths.
+        let all = [host, ("host", "b"), len, ("content-length", "6")];
+        assert_eq!(
+            framing(V::HTTP_11, &all),
+            Some("more than one Content-Length")
+        );
+    }
+
+    #[test]
+    fn host_values() {
+        for ok in [
+            "",
+            "gateway",
+            "gateway:8080",
+            "gateway:",
+            "127.0.0.1:80",
+            "[::1]",
+            "[::1]:8080",
+        ] {
+            assert!(valid_host(&HeaderValue::from_static(ok)), "{ok:?}");
+        }
+        for bad in [
+            "a b",
+            "u@gateway",
+            "gateway/x",
+            "gateway:80x",
+            "[::1",
+            "[]",
+            "gateway?q",
+            "gate[way]",
+        ] {
+            assert!(!valid_host(&HeaderValue::from_static(bad)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_websocket_upgrade_is_told_from_others() {
+        let with = |values: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::UPGRADE, HeaderValue::from_static(v));
+            }
+            websocket_upgrade(&h).map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(with(&["websocket"]).as_deref(), Some("websocket"));
+        assert_eq!(with(&["WebSocket"]).as_deref(), Some("WebSocket"));
+        assert_eq!(
+            with(&["h2c", " websocket/13 "]).as_deref(),
+            Some(" websocket/13 ")
+        );
+        assert_eq!(with(&["foo, websocket"]).as_deref(), Some("foo, websocket"));
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&["h2c"]), None);
+        assert_eq!(with(&["TLS/1.2, websockets"]), None);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        let untouched = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, untouched);
+
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("s"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert("proxy-connection", HeaderValue::from_static("close"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, untouched);
+
+        // An HTTP/1.1 stream's answer: one of them, alone.
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, untouched);
+    }
+
+    #[test]
+    fn hops_count_the_via_entries_of_hourglass_gateways_only() {
+        let mut h = HeaderMap::new();
+        assert_eq!(hops(&h), 0);
+        h.append(
+            header::VIA,
+            HeaderValue::from_static("1.1 edge, 1.1 hourglass"),
+        );
+        h.append(
+            header::VIA,
+            HeaderValue::from_static("2 hourglass (chat),1.0  hourglass ,1.1 hourglass-like"),
+        );
+        h.append(header::VIA, HeaderValue::from_static("hourglass"));
+        assert_eq!(hops(&h), 3);
+    }
+
+    #[test]
+    fn via_names_the_protocol_the_request_came_over() {
+        assert_eq!(via(Version::HTTP_10), "1.0 hourglass");
+        assert_eq!(via(Version::HTTP_11), "1.1 hourglass");
+        assert_eq!(via(Version::HTTP_2), "2 hourglass");
+    }
+
+    #[test]
+    fn the_clients_accept_encoding_is_kept_whole() {
+        let mut h = HeaderMap::new();
+        assert_eq!(client_accept_encoding(&h), None);
+        h.append(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip"));
+        assert_eq!(client_accept_encoding(&h).unwrap(), "gzip");
+        h.append(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("br;q=0.5"),
+        );
+        assert_eq!(client_accept_encoding(&h).unwrap(), "gzip, br;q=0.5");
+    }
+
+    #[test]
+    fn only_codings_other_than_identity_count_as_encoded() {
+        let coded = |values: &[&str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::CONTENT_ENCODING, HeaderValue::from_str(v).unwrap());
+            }
+            content_coding(&h).map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(coded(&[]), None);
+        assert_eq!(coded(&["identity"]), None);
+        assert_eq!(coded(&[" Identity , IDENTITY", ""]), None);
+        assert_eq!(coded(&["gzip"]).as_deref(), Some("gzip"));
+        assert_eq!(coded(&["identity", "br"]).as_deref(), Some("br"));
+        assert_eq!(
+            coded(&["identity, gzip"]).as_deref(),
+            Some("identity, gzip")
+        );
+    }
+
+    #[test]
+    fn request_ids_are_kept_when_sane_and_made_unique_otherwise() {
+        let mut h = HeaderMap::new();
+        let a = request_id(&h);
+        let b = request_id(&h);
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(a[..16], b[..16], "one prefix per process");
+        let (na, nb) = (
+            u64::from_str_radix(&a[16..], 16).unwrap(),
+            u64::from_str_radix(&b[16..], 16).unwrap(),
+        );
+        assert!(nb > na, "a counter after the prefix: {a} then {b}");
+        h.insert(REQUEST_ID, HeaderValue::from_static("client-chosen-id"));
+        assert_eq!(&*request_id(&h), "client-chosen-id");
+        h.insert(REQUEST_ID, HeaderValue::from_static("has space"));
+        assert_eq!(request_id(&h).len(), 32);
+    }
+}

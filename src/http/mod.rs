@@ -1,0 +1,6 @@
+//! HTTP as the gateway speaks it, below any knowledge of providers or budgets.
+
+pub mod conn;
+pub mod framing;
+pub mod headers;
+pub mod sse;

@@ -1,0 +1,796 @@
+//! Rebuilding the one JSON document a provider answers a request that did not stream, from
+//! the events of the stream the gateway asked for instead (`stream_upstream`): the same ids,
+//! model, content, refusal, reasoning / thinking (with Anthropic's signatures), tool calls
+//! with their arguments joined, choices, logprobs, stop reasons and usage. And, when a limit
+//! cuts the stream after output came, the partial answer: what was generated so far, marked
+//! as cut for length, with the usage so far.
+//!
+//! Each event's data is gathered once (in a buffer reused from event to event) and its text
+//! appended once to the answer being built; the answer is bounded by `limit` bytes.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use crate::provider::Format;
+
+/// Why no document could be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssembleError {
+    #[error("the answer is larger than max_response_body ({limit} bytes)")]
+    TooLarge { limit: usize },
+    #[error("the stream ended before its answer began")]
+    Empty,
+}
+
+/// Tokens of a cut answer that its provider did not report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt: u64,
+    pub completion: u64,
+}
+
+/// The answer being rebuilt from one stream.
+#[derive(Debug, Clone)]
+pub struct Assembler {
+    format: Format,
+    limit: usize,
+    too_large: bool,
+    buf: Vec<u8>,
+    /// The provider's own error event, whole, if it sent one.
+    error: Option<Value>,
+    chat: Chat,
+    messages: Messages,
+    responses: Responses,
+}
+
+impl Assembler {
+    pub fn new(format: Format, limit: usize) -> Self {
+        Self {
+            format,
+            limit,
+            too_large: false,
+            buf: Vec::new(),
+            error: None,
+            chat: Chat::default(),
+            messages: Messages::default(),
+            responses: Responses::default(),
+        }
+    }
+
+    /// The next piece of the current event's data.
+    #[inline]
+    pub fn data(&mut self, piece: &[u8]) {
+        if self.too_large {
+            return;
+        }
+        if self.buf.len() + piece.len() + self.answer_len() > self.limit {
+            self.too_large = true;
+            self.buf = Vec::new();
+            return;
+        }
+        self.buf.extend_from_slice(piece);
+    }
+
+    /// The end of one `data` line of the event.
+    pub fn line_end(&mut self) {
+        self.data(b"\n");
+    }
+
+    /// The event ended; `dispatched`: it had data; `error`: its type was `error`.
+    pub fn event_end(&mut self, dispatched: bool, error: bool) {
+        let data = std::mem::take(&mut self.buf);
+        if dispatched && !self.too_large {
+            let text = trim_end_newline(&data);
+            if error {
+                self.error = serde_json::from_slice(text).ok();
+            } else if text != b"[DONE]" {
+                match self.format {
+                    Format::Chat => {
+                        // OpenAI's mid-stream error is a data object with an `error` key.
+                        if let Some(e) = self.chat.event(text) {
+                            self.error = Some(e);
+                        }
+                    }
+                    Format::Messages => self.messages.event(text),
+                    Format::Responses => self.responses.event(text),
+                }
+            }
+        }
+        // The buffer's room is reused by the next event.
+        self.buf = data;
+        self.buf.clear();
+        if self.answer_len() > self.limit {
+            self.too_large = true;
+        }
+    }
+
+    /// Bytes of text held by the answer so far (an upper bound of what it adds).
+    fn answer_len(&self) -> usize {
+        match self.format {
+            Format::Chat => self.chat.text,
+            Format::Messages => self.messages.text,
+            Format::Responses => self.responses.text,
+        }
+    }
+
+    /// The provider's own error event, if it sent one.
+    pub fn provider_error(&self) -> Option<&Value> {
+        self.error.as_ref()
+    }
+
+    /// Whether any model output arrived (text, reasoning, a tool call).
+    pub fn has_output(&self) -> bool {
+        match self.format {
+            Format::Chat => self.chat.output,
+            Format::Messages => self.messages.output,
+            Format::Responses => self.responses.output,
+        }
+    }
+
+    /// The document the provider would have answered. `cut`: the stream was cut by a limit
+    /// (with what it used so far, where the provider did not say): the partial answer.
+    pub fn finish(self, cut: Option<Usage>) -> Result<Vec<u8>, AssembleError> {
+        if self.too_large {
+            return Err(AssembleError::TooLarge { limit: self.limit });
+        }
+        let doc = match self.format {
+            Format::Chat => self.chat.document(cut),
+            Format::Messages => self.messages.document(cut),
+            Format::Responses => self.responses.document(cut),
+        }
+        .ok_or(AssembleError::Empty)?;
+        let out = serde_json::to_vec(&doc).expect("a JSON value serialises");
+        if out.len() > self.limit {
+            return Err(AssembleError::TooLarge { limit: self.limit });
+        }
+        Ok(out)
+    }
+}
+
+fn trim_end_newline(data: &[u8]) -> &[u8] {
+    data.strip_suffix(b"\n").unwrap_or(data)
+}
+
+fn raw(v: &RawValue) -> Value {
+    serde_json::from_str(v.get()).unwrap_or(Value::Null)
+}
+
+/// Arguments that parse as JSON: a tool call cut mid-way has none and is dropped.
+fn whole_json(text: &str) -> bool {
+    serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
+// ---- OpenAI Chat Completions -------------------------------------------------------------
+
+#[derive(Debug, Default, Clone)]
+struct Chat {
+    head: Option<Map<String, Value>>,
+    choices: Vec<ChatChoice>,
+    usage: Option<Value>,
+    output: bool,
+    text: usize,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ChatChoice {
+    index: u64,
+    role: Option<String>,
+    /// `content`, `refusal`, `reasoning_content`, `reasoning`: the string fields joined.
+    fields: Vec<(String, String)>,
+    tool_calls: Vec<ChatToolCall>,
+    logprobs: Option<(Vec<Value>, Vec<Value>)>,
+    finish_reason: Option<String>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ChatToolCall {
+    index: u64,
+    id: Option<String>,
+    kind: Option<String>,
+    name: String,
+    arguments: String,
+}
+
+/// A chunk after the first: the head (id, model, ...) is the first's, so only what changes
+/// is read, with serde's fast skip over the rest.
+#[derive(Deserialize)]
+struct ChatChunk<'a> {
+    #[serde(borrow)]
+    choices: Option<Vec<ChunkChoice<'a>>>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+    error: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice<'a> {
+    #[serde(default)]
+    index: u64,
+    #[serde(borrow)]
+    delta: Option<ChatDelta<'a>>,
+    #[serde(borrow)]
+    logprobs: Option<&'a RawValue>,
+    finish_reason: Option<String>,
+}
+
+/// The string fields of a delta the document joins: OpenAI's content and refusal, and the
+/// reasoning that compatible providers stream (DeepSeek and vLLM's `reasoning_content`,
+/// OpenRouter's `reasoning`).
+#[derive(Deserialize)]
+struct ChatDelta<'a> {
+    role: Option<String>,
+    #[serde(borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    refusal: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning_content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<DeltaToolCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaToolCall<'a> {
+    #[serde(default)]
+    index: u64,
+    id: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(borrow)]
+    function: Option<DeltaFunction<'a>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaFunction<'a> {
+    #[serde(borrow)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    arguments: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl Chat {
+    fn choice(&mut self, index: u64) -> &mut ChatChoice {
+        let i = match self.choices.iter().position(|c| c.index == index) {
+            Some(i) => i,
+            None => {
+                self.choices.push(ChatChoice {
+                    index,
+                    ..ChatChoice::default()
+                });
+                self.choices.len() - 1
+            }
+        };
+        &mut self.choices[i]
+    }
+
+    /// Reads one chunk; returns the provider's error object when the chunk is one.
+    fn event(&mut self, data: &[u8]) -> Option<Value> {
+        let (choices, usage) = if self.head.is_none() {
+            // The first chunk: its head (id, object, created, model, system_fingerprint,
+            // service_tier, ...) is the document's, whatever fields a provider adds.
+            let Ok(mut fields) =
+                serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)
+            else {
+                return None;
+            };
+            if fields.contains_key("error") && !fields.contains_key("choices") {
+                return serde_json::from_slice(data).ok();
+            }
+            let choices = fields.remove("choices");
+            let usage = fields.remove("usage");
+            self.head = Some(
+                fields
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), raw(v)))
+                    .collect(),
+            );
+            let choices: Vec<ChunkChoice<'_>> = choices
+                .and_then(|c| serde_json::from_str(c.get()).ok())
+                .unwrap_or_default();
+            (choices, usage)
+        } else {
+            let Ok(chunk) = serde_json::from_slice::<ChatChunk<'_>>(data) else {
+                return None;
+            };
+            if chunk.error.is_some() && chunk.choices.is_none() {
+                return serde_json::from_slice(data).ok();
+            }
+            (chunk.choices.unwrap_or_default(), chunk.usage)
+        };
+        if let Some(u) = usage.filter(|u| u.get() != "null") {
+            self.usage = Some(raw(u));
+        }
+        let mut added = 0;
+        let mut output = false;
+        for c in choices {
+            let choice = self.choice(c.index);
+            if let Some(reason) = c.finish_reason {
+                choice.finish_reason = Some(reason);
+            }
+            if let Some(lp) = c.logprobs.filter(|l| l.get() != "null") {
+                let lp = raw(lp);
+                let (content, refusal) = choice.logprobs.get_or_insert_with(Default::default);
+                for (key, into) in [("content", content), ("refusal", refusal)] {
+                    if let Some(Value::Array(items)) = lp.get(key) {
+                        into.extend(items.iter().cloned());
+                    }
+                }
+            }
+            let Some(delta) = c.delta else { continue };
+            if delta.role.is_some() {
+                choice.role = delta.role;
+            }
+            for tc in delta.tool_calls.unwrap_or_default() {
+                let call = match choice.tool_calls.iter().position(|t| t.index == tc.index) {
+                    Some(i) => &mut choice.tool_calls[i],
+                    None => {
+                        choice.tool_calls.push(ChatToolCall {
+                            index: tc.index,
+                            ..ChatToolCall::default()
+                        });
+                        choice.tool_calls.last_mut().expect("pushed")
+                    }
+                };
+                if tc.id.is_some() {
+                    call.id = tc.id;
+                }
+                if tc.kind.is_some() {
+                    call.kind = tc.kind;
+                }
+                if let Some(f) = tc.function {
+                    let name = f.name.unwrap_or_default();
+                    let args = f.arguments.unwrap_or_default();
+                    call.name.push_str(&name);
+                    call.arguments.push_str(&args);
+                    added += name.len() + args.len();
+                    output = true;
+                }
+            }
+            // A string field: appended once; `null` leaves it as it was.
+            for (key, text) in [
+                ("content", delta.content),
+                ("refusal", delta.refusal),
+                ("reasoning_content", delta.reasoning_content),
+                ("reasoning", delta.reasoning),
+            ] {
+                let Some(text) = text else { continue };
+                if !text.is_empty() {
+                    output = true;
+                }
+                added += text.len();
+                match choice.fields.iter_mut().find(|(k, _)| k == key) {
+                    Some((_, s)) => s.push_str(&text),
+                    None => choice.fields.push((key.to_owned(), text.into_owned())),
+                }
+            }
+        }
+        self.text += added;
+        self.output |= output;
+        None
+    }
+
+    fn document(self, cut: Option<Usage>) -> Option<Value> {
+        let mut doc = self.head?;
+        doc.insert("object".into(), json!("chat.completion"));
+        let mut choices: Vec<ChatChoice> = self.choices;
+        choices.sort_by_key(|c| c.index);
+        let choices: Vec<Value> = choices
+            .into_iter()
+            .map(|c| {
+                let mut message = Map::new();
+                message.insert(
+                    "role".into(),
+                    json!(c.role.unwrap_or_else(|| "assistant".into())),
+                );
+                let field = |k: &str| c.fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone());
+                message.insert("content".into(), field("content").map_or(Value::Null, Value::String));
+                message.insert("refusal".into(), field("refusal").map_or(Value::Null, Value::String));
+                for (k, v) in &c.fields {
+                    if k != "content" && k != "refusal" {
+                        message.insert(k.clone(), json!(v));
+                    }
+                }
+                let calls: Vec<Value> = c
+                    .tool_calls
+                    .iter()
+                    .filter(|t| cut.is_none() || whole_json(&t.arguments))
+                    .map(|t| {
+                        json!({
+                            "id": t.id,
+                            "type": t.kind.clone().unwrap_or_else(|| "function".into()),
+                            "function": {"name": t.name, "arguments": t.arguments},
+                        })
+                    })
+                    .collect();
+                if !calls.is_empty() {
+                    message.insert("tool_calls".into(), Value::Array(calls));
+                }
+                message.insert("annotations".into(), json!([]));
+                let logprobs = match c.logprobs {
+                    None => Value::Null,
+                    Some((content, refusal)) => json!({
+                        "content": content,
+                        "refusal": if refusal.is_empty() { Value::Null } else { Value::Array(refusal) },
+                    }),
+                };
+                let finish = match (c.finish_reason, cut) {
+                    (Some(r), None) => json!(r),
+                    (_, Some(_)) => json!("length"),
+                    (None, None) => Value::Null,
+                };
+                json!({
+                    "index": c.index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                })
+            })
+            .collect();
+        doc.insert("choices".into(), Value::Array(choices));
+        let usage = match (self.usage, cut) {
+            (Some(u), _) => u,
+            (None, Some(u)) => json!({
+                "prompt_tokens": u.prompt,
+                "completion_tokens": u.completion,
+                "total_tokens": u.prompt + u.completion,
+            }),
+            (None, None) => Value::Null,
+        };
+        if !usage.is_null() {
+            doc.insert("usage".into(), usage);
+        }
+        Some(Value::Object(doc))
+    }
+}
+
+// ---- Anthropic Messages ------------------------------------------------------------------
+
+#[derive(Debug, Default, Clone)]
+struct Messages {
+    message: Option<Map<String, Value>>,
+    /// Blocks by index, with the JSON of a tool use as it streams.
+    blocks: Vec<(u64, Map<String, Value>, Option<String>)>,
+    output: bool,
+    text: usize,
+}
+
+#[derive(Deserialize)]
+struct MessagesEvent<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(default)]
+    index: u64,
+    #[serde(borrow)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow)]
+    content_block: Option<&'a RawValue>,
+    #[serde(borrow)]
+    delta: Option<&'a RawValue>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct BlockDelta<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(borrow)]
+    text: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    thinking: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    signature: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    partial_json: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    citation: Option<&'a RawValue>,
+}
+
+fn append(block: &mut Map<String, Value>, key: &str, text: &str) {
+    match block.get_mut(key) {
+        Some(Value::String(s)) => s.push_str(text),
+        _ => {
+            block.insert(key.to_owned(), Value::String(text.to_owned()));
+        }
+    }
+}
+
+impl Messages {
+    fn event(&mut self, data: &[u8]) {
+        let Ok(ev) = serde_json::from_slice::<MessagesEvent<'_>>(data) else {
+            return;
+        };
+        match ev.kind {
+            "message_start" => {
+                if let Some(Value::Object(m)) = ev.message.map(raw) {
+                    self.message = Some(m);
+                }
+            }
+            "content_block_start" => {
+                if let Some(Value::Object(b)) = ev.content_block.map(raw) {
+                    let is_tool = matches!(
+                        b.get("type").and_then(Value::as_str),
+                        Some("tool_use" | "server_tool_use" | "mcp_tool_use")
+                    );
+                    if is_tool {
+                        self.output = true;
+                    }
+                    self.blocks.push((ev.index, b, is_tool.then(String::new)));
+                }
+            }
+            "content_block_delta" => {
+                let Some(d) = ev
+                    .delta
+                    .and_then(|d| serde_json::from_str::<BlockDelta<'_>>(d.get()).ok())
+                else {
+                    return;
+                };
+                let Some((_, block, json)) = self.blocks.iter_mut().find(|(i, ..)| *i == ev.index)
+                else {
+                    return;
+                };
+                let mut added = 0;
+                match d.kind {
+                    "text_delta" => {
+                        let t = d.text.unwrap_or_default();
+                        added = t.len();
+                        append(block, "text", &t);
+                    }
+                    "thinking_delta" => {
+                        let t = d.thinking.unwrap_or_default();
+                        added = t.len();
+                        append(block, "thinking", &t);
+                    }
+                    "signature_delta" => {
+                        let t = d.signature.unwrap_or_default();
+                        added = t.len();
+                        append(block, "signature", &t);
+                    }
+                    "input_json_delta" => {
+                        let t = d.partial_json.unwrap_or_default();
+                        added = t.len();
+                        json.get_or_insert_with(String::new).push_str(&t);
+                    }
+                    "citations_delta" => {
+                        if let Some(c) = d.citation {
+                            match block
+                                .entry("citations")
+                                .or_insert_with(|| Value::Array(Vec::new()))
+                            {
+                                Value::Array(a) => a.push(raw(c)),
+                                other => *other = Value::Array(vec![raw(c)]),
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                if added > 0 && d.kind != "signature_delta" {
+                    self.output = true;
+                }
+                self.text += added;
+            }
+            "message_delta" => {
+                let Some(m) = self.message.as_mut() else {
+                    return;
+                };
+                if let Some(Value::Object(delta)) = ev.delta.map(raw) {
+                    for (k, v) in delta {
+                        m.insert(k, v);
+                    }
+                }
+                if let Some(Value::Object(usage)) = ev.usage.map(raw) {
+                    let into = m
+                        .entry("usage")
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let Value::Object(u) = into {
+                        for (k, v) in usage {
+                            if !v.is_null() {
+                                u.insert(k, v);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn document(self, cut: Option<Usage>) -> Option<Value> {
+        let mut message = self.message?;
+        let mut blocks = self.blocks;
+        blocks.sort_by_key(|(i, ..)| *i);
+        let content: Vec<Value> = blocks
+            .into_iter()
+            .filter_map(|(_, mut b, json)| {
+                if let Some(text) = json {
+                    let input = if text.trim().is_empty() {
+                        // Streamed with its input whole at the start (or none at all).
+                        b.remove("input").unwrap_or_else(|| json!({}))
+                    } else {
+                        match serde_json::from_str::<Value>(&text) {
+                            Ok(v) => v,
+                            // Cut mid-way: never sent half-written.
+                            Err(_) => return None,
+                        }
+                    };
+                    b.insert("input".into(), input);
+                }
+                Some(Value::Object(b))
+            })
+            .collect();
+        message.insert("content".into(), Value::Array(content));
+        if let Some(u) = cut {
+            message.insert("stop_reason".into(), json!("max_tokens"));
+            message.insert("stop_sequence".into(), Value::Null);
+            let usage = message
+                .entry("usage")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(m) = usage {
+                if m.get("input_tokens").is_none_or(|v| v.as_u64() == Some(0)) {
+                    m.insert("input_tokens".into(), json!(u.prompt));
+                }
+                let reported = m.get("output_tokens").and_then(Value::as_u64).unwrap_or(0);
+                m.insert("output_tokens".into(), json!(reported.max(u.completion)));
+            }
+        }
+        Some(Value::Object(message))
+    }
+}
+
+// ---- OpenAI Responses --------------------------------------------------------------------
+
+#[derive(Debug, Default, Clone)]
+struct Responses {
+    /// The response as `response.created` had it, then as the final event has it whole.
+    response: Option<Map<String, Value>>,
+    done: bool,
+    items: Vec<(u64, Map<String, Value>)>,
+    output: bool,
+    text: usize,
+}
+
+#[derive(Deserialize)]
+struct ResponsesEvent<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(default)]
+    output_index: u64,
+    #[serde(default)]
+    content_index: u64,
+    #[serde(default)]
+    summary_index: u64,
+    #[serde(borrow)]
+    response: Option<&'a RawValue>,
+    #[serde(borrow)]
+    item: Option<&'a RawValue>,
+    #[serde(borrow)]
+    part: Option<&'a RawValue>,
+    #[serde(borrow)]
+    delta: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl Responses {
+    fn item(&mut self, index: u64) -> Option<&mut Map<String, Value>> {
+        self.items
+            .iter_mut()
+            .find(|(i, _)| *i == index)
+            .map(|(_, m)| m)
+    }
+
+    fn event(&mut self, data: &[u8]) {
+        let Ok(ev) = serde_json::from_slice::<ResponsesEvent<'_>>(data) else {
+            return;
+        };
+        match ev.kind {
+            "response.created" | "response.in_progress" if self.response.is_none() => {
+                if let Some(Value::Object(r)) = ev.response.map(raw) {
+                    self.response = Some(r);
+                }
+            }
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                if let Some(Value::Object(r)) = ev.response.map(raw) {
+                    self.response = Some(r);
+                    self.done = true;
+                }
+            }
+            "response.output_item.added" | "response.output_item.done" => {
+                if let Some(Value::Object(item)) = ev.item.map(raw) {
+                    if item.get("type").and_then(Value::as_str) == Some("function_call") {
+                        self.output = true;
+                    }
+                    match self.item(ev.output_index) {
+                        Some(m) => *m = item,
+                        None => self.items.push((ev.output_index, item)),
+                    }
+                }
+            }
+            "response.content_part.added" | "response.reasoning_summary_part.added" => {
+                let key = if ev.kind.contains("summary") {
+                    "summary"
+                } else {
+                    "content"
+                };
+                let Some(part) = ev.part.map(raw) else { return };
+                if let Some(m) = self.item(ev.output_index) {
+                    if let Value::Array(a) = m.entry(key).or_insert_with(|| json!([])) {
+                        a.push(part);
+                    }
+                }
+            }
+            kind if kind.ends_with(".delta") => {
+                let Some(delta) = ev.delta else { return };
+                let (key, index, field) = match kind {
+                    "response.output_text.delta" => ("content", ev.content_index, "text"),
+                    "response.refusal.delta" => ("content", ev.content_index, "refusal"),
+                    "response.reasoning_summary_text.delta" => {
+                        ("summary", ev.summary_index, "text")
+                    }
+                    "response.reasoning_text.delta" => ("content", ev.content_index, "text"),
+                    "response.function_call_arguments.delta" => ("", 0, "arguments"),
+                    _ => return,
+                };
+                if !delta.is_empty() {
+                    self.output = true;
+                }
+                self.text += delta.len();
+                let Some(m) = self.item(ev.output_index) else {
+                    return;
+                };
+                if key.is_empty() {
+                    append(m, field, &delta);
+                } else if let Some(Value::Array(parts)) = m.get_mut(key) {
+                    if let Some(Value::Object(p)) = parts.get_mut(index as usize) {
+                        append(p, field, &delta);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn document(self, cut: Option<Usage>) -> Option<Value> {
+        let mut response = self.response?;
+        if self.done && cut.is_none() {
+            return Some(Value::Object(response));
+        }
+        let mut items = self.items;
+        items.sort_by_key(|(i, _)| *i);
+        let output: Vec<Value> = items
+            .into_iter()
+            .filter(|(_, m)| {
+                m.get("type").and_then(Value::as_str) != Some("function_call")
+                    || m.get("arguments")
+                        .and_then(Value::as_str)
+                        .is_some_and(whole_json)
+            })
+            .map(|(_, m)| Value::Object(m))
+            .collect();
+        response.insert("output".into(), Value::Array(output));
+        if let Some(u) = cut {
+            response.insert("status".into(), json!("incomplete"));
+            response.insert(
+                "incomplete_details".into(),
+                json!({"reason": "max_output_tokens"}),
+            );
+            if response.get("usage").is_none_or(Value::is_null) {
+                response.insert(
+                    "usage".into(),
+                    json!({
+                        "input_tokens": u.prompt,
+                        "input_tokens_details": {"cached_tokens": 0},
+                        "output_tokens": u.completion,
+                        "output_tokens_details": {"reasoning_tokens": 0},
+                        "total_tokens": u.prompt + u.completion,
+                    }),
+                );
+            }
+        }
+        Some(Value::Object(response))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,246 @@
+use super::*;
+use crate::http::sse::{EventSink, EventType, SseScanner};
+
+const CHAT: &str = include_str!("../../../tests/fixtures/openai_chat.sse");
+const MESSAGES: &str = include_str!("../../../tests/fixtures/anthropic_messages.sse");
+const RESPONSES: &str = include_str!("../../../tests/fixtures/openai_responses.sse");
+
+/// The scanner hands the events to the assembler, as the gateway's reader does.
+struct Feed<'a>(&'a mut Assembler);
+
+impl EventSink for Feed<'_> {
+    fn data(&mut self, value: &[u8]) {
+        self.0.data(value);
+    }
+    fn data_line_end(&mut self) {
+        self.0.line_end();
+    }
+    fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
+        self.0.event_end(dispatched, kind == EventType::Error);
+        false
+    }
+}
+
+fn assemble(format: Format, stream: &str, cut_at: Option<usize>, limit: usize) -> Assembler {
+    let mut a = Assembler::new(format, limit);
+    let mut scanner = SseScanner::new();
+    let bytes = &stream.as_bytes()[..cut_at.unwrap_or(stream.len())];
+    // In pieces of 13 bytes: lines and events cut anywhere.
+    for piece in bytes.chunks(13) {
+        scanner.scan_with(piece, &mut Feed(&mut a));
+    }
+    a
+}
+
+fn doc(format: Format, stream: &str, cut: Option<(usize, Usage)>) -> Value {
+    let a = assemble(format, stream, cut.map(|c| c.0), 1 << 20);
+    serde_json::from_slice(&a.finish(cut.map(|c| c.1)).unwrap()).unwrap()
+}
+
+#[test]
+fn a_chat_stream_becomes_its_chat_completion() {
+    let d = doc(Format::Chat, CHAT, None);
+    assert_eq!(d["id"], "chatcmpl-BxT4Jq8v1Yc2mZ0aQe7RkLd9WnHs3");
+    assert_eq!(d["object"], "chat.completion");
+    assert_eq!(d["created"], 1753891012);
+    assert_eq!(d["model"], "deepseek-reasoner");
+    assert_eq!(
+        d["system_fingerprint"],
+        "fp_7e73fd9a08_prod0623_fp8_kvcache"
+    );
+    let choice = &d["choices"][0];
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["message"]["role"], "assistant");
+    let reasoning = choice["message"]["reasoning_content"].as_str().unwrap();
+    assert!(
+        reasoning.starts_with("Okay, the user asks for"),
+        "{reasoning}"
+    );
+    assert_eq!(
+        choice["message"]["content"],
+        "Let me check the weather in Paris for you."
+    );
+    assert_eq!(choice["message"]["refusal"], Value::Null);
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["id"], "call_0_5f4b1c2e-8f0a-4d53-9b1e-6a2f7c9d1e3b");
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(
+        call["function"]["arguments"],
+        "{\"location\": \"Paris, France\", \"unit\": \"celsius\"}"
+    );
+    assert_eq!(choice["logprobs"], Value::Null);
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(d["usage"]["completion_tokens"], 62);
+    assert_eq!(
+        d["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        21
+    );
+}
+
+#[test]
+fn a_messages_stream_becomes_its_message() {
+    let d = doc(Format::Messages, MESSAGES, None);
+    assert_eq!(d["id"], "msg_01XkT9Qp3Vb7Lr2YcN8hWmFz");
+    assert_eq!(d["type"], "message");
+    assert_eq!(d["stop_reason"], "tool_use");
+    let content = d["content"].as_array().unwrap();
+    assert_eq!(content[0]["type"], "thinking");
+    assert!(content[0]["thinking"]
+        .as_str()
+        .unwrap()
+        .starts_with("The user wants the weather in Paris."));
+    assert!(content[0]["signature"]
+        .as_str()
+        .unwrap()
+        .starts_with("EqQBCgIYAhIM"));
+    assert_eq!(content[1]["type"], "text");
+    assert_eq!(content[2]["type"], "tool_use");
+    assert_eq!(content[2]["name"], "get_weather");
+    assert_eq!(
+        content[2]["input"],
+        json!({"location": "Paris, France", "unit": "celsius"})
+    );
+    // message_start's usage, with message_delta's output tokens over it.
+    assert_eq!(d["usage"]["input_tokens"], 472);
+    assert_eq!(d["usage"]["cache_read_input_tokens"], 2048);
+    assert_eq!(d["usage"]["output_tokens"], 89);
+}
+
+#[test]
+fn a_responses_stream_becomes_the_response_it_completed_with() {
+    let d = doc(Format::Responses, RESPONSES, None);
+    let completed = RESPONSES
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["type"] == "response.completed")
+        .unwrap();
+    assert_eq!(d, completed["response"]);
+}
+
+#[test]
+fn a_cut_chat_stream_is_a_partial_answer_cut_for_length() {
+    let cut = CHAT.find("\"arguments\":\"Paris, F").unwrap();
+    let d = doc(
+        Format::Chat,
+        CHAT,
+        Some((
+            cut,
+            Usage {
+                prompt: 7,
+                completion: 12,
+            },
+        )),
+    );
+    assert_eq!(d["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        d["usage"],
+        json!({"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19})
+    );
+    let message = &d["choices"][0]["message"];
+    assert!(message["reasoning_content"].is_string());
+    assert_eq!(
+        message["content"],
+        "Let me check the weather in Paris for you."
+    );
+    assert!(
+        message.get("tool_calls").is_none(),
+        "its arguments were cut: {message}"
+    );
+}
+
+#[test]
+fn a_tool_call_cut_mid_way_is_dropped_from_a_partial_answer() {
+    let cut = MESSAGES.find("is, France").unwrap();
+    let d = doc(
+        Format::Messages,
+        MESSAGES,
+        Some((
+            cut,
+            Usage {
+                prompt: 0,
+                completion: 30,
+            },
+        )),
+    );
+    assert_eq!(d["stop_reason"], "max_tokens");
+    let types: Vec<&str> = d["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        ["thinking", "text"],
+        "the half-written tool_use is not sent"
+    );
+    assert_eq!(d["usage"]["input_tokens"], 472, "reported, not estimated");
+    assert_eq!(d["usage"]["output_tokens"], 30);
+}
+
+#[test]
+fn a_cut_responses_stream_is_incomplete() {
+    let cut = RESPONSES.find("response.output_text.done").unwrap();
+    let d = doc(
+        Format::Responses,
+        RESPONSES,
+        Some((
+            cut,
+            Usage {
+                prompt: 5,
+                completion: 9,
+            },
+        )),
+    );
+    assert_eq!(d["status"], "incomplete");
+    assert_eq!(d["incomplete_details"]["reason"], "max_output_tokens");
+    let text: Vec<&str> = d["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["type"] == "message")
+        .flat_map(|i| i["content"].as_array().unwrap())
+        .filter_map(|p| p["text"].as_str())
+        .collect();
+    assert!(!text.is_empty() && !text[0].is_empty(), "{d}");
+}
+
+#[test]
+fn an_answer_past_the_limit_is_refused() {
+    let a = assemble(Format::Chat, CHAT, None, 300);
+    assert_eq!(a.finish(None), Err(AssembleError::TooLarge { limit: 300 }));
+}
+
+#[test]
+fn a_stream_with_no_answer_at_all_has_no_document() {
+    let a = assemble(Format::Chat, ": keep-alive\n\n", None, 1 << 20);
+    assert!(!a.has_output());
+    assert_eq!(a.finish(None), Err(AssembleError::Empty));
+}
+
+#[test]
+fn the_providers_error_event_is_kept_whole() {
+    let a = assemble(
+        Format::Messages,
+        "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"busy\"}}\n\n",
+        None,
+        1 << 20,
+    );
+    assert_eq!(
+        a.provider_error().unwrap()["error"]["type"],
+        "overloaded_error"
+    );
+}
+
+#[test]
+fn an_openai_error_object_mid_stream_is_the_providers_error() {
+    let a = assemble(
+        Format::Chat,
+        "data: {\"error\":{\"message\":\"m\",\"type\":\"server_error\"}}\n\n",
+        None,
+        1 << 20,
+    );
+    assert_eq!(a.provider_error().unwrap()["error"]["type"], "server_error");
+}

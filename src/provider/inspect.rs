@@ -1,0 +1,262 @@
+//! Reading a provider's answer as it passes, without buffering it: which events carry model
+//! output (the first token), the token usage the provider reports, an estimate of the output
+//! when it reports none, and the provider's own mid-stream errors.
+//!
+//! [`Inspector`] is fed the body's bytes in whatever pieces they arrive. An SSE body's lines
+//! are found by `http::sse`'s scanner, the one SSE parser of the gateway, which hands each
+//! event's data to the inspector's small JSON tokenizer (`json`) as it passes; that tracks
+//! only the path of keys that matter (`choices[].delta`,
+//! `usage.output_tokens`, `error.type`, ...). String ends are found eight bytes at a time and
+//! then with `memchr`; only keys on those paths, and the few values it needs to name (`type`,
+//! `code`), are compared, straight from the frame (a string split across frames keeps its
+//! first 48 bytes). Usage numbers are read digit by digit, so nothing is parsed into a
+//! `serde_json::Value` and nothing is allocated.
+//!
+//! An event is model output when it is recognised as such:
+//!
+//! | format | recognised by | model output | usage | error |
+//! |---|---|---|---|---|
+//! | Chat Completions | a top-level `choices` array | a `choices[].delta` field other than `role` that is non-empty (`content`, `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, `audio`, ...), or legacy `choices[].text` | top-level `usage.{prompt,completion}_tokens` | a top-level `error` object |
+//! | Messages | its `type` | `content_block_delta` with a non-empty field besides `type`/`signature`; `content_block_start` of a block other than an empty text or thinking one (`tool_use`, ...) | `message.usage.input_tokens` + cache tokens (prompt), `usage.output_tokens` | `type: "error"`, `error.type` |
+//! | Responses | a `type` starting `response.` | a `response.*.delta` event with a non-empty `delta` | `response.usage.{input,output}_tokens` | `type: "error"` (`code`); `response.failed` (`response.error.code`: counted, the stream is not cut) |
+//!
+//! So role-only preambles (`"content":""`), `message_start`, pings, `content_block_stop`,
+//! `response.created` and `data: [DONE]` are not tokens. An event that is not recognised at
+//! all (a provider shape Hourglass does not know) counts as a token, as every data event did
+//! before formats were known, so an unfamiliar stream cannot starve the first-token limit.
+//! Non-streaming JSON bodies are read the same way, for their top-level `usage` only.
+
+use self::event::{Event, Kind};
+use self::json::Json;
+pub use self::tokens::{Source, Tokens};
+
+use crate::http::sse::{EventSink, EventType, Scan, SseScanner};
+use crate::provider::assemble::Assembler;
+use crate::provider::tools::ToolCalls;
+use crate::provider::{ErrorType, Format};
+
+mod event;
+mod json;
+mod tokens;
+
+/// What one call to [`Inspector::feed`] found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    /// An event carrying model output was completed in this piece.
+    pub output: bool,
+    /// The provider's own error event ended at this offset of the piece (just past its blank
+    /// line). The inspector stops there: nothing after it is read.
+    pub error_end: Option<usize>,
+}
+
+/// Incremental reader of one response body (an SSE stream or a JSON document).
+#[derive(Debug, Clone)]
+pub struct Inspector {
+    /// The lines of an SSE body; `None` for a JSON document.
+    scanner: Option<SseScanner>,
+    reader: Reader,
+}
+
+/// What the scanner hands each event's data to.
+#[derive(Debug, Clone)]
+struct Reader {
+    format: Format,
+    json: Json,
+    event: Event,
+    tokens: Tokens,
+    /// An event carrying model output dispatched in the piece being read.
+    output: bool,
+    /// What few answers need besides (boxed: inline it would double the size of every
+    /// stream's inspector).
+    extra: Option<Box<Extra>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Extra {
+    /// The answer's tool calls, gathered when a run looks for loops.
+    tools: Option<ToolCalls>,
+    /// The document being rebuilt from the stream, for a client that did not stream.
+    assembler: Option<Assembler>,
+}
+
+impl Inspector {
+    /// An inspector of an answer in `format`: an SSE stream (`sse`) or a JSON document.
+    pub fn new(format: Format, sse: bool) -> Self {
+        Self {
+            scanner: sse.then(SseScanner::new),
+            reader: Reader {
+                format,
+                json: Json::default(),
+                event: Event::default(),
+                tokens: Tokens::default(),
+                output: false,
+                extra: None,
+            },
+        }
+    }
+
+    /// Also gathers the tool calls the answer asks for (see `tools`).
+    pub fn with_tool_calls(mut self) -> Self {
+        let format = self.reader.format;
+        self.reader.extra.get_or_insert_with(Default::default).tools = Some(ToolCalls::new(format));
+        self
+    }
+
+    /// Also rebuilds the one document of the stream (see `assemble`), of at most `limit`
+    /// bytes.
+    pub fn with_assembler(mut self, limit: usize) -> Self {
+        let format = self.reader.format;
+        self.reader
+            .extra
+            .get_or_insert_with(Default::default)
+            .assembler = Some(Assembler::new(format, limit));
+        self
+    }
+
+    /// The document rebuilt so far, once: the body is done or cut.
+    pub fn take_assembler(&mut self) -> Option<Assembler> {
+        self.reader.extra.as_mut()?.assembler.take()
+    }
+
+    /// The tool calls the answer asked for, in canonical form, with the first one's name:
+    /// read once the body is done.
+    pub fn tool_calls(&mut self) -> Option<(Vec<u8>, String)> {
+        let tools = self.reader.extra.as_mut()?.tools.as_mut()?;
+        if self.scanner.is_none() {
+            tools.document_end();
+        }
+        tools.canonical()
+    }
+
+    /// An error event was read whose blank line ended the last piece with a CR: the next
+    /// piece says whether an LF belongs to it, and if the body ends first, the event (and
+    /// the body, as far as the client is concerned) ended at that CR.
+    pub fn error_pending(&self) -> bool {
+        self.scanner.as_ref().is_some_and(SseScanner::error_pending)
+    }
+
+    /// What has been counted so far.
+    pub fn tokens(&self) -> Tokens {
+        self.reader.tokens
+    }
+
+    /// Reads the next piece of the body. Pieces may split it anywhere.
+    pub fn feed(&mut self, chunk: &[u8]) -> Found {
+        let (scan, output) = self.read(chunk);
+        Found {
+            output,
+            error_end: scan.error_end,
+        }
+    }
+
+    /// Reads the next piece of the body: what the scanner found in it (empty for a JSON
+    /// document), and whether an event carrying model output dispatched in it. `error_end`
+    /// covers the provider's data-only error events as well as `event: error`.
+    #[inline]
+    pub fn read(&mut self, chunk: &[u8]) -> (Scan, bool) {
+        let Some(scanner) = self.scanner.as_mut() else {
+            let r = &mut self.reader;
+            r.json.feed(chunk, &mut r.event, &mut r.tokens);
+            if let Some(t) = r.extra.as_mut().and_then(|e| e.tools.as_mut()) {
+                t.data(chunk);
+            }
+            return (Scan::default(), false);
+        };
+        self.reader.output = false;
+        let scan = scanner.scan_with(chunk, &mut self.reader);
+        (scan, self.reader.output)
+    }
+}
+
+impl EventSink for Reader {
+    #[inline]
+    fn data(&mut self, value: &[u8]) {
+        self.event.note_done(value);
+        self.json.feed(value, &mut self.event, &mut self.tokens);
+        if let Some(e) = self.extra.as_mut() {
+            if let Some(t) = e.tools.as_mut() {
+                t.data(value);
+            }
+            if let Some(a) = e.assembler.as_mut() {
+                a.data(value);
+            }
+        }
+    }
+
+    #[inline]
+    fn data_line_end(&mut self) {
+        self.json.line_break();
+        self.event.note_done(b"\n");
+        if let Some(e) = self.extra.as_mut() {
+            if let Some(t) = e.tools.as_mut() {
+                t.line_end();
+            }
+            if let Some(a) = e.assembler.as_mut() {
+                a.line_end();
+            }
+        }
+    }
+
+    fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
+        if let Some(e) = self.extra.as_mut() {
+            if let Some(t) = e.tools.as_mut() {
+                t.event_end(dispatched && kind == EventType::Other);
+            }
+            if let Some(a) = e.assembler.as_mut() {
+                a.event_end(
+                    dispatched && kind != EventType::Ping,
+                    kind == EventType::Error,
+                );
+            }
+        }
+        Reader::end_event(self, dispatched, kind)
+    }
+}
+
+impl Reader {
+    /// A blank line ends the open event. Returns true when it was the provider's error,
+    /// which ends the reading.
+    fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
+        let ev = std::mem::take(&mut self.event);
+        self.json.reset();
+        if !dispatched || kind == EventType::Ping {
+            return false;
+        }
+        let named = ev.error_type.or(ev.error_code).or(ev.root_code);
+        let ev = Event {
+            error: ev.error || kind == EventType::Error,
+            ..ev
+        };
+        let t = &mut self.tokens;
+        // What the event is, when it is recognised; `None` when it is not.
+        let output = match (self.format, ev.kind) {
+            _ if ev.error => Some(false),
+            (Format::Chat, _) if ev.choices => Some(ev.output),
+            (Format::Messages | Format::Responses, Kind::Content) => Some(ev.output),
+            (Format::Messages | Format::Responses, Kind::Framing | Kind::Error) => Some(false),
+            _ if ev.done_seen == 6 && ev.done_ok => Some(false),
+            _ => None,
+        };
+        match output {
+            Some(true) => {
+                t.output_events += 1;
+                t.output_bytes = t.output_bytes.saturating_add(ev.output_bytes);
+                self.output = true;
+            }
+            Some(false) => {}
+            // Not a shape this reader knows: a token, as any data event would be.
+            None => self.output = true,
+        }
+        if ev.error {
+            t.error = Some(named.unwrap_or(ErrorType::Other));
+            return true;
+        }
+        if ev.nested_error {
+            t.error.get_or_insert(named.unwrap_or(ErrorType::Other));
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,69 @@
+//! What one event says, as the inspector reads it: filled in by the JSON reader as its data
+//! passes and decided when the event dispatches.
+
+use crate::provider::ErrorType;
+
+/// What the event being read says, decided when it dispatches.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Event {
+    /// Something that is model output if the event's shape says so (a non-empty delta).
+    pub(super) output: bool,
+    pub(super) output_bytes: u64,
+    /// A top-level `choices` array: a Chat Completions chunk.
+    pub(super) choices: bool,
+    /// What the top-level `type` names.
+    pub(super) kind: Kind,
+    /// How many bytes of the data matched `[DONE]` from its start, and whether all did.
+    pub(super) done_seen: u8,
+    pub(super) done_ok: bool,
+    /// A top-level `error` object, or `"type": "error"`: the provider's error event.
+    pub(super) error: bool,
+    /// An error nested in the answer (`response.failed`): counted, not an end.
+    pub(super) nested_error: bool,
+    pub(super) error_type: Option<ErrorType>,
+    pub(super) error_code: Option<ErrorType>,
+    /// A top-level `code` (the Responses API's error event names its type there).
+    pub(super) root_code: Option<ErrorType>,
+}
+
+/// The top-level `type` of an Anthropic or Responses event.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    #[default]
+    None,
+    Error,
+    /// `content_block_delta`, `content_block_start`, `response.*.delta`: output when what
+    /// they carry is not empty.
+    Content,
+    /// The other events of these formats: framing, never output.
+    Framing,
+    /// A type this reader does not know.
+    Unknown,
+}
+
+pub(super) fn event_kind(name: &[u8]) -> Kind {
+    match name {
+        b"error" => Kind::Error,
+        b"content_block_delta" | b"content_block_start" => Kind::Content,
+        b"message_start" | b"message_delta" | b"message_stop" | b"content_block_stop" | b"ping" => {
+            Kind::Framing
+        }
+        n if n.starts_with(b"response.") && n.ends_with(b".delta") => Kind::Content,
+        n if n.starts_with(b"response.") => Kind::Framing,
+        _ => Kind::Unknown,
+    }
+}
+
+impl Event {
+    /// Follows whether the event's data is `[DONE]` (the end marker of OpenAI streams).
+    #[inline]
+    pub(super) fn note_done(&mut self, data: &[u8]) {
+        if self.done_seen == 0 {
+            self.done_ok = true;
+        }
+        for &b in data.iter().take(usize::from(6 - self.done_seen.min(6))) {
+            self.done_ok &= b == b"[DONE]"[usize::from(self.done_seen)];
+            self.done_seen += 1;
+        }
+    }
+}

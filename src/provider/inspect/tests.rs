@@ -1,0 +1,842 @@
+use super::*;
+use proptest::prelude::*;
+use serde_json::Value;
+
+const CHAT: &str = include_str!("../../../tests/fixtures/openai_chat.sse");
+const CHAT_ERROR: &str = include_str!("../../../tests/fixtures/openai_chat_error.sse");
+const MESSAGES: &str = include_str!("../../../tests/fixtures/anthropic_messages.sse");
+const MESSAGES_ERROR: &str = include_str!("../../../tests/fixtures/anthropic_messages_error.sse");
+const RESPONSES: &str = include_str!("../../../tests/fixtures/openai_responses.sse");
+const RESPONSES_ERROR: &str = include_str!("../../../tests/fixtures/openai_responses_error.sse");
+const FIXTURES: [(Format, &str); 6] = [
+    (Format::Chat, CHAT),
+    (Format::Chat, CHAT_ERROR),
+    (Format::Messages, MESSAGES),
+    (Format::Messages, MESSAGES_ERROR),
+    (Format::Responses, RESPONSES),
+    (Format::Responses, RESPONSES_ERROR),
+];
+
+/// What feeding a whole stream found, in absolute offsets.
+#[derive(Debug, PartialEq)]
+struct Run {
+    tokens: Tokens,
+    /// The pieces (by end offset) in which an output event completed.
+    output_in: Vec<usize>,
+    error_end: Option<usize>,
+}
+
+/// Feeds `stream` cut at `cuts` (offsets, any order, duplicates allowed).
+fn run(format: Format, stream: &[u8], sse: bool, cuts: &[usize]) -> Run {
+    let mut edges: Vec<usize> = cuts.iter().copied().chain([0, stream.len()]).collect();
+    edges.sort_unstable();
+    edges.dedup();
+    let mut ins = Inspector::new(format, sse);
+    let mut out = Run {
+        tokens: Tokens::default(),
+        output_in: Vec::new(),
+        error_end: None,
+    };
+    for w in edges.windows(2) {
+        let found = ins.feed(&stream[w[0]..w[1]]);
+        if found.output {
+            out.output_in.push(w[1]);
+        }
+        if let Some(e) = found.error_end {
+            assert!(out.error_end.is_none(), "one error end");
+            out.error_end = Some(w[0] + e);
+        }
+    }
+    if ins.error_pending() {
+        // The body ended just after the CR that ended the error event.
+        assert!(out.error_end.is_none(), "one error end");
+        out.error_end = Some(stream.len());
+    }
+    out.tokens = ins.tokens();
+    out
+}
+
+/// The events of an LF-only fixture with the offset just past each.
+fn events(stream: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    for ev in stream.split_inclusive("\n\n") {
+        at += ev.len();
+        out.push((at, ev));
+    }
+    out
+}
+
+/// A plain serde reading of the same rules, event by event, for cross-checking.
+fn reference(format: Format, stream: &str) -> Run {
+    let mut t = Tokens::default();
+    let mut output_in = Vec::new();
+    let mut error_end = None;
+    for (end, ev) in events(stream) {
+        let data: Vec<&str> = ev
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .collect();
+        if data.is_empty() {
+            continue;
+        }
+        let data = data.join("\n");
+        let Ok(v) = serde_json::from_str::<Value>(&data) else {
+            if data != "[DONE]" {
+                output_in.push(end);
+            }
+            continue;
+        };
+        let name = |x: &Value| x.as_str().and_then(|s| ErrorType::parse(s.as_bytes()));
+        let e = &v["error"];
+        if e.is_object() || v["type"] == "error" {
+            let ty = name(&e["type"]).or(name(&e["code"])).or(name(&v["code"]));
+            t.error = Some(ty.unwrap_or(ErrorType::Other));
+            error_end = Some(end);
+            break;
+        }
+        let ty = v["type"].as_str().unwrap_or_default();
+        let (recognised, output, bytes) = match format {
+            Format::Chat if v["choices"].is_array() => {
+                let (mut out, mut bytes) = (false, 0);
+                for c in v["choices"].as_array().into_iter().flatten() {
+                    let d = &c["delta"];
+                    for (k, x) in d.as_object().into_iter().flatten() {
+                        if k != "role" {
+                            out |= non_empty(x);
+                            bytes += x.as_str().map_or(0, escaped_len);
+                        }
+                    }
+                    let calls = d["tool_calls"].as_array().into_iter().flatten();
+                    for f in calls.map(|x| &x["function"]).chain([&d["function_call"]]) {
+                        for k in ["name", "arguments"] {
+                            bytes += f[k].as_str().map_or(0, escaped_len);
+                        }
+                    }
+                    out |= non_empty(&c["text"]);
+                    bytes += c["text"].as_str().map_or(0, escaped_len);
+                }
+                (true, out, bytes)
+            }
+            Format::Messages if ty == "content_block_delta" => {
+                let (mut out, mut bytes) = (false, 0);
+                for (k, x) in v["delta"].as_object().into_iter().flatten() {
+                    if k != "type" && k != "signature" {
+                        out |= non_empty(x);
+                        bytes += x.as_str().map_or(0, escaped_len);
+                    }
+                }
+                (true, out, bytes)
+            }
+            Format::Messages if ty == "content_block_start" => {
+                let b = &v["content_block"];
+                let mut bytes = 0;
+                for k in ["text", "thinking"] {
+                    bytes += b[k].as_str().map_or(0, escaped_len);
+                }
+                let other = !matches!(b["type"].as_str(), Some("text" | "thinking"));
+                (true, other || bytes > 0, bytes)
+            }
+            Format::Messages => {
+                let framing = [
+                    "message_start",
+                    "message_delta",
+                    "message_stop",
+                    "content_block_stop",
+                    "ping",
+                ];
+                (framing.contains(&ty), false, 0)
+            }
+            Format::Responses if ty.starts_with("response.") => {
+                let d = v["delta"].as_str().unwrap_or_default();
+                (
+                    true,
+                    ty.ends_with(".delta") && !d.is_empty(),
+                    escaped_len(d),
+                )
+            }
+            _ => (false, false, 0),
+        };
+        if !recognised {
+            output_in.push(end);
+        } else if output {
+            t.output_events += 1;
+            t.output_bytes += bytes as u64;
+            output_in.push(end);
+        }
+        let prompt = |u: &Value| {
+            let keys = [
+                "prompt_tokens",
+                "input_tokens",
+                "cache_creation_input_tokens",
+                "cache_read_input_tokens",
+            ];
+            let found: Vec<u64> = keys.iter().filter_map(|k| u[*k].as_u64()).collect();
+            (!found.is_empty()).then(|| found.iter().sum())
+        };
+        let completion = |u: &Value| {
+            u["completion_tokens"]
+                .as_u64()
+                .or(u["output_tokens"].as_u64())
+        };
+        for u in [&v["usage"], &v["response"]["usage"]] {
+            if u.is_object() {
+                t.prompt = prompt(u).or(t.prompt);
+                t.completion = completion(u).or(t.completion);
+            }
+        }
+        if v["message"]["usage"].is_object() {
+            t.prompt = prompt(&v["message"]["usage"]).or(t.prompt);
+        }
+        if v["response"]["error"].is_object() {
+            let ty = name(&v["response"]["error"]["code"]);
+            t.error.get_or_insert(ty.unwrap_or(ErrorType::Other));
+        }
+    }
+    Run {
+        tokens: t,
+        output_in,
+        error_end,
+    }
+}
+
+fn non_empty(v: &Value) -> bool {
+    match v {
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+        _ => false,
+    }
+}
+
+fn escaped_len(s: &str) -> usize {
+    serde_json::to_string(s).unwrap().len() - 2
+}
+
+#[test]
+fn chat_completions_reasoning_tools_and_usage() {
+    let got = run(Format::Chat, CHAT.as_bytes(), true, &[]);
+    // 6 reasoning deltas, 5 content deltas, the tool call's name and 5 argument pieces; the
+    // role preamble (`"content":""`), the finish chunk and the usage chunk are not output.
+    assert_eq!(got.tokens.output_events, 17);
+    assert_eq!(got.tokens.prompt, Some(184));
+    assert_eq!(got.tokens.completion, Some(62));
+    assert_eq!(got.tokens.error, None);
+    assert_eq!(got.error_end, None);
+    assert_eq!(got.tokens.completion(), (62, Source::Reported));
+}
+
+#[test]
+fn anthropic_thinking_text_tool_use_and_usage() {
+    let cuts: Vec<usize> = (0..MESSAGES.len()).collect();
+    let got = run(Format::Messages, MESSAGES.as_bytes(), true, &cuts);
+    // 4 thinking deltas, 3 text deltas, the tool_use block start and 3 non-empty
+    // partial_json pieces; message_start, pings, the signature and empty deltas are not.
+    assert_eq!(got.tokens.output_events, 11);
+    // input + cache writes + cache reads; message_start's output_tokens is a placeholder.
+    assert_eq!(got.tokens.prompt, Some(472 + 2048));
+    assert_eq!(got.tokens.completion, Some(89));
+    let evs = events(MESSAGES);
+    assert_eq!(got.output_in[0], evs[3].0, "the first thinking delta");
+}
+
+#[test]
+fn responses_api_summary_function_call_text_and_usage() {
+    let cuts: Vec<usize> = (0..RESPONSES.len()).collect();
+    let got = run(Format::Responses, RESPONSES.as_bytes(), true, &cuts);
+    assert_eq!(got.tokens.output_events, 4 + 2 + 5);
+    assert_eq!(got.tokens.prompt, Some(75));
+    assert_eq!(got.tokens.completion, Some(214));
+    let evs = events(RESPONSES);
+    assert_eq!(
+        got.output_in[0], evs[4].0,
+        "response.created etc. are not output"
+    );
+}
+
+#[test]
+fn mid_stream_errors_end_the_reading_at_their_event() {
+    for (format, stream, ty, outputs) in [
+        (Format::Chat, CHAT_ERROR, ErrorType::Server, 5),
+        (Format::Messages, MESSAGES_ERROR, ErrorType::Overloaded, 2),
+        (Format::Responses, RESPONSES_ERROR, ErrorType::Server, 3),
+    ] {
+        let got = run(format, stream.as_bytes(), true, &[]);
+        let end = stream
+            .find("event: error")
+            .or(stream.find("data: {\"error\""))
+            .unwrap();
+        let end = end + stream[end..].find("\n\n").unwrap() + 2;
+        assert_eq!(got.error_end, Some(end), "{stream}");
+        assert_eq!(got.tokens.error, Some(ty));
+        assert_eq!(got.tokens.output_events, outputs);
+        assert_eq!(got.tokens.completion, None);
+        let (n, source) = got.tokens.completion();
+        assert_eq!(source, Source::Estimated);
+        assert!(n >= outputs, "{n}");
+    }
+    // Anthropic reported its prompt before the error.
+    assert_eq!(
+        run(Format::Messages, MESSAGES_ERROR.as_bytes(), true, &[])
+            .tokens
+            .prompt,
+        Some(2520)
+    );
+}
+
+#[test]
+fn an_error_ending_a_piece_in_a_cr_ends_where_the_next_byte_says() {
+    // A data-only Chat error, so only the inspector knows it is one.
+    let head: &[u8] = b"data: {\"error\":{\"type\":\"server_error\"}}\r\n\r";
+    let mut ins = Inspector::new(Format::Chat, true);
+    assert_eq!(ins.feed(head), Found::default());
+    assert!(ins.error_pending());
+    assert_eq!(ins.tokens().error, Some(ErrorType::Server));
+    let found = ins.feed(b"\ndata: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n");
+    assert_eq!(found.error_end, Some(1));
+    assert!(!found.output && !ins.error_pending());
+    assert_eq!(ins.feed(b"\n"), Found::default());
+    // A lone CR ended it: the next piece is none of it.
+    let mut ins = Inspector::new(Format::Chat, true);
+    ins.feed(b"data: {\"error\":{}}\r\r");
+    assert_eq!(ins.feed(b"\r").error_end, Some(0));
+    // Whole, it ends past the LF.
+    let whole = run(Format::Chat, &[head, b"\n"].concat(), true, &[]);
+    assert_eq!(whole.error_end, Some(head.len() + 1));
+    assert_eq!(
+        run(Format::Chat, &[head, b"\n"].concat(), true, &[head.len()]),
+        whole
+    );
+}
+
+#[test]
+fn a_garbage_value_is_skipped_the_same_however_it_is_cut() {
+    // Found by `any_bytes_any_cuts`: a scalar cut by a piece boundary used to end there, so
+    // the rest of it was read as structure (here an `error` object that whole is skipped).
+    for stream in [
+        "data: {\"error\":x:\"y\"{\"type\":\"server_error\"}}\n\n",
+        "data: {\"error\":nul:\"y\"{\"type\":\"server_error\"}}\n\n",
+        "data: {\"error\":12:\"y\"{\"type\":\"server_error\"}}\n\n",
+    ] {
+        let whole = run(Format::Chat, stream.as_bytes(), true, &[]);
+        assert_eq!(whole.tokens.error, None, "{stream}");
+        let cuts: Vec<usize> = (0..=stream.len()).collect();
+        for k in 0..=stream.len() {
+            assert_eq!(
+                run(Format::Chat, stream.as_bytes(), true, &[k]),
+                whole,
+                "{stream} at {k}"
+            );
+        }
+        assert_eq!(
+            run(Format::Chat, stream.as_bytes(), true, &cuts),
+            whole,
+            "{stream}"
+        );
+    }
+}
+
+#[test]
+fn fixtures_match_the_reference_reader() {
+    for (format, f) in FIXTURES {
+        let cuts: Vec<usize> = (0..=f.len()).collect();
+        assert_eq!(
+            run(format, f.as_bytes(), true, &cuts),
+            reference(format, f),
+            "{f}"
+        );
+    }
+}
+
+#[test]
+fn every_split_point_reads_the_same() {
+    for (format, f) in FIXTURES {
+        let s = f.as_bytes();
+        let whole = run(format, s, true, &[]);
+        let per_byte = run(format, s, true, &(0..=s.len()).collect::<Vec<_>>());
+        for cut in 1..s.len() {
+            let got = run(format, s, true, &[cut]);
+            assert_eq!(got.tokens, whole.tokens, "cut at {cut}");
+            assert_eq!(got.error_end, whole.error_end, "cut at {cut}");
+            // The piece holding an output event's last byte reports it.
+            let expect: Vec<usize> = [cut, s.len()]
+                .into_iter()
+                .filter(|&end| {
+                    let start = if end == cut { 0 } else { cut };
+                    per_byte.output_in.iter().any(|&e| e > start && e <= end)
+                })
+                .collect();
+            assert_eq!(got.output_in, expect, "cut at {cut}");
+        }
+        assert_eq!(per_byte.tokens, whole.tokens);
+        assert_eq!(per_byte.error_end, whole.error_end);
+    }
+}
+
+#[test]
+fn cr_and_crlf_line_ends_and_a_bom() {
+    for (format, f) in FIXTURES {
+        let whole = run(format, f.as_bytes(), true, &[]);
+        let per_byte = run(
+            format,
+            f.as_bytes(),
+            true,
+            &(0..=f.len()).collect::<Vec<_>>(),
+        );
+        for eol in ["\r\n", "\r"] {
+            let s = f.replace('\n', eol);
+            let scale = |v: usize| v + f[..v].matches('\n').count() * (eol.len() - 1);
+            for (cuts, lf) in [
+                (vec![], &whole),
+                ((0..=s.len()).collect::<Vec<_>>(), &per_byte),
+            ] {
+                let got = run(format, s.as_bytes(), true, &cuts);
+                assert_eq!(got.tokens, whole.tokens, "{eol:?}");
+                // The error event ends past its whole line end, however the CRLF is cut.
+                assert_eq!(got.error_end, whole.error_end.map(scale), "{eol:?}");
+                // Other events complete at a CRLF blank line's CR when the cut falls there.
+                let crlf = eol == "\r\n";
+                let past_lf = |v: usize| v + usize::from(crlf && s.as_bytes()[v - 1] == b'\r');
+                let ends: Vec<usize> = lf.output_in.iter().map(|&v| scale(v)).collect();
+                let got_ends: Vec<usize> = got.output_in.iter().map(|&v| past_lf(v)).collect();
+                assert_eq!(got_ends, ends, "{eol:?}");
+            }
+        }
+        let with_bom = format!("\u{feff}{f}");
+        for cuts in [vec![], vec![1], vec![2], vec![1, 2, 3]] {
+            assert_eq!(
+                run(format, with_bom.as_bytes(), true, &cuts).tokens,
+                whole.tokens,
+                "{cuts:?}"
+            );
+        }
+    }
+    // A broken BOM spoils the first line only.
+    let s = "\u{feff}data: {\"type\":\"response.output_text.delta\",\"delta\":\"x\"}\n\n";
+    let broken = [&s.as_bytes()[..2], &s.as_bytes()[3..], &s.as_bytes()[3..]].concat();
+    let got = run(Format::Responses, &broken, true, &[1]);
+    assert_eq!(got.tokens.output_events, 1);
+}
+
+#[test]
+fn non_streaming_bodies_report_their_usage() {
+    for (format, body, prompt, completion) in [
+        (
+            Format::Chat,
+            include_str!("../../../tests/fixtures/openai_chat.json"),
+            19,
+            10,
+        ),
+        (
+            Format::Messages,
+            include_str!("../../../tests/fixtures/anthropic_message.json"),
+            121,
+            14,
+        ),
+        (
+            Format::Responses,
+            include_str!("../../../tests/fixtures/openai_responses.json"),
+            75,
+            214,
+        ),
+    ] {
+        for cuts in [vec![], (0..=body.len()).collect::<Vec<_>>()] {
+            let got = run(format, body.as_bytes(), false, &cuts);
+            assert_eq!(got.tokens.prompt, Some(prompt), "{body}");
+            assert_eq!(got.tokens.completion, Some(completion), "{body}");
+            assert!(got.output_in.is_empty() && got.error_end.is_none());
+        }
+    }
+}
+
+#[test]
+fn shapes_that_are_not_output() {
+    use Format::*;
+    let cases = [
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null,"reasoning_content":""}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"content":null,"refusal":null,"tool_calls":null}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[],"reasoning_details":[],"audio":{}}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"non-stream"}}]}"#,
+        ),
+        (Chat, "[DONE]"),
+        (
+            Messages,
+            r#"{"type":"message_start","message":{"content":[{"type":"text","text":"x"}]}}"#,
+        ),
+        (
+            Messages,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        ),
+        (
+            Messages,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}"#,
+        ),
+        (
+            Messages,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"abc"}}"#,
+        ),
+        (
+            Messages,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}"#,
+        ),
+        (
+            Messages,
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#,
+        ),
+        (Messages, r#"{"type":"content_block_stop","index":0}"#),
+        (Messages, r#"{"type": "ping"}"#),
+        (
+            Responses,
+            r#"{"type":"response.output_text.done","text":"full text"}"#,
+        ),
+        (
+            Responses,
+            r#"{"type":"response.created","response":{"output":[{"content":[{"text":"x"}]}],"usage":null}}"#,
+        ),
+        (
+            Responses,
+            r#"{"type":"response.output_text.delta","delta":""}"#,
+        ),
+        (
+            Responses,
+            r#"{"delta":"x","type":"response.output_item.added"}"#,
+        ),
+    ];
+    for (format, data) in cases {
+        let s = format!("data: {data}\n\n");
+        let got = run(format, s.as_bytes(), true, &[]);
+        assert_eq!(got.tokens.output_events, 0, "{data}");
+        assert!(got.output_in.is_empty(), "{data}");
+    }
+}
+
+#[test]
+fn shapes_that_are_output() {
+    use Format::*;
+    let cases = [
+        (Chat, r#"{"choices":[{"index":0,"delta":{"content":"a"}}]}"#),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"a"}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"reasoning":"a"}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"refusal":"no"}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":""}}]}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"function_call":{"name":"f"}}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"audio":{"id":"audio_1","transcript":"Hi"}}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"reasoning_details":[{"type":"reasoning.text","text":"x"}]}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"some_new_field":"x"}}]}"#,
+        ),
+        (
+            Chat,
+            r#"{"choices":[{"index":1,"delta":{}},{"index":0,"delta":{"content":"second choice"}}]}"#,
+        ),
+        (Chat, r#"{"choices":[{"text":" legacy","index":0}]}"#),
+        (
+            Messages,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"t","name":"f","input":{}}}"#,
+        ),
+        (
+            Messages,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"redacted_thinking","data":"x"}}"#,
+        ),
+        (
+            Messages,
+            r#"{"delta":{"type":"text_delta","text":"a"},"type":"content_block_delta","index":0}"#,
+        ),
+        (
+            Messages,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"citations_delta","citation":{"cited_text":"x"}}}"#,
+        ),
+        (
+            Responses,
+            r#"{"type":"response.refusal.delta","delta":"no"}"#,
+        ),
+        (
+            Responses,
+            r#"{"delta":"late type","type":"response.function_call_arguments.delta"}"#,
+        ),
+        // Whitespace anywhere JSON allows it, and the key order turned around.
+        (
+            Chat,
+            "{ \"choices\" : [ { \"delta\" : { \"content\" : \"a\" } , \"index\" : 0 } ] }",
+        ),
+    ];
+    for (format, data) in cases {
+        let s = format!("data:{data}\n\n");
+        assert_eq!(
+            run(format, s.as_bytes(), true, &[]).tokens.output_events,
+            1,
+            "{data}"
+        );
+    }
+}
+
+#[test]
+fn shapes_it_does_not_know_count_as_tokens_but_not_as_output() {
+    use Format::*;
+    // An unfamiliar event is a token for the first-token limit (as before formats were
+    // known), so a stream Hourglass cannot read is never starved; the estimate ignores it.
+    for (format, data) in [
+        (Chat, r#"{"n":1}"#),
+        (
+            Chat,
+            r#"{"type":"content_block_delta","delta":{"text":"x"}}"#,
+        ),
+        (Messages, r#"{"choices":[{"delta":{"content":"x"}}]}"#),
+        (Messages, r#"{"type":"some_future_event"}"#),
+        (Responses, r#"{"type":"some_future_event","delta":"x"}"#),
+        (Responses, "plain text"),
+        (Chat, "DONE"),
+    ] {
+        let s = format!("data: {data}\n\n");
+        let got = run(format, s.as_bytes(), true, &[]);
+        assert_eq!(got.output_in, vec![s.len()], "{data}");
+        assert_eq!(got.tokens.output_events, 0, "{data}");
+    }
+}
+
+/// A Responses output event.
+const AFTER: &str = "data: {\"type\":\"response.output_text.delta\",\"delta\":\"after\"}\n\n";
+
+#[test]
+fn errors_by_shape() {
+    let cases = [
+        // OpenAI-compatible providers: a top-level error object, type or code.
+        (
+            r#"{"error":{"message":"m","type":"rate_limit_error","code":null}}"#,
+            Some(ErrorType::RateLimit),
+        ),
+        (
+            r#"{"error":{"message":"m","code":"rate_limit_exceeded"}}"#,
+            Some(ErrorType::RateLimit),
+        ),
+        (r#"{"error":{"message":"m","code":502}}"#, None),
+        (r#"{"error":{"type":"brand_new_kind","message":"m"}}"#, None),
+        // Another Hourglass further down a chain.
+        (
+            r#"{"type":"error","error":{"type":"timeout_error","code":"idle_timeout","message":"m"}}"#,
+            Some(ErrorType::Timeout),
+        ),
+        (
+            r#"{"type":"error","code":"insufficient_quota","message":"m"}"#,
+            Some(ErrorType::InsufficientQuota),
+        ),
+    ];
+    for (data, ty) in cases {
+        let s = format!("data: {data}\n\n{AFTER}");
+        let got = run(Format::Responses, s.as_bytes(), true, &[]);
+        assert_eq!(
+            got.tokens.error,
+            Some(ty.unwrap_or(ErrorType::Other)),
+            "{data}"
+        );
+        assert_eq!(got.error_end, Some(data.len() + 8), "{data}");
+        assert_eq!(
+            got.tokens.output_events, 0,
+            "nothing after the error is read"
+        );
+    }
+    // `error: null` and an error nested in an answer do not end the stream.
+    for data in [
+        r#"{"choices":[],"error":null}"#,
+        r#"{"type":"response.failed","response":{"status":"failed","error":{"code":"server_error","message":"m"},"usage":null}}"#,
+    ] {
+        let s = format!("data: {data}\n\n{AFTER}");
+        let got = run(Format::Responses, s.as_bytes(), true, &[]);
+        assert_eq!(got.error_end, None, "{data}");
+        assert_eq!(got.tokens.output_events, 1, "{data}");
+    }
+    let failed = r#"data: {"type":"response.failed","response":{"error":{"code":"server_error"}}}"#;
+    assert_eq!(
+        run(
+            Format::Responses,
+            format!("{failed}\n\n").as_bytes(),
+            true,
+            &[]
+        )
+        .tokens
+        .error,
+        Some(ErrorType::Server)
+    );
+}
+
+#[test]
+fn sse_framing_details() {
+    // Several data lines are one event; the line break between them is JSON whitespace.
+    let s = "data: {\"choices\":[{\"delta\":\ndata: {\"content\":\"a\"}}],\ndata: \"usage\":{\"prompt_tokens\":7\ndata: ,\"completion_tokens\":9}}\n\n";
+    let got = run(Format::Chat, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.output_events, 1);
+    assert_eq!(
+        (got.tokens.prompt, got.tokens.completion),
+        (Some(7), Some(9))
+    );
+    // Comments, ids, event names and unknown fields are not data; a block without data does
+    // not dispatch, and what it held is forgotten.
+    let s = format!(": keep-alive\nid: 1\nevent: x\nretry: 5\ndat: {{\"delta\":\"x\"}}\n\n{AFTER}");
+    let got = run(Format::Responses, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.output_events, 1);
+    assert_eq!(got.output_in, vec![s.len()]);
+    // `data` without a colon is an empty value, which dispatches (and is no known shape).
+    let got = run(Format::Chat, b"data\n\n", true, &[]);
+    assert_eq!((got.tokens, got.output_in), (Tokens::default(), vec![6]));
+    // `event: ping` is a keep-alive whatever its data; `event: error` is an error whatever
+    // its data; the last `event` line of a block wins, as in `sse`.
+    for format in [Format::Chat, Format::Messages, Format::Responses] {
+        let s = "event: ping\ndata: {\"type\": \"ping\"}\n\nevent:ping\ndata: x\n\n";
+        let cuts: Vec<usize> = (0..=s.len()).collect();
+        for cuts in [&[][..], &cuts[..]] {
+            let got = run(format, s.as_bytes(), true, cuts);
+            assert!(got.output_in.is_empty(), "{format:?}");
+        }
+        let s = "event: pings\ndata: x\n\nevent: ping\nevent: x\ndata: x\n\n";
+        assert_eq!(run(format, s.as_bytes(), true, &[]).output_in.len(), 1);
+        let s = "event: error\ndata: boom\n\ndata: x\n\n";
+        let got = run(format, s.as_bytes(), true, &[8]);
+        assert_eq!(got.error_end, Some(25));
+        assert_eq!(got.tokens.error, Some(ErrorType::Other));
+        let s = "event: errors\ndata: x\n\n";
+        assert_eq!(run(format, s.as_bytes(), true, &[]).error_end, None);
+    }
+    // A usage number split anywhere, and one that is not a plain integer.
+    let s = "data: {\"usage\":{\"prompt_tokens\":12345,\"completion_tokens\":1.5e3}}\n\n";
+    for cut in 0..s.len() {
+        let got = run(Format::Chat, s.as_bytes(), true, &[cut]);
+        assert_eq!(
+            (got.tokens.prompt, got.tokens.completion),
+            (Some(12345), None)
+        );
+    }
+}
+
+#[test]
+fn escaped_and_deep_json_does_not_confuse_it() {
+    // A key spelled with an escape is not that key; quotes and braces inside strings are text.
+    let s =
+        r#"data: {"us\u0061ge":{"prompt_tokens":5},"choices":[{"delta":{"content":"a \"}]}\\"}}]}"#;
+    let got = run(Format::Chat, format!("{s}\n\n").as_bytes(), true, &[]);
+    assert_eq!(got.tokens.output_events, 1);
+    assert_eq!(got.tokens.prompt, None);
+    assert_eq!(got.tokens.output_bytes, r#"a \"}]}\\"#.len() as u64);
+    // Nesting deeper than what is tracked stays balanced.
+    let deep = "[".repeat(40) + &"]".repeat(40);
+    let s = format!(
+        "data: {{\"x\":{deep},\"usage\":{{\"input_tokens\":3,\"d\":{{\"a\":{{\"b\":{{\"input_tokens\":99}}}}}}}}}}\n\n"
+    );
+    assert_eq!(
+        run(Format::Chat, s.as_bytes(), true, &[]).tokens.prompt,
+        Some(3)
+    );
+}
+
+#[test]
+fn the_estimate() {
+    let t = Tokens {
+        output_events: 10,
+        output_bytes: 20,
+        ..Tokens::default()
+    };
+    assert_eq!(
+        t.completion(),
+        (10, Source::Estimated),
+        "one per event at least"
+    );
+    let t = Tokens {
+        output_events: 3,
+        output_bytes: 401,
+        ..Tokens::default()
+    };
+    assert_eq!(t.estimated_completion(), 101, "four bytes a token");
+}
+
+/// `cases` per property, unless `PROPTEST_CASES` asks for another number (a deep run:
+/// `PROPTEST_CASES=20000 cargo test`).
+fn cases(cases: u32) -> ProptestConfig {
+    let config = ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_some() {
+        config
+    } else {
+        ProptestConfig { cases, ..config }
+    }
+}
+
+proptest! {
+    #![proptest_config(cases(256))]
+
+    /// Whatever the bytes and however they are cut, the inspector neither panics nor
+    /// depends on where the cuts fall.
+    #[test]
+    fn any_bytes_any_cuts(
+        pieces in prop::collection::vec(
+            prop_oneof![
+                3 => prop::sample::select(vec![
+                    "data: ", "data:", "\n", "\r", "\r\n", "\n\n", "{", "}", "[", "]", "\"", "\\",
+                    ":", ",", "\"choices\"", "\"delta\"", "\"content\"", "\"usage\"", "\"error\"",
+                    "\"type\"", "\"error\"", "\"prompt_tokens\"", "12", "\"x\"", " ", "event: error\n",
+                ]).prop_map(|s| s.as_bytes().to_vec()),
+                1 => prop::collection::vec(any::<u8>(), 0..8),
+            ],
+            0..80,
+        ),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..10),
+        sse in any::<bool>(),
+        format in prop::sample::select(vec![Format::Chat, Format::Messages, Format::Responses]),
+    ) {
+        let s: Vec<u8> = pieces.concat();
+        let cuts: Vec<usize> = cuts.iter().map(|i| i.index(s.len() + 1)).collect();
+        let whole = run(format, &s, sse, &[]);
+        let split = run(format, &s, sse, &cuts);
+        prop_assert_eq!(whole.tokens, split.tokens);
+        prop_assert_eq!(whole.error_end, split.error_end);
+    }
+}
+
+#[test]
+fn it_stays_small() {
+    // It lives inline in every stream's watchdog body (a stream costs ~25 KiB in all).
+    let size = std::mem::size_of::<Inspector>();
+    assert!(size <= 256, "{size} bytes");
+}

@@ -1,0 +1,172 @@
+//! What Hourglass knows about the APIs it fronts: which wire format a request speaks (OpenAI
+//! Chat Completions, the OpenAI Responses API, Anthropic Messages), the one request rewrite that
+//! makes OpenAI report usage on streams, and the low-cardinality names of the providers'
+//! mid-stream error types. Reading the streams themselves is `inspect`'s job.
+
+pub mod assemble;
+pub mod inspect;
+pub mod request;
+pub mod rewrite;
+pub mod tools;
+
+use std::fmt;
+
+/// The `api` an upstream speaks, as configured.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Api {
+    /// OpenAI: Chat Completions, or the Responses API on paths ending in `/responses`.
+    OpenAi,
+    /// Anthropic Messages.
+    Anthropic,
+    /// Decided per request from its path; other paths are not inspected.
+    #[default]
+    Auto,
+}
+
+impl fmt::Display for Api {
+    /// Formats as the spelling used in the config file.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Api::OpenAi => "openai",
+            Api::Anthropic => "anthropic",
+            Api::Auto => "auto",
+        })
+    }
+}
+
+/// The wire format of one request and its response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// OpenAI Chat Completions (`choices[].delta`), also legacy completions (`choices[].text`).
+    Chat,
+    /// The OpenAI Responses API (`response.*` events).
+    Responses,
+    /// Anthropic Messages (`message_start`, `content_block_delta`, ...).
+    Messages,
+}
+
+impl Format {
+    /// The format of a request to `path` (query allowed) on an upstream that speaks `api`;
+    /// `None` when it is not known, and then nothing is inspected (every data event counts as
+    /// a token, as for any SSE stream).
+    pub fn detect(api: Api, path: &str) -> Option<Format> {
+        let path = path.split('?').next().unwrap_or_default();
+        let path = path.trim_end_matches('/');
+        match api {
+            Api::Anthropic => Some(Format::Messages),
+            Api::OpenAi if path.ends_with("/responses") => Some(Format::Responses),
+            Api::OpenAi => Some(Format::Chat),
+            Api::Auto if path.ends_with("/v1/messages") => Some(Format::Messages),
+            Api::Auto if path.ends_with("/chat/completions") => Some(Format::Chat),
+            Api::Auto if path.ends_with("/v1/responses") => Some(Format::Responses),
+            Api::Auto => None,
+        }
+    }
+}
+
+/// The type of a provider's mid-stream error, as the `type` label of
+/// `hourglass_upstream_stream_errors_total`: the provider's own name when it is one of these,
+/// `other` for anything else, so a provider cannot grow the label set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorType {
+    Overloaded,
+    RateLimit,
+    Api,
+    Server,
+    InvalidRequest,
+    Authentication,
+    Permission,
+    NotFound,
+    RequestTooLarge,
+    Timeout,
+    Billing,
+    InsufficientQuota,
+    Other,
+}
+
+impl ErrorType {
+    /// The type named by a provider's `error.type` (or `code`), if it is a known one.
+    pub fn parse(name: &[u8]) -> Option<ErrorType> {
+        Some(match name {
+            b"overloaded_error" => Self::Overloaded,
+            b"rate_limit_error" | b"rate_limit_exceeded" => Self::RateLimit,
+            b"api_error" => Self::Api,
+            b"server_error" | b"internal_error" | b"internal_server_error" => Self::Server,
+            b"invalid_request_error" => Self::InvalidRequest,
+            b"authentication_error" => Self::Authentication,
+            b"permission_error" => Self::Permission,
+            b"not_found_error" => Self::NotFound,
+            b"request_too_large" => Self::RequestTooLarge,
+            b"timeout_error" => Self::Timeout,
+            b"billing_error" => Self::Billing,
+            b"insufficient_quota" => Self::InsufficientQuota,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Overloaded => "overloaded_error",
+            Self::RateLimit => "rate_limit_error",
+            Self::Api => "api_error",
+            Self::Server => "server_error",
+            Self::InvalidRequest => "invalid_request_error",
+            Self::Authentication => "authentication_error",
+            Self::Permission => "permission_error",
+            Self::NotFound => "not_found_error",
+            Self::RequestTooLarge => "request_too_large",
+            Self::Timeout => "timeout_error",
+            Self::Billing => "billing_error",
+            Self::InsufficientQuota => "insufficient_quota",
+            Self::Other => "other",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_by_api_and_path() {
+        use Format::*;
+        let cases = [
+            (Api::Auto, "/v1/chat/completions", Some(Chat)),
+            (Api::Auto, "/v1/chat/completions?x=1", Some(Chat)),
+            (
+                Api::Auto,
+                "/openai/deployments/d/chat/completions",
+                Some(Chat),
+            ),
+            (Api::Auto, "/v1/messages", Some(Messages)),
+            (Api::Auto, "/v1/messages/", Some(Messages)),
+            (Api::Auto, "/v1/responses", Some(Responses)),
+            (Api::Auto, "/v1/messages/count_tokens", None),
+            (Api::Auto, "/v1/responses/resp_1", None),
+            (Api::Auto, "/v1/completions", None),
+            (Api::Auto, "/v1/embeddings", None),
+            (Api::OpenAi, "/v1/completions", Some(Chat)),
+            (Api::OpenAi, "/custom/responses", Some(Responses)),
+            (Api::OpenAi, "/v1/messages", Some(Chat)),
+            (Api::Anthropic, "/v1/chat/completions", Some(Messages)),
+            (Api::Anthropic, "/anything", Some(Messages)),
+        ];
+        for (api, path, want) in cases {
+            assert_eq!(Format::detect(api, path), want, "{api} {path}");
+        }
+    }
+
+    #[test]
+    fn error_types_are_a_closed_set() {
+        assert_eq!(
+            ErrorType::parse(b"overloaded_error"),
+            Some(ErrorType::Overloaded)
+        );
+        assert_eq!(
+            ErrorType::parse(b"rate_limit_exceeded").map(ErrorType::as_str),
+            Some("rate_limit_error")
+        );
+        assert_eq!(ErrorType::parse(b"some_new_error_of_the_week"), None);
+        assert_eq!(ErrorType::Other.as_str(), "other");
+    }
+}

@@ -1,0 +1,218 @@
+//! The request bodies Hourglass rewrites for an upstream, every other byte untouched: the
+//! `model` for an upstream that names its own, and OpenAI's `stream_options.include_usage`
+//! so that a stream reports what it cost.
+
+use bytes::Bytes;
+
+use crate::provider::Format;
+
+/// The body with its top-level `model` replaced by `model`, every other byte untouched.
+/// `None` when the body is not a JSON object with a string `model` (then nothing is
+/// rewritten and the body is forwarded as the client sent it).
+pub fn rewrite_model(body: &Bytes, model: &str) -> Option<Bytes> {
+    use serde_json::value::RawValue;
+    use std::collections::HashMap;
+    let fields: HashMap<&str, &RawValue> = serde_json::from_slice(body).ok()?;
+    let raw = fields.get("model")?;
+    if !raw.get().starts_with('"') {
+        return None;
+    }
+    // The raw value borrows from `body`, so its position is its offset in the buffer.
+    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    let end = start + raw.get().len();
+    let quoted = serde_json::to_string(model).ok()?;
+    let mut out = Vec::with_capacity(body.len() + quoted.len());
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(quoted.as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Some(Bytes::from(out))
+}
+
+/// The body of an OpenAI streaming chat request with `"stream_options":{"include_usage":true}`
+/// added, so that the provider sends its usage in a last chunk; every other byte untouched.
+/// `None` (forward the body as it is) when the body is not a JSON object with `"stream": true`,
+/// or when the client already said what it wants (`include_usage` present, true or false).
+pub fn include_usage(body: &Bytes) -> Option<Bytes> {
+    use serde_json::value::RawValue;
+    use std::collections::HashMap;
+    let fields: HashMap<&str, &RawValue> = serde_json::from_slice(body).ok()?;
+    if fields.get("stream")?.get() != "true" {
+        return None;
+    }
+    let offset = |raw: &RawValue| raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    let (at, insert): (usize, &[u8]) = match fields.get("stream_options") {
+        // The object's closing brace is its last non-space byte.
+        None => {
+            let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+            (end, br#","stream_options":{"include_usage":true}"#)
+        }
+        Some(raw) if raw.get() == "null" => {
+            let start = offset(raw);
+            let mut out = Vec::with_capacity(body.len() + 24);
+            out.extend_from_slice(&body[..start]);
+            out.extend_from_slice(br#"{"include_usage":true}"#);
+            out.extend_from_slice(&body[start + 4..]);
+            return Some(Bytes::from(out));
+        }
+        Some(raw) => {
+            let options: HashMap<&str, &RawValue> = serde_json::from_str(raw.get()).ok()?;
+            if options.contains_key("include_usage") {
+                return None;
+            }
+            // Right after the opening brace; a comma follows unless the object is empty.
+            let start = offset(raw) + 1;
+            if options.is_empty() {
+                (start, br#""include_usage":true"#)
+            } else {
+                (start, br#""include_usage":true,"#)
+            }
+        }
+    };
+    let mut out = Vec::with_capacity(body.len() + insert.len());
+    out.extend_from_slice(&body[..at]);
+    out.extend_from_slice(insert);
+    out.extend_from_slice(&body[at..]);
+    Some(Bytes::from(out))
+}
+
+/// The body of a request that did not ask to stream, asking to (`"stream": true`, and for
+/// Chat Completions `stream_options.include_usage` too, so the usage still comes): what
+/// `stream_upstream` sends. `None` when the request streams already, or is not a JSON
+/// object (then it is forwarded as it is).
+pub fn stream_request(body: &Bytes, format: Format) -> Option<Bytes> {
+    use serde_json::value::RawValue;
+    use std::collections::HashMap;
+    let fields: HashMap<&str, &RawValue> = serde_json::from_slice(body).ok()?;
+    let streamed = match fields.get("stream") {
+        Some(raw) if raw.get() == "true" => return None,
+        Some(raw) => {
+            let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+            let end = start + raw.get().len();
+            let mut out = Vec::with_capacity(body.len() + 4);
+            out.extend_from_slice(&body[..start]);
+            out.extend_from_slice(b"true");
+            out.extend_from_slice(&body[end..]);
+            out
+        }
+        None => {
+            // Right after the opening brace; a comma follows unless the object is empty.
+            let open = body.iter().position(|&b| b == b'{')?;
+            let mut out = Vec::with_capacity(body.len() + 16);
+            out.extend_from_slice(&body[..=open]);
+            out.extend_from_slice(br#""stream":true"#);
+            if !fields.is_empty() {
+                out.push(b',');
+            }
+            out.extend_from_slice(&body[open + 1..]);
+            out
+        }
+    };
+    let streamed = Bytes::from(streamed);
+    Some(match format {
+        Format::Chat => include_usage(&streamed).unwrap_or(streamed),
+        Format::Messages | Format::Responses => streamed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_rewrite_touches_nothing_else() {
+        let body = Bytes::from_static(
+            br#"{ "messages":[{"role":"user","content":"model: keep \"me\""}],  "model" : "gpt-big", "stream":true }"#,
+        );
+        let out = rewrite_model(&body, "gpt-small").unwrap();
+        assert_eq!(
+            &out[..],
+            br#"{ "messages":[{"role":"user","content":"model: keep \"me\""}],  "model" : "gpt-small", "stream":true }"#
+        );
+        // Escaping is done for the new name.
+        let out = rewrite_model(&body, "a\"b").unwrap();
+        assert!(std::str::from_utf8(&out)
+            .unwrap()
+            .contains(r#""model" : "a\"b""#));
+        assert!(rewrite_model(&Bytes::from_static(b"not json"), "m").is_none());
+        assert!(rewrite_model(&Bytes::from_static(br#"{"model":7}"#), "m").is_none());
+        assert!(rewrite_model(&Bytes::from_static(br#"{"x":1}"#), "m").is_none());
+    }
+
+    fn with_usage(body: &str) -> Option<String> {
+        include_usage(&Bytes::from(body.to_owned())).map(|b| String::from_utf8(b.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn include_usage_is_added_without_touching_anything_else() {
+        assert_eq!(
+            with_usage("{ \"model\":\"m\", \"stream\" : true , \"messages\":[{\"content\":\"}\"}] }\n")
+                .as_deref(),
+            Some("{ \"model\":\"m\", \"stream\" : true , \"messages\":[{\"content\":\"}\"}] ,\"stream_options\":{\"include_usage\":true}}\n")
+        );
+        assert_eq!(
+            with_usage(r#"{"stream":true,"stream_options":{}}"#).as_deref(),
+            Some(r#"{"stream":true,"stream_options":{"include_usage":true}}"#)
+        );
+        assert_eq!(
+            with_usage(r#"{"stream":true,"stream_options": {"x":1}}"#).as_deref(),
+            Some(r#"{"stream":true,"stream_options": {"include_usage":true,"x":1}}"#)
+        );
+        assert_eq!(
+            with_usage(r#"{"stream":true,"stream_options":null,"n":1}"#).as_deref(),
+            Some(r#"{"stream":true,"stream_options":{"include_usage":true},"n":1}"#)
+        );
+        // The result is JSON that says what it should.
+        let out = with_usage(r#"{"model":"m","stream":true}"#).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+    }
+
+    #[test]
+    fn include_usage_leaves_other_bodies_alone() {
+        for body in [
+            r#"{"model":"m"}"#,
+            r#"{"model":"m","stream":false}"#,
+            r#"{"stream":"true"}"#,
+            r#"{"stream":true,"stream_options":{"include_usage":false}}"#,
+            r#"{"stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"{"stream":true,"stream_options":7}"#,
+            "not json",
+            "[1,2]",
+        ] {
+            assert_eq!(with_usage(body), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn stream_upstream_asks_to_stream_and_touches_nothing_else() {
+        let run = |body: &str, format| {
+            stream_request(&Bytes::from(body.to_owned()), format)
+                .map(|b| String::from_utf8(b.to_vec()).unwrap())
+        };
+        assert_eq!(
+            run(r#"{"model":"m","messages":[]}"#, Format::Chat).as_deref(),
+            Some(
+                r#"{"stream":true,"model":"m","messages":[],"stream_options":{"include_usage":true}}"#
+            )
+        );
+        assert_eq!(
+            run(r#"{ "model":"m", "stream": false }"#, Format::Messages).as_deref(),
+            Some(r#"{ "model":"m", "stream": true }"#)
+        );
+        assert_eq!(
+            run(r#"{"input":"hi","stream":null}"#, Format::Responses).as_deref(),
+            Some(r#"{"input":"hi","stream":true}"#)
+        );
+        assert_eq!(
+            run("{}", Format::Responses).as_deref(),
+            Some(r#"{"stream":true}"#)
+        );
+        assert_eq!(
+            run(r#"{"stream":true}"#, Format::Chat),
+            None,
+            "streams already"
+        );
+        assert_eq!(run("not json", Format::Chat), None);
+        assert_eq!(run("[1]", Format::Chat), None);
+    }
+}

@@ -1,0 +1,370 @@
+//! The tool calls a model answered with, gathered as the answer passes (each SSE event's data,
+//! or the whole JSON document), so that a run can tell the same tool call asked for again and
+//! again. A call is its name and its arguments in canonical JSON (keys sorted, no whitespace),
+//! so that key order and spacing never make two equal calls look different.
+//!
+//! | format | streamed | whole |
+//! |---|---|---|
+//! | Chat Completions | `choices[].delta.tool_calls[]`: `function.name`, `function.arguments` pieces | `choices[].message.tool_calls[]` |
+//! | Messages | `content_block_start` of a `tool_use` block, then its `input_json_delta`s | `content[]` blocks of type `tool_use` (`input`) |
+//! | Responses | `response.output_item.added` of a `function_call`, its `function_call_arguments.delta`s (`.done` has them whole) | `output[]` items of type `function_call` |
+
+use std::sync::LazyLock;
+
+use memchr::memmem;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::provider::Format;
+
+/// An event or document larger than this is not read for tool calls: the answer then has no
+/// fingerprint (a loop of such answers is not seen, and nothing is held without bound).
+pub const MAX_GATHERED: usize = 4 << 20;
+
+#[derive(Debug, Clone)]
+struct ToolCall {
+    /// Where the call sits in the answer (choice and index, block or output index).
+    key: u64,
+    name: String,
+    arguments: String,
+}
+
+/// The tool calls of one answer.
+#[derive(Debug, Clone)]
+pub struct ToolCalls {
+    format: Format,
+    calls: Vec<ToolCall>,
+    /// The data of the event being read, or the whole document so far.
+    buf: Vec<u8>,
+    /// Something was too large to read: the answer gets no fingerprint.
+    overflow: bool,
+}
+
+impl ToolCalls {
+    pub fn new(format: Format) -> Self {
+        Self {
+            format,
+            calls: Vec::new(),
+            buf: Vec::new(),
+            overflow: false,
+        }
+    }
+
+    /// The next piece of the event's data (or of the document).
+    #[inline]
+    pub fn data(&mut self, piece: &[u8]) {
+        if self.overflow {
+            return;
+        }
+        if self.buf.len() + piece.len() > MAX_GATHERED {
+            self.overflow = true;
+            self.buf = Vec::new();
+            return;
+        }
+        self.buf.extend_from_slice(piece);
+    }
+
+    /// The end of one `data` line of the event.
+    pub fn line_end(&mut self) {
+        self.data(b"\n");
+    }
+
+    /// The event whose data was gathered ended; `dispatched`: it had data.
+    pub fn event_end(&mut self, dispatched: bool) {
+        if dispatched && !self.overflow && mentions_a_tool(&self.buf) {
+            let data = std::mem::take(&mut self.buf);
+            self.event(&data);
+            self.buf = data;
+        }
+        self.buf.clear();
+    }
+
+    /// The whole document was gathered.
+    pub fn document_end(&mut self) {
+        if !self.overflow && mentions_a_tool(&self.buf) {
+            let data = std::mem::take(&mut self.buf);
+            self.document(&data);
+        }
+        self.buf = Vec::new();
+    }
+
+    /// The answer's tool calls in canonical form (`name`, NUL, canonical arguments, NUL, for
+    /// each in order), and the first one's name; `None` when it asked for none.
+    pub fn canonical(&self) -> Option<(Vec<u8>, String)> {
+        if self.overflow || self.calls.is_empty() {
+            return None;
+        }
+        let mut calls: Vec<&ToolCall> = self.calls.iter().collect();
+        calls.sort_by_key(|c| c.key);
+        let mut out = Vec::new();
+        for c in &calls {
+            out.extend_from_slice(c.name.as_bytes());
+            out.push(0);
+            out.extend_from_slice(canonical_json(&c.arguments).as_bytes());
+            out.push(0);
+        }
+        Some((out, calls[0].name.clone()))
+    }
+
+    fn call(&mut self, key: u64) -> &mut ToolCall {
+        let i = match self.calls.iter().position(|c| c.key == key) {
+            Some(i) => i,
+            None => {
+                self.calls.push(ToolCall {
+                    key,
+                    name: String::new(),
+                    arguments: String::new(),
+                });
+                self.calls.len() - 1
+            }
+        };
+        &mut self.calls[i]
+    }
+
+    fn event(&mut self, data: &[u8]) {
+        match self.format {
+            Format::Chat => {
+                let Ok(chunk) = serde_json::from_slice::<ChatChunk>(data) else {
+                    return;
+                };
+                for choice in chunk.choices.unwrap_or_default() {
+                    let calls = choice.delta.and_then(|d| d.tool_calls).unwrap_or_default();
+                    for tc in calls {
+                        let c = self.call(choice.index * 1024 + tc.index);
+                        if let Some(f) = tc.function {
+                            if let Some(n) = f.name {
+                                c.name.push_str(&n);
+                            }
+                            if let Some(a) = f.arguments {
+                                c.arguments.push_str(&a);
+                            }
+                        }
+                    }
+                }
+            }
+            Format::Messages => {
+                let Ok(ev) = serde_json::from_slice::<MessagesEvent>(data) else {
+                    return;
+                };
+                match (ev.kind.as_str(), ev.content_block, ev.delta) {
+                    ("content_block_start", Some(b), _) if b.kind == "tool_use" => {
+                        let c = self.call(ev.index);
+                        c.name = b.name.unwrap_or_default();
+                        // A start whose input is already whole (rare when streamed).
+                        if let Some(input) = b.input.filter(|i| i.get() != "{}") {
+                            c.arguments = input.get().to_owned();
+                        }
+                    }
+                    ("content_block_delta", _, Some(d))
+                        if d.kind == "input_json_delta"
+                            && self.calls.iter().any(|c| c.key == ev.index) =>
+                    {
+                        let c = self.call(ev.index);
+                        c.arguments.push_str(&d.partial_json.unwrap_or_default());
+                    }
+                    _ => {}
+                }
+            }
+            Format::Responses => {
+                let Ok(ev) = serde_json::from_slice::<ResponsesEvent>(data) else {
+                    return;
+                };
+                match ev.kind.as_str() {
+                    "response.output_item.added" | "response.output_item.done" => {
+                        if let Some(item) = ev.item.filter(|i| i.kind == "function_call") {
+                            let c = self.call(ev.output_index);
+                            c.name = item.name.unwrap_or_default();
+                            if let Some(a) = item.arguments.filter(|a| !a.is_empty()) {
+                                c.arguments = a;
+                            }
+                        }
+                    }
+                    "response.function_call_arguments.delta" => {
+                        let c = self.call(ev.output_index);
+                        c.arguments.push_str(&ev.delta.unwrap_or_default());
+                    }
+                    "response.function_call_arguments.done" => {
+                        if let Some(a) = ev.arguments {
+                            self.call(ev.output_index).arguments = a;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn document(&mut self, data: &[u8]) {
+        match self.format {
+            Format::Chat => {
+                let Ok(doc) = serde_json::from_slice::<ChatDocument>(data) else {
+                    return;
+                };
+                for choice in doc.choices.unwrap_or_default() {
+                    let calls = choice
+                        .message
+                        .and_then(|m| m.tool_calls)
+                        .unwrap_or_default();
+                    for (i, tc) in calls.into_iter().enumerate() {
+                        let c = self.call(choice.index * 1024 + i as u64);
+                        if let Some(f) = tc.function {
+                            c.name = f.name.unwrap_or_default();
+                            c.arguments = f.arguments.unwrap_or_default();
+                        }
+                    }
+                }
+            }
+            Format::Messages => {
+                let Ok(doc) = serde_json::from_slice::<MessagesDocument>(data) else {
+                    return;
+                };
+                for (i, b) in doc.content.unwrap_or_default().into_iter().enumerate() {
+                    if b.kind == "tool_use" {
+                        let c = self.call(i as u64);
+                        c.name = b.name.unwrap_or_default();
+                        c.arguments = b.input.map(|v| v.get().to_owned()).unwrap_or_default();
+                    }
+                }
+            }
+            Format::Responses => {
+                let Ok(doc) = serde_json::from_slice::<ResponsesDocument>(data) else {
+                    return;
+                };
+                for (i, item) in doc.output.unwrap_or_default().into_iter().enumerate() {
+                    if item.kind == "function_call" {
+                        let c = self.call(i as u64);
+                        c.name = item.name.unwrap_or_default();
+                        c.arguments = item.arguments.unwrap_or_default();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Most events carry no tool call: a look for the words that every tool call's shape has
+/// spares them the parse.
+fn mentions_a_tool(data: &[u8]) -> bool {
+    // Built once: a finder's set-up costs more than a search through a short event.
+    static WORDS: LazyLock<[memmem::Finder<'static>; 3]> =
+        LazyLock::new(|| ["tool", "function", "input_json"].map(memmem::Finder::new));
+    WORDS.iter().any(|w| w.find(data).is_some())
+}
+
+/// JSON with sorted keys and no whitespace (serde_json's map is ordered by key); text that is
+/// not JSON, trimmed, as it is.
+fn canonical_json(text: &str) -> String {
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(v) => v.to_string(),
+        Err(_) => text.trim().to_owned(),
+    }
+}
+
+#[derive(Deserialize)]
+struct ChatChunk {
+    choices: Option<Vec<ChatChoiceDelta>>,
+}
+
+#[derive(Deserialize)]
+struct ChatChoiceDelta {
+    #[serde(default)]
+    index: u64,
+    delta: Option<ChatDelta>,
+}
+
+#[derive(Deserialize)]
+struct ChatDelta {
+    tool_calls: Option<Vec<ChatToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct ChatToolCall {
+    #[serde(default)]
+    index: u64,
+    function: Option<ChatFunction>,
+}
+
+#[derive(Deserialize)]
+struct ChatFunction {
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatDocument {
+    choices: Option<Vec<ChatChoiceMessage>>,
+}
+
+#[derive(Deserialize)]
+struct ChatChoiceMessage {
+    #[serde(default)]
+    index: u64,
+    message: Option<ChatMessage>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    tool_calls: Option<Vec<ChatWholeToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct ChatWholeToolCall {
+    function: Option<ChatFunction>,
+}
+
+#[derive(Deserialize)]
+struct MessagesEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    index: u64,
+    content_block: Option<MessagesBlock>,
+    delta: Option<MessagesDelta>,
+}
+
+#[derive(Deserialize)]
+struct MessagesBlock {
+    #[serde(rename = "type")]
+    kind: String,
+    name: Option<String>,
+    input: Option<Box<RawValue>>,
+}
+
+#[derive(Deserialize)]
+struct MessagesDelta {
+    #[serde(rename = "type", default)]
+    kind: String,
+    partial_json: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct MessagesDocument {
+    content: Option<Vec<MessagesBlock>>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    output_index: u64,
+    item: Option<ResponsesItem>,
+    delta: Option<String>,
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesItem {
+    #[serde(rename = "type")]
+    kind: String,
+    name: Option<String>,
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesDocument {
+    output: Option<Vec<ResponsesItem>>,
+}
+
+#[cfg(test)]
+mod tests;

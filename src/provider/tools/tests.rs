@@ -1,0 +1,121 @@
+use super::*;
+
+/// Feeds SSE `events` (each one event's data) as the scanner would hand them over.
+fn streamed(format: Format, events: &[&str]) -> Option<(Vec<u8>, String)> {
+    let mut t = ToolCalls::new(format);
+    for ev in events {
+        // Split in two, as a line cut across frames would be.
+        let (a, b) = ev.split_at(ev.len() / 2);
+        t.data(a.as_bytes());
+        t.data(b.as_bytes());
+        t.line_end();
+        t.event_end(true);
+    }
+    t.canonical()
+}
+
+fn whole(format: Format, doc: &str) -> Option<(Vec<u8>, String)> {
+    let mut t = ToolCalls::new(format);
+    for piece in doc.as_bytes().chunks(7) {
+        t.data(piece);
+    }
+    t.document_end();
+    t.canonical()
+}
+
+const CANON: &[u8] = b"get_weather\0{\"city\":\"Paris\",\"unit\":\"c\"}\0";
+
+#[test]
+fn chat_streamed_and_whole_give_the_same_call() {
+    let s = streamed(
+        Format::Chat,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"unit\": \"c\","}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":" \"city\":\"Paris\"}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":3}}"#,
+            "[DONE]",
+        ],
+    );
+    let w = whole(
+        Format::Chat,
+        r#"{"id":"x","choices":[{"index":0,"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_9","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"unit\":\"c\"}"}}]},"finish_reason":"tool_calls"}]}"#,
+    );
+    assert_eq!(s, Some((CANON.to_vec(), "get_weather".into())));
+    assert_eq!(s, w, "the ids differ; the calls do not");
+}
+
+#[test]
+fn messages_streamed_and_whole_give_the_same_call() {
+    let s = streamed(
+        Format::Messages,
+        &[
+            r#"{"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":5}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Let me look."}}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"unit\":\"c\",\"ci"}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"ty\": \"Paris\"}"}}"#,
+            r#"{"type":"content_block_stop","index":1}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":20}}"#,
+        ],
+    );
+    let w = whole(
+        Format::Messages,
+        r#"{"id":"msg_2","type":"message","content":[{"type":"text","text":"Let me look."},{"type":"tool_use","id":"toolu_2","name":"get_weather","input":{"city":"Paris","unit":"c"}}],"stop_reason":"tool_use"}"#,
+    );
+    assert_eq!(s, Some((CANON.to_vec(), "get_weather".into())));
+    assert_eq!(s, w);
+}
+
+#[test]
+fn responses_streamed_and_whole_give_the_same_call() {
+    let s = streamed(
+        Format::Responses,
+        &[
+            r#"{"type":"response.created","response":{"id":"resp_1","output":[]}}"#,
+            r#"{"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","id":"fc_1","call_id":"call_1","name":"get_weather","arguments":""}}"#,
+            r#"{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\"unit\":\"c\","}"#,
+            r#"{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"\"city\":\"Paris\"}"}"#,
+        ],
+    );
+    let w = whole(
+        Format::Responses,
+        r#"{"id":"resp_2","object":"response","output":[{"type":"function_call","id":"fc_2","call_id":"call_2","name":"get_weather","arguments":"{ \"city\" : \"Paris\", \"unit\": \"c\" }"}]}"#,
+    );
+    assert_eq!(s, Some((CANON.to_vec(), "get_weather".into())));
+    assert_eq!(s, w);
+}
+
+#[test]
+fn an_answer_without_tool_calls_has_none_and_other_arguments_differ() {
+    assert_eq!(
+        whole(
+            Format::Chat,
+            r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}"#
+        ),
+        None
+    );
+    let a = whole(
+        Format::Chat,
+        r#"{"choices":[{"index":0,"message":{"tool_calls":[{"function":{"name":"f","arguments":"{\"a\":1}"}}]}}]}"#,
+    );
+    let b = whole(
+        Format::Chat,
+        r#"{"choices":[{"index":0,"message":{"tool_calls":[{"function":{"name":"f","arguments":"{\"a\":2}"}}]}}]}"#,
+    );
+    assert!(a.is_some() && b.is_some() && a != b);
+}
+
+#[test]
+fn an_answer_too_large_to_gather_gets_no_fingerprint() {
+    let mut t = ToolCalls::new(Format::Chat);
+    t.data(
+        br#"{"choices":[{"index":0,"message":{"tool_calls":[{"function":{"name":"f","arguments":""#,
+    );
+    t.data(&vec![b'x'; MAX_GATHERED]);
+    t.data(br#""}}]}}]}"#);
+    t.document_end();
+    assert_eq!(t.canonical(), None);
+}

@@ -1,0 +1,112 @@
+//! A call a run admitted. It holds its run's entry (no second lookup at its end; in Redis, its
+//! key) and its token reservation, which it gives back however the call ends: told what the
+//! call used, or dropped without a word (a panic, a path that forgot), when it gives it all
+//! back.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use tokio::time::Instant;
+
+use crate::runs::memory::{Entry, MemoryStore};
+use crate::runs::runtime::Shared;
+use crate::runs::state::{Admitted, Used, View};
+
+/// Where the call's run is, to give its reservation back.
+pub(super) enum Ticket {
+    Memory(Arc<MemoryStore>, Entry),
+    Redis(Arc<Shared>, String),
+}
+
+pub static REMAINING_MS: HeaderName = HeaderName::from_static("x-run-remaining-ms");
+pub static CALLS_LEFT: HeaderName = HeaderName::from_static("x-run-calls-left");
+pub static TOKENS_LEFT: HeaderName = HeaderName::from_static("x-run-tokens-left");
+
+pub struct RunCall {
+    ticket: Ticket,
+    reserve: u64,
+    pub id: Arc<str>,
+    pub admitted: Admitted,
+    limits_tokens: Option<u64>,
+    stops_loops: bool,
+    done: bool,
+}
+
+impl std::fmt::Debug for RunCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunCall")
+            .field("id", &self.id)
+            .field("reserve", &self.reserve)
+            .field("admitted", &self.admitted)
+            .finish()
+    }
+}
+
+impl RunCall {
+    pub(super) fn new(
+        ticket: Ticket,
+        reserve: u64,
+        id: Arc<str>,
+        admitted: Admitted,
+        limits: &crate::config::RunLimits,
+    ) -> Self {
+        Self {
+            ticket,
+            reserve,
+            id,
+            admitted,
+            limits_tokens: limits.max_tokens,
+            stops_loops: limits.max_repeats.is_some(),
+            done: false,
+        }
+    }
+
+    /// Whether the run stops loops (so the answer's tool calls matter).
+    pub fn stops_loops(&self) -> bool {
+        self.stops_loops
+    }
+
+    /// The run's token limit, if it has one.
+    pub fn limit_tokens(&self) -> Option<u64> {
+        self.limits_tokens
+    }
+
+    /// The call ended having used `used`: its reservation becomes that.
+    pub fn finish(mut self, used: &Used) {
+        self.done = true;
+        self.give_back(used);
+    }
+
+    fn give_back(&self, used: &Used) {
+        match &self.ticket {
+            Ticket::Memory(store, entry) => store.finish(entry, self.reserve, used, Instant::now()),
+            // Not on the answer's path: the record reports without waiting for the store.
+            Ticket::Redis(shared, key) => {
+                shared.finish_later(key.clone(), self.reserve, used.clone())
+            }
+        }
+    }
+}
+
+impl Drop for RunCall {
+    fn drop(&mut self) {
+        if !self.done {
+            self.give_back(&Used::default());
+        }
+    }
+}
+
+/// Writes what the run has left into an answer's headers: `x-run-remaining-ms` where the
+/// run has a deadline, `x-run-calls-left` and `x-run-tokens-left` where those limits are set.
+pub fn insert_headers(headers: &mut HeaderMap, view: &View, now: Instant) {
+    if let Some(d) = view.deadline {
+        let ms = d.saturating_duration_since(now).as_millis() as u64;
+        headers.insert(REMAINING_MS.clone(), HeaderValue::from(ms));
+    }
+    if let Some(n) = view.calls_left {
+        headers.insert(CALLS_LEFT.clone(), HeaderValue::from(n));
+    }
+    if let Some(n) = view.tokens_left {
+        headers.insert(TOKENS_LEFT.clone(), HeaderValue::from(n));
+    }
+}

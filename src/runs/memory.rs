@@ -1,0 +1,320 @@
+//! The embedded run store: every run in this process's memory, at most `max_runs` of them,
+//! the least recently used dropped first, each forgotten `ttl` after its last call.
+//!
+//! One lock over the map, taken for a lookup and never across an await; each run has a lock
+//! of its own for its admissions and ends, so calls of different runs never wait on each
+//! other's arithmetic. A call keeps its run's entry from admission to its end: one lookup a
+//! call.
+
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use lru::LruCache;
+use tokio::time::Instant;
+
+use crate::config::RunLimits;
+use crate::runs::id::RunKey;
+use crate::runs::state::{Admitted, Call, Refusal, RunEnd, RunState, Used, View};
+
+/// One run's entry, shared by the map and the calls in flight.
+pub type Entry = Arc<Mutex<RunState>>;
+
+/// Told when a run ends, once per run (for its metrics).
+pub trait Ends: Send + Sync {
+    fn ended(&self, run: &RunState, end: RunEnd, now: Instant);
+    /// A run was started (`true`) or forgotten (`false`).
+    fn held(&self, now_held: usize);
+}
+
+pub struct MemoryStore {
+    runs: Mutex<LruCache<RunKey, Entry>>,
+    ttl: Duration,
+    ends: Arc<dyn Ends>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// How many of the least recently used runs one admission looks at for expiry: enough to keep
+/// up with the calls that add runs, bounded so that no call pays for a large sweep.
+const SWEEP_PER_CALL: usize = 4;
+
+impl MemoryStore {
+    pub fn new(max_runs: usize, ttl: Duration, ends: Arc<dyn Ends>) -> Self {
+        let cap = NonZeroUsize::new(max_runs.max(1)).expect("at least one");
+        Self {
+            runs: Mutex::new(LruCache::new(cap)),
+            ttl,
+            ends,
+        }
+    }
+
+    /// Admits `call` into the run `key` (starting it, with `route`'s limits, if it is new).
+    pub fn admit(
+        &self,
+        key: &RunKey,
+        route: &Arc<str>,
+        limits: &RunLimits,
+        call: &Call,
+    ) -> (Entry, Result<Admitted, (Refusal, View)>) {
+        let now = call.now;
+        let (entry, evicted, held) = {
+            let mut runs = lock(&self.runs);
+            let expired = self.sweep(&mut runs, now, SWEEP_PER_CALL);
+            let mut evicted = None;
+            let entry = match runs.get(key) {
+                Some(e) => e.clone(),
+                None => {
+                    let e = Arc::new(Mutex::new(RunState::new(route.clone(), *limits, now)));
+                    evicted = runs.push(key.clone(), e.clone()).map(|(_, old)| old);
+                    e
+                }
+            };
+            (entry, (evicted, expired), runs.len())
+        };
+        let (evicted, expired) = evicted;
+        for (e, end) in expired
+            .into_iter()
+            .map(|e| (e, RunEnd::Expired))
+            .chain(evicted.map(|e| (e, RunEnd::Evicted)))
+        {
+            let run = lock(&e);
+            if run.ended.is_none() || end == RunEnd::Evicted {
+                self.ends.ended(&run, end, now);
+            }
+        }
+        self.ends.held(held);
+        let result = {
+            let mut run = lock(&entry);
+            let was_ended = run.ended.is_some();
+            let result = run.admit(call);
+            if let (Err((r, _)), false) = (&result, was_ended) {
+                if run.ended.is_some() {
+                    self.ends.ended(&run, r.end(), now);
+                }
+            }
+            result
+        };
+        (entry, result)
+    }
+
+    /// The end of a call admitted into `entry` with `reserve` tokens.
+    pub fn finish(&self, entry: &Entry, reserve: u64, used: &Used, now: Instant) {
+        let mut run = lock(entry);
+        let was_ended = run.ended.is_some();
+        run.finish(reserve, used);
+        run.last_call = run.last_call.max(now);
+        if !was_ended {
+            if let Some(end) = run.ended {
+                self.ends.ended(&run, end, now);
+            }
+        }
+    }
+
+    /// A copy of the run `key`, for the admin listener.
+    pub fn get(&self, key: &RunKey) -> Option<RunState> {
+        let entry = lock(&self.runs).peek(key).cloned()?;
+        let run = lock(&entry).clone();
+        Some(run)
+    }
+
+    /// Every run with this id, whatever its scope.
+    pub fn find(&self, id: &str) -> Vec<(RunKey, RunState)> {
+        let entries: Vec<(RunKey, Entry)> = lock(&self.runs)
+            .iter()
+            .filter(|(k, _)| &*k.id == id)
+            .map(|(k, e)| (k.clone(), e.clone()))
+            .collect();
+        entries
+            .into_iter()
+            .map(|(k, e)| (k, lock(&e).clone()))
+            .collect()
+    }
+
+    /// Forgets runs whose ttl has passed: called now and then (and by admissions, a few at a
+    /// time), so that an idle gateway lets its runs go too.
+    pub fn expire(&self, now: Instant) {
+        let (expired, held) = {
+            let mut runs = lock(&self.runs);
+            let expired = self.sweep(&mut runs, now, usize::MAX);
+            (expired, runs.len())
+        };
+        for e in expired {
+            let run = lock(&e);
+            if run.ended.is_none() {
+                self.ends.ended(&run, RunEnd::Expired, now);
+            }
+        }
+        self.ends.held(held);
+    }
+
+    /// Takes up to `most` expired runs off the least recently used end. A run there whose
+    /// last call ended later (calls end without a lookup) goes back to the front.
+    fn sweep(&self, runs: &mut LruCache<RunKey, Entry>, now: Instant, most: usize) -> Vec<Entry> {
+        let mut out = Vec::new();
+        let mut looked = 0;
+        while looked < most.min(runs.len()) {
+            looked += 1;
+            let Some((_, e)) = runs.peek_lru() else { break };
+            let (expires, busy) = {
+                let run = lock(e);
+                (run.expires(self.ttl), run.in_flight > 0)
+            };
+            if now < expires && !busy {
+                break;
+            }
+            let (key, e) = runs.pop_lru().expect("peeked");
+            if busy || now < expires {
+                runs.push(key, e);
+            } else {
+                out.push(e);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<(String, RunEnd)>>, std::sync::atomic::AtomicUsize);
+
+    impl Ends for Seen {
+        fn ended(&self, run: &RunState, end: RunEnd, _: Instant) {
+            lock(&self.0).push((run.route.to_string(), end));
+        }
+        fn held(&self, n: usize) {
+            self.1.store(n, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn key(id: &str) -> RunKey {
+        RunKey {
+            scope: None,
+            id: id.into(),
+        }
+    }
+
+    fn call(now: Instant) -> Call {
+        Call {
+            reserve: 10,
+            asked_budget: None,
+            request: None,
+            at: now,
+            now,
+            need: Duration::ZERO,
+        }
+    }
+
+    fn store(max: usize, ttl: Duration) -> (MemoryStore, Arc<Seen>) {
+        let seen = Arc::new(Seen::default());
+        (MemoryStore::new(max, ttl, seen.clone()), seen)
+    }
+
+    const LIMITS: RunLimits = RunLimits {
+        max_calls: Some(10),
+        ..RunLimits::UNLIMITED
+    };
+
+    #[test]
+    fn fifty_threads_at_once_get_exactly_the_runs_ten_calls() {
+        let (s, seen) = store(100, Duration::from_secs(600));
+        let s = Arc::new(s);
+        let route: Arc<str> = "chat".into();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let now = rt.block_on(async { Instant::now() });
+        let admitted: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..50)
+                .map(|_| {
+                    let (s, route) = (s.clone(), route.clone());
+                    scope.spawn(move || {
+                        s.admit(&key("r"), &route, &LIMITS, &call(now)).1.is_ok() as usize
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 10);
+        let run = s.get(&key("r")).unwrap();
+        assert_eq!((run.calls, run.in_flight), (10, 10));
+        assert_eq!(
+            *lock(&seen.0),
+            [("chat".to_string(), RunEnd::Calls)],
+            "ended once"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_least_recently_used_run_makes_room_and_is_counted() {
+        let (s, seen) = store(2, Duration::from_secs(600));
+        let route: Arc<str> = "chat".into();
+        let now = Instant::now();
+        for id in ["a", "b", "a", "c"] {
+            let _ = s.admit(&key(id), &route, &LIMITS, &call(now));
+        }
+        assert!(s.get(&key("b")).is_none(), "b was the least recently used");
+        assert!(s.get(&key("a")).is_some() && s.get(&key("c")).is_some());
+        assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Evicted)]);
+        assert_eq!(seen.1.load(std::sync::atomic::Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn runs_are_forgotten_ttl_after_their_last_call_but_not_while_one_is_in_flight() {
+        let ttl = Duration::from_secs(60);
+        let (s, seen) = store(100, ttl);
+        let route: Arc<str> = "chat".into();
+        let t0 = Instant::now();
+        let (idle, _) = s.admit(&key("idle"), &route, &LIMITS, &call(t0));
+        s.finish(&idle, 10, &Used::default(), t0);
+        let (busy, _) = s.admit(&key("busy"), &route, &LIMITS, &call(t0));
+        s.expire(t0 + ttl - Duration::from_secs(1));
+        assert!(s.get(&key("idle")).is_some(), "not yet");
+        s.expire(t0 + ttl);
+        assert!(s.get(&key("idle")).is_none(), "forgotten at its ttl");
+        assert!(s.get(&key("busy")).is_some(), "a call is still in flight");
+        s.finish(&busy, 10, &Used::default(), t0 + ttl * 2);
+        s.expire(t0 + ttl * 3);
+        assert!(
+            s.get(&key("busy")).is_none(),
+            "ttl after its last call ended"
+        );
+        assert_eq!(
+            *lock(&seen.0),
+            [
+                ("chat".to_string(), RunEnd::Expired),
+                ("chat".to_string(), RunEnd::Expired)
+            ]
+        );
+        assert_eq!(seen.1.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_scoped_to_one_client_is_not_anothers() {
+        let (s, _) = store(100, Duration::from_secs(600));
+        let route: Arc<str> = "chat".into();
+        let now = Instant::now();
+        let mine = RunKey {
+            scope: Some([1; 8]),
+            id: "r".into(),
+        };
+        let theirs = RunKey {
+            scope: Some([2; 8]),
+            id: "r".into(),
+        };
+        let one_call = RunLimits {
+            max_calls: Some(1),
+            ..RunLimits::UNLIMITED
+        };
+        assert!(s.admit(&mine, &route, &one_call, &call(now)).1.is_ok());
+        assert!(s.admit(&mine, &route, &one_call, &call(now)).1.is_err());
+        assert!(s.admit(&theirs, &route, &one_call, &call(now)).1.is_ok());
+        assert_eq!(s.find("r").len(), 2);
+    }
+}

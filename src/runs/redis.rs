@@ -1,0 +1,379 @@
+//! The run store on Redis (or Valkey), shared by every replica behind a load balancer.
+//!
+//! A run is one hash, `hg:{SCOPE/ID}`: the braces are a hash tag, so Redis Cluster keeps all
+//! of a run on one slot. Admission and the end of a call are each one Lua script run by its
+//! SHA (`admit.lua`, `finish.lua`: the rules of `state.rs`, checked and applied in one step,
+//! never a read followed by a write), with Redis's own clock (`TIME`) for every instant, so
+//! replicas whose clocks differ agree on a run's deadline. Every key expires `ttl` after its
+//! last call (longer while a call may still be in flight), so the store never grows without
+//! bound and a replica that dies mid-call leaves at most that call's reservation behind.
+//!
+//! One multiplexed connection (`ConnectionManager`), opened lazily and reopened with
+//! backoff: a gateway starts while Redis is down, and its runs resume when Redis is back.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+use tokio::time::Instant;
+
+use crate::config::RunLimits;
+use crate::runs::id::RunKey;
+use crate::runs::state::{Admitted, Call, Refusal, Repeat, RunEnd, RunState, Used, View};
+
+/// Why the store did not answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("the run store did not answer within {}ms", .0.as_millis())]
+    Timeout(Duration),
+    #[error("the run store failed: {0}")]
+    Failed(String),
+}
+
+impl From<redis::RedisError> for StoreError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Failed(e.to_string())
+    }
+}
+
+pub struct RedisStore {
+    conn: ConnectionManager,
+    admit: Script,
+    finish: Script,
+}
+
+/// What an admission in Redis said.
+pub enum RedisAdmission {
+    Admitted(Admitted),
+    Refused {
+        refusal: Refusal,
+        view: View,
+        /// This call ended the run (one replica sees it, once).
+        ended: Option<Ended>,
+    },
+}
+
+/// A run that ended, for its metrics.
+pub struct Ended {
+    pub route: Arc<str>,
+    pub end: RunEnd,
+    pub calls: u64,
+    pub tokens: u64,
+    pub age: Duration,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RedisStore")
+    }
+}
+
+/// The run's hash.
+pub fn key_of(key: &RunKey) -> String {
+    match &key.scope {
+        None => format!("hg:{{-/{}}}", key.id),
+        Some(scope) => {
+            let mut s = String::with_capacity(24 + key.id.len());
+            s.push_str("hg:{");
+            for b in scope {
+                s.push_str(&format!("{b:02x}"));
+            }
+            s.push('/');
+            s.push_str(&key.id);
+            s.push('}');
+            s
+        }
+    }
+}
+
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(String::new, |v| v.to_string())
+}
+
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::Int(n) => *n,
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            .map_or(0, |f| f as i64),
+        _ => 0,
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::Int(n) => n.to_string(),
+        Value::SimpleString(s) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+/// `-1` means none.
+fn some(n: i64) -> Option<u64> {
+    (n >= 0).then_some(n as u64)
+}
+
+fn deadline_in(ms: i64, now: Instant) -> Option<Instant> {
+    some(ms).map(|ms| now + Duration::from_millis(ms))
+}
+
+impl RedisStore {
+    /// A store at `url` (`redis://` or `rediss://`); nothing is connected until it is used.
+    pub fn new(url: &str, timeout: Duration) -> Result<Self, String> {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
+            .set_response_timeout(Some(timeout.max(Duration::from_millis(500))))
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_secs(2))
+            .set_number_of_retries(2);
+        let conn =
+            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
+        Ok(Self {
+            conn,
+            admit: Script::new(include_str!("redis/admit.lua")),
+            finish: Script::new(include_str!("redis/finish.lua")),
+        })
+    }
+
+    /// Admits `call` into the run `key` (starting it with `limits`, for `route`, if it is
+    /// new); the key lives `expire` from now at least.
+    pub async fn admit(
+        &self,
+        key: &RunKey,
+        route: &str,
+        limits: &RunLimits,
+        call: &Call,
+        expire: Duration,
+    ) -> Result<RedisAdmission, StoreError> {
+        let ms = |d: Duration| d.as_millis() as u64;
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = self
+            .admit
+            .key(key_of(key))
+            .arg(route)
+            .arg(opt(limits.budget.map(ms)))
+            .arg(opt(limits.max_budget.map(ms)))
+            .arg(opt(limits.max_calls))
+            .arg(opt(limits.max_tokens))
+            .arg(opt(limits.max_repeats))
+            .arg(limits.token_estimate)
+            .arg(call.reserve)
+            .arg(opt(call.asked_budget.map(ms)))
+            .arg(opt(call.request.map(|f| format!("{f:016x}"))))
+            .arg(ms(call.need))
+            .arg(ms(call.now.saturating_duration_since(call.at)))
+            .arg(ms(expire))
+            .invoke_async(&mut conn)
+            .await?;
+        let now = Instant::now();
+        let at = |i: usize| reply.get(i).map_or(-1, int);
+        if at(0) == 1 {
+            return Ok(RedisAdmission::Admitted(Admitted {
+                view: View {
+                    deadline: deadline_in(at(1), now),
+                    calls_left: some(at(2)).map(|n| n as u32),
+                    tokens_left: some(at(3)),
+                },
+                token_allowance: some(at(4)),
+                budget: some(at(5)).map(Duration::from_millis),
+                started: at(6) == 1,
+            }));
+        }
+        let view = View {
+            deadline: deadline_in(at(2), now),
+            calls_left: some(at(3)).map(|n| n as u32),
+            tokens_left: some(at(4)),
+        };
+        let s = |i: usize| reply.get(i).map(text).unwrap_or_default();
+        let n = |i: usize| reply.get(i).map_or(0, int).max(0) as u64;
+        let refusal = match s(9).as_str() {
+            "deadline" => Refusal::Deadline {
+                budget: Duration::from_millis(n(10)),
+                left: Duration::from_millis(n(11)),
+            },
+            "calls" => Refusal::Calls {
+                limit: n(10) as u32,
+            },
+            "tokens" => Refusal::Tokens {
+                limit: n(10),
+                used: n(11),
+                reserved: n(12),
+                asked: n(13),
+            },
+            "loop" => Refusal::Loop(Repeat {
+                fingerprint: u64::from_str_radix(&s(10), 16).unwrap_or(0),
+                tool: Some(s(11)).filter(|t| !t.is_empty()),
+                count: n(12) as u32,
+            }),
+            other => return Err(StoreError::Failed(format!("unexpected refusal {other:?}"))),
+        };
+        let ended = (at(1) == 1).then(|| Ended {
+            route: Arc::from(s(5)),
+            end: refusal.end(),
+            calls: n(6),
+            tokens: n(7),
+            age: Duration::from_millis(n(8)),
+        });
+        Ok(RedisAdmission::Refused {
+            refusal,
+            view,
+            ended,
+        })
+    }
+
+    /// The end of a call admitted into the run at `key` with `reserve` tokens.
+    pub async fn finish(
+        &self,
+        key: &str,
+        reserve: u64,
+        used: &Used,
+        ttl: Duration,
+    ) -> Result<Option<Ended>, StoreError> {
+        let mut conn = self.conn.clone();
+        let (fp, tool) = match &used.answer {
+            Some((fp, tool)) => (format!("{fp:016x}"), tool.as_str()),
+            None => (String::new(), ""),
+        };
+        let reply: Vec<Value> = self
+            .finish
+            .key(key)
+            .arg(reserve)
+            .arg(used.tokens)
+            .arg(fp)
+            .arg(tool)
+            .arg(ttl.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await?;
+        if reply.first().map(int) != Some(1) {
+            return Ok(None);
+        }
+        let n = |i: usize| reply.get(i).map_or(0, int).max(0) as u64;
+        Ok(Some(Ended {
+            route: Arc::from(reply.get(1).map(text).unwrap_or_default()),
+            end: RunEnd::Tokens,
+            calls: n(2),
+            tokens: n(3),
+            age: Duration::from_millis(n(4)),
+        }))
+    }
+
+    /// Every run with this id, whatever its scope (for the admin listener; a SCAN).
+    pub async fn find(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, StoreError> {
+        let mut conn = self.conn.clone();
+        let escaped: String = id
+            .chars()
+            .flat_map(|c| match c {
+                '*' | '?' | '[' | ']' | '\\' => vec!['\\', c],
+                c => vec![c],
+            })
+            .collect();
+        let pattern = format!("hg:{{*/{escaped}}}");
+        let mut cursor: u64 = 0;
+        let mut keys: Vec<String> = Vec::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            keys.extend(batch);
+            cursor = next;
+            if cursor == 0 || keys.len() > 100 {
+                break;
+            }
+        }
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let redis_now = secs * 1000 + micros / 1000;
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for k in keys {
+            let h: std::collections::HashMap<String, String> =
+                redis::cmd("HGETALL").arg(&k).query_async(&mut conn).await?;
+            let Some(run_key) = parse_key(&k) else {
+                continue;
+            };
+            out.push((run_key, state_of(&h, redis_now, now)));
+        }
+        Ok(out)
+    }
+}
+
+fn parse_key(k: &str) -> Option<RunKey> {
+    let inner = k.strip_prefix("hg:{")?.strip_suffix('}')?;
+    let (scope, id) = inner.split_once('/')?;
+    let scope = if scope == "-" {
+        None
+    } else {
+        let mut out = [0u8; 8];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(scope.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(out)
+    };
+    Some(RunKey {
+        scope,
+        id: Arc::from(id),
+    })
+}
+
+/// The run as the admin listener shows it, its instants made local.
+fn state_of(
+    h: &std::collections::HashMap<String, String>,
+    redis_now: u64,
+    now: Instant,
+) -> RunState {
+    let num = |k: &str| {
+        h.get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|f| f as u64)
+    };
+    let at = |ms: u64| {
+        if ms >= redis_now {
+            now + Duration::from_millis(ms - redis_now)
+        } else {
+            now.checked_sub(Duration::from_millis(redis_now - ms))
+                .unwrap_or(now)
+        }
+    };
+    let limits = RunLimits {
+        budget: num("budget").map(Duration::from_millis),
+        max_budget: num("max_budget").map(Duration::from_millis),
+        max_calls: num("max_calls").map(|n| n as u32),
+        max_tokens: num("max_tokens"),
+        max_repeats: num("max_repeats").map(|n| n as u32),
+        token_estimate: num("estimate").unwrap_or(0),
+    };
+    let mut run = RunState::new(
+        Arc::from(h.get("route").map_or("", String::as_str)),
+        limits,
+        at(num("started").unwrap_or(redis_now)),
+    );
+    run.last_call = at(num("last").unwrap_or(redis_now));
+    run.deadline = num("deadline").map(at);
+    run.budget = num("run_budget").map(Duration::from_millis);
+    run.calls = num("calls").unwrap_or(0) as u32;
+    run.in_flight = num("in_flight").unwrap_or(0) as u32;
+    run.tokens_used = num("used").unwrap_or(0);
+    run.tokens_reserved = num("reserved").unwrap_or(0);
+    run.answer = h.get("ans_fp").map(|fp| Repeat {
+        fingerprint: u64::from_str_radix(fp, 16).unwrap_or(0),
+        tool: h.get("ans_tool").cloned().filter(|t| !t.is_empty()),
+        count: num("ans_n").unwrap_or(0) as u32,
+    });
+    run.request = h.get("req_fp").map(|fp| Repeat {
+        fingerprint: u64::from_str_radix(fp, 16).unwrap_or(0),
+        tool: None,
+        count: num("req_n").unwrap_or(0) as u32,
+    });
+    run.ended = h
+        .get("ended")
+        .and_then(|e| RunEnd::ALL.into_iter().find(|x| x.as_str() == e.as_str()));
+    run
+}

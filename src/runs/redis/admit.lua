@@ -1,0 +1,121 @@
+-- Admission of one call into its run, as one atomic step (the same rules as
+-- src/runs/state.rs, RunState::admit; the store tests hold both stores to them).
+--
+-- KEYS[1]  the run's hash (hash-tagged: one Redis Cluster slot per run)
+-- ARGV     1 route, 2 budget_ms, 3 max_budget_ms, 4 max_calls, 5 max_tokens,
+--          6 max_repeats, 7 token_estimate ('' for unset): the limits a new run takes;
+--          8 reserve, 9 asked_budget_ms (''), 10 request fingerprint (''), 11 need_ms,
+--          12 since_arrival_ms, 13 expire_ms (ttl plus this call's budget)
+--
+-- Returns {1, deadline_left_ms, calls_left, tokens_left, allowance, run_budget_ms, started,
+--          max_tokens, max_repeats} (-1 for none), or {0, ended_now, deadline_left_ms,
+--          calls_left, tokens_left, route, refusal...}.
+local k = KEYS[1]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local arrival = now - tonumber(ARGV[12])
+local fresh = redis.call('EXISTS', k) == 0
+if fresh then
+  redis.call('HSET', k, 'route', ARGV[1], 'budget', ARGV[2], 'max_budget', ARGV[3],
+    'max_calls', ARGV[4], 'max_tokens', ARGV[5], 'max_repeats', ARGV[6],
+    'estimate', ARGV[7], 'started', arrival, 'calls', 0, 'in_flight', 0, 'used', 0,
+    'reserved', 0, 'last', now)
+end
+local raw = redis.call('HGETALL', k)
+local h = {}
+for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+local function num(v) if v == nil or v == '' then return nil end return tonumber(v) end
+local budget, max_budget = num(h.budget), num(h.max_budget)
+local max_calls, max_tokens, max_repeats = num(h.max_calls), num(h.max_tokens), num(h.max_repeats)
+local calls, used, reserved = num(h.calls), num(h.used), num(h.reserved)
+local deadline, run_budget = num(h.deadline), num(h.run_budget)
+local started_ms = num(h.started)
+local reserve, asked, need = tonumber(ARGV[8]), num(ARGV[9]), tonumber(ARGV[11])
+local request = ARGV[10]
+
+local function budget_for(a)
+  if a ~= nil then
+    if max_budget ~= nil and a > max_budget then return max_budget end
+    return a
+  end
+  return budget
+end
+
+local started = calls == 0 and (h.ended == nil or h.ended == '') and deadline == nil
+if started then
+  run_budget = budget_for(asked)
+  if run_budget ~= nil then deadline = arrival + run_budget end
+elseif asked ~= nil then
+  local at = arrival + budget_for(asked)
+  if deadline == nil or at < deadline then
+    deadline = at
+    run_budget = at - started_ms
+  end
+end
+if deadline ~= nil then
+  redis.call('HSET', k, 'deadline', deadline, 'run_budget', run_budget)
+end
+
+local function left_of(limit, n) if limit == nil then return -1 end return math.max(0, limit - n) end
+local function view_tokens() if max_tokens == nil then return -1 end return math.max(0, max_tokens - used - reserved) end
+local function deadline_left() if deadline == nil then return -1 end return math.max(0, deadline - now) end
+
+-- The refusal, as a list: the kind, then what the message needs.
+local refusal = nil
+if h.refused ~= nil and h.refused ~= '' then
+  refusal = cjson.decode(h.refused)
+end
+if refusal == nil and deadline ~= nil then
+  local left = deadline - now
+  if left <= 0 or left < need then
+    refusal = {'deadline', run_budget or 0, math.max(0, left)}
+  end
+end
+if refusal == nil and max_calls ~= nil and calls >= max_calls then
+  refusal = {'calls', max_calls}
+end
+if refusal == nil and max_repeats ~= nil then
+  local n = num(h.ans_n)
+  if n ~= nil and n >= max_repeats then
+    refusal = {'loop', h.ans_fp, h.ans_tool or '', n}
+  elseif request ~= '' and h.req_fp == request and num(h.req_n) >= max_repeats then
+    refusal = {'loop', h.req_fp, '', num(h.req_n)}
+  end
+end
+if refusal == nil and max_tokens ~= nil and used + reserved + reserve > max_tokens then
+  refusal = {'tokens', max_tokens, used, reserved, reserve}
+end
+
+if refusal ~= nil then
+  local ended_now = 0
+  local exhausted = max_tokens ~= nil and used >= max_tokens
+  if refusal[1] ~= 'tokens' or exhausted then
+    if h.ended == nil or h.ended == '' then
+      redis.call('HSET', k, 'ended', refusal[1], 'refused', cjson.encode(refusal))
+      ended_now = 1
+    end
+  end
+  if fresh then redis.call('PEXPIRE', k, ARGV[13]) end
+  local out = {0, ended_now, deadline_left(), left_of(max_calls, calls), view_tokens(),
+    h.route, calls, used, now - started_ms}
+  for _, v in ipairs(refusal) do table.insert(out, tostring(v)) end
+  return out
+end
+
+calls = calls + 1
+reserved = reserved + reserve
+redis.call('HSET', k, 'calls', calls, 'reserved', reserved, 'last', now)
+redis.call('HINCRBY', k, 'in_flight', 1)
+if request ~= '' then
+  if h.req_fp == request then
+    redis.call('HINCRBY', k, 'req_n', 1)
+  else
+    redis.call('HSET', k, 'req_fp', request, 'req_n', 1)
+  end
+end
+local expire = tonumber(ARGV[13])
+if redis.call('PTTL', k) < expire then redis.call('PEXPIRE', k, expire) end
+local allowance = -1
+if max_tokens ~= nil then allowance = math.max(0, max_tokens - (used + reserved - reserve)) end
+return {1, deadline_left(), left_of(max_calls, calls), view_tokens(), allowance,
+  run_budget or -1, started and 1 or 0, max_tokens or -1, max_repeats or -1}

@@ -1,0 +1,40 @@
+-- The end of one call of a run, as one atomic step (src/runs/state.rs, RunState::finish):
+-- its reservation becomes what it used, and the repeats of its answer are followed.
+--
+-- KEYS[1]  the run's hash
+-- ARGV     1 reserve, 2 tokens used, 3 answer fingerprint ('' for none), 4 tool name,
+--          5 ttl_ms
+--
+-- Returns {ended_now, route, calls, used, age_ms}; {} when the run is gone (expired).
+local k = KEYS[1]
+if redis.call('EXISTS', k) == 0 then return {} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local h = {}
+local raw = redis.call('HGETALL', k)
+for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+local function num(v) if v == nil or v == '' then return nil end return tonumber(v) end
+local in_flight = math.max(0, (num(h.in_flight) or 0) - 1)
+local reserved = math.max(0, (num(h.reserved) or 0) - tonumber(ARGV[1]))
+local used = (num(h.used) or 0) + tonumber(ARGV[2])
+redis.call('HSET', k, 'in_flight', in_flight, 'reserved', reserved, 'used', used, 'last', now)
+if ARGV[3] ~= '' then
+  if h.ans_fp == ARGV[3] then
+    redis.call('HINCRBY', k, 'ans_n', 1)
+  else
+    redis.call('HSET', k, 'ans_fp', ARGV[3], 'ans_tool', ARGV[4], 'ans_n', 1)
+  end
+else
+  -- An answer without a tool call breaks the streak.
+  redis.call('HDEL', k, 'ans_fp', 'ans_tool', 'ans_n')
+end
+local ended_now = 0
+local max_tokens = num(h.max_tokens)
+if max_tokens ~= nil and used >= max_tokens and (h.ended == nil or h.ended == '') then
+  redis.call('HSET', k, 'ended', 'tokens',
+    'refused', cjson.encode({'tokens', max_tokens, used, reserved, 0}))
+  ended_now = 1
+end
+local ttl = tonumber(ARGV[5])
+if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+return {ended_now, h.route, num(h.calls) or 0, used, now - (num(h.started) or now)}

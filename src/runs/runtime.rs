@@ -1,0 +1,424 @@
+//! The gateway's runs: the store they live in (this process's memory, or Redis shared by
+//! every replica), the metrics they report, and the admission that turns a run's refusal,
+//! or a store that cannot answer, into the client's answer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::config::{OnStoreError, RunLimits, RunStore, RunsConfig};
+use crate::error::GatewayError;
+use crate::runs::call::{RunCall, Ticket};
+use crate::runs::id::RunKey;
+use crate::runs::memory::{Ends, MemoryStore};
+use crate::runs::redis::{key_of, Ended, RedisAdmission, RedisStore, StoreError};
+use crate::runs::state::{Call, Refusal, RunEnd, RunState, Used, View};
+use crate::telemetry::metrics::RunMetrics;
+
+pub struct Runs {
+    store: Store,
+    metrics: RunMetrics,
+    sweeper: Option<JoinHandle<()>>,
+}
+
+enum Store {
+    Memory(Arc<MemoryStore>),
+    Redis(Arc<Shared>),
+}
+
+/// What the calls of a Redis store share.
+pub struct Shared {
+    store: RedisStore,
+    /// Shown by /readyz, never with a password.
+    shown: String,
+    ttl: Duration,
+    timeout: Duration,
+    on_error: OnStoreError,
+    metrics: RunMetrics,
+    /// When a store failure was last logged (ms since `epoch`): at most one a second.
+    last_warning: AtomicU64,
+    epoch: Instant,
+    /// The last failure, for /readyz.
+    last_error: Mutex<Option<(Instant, String)>>,
+}
+
+/// Reports each run's end to the metrics, once.
+struct Reporter(RunMetrics);
+
+impl Ends for Reporter {
+    fn ended(&self, run: &RunState, end: RunEnd, now: Instant) {
+        self.0.ended(
+            &run.route,
+            end.as_str(),
+            u64::from(run.calls),
+            run.tokens_used,
+            now.saturating_duration_since(run.started).as_secs_f64(),
+        );
+    }
+
+    fn held(&self, runs: usize) {
+        self.0.active.set(runs as i64);
+    }
+}
+
+impl Shared {
+    fn report(&self, e: &Ended) {
+        self.metrics.ended(
+            &e.route,
+            e.end.as_str(),
+            e.calls,
+            e.tokens,
+            e.age.as_secs_f64(),
+        );
+    }
+
+    fn failed(&self, op: &str, e: &StoreError) {
+        self.metrics.store_error(op);
+        let now = Instant::now();
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, e.to_string()));
+        let at = now.saturating_duration_since(self.epoch).as_millis() as u64;
+        let last = self.last_warning.load(Ordering::Relaxed);
+        let first = last == 0;
+        if (first || at >= last + 1000)
+            && self
+                .last_warning
+                .compare_exchange(last, at.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let policy = match self.on_error {
+                OnStoreError::Allow => {
+                    "calls are served without run limits (on_store_error = allow)"
+                }
+                OnStoreError::Deny => "calls of runs are refused (on_store_error = deny)",
+            };
+            tracing::warn!(store = %self.shown, op, error = %e, "run store unavailable: {policy}");
+        }
+    }
+
+    /// Gives a call's reservation back in the background, bounded by the store's timeout; a
+    /// reservation that cannot be given back expires with the run.
+    pub(super) fn finish_later(self: &Arc<Self>, key: String, reserve: u64, used: Used) {
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let done = tokio::time::timeout(
+                shared.timeout,
+                shared.store.finish(&key, reserve, &used, shared.ttl),
+            )
+            .await
+            .unwrap_or(Err(StoreError::Timeout(shared.timeout)));
+            match done {
+                Ok(Some(ended)) => shared.report(&ended),
+                Ok(None) => {}
+                Err(e) => shared.failed("finish", &e),
+            }
+        });
+    }
+}
+
+impl Runs {
+    /// The runs of a gateway, kept across reloads. With the memory store, spawns the task
+    /// that forgets expired runs when no call comes to do it (so it must be called within
+    /// the runtime).
+    pub fn new(config: &RunsConfig, metrics: &RunMetrics) -> Result<Arc<Self>, String> {
+        let store = match &config.store {
+            RunStore::Memory => Store::Memory(Arc::new(MemoryStore::new(
+                config.max_runs,
+                config.ttl,
+                Arc::new(Reporter(metrics.clone())),
+            ))),
+            RunStore::Redis(url) => Store::Redis(Arc::new(Shared {
+                store: RedisStore::new(&with_password(url, config)?, config.store_timeout)
+                    .map_err(|e| format!("runs: store: {e}"))?,
+                shown: crate::config::redacted_url(url),
+                ttl: config.ttl,
+                timeout: config.store_timeout,
+                on_error: config.on_store_error,
+                metrics: metrics.clone(),
+                last_warning: AtomicU64::new(0),
+                epoch: Instant::now(),
+                last_error: Mutex::new(None),
+            })),
+        };
+        Ok(Arc::new_cyclic(|me: &Weak<Runs>| {
+            let sweeper = matches!(store, Store::Memory(_)).then(|| {
+                let me = me.clone();
+                let every =
+                    (config.ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(10));
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(every);
+                    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tick.tick().await;
+                        let Some(runs) = me.upgrade() else { return };
+                        if let Store::Memory(m) = &runs.store {
+                            m.expire(Instant::now());
+                        }
+                    }
+                })
+            });
+            Runs {
+                store,
+                metrics: metrics.clone(),
+                sweeper,
+            }
+        }))
+    }
+
+    /// Admits one call of the run `key` (a run `route` starts with `limits` if it is new), by
+    /// `bound` at the latest (the call's remaining budget). `Ok(None)`: the store could not
+    /// answer and `on_store_error` says to serve the call without run limits. `Err`: the
+    /// client's answer, with what the run has left when the run refused it.
+    pub async fn admit(
+        &self,
+        key: &RunKey,
+        route: &Arc<str>,
+        limits: &RunLimits,
+        call: &Call,
+        bound: Instant,
+        call_budget: Duration,
+    ) -> Result<Option<RunCall>, (GatewayError, Option<View>)> {
+        match &self.store {
+            Store::Memory(store) => {
+                let (entry, result) = store.admit(key, route, limits, call);
+                let run_limits = entry
+                    .lock()
+                    .map(|r| (r.limits, r.route.clone()))
+                    .unwrap_or_else(|p| {
+                        let r = p.into_inner();
+                        (r.limits, r.route.clone())
+                    });
+                match result {
+                    Ok(admitted) => Ok(Some(RunCall::new(
+                        Ticket::Memory(store.clone(), entry),
+                        call.reserve,
+                        key.id.clone(),
+                        admitted,
+                        &run_limits.0,
+                    ))),
+                    Err((refusal, view)) => {
+                        self.metrics.refused(&run_limits.1, refusal.reason());
+                        Err((refusal_error(&key.id, refusal), Some(view)))
+                    }
+                }
+            }
+            Store::Redis(shared) => {
+                let wait = shared
+                    .timeout
+                    .min(bound.saturating_duration_since(Instant::now()));
+                let expire = shared.ttl + call_budget;
+                let answer = tokio::time::timeout(
+                    wait,
+                    shared.store.admit(key, route, limits, call, expire),
+                )
+                .await
+                .unwrap_or(Err(StoreError::Timeout(wait)));
+                match answer {
+                    Ok(RedisAdmission::Admitted(admitted)) => Ok(Some(RunCall::new(
+                        Ticket::Redis(shared.clone(), key_of(key)),
+                        call.reserve,
+                        key.id.clone(),
+                        admitted,
+                        // The run's own limits live in Redis; what the call needs of them it
+                        // was told (token allowance), and loops are followed by the store.
+                        &RunLimits {
+                            max_repeats: limits.max_repeats.or(Some(u32::MAX)),
+                            ..*limits
+                        },
+                    ))),
+                    Ok(RedisAdmission::Refused {
+                        refusal,
+                        view,
+                        ended,
+                    }) => {
+                        let run_route = ended
+                            .as_ref()
+                            .map_or_else(|| route.clone(), |e| e.route.clone());
+                        self.metrics.refused(&run_route, refusal.reason());
+                        if let Some(e) = &ended {
+                            shared.report(e);
+                        }
+                        Err((refusal_error(&key.id, refusal), Some(view)))
+                    }
+                    Err(e) => {
+                        shared.failed("admit", &e);
+                        match shared.on_error {
+                            OnStoreError::Allow => Ok(None),
+                            OnStoreError::Deny => Err((
+                                GatewayError::RunStoreUnavailable {
+                                    reason: format!("{} ({})", e, shared.shown),
+                                },
+                                None,
+                            )),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every run with this id (one per client key scope), for the admin listener.
+    pub async fn find(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, String> {
+        match &self.store {
+            Store::Memory(m) => Ok(m.find(id)),
+            Store::Redis(shared) => {
+                tokio::time::timeout(Duration::from_secs(2), shared.store.find(id))
+                    .await
+                    .unwrap_or(Err(StoreError::Timeout(Duration::from_secs(2))))
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// Where runs are kept and how the store is doing, for /readyz.
+    pub fn describe(&self) -> String {
+        match &self.store {
+            Store::Memory(_) => "runs: memory".to_owned(),
+            Store::Redis(s) => {
+                let policy = match s.on_error {
+                    OnStoreError::Allow => "allow",
+                    OnStoreError::Deny => "deny",
+                };
+                let last = s
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                match last {
+                    Some((at, e)) if at.elapsed() < Duration::from_secs(30) => format!(
+                        "runs: {} (on_store_error = {policy}); unavailable {}s ago: {e}",
+                        s.shown,
+                        at.elapsed().as_secs()
+                    ),
+                    _ => format!("runs: {} (on_store_error = {policy})", s.shown),
+                }
+            }
+        }
+    }
+
+    /// Creates a route's run series at zero.
+    pub fn init_metrics(&self, route: &str) {
+        let ends: Vec<&str> = RunEnd::ALL.iter().map(|e| e.as_str()).collect();
+        self.metrics
+            .init(route, &ends, &["deadline", "calls", "tokens", "loop"]);
+    }
+}
+
+impl Drop for Runs {
+    fn drop(&mut self) {
+        if let Some(s) = self.sweeper.take() {
+            s.abort();
+        }
+    }
+}
+
+/// The store URL with the password of `store_password_env` in it, when one is named.
+fn with_password(url: &str, config: &RunsConfig) -> Result<String, String> {
+    let Some(var) = &config.store_password_env else {
+        return Ok(url.to_owned());
+    };
+    let password =
+        std::env::var(var).map_err(|e| format!("runs: store_password_env {var}: {e}"))?;
+    let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
+    // Percent-encoded: a password may hold any byte the URL syntax reserves.
+    let encoded: String = password
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            b => format!("%{b:02X}"),
+        })
+        .collect();
+    Ok(format!("{scheme}://:{encoded}@{rest}"))
+}
+
+fn refusal_error(id: &str, refusal: Refusal) -> GatewayError {
+    let run = id.to_owned();
+    match refusal {
+        Refusal::Deadline { budget, left } => {
+            GatewayError::RunDeadlineExceeded { run, budget, left }
+        }
+        Refusal::Calls { limit } => GatewayError::RunCallLimit { run, limit },
+        Refusal::Tokens {
+            limit,
+            used,
+            reserved,
+            asked,
+        } => GatewayError::RunTokenLimit {
+            run,
+            limit,
+            used,
+            reserved,
+            asked,
+        },
+        Refusal::Loop(r) => GatewayError::RunLoopDetected {
+            run,
+            tool: r.tool,
+            count: r.count,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::metrics::Metrics;
+
+    #[tokio::test]
+    async fn a_call_that_panics_gives_its_reservation_back() {
+        let metrics = Metrics::new();
+        let runs = Runs::new(
+            &RunsConfig {
+                ttl: Duration::from_secs(60),
+                max_runs: 10,
+                store: crate::config::RunStore::Memory,
+                store_password_env: None,
+                store_timeout: Duration::from_millis(50),
+                on_store_error: crate::config::OnStoreError::Allow,
+            },
+            metrics.runs(),
+        )
+        .unwrap();
+        let key = RunKey {
+            scope: None,
+            id: "p".into(),
+        };
+        let limits = RunLimits {
+            max_tokens: Some(1000),
+            ..RunLimits::UNLIMITED
+        };
+        let now = Instant::now();
+        let call = Call {
+            reserve: 400,
+            asked_budget: None,
+            request: None,
+            at: now,
+            now,
+            need: Duration::ZERO,
+        };
+        let far = now + Duration::from_secs(60);
+        let admitted = runs
+            .admit(
+                &key,
+                &"r".into(),
+                &limits,
+                &call,
+                far,
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(runs.find("p").await.unwrap()[0].1.tokens_reserved, 400);
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _held = admitted;
+            panic!("a bug in the handler");
+        }));
+        assert!(unwound.is_err());
+        let run = &runs.find("p").await.unwrap()[0].1;
+        assert_eq!((run.tokens_reserved, run.in_flight, run.calls), (0, 0, 1));
+    }
+}

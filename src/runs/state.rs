@@ -1,0 +1,348 @@
+//! The state of one run and the two steps every call takes through it: admission (check every
+//! limit, then reserve a call and its tokens, in one step) and the end of the call (replace
+//! the reservation by what the call used, and follow the repeats). Plain data and plain
+//! functions: a store runs them atomically, under its lock or as one script.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::RunLimits;
+
+/// Why a run stopped taking calls (and the `end` label of `hourglass_runs_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunEnd {
+    /// Forgotten `ttl` after its last call.
+    Expired,
+    Deadline,
+    Calls,
+    Tokens,
+    Loop,
+    /// Dropped to make room for newer runs (`max_runs`).
+    Evicted,
+}
+
+impl RunEnd {
+    pub const ALL: [RunEnd; 6] = [
+        Self::Expired,
+        Self::Deadline,
+        Self::Calls,
+        Self::Tokens,
+        Self::Loop,
+        Self::Evicted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Expired => "expired",
+            Self::Deadline => "deadline",
+            Self::Calls => "calls",
+            Self::Tokens => "tokens",
+            Self::Loop => "loop",
+            Self::Evicted => "evicted",
+        }
+    }
+}
+
+/// What a repeated answer or request looked like, for the refusal's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Repeat {
+    pub fingerprint: u64,
+    /// The tool the model kept asking for; `None` for a request body sent again and again.
+    pub tool: Option<String>,
+    pub count: u32,
+}
+
+/// One call's way into a run.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    /// Tokens reserved for it: its `max_tokens` (or the like), else the route's estimate.
+    pub reserve: u64,
+    /// The client's `x-run-budget-ms`: may only shorten the run.
+    pub asked_budget: Option<Duration>,
+    /// Its request body's fingerprint, when the run stops loops.
+    pub request: Option<u64>,
+    /// When the call arrived: a run's first call fixes its deadline from here.
+    pub at: Instant,
+    /// When it is admitted (after its body was read).
+    pub now: Instant,
+    /// What a call needs of the run's time to be worth making (its reserve and
+    /// `min_useful`): with less left, it is refused.
+    pub need: Duration,
+}
+
+/// What a run has left, as its answers tell the client (`x-run-*` headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View {
+    pub deadline: Option<Instant>,
+    /// Calls left once this one is counted.
+    pub calls_left: Option<u32>,
+    /// Tokens neither used nor reserved.
+    pub tokens_left: Option<u64>,
+}
+
+/// A call the run took: what it may use, and what is left once it is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    pub view: View,
+    /// The run's whole budget, for messages.
+    pub budget: Option<Duration>,
+    /// The most this call may use (what the others have not used or reserved): past it, its
+    /// stream is cut.
+    pub token_allowance: Option<u64>,
+    /// The run was started by this call.
+    pub started: bool,
+}
+
+/// Why a run refused a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The run's deadline passed, or what is `left` of it cannot fit a call.
+    Deadline {
+        budget: Duration,
+        left: Duration,
+    },
+    Calls {
+        limit: u32,
+    },
+    Tokens {
+        limit: u64,
+        used: u64,
+        reserved: u64,
+        asked: u64,
+    },
+    Loop(Repeat),
+}
+
+impl Refusal {
+    /// The run's end this refusal makes (or confirms).
+    pub fn end(&self) -> RunEnd {
+        match self {
+            Self::Deadline { .. } => RunEnd::Deadline,
+            Self::Calls { .. } => RunEnd::Calls,
+            Self::Tokens { .. } => RunEnd::Tokens,
+            Self::Loop(_) => RunEnd::Loop,
+        }
+    }
+
+    /// The `reason` label of `hourglass_run_refusals_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Deadline { .. } => "deadline",
+            Self::Calls { .. } => "calls",
+            Self::Tokens { .. } => "tokens",
+            Self::Loop(_) => "loop",
+        }
+    }
+}
+
+/// What a call used, told when it ends.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Used {
+    /// Prompt and completion tokens, reported or estimated.
+    pub tokens: u64,
+    /// The tool calls the model answered with (fingerprint, first tool's name); `None` when
+    /// it answered without one, or the answer was not read to its end.
+    pub answer: Option<(u64, String)>,
+}
+
+/// One run.
+#[derive(Debug, Clone)]
+pub struct RunState {
+    /// The route whose limits the run took (the call that started it).
+    pub route: std::sync::Arc<str>,
+    pub limits: RunLimits,
+    pub started: Instant,
+    pub last_call: Instant,
+    pub deadline: Option<Instant>,
+    pub budget: Option<Duration>,
+    pub calls: u32,
+    pub in_flight: u32,
+    pub tokens_used: u64,
+    pub tokens_reserved: u64,
+    /// The answer fingerprint that came last, and how many times in a row.
+    pub answer: Option<Repeat>,
+    /// The request fingerprint that came last, and how many times in a row.
+    pub request: Option<Repeat>,
+    pub ended: Option<RunEnd>,
+    /// The refusal that ended the run: every later call gets it.
+    pub refused: Option<Refusal>,
+}
+
+impl RunState {
+    /// A run that a call on `route` starts at `at`.
+    pub fn new(route: std::sync::Arc<str>, limits: RunLimits, at: Instant) -> Self {
+        Self {
+            route,
+            limits,
+            started: at,
+            last_call: at,
+            deadline: None,
+            budget: None,
+            calls: 0,
+            in_flight: 0,
+            tokens_used: 0,
+            tokens_reserved: 0,
+            answer: None,
+            request: None,
+            ended: None,
+            refused: None,
+        }
+    }
+
+    /// The run's budget as a client asks for it: the route's `run_budget`, or the client's
+    /// (clamped by `run_max_budget`).
+    fn budget_for(&self, asked: Option<Duration>) -> Option<Duration> {
+        let l = &self.limits;
+        match asked {
+            Some(a) => Some(l.max_budget.map_or(a, |m| a.min(m))),
+            None => l.budget,
+        }
+    }
+
+    /// Checks every limit and, when they all leave room, counts the call and reserves its
+    /// tokens. A refusal ends the run, which refuses every later call the same way, except a
+    /// reservation that does not fit the tokens left: a smaller one may. A refused call
+    /// counts nowhere.
+    pub fn admit(&mut self, call: &Call) -> Result<Admitted, (Refusal, View)> {
+        let started = self.calls == 0 && self.ended.is_none() && self.deadline.is_none();
+        if started {
+            self.budget = self.budget_for(call.asked_budget);
+            self.deadline = self.budget.map(|b| call.at + b);
+        } else if let Some(asked) = call.asked_budget {
+            // May only shorten the run.
+            let asked = self.budget_for(Some(asked)).unwrap_or(asked);
+            let at = call.at + asked;
+            if self.deadline.is_none_or(|d| at < d) {
+                self.deadline = Some(at);
+                self.budget = Some(at.saturating_duration_since(self.started));
+            }
+        }
+        if let Some(r) = self.refusal(call) {
+            if !matches!(r, Refusal::Tokens { .. }) || self.exhausted() {
+                self.ended.get_or_insert(r.end());
+                self.refused.get_or_insert_with(|| r.clone());
+            }
+            return Err((r, self.view()));
+        }
+        self.calls += 1;
+        self.in_flight += 1;
+        self.last_call = call.now;
+        self.tokens_reserved = self.tokens_reserved.saturating_add(call.reserve);
+        if let Some(fp) = call.request {
+            bump(&mut self.request, fp, None);
+        }
+        let others = self.tokens_used + self.tokens_reserved - call.reserve;
+        Ok(Admitted {
+            view: self.view(),
+            budget: self.budget,
+            token_allowance: self.limits.max_tokens.map(|m| m.saturating_sub(others)),
+            started,
+        })
+    }
+
+    /// What the run has left now.
+    pub fn view(&self) -> View {
+        let l = &self.limits;
+        View {
+            deadline: self.deadline,
+            calls_left: l.max_calls.map(|m| m.saturating_sub(self.calls)),
+            tokens_left: l
+                .max_tokens
+                .map(|m| m.saturating_sub(self.tokens_used + self.tokens_reserved)),
+        }
+    }
+
+    /// The run has used all its tokens.
+    fn exhausted(&self) -> bool {
+        self.limits
+            .max_tokens
+            .is_some_and(|m| self.tokens_used >= m)
+    }
+
+    fn refusal(&self, call: &Call) -> Option<Refusal> {
+        let l = &self.limits;
+        if let Some(r) = &self.refused {
+            return Some(r.clone());
+        }
+        if let Some(d) = self.deadline {
+            let left = d.saturating_duration_since(call.now);
+            if left.is_zero() || left < call.need {
+                return Some(Refusal::Deadline {
+                    budget: self.budget.unwrap_or_default(),
+                    left,
+                });
+            }
+        }
+        if let Some(limit) = l.max_calls {
+            if self.calls >= limit {
+                return Some(Refusal::Calls { limit });
+            }
+        }
+        if let Some(n) = l.max_repeats {
+            if let Some(a) = self.answer.as_ref().filter(|a| a.count >= n) {
+                return Some(Refusal::Loop(a.clone()));
+            }
+            if let (Some(fp), Some(last)) = (call.request, &self.request) {
+                if last.fingerprint == fp && last.count >= n {
+                    return Some(Refusal::Loop(last.clone()));
+                }
+            }
+        }
+        if let Some(limit) = l.max_tokens {
+            let committed = self.tokens_used + self.tokens_reserved;
+            if committed.saturating_add(call.reserve) > limit {
+                return Some(Refusal::Tokens {
+                    limit,
+                    used: self.tokens_used,
+                    reserved: self.tokens_reserved,
+                    asked: call.reserve,
+                });
+            }
+        }
+        None
+    }
+
+    /// A call admitted with `reserve` tokens ended having used `used`.
+    pub fn finish(&mut self, reserve: u64, used: &Used) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.tokens_reserved = self.tokens_reserved.saturating_sub(reserve);
+        self.tokens_used = self.tokens_used.saturating_add(used.tokens);
+        match &used.answer {
+            Some((fp, tool)) => bump(&mut self.answer, *fp, Some(tool)),
+            // An answer without a tool call breaks the streak.
+            None => self.answer = None,
+        }
+        if self.exhausted() && self.ended.is_none() {
+            let limit = self.limits.max_tokens.unwrap_or(0);
+            self.ended = Some(RunEnd::Tokens);
+            self.refused = Some(Refusal::Tokens {
+                limit,
+                used: self.tokens_used,
+                reserved: self.tokens_reserved,
+                asked: 0,
+            });
+        }
+    }
+
+    /// When the run is to be forgotten: `ttl` after its last call, once no call is in flight.
+    pub fn expires(&self, ttl: Duration) -> Instant {
+        self.last_call + ttl
+    }
+}
+
+fn bump(slot: &mut Option<Repeat>, fingerprint: u64, tool: Option<&String>) {
+    match slot {
+        Some(r) if r.fingerprint == fingerprint => r.count = r.count.saturating_add(1),
+        _ => {
+            *slot = Some(Repeat {
+                fingerprint,
+                tool: tool.cloned(),
+                count: 1,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,284 @@
+use std::sync::Arc;
+
+use super::*;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn run(limits: RunLimits, at: Instant) -> RunState {
+    RunState::new(Arc::from("chat"), limits, at)
+}
+
+fn call(at: Instant) -> Call {
+    Call {
+        reserve: 100,
+        asked_budget: None,
+        request: None,
+        at,
+        now: at,
+        need: ms(100),
+    }
+}
+
+fn tool(fp: u64) -> Used {
+    Used {
+        tokens: 10,
+        answer: Some((fp, "get_weather".into())),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_first_call_fixes_the_deadline_and_later_ones_may_only_shorten_it() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        budget: Some(ms(10_000)),
+        max_budget: Some(ms(20_000)),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let a = r.admit(&call(t0)).unwrap();
+    assert!(a.started);
+    assert_eq!(a.view.deadline, Some(t0 + ms(10_000)));
+    // A later call asking for more does not lengthen the run.
+    let later = t0 + ms(1000);
+    let longer = Call {
+        asked_budget: Some(ms(60_000)),
+        ..call(later)
+    };
+    let a = r.admit(&longer).unwrap();
+    assert!(!a.started);
+    assert_eq!(a.view.deadline, Some(t0 + ms(10_000)));
+    // One asking for less shortens it.
+    let shorter = Call {
+        asked_budget: Some(ms(2000)),
+        ..call(later)
+    };
+    assert_eq!(
+        r.admit(&shorter).unwrap().view.deadline,
+        Some(later + ms(2000))
+    );
+    // Past the deadline every call is refused, and the run has ended.
+    let e = r.admit(&call(later + ms(2000))).unwrap_err().0;
+    assert_eq!(
+        e,
+        Refusal::Deadline {
+            budget: ms(3000),
+            left: ms(0)
+        }
+    );
+    assert_eq!(r.ended, Some(RunEnd::Deadline));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_the_runs_time_left_cannot_fit_is_refused() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        budget: Some(ms(1000)),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    r.admit(&call(t0)).unwrap();
+    let late = t0 + ms(950);
+    let (e, view) = r.admit(&call(late)).unwrap_err();
+    assert_eq!(
+        e,
+        Refusal::Deadline {
+            budget: ms(1000),
+            left: ms(50)
+        }
+    );
+    assert_eq!(view.deadline, Some(t0 + ms(1000)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_budget_is_clamped_by_run_max_budget() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_budget: Some(ms(5000)),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let asked = Call {
+        asked_budget: Some(ms(60_000)),
+        ..call(t0)
+    };
+    assert_eq!(r.admit(&asked).unwrap().view.deadline, Some(t0 + ms(5000)));
+    // Without any budget a run has no deadline.
+    let mut free = run(RunLimits::UNLIMITED, t0);
+    assert_eq!(free.admit(&call(t0)).unwrap().view.deadline, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_are_counted_at_admission_and_the_limit_is_never_passed() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_calls: Some(3),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let left: Vec<_> = (0..3)
+        .map(|_| r.admit(&call(t0)).unwrap().view.calls_left)
+        .collect();
+    assert_eq!(left, [Some(2), Some(1), Some(0)]);
+    assert_eq!(r.in_flight, 3, "counted before any ended");
+    let (e, view) = r.admit(&call(t0)).unwrap_err();
+    assert_eq!(e, Refusal::Calls { limit: 3 });
+    assert_eq!(view.calls_left, Some(0));
+    r.finish(100, &Used::default());
+    // Ended for good: a call ending does not give the count back.
+    assert!(r.admit(&call(t0)).is_err());
+    assert_eq!(r.calls, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_are_reserved_then_replaced_by_what_was_used() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_tokens: Some(1000),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let big = Call {
+        reserve: 600,
+        ..call(t0)
+    };
+    let a = r.admit(&big).unwrap();
+    assert_eq!(a.view.tokens_left, Some(400));
+    assert_eq!(a.token_allowance, Some(1000), "alone, it may use all of it");
+    // A second reservation of 600 does not fit while the first is in flight.
+    let (e, _) = r.admit(&big).unwrap_err();
+    assert_eq!(
+        e,
+        Refusal::Tokens {
+            limit: 1000,
+            used: 0,
+            reserved: 600,
+            asked: 600
+        }
+    );
+    assert_eq!(r.ended, None, "a smaller reservation may still fit");
+    let small = Call {
+        reserve: 300,
+        ..call(t0)
+    };
+    let a = r.admit(&small).unwrap();
+    assert_eq!(
+        a.token_allowance,
+        Some(400),
+        "what the first call did not reserve"
+    );
+    // The first used less than it reserved: the rest comes back.
+    r.finish(
+        600,
+        &Used {
+            tokens: 150,
+            answer: None,
+        },
+    );
+    assert_eq!((r.tokens_used, r.tokens_reserved), (150, 300));
+    assert_eq!(r.view().tokens_left, Some(550));
+    r.finish(
+        300,
+        &Used {
+            tokens: 900,
+            answer: None,
+        },
+    );
+    assert_eq!(r.ended, Some(RunEnd::Tokens), "used past the limit");
+    assert!(matches!(
+        r.admit(&small).unwrap_err().0,
+        Refusal::Tokens { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_tool_call_max_repeats_times_in_a_row_refuses_the_next_call() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_repeats: Some(3),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    // Two of the same, then another tool, then three of the same.
+    for fp in [7, 7, 8, 9, 9] {
+        r.admit(&call(t0)).unwrap();
+        r.finish(100, &tool(fp));
+    }
+    r.admit(&call(t0)).unwrap();
+    r.finish(100, &tool(9));
+    let (e, _) = r.admit(&call(t0)).unwrap_err();
+    assert_eq!(
+        e,
+        Refusal::Loop(Repeat {
+            fingerprint: 9,
+            tool: Some("get_weather".into()),
+            count: 3
+        })
+    );
+    assert_eq!(r.ended, Some(RunEnd::Loop));
+    assert!(r.admit(&call(t0)).is_err(), "stays stopped");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_without_a_tool_call_breaks_the_streak() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_repeats: Some(2),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    for used in [tool(1), Used::default(), tool(1), Used::default(), tool(1)] {
+        r.admit(&call(t0)).unwrap();
+        r.finish(100, &used);
+    }
+    assert!(r.admit(&call(t0)).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_same_request_body_again_and_again_is_a_loop_too() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_repeats: Some(2),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let same = Call {
+        request: Some(42),
+        ..call(t0)
+    };
+    r.admit(&same).unwrap();
+    r.admit(&same).unwrap();
+    let other = Call {
+        request: Some(43),
+        ..call(t0)
+    };
+    // Not before the same body comes a third time.
+    r.admit(&other).unwrap();
+    r.admit(&other).unwrap();
+    let (e, _) = r.admit(&other).unwrap_err();
+    assert_eq!(
+        e,
+        Refusal::Loop(Repeat {
+            fingerprint: 43,
+            tool: None,
+            count: 2
+        })
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_call_counts_nowhere() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_tokens: Some(100),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let too_big = Call {
+        reserve: 500,
+        ..call(t0)
+    };
+    assert!(r.admit(&too_big).is_err());
+    assert_eq!((r.calls, r.in_flight, r.tokens_reserved), (0, 0, 0));
+}

@@ -1,0 +1,167 @@
+//! The admin listener: `/metrics` (Prometheus text format), `/healthz` (the process is up),
+//! `/readyz` (it accepts traffic: false while starting and once shutdown has begun) and
+//! `/runs/{id}` (what a run has used and has left). It is a separate listener so the client
+//! port never exposes them.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+
+use crate::runs::{RunKey, RunState, Runs};
+use crate::telemetry::metrics::Metrics;
+
+/// What the admin listener serves from.
+pub struct Admin {
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub runs: Arc<Runs>,
+}
+
+#[derive(Default)]
+pub struct Health {
+    ready: AtomicBool,
+    /// Which config is served and how the last reload went, shown by /readyz.
+    detail: std::sync::Mutex<String>,
+}
+
+impl Health {
+    pub fn set_detail(&self, detail: String) {
+        *self.detail.lock().unwrap_or_else(|e| e.into_inner()) = detail;
+    }
+
+    fn detail(&self) -> String {
+        self.detail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+}
+
+pub async fn handle<B>(
+    req: Request<B>,
+    admin: Arc<Admin>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (metrics, health) = (&admin.metrics, &admin.health);
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n"));
+    }
+    if let Some(id) = req.uri().path().strip_prefix("/runs/") {
+        return Ok(run(&admin.runs, id).await);
+    }
+    Ok(match req.uri().path() {
+        "/metrics" => {
+            let mut resp = text(StatusCode::OK, metrics.encode());
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            resp
+        }
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" if health.is_ready() => text(
+            StatusCode::OK,
+            format!("ready: {}; {}\n", health.detail(), admin.runs.describe()),
+        ),
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "not ready (starting or draining): {}; {}\n",
+                health.detail(),
+                admin.runs.describe()
+            ),
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz, /readyz or /runs/{id}\n",
+        ),
+    })
+}
+
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// `GET /runs/{id}`: every run with that id (one per client key scope), as JSON.
+async fn run(runs: &Runs, id: &str) -> Response<Full<Bytes>> {
+    let found = match runs.find(id).await {
+        Ok(found) => found,
+        Err(e) => {
+            let body =
+                serde_json::json!({"error": {"code": "run_store_unavailable", "message": e}});
+            return json(StatusCode::SERVICE_UNAVAILABLE, &body);
+        }
+    };
+    if found.is_empty() {
+        let body = serde_json::json!({"error": {"code": "no_run", "message": format!("no run {id:?} is held (it may have expired)")}});
+        return json(StatusCode::NOT_FOUND, &body);
+    }
+    let now = tokio::time::Instant::now();
+    let body = serde_json::json!({
+        "id": id,
+        "runs": found.iter().map(|(k, r)| describe(k, r, now)).collect::<Vec<_>>(),
+    });
+    json(StatusCode::OK, &body)
+}
+
+fn describe(key: &RunKey, r: &RunState, now: tokio::time::Instant) -> serde_json::Value {
+    let l = &r.limits;
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    let view = r.view();
+    serde_json::json!({
+        "scope": key.scope.map(|_| key.to_string().split('/').next().unwrap_or_default().to_owned()),
+        "route": &*r.route,
+        "limits": {
+            "budget_ms": r.budget.map(ms),
+            "max_calls": l.max_calls,
+            "max_tokens": l.max_tokens,
+            "max_repeats": l.max_repeats,
+            "token_estimate": l.token_estimate,
+        },
+        "used": {
+            "calls": r.calls,
+            "tokens": r.tokens_used,
+            "in_flight": r.in_flight,
+            "tokens_reserved": r.tokens_reserved,
+        },
+        "left": {
+            "remaining_ms": view.deadline.map(|d| ms(d.saturating_duration_since(now))),
+            "calls": view.calls_left,
+            "tokens": view.tokens_left,
+        },
+        "repeats": {
+            "answer": r.answer.as_ref().map(|a| serde_json::json!({"tool": a.tool, "count": a.count})),
+            "request": r.request.as_ref().map(|a| a.count),
+        },
+        "age_ms": ms(now.saturating_duration_since(r.started)),
+        "idle_ms": ms(now.saturating_duration_since(r.last_call)),
+        "ended": r.ended.map(|e| e.as_str()),
+    })
+}
+
+fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}

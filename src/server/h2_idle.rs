@@ -1,0 +1,90 @@
+//! An HTTP/2 client connection with no stream open is closed after `header_read_timeout`, as
+//! an idle HTTP/1 keep-alive connection is.
+//!
+//! hyper's HTTP/1 server applies `header_read_timeout` between requests; its HTTP/2 server
+//! has no such limit, and its keep-alive pings only find peers that are gone. So a client
+//! that sent the preface and then nothing, or a connection whose last stream ended long ago,
+//! held its socket (and a `max_connections` slot) for as long as it answered pings: an easy
+//! slowloris over h2c or h2.
+//!
+//! Each request on such a connection carries a [`Streams`] handle in its extensions; the
+//! request's record holds an [`Open`] from it until the response's body is done. The
+//! connection's task looks every `header_read_timeout`: when no stream is open and none has
+//! started or ended since its last look, it starts a graceful shutdown (GOAWAY, then close once
+//! the client acknowledges a PING), so a connection is closed between one and two limits after
+//! its last stream ended (or, with none, after its preface); one whose client does not finish
+//! the graceful close within another limit is dropped. The same
+//! task starts the graceful shutdown when the server drains.
+
+use std::time::Duration;
+
+use hyper::body::Body;
+use hyper::rt::bounds::Http2ServerConnExec;
+use hyper::rt::{Read, Write};
+use hyper::server::conn::http2;
+use hyper::service::HttpService;
+use hyper_util::server::graceful::Watcher;
+use tokio::time::{sleep, Instant};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::BoxError;
+use crate::http::conn::Streams;
+
+/// Serves an HTTP/2 connection on `io` with the service `service` makes (given the handle its
+/// requests count their streams with) until it ends: gracefully shut down once it has had no
+/// open stream for `limit` (see the module's notes), or when `drain` is cancelled. `watcher`
+/// is the server's count of the connections it waits for when it drains: held until this
+/// one ends. (hyper-util's own `watch` cannot be told to shut a connection down for any other
+/// reason.)
+pub async fn serve<I, S, B, E>(
+    builder: &http2::Builder<E>,
+    io: I,
+    service: impl FnOnce(Streams) -> S,
+    limit: Duration,
+    drain: CancellationToken,
+    watcher: Watcher,
+) -> hyper::Result<()>
+where
+    S: HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    I: Read + Write + Unpin,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+    E: Http2ServerConnExec<S::Future, B> + Clone,
+{
+    let streams = Streams::default();
+    let conn = builder.serve_connection(io, service(streams.clone()));
+    tokio::pin!(conn);
+    let timer = sleep(limit);
+    tokio::pin!(timer);
+    let mut seen = 0;
+    // Idle: GOAWAY sent. Draining: the server's own grace governs from there.
+    let (mut idle, mut draining) = (false, false);
+    let served = loop {
+        tokio::select! {
+            r = conn.as_mut() => break r,
+            () = drain.cancelled(), if !idle && !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = timer.as_mut(), if !draining => {
+                if idle {
+                    // The graceful close waits for the client to acknowledge a PING; one that
+                    // never does would hold the connection until the keep-alive timeout.
+                    break Ok(());
+                }
+                let changes = streams.changes();
+                if streams.open_now() == 0 && changes == seen {
+                    idle = true;
+                    conn.as_mut().graceful_shutdown();
+                    timer.as_mut().reset(Instant::now() + limit);
+                } else {
+                    seen = changes;
+                    timer.as_mut().reset(Instant::now() + limit);
+                }
+            }
+        }
+    };
+    drop(watcher);
+    served
+}

@@ -1,0 +1,463 @@
+//! The client listener's accept loop and connections: HTTP/1.1 and HTTP/2 on one port (ALPN
+//! under TLS, the preface without), the socket tuning, the request handler that turns a
+//! panic into a 500, and the admin listener's loop.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Response;
+use http_body_util::{Either, Full};
+use hyper::server::conn::{http1, http2};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use pin_project_lite::pin_project;
+use socket2::{SockRef, TcpKeepalive};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ServerConfig;
+use crate::error::GatewayError;
+use crate::gateway::ProxyBody;
+use crate::http::conn::{ClientConn, Streams};
+use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
+use crate::server::admin::Admin;
+use crate::server::client_io::ClientIo;
+use crate::server::shared::Shared;
+use crate::telemetry::metrics::Metrics;
+
+pub(super) fn local(l: &TcpListener) -> SocketAddr {
+    l.local_addr().expect("a bound listener has an address")
+}
+
+/// Tokens are small writes that must leave at once; keep-alive finds peers that vanished
+/// without a FIN, which the idle watchdog would otherwise be the only one to notice.
+/// On Linux a connection accepted from a listener has the listener's settings, so it is
+/// the listener that is tuned there, once, instead of each connection with four system
+/// calls (the test below checks what an accepted connection gets).
+pub(super) fn tune(socket: SockRef<'_>) {
+    let _ = socket.set_nodelay(true);
+    let ka = TcpKeepalive::new()
+        .with_time(Duration::from_secs(60))
+        .with_interval(Duration::from_secs(10));
+    let _ = socket.set_tcp_keepalive(&ka);
+}
+
+/// hyper's HTTP/1 header limit when none is set (`DEFAULT_MAX_HEADERS` in its `role.rs`).
+const HYPER_MAX_HEADERS: usize = 100;
+
+/// hyper's HTTP/1 and HTTP/2 connection settings, from `[server]`.
+struct Protocols {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+fn protocols(server: &ServerConfig) -> Protocols {
+    let mut h1 = http1::Builder::new();
+    h1.timer(TokioTimer::new())
+        .header_read_timeout(server.header_read_timeout)
+        // The head's own limit; the buffer's alone is not one (a read may fill the buffer
+        // past it, and a head that arrives in large reads then passes).
+        .max_header_size(server.max_header_bytes)
+        .max_buf_size(server.max_header_bytes)
+        .keep_alive(true);
+    // Without a limit of its own hyper allows 100 headers in arrays on the stack; any limit
+    // set, even 100, has it fill a vector of that many slots twice per request head parsed
+    // (about 1,700 instructions a request). The same limit, then, is left to hyper.
+    if server.max_headers != HYPER_MAX_HEADERS {
+        h1.max_headers(server.max_headers);
+    }
+    let mut h2 = http2::Builder::new(TokioExecutor::new());
+    h2.timer(TokioTimer::new())
+        .max_concurrent_streams(server.http2_max_concurrent_streams)
+        // Rapid-reset (CVE-2023-44487) and its variants: bound the resets a client can make us
+        // process, and the streams it can open and abandon.
+        .max_pending_accept_reset_streams(Some(50))
+        .max_local_error_reset_streams(Some(256))
+        .max_header_list_size(u32::try_from(server.max_header_bytes).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    Protocols {
+        http1: h1,
+        http2: h2,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// How a client speaking HTTP/2 without TLS opens the connection (RFC 9113 3.4).
+const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Which protocol a cleartext client speaks, from its first bytes, looked at without taking
+/// them (`MSG_PEEK`): hyper then reads them itself. `None` when the client closed, or sent
+/// nothing that tells within `limit` (the header-read timeout, which hyper only starts once
+/// it serves the connection).
+///
+/// Why not hyper-util's `auto` builder, which reads the 24 bytes itself and hands hyper the
+/// rest behind a rewind buffer: it waits for them without any limit (a client that connects
+/// and sends nothing held its connection, and a `max_connections` slot, forever), and
+/// hyper's first read then returning only those 24 bytes made it double its read buffer to
+/// 16 KiB on every connection.
+async fn sniff(stream: &TcpStream, limit: Duration) -> Option<Protocol> {
+    let mut buf = [0u8; PREFACE.len()];
+    let look = async {
+        loop {
+            let n = stream.peek(&mut buf).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            if buf[..n] != PREFACE[..n] {
+                return Some(Protocol::Http1);
+            }
+            if n == PREFACE.len() {
+                return Some(Protocol::Http2);
+            }
+            // Part of the preface: a peek returns at once while those bytes wait, so
+            // wait a moment for the rest instead of spinning.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(limit, look).await.ok().flatten()
+}
+
+pub(super) async fn serve_clients(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
+    let graceful = GracefulShutdown::new();
+    let initial = shared.server.load_full();
+    let slots = initial.max_connections.map(|n| Arc::new(Semaphore::new(n)));
+    loop {
+        let permit = match &slots {
+            Some(s) => tokio::select! {
+                p = s.clone().acquire_owned() => Some(p.expect("semaphore is never closed")),
+                () = stop.cancelled() => break,
+            },
+            None => None,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stop.cancelled() => break,
+        };
+        #[cfg(not(target_os = "linux"))]
+        tune(SockRef::from(&stream));
+        let shared = shared.clone();
+        let watcher = graceful.watcher();
+        let drain = stop.clone();
+        tokio::spawn(async move {
+            serve_connection(stream, peer, shared, watcher, drain).await;
+            drop(permit);
+        });
+    }
+    shared.health.set_ready(false);
+    drop(listener);
+    let grace = shared.server.load().shutdown_grace;
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    tokio::select! {
+        () = &mut drained => tracing::info!("all connections drained"),
+        () = tokio::time::sleep(grace) => {
+            tracing::warn!(?grace, "shutdown grace elapsed: cutting the requests still in flight");
+            shared.cut.cancel();
+            // Long enough for every cut stream to write its error event.
+            tokio::select! {
+                () = &mut drained => {}
+                () = tokio::time::sleep(Duration::from_secs(2)) => {
+                    tracing::warn!("connections still open after the cut; closing them");
+                }
+            }
+        }
+    }
+    shared.cut.cancel();
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    watcher: hyper_util::server::graceful::Watcher,
+    drain: CancellationToken,
+) {
+    let server = shared.server.load_full();
+    // The service of this connection; over HTTP/2 its requests also count its open streams,
+    // over HTTP/1 the framing of their heads is followed.
+    let service = {
+        let shared = shared.clone();
+        move |streams: Option<Streams>, framing: Option<Arc<Framing>>| {
+            let shared = shared.clone();
+            service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(ClientConn {
+                    peer,
+                    streams: streams.clone(),
+                });
+                if framing
+                    .as_ref()
+                    .is_some_and(|f| f.next_request_is_ambiguous())
+                {
+                    req.extensions_mut().insert(AmbiguousFraming);
+                }
+                // Each request keeps the routing table it started with, across reloads.
+                let gateway = shared.gateway.load_full();
+                // Boxed: hyper keeps the service future in a per-connection box that lives as
+                // long as the connection, sized for the future (a few KiB of routing, retry and
+                // attempt state). Behind our own box that is freed once the response head is
+                // out.
+                Box::pin(Handler::new(shared.metrics.clone(), peer, || {
+                    gateway.handle(req)
+                }))
+            })
+        }
+    };
+    let protocols = protocols(&server);
+    let result = match shared.tls.load_full() {
+        Some(acceptor) => {
+            // Boxed, as HTTP/2 is below: inline, the TLS and HTTP/2 states would size every
+            // connection's task (cleartext HTTP/1 too) for the largest of them.
+            let tls = Box::pin(async move {
+                let (io, _) = ClientIo::new(stream, server.send_timeout);
+                let handshake =
+                    tokio::time::timeout(server.header_read_timeout, acceptor.accept(io));
+                let tls_stream = match handshake.await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return None;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return None;
+                    }
+                };
+                // ALPN decides (RFC 9113 3.3): a client that did not choose h2 speaks
+                // HTTP/1.1.
+                let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                Some(if h2 {
+                    // HTTP/2 keeps its own idle limit and drain (`idle`), not the watcher's.
+                    crate::server::h2_idle::serve(
+                        &protocols.http2,
+                        TokioIo::new(tls_stream),
+                        |streams| service(Some(streams), None),
+                        server.header_read_timeout,
+                        drain,
+                        watcher,
+                    )
+                    .await
+                } else {
+                    let (io, framing) = FramingIo::new(tls_stream);
+                    let connection = protocols
+                        .http1
+                        .serve_connection(TokioIo::new(io), service(None, Some(framing)));
+                    watcher.watch(connection).await
+                })
+            });
+            let Some(result) = tls.await else { return };
+            result
+        }
+        None => {
+            // Closed, or nothing that tells within the header-read timeout: closed without
+            // a word, as an idle connection may be (RFC 9112 9.6).
+            let Some(protocol) = sniff(&stream, server.header_read_timeout).await else {
+                return;
+            };
+            let (io, returned) = ClientIo::new(stream, server.send_timeout);
+            let result = match protocol {
+                Protocol::Http2 => {
+                    Box::pin(crate::server::h2_idle::serve(
+                        &protocols.http2,
+                        TokioIo::new(io),
+                        |streams| service(Some(streams), None),
+                        server.header_read_timeout,
+                        drain,
+                        watcher,
+                    ))
+                    .await
+                }
+                Protocol::Http1 => {
+                    let (io, framing) = FramingIo::new(io);
+                    let connection = protocols
+                        .http1
+                        .serve_connection(TokioIo::new(io), service(None, Some(framing)));
+                    watcher.watch(connection).await
+                }
+            };
+            if result.as_ref().is_err_and(hyper::Error::is_timeout) {
+                // hyper closes such a connection without a word.
+                returned.answer_stalled_head();
+            }
+            result
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "client connection ended with an error");
+    }
+}
+
+pin_project! {
+    /// The request handler's future, with a panic (while it is made or polled) turned into a
+    /// 500, so that one bad request cannot take its connection (or a worker) down with it.
+    ///
+    /// A future of its own rather than an `async` block around the handler: such a block
+    /// keeps what it captures (the request) for its whole life next to the handler's own
+    /// copy, and this is the box every request allocates.
+    struct Handler<F> {
+        #[pin]
+        inner: Option<F>,
+        // Why `inner` is `None`: the handler panicked before its future was made.
+        panic: Option<String>,
+        metrics: Arc<Metrics>,
+        peer: SocketAddr,
+    }
+}
+
+impl<F> Handler<F> {
+    // Inlined, so that the handler's future is made in place: called out of line (as it was
+    // once the service closure grew the framing check), the future was returned by `memcpy`,
+    // 400 instructions a request (callgrind).
+    #[inline(always)]
+    fn new(metrics: Arc<Metrics>, peer: SocketAddr, make: impl FnOnce() -> F) -> Self {
+        let (inner, panic) = match std::panic::catch_unwind(AssertUnwindSafe(make)) {
+            Ok(f) => (Some(f), None),
+            Err(payload) => (None, Some(panic_message(&*payload))),
+        };
+        Self {
+            inner,
+            panic,
+            metrics,
+            peer,
+        }
+    }
+}
+
+impl<F: Future<Output = Response<ProxyBody>>> Future for Handler<F> {
+    type Output = Result<Response<ProxyBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let message = match this.inner.as_mut().as_pin_mut() {
+            Some(inner) => match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+                Ok(Poll::Ready(resp)) => return Poll::Ready(Ok(resp)),
+                Ok(Poll::Pending) => return Poll::Pending,
+                Err(payload) => {
+                    // Not polled again, and dropped now rather than with the connection.
+                    this.inner.set(None);
+                    panic_message(&*payload)
+                }
+            },
+            None => this.panic.take().unwrap_or_default(),
+        };
+        this.metrics.panicked();
+        tracing::error!(peer = %this.peer, panic = %message, "request handler panicked");
+        Poll::Ready(Ok(GatewayError::Internal
+            .response()
+            .map(|b| Either::Left(Full::new(b)))))
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".to_string())
+}
+
+pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| crate::server::admin::handle(req, admin.clone()));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn panics_counted(metrics: &Metrics) -> String {
+        metrics
+            .encode()
+            .lines()
+            .find(|l| l.starts_with("hourglass_panics_total "))
+            .unwrap_or("no panics line")
+            .to_owned()
+    }
+
+    async fn answered<F: Future<Output = Response<ProxyBody>>>(
+        make: impl FnOnce() -> F,
+    ) -> (http::StatusCode, String) {
+        let metrics = Arc::new(Metrics::new());
+        let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let resp = Handler::new(metrics.clone(), peer, make).await.unwrap();
+        (resp.status(), panics_counted(&metrics))
+    }
+
+    #[tokio::test]
+    async fn a_handler_that_panics_while_made_or_polled_is_a_500_and_counted() {
+        let ok = answered(|| async { Response::new(Either::Left(Full::default())) }).await;
+        assert_eq!(
+            ok,
+            (http::StatusCode::OK, "hourglass_panics_total 0".into())
+        );
+
+        let made = answered(|| -> std::future::Ready<Response<ProxyBody>> { panic!("made") });
+        let polled = answered(|| async {
+            tokio::task::yield_now().await;
+            panic!("polled")
+        });
+        for got in [made.await, polled.await] {
+            assert_eq!(
+                got,
+                (
+                    http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "hourglass_panics_total 1".into()
+                )
+            );
+        }
+    }
+
+    /// What `tune` relies on: the listener's settings are the accepted connection's.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn an_accepted_connection_has_the_listeners_tuning() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        tune(SockRef::from(&listener));
+        let addr = local(&listener);
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (_client, (stream, _)) = (client.unwrap(), accepted.unwrap());
+        let socket = SockRef::from(&stream);
+        assert!(socket.nodelay().unwrap());
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(socket.keepalive_time().unwrap(), Duration::from_secs(60));
+        assert_eq!(
+            socket.keepalive_interval().unwrap(),
+            Duration::from_secs(10)
+        );
+    }
+}

@@ -1,0 +1,137 @@
+//! Reloading the configuration: on SIGHUP, when the file changes, or on request. A reload
+//! builds a new routing table (reusing the upstreams whose settings did not change) and swaps
+//! it in atomically; on any error the running config stays.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::Config;
+use crate::gateway::Gateway;
+use crate::server::running::Running;
+use crate::server::shared::{ServerError, Shared};
+
+impl Running {
+    /// Re-reads the config file and swaps it in. On any error the running config stays.
+    pub async fn reload(&self) -> Result<String, ServerError> {
+        reload(&self.shared).await
+    }
+
+    /// Swaps in a config built in memory (tests, embedders).
+    pub async fn apply(&self, config: Config) -> Result<String, ServerError> {
+        let _guard = self.shared.reloading.lock().await;
+        apply(&self.shared, config)
+    }
+
+    /// Reloads on SIGHUP and whenever the config file's contents change (checked every
+    /// `poll`). Runs until shutdown.
+    pub fn watch_config(&self, poll: Duration) {
+        let shared = self.shared.clone();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut hangup = hangup_stream();
+            let mut seen = read_source(&shared).await;
+            let mut tick = tokio::time::interval(poll);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let by_signal = tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = next_hangup(&mut hangup) => true,
+                    _ = tick.tick() => false,
+                };
+                let now = read_source(&shared).await;
+                if by_signal || now != seen {
+                    seen = now;
+                    let _ = reload(&shared).await;
+                }
+            }
+        });
+    }
+}
+
+#[cfg(unix)]
+type Hangup = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangup = Option<()>;
+
+fn hangup_stream() -> Hangup {
+    #[cfg(unix)]
+    {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok()
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+async fn next_hangup(h: &mut Hangup) {
+    #[cfg(unix)]
+    if let Some(s) = h {
+        s.recv().await;
+        return;
+    }
+    let _ = h;
+    std::future::pending::<()>().await;
+}
+
+async fn read_source(shared: &Shared) -> Option<Vec<u8>> {
+    tokio::fs::read(shared.source.as_ref()?).await.ok()
+}
+
+pub(super) async fn reload(shared: &Shared) -> Result<String, ServerError> {
+    let _guard = shared.reloading.lock().await;
+    let Some(path) = shared.source.clone() else {
+        return Err(ServerError::NoSource);
+    };
+    let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let result = loaded
+        .map_err(ServerError::from)
+        .and_then(|c| apply(shared, c));
+    if let Err(e) = &result {
+        shared.metrics.reload(false);
+        let serving = shared.gateway.load().config().fingerprint.clone();
+        shared
+            .health
+            .set_detail(format!("config {serving}; last reload failed: {e}"));
+        tracing::error!(error = %e, serving = %serving, "config reload failed; the running config stays");
+    }
+    result
+}
+
+pub(super) fn apply(shared: &Shared, config: Config) -> Result<String, ServerError> {
+    let old = shared.gateway.load_full();
+    let current = &old.config().server;
+    if config.server.listen != current.listen || config.server.admin_listen != current.admin_listen
+    {
+        tracing::warn!("listen and admin_listen changes take effect only after a restart");
+    }
+    let tls = match &config.server.tls {
+        Some(t) => Some(Arc::new(TlsAcceptor::from(
+            crate::server::tls::server_config(t)?,
+        ))),
+        None => None,
+    };
+    let fingerprint = config.fingerprint.clone();
+    let server = Arc::new(config.server.clone());
+    let gateway = Gateway::new(
+        Arc::new(config),
+        &shared.metrics,
+        Some(&old),
+        shared.cut.clone(),
+    )?;
+    for w in gateway.config().warnings() {
+        tracing::warn!("{w}");
+    }
+    shared.gateway.store(Arc::new(gateway));
+    shared.tls.store(tls);
+    shared.server.store(server);
+    shared.metrics.reload(true);
+    shared.metrics.config_loaded(&fingerprint);
+    shared.health.set_detail(format!("config {fingerprint}"));
+    tracing::info!(config = %fingerprint, "config reloaded");
+    Ok(fingerprint)
+}

@@ -1,0 +1,125 @@
+//! Starting the gateway: bind both listeners, build the first routing table, serve in the
+//! background; and the handle that stops it.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arc_swap::{ArcSwap, ArcSwapOption};
+use socket2::SockRef;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::gateway::Gateway;
+use crate::server::admin::{Admin, Health};
+use crate::server::listen::{local, serve_admin, serve_clients, tune};
+use crate::server::shared::{ServerError, Shared};
+use crate::telemetry::metrics::Metrics;
+
+/// A started gateway: its bound addresses and the handle that reloads and stops it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    /// Stops accepting, lets in-flight requests finish for up to `shutdown_grace`, then cuts
+    /// the rest (origin `shutdown`, each told with an error event or a 503) and returns.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+
+    /// Serves until `signal` completes, then shuts down gracefully.
+    pub async fn serve_until(self, signal: impl Future<Output = ()>) {
+        signal.await;
+        tracing::info!("shutting down");
+        self.shutdown().await;
+    }
+}
+
+/// Binds both listeners and starts serving in the background. `source` is the file that
+/// [`Running::reload`] re-reads.
+pub async fn start_with_source(
+    config: Config,
+    source: Option<PathBuf>,
+) -> Result<Running, ServerError> {
+    let metrics = Arc::new(Metrics::new());
+    let cut = CancellationToken::new();
+    let tls = match &config.server.tls {
+        Some(t) => Some(Arc::new(TlsAcceptor::from(
+            crate::server::tls::server_config(t)?,
+        ))),
+        None => None,
+    };
+    let fingerprint = config.fingerprint.clone();
+    let server = Arc::new(config.server.clone());
+    let gateway = Gateway::new(Arc::new(config), &metrics, None, cut.clone())?;
+    let runs = gateway.runs().clone();
+    let health = Arc::new(Health::default());
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, source })
+    };
+    let listener = bind(server.listen).await?;
+    #[cfg(target_os = "linux")]
+    tune(SockRef::from(&listener));
+    let admin = bind(server.admin_listen).await?;
+    let addr = local(&listener);
+    let admin_addr = local(&admin);
+    metrics.config_loaded(&fingerprint);
+    health.set_detail(format!("config {fingerprint}"));
+    let shared = Arc::new(Shared {
+        gateway: ArcSwap::from_pointee(gateway),
+        tls: ArcSwapOption::new(tls),
+        server: ArcSwap::new(server),
+        metrics: metrics.clone(),
+        health: health.clone(),
+        cut,
+        source,
+        reloading: tokio::sync::Mutex::new(()),
+    });
+    let stop = CancellationToken::new();
+    // The admin listener outlives the client one, so /readyz reports the drain.
+    let admin_task = tokio::spawn(serve_admin(
+        admin,
+        Arc::new(Admin {
+            metrics: metrics.clone(),
+            health: health.clone(),
+            runs: runs.clone(),
+        }),
+    ));
+    let task = {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        tokio::spawn(async move {
+            serve_clients(listener, shared, stop).await;
+            admin_task.abort();
+        })
+    };
+    health.set_ready(true);
+    tracing::info!(%addr, %admin_addr, config = %fingerprint, "hourglass listening");
+    Ok(Running {
+        addr,
+        admin_addr,
+        metrics,
+        health,
+        shared,
+        stop,
+        task,
+    })
+}
+
+/// [`start_with_source`] for a config that has no file to reload from.
+pub async fn start(config: Config) -> Result<Running, ServerError> {
+    start_with_source(config, None).await
+}

@@ -1,0 +1,46 @@
+//! The limits of one stream as plain data, fixed before its head arrived; the watchdog body
+//! enforces them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::budget::{deadline_error, RunBound};
+use crate::error::GatewayError;
+
+/// The limits of one stream, as absolute instants fixed before the head arrived.
+#[derive(Debug, Clone)]
+pub struct StreamLimits {
+    /// Request sent + first-token limit: the first data event must arrive before this.
+    pub first_token_deadline: Instant,
+    pub first_token_timeout: Duration,
+    /// Longest silence between data events once streaming.
+    pub idle_timeout: Duration,
+    /// The request's deadline less its reserve.
+    pub deadline: Instant,
+    /// The request's whole budget, for the error message.
+    pub budget: Duration,
+    pub upstream: Arc<str>,
+    /// The run whose deadline is `deadline`, when it is the run's rather than the call's.
+    pub run: Option<RunBound>,
+    /// The most tokens this answer may use before its run passes `run_max_tokens`.
+    pub run_tokens: Option<RunTokens>,
+}
+
+/// The token limit an answer streams under: its run's.
+#[derive(Debug, Clone)]
+pub struct RunTokens {
+    pub run: Arc<str>,
+    /// The run's `run_max_tokens`, for the message.
+    pub limit: u64,
+    /// What the run's other calls have not used or reserved: past it, the stream is cut.
+    pub allowance: u64,
+}
+
+impl StreamLimits {
+    /// The error of the deadline passing: the call's, or its run's.
+    pub fn deadline_error(&self) -> GatewayError {
+        deadline_error(self.budget, self.run.as_ref(), Duration::ZERO)
+    }
+}

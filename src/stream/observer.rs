@@ -1,0 +1,33 @@
+//! What a stream tells the one who watches it (the request's record): its first token, its
+//! data, what the inspector counted, and how it ended.
+
+use tokio::time::Instant;
+
+use crate::error::GatewayError;
+use crate::provider::inspect::Tokens;
+
+/// How a stream ended, as the watchdog saw it.
+#[derive(Debug)]
+pub enum StreamEnd {
+    /// The upstream body ended cleanly.
+    Complete,
+    /// A limit fired or the upstream failed; the client was told.
+    Cut(GatewayError),
+    /// The upstream sent its own `event: error`; it was passed through and ended the stream.
+    UpstreamErrorEvent,
+}
+
+/// Told what happens on the stream. Dropping the observer without `finish` means the client
+/// went away first.
+pub trait Observer {
+    /// The first event that carries model output (with a known format; otherwise the first
+    /// data event, or the first byte of a non-SSE body).
+    fn first_token(&mut self, at: Instant);
+    fn data(&mut self, len: usize);
+    fn finish(&mut self, end: StreamEnd);
+    /// What the inspector counted, told once when the body is dropped (only with one).
+    fn tokens(&mut self, _tokens: Tokens) {}
+    /// The tool calls the answer asked for (canonical form, first name), told once when the
+    /// body is dropped (only when they were gathered).
+    fn tool_calls(&mut self, _calls: Option<(Vec<u8>, String)>) {}
+}

@@ -1,0 +1,119 @@
+//! What each piece of a response body means to the limits: which events it completes, whether
+//! one carried model output (the first token, and from then on the idle clock), and where the
+//! provider's own error event ended. Read once per piece, by the watchdog as the body streams
+//! and by an attempt that holds its head until the first token: both decide the first token
+//! here and nowhere else.
+
+use crate::http::sse::SseScanner;
+use crate::provider::assemble::Assembler;
+use crate::provider::inspect::{Inspector, Tokens};
+
+/// The reader of one response body.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    reader: Reader,
+}
+
+#[derive(Debug, Clone)]
+enum Reader {
+    /// Anything but SSE text; a known format (JSON) is still read for its usage.
+    Opaque(Option<Inspector>),
+    /// SSE of a format the gateway does not know: events only.
+    Events(SseScanner),
+    /// SSE of a known format: the inspector reads the events' data as the scanner passes.
+    Inspected(Inspector),
+}
+
+/// What one piece of the body held.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Read {
+    /// Model output arrived: an event that carries some (with a known format), any event
+    /// that dispatches (an SSE body of unknown format), or any byte (any other body).
+    pub output: bool,
+    /// SSE events dispatched in this piece other than keep-alives (`event: ping`) and errors.
+    pub events: u32,
+    /// Offset just past the last complete SSE event in the piece.
+    pub boundary: Option<usize>,
+    /// The provider's own error event (`event: error`, or a data-only error object that the
+    /// inspector recognises) ended at this offset; nothing after it is read.
+    pub error_end: Option<usize>,
+}
+
+impl Progress {
+    /// A reader of an SSE body (`sse`) or any other, with the inspector of its format when
+    /// that is known (made for the same kind of body).
+    pub fn new(sse: bool, inspector: Option<Inspector>) -> Self {
+        let reader = match (sse, inspector) {
+            (false, inspector) => Reader::Opaque(inspector),
+            (true, None) => Reader::Events(SseScanner::new()),
+            (true, Some(inspector)) => Reader::Inspected(inspector),
+        };
+        Self { reader }
+    }
+
+    pub fn is_sse(&self) -> bool {
+        !matches!(self.reader, Reader::Opaque(_))
+    }
+
+    /// What the inspector counted so far, when the format is known.
+    pub fn tokens(&self) -> Option<Tokens> {
+        match &self.reader {
+            Reader::Opaque(i) => i.as_ref().map(Inspector::tokens),
+            Reader::Events(_) => None,
+            Reader::Inspected(i) => Some(i.tokens()),
+        }
+    }
+
+    /// The provider's error event ended with the last piece's final byte, a CR: the next
+    /// piece says whether an LF belongs to it (see `SseScanner::error_pending`).
+    pub fn error_pending(&self) -> bool {
+        match &self.reader {
+            Reader::Opaque(_) => false,
+            Reader::Events(s) => s.error_pending(),
+            Reader::Inspected(i) => i.error_pending(),
+        }
+    }
+
+    /// The document rebuilt from the stream, when its inspector rebuilds one.
+    pub fn take_assembler(&mut self) -> Option<Assembler> {
+        match &mut self.reader {
+            Reader::Inspected(i) => i.take_assembler(),
+            _ => None,
+        }
+    }
+
+    /// The tool calls the answer asked for, when its inspector gathers them.
+    pub fn tool_calls(&mut self) -> Option<(Vec<u8>, String)> {
+        match &mut self.reader {
+            Reader::Opaque(Some(i)) | Reader::Inspected(i) => i.tool_calls(),
+            _ => None,
+        }
+    }
+
+    /// Reads the next piece of the body. Pieces may split it anywhere.
+    #[inline]
+    pub fn read(&mut self, data: &[u8]) -> Read {
+        let (scan, output) = match &mut self.reader {
+            Reader::Opaque(inspector) => {
+                if let Some(inspector) = inspector {
+                    inspector.feed(data);
+                }
+                return Read {
+                    output: !data.is_empty(),
+                    ..Read::default()
+                };
+            }
+            Reader::Events(scanner) => {
+                let scan = scanner.scan(data);
+                (scan, scan.progress > 0)
+            }
+            Reader::Inspected(inspector) => inspector.read(data),
+        };
+        Read {
+            output,
+            events: scan.progress,
+            boundary: scan.last_boundary,
+            error_end: scan.error_end,
+        }
+    }
+}

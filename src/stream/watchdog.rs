@@ -1,0 +1,527 @@
+//! The watchdog body: wraps the upstream response body on its way to the client and enforces
+//! the first-token, idle and total limits on it.
+//!
+//! The inner body is polled first; the timer only when the inner body is pending, so a frame
+//! that is ready always wins over a limit that fires at the same moment. One `Sleep` serves all
+//! three limits: it is set to the earliest of them and, rather than being reset on every data
+//! event, it is re-armed lazily when it fires early (the idle limit moved on since it was set).
+//! When a limit fires, the upstream body is dropped at once (which closes the upstream
+//! connection or resets the HTTP/2 stream) and the client is told why: an SSE `event: error`
+//! after the last complete event, or an aborted body for anything else.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::{sleep_until, Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::error::{BoxError, GatewayError};
+use crate::provider::inspect::Inspector;
+use crate::stream::limits::StreamLimits;
+use crate::stream::observer::{Observer, StreamEnd};
+use crate::stream::progress::Progress;
+use crate::stream::reaper::Reaped;
+
+/// An event still incomplete after this many bytes is forwarded as it comes instead of held.
+pub const MAX_HELD_EVENT: usize = 1 << 20;
+
+/// The frames of an SSE event not yet complete.
+struct Sse {
+    /// The bytes of an event not yet complete, as the frames that carried them.
+    held: Vec<Bytes>,
+    held_len: usize,
+    /// Part of the open event already went to the client (it outgrew `MAX_HELD_EVENT`), so
+    /// an error event must first end that event's line and block to parse on its own.
+    partial_sent: bool,
+    /// A cut is an error of the body rather than an error event: the reader is the gateway
+    /// itself, assembling the stream for a client that did not stream.
+    fail: bool,
+}
+
+enum State {
+    Streaming,
+    /// A non-SSE body that must be aborted: the error is returned on the next poll.
+    Failing(GatewayError),
+    Done,
+}
+
+pin_project! {
+    pub struct WatchdogBody<B, O>
+    where
+        O: Observer,
+    {
+        #[pin]
+        inner: Option<B>,
+        // Boxed, so that the body is `Unpin` and can be read in place before it is handed on
+        // (HTTP/1.0 answers are read whole to give them a length): one allocation per stream,
+        // and the timer is still reset, never recreated.
+        timer: Pin<Box<Sleep>>,
+        limits: StreamLimits,
+        // The last data event, from the first token on (`None` until then: before the first
+        // token only the first-token limit applies, so a reasoning model may think in silence).
+        last_progress: Option<Instant>,
+        // Reads the body as it passes: where events end, what counts as a token and, when the
+        // format is known, the usage and the provider's own errors.
+        progress: Progress,
+        sse: Option<Sse>,
+        ready: VecDeque<Bytes>,
+        state: State,
+        observer: O,
+        // Fires when the gateway gives up on in-flight streams at the end of its shutdown
+        // grace. Boxed because it lives only on streams, not per chunk.
+        shutdown: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    }
+
+    impl<B, O> PinnedDrop for WatchdogBody<B, O>
+    where
+        O: Observer,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            // Before the observer itself is dropped (and reports), however the stream ended.
+            let this = this.project();
+            if let Some(tokens) = this.progress.tokens() {
+                this.observer.tokens(tokens);
+                this.observer.tool_calls(this.progress.tool_calls());
+            }
+        }
+    }
+}
+
+impl<B, O> WatchdogBody<B, O>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    O: Observer,
+{
+    /// Watches `inner`, an SSE body (`is_sse`) or any other, of a format the gateway does
+    /// not read; see [`WatchdogBody::with_inspector`].
+    pub fn new(inner: B, is_sse: bool, limits: StreamLimits, observer: O) -> Self {
+        Self::reading(inner, Progress::new(is_sse, None), limits, observer)
+    }
+
+    /// Watches `inner`, read by `progress` (which knows whether it is SSE and its format).
+    pub fn reading(inner: B, progress: Progress, limits: StreamLimits, observer: O) -> Self {
+        let first_due = limits.first_token_deadline.min(limits.deadline);
+        let is_sse = progress.is_sse();
+        Self {
+            inner: Some(inner),
+            timer: Box::pin(sleep_until(first_due)),
+            limits,
+            last_progress: None,
+            progress,
+            sse: is_sse.then(|| Sse {
+                held: Vec::new(),
+                held_len: 0,
+                partial_sent: false,
+                fail: false,
+            }),
+            ready: VecDeque::new(),
+            state: State::Streaming,
+            observer,
+            shutdown: None,
+        }
+    }
+
+    /// Cuts the stream (origin `shutdown`, with the error event) when `token` is cancelled.
+    pub fn with_shutdown(mut self, token: &CancellationToken) -> Self {
+        self.shutdown = Some(Box::pin(token.clone().cancelled_owned()));
+        self
+    }
+
+    /// Puts frames already read from this body back in front of what it yields next.
+    pub fn unread(&mut self, frames: impl IntoIterator<Item = Bytes>) {
+        let mut ready: VecDeque<Bytes> = frames.into_iter().collect();
+        ready.append(&mut self.ready);
+        self.ready = ready;
+    }
+
+    /// A limit or failure that cuts the stream ends it with an error (the `GatewayError`,
+    /// boxed) rather than an SSE error event: for a body the gateway reads itself.
+    pub fn failing_on_cut(mut self) -> Self {
+        if let Some(sse) = self.sse.as_mut() {
+            sse.fail = true;
+        }
+        self
+    }
+
+    /// The reader of the body, to take what it gathered once the body is done.
+    pub fn progress_mut(&mut self) -> &mut Progress {
+        &mut self.progress
+    }
+
+    /// The observer, to note what the caller did with the body (an answer sent instead).
+    pub fn observer_mut(&mut self) -> &mut O {
+        &mut self.observer
+    }
+
+    /// Reads the body with `inspector` (for a response whose format is known): on an SSE
+    /// body the first token becomes the first event carrying model output, and the
+    /// provider's data-only error event ends the stream as an `event: error` does.
+    pub fn with_inspector(mut self, inspector: Option<Inspector>) -> Self {
+        self.progress = Progress::new(self.sse.is_some(), inspector);
+        self
+    }
+}
+
+impl<B, O> Body for WatchdogBody<B, O>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    O: Observer,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        loop {
+            if let Some(b) = this.ready.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(b))));
+            }
+            match std::mem::replace(this.state, State::Done) {
+                State::Done => return Poll::Ready(None),
+                State::Failing(e) => return Poll::Ready(Some(Err(Box::new(e)))),
+                State::Streaming => *this.state = State::Streaming,
+            }
+            let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+                *this.state = State::Done;
+                continue;
+            };
+            match inner.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let data = match frame.into_data() {
+                        Ok(data) => data,
+                        Err(trailers) => {
+                            // Trailers end a body; whatever was held goes out before them.
+                            flush_held(this.sse, this.ready);
+                            if this.ready.is_empty() {
+                                return Poll::Ready(Some(Ok(trailers)));
+                            }
+                            continue;
+                        }
+                    };
+                    if data.is_empty() {
+                        continue;
+                    }
+                    this.observer.data(data.len());
+                    // A body framed by content-length is not polled again after its last
+                    // byte, so its end must be noticed here, or it would look abandoned.
+                    let ended = this
+                        .inner
+                        .as_ref()
+                        .as_pin_ref()
+                        .is_some_and(|b| b.is_end_stream());
+                    let read = this.progress.read(&data);
+                    if let Some(err) = run_tokens_spent(this.progress, this.limits) {
+                        cut(
+                            this.inner.as_mut(),
+                            this.sse,
+                            this.ready,
+                            this.state,
+                            this.observer,
+                            err,
+                        );
+                        continue;
+                    }
+                    let Some(sse) = this.sse.as_mut() else {
+                        mark_progress(
+                            this.last_progress,
+                            this.observer,
+                            this.timer.as_mut(),
+                            this.limits,
+                        );
+                        if ended {
+                            this.inner.set(None);
+                            this.observer.finish(StreamEnd::Complete);
+                            *this.state = State::Done;
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    };
+                    // The first token starts the idle limit; after it, every data event
+                    // (output or not) moves it.
+                    if read.output || (read.events > 0 && this.last_progress.is_some()) {
+                        mark_progress(
+                            this.last_progress,
+                            this.observer,
+                            this.timer.as_mut(),
+                            this.limits,
+                        );
+                    }
+                    if let Some(end) = read.error_end {
+                        // The upstream's own error event is passed through and ends the
+                        // stream; Hourglass adds none of its own after it.
+                        flush_held(this.sse, this.ready);
+                        if end > 0 {
+                            this.ready.push_back(data.slice(..end));
+                        }
+                        this.inner.set(None);
+                        this.observer.finish(StreamEnd::UpstreamErrorEvent);
+                        *this.state = State::Done;
+                        continue;
+                    }
+                    match read.boundary {
+                        // The common case, a frame of whole events with nothing held
+                        // before it, goes straight out (`ready` is always empty when the
+                        // inner body is polled).
+                        Some(end) if end == data.len() && sse.held.is_empty() && !ended => {
+                            debug_assert!(this.ready.is_empty());
+                            sse.partial_sent = false;
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
+                        Some(end) => {
+                            flush_held(this.sse, this.ready);
+                            let sse = this.sse.as_mut().expect("checked above");
+                            sse.partial_sent = false;
+                            if end == data.len() {
+                                this.ready.push_back(data);
+                            } else {
+                                if end > 0 {
+                                    this.ready.push_back(data.slice(..end));
+                                }
+                                sse.held_len = data.len() - end;
+                                sse.held.push(data.slice(end..));
+                            }
+                        }
+                        None => {
+                            sse.held_len += data.len();
+                            sse.held.push(data);
+                            if sse.held_len > MAX_HELD_EVENT {
+                                sse.partial_sent = true;
+                                flush_held(this.sse, this.ready);
+                            }
+                        }
+                    }
+                    if ended {
+                        flush_held(this.sse, this.ready);
+                        this.inner.set(None);
+                        this.observer.finish(clean_end(this.progress));
+                        *this.state = State::Done;
+                    }
+                }
+                Poll::Ready(Some(Err(_))) if this.progress.error_pending() => {
+                    // The client already has the upstream's error event whole; a failure
+                    // while waiting to see whether an LF completes its line end adds nothing.
+                    end_after_error(this.inner.as_mut(), this.state, this.observer);
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    let e: BoxError = e.into();
+                    if let Some(Reaped::Stalled(_)) = e.downcast_ref::<Reaped>() {
+                        // The client took nothing for `send_timeout` and its upstream call is
+                        // gone. It is aborted as an HTTP/1 client's connection is closed
+                        // (an HTTP/2 stream is reset); without `finish`, the record counts it
+                        // as the client's.
+                        this.inner.set(None);
+                        *this.state = State::Done;
+                        return Poll::Ready(Some(Err(e)));
+                    }
+                    // Past the deadline, the deadline is why the upstream is gone (the reaper
+                    // drops it there when nobody was reading).
+                    let err = if Instant::now() >= this.limits.deadline {
+                        this.limits.deadline_error()
+                    } else {
+                        GatewayError::UpstreamError {
+                            upstream: this.limits.upstream.to_string(),
+                            reason: e.to_string(),
+                        }
+                    };
+                    cut(
+                        this.inner.as_mut(),
+                        this.sse,
+                        this.ready,
+                        this.state,
+                        this.observer,
+                        err,
+                    );
+                }
+                Poll::Ready(None) => {
+                    // A clean end: an incomplete trailing event is forwarded as is (the
+                    // client's parser discards it, exactly as it would have without us).
+                    flush_held(this.sse, this.ready);
+                    this.inner.set(None);
+                    this.observer.finish(clean_end(this.progress));
+                    *this.state = State::Done;
+                }
+                Poll::Pending => {
+                    if let Some(s) = this.shutdown.as_mut() {
+                        if s.as_mut().poll(cx).is_ready() {
+                            if this.progress.error_pending() {
+                                end_after_error(this.inner.as_mut(), this.state, this.observer);
+                                continue;
+                            }
+                            cut(
+                                this.inner.as_mut(),
+                                this.sse,
+                                this.ready,
+                                this.state,
+                                this.observer,
+                                GatewayError::Shutdown,
+                            );
+                            continue;
+                        }
+                    }
+                    if this.timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    if this.progress.error_pending() {
+                        // The upstream's error event went out whole; it sent no byte after
+                        // its CR to say whether an LF follows. Never a second error event.
+                        end_after_error(this.inner.as_mut(), this.state, this.observer);
+                        continue;
+                    }
+                    let limits = &*this.limits;
+                    let due = match *this.last_progress {
+                        None => limits.first_token_deadline,
+                        Some(t) => t + limits.idle_timeout,
+                    }
+                    .min(limits.deadline);
+                    let now = Instant::now();
+                    if now < due {
+                        // Progress moved the idle limit since the timer was armed.
+                        this.timer.as_mut().reset(due);
+                        continue;
+                    }
+                    let upstream = limits.upstream.to_string();
+                    let err = if now >= limits.deadline {
+                        limits.deadline_error()
+                    } else if this.last_progress.is_none() {
+                        GatewayError::FirstTokenTimeout {
+                            upstream,
+                            after: limits.first_token_timeout,
+                        }
+                    } else {
+                        GatewayError::IdleTimeout {
+                            upstream,
+                            after: limits.idle_timeout,
+                        }
+                    };
+                    cut(
+                        this.inner.as_mut(),
+                        this.sse,
+                        this.ready,
+                        this.state,
+                        this.observer,
+                        err,
+                    );
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done) && self.ready.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.inner, &self.sse) {
+            // Only a raw body passes through byte for byte; an SSE body may gain an event.
+            (Some(inner), None) => inner.size_hint(),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// Notes a data event. The first one moves the timer from the first-token limit to the idle
+/// limit, which may be earlier, so it is re-armed now; later events only move the idle limit
+/// later, which the timer catches up with lazily when it fires.
+fn mark_progress<O: Observer>(
+    last: &mut Option<Instant>,
+    observer: &mut O,
+    timer: Pin<&mut Sleep>,
+    limits: &StreamLimits,
+) {
+    let now = Instant::now();
+    if last.is_none() {
+        observer.first_token(now);
+        timer.reset((now + limits.idle_timeout).min(limits.deadline));
+    }
+    *last = Some(now);
+}
+
+/// How a body that ended by itself ended: with the upstream's error event, if one was still
+/// waiting for the byte after its CR.
+fn clean_end(progress: &Progress) -> StreamEnd {
+    if progress.error_pending() {
+        StreamEnd::UpstreamErrorEvent
+    } else {
+        StreamEnd::Complete
+    }
+}
+
+/// The upstream's error event went out, all but the answer to whether an LF follows the CR
+/// that ended it: the stream ends on the next byte or when the body ends, and whatever ends
+/// it, it ended with the upstream's error.
+fn end_after_error<B, O: Observer>(
+    mut inner: Pin<&mut Option<B>>,
+    state: &mut State,
+    observer: &mut O,
+) {
+    inner.set(None);
+    observer.finish(StreamEnd::UpstreamErrorEvent);
+    *state = State::Done;
+}
+
+/// The run's token limit, once what this answer used (the prompt as reported, the completion
+/// as reported or estimated) passes what its run left it.
+#[inline]
+fn run_tokens_spent(progress: &Progress, limits: &StreamLimits) -> Option<GatewayError> {
+    let run = limits.run_tokens.as_ref()?;
+    let t = progress.tokens()?;
+    let used = t.prompt.unwrap_or(0).saturating_add(t.completion().0);
+    (used > run.allowance).then(|| GatewayError::RunTokensSpent {
+        run: run.run.to_string(),
+        limit: run.limit,
+    })
+}
+
+fn flush_held(sse: &mut Option<Sse>, ready: &mut VecDeque<Bytes>) {
+    if let Some(sse) = sse {
+        ready.extend(sse.held.drain(..));
+        sse.held_len = 0;
+    }
+}
+
+/// Ends the stream because of `err`: the upstream body is dropped now (that is what closes
+/// the upstream connection), a held partial event is discarded so that the error event that
+/// follows parses on its own, and the observer learns the cause.
+fn cut<B, O: Observer>(
+    mut inner: Pin<&mut Option<B>>,
+    sse: &mut Option<Sse>,
+    ready: &mut VecDeque<Bytes>,
+    state: &mut State,
+    observer: &mut O,
+    err: GatewayError,
+) {
+    inner.set(None);
+    observer.finish(StreamEnd::Cut(err.clone()));
+    match sse {
+        Some(sse) if sse.fail => {
+            sse.held.clear();
+            sse.held_len = 0;
+            *state = State::Failing(err);
+        }
+        Some(sse) => {
+            sse.held.clear();
+            sse.held_len = 0;
+            if std::mem::take(&mut sse.partial_sent) {
+                // "\n\n" ends any line (even one whose CR already went out) and then the
+                // block: the truncated event is dispatched as it stands, and the error event
+                // that follows is one of its own.
+                ready.push_back(Bytes::from_static(b"\n\n"));
+            }
+            ready.push_back(err.sse_event());
+            *state = State::Done;
+        }
+        None => *state = State::Failing(err),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,619 @@
+use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::provider::inspect::Tokens;
+use http_body_util::{BodyExt, Channel};
+use std::sync::Mutex;
+
+#[derive(Default, Debug)]
+struct Seen {
+    first_token: Option<Instant>,
+    bytes: usize,
+    end: Option<String>,
+    dropped: bool,
+    tokens: Option<Tokens>,
+}
+
+#[derive(Clone, Default)]
+struct Probe(Arc<Mutex<Seen>>);
+
+impl Observer for Probe {
+    fn first_token(&mut self, at: Instant) {
+        self.0.lock().unwrap().first_token.get_or_insert(at);
+    }
+    fn data(&mut self, len: usize) {
+        self.0.lock().unwrap().bytes += len;
+    }
+    fn tokens(&mut self, tokens: Tokens) {
+        let mut seen = self.0.lock().unwrap();
+        assert!(seen.tokens.is_none(), "tokens told twice");
+        seen.tokens = Some(tokens);
+    }
+
+    fn finish(&mut self, end: StreamEnd) {
+        let s = match end {
+            StreamEnd::Complete => "complete".to_string(),
+            StreamEnd::Cut(e) => e.code().to_string(),
+            StreamEnd::UpstreamErrorEvent => "upstream_error_event".to_string(),
+        };
+        let mut seen = self.0.lock().unwrap();
+        assert!(seen.end.is_none(), "finish called twice");
+        seen.end = Some(s);
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.dropped = true;
+        }
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn limits(first: u64, idle: u64, total: u64) -> StreamLimits {
+    let now = Instant::now();
+    StreamLimits {
+        first_token_deadline: now + ms(first),
+        first_token_timeout: ms(first),
+        idle_timeout: ms(idle),
+        deadline: now + ms(total),
+        budget: ms(total),
+        upstream: Arc::from("up"),
+        run: None,
+        run_tokens: None,
+    }
+}
+
+type Sender = http_body_util::channel::Sender<Bytes, std::io::Error>;
+type TestBody = Pin<Box<WatchdogBody<Channel<Bytes, std::io::Error>, Probe>>>;
+
+fn body(sse: bool, l: StreamLimits) -> (Sender, TestBody, Probe) {
+    let (tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+    let probe = Probe::default();
+    (
+        tx,
+        Box::pin(WatchdogBody::new(rx, sse, l, probe.clone())),
+        probe,
+    )
+}
+
+/// Collects frames until the body ends; returns the data and whether it ended in an error.
+async fn drain<B: Body<Data = Bytes, Error = BoxError> + Unpin>(
+    b: &mut B,
+) -> (Vec<u8>, Option<String>) {
+    let mut out = Vec::new();
+    while let Some(f) = b.frame().await {
+        match f {
+            Ok(f) => out.extend_from_slice(&f.into_data().unwrap_or_default()),
+            Err(e) => return (out, Some(e.to_string())),
+        }
+    }
+    (out, None)
+}
+
+fn feeder(mut tx: Sender, script: Vec<(u64, &'static str)>) -> tokio::task::JoinHandle<Sender> {
+    tokio::spawn(async move {
+        for (delay, chunk) in script {
+            tokio::time::sleep(ms(delay)).await;
+            if tx
+                .send_data(Bytes::from_static(chunk.as_bytes()))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        tx
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn passes_complete_events_and_ends_cleanly() {
+    let (tx, mut b, probe) = body(true, limits(1000, 1000, 10_000));
+    let start = Instant::now();
+    let t = feeder(
+        tx,
+        vec![(10, "data: a\n\n"), (10, "data: b\n\ndata: c\n\n")],
+    );
+    // The feeder's sender is dropped when it is done: the body's clean end.
+    tokio::spawn(async move { drop(t.await) });
+    let (out, err) = drain(&mut b).await;
+    assert_eq!(out, b"data: a\n\ndata: b\n\ndata: c\n\n");
+    assert!(err.is_none());
+    let seen = probe.0.lock().unwrap();
+    assert_eq!(seen.end.as_deref(), Some("complete"));
+    assert_eq!(seen.first_token, Some(start + ms(10)));
+    assert_eq!(seen.bytes, out.len());
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_token_limit_fires_and_says_so() {
+    let (tx, mut b, probe) = body(true, limits(500, 1000, 10_000));
+    // Keep-alives are not tokens: they are forwarded but do not satisfy the limit.
+    let t = feeder(
+        tx,
+        vec![(100, ": ping\n\n"), (100, "event: ping\ndata: {}\n\n")],
+    );
+    let start = Instant::now();
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none(), "SSE ends cleanly with an event");
+    assert_eq!(Instant::now() - start, ms(500));
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.starts_with(": ping\n\nevent: ping\ndata: {}\n\nevent: error\ndata: "),
+        "{text}"
+    );
+    assert!(text.contains("\"code\":\"first_token_timeout\""));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("first_token_timeout")
+    );
+    assert!(probe.0.lock().unwrap().first_token.is_none());
+    // The upstream body was dropped when the limit fired, not later.
+    let mut tx = t.await.unwrap();
+    assert!(tx.send_data(Bytes::from_static(b"x")).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_limit_counts_only_data_events_and_drops_partial_event() {
+    let (tx, mut b, probe) = body(true, limits(1000, 300, 10_000));
+    let t = feeder(
+        tx,
+        vec![
+            (10, "data: 1\n\n"),
+            (200, "data: 2\n\n"),
+            (200, ": keep-alive\n\n"),
+            (50, "data: partial-with"),
+        ],
+    );
+    let start = Instant::now();
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none());
+    // Last progress at 210 ms; keep-alive at 410 does not move the idle limit.
+    assert_eq!(Instant::now() - start, ms(510));
+    let text = String::from_utf8(out).unwrap();
+    assert!(!text.contains("partial"), "{text}");
+    assert!(
+        text.starts_with("data: 1\n\ndata: 2\n\n: keep-alive\n\nevent: error\n"),
+        "{text}"
+    );
+    assert!(text.contains("\"code\":\"idle_timeout\""));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+    drop(t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn total_deadline_beats_a_trickle() {
+    let (tx, mut b, probe) = body(true, limits(1000, 1000, 2000));
+    let script = (0..100).map(|_| (150, "data: t\n\n")).collect();
+    let t = feeder(tx, script);
+    let start = Instant::now();
+    let (out, _) = drain(&mut b).await;
+    assert_eq!(Instant::now() - start, ms(2000));
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.ends_with("\n\n"));
+    assert!(text.contains("\"code\":\"deadline_exceeded\""));
+    assert_eq!(text.matches("event: error").count(), 1);
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("deadline_exceeded")
+    );
+    drop(t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn partial_events_are_held_until_complete() {
+    let (mut tx, mut b, _probe) = body(true, limits(1000, 1000, 10_000));
+    tx.send_data(Bytes::from_static(b"data: one\n\ndata: tw"))
+        .await
+        .unwrap();
+    let f = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&f[..], b"data: one\n\n");
+    // Nothing more is ready: the partial event is held.
+    assert!(futures_poll_once(&mut b).await.is_none());
+    tx.send_data(Bytes::from_static(b"o\n\ndata: thr"))
+        .await
+        .unwrap();
+    let a = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    let c = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!([&a[..], &c[..]].concat(), b"data: two\n\n");
+}
+
+async fn futures_poll_once<B: Body + Unpin>(b: &mut B) -> Option<()> {
+    std::future::poll_fn(|cx| match Pin::new(&mut *b).poll_frame(cx) {
+        Poll::Pending => Poll::Ready(None),
+        Poll::Ready(_) => Poll::Ready(Some(())),
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_error_event_passes_through_and_ends() {
+    let (tx, mut b, probe) = body(true, limits(1000, 1000, 10_000));
+    let t = feeder(
+        tx,
+        vec![(
+            5,
+            "data: a\n\nevent: error\ndata: {\"type\":\"error\"}\n\ndata: never\n\n",
+        )],
+    );
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none());
+    assert_eq!(
+        out,
+        b"data: a\n\nevent: error\ndata: {\"type\":\"error\"}\n\n"
+    );
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("upstream_error_event")
+    );
+    drop(t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_event_cut_inside_its_crlf_keeps_its_lf_however_it_is_framed() {
+    // Both readers: the scanner knows `event: error`, the inspector a data-only error.
+    for chat in [false, true] {
+        let l = limits(1000, 1000, 10_000);
+        let (tx, mut b, probe) = if chat { chat_body(l) } else { body(true, l) };
+        let head = if chat {
+            "data: a\r\n\r\ndata: {\"error\":{\"type\":\"server_error\"}}\r\n\r"
+        } else {
+            "data: a\r\n\r\nevent: error\r\ndata: {}\r\n\r"
+        };
+        let t = feeder(tx, vec![(5, head), (5, "\ndata: never\r\n\r\n")]);
+        let (out, err) = drain(&mut b).await;
+        assert!(err.is_none());
+        assert_eq!(out, format!("{head}\n").as_bytes(), "chat {chat}");
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("upstream_error_event")
+        );
+        drop(t);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_event_ending_in_a_cr_before_silence_gets_no_second_error() {
+    // The event went out whole at once; the stream ends when the idle limit passes,
+    // without an event of Hourglass's own after the upstream's.
+    let (tx, mut b, probe) = body(true, limits(1000, 300, 10_000));
+    let head = "data: a\n\nevent: error\ndata: {}\n\r";
+    let t = feeder(tx, vec![(5, head)]);
+    let first = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, head.as_bytes());
+    let start = Instant::now();
+    let (out, err) = drain(&mut b).await;
+    assert_eq!((out.as_slice(), err), (&b""[..], None));
+    assert_eq!(Instant::now() - start, ms(300));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("upstream_error_event")
+    );
+    // A body that ends instead ends it at once, the same way.
+    let (tx, mut b, probe) = body(true, limits(1000, 300, 10_000));
+    let t2 = feeder(tx, vec![(5, head)]);
+    tokio::spawn(async move { drop(t2.await) });
+    let start = Instant::now();
+    let (out, _) = drain(&mut b).await;
+    assert_eq!(out, head.as_bytes());
+    assert_eq!(Instant::now() - start, ms(5));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("upstream_error_event")
+    );
+    drop(t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn upstream_failure_mid_sse_becomes_error_event() {
+    let (mut tx, mut b, probe) = body(true, limits(1000, 1000, 10_000));
+    tx.send_data(Bytes::from_static(b"data: a\n\ndata: half"))
+        .await
+        .unwrap();
+    tx.abort(std::io::Error::other("connection reset"));
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none());
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("data: a\n\nevent: error\n"), "{text}");
+    assert!(text.contains("\"code\":\"upstream_error\""));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("upstream_error")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_sse_body_is_aborted_not_truncated() {
+    let (tx, mut b, probe) = body(false, limits(1000, 200, 10_000));
+    let t = feeder(tx, vec![(10, "{\"partial\":")]);
+    let (out, err) = drain(&mut b).await;
+    assert_eq!(out, b"{\"partial\":");
+    assert!(err.unwrap().contains("silent for 200ms"));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+    drop(t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_knows_its_end_completes_on_its_last_byte() {
+    // Like a content-length response: hyper stops polling after the last byte.
+    let inner = http_body_util::Full::new(Bytes::from_static(b"{\"ok\":true}"));
+    let probe = Probe::default();
+    let mut b = Box::pin(WatchdogBody::new(
+        inner,
+        false,
+        limits(1000, 1000, 10_000),
+        probe.clone(),
+    ));
+    let f = b.frame().await.unwrap().unwrap();
+    assert_eq!(f.into_data().unwrap(), &b"{\"ok\":true}"[..]);
+    assert!(b.is_end_stream());
+    drop(b);
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_cuts_a_silent_stream_with_its_own_event() {
+    let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+    let probe = Probe::default();
+    let token = CancellationToken::new();
+    let mut b = Box::pin(
+        WatchdogBody::new(rx, true, limits(1000, 5000, 10_000), probe.clone())
+            .with_shutdown(&token),
+    );
+    tx.send_data(Bytes::from_static(b"data: a\n\n"))
+        .await
+        .unwrap();
+    let first = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&first[..], b"data: a\n\n");
+    let t = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(ms(100)).await;
+        t.cancel();
+    });
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none());
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("event: error\n"), "{text}");
+    assert!(text.contains("\"code\":\"shutdown\""));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("shutdown"));
+    drop(tx);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_sse_body_that_knows_its_end_completes_on_its_last_event() {
+    // An SSE answer framed by content-length: hyper stops polling after the last byte,
+    // which here ends exactly on an event boundary (the fast path).
+    let inner = http_body_util::Full::new(Bytes::from_static(b"data: a\n\ndata: [DONE]\n\n"));
+    let probe = Probe::default();
+    let mut b = Box::pin(WatchdogBody::new(
+        inner,
+        true,
+        limits(1000, 1000, 10_000),
+        probe.clone(),
+    ));
+    let f = b.frame().await.unwrap().unwrap();
+    assert_eq!(f.into_data().unwrap(), &b"data: a\n\ndata: [DONE]\n\n"[..]);
+    assert!(b.is_end_stream());
+    drop(b);
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_body_is_a_client_cancel() {
+    let (mut tx, b, probe) = body(true, limits(1000, 1000, 10_000));
+    drop(b);
+    {
+        let s = probe.0.lock().unwrap();
+        assert!(
+            s.end.is_none(),
+            "no end recorded: the record calls it a client cancel"
+        );
+        assert!(s.dropped);
+    }
+    assert!(tx.send_data(Bytes::from_static(b"x")).await.is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stalls_for_send_timeout_is_aborted_as_a_client_cancel() {
+    let send_timeout = ms(400);
+    let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
+    let reapable =
+        crate::stream::reaper::guard(rx, None::<()>, Instant::now() + ms(60_000), send_timeout);
+    let probe = Probe::default();
+    let mut b = Box::pin(WatchdogBody::new(
+        reapable,
+        true,
+        limits(1000, 1000, 60_000),
+        probe.clone(),
+    ));
+    tx.send_data(Bytes::from_static(b"data: a\n\n"))
+        .await
+        .unwrap();
+    assert_eq!(
+        &b.frame().await.unwrap().unwrap().into_data().unwrap()[..],
+        b"data: a\n\n"
+    );
+    // The client takes nothing more; well within the idle limit, the upstream goes.
+    tokio::time::sleep(send_timeout * 2).await;
+    assert!(
+        tx.send_data(Bytes::from_static(b"data: b\n\n"))
+            .await
+            .is_err(),
+        "upstream dropped"
+    );
+    // Reading again finds the stream aborted, with no error event and no end of its own.
+    let err = b.frame().await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("send_timeout"), "{err}");
+    assert!(b.frame().await.is_none());
+    drop(b);
+    let s = probe.0.lock().unwrap();
+    assert!(s.end.is_none(), "counted as the client's");
+    assert!(s.dropped);
+}
+
+#[tokio::test(start_paused = true)]
+async fn oversized_event_is_forwarded_as_it_comes() {
+    let (mut tx, mut b, _probe) = body(true, limits(1000, 1000, 10_000));
+    let big = Bytes::from(vec![b'x'; MAX_HELD_EVENT + 1]);
+    tx.send_data(Bytes::from_static(b"data: ")).await.unwrap();
+    tx.send_data(big).await.unwrap();
+    let a = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&a[..], b"data: ");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limit_after_part_of_an_oversized_event_went_out_still_gives_a_parseable_error() {
+    let (mut tx, mut b, probe) = body(true, limits(1000, 1000, 10_000));
+    tx.send_data(Bytes::from_static(b"data: ")).await.unwrap();
+    tx.send_data(Bytes::from(vec![b'x'; MAX_HELD_EVENT + 1]))
+        .await
+        .unwrap();
+    // The event never ends; the first-token limit fires.
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none());
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("data: xxx"));
+    let (partial, error) = text.split_once("\n\n").expect("the open event is ended");
+    assert_eq!(partial.len(), 6 + MAX_HELD_EVENT + 1);
+    assert!(error.starts_with("event: error\ndata: "), "{error}");
+    assert!(error.contains("first_token_timeout"));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("first_token_timeout")
+    );
+    drop(tx);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_held_partial_event_is_dropped_without_an_extra_blank_line() {
+    let (mut tx, mut b, _probe) = body(true, limits(1000, 1000, 10_000));
+    tx.send_data(Bytes::from_static(b"data: a\n\ndata: par"))
+        .await
+        .unwrap();
+    let (out, _) = drain(&mut b).await;
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("data: a\n\nevent: error\n"), "{text}");
+    drop(tx);
+}
+
+fn chat_body(l: StreamLimits) -> (Sender, TestBody, Probe) {
+    let (tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+    let probe = Probe::default();
+    let inspector = Inspector::new(crate::provider::Format::Chat, true);
+    let body = WatchdogBody::new(rx, true, l, probe.clone()).with_inspector(Some(inspector));
+    (tx, Box::pin(body), probe)
+}
+
+const ROLE: &str =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+const CONTENT: &str = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"}}]}\n\n";
+
+#[tokio::test(start_paused = true)]
+async fn with_a_known_format_the_first_token_is_the_first_output() {
+    // The role preamble comes at once, the first content after 300 ms: that is the first
+    // token, and the idle limit (100 ms) does not apply before it.
+    let (tx, mut b, probe) = chat_body(limits(500, 100, 10_000));
+    let start = Instant::now();
+    let t = feeder(
+        tx,
+        vec![(10, ROLE), (290, CONTENT), (50, "data: [DONE]\n\n")],
+    );
+    tokio::spawn(async move { drop(t.await) });
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none());
+    assert_eq!(out, [ROLE, CONTENT, "data: [DONE]\n\n"].concat().as_bytes());
+    drop(b);
+    let seen = probe.0.lock().unwrap();
+    assert_eq!(seen.end.as_deref(), Some("complete"));
+    assert_eq!(seen.first_token, Some(start + ms(300)));
+    let tokens = seen.tokens.expect("told on drop");
+    assert_eq!((tokens.output_events, tokens.completion), (1, None));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_preamble_alone_does_not_satisfy_the_first_token_limit() {
+    let (tx, mut b, probe) = chat_body(limits(500, 100, 10_000));
+    let t = feeder(tx, vec![(10, ROLE)]);
+    let start = Instant::now();
+    let (out, _) = drain(&mut b).await;
+    assert_eq!(Instant::now() - start, ms(500));
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with(ROLE), "{text}");
+    assert!(text.contains("\"code\":\"first_token_timeout\""));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("first_token_timeout")
+    );
+    drop(t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_the_first_token_any_data_event_moves_the_idle_limit() {
+    let (tx, mut b, probe) = chat_body(limits(500, 100, 10_000));
+    // Content, then non-output events 80 ms apart (each within the idle limit).
+    let t = feeder(tx, vec![(10, CONTENT), (80, ROLE), (80, ROLE), (80, ROLE)]);
+    let start = Instant::now();
+    let (_, _) = drain(&mut b).await;
+    assert_eq!(
+        Instant::now() - start,
+        ms(350),
+        "idle counted from the last event"
+    );
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+    drop(t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_openai_error_data_event_ends_the_stream_like_an_error_event() {
+    let (tx, mut b, probe) = chat_body(limits(1000, 1000, 10_000));
+    let error = "data: {\"error\":{\"message\":\"m\",\"type\":\"server_error\"}}\n\n";
+    let chunk: &'static str =
+        Box::leak(format!("{CONTENT}{error}data: never\n\n").into_boxed_str());
+    let t = feeder(tx, vec![(5, chunk)]);
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none());
+    assert_eq!(
+        out,
+        [CONTENT, error].concat().as_bytes(),
+        "nothing added, nothing after"
+    );
+    drop(b);
+    let seen = probe.0.lock().unwrap();
+    assert_eq!(seen.end.as_deref(), Some("upstream_error_event"));
+    assert_eq!(
+        seen.tokens.and_then(|t| t.error),
+        Some(crate::provider::ErrorType::Server)
+    );
+    drop(t);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_json_body_is_read_for_its_usage() {
+    let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+    let probe = Probe::default();
+    let inspector = Inspector::new(crate::provider::Format::Messages, false);
+    let mut b = Box::pin(
+        WatchdogBody::new(rx, false, limits(1000, 1000, 10_000), probe.clone())
+            .with_inspector(Some(inspector)),
+    );
+    for piece in [
+        "{\"usage\":{\"input_",
+        "tokens\":12,\"output_tokens\":3",
+        "}}",
+    ] {
+        tx.send_data(Bytes::from_static(piece.as_bytes()))
+            .await
+            .unwrap();
+    }
+    drop(tx);
+    drain(&mut b).await;
+    drop(b);
+    let t = probe.0.lock().unwrap().tokens.unwrap();
+    assert_eq!((t.prompt, t.completion), (Some(12), Some(3)));
+}

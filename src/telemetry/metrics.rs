@@ -1,0 +1,632 @@
+//! The Prometheus registry and the typed handles the request path uses. Nothing else in the
+//! crate touches `prometheus` directly. Label handles are resolved once per route and upstream
+//! when the gateway is built, so a request never does a label lookup.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+pub use prometheus::{Histogram, IntGauge};
+
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use crate::error::Origin;
+
+/// How many log lines the process has dropped, for a log writer that drops lines rather than
+/// block the runtime when its reader falls behind (set once, by the binary).
+static LOG_LINES_DROPPED: OnceLock<Box<dyn Fn() -> u64 + Send + Sync>> = OnceLock::new();
+
+/// Makes `hourglass_log_lines_dropped_total` read `dropped`. Only the first call counts.
+pub fn count_dropped_log_lines(dropped: impl Fn() -> u64 + Send + Sync + 'static) {
+    let _ = LOG_LINES_DROPPED.set(Box::new(dropped));
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+    600.0,
+];
+const BUDGET_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+const RATIO_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
+
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    cancellations: IntCounterVec,
+    budget: HistogramVec,
+    margin: HistogramVec,
+    used_ratio: HistogramVec,
+    duration: HistogramVec,
+    ttft: HistogramVec,
+    ttfb: HistogramVec,
+    tokens: IntCounterVec,
+    tokens_cancelled: IntCounterVec,
+    stream_errors: IntCounterVec,
+    in_flight: IntGaugeVec,
+    retries: IntCounterVec,
+    fallbacks: IntCounterVec,
+    hedges: IntCounterVec,
+    attempts: HistogramVec,
+    reloads: IntCounterVec,
+    config_info: IntGaugeVec,
+    panics: IntCounter,
+    runs: RunMetrics,
+    stream_upstream: IntCounterVec,
+    partial_answers: IntCounterVec,
+    log_lines_dropped: IntCounter,
+    /// Two scrapes at once must not both add what the counter is behind.
+    log_catch_up: Mutex<()>,
+}
+
+/// Pre-resolved handles for one route, shared: every request takes a copy (once for the route
+/// its path selects, again for the one its model selects), and with the handles behind one
+/// `Arc` that copy is one reference count instead of one per handle plus a `Vec`.
+#[derive(Clone)]
+pub struct RouteMetrics(Arc<RouteHandles>);
+
+impl std::ops::Deref for RouteMetrics {
+    type Target = RouteHandles;
+
+    fn deref(&self) -> &RouteHandles {
+        &self.0
+    }
+}
+
+/// The handles of one route; reached through [`RouteMetrics`].
+pub struct RouteHandles {
+    pub ok: IntCounter,
+    pub error: IntCounter,
+    pub cancelled: IntCounter,
+    cancellations: Vec<IntCounter>,
+    pub budget: Histogram,
+    pub margin: Histogram,
+    pub used_ratio: Histogram,
+    pub duration: Histogram,
+    pub attempts: Histogram,
+    tokens_cancelled: Vec<IntCounter>,
+    /// Requests the upstream was asked to stream for a client that did not.
+    pub stream_upstream: IntCounter,
+    partial_answers: IntCounterVec,
+    route: Arc<str>,
+}
+
+/// Pre-resolved handles for what the answers of one (route, upstream) pair cost.
+pub struct AnswerMetrics {
+    pub ttfb: Histogram,
+    pub prompt_reported: IntCounter,
+    pub completion_reported: IntCounter,
+    pub completion_estimated: IntCounter,
+    stream_errors: IntCounterVec,
+    route: Arc<str>,
+    upstream: Arc<str>,
+}
+
+impl AnswerMetrics {
+    /// Counts one mid-stream provider error. Rare, so the label lookup happens here rather
+    /// than creating a series per type up front.
+    pub fn stream_error(&self, kind: &str) {
+        self.stream_errors
+            .with_label_values(&[&*self.route, &*self.upstream, kind])
+            .inc();
+    }
+}
+
+/// What runs report: how many are held, how they end, what they are refused, and what a
+/// whole run cost when it ends. Touched per run and per refusal, never per chunk.
+#[derive(Clone)]
+pub struct RunMetrics {
+    pub active: IntGauge,
+    ends: IntCounterVec,
+    refusals: IntCounterVec,
+    calls: HistogramVec,
+    tokens: HistogramVec,
+    duration: HistogramVec,
+    store_errors: IntCounterVec,
+}
+
+impl RunMetrics {
+    /// Creates a route's run series at zero, so dashboards see them before the first run.
+    pub fn init(&self, route: &str, ends: &[&str], reasons: &[&str]) {
+        for end in ends {
+            self.ends.with_label_values(&[route, end]);
+        }
+        for reason in reasons {
+            self.refusals.with_label_values(&[route, reason]);
+        }
+        for h in [&self.calls, &self.tokens, &self.duration] {
+            h.with_label_values(&[route]);
+        }
+    }
+
+    /// A run started on `route` ended, for `end`, having made `calls` calls that used
+    /// `tokens` tokens over `duration` seconds.
+    pub fn ended(&self, route: &str, end: &str, calls: u64, tokens: u64, duration: f64) {
+        self.ends.with_label_values(&[route, end]).inc();
+        self.calls.with_label_values(&[route]).observe(calls as f64);
+        self.tokens
+            .with_label_values(&[route])
+            .observe(tokens as f64);
+        self.duration.with_label_values(&[route]).observe(duration);
+    }
+
+    pub fn refused(&self, route: &str, reason: &str) {
+        self.refusals.with_label_values(&[route, reason]).inc();
+    }
+
+    /// A call to the run store failed or timed out (`op`: admit, finish).
+    pub fn store_error(&self, op: &str) {
+        self.store_errors.with_label_values(&[op]).inc();
+    }
+}
+
+/// Counts one upstream call in flight from creation to drop.
+pub struct InFlight(IntGauge);
+
+impl InFlight {
+    pub fn new(gauge: &IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl RouteHandles {
+    pub fn cancellation(&self, origin: Origin) -> &IntCounter {
+        &self.cancellations[origin as usize]
+    }
+
+    /// A partial answer was sent because `origin` cut the stream.
+    pub fn partial_answer(&self, origin: Origin) {
+        self.partial_answers
+            .with_label_values(&[&*self.route, origin.as_str()])
+            .inc();
+    }
+
+    /// Completion tokens streamed to requests that were then cancelled by `origin`.
+    pub fn tokens_cancelled(&self, origin: Origin) -> &IntCounter {
+        &self.tokens_cancelled[origin as usize]
+    }
+}
+
+/// The route label for requests that matched no route.
+pub const NO_ROUTE: &str = "none";
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+            let h = HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                labels,
+            )
+            .expect("valid metric");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric");
+            h
+        };
+        let requests = counter(
+            "hourglass_requests_total",
+            "Requests finished, by route and outcome (ok, error, cancelled).",
+            &["route", "outcome"],
+        );
+        let cancellations = counter(
+            "hourglass_cancellations_total",
+            "Requests cancelled, by route and the one origin of the cancellation.",
+            &["route", "origin"],
+        );
+        let budget = histogram(
+            "hourglass_budget_seconds",
+            "Budget given to each request.",
+            &["route"],
+            BUDGET_BUCKETS,
+        );
+        let margin = histogram(
+            "hourglass_budget_margin_seconds",
+            "Budget left when a response completed.",
+            &["route"],
+            LATENCY_BUCKETS,
+        );
+        let used_ratio = histogram(
+            "hourglass_budget_used_ratio",
+            "Elapsed time divided by budget, for every request.",
+            &["route"],
+            RATIO_BUCKETS,
+        );
+        let duration = histogram(
+            "hourglass_request_duration_seconds",
+            "Time from request head to the end of the response.",
+            &["route"],
+            LATENCY_BUCKETS,
+        );
+        let ttft = histogram(
+            "hourglass_time_to_first_token_seconds",
+            "Time from request head to the first event carrying model output (with a known API; else the first data event, or the first body byte for non-SSE).",
+            &["route", "upstream"],
+            LATENCY_BUCKETS,
+        );
+        let ttfb = histogram(
+            "hourglass_time_to_first_byte_seconds",
+            "Time from request head to the first byte of the upstream's response body.",
+            &["route", "upstream"],
+            LATENCY_BUCKETS,
+        );
+        let tokens = counter(
+            "hourglass_tokens_total",
+            "Tokens of answers, by kind (prompt, completion) and source (reported by the provider, or estimated from the deltas seen).",
+            &["route", "upstream", "kind", "source"],
+        );
+        let tokens_cancelled = counter(
+            "hourglass_tokens_cancelled_total",
+            "Completion tokens streamed to requests that were then cancelled, by the origin of the cancellation.",
+            &["route", "origin"],
+        );
+        let stream_errors = counter(
+            "hourglass_upstream_stream_errors_total",
+            "Errors the provider sent in the middle of a stream (passed through), by their type.",
+            &["route", "upstream", "type"],
+        );
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "hourglass_upstream_requests_in_flight",
+                "Upstream requests started and not yet finished or cancelled.",
+            ),
+            &["upstream"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(in_flight.clone()))
+            .expect("unique metric");
+        let retries = counter(
+            "hourglass_retries_total",
+            "Extra attempts on the same upstream, by the failure that caused them.",
+            &["route", "upstream", "reason"],
+        );
+        let fallbacks = counter(
+            "hourglass_fallbacks_total",
+            "Moves from one upstream to the next in a route's fallback chain.",
+            &["route", "from", "to"],
+        );
+        let hedges = counter(
+            "hourglass_hedges_total",
+            "Hedged requests (a fallback started in parallel), by which attempt won.",
+            &["route", "winner"],
+        );
+        let attempts = histogram(
+            "hourglass_attempts",
+            "Upstream attempts made for one request.",
+            &["route"],
+            &[0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
+        );
+        let reloads = counter(
+            "hourglass_config_reloads_total",
+            "Configuration reloads, by result (ok, error).",
+            &["result"],
+        );
+        for result in ["ok", "error"] {
+            reloads.with_label_values(&[result]);
+        }
+        let config_info = IntGaugeVec::new(
+            Opts::new(
+                "hourglass_config_info",
+                "The configuration being served: 1 for the hash of the loaded file.",
+            ),
+            &["hash"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(config_info.clone()))
+            .expect("unique metric");
+        let panics = IntCounter::new(
+            "hourglass_panics_total",
+            "Request handlers that panicked (a bug; the process keeps serving).",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(panics.clone()))
+            .expect("unique metric");
+        let log_lines_dropped = IntCounter::new(
+            "hourglass_log_lines_dropped_total",
+            "Log lines dropped because the log's reader fell behind (the gateway never waits \
+             on its log).",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(log_lines_dropped.clone()))
+            .expect("unique metric");
+        let runs_active = IntGauge::new(
+            "hourglass_runs_active",
+            "Runs held by this gateway (the embedded store), or known to it (a shared store).",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(runs_active.clone()))
+            .expect("unique metric");
+        let runs = RunMetrics {
+            active: runs_active,
+            ends: counter(
+                "hourglass_runs_total",
+                "Runs that ended, by the route that started them and how they ended (expired, deadline, calls, tokens, loop, evicted).",
+                &["route", "end"],
+            ),
+            refusals: counter(
+                "hourglass_run_refusals_total",
+                "Calls a run refused, by the run's route and the limit (deadline, calls, tokens, loop).",
+                &["route", "reason"],
+            ),
+            calls: histogram(
+                "hourglass_run_calls",
+                "Calls a run made, observed when it ends.",
+                &["route"],
+                &[1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0],
+            ),
+            tokens: histogram(
+                "hourglass_run_tokens",
+                "Tokens (prompt and completion, reported or estimated) a run used, observed when it ends.",
+                &["route"],
+                &[
+                    100.0, 1_000.0, 5_000.0, 10_000.0, 50_000.0, 100_000.0, 500_000.0,
+                    1_000_000.0, 5_000_000.0,
+                ],
+            ),
+            duration: histogram(
+                "hourglass_run_duration_seconds",
+                "Time from a run's first call to its end.",
+                &["route"],
+                LATENCY_BUCKETS,
+            ),
+            store_errors: counter(
+                "hourglass_run_store_errors_total",
+                "Calls to the run store that failed or took longer than store_timeout, by operation; the call was then served without run limits (on_store_error = allow) or refused (deny).",
+                &["op"],
+            ),
+        };
+        for op in ["admit", "finish"] {
+            runs.store_errors.with_label_values(&[op]);
+        }
+        let stream_upstream = counter(
+            "hourglass_stream_upstream_total",
+            "Requests of clients that did not stream, sent upstream as streams (stream_upstream) so that the first-token and idle limits watch them.",
+            &["route"],
+        );
+        let partial_answers = counter(
+            "hourglass_partial_answers_total",
+            "Answers a limit cut after output came, sent as partial answers (partial_answers), by the limit's origin.",
+            &["route", "origin"],
+        );
+        Self {
+            registry,
+            runs,
+            stream_upstream,
+            partial_answers,
+            log_lines_dropped,
+            log_catch_up: Mutex::new(()),
+            reloads,
+            config_info,
+            panics,
+            requests,
+            cancellations,
+            budget,
+            margin,
+            used_ratio,
+            duration,
+            ttft,
+            ttfb,
+            tokens,
+            tokens_cancelled,
+            stream_errors,
+            in_flight,
+            retries,
+            fallbacks,
+            hedges,
+            attempts,
+        }
+    }
+
+    /// Resolves (and so creates at zero) every series of one route, so dashboards see the
+    /// route before its first request.
+    pub fn route(&self, route: &str) -> RouteMetrics {
+        RouteMetrics(Arc::new(RouteHandles {
+            ok: self.requests.with_label_values(&[route, "ok"]),
+            error: self.requests.with_label_values(&[route, "error"]),
+            cancelled: self.requests.with_label_values(&[route, "cancelled"]),
+            cancellations: Origin::ALL
+                .iter()
+                .map(|o| self.cancellations.with_label_values(&[route, o.as_str()]))
+                .collect(),
+            budget: self.budget.with_label_values(&[route]),
+            margin: self.margin.with_label_values(&[route]),
+            used_ratio: self.used_ratio.with_label_values(&[route]),
+            duration: self.duration.with_label_values(&[route]),
+            attempts: self.attempts.with_label_values(&[route]),
+            tokens_cancelled: Origin::ALL
+                .iter()
+                .map(|o| {
+                    self.tokens_cancelled
+                        .with_label_values(&[route, o.as_str()])
+                })
+                .collect(),
+            stream_upstream: self.stream_upstream.with_label_values(&[route]),
+            partial_answers: self.partial_answers.clone(),
+            route: Arc::from(route),
+        }))
+    }
+
+    /// The answer handles of one (route, upstream) pair; the token series exist from then on.
+    pub fn answer(&self, route: &str, upstream: &str) -> AnswerMetrics {
+        let tokens = |kind, source| {
+            self.tokens
+                .with_label_values(&[route, upstream, kind, source])
+        };
+        AnswerMetrics {
+            ttfb: self.ttfb.with_label_values(&[route, upstream]),
+            prompt_reported: tokens("prompt", "reported"),
+            completion_reported: tokens("completion", "reported"),
+            completion_estimated: tokens("completion", "estimated"),
+            stream_errors: self.stream_errors.clone(),
+            route: Arc::from(route),
+            upstream: Arc::from(upstream),
+        }
+    }
+
+    /// Time-to-first-token handle for one (route, upstream) pair.
+    pub fn ttft(&self, route: &str, upstream: &str) -> Histogram {
+        self.ttft.with_label_values(&[route, upstream])
+    }
+
+    pub fn in_flight(&self, upstream: &str) -> IntGauge {
+        self.in_flight.with_label_values(&[upstream])
+    }
+
+    /// Creates the retry/fallback/hedge series of a route at zero, so dashboards can plot
+    /// rates before the first event.
+    pub fn init_policy(&self, route: &str, chain: &[&str], retry_reasons: &[&str], hedged: bool) {
+        for up in chain {
+            for reason in retry_reasons {
+                self.retries.with_label_values(&[route, up, reason]);
+            }
+        }
+        for pair in chain.windows(2) {
+            self.fallbacks.with_label_values(&[route, pair[0], pair[1]]);
+        }
+        if hedged {
+            for winner in ["primary", "hedge"] {
+                self.hedges.with_label_values(&[route, winner]);
+            }
+        }
+    }
+
+    // The policy counters are touched only when an attempt fails or a hedge resolves, so a
+    // label lookup there costs nothing on the streaming path.
+    pub fn retry(&self, route: &str, upstream: &str, reason: &str) {
+        self.retries
+            .with_label_values(&[route, upstream, reason])
+            .inc();
+    }
+
+    pub fn fallback(&self, route: &str, from: &str, to: &str) {
+        self.fallbacks.with_label_values(&[route, from, to]).inc();
+    }
+
+    pub fn reload(&self, ok: bool) {
+        self.reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+    }
+
+    /// Marks `fingerprint` as the configuration being served (and no other).
+    pub fn config_loaded(&self, fingerprint: &str) {
+        self.config_info.reset();
+        self.config_info.with_label_values(&[fingerprint]).set(1);
+    }
+
+    /// Creates a route's partial-answer series at zero (routes with `partial_answers`).
+    pub fn init_partial(&self, route: &str) {
+        for origin in [
+            Origin::Deadline,
+            Origin::Idle,
+            Origin::RunDeadline,
+            Origin::RunTokens,
+        ] {
+            self.partial_answers
+                .with_label_values(&[route, origin.as_str()]);
+        }
+    }
+
+    pub fn runs(&self) -> &RunMetrics {
+        &self.runs
+    }
+
+    pub fn panicked(&self) {
+        self.panics.inc();
+    }
+
+    pub fn hedge(&self, route: &str, winner: &str) {
+        self.hedges.with_label_values(&[route, winner]).inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        if let Some(dropped) = LOG_LINES_DROPPED.get() {
+            // The writer keeps the running total; the counter catches up at each scrape.
+            let _one = self
+                .log_catch_up
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let behind = dropped().saturating_sub(self.log_lines_dropped.get());
+            self.log_lines_dropped.inc_by(behind);
+        }
+        let mut out = Vec::with_capacity(16 * 1024);
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_series_exist_at_zero_with_contract_names() {
+        let m = Metrics::new();
+        let r = m.route("chat");
+        m.ttft("chat", "openai");
+        m.answer("chat", "openai").stream_error("overloaded_error");
+        m.in_flight("openai");
+        r.cancellation(Origin::Idle).inc();
+        let text = m.encode();
+        for needle in [
+            "hourglass_requests_total{outcome=\"ok\",route=\"chat\"} 0",
+            "hourglass_cancellations_total{origin=\"idle\",route=\"chat\"} 1",
+            "hourglass_cancellations_total{origin=\"client\",route=\"chat\"} 0",
+            "hourglass_budget_seconds_bucket{route=\"chat\",le=\"+Inf\"} 0",
+            "hourglass_time_to_first_token_seconds_count{route=\"chat\",upstream=\"openai\"} 0",
+            "hourglass_time_to_first_byte_seconds_count{route=\"chat\",upstream=\"openai\"} 0",
+            "hourglass_tokens_total{kind=\"completion\",route=\"chat\",source=\"estimated\",upstream=\"openai\"} 0",
+            "hourglass_tokens_total{kind=\"prompt\",route=\"chat\",source=\"reported\",upstream=\"openai\"} 0",
+            "hourglass_tokens_cancelled_total{origin=\"client\",route=\"chat\"} 0",
+            "hourglass_upstream_requests_in_flight{upstream=\"openai\"} 0",
+            "# HELP hourglass_budget_margin_seconds",
+            "# TYPE hourglass_budget_used_ratio histogram",
+            "hourglass_upstream_stream_errors_total{route=\"chat\",type=\"overloaded_error\",upstream=\"openai\"} 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+
+    /// The only test in this binary that sets the process-wide source of dropped lines.
+    #[test]
+    fn dropped_log_lines_are_counted_once_per_line_across_scrapes() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static DROPPED: AtomicU64 = AtomicU64::new(0);
+        count_dropped_log_lines(|| DROPPED.load(Ordering::Relaxed));
+        let m = Metrics::new();
+        assert!(m.encode().contains("hourglass_log_lines_dropped_total 0\n"));
+        DROPPED.store(7, Ordering::Relaxed);
+        assert!(m.encode().contains("hourglass_log_lines_dropped_total 7\n"));
+        assert!(m.encode().contains("hourglass_log_lines_dropped_total 7\n"));
+        DROPPED.store(9, Ordering::Relaxed);
+        assert!(m.encode().contains("hourglass_log_lines_dropped_total 9\n"));
+    }
+}

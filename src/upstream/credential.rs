@@ -1,0 +1,68 @@
+//! The upstream's own key: read from `api_key_env` or `api_key_file` and sent the way its
+//! `auth` says, never logged.
+
+use http::header::{HeaderName, AUTHORIZATION};
+use http::HeaderValue;
+
+use crate::config::{AuthMode, UpstreamConfig};
+use crate::http::headers::X_API_KEY;
+use crate::upstream::error::UpstreamBuildError;
+
+/// The provider key, from `api_key_env` (unset or empty: none, the client's own
+/// credentials pass through) or `api_key_file` (which must exist and hold a key).
+fn read_key(config: &UpstreamConfig) -> Result<Option<(String, String)>, UpstreamBuildError> {
+    if let Some(path) = &config.api_key_file {
+        let file_err = |reason: String| UpstreamBuildError::KeyFile {
+            upstream: config.name.clone(),
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+        let key = text.trim();
+        if key.is_empty() {
+            return Err(file_err("the file is empty".into()));
+        }
+        if key.contains(['\n', '\r']) {
+            return Err(file_err("the file must hold exactly one key".into()));
+        }
+        return Ok(Some((
+            key.to_owned(),
+            format!("api_key_file {}", path.display()),
+        )));
+    }
+    let Some(var) = &config.api_key_env else {
+        return Ok(None);
+    };
+    let Ok(key) = std::env::var(var) else {
+        return Ok(None);
+    };
+    let key = key.trim();
+    if key.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some((key.to_owned(), var.clone())))
+}
+
+pub(super) fn credential(
+    config: &UpstreamConfig,
+) -> Result<Option<(HeaderName, HeaderValue)>, UpstreamBuildError> {
+    let Some((key, var)) = read_key(config)? else {
+        return Ok(None);
+    };
+    let key = key.as_str();
+    let bad = || UpstreamBuildError::BadKey {
+        upstream: config.name.clone(),
+        var: var.clone(),
+    };
+    let (name, mut value) = match config.auth {
+        AuthMode::Bearer => (
+            AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| bad())?,
+        ),
+        AuthMode::XApiKey => (X_API_KEY, HeaderValue::from_str(key).map_err(|_| bad())?),
+        AuthMode::None => return Ok(None),
+    };
+    // Kept out of HPACK tables and printed as "Sensitive" by Debug.
+    value.set_sensitive(true);
+    Ok(Some((name, value)))
+}

@@ -1,0 +1,203 @@
+//! The client side: one pooled hyper client per upstream, with TLS (rustls, webpki roots plus
+//! an optional `ca_file`), ALPN for HTTP/2, TCP_NODELAY, keep-alive, a connect timeout that
+//! covers TCP and TLS together, and the upstream's credentials.
+
+pub mod connect;
+mod credential;
+pub mod error;
+pub mod estimate;
+
+pub use self::connect::{ConnectTimedOut, TimeoutConnector};
+pub use self::error::UpstreamBuildError;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, AUTHORIZATION};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderValue, Uri};
+use http_body_util::Full;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use self::connect::tls_config;
+use self::credential::credential;
+use self::estimate::TtftEstimate;
+use crate::config::UpstreamConfig;
+use crate::http::headers::X_API_KEY;
+
+type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
+
+pub struct Upstream {
+    pub name: Arc<str>,
+    pub config: Arc<UpstreamConfig>,
+    /// The url's scheme and authority, and its path without a trailing slash (often empty),
+    /// parsed once: every request's URI is put together from them.
+    scheme: Scheme,
+    authority: Authority,
+    prefix: String,
+    credential: Option<(HeaderName, HeaderValue)>,
+    client: Client<Connector, Full<Bytes>>,
+    /// What an attempt here is expected to take until its first token.
+    pub ttft: TtftEstimate,
+    /// The connector's own connect bound (a reload reuses this upstream only if unchanged).
+    pub connect_bound: Duration,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the credential.
+        f.debug_struct("Upstream")
+            .field("name", &self.name)
+            .field(
+                "base",
+                &format_args!("{}://{}{}", self.scheme, self.authority, self.prefix),
+            )
+            .field("has_credential", &self.credential.is_some())
+            .finish()
+    }
+}
+
+impl Upstream {
+    /// `connect_timeout` is the longest any route allows this upstream; each request also
+    /// bounds its own connect by what is left of its budget.
+    pub fn new(
+        config: Arc<UpstreamConfig>,
+        connect_timeout: Duration,
+    ) -> Result<Self, UpstreamBuildError> {
+        let name: Arc<str> = Arc::from(config.name.as_str());
+        let tls = tls_config(&config)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_keepalive(Some(Duration::from_secs(30)));
+        http.set_connect_timeout(Some(connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let connector = TimeoutConnector {
+            inner: https,
+            timeout: connect_timeout,
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(config.pool_idle_timeout)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .http2_keep_alive_while_idle(false)
+            .build(connector);
+        let credential = credential(&config)?;
+        let url = &config.url;
+        let scheme = url.scheme().cloned().unwrap_or(Scheme::HTTP);
+        let authority = url
+            .authority()
+            .cloned()
+            .expect("config::check_url admits only URLs with a host");
+        let prefix = url.path().trim_end_matches('/').to_owned();
+        Ok(Self {
+            name,
+            connect_bound: connect_timeout,
+            ttft: TtftEstimate::new(config.expected_first_token),
+            config,
+            scheme,
+            authority,
+            prefix,
+            credential,
+            client,
+        })
+    }
+
+    /// The upstream URI for a client request's path and query. Put together from parts: a
+    /// `format!` and a parse of the whole URI cost four allocations per request.
+    pub fn uri_for(&self, path_and_query: &PathAndQuery) -> Result<Uri, http::Error> {
+        let path_and_query = if self.prefix.is_empty() {
+            path_and_query.clone()
+        } else {
+            let mut joined =
+                String::with_capacity(self.prefix.len() + path_and_query.as_str().len());
+            joined.push_str(&self.prefix);
+            joined.push_str(path_and_query.as_str());
+            PathAndQuery::try_from(joined)?
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path_and_query)
+            .build()
+    }
+
+    pub fn has_credential(&self) -> bool {
+        self.credential.is_some()
+    }
+
+    /// Whether the key this upstream was built with is still the one its source holds: a
+    /// reload that reuses this upstream must not keep sending a rotated key.
+    pub fn credential_is_current(&self) -> bool {
+        matches!(credential(&self.config), Ok(c) if c == self.credential)
+    }
+
+    /// Replaces whatever credentials the client sent with the upstream's own. Without a
+    /// configured key the client's own headers pass through untouched.
+    pub fn apply_credentials(&self, headers: &mut HeaderMap) {
+        if let Some((name, value)) = &self.credential {
+            headers.remove(AUTHORIZATION);
+            headers.remove(X_API_KEY);
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+
+    pub fn request(&self, req: http::Request<Full<Bytes>>) -> ResponseFuture {
+        self.client.request(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn upstream(url: &str) -> Upstream {
+        let toml = format!(
+            "[upstreams.u]\nurl = \"{url}\"\nauth = \"none\"\n\n\
+             [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n"
+        );
+        let config = Config::from_toml(&toml, "test").expect("config");
+        Upstream::new(config.upstreams[0].clone(), Duration::from_secs(1)).expect("upstream")
+    }
+
+    #[test]
+    fn the_upstream_uri_joins_the_base_path_and_the_request_target() {
+        for (base, target, want) in [
+            (
+                "http://127.0.0.1:9",
+                "/v1/chat?x=1",
+                "http://127.0.0.1:9/v1/chat?x=1",
+            ),
+            (
+                "http://127.0.0.1:9/",
+                "/v1/chat",
+                "http://127.0.0.1:9/v1/chat",
+            ),
+            (
+                "https://example.com/openai/v1/",
+                "/chat/completions?api-version=2",
+                "https://example.com/openai/v1/chat/completions?api-version=2",
+            ),
+            (
+                "https://example.com/openai",
+                "/",
+                "https://example.com/openai/",
+            ),
+        ] {
+            let target: PathAndQuery = target.parse().expect("target");
+            let uri = upstream(base).uri_for(&target).expect("uri");
+            assert_eq!(uri.to_string(), want, "{base} + {target}");
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! Runs across replicas: two Hourglass processes share one Redis, and a run is one run
+//! whichever replica its calls land on; Redis that goes away, comes back, or never answers.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hourglass::fake::FakeUpstream;
+use http::Request;
+use http_body_util::Full;
+use support::redis::RedisServer;
+use support::{json_body, read_body, Conn, Process};
+use tokio::time::Instant;
+
+const CONFIG: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[runs]
+store = "{STORE}"
+store_timeout = "{STORE_TIMEOUT}"
+on_store_error = "{ON_ERROR}"
+
+[defaults]
+budget = "10s"
+connect_timeout = "500ms"
+first_token_timeout = "5s"
+idle_timeout = "5s"
+
+[upstreams.fake]
+url = "{FAKE}"
+auth = "none"
+
+[[routes]]
+name = "agent"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+run_max_calls = 10
+run_max_repeats = 3
+run_budget = "1500ms"
+run_max_budget = "60s"
+"#;
+
+fn config(fake: &FakeUpstream, store: &str, on_error: &str, timeout: &str) -> String {
+    CONFIG
+        .replace("{FAKE}", &fake.url())
+        .replace("{STORE}", store)
+        .replace("{ON_ERROR}", on_error)
+        .replace("{STORE_TIMEOUT}", timeout)
+}
+
+fn call(stream: bool, headers: &[(&str, &str)], turn: usize) -> Request<Full<Bytes>> {
+    let body = format!(
+        r#"{{"model":"m","stream":{stream},"user":"turn {turn}","messages":[{{"role":"user","content":"hi"}}]}}"#
+    );
+    let mut b = Request::post("/v1/chat/completions")
+        .header("host", "gateway")
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+async fn send(p: &Process, req: Request<Full<Bytes>>) -> (u16, http::HeaderMap, serde_json::Value) {
+    let (resp, _c) = Conn::open(p.addr).await.send(req).await;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    (status, headers, json_body(resp).await)
+}
+
+async fn two_replicas(
+    fake: &FakeUpstream,
+    redis: &RedisServer,
+    on_error: &str,
+) -> (Process, Process) {
+    let toml = config(fake, &redis.url(), on_error, "200ms");
+    let a = Process::spawn(&toml, &[], &[]).await;
+    let b = Process::spawn(&toml, &[], &[]).await;
+    (a, b)
+}
+
+#[tokio::test]
+async fn fifty_calls_split_between_two_replicas_get_exactly_ten_upstream() {
+    let redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let (a, b) = two_replicas(&fake, &redis, "deny").await;
+    let replicas = Arc::new([a, b]);
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let replicas = replicas.clone();
+            tokio::spawn(async move {
+                let run = [("x-run-id", "split"), ("x-run-budget-ms", "30000")];
+                send(&replicas[i % 2], call(false, &run, i)).await.0
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    let ok = statuses.iter().filter(|&&s| s == 200).count();
+    let refused = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!((ok, refused), (10, 40), "{statuses:?}");
+    assert_eq!(
+        fake.requests().len(),
+        10,
+        "ten reached the provider, from both replicas"
+    );
+    for p in replicas.iter() {
+        let served = support::metric(
+            p.admin,
+            "hourglass_requests_total{outcome=\"ok\",route=\"agent\"}",
+        )
+        .await;
+        let refused = support::metric(
+            p.admin,
+            "hourglass_requests_total{outcome=\"error\",route=\"agent\"}",
+        )
+        .await;
+        assert_eq!(served + refused, 25.0, "each replica took its half");
+    }
+}
+
+#[tokio::test]
+async fn the_deadline_set_by_a_call_to_one_replica_cuts_a_stream_on_the_other() {
+    let redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let (a, b) = two_replicas(&fake, &redis, "deny").await;
+    let start = Instant::now();
+    let (status, headers, _) = send(&a, call(false, &[("x-run-id", "dl")], 0)).await;
+    assert_eq!(status, 200);
+    assert!(headers.contains_key("x-run-remaining-ms"));
+    let req = call(
+        true,
+        &[
+            ("x-run-id", "dl"),
+            ("x-fake-chunks", "100"),
+            ("x-fake-interval-ms", "100"),
+        ],
+        1,
+    );
+    let (resp, _c) = Conn::open(b.addr).await.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    let error = read.error_event().expect("cut with why");
+    assert_eq!(error["code"], "run_deadline_exceeded");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(8),
+        "cut by the run's 1.5 s, not the call's 10 s: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_loop_seen_across_both_replicas_is_stopped() {
+    let redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let (a, b) = two_replicas(&fake, &redis, "deny").await;
+    let tool = [
+        ("x-run-id", "loop"),
+        ("x-run-budget-ms", "30000"),
+        ("x-fake-tool-call", "get_weather"),
+    ];
+    for (i, p) in [&a, &b, &a].into_iter().enumerate() {
+        let (status, _, _) = send(p, call(false, &tool, i)).await;
+        assert_eq!(status, 200);
+        // The end of the call reaches Redis a moment after the answer.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, headers, body) = send(&b, call(false, &tool, 3)).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(headers["x-should-retry"], "false");
+    assert_eq!(body["error"]["code"], "run_loop_detected");
+    assert_eq!(fake.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn redis_going_away_allow_serves_deny_refuses_and_runs_resume_when_it_is_back() {
+    let mut redis = RedisServer::start().await;
+    let port = redis.port();
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let allow = Process::spawn(&config(&fake, &redis.url(), "allow", "200ms"), &[], &[]).await;
+    let deny = Process::spawn(&config(&fake, &redis.url(), "deny", "200ms"), &[], &[]).await;
+    let run = [("x-run-id", "gone"), ("x-run-budget-ms", "60000")];
+    // Nine of the run's ten calls before Redis goes.
+    for i in 0..9 {
+        let p = if i % 2 == 0 { &allow } else { &deny };
+        assert_eq!(send(p, call(false, &run, i)).await.0, 200);
+    }
+    redis.stop();
+    for i in 0..3 {
+        let (status, headers, _) = send(&allow, call(false, &run, 10 + i)).await;
+        assert_eq!(status, 200, "allow serves without run limits");
+        assert!(!headers.contains_key("x-run-calls-left"), "no run answered");
+    }
+    let (status, _, body) = send(&deny, call(false, &run, 20)).await;
+    assert_eq!(status, 503);
+    assert_eq!(body["error"]["code"], "run_store_unavailable");
+    support::assert_message_starts(&body["error"], "run store unavailable:");
+    let errors = support::metric(
+        allow.admin,
+        "hourglass_run_store_errors_total{op=\"admit\"}",
+    )
+    .await;
+    assert!(errors >= 3.0, "{errors}");
+    let ready = reqwest_like_get(allow.admin, "/readyz").await;
+    assert!(
+        ready.contains("on_store_error = allow") && ready.contains("unavailable"),
+        "{ready}"
+    );
+    // Back, with the run as it was: one call left, then refused.
+    let _redis = RedisServer::on(port).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut status = 0;
+    let mut headers = http::HeaderMap::new();
+    while Instant::now() < deadline {
+        (status, headers, _) = send(&deny, call(false, &run, 30)).await;
+        if status != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The run's state lived in the Redis that was stopped, which keeps nothing (persistence
+    // off): the run starts again, and is enforced again from there.
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-run-calls-left"], "9");
+    for i in 0..9 {
+        assert_eq!(send(&allow, call(false, &run, 40 + i)).await.0, 200);
+    }
+    assert_eq!(
+        send(&allow, call(false, &run, 50)).await.0,
+        429,
+        "enforced again"
+    );
+}
+
+#[tokio::test]
+async fn a_redis_that_never_answers_costs_a_call_its_store_timeout_not_its_budget() {
+    // Accepts connections and never says a word.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            conns.push(c);
+        }
+    });
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("redis://{addr}/0");
+    let deny = Process::spawn(&config(&fake, &url, "deny", "300ms"), &[], &[]).await;
+    let start = Instant::now();
+    let (status, _, body) = send(&deny, call(false, &[("x-run-id", "mute")], 0)).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    // A call whose budget is shorter than the store timeout is bounded by its budget.
+    let allow = Process::spawn(&config(&fake, &url, "allow", "5s"), &[], &[]).await;
+    let start = Instant::now();
+    let (status, _, body) = send(
+        &allow,
+        call(
+            false,
+            &[("x-run-id", "mute"), ("x-request-budget-ms", "800")],
+            1,
+        ),
+    )
+    .await;
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "bounded by the 800 ms budget: {took:?}"
+    );
+    // The store's wait left the call what it needs: served, without run limits.
+    assert_eq!(status, 200, "{body}");
+    held.abort();
+}
+
+/// A GET on the admin listener, its body as text.
+async fn reqwest_like_get(admin: std::net::SocketAddr, path: &str) -> String {
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", &format!("http://{admin}{path}")])
+        .output()
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn a_password_from_the_environment_reaches_redis_and_never_the_log() {
+    let password = "s3cret/pa:ss@word";
+    let redis = RedisServer::with_password(password).await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = config(&fake, &redis.url(), "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_password_env = \"HOURGLASS_TEST_REDIS_PASSWORD\"",
+    );
+    let p = Process::spawn(&toml, &[], &[("HOURGLASS_TEST_REDIS_PASSWORD", password)]).await;
+    let (status, headers, body) = send(&p, call(false, &[("x-run-id", "pw")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(headers["x-run-calls-left"], "9", "the run is in Redis");
+    let (out, err) = p.stop().await;
+    assert!(!out.contains(password) && !err.contains(password));
+}

@@ -1,0 +1,637 @@
+//! Runs end to end: one budget, a call limit, a token budget and a loop stop across the calls
+//! that carry one run id, against the fake provider over loopback. Every test runs twice,
+//! once on each run store (`memory`, and `redis` on a real redis-server): the same suite
+//! holds both to the same rules.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use support::redis::RedisServer;
+use support::{json_body, read_body, Harness};
+use tokio::time::Instant;
+
+const CONFIG: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[runs]
+store = "{STORE}"
+store_timeout = "2s"
+
+[defaults]
+budget = "10s"
+max_budget = "30s"
+connect_timeout = "500ms"
+first_token_timeout = "5s"
+idle_timeout = "5s"
+
+[upstreams.fake]
+url = "{FAKE}"
+auth = "none"
+
+[[routes]]
+name = "calls"
+path_prefix = "/v1/chat/completions"
+models = ["calls"]
+upstream = "fake"
+run_max_calls = 10
+
+[[routes]]
+name = "loops"
+path_prefix = "/v1/chat/completions"
+models = ["loops"]
+upstream = "fake"
+run_max_repeats = 3
+
+[[routes]]
+name = "tokens"
+path_prefix = "/v1/chat/completions"
+models = ["tokens"]
+upstream = "fake"
+run_max_tokens = 100
+run_token_estimate = 60
+
+[[routes]]
+name = "timed"
+path_prefix = "/v1/chat/completions"
+models = ["timed"]
+upstream = "fake"
+run_budget = "1500ms"
+run_max_budget = "3s"
+
+[[routes]]
+name = "traced"
+path_prefix = "/v1/chat/completions"
+models = ["traced"]
+upstream = "fake"
+run_id_header = "traceparent"
+run_max_calls = 1
+
+[[routes]]
+name = "keyed"
+path_prefix = "/v1/chat/completions"
+models = ["keyed"]
+upstream = "fake"
+run_max_calls = 1
+client_keys_file = "{KEYS}"
+"#;
+
+const KEY_A: &str = "hg-run-key-aaaaaaaaaaaa";
+const KEY_B: &str = "hg-run-key-bbbbbbbbbbbb";
+
+#[derive(Clone, Copy)]
+enum Store {
+    Memory,
+    Redis,
+}
+
+/// The gateway on `store`; what the test must keep alive with it (the keys, a redis-server).
+async fn harness(store: Store) -> (Harness, (tempfile::TempDir, Option<RedisServer>)) {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("{KEY_A}\n{KEY_B}\n")).unwrap();
+    let redis = match store {
+        Store::Memory => None,
+        Store::Redis => Some(RedisServer::start().await),
+    };
+    let url = redis
+        .as_ref()
+        .map_or_else(|| "memory".to_owned(), RedisServer::url);
+    let config = CONFIG
+        .replace("{KEYS}", keys.to_str().unwrap())
+        .replace("{STORE}", &url);
+    (Harness::with_config(&config).await, (dir, redis))
+}
+
+/// Each named case, as a test on each store.
+macro_rules! on_both_stores {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test]
+            async fn $case() {
+                super::$case(super::Store::Memory).await
+            })*
+        }
+        mod redis {
+            $(#[tokio::test]
+            async fn $case() {
+                super::$case(super::Store::Redis).await
+            })*
+        }
+    };
+}
+
+on_both_stores!(
+    fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream,
+    the_same_tool_call_three_times_stops_the_run_naming_the_tool,
+    the_same_request_sent_again_and_again_is_stopped_too,
+    tokens_are_reserved_before_the_call_and_reconciled_after,
+    the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget,
+    a_client_run_budget_may_only_shorten_the_run,
+    bad_run_headers_are_refused_and_never_forwarded,
+    a_traceparent_names_the_run,
+    one_clients_run_is_never_anothers,
+    a_reservation_comes_back_however_the_call_ends,
+    a_stream_past_the_runs_tokens_is_cut,
+    a_request_without_a_run_id_is_in_no_run,
+);
+
+/// A Chat Completions request to the route `route` (each route takes one model).
+fn call(route: &str, stream: bool, headers: &[(&str, &str)], extra: &str) -> Request<Full<Bytes>> {
+    let model = route.trim_start_matches('/');
+    let body = format!(
+        r#"{{"model":"{model}","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]{extra}}}"#
+    );
+    let mut b = Request::post("/v1/chat/completions")
+        .header("host", "gateway")
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+/// `GET /runs/{id}` once no call of the run is in flight any more: a shared store is told of
+/// a call's end a moment after the client saw it.
+async fn run_json(h: &Harness, id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let run = run_json_now(h, id).await;
+        let settled = run["runs"]
+            .as_array()
+            .is_some_and(|r| r.iter().all(|r| r["used"]["in_flight"] == 0));
+        if settled || Instant::now() > deadline {
+            return run;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn run_json_now(h: &Harness, id: &str) -> serde_json::Value {
+    let url = format!("http://{}/runs/{id}", h.gw.admin_addr);
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", &url])
+        .output()
+        .await
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+async fn fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let h = std::sync::Arc::new(h);
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let h = h.clone();
+            tokio::spawn(async move {
+                let (resp, _c) = h
+                    .send(call("/calls", false, &[("x-run-id", "r50")], ""))
+                    .await;
+                let status = resp.status().as_u16();
+                let retry = resp
+                    .headers()
+                    .get("x-should-retry")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                let left = resp
+                    .headers()
+                    .get("x-run-calls-left")
+                    .map(|v| v.to_str().unwrap().parse::<u32>().unwrap());
+                let body = json_body(resp).await;
+                (status, retry, left, body)
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut lefts = Vec::new();
+    for t in tasks {
+        let (status, retry, left, body) = t.await.unwrap();
+        match status {
+            200 => {
+                ok += 1;
+                lefts.push(left.expect("an answer of the run says what is left"));
+            }
+            429 => {
+                assert_eq!(body["error"]["code"], "run_call_limit", "{body}");
+                assert_eq!(retry.as_deref(), Some("false"));
+                assert_eq!(left, Some(0));
+                support::assert_message_starts(
+                    &body["error"],
+                    "run call limit: run \"r50\" has made its 10 calls",
+                );
+            }
+            s => panic!("status {s}: {body}"),
+        }
+    }
+    assert_eq!(ok, 10);
+    lefts.sort_unstable();
+    assert_eq!(lefts, (0..10).collect::<Vec<_>>(), "each call counted once");
+    assert_eq!(
+        h.fake.requests().len(),
+        10,
+        "exactly ten reached the provider"
+    );
+    h.wait_requests("calls", 50.0).await;
+    assert_eq!(
+        h.metric("hourglass_run_refusals_total{reason=\"calls\",route=\"calls\"}")
+            .await,
+        40.0
+    );
+    assert_eq!(
+        h.metric("hourglass_runs_total{end=\"calls\",route=\"calls\"}")
+            .await,
+        1.0
+    );
+    let run = run_json(&h, "r50").await;
+    assert_eq!(run["runs"][0]["used"]["calls"], 10);
+    assert_eq!(run["runs"][0]["left"]["calls"], 0);
+    assert_eq!(run["runs"][0]["ended"], "calls");
+    assert_eq!(
+        run["runs"][0]["used"]["in_flight"], 0,
+        "every reservation came back"
+    );
+}
+
+async fn the_same_tool_call_three_times_stops_the_run_naming_the_tool(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let tool = [("x-run-id", "loop1"), ("x-fake-tool-call", "get_weather")];
+    // Streamed and not, the same call each time: key order and the stream's pieces differ,
+    // the call does not.
+    for stream in [true, false, true] {
+        let (resp, _c) = h.send(call("/loops", stream, &tool, "")).await;
+        assert_eq!(resp.status(), 200);
+        read_body(resp.into_body()).await;
+    }
+    h.wait_requests("loops", 3.0).await;
+    // Every answer's tool calls are counted (a shared store is told a moment later).
+    run_json(&h, "loop1").await;
+    let (resp, _c) = h.send(call("/loops", false, &tool, "")).await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "run_loop_detected");
+    support::assert_message_starts(
+        &body["error"],
+        "run loop detected: run \"loop1\": the model asked for tool \"get_weather\" with the same arguments 3 times in a row",
+    );
+    assert_eq!(
+        h.fake.requests().len(),
+        3,
+        "the fourth never reached the provider"
+    );
+    // A run whose answers change tool is not a loop (its requests differ, as an agent's
+    // grow with each tool result).
+    for n in 0..5 {
+        let name = if n % 2 == 0 { "search" } else { "open" };
+        let headers = [("x-run-id", "loop2"), ("x-fake-tool-call", name)];
+        let turn = format!(r#","user":"turn {n}""#);
+        let (resp, _c) = h.send(call("/loops", false, &headers, &turn)).await;
+        assert_eq!(resp.status(), 200, "call {n}");
+        read_body(resp.into_body()).await;
+    }
+}
+
+async fn the_same_request_sent_again_and_again_is_stopped_too(store: Store) {
+    let (h, _keep) = harness(store).await;
+    for _ in 0..3 {
+        let (resp, _c) = h
+            .send(call("/loops", false, &[("x-run-id", "again")], ""))
+            .await;
+        assert_eq!(resp.status(), 200);
+        json_body(resp).await;
+    }
+    let (resp, _c) = h
+        .send(call("/loops", false, &[("x-run-id", "again")], ""))
+        .await;
+    assert_eq!(resp.status(), 429);
+    let body = json_body(resp).await;
+    support::assert_message_starts(
+        &body["error"],
+        "run loop detected: run \"again\": the same request came 3 times in a row",
+    );
+}
+
+async fn tokens_are_reserved_before_the_call_and_reconciled_after(store: Store) {
+    let (h, _keep) = harness(store).await;
+    // Held open: its 60-token reservation stands while the second call asks for 60 more.
+    let (first, _c1) = h
+        .send(call(
+            "/tokens",
+            true,
+            &[
+                ("x-run-id", "tok"),
+                ("x-fake-chunks", "2"),
+                ("x-fake-interval-ms", "300"),
+            ],
+            "",
+        ))
+        .await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["x-run-tokens-left"], "40");
+    let (second, _c2) = h
+        .send(call("/tokens", false, &[("x-run-id", "tok")], ""))
+        .await;
+    assert_eq!(second.status(), 429);
+    let body = json_body(second).await;
+    assert_eq!(body["error"]["code"], "run_token_limit");
+    support::assert_message_starts(
+        &body["error"],
+        "run token limit: run \"tok\" has used 0 of its 100 tokens and calls in flight hold 60; this call would reserve 60",
+    );
+    // A call that asks for less fits beside it.
+    let (third, _c3) = h
+        .send(call(
+            "/tokens",
+            false,
+            &[("x-run-id", "tok")],
+            r#","max_tokens":30"#,
+        ))
+        .await;
+    assert_eq!(third.status(), 200);
+    json_body(third).await;
+    read_body(first.into_body()).await;
+    h.wait_requests("tokens", 3.0).await;
+    // Each call's reservation became what it used (the fake reports its usage).
+    let run = run_json(&h, "tok").await;
+    let used = run["runs"][0]["used"]["tokens"].as_u64().unwrap();
+    assert!(used > 0 && used < 60, "reconciled to what was used: {run}");
+    assert_eq!(run["runs"][0]["used"]["tokens_reserved"], 0, "{run}");
+    assert_eq!(run["runs"][0]["used"]["calls"], 2);
+}
+
+async fn the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let start = Instant::now();
+    let (resp, _c) = h
+        .send(call("/timed", false, &[("x-run-id", "t1")], ""))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let remaining: u64 = resp.headers()["x-run-remaining-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(remaining <= 1500 && remaining > 0, "{remaining}");
+    json_body(resp).await;
+    // A call asking for a long budget of its own still ends with the run.
+    let (resp, _c) = h
+        .send(call(
+            "/timed",
+            true,
+            &[
+                ("x-run-id", "t1"),
+                ("x-request-budget-ms", "20000"),
+                ("x-fake-chunks", "100"),
+                ("x-fake-interval-ms", "100"),
+            ],
+            "",
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    let error = read.error_event().expect("the stream ends with why");
+    assert_eq!(error["code"], "run_deadline_exceeded");
+    support::assert_message_starts(&error, "run deadline exceeded: run \"t1\"");
+    assert!(start.elapsed() >= Duration::from_millis(1500));
+    // What was forwarded was the run's time left, not the call's 20 s.
+    let forwarded: u64 = h.fake.requests()[1].headers["x-request-budget-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(forwarded < 1500, "forwarded {forwarded}");
+    h.wait_requests("timed", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"run_deadline\",route=\"timed\"}")
+            .await,
+        1.0
+    );
+    // Past it, a call is refused before the provider sees it.
+    let (resp, _c) = h
+        .send(call("/timed", false, &[("x-run-id", "t1")], ""))
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "run_deadline_exceeded"
+    );
+    assert_eq!(h.fake.requests().len(), 2);
+}
+
+async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let (resp, _c) = h
+        .send(call(
+            "/timed",
+            false,
+            &[("x-run-id", "t2"), ("x-run-budget-ms", "60000")],
+            "",
+        ))
+        .await;
+    let remaining: u64 = resp.headers()["x-run-remaining-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(remaining <= 3000, "clamped by run_max_budget: {remaining}");
+    json_body(resp).await;
+    let (resp, _c) = h
+        .send(call(
+            "/timed",
+            false,
+            &[("x-run-id", "t2"), ("x-run-budget-ms", "400")],
+            "",
+        ))
+        .await;
+    let remaining: u64 = resp.headers()["x-run-remaining-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(remaining <= 400, "shortened: {remaining}");
+    json_body(resp).await;
+}
+
+async fn bad_run_headers_are_refused_and_never_forwarded(store: Store) {
+    let (h, _keep) = harness(store).await;
+    for (header, value, code) in [
+        ("x-run-id", "has space", "invalid_run_id"),
+        ("x-run-budget-ms", "soon", "invalid_budget"),
+        ("x-run-budget-ms", "0", "invalid_budget"),
+    ] {
+        let mut headers = vec![(header, value)];
+        if header != "x-run-id" {
+            headers.push(("x-run-id", "ok-id"));
+        }
+        let (resp, _c) = h.send(call("/calls", false, &headers, "")).await;
+        assert_eq!(resp.status(), 400, "{header}: {value}");
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], code);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(header) && message.contains(value),
+            "{message}"
+        );
+    }
+    let (resp, _c) = h
+        .send(call(
+            "/traced",
+            false,
+            &[("traceparent", "00-nothex-x-01")],
+            "",
+        ))
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(json_body(resp).await["error"]["code"], "invalid_run_id");
+    assert!(h.fake.requests().is_empty());
+}
+
+async fn a_traceparent_names_the_run(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let tp1 = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    // Another span of the same trace: the same run.
+    let tp2 = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01";
+    let (resp, _c) = h
+        .send(call("/traced", false, &[("traceparent", tp1)], ""))
+        .await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    let (resp, _c) = h
+        .send(call("/traced", false, &[("traceparent", tp2)], ""))
+        .await;
+    assert_eq!(resp.status(), 429);
+    let run = run_json(&h, "4bf92f3577b34da6a3ce929d0e0e4736").await;
+    assert_eq!(run["runs"][0]["route"], "traced");
+}
+
+async fn one_clients_run_is_never_anothers(store: Store) {
+    let (h, _keep) = harness(store).await;
+    for key in [KEY_A, KEY_B] {
+        let auth = format!("Bearer {key}");
+        let (resp, _c) = h
+            .send(call(
+                "/keyed",
+                false,
+                &[("x-run-id", "shared"), ("authorization", &auth)],
+                "",
+            ))
+            .await;
+        assert_eq!(
+            resp.status(),
+            200,
+            "each client's first call of its own run"
+        );
+        json_body(resp).await;
+    }
+    let auth = format!("Bearer {KEY_A}");
+    let (resp, _c) = h
+        .send(call(
+            "/keyed",
+            false,
+            &[("x-run-id", "shared"), ("authorization", &auth)],
+            "",
+        ))
+        .await;
+    assert_eq!(resp.status(), 429);
+    let run = run_json(&h, "shared").await;
+    assert_eq!(run["runs"].as_array().unwrap().len(), 2);
+    let text = run.to_string();
+    assert!(!text.contains(KEY_A) && !text.contains(KEY_B), "{text}");
+}
+
+async fn a_reservation_comes_back_however_the_call_ends(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let reserved = |run: &serde_json::Value| run["runs"][0]["used"]["tokens_reserved"].clone();
+    // Completed.
+    let (resp, _c) = h
+        .send(call(
+            "/tokens",
+            false,
+            &[("x-run-id", "ends")],
+            r#","max_tokens":10"#,
+        ))
+        .await;
+    json_body(resp).await;
+    // The client leaves mid-stream.
+    let (resp, c) = h
+        .send(call(
+            "/tokens",
+            true,
+            &[
+                ("x-run-id", "ends"),
+                ("x-fake-chunks", "50"),
+                ("x-fake-interval-ms", "200"),
+            ],
+            r#","max_tokens":10"#,
+        ))
+        .await;
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    drop(body);
+    c.close();
+    // Cut by the idle limit (a frozen upstream).
+    let (resp, _c) = h
+        .send(call(
+            "/tokens",
+            true,
+            &[
+                ("x-run-id", "ends"),
+                ("x-fake-freeze-after", "1"),
+                ("x-request-budget-ms", "800"),
+            ],
+            r#","max_tokens":10"#,
+        ))
+        .await;
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error_event().is_some());
+    h.wait_requests("tokens", 3.0).await;
+    let run = run_json(&h, "ends").await;
+    assert_eq!(reserved(&run), 0, "{run}");
+    assert_eq!(run["runs"][0]["used"]["in_flight"], 0);
+    assert_eq!(run["runs"][0]["used"]["calls"], 3);
+}
+
+async fn a_stream_past_the_runs_tokens_is_cut(store: Store) {
+    let (h, _keep) = harness(store).await;
+    // Reserves 5 of the run's 100; the other 95 are free, so it may use 100 in all.
+    let (resp, _c) = h
+        .send(call(
+            "/tokens",
+            true,
+            &[
+                ("x-run-id", "spend"),
+                ("x-fake-chunks", "400"),
+                ("x-fake-interval-ms", "1"),
+            ],
+            r#","max_tokens":5"#,
+        ))
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let error = read.error_event().expect("cut with why");
+    assert_eq!(error["code"], "run_token_limit");
+    support::assert_message_starts(
+        &error,
+        "run token limit: run \"spend\" reached its 100 tokens",
+    );
+    h.wait_requests("tokens", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"run_tokens\",route=\"tokens\"}")
+            .await,
+        1.0
+    );
+}
+
+async fn a_request_without_a_run_id_is_in_no_run(store: Store) {
+    let (h, _keep) = harness(store).await;
+    for _ in 0..12 {
+        let (resp, _c) = h.send(call("/calls", false, &[], "")).await;
+        assert_eq!(resp.status(), 200);
+        assert!(resp.headers().get("x-run-calls-left").is_none());
+        json_body(resp).await;
+    }
+}

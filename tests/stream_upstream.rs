@@ -1,0 +1,256 @@
+//! Clients that do not stream, on routes with `stream_upstream`: the upstream is asked to
+//! stream, the first-token and idle limits watch it, and the client gets the one document;
+//! with `partial_answers`, what was generated when a limit cut it.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use support::{json_body, Harness};
+use tokio::time::Instant;
+
+const CONFIG: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "10s"
+max_budget = "30s"
+connect_timeout = "500ms"
+first_token_timeout = "5s"
+idle_timeout = "600ms"
+
+[upstreams.fake]
+url = "{FAKE}"
+auth = "none"
+
+[[routes]]
+name = "plain"
+path_prefix = "/v1/chat/completions"
+models = ["plain"]
+upstream = "fake"
+
+[[routes]]
+name = "watched"
+path_prefix = "/v1/chat/completions"
+models = ["watched"]
+upstream = "fake"
+stream_upstream = true
+
+[[routes]]
+name = "partial"
+path_prefix = "/v1/chat/completions"
+models = ["partial"]
+upstream = "fake"
+stream_upstream = true
+partial_answers = true
+
+[[routes]]
+name = "messages"
+path_prefix = "/v1/messages"
+upstream = "fake"
+stream_upstream = true
+partial_answers = true
+
+[[routes]]
+name = "responses"
+path_prefix = "/v1/responses"
+upstream = "fake"
+stream_upstream = true
+partial_answers = true
+"#;
+
+fn post(path: &str, body: String, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut b = Request::post(path)
+        .header("host", "gateway")
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+fn chat(model: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    post("/v1/chat/completions", body, headers)
+}
+
+fn forwarded_body(h: &Harness, i: usize) -> serde_json::Value {
+    serde_json::from_slice(&h.fake.requests()[i].body).unwrap()
+}
+
+#[tokio::test]
+async fn a_plain_call_is_sent_as_a_stream_and_answered_with_the_document() {
+    let h = Harness::with_config(CONFIG).await;
+    let (resp, _c) = h.send(chat("watched", &[("x-fake-chunks", "3")])).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    assert!(resp.headers().contains_key("content-length"));
+    assert!(!resp.headers().contains_key("x-accel-buffering"));
+    let doc = json_body(resp).await;
+    assert_eq!(doc["object"], "chat.completion");
+    assert_eq!(doc["choices"][0]["message"]["content"], "tok1 tok2 tok3 ");
+    assert_eq!(doc["choices"][0]["finish_reason"], "stop");
+    assert!(
+        doc["usage"]["completion_tokens"].as_u64().is_some(),
+        "{doc}"
+    );
+    let sent = forwarded_body(&h, 0);
+    assert_eq!(sent["stream"], true);
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    h.wait_requests("watched", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_stream_upstream_total{route=\"watched\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_route_without_it_forwards_the_request_as_the_client_sent_it() {
+    let h = Harness::with_config(CONFIG).await;
+    let (resp, _c) = h.send(chat("plain", &[])).await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    assert!(forwarded_body(&h, 0).get("stream").is_none());
+}
+
+#[tokio::test]
+async fn a_frozen_generation_fails_after_the_idle_limit_not_the_budget() {
+    let h = Harness::with_config(CONFIG).await;
+    let start = Instant::now();
+    let (resp, _c) = h
+        .send(chat(
+            "watched",
+            &[("x-fake-chunks", "10"), ("x-fake-freeze-after", "2")],
+        ))
+        .await;
+    assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "idle_timeout");
+    support::assert_message_starts(&body["error"], "idle timeout: upstream \"fake\"");
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(600) && took < Duration::from_secs(8),
+        "the 10 s budget did not have to pass: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_deadline_mid_generation_returns_what_was_generated() {
+    let h = Harness::with_config(CONFIG).await;
+    let (resp, _c) = h
+        .send(chat(
+            "partial",
+            &[
+                ("x-request-budget-ms", "1000"),
+                ("x-fake-chunks", "100"),
+                ("x-fake-interval-ms", "100"),
+            ],
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-hourglass-partial"], "deadline_exceeded");
+    let doc = json_body(resp).await;
+    let choice = &doc["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    let text = choice["message"]["content"].as_str().unwrap();
+    assert!(text.starts_with("tok1 tok2 "), "{text}");
+    assert!(doc["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    h.wait_requests("partial", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_partial_answers_total{origin=\"deadline\",route=\"partial\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn with_no_output_yet_a_cut_is_the_usual_504() {
+    let h = Harness::with_config(CONFIG).await;
+    let (resp, _c) = h
+        .send(chat(
+            "partial",
+            &[("x-request-budget-ms", "500"), ("x-fake-ttft-ms", "3000")],
+        ))
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert!(resp.headers().get("x-hourglass-partial").is_none());
+    assert_eq!(json_body(resp).await["error"]["code"], "deadline_exceeded");
+}
+
+#[tokio::test]
+async fn messages_and_responses_are_assembled_and_cut_the_same_way() {
+    let h = Harness::with_config(CONFIG).await;
+    let body = r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (resp, _c) = h
+        .send(post("/v1/messages", body.into(), &[("x-fake-chunks", "2")]))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let doc = json_body(resp).await;
+    assert_eq!(doc["type"], "message");
+    assert_eq!(doc["content"][0]["text"], "tok1 tok2 ");
+    assert_eq!(doc["stop_reason"], "end_turn");
+    let (resp, _c) = h
+        .send(post(
+            "/v1/messages",
+            body.into(),
+            &[
+                ("x-request-budget-ms", "800"),
+                ("x-fake-chunks", "100"),
+                ("x-fake-interval-ms", "100"),
+            ],
+        ))
+        .await;
+    assert_eq!(resp.headers()["x-hourglass-partial"], "deadline_exceeded");
+    let doc = json_body(resp).await;
+    assert_eq!(doc["stop_reason"], "max_tokens");
+
+    let body = r#"{"model":"gpt","input":"hi"}"#;
+    let (resp, _c) = h
+        .send(post(
+            "/v1/responses",
+            body.into(),
+            &[("x-fake-chunks", "2")],
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let doc = json_body(resp).await;
+    assert_eq!(doc["object"], "response");
+    assert_eq!(doc["status"], "completed");
+    let (resp, _c) = h
+        .send(post(
+            "/v1/responses",
+            body.into(),
+            &[
+                ("x-request-budget-ms", "800"),
+                ("x-fake-chunks", "100"),
+                ("x-fake-interval-ms", "100"),
+            ],
+        ))
+        .await;
+    assert_eq!(resp.headers()["x-hourglass-partial"], "deadline_exceeded");
+    let doc = json_body(resp).await;
+    assert_eq!(doc["status"], "incomplete");
+    assert_eq!(doc["incomplete_details"]["reason"], "max_output_tokens");
+}
+
+#[tokio::test]
+async fn a_client_that_streams_itself_is_streamed_to_as_always() {
+    let h = Harness::with_config(CONFIG).await;
+    let body = r#"{"model":"watched","stream":true,"messages":[]}"#;
+    let (resp, _c) = h
+        .send(post(
+            "/v1/chat/completions",
+            body.into(),
+            &[("x-fake-chunks", "2")],
+        ))
+        .await;
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let text = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(text.starts_with(b"data: "));
+}

@@ -1,0 +1,104 @@
+//! A real Redis for the tests (Debian's `redis-server`, which `.ci/run` installs): started on
+//! a free loopback port with persistence off, stopped by its PID.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct RedisServer {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+}
+
+fn free_port() -> u16 {
+    // Bound and dropped at once; redis-server takes it a moment later.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+impl RedisServer {
+    pub async fn start() -> RedisServer {
+        Self::on(free_port()).await
+    }
+
+    /// On `port`: to start again where one was stopped.
+    pub async fn on(port: u16) -> RedisServer {
+        Self::with_args(port, &[]).await
+    }
+
+    /// With a password clients must give (`requirepass`).
+    pub async fn with_password(password: &str) -> RedisServer {
+        Self::with_args(free_port(), &["--requirepass", password]).await
+    }
+
+    async fn with_args(port: u16, extra: &[&str]) -> RedisServer {
+        let child = Command::new("redis-server")
+            .args(extra)
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (apt-get install redis-server; .ci/run does)");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let server = RedisServer {
+            child: Some(child),
+            addr,
+        };
+        for _ in 0..200 {
+            if server.ping().await {
+                return server;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("redis-server on {addr} did not answer PING");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://{}/0", self.addr)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    async fn ping(&self) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Ok(mut s) = tokio::net::TcpStream::connect(self.addr).await else {
+            return false;
+        };
+        if s.write_all(b"PING\r\n").await.is_err() {
+            return false;
+        }
+        // +PONG, or -NOAUTH from one with a password: up either way.
+        let mut buf = [0u8; 1];
+        matches!(
+            tokio::time::timeout(Duration::from_secs(1), s.read_exact(&mut buf)).await,
+            Ok(Ok(_))
+        ) && (buf[0] == b'+' || buf[0] == b'-')
+    }
+
+    /// Stops it (SIGKILL, by PID) and waits until it is gone.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
