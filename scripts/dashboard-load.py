@@ -2,7 +2,7 @@
 """Varied traffic through a gateway running config/demo.toml's routes in front of the fake
 provider, for scripts/dashboard-png.sh (standard library only; loopback only).
 
-    dashboard-load.py GATEWAY_HOST:PORT SECONDS PHASES_JSON_OUT
+    dashboard-load.py GATEWAY_HOST:PORT SECONDS PHASES_JSON_OUT [--config FILE] [--primary BIN ADDR]
 
 Three phases: a healthy third, an incident third (the provider is slow to its first token and
 some streams freeze, clients with tight budgets hit their deadlines), and a recovery third.
@@ -10,12 +10,25 @@ Throughout: good streams on the chat, reasoning and messages routes, model listi
 that hang up mid-stream, malformed and too-small budgets. Workers are bounded in number, each
 request in time (30 s socket timeout), the whole run in SECONDS. Writes the phases' wall-clock
 bounds to PHASES_JSON_OUT and prints a tally of what it sent.
+
+--primary: the gateway also has route chat-ha (scripts/hourglass-stack.sh with_fallback_route),
+whose upstream "primary" is at ADDR. This script runs the fake provider there (`BIN
+fake-upstream`) and stops it for the incident third, so that chat-ha's requests are retried and
+fall back to the demo's provider; streams for "ha-demo" go there throughout.
+
+--config: the gateway's config file, which it reloads when its contents change. This script
+edits it four times: at 1/6 and 5/6 of the run a comment changes (a reload, ok), at 0.45 an
+operator's typo (a route naming an upstream that does not exist: the reload fails, the previous
+config serves on), fixed at 0.55 (ok).
 """
 
+import argparse
 import collections
 import http.client
 import json
+import os
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -45,9 +58,53 @@ def request(gw, method, path, headers, body=None, read_lines=None):
         conn.close()
 
 
+class Primary:
+    """The fake provider behind route chat-ha's upstream, started and stopped by this script."""
+
+    def __init__(self, binary, addr):
+        self.binary, self.addr, self.proc = binary, addr, None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [self.binary, "fake-upstream", "--listen", self.addr],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        host, port = self.addr.rsplit(":", 1)
+        deadline = time.time() + 10
+        while time.time() < deadline:  # until it listens
+            try:
+                http.client.HTTPConnection(host, int(port), timeout=1).request("GET", "/v1/models")
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"the primary fake provider does not listen on {self.addr}")
+
+    def stop(self):
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.proc = None
+
+
+def reload_config(path, edit):
+    """Rewrites the gateway's config (atomically: the gateway polls it) with edit(text)."""
+    with open(path) as f:
+        text = f.read()
+    tmp = f"{path}.new"
+    with open(tmp, "w") as f:
+        f.write(edit(text))
+    os.replace(tmp, path)
+
+
 class Load:
-    def __init__(self, gw, seconds):
+    def __init__(self, gw, seconds, ha=False):
         self.gw = gw
+        self.ha = ha
         self.start = time.time()
         self.end = self.start + seconds
         third = seconds / 3
@@ -72,6 +129,7 @@ class Load:
             (2 if not incident else 12, "frozen"),
             (1 if not incident else 12, "slow_first_token"),
             (1 if not incident else 10, "tight_budget"),
+            (8 if self.ha else 0, "ha_stream"),
         ]
         total = sum(w for w, _ in mix)
         pick = rng.uniform(0, total)
@@ -123,6 +181,13 @@ class Load:
                     }
                 ),
             )
+        elif name == "ha_stream":  # route chat-ha: primary, then a fallback when it is down
+            h = {
+                "x-fake-ttft-ms": str(rng.randint(60, 450)),
+                "x-fake-chunks": str(rng.randint(10, 30)),
+                "x-fake-interval-ms": str(rng.randint(20, 50)),
+            }
+            request(gw, "POST", chat, h, chat_body("ha-demo"))
         elif name == "models":
             request(gw, "GET", "/v1/models", {"x-fake-ttft-ms": str(rng.randint(5, 60))})
         elif name == "client_abort":
@@ -163,18 +228,57 @@ class Load:
             time.sleep(rng.uniform(0.05, 0.4))
 
 
+TYPO = '\n[[routes]]\nname = "typo"\npath_prefix = "/v1/typo"\nupstream = "fakee"\n'
+
+
+def at(when, action):
+    """Runs action at wall-clock time `when`, in a thread of its own."""
+
+    def run():
+        time.sleep(max(0.0, when - time.time()))
+        action()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
 def main(argv):
-    if len(argv) != 4:
-        print(__doc__, file=sys.stderr)
-        return 2
-    gw, seconds, phases_out = argv[1], float(argv[2]), argv[3]
-    load = Load(gw, seconds)
-    threads = [threading.Thread(target=load.worker, args=(i,), daemon=True) for i in range(WORKERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=max(1.0, load.end - time.time()) + 40)
-    with open(phases_out, "w") as f:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("gw")
+    parser.add_argument("seconds", type=float)
+    parser.add_argument("phases_out")
+    parser.add_argument("--config")
+    parser.add_argument("--primary", nargs=2, metavar=("BIN", "ADDR"))
+    args = parser.parse_args(argv[1:])
+    primary = Primary(*args.primary) if args.primary else None
+    if primary:
+        primary.start()
+    load = Load(args.gw, args.seconds, ha=primary is not None)
+    events = []
+    try:
+        length = load.end - load.start
+        if primary:
+            events.append(at(load.incident[0], primary.stop))
+            events.append(at(load.incident[1], primary.start))
+        if args.config:
+            mark = lambda n: lambda t: t + f"\n# dashboard-load.py: reload {n}\n"  # noqa: E731
+            # A route naming an upstream that does not exist: refused, the old config serves on.
+            typo = lambda t: t + TYPO  # noqa: E731
+            fix = lambda t: t.replace(TYPO, "\n# dashboard-load.py: typo fixed\n")  # noqa: E731
+            for frac, edit in [(1 / 6, mark(1)), (0.45, typo), (0.55, fix), (5 / 6, mark(2))]:
+                events.append(at(load.start + frac * length, lambda e=edit: reload_config(args.config, e)))
+        threads = [threading.Thread(target=load.worker, args=(i,), daemon=True) for i in range(WORKERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=max(1.0, load.end - time.time()) + 40)
+        for e in events:
+            e.join(timeout=10)
+    finally:
+        if primary:
+            primary.stop()
+    with open(args.phases_out, "w") as f:
         json.dump(
             {"start": load.start, "stop": load.end, "end": time.time(), "incident": list(load.incident)}, f
         )

@@ -4,6 +4,9 @@ real Prometheus: every panel at its grid position, with its own queries, units, 
 colours. Run by scripts/dashboard-png.sh, which records the run it draws.
 
     dashboard-png.py PROM_HOST:PORT PHASES_JSON OUT_PNG [DASHBOARD]
+
+The run is meant to exercise every panel: one that shows no data, or only zeros, is named and
+the exit status is 1 (the picture is written anyway, to look at).
 """
 
 import json
@@ -181,7 +184,7 @@ def draw_timeseries(ax, panel, prom, phases, start, end):
             lines.append((legend(t["legendFormat"], s["metric"]), ys, ti))
     if not lines:
         no_data(ax, panel)
-        return
+        return False
     xs = to_dt(ts_grid)
     shade_incident(ax, phases)
     if stacked or bars:
@@ -252,6 +255,7 @@ def draw_timeseries(ax, panel, prom, phases, start, end):
             borderaxespad=0.2,
         )
     ax.set_ylim(top=ax.get_ylim()[1] * (1.45 if n > 4 else 1.25))  # room for the legend
+    return any(y > 0 for _, ys, _ in lines for y in ys if not math.isnan(y))
 
 
 def draw_stat(ax, panel, prom, phases, start, end):
@@ -267,7 +271,7 @@ def draw_stat(ax, panel, prom, phases, start, end):
         ax.text(
             0.5, 0.45, "No data", color=MUTED, fontsize=16, ha="center", va="center", transform=ax.transAxes
         )
-        return
+        return False
     xs = [float(x) for x, _ in result[0]["values"]]
     ys = [float(y) for _, y in result[0]["values"]]
     last = next((y for y in reversed(ys) if not math.isnan(y)), float("nan"))
@@ -289,6 +293,7 @@ def draw_stat(ax, panel, prom, phases, start, end):
         va="center",
         transform=ax.transAxes,
     )
+    return top > 0 and max(clean) > 0
 
 
 def draw_heatmap(ax, panel, prom, phases, start, end):
@@ -301,7 +306,7 @@ def draw_heatmap(ax, panel, prom, phases, start, end):
         s.set_visible(False)
     if not result:
         no_data(ax, panel)
-        return
+        return False
     les = sorted(result, key=lambda s: float(s["metric"]["le"]))
     times = sorted({float(x) for s in les for x, _ in s["values"]})
     grid = np.zeros((len(les), len(times)))
@@ -337,6 +342,7 @@ def draw_heatmap(ax, panel, prom, phases, start, end):
     ax.tick_params(colors=MUTED, labelsize=7.5, length=0, pad=3)
     ax.xaxis_date()
     time_axis(ax, times[0], times[-1])
+    return bool(counts.sum() > 0)
 
 
 def main(argv):
@@ -377,14 +383,15 @@ def main(argv):
     fig.text(
         0.006,
         1 - 2.05 / H,
-        "in front of the fake provider; streams, model listings, clients hanging up, bad and too-small budgets. "
-        "Shaded red: an incident third, the provider slow to its first token and some streams frozen. All routes.",
+        "and one with a retry and a fallback, in front of the fake provider; streams, clients hanging up, bad budgets, config reloads (one refused). "
+        "Shaded red: an incident third, slow first tokens, frozen streams, the fallback's primary down.",
         color=MUTED,
         fontsize=10,
         va="center",
     )
 
     drawers = {"timeseries": draw_timeseries, "stat": draw_stat, "heatmap": draw_heatmap}
+    empty = []
     for p in dash["panels"]:
         g = p["gridPos"]
         if p["type"] == "row":
@@ -428,10 +435,15 @@ def main(argv):
                 h - th - h * (inner_bottom + 0.01),
             ]
         )
-        drawers[p["type"]](ax, p, prom, phases, start, end)
+        if not drawers[p["type"]](ax, p, prom, phases, start, end):
+            empty.append(p["title"])
 
     fig.savefig(out, facecolor=BG, dpi=100)
     print(f"wrote {out}")
+    if empty:
+        print(f"panels with no data or only zeros: {', '.join(empty)}", file=sys.stderr)
+        return 1
+    print(f"every one of the {sum(p['type'] != 'row' for p in dash['panels'])} panels shows data")
     return 0
 
 

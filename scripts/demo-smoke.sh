@@ -15,10 +15,24 @@ out=$(curl -sN localhost:8080/v1/chat/completions -H 'x-fake-chunks: 3' -d '{"mo
 check "stream ends with [DONE]" '[[ "$out" == *"data: [DONE]"* ]]'
 out=$(curl -sN localhost:8080/v1/chat/completions -H 'x-fake-freeze-after: 2' -d '{"model":"demo","stream":true}')
 check "frozen stream gets idle_timeout event" '[[ "$out" == *"event: error"*"idle_timeout"* ]]'
+out=$(curl -sN localhost:8080/v1/responses -H 'x-fake-chunks: 3' -d '{"model":"demo","input":"hi","stream":true}')
+check "Responses API stream ends with response.completed" '[[ "$out" == "event: response.created"*"response.output_text.delta"*"event: response.completed"* ]]'
+out=$(curl -s localhost:8080/v1/responses -d '{"model":"demo","input":"hi"}')
+check "Responses API answer is a response object" '[[ "$out" == *"\"object\":\"response\""*"\"status\":\"completed\""* ]]'
 code=$(curl -s -o /dev/null -w '%{http_code}' localhost:8080/v1/chat/completions -H 'x-request-budget-ms: 1' -d '{}')
 check "budget of 1 ms fails fast with 504" '[[ "$code" == 504 ]]'
+out=$(curl -s -D - localhost:8080/v1/chat/completions -H 'x-fake-freeze-after: 2' -d '{"model":"demo"}')
+check "a frozen non-streaming call is cut by the idle limit, with what came" '[[ "$out" == *"x-hourglass-partial: idle_timeout"*"\"finish_reason\":\"length\""* ]]'
+hdrs=$(curl -s -D - -o /dev/null localhost:8080/v1/chat/completions -H 'x-request-budget-ms: 1500' -H 'x-fake-chunks: 600' -H 'x-fake-interval-ms: 100' -d '{"model":"demo"}')
+check "a deadline mid-answer gives a partial answer" '[[ "$hdrs" == *"x-hourglass-partial: deadline_exceeded"* ]]'
+for i in 1 2 3; do
+  curl -s localhost:8080/v1/chat/completions -H 'x-run-id: smoke-loop' -H 'x-fake-tool-call: get_weather' -d "{\"model\":\"demo\",\"user\":\"$i\"}" >/dev/null
+done
+out=$(curl -s localhost:8080/v1/chat/completions -H 'x-run-id: smoke-loop' -H 'x-fake-tool-call: get_weather' -d '{"model":"demo","user":"4"}')
+check "the fourth same tool call of a run is refused as a loop" '[[ "$out" == *"\"code\":\"run_loop_detected\""* ]]'
 metrics=$(curl -s localhost:9090/metrics)
-check "metrics count the idle cancellation" '[[ "$metrics" == *"hourglass_cancellations_total{origin=\"idle\",route=\"chat\"} 1"* ]]'
+check "metrics count the idle cancellations" '[[ "$metrics" == *"hourglass_cancellations_total{origin=\"idle\",route=\"chat\"} 2"* ]]'
+check "metrics count the loop refusal" '[[ "$metrics" == *"hourglass_run_refusals_total{reason=\"loop\",route=\"chat\"} 1"* ]]'
 echo "demo: $pass passed, $fail failed"
 if [ "$fail" -ne 0 ]; then
   echo "--- the gateway's output:"

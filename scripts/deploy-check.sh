@@ -70,6 +70,10 @@ open(f"{work}/configmap-hourglass.toml", "w").write(cm["data"]["hourglass.toml"]
 EOF
 check "docker/grafana/dashboards/hourglass.json is what docker/grafana/make-dashboard.py makes" \
     python3 docker/grafana/make-dashboard.py --check
+# Every metric the dashboard reads exists (scripts/prometheus-check.sh proves it on a live
+# scrape): no panel may tell a user that one is missing.
+check "no dashboard panel says a metric is not exported" \
+    bash -c '! grep -Ein "not (yet )?exported" docker/grafana/make-dashboard.py docker/grafana/dashboards/hourglass.json'
 
 for cfg in docker/hourglass.toml docker/compose-hourglass.toml "$WORK/configmap-hourglass.toml"; do
     name="$cfg"
@@ -198,9 +202,12 @@ expect(s["fake"]["command"] == ["fake-upstream", "--listen", "0.0.0.0:8089"]
 prom = yaml.safe_load(open("docker/prometheus.yml"))
 job = next(j for j in prom["scrape_configs"] if j["job_name"] == "hourglass")
 admin_port = cc["server"]["admin_listen"].rsplit(":", 1)[1]
-expect(job["static_configs"][0]["targets"] == [f"hourglass:{admin_port}"]
+expect(job["static_configs"][0]["targets"] == [f"hourglass:{admin_port}", f"hourglass-2:{admin_port}"]
        and job.get("scrape_interval", prom["global"]["scrape_interval"]) == "5s",
-       "Prometheus scrapes hourglass:<admin port> every 5s")
+       "Prometheus scrapes both replicas' admin ports every 5s")
+expect(cc["runs"]["store"] == "redis://redis:6379/0" and "redis" in s
+       and s["redis"]["command"][:1] == ["redis-server"], "compose replicas share the compose Redis as their run store")
+expect(s["hourglass-2"]["volumes"] == s["hourglass"]["volumes"], "compose replicas serve the same config")
 expect("./compose-hourglass.toml:/etc/hourglass/hourglass.toml:ro" in s["hourglass"]["volumes"],
        "compose mounts compose-hourglass.toml as the gateway's config")
 

@@ -6,6 +6,7 @@
 #   stack_init                      # temp dir, exit trap
 #   ensure_prometheus               # apt-get install prometheus when promtool/prometheus are absent
 #   build_hourglass                 # sets BIN (debug build; HOURGLASS_PROFILE=release for release)
+#   with_fallback_route ADDR        # optional: the next gateway also has route chat-ha, see below
 #   start_gateway                   # sets GW ADMIN FAKE (host:port)
 #   start_prometheus 1s             # sets PROM (host:port); scrapes ADMIN at that interval
 #   prom_query 'EXPR'               # prints the API's JSON answer of an instant query
@@ -113,6 +114,28 @@ build_hourglass() {
     [ -x "$BIN" ]
 }
 
+# with_fallback_route ADDR: the gateway start_gateway starts also has route "chat-ha" (requests
+# for "ha-*" models on /v1/chat/completions, ahead of the demo's routes): upstream "primary" at
+# ADDR, one retry, then a fallback to the demo's "fake". So the retry and fallback series exist,
+# and taking ADDR down (nothing listening there) makes every such request retry and fall back.
+with_fallback_route() {
+    cat >"$WORK/extra-routes.toml" <<EOF
+# Added by scripts/hourglass-stack.sh (with_fallback_route).
+[upstreams.primary]
+url = "http://$1"
+auth = "none"
+
+[[routes]]
+name = "chat-ha"
+path_prefix = "/v1/chat/completions"
+models = ["ha-*"]
+upstream = "primary"
+retries = 1
+fallbacks = ["fake"]
+
+EOF
+}
+
 # The fake provider and a gateway serving config/demo.toml (the routes `hourglass demo` runs),
 # moved to free ports so nothing else on the machine (a demo, a test) is in the way.
 start_gateway() {
@@ -129,6 +152,16 @@ start_gateway() {
             return 1
         }
     done
+    if [ -f "$WORK/extra-routes.toml" ]; then
+        # Before the first route: routes match in file order.
+        python3 - "$WORK/gateway.toml" "$WORK/extra-routes.toml" <<'EOF'
+import sys
+path, extra = sys.argv[1], open(sys.argv[2]).read()
+text = open(path).read()
+at = text.index("[[routes]]")
+open(path, "w").write(text[:at] + extra + text[at:])
+EOF
+    fi
     start_bg fake "$BIN" fake-upstream --listen "$FAKE"
     start_bg gateway "$BIN" --config "$WORK/gateway.toml" ${HOURGLASS_LOG_FORMAT:+--log-format "$HOURGLASS_LOG_FORMAT"}
     wait_http "http://$FAKE/v1/models" 20 && wait_http "http://$ADMIN/readyz" 20

@@ -387,21 +387,21 @@ ts(
 
 # --- resilience
 row("Retries, fallbacks and reloads", 32)
-NV = "No data: not exported by this version of Hourglass"
+# Every series here exists at zero from start-up (fallbacks for the routes that configure
+# them), so these panels show zeros, not "no data", until something happens.
 ts(
     "Retries by reason",
-    "hourglass_retries_total by reason (connect, first_token, 5xx, 429, reset). Shows No data until the running Hourglass exports it.",
+    "hourglass_retries_total by reason (connect, first_token, 5xx, 429, reset): extra attempts on the same upstream, on routes with `retries`.",
     [target(f"sum by (reason) (rate(hourglass_retries_total{{{R}}}[{RI}]))", "{{reason}}", "A")],
     "reqps",
     0,
     33,
     h=7,
     stack=True,
-    no_value=NV,
 )
 ts(
     "Fallbacks",
-    "hourglass_fallbacks_total: moves from one upstream to the next in a route's fallback chain, by from -> to. Shows No data until the running Hourglass exports it.",
+    "hourglass_fallbacks_total: moves from one upstream to the next in a route's fallback chain, by from -> to, on routes with `fallbacks`.",
     [
         target(
             f"sum by (from, to) (rate(hourglass_fallbacks_total{{{R}}}[{RI}]))", "{{from}} \u2192 {{to}}", "A"
@@ -412,7 +412,7 @@ ts(
     33,
     h=7,
     stack=True,
-    no_value="No fallbacks yet (or not exported by this version)",
+    no_value="No routes with fallbacks",
 )
 ts(
     "Config reloads",
@@ -423,8 +423,76 @@ ts(
     33,
     h=7,
     bars=True,
-    no_value=NV,
     overrides=[color("ok", "green"), color("error", "red")],
+)
+
+row("Runs and clients that do not stream", 40)
+# Runs (DESIGN 10): the calls of one agent run share one deadline, a call limit, a token
+# budget and a loop stop. The run series of routes with run limits exist at zero from start-up.
+ts(
+    "Runs ended, by how",
+    "hourglass_runs_total by end: expired (ttl after the last call), deadline, calls, tokens, loop (the same tool call run_max_repeats times in a row), evicted (max_runs).",
+    [target(f"sum by (end) (increase(hourglass_runs_total{{{R}}}[{RI}]))", "{{end}}", "A")],
+    "none",
+    0,
+    41,
+    h=7,
+    bars=True,
+    overrides=[color("loop", "red"), color("deadline", "orange"), color("calls", "purple")],
+)
+ts(
+    "Calls refused by their run",
+    "hourglass_run_refusals_total by reason: calls a run refused (429 run_call_limit, run_token_limit, run_loop_detected; 504 run_deadline_exceeded). None of them reached the provider.",
+    [target(f"sum by (reason) (rate(hourglass_run_refusals_total{{{R}}}[{RI}]))", "{{reason}}", "A")],
+    "reqps",
+    8,
+    41,
+    h=7,
+    stack=True,
+)
+ts(
+    "Runs held, and what a run costs",
+    "hourglass_runs_active (runs held by this gateway's memory store), and the p90 of calls and tokens per ended run (hourglass_run_calls, hourglass_run_tokens).",
+    [
+        target("sum(hourglass_runs_active)", "runs held", "A"),
+        target(
+            f"histogram_quantile(0.9, sum by (le) (rate(hourglass_run_calls_bucket{{{R}}}[{RI}])))",
+            "calls per run (p90)",
+            "B",
+        ),
+    ],
+    "none",
+    16,
+    41,
+    h=7,
+)
+ts(
+    "Clients that do not stream",
+    "hourglass_stream_upstream_total: non-streaming calls sent upstream as streams (stream_upstream), so the first-token and idle limits watch them; hourglass_partial_answers_total by origin: those cut by a limit after output came, answered with what was generated (partial_answers).",
+    [
+        target(f"sum(rate(hourglass_stream_upstream_total{{{R}}}[{RI}]))", "streamed upstream", "A"),
+        target(
+            f"sum by (origin) (rate(hourglass_partial_answers_total{{{R}}}[{RI}]))",
+            "partial: {{origin}}",
+            "B",
+        ),
+    ],
+    "reqps",
+    0,
+    48,
+    w=12,
+    h=7,
+)
+ts(
+    "Run store errors",
+    "hourglass_run_store_errors_total by op (admit, finish): calls to a shared run store (Redis) that failed or took longer than store_timeout; the call was served without run limits (on_store_error = allow) or refused 503 (deny).",
+    [target("sum by (op) (rate(hourglass_run_store_errors_total[" + RI + "]))", "{{op}}", "A")],
+    "reqps",
+    12,
+    48,
+    w=12,
+    h=7,
+    overrides=[color("admit", "red"), color("finish", "orange")],
 )
 
 dash = {
