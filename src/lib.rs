@@ -26,7 +26,5 @@ pub mod gateway;
 
 pub mod server;
 
-pub mod fake;
-
 /// The demo configuration, embedded so that `hourglass demo` works from any directory.
 pub const DEMO_CONFIG: &str = include_str!("../config/demo.toml");

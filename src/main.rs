@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use hourglass::config::Config;
-use hourglass::fake::FakeUpstream;
+use hourglass_fake::FakeUpstream;
 
 #[derive(Parser)]
 #[command(
@@ -108,7 +108,7 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Some(Command::Demo) => demo().await,
-            Some(Command::FakeUpstream { listen }) => match hourglass::fake::run(listen).await {
+            Some(Command::FakeUpstream { listen }) => match hourglass_fake::run(listen).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("hourglass fake-upstream: {e}");

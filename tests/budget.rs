@@ -116,7 +116,7 @@ async fn the_remaining_budget_is_forwarded_and_shrinks() {
     assert!(reqs[0].headers.get("grpc-timeout").is_none());
 }
 
-fn forwarded(r: &hourglass::fake::RequestRecord) -> u64 {
+fn forwarded(r: &hourglass_fake::RequestRecord) -> u64 {
     r.headers["x-request-budget-ms"]
         .to_str()
         .unwrap()
@@ -273,7 +273,7 @@ async fn forwarding_rewrites_host_strips_hop_by_hop_and_keeps_request_id() {
 /// theirs.
 #[tokio::test]
 async fn a_configured_key_replaces_the_clients_credentials() {
-    let fake = hourglass::fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let config = BASE

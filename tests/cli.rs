@@ -148,7 +148,7 @@ fn wait_for(mut check: impl FnMut() -> bool, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_reloads_on_sighup_drains_on_sigterm_and_logs_json_without_secrets() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fake = hourglass::fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let (port, admin) = (free_port(), free_port());
@@ -277,7 +277,7 @@ upstream = "fake"
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn access_log_mode_writes_combined_format_lines() {
-    let fake = hourglass::fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     let (port, admin) = (free_port(), free_port());

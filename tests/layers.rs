@@ -182,6 +182,11 @@ fn imports(file: &File) -> Vec<(Vec<String>, String)> {
     let mut rest = text.as_str();
     while let Some(at) = rest.find("crate::") {
         let tail = &rest[at + 7..];
+        // `use crate::...` was read above, as a tree.
+        if rest[..at].trim_end().ends_with("use") {
+            rest = tail;
+            continue;
+        }
         let path: String = tail
             .chars()
             .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')

@@ -44,7 +44,7 @@ async fn assert_one_cancellation(h: &Harness, route: &str, origin: &str) {
 
 #[tokio::test]
 async fn connect_limit() {
-    let (_guard, addr) = hourglass::fake::never_accepting_listener().unwrap();
+    let (_guard, addr) = hourglass_fake::never_accepting_listener().unwrap();
     let cfg = BASE
         .replace("{FAKE}", &format!("http://{addr}"))
         .replace("connect_timeout = \"500ms\"", "connect_timeout = \"300ms\"");
@@ -70,7 +70,7 @@ async fn connect_limit() {
 #[tokio::test]
 async fn connect_limit_is_capped_by_the_budget() {
     // A 10 s connect timeout and a 250 ms budget: the budget ends the connect.
-    let (_guard, addr) = hourglass::fake::never_accepting_listener().unwrap();
+    let (_guard, addr) = hourglass_fake::never_accepting_listener().unwrap();
     let h = Harness::with_config(
         &BASE
             .replace("{FAKE}", &format!("http://{addr}"))

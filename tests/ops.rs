@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hourglass::config::Config;
-use hourglass::fake::FakeUpstream;
 use hourglass::server;
+use hourglass_fake::FakeUpstream;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};

@@ -8,9 +8,9 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hourglass::fake::{FakeUpstream, Replay};
 use hourglass::provider::inspect::Inspector;
 use hourglass::provider::Format;
+use hourglass_fake::{FakeUpstream, Replay};
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use support::*;

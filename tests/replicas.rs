@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hourglass::fake::FakeUpstream;
+use hourglass_fake::FakeUpstream;
 use http::Request;
 use http_body_util::Full;
 use support::redis::RedisServer;

@@ -9,8 +9,8 @@ mod support;
 use std::time::Duration;
 
 use hourglass::config::Config;
-use hourglass::fake::FakeUpstream;
 use hourglass::server::{self, Running};
+use hourglass_fake::FakeUpstream;
 use support::*;
 use tokio::time::Instant;
 

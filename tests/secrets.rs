@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use hourglass::config::Config;
-use hourglass::fake::FakeUpstream;
+use hourglass_fake::FakeUpstream;
 use http::Request;
 use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};

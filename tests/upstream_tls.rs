@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hourglass::config::Config;
-use hourglass::fake::FakeUpstream;
 use hourglass::server;
+use hourglass_fake::FakeUpstream;
 use http::Version;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};

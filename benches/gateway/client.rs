@@ -9,7 +9,7 @@
 use std::io;
 use std::net::SocketAddr;
 
-use hourglass::fake::monotonic_ns;
+use hourglass_fake::monotonic_ns;
 use memchr::memmem;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hourglass::fake::{monotonic_ns, FakeUpstream};
+use hourglass_fake::{monotonic_ns, FakeUpstream};
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;

@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
 
 use crate::runs::memory::{Entry, MemoryStore};
-use crate::runs::runtime::Shared;
+use crate::runs::shared::Shared;
 use crate::runs::state::{Admitted, Used, View};
 
 /// Where the call's run is, to give its reservation back.

@@ -5,7 +5,9 @@
 //! `id` reads which run a request is in, `state` is the arithmetic of one run (admission and
 //! the end of a call), `memory` the embedded store that holds runs, and `call` the admitted
 //! call's handle: it gives its reservation back however the call ends, and names what the
-//! client is told (`x-run-*` headers).
+//! client is told (`x-run-*` headers). `redis` is the shared store's client and scripts, `shared`
+//! what the calls of a Redis store share (bounds, failure policy), `runtime` the front that
+//! picks the store.
 
 pub mod call;
 pub mod fingerprint;
@@ -13,6 +15,7 @@ pub mod id;
 pub mod memory;
 pub mod redis;
 pub mod runtime;
+mod shared;
 pub mod state;
 
 pub use self::call::RunCall;

@@ -2,7 +2,7 @@
 //! every replica), the metrics they report, and the admission that turns a run's refusal,
 //! or a store that cannot answer, into the client's answer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -14,8 +14,9 @@ use crate::error::GatewayError;
 use crate::runs::call::{RunCall, Ticket};
 use crate::runs::id::RunKey;
 use crate::runs::memory::{Ends, MemoryStore};
-use crate::runs::redis::{key_of, Ended, RedisAdmission, RedisStore, StoreError};
-use crate::runs::state::{Call, Refusal, RunEnd, RunState, Used, View};
+use crate::runs::redis::{key_of, RedisAdmission, RedisStore, StoreError};
+use crate::runs::shared::Shared;
+use crate::runs::state::{Call, Refusal, RunEnd, RunState, View};
 use crate::telemetry::metrics::RunMetrics;
 
 pub struct Runs {
@@ -27,22 +28,6 @@ pub struct Runs {
 enum Store {
     Memory(Arc<MemoryStore>),
     Redis(Arc<Shared>),
-}
-
-/// What the calls of a Redis store share.
-pub struct Shared {
-    store: RedisStore,
-    /// Shown by /readyz, never with a password.
-    shown: String,
-    ttl: Duration,
-    timeout: Duration,
-    on_error: OnStoreError,
-    metrics: RunMetrics,
-    /// When a store failure was last logged (ms since `epoch`): at most one a second.
-    last_warning: AtomicU64,
-    epoch: Instant,
-    /// The last failure, for /readyz.
-    last_error: Mutex<Option<(Instant, String)>>,
 }
 
 /// Reports each run's end to the metrics, once.
@@ -61,60 +46,6 @@ impl Ends for Reporter {
 
     fn held(&self, runs: usize) {
         self.0.active.set(runs as i64);
-    }
-}
-
-impl Shared {
-    fn report(&self, e: &Ended) {
-        self.metrics.ended(
-            &e.route,
-            e.end.as_str(),
-            e.calls,
-            e.tokens,
-            e.age.as_secs_f64(),
-        );
-    }
-
-    fn failed(&self, op: &str, e: &StoreError) {
-        self.metrics.store_error(op);
-        let now = Instant::now();
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, e.to_string()));
-        let at = now.saturating_duration_since(self.epoch).as_millis() as u64;
-        let last = self.last_warning.load(Ordering::Relaxed);
-        let first = last == 0;
-        if (first || at >= last + 1000)
-            && self
-                .last_warning
-                .compare_exchange(last, at.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let policy = match self.on_error {
-                OnStoreError::Allow => {
-                    "calls are served without run limits (on_store_error = allow)"
-                }
-                OnStoreError::Deny => "calls of runs are refused (on_store_error = deny)",
-            };
-            tracing::warn!(store = %self.shown, op, error = %e, "run store unavailable: {policy}");
-        }
-    }
-
-    /// Gives a call's reservation back in the background, bounded by the store's timeout; a
-    /// reservation that cannot be given back expires with the run.
-    pub(super) fn finish_later(self: &Arc<Self>, key: String, reserve: u64, used: Used) {
-        let shared = self.clone();
-        tokio::spawn(async move {
-            let done = tokio::time::timeout(
-                shared.timeout,
-                shared.store.finish(&key, reserve, &used, shared.ttl),
-            )
-            .await
-            .unwrap_or(Err(StoreError::Timeout(shared.timeout)));
-            match done {
-                Ok(Some(ended)) => shared.report(&ended),
-                Ok(None) => {}
-                Err(e) => shared.failed("finish", &e),
-            }
-        });
     }
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hourglass::config::Config;
-use hourglass::fake::FakeUpstream;
 use hourglass::server::{self, Running};
+use hourglass_fake::FakeUpstream;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;

@@ -1,0 +1,84 @@
+//! What the calls of a Redis run store share: the client, the bounds of each store call, what
+//! to do when the store fails, and the one place failures are counted and logged. Apart from
+//! the runtime so that a call can give its reservation back without reaching up into it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::OnStoreError;
+use crate::runs::redis::{Ended, RedisStore, StoreError};
+use crate::runs::state::Used;
+use crate::telemetry::metrics::RunMetrics;
+
+/// What the calls of a Redis store share.
+pub struct Shared {
+    pub(super) store: RedisStore,
+    /// Shown by /readyz, never with a password.
+    pub(super) shown: String,
+    pub(super) ttl: Duration,
+    pub(super) timeout: Duration,
+    pub(super) on_error: OnStoreError,
+    pub(super) metrics: RunMetrics,
+    /// When a store failure was last logged (ms since `epoch`): at most one a second.
+    pub(super) last_warning: AtomicU64,
+    pub(super) epoch: Instant,
+    /// The last failure, for /readyz.
+    pub(super) last_error: Mutex<Option<(Instant, String)>>,
+}
+
+impl Shared {
+    pub(super) fn report(&self, e: &Ended) {
+        self.metrics.ended(
+            &e.route,
+            e.end.as_str(),
+            e.calls,
+            e.tokens,
+            e.age.as_secs_f64(),
+        );
+    }
+
+    pub(super) fn failed(&self, op: &str, e: &StoreError) {
+        self.metrics.store_error(op);
+        let now = Instant::now();
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, e.to_string()));
+        let at = now.saturating_duration_since(self.epoch).as_millis() as u64;
+        let last = self.last_warning.load(Ordering::Relaxed);
+        let first = last == 0;
+        if (first || at >= last + 1000)
+            && self
+                .last_warning
+                .compare_exchange(last, at.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let policy = match self.on_error {
+                OnStoreError::Allow => {
+                    "calls are served without run limits (on_store_error = allow)"
+                }
+                OnStoreError::Deny => "calls of runs are refused (on_store_error = deny)",
+            };
+            tracing::warn!(store = %self.shown, op, error = %e, "run store unavailable: {policy}");
+        }
+    }
+
+    /// Gives a call's reservation back in the background, bounded by the store's timeout; a
+    /// reservation that cannot be given back expires with the run.
+    pub(super) fn finish_later(self: &Arc<Self>, key: String, reserve: u64, used: Used) {
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let done = tokio::time::timeout(
+                shared.timeout,
+                shared.store.finish(&key, reserve, &used, shared.ttl),
+            )
+            .await
+            .unwrap_or(Err(StoreError::Timeout(shared.timeout)));
+            match done {
+                Ok(Some(ended)) => shared.report(&ended),
+                Ok(None) => {}
+                Err(e) => shared.failed("finish", &e),
+            }
+        });
+    }
+}
