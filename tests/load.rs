@@ -1,6 +1,7 @@
 //! Zombies under load: hundreds of clients leave a frozen upstream at once; every upstream
 //! call they started is closed promptly, and the gateway keeps serving meanwhile.
 
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::collections::HashSet;

@@ -17,6 +17,7 @@
 //!
 //! `HOURGLASS_SCALE_STREAMS` changes the number of streams (default 10000).
 
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::net::{SocketAddr, TcpListener as StdListener};

@@ -6,6 +6,7 @@
 //! 10 seconds by default; `HOURGLASS_SOAK=1` runs it for 2 minutes
 //! (`HOURGLASS_SOAK_SECS=N` for any other length).
 
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;

@@ -13,11 +13,9 @@
 //! stands in front, duplicate lengths are refused either way (see
 //! `http2_duplicate_content_lengths_are_never_forwarded`).
 
-mod support;
-
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

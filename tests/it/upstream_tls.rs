@@ -3,19 +3,17 @@
 //! offers `h2` and `http/1.1`; the fake speaks HTTP/1.1 and HTTP/2 (prior knowledge) on plain
 //! TCP, so the relay only splices bytes.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use hourglass::config::Config;
 use hourglass::server;
 use hourglass_fake::FakeUpstream;
 use http::Version;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-use support::*;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 

@@ -4,14 +4,12 @@
 //! exact (a limit never fires early), the winner and the reason come from the metrics, and
 //! upper bounds stay far below the alternative they rule out (which is made seconds away).
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use hourglass::config::Config;
 use hourglass::server::{self, Running};
 use hourglass_fake::FakeUpstream;
-use support::*;
 use tokio::time::Instant;
 
 struct Pair {

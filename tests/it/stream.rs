@@ -1,12 +1,10 @@
 //! Streaming fidelity: byte-exact pass-through of a long, oddly chunked SSE stream, no
 //! coalescing of events that arrived apart, and content codings kept out of what is read.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 

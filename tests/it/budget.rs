@@ -1,14 +1,12 @@
 //! Budgets from the client's headers: refused when malformed, fail fast when too small, and
 //! the shrunken remainder forwarded upstream.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;

@@ -1,11 +1,10 @@
 //! Operations: reload without dropping requests, graceful shutdown, TLS and HTTP/2 clients,
 //! and the header-read timeout.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use hourglass::config::Config;
 use hourglass::server;
@@ -14,7 +13,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;

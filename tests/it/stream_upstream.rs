@@ -2,14 +2,12 @@
 //! stream, the first-token and idle limits watch it, and the client gets the one document;
 //! with `partial_answers`, what was generated when a limit cut it.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::{json_body, Harness};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use support::{json_body, Harness};
 use tokio::time::Instant;
 
 const CONFIG: &str = r#"
@@ -132,7 +130,7 @@ async fn a_frozen_generation_fails_after_the_idle_limit_not_the_budget() {
     assert_eq!(resp.status(), 504);
     let body = json_body(resp).await;
     assert_eq!(body["error"]["code"], "idle_timeout");
-    support::assert_message_starts(&body["error"], "idle timeout: upstream \"fake\"");
+    crate::support::assert_message_starts(&body["error"], "idle timeout: upstream \"fake\"");
     let took = start.elapsed();
     assert!(
         took >= Duration::from_millis(600) && took < Duration::from_secs(8),

@@ -6,11 +6,9 @@
 //! upper bounds and `PROMPTLY` far below the next thing that could end the request (every
 //! other limit and scripted wait is 10 s or more away).
 
-mod support;
-
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 use tokio::time::Instant;
 
 const ORIGINS: [&str; 7] = [

@@ -1,17 +1,15 @@
 //! Runs across replicas: two Hourglass processes share one Redis, and a run is one run
 //! whichever replica its calls land on; Redis that goes away, comes back, or never answers.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::redis::RedisServer;
+use crate::support::{json_body, read_body, Conn, Process};
 use bytes::Bytes;
 use hourglass_fake::FakeUpstream;
 use http::Request;
 use http_body_util::Full;
-use support::redis::RedisServer;
-use support::{json_body, read_body, Conn, Process};
 use tokio::time::Instant;
 
 const CONFIG: &str = r#"
@@ -113,12 +111,12 @@ async fn fifty_calls_split_between_two_replicas_get_exactly_ten_upstream() {
         "ten reached the provider, from both replicas"
     );
     for p in replicas.iter() {
-        let served = support::metric(
+        let served = crate::support::metric(
             p.admin,
             "hourglass_requests_total{outcome=\"ok\",route=\"agent\"}",
         )
         .await;
-        let refused = support::metric(
+        let refused = crate::support::metric(
             p.admin,
             "hourglass_requests_total{outcome=\"error\",route=\"agent\"}",
         )
@@ -208,8 +206,8 @@ async fn redis_going_away_allow_serves_deny_refuses_and_runs_resume_when_it_is_b
     let (status, _, body) = send(&deny, call(false, &run, 20)).await;
     assert_eq!(status, 503);
     assert_eq!(body["error"]["code"], "run_store_unavailable");
-    support::assert_message_starts(&body["error"], "run store unavailable:");
-    let errors = support::metric(
+    crate::support::assert_message_starts(&body["error"], "run store unavailable:");
+    let errors = crate::support::metric(
         allow.admin,
         "hourglass_run_store_errors_total{op=\"admit\"}",
     )
@@ -236,6 +234,21 @@ async fn redis_going_away_allow_serves_deny_refuses_and_runs_resume_when_it_is_b
     // off): the run starts again, and is enforced again from there.
     assert_eq!(status, 200);
     assert_eq!(headers["x-run-calls-left"], "9");
+    // Each replica reconnects on its own backoff: until `allow`'s store answers again, it
+    // would serve the run's calls without limits and uncounted.
+    let probe = [("x-run-id", "probe"), ("x-run-budget-ms", "60000")];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for turn in 60.. {
+        let (_, headers, _) = send(&allow, call(false, &probe, turn)).await;
+        if headers.contains_key("x-run-calls-left") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`allow` never reached Redis again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     for i in 0..9 {
         assert_eq!(send(&allow, call(false, &run, 40 + i)).await.0, 200);
     }

@@ -3,25 +3,23 @@
 //! checking what counts as the first token, the token accounting (reported, and estimated
 //! when a stream is cut by any origin), mid-stream provider errors and `include_usage`.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use hourglass::provider::inspect::Inspector;
 use hourglass::provider::Format;
 use hourglass_fake::{FakeUpstream, Replay};
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use support::*;
 use tokio::time::Instant;
 
-const CHAT: &str = include_str!("fixtures/openai_chat.sse");
-const CHAT_ERROR: &str = include_str!("fixtures/openai_chat_error.sse");
-const MESSAGES: &str = include_str!("fixtures/anthropic_messages.sse");
-const MESSAGES_ERROR: &str = include_str!("fixtures/anthropic_messages_error.sse");
-const RESPONSES: &str = include_str!("fixtures/openai_responses.sse");
-const RESPONSES_ERROR: &str = include_str!("fixtures/openai_responses_error.sse");
+const CHAT: &str = include_str!("../fixtures/openai_chat.sse");
+const CHAT_ERROR: &str = include_str!("../fixtures/openai_chat_error.sse");
+const MESSAGES: &str = include_str!("../fixtures/anthropic_messages.sse");
+const MESSAGES_ERROR: &str = include_str!("../fixtures/anthropic_messages_error.sse");
+const RESPONSES: &str = include_str!("../fixtures/openai_responses.sse");
+const RESPONSES_ERROR: &str = include_str!("../fixtures/openai_responses_error.sse");
 
 /// The test harness's config plus a Responses route and a route on a path no format is
 /// known for.
@@ -248,19 +246,19 @@ async fn non_streaming_answers_report_their_usage() {
     for (format, body, prompt, completion) in [
         (
             Format::Chat,
-            include_str!("fixtures/openai_chat.json"),
+            include_str!("../fixtures/openai_chat.json"),
             19.0,
             10.0,
         ),
         (
             Format::Messages,
-            include_str!("fixtures/anthropic_message.json"),
+            include_str!("../fixtures/anthropic_message.json"),
             121.0,
             14.0,
         ),
         (
             Format::Responses,
-            include_str!("fixtures/openai_responses.json"),
+            include_str!("../fixtures/openai_responses.json"),
             75.0,
             214.0,
         ),

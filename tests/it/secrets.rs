@@ -8,18 +8,16 @@
 //! Keys from the environment are given to a gateway process of its own: `set_var` in this
 //! one would race the other test's threads reading theirs.
 
-mod support;
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
+use crate::support::*;
 use bytes::Bytes;
 use hourglass::config::Config;
 use hourglass_fake::FakeUpstream;
 use http::Request;
 use http_body_util::Full;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use support::*;
 
 const PROVIDER_FILE_KEY: &str = "sk-canary-FILEKEY-7f3a9c1e5b";
 const PROVIDER_ENV_KEY: &str = "sk-canary-ENVKEY-2d8e4b6a0c";

@@ -6,11 +6,9 @@
 //! `PROMPTLY` (2 s) was closed because the client left, which the metric confirms (origin
 //! `client`, once). The delays are printed for whoever wants the figure.
 
-mod support;
-
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 use tokio::time::Instant;
 
 /// Limits far beyond `PROMPTLY`: only the client's leaving can end these requests early.

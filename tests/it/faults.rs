@@ -4,16 +4,14 @@
 //! the upstream connection is closed, the in-flight gauge returns to 0 and the request is
 //! counted once.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;

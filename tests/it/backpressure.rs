@@ -2,14 +2,12 @@
 //! reads from the upstream only as fast as the client drains, so what sits between them is
 //! bounded by socket and connection buffers, not by how much the upstream could send.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::*;
+use crate::support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::{sleep, Instant};

@@ -3,15 +3,13 @@
 //! once on each run store (`memory`, and `redis` on a real redis-server): the same suite
 //! holds both to the same rules.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::redis::RedisServer;
+use crate::support::{json_body, read_body, Harness};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use support::redis::RedisServer;
-use support::{json_body, read_body, Harness};
 use tokio::time::Instant;
 
 const CONFIG: &str = r#"
@@ -219,7 +217,7 @@ async fn fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream
                 assert_eq!(body["error"]["code"], "run_call_limit", "{body}");
                 assert_eq!(retry.as_deref(), Some("false"));
                 assert_eq!(left, Some(0));
-                support::assert_message_starts(
+                crate::support::assert_message_starts(
                     &body["error"],
                     "run call limit: run \"r50\" has made its 10 calls",
                 );
@@ -274,7 +272,7 @@ async fn the_same_tool_call_three_times_stops_the_run_naming_the_tool(store: Sto
     assert_eq!(resp.headers()["x-should-retry"], "false");
     let body = json_body(resp).await;
     assert_eq!(body["error"]["code"], "run_loop_detected");
-    support::assert_message_starts(
+    crate::support::assert_message_starts(
         &body["error"],
         "run loop detected: run \"loop1\": the model asked for tool \"get_weather\" with the same arguments 3 times in a row",
     );
@@ -309,7 +307,7 @@ async fn the_same_request_sent_again_and_again_is_stopped_too(store: Store) {
         .await;
     assert_eq!(resp.status(), 429);
     let body = json_body(resp).await;
-    support::assert_message_starts(
+    crate::support::assert_message_starts(
         &body["error"],
         "run loop detected: run \"again\": the same request came 3 times in a row",
     );
@@ -338,7 +336,7 @@ async fn tokens_are_reserved_before_the_call_and_reconciled_after(store: Store) 
     assert_eq!(second.status(), 429);
     let body = json_body(second).await;
     assert_eq!(body["error"]["code"], "run_token_limit");
-    support::assert_message_starts(
+    crate::support::assert_message_starts(
         &body["error"],
         "run token limit: run \"tok\" has used 0 of its 100 tokens and calls in flight hold 60; this call would reserve 60",
     );
@@ -395,7 +393,7 @@ async fn the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget(store: St
     let read = read_body(resp.into_body()).await;
     let error = read.error_event().expect("the stream ends with why");
     assert_eq!(error["code"], "run_deadline_exceeded");
-    support::assert_message_starts(&error, "run deadline exceeded: run \"t1\"");
+    crate::support::assert_message_starts(&error, "run deadline exceeded: run \"t1\"");
     assert!(start.elapsed() >= Duration::from_millis(1500));
     // What was forwarded was the run's time left, not the call's 20 s.
     let forwarded: u64 = h.fake.requests()[1].headers["x-request-budget-ms"]
@@ -614,7 +612,7 @@ async fn a_stream_past_the_runs_tokens_is_cut(store: Store) {
     let read = read_body(resp.into_body()).await;
     let error = read.error_event().expect("cut with why");
     assert_eq!(error["code"], "run_token_limit");
-    support::assert_message_starts(
+    crate::support::assert_message_starts(
         &error,
         "run token limit: run \"spend\" reached its 100 tokens",
     );

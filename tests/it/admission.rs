@@ -2,14 +2,12 @@
 //! only while a request's own budget allows, and client keys checked before anything is read
 //! and never forwarded.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;

@@ -1,0 +1,25 @@
+//! The functional integration tests, one binary: each module is one area of the gateway's
+//! behaviour (budget, cancel, runs, ...), all sharing `support`. One binary links once, where a
+//! file each linked the library and its dependencies twenty times. The heavy ones (scale, soak,
+//! load) stay binaries of their own, and so does the layer check.
+
+mod support;
+
+mod admission;
+mod backpressure;
+mod budget;
+mod cancel;
+mod cli;
+mod faults;
+mod limits;
+mod ops;
+mod properties;
+mod provider;
+mod replicas;
+mod retry;
+mod runs;
+mod secrets;
+mod smuggling;
+mod stream;
+mod stream_upstream;
+mod upstream_tls;
