@@ -4,7 +4,7 @@
 
 #![forbid(unsafe_code)]
 
-pub mod error;
+pub(crate) mod error;
 
 pub mod http;
 
@@ -14,11 +14,11 @@ pub mod config;
 
 pub mod telemetry;
 
-pub mod admission;
-pub mod auth;
+pub(crate) mod admission;
+pub(crate) mod auth;
 pub mod budget;
-pub mod runs;
-pub mod upstream;
+pub(crate) mod runs;
+pub(crate) mod upstream;
 
 pub mod stream;
 

@@ -113,7 +113,8 @@ impl MemoryStore {
         }
     }
 
-    /// A copy of the run `key`, for the admin listener.
+    /// A copy of the run `key`, for the tests (the admin listener uses `find`).
+    #[cfg(test)]
     pub fn get(&self, key: &RunKey) -> Option<RunState> {
         let entry = lock(&self.runs).peek(key).cloned()?;
         let run = lock(&entry).clone();
