@@ -190,12 +190,17 @@ impl RunState {
         }
     }
 
-    /// The run's budget as a client asks for it: the route's `run_budget`, or the client's
-    /// (clamped by `run_max_budget`).
+    /// The run's budget as a client asks for it: the route's `run_budget`, which the client's
+    /// `x-run-budget-ms` may only shorten; where the route sets none, the client's, clamped
+    /// by `run_max_budget`.
     fn budget_for(&self, asked: Option<Duration>) -> Option<Duration> {
         let l = &self.limits;
+        let shorter = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         match asked {
-            Some(a) => Some(l.max_budget.map_or(a, |m| a.min(m))),
+            Some(a) => shorter(Some(a), shorter(l.budget, l.max_budget)),
             None => l.budget,
         }
     }

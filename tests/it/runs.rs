@@ -63,6 +63,13 @@ run_budget = "1500ms"
 run_max_budget = "3s"
 
 [[routes]]
+name = "ceiling"
+path_prefix = "/v1/chat/completions"
+models = ["ceiling"]
+upstream = "fake"
+run_max_budget = "3s"
+
+[[routes]]
 name = "traced"
 path_prefix = "/v1/chat/completions"
 models = ["traced"]
@@ -436,7 +443,10 @@ async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
         .unwrap()
         .parse()
         .unwrap();
-    assert!(remaining <= 3000, "clamped by run_max_budget: {remaining}");
+    assert!(
+        (1..=1500).contains(&remaining),
+        "the route's run_budget, which a client may only shorten: {remaining}"
+    );
     json_body(resp).await;
     let (resp, _c) = h
         .send(call(
@@ -452,6 +462,25 @@ async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
         .parse()
         .unwrap();
     assert!(remaining <= 400, "shortened: {remaining}");
+    json_body(resp).await;
+    // Where the route sets no run_budget, the client's is the run's, up to run_max_budget.
+    let (resp, _c) = h
+        .send(call(
+            "/ceiling",
+            false,
+            &[("x-run-id", "t3"), ("x-run-budget-ms", "60000")],
+            "",
+        ))
+        .await;
+    let remaining: u64 = resp.headers()["x-run-remaining-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1501..=3000).contains(&remaining),
+        "clamped by run_max_budget: {remaining}"
+    );
     json_body(resp).await;
 }
 

@@ -33,9 +33,12 @@ local started_ms = num(h.started)
 local reserve, asked, need = tonumber(ARGV[8]), num(ARGV[9]), tonumber(ARGV[11])
 local request = ARGV[10]
 
+-- The route's budget, which the client's may only shorten; without one, the client's,
+-- clamped by max_budget (as state.rs: RunState::budget_for).
 local function budget_for(a)
   if a ~= nil then
-    if max_budget ~= nil and a > max_budget then return max_budget end
+    if budget ~= nil and a > budget then a = budget end
+    if max_budget ~= nil and a > max_budget then a = max_budget end
     return a
   end
   return budget
