@@ -38,7 +38,7 @@ pub mod names {
     pub static RUN_BUDGET: HeaderName = HeaderName::from_static(super::RUN_BUDGET_HEADER);
 
     /// Headers that carry a budget into Hourglass; none is forwarded as received.
-    pub static INBOUND: [&HeaderName; 3] = [&BUDGET, &GRPC_TIMEOUT, &ENVOY_EXPECTED];
+    pub static INBOUND: [&HeaderName; 4] = [&BUDGET, &GRPC_TIMEOUT, &ENVOY_EXPECTED, &RUN_BUDGET];
 }
 
 /// Where a request's budget came from, for the log line.
