@@ -453,6 +453,7 @@ impl GatewayError {
             | Self::InsufficientBudget { whole: true, .. }
             | Self::RunCallLimit { .. }
             | Self::RunTokenLimit { .. }
+            | Self::RunTokensSpent { .. }
             | Self::RunLoopDetected { .. }
             | Self::RunDeadlineExceeded { .. } => {
                 resp.headers_mut().insert(
@@ -497,6 +498,19 @@ mod tests {
         // Spent on attempts or waiting: the client's retry comes with a new budget.
         let spent = insufficient(false).response();
         assert!(!spent.headers().contains_key("x-should-retry"));
+    }
+
+    /// A run out of tokens stays out of them: the 429 of a non-streaming call the run's
+    /// tokens cut (stream_upstream) says so like the refusal at admission.
+    #[test]
+    fn a_run_out_of_tokens_tells_sdks_not_to_retry_however_it_was_found() {
+        let spent = GatewayError::RunTokensSpent {
+            run: "r".into(),
+            limit: 10,
+        }
+        .response();
+        assert_eq!(spent.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(spent.headers()["x-should-retry"], "false");
     }
 
     /// Several clients (LiteLLM, for one) show the message and drop the code: the message

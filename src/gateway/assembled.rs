@@ -38,7 +38,13 @@ pub(super) async fn assembled(
     loop {
         match body.frame().await {
             None => break,
-            Some(Ok(_)) => {}
+            Some(Ok(_)) => {
+                // Past max_response_body the answer can only be a 502: the upstream is
+                // stopped now (the body dropped) rather than read, and paid for, to its end.
+                if body.progress_mut().answer_too_large() {
+                    break;
+                }
+            }
             Some(Err(e)) => {
                 // The watchdog ends a body it polls with a `GatewayError` and nothing else.
                 cut = Some(
@@ -89,6 +95,8 @@ pub(super) async fn assembled(
                 upstream: record.upstream_name().unwrap_or_default(),
                 reason,
             };
+            // The stream itself may have ended well: what the client gets is the error.
+            record.fail(&e);
             return error_answer(&e, record, id);
         }
     };

@@ -114,6 +114,11 @@ impl Assembler {
         }
     }
 
+    /// Whether the answer has passed its limit: it can only end as an error.
+    pub fn too_large(&self) -> bool {
+        self.too_large
+    }
+
     /// The provider's own error event, if it sent one.
     pub fn provider_error(&self) -> Option<&Value> {
         self.error.as_ref()

@@ -113,6 +113,15 @@ impl Inspector {
         self
     }
 
+    /// Whether the document being rebuilt has already passed its limit.
+    pub fn answer_too_large(&self) -> bool {
+        self.reader
+            .extra
+            .as_ref()
+            .and_then(|e| e.assembler.as_ref())
+            .is_some_and(Assembler::too_large)
+    }
+
     /// The document rebuilt so far, once: the body is done or cut.
     pub fn take_assembler(&mut self) -> Option<Assembler> {
         self.reader.extra.as_mut()?.assembler.take()

@@ -82,6 +82,11 @@ impl MemoryStore {
         {
             let run = lock(&e);
             if run.ended.is_none() || end == RunEnd::Evicted {
+                let end = if end == RunEnd::Expired {
+                    run.end_when_forgotten(now)
+                } else {
+                    end
+                };
                 self.ends.ended(&run, end, now);
             }
         }
@@ -145,7 +150,7 @@ impl MemoryStore {
         for e in expired {
             let run = lock(&e);
             if run.ended.is_none() {
-                self.ends.ended(&run, RunEnd::Expired, now);
+                self.ends.ended(&run, run.end_when_forgotten(now), now);
             }
         }
         self.ends.held(held);
@@ -264,6 +269,23 @@ mod tests {
         assert!(s.get(&key("a")).is_some() && s.get(&key("c")).is_some());
         assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Evicted)]);
         assert_eq!(seen.1.load(std::sync::atomic::Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_run_forgotten_after_its_deadline_passed_ended_by_its_deadline() {
+        let ttl = Duration::from_secs(60);
+        let (s, seen) = store(100, ttl);
+        let route: Arc<str> = "chat".into();
+        let limits = RunLimits {
+            budget: Some(Duration::from_secs(5)),
+            ..LIMITS
+        };
+        let t0 = Instant::now();
+        let (run, _) = s.admit(&key("timed"), &route, &limits, &call(t0));
+        s.finish(&run, 10, &Used::default(), t0);
+        s.expire(t0 + ttl);
+        assert!(s.get(&key("timed")).is_none());
+        assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Deadline)]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -205,6 +205,15 @@ impl RunState {
         }
     }
 
+    /// How a run that ended no other way ended when it is forgotten: by its deadline, if
+    /// that has passed, else by its ttl.
+    pub fn end_when_forgotten(&self, now: Instant) -> RunEnd {
+        match self.deadline {
+            Some(d) if d <= now => RunEnd::Deadline,
+            _ => RunEnd::Expired,
+        }
+    }
+
     /// Checks every limit and, when they all leave room, counts the call and reserves its
     /// tokens. A refusal ends the run, which refuses every later call the same way, except a
     /// reservation that does not fit the tokens left: a smaller one may. A refused call

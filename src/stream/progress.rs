@@ -74,6 +74,14 @@ impl Progress {
         }
     }
 
+    /// Whether the document rebuilt from the stream has passed its limit.
+    pub fn answer_too_large(&self) -> bool {
+        match &self.reader {
+            Reader::Inspected(i) => i.answer_too_large(),
+            _ => false,
+        }
+    }
+
     /// The document rebuilt from the stream, when its inspector rebuilds one.
     pub fn take_assembler(&mut self) -> Option<Assembler> {
         match &mut self.reader {

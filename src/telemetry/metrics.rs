@@ -349,7 +349,7 @@ impl Metrics {
             .expect("unique metric");
         let runs_active = IntGauge::new(
             "hourglass_runs_active",
-            "Runs held by this gateway (the embedded store), or known to it (a shared store).",
+            "Runs held in this gateway's memory store; 0 with a shared store (Redis holds those runs).",
         )
         .expect("valid metric");
         registry
@@ -399,7 +399,7 @@ impl Metrics {
         }
         let stream_upstream = counter(
             "hourglass_stream_upstream_total",
-            "Requests of clients that did not stream, sent upstream as streams (stream_upstream) so that the first-token and idle limits watch them.",
+            "Requests of clients that did not stream whose upstream answered with a stream (stream_upstream), read under the idle limit into one document, a partial answer or an error.",
             &["route"],
         );
         let partial_answers = counter(

@@ -484,7 +484,11 @@ async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
     json_body(resp).await;
     // The run's deadline reaches the upstream in x-request-budget-ms, never the client's ask.
     for r in h.fake.requests() {
-        assert!(!r.headers.contains_key("x-run-budget-ms"), "{:?}", r.headers);
+        assert!(
+            !r.headers.contains_key("x-run-budget-ms"),
+            "{:?}",
+            r.headers
+        );
         assert!(r.headers.contains_key("x-run-id"));
     }
 }

@@ -252,3 +252,40 @@ async fn a_client_that_streams_itself_is_streamed_to_as_always() {
     let text = resp.into_body().collect().await.unwrap().to_bytes();
     assert!(text.starts_with(b"data: "));
 }
+
+#[tokio::test]
+async fn an_answer_past_max_response_body_is_a_502_and_stops_the_upstream_at_once() {
+    let config = CONFIG.replace(
+        "admin_listen = \"127.0.0.1:0\"\n",
+        "admin_listen = \"127.0.0.1:0\"\nmax_response_body = 2048\n",
+    );
+    let h = Harness::with_config(&config).await;
+    // Ten seconds of generation: read to its end, it would meet the 10 s deadline first.
+    let (resp, _c) = h
+        .send(chat(
+            "watched",
+            &[("x-fake-chunks", "10000"), ("x-fake-interval-ms", "1")],
+        ))
+        .await;
+    assert_eq!(resp.status(), 502);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "upstream_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("max_response_body (2048 bytes)"),
+        "{message}"
+    );
+    let conn = h.fake.connections()[0].id;
+    h.fake
+        .wait_closed(conn, Duration::from_secs(5))
+        .await
+        .expect("the upstream connection was closed, not read to its end");
+    assert!(!h.fake.requests()[0].completed);
+    h.wait_requests("watched", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"error\",route=\"watched\"}")
+            .await,
+        1.0,
+        "an error, though the stream was read without one"
+    );
+}
