@@ -184,18 +184,27 @@ impl Budget {
     pub fn ensure_useful(&self, now: Instant) -> Result<(), GatewayError> {
         let usable = self.usable(now);
         if usable < self.min_useful || usable.is_zero() {
-            if self.run.is_some() {
-                let left = self.deadline.saturating_duration_since(now);
-                return Err(deadline_error(self.total, self.run.as_ref(), left));
-            }
-            return Err(GatewayError::InsufficientBudget {
-                remaining: self.deadline.saturating_duration_since(now),
-                reserve: self.reserve,
-                min_useful: self.min_useful,
-                whole: self.total.saturating_sub(self.reserve) < self.min_useful,
-            });
+            let whole = self.total.saturating_sub(self.reserve) < self.min_useful;
+            return Err(self.too_little(now, self.min_useful, whole));
         }
         Ok(())
+    }
+
+    /// The error of a call that cannot fit `needed` in what is left at `now`: the run's
+    /// deadline exceeded when the run's deadline is what bounds the call (the same call of
+    /// the same run fails the same way), else `insufficient_budget`. `whole`: the budget was
+    /// too small from the start.
+    pub fn too_little(&self, now: Instant, needed: Duration, whole: bool) -> GatewayError {
+        let left = self.deadline.saturating_duration_since(now);
+        if self.run.is_some() {
+            return deadline_error(self.total, self.run.as_ref(), left);
+        }
+        GatewayError::InsufficientBudget {
+            remaining: left,
+            reserve: self.reserve,
+            min_useful: needed,
+            whole,
+        }
     }
 
     /// The value of `x-request-budget-ms` forwarded upstream: what is usable now, rounded

@@ -155,16 +155,13 @@ pub async fn run(
             Ok(*started)
         }
         Last::Error(e) => Err(e),
-        Last::None => {
-            let now = Instant::now();
-            Err(GatewayError::InsufficientBudget {
-                remaining: budget.deadline.saturating_duration_since(now),
-                reserve: budget.reserve,
-                min_useful: route.chain[0].upstream.ttft.get().max(budget.min_useful),
-                // Spent on attempts (or on waiting): a new request gets a new budget.
-                whole: false,
-            })
-        }
+        // No attempt fitted what was left. Without a run, the time went on attempts (or on
+        // waiting), and a new request gets a new budget; with one, the run's time is gone.
+        Last::None => Err(budget.too_little(
+            Instant::now(),
+            route.chain[0].upstream.ttft.get().max(budget.min_useful),
+            false,
+        )),
     }
 }
 

@@ -32,6 +32,12 @@ idle_timeout = "5s"
 url = "{FAKE}"
 auth = "none"
 
+# Known to take a second to its first token: no attempt fits less.
+[upstreams.slow]
+url = "{FAKE}"
+auth = "none"
+expected_first_token = "1s"
+
 [[routes]]
 name = "calls"
 path_prefix = "/v1/chat/completions"
@@ -61,6 +67,13 @@ models = ["timed"]
 upstream = "fake"
 run_budget = "1500ms"
 run_max_budget = "3s"
+
+[[routes]]
+name = "slow"
+path_prefix = "/v1/chat/completions"
+models = ["slow"]
+upstream = "slow"
+run_budget = "600ms"
 
 [[routes]]
 name = "ceiling"
@@ -138,6 +151,7 @@ on_both_stores!(
     tokens_are_reserved_before_the_call_and_reconciled_after,
     the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget,
     a_client_run_budget_may_only_shorten_the_run,
+    a_run_too_short_for_any_attempt_is_refused_as_the_runs_deadline,
     bad_run_headers_are_refused_and_never_forwarded,
     a_traceparent_names_the_run,
     one_clients_run_is_never_anothers,
@@ -491,6 +505,22 @@ async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
         );
         assert!(r.headers.contains_key("x-run-id"));
     }
+}
+
+/// The run leaves less than the upstream is known to need before its first token: no attempt
+/// is made, and since the run's deadline is what bounds the call, the refusal is the run's,
+/// which the SDKs do not retry (insufficient_budget, which they do, only spent the run).
+async fn a_run_too_short_for_any_attempt_is_refused_as_the_runs_deadline(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let (resp, _c) = h
+        .send(call("/slow", false, &[("x-run-id", "short")], ""))
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "run_deadline_exceeded", "{body}");
+    crate::support::assert_message_starts(&body["error"], "run deadline exceeded:");
+    assert!(h.fake.requests().is_empty(), "never reached the provider");
 }
 
 async fn bad_run_headers_are_refused_and_never_forwarded(store: Store) {
