@@ -17,8 +17,9 @@ ARG RUST_VERSION=1.95
 # ---- build ---------------------------------------------------------------------------------
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
-# The context is what .dockerignore lets through: the manifest, the lock file, src/, config/
-# (config/demo.toml is compiled into the binary) and the target folders Cargo.toml may name
+# The context is what .dockerignore lets through: the manifest, the lock file, src/, fake/ (the
+# fake provider's crate, which `hourglass demo` runs), config/ (config/demo.toml is compiled
+# into the binary) and the target folders Cargo.toml may name
 # (tests/, benches/, examples/, build.rs); target/, .git/ and the rest stay out.
 COPY . .
 # [profile.release] keeps line tables (debug = 1) for profiling on a workstation; the image ships

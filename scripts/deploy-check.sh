@@ -113,6 +113,7 @@ for f in files:
         os.makedirs(os.path.join(dest, os.path.dirname(f)), exist_ok=True)
         shutil.copy2(f, os.path.join(dest, f))
 for must, why in [("Cargo.lock", "cargo build --locked"), ("src/main.rs", "the binary"),
+                  ("fake/Cargo.toml", "the workspace's fake provider, which the demo runs"),
                   ("config/demo.toml", "include_str! in src/lib.rs"),
                   ("docker/hourglass.toml", "COPY in the runtime stage")]:
     if not os.path.isfile(os.path.join(dest, must)):
