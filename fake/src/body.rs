@@ -11,7 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
 use crate::records::Finisher;
-use crate::reply::{Kind, Reply, Shape};
+use crate::reply::{Kind, Reply};
 use crate::script::Script;
 
 /// The response body: a state machine driven by hyper's polling, so a stream costs no task of
@@ -96,10 +96,10 @@ impl Body for ScriptBody {
                     // hyper stops polling once `is_end_stream` says so, so finish here.
                     this.finisher.finish(true);
                 }
-                if let Kind::Content(_) = kind {
+                if let Kind::Content = kind {
                     this.content_sent += 1;
                 }
-                let gap = matches!(this.reply.kind(this.next), Kind::Content(_) | Kind::Closing);
+                let gap = matches!(this.reply.kind(this.next), Kind::Content | Kind::Closing);
                 this.due = now + if gap { script.interval } else { Duration::ZERO };
                 this.last_write = now;
                 return Poll::Ready(Some(Ok(Frame::data(bytes))));
@@ -130,8 +130,8 @@ impl Body for ScriptBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.reply.shape {
-            Shape::Full(bytes) if self.next == 0 => SizeHint::with_exact(bytes.len() as u64),
+        match &self.reply {
+            Reply::Full(bytes) if self.next == 0 => SizeHint::with_exact(bytes.len() as u64),
             _ => SizeHint::default(),
         }
     }

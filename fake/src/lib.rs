@@ -19,7 +19,17 @@
 //! | `x-fake-keepalive-ms` K | while the open stream is silent, write a keep-alive every K ms |
 //! | `x-fake-keepalive-kind` | `comment` (`: keep-alive`) or `ping` (`event: ping`) |
 //! | `x-fake-timestamps` (`1`) | content events carry `"x_fake_sent_ns"` from [`monotonic_ns`] |
-//! | `x-fake-tool-call` NAME | answer with a call of function NAME instead of text: its arguments `{"text":"tok1 ..."}` stream in the content events (Chat `tool_calls` deltas, Anthropic `tool_use` + `input_json_delta`, Responses `function_call` + `response.function_call_arguments.delta`) |
+//! | `x-fake-tool-call` NAME[,NAME...] | answer with a call of a function instead of text: its arguments stream in the content events (Chat `tool_calls` deltas, Anthropic `tool_use` + `input_json_delta`, Responses `function_call` + `response.function_call_arguments.delta`). One name: that call every time (for loop tests); a list `a,b,c`: the name by the number of tool results the request already holds (Chat `tool` messages, Anthropic `tool_result` blocks, Responses `function_call_output` items), and plain text past its end, so an agent finishes |
+//! | `x-fake-tool-args` JSON | the call's arguments (a JSON object, else 400), cut into `x-fake-chunks` pieces; default `{"text":"tok1 ..."}` |
+//! | `x-fake-reasoning` N (0) | N reasoning tokens (`think1 `, ...) before the answer, content events too: Anthropic a `thinking` block (`thinking_delta`s, then a `signature_delta`; unstreamed, the block with its `signature`), Responses a `reasoning` item with summary text (`response.reasoning_summary_text.delta`), Chat a `reasoning_content` field (DeepSeek's and vLLM's convention; OpenAI's Chat API has none) |
+//! | `x-fake-refusal` (`1`) | Chat: answer with a `refusal` instead of `content` |
+//! | `x-fake-id` ID | fixes the ids (`chatcmpl-ID`, `msg_ID`, `resp_ID`, `call_ID`, ...) and `created`/`created_at`, so two answers compare equal as JSON |
+//!
+//! From a Chat request body: `n` (choices, streamed interleaved, choice `k > 0` saying
+//! `tok1-k `), `logprobs`/`top_logprobs` (a `logprobs.content` entry per answer token) and
+//! `stream_options.include_usage` (the last chunk, with the usage; without it a stream
+//! reports none, as OpenAI's). Usage and finish/stop reasons of a stream are those of the
+//! same request unstreamed: every shape is the same scripted output, streamed or not.
 //!
 //! [`FakeUpstream::set_replay`] makes every `POST` answer with recorded events instead (real
 //! providers' streams, kept as fixtures): the first after `x-fake-ttft-ms`, then one every
@@ -40,15 +50,19 @@
 //! behaviour down, since the gateway relies on it too.
 //!
 //! Where to read: `script.rs` (the headers), `respond.rs` (one request, from its record to its
-//! answer), `reply.rs` (what the answer says, event by event), `body.rs` (the timing),
+//! answer), `reply.rs` (what the answer says, event by event) with `chat.rs`, `anthropic.rs`
+//! and `responses.rs` (each API's shapes), `body.rs` (the timing),
 //! `records.rs` and `server.rs` (what is remembered, and the close detection above),
 //! `never_accept.rs`.
 
+mod anthropic;
 mod body;
+mod chat;
 mod never_accept;
 mod records;
 mod reply;
 mod respond;
+mod responses;
 mod script;
 mod server;
 #[cfg(test)]

@@ -17,7 +17,20 @@ pub(crate) struct Script {
     pub(crate) keepalive: Option<Duration>,
     pub(crate) keepalive_ping: bool,
     pub(crate) timestamps: bool,
-    pub(crate) tool_call: Option<String>,
+    /// `x-fake-tool-call`: the names to call, one per tool result the request already holds.
+    pub(crate) tool_calls: Vec<String>,
+    pub(crate) tool_args: Option<String>,
+    pub(crate) id: Option<String>,
+    pub(crate) reasoning: usize,
+    pub(crate) refusal: bool,
+}
+
+/// What the APIs accept as a function name, and what the fake takes as an id: short, and
+/// nothing that needs escaping in JSON or a header.
+fn is_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl Script {
@@ -62,23 +75,41 @@ impl Script {
                 ))
             }
         };
-        // A function name as the APIs accept one.
-        let tool_call = match headers.get("x-fake-tool-call") {
+        let names = |name: &str| -> Result<Option<Vec<String>>, String> {
+            let Some(value) = headers.get(name) else {
+                return Ok(None);
+            };
+            let list = value.to_str().ok().and_then(|v| {
+                v.split(',')
+                    .map(|n| Some(n.trim()).filter(|n| is_name(n)).map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+            });
+            list.map(Some).ok_or_else(|| invalid(name, value))
+        };
+        let tool_args = match headers.get("x-fake-tool-args") {
             None => None,
             Some(v) => {
-                let name = v.to_str().ok().filter(|n| {
-                    (1..=64).contains(&n.len())
-                        && n.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                // UTF-8, not only visible ASCII: arguments may hold any text.
+                let text = std::str::from_utf8(v.as_bytes()).ok().filter(|t| {
+                    matches!(serde_json::from_str(t), Ok(serde_json::Value::Object(_)))
                 });
                 Some(
-                    name.ok_or_else(|| invalid("x-fake-tool-call", v))?
+                    text.ok_or_else(|| invalid("x-fake-tool-args", v))?
                         .to_owned(),
                 )
             }
         };
+        let id = match names("x-fake-id")? {
+            None => None,
+            Some(mut one) if one.len() == 1 => one.pop(),
+            Some(_) => return Err(invalid("x-fake-id", &headers["x-fake-id"])),
+        };
         Ok(Script {
-            tool_call,
+            tool_calls: names("x-fake-tool-call")?.unwrap_or_default(),
+            tool_args,
+            id,
+            reasoning: count("x-fake-reasoning")?.unwrap_or(0),
+            refusal: flag("x-fake-refusal")?,
             ttft: Duration::from_millis(number("x-fake-ttft-ms")?.unwrap_or(0)),
             headers_first: flag("x-fake-headers-first")?,
             chunks: count("x-fake-chunks")?.unwrap_or(5),
