@@ -5,7 +5,7 @@
 //! `stream_options.include_usage` adds the last chunk with no choices and the usage, and
 //! `"usage": null` on every other chunk, as OpenAI sends them.
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::reply::{Answer, Kind, Part, Rendered, Segment};
 
@@ -55,13 +55,15 @@ fn call_id(a: &Answer, choice: usize) -> String {
 }
 
 /// The fields every chunk and the whole answer share, in OpenAI's order.
-fn head(a: &Answer, object: &str) -> serde_json::Map<String, Value> {
-    let head = json!({"id": id(a), "object": object, "created": a.created, "model": a.model,
-        "service_tier": "default", "system_fingerprint": "fp_fake"});
-    match head {
-        Value::Object(map) => map,
-        _ => unreachable!("a JSON object literal"),
-    }
+fn head(a: &Answer, object: &str) -> Map<String, Value> {
+    let mut head = Map::new();
+    head.insert("id".into(), json!(id(a)));
+    head.insert("object".into(), json!(object));
+    head.insert("created".into(), json!(a.created));
+    head.insert("model".into(), json!(a.model));
+    head.insert("service_tier".into(), json!("default"));
+    head.insert("system_fingerprint".into(), json!("fp_fake"));
+    head
 }
 
 fn chunk(a: &Answer, choices: Value) -> Value {
@@ -79,16 +81,17 @@ fn choice_chunk(a: &Answer, choice: usize, delta: Value, logprobs: Value, finish
     chunk(a, json!([choice]))
 }
 
+/// Whether the answer is a call: a refusal is an answer without one.
+fn is_call(a: &Answer) -> bool {
+    a.tool.is_some() && !a.refusal
+}
+
 fn finish_reason(a: &Answer) -> &'static str {
-    if a.tool.is_some() && !a.refusal {
+    if is_call(a) {
         "tool_calls"
     } else {
         "stop"
     }
-}
-
-fn is_call(a: &Answer) -> bool {
-    a.tool.is_some() && !a.refusal
 }
 
 fn usage(a: &Answer) -> Value {

@@ -22,7 +22,7 @@
 //! | `x-fake-tool-call` NAME[,NAME...] | answer with a call of a function instead of text: its arguments stream in the content events (Chat `tool_calls` deltas, Anthropic `tool_use` + `input_json_delta`, Responses `function_call` + `response.function_call_arguments.delta`). One name: that call every time (for loop tests); a list `a,b,c`: the name by the number of tool results the request already holds (Chat `tool` messages, Anthropic `tool_result` blocks, Responses `function_call_output` items), and plain text past its end, so an agent finishes |
 //! | `x-fake-tool-args` JSON | the call's arguments (a JSON object, else 400), cut into `x-fake-chunks` pieces; default `{"text":"tok1 ..."}` |
 //! | `x-fake-reasoning` N (0) | N reasoning tokens (`think1 `, ...) before the answer, content events too: Anthropic a `thinking` block (`thinking_delta`s, then a `signature_delta`; unstreamed, the block with its `signature`), Responses a `reasoning` item with summary text (`response.reasoning_summary_text.delta`), Chat a `reasoning_content` field (DeepSeek's and vLLM's convention; OpenAI's Chat API has none) |
-//! | `x-fake-refusal` (`1`) | Chat: answer with a `refusal` instead of `content` |
+//! | `x-fake-refusal` (`1`) | Chat: answer with a `refusal` instead of `content` (or of a scripted call); ignored by the other APIs |
 //! | `x-fake-id` ID | fixes the ids (`chatcmpl-ID`, `msg_ID`, `resp_ID`, `call_ID`, ...) and `created`/`created_at`, so two answers compare equal as JSON |
 //!
 //! From a Chat request body: `n` (choices, streamed interleaved, choice `k > 0` saying
