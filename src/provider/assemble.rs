@@ -184,9 +184,14 @@ struct ChatChoice {
     /// `content`, `refusal`, `reasoning_content`, `reasoning`: the string fields joined.
     fields: Vec<(String, String)>,
     tool_calls: Vec<ChatToolCall>,
-    logprobs: Option<(Vec<Value>, Vec<Value>)>,
+    /// `content` and `refusal` entries, each `None` until a chunk carried a list of them, so
+    /// that one the provider never sent stays `null` (a refusal has no content logprobs).
+    logprobs: Option<(Entries, Entries)>,
     finish_reason: Option<String>,
 }
+
+/// Logprobs entries of one kind, `None` until a chunk carried a list of them.
+type Entries = Option<Vec<Value>>;
 
 #[derive(Debug, Default, Clone)]
 struct ChatToolCall {
@@ -316,11 +321,12 @@ impl Chat {
                 choice.finish_reason = Some(reason);
             }
             if let Some(lp) = c.logprobs.filter(|l| l.get() != "null") {
-                let lp = raw(lp);
+                let mut lp = raw(lp);
                 let (content, refusal) = choice.logprobs.get_or_insert_with(Default::default);
                 for (key, into) in [("content", content), ("refusal", refusal)] {
-                    if let Some(Value::Array(items)) = lp.get(key) {
-                        into.extend(items.iter().cloned());
+                    // Moved, not copied: the entries are parsed once, into the answer.
+                    if let Some(Value::Array(items)) = lp.get_mut(key).map(Value::take) {
+                        into.get_or_insert_with(Vec::new).extend(items);
                     }
                 }
             }
@@ -390,9 +396,20 @@ impl Chat {
                     "role".into(),
                     json!(c.role.unwrap_or_else(|| "assistant".into())),
                 );
-                let field = |k: &str| c.fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone());
-                message.insert("content".into(), field("content").map_or(Value::Null, Value::String));
-                message.insert("refusal".into(), field("refusal").map_or(Value::Null, Value::String));
+                let field = |k: &str| {
+                    c.fields
+                        .iter()
+                        .find(|(f, _)| f == k)
+                        .map(|(_, v)| v.clone())
+                };
+                message.insert(
+                    "content".into(),
+                    field("content").map_or(Value::Null, Value::String),
+                );
+                message.insert(
+                    "refusal".into(),
+                    field("refusal").map_or(Value::Null, Value::String),
+                );
                 for (k, v) in &c.fields {
                     if k != "content" && k != "refusal" {
                         message.insert(k.clone(), json!(v));
@@ -416,10 +433,7 @@ impl Chat {
                 message.insert("annotations".into(), json!([]));
                 let logprobs = match c.logprobs {
                     None => Value::Null,
-                    Some((content, refusal)) => json!({
-                        "content": content,
-                        "refusal": if refusal.is_empty() { Value::Null } else { Value::Array(refusal) },
-                    }),
+                    Some((content, refusal)) => json!({"content": content, "refusal": refusal}),
                 };
                 let finish = match (c.finish_reason, cut) {
                     (Some(r), None) => json!(r),

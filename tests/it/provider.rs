@@ -623,7 +623,9 @@ async fn the_fakes_responses_api_is_read_as_openais() {
     let h = harness("").await;
     let interval = Duration::from_millis(150);
     let body = r#"{"model":"demo","stream":true,"input":"hi"}"#;
-    let prompt = (body.len() / 4) as f64;
+    // The fake estimates a prompt from the body without its stream options, so that a
+    // streamed call reports what the same call unstreamed does.
+    let prompt = (r#"{"model":"demo","input":"hi"}"#.len() / 4) as f64;
     let script = [("x-fake-chunks", "4"), ("x-fake-interval-ms", "150")];
     for (i, tool) in [None, Some("get_weather")].into_iter().enumerate() {
         let mut headers = script.to_vec();

@@ -289,3 +289,90 @@ async fn an_answer_past_max_response_body_is_a_502_and_stops_the_upstream_at_onc
         "an error, though the stream was read without one"
     );
 }
+
+/// The fake asked directly without streaming, and through a `stream_upstream` route (which
+/// streams it and assembles the stream): the same document, value for value.
+async fn assert_same_answer(
+    h: &Harness,
+    name: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) {
+    let mut all = vec![
+        ("x-fake-id", "eq1"),
+        ("x-fake-chunks", "3"),
+        ("x-fake-interval-ms", "1"),
+    ];
+    all.extend_from_slice(headers);
+    let (direct, _d) = crate::support::Conn::open(h.fake.addr())
+        .await
+        .send(post(path, body.into(), &all))
+        .await;
+    assert_eq!(direct.status(), 200, "{name}");
+    let direct = json_body(direct).await;
+    let (through, _c) = h.send(post(path, body.into(), &all)).await;
+    assert_eq!(through.status(), 200, "{name}");
+    assert!(
+        through.headers().get("x-hourglass-partial").is_none(),
+        "{name}"
+    );
+    let through = json_body(through).await;
+    assert_eq!(through, direct, "{name}: through the gateway, then direct");
+    let sent = serde_json::from_slice::<serde_json::Value>(
+        h.fake.requests().last().unwrap().body.as_ref(),
+    )
+    .unwrap();
+    assert_eq!(sent["stream"], true, "{name}: the gateway streamed it");
+}
+
+#[tokio::test]
+async fn every_shape_is_assembled_into_the_document_the_provider_answers() {
+    let h = Harness::with_config(CONFIG).await;
+    let chat = |extra: &str| {
+        format!(r#"{{"model":"watched","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#)
+    };
+    let call = [
+        ("x-fake-tool-call", "get_weather"),
+        ("x-fake-tool-args", r#"{"city":"Paris","days":[1,2]}"#),
+    ];
+    type Case<'a> = (&'a str, String, &'a [(&'a str, &'a str)]);
+    let chat_cases: [Case; 7] = [
+        ("chat text", chat(""), &[]),
+        ("chat tool call", chat(""), &call),
+        ("chat n=2", chat(r#","n":2"#), &[]),
+        (
+            "chat logprobs",
+            chat(r#","logprobs":true,"top_logprobs":2"#),
+            &[],
+        ),
+        ("chat refusal", chat(""), &[("x-fake-refusal", "1")]),
+        (
+            "chat refusal with logprobs",
+            chat(r#","logprobs":true"#),
+            &[("x-fake-refusal", "1")],
+        ),
+        ("chat reasoning", chat(""), &[("x-fake-reasoning", "2")]),
+    ];
+    for (name, body, headers) in chat_cases {
+        assert_same_answer(&h, name, "/v1/chat/completions", &body, headers).await;
+    }
+    let messages =
+        r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let thinking = [("x-fake-reasoning", "2")];
+    for (name, headers) in [
+        ("anthropic text", &[][..]),
+        ("anthropic tool_use", &call[..]),
+        ("anthropic thinking with signature", &thinking[..]),
+    ] {
+        assert_same_answer(&h, name, "/v1/messages", messages, headers).await;
+    }
+    let responses = r#"{"model":"gpt","input":"hi","instructions":"be brief"}"#;
+    for (name, headers) in [
+        ("responses text", &[][..]),
+        ("responses function_call", &call[..]),
+        ("responses reasoning", &thinking[..]),
+    ] {
+        assert_same_answer(&h, name, "/v1/responses", responses, headers).await;
+    }
+}

@@ -3,6 +3,7 @@
 // Run by tests/sdk/run.sh after the Python checks, against the same gateway and fake provider:
 //   HOURGLASS_SDK_BASE_URL     the gateway, e.g. http://127.0.0.1:PORT
 //   HOURGLASS_SDK_ADMIN_URL    its admin listener (for /metrics)
+//   HOURGLASS_SDK_FAKE_URL     the fake provider itself, asked directly to compare answers
 //   HOURGLASS_SDK_NODE_MODULES the node_modules directory the SDKs are installed in
 //   HOURGLASS_SDK_RESULT       optional: a file to receive "PASSED FAILED"
 //
@@ -18,6 +19,7 @@
 import { createRequire } from "node:module";
 import { performance } from "node:perf_hooks";
 import { readFileSync, writeFileSync } from "node:fs";
+import { isDeepStrictEqual } from "node:util";
 
 const require = createRequire(process.env.HOURGLASS_SDK_NODE_MODULES.replace(/\/?$/, "/"));
 const OpenAI = require("openai");
@@ -25,6 +27,7 @@ const Anthropic = require("@anthropic-ai/sdk");
 
 const BASE_URL = process.env.HOURGLASS_SDK_BASE_URL.replace(/\/$/, "");
 const ADMIN_URL = process.env.HOURGLASS_SDK_ADMIN_URL.replace(/\/$/, "");
+const FAKE_URL = process.env.HOURGLASS_SDK_FAKE_URL.replace(/\/$/, "");
 const RESULT_FILE = process.env.HOURGLASS_SDK_RESULT;
 
 const FIRST_TOKEN_TIMEOUT = 3.0; // the route's first_token_timeout in run.sh's config
@@ -44,8 +47,8 @@ function expect(cond, what) {
 
 const now = () => performance.now() / 1000;
 
-const openai = (timeout = PATIENT_MS) =>
-  new OpenAI({ baseURL: `${BASE_URL}/v1`, apiKey: "sk-sdk-test", maxRetries: 0, timeout });
+const openai = (timeout = PATIENT_MS, base = BASE_URL) =>
+  new OpenAI({ baseURL: `${base}/v1`, apiKey: "sk-sdk-test", maxRetries: 0, timeout });
 const anthropic = (timeout = PATIENT_MS) =>
   new Anthropic({ baseURL: BASE_URL, apiKey: "sk-ant-sdk-test", maxRetries: 0, timeout });
 
@@ -302,6 +305,47 @@ async function checkMetrics() {
   return summary;
 }
 
+// A non-streaming chat call on the stream_upstream route (model "watched") and the same call
+// straight to the fake, with a fixed x-fake-id: the same completion, value for value (text, a
+// tool call, reasoning_content).
+async function checkOpenaiChatStreamUpstreamEqualsDirect() {
+  const clients = { gateway: openai(), fake: openai(PATIENT_MS, FAKE_URL) };
+  const same = { "x-fake-id": "node1", "x-fake-chunks": "3" };
+  const cases = [
+    ["text", {}],
+    ["tool call", { "x-fake-tool-call": "get_weather", "x-fake-tool-args": '{"city":"Paris"}' }],
+    ["reasoning", { "x-fake-reasoning": "2" }],
+  ];
+  const done = [];
+  for (const [what, headers] of cases) {
+    const ask = (c) =>
+      clients[c].chat.completions.create(
+        { model: "watched", messages: MESSAGES },
+        { headers: { ...same, ...headers } },
+      );
+    // Through JSON: only the answer's own fields, not what the SDK attaches (`_request_id`).
+    const plain = (v) => {
+      const copy = JSON.parse(JSON.stringify(v));
+      delete copy._request_id;
+      return copy;
+    };
+    const through = plain(await ask("gateway"));
+    const direct = plain(await ask("fake"));
+    expect(
+      isDeepStrictEqual(through, direct),
+      `${what}: through the gateway ${JSON.stringify(through)}, direct ${JSON.stringify(direct)}`,
+    );
+    const message = through.choices[0].message;
+    if (what === "text") expect(message.content === "tok1 tok2 tok3 ", `content ${message.content}`);
+    if (what === "tool call")
+      expect(message.tool_calls[0].function.arguments === '{"city":"Paris"}', JSON.stringify(message));
+    if (what === "reasoning")
+      expect(message.reasoning_content === "think1 think2 ", JSON.stringify(message));
+    done.push(what);
+  }
+  return `equal: ${done.join(", ")}`;
+}
+
 const CHECKS = [
   checkOpenaiStreamAndPlain,
   checkAnthropicStreamAndPlain,
@@ -312,6 +356,7 @@ const CHECKS = [
   checkFirstTokenTimeoutBeforeHead,
   checkInvalidBudgetHeader,
   checkBreakCancelsUpstream,
+  checkOpenaiChatStreamUpstreamEqualsDirect,
   checkMetrics,
 ];
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end test with the official OpenAI and Anthropic SDKs, Python and Node, as real clients.
 #
-# Runs the fake provider and the gateway on free loopback ports, then tests/sdk/sdk_test.py and
-# tests/sdk/node_test.mjs against them. Run from anywhere: `bash tests/sdk/run.sh`. The venv
+# Runs the fake provider and the gateway on free loopback ports, then tests/sdk/sdk_test.py,
+# tests/sdk/node_test.mjs and tests/sdk/agent_test.py against them (the first two also ask the
+# fake directly, to compare). Run from anywhere: `bash tests/sdk/run.sh`. The venv
 # with the Python SDKs is kept at ${HOURGLASS_SDK_VENV:-target/sdk-venv} and reused when it
 # already has both; the Node SDKs are installed from tests/sdk/package-lock.json into
 # ${HOURGLASS_SDK_NODE_DIR:-target/sdk-node} (both relative to the repo root) and reinstalled
@@ -137,6 +138,40 @@ first_token_timeout = "3s"
 url = "http://127.0.0.1:$FAKE_PORT"
 auth = "none"
 
+# Non-streaming clients watched by streaming upstream (model "watched"), and given what was
+# generated when a limit cuts it (model "partial"): the checks compare their answers with the
+# fake's own, asked directly. Their own routes, so that the idle counts of the plain routes
+# below stay what the other checks expect.
+[[routes]]
+name = "chat-watched"
+path_prefix = "/v1/chat/completions"
+models = ["watched"]
+upstream = "fake"
+stream_upstream = true
+idle_timeout = "1s"
+
+[[routes]]
+name = "chat-partial"
+path_prefix = "/v1/chat/completions"
+models = ["partial"]
+upstream = "fake"
+stream_upstream = true
+partial_answers = true
+
+[[routes]]
+name = "messages-watched"
+path_prefix = "/v1/messages"
+models = ["watched"]
+upstream = "fake"
+stream_upstream = true
+
+[[routes]]
+name = "responses-watched"
+path_prefix = "/v1/responses"
+models = ["watched"]
+upstream = "fake"
+stream_upstream = true
+
 [[routes]]
 name = "chat"
 path_prefix = "/v1/chat/completions"
@@ -207,6 +242,7 @@ RESULT="$WORK/result"
 set +e
 HOURGLASS_SDK_BASE_URL="http://127.0.0.1:$GW_PORT" \
 HOURGLASS_SDK_ADMIN_URL="http://127.0.0.1:$ADMIN_PORT" \
+HOURGLASS_SDK_FAKE_URL="http://127.0.0.1:$FAKE_PORT" \
 HOURGLASS_SDK_RESULT="$RESULT" \
     timeout --kill-after=5 100 "$PY" -u tests/sdk/sdk_test.py
 PY_RC=$?
@@ -236,6 +272,7 @@ tally sdk_test.py "$PY_RC"
 set +e
 HOURGLASS_SDK_BASE_URL="http://127.0.0.1:$GW_PORT" \
 HOURGLASS_SDK_ADMIN_URL="http://127.0.0.1:$ADMIN_PORT" \
+HOURGLASS_SDK_FAKE_URL="http://127.0.0.1:$FAKE_PORT" \
 HOURGLASS_SDK_NODE_MODULES="$ROOT/$NODE_DIR/node_modules" \
 HOURGLASS_SDK_RESULT="$RESULT" \
     timeout --kill-after=5 100 node tests/sdk/node_test.mjs

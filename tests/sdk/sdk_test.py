@@ -3,11 +3,14 @@
 Run by tests/sdk/run.sh, which starts the fake provider and a gateway and passes:
   HOURGLASS_SDK_BASE_URL   the gateway, e.g. http://127.0.0.1:PORT
   HOURGLASS_SDK_ADMIN_URL  its admin listener (for /metrics)
+  HOURGLASS_SDK_FAKE_URL   the fake provider itself, asked directly to compare answers
   HOURGLASS_SDK_RESULT     optional: a file to receive "PASSED FAILED" instead of the summary line
 
 The gateway config run.sh writes: defaults idle_timeout 20s, first_token_timeout 3s, budget 30s;
 routes "chat" (/v1/chat/completions), "messages" (/v1/messages) and "responses" (/v1/responses)
-on the fake provider.
+on the fake provider; before them, for model "watched", the stream_upstream routes
+"chat-watched" (idle_timeout 1s), "messages-watched" and "responses-watched", and for model
+"partial" "chat-partial" (stream_upstream with partial_answers).
 Every client uses max_retries=0, so an SDK retry never hides a failure or slows the run.
 """
 
@@ -26,6 +29,7 @@ from openai.types.responses import Response, ResponseTextDeltaEvent
 
 BASE_URL = os.environ["HOURGLASS_SDK_BASE_URL"].rstrip("/")
 ADMIN_URL = os.environ["HOURGLASS_SDK_ADMIN_URL"].rstrip("/")
+FAKE_URL = os.environ["HOURGLASS_SDK_FAKE_URL"].rstrip("/")
 RESULT_FILE = os.environ.get("HOURGLASS_SDK_RESULT")
 
 CHAT_ROUTE = "chat"
@@ -53,12 +57,12 @@ def expect(cond: bool, what: str) -> None:
         raise CheckFailed(what)
 
 
-def openai_client(timeout=PATIENT) -> openai.OpenAI:
-    return openai.OpenAI(base_url=BASE_URL + "/v1", api_key="sk-sdk-test", max_retries=0, timeout=timeout)
+def openai_client(timeout=PATIENT, base=BASE_URL) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="sk-sdk-test", max_retries=0, timeout=timeout)
 
 
-def anthropic_client(timeout=PATIENT) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=BASE_URL, api_key="sk-ant-sdk-test", max_retries=0, timeout=timeout)
+def anthropic_client(timeout=PATIENT, base=BASE_URL) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=base, api_key="sk-ant-sdk-test", max_retries=0, timeout=timeout)
 
 
 def openai_tokens(chunks) -> list[str]:
@@ -353,6 +357,136 @@ def check_invalid_budget_header():
     raise CheckFailed("the request succeeded")
 
 
+# ---- stream_upstream: a non-streaming call, watched by streaming upstream ---------------------
+
+# A fixed x-fake-id fixes the ids and timestamps, so the gateway's assembled answer and the
+# fake's own compare equal, field for field, as the SDK parsed them.
+SAME = {"x-fake-id": "sdk1", "x-fake-chunks": "3"}
+CALL = {"x-fake-tool-call": "get_weather", "x-fake-tool-args": '{"city":"Paris","days":2}'}
+THINK = {"x-fake-reasoning": "2"}
+
+
+def same_answer(what: str, ask):
+    """`ask(client)` through the stream_upstream route and straight to the fake: the same."""
+    through = ask("gateway").model_dump()
+    direct = ask("fake").model_dump()
+    expect(through == direct, f"{what}: through the gateway {through!r}, direct {direct!r}")
+    return through
+
+
+def check_openai_chat_stream_upstream_equals_direct():
+    """openai chat.completions.create() without streaming, on a stream_upstream route: the
+    answer assembled from the stream is the one the provider gives unstreamed (text, a tool
+    call, reasoning_content as an extra field)."""
+    clients = {"gateway": openai_client(), "fake": openai_client(base=FAKE_URL)}
+    done = []
+    for what, headers in [("text", {}), ("tool call", CALL), ("reasoning", THINK)]:
+        doc = same_answer(
+            what,
+            lambda c: clients[c].chat.completions.create(
+                model="watched", messages=MESSAGES, extra_headers={**SAME, **headers}
+            ),
+        )
+        message = doc["choices"][0]["message"]
+        if what == "text":
+            expect(message["content"] == "tok1 tok2 tok3 ", f"content {message!r}")
+        elif what == "tool call":
+            args = json.loads(message["tool_calls"][0]["function"]["arguments"])
+            expect(args == {"city": "Paris", "days": 2}, f"arguments {args!r}")
+            expect(doc["choices"][0]["finish_reason"] == "tool_calls", f"finish {doc!r}")
+        else:
+            expect(message.get("reasoning_content") == "think1 think2 ", f"reasoning {message!r}")
+        expect(doc["usage"]["completion_tokens"] > 0, f"usage {doc['usage']!r}")
+        done.append(what)
+    return f"equal: {', '.join(done)}"
+
+
+def check_openai_responses_stream_upstream_equals_direct():
+    """openai responses.create() without streaming, on a stream_upstream route: the same
+    Response as the provider's (text, a function_call, a reasoning item)."""
+    clients = {"gateway": openai_client(), "fake": openai_client(base=FAKE_URL)}
+    done = []
+    for what, headers in [("text", {}), ("function_call", CALL), ("reasoning", THINK)]:
+        doc = same_answer(
+            what,
+            lambda c: clients[c].responses.create(
+                model="watched", input="hi", extra_headers={**SAME, **headers}
+            ),
+        )
+        expect(doc["status"] == "completed", f"status {doc['status']!r}")
+        kinds = [item["type"] for item in doc["output"]]
+        want = {"text": ["message"], "function_call": ["function_call"], "reasoning": ["reasoning", "message"]}
+        expect(kinds == want[what], f"{what}: output items {kinds!r}")
+        done.append(what)
+    return f"equal: {', '.join(done)}"
+
+
+def check_anthropic_stream_upstream_equals_direct():
+    """anthropic messages.create() without streaming, on a stream_upstream route: the same
+    Message as the provider's (text, tool_use, thinking with its signature)."""
+    clients = {"gateway": anthropic_client(), "fake": anthropic_client(base=FAKE_URL)}
+    done = []
+    for what, headers in [("text", {}), ("tool_use", CALL), ("thinking", THINK)]:
+        doc = same_answer(
+            what,
+            lambda c: clients[c].messages.create(
+                model="watched", max_tokens=64, messages=MESSAGES, extra_headers={**SAME, **headers}
+            ),
+        )
+        first = doc["content"][0]
+        if what == "tool_use":
+            expect(first["type"] == "tool_use" and first["input"] == {"city": "Paris", "days": 2}, f"{first!r}")
+            expect(doc["stop_reason"] == "tool_use", f"stop {doc['stop_reason']!r}")
+        elif what == "thinking":
+            expect(first["type"] == "thinking" and first["signature"], f"{first!r}")
+            expect(first["thinking"] == "think1 think2 ", f"{first!r}")
+        else:
+            expect(first["type"] == "text" and first["text"] == "tok1 tok2 tok3 ", f"{first!r}")
+        done.append(what)
+    return f"equal: {', '.join(done)}"
+
+
+def check_stream_upstream_frozen_fails_with_idle_timeout():
+    """openai, non-streaming, upstream frozen after 2 tokens, on a stream_upstream route with a
+    1 s idle limit: the call fails with the idle_timeout error (not after the 30 s budget)."""
+    client = openai_client()
+    try:
+        client.chat.completions.create(
+            model="watched",
+            messages=MESSAGES,
+            extra_headers={"x-fake-chunks": "10", "x-fake-freeze-after": "2"},
+        )
+    except openai.APIStatusError as err:
+        expect(err.status_code == 504, f"status {err.status_code}: {describe(err)}")
+        expect(error_code(err.body) == "idle_timeout", f"body code: {describe(err)}")
+        # (Not err.message: for an error status the SDK prefixes it with "Error code: 504 - ".)
+        expect(
+            error_message(err.body).startswith("idle timeout: "), f"message names no limit: {describe(err)}"
+        )
+        return f"{type(err).__name__} {err.status_code} code {error_code(err.body)}"
+    raise CheckFailed("the call succeeded")
+
+
+def check_stream_upstream_partial_answer_at_the_deadline():
+    """openai, non-streaming, a 1 s budget on a 10 s generation, partial_answers on: 200 with
+    the text so far, finish_reason "length" and x-hourglass-partial: deadline_exceeded."""
+    client = openai_client()
+    raw = client.chat.completions.with_raw_response.create(
+        model="partial",
+        messages=MESSAGES,
+        extra_headers={"x-request-budget-ms": "1000", "x-fake-chunks": "100", "x-fake-interval-ms": "100"},
+    )
+    partial = raw.headers.get("x-hourglass-partial")
+    expect(partial == "deadline_exceeded", f"x-hourglass-partial {partial!r}")
+    done = raw.parse()
+    choice = done.choices[0]
+    expect(choice.finish_reason == "length", f"finish_reason {choice.finish_reason!r}")
+    text = choice.message.content or ""
+    expect(text.startswith("tok1 tok2 "), f"content {text!r}")
+    expect(done.usage is not None and done.usage.completion_tokens > 0, f"usage {done.usage!r}")
+    return f"partial ({partial}): {len(text.split())} tokens, finish_reason {choice.finish_reason}"
+
+
 def metric_samples() -> dict[str, float]:
     with urllib.request.urlopen(ADMIN_URL + "/metrics", timeout=5) as resp:
         text = resp.read().decode()
@@ -397,6 +531,11 @@ CHECKS = [
     check_openai_responses_idle_timeout,
     check_first_token_timeout_before_head,
     check_invalid_budget_header,
+    check_openai_chat_stream_upstream_equals_direct,
+    check_openai_responses_stream_upstream_equals_direct,
+    check_anthropic_stream_upstream_equals_direct,
+    check_stream_upstream_frozen_fails_with_idle_timeout,
+    check_stream_upstream_partial_answer_at_the_deadline,
     check_metrics,
 ]
 

@@ -244,3 +244,40 @@ fn an_openai_error_object_mid_stream_is_the_providers_error() {
     );
     assert_eq!(a.provider_error().unwrap()["error"]["type"], "server_error");
 }
+
+/// A refusal streams logprobs under `refusal` only: the content logprobs it never sent stay
+/// `null` in the document, as the provider's unstreamed answer has them.
+#[test]
+fn logprobs_a_stream_never_sent_stay_null() {
+    let chunk = |delta: &str, logprobs: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"logprobs\":{logprobs},\"finish_reason\":null}}]}}\n\n"
+        )
+    };
+    let entry =
+        |t: &str| format!(r#"{{"token":"{t}","logprob":-0.5,"bytes":[],"top_logprobs":[]}}"#);
+    let stream = [
+        chunk(
+            r#"{"role":"assistant","content":null,"refusal":""}"#,
+            "null",
+        ),
+        chunk(
+            r#"{"refusal":"No"}"#,
+            &format!(r#"{{"content":null,"refusal":[{}]}}"#, entry("No")),
+        ),
+        chunk(
+            r#"{"refusal":"pe"}"#,
+            &format!(r#"{{"content":null,"refusal":[{}]}}"#, entry("pe")),
+        ),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &stream, None);
+    let choice = &d["choices"][0];
+    assert_eq!(choice["message"]["refusal"], "Nope");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    assert_eq!(choice["logprobs"]["content"], Value::Null);
+    let refusal = choice["logprobs"]["refusal"].as_array().unwrap();
+    assert_eq!(refusal.len(), 2);
+    assert_eq!(refusal[1]["token"], "pe");
+}

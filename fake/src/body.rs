@@ -1,0 +1,145 @@
+//! The streaming response body that plays a script's timing.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::time::{Instant, Sleep};
+
+use crate::records::Finisher;
+use crate::reply::{Kind, Reply};
+use crate::script::Script;
+
+/// The response body: a state machine driven by hyper's polling, so a stream costs no task of
+/// its own and everything (timer included) ends when hyper drops it.
+pub(crate) struct ScriptBody {
+    pub(crate) reply: Reply,
+    pub(crate) script: Script,
+    pub(crate) next: usize,
+    pub(crate) content_sent: usize,
+    /// When the next event is due.
+    pub(crate) due: Instant,
+    /// Last write of any kind, for spacing keep-alives.
+    pub(crate) last_write: Instant,
+    pub(crate) sleep: Pin<Box<Sleep>>,
+    pub(crate) finisher: Finisher,
+}
+
+impl ScriptBody {
+    pub(crate) fn new(
+        reply: Reply,
+        script: Script,
+        first_delay: Duration,
+        finisher: Finisher,
+    ) -> ScriptBody {
+        let now = Instant::now();
+        let due = now + first_delay;
+        let sleep = Box::pin(tokio::time::sleep_until(due));
+        let (next, content_sent, last_write) = (0, 0, now);
+        ScriptBody {
+            reply,
+            script,
+            next,
+            content_sent,
+            due,
+            last_write,
+            sleep,
+            finisher,
+        }
+    }
+
+    pub(crate) fn keepalive_frame(&self) -> Bytes {
+        Bytes::from_static(if self.script.keepalive_ping {
+            b"event: ping\ndata: {\"type\":\"ping\"}\n\n"
+        } else {
+            b": keep-alive\n\n"
+        })
+    }
+}
+
+impl Body for ScriptBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let this = self.get_mut();
+        loop {
+            if this.next >= this.reply.len() {
+                this.finisher.finish(true);
+                return Poll::Ready(None);
+            }
+            let now = Instant::now();
+            let script = &this.script;
+            let frozen = script.freeze_after.is_some_and(|n| this.content_sent >= n);
+            if !frozen && this.due <= now {
+                if script
+                    .disconnect_after
+                    .is_some_and(|n| this.content_sent >= n)
+                {
+                    this.next = usize::MAX;
+                    this.finisher.finish(false);
+                    let error =
+                        io::Error::new(io::ErrorKind::ConnectionAborted, "x-fake-disconnect-after");
+                    return Poll::Ready(Some(Err(error)));
+                }
+                let kind = this.reply.kind(this.next);
+                let bytes = this.reply.render(this.next, script.timestamps);
+                this.next += 1;
+                if this.next >= this.reply.len() {
+                    // hyper stops polling once `is_end_stream` says so, so finish here.
+                    this.finisher.finish(true);
+                }
+                if let Kind::Content = kind {
+                    this.content_sent += 1;
+                }
+                let gap = matches!(this.reply.kind(this.next), Kind::Content | Kind::Closing);
+                this.due = now + if gap { script.interval } else { Duration::ZERO };
+                this.last_write = now;
+                return Poll::Ready(Some(Ok(Frame::data(bytes))));
+            }
+            let keepalive_due = script.keepalive.map(|every| this.last_write + every);
+            if keepalive_due.is_some_and(|due| due <= now) {
+                this.last_write = now;
+                return Poll::Ready(Some(Ok(Frame::data(this.keepalive_frame()))));
+            }
+            let wake = match (frozen, keepalive_due) {
+                (false, Some(keepalive)) => keepalive.min(this.due),
+                (false, None) => this.due,
+                (true, Some(keepalive)) => keepalive,
+                // Frozen for good: nothing will wake us, and hyper drops us when the peer leaves.
+                (true, None) => return Poll::Pending,
+            };
+            if this.sleep.deadline() != wake {
+                this.sleep.as_mut().reset(wake);
+            }
+            if this.sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.next >= self.reply.len()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.reply {
+            Reply::Full(bytes) if self.next == 0 => SizeHint::with_exact(bytes.len() as u64),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// `sleep(0)` still waits for the timer's next millisecond tick: a ttft of 0 must not.
+pub(crate) async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}

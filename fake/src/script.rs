@@ -1,0 +1,135 @@
+//! The per-request script: the `x-fake-*` headers, parsed and checked.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, StatusCode};
+
+/// The per-request script, parsed from `x-fake-*` headers; `default()` is "no script at all".
+#[derive(Default)]
+pub(crate) struct Script {
+    pub(crate) ttft: Duration,
+    pub(crate) headers_first: bool,
+    pub(crate) chunks: usize,
+    pub(crate) interval: Duration,
+    pub(crate) freeze_after: Option<usize>,
+    pub(crate) disconnect_after: Option<usize>,
+    pub(crate) status: Option<StatusCode>,
+    pub(crate) keepalive: Option<Duration>,
+    pub(crate) keepalive_ping: bool,
+    pub(crate) timestamps: bool,
+    /// `x-fake-tool-call`: the names to call, one per tool result the request already holds.
+    pub(crate) tool_calls: Vec<String>,
+    pub(crate) tool_args: Option<String>,
+    pub(crate) id: Option<String>,
+    pub(crate) reasoning: usize,
+    pub(crate) refusal: bool,
+}
+
+/// What the APIs accept as a function name, and what the fake takes as an id: short, and
+/// nothing that needs escaping in JSON or a header.
+fn is_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl Script {
+    pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Script, String> {
+        let number = |name: &str| -> Result<Option<u64>, String> {
+            let Some(value) = headers.get(name) else {
+                return Ok(None);
+            };
+            let parsed = value.to_str().ok().and_then(|s| s.trim().parse().ok());
+            parsed.map(Some).ok_or_else(|| invalid(name, value))
+        };
+        let count = |name: &str| -> Result<Option<usize>, String> {
+            number(name)?
+                .map(|n| usize::try_from(n).map_err(|_| format!("{name} is too large")))
+                .transpose()
+        };
+        let flag = |name: &str| match headers.get(name).map(HeaderValue::as_bytes) {
+            None | Some(b"0" | b"false") => Ok(false),
+            Some(b"1" | b"true") => Ok(true),
+            Some(_) => Err(invalid(name, &headers[name])),
+        };
+        let status = match number("x-fake-status")? {
+            None => None,
+            Some(code) => Some(
+                u16::try_from(code)
+                    .ok()
+                    .filter(|code| (200..=599).contains(code))
+                    .and_then(|code| StatusCode::from_u16(code).ok())
+                    .ok_or_else(|| invalid("x-fake-status", &headers["x-fake-status"]))?,
+            ),
+        };
+        let keepalive_ping = match headers
+            .get("x-fake-keepalive-kind")
+            .map(HeaderValue::as_bytes)
+        {
+            None | Some(b"comment") => false,
+            Some(b"ping") => true,
+            Some(_) => {
+                return Err(invalid(
+                    "x-fake-keepalive-kind",
+                    &headers["x-fake-keepalive-kind"],
+                ))
+            }
+        };
+        let names = |name: &str| -> Result<Option<Vec<String>>, String> {
+            let Some(value) = headers.get(name) else {
+                return Ok(None);
+            };
+            let list = value.to_str().ok().and_then(|v| {
+                v.split(',')
+                    .map(|n| Some(n.trim()).filter(|n| is_name(n)).map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+            });
+            list.map(Some).ok_or_else(|| invalid(name, value))
+        };
+        let tool_args = match headers.get("x-fake-tool-args") {
+            None => None,
+            Some(v) => {
+                // UTF-8, not only visible ASCII: arguments may hold any text.
+                let text = std::str::from_utf8(v.as_bytes()).ok().filter(|t| {
+                    matches!(serde_json::from_str(t), Ok(serde_json::Value::Object(_)))
+                });
+                Some(
+                    text.ok_or_else(|| invalid("x-fake-tool-args", v))?
+                        .to_owned(),
+                )
+            }
+        };
+        let id = match names("x-fake-id")? {
+            None => None,
+            Some(mut one) if one.len() == 1 => one.pop(),
+            Some(_) => return Err(invalid("x-fake-id", &headers["x-fake-id"])),
+        };
+        Ok(Script {
+            tool_calls: names("x-fake-tool-call")?.unwrap_or_default(),
+            tool_args,
+            id,
+            reasoning: count("x-fake-reasoning")?.unwrap_or(0),
+            refusal: flag("x-fake-refusal")?,
+            ttft: Duration::from_millis(number("x-fake-ttft-ms")?.unwrap_or(0)),
+            headers_first: flag("x-fake-headers-first")?,
+            chunks: count("x-fake-chunks")?.unwrap_or(5),
+            interval: Duration::from_millis(number("x-fake-interval-ms")?.unwrap_or(20)),
+            freeze_after: count("x-fake-freeze-after")?,
+            disconnect_after: count("x-fake-disconnect-after")?,
+            status,
+            // 0 would mean a keep-alive storm; treat it as "off".
+            keepalive: number("x-fake-keepalive-ms")?
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis),
+            keepalive_ping,
+            timestamps: flag("x-fake-timestamps")?,
+        })
+    }
+}
+
+pub(crate) fn invalid(name: &str, value: &HeaderValue) -> String {
+    format!(
+        "invalid value for {name}: {:?}",
+        String::from_utf8_lossy(value.as_bytes())
+    )
+}
