@@ -83,10 +83,13 @@ async def calls_are_limited() -> None:
 async def the_deadline_ends_the_run() -> None:
     e = await stopped_by("agent-deadline", "agent-deadline-1", {"x-fake-ttft-ms": "700"})
     assert "run deadline exceeded" in str(e), repr(e)
-    # The client retries a 504 insufficient_budget; a retry that arrives once the run's deadline
-    # has passed is refused (run_deadline_exceeded) before any budget is given, and its line
-    # shows the route's budget, so only the calls the run gave a budget count here.
-    lines = [l for l in run_lines("agent-deadline-1") if 'code="run_deadline_exceeded"' not in l]
+    # A call the run has too little left for is refused as the run's (run_deadline_exceeded,
+    # x-should-retry: false, so the SDK does not retry it). One that arrives once the deadline
+    # has passed is refused before the run gives it a budget: its line shows the route's 30 s.
+    lines = run_lines("agent-deadline-1")
+    assert not any('code="insufficient_budget"' in l for l in lines), lines
+    assert sum('code="run_deadline_exceeded"' in l for l in lines) == 1, lines  # not retried
+    lines = [l for l in lines if not ('code="run_deadline_exceeded"' in l and "budget_ms=30000" in l)]
     budgets = [int(m.group(1)) for l in lines if (m := re.search(r"budget_ms=(\d+)", l))]
     assert budgets and budgets[0] == 2000, budgets  # the first call: the run's whole budget
     # Every later call's budget is what the run had left, not the route's 30 s.
