@@ -48,6 +48,13 @@ stream_upstream = true
 partial_answers = true
 
 [[routes]]
+name = "others"
+path_prefix = "/v1/embeddings"
+upstream = "fake"
+stream_upstream = true
+partial_answers = true
+
+[[routes]]
 name = "messages"
 path_prefix = "/v1/messages"
 upstream = "fake"
@@ -375,4 +382,16 @@ async fn every_shape_is_assembled_into_the_document_the_provider_answers() {
     ] {
         assert_same_answer(&h, name, "/v1/responses", responses, headers).await;
     }
+}
+
+#[tokio::test]
+async fn requests_of_other_apis_are_never_changed() {
+    let h = Harness::with_config(CONFIG).await;
+    let body = r#"{"model":"e", "input":"hi"}"#;
+    let (resp, _c) = h.send(post("/v1/embeddings", body.to_owned(), &[])).await;
+    // The fake serves no embeddings: its own 404 passes through, as it came.
+    assert_eq!(resp.status(), 404);
+    json_body(resp).await;
+    let sent = &h.fake.requests()[0];
+    assert_eq!(&sent.body[..], body.as_bytes(), "forwarded byte for byte");
 }
