@@ -83,6 +83,9 @@ async fn two_replicas(
 
 #[tokio::test]
 async fn fifty_calls_split_between_two_replicas_get_exactly_ten_upstream() {
+    if crate::support::redis::skip() {
+        return;
+    }
     let redis = RedisServer::start().await;
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
@@ -127,6 +130,9 @@ async fn fifty_calls_split_between_two_replicas_get_exactly_ten_upstream() {
 
 #[tokio::test]
 async fn the_deadline_set_by_a_call_to_one_replica_cuts_a_stream_on_the_other() {
+    if crate::support::redis::skip() {
+        return;
+    }
     let redis = RedisServer::start().await;
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
@@ -159,6 +165,9 @@ async fn the_deadline_set_by_a_call_to_one_replica_cuts_a_stream_on_the_other() 
 
 #[tokio::test]
 async fn a_loop_seen_across_both_replicas_is_stopped() {
+    if crate::support::redis::skip() {
+        return;
+    }
     let redis = RedisServer::start().await;
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
@@ -184,6 +193,9 @@ async fn a_loop_seen_across_both_replicas_is_stopped() {
 
 #[tokio::test]
 async fn redis_going_away_allow_serves_deny_refuses_and_runs_resume_when_it_is_back() {
+    if crate::support::redis::skip() {
+        return;
+    }
     let mut redis = RedisServer::start().await;
     let port = redis.port();
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
@@ -317,6 +329,9 @@ async fn reqwest_like_get(admin: std::net::SocketAddr, path: &str) -> String {
 
 #[tokio::test]
 async fn a_password_from_the_environment_reaches_redis_and_never_the_log() {
+    if crate::support::redis::skip() {
+        return;
+    }
     let password = "s3cret/pa:ss@word";
     let redis = RedisServer::with_password(password).await;
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
