@@ -319,12 +319,7 @@ async fn a_redis_that_never_answers_costs_a_call_its_store_timeout_not_its_budge
 
 /// A GET on the admin listener, its body as text.
 async fn reqwest_like_get(admin: std::net::SocketAddr, path: &str) -> String {
-    let out = tokio::process::Command::new("curl")
-        .args(["-s", &format!("http://{admin}{path}")])
-        .output()
-        .await
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    crate::support::admin_get(admin, path).await
 }
 
 #[tokio::test]

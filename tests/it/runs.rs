@@ -195,13 +195,8 @@ async fn run_json(h: &Harness, id: &str) -> serde_json::Value {
 }
 
 async fn run_json_now(h: &Harness, id: &str) -> serde_json::Value {
-    let url = format!("http://{}/runs/{id}", h.gw.admin_addr);
-    let out = tokio::process::Command::new("curl")
-        .args(["-s", &url])
-        .output()
-        .await
-        .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap()
+    let text = crate::support::admin_get(h.gw.admin_addr, &format!("/runs/{id}")).await;
+    serde_json::from_str(&text).unwrap()
 }
 
 async fn fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream(store: Store) {

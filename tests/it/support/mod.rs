@@ -125,8 +125,13 @@ impl Harness {
 
 /// The admin listener's /metrics text.
 pub async fn scrape(admin: SocketAddr) -> String {
+    admin_get(admin, "/metrics").await
+}
+
+/// A GET of `path` on an admin listener: the body as text.
+pub async fn admin_get(admin: SocketAddr, path: &str) -> String {
     let conn = Conn::open(admin).await;
-    let req = Request::get("/metrics")
+    let req = Request::get(path)
         .header("host", "admin")
         .body(Full::new(Bytes::new()))
         .unwrap();
