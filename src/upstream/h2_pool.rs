@@ -26,7 +26,7 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::{Builder, Client, ResponseFuture};
 
-use super::Connector;
+use super::connect::Connector;
 
 type HttpClient = Client<Connector, Full<Bytes>>;
 

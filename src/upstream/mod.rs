@@ -22,7 +22,6 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Uri};
 use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -33,8 +32,6 @@ use self::estimate::TtftEstimate;
 use self::h2_pool::Lanes;
 use crate::config::{Http2Mode, UpstreamConfig};
 use crate::http::headers::X_API_KEY;
-
-pub(crate) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
 
 pub struct Upstream {
     pub name: Arc<str>,
