@@ -255,3 +255,22 @@ async fn a_client_that_stops_reading_does_not_hold_back_its_neighbour_upstream()
     );
     drop(stalled);
 }
+
+#[tokio::test]
+async fn a_client_leaving_before_the_head_resets_its_upstream_stream_and_keeps_the_connection() {
+    let h = Harness::with_config(&config("")).await;
+    let conn = Conn::open(h.addr()).await;
+    // The fake holds the head for 25 s: the gateway is still waiting for the response.
+    let waiting = tokio::spawn(conn.send(chat_request(&[("x-fake-ttft-ms", "25000")], true)));
+    assert!(h.fake.wait_for_requests(1, Duration::from_secs(10)).await);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let left = Instant::now();
+    waiting.abort();
+    let delay = upstream_stream_end(&h, 0, left).await;
+    eprintln!("h2 client left before the head: upstream stream reset {delay:?} later");
+    assert!(
+        delay < PROMPTLY,
+        "upstream stream ended {delay:?} after the client left"
+    );
+    assert_connection_serves_another(&h, 0).await;
+}
