@@ -16,6 +16,7 @@ COLORS = {
     "direct": "#555555",
     "hourglass": "#d62728",
     "hourglass-mt": "#ff9896",
+    "hourglass-h2": "#ff7f0e",
     "nginx": "#2ca02c",
     "haproxy": "#1f77b4",
     "bare-hyper": "#9467bd",

@@ -44,8 +44,8 @@ struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Which targets to measure (default: all: direct, hourglass, hourglass-mt, nginx,
-    /// haproxy, bare-hyper, bare-hyper-conn); the direct connection is always added (added
-    /// latency is measured against it).
+    /// haproxy, bare-hyper, bare-hyper-conn; hourglass-h2 only by name); the direct
+    /// connection is always added (added latency is measured against it).
     #[arg(long, value_delimiter = ',', value_parser = target)]
     targets: Vec<Target>,
     /// Which scenarios to run (default: all).
@@ -67,7 +67,12 @@ fn target(name: &str) -> Result<Target, String> {
     Target::from_name(name.trim()).ok_or_else(|| {
         format!(
             "{name:?} is not a target (one of: {})",
-            Target::ALL.map(Target::name).join(",")
+            Target::ALL
+                .into_iter()
+                .chain(Target::EXTRA)
+                .map(Target::name)
+                .collect::<Vec<_>>()
+                .join(",")
         )
     })
 }
@@ -265,7 +270,8 @@ fn main() -> ExitCode {
     };
     let quick = args.quick;
     // Only a full run of everything lands in bench-results/ (the committed results).
-    let partial = args.targets.len() < Target::ALL.len() || args.scenarios.len() < SCENARIOS.len();
+    let partial = Target::ALL.iter().any(|t| !args.targets.contains(t))
+        || args.scenarios.len() < SCENARIOS.len();
     let out_dir = args.out.clone().unwrap_or_else(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         if quick {

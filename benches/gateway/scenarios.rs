@@ -767,20 +767,28 @@ async fn leave_once(ctx: &Ctx, setup: &Setup, leave: Leave, label: &str) -> Resu
     sleep_until(last + p.s3_zombie_wait).await;
     let connections = setup.fake.connections();
     let requests = setup.fake.requests();
-    let mut ids: HashMap<String, u64> = HashMap::new();
+    // When the upstream saw each call cancelled. HTTP/1: its connection closed (a cancelled
+    // call's connection is never reused). HTTP/2: its stream ended (a reset) while the
+    // connection stays open for the other streams.
+    let mut ended: HashMap<String, Option<Instant>> = HashMap::new();
     for r in &requests[base_requests..] {
         if let Some(id) = r.headers.get("x-bench-id").and_then(|v| v.to_str().ok()) {
-            ids.insert(id.to_owned(), r.conn_id);
+            let at = if r.version == http::Version::HTTP_2 {
+                r.finished_at
+            } else {
+                connections[r.conn_id as usize].closed_at
+            };
+            ended.insert(id.to_owned(), at);
         }
     }
     let (mut lat, mut zombies, mut early, mut missing) = (Vec::new(), 0, 0, 0);
     for (i, at) in closed_at.iter().enumerate() {
         let Some(at) = at else { continue };
-        let Some(&conn_id) = ids.get(&format!("{label}-{i}")) else {
+        let Some(&upstream_end) = ended.get(&format!("{label}-{i}")) else {
             missing += 1;
             continue;
         };
-        match connections[conn_id as usize].closed_at {
+        match upstream_end {
             None => zombies += 1,
             Some(c) if c < *at => early += 1,
             Some(c) => lat.push((c - *at).as_nanos() as u64),

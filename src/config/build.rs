@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::describe::hd;
+use super::http2::build_http2;
 use super::raw::{RawApi, RawAuth, RawConfig, RawLimits, RawRoute, RawServer, RawUpstream};
 use super::runs::{build_run_limits, build_runs};
 use super::secrets::{inlined_secrets, shown};
@@ -249,6 +250,7 @@ fn build_upstream(
         return Err("upstreams: an upstream name must not be empty".to_owned());
     }
     let label = format!("upstream {name:?}");
+    let http2 = build_http2(&raw).map_err(|why| format!("{label}: {why}"))?;
     let url_text = raw.url.ok_or_else(|| format!("{label}: url is required"))?;
     let url = check_url(&url_text).map_err(|why| format!("{label}: url {url_text:?} {why}"))?;
 
@@ -278,6 +280,7 @@ fn build_upstream(
     };
     Ok(UpstreamConfig {
         name,
+        http2,
         url,
         api_key_env: raw.api_key_env,
         api_key_file,

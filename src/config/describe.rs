@@ -66,6 +66,9 @@ impl Config {
                     out.push(format!("upstream {name:?}: ca_file {}: {e}", ca.display()));
                 }
             }
+            if let Some(w) = up.http2.warning() {
+                out.push(format!("upstream {name:?}: {w}"));
+            }
             if !self.routes.iter().any(|r| Arc::ptr_eq(&r.upstream, up)) {
                 out.push(format!("upstream {name:?} is not used by any route"));
             }
@@ -188,6 +191,19 @@ impl Config {
             }
             if up.pool_idle_timeout != DEFAULT_POOL_IDLE_TIMEOUT {
                 let _ = write!(out, ", pool_idle_timeout {}", hd(up.pool_idle_timeout));
+            }
+            let h2 = &up.http2;
+            let _ = write!(out, ", http2 {}", h2.mode);
+            if h2.used(up.url.scheme_str() == Some("https")) {
+                let _ = write!(
+                    out,
+                    " ({} streams per connection, stream window {}, connection window {}",
+                    h2.max_streams_per_connection, h2.stream_window, h2.connection_window
+                );
+                if let Some(n) = h2.max_connections {
+                    let _ = write!(out, ", at most {n} connections");
+                }
+                out.push(')');
             }
             let _ = writeln!(out, ")");
             let p = &r.policy;

@@ -25,12 +25,14 @@ use crate::provider::Api;
 
 mod build;
 mod describe;
+mod http2;
 mod raw;
 mod routing;
 mod runs;
 mod secrets;
 
 pub use describe::redacted_url;
+pub use http2::{Http2Config, Http2Mode};
 pub use routing::glob_match;
 pub use runs::{
     OnStoreError, RunIdSource, RunLimits, RunStore, RunsConfig, DEFAULT_TOKEN_ESTIMATE,
@@ -170,6 +172,8 @@ pub struct UpstreamConfig {
     /// the upstream, closes it: a request sent on a connection the upstream closes in the
     /// same instant fails.
     pub pool_idle_timeout: Duration,
+    /// Which HTTP version to speak, and how streams share HTTP/2 connections.
+    pub http2: Http2Config,
 }
 
 /// `pool_idle_timeout` when the upstream names none: hyper-util's own default.

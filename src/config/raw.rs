@@ -142,6 +142,19 @@ pub(super) struct RawUpstream {
     pub(super) api: Option<RawApi>,
     pub(super) include_usage: Option<bool>,
     pub(super) pool_idle_timeout: Option<RawDuration>,
+    pub(super) http2: Option<RawHttp2Mode>,
+    pub(super) http2_max_streams_per_connection: Option<u64>,
+    pub(super) http2_max_connections: Option<u64>,
+    pub(super) http2_stream_window: Option<u64>,
+    pub(super) http2_connection_window: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawHttp2Mode {
+    Auto,
+    Always,
+    Never,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -28,7 +28,7 @@ use crate::provider::Format;
 use crate::stream::progress::Progress;
 use crate::stream::StreamLimits;
 use crate::telemetry::metrics::InFlight;
-use crate::upstream::{ConnectTimedOut, Upstream};
+use crate::upstream::{ConnectTimedOut, StreamSlot, Upstream};
 
 /// What one attempt needs beyond the request itself.
 pub struct Attempt<'a> {
@@ -83,7 +83,7 @@ impl<'a> Attempt<'a> {
             );
         }
         let mut connection = capture_connection(&mut req);
-        let response = upstream.request(req);
+        let (response, slot) = upstream.request(req);
         async move {
             tokio::pin!(response);
             let timer = sleep_until((now + budget.connect_timeout).min(work_deadline));
@@ -122,6 +122,7 @@ impl<'a> Attempt<'a> {
                 prefix: VecDeque::new(),
                 inner: incoming,
                 _in_flight: self.in_flight,
+                _stream: slot,
             };
             let (mut first_token_at, mut first_byte_at) = (None, None);
             if self.hold && parts.status.is_success() {
@@ -231,12 +232,13 @@ async fn hold_until_first_token(
 
 pin_project! {
     /// The upstream's body, after whatever was read while the head was held, counted in
-    /// flight until it is dropped.
+    /// flight (and as a stream on its upstream connection) until it is dropped.
     pub struct UpstreamBody {
         prefix: VecDeque<Bytes>,
         #[pin]
         inner: Incoming,
         _in_flight: InFlight,
+        _stream: StreamSlot,
     }
 }
 

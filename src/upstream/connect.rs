@@ -8,12 +8,18 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Uri;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
 use crate::config::UpstreamConfig;
 use crate::error::BoxError;
 use crate::upstream::error::UpstreamBuildError;
+
+/// What every upstream client connects through: TCP, then TLS where the URL asks, all of it
+/// under one bound.
+pub(crate) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
 
 /// The connect step took longer than allowed. Mapped to `connect_timeout` by the proxy.
 #[derive(Debug, thiserror::Error)]

@@ -1,14 +1,18 @@
-//! The client side: one pooled hyper client per upstream, with TLS (rustls, webpki roots plus
-//! an optional `ca_file`), ALPN for HTTP/2, TCP_NODELAY, keep-alive, a connect timeout that
-//! covers TCP and TLS together, and the upstream's credentials.
+//! The client side: pooled hyper clients per upstream, with TLS (rustls, webpki roots plus
+//! an optional `ca_file`), HTTP/2 by ALPN or prior knowledge (`http2`) spread over as many
+//! connections as `http2_max_streams_per_connection` asks (`h2_pool.rs`), TCP_NODELAY,
+//! keep-alive, a connect timeout that covers TCP and TLS together, and the upstream's
+//! credentials.
 
 pub mod connect;
 mod credential;
 pub mod error;
 pub mod estimate;
+mod h2_pool;
 
 pub use self::connect::{ConnectTimedOut, TimeoutConnector};
 pub use self::error::UpstreamBuildError;
+pub use self::h2_pool::StreamSlot;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +22,6 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Uri};
 use http_body_util::Full;
-use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -26,10 +29,9 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use self::connect::tls_config;
 use self::credential::credential;
 use self::estimate::TtftEstimate;
-use crate::config::UpstreamConfig;
+use self::h2_pool::Lanes;
+use crate::config::{Http2Mode, UpstreamConfig};
 use crate::http::headers::X_API_KEY;
-
-type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
 
 pub struct Upstream {
     pub name: Arc<str>,
@@ -40,7 +42,7 @@ pub struct Upstream {
     authority: Authority,
     prefix: String,
     credential: Option<(HeaderName, HeaderValue)>,
-    client: Client<Connector, Full<Bytes>>,
+    clients: Lanes,
     /// What an attempt here is expected to take until its first token.
     pub ttft: TtftEstimate,
     /// The connector's own connect bound (a reload reuses this upstream only if unchanged).
@@ -75,23 +77,37 @@ impl Upstream {
         http.set_nodelay(true);
         http.set_keepalive(Some(Duration::from_secs(30)));
         http.set_connect_timeout(Some(connect_timeout));
+        let h2 = &config.http2;
+        // What ALPN offers: the protocols the mode allows. (Plain http:// connections are
+        // not negotiated: `http2_only` below is what makes those speak h2c.)
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+            .https_or_http();
+        let https = match h2.mode {
+            Http2Mode::Auto => https.enable_http1().enable_http2().wrap_connector(http),
+            Http2Mode::Always => https.enable_http2().wrap_connector(http),
+            Http2Mode::Never => https.enable_http1().wrap_connector(http),
+        };
         let connector = TimeoutConnector {
             inner: https,
             timeout: connect_timeout,
         };
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(config.pool_idle_timeout)
+            .http2_only(h2.mode == Http2Mode::Always)
+            .http2_initial_stream_window_size(h2.stream_window)
+            .http2_initial_connection_window_size(h2.connection_window)
+            // Fixed windows: hyper's adaptive window would grow a stalled stream's window
+            // past `http2_stream_window`, the bound that keeps it from its neighbours.
+            .http2_adaptive_window(false)
             .http2_keep_alive_interval(Duration::from_secs(30))
-            .http2_keep_alive_while_idle(false)
-            .build(connector);
+            .http2_keep_alive_while_idle(false);
+        let https_url = config.url.scheme() == Some(&Scheme::HTTPS);
+        let max_streams = h2.used(https_url).then_some(h2.max_streams_per_connection);
+        let clients = Lanes::new(builder, connector, max_streams, h2.max_connections);
         let credential = credential(&config)?;
         let url = &config.url;
         let scheme = url.scheme().cloned().unwrap_or(Scheme::HTTP);
@@ -109,7 +125,7 @@ impl Upstream {
             authority,
             prefix,
             credential,
-            client,
+            clients,
         })
     }
 
@@ -152,8 +168,10 @@ impl Upstream {
         }
     }
 
-    pub fn request(&self, req: http::Request<Full<Bytes>>) -> ResponseFuture {
-        self.client.request(req)
+    /// Sends `req`; the slot counts the stream on its connection and must be kept as long
+    /// as the response body.
+    pub fn request(&self, req: http::Request<Full<Bytes>>) -> (ResponseFuture, StreamSlot) {
+        self.clients.request(req)
     }
 }
 

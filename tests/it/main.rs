@@ -11,6 +11,7 @@ mod budget;
 mod cancel;
 mod cli;
 mod faults;
+mod h2_upstream;
 mod limits;
 mod ops;
 mod properties;

@@ -32,7 +32,8 @@ fn describe_lists_every_resolved_value() {
         "path_prefix: /v1/chat/completions",
         "models: \"o3*\", \"gpt-5?\"",
         "upstream: openai (https://api.openai.com/, auth bearer, api_key_env OPENAI_API_KEY, \
-         ca_file config/certs/ca.pem, propagate_budget true)",
+         ca_file config/certs/ca.pem, propagate_budget true, http2 auto (100 streams per \
+         connection, stream window 131072, connection window 16777216))",
         "budget: 5m\n",
         "max_budget: 10m\n",
         "connect_timeout: 2s\n",
@@ -59,7 +60,7 @@ fn describe_lists_every_resolved_value() {
     for needle in [
         "path_prefix: /v1/messages",
         "upstream: anthropic (http://127.0.0.1:8089/anthropic, auth x-api-key, \
-         api_key_env ANTHROPIC_API_KEY, propagate_budget false)",
+         api_key_env ANTHROPIC_API_KEY, propagate_budget false, http2 auto)",
         "budget: 45s\n",
         "first_token_timeout: 15s\n",
     ] {

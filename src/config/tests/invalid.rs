@@ -296,3 +296,96 @@ fn absurd_durations_are_refused_at_load() {
     assert!(e.contains("longer than the maximum of 1 year"), "{e}");
     load(&format!("[defaults]\nmax_budget = \"365days\"\n{BASE}"));
 }
+
+#[test]
+fn http2_defaults_keep_every_stalled_stream_inside_the_connection_window() {
+    let h2 = load(BASE).upstreams[0].http2;
+    assert_eq!(h2, crate::config::Http2Config::default());
+    assert_eq!(h2.mode, crate::config::Http2Mode::Auto);
+    assert!(
+        u64::from(h2.max_streams_per_connection) * u64::from(h2.stream_window)
+            <= u64::from(h2.connection_window)
+    );
+    assert!(h2.warning().is_none());
+}
+
+#[test]
+fn http2_keys_load_and_refuse_nonsense_naming_key_and_value() {
+    let set = |keys: &str| {
+        BASE.replace(
+            "url = \"https://api.openai.com\"",
+            &format!("url = \"https://api.openai.com\"\n{keys}"),
+        )
+    };
+    let h2 = load(&set(
+        "http2 = \"always\"\nhttp2_max_streams_per_connection = 2\nhttp2_max_connections = 3\n\
+         http2_stream_window = 65535\nhttp2_connection_window = 1048576",
+    ))
+    .upstreams[0]
+        .http2;
+    assert_eq!(h2.mode, crate::config::Http2Mode::Always);
+    assert_eq!(
+        (
+            h2.max_streams_per_connection,
+            h2.max_connections,
+            h2.stream_window,
+            h2.connection_window
+        ),
+        (2, Some(3), 65535, 1048576)
+    );
+    // A stream window above the default connection window raises the default with it.
+    let h2 = load(&set("http2_stream_window = 33554432")).upstreams[0].http2;
+    assert_eq!(h2.connection_window, 33554432);
+    let up = "t.toml: upstream \"openai\": ";
+    for (keys, want) in [
+        (
+            "http2_max_streams_per_connection = 0",
+            "http2_max_streams_per_connection (0) must be between 1 and 1073741824",
+        ),
+        (
+            "http2_max_connections = 0",
+            "http2_max_connections (0) must be between 1 and 65535",
+        ),
+        (
+            "http2_stream_window = 1000",
+            "http2_stream_window (1000) must be between 65535 and 2147483647",
+        ),
+        (
+            "http2_connection_window = 4294967296",
+            "http2_connection_window (4294967296) must be between 65535 and 2147483647",
+        ),
+        (
+            "http2_stream_window = 1048576\nhttp2_connection_window = 524288",
+            "http2_connection_window (524288) must not be less than http2_stream_window \
+             (1048576): one stream would close the connection's window to every other",
+        ),
+        (
+            "http2 = \"never\"\nhttp2_stream_window = 1048576",
+            "http2_stream_window has no effect with http2 = \"never\"",
+        ),
+    ] {
+        assert_eq!(err(&set(keys)), format!("{up}{want}"), "{keys}");
+    }
+    let bad = err(&set("http2 = \"sometimes\""));
+    assert!(
+        bad.contains("unknown variant `sometimes`") && bad.contains("`always`"),
+        "{bad}"
+    );
+}
+
+#[test]
+fn a_connection_window_that_stalled_streams_can_fill_is_warned_about() {
+    let text = BASE.replace(
+        "url = \"https://api.openai.com\"",
+        "url = \"https://api.openai.com\"\nhttp2_stream_window = 1048576\n\
+         http2_connection_window = 4194304",
+    );
+    let warnings = load(&text).warnings_with(&|_| Some("k".into()));
+    assert!(
+        warnings.iter().any(|w| w.starts_with(
+            "upstream \"openai\": http2_connection_window (4194304) is less than \
+             http2_max_streams_per_connection × http2_stream_window (104857600): 4 clients"
+        )),
+        "{warnings:?}"
+    );
+}

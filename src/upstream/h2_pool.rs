@@ -1,0 +1,161 @@
+//! Spreading an upstream's HTTP/2 streams over more than one connection.
+//!
+//! hyper-util's legacy `Client` keeps one HTTP/2 connection per host and, past the server's
+//! `SETTINGS_MAX_CONCURRENT_STREAMS`, queues new streams on it (hyper#2197, #3623: by RFC 9113
+//! 9.1 it never opens a second); it exposes no stream counts either. So the pool counts for
+//! itself: it holds *lanes*, each a `Client` of its own (and so, for HTTP/2, one connection of
+//! its own) with the number of streams in flight on it. A request takes the first lane with
+//! room, or a new lane when all are full (up to `http2_max_connections`; past it the least
+//! loaded). The count is held by a [`StreamSlot`] that the attempt keeps in the response
+//! body, so a stream counts until its body is dropped, which is also when hyper resets it.
+//!
+//! Lanes are never removed: a lane nobody uses holds no connection once `pool_idle_timeout`
+//! has passed, and since the first lane with room always wins, load gathers on the first
+//! lanes and the later ones go idle. Their number is bounded by the peak concurrency divided
+//! by the streams per connection.
+//!
+//! An upstream that cannot speak HTTP/2 (`http2 = "never"`, or `auto` over plain http) has
+//! one lane with no limit: HTTP/1.1 pools a connection per request in flight anyway. Under
+//! `auto` over TLS the provider may still choose HTTP/1.1 by ALPN; lanes then only split the
+//! idle HTTP/1.1 connections into a few pools, which costs nothing but some reuse.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::{Builder, Client, ResponseFuture};
+
+use super::connect::Connector;
+
+type HttpClient = Client<Connector, Full<Bytes>>;
+
+/// The lanes of one upstream.
+pub(super) struct Lanes {
+    /// Always there: every request of an HTTP/1.1 upstream, and the first of an HTTP/2 one.
+    first: Arc<Lane>,
+    /// Lanes opened when every earlier one was full. Locked only to look through or add to
+    /// the list, never across an await.
+    more: Mutex<Vec<Arc<Lane>>>,
+    /// Streams per lane; `usize::MAX` when the upstream does not speak HTTP/2.
+    max_streams: usize,
+    /// Lanes at most, `first` included.
+    max_lanes: usize,
+    /// What makes another lane's client.
+    builder: Builder,
+    connector: Connector,
+}
+
+struct Lane {
+    client: HttpClient,
+    streams: AtomicUsize,
+}
+
+/// One stream's place on its lane, given back when dropped.
+pub struct StreamSlot {
+    lane: Arc<Lane>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.lane.streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for StreamSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamSlot").finish_non_exhaustive()
+    }
+}
+
+impl Lane {
+    fn new(builder: &Builder, connector: &Connector) -> Arc<Lane> {
+        Arc::new(Lane {
+            client: builder.build(connector.clone()),
+            streams: AtomicUsize::new(0),
+        })
+    }
+
+    /// Takes a place if the lane has one. A compare-and-swap, not a load then an add: two
+    /// requests that both saw the last place free must not both take it.
+    fn try_take(&self, max: usize) -> bool {
+        self.streams
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+}
+
+impl Lanes {
+    /// `max_streams` is `None` for an upstream that does not speak HTTP/2.
+    pub(super) fn new(
+        builder: Builder,
+        connector: Connector,
+        max_streams: Option<u32>,
+        max_connections: Option<u32>,
+    ) -> Lanes {
+        let as_usize = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        Lanes {
+            first: Lane::new(&builder, &connector),
+            more: Mutex::new(Vec::new()),
+            max_streams: max_streams.map_or(usize::MAX, as_usize),
+            max_lanes: match max_streams {
+                None => 1,
+                Some(_) => max_connections.map_or(usize::MAX, as_usize),
+            },
+            builder,
+            connector,
+        }
+    }
+
+    /// Sends `req` on the first lane with room. The slot must live as long as the response
+    /// body: it is what says the stream is still open.
+    pub(super) fn request(&self, req: http::Request<Full<Bytes>>) -> (ResponseFuture, StreamSlot) {
+        let slot = self.slot();
+        (slot.lane.client.request(req), slot)
+    }
+
+    fn slot(&self) -> StreamSlot {
+        StreamSlot { lane: self.take() }
+    }
+
+    fn take(&self) -> Arc<Lane> {
+        if self.first.try_take(self.max_streams) {
+            return self.first.clone();
+        }
+        let mut more = self.more.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(lane) = more.iter().find(|l| l.try_take(self.max_streams)) {
+            return lane.clone();
+        }
+        let lane = if 1 + more.len() < self.max_lanes {
+            let lane = Lane::new(&self.builder, &self.connector);
+            more.push(lane.clone());
+            lane
+        } else {
+            // Every connection allowed is full: the least loaded takes one more, which hyper
+            // queues on it should the server's own limit be reached.
+            std::iter::once(&self.first)
+                .chain(more.iter())
+                .min_by_key(|l| l.streams.load(Ordering::Acquire))
+                .expect("there is always a first lane")
+                .clone()
+        };
+        lane.streams.fetch_add(1, Ordering::AcqRel);
+        lane
+    }
+
+    /// Streams in flight on each lane, first lane first (for tests and the curious).
+    #[cfg(test)]
+    fn counts(&self) -> Vec<usize> {
+        let more = self.more.lock().unwrap_or_else(PoisonError::into_inner);
+        std::iter::once(&self.first)
+            .chain(more.iter())
+            .map(|l| l.streams.load(Ordering::Acquire))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[path = "h2_pool_tests.rs"]
+mod tests;

@@ -1,0 +1,88 @@
+//! Which lane a stream is put on. No request is sent: the slots alone are counted.
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use super::StreamSlot;
+use crate::config::Config;
+use crate::upstream::Upstream;
+
+fn upstream(keys: &str) -> Upstream {
+    let toml = format!(
+        "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n{keys}\n\n\
+         [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n"
+    );
+    let config = Config::from_toml(&toml, "test").expect("config");
+    Upstream::new(config.upstreams[0].clone(), Duration::from_secs(1)).expect("upstream")
+}
+
+fn slots(u: &Upstream, n: usize) -> Vec<StreamSlot> {
+    (0..n).map(|_| u.clients.slot()).collect()
+}
+
+#[test]
+fn a_full_lane_opens_the_next_and_a_freed_place_is_taken_first() {
+    let u = upstream("http2 = \"always\"\nhttp2_max_streams_per_connection = 2");
+    let mut held = slots(&u, 5);
+    assert_eq!(u.clients.counts(), [2, 2, 1]);
+    // A stream ending on the first lane makes room there, and the first lane with room wins.
+    held.remove(0);
+    assert_eq!(u.clients.counts(), [1, 2, 1]);
+    held.push(u.clients.slot());
+    assert_eq!(u.clients.counts(), [2, 2, 1]);
+    drop(held);
+    assert_eq!(u.clients.counts(), [0, 0, 0]);
+    // Lanes are kept and reused: the peak decides how many there are.
+    let _again = slots(&u, 6);
+    assert_eq!(u.clients.counts(), [2, 2, 2]);
+}
+
+#[test]
+fn past_the_connection_cap_the_least_loaded_lane_takes_more() {
+    let u = upstream(
+        "http2 = \"always\"\nhttp2_max_streams_per_connection = 2\nhttp2_max_connections = 2",
+    );
+    let held = slots(&u, 7);
+    assert_eq!(u.clients.counts(), [4, 3]);
+    drop(held);
+    assert_eq!(u.clients.counts(), [0, 0]);
+}
+
+#[test]
+fn an_upstream_without_http2_has_one_lane_without_a_limit() {
+    for keys in ["", "http2 = \"never\""] {
+        let u = upstream(keys);
+        let _held = slots(&u, 250);
+        assert_eq!(u.clients.counts(), [250], "{keys:?}");
+    }
+    // The same keys over TLS mean HTTP/2 by ALPN: the limit applies.
+    let toml = "[upstreams.u]\nurl = \"https://127.0.0.1:9\"\nauth = \"none\"\n\
+                http2_max_streams_per_connection = 100\n\n\
+                [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n";
+    let config = Config::from_toml(toml, "test").expect("config");
+    let u = Upstream::new(config.upstreams[0].clone(), Duration::from_secs(1)).expect("upstream");
+    let _held = slots(&u, 250);
+    assert_eq!(u.clients.counts(), [100, 100, 50]);
+}
+
+#[test]
+fn racing_takers_never_overfill_a_lane() {
+    let u = Arc::new(upstream(
+        "http2 = \"always\"\nhttp2_max_streams_per_connection = 2",
+    ));
+    let start = Arc::new(Barrier::new(4));
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let (u, start) = (u.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                slots(&u, 25)
+            })
+        })
+        .collect();
+    let held: Vec<Vec<StreamSlot>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // With no stream ending, a lane opens only when every other is full: exactly 50, each
+    // with 2, whatever the interleaving.
+    assert_eq!(u.clients.counts(), vec![2; 50]);
+    drop(held);
+}

@@ -1,0 +1,276 @@
+//! HTTP/2 to the upstream (`http2 = "always"`: h2c prior knowledge to the fake). Many client
+//! streams share one upstream connection, so cancelling one is a stream reset that must leave
+//! the connection open for the others, a full connection makes the gateway open another, and
+//! one client that stops reading must not hold back its neighbours on the shared connection.
+//!
+//! As in `cancel.rs`, the proof of "promptly" is the cause: every limit that is not under test
+//! is 20 s or more and every scripted wait longer, so an upstream stream that ends within
+//! `PROMPTLY` ended because of the cause the test set off.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, Version};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::support::*;
+
+/// BASE with limits far beyond `PROMPTLY`, HTTP/2 to the fake, and `keys` added to the
+/// upstream.
+fn config(keys: &str) -> String {
+    BASE.replace("budget = \"10s\"", "budget = \"30s\"")
+        .replace(
+            "first_token_timeout = \"2s\"",
+            "first_token_timeout = \"20s\"",
+        )
+        .replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\"")
+        .replace(
+            "url = \"{FAKE}\"\n",
+            &format!("url = \"{{FAKE}}\"\nhttp2 = \"always\"\n{keys}\n"),
+        )
+}
+
+/// Every request the fake saw came over HTTP/2, and on which connection each came.
+fn conn_ids(h: &Harness) -> Vec<u64> {
+    let requests = h.fake.requests();
+    for r in &requests {
+        assert_eq!(
+            r.version,
+            Version::HTTP_2,
+            "{} came over {:?}",
+            r.path,
+            r.version
+        );
+    }
+    requests.iter().map(|r| r.conn_id).collect()
+}
+
+/// The upstream connection is still open, and one more request completes on it.
+async fn assert_connection_serves_another(h: &Harness, conn_id: u64) {
+    let open = h.fake.connections();
+    assert!(
+        open[conn_id as usize].closed_at.is_none(),
+        "the upstream connection was closed: {open:?}"
+    );
+    let (resp, _conn) = h
+        .chat(&[("x-fake-chunks", "3"), ("x-fake-interval-ms", "1")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.text().contains("[DONE]"), "{}", read.text());
+    let ids = conn_ids(h);
+    assert_eq!(
+        ids.last(),
+        Some(&conn_id),
+        "not the same connection: {ids:?}"
+    );
+    assert_eq!(h.fake.connections().len(), 1, "{:?}", h.fake.connections());
+}
+
+/// Waits for request `index` at the fake to end and returns how long after `since` it did.
+async fn upstream_stream_end(h: &Harness, index: usize, since: Instant) -> Duration {
+    let record = h
+        .fake
+        .wait_request_finished(index, Duration::from_secs(10))
+        .await
+        .expect("the upstream stream ended");
+    assert!(!record.completed, "the upstream stream ran to its end");
+    record.finished_at.unwrap().saturating_duration_since(since)
+}
+
+#[tokio::test]
+async fn a_client_leaving_mid_stream_resets_its_upstream_stream_and_keeps_the_connection() {
+    let h = Harness::with_config(&config("")).await;
+    let (resp, conn) = h
+        .chat(&[("x-fake-freeze-after", "2"), ("x-fake-interval-ms", "5")])
+        .await;
+    let mut body = resp.into_body();
+    let text = read_events(&mut body, 3).await;
+    assert!(text.contains("tok2"), "{text}");
+    let left = Instant::now();
+    drop(body);
+    conn.close();
+    let delay = upstream_stream_end(&h, 0, left).await;
+    eprintln!("h2 client left: upstream stream reset {delay:?} later");
+    assert!(
+        delay < PROMPTLY,
+        "upstream stream ended {delay:?} after the client left"
+    );
+    assert_eq!(conn_ids(&h), [0]);
+    assert_connection_serves_another(&h, 0).await;
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn an_idle_cut_resets_the_upstream_stream_and_keeps_the_connection() {
+    // The one short limit: the idle timeout under test.
+    let h = Harness::with_config(
+        &config("").replace("idle_timeout = \"20s\"", "idle_timeout = \"300ms\""),
+    )
+    .await;
+    let (resp, _conn) = h
+        .chat(&[("x-fake-freeze-after", "2"), ("x-fake-interval-ms", "5")])
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let cut = Instant::now();
+    let error = read.error_event().expect("an error event ends the stream");
+    assert_eq!(error["code"], "idle_timeout", "{error}");
+    // The stream reset upstream is sent when the watchdog cut, just before the client saw the
+    // error event; it must not be later than a moment after it.
+    let record = h
+        .fake
+        .wait_request_finished(0, Duration::from_secs(10))
+        .await
+        .expect("the upstream stream ended");
+    assert!(!record.completed);
+    let after_cut = record.finished_at.unwrap().saturating_duration_since(cut);
+    assert!(
+        after_cut < PROMPTLY,
+        "upstream stream ended {after_cut:?} after the cut"
+    );
+    assert_eq!(conn_ids(&h), [0]);
+    assert_connection_serves_another(&h, 0).await;
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"idle\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_full_connection_makes_the_gateway_open_another() {
+    let h = Harness::with_config(&config("http2_max_streams_per_connection = 2")).await;
+    // Five streams held open at once: each one's first token read before the next starts,
+    // so all five are in flight together when the connections are counted.
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        let (resp, conn) = h
+            .chat(&[("x-fake-freeze-after", "1"), ("x-fake-interval-ms", "1")])
+            .await;
+        let mut body = resp.into_body();
+        read_events(&mut body, 1).await;
+        held.push((body, conn));
+    }
+    let ids = conn_ids(&h);
+    assert_eq!(ids, [0, 0, 1, 1, 2], "streams by upstream connection");
+    assert_eq!(h.fake.connections().len(), 3);
+    // All five leave: five stream resets, no connection closed.
+    let left = Instant::now();
+    drop(held);
+    for i in 0..5 {
+        let delay = upstream_stream_end(&h, i, left).await;
+        assert!(
+            delay < PROMPTLY,
+            "stream {i} ended {delay:?} after its client left"
+        );
+    }
+    assert_eq!(h.fake.open_connections(), 3, "{:?}", h.fake.connections());
+    // A freed place on the first connection is taken before any other.
+    let (resp, _conn) = h.chat(&[("x-fake-chunks", "2")]).await;
+    read_body(resp.into_body()).await;
+    assert_eq!(conn_ids(&h).last(), Some(&0));
+}
+
+/// An HTTP/2 client connection to the gateway whose streams get only the protocol's initial
+/// 64 KiB window, so a body it does not read stops the gateway within that much.
+async fn h2_client(h: &Harness) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+fn h2_chat(headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut req = chat_request(headers, true);
+    *req.uri_mut() = "http://gateway/v1/chat/completions".parse().unwrap();
+    req.headers_mut().remove("host");
+    req
+}
+
+async fn send(
+    sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    req: Request<Full<Bytes>>,
+) -> Response<Incoming> {
+    let resp = sender.send_request(req).await.expect("response head");
+    assert_eq!(resp.status(), 200);
+    resp
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_does_not_hold_back_its_neighbour_upstream() {
+    // Small windows, so that the test's stalled stream fills them fast: 64 KiB per stream,
+    // 1 MiB for the connection. A stalled stream can take only its own window of the
+    // connection's; with the two equal it would take all of it and the neighbour would hang.
+    let h = Harness::with_config(&config(
+        "http2_stream_window = 65535\nhttp2_connection_window = 1048576",
+    ))
+    .await;
+    // Stream A: as fast as the fake can write, on a client connection that never reads it.
+    let mut stalled_client = h2_client(&h).await;
+    let stalled = send(
+        &mut stalled_client,
+        h2_chat(&[("x-fake-chunks", "10000000"), ("x-fake-interval-ms", "0")]),
+    )
+    .await;
+    // Time for A to fill the client's window, the gateway's buffers and its upstream window:
+    // a few hundred KiB at the fake's full speed. Not an assertion: were A not stalled yet,
+    // the test would pass without proving anything, never fail.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Stream B: a neighbour on another client connection, the same upstream connection.
+    let mut neighbour_client = h2_client(&h).await;
+    let neighbour = send(
+        &mut neighbour_client,
+        h2_chat(&[("x-fake-chunks", "50"), ("x-fake-interval-ms", "2")]),
+    )
+    .await;
+    let read = tokio::time::timeout(Duration::from_secs(15), read_body(neighbour.into_body()))
+        .await
+        .expect("the neighbour stream was held back");
+    assert!(read.error.is_none(), "{:?}", read.error);
+    assert!(read.text().contains("tok50 ") && read.text().contains("[DONE]"));
+    assert_eq!(
+        conn_ids(&h),
+        [0, 0],
+        "both streams on one upstream connection"
+    );
+    let stalled_record = &h.fake.requests()[0];
+    assert!(
+        stalled_record.finished_at.is_none(),
+        "the stalled stream is still open, held by flow control: {stalled_record:?}"
+    );
+    drop(stalled);
+}
+
+#[tokio::test]
+async fn a_client_leaving_before_the_head_resets_its_upstream_stream_and_keeps_the_connection() {
+    let h = Harness::with_config(&config("")).await;
+    let conn = Conn::open(h.addr()).await;
+    // The fake holds the head for 25 s: the gateway is still waiting for the response.
+    let waiting = tokio::spawn(conn.send(chat_request(&[("x-fake-ttft-ms", "25000")], true)));
+    assert!(h.fake.wait_for_requests(1, Duration::from_secs(10)).await);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let left = Instant::now();
+    waiting.abort();
+    let delay = upstream_stream_end(&h, 0, left).await;
+    eprintln!("h2 client left before the head: upstream stream reset {delay:?} later");
+    assert!(
+        delay < PROMPTLY,
+        "upstream stream ended {delay:?} after the client left"
+    );
+    assert_connection_serves_another(&h, 0).await;
+}
