@@ -320,7 +320,7 @@ fn api_and_include_usage_in_the_config() {
     let c = load("api = \"openai\"\ninclude_usage = true").unwrap();
     assert_eq!(c.upstreams[0].api, hourglass::provider::Api::OpenAi);
     assert!(c.upstreams[0].include_usage);
-    assert!(c.describe().contains(", api openai, include_usage true)"));
+    assert!(c.describe().contains(", api openai, include_usage true"));
     let c = load("").unwrap();
     assert_eq!(c.upstreams[0].api, hourglass::provider::Api::Auto);
     assert!(!c.upstreams[0].include_usage);
