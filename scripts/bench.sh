@@ -84,9 +84,9 @@ if wants portkey && [ ! -f "$portkey_entry" ]; then
   if command -v npm >/dev/null; then
     echo "[bench] installing @portkey-ai/gateway in target/portkey"
     mkdir -p target/portkey
-    # @hono/node-server 1.19 (from 1.14.2 on; ^1.3.3 resolves to 1.19) hands Portkey the upstream fetch's
-    # immutable headers for a streamed answer, and Portkey's header update then throws:
-    # every stream answers 500 (BENCHMARKS.md). 1.14.1 copies the headers; pinned here.
+    # From 1.14.2 on (Portkey's ^1.3.3 resolves to 1.19), @hono/node-server hands Portkey
+    # the upstream fetch's immutable headers for a streamed answer, Portkey's header update
+    # throws and every stream answers 500 (docs/benchmarks-log.md). 1.14.1 copies them.
     (cd target/portkey &&
       printf '%s\n' '{"name":"hourglass-bench-portkey","private":true,' \
         '"dependencies":{"@portkey-ai/gateway":"1.15.2"},' \

@@ -210,9 +210,10 @@ pub fn portkey_command(cmd: &mut Command, env: &Env, addr: SocketAddr) -> Result
     Ok(())
 }
 
-fn registry() -> &'static RwLock<HashMap<SocketAddr, Vec<(&'static str, String)>>> {
-    static EXTRA: OnceLock<RwLock<HashMap<SocketAddr, Vec<(&'static str, String)>>>> =
-        OnceLock::new();
+type Headers = Vec<(&'static str, String)>;
+
+fn registry() -> &'static RwLock<HashMap<SocketAddr, Headers>> {
+    static EXTRA: OnceLock<RwLock<HashMap<SocketAddr, Headers>>> = OnceLock::new();
     EXTRA.get_or_init(Default::default)
 }
 
@@ -244,7 +245,7 @@ pub fn set_extra_headers(addr: SocketAddr, target: Target, upstream: SocketAddr,
 }
 
 /// The extra headers of a request to `addr` (none unless it is LiteLLM or Portkey).
-pub fn extra_headers(addr: SocketAddr) -> Vec<(&'static str, String)> {
+pub fn extra_headers(addr: SocketAddr) -> Headers {
     registry()
         .read()
         .unwrap_or_else(PoisonError::into_inner)
