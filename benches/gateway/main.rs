@@ -345,12 +345,16 @@ fn main() -> ExitCode {
     } else {
         Params::full(nofile)
     };
+    // Only those measured: the table names the versions of the targets it shows.
+    let llm_versions = peers::versions(&env);
+    let llm_version =
+        |t: Target| Some(llm_versions[t.name()].clone()).filter(|_| targets.contains(&t));
     let versions = json!({
         "hourglass": git_rev(),
         "nginx": env.nginx.as_deref().map(|b| targets::version_of(b, "-v")),
         "haproxy": env.haproxy.as_deref().map(|b| targets::version_of(b, "-v")),
-        "litellm": peers::versions(&env)["litellm"],
-        "portkey": peers::versions(&env)["portkey"],
+        "litellm": llm_version(Target::Litellm),
+        "portkey": llm_version(Target::Portkey),
         "rustc": option_env!("RUSTC_VERSION").unwrap_or(""),
     });
     eprintln!(
