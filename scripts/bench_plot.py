@@ -21,6 +21,8 @@ COLORS = {
     "haproxy": "#1f77b4",
     "bare-hyper": "#9467bd",
     "bare-hyper-conn": "#c5b0d5",
+    "litellm": "#ff7f0e",
+    "portkey": "#8c564b",
 }
 # The direct connection and the bare hyper proxies are references, not contenders.
 STYLE = {"direct": ":", "bare-hyper": "--", "bare-hyper-conn": "--"}

@@ -22,7 +22,8 @@ pub fn request(host: SocketAddr, path: &str, headers: &[(&str, String)], body: &
         "POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
         body.len()
     );
-    for (name, value) in headers {
+    // A Portkey gateway takes its route from request headers (peers.rs); none for the others.
+    for (name, value) in headers.iter().chain(&crate::peers::extra_headers(host)) {
         r.push_str(name);
         r.push_str(": ");
         r.push_str(value);
@@ -317,7 +318,8 @@ pub struct EventTally {
     pub coalesced: u32,
     /// All complete events, of any kind.
     pub events: u32,
-    /// The `code` of an `event: error`, and when it arrived.
+    /// The `code` of an `event: error` (or of a `data: {"error": ...}` event), and when it
+    /// arrived.
     pub error: Option<(String, u64)>,
 }
 
@@ -348,7 +350,9 @@ impl EventTally {
                 }
                 prev_sent_in_read = Some(sent);
                 self.content.push((sent, recv_ns));
-            } else if event.starts_with(b"event: error") {
+            } else if event.starts_with(b"event: error") || event.starts_with(b"data: {\"error\"") {
+                // The second shape is OpenAI's (a data object with a top-level `error`, on
+                // which the OpenAI SDKs raise): what LiteLLM sends when a stream fails.
                 let code = memmem::find(event, b"\"code\":\"")
                     .map(|at| {
                         let rest = &event[at + 8..];

@@ -13,6 +13,7 @@
 
 mod bare;
 mod client;
+mod peers;
 mod report;
 mod scenarios;
 mod stats;
@@ -44,8 +45,9 @@ struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Which targets to measure (default: all: direct, hourglass, hourglass-mt, nginx,
-    /// haproxy, bare-hyper, bare-hyper-conn; hourglass-h2 only by name); the direct
-    /// connection is always added (added latency is measured against it).
+    /// haproxy, bare-hyper, bare-hyper-conn, litellm, portkey; hourglass-h2 only by name; a
+    /// quick run leaves out litellm and portkey unless named); the direct connection is
+    /// always added (added latency is measured against it).
     #[arg(long, value_delimiter = ',', value_parser = target)]
     targets: Vec<Target>,
     /// Which scenarios to run (default: all).
@@ -80,7 +82,12 @@ fn target(name: &str) -> Result<Target, String> {
 fn parse_args() -> Args {
     let mut args = <Args as clap::Parser>::parse();
     if args.targets.is_empty() {
-        args.targets = Target::ALL.to_vec();
+        // LiteLLM and Portkey take minutes to install and seconds to start: the quick run
+        // (CI's smoke run) measures them only when asked.
+        args.targets = Target::ALL
+            .into_iter()
+            .filter(|t| !(args.quick && t.is_llm_peer()))
+            .collect();
     }
     if args.scenarios.is_empty() {
         args.scenarios = SCENARIOS.map(String::from).to_vec();
@@ -300,32 +307,60 @@ fn main() -> ExitCode {
         },
         nginx: find_bin("nginx"),
         haproxy: find_bin("haproxy"),
+        litellm: peers::litellm_bin(Path::new(env!("CARGO_MANIFEST_DIR"))),
+        portkey: peers::portkey_entry(Path::new(env!("CARGO_MANIFEST_DIR"))),
+        node: peers::node_bin(),
         gateway_core,
         run_dir,
         nofile,
     };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     let mut targets = args.targets.clone();
     let mut skipped = Vec::new();
     targets.retain(|&t| {
-        let ok = env.available(t);
-        if !ok {
+        if let Some(why) = peers::missing(&env, t) {
+            eprintln!("[bench] {}: skipped: {why}", t.name());
+            skipped.push(json!({"target": t.name(), "reason": why}));
+            return false;
+        }
+        if !env.available(t) {
             eprintln!(
                 "[bench] {} is not installed: skipped (scripts/bench.sh installs it)",
                 t.name()
             );
-            skipped.push(t.name());
+            skipped.push(json!({"target": t.name(), "reason": "not installed"}));
+            return false;
         }
-        ok
+        // An installed LLM gateway may still fail to start or to stream: find out once, and
+        // skip it with the reason rather than fail every scenario.
+        if t.is_llm_peer() {
+            eprintln!("[bench] {}: checking that it starts and streams", t.name());
+            if let Err(why) = runtime.block_on(peers::probe(&env, t)) {
+                eprintln!("[bench] {}: skipped: {why}", t.name());
+                skipped.push(json!({"target": t.name(), "reason": why}));
+                return false;
+            }
+        }
+        true
     });
     let p = if quick {
         Params::quick()
     } else {
         Params::full(nofile)
     };
+    // Only those measured: the table names the versions of the targets it shows.
+    let llm_versions = peers::versions(&env);
+    let llm_version =
+        |t: Target| Some(llm_versions[t.name()].clone()).filter(|_| targets.contains(&t));
     let versions = json!({
         "hourglass": git_rev(),
         "nginx": env.nginx.as_deref().map(|b| targets::version_of(b, "-v")),
         "haproxy": env.haproxy.as_deref().map(|b| targets::version_of(b, "-v")),
+        "litellm": llm_version(Target::Litellm),
+        "portkey": llm_version(Target::Portkey),
         "rustc": option_env!("RUSTC_VERSION").unwrap_or(""),
     });
     eprintln!(
@@ -335,10 +370,6 @@ fn main() -> ExitCode {
         targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
     );
     let ctx = Ctx { env, targets, p };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
     let started = Instant::now();
     let mut results = serde_json::Map::new();
     runtime.block_on(async {

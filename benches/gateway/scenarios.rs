@@ -1036,6 +1036,9 @@ async fn silence_once(setup: &Setup, kind: Silence, n: usize) -> Value {
     }
     let mut took = Vec::new();
     let mut what: HashMap<String, usize> = HashMap::new();
+    // One answer's body as the client got it, so that what a peer says (not only whether it
+    // said a code we know) is on record.
+    let mut example: Option<String> = None;
     while let Some(r) = set.join_next().await {
         let o = r.expect("silence task");
         // The silence starts at the last token the fake sent (idle) or when the request was
@@ -1049,12 +1052,16 @@ async fn silence_once(setup: &Setup, kind: Silence, n: usize) -> Value {
             took.push(seen.saturating_sub(from));
         }
         *what.entry(classify(&o)).or_default() += 1;
+        if example.is_none() && !o.body.is_empty() {
+            example = Some(String::from_utf8_lossy(&o.body[..o.body.len().min(300)]).into());
+        }
     }
     took.sort_unstable();
     json!({
         "streams": n,
         "end_seen_after": summary(&took),
         "what": what,
+        "example_body": example,
     })
 }
 

@@ -30,10 +30,14 @@ pub enum Target {
     BarePool,
     /// The same with one upstream connection per client connection, in the client's task.
     BareConn,
+    /// LiteLLM's proxy and Portkey's gateway, the LLM gateways users would pick instead
+    /// (`peers.rs`).
+    Litellm,
+    Portkey,
 }
 
 impl Target {
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 9] = [
         Target::Direct,
         Target::Hourglass,
         Target::HourglassMt,
@@ -41,6 +45,8 @@ impl Target {
         Target::Haproxy,
         Target::BarePool,
         Target::BareConn,
+        Target::Litellm,
+        Target::Portkey,
     ];
     /// Measured only when asked for by name.
     pub const EXTRA: [Target; 1] = [Target::HourglassH2];
@@ -55,6 +61,8 @@ impl Target {
             Target::Haproxy => "haproxy",
             Target::BarePool => "bare-hyper",
             Target::BareConn => "bare-hyper-conn",
+            Target::Litellm => "litellm",
+            Target::Portkey => "portkey",
         }
     }
 
@@ -66,7 +74,15 @@ impl Target {
     }
 
     pub fn is_peer(self) -> bool {
-        matches!(self, Target::Nginx | Target::Haproxy)
+        matches!(
+            self,
+            Target::Nginx | Target::Haproxy | Target::Litellm | Target::Portkey
+        )
+    }
+
+    /// Slow to install (a Python venv, an npm tree): left out of the quick run unless named.
+    pub fn is_llm_peer(self) -> bool {
+        matches!(self, Target::Litellm | Target::Portkey)
     }
 
     pub fn is_hourglass(self) -> bool {
@@ -94,6 +110,10 @@ pub struct Env {
     pub harness: PathBuf,
     pub nginx: Option<PathBuf>,
     pub haproxy: Option<PathBuf>,
+    pub litellm: Option<PathBuf>,
+    /// Portkey's entry script, and the node that runs it.
+    pub portkey: Option<PathBuf>,
+    pub node: Option<PathBuf>,
     pub gateway_core: usize,
     pub run_dir: PathBuf,
     /// The open-files limit every process here lives with.
@@ -105,7 +125,7 @@ impl Env {
         match t {
             Target::Nginx => self.nginx.is_some(),
             Target::Haproxy => self.haproxy.is_some(),
-            _ => true,
+            t => crate::peers::missing(self, t).is_none(),
         }
     }
 }
@@ -218,7 +238,12 @@ impl Gateway {
                 write(&path, &haproxy_config(addr, upstream, ms, maxconn))?;
                 cmd.arg(bin).arg("-db").arg("-f").arg(&path);
             }
+            Target::Litellm => {
+                crate::peers::litellm_command(&mut cmd, env, &dir, addr, upstream, limits)?;
+            }
+            Target::Portkey => crate::peers::portkey_command(&mut cmd, env, addr)?,
         }
+        crate::peers::set_extra_headers(addr, target, upstream, limits);
         let log = fs::File::create(dir.join("stdout-stderr.log")).map_err(|e| e.to_string())?;
         let log2 = log.try_clone().map_err(|e| e.to_string())?;
         cmd.stdin(Stdio::null()).stdout(log).stderr(log2);
@@ -236,7 +261,7 @@ impl Gateway {
     }
 
     async fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + crate::peers::start_timeout(self.target);
         loop {
             if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
                 return Ok(());
