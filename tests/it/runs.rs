@@ -199,6 +199,15 @@ async fn run_json_now(h: &Harness, id: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
+/// What the answer says the run has left, in ms.
+fn remaining_ms<B>(resp: &http::Response<B>) -> u64 {
+    resp.headers()["x-run-remaining-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 async fn fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream(store: Store) {
     let (h, _keep) = harness(store).await;
     let h = std::sync::Arc::new(h);
@@ -387,11 +396,7 @@ async fn the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget(store: St
         .send(call("/timed", false, &[("x-run-id", "t1")], ""))
         .await;
     assert_eq!(resp.status(), 200);
-    let remaining: u64 = resp.headers()["x-run-remaining-ms"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let remaining = remaining_ms(&resp);
     assert!(remaining <= 1500 && remaining > 0, "{remaining}");
     json_body(resp).await;
     // A call asking for a long budget of its own still ends with the run.
@@ -450,11 +455,7 @@ async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
             "",
         ))
         .await;
-    let remaining: u64 = resp.headers()["x-run-remaining-ms"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let remaining = remaining_ms(&resp);
     assert!(
         (1..=1500).contains(&remaining),
         "the route's run_budget, which a client may only shorten: {remaining}"
@@ -468,11 +469,7 @@ async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
             "",
         ))
         .await;
-    let remaining: u64 = resp.headers()["x-run-remaining-ms"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let remaining = remaining_ms(&resp);
     assert!(remaining <= 400, "shortened: {remaining}");
     json_body(resp).await;
     // Where the route sets no run_budget, the client's is the run's, up to run_max_budget.
@@ -484,11 +481,7 @@ async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
             "",
         ))
         .await;
-    let remaining: u64 = resp.headers()["x-run-remaining-ms"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let remaining = remaining_ms(&resp);
     assert!(
         (1501..=3000).contains(&remaining),
         "clamped by run_max_budget: {remaining}"
