@@ -1,0 +1,238 @@
+//! The scripted timing: injected statuses, the first-token wait, freezes, disconnects,
+//! keep-alives and timestamps.
+
+use super::*;
+
+#[tokio::test]
+async fn injected_status_after_ttft() {
+    let fake = fake().await;
+    let started = Instant::now();
+    let headers = [("x-fake-status", "503"), ("x-fake-ttft-ms", "150")];
+    let response = h1()
+        .request(post(&fake, "/v1/messages", MESSAGES, &headers))
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let error: Value = serde_json::from_str(&text_of(response).await).unwrap();
+    assert_eq!(error["error"]["type"], "server_error");
+}
+
+#[tokio::test]
+async fn ttft_holds_back_the_head_unless_headers_first() {
+    let fake = fake().await;
+    let client = h1();
+    let ttft = Duration::from_millis(300);
+    let started = Instant::now();
+    let headers = [("x-fake-ttft-ms", "300"), ("x-fake-interval-ms", "1")];
+    let response = client
+        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= ttft,
+        "head after {:?}",
+        started.elapsed()
+    );
+    let mut body = response.into_body();
+    let frames = frames_until_quiet(&mut body, SECOND).await;
+    // The data follows the head at once (well before a second ttft would have passed).
+    assert!(frames[0].0.duration_since(started) < ttft * 2 + SECOND);
+
+    // With the head first: a 1.5 s ttft, so "at once" has a second of room.
+    let ttft = Duration::from_millis(1500);
+    let started = Instant::now();
+    let headers = [
+        ("x-fake-ttft-ms", "1500"),
+        ("x-fake-headers-first", "true"),
+        ("x-fake-interval-ms", "1"),
+    ];
+    let response = client
+        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < SECOND,
+        "head after {:?}",
+        started.elapsed()
+    );
+    let mut body = response.into_body();
+    let first = tokio::time::timeout(PATIENCE, body.frame())
+        .await
+        .expect("the first data within 5 s")
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    assert!(started.elapsed() >= ttft);
+    assert!(std::str::from_utf8(&first)
+        .unwrap()
+        .contains("\"role\":\"assistant\""));
+}
+
+#[tokio::test]
+async fn freeze_after_holds_the_stream_open() {
+    let fake = fake().await;
+    let headers = [("x-fake-freeze-after", "2"), ("x-fake-interval-ms", "5")];
+    let response = h1()
+        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let text: String = frames_until_quiet(&mut body, Duration::from_millis(300))
+        .await
+        .into_iter()
+        .map(|f| f.1)
+        .collect();
+    let events = parse_sse(&text);
+    assert_eq!(events.len(), 3, "role + 2 tokens, got {events:?}");
+    assert!(text.contains("tok2 ") && !text.contains("tok3 ") && !text.contains("[DONE]"));
+    assert!(!body.is_end_stream());
+    assert_eq!(fake.open_connections(), 1);
+    assert!(fake.requests()[0].finished_at.is_none());
+}
+
+#[tokio::test]
+async fn disconnect_after_breaks_the_body() {
+    for (version, client) in [(Version::HTTP_11, h1()), (Version::HTTP_2, h2())] {
+        let fake = fake().await;
+        let headers = [
+            ("x-fake-disconnect-after", "2"),
+            ("x-fake-interval-ms", "5"),
+        ];
+        let response = client
+            .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+            .await
+            .unwrap();
+        let mut body = response.into_body();
+        let mut text = String::new();
+        let error = loop {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    text += std::str::from_utf8(&frame.into_data().unwrap()).unwrap()
+                }
+                Some(Err(error)) => break error,
+                None => panic!("{version:?}: clean end after {text:?}"),
+            }
+        };
+        assert!(
+            text.contains("tok2 ") && !text.contains("tok3 "),
+            "{text:?}"
+        );
+        // HTTP/1: the chunked body stops without its last chunk; h2: RST_STREAM.
+        let expected = if version == Version::HTTP_2 {
+            "Reset("
+        } else {
+            "UnexpectedEof"
+        };
+        assert!(
+            format!("{error:?}").contains(expected),
+            "{version:?}: {error:?}"
+        );
+        let request = fake.wait_request_finished(0, PATIENCE).await.unwrap();
+        assert!(!request.completed);
+        let open_after = usize::from(version == Version::HTTP_2);
+        assert!(
+            fake.wait_open_connections(open_after, PATIENCE).await,
+            "{version:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn keepalive_comments_during_headers_first_wait() {
+    let fake = fake().await;
+    let headers = [
+        ("x-fake-headers-first", "1"),
+        ("x-fake-ttft-ms", "250"),
+        ("x-fake-keepalive-ms", "50"),
+        ("x-fake-chunks", "1"),
+        ("x-fake-interval-ms", "1"),
+    ];
+    let response = h1()
+        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+        .await
+        .unwrap();
+    let events = parse_sse(&text_of(response).await);
+    let leading = events.iter().take_while(|e| e.comment).count();
+    assert!((3..=5).contains(&leading), "{events:?}");
+    assert!(
+        events.iter().filter(|e| e.comment).count() == leading,
+        "no keep-alive once data flows fast"
+    );
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+}
+
+#[tokio::test]
+async fn keepalive_pings_while_frozen() {
+    let fake = fake().await;
+    let headers = [
+        ("x-fake-freeze-after", "1"),
+        ("x-fake-keepalive-ms", "40"),
+        ("x-fake-keepalive-kind", "ping"),
+        ("x-fake-interval-ms", "1"),
+    ];
+    let response = h1()
+        .request(post(&fake, "/v1/messages", MESSAGES, &headers))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    // Read until four pings have come (however slowly a busy machine lets them), then
+    // check they were not faster than every 40 ms.
+    let started = Instant::now();
+    let mut text = String::new();
+    let pings = |text: &str| text.matches("event: ping\n").count();
+    // The preamble holds a ping of its own, skipped below with the first four events.
+    while pings(&text) < 5 || !text.ends_with("\n\n") {
+        let frame = tokio::time::timeout(PATIENCE, body.frame())
+            .await
+            .unwrap_or_else(|_| panic!("not four pings in 5 s: {text:?}"));
+        text += std::str::from_utf8(&frame.unwrap().unwrap().into_data().unwrap()).unwrap();
+    }
+    let events = parse_sse(&text);
+    let pings = events
+        .iter()
+        .skip(4)
+        .filter(|e| e.event.as_deref() == Some("ping"))
+        .count();
+    assert!(pings >= 4, "{events:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(40) * (pings as u32 - 1),
+        "{pings} pings in {:?}",
+        started.elapsed()
+    );
+    assert!(text.contains("event: ping\ndata: {\"type\":\"ping\"}\n\n"));
+    assert!(!text.contains("tok2 "));
+}
+
+#[tokio::test]
+async fn timestamps_mark_content_events() {
+    let fake = fake().await;
+    let headers = [
+        ("x-fake-timestamps", "1"),
+        ("x-fake-chunks", "3"),
+        ("x-fake-interval-ms", "10"),
+    ];
+    let before = monotonic_ns();
+    let response = h1()
+        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+        .await
+        .unwrap();
+    let events = parse_sse(&text_of(response).await);
+    let after = monotonic_ns();
+    let stamps: Vec<u64> = events
+        .iter()
+        .filter(|e| e.data != "[DONE]")
+        .filter_map(|e| json_of(e)["x_fake_sent_ns"].as_u64())
+        .collect();
+    assert_eq!(
+        stamps.len(),
+        3,
+        "only content events carry stamps: {events:?}"
+    );
+    assert!(
+        stamps.windows(2).all(|w| w[1] - w[0] >= 9_000_000),
+        "{stamps:?}"
+    );
+    assert!(before < stamps[0] && stamps[2] <= after);
+}
