@@ -36,8 +36,8 @@
 //! interval, each counting as a content event for `x-fake-freeze-after` and
 //! `x-fake-disconnect-after`.
 //!
-//! Non-stream answers are a single event that is not a content event, so any freeze/disconnect
-//! count stops them before the body. Unknown `x-fake-*` headers are ignored; malformed values get
+//! Non-stream answers are one piece with no content events to count: a freeze or disconnect
+//! count of 0 stops them before the body, and any other count lets the whole answer through. Unknown `x-fake-*` headers are ignored; malformed values get
 //! a 400. Every connection and request is recorded for tests to assert on (see [`FakeUpstream`]).
 //!
 //! Close detection: the accepted socket is wrapped in an IO type that stamps
