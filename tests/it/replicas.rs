@@ -343,3 +343,68 @@ async fn a_password_from_the_environment_reaches_redis_and_never_the_log() {
     let (out, err) = p.stop().await;
     assert!(!out.contains(password) && !err.contains(password));
 }
+
+/// A replica killed mid-call never gives its call's reservation back: that one call's stays
+/// (counted, in flight, its tokens reserved) and nothing more, and only until the run's keys
+/// expire (ttl after the last admission plus that call's budget).
+#[tokio::test]
+async fn a_replica_that_dies_mid_call_leaves_only_that_calls_reservation_until_the_ttl() {
+    if crate::support::redis::skip() {
+        return;
+    }
+    let redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml =
+        config(&fake, &redis.url(), "deny", "200ms").replace("[runs]\n", "[runs]\nttl = \"1s\"\n");
+    let a = Process::spawn(&toml, &[], &[]).await;
+    let b = Process::spawn(&toml, &[], &[]).await;
+    let held = call(
+        true,
+        &[
+            ("x-run-id", "dies"),
+            ("x-request-budget-ms", "1000"),
+            ("x-fake-freeze-after", "1"),
+        ],
+        0,
+    );
+    let (resp, _c) = Conn::open(a.addr).await.send(held).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    crate::support::read_events(&mut body, 1).await;
+    a.kill().await;
+    let (status, headers, _) = send(
+        &b,
+        call(
+            false,
+            &[("x-run-id", "dies"), ("x-request-budget-ms", "1000")],
+            1,
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers["x-run-calls-left"], "8",
+        "the dead call still counts"
+    );
+    let run: serde_json::Value =
+        serde_json::from_str(&crate::support::admin_get(b.admin, "/runs/dies").await).unwrap();
+    let used = &run["runs"][0]["used"];
+    assert_eq!(used["calls"], 2, "{run}");
+    assert_eq!(used["in_flight"], 1, "only the dead call: {run}");
+    assert_eq!(used["tokens_reserved"], 1024, "only its reservation: {run}");
+    // Gone with its keys: ttl (1 s) plus the last call's budget (1 s) after its admission.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = crate::support::admin_get(b.admin, "/runs/dies").await;
+        if text.contains("\"no_run\"") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run's keys never expired: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

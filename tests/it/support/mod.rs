@@ -376,6 +376,11 @@ impl Process {
         (text(&self.stdout), text(&self.stderr))
     }
 
+    /// SIGKILL: the process dies at once, as a replica that crashes does, mid-call.
+    pub async fn kill(mut self) {
+        self.child.kill().await.expect("the process was killed");
+    }
+
     /// SIGTERM, then everything it wrote on stdout and stderr once it has exited.
     pub async fn stop(mut self) -> (String, String) {
         let pid = self.child.id().expect("still running").to_string();
