@@ -395,3 +395,29 @@ async fn requests_of_other_apis_are_never_changed() {
     let sent = &h.fake.requests()[0];
     assert_eq!(&sent.body[..], body.as_bytes(), "forwarded byte for byte");
 }
+
+#[tokio::test]
+async fn an_upstream_that_ignores_stream_and_answers_json_is_passed_through() {
+    let h = Harness::with_config(CONFIG).await;
+    let doc = include_str!("../fixtures/openai_chat.json");
+    h.fake.set_replay(Some(hourglass_fake::Replay {
+        content_type: "application/json",
+        events: vec![Bytes::from_static(doc.as_bytes())].into(),
+        interval: Duration::from_millis(1),
+    }));
+    let (resp, _c) = h.send(chat("watched", &[])).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    assert!(!resp.headers().contains_key("x-hourglass-partial"));
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        &body[..],
+        doc.as_bytes(),
+        "the provider's own document, as it came"
+    );
+    assert_eq!(
+        forwarded_body(&h, 0)["stream"],
+        true,
+        "it was asked to stream"
+    );
+}
