@@ -28,6 +28,7 @@
 
 use self::event::{Event, Kind};
 use self::json::Json;
+use self::shape::Shape;
 pub use self::tokens::{Source, Tokens};
 
 use crate::http::sse::{EventSink, EventType, Scan, SseScanner};
@@ -37,6 +38,7 @@ use crate::provider::{ErrorType, Format};
 
 mod event;
 mod json;
+mod shape;
 mod tokens;
 
 /// What one call to [`Inspector::feed`] found.
@@ -66,6 +68,9 @@ struct Reader {
     tokens: Tokens,
     /// An event carrying model output dispatched in the piece being read.
     output: bool,
+    /// The last event read in full, to read the next ones by (see `shape`): boxed, and only
+    /// for streams.
+    shape: Option<Box<Shape>>,
     /// What few answers need besides (boxed: inline it would double the size of every
     /// stream's inspector).
     extra: Option<Box<Extra>>,
@@ -90,9 +95,17 @@ impl Inspector {
                 event: Event::default(),
                 tokens: Tokens::default(),
                 output: false,
+                shape: None,
                 extra: None,
             },
         }
+    }
+
+    /// Reads every event with the tokenizer, none by its shape (see `shape`).
+    #[cfg(test)]
+    fn without_shapes(mut self) -> Self {
+        self.reader.shape = Some(Box::new(Shape::off()));
+        self
     }
 
     /// Also gathers the tool calls the answer asks for (see `tools`).
@@ -165,7 +178,7 @@ impl Inspector {
     pub fn read(&mut self, chunk: &[u8]) -> (Scan, bool) {
         let Some(scanner) = self.scanner.as_mut() else {
             let r = &mut self.reader;
-            r.json.feed(chunk, &mut r.event, &mut r.tokens);
+            r.json.feed(chunk, &mut r.event, &mut r.tokens, &mut ());
             if let Some(t) = r.extra.as_mut().and_then(|e| e.tools.as_mut()) {
                 t.data(chunk);
             }
@@ -181,7 +194,18 @@ impl EventSink for Reader {
     #[inline]
     fn data(&mut self, value: &[u8]) {
         self.event.note_done(value);
-        self.json.feed(value, &mut self.event, &mut self.tokens);
+        if std::mem::replace(&mut self.event.data_read, true) {
+            self.json
+                .feed(value, &mut self.event, &mut self.tokens, &mut ());
+        } else {
+            let shape = self.shape.get_or_insert_with(Box::default);
+            if shape.active() {
+                shape.read(value, &mut self.json, &mut self.event, &mut self.tokens);
+            } else {
+                self.json
+                    .feed(value, &mut self.event, &mut self.tokens, &mut ());
+            }
+        }
         if let Some(e) = self.extra.as_mut() {
             if let Some(t) = e.tools.as_mut() {
                 t.data(value);
@@ -240,8 +264,8 @@ impl Reader {
         // What the event is, when it is recognised; `None` when it is not.
         let output = match (self.format, ev.kind) {
             _ if ev.error => Some(false),
-            (Format::Chat, _) if ev.choices => Some(ev.output),
-            (Format::Messages | Format::Responses, Kind::Content) => Some(ev.output),
+            (Format::Chat, _) if ev.choices => Some(ev.is_output()),
+            (Format::Messages | Format::Responses, Kind::Content) => Some(ev.is_output()),
             (Format::Messages | Format::Responses, Kind::Framing | Kind::Error) => Some(false),
             _ if ev.done_seen == 6 && ev.done_ok => Some(false),
             _ => None,

@@ -6,9 +6,12 @@ use crate::provider::ErrorType;
 /// What the event being read says, decided when it dispatches.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Event {
-    /// Something that is model output if the event's shape says so (a non-empty delta).
+    /// Something that is model output if the event's shape says so (a non-empty delta),
+    /// besides the output strings, whose bytes `output_bytes` counts.
     pub(super) output: bool,
     pub(super) output_bytes: u64,
+    /// A piece of the event's data has been read (the next is not its first).
+    pub(super) data_read: bool,
     /// A top-level `choices` array: a Chat Completions chunk.
     pub(super) choices: bool,
     /// What the top-level `type` names.
@@ -55,6 +58,13 @@ pub(super) fn event_kind(name: &[u8]) -> Kind {
 }
 
 impl Event {
+    /// Whether the event carries model output, if its shape says it is output at all: a
+    /// non-empty output string, or a part of a delta that is output whatever its length.
+    #[inline]
+    pub(super) fn is_output(&self) -> bool {
+        self.output || self.output_bytes > 0
+    }
+
     /// Follows whether the event's data is `[DONE]` (the end marker of OpenAI streams).
     #[inline]
     pub(super) fn note_done(&mut self, data: &[u8]) {

@@ -135,6 +135,25 @@ fn child(parent: Ctx, key: Key, array: bool) -> Ctx {
     }
 }
 
+/// Told where the reader passed a value whose bytes do not matter to what it finds, only its
+/// kind: a string it skips or counts, or a scalar it skips (see `shape`, which replays an
+/// event from these). Addresses are of the piece being fed, so the hook costs nothing to
+/// the reader that does not record (`()`).
+pub(super) trait Holes {
+    /// The content (between the quotes) of a string that is skipped, or counted as output
+    /// (`output`), starting at address `at`.
+    fn string(&mut self, at: usize, len: usize, output: bool);
+    /// A number or literal skipped whole, starting at address `at`.
+    fn scalar(&mut self, at: usize, len: usize);
+}
+
+impl Holes for () {
+    #[inline(always)]
+    fn string(&mut self, _: usize, _: usize, _: bool) {}
+    #[inline(always)]
+    fn scalar(&mut self, _: usize, _: usize) {}
+}
+
 /// What the string being read is to the reader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Str {
@@ -226,6 +245,12 @@ impl Json {
         self.completion = None;
     }
 
+    /// Whether the piece read last ended outside any value: back at depth 0, not in a string
+    /// or number.
+    pub(super) fn at_rest(&self) -> bool {
+        self.depth == 0 && self.in_str.is_none() && self.num.is_none() && !self.escaped
+    }
+
     /// Makes `cur` and `cur_array` describe the container at `depth`: the one place they are
     /// derived from `ctx` and `arrays`.
     fn enter(&mut self) {
@@ -237,8 +262,15 @@ impl Json {
         self.cur_array = self.depth < 32 && self.arrays & (1 << self.depth) != 0;
     }
 
-    /// Reads the next bytes of one document (or of one event's data).
-    pub(super) fn feed(&mut self, s: &[u8], ev: &mut Event, tokens: &mut Tokens) {
+    /// Reads the next bytes of one document (or of one event's data), telling `holes` where
+    /// the values that do not matter were.
+    pub(super) fn feed<H: Holes>(
+        &mut self,
+        s: &[u8],
+        ev: &mut Event,
+        tokens: &mut Tokens,
+        holes: &mut H,
+    ) {
         // What the previous piece left open: a string or a usage number. Both are read to
         // their end where they start, so the loop below need not ask on every byte.
         let mut i = 0;
@@ -263,7 +295,7 @@ impl Json {
             let b = s[i];
             i += 1;
             match b {
-                b'"' => match self.string(&s[i..], ev) {
+                b'"' => match self.string(&s[i..], ev, holes) {
                     Some(n) => i += n,
                     None => return,
                 },
@@ -285,13 +317,17 @@ impl Json {
                         i += self.number_rest(&s[i..]);
                     } else {
                         // A number nothing needs: skip the rest of it at once.
-                        i += self.skip_scalar(&s[i..]);
+                        let n = self.skip_scalar(&s[i..]);
+                        holes.scalar(s[i - 1..].as_ptr() as usize, n + 1);
+                        i += n;
                     }
                 }
                 b' ' | b'\t' | b'\n' | b'\r' => {}
                 _ => {
                     if std::mem::take(&mut self.value_pos) {
-                        i += self.skip_scalar(&s[i..]);
+                        let n = self.skip_scalar(&s[i..]);
+                        holes.scalar(s[i - 1..].as_ptr() as usize, n + 1);
+                        i += n;
                     }
                 }
             }
@@ -344,14 +380,14 @@ impl Json {
     /// run by byte run. Returns how much of `rest` it used, `None` when the piece ended
     /// inside the string.
     #[inline]
-    fn string(&mut self, rest: &[u8], ev: &mut Event) -> Option<usize> {
+    fn string<H: Holes>(&mut self, rest: &[u8], ev: &mut Event, holes: &mut H) -> Option<usize> {
         let kind = self.str_kind();
         self.value_pos = false;
         if let Some(j) = string_end(rest) {
             if rest[j] == b'"' {
                 let body = &rest[..j];
                 match kind {
-                    Str::Skip => {}
+                    Str::Skip => holes.string(rest.as_ptr() as usize, j, false),
                     Str::Key => {
                         // No key that matters is longer than `CAP`: a longer one is `Other`.
                         self.key = key(body);
@@ -361,10 +397,13 @@ impl Json {
                             self.expect_key = false;
                             self.value_pos = true;
                             let value = j + 2;
-                            return Some(value + self.skip_value(&rest[value..]));
+                            return Some(value + self.skip_value(&rest[value..], holes));
                         }
                     }
                     _ => {
+                        if kind == Str::Output {
+                            holes.string(rest.as_ptr() as usize, j, true);
+                        }
                         let name = if body.len() <= CAP { body } else { &[] };
                         self.end_str(kind, name, body.len() as u64, ev);
                     }
@@ -374,24 +413,34 @@ impl Json {
         }
         self.in_str = Some(kind);
         self.str_len = 0;
-        self.string_rest(kind, rest, ev)
+        let used = self.string_rest(kind, rest, ev);
+        if let (Some(n), Str::Skip | Str::Output) = (used, kind) {
+            holes.string(rest.as_ptr() as usize, n - 1, kind == Str::Output);
+        }
+        used
     }
 
     /// Skips the value at the start of `s` when nothing needs it: a string the reader would
     /// skip (whole, without escapes) or a scalar outside usage, with the comma after it.
     /// Returns how many bytes it took; 0 leaves the value to the main loop.
     #[inline]
-    fn skip_value(&mut self, s: &[u8]) -> usize {
+    fn skip_value<H: Holes>(&mut self, s: &[u8], holes: &mut H) -> usize {
         let taken = match s.first() {
             Some(b'"') if self.str_kind() == Str::Skip => match string_end(&s[1..]) {
-                Some(j) if s[1 + j] == b'"' => j + 2,
+                Some(j) if s[1 + j] == b'"' => {
+                    holes.string(s[1..].as_ptr() as usize, j, false);
+                    j + 2
+                }
                 _ => 0,
             },
             Some(b'0'..=b'9') if matches!(self.cur, Ctx::Usage | Ctx::MessageUsage) => 0,
             // Numbers and literals end where the main loop's `skip_scalar` would end them;
             // one that runs to the end of the piece is left to it, to go on in the next.
             Some(b'0'..=b'9' | b'-' | b'n' | b't' | b'f') => match skip_scalar(s) {
-                n if n < s.len() => n,
+                n if n < s.len() => {
+                    holes.scalar(s.as_ptr() as usize, n);
+                    n
+                }
                 _ => 0,
             },
             _ => 0,
@@ -501,12 +550,9 @@ impl Json {
             Str::Skip => {}
             Str::Payload => ev.output = true,
             Str::Key => self.key = key(name),
-            Str::Output => {
-                ev.output_bytes += len;
-                if len > 0 {
-                    ev.output = true;
-                }
-            }
+            // Non-empty output shows in `output_bytes` (see `Event::is_output`), so that a
+            // replayed event (`shape`) can add its own.
+            Str::Output => ev.output_bytes += len,
             Str::Named => {
                 match (self.cur, self.key) {
                     (Ctx::Root, Key::Type) => {
@@ -633,7 +679,7 @@ impl Json {
 /// The end of a string's content: the next quote or backslash. Most strings in these streams
 /// are short, where a plain loop beats `memchr`'s setup; longer ones go to `memchr`.
 #[inline]
-fn string_end(s: &[u8]) -> Option<usize> {
+pub(super) fn string_end(s: &[u8]) -> Option<usize> {
     // Eight bytes at a time for the first sixteen: a byte equal to `"` or `\` turns into a
     // zero after the XOR, and the lowest set bit of the zero-byte mask is exact.
     const ONES: u64 = 0x0101_0101_0101_0101;
@@ -659,7 +705,7 @@ fn string_end(s: &[u8]) -> Option<usize> {
 
 /// The length of the rest of a number or literal (`null`, `true`, `false`).
 #[inline]
-fn skip_scalar(s: &[u8]) -> usize {
+pub(super) fn skip_scalar(s: &[u8]) -> usize {
     s.iter()
         .position(|&b| matches!(b, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t'))
         .unwrap_or(s.len())
