@@ -61,7 +61,7 @@ impl Gateway {
             // A request still waiting for its head when the shutdown grace ends is answered too.
             let forwarded = tokio::select! {
                 r = self.forward(req, arrival, &id, &mut record) => r,
-                () = self.shutdown.cancelled() => Err(GatewayError::Shutdown),
+                () = self.shutdown.fired() => Err(GatewayError::Shutdown),
             };
             match forwarded {
                 Ok(started) => {

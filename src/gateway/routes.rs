@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use http::header::HeaderMap;
-use tokio_util::sync::CancellationToken;
 
 use crate::admission::Admission;
 use crate::auth::{ClientKeys, ClientKeysError};
 use crate::config::{Config, RetryCause, Route};
 use crate::runs::Runs;
+use crate::stream::signal::Signal;
 use crate::telemetry::metrics::{
     AnswerMetrics, Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE,
 };
@@ -72,7 +72,7 @@ pub struct Gateway {
     pub(super) no_route: RouteMetrics,
     pub(super) metrics: Arc<Metrics>,
     /// Cancelled when in-flight requests must end (the shutdown grace is over).
-    pub(super) shutdown: CancellationToken,
+    pub(super) shutdown: Signal,
     /// The runs, which outlive a reload: a new table takes them from the one it replaces.
     pub(super) runs: Arc<Runs>,
 }
@@ -85,7 +85,7 @@ impl Gateway {
         config: Arc<Config>,
         metrics: &Arc<Metrics>,
         previous: Option<&Gateway>,
-        shutdown: CancellationToken,
+        shutdown: Signal,
     ) -> Result<Self, BuildError> {
         let mut upstreams: Vec<Arc<Upstream>> = Vec::new();
         for up in &config.upstreams {

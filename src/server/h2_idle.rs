@@ -18,6 +18,7 @@
 
 use std::time::Duration;
 
+use crate::stream::signal::Signal;
 use hyper::body::Body;
 use hyper::rt::bounds::Http2ServerConnExec;
 use hyper::rt::{Read, Write};
@@ -25,7 +26,6 @@ use hyper::server::conn::http2;
 use hyper::service::HttpService;
 use hyper_util::server::graceful::Watcher;
 use tokio::time::{sleep, Instant};
-use tokio_util::sync::CancellationToken;
 
 use crate::error::BoxError;
 use crate::http::conn::Streams;
@@ -41,7 +41,7 @@ pub async fn serve<I, S, B, E>(
     io: I,
     service: impl FnOnce(Streams) -> S,
     limit: Duration,
-    drain: CancellationToken,
+    drain: Signal,
     watcher: Watcher,
 ) -> hyper::Result<()>
 where
@@ -63,7 +63,7 @@ where
     let served = loop {
         tokio::select! {
             r = conn.as_mut() => break r,
-            () = drain.cancelled(), if !idle && !draining => {
+            () = drain.fired(), if !idle && !draining => {
                 draining = true;
                 conn.as_mut().graceful_shutdown();
             }

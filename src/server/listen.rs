@@ -16,12 +16,11 @@ use http_body_util::{Either, Full};
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulConnection, GracefulShutdown, Watcher};
 use pin_project_lite::pin_project;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
 use crate::error::GatewayError;
@@ -31,6 +30,7 @@ use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
 use crate::server::admin::Admin;
 use crate::server::client_io::ClientIo;
 use crate::server::shared::Shared;
+use crate::stream::signal::{Signal, Waiter};
 use crate::telemetry::metrics::Metrics;
 
 pub(super) fn local(l: &TcpListener) -> SocketAddr {
@@ -130,11 +130,7 @@ async fn sniff(stream: &TcpStream, limit: Duration) -> Option<Protocol> {
     tokio::time::timeout(limit, look).await.ok().flatten()
 }
 
-pub(super) async fn serve_clients(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    stop: CancellationToken,
-) {
+pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: Signal) {
     let graceful = GracefulShutdown::new();
     let initial = shared.server.load_full();
     let slots = initial.max_connections.map(|n| Arc::new(Semaphore::new(n)));
@@ -142,7 +138,7 @@ pub(super) async fn serve_clients(
         let permit = match &slots {
             Some(s) => tokio::select! {
                 p = s.clone().acquire_owned() => Some(p.expect("semaphore is never closed")),
-                () = stop.cancelled() => break,
+                () = stop.fired() => break,
             },
             None => None,
         };
@@ -156,7 +152,7 @@ pub(super) async fn serve_clients(
                     continue;
                 }
             },
-            () = stop.cancelled() => break,
+            () = stop.fired() => break,
         };
         #[cfg(not(target_os = "linux"))]
         tune(SockRef::from(&stream));
@@ -177,7 +173,7 @@ pub(super) async fn serve_clients(
         () = &mut drained => tracing::info!("all connections drained"),
         () = tokio::time::sleep(grace) => {
             tracing::warn!(?grace, "shutdown grace elapsed: cutting the requests still in flight");
-            shared.cut.cancel();
+            shared.cut.fire();
             // Long enough for every cut stream to write its error event.
             tokio::select! {
                 () = &mut drained => {}
@@ -187,7 +183,7 @@ pub(super) async fn serve_clients(
             }
         }
     }
-    shared.cut.cancel();
+    shared.cut.fire();
 }
 
 async fn serve_connection(
@@ -195,7 +191,7 @@ async fn serve_connection(
     peer: SocketAddr,
     shared: Arc<Shared>,
     watcher: hyper_util::server::graceful::Watcher,
-    drain: CancellationToken,
+    drain: Signal,
 ) {
     let server = shared.server.load_full();
     // The service of this connection; over HTTP/2 its requests also count its open streams,
@@ -266,7 +262,7 @@ async fn serve_connection(
                     let connection = protocols
                         .http1
                         .serve_connection(TokioIo::new(io), service(None, Some(framing)));
-                    watcher.watch(connection).await
+                    Draining::new(connection, &drain, watcher).await
                 })
             });
             let Some(result) = tls.await else { return };
@@ -296,7 +292,7 @@ async fn serve_connection(
                     let connection = protocols
                         .http1
                         .serve_connection(TokioIo::new(io), service(None, Some(framing)));
-                    watcher.watch(connection).await
+                    Draining::new(connection, &drain, watcher).await
                 }
             };
             if result.as_ref().is_err_and(hyper::Error::is_timeout) {
@@ -308,6 +304,45 @@ async fn serve_connection(
     };
     if let Err(e) = result {
         tracing::debug!(%peer, error = %e, "client connection ended with an error");
+    }
+}
+
+pin_project! {
+    /// An HTTP/1 connection that shuts down gracefully (ends after the response in flight)
+    /// once the server drains, holding the watcher the drain counts connections by until it
+    /// ends. hyper-util's own `watch` does this with a future that takes two locks on every
+    /// poll of the connection, once or twice per chunk a stream sends; the waiter asks an
+    /// atomic flag.
+    struct Draining<C> {
+        #[pin]
+        conn: C,
+        drain: Option<Waiter>,
+        _watcher: Watcher,
+    }
+}
+
+impl<C> Draining<C> {
+    fn new(conn: C, drain: &Signal, watcher: Watcher) -> Self {
+        Self {
+            conn,
+            drain: Some(drain.waiter()),
+            _watcher: watcher,
+        }
+    }
+}
+
+impl<C: GracefulConnection> Future for Draining<C> {
+    type Output = C::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        if let Some(drain) = this.drain.as_mut() {
+            if drain.poll_fired(cx).is_ready() {
+                *this.drain = None;
+                this.conn.as_mut().graceful_shutdown();
+            }
+        }
+        this.conn.poll(cx)
     }
 }
 

@@ -36,7 +36,7 @@ impl Running {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 let by_signal = tokio::select! {
-                    () = stop.cancelled() => return,
+                    () = stop.fired() => return,
                     () = next_hangup(&mut hangup) => true,
                     _ = tick.tick() => false,
                 };

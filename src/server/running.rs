@@ -11,13 +11,13 @@ use socket2::SockRef;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::server::admin::{Admin, Health};
 use crate::server::listen::{local, serve_admin, serve_clients, tune};
 use crate::server::shared::{ServerError, Shared};
+use crate::stream::signal::Signal;
 use crate::telemetry::metrics::Metrics;
 
 /// A started gateway: its bound addresses and the handle that reloads and stops it.
@@ -27,7 +27,7 @@ pub struct Running {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub(super) shared: Arc<Shared>,
-    pub(super) stop: CancellationToken,
+    pub(super) stop: Signal,
     task: JoinHandle<()>,
 }
 
@@ -35,7 +35,7 @@ impl Running {
     /// Stops accepting, lets in-flight requests finish for up to `shutdown_grace`, then cuts
     /// the rest (origin `shutdown`, each told with an error event or a 503) and returns.
     pub async fn shutdown(self) {
-        self.stop.cancel();
+        self.stop.fire();
         let _ = self.task.await;
     }
 
@@ -54,7 +54,7 @@ pub async fn start_with_source(
     source: Option<PathBuf>,
 ) -> Result<Running, ServerError> {
     let metrics = Arc::new(Metrics::new());
-    let cut = CancellationToken::new();
+    let cut = Signal::new();
     let tls = match &config.server.tls {
         Some(t) => Some(Arc::new(TlsAcceptor::from(
             crate::server::tls::server_config(t)?,
@@ -89,7 +89,7 @@ pub async fn start_with_source(
         source,
         reloading: tokio::sync::Mutex::new(()),
     });
-    let stop = CancellationToken::new();
+    let stop = Signal::new();
     // The admin listener outlives the client one, so /readyz reports the drain.
     let admin_task = tokio::spawn(serve_admin(
         admin,

@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::stream::signal::Signal;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use tokio_rustls::TlsAcceptor;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, ServerConfig};
 use crate::gateway::Gateway;
@@ -39,8 +39,8 @@ pub(super) struct Shared {
     pub(super) server: ArcSwap<ServerConfig>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) health: Arc<Health>,
-    /// Cancelled when in-flight requests must end (shutdown grace over).
-    pub(super) cut: CancellationToken,
+    /// Fired when in-flight requests must end (shutdown grace over).
+    pub(super) cut: Signal,
     /// The file reloads read; `None` for configs built in memory.
     pub(super) source: Option<PathBuf>,
     pub(super) reloading: tokio::sync::Mutex<()>,

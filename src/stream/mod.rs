@@ -5,6 +5,7 @@ pub mod limits;
 pub mod observer;
 pub mod progress;
 pub mod reaper;
+pub mod signal;
 pub mod watchdog;
 
 pub use self::limits::StreamLimits;

@@ -18,7 +18,6 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant, Sleep};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::error::{BoxError, GatewayError};
 use crate::provider::inspect::Inspector;
@@ -26,6 +25,7 @@ use crate::stream::limits::StreamLimits;
 use crate::stream::observer::{Observer, StreamEnd};
 use crate::stream::progress::Progress;
 use crate::stream::reaper::Reaped;
+use crate::stream::signal::{Signal, Waiter};
 
 /// An event still incomplete after this many bytes is forwarded as it comes instead of held.
 pub const MAX_HELD_EVENT: usize = 1 << 20;
@@ -73,8 +73,8 @@ pin_project! {
         state: State,
         observer: O,
         // Fires when the gateway gives up on in-flight streams at the end of its shutdown
-        // grace. Boxed because it lives only on streams, not per chunk.
-        shutdown: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+        // grace; polled whenever the body waits, at the cost of an atomic load.
+        shutdown: Option<Waiter>,
     }
 
     impl<B, O> PinnedDrop for WatchdogBody<B, O>
@@ -127,9 +127,9 @@ where
         }
     }
 
-    /// Cuts the stream (origin `shutdown`, with the error event) when `token` is cancelled.
-    pub fn with_shutdown(mut self, token: &CancellationToken) -> Self {
-        self.shutdown = Some(Box::pin(token.clone().cancelled_owned()));
+    /// Cuts the stream (origin `shutdown`, with the error event) when `signal` fires.
+    pub fn with_shutdown(mut self, signal: &Signal) -> Self {
+        self.shutdown = Some(signal.waiter());
         self
     }
 
@@ -351,7 +351,7 @@ where
                 }
                 Poll::Pending => {
                     if let Some(s) = this.shutdown.as_mut() {
-                        if s.as_mut().poll(cx).is_ready() {
+                        if s.poll_fired(cx).is_ready() {
                             if this.progress.error_pending() {
                                 end_after_error(this.inner.as_mut(), this.state, this.observer);
                                 continue;

@@ -916,3 +916,62 @@ async fn connect_is_refused_with_405_naming_the_method_and_never_forwarded() {
         1.0
     );
 }
+
+/// An idle keep-alive HTTP/1 connection is closed as soon as the server drains, and one with
+/// a request in flight gets its answer first and then is closed, so shutdown waits for
+/// neither for its grace (one minute here: the 5 s waits below are a hang's limit, not a
+/// measure).
+#[tokio::test]
+async fn draining_closes_idle_keep_alive_connections_and_lets_the_busy_one_answer_first() {
+    // Nor does the idle connection end by the header-read limit (one minute too).
+    let h = Harness::with_config(&BASE.replace(
+        "[server]\n",
+        "[server]\nshutdown_grace = \"60s\"\nheader_read_timeout = \"60s\"\n",
+    ))
+    .await;
+    let mut idle = TcpStream::connect(h.gw.addr).await.unwrap();
+    let request = |extra: &str| {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    idle.write_all(request("").as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 16 * 1024];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    // One whose answer takes 300 ms, asked before the drain and answered after it.
+    let mut busy = TcpStream::connect(h.gw.addr).await.unwrap();
+    busy.write_all(request("x-fake-ttft-ms: 300\r\n").as_bytes())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let Harness { gw, fake } = h;
+    let start = Instant::now();
+    let stopping = tokio::spawn(gw.shutdown());
+    // The idle connection ends without another byte.
+    let n = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf))
+        .await
+        .expect("the idle connection is closed at the drain")
+        .unwrap();
+    assert_eq!(n, 0, "{}", String::from_utf8_lossy(&buf[..n]));
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), busy.read_to_end(&mut answer))
+        .await
+        .expect("the busy connection is closed after its answer")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("chat.completion"), "{answer}");
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .expect("shutdown does not wait for its grace")
+        .unwrap();
+    assert!(start.elapsed() < Duration::from_secs(30));
+    drop(fake);
+}

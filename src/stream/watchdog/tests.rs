@@ -361,7 +361,7 @@ async fn a_body_that_knows_its_end_completes_on_its_last_byte() {
 async fn shutdown_cuts_a_silent_stream_with_its_own_event() {
     let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
     let probe = Probe::default();
-    let token = CancellationToken::new();
+    let token = crate::stream::signal::Signal::new();
     let mut b = Box::pin(
         WatchdogBody::new(rx, true, limits(1000, 5000, 10_000), probe.clone())
             .with_shutdown(&token),
@@ -374,7 +374,7 @@ async fn shutdown_cuts_a_silent_stream_with_its_own_event() {
     let t = token.clone();
     tokio::spawn(async move {
         tokio::time::sleep(ms(100)).await;
-        t.cancel();
+        t.fire();
     });
     let (out, err) = drain(&mut b).await;
     assert!(err.is_none());
