@@ -6,6 +6,7 @@ pub mod observer;
 pub mod progress;
 pub mod reaper;
 pub mod signal;
+pub mod timer;
 pub mod watchdog;
 
 pub use self::limits::StreamLimits;

@@ -10,14 +10,13 @@
 //! after the last complete event, or an aborted body for anything else.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tokio::time::{sleep_until, Instant, Sleep};
+use tokio::time::Instant;
 
 use crate::error::{BoxError, GatewayError};
 use crate::provider::inspect::Inspector;
@@ -26,6 +25,7 @@ use crate::stream::observer::{Observer, StreamEnd};
 use crate::stream::progress::Progress;
 use crate::stream::reaper::Reaped;
 use crate::stream::signal::{Signal, Waiter};
+use crate::stream::timer::Timer;
 
 /// An event still incomplete after this many bytes is forwarded as it comes instead of held.
 pub const MAX_HELD_EVENT: usize = 1 << 20;
@@ -57,10 +57,10 @@ pin_project! {
     {
         #[pin]
         inner: Option<B>,
-        // Boxed, so that the body is `Unpin` and can be read in place before it is handed on
-        // (HTTP/1.0 answers are read whole to give them a length): one allocation per stream,
-        // and the timer is still reset, never recreated.
-        timer: Pin<Box<Sleep>>,
+        // Boxed inside, so that the body is `Unpin` and can be read in place before it is
+        // handed on (HTTP/1.0 answers are read whole to give them a length): one allocation
+        // per stream, and the timer is still reset, never recreated.
+        timer: Timer,
         limits: StreamLimits,
         // The last data event, from the first token on (`None` until then: before the first
         // token only the first-token limit applies, so a reasoning model may think in silence).
@@ -110,7 +110,7 @@ where
         let is_sse = progress.is_sse();
         Self {
             inner: Some(inner),
-            timer: Box::pin(sleep_until(first_due)),
+            timer: Timer::new(first_due),
             limits,
             last_progress: None,
             progress,
@@ -232,12 +232,7 @@ where
                         continue;
                     }
                     let Some(sse) = this.sse.as_mut() else {
-                        mark_progress(
-                            this.last_progress,
-                            this.observer,
-                            this.timer.as_mut(),
-                            this.limits,
-                        );
+                        mark_progress(this.last_progress, this.observer, this.timer, this.limits);
                         if ended {
                             this.inner.set(None);
                             this.observer.finish(StreamEnd::Complete);
@@ -248,12 +243,7 @@ where
                     // The first token starts the idle limit; after it, every data event
                     // (output or not) moves it.
                     if read.output || (read.events > 0 && this.last_progress.is_some()) {
-                        mark_progress(
-                            this.last_progress,
-                            this.observer,
-                            this.timer.as_mut(),
-                            this.limits,
-                        );
+                        mark_progress(this.last_progress, this.observer, this.timer, this.limits);
                     }
                     if let Some(end) = read.error_end {
                         // The upstream's own error event is passed through and ends the
@@ -367,7 +357,7 @@ where
                             continue;
                         }
                     }
-                    if this.timer.as_mut().poll(cx).is_pending() {
+                    if this.timer.poll(cx).is_pending() {
                         return Poll::Pending;
                     }
                     if this.progress.error_pending() {
@@ -385,7 +375,7 @@ where
                     let now = Instant::now();
                     if now < due {
                         // Progress moved the idle limit since the timer was armed.
-                        this.timer.as_mut().reset(due);
+                        this.timer.reset(due);
                         continue;
                     }
                     let upstream = limits.upstream.to_string();
@@ -434,7 +424,7 @@ where
 fn mark_progress<O: Observer>(
     last: &mut Option<Instant>,
     observer: &mut O,
-    timer: Pin<&mut Sleep>,
+    timer: &mut Timer,
     limits: &StreamLimits,
 ) {
     let now = Instant::now();
