@@ -17,15 +17,19 @@ COLORS = {
     "hourglass": "#d62728",
     "hourglass-mt": "#ff9896",
     "hourglass-h2": "#ff7f0e",
+    "hourglass-h2h2": "#e377c2",
     "nginx": "#2ca02c",
     "haproxy": "#1f77b4",
+    "haproxy-h2h2": "#17becf",
     "bare-hyper": "#9467bd",
     "bare-hyper-conn": "#c5b0d5",
+    "bare-hyper-h2h2": "#bcbd22",
+    "direct-h2": "#999999",
     "litellm": "#ff7f0e",
     "portkey": "#8c564b",
 }
 # The direct connection and the bare hyper proxies are references, not contenders.
-STYLE = {"direct": ":", "bare-hyper": "--", "bare-hyper-conn": "--"}
+STYLE = {"direct": ":", "direct-h2": ":", "bare-hyper": "--", "bare-hyper-conn": "--", "bare-hyper-h2h2": "--"}
 
 
 def cdf_lines(ax, per_target, title, xlabel, tail=False):

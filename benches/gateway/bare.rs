@@ -9,9 +9,13 @@
 //!   runs in its own task; body chunks cross a channel to the client connection's task).
 //! - `conn`: one `hyper::client::conn::http1` connection per client connection, driven in the
 //!   client connection's own task (no pool, no second task: the least hyper can do).
+//! - `h2`: HTTP/2 on both sides: h2c from the clients (`hyper::server::conn::http2`) and the
+//!   pooled client with `http2_only` to the upstream, which puts every stream on one
+//!   connection (the `bare-hyper-h2h2` target).
 //!
-//! Both serve HTTP/1.1 only (`hyper::server::conn::http1`), with TCP_NODELAY on both sides and
-//! a current-thread runtime, and have no time limits (they sit out the `limits` scenario).
+//! `pool` and `conn` serve HTTP/1.1 only (`hyper::server::conn::http1`). All have TCP_NODELAY
+//! on both sides and a current-thread runtime, and no time limits (they sit out the `limits`
+//! scenario).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,6 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 pub enum Mode {
     Pool,
     Conn,
+    H2,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -44,6 +49,7 @@ pub fn run(mode: Mode, listen: SocketAddr, upstream: SocketAddr) -> Result<(), B
         let client: Client<_, Incoming> = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
+            .http2_only(mode == Mode::H2)
             .build(http);
         let authority: Arc<str> = upstream.to_string().into();
         loop {
@@ -55,6 +61,9 @@ pub fn run(mode: Mode, listen: SocketAddr, upstream: SocketAddr) -> Result<(), B
                 }
                 Mode::Conn => {
                     tokio::spawn(serve_one_to_one(sock, upstream));
+                }
+                Mode::H2 => {
+                    tokio::spawn(serve_h2(sock, client.clone(), authority.clone()));
                 }
             }
         }
@@ -82,6 +91,22 @@ async fn serve_pooled(sock: TcpStream, client: Client<HttpConnector, Incoming>, 
         }
     });
     let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .serve_connection(TokioIo::new(sock), svc)
+        .await;
+}
+
+async fn serve_h2(sock: TcpStream, client: Client<HttpConnector, Incoming>, auth: Arc<str>) {
+    let svc = service_fn(move |mut req: Request<Incoming>| {
+        let client = client.clone();
+        let uri = upstream_uri(&auth, &req);
+        *req.uri_mut() = uri;
+        async move {
+            let resp: Response<Incoming> = client.request(req).await?;
+            Ok::<_, hyper_util::client::legacy::Error>(resp)
+        }
+    });
+    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .serve_connection(TokioIo::new(sock), svc)
         .await;

@@ -13,6 +13,7 @@
 
 mod bare;
 mod client;
+mod h2client;
 mod peers;
 mod report;
 mod scenarios;
@@ -45,9 +46,10 @@ struct Args {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Which targets to measure (default: all: direct, hourglass, hourglass-mt, nginx,
-    /// haproxy, bare-hyper, bare-hyper-conn, litellm, portkey; hourglass-h2 only by name; a
-    /// quick run leaves out litellm and portkey unless named); the direct connection is
-    /// always added (added latency is measured against it).
+    /// haproxy, bare-hyper, bare-hyper-conn, litellm, portkey; hourglass-h2 and the targets
+    /// with HTTP/2 clients, hourglass-h2h2, haproxy-h2h2, bare-hyper-h2h2 and direct-h2, only
+    /// by name; a quick run leaves out litellm and portkey unless named); the direct
+    /// connection is always added (added latency is measured against it).
     #[arg(long, value_delimiter = ',', value_parser = target)]
     targets: Vec<Target>,
     /// Which scenarios to run (default: all).
@@ -372,16 +374,36 @@ fn main() -> ExitCode {
     let ctx = Ctx { env, targets, p };
     let started = Instant::now();
     let mut results = serde_json::Map::new();
+    // The HTTP/2 client exists only in the memory and leave scenarios: the others leave the
+    // targets that need it out.
+    let h1_ctx = Ctx {
+        env: ctx.env.clone(),
+        targets: ctx
+            .targets
+            .iter()
+            .copied()
+            .filter(|t| !t.h2_clients())
+            .collect(),
+        p: ctx.p.clone(),
+    };
     runtime.block_on(async {
         for s in &args.scenarios {
             let t0 = Instant::now();
+            if !matches!(s.as_str(), "memory" | "leave") {
+                for t in ctx.targets.iter().filter(|t| t.h2_clients()) {
+                    eprintln!(
+                        "[bench] {s}: {} left out (HTTP/2 clients only in memory and leave)",
+                        t.name()
+                    );
+                }
+            }
             let v = match s.as_str() {
-                "nonstream" => scenarios::nonstream(&ctx).await,
-                "streams" => scenarios::streams(&ctx).await,
+                "nonstream" => scenarios::nonstream(&h1_ctx).await,
+                "streams" => scenarios::streams(&h1_ctx).await,
                 "leave" => scenarios::leave(&ctx).await,
                 "memory" => scenarios::memory(&ctx).await,
-                "limits" => scenarios::limits(&ctx).await,
-                "cpu" => scenarios::cpu(&ctx).await,
+                "limits" => scenarios::limits(&h1_ctx).await,
+                "cpu" => scenarios::cpu(&h1_ctx).await,
                 _ => unreachable!("checked in parse_args"),
             };
             eprintln!("[bench] {s}: {:.1} s", t0.elapsed().as_secs_f64());

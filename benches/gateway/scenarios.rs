@@ -15,6 +15,7 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::client::{request, Conn, End, EventTally, Step};
+use crate::h2client::{self, STREAMS_PER_CONN};
 use crate::stats::{cdf, ms, pct, summary};
 use crate::targets::{Cpu, Env, Gateway, Limits, Target};
 
@@ -116,6 +117,9 @@ pub struct Setup {
     pub fake: FakeUpstream,
     pub gw: Option<Gateway>,
     pub addr: SocketAddr,
+    /// The clients speak HTTP/2 (h2c, prior knowledge) to this target, many streams on one
+    /// connection (`Target::h2_clients`); else HTTP/1.1, a connection per stream.
+    pub h2: bool,
 }
 
 impl Setup {
@@ -129,11 +133,12 @@ impl Setup {
             .await
             .map_err(|e| format!("fake provider: {e}"))?;
         let gw = match target {
-            Target::Direct => None,
+            t if t.is_direct() => None,
             t => Some(Gateway::start(&ctx.env, t, fake.addr(), limits, label).await?),
         };
         let addr = gw.as_ref().map_or(fake.addr(), |g| g.addr);
-        let setup = Setup { fake, gw, addr };
+        let h2 = target.h2_clients();
+        let setup = Setup { fake, gw, addr, h2 };
         setup.warm_up().await?;
         Ok(setup)
     }
@@ -141,6 +146,9 @@ impl Setup {
     /// A few requests of each kind, so lazily built state (pools, buffers) exists before
     /// anything is measured, and a check that the path works at all.
     async fn warm_up(&self) -> Result<(), String> {
+        if self.h2 {
+            return self.warm_up_h2().await;
+        }
         for _ in 0..5 {
             let (status, _) = plain_request(self.addr, &plain_req(self.addr, "warm"))
                 .await
@@ -160,6 +168,58 @@ impl Setup {
             ));
         }
         Ok(())
+    }
+
+    /// The same over HTTP/2: the plain requests each on a new connection, the stream read
+    /// to its end.
+    async fn warm_up_h2(&self) -> Result<(), String> {
+        let plain = [
+            ("x-fake-chunks", "1".to_owned()),
+            ("x-fake-headers-first", "1".into()),
+            ("x-bench-id", "warm".into()),
+        ];
+        for _ in 0..5 {
+            let req = h2client::request(self.addr, CHAT, &plain, PLAIN_BODY);
+            let (status, _) = h2client::plain_request(self.addr, req)
+                .await
+                .map_err(|e| format!("warm-up request (h2): {e}"))?;
+            if status != 200 {
+                return Err(format!("warm-up request (h2) answered {status}"));
+            }
+        }
+        let headers = stream_headers("warm", 3, 1);
+        let r: std::io::Result<usize> = async {
+            let mut sender = h2client::connect(self.addr).await?;
+            let req = h2client::request(self.addr, CHAT, &headers, STREAM_BODY);
+            let resp = h2client::send(&mut sender, req)
+                .await?
+                .await
+                .map_err(std::io::Error::other)?;
+            if resp.status() != 200 {
+                return Err(std::io::Error::other(format!("status {}", resp.status())));
+            }
+            let mut reader = h2client::BodyReader::new(resp.into_body());
+            let (mut tally, mut payload) = (EventTally::default(), Vec::new());
+            loop {
+                payload.clear();
+                match reader.step(&mut payload).await? {
+                    Step::Data { recv_ns } => tally.feed(&payload, recv_ns, u64::MAX),
+                    Step::End { end, recv_ns } => {
+                        tally.feed(&payload, recv_ns, u64::MAX);
+                        if end != End::Clean {
+                            return Err(std::io::Error::other("stream truncated"));
+                        }
+                        return Ok(tally.content.len());
+                    }
+                }
+            }
+        }
+        .await;
+        match r {
+            Ok(3) => Ok(()),
+            Ok(n) => Err(format!("warm-up stream (h2): {n} content events, not 3")),
+            Err(e) => Err(format!("warm-up stream (h2): {e}")),
+        }
     }
 
     pub fn cpu(&self) -> Option<Cpu> {
@@ -682,40 +742,138 @@ impl Leave {
     }
 }
 
+/// A stream the client is about to leave.
+enum Held {
+    /// HTTP/1.1: the connection, closed with a FIN.
+    H1(Conn),
+    /// HTTP/2 before the response head: dropping the response future resets the stream.
+    H2Head(h2client::Pending),
+    /// HTTP/2 mid-body: dropping the body resets the stream (`RST_STREAM(CANCEL)`); the
+    /// connection stays open for the other streams.
+    H2Body(h2client::BodyReader),
+}
+
+impl Held {
+    /// Leaves the stream; returns when (after draining an HTTP/1.1 socket, so that the close
+    /// sends a FIN, and just before the close or the drop that resets the stream).
+    fn leave(self) -> Instant {
+        match self {
+            Held::H1(mut conn) => {
+                conn.drain_nonblocking();
+                let at = Instant::now();
+                drop(conn);
+                at
+            }
+            Held::H2Head(pending) => {
+                let at = Instant::now();
+                drop(pending);
+                at
+            }
+            Held::H2Body(body) => {
+                let at = Instant::now();
+                drop(body);
+                at
+            }
+        }
+    }
+}
+
+/// A response body read one step at a time: HTTP/1.1 (one `read()`) or HTTP/2 (one frame).
+trait StepBody {
+    fn next_step<'a>(
+        &'a mut self,
+        out: &'a mut Vec<u8>,
+    ) -> impl std::future::Future<Output = std::io::Result<Step>> + Send + 'a;
+}
+
+impl StepBody for crate::client::BodyReader<'_> {
+    fn next_step<'a>(
+        &'a mut self,
+        out: &'a mut Vec<u8>,
+    ) -> impl std::future::Future<Output = std::io::Result<Step>> + Send + 'a {
+        self.step(out)
+    }
+}
+
+impl StepBody for h2client::BodyReader {
+    fn next_step<'a>(
+        &'a mut self,
+        out: &'a mut Vec<u8>,
+    ) -> impl std::future::Future<Output = std::io::Result<Step>> + Send + 'a {
+        self.step(out)
+    }
+}
+
+/// Steps through a body until `content` content events arrived.
+async fn read_content(reader: &mut impl StepBody, content: usize) -> std::io::Result<()> {
+    let mut tally = EventTally::default();
+    let mut payload = Vec::new();
+    while tally.content.len() < content {
+        payload.clear();
+        match reader.next_step(&mut payload).await? {
+            Step::Data { recv_ns } => tally.feed(&payload, recv_ns, u64::MAX),
+            Step::End { .. } => return Err(std::io::Error::other("stream ended early")),
+        }
+    }
+    Ok(())
+}
+
 /// Opens a stream and reads until `content` content events arrived; returns the open
 /// connection (the rest of the body is left unread).
 async fn open_and_read(
     addr: SocketAddr,
     headers: Vec<(&'static str, String)>,
     content: usize,
-) -> std::io::Result<Conn> {
+) -> std::io::Result<Held> {
     let mut conn = Conn::connect(addr).await?;
     conn.send(&request(addr, CHAT, &headers, STREAM_BODY))
         .await?;
     if content == 0 {
-        return Ok(conn);
+        return Ok(Held::H1(conn));
     }
     let head = conn.read_head().await?;
     if head.status != 200 {
         return Err(std::io::Error::other(format!("status {}", head.status)));
     }
-    let mut tally = EventTally::default();
     let mut reader = conn.body(&head);
-    let mut payload = Vec::new();
-    while tally.content.len() < content {
-        payload.clear();
-        match reader.step(&mut payload).await? {
-            Step::Data { recv_ns } => tally.feed(&payload, recv_ns, u64::MAX),
-            Step::End { .. } => return Err(std::io::Error::other("stream ended early")),
-        }
+    read_content(&mut reader, content).await?;
+    Ok(Held::H1(conn))
+}
+
+/// The same as a stream on a shared HTTP/2 connection.
+async fn open_and_read_h2(
+    addr: SocketAddr,
+    mut sender: h2client::Sender,
+    headers: Vec<(&'static str, String)>,
+    content: usize,
+) -> std::io::Result<Held> {
+    let req = h2client::request(addr, CHAT, &headers, STREAM_BODY);
+    let pending = h2client::send(&mut sender, req).await?;
+    if content == 0 {
+        return Ok(Held::H2Head(pending));
     }
-    Ok(conn)
+    let resp = pending.await.map_err(std::io::Error::other)?;
+    if resp.status() != 200 {
+        return Err(std::io::Error::other(format!("status {}", resp.status())));
+    }
+    let mut reader = h2client::BodyReader::new(resp.into_body());
+    read_content(&mut reader, content).await?;
+    Ok(Held::H2Body(reader))
 }
 
 async fn leave_once(ctx: &Ctx, setup: &Setup, leave: Leave, label: &str) -> Result<Value, String> {
     let p = &ctx.p;
     let n = p.s3_streams;
     let base_requests = setup.fake.requests().len();
+    // HTTP/2 clients: STREAMS_PER_CONN streams on each connection, kept open (with the
+    // other streams on it) until the zombies are counted.
+    let h2_conns = if setup.h2 {
+        h2client::connect_many(setup.addr, n)
+            .await
+            .map_err(|e| format!("h2 connections: {e}"))?
+    } else {
+        Vec::new()
+    };
     let mut set = JoinSet::new();
     for i in 0..n {
         let (addr, headers) = (
@@ -723,9 +881,16 @@ async fn leave_once(ctx: &Ctx, setup: &Setup, leave: Leave, label: &str) -> Resu
             leave.headers(&format!("{label}-{i}"), p.s3_interval_ms),
         );
         let content = leave.read_first();
-        set.spawn(async move { (i, open_and_read(addr, headers, content).await) });
+        let sender = h2_conns.get(i / STREAMS_PER_CONN).cloned();
+        set.spawn(async move {
+            let held = match sender {
+                None => open_and_read(addr, headers, content).await,
+                Some(s) => open_and_read_h2(addr, s, headers, content).await,
+            };
+            (i, held)
+        });
     }
-    let mut conns: Vec<Option<Conn>> = (0..n).map(|_| None).collect();
+    let mut conns: Vec<Option<Held>> = (0..n).map(|_| None).collect();
     let mut open_errors = Vec::new();
     let collect = async {
         while let Some(r) = set.join_next().await {
@@ -755,13 +920,11 @@ async fn leave_once(ctx: &Ctx, setup: &Setup, leave: Leave, label: &str) -> Resu
     let gap = p.s3_spread / n as u32;
     let mut closed_at: Vec<Option<Instant>> = vec![None; n];
     for (i, slot) in conns.iter_mut().enumerate() {
-        let Some(mut conn) = slot.take() else {
+        let Some(held) = slot.take() else {
             continue;
         };
         sleep_until(start + gap * i as u32).await;
-        conn.drain_nonblocking();
-        closed_at[i] = Some(Instant::now());
-        drop(conn);
+        closed_at[i] = Some(held.leave());
     }
     let last = closed_at.iter().flatten().max().copied().unwrap_or(start);
     sleep_until(last + p.s3_zombie_wait).await;
@@ -834,6 +997,30 @@ pub async fn leave(ctx: &Ctx) -> Value {
 // ---------------------------------------------------------------------------------------
 // 4. Memory per concurrent slow stream.
 
+/// Reads a held stream until `stop`; counts it `ready` once its first content event came.
+async fn hold(
+    reader: &mut impl StepBody,
+    stop: &CancellationToken,
+    ready: &AtomicUsize,
+) -> std::io::Result<()> {
+    let (mut tally, mut payload, mut counted) = (EventTally::default(), Vec::new(), false);
+    loop {
+        payload.clear();
+        let step = tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            s = reader.next_step(&mut payload) => s?,
+        };
+        match step {
+            Step::Data { recv_ns } => tally.feed(&payload, recv_ns, u64::MAX),
+            Step::End { .. } => return Err(std::io::Error::other("stream ended")),
+        }
+        if !counted && !tally.content.is_empty() {
+            counted = true;
+            ready.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 async fn hold_streams(setup: &Setup, n: usize, interval_ms: u64) -> Result<Value, String> {
     let gw = setup.gw.as_ref().expect("memory is measured on gateways");
     sleep(Duration::from_millis(200)).await;
@@ -844,6 +1031,15 @@ async fn hold_streams(setup: &Setup, n: usize, interval_ms: u64) -> Result<Value
     let gate = Arc::new(Semaphore::new(256));
     let mut set = JoinSet::new();
     let opened = Instant::now();
+    // HTTP/2 clients: the connections first, STREAMS_PER_CONN streams on each (their cost
+    // is in the per-stream figure, shared out).
+    let h2_conns = if setup.h2 {
+        h2client::connect_many(setup.addr, n)
+            .await
+            .map_err(|e| format!("h2 connections: {e}"))?
+    } else {
+        Vec::new()
+    };
     for i in 0..n {
         let (addr, ready, failed, stop, gate) = (
             setup.addr,
@@ -853,33 +1049,36 @@ async fn hold_streams(setup: &Setup, n: usize, interval_ms: u64) -> Result<Value
             gate.clone(),
         );
         let headers = stream_headers(&format!("mem-{i}"), 100_000, interval_ms);
+        let sender = h2_conns.get(i / STREAMS_PER_CONN).cloned();
         set.spawn(async move {
             let r: std::io::Result<()> = async {
                 let permit = gate.acquire_owned().await.expect("open semaphore");
-                let mut conn = Conn::connect(addr).await?;
-                conn.send(&request(addr, CHAT, &headers, STREAM_BODY))
-                    .await?;
-                let head = conn.read_head().await?;
-                drop(permit);
-                if head.status != 200 {
-                    return Err(std::io::Error::other(format!("status {}", head.status)));
-                }
-                let mut reader = conn.body(&head);
-                let (mut tally, mut payload, mut counted) =
-                    (EventTally::default(), Vec::new(), false);
-                loop {
-                    payload.clear();
-                    let step = tokio::select! {
-                        () = stop.cancelled() => return Ok(()),
-                        s = reader.step(&mut payload) => s?,
-                    };
-                    match step {
-                        Step::Data { recv_ns } => tally.feed(&payload, recv_ns, u64::MAX),
-                        Step::End { .. } => return Err(std::io::Error::other("stream ended")),
+                let status_err = |s| std::io::Error::other(format!("status {s}"));
+                match sender {
+                    None => {
+                        let mut conn = Conn::connect(addr).await?;
+                        conn.send(&request(addr, CHAT, &headers, STREAM_BODY))
+                            .await?;
+                        let head = conn.read_head().await?;
+                        drop(permit);
+                        if head.status != 200 {
+                            return Err(status_err(head.status));
+                        }
+                        let mut reader = conn.body(&head);
+                        hold(&mut reader, &stop, &ready).await
                     }
-                    if !counted && !tally.content.is_empty() {
-                        counted = true;
-                        ready.fetch_add(1, Ordering::Relaxed);
+                    Some(mut sender) => {
+                        let req = h2client::request(addr, CHAT, &headers, STREAM_BODY);
+                        let resp = h2client::send(&mut sender, req)
+                            .await?
+                            .await
+                            .map_err(std::io::Error::other)?;
+                        drop(permit);
+                        if resp.status() != 200 {
+                            return Err(status_err(resp.status().as_u16()));
+                        }
+                        let mut reader = h2client::BodyReader::new(resp.into_body());
+                        hold(&mut reader, &stop, &ready).await
                     }
                 }
             }
@@ -908,6 +1107,8 @@ async fn hold_streams(setup: &Setup, n: usize, interval_ms: u64) -> Result<Value
     let upstream_open = setup.fake.open_connections();
     stop.cancel();
     while set.join_next().await.is_some() {}
+    let client_conns = if setup.h2 { h2_conns.len() } else { n };
+    drop(h2_conns);
     sleep(Duration::from_millis(500)).await;
     let after = gw.rss_kib();
     samples.sort_unstable();
@@ -918,6 +1119,8 @@ async fn hold_streams(setup: &Setup, n: usize, interval_ms: u64) -> Result<Value
         "live_streams": live,
         "failed_streams": failed.load(Ordering::Relaxed),
         "upstream_connections_open": upstream_open,
+        "client_connections": client_conns,
+        "client_protocol": if setup.h2 { "h2c" } else { "http/1.1" },
         "ramp_s": ramp.as_secs_f64(),
         "rss_base_kib": base,
         "rss_with_streams_kib": peak,
@@ -940,7 +1143,7 @@ pub async fn memory(ctx: &Ctx) -> Value {
                 .targets
                 .iter()
                 .copied()
-                .filter(|&t| t != Target::Direct)
+                .filter(|t| !t.is_direct())
                 .collect(),
             p: p.clone(),
         };

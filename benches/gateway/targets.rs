@@ -23,6 +23,14 @@ pub enum Target {
     /// many client streams on few upstream connections, cancellation as a stream reset.
     /// Not in a default run: `--targets hourglass,hourglass-h2`.
     HourglassH2,
+    /// HTTP/2 on both sides: the clients speak h2c (prior knowledge, 100 streams on a
+    /// connection) to the gateway, which speaks h2c to the fake. Only in the `memory` and
+    /// `leave` scenarios, only by name: `hourglass-h2h2`, `haproxy-h2h2`, `bare-hyper-h2h2`,
+    /// and `direct-h2` (the clients' HTTP/2 to the fake itself, the floor of `leave`).
+    HourglassH2H2,
+    HaproxyH2H2,
+    BareH2H2,
+    DirectH2,
     Nginx,
     Haproxy,
     /// The floor of the mandated stack (`bare.rs`): hyper's server and hyper-util's pooled
@@ -49,7 +57,13 @@ impl Target {
         Target::Portkey,
     ];
     /// Measured only when asked for by name.
-    pub const EXTRA: [Target; 1] = [Target::HourglassH2];
+    pub const EXTRA: [Target; 5] = [
+        Target::HourglassH2,
+        Target::HourglassH2H2,
+        Target::HaproxyH2H2,
+        Target::BareH2H2,
+        Target::DirectH2,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -57,6 +71,10 @@ impl Target {
             Target::Hourglass => "hourglass",
             Target::HourglassMt => "hourglass-mt",
             Target::HourglassH2 => "hourglass-h2",
+            Target::HourglassH2H2 => "hourglass-h2h2",
+            Target::HaproxyH2H2 => "haproxy-h2h2",
+            Target::BareH2H2 => "bare-hyper-h2h2",
+            Target::DirectH2 => "direct-h2",
             Target::Nginx => "nginx",
             Target::Haproxy => "haproxy",
             Target::BarePool => "bare-hyper",
@@ -76,8 +94,26 @@ impl Target {
     pub fn is_peer(self) -> bool {
         matches!(
             self,
-            Target::Nginx | Target::Haproxy | Target::Litellm | Target::Portkey
+            Target::Nginx
+                | Target::Haproxy
+                | Target::HaproxyH2H2
+                | Target::Litellm
+                | Target::Portkey
         )
+    }
+
+    /// The clients reach it over HTTP/2 (h2c with prior knowledge, many streams on one
+    /// connection): only the `memory` and `leave` scenarios have such a client.
+    pub fn h2_clients(self) -> bool {
+        matches!(
+            self,
+            Target::HourglassH2H2 | Target::HaproxyH2H2 | Target::BareH2H2 | Target::DirectH2
+        )
+    }
+
+    /// No gateway: the client talks to the fake provider itself.
+    pub fn is_direct(self) -> bool {
+        matches!(self, Target::Direct | Target::DirectH2)
     }
 
     /// Slow to install (a Python venv, an npm tree): left out of the quick run unless named.
@@ -88,17 +124,17 @@ impl Target {
     pub fn is_hourglass(self) -> bool {
         matches!(
             self,
-            Target::Hourglass | Target::HourglassMt | Target::HourglassH2
+            Target::Hourglass | Target::HourglassMt | Target::HourglassH2 | Target::HourglassH2H2
         )
     }
 
     pub fn is_bare(self) -> bool {
-        matches!(self, Target::BarePool | Target::BareConn)
+        matches!(self, Target::BarePool | Target::BareConn | Target::BareH2H2)
     }
 
     /// The bare hyper proxies have no time limits to measure.
     pub fn has_limits(self) -> bool {
-        !matches!(self, Target::Direct | Target::BarePool | Target::BareConn)
+        !(self.is_direct() || self.is_bare())
     }
 }
 
@@ -124,7 +160,7 @@ impl Env {
     pub fn available(&self, t: Target) -> bool {
         match t {
             Target::Nginx => self.nginx.is_some(),
-            Target::Haproxy => self.haproxy.is_some(),
+            Target::Haproxy | Target::HaproxyH2H2 => self.haproxy.is_some(),
             t => crate::peers::missing(self, t).is_none(),
         }
     }
@@ -180,9 +216,12 @@ impl Gateway {
         }
         let ms = limits.idle.as_millis();
         match target {
-            Target::Direct => unreachable!("the direct target has no gateway"),
-            Target::Hourglass | Target::HourglassMt | Target::HourglassH2 => {
-                let http2 = if target == Target::HourglassH2 {
+            Target::Direct | Target::DirectH2 => unreachable!("the direct target has no gateway"),
+            Target::Hourglass
+            | Target::HourglassMt
+            | Target::HourglassH2
+            | Target::HourglassH2H2 => {
+                let http2 = if matches!(target, Target::HourglassH2 | Target::HourglassH2H2) {
                     "always"
                 } else {
                     "auto"
@@ -203,11 +242,11 @@ impl Gateway {
                 cmd.arg("--workers").arg(workers);
                 cmd.env_remove("HOURGLASS_WORKERS").env_remove("RUST_LOG");
             }
-            Target::BarePool | Target::BareConn => {
-                let mode = if target == Target::BarePool {
-                    "pool"
-                } else {
-                    "conn"
+            Target::BarePool | Target::BareConn | Target::BareH2H2 => {
+                let mode = match target {
+                    Target::BarePool => "pool",
+                    Target::BareConn => "conn",
+                    _ => "h2",
                 };
                 cmd.arg(&env.harness)
                     .arg("--bare-proxy")
@@ -229,13 +268,14 @@ impl Gateway {
                     .arg("-c")
                     .arg(&path);
             }
-            Target::Haproxy => {
+            Target::Haproxy | Target::HaproxyH2H2 => {
                 let bin = env.haproxy.as_ref().ok_or("haproxy is not installed")?;
                 let path = dir.join("haproxy.cfg");
                 // haproxy wants about two descriptors per connection and refuses to start
                 // when the open-files limit cannot hold maxconn of them.
                 let maxconn = (env.nofile.saturating_sub(100) / 2).clamp(1000, 50_000);
-                write(&path, &haproxy_config(addr, upstream, ms, maxconn))?;
+                let h2 = target == Target::HaproxyH2H2;
+                write(&path, &haproxy_config(addr, upstream, ms, maxconn, h2))?;
                 cmd.arg(bin).arg("-db").arg("-f").arg(&path);
             }
             Target::Litellm => {
@@ -261,7 +301,14 @@ impl Gateway {
     }
 
     async fn wait_ready(&mut self) -> Result<(), String> {
-        let deadline = Instant::now() + crate::peers::start_timeout(self.target);
+        // A profiler (HOURGLASS_BENCH_WRAP) can take many seconds to start the gateway.
+        let wrapped = std::env::var_os("HOURGLASS_BENCH_WRAP").is_some();
+        let limit = crate::peers::start_timeout(self.target).max(if wrapped {
+            Duration::from_secs(120)
+        } else {
+            Duration::ZERO
+        });
+        let deadline = Instant::now() + limit;
         loop {
             if tokio::net::TcpStream::connect(self.addr).await.is_ok() {
                 return Ok(());
@@ -431,7 +478,17 @@ http {{
     )
 }
 
-fn haproxy_config(addr: SocketAddr, upstream: SocketAddr, idle_ms: u128, maxconn: u64) -> String {
+/// `h2`: HTTP/2 on both sides, h2c from the clients (`bind ... proto h2`) and to the fake
+/// (`server ... proto h2`); everything else the same.
+fn haproxy_config(
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    idle_ms: u128,
+    maxconn: u64,
+    h2: bool,
+) -> String {
+    let proto = if h2 { " proto h2" } else { "" };
+    let reuse = if h2 { "always" } else { "safe" };
     format!(
         r#"# Generated by benches/gateway: one thread, http-no-delay (without it haproxy coalesces
 # small SSE writes), keep-alive to the server, `timeout server` as the idle limit. No `log`
@@ -445,7 +502,7 @@ defaults
     maxconn {maxconn}
     option http-no-delay
     option http-keep-alive
-    http-reuse safe
+    http-reuse {reuse}
     option abortonclose
     timeout connect 2s
     timeout client 60s
@@ -453,11 +510,11 @@ defaults
     timeout http-keep-alive 75s
 
 frontend fe
-    bind {addr}
+    bind {addr}{proto}
     default_backend be
 
 backend be
-    server fake {upstream}
+    server fake {upstream}{proto}
 "#
     )
 }
