@@ -159,6 +159,12 @@ impl Shape {
             json.clone_from(&self.json);
             return true;
         }
+        if data.first() != Some(&b'{') {
+            // `[DONE]`, or not JSON: never worth a shape, and the one kept stays for the
+            // events after it.
+            json.feed(data, ev, tokens, &mut ());
+            return false;
+        }
         self.misses = self.misses.saturating_add(1);
         self.take(data, json, ev, tokens);
         false
