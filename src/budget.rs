@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::config::Limits;
 use crate::error::GatewayError;
+use crate::http::headers::present;
 
 pub const BUDGET_HEADER: &str = "x-request-budget-ms";
 pub const GRPC_TIMEOUT: &str = "grpc-timeout";
@@ -104,6 +105,24 @@ impl BudgetRequest {
     /// Reads every budget header. A malformed, zero, negative, duplicated or overflowing value
     /// in any of them is refused: a client that sent a budget must not be served on another.
     pub fn from_headers(headers: &HeaderMap) -> Result<Self, GatewayError> {
+        // Most requests carry none of them: one pass over the names present instead of five
+        // lookups that hash each name.
+        let any = present(
+            headers,
+            [
+                &names::BUDGET,
+                &names::GRPC_TIMEOUT,
+                &names::ENVOY_EXPECTED,
+                &names::STAINLESS_TIMEOUT,
+                &names::STAINLESS_READ_TIMEOUT,
+            ],
+        );
+        if !any.contains(&true) {
+            return Ok(Self {
+                asked: None,
+                silence_cap: None,
+            });
+        }
         let ms = single(headers, &names::BUDGET)?
             .map(|v| parse_millis(BUDGET_HEADER, v))
             .transpose()?;

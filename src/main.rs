@@ -134,11 +134,14 @@ fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::telemetry::
     let mut counted = vec![stdout.clone()];
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match format {
-        LogFormat::Json => tracing_subscriber::fmt()
-            .with_env_filter(filter())
-            .event_format(hourglass::telemetry::json::JsonLines)
-            .with_writer(stdout)
-            .init(),
+        LogFormat::Json => {
+            hourglass::telemetry::log::write_json_lines_to(stdout.clone());
+            tracing_subscriber::fmt()
+                .with_env_filter(filter())
+                .event_format(hourglass::telemetry::json::JsonLines)
+                .with_writer(stdout)
+                .init();
+        }
         LogFormat::Pretty => tracing_subscriber::fmt()
             .with_env_filter(filter())
             .with_ansi(std::io::stdout().is_terminal())

@@ -29,7 +29,11 @@ impl Gateway {
     /// Serves one client request. Never fails: every failure becomes the contracted answer.
     /// (Not an `async fn`, for the reason given at `forward`; what needs no waiting is done
     /// before the future is made.)
-    pub fn handle<B>(self: Arc<Self>, req: Request<B>) -> impl Future<Output = Response<ProxyBody>>
+    pub fn handle<B>(
+        self: Arc<Self>,
+        req: Request<B>,
+        client: Option<ClientConn<'_>>,
+    ) -> impl Future<Output = Response<ProxyBody>>
     where
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
@@ -45,9 +49,8 @@ impl Gateway {
             arrival,
             self.no_route.clone(),
         );
-        let client = req.extensions().get::<ClientConn>();
         // Over HTTP/2 the stream counts as open until the record goes with the answer.
-        record.hold_stream(client.and_then(|c| c.streams.as_ref()).map(|s| s.open()));
+        record.hold_stream(client.and_then(|c| c.streams).map(|s| s.open()));
         record.set_client(
             client.map(|c| c.peer),
             req.headers()

@@ -19,12 +19,12 @@ use crate::budget::{names, Budget, BudgetRequest};
 use crate::error::{BoxError, GatewayError};
 use crate::gateway::attempt::Started;
 use crate::gateway::record::RequestRecord;
-use crate::gateway::routes::{Gateway, RouteRuntime};
+use crate::gateway::routes::Gateway;
 use crate::gateway::template::Template;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, hops, insert_request_id,
-    strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade, IDENTITY, MAX_HOPS,
+    present, strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade, IDENTITY, MAX_HOPS,
 };
 use crate::provider::request::model_of;
 
@@ -67,19 +67,23 @@ impl Gateway {
                 });
             }
             check_framing(version, &headers, both_lengths)?;
-            let path = uri.path().to_string();
-            let candidates: Vec<&RouteRuntime> = self
-                .routes
-                .iter()
-                .filter(|r| r.route.matches_path(&path))
-                .collect();
-            let Some(first) = candidates.first() else {
-                return Err(GatewayError::NoRoute { path, model: None });
+            let path = uri.path();
+            // Walked again where needed rather than collected: a prefix test per route costs
+            // less than the vector's allocation.
+            let candidates = || {
+                self.routes
+                    .iter()
+                    .filter(move |r| r.route.matches_path(path))
+            };
+            let Some(first) = candidates().next() else {
+                return Err(GatewayError::NoRoute {
+                    path: path.to_string(),
+                    model: None,
+                });
             };
             // Until the body names the model, a request is attributed to the route it would take
             // without one (the first that does not filter on models), or else the first candidate.
-            let tentative = candidates
-                .iter()
+            let tentative = candidates()
                 .find(|r| !r.route.needs_model())
                 .unwrap_or(first);
             record.set_route(tentative.name.clone(), tentative.metrics.clone());
@@ -96,7 +100,7 @@ impl Gateway {
             }
             // Before anything is read or parsed: a request that no candidate route would accept
             // is refused now (the chosen route checks again once the body names the model).
-            if candidates.iter().all(|r| r.refuses(&headers)) {
+            if candidates().all(|r| r.refuses(&headers)) {
                 return Err(GatewayError::Unauthorized);
             }
             // A body in a content coding passes as it is, unless the gateway must read it: for
@@ -112,8 +116,7 @@ impl Gateway {
             // body read; the chosen route's own budget is then resolved from the same arrival.
             // (In a block of its own so that it is not kept in the future past the read.)
             let body = {
-                let provisional = candidates
-                    .iter()
+                let provisional = candidates()
                     .map(|r| asked.resolve(&r.route.limits, arrival))
                     .max_by_key(|b| b.deadline)
                     .expect("candidates is not empty");
@@ -130,12 +133,10 @@ impl Gateway {
 
             let route = if first.route.needs_model() {
                 let model = model_of(&body);
-                candidates
-                    .iter()
-                    .find(|r| r.route.matches(&path, model.as_deref()))
-                    .copied()
+                candidates()
+                    .find(|r| r.route.matches(path, model.as_deref()))
                     .ok_or_else(|| GatewayError::NoRoute {
-                        path: path.clone(),
+                        path: path.to_string(),
                         model: model.map(Cow::into_owned),
                     })?
             } else {
@@ -176,12 +177,23 @@ impl Gateway {
                 strip_client_credentials(&mut headers);
             }
             strip_hop_by_hop(&mut headers);
-            for &h in &names::INBOUND {
-                headers.remove(h);
+            let [ms, grpc, envoy, run_ms] = names::INBOUND;
+            let dropped = [
+                ms,
+                grpc,
+                envoy,
+                run_ms,
+                &header::HOST,
+                &header::CONTENT_LENGTH,
+                &header::EXPECT,
+            ];
+            for (name, _) in dropped
+                .iter()
+                .zip(present(&headers, dropped))
+                .filter(|(_, p)| *p)
+            {
+                headers.remove(*name);
             }
-            headers.remove(header::HOST);
-            headers.remove(header::CONTENT_LENGTH);
-            headers.remove(header::EXPECT);
             // A gateway names itself in every request it forwards, after any intermediary
             // before it (RFC 9110 7.6.3).
             headers.append(header::VIA, via(version));

@@ -5,12 +5,13 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// Put in each request's extensions by the server.
-#[derive(Clone)]
-pub struct ClientConn {
+/// Handed by the server to the gateway with each request. (Not in the request's extensions:
+/// the first extension allocates the request's map, and the value its own box.)
+#[derive(Clone, Copy)]
+pub struct ClientConn<'a> {
     pub peer: SocketAddr,
     /// Over HTTP/2, the streams of the connection; `None` over HTTP/1.
-    pub streams: Option<Streams>,
+    pub streams: Option<&'a Streams>,
 }
 
 #[derive(Default)]

@@ -240,6 +240,18 @@ pub fn content_coding(headers: &HeaderMap) -> Option<&HeaderValue> {
         .map(|(line, _)| line)
 }
 
+/// Which of `names` are present, in one pass over the names a message carries (a handful),
+/// where a lookup per name hashes it and probes the map even when it is absent.
+pub(crate) fn present<const N: usize>(headers: &HeaderMap, names: [&HeaderName; N]) -> [bool; N] {
+    let mut present = [false; N];
+    for name in headers.keys() {
+        if let Some(i) = names.iter().position(|n| *n == name) {
+            present[i] = true;
+        }
+    }
+    present
+}
+
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // A removal hashes the name and probes the map, so only the hop-by-hop names present are
     // removed: most messages carry none, and an HTTP/1.1 stream's answer one

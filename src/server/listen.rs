@@ -201,10 +201,6 @@ async fn serve_connection(
         move |streams: Option<Streams>, framing: Option<Arc<Framing>>| {
             let shared = shared.clone();
             service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(ClientConn {
-                    peer,
-                    streams: streams.clone(),
-                });
                 if framing
                     .as_ref()
                     .is_some_and(|f| f.next_request_is_ambiguous())
@@ -217,8 +213,12 @@ async fn serve_connection(
                 // long as the connection, sized for the future (a few KiB of routing, retry and
                 // attempt state). Behind our own box that is freed once the response head is
                 // out.
+                let client = ClientConn {
+                    peer,
+                    streams: streams.as_ref(),
+                };
                 Box::pin(Handler::new(shared.metrics.clone(), peer, || {
-                    gateway.handle(req)
+                    gateway.handle(req, Some(client))
                 }))
             })
         }

@@ -140,31 +140,7 @@ impl Visit for Fields<'_> {
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
-        self.entry(field, "", |w| {
-            // Three decimals in integer arithmetic: shortest-float printing was a fifth of
-            // the line's cost, for the four millisecond fields.
-            let thousandths = (value * 1000.0).round();
-            if thousandths.abs() < 9.0e15 {
-                let t = thousandths as i64;
-                let sign = if t < 0 { "-" } else { "" };
-                let t = t.unsigned_abs();
-                let frac = t % 1000;
-                w.write_str(sign)?;
-                w.write_str(itoa::Buffer::new().format(t / 1000))?;
-                w.write_str(match frac {
-                    0..=9 => ".00",
-                    10..=99 => ".0",
-                    _ => ".",
-                })?;
-                w.write_str(itoa::Buffer::new().format(frac))
-            } else if value.is_finite() {
-                // Debug is the short form for huge magnitudes ("1e300").
-                write!(w, "{value:?}")
-            } else {
-                // JSON has no NaN or infinity.
-                w.write_str("null")
-            }
-        });
+        self.entry(field, "", |w| f64_value(w, value));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
@@ -175,10 +151,43 @@ impl Visit for Fields<'_> {
     }
 }
 
+/// Three decimals in integer arithmetic: shortest-float printing was a fifth of the line's
+/// cost, for the four millisecond fields.
+pub(crate) fn f64_value(w: &mut String, value: f64) -> fmt::Result {
+    let thousandths = (value * 1000.0).round();
+    if thousandths.abs() < 9.0e15 {
+        let t = thousandths as i64;
+        let sign = if t < 0 { "-" } else { "" };
+        let t = t.unsigned_abs();
+        let frac = t % 1000;
+        w.push_str(sign);
+        w.push_str(itoa::Buffer::new().format(t / 1000));
+        w.push_str(match frac {
+            0..=9 => ".00",
+            10..=99 => ".0",
+            _ => ".",
+        });
+        w.push_str(itoa::Buffer::new().format(frac));
+        Ok(())
+    } else if value.is_finite() {
+        // Debug is the short form for huge magnitudes ("1e300").
+        write!(w, "{value:?}")
+    } else {
+        // JSON has no NaN or infinity.
+        w.push_str("null");
+        Ok(())
+    }
+}
+
+/// A JSON string's contents, escaped where needed.
+pub(crate) fn escaped(w: &mut String, s: &str) -> fmt::Result {
+    Escaped(w).write_str(s)
+}
+
 /// RFC 3339 UTC with microseconds, like tracing-subscriber's `SystemTime`. The date and time
 /// of day are formatted once per second per thread; formatting them on every line was a
 /// tenth of the line's cost.
-fn timestamp(w: &mut String) -> fmt::Result {
+pub(crate) fn timestamp(w: &mut String) -> fmt::Result {
     use std::cell::RefCell;
     thread_local! {
         static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };

@@ -1,11 +1,27 @@
 //! The one log line per request (target `hourglass::request`), and its access-log form when
 //! that format is on. Plain data in, so that the log knows nothing of the request path.
 
+use std::cell::RefCell;
+use std::fmt;
+use std::io::Write;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use http::Method;
+use tracing::level_filters::LevelFilter;
 
 use crate::telemetry::access::{ClientInfo, Line};
+use crate::telemetry::json::{escaped, f64_value, timestamp};
+use crate::telemetry::writer::LogWriter;
+
+/// Where `--log-format json` sends request lines written without `tracing` (see `emit`).
+static JSON_LINES: OnceLock<LogWriter> = OnceLock::new();
+
+/// Request lines are written in the JSON format straight to `writer`, the one `tracing`'s
+/// JSON formatter writes to, rather than as `tracing` events.
+pub fn write_json_lines_to(writer: LogWriter) {
+    let _ = JSON_LINES.set(writer);
+}
 
 /// Everything the line says about one request.
 pub struct RequestLog<'a> {
@@ -43,15 +59,161 @@ pub struct RequestLog<'a> {
 /// the text format ("6826.474", not "6826.4743069999995"); JSON rounds it the same. (Through
 /// u64: a u128 to f64 conversion is a software routine.)
 fn ms(d: Duration) -> f64 {
-    let micros = d
-        .as_secs()
+    micros(d) as f64 / 1000.0
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_secs()
         .saturating_mul(1_000_000)
-        .saturating_add(u64::from(d.subsec_micros()));
-    micros as f64 / 1000.0
+        .saturating_add(u64::from(d.subsec_micros()))
 }
 
 impl RequestLog<'_> {
     pub fn emit(&self) {
+        if !self.write_json() {
+            self.event();
+        }
+        if let Some(client) = self.client {
+            let line = Line {
+                client,
+                method: self.method,
+                path: self.path,
+                status: self.status,
+                bytes: self.bytes,
+                request_id: self.request_id,
+                route: self.route,
+                elapsed: self.elapsed,
+                outcome: self.outcome,
+                origin: self.origin,
+            }
+            .render();
+            tracing::info!(target: "hourglass::access", "{line}");
+        }
+    }
+
+    /// Writes the line in the JSON format itself, the bytes `telemetry::json` writes for the
+    /// event: through `tracing` the line's two dozen fields were visited one by one through
+    /// `dyn` calls, about 7,000 instructions of a request's 96,000. False where the line is
+    /// `tracing`'s to write: another format, or a filter more verbose than `info`, under which
+    /// a dependency's span may be open around the line and the formatter names it.
+    fn write_json(&self) -> bool {
+        let Some(out) = JSON_LINES.get() else {
+            return false;
+        };
+        if LevelFilter::current() > LevelFilter::INFO {
+            return false;
+        }
+        if !tracing::enabled!(target: "hourglass::request", tracing::Level::INFO) {
+            return true;
+        }
+        thread_local! {
+            static LINE: RefCell<String> = const { RefCell::new(String::new()) };
+        }
+        LINE.with(|line| {
+            let Ok(mut w) = line.try_borrow_mut() else {
+                return;
+            };
+            w.clear();
+            if self.json(&mut w).is_ok() {
+                let _ = (&*out).write_all(w.as_bytes());
+            }
+        });
+        true
+    }
+
+    /// The line as `telemetry::json` formats `event`'s: fields in the macro's order, message
+    /// first, absent ones left out.
+    fn json(&self, w: &mut String) -> fmt::Result {
+        fn str_field(w: &mut String, key: &str, value: Option<&str>) -> fmt::Result {
+            if let Some(v) = value {
+                w.push_str(key);
+                escaped(w, v)?;
+                w.push('"');
+            }
+            Ok(())
+        }
+        fn u64_field(w: &mut String, key: &str, value: Option<u64>) {
+            if let Some(v) = value {
+                w.push_str(key);
+                w.push_str(itoa::Buffer::new().format(v));
+            }
+        }
+        /// What `f64_value` makes of `ms(d)`, from the whole microseconds themselves.
+        fn ms_field(w: &mut String, key: &str, value: Option<Duration>) -> fmt::Result {
+            let Some(d) = value else { return Ok(()) };
+            w.push_str(key);
+            let micros = micros(d);
+            if micros >= 9_000_000_000_000_000 {
+                return f64_value(w, ms(d));
+            }
+            w.push_str(itoa::Buffer::new().format(micros / 1000));
+            let frac = micros % 1000;
+            let digit = |n: u64| char::from(b'0' + (n % 10) as u8);
+            w.push('.');
+            w.push(digit(frac / 100));
+            w.push(digit(frac / 10));
+            w.push(digit(frac));
+            Ok(())
+        }
+        /// One of the gateway's own names (codes, outcomes, sources), which never need escaping.
+        fn code_field(w: &mut String, key: &str, value: Option<&'static str>) {
+            if let Some(v) = value {
+                debug_assert!(!v.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\'));
+                w.push_str(key);
+                w.push_str(v);
+                w.push('"');
+            }
+        }
+        w.push_str("{\"timestamp\":\"");
+        timestamp(w)?;
+        w.push_str("\",\"level\":\"INFO\",\"message\":\"request\"");
+        str_field(w, ",\"request_id\":\"", Some(self.request_id))?;
+        str_field(w, ",\"run_id\":\"", self.run_id)?;
+        str_field(w, ",\"method\":\"", Some(self.method.as_str()))?;
+        str_field(w, ",\"path\":\"", Some(self.path))?;
+        str_field(w, ",\"route\":\"", self.route)?;
+        str_field(w, ",\"upstream\":\"", self.upstream)?;
+        u64_field(
+            w,
+            ",\"budget_ms\":",
+            self.budget.map(|b| b.as_millis() as u64),
+        );
+        code_field(w, ",\"budget_source\":\"", self.budget_source);
+        if let Some(c) = self.budget_clamped {
+            w.push_str(if c {
+                ",\"budget_clamped\":true"
+            } else {
+                ",\"budget_clamped\":false"
+            });
+        }
+        ms_field(w, ",\"elapsed_ms\":", Some(self.elapsed))?;
+        ms_field(w, ",\"margin_ms\":", self.margin)?;
+        ms_field(w, ",\"ttfb_ms\":", self.ttfb)?;
+        ms_field(w, ",\"ttft_ms\":", self.ttft)?;
+        u64_field(w, ",\"prompt_tokens\":", self.prompt_tokens);
+        u64_field(
+            w,
+            ",\"completion_tokens\":",
+            self.completion_tokens.map(|c| c.0),
+        );
+        code_field(
+            w,
+            ",\"tokens_source\":\"",
+            self.completion_tokens.map(|c| c.1),
+        );
+        code_field(w, ",\"stream_error\":\"", self.stream_error);
+        u64_field(w, ",\"bytes\":", Some(self.bytes));
+        u64_field(w, ",\"status\":", self.status.map(u64::from));
+        code_field(w, ",\"outcome\":\"", Some(self.outcome));
+        code_field(w, ",\"origin\":\"", self.origin);
+        code_field(w, ",\"code\":\"", self.code);
+        str_field(w, ",\"attempts\":\"", self.attempts)?;
+        w.push_str(",\"target\":\"hourglass::request\"}\n");
+        Ok(())
+    }
+
+    /// The line as a `tracing` event, for whichever format the subscriber has.
+    fn event(&self) {
         tracing::info!(
             target: "hourglass::request",
             request_id = self.request_id,
@@ -79,21 +241,103 @@ impl RequestLog<'_> {
             attempts = self.attempts,
             "request"
         );
-        if let Some(client) = self.client {
-            let line = Line {
-                client,
-                method: self.method,
-                path: self.path,
-                status: self.status,
-                bytes: self.bytes,
-                request_id: self.request_id,
-                route: self.route,
-                elapsed: self.elapsed,
-                outcome: self.outcome,
-                origin: self.origin,
-            }
-            .render();
-            tracing::info!(target: "hourglass::access", "{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
         }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The line with its timestamp's value taken out, which differs between two writes.
+    fn untimed(line: &str) -> String {
+        let start = line.find("\"timestamp\":\"").unwrap() + 13;
+        let end = start + line[start..].find('"').unwrap();
+        format!("{}{}", &line[..start], &line[end..])
+    }
+
+    fn both_ways(log: &RequestLog<'_>) -> (String, String) {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .event_format(crate::telemetry::json::JsonLines)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || log.event());
+        let through_tracing = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let mut direct = String::new();
+        log.json(&mut direct).unwrap();
+        (untimed(&through_tracing), untimed(&direct))
+    }
+
+    #[test]
+    fn the_line_written_directly_is_the_one_tracing_writes() {
+        let method = Method::POST;
+        let full = RequestLog {
+            request_id: "id \"with\" quotes\\ and \u{1} control",
+            run_id: Some("run-1"),
+            method: &method,
+            path: "/v1/chat/completions",
+            route: Some("chat \"r\""),
+            upstream: Some("openai"),
+            budget: Some(Duration::from_millis(8_000)),
+            budget_source: Some("header"),
+            budget_clamped: Some(true),
+            elapsed: Duration::from_micros(6_826_474),
+            margin: Some(Duration::from_micros(1_173_005)),
+            ttfb: Some(Duration::from_micros(9)),
+            ttft: Some(Duration::from_micros(120)),
+            prompt_tokens: Some(14),
+            completion_tokens: Some((5, "estimated")),
+            stream_error: Some("overloaded"),
+            bytes: 376,
+            status: Some(200),
+            outcome: "cancelled",
+            origin: Some("idle"),
+            code: Some("idle_timeout"),
+            attempts: Some("a:ok:1ms,b:ok:2ms"),
+            client: None,
+        };
+        let (a, b) = both_ways(&full);
+        assert_eq!(a, b);
+        assert!(a.contains("\"elapsed_ms\":6826.474,"), "{a}");
+        let sparse = RequestLog {
+            run_id: None,
+            route: None,
+            upstream: None,
+            budget: None,
+            budget_source: None,
+            budget_clamped: Some(false),
+            // Past what three decimals in integers can hold: the float's own form.
+            elapsed: Duration::from_secs(20_000_000_000),
+            margin: None,
+            ttfb: None,
+            ttft: None,
+            prompt_tokens: None,
+            completion_tokens: None,
+            stream_error: None,
+            status: None,
+            origin: None,
+            code: None,
+            attempts: None,
+            ..full
+        };
+        let (a, b) = both_ways(&sparse);
+        assert_eq!(a, b);
+        assert!(!a.contains("route"), "{a}");
     }
 }
