@@ -292,7 +292,7 @@ fn needs_escape(s: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
@@ -310,8 +310,8 @@ mod tests {
         }
     }
 
-    /// What the formatter writes for the events `emit` makes.
-    fn captured(emit: impl FnOnce()) -> String {
+    /// What the formatter writes for the events `emit` makes (the log line's tests use it too).
+    pub(in crate::telemetry) fn captured(emit: impl FnOnce()) -> String {
         let out = Captured::default();
         let writer = out.clone();
         let subscriber = tracing_subscriber::fmt()

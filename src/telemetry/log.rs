@@ -246,22 +246,7 @@ impl RequestLog<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     /// The line with its timestamp's value taken out, which differs between two writes.
     fn untimed(line: &str) -> String {
@@ -271,14 +256,7 @@ mod tests {
     }
 
     fn both_ways(log: &RequestLog<'_>) -> (String, String) {
-        let out = Captured::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .event_format(crate::telemetry::json::JsonLines)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || log.event());
-        let through_tracing = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let through_tracing = crate::telemetry::json::tests::captured(|| log.event());
         let mut direct = String::new();
         log.json(&mut direct).unwrap();
         (untimed(&through_tracing), untimed(&direct))
