@@ -57,13 +57,13 @@ pub fn run(mode: Mode, listen: SocketAddr, upstream: SocketAddr) -> Result<(), B
             let _ = sock.set_nodelay(true);
             match mode {
                 Mode::Pool => {
-                    tokio::spawn(serve_pooled(sock, client.clone(), authority.clone()));
+                    tokio::spawn(serve_pooled(sock, client.clone(), authority.clone(), false));
                 }
                 Mode::Conn => {
                     tokio::spawn(serve_one_to_one(sock, upstream));
                 }
                 Mode::H2 => {
-                    tokio::spawn(serve_h2(sock, client.clone(), authority.clone()));
+                    tokio::spawn(serve_pooled(sock, client.clone(), authority.clone(), true));
                 }
             }
         }
@@ -80,7 +80,13 @@ fn upstream_uri(authority: &str, req: &Request<Incoming>) -> Uri {
         .expect("a socket address and a parsed path make a URI")
 }
 
-async fn serve_pooled(sock: TcpStream, client: Client<HttpConnector, Incoming>, auth: Arc<str>) {
+/// One client connection to the pooled client: HTTP/1.1, or h2c with prior knowledge (`h2`).
+async fn serve_pooled(
+    sock: TcpStream,
+    client: Client<HttpConnector, Incoming>,
+    auth: Arc<str>,
+    h2: bool,
+) {
     let svc = service_fn(move |mut req: Request<Incoming>| {
         let client = client.clone();
         let uri = upstream_uri(&auth, &req);
@@ -90,26 +96,18 @@ async fn serve_pooled(sock: TcpStream, client: Client<HttpConnector, Incoming>, 
             Ok::<_, hyper_util::client::legacy::Error>(resp)
         }
     });
-    let _ = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .serve_connection(TokioIo::new(sock), svc)
-        .await;
-}
-
-async fn serve_h2(sock: TcpStream, client: Client<HttpConnector, Incoming>, auth: Arc<str>) {
-    let svc = service_fn(move |mut req: Request<Incoming>| {
-        let client = client.clone();
-        let uri = upstream_uri(&auth, &req);
-        *req.uri_mut() = uri;
-        async move {
-            let resp: Response<Incoming> = client.request(req).await?;
-            Ok::<_, hyper_util::client::legacy::Error>(resp)
-        }
-    });
-    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .serve_connection(TokioIo::new(sock), svc)
-        .await;
+    let io = TokioIo::new(sock);
+    let _ = if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .serve_connection(io, svc)
+            .await
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .serve_connection(io, svc)
+            .await
+    };
 }
 
 async fn serve_one_to_one(sock: TcpStream, upstream: SocketAddr) {
