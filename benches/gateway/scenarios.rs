@@ -861,19 +861,24 @@ async fn open_and_read_h2(
     Ok(Held::H2Body(reader))
 }
 
+/// The HTTP/2 client connections for `streams` streams when the target is measured over
+/// HTTP/2 (STREAMS_PER_CONN a connection); none otherwise.
+async fn h2_connections(setup: &Setup, streams: usize) -> Result<Vec<h2client::Sender>, String> {
+    if !setup.h2 {
+        return Ok(Vec::new());
+    }
+    h2client::connect_many(setup.addr, streams)
+        .await
+        .map_err(|e| format!("h2 connections: {e}"))
+}
+
 async fn leave_once(ctx: &Ctx, setup: &Setup, leave: Leave, label: &str) -> Result<Value, String> {
     let p = &ctx.p;
     let n = p.s3_streams;
     let base_requests = setup.fake.requests().len();
     // HTTP/2 clients: STREAMS_PER_CONN streams on each connection, kept open (with the
     // other streams on it) until the zombies are counted.
-    let h2_conns = if setup.h2 {
-        h2client::connect_many(setup.addr, n)
-            .await
-            .map_err(|e| format!("h2 connections: {e}"))?
-    } else {
-        Vec::new()
-    };
+    let h2_conns = h2_connections(setup, n).await?;
     let mut set = JoinSet::new();
     for i in 0..n {
         let (addr, headers) = (
@@ -1033,13 +1038,7 @@ async fn hold_streams(setup: &Setup, n: usize, interval_ms: u64) -> Result<Value
     let opened = Instant::now();
     // HTTP/2 clients: the connections first, STREAMS_PER_CONN streams on each (their cost
     // is in the per-stream figure, shared out).
-    let h2_conns = if setup.h2 {
-        h2client::connect_many(setup.addr, n)
-            .await
-            .map_err(|e| format!("h2 connections: {e}"))?
-    } else {
-        Vec::new()
-    };
+    let h2_conns = h2_connections(setup, n).await?;
     for i in 0..n {
         let (addr, ready, failed, stop, gate) = (
             setup.addr,

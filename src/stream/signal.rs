@@ -40,19 +40,13 @@ impl Signal {
         self.0.token.cancel();
     }
 
-    pub fn is_fired(&self) -> bool {
+    fn is_fired(&self) -> bool {
         self.0.fired.load(Ordering::Acquire)
     }
 
     /// Completes once the signal has fired: for a task that waits for it once (`select!`).
     pub fn fired(&self) -> WaitForCancellationFuture<'_> {
         self.0.token.cancelled()
-    }
-
-    /// A token cancelled when the signal fires, for code that takes one; cancelling it does
-    /// not fire the signal.
-    pub fn child_token(&self) -> CancellationToken {
-        self.0.token.child_token()
     }
 
     /// A waiter for a future that is polled many times (see the module's note).
@@ -164,6 +158,5 @@ mod tests {
             .waiter()
             .poll_fired(&mut Context::from_waker(&waker))
             .is_ready());
-        assert!(signal.child_token().is_cancelled());
     }
 }
