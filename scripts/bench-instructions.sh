@@ -39,16 +39,21 @@ name = "chat"
 path_prefix = "/v1/chat/completions"
 upstream = "fake"
 EOF
-# One keep-alive connection, requests one after another; every answer is checked.
+# One keep-alive connection, requests one after another; every answer is checked. With a
+# fourth argument, a new connection for each request (what a new stream costs).
 cat >"$work/client.py" <<'EOF'
 import http.client, json, sys
 port, n, chunks = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+fresh = len(sys.argv) > 4
 c = http.client.HTTPConnection("127.0.0.1", port)
 body = json.dumps({"model": "m", "stream": chunks > 0, "messages": [{"role": "user", "content": "hi"}]})
 headers = {"content-type": "application/json", "x-fake-headers-first": "1"}
 if chunks:
     headers.update({"x-fake-chunks": str(chunks), "x-fake-interval-ms": "0"})
 for _ in range(n):
+    if fresh:
+        c.close()
+        c = http.client.HTTPConnection("127.0.0.1", port)
     c.request("POST", "/v1/chat/completions", body, headers)
     r = c.getresponse()
     data = r.read()
@@ -56,7 +61,7 @@ for _ in range(n):
 EOF
 # Total instructions of one gateway process serving N requests of C chunks (0: not streamed).
 count() {
-  local bin=$1 n=$2 chunks=$3 out="$work/callgrind.out"
+  local bin=$1 n=$2 chunks=$3 fresh=${4:-} out="$work/callgrind.out"
   valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" --config "$work/hourglass.toml" \
     --workers 1 --log-format json >"$work/gateway.log" 2>&1 &
   local vg=$!
@@ -64,14 +69,18 @@ count() {
     curl -s -o /dev/null "http://127.0.0.1:$admin_port/healthz" && break
     sleep 0.2
   done
-  python3 "$work/client.py" "$gw_port" "$n" "$chunks"
+  python3 "$work/client.py" "$gw_port" "$n" "$chunks" $fresh
   kill -INT "$vg"
   wait "$vg" || true
   awk '/^(summary|totals):/ {print $2; exit}' "$out"
 }
-printf '%-40s %22s %22s\n' binary "instructions/request" "instructions/chunk"
+printf '%-40s %22s %22s %22s\n' binary "instructions/request" "instructions/chunk" \
+  "instructions/new stream"
 for bin in "${bins[@]}"; do
   a=$(count "$bin" 200 0) b=$(count "$bin" 1200 0)
   c=$(count "$bin" 100 10) d=$(count "$bin" 100 210)
-  printf '%-40s %22d %22d\n' "$bin" $(((b - a) / 1000)) $(((d - c) / 20000))
+  # One-chunk streams, each on a new connection: accept, stream setup and teardown.
+  e=$(count "$bin" 100 1 fresh) f=$(count "$bin" 600 1 fresh)
+  printf '%-40s %22d %22d %22d\n' "$bin" $(((b - a) / 1000)) $(((d - c) / 20000)) \
+    $(((f - e) / 500))
 done

@@ -123,12 +123,9 @@ impl Gateway {
                         });
                     // Past the deadline, or once the client has taken nothing for
                     // `send_timeout`, the upstream goes even if nobody polls the stream.
-                    let body = crate::stream::reaper::guard(
-                        body,
-                        record.take_slot(),
-                        started.limits.deadline,
-                        self.config.server.send_timeout,
-                    );
+                    let body = self
+                        .reaper
+                        .guard(body, record.take_slot(), started.limits.deadline);
                     let progress = Progress::new(shape.readable_sse(), inspector);
                     let mut limits = started.limits;
                     limits.run_tokens = record.run_tokens();

@@ -10,6 +10,7 @@ use crate::admission::Admission;
 use crate::auth::{ClientKeys, ClientKeysError};
 use crate::config::{Config, RetryCause, Route};
 use crate::runs::Runs;
+use crate::stream::reaper::Reaper;
 use crate::stream::signal::Signal;
 use crate::telemetry::metrics::{
     AnswerMetrics, Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE,
@@ -75,6 +76,8 @@ pub struct Gateway {
     pub(super) shutdown: Signal,
     /// The runs, which outlive a reload: a new table takes them from the one it replaces.
     pub(super) runs: Arc<Runs>,
+    /// Drops the upstream of a stream nobody reads (`stream::reaper`).
+    pub(super) reaper: Reaper,
 }
 
 impl Gateway {
@@ -184,6 +187,12 @@ impl Gateway {
         for r in config.routes.iter().filter(|r| r.partial_answers) {
             metrics.init_partial(&r.name);
         }
+        // The streams of the table a reload replaces stay with the reaper they started with.
+        let send_timeout = config.server.send_timeout;
+        let reaper = previous
+            .map(|g| g.reaper.clone())
+            .filter(|r| r.send_timeout() == send_timeout)
+            .unwrap_or_else(|| Reaper::new(send_timeout));
         Ok(Self {
             config,
             routes,
@@ -191,6 +200,7 @@ impl Gateway {
             metrics: metrics.clone(),
             shutdown,
             runs,
+            reaper,
         })
     }
 

@@ -8,9 +8,9 @@
 //! the upstream call (still generating, still billed), its connection and the route's
 //! admission slot would be held for as long as the client likes.
 //!
-//! The reaper closes that gap from outside the body. The upstream body is shared with a small
-//! task that drops it (closing its connection or resetting its HTTP/2 stream, and ending its
-//! in-flight count) together with the admission slot:
+//! The reaper closes that gap from outside the body. The upstream body is shared with one
+//! task per gateway, which drops it (closing its connection or resetting its HTTP/2 stream,
+//! and ending its in-flight count) together with the admission slot:
 //! - at the request's deadline, if the stream is still open. When the client reads again, the
 //!   watchdog finds the upstream gone after the deadline and ends the stream with
 //!   `deadline_exceeded`, as it would have on time;
@@ -23,11 +23,22 @@
 //!   counts as `origin="client"`.
 //!
 //! The stall clock costs the stream's polls two plain writes under the lock they already take;
-//! the task looks at them every quarter of `send_timeout`, so a stall is caught between one and
-//! one and a quarter `send_timeout`s after the last poll.
+//! the task looks at each stream every quarter of `send_timeout`, so a stall is caught between
+//! one and one and a quarter `send_timeout`s after the last poll.
+//!
+//! Why one task and not one per stream: a task per stream was a spawn, two polls and a wake
+//! per request, and most of a kilobyte per open stream. The streams wait in one queue ordered
+//! by when each is looked at next. A stream enters it when its body is made and leaves it when
+//! the body is dropped, each under a lock held for a tree insert or removal, and neither wakes
+//! the task unless the new stream is due before the task's next wake-up (a deadline shorter
+//! than a quarter of `send_timeout`). tokio-util's `DelayQueue` wakes its task on an insert into
+//! an empty queue and on the removal that empties it, which on a gateway that serves one
+//! request at a time is the per-request wake this removes.
 
+use std::collections::BTreeMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -36,7 +47,174 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
-/// The upstream body, and how far the client's connection has read it.
+/// Stall checks per `send_timeout`.
+const CHECKS: u32 = 4;
+
+/// Where a stream waits in the queue: when it is looked at next, and its number (which keeps
+/// two streams due at the same instant apart).
+type Due = (Instant, u64);
+
+/// One gateway's reaper: the queue of open streams and the task that looks at them.
+#[derive(Clone)]
+pub struct Reaper {
+    wheel: Arc<Wheel>,
+}
+
+struct Wheel {
+    /// How often a stream is looked at: a quarter of `send_timeout`.
+    every: Duration,
+    send_timeout: Duration,
+    queue: Mutex<Queue>,
+    /// A stream is due before the task's next wake-up.
+    early: Notify,
+    /// The task has been spawned (on the first stream, from within the runtime).
+    started: AtomicBool,
+}
+
+struct Queue {
+    due: BTreeMap<Due, Weak<dyn Check>>,
+    next_id: u64,
+    /// When the task wakes next, once it runs.
+    wakes: Option<Instant>,
+}
+
+/// What the task asks of a stream it finds due.
+trait Check: Send + Sync {
+    /// At `now`: the reason to drop the upstream, or when to look again (which the stream
+    /// records as its place in the queue), or `None` once the body is gone.
+    fn check(&self, now: Instant, every: Duration, send_timeout: Duration) -> Verdict;
+    fn reap(&self, why: Reaped);
+}
+
+enum Verdict {
+    Again(Instant),
+    Reap(Reaped),
+    Gone,
+}
+
+impl Reaper {
+    /// A reaper for streams whose client may take nothing for `send_timeout`. Its task starts
+    /// with the first stream and ends once the reaper and all its streams are dropped.
+    pub fn new(send_timeout: Duration) -> Self {
+        Self {
+            wheel: Arc::new(Wheel {
+                every: (send_timeout / CHECKS).max(Duration::from_millis(1)),
+                send_timeout,
+                queue: Mutex::new(Queue {
+                    due: BTreeMap::new(),
+                    next_id: 0,
+                    wakes: None,
+                }),
+                early: Notify::new(),
+                started: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// How long a client may take nothing before its stream's upstream is dropped.
+    pub fn send_timeout(&self) -> Duration {
+        self.wheel.send_timeout
+    }
+
+    /// Shares `body` (and `held`, what must go with it, such as the route's admission slot)
+    /// with the reaper, which drops both at `deadline`, or once the client has taken nothing
+    /// for `send_timeout`, unless the stream has ended by then. Must be called from within
+    /// the runtime the reaper's task is to run on.
+    pub fn guard<B, H>(&self, body: B, held: Option<H>, deadline: Instant) -> Reapable<B, H>
+    where
+        B: Send + 'static,
+        H: Send + 'static,
+    {
+        let wheel = &self.wheel;
+        if !wheel.started.load(Ordering::Relaxed) && !wheel.started.swap(true, Ordering::AcqRel) {
+            tokio::spawn(turn_forever(wheel.clone()));
+        }
+        let when = (Instant::now() + wheel.every).min(deadline);
+        let mut queue = wheel.lock();
+        let id = queue.next_id;
+        queue.next_id += 1;
+        let shared = Arc::new(Shared {
+            upstream: Mutex::new(Upstream {
+                body: Some(body),
+                polls: 0,
+                handed: false,
+                reaped: None,
+                seen: None,
+                stalled: 0,
+                due: (when, id),
+                deadline,
+            }),
+            held: Mutex::new(held),
+            wheel: wheel.clone(),
+        });
+        let weak: Weak<dyn Check> = Arc::downgrade(&shared) as Weak<Shared<B, H>>;
+        queue.due.insert((when, id), weak);
+        if queue.wakes.is_none_or(|wakes| when < wakes) {
+            queue.wakes = Some(when);
+            drop(queue);
+            wheel.early.notify_one();
+        }
+        Reapable { shared }
+    }
+}
+
+impl Wheel {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Looks at every stream due by `now`, puts each one back at its next look or into
+    /// `reap`, and returns when the task is to wake next.
+    fn turn(&self, now: Instant, reap: &mut Vec<(Arc<dyn Check>, Reaped)>) -> Instant {
+        let mut queue = self.lock();
+        while let Some(entry) = queue.due.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, id), stream) = entry.remove_entry();
+            // A stream leaves the queue before its last reference goes, so this holds.
+            let Some(stream) = stream.upgrade() else {
+                continue;
+            };
+            match stream.check(now, self.every, self.send_timeout) {
+                Verdict::Again(when) => {
+                    queue.due.insert((when, id), Arc::downgrade(&stream));
+                }
+                Verdict::Reap(why) => reap.push((stream, why)),
+                Verdict::Gone => {}
+            }
+        }
+        let wakes = queue
+            .due
+            .first_key_value()
+            .map_or(now + self.every, |((when, _), _)| *when)
+            .min(now + self.every);
+        queue.wakes = Some(wakes);
+        wakes
+    }
+}
+
+async fn turn_forever(wheel: Arc<Wheel>) {
+    let mut reap = Vec::new();
+    let timer = sleep_until(Instant::now());
+    tokio::pin!(timer);
+    // Only this task holds the wheel: the reaper and all its streams are gone.
+    while Arc::strong_count(&wheel) > 1 {
+        let wakes = wheel.turn(Instant::now(), &mut reap);
+        // Dropped outside the queue's lock: dropping an upstream body does I/O bookkeeping.
+        for (stream, why) in reap.drain(..) {
+            stream.reap(why);
+        }
+        timer.as_mut().reset(wakes);
+        tokio::select! {
+            () = timer.as_mut() => {}
+            () = wheel.early.notified() => {}
+        }
+    }
+}
+
+/// The upstream body, how far the client's connection has read it, and where the stream
+/// waits in the reaper's queue.
 struct Upstream<B> {
     body: Option<B>,
     /// Polls of the body so far.
@@ -46,30 +224,37 @@ struct Upstream<B> {
     handed: bool,
     /// Why the body is gone, once the reaper took it.
     reaped: Option<Reaped>,
+    /// The polls at the reaper's last look, and for how many looks in a row a frame has been
+    /// out with no poll since.
+    seen: Option<u64>,
+    stalled: u32,
+    /// The stream's place in the reaper's queue. Changed only under the queue's lock too.
+    due: Due,
+    deadline: Instant,
 }
 
-/// What the body and its reaper share.
+/// What the body and the reaper share.
 struct Shared<B, H> {
     upstream: Mutex<Upstream<B>>,
     /// What goes with the upstream call (the route's admission slot): dropped with it.
     held: Mutex<Option<H>>,
-    /// The body was dropped: the reaper has nothing left to do.
-    done: Notify,
+    wheel: Arc<Wheel>,
 }
 
 impl<B, H> Shared<B, H> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Upstream<B>> {
+    fn lock(&self) -> MutexGuard<'_, Upstream<B>> {
         self.upstream.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn reap(&self, why: Option<Reaped>) {
+    /// Drops the body and what is held with it, and returns the stream's place in the queue.
+    fn take(&self, why: Option<Reaped>) -> Due {
         // Dropped outside the locks' scope: dropping an upstream body does I/O bookkeeping.
-        let body = {
+        let (body, due) = {
             let mut up = self.lock();
             if up.body.is_some() {
                 up.reaped = why;
             }
-            up.body.take()
+            (up.body.take(), up.due)
         };
         let held = self
             .held
@@ -77,12 +262,35 @@ impl<B, H> Shared<B, H> {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         drop((body, held));
+        due
+    }
+}
+
+impl<B: Send, H: Send> Check for Shared<B, H> {
+    fn check(&self, now: Instant, every: Duration, send_timeout: Duration) -> Verdict {
+        let mut up = self.lock();
+        if up.body.is_none() {
+            return Verdict::Gone;
+        }
+        if now >= up.deadline {
+            return Verdict::Reap(Reaped::Deadline);
+        }
+        up.stalled = if up.handed && up.seen == Some(up.polls) {
+            up.stalled + 1
+        } else {
+            0
+        };
+        if up.stalled >= CHECKS {
+            return Verdict::Reap(Reaped::Stalled(send_timeout));
+        }
+        up.seen = Some(up.polls);
+        let when = (now + every).min(up.deadline);
+        up.due.0 = when;
+        Verdict::Again(when)
     }
 
-    /// The polls so far, and whether a frame is out that the client has not made room for.
-    fn progress(&self) -> (u64, bool) {
-        let up = self.lock();
-        (up.polls, up.handed)
+    fn reap(&self, why: Reaped) {
+        self.take(Some(why));
     }
 }
 
@@ -100,75 +308,15 @@ pub enum Reaped {
     Stalled(Duration),
 }
 
-/// Stall checks per `send_timeout`.
-const CHECKS: u32 = 4;
-
-/// Shares `body` (and `held`, what must go with it, such as the route's admission slot) with a
-/// task that drops both at `deadline`, or once the client has taken nothing for
-/// `send_timeout`, unless the stream has ended by then.
-pub fn guard<B, H>(
-    body: B,
-    held: Option<H>,
-    deadline: Instant,
-    send_timeout: Duration,
-) -> Reapable<B, H>
-where
-    B: Send + 'static,
-    H: Send + 'static,
-{
-    let shared = Arc::new(Shared {
-        upstream: Mutex::new(Upstream {
-            body: Some(body),
-            polls: 0,
-            handed: false,
-            reaped: None,
-        }),
-        held: Mutex::new(held),
-        done: Notify::new(),
-    });
-    let reaper = shared.clone();
-    let every = (send_timeout / CHECKS).max(Duration::from_millis(1));
-    tokio::spawn(async move {
-        let timer = sleep_until((Instant::now() + every).min(deadline));
-        tokio::pin!(timer);
-        // The polls seen at the last check, and for how many checks in a row a frame has been
-        // out with no poll since.
-        let (mut seen, mut stalled) = (None, 0);
-        loop {
-            tokio::select! {
-                biased;
-                () = reaper.done.notified() => return,
-                () = timer.as_mut() => {}
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return reaper.reap(Some(Reaped::Deadline));
-            }
-            let (polls, handed) = reaper.progress();
-            stalled = if handed && seen == Some(polls) {
-                stalled + 1
-            } else {
-                0
-            };
-            if stalled >= CHECKS {
-                return reaper.reap(Some(Reaped::Stalled(send_timeout)));
-            }
-            seen = Some(polls);
-            timer.as_mut().reset((now + every).min(deadline));
-        }
-    });
-    Reapable { shared }
-}
-
 impl<B, H> Drop for Reapable<B, H> {
     fn drop(&mut self) {
-        // The upstream call and the slot go now, not when the reaper task next runs: a
-        // client that left is cancelled upstream without waiting for another task, and the
+        // The upstream call and the slot go now, not when the reaper next looks: a client
+        // that left is cancelled upstream without waiting for another task, and the
         // in-flight gauge is down before the request's record (dropped after this) reports.
-        self.shared.reap(None);
-        // `notify_one` stores a permit, so a reaper that has not started waiting yet still
-        // sees it.
-        self.shared.done.notify_one();
+        let due = self.shared.take(None);
+        // The body is gone, so a look the task takes meanwhile puts the stream back no more;
+        // one it took before left it at `due`, which was read after.
+        self.shared.wheel.lock().due.remove(&due);
     }
 }
 
@@ -217,18 +365,23 @@ mod tests {
     use http_body_util::{BodyExt, Channel};
 
     const HOUR: Duration = Duration::from_secs(3600);
+    const SEND: Duration = Duration::from_millis(400);
+
+    fn slot(slots: &Arc<tokio::sync::Semaphore>) -> tokio::sync::OwnedSemaphorePermit {
+        slots.clone().try_acquire_owned().unwrap()
+    }
+
+    fn queued(reaper: &Reaper) -> usize {
+        reaper.wheel.lock().due.len()
+    }
 
     #[tokio::test(start_paused = true)]
     async fn an_unpolled_body_is_dropped_at_the_deadline_with_its_slot() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
-        let slot = slots.clone().try_acquire_owned().unwrap();
-        let mut body = guard(
-            rx,
-            Some(slot),
-            Instant::now() + Duration::from_millis(500),
-            HOUR,
-        );
+        let reaper = Reaper::new(HOUR);
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut body = reaper.guard(rx, Some(slot(&slots)), deadline);
         tx.send_data(Bytes::from_static(b"a")).await.unwrap();
         let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&first[..], b"a");
@@ -241,24 +394,44 @@ mod tests {
             "upstream dropped"
         );
         assert_eq!(slots.available_permits(), 1, "slot freed");
+        assert_eq!(queued(&reaper), 0, "the stream left the queue");
         let err = body.frame().await.unwrap().unwrap_err();
         assert_eq!(err.downcast_ref::<Reaped>(), Some(&Reaped::Deadline));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_shorter_than_the_tasks_sleep_wakes_it_early() {
+        let reaper = Reaper::new(HOUR);
+        let (_tx1, rx1) = Channel::<Bytes, std::io::Error>::new(1);
+        let (mut tx2, rx2) = Channel::<Bytes, std::io::Error>::new(1);
+        let _long = reaper.guard(rx1, None::<()>, Instant::now() + HOUR);
+        // The task is asleep until the first stream's look, a quarter of an hour away.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let _short = reaper.guard(rx2, None::<()>, Instant::now() + Duration::from_millis(50));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert!(
+            tx2.send_data(Bytes::from_static(b"a")).await.is_err(),
+            "the short stream's upstream is dropped at its deadline"
+        );
+        assert_eq!(queued(&reaper), 1, "the long one still waits");
     }
 
     #[tokio::test(start_paused = true)]
     async fn dropping_the_body_drops_the_upstream_and_the_slot_at_once() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
-        let slot = slots.clone().try_acquire_owned().unwrap();
-        let body = guard(
+        let reaper = Reaper::new(HOUR);
+        let body = reaper.guard(
             rx,
-            Some(slot),
+            Some(slot(&slots)),
             Instant::now() + Duration::from_secs(600),
-            HOUR,
         );
+        let shared = Arc::downgrade(&body.shared);
         drop(body);
         // No yield in between: the reaper task has not run.
         assert_eq!(slots.available_permits(), 1, "slot freed");
+        assert_eq!(queued(&reaper), 0, "the stream left the queue");
+        assert!(shared.upgrade().is_none(), "nothing holds the stream");
         assert!(
             tx.send_data(Bytes::from_static(b"a")).await.is_err(),
             "upstream dropped"
@@ -266,29 +439,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_body_that_ends_first_stops_its_reaper() {
-        let (tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
-        let body = guard(
-            rx,
-            None::<()>,
-            Instant::now() + Duration::from_secs(600),
-            HOUR,
-        );
-        let shared = Arc::downgrade(&body.shared);
+    async fn the_task_ends_once_the_reaper_and_its_streams_are_gone() {
+        let reaper = Reaper::new(SEND);
+        let (_tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
+        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR);
+        let wheel = Arc::downgrade(&reaper.wheel);
+        tokio::task::yield_now().await;
+        drop(reaper);
+        // A stream outlives its gateway's reaper (a reload replaced it): still looked at.
+        tokio::time::sleep(SEND * 2).await;
+        assert!(wheel.upgrade().is_some());
         drop(body);
-        drop(tx);
-        tokio::task::yield_now().await;
-        tokio::task::yield_now().await;
-        assert!(shared.upgrade().is_none(), "the reaper task let go at once");
+        tokio::time::sleep(SEND).await;
+        assert!(wheel.upgrade().is_none(), "the task let go of the queue");
     }
-    const SEND: Duration = Duration::from_millis(400);
 
     #[tokio::test(start_paused = true)]
     async fn a_frame_the_client_never_makes_room_for_ends_the_upstream_after_send_timeout() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
-        let slot = slots.clone().try_acquire_owned().unwrap();
-        let mut body = guard(rx, Some(slot), Instant::now() + HOUR, SEND);
+        let reaper = Reaper::new(SEND);
+        let mut body = reaper.guard(rx, Some(slot(&slots)), Instant::now() + HOUR);
         tx.send_data(Bytes::from_static(b"a")).await.unwrap();
         body.frame().await.unwrap().unwrap();
 
@@ -306,9 +477,42 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn streams_are_looked_at_on_their_own_clocks() {
+        // Two stalled streams, the second opened half a send_timeout after the first: each is
+        // reaped a send_timeout (and at most a quarter more) after its own last poll.
+        let reaper = Reaper::new(SEND);
+        let (mut tx1, rx1) = Channel::<Bytes, std::io::Error>::new(4);
+        let (mut tx2, rx2) = Channel::<Bytes, std::io::Error>::new(4);
+        let mut first = reaper.guard(rx1, None::<()>, Instant::now() + HOUR);
+        tx1.send_data(Bytes::from_static(b"a")).await.unwrap();
+        first.frame().await.unwrap().unwrap();
+        tokio::time::sleep(SEND / 2).await;
+        let mut second = reaper.guard(rx2, None::<()>, Instant::now() + HOUR);
+        tx2.send_data(Bytes::from_static(b"a")).await.unwrap();
+        second.frame().await.unwrap().unwrap();
+
+        tokio::time::sleep(SEND * 3 / 4 + Duration::from_millis(10)).await;
+        assert!(
+            tx1.send_data(Bytes::from_static(b"b")).await.is_err(),
+            "first reaped"
+        );
+        assert!(
+            tx2.send_data(Bytes::from_static(b"b")).await.is_ok(),
+            "second not yet"
+        );
+        tokio::time::sleep(SEND / 2).await;
+        assert!(
+            tx2.send_data(Bytes::from_static(b"c")).await.is_err(),
+            "second reaped"
+        );
+        assert_eq!(queued(&reaper), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_silent_upstream_or_a_slow_steady_reader_is_not_a_stall() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-        let body = guard(rx, None::<()>, Instant::now() + HOUR, SEND);
+        let reaper = Reaper::new(SEND);
+        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR);
         tokio::pin!(body);
         // The client waits on a silent upstream: polled, nothing handed out.
         let waited = tokio::time::timeout(SEND * 5, body.frame()).await;

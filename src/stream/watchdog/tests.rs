@@ -423,8 +423,8 @@ async fn dropping_the_body_is_a_client_cancel() {
 async fn a_client_that_stalls_for_send_timeout_is_aborted_as_a_client_cancel() {
     let send_timeout = ms(400);
     let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-    let reapable =
-        crate::stream::reaper::guard(rx, None::<()>, Instant::now() + ms(60_000), send_timeout);
+    let reaper = crate::stream::reaper::Reaper::new(send_timeout);
+    let reapable = reaper.guard(rx, None::<()>, Instant::now() + ms(60_000));
     let probe = Probe::default();
     let mut b = Box::pin(WatchdogBody::new(
         reapable,
