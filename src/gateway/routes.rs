@@ -187,7 +187,8 @@ impl Gateway {
         for r in config.routes.iter().filter(|r| r.partial_answers) {
             metrics.init_partial(&r.name);
         }
-        // The streams of the table a reload replaces stay with the reaper they started with.
+        // A reload that keeps `send_timeout` keeps the reaper (and its one task); streams
+        // already open stay on the reaper they started with either way.
         let send_timeout = config.server.send_timeout;
         let reaper = previous
             .map(|g| g.reaper.clone())
