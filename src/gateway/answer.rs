@@ -129,18 +129,22 @@ impl Gateway {
                     let progress = Progress::new(shape.readable_sse(), inspector);
                     let mut limits = started.limits;
                     limits.run_tokens = record.run_tokens();
-                    let body = WatchdogBody::reading(body, progress, limits, record)
-                        .with_shutdown(&self.shutdown);
+                    let mut body = Box::new(WatchdogBody::reading(body, progress, limits, record));
+                    body.watch_shutdown(&self.shutdown);
+                    // Both boxed: they hold the body and more across their awaits, and inline
+                    // they would size every request's future (moved whole a few times per
+                    // request) for these two rare answers.
                     if assemble {
+                        body.fail_on_cut();
                         let partial = started.partial_answers;
-                        return assembled(parts, body.failing_on_cut(), partial, &id).await;
+                        return Box::pin(assembled(parts, body, partial, &id)).await;
                     }
                     if close_delimited
                         && document
                         && !parts.headers.contains_key(header::CONTENT_LENGTH)
                         && !matches!(parts.status.as_u16(), 100..=199 | 204 | 304)
                     {
-                        return with_length(parts, body, &id).await;
+                        return Box::pin(with_length(parts, body, &id)).await;
                     }
                     Response::from_parts(parts, Either::Right(body))
                 }
@@ -165,7 +169,7 @@ pub const LENGTH_CAP: usize = 1 << 20;
 /// streams as it comes, and an abort ends it as the connection's end.
 async fn with_length(
     mut parts: http::response::Parts,
-    mut body: WatchedBody,
+    mut body: Box<WatchedBody>,
     id: &str,
 ) -> Response<ProxyBody> {
     let mut frames = Vec::new();

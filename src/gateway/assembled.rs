@@ -28,7 +28,7 @@ fn leaves_partial(e: &GatewayError) -> Option<Origin> {
 
 pub(super) async fn assembled(
     mut parts: Parts,
-    mut body: WatchedBody,
+    mut body: Box<WatchedBody>,
     partial_answers: bool,
     id: &str,
 ) -> Response<ProxyBody> {

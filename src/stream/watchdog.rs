@@ -129,8 +129,13 @@ where
 
     /// Cuts the stream (origin `shutdown`, with the error event) when `signal` fires.
     pub fn with_shutdown(mut self, signal: &Signal) -> Self {
-        self.shutdown = Some(signal.waiter());
+        self.watch_shutdown(signal);
         self
+    }
+
+    /// [`WatchdogBody::with_shutdown`], in place (for a body already boxed).
+    pub fn watch_shutdown(&mut self, signal: &Signal) {
+        self.shutdown = Some(signal.waiter());
     }
 
     /// Puts frames already read from this body back in front of what it yields next.
@@ -142,11 +147,10 @@ where
 
     /// A limit or failure that cuts the stream ends it with an error (the `GatewayError`,
     /// boxed) rather than an SSE error event: for a body the gateway reads itself.
-    pub fn failing_on_cut(mut self) -> Self {
+    pub fn fail_on_cut(&mut self) {
         if let Some(sse) = self.sse.as_mut() {
             sse.fail = true;
         }
-        self
     }
 
     /// The reader of the body, to take what it gathered once the body is done.
