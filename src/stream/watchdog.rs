@@ -128,12 +128,6 @@ where
     }
 
     /// Cuts the stream (origin `shutdown`, with the error event) when `signal` fires.
-    pub fn with_shutdown(mut self, signal: &Signal) -> Self {
-        self.watch_shutdown(signal);
-        self
-    }
-
-    /// [`WatchdogBody::with_shutdown`], in place (for a body already boxed).
     pub fn watch_shutdown(&mut self, signal: &Signal) {
         self.shutdown = Some(signal.waiter());
     }

@@ -362,10 +362,9 @@ async fn shutdown_cuts_a_silent_stream_with_its_own_event() {
     let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
     let probe = Probe::default();
     let token = crate::stream::signal::Signal::new();
-    let mut b = Box::pin(
-        WatchdogBody::new(rx, true, limits(1000, 5000, 10_000), probe.clone())
-            .with_shutdown(&token),
-    );
+    let mut body = WatchdogBody::new(rx, true, limits(1000, 5000, 10_000), probe.clone());
+    body.watch_shutdown(&token);
+    let mut b = Box::pin(body);
     tx.send_data(Bytes::from_static(b"data: a\n\n"))
         .await
         .unwrap();
