@@ -16,6 +16,7 @@ use rustls::pki_types::CertificateDer;
 use crate::config::UpstreamConfig;
 use crate::error::BoxError;
 use crate::upstream::error::UpstreamBuildError;
+use crate::upstream::io::UpstreamIo;
 
 /// What every upstream client connects through: TCP, then TLS where the URL asks, all of it
 /// under one bound.
@@ -72,12 +73,13 @@ pub struct TimeoutConnector<C> {
 impl<C> tower_service::Service<Uri> for TimeoutConnector<C>
 where
     C: tower_service::Service<Uri>,
+    C::Response: Into<UpstreamIo>,
     C::Error: Into<BoxError>,
     C::Future: Send + 'static,
 {
-    type Response = C::Response;
+    type Response = UpstreamIo;
     type Error = BoxError;
-    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<UpstreamIo, BoxError>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -88,7 +90,7 @@ where
         let timeout = self.timeout;
         Box::pin(async move {
             match tokio::time::timeout(timeout, fut).await {
-                Ok(r) => r.map_err(Into::into),
+                Ok(r) => r.map(Into::into).map_err(Into::into),
                 Err(_) => Err(Box::new(ConnectTimedOut(timeout)) as BoxError),
             }
         })

@@ -9,6 +9,7 @@ mod credential;
 pub mod error;
 pub mod estimate;
 mod h2_pool;
+mod io;
 
 pub use self::connect::{ConnectTimedOut, TimeoutConnector};
 pub use self::error::UpstreamBuildError;
