@@ -128,7 +128,7 @@ impl Gateway {
                         .guard(body, record.take_slot(), started.limits.deadline);
                     let progress = Progress::new(shape.readable_sse(), inspector);
                     let mut limits = started.limits;
-                    limits.run_tokens = record.run_tokens();
+                    limits.run_tokens = record.run_tokens().map(Box::new);
                     let mut body = Box::new(WatchdogBody::reading(body, progress, limits, record));
                     body.watch_shutdown(&self.shutdown);
                     // Both boxed: they hold the body and more across their awaits, and inline

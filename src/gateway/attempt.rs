@@ -113,7 +113,7 @@ impl<'a> Attempt<'a> {
                 deadline: work_deadline,
                 budget: budget.total,
                 upstream: upstream.name.clone(),
-                run: budget.run.clone(),
+                run: budget.run.clone().map(Box::new),
                 run_tokens: None,
             };
             let (parts, incoming) = response.into_parts();

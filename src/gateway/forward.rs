@@ -120,7 +120,7 @@ impl Gateway {
                     .map(|r| asked.resolve(&r.route.limits, arrival))
                     .max_by_key(|b| b.deadline)
                     .expect("candidates is not empty");
-                record.set_budget(provisional.clone());
+                record.set_budget(&provisional);
                 provisional.ensure_useful(Instant::now())?;
                 let limit = self.config.server.max_request_body;
                 if let Some(len) = content_length(&headers) {
@@ -156,13 +156,13 @@ impl Gateway {
             }
             record.set_request_bytes(body.len());
             let mut budget = asked.resolve(&route.route.limits, arrival);
-            record.set_budget(budget.clone());
+            record.set_budget(&budget);
             budget.ensure_useful(Instant::now())?;
             // After the call's own budget is checked, so that a call refused for it is not
             // counted against its run.
             match crate::gateway::run::join(&self.runs, route, &headers, &body, &mut budget).await {
                 Ok(Some(run)) => {
-                    record.set_budget(budget.clone());
+                    record.set_budget(&budget);
                     record.join_run(run);
                 }
                 Ok(None) => {}

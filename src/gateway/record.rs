@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::Method;
 use tokio::time::Instant;
 
-use crate::budget::Budget;
+use crate::budget::{Budget, BudgetSource};
 use crate::error::{GatewayError, Origin};
 use crate::gateway::routes::ChainEntry;
 use crate::provider::inspect::{Source, Tokens};
@@ -53,6 +53,16 @@ struct AttemptLog {
     took: Duration,
 }
 
+/// What the log line and the metrics read of the request's budget: a fifth of the `Budget`
+/// (which every open stream's record would otherwise carry whole).
+#[derive(Debug, Clone, Copy)]
+struct BudgetNote {
+    deadline: Instant,
+    total: Duration,
+    source: BudgetSource,
+    clamped: bool,
+}
+
 /// Everything the log line and the metrics need about one request.
 pub struct RequestRecord {
     pub id: Arc<str>,
@@ -67,7 +77,7 @@ pub struct RequestRecord {
     /// When the winning attempt's request was sent: the start of its first-token clock,
     /// which feeds the upstream's learned estimate.
     sent_at: Option<Instant>,
-    budget: Option<Budget>,
+    budget: Option<BudgetNote>,
     status: Option<u16>,
     first_token_at: Option<Instant>,
     first_byte_at: Option<Instant>,
@@ -259,8 +269,13 @@ impl RequestRecord {
         self.slot.take()
     }
 
-    pub fn set_budget(&mut self, budget: Budget) {
-        self.budget = Some(budget);
+    pub fn set_budget(&mut self, budget: &Budget) {
+        self.budget = Some(BudgetNote {
+            deadline: budget.deadline,
+            total: budget.total,
+            source: budget.source,
+            clamped: budget.clamped,
+        });
     }
 
     pub fn set_status(&mut self, status: u16) {
@@ -278,6 +293,11 @@ impl RequestRecord {
     ) {
         if let Err(GatewayError::FirstTokenTimeout { after, .. }) = outcome {
             learn_first_token(&entry.upstream, *after);
+        }
+        // Most requests make one attempt: room for one, not the four a first push makes, held
+        // for as long as the stream is open.
+        if self.attempts.capacity() == 0 {
+            self.attempts.reserve_exact(1);
         }
         self.attempts.push(AttemptLog {
             upstream: entry.upstream.name.clone(),

@@ -23,9 +23,11 @@ pub struct StreamLimits {
     pub budget: Duration,
     pub upstream: Arc<str>,
     /// The run whose deadline is `deadline`, when it is the run's rather than the call's.
-    pub run: Option<RunBound>,
+    /// (This and the next are boxed: most streams are in no run, and every open stream
+    /// holds its limits.)
+    pub run: Option<Box<RunBound>>,
     /// The most tokens this answer may use before its run passes `run_max_tokens`.
-    pub run_tokens: Option<RunTokens>,
+    pub run_tokens: Option<Box<RunTokens>>,
 }
 
 /// The token limit an answer streams under: its run's.
@@ -41,6 +43,6 @@ pub struct RunTokens {
 impl StreamLimits {
     /// The error of the deadline passing: the call's, or its run's.
     pub fn deadline_error(&self) -> GatewayError {
-        deadline_error(self.budget, self.run.as_ref(), Duration::ZERO)
+        deadline_error(self.budget, self.run.as_deref(), Duration::ZERO)
     }
 }

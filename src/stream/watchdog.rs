@@ -45,8 +45,9 @@ struct Sse {
 
 enum State {
     Streaming,
-    /// A non-SSE body that must be aborted: the error is returned on the next poll.
-    Failing(GatewayError),
+    /// A non-SSE body that must be aborted: the error is returned on the next poll. Boxed,
+    /// as it is returned: inline it would size every open stream's body for this rare state.
+    Failing(Box<GatewayError>),
     Done,
 }
 
@@ -186,7 +187,7 @@ where
             }
             match std::mem::replace(this.state, State::Done) {
                 State::Done => return Poll::Ready(None),
-                State::Failing(e) => return Poll::Ready(Some(Err(Box::new(e)))),
+                State::Failing(e) => return Poll::Ready(Some(Err(e))),
                 State::Streaming => *this.state = State::Streaming,
             }
             let Some(inner) = this.inner.as_mut().as_pin_mut() else {
@@ -493,7 +494,7 @@ fn cut<B, O: Observer>(
         Some(sse) if sse.fail => {
             sse.held.clear();
             sse.held_len = 0;
-            *state = State::Failing(err);
+            *state = State::Failing(Box::new(err));
         }
         Some(sse) => {
             sse.held.clear();
@@ -507,7 +508,7 @@ fn cut<B, O: Observer>(
             ready.push_back(err.sse_event());
             *state = State::Done;
         }
-        None => *state = State::Failing(err),
+        None => *state = State::Failing(Box::new(err)),
     }
 }
 
