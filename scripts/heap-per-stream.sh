@@ -8,13 +8,14 @@
 #   scripts/heap-per-stream.sh                    # the release build of this tree
 #   scripts/heap-per-stream.sh path/to/hourglass  # another build
 #   N1=200 N2=600 ROWS=40 scripts/heap-per-stream.sh
+#   HTTP2=always scripts/heap-per-stream.sh       # HTTP/2 (h2c) to the upstream
 #
 # Prints the total heap a stream keeps, then the largest sites (the first frames outside the
 # allocator, std and tokio's task plumbing). The RSS the harness reports is another figure:
 # it also counts the freed memory those holes keep mapped (see docs/benchmarks-log.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-n1=${N1:-200} n2=${N2:-600} rows=${ROWS:-30}
+n1=${N1:-200} n2=${N2:-600} rows=${ROWS:-30} http2=${HTTP2:-auto}
 command -v heaptrack >/dev/null || {
   [ "$(id -u)" = 0 ] || { echo "heaptrack is missing" >&2; exit 1; }
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq heaptrack >/dev/null
@@ -39,6 +40,7 @@ shutdown_grace = "1s"
 budget = "600s"
 [upstreams.fake]
 url = "http://127.0.0.1:$fake_port"
+http2 = "$http2"
 [[routes]]
 name = "chat"
 path_prefix = "/v1/chat/completions"
