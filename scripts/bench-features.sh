@@ -11,17 +11,12 @@
 #   scripts/bench-features.sh [path/to/hourglass]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
-command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
-bin=${1:-}
-if [ -z "$bin" ]; then
-  cargo build --release --quiet --bin hourglass
-  bin=target/release/hourglass
-fi
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-fake_port=$(port) gw_port=$(port) admin_port=$(port) redis_port=$(port)
+. scripts/lib/gateway-run.sh
+need valgrind valgrind
+need redis-server redis-server
+binaries "$@"
+bin=${bins[0]}
+redis_port=$(port)
 "$bin" fake-upstream --listen "127.0.0.1:$fake_port" >/dev/null 2>&1 &
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no >/dev/null 2>&1 &
 config() { # $1: the [runs] store

@@ -11,19 +11,9 @@
 # instructions only: the syscalls themselves are the same per request as nginx's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v valgrind >/dev/null || {
-  [ "$(id -u)" = 0 ] || { echo "valgrind is missing" >&2; exit 1; }
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
-}
-bins=("$@")
-if [ ${#bins[@]} = 0 ]; then
-  cargo build --release --quiet --bin hourglass
-  bins=(target/release/hourglass)
-fi
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-fake_port=$(port) gw_port=$(port) admin_port=$(port)
+. scripts/lib/gateway-run.sh
+need valgrind valgrind
+binaries "$@"
 "${bins[0]}" fake-upstream --listen "127.0.0.1:$fake_port" >/dev/null 2>&1 &
 cat >"$work/hourglass.toml" <<EOF
 [server]

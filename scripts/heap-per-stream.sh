@@ -16,20 +16,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n1=${N1:-200} n2=${N2:-600} rows=${ROWS:-30} http2=${HTTP2:-auto}
-command -v heaptrack >/dev/null || {
-  [ "$(id -u)" = 0 ] || { echo "heaptrack is missing" >&2; exit 1; }
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq heaptrack >/dev/null
-}
-bin=${1:-}
-if [ -z "$bin" ]; then
-  cargo build --release --quiet --bin hourglass
-  bin=target/release/hourglass
-fi
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+. scripts/lib/gateway-run.sh
+need heaptrack heaptrack
+binaries "$@"
+bin=${bins[0]}
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-fake_port=$(port) gw_port=$(port) admin_port=$(port)
 "$bin" fake-upstream --listen "127.0.0.1:$fake_port" >/dev/null 2>&1 &
 cat >"$work/hourglass.toml" <<EOF
 [server]
