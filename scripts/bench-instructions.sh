@@ -14,21 +14,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib/gateway-run.sh
 need valgrind valgrind
 binaries "$@"
-"${bins[0]}" fake-upstream --listen "127.0.0.1:$fake_port" >/dev/null 2>&1 &
-cat >"$work/hourglass.toml" <<EOF
-[server]
-listen = "127.0.0.1:$gw_port"
-admin_listen = "127.0.0.1:$admin_port"
-shutdown_grace = "1s"
-[defaults]
-budget = "60s"
-[upstreams.fake]
-url = "http://127.0.0.1:$fake_port"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/chat/completions"
-upstream = "fake"
-EOF
+fake_and_route "${bins[0]}" 60s
 # One keep-alive connection, requests one after another; every answer is checked. With a
 # fourth argument, a new connection for each request (what a new stream costs).
 cat >"$work/client.py" <<'EOF'

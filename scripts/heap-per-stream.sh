@@ -21,22 +21,7 @@ need heaptrack heaptrack
 binaries "$@"
 bin=${bins[0]}
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-"$bin" fake-upstream --listen "127.0.0.1:$fake_port" >/dev/null 2>&1 &
-cat >"$work/hourglass.toml" <<EOF
-[server]
-listen = "127.0.0.1:$gw_port"
-admin_listen = "127.0.0.1:$admin_port"
-shutdown_grace = "1s"
-[defaults]
-budget = "600s"
-[upstreams.fake]
-url = "http://127.0.0.1:$fake_port"
-http2 = "$http2"
-[[routes]]
-name = "chat"
-path_prefix = "/v1/chat/completions"
-upstream = "fake"
-EOF
+fake_and_route "$bin" 600s "http2 = \"$http2\""
 cat >"$work/hold.py" <<'EOF'
 import asyncio, json, sys
 port, n = int(sys.argv[1]), int(sys.argv[2])

@@ -25,3 +25,24 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 fake_port=$(port) gw_port=$(port) admin_port=$(port)
+
+# Starts the fake provider (binary $1) and writes $work/hourglass.toml: the gateway with one
+# chat route to it, a default budget of $2, and $3 (TOML lines) in the upstream's table.
+fake_and_route() {
+  "$1" fake-upstream --listen "127.0.0.1:$fake_port" >/dev/null 2>&1 &
+  cat >"$work/hourglass.toml" <<TOML
+[server]
+listen = "127.0.0.1:$gw_port"
+admin_listen = "127.0.0.1:$admin_port"
+shutdown_grace = "1s"
+[defaults]
+budget = "$2"
+[upstreams.fake]
+url = "http://127.0.0.1:$fake_port"
+${3:-}
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+TOML
+}
