@@ -79,7 +79,8 @@ impl Template {
         // budget) rather than cloned: a clone has none, and its first insert doubles it. hyper
         // keeps the map of the last request it sent on a connection to parse the answer's head
         // into, and that map then goes on to the client's connection, for as long as the
-        // stream is open: the doubled one was 400 bytes more per open stream.
+        // stream is open: doubled, it held 1,664 bytes of entries instead of 1,248 (about
+        // 0.5 KiB of RSS per open stream in the harness).
         let headers = req.headers_mut();
         headers.reserve(self.headers.len() + ATTEMPT_HEADERS);
         for (name, value) in &self.headers {
