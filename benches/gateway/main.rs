@@ -281,6 +281,13 @@ fn main() -> ExitCode {
     // Only a full run of everything lands in bench-results/ (the committed results).
     let partial = Target::ALL.iter().any(|t| !args.targets.contains(t))
         || args.scenarios.len() < SCENARIOS.len();
+    // The run's size (quick or full) and, for a full-size run, whether it measured every target
+    // and scenario: the results' header says which, so a partial run is not taken for a full one.
+    let mode = match (quick, partial) {
+        (true, _) => "quick",
+        (false, true) => "partial",
+        (false, false) => "full",
+    };
     let out_dir = args.out.clone().unwrap_or_else(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         if quick {
@@ -368,7 +375,7 @@ fn main() -> ExitCode {
     eprintln!(
         "[bench] {} run: load generator + fake on CPU {load_core}, gateways on CPU {gateway_core}, \
          open-files limit {nofile}; targets: {}",
-        if quick { "quick" } else { "full" },
+        mode,
         targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
     );
     let ctx = Ctx { env, targets, p };
@@ -413,7 +420,7 @@ fn main() -> ExitCode {
     let elapsed = started.elapsed().as_secs_f64();
     let doc = json!({
         "meta": {
-            "mode": if quick { "quick" } else { "full" },
+            "mode": mode,
             "duration_s": elapsed,
             "machine": machine(),
             "load_core": load_core,
