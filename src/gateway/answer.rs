@@ -128,7 +128,12 @@ impl Gateway {
                         .guard(body, record.take_slot(), started.limits.deadline);
                     let progress = Progress::new(shape.readable_sse(), inspector);
                     let mut limits = started.limits;
-                    limits.run_tokens = record.run_tokens().map(Box::new);
+                    // A stream is cut when its run's tokens run out; a JSON document has
+                    // arrived, paid for, by the time its usage is read: it is delivered, and
+                    // what it used counts against the run.
+                    if shape.event_stream {
+                        limits.run_tokens = record.run_tokens().map(Box::new);
+                    }
                     let mut body = Box::new(WatchdogBody::reading(body, progress, limits, record));
                     body.watch_shutdown(&self.shutdown);
                     // Both boxed: they hold the body and more across their awaits, and inline

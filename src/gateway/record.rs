@@ -15,7 +15,7 @@ use crate::gateway::routes::ChainEntry;
 use crate::provider::inspect::{Source, Tokens};
 use crate::provider::ErrorType;
 use crate::runs::state::View;
-use crate::runs::{RunCall, Used};
+use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
 use crate::stream::{Observer, StreamEnd};
 use crate::telemetry::log::RequestLog;
@@ -212,6 +212,7 @@ impl RequestRecord {
             run: call.id.clone(),
             limit: call.limit_tokens()?,
             allowance: call.admitted.token_allowance?,
+            prompt_estimate: self.request_bytes.div_ceil(4),
         })
     }
 
@@ -327,13 +328,30 @@ impl RequestRecord {
         let end = self.end.unwrap_or(End::Cancelled(Origin::Client));
         if let Some(run) = self.run.as_mut() {
             if let Some(call) = run.call.take() {
+                let prompt_estimate = self.request_bytes.div_ceil(4);
                 let tokens = self.tokens.map_or(0, |t| {
-                    t.prompt.unwrap_or(0).saturating_add(t.completion().0)
+                    // A stream that does not report its usage (OpenAI's without
+                    // `include_usage`) still sent its prompt: estimated from the body.
+                    t.prompt
+                        .unwrap_or(prompt_estimate)
+                        .saturating_add(t.completion().0)
                 });
+                let answered = end == End::Ok;
+                let status = self.status.unwrap_or(0);
+                let request = call.request();
                 call.finish(&Used {
                     tokens,
-                    // Only an answer read to its end says which tool calls it asked for.
-                    answer: run.answer.take().filter(|_| end == End::Ok),
+                    // Only a successful answer read to its end says which tool calls it
+                    // asked for, or that it asked for none.
+                    answer: match run.answer.take() {
+                        _ if !answered || !(200..300).contains(&status) => Answer::Unread,
+                        Some((fp, tool)) => Answer::Tools(fp, tool),
+                        None => Answer::Plain,
+                    },
+                    // What a client retries (a 5xx, 408, 409, 429, or a cut) is not the
+                    // agent asking again.
+                    request: request
+                        .filter(|_| answered && !matches!(status, 0 | 408 | 409 | 429 | 500..)),
                 });
             }
         }

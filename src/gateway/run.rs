@@ -11,6 +11,7 @@ use crate::budget::{run_budget, Budget};
 use crate::error::GatewayError;
 use crate::gateway::routes::RouteRuntime;
 use crate::provider::request::max_output_tokens;
+use crate::runs::runtime::Joined;
 use crate::runs::state::View;
 use crate::runs::{fingerprint, run_id, Call, RunCall, RunKey, Runs};
 
@@ -47,27 +48,25 @@ pub async fn join(
         id,
     };
     let call = Call {
-        // Read from the body only where a token limit needs it.
-        reserve: limits
-            .max_tokens
-            .and_then(|_| max_output_tokens(body))
-            .unwrap_or(limits.token_estimate),
+        // Read whatever this route's limits: the run may have a token limit from the route
+        // that started it.
+        reserve: max_output_tokens(body).unwrap_or(limits.token_estimate),
         asked_budget,
         request: limits.max_repeats.map(|_| fingerprint::of(body)),
         at: budget.arrival,
         now: Instant::now(),
         need: budget.reserve + budget.min_useful,
     };
-    let admitted = runs
+    let joined = runs
         .admit(
             &key,
             &route.name,
             limits,
             &call,
-            // A store that does not answer leaves the call what it needs to be made.
+            // The store may spend the budget down to what the upstream call needs.
             budget
                 .work_deadline()
-                .checked_sub(budget.min_useful + crate::admission::ADMIT_SLACK)
+                .checked_sub(budget.min_useful)
                 .unwrap_or(call.now),
             budget.total,
         )
@@ -76,9 +75,15 @@ pub async fn join(
             error,
             run: view.map(|v| (Arc::clone(&key.id), v)),
         })?;
-    // The store could not answer, and the call is served without run limits.
-    let Some(admitted) = admitted else {
-        return Ok(None);
+    let admitted = match joined {
+        Joined::Call(admitted) => admitted,
+        // The store could not answer, and the call is served without run limits.
+        Joined::Unlimited => return Ok(None),
+        Joined::OutOfTime => {
+            return Err(budget
+                .too_little(Instant::now(), budget.min_useful, false)
+                .into())
+        }
     };
     if let (Some(deadline), Some(run_budget)) =
         (admitted.admitted.view.deadline, admitted.admitted.budget)

@@ -10,12 +10,20 @@ use tokio::time::Instant;
 
 use crate::runs::memory::{Entry, MemoryStore};
 use crate::runs::shared::Shared;
-use crate::runs::state::{Admitted, Used, View};
+use crate::runs::state::{Admitted, Call, Used, View};
+
+/// What a call needs to know of its run's limits.
+#[derive(Debug, Clone, Copy)]
+pub struct RunOf {
+    pub max_tokens: Option<u64>,
+    pub stops_loops: bool,
+}
 
 /// Where the call's run is, to give its reservation back.
 pub(super) enum Ticket {
     Memory(Arc<MemoryStore>, Entry),
-    Redis(Arc<Shared>, String),
+    /// The store, the run's key, and the call's token there.
+    Redis(Arc<Shared>, String, String),
 }
 
 pub static REMAINING_MS: HeaderName = HeaderName::from_static("x-run-remaining-ms");
@@ -29,6 +37,8 @@ pub struct RunCall {
     pub admitted: Admitted,
     limits_tokens: Option<u64>,
     stops_loops: bool,
+    /// The request body's fingerprint, counted as a repeat if the call ends answered.
+    request: Option<u64>,
     done: bool,
 }
 
@@ -43,22 +53,30 @@ impl std::fmt::Debug for RunCall {
 }
 
 impl RunCall {
+    /// A call admitted into a run whose limits are `limits` (the run's, which the route
+    /// that started it fixed, not the route of this call).
     pub(super) fn new(
         ticket: Ticket,
-        reserve: u64,
+        call: &Call,
         id: Arc<str>,
         admitted: Admitted,
-        limits: &crate::config::RunLimits,
+        limits: RunOf,
     ) -> Self {
         Self {
             ticket,
-            reserve,
+            reserve: call.reserve,
             id,
             admitted,
             limits_tokens: limits.max_tokens,
-            stops_loops: limits.max_repeats.is_some(),
+            stops_loops: limits.stops_loops,
+            request: call.request,
             done: false,
         }
+    }
+
+    /// The request body's fingerprint, when the run stops loops.
+    pub fn request(&self) -> Option<u64> {
+        self.request
     }
 
     /// Whether the run stops loops (so the answer's tool calls matter).
@@ -81,8 +99,8 @@ impl RunCall {
         match &self.ticket {
             Ticket::Memory(store, entry) => store.finish(entry, self.reserve, used, Instant::now()),
             // Not on the answer's path: the record reports without waiting for the store.
-            Ticket::Redis(shared, key) => {
-                shared.finish_later(key.clone(), self.reserve, used.clone())
+            Ticket::Redis(shared, key, token) => {
+                shared.finish_later(key.clone(), token.clone(), self.reserve, used.clone())
             }
         }
     }

@@ -21,4 +21,4 @@ pub mod state;
 pub use self::call::RunCall;
 pub use self::id::{run_id, RunKey};
 pub use self::runtime::Runs;
-pub use self::state::{Call, RunState, Used};
+pub use self::state::{Answer, Call, RunState, Used};

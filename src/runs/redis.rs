@@ -8,6 +8,13 @@
 //! last call (longer while a call may still be in flight), so the store never grows without
 //! bound and a replica that dies mid-call leaves at most that call's reservation behind.
 //!
+//! Each admission carries a call token, and the run's hash holds `p:TOKEN` (what the call
+//! reserved) until the call's end gives it back, once. A call that stops waiting for its
+//! admission (the store slow, or its own budget spent) sends `cancel.lua`, which gives back
+//! an admission already made, or leaves a tombstone (`hg:{SCOPE/ID}:x:TOKEN`, the same hash
+//! tag) that turns one still on its way into a no-op: a store that was only paused never
+//! keeps a reservation nobody will give back.
+//!
 //! One multiplexed connection (`ConnectionManager`), opened lazily and reopened with
 //! backoff: a gateway starts while Redis is down, and its runs resume when Redis is back.
 
@@ -19,8 +26,9 @@ use redis::{Script, Value};
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
+use crate::runs::call::RunOf;
 use crate::runs::id::RunKey;
-use crate::runs::state::{Admitted, Call, Refusal, Repeat, RunEnd, RunState, Used, View};
+use crate::runs::state::{Admitted, Answer, Call, Refusal, Repeat, RunEnd, RunState, Used, View};
 
 /// Why the store did not answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -41,16 +49,20 @@ pub struct RedisStore {
     conn: ConnectionManager,
     admit: Script,
     finish: Script,
+    cancel: Script,
 }
 
 /// What an admission in Redis said.
 pub enum RedisAdmission {
-    Admitted(Admitted),
+    /// Admitted into a run with these limits (the run's, fixed by the route that started it).
+    Admitted(Admitted, RunOf),
     Refused {
         refusal: Refusal,
         view: View,
         /// This call ended the run (one replica sees it, once).
         ended: Option<Ended>,
+        /// The route that started the run, whose refusals these are.
+        route: Arc<str>,
     },
 }
 
@@ -67,6 +79,12 @@ impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("RedisStore")
     }
+}
+
+/// The tombstone of the call `token` of the run at `run` (its hash): the same hash tag, so
+/// one slot.
+fn tombstone(run: &str, token: &str) -> String {
+    format!("{run}:x:{token}")
 }
 
 /// The run's hash.
@@ -136,11 +154,13 @@ impl RedisStore {
             conn,
             admit: Script::new(include_str!("redis/admit.lua")),
             finish: Script::new(include_str!("redis/finish.lua")),
+            cancel: Script::new(include_str!("redis/cancel.lua")),
         })
     }
 
     /// Admits `call` into the run `key` (starting it with `limits`, for `route`, if it is
-    /// new); the key lives `expire` from now at least.
+    /// new) as the call `token`; the key lives `expire` from now at least.
+    #[allow(clippy::too_many_arguments)]
     pub async fn admit(
         &self,
         key: &RunKey,
@@ -148,12 +168,14 @@ impl RedisStore {
         limits: &RunLimits,
         call: &Call,
         expire: Duration,
+        token: &str,
     ) -> Result<RedisAdmission, StoreError> {
         let ms = |d: Duration| d.as_millis() as u64;
         let mut conn = self.conn.clone();
-        let reply: Vec<Value> = self
-            .admit
-            .key(key_of(key))
+        let run = key_of(key);
+        let mut invocation = self.admit.key(&run);
+        invocation
+            .key(tombstone(&run, token))
             .arg(route)
             .arg(opt(limits.budget.map(ms)))
             .arg(opt(limits.max_budget.map(ms)))
@@ -167,21 +189,37 @@ impl RedisStore {
             .arg(ms(call.need))
             .arg(ms(call.now.saturating_duration_since(call.at)))
             .arg(ms(expire))
-            .invoke_async(&mut conn)
-            .await?;
+            .arg(token);
+        let reply: Vec<Value> = match invocation.invoke_async(&mut conn).await {
+            // The first command after the store restarted finds the old connection broken
+            // (the manager reconnects only then): once more, on the new one. A reply lost
+            // after the script ran would admit the call twice; the write that failed never
+            // reached the store, and that is the case a restart makes.
+            Err(e) if e.is_connection_dropped() => invocation.invoke_async(&mut conn).await?,
+            reply => reply?,
+        };
         let now = Instant::now();
         let at = |i: usize| reply.get(i).map_or(-1, int);
+        if at(0) == 2 {
+            return Err(StoreError::Failed("the call was cancelled".to_owned()));
+        }
         if at(0) == 1 {
-            return Ok(RedisAdmission::Admitted(Admitted {
-                view: View {
-                    deadline: deadline_in(at(1), now),
-                    calls_left: some(at(2)).map(|n| n as u32),
-                    tokens_left: some(at(3)),
+            return Ok(RedisAdmission::Admitted(
+                Admitted {
+                    view: View {
+                        deadline: deadline_in(at(1), now),
+                        calls_left: some(at(2)).map(|n| n as u32),
+                        tokens_left: some(at(3)),
+                    },
+                    token_allowance: some(at(4)),
+                    budget: some(at(5)).map(Duration::from_millis),
+                    started: at(6) == 1,
                 },
-                token_allowance: some(at(4)),
-                budget: some(at(5)).map(Duration::from_millis),
-                started: at(6) == 1,
-            }));
+                RunOf {
+                    max_tokens: some(at(7)),
+                    stops_loops: some(at(8)).is_some(),
+                },
+            ));
         }
         let view = View {
             deadline: deadline_in(at(2), now),
@@ -211,8 +249,12 @@ impl RedisStore {
             }),
             other => return Err(StoreError::Failed(format!("unexpected refusal {other:?}"))),
         };
+        let run_route: Arc<str> = match s(5) {
+            r if r.is_empty() => Arc::from(route),
+            r => Arc::from(r),
+        };
         let ended = (at(1) == 1).then(|| Ended {
-            route: Arc::from(s(5)),
+            route: run_route.clone(),
             end: refusal.end(),
             calls: n(6),
             tokens: n(7),
@@ -222,30 +264,35 @@ impl RedisStore {
             refusal,
             view,
             ended,
+            route: run_route,
         })
     }
 
-    /// The end of a call admitted into the run at `key` with `reserve` tokens.
+    /// The end of the call `token`, admitted into the run at `key` with `reserve` tokens.
     pub async fn finish(
         &self,
         key: &str,
+        token: &str,
         reserve: u64,
         used: &Used,
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
         let mut conn = self.conn.clone();
-        let (fp, tool) = match &used.answer {
-            Some((fp, tool)) => (format!("{fp:016x}"), tool.as_str()),
-            None => (String::new(), ""),
+        let (answer, tool) = match &used.answer {
+            Answer::Unread => (String::new(), ""),
+            Answer::Plain => ("-".to_owned(), ""),
+            Answer::Tools(fp, tool) => (format!("{fp:016x}"), tool.as_str()),
         };
         let reply: Vec<Value> = self
             .finish
             .key(key)
             .arg(reserve)
             .arg(used.tokens)
-            .arg(fp)
+            .arg(answer)
             .arg(tool)
             .arg(ttl.as_millis() as u64)
+            .arg(opt(used.request.map(|f| format!("{f:016x}"))))
+            .arg(token)
             .invoke_async(&mut conn)
             .await?;
         if reply.first().map(int) != Some(1) {
@@ -259,6 +306,29 @@ impl RedisStore {
             tokens: n(3),
             age: Duration::from_millis(n(4)),
         }))
+    }
+
+    /// Cancels the admission of the call `token` into the run at `key`, made or yet to come
+    /// (`cancel.lua`). `served`: the call went on without run limits, and counts as a call.
+    /// Whether an admission was given back.
+    pub async fn cancel(
+        &self,
+        key: &str,
+        token: &str,
+        served: bool,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.conn.clone();
+        let given_back: i64 = self
+            .cancel
+            .key(key)
+            .key(tombstone(key, token))
+            .arg(token)
+            .arg(u8::from(!served))
+            .arg(ttl.as_millis() as u64)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(given_back == 1)
     }
 
     /// Every run with this id, whatever its scope (for the admin listener; a SCAN).
@@ -294,11 +364,13 @@ impl RedisStore {
         let now = Instant::now();
         let mut out = Vec::new();
         for k in keys {
-            let h: std::collections::HashMap<String, String> =
-                redis::cmd("HGETALL").arg(&k).query_async(&mut conn).await?;
-            let Some(run_key) = parse_key(&k) else {
+            // The pattern's `*` also matches a scope that holds a `/` of the id: `a/b` under
+            // `hg:{-/a/b}` is not the run `b`.
+            let Some(run_key) = parse_key(&k).filter(|r| &*r.id == id) else {
                 continue;
             };
+            let h: std::collections::HashMap<String, String> =
+                redis::cmd("HGETALL").arg(&k).query_async(&mut conn).await?;
             out.push((run_key, state_of(&h, redis_now, now)));
         }
         Ok(out)

@@ -11,13 +11,25 @@ use tokio::time::Instant;
 
 use crate::config::{OnStoreError, RunLimits, RunStore, RunsConfig};
 use crate::error::GatewayError;
-use crate::runs::call::{RunCall, Ticket};
+use crate::runs::call::{RunCall, RunOf, Ticket};
 use crate::runs::id::RunKey;
 use crate::runs::memory::{Ends, MemoryStore};
 use crate::runs::redis::{key_of, RedisAdmission, RedisStore, StoreError};
 use crate::runs::shared::Shared;
 use crate::runs::state::{Call, Refusal, RunEnd, RunState, View};
 use crate::telemetry::metrics::RunMetrics;
+
+/// How a call joined its run.
+#[derive(Debug)]
+pub enum Joined {
+    Call(RunCall),
+    /// The store could not answer, and `on_store_error = "allow"`: the call is served
+    /// without run limits.
+    Unlimited,
+    /// The store had not answered when the call's own budget had no more to give it than
+    /// the upstream call needs: the call cannot be made (not the store's failure).
+    OutOfTime,
+}
 
 pub struct Runs {
     store: Store,
@@ -71,6 +83,8 @@ impl Runs {
                 last_warning: AtomicU64::new(0),
                 epoch: Instant::now(),
                 last_error: Mutex::new(None),
+                nonce: crate::runs::shared::nonce(),
+                calls: AtomicU64::new(0),
             })),
         };
         Ok(Arc::new_cyclic(|me: &Weak<Runs>| {
@@ -99,9 +113,8 @@ impl Runs {
     }
 
     /// Admits one call of the run `key` (a run `route` starts with `limits` if it is new), by
-    /// `bound` at the latest (the call's remaining budget). `Ok(None)`: the store could not
-    /// answer and `on_store_error` says to serve the call without run limits. `Err`: the
-    /// client's answer, with what the run has left when the run refused it.
+    /// `bound` at the latest (past it, the call's budget cannot fit the upstream call).
+    /// `Err`: the client's answer, with what the run has left when the run refused it.
     pub async fn admit(
         &self,
         key: &RunKey,
@@ -110,81 +123,104 @@ impl Runs {
         call: &Call,
         bound: Instant,
         call_budget: Duration,
-    ) -> Result<Option<RunCall>, (GatewayError, Option<View>)> {
+    ) -> Result<Joined, (GatewayError, Option<View>)> {
         match &self.store {
             Store::Memory(store) => {
                 let (entry, result) = store.admit(key, route, limits, call);
-                let run_limits = entry
-                    .lock()
-                    .map(|r| (r.limits, r.route.clone()))
-                    .unwrap_or_else(|p| {
-                        let r = p.into_inner();
-                        (r.limits, r.route.clone())
-                    });
+                let (run_limits, run_route) = {
+                    let r = entry.lock().unwrap_or_else(|p| p.into_inner());
+                    (r.limits, r.route.clone())
+                };
                 match result {
-                    Ok(admitted) => Ok(Some(RunCall::new(
+                    Ok(admitted) => Ok(Joined::Call(RunCall::new(
                         Ticket::Memory(store.clone(), entry),
-                        call.reserve,
+                        call,
                         key.id.clone(),
                         admitted,
-                        &run_limits.0,
+                        RunOf {
+                            max_tokens: run_limits.max_tokens,
+                            stops_loops: run_limits.max_repeats.is_some(),
+                        },
                     ))),
                     Err((refusal, view)) => {
-                        self.metrics.refused(&run_limits.1, refusal.reason());
+                        self.metrics.refused(&run_route, refusal.reason());
                         Err((refusal_error(&key.id, refusal), Some(view)))
                     }
                 }
             }
             Store::Redis(shared) => {
-                let wait = shared
-                    .timeout
-                    .min(bound.saturating_duration_since(Instant::now()));
-                let expire = shared.ttl + call_budget;
-                let answer = tokio::time::timeout(
-                    wait,
-                    shared.store.admit(key, route, limits, call, expire),
-                )
-                .await
-                .unwrap_or(Err(StoreError::Timeout(wait)));
-                match answer {
-                    Ok(RedisAdmission::Admitted(admitted)) => Ok(Some(RunCall::new(
-                        Ticket::Redis(shared.clone(), key_of(key)),
-                        call.reserve,
-                        key.id.clone(),
-                        admitted,
-                        // The run's own limits live in Redis; what the call needs of them it
-                        // was told (token allowance), and loops are followed by the store.
-                        &RunLimits {
-                            max_repeats: limits.max_repeats.or(Some(u32::MAX)),
-                            ..*limits
+                self.admit_shared(shared, key, route, limits, call, bound, call_budget)
+                    .await
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn admit_shared(
+        &self,
+        shared: &Arc<Shared>,
+        key: &RunKey,
+        route: &Arc<str>,
+        limits: &RunLimits,
+        call: &Call,
+        bound: Instant,
+        call_budget: Duration,
+    ) -> Result<Joined, (GatewayError, Option<View>)> {
+        let left = bound.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(Joined::OutOfTime);
+        }
+        // The call's own budget, not the store, is what runs out first.
+        let budget_bound = left < shared.timeout;
+        let wait = shared.timeout.min(left);
+        let expire = shared.ttl + call_budget;
+        let token = shared.token();
+        let answer = match tokio::time::timeout(
+            wait,
+            shared.store.admit(key, route, limits, call, expire, &token),
+        )
+        .await
+        {
+            Ok(answer) => answer,
+            Err(_) => {
+                let served = !budget_bound && shared.on_error == OnStoreError::Allow;
+                shared.cancel_later(key_of(key), token.clone(), served);
+                if budget_bound {
+                    return Ok(Joined::OutOfTime);
+                }
+                Err(StoreError::Timeout(wait))
+            }
+        };
+        match answer {
+            Ok(RedisAdmission::Admitted(admitted, run)) => Ok(Joined::Call(RunCall::new(
+                Ticket::Redis(shared.clone(), key_of(key), token),
+                call,
+                key.id.clone(),
+                admitted,
+                run,
+            ))),
+            Ok(RedisAdmission::Refused {
+                refusal,
+                view,
+                ended,
+                route: run_route,
+            }) => {
+                self.metrics.refused(&run_route, refusal.reason());
+                if let Some(e) = &ended {
+                    shared.report(e);
+                }
+                Err((refusal_error(&key.id, refusal), Some(view)))
+            }
+            Err(e) => {
+                shared.failed("admit", &e);
+                match shared.on_error {
+                    OnStoreError::Allow => Ok(Joined::Unlimited),
+                    OnStoreError::Deny => Err((
+                        GatewayError::RunStoreUnavailable {
+                            reason: format!("{} ({})", e, shared.shown),
                         },
-                    ))),
-                    Ok(RedisAdmission::Refused {
-                        refusal,
-                        view,
-                        ended,
-                    }) => {
-                        let run_route = ended
-                            .as_ref()
-                            .map_or_else(|| route.clone(), |e| e.route.clone());
-                        self.metrics.refused(&run_route, refusal.reason());
-                        if let Some(e) = &ended {
-                            shared.report(e);
-                        }
-                        Err((refusal_error(&key.id, refusal), Some(view)))
-                    }
-                    Err(e) => {
-                        shared.failed("admit", &e);
-                        match shared.on_error {
-                            OnStoreError::Allow => Ok(None),
-                            OnStoreError::Deny => Err((
-                                GatewayError::RunStoreUnavailable {
-                                    reason: format!("{} ({})", e, shared.shown),
-                                },
-                                None,
-                            )),
-                        }
-                    }
+                        None,
+                    )),
                 }
             }
         }
@@ -341,8 +377,10 @@ mod tests {
                 Duration::from_secs(60),
             )
             .await
-            .unwrap()
             .unwrap();
+        let Joined::Call(admitted) = admitted else {
+            panic!("admitted: {admitted:?}")
+        };
         assert_eq!(runs.find("p").await.unwrap()[0].1.tokens_reserved, 400);
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let _held = admitted;

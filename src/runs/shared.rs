@@ -11,6 +11,10 @@ use tokio::time::Instant;
 use crate::config::OnStoreError;
 use crate::runs::redis::{Ended, RedisStore, StoreError};
 use crate::runs::state::Used;
+
+/// How long the cancel of an admission a call gave up on is tried: a store down for longer
+/// lost its runs or kept them; either way the reservation ends with the run's ttl.
+const CANCEL_FOR: Duration = Duration::from_secs(60);
 use crate::telemetry::metrics::RunMetrics;
 
 /// What the calls of a Redis store share.
@@ -27,9 +31,30 @@ pub struct Shared {
     pub(super) epoch: Instant,
     /// The last failure, for /readyz.
     pub(super) last_error: Mutex<Option<(Instant, String)>>,
+    /// This process's part of every call token, and its count of calls: a token names one
+    /// call among every replica's.
+    pub(super) nonce: u64,
+    pub(super) calls: AtomicU64,
+}
+
+/// A number no other replica (nor this one started again) draws.
+pub(super) fn nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish()
 }
 
 impl Shared {
+    /// A token for the next call's admission, unique across replicas.
+    pub(super) fn token(&self) -> String {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:x}", self.nonce)
+    }
+
     pub(super) fn report(&self, e: &Ended) {
         self.metrics.ended(
             &e.route,
@@ -65,12 +90,20 @@ impl Shared {
 
     /// Gives a call's reservation back in the background, bounded by the store's timeout; a
     /// reservation that cannot be given back expires with the run.
-    pub(super) fn finish_later(self: &Arc<Self>, key: String, reserve: u64, used: Used) {
+    pub(super) fn finish_later(
+        self: &Arc<Self>,
+        key: String,
+        token: String,
+        reserve: u64,
+        used: Used,
+    ) {
         let shared = self.clone();
         tokio::spawn(async move {
             let done = tokio::time::timeout(
                 shared.timeout,
-                shared.store.finish(&key, reserve, &used, shared.ttl),
+                shared
+                    .store
+                    .finish(&key, &token, reserve, &used, shared.ttl),
             )
             .await
             .unwrap_or(Err(StoreError::Timeout(shared.timeout)));
@@ -78,6 +111,33 @@ impl Shared {
                 Ok(Some(ended)) => shared.report(&ended),
                 Ok(None) => {}
                 Err(e) => shared.failed("finish", &e),
+            }
+        });
+    }
+
+    /// Cancels, in the background, the admission of a call that stopped waiting for it. The
+    /// script was sent: a store that was only slow runs it when it wakes, and what it
+    /// reserved then would stay reserved, with nobody to give it back, for as long as the run
+    /// lives. `served`: the call went on without run limits (it counts as a call, with
+    /// nothing used that the run saw); else it counts nowhere. Tried again, with backoff,
+    /// while the store does not answer: a store that is back gets the cancel.
+    pub(super) fn cancel_later(self: &Arc<Self>, key: String, token: String, served: bool) {
+        let shared = self.clone();
+        tokio::spawn(async move {
+            let each = shared.timeout.max(Duration::from_millis(500));
+            let mut pause = Duration::from_millis(100);
+            let give_up = Instant::now() + CANCEL_FOR;
+            loop {
+                let done = tokio::time::timeout(
+                    each,
+                    shared.store.cancel(&key, &token, served, shared.ttl),
+                )
+                .await;
+                if matches!(done, Ok(Ok(_))) || Instant::now() + pause > give_up {
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
             }
         });
     }

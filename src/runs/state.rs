@@ -60,7 +60,8 @@ pub struct Call {
     pub reserve: u64,
     /// The client's `x-run-budget-ms`: may only shorten the run.
     pub asked_budget: Option<Duration>,
-    /// Its request body's fingerprint, when the run stops loops.
+    /// Its request body's fingerprint, when the run stops loops (counted as a repeat when
+    /// the call ends answered; see `Used::request`).
     pub request: Option<u64>,
     /// When the call arrived: a run's first call fixes its deadline from here.
     pub at: Instant,
@@ -141,9 +142,25 @@ impl Refusal {
 pub struct Used {
     /// Prompt and completion tokens, reported or estimated.
     pub tokens: u64,
-    /// The tool calls the model answered with (fingerprint, first tool's name); `None` when
-    /// it answered without one, or the answer was not read to its end.
-    pub answer: Option<(u64, String)>,
+    pub answer: Answer,
+    /// The request body's fingerprint, when the call ended in a way a client does not retry
+    /// (an answer, or a 4xx other than 408/409/429): the same body after that is the agent
+    /// asking again, a repeat. After a 5xx, a 429 or a cut, the same body is a retry, and
+    /// counts nowhere.
+    pub request: Option<u64>,
+}
+
+/// What the model answered, as the loop stop follows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Answer {
+    /// No answer was read to its end (a failure, a cut, a refusal): the streak stands, so a
+    /// loop whose calls sometimes fail is still a loop.
+    #[default]
+    Unread,
+    /// An answer without a tool call: it breaks the streak.
+    Plain,
+    /// The tool calls the model answered with: fingerprint, first tool's name.
+    Tools(u64, String),
 }
 
 /// One run.
@@ -243,9 +260,6 @@ impl RunState {
         self.in_flight += 1;
         self.last_call = call.now;
         self.tokens_reserved = self.tokens_reserved.saturating_add(call.reserve);
-        if let Some(fp) = call.request {
-            bump(&mut self.request, fp, None);
-        }
         let others = self.tokens_used + self.tokens_reserved - call.reserve;
         Ok(Admitted {
             view: self.view(),
@@ -323,9 +337,12 @@ impl RunState {
         self.tokens_reserved = self.tokens_reserved.saturating_sub(reserve);
         self.tokens_used = self.tokens_used.saturating_add(used.tokens);
         match &used.answer {
-            Some((fp, tool)) => bump(&mut self.answer, *fp, Some(tool)),
-            // An answer without a tool call breaks the streak.
-            None => self.answer = None,
+            Answer::Tools(fp, tool) => bump(&mut self.answer, *fp, Some(tool)),
+            Answer::Plain => self.answer = None,
+            Answer::Unread => {}
+        }
+        if let Some(fp) = used.request {
+            bump(&mut self.request, fp, None);
         }
         if self.exhausted() && self.ended.is_none() {
             let limit = self.limits.max_tokens.unwrap_or(0);

@@ -38,6 +38,9 @@ pub struct RunTokens {
     pub limit: u64,
     /// What the run's other calls have not used or reserved: past it, the stream is cut.
     pub allowance: u64,
+    /// The prompt's tokens, estimated from the request body, for a stream that does not
+    /// report them.
+    pub prompt_estimate: u64,
 }
 
 impl StreamLimits {

@@ -457,13 +457,16 @@ fn end_after_error<B, O: Observer>(
     *state = State::Done;
 }
 
-/// The run's token limit, once what this answer used (the prompt as reported, the completion
-/// as reported or estimated) passes what its run left it.
+/// The run's token limit, once what this answer used (the prompt as reported or estimated,
+/// the completion as reported or estimated) passes what its run left it.
 #[inline]
 fn run_tokens_spent(progress: &Progress, limits: &StreamLimits) -> Option<GatewayError> {
     let run = limits.run_tokens.as_ref()?;
     let t = progress.tokens()?;
-    let used = t.prompt.unwrap_or(0).saturating_add(t.completion().0);
+    let used = t
+        .prompt
+        .unwrap_or(run.prompt_estimate)
+        .saturating_add(t.completion().0);
     (used > run.allowance).then(|| GatewayError::RunTokensSpent {
         run: run.run.to_string(),
         limit: run.limit,

@@ -312,8 +312,12 @@ async fn a_redis_that_never_answers_costs_a_call_its_store_timeout_not_its_budge
         took < Duration::from_secs(3),
         "bounded by the 800 ms budget: {took:?}"
     );
-    // The store's wait left the call what it needs: served, without run limits.
-    assert_eq!(status, 200, "{body}");
+    // Its budget, not the store, ran out: the call cannot fit the upstream any more. Not
+    // served without run limits (a short budget must not be a way around them), and never
+    // sent upstream.
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(body["error"]["code"], "insufficient_budget", "{body}");
+    assert!(fake.requests().is_empty());
     held.abort();
 }
 
@@ -415,4 +419,96 @@ async fn a_replica_that_dies_mid_call_leaves_only_that_calls_reservation_until_t
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The run's state in `p`'s store, once `settled` says it is what the test waits for (the
+/// end of a call reaches a shared store a moment after its answer), or after 5 s.
+async fn run_state(
+    p: &Process,
+    id: &str,
+    settled: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = crate::support::admin_get(p.admin, &format!("/runs/{id}")).await;
+        let run: serde_json::Value = serde_json::from_str(&text).unwrap();
+        if settled(&run["runs"][0]["used"]) || Instant::now() > deadline {
+            return run;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Redis freezes (a long fork, a stalled host) while calls wait on it: each call stops
+/// waiting at its store timeout, but its admission script was sent, and Redis runs it when
+/// it thaws. What those admissions reserved is given back; `allow` served its calls (they
+/// count), `deny` refused them (they do not).
+#[tokio::test]
+async fn admissions_redis_runs_after_the_call_stopped_waiting_are_given_back() {
+    if crate::support::redis::skip() {
+        return;
+    }
+    let redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = config(&fake, &redis.url(), "allow", "100ms").replace(
+        "run_max_calls = 10",
+        "run_max_calls = 10\nrun_max_tokens = 100000\nrun_token_estimate = 500",
+    );
+    let allow = Process::spawn(&toml, &[], &[]).await;
+    let deny = Process::spawn(&toml.replace("\"allow\"", "\"deny\""), &[], &[]).await;
+    for (p, id, served) in [(&allow, "thaw-allow", 200), (&deny, "thaw-deny", 503)] {
+        let run = [("x-run-id", id), ("x-run-budget-ms", "60000")];
+        assert_eq!(send(p, call(false, &run, 0)).await.0, 200);
+        redis.pause();
+        let (one, two, three) = tokio::join!(
+            send(p, call(false, &run, 1)),
+            send(p, call(false, &run, 2)),
+            send(p, call(false, &run, 3)),
+        );
+        for (status, headers, body) in [one, two, three] {
+            assert_eq!(status, served, "{body}");
+            assert!(!headers.contains_key("x-run-calls-left"));
+        }
+        // Longer than the store connection's response timeout (500 ms): the manager gives
+        // that connection up, and the scripts sent on it run on the thaw all the same.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        redis.resume();
+        let calls = if served == 200 { 4 } else { 1 };
+        let state = run_state(p, id, |u| {
+            u["in_flight"] == 0 && u["tokens_reserved"] == 0 && u["calls"] == calls
+        })
+        .await;
+        let used = &state["runs"][0]["used"];
+        assert_eq!(used["tokens_reserved"], 0, "{state}");
+        assert_eq!(used["in_flight"], 0, "{state}");
+        assert_eq!(used["calls"], calls, "{state}");
+    }
+}
+
+/// A run is forgotten `ttl` after its last call: its keys expire then, not `ttl` plus the
+/// budget the call had when it was admitted.
+#[tokio::test]
+async fn a_finished_runs_keys_live_ttl_after_its_last_call() {
+    if crate::support::redis::skip() {
+        return;
+    }
+    let redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml =
+        config(&fake, &redis.url(), "deny", "200ms").replace("[runs]\n", "[runs]\nttl = \"2s\"\n");
+    let a = Process::spawn(&toml, &[], &[]).await;
+    let run = [("x-run-id", "ttl"), ("x-request-budget-ms", "30000")];
+    assert_eq!(send(&a, call(false, &run, 0)).await.0, 200);
+    run_state(&a, "ttl", |u| u["in_flight"] == 0).await;
+    let pttl: i64 = redis
+        .query("PTTL hg:{-/ttl}")
+        .await
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    assert!((1..=2000).contains(&pttl), "ttl, not ttl + 30 s: {pttl}");
 }

@@ -60,6 +60,20 @@ upstream = "fake"
 run_max_tokens = 100
 run_token_estimate = 60
 
+# No run limits of its own: a call of a run started elsewhere is held to that run's.
+[[routes]]
+name = "plain"
+path_prefix = "/v1/chat/completions"
+models = ["plain"]
+upstream = "fake"
+
+[[routes]]
+name = "wide"
+path_prefix = "/v1/chat/completions"
+models = ["wide"]
+upstream = "fake"
+run_max_tokens = 100000
+
 [[routes]]
 name = "timed"
 path_prefix = "/v1/chat/completions"
@@ -161,6 +175,11 @@ on_both_stores!(
     a_reservation_comes_back_however_the_call_ends,
     a_stream_past_the_runs_tokens_is_cut,
     a_request_without_a_run_id_is_in_no_run,
+    a_call_on_another_route_is_held_to_the_runs_tokens,
+    a_document_past_the_runs_tokens_is_delivered_and_counted,
+    a_stream_that_reports_no_usage_counts_its_prompt,
+    a_request_retried_after_a_failure_is_not_a_repeat,
+    a_run_is_found_by_its_exact_id,
 );
 
 /// A Chat Completions request to the route `route` (each route takes one model).
@@ -691,4 +710,168 @@ async fn a_request_without_a_run_id_is_in_no_run(store: Store) {
         assert!(resp.headers().get("x-run-calls-left").is_none());
         json_body(resp).await;
     }
+}
+
+/// The run's limits are the route's that started it: a call on a route without run keys
+/// reserves its own `max_tokens` and is cut when the run's tokens run out.
+async fn a_call_on_another_route_is_held_to_the_runs_tokens(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let (resp, _c) = h
+        .send(call(
+            "/tokens",
+            false,
+            &[("x-run-id", "cross")],
+            r#","max_tokens":5"#,
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    let (resp, _c) = h
+        .send(call(
+            "/plain",
+            true,
+            &[
+                ("x-run-id", "cross"),
+                ("x-fake-chunks", "400"),
+                ("x-fake-interval-ms", "1"),
+            ],
+            r#","max_tokens":5"#,
+        ))
+        .await;
+    assert_eq!(resp.status(), 200, "reserved its own 5, not an estimate");
+    let left: u64 = resp.headers()["x-run-tokens-left"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        left <= 90,
+        "the run's tokens, less both reservations: {left}"
+    );
+    let read = read_body(resp.into_body()).await;
+    let error = read.error_event().expect("cut with why");
+    assert_eq!(error["code"], "run_token_limit", "{error}");
+    h.wait_requests("plain", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"run_tokens\",route=\"plain\"}")
+            .await,
+        1.0
+    );
+    // Refused from now on, and counted as the run's route's refusal.
+    let (resp, _c) = h
+        .send(call("/plain", false, &[("x-run-id", "cross")], ""))
+        .await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(json_body(resp).await["error"]["code"], "run_token_limit");
+    assert_eq!(
+        h.metric("hourglass_run_refusals_total{reason=\"tokens\",route=\"tokens\"}")
+            .await,
+        1.0
+    );
+}
+
+/// A document's usage is read when it has all arrived, paid for: it is delivered whole, and
+/// what it used counts against the run, which refuses the next call.
+async fn a_document_past_the_runs_tokens_is_delivered_and_counted(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let (resp, _c) = h
+        .send(call(
+            "/tokens",
+            false,
+            &[("x-run-id", "doc"), ("x-fake-chunks", "300")],
+            r#","max_tokens":5"#,
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = json_body(resp).await;
+    assert!(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("tok300"),
+        "{body}"
+    );
+    h.wait_requests("tokens", 1.0).await;
+    let run = run_json(&h, "doc").await;
+    assert!(
+        run["runs"][0]["used"]["tokens"].as_u64().unwrap() > 100,
+        "{run}"
+    );
+    let (resp, _c) = h
+        .send(call("/tokens", false, &[("x-run-id", "doc")], ""))
+        .await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(json_body(resp).await["error"]["code"], "run_token_limit");
+}
+
+/// OpenAI's streams report no usage unless asked (`stream_options.include_usage`): the
+/// prompt still counts, estimated from the request body (a token for every 4 bytes).
+async fn a_stream_that_reports_no_usage_counts_its_prompt(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let long = "word ".repeat(800);
+    let (resp, _c) = h
+        .send(call(
+            "/wide",
+            true,
+            &[("x-run-id", "prompt"), ("x-fake-chunks", "3")],
+            &format!(r#","max_tokens":10,"user":"{long}""#),
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error_event().is_none());
+    h.wait_requests("wide", 1.0).await;
+    let run = run_json(&h, "prompt").await;
+    let used = run["runs"][0]["used"]["tokens"].as_u64().unwrap();
+    assert!(
+        (1000..1200).contains(&used),
+        "4,000 bytes of prompt, 3 tokens: {run}"
+    );
+}
+
+/// An SDK retries a 5xx or a 429 with the same body: a retry, not the agent asking again.
+async fn a_request_retried_after_a_failure_is_not_a_repeat(store: Store) {
+    let (h, _keep) = harness(store).await;
+    for _ in 0..5 {
+        let (resp, _c) = h
+            .send(call(
+                "/loops",
+                false,
+                &[("x-run-id", "retried"), ("x-fake-status", "503")],
+                "",
+            ))
+            .await;
+        assert_eq!(resp.status(), 503);
+        json_body(resp).await;
+    }
+    for _ in 0..3 {
+        let (resp, _c) = h
+            .send(call("/loops", false, &[("x-run-id", "retried")], ""))
+            .await;
+        assert_eq!(resp.status(), 200);
+        json_body(resp).await;
+        h.wait_requests("loops", 1.0).await;
+        run_json(&h, "retried").await;
+    }
+    // Answered three times: the fourth is the loop.
+    let (resp, _c) = h
+        .send(call("/loops", false, &[("x-run-id", "retried")], ""))
+        .await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(json_body(resp).await["error"]["code"], "run_loop_detected");
+}
+
+async fn a_run_is_found_by_its_exact_id(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let (resp, _c) = h
+        .send(call("/calls", false, &[("x-run-id", "a/b")], ""))
+        .await;
+    json_body(resp).await;
+    h.wait_requests("calls", 1.0).await;
+    assert_eq!(
+        run_json(&h, "a/b").await["runs"].as_array().unwrap().len(),
+        1
+    );
+    let other = run_json_now(&h, "b").await;
+    assert_eq!(other["runs"].as_array().map_or(0, Vec::len), 0, "{other}");
 }

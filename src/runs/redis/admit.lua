@@ -2,15 +2,19 @@
 -- src/runs/state.rs, RunState::admit; the store tests hold both stores to them).
 --
 -- KEYS[1]  the run's hash (hash-tagged: one Redis Cluster slot per run)
+-- KEYS[2]  this call's tombstone (same hash tag): set by cancel.lua when the call stopped
+--          waiting for this admission, so that an admission run later changes nothing
 -- ARGV     1 route, 2 budget_ms, 3 max_budget_ms, 4 max_calls, 5 max_tokens,
 --          6 max_repeats, 7 token_estimate ('' for unset): the limits a new run takes;
 --          8 reserve, 9 asked_budget_ms (''), 10 request fingerprint (''), 11 need_ms,
---          12 since_arrival_ms, 13 expire_ms (ttl plus this call's budget)
+--          12 since_arrival_ms, 13 expire_ms (ttl plus this call's budget), 14 call token
 --
 -- Returns {1, deadline_left_ms, calls_left, tokens_left, allowance, run_budget_ms, started,
---          max_tokens, max_repeats} (-1 for none), or {0, ended_now, deadline_left_ms,
---          calls_left, tokens_left, route, refusal...}.
+--          max_tokens, max_repeats} (the last two the run's limits, which the call is held
+--          to; -1 for none), {0, ended_now, deadline_left_ms, calls_left, tokens_left, route,
+--          refusal...}, or {2} for a call already cancelled.
 local k = KEYS[1]
+if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local arrival = now - tonumber(ARGV[12])
@@ -109,13 +113,8 @@ calls = calls + 1
 reserved = reserved + reserve
 redis.call('HSET', k, 'calls', calls, 'reserved', reserved, 'last', now)
 redis.call('HINCRBY', k, 'in_flight', 1)
-if request ~= '' then
-  if h.req_fp == request then
-    redis.call('HINCRBY', k, 'req_n', 1)
-  else
-    redis.call('HSET', k, 'req_fp', request, 'req_n', 1)
-  end
-end
+-- What this call holds, until finish.lua or cancel.lua gives it back (once).
+redis.call('HSET', k, 'p:' .. ARGV[14], reserve)
 local expire = tonumber(ARGV[13])
 if redis.call('PTTL', k) < expire then redis.call('PEXPIRE', k, expire) end
 local allowance = -1

@@ -1,13 +1,18 @@
 -- The end of one call of a run, as one atomic step (src/runs/state.rs, RunState::finish):
--- its reservation becomes what it used, and the repeats of its answer are followed.
+-- its reservation becomes what it used, and the repeats of its answer and request are
+-- followed.
 --
 -- KEYS[1]  the run's hash
--- ARGV     1 reserve, 2 tokens used, 3 answer fingerprint ('' for none), 4 tool name,
---          5 ttl_ms
+-- ARGV     1 reserve, 2 tokens used, 3 answer: '' none read (the streak stands), '-' one
+--          without a tool call (it breaks the streak), else its tool calls' fingerprint;
+--          4 tool name, 5 ttl_ms, 6 request fingerprint ('' when it does not count),
+--          7 the call's token
 --
 -- Returns {ended_now, route, calls, used, age_ms}; {} when the run is gone (expired).
 local k = KEYS[1]
 if redis.call('EXISTS', k) == 0 then return {} end
+-- Given back once: a call that cancel.lua already gave back has nothing left to give.
+if redis.call('HDEL', k, 'p:' .. ARGV[7]) == 0 then return {} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local h = {}
@@ -18,15 +23,21 @@ local in_flight = math.max(0, (num(h.in_flight) or 0) - 1)
 local reserved = math.max(0, (num(h.reserved) or 0) - tonumber(ARGV[1]))
 local used = (num(h.used) or 0) + tonumber(ARGV[2])
 redis.call('HSET', k, 'in_flight', in_flight, 'reserved', reserved, 'used', used, 'last', now)
-if ARGV[3] ~= '' then
+if ARGV[3] == '-' then
+  redis.call('HDEL', k, 'ans_fp', 'ans_tool', 'ans_n')
+elseif ARGV[3] ~= '' then
   if h.ans_fp == ARGV[3] then
     redis.call('HINCRBY', k, 'ans_n', 1)
   else
     redis.call('HSET', k, 'ans_fp', ARGV[3], 'ans_tool', ARGV[4], 'ans_n', 1)
   end
-else
-  -- An answer without a tool call breaks the streak.
-  redis.call('HDEL', k, 'ans_fp', 'ans_tool', 'ans_n')
+end
+if ARGV[6] ~= '' then
+  if h.req_fp == ARGV[6] then
+    redis.call('HINCRBY', k, 'req_n', 1)
+  else
+    redis.call('HSET', k, 'req_fp', ARGV[6], 'req_n', 1)
+  end
 end
 local ended_now = 0
 local max_tokens = num(h.max_tokens)
@@ -35,6 +46,8 @@ if max_tokens ~= nil and used >= max_tokens and (h.ended == nil or h.ended == ''
     'refused', cjson.encode({'tokens', max_tokens, used, reserved, 0}))
   ended_now = 1
 end
+-- Forgotten ttl after its last call: exactly that once no call is in flight (an admission
+-- kept the key alive for the call's budget too); while one is, never shorter.
 local ttl = tonumber(ARGV[5])
-if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+if in_flight == 0 or redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
 return {ended_now, h.route, num(h.calls) or 0, used, now - (num(h.started) or now)}

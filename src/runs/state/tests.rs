@@ -24,7 +24,8 @@ fn call(at: Instant) -> Call {
 fn tool(fp: u64) -> Used {
     Used {
         tokens: 10,
-        answer: Some((fp, "get_weather".into())),
+        answer: Answer::Tools(fp, "get_weather".into()),
+        request: None,
     }
 }
 
@@ -173,7 +174,7 @@ async fn tokens_are_reserved_then_replaced_by_what_was_used() {
         600,
         &Used {
             tokens: 150,
-            answer: None,
+            ..Used::default()
         },
     );
     assert_eq!((r.tokens_used, r.tokens_reserved), (150, 300));
@@ -182,7 +183,7 @@ async fn tokens_are_reserved_then_replaced_by_what_was_used() {
         300,
         &Used {
             tokens: 900,
-            answer: None,
+            ..Used::default()
         },
     );
     assert_eq!(r.ended, Some(RunEnd::Tokens), "used past the limit");
@@ -228,7 +229,11 @@ async fn an_answer_without_a_tool_call_breaks_the_streak() {
         ..RunLimits::UNLIMITED
     };
     let mut r = run(limits, t0);
-    for used in [tool(1), Used::default(), tool(1), Used::default(), tool(1)] {
+    let plain = Used {
+        answer: Answer::Plain,
+        ..Used::default()
+    };
+    for used in [tool(1), plain.clone(), tool(1), plain, tool(1)] {
         r.admit(&call(t0)).unwrap();
         r.finish(100, &used);
     }
@@ -243,20 +248,26 @@ async fn the_same_request_body_again_and_again_is_a_loop_too() {
         ..RunLimits::UNLIMITED
     };
     let mut r = run(limits, t0);
-    let same = Call {
-        request: Some(42),
-        ..call(t0)
+    let asked = |fp| Used {
+        answer: Answer::Plain,
+        request: Some(fp),
+        ..Used::default()
     };
-    r.admit(&same).unwrap();
-    r.admit(&same).unwrap();
-    let other = Call {
-        request: Some(43),
-        ..call(t0)
-    };
-    // Not before the same body comes a third time.
-    r.admit(&other).unwrap();
-    r.admit(&other).unwrap();
-    let (e, _) = r.admit(&other).unwrap_err();
+    for fp in [42, 42, 43, 43] {
+        let c = Call {
+            request: Some(fp),
+            ..call(t0)
+        };
+        r.admit(&c).unwrap();
+        r.finish(100, &asked(fp));
+    }
+    // Not before the same body was answered twice.
+    let (e, _) = r
+        .admit(&Call {
+            request: Some(43),
+            ..call(t0)
+        })
+        .unwrap_err();
     assert_eq!(
         e,
         Refusal::Loop(Repeat {
@@ -265,6 +276,54 @@ async fn the_same_request_body_again_and_again_is_a_loop_too() {
             count: 2
         })
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_of_a_failed_call_is_not_a_repeat() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_repeats: Some(2),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let same = Call {
+        request: Some(42),
+        ..call(t0)
+    };
+    // An SDK retries a 5xx or a 429 with the same body: those calls end without counting.
+    for _ in 0..5 {
+        r.admit(&same).unwrap();
+        r.finish(100, &Used::default());
+    }
+    r.admit(&same).unwrap();
+    r.finish(
+        100,
+        &Used {
+            answer: Answer::Plain,
+            request: Some(42),
+            ..Used::default()
+        },
+    );
+    assert!(r.admit(&same).is_ok(), "answered once, retried five times");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_call_leaves_the_tool_call_streak_as_it_was() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_repeats: Some(3),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    // tool, tool, a 503, tool: the loop is still three of the same in a row.
+    for used in [tool(5), tool(5), Used::default(), tool(5)] {
+        r.admit(&call(t0)).unwrap();
+        r.finish(100, &used);
+    }
+    assert!(matches!(
+        r.admit(&call(t0)).unwrap_err().0,
+        Refusal::Loop(Repeat { count: 3, .. })
+    ));
 }
 
 #[tokio::test(start_paused = true)]

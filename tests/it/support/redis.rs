@@ -120,6 +120,41 @@ impl RedisServer {
         ) && (buf[0] == b'+' || buf[0] == b'-')
     }
 
+    /// Freezes it (SIGSTOP): connections stay open, commands wait unanswered, as in a long
+    /// fork or a stalled host.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws it (SIGCONT): it runs what waited.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// One command, in Redis's inline form; its reply's first line.
+    pub async fn query(&self, command: &str) -> String {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        s.write_all(format!("{command}\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut line = String::new();
+        tokio::io::BufReader::new(s)
+            .read_line(&mut line)
+            .await
+            .unwrap();
+        line.trim_end().to_owned()
+    }
+
     /// Stops it (SIGKILL, by PID) and waits until it is gone.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
