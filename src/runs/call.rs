@@ -10,14 +10,7 @@ use tokio::time::Instant;
 
 use crate::runs::memory::{Entry, MemoryStore};
 use crate::runs::shared::Shared;
-use crate::runs::state::{Admitted, Call, Used, View};
-
-/// What a call needs to know of its run's limits.
-#[derive(Debug, Clone, Copy)]
-pub struct RunOf {
-    pub max_tokens: Option<u64>,
-    pub stops_loops: bool,
-}
+use crate::runs::state::{Admitted, Call, RunOf, Used, View};
 
 /// Where the call's run is, to give its reservation back.
 pub(super) enum Ticket {

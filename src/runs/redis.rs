@@ -26,9 +26,10 @@ use redis::{Script, Value};
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
-use crate::runs::call::RunOf;
 use crate::runs::id::RunKey;
-use crate::runs::state::{Admitted, Answer, Call, Refusal, Repeat, RunEnd, RunState, Used, View};
+use crate::runs::state::{
+    Admitted, Answer, Call, Refusal, Repeat, RunEnd, RunOf, RunState, Used, View,
+};
 
 /// Why the store did not answer.
 #[derive(Debug, Clone, thiserror::Error)]

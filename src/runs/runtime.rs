@@ -11,12 +11,12 @@ use tokio::time::Instant;
 
 use crate::config::{OnStoreError, RunLimits, RunStore, RunsConfig};
 use crate::error::GatewayError;
-use crate::runs::call::{RunCall, RunOf, Ticket};
+use crate::runs::call::{RunCall, Ticket};
 use crate::runs::id::RunKey;
 use crate::runs::memory::{Ends, MemoryStore};
 use crate::runs::redis::{key_of, RedisAdmission, RedisStore, StoreError};
 use crate::runs::shared::Shared;
-use crate::runs::state::{Call, Refusal, RunEnd, RunState, View};
+use crate::runs::state::{Call, Refusal, RunEnd, RunOf, RunState, View};
 use crate::telemetry::metrics::RunMetrics;
 
 /// How a call joined its run.

@@ -95,6 +95,14 @@ pub struct Admitted {
     pub started: bool,
 }
 
+/// What an admitted call needs to know of its run's limits (the run's, which the route that
+/// started it fixed, not those of the call's own route).
+#[derive(Debug, Clone, Copy)]
+pub struct RunOf {
+    pub max_tokens: Option<u64>,
+    pub stops_loops: bool,
+}
+
 /// Why a run refused a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
