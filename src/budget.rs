@@ -203,7 +203,9 @@ impl Budget {
     pub fn ensure_useful(&self, now: Instant) -> Result<(), GatewayError> {
         let usable = self.usable(now);
         if usable < self.min_useful || usable.is_zero() {
-            let whole = self.total.saturating_sub(self.reserve) < self.min_useful;
+            // A budget of exactly reserve + min_useful is spent below it by the time any
+            // check runs: too small from the start, too.
+            let whole = self.total.saturating_sub(self.reserve) <= self.min_useful;
             return Err(self.too_little(now, self.min_useful, whole));
         }
         Ok(())
@@ -219,7 +221,8 @@ impl Budget {
             return deadline_error(self.total, self.run.as_ref(), left);
         }
         GatewayError::InsufficientBudget {
-            remaining: left,
+            // What the message calls left after the reserve.
+            remaining: self.usable(now),
             reserve: self.reserve,
             min_useful: needed,
             whole,

@@ -293,7 +293,7 @@ impl RequestRecord {
         started: Instant,
     ) {
         if let Err(GatewayError::FirstTokenTimeout { after, .. }) = outcome {
-            learn_first_token(&entry.upstream, *after);
+            entry.upstream.ttft.observe_bound(*after);
         }
         // Most requests make one attempt: room for one, not the four a first push makes, held
         // for as long as the stream is open.
@@ -494,7 +494,16 @@ impl Observer for RequestRecord {
     fn finish(&mut self, end: StreamEnd) {
         match end {
             StreamEnd::Complete => self.complete(),
-            StreamEnd::Cut(e) => self.fail(&e),
+            StreamEnd::Cut(e) => {
+                // The head went out before the first token (the upstream sent it early):
+                // the limit that fired is a bound all the same.
+                if let (GatewayError::FirstTokenTimeout { after, .. }, Some(up)) =
+                    (&e, &self.upstream)
+                {
+                    up.ttft.observe_bound(*after);
+                }
+                self.fail(&e)
+            }
             StreamEnd::UpstreamErrorEvent => {
                 self.code = Some("upstream_error_event");
                 self.end = Some(End::Error("upstream_error_event"));
@@ -503,9 +512,9 @@ impl Observer for RequestRecord {
     }
 }
 
-/// The one place the upstreams' time-to-first-token estimates learn from: a first token that
-/// came `took` after the request was sent, or a first-token limit of `took` that fired first
-/// (a lower bound).
+/// Where the upstreams' time-to-first-token estimates learn from a first token that came
+/// `took` after the request was sent (a first-token limit that fired first is a lower bound:
+/// `attempt`).
 fn learn_first_token(upstream: &Upstream, took: Duration) {
     upstream.ttft.observe(took);
 }

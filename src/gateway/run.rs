@@ -37,10 +37,12 @@ pub async fn join(
     body: &[u8],
     budget: &mut Budget,
 ) -> Result<Option<RunCall>, NotJoined> {
+    // Read first: a malformed run budget is refused like any budget header, even on a call
+    // that names no run (its client meant one, and would never learn it was ignored).
+    let asked_budget = run_budget(headers)?;
     let Some(id) = run_id(headers, &route.route.run_id)? else {
         return Ok(None);
     };
-    let asked_budget = run_budget(headers)?;
     let limits = &route.route.run_limits;
     let key = RunKey {
         // A client can never touch another's run: the run is the key's.

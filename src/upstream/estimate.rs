@@ -2,47 +2,81 @@
 //! that decides whether an attempt still fits a request's remaining budget.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// A per-upstream estimate of time to first token: a decaying high quantile of recent
 /// observations. It rises quickly towards a slow observation and sinks slowly after fast
 /// ones (an asymmetric moving average whose equilibrium sits near the 90th percentile), so
-/// one lucky answer does not make a slow upstream look cheap. Seeded from the upstream's
-/// `expected_first_token`; zero (unknown) until then, which lets every attempt through.
+/// one lucky answer does not make a slow upstream look cheap.
+///
+/// It also forgets with time: between observations it returns, with a half-life of
+/// `HALF_LIFE`, to its seed (`expected_first_token`, or zero: unknown, which lets every
+/// attempt through). The estimate keeps requests whose budget it says cannot fit from ever
+/// reaching the upstream, so those requests teach it nothing: without forgetting, one hung
+/// generation would shut out every shorter budget for good, however fast the upstream is
+/// again.
 #[derive(Debug, Default)]
 pub struct TtftEstimate {
     /// Seconds as `f64` bits. Updates race benignly: an estimate, not an account.
     bits: AtomicU64,
+    /// The seed, seconds as `f64` bits: what the estimate returns to.
+    seed: AtomicU64,
+    /// When it was last observed: ms since `epoch()`.
+    at: AtomicU64,
 }
 
 const RISE: f64 = 0.3;
 const SINK: f64 = 0.03;
+/// How fast an estimate returns to its seed without observations.
+pub const HALF_LIFE: Duration = Duration::from_secs(30);
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
 
 impl TtftEstimate {
     pub fn new(seed: Option<Duration>) -> Self {
         let s = Self::default();
         if let Some(d) = seed {
-            s.set(d.as_secs_f64());
+            s.seed.store(d.as_secs_f64().to_bits(), Ordering::Relaxed);
+            s.set(d.as_secs_f64(), Instant::now());
         }
         s
     }
 
-    fn set(&self, secs: f64) {
+    fn set(&self, secs: f64, now: Instant) {
         self.bits.store(secs.to_bits(), Ordering::Relaxed);
+        let ms = now.saturating_duration_since(epoch()).as_millis() as u64;
+        self.at.store(ms, Ordering::Relaxed);
     }
 
-    fn secs(&self) -> f64 {
-        f64::from_bits(self.bits.load(Ordering::Relaxed))
+    /// The estimate at `now`, in seconds: the last one, gone back towards the seed by the
+    /// half-lives since it was set.
+    fn secs(&self, now: Instant) -> f64 {
+        let q = f64::from_bits(self.bits.load(Ordering::Relaxed));
+        let seed = f64::from_bits(self.seed.load(Ordering::Relaxed));
+        let since = now.saturating_duration_since(epoch()).as_millis() as u64;
+        let idle = since.saturating_sub(self.at.load(Ordering::Relaxed));
+        if idle == 0 || q == seed {
+            return q;
+        }
+        let kept = (-(idle as f64) / HALF_LIFE.as_millis() as f64 * std::f64::consts::LN_2).exp();
+        seed + (q - seed) * kept
     }
 
     pub fn get(&self) -> Duration {
-        Duration::from_secs_f64(self.secs().max(0.0))
+        Duration::from_secs_f64(self.secs(Instant::now()).max(0.0))
     }
 
-    /// One observed time to first token (or a lower bound of it, when the limit fired first).
+    /// One observed time to first token.
     pub fn observe(&self, d: Duration) {
+        let now = Instant::now();
         let x = d.as_secs_f64();
-        let q = self.secs();
+        let q = self.secs(now);
         let next = if q <= 0.0 {
             x
         } else if x > q {
@@ -50,7 +84,20 @@ impl TtftEstimate {
         } else {
             q + SINK * (x - q)
         };
-        self.set(next);
+        self.set(next, now);
+    }
+
+    /// A first-token limit of `d` fired before the first token: it takes at least that
+    /// long, by how much more nobody knows. The estimate rises towards it as towards a slow
+    /// observation (from zero when unknown: one hung generation is not the upstream's
+    /// measure); a bound below the estimate says nothing.
+    pub fn observe_bound(&self, d: Duration) {
+        let now = Instant::now();
+        let x = d.as_secs_f64();
+        let q = self.secs(now).max(0.0);
+        if x > q {
+            self.set(q + RISE * (x - q), now);
+        }
     }
 }
 
@@ -62,8 +109,8 @@ mod tests {
         Duration::from_millis(n)
     }
 
-    #[test]
-    fn estimate_is_seeded_then_tracks_a_high_quantile() {
+    #[tokio::test(start_paused = true)]
+    async fn estimate_is_seeded_then_tracks_a_high_quantile() {
         let e = TtftEstimate::new(None);
         assert_eq!(e.get(), Duration::ZERO);
         e.observe(ms(200));
@@ -83,5 +130,38 @@ mod tests {
         );
         seeded.observe(ms(5000));
         assert!(seeded.get() > ms(2500), "rises fast");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_observations_it_returns_to_its_seed() {
+        let e = TtftEstimate::new(None);
+        e.observe(ms(4000));
+        tokio::time::advance(HALF_LIFE).await;
+        let half = e.get();
+        assert!(half > ms(1990) && half < ms(2010), "{half:?}");
+        tokio::time::advance(HALF_LIFE * 9).await;
+        assert!(e.get() < ms(10), "{:?}", e.get());
+        let seeded = TtftEstimate::new(Some(ms(1000)));
+        seeded.observe(ms(5000));
+        tokio::time::advance(HALF_LIFE * 10).await;
+        let back = seeded.get();
+        assert!(back > ms(1000) && back < ms(1010), "{back:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_that_fired_is_a_bound_not_a_measure() {
+        let e = TtftEstimate::new(None);
+        // One hung generation, cut by a 5 s first-token limit: not a 5 s estimate.
+        e.observe_bound(ms(5000));
+        assert_eq!(e.get(), ms(1500));
+        e.observe_bound(ms(5000));
+        let twice = e.get();
+        assert!(
+            twice > ms(2540) && twice < ms(2560),
+            "a pattern of them is: {twice:?}"
+        );
+        // A bound below the estimate says nothing.
+        e.observe_bound(ms(100));
+        assert_eq!(e.get(), twice);
     }
 }

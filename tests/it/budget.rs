@@ -349,3 +349,55 @@ async fn routes_match_on_model_globs() {
     let (resp, _c) = h.chat(&[("x-fake-ttft-ms", "500")]).await;
     assert_eq!(resp.status(), 200, "other models take the chat route");
 }
+
+/// One generation hung past the first-token limit (2 s) on an upstream nothing was known
+/// of: that says its first token can take 2 s or more, not that it always does. Requests
+/// whose budget fits the fast answers the upstream gives again still reach it; before, the
+/// limit became the estimate, and every shorter budget was refused without the upstream
+/// ever being asked again (so the estimate could never learn it was fast).
+#[tokio::test]
+async fn one_hung_generation_does_not_shut_out_shorter_budgets() {
+    let h = Harness::start().await;
+    let (resp, _c) = h
+        .send(chat_request(&[("x-fake-ttft-ms", "5000")], false))
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "first_token_timeout"
+    );
+    for _ in 0..5 {
+        let (resp, _c) = h.chat(&[("x-request-budget-ms", "1500")]).await;
+        assert_eq!(resp.status(), 200);
+        read_body(resp.into_body()).await;
+    }
+    assert_eq!(h.fake.requests().len(), 6, "every one reached the upstream");
+}
+
+/// The message's arithmetic: what is left after the reserve is what it says is left.
+#[tokio::test]
+async fn insufficient_budget_says_what_is_left_after_the_reserve() {
+    let h = Harness::with_config(&BASE.replace(
+        "idle_timeout = \"1s\"",
+        "idle_timeout = \"1s\"\nreserve = \"500ms\"",
+    ))
+    .await;
+    let (resp, _c) = h.chat(&[("x-request-budget-ms", "550")]).await;
+    assert_eq!(resp.status(), 504);
+    let v = json_body(resp).await;
+    let msg = v["error"]["message"].as_str().unwrap();
+    let left: u64 = msg
+        .trim_start_matches("insufficient budget: ")
+        .split("ms")
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(left <= 50, "{msg}");
+    // Exactly reserve + min_useful can never pass either: no point retrying it.
+    let (resp, _c) = h.chat(&[("x-request-budget-ms", "600")]).await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    json_body(resp).await;
+    assert!(h.fake.requests().is_empty());
+}

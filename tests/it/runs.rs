@@ -564,6 +564,12 @@ async fn bad_run_headers_are_refused_and_never_forwarded(store: Store) {
         .await;
     assert_eq!(resp.status(), 400);
     assert_eq!(json_body(resp).await["error"]["code"], "invalid_run_id");
+    // Without a run id too: its client meant a run, and is told its budget is malformed.
+    let (resp, _c) = h
+        .send(call("/calls", false, &[("x-run-budget-ms", "abc")], ""))
+        .await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(json_body(resp).await["error"]["code"], "invalid_budget");
     assert!(h.fake.requests().is_empty());
 }
 
