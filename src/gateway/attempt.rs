@@ -197,6 +197,14 @@ async fn hold_until_first_token(
             }
         };
         match frame {
+            // Cut short before its first token (a preamble, then the end): the upstream
+            // failed, and another attempt may yet answer.
+            None if progress.ended_short() => {
+                return Err(GatewayError::UpstreamError {
+                    upstream: limits.upstream.to_string(),
+                    reason: crate::stream::ENDED_SHORT.to_owned(),
+                })
+            }
             None => return Ok((None, first_byte)),
             Some(Err(e)) => {
                 return Err(GatewayError::UpstreamError {

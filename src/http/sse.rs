@@ -398,6 +398,12 @@ impl SseScanner {
         self.block_open || self.prefix_len > 0 || self.bom.partial()
     }
 
+    /// An event is open that would have dispatched had its blank line come: it has a `data`
+    /// line, or is in one. (A block of comments, `id:` or `retry:` dispatches nothing.)
+    pub fn open_event(&self) -> bool {
+        !self.stopped && (self.has_data || self.data_line != DataLine::None)
+    }
+
     /// Appends the next bytes of the line in progress, keeping only its first `PREFIX`.
     fn push_prefix(&mut self, bytes: &[u8]) {
         let len = usize::from(self.prefix_len);

@@ -74,6 +74,11 @@ struct Reader {
     /// What few answers need besides (boxed: inline it would double the size of every
     /// stream's inspector).
     extra: Option<Box<Extra>>,
+    /// An event of this format was recognised: the stream is the format's, and is expected
+    /// to end as the format ends.
+    recognised: bool,
+    /// The format's end was seen (`finished`, or OpenAI's `[DONE]`).
+    finished: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -97,6 +102,8 @@ impl Inspector {
                 output: false,
                 shape: None,
                 extra: None,
+                recognised: false,
+                finished: false,
             },
         }
     }
@@ -155,6 +162,17 @@ impl Inspector {
     /// the body, as far as the client is concerned) ended at that CR.
     pub fn error_pending(&self) -> bool {
         self.scanner.as_ref().is_some_and(SseScanner::error_pending)
+    }
+
+    /// The stream ended short: an event was still open (it had data, and no blank line
+    /// came to end it), or the format's events were recognised and none of them ended the
+    /// answer (no `finish_reason`, `[DONE]`, `message_stop`, `response.completed`). For a
+    /// stream that ended by itself; a JSON document is never short here (it ends when its
+    /// framing says it does).
+    pub fn ended_short(&self) -> bool {
+        self.scanner
+            .as_ref()
+            .is_some_and(|s| s.open_event() || (self.reader.recognised && !self.reader.finished))
     }
 
     /// What has been counted so far.
@@ -270,6 +288,12 @@ impl Reader {
             _ if ev.done_seen == 6 && ev.done_ok => Some(false),
             _ => None,
         };
+        if output.is_some() {
+            self.recognised = true;
+        }
+        if ev.finished || (ev.done_seen == 6 && ev.done_ok) {
+            self.finished = true;
+        }
         match output {
             Some(true) => {
                 t.output_events += 1;

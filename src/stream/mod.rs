@@ -11,4 +11,4 @@ pub mod watchdog;
 
 pub use self::limits::StreamLimits;
 pub use self::observer::{Observer, StreamEnd};
-pub use self::watchdog::WatchdogBody;
+pub use self::watchdog::{WatchdogBody, ENDED_SHORT};

@@ -51,6 +51,16 @@ impl Progress {
         Self { reader }
     }
 
+    /// The SSE body that just ended by itself ended short: half an event, or (a known
+    /// format) without the event that ends an answer. See `Inspector::ended_short`.
+    pub fn ended_short(&self) -> bool {
+        match &self.reader {
+            Reader::Opaque(_) => false,
+            Reader::Events(s) => s.open_event(),
+            Reader::Inspected(i) => i.ended_short(),
+        }
+    }
+
     pub fn is_sse(&self) -> bool {
         !matches!(self.reader, Reader::Opaque(_))
     }

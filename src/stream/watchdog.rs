@@ -27,6 +27,9 @@ use crate::stream::reaper::Reaped;
 use crate::stream::signal::{Signal, Waiter};
 use crate::stream::timer::Timer;
 
+/// Why a stream whose framing ended cleanly failed all the same (see `Progress::ended_short`).
+pub const ENDED_SHORT: &str = "the stream ended before the answer did";
+
 /// An event still incomplete after this many bytes is forwarded as it comes instead of held.
 pub const MAX_HELD_EVENT: usize = 1 << 20;
 
@@ -279,6 +282,9 @@ where
                                 sse.held.push(data.slice(end..));
                             }
                         }
+                        // An event already past the limit goes on as it comes: held again,
+                        // its rest would wait for another MiB (or its end).
+                        None if sse.partial_sent => this.ready.push_back(data),
                         None => {
                             sse.held_len += data.len();
                             sse.held.push(data);
@@ -289,10 +295,15 @@ where
                         }
                     }
                     if ended {
-                        flush_held(this.sse, this.ready);
-                        this.inner.set(None);
-                        this.observer.finish(clean_end(this.progress));
-                        *this.state = State::Done;
+                        end_of_body(
+                            this.inner.as_mut(),
+                            this.sse,
+                            this.ready,
+                            this.state,
+                            this.observer,
+                            this.progress,
+                            this.limits,
+                        );
                     }
                 }
                 Poll::Ready(Some(Err(_))) if this.progress.error_pending() => {
@@ -330,14 +341,15 @@ where
                         err,
                     );
                 }
-                Poll::Ready(None) => {
-                    // A clean end: an incomplete trailing event is forwarded as is (the
-                    // client's parser discards it, exactly as it would have without us).
-                    flush_held(this.sse, this.ready);
-                    this.inner.set(None);
-                    this.observer.finish(clean_end(this.progress));
-                    *this.state = State::Done;
-                }
+                Poll::Ready(None) => end_of_body(
+                    this.inner.as_mut(),
+                    this.sse,
+                    this.ready,
+                    this.state,
+                    this.observer,
+                    this.progress,
+                    this.limits,
+                ),
                 Poll::Pending => {
                     if let Some(s) = this.shutdown.as_mut() {
                         if s.poll_fired(cx).is_ready() {
@@ -434,14 +446,38 @@ fn mark_progress<O: Observer>(
     *last = Some(now);
 }
 
-/// How a body that ended by itself ended: with the upstream's error event, if one was still
-/// waiting for the byte after its CR.
-fn clean_end(progress: &Progress) -> StreamEnd {
+/// The upstream body ended by itself (its framing said so). An SSE stream that ended short
+/// (half an event held, or an answer of a known format without its end) is an upstream
+/// failure like a reset, never a silent truncation: the half event is dropped and the error
+/// event follows. Otherwise what was held goes out and the stream is complete (or ended
+/// with the upstream's error event, if one was still waiting for the byte after its CR).
+fn end_of_body<B, O: Observer>(
+    inner: Pin<&mut Option<B>>,
+    sse: &mut Option<Sse>,
+    ready: &mut VecDeque<Bytes>,
+    state: &mut State,
+    observer: &mut O,
+    progress: &Progress,
+    limits: &StreamLimits,
+) {
     if progress.error_pending() {
-        StreamEnd::UpstreamErrorEvent
-    } else {
-        StreamEnd::Complete
+        flush_held(sse, ready);
+        end_after_error(inner, state, observer);
+        return;
     }
+    if sse.is_some() && progress.ended_short() {
+        let err = GatewayError::UpstreamError {
+            upstream: limits.upstream.to_string(),
+            reason: ENDED_SHORT.to_owned(),
+        };
+        cut(inner, sse, ready, state, observer, err);
+        return;
+    }
+    flush_held(sse, ready);
+    let mut inner = inner;
+    inner.set(None);
+    observer.finish(StreamEnd::Complete);
+    *state = State::Done;
 }
 
 /// The upstream's error event went out, all but the answer to whether an LF follows the CR

@@ -45,6 +45,11 @@ fn chunk(data: &[u8]) -> Vec<u8> {
 }
 
 /// An SSE event the way the fake provider words its tokens.
+/// The end of an OpenAI stream: without it (or a `finish_reason`), a stream that ends is
+/// an answer cut short.
+const DONE: &[u8] = b"data: [DONE]\n\n";
+const FINISHED: &[u8] = b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+
 fn event(i: usize) -> Vec<u8> {
     format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n").into_bytes()
 }
@@ -177,6 +182,34 @@ async fn run(s: &mut TcpStream, script: &str) -> bool {
             let _ = s.write_all(&[head.as_bytes(), body].concat()).await;
             true
         }
+        // Framed whole (the last chunk comes), but the stream stops inside an event.
+        "ends-mid-event" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(chunk(b"data: {\"choices\":[{\"delta\":{\"content\":\"par"));
+            out.extend(b"0\r\n\r\n");
+            let _ = s.write_all(&out).await;
+            true
+        }
+        // Framed whole, events whole, but the answer has no end: no `finish_reason`, no
+        // `[DONE]`.
+        "ends-without-its-end" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(b"0\r\n\r\n");
+            let _ = s.write_all(&out).await;
+            true
+        }
+        // The same, ended by its `finish_reason` alone: complete (not every provider sends
+        // `[DONE]`).
+        "ends-with-finish-reason" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(chunk(FINISHED));
+            out.extend(b"0\r\n\r\n");
+            let _ = s.write_all(&out).await;
+            true
+        }
         // Two events, then a TCP reset.
         "reset-mid-stream" => {
             let mut out = SSE_HEAD.as_bytes().to_vec();
@@ -257,6 +290,7 @@ async fn run(s: &mut TcpStream, script: &str) -> bool {
                 content-length: 3\r\ntransfer-encoding: chunked\r\n\r\n"
                 .to_vec();
             out.extend(chunk(&event(1)));
+            out.extend(chunk(DONE));
             out.extend(b"0\r\n\r\n");
             let _ = s.write_all(&out).await;
             true
@@ -296,6 +330,7 @@ async fn run(s: &mut TcpStream, script: &str) -> bool {
             }
             let mut end = chunk(b"\n\n");
             end.extend(chunk(&event(2)));
+            end.extend(chunk(DONE));
             end.extend(b"0\r\n\r\n");
             let _ = s.write_all(&end).await;
             true
@@ -452,7 +487,10 @@ async fn survive(script: &str, stream: bool, outcome: &str) -> Outcome {
         .await
         .unwrap_or_else(|_| panic!("{script}: the client never got an answer"))
         .unwrap();
-    if outcome == "ok" {
+    // An answer framed whole leaves its connection in the pool, healthy, even when what it
+    // framed was an answer cut short (`ends-*`).
+    let reusable = outcome == "ok" || script.starts_with("ends-");
+    if reusable {
         // A complete answer leaves its connection in the pool, healthy: the next request
         // may go over it (or over a new one, if it is asked for before the pool has it back).
         let (resp, _c) = h.send(evil("ok", false)).await;
@@ -462,7 +500,7 @@ async fn survive(script: &str, stream: bool, outcome: &str) -> Outcome {
     } else {
         hostile.all_closed().await;
     }
-    let extra = f64::from(outcome == "ok");
+    let extra = f64::from(reusable);
     h.wait_requests("evil", 1.0 + extra).await;
     for o in ["ok", "error", "cancelled"] {
         let v = h
@@ -520,6 +558,31 @@ async fn a_short_sse_stream_ends_with_an_error_event() {
     let out = survive("short-sse", true, "error").await;
     assert_eq!(out.status, 200);
     assert_eq!(out.event_code(), "upstream_error");
+}
+
+/// The stream's framing ended cleanly, inside an event: the half event is dropped (the
+/// client never receives half an event) and the error event says the answer was cut.
+#[tokio::test]
+async fn a_stream_that_stops_inside_an_event_ends_with_an_error_event() {
+    let out = survive("ends-mid-event", true, "error").await;
+    assert_eq!(out.status, 200);
+    assert_eq!(out.event_code(), "upstream_error");
+    let after = out.read.bytes.strip_prefix(event(1).as_slice()).unwrap();
+    assert!(
+        after.starts_with(b"event: error\n"),
+        "the half event never went out"
+    );
+}
+
+#[tokio::test]
+async fn an_answer_that_stops_without_its_end_ends_with_an_error_event() {
+    let out = survive("ends-without-its-end", true, "error").await;
+    assert_eq!(out.event_code(), "upstream_error");
+    let after = out.read.bytes.strip_prefix(event(1).as_slice()).unwrap();
+    assert!(after.starts_with(b"event: error\n"));
+    let done = survive("ends-with-finish-reason", true, "ok").await;
+    assert!(done.read.error.is_none());
+    assert_eq!(done.read.bytes, [event(1), FINISHED.to_vec()].concat());
 }
 
 #[tokio::test]
@@ -584,7 +647,7 @@ async fn conflicting_content_lengths_are_a_502() {
 async fn content_length_with_chunked_framing_follows_the_chunks() {
     let out = survive("content-length-and-chunked", true, "ok").await;
     assert_eq!(out.status, 200);
-    assert_eq!(out.read.bytes, event(1));
+    assert_eq!(out.read.bytes, [event(1), DONE.to_vec()].concat());
 }
 
 #[tokio::test]
@@ -611,6 +674,7 @@ async fn one_enormous_line_is_forwarded_whole() {
     expected.extend(vec![b'a'; 128 * 64 * 1024]);
     expected.extend(b"\n\n");
     expected.extend(event(2));
+    expected.extend(DONE);
     assert!(out.read.bytes == expected, "{} bytes", out.read.bytes.len());
 }
 

@@ -432,3 +432,47 @@ async fn the_model_rewrite_reaches_the_fallback_and_nothing_else_changes() {
         .replace("\"model\":\"gpt-test\"", "\"model\":\"gpt-small\"");
     assert_eq!(std::str::from_utf8(got).unwrap(), expected);
 }
+
+/// A primary that answers a role-only preamble and then ends its stream cleanly: no token
+/// came, and the answer was cut short. The head is held until the first token on a route
+/// with a fallback, so the fallback answers instead, and the client sees one whole stream.
+#[tokio::test]
+async fn a_primary_that_stops_after_its_preamble_falls_back() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let served = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 65536];
+        let mut seen = Vec::new();
+        // The head and a content-length body: enough to know the request is whole.
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") || !seen.ends_with(b"}") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            seen.extend_from_slice(&buf[..n]);
+        }
+        let preamble = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n";
+        let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        out.extend(format!("{:x}\r\n", preamble.len()).as_bytes());
+        out.extend(preamble);
+        out.extend(b"\r\n0\r\n\r\n");
+        s.write_all(&out).await.unwrap();
+        let _ = s.read(&mut buf).await;
+    });
+    let p = pair_with("fallbacks = [\"backup\"]", "", "", Some(url)).await;
+    let (resp, _c) = p
+        .chat(&[("x-request-budget-ms", "5000"), ("x-fake-chunks", "3")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error.is_none(), "{}", read.text());
+    assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
+    assert_eq!(p.backup.requests().len(), 1);
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_fallbacks_total{from=\"primary\",route=\"chat\",to=\"backup\"}")
+            .await,
+        1.0
+    );
+    served.abort();
+}

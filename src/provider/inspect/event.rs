@@ -19,6 +19,9 @@ pub(super) struct Event {
     /// How many bytes of the data matched `[DONE]` from its start, and whether all did.
     pub(super) done_seen: u8,
     pub(super) done_ok: bool,
+    /// The answer's end: a choice's non-null `finish_reason`, `message_stop`, or a
+    /// `response.completed` (`incomplete`, `failed`).
+    pub(super) finished: bool,
     /// A top-level `error` object, or `"type": "error"`: the provider's error event.
     pub(super) error: bool,
     /// An error nested in the answer (`response.failed`): counted, not an end.

@@ -74,6 +74,7 @@ enum Key {
     OutputTokens,
     CacheCreationInputTokens,
     CacheReadInputTokens,
+    FinishReason,
 }
 
 fn key(name: &[u8]) -> Key {
@@ -107,6 +108,7 @@ fn key(name: &[u8]) -> Key {
         b"output_tokens" => Key::OutputTokens,
         b"cache_creation_input_tokens" => Key::CacheCreationInputTokens,
         b"cache_read_input_tokens" => Key::CacheReadInputTokens,
+        b"finish_reason" => Key::FinishReason,
         _ => Key::Other,
     }
 }
@@ -512,6 +514,7 @@ impl Json {
                 | (Ctx::ToolFunction, Name | Arguments)
                 | (Ctx::ContentBlock, Text | Thinking) => Str::Output,
                 (Ctx::Root, Type | Code)
+                | (Ctx::Choice, FinishReason)
                 | (Ctx::ContentBlock, Type)
                 | (Ctx::ErrorRoot | Ctx::ErrorNested, Type | Code) => Str::Named,
                 _ => Str::Skip,
@@ -565,7 +568,16 @@ impl Json {
                         if ev.kind == Kind::Error {
                             ev.error = true;
                         }
+                        // The last event of an answer that ended as it should.
+                        ev.finished = matches!(
+                            name,
+                            b"message_stop"
+                                | b"response.completed"
+                                | b"response.incomplete"
+                                | b"response.failed"
+                        );
                     }
+                    (Ctx::Choice, Key::FinishReason) => ev.finished = true,
                     (Ctx::Root, Key::Code) => ev.root_code = ErrorType::parse(name),
                     (Ctx::ContentBlock, _) => {
                         // A block that starts as anything but (empty) text or thinking: a

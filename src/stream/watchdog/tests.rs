@@ -466,6 +466,29 @@ async fn oversized_event_is_forwarded_as_it_comes() {
     assert_eq!(&a[..], b"data: ");
 }
 
+/// Past the limit, the rest of the event is not held again until another MiB (or its end)
+/// has come: each piece goes on as it arrives.
+#[tokio::test(start_paused = true)]
+async fn the_rest_of_an_oversized_event_is_not_held_again() {
+    let (mut tx, mut b, _probe) = body(true, limits(1000, 1000, 10_000));
+    tx.send_data(Bytes::from_static(b"data: ")).await.unwrap();
+    tx.send_data(Bytes::from(vec![b'x'; MAX_HELD_EVENT + 1]))
+        .await
+        .unwrap();
+    let mut out = 0;
+    while out < 6 + MAX_HELD_EVENT + 1 {
+        out += b.frame().await.unwrap().unwrap().into_data().unwrap().len();
+    }
+    tx.send_data(Bytes::from_static(b"yyyy")).await.unwrap();
+    let next = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&next[..], b"yyyy");
+    tx.send_data(Bytes::from_static(b"zz\n\ndata: a"))
+        .await
+        .unwrap();
+    let end = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(&end[..], b"zz\n\n", "the next event is held as any other");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_limit_after_part_of_an_oversized_event_went_out_still_gives_a_parseable_error() {
     let (mut tx, mut b, probe) = body(true, limits(1000, 1000, 10_000));
