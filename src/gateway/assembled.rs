@@ -86,6 +86,11 @@ pub(super) async fn assembled(
     });
     let doc = match assembler.finish(usage) {
         Ok(doc) => doc,
+        // Nothing kept of what came (a tool call cut mid-way): the cut, as with no output.
+        Err(AssembleError::Empty) if partial.is_some() => {
+            let e = cut.unwrap_or(GatewayError::Internal);
+            return error_answer(&e, record, id);
+        }
         Err(e) => {
             let reason = match e {
                 AssembleError::TooLarge { .. } => e.to_string(),

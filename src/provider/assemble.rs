@@ -145,12 +145,38 @@ impl Assembler {
             Format::Responses => self.responses.document(cut),
         }
         .ok_or(AssembleError::Empty)?;
+        // A cut that kept nothing (a tool call cut mid-way is dropped, its arguments not
+        // JSON) has no partial answer to give: an empty assistant turn is not one.
+        if cut.is_some() && !holds_output(&doc) {
+            return Err(AssembleError::Empty);
+        }
         let out = serde_json::to_vec(&doc).expect("a JSON value serialises");
         if out.len() > self.limit {
             return Err(AssembleError::TooLarge { limit: self.limit });
         }
         Ok(out)
     }
+}
+
+/// Whether a document holds any model output: a Chat message's content, refusal, reasoning
+/// or tool calls; a Messages content block; a Responses output item.
+fn holds_output(doc: &Value) -> bool {
+    let non_empty = |v: &Value| match v {
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Null => false,
+        _ => true,
+    };
+    if let Some(choices) = doc.get("choices").and_then(Value::as_array) {
+        return choices.iter().any(|c| {
+            c.get("message")
+                .and_then(Value::as_object)
+                .is_some_and(|m| m.iter().any(|(k, v)| k != "role" && non_empty(v)))
+        });
+    }
+    ["content", "output"]
+        .iter()
+        .any(|k| doc.get(k).is_some_and(non_empty))
 }
 
 fn trim_end_newline(data: &[u8]) -> &[u8] {

@@ -188,6 +188,39 @@ async fn with_no_output_yet_a_cut_is_the_usual_504() {
     assert_eq!(json_body(resp).await["error"]["code"], "deadline_exceeded");
 }
 
+/// A tool call cut mid-way is dropped from a partial answer (its arguments are not JSON):
+/// with nothing else generated, there is no partial answer to give, on any of the three
+/// APIs, and the cut is answered as with no output at all.
+#[tokio::test]
+async fn a_cut_that_leaves_only_half_a_tool_call_is_the_usual_504() {
+    let h = Harness::with_config(CONFIG).await;
+    let cut = [
+        ("x-request-budget-ms", "800"),
+        ("x-fake-tool-call", "get_weather"),
+        ("x-fake-chunks", "50"),
+        ("x-fake-interval-ms", "100"),
+    ];
+    let (resp, _c) = h.send(chat("partial", &cut)).await;
+    assert_eq!(resp.status(), 504);
+    assert!(resp.headers().get("x-hourglass-partial").is_none());
+    assert_eq!(json_body(resp).await["error"]["code"], "deadline_exceeded");
+    for (path, body) in [
+        (
+            "/v1/messages",
+            r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#,
+        ),
+        ("/v1/responses", r#"{"model":"gpt","input":"hi"}"#),
+    ] {
+        let (resp, _c) = h.send(post(path, body.into(), &cut)).await;
+        assert_eq!(resp.status(), 504, "{path}");
+        assert_eq!(
+            json_body(resp).await["error"]["code"],
+            "deadline_exceeded",
+            "{path}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn messages_and_responses_are_assembled_and_cut_the_same_way() {
     let h = Harness::with_config(CONFIG).await;
