@@ -36,6 +36,9 @@ pub struct Attempt<'a> {
     pub budget: &'a Budget,
     /// This attempt's first-token limit: the route's, shortened to leave room for a fallback.
     pub first_token_timeout: Duration,
+    /// When a fallback follows: the end of this attempt's wait for its first token, connecting
+    /// included, that leaves the fallback its room.
+    pub switch_by: Option<Instant>,
     /// Hold a successful head until the first data event.
     pub hold: bool,
     pub in_flight: InFlight,
@@ -74,7 +77,11 @@ impl<'a> Attempt<'a> {
         } = out;
         let budget = self.budget;
         let upstream = self.upstream;
+        // The waits of this attempt end by the deadline, or earlier to leave a fallback room.
         let work_deadline = budget.work_deadline();
+        let wait_deadline = self
+            .switch_by
+            .map_or(work_deadline, |s| s.min(work_deadline));
         let now = Instant::now();
         if upstream.config.propagate_budget {
             req.headers_mut().insert(
@@ -86,7 +93,7 @@ impl<'a> Attempt<'a> {
         let (response, slot) = upstream.request(req);
         async move {
             tokio::pin!(response);
-            let timer = sleep_until((now + budget.connect_timeout).min(work_deadline));
+            let timer = sleep_until((now + budget.connect_timeout).min(wait_deadline));
             tokio::pin!(timer);
             let mut sent_at: Option<Instant> = None;
             let result = loop {
@@ -96,16 +103,16 @@ impl<'a> Attempt<'a> {
                     _ = connection.wait_for_connection_metadata(), if sent_at.is_none() => {
                         let at = Instant::now();
                         sent_at = Some(at);
-                        timer.as_mut().reset((at + self.first_token_timeout).min(work_deadline));
+                        timer.as_mut().reset((at + self.first_token_timeout).min(wait_deadline));
                     }
-                    () = &mut timer => return Err(self.limit_error(sent_at.is_some())),
+                    () = &mut timer => return Err(self.limit_error(sent_at.is_some(), now)),
                 }
             };
             let response = result.map_err(|e| classify(upstream, &e, budget.connect_timeout))?;
             // A head always comes over a connection; should its metadata not have been seen yet,
             // the head itself proves the request was sent.
             let sent_at = sent_at.unwrap_or_else(Instant::now);
-            let first_token_deadline = (sent_at + self.first_token_timeout).min(work_deadline);
+            let first_token_deadline = (sent_at + self.first_token_timeout).min(wait_deadline);
             let limits = StreamLimits {
                 first_token_deadline,
                 first_token_timeout: self.first_token_timeout,
@@ -152,14 +159,19 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    fn limit_error(&self, connected: bool) -> GatewayError {
+    fn limit_error(&self, connected: bool, started: Instant) -> GatewayError {
         let upstream = self.upstream.name.to_string();
-        if Instant::now() >= self.budget.work_deadline() {
+        let now = Instant::now();
+        if now >= self.budget.work_deadline() {
             self.budget.deadline_error()
         } else if !connected {
             GatewayError::ConnectTimeout {
                 upstream,
-                after: self.budget.connect_timeout,
+                // Cut short to leave a fallback room, the wait was less than the limit.
+                after: self
+                    .budget
+                    .connect_timeout
+                    .min(now.saturating_duration_since(started)),
             }
         } else {
             GatewayError::FirstTokenTimeout {

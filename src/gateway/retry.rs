@@ -69,7 +69,13 @@ pub async fn run(
                     tracing::debug!(reason = c.as_str(), ?wait, "retrying");
                 }
             }
-            if budget.usable(now) < need + wait {
+            // A retry leaves room for the fallback after it: a failing upstream may not spend
+            // the turn of a healthy one.
+            let room = match route.chain.get(i + 1) {
+                Some(next) if n > 0 => fallback_room(budget, next),
+                _ => Duration::ZERO,
+            };
+            if budget.usable(now) < need + wait + room {
                 // Retry-After, backoff or the estimate does not fit: on to the next upstream.
                 break;
             }
@@ -106,10 +112,9 @@ pub async fn run(
                     skip_hedge_target = hedged;
                     outcome
                 } else {
-                    let next = route.chain.get(i + 1).filter(|_| n == policy.retries);
-                    let ft = first_token_limit(budget, next);
-                    room_kept_for = (ft < budget.first_token_timeout).then_some(i + 1);
-                    single(route, entry, template, budget, record, ft)
+                    let (ft, switch_by) = first_token_limit(budget, route.chain.get(i + 1));
+                    room_kept_for = switch_by.is_some().then_some(i + 1);
+                    single(route, entry, template, budget, record, ft, switch_by)
                         .await
                         .map(|s| (s, i))
                 };
@@ -189,16 +194,25 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// shortened limit fires.
 const SWITCH_SLACK: Duration = Duration::from_millis(50);
 
-/// The first-token limit of an attempt: the route's, shortened (when a fallback follows) so
-/// that what remains still fits an attempt on that fallback.
-fn first_token_limit(budget: &Budget, next: Option<&ChainEntry>) -> Duration {
+/// What an attempt on `next` needs of the budget, the switch to it included.
+fn fallback_room(budget: &Budget, next: &ChainEntry) -> Duration {
+    next.upstream.ttft.get().max(budget.min_useful) + SWITCH_SLACK
+}
+
+/// The first-token limit of an attempt, and the instant its wait (connecting, then the first
+/// token) ends at the latest: the route's limit, and no end of its own, unless a fallback
+/// follows, when both are cut so that what remains still fits an attempt on that fallback.
+/// A connect that hangs spends the fallback's turn as surely as a first token that does.
+fn first_token_limit(budget: &Budget, next: Option<&ChainEntry>) -> (Duration, Option<Instant>) {
     let ft = budget.first_token_timeout;
-    let Some(next) = next else { return ft };
-    let usable = budget.usable(Instant::now());
-    let room = next.upstream.ttft.get().max(budget.min_useful) + SWITCH_SLACK;
-    match usable.checked_sub(room) {
-        Some(left) if left >= budget.min_useful => ft.min(left),
-        _ => ft,
+    let Some(next) = next else { return (ft, None) };
+    let now = Instant::now();
+    let usable = budget.usable(now);
+    match usable.checked_sub(fallback_room(budget, next)) {
+        Some(left) if left >= budget.min_useful && left < usable => {
+            (ft.min(left), Some(now + left))
+        }
+        _ => (ft, None),
     }
 }
 
@@ -228,11 +242,13 @@ fn attempt<'a>(
     route: &RouteRuntime,
     budget: &'a Budget,
     first_token_timeout: Duration,
+    switch_by: Option<Instant>,
 ) -> Attempt<'a> {
     Attempt {
         upstream: &entry.upstream,
         budget,
         first_token_timeout,
+        switch_by,
         hold: route.route.policy.holds_head(),
         in_flight: InFlight::new(&entry.in_flight),
     }
@@ -246,10 +262,11 @@ async fn single(
     budget: &Budget,
     record: &mut RequestRecord,
     first_token_timeout: Duration,
+    switch_by: Option<Instant>,
 ) -> Result<Started, GatewayError> {
     let started = Instant::now();
     let out = template.request_for(&entry.upstream)?;
-    let result = attempt(entry, route, budget, first_token_timeout)
+    let result = attempt(entry, route, budget, first_token_timeout, switch_by)
         .run(out)
         .await;
     note(entry, record, started, &result);
@@ -292,7 +309,14 @@ async fn hedge(
         Ok(out) => out,
         Err(e) => return (Err(e), false),
     };
-    let primary = attempt(primary_entry, route, budget, budget.first_token_timeout).run(req);
+    let primary = attempt(
+        primary_entry,
+        route,
+        budget,
+        budget.first_token_timeout,
+        None,
+    )
+    .run(req);
     tokio::pin!(primary);
     let fire = sleep_until(t0 + hedge_after);
     tokio::pin!(fire);
@@ -314,7 +338,7 @@ async fn hedge(
         }
     };
     let t1 = Instant::now();
-    let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout).run(hreq);
+    let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout, None).run(hreq);
     tokio::pin!(hedged);
     let policy = &route.route.policy;
     // An answer with a status the route would retry on is a failure here, not a win.

@@ -476,3 +476,32 @@ async fn a_primary_that_stops_after_its_preamble_falls_back() {
     );
     served.abort();
 }
+
+/// A primary whose connects hang (a full backlog), one retry and a healthy fallback: the
+/// connect waits are cut so that the fallback keeps its turn, and the retry is made only if
+/// it leaves that turn too. Before, the first connect took its whole 1 s limit, the retry
+/// the rest, and the fallback never came.
+#[tokio::test]
+async fn a_hanging_connect_leaves_the_fallback_its_turn() {
+    let (_held, addr) = hourglass_fake::never_accepting_listener().unwrap();
+    let p = pair_with(
+        "retries = 1\nfallbacks = [\"backup\"]\nconnect_timeout = \"1s\"",
+        "",
+        "",
+        Some(format!("http://{addr}")),
+    )
+    .await;
+    let (resp, _c) = p
+        .chat(&[("x-request-budget-ms", "1500"), ("x-fake-chunks", "3")])
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
+    assert_eq!(p.backup.requests().len(), 1);
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_fallbacks_total{from=\"primary\",route=\"chat\",to=\"backup\"}")
+            .await,
+        1.0
+    );
+}
