@@ -28,6 +28,8 @@ const HOP_BY_HOP: [HeaderName; HOPS] = [
     header::TRAILER,
     header::TRANSFER_ENCODING,
 ];
+/// Where `Transfer-Encoding` is in `HOP_BY_HOP`.
+const TRANSFER_ENCODING_AT: usize = HOPS - 1;
 
 /// Refuses heads whose target two parsers could read differently (RFC 9112 3.2). hyper's
 /// HTTP/1 parser already refuses obs-fold, bare CR, conflicting or malformed lengths and
@@ -275,6 +277,13 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for (n, _) in HOP_BY_HOP.iter().zip(present).filter(|(_, p)| *p) {
         headers.remove(n);
     }
+    // A length that came with a transfer coding is not the message's: the coding framed it
+    // (RFC 9112 6.1), and an intermediary must remove the length before forwarding (6.3).
+    // Left on an answer, a chunked body was cut to it for HTTP/1.1 clients and broke the
+    // stream (PROTOCOL_ERROR) for HTTP/2 ones.
+    if present[TRANSFER_ENCODING_AT] {
+        headers.remove(header::CONTENT_LENGTH);
+    }
 }
 
 /// Keeps a client's request id when it is a sane token, so logs correlate across hops;
@@ -474,6 +483,20 @@ mod tests {
         );
         strip_hop_by_hop(&mut h);
         assert_eq!(h, untouched);
+
+        // A length beside a coding goes with it; a length alone stays.
+        assert_eq!(HOP_BY_HOP[TRANSFER_ENCODING_AT], header::TRANSFER_ENCODING);
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        let with_length = h.clone();
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, untouched);
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, with_length);
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod backpressure;
 mod budget;
 mod cancel;
 mod cli;
+mod conformance;
 mod faults;
 mod h2_upstream;
 mod limits;

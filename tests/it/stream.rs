@@ -52,27 +52,6 @@ async fn scripted_upstream_with(
     (addr, seen_rx)
 }
 
-/// Reads one request's head and (small, content-length) body; returns them lowercased.
-async fn read_request(s: &mut tokio::net::TcpStream) -> String {
-    let mut req = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0, "the request ended early");
-        req.extend_from_slice(&buf[..n]);
-        if let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&req[..end]).to_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .map_or(0, |v| v.trim().parse().unwrap());
-            if req.len() >= end + 4 + len {
-                return String::from_utf8_lossy(&req).to_lowercase();
-            }
-        }
-    }
-}
-
 /// An SSE upstream that writes each chunk the test sends, as one HTTP/1.1 chunk, the moment
 /// it is sent; dropping the sender ends the body. For order assertions that hold on a busy
 /// machine: "the client has the first event before the second is even written".

@@ -447,3 +447,75 @@ pub fn refused_addr() -> (socket2::Socket, SocketAddr) {
     let addr = socket.local_addr().unwrap().as_socket().unwrap();
     (socket, addr)
 }
+
+/// Reads one request's head and (small, content-length) body; returns them lowercased.
+pub async fn read_request(s: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut req = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the request ended early");
+        req.extend_from_slice(&buf[..n]);
+        if let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&req[..end]).to_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if req.len() >= end + 4 + len {
+                return String::from_utf8_lossy(&req).to_lowercase();
+            }
+        }
+    }
+}
+
+/// An upstream written by hand, for answers no well-behaved server gives (a length beside a
+/// coding, an HTTP/1.0 status line): on every connection it reads one request, writes the
+/// pieces of `answer`, each after its delay, and closes. Answers that would keep the
+/// connection say `connection: close`, so the gateway never sends a second request on a
+/// connection this closes.
+pub async fn raw_upstream(answer: Vec<(Duration, Vec<u8>)>) -> SocketAddr {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                s.set_nodelay(true).unwrap();
+                read_request(&mut s).await;
+                for (delay, piece) in answer {
+                    tokio::time::sleep(delay).await;
+                    if s.write_all(&piece).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// One request over HTTP/2 (h2c, prior knowledge) on a connection of its own: the answer's
+/// head, or how the stream ended without one. `req` names its path only; its `host` goes
+/// (HTTP/2 carries the authority in `:authority`).
+pub async fn h2_send(
+    addr: SocketAddr,
+    mut req: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, String> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    *req.uri_mut() = format!("http://gateway{}", req.uri()).parse().unwrap();
+    req.headers_mut().remove("host");
+    tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
+        .await
+        .expect("an answer or a reset within 5 s")
+        .map_err(|e| format!("{e:?}"))
+}
