@@ -71,6 +71,13 @@ impl Gateway {
                     let (mut parts, body) = started.response.into_parts();
                     let shape = started.shape;
                     strip_hop_by_hop(&mut parts.headers);
+                    // The version on the status line is the gateway's, not the upstream's
+                    // (RFC 9110 6.2). hyper writes the one it is given to HTTP/1.1 clients:
+                    // an HTTP/1.0 upstream's made it end a body without a length with the
+                    // connection, where an abort looks like the end. With 1.1 it chunks such
+                    // a body; to HTTP/1.0 clients it answers in 1.0 whatever it is given,
+                    // and HTTP/2 has no status line.
+                    parts.version = Version::HTTP_11;
                     // Asked to stream for a client that did not: answered with the document.
                     let assemble = started.assembled
                         && shape.readable_sse()

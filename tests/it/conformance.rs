@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 
 /// A gateway whose one upstream is at `up`.
 async fn through(up: SocketAddr) -> Harness {
@@ -15,6 +17,42 @@ async fn through(up: SocketAddr) -> Harness {
 
 fn now(bytes: &[u8]) -> Vec<(Duration, Vec<u8>)> {
     vec![(Duration::ZERO, bytes.to_vec())]
+}
+
+/// Sends `raw` on a fresh connection and reads until `done` holds for what came, the
+/// gateway closes, or 3 s pass: what came, and whether the gateway closed.
+async fn raw_exchange(
+    addr: SocketAddr,
+    raw: &[u8],
+    done: impl Fn(&[u8]) -> bool,
+) -> (String, bool) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut closed = false;
+    let _ = tokio::time::timeout(Duration::from_secs(3), async {
+        while !done(&got) {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+fn chat_bytes(version: &str) -> Vec<u8> {
+    let body = r#"{"model":"gpt-test","messages":[{"role":"user","content":"hi"}]}"#;
+    format!(
+        "POST /v1/chat/completions {version}\r\nhost: gateway\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
 }
 
 /// RFC 9112 6.3: a coding overrides a length, and an intermediary must remove the length
@@ -40,4 +78,75 @@ async fn an_upstream_length_beside_a_transfer_coding_is_not_forwarded() {
     assert_eq!(resp.headers().get("content-length"), None, "{resp:?}");
     let read = read_body(resp.into_body()).await;
     assert_eq!((read.text().as_str(), read.error), ("hello", None));
+}
+
+/// RFC 9110 6.2: the gateway sends its own HTTP-version. An HTTP/1.0 upstream's answer
+/// reaches an HTTP/1.1 client as HTTP/1.1, chunked (it has no length), on a connection
+/// that stays usable; an HTTP/1.0 client still gets HTTP/1.0 (hyper downgrades for it).
+#[tokio::test]
+async fn an_http10_upstreams_answer_goes_out_in_the_clients_version() {
+    let up = raw_upstream(now(
+        b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nhello",
+    ))
+    .await;
+    let h = through(up).await;
+
+    // Two requests on one connection: the first answer ends by its framing, not the close.
+    let two = [chat_bytes("HTTP/1.1"), chat_bytes("HTTP/1.1")].concat();
+    let (text, _) = raw_exchange(h.addr(), &two, |got| {
+        String::from_utf8_lossy(got)
+            .matches("\r\n0\r\n\r\n")
+            .count()
+            == 2
+    })
+    .await;
+    let answers: Vec<&str> = text.split("HTTP/1.").skip(1).collect();
+    assert_eq!(answers.len(), 2, "{text}");
+    for answer in answers {
+        assert!(answer.starts_with("1 200 OK\r\n"), "{text}");
+        let lower = answer.to_ascii_lowercase();
+        assert!(
+            lower.contains("\r\ntransfer-encoding: chunked\r\n"),
+            "{text}"
+        );
+        assert!(lower.ends_with("\r\n\r\n5\r\nhello\r\n0\r\n\r\n"), "{text}");
+    }
+
+    let (text, closed) = raw_exchange(h.addr(), &chat_bytes("HTTP/1.0"), |_| false).await;
+    assert!(closed, "{text}");
+    assert!(text.starts_with("HTTP/1.0 200 OK\r\n"), "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("transfer-encoding"),
+        "{text}"
+    );
+    assert!(text.ends_with("\r\n\r\nhello"), "{text}");
+}
+
+/// DESIGN 6: a body that cannot be completed reaches the client broken, never short and
+/// whole-looking. An HTTP/1.0 upstream's JSON has no length; sent on in HTTP/1.0, its end
+/// was the connection's, so the idle limit's abort looked like the end of the document.
+#[tokio::test]
+async fn a_json_answer_an_http10_upstream_never_finished_reaches_the_client_broken() {
+    let up = raw_upstream(vec![
+        (
+            Duration::ZERO,
+            b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{\"choices\":".to_vec(),
+        ),
+        // Far past the idle limit (1 s).
+        (Duration::from_secs(30), b"[]}".to_vec()),
+    ])
+    .await;
+    let h = through(up).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_11);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!(read.text(), "{\"choices\":");
+    assert!(read.error.is_some(), "the cut body ended as if whole");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric(r#"hourglass_cancellations_total{origin="idle",route="chat"}"#)
+            .await,
+        1.0
+    );
 }
