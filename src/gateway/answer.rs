@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
-use http::{Method, Request, Response, Version};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full};
 use tokio::time::Instant;
@@ -78,6 +78,12 @@ impl Gateway {
                     // a body; to HTTP/1.0 clients it answers in 1.0 whatever it is given,
                     // and HTTP/2 has no status line.
                     parts.version = Version::HTTP_11;
+                    let no_content = matches!(parts.status.as_u16(), 100..=199 | 204 | 304);
+                    // A 204 (or 1xx) never carries a length (RFC 9110 8.6); a 304's, if the
+                    // upstream sent one, is the 200's and stays.
+                    if no_content && parts.status != StatusCode::NOT_MODIFIED {
+                        parts.headers.remove(header::CONTENT_LENGTH);
+                    }
                     // Asked to stream for a client that did not: answered with the document.
                     let assemble = started.assembled
                         && shape.readable_sse()
@@ -143,9 +149,12 @@ impl Gateway {
                     }
                     let mut body = Box::new(WatchdogBody::reading(body, progress, limits, record));
                     body.watch_shutdown(&self.shutdown);
-                    // Both boxed: they hold the body and more across their awaits, and inline
+                    // All boxed: they hold the body and more across their awaits, and inline
                     // they would size every request's future (moved whole a few times per
-                    // request) for these two rare answers.
+                    // request) for these rare answers.
+                    if no_content {
+                        return Box::pin(without_content(parts, body, &id)).await;
+                    }
                     if assemble {
                         body.fail_on_cut();
                         let partial = started.partial_answers;
@@ -154,7 +163,6 @@ impl Gateway {
                     if close_delimited
                         && document
                         && !parts.headers.contains_key(header::CONTENT_LENGTH)
-                        && !matches!(parts.status.as_u16(), 100..=199 | 204 | 304)
                     {
                         return Box::pin(with_length(parts, body, &id)).await;
                     }
@@ -220,4 +228,28 @@ async fn with_length(
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
     Response::from_parts(parts, Either::Left(Full::new(whole)))
+}
+
+/// The answer for a status without content (1xx, 204, 304). Over HTTP/2, hyper gives an
+/// answer whose body has not ended a `content-length` from the body's size hint: `0` for the
+/// upstream's empty body, which a 204 must never carry and which on a 304 would misstate the
+/// 200's length (RFC 9110 8.6). So the upstream's body (empty: hyper's client reads none for
+/// these statuses) is read to its end first, which also lets the watchdog note how it ended,
+/// and the answer goes out with a body hyper knows is empty.
+async fn without_content(
+    parts: http::response::Parts,
+    mut body: Box<WatchedBody>,
+    id: &str,
+) -> Response<ProxyBody> {
+    while let Some(frame) = body.frame().await {
+        if let Err(e) = frame {
+            // As in `with_length`: the watchdog ends a body with a `GatewayError`, and has
+            // noted how it ended.
+            let e = e
+                .downcast::<GatewayError>()
+                .map_or(GatewayError::Internal, |e| *e);
+            return error_answer(&e, body.observer_mut(), id);
+        }
+    }
+    Response::from_parts(parts, Either::Left(Full::default()))
 }

@@ -150,3 +150,41 @@ async fn a_json_answer_an_http10_upstream_never_finished_reaches_the_client_brok
         1.0
     );
 }
+
+/// RFC 9110 8.6: no Content-Length in a 204, whether the upstream sent one or not, over
+/// HTTP/1.1 and HTTP/2 (where hyper adds one from the body's size unless the body is known
+/// to be empty); none added to a 304 either.
+#[tokio::test]
+async fn answers_without_content_carry_no_content_length() {
+    for head in [
+        "HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 204 No Content\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 304 Not Modified\r\nconnection: close\r\n\r\n",
+    ] {
+        let status = head[9..12].parse::<u16>().unwrap();
+        let h = through(raw_upstream(now(head.as_bytes())).await).await;
+        let (resp, _c) = h.send(chat_request(&[], false)).await;
+        assert_eq!(resp.status(), status, "{head:?}");
+        assert_eq!(
+            resp.headers().get("content-length"),
+            None,
+            "HTTP/1.1 {head:?}"
+        );
+        let resp = h2_send(h.addr(), chat_request(&[], false)).await.unwrap();
+        assert_eq!(resp.status(), status, "{head:?}");
+        assert_eq!(
+            resp.headers().get("content-length"),
+            None,
+            "HTTP/2 {head:?}"
+        );
+        let read = read_body(resp.into_body()).await;
+        assert_eq!((read.bytes.len(), read.error), (0, None), "{head:?}");
+        h.wait_requests("chat", 2.0).await;
+        assert_eq!(
+            h.metric(r#"hourglass_requests_total{outcome="ok",route="chat"}"#)
+                .await,
+            2.0,
+            "{head:?}"
+        );
+    }
+}
