@@ -88,6 +88,18 @@ pub enum GatewayError {
     /// refused, and the connection closed after the answer.
     #[error("ambiguous request framing: {reason}")]
     AmbiguousRequest { reason: &'static str },
+    /// `chunked` more than once among a request's transfer codings, which RFC 9112 6.1
+    /// forbids: refused like an ambiguous head, the connection closed after the answer.
+    #[error(
+        "ambiguous request framing: transfer-encoding: {value:?} applies chunked more than once"
+    )]
+    ChunkedTwice { value: String },
+    /// A request transfer coding other than chunked (`gzip, chunked`): the gateway decodes
+    /// none (RFC 9112 6.1 has a server answer 501), and with the header dropped as hop-by-hop
+    /// the upstream would take the still-coded bytes for the content. The connection is closed
+    /// after the answer, since the body is never read.
+    #[error("transfer-encoding: {value:?}: this gateway decodes no transfer coding but chunked; send the body chunked or with a Content-Length, and a compressed body with Content-Encoding")]
+    UnsupportedTransferCoding { value: String },
     #[error("insufficient budget: {} of budget left after the {} reserve; at least {} is needed to call the upstream", ms(*.remaining), ms(*.reserve), ms(*.min_useful))]
     InsufficientBudget {
         remaining: Duration,
@@ -251,7 +263,10 @@ impl GatewayError {
             Self::NoRoute { .. } => "no_route",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::UnsupportedEncoding { .. } => "unsupported_encoding",
-            Self::BadRequest { .. } | Self::AmbiguousRequest { .. } => "invalid_request",
+            Self::BadRequest { .. } | Self::AmbiguousRequest { .. } | Self::ChunkedTwice { .. } => {
+                "invalid_request"
+            }
+            Self::UnsupportedTransferCoding { .. } => "unsupported_transfer_coding",
             Self::InsufficientBudget { .. } => "insufficient_budget",
             Self::ConnectTimeout { .. } => "connect_timeout",
             Self::FirstTokenTimeout { .. } => "first_token_timeout",
@@ -280,6 +295,7 @@ impl GatewayError {
             Self::InvalidBudget { .. }
             | Self::BadRequest { .. }
             | Self::AmbiguousRequest { .. }
+            | Self::ChunkedTwice { .. }
             | Self::InvalidRunId { .. } => StatusCode::BAD_REQUEST,
             Self::RunCallLimit { .. }
             | Self::RunTokenLimit { .. }
@@ -301,7 +317,9 @@ impl GatewayError {
             Self::Shutdown | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
-            Self::UpgradeUnsupported { .. } => StatusCode::NOT_IMPLEMENTED,
+            Self::UpgradeUnsupported { .. } | Self::UnsupportedTransferCoding { .. } => {
+                StatusCode::NOT_IMPLEMENTED
+            }
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -316,6 +334,8 @@ impl GatewayError {
             | Self::UnsupportedEncoding { .. }
             | Self::BadRequest { .. }
             | Self::AmbiguousRequest { .. }
+            | Self::ChunkedTwice { .. }
+            | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }
             | Self::InvalidRunId { .. } => "invalid_request_error",
             // OpenAI's and Anthropic's name for 429s: the SDKs map it to RateLimitError.
@@ -422,10 +442,23 @@ impl GatewayError {
             }
             // No byte after this head may be read as another request (RFC 9112 6.3).
             // hyper drops the header from HTTP/2 answers, where it has no meaning.
-            Self::AmbiguousRequest { .. } => {
+            Self::AmbiguousRequest { .. } | Self::ChunkedTwice { .. } => {
                 resp.headers_mut().insert(
                     http::header::CONNECTION,
                     http::HeaderValue::from_static("close"),
+                );
+            }
+            // The body was never read: nothing after this head may be taken for a request.
+            // The same request is refused the same way again.
+            Self::UnsupportedTransferCoding { .. } => {
+                let headers = resp.headers_mut();
+                headers.insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+                headers.insert(
+                    http::HeaderName::from_static("x-should-retry"),
+                    http::HeaderValue::from_static("false"),
                 );
             }
             // The methods the gateway forwards (RFC 9110 15.5.6). A CONNECT client may send

@@ -33,7 +33,8 @@ const TRANSFER_ENCODING_AT: usize = HOPS - 1;
 
 /// Refuses heads whose target two parsers could read differently (RFC 9112 3.2). hyper's
 /// HTTP/1 parser already refuses obs-fold, bare CR, conflicting or malformed lengths and
-/// unknown codings, and merges equal lengths; what it leaves is checked here. It lets
+/// codings that do not end in chunked, and merges equal lengths; what it leaves is checked
+/// here, transfer codings other than one chunked among them. It lets
 /// Transfer-Encoding override (and remove) Content-Length, which RFC 9112 6.3 allows, but
 /// nginx (since 1.21.1) and Envoy refuse such a request, and so does Hourglass:
 /// `content_length_with_coding` says the connection's framing tracker saw both.
@@ -57,9 +58,39 @@ pub(crate) fn check_framing(
     } else if host.is_some_and(|h| !valid_host(h)) {
         "a Host that is not host[:port]"
     } else {
-        return Ok(());
+        return check_transfer_coding(headers);
     };
     Err(GatewayError::AmbiguousRequest { reason })
+}
+
+/// A request's transfer codings, over all its `Transfer-Encoding` lines, must be one
+/// `chunked` (any case, whitespace around it). hyper refuses a coding list that does not end
+/// in chunked, but reads `gzip, chunked` or `chunked, chunked` as chunked and hands the
+/// header on; the header is hop-by-hop, so the coding before chunked would vanish and the
+/// upstream take the coded bytes for the content.
+fn check_transfer_coding(headers: &HeaderMap) -> Result<(), GatewayError> {
+    let (mut chunked, mut other) = (0, false);
+    for (_, coding) in list_items(headers, header::TRANSFER_ENCODING) {
+        if coding.eq_ignore_ascii_case(b"chunked") {
+            chunked += 1;
+        } else {
+            other = true;
+        }
+    }
+    if !other && chunked <= 1 {
+        return Ok(());
+    }
+    let lines: Vec<&[u8]> = headers
+        .get_all(header::TRANSFER_ENCODING)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    let value = String::from_utf8_lossy(&lines.join(&b", "[..])).into_owned();
+    Err(if other {
+        GatewayError::UnsupportedTransferCoding { value }
+    } else {
+        GatewayError::ChunkedTwice { value }
+    })
 }
 
 /// RFC 9112 3.2: `uri-host [ ":" port ]` (RFC 3986 3.2.2: a bracketed IP literal or a
@@ -402,6 +433,43 @@ mod tests {
             framing(V::HTTP_11, &all),
             Some("more than one Content-Length")
         );
+    }
+
+    #[test]
+    fn transfer_codings_other_than_one_chunked_are_refused() {
+        let coded = |lines: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static("gateway"));
+            for line in lines {
+                h.append(header::TRANSFER_ENCODING, HeaderValue::from_static(line));
+            }
+            match check_framing(Version::HTTP_11, &h, false) {
+                Ok(()) => "ok".to_owned(),
+                Err(e) => format!("{} {}", e.status().as_u16(), e),
+            }
+        };
+        for ok in [
+            &[][..],
+            &["chunked"],
+            &[" Chunked\t"],
+            &["CHUNKED"],
+            &[", chunked,"],
+        ] {
+            assert_eq!(coded(ok), "ok", "{ok:?}");
+        }
+        assert!(
+            coded(&["gzip, chunked"]).starts_with("501 transfer-encoding: \"gzip, chunked\": "),
+            "{}",
+            coded(&["gzip, chunked"])
+        );
+        assert!(coded(&["gzip", "chunked"]).starts_with("501 transfer-encoding: \"gzip, chunked\""));
+        assert!(coded(&["chunked;x=1"]).starts_with("501 "));
+        assert!(coded(&["gzip, chunked, chunked"]).starts_with("501 "));
+        assert_eq!(
+            coded(&["chunked", "Chunked"]),
+            "400 ambiguous request framing: transfer-encoding: \"chunked, Chunked\" applies chunked more than once"
+        );
+        assert!(coded(&["chunked , chunked"]).starts_with("400 "));
     }
 
     #[test]

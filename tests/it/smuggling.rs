@@ -7,6 +7,10 @@
 //! whatever the length says (RFC 9112 6.3 would let the coding win; nginx and Envoy refuse
 //! it, and so does Hourglass), also as a later request on a keep-alive connection.
 //!
+//! Transfer codings other than one `chunked` are refused too (501 for a coding the gateway
+//! does not decode, 400 for chunked twice), since the coding before chunked would otherwise
+//! vanish with the hop-by-hop header.
+//!
 //! Two forms are accepted on purpose, each read the one way the RFC allows, and pinned down
 //! below: equal duplicate Content-Lengths (one length), and bare LF line ends (RFC 9112 2.2;
 //! the head is re-serialised with CRLF when forwarded). Over HTTP/2, where no HTTP/1 parser
@@ -322,6 +326,95 @@ async fn content_length_with_transfer_encoding_is_refused_and_names_both() {
         .requests()
         .iter()
         .all(|r| !r.path.contains("smuggled")));
+}
+
+/// A request's transfer codings must be exactly one `chunked` (RFC 9112 6.1). hyper reads a
+/// body as chunked whenever chunked comes last and hands over the rest of the header, which
+/// is hop-by-hop: `gzip, chunked` reached the upstream as gzip bytes with nothing to say so.
+/// A coding the gateway does not decode gets 501, chunked twice 400; either way with a JSON
+/// error naming the header and its value, nothing forwarded, and the connection closed (the
+/// body is never read, so nothing after it may be taken for a request).
+#[tokio::test]
+async fn transfer_codings_other_than_chunked_alone_are_refused() {
+    let h = Harness::start().await;
+    let gzipped: &[u8] =
+        b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\xabV*.)JM\xccU\xb2R(\x29*M\xad\x05\x00";
+    let mut chunked = format!("{:x}\r\n", gzipped.len()).into_bytes();
+    chunked.extend_from_slice(gzipped);
+    chunked.extend_from_slice(b"\r\n0\r\n\r\n");
+    chunked.extend_from_slice(SMUGGLED.as_bytes());
+    for (lines, status, code, value) in [
+        (
+            "transfer-encoding: gzip, chunked\r\n",
+            "HTTP/1.1 501 Not Implemented",
+            "unsupported_transfer_coding",
+            "gzip, chunked",
+        ),
+        (
+            "Transfer-Encoding: bogus ,\tchunked\r\n",
+            "HTTP/1.1 501 Not Implemented",
+            "unsupported_transfer_coding",
+            "bogus ,\tchunked",
+        ),
+        (
+            "transfer-encoding: gzip\r\ntransfer-encoding: chunked\r\n",
+            "HTTP/1.1 501 Not Implemented",
+            "unsupported_transfer_coding",
+            "gzip, chunked",
+        ),
+        (
+            "transfer-encoding: chunked, chunked\r\n",
+            "HTTP/1.1 400 Bad Request",
+            "invalid_request",
+            "chunked, chunked",
+        ),
+        (
+            "transfer-encoding: chunked\r\nTransfer-Encoding: CHUNKED\r\n",
+            "HTTP/1.1 400 Bad Request",
+            "invalid_request",
+            "chunked, CHUNKED",
+        ),
+    ] {
+        let raw = [head(&format!("{lines}\r\n")).as_slice(), &chunked].concat();
+        let (text, closed) = exchange(&h, &raw).await;
+        assert!(closed, "{lines:?}: connection left open\n{text}");
+        let statuses: Vec<&str> = text.lines().filter(|l| l.starts_with("HTTP/1.")).collect();
+        assert_eq!(statuses, [status], "{lines:?}\n{text}");
+        let (answer_head, answer_body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(
+            answer_head
+                .to_ascii_lowercase()
+                .contains("\r\nconnection: close"),
+            "{lines:?}: {answer_head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(answer_body).unwrap();
+        assert_eq!(v["error"]["code"], code, "{lines:?}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{lines:?}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("transfer-encoding: {value:?}"))
+                || message.contains(&format!(": transfer-encoding: {value:?}")),
+            "{lines:?}: {message}"
+        );
+    }
+    assert!(h.fake.requests().is_empty(), "{:?}", h.fake.requests());
+    assert!(h.fake.connections().is_empty());
+    // Chunked alone, in any case and with whitespace around it, is read and forwarded.
+    let body = "{\"stream\":true}";
+    for lines in [
+        "transfer-encoding: chunked\r\n",
+        "Transfer-Encoding:  Chunked \r\n",
+        "transfer-encoding: , chunked\r\n",
+    ] {
+        let raw = head(&format!(
+            "{lines}connection: close\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        ));
+        assert_eq!(probe(&h, &raw).await, "HTTP/1.1 200 OK", "{lines:?}");
+    }
+    let requests = h.fake.requests();
+    assert_eq!(requests.len(), 3);
+    assert!(requests.iter().all(|r| &r.body[..] == body.as_bytes()));
 }
 
 /// Two equal Content-Lengths are one length (RFC 9110 8.6 lets a recipient merge them).
