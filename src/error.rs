@@ -100,6 +100,10 @@ pub enum GatewayError {
     /// after the answer, since the body is never read.
     #[error("transfer-encoding: {value:?}: this gateway decodes no transfer coding but chunked; send the body chunked or with a Content-Length, and a compressed body with Content-Encoding")]
     UnsupportedTransferCoding { value: String },
+    /// A request path with a `.` or `..` segment (also percent-encoded), which an upstream
+    /// could resolve to a path other than the one the route matched.
+    #[error("request path {path:?} has a dot-segment (\".\" or \"..\", also percent-encoded), which the upstream could resolve to a path outside the route it matched; send the path without it")]
+    DotSegment { path: String },
     #[error("insufficient budget: {} of budget left after the {} reserve; at least {} is needed to call the upstream", ms(*.remaining), ms(*.reserve), ms(*.min_useful))]
     InsufficientBudget {
         remaining: Duration,
@@ -263,9 +267,10 @@ impl GatewayError {
             Self::NoRoute { .. } => "no_route",
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::UnsupportedEncoding { .. } => "unsupported_encoding",
-            Self::BadRequest { .. } | Self::AmbiguousRequest { .. } | Self::ChunkedTwice { .. } => {
-                "invalid_request"
-            }
+            Self::BadRequest { .. }
+            | Self::AmbiguousRequest { .. }
+            | Self::ChunkedTwice { .. }
+            | Self::DotSegment { .. } => "invalid_request",
             Self::UnsupportedTransferCoding { .. } => "unsupported_transfer_coding",
             Self::InsufficientBudget { .. } => "insufficient_budget",
             Self::ConnectTimeout { .. } => "connect_timeout",
@@ -296,6 +301,7 @@ impl GatewayError {
             | Self::BadRequest { .. }
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
+            | Self::DotSegment { .. }
             | Self::InvalidRunId { .. } => StatusCode::BAD_REQUEST,
             Self::RunCallLimit { .. }
             | Self::RunTokenLimit { .. }
@@ -335,6 +341,7 @@ impl GatewayError {
             | Self::BadRequest { .. }
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
+            | Self::DotSegment { .. }
             | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }
             | Self::InvalidRunId { .. } => "invalid_request_error",

@@ -1,7 +1,7 @@
-//! The request path up to the first attempt: refuse what must be refused (framing, loops,
-//! upgrades, keys, encodings), pick the route (by path, then by the body's model), fix the
-//! budget, read the body within it, build the template every attempt sends, take an
-//! admission slot, and hand over to the route's attempts (`retry`).
+//! The request path up to the first attempt: refuse what must be refused (framing,
+//! dot-segments, loops, upgrades, keys, encodings), pick the route (by path, then by the
+//! body's model), fix the budget, read the body within it, build the template every attempt
+//! sends, take an admission slot, and hand over to the route's attempts (`retry`).
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -26,6 +26,7 @@ use crate::http::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, hops, insert_request_id,
     present, strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade, IDENTITY, MAX_HOPS,
 };
+use crate::http::path::has_dot_segment;
 use crate::provider::request::model_of;
 
 impl Gateway {
@@ -68,6 +69,13 @@ impl Gateway {
             }
             check_framing(version, &headers, both_lengths)?;
             let path = uri.path();
+            // Before routing: the prefix the route matched must be the path the upstream
+            // serves.
+            if has_dot_segment(path) {
+                return Err(GatewayError::DotSegment {
+                    path: path.to_owned(),
+                });
+            }
             // Walked again where needed rather than collected: a prefix test per route costs
             // less than the vector's allocation.
             let candidates = || {

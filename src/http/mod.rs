@@ -3,4 +3,5 @@
 pub mod conn;
 pub mod framing;
 pub mod headers;
+pub mod path;
 pub mod sse;

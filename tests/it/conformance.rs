@@ -188,3 +188,58 @@ async fn answers_without_content_carry_no_content_length() {
         );
     }
 }
+
+/// A `.` or `..` segment (also percent-encoded) would be resolved by the upstream to another
+/// path than the one the route matched: `/v1/chat/completions/../../files` took the chat
+/// route, its key and its budget to the provider's `/v1/files`. Refused before routing.
+#[tokio::test]
+async fn paths_with_dot_segments_are_refused_before_routing() {
+    let h = Harness::start().await;
+    for path in [
+        "/v1/chat/completions/../../files",
+        "/raw/../v1/chat/completions",
+        "/v1/chat/completions/./x",
+        "/v1/chat/completions/..",
+        "/v1/chat/completions/%2e%2E/x",
+        "/v1/chat/completions/.%2e/x",
+        "/v1/chat/completions/%2E./x",
+        "/v1/chat/completions/%2e",
+        "/v1/chat/completions/../..?q=1",
+    ] {
+        let req = http::Request::get(path)
+            .header("host", "gateway")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), 400, "{path}");
+        let v = json_body(resp).await;
+        assert_eq!(v["error"]["code"], "invalid_request", "{path}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{path}");
+        let message = v["error"]["message"].as_str().unwrap();
+        let bare = path.split('?').next().unwrap();
+        assert!(message.contains(&format!("{bare:?}")), "{path}: {message}");
+        assert!(
+            !message.contains("q=1"),
+            "the query is never repeated: {message}"
+        );
+    }
+    assert!(h.fake.requests().is_empty(), "{:?}", h.fake.requests());
+    // Dots that are not a whole segment are part of a name like any other.
+    for path in [
+        "/v1/chat/completions/...",
+        "/v1/chat/completions/a..b",
+        "/v1/chat/completions/.well-known",
+        "/v1/chat/completions/%2e%2e%2e",
+        "/v1/chat/completions//x",
+    ] {
+        let before = h.fake.requests().len();
+        let req = http::Request::get(path)
+            .header("host", "gateway")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let _ = h.send(req).await;
+        let requests = h.fake.requests();
+        assert_eq!(requests.len(), before + 1, "{path}");
+        assert_eq!(requests[before].path, path);
+    }
+}
