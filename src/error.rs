@@ -104,6 +104,10 @@ pub enum GatewayError {
     /// could resolve to a path other than the one the route matched.
     #[error("request path {path:?} has a dot-segment (\".\" or \"..\", also percent-encoded), which the upstream could resolve to a path outside the route it matched; send the path without it")]
     DotSegment { path: String },
+    /// More header fields than `[server] max_headers`. hyper refuses these itself over
+    /// HTTP/1 (with a bare 431); over HTTP/2 it bounds only the header list's bytes.
+    #[error("request has {count} header fields, more than this gateway's max_headers ({limit})")]
+    TooManyHeaders { count: usize, limit: usize },
     #[error("insufficient budget: {} of budget left after the {} reserve; at least {} is needed to call the upstream", ms(*.remaining), ms(*.reserve), ms(*.min_useful))]
     InsufficientBudget {
         remaining: Duration,
@@ -271,6 +275,7 @@ impl GatewayError {
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. } => "invalid_request",
+            Self::TooManyHeaders { .. } => "too_many_headers",
             Self::UnsupportedTransferCoding { .. } => "unsupported_transfer_coding",
             Self::InsufficientBudget { .. } => "insufficient_budget",
             Self::ConnectTimeout { .. } => "connect_timeout",
@@ -311,6 +316,7 @@ impl GatewayError {
             Self::RunStoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::UnsupportedEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InsufficientBudget { .. }
             | Self::ConnectTimeout { .. }
@@ -342,6 +348,7 @@ impl GatewayError {
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. }
+            | Self::TooManyHeaders { .. }
             | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }
             | Self::InvalidRunId { .. } => "invalid_request_error",

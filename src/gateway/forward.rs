@@ -60,6 +60,16 @@ impl Gateway {
         let both_lengths = extensions.get::<AmbiguousFraming>().is_some();
         drop(extensions);
         async move {
+            // hyper holds HTTP/1 heads to this limit as it parses them; its HTTP/2 server
+            // bounds only the bytes of the header list, so HTTP/2 requests are counted here
+            // (`len` counts every field, repeated names included, as hyper's limit does).
+            let limit = self.config.server.max_headers;
+            if headers.len() > limit {
+                return Err(GatewayError::TooManyHeaders {
+                    count: headers.len(),
+                    limit,
+                });
+            }
             // An authority-form target has no path to route: say why in words rather than
             // "no route for path \"\"".
             if method == Method::CONNECT {

@@ -243,3 +243,53 @@ async fn paths_with_dot_segments_are_refused_before_routing() {
         assert_eq!(requests[before].path, path);
     }
 }
+
+/// A chat request over HTTP/2 with `n` header fields in all (its length set, so that no
+/// client adds one).
+fn with_fields(n: usize) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    let mut req = chat_request(&[], false);
+    let len = hyper::body::Body::size_hint(req.body()).exact().unwrap();
+    let headers = req.headers_mut();
+    headers.remove("host");
+    headers.insert("content-length", len.into());
+    let mut i = 0;
+    while headers.len() < n {
+        headers.append(
+            http::HeaderName::try_from(format!("x-pad-{i}")).unwrap(),
+            "1".parse().unwrap(),
+        );
+        i += 1;
+    }
+    req
+}
+
+/// `[server] max_headers` holds over HTTP/2 as hyper holds it over HTTP/1.1: an HTTP/2
+/// request with more fields gets 431 with the contract's JSON, naming the count and the
+/// limit, and nothing is forwarded. (A limit below the fake provider's own 100, so that what
+/// the gateway forwards, its own fields added, is not refused there.)
+#[tokio::test]
+async fn http2_requests_have_the_header_limit_of_http1() {
+    let h = Harness::with_config(&BASE.replace("[server]\n", "[server]\nmax_headers = 50\n")).await;
+    let resp = h2_send(h.addr(), with_fields(50)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(h.fake.requests().len(), 1);
+    for n in [51, 150] {
+        let resp = h2_send(h.addr(), with_fields(n)).await.unwrap();
+        assert_eq!(resp.status(), 431, "{n}");
+        let v = json_body(resp).await;
+        assert_eq!(v["error"]["code"], "too_many_headers", "{n}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{n}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("{n} header fields")) && message.contains("max_headers (50)"),
+            "{message}"
+        );
+    }
+    assert_eq!(h.fake.requests().len(), 1);
+    // The same limit over HTTP/1.1, where hyper enforces it.
+    let mut req = with_fields(51);
+    req.headers_mut().remove("x-pad-0");
+    req.headers_mut().insert("host", "gateway".parse().unwrap());
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 431);
+}
