@@ -69,7 +69,11 @@ impl Config {
             if let Some(w) = up.http2.warning() {
                 out.push(format!("upstream {name:?}: {w}"));
             }
-            if !self.routes.iter().any(|r| Arc::ptr_eq(&r.upstream, up)) {
+            // A fallback is a use too.
+            if !self.routes.iter().any(|r| {
+                Arc::ptr_eq(&r.upstream, up)
+                    || r.policy.fallbacks.iter().any(|f| Arc::ptr_eq(f, up))
+            }) {
                 out.push(format!("upstream {name:?} is not used by any route"));
             }
         }

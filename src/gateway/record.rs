@@ -370,7 +370,10 @@ impl RequestRecord {
             m.attempts.observe(self.attempts.len() as f64);
         }
         let ttft = self.first_token_at.map(|t| t - self.arrival);
-        if let (Some(t), Some(h)) = (ttft, &self.ttft_metric) {
+        // An error body's first byte is no token: it would pull the histogram down with
+        // the answers that had none.
+        let answered = self.status.is_none_or(|s| (200..300).contains(&s));
+        if let (Some(t), Some(h), true) = (ttft, &self.ttft_metric, answered) {
             h.observe(t.as_secs_f64());
         }
         let ttfb = self.first_byte_at.map(|t| t - self.arrival);
@@ -468,7 +471,8 @@ impl Observer for RequestRecord {
     fn first_token(&mut self, at: Instant) {
         if self.first_token_at.is_none() {
             self.first_token_at = Some(at);
-            if let (Some(up), Some(sent)) = (&self.upstream, self.sent_at) {
+            let answered = self.status.is_none_or(|s| (200..300).contains(&s));
+            if let (Some(up), Some(sent), true) = (&self.upstream, self.sent_at, answered) {
                 learn_first_token(up, at.saturating_duration_since(sent));
             }
         }

@@ -401,3 +401,24 @@ async fn insufficient_budget_says_what_is_left_after_the_reserve() {
     json_body(resp).await;
     assert!(h.fake.requests().is_empty());
 }
+
+/// An error body's first byte is no token: it neither joins the time-to-first-token
+/// histogram nor teaches the upstream's estimate.
+#[tokio::test]
+async fn an_error_answer_is_no_first_token() {
+    let h = Harness::start().await;
+    let (resp, _c) = h
+        .send(chat_request(&[("x-fake-status", "429")], false))
+        .await;
+    assert_eq!(resp.status(), 429);
+    json_body(resp).await;
+    let (resp, _c) = h.chat(&[]).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_time_to_first_token_seconds_count{route=\"chat\",upstream=\"fake\"}")
+            .await,
+        1.0
+    );
+}

@@ -106,3 +106,14 @@ fn warnings_cover_environment_and_layout() {
         .iter()
         .all(|w| !w.contains("api_key_env")));
 }
+
+#[test]
+fn an_upstream_used_only_as_a_fallback_is_used() {
+    let text = format!("{BASE}\nfallbacks = [\"anthropic\"]\n");
+    let set = |_: &str| Some(OsString::from("sk-test"));
+    let w = load(&text).warnings_with(&set);
+    assert!(
+        !w.iter().any(|w| w.contains("not used by any route")),
+        "{w:?}"
+    );
+}
