@@ -295,6 +295,11 @@ impl RequestRecord {
         if let Err(GatewayError::FirstTokenTimeout { after, .. }) = outcome {
             entry.upstream.ttft.observe_bound(*after);
         }
+        // The log line names the upstream that failed when none answered (an answer's is
+        // set with it; a hedge's loser never replaces the winner).
+        if outcome.is_err() || self.upstream.is_none() {
+            self.upstream = Some(entry.upstream.clone());
+        }
         // Most requests make one attempt: room for one, not the four a first push makes, held
         // for as long as the stream is open.
         if self.attempts.capacity() == 0 {

@@ -422,3 +422,25 @@ async fn an_error_answer_is_no_first_token() {
         1.0
     );
 }
+
+/// The log line names the upstream a request failed on, when it failed before any answer.
+#[tokio::test]
+async fn the_log_line_names_the_upstream_that_failed_before_its_head() {
+    let (_refusing, addr) = refused_addr();
+    let toml = BASE
+        .replace("{FAKE}", &format!("http://{addr}"))
+        .replace("api_key_env = \"HOURGLASS_TEST_KEY_UNSET\"\n", "");
+    let p = Process::spawn(&toml, &["--log-format", "json"], &[]).await;
+    let (resp, _c) = Conn::open(p.addr).await.send(chat_request(&[], true)).await;
+    assert_eq!(resp.status(), 502);
+    json_body(resp).await;
+    let (stdout, stderr) = p.stop().await;
+    let out = stdout + &stderr;
+    let line = out
+        .lines()
+        .find(|l| l.contains("\"code\":\"upstream_unavailable\""))
+        .unwrap_or_else(|| panic!("no log line: {out}"));
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    let fields = v.get("fields").unwrap_or(&v);
+    assert_eq!(fields["upstream"], "fake", "{line}");
+}
