@@ -2,6 +2,7 @@
 //! to do when the store fails, and the one place failures are counted and logged. Apart from
 //! the runtime so that a call can give its reservation back without reaching up into it.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,10 +13,11 @@ use crate::config::OnStoreError;
 use crate::runs::redis::{Ended, RedisStore, StoreError};
 use crate::runs::state::Used;
 
-/// How long the cancel of an admission a call gave up on is tried: a store down for longer
-/// lost its runs or kept them; either way the reservation ends with the run's ttl.
-const CANCEL_FOR: Duration = Duration::from_secs(60);
 use crate::telemetry::metrics::RunMetrics;
+
+/// How long the end or the cancel of a call is tried: a store down for longer lost its runs
+/// or kept them; either way what the call reserved ends with the run's ttl.
+const GIVE_BACK_FOR: Duration = Duration::from_secs(60);
 
 /// What the calls of a Redis store share.
 pub struct Shared {
@@ -88,8 +90,10 @@ impl Shared {
         }
     }
 
-    /// Gives a call's reservation back in the background, bounded by the store's timeout; a
-    /// reservation that cannot be given back expires with the run.
+    /// Gives a call's reservation back in the background (`finish.lua`, which gives back
+    /// once, so it can be sent again). Tried like a cancel: a store that stalls for a moment
+    /// just after the answer would otherwise keep the reservation, and the call in flight,
+    /// until the run expires.
     pub(super) fn finish_later(
         self: &Arc<Self>,
         key: String,
@@ -99,18 +103,15 @@ impl Shared {
     ) {
         let shared = self.clone();
         tokio::spawn(async move {
-            let done = tokio::time::timeout(
-                shared.timeout,
-                shared
-                    .store
-                    .finish(&key, &token, reserve, &used, shared.ttl),
-            )
-            .await
-            .unwrap_or(Err(StoreError::Timeout(shared.timeout)));
-            match done {
-                Ok(Some(ended)) => shared.report(&ended),
-                Ok(None) => {}
-                Err(e) => shared.failed("finish", &e),
+            let ended = shared
+                .until_answered("finish", || {
+                    shared
+                        .store
+                        .finish(&key, &token, reserve, &used, shared.ttl)
+                })
+                .await;
+            if let Some(Some(ended)) = ended {
+                shared.report(&ended);
             }
         });
     }
@@ -119,26 +120,48 @@ impl Shared {
     /// script was sent: a store that was only slow runs it when it wakes, and what it
     /// reserved then would stay reserved, with nobody to give it back, for as long as the run
     /// lives. `served`: the call went on without run limits (it counts as a call, with
-    /// nothing used that the run saw); else it counts nowhere. Tried again, with backoff,
-    /// while the store does not answer: a store that is back gets the cancel.
+    /// nothing used that the run saw); else it counts nowhere.
     pub(super) fn cancel_later(self: &Arc<Self>, key: String, token: String, served: bool) {
         let shared = self.clone();
         tokio::spawn(async move {
-            let each = shared.timeout.max(Duration::from_millis(500));
-            let mut pause = Duration::from_millis(100);
-            let give_up = Instant::now() + CANCEL_FOR;
-            loop {
-                let done = tokio::time::timeout(
-                    each,
-                    shared.store.cancel(&key, &token, served, shared.ttl),
-                )
+            let _ = shared
+                .until_answered("cancel", || {
+                    shared.store.cancel(&key, &token, served, shared.ttl)
+                })
                 .await;
-                if matches!(done, Ok(Ok(_))) || Instant::now() + pause > give_up {
-                    return;
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
         });
+    }
+
+    /// Sends `op` (an idempotent script) until the store answers, with backoff, for at most
+    /// `GIVE_BACK_FOR`. Each try waits at least 500 ms: a try cut short may leave its script
+    /// half sent (EVALSHA answered NOSCRIPT, the SCRIPT LOAD never made), which is what a
+    /// store that just stalled does to the first use of a script. The first failure counts.
+    async fn until_answered<T, F, Fut>(&self, op: &str, mut send: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let each = self.timeout.max(Duration::from_millis(500));
+        let mut pause = Duration::from_millis(100);
+        let give_up = Instant::now() + GIVE_BACK_FOR;
+        let mut counted = false;
+        loop {
+            let done = tokio::time::timeout(each, send())
+                .await
+                .unwrap_or(Err(StoreError::Timeout(each)));
+            match done {
+                Ok(answer) => return Some(answer),
+                Err(e) if !counted => {
+                    self.failed(op, &e);
+                    counted = true;
+                }
+                Err(_) => {}
+            }
+            if Instant::now() + pause > give_up {
+                return None;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
     }
 }

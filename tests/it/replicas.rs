@@ -487,6 +487,55 @@ async fn admissions_redis_runs_after_the_call_stopped_waiting_are_given_back() {
     }
 }
 
+/// A call that ends while Redis is frozen still gives its reservation back: the end is sent
+/// again once the store answers, not dropped with the first try (here also the first use of
+/// `finish.lua`, whose EVALSHA is answered NOSCRIPT only on the thaw).
+#[tokio::test]
+async fn a_call_that_ends_while_redis_is_frozen_gives_its_reservation_back_on_the_thaw() {
+    if crate::support::redis::skip() {
+        return;
+    }
+    let redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = config(&fake, &redis.url(), "deny", "100ms").replace(
+        "run_max_calls = 10",
+        "run_max_calls = 10\nrun_max_tokens = 100000\nrun_token_estimate = 500",
+    );
+    let a = Process::spawn(&toml, &[], &[]).await;
+    let req = call(
+        true,
+        &[
+            ("x-run-id", "frozen-end"),
+            ("x-run-budget-ms", "60000"),
+            ("x-fake-chunks", "5"),
+            ("x-fake-interval-ms", "50"),
+        ],
+        0,
+    );
+    let (resp, _c) = Conn::open(a.addr).await.send(req).await;
+    assert_eq!(resp.status(), 200);
+    redis.pause();
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error_event().is_none(), "the stream is whole");
+    // Past the store timeout (100 ms) and the connection's response timeout (500 ms).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.resume();
+    let state = run_state(&a, "frozen-end", |u| {
+        u["in_flight"] == 0 && u["tokens_reserved"] == 0
+    })
+    .await;
+    let used = &state["runs"][0]["used"];
+    assert_eq!(used["in_flight"], 0, "{state}");
+    assert_eq!(used["tokens_reserved"], 0, "{state}");
+    assert_eq!(used["calls"], 1, "{state}");
+    assert!(
+        used["tokens"].as_u64().unwrap() > 0,
+        "what it used: {state}"
+    );
+}
+
 /// A run is forgotten `ttl` after its last call: its keys expire then, not `ttl` plus the
 /// budget the call had when it was admitted.
 #[tokio::test]
