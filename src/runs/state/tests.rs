@@ -341,3 +341,16 @@ async fn a_refused_call_counts_nowhere() {
     assert!(r.admit(&too_big).is_err());
     assert_eq!((r.calls, r.in_flight, r.tokens_reserved), (0, 0, 0));
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_longest_client_budget_a_header_can_carry_is_held_without_overflow() {
+    let t0 = Instant::now();
+    let mut r = run(RunLimits::UNLIMITED, t0);
+    let huge = Call {
+        asked_budget: Some(ms(u64::MAX)),
+        ..call(t0)
+    };
+    let a = r.admit(&huge).unwrap();
+    assert!(a.started);
+    assert_eq!(a.view.deadline, Some(t0 + ms(u64::MAX)));
+}
