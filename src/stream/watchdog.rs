@@ -538,13 +538,19 @@ fn cut<B, O: Observer>(
         Some(sse) => {
             sse.held.clear();
             sse.held_len = 0;
+            let mut written = 0;
             if std::mem::take(&mut sse.partial_sent) {
                 // "\n\n" ends any line (even one whose CR already went out) and then the
                 // block: the truncated event is dispatched as it stands, and the error event
                 // that follows is one of its own.
                 ready.push_back(Bytes::from_static(b"\n\n"));
+                written += 2;
             }
-            ready.push_back(err.sse_event());
+            let event = err.sse_event();
+            written += event.len();
+            ready.push_back(event);
+            // The client is sent these bytes too: the log line's `bytes` counts them.
+            observer.data(written);
             *state = State::Done;
         }
         None => *state = State::Failing(Box::new(err)),

@@ -322,10 +322,11 @@ async fn upstream_failure_mid_sse_becomes_error_event() {
     let text = String::from_utf8(out).unwrap();
     assert!(text.starts_with("data: a\n\nevent: error\n"), "{text}");
     assert!(text.contains("\"code\":\"upstream_error\""));
-    assert_eq!(
-        probe.0.lock().unwrap().end.as_deref(),
-        Some("upstream_error")
-    );
+    let seen = probe.0.lock().unwrap();
+    assert_eq!(seen.end.as_deref(), Some("upstream_error"));
+    // What came from the upstream (the half event too), and the error event written after.
+    let event = text.len() - "data: a\n\n".len();
+    assert_eq!(seen.bytes, "data: a\n\ndata: half".len() + event);
 }
 
 #[tokio::test(start_paused = true)]
