@@ -462,19 +462,6 @@ impl GatewayError {
                     http::HeaderValue::from_static("close"),
                 );
             }
-            // The body was never read: nothing after this head may be taken for a request.
-            // The same request is refused the same way again.
-            Self::UnsupportedTransferCoding { .. } => {
-                let headers = resp.headers_mut();
-                headers.insert(
-                    http::header::CONNECTION,
-                    http::HeaderValue::from_static("close"),
-                );
-                headers.insert(
-                    http::HeaderName::from_static("x-should-retry"),
-                    http::HeaderValue::from_static("false"),
-                );
-            }
             // The methods the gateway forwards (RFC 9110 15.5.6). A CONNECT client may send
             // its tunnel's first bytes (a TLS ClientHello) without waiting for the answer:
             // closing keeps them from being read as a request. Refused the same way again.
@@ -495,7 +482,10 @@ impl GatewayError {
             }
             // The same request loops (or is refused, or cannot fit) the same way again: the
             // OpenAI and Anthropic SDKs, which retry any 5xx by default, obey this header.
+            // (An unsupported coding's body is never read: the answer also closes, as every
+            // answer made before the body was read does, `gateway::body::error_answer`.)
             Self::LoopDetected { .. }
+            | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }
             | Self::InsufficientBudget { whole: true, .. }
             | Self::RunCallLimit { .. }

@@ -2,6 +2,7 @@
 //! document, an HTTP/1.0 answer read whole), or the upstream's body under watch.
 
 use bytes::Bytes;
+use http::header::{self, HeaderValue};
 use http::Response;
 use http_body_util::{Either, Full};
 use tokio::time::Instant;
@@ -38,5 +39,12 @@ pub(super) fn error_answer(
         insert_run_headers(resp.headers_mut(), view, Instant::now());
     }
     insert_request_id(resp.headers_mut(), id);
+    // The rest of the body is still on its way: hyper will not read it, and closes the
+    // connection after this answer. Said, so that no client sends its next request on a
+    // connection about to close (a POST lost that way cannot safely be sent again).
+    if record.body_unread() {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     resp
 }

@@ -59,6 +59,13 @@ impl Gateway {
         // connection's framing tracker saw it (`http::framing`).
         let both_lengths = extensions.get::<AmbiguousFraming>().is_some();
         drop(extensions);
+        // Until it is read, an HTTP/1 body keeps the connection from carrying another
+        // request (HTTP/2 ends a stream on its own).
+        record.set_body_unread(
+            version < http::Version::HTTP_2
+                && (content_length(&headers).is_some_and(|n| n > 0)
+                    || headers.contains_key(header::TRANSFER_ENCODING)),
+        );
         async move {
             // hyper holds HTTP/1 heads to this limit as it parses them; its HTTP/2 server
             // bounds only the bytes of the header list, so HTTP/2 requests are counted here
@@ -146,7 +153,9 @@ impl Gateway {
                         return Err(GatewayError::BodyTooLarge { limit });
                     }
                 }
-                read_body(body, limit, &provisional).await?
+                let body = read_body(body, limit, &provisional).await?;
+                record.set_body_unread(false);
+                body
             };
 
             let route = if first.route.needs_model() {

@@ -97,6 +97,9 @@ pub struct RequestRecord {
     /// The run the request is a call of (boxed: most requests are in none).
     run: Option<Box<RunPart>>,
     request_bytes: u64,
+    /// An HTTP/1 request body not (yet) read to its end: hyper closes such a connection
+    /// after the answer, so an answer made now says `connection: close`.
+    body_unread: bool,
 }
 
 /// A call's part in its run.
@@ -143,7 +146,16 @@ impl RequestRecord {
             _stream: None,
             run: None,
             request_bytes: 0,
+            body_unread: false,
         }
+    }
+
+    pub fn set_body_unread(&mut self, unread: bool) {
+        self.body_unread = unread;
+    }
+
+    pub fn body_unread(&self) -> bool {
+        self.body_unread
     }
 
     /// How many bytes the request's body had (a partial answer's prompt estimate).

@@ -293,3 +293,75 @@ async fn http2_requests_have_the_header_limit_of_http1() {
     let (resp, _c) = h.send(req).await;
     assert_eq!(resp.status(), 431);
 }
+
+/// An answer made before the request's body was read says `connection: close`: hyper does
+/// not read the rest of it and closes the connection after the answer, and a client that
+/// sent its next request on that connection in the meantime would lose it (RFC 9112 9.6,
+/// 9.3). An answer made once the body was read leaves the connection open for the next.
+#[tokio::test]
+async fn an_answer_made_before_the_body_was_read_says_the_connection_closes() {
+    let h = Harness::start().await;
+    let head = |path: &str, extra: &str, length: usize| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+             {extra}content-length: {length}\r\n\r\n{}",
+            "x".repeat(1000)
+        )
+        .into_bytes()
+    };
+    let ended = |got: &[u8]| got.windows(4).any(|w| w == b"}\n\r\n") || got.ends_with(b"}");
+    for (raw, status) in [
+        (head("/nope", "", 1_000_000), "HTTP/1.1 404 "),
+        (
+            head(
+                "/v1/chat/completions",
+                "x-request-budget-ms: abc\r\n",
+                1_000_000,
+            ),
+            "HTTP/1.1 400 ",
+        ),
+        (
+            head(
+                "/v1/chat/completions",
+                "x-request-budget-ms: 1\r\n",
+                1_000_000,
+            ),
+            "HTTP/1.1 504 ",
+        ),
+        (
+            head("/v1/chat/completions", "", 100_000_000),
+            "HTTP/1.1 413 ",
+        ),
+    ] {
+        let (text, closed) = raw_exchange(h.addr(), &raw, |_| false).await;
+        assert!(text.starts_with(status), "{text}");
+        let (answer_head, _) = text.split_once("\r\n\r\n").unwrap();
+        assert!(
+            answer_head
+                .to_ascii_lowercase()
+                .contains("\r\nconnection: close"),
+            "{answer_head}"
+        );
+        assert!(closed, "closed after the answer: {text}");
+    }
+    // Read whole, then refused: the connection carries the next request.
+    let bad = "{not json";
+    let mut raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{bad}",
+        bad.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&chat_bytes("HTTP/1.1"));
+    let two = |got: &[u8]| {
+        let text = String::from_utf8_lossy(got);
+        text.matches("HTTP/1.1 ").count() == 2 && ended(got)
+    };
+    let (text, _) = raw_exchange(h.addr(), &raw, two).await;
+    assert!(text.starts_with("HTTP/1.1 400 "), "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("connection: close"),
+        "{text}"
+    );
+    assert!(text.contains("HTTP/1.1 200 OK"), "the next request: {text}");
+}
