@@ -355,11 +355,13 @@ async fn run(s: &mut TcpStream, script: &str) -> bool {
                 .await;
             false
         }
-        // Header lines forever, a few at a time.
+        // Header lines forever, 40 KB at a time: past the head limit in a dozen writes, well
+        // inside the first-token limit even on a loaded machine (at 2.5 KB a write, a busy
+        // CI runner took longer than 600 ms, and the 502 became a first_token_timeout).
         "endless-head" => {
             let _ = s.write_all(b"HTTP/1.1 200 OK\r\n").await;
             loop {
-                if s.write_all(&b"x-pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n".repeat(64))
+                if s.write_all(&b"x-pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n".repeat(1024))
                     .await
                     .is_err()
                 {
