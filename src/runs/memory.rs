@@ -80,25 +80,22 @@ impl MemoryStore {
             .map(|e| (e, RunEnd::Expired))
             .chain(evicted.map(|e| (e, RunEnd::Evicted)))
         {
-            let run = lock(&e);
-            if run.ended.is_none() || end == RunEnd::Evicted {
-                let end = if end == RunEnd::Expired {
-                    run.end_when_forgotten(now)
-                } else {
-                    end
-                };
+            let mut run = lock(&e);
+            let forgotten = if end == RunEnd::Expired {
+                run.end_when_forgotten(now)
+            } else {
+                end
+            };
+            if let Some(end) = run.take_last_report(forgotten) {
                 self.ends.ended(&run, end, now);
             }
         }
         self.ends.held(held);
         let result = {
             let mut run = lock(&entry);
-            let was_ended = run.ended.is_some();
             let result = run.admit(call);
-            if let (Err((r, _)), false) = (&result, was_ended) {
-                if run.ended.is_some() {
-                    self.ends.ended(&run, r.end(), now);
-                }
+            if let Some(end) = run.take_report() {
+                self.ends.ended(&run, end, now);
             }
             result
         };
@@ -108,13 +105,10 @@ impl MemoryStore {
     /// The end of a call admitted into `entry` with `reserve` tokens.
     pub fn finish(&self, entry: &Entry, reserve: u64, used: &Used, now: Instant) {
         let mut run = lock(entry);
-        let was_ended = run.ended.is_some();
         run.finish(reserve, used);
         run.last_call = run.last_call.max(now);
-        if !was_ended {
-            if let Some(end) = run.ended {
-                self.ends.ended(&run, end, now);
-            }
+        if let Some(end) = run.take_report() {
+            self.ends.ended(&run, end, now);
         }
     }
 
@@ -148,9 +142,10 @@ impl MemoryStore {
             (expired, runs.len())
         };
         for e in expired {
-            let run = lock(&e);
-            if run.ended.is_none() {
-                self.ends.ended(&run, run.end_when_forgotten(now), now);
+            let mut run = lock(&e);
+            let forgotten = run.end_when_forgotten(now);
+            if let Some(end) = run.take_last_report(forgotten) {
+                self.ends.ended(&run, end, now);
             }
         }
         self.ends.held(held);
@@ -185,6 +180,7 @@ impl MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runs::state::Answer;
 
     #[derive(Default)]
     struct Seen(Mutex<Vec<(String, RunEnd)>>, std::sync::atomic::AtomicUsize);
@@ -236,20 +232,37 @@ mod tests {
             .build()
             .unwrap();
         let now = rt.block_on(async { Instant::now() });
-        let admitted: usize = std::thread::scope(|scope| {
+        let admitted: Vec<Entry> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..50)
                 .map(|_| {
                     let (s, route) = (s.clone(), route.clone());
                     scope.spawn(move || {
-                        s.admit(&key("r"), &route, &LIMITS, &call(now)).1.is_ok() as usize
+                        let (entry, result) = s.admit(&key("r"), &route, &LIMITS, &call(now));
+                        result.is_ok().then_some(entry)
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).sum()
+            handles
+                .into_iter()
+                .filter_map(|h| h.join().unwrap())
+                .collect()
         });
-        assert_eq!(admitted, 10);
+        assert_eq!(admitted.len(), 10);
         let run = s.get(&key("r")).unwrap();
         assert_eq!((run.calls, run.in_flight), (10, 10));
+        assert!(
+            lock(&seen.0).is_empty(),
+            "ended, but counted only once its calls have used what they use"
+        );
+        let used = Used {
+            tokens: 7,
+            answer: Answer::Plain,
+            request: None,
+        };
+        for entry in &admitted {
+            s.finish(entry, 10, &used, now);
+        }
+        assert_eq!(s.get(&key("r")).unwrap().tokens_used, 70);
         assert_eq!(
             *lock(&seen.0),
             [("chat".to_string(), RunEnd::Calls)],

@@ -300,9 +300,10 @@ impl RedisStore {
             return Ok(None);
         }
         let n = |i: usize| reply.get(i).map_or(0, int).max(0) as u64;
+        let end = reply.get(5).map(text).unwrap_or_default();
         Ok(Some(Ended {
             route: Arc::from(reply.get(1).map(text).unwrap_or_default()),
-            end: RunEnd::Tokens,
+            end: RunEnd::named(&end).unwrap_or(RunEnd::Tokens),
             calls: n(2),
             tokens: n(3),
             age: Duration::from_millis(n(4)),

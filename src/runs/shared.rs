@@ -104,7 +104,7 @@ impl Shared {
         let shared = self.clone();
         tokio::spawn(async move {
             let ended = shared
-                .until_answered("finish", || {
+                .until_answered(Some("finish"), || {
                     shared
                         .store
                         .finish(&key, &token, reserve, &used, shared.ttl)
@@ -125,7 +125,7 @@ impl Shared {
         let shared = self.clone();
         tokio::spawn(async move {
             let _ = shared
-                .until_answered("cancel", || {
+                .until_answered(None, || {
                     shared.store.cancel(&key, &token, served, shared.ttl)
                 })
                 .await;
@@ -135,8 +135,9 @@ impl Shared {
     /// Sends `op` (an idempotent script) until the store answers, with backoff, for at most
     /// `GIVE_BACK_FOR`. Each try waits at least 500 ms: a try cut short may leave its script
     /// half sent (EVALSHA answered NOSCRIPT, the SCRIPT LOAD never made), which is what a
-    /// store that just stalled does to the first use of a script. The first failure counts.
-    async fn until_answered<T, F, Fut>(&self, op: &str, mut send: F) -> Option<T>
+    /// store that just stalled does to the first use of a script. The first failure counts
+    /// under `op` (a cancel's does not: the admission it follows was counted).
+    async fn until_answered<T, F, Fut>(&self, op: Option<&str>, mut send: F) -> Option<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
@@ -152,7 +153,9 @@ impl Shared {
             match done {
                 Ok(answer) => return Some(answer),
                 Err(e) if !counted => {
-                    self.failed(op, &e);
+                    if let Some(op) = op {
+                        self.failed(op, &e);
+                    }
                     counted = true;
                 }
                 Err(_) => {}

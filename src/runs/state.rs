@@ -42,6 +42,11 @@ impl RunEnd {
             Self::Evicted => "evicted",
         }
     }
+
+    /// The end named `s` (as `as_str` names it).
+    pub fn named(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.as_str() == s)
+    }
 }
 
 /// What a repeated answer or request looked like, for the refusal's message.
@@ -192,6 +197,9 @@ pub struct RunState {
     pub ended: Option<RunEnd>,
     /// The refusal that ended the run: every later call gets it.
     pub refused: Option<Refusal>,
+    /// The run's end was counted (`hourglass_runs_total` and the run histograms): once,
+    /// when it has ended and its last call in flight has come back with what it used.
+    pub reported: bool,
 }
 
 impl RunState {
@@ -212,6 +220,7 @@ impl RunState {
             request: None,
             ended: None,
             refused: None,
+            reported: false,
         }
     }
 
@@ -362,6 +371,25 @@ impl RunState {
                 asked: 0,
             });
         }
+    }
+
+    /// The end to count now, once: the run has ended and no call of it is in flight (the
+    /// calls admitted before the end still add what they used).
+    pub fn take_report(&mut self) -> Option<RunEnd> {
+        let end = self
+            .ended
+            .filter(|_| !self.reported && self.in_flight == 0)?;
+        self.reported = true;
+        Some(end)
+    }
+
+    /// The end to count as the run is forgotten (`forgotten`: expired or evicted), unless
+    /// it was counted already: the end it had, if it had one.
+    pub fn take_last_report(&mut self, forgotten: RunEnd) -> Option<RunEnd> {
+        if std::mem::replace(&mut self.reported, true) {
+            return None;
+        }
+        Some(self.ended.unwrap_or(forgotten))
     }
 
     /// When the run is to be forgotten: `ttl` after its last call, once no call is in flight.

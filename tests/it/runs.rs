@@ -286,12 +286,34 @@ async fn fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream
             .await,
         40.0
     );
+    let run = run_json(&h, "r50").await;
+    // Counted once its ten calls are back, with what they used: a moment after the last
+    // of them reached a shared store.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h
+        .metric("hourglass_runs_total{end=\"calls\",route=\"calls\"}")
+        .await
+        < 1.0
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(
         h.metric("hourglass_runs_total{end=\"calls\",route=\"calls\"}")
             .await,
         1.0
     );
-    let run = run_json(&h, "r50").await;
+    let tokens = run["runs"][0]["used"]["tokens"].as_u64().unwrap();
+    assert!(tokens > 0, "{run}");
+    assert_eq!(
+        h.metric("hourglass_run_tokens_sum{route=\"calls\"}").await,
+        tokens as f64,
+        "the run's tokens, not what it had used when the 11th call was refused"
+    );
+    assert_eq!(
+        h.metric("hourglass_run_calls_sum{route=\"calls\"}").await,
+        10.0
+    );
     assert_eq!(run["runs"][0]["used"]["calls"], 10);
     assert_eq!(run["runs"][0]["left"]["calls"], 0);
     assert_eq!(run["runs"][0]["ended"], "calls");

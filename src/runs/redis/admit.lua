@@ -12,7 +12,9 @@
 -- Returns {1, deadline_left_ms, calls_left, tokens_left, allowance, run_budget_ms, started,
 --          max_tokens, max_repeats} (the last two the run's limits, which the call is held
 --          to; -1 for none), {0, ended_now, deadline_left_ms, calls_left, tokens_left, route,
---          refusal...}, or {2} for a call already cancelled.
+--          refusal...}, or {2} for a call already cancelled. ended_now: the run ended with
+--          this refusal and no call in flight, so its end is counted now (else the last
+--          call to finish counts it).
 local k = KEYS[1]
 if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
 local t = redis.call('TIME')
@@ -99,7 +101,12 @@ if refusal ~= nil then
   if refusal[1] ~= 'tokens' or exhausted then
     if h.ended == nil or h.ended == '' then
       redis.call('HSET', k, 'ended', refusal[1], 'refused', cjson.encode(refusal))
-      ended_now = 1
+      -- Counted once the calls still in flight have added what they used (finish.lua).
+      if (num(h.in_flight) or 0) == 0 then
+        ended_now = 1
+      else
+        redis.call('HSET', k, 'unreported', 1)
+      end
     end
   end
   if fresh then redis.call('PEXPIRE', k, ARGV[13]) end

@@ -8,7 +8,8 @@
 --          4 tool name, 5 ttl_ms, 6 request fingerprint ('' when it does not count),
 --          7 the call's token
 --
--- Returns {ended_now, route, calls, used, age_ms}; {} when the run is gone (expired).
+-- Returns {ended_now, route, calls, used, age_ms, end}; {} when the run is gone (expired).
+-- ended_now: the run has ended and this was its last call in flight: its end is counted.
 local k = KEYS[1]
 if redis.call('EXISTS', k) == 0 then return {} end
 -- Given back once: a call that cancel.lua already gave back has nothing left to give.
@@ -39,15 +40,22 @@ if ARGV[6] ~= '' then
     redis.call('HSET', k, 'req_fp', ARGV[6], 'req_n', 1)
   end
 end
-local ended_now = 0
+local ended = h.ended
 local max_tokens = num(h.max_tokens)
-if max_tokens ~= nil and used >= max_tokens and (h.ended == nil or h.ended == '') then
-  redis.call('HSET', k, 'ended', 'tokens',
-    'refused', cjson.encode({'tokens', max_tokens, used, reserved, 0}))
+if max_tokens ~= nil and used >= max_tokens and (ended == nil or ended == '') then
+  ended = 'tokens'
+  redis.call('HSET', k, 'ended', ended,
+    'refused', cjson.encode({'tokens', max_tokens, used, reserved, 0}), 'unreported', 1)
+  h.unreported = '1'
+end
+-- A run's end is counted once no call of it is in flight: with what every call used.
+local ended_now = 0
+if in_flight == 0 and h.unreported == '1' then
+  redis.call('HDEL', k, 'unreported')
   ended_now = 1
 end
 -- Forgotten ttl after its last call: exactly that once no call is in flight (an admission
 -- kept the key alive for the call's budget too); while one is, never shorter.
 local ttl = tonumber(ARGV[5])
 if in_flight == 0 or redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
-return {ended_now, h.route, num(h.calls) or 0, used, now - (num(h.started) or now)}
+return {ended_now, h.route, num(h.calls) or 0, used, now - (num(h.started) or now), ended or ''}
