@@ -232,7 +232,14 @@ async fn serve_connection(
                 let (io, _) = ClientIo::new(stream, server.send_timeout);
                 let handshake =
                     tokio::time::timeout(server.header_read_timeout, acceptor.accept(io));
-                let tls_stream = match handshake.await {
+                // No request is in flight yet: a drain closes the connection at once rather
+                // than wait out the handshake (a load balancer's probe would hold every
+                // shutdown for the header-read timeout).
+                let handshake = tokio::select! {
+                    r = handshake => r,
+                    () = drain.fired() => return None,
+                };
+                let tls_stream = match handshake {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
@@ -270,8 +277,13 @@ async fn serve_connection(
         }
         None => {
             // Closed, or nothing that tells within the header-read timeout: closed without
-            // a word, as an idle connection may be (RFC 9112 9.6).
-            let Some(protocol) = sniff(&stream, server.header_read_timeout).await else {
+            // a word, as an idle connection may be (RFC 9112 9.6). So is one that has sent
+            // nothing when the server drains, as hyper closes an idle keep-alive one.
+            let protocol = tokio::select! {
+                p = sniff(&stream, server.header_read_timeout) => p,
+                () = drain.fired() => None,
+            };
+            let Some(protocol) = protocol else {
                 return;
             };
             let (io, returned) = ClientIo::new(stream, server.send_timeout);

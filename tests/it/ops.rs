@@ -221,6 +221,45 @@ async fn shutdown_lets_streams_finish_then_cuts_the_rest_with_an_event() {
     let _ = (admin, fake);
 }
 
+/// A connection that has sent nothing (a load balancer's TCP probe, a client's pool opened
+/// ahead) is no request in flight: a drain closes it at once, over cleartext and before a
+/// TLS handshake, instead of waiting out the grace or the header-read timeout (both 60 s).
+#[tokio::test]
+async fn shutdown_does_not_wait_for_connections_that_sent_nothing() {
+    for tls in [false, true] {
+        let c = certs("silent-conns");
+        let toml = if tls {
+            tls_config_toml(&c, false)
+        } else {
+            BASE.to_owned()
+        };
+        let h = Harness::with_config(&toml.replace(
+            "[server]\n",
+            "[server]\nshutdown_grace = \"60s\"\nheader_read_timeout = \"60s\"\n",
+        ))
+        .await;
+        let mut silent = Vec::new();
+        for _ in 0..3 {
+            silent.push(TcpStream::connect(h.gw.addr).await.unwrap());
+        }
+        // The connections are accepted before the drain begins.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Harness { gw, fake } = h;
+        tokio::time::timeout(Duration::from_secs(20), gw.shutdown())
+            .await
+            .unwrap_or_else(|_| panic!("tls {tls}: shutdown waited for silent connections"));
+        for mut s in silent {
+            let mut buf = [0u8; 1];
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+                .await
+                .expect("closed")
+                .unwrap_or(0);
+            assert_eq!(n, 0, "tls {tls}: closed without a word");
+        }
+        drop(fake);
+    }
+}
+
 struct Certs {
     dir: tempfile::TempDir,
     ca_der: CertificateDer<'static>,
