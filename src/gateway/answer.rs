@@ -19,7 +19,7 @@ use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
 use crate::http::conn::ClientConn;
-use crate::http::headers::{insert_request_id, request_id, strip_hop_by_hop};
+use crate::http::headers::{answer_request_id, request_id, strip_hop_by_hop};
 use crate::provider::inspect::Inspector;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::progress::Progress;
@@ -102,7 +102,7 @@ impl Gateway {
                             HeaderValue::from_static("no"),
                         );
                     }
-                    insert_request_id(&mut parts.headers, &id);
+                    answer_request_id(&mut parts.headers, &id);
                     if let Some(view) = record.run_view() {
                         insert_run_headers(&mut parts.headers, view, Instant::now());
                     }

@@ -356,6 +356,21 @@ pub(crate) fn insert_request_id(headers: &mut HeaderMap, id: &str) {
     }
 }
 
+/// Where an upstream's own `x-request-id` goes on the answer: the gateway's id takes its
+/// name, and the provider's (OpenAI's `req_...`, the id its support asks for) is kept.
+pub const UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
+
+/// The request id on an upstream's answer: ours, with the upstream's own kept under
+/// `x-upstream-request-id` when it differs (a provider that echoes ours has none of its own).
+pub(crate) fn answer_request_id(headers: &mut HeaderMap, id: &str) {
+    if let Some(theirs) = headers.remove(REQUEST_ID) {
+        if theirs.as_bytes() != id.as_bytes() {
+            headers.insert(UPSTREAM_REQUEST_ID, theirs);
+        }
+    }
+    insert_request_id(headers, id);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

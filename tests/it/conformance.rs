@@ -365,3 +365,40 @@ async fn an_answer_made_before_the_body_was_read_says_the_connection_closes() {
     );
     assert!(text.contains("HTTP/1.1 200 OK"), "the next request: {text}");
 }
+
+/// The answer's `x-request-id` is the gateway's (the client's, when it sent one), as on every
+/// answer; a provider's own id (OpenAI's `req_...`, what its support asks for, and what the
+/// OpenAI SDK shows as `_request_id`) is kept beside it, on errors passed through as on 200s.
+#[tokio::test]
+async fn the_providers_request_id_is_kept_beside_the_gateways() {
+    for status in ["200 OK", "529 Overloaded"] {
+        let up = raw_upstream(now(format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\nx-request-id: req_oai_1\r\n\
+                 content-length: 2\r\nconnection: close\r\n\r\n{{}}"
+        )
+        .as_bytes()))
+        .await;
+        let h = through(up).await;
+        let (resp, _c) = h
+            .send(chat_request(&[("x-request-id", "mine")], false))
+            .await;
+        assert_eq!(resp.headers()["x-request-id"], "mine", "{status}");
+        assert_eq!(
+            resp.headers()["x-upstream-request-id"],
+            "req_oai_1",
+            "{status}"
+        );
+    }
+    // An upstream that echoes the gateway's id has none of its own.
+    let up = raw_upstream(now(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: mine\r\n\
+          content-length: 2\r\nconnection: close\r\n\r\n{}",
+    ))
+    .await;
+    let h = through(up).await;
+    let (resp, _c) = h
+        .send(chat_request(&[("x-request-id", "mine")], false))
+        .await;
+    assert_eq!(resp.headers()["x-request-id"], "mine");
+    assert!(resp.headers().get("x-upstream-request-id").is_none());
+}
