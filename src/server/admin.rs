@@ -55,10 +55,16 @@ pub async fn handle<B>(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (metrics, health) = (&admin.metrics, &admin.health);
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n"));
+        let mut resp = text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
+        // RFC 9110 15.5.6: a 405 says what is allowed.
+        resp.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return Ok(resp);
     }
-    if let Some(id) = req.uri().path().strip_prefix("/runs/") {
-        return Ok(run(&admin.runs, id).await);
+    if let Some(raw) = req.uri().path().strip_prefix("/runs/") {
+        // A run id may hold `?`, `#` or `%`: asked for percent-encoded, as a path must.
+        let id = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
+        return Ok(run(&admin.runs, &id).await);
     }
     Ok(match req.uri().path() {
         "/metrics" => {

@@ -427,6 +427,10 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "non-string panic".to_string())
 }
 
+/// How long the admin listener waits for a request head (and, between requests, for the
+/// next one).
+const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
@@ -436,7 +440,11 @@ pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>) {
         let admin = admin.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| crate::server::admin::handle(req, admin.clone()));
+            // A scraper's head arrives at once: one that does not is not left holding a
+            // descriptor of the port the health probes depend on.
             let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });

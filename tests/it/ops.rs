@@ -260,6 +260,24 @@ async fn shutdown_does_not_wait_for_connections_that_sent_nothing() {
     }
 }
 
+/// The admin listener serves GET and HEAD; anything else is a 405 that says so (RFC 9110
+/// 15.5.6: a 405 carries `Allow`).
+#[tokio::test]
+async fn the_admin_listeners_405_names_what_it_allows() {
+    let h = Harness::start().await;
+    for method in ["POST", "PUT", "DELETE", "OPTIONS"] {
+        let req = http::Request::builder()
+            .method(method)
+            .uri("/metrics")
+            .header("host", "admin")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (resp, _c) = Conn::open(h.gw.admin_addr).await.send(req).await;
+        assert_eq!(resp.status(), 405, "{method}");
+        assert_eq!(resp.headers()["allow"], "GET, HEAD", "{method}");
+    }
+}
+
 struct Certs {
     dir: tempfile::TempDir,
     ca_der: CertificateDer<'static>,

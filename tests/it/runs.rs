@@ -902,4 +902,17 @@ async fn a_run_is_found_by_its_exact_id(store: Store) {
     );
     let other = run_json_now(&h, "b").await;
     assert_eq!(other["runs"].as_array().map_or(0, Vec::len), 0, "{other}");
+    // Ids holding `?`, `#` or `%` are asked for percent-encoded, as a path carries them.
+    for (id, path) in [("job?1", "job%3F1"), ("a#b", "a%23b"), ("p%41", "p%2541")] {
+        let (resp, _c) = h.send(call("/calls", false, &[("x-run-id", id)], "")).await;
+        json_body(resp).await;
+        let run = run_json(&h, path).await;
+        assert_eq!(run["id"], id, "{path}: {run}");
+        assert_eq!(
+            run["runs"].as_array().map_or(0, Vec::len),
+            1,
+            "{path}: {run}"
+        );
+    }
+    assert_eq!(run_json_now(&h, "p%41").await["error"]["code"], "no_run");
 }
