@@ -28,8 +28,9 @@ struct Cli {
     log_format: LogFormat,
     /// Runtime worker threads; 1 runs a single-threaded runtime (least latency on one core),
     /// the default when the process may use only one CPU.
-    #[arg(long, env = "HOURGLASS_WORKERS", global = true)]
-    workers: Option<usize>,
+    #[arg(long, env = "HOURGLASS_WORKERS", global = true,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    workers: Option<u16>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -80,7 +81,7 @@ fn main() -> ExitCode {
     // One usable CPU (a taskset, a cgroup quota of one core): the multi-thread scheduler
     // would only add hand-offs between threads that share that core (measured: +20 ms p99
     // per chunk and coalesced chunks at 200 streams), so run everything on one thread.
-    let workers = cli.workers.or_else(|| {
+    let workers = cli.workers.map(usize::from).or_else(|| {
         std::thread::available_parallelism()
             .ok()
             .filter(|n| n.get() == 1)
@@ -91,7 +92,7 @@ fn main() -> ExitCode {
             .enable_all()
             .build(),
         Some(n) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n.max(1))
+            .worker_threads(n)
             .enable_all()
             .build(),
         None => tokio::runtime::Builder::new_multi_thread()
@@ -186,6 +187,28 @@ fn check(path: &Path) -> ExitCode {
         Ok(config) => {
             for w in config.warnings() {
                 eprintln!("warning: {w}");
+            }
+            // The TLS files are read here as start-up reads them: a key that does not fit its
+            // certificate, or a file with no PEM in it, fails the check, not the deploy. A
+            // file this machine cannot read (a secret mounted only where the gateway runs)
+            // is a warning, as key files are.
+            if let Some(tls) = &config.server.tls {
+                let unreadable = [&tls.cert, &tls.key]
+                    .into_iter()
+                    .chain(tls.client_ca.as_ref())
+                    .find_map(|p| std::fs::File::open(p).err().map(|e| (p, e)));
+                match unreadable {
+                    Some((p, e)) => eprintln!(
+                        "warning: server.tls {}: {e}; the gateway will not start without it",
+                        p.display()
+                    ),
+                    None => {
+                        if let Err(e) = hourglass::server::tls::server_config(tls) {
+                            eprintln!("{e}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                }
             }
             print!("{}", config.describe());
             ExitCode::SUCCESS

@@ -406,3 +406,70 @@ fn a_log_reader_that_stops_reading_does_not_stall_the_gateway() {
         .count();
     assert_eq!(requests, REQUESTS);
 }
+
+/// `check` reads the TLS files as start-up does: a key that does not fit its certificate
+/// fails the check (exit 1), not the deploy; a file this machine cannot read (a secret
+/// mounted only where the gateway runs) is a warning, as key files are.
+#[test]
+fn check_reads_the_tls_files_as_start_up_does() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-cli-tls-")
+        .tempdir()
+        .unwrap();
+    let one = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let two = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let file = |name: &str, text: String| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let cert = file("one.pem", one.cert.pem());
+    let key = file("one.key", one.key_pair.serialize_pem());
+    let other_key = file("two.key", two.key_pair.serialize_pem());
+    let config = |cert: &str, key: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[server.tls]\ncert = {cert:?}\nkey = {key:?}\n\n\
+             [upstreams.up]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+             [[routes]]\nname = \"chat\"\npath_prefix = \"/\"\nupstream = \"up\"\n"
+        )
+    };
+    let run = |text: String| {
+        let path = dir.path().join("tls.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(config(&cert, &key));
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = run(config(&cert, &other_key));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cert and key do not fit together"),
+        "{stderr}"
+    );
+    // A certificate where the key should be: no key in it.
+    let (code, stderr) = run(config(&cert, &cert));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("server.tls.key"), "{stderr}");
+    let (code, stderr) = run(config("/nonexistent/cert.pem", &key));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("warning: server.tls /nonexistent/cert.pem")
+            && stderr.contains("will not start without it"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_worker_count_of_zero_is_refused() {
+    let out = hourglass(&["--workers", "0", "check", "--config", "config/demo.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("invalid value '0' for '--workers"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
