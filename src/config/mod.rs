@@ -403,6 +403,28 @@ impl Config {
     pub fn from_toml(text: &str, source: &str) -> Result<Config, ConfigError> {
         build::parse(text, source, Path::new(source).parent())
     }
+
+    /// Every file the config names and a reload re-reads: the TLS certificate, key and
+    /// client CA, upstreams' key and CA files, routes' client key files. A change to one is
+    /// a reason to reload, as a change to the config file is (a rotated certificate or key
+    /// often leaves the config itself as it was).
+    pub fn files(&self) -> Vec<&Path> {
+        let mut out: Vec<&Path> = Vec::new();
+        if let Some(tls) = &self.server.tls {
+            out.extend([tls.cert.as_path(), tls.key.as_path()]);
+            out.extend(tls.client_ca.as_deref());
+        }
+        for u in &self.upstreams {
+            out.extend(u.api_key_file.as_deref());
+            out.extend(u.ca_file.as_deref());
+        }
+        for r in &self.routes {
+            out.extend(r.client_auth.as_ref().and_then(|a| a.file.as_deref()));
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 #[cfg(test)]

@@ -24,8 +24,9 @@ impl Running {
         apply(&self.shared, config)
     }
 
-    /// Reloads on SIGHUP and whenever the config file's contents change (checked every
-    /// `poll`). Runs until shutdown.
+    /// Reloads on SIGHUP and whenever the config file's contents change, or those of a file
+    /// it names (`Config::files`: certificates, key files), checked every `poll`. Runs
+    /// until shutdown.
     pub fn watch_config(&self, poll: Duration) {
         let shared = self.shared.clone();
         let stop = self.stop.clone();
@@ -76,8 +77,29 @@ async fn next_hangup(h: &mut Hangup) {
     std::future::pending::<()>().await;
 }
 
-async fn read_source(shared: &Shared) -> Option<Vec<u8>> {
-    tokio::fs::read(shared.source.as_ref()?).await.ok()
+/// What the watcher compares from one tick to the next: the config file's bytes and a hash
+/// of each file the running config names (hashed: some hold keys, which the watcher need
+/// not keep). A file that cannot be read counts as a state of its own.
+async fn read_source(shared: &Shared) -> Option<(Vec<u8>, Vec<Option<u64>>)> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let text = tokio::fs::read(shared.source.as_ref()?).await.ok()?;
+    let files: Vec<std::path::PathBuf> = shared
+        .gateway
+        .load()
+        .config()
+        .files()
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    let mut hashes = Vec::with_capacity(files.len());
+    for f in files {
+        hashes.push(tokio::fs::read(&f).await.ok().map(|bytes| {
+            let mut h = DefaultHasher::new();
+            bytes.hash(&mut h);
+            h.finish()
+        }));
+    }
+    Some((text, hashes))
 }
 
 pub(super) async fn reload(shared: &Shared) -> Result<String, ServerError> {
