@@ -77,7 +77,10 @@ impl Assembler {
         self.data(b"\n");
     }
 
-    /// The event ended; `dispatched`: it had data; `error`: its type was `error`.
+    /// The event ended; `dispatched`: it had data; `error`: it is the provider's error event,
+    /// as the inspector decides it (`event: error`, or a data-only error object: see
+    /// `inspect`), so that what ends a stream for a streaming client is the same event that
+    /// makes the error answer here.
     pub fn event_end(&mut self, dispatched: bool, error: bool) {
         let data = std::mem::take(&mut self.buf);
         if dispatched && !self.too_large {
@@ -86,12 +89,7 @@ impl Assembler {
                 self.error = serde_json::from_slice(text).ok();
             } else if text != b"[DONE]" {
                 match self.format {
-                    Format::Chat => {
-                        // OpenAI's mid-stream error is a data object with an `error` key.
-                        if let Some(e) = self.chat.event(text) {
-                            self.error = Some(e);
-                        }
-                    }
+                    Format::Chat => self.chat.event(text),
                     Format::Messages => self.messages.event(text),
                     Format::Responses => self.responses.event(text),
                 }
@@ -236,7 +234,6 @@ struct ChatChunk<'a> {
     choices: Option<Vec<ChunkChoice<'a>>>,
     #[serde(borrow)]
     usage: Option<&'a RawValue>,
-    error: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -302,19 +299,16 @@ impl Chat {
         &mut self.choices[i]
     }
 
-    /// Reads one chunk; returns the provider's error object when the chunk is one.
-    fn event(&mut self, data: &[u8]) -> Option<Value> {
+    /// Reads one chunk (never the provider's error object: the inspector tells those apart).
+    fn event(&mut self, data: &[u8]) {
         let (choices, usage) = if self.head.is_none() {
             // The first chunk: its head (id, object, created, model, system_fingerprint,
             // service_tier, ...) is the document's, whatever fields a provider adds.
             let Ok(mut fields) =
                 serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)
             else {
-                return None;
+                return;
             };
-            if fields.contains_key("error") && !fields.contains_key("choices") {
-                return serde_json::from_slice(data).ok();
-            }
             let choices = fields.remove("choices");
             let usage = fields.remove("usage");
             self.head = Some(
@@ -329,11 +323,8 @@ impl Chat {
             (choices, usage)
         } else {
             let Ok(chunk) = serde_json::from_slice::<ChatChunk<'_>>(data) else {
-                return None;
+                return;
             };
-            if chunk.error.is_some() && chunk.choices.is_none() {
-                return serde_json::from_slice(data).ok();
-            }
             (chunk.choices.unwrap_or_default(), chunk.usage)
         };
         if let Some(u) = usage.filter(|u| u.get() != "null") {
@@ -406,7 +397,6 @@ impl Chat {
         }
         self.text += added;
         self.output |= output;
-        None
     }
 
     fn document(self, cut: Option<Usage>) -> Option<Value> {

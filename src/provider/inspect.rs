@@ -249,18 +249,18 @@ impl EventSink for Reader {
     }
 
     fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
+        // Whether the event is the provider's error is decided here, once: the stream ends
+        // at it, and the assembler answers with it.
+        let error = Reader::end_event(self, dispatched, kind);
         if let Some(e) = self.extra.as_mut() {
             if let Some(t) = e.tools.as_mut() {
                 t.event_end(dispatched && kind == EventType::Other);
             }
             if let Some(a) = e.assembler.as_mut() {
-                a.event_end(
-                    dispatched && kind != EventType::Ping,
-                    kind == EventType::Error,
-                );
+                a.event_end(dispatched && kind != EventType::Ping, error);
             }
         }
-        Reader::end_event(self, dispatched, kind)
+        error
     }
 }
 

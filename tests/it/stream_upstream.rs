@@ -454,3 +454,75 @@ async fn an_upstream_that_ignores_stream_and_answers_json_is_passed_through() {
         "it was asked to stream"
     );
 }
+
+/// A provider's error event that comes as data alone (no `event: error` line), as Anthropic
+/// and the Responses API may send it, is answered as `event: error` is: 502 with the
+/// provider's error object, not a 200 with the text so far.
+#[tokio::test]
+async fn a_data_only_error_event_is_answered_with_the_providers_error() {
+    let messages_error =
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+    let messages = format!(
+        concat!(
+            "event: message_start\n",
+            "data: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{\"input_tokens\":5,\"output_tokens\":1}}}}}}\n\n",
+            "event: content_block_start\n",
+            "data: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n",
+            "event: content_block_delta\n",
+            "data: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"Hello\"}}}}\n\n",
+            "data: {}\n\n",
+        ),
+        messages_error
+    );
+    let responses_error = r#"{"type":"error","sequence_number":3,"code":"server_error","message":"The server had an error","param":null}"#;
+    let responses = format!(
+        concat!(
+            "data: {{\"type\":\"response.created\",\"sequence_number\":0,\"response\":{{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}}}\n\n",
+            "data: {{\"type\":\"response.output_item.added\",\"sequence_number\":1,\"output_index\":0,\"item\":{{\"id\":\"msg_1\",\"type\":\"message\",\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]}}}}\n\n",
+            "data: {{\"type\":\"response.content_part.added\",\"sequence_number\":2,\"output_index\":0,\"content_index\":0,\"part\":{{\"type\":\"output_text\",\"text\":\"\",\"annotations\":[]}}}}\n\n",
+            "data: {{\"type\":\"response.output_text.delta\",\"sequence_number\":3,\"output_index\":0,\"content_index\":0,\"delta\":\"Hello\"}}\n\n",
+            "data: {}\n\n",
+        ),
+        responses_error
+    );
+    for (route, path, body, stream, error) in [
+        (
+            "messages",
+            "/v1/messages",
+            r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#,
+            messages,
+            messages_error,
+        ),
+        (
+            "responses",
+            "/v1/responses",
+            r#"{"model":"gpt","input":"hi"}"#,
+            responses,
+            responses_error,
+        ),
+    ] {
+        let h = Harness::with_config(CONFIG).await;
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &stream,
+            Duration::from_millis(1),
+        )));
+        let (resp, _c) = h.send(post(path, body.into(), &[])).await;
+        assert_eq!(resp.status(), 502, "{route}");
+        assert!(
+            resp.headers().get("x-hourglass-partial").is_none(),
+            "{route}"
+        );
+        let got = json_body(resp).await;
+        let want: serde_json::Value = serde_json::from_str(error).unwrap();
+        assert_eq!(got, want, "{route}: the provider's error object, whole");
+        h.wait_requests(route, 1.0).await;
+        assert_eq!(
+            h.metric(&format!(
+                "hourglass_requests_total{{outcome=\"error\",route=\"{route}\"}}"
+            ))
+            .await,
+            1.0,
+            "{route}"
+        );
+    }
+}

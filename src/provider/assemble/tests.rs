@@ -1,35 +1,20 @@
 use super::*;
-use crate::http::sse::{EventSink, EventType, SseScanner};
+use crate::provider::inspect::Inspector;
 
 const CHAT: &str = include_str!("../../../tests/fixtures/openai_chat.sse");
 const MESSAGES: &str = include_str!("../../../tests/fixtures/anthropic_messages.sse");
 const RESPONSES: &str = include_str!("../../../tests/fixtures/openai_responses.sse");
 
-/// The scanner hands the events to the assembler, as the gateway's reader does.
-struct Feed<'a>(&'a mut Assembler);
-
-impl EventSink for Feed<'_> {
-    fn data(&mut self, value: &[u8]) {
-        self.0.data(value);
-    }
-    fn data_line_end(&mut self) {
-        self.0.line_end();
-    }
-    fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
-        self.0.event_end(dispatched, kind == EventType::Error);
-        false
-    }
-}
-
+/// The inspector reads the stream and hands its events to the assembler, as the gateway's
+/// reader does: it decides which event is the provider's error.
 fn assemble(format: Format, stream: &str, cut_at: Option<usize>, limit: usize) -> Assembler {
-    let mut a = Assembler::new(format, limit);
-    let mut scanner = SseScanner::new();
+    let mut inspector = Inspector::new(format, true).with_assembler(limit);
     let bytes = &stream.as_bytes()[..cut_at.unwrap_or(stream.len())];
     // In pieces of 13 bytes: lines and events cut anywhere.
     for piece in bytes.chunks(13) {
-        scanner.scan_with(piece, &mut Feed(&mut a));
+        inspector.feed(piece);
     }
-    a
+    inspector.take_assembler().expect("made with one")
 }
 
 fn doc(format: Format, stream: &str, cut: Option<(usize, Usage)>) -> Value {
@@ -280,4 +265,34 @@ fn logprobs_a_stream_never_sent_stay_null() {
     let refusal = choice["logprobs"]["refusal"].as_array().unwrap();
     assert_eq!(refusal.len(), 2);
     assert_eq!(refusal[1]["token"], "pe");
+}
+
+/// Anthropic's and the Responses API's error events come as data alone too, without an
+/// `event: error` line: the inspector ends the stream at them, and the assembler answers
+/// with them, the same event for both.
+#[test]
+fn a_data_only_error_event_is_the_providers_error() {
+    let messages = concat!(
+        "event: message_start\n",
+        "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\n",
+        "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\n",
+        "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hel\"}}\n\n",
+        "data: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+    );
+    let a = assemble(Format::Messages, messages, None, 1 << 20);
+    assert_eq!(
+        a.provider_error().unwrap()["error"]["type"],
+        "overloaded_error"
+    );
+    let responses = concat!(
+        "data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n",
+        "data: {\"type\":\"response.output_item.added\",\"sequence_number\":1,\"output_index\":0,\"item\":{\"id\":\"msg_1\",\"type\":\"message\",\"status\":\"in_progress\",\"role\":\"assistant\",\"content\":[]}}\n\n",
+        "data: {\"type\":\"error\",\"sequence_number\":2,\"code\":\"server_error\",\"message\":\"The server had an error\",\"param\":null}\n\n",
+    );
+    let a = assemble(Format::Responses, responses, None, 1 << 20);
+    let e = a.provider_error().unwrap();
+    assert_eq!(e["code"], "server_error");
+    assert_eq!(e["message"], "The server had an error");
 }
