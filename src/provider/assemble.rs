@@ -208,6 +208,8 @@ struct ChatChoice {
     /// `content`, `refusal`, `reasoning_content`, `reasoning`: the string fields joined.
     fields: Vec<(String, String)>,
     tool_calls: Vec<ChatToolCall>,
+    /// The legacy `function_call` (before tool calls): its name and arguments joined.
+    function_call: Option<(String, String)>,
     /// `content` and `refusal` entries, each `None` until a chunk carried a list of them, so
     /// that one the provider never sent stays `null` (a refusal has no content logprobs).
     logprobs: Option<(Entries, Entries)>,
@@ -263,6 +265,8 @@ struct ChatDelta<'a> {
     reasoning: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
     tool_calls: Option<Vec<DeltaToolCall<'a>>>,
+    #[serde(borrow)]
+    function_call: Option<DeltaFunction<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -377,6 +381,14 @@ impl Chat {
                     output = true;
                 }
             }
+            if let Some(f) = delta.function_call {
+                let (name, args) = choice.function_call.get_or_insert_with(Default::default);
+                let (n, a) = (f.name.unwrap_or_default(), f.arguments.unwrap_or_default());
+                name.push_str(&n);
+                args.push_str(&a);
+                added += n.len() + a.len();
+                output = true;
+            }
             // A string field: appended once; `null` leaves it as it was.
             for (key, text) in [
                 ("content", delta.content),
@@ -445,6 +457,14 @@ impl Chat {
                     .collect();
                 if !calls.is_empty() {
                     message.insert("tool_calls".into(), Value::Array(calls));
+                }
+                if let Some((name, arguments)) = c.function_call {
+                    if cut.is_none() || whole_json(&arguments) {
+                        message.insert(
+                            "function_call".into(),
+                            json!({"name": name, "arguments": arguments}),
+                        );
+                    }
                 }
                 message.insert("annotations".into(), json!([]));
                 let logprobs = match c.logprobs {

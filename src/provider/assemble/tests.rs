@@ -296,3 +296,37 @@ fn a_data_only_error_event_is_the_providers_error() {
     assert_eq!(e["code"], "server_error");
     assert_eq!(e["message"], "The server had an error");
 }
+
+/// One chunk of a Chat stream with `delta` as given (and the finish reason), of choice 0.
+fn chat_chunk(delta: &str, finish: &str) -> String {
+    format!(
+        "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+    )
+}
+
+/// The legacy `function_call` (the `functions` parameter, before tools): its name and
+/// arguments, split over chunks, are joined into the message, as OpenAI answers it.
+#[test]
+fn a_legacy_function_call_is_joined_into_the_message() {
+    let stream = [
+        chat_chunk(
+            r#"{"role":"assistant","content":null,"function_call":{"name":"get_","arguments":""}}"#,
+            "null",
+        ),
+        chat_chunk(r#"{"function_call":{"name":"weather"}}"#, "null"),
+        chat_chunk(r#"{"function_call":{"arguments":"{\"city\":"}}"#, "null"),
+        chat_chunk(r#"{"function_call":{"arguments":"\"Paris\"}"}}"#, "null"),
+        chat_chunk("{}", r#""function_call""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &stream, None);
+    let choice = &d["choices"][0];
+    assert_eq!(choice["finish_reason"], "function_call");
+    assert_eq!(
+        choice["message"]["function_call"],
+        json!({"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"})
+    );
+    assert_eq!(choice["message"]["content"], Value::Null);
+    assert!(choice["message"].get("tool_calls").is_none());
+}
