@@ -210,6 +210,10 @@ struct ChatChoice {
     tool_calls: Vec<ChatToolCall>,
     /// The legacy `function_call` (before tool calls): its name and arguments joined.
     function_call: Option<(String, String)>,
+    /// Audio output: its id and expiry as last sent, its transcript and data joined.
+    audio: Option<ChatAudio>,
+    /// Annotations (`url_citation`, ...), in the order they came.
+    annotations: Vec<Value>,
     /// `content` and `refusal` entries, each `None` until a chunk carried a list of them, so
     /// that one the provider never sent stays `null` (a refusal has no content logprobs).
     logprobs: Option<(Entries, Entries)>,
@@ -218,6 +222,14 @@ struct ChatChoice {
 
 /// Logprobs entries of one kind, `None` until a chunk carried a list of them.
 type Entries = Option<Vec<Value>>;
+
+#[derive(Debug, Default, Clone)]
+struct ChatAudio {
+    id: Option<String>,
+    expires_at: Option<Value>,
+    transcript: String,
+    data: String,
+}
 
 #[derive(Debug, Default, Clone)]
 struct ChatToolCall {
@@ -267,6 +279,23 @@ struct ChatDelta<'a> {
     tool_calls: Option<Vec<DeltaToolCall<'a>>>,
     #[serde(borrow)]
     function_call: Option<DeltaFunction<'a>>,
+    #[serde(borrow)]
+    audio: Option<DeltaAudio<'a>>,
+    #[serde(borrow)]
+    annotations: Option<&'a RawValue>,
+}
+
+/// A piece of audio output: the id first, then the transcript and the (base64) data in
+/// pieces, and the expiry.
+#[derive(Deserialize)]
+struct DeltaAudio<'a> {
+    id: Option<String>,
+    #[serde(borrow)]
+    expires_at: Option<&'a RawValue>,
+    #[serde(borrow)]
+    transcript: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    data: Option<std::borrow::Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -389,6 +418,30 @@ impl Chat {
                 added += n.len() + a.len();
                 output = true;
             }
+            if let Some(a) = delta.audio {
+                let audio = choice.audio.get_or_insert_with(Default::default);
+                if a.id.is_some() {
+                    audio.id = a.id;
+                }
+                if let Some(e) = a.expires_at.filter(|e| e.get() != "null") {
+                    audio.expires_at = Some(raw(e));
+                }
+                for (into, piece) in [
+                    (&mut audio.transcript, a.transcript),
+                    (&mut audio.data, a.data),
+                ] {
+                    let piece = piece.unwrap_or_default();
+                    into.push_str(&piece);
+                    added += piece.len();
+                    output |= !piece.is_empty();
+                }
+            }
+            if let Some(list) = delta.annotations {
+                if let Ok(items) = serde_json::from_str::<Vec<Value>>(list.get()) {
+                    added += list.get().len();
+                    choice.annotations.extend(items);
+                }
+            }
             // A string field: appended once; `null` leaves it as it was.
             for (key, text) in [
                 ("content", delta.content),
@@ -466,7 +519,18 @@ impl Chat {
                         );
                     }
                 }
-                message.insert("annotations".into(), json!([]));
+                if let Some(a) = c.audio {
+                    message.insert(
+                        "audio".into(),
+                        json!({
+                            "id": a.id,
+                            "data": a.data,
+                            "expires_at": a.expires_at,
+                            "transcript": a.transcript,
+                        }),
+                    );
+                }
+                message.insert("annotations".into(), Value::Array(c.annotations));
                 let logprobs = match c.logprobs {
                     None => Value::Null,
                     Some((content, refusal)) => json!({"content": content, "refusal": refusal}),

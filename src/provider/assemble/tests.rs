@@ -330,3 +330,38 @@ fn a_legacy_function_call_is_joined_into_the_message() {
     assert_eq!(choice["message"]["content"], Value::Null);
     assert!(choice["message"].get("tool_calls").is_none());
 }
+
+/// Audio output (its transcript and data in pieces) and annotations (a web search's
+/// citations) are carried into the message, as the provider's unstreamed answer has them.
+#[test]
+fn audio_and_annotations_are_carried_into_the_message() {
+    let citation = r#"{"type":"url_citation","url_citation":{"end_index":5,"start_index":0,"title":"P","url":"https://example.com/p"}}"#;
+    let stream = [
+        chat_chunk(
+            r#"{"role":"assistant","content":null,"refusal":null,"audio":{"id":"audio_1","transcript":"Hel"}}"#,
+            "null",
+        ),
+        chat_chunk(r#"{"audio":{"transcript":"lo."}}"#, "null"),
+        chat_chunk(r#"{"audio":{"data":"UklG"}}"#, "null"),
+        chat_chunk(r#"{"audio":{"data":"RiQA"}}"#, "null"),
+        chat_chunk(
+            r#"{"audio":{"id":"audio_1","expires_at":1729018505}}"#,
+            "null",
+        ),
+        chat_chunk(&format!(r#"{{"annotations":[{citation}]}}"#), "null"),
+        chat_chunk("{}", r#""stop""#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &stream, None);
+    let message = &d["choices"][0]["message"];
+    assert_eq!(
+        message["audio"],
+        json!({"id": "audio_1", "data": "UklGRiQA", "expires_at": 1729018505, "transcript": "Hello."})
+    );
+    assert_eq!(
+        message["annotations"],
+        json!([serde_json::from_str::<Value>(citation).unwrap()])
+    );
+    assert_eq!(message["content"], Value::Null);
+}
