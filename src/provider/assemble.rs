@@ -344,6 +344,9 @@ impl Chat {
             };
             let choices = fields.remove("choices");
             let usage = fields.remove("usage");
+            // OpenAI's random padding of each chunk (`stream_options.include_obfuscation`):
+            // no answer that did not stream has it.
+            fields.remove("obfuscation");
             self.head = Some(
                 fields
                     .iter()

@@ -63,6 +63,27 @@ fn a_chat_stream_becomes_its_chat_completion() {
     );
 }
 
+/// OpenAI pads each chunk with a random `obfuscation` string: a streaming detail that the
+/// unstreamed answer never has.
+#[test]
+fn the_chunks_obfuscation_is_not_in_the_document() {
+    let chunk = |delta: &str, finish: &str, pad: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}],\"obfuscation\":\"{pad}\"}}\n\n"
+        )
+    };
+    let stream = [
+        chunk(r#"{"role":"assistant","content":""}"#, "null", "q8Zx"),
+        chunk(r#"{"content":"Hi"}"#, "null", "Wm"),
+        chunk("{}", r#""stop""#, "a1b2c3"),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(d["choices"][0]["message"]["content"], "Hi");
+    assert!(d.get("obfuscation").is_none(), "{d}");
+}
+
 #[test]
 fn a_messages_stream_becomes_its_message() {
     let d = doc(Format::Messages, MESSAGES, None);
