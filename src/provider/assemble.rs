@@ -177,6 +177,25 @@ fn holds_output(doc: &Value) -> bool {
         .any(|k| doc.get(k).is_some_and(non_empty))
 }
 
+/// A head field a chunk left empty: `""`, `0`, `null`.
+fn empty(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.is_empty(),
+        Value::Number(n) => n.as_u64() == Some(0),
+        Value::Null => true,
+        _ => false,
+    }
+}
+
+/// `null`, or an object with nothing in it.
+fn empty_object(v: &RawValue) -> bool {
+    let t = v.get().trim();
+    t == "null"
+        || t.strip_prefix('{')
+            .and_then(|t| t.strip_suffix('}'))
+            .is_some_and(|t| t.trim().is_empty())
+}
+
 fn trim_end_newline(data: &[u8]) -> &[u8] {
     data.strip_suffix(b"\n").unwrap_or(data)
 }
@@ -195,6 +214,10 @@ fn whole_json(text: &str) -> bool {
 #[derive(Debug, Default, Clone)]
 struct Chat {
     head: Option<Map<String, Value>>,
+    /// The head still lacks its id, model or created, and no chunk with a choice has come
+    /// (Azure's first chunk, of prompt filter results, has `"id":""`, `"model":""`,
+    /// `"created":0`): the next chunks are read whole, and fill in what it lacks.
+    head_open: bool,
     choices: Vec<ChatChoice>,
     usage: Option<Value>,
     output: bool,
@@ -214,6 +237,9 @@ struct ChatChoice {
     audio: Option<ChatAudio>,
     /// Annotations (`url_citation`, ...), in the order they came.
     annotations: Vec<Value>,
+    /// Azure's content filter results, as last sent with something in them (its last chunk
+    /// has an empty object).
+    content_filter_results: Option<Value>,
     /// `content` and `refusal` entries, each `None` until a chunk carried a list of them, so
     /// that one the provider never sent stays `null` (a refusal has no content logprobs).
     logprobs: Option<(Entries, Entries)>,
@@ -259,6 +285,8 @@ struct ChunkChoice<'a> {
     #[serde(borrow)]
     logprobs: Option<&'a RawValue>,
     finish_reason: Option<String>,
+    #[serde(borrow)]
+    content_filter_results: Option<&'a RawValue>,
 }
 
 /// The string fields of a delta the document joins: OpenAI's content and refusal, and the
@@ -334,9 +362,11 @@ impl Chat {
 
     /// Reads one chunk (never the provider's error object: the inspector tells those apart).
     fn event(&mut self, data: &[u8]) {
-        let (choices, usage) = if self.head.is_none() {
+        let (choices, usage) = if self.head.is_none() || self.head_open {
             // The first chunk: its head (id, object, created, model, system_fingerprint,
-            // service_tier, ...) is the document's, whatever fields a provider adds.
+            // service_tier, Azure's prompt_filter_results, ...) is the document's, whatever
+            // fields a provider adds; a field it left empty is taken from the next chunks,
+            // while the head is open.
             let Ok(mut fields) =
                 serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)
             else {
@@ -347,15 +377,19 @@ impl Chat {
             // OpenAI's random padding of each chunk (`stream_options.include_obfuscation`):
             // no answer that did not stream has it.
             fields.remove("obfuscation");
-            self.head = Some(
-                fields
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), raw(v)))
-                    .collect(),
-            );
+            let head = self.head.get_or_insert_with(Map::new);
+            for (k, v) in fields {
+                if head.get(k).is_none_or(empty) {
+                    head.insert(k.to_owned(), raw(v));
+                }
+            }
             let choices: Vec<ChunkChoice<'_>> = choices
                 .and_then(|c| serde_json::from_str(c.get()).ok())
                 .unwrap_or_default();
+            self.head_open = choices.is_empty()
+                && ["id", "model", "created"]
+                    .iter()
+                    .any(|k| head.get(*k).is_none_or(empty));
             (choices, usage)
         } else {
             let Ok(chunk) = serde_json::from_slice::<ChatChunk<'_>>(data) else {
@@ -372,6 +406,9 @@ impl Chat {
             let choice = self.choice(c.index);
             if let Some(reason) = c.finish_reason {
                 choice.finish_reason = Some(reason);
+            }
+            if let Some(f) = c.content_filter_results.filter(|f| !empty_object(f)) {
+                choice.content_filter_results = Some(raw(f));
             }
             if let Some(lp) = c.logprobs.filter(|l| l.get() != "null") {
                 let mut lp = raw(lp);
@@ -543,12 +580,16 @@ impl Chat {
                     (_, Some(_)) => json!("length"),
                     (None, None) => Value::Null,
                 };
-                json!({
+                let mut choice = json!({
                     "index": c.index,
                     "message": message,
                     "logprobs": logprobs,
                     "finish_reason": finish,
-                })
+                });
+                if let Some(f) = c.content_filter_results {
+                    choice["content_filter_results"] = f;
+                }
+                choice
             })
             .collect();
         doc.insert("choices".into(), Value::Array(choices));

@@ -386,3 +386,42 @@ fn audio_and_annotations_are_carried_into_the_message() {
     );
     assert_eq!(message["content"], Value::Null);
 }
+
+/// Azure's stream opens with a chunk of prompt filter results whose id, model and created
+/// are empty: the document takes them (and the system fingerprint) from the first chunk
+/// that has them, and keeps the prompt filter results and each choice's content filter
+/// results, as Azure's unstreamed answer has them.
+#[test]
+fn an_azure_stream_takes_its_head_from_the_chunks_that_have_it() {
+    let safe = r#"{"hate":{"filtered":false,"severity":"safe"},"violence":{"filtered":false,"severity":"safe"}}"#;
+    let chunk = |choice: &str| {
+        format!(
+            "data: {{\"choices\":[{choice}],\"created\":1727000000,\"id\":\"chatcmpl-A\",\"model\":\"gpt-4o-2024-05-13\",\"object\":\"chat.completion.chunk\",\"system_fingerprint\":\"fp_67802d9a6d\"}}\n\n"
+        )
+    };
+    let stream = [
+        format!(
+            "data: {{\"choices\":[],\"created\":0,\"id\":\"\",\"model\":\"\",\"object\":\"\",\"prompt_filter_results\":[{{\"prompt_index\":0,\"content_filter_results\":{safe}}}]}}\n\n"
+        ),
+        chunk(r#"{"content_filter_results":{},"delta":{"content":"","role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}"#),
+        chunk(&format!(r#"{{"content_filter_results":{safe},"delta":{{"content":"Hi"}},"finish_reason":null,"index":0,"logprobs":null}}"#)),
+        chunk(r#"{"content_filter_results":{},"delta":{},"finish_reason":"stop","index":0,"logprobs":null}"#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(d["id"], "chatcmpl-A");
+    assert_eq!(d["model"], "gpt-4o-2024-05-13");
+    assert_eq!(d["created"], 1727000000);
+    assert_eq!(d["object"], "chat.completion");
+    assert_eq!(d["system_fingerprint"], "fp_67802d9a6d");
+    let safe: Value = serde_json::from_str(safe).unwrap();
+    assert_eq!(
+        d["prompt_filter_results"],
+        json!([{"prompt_index": 0, "content_filter_results": safe}])
+    );
+    let choice = &d["choices"][0];
+    assert_eq!(choice["message"]["content"], "Hi");
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(choice["content_filter_results"], safe);
+}
