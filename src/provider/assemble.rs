@@ -575,9 +575,10 @@ impl Chat {
                     None => Value::Null,
                     Some((content, refusal)) => json!({"content": content, "refusal": refusal}),
                 };
+                // A choice that finished before the cut keeps its own reason.
                 let finish = match (c.finish_reason, cut) {
-                    (Some(r), None) => json!(r),
-                    (_, Some(_)) => json!("length"),
+                    (Some(r), _) => json!(r),
+                    (None, Some(_)) => json!("length"),
                     (None, None) => Value::Null,
                 };
                 let mut choice = json!({
@@ -929,7 +930,13 @@ impl Responses {
                         .and_then(Value::as_str)
                         .is_some_and(whole_json)
             })
-            .map(|(_, m)| Value::Object(m))
+            .map(|(_, mut m)| {
+                // An item the cut left unfinished is incomplete, as the response is.
+                if cut.is_some() && m.get("status").and_then(Value::as_str) == Some("in_progress") {
+                    m.insert("status".into(), json!("incomplete"));
+                }
+                Value::Object(m)
+            })
             .collect();
         response.insert("output".into(), Value::Array(output));
         if let Some(u) = cut {

@@ -211,6 +211,48 @@ fn a_cut_responses_stream_is_incomplete() {
         .filter_map(|p| p["text"].as_str())
         .collect();
     assert!(!text.is_empty() && !text[0].is_empty(), "{d}");
+    for item in d["output"].as_array().unwrap() {
+        assert_ne!(item["status"], "in_progress", "cut, so incomplete: {item}");
+    }
+    let message = d["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "message")
+        .unwrap();
+    assert_eq!(message["status"], "incomplete");
+}
+
+/// Two choices, the first finished with "stop" before a limit cut the second: the first
+/// keeps its own reason, only the cut one is "length".
+#[test]
+fn a_choice_that_finished_before_the_cut_keeps_its_reason() {
+    let chunk = |index: u32, delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":{index},\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let stream = [
+        chunk(0, r#"{"role":"assistant","content":"Yes"}"#, "null"),
+        chunk(1, r#"{"role":"assistant","content":"Well, "}"#, "null"),
+        chunk(0, "{}", r#""stop""#),
+        chunk(1, r#"{"content":"it depends"}"#, "null"),
+    ]
+    .concat();
+    let d = doc(
+        Format::Chat,
+        &stream,
+        Some((
+            stream.len(),
+            Usage {
+                prompt: 3,
+                completion: 4,
+            },
+        )),
+    );
+    assert_eq!(d["choices"][0]["finish_reason"], "stop");
+    assert_eq!(d["choices"][1]["finish_reason"], "length");
+    assert_eq!(d["choices"][1]["message"]["content"], "Well, it depends");
 }
 
 #[test]
