@@ -77,8 +77,16 @@ struct Reader {
     /// An event of this format was recognised: the stream is the format's, and is expected
     /// to end as the format ends.
     recognised: bool,
-    /// The format's end was seen (`finished`, or OpenAI's `[DONE]`).
-    finished: bool,
+    /// OpenAI's `[DONE]` was seen: the end, whatever came before it.
+    done: bool,
+    /// An event that ends an answer was seen: a choice's `finish_reason`, `message_stop`,
+    /// `response.completed` (`incomplete`, `failed`).
+    ended: bool,
+    /// The Chat choices that appeared, by index (bit `i` for index `i`), and those that
+    /// finished; `choices_wide`: one appeared whose index no bit holds.
+    choices_seen: u64,
+    choices_done: u64,
+    choices_wide: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -103,7 +111,11 @@ impl Inspector {
                 shape: None,
                 extra: None,
                 recognised: false,
-                finished: false,
+                done: false,
+                ended: false,
+                choices_seen: 0,
+                choices_done: 0,
+                choices_wide: false,
             },
         }
     }
@@ -165,14 +177,14 @@ impl Inspector {
     }
 
     /// The stream ended short: an event was still open (it had data, and no blank line
-    /// came to end it), or the format's events were recognised and none of them ended the
-    /// answer (no `finish_reason`, `[DONE]`, `message_stop`, `response.completed`). For a
-    /// stream that ended by itself; a JSON document is never short here (it ends when its
-    /// framing says it does).
+    /// came to end it), or the format's events were recognised and they did not end the
+    /// answer (no `[DONE]`, `message_stop`, `response.completed`, and not every Chat choice
+    /// that appeared has its `finish_reason`). For a stream that ended by itself; a JSON
+    /// document is never short here (it ends when its framing says it does).
     pub fn ended_short(&self) -> bool {
         self.scanner
             .as_ref()
-            .is_some_and(|s| s.open_event() || (self.reader.recognised && !self.reader.finished))
+            .is_some_and(|s| s.open_event() || (self.reader.recognised && !self.reader.finished()))
     }
 
     /// What has been counted so far.
@@ -265,6 +277,14 @@ impl EventSink for Reader {
 }
 
 impl Reader {
+    /// The answer ended: `[DONE]`, or an event that ends one and, for Chat, a finish reason
+    /// for every choice that appeared (with a choice past the masks, any finish reason, as
+    /// a single choice's).
+    fn finished(&self) -> bool {
+        self.done
+            || (self.ended && (self.choices_wide || self.choices_seen & !self.choices_done == 0))
+    }
+
     /// A blank line ends the open event. Returns true when it was the provider's error,
     /// which ends the reading.
     fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
@@ -291,9 +311,11 @@ impl Reader {
         if output.is_some() {
             self.recognised = true;
         }
-        if ev.finished || (ev.done_seen == 6 && ev.done_ok) {
-            self.finished = true;
-        }
+        self.done |= ev.done_seen == 6 && ev.done_ok;
+        self.ended |= ev.finished;
+        self.choices_seen |= ev.choices_seen;
+        self.choices_done |= ev.choices_done;
+        self.choices_wide |= ev.choices_wide;
         match output {
             Some(true) => {
                 t.output_events += 1;

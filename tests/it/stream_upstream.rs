@@ -526,3 +526,50 @@ async fn a_data_only_error_event_is_answered_with_the_providers_error() {
         );
     }
 }
+
+/// An answer of two choices whose stream ends cleanly (no `[DONE]`) with one choice
+/// finished and the other not has ended short: an upstream error, not a 200 that looks
+/// whole. With both finished, it is the document.
+#[tokio::test]
+async fn a_stream_that_ends_before_every_choice_finished_ended_short() {
+    let chunk = |index: u32, delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":{index},\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let start = [
+        chunk(0, r#"{"role":"assistant","content":"Yes"}"#, "null"),
+        chunk(1, r#"{"role":"assistant","content":"Well, "}"#, "null"),
+        chunk(0, "{}", r#""stop""#),
+        chunk(1, r#"{"content":"it"}"#, "null"),
+    ]
+    .concat();
+    let body = r#"{"model":"watched","n":2,"messages":[{"role":"user","content":"hi"}]}"#;
+    let h = Harness::with_config(CONFIG).await;
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &start,
+        Duration::from_millis(1),
+    )));
+    let (resp, _c) = h.send(post("/v1/chat/completions", body.into(), &[])).await;
+    assert_eq!(resp.status(), 502);
+    let error = json_body(resp).await;
+    assert_eq!(error["error"]["code"], "upstream_error");
+    h.wait_requests("watched", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"error\",route=\"watched\"}")
+            .await,
+        1.0
+    );
+
+    let whole = format!("{start}{}", chunk(1, "{}", r#""length""#));
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &whole,
+        Duration::from_millis(1),
+    )));
+    let (resp, _c) = h.send(post("/v1/chat/completions", body.into(), &[])).await;
+    assert_eq!(resp.status(), 200);
+    let doc = json_body(resp).await;
+    assert_eq!(doc["choices"][0]["finish_reason"], "stop");
+    assert_eq!(doc["choices"][1]["finish_reason"], "length");
+    assert_eq!(doc["choices"][1]["message"]["content"], "Well, it");
+}

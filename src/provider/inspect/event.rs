@@ -22,6 +22,12 @@ pub(super) struct Event {
     /// The answer's end: a choice's non-null `finish_reason`, `message_stop`, or a
     /// `response.completed` (`incomplete`, `failed`).
     pub(super) finished: bool,
+    /// The Chat choices the event carried, by index (bit `i` for index `i` below 64), and
+    /// those of them with a non-null `finish_reason`; `choices_wide`: it carried one whose
+    /// index no bit holds (64 or more, or not a plain integer).
+    pub(super) choices_seen: u64,
+    pub(super) choices_done: u64,
+    pub(super) choices_wide: bool,
     /// A top-level `error` object, or `"type": "error"`: the provider's error event.
     pub(super) error: bool,
     /// An error nested in the answer (`response.failed`): counted, not an end.

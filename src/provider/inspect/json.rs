@@ -75,6 +75,7 @@ enum Key {
     CacheCreationInputTokens,
     CacheReadInputTokens,
     FinishReason,
+    Index,
 }
 
 fn key(name: &[u8]) -> Key {
@@ -109,6 +110,7 @@ fn key(name: &[u8]) -> Key {
         b"cache_creation_input_tokens" => Key::CacheCreationInputTokens,
         b"cache_read_input_tokens" => Key::CacheReadInputTokens,
         b"finish_reason" => Key::FinishReason,
+        b"index" => Key::Index,
         _ => Key::Other,
     }
 }
@@ -206,7 +208,15 @@ pub(super) struct Json {
     /// Usage read in the open usage object, committed when it closes.
     prompt: Option<u64>,
     completion: Option<u64>,
+    /// The index of the Chat choice being read (`WIDE` when it is 64 or more, or not a
+    /// plain integer; 0 until its `index` is read), and whether it has a finish reason:
+    /// told to the event when the choice closes.
+    choice: u8,
+    choice_finished: bool,
 }
+
+/// A choice index that no bit of a `u64` mask holds.
+const WIDE: u8 = 64;
 
 impl Default for Json {
     fn default() -> Self {
@@ -227,6 +237,8 @@ impl Default for Json {
             num: None,
             prompt: None,
             completion: None,
+            choice: 0,
+            choice_finished: false,
         }
     }
 }
@@ -303,7 +315,7 @@ impl Json {
                 },
                 b'{' => self.open(false, ev),
                 b'[' => self.open(true, ev),
-                b'}' | b']' => self.close(tokens),
+                b'}' | b']' => self.close(tokens, ev),
                 b':' => {
                     self.expect_key = false;
                     self.value_pos = true;
@@ -314,7 +326,7 @@ impl Json {
                 }
                 b'0'..=b'9' if self.value_pos => {
                     self.value_pos = false;
-                    if matches!(self.cur, Ctx::Usage | Ctx::MessageUsage) {
+                    if self.number_read() {
                         self.num = Some((self.key, u64::from(b - b'0'), true));
                         i += self.number_rest(&s[i..]);
                     } else {
@@ -333,6 +345,17 @@ impl Json {
                     }
                 }
             }
+        }
+    }
+
+    /// Whether a number here is read (a usage count, a choice's index), not skipped: then no
+    /// shape has a hole for it, and an event with another number fits no shape that had this.
+    #[inline(always)]
+    fn number_read(&self) -> bool {
+        match self.cur {
+            Ctx::Usage | Ctx::MessageUsage => true,
+            Ctx::Choice => self.key == Key::Index,
+            _ => false,
         }
     }
 
@@ -435,7 +458,7 @@ impl Json {
                 }
                 _ => 0,
             },
-            Some(b'0'..=b'9') if matches!(self.cur, Ctx::Usage | Ctx::MessageUsage) => 0,
+            Some(b'0'..=b'9') if self.number_read() => 0,
             // Numbers and literals end where the main loop's `skip_scalar` would end them;
             // one that runs to the end of the piece is left to it, to go on in the next.
             Some(b'0'..=b'9' | b'-' | b'n' | b't' | b'f') => match skip_scalar(s) {
@@ -577,7 +600,10 @@ impl Json {
                                 | b"response.failed"
                         );
                     }
-                    (Ctx::Choice, Key::FinishReason) => ev.finished = true,
+                    (Ctx::Choice, Key::FinishReason) => {
+                        ev.finished = true;
+                        self.choice_finished = true;
+                    }
                     (Ctx::Root, Key::Code) => ev.root_code = ErrorType::parse(name),
                     (Ctx::ContentBlock, _) => {
                         // A block that starts as anything but (empty) text or thinking: a
@@ -621,6 +647,10 @@ impl Json {
             Ctx::ErrorRoot => ev.error = true,
             Ctx::ErrorNested => ev.nested_error = true,
             Ctx::Choices => ev.choices = true,
+            Ctx::Choice => {
+                self.choice = 0;
+                self.choice_finished = false;
+            }
             _ => {}
         }
         self.depth = self.depth.saturating_add(1);
@@ -640,11 +670,18 @@ impl Json {
         self.value_pos = array;
     }
 
-    fn close(&mut self, tokens: &mut Tokens) {
+    fn close(&mut self, tokens: &mut Tokens, ev: &mut Event) {
         if self.depth == 0 {
             return;
         }
         match self.cur {
+            Ctx::Choice if self.choice < WIDE => {
+                ev.choices_seen |= 1 << self.choice;
+                if self.choice_finished {
+                    ev.choices_done |= 1 << self.choice;
+                }
+            }
+            Ctx::Choice => ev.choices_wide = true,
             Ctx::Usage => {
                 if let Some(p) = self.prompt.take() {
                     tokens.prompt = Some(p);
@@ -672,6 +709,15 @@ impl Json {
         let Some((key, n, plain)) = self.num.take() else {
             return;
         };
+        if self.cur == Ctx::Choice {
+            // `key` is `index` (the one number read in a choice).
+            self.choice = if plain {
+                n.min(u64::from(WIDE)) as u8
+            } else {
+                WIDE
+            };
+            return;
+        }
         if !plain {
             return;
         }

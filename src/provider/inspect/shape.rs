@@ -22,6 +22,11 @@
 //! the tokenizer's state after it is kept too, so a piece read either way leaves the same
 //! state for whatever follows in the same event.
 //!
+//! A Chat choice's `index` is read (it says which choices finished), not a hole: the chunks
+//! of an answer of several choices, which take turns, fit no shape of each other's, and such
+//! a stream soon stops taking shapes and is read by the tokenizer (a single choice, the
+//! common case, is not affected).
+//!
 //! `inspect/tests.rs` checks the two readings against each other on generated streams.
 
 use super::event::Event;
@@ -67,7 +72,8 @@ pub(super) struct Shape {
     holes: [Hole; MAX_HOLES],
     count: usize,
     /// The holes compared as holes, by index; the others as the bytes they had in the shape.
-    /// Most holes hold the same value in every event (`id`, `model`, `index`), and a
+    /// Most holes hold the same value in every event (`id`, `model`, a tool call's `index`;
+    /// a choice's `index` is read, so no hole), and a
     /// comparison of bytes is cheaper than finding a value's end: a hole is compared as one
     /// from the first event that has something else in it (and output strings always are).
     varying: [u8; MAX_HOLES],

@@ -872,10 +872,11 @@ proptest! {
             if tools { ins.with_tool_calls() } else { ins }
         };
         for cuts in [&[][..], &cuts[..]] {
-            let (found, tokens) = pieces(make(), s, cuts);
-            let (want, want_tokens) = pieces(make().without_shapes(), s, cuts);
+            let (found, tokens, short) = pieces(make(), s, cuts);
+            let (want, want_tokens, want_short) = pieces(make().without_shapes(), s, cuts);
             prop_assert_eq!(found, want);
             prop_assert_eq!(tokens, want_tokens);
+            prop_assert_eq!(short, want_short);
         }
     }
 }
@@ -940,19 +941,21 @@ fn repeated_fixture_events_read_the_same_by_shape() {
             .into_iter()
             .flat_map(|(_, ev)| [ev, ev])
             .collect();
-        let (found, tokens) = pieces(Inspector::new(format, true), doubled.as_bytes(), &[]);
-        let (want, want_tokens) = pieces(
+        let (found, tokens, short) = pieces(Inspector::new(format, true), doubled.as_bytes(), &[]);
+        let (want, want_tokens, want_short) = pieces(
             Inspector::new(format, true).without_shapes(),
             doubled.as_bytes(),
             &[],
         );
         assert_eq!(found, want, "{format:?}");
         assert_eq!(tokens, want_tokens, "{format:?}");
+        assert_eq!(short, want_short, "{format:?}");
     }
 }
 
-/// Every piece's findings and the final count of an inspector fed `stream` cut at `cuts`.
-fn pieces(ins: Inspector, stream: &[u8], cuts: &[usize]) -> (Vec<Found>, Tokens) {
+/// Every piece's findings and the final count of an inspector fed `stream` cut at `cuts`,
+/// and whether the stream, ending there, ended short.
+fn pieces(ins: Inspector, stream: &[u8], cuts: &[usize]) -> (Vec<Found>, Tokens, bool) {
     let mut ins = ins;
     let mut edges: Vec<usize> = cuts.iter().copied().chain([0, stream.len()]).collect();
     edges.sort_unstable();
@@ -961,7 +964,7 @@ fn pieces(ins: Inspector, stream: &[u8], cuts: &[usize]) -> (Vec<Found>, Tokens)
         .windows(2)
         .map(|w| ins.feed(&stream[w[0]..w[1]]))
         .collect();
-    (found, ins.tokens())
+    (found, ins.tokens(), ins.ended_short())
 }
 
 /// One event of a stream that mostly repeats itself, as providers' streams do, with what
@@ -1027,12 +1030,67 @@ fn repeating_event(format: Format, variant: u8, text: &str, n: u32, alt: bool) -
     }
 }
 
+/// A Chat answer with several choices ends when every choice that appeared has its
+/// `finish_reason` (or `[DONE]` comes), not at the first one's.
+#[test]
+fn a_chat_answer_ends_when_every_choice_has_finished() {
+    let chunk = |index: u32, delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":{index},\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let short = |stream: &[String], shapes: bool| {
+        let ins = Inspector::new(Format::Chat, true);
+        let ins = if shapes { ins } else { ins.without_shapes() };
+        pieces(ins, stream.concat().as_bytes(), &[]).2
+    };
+    let both = |i: u32| {
+        [
+            chunk(0, r#"{"content":"a"}"#, "null"),
+            chunk(i, r#"{"content":"b"}"#, "null"),
+            chunk(0, r#"{"content":"c"}"#, "null"),
+            chunk(i, r#"{"content":"d"}"#, "null"),
+            chunk(0, "{}", r#""stop""#),
+        ]
+    };
+    for shapes in [true, false] {
+        let mut stream = both(1).to_vec();
+        assert!(short(&stream, shapes), "choice 1 never finished");
+        stream.push(chunk(1, "{}", r#""length""#));
+        assert!(!short(&stream, shapes), "both finished");
+        let mut stream = both(1).to_vec();
+        stream.push("data: [DONE]\n\n".into());
+        assert!(!short(&stream, shapes), "[DONE] ends it whatever came");
+        // One choice past the masks (index 64 and more): any finish ends it, as before.
+        assert!(!short(&both(70), shapes));
+        assert!(!short(
+            &both(63)[..]
+                .iter()
+                .chain([&chunk(63, "{}", r#""stop""#)])
+                .cloned()
+                .collect::<Vec<_>>(),
+            shapes
+        ));
+        assert!(short(&both(63), shapes));
+        // Two choices in one chunk, the second (by its index, wherever the key is)
+        // unfinished.
+        let two = r#"data: {"choices":[{"finish_reason":"stop","delta":{},"index":0},{"delta":{"content":"x"},"index":2,"finish_reason":null}]}"#;
+        assert!(short(&[format!("{two}\n\n")], shapes));
+        let single = [
+            chunk(0, r#"{"content":"a"}"#, "null"),
+            chunk(0, "{}", r#""stop""#),
+        ];
+        assert!(!short(&single, shapes), "one choice, finished");
+    }
+}
+
 #[test]
 fn it_stays_small() {
     // It lives inline in every stream's watchdog body (a stream costs ~25 KiB in all); the
-    // stream's shape is boxed beside it.
+    // stream's shape is boxed beside it. (Both grew by 40 bytes or so for the masks of the
+    // Chat choices seen and finished, which say when an answer of several choices ended.)
     let size = std::mem::size_of::<Inspector>();
-    assert!(size <= 272, "{size} bytes");
+    assert!(size <= 304, "{size} bytes");
     let shape = std::mem::size_of::<Shape>();
-    assert!(shape <= 320, "{shape} bytes");
+    assert!(shape <= 344, "{shape} bytes");
 }
