@@ -421,6 +421,15 @@ async fn a_replica_that_dies_mid_call_leaves_only_that_calls_reservation_until_t
     }
 }
 
+/// `toml` with a token budget on the run (100,000, 500 reserved a call): what a frozen
+/// store would otherwise leave reserved shows.
+fn with_tokens(toml: String) -> String {
+    toml.replace(
+        "run_max_calls = 10",
+        "run_max_calls = 10\nrun_max_tokens = 100000\nrun_token_estimate = 500",
+    )
+}
+
 /// The run's state in `p`'s store, once `settled` says it is what the test waits for (the
 /// end of a call reaches a shared store a moment after its answer), or after 5 s.
 async fn run_state(
@@ -452,10 +461,7 @@ async fn admissions_redis_runs_after_the_call_stopped_waiting_are_given_back() {
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let toml = config(&fake, &redis.url(), "allow", "100ms").replace(
-        "run_max_calls = 10",
-        "run_max_calls = 10\nrun_max_tokens = 100000\nrun_token_estimate = 500",
-    );
+    let toml = with_tokens(config(&fake, &redis.url(), "allow", "100ms"));
     let allow = Process::spawn(&toml, &[], &[]).await;
     let deny = Process::spawn(&toml.replace("\"allow\"", "\"deny\""), &[], &[]).await;
     for (p, id, served) in [(&allow, "thaw-allow", 200), (&deny, "thaw-deny", 503)] {
@@ -499,10 +505,7 @@ async fn a_call_that_ends_while_redis_is_frozen_gives_its_reservation_back_on_th
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let toml = config(&fake, &redis.url(), "deny", "100ms").replace(
-        "run_max_calls = 10",
-        "run_max_calls = 10\nrun_max_tokens = 100000\nrun_token_estimate = 500",
-    );
+    let toml = with_tokens(config(&fake, &redis.url(), "deny", "100ms"));
     let a = Process::spawn(&toml, &[], &[]).await;
     let req = call(
         true,
