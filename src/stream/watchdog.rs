@@ -216,11 +216,13 @@ where
                     this.observer.data(data.len());
                     // A body framed by content-length is not polled again after its last
                     // byte, so its end must be noticed here, or it would look abandoned.
+                    // Over HTTP/2 the END_STREAM may follow in an empty frame of its own
+                    // (Go's server sends one): the length, all of it read, says so first.
                     let ended = this
                         .inner
                         .as_ref()
                         .as_pin_ref()
-                        .is_some_and(|b| b.is_end_stream());
+                        .is_some_and(|b| b.is_end_stream() || b.size_hint().exact() == Some(0));
                     let read = this.progress.read(&data);
                     if let Some(err) = run_tokens_spent(this.progress, this.limits) {
                         cut(

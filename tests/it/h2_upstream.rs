@@ -274,3 +274,55 @@ async fn a_client_leaving_before_the_head_resets_its_upstream_stream_and_keeps_t
     );
     assert_connection_serves_another(&h, 0).await;
 }
+
+/// An HTTP/2 upstream may end an answer with an empty DATA frame of its own carrying
+/// END_STREAM (Go's server does, for bodies written in pieces). The answer's length says it
+/// is whole at its last byte, where an HTTP/1.1 client's server stops reading it: it is
+/// delivered in full and counted `ok`, not `cancelled` by the client.
+#[tokio::test]
+async fn an_answer_whose_end_comes_in_a_frame_of_its_own_is_complete() {
+    const DOC: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","choices":[]}"#;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req: Request<Incoming>| async {
+                    let (mut tx, body) =
+                        http_body_util::channel::Channel::<Bytes, std::convert::Infallible>::new(1);
+                    tokio::spawn(async move {
+                        tx.send_data(Bytes::from_static(DOC.as_bytes()))
+                            .await
+                            .unwrap();
+                        // The data goes out in a frame of its own; END_STREAM follows alone.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        drop(tx);
+                    });
+                    Ok::<_, std::convert::Infallible>(
+                        Response::builder()
+                            .header("content-type", "application/json")
+                            .header("content-length", DOC.len())
+                            .body(body)
+                            .unwrap(),
+                    )
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    for _ in 0..3 {
+        let (resp, _c) = h.send(chat_request(&[], false)).await;
+        assert_eq!(resp.status(), 200);
+        let read = read_body(resp.into_body()).await;
+        assert_eq!((read.text().as_str(), read.error), (DOC, None));
+    }
+    h.wait_requests("chat", 3.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+            .await,
+        3.0
+    );
+}
