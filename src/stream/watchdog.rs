@@ -75,6 +75,10 @@ pin_project! {
         sse: Option<Sse>,
         ready: VecDeque<Bytes>,
         state: State,
+        // The body has a length (its size hint is exact): its end can be read from the
+        // bytes left, before any END_STREAM. Known at the start, so that a stream without
+        // one (the SSE case) asks nothing more per chunk.
+        sized: bool,
         observer: O,
         // Fires when the gateway gives up on in-flight streams at the end of its shutdown
         // grace; polled whenever the body waits, at the cost of an atomic load.
@@ -112,6 +116,7 @@ where
     pub fn reading(inner: B, progress: Progress, limits: StreamLimits, observer: O) -> Self {
         let first_due = limits.first_token_deadline.min(limits.deadline);
         let is_sse = progress.is_sse();
+        let sized = inner.size_hint().exact().is_some();
         Self {
             inner: Some(inner),
             timer: Timer::new(first_due),
@@ -126,6 +131,7 @@ where
             }),
             ready: VecDeque::new(),
             state: State::Streaming,
+            sized,
             observer,
             shutdown: None,
         }
@@ -218,11 +224,10 @@ where
                     // byte, so its end must be noticed here, or it would look abandoned.
                     // Over HTTP/2 the END_STREAM may follow in an empty frame of its own
                     // (Go's server sends one): the length, all of it read, says so first.
-                    let ended = this
-                        .inner
-                        .as_ref()
-                        .as_pin_ref()
-                        .is_some_and(|b| b.is_end_stream() || b.size_hint().exact() == Some(0));
+                    let sized = *this.sized;
+                    let ended = this.inner.as_ref().as_pin_ref().is_some_and(|b| {
+                        b.is_end_stream() || (sized && b.size_hint().exact() == Some(0))
+                    });
                     let read = this.progress.read(&data);
                     if let Some(err) = run_tokens_spent(this.progress, this.limits) {
                         cut(
