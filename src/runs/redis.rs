@@ -296,32 +296,21 @@ impl RedisStore {
             .arg(token)
             .invoke_async(&mut conn)
             .await?;
-        if reply.first().map(int) != Some(1) {
-            return Ok(None);
-        }
-        let n = |i: usize| reply.get(i).map_or(0, int).max(0) as u64;
-        let end = reply.get(5).map(text).unwrap_or_default();
-        Ok(Some(Ended {
-            route: Arc::from(reply.get(1).map(text).unwrap_or_default()),
-            end: RunEnd::named(&end).unwrap_or(RunEnd::Tokens),
-            calls: n(2),
-            tokens: n(3),
-            age: Duration::from_millis(n(4)),
-        }))
+        Ok(ended_of(&reply))
     }
 
     /// Cancels the admission of the call `token` into the run at `key`, made or yet to come
     /// (`cancel.lua`). `served`: the call went on without run limits, and counts as a call.
-    /// Whether an admission was given back.
+    /// The run's end when this call was the last one in flight of a run that had ended.
     pub async fn cancel(
         &self,
         key: &str,
         token: &str,
         served: bool,
         ttl: Duration,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<Ended>, StoreError> {
         let mut conn = self.conn.clone();
-        let given_back: i64 = self
+        let reply: Vec<Value> = self
             .cancel
             .key(key)
             .key(tombstone(key, token))
@@ -330,7 +319,7 @@ impl RedisStore {
             .arg(ttl.as_millis() as u64)
             .invoke_async(&mut conn)
             .await?;
-        Ok(given_back == 1)
+        Ok(reply.get(1..).and_then(ended_of))
     }
 
     /// Every run with this id, whatever its scope (for the admin listener; a SCAN).
@@ -377,6 +366,23 @@ impl RedisStore {
         }
         Ok(out)
     }
+}
+
+/// `{ended_now, route, calls, used, age_ms, end}`, as `finish.lua` and `cancel.lua` answer:
+/// the run's end, when this call's end is the one that counts it.
+fn ended_of(reply: &[Value]) -> Option<Ended> {
+    if reply.first().map(int) != Some(1) {
+        return None;
+    }
+    let n = |i: usize| reply.get(i).map_or(0, int).max(0) as u64;
+    let end = reply.get(5).map(text).unwrap_or_default();
+    Some(Ended {
+        route: Arc::from(reply.get(1).map(text).unwrap_or_default()),
+        end: RunEnd::named(&end).unwrap_or(RunEnd::Tokens),
+        calls: n(2),
+        tokens: n(3),
+        age: Duration::from_millis(n(4)),
+    })
 }
 
 fn parse_key(k: &str) -> Option<RunKey> {

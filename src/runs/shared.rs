@@ -124,11 +124,14 @@ impl Shared {
     pub(super) fn cancel_later(self: &Arc<Self>, key: String, token: String, served: bool) {
         let shared = self.clone();
         tokio::spawn(async move {
-            let _ = shared
+            let ended = shared
                 .until_answered(None, || {
                     shared.store.cancel(&key, &token, served, shared.ttl)
                 })
                 .await;
+            if let Some(Some(ended)) = ended {
+                shared.report(&ended);
+            }
         });
     }
 

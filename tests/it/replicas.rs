@@ -539,6 +539,101 @@ async fn a_call_that_ends_while_redis_is_frozen_gives_its_reservation_back_on_th
     );
 }
 
+/// A run's end is counted even when the calls that would count it stopped waiting for
+/// Redis: the admission that ended the run with none in flight (its answer never read), and
+/// the last call in flight of a run that a neighbour's refusal ended (it is given back by
+/// cancel.lua, not finished by finish.lua).
+#[tokio::test]
+async fn a_runs_end_is_counted_when_the_calls_that_end_it_stopped_waiting_for_redis() {
+    if crate::support::redis::skip() {
+        return;
+    }
+    let redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = config(&fake, &redis.url(), "allow", "100ms")
+        .replace("run_max_calls = 10", "run_max_calls = 1");
+    let p = Process::spawn(&toml, &[], &[]).await;
+    let ended = "hourglass_runs_total{end=\"calls\",route=\"agent\"}";
+    let counted = |n: f64| {
+        let admin = p.admin;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let text = crate::support::scrape(admin).await;
+                let seen = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix(ended)?.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0);
+                if seen >= n || Instant::now() > deadline {
+                    return seen;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    // The run's one call is served and finished; the next is refused on the thaw, with
+    // nobody left waiting for the refusal.
+    let run = [("x-run-id", "late-refusal"), ("x-run-budget-ms", "60000")];
+    assert_eq!(send(&p, call(false, &run, 0)).await.0, 200);
+    redis.pause();
+    let (status, _, body) = send(&p, call(false, &run, 1)).await;
+    assert_eq!(status, 200, "served without run limits: {body}");
+    // Past the store timeout (100 ms) and the connection's response timeout (500 ms).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.resume();
+    assert_eq!(counted(1.0).await, 1.0, "the refusal's end");
+
+    // Both calls stop waiting; on the thaw the first is admitted, the second refused (the
+    // run ends with the first in flight), and the first's cancel is its last call's end.
+    let run = [("x-run-id", "late-last-call"), ("x-run-budget-ms", "60000")];
+    redis.pause();
+    let first = send(&p, call(false, &run, 0));
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        send(&p, call(false, &run, 1)).await
+    };
+    let (first, second) = tokio::join!(first, second);
+    assert_eq!((first.0, second.0), (200, 200));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.resume();
+    let n = counted(2.0).await;
+    let state = run_state(&p, "late-last-call", |u| u["in_flight"] == 0).await;
+    assert_eq!(
+        n, 2.0,
+        "the end of the run whose call was given back: {state}"
+    );
+    let used = &state["runs"][0]["used"];
+    assert_eq!(used["in_flight"], 0, "{state}");
+    assert_eq!(used["calls"], 1, "{state}");
+    assert_eq!(state["runs"][0]["ended"], "calls", "{state}");
+
+    // The run ends while its one call streams (the next call is refused); that call ends
+    // while Redis is frozen, and the answer of its finish.lua, run on the thaw, is lost with
+    // the connection the store client gave up: the finish sent again counts the end.
+    let run = [("x-run-id", "late-finish"), ("x-run-budget-ms", "60000")];
+    let mut streamed = run.to_vec();
+    streamed.extend([("x-fake-chunks", "5"), ("x-fake-interval-ms", "60")]);
+    let (resp, _c) = Conn::open(p.addr)
+        .await
+        .send(call(true, &streamed, 0))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let (status, _, body) = send(&p, call(false, &run, 1)).await;
+    assert_eq!(status, 429, "{body}");
+    redis.pause();
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error_event().is_none(), "the stream is whole");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    redis.resume();
+    let n = counted(3.0).await;
+    let state = run_state(&p, "late-finish", |u| u["in_flight"] == 0).await;
+    assert_eq!(n, 3.0, "the end counted by the last call's finish: {state}");
+    assert_eq!(state["runs"][0]["used"]["calls"], 1, "{state}");
+}
+
 /// A run is forgotten `ttl` after its last call: its keys expire then, not `ttl` plus the
 /// budget the call had when it was admitted.
 #[tokio::test]

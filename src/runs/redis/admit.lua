@@ -104,6 +104,8 @@ if refusal ~= nil then
       -- Counted once the calls still in flight have added what they used (finish.lua).
       if (num(h.in_flight) or 0) == 0 then
         ended_now = 1
+        -- Should this call have stopped waiting, its cancel.lua counts the end instead.
+        redis.call('HSET', k, 'reporter', ARGV[14])
       else
         redis.call('HSET', k, 'unreported', 1)
       end

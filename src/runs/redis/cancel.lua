@@ -8,19 +8,38 @@
 -- ARGV     1 call token, 2 '1' when the call was never served (it counts as no call),
 --          3 the tombstone's life in ms (the run's ttl)
 --
--- Returns 1 when an admission was given back, 0 when none had been made.
+-- Returns {given_back, ended_now, route, calls, used, age_ms, end}: given_back 1 when an
+-- admission was given back, 0 when none had been made; ended_now 1 when the run's end is
+-- to be counted by this call, whose admission's answer nobody read: the admission that
+-- ended the run with no call in flight, or the last call in flight of a run that a
+-- neighbour's refusal ended (as finish.lua does). Either makes the call the run's
+-- `reporter`, so that this script sent again (its answer lost) answers the same.
 local k = KEYS[1]
+local function num(v) if v == nil or v == false or v == '' then return 0 end return tonumber(v) end
+local function ended_now(given_back)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local e = redis.call('HMGET', k, 'route', 'calls', 'used', 'started', 'ended')
+  local started = num(e[4])
+  if started == 0 then started = now end
+  return {given_back, 1, e[1] or '', num(e[2]), num(e[3]), now - started, e[5] or ''}
+end
 local held = redis.call('HGET', k, 'p:' .. ARGV[1])
 if not held then
   redis.call('SET', KEYS[2], 1, 'PX', ARGV[3])
-  return 0
+  if redis.call('HGET', k, 'reporter') == ARGV[1] then return ended_now(0) end
+  return {0}
 end
 redis.call('HDEL', k, 'p:' .. ARGV[1])
-local function num(v) if v == nil or v == false or v == '' then return 0 end return tonumber(v) end
-local h = redis.call('HMGET', k, 'in_flight', 'reserved', 'calls')
-redis.call('HSET', k, 'in_flight', math.max(0, num(h[1]) - 1),
-  'reserved', math.max(0, num(h[2]) - tonumber(held)))
+local h = redis.call('HMGET', k, 'in_flight', 'reserved', 'calls', 'unreported')
+local in_flight = math.max(0, num(h[1]) - 1)
+redis.call('HSET', k, 'in_flight', in_flight, 'reserved', math.max(0, num(h[2]) - tonumber(held)))
 if ARGV[2] == '1' then
   redis.call('HSET', k, 'calls', math.max(0, num(h[3]) - 1))
 end
-return 1
+if in_flight == 0 and h[4] == '1' then
+  redis.call('HDEL', k, 'unreported')
+  redis.call('HSET', k, 'reporter', ARGV[1])
+  return ended_now(1)
+end
+return {1, 0}

@@ -9,17 +9,25 @@
 --          7 the call's token
 --
 -- Returns {ended_now, route, calls, used, age_ms, end}; {} when the run is gone (expired).
--- ended_now: the run has ended and this was its last call in flight: its end is counted.
+-- ended_now: the run has ended and this was its last call in flight: its end is counted by
+-- this call, which becomes the run's `reporter`. Sent again (its answer lost), it answers
+-- the same: the gateway reads one answer per call, so the end is counted once.
 local k = KEYS[1]
 if redis.call('EXISTS', k) == 0 then return {} end
--- Given back once: a call that cancel.lua already gave back has nothing left to give.
-if redis.call('HDEL', k, 'p:' .. ARGV[7]) == 0 then return {} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local h = {}
 local raw = redis.call('HGETALL', k)
 for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
 local function num(v) if v == nil or v == '' then return nil end return tonumber(v) end
+-- Given back once: a call that cancel.lua already gave back has nothing left to give.
+if redis.call('HDEL', k, 'p:' .. ARGV[7]) == 0 then
+  if h.reporter == ARGV[7] then
+    return {1, h.route, num(h.calls) or 0, num(h.used) or 0, now - (num(h.started) or now),
+      h.ended or ''}
+  end
+  return {}
+end
 local in_flight = math.max(0, (num(h.in_flight) or 0) - 1)
 local reserved = math.max(0, (num(h.reserved) or 0) - tonumber(ARGV[1]))
 local used = (num(h.used) or 0) + tonumber(ARGV[2])
@@ -52,6 +60,7 @@ end
 local ended_now = 0
 if in_flight == 0 and h.unreported == '1' then
   redis.call('HDEL', k, 'unreported')
+  redis.call('HSET', k, 'reporter', ARGV[7])
   ended_now = 1
 end
 -- Forgotten ttl after its last call: exactly that once no call is in flight (an admission
