@@ -129,6 +129,14 @@ pub enum GatewayError {
     UpstreamUnavailable { upstream: String, reason: String },
     #[error("upstream {upstream:?} failed: {reason}")]
     UpstreamError { upstream: String, reason: String },
+    /// The upstream turned the request away before processing any of it (HTTP/2's
+    /// REFUSED_STREAM, or a GOAWAY that left it out): safe to send again, which the gateway
+    /// does once by itself.
+    #[error("upstream {upstream:?} refused the request before processing it ({reason}); nothing of it was processed, it is safe to send again")]
+    UpstreamRefused {
+        upstream: String,
+        reason: &'static str,
+    },
     #[error("the gateway is shutting down")]
     Shutdown,
     /// The route wants a client key and the request carried none of its keys. The message
@@ -283,7 +291,7 @@ impl GatewayError {
             Self::IdleTimeout { .. } => "idle_timeout",
             Self::DeadlineExceeded { .. } => "deadline_exceeded",
             Self::UpstreamUnavailable { .. } => "upstream_unavailable",
-            Self::UpstreamError { .. } => "upstream_error",
+            Self::UpstreamError { .. } | Self::UpstreamRefused { .. } => "upstream_error",
             Self::Shutdown => "shutdown",
             Self::Unauthorized => "unauthorized",
             Self::Overloaded { .. } => "overloaded",
@@ -323,9 +331,9 @@ impl GatewayError {
             | Self::FirstTokenTimeout { .. }
             | Self::IdleTimeout { .. }
             | Self::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
-            Self::UpstreamUnavailable { .. } | Self::UpstreamError { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            Self::UpstreamUnavailable { .. }
+            | Self::UpstreamError { .. }
+            | Self::UpstreamRefused { .. } => StatusCode::BAD_GATEWAY,
             Self::Shutdown | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
@@ -370,6 +378,7 @@ impl GatewayError {
             | Self::DeadlineExceeded { .. } => "timeout_error",
             Self::UpstreamUnavailable { .. }
             | Self::UpstreamError { .. }
+            | Self::UpstreamRefused { .. }
             | Self::Shutdown
             | Self::LoopDetected { .. }
             | Self::Internal => "upstream_error",

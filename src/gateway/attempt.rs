@@ -301,7 +301,11 @@ fn classify(
     let mut reason = String::new();
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     let mut timed_out = None;
+    let mut refused = None;
     while let Some(s) = source {
+        if let Some(h2) = s.downcast_ref::<h2::Error>() {
+            refused = refused.or_else(|| unprocessed(h2));
+        }
         // Our own connector bound, or the TCP connect timeout beneath it (which may fire a
         // moment earlier): both mean the connect limit, not an unreachable upstream.
         if let Some(t) = s.downcast_ref::<ConnectTimedOut>() {
@@ -322,7 +326,12 @@ fn classify(
         reason = e.to_string();
     }
     let name = upstream.name.to_string();
-    if let Some(after) = timed_out {
+    if let Some(reason) = refused {
+        GatewayError::UpstreamRefused {
+            upstream: name,
+            reason,
+        }
+    } else if let Some(after) = timed_out {
         GatewayError::ConnectTimeout {
             upstream: name,
             after,
@@ -337,5 +346,24 @@ fn classify(
             upstream: name,
             reason,
         }
+    }
+}
+
+/// Why the upstream processed none of a stream it ended before its head (RFC 9113 §8.7),
+/// when it says so: a reset with REFUSED_STREAM, or a GOAWAY that closed the connection
+/// gracefully (NO_ERROR) below this stream's id. h2 gives a remote GOAWAY error only to the
+/// streams above the GOAWAY's last stream id and to the streams opened after it, unless its
+/// code is an error, when every stream of the connection gets it (and some may have been
+/// processed): those are not taken for refused.
+fn unprocessed(e: &h2::Error) -> Option<&'static str> {
+    if !e.is_remote() {
+        return None;
+    }
+    match e.reason() {
+        Some(h2::Reason::REFUSED_STREAM) if e.is_reset() => Some("HTTP/2 REFUSED_STREAM"),
+        Some(h2::Reason::NO_ERROR) if e.is_go_away() => {
+            Some("HTTP/2 GOAWAY: the connection was closing")
+        }
+        _ => None,
     }
 }

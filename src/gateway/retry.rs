@@ -114,9 +114,11 @@ pub async fn run(
                 } else {
                     let (ft, switch_by) = first_token_limit(budget, route.chain.get(i + 1));
                     room_kept_for = switch_by.is_some().then_some(i + 1);
-                    single(route, entry, template, budget, record, ft, switch_by)
-                        .await
-                        .map(|s| (s, i))
+                    single(
+                        metrics, route, entry, template, budget, record, ft, switch_by,
+                    )
+                    .await
+                    .map(|s| (s, i))
                 };
             match outcome {
                 Ok((started, winner)) => {
@@ -232,7 +234,9 @@ fn error_cause(e: &GatewayError) -> Option<RetryCause> {
             Some(RetryCause::Connect)
         }
         GatewayError::FirstTokenTimeout { .. } => Some(RetryCause::FirstToken),
-        GatewayError::UpstreamError { .. } => Some(RetryCause::Reset),
+        GatewayError::UpstreamError { .. } | GatewayError::UpstreamRefused { .. } => {
+            Some(RetryCause::Reset)
+        }
         _ => None,
     }
 }
@@ -254,8 +258,14 @@ fn attempt<'a>(
     }
 }
 
-/// One attempt, noted in the record.
+/// One attempt, noted in the record. An attempt the upstream refused unprocessed (HTTP/2
+/// REFUSED_STREAM, or left out by a GOAWAY: a provider's front end rotates its connections)
+/// is sent again once, at once, whatever the route's retries, when the budget still fits an
+/// attempt: RFC 9113 §8.7 makes that safe, and a client should not see a 502 for a
+/// connection the upstream chose to close.
+#[allow(clippy::too_many_arguments)]
 async fn single(
+    metrics: &Metrics,
     route: &RouteRuntime,
     entry: &ChainEntry,
     template: &Template,
@@ -264,13 +274,25 @@ async fn single(
     first_token_timeout: Duration,
     switch_by: Option<Instant>,
 ) -> Result<Started, GatewayError> {
-    let started = Instant::now();
-    let out = template.request_for(&entry.upstream)?;
-    let result = attempt(entry, route, budget, first_token_timeout, switch_by)
-        .run(out)
-        .await;
-    note(entry, record, started, &result);
-    result
+    let mut sent_again = false;
+    loop {
+        let started = Instant::now();
+        let out = template.request_for(&entry.upstream)?;
+        let result = attempt(entry, route, budget, first_token_timeout, switch_by)
+            .run(out)
+            .await;
+        note(entry, record, started, &result);
+        let need = entry.upstream.ttft.get().max(budget.min_useful);
+        match result {
+            Err(GatewayError::UpstreamRefused { .. })
+                if !sent_again && budget.usable(Instant::now()) >= need =>
+            {
+                metrics.retry(&route.name, &entry.upstream.name, "refused");
+                sent_again = true;
+            }
+            result => return result,
+        }
+    }
 }
 
 fn note(

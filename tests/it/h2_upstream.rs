@@ -326,3 +326,160 @@ async fn an_answer_whose_end_comes_in_a_frame_of_its_own_is_complete() {
         3.0
     );
 }
+
+const ANSWER: &str = r#"{"id":"chatcmpl-1","object":"chat.completion","choices":[]}"#;
+
+/// An h2 server that answers every request with `ANSWER`, except the first `refuse` it sees
+/// (counted across connections), which it resets with REFUSED_STREAM. Returns its address
+/// and the count of requests it saw.
+async fn refusing_upstream(
+    refuse: usize,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(s).await else {
+                    return;
+                };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    if seen.fetch_add(1, Ordering::SeqCst) < refuse {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        continue;
+                    }
+                    let head = Response::builder()
+                        .header("content-type", "application/json")
+                        .body(())
+                        .unwrap();
+                    let mut body = respond.send_response(head, false).unwrap();
+                    body.send_data(Bytes::from_static(ANSWER.as_bytes()), true)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// A stream the upstream refuses (REFUSED_STREAM: nothing of it was processed) is sent
+/// again once by the gateway itself, on a route without retries, and the client gets the
+/// answer; refused again, the client gets a 502 that says why, and it is not sent a third
+/// time.
+#[tokio::test]
+async fn a_stream_the_upstream_refuses_is_sent_again_once() {
+    use std::sync::atomic::Ordering;
+    let (up, seen) = refusing_upstream(1).await;
+    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!((read.text().as_str(), read.error), (ANSWER, None));
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    let refused = "hourglass_retries_total{reason=\"refused\",route=\"chat\",upstream=\"fake\"}";
+    assert_eq!(h.metric(refused).await, 1.0);
+
+    let (up, seen) = refusing_upstream(usize::MAX).await;
+    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 502);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("REFUSED_STREAM"), "{message}");
+    assert_eq!(seen.load(Ordering::SeqCst), 2, "sent twice, not more");
+    assert_eq!(h.metric(refused).await, 1.0);
+}
+
+/// An h2 upstream whose first connection says GOAWAY (last stream 0, error `code`) to the
+/// first request's HEADERS, speaking just enough HTTP/2 by hand for that, and stays open;
+/// later connections go to a server that answers. Returns its address and the count of
+/// connections it took.
+async fn goaway_upstream(
+    code: u32,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (answering, _) = refusing_upstream(0).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            if count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                let mut to = TcpStream::connect(answering).await.unwrap();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy_bidirectional(&mut s, &mut to).await;
+                });
+                continue;
+            }
+            tokio::spawn(async move {
+                let mut preface = [0u8; 24];
+                s.read_exact(&mut preface).await.unwrap();
+                s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+                loop {
+                    let mut head = [0u8; 9];
+                    if s.read_exact(&mut head).await.is_err() {
+                        return;
+                    }
+                    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+                    let mut payload = vec![0u8; len];
+                    if s.read_exact(&mut payload).await.is_err() {
+                        return;
+                    }
+                    match head[3] {
+                        // SETTINGS without ACK: acknowledged.
+                        4 if head[4] & 1 == 0 => {
+                            s.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap();
+                        }
+                        1 => {
+                            let mut goaway = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
+                            goaway.extend_from_slice(&[0; 4]);
+                            goaway.extend_from_slice(&code.to_be_bytes());
+                            s.write_all(&goaway).await.unwrap();
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    (up, connections)
+}
+
+/// An upstream that closes its connection gracefully (GOAWAY, NO_ERROR) below a request's
+/// stream has processed nothing of it (a provider's front end rotating connections): the
+/// request is sent again on a new connection and the client sees only the answer. A GOAWAY
+/// with an error code says no such thing (h2 gives it to every stream of the connection,
+/// processed or not): that request is not sent again on a route without retries.
+#[tokio::test]
+async fn a_request_a_graceful_goaway_left_out_is_sent_again_on_a_new_connection() {
+    let refused = "hourglass_retries_total{reason=\"refused\",route=\"chat\",upstream=\"fake\"}";
+    let (up, connections) = goaway_upstream(0).await;
+    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!((read.text().as_str(), read.error), (ANSWER, None));
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(h.metric(refused).await, 1.0);
+
+    let (up, connections) = goaway_upstream(2).await;
+    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 502);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(!h.metrics_text().await.contains(refused));
+}
