@@ -79,6 +79,11 @@ fn syntax_error(text: &str, source: &str, err: &toml::de::Error) -> ConfigError 
     match err.span() {
         Some(span) => {
             let (line, col) = line_col(text, span.start);
+            // A value of the wrong type is located by its value: say whose it is.
+            let message = match key_at(text, span.start) {
+                Some(key) => format!("`{key}`: {message}"),
+                None => message,
+            };
             ConfigError::Syntax {
                 source_name: source.to_owned(),
                 line,
@@ -92,6 +97,35 @@ fn syntax_error(text: &str, source: &str, err: &toml::de::Error) -> ConfigError 
             message,
         },
     }
+}
+
+/// The dotted key whose value holds byte `offset` of `text`, when the offset lies after the
+/// `=` of a `key = value` line: the table header above it (`routes` for `[[routes]]`; the
+/// line number tells which one) and the key. None elsewhere (a header, a key itself, the
+/// later lines of a multi-line value).
+pub(super) fn key_at(text: &str, offset: usize) -> Option<String> {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let line_start = text[..end].rfind('\n').map_or(0, |i| i + 1);
+    let eq = line_start + text[line_start..end].find('=')?;
+    let key = text[line_start..eq].trim();
+    if key.is_empty() || key.starts_with(['#', '[']) {
+        return None;
+    }
+    let table = text[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .and_then(|h| h.trim_start_matches('[').split(']').next())
+        .map(str::trim)
+        .filter(|t| !t.is_empty());
+    Some(match table {
+        Some(t) => format!("{t}.{key}"),
+        None => key.to_owned(),
+    })
 }
 
 /// 1-based line and character column of byte `offset` in `text`.

@@ -2,7 +2,7 @@
 //! in characters, and every error displays as one line.
 
 use super::{with_route_keys, BASE};
-use crate::config::build::line_col;
+use crate::config::build::{key_at, line_col};
 use crate::config::{Config, ConfigError};
 
 fn syntax(text: &str) -> (usize, usize, String) {
@@ -66,7 +66,7 @@ fn bad_values_are_located() {
     let (line, col, message) = syntax(&with_route_keys("budget = \"8 parsecs\""));
     assert_eq!((line, col), (12, 10));
     assert!(
-        message.starts_with("invalid duration \"8 parsecs\": unknown time unit"),
+        message.starts_with("`routes.budget`: invalid duration \"8 parsecs\": unknown time unit"),
         "{message}"
     );
 
@@ -74,14 +74,14 @@ fn bad_values_are_located() {
     assert_eq!((line, col), (12, 10));
     assert_eq!(
         message,
-        "invalid type: integer `8`, expected a duration string such as \"250ms\", \"8s\" or \"10m\""
+        "`routes.budget`: invalid type: integer `8`, expected a duration string such as \"250ms\", \"8s\" or \"10m\""
     );
 
     let (line, col, message) = syntax(&format!("[server]\nlisten = \"localhost:80\"\n{BASE}"));
     assert_eq!((line, col), (2, 10));
     assert_eq!(
         message,
-        "invalid socket address \"localhost:80\": expected IP:port such as \"127.0.0.1:8080\""
+        "`server.listen`: invalid socket address \"localhost:80\": expected IP:port such as \"127.0.0.1:8080\""
     );
 
     let text = BASE.replace("auth = \"x-api-key\"", "auth = \"basic\"");
@@ -89,7 +89,7 @@ fn bad_values_are_located() {
     assert_eq!((line, col), (6, 8));
     assert_eq!(
         message,
-        "unknown variant `basic`, expected one of `bearer`, `x-api-key`, `none`"
+        "`upstreams.anthropic.auth`: unknown variant `basic`, expected one of `bearer`, `x-api-key`, `none`"
     );
 }
 
@@ -116,4 +116,32 @@ fn errors_display_their_shape() {
         message: "bad".into(),
     };
     assert_eq!(e.to_string(), "a.toml: bad");
+}
+
+#[test]
+fn a_value_of_the_wrong_type_names_its_key() {
+    let (_, _, message) = syntax(&format!("[defaults]\nbudget = 5\n{BASE}"));
+    assert!(
+        message.starts_with("`defaults.budget`: invalid type: integer `5`"),
+        "{message}"
+    );
+    let (line, _, message) = syntax(&with_route_keys("  retries = \"two\""));
+    assert_eq!(line, 12);
+    assert!(
+        message.starts_with("`routes.retries`: invalid type"),
+        "{message}"
+    );
+    // A key itself, a header, or a line without `=` name nothing more.
+    assert_eq!(key_at("[a]\nb = 1\n", 4), None);
+    assert_eq!(key_at("[a]\nb = 1\n", 1), None);
+    assert_eq!(key_at("x = [\n  1,\n]\n", 9), None);
+    assert_eq!(key_at("x = 1\n", 4).as_deref(), Some("x"));
+    assert_eq!(
+        key_at("[[routes]]\n# c\nname = 1\n", 22).as_deref(),
+        Some("routes.name")
+    );
+    assert_eq!(
+        key_at("[u.\"a b\"]\nk = é\n", 16).as_deref(),
+        Some("u.\"a b\".k")
+    );
 }
