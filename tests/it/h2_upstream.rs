@@ -34,6 +34,11 @@ fn config(keys: &str) -> String {
         )
 }
 
+/// A gateway whose upstream is the h2c server at `up` (one of this file's own, not the fake).
+async fn gateway_to(up: std::net::SocketAddr) -> Harness {
+    Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await
+}
+
 /// Every request the fake saw came over HTTP/2, and on which connection each came.
 fn conn_ids(h: &Harness) -> Vec<u64> {
     let requests = h.fake.requests();
@@ -312,7 +317,7 @@ async fn an_answer_whose_end_comes_in_a_frame_of_its_own_is_complete() {
             });
         }
     });
-    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    let h = gateway_to(up).await;
     for _ in 0..3 {
         let (resp, _c) = h.send(chat_request(&[], false)).await;
         assert_eq!(resp.status(), 200);
@@ -377,7 +382,7 @@ async fn refusing_upstream(
 async fn a_stream_the_upstream_refuses_is_sent_again_once() {
     use std::sync::atomic::Ordering;
     let (up, seen) = refusing_upstream(1).await;
-    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    let h = gateway_to(up).await;
     let (resp, _c) = h.send(chat_request(&[], false)).await;
     assert_eq!(resp.status(), 200);
     let read = read_body(resp.into_body()).await;
@@ -387,7 +392,7 @@ async fn a_stream_the_upstream_refuses_is_sent_again_once() {
     assert_eq!(h.metric(refused).await, 1.0);
 
     let (up, seen) = refusing_upstream(usize::MAX).await;
-    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    let h = gateway_to(up).await;
     let (resp, _c) = h.send(chat_request(&[], false)).await;
     assert_eq!(resp.status(), 502);
     let body = json_body(resp).await;
@@ -466,7 +471,7 @@ async fn goaway_upstream(
 async fn a_request_a_graceful_goaway_left_out_is_sent_again_on_a_new_connection() {
     let refused = "hourglass_retries_total{reason=\"refused\",route=\"chat\",upstream=\"fake\"}";
     let (up, connections) = goaway_upstream(0).await;
-    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    let h = gateway_to(up).await;
     let (resp, _c) = h.send(chat_request(&[], false)).await;
     assert_eq!(resp.status(), 200);
     let read = read_body(resp.into_body()).await;
@@ -475,7 +480,7 @@ async fn a_request_a_graceful_goaway_left_out_is_sent_again_on_a_new_connection(
     assert_eq!(h.metric(refused).await, 1.0);
 
     let (up, connections) = goaway_upstream(2).await;
-    let h = Harness::with_config(&config("").replace("{FAKE}", &format!("http://{up}"))).await;
+    let h = gateway_to(up).await;
     let (resp, _c) = h.send(chat_request(&[], false)).await;
     assert_eq!(resp.status(), 502);
     let body = json_body(resp).await;

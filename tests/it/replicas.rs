@@ -70,6 +70,19 @@ async fn send(p: &Process, req: Request<Full<Bytes>>) -> (u16, http::HeaderMap, 
     (status, headers, json_body(resp).await)
 }
 
+/// A Redis server and a fake provider for one test; None when Redis is not installed (the
+/// test is then skipped, as `support::redis::skip` says).
+async fn redis_and_fake() -> Option<(RedisServer, FakeUpstream)> {
+    if crate::support::redis::skip() {
+        return None;
+    }
+    let redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    Some((redis, fake))
+}
+
 async fn two_replicas(
     fake: &FakeUpstream,
     redis: &RedisServer,
@@ -83,13 +96,9 @@ async fn two_replicas(
 
 #[tokio::test]
 async fn fifty_calls_split_between_two_replicas_get_exactly_ten_upstream() {
-    if crate::support::redis::skip() {
+    let Some((redis, fake)) = redis_and_fake().await else {
         return;
-    }
-    let redis = RedisServer::start().await;
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    };
     let (a, b) = two_replicas(&fake, &redis, "deny").await;
     let replicas = Arc::new([a, b]);
     let tasks: Vec<_> = (0..50)
@@ -130,13 +139,9 @@ async fn fifty_calls_split_between_two_replicas_get_exactly_ten_upstream() {
 
 #[tokio::test]
 async fn the_deadline_set_by_a_call_to_one_replica_cuts_a_stream_on_the_other() {
-    if crate::support::redis::skip() {
+    let Some((redis, fake)) = redis_and_fake().await else {
         return;
-    }
-    let redis = RedisServer::start().await;
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    };
     let (a, b) = two_replicas(&fake, &redis, "deny").await;
     let start = Instant::now();
     let (status, headers, _) = send(&a, call(false, &[("x-run-id", "dl")], 0)).await;
@@ -165,13 +170,9 @@ async fn the_deadline_set_by_a_call_to_one_replica_cuts_a_stream_on_the_other() 
 
 #[tokio::test]
 async fn a_loop_seen_across_both_replicas_is_stopped() {
-    if crate::support::redis::skip() {
+    let Some((redis, fake)) = redis_and_fake().await else {
         return;
-    }
-    let redis = RedisServer::start().await;
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    };
     let (a, b) = two_replicas(&fake, &redis, "deny").await;
     let tool = [
         ("x-run-id", "loop"),
@@ -353,13 +354,9 @@ async fn a_password_from_the_environment_reaches_redis_and_never_the_log() {
 /// expire (ttl after the last admission plus that call's budget).
 #[tokio::test]
 async fn a_replica_that_dies_mid_call_leaves_only_that_calls_reservation_until_the_ttl() {
-    if crate::support::redis::skip() {
+    let Some((redis, fake)) = redis_and_fake().await else {
         return;
-    }
-    let redis = RedisServer::start().await;
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    };
     let toml =
         config(&fake, &redis.url(), "deny", "200ms").replace("[runs]\n", "[runs]\nttl = \"1s\"\n");
     let a = Process::spawn(&toml, &[], &[]).await;
@@ -454,13 +451,9 @@ async fn run_state(
 /// count), `deny` refused them (they do not).
 #[tokio::test]
 async fn admissions_redis_runs_after_the_call_stopped_waiting_are_given_back() {
-    if crate::support::redis::skip() {
+    let Some((redis, fake)) = redis_and_fake().await else {
         return;
-    }
-    let redis = RedisServer::start().await;
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    };
     let toml = with_tokens(config(&fake, &redis.url(), "allow", "100ms"));
     let allow = Process::spawn(&toml, &[], &[]).await;
     let deny = Process::spawn(&toml.replace("\"allow\"", "\"deny\""), &[], &[]).await;
@@ -498,13 +491,9 @@ async fn admissions_redis_runs_after_the_call_stopped_waiting_are_given_back() {
 /// `finish.lua`, whose EVALSHA is answered NOSCRIPT only on the thaw).
 #[tokio::test]
 async fn a_call_that_ends_while_redis_is_frozen_gives_its_reservation_back_on_the_thaw() {
-    if crate::support::redis::skip() {
+    let Some((redis, fake)) = redis_and_fake().await else {
         return;
-    }
-    let redis = RedisServer::start().await;
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    };
     let toml = with_tokens(config(&fake, &redis.url(), "deny", "100ms"));
     let a = Process::spawn(&toml, &[], &[]).await;
     let req = call(
@@ -545,13 +534,9 @@ async fn a_call_that_ends_while_redis_is_frozen_gives_its_reservation_back_on_th
 /// cancel.lua, not finished by finish.lua).
 #[tokio::test]
 async fn a_runs_end_is_counted_when_the_calls_that_end_it_stopped_waiting_for_redis() {
-    if crate::support::redis::skip() {
+    let Some((redis, fake)) = redis_and_fake().await else {
         return;
-    }
-    let redis = RedisServer::start().await;
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    };
     let toml = config(&fake, &redis.url(), "allow", "100ms")
         .replace("run_max_calls = 10", "run_max_calls = 1");
     let p = Process::spawn(&toml, &[], &[]).await;
@@ -638,13 +623,9 @@ async fn a_runs_end_is_counted_when_the_calls_that_end_it_stopped_waiting_for_re
 /// budget the call had when it was admitted.
 #[tokio::test]
 async fn a_finished_runs_keys_live_ttl_after_its_last_call() {
-    if crate::support::redis::skip() {
+    let Some((redis, fake)) = redis_and_fake().await else {
         return;
-    }
-    let redis = RedisServer::start().await;
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    };
     let toml =
         config(&fake, &redis.url(), "deny", "200ms").replace("[runs]\n", "[runs]\nttl = \"2s\"\n");
     let a = Process::spawn(&toml, &[], &[]).await;
