@@ -54,6 +54,15 @@ enum State {
     Done,
 }
 
+/// What the body's size hint said when the watch began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Length {
+    Unknown,
+    Known,
+    /// Exactly 0: the whole answer is its head.
+    Zero,
+}
+
 pin_project! {
     pub struct WatchdogBody<B, O>
     where
@@ -75,10 +84,10 @@ pin_project! {
         sse: Option<Sse>,
         ready: VecDeque<Bytes>,
         state: State,
-        // The body has a length (its size hint is exact): its end can be read from the
-        // bytes left, before any END_STREAM. Known at the start, so that a stream without
-        // one (the SSE case) asks nothing more per chunk.
-        sized: bool,
+        // Whether the body has a length (its size hint is exact): its end can then be read
+        // from the bytes left, before any END_STREAM. Known at the start, so that a stream
+        // without one (the SSE case) asks nothing more per chunk.
+        length: Length,
         observer: O,
         // Fires when the gateway gives up on in-flight streams at the end of its shutdown
         // grace; polled whenever the body waits, at the cost of an atomic load.
@@ -92,6 +101,14 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             // Before the observer itself is dropped (and reports), however the stream ended.
             let this = this.project();
+            // An answer of length 0 is whole with its head: hyper writes `content-length: 0`
+            // and never polls the body, which would otherwise look abandoned by the client.
+            if matches!(this.state, State::Streaming)
+                && *this.length == Length::Zero
+                && this.sse.is_none()
+            {
+                this.observer.finish(StreamEnd::Complete);
+            }
             if let Some(tokens) = this.progress.tokens() {
                 this.observer.tokens(tokens);
                 this.observer.tool_calls(this.progress.tool_calls());
@@ -116,7 +133,11 @@ where
     pub fn reading(inner: B, progress: Progress, limits: StreamLimits, observer: O) -> Self {
         let first_due = limits.first_token_deadline.min(limits.deadline);
         let is_sse = progress.is_sse();
-        let sized = inner.size_hint().exact().is_some();
+        let length = match inner.size_hint().exact() {
+            None => Length::Unknown,
+            Some(0) => Length::Zero,
+            Some(_) => Length::Known,
+        };
         Self {
             inner: Some(inner),
             timer: Timer::new(first_due),
@@ -131,7 +152,7 @@ where
             }),
             ready: VecDeque::new(),
             state: State::Streaming,
-            sized,
+            length,
             observer,
             shutdown: None,
         }
@@ -224,7 +245,7 @@ where
                     // byte, so its end must be noticed here, or it would look abandoned.
                     // Over HTTP/2 the END_STREAM may follow in an empty frame of its own
                     // (Go's server sends one): the length, all of it read, says so first.
-                    let sized = *this.sized;
+                    let sized = *this.length != Length::Unknown;
                     let ended = this.inner.as_ref().as_pin_ref().is_some_and(|b| {
                         b.is_end_stream() || (sized && b.size_hint().exact() == Some(0))
                     });

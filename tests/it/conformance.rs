@@ -402,3 +402,34 @@ async fn the_providers_request_id_is_kept_beside_the_gateways() {
     assert_eq!(resp.headers()["x-request-id"], "mine");
     assert!(resp.headers().get("x-upstream-request-id").is_none());
 }
+
+/// An answer of length 0 (a 200 or a 404 with `content-length: 0`) is whole with its head:
+/// hyper never polls its body, and it was counted as abandoned by the client
+/// (`cancelled`, origin `client`). It is `ok`, over HTTP/1.1 and HTTP/2.
+#[tokio::test]
+async fn an_empty_answer_is_delivered_not_abandoned() {
+    for status in ["200 OK", "404 Not Found"] {
+        let up = raw_upstream(now(format!(
+            "HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        )
+        .as_bytes()))
+        .await;
+        let h = through(up).await;
+        let (resp, _c) = h.send(chat_request(&[], false)).await;
+        assert_eq!(resp.status().as_str(), &status[..3]);
+        let read = read_body(resp.into_body()).await;
+        assert_eq!((read.text().as_str(), read.error), ("", None));
+        let resp = h2_send(h.addr(), chat_request(&[], false)).await.unwrap();
+        assert_eq!(resp.status().as_str(), &status[..3]);
+        let read = read_body(resp.into_body()).await;
+        assert_eq!((read.text().as_str(), read.error), ("", None));
+        h.wait_requests("chat", 2.0).await;
+        assert_eq!(
+            h.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+                .await,
+            2.0,
+            "{status}: {}",
+            h.metrics_text().await
+        );
+    }
+}
