@@ -433,3 +433,34 @@ async fn an_empty_answer_is_delivered_not_abandoned() {
         );
     }
 }
+
+/// A HEAD answer has a length and no body (RFC 9110 9.3.2): hyper never polls its body,
+/// and it was counted as abandoned by the client. It is `ok`, with the length kept.
+#[tokio::test]
+async fn a_head_answer_is_delivered_not_abandoned() {
+    let up = raw_upstream(now(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\
+          connection: close\r\n\r\n",
+    ))
+    .await;
+    let h = through(up).await;
+    let head = || {
+        http::Request::head("/v1/chat/completions")
+            .header("host", "gateway")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    let (resp, _c) = h.send(head()).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-length"], "5");
+    let resp = h2_send(h.addr(), head()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+            .await,
+        2.0,
+        "{}",
+        h.metrics_text().await
+    );
+}
