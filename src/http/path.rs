@@ -15,7 +15,34 @@ pub fn has_dot_segment(path: &str) -> bool {
     if memchr2(b'.', b'%', path).is_none() {
         return false;
     }
-    path.split(|&b| b == b'/').any(is_dot_segment)
+    // A separator is also `%2F` and a backslash, plain or `%5C`: nginx decodes `%2F` before
+    // it removes dot-segments, and some servers take `\` for `/`, so `x%2F..%2F..` climbs as
+    // `x/../..` does.
+    let mut start = 0;
+    let mut i = 0;
+    while i < path.len() {
+        let sep = match path[i] {
+            b'/' | b'\\' => 1,
+            b'%' if matches!(
+                path.get(i + 1..i + 3),
+                Some([b'2', b'f' | b'F'] | [b'5', b'c' | b'C'])
+            ) =>
+            {
+                3
+            }
+            _ => 0,
+        };
+        if sep > 0 {
+            if is_dot_segment(&path[start..i]) {
+                return true;
+            }
+            start = i + sep;
+            i += sep;
+        } else {
+            i += 1;
+        }
+    }
+    is_dot_segment(&path[start..])
 }
 
 /// `.` or `..`, each dot plain or `%2e` in either case.
@@ -48,6 +75,11 @@ mod tests {
             "/v1/.%2e/x",
             "/v1/%2E./x",
             "/v1/x/..",
+            "/v1/%2f..%2f",
+            "/n/v1/chat/completions/x%2F..%2F..%2Fv1%2Ffiles",
+            "/v1/x%5c..%5Cfiles",
+            "/v1/x\\..\\files",
+            "/v1/%2F%2e%2E",
             "./x",
             "..",
         ] {
@@ -63,8 +95,10 @@ mod tests {
             "/v1/..x",
             "/v1/%2e%2e%2e",
             "/v1/%2ex",
-            "/v1/%2f..%2f",
             "/v1/%2",
+            "/v1/%2f",
+            "/v1/a%2fb..c",
+            "/v1/%2F...%2F",
             "/v1//x",
             "/v1/model.json",
         ] {
