@@ -202,10 +202,11 @@ pub enum GatewayError {
     /// The run store did not answer in time and the gateway is told to deny (`on_store_error`).
     #[error("run store unavailable: {reason}")]
     RunStoreUnavailable { reason: String },
-    /// `CONNECT` (a client that takes the gateway for a forward proxy, `HTTPS_PROXY` pointed
-    /// at it): its authority-form target has no path to route, and the gateway opens no
-    /// tunnels.
-    #[error("method {method} is not allowed: this gateway forwards API requests to its routes and does not open tunnels (it is not a forward proxy); send requests to it directly, e.g. POST /v1/chat/completions")]
+    /// A method the gateway does not forward. `CONNECT` (a client that takes the gateway for
+    /// a forward proxy, `HTTPS_PROXY` pointed at it): its authority-form target has no path
+    /// to route, and the gateway opens no tunnels. `TRACE`: an upstream that answers it
+    /// echoes the provider key the gateway adds.
+    #[error("method {method} is not allowed: {}", method_refused_why(.method))]
     MethodNotAllowed { method: String },
     /// A bug: the request handler panicked. Logged and counted; the process keeps serving.
     #[error("internal error in the gateway")]
@@ -523,6 +524,14 @@ impl GatewayError {
             _ => {}
         }
         resp
+    }
+}
+
+fn method_refused_why(method: &str) -> &'static str {
+    match method {
+        "CONNECT" => "this gateway forwards API requests to its routes and does not open tunnels (it is not a forward proxy); send requests to it directly, e.g. POST /v1/chat/completions",
+        "TRACE" => "an upstream that answers TRACE echoes the request back, with the provider key this gateway adds; the gateway forwards GET, HEAD, POST, PUT, PATCH, DELETE and OPTIONS",
+        _ => "the gateway forwards GET, HEAD, POST, PUT, PATCH, DELETE and OPTIONS, the methods of the APIs it fronts",
     }
 }
 

@@ -77,9 +77,20 @@ impl Gateway {
                     limit,
                 });
             }
-            // An authority-form target has no path to route: say why in words rather than
-            // "no route for path \"\"".
-            if method == Method::CONNECT {
+            // The methods of these APIs, which `Allow` names. CONNECT's authority-form target
+            // has no path to route (said in words rather than "no route for path \"\""); a
+            // TRACE would be echoed back by an upstream that answers it, with the provider
+            // key the gateway added (RFC 9110 9.3.8); other methods no provider serves.
+            if !matches!(
+                method,
+                Method::POST
+                    | Method::GET
+                    | Method::HEAD
+                    | Method::PUT
+                    | Method::PATCH
+                    | Method::DELETE
+                    | Method::OPTIONS
+            ) {
                 return Err(GatewayError::MethodNotAllowed {
                     method: method.to_string(),
                 });

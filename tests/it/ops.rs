@@ -1076,3 +1076,48 @@ async fn draining_closes_idle_keep_alive_connections_and_lets_the_busy_one_answe
     assert!(start.elapsed() < Duration::from_secs(30));
     drop(fake);
 }
+
+/// TRACE is refused: an upstream that answers it echoes the request, and with it the provider
+/// key the gateway adds (RFC 9110 9.3.8). So is any method the `Allow` list does not name,
+/// over HTTP/1.1 and HTTP/2; nothing reaches the provider.
+#[tokio::test]
+async fn trace_and_methods_outside_allow_are_refused_and_never_forwarded() {
+    let h = Harness::start().await;
+    for method in ["TRACE", "FOO"] {
+        let req = || {
+            http::Request::builder()
+                .method(method)
+                .uri("/v1/chat/completions")
+                .header("host", "gateway")
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        };
+        let (resp, _c) = h.send(req()).await;
+        assert_eq!(resp.status(), 405, "{method}");
+        assert_eq!(
+            resp.headers()["allow"],
+            "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+        );
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with(&format!("method {method} ")),
+            "{message}"
+        );
+        let resp = h2_send(h.addr(), req()).await.unwrap();
+        assert_eq!(resp.status(), 405, "{method} over HTTP/2");
+    }
+    let message = {
+        let req = http::Request::builder()
+            .method("TRACE")
+            .uri("/v1/chat/completions")
+            .header("host", "gateway")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        json_body(resp).await["error"]["message"].to_string()
+    };
+    assert!(message.contains("provider key"), "{message}");
+    assert!(h.fake.requests().is_empty(), "forwarded to the provider");
+}
