@@ -24,7 +24,8 @@ use crate::gateway::template::Template;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, hops, insert_request_id,
-    present, strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade, IDENTITY, MAX_HOPS,
+    join_cookies, present, strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade,
+    IDENTITY, MAX_HOPS,
 };
 use crate::http::path::has_dot_segment;
 use crate::provider::request::model_of;
@@ -215,6 +216,9 @@ impl Gateway {
                 strip_client_credentials(&mut headers);
             }
             strip_hop_by_hop(&mut headers);
+            if version == http::Version::HTTP_2 {
+                join_cookies(&mut headers);
+            }
             let [ms, grpc, envoy, run_ms] = names::INBOUND;
             let dropped = [
                 ms,

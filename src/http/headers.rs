@@ -334,6 +334,24 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// HTTP/2 carries a cookie as one field per crumb; before an HTTP/1.1 hop they must be one
+/// field joined with "; " (RFC 9113 8.2.3), which serves an HTTP/2 upstream as well.
+pub(crate) fn join_cookies(headers: &mut HeaderMap) {
+    let mut crumbs = headers.get_all(header::COOKIE).iter();
+    let (Some(first), Some(_)) = (crumbs.next(), crumbs.next()) else {
+        return;
+    };
+    let mut joined = first.as_bytes().to_vec();
+    for crumb in headers.get_all(header::COOKIE).iter().skip(1) {
+        joined.extend_from_slice(b"; ");
+        joined.extend_from_slice(crumb.as_bytes());
+    }
+    // Each crumb was a valid value, and so is their join.
+    if let Ok(value) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, value);
+    }
+}
+
 /// Keeps a client's request id when it is a sane token, so logs correlate across hops;
 /// otherwise makes one.
 pub(crate) fn request_id(headers: &HeaderMap) -> Arc<str> {
@@ -676,5 +694,18 @@ mod tests {
         assert_eq!(&*request_id(&h), "client-chosen-id");
         h.insert(REQUEST_ID, HeaderValue::from_static("has space"));
         assert_eq!(request_id(&h).len(), 32);
+    }
+
+    #[test]
+    fn cookie_crumbs_are_joined_into_one_field() {
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, HeaderValue::from_static("a=1"));
+        join_cookies(&mut h);
+        assert_eq!(h.get_all(header::COOKIE).iter().count(), 1);
+        h.append(header::COOKIE, HeaderValue::from_static("b=2"));
+        h.append(header::COOKIE, HeaderValue::from_static("c=3"));
+        join_cookies(&mut h);
+        let all: Vec<_> = h.get_all(header::COOKIE).iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3"]);
     }
 }

@@ -464,3 +464,20 @@ async fn a_head_answer_is_delivered_not_abandoned() {
         h.metrics_text().await
     );
 }
+
+/// HTTP/2 carries a cookie as one field per crumb; the HTTP/1.1 upstream gets one `cookie`
+/// line, the crumbs joined with "; " (RFC 9113 8.2.3).
+#[tokio::test]
+async fn an_http2_clients_cookie_crumbs_reach_the_upstream_as_one_line() {
+    let h = Harness::start().await;
+    let mut req = chat_request(&[], false);
+    req.headers_mut()
+        .append("cookie", http::HeaderValue::from_static("a=1"));
+    req.headers_mut()
+        .append("cookie", http::HeaderValue::from_static("b=2"));
+    let resp = h2_send(h.addr(), req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = h.fake.requests();
+    let cookies: Vec<_> = seen[0].headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, ["a=1; b=2"]);
+}
