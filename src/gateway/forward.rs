@@ -158,7 +158,22 @@ impl Gateway {
                     .max_by_key(|b| b.deadline)
                     .expect("candidates is not empty");
                 record.set_budget(&provisional);
-                provisional.ensure_useful(Instant::now())?;
+                // The widest budget may belong to a route that wants more of it (its reserve
+                // and min_useful) than another candidate: refused now only when no candidate
+                // could use what is left, in the words of the route the request is logged as.
+                let now = Instant::now();
+                if provisional.ensure_useful(now).is_err()
+                    && !candidates().any(|r| {
+                        asked
+                            .resolve(&r.route.limits, arrival)
+                            .ensure_useful(now)
+                            .is_ok()
+                    })
+                {
+                    let budget = asked.resolve(&tentative.route.limits, arrival);
+                    record.set_budget(&budget);
+                    budget.ensure_useful(now)?;
+                }
                 let limit = self.config.server.max_request_body;
                 if let Some(len) = content_length(&headers) {
                     if len > limit {

@@ -444,3 +444,38 @@ async fn the_log_line_names_the_upstream_that_failed_before_its_head() {
     let fields = v.get("fields").unwrap_or(&v);
     assert_eq!(fields["upstream"], "fake", "{line}");
 }
+
+/// Before the body names the model, a request is refused for its budget only when no
+/// candidate route could use it: a route that wants more (its reserve and min_useful) than
+/// the route the model picks does not refuse that route's requests. When none could, the
+/// error is the route's the request is logged under.
+#[tokio::test]
+async fn a_budget_is_refused_before_the_body_only_when_no_candidate_route_fits_it() {
+    let cfg = BASE.replace(
+        "[[routes]]\nname = \"chat\"",
+        "[[routes]]\nname = \"fast\"\npath_prefix = \"/v1/chat/completions\"\nmodels = [\"fast\"]\nupstream = \"fake\"\nmin_useful = \"100ms\"\nreserve = \"0ms\"\n\n[[routes]]\nname = \"chat\"\nmin_useful = \"2s\"\nreserve = \"1s\"",
+    );
+    let h = Harness::with_config(&cfg).await;
+    let fast = |budget: &str| {
+        Request::post("/v1/chat/completions")
+            .header("host", "x")
+            .header("x-request-budget-ms", budget)
+            .body(Full::new(Bytes::from_static(br#"{"model":"fast"}"#)))
+            .unwrap()
+    };
+    for budget in ["2500", "500"] {
+        let (resp, _c) = h.send(fast(budget)).await;
+        assert_eq!(resp.status(), 200, "{budget} ms fits the fast route");
+    }
+    // The chat route still refuses what it cannot use, once the body names no fast model.
+    let (resp, _c) = h.chat(&[("x-request-budget-ms", "2500")]).await;
+    assert_eq!(resp.status(), 504);
+    // Nothing fits 50 ms: refused before the body, in the chat route's words.
+    let (resp, _c) = h.send(fast("50")).await;
+    assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "insufficient_budget", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("1000ms reserve"), "{message}");
+    assert_eq!(h.fake.requests().len(), 2);
+}
