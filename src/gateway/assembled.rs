@@ -8,10 +8,12 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::response::Parts;
 use http::Response;
 use http_body_util::{BodyExt, Either, Full};
+use tokio::time::Instant;
 
 use crate::error::{GatewayError, Origin};
 use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
 use crate::provider::assemble::{AssembleError, Usage};
+use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::Observer;
 
 /// Set on a partial answer: the code of the limit that cut it.
@@ -110,6 +112,12 @@ pub(super) async fn assembled(
         parts
             .headers
             .insert(PARTIAL.clone(), HeaderValue::from_static(code));
+    }
+    // The head goes out now, not when the upstream's came: what the run has left is read
+    // again, with what this call used.
+    let spent = matches!(partial, Some((_, Origin::RunTokens)));
+    if let Some(view) = record.run_view_after(tokens, spent) {
+        insert_run_headers(&mut parts.headers, &view, Instant::now());
     }
     parts.headers.insert(
         header::CONTENT_TYPE,

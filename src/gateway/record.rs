@@ -217,6 +217,28 @@ impl RequestRecord {
         self.run.as_ref().map(|r| &r.view)
     }
 
+    /// What the run has left once this call's tokens are known (`tokens`, read from an
+    /// answer the gateway assembled before sending its head): its reservation replaced by
+    /// what it used, none left when the run's tokens ran out (`spent`). Other calls of the
+    /// run are as admission saw them.
+    pub fn run_view_after(&self, tokens: Option<Tokens>, spent: bool) -> Option<View> {
+        let run = self.run.as_ref()?;
+        let mut view = run.view;
+        if let (Some(left), Some(call)) = (view.tokens_left, &run.call) {
+            let used = tokens.map_or(0, |t| {
+                t.prompt
+                    .unwrap_or(self.request_bytes.div_ceil(4))
+                    .saturating_add(t.completion().0)
+            });
+            view.tokens_left = Some(if spent {
+                0
+            } else {
+                left.saturating_add(call.reserve()).saturating_sub(used)
+            });
+        }
+        Some(view)
+    }
+
     /// The token limit the answer streams under, when its run has one.
     pub fn run_tokens(&self) -> Option<RunTokens> {
         let call = self.run.as_ref()?.call.as_ref()?;

@@ -77,6 +77,11 @@ impl RunCall {
         self.stops_loops
     }
 
+    /// The tokens the call reserved at admission.
+    pub fn reserve(&self) -> u64 {
+        self.reserve
+    }
+
     /// The run's token limit, if it has one.
     pub fn limit_tokens(&self) -> Option<u64> {
         self.limits_tokens

@@ -74,6 +74,17 @@ models = ["wide"]
 upstream = "fake"
 run_max_tokens = 100000
 
+# Streams upstream for clients that do not: the answer's head goes out at its end.
+[[routes]]
+name = "assembled"
+path_prefix = "/v1/chat/completions"
+models = ["assembled"]
+upstream = "fake"
+stream_upstream = true
+run_max_tokens = 100000
+run_token_estimate = 1000
+run_max_budget = "30s"
+
 [[routes]]
 name = "timed"
 path_prefix = "/v1/chat/completions"
@@ -180,6 +191,7 @@ on_both_stores!(
     a_stream_that_reports_no_usage_counts_its_prompt,
     a_request_retried_after_a_failure_is_not_a_repeat,
     a_run_is_found_by_its_exact_id,
+    an_assembled_answer_says_what_the_run_has_left_when_it_is_sent,
 );
 
 /// A Chat Completions request to the route `route` (each route takes one model).
@@ -915,4 +927,42 @@ async fn a_run_is_found_by_its_exact_id(store: Store) {
         );
     }
     assert_eq!(run_json_now(&h, "p%41").await["error"]["code"], "no_run");
+}
+
+/// A client that does not stream, on a `stream_upstream` route, gets its head when the whole
+/// answer has come: its `x-run-*` headers say what the run has left then, the time the
+/// generation took spent and the call's reservation replaced by what it used, not what
+/// admission saw.
+async fn an_assembled_answer_says_what_the_run_has_left_when_it_is_sent(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let headers = [
+        ("x-run-id", "assembled-heads"),
+        ("x-run-budget-ms", "20000"),
+        ("x-fake-chunks", "5"),
+        ("x-fake-interval-ms", "100"),
+    ];
+    let (resp, _c) = h.send(call("assembled", false, &headers, "")).await;
+    assert_eq!(resp.status(), 200);
+    let remaining = remaining_ms(&resp);
+    assert!(
+        remaining <= 19_600,
+        "the generation's time is spent: {remaining}"
+    );
+    let left: u64 = resp.headers()["x-run-tokens-left"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let run = run_json(&h, "assembled-heads").await;
+    assert_eq!(
+        run["runs"][0]["left"]["tokens"],
+        left,
+        "the run, once the call is back: {run}; answer: {}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(
+        left > 99_000,
+        "the 1000-token reservation is given back: {left}"
+    );
 }
