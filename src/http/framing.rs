@@ -131,12 +131,17 @@ struct Tracker {
     /// The current head's `Content-Length` lines, and whether it had `Transfer-Encoding`.
     length: Length,
     chunked: bool,
+    /// Empty-line bytes (CR, LF) read between messages since the last other byte, in the
+    /// current read: when the read ends between messages, its last `idle_run` bytes are
+    /// such bytes, which a server ignores (RFC 9112 2.2).
+    idle_run: usize,
 }
 
 impl Tracker {
     fn new() -> Tracker {
         Tracker {
             state: State::Idle,
+            idle_run: 0,
             heads: 0,
             length: Length::None,
             chunked: false,
@@ -153,9 +158,13 @@ impl Tracker {
     /// carried both headers, when one completed in them.
     fn feed(&mut self, mut bytes: &[u8]) -> Option<u64> {
         use State::*;
+        self.idle_run = 0;
         loop {
             if self.state == Stopped {
                 return None;
+            }
+            if self.state != Idle {
+                self.idle_run = 0;
             }
             if matches!(self.state, Name { at: 0, .. }) {
                 // The usual case, a head that arrives whole: its header lines read one after
@@ -196,7 +205,10 @@ impl Tracker {
             let mut taken = 1;
             self.state = match self.state {
                 Idle => match b {
-                    b'\r' | b'\n' => Idle,
+                    b'\r' | b'\n' => {
+                        self.idle_run += 1;
+                        Idle
+                    }
                     _ => Skip,
                 },
                 Skip => match memchr(b'\n', bytes) {
@@ -458,16 +470,31 @@ impl<T: AsyncRead + Unpin> AsyncRead for FramingIo<T> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
-        // hyper polls the read side while a response streams, to notice a client leaving:
-        // those polls find nothing and cost a comparison here.
-        let read = &buf.filled()[before..];
-        if !read.is_empty() {
+        loop {
+            let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+            // hyper polls the read side while a response streams, to notice a client
+            // leaving: those polls find nothing and cost a comparison here.
+            let read = &buf.filled()[before..];
+            if read.is_empty() {
+                return r;
+            }
             if let Some(n) = this.tracker.feed(read) {
                 this.framing.ambiguous.store(n, Ordering::Relaxed);
             }
+            // Empty lines after a request (a CRLF some clients send after a body) are not
+            // handed to hyper, which ignores them anyway: bytes waiting in its buffer stop
+            // it from reading the socket while the answer streams, and so from noticing the
+            // client leave, which must cancel the upstream.
+            if this.tracker.state != State::Idle || this.tracker.idle_run == 0 {
+                return r;
+            }
+            let keep = buf.filled().len() - this.tracker.idle_run.min(read.len());
+            buf.set_filled(keep);
+            if keep > before {
+                return r;
+            }
+            // Nothing else came: read again rather than return nothing, which is the end.
         }
-        r
     }
 }
 
@@ -505,6 +532,57 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for FramingIo<T> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Hands out its bytes `step` at a time.
+    struct Trickle<'a>(&'a [u8], usize);
+
+    impl AsyncRead for Trickle<'_> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let n = self.1.min(self.0.len()).min(buf.remaining());
+            buf.put_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// What hyper reads of `input` through the framing IO, `step` bytes a read.
+    async fn through(input: &[u8], step: usize) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let (mut io, _) = FramingIo::new(Trickle(input, step));
+        let mut out = Vec::new();
+        io.read_to_end(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn empty_lines_after_a_request_are_not_handed_on() {
+        let get = b"GET / HTTP/1.1\r\nhost: a\r\n\r\n";
+        let post = b"POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\nhi";
+        let chunked =
+            b"POST / HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n";
+        for step in [1, 2, 3, 7, 4096] {
+            assert_eq!(through(&[&get[..], b"\r\n"].concat(), step).await, get);
+            assert_eq!(
+                through(&[&post[..], b"\r\n\r\n"].concat(), step).await,
+                post
+            );
+            // The last CRLF of a chunked body is the body's own.
+            assert_eq!(through(chunked, step).await, chunked);
+            assert_eq!(
+                through(&[&chunked[..], b"\n"].concat(), step).await,
+                chunked
+            );
+            // Between two requests that came together, hyper skips them itself.
+            let two = [&get[..], b"\r\n", &get[..]].concat();
+            if step == 4096 {
+                assert_eq!(through(&two, step).await, two);
+            }
+        }
+    }
 
     /// Feeds `input` in the given pieces; returns the ambiguous head's number (or 0), the
     /// heads completed and whether the tracker stopped.

@@ -112,3 +112,38 @@ async fn client_leaves_before_the_response_head() {
     assert!(delay < PROMPTLY, "{delay:?}");
     assert_client_cancel_counted(&h).await;
 }
+
+/// Some clients end a request with an empty line after its body (RFC 9112 2.2 lets a server
+/// ignore it). Handed to hyper, those bytes sat unread in its buffer, and hyper does not read
+/// the socket while its buffer holds bytes: the client's leaving went unnoticed until the
+/// idle limit, the upstream kept generating, and the cut was counted as `idle`.
+#[tokio::test]
+async fn client_leaves_after_an_empty_line_while_upstream_is_frozen() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = harness().await;
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         x-fake-freeze-after: 1\r\ncontent-length: {}\r\n\r\n{body}\r\n",
+        body.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    // The head and the first event, then the upstream freezes.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("tok1") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let left = Instant::now();
+    drop(s);
+    let delay = upstream_close_delay(&h.fake, left).await;
+    assert!(
+        delay < PROMPTLY,
+        "upstream closed {delay:?} after the client left"
+    );
+    assert_client_cancel_counted(&h).await;
+}
