@@ -5,6 +5,7 @@
 //! answered 503 `overloaded` at once, instead of queueing past its deadline. The slot is held
 //! until the response ends (it travels with the request's record).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,16 +15,46 @@ use tokio::time::{timeout_at, Instant};
 use crate::budget::Budget;
 use crate::error::GatewayError;
 
-/// A route's slots for requests in flight.
+/// A route's slots for requests in flight. Clones share them: across a reload the route
+/// keeps its slots, so the requests still in flight on the old configuration count against
+/// the new limit.
 #[derive(Clone)]
 pub struct Admission {
     route: Arc<str>,
-    limit: usize,
-    slots: Arc<Semaphore>,
+    inner: Arc<Inner>,
 }
 
-/// One request's slot; dropping it frees the slot.
-pub type Slot = OwnedSemaphorePermit;
+struct Inner {
+    limit: AtomicUsize,
+    slots: Arc<Semaphore>,
+    /// Slots a lowered limit took away while they were held: forgotten, not given back, as
+    /// they are freed.
+    debt: Arc<AtomicUsize>,
+}
+
+/// One request's slot; dropping it frees the slot (or pays a lowered limit's debt).
+pub struct Slot {
+    permit: Option<OwnedSemaphorePermit>,
+    debt: Arc<AtomicUsize>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let owed = self
+            .debt
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| d.checked_sub(1))
+            .is_ok();
+        if let (true, Some(permit)) = (owed, self.permit.take()) {
+            permit.forget();
+        }
+    }
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot").finish_non_exhaustive()
+    }
+}
 
 /// Kept on top of what an attempt needs when deciding how long a request may wait for a
 /// slot: the slot must come early enough that the attempt still fits once it is made.
@@ -33,25 +64,62 @@ impl Admission {
     pub fn new(route: Arc<str>, limit: usize) -> Self {
         Self {
             route,
-            limit,
-            slots: Arc::new(Semaphore::new(limit)),
+            inner: Arc::new(Inner {
+                limit: AtomicUsize::new(limit),
+                slots: Arc::new(Semaphore::new(limit)),
+                debt: Arc::new(AtomicUsize::new(0)),
+            }),
         }
     }
 
     pub fn limit(&self) -> usize {
-        self.limit
+        self.inner.limit.load(Ordering::Relaxed)
     }
 
     /// Requests being served now.
     pub fn in_flight(&self) -> usize {
-        self.limit - self.slots.available_permits()
+        let i = &self.inner;
+        (i.limit.load(Ordering::Relaxed) + i.debt.load(Ordering::Relaxed))
+            .saturating_sub(i.slots.available_permits())
+    }
+
+    /// The limit becomes `limit` (a reload changed `max_in_flight`), for these slots and
+    /// every clone of them. Raised: the new slots are free at once (after what a lowering
+    /// still owes). Lowered: free slots go now, held ones as they are freed, so the route
+    /// never serves more than the new limit once those end, and admits nobody before.
+    pub fn resize(&self, limit: usize) {
+        let i = &self.inner;
+        let old = i.limit.swap(limit, Ordering::Relaxed);
+        if limit > old {
+            let mut more = limit - old;
+            let _ = i
+                .debt
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                    let paid = d.min(limit - old);
+                    more = limit - old - paid;
+                    Some(d - paid)
+                });
+            i.slots.add_permits(more);
+        } else if limit < old {
+            let fewer = old - limit;
+            let gone = i.slots.forget_permits(fewer);
+            i.debt.fetch_add(fewer - gone, Ordering::Relaxed);
+        }
+    }
+
+    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
+        Slot {
+            permit: Some(permit),
+            debt: self.inner.debt.clone(),
+        }
     }
 
     /// Takes a slot, waiting (in arrival order) only while a slot taken later would still
     /// leave `need` of the budget for the upstream; otherwise `overloaded`, at once.
     pub async fn admit(&self, budget: &Budget, need: Duration) -> Result<Slot, GatewayError> {
-        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
-            return Ok(slot);
+        let slots = &self.inner.slots;
+        if let Ok(permit) = slots.clone().try_acquire_owned() {
+            return Ok(self.slot(permit));
         }
         let start = Instant::now();
         let latest = budget
@@ -60,14 +128,14 @@ impl Admission {
             .filter(|t| *t > start);
         let overloaded = |waited: Duration| GatewayError::Overloaded {
             route: self.route.to_string(),
-            limit: self.limit,
+            limit: self.limit(),
             waited,
         };
         let Some(latest) = latest else {
             return Err(overloaded(Duration::ZERO));
         };
-        match timeout_at(latest, self.slots.clone().acquire_owned()).await {
-            Ok(Ok(slot)) => Ok(slot),
+        match timeout_at(latest, slots.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(self.slot(permit)),
             // Timed out (or, never, the semaphore closed).
             _ => Err(overloaded(start.elapsed())),
         }
@@ -146,5 +214,47 @@ mod tests {
         );
         assert_eq!(e.code(), "overloaded");
         assert_eq!(adm.in_flight(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resized_route_counts_the_requests_already_in_flight() {
+        let adm = Admission::new("chat".into(), 4);
+        let need = Duration::from_millis(100);
+        let mut held = Vec::new();
+        for _ in 0..3 {
+            held.push(adm.admit(&budget(10_000), need).await.unwrap());
+        }
+        // Lowered to 2 with 3 in flight: nobody more until two of them end.
+        adm.resize(2);
+        assert_eq!((adm.limit(), adm.in_flight()), (2, 3));
+        assert!(adm.admit(&budget(100), need).await.is_err());
+        held.pop();
+        assert!(
+            adm.admit(&budget(100), need).await.is_err(),
+            "3 - 1 = 2: still full"
+        );
+        held.pop();
+        let one = adm.admit(&budget(100), need).await.unwrap();
+        assert_eq!(adm.in_flight(), 2);
+        assert!(adm.admit(&budget(100), need).await.is_err());
+        // Raised to 3 with 2 in flight: one more, not more.
+        adm.resize(3);
+        let two = adm.admit(&budget(100), need).await.unwrap();
+        assert!(adm.admit(&budget(100), need).await.is_err());
+        assert_eq!(adm.in_flight(), 3);
+        // Lowered while full, then raised before the debt was paid: the debt goes first.
+        adm.resize(1);
+        adm.resize(2);
+        drop(one);
+        assert!(
+            adm.admit(&budget(100), need).await.is_err(),
+            "2 still held of 2"
+        );
+        drop((two, held));
+        let a = adm.admit(&budget(100), need).await.unwrap();
+        let b = adm.admit(&budget(100), need).await.unwrap();
+        assert!(adm.admit(&budget(100), need).await.is_err());
+        drop((a, b));
+        assert_eq!(adm.in_flight(), 0);
     }
 }

@@ -145,13 +145,13 @@ impl Gateway {
                     .as_ref()
                     .map(|a| ClientKeys::load(&r.name, a))
                     .transpose()?;
-                // Across a reload, a route keeps its slots (and so counts the requests still
-                // in flight on the old configuration) unless its limit changed.
+                // Across a reload, a route keeps its slots, and so counts the requests still
+                // in flight on the old configuration; a changed limit is applied to them
+                // once nothing can fail any more (below).
                 let admission = r.max_in_flight.map(|n| {
                     previous
                         .and_then(|g| g.routes.iter().find(|p| p.route.name == r.name))
                         .and_then(|p| p.admission.clone())
-                        .filter(|a| a.limit() == n)
                         .unwrap_or_else(|| Admission::new(Arc::from(r.name.as_str()), n))
                 });
                 Ok(RouteRuntime {
@@ -194,6 +194,11 @@ impl Gateway {
             .map(|g| g.reaper.clone())
             .filter(|r| r.send_timeout() == send_timeout)
             .unwrap_or_else(|| Reaper::new(send_timeout));
+        for (route, r) in routes.iter().zip(config.routes.iter()) {
+            if let (Some(a), Some(n)) = (&route.admission, r.max_in_flight) {
+                a.resize(n);
+            }
+        }
         Ok(Self {
             config,
             routes,

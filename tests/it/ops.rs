@@ -1121,3 +1121,76 @@ async fn trace_and_methods_outside_allow_are_refused_and_never_forwarded() {
     assert!(message.contains("provider key"), "{message}");
     assert!(h.fake.requests().is_empty(), "forwarded to the provider");
 }
+
+/// A reload that changes a route's `max_in_flight` keeps counting the requests still in
+/// flight: raised from 2 to 3 with 2 streams open, one more is admitted, not three; lowered
+/// back to 1, nobody is until the open streams are down to none.
+#[tokio::test]
+async fn a_reloaded_max_in_flight_counts_the_streams_still_open() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = temp_dir("admission");
+    let path = dir.path().join("hourglass.toml");
+    let with = |n: usize| {
+        BASE.replace("{FAKE}", &fake.url()).replace(
+            "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"",
+            &format!(
+                "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\nmax_in_flight = {n}"
+            ),
+        )
+    };
+    assert_ne!(with(2), with(3), "the route takes the limit");
+    std::fs::write(&path, with(2)).unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    let long = || {
+        chat_request(
+            &[("x-fake-chunks", "1000"), ("x-fake-interval-ms", "20")],
+            true,
+        )
+    };
+    let short = || chat_request(&[("x-request-budget-ms", "300")], false);
+    let send = |req| async move { Conn::open(gw.addr).await.send(req).await };
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let (resp, conn) = send(long()).await;
+        assert_eq!(resp.status(), 200);
+        open.push((resp, conn));
+    }
+    std::fs::write(&path, with(3)).unwrap();
+    gw.reload().await.expect("valid reload");
+    let (resp, conn) = send(long()).await;
+    assert_eq!(resp.status(), 200, "one slot more");
+    open.push((resp, conn));
+    let (resp, _c) = send(short()).await;
+    assert_eq!(resp.status(), 503, "three in flight of three");
+
+    std::fs::write(&path, with(1)).unwrap();
+    gw.reload().await.expect("valid reload");
+    while open.len() > 1 {
+        drop(open.pop());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (resp, _c) = send(short()).await;
+        assert_eq!(
+            resp.status(),
+            503,
+            "{} still open of a limit of 1",
+            open.len()
+        );
+    }
+    drop(open.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (resp, _c) = send(short()).await;
+        if resp.status() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
