@@ -348,6 +348,15 @@ impl RequestRecord {
 
     /// An attempt that lost a hedge race was cancelled: counted by origin, not as the
     /// request's outcome.
+    /// Swaps the last two attempts noted: a hedge's, noted when it ended, goes after the
+    /// primary's, which started first.
+    pub fn swap_last_attempts(&mut self) {
+        let n = self.attempts.len();
+        if n >= 2 {
+            self.attempts.swap(n - 2, n - 1);
+        }
+    }
+
     pub fn hedge_loser(&self) {
         self.metrics.cancellation(Origin::HedgeLoser).inc();
     }

@@ -370,7 +370,10 @@ async fn hedge(
     };
     let mut primary_done: Option<Result<Started, GatewayError>> = None;
     let mut hedge_done: Option<Result<Started, GatewayError>> = None;
-    loop {
+    // The log lists attempts in the order they started: a hedge that ends first is noted
+    // first, and the two are put back in order once both are.
+    let mut hedge_noted_first = false;
+    let outcome = loop {
         tokio::select! {
             r = &mut primary, if primary_done.is_none() => {
                 note(primary_entry, record, t0, &r);
@@ -380,11 +383,12 @@ async fn hedge(
                         record.hedge_loser();
                     }
                     metrics.hedge(&route.name, "primary");
-                    return (r.map(|s| (s, 0)), true);
+                    break r.map(|s| (s, 0));
                 }
                 primary_done = Some(r);
             }
             r = &mut hedged, if hedge_done.is_none() => {
+                hedge_noted_first = primary_done.is_none();
                 note(hedge_entry, record, t1, &r);
                 if wins(&r) {
                     if primary_done.is_none() {
@@ -392,7 +396,7 @@ async fn hedge(
                         record.hedge_loser();
                     }
                     metrics.hedge(&route.name, "hedge");
-                    return (r.map(|s| (s, 1)), true);
+                    break r.map(|s| (s, 1));
                 }
                 hedge_done = Some(r);
             }
@@ -400,10 +404,14 @@ async fn hedge(
         if primary_done.is_some() {
             if let Some(h) = hedge_done.take() {
                 // Both failed: the later failure (the hedge's) is what the route goes on from.
-                return (h.map(|s| (s, 1)), true);
+                break h.map(|s| (s, 1));
             }
         }
+    };
+    if hedge_noted_first {
+        record.swap_last_attempts();
     }
+    (outcome, true)
 }
 
 #[cfg(test)]

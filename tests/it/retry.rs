@@ -505,3 +505,51 @@ async fn a_hanging_connect_leaves_the_fallback_its_turn() {
         1.0
     );
 }
+
+/// The log line lists a hedged request's attempts in the order they started, the primary
+/// first, whichever ended first (it was completion order: the winning hedge came first).
+#[tokio::test]
+async fn a_hedged_requests_log_lists_the_primary_first() {
+    let primary = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let text = CONFIG
+        .replace("{PRIMARY}", &primary.url())
+        .replace("{BACKUP}", &backup.url())
+        .replace("{PRIMARY_EXTRA}", "")
+        .replace("{BACKUP_EXTRA}", "")
+        .replace(
+            "{ROUTE}",
+            "fallbacks = [\"backup\"]\nhedge_after = \"200ms\"\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"",
+        );
+    primary.set_script(&[("x-fake-ttft-ms", "25000"), ("x-fake-headers-first", "1")]);
+    backup.set_script(&[("x-fake-ttft-ms", "50")]);
+    let p = Process::spawn(&text, &["--log-format", "json"], &[]).await;
+    let (resp, _c) = Conn::open(p.addr)
+        .await
+        .send(chat_request(&[("x-fake-chunks", "2")], true))
+        .await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let attempts = loop {
+        let (out, err) = p.output();
+        let found = format!("{out}{err}").lines().find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            let fields = v.get("fields").unwrap_or(&v);
+            fields.get("attempts")?.as_str().map(str::to_owned)
+        });
+        if let Some(a) = found {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "no log line with attempts");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        attempts.starts_with("primary:hedge_loser:") && attempts.contains(",backup:ok:"),
+        "{attempts}"
+    );
+}
