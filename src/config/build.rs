@@ -11,7 +11,7 @@ use super::describe::hd;
 use super::http2::build_http2;
 use super::raw::{RawApi, RawAuth, RawConfig, RawLimits, RawRoute, RawServer, RawUpstream};
 use super::runs::{build_run_limits, build_runs};
-use super::secrets::{inlined_secrets, shown};
+use super::secrets::{inlined_secrets, scrub, shown};
 use super::{
     AuthMode, ClientAuth, Config, ConfigError, Limits, Policy, RetryCause, RetryOn, Route,
     ServerConfig, ServerTls, UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
@@ -50,7 +50,7 @@ pub(super) fn parse(
     let raw: RawConfig = toml::from_str(text).map_err(|e| syntax_error(text, source, &e))?;
     let mut config = build(raw, source, base_dir).map_err(|message| ConfigError::Invalid {
         source_name: source.to_owned(),
-        message,
+        message: scrub(&message),
     })?;
     config.fingerprint = fingerprint(text);
     config.inlined_secrets = inlined_secrets(text);
@@ -76,6 +76,7 @@ fn syntax_error(text: &str, source: &str, err: &toml::de::Error) -> ConfigError 
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join(", ");
+    let message = scrub(&message);
     match err.span() {
         Some(span) => {
             let (line, col) = line_col(text, span.start);

@@ -20,6 +20,9 @@ impl Config {
     /// final.
     pub fn warnings(&self) -> Vec<String> {
         self.warnings_with(&|name| std::env::var_os(name))
+            .iter()
+            .map(|w| super::secrets::scrub(w))
+            .collect()
     }
 
     pub(super) fn warnings_with(&self, env: &dyn Fn(&str) -> Option<OsString>) -> Vec<String> {
@@ -282,7 +285,7 @@ impl Config {
                 let _ = writeln!(out, "  {key}: {}", hd(value));
             }
         }
-        out
+        super::secrets::scrub(&out)
     }
 }
 

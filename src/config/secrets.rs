@@ -28,6 +28,65 @@ pub(super) fn shown(v: &str) -> String {
     }
 }
 
+/// `message` (an error, a warning, the resolved config) with what may be a credential taken
+/// out: a URL's userinfo (`http://KEY@host`, `redis://user:PASSWORD@host`) and any token that
+/// looks like a key. Every config message goes through it: a value is quoted to say what is
+/// wrong with it, and a key written into the wrong field must not reach the log or `/readyz`.
+pub fn scrub(message: &str) -> String {
+    let masked = mask_userinfo(message);
+    let is_token = |b: u8| b.is_ascii_alphanumeric() || b == b'-' || b == b'_';
+    let bytes = masked.as_bytes();
+    let (mut out, mut copied, mut i) = (String::with_capacity(masked.len()), 0, 0);
+    while i < bytes.len() {
+        if !is_token(bytes[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && is_token(bytes[i]) {
+            i += 1;
+        }
+        if looks_like_secret(&masked[start..i]) {
+            out.push_str(&masked[copied..start]);
+            out.push_str("***");
+            copied = i;
+        }
+    }
+    out.push_str(&masked[copied..]);
+    out
+}
+
+/// Every URL's userinfo masked: `user:***@`, or `***@` when it has no password (a key as the
+/// user name).
+fn mask_userinfo(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'' | '`') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => {
+                match authority[..at].split_once(':') {
+                    Some((user, _)) => {
+                        out.push_str(user);
+                        out.push_str(":***");
+                    }
+                    None => out.push_str("***"),
+                }
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Warnings for string values anywhere in the file that look like inlined credentials.
 /// Keys belong in the environment or a file (`api_key_env`, `api_key_file`,
 /// `client_keys_env`, `client_keys_file`); the value itself is never repeated.
@@ -56,4 +115,42 @@ pub(super) fn inlined_secrets(text: &str) -> Vec<String> {
         walk("", &toml::Value::Table(table), &mut out);
     }
     out
+}
+
+#[cfg(test)]
+mod scrub_tests {
+    use super::scrub;
+
+    #[test]
+    fn credentials_are_taken_out_of_messages() {
+        let key = "sk-proj-CANARYabcDEF0123456789ghijKLMNopqrSTUVwx";
+        for (message, shown) in [
+            (
+                format!("url \"http://{key}@127.0.0.1:1\" must not contain credentials"),
+                "url \"http://***@127.0.0.1:1\" must not contain credentials".to_owned(),
+            ),
+            (
+                format!("url \"http://127.0.0.1:1/?key={key}\" must not have a query"),
+                "url \"http://127.0.0.1:1/?key=***\" must not have a query".to_owned(),
+            ),
+            (
+                format!("unknown variant `{key}`, expected one of `bearer`"),
+                "unknown variant `***`, expected one of `bearer`".to_owned(),
+            ),
+            (
+                "store \"redis://user:PASSW0rd@/0\" names no host".to_owned(),
+                "store \"redis://user:***@/0\" names no host".to_owned(),
+            ),
+            (
+                "store \"http://:pw@127.0.0.1:1/0\" must be a redis:// URL".to_owned(),
+                "store \"http://:***@127.0.0.1:1/0\" must be a redis:// URL".to_owned(),
+            ),
+        ] {
+            assert_eq!(scrub(&message), shown);
+        }
+        // Nothing else changes.
+        let plain =
+            "upstream \"openai\": url \"https://api.openai.com/v1\" (OPENAI_API_KEY) t.toml:3:9";
+        assert_eq!(scrub(plain), plain);
+    }
 }

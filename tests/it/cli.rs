@@ -473,3 +473,44 @@ fn a_worker_count_of_zero_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A key written into the wrong field is never repeated, whether the file is refused for it
+/// (an error that quotes the value) or accepted with a warning (and the resolved listing):
+/// errors reach the log and `/readyz` on a reload.
+#[test]
+fn check_never_repeats_a_key_written_into_the_wrong_field() {
+    const KEY: &str = "sk-proj-CANARYabcDEF0123456789ghijKLMNopqrSTUVwx";
+    let route = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n";
+    for (upstream, refused) in [
+        (format!("url = \"http://{KEY}@127.0.0.1:1\""), true),
+        (format!("url = \"http://127.0.0.1:1/?key={KEY}\""), true),
+        (format!("url = \"{KEY}\""), true),
+        (
+            format!("url = \"http://127.0.0.1:1\"\nauth = \"{KEY}\""),
+            true,
+        ),
+        (
+            format!("url = \"http://127.0.0.1:1\"\napi_key_file = \"{KEY}\""),
+            false,
+        ),
+    ] {
+        let (_dir, path) = temp_config("leak.toml", &format!("[upstreams.u]\n{upstream}\n{route}"));
+        let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+        assert_eq!(out.status.success(), !refused, "{upstream}");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!text.contains("CANARY"), "{upstream}: {text}");
+        assert!(text.contains("***") || !refused, "{upstream}: {text}");
+    }
+    let (_dir, path) = temp_config(
+        "store.toml",
+        &format!("[runs]\nstore = \"redis://user:s3cret-pw@/0\"\n[upstreams.u]\nurl = \"http://127.0.0.1:1\"\n{route}"),
+    );
+    let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+    assert!(stderr.contains("redis://user:***@"), "{stderr}");
+}
