@@ -45,12 +45,14 @@ pub fn has_dot_segment(path: &str) -> bool {
     is_dot_segment(&path[start..])
 }
 
-/// `.` or `..`, each dot plain or `%2e` in either case.
+/// `.` or `..`, each dot plain or `%2e` in either case, also before `;` parameters (`..;x`,
+/// which servlet containers resolve as `..`).
 fn is_dot_segment(mut segment: &[u8]) -> bool {
     let mut dots = 0;
     while !segment.is_empty() {
         segment = match segment {
             [b'.', rest @ ..] | [b'%', b'2', b'e' | b'E', rest @ ..] => rest,
+            [b';', ..] if dots > 0 => break,
             _ => return false,
         };
         dots += 1;
@@ -80,6 +82,9 @@ mod tests {
             "/v1/x%5c..%5Cfiles",
             "/v1/x\\..\\files",
             "/v1/%2F%2e%2E",
+            "/v1/..;/files",
+            "/v1/.;x/files",
+            "/v1/x/..;",
             "./x",
             "..",
         ] {
@@ -99,6 +104,8 @@ mod tests {
             "/v1/%2f",
             "/v1/a%2fb..c",
             "/v1/%2F...%2F",
+            "/v1/;..",
+            "/v1/a;b/..x",
             "/v1//x",
             "/v1/model.json",
         ] {
