@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::routing::shadows;
 use super::secrets::looks_like_secret;
-use super::{AuthMode, Config, OnStoreError, RunStore, DEFAULT_POOL_IDLE_TIMEOUT};
+use super::{AuthMode, Config, OnStoreError, RunIdSource, RunStore, DEFAULT_POOL_IDLE_TIMEOUT};
 use crate::provider::Api;
 
 impl Config {
@@ -126,7 +126,7 @@ impl Config {
         let _ = writeln!(out, "  listen: {} (clients)", s.listen);
         let _ = writeln!(
             out,
-            "  admin_listen: {} (/metrics /healthz /readyz)",
+            "  admin_listen: {} (/metrics /healthz /readyz /runs/{{id}})",
             s.admin_listen
         );
         let _ = writeln!(out, "  max_request_body: {} bytes", s.max_request_body);
@@ -138,6 +138,34 @@ impl Config {
             .max_connections
             .map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
         let _ = writeln!(out, "  max_connections: {max_connections}");
+        let _ = writeln!(out, "  max_header_bytes: {} bytes", s.max_header_bytes);
+        let _ = writeln!(out, "  max_headers: {}", s.max_headers);
+        let _ = writeln!(
+            out,
+            "  http2_max_concurrent_streams: {}",
+            s.http2_max_concurrent_streams
+        );
+        match &s.tls {
+            None => {
+                let _ = writeln!(out, "  tls: off");
+            }
+            Some(t) => {
+                let _ = write!(
+                    out,
+                    "  tls: cert {}, key {}",
+                    t.cert.display(),
+                    t.key.display()
+                );
+                match &t.client_ca {
+                    Some(ca) => {
+                        let _ = writeln!(out, ", client_ca {}", ca.display());
+                    }
+                    None => {
+                        let _ = writeln!(out);
+                    }
+                }
+            }
+        }
         let runs = &self.runs;
         let store = match &runs.store {
             RunStore::Memory => "memory".to_owned(),
@@ -272,6 +300,9 @@ impl Config {
                     parts.push(format!("run_max_repeats {n}"));
                 }
                 let _ = writeln!(out, "  runs: {}", parts.join(", "));
+            } else if r.run_id != RunIdSource::default() {
+                // Counted as runs without limits of their own: the header still names them.
+                let _ = writeln!(out, "  runs: id from {}", r.run_id.header_name());
             }
             for (key, value) in [
                 ("budget", l.budget),

@@ -193,12 +193,27 @@ pub(super) fn build_run_limits(
     fn pick<T: Copy>(own: Option<T>, d: Option<T>) -> Option<T> {
         own.or(d)
     }
-    let positive = |key: &str, v: Option<u64>, max: u64| -> Result<Option<u64>, String> {
-        match v {
+    // A value the route took from [defaults] is said to come from there, as the budget
+    // keys' errors say.
+    let from = |inherited: bool| {
+        if inherited {
+            " (inherited from [defaults])"
+        } else {
+            ""
+        }
+    };
+    let positive = |key: &str,
+                    own: Option<u64>,
+                    d: Option<u64>,
+                    max: u64,
+                    omitted: &str|
+     -> Result<Option<u64>, String> {
+        let at = from(own.is_none() && d.is_some());
+        match own.or(d) {
             Some(0) => Err(format!(
-                "{label}: {key} must be greater than 0 (omit it for no limit)"
+                "{label}: {key}{at} must be greater than 0 (omit it for {omitted})"
             )),
-            Some(n) if n > max => Err(format!("{label}: {key} ({n}) must be at most {max}")),
+            Some(n) if n > max => Err(format!("{label}: {key} ({n}){at} must be at most {max}")),
             other => Ok(other),
         }
     };
@@ -220,9 +235,23 @@ pub(super) fn build_run_limits(
     };
     let budget = pick(own.run_budget, defaults.run_budget).map(|d| d.0);
     let max_budget = pick(own.run_max_budget, defaults.run_max_budget).map(|d| d.0);
-    for (key, d) in [("run_budget", budget), ("run_max_budget", max_budget)] {
+    for (key, d, inherited) in [
+        (
+            "run_budget",
+            budget,
+            own.run_budget.is_none() && defaults.run_budget.is_some(),
+        ),
+        (
+            "run_max_budget",
+            max_budget,
+            own.run_max_budget.is_none() && defaults.run_max_budget.is_some(),
+        ),
+    ] {
         if d.is_some_and(|d| d.is_zero()) {
-            return Err(format!("{label}: {key} must be greater than 0"));
+            return Err(format!(
+                "{label}: {key}{} must be greater than 0",
+                from(inherited)
+            ));
         }
     }
     if let (Some(b), Some(m)) = (budget, max_budget) {
@@ -236,27 +265,34 @@ pub(super) fn build_run_limits(
     }
     let max_calls = positive(
         "run_max_calls",
-        pick(own.run_max_calls, defaults.run_max_calls),
+        own.run_max_calls,
+        defaults.run_max_calls,
         u64::from(u32::MAX),
+        "no limit",
     )?;
     let max_tokens = positive(
         "run_max_tokens",
-        pick(own.run_max_tokens, defaults.run_max_tokens),
+        own.run_max_tokens,
+        defaults.run_max_tokens,
         u64::MAX / 4,
+        "no limit",
     )?;
     let max_repeats = pick(own.run_max_repeats, defaults.run_max_repeats);
     if let Some(n) = max_repeats {
         // One would refuse the call after any tool call at all.
         if !(2..=1000).contains(&n) {
+            let at = from(own.run_max_repeats.is_none());
             return Err(format!(
-                "{label}: run_max_repeats ({n}) must be between 2 and 1000"
+                "{label}: run_max_repeats ({n}){at} must be between 2 and 1000"
             ));
         }
     }
     let token_estimate = positive(
         "run_token_estimate",
-        pick(own.run_token_estimate, defaults.run_token_estimate),
+        own.run_token_estimate,
+        defaults.run_token_estimate,
         u64::MAX / 4,
+        "the default, 1024",
     )?
     .unwrap_or(DEFAULT_TOKEN_ESTIMATE);
     Ok((

@@ -18,6 +18,11 @@ fn describe_lists_every_resolved_value() {
         "shutdown_grace: 1m",
         "send_timeout: 20s",
         "max_connections: 500",
+        "max_header_bytes: ",
+        "max_headers: ",
+        "http2_max_concurrent_streams: ",
+        "tls: ",
+        "(/metrics /healthz /readyz /runs/{id})",
     ] {
         assert!(d.contains(needle), "missing {needle:?} in:\n{d}");
     }

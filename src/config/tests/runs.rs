@@ -100,6 +100,28 @@ fn bad_run_keys_are_refused_naming_the_route_and_key() {
         let e = err(&with_route_keys(keys));
         assert!(e.contains(want), "{keys}: {e}");
     }
+    // Taken from [defaults]: said so.
+    for (keys, want) in [
+        (
+            "run_budget = \"0s\"",
+            "route \"chat\": run_budget (inherited from [defaults]) must be greater than 0",
+        ),
+        (
+            "run_max_calls = 0",
+            "route \"chat\": run_max_calls (inherited from [defaults]) must be greater than 0 (omit it for no limit)",
+        ),
+        (
+            "run_token_estimate = 0",
+            "run_token_estimate (inherited from [defaults]) must be greater than 0 (omit it for the default, 1024)",
+        ),
+        (
+            "run_max_repeats = 1",
+            "run_max_repeats (1) (inherited from [defaults]) must be between 2 and 1000",
+        ),
+    ] {
+        let e = err(&format!("[defaults]\n{keys}\n{BASE}"));
+        assert!(e.contains(want), "{keys}: {e}");
+    }
 }
 
 #[test]
