@@ -467,6 +467,12 @@ fn build_route(
     };
 
     let models = raw.models.clone().unwrap_or_default();
+    // An empty list reads as "no model" but would match every one: said rather than guessed.
+    if raw.models.as_ref().is_some_and(Vec::is_empty) {
+        return Err(format!(
+            "{label}: models is empty; omit it (or use [\"*\"]) to match any model"
+        ));
+    }
     if let Some(i) = models.iter().position(|m| m.is_empty()) {
         return Err(format!(
             "{label}: models[{i}] is empty; use \"*\" to match any model"

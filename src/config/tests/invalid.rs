@@ -174,6 +174,10 @@ fn empty_model_glob() {
         err(&with_route_keys("models = [\"o3*\", \"\"]")),
         "t.toml: route \"chat\": models[1] is empty; use \"*\" to match any model"
     );
+    assert_eq!(
+        err(&with_route_keys("models = []")),
+        "t.toml: route \"chat\": models is empty; omit it (or use [\"*\"]) to match any model"
+    );
 }
 
 #[test]
