@@ -243,11 +243,16 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
             server.max_header_bytes
         ));
     }
-    if server.max_headers == 0 || server.http2_max_concurrent_streams == 0 {
-        return Err(
-            "server: max_headers and http2_max_concurrent_streams must be greater than 0"
-                .to_owned(),
-        );
+    for (key, zero) in [
+        ("max_headers", server.max_headers == 0),
+        (
+            "http2_max_concurrent_streams",
+            server.http2_max_concurrent_streams == 0,
+        ),
+    ] {
+        if zero {
+            return Err(format!("server: {key} must be greater than 0"));
+        }
     }
     if server.max_connections == Some(0) {
         return Err(

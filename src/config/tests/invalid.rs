@@ -275,6 +275,11 @@ fn server_errors() {
             "max_headers = 5000",
             "max_headers (5000) must be at most 1000",
         ),
+        ("max_headers = 0", "max_headers must be greater than 0"),
+        (
+            "http2_max_concurrent_streams = 0",
+            "http2_max_concurrent_streams must be greater than 0",
+        ),
         (
             "send_timeout = \"0s\"",
             "send_timeout must be greater than 0",
