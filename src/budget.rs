@@ -79,6 +79,10 @@ pub struct Budget {
     pub first_token_timeout: Duration,
     pub idle_timeout: Duration,
     pub connect_timeout: Duration,
+    /// The client's SDK patience (its timeout, less a margin), when it announced one: an
+    /// answer the gateway assembles keeps the client silent for all of its generation, so
+    /// that answer must be ready (or cut) by `arrival + patience`.
+    pub patience: Option<Duration>,
     /// The call's run, when the run's deadline comes before the call's own: then every limit
     /// that reads the deadline names the run.
     pub run: Option<RunBound>,
@@ -164,6 +168,7 @@ impl BudgetRequest {
             first_token_timeout: silence(limits.first_token_timeout),
             idle_timeout: silence(limits.idle_timeout),
             connect_timeout: limits.connect_timeout,
+            patience: self.silence_cap,
             run: None,
         }
     }

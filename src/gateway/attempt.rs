@@ -113,12 +113,21 @@ impl<'a> Attempt<'a> {
             // the head itself proves the request was sent.
             let sent_at = sent_at.unwrap_or_else(Instant::now);
             let first_token_deadline = (sent_at + self.first_token_timeout).min(wait_deadline);
+            // An answer assembled for a client that did not stream keeps that client silent
+            // until it is whole: it ends (whole, partial or 504) before the client's SDK
+            // gives up, when the SDK said when that is.
+            let (deadline, total) = match budget.patience {
+                Some(p) if assembled && budget.arrival + p < work_deadline => {
+                    (budget.arrival + p, p.min(budget.total))
+                }
+                _ => (work_deadline, budget.total),
+            };
             let limits = StreamLimits {
                 first_token_deadline,
                 first_token_timeout: self.first_token_timeout,
                 idle_timeout: budget.idle_timeout,
-                deadline: work_deadline,
-                budget: budget.total,
+                deadline,
+                budget: total,
                 upstream: upstream.name.clone(),
                 run: budget.run.clone().map(Box::new),
                 run_tokens: None,

@@ -573,3 +573,35 @@ async fn a_stream_that_ends_before_every_choice_finished_ended_short() {
     assert_eq!(doc["choices"][1]["finish_reason"], "length");
     assert_eq!(doc["choices"][1]["message"]["content"], "Well, it");
 }
+
+/// An SDK that does not stream and says how long it waits (`x-stainless-timeout`, OpenAI's
+/// and Anthropic's SDKs) sits silent through the whole assembled generation: the answer
+/// ends before it gives up (at 90% of it, here 900 ms of 1 s), with what was generated on a
+/// route with partial answers and as a 504 without, never a client that times out blind.
+#[tokio::test]
+async fn an_assembled_answer_ends_before_the_sdk_stops_waiting() {
+    let h = Harness::with_config(CONFIG).await;
+    let slow = [
+        ("x-stainless-timeout", "1"),
+        ("x-fake-chunks", "30"),
+        ("x-fake-interval-ms", "100"),
+    ];
+    let start = tokio::time::Instant::now();
+    let (resp, _c) = h.send(chat("partial", &slow)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-hourglass-partial"], "deadline_exceeded");
+    let doc = json_body(resp).await;
+    assert_eq!(doc["choices"][0]["finish_reason"], "length");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+
+    let (resp, _c) = h.send(chat("watched", &slow)).await;
+    assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "deadline_exceeded", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("900ms"), "{message}");
+}
