@@ -950,7 +950,7 @@ impl Responses {
                     "usage".into(),
                     json!({
                         "input_tokens": u.prompt,
-                        "input_tokens_details": {"cached_tokens": 0},
+                        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                         "output_tokens": u.completion,
                         "output_tokens_details": {"reasoning_tokens": 0},
                         "total_tokens": u.prompt + u.completion,

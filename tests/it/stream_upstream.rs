@@ -260,6 +260,7 @@ async fn messages_and_responses_are_assembled_and_cut_the_same_way() {
     let doc = json_body(resp).await;
     assert_eq!(doc["object"], "response");
     assert_eq!(doc["status"], "completed");
+    let whole_usage = doc["usage"].clone();
     let (resp, _c) = h
         .send(post(
             "/v1/responses",
@@ -275,6 +276,20 @@ async fn messages_and_responses_are_assembled_and_cut_the_same_way() {
     let doc = json_body(resp).await;
     assert_eq!(doc["status"], "incomplete");
     assert_eq!(doc["incomplete_details"]["reason"], "max_output_tokens");
+    // The usage a cut answer is given has every field a whole one has (the SDKs' models
+    // require them): the same keys at every level.
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(o) = v.as_object() {
+            for (k, inner) in o {
+                out.push(k.clone());
+                out.extend(keys(inner).into_iter().map(|i| format!("{k}.{i}")));
+            }
+        }
+        out.sort();
+        out
+    }
+    assert_eq!(keys(&doc["usage"]), keys(&whole_usage), "{}", doc["usage"]);
 }
 
 #[tokio::test]
