@@ -769,6 +769,16 @@ impl Messages {
         let content: Vec<Value> = blocks
             .into_iter()
             .filter_map(|(_, mut b, json)| {
+                // A thinking block the cut left without its signature: Anthropic never returns
+                // one, and an agent that sends it back as its turn is refused (400). Dropped,
+                // as a tool call cut mid-way is.
+                let unsigned = b.get("type").and_then(Value::as_str) == Some("thinking")
+                    && b.get("signature")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty);
+                if cut.is_some() && unsigned {
+                    return None;
+                }
                 if let Some(text) = json {
                     let input = if text.trim().is_empty() {
                         // Streamed with its input whole at the start (or none at all).

@@ -620,3 +620,45 @@ async fn an_assembled_answer_ends_before_the_sdk_stops_waiting() {
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("900ms"), "{message}");
 }
+
+/// A thinking block the cut left before its signature is dropped from a partial Anthropic
+/// answer (Anthropic never returns one unsigned, and sent back as the agent's turn it is
+/// refused); with nothing else generated, the cut is the usual 504. A signed one is kept.
+#[tokio::test]
+async fn a_partial_answer_keeps_no_unsigned_thinking() {
+    let h = Harness::with_config(CONFIG).await;
+    let body = r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (resp, _c) = h
+        .send(post(
+            "/v1/messages",
+            body.into(),
+            &[("x-fake-reasoning", "5"), ("x-fake-freeze-after", "1")],
+        ))
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(json_body(resp).await["error"]["code"], "idle_timeout");
+
+    let (resp, _c) = h
+        .send(post(
+            "/v1/messages",
+            body.into(),
+            &[
+                ("x-fake-reasoning", "2"),
+                ("x-fake-chunks", "100"),
+                ("x-fake-interval-ms", "20"),
+                ("x-fake-freeze-after", "6"),
+            ],
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-hourglass-partial"], "idle_timeout");
+    let doc = json_body(resp).await;
+    let content = doc["content"].as_array().unwrap();
+    let thinking: Vec<_> = content.iter().filter(|b| b["type"] == "thinking").collect();
+    assert_eq!(thinking.len(), 1, "{doc}");
+    assert!(
+        !thinking[0]["signature"].as_str().unwrap().is_empty(),
+        "{doc}"
+    );
+    assert!(content.iter().any(|b| b["type"] == "text"), "{doc}");
+}
