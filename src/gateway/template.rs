@@ -64,7 +64,7 @@ impl Template {
             }
         }
         if upstream.config.include_usage && format == Some(Format::Chat) {
-            if let Some(with_usage) = include_usage(&body) {
+            if let Some(with_usage) = include_usage(&body, false) {
                 body = with_usage;
             }
         }

@@ -31,8 +31,10 @@ pub fn rewrite_model(body: &Bytes, model: &str) -> Option<Bytes> {
 /// The body of an OpenAI streaming chat request with `"stream_options":{"include_usage":true}`
 /// added, so that the provider sends its usage in a last chunk; every other byte untouched.
 /// `None` (forward the body as it is) when the body is not a JSON object with `"stream": true`,
-/// or when the client already said what it wants (`include_usage` present, true or false).
-pub fn include_usage(body: &Bytes) -> Option<Bytes> {
+/// or when the client already said what it wants (`include_usage` present, true or false),
+/// unless `force`: the gateway itself needs the usage (it assembles the answer, whose
+/// non-streamed form always carries it), and a `false` becomes `true`.
+pub fn include_usage(body: &Bytes, force: bool) -> Option<Bytes> {
     use serde_json::value::RawValue;
     use std::collections::HashMap;
     let fields: HashMap<&str, &RawValue> = serde_json::from_slice(body).ok()?;
@@ -56,8 +58,16 @@ pub fn include_usage(body: &Bytes) -> Option<Bytes> {
         }
         Some(raw) => {
             let options: HashMap<&str, &RawValue> = serde_json::from_str(raw.get()).ok()?;
-            if options.contains_key("include_usage") {
-                return None;
+            if let Some(given) = options.get("include_usage") {
+                if !force || given.get() == "true" {
+                    return None;
+                }
+                let start = offset(given);
+                let mut out = Vec::with_capacity(body.len() + 4);
+                out.extend_from_slice(&body[..start]);
+                out.extend_from_slice(b"true");
+                out.extend_from_slice(&body[start + given.get().len()..]);
+                return Some(Bytes::from(out));
             }
             // Right after the opening brace; a comma follows unless the object is empty.
             let start = offset(raw) + 1;
@@ -109,7 +119,7 @@ pub fn stream_request(body: &Bytes, format: Format) -> Option<Bytes> {
     };
     let streamed = Bytes::from(streamed);
     Some(match format {
-        Format::Chat => include_usage(&streamed).unwrap_or(streamed),
+        Format::Chat => include_usage(&streamed, true).unwrap_or(streamed),
         Format::Messages | Format::Responses => streamed,
     })
 }
@@ -139,7 +149,8 @@ mod tests {
     }
 
     fn with_usage(body: &str) -> Option<String> {
-        include_usage(&Bytes::from(body.to_owned())).map(|b| String::from_utf8(b.to_vec()).unwrap())
+        include_usage(&Bytes::from(body.to_owned()), false)
+            .map(|b| String::from_utf8(b.to_vec()).unwrap())
     }
 
     #[test]
@@ -214,5 +225,14 @@ mod tests {
         );
         assert_eq!(run("not json", Format::Chat), None);
         assert_eq!(run("[1]", Format::Chat), None);
+        // The gateway needs the usage of the answer it assembles (which always has one).
+        assert_eq!(
+            run(
+                r#"{"model":"m","stream_options":{"include_usage": false}}"#,
+                Format::Chat
+            )
+            .as_deref(),
+            Some(r#"{"stream":true,"model":"m","stream_options":{"include_usage": true}}"#)
+        );
     }
 }
