@@ -182,14 +182,11 @@ impl Runs {
         .await
         {
             Ok(answer) => answer,
-            Err(_) => {
-                let served = !budget_bound && shared.on_error == OnStoreError::Allow;
-                shared.cancel_later(key_of(key), token.clone(), served);
-                if budget_bound {
-                    return Ok(Joined::OutOfTime);
-                }
-                Err(StoreError::Timeout(wait))
+            Err(_) if budget_bound => {
+                shared.cancel_later(key_of(key), token, false);
+                return Ok(Joined::OutOfTime);
             }
+            Err(_) => Err(StoreError::Timeout(wait)),
         };
         match answer {
             Ok(RedisAdmission::Admitted(admitted, run)) => Ok(Joined::Call(RunCall::new(
@@ -213,6 +210,11 @@ impl Runs {
             }
             Err(e) => {
                 shared.failed("admit", &e);
+                // Whatever failed (a timeout, the connection's own, a dropped connection),
+                // the script may have run or may still: what it took is given back, or it
+                // is made a no-op (cancel.lua, idempotent, sent until answered).
+                let served = shared.on_error == OnStoreError::Allow;
+                shared.cancel_later(key_of(key), token, served);
                 match shared.on_error {
                     OnStoreError::Allow => Ok(Joined::Unlimited),
                     OnStoreError::Deny => Err((

@@ -640,3 +640,111 @@ async fn a_finished_runs_keys_live_ttl_after_its_last_call() {
         .unwrap();
     assert!((1..=2000).contains(&pttl), "ttl, not ttl + 30 s: {pttl}");
 }
+
+/// An admission sent twice (redis.rs sends it again when the connection dropped under the
+/// first, which Redis may still have run) admits the call once; one that comes after the
+/// call's cancel admits nothing; a refusal that counted the run's end says so again. The
+/// scripts are driven as the store sends them (argument layouts at the top of each).
+#[tokio::test]
+async fn an_admission_sent_twice_takes_once() {
+    use redis::{Script, Value};
+    let Some((redis, _fake)) = redis_and_fake().await else {
+        return;
+    };
+    let client = redis::Client::open(redis.url()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut own = conn.clone();
+    let admit_lua = Script::new(include_str!("../../src/runs/redis/admit.lua"));
+    let finish_lua = Script::new(include_str!("../../src/runs/redis/finish.lua"));
+    let cancel_lua = Script::new(include_str!("../../src/runs/redis/cancel.lua"));
+    let int = |v: &Value| match v {
+        Value::Int(n) => *n,
+        other => panic!("{other:?}"),
+    };
+    // max_calls 1, max_tokens 1000, reserve 100; the answer's first two fields.
+    let admit = |run: &'static str, token: &'static str| {
+        let (script, mut conn) = (&admit_lua, conn.clone());
+        async move {
+            let reply: Vec<Value> = script
+                .key(format!("hg:{{-/{run}}}"))
+                .key(format!("hg:{{-/{run}}}:x:{token}"))
+                .arg("agent")
+                .arg("")
+                .arg("")
+                .arg(1)
+                .arg(1000)
+                .arg("")
+                .arg(100)
+                .arg(100)
+                .arg("")
+                .arg("")
+                .arg(100)
+                .arg(0)
+                .arg(60_000)
+                .arg(token)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            (int(&reply[0]), reply.get(1).map_or(-1, int))
+        }
+    };
+    let hash = |run: &str| {
+        let mut conn = conn.clone();
+        let key = format!("hg:{{-/{run}}}");
+        async move {
+            let h: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let n = |k: &str| h.get(k).map_or(0, |v| v.parse::<i64>().unwrap());
+            (n("calls"), n("in_flight"), n("reserved"), n("used"))
+        }
+    };
+    // Twice, then its end: one call, none in flight, nothing reserved.
+    assert_eq!(admit("twice", "t1").await.0, 1);
+    assert_eq!(
+        admit("twice", "t1").await.0,
+        1,
+        "the copy answers as the first"
+    );
+    let _: Vec<Value> = finish_lua
+        .key("hg:{-/twice}")
+        .arg(100)
+        .arg(10)
+        .arg("-")
+        .arg("")
+        .arg(60_000)
+        .arg("")
+        .arg("t1")
+        .invoke_async(&mut own)
+        .await
+        .unwrap();
+    assert_eq!(hash("twice").await, (1, 0, 0, 10));
+    // Admitted, cancelled (never served), then the copy: refused as cancelled.
+    assert_eq!(admit("late", "t2").await.0, 1);
+    let _: Vec<Value> = cancel_lua
+        .key("hg:{-/late}")
+        .key("hg:{-/late}:x:t2")
+        .arg("t2")
+        .arg("1")
+        .arg(60_000)
+        .invoke_async(&mut own)
+        .await
+        .unwrap();
+    assert_eq!(
+        admit("late", "t2").await.0,
+        2,
+        "the copy after the cancel admits nothing"
+    );
+    assert_eq!(hash("late").await, (0, 0, 0, 0));
+    // The refusal that ended a run with nothing in flight, sent twice: both say so, once
+    // for the token that counts it.
+    assert_eq!(admit("twice", "t3").await, (0, 1));
+    assert_eq!(admit("twice", "t3").await, (0, 1));
+    assert_eq!(
+        admit("twice", "t4").await,
+        (0, 0),
+        "counted by t3, not again"
+    );
+}

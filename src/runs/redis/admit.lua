@@ -69,6 +69,16 @@ local function left_of(limit, n) if limit == nil then return -1 end return math.
 local function view_tokens() if max_tokens == nil then return -1 end return math.max(0, max_tokens - used - reserved) end
 local function deadline_left() if deadline == nil then return -1 end return math.max(0, deadline - now) end
 
+-- This call's admission ran already: its answer was lost and it was sent again (redis.rs
+-- sends it twice when the connection dropped under it). The same answer, nothing taken twice.
+local held = h['p:' .. ARGV[14]]
+if held then
+  local allowance = -1
+  if max_tokens ~= nil then allowance = math.max(0, max_tokens - (used + reserved - tonumber(held))) end
+  return {1, deadline_left(), left_of(max_calls, calls), view_tokens(), allowance,
+    run_budget or -1, h.starter == ARGV[14] and 1 or 0, max_tokens or -1, max_repeats or -1}
+end
+
 -- The refusal, as a list: the kind, then what the message needs.
 local refusal = nil
 if h.refused ~= nil and h.refused ~= '' then
@@ -111,6 +121,8 @@ if refusal ~= nil then
       end
     end
   end
+  -- Sent again, the refusal that counted the end says so again (only one answer is read).
+  if ended_now == 0 and h.reporter == ARGV[14] then ended_now = 1 end
   if fresh then redis.call('PEXPIRE', k, ARGV[13]) end
   local out = {0, ended_now, deadline_left(), left_of(max_calls, calls), view_tokens(),
     h.route, calls, used, now - started_ms}
@@ -124,6 +136,7 @@ redis.call('HSET', k, 'calls', calls, 'reserved', reserved, 'last', now)
 redis.call('HINCRBY', k, 'in_flight', 1)
 -- What this call holds, until finish.lua or cancel.lua gives it back (once).
 redis.call('HSET', k, 'p:' .. ARGV[14], reserve)
+if started then redis.call('HSET', k, 'starter', ARGV[14]) end
 local expire = tonumber(ARGV[13])
 if redis.call('PTTL', k) < expire then redis.call('PEXPIRE', k, expire) end
 local allowance = -1

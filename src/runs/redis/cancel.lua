@@ -31,12 +31,17 @@ if not held then
   return {0}
 end
 redis.call('HDEL', k, 'p:' .. ARGV[1])
+-- A copy of the admission still on its way (sent twice) must not admit the call again.
+redis.call('SET', KEYS[2], 1, 'PX', ARGV[3])
 local h = redis.call('HMGET', k, 'in_flight', 'reserved', 'calls', 'unreported')
 local in_flight = math.max(0, num(h[1]) - 1)
 redis.call('HSET', k, 'in_flight', in_flight, 'reserved', math.max(0, num(h[2]) - tonumber(held)))
 if ARGV[2] == '1' then
   redis.call('HSET', k, 'calls', math.max(0, num(h[3]) - 1))
 end
+-- Forgotten ttl after its last call, as finish.lua does (an admission kept the key alive
+-- for the call's budget too).
+if in_flight == 0 then redis.call('PEXPIRE', k, ARGV[3]) end
 if in_flight == 0 and h[4] == '1' then
   redis.call('HDEL', k, 'unreported')
   redis.call('HSET', k, 'reporter', ARGV[1])
