@@ -56,32 +56,21 @@ pub fn scrub(message: &str) -> String {
     out
 }
 
-/// Every URL's userinfo masked: `user:***@`, or `***@` when it has no password (a key as the
-/// user name).
+/// Every URL in `message` as `redacted_url` shows it (its userinfo masked): a URL runs from
+/// its scheme to the next space or quote.
 fn mask_userinfo(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
     while let Some(i) = rest.find("://") {
-        let (head, tail) = rest.split_at(i + 3);
-        out.push_str(head);
-        let end = tail
-            .find(|c: char| matches!(c, '/' | '?' | '#' | '"' | '\'' | '`') || c.is_whitespace())
-            .unwrap_or(tail.len());
-        let authority = &tail[..end];
-        match authority.rfind('@') {
-            Some(at) => {
-                match authority[..at].split_once(':') {
-                    Some((user, _)) => {
-                        out.push_str(user);
-                        out.push_str(":***");
-                    }
-                    None => out.push_str("***"),
-                }
-                out.push_str(&authority[at..]);
-            }
-            None => out.push_str(authority),
-        }
-        rest = &tail[end..];
+        let start = rest[..i]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |j| j + 1);
+        let end = rest[i..]
+            .find(|c: char| matches!(c, '"' | '\'' | '`') || c.is_whitespace())
+            .map_or(rest.len(), |j| i + j);
+        out.push_str(&rest[..start]);
+        out.push_str(&super::describe::redacted_url(&rest[start..end]));
+        rest = &rest[end..];
     }
     out.push_str(rest);
     out
@@ -140,6 +129,10 @@ mod scrub_tests {
             (
                 "store \"redis://user:PASSW0rd@/0\" names no host".to_owned(),
                 "store \"redis://user:***@/0\" names no host".to_owned(),
+            ),
+            (
+                "store \"redis://u:pa/ss@h/0\" names no host".to_owned(),
+                "store \"redis://u:***@h/0\" names no host".to_owned(),
             ),
             (
                 "store \"http://:pw@127.0.0.1:1/0\" must be a redis:// URL".to_owned(),

@@ -102,6 +102,17 @@ pub struct RequestRecord {
     body_unread: bool,
 }
 
+/// What a call used of its run's tokens: prompt and completion, the prompt estimated from
+/// the request body when the answer reported none (OpenAI's stream without `include_usage`
+/// still sent its prompt).
+fn run_tokens_used(tokens: Option<Tokens>, request_bytes: u64) -> u64 {
+    tokens.map_or(0, |t| {
+        t.prompt
+            .unwrap_or(request_bytes.div_ceil(4))
+            .saturating_add(t.completion().0)
+    })
+}
+
 /// A call's part in its run.
 struct RunPart {
     id: Arc<str>,
@@ -225,11 +236,7 @@ impl RequestRecord {
         let run = self.run.as_ref()?;
         let mut view = run.view;
         if let (Some(left), Some(call)) = (view.tokens_left, &run.call) {
-            let used = tokens.map_or(0, |t| {
-                t.prompt
-                    .unwrap_or(self.request_bytes.div_ceil(4))
-                    .saturating_add(t.completion().0)
-            });
+            let used = run_tokens_used(tokens, self.request_bytes);
             view.tokens_left = Some(if spent {
                 0
             } else {
@@ -376,14 +383,7 @@ impl RequestRecord {
         let end = self.end.unwrap_or(End::Cancelled(Origin::Client));
         if let Some(run) = self.run.as_mut() {
             if let Some(call) = run.call.take() {
-                let prompt_estimate = self.request_bytes.div_ceil(4);
-                let tokens = self.tokens.map_or(0, |t| {
-                    // A stream that does not report its usage (OpenAI's without
-                    // `include_usage`) still sent its prompt: estimated from the body.
-                    t.prompt
-                        .unwrap_or(prompt_estimate)
-                        .saturating_add(t.completion().0)
-                });
+                let tokens = run_tokens_used(self.tokens, self.request_bytes);
                 let answered = end == End::Ok;
                 let status = self.status.unwrap_or(0);
                 let request = call.request();

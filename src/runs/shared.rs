@@ -103,16 +103,13 @@ impl Shared {
     ) {
         let shared = self.clone();
         tokio::spawn(async move {
-            let ended = shared
+            shared
                 .until_answered(Some("finish"), || {
                     shared
                         .store
                         .finish(&key, &token, reserve, &used, shared.ttl)
                 })
                 .await;
-            if let Some(Some(ended)) = ended {
-                shared.report(&ended);
-            }
         });
     }
 
@@ -124,14 +121,11 @@ impl Shared {
     pub(super) fn cancel_later(self: &Arc<Self>, key: String, token: String, served: bool) {
         let shared = self.clone();
         tokio::spawn(async move {
-            let ended = shared
+            shared
                 .until_answered(None, || {
                     shared.store.cancel(&key, &token, served, shared.ttl)
                 })
                 .await;
-            if let Some(Some(ended)) = ended {
-                shared.report(&ended);
-            }
         });
     }
 
@@ -139,11 +133,12 @@ impl Shared {
     /// `GIVE_BACK_FOR`. Each try waits at least 500 ms: a try cut short may leave its script
     /// half sent (EVALSHA answered NOSCRIPT, the SCRIPT LOAD never made), which is what a
     /// store that just stalled does to the first use of a script. The first failure counts
-    /// under `op` (a cancel's does not: the admission it follows was counted).
-    async fn until_answered<T, F, Fut>(&self, op: Option<&str>, mut send: F) -> Option<T>
+    /// under `op` (a cancel's does not: the admission it follows was counted). The run's end,
+    /// when the answer says this call counts it, is reported.
+    async fn until_answered<F, Fut>(&self, op: Option<&str>, mut send: F)
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, StoreError>>,
+        Fut: Future<Output = Result<Option<Ended>, StoreError>>,
     {
         let each = self.timeout.max(Duration::from_millis(500));
         let mut pause = Duration::from_millis(100);
@@ -154,7 +149,12 @@ impl Shared {
                 .await
                 .unwrap_or(Err(StoreError::Timeout(each)));
             match done {
-                Ok(answer) => return Some(answer),
+                Ok(ended) => {
+                    if let Some(ended) = ended {
+                        self.report(&ended);
+                    }
+                    return;
+                }
                 Err(e) if !counted => {
                     if let Some(op) = op {
                         self.failed(op, &e);
@@ -164,7 +164,7 @@ impl Shared {
                 Err(_) => {}
             }
             if Instant::now() + pause > give_up {
-                return None;
+                return;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(5));

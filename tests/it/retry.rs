@@ -47,6 +47,21 @@ upstream = "primary"
 {ROUTE}
 "#;
 
+fn config(
+    primary: &str,
+    backup: &str,
+    route: &str,
+    primary_extra: &str,
+    backup_extra: &str,
+) -> String {
+    CONFIG
+        .replace("{PRIMARY}", primary)
+        .replace("{BACKUP}", backup)
+        .replace("{PRIMARY_EXTRA}", primary_extra)
+        .replace("{BACKUP_EXTRA}", backup_extra)
+        .replace("{ROUTE}", route)
+}
+
 async fn pair(route: &str, primary_extra: &str, backup_extra: &str) -> Pair {
     pair_with(route, primary_extra, backup_extra, None).await
 }
@@ -63,12 +78,13 @@ async fn pair_with(
     let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let text = CONFIG
-        .replace("{PRIMARY}", &primary_url.unwrap_or_else(|| primary.url()))
-        .replace("{BACKUP}", &backup.url())
-        .replace("{PRIMARY_EXTRA}", primary_extra)
-        .replace("{BACKUP_EXTRA}", backup_extra)
-        .replace("{ROUTE}", route);
+    let text = config(
+        &primary_url.unwrap_or_else(|| primary.url()),
+        &backup.url(),
+        route,
+        primary_extra,
+        backup_extra,
+    );
     let config = Config::from_toml(&text, "retry-test.toml").unwrap();
     let gw = server::start(config).await.unwrap();
     Pair {
@@ -516,15 +532,13 @@ async fn a_hedged_requests_log_lists_the_primary_first() {
     let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let text = CONFIG
-        .replace("{PRIMARY}", &primary.url())
-        .replace("{BACKUP}", &backup.url())
-        .replace("{PRIMARY_EXTRA}", "")
-        .replace("{BACKUP_EXTRA}", "")
-        .replace(
-            "{ROUTE}",
-            "fallbacks = [\"backup\"]\nhedge_after = \"200ms\"\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"",
-        );
+    let text = config(
+        &primary.url(),
+        &backup.url(),
+        "fallbacks = [\"backup\"]\nhedge_after = \"200ms\"\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"",
+        "",
+        "",
+    );
     primary.set_script(&[("x-fake-ttft-ms", "25000"), ("x-fake-headers-first", "1")]);
     backup.set_script(&[("x-fake-ttft-ms", "50")]);
     let p = Process::spawn(&text, &["--log-format", "json"], &[]).await;
