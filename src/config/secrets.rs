@@ -62,8 +62,11 @@ fn mask_userinfo(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
     while let Some(i) = rest.find("://") {
-        let start = rest[..i]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+        // Scheme characters are ASCII: the URL starts after the last byte that is not one,
+        // which is a character's last byte, so the next is a character boundary.
+        let start = rest.as_bytes()[..i]
+            .iter()
+            .rposition(|&b| !(b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')))
             .map_or(0, |j| j + 1);
         let end = rest[i..]
             .find(|c: char| matches!(c, '"' | '\'' | '`') || c.is_whitespace())
@@ -141,6 +144,11 @@ mod scrub_tests {
         ] {
             assert_eq!(scrub(&message), shown);
         }
+        // A multi-byte character before `://` (the config fuzzer's find) is no scheme.
+        assert_eq!(
+            scrub("url \"http\u{fffd}://a@b\" is not a valid URL"),
+            "url \"http\u{fffd}://***@b\" is not a valid URL"
+        );
         // Nothing else changes.
         let plain =
             "upstream \"openai\": url \"https://api.openai.com/v1\" (OPENAI_API_KEY) t.toml:3:9";
