@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::routing::shadows;
-use super::secrets::looks_like_secret;
+use super::secrets::{looks_like_secret, redacted_url};
 use super::{AuthMode, Config, OnStoreError, RunIdSource, RunStore, DEFAULT_POOL_IDLE_TIMEOUT};
 use crate::provider::Api;
 
@@ -349,23 +349,4 @@ fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
 /// humantime formatting, so messages echo durations the way they are written.
 pub(super) fn hd(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(d)
-}
-
-/// A store URL without its password: `redis://user:secret@host` prints as
-/// `redis://user:***@host`.
-pub fn redacted_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or_default();
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}")
-            } else {
-                format!("{scheme}://***@{host}")
-            }
-        }
-        None => url.to_owned(),
-    }
 }

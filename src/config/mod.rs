@@ -31,13 +31,13 @@ mod routing;
 mod runs;
 mod secrets;
 
-pub use describe::redacted_url;
 pub use http2::{Http2Config, Http2Mode};
 pub use routing::glob_match;
 pub use runs::{
     OnStoreError, RunIdSource, RunLimits, RunStore, RunsConfig, DEFAULT_TOKEN_ESTIMATE,
 };
 pub use secrets::looks_like_secret;
+pub use secrets::redacted_url;
 
 /// A fully resolved and validated configuration.
 #[derive(Debug, Clone)]

@@ -1,4 +1,5 @@
-//! Telling a credential from the name of one: [`looks_like_secret`], and the warnings for
+//! Telling a credential from the name of one: [`looks_like_secret`]; keeping credentials out
+//! of what the config says about itself ([`redacted_url`], [`scrub`]); and the warnings for
 //! keys written into the config file itself.
 
 /// Whether a string from the config looks like a credential rather than the name of one:
@@ -25,6 +26,25 @@ pub(super) fn shown(v: &str) -> String {
         "(a value that looks like an API key, not shown)".to_owned()
     } else {
         format!("{v:?}")
+    }
+}
+
+/// A store URL without its password: `redis://user:secret@host` prints as
+/// `redis://user:***@host`.
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}")
+            } else {
+                format!("{scheme}://***@{host}")
+            }
+        }
+        None => url.to_owned(),
     }
 }
 
@@ -72,7 +92,7 @@ fn mask_userinfo(message: &str) -> String {
             .find(|c: char| matches!(c, '"' | '\'' | '`') || c.is_whitespace())
             .map_or(rest.len(), |j| i + j);
         out.push_str(&rest[..start]);
-        out.push_str(&super::describe::redacted_url(&rest[start..end]));
+        out.push_str(&redacted_url(&rest[start..end]));
         rest = &rest[end..];
     }
     out.push_str(rest);
