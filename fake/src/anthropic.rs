@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use crate::reply::{Answer, Kind, Part, Rendered, Segment};
+use crate::answer::{Answer, Kind, Part, Rendered, Segment};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Block {

@@ -10,8 +10,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use crate::answer::Kind;
 use crate::records::Finisher;
-use crate::reply::{Kind, Reply};
+use crate::reply::Reply;
 use crate::script::Script;
 
 /// The response body: a state machine driven by hyper's polling, so a stream costs no task of

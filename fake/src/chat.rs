@@ -7,7 +7,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::reply::{Answer, Kind, Part, Rendered, Segment};
+use crate::answer::{Answer, Kind, Part, Rendered, Segment};
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Event {

@@ -55,6 +55,7 @@
 //! `records.rs` and `server.rs` (what is remembered, and the close detection above),
 //! `never_accept.rs`.
 
+mod answer;
 mod anthropic;
 mod body;
 mod chat;

@@ -14,9 +14,10 @@ use hyper::body::Incoming;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
+use crate::answer::{Answer, Api, Tool};
 use crate::body::{pause, ScriptBody};
 use crate::records::{Finisher, RequestRecord, Shared};
-use crate::reply::{Answer, Api, Reply, Tool};
+use crate::reply::Reply;
 use crate::script::Script;
 
 pub(crate) async fn handle(

@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use crate::reply::{Answer, Kind, Part, Rendered, Segment};
+use crate::answer::{Answer, Kind, Part, Rendered, Segment};
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Item {
