@@ -14,6 +14,7 @@
 mod bare;
 mod client;
 mod h2client;
+mod lineup;
 mod peers;
 mod report;
 mod scenarios;
@@ -28,8 +29,8 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use scenarios::{Ctx, Params};
-use targets::{Env, Target};
+use lineup::{Env, Limits, Target};
+use scenarios::{Ctx, Params, Setup};
 
 const SCENARIOS: [&str; 6] = ["nonstream", "streams", "leave", "memory", "limits", "cpu"];
 
@@ -330,7 +331,7 @@ fn main() -> ExitCode {
     let mut targets = args.targets.clone();
     let mut skipped = Vec::new();
     targets.retain(|&t| {
-        if let Some(why) = peers::missing(&env, t) {
+        if let Some(why) = env.missing(t) {
             eprintln!("[bench] {}: skipped: {why}", t.name());
             skipped.push(json!({"target": t.name(), "reason": why}));
             return false;
@@ -347,7 +348,7 @@ fn main() -> ExitCode {
         // skip it with the reason rather than fail every scenario.
         if t.is_llm_peer() {
             eprintln!("[bench] {}: checking that it starts and streams", t.name());
-            if let Err(why) = runtime.block_on(peers::probe(&env, t)) {
+            if let Err(why) = runtime.block_on(probe(&env, t)) {
                 eprintln!("[bench] {}: skipped: {why}", t.name());
                 skipped.push(json!({"target": t.name(), "reason": why}));
                 return false;
@@ -473,4 +474,18 @@ fn failures(v: &serde_json::Value, at: &str) -> Vec<String> {
             .collect(),
         _ => Vec::new(),
     }
+}
+
+/// Starts the target once against a fresh fake and runs the warm-up (plain requests and one
+/// stream): a peer that does not start or cannot stream is skipped with the reason, instead of
+/// failing every scenario one by one.
+async fn probe(env: &Env, t: Target) -> Result<(), String> {
+    let ctx = Ctx {
+        env: env.clone(),
+        targets: Vec::new(),
+        p: Params::quick(),
+    };
+    let setup = Setup::new(&ctx, t, Limits::RELAXED, "probe").await?;
+    setup.stop().await;
+    Ok(())
 }

@@ -20,15 +20,11 @@ use std::process::Command;
 use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
-use crate::scenarios::{Ctx, Params, Setup};
-use crate::targets::{Env, Limits, Target};
+use crate::lineup::{Env, Limits, Target, LITELLM_VENV, PORTKEY_DIR};
 
 /// LiteLLM's master key, which every request to it carries.
 const LITELLM_KEY: &str = "sk-hourglass-bench";
 
-/// Where scripts/bench.sh installs them (relative to the crate root).
-pub const LITELLM_VENV: &str = "target/litellm-venv";
-pub const PORTKEY_DIR: &str = "target/portkey";
 const PORTKEY_ENTRY: &str = "node_modules/@portkey-ai/gateway/build/start-server.js";
 
 /// The `x-fake-*` and `x-bench-id` headers the harness sends: what Portkey must forward.
@@ -48,36 +44,6 @@ pub fn node_bin() -> Option<PathBuf> {
         .iter()
         .map(PathBuf::from)
         .find(|p| p.exists())
-}
-
-/// Why a target cannot run here, or `None` if it can be tried.
-pub fn missing(env: &Env, t: Target) -> Option<String> {
-    match t {
-        Target::Litellm if env.litellm.is_none() => Some(format!(
-            "LiteLLM is not installed in {LITELLM_VENV} (scripts/bench.sh installs it in a full \
-             run, or when --targets names it)"
-        )),
-        Target::Portkey if env.portkey.is_none() => Some(format!(
-            "Portkey is not installed in {PORTKEY_DIR} (scripts/bench.sh installs it in a full \
-             run, or when --targets names it)"
-        )),
-        Target::Portkey if env.node.is_none() => Some("node is not installed".into()),
-        _ => None,
-    }
-}
-
-/// Starts the target once against a fresh fake and runs the warm-up (plain requests and one
-/// stream): a peer that does not start or cannot stream is skipped with the reason, instead of
-/// failing every scenario one by one.
-pub async fn probe(env: &Env, t: Target) -> Result<(), String> {
-    let ctx = Ctx {
-        env: env.clone(),
-        targets: Vec::new(),
-        p: Params::quick(),
-    };
-    let setup = Setup::new(&ctx, t, Limits::RELAXED, "probe").await?;
-    setup.stop().await;
-    Ok(())
 }
 
 /// How long a target may take to listen: LiteLLM imports a great deal of Python first (about

@@ -2,7 +2,7 @@
 
 use serde_json::Value;
 
-use crate::targets::Target;
+use crate::lineup::Target;
 
 fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
     path.iter().try_fold(v, |v, k| v.get(*k))

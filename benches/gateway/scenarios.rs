@@ -16,8 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::client::{request, Conn, End, EventTally, Step};
 use crate::h2client::{self, STREAMS_PER_CONN};
+use crate::lineup::{Env, Limits, Target};
 use crate::stats::{cdf, ms, pct, summary};
-use crate::targets::{Cpu, Env, Gateway, Limits, Target};
+use crate::targets::{Cpu, Gateway};
 
 pub const CHAT: &str = "/v1/chat/completions";
 const STREAM_BODY: &str =
