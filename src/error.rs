@@ -80,6 +80,10 @@ pub enum GatewayError {
     BodyTooLarge { limit: u64 },
     #[error("{message}")]
     BadRequest { message: String },
+    /// The client went away (closed the connection, reset its HTTP/2 stream) while sending
+    /// its request body: its cancel, not a malformed request. Nobody is left to answer.
+    #[error("the client left before its request body was complete")]
+    ClientClosed,
     /// A request body in a content coding on a route that reads the body (for the model that
     /// picks the route, or to rewrite it for an upstream).
     #[error("content-encoding: {value:?} is not supported on this route, which reads the body; send it unencoded")]
@@ -285,6 +289,7 @@ impl GatewayError {
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. } => "invalid_request",
             Self::TooManyHeaders { .. } => "too_many_headers",
+            Self::ClientClosed => "client_closed",
             Self::UnsupportedTransferCoding { .. } => "unsupported_transfer_coding",
             Self::InsufficientBudget { .. } => "insufficient_budget",
             Self::ConnectTimeout { .. } => "connect_timeout",
@@ -313,6 +318,7 @@ impl GatewayError {
         match self {
             Self::InvalidBudget { .. }
             | Self::BadRequest { .. }
+            | Self::ClientClosed
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. }
@@ -354,6 +360,7 @@ impl GatewayError {
             | Self::BodyTooLarge { .. }
             | Self::UnsupportedEncoding { .. }
             | Self::BadRequest { .. }
+            | Self::ClientClosed
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. }
@@ -396,6 +403,7 @@ impl GatewayError {
             Self::IdleTimeout { .. } => Some(Origin::Idle),
             Self::DeadlineExceeded { .. } => Some(Origin::Deadline),
             Self::Shutdown => Some(Origin::Shutdown),
+            Self::ClientClosed => Some(Origin::Client),
             Self::Overloaded { .. } => Some(Origin::Overloaded),
             Self::RunDeadlineExceeded { .. } => Some(Origin::RunDeadline),
             Self::RunTokensSpent { .. } => Some(Origin::RunTokens),

@@ -168,6 +168,12 @@ impl Gateway {
                     }
                     Response::from_parts(parts, Either::Right(body))
                 }
+                // Nobody is left to read an answer: counted as the client's cancel, with
+                // no status or bytes for an answer never sent.
+                Err(e @ GatewayError::ClientClosed) => {
+                    record.fail(&e);
+                    e.response().map(|b| Either::Left(Full::new(b)))
+                }
                 Err(e) => {
                     record.fail(&e);
                     error_answer(&e, &mut record, &id)

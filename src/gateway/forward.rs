@@ -299,6 +299,8 @@ where
                 .is_some()
             {
                 Err(GatewayError::BodyTooLarge { limit })
+            } else if client_left(&*e) {
+                Err(GatewayError::ClientClosed)
             } else {
                 Err(GatewayError::BadRequest {
                     message: format!("request body could not be read: {e}"),
@@ -306,4 +308,35 @@ where
             }
         }
     }
+}
+
+/// Whether a request body failed because the client went away rather than because it was
+/// malformed: hyper ends an HTTP/1 body cut short (by a length or chunks never completed)
+/// with an `UnexpectedEof`, or the socket's own reset, and an HTTP/2 one with the client's
+/// `RST_STREAM` or `GOAWAY`.
+fn client_left(e: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe
+            ) {
+                return true;
+            }
+        }
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            if h2.is_remote() && (h2.is_reset() || h2.is_go_away()) || h2.is_io() {
+                return true;
+            }
+        }
+        if let Some(h) = c.downcast_ref::<hyper::Error>() {
+            if h.is_incomplete_message() || h.is_canceled() {
+                return true;
+            }
+        }
+        cause = c.source();
+    }
+    false
 }

@@ -147,3 +147,80 @@ async fn client_leaves_after_an_empty_line_while_upstream_is_frozen() {
     );
     assert_client_cancel_counted(&h).await;
 }
+
+/// A client that leaves while sending its request body is a client's cancel, like one that
+/// leaves later: not a 400 `invalid_request` answer (which nobody received) counted as an
+/// error. Over HTTP/1.1 with a length and chunked, and over HTTP/2 with a stream reset.
+#[tokio::test]
+async fn client_leaves_while_sending_its_body() {
+    use tokio::io::AsyncWriteExt;
+    let h = harness().await;
+    let heads = [
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         content-length: 100\r\n\r\n{\"model\":",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         transfer-encoding: chunked\r\n\r\n9\r\n{\"model\":\r\n",
+    ];
+    for (n, head) in heads.iter().enumerate() {
+        let mut s = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(s);
+        h.wait_requests("chat", n as f64 + 1.0).await;
+    }
+    // HTTP/2: part of the body, then RST_STREAM(CANCEL).
+    let tcp = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.addr()))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (_response, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from_static(b"{\"model\":"), false)
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    send.send_reset(h2::Reason::CANCEL);
+    h.wait_requests("chat", 3.0).await;
+    let m = h.metrics_text().await;
+    let sample = |s: &str| {
+        m.lines()
+            .find_map(|l| l.strip_prefix(s)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(
+        sample("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}"),
+        3.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample("hourglass_requests_total{outcome=\"error\",route=\"chat\"}"),
+        0.0
+    );
+    assert_eq!(h.fake.requests().len(), 0, "nothing reached the upstream");
+}
+
+/// A body that is malformed (a chunk size that is no number) is still the client's error.
+#[tokio::test]
+async fn a_malformed_chunked_body_is_still_a_bad_request() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = harness().await;
+    let mut s = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+          transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("invalid_request"), "{text}");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"error\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+}
