@@ -22,7 +22,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::budget::{names, Budget};
 use crate::error::GatewayError;
 use crate::gateway::template::Outgoing;
-use crate::http::headers::BodyShape;
+use crate::http::headers::{answer_framing_fault, BodyShape};
 use crate::provider::inspect::Inspector;
 use crate::provider::Format;
 use crate::stream::progress::Progress;
@@ -132,7 +132,14 @@ impl<'a> Attempt<'a> {
                 run: budget.run.clone().map(Box::new),
                 run_tokens: None,
             };
-            let (parts, incoming) = response.into_parts();
+            let (mut parts, incoming) = response.into_parts();
+            if let Some(reason) = answer_framing_fault(parts.status, &mut parts.headers) {
+                // The body goes unread: its connection is closed, never pooled.
+                return Err(GatewayError::UpstreamError {
+                    upstream: upstream.name.to_string(),
+                    reason,
+                });
+            }
             let shape = BodyShape::of(&parts.headers);
             let mut body = UpstreamBody {
                 prefix: VecDeque::new(),

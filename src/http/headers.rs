@@ -110,6 +110,55 @@ fn check_transfer_coding(headers: &HeaderMap) -> Result<(), GatewayError> {
     })
 }
 
+/// What an upstream answer's head says that hyper's client accepts but the gateway must not
+/// pass on, in words for the 502; `None` when the head can go out. A transfer coding other
+/// than one `chunked` (RFC 9112 6.1: never sent unless the request's `TE` asked, and the
+/// gateway's asks for none): hyper removes only the chunked framing, and the coding before
+/// it would vanish with the hop-by-hop header, its bytes passed off as the content. A `101`
+/// (RFC 9110 15.2.2: a switch the request never asked for). A `Content-Length` that is a
+/// list of one repeated number, which hyper accepts, goes on as that number (RFC 9110 8.6:
+/// a sender forwards only the single-number grammar).
+pub(crate) fn answer_framing_fault(
+    status: http::StatusCode,
+    headers: &mut HeaderMap,
+) -> Option<String> {
+    if status == http::StatusCode::SWITCHING_PROTOCOLS {
+        return Some(
+            "answered 101 Switching Protocols, to a request that asked for no upgrade".into(),
+        );
+    }
+    let mut chunked = 0;
+    let mut other = false;
+    for (_, coding) in list_items(headers, header::TRANSFER_ENCODING) {
+        if coding.eq_ignore_ascii_case(b"chunked") {
+            chunked += 1;
+        } else {
+            other = true;
+        }
+    }
+    if other || chunked > 1 {
+        let lines: Vec<&[u8]> = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .map(HeaderValue::as_bytes)
+            .collect();
+        let value = String::from_utf8_lossy(&lines.join(&b", "[..])).into_owned();
+        return Some(format!(
+            "transfer-encoding: {value:?}: a transfer coding other than one chunked, which the \
+             gateway does not decode"
+        ));
+    }
+    let length = headers.get(header::CONTENT_LENGTH)?;
+    if length.as_bytes().contains(&b',') {
+        // hyper refuses a list of different numbers: this one repeats its first.
+        let first = length.as_bytes().split(|&b| b == b',').next()?.trim_ascii();
+        if let Ok(one) = HeaderValue::from_bytes(first) {
+            headers.insert(header::CONTENT_LENGTH, one);
+        }
+    }
+    None
+}
+
 /// RFC 9112 3.2: `uri-host [ ":" port ]` (RFC 3986 3.2.2: a bracketed IP literal or a
 /// reg-name), or empty (a target without an authority). The gateway replaces Host with the
 /// upstream's, but the same section has a server answer 400 to an invalid one rather than

@@ -481,3 +481,66 @@ async fn an_http2_clients_cookie_crumbs_reach_the_upstream_as_one_line() {
     let cookies: Vec<_> = seen[0].headers.get_all("cookie").iter().collect();
     assert_eq!(cookies, ["a=1; b=2"]);
 }
+
+/// RFC 9112 6.1: a server sends no transfer coding but chunked unless the request's `TE`
+/// asked for one (the gateway's asks for none), and a proxy that does not decode a coding
+/// must not drop it. Dropped with the hop-by-hop `transfer-encoding`, the gzip bytes reached
+/// the client as if they were the SSE text, logged `ok`.
+#[tokio::test]
+async fn an_upstream_transfer_coding_other_than_chunked_is_a_bad_gateway() {
+    for head in [
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: gzip, chunked\r\n\
+         connection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: gzip\r\n\
+         connection: close\r\n\r\nabc",
+    ] {
+        let h = through(raw_upstream(now(head.as_bytes())).await).await;
+        let (resp, _c) = h.send(chat_request(&[], true)).await;
+        assert_eq!(resp.status(), 502, "{head:?}");
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("gzip"), "{message}");
+    }
+}
+
+/// RFC 9110 15.2.2: a server switches protocols only when the request asked to (the
+/// gateway's never do). Passed on, the 101 lost its `Upgrade` as hop-by-hop and the client
+/// got a 101 and then nothing, logged `ok`.
+#[tokio::test]
+async fn an_unrequested_switch_of_protocols_is_a_bad_gateway() {
+    let h = through(
+        raw_upstream(now(
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+        ))
+        .await,
+    )
+    .await;
+    let (resp, _c) = h.send(chat_request(&[], true)).await;
+    assert_eq!(resp.status(), 502);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+}
+
+/// RFC 9110 8.6: a recipient may take a list of one repeated length as that length, and a
+/// sender must not forward a `Content-Length` that does not match its grammar (one number).
+#[tokio::test]
+async fn a_repeated_upstream_length_goes_out_as_one_number() {
+    let h = through(
+        raw_upstream(now(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5, 5\r\n\
+              connection: close\r\n\r\nhello",
+        ))
+        .await,
+    )
+    .await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers().get("content-length").map(|v| v.as_bytes()),
+        Some(&b"5"[..]),
+        "{resp:?}"
+    );
+    let read = read_body(resp.into_body()).await;
+    assert_eq!((read.text().as_str(), read.error), ("hello", None));
+}
