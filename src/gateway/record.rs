@@ -49,7 +49,10 @@ impl End {
 /// One upstream attempt, for the log line.
 struct AttemptLog {
     upstream: Arc<str>,
-    outcome: &'static str,
+    /// How it ended; `None` while it runs (the request may end first: the client left, the
+    /// shutdown grace ran out), and then it is logged with the request's end.
+    outcome: Option<&'static str>,
+    started: Instant,
     took: Duration,
 }
 
@@ -324,21 +327,12 @@ impl RequestRecord {
         self.status = Some(status);
     }
 
-    /// Notes one attempt's result for the log line: how its answer began (`ok`, `status_5xx`,
-    /// `hedge_loser`, ...) or why it failed. A first-token limit that fired teaches the
-    /// upstream's estimate that its first token takes at least that long.
-    pub fn attempt(
-        &mut self,
-        entry: &ChainEntry,
-        outcome: Result<&'static str, &GatewayError>,
-        started: Instant,
-    ) {
-        if let Err(GatewayError::FirstTokenTimeout { after, .. }) = outcome {
-            entry.upstream.ttft.observe_bound(*after);
-        }
-        // The log line names the upstream that failed when none answered (an answer's is
-        // set with it; a hedge's loser never replaces the winner).
-        if outcome.is_err() || self.upstream.is_none() {
+    /// Notes an attempt as it starts, so that the log lists attempts in the order they
+    /// started and one still running when the request ends is counted and logged too.
+    /// Returns its place, for [`RequestRecord::attempt`].
+    pub fn attempt_started(&mut self, entry: &ChainEntry, started: Instant) -> usize {
+        // The log line names an upstream even when the request ends before any answered.
+        if self.upstream.is_none() {
             self.upstream = Some(entry.upstream.clone());
         }
         // Most requests make one attempt: room for one, not the four a first push makes, held
@@ -348,22 +342,38 @@ impl RequestRecord {
         }
         self.attempts.push(AttemptLog {
             upstream: entry.upstream.name.clone(),
-            outcome: outcome.unwrap_or_else(GatewayError::code),
-            took: Instant::now().saturating_duration_since(started),
+            outcome: None,
+            started,
+            took: Duration::ZERO,
         });
+        self.attempts.len() - 1
+    }
+
+    /// Notes how attempt `index` ended: how its answer began (`ok`, `status_5xx`,
+    /// `hedge_loser`, ...) or why it failed. A first-token limit that fired teaches the
+    /// upstream's estimate that its first token takes at least that long.
+    pub fn attempt(
+        &mut self,
+        entry: &ChainEntry,
+        index: usize,
+        outcome: Result<&'static str, &GatewayError>,
+    ) {
+        if let Err(GatewayError::FirstTokenTimeout { after, .. }) = outcome {
+            entry.upstream.ttft.observe_bound(*after);
+        }
+        // The log line names the upstream that failed when none answered (an answer's is
+        // set with it; a hedge's loser never replaces the winner).
+        if outcome.is_err() {
+            self.upstream = Some(entry.upstream.clone());
+        }
+        if let Some(a) = self.attempts.get_mut(index) {
+            a.outcome = Some(outcome.unwrap_or_else(GatewayError::code));
+            a.took = Instant::now().saturating_duration_since(a.started);
+        }
     }
 
     /// An attempt that lost a hedge race was cancelled: counted by origin, not as the
     /// request's outcome.
-    /// Swaps the last two attempts noted: a hedge's, noted when it ended, goes after the
-    /// primary's, which started first.
-    pub fn swap_last_attempts(&mut self) {
-        let n = self.attempts.len();
-        if n >= 2 {
-            self.attempts.swap(n - 2, n - 1);
-        }
-    }
-
     pub fn hedge_loser(&self) {
         self.metrics.cancellation(Origin::HedgeLoser).inc();
     }
@@ -468,11 +478,18 @@ impl RequestRecord {
             End::Error(c) => Some(c),
             _ => self.code,
         };
-        // "openai:connect_timeout:512ms,backup:ok:1203ms": every attempt, in order.
+        // "openai:connect_timeout:512ms,backup:ok:1203ms": every attempt, in order; one still
+        // running ended with the request.
         let attempts = (self.attempts.len() > 1).then(|| {
             self.attempts
                 .iter()
-                .map(|a| format!("{}:{}:{}ms", a.upstream, a.outcome, a.took.as_millis()))
+                .map(|a| {
+                    let (outcome, took) = match a.outcome {
+                        Some(o) => (o, a.took),
+                        None => (code.unwrap_or("cancelled"), now - a.started),
+                    };
+                    format!("{}:{}:{}ms", a.upstream, outcome, took.as_millis())
+                })
                 .collect::<Vec<_>>()
                 .join(",")
         });

@@ -276,12 +276,12 @@ async fn single(
 ) -> Result<Started, GatewayError> {
     let mut sent_again = false;
     loop {
-        let started = Instant::now();
         let out = template.request_for(&entry.upstream)?;
+        let index = record.attempt_started(entry, Instant::now());
         let result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
-        note(entry, record, started, &result);
+        note(entry, record, index, &result);
         let need = entry.upstream.ttft.get().max(budget.min_useful);
         match result {
             Err(GatewayError::UpstreamRefused { .. })
@@ -298,7 +298,7 @@ async fn single(
 fn note(
     entry: &ChainEntry,
     record: &mut RequestRecord,
-    started: Instant,
+    index: usize,
     result: &Result<Started, GatewayError>,
 ) {
     let outcome = match result {
@@ -310,7 +310,7 @@ fn note(
         }),
         Err(e) => Err(e),
     };
-    record.attempt(entry, outcome, started);
+    record.attempt(entry, index, outcome);
 }
 
 /// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
@@ -331,6 +331,7 @@ async fn hedge(
         Ok(out) => out,
         Err(e) => return (Err(e), false),
     };
+    let i0 = record.attempt_started(primary_entry, t0);
     let primary = attempt(
         primary_entry,
         route,
@@ -345,7 +346,7 @@ async fn hedge(
     tokio::select! {
         biased;
         r = &mut primary => {
-            note(primary_entry, record, t0, &r);
+            note(primary_entry, record, i0, &r);
             return (r.map(|s| (s, 0)), false);
         }
         () = &mut fire => {}
@@ -355,11 +356,11 @@ async fn hedge(
         Ok(r) if budget.usable(Instant::now()) >= need => r,
         _ => {
             let r = primary.await;
-            note(primary_entry, record, t0, &r);
+            note(primary_entry, record, i0, &r);
             return (r.map(|s| (s, 0)), false);
         }
     };
-    let t1 = Instant::now();
+    let i1 = record.attempt_started(hedge_entry, Instant::now());
     let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout, None).run(hreq);
     tokio::pin!(hedged);
     let policy = &route.route.policy;
@@ -370,16 +371,13 @@ async fn hedge(
     };
     let mut primary_done: Option<Result<Started, GatewayError>> = None;
     let mut hedge_done: Option<Result<Started, GatewayError>> = None;
-    // The log lists attempts in the order they started: a hedge that ends first is noted
-    // first, and the two are put back in order once both are.
-    let mut hedge_noted_first = false;
     let outcome = loop {
         tokio::select! {
             r = &mut primary, if primary_done.is_none() => {
-                note(primary_entry, record, t0, &r);
+                note(primary_entry, record, i0, &r);
                 if wins(&r) {
                     if hedge_done.is_none() {
-                        record.attempt(hedge_entry, Ok("hedge_loser"), t1);
+                        record.attempt(hedge_entry, i1, Ok("hedge_loser"));
                         record.hedge_loser();
                     }
                     metrics.hedge(&route.name, "primary");
@@ -388,11 +386,10 @@ async fn hedge(
                 primary_done = Some(r);
             }
             r = &mut hedged, if hedge_done.is_none() => {
-                hedge_noted_first = primary_done.is_none();
-                note(hedge_entry, record, t1, &r);
+                note(hedge_entry, record, i1, &r);
                 if wins(&r) {
                     if primary_done.is_none() {
-                        record.attempt(primary_entry, Ok("hedge_loser"), t0);
+                        record.attempt(primary_entry, i0, Ok("hedge_loser"));
                         record.hedge_loser();
                     }
                     metrics.hedge(&route.name, "hedge");
@@ -408,9 +405,6 @@ async fn hedge(
             }
         }
     };
-    if hedge_noted_first {
-        record.swap_last_attempts();
-    }
     (outcome, true)
 }
 

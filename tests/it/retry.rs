@@ -567,3 +567,59 @@ async fn a_hedged_requests_log_lists_the_primary_first() {
         "{attempts}"
     );
 }
+
+/// Attempts still running when the request ends (here the client leaves during a hedge race)
+/// are noted too: the attempts histogram counts both, and the log line names the upstream and
+/// both attempts with how the request ended. They were noted only as they ended, which
+/// these never did: 0 attempts, no upstream.
+#[tokio::test]
+async fn attempts_running_when_the_client_leaves_are_logged() {
+    let primary = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let text = config(
+        &primary.url(),
+        &backup.url(),
+        "fallbacks = [\"backup\"]\nhedge_after = \"100ms\"\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"",
+        "",
+        "",
+    );
+    primary.set_script(&[("x-fake-ttft-ms", "25000")]);
+    backup.set_script(&[("x-fake-ttft-ms", "25000")]);
+    let p = Process::spawn(&text, &["--log-format", "json"], &[]).await;
+    let conn = Conn::open(p.addr).await;
+    let pending = tokio::spawn(conn.send(chat_request(&[], true)));
+    assert!(backup.wait_for_requests(1, Duration::from_secs(10)).await);
+    pending.abort();
+    let _ = pending.await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let fields = loop {
+        let (out, err) = p.output();
+        let found = format!("{out}{err}").lines().find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            let fields = v.get("fields").unwrap_or(&v).clone();
+            fields.get("outcome")?;
+            Some(fields)
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "no request log line");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(fields["code"], "client_closed", "{fields}");
+    assert_eq!(fields["upstream"], "primary", "{fields}");
+    let attempts = fields["attempts"].as_str().unwrap_or_default();
+    assert!(
+        attempts.starts_with("primary:client_closed:")
+            && attempts.contains(",backup:client_closed:"),
+        "{fields}"
+    );
+    assert_eq!(
+        metric(p.admin, "hourglass_attempts_sum{route=\"chat\"}").await,
+        2.0
+    );
+}
