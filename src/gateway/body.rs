@@ -13,7 +13,7 @@ use crate::gateway::record::RequestRecord;
 use crate::http::headers::insert_request_id;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::reaper::Reapable;
-use crate::stream::{Observer, WatchdogBody};
+use crate::stream::WatchdogBody;
 
 /// The upstream's body under watch, with the route's admission slot held beside it.
 pub type WatchedBody = WatchdogBody<Reapable<UpstreamBody, crate::admission::Slot>, RequestRecord>;
@@ -33,7 +33,7 @@ pub(super) fn error_answer(
 ) -> Response<ProxyBody> {
     record.set_status(e.status().as_u16());
     let resp = e.response();
-    Observer::data(record, resp.body().len());
+    record.own_bytes(resp.body().len());
     let mut resp = resp.map(|b| Either::Left(Full::new(b)));
     if let Some(view) = record.run_view() {
         insert_run_headers(resp.headers_mut(), view, Instant::now());

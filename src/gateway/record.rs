@@ -323,6 +323,14 @@ impl RequestRecord {
         });
     }
 
+    /// Counts the bytes of an answer the gateway wrote itself (its JSON error) in the log's
+    /// `bytes`, and not as a first byte, which is the upstream's. A HEAD answer sends none.
+    pub fn own_bytes(&mut self, len: usize) {
+        if self.method != Method::HEAD {
+            self.bytes += len as u64;
+        }
+    }
+
     pub fn set_status(&mut self, status: u16) {
         self.status = Some(status);
     }
@@ -506,7 +514,8 @@ impl RequestRecord {
             elapsed,
             margin,
             ttfb,
-            ttft,
+            // As in the histogram: an error body's first byte is no token.
+            ttft: ttft.filter(|_| answered),
             prompt_tokens: self.tokens.and_then(|t| t.prompt),
             completion_tokens: completion.map(|(n, source)| (n, source.as_str())),
             stream_error: self.stream_error().map(ErrorType::as_str),

@@ -479,3 +479,54 @@ async fn a_budget_is_refused_before_the_body_only_when_no_candidate_route_fits_i
     assert!(message.contains("1000ms reserve"), "{message}");
     assert_eq!(h.fake.requests().len(), 2);
 }
+
+/// The log's `ttfb_ms` is the upstream's first byte and `ttft_ms` its first token of a 2xx
+/// answer, as the histograms: the gateway's own error answer (a 404) has neither, an
+/// upstream's 500 no token, and a HEAD answer counts no body bytes it never sent.
+#[tokio::test]
+async fn the_log_line_keeps_the_gateways_own_bytes_out_of_the_upstreams_timings() {
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = BASE
+        .replace("{FAKE}", &fake.url())
+        .replace("api_key_env = \"HOURGLASS_TEST_KEY_UNSET\"\n", "");
+    let p = Process::spawn(&toml, &["--log-format", "json"], &[]).await;
+    let nowhere = |method: &str| {
+        Request::builder()
+            .method(method)
+            .uri("/nowhere")
+            .header("host", "x")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    for method in ["GET", "HEAD"] {
+        let (resp, _c) = Conn::open(p.addr).await.send(nowhere(method)).await;
+        assert_eq!(resp.status(), 404);
+        read_body(resp.into_body()).await;
+    }
+    let (resp, _c) = Conn::open(p.addr)
+        .await
+        .send(chat_request(&[("x-fake-status", "500")], false))
+        .await;
+    assert_eq!(resp.status(), 500);
+    read_body(resp.into_body()).await;
+    let (stdout, stderr) = p.stop().await;
+    let out = stdout + &stderr;
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+        .map(|v| v.get("fields").cloned().unwrap_or(v))
+        .filter(|f| f.get("outcome").is_some())
+        .collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    let (get, head, failed) = (&lines[0], &lines[1], &lines[2]);
+    assert_eq!(get["status"], 404, "{get}");
+    assert!(get.get("ttfb_ms").is_none(), "{get}");
+    assert!(get["bytes"].as_u64().unwrap() > 0, "{get}");
+    assert_eq!(head["method"], "HEAD", "{head}");
+    assert_eq!(head["bytes"], 0, "{head}");
+    assert_eq!(failed["status"], 500, "{failed}");
+    assert!(failed.get("ttfb_ms").is_some(), "{failed}");
+    assert!(failed.get("ttft_ms").is_none(), "{failed}");
+}
