@@ -49,6 +49,8 @@ pub enum BudgetSource {
     GrpcTimeout,
     EnvoyExpected,
     Config,
+    /// The call's run had less left than the call's own budget: the run's deadline bounds it.
+    Run,
 }
 
 impl BudgetSource {
@@ -58,6 +60,7 @@ impl BudgetSource {
             Self::GrpcTimeout => GRPC_TIMEOUT,
             Self::EnvoyExpected => ENVOY_EXPECTED,
             Self::Config => "config",
+            Self::Run => "run",
         }
     }
 }
@@ -187,6 +190,7 @@ impl Budget {
         if deadline < self.deadline {
             self.deadline = deadline;
             self.total = deadline.saturating_duration_since(self.arrival);
+            self.source = BudgetSource::Run;
             self.run = Some(RunBound {
                 id,
                 budget: run_budget,
@@ -421,6 +425,31 @@ mod tests {
             (b.total, b.source),
             (Duration::from_secs(60), BudgetSource::Config)
         );
+    }
+
+    /// The log says where a call's budget came from: its run, when the run had less left.
+    #[tokio::test]
+    async fn a_run_that_shortens_the_budget_becomes_its_source() {
+        let mut b = resolve(&[(BUDGET_HEADER, "5000")]).unwrap();
+        b.bind_run(
+            Arc::from("r"),
+            b.arrival + Duration::from_secs(9),
+            Duration::from_secs(9),
+        );
+        assert_eq!(
+            (b.total, b.source),
+            (Duration::from_secs(5), BudgetSource::Header)
+        );
+        b.bind_run(
+            Arc::from("r"),
+            b.arrival + Duration::from_secs(2),
+            Duration::from_secs(9),
+        );
+        assert_eq!(
+            (b.total, b.source),
+            (Duration::from_secs(2), BudgetSource::Run)
+        );
+        assert_eq!(b.source.as_str(), "run");
     }
 
     #[tokio::test]

@@ -209,6 +209,14 @@ impl RequestRecord {
     /// The request's run refused it; `view` is what the run has left, if it was the run's.
     pub fn refused_by_run(&mut self, run: Option<(Arc<str>, View)>) {
         if let Some((id, view)) = run {
+            // The log's budget is what the call had: its own, or what its run had left.
+            if let (Some(b), Some(deadline)) = (self.budget.as_mut(), view.deadline) {
+                if deadline < b.deadline {
+                    b.deadline = deadline;
+                    b.total = deadline.saturating_duration_since(self.arrival);
+                    b.source = BudgetSource::Run;
+                }
+            }
             self.run = Some(Box::new(RunPart {
                 id,
                 call: None,
