@@ -33,8 +33,8 @@ pub struct Returned {
 impl Returned {
     /// After hyper's header-read timeout: tells a client that stalled part-way through a
     /// request head why its connection is closing. An idle keep-alive connection is closed
-    /// without a word, as RFC 9112 9.6 allows.
-    pub fn answer_stalled_head(&self) {
+    /// without a word, as RFC 9112 9.6 allows. Whether the 408 was sent.
+    pub fn answer_stalled_head(&self) -> bool {
         let socket = self
             .socket
             .lock()
@@ -46,7 +46,9 @@ impl Returned {
                 b"HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
             );
             let _ = socket2::SockRef::from(&socket).shutdown(std::net::Shutdown::Both);
+            return true;
         }
+        false
     }
 }
 

@@ -307,14 +307,27 @@ async fn serve_connection(
                     Draining::new(connection, &drain, watcher).await
                 }
             };
-            if result.as_ref().is_err_and(hyper::Error::is_timeout) {
-                // hyper closes such a connection without a word.
-                returned.answer_stalled_head();
+            // hyper closes such a connection without a word; one stalled mid-head is told.
+            if result.as_ref().is_err_and(hyper::Error::is_timeout)
+                && returned.answer_stalled_head()
+            {
+                shared.metrics.refused_head("header_timeout");
             }
             result
         }
     };
     if let Err(e) = result {
+        // hyper answers these heads itself: they never reach the handler or its log line.
+        let refused = if e.is_parse_too_large() {
+            Some("too_large")
+        } else if e.is_parse() {
+            Some("malformed")
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
+            shared.metrics.refused_head(reason);
+        }
         tracing::debug!(%peer, error = %e, "client connection ended with an error");
     }
 }

@@ -51,6 +51,7 @@ pub struct Metrics {
     reloads: IntCounterVec,
     config_info: IntGaugeVec,
     panics: IntCounter,
+    refused_heads: IntCounterVec,
     runs: RunMetrics,
     stream_upstream: IntCounterVec,
     partial_answers: IntCounterVec,
@@ -338,6 +339,21 @@ impl Metrics {
         registry
             .register(Box::new(panics.clone()))
             .expect("unique metric");
+        let refused_heads = IntCounterVec::new(
+            Opts::new(
+                "hourglass_refused_heads_total",
+                "Client request heads refused before they became requests (no log line): \
+                 malformed (a bare 400), too_large (431), header_timeout (408).",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(refused_heads.clone()))
+            .expect("unique metric");
+        for reason in ["malformed", "too_large", "header_timeout"] {
+            refused_heads.with_label_values(&[reason]);
+        }
         let log_lines_dropped = IntCounter::new(
             "hourglass_log_lines_dropped_total",
             "Log lines dropped because the log's reader fell behind (the gateway never waits \
@@ -417,6 +433,7 @@ impl Metrics {
             reloads,
             config_info,
             panics,
+            refused_heads,
             requests,
             cancellations,
             budget,
@@ -552,6 +569,12 @@ impl Metrics {
 
     pub fn panicked(&self) {
         self.panics.inc();
+    }
+
+    /// A client head refused before it became a request: `reason` is one of the three the
+    /// metric's help names.
+    pub fn refused_head(&self, reason: &'static str) {
+        self.refused_heads.with_label_values(&[reason]).inc();
     }
 
     pub fn hedge(&self, route: &str, winner: &str) {

@@ -544,3 +544,41 @@ async fn a_repeated_upstream_length_goes_out_as_one_number() {
     let read = read_body(resp.into_body()).await;
     assert_eq!((read.text().as_str(), read.error), ("hello", None));
 }
+
+/// Heads hyper refuses itself (its bare 400 and 431) never become requests, so they have no
+/// log line; they are counted, so a client sending them is seen on the dashboard.
+#[tokio::test]
+async fn heads_hyper_refuses_are_counted() {
+    let h = Harness::start().await;
+    let (text, _) = raw_exchange(h.addr(), b"GARBAGE\r\n\r\n", |g| !g.is_empty()).await;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    let big = format!(
+        "GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    let (text, _) = raw_exchange(h.addr(), big.as_bytes(), |g| !g.is_empty()).await;
+    assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let malformed = h
+            .metric("hourglass_refused_heads_total{reason=\"malformed\"}")
+            .await;
+        let too_large = h
+            .metric("hourglass_refused_heads_total{reason=\"too_large\"}")
+            .await;
+        if (malformed, too_large) == (1.0, 1.0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{malformed} {too_large}: {}",
+            h.metrics_text().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = h.metrics_text().await;
+    assert!(
+        text.contains("hourglass_refused_heads_total{reason=\"header_timeout\"} 0"),
+        "{text}"
+    );
+}

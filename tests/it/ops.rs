@@ -558,6 +558,28 @@ async fn a_client_stalling_mid_head_gets_408() {
     );
     assert!(start.elapsed() < Duration::from_secs(4));
     assert!(h.fake.requests().is_empty());
+    // Counted, as hyper's other refusals are; an idle keep-alive connection closed at the
+    // same timeout is not a refused head.
+    let mut idle = TcpStream::connect(h.addr()).await.unwrap();
+    let body = r#"{"model":"m"}"#;
+    idle.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut got)).await;
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    assert_eq!(
+        h.metric("hourglass_refused_heads_total{reason=\"header_timeout\"}")
+            .await,
+        1.0
+    );
 }
 
 /// A connection that never says anything is not held past the header-read timeout (nor is
