@@ -29,7 +29,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -48,12 +48,22 @@ pub struct Framing {
     ambiguous: AtomicU64,
     /// Requests the service has been handed so far.
     served: AtomicU64,
+    /// The bytes read so far end inside a message (a head, a body, or framing hyper
+    /// refuses): a connection closed now leaves the client sending.
+    mid_message: AtomicBool,
 }
 
 impl Framing {
     /// Called once for every request hyper hands the service, in order: whether its head
     /// carried both headers. hyper can only hand over a head it has read, through the
     /// tracker, so the answer is known by then.
+    /// Whether the client's bytes so far end inside a message: closed now, the connection
+    /// would leave the client sending (an answer made before the body was read, a head
+    /// hyper refused).
+    pub fn mid_message(&self) -> bool {
+        self.mid_message.load(Ordering::Relaxed)
+    }
+
     pub fn next_request_is_ambiguous(&self) -> bool {
         let n = self.served.fetch_add(1, Ordering::Relaxed) + 1;
         self.ambiguous.load(Ordering::Relaxed) == n
@@ -481,6 +491,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for FramingIo<T> {
             if let Some(n) = this.tracker.feed(read) {
                 this.framing.ambiguous.store(n, Ordering::Relaxed);
             }
+            this.framing
+                .mid_message
+                .store(this.tracker.state != State::Idle, Ordering::Relaxed);
             // Empty lines after a request (a CRLF some clients send after a body) are not
             // handed to hyper, which ignores them anyway: bytes waiting in its buffer stop
             // it from reading the socket while the answer streams, and so from noticing the

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
@@ -59,6 +59,42 @@ pub struct ClientIo {
     send_timeout: Duration,
     stall: Option<Pin<Box<Sleep>>>,
     stalled: bool,
+}
+
+/// How long a lingering close waits for more of what the client is sending, and how long it
+/// lingers in all (nginx's `lingering_timeout` is 5 s, its `lingering_time` 30 s).
+const LINGER_QUIET: Duration = Duration::from_secs(2);
+const LINGER_MOST: Duration = Duration::from_secs(30);
+
+impl Returned {
+    /// RFC 9112 9.6: closes a connection whose client may still be sending (an answer made
+    /// before its body was read, a head hyper refused) by half-closing it and reading what
+    /// comes until the client closes, goes quiet for `LINGER_QUIET`, or `LINGER_MOST` has
+    /// passed. Closed at once with unread bytes, the socket would send a reset, which makes
+    /// the client's writes fail and may erase the answer still in its buffers: a front proxy
+    /// then answers its own 502 instead of ours.
+    pub async fn linger(&self) {
+        let socket = self
+            .socket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(mut socket) = socket else {
+            return;
+        };
+        // hyper has usually sent its FIN already; a second shutdown changes nothing.
+        let _ = socket2::SockRef::from(&socket).shutdown(std::net::Shutdown::Write);
+        let end = Instant::now() + LINGER_MOST;
+        // On the heap: rare, and the connection task's future stays small.
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let quiet = (Instant::now() + LINGER_QUIET).min(end);
+            match tokio::time::timeout_at(quiet, socket.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+        }
+    }
 }
 
 impl ClientIo {

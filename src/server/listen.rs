@@ -229,7 +229,7 @@ async fn serve_connection(
             // Boxed, as HTTP/2 is below: inline, the TLS and HTTP/2 states would size every
             // connection's task (cleartext HTTP/1 too) for the largest of them.
             let tls = Box::pin(async move {
-                let (io, _) = ClientIo::new(stream, server.send_timeout);
+                let (io, returned) = ClientIo::new(stream, server.send_timeout);
                 let handshake =
                     tokio::time::timeout(server.header_read_timeout, acceptor.accept(io));
                 // No request is in flight yet: a drain closes the connection at once rather
@@ -268,8 +268,12 @@ async fn serve_connection(
                     let (io, framing) = FramingIo::new(tls_stream);
                     let connection = protocols
                         .http1
-                        .serve_connection(TokioIo::new(io), service(None, Some(framing)));
-                    Draining::new(connection, &drain, watcher).await
+                        .serve_connection(TokioIo::new(io), service(None, Some(framing.clone())));
+                    let result = Draining::new(connection, &drain, watcher).await;
+                    if framing.mid_message() {
+                        Box::pin(returned.linger()).await;
+                    }
+                    result
                 })
             });
             let Some(result) = tls.await else { return };
@@ -303,8 +307,14 @@ async fn serve_connection(
                     let (io, framing) = FramingIo::new(io);
                     let connection = protocols
                         .http1
-                        .serve_connection(TokioIo::new(io), service(None, Some(framing)));
-                    Draining::new(connection, &drain, watcher).await
+                        .serve_connection(TokioIo::new(io), service(None, Some(framing.clone())));
+                    let result = Draining::new(connection, &drain, watcher).await;
+                    if framing.mid_message()
+                        && !result.as_ref().is_err_and(hyper::Error::is_timeout)
+                    {
+                        Box::pin(returned.linger()).await;
+                    }
+                    result
                 }
             };
             // hyper closes such a connection without a word; one stalled mid-head is told.

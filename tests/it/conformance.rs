@@ -582,3 +582,54 @@ async fn heads_hyper_refuses_are_counted() {
         "{text}"
     );
 }
+
+/// RFC 9112 9.6: a server that closes with part of a request body still on its way keeps
+/// reading for a while before it closes, or the reset its close sends when bytes arrive
+/// erases the answer in the client's buffers. A front proxy writing the rest of the body
+/// (nginx with `proxy_request_buffering off`) got EPIPE and answered its own 502 in 75 to 98
+/// of 100 early error answers. The gateway now half-closes and reads the rest.
+#[tokio::test]
+async fn an_early_answer_is_followed_by_a_lingering_close() {
+    let h = Harness::start().await;
+    let size = 2 << 20;
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        format!(
+            "POST /nowhere HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {size}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let chunk = vec![b' '; 64 << 10];
+    s.write_all(&chunk).await.unwrap();
+    // The answer comes before the body is read.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\"no_route\"") {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("an answer")
+            .expect("readable");
+        assert!(n > 0, "closed before the answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 404"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The rest of the body is taken, not refused with a reset.
+    let mut sent = chunk.len();
+    while sent < size {
+        s.write_all(&chunk)
+            .await
+            .unwrap_or_else(|e| panic!("after {sent} bytes: {e}"));
+        sent += chunk.len();
+    }
+    // And the gateway's close is a FIN, once it has read what came.
+    s.shutdown().await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("closed")
+        .expect("a clean close");
+    assert_eq!(n, 0);
+}
