@@ -57,6 +57,42 @@ pub(super) fn parse(
     Ok(config)
 }
 
+/// The files config `text` names (as [`Config::files`] lists them), read from the text alone:
+/// a config refused for what one of them holds names them too, and a fix to that file is a
+/// reason to try again. Empty when the text does not parse.
+pub(super) fn files_named(text: &str, base_dir: Option<&Path>) -> Vec<PathBuf> {
+    let Ok(raw) = toml::from_str::<RawConfig>(text) else {
+        return Vec::new();
+    };
+    let resolve = |p: &PathBuf| match base_dir {
+        Some(dir) if p.is_relative() => dir.join(p),
+        _ => p.clone(),
+    };
+    let mut out: Vec<PathBuf> = Vec::new();
+    if let Some(t) = &raw.server.tls {
+        out.extend(
+            [&t.cert, &t.key, &t.client_ca]
+                .into_iter()
+                .flatten()
+                .map(resolve),
+        );
+    }
+    for (_, u) in &raw.upstreams.0 {
+        out.extend(
+            [&u.api_key_file, &u.ca_file]
+                .into_iter()
+                .flatten()
+                .map(resolve),
+        );
+    }
+    for r in &raw.routes {
+        out.extend(r.client_keys_file.as_ref().map(resolve));
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// FNV-1a of the text: stable across builds and platforms, unlike std's hasher.
 fn fingerprint(text: &str) -> String {
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {

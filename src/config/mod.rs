@@ -397,6 +397,14 @@ impl Config {
         build::parse(&text, &source, path.parent())
     }
 
+    /// The files the config at `path` names, read from its text even when it is refused (see
+    /// [`Config::files`]); empty when it cannot be read or parsed.
+    pub fn files_named(path: &Path) -> Vec<PathBuf> {
+        std::fs::read_to_string(path)
+            .map(|text| build::files_named(&text, path.parent()))
+            .unwrap_or_default()
+    }
+
     /// Validates config text that did not come from [`Config::load`] (embedded
     /// configs, tests). `source` names it in messages; relative `ca_file`s are
     /// resolved against `Path::new(source).parent()`.

@@ -78,12 +78,15 @@ async fn next_hangup(h: &mut Hangup) {
 }
 
 /// What the watcher compares from one tick to the next: the config file's bytes and a hash
-/// of each file the running config names (hashed: some hold keys, which the watcher need
-/// not keep). A file that cannot be read counts as a state of its own.
+/// of each file the running config names, and each the file's text names (a config refused
+/// for what a key file holds is tried again when that file is fixed). Hashed: some hold
+/// keys, which the watcher need not keep. A file that cannot be read counts as a state of
+/// its own.
 async fn read_source(shared: &Shared) -> Option<(Vec<u8>, Vec<Option<u64>>)> {
     use std::hash::{DefaultHasher, Hash, Hasher};
-    let text = tokio::fs::read(shared.source.as_ref()?).await.ok()?;
-    let files: Vec<std::path::PathBuf> = shared
+    let path = shared.source.clone()?;
+    let text = tokio::fs::read(&path).await.ok()?;
+    let mut files: Vec<std::path::PathBuf> = shared
         .gateway
         .load()
         .config()
@@ -91,6 +94,12 @@ async fn read_source(shared: &Shared) -> Option<(Vec<u8>, Vec<Option<u64>>)> {
         .into_iter()
         .map(Into::into)
         .collect();
+    let named = tokio::task::spawn_blocking(move || Config::files_named(&path))
+        .await
+        .unwrap_or_default();
+    files.extend(named);
+    files.sort_unstable();
+    files.dedup();
     let mut hashes = Vec::with_capacity(files.len());
     for f in files {
         hashes.push(tokio::fs::read(&f).await.ok().map(|bytes| {

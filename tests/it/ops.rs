@@ -159,6 +159,46 @@ async fn a_changed_file_is_picked_up_by_the_watcher() {
     }
 }
 
+/// A reload refused for what a file the new config names holds (a client key too short) is
+/// tried again when that file is fixed, as the docs promise for "a file it names": the
+/// watcher followed only the running config's files, so the fix went unseen until the config
+/// file itself was touched.
+#[tokio::test]
+async fn a_reload_refused_for_a_named_file_is_tried_again_when_it_is_fixed() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = temp_dir("watch-keys");
+    let path = dir.path().join("hourglass.toml");
+    let keys = dir.path().join("keys.txt");
+    let text = BASE.replace("{FAKE}", &fake.url());
+    std::fs::write(&path, &text).unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    gw.watch_config(Duration::from_millis(50));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::fs::write(&keys, "short\n").unwrap();
+    let keyed = format!(
+        "{text}\n[[routes]]\nname = \"keyed\"\npath_prefix = \"/v1/keyed\"\nupstream = \"fake\"\n\
+         client_keys_file = \"keys.txt\"\n"
+    );
+    std::fs::write(&path, keyed).unwrap();
+    let wait_for = |want: &'static str| {
+        let gw = &gw;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !gw.metrics.encode().contains(want) {
+                assert!(Instant::now() < deadline, "never: {want}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for("hourglass_config_reloads_total{result=\"error\"} 1").await;
+    std::fs::write(&keys, "hg-a-client-key-long-enough-0001\n").unwrap();
+    wait_for("hourglass_config_reloads_total{result=\"ok\"} 1").await;
+}
+
 #[tokio::test]
 async fn shutdown_lets_streams_finish_then_cuts_the_rest_with_an_event() {
     let h = Harness::with_config(
