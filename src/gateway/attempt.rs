@@ -24,7 +24,7 @@ use crate::error::GatewayError;
 use crate::gateway::template::Outgoing;
 use crate::http::headers::{answer_framing_fault, BodyShape};
 use crate::provider::inspect::Inspector;
-use crate::provider::Format;
+use crate::provider::{ErrorType, Format};
 use crate::stream::progress::Progress;
 use crate::stream::StreamLimits;
 use crate::telemetry::metrics::InFlight;
@@ -61,6 +61,11 @@ pub struct Started {
     pub assembled: bool,
     /// ... and a limit that cuts it after output came gives the client a partial answer.
     pub partial_answers: bool,
+    /// The provider's own error event came before any output while the head was held (nothing
+    /// has reached the client): its type, when the inspector could name it. An overload sent
+    /// this way (Anthropic's `overloaded_error` on a 200) is retried like the status it stands
+    /// for.
+    pub error_event: Option<ErrorType>,
 }
 
 impl<'a> Attempt<'a> {
@@ -147,14 +152,14 @@ impl<'a> Attempt<'a> {
                 _in_flight: self.in_flight,
                 _stream: slot,
             };
-            let (mut first_token_at, mut first_byte_at) = (None, None);
+            let (mut first_token_at, mut first_byte_at, mut error_event) = (None, None, None);
             if self.hold && parts.status.is_success() {
                 // An encoded answer is held to its first byte, as any body that is not SSE text.
                 let is_sse = shape.readable_sse();
                 let inspector = format.filter(|_| is_sse).map(|f| Inspector::new(f, true));
                 // Boxed: only routes that may switch hold, and inline the hold's state would
                 // grow every request's future by its size.
-                (first_token_at, first_byte_at) = Box::pin(hold_until_first_token(
+                (first_token_at, first_byte_at, error_event) = Box::pin(hold_until_first_token(
                     &mut body,
                     Progress::new(is_sse, inspector),
                     &limits,
@@ -171,6 +176,7 @@ impl<'a> Attempt<'a> {
                 shape,
                 assembled,
                 partial_answers,
+                error_event,
             })
         }
     }
@@ -198,6 +204,10 @@ impl<'a> Attempt<'a> {
     }
 }
 
+/// When the first token came, when the first byte did, and the type of a provider error
+/// event that came instead of any output.
+type Held = (Option<Instant>, Option<Instant>, Option<ErrorType>);
+
 /// Reads the body until its first token, as `progress` decides it, keeping what it read as
 /// the body's prefix. Returns when that token and the first byte arrived; no token if the
 /// body ended (or the provider's error event came) first.
@@ -205,7 +215,7 @@ async fn hold_until_first_token(
     body: &mut UpstreamBody,
     mut progress: Progress,
     limits: &StreamLimits,
-) -> Result<(Option<Instant>, Option<Instant>), GatewayError> {
+) -> Result<Held, GatewayError> {
     let mut first_byte = None;
     let timer = sleep_until(limits.first_token_deadline.min(limits.deadline));
     tokio::pin!(timer);
@@ -233,7 +243,7 @@ async fn hold_until_first_token(
                     reason: crate::stream::ENDED_SHORT.to_owned(),
                 })
             }
-            None => return Ok((None, first_byte)),
+            None => return Ok((None, first_byte, None)),
             Some(Err(e)) => {
                 return Err(GatewayError::UpstreamError {
                     upstream: limits.upstream.to_string(),
@@ -252,14 +262,16 @@ async fn hold_until_first_token(
                 let read = progress.read(&data);
                 body.prefix.push_back(data);
                 if read.output {
-                    return Ok((Some(now), Some(byte_at)));
+                    return Ok((Some(now), Some(byte_at), None));
                 }
                 // An error event whose end waits on the next byte (`error_pending`) is as much
                 // the upstream's answer as one that ended.
                 if read.error_end.is_some() || progress.error_pending() {
-                    // The upstream's own error event: no token will come, but it is the
-                    // upstream's answer to pass through, not ours to retry.
-                    return Ok((None, Some(byte_at)));
+                    // The upstream's own error event: no token will come. It is the
+                    // upstream's answer to pass through, unless its type says the route may
+                    // try again (`retry::answer_cause`).
+                    let kind = progress.tokens().and_then(|t| t.error);
+                    return Ok((None, Some(byte_at), Some(kind.unwrap_or(ErrorType::Other))));
                 }
             }
         }

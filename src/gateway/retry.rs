@@ -17,6 +17,7 @@ use crate::gateway::attempt::{Attempt, Started};
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::{ChainEntry, RouteRuntime};
 use crate::gateway::template::Template;
+use crate::provider::ErrorType;
 use crate::telemetry::metrics::InFlight;
 use crate::telemetry::metrics::Metrics;
 
@@ -122,9 +123,8 @@ pub async fn run(
                 };
             match outcome {
                 Ok((started, winner)) => {
-                    let status = started.response.status();
                     if let Some(cause) =
-                        status_cause(status).filter(|c| policy.retry_on.contains(*c))
+                        answer_cause(&started).filter(|c| policy.retry_on.contains(*c))
                     {
                         last = Last::Answer(Box::new(started), cause);
                         continue;
@@ -218,6 +218,19 @@ fn first_token_limit(budget: &Budget, next: Option<&ChainEntry>) -> (Duration, O
     }
 }
 
+/// Why an answer may be retried: its status, or the provider's error event that came in
+/// place of any output while its head was held (an overload or a server error as a 5xx, a
+/// rate limit as a 429; a bad request is the client's and passes through).
+fn answer_cause(started: &Started) -> Option<RetryCause> {
+    status_cause(started.response.status()).or_else(|| match started.error_event? {
+        ErrorType::Overloaded | ErrorType::Api | ErrorType::Server | ErrorType::Timeout => {
+            Some(RetryCause::Status5xx)
+        }
+        ErrorType::RateLimit => Some(RetryCause::Status429),
+        _ => None,
+    })
+}
+
 fn status_cause(status: StatusCode) -> Option<RetryCause> {
     if status == StatusCode::TOO_MANY_REQUESTS {
         Some(RetryCause::Status429)
@@ -302,6 +315,7 @@ fn note(
     result: &Result<Started, GatewayError>,
 ) {
     let outcome = match result {
+        Ok(s) if s.error_event.is_some() => Ok("error_event"),
         Ok(s) if s.response.status().is_success() => Ok("ok"),
         Ok(s) => Ok(match status_cause(s.response.status()) {
             Some(RetryCause::Status429) => "status_429",
@@ -366,7 +380,7 @@ async fn hedge(
     let policy = &route.route.policy;
     // An answer with a status the route would retry on is a failure here, not a win.
     let wins = |r: &Result<Started, GatewayError>| match r {
-        Ok(s) => !status_cause(s.response.status()).is_some_and(|c| policy.retry_on.contains(c)),
+        Ok(s) => !answer_cause(s).is_some_and(|c| policy.retry_on.contains(c)),
         Err(_) => false,
     };
     let mut primary_done: Option<Result<Started, GatewayError>> = None;

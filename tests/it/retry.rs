@@ -623,3 +623,50 @@ async fn attempts_running_when_the_client_leaves_are_logged() {
         2.0
     );
 }
+
+/// A provider's error event that comes before any output (Anthropic sends its overload so:
+/// a 200, then `event: error` with `overloaded_error`) while the head is held is retried like
+/// the status it stands for: nothing has reached the client. It was passed through, though a
+/// fallback stood ready. A bad request sent so is the client's, and still passes through.
+#[tokio::test]
+async fn an_overload_sent_as_an_error_event_before_any_output_falls_back() {
+    for (kind, falls_back) in [("overloaded_error", true), ("invalid_request_error", false)] {
+        let event = format!(
+            "event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"{kind}\",\"message\":\"m\"}}}}\n\n"
+        );
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{event}",
+            event.len()
+        );
+        let up = raw_upstream(vec![(Duration::ZERO, head.into_bytes())]).await;
+        let p = pair_with(
+            "fallbacks = [\"backup\"]",
+            "",
+            "",
+            Some(format!("http://{up}")),
+        )
+        .await;
+        let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+        assert_eq!(resp.status(), 200, "{kind}");
+        let read = read_body(resp.into_body()).await;
+        let text = read.text();
+        if falls_back {
+            assert!(
+                text.contains("tok2") && !text.contains(kind),
+                "{kind}: {text}"
+            );
+            assert_eq!(
+                p.metric(
+                    "hourglass_fallbacks_total{from=\"primary\",route=\"chat\",to=\"backup\"}"
+                )
+                .await,
+                1.0,
+                "{kind}"
+            );
+        } else {
+            assert!(text.contains(kind), "{kind}: {text}");
+            assert!(p.backup.requests().is_empty(), "{kind}");
+        }
+    }
+}
