@@ -14,11 +14,13 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use crate::error::{BoxError, GatewayError};
+use crate::http::headers::strip_hop_by_hop;
 use crate::provider::inspect::Inspector;
 use crate::stream::limits::StreamLimits;
 use crate::stream::observer::{Observer, StreamEnd};
@@ -51,6 +53,9 @@ enum State {
     /// A non-SSE body that must be aborted: the error is returned on the next poll. Boxed,
     /// as it is returned: inline it would size every open stream's body for this rare state.
     Failing(Box<GatewayError>),
+    /// The upstream's trailers, the last frame, once what is ready has gone. Boxed for the
+    /// same reason.
+    Trailers(Box<HeaderMap>),
     Done,
 }
 
@@ -218,6 +223,7 @@ where
             match std::mem::replace(this.state, State::Done) {
                 State::Done => return Poll::Ready(None),
                 State::Failing(e) => return Poll::Ready(Some(Err(e))),
+                State::Trailers(t) => return Poll::Ready(Some(Ok(Frame::trailers(*t)))),
                 State::Streaming => *this.state = State::Streaming,
             }
             let Some(inner) = this.inner.as_mut().as_pin_mut() else {
@@ -228,11 +234,27 @@ where
                 Poll::Ready(Some(Ok(frame))) => {
                     let data = match frame.into_data() {
                         Ok(data) => data,
-                        Err(trailers) => {
-                            // Trailers end a body; whatever was held goes out before them.
-                            flush_held(this.sse, this.ready);
-                            if this.ready.is_empty() {
-                                return Poll::Ready(Some(Ok(trailers)));
+                        Err(frame) => {
+                            // Trailers end the body, and hyper's servers drop it once they
+                            // have them, without polling again: its end is judged now, as
+                            // any end is, before anything held goes out. An answer cut short
+                            // ends with the error event, which the trailers cannot follow.
+                            let whole = end_of_body(
+                                this.inner.as_mut(),
+                                this.sse,
+                                this.ready,
+                                this.state,
+                                this.observer,
+                                this.progress,
+                                this.limits,
+                            );
+                            if let (true, Ok(mut trailers)) = (whole, frame.into_trailers()) {
+                                // HTTP/2 refuses to send a connection-specific field: the
+                                // stream would be reset after a complete answer.
+                                strip_hop_by_hop(&mut trailers);
+                                if !trailers.is_empty() {
+                                    *this.state = State::Trailers(Box::new(trailers));
+                                }
                             }
                             continue;
                         }
@@ -369,15 +391,17 @@ where
                         err,
                     );
                 }
-                Poll::Ready(None) => end_of_body(
-                    this.inner.as_mut(),
-                    this.sse,
-                    this.ready,
-                    this.state,
-                    this.observer,
-                    this.progress,
-                    this.limits,
-                ),
+                Poll::Ready(None) => {
+                    end_of_body(
+                        this.inner.as_mut(),
+                        this.sse,
+                        this.ready,
+                        this.state,
+                        this.observer,
+                        this.progress,
+                        this.limits,
+                    );
+                }
                 Poll::Pending => {
                     if let Some(s) = this.shutdown.as_mut() {
                         if s.poll_fired(cx).is_ready() {
@@ -479,6 +503,7 @@ fn mark_progress<O: Observer>(
 /// failure like a reset, never a silent truncation: the half event is dropped and the error
 /// event follows. Otherwise what was held goes out and the stream is complete (or ended
 /// with the upstream's error event, if one was still waiting for the byte after its CR).
+/// Returns false when the stream was cut.
 fn end_of_body<B, O: Observer>(
     inner: Pin<&mut Option<B>>,
     sse: &mut Option<Sse>,
@@ -487,11 +512,11 @@ fn end_of_body<B, O: Observer>(
     observer: &mut O,
     progress: &Progress,
     limits: &StreamLimits,
-) {
+) -> bool {
     if progress.error_pending() {
         flush_held(sse, ready);
         end_after_error(inner, state, observer);
-        return;
+        return true;
     }
     if sse.is_some() && progress.ended_short() {
         let err = GatewayError::UpstreamError {
@@ -499,13 +524,14 @@ fn end_of_body<B, O: Observer>(
             reason: ENDED_SHORT.to_owned(),
         };
         cut(inner, sse, ready, state, observer, err);
-        return;
+        return false;
     }
     flush_held(sse, ready);
     let mut inner = inner;
     inner.set(None);
     observer.finish(StreamEnd::Complete);
     *state = State::Done;
+    true
 }
 
 /// The upstream's error event went out, all but the answer to whether an LF follows the CR

@@ -210,6 +210,23 @@ async fn run(s: &mut TcpStream, script: &str) -> bool {
             let _ = s.write_all(&out).await;
             true
         }
+        // Framed whole, ended by trailers: the answer has no end (two events, no
+        // `finish_reason`, no `[DONE]`), the last one with half an event before them, or
+        // it is whole, `[DONE]` and all (a hop-by-hop field among its trailers).
+        "ends-at-trailers-without-its-end"
+        | "ends-at-trailers-mid-event"
+        | "ends-at-trailers-after-done" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(chunk(&match script {
+                "ends-at-trailers-without-its-end" => event(2),
+                "ends-at-trailers-mid-event" => b"data: {\"partial".to_vec(),
+                _ => DONE.to_vec(),
+            }));
+            out.extend(b"0\r\nx-tr: v1\r\nconnection: x-secret\r\nx-secret: s\r\n\r\n");
+            let _ = s.write_all(&out).await;
+            true
+        }
         // Two events, then a TCP reset.
         "reset-mid-stream" => {
             let mut out = SSE_HEAD.as_bytes().to_vec();
@@ -585,6 +602,52 @@ async fn an_answer_that_stops_without_its_end_ends_with_an_error_event() {
     let done = survive("ends-with-finish-reason", true, "ok").await;
     assert!(done.read.error.is_none());
     assert_eq!(done.read.bytes, [event(1), FINISHED.to_vec()].concat());
+}
+
+/// Trailers end a stream as its last chunk does: the answer must have ended by then, and
+/// the half event before them is dropped, never glued to the error event.
+#[tokio::test]
+async fn an_answer_that_stops_at_its_trailers_without_its_end_ends_with_an_error_event() {
+    let out = survive("ends-at-trailers-without-its-end", true, "error").await;
+    assert_eq!(out.event_code(), "upstream_error");
+    let after = out.read.bytes.strip_prefix(event(1).as_slice()).unwrap();
+    let after = after.strip_prefix(event(2).as_slice()).unwrap();
+    assert!(after.starts_with(b"event: error\n"));
+    let out = survive("ends-at-trailers-mid-event", true, "error").await;
+    assert_eq!(out.event_code(), "upstream_error");
+    let after = out.read.bytes.strip_prefix(event(1).as_slice()).unwrap();
+    assert!(
+        after.starts_with(b"event: error\n"),
+        "the half event never went out"
+    );
+}
+
+/// A whole answer with trailers is delivered whole and counted `ok`, not as a client that
+/// left. An HTTP/1.1 client gets no trailers (the gateway drops `Trailer` as hop-by-hop, and
+/// hyper sends only fields it names); an HTTP/2 client gets them, less the hop-by-hop fields.
+#[tokio::test]
+async fn a_whole_answer_with_trailers_is_delivered_and_counted_ok() {
+    let done = survive("ends-at-trailers-after-done", true, "ok").await;
+    assert!(done.read.error.is_none());
+    assert_eq!(done.read.bytes, [event(1), DONE.to_vec()].concat());
+
+    let hostile = Hostile::start().await;
+    let h = Harness::with_config(&config(&hostile)).await;
+    let resp = h2_send(h.addr(), evil("ends-at-trailers-after-done", true))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap();
+    let trailers = body.trailers().cloned().expect("trailers over HTTP/2");
+    assert_eq!(trailers.get("x-tr").unwrap(), "v1");
+    assert!(!trailers.contains_key("connection") && !trailers.contains_key("x-secret"));
+    assert_eq!(body.to_bytes(), [event(1), DONE.to_vec()].concat());
+    h.wait_requests("evil", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"evil\"}")
+            .await,
+        1.0
+    );
 }
 
 #[tokio::test]

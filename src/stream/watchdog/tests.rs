@@ -640,3 +640,135 @@ async fn a_json_body_is_read_for_its_usage() {
     let t = probe.0.lock().unwrap().tokens.unwrap();
     assert_eq!((t.prompt, t.completion), (Some(12), Some(3)));
 }
+
+/// Reads the body as hyper's servers do: data frames until the end, and after a trailers
+/// frame nothing more (they write the trailers and drop the body without polling it again).
+async fn drain_as_hyper<B: Body<Data = Bytes, Error = BoxError> + Unpin>(
+    b: &mut B,
+) -> (Vec<u8>, Option<http::HeaderMap>) {
+    let mut out = Vec::new();
+    while let Some(f) = b.frame().await {
+        match f.expect("the body ends cleanly").into_data() {
+            Ok(d) => out.extend_from_slice(&d),
+            Err(f) => return (out, f.into_trailers().ok()),
+        }
+    }
+    (out, None)
+}
+
+fn header_map(fields: &[(&'static str, &'static str)]) -> http::HeaderMap {
+    fields
+        .iter()
+        .map(|&(k, v)| {
+            (
+                http::HeaderName::from_static(k),
+                http::HeaderValue::from_static(v),
+            )
+        })
+        .collect()
+}
+
+/// Trailers end a body as its end does, so they are no way past the check that the answer
+/// ended: two events without a finish reason or `[DONE]` are an answer cut short.
+#[tokio::test(start_paused = true)]
+async fn trailers_after_an_answer_without_its_end_are_an_upstream_failure() {
+    let (mut tx, mut b, probe) = chat_body(limits(1000, 1000, 10_000));
+    for piece in [CONTENT, CONTENT] {
+        tx.send_data(Bytes::from_static(piece.as_bytes()))
+            .await
+            .unwrap();
+    }
+    tx.send_trailers(header_map(&[("x-tr", "v1")]))
+        .await
+        .unwrap();
+    drop(tx);
+    let (out, trailers) = drain_as_hyper(&mut b).await;
+    drop(b);
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.starts_with(&format!("{CONTENT}{CONTENT}event: error\ndata: ")),
+        "{text}"
+    );
+    assert!(text.contains(ENDED_SHORT), "{text}");
+    assert!(
+        trailers.is_none(),
+        "the error event ends the body: {trailers:?}"
+    );
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("upstream_error")
+    );
+}
+
+/// A half event before the trailers is dropped, so the error event parses on its own.
+#[tokio::test(start_paused = true)]
+async fn a_half_event_before_trailers_is_dropped_before_the_error_event() {
+    let (mut tx, mut b, probe) = chat_body(limits(1000, 1000, 10_000));
+    for piece in [CONTENT, "data: {\"partial"] {
+        tx.send_data(Bytes::from_static(piece.as_bytes()))
+            .await
+            .unwrap();
+    }
+    tx.send_trailers(header_map(&[("x-tr", "v1")]))
+        .await
+        .unwrap();
+    drop(tx);
+    let (out, trailers) = drain_as_hyper(&mut b).await;
+    drop(b);
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.starts_with(&format!("{CONTENT}event: error\ndata: ")),
+        "{text}"
+    );
+    assert!(!text.contains("partial"), "{text}");
+    assert!(trailers.is_none());
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("upstream_error")
+    );
+}
+
+/// A complete answer keeps its trailers, after everything else, less the hop-by-hop fields
+/// (HTTP/2 refuses to send a connection-specific field and would reset the stream); its end
+/// is noted before they go, since hyper drops the body once it has them.
+#[tokio::test(start_paused = true)]
+async fn a_complete_answer_with_trailers_is_complete_and_keeps_them() {
+    let (mut tx, mut b, probe) = chat_body(limits(1000, 1000, 10_000));
+    for piece in [CONTENT, "data: [DO", "NE]\n\n"] {
+        tx.send_data(Bytes::from_static(piece.as_bytes()))
+            .await
+            .unwrap();
+    }
+    tx.send_trailers(header_map(&[
+        ("x-tr", "v1"),
+        ("connection", "x-secret"),
+        ("x-secret", "s"),
+        ("transfer-encoding", "chunked"),
+    ]))
+    .await
+    .unwrap();
+    drop(tx);
+    let (out, trailers) = drain_as_hyper(&mut b).await;
+    drop(b);
+    assert_eq!(out, [CONTENT, "data: [DONE]\n\n"].concat().as_bytes());
+    assert_eq!(trailers, Some(header_map(&[("x-tr", "v1")])));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+}
+
+/// The same for a body that is not SSE: its trailers end it, complete.
+#[tokio::test(start_paused = true)]
+async fn a_json_body_with_trailers_is_complete() {
+    let (mut tx, mut b, probe) = body(false, limits(1000, 1000, 10_000));
+    tx.send_data(Bytes::from_static(b"{\"ok\":true}"))
+        .await
+        .unwrap();
+    tx.send_trailers(header_map(&[("x-tr", "v1")]))
+        .await
+        .unwrap();
+    drop(tx);
+    let (out, trailers) = drain_as_hyper(&mut b).await;
+    drop(b);
+    assert_eq!(out, b"{\"ok\":true}");
+    assert_eq!(trailers, Some(header_map(&[("x-tr", "v1")])));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+}
