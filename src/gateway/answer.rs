@@ -89,8 +89,12 @@ impl Gateway {
                         && shape.readable_sse()
                         && parts.status.is_success()
                         && started.format.is_some();
+                    // A non-2xx answer is the provider's, passed through unchanged (DESIGN
+                    // 6): not an answer that can end short, and no place for an event of the
+                    // gateway's. Its body is read as opaque bytes; only the limits apply.
+                    let readable_sse = shape.readable_sse() && parts.status.is_success();
                     if shape.event_stream && !assemble {
-                        if shape.readable {
+                        if readable_sse {
                             // The body may gain an error event: its length is not the upstream's.
                             parts.headers.remove(header::CONTENT_LENGTH);
                         }
@@ -139,7 +143,7 @@ impl Gateway {
                     let body = self
                         .reaper
                         .guard(body, record.take_slot(), started.limits.deadline);
-                    let progress = Progress::new(shape.readable_sse(), inspector);
+                    let progress = Progress::new(readable_sse, inspector);
                     let mut limits = started.limits;
                     // A stream is cut when its run's tokens run out; a JSON document has
                     // arrived, paid for, by the time its usage is read: it is delivered, and

@@ -54,6 +54,12 @@ fn event(i: usize) -> Vec<u8> {
     format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n").into_bytes()
 }
 
+/// Providers' errors sent as SSE with a non-2xx status, each without the blank line that
+/// would end its event.
+const SSE_400: &[u8] =
+    b"data: {\"error\":{\"type\":\"invalid_request_error\",\"message\":\"context too long\"}}";
+const SSE_500: &[u8] = b"data: {\"error\":{\"type\":\"server_error\",\"message\":\"boom\"}}\n";
+
 /// The bytes of `MALFORMED`: nothing a client parser can use, then one good event.
 const MALFORMED: &[u8] =
     b"\xEF\xBB\xBFgarbage without a colon\n:\n\0\0\0\xFF\xFE binary \x80\x81\n\
@@ -224,6 +230,36 @@ async fn run(s: &mut TcpStream, script: &str) -> bool {
                 _ => DONE.to_vec(),
             }));
             out.extend(b"0\r\nx-tr: v1\r\nconnection: x-secret\r\nx-secret: s\r\n\r\n");
+            let _ = s.write_all(&out).await;
+            true
+        }
+        // A provider's error as an SSE body, refused with a non-2xx status: one `data:` line
+        // and no blank line after it (framed by its length), or a line ended by one LF
+        // (chunked).
+        "sse-400-unended" | "sse-500-one-lf" => {
+            let (status, body, framing) = if script == "sse-400-unended" {
+                (
+                    "400 Bad Request",
+                    SSE_400,
+                    format!("content-length: {}", SSE_400.len()),
+                )
+            } else {
+                (
+                    "500 Internal Server Error",
+                    SSE_500,
+                    "transfer-encoding: chunked".to_owned(),
+                )
+            };
+            let mut out = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/event-stream\r\n{framing}\r\n\r\n"
+            )
+            .into_bytes();
+            if script == "sse-400-unended" {
+                out.extend(body);
+            } else {
+                out.extend(chunk(body));
+                out.extend(b"0\r\n\r\n");
+            }
             let _ = s.write_all(&out).await;
             true
         }
@@ -431,6 +467,7 @@ fn evil(script: &str, stream: bool) -> Request<Full<Bytes>> {
 /// What the client saw.
 struct Outcome {
     status: u16,
+    headers: http::HeaderMap,
     read: Read,
 }
 
@@ -477,8 +514,10 @@ async fn survive(script: &str, stream: bool, outcome: &str) -> Outcome {
         let conn = Conn::open(addr).await;
         let (resp, _conn) = conn.send(req).await;
         let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
         Outcome {
             status,
+            headers,
             read: read_body(resp.into_body()).await,
         }
     });
@@ -648,6 +687,22 @@ async fn a_whole_answer_with_trailers_is_delivered_and_counted_ok() {
             .await,
         1.0
     );
+}
+
+/// DESIGN 6: upstream non-2xx answers pass through unchanged. An SSE error body is the
+/// provider's, not an answer that ended short: no event is held, none added, its length kept.
+#[tokio::test]
+async fn a_non_2xx_sse_body_passes_through_unchanged() {
+    let out = survive("sse-400-unended", true, "ok").await;
+    assert_eq!(out.status, 400);
+    assert!(out.read.error.is_none());
+    assert_eq!(out.read.bytes, SSE_400);
+    let length = SSE_400.len().to_string();
+    assert_eq!(out.headers.get("content-length").unwrap(), length.as_str());
+    let out = survive("sse-500-one-lf", true, "ok").await;
+    assert_eq!(out.status, 500);
+    assert!(out.read.error.is_none());
+    assert_eq!(out.read.bytes, SSE_500);
 }
 
 #[tokio::test]
