@@ -187,6 +187,20 @@ impl Inspector {
             .is_some_and(|s| s.open_event() || (self.reader.recognised && !self.reader.finished()))
     }
 
+    /// The answer has ended: the stream would not be short if it stopped here (see
+    /// `ended_short`), though more of it may follow (a Chat usage chunk, `[DONE]`).
+    pub fn answer_ended(&self) -> bool {
+        self.scanner.is_some() && self.reader.recognised && self.reader.finished()
+    }
+
+    /// The event after which nothing of the answer follows has come: `[DONE]`,
+    /// `message_stop`, `response.completed` (`incomplete`, `failed`). A Chat choice's
+    /// `finish_reason` is not one: the usage chunk comes after it.
+    pub fn answer_over(&self) -> bool {
+        let r = &self.reader;
+        self.scanner.is_some() && (r.done || (r.ended && r.format != Format::Chat))
+    }
+
     /// What has been counted so far.
     pub fn tokens(&self) -> Tokens {
         self.reader.tokens

@@ -61,6 +61,18 @@ impl Progress {
         }
     }
 
+    /// The SSE answer of a known format has ended (see `Inspector::answer_ended`): nothing
+    /// that cuts the stream now leaves it short.
+    pub fn answer_ended(&self) -> bool {
+        matches!(&self.reader, Reader::Inspected(i) if i.answer_ended())
+    }
+
+    /// The SSE answer of a known format has had its final event (see
+    /// `Inspector::answer_over`).
+    pub fn answer_over(&self) -> bool {
+        matches!(&self.reader, Reader::Inspected(i) if i.answer_over())
+    }
+
     pub fn is_sse(&self) -> bool {
         !matches!(self.reader, Reader::Opaque(_))
     }

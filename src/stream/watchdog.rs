@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -34,6 +35,14 @@ pub const ENDED_SHORT: &str = "the stream ended before the answer did";
 
 /// An event still incomplete after this many bytes is forwarded as it comes instead of held.
 pub const MAX_HELD_EVENT: usize = 1 << 20;
+
+/// How long the upstream's framing may take to end once the answer's final event came.
+/// Servers end it with that event or in a write right behind it, so this covers a write and
+/// a busy scheduler: a body that ends within it leaves its HTTP/1.1 connection to the pool
+/// (dropped at the final event, it would be closed, as hyper hands over the body's end only
+/// once the last frame was taken); one still open after it costs a new connection, never
+/// the client a wait for the idle limit.
+pub const END_GRACE: Duration = Duration::from_millis(250);
 
 /// The frames of an SSE event not yet complete.
 struct Sse {
@@ -83,6 +92,9 @@ pin_project! {
         // The last data event, from the first token on (`None` until then: before the first
         // token only the first-token limit applies, so a reasoning model may think in silence).
         last_progress: Option<Instant>,
+        // Once the answer's final event came: when the upstream's framing must have ended,
+        // the one limit left.
+        end_by: Option<Instant>,
         // Reads the body as it passes: where events end, what counts as a token and, when the
         // format is known, the usage and the provider's own errors.
         progress: Progress,
@@ -148,6 +160,7 @@ where
             timer: Timer::new(first_due),
             limits,
             last_progress: None,
+            end_by: None,
             progress,
             sse: is_sse.then(|| Sse {
                 held: Vec::new(),
@@ -297,6 +310,17 @@ where
                     if read.output || (read.events > 0 && this.last_progress.is_some()) {
                         mark_progress(this.last_progress, this.observer, this.timer, this.limits);
                     }
+                    if this.end_by.is_none() && this.progress.answer_over() {
+                        // Nothing of the answer is left to come, and the framing's end
+                        // follows at once from any upstream worth pooling; one that holds
+                        // the body open is not waited for until a limit calls the whole
+                        // answer an error.
+                        let limits = &*this.limits;
+                        let by = (Instant::now() + END_GRACE.min(limits.idle_timeout))
+                            .min(limits.deadline);
+                        *this.end_by = Some(by);
+                        this.timer.reset(by);
+                    }
                     if let Some(end) = read.error_end {
                         // The upstream's own error event is passed through and ends the
                         // stream; Hourglass adds none of its own after it.
@@ -372,6 +396,10 @@ where
                         *this.state = State::Done;
                         return Poll::Ready(Some(Err(e)));
                     }
+                    if this.progress.answer_ended() {
+                        end_whole(this.inner.as_mut(), this.sse, this.state, this.observer);
+                        continue;
+                    }
                     // Past the deadline, the deadline is why the upstream is gone (the reaper
                     // drops it there when nobody was reading).
                     let err = if Instant::now() >= this.limits.deadline {
@@ -409,6 +437,10 @@ where
                                 end_after_error(this.inner.as_mut(), this.state, this.observer);
                                 continue;
                             }
+                            if this.progress.answer_ended() {
+                                end_whole(this.inner.as_mut(), this.sse, this.state, this.observer);
+                                continue;
+                            }
                             cut(
                                 this.inner.as_mut(),
                                 this.sse,
@@ -430,15 +462,20 @@ where
                         continue;
                     }
                     let limits = &*this.limits;
-                    let due = match *this.last_progress {
-                        None => limits.first_token_deadline,
-                        Some(t) => t + limits.idle_timeout,
+                    let due = match (*this.end_by, *this.last_progress) {
+                        (Some(by), _) => by,
+                        (None, None) => limits.first_token_deadline,
+                        (None, Some(t)) => t + limits.idle_timeout,
                     }
                     .min(limits.deadline);
                     let now = Instant::now();
                     if now < due {
                         // Progress moved the idle limit since the timer was armed.
                         this.timer.reset(due);
+                        continue;
+                    }
+                    if this.progress.answer_ended() {
+                        end_whole(this.inner.as_mut(), this.sse, this.state, this.observer);
                         continue;
                     }
                     let upstream = limits.upstream.to_string();
@@ -519,6 +556,10 @@ fn end_of_body<B, O: Observer>(
         return true;
     }
     if sse.is_some() && progress.ended_short() {
+        if progress.answer_ended() {
+            end_whole(inner, sse, state, observer);
+            return true;
+        }
         let err = GatewayError::UpstreamError {
             upstream: limits.upstream.to_string(),
             reason: ENDED_SHORT.to_owned(),
@@ -532,6 +573,27 @@ fn end_of_body<B, O: Observer>(
     observer.finish(StreamEnd::Complete);
     *state = State::Done;
     true
+}
+
+/// The answer had ended when something else stopped the stream (a limit, a failure, a
+/// shutdown, the wait for the framing's end after the final event, half an event after it):
+/// it ends whole, with no error after it, and counts as complete. What was held after the
+/// answer's end is dropped, so the client never gets half an event; of one already past
+/// `MAX_HELD_EVENT`, the client's parser drops the undispatched rest at the body's end.
+fn end_whole<B, O: Observer>(
+    mut inner: Pin<&mut Option<B>>,
+    sse: &mut Option<Sse>,
+    state: &mut State,
+    observer: &mut O,
+) {
+    inner.set(None);
+    if let Some(sse) = sse {
+        sse.held.clear();
+        sse.held_len = 0;
+        sse.partial_sent = false;
+    }
+    observer.finish(StreamEnd::Complete);
+    *state = State::Done;
 }
 
 /// The upstream's error event went out, all but the answer to whether an LF follows the CR
@@ -552,6 +614,11 @@ fn end_after_error<B, O: Observer>(
 #[inline]
 fn run_tokens_spent(progress: &Progress, limits: &StreamLimits) -> Option<GatewayError> {
     let run = limits.run_tokens.as_ref()?;
+    // The usage that follows a whole answer (a Chat usage chunk) is spent already: a cut
+    // would save nothing, and only turn a whole answer into an error.
+    if progress.answer_ended() {
+        return None;
+    }
     let t = progress.tokens()?;
     let used = t
         .prompt

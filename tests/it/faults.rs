@@ -263,6 +263,25 @@ async fn run(s: &mut TcpStream, script: &str) -> bool {
             let _ = s.write_all(&out).await;
             true
         }
+        // A whole answer, `[DONE]` and all, and then neither the last chunk nor a byte more,
+        // the connection held open.
+        "done-then-silent" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(chunk(DONE));
+            let _ = s.write_all(&out).await;
+            false
+        }
+        // The same, and the last chunk a moment later, in a write of its own.
+        "done-then-end-later" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(chunk(DONE));
+            let _ = s.write_all(&out).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = s.write_all(b"0\r\n\r\n").await;
+            true
+        }
         // Two events, then a TCP reset.
         "reset-mid-stream" => {
             let mut out = SSE_HEAD.as_bytes().to_vec();
@@ -703,6 +722,75 @@ async fn a_non_2xx_sse_body_passes_through_unchanged() {
     assert_eq!(out.status, 500);
     assert!(out.read.error.is_none());
     assert_eq!(out.read.bytes, SSE_500);
+}
+
+/// An upstream that holds its body open after `[DONE]` is not waited for until the idle
+/// limit (10 s here) calls a whole answer an error: the client's body ends whole a moment
+/// after `[DONE]`, the request counts `ok` and no cancellation, and the upstream connection,
+/// whose body never ended, is closed rather than pooled.
+#[tokio::test]
+async fn an_upstream_silent_after_done_ends_the_answer_whole_and_is_closed() {
+    let hostile = Hostile::start().await;
+    let h = Harness::with_config(&config(&hostile)).await;
+    let (resp, _c) = h.send(evil("done-then-silent", true)).await;
+    assert_eq!(resp.status(), 200);
+    let read = tokio::time::timeout(PROMPTLY, read_body(resp.into_body()))
+        .await
+        .expect("the body ended well before the idle limit");
+    assert!(read.error.is_none());
+    assert_eq!(read.bytes, [event(1), DONE.to_vec()].concat());
+    assert_eq!(hostile.all_closed().await, 1);
+    h.wait_requests("evil", 1.0).await;
+    for (sample, value) in [
+        (
+            "hourglass_requests_total{outcome=\"ok\",route=\"evil\"}",
+            1.0,
+        ),
+        (
+            "hourglass_requests_total{outcome=\"cancelled\",route=\"evil\"}",
+            0.0,
+        ),
+        (
+            "hourglass_cancellations_total{origin=\"idle\",route=\"evil\"}",
+            0.0,
+        ),
+        (
+            "hourglass_cancellations_total{origin=\"client\",route=\"evil\"}",
+            0.0,
+        ),
+        (
+            "hourglass_upstream_requests_in_flight{upstream=\"hostile\"}",
+            0.0,
+        ),
+    ] {
+        assert_eq!(h.metric(sample).await, value, "{sample}");
+    }
+}
+
+/// An upstream's last chunk often comes a moment after `[DONE]`, in a write of its own:
+/// within the grace it is waited for, so the connection is not closed but pooled.
+#[tokio::test]
+async fn a_last_chunk_a_moment_after_done_keeps_its_connection() {
+    let hostile = Hostile::start().await;
+    let h = Harness::with_config(&config(&hostile)).await;
+    let (resp, _c) = h.send(evil("done-then-end-later", true)).await;
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error.is_none());
+    assert_eq!(read.bytes, [event(1), DONE.to_vec()].concat());
+    h.wait_requests("evil", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"evil\"}")
+            .await,
+        1.0
+    );
+    // A gateway that let the upstream go at `[DONE]` closed it before the request was
+    // reported; a pooled connection stays open for `pool_idle_timeout`.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        hostile.seen()[0].closed_at.is_none(),
+        "{:?}",
+        hostile.seen()
+    );
 }
 
 #[tokio::test]

@@ -772,3 +772,172 @@ async fn a_json_body_with_trailers_is_complete() {
     assert_eq!(trailers, Some(header_map(&[("x-tr", "v1")])));
     assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
 }
+
+fn format_body(format: crate::provider::Format, l: StreamLimits) -> (Sender, TestBody, Probe) {
+    let (tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+    let probe = Probe::default();
+    let inspector = Inspector::new(format, true);
+    let body = WatchdogBody::new(rx, true, l, probe.clone()).with_inspector(Some(inspector));
+    (tx, Box::pin(body), probe)
+}
+
+const DONE: &str = "data: [DONE]\n\n";
+const FINISHED: &str =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+
+/// Each format's answer, ending with the event after which nothing of it follows.
+fn whole_answers() -> [(crate::provider::Format, &'static str); 3] {
+    use crate::provider::Format;
+    [
+        (
+            Format::Chat,
+            concat!(
+                "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+                "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+                "data: [DONE]\n\n",
+            ),
+        ),
+        (
+            Format::Messages,
+            concat!(
+                "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,",
+                "\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+                "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+            ),
+        ),
+        (
+            Format::Responses,
+            concat!(
+                "event: response.output_text.delta\n",
+                "data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n",
+                "event: response.completed\n",
+                "data: {\"type\":\"response.completed\",",
+                "\"response\":{\"status\":\"completed\"}}\n\n",
+            ),
+        ),
+    ]
+}
+
+/// Once the event that ends the answer has gone out, an upstream that neither ends its body
+/// nor says more is waited for only `END_GRACE`, not the idle limit: the stream then ends
+/// as whole as it is, with no error after it, and the upstream is let go.
+#[tokio::test(start_paused = true)]
+async fn after_its_final_event_a_silent_upstream_ends_the_stream_cleanly() {
+    for (format, answer) in whole_answers() {
+        let (mut tx, mut b, probe) = format_body(format, limits(1000, 3000, 60_000));
+        tx.send_data(Bytes::from_static(answer.as_bytes()))
+            .await
+            .unwrap();
+        let start = Instant::now();
+        let (out, err) = drain(&mut b).await;
+        assert_eq!(
+            (out.as_slice(), err),
+            (answer.as_bytes(), None),
+            "{format:?}"
+        );
+        assert_eq!(Instant::now() - start, END_GRACE, "{format:?}");
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("complete"),
+            "{format:?}"
+        );
+        assert!(
+            tx.send_data(Bytes::from_static(b": late\n\n"))
+                .await
+                .is_err(),
+            "{format:?}: the upstream body was dropped"
+        );
+    }
+}
+
+/// The upstream's own end, when it comes within the grace, ends the stream as always: the
+/// body is read to its end (an HTTP/1.1 connection goes back to the pool).
+#[tokio::test(start_paused = true)]
+async fn after_its_final_event_the_upstreams_end_within_the_grace_ends_the_stream() {
+    let (tx, mut b, probe) = chat_body(limits(1000, 3000, 60_000));
+    let t = feeder(tx, vec![(0, CONTENT), (0, DONE)]);
+    let ended = END_GRACE / 2;
+    tokio::spawn(async move {
+        let tx = t.await.unwrap();
+        tokio::time::sleep(ended).await;
+        drop(tx);
+    });
+    let start = Instant::now();
+    let (out, err) = drain(&mut b).await;
+    assert_eq!(out, [CONTENT, DONE].concat().as_bytes());
+    assert!(err.is_none());
+    assert_eq!(Instant::now() - start, ended);
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+}
+
+/// A Chat answer whose every choice has its finish reason has ended (a stream that stopped
+/// there would be whole), though a usage chunk and `[DONE]` may still come: the idle limit
+/// still waits for them, but what ends the stream then adds no error to a whole answer.
+#[tokio::test(start_paused = true)]
+async fn a_limit_or_a_failure_after_the_answer_ended_adds_no_error_event() {
+    let (mut tx, mut b, probe) = chat_body(limits(1000, 300, 60_000));
+    for piece in [CONTENT, FINISHED] {
+        tx.send_data(Bytes::from_static(piece.as_bytes()))
+            .await
+            .unwrap();
+    }
+    let start = Instant::now();
+    let (out, err) = drain(&mut b).await;
+    assert_eq!(out, [CONTENT, FINISHED].concat().as_bytes());
+    assert!(err.is_none());
+    assert_eq!(
+        Instant::now() - start,
+        ms(300),
+        "the idle limit, not the grace"
+    );
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+
+    // A reset after `[DONE]`, with half an event after it: the half event never goes out.
+    let (mut tx, mut b, probe) = chat_body(limits(1000, 300, 60_000));
+    for piece in [CONTENT, DONE, "data: {\"late"] {
+        tx.send_data(Bytes::from_static(piece.as_bytes()))
+            .await
+            .unwrap();
+    }
+    tx.abort(std::io::Error::other("connection reset"));
+    let (out, err) = drain(&mut b).await;
+    assert_eq!(out, [CONTENT, DONE].concat().as_bytes());
+    assert!(err.is_none());
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+
+    // The same half event at the body's end.
+    let (mut tx, mut b, probe) = chat_body(limits(1000, 300, 60_000));
+    for piece in [CONTENT, DONE, "data: {\"late"] {
+        tx.send_data(Bytes::from_static(piece.as_bytes()))
+            .await
+            .unwrap();
+    }
+    drop(tx);
+    let (out, err) = drain(&mut b).await;
+    assert_eq!(out, [CONTENT, DONE].concat().as_bytes());
+    assert!(err.is_none());
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+}
+
+/// The run's token limit cuts a stream to save what it would still cost; the usage chunk
+/// that follows a whole answer costs nothing more, and is no reason to turn it into an error.
+#[tokio::test(start_paused = true)]
+async fn a_usage_past_the_runs_tokens_after_the_answer_ended_cuts_nothing() {
+    let mut l = limits(1000, 1000, 60_000);
+    l.run_tokens = Some(Box::new(crate::stream::limits::RunTokens {
+        run: Arc::from("r"),
+        limit: 100,
+        allowance: 50,
+        prompt_estimate: 10,
+    }));
+    let usage =
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":90}}\n\n";
+    let answer: &'static str =
+        Box::leak(format!("{CONTENT}{FINISHED}{usage}{DONE}").into_boxed_str());
+    let (tx, mut b, probe) = chat_body(l);
+    let t = feeder(tx, vec![(0, CONTENT), (0, FINISHED), (0, usage), (0, DONE)]);
+    tokio::spawn(async move { drop(t.await) });
+    let (out, err) = drain(&mut b).await;
+    assert_eq!((out.as_slice(), err), (answer.as_bytes(), None));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+}
