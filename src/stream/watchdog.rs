@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -35,6 +35,10 @@ pub const ENDED_SHORT: &str = "the stream ended before the answer did";
 
 /// An event still incomplete after this many bytes is forwarded as it comes instead of held.
 pub const MAX_HELD_EVENT: usize = 1 << 20;
+
+/// An event of at most this many bytes that came in three pieces or more goes out as one
+/// frame (see `release_held`).
+pub const JOIN_MAX: usize = 16 << 10;
 
 /// How long the upstream's framing may take to end once the answer's final event came.
 /// Servers end it with that event or in a write right behind it, so this covers a write and
@@ -343,15 +347,11 @@ where
                             return Poll::Ready(Some(Ok(Frame::data(data))));
                         }
                         Some(end) => {
-                            flush_held(this.sse, this.ready);
-                            let sse = this.sse.as_mut().expect("checked above");
                             sse.partial_sent = false;
                             if end == data.len() {
-                                this.ready.push_back(data);
+                                release_held(sse, this.ready, data);
                             } else {
-                                if end > 0 {
-                                    this.ready.push_back(data.slice(..end));
-                                }
+                                release_held(sse, this.ready, data.slice(..end));
                                 sse.held_len = data.len() - end;
                                 sse.held.push(data.slice(end..));
                             }
@@ -628,6 +628,30 @@ fn run_tokens_spent(progress: &Progress, limits: &StreamLimits) -> Option<Gatewa
         run: run.run.to_string(),
         limit: run.limit,
     })
+}
+
+/// The held event is complete with `rest`, the frame up to its last boundary. Each piece it
+/// came in would go out as a chunk of its own: an event written a byte at a time cost the
+/// client six times its size in chunk framing. So a small one that came in three pieces or
+/// more is copied into one frame, with `rest` (whose whole events the scanner does not tell
+/// apart from the held event's end). Two pieces, the usual split, and large events, whose
+/// framing is a small part of them, go out as they came, uncopied.
+fn release_held(sse: &mut Sse, ready: &mut VecDeque<Bytes>, rest: Bytes) {
+    let len = sse.held_len + rest.len();
+    if sse.held.len() >= 2 && len <= JOIN_MAX {
+        let mut joined = BytesMut::with_capacity(len);
+        for piece in sse.held.drain(..) {
+            joined.extend_from_slice(&piece);
+        }
+        joined.extend_from_slice(&rest);
+        ready.push_back(joined.freeze());
+    } else {
+        ready.extend(sse.held.drain(..));
+        if !rest.is_empty() {
+            ready.push_back(rest);
+        }
+    }
+    sse.held_len = 0;
 }
 
 fn flush_held(sse: &mut Option<Sse>, ready: &mut VecDeque<Bytes>) {

@@ -941,3 +941,65 @@ async fn a_usage_past_the_runs_tokens_after_the_answer_ended_cuts_nothing() {
     assert_eq!((out.as_slice(), err), (answer.as_bytes(), None));
     assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
 }
+
+/// An event that came a byte per frame goes out as one frame, not a chunk per byte (about
+/// six times its size in chunk framing), with what completed it; whole events in a frame
+/// of their own go out as they came, uncopied.
+#[tokio::test(start_paused = true)]
+async fn an_event_held_in_many_pieces_goes_out_as_one_frame() {
+    let (mut tx, mut b, _probe) = chat_body(limits(1000, 1000, 10_000));
+    for byte in CONTENT.as_bytes()[..CONTENT.len() - 1].chunks(1) {
+        tx.send_data(Bytes::copy_from_slice(byte)).await.unwrap();
+    }
+    tx.send_data(Bytes::from(format!("\n{CONTENT}")))
+        .await
+        .unwrap();
+    let first = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, [CONTENT, CONTENT].concat().as_bytes());
+    let whole = Bytes::from_static(CONTENT.as_bytes());
+    tx.send_data(whole.clone()).await.unwrap();
+    let next = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(next.as_ptr(), whole.as_ptr(), "a whole event is not copied");
+    drop(tx);
+}
+
+/// A large event whose pieces are large goes out as they came: their framing is a small
+/// part of them, and a copy would cost more.
+#[tokio::test(start_paused = true)]
+async fn a_large_event_in_pieces_goes_out_uncopied() {
+    let (mut tx, mut b, _probe) = chat_body(limits(1000, 1000, 10_000));
+    let pieces = [
+        Bytes::from(format!("data: {{\"x\":\"{}", "a".repeat(JOIN_MAX))),
+        Bytes::from("b".repeat(1000)),
+        Bytes::from_static(b"\"}\n\n"),
+    ];
+    for piece in &pieces {
+        tx.send_data(piece.clone()).await.unwrap();
+    }
+    for piece in &pieces {
+        let got = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(got.as_ptr(), piece.as_ptr());
+    }
+    drop(tx);
+}
+
+/// An event split in two, the usual split, goes out as its two pieces: joining them would
+/// cost a copy to save one chunk's framing.
+#[tokio::test(start_paused = true)]
+async fn an_event_split_in_two_goes_out_uncopied() {
+    let (mut tx, mut b, _probe) = chat_body(limits(1000, 1000, 10_000));
+    let (head, tail) = (
+        Bytes::from_static(&CONTENT.as_bytes()[..10]),
+        Bytes::from_static(&CONTENT.as_bytes()[10..]),
+    );
+    tx.send_data(head.clone()).await.unwrap();
+    tx.send_data(tail.clone()).await.unwrap();
+    let first = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    let second = b.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(
+        (first.as_ptr(), second.as_ptr()),
+        (head.as_ptr(), tail.as_ptr())
+    );
+    assert_eq!([first, second].concat(), CONTENT.as_bytes());
+    drop(tx);
+}
