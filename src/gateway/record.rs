@@ -567,6 +567,10 @@ impl Observer for RequestRecord {
         self.bytes += len as u64;
     }
 
+    fn own_data(&mut self, len: usize) {
+        self.own_bytes(len);
+    }
+
     fn tokens(&mut self, tokens: Tokens) {
         self.tokens = Some(tokens);
     }

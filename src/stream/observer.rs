@@ -24,6 +24,11 @@ pub trait Observer {
     /// data event, or the first byte of a non-SSE body).
     fn first_token(&mut self, at: Instant);
     fn data(&mut self, len: usize);
+    /// Bytes the gateway wrote itself (the error event that ends a cut stream): sent to the
+    /// client, but no byte of the upstream's.
+    fn own_data(&mut self, len: usize) {
+        self.data(len);
+    }
     fn finish(&mut self, end: StreamEnd);
     /// What the inspector counted, told once when the body is dropped (only with one).
     fn tokens(&mut self, _tokens: Tokens) {}

@@ -695,7 +695,7 @@ fn cut<B, O: Observer>(
             written += event.len();
             ready.push_back(event);
             // The client is sent these bytes too: the log line's `bytes` counts them.
-            observer.data(written);
+            observer.own_data(written);
             *state = State::Done;
         }
         None => *state = State::Failing(Box::new(err)),

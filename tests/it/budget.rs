@@ -511,6 +511,18 @@ async fn the_log_line_keeps_the_gateways_own_bytes_out_of_the_upstreams_timings(
         .await;
     assert_eq!(resp.status(), 500);
     read_body(resp.into_body()).await;
+    // A stream whose head came at once and then nothing: the error event ending it is the
+    // gateway's byte, not the upstream's.
+    let (resp, _c) = Conn::open(p.addr)
+        .await
+        .send(chat_request(
+            &[("x-fake-headers-first", "1"), ("x-fake-ttft-ms", "20000")],
+            true,
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error_event().is_some());
     let (stdout, stderr) = p.stop().await;
     let out = stdout + &stderr;
     let lines: Vec<serde_json::Value> = out
@@ -519,8 +531,11 @@ async fn the_log_line_keeps_the_gateways_own_bytes_out_of_the_upstreams_timings(
         .map(|v| v.get("fields").cloned().unwrap_or(v))
         .filter(|f| f.get("outcome").is_some())
         .collect();
-    assert_eq!(lines.len(), 3, "{out}");
-    let (get, head, failed) = (&lines[0], &lines[1], &lines[2]);
+    assert_eq!(lines.len(), 4, "{out}");
+    let (get, head, failed, cut) = (&lines[0], &lines[1], &lines[2], &lines[3]);
+    assert_eq!(cut["code"], "first_token_timeout", "{cut}");
+    assert!(cut.get("ttfb_ms").is_none(), "{cut}");
+    assert!(cut["bytes"].as_u64().unwrap() > 0, "{cut}");
     assert_eq!(get["status"], 404, "{get}");
     assert!(get.get("ttfb_ms").is_none(), "{get}");
     assert!(get["bytes"].as_u64().unwrap() > 0, "{get}");
