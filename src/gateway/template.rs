@@ -57,7 +57,13 @@ impl Template {
         };
         let format = Format::detect(upstream.config.api, uri.path());
         let mut assembled = false;
-        if let (true, Some(f)) = (self.stream_upstream, format) {
+        // Asked to stream only where it is a call of the API itself: the rest of it
+        // (count_tokens, batches, embeddings) refuses a `stream` it never takes.
+        let call = self
+            .stream_upstream
+            .then(|| Format::call(upstream.config.api, uri.path()))
+            .flatten();
+        if let Some(f) = call {
             if let Some(streamed) = stream_request(&body, f) {
                 body = streamed;
                 assembled = true;

@@ -62,6 +62,25 @@ impl Format {
             Api::Auto => None,
         }
     }
+
+    /// The format of a request to `path` when it is a call of the API itself (create a chat
+    /// completion, a response, a message): the one request `stream_upstream` may ask to
+    /// stream and rebuild. `…/chat/completions`, `…/responses`, `…/messages`, and nothing
+    /// under them, whatever the upstream's `api`: `/messages/count_tokens` and
+    /// `/messages/batches` refuse a `stream` field (400 "Extra inputs are not permitted"),
+    /// `/responses/{id}` is a stored response, embeddings and legacy completions have no
+    /// document of these to rebuild. `auto` asks for the `/v1/` its detection asks for.
+    pub fn call(api: Api, path: &str) -> Option<Format> {
+        let path = path.split('?').next().unwrap_or_default();
+        let path = path.trim_end_matches('/');
+        match api {
+            Api::Anthropic if path.ends_with("/messages") => Some(Format::Messages),
+            Api::OpenAi if path.ends_with("/chat/completions") => Some(Format::Chat),
+            Api::OpenAi if path.ends_with("/responses") => Some(Format::Responses),
+            Api::Anthropic | Api::OpenAi => None,
+            Api::Auto => Format::detect(api, path),
+        }
+    }
 }
 
 /// The type of a provider's mid-stream error, as the `type` label of
@@ -153,6 +172,46 @@ mod tests {
         ];
         for (api, path, want) in cases {
             assert_eq!(Format::detect(api, path), want, "{api} {path}");
+        }
+    }
+
+    /// Only an API's own calls are asked to stream for a client that did not; the rest of
+    /// an upstream whose `api` is named is read in its format, never rewritten.
+    #[test]
+    fn only_an_apis_calls_are_calls() {
+        use Format::*;
+        let cases = [
+            (Api::Auto, "/v1/messages", Some(Messages)),
+            (Api::Auto, "/v1/messages/count_tokens", None),
+            (Api::Auto, "/v1/chat/completions?x=1", Some(Chat)),
+            (Api::Auto, "/v1/responses/", Some(Responses)),
+            (Api::Anthropic, "/v1/messages", Some(Messages)),
+            (
+                Api::Anthropic,
+                "/anthropic/v1/messages/?beta=true",
+                Some(Messages),
+            ),
+            (Api::Anthropic, "/v1/messages/count_tokens", None),
+            (Api::Anthropic, "/v1/messages/batches", None),
+            (
+                Api::Anthropic,
+                "/v1/messages/batches/msgbatch_1/results",
+                None,
+            ),
+            (Api::Anthropic, "/v1/chat/completions", None),
+            (Api::Anthropic, "/anything", None),
+            (Api::OpenAi, "/v1/chat/completions", Some(Chat)),
+            (Api::OpenAi, "/custom/responses", Some(Responses)),
+            (Api::OpenAi, "/v1/responses/resp_1", None),
+            (Api::OpenAi, "/v1/chat/completions/chatcmpl-1", None),
+            (Api::OpenAi, "/v1/completions", None),
+            (Api::OpenAi, "/v1/embeddings", None),
+            (Api::OpenAi, "/v1/moderations", None),
+            (Api::OpenAi, "/v1/images/generations", None),
+            (Api::OpenAi, "/v1/messages", None),
+        ];
+        for (api, path, want) in cases {
+            assert_eq!(Format::call(api, path), want, "{api} {path}");
         }
     }
 

@@ -444,6 +444,76 @@ async fn requests_of_other_apis_are_never_changed() {
     assert_eq!(&sent.body[..], body.as_bytes(), "forwarded byte for byte");
 }
 
+/// An upstream whose `api` is named reads every path in that API's format, but only its
+/// calls (`/messages`, `/chat/completions`, `/responses`) are asked to stream: Anthropic
+/// refuses a `stream` field on count_tokens and batches (400 "Extra inputs are not
+/// permitted"), OpenAI's other endpoints have no stream to ask for.
+#[tokio::test]
+async fn on_a_named_api_only_its_calls_are_asked_to_stream() {
+    let config = format!(
+        "{CONFIG}{}",
+        r#"
+[upstreams.anthropic]
+url = "{FAKE}"
+auth = "none"
+api = "anthropic"
+
+[upstreams.openai]
+url = "{FAKE}"
+auth = "none"
+api = "openai"
+
+[[routes]]
+name = "named_anthropic"
+path_prefix = "/anthropic"
+upstream = "anthropic"
+stream_upstream = true
+partial_answers = true
+
+[[routes]]
+name = "named_openai"
+path_prefix = "/openai"
+upstream = "openai"
+stream_upstream = true
+partial_answers = true
+"#
+    );
+    let h = Harness::with_config(&config).await;
+    let messages = r#"{"model":"claude","messages":[{"role":"user","content":"hi"}]}"#;
+    let batch = r#"{"requests":[{"custom_id":"a","params":{"model":"claude","max_tokens":9,"messages":[]}}]}"#;
+    let embedding = r#"{"model":"e","input":"hi"}"#;
+    let untouched = [
+        ("/anthropic/v1/messages/count_tokens", messages),
+        ("/anthropic/v1/messages/batches", batch),
+        ("/openai/v1/embeddings", embedding),
+        ("/openai/v1/moderations", embedding),
+        ("/openai/v1/completions", r#"{"model":"m","prompt":"hi"}"#),
+    ];
+    for (i, (path, body)) in untouched.iter().enumerate() {
+        let (resp, _c) = h.send(post(path, (*body).to_owned(), &[])).await;
+        // The fake serves none of these paths: its 404 passes through.
+        assert_eq!(resp.status(), 404, "{path}");
+        json_body(resp).await;
+        let sent = &h.fake.requests()[i];
+        assert_eq!(
+            &sent.body[..],
+            body.as_bytes(),
+            "{path}: forwarded byte for byte"
+        );
+    }
+    let calls = [
+        "/anthropic/v1/messages",
+        "/openai/v1/chat/completions",
+        "/openai/v1/responses",
+    ];
+    for (i, path) in calls.iter().enumerate() {
+        let (resp, _c) = h.send(post(path, messages.to_owned(), &[])).await;
+        json_body(resp).await;
+        let sent = forwarded_body(&h, untouched.len() + i);
+        assert_eq!(sent["stream"], true, "{path}: a call, asked to stream");
+    }
+}
+
 #[tokio::test]
 async fn an_upstream_that_ignores_stream_and_answers_json_is_passed_through() {
     let h = Harness::with_config(CONFIG).await;
