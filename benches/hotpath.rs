@@ -291,7 +291,7 @@ fn inspect(c: &mut Criterion) {
             let mut inspector = Inspector::new(Format::Chat, false);
             inspector.feed(black_box(CHAT_ANSWER));
             let t = inspector.tokens();
-            assert_eq!((t.prompt, t.completion), (Some(1117), Some(46)));
+            assert_eq!((t.prompt(), t.completion), (Some(1117), Some(46)));
             t
         })
     });

@@ -82,7 +82,7 @@ pub(super) async fn assembled(
     };
     let usage = partial.map(|_| Usage {
         prompt: tokens
-            .and_then(|t| t.prompt)
+            .and_then(|t| t.prompt())
             .unwrap_or_else(|| record.request_bytes().div_ceil(4)),
         completion: tokens.map_or(0, |t| t.completion().0),
     });

@@ -110,7 +110,7 @@ pub struct RequestRecord {
 /// still sent its prompt).
 fn run_tokens_used(tokens: Option<Tokens>, request_bytes: u64) -> u64 {
     tokens.map_or(0, |t| {
-        t.prompt
+        t.prompt()
             .unwrap_or(request_bytes.div_ceil(4))
             .saturating_add(t.completion().0)
     })
@@ -456,7 +456,7 @@ impl RequestRecord {
             if let Some(t) = ttfb {
                 a.ttfb.observe(t.as_secs_f64());
             }
-            if let Some(p) = self.tokens.and_then(|t| t.prompt) {
+            if let Some(p) = self.tokens.and_then(|t| t.prompt()) {
                 a.prompt_reported.inc_by(p);
             }
             match completion {
@@ -524,7 +524,7 @@ impl RequestRecord {
             ttfb,
             // As in the histogram: an error body's first byte is no token.
             ttft: ttft.filter(|_| answered),
-            prompt_tokens: self.tokens.and_then(|t| t.prompt),
+            prompt_tokens: self.tokens.and_then(|t| t.prompt()),
             completion_tokens: completion.map(|(n, source)| (n, source.as_str())),
             stream_error: self.stream_error().map(ErrorType::as_str),
             bytes: self.bytes,

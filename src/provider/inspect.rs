@@ -17,7 +17,7 @@
 //! | format | recognised by | model output | usage | error |
 //! |---|---|---|---|---|
 //! | Chat Completions | a top-level `choices` array | a `choices[].delta` field other than `role` that is non-empty (`content`, `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, `audio`, ...), or legacy `choices[].text` | top-level `usage.{prompt,completion}_tokens` | a top-level `error` object |
-//! | Messages | its `type` | `content_block_delta` with a non-empty field besides `type`/`signature`; `content_block_start` of a block other than an empty text or thinking one (`tool_use`, ...) | `message.usage.input_tokens` + cache tokens (prompt), `usage.output_tokens` | `type: "error"`, `error.type` |
+//! | Messages | its `type` | `content_block_delta` with a non-empty field besides `type`/`signature`; `content_block_start` of a block other than an empty text or thinking one (`tool_use`, ...) | `input_tokens` + cache writes + cache reads (prompt; each as the last `usage` that named it said), `usage.output_tokens` | `type: "error"`, `error.type` |
 //! | Responses | a `type` starting `response.` | a `response.*.delta` event with a non-empty `delta` | `response.usage.{input,output}_tokens` | `type: "error"` (`code`); `response.failed` (`response.error.code`: counted, the stream is not cut) |
 //!
 //! So role-only preambles (`"content":""`), `message_start`, pings, `content_block_stop`,
@@ -29,7 +29,7 @@
 use self::event::{Event, Kind};
 use self::json::Json;
 use self::shape::Shape;
-pub use self::tokens::{Source, Tokens};
+pub use self::tokens::{PromptPart, Source, Tokens};
 
 use crate::http::sse::{EventSink, EventType, Scan, SseScanner};
 use crate::provider::assemble::Assembler;

@@ -621,7 +621,7 @@ fn run_tokens_spent(progress: &Progress, limits: &StreamLimits) -> Option<Gatewa
     }
     let t = progress.tokens()?;
     let used = t
-        .prompt
+        .prompt()
         .unwrap_or(run.prompt_estimate)
         .saturating_add(t.completion().0);
     (used > run.allowance).then(|| GatewayError::RunTokensSpent {

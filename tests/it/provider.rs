@@ -74,7 +74,7 @@ fn cost_of_first(format: Format, fixture: &str, n: usize) -> (Option<u64>, u64) 
         i.feed(e.as_bytes());
     }
     let t = i.tokens();
-    (t.prompt, t.estimated_completion())
+    (t.prompt(), t.estimated_completion())
 }
 
 fn tokens(route: &str, kind: &str, source: &str) -> String {

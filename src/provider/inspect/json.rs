@@ -5,7 +5,7 @@
 use memchr::{memchr2, memchr3};
 
 use super::event::{event_kind, Event, Kind};
-use super::tokens::Tokens;
+use super::tokens::{PromptPart, Tokens};
 use crate::provider::ErrorType;
 
 /// Nesting levels whose meaning is tracked; anything deeper is ignored (but still balanced).
@@ -205,15 +205,26 @@ pub(super) struct Json {
     str_len: u64,
     /// A number being read for a usage key, and whether it is still a plain integer.
     num: Option<(Key, u64, bool)>,
-    /// Usage read in the open usage object, committed when it closes.
-    prompt: Option<u64>,
-    completion: Option<u64>,
+    /// Usage read in the open usage object, committed when it closes: the prompt's parts
+    /// (`PromptPart` as the index), then the completion (`COMPLETION`); bit `i` of
+    /// `usage_seen`: slot `i` was read. Each part is committed alone, so that a usage that
+    /// names only some of them leaves the others as they were.
+    usage: [u64; 4],
+    usage_seen: u8,
     /// The index of the Chat choice being read (`WIDE` when it is 64 or more, or not a
     /// plain integer; 0 until its `index` is read), and whether it has a finish reason:
     /// told to the event when the choice closes.
     choice: u8,
     choice_finished: bool,
 }
+
+/// The slot of `Json::usage` that holds the completion, after the prompt's parts.
+const COMPLETION: usize = 3;
+const PROMPT_PARTS: [PromptPart; 3] = [
+    PromptPart::Input,
+    PromptPart::CacheWrite,
+    PromptPart::CacheRead,
+];
 
 /// A choice index that no bit of a `u64` mask holds.
 const WIDE: u8 = 64;
@@ -235,8 +246,8 @@ impl Default for Json {
             cap: [0; CAP],
             str_len: 0,
             num: None,
-            prompt: None,
-            completion: None,
+            usage: [0; 4],
+            usage_seen: 0,
             choice: 0,
             choice_finished: false,
         }
@@ -255,8 +266,7 @@ impl Json {
         self.escaped = false;
         self.in_scalar = false;
         self.num = None;
-        self.prompt = None;
-        self.completion = None;
+        self.usage_seen = 0;
     }
 
     /// Whether the piece read last ended outside any value: back at depth 0, not in a string
@@ -682,19 +692,17 @@ impl Json {
                 }
             }
             Ctx::Choice => ev.choices_wide = true,
-            Ctx::Usage => {
-                if let Some(p) = self.prompt.take() {
-                    tokens.prompt = Some(p);
+            ctx @ (Ctx::Usage | Ctx::MessageUsage) => {
+                let seen = std::mem::take(&mut self.usage_seen);
+                for part in PROMPT_PARTS {
+                    if seen & (1 << part as usize) != 0 {
+                        tokens.set_prompt_part(part, self.usage[part as usize]);
+                    }
                 }
-                if let Some(c) = self.completion.take() {
-                    tokens.completion = Some(c);
+                // message_start's output count is a placeholder until message_delta.
+                if ctx == Ctx::Usage && seen & (1 << COMPLETION) != 0 {
+                    tokens.completion = Some(self.usage[COMPLETION]);
                 }
-            }
-            Ctx::MessageUsage => {
-                if let Some(p) = self.prompt.take() {
-                    tokens.prompt = Some(p);
-                }
-                self.completion = None;
             }
             _ => {}
         }
@@ -721,16 +729,15 @@ impl Json {
         if !plain {
             return;
         }
-        match key {
-            Key::PromptTokens
-            | Key::InputTokens
-            | Key::CacheCreationInputTokens
-            | Key::CacheReadInputTokens => {
-                self.prompt = Some(self.prompt.unwrap_or(0).saturating_add(n));
-            }
-            Key::CompletionTokens | Key::OutputTokens => self.completion = Some(n),
-            _ => {}
-        }
+        let slot = match key {
+            Key::PromptTokens | Key::InputTokens => PromptPart::Input as usize,
+            Key::CacheCreationInputTokens => PromptPart::CacheWrite as usize,
+            Key::CacheReadInputTokens => PromptPart::CacheRead as usize,
+            Key::CompletionTokens | Key::OutputTokens => COMPLETION,
+            _ => return,
+        };
+        self.usage[slot] = n;
+        self.usage_seen |= 1 << slot;
     }
 }
 

@@ -164,15 +164,19 @@ fn reference(format: Format, stream: &str) -> Run {
             t.output_bytes += bytes as u64;
             output_in.push(end);
         }
-        let prompt = |u: &Value| {
-            let keys = [
-                "prompt_tokens",
-                "input_tokens",
-                "cache_creation_input_tokens",
-                "cache_read_input_tokens",
+        // Each part of the prompt as the last usage that named it said.
+        let prompt = |t: &mut Tokens, u: &Value| {
+            let parts = [
+                ("prompt_tokens", PromptPart::Input),
+                ("input_tokens", PromptPart::Input),
+                ("cache_creation_input_tokens", PromptPart::CacheWrite),
+                ("cache_read_input_tokens", PromptPart::CacheRead),
             ];
-            let found: Vec<u64> = keys.iter().filter_map(|k| u[*k].as_u64()).collect();
-            (!found.is_empty()).then(|| found.iter().sum())
+            for (key, part) in parts {
+                if let Some(n) = u[key].as_u64() {
+                    t.set_prompt_part(part, n);
+                }
+            }
         };
         let completion = |u: &Value| {
             u["completion_tokens"]
@@ -181,12 +185,12 @@ fn reference(format: Format, stream: &str) -> Run {
         };
         for u in [&v["usage"], &v["response"]["usage"]] {
             if u.is_object() {
-                t.prompt = prompt(u).or(t.prompt);
+                prompt(&mut t, u);
                 t.completion = completion(u).or(t.completion);
             }
         }
         if v["message"]["usage"].is_object() {
-            t.prompt = prompt(&v["message"]["usage"]).or(t.prompt);
+            prompt(&mut t, &v["message"]["usage"]);
         }
         if v["response"]["error"].is_object() {
             let ty = name(&v["response"]["error"]["code"]);
@@ -219,7 +223,7 @@ fn chat_completions_reasoning_tools_and_usage() {
     // 6 reasoning deltas, 5 content deltas, the tool call's name and 5 argument pieces; the
     // role preamble (`"content":""`), the finish chunk and the usage chunk are not output.
     assert_eq!(got.tokens.output_events, 17);
-    assert_eq!(got.tokens.prompt, Some(184));
+    assert_eq!(got.tokens.prompt(), Some(184));
     assert_eq!(got.tokens.completion, Some(62));
     assert_eq!(got.tokens.error, None);
     assert_eq!(got.error_end, None);
@@ -234,7 +238,7 @@ fn anthropic_thinking_text_tool_use_and_usage() {
     // partial_json pieces; message_start, pings, the signature and empty deltas are not.
     assert_eq!(got.tokens.output_events, 11);
     // input + cache writes + cache reads; message_start's output_tokens is a placeholder.
-    assert_eq!(got.tokens.prompt, Some(472 + 2048));
+    assert_eq!(got.tokens.prompt(), Some(472 + 2048));
     assert_eq!(got.tokens.completion, Some(89));
     let evs = events(MESSAGES);
     assert_eq!(got.output_in[0], evs[3].0, "the first thinking delta");
@@ -245,7 +249,7 @@ fn responses_api_summary_function_call_text_and_usage() {
     let cuts: Vec<usize> = (0..RESPONSES.len()).collect();
     let got = run(Format::Responses, RESPONSES.as_bytes(), true, &cuts);
     assert_eq!(got.tokens.output_events, 4 + 2 + 5);
-    assert_eq!(got.tokens.prompt, Some(75));
+    assert_eq!(got.tokens.prompt(), Some(75));
     assert_eq!(got.tokens.completion, Some(214));
     let evs = events(RESPONSES);
     assert_eq!(
@@ -279,9 +283,53 @@ fn mid_stream_errors_end_the_reading_at_their_event() {
     assert_eq!(
         run(Format::Messages, MESSAGES_ERROR.as_bytes(), true, &[])
             .tokens
-            .prompt,
+            .prompt(),
         Some(2520)
     );
+}
+
+/// Anthropic's `message_delta` may repeat the usage (cumulative) and leave the cache counts
+/// out of it: each count stands as the last usage that named it said, as Anthropic's SDK
+/// accumulates them, so message_start's cache writes and reads are not lost.
+#[test]
+fn a_later_usage_replaces_only_the_counts_it_names() {
+    let stream = |delta_usage: &str| {
+        format!(
+            concat!(
+                "event: message_start\n",
+                "data: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{\"input_tokens\":25,\"cache_creation_input_tokens\":100,\"cache_read_input_tokens\":1000,\"output_tokens\":1}}}}}}\n\n",
+                "event: content_block_start\n",
+                "data: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n",
+                "event: content_block_delta\n",
+                "data: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"Hello\"}}}}\n\n",
+                "event: message_delta\n",
+                "data: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\",\"stop_sequence\":null}},\"usage\":{}}}\n\n",
+                "event: message_stop\n",
+                "data: {{\"type\":\"message_stop\"}}\n\n",
+            ),
+            delta_usage
+        )
+    };
+    for (usage, prompt) in [
+        (r#"{"output_tokens":12}"#, 1125),
+        (r#"{"input_tokens":25,"output_tokens":12}"#, 1125),
+        (
+            r#"{"input_tokens":25,"cache_creation_input_tokens":100,"cache_read_input_tokens":1000,"output_tokens":12}"#,
+            1125,
+        ),
+        (
+            r#"{"input_tokens":30,"cache_read_input_tokens":0,"output_tokens":12}"#,
+            130,
+        ),
+    ] {
+        let stream = stream(usage);
+        let cuts: Vec<usize> = (0..stream.len()).step_by(7).collect();
+        for cuts in [&[][..], &cuts[..]] {
+            let got = run(Format::Messages, stream.as_bytes(), true, cuts);
+            assert_eq!(got.tokens.prompt(), Some(prompt), "{usage}");
+            assert_eq!(got.tokens.completion, Some(12), "{usage}");
+        }
+    }
 }
 
 #[test]
@@ -442,7 +490,7 @@ fn non_streaming_bodies_report_their_usage() {
     ] {
         for cuts in [vec![], (0..=body.len()).collect::<Vec<_>>()] {
             let got = run(format, body.as_bytes(), false, &cuts);
-            assert_eq!(got.tokens.prompt, Some(prompt), "{body}");
+            assert_eq!(got.tokens.prompt(), Some(prompt), "{body}");
             assert_eq!(got.tokens.completion, Some(completion), "{body}");
             assert!(got.output_in.is_empty() && got.error_end.is_none());
         }
@@ -711,7 +759,7 @@ fn sse_framing_details() {
     let got = run(Format::Chat, s.as_bytes(), true, &[]);
     assert_eq!(got.tokens.output_events, 1);
     assert_eq!(
-        (got.tokens.prompt, got.tokens.completion),
+        (got.tokens.prompt(), got.tokens.completion),
         (Some(7), Some(9))
     );
     // Comments, ids, event names and unknown fields are not data; a block without data does
@@ -746,7 +794,7 @@ fn sse_framing_details() {
     for cut in 0..s.len() {
         let got = run(Format::Chat, s.as_bytes(), true, &[cut]);
         assert_eq!(
-            (got.tokens.prompt, got.tokens.completion),
+            (got.tokens.prompt(), got.tokens.completion),
             (Some(12345), None)
         );
     }
@@ -759,7 +807,7 @@ fn escaped_and_deep_json_does_not_confuse_it() {
         r#"data: {"us\u0061ge":{"prompt_tokens":5},"choices":[{"delta":{"content":"a \"}]}\\"}}]}"#;
     let got = run(Format::Chat, format!("{s}\n\n").as_bytes(), true, &[]);
     assert_eq!(got.tokens.output_events, 1);
-    assert_eq!(got.tokens.prompt, None);
+    assert_eq!(got.tokens.prompt(), None);
     assert_eq!(got.tokens.output_bytes, r#"a \"}]}\\"#.len() as u64);
     // Nesting deeper than what is tracked stays balanced.
     let deep = "[".repeat(40) + &"]".repeat(40);
@@ -767,7 +815,7 @@ fn escaped_and_deep_json_does_not_confuse_it() {
         "data: {{\"x\":{deep},\"usage\":{{\"input_tokens\":3,\"d\":{{\"a\":{{\"b\":{{\"input_tokens\":99}}}}}}}}}}\n\n"
     );
     assert_eq!(
-        run(Format::Chat, s.as_bytes(), true, &[]).tokens.prompt,
+        run(Format::Chat, s.as_bytes(), true, &[]).tokens.prompt(),
         Some(3)
     );
 }
@@ -1088,9 +1136,11 @@ fn a_chat_answer_ends_when_every_choice_has_finished() {
 fn it_stays_small() {
     // It lives inline in every stream's watchdog body (a stream costs ~25 KiB in all); the
     // stream's shape is boxed beside it. (Both grew by 40 bytes or so for the masks of the
-    // Chat choices seen and finished, which say when an answer of several choices ended.)
+    // Chat choices seen and finished, which say when an answer of several choices ended; the
+    // inspector by 8 more for the prompt's parts, kept apart so that a later usage that
+    // names only some of them does not lose the others.)
     let size = std::mem::size_of::<Inspector>();
-    assert!(size <= 304, "{size} bytes");
+    assert!(size <= 312, "{size} bytes");
     let shape = std::mem::size_of::<Shape>();
     assert!(shape <= 344, "{shape} bytes");
 }

@@ -638,7 +638,7 @@ async fn a_json_body_is_read_for_its_usage() {
     drain(&mut b).await;
     drop(b);
     let t = probe.0.lock().unwrap().tokens.unwrap();
-    assert_eq!((t.prompt, t.completion), (Some(12), Some(3)));
+    assert_eq!((t.prompt(), t.completion), (Some(12), Some(3)));
 }
 
 /// Reads the body as hyper's servers do: data frames until the end, and after a trailers
