@@ -615,10 +615,21 @@ impl Chat {
 #[derive(Debug, Default, Clone)]
 struct Messages {
     message: Option<Map<String, Value>>,
-    /// Blocks by index, with the JSON of a tool use as it streams.
-    blocks: Vec<(u64, Map<String, Value>, Option<String>)>,
+    blocks: Vec<Block>,
     output: bool,
     text: usize,
+}
+
+/// One content block as it streams.
+#[derive(Debug, Clone)]
+struct Block {
+    index: u64,
+    fields: Map<String, Value>,
+    /// A tool use's input JSON as it streams (`None` for any other block).
+    json: Option<String>,
+    /// Its `content_block_stop` came: a tool use is whole only then (its start carries
+    /// `"input":{}` whatever its input will be).
+    stopped: bool,
 }
 
 #[derive(Deserialize)]
@@ -682,7 +693,17 @@ impl Messages {
                     if is_tool {
                         self.output = true;
                     }
-                    self.blocks.push((ev.index, b, is_tool.then(String::new)));
+                    self.blocks.push(Block {
+                        index: ev.index,
+                        fields: b,
+                        json: is_tool.then(String::new),
+                        stopped: false,
+                    });
+                }
+            }
+            "content_block_stop" => {
+                if let Some(b) = self.blocks.iter_mut().find(|b| b.index == ev.index) {
+                    b.stopped = true;
                 }
             }
             "content_block_delta" => {
@@ -692,7 +713,11 @@ impl Messages {
                 else {
                     return;
                 };
-                let Some((_, block, json)) = self.blocks.iter_mut().find(|(i, ..)| *i == ev.index)
+                let Some(Block {
+                    fields: block,
+                    json,
+                    ..
+                }) = self.blocks.iter_mut().find(|b| b.index == ev.index)
                 else {
                     return;
                 };
@@ -765,10 +790,16 @@ impl Messages {
     fn document(self, cut: Option<Usage>) -> Option<Value> {
         let mut message = self.message?;
         let mut blocks = self.blocks;
-        blocks.sort_by_key(|(i, ..)| *i);
+        blocks.sort_by_key(|b| b.index);
         let content: Vec<Value> = blocks
             .into_iter()
-            .filter_map(|(_, mut b, json)| {
+            .filter_map(|block| {
+                let Block {
+                    fields: mut b,
+                    json,
+                    stopped,
+                    ..
+                } = block;
                 // A thinking block the cut left without its signature: Anthropic never returns
                 // one, and an agent that sends it back as its turn is refused (400). Dropped,
                 // as a tool call cut mid-way is.
@@ -780,6 +811,11 @@ impl Messages {
                     return None;
                 }
                 if let Some(text) = json {
+                    // A tool use the cut left before its stop was never finished, whatever
+                    // its input looks like so far: an agent would run a call never made.
+                    if cut.is_some() && !stopped {
+                        return None;
+                    }
                     let input = if text.trim().is_empty() {
                         // Streamed with its input whole at the start (or none at all).
                         b.remove("input").unwrap_or_else(|| json!({}))
@@ -821,7 +857,8 @@ struct Responses {
     /// The response as `response.created` had it, then as the final event has it whole.
     response: Option<Map<String, Value>>,
     done: bool,
-    items: Vec<(u64, Map<String, Value>)>,
+    /// Output items by index, and whether their `response.output_item.done` came.
+    items: Vec<(u64, Map<String, Value>, bool)>,
     output: bool,
     text: usize,
 }
@@ -850,8 +887,8 @@ impl Responses {
     fn item(&mut self, index: u64) -> Option<&mut Map<String, Value>> {
         self.items
             .iter_mut()
-            .find(|(i, _)| *i == index)
-            .map(|(_, m)| m)
+            .find(|(i, ..)| *i == index)
+            .map(|(_, m, _)| m)
     }
 
     fn event(&mut self, data: &[u8]) {
@@ -875,9 +912,10 @@ impl Responses {
                     if item.get("type").and_then(Value::as_str) == Some("function_call") {
                         self.output = true;
                     }
-                    match self.item(ev.output_index) {
-                        Some(m) => *m = item,
-                        None => self.items.push((ev.output_index, item)),
+                    let done = ev.kind == "response.output_item.done";
+                    match self.items.iter_mut().find(|(i, ..)| *i == ev.output_index) {
+                        Some(slot) => *slot = (ev.output_index, item, done || slot.2),
+                        None => self.items.push((ev.output_index, item, done)),
                     }
                 }
             }
@@ -931,16 +969,23 @@ impl Responses {
             return Some(Value::Object(response));
         }
         let mut items = self.items;
-        items.sort_by_key(|(i, _)| *i);
+        items.sort_by_key(|(i, ..)| *i);
         let output: Vec<Value> = items
             .into_iter()
-            .filter(|(_, m)| {
-                m.get("type").and_then(Value::as_str) != Some("function_call")
+            .filter(|(_, m, done)| {
+                let kind = m.get("type").and_then(Value::as_str).unwrap_or_default();
+                // A call (`function_call`, `custom_tool_call`, ...) the cut left before its
+                // item was done was never finished, whatever its arguments or input look
+                // like so far: an agent would run a call never made.
+                if cut.is_some() && !done && kind.ends_with("_call") {
+                    return false;
+                }
+                kind != "function_call"
                     || m.get("arguments")
                         .and_then(Value::as_str)
                         .is_some_and(whole_json)
             })
-            .map(|(_, mut m)| {
+            .map(|(_, mut m, _)| {
                 // An item the cut left unfinished is incomplete, as the response is.
                 if cut.is_some() && m.get("status").and_then(Value::as_str) == Some("in_progress") {
                     m.insert("status".into(), json!("incomplete"));

@@ -467,3 +467,103 @@ fn an_azure_stream_takes_its_head_from_the_chunks_that_have_it() {
     assert_eq!(choice["finish_reason"], "stop");
     assert_eq!(choice["content_filter_results"], safe);
 }
+
+/// The data lines of `events`, each an SSE event of its own.
+fn sse(events: &[&str]) -> String {
+    events.iter().map(|e| format!("data: {e}\n\n")).collect()
+}
+
+const MESSAGE_START: &str = r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":50,"output_tokens":1}}}"#;
+
+/// What a partial answer's `content` holds: each block's type, and a tool's name.
+fn blocks(d: &Value) -> Vec<String> {
+    d["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| match b["name"].as_str() {
+            Some(name) => format!("{}:{name}", b["type"].as_str().unwrap()),
+            None => b["type"].as_str().unwrap().to_owned(),
+        })
+        .collect()
+}
+
+fn cut_doc(format: Format, stream: &str) -> Value {
+    let usage = Usage {
+        prompt: 9,
+        completion: 5,
+    };
+    doc(format, stream, Some((stream.len(), usage)))
+}
+
+/// A tool_use block's start carries `"input":{}` whatever its input will be: cut before its
+/// `content_block_stop`, the call was never finished, and a partial answer that presented
+/// it (with empty arguments) would have an agent run a call the model never made. One that
+/// was stopped keeps the input its start carried whole.
+#[test]
+fn a_tool_use_never_stopped_is_not_in_a_partial_answer() {
+    let text = [
+        MESSAGE_START,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"I'll delete the files."}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+    ];
+    let start = r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"delete_files","input":{}}}"#;
+    let empty = r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}"#;
+    let stop = r#"{"type":"content_block_stop","index":1}"#;
+    for tail in [&[start][..], &[start, empty][..]] {
+        let d = cut_doc(Format::Messages, &sse(&[&text[..], tail].concat()));
+        assert_eq!(blocks(&d), ["text"], "{tail:?}: {d}");
+        assert_eq!(d["stop_reason"], "max_tokens");
+    }
+    // Stopped with no delta: its start's input was the whole of it.
+    let d = cut_doc(
+        Format::Messages,
+        &sse(&[&text[..], &[start, stop]].concat()),
+    );
+    assert_eq!(blocks(&d), ["text", "tool_use:delete_files"], "{d}");
+    assert_eq!(d["content"][1]["input"], json!({}));
+}
+
+/// A Responses call item is finished by its `response.output_item.done`: one the cut left
+/// before it is not in the partial answer, whatever its arguments or input look like so far.
+#[test]
+fn a_responses_call_never_done_is_not_in_a_partial_answer() {
+    let created = r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}"#;
+    let message = [
+        r#"{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}"#,
+        r#"{"type":"response.content_part.added","sequence_number":2,"output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":3,"output_index":0,"content_index":0,"delta":"On it."}"#,
+    ];
+    let function = [
+        r#"{"type":"response.output_item.added","sequence_number":4,"output_index":1,"item":{"id":"fc_1","type":"function_call","status":"in_progress","name":"delete_files","call_id":"call_1","arguments":""}}"#,
+        r#"{"type":"response.function_call_arguments.delta","sequence_number":5,"output_index":1,"delta":"{\"path\":\"a\"}"}"#,
+    ];
+    let function_done = r#"{"type":"response.output_item.done","sequence_number":6,"output_index":1,"item":{"id":"fc_1","type":"function_call","status":"completed","name":"delete_files","call_id":"call_1","arguments":"{\"path\":\"a\"}"}}"#;
+    let custom = r#"{"type":"response.output_item.added","sequence_number":7,"output_index":2,"item":{"id":"ctc_1","type":"custom_tool_call","status":"in_progress","name":"shell","call_id":"call_2","input":""}}"#;
+    let types = |d: &Value| -> Vec<String> {
+        d["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["type"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let d = cut_doc(
+        Format::Responses,
+        &sse(&[&[created][..], &message, &function, &[custom]].concat()),
+    );
+    assert_eq!(types(&d), ["message"], "{d}");
+    let d = cut_doc(
+        Format::Responses,
+        &sse(&[
+            &[created][..],
+            &message,
+            &function,
+            &[function_done, custom],
+        ]
+        .concat()),
+    );
+    assert_eq!(types(&d), ["message", "function_call"], "{d}");
+    assert_eq!(d["output"][1]["status"], "completed");
+}
