@@ -73,6 +73,13 @@ pub(super) async fn assembled(
         resp.headers_mut().remove(header::CONTENT_LENGTH);
         return resp;
     }
+    // All that was missing was the stream's own end (see `Assembler::whole`): the answer is
+    // whole, and answered as such, whatever ended the stream; the log keeps the code of
+    // what did.
+    if cut.is_some() && assembler.whole() {
+        record.complete();
+        cut = None;
+    }
     let partial = match &cut {
         None => None,
         Some(e) => match leaves_partial(e) {

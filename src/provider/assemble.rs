@@ -131,6 +131,18 @@ impl Assembler {
         }
     }
 
+    /// Whether the answer came whole, all but the stream's own end (`message_stop`, `[DONE]`,
+    /// the close): Anthropic's stop reason came (after every block), every Chat choice
+    /// finished and the usage that follows them came, the Responses answer completed. A cut
+    /// then took nothing from it.
+    pub fn whole(&self) -> bool {
+        match self.format {
+            Format::Chat => self.chat.whole(),
+            Format::Messages => self.messages.whole(),
+            Format::Responses => self.responses.done,
+        }
+    }
+
     /// The document the provider would have answered. `cut`: the stream was cut by a limit
     /// (with what it used so far, where the provider did not say): the partial answer.
     pub fn finish(self, cut: Option<Usage>) -> Result<Vec<u8>, AssembleError> {
@@ -346,6 +358,12 @@ struct DeltaFunction<'a> {
 }
 
 impl Chat {
+    fn whole(&self) -> bool {
+        !self.choices.is_empty()
+            && self.choices.iter().all(|c| c.finish_reason.is_some())
+            && self.usage.is_some()
+    }
+
     fn choice(&mut self, index: u64) -> &mut ChatChoice {
         let i = match self.choices.iter().position(|c| c.index == index) {
             Some(i) => i,
@@ -674,6 +692,12 @@ fn append(block: &mut Map<String, Value>, key: &str, text: &str) {
 }
 
 impl Messages {
+    fn whole(&self) -> bool {
+        self.message
+            .as_ref()
+            .is_some_and(|m| m.get("stop_reason").is_some_and(|r| !r.is_null()))
+    }
+
     fn event(&mut self, data: &[u8]) {
         let Ok(ev) = serde_json::from_slice::<MessagesEvent<'_>>(data) else {
             return;
@@ -833,8 +857,12 @@ impl Messages {
             .collect();
         message.insert("content".into(), Value::Array(content));
         if let Some(u) = cut {
-            message.insert("stop_reason".into(), json!("max_tokens"));
-            message.insert("stop_sequence".into(), Value::Null);
+            // A stop reason that came before the cut stands, as a finished Chat choice's
+            // does: the model had ended its answer.
+            if message.get("stop_reason").is_none_or(Value::is_null) {
+                message.insert("stop_reason".into(), json!("max_tokens"));
+                message.insert("stop_sequence".into(), Value::Null);
+            }
             let usage = message
                 .entry("usage")
                 .or_insert_with(|| Value::Object(Map::new()));

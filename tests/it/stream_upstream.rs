@@ -732,3 +732,80 @@ async fn a_partial_answer_keeps_no_unsigned_thinking() {
     );
     assert!(content.iter().any(|b| b["type"] == "text"), "{doc}");
 }
+
+/// An answer the upstream went silent after, with nothing missing but the stream's own end
+/// (Anthropic's `message_stop` after the stop reason came, OpenAI's `[DONE]` after every
+/// choice finished and the usage came), is whole: answered as complete, its stop reason as
+/// the provider gave it, no `x-hourglass-partial`, counted as ok.
+#[tokio::test]
+async fn an_answer_whole_but_for_its_end_is_answered_as_complete() {
+    let messages = [
+        r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}"#,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"city\":\"Paris\"}"}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":12}}"#,
+        r#"{"type":"message_stop"}"#,
+    ];
+    let chunk = |rest: &str| {
+        format!(r#"{{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m",{rest}}}"#)
+    };
+    let chat = [
+        chunk(
+            r#""choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]"#,
+        ),
+        chunk(r#""choices":[{"index":0,"delta":{},"finish_reason":"stop"}]"#),
+        chunk(r#""choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}"#),
+        "[DONE]".to_owned(),
+    ];
+    let sse =
+        |events: &[&str]| -> String { events.iter().map(|e| format!("data: {e}\n\n")).collect() };
+    let chat: Vec<&str> = chat.iter().map(String::as_str).collect();
+    for (route, path, body, stream) in [
+        (
+            "messages",
+            "/v1/messages",
+            r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#,
+            sse(&messages),
+        ),
+        (
+            "partial",
+            "/v1/chat/completions",
+            r#"{"model":"partial","messages":[{"role":"user","content":"hi"}]}"#,
+            sse(&chat),
+        ),
+    ] {
+        let h = Harness::with_config(CONFIG).await;
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &stream,
+            Duration::from_millis(1),
+        )));
+        // Silent before its last event, past the 600 ms idle limit.
+        let last = (stream.matches("\n\n").count() - 1).to_string();
+        let (resp, _c) = h
+            .send(post(path, body.into(), &[("x-fake-freeze-after", &last)]))
+            .await;
+        assert_eq!(resp.status(), 200, "{route}");
+        assert!(
+            resp.headers().get("x-hourglass-partial").is_none(),
+            "{route}: whole, not partial"
+        );
+        let doc = json_body(resp).await;
+        if route == "messages" {
+            assert_eq!(doc["stop_reason"], "tool_use", "{doc}");
+            assert_eq!(doc["content"][0]["input"]["city"], "Paris", "{doc}");
+        } else {
+            assert_eq!(doc["choices"][0]["finish_reason"], "stop", "{doc}");
+            assert_eq!(doc["usage"]["total_tokens"], 4, "{doc}");
+        }
+        h.wait_requests(route, 1.0).await;
+        assert_eq!(
+            h.metric(&format!(
+                "hourglass_requests_total{{outcome=\"ok\",route=\"{route}\"}}"
+            ))
+            .await,
+            1.0,
+            "{route}"
+        );
+    }
+}

@@ -567,3 +567,61 @@ fn a_responses_call_never_done_is_not_in_a_partial_answer() {
     assert_eq!(types(&d), ["message", "function_call"], "{d}");
     assert_eq!(d["output"][1]["status"], "completed");
 }
+
+/// A complete Messages answer but for its `message_stop`: every block stopped and the stop
+/// reason come.
+fn messages_whole_but_its_end() -> Vec<&'static str> {
+    vec![
+        MESSAGE_START,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Checking."}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}"#,
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"city\":\"Paris\"}"}}"#,
+        r#"{"type":"content_block_stop","index":1}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":40}}"#,
+    ]
+}
+
+/// The stop reason had come when the cut came (only `message_stop` was missing): it stands,
+/// as a Chat choice that finished keeps its finish reason.
+#[test]
+fn a_stop_reason_that_came_before_the_cut_stands() {
+    let d = cut_doc(Format::Messages, &sse(&messages_whole_but_its_end()));
+    assert_eq!(d["stop_reason"], "tool_use", "{d}");
+    assert_eq!(blocks(&d), ["text", "tool_use:get_weather"]);
+    assert_eq!(d["usage"]["output_tokens"], 40);
+}
+
+/// An answer is whole once all that is missing is the stream's own end: Anthropic's stop
+/// reason came, every Chat choice finished and the usage after them came, the Responses
+/// answer completed. Before that, it is not.
+#[test]
+fn an_answer_is_whole_once_only_its_end_is_missing() {
+    let whole = |format: Format, stream: &str| assemble(format, stream, None, 1 << 20).whole();
+    let mut events = messages_whole_but_its_end();
+    assert!(whole(Format::Messages, &sse(&events)));
+    events.pop();
+    assert!(
+        !whole(Format::Messages, &sse(&events)),
+        "no stop reason yet"
+    );
+
+    let usage = r#"data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#;
+    let finished = [
+        chat_chunk(r#"{"role":"assistant","content":"Hi"}"#, "null"),
+        chat_chunk("{}", r#""stop""#),
+    ]
+    .concat();
+    assert!(
+        !whole(Format::Chat, &finished),
+        "its usage is still to come"
+    );
+    assert!(whole(Format::Chat, &format!("{finished}{usage}\n\n")));
+    let unfinished = chat_chunk(r#"{"role":"assistant","content":"Hi"}"#, "null");
+    assert!(!whole(Format::Chat, &format!("{unfinished}{usage}\n\n")));
+
+    let cut = RESPONSES.find("event: response.completed").unwrap();
+    assert!(!whole(Format::Responses, &RESPONSES[..cut]));
+    assert!(whole(Format::Responses, RESPONSES));
+}
