@@ -691,6 +691,37 @@ fn append(block: &mut Map<String, Value>, key: &str, text: &str) {
     }
 }
 
+/// The fields of a delta read as a whole into its block: strings joined, as every delta
+/// Anthropic streams joins its text (the names in `taken` are taken as last sent instead),
+/// other values as last sent; `type`, and `null`s, left out. Returns how many bytes it added
+/// (an upper bound). Only deltas without a reader of their own come here: their rare cost
+/// (a parse into values) is not that of text deltas.
+fn merge(block: &mut Map<String, Value>, delta: &RawValue, taken: &[&str]) -> usize {
+    let Ok(fields) = serde_json::from_str::<Map<String, Value>>(delta.get()) else {
+        return 0;
+    };
+    let mut added = 0;
+    for (k, v) in fields {
+        match v {
+            _ if k == "type" => {}
+            Value::Null => {}
+            Value::String(text) if !taken.contains(&k.as_str()) => {
+                added += text.len();
+                append(block, &k, &text);
+            }
+            Value::String(text) => {
+                added += text.len();
+                block.insert(k, Value::String(text));
+            }
+            v => {
+                added += v.to_string().len();
+                block.insert(k, v);
+            }
+        }
+    }
+    added
+}
+
 impl Messages {
     fn whole(&self) -> bool {
         self.message
@@ -731,10 +762,10 @@ impl Messages {
                 }
             }
             "content_block_delta" => {
-                let Some(d) = ev
-                    .delta
-                    .and_then(|d| serde_json::from_str::<BlockDelta<'_>>(d.get()).ok())
-                else {
+                let Some((raw_delta, d)) = ev.delta.and_then(|raw| {
+                    let d = serde_json::from_str::<BlockDelta<'_>>(raw.get()).ok()?;
+                    Some((raw, d))
+                }) else {
                     return;
                 };
                 let Some(Block {
@@ -778,7 +809,11 @@ impl Messages {
                             }
                         }
                     }
-                    _ => {}
+                    // The opaque `encrypted_content` is sent whole, and must go back verbatim.
+                    "compaction_delta" => added = merge(block, raw_delta, &["encrypted_content"]),
+                    // A delta this reader does not know yet (a new beta): merged as the known
+                    // ones are, rather than lost.
+                    _ => added = merge(block, raw_delta, &[]),
                 }
                 if added > 0 && d.kind != "signature_delta" {
                     self.output = true;

@@ -625,3 +625,34 @@ fn an_answer_is_whole_once_only_its_end_is_missing() {
     assert!(!whole(Format::Responses, &RESPONSES[..cut]));
     assert!(whole(Format::Responses, RESPONSES));
 }
+
+/// Anthropic's compaction block (a beta) streams its summary in `compaction_delta`s: the
+/// content joined, the opaque `encrypted_content` as last sent (the client must send it
+/// back verbatim). A delta of a type not known yet has its string fields joined and its
+/// other values taken, so a new beta's block is not emptied.
+#[test]
+fn compaction_and_unknown_deltas_are_kept() {
+    let stop = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":30}}"#;
+    let stream = sse(&[
+        MESSAGE_START,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"compaction","content":null}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"compaction_delta","content":"Summary of ","encrypted_content":"ENCold"}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"compaction_delta","content":"earlier turns.","encrypted_content":"ENCxyz"}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"content_block_start","index":1,"content_block":{"type":"novelty","body":"","meta":null}}"#,
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"novelty_delta","body":"a","meta":{"n":1}}}"#,
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"novelty_delta","body":"b","meta":{"n":2}}}"#,
+        r#"{"type":"content_block_stop","index":1}"#,
+        stop,
+        r#"{"type":"message_stop"}"#,
+    ]);
+    let d = doc(Format::Messages, &stream, None);
+    assert_eq!(
+        d["content"][0],
+        json!({"type": "compaction", "content": "Summary of earlier turns.", "encrypted_content": "ENCxyz"})
+    );
+    assert_eq!(
+        d["content"][1],
+        json!({"type": "novelty", "body": "ab", "meta": {"n": 2}})
+    );
+}
