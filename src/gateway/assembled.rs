@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::error::{GatewayError, Origin};
 use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
 use crate::provider::assemble::{AssembleError, Usage};
+use crate::provider::inspect::PromptPart;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::Observer;
 
@@ -88,9 +89,12 @@ pub(super) async fn assembled(
         },
     };
     let usage = partial.map(|_| Usage {
-        prompt: tokens
-            .and_then(|t| t.prompt())
-            .unwrap_or_else(|| record.request_bytes().div_ceil(4)),
+        // The input alone, never a total with the cache tokens that the usage reports apart;
+        // estimated only when the provider reported no part of its prompt.
+        prompt: match tokens {
+            Some(t) if t.prompt().is_some() => t.prompt_part(PromptPart::Input).unwrap_or(0),
+            _ => record.request_bytes().div_ceil(4),
+        },
         completion: tokens.map_or(0, |t| t.completion().0),
     });
     let doc = match assembler.finish(usage) {

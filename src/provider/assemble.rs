@@ -26,6 +26,8 @@ pub enum AssembleError {
 /// Tokens of a cut answer that its provider did not report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
+    /// The prompt's input tokens, without the cache reads and writes Anthropic counts apart
+    /// (OpenAI's prompt tokens are all input).
     pub prompt: u64,
     pub completion: u64,
 }
@@ -902,7 +904,8 @@ impl Messages {
                 .entry("usage")
                 .or_insert_with(|| Value::Object(Map::new()));
             if let Value::Object(m) = usage {
-                if m.get("input_tokens").is_none_or(|v| v.as_u64() == Some(0)) {
+                // Only when absent: 0 is a count (a prompt read wholly from the cache).
+                if m.get("input_tokens").is_none_or(Value::is_null) {
                     m.insert("input_tokens".into(), json!(u.prompt));
                 }
                 let reported = m.get("output_tokens").and_then(Value::as_u64).unwrap_or(0);

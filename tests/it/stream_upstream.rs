@@ -809,3 +809,48 @@ async fn an_answer_whole_but_for_its_end_is_answered_as_complete() {
         );
     }
 }
+
+/// A partial Anthropic answer whose prompt came from the cache: `input_tokens` is 0, or
+/// not there, beside `cache_read_input_tokens`. The partial answer's usage never adds the
+/// cache reads to `input_tokens` (they would be counted twice by a client that sums them).
+#[tokio::test]
+async fn a_partial_answer_counts_cache_reads_once() {
+    for (usage, input) in [
+        (
+            r#"{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":1000,"output_tokens":1}"#,
+            0,
+        ),
+        (r#"{"cache_read_input_tokens":1000,"output_tokens":1}"#, 0),
+    ] {
+        let stream = [
+            format!(
+                r#"{{"type":"message_start","message":{{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"stop_sequence":null,"usage":{usage}}}}}"#
+            ),
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.to_owned(),
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#.to_owned(),
+            r#"{"type":"content_block_stop","index":0}"#.to_owned(),
+        ]
+        .iter()
+        .map(|e| format!("data: {e}\n\n"))
+        .collect::<String>();
+        let h = Harness::with_config(CONFIG).await;
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &stream,
+            Duration::from_millis(1),
+        )));
+        let body =
+            r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+        let (resp, _c) = h
+            .send(post(
+                "/v1/messages",
+                body.into(),
+                &[("x-fake-freeze-after", "3")],
+            ))
+            .await;
+        assert_eq!(resp.status(), 200, "{usage}");
+        assert_eq!(resp.headers()["x-hourglass-partial"], "idle_timeout");
+        let doc = json_body(resp).await;
+        assert_eq!(doc["usage"]["input_tokens"], input, "{usage}: {doc}");
+        assert_eq!(doc["usage"]["cache_read_input_tokens"], 1000, "{usage}");
+    }
+}

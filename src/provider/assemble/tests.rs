@@ -656,3 +656,40 @@ fn compaction_and_unknown_deltas_are_kept() {
         json!({"type": "novelty", "body": "ab", "meta": {"n": 2}})
     );
 }
+
+/// A prompt read wholly from the cache reports `"input_tokens":0`: a count, not a gap. A
+/// partial answer fills `input_tokens` only when it is absent, and so never counts the
+/// cache reads twice (once in it, once in `cache_read_input_tokens`).
+#[test]
+fn a_partial_answer_fills_only_an_absent_input_count() {
+    let stream = |usage: &str| {
+        sse(&[
+            &MESSAGE_START.replace(r#"{"input_tokens":50,"output_tokens":1}"#, usage),
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
+        ])
+    };
+    let cut = |usage: &str, prompt: u64| {
+        let s = stream(usage);
+        let d = doc(
+            Format::Messages,
+            &s,
+            Some((
+                s.len(),
+                Usage {
+                    prompt,
+                    completion: 2,
+                },
+            )),
+        );
+        d["usage"].clone()
+    };
+    let u = cut(
+        r#"{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":1000,"output_tokens":1}"#,
+        1000,
+    );
+    assert_eq!(u["input_tokens"], 0, "{u}");
+    assert_eq!(u["cache_read_input_tokens"], 1000, "{u}");
+    let u = cut(r#"{"output_tokens":1}"#, 40);
+    assert_eq!(u["input_tokens"], 40, "absent: filled, {u}");
+}
