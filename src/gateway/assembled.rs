@@ -12,6 +12,8 @@ use tokio::time::Instant;
 
 use crate::error::{GatewayError, Origin};
 use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
+use crate::gateway::record::RequestRecord;
+use crate::http::headers::carry_provider_headers;
 use crate::provider::assemble::{AssembleError, Usage};
 use crate::provider::inspect::PromptPart;
 use crate::runs::call::insert_headers as insert_run_headers;
@@ -27,6 +29,19 @@ fn leaves_partial(e: &GatewayError) -> Option<Origin> {
         o @ (Origin::Deadline | Origin::Idle | Origin::RunDeadline | Origin::RunTokens) => Some(o),
         _ => None,
     }
+}
+
+/// The error answered in place of the upstream's answer, whose head came: it keeps what that
+/// head said of the provider (its request id, its rate limits), as the document would have.
+fn after_head(
+    e: &GatewayError,
+    record: &mut RequestRecord,
+    id: &str,
+    head: &Parts,
+) -> Response<ProxyBody> {
+    let mut resp = error_answer(e, record, id);
+    carry_provider_headers(&head.headers, resp.headers_mut());
+    resp
 }
 
 pub(super) async fn assembled(
@@ -60,7 +75,7 @@ pub(super) async fn assembled(
     }
     let tokens = body.progress_mut().tokens();
     let Some(assembler) = body.progress_mut().take_assembler() else {
-        return error_answer(&GatewayError::Internal, body.observer_mut(), id);
+        return after_head(&GatewayError::Internal, body.observer_mut(), id, &parts);
     };
     let record = body.observer_mut();
     if let Some(error) = assembler.provider_error() {
@@ -69,7 +84,7 @@ pub(super) async fn assembled(
             upstream: record.upstream_name().unwrap_or_default(),
             reason: "the provider sent an error event".into(),
         };
-        let mut resp = error_answer(&e, record, id);
+        let mut resp = after_head(&e, record, id, &parts);
         *resp.body_mut() = Either::Left(Full::new(Bytes::from(error.to_string())));
         resp.headers_mut().remove(header::CONTENT_LENGTH);
         return resp;
@@ -85,7 +100,7 @@ pub(super) async fn assembled(
         None => None,
         Some(e) => match leaves_partial(e) {
             Some(origin) if partial_answers && assembler.has_output() => Some((e.code(), origin)),
-            _ => return error_answer(e, record, id),
+            _ => return after_head(e, record, id, &parts),
         },
     };
     let usage = partial.map(|_| Usage {
@@ -102,7 +117,7 @@ pub(super) async fn assembled(
         // Nothing kept of what came (a tool call cut mid-way): the cut, as with no output.
         Err(AssembleError::Empty) if partial.is_some() => {
             let e = cut.unwrap_or(GatewayError::Internal);
-            return error_answer(&e, record, id);
+            return after_head(&e, record, id, &parts);
         }
         Err(e) => {
             let reason = match e {
@@ -115,7 +130,7 @@ pub(super) async fn assembled(
             };
             // The stream itself may have ended well: what the client gets is the error.
             record.fail(&e);
-            return error_answer(&e, record, id);
+            return after_head(&e, record, id, &parts);
         }
     };
     if let Some((code, origin)) = partial {

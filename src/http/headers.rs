@@ -455,6 +455,29 @@ pub(crate) fn answer_request_id(headers: &mut HeaderMap, id: &str) {
     insert_request_id(headers, id);
 }
 
+/// Whether an upstream's answer header tells of the provider, kept on an answer the gateway
+/// makes in place of one whose head came (an error after it): its own request id
+/// (Anthropic's `request-id`, or an `x-request-id` kept as `x-upstream-request-id`), which its
+/// support asks for, and its rate limits (`anthropic-ratelimit-*`, `x-ratelimit-*`, the IETF
+/// draft's `ratelimit` and `ratelimit-policy`), which a client paces itself by.
+fn tells_of_the_provider(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    matches!(name, "request-id" | "ratelimit" | "ratelimit-policy")
+        || name == UPSTREAM_REQUEST_ID.as_str()
+        || name.starts_with("anthropic-ratelimit-")
+        || name.starts_with("x-ratelimit-")
+}
+
+/// Copies the headers of an upstream's head that tell of the provider (see
+/// `tells_of_the_provider`) onto an answer made in its place.
+pub(crate) fn carry_provider_headers(head: &HeaderMap, answer: &mut HeaderMap) {
+    for (name, value) in head {
+        if tells_of_the_provider(name) {
+            answer.append(name.clone(), value.clone());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -854,3 +854,107 @@ async fn a_partial_answer_counts_cache_reads_once() {
         assert_eq!(doc["usage"]["cache_read_input_tokens"], 1000, "{usage}");
     }
 }
+
+/// The errors a `stream_upstream` call is answered with after the upstream's head came (the
+/// provider's error event, a limit that cut the stream) keep what that head said of the
+/// provider: its request id (Anthropic's `request-id`; an `x-request-id` of its own, kept
+/// as `x-upstream-request-id`), which its support asks for, and its rate limits, which a
+/// client paces itself by.
+#[tokio::test]
+async fn error_answers_after_the_head_keep_the_providers_ids_and_rate_limits() {
+    let head = concat!(
+        "HTTP/1.1 200 OK\r\n",
+        "content-type: text/event-stream; charset=utf-8\r\n",
+        "request-id: req_011CUpstream123\r\n",
+        "x-request-id: req_upstream_7\r\n",
+        "anthropic-ratelimit-requests-remaining: 49\r\n",
+        "anthropic-ratelimit-tokens-reset: 2026-01-01T00:00:00Z\r\n",
+        "x-ratelimit-remaining-tokens: 7\r\n",
+        "connection: close\r\n\r\n",
+    );
+    let event = |e: &str| format!("data: {e}\n\n").into_bytes();
+    let start = event(
+        r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}"#,
+    );
+    let text = [
+        event(r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#),
+        event(r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}"#),
+    ]
+    .concat();
+    let error = b"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n".to_vec();
+    let silence = (Duration::from_secs(30), Vec::new());
+    let now = |b: Vec<u8>| (Duration::ZERO, b);
+    let cases = [
+        (
+            "provider error",
+            vec![now(head.into()), now(start.clone()), now(error)],
+            502,
+        ),
+        (
+            "idle_timeout",
+            vec![
+                now(head.into()),
+                now(start.clone()),
+                now(text),
+                silence.clone(),
+            ],
+            504,
+        ),
+        (
+            "first_token_timeout",
+            vec![now(head.into()), now(start), silence],
+            504,
+        ),
+    ];
+    for (name, answer, status) in cases {
+        let up = crate::support::raw_upstream(answer).await;
+        let config = format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "10s"
+first_token_timeout = "500ms"
+idle_timeout = "300ms"
+
+[upstreams.raw]
+url = "http://{up}"
+auth = "none"
+
+[[routes]]
+name = "messages"
+path_prefix = "/v1/messages"
+upstream = "raw"
+stream_upstream = true
+"#
+        );
+        let h = Harness::with_config(&config).await;
+        let body =
+            r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+        let (resp, _c) = h.send(post("/v1/messages", body.into(), &[])).await;
+        assert_eq!(resp.status(), status, "{name}");
+        let headers = resp.headers().clone();
+        for (header, value) in [
+            ("request-id", "req_011CUpstream123"),
+            ("x-upstream-request-id", "req_upstream_7"),
+            ("anthropic-ratelimit-requests-remaining", "49"),
+            ("anthropic-ratelimit-tokens-reset", "2026-01-01T00:00:00Z"),
+            ("x-ratelimit-remaining-tokens", "7"),
+        ] {
+            assert_eq!(
+                headers.get(header).map(|v| v.to_str().unwrap()),
+                Some(value),
+                "{name}: {header}"
+            );
+        }
+        assert_eq!(headers["content-type"], "application/json", "{name}");
+        let doc = json_body(resp).await;
+        if status == 504 {
+            assert_eq!(doc["error"]["code"], name, "{doc}");
+        } else {
+            assert_eq!(doc["error"]["type"], "overloaded_error", "{doc}");
+        }
+    }
+}
