@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::response::Parts;
-use http::Response;
+use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use tokio::time::Instant;
 
@@ -16,6 +16,7 @@ use crate::gateway::record::RequestRecord;
 use crate::http::headers::carry_provider_headers;
 use crate::provider::assemble::{AssembleError, Usage};
 use crate::provider::inspect::PromptPart;
+use crate::provider::ErrorType;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::Observer;
 
@@ -42,6 +43,30 @@ fn after_head(
     let mut resp = error_answer(e, record, id);
     carry_provider_headers(&head.headers, resp.headers_mut());
     resp
+}
+
+/// The status the provider answers the error it sent as an event with when it is asked
+/// without streaming, which the client's SDK maps to its exception: Anthropic's overload is a
+/// 529 (`OverloadedError`, which it retries), a rate limit a 429, a bad request a 400. An
+/// error the gateway cannot name stays a 502.
+fn provider_status(error: &serde_json::Value) -> StatusCode {
+    let named = |v: &serde_json::Value| v.as_str().and_then(|s| ErrorType::parse(s.as_bytes()));
+    let inner = error.get("error").unwrap_or(error);
+    let kind = named(&inner["type"]).or_else(|| named(&inner["code"]));
+    let code = match kind {
+        Some(ErrorType::Overloaded) => 529,
+        Some(ErrorType::RateLimit | ErrorType::InsufficientQuota) => 429,
+        Some(ErrorType::InvalidRequest) => 400,
+        Some(ErrorType::Authentication) => 401,
+        Some(ErrorType::Billing) => 402,
+        Some(ErrorType::Permission) => 403,
+        Some(ErrorType::NotFound) => 404,
+        Some(ErrorType::RequestTooLarge) => 413,
+        Some(ErrorType::Api | ErrorType::Server) => 500,
+        Some(ErrorType::Timeout) => 504,
+        Some(ErrorType::Other) | None => 502,
+    };
+    StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY)
 }
 
 pub(super) async fn assembled(
@@ -85,6 +110,9 @@ pub(super) async fn assembled(
             reason: "the provider sent an error event".into(),
         };
         let mut resp = after_head(&e, record, id, &parts);
+        let status = provider_status(error);
+        *resp.status_mut() = status;
+        record.set_status(status.as_u16());
         *resp.body_mut() = Either::Left(Full::new(Bytes::from(error.to_string())));
         resp.headers_mut().remove(header::CONTENT_LENGTH);
         return resp;

@@ -541,8 +541,10 @@ async fn an_upstream_that_ignores_stream_and_answers_json_is_passed_through() {
 }
 
 /// A provider's error event that comes as data alone (no `event: error` line), as Anthropic
-/// and the Responses API may send it, is answered as `event: error` is: 502 with the
-/// provider's error object, not a 200 with the text so far.
+/// and the Responses API may send it, is answered as `event: error` is: the provider's error
+/// object, not a 200 with the text so far, with the status the provider gives that error when
+/// asked without streaming (Anthropic's overload is a 529, which its SDK retries as
+/// `OverloadedError`; a server error a 500).
 #[tokio::test]
 async fn a_data_only_error_event_is_answered_with_the_providers_error() {
     let messages_error =
@@ -570,13 +572,14 @@ async fn a_data_only_error_event_is_answered_with_the_providers_error() {
         ),
         responses_error
     );
-    for (route, path, body, stream, error) in [
+    for (route, path, body, stream, error, status) in [
         (
             "messages",
             "/v1/messages",
             r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#,
             messages,
             messages_error,
+            529,
         ),
         (
             "responses",
@@ -584,6 +587,7 @@ async fn a_data_only_error_event_is_answered_with_the_providers_error() {
             r#"{"model":"gpt","input":"hi"}"#,
             responses,
             responses_error,
+            500,
         ),
     ] {
         let h = Harness::with_config(CONFIG).await;
@@ -592,7 +596,7 @@ async fn a_data_only_error_event_is_answered_with_the_providers_error() {
             Duration::from_millis(1),
         )));
         let (resp, _c) = h.send(post(path, body.into(), &[])).await;
-        assert_eq!(resp.status(), 502, "{route}");
+        assert_eq!(resp.status(), status, "{route}");
         assert!(
             resp.headers().get("x-hourglass-partial").is_none(),
             "{route}"
@@ -888,7 +892,7 @@ async fn error_answers_after_the_head_keep_the_providers_ids_and_rate_limits() {
         (
             "provider error",
             vec![now(head.into()), now(start.clone()), now(error)],
-            502,
+            529,
         ),
         (
             "idle_timeout",
