@@ -5,7 +5,7 @@
 //! events, not keep-alives, are being dispatched (progress). [`SseScanner`] answers both
 //! by following the WHATWG "Interpreting an event stream" algorithm (HTML §9.2.6) byte for
 //! byte, without ever copying the stream: classifying a line needs only its first few
-//! bytes, so at most 16 bytes of a line that straddles two chunks are kept, and the rest
+//! bytes, so at most 24 bytes of a line that straddles two chunks are kept, and the rest
 //! of every line is skipped with `memchr`.
 //!
 //! The scanner is the one reader of SSE lines in the gateway: what else needs an event's data
@@ -65,19 +65,21 @@ impl LeadingBom {
 
 /// How many leading bytes of a line are looked at (and kept, when the line straddles
 /// chunks). A line classifies the same as its first `PREFIX` bytes would on their own, as
-/// long as `PREFIX` exceeds the longest line whose end matters, `event: error`: without a
-/// colon in them the field name is longer than `data` or `event`, and with one, any `event`
-/// value in them is already longer than `ping` or `error`. So no length needs tracking.
-const PREFIX: usize = 16;
-const _: () = assert!(PREFIX > b"event: error".len());
+/// long as `PREFIX` exceeds the longest line whose end matters, `event: keepalive`: without
+/// a colon in them the field name is longer than `data` or `event`, and with one, any
+/// `event` value in them is already longer than `ping`, `error` or `keepalive`. So no length
+/// needs tracking.
+const PREFIX: usize = 24;
+const _: () = assert!(PREFIX > b"event: keepalive".len());
 
 /// The event type of a block, reduced to what the proxy cares about.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
-    /// Any type other than `ping` or `error` (including the default `message`).
+    /// Any type other than the keep-alives or `error` (including the default `message`).
     #[default]
     Other,
-    /// Anthropic's keep-alive: dispatched but not progress.
+    /// A keep-alive: Anthropic's `ping`, or the `keepalive` the OpenAI Responses API sends
+    /// while a model thinks. Dispatched but not progress.
     Ping,
     /// An upstream error event: reported through [`Scan::error_end`].
     Error,
@@ -180,7 +182,7 @@ pub struct Scan {
     /// that CRLF, the boundary is reported again just past the LF (offset 1).
     pub last_boundary: Option<usize>,
     /// Events dispatched in this chunk that count as progress: every dispatched event
-    /// whose type is neither exactly `ping` (keep-alive) nor exactly `error`.
+    /// whose type is neither exactly `ping` or `keepalive` (keep-alives) nor `error`.
     pub progress: u32,
     /// If an event whose type is `error` was dispatched in this chunk: the offset just past
     /// the end of that event's terminating blank line. Scanning STOPS there: the rest of the
@@ -457,7 +459,7 @@ fn classify(head: &[u8]) -> Line {
     match name {
         b"data" => Line::Data,
         b"event" => Line::Event(match value.strip_prefix(b" ").unwrap_or(value) {
-            b"ping" => EventType::Ping,
+            b"ping" | b"keepalive" => EventType::Ping,
             b"error" => EventType::Error,
             _ => EventType::Other,
         }),

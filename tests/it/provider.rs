@@ -742,3 +742,65 @@ async fn the_demo_routes_the_responses_api() {
         2.0
     );
 }
+
+/// OpenAI's Responses API sends `event: keepalive` while a reasoning model thinks. It is a
+/// keep-alive, not a token: a think longer than the first-token limit is cut at that limit
+/// (it was taken for the first token at the first heartbeat, and the stream ran on to the
+/// deadline).
+#[tokio::test]
+async fn a_responses_keepalive_is_not_the_first_token() {
+    let mut stream = String::from(
+        "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n",
+    );
+    for n in 1..=12 {
+        stream.push_str(&format!(
+            "event: keepalive\ndata: {{\"type\":\"keepalive\",\"sequence_number\":{n}}}\n\n"
+        ));
+    }
+    stream.push_str("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":13,\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n");
+    let h = Harness::with_config(&config("", "")).await;
+    h.fake
+        .set_replay(Some(Replay::sse(&stream, Duration::from_millis(300))));
+    let (resp, _c) = h
+        .send(post(
+            "/v1/responses",
+            r#"{"model":"m","input":"hi","stream":true}"#,
+            &[],
+        ))
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let error = read.error_event().expect("an error event");
+    assert_eq!(error["code"], "first_token_timeout", "{}", read.text());
+    h.wait_requests("responses", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"first_token\",route=\"responses\"}")
+            .await,
+        1.0
+    );
+}
+
+/// ... nor does it keep a stream alive past its idle limit once the answer has begun.
+#[tokio::test]
+async fn a_responses_keepalive_does_not_reset_the_idle_limit() {
+    let mut stream = String::from(
+        "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":0,\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n",
+    );
+    for n in 1..=12 {
+        stream.push_str(&format!(
+            "event: keepalive\ndata: {{\"type\":\"keepalive\",\"sequence_number\":{n}}}\n\n"
+        ));
+    }
+    let h = Harness::with_config(&config("", "")).await;
+    h.fake
+        .set_replay(Some(Replay::sse(&stream, Duration::from_millis(300))));
+    let (resp, _c) = h
+        .send(post(
+            "/v1/responses",
+            r#"{"model":"m","input":"hi","stream":true}"#,
+            &[],
+        ))
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let error = read.error_event().expect("an error event");
+    assert_eq!(error["code"], "idle_timeout", "{}", read.text());
+}

@@ -44,7 +44,7 @@ fn reference(stream: &[u8]) -> Reference {
             if !data.is_empty() {
                 let t: &[u8] = if ty.is_empty() { b"message" } else { &ty };
                 match t {
-                    b"ping" => {}
+                    b"ping" | b"keepalive" => {}
                     b"error" => {
                         out.error_end = Some(pos);
                         return out;
@@ -165,7 +165,7 @@ fn reference_events(stream: &[u8]) -> Vec<(Vec<u8>, EventType)> {
         if line.is_empty() {
             if has_data {
                 let kind = match &ty[..] {
-                    b"ping" => EventType::Ping,
+                    b"ping" | b"keepalive" => EventType::Ping,
                     b"error" => EventType::Error,
                     _ => EventType::Other,
                 };
@@ -248,6 +248,11 @@ fn event_value() -> impl Strategy<Value = Vec<u8>> {
         " Ping",
         "ping ",
         " content_block_delta",
+        " keepalive",
+        "keepalive",
+        " keepalivex",
+        " keepalive ",
+        " Keepalive",
     ];
     prop_oneof![
         3 => prop::sample::select(fixed.to_vec()).prop_map(|s| s.as_bytes().to_vec()),
@@ -463,6 +468,22 @@ fn ping_is_not_progress() {
     assert_eq!(one(b"event: x\nevent: ping\ndata\n\n").0.progress, 0);
     assert_eq!(one(b"event: ping\n\ndata\n\n").0.progress, 1);
     assert_eq!(one(b"event: ping\ndata\n\ndata\n\n").0.progress, 1);
+}
+
+/// OpenAI's Responses API sends `event: keepalive` during a long think: a keep-alive like
+/// Anthropic's ping, or a model that only thinks would pass its first-token limit at the
+/// first heartbeat.
+#[test]
+fn keepalive_is_not_progress() {
+    let ka = b"event: keepalive\ndata: {\"type\":\"keepalive\",\"sequence_number\":3}\n\n";
+    assert_eq!(one(ka).0, scan(Some(ka.len()), 0, None));
+    assert_eq!(one(b"event:keepalive\ndata\n\n").0.progress, 0);
+    assert_eq!(one(b"event: keepalivex\ndata\n\n").0.progress, 1);
+    assert_eq!(one(b"event: keepalive \ndata\n\n").0.progress, 1);
+    for cut in 1..ka.len() {
+        let (scans, _) = feed(&[&ka[..cut], &ka[cut..]]);
+        assert_eq!(scans.iter().map(|s| s.progress).sum::<u32>(), 0, "{cut}");
+    }
 }
 
 #[test]

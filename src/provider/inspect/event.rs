@@ -57,9 +57,14 @@ pub(super) fn event_kind(name: &[u8]) -> Kind {
     match name {
         b"error" => Kind::Error,
         b"content_block_delta" | b"content_block_start" => Kind::Content,
-        b"message_start" | b"message_delta" | b"message_stop" | b"content_block_stop" | b"ping" => {
-            Kind::Framing
-        }
+        // `keepalive`: the Responses API's heartbeat, here should it come without its
+        // `event:` line (the scanner takes the one with it for a keep-alive).
+        b"message_start"
+        | b"message_delta"
+        | b"message_stop"
+        | b"content_block_stop"
+        | b"ping"
+        | b"keepalive" => Kind::Framing,
         n if n.starts_with(b"response.") && n.ends_with(b".delta") => Kind::Content,
         n if n.starts_with(b"response.") => Kind::Framing,
         _ => Kind::Unknown,
