@@ -48,10 +48,21 @@ pub enum Format {
 impl Format {
     /// The format of a request to `path` (query allowed) on an upstream that speaks `api`;
     /// `None` when it is not known, and then nothing is inspected (every data event counts as
-    /// a token, as for any SSE stream).
+    /// a token, as for any SSE stream). A named `api` reads any path in its format (a
+    /// provider may serve its API under paths of its own) but those below one of the APIs'
+    /// calls: a stored response read again (`/responses/{id}`), a count of tokens
+    /// (`/messages/count_tokens`), a batch; their usage is no use of tokens now, and a run
+    /// polling one would spend its token budget on every poll.
     pub fn detect(api: Api, path: &str) -> Option<Format> {
         let path = path.split('?').next().unwrap_or_default();
         let path = path.trim_end_matches('/');
+        if api != Api::Auto
+            && ["/chat/completions/", "/responses/", "/messages/"]
+                .iter()
+                .any(|call| path.contains(call))
+        {
+            return None;
+        }
         match api {
             Api::Anthropic => Some(Format::Messages),
             Api::OpenAi if path.ends_with("/responses") => Some(Format::Responses),
@@ -177,6 +188,24 @@ mod tests {
 
     /// Only an API's own calls are asked to stream for a client that did not; the rest of
     /// an upstream whose `api` is named is read in its format, never rewritten.
+    #[test]
+    fn what_lies_below_a_call_is_not_read_as_one() {
+        use Format::*;
+        for (api, path, want) in [
+            (Api::OpenAi, "/v1/responses/resp_1", None),
+            (Api::OpenAi, "/v1/responses/resp_1/cancel", None),
+            (Api::OpenAi, "/v1/chat/completions/chatcmpl-1", None),
+            (Api::Anthropic, "/v1/messages/count_tokens", None),
+            (Api::Anthropic, "/v1/messages/batches/b1/results", None),
+            (Api::OpenAi, "/v1/responses/", Some(Responses)),
+            (Api::OpenAi, "/custom/stream", Some(Chat)),
+            (Api::Anthropic, "/custom/stream", Some(Messages)),
+            (Api::Anthropic, "/v1/messages?beta=true", Some(Messages)),
+        ] {
+            assert_eq!(Format::detect(api, path), want, "{api:?} {path}");
+        }
+    }
+
     #[test]
     fn only_an_apis_calls_are_calls() {
         use Format::*;
