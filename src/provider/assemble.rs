@@ -1046,6 +1046,12 @@ impl Responses {
                 if cut.is_some() && !done && kind.ends_with("_call") {
                     return false;
                 }
+                // A reasoning item comes whole (its `encrypted_content`) only with its done
+                // item: without it, an agent sending `output` back as input (`store: false`)
+                // would send one it cannot replay, as a thinking block without its signature.
+                if cut.is_some() && !done && kind == "reasoning" {
+                    return false;
+                }
                 kind != "function_call"
                     || m.get("arguments")
                         .and_then(Value::as_str)

@@ -568,6 +568,38 @@ fn a_responses_call_never_done_is_not_in_a_partial_answer() {
     assert_eq!(d["output"][1]["status"], "completed");
 }
 
+/// A reasoning item the cut left before its `output_item.done` has no `encrypted_content`
+/// (it comes with the done item): an agent that sends `output` back as its next input
+/// (`store: false`) would send an item it cannot replay. Left out, as a partial Anthropic
+/// answer leaves out a thinking block without its signature; a done one stays.
+#[test]
+fn a_reasoning_item_never_done_is_not_in_a_partial_answer() {
+    let created = r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}"#;
+    let reasoning = [
+        r#"{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"rs_1","type":"reasoning","summary":[],"encrypted_content":null}}"#,
+        r#"{"type":"response.reasoning_summary_text.delta","sequence_number":2,"output_index":0,"summary_index":0,"delta":"**Plan** first I"}"#,
+    ];
+    let done = r#"{"type":"response.output_item.done","sequence_number":3,"output_index":0,"item":{"id":"rs_1","type":"reasoning","summary":[{"type":"summary_text","text":"**Plan** first I"}],"encrypted_content":"gAAA"}}"#;
+    let message = [
+        r#"{"type":"response.output_item.added","sequence_number":4,"output_index":1,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}"#,
+        r#"{"type":"response.content_part.added","sequence_number":5,"output_index":1,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":6,"output_index":1,"content_index":0,"delta":"Hi"}"#,
+    ];
+    let d = cut_doc(
+        Format::Responses,
+        &sse(&[&[created][..], &reasoning, &message].concat()),
+    );
+    let output = d["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1, "{d}");
+    assert_eq!(output[0]["type"], "message", "{d}");
+    let d = cut_doc(
+        Format::Responses,
+        &sse(&[&[created][..], &reasoning, &[done], &message].concat()),
+    );
+    assert_eq!(d["output"][0]["encrypted_content"], "gAAA", "{d}");
+    assert_eq!(d["output"].as_array().unwrap().len(), 2, "{d}");
+}
+
 /// A complete Messages answer but for its `message_stop`: every block stopped and the stop
 /// reason come.
 fn messages_whole_but_its_end() -> Vec<&'static str> {
