@@ -69,6 +69,27 @@ fn provider_status(error: &serde_json::Value) -> StatusCode {
     StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY)
 }
 
+/// The provider's error as the body it answers errors with when not streaming. Chat's and
+/// Anthropic's error events already are that body; the Responses stream's
+/// (`{"type":"error","code":..,"message":..,"param":..,"sequence_number":..}`) is put in
+/// OpenAI's envelope, `{"error":{"message","type","param","code"}}`, which is what the SDK
+/// reads `type`, `code` and `param` from.
+fn error_body(error: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Value> {
+    if error.get("error").is_some() || error.get("message").is_none() {
+        return std::borrow::Cow::Borrowed(error);
+    }
+    let code = &error["code"];
+    let kind = code
+        .as_str()
+        .map(|c| ErrorType::parse(c.as_bytes()).map_or(c, |t| t.as_str()));
+    std::borrow::Cow::Owned(serde_json::json!({"error": {
+        "message": error["message"],
+        "type": kind,
+        "param": error.get("param").unwrap_or(&serde_json::Value::Null),
+        "code": code,
+    }}))
+}
+
 pub(super) async fn assembled(
     mut parts: Parts,
     mut body: Box<WatchedBody>,
@@ -113,7 +134,7 @@ pub(super) async fn assembled(
         let status = provider_status(error);
         *resp.status_mut() = status;
         record.set_status(status.as_u16());
-        *resp.body_mut() = Either::Left(Full::new(Bytes::from(error.to_string())));
+        *resp.body_mut() = Either::Left(Full::new(Bytes::from(error_body(error).to_string())));
         resp.headers_mut().remove(header::CONTENT_LENGTH);
         return resp;
     }
