@@ -270,7 +270,10 @@ async fn serve_connection(
                         .http1
                         .serve_connection(TokioIo::new(io), service(None, Some(framing.clone())));
                     let result = Draining::new(connection, &drain, watcher).await;
-                    if framing.mid_message() {
+                    // Not after the header-read timeout: that client is stalled, not sending.
+                    if framing.mid_message()
+                        && !result.as_ref().is_err_and(hyper::Error::is_timeout)
+                    {
                         Box::pin(returned.linger()).await;
                     }
                     result
