@@ -327,7 +327,7 @@ fn client_left(e: &(dyn std::error::Error + 'static)) -> bool {
             }
         }
         if let Some(h2) = c.downcast_ref::<h2::Error>() {
-            if h2.is_remote() && (h2.is_reset() || h2.is_go_away()) || h2.is_io() {
+            if (h2.is_remote() && (h2.is_reset() || h2.is_go_away())) || h2.is_io() {
                 return true;
             }
         }

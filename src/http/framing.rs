@@ -54,9 +54,6 @@ pub struct Framing {
 }
 
 impl Framing {
-    /// Called once for every request hyper hands the service, in order: whether its head
-    /// carried both headers. hyper can only hand over a head it has read, through the
-    /// tracker, so the answer is known by then.
     /// Whether the client's bytes so far end inside a message: closed now, the connection
     /// would leave the client sending (an answer made before the body was read, a head
     /// hyper refused).
@@ -64,6 +61,9 @@ impl Framing {
         self.mid_message.load(Ordering::Relaxed)
     }
 
+    /// Called once for every request hyper hands the service, in order: whether its head
+    /// carried both headers. hyper can only hand over a head it has read, through the
+    /// tracker, so the answer is known by then.
     pub fn next_request_is_ambiguous(&self) -> bool {
         let n = self.served.fetch_add(1, Ordering::Relaxed) + 1;
         self.ambiguous.load(Ordering::Relaxed) == n

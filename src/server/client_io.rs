@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 
 /// What the connection task keeps of a socket it gave to hyper.
@@ -50,30 +51,18 @@ impl Returned {
         }
         false
     }
-}
 
-pub struct ClientIo {
-    /// `None` only once dropped: the socket goes back to [`Returned`].
-    socket: Option<TcpStream>,
-    returned: Arc<Returned>,
-    send_timeout: Duration,
-    stall: Option<Pin<Box<Sleep>>>,
-    stalled: bool,
-}
-
-/// How long a lingering close waits for more of what the client is sending, and how long it
-/// lingers in all (nginx's `lingering_timeout` is 5 s, its `lingering_time` 30 s).
-const LINGER_QUIET: Duration = Duration::from_secs(2);
-const LINGER_MOST: Duration = Duration::from_secs(30);
-
-impl Returned {
     /// RFC 9112 9.6: closes a connection whose client may still be sending (an answer made
     /// before its body was read, a head hyper refused) by half-closing it and reading what
     /// comes until the client closes, goes quiet for `LINGER_QUIET`, or `LINGER_MOST` has
     /// passed. Closed at once with unread bytes, the socket would send a reset, which makes
     /// the client's writes fail and may erase the answer still in its buffers: a front proxy
     /// then answers its own 502 instead of ours.
-    pub async fn linger(&self) {
+    ///
+    /// In a task of its own, so that the connection's `max_connections` slot is free at once
+    /// (a client trickling bytes must not hold one for `LINGER_MOST`); at most `LINGERING`
+    /// sockets linger at a time, and past that one is closed as before.
+    pub fn linger(&self) {
         let socket = self
             .socket
             .lock()
@@ -84,17 +73,40 @@ impl Returned {
         };
         // hyper has usually sent its FIN already; a second shutdown changes nothing.
         let _ = socket2::SockRef::from(&socket).shutdown(std::net::Shutdown::Write);
-        let end = Instant::now() + LINGER_MOST;
-        // On the heap: rare, and the connection task's future stays small.
-        let mut buf = vec![0u8; 16 << 10];
-        loop {
-            let quiet = (Instant::now() + LINGER_QUIET).min(end);
-            match tokio::time::timeout_at(quiet, socket.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => {}
-                _ => return,
+        static SLOTS: Semaphore = Semaphore::const_new(LINGERING);
+        let Ok(slot) = SLOTS.try_acquire() else {
+            return;
+        };
+        tokio::spawn(async move {
+            let _slot = slot;
+            let end = Instant::now() + LINGER_MOST;
+            // On the heap: rare, and the task stays small.
+            let mut buf = vec![0u8; 16 << 10];
+            loop {
+                let quiet = (Instant::now() + LINGER_QUIET).min(end);
+                match tokio::time::timeout_at(quiet, socket.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    _ => return,
+                }
             }
-        }
+        });
     }
+}
+
+/// How long a lingering close waits for more of what the client is sending, and how long it
+/// lingers in all (nginx's `lingering_timeout` is 5 s, its `lingering_time` 30 s), and how
+/// many sockets may linger at once.
+const LINGER_QUIET: Duration = Duration::from_secs(2);
+const LINGER_MOST: Duration = Duration::from_secs(30);
+const LINGERING: usize = 1024;
+
+pub struct ClientIo {
+    /// `None` only once dropped: the socket goes back to [`Returned`].
+    socket: Option<TcpStream>,
+    returned: Arc<Returned>,
+    send_timeout: Duration,
+    stall: Option<Pin<Box<Sleep>>>,
+    stalled: bool,
 }
 
 impl ClientIo {

@@ -274,7 +274,7 @@ async fn serve_connection(
                     if framing.mid_message()
                         && !result.as_ref().is_err_and(hyper::Error::is_timeout)
                     {
-                        Box::pin(returned.linger()).await;
+                        returned.linger();
                     }
                     result
                 })
@@ -315,7 +315,7 @@ async fn serve_connection(
                     if framing.mid_message()
                         && !result.as_ref().is_err_and(hyper::Error::is_timeout)
                     {
-                        Box::pin(returned.linger()).await;
+                        returned.linger();
                     }
                     result
                 }

@@ -633,3 +633,35 @@ async fn an_early_answer_is_followed_by_a_lingering_close() {
         .expect("a clean close");
     assert_eq!(n, 0);
 }
+
+/// A lingering socket does not hold a `max_connections` slot: with one slot, a client that
+/// got its early answer and keeps its connection open (lingering for up to 2 s of quiet)
+/// does not keep the next client waiting.
+#[tokio::test]
+async fn a_lingering_connection_leaves_its_slot_free() {
+    let h =
+        Harness::with_config(&BASE.replace("[server]\n", "[server]\nmax_connections = 1\n")).await;
+    let mut a = TcpStream::connect(h.addr()).await.unwrap();
+    a.write_all(b"POST /nowhere HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n{")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\"no_route\"") {
+        let n = a.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    // The gateway has closed its side, and lingers reading what `a` may still send.
+    let n = a.read(&mut buf).await.unwrap();
+    assert_eq!(n, 0, "the answer is followed by the gateway's FIN");
+    // Well within `a`'s 2 s of quiet lingering: had it kept the slot, the next connection
+    // would not be accepted before that ends.
+    let (resp, _c) = tokio::time::timeout(Duration::from_secs(1), h.send(chat_request(&[], false)))
+        .await
+        .expect("served while the other connection lingers");
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    // `a` is still being read from: served while it lingered.
+    a.write_all(b"more of the body").await.unwrap();
+}
