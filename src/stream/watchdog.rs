@@ -36,9 +36,10 @@ pub const ENDED_SHORT: &str = "the stream ended before the answer did";
 /// An event still incomplete after this many bytes is forwarded as it comes instead of held.
 pub const MAX_HELD_EVENT: usize = 1 << 20;
 
-/// An event of at most this many bytes that came in three pieces or more goes out as one
-/// frame (see `release_held`).
+/// An event of at most this many bytes that came in three pieces or more, of at most
+/// `JOIN_PIECE` bytes on average, goes out as one frame (see `release_held`).
 pub const JOIN_MAX: usize = 16 << 10;
+pub const JOIN_PIECE: usize = 64;
 
 /// How long the upstream's framing may take to end once the answer's final event came.
 /// Servers end it with that event or in a write right behind it, so this covers a write and
@@ -632,13 +633,16 @@ fn run_tokens_spent(progress: &Progress, limits: &StreamLimits) -> Option<Gatewa
 
 /// The held event is complete with `rest`, the frame up to its last boundary. Each piece it
 /// came in would go out as a chunk of its own: an event written a byte at a time cost the
-/// client six times its size in chunk framing. So a small one that came in three pieces or
-/// more is copied into one frame, with `rest` (whose whole events the scanner does not tell
-/// apart from the held event's end). Two pieces, the usual split, and large events, whose
-/// framing is a small part of them, go out as they came, uncopied.
+/// client six times its size in chunk framing. So one that came in three pieces or more of a
+/// few bytes each is copied into one frame, with `rest` (whose whole events the scanner does
+/// not tell apart from the held event's end). Two pieces, the usual split, and events in
+/// pieces of more than `JOIN_PIECE` bytes on average, whose framing is a small part of them,
+/// go out as they came, uncopied.
 fn release_held(sse: &mut Sse, ready: &mut VecDeque<Bytes>, rest: Bytes) {
     let len = sse.held_len + rest.len();
-    if sse.held.len() >= 2 && len <= JOIN_MAX {
+    let pieces = sse.held.len() + 1;
+    // Pieces of a few bytes on average: each costs a chunk head of about as many.
+    if pieces >= 3 && len <= JOIN_MAX && len <= JOIN_PIECE * pieces {
         let mut joined = BytesMut::with_capacity(len);
         for piece in sse.held.drain(..) {
             joined.extend_from_slice(&piece);

@@ -983,6 +983,27 @@ async fn a_large_event_in_pieces_goes_out_uncopied() {
     drop(tx);
 }
 
+/// A medium event (a few KiB, a `response.completed` or a tool call's chunk) that arrives
+/// in a few segments goes out as they came: two or three chunk heads of a few bytes each are
+/// not worth an allocation and a copy of kilobytes. Only pieces of a few bytes are joined.
+#[tokio::test(start_paused = true)]
+async fn a_medium_event_in_a_few_pieces_goes_out_uncopied() {
+    let (mut tx, mut b, _probe) = chat_body(limits(1000, 1000, 10_000));
+    let pieces = [
+        Bytes::from(format!("data: {{\"x\":\"{}", "a".repeat(2000))),
+        Bytes::from("b".repeat(2000)),
+        Bytes::from(format!("{}\"}}\n\n", "c".repeat(2000))),
+    ];
+    for piece in &pieces {
+        tx.send_data(piece.clone()).await.unwrap();
+    }
+    for piece in &pieces {
+        let got = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(got.as_ptr(), piece.as_ptr());
+    }
+    drop(tx);
+}
+
 /// An event split in two, the usual split, goes out as its two pieces: joining them would
 /// cost a copy to save one chunk's framing.
 #[tokio::test(start_paused = true)]
