@@ -79,9 +79,12 @@ struct Reader {
     recognised: bool,
     /// OpenAI's `[DONE]` was seen: the end, whatever came before it.
     done: bool,
-    /// An event that ends an answer was seen: a choice's `finish_reason`, `message_stop`,
-    /// `response.completed` (`incomplete`, `failed`).
+    /// An event that ends an answer was seen: a choice's `finish_reason`, a `message_delta`'s
+    /// `stop_reason`, `message_stop`, `response.completed` (`incomplete`, `failed`).
     ended: bool,
+    /// The event after which nothing of the answer follows (`message_stop`,
+    /// `response.completed`, ...) was seen.
+    over: bool,
     /// The Chat choices that appeared, by index (bit `i` for index `i`), and those that
     /// finished; `choices_wide`: one appeared whose index no bit holds.
     choices_seen: u64,
@@ -113,6 +116,7 @@ impl Inspector {
                 recognised: false,
                 done: false,
                 ended: false,
+                over: false,
                 choices_seen: 0,
                 choices_done: 0,
                 choices_wide: false,
@@ -198,7 +202,7 @@ impl Inspector {
     /// `finish_reason` is not one: the usage chunk comes after it.
     pub fn answer_over(&self) -> bool {
         let r = &self.reader;
-        self.scanner.is_some() && (r.done || (r.ended && r.format != Format::Chat))
+        self.scanner.is_some() && (r.done || r.over)
     }
 
     /// What has been counted so far.
@@ -327,6 +331,7 @@ impl Reader {
         }
         self.done |= ev.done_seen == 6 && ev.done_ok;
         self.ended |= ev.finished;
+        self.over |= ev.last;
         self.choices_seen |= ev.choices_seen;
         self.choices_done |= ev.choices_done;
         self.choices_wide |= ev.choices_wide;

@@ -19,9 +19,12 @@ pub(super) struct Event {
     /// How many bytes of the data matched `[DONE]` from its start, and whether all did.
     pub(super) done_seen: u8,
     pub(super) done_ok: bool,
-    /// The answer's end: a choice's non-null `finish_reason`, `message_stop`, or a
-    /// `response.completed` (`incomplete`, `failed`).
+    /// The answer's end: a choice's non-null `finish_reason`, a `message_delta`'s
+    /// `stop_reason`, `message_stop`, or a `response.completed` (`incomplete`, `failed`).
     pub(super) finished: bool,
+    /// The event after which nothing of the answer follows: `message_stop`,
+    /// `response.completed` (`incomplete`, `failed`).
+    pub(super) last: bool,
     /// The Chat choices the event carried, by index (bit `i` for index `i` below 64), and
     /// those of them with a non-null `finish_reason`; `choices_wide`: it carried one whose
     /// index no bit holds (64 or more, or not a plain integer).

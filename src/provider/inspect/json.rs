@@ -74,6 +74,7 @@ enum Key {
     OutputTokens,
     CacheCreationInputTokens,
     CacheReadInputTokens,
+    StopReason,
     FinishReason,
     Index,
 }
@@ -110,6 +111,7 @@ fn key(name: &[u8]) -> Key {
         b"cache_creation_input_tokens" => Key::CacheCreationInputTokens,
         b"cache_read_input_tokens" => Key::CacheReadInputTokens,
         b"finish_reason" => Key::FinishReason,
+        b"stop_reason" => Key::StopReason,
         b"index" => Key::Index,
         _ => Key::Other,
     }
@@ -541,6 +543,8 @@ impl Json {
             use Key::*;
             match (ctx, self.key) {
                 (Ctx::Delta | Ctx::BlockDelta, Role | Type | Signature) => Str::Skip,
+                // `message_delta`'s: the Messages answer's end, as a Chat finish reason.
+                (Ctx::BlockDelta, StopReason) => Str::Named,
                 (Ctx::Root, Delta)
                 | (Ctx::Choice, Text)
                 | (Ctx::Delta | Ctx::BlockDelta, _)
@@ -602,14 +606,16 @@ impl Json {
                             ev.error = true;
                         }
                         // The last event of an answer that ended as it should.
-                        ev.finished = matches!(
+                        ev.last = matches!(
                             name,
                             b"message_stop"
                                 | b"response.completed"
                                 | b"response.incomplete"
                                 | b"response.failed"
                         );
+                        ev.finished |= ev.last;
                     }
+                    (Ctx::BlockDelta, Key::StopReason) => ev.finished = true,
                     (Ctx::Choice, Key::FinishReason) => {
                         ev.finished = true;
                         self.choice_finished = true;

@@ -1145,3 +1145,28 @@ fn it_stays_small() {
     let shape = std::mem::size_of::<Shape>();
     assert!(shape <= 344, "{shape} bytes");
 }
+
+/// A Messages answer has ended once `message_delta` brings its `stop_reason`, as a Chat
+/// choice has at its `finish_reason`: what may follow (`message_stop`) adds nothing, so a
+/// stream that stops there is whole, as an assembled answer then is. Its final event is still
+/// `message_stop`.
+#[test]
+fn a_messages_answer_ends_at_its_stop_reason() {
+    let head = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    );
+    let mut ins = Inspector::new(Format::Messages, true);
+    ins.read(head.as_bytes());
+    assert!(!ins.answer_ended() && ins.ended_short());
+    // A null stop_reason is no end.
+    ins.read(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":null,\"stop_sequence\":null},\"usage\":{\"output_tokens\":2}}\n\n");
+    assert!(!ins.answer_ended());
+    ins.read(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":2}}\n\n");
+    assert!(ins.answer_ended() && !ins.ended_short());
+    assert!(!ins.answer_over());
+    ins.read(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    assert!(ins.answer_over());
+}
