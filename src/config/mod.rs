@@ -397,12 +397,11 @@ impl Config {
         build::parse(&text, &source, path.parent())
     }
 
-    /// The files the config at `path` names, read from its text even when it is refused (see
-    /// [`Config::files`]); empty when it cannot be read or parsed.
-    pub fn files_named(path: &Path) -> Vec<PathBuf> {
-        std::fs::read_to_string(path)
-            .map(|text| build::files_named(&text, path.parent()))
-            .unwrap_or_default()
+    /// The files config `text` names (relative ones resolved against `base_dir`, the
+    /// config file's folder), read from the text even when it is refused (see
+    /// [`Config::files`]); empty when it does not parse.
+    pub fn files_named(text: &str, base_dir: Option<&Path>) -> Vec<PathBuf> {
+        build::files_named(text, base_dir)
     }
 
     /// Validates config text that did not come from [`Config::load`] (embedded

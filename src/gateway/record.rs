@@ -345,10 +345,16 @@ impl RequestRecord {
 
     /// Notes an attempt as it starts, so that the log lists attempts in the order they
     /// started and one still running when the request ends is counted and logged too.
-    /// Returns its place, for [`RequestRecord::attempt`].
-    pub fn attempt_started(&mut self, entry: &ChainEntry, started: Instant) -> usize {
-        // The log line names an upstream even when the request ends before any answered.
-        if self.upstream.is_none() {
+    /// `current`: it is now the attempt the request waits on (not one started beside
+    /// another, as a hedge), and the log names its upstream should the request end before
+    /// any answered. Returns its place, for [`RequestRecord::attempt`].
+    pub fn attempt_started(
+        &mut self,
+        entry: &ChainEntry,
+        started: Instant,
+        current: bool,
+    ) -> usize {
+        if current || self.upstream.is_none() {
             self.upstream = Some(entry.upstream.clone());
         }
         // Most requests make one attempt: room for one, not the four a first push makes, held

@@ -226,7 +226,8 @@ fn answer_cause(started: &Started) -> Option<RetryCause> {
         ErrorType::Overloaded | ErrorType::Api | ErrorType::Server | ErrorType::Timeout => {
             Some(RetryCause::Status5xx)
         }
-        ErrorType::RateLimit => Some(RetryCause::Status429),
+        // As the 429 status it comes with when not sent as an event.
+        ErrorType::RateLimit | ErrorType::InsufficientQuota => Some(RetryCause::Status429),
         _ => None,
     })
 }
@@ -290,7 +291,7 @@ async fn single(
     let mut sent_again = false;
     loop {
         let out = template.request_for(&entry.upstream)?;
-        let index = record.attempt_started(entry, Instant::now());
+        let index = record.attempt_started(entry, Instant::now(), true);
         let result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
@@ -345,7 +346,7 @@ async fn hedge(
         Ok(out) => out,
         Err(e) => return (Err(e), false),
     };
-    let i0 = record.attempt_started(primary_entry, t0);
+    let i0 = record.attempt_started(primary_entry, t0, true);
     let primary = attempt(
         primary_entry,
         route,
@@ -374,7 +375,8 @@ async fn hedge(
             return (r.map(|s| (s, 0)), false);
         }
     };
-    let i1 = record.attempt_started(hedge_entry, Instant::now());
+    // Beside the primary, which the log keeps naming until one of them answers.
+    let i1 = record.attempt_started(hedge_entry, Instant::now(), false);
     let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout, None).run(hreq);
     tokio::pin!(hedged);
     let policy = &route.route.policy;

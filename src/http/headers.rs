@@ -86,6 +86,24 @@ pub(crate) fn check_framing(
 /// header on; the header is hop-by-hop, so the coding before chunked would vanish and the
 /// upstream take the coded bytes for the content.
 fn check_transfer_coding(headers: &HeaderMap) -> Result<(), GatewayError> {
+    Err(match coding_fault(headers) {
+        None => return Ok(()),
+        Some((Coding::Other, value)) => GatewayError::UnsupportedTransferCoding { value },
+        Some((Coding::ChunkedTwice, value)) => GatewayError::ChunkedTwice { value },
+    })
+}
+
+/// What is wrong with a message's transfer codings, over all its `Transfer-Encoding` lines.
+enum Coding {
+    /// A coding other than chunked.
+    Other,
+    /// `chunked` more than once (RFC 9112 6.1 forbids it).
+    ChunkedTwice,
+}
+
+/// The fault of a message's transfer codings, if they are not one `chunked` (any case,
+/// whitespace around it) or none, with the header's lines joined to name it.
+fn coding_fault(headers: &HeaderMap) -> Option<(Coding, String)> {
     let (mut chunked, mut other) = (0, false);
     for (_, coding) in list_items(headers, header::TRANSFER_ENCODING) {
         if coding.eq_ignore_ascii_case(b"chunked") {
@@ -95,7 +113,7 @@ fn check_transfer_coding(headers: &HeaderMap) -> Result<(), GatewayError> {
         }
     }
     if !other && chunked <= 1 {
-        return Ok(());
+        return None;
     }
     let lines: Vec<&[u8]> = headers
         .get_all(header::TRANSFER_ENCODING)
@@ -103,11 +121,14 @@ fn check_transfer_coding(headers: &HeaderMap) -> Result<(), GatewayError> {
         .map(HeaderValue::as_bytes)
         .collect();
     let value = String::from_utf8_lossy(&lines.join(&b", "[..])).into_owned();
-    Err(if other {
-        GatewayError::UnsupportedTransferCoding { value }
-    } else {
-        GatewayError::ChunkedTwice { value }
-    })
+    Some((
+        if other {
+            Coding::Other
+        } else {
+            Coding::ChunkedTwice
+        },
+        value,
+    ))
 }
 
 /// What an upstream answer's head says that hyper's client accepts but the gateway must not
@@ -127,22 +148,7 @@ pub(crate) fn answer_framing_fault(
             "answered 101 Switching Protocols, to a request that asked for no upgrade".into(),
         );
     }
-    let mut chunked = 0;
-    let mut other = false;
-    for (_, coding) in list_items(headers, header::TRANSFER_ENCODING) {
-        if coding.eq_ignore_ascii_case(b"chunked") {
-            chunked += 1;
-        } else {
-            other = true;
-        }
-    }
-    if other || chunked > 1 {
-        let lines: Vec<&[u8]> = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .map(HeaderValue::as_bytes)
-            .collect();
-        let value = String::from_utf8_lossy(&lines.join(&b", "[..])).into_owned();
+    if let Some((_, value)) = coding_fault(headers) {
         return Some(format!(
             "transfer-encoding: {value:?}: a transfer coding other than one chunked, which the \
              gateway does not decode"

@@ -25,8 +25,9 @@ impl Running {
     }
 
     /// Reloads on SIGHUP and whenever the config file's contents change, or those of a file
-    /// it names (`Config::files`: certificates, key files), checked every `poll`. Runs
-    /// until shutdown.
+    /// it names (`Config::files` of the running config, and `Config::files_named` of the
+    /// file's text, which a refused config names too: certificates, key files), checked
+    /// every `poll`. Runs until shutdown.
     pub fn watch_config(&self, poll: Duration) {
         let shared = self.shared.clone();
         let stop = self.stop.clone();
@@ -94,9 +95,13 @@ async fn read_source(shared: &Shared) -> Option<(Vec<u8>, Vec<Option<u64>>)> {
         .into_iter()
         .map(Into::into)
         .collect();
-    let named = tokio::task::spawn_blocking(move || Config::files_named(&path))
-        .await
-        .unwrap_or_default();
+    // From the bytes just read: a second read could see another version of the file.
+    let named = {
+        let text = String::from_utf8_lossy(&text).into_owned();
+        tokio::task::spawn_blocking(move || Config::files_named(&text, path.parent()))
+            .await
+            .unwrap_or_default()
+    };
     files.extend(named);
     files.sort_unstable();
     files.dedup();

@@ -670,3 +670,51 @@ async fn an_overload_sent_as_an_error_event_before_any_output_falls_back() {
         }
     }
 }
+
+/// A request that ends while its fallback runs (the primary answered 503) is logged under the
+/// fallback's upstream, the one it was waiting on, not the primary's.
+#[tokio::test]
+async fn a_request_ended_during_its_fallback_names_the_fallback() {
+    let primary = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let text = config(
+        &primary.url(),
+        &backup.url(),
+        "fallbacks = [\"backup\"]\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"",
+        "",
+        "",
+    );
+    primary.set_script(&[("x-fake-status", "503")]);
+    backup.set_script(&[("x-fake-ttft-ms", "25000")]);
+    let p = Process::spawn(&text, &["--log-format", "json"], &[]).await;
+    let conn = Conn::open(p.addr).await;
+    let pending = tokio::spawn(conn.send(chat_request(&[], true)));
+    assert!(backup.wait_for_requests(1, Duration::from_secs(10)).await);
+    pending.abort();
+    let _ = pending.await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let fields = loop {
+        let (out, err) = p.output();
+        let found = format!("{out}{err}").lines().find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            let fields = v.get("fields").unwrap_or(&v).clone();
+            fields.get("outcome")?;
+            Some(fields)
+        });
+        if let Some(f) = found {
+            break f;
+        }
+        assert!(Instant::now() < deadline, "no request log line");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(fields["upstream"], "backup", "{fields}");
+    let attempts = fields["attempts"].as_str().unwrap_or_default();
+    assert!(
+        attempts.starts_with("primary:status_5xx:") && attempts.contains(",backup:client_closed:"),
+        "{fields}"
+    );
+}

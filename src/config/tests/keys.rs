@@ -166,3 +166,24 @@ fn key_sources_are_checked_by_warnings() {
     assert_eq!(w, expected);
     dir.close().unwrap();
 }
+
+/// The files the watcher follows for a refused config (read from the text) are the files a
+/// loaded config names: the two lists are written apart, and must not drift.
+#[test]
+fn the_files_named_by_the_text_are_the_files_of_the_config() {
+    let text = with_route_keys("client_keys_file = \"keys/chat\"")
+        .replace(
+            "url = \"https://api.openai.com\"\n",
+            "url = \"https://api.openai.com\"\napi_key_file = \"secrets/openai\"\nca_file = \"ca.pem\"\n",
+        )
+;
+    let text = format!(
+        "[server.tls]\ncert = \"tls/cert.pem\"\nkey = \"tls/key.pem\"\nclient_ca = \"tls/ca.pem\"\n\n{text}"
+    );
+    let c = load(&text);
+    let mut from_config: Vec<PathBuf> = c.files().into_iter().map(PathBuf::from).collect();
+    from_config.sort_unstable();
+    assert_eq!(from_config.len(), 6, "{from_config:?}");
+    let from_text = crate::config::Config::files_named(&text, Some(std::path::Path::new("config")));
+    assert_eq!(from_text, from_config);
+}
