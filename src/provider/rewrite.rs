@@ -87,12 +87,17 @@ pub fn include_usage(body: &Bytes, force: bool) -> Option<Bytes> {
 
 /// The body of a request that did not ask to stream, asking to (`"stream": true`, and for
 /// Chat Completions `stream_options.include_usage` too, so the usage still comes): what
-/// `stream_upstream` sends. `None` when the request streams already, or is not a JSON
-/// object (then it is forwarded as it is).
+/// `stream_upstream` sends. `None` when the request streams already, is not a JSON object
+/// (then it is forwarded as it is), or is a Responses request run in the background
+/// (`"background": true`), which answers at once with a queued response: streamed, it would
+/// hold the client until the whole generation is done.
 pub fn stream_request(body: &Bytes, format: Format) -> Option<Bytes> {
     use serde_json::value::RawValue;
     use std::collections::HashMap;
     let fields: HashMap<&str, &RawValue> = serde_json::from_slice(body).ok()?;
+    if fields.get("background").is_some_and(|b| b.get() == "true") {
+        return None;
+    }
     let streamed = match fields.get("stream") {
         Some(raw) if raw.get() == "true" => return None,
         Some(raw) => {
@@ -192,6 +197,14 @@ mod tests {
         ] {
             assert_eq!(with_usage(body), None, "{body}");
         }
+    }
+
+    #[test]
+    fn a_background_response_is_not_asked_to_stream() {
+        let body = Bytes::from_static(br#"{"model":"m","input":"hi","background":true}"#);
+        assert_eq!(stream_request(&body, Format::Responses), None);
+        let body = Bytes::from_static(br#"{"model":"m","input":"hi","background":false}"#);
+        assert!(stream_request(&body, Format::Responses).is_some());
     }
 
     #[test]
