@@ -28,7 +28,7 @@ use crate::gateway::ProxyBody;
 use crate::http::conn::{ClientConn, Streams};
 use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
 use crate::server::admin::Admin;
-use crate::server::client_io::ClientIo;
+use crate::server::client_io::{ClientIo, Returned};
 use crate::server::shared::Shared;
 use crate::stream::signal::{Signal, Waiter};
 use crate::telemetry::metrics::Metrics;
@@ -270,12 +270,7 @@ async fn serve_connection(
                         .http1
                         .serve_connection(TokioIo::new(io), service(None, Some(framing.clone())));
                     let result = Draining::new(connection, &drain, watcher).await;
-                    // Not after the header-read timeout: that client is stalled, not sending.
-                    if framing.mid_message()
-                        && !result.as_ref().is_err_and(hyper::Error::is_timeout)
-                    {
-                        returned.linger();
-                    }
+                    linger_if_sending(&result, &framing, &returned);
                     result
                 })
             });
@@ -312,11 +307,7 @@ async fn serve_connection(
                         .http1
                         .serve_connection(TokioIo::new(io), service(None, Some(framing.clone())));
                     let result = Draining::new(connection, &drain, watcher).await;
-                    if framing.mid_message()
-                        && !result.as_ref().is_err_and(hyper::Error::is_timeout)
-                    {
-                        returned.linger();
-                    }
+                    linger_if_sending(&result, &framing, &returned);
                     result
                 }
             };
@@ -342,6 +333,15 @@ async fn serve_connection(
             shared.metrics.refused_head(reason);
         }
         tracing::debug!(%peer, error = %e, "client connection ended with an error");
+    }
+}
+
+/// After an HTTP/1 connection ends: a lingering close when the client's bytes ended inside
+/// a message, so it may still be sending (`Returned::linger`). Not after the header-read
+/// timeout: that client is stalled, not sending.
+fn linger_if_sending(result: &Result<(), hyper::Error>, framing: &Framing, returned: &Returned) {
+    if framing.mid_message() && !result.as_ref().is_err_and(hyper::Error::is_timeout) {
+        returned.linger();
     }
 }
 

@@ -743,21 +743,16 @@ async fn the_demo_routes_the_responses_api() {
     );
 }
 
-/// OpenAI's Responses API sends `event: keepalive` while a reasoning model thinks. It is a
-/// keep-alive, not a token: a think longer than the first-token limit is cut at that limit
-/// (it was taken for the first token at the first heartbeat, and the stream ran on to the
-/// deadline).
-#[tokio::test]
-async fn a_responses_keepalive_is_not_the_first_token() {
-    let mut stream = String::from(
-        "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n",
-    );
+/// A Responses stream through the gateway: `first`, then 12 `event: keepalive` 300 ms apart
+/// (the ones OpenAI sends while a reasoning model thinks), then `last`.
+async fn through_keepalives(first: &str, last: &str) -> (Harness, Read) {
+    let mut stream = String::from(first);
     for n in 1..=12 {
         stream.push_str(&format!(
             "event: keepalive\ndata: {{\"type\":\"keepalive\",\"sequence_number\":{n}}}\n\n"
         ));
     }
-    stream.push_str("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":13,\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n");
+    stream.push_str(last);
     let h = Harness::with_config(&config("", "")).await;
     h.fake
         .set_replay(Some(Replay::sse(&stream, Duration::from_millis(300))));
@@ -769,6 +764,19 @@ async fn a_responses_keepalive_is_not_the_first_token() {
         ))
         .await;
     let read = read_body(resp.into_body()).await;
+    (h, read)
+}
+
+const TEXT_DELTA: &str = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":13,\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n";
+
+/// OpenAI's Responses API sends `event: keepalive` while a reasoning model thinks. It is a
+/// keep-alive, not a token: a think longer than the first-token limit is cut at that limit
+/// (it was taken for the first token at the first heartbeat, and the stream ran on to the
+/// deadline).
+#[tokio::test]
+async fn a_responses_keepalive_is_not_the_first_token() {
+    let created = "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[]}}\n\n";
+    let (h, read) = through_keepalives(created, TEXT_DELTA).await;
     let error = read.error_event().expect("an error event");
     assert_eq!(error["code"], "first_token_timeout", "{}", read.text());
     h.wait_requests("responses", 1.0).await;
@@ -782,25 +790,7 @@ async fn a_responses_keepalive_is_not_the_first_token() {
 /// ... nor does it keep a stream alive past its idle limit once the answer has begun.
 #[tokio::test]
 async fn a_responses_keepalive_does_not_reset_the_idle_limit() {
-    let mut stream = String::from(
-        "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":0,\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n",
-    );
-    for n in 1..=12 {
-        stream.push_str(&format!(
-            "event: keepalive\ndata: {{\"type\":\"keepalive\",\"sequence_number\":{n}}}\n\n"
-        ));
-    }
-    let h = Harness::with_config(&config("", "")).await;
-    h.fake
-        .set_replay(Some(Replay::sse(&stream, Duration::from_millis(300))));
-    let (resp, _c) = h
-        .send(post(
-            "/v1/responses",
-            r#"{"model":"m","input":"hi","stream":true}"#,
-            &[],
-        ))
-        .await;
-    let read = read_body(resp.into_body()).await;
+    let (_h, read) = through_keepalives(TEXT_DELTA, "").await;
     let error = read.error_event().expect("an error event");
     assert_eq!(error["code"], "idle_timeout", "{}", read.text());
 }

@@ -548,20 +548,8 @@ async fn a_hedged_requests_log_lists_the_primary_first() {
         .await;
     assert_eq!(resp.status(), 200);
     read_body(resp.into_body()).await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let attempts = loop {
-        let (out, err) = p.output();
-        let found = format!("{out}{err}").lines().find_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            let fields = v.get("fields").unwrap_or(&v);
-            fields.get("attempts")?.as_str().map(str::to_owned)
-        });
-        if let Some(a) = found {
-            break a;
-        }
-        assert!(Instant::now() < deadline, "no log line with attempts");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let fields = request_log_line(&p).await;
+    let attempts = fields["attempts"].as_str().unwrap_or_default();
     assert!(
         attempts.starts_with("primary:hedge_loser:") && attempts.contains(",backup:ok:"),
         "{attempts}"
@@ -595,21 +583,7 @@ async fn attempts_running_when_the_client_leaves_are_logged() {
     assert!(backup.wait_for_requests(1, Duration::from_secs(10)).await);
     pending.abort();
     let _ = pending.await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let fields = loop {
-        let (out, err) = p.output();
-        let found = format!("{out}{err}").lines().find_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            let fields = v.get("fields").unwrap_or(&v).clone();
-            fields.get("outcome")?;
-            Some(fields)
-        });
-        if let Some(f) = found {
-            break f;
-        }
-        assert!(Instant::now() < deadline, "no request log line");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let fields = request_log_line(&p).await;
     assert_eq!(fields["code"], "client_closed", "{fields}");
     assert_eq!(fields["upstream"], "primary", "{fields}");
     let attempts = fields["attempts"].as_str().unwrap_or_default();
@@ -696,8 +670,20 @@ async fn a_request_ended_during_its_fallback_names_the_fallback() {
     assert!(backup.wait_for_requests(1, Duration::from_secs(10)).await);
     pending.abort();
     let _ = pending.await;
+    let fields = request_log_line(&p).await;
+    assert_eq!(fields["upstream"], "backup", "{fields}");
+    let attempts = fields["attempts"].as_str().unwrap_or_default();
+    assert!(
+        attempts.starts_with("primary:status_5xx:") && attempts.contains(",backup:client_closed:"),
+        "{fields}"
+    );
+}
+
+/// The fields of the first request log line a gateway process writes (with
+/// `--log-format json`), waiting up to 5 s for it.
+async fn request_log_line(p: &Process) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(5);
-    let fields = loop {
+    loop {
         let (out, err) = p.output();
         let found = format!("{out}{err}").lines().find_map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).ok()?;
@@ -706,15 +692,9 @@ async fn a_request_ended_during_its_fallback_names_the_fallback() {
             Some(fields)
         });
         if let Some(f) = found {
-            break f;
+            return f;
         }
         assert!(Instant::now() < deadline, "no request log line");
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(fields["upstream"], "backup", "{fields}");
-    let attempts = fields["attempts"].as_str().unwrap_or_default();
-    assert!(
-        attempts.starts_with("primary:status_5xx:") && attempts.contains(",backup:client_closed:"),
-        "{fields}"
-    );
+    }
 }
