@@ -134,7 +134,10 @@ pub(super) async fn assembled(
         let status = provider_status(error);
         *resp.status_mut() = status;
         record.set_status(status.as_u16());
-        *resp.body_mut() = Either::Left(Full::new(Bytes::from(error_body(error).to_string())));
+        let body = Bytes::from(error_body(error).to_string());
+        let replaced = http_body::Body::size_hint(resp.body()).exact().unwrap_or(0);
+        record.own_bytes_replaced(replaced as usize, body.len());
+        *resp.body_mut() = Either::Left(Full::new(body));
         resp.headers_mut().remove(header::CONTENT_LENGTH);
         return resp;
     }

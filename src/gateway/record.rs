@@ -339,6 +339,14 @@ impl RequestRecord {
         }
     }
 
+    /// The gateway's own answer of `was` bytes, already counted, went out as `now` bytes
+    /// instead (an error answer whose body became the provider's error object).
+    pub fn own_bytes_replaced(&mut self, was: usize, now: usize) {
+        if self.method != Method::HEAD {
+            self.bytes = self.bytes.saturating_sub(was as u64) + now as u64;
+        }
+    }
+
     pub fn set_status(&mut self, status: u16) {
         self.status = Some(status);
     }

@@ -977,3 +977,43 @@ stream_upstream = true
         }
     }
 }
+
+/// The log's `bytes` (the upstream's bytes, and what the gateway wrote itself) of an answer
+/// that is the provider's error object counts that object, the body the client got, not the
+/// gateway's own error it replaced.
+#[tokio::test]
+async fn the_log_counts_the_bytes_of_the_providers_error_object() {
+    let error = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+    let stream = format!(
+        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{\"input_tokens\":5,\"output_tokens\":1}}}}}}\n\nevent: error\ndata: {error}\n\n"
+    );
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &stream,
+        Duration::from_millis(1),
+    )));
+    let p = crate::support::Process::spawn(
+        &CONFIG.replace("{FAKE}", &fake.url()),
+        &["--log-format", "json"],
+        &[],
+    )
+    .await;
+    let body = r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (resp, _c) = crate::support::Conn::open(p.addr)
+        .await
+        .send(post("/v1/messages", body.into(), &[]))
+        .await;
+    assert_eq!(resp.status(), 529);
+    let got = resp.into_body().collect().await.unwrap().to_bytes();
+    let (out, err) = p.stop().await;
+    let line = format!("{out}{err}")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+        .map(|v| v.get("fields").cloned().unwrap_or(v))
+        .find(|f| f.get("outcome").is_some())
+        .expect("a request log line");
+    assert_eq!(line["bytes"], stream.len() + got.len(), "{line}");
+    assert_eq!(line["status"], 529, "{line}");
+}
