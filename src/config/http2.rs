@@ -95,12 +95,18 @@ impl Http2Config {
     pub(super) fn warning(&self) -> Option<String> {
         let all = u64::from(self.max_streams_per_connection) * u64::from(self.stream_window);
         (self.mode != Http2Mode::Never && u64::from(self.connection_window) < all).then(|| {
+            // Each stalled stream holds at most one stream window of the connection's.
+            let stalled = self.connection_window.div_ceil(self.stream_window);
+            let clients = if stalled == 1 {
+                "1 client that stops reading".to_owned()
+            } else {
+                format!("{stalled} clients that stop reading")
+            };
             format!(
                 "http2_connection_window ({}) is less than http2_max_streams_per_connection × \
-                 http2_stream_window ({all}): {} clients that stop reading can hold back the \
-                 other streams on their upstream connection",
+                 http2_stream_window ({all}): {clients} can hold back the other streams on \
+                 their upstream connection",
                 self.connection_window,
-                self.connection_window / self.stream_window
             )
         })
     }

@@ -1,5 +1,5 @@
 //! Connecting to an upstream: TLS (rustls with webpki roots plus an optional `ca_file`) and a
-//! bound on the whole connect, TCP and TLS together.
+//! bound on the whole connect: TCP, TLS and, for HTTP/2, the server's first frame.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use http::Uri;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
-use crate::config::UpstreamConfig;
+use crate::config::{Http2Mode, UpstreamConfig};
 use crate::error::BoxError;
 use crate::upstream::error::UpstreamBuildError;
 use crate::upstream::io::UpstreamIo;
@@ -26,6 +26,14 @@ pub(crate) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
 #[derive(Debug, thiserror::Error)]
 #[error("connect (TCP and TLS) did not finish within {0:?}")]
 pub struct ConnectTimedOut(pub Duration);
+
+/// `http2 = "always"` over TLS, and the provider's ALPN did not choose `h2`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the upstream did not agree to HTTP/2 by ALPN (it offers only HTTP/1.1, or no ALPN), \
+     and the upstream's `http2 = \"always\"` asks for h2 alone"
+)]
+pub struct NoH2ByAlpn;
 
 pub(super) fn tls_config(
     config: &UpstreamConfig,
@@ -62,12 +70,33 @@ pub(super) fn tls_config(
         })
 }
 
+/// Whether the TLS handshake failed because the server has none of the protocols offered
+/// by ALPN (RFC 7301 §3.2's `no_application_protocol` alert).
+fn refused_h2(e: &(dyn std::error::Error + 'static)) -> bool {
+    if let Some(rustls::Error::AlertReceived(alert)) = e.downcast_ref::<rustls::Error>() {
+        return *alert == rustls::AlertDescription::NoApplicationProtocol;
+    }
+    // hyper-rustls wraps tokio-rustls's io::Error in another, and an io::Error's `source`
+    // skips the error it wraps: its inner error is reached by `get_ref` only.
+    if let Some(inner) = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        return refused_h2(inner);
+    }
+    e.source().is_some_and(refused_h2)
+}
+
 /// Bounds the whole connector call, TCP and TLS together (hyper-util's own connect timeout
-/// covers TCP only).
+/// covers TCP only), and an HTTP/2 connection's wait for the server's first frame, which is
+/// part of connecting: hyper's handshake does not wait for it, so without this bound a
+/// server that accepted but never speaks would be pooled as a live connection, and every
+/// request and retry sent on it would wait out its first-token limit.
 #[derive(Clone)]
 pub struct TimeoutConnector<C> {
     pub(super) inner: C,
     pub(super) timeout: Duration,
+    pub(super) http2: Http2Mode,
 }
 
 impl<C> tower_service::Service<Uri> for TimeoutConnector<C>
@@ -87,12 +116,35 @@ where
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let fut = self.inner.call(uri);
-        let timeout = self.timeout;
+        let (timeout, mode) = (self.timeout, self.http2);
         Box::pin(async move {
-            match tokio::time::timeout(timeout, fut).await {
-                Ok(r) => r.map(Into::into).map_err(Into::into),
-                Err(_) => Err(Box::new(ConnectTimedOut(timeout)) as BoxError),
+            let by = tokio::time::Instant::now() + timeout;
+            let mut io: UpstreamIo = match tokio::time::timeout_at(by, fut).await {
+                Ok(Ok(io)) => io.into(),
+                Ok(Err(e)) => {
+                    let e: BoxError = e.into();
+                    return Err(if mode == Http2Mode::Always && refused_h2(&*e) {
+                        Box::new(NoH2ByAlpn)
+                    } else {
+                        e
+                    });
+                }
+                Err(_) => return Err(Box::new(ConnectTimedOut(timeout)) as BoxError),
+            };
+            let h2 = if io.is_tls() {
+                let h2 = io.connected().is_negotiated_h2();
+                if mode == Http2Mode::Always && !h2 {
+                    return Err(Box::new(NoH2ByAlpn) as BoxError);
+                }
+                h2
+            } else {
+                // Plain http:// speaks h2c only by prior knowledge.
+                mode == Http2Mode::Always
+            };
+            if h2 {
+                io.expect_first_frame_by(by);
             }
+            Ok(io)
         })
     }
 }

@@ -7,7 +7,12 @@
 //! connects it. Boxing the TLS session costs one allocation per TLS handshake, next to the
 //! handshake itself, and leaves a plain connection a kilobyte smaller (measured in
 //! BENCHMARKS.md: memory per stream).
+//!
+//! An HTTP/2 connection also waits here for the server's first frame (its SETTINGS, RFC 9113
+//! §3.4) until the connect deadline: hyper sends its requests without waiting for it, so a
+//! read that fails is the only way to tell hyper that a silent server never connected.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -17,31 +22,59 @@ use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 type Tls = MaybeHttpsStream<TokioIo<TcpStream>>;
 
 /// An upstream connection's stream, as the connector made it.
-pub enum UpstreamIo {
+pub struct UpstreamIo {
+    stream: Stream,
+    /// Until the server's first bytes arrive on an HTTP/2 connection: when they must.
+    first_frame: Option<Pin<Box<Sleep>>>,
+}
+
+enum Stream {
     Plain(TokioIo<TcpStream>),
     /// Always the `Https` case of the connector's stream, which also says what ALPN chose.
     Tls(Box<Tls>),
 }
 
+/// The server of an HTTP/2 connection sent nothing, not even its SETTINGS, by the connect
+/// deadline. An `io::ErrorKind::TimedOut`, which the proxy maps to `connect_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream sent no HTTP/2 SETTINGS by the end of its connect timeout")]
+struct NoFirstFrame;
+
+impl UpstreamIo {
+    pub(super) fn is_tls(&self) -> bool {
+        matches!(self.stream, Stream::Tls(_))
+    }
+
+    /// Fails the connection's reads if the server has sent nothing by `deadline`.
+    pub(super) fn expect_first_frame_by(&mut self, deadline: Instant) {
+        self.first_frame = Some(Box::pin(tokio::time::sleep_until(deadline)));
+    }
+}
+
 impl From<Tls> for UpstreamIo {
     fn from(stream: Tls) -> Self {
-        match stream {
-            MaybeHttpsStream::Http(tcp) => Self::Plain(tcp),
-            tls => Self::Tls(Box::new(tls)),
+        let stream = match stream {
+            MaybeHttpsStream::Http(tcp) => Stream::Plain(tcp),
+            tls => Stream::Tls(Box::new(tls)),
+        };
+        Self {
+            stream,
+            first_frame: None,
         }
     }
 }
 
 impl Connection for UpstreamIo {
     fn connected(&self) -> Connected {
-        match self {
-            Self::Plain(tcp) => tcp.connected(),
+        match &self.stream {
+            Stream::Plain(tcp) => tcp.connected(),
             // Marks the connection h2 when ALPN chose it.
-            Self::Tls(tls) => tls.connected(),
+            Stream::Tls(tls) => tls.connected(),
         }
     }
 }
@@ -52,10 +85,24 @@ impl Read for UpstreamIo {
         cx: &mut Context<'_>,
         buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
-            Self::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+        let this = self.get_mut();
+        let read = match &mut this.stream {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+        };
+        let Some(deadline) = &mut this.first_frame else {
+            return read;
+        };
+        if read.is_ready() {
+            // Bytes, an end or an error: the server has spoken, or the read says why not.
+            this.first_frame = None;
+            return read;
         }
+        if deadline.as_mut().poll(cx).is_ready() {
+            this.first_frame = None;
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, NoFirstFrame)));
+        }
+        Poll::Pending
     }
 }
 
@@ -65,9 +112,9 @@ impl Write for UpstreamIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Self::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
-            Self::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
+        match &mut self.get_mut().stream {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
         }
     }
 
@@ -76,30 +123,30 @@ impl Write for UpstreamIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Self::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
-            Self::Tls(tls) => Pin::new(&mut **tls).poll_write_vectored(cx, bufs),
+        match &mut self.get_mut().stream {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Self::Plain(tcp) => tcp.is_write_vectored(),
-            Self::Tls(tls) => tls.is_write_vectored(),
+        match &self.stream {
+            Stream::Plain(tcp) => tcp.is_write_vectored(),
+            Stream::Tls(tls) => tls.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
-            Self::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
+        match &mut self.get_mut().stream {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Self::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
-            Self::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
+        match &mut self.get_mut().stream {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_shutdown(cx),
         }
     }
 }

@@ -92,6 +92,7 @@ impl Upstream {
         let connector = TimeoutConnector {
             inner: https,
             timeout: connect_timeout,
+            http2: h2.mode,
         };
         let mut builder = Client::builder(TokioExecutor::new());
         builder

@@ -488,3 +488,59 @@ async fn a_request_a_graceful_goaway_left_out_is_sent_again_on_a_new_connection(
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert!(!h.metrics_text().await.contains(refused));
 }
+
+/// An h2c upstream whose first connection is accepted and read but never answered, not even
+/// with the server's SETTINGS (a hung front end, or a load balancer that lost the flow);
+/// later connections go to a server that answers. Returns its address and the count of
+/// connections it took.
+async fn silent_first_connection() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::AsyncReadExt;
+    let (answering, _) = refusing_upstream(0).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            if count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                let mut to = TcpStream::connect(answering).await.unwrap();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy_bidirectional(&mut s, &mut to).await;
+                });
+                continue;
+            }
+            tokio::spawn(async move {
+                let mut sink = [0u8; 4096];
+                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    (up, connections)
+}
+
+/// An HTTP/2 server's first frame is its SETTINGS (RFC 9113 §3.4); an upstream connection
+/// that has sent none within `connect_timeout` is not connected. It is closed, the request
+/// on it fails as a connect timeout (and so may be retried), and the next request gets a
+/// new connection. Before, the silent connection stayed in the pool, and every request and
+/// every retry on it waited out its first-token limit, until hyper's keep-alive ping gave
+/// up about 50 s later.
+#[tokio::test]
+async fn an_http2_upstream_that_never_sends_its_settings_is_not_connected() {
+    let (up, connections) = silent_first_connection().await;
+    let h = gateway_to(up).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "connect_timeout", "{body}");
+    let connect = "hourglass_cancellations_total{origin=\"connect\",route=\"chat\"}";
+    assert_eq!(h.metric(connect).await, 1.0);
+
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!((read.text().as_str(), read.error), (ANSWER, None));
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

@@ -134,6 +134,40 @@ async fn https_upstream_over_http1_when_h2_is_not_offered() {
     assert_eq!(tls.fake.requests()[0].version, Version::HTTP_11);
 }
 
+/// `http2 = "always"` over TLS asks ALPN for `h2` alone. A provider that does not agree
+/// (it offers only HTTP/1.1, or no ALPN at all) is refused at connect with a message that
+/// says so, before anything is sent; before, the gateway spoke HTTP/2 to it anyway and the
+/// client read "frame with invalid size".
+#[tokio::test]
+async fn http2_always_refuses_a_provider_that_does_not_negotiate_h2() {
+    for alpn in [&[b"http/1.1".as_slice()][..], &[][..]] {
+        let tls = tls_fake(alpn).await;
+        let url = format!("https://localhost:{}", tls.relay.port());
+        let toml = BASE.replace("{FAKE}", &url).replace(
+            "auth = \"bearer\"",
+            &format!(
+                "auth = \"bearer\"\nca_file = {:?}\nhttp2 = \"always\"",
+                tls.ca_pem.display().to_string()
+            ),
+        );
+        let config = Config::from_toml(&toml, "tls-test.toml").unwrap();
+        let gw = server::start(config).await.unwrap();
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[], true))
+            .await;
+        assert_eq!(resp.status(), 502);
+        let v = json_body(resp).await;
+        assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("ALPN") && message.contains("h2"),
+            "{message}"
+        );
+        assert!(tls.fake.requests().is_empty());
+    }
+}
+
 #[tokio::test]
 async fn an_untrusted_certificate_is_upstream_unavailable() {
     let tls = tls_fake(&[b"h2", b"http/1.1"]).await;

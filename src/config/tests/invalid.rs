@@ -320,6 +320,24 @@ fn http2_defaults_keep_every_stalled_stream_inside_the_connection_window() {
     assert!(h2.warning().is_none());
 }
 
+/// The warning counts the stalled clients that close the connection window: each holds at
+/// most one stream window, so it takes the quotient rounded up (two of 65,535 against
+/// 100,000, where one leaves 34,465 for the others).
+#[test]
+fn the_stalled_streams_warning_counts_the_clients_that_close_the_window() {
+    let warning = |stream: u32, connection: u32| {
+        let mut h2 = crate::config::Http2Config::default();
+        (h2.stream_window, h2.connection_window) = (stream, connection);
+        h2.warning().expect("a window below 100 streams' warns")
+    };
+    let w = warning(65_535, 100_000);
+    assert!(w.contains(": 2 clients that stop reading"), "{w}");
+    let w = warning(1 << 20, 4 << 20);
+    assert!(w.contains(": 4 clients that stop reading"), "{w}");
+    let w = warning(1 << 20, 1 << 20);
+    assert!(w.contains(": 1 client that stops reading"), "{w}");
+}
+
 #[test]
 fn http2_keys_load_and_refuse_nonsense_naming_key_and_value() {
     let set = |keys: &str| {
