@@ -80,6 +80,13 @@ impl Config {
                 out.push(format!("upstream {name:?} is not used by any route"));
             }
         }
+        if let Some(var) = &self.runs.store_password_env {
+            if env(var).is_none() {
+                out.push(format!(
+                    "runs: store_password_env {var} is not set; the gateway will not start without the store's password"
+                ));
+            }
+        }
         for r in &self.routes {
             let Some(auth) = &r.client_auth else { continue };
             let label = format!("route {:?}", r.name);

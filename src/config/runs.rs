@@ -120,6 +120,29 @@ pub(super) const DEFAULT_RUNS: RunsConfig = RunsConfig {
 /// Far beyond what one process should hold; keeps the map's allocation sane.
 const MAX_RUNS: usize = 10_000_000;
 
+/// A `redis://` or `rediss://` URL as the Redis client reads it (host, port, database),
+/// so that a URL the server would refuse at start is refused by `check` and by a reload.
+fn check_store_url(url: &str) -> Result<(), String> {
+    let shown = super::secrets::redacted_url(url);
+    let rest = url.split_once("://").map_or("", |(_, r)| r);
+    let host = rest.rsplit('@').next().unwrap_or_default();
+    if host.is_empty() || host.starts_with('/') {
+        return Err(format!("runs: store {shown:?} names no host"));
+    }
+    let parsed =
+        url::Url::parse(url).map_err(|e| format!("runs: store {shown:?} is not a URL: {e}"))?;
+    let db = parsed.path().trim_start_matches('/');
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Err(format!(
+            "runs: store {shown:?}: database {db:?} is not a number"
+        ));
+    }
+    // Whatever else the client would refuse (its own query parameters, say).
+    redis::IntoConnectionInfo::into_connection_info(url)
+        .map(drop)
+        .map_err(|e| format!("runs: store {shown:?}: {e}"))
+}
+
 pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
     let d = DEFAULT_RUNS;
     let ttl = raw.ttl.map_or(d.ttl, |t| t.0);
@@ -135,11 +158,7 @@ pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
     let store = match raw.store.as_deref() {
         None | Some("memory") => RunStore::Memory,
         Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
-            let rest = url.split_once("://").map_or("", |(_, r)| r);
-            let host = rest.rsplit('@').next().unwrap_or_default();
-            if host.is_empty() || host.starts_with('/') {
-                return Err(format!("runs: store {url:?} names no host"));
-            }
+            check_store_url(url)?;
             RunStore::Redis(url.to_owned())
         }
         Some(other) => {

@@ -122,3 +122,24 @@ fn an_upstream_used_only_as_a_fallback_is_used() {
         "{w:?}"
     );
 }
+
+/// An unset `store_password_env` stops the gateway at start, as an unset `client_keys_env`
+/// does: `check` says so rather than passing the config.
+#[test]
+fn an_unset_store_password_variable_is_a_warning() {
+    let text = format!(
+        "[runs]\nstore = \"redis://127.0.0.1:6379/0\"\nstore_password_env = \"RUNS_PASS\"\n{BASE}"
+    );
+    let set = |name: &str| (name != "RUNS_PASS").then(|| OsString::from("sk-test"));
+    let w = load(&text).warnings_with(&set);
+    assert!(
+        w.iter().any(|w| w
+            == "runs: store_password_env RUNS_PASS is not set; the gateway will not start without the store's password"),
+        "{w:?}"
+    );
+    let all = |_: &str| Some(OsString::from("sk-test"));
+    assert!(!load(&text)
+        .warnings_with(&all)
+        .iter()
+        .any(|w| w.contains("store_password_env")));
+}

@@ -138,6 +138,22 @@ fn a_bad_runs_table_is_refused() {
             "runs: store \"redis://\" names no host",
         ),
         (
+            "store = \"redis://127.0.0.1:notaport/0\"",
+            "runs: store \"redis://127.0.0.1:notaport/0\" is not a URL: invalid port number",
+        ),
+        (
+            "store = \"redis://127.0.0.1:99999/0\"",
+            "runs: store \"redis://127.0.0.1:99999/0\" is not a URL: invalid port number",
+        ),
+        (
+            "store = \"redis://u:hunter2@127.0.0.1:6379/abc\"",
+            "runs: store \"redis://u:***@127.0.0.1:6379/abc\": database \"abc\" is not a number",
+        ),
+        (
+            "store = \"redis://127.0.0.1:6379/1/2\"",
+            "runs: store \"redis://127.0.0.1:6379/1/2\": database \"1/2\" is not a number",
+        ),
+        (
             "store_timeout = \"0ms\"",
             "runs: store_timeout must be greater than 0",
         ),
