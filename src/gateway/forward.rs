@@ -20,6 +20,7 @@ use crate::error::{BoxError, GatewayError};
 use crate::gateway::attempt::Started;
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
+use crate::gateway::run::{self, InRun};
 use crate::gateway::template::Template;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
@@ -214,14 +215,17 @@ impl Gateway {
             budget.ensure_useful(Instant::now())?;
             // After the call's own budget is checked, so that a call refused for it is not
             // counted against its run.
-            match crate::gateway::run::join(&self.runs, route, &headers, &body, &mut budget).await {
-                Ok(Some(run)) => {
+            match run::join(&self.runs, route, &headers, &body, &mut budget).await {
+                Ok(InRun::Call(run)) => {
                     record.set_budget(&budget);
                     record.join_run(run);
                 }
-                Ok(None) => {}
+                Ok(InRun::Unenforced(id)) => record.named_run(id, None),
+                Ok(InRun::No) => {}
                 Err(not) => {
-                    record.refused_by_run(not.run);
+                    if let Some(id) = not.run {
+                        record.named_run(id, not.view);
+                    }
                     return Err(not.error);
                 }
             }

@@ -121,8 +121,9 @@ struct RunPart {
     id: Arc<str>,
     /// Admitted: given back (what the call used) when the record reports.
     call: Option<RunCall>,
-    /// What the run has left, as the answer's `x-run-*` headers say.
-    view: View,
+    /// What the run has left, as the answer's `x-run-*` headers say; none when the run's
+    /// store could not say.
+    view: Option<View>,
     /// The tool calls the answer asked for, read to its end.
     answer: Option<(u64, String)>,
 }
@@ -200,30 +201,29 @@ impl RequestRecord {
     pub fn join_run(&mut self, call: RunCall) {
         self.run = Some(Box::new(RunPart {
             id: call.id.clone(),
-            view: call.admitted.view,
+            view: Some(call.admitted.view),
             call: Some(call),
             answer: None,
         }));
     }
 
-    /// The request's run refused it; `view` is what the run has left, if it was the run's.
-    pub fn refused_by_run(&mut self, run: Option<(Arc<str>, View)>) {
-        if let Some((id, view)) = run {
-            // The log's budget is what the call had: its own, or what its run had left.
-            if let (Some(b), Some(deadline)) = (self.budget.as_mut(), view.deadline) {
-                if deadline < b.deadline {
-                    b.deadline = deadline;
-                    b.total = deadline.saturating_duration_since(self.arrival);
-                    b.source = BudgetSource::Run;
-                }
+    /// The request names run `id` and was not admitted to it: the run refused it (`view`
+    /// is then what the run has left), or its store could not answer.
+    pub fn named_run(&mut self, id: Arc<str>, view: Option<View>) {
+        // The log's budget is what the call had: its own, or what its run had left.
+        if let (Some(b), Some(deadline)) = (self.budget.as_mut(), view.and_then(|v| v.deadline)) {
+            if deadline < b.deadline {
+                b.deadline = deadline;
+                b.total = deadline.saturating_duration_since(self.arrival);
+                b.source = BudgetSource::Run;
             }
-            self.run = Some(Box::new(RunPart {
-                id,
-                call: None,
-                view,
-                answer: None,
-            }));
         }
+        self.run = Some(Box::new(RunPart {
+            id,
+            call: None,
+            view,
+            answer: None,
+        }));
     }
 
     /// Whether the answer's tool calls are to be gathered: its run stops loops.
@@ -236,7 +236,7 @@ impl RequestRecord {
 
     /// What the request's run has left, for the answer's headers.
     pub fn run_view(&self) -> Option<&View> {
-        self.run.as_ref().map(|r| &r.view)
+        self.run.as_ref().and_then(|r| r.view.as_ref())
     }
 
     /// What the run has left once this call's tokens are known (`tokens`, read from an
@@ -245,7 +245,7 @@ impl RequestRecord {
     /// run are as admission saw them.
     pub fn run_view_after(&self, tokens: Option<Tokens>, spent: bool) -> Option<View> {
         let run = self.run.as_ref()?;
-        let mut view = run.view;
+        let mut view = run.view?;
         if let (Some(left), Some(call)) = (view.tokens_left, &run.call) {
             let used = run_tokens_used(tokens, self.request_bytes);
             view.tokens_left = Some(if spent {

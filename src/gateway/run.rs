@@ -15,17 +15,31 @@ use crate::runs::runtime::Joined;
 use crate::runs::state::View;
 use crate::runs::{fingerprint, run_id, Call, RunCall, RunKey, Runs};
 
-/// Why a call did not join its run: the error, and, when the run refused it, the run's id
-/// and what it has left (for the answer's headers).
+/// Why a call did not join its run: the error, the run's id when the call named one, and,
+/// when the run itself refused it, what the run has left (for the answer's headers).
 pub struct NotJoined {
     pub error: GatewayError,
-    pub run: Option<(Arc<str>, View)>,
+    pub run: Option<Arc<str>>,
+    pub view: Option<View>,
 }
 
 impl From<GatewayError> for NotJoined {
     fn from(error: GatewayError) -> Self {
-        Self { error, run: None }
+        Self {
+            error,
+            run: None,
+            view: None,
+        }
     }
+}
+
+/// What a call is of its run.
+pub enum InRun {
+    /// It names no run.
+    No,
+    Call(RunCall),
+    /// It names this run, whose store could not answer: served without run limits.
+    Unenforced(Arc<str>),
 }
 
 /// Admits the call into its run, if it carries a run id, and binds its budget to the run's
@@ -36,12 +50,12 @@ pub async fn join(
     headers: &HeaderMap,
     body: &[u8],
     budget: &mut Budget,
-) -> Result<Option<RunCall>, NotJoined> {
+) -> Result<InRun, NotJoined> {
     // Read first: a malformed run budget is refused like any budget header, even on a call
     // that names no run (its client meant one, and would never learn it was ignored).
     let asked_budget = run_budget(headers)?;
     let Some(id) = run_id(headers, &route.route.run_id)? else {
-        return Ok(None);
+        return Ok(InRun::No);
     };
     let limits = &route.route.run_limits;
     let key = RunKey {
@@ -75,16 +89,19 @@ pub async fn join(
         .await
         .map_err(|(error, view)| NotJoined {
             error,
-            run: view.map(|v| (Arc::clone(&key.id), v)),
+            run: Some(Arc::clone(&key.id)),
+            view,
         })?;
     let admitted = match joined {
         Joined::Call(admitted) => admitted,
         // The store could not answer, and the call is served without run limits.
-        Joined::Unlimited => return Ok(None),
+        Joined::Unlimited => return Ok(InRun::Unenforced(key.id)),
         Joined::OutOfTime => {
-            return Err(budget
-                .too_little(Instant::now(), budget.min_useful, false)
-                .into())
+            return Err(NotJoined {
+                error: budget.too_little(Instant::now(), budget.min_useful, false),
+                run: Some(key.id),
+                view: None,
+            })
         }
     };
     if let (Some(deadline), Some(run_budget)) =
@@ -92,5 +109,5 @@ pub async fn join(
     {
         budget.bind_run(Arc::clone(&key.id), deadline, run_budget);
     }
-    Ok(Some(admitted))
+    Ok(InRun::Call(admitted))
 }

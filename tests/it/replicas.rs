@@ -322,6 +322,52 @@ async fn a_redis_that_never_answers_costs_a_call_its_store_timeout_not_its_budge
     held.abort();
 }
 
+/// The request log lines, as JSON, whose `fields` hold `key` = `value`.
+fn log_lines_with(out: &str, key: &str, value: &str) -> Vec<serde_json::Value> {
+    out.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+        .filter(|v| v.get("fields").unwrap_or(v)[key] == value)
+        .collect()
+}
+
+/// A call of a run whose store could not answer is still logged as a call of its run,
+/// whether it was served without run limits, refused 503, or out of budget waiting:
+/// before, all three logged `run_id: null`, and the escape from the run's limits had no
+/// trace in the line.
+#[tokio::test]
+async fn a_call_the_store_could_not_admit_is_logged_with_its_run() {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            conns.push(c);
+        }
+    });
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("redis://{addr}/0");
+    let json = ["--log-format", "json"];
+    for (on_error, timeout, budget, want) in [
+        ("allow", "100ms", "30000", 200),
+        ("deny", "100ms", "30000", 503),
+        ("allow", "5s", "800", 504),
+    ] {
+        let p = Process::spawn(&config(&fake, &url, on_error, timeout), &json, &[]).await;
+        let run = [("x-run-id", "unheard"), ("x-request-budget-ms", budget)];
+        let (status, _, body) = send(&p, call(false, &run, 0)).await;
+        assert_eq!(status, want, "{on_error}: {body}");
+        let (stdout, stderr) = p.stop().await;
+        let out = stdout + &stderr;
+        let lines = log_lines_with(&out, "run_id", "unheard");
+        assert_eq!(lines.len(), 1, "{on_error}, {want}: {out}");
+        let line = &lines[0];
+        assert_eq!(line.get("fields").unwrap_or(line)["status"], want, "{line}");
+    }
+    held.abort();
+}
+
 /// A GET on the admin listener, its body as text.
 async fn reqwest_like_get(admin: std::net::SocketAddr, path: &str) -> String {
     crate::support::admin_get(admin, path).await
