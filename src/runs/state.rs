@@ -308,7 +308,17 @@ impl RunState {
     fn refusal(&self, call: &Call) -> Option<Refusal> {
         let l = &self.limits;
         if let Some(r) = &self.refused {
-            return Some(r.clone());
+            return Some(match r {
+                // What the run holds now, and this call's reservation, not the numbers of
+                // the refusal that ended it.
+                Refusal::Tokens { limit, .. } => Refusal::Tokens {
+                    limit: *limit,
+                    used: self.tokens_used,
+                    reserved: self.tokens_reserved,
+                    asked: call.reserve,
+                },
+                r => r.clone(),
+            });
         }
         if let Some(d) = self.deadline {
             let left = d.saturating_duration_since(call.now);

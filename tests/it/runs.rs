@@ -837,11 +837,23 @@ async fn a_document_past_the_runs_tokens_is_delivered_and_counted(store: Store) 
         run["runs"][0]["used"]["tokens"].as_u64().unwrap() > 100,
         "{run}"
     );
-    let (resp, _c) = h
-        .send(call("/tokens", false, &[("x-run-id", "doc")], ""))
-        .await;
-    assert_eq!(resp.status(), 429);
-    assert_eq!(json_body(resp).await["error"]["code"], "run_token_limit");
+    let used = run["runs"][0]["used"]["tokens"].as_u64().unwrap();
+    // Every later call is refused, each told what it would have reserved (not what the
+    // refusal that ended the run recorded).
+    for (max, reserve) in [("", 60), (r#","max_tokens":10"#, 10)] {
+        let (resp, _c) = h
+            .send(call("/tokens", false, &[("x-run-id", "doc")], max))
+            .await;
+        assert_eq!(resp.status(), 429);
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], "run_token_limit");
+        crate::support::assert_message_starts(
+            &body["error"],
+            &format!(
+                "run token limit: run \"doc\" has used {used} of its 100 tokens and calls in flight hold 0; this call would reserve {reserve}"
+            ),
+        );
+    }
 }
 
 /// OpenAI's streams report no usage unless asked (`stream_options.include_usage`): the

@@ -83,6 +83,8 @@ end
 local refusal = nil
 if h.refused ~= nil and h.refused ~= '' then
   refusal = cjson.decode(h.refused)
+  -- What the run holds now, and this call's reservation, not the ended run's numbers.
+  if refusal[1] == 'tokens' then refusal = {'tokens', refusal[2], used, reserved, reserve} end
 end
 if refusal == nil and deadline ~= nil then
   local left = deadline - now
