@@ -215,7 +215,7 @@ impl Budget {
             // A budget of exactly reserve + min_useful is spent below it by the time any
             // check runs: too small from the start, too.
             let whole = self.total.saturating_sub(self.reserve) <= self.min_useful;
-            return Err(self.too_little(now, self.min_useful, whole));
+            return Err(self.too_little(now, self.min_useful, None, whole));
         }
         Ok(())
     }
@@ -224,7 +224,14 @@ impl Budget {
     /// deadline exceeded when the run's deadline is what bounds the call (the same call of
     /// the same run fails the same way), else `insufficient_budget`. `whole`: the budget was
     /// too small from the start.
-    pub fn too_little(&self, now: Instant, needed: Duration, whole: bool) -> GatewayError {
+    /// `expected_by`: the upstream whose expected time to its first token is `needed`.
+    pub fn too_little(
+        &self,
+        now: Instant,
+        needed: Duration,
+        expected_by: Option<&str>,
+        whole: bool,
+    ) -> GatewayError {
         let left = self.deadline.saturating_duration_since(now);
         if self.run.is_some() {
             return deadline_error(self.total, self.run.as_ref(), left);
@@ -234,6 +241,7 @@ impl Budget {
             remaining: self.usable(now),
             reserve: self.reserve,
             min_useful: needed,
+            expected_by: expected_by.map(str::to_owned),
             whole,
         }
     }

@@ -112,11 +112,14 @@ pub enum GatewayError {
     /// HTTP/1 (with a bare 431); over HTTP/2 it bounds only the header list's bytes.
     #[error("request has {count} header fields, more than this gateway's max_headers ({limit})")]
     TooManyHeaders { count: usize, limit: usize },
-    #[error("insufficient budget: {} of budget left after the {} reserve; at least {} is needed to call the upstream", ms(*.remaining), ms(*.reserve), ms(*.min_useful))]
+    #[error("insufficient budget: {} of budget left after the {} reserve; at least {} is needed to call the upstream{}", ms(*.remaining), ms(*.reserve), ms(*.min_useful), expected(.expected_by.as_deref(), *.min_useful))]
     InsufficientBudget {
         remaining: Duration,
         reserve: Duration,
         min_useful: Duration,
+        /// The upstream whose expected time to its first token (configured or learned) is
+        /// what the call needs, when that is more than the route's `min_useful`.
+        expected_by: Option<String>,
         /// The request's whole budget was too small from the start: the same request fails
         /// the same way however often it is sent.
         whole: bool,
@@ -272,6 +275,15 @@ fn model_suffix(model: &Option<String>) -> String {
 
 /// Durations in messages read as milliseconds so that clients can compare them with the
 /// `x-request-budget-ms` they sent.
+fn expected(upstream: Option<&str>, need: Duration) -> String {
+    upstream.map_or_else(String::new, |u| {
+        format!(
+            ": upstream {u:?} is expected to take {} to its first token",
+            ms(need)
+        )
+    })
+}
+
 fn ms(d: Duration) -> String {
     format!("{}ms", d.as_millis())
 }
@@ -553,6 +565,7 @@ mod tests {
             remaining: Duration::from_millis(40),
             reserve: Duration::ZERO,
             min_useful: Duration::from_millis(100),
+            expected_by: None,
             whole,
         };
         let hopeless = insufficient(true).response();
@@ -588,6 +601,7 @@ mod tests {
                     remaining: Duration::from_millis(40),
                     reserve: Duration::ZERO,
                     min_useful: Duration::from_millis(100),
+                    expected_by: None,
                     whole: false,
                 },
                 "insufficient budget: 40ms of budget left",

@@ -164,11 +164,16 @@ pub async fn run(
         Last::Error(e) => Err(e),
         // No attempt fitted what was left. Without a run, the time went on attempts (or on
         // waiting), and a new request gets a new budget; with one, the run's time is gone.
-        Last::None => Err(budget.too_little(
-            Instant::now(),
-            route.chain[0].upstream.ttft.get().max(budget.min_useful),
-            false,
-        )),
+        Last::None => {
+            let upstream = &route.chain[0].upstream;
+            let expected = upstream.ttft.get();
+            Err(budget.too_little(
+                Instant::now(),
+                expected.max(budget.min_useful),
+                (expected > budget.min_useful).then_some(&*upstream.name),
+                false,
+            ))
+        }
     }
 }
 

@@ -98,7 +98,7 @@ pub async fn join(
         Joined::Unlimited => return Ok(InRun::Unenforced(key.id)),
         Joined::OutOfTime => {
             return Err(NotJoined {
-                error: budget.too_little(Instant::now(), budget.min_useful, false),
+                error: budget.too_little(Instant::now(), budget.min_useful, None, false),
                 run: Some(key.id),
                 view: None,
             })

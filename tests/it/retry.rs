@@ -698,3 +698,23 @@ async fn request_log_line(p: &Process) -> serde_json::Value {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A request refused because the upstream's expected time to its first token does not fit
+/// what is left says whose estimate it was: otherwise a client whose model answered in
+/// 100 ms last time cannot tell why 1.5 s was not enough.
+#[tokio::test]
+async fn a_budget_refused_for_the_upstreams_expected_first_token_names_it() {
+    let p = pair("", "expected_first_token = \"3s\"", "").await;
+    let (resp, _c) = p.chat(&[("x-request-budget-ms", "1500")]).await;
+    assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "insufficient_budget", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.ends_with(
+            "at least 3000ms is needed to call the upstream: upstream \"primary\" is expected to take 3000ms to its first token"
+        ),
+        "{message}"
+    );
+    assert!(p.primary.requests().is_empty());
+}
