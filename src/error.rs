@@ -275,6 +275,23 @@ fn model_suffix(model: &Option<String>) -> String {
 
 /// Durations in messages read as milliseconds so that clients can compare them with the
 /// `x-request-budget-ms` they sent.
+/// An error and what caused it, as one line: hyper's own messages ("error reading a body
+/// from connection") say where it failed, their sources why (an HTTP/2 reset, with its
+/// code; an I/O error).
+pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        if let Some(reason) = s.downcast_ref::<h2::Error>().and_then(h2::Error::reason) {
+            out.push_str(&format!(" ({reason:?})"));
+        }
+        source = s.source();
+    }
+    out
+}
+
 fn expected(upstream: Option<&str>, need: Duration) -> String {
     upstream.map_or_else(String::new, |u| {
         format!(

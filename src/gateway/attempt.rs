@@ -247,7 +247,7 @@ async fn hold_until_first_token(
             Some(Err(e)) => {
                 return Err(GatewayError::UpstreamError {
                     upstream: limits.upstream.to_string(),
-                    reason: e.to_string(),
+                    reason: crate::error::with_causes(&e),
                 })
             }
             Some(Ok(frame)) => {

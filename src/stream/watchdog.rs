@@ -408,7 +408,7 @@ where
                     } else {
                         GatewayError::UpstreamError {
                             upstream: this.limits.upstream.to_string(),
-                            reason: e.to_string(),
+                            reason: crate::error::with_causes(&*e),
                         }
                     };
                     cut(

@@ -544,3 +544,53 @@ async fn an_http2_upstream_that_never_sends_its_settings_is_not_connected() {
     assert_eq!((read.text().as_str(), read.error), (ANSWER, None));
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// An h2 upstream that answers each request with an SSE head and one chunk, then resets
+/// the stream with `reason`.
+async fn resetting_upstream(reason: h2::Reason) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(s).await else {
+                    return;
+                };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    let head = Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(())
+                        .unwrap();
+                    let mut body = respond.send_response(head, false).unwrap();
+                    let chunk = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok1 \"}}]}\n\n";
+                    body.send_data(Bytes::from_static(chunk.as_bytes()), false)
+                        .unwrap();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        body.send_reset(reason);
+                    });
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A stream the upstream resets mid-answer ends with an error event that says so, with the
+/// reset's code, not only hyper's "error reading a body from connection".
+#[tokio::test]
+async fn a_reset_mid_stream_is_named_in_the_error_event() {
+    let up = resetting_upstream(h2::Reason::INTERNAL_ERROR).await;
+    let h = gateway_to(up).await;
+    let (resp, _c) = h.send(chat_request(&[], true)).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    let error = read.error_event().expect("an error event");
+    assert_eq!(error["code"], "upstream_error", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("error reading a body from connection")
+            && message.contains("INTERNAL_ERROR"),
+        "{message}"
+    );
+}
