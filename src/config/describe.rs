@@ -80,6 +80,14 @@ impl Config {
                 out.push(format!("upstream {name:?} is not used by any route"));
             }
         }
+        if matches!(self.runs.store, RunStore::Redis(_))
+            && self.runs.max_runs != super::runs::DEFAULT_RUNS.max_runs
+        {
+            out.push(format!(
+                "runs: max_runs ({}) bounds the memory store only; Redis holds runs until their ttl",
+                self.runs.max_runs
+            ));
+        }
         if let Some(var) = &self.runs.store_password_env {
             if env(var).is_none() {
                 out.push(format!(

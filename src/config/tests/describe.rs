@@ -143,3 +143,20 @@ fn an_unset_store_password_variable_is_a_warning() {
         .iter()
         .any(|w| w.contains("store_password_env")));
 }
+
+/// `max_runs` bounds the memory store only: set beside a Redis store, it would look like a
+/// bound that nothing enforces.
+#[test]
+fn max_runs_beside_a_redis_store_is_a_warning() {
+    let set = |_: &str| Some(OsString::from("sk-test"));
+    let redis = "store = \"redis://127.0.0.1:6379/0\"\n";
+    let warned = |runs: &str| {
+        load(&format!("[runs]\n{runs}\n{BASE}"))
+            .warnings_with(&set)
+            .into_iter()
+            .any(|w| w.contains("max_runs"))
+    };
+    assert!(warned(&format!("{redis}max_runs = 500")));
+    assert!(!warned(redis));
+    assert!(!warned("max_runs = 500"));
+}
