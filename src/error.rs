@@ -124,8 +124,14 @@ pub enum GatewayError {
         /// the same way however often it is sent.
         whole: bool,
     },
-    #[error("connect timeout: upstream {upstream:?} not connected within {}", ms(*.after))]
-    ConnectTimeout { upstream: String, after: Duration },
+    #[error("connect timeout: upstream {upstream:?} {}", connect_wait(*.after, *.sent))]
+    ConnectTimeout {
+        upstream: String,
+        after: Duration,
+        /// The request had gone out on the connection: HTTP/2 sends it before the server's
+        /// SETTINGS come, and a server that never sent them may still have processed it.
+        sent: bool,
+    },
     #[error("first token timeout: upstream {upstream:?} sent no token within {}", ms(*.after))]
     FirstTokenTimeout { upstream: String, after: Duration },
     #[error("idle timeout: upstream {upstream:?} was silent for {}", ms(*.after))]
@@ -273,8 +279,6 @@ fn model_suffix(model: &Option<String>) -> String {
     }
 }
 
-/// Durations in messages read as milliseconds so that clients can compare them with the
-/// `x-request-budget-ms` they sent.
 /// An error and what caused it, as one line: hyper's own messages ("error reading a body
 /// from connection") say where it failed, their sources why (an HTTP/2 reset, with its
 /// code; an I/O error).
@@ -292,6 +296,20 @@ pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// What a connect timeout waited for.
+fn connect_wait(after: Duration, sent: bool) -> String {
+    if sent {
+        format!(
+            "sent no HTTP/2 SETTINGS within {} of connecting (the request had been sent on the connection)",
+            ms(after)
+        )
+    } else {
+        format!("not connected within {}", ms(after))
+    }
+}
+
+/// The end of an `insufficient_budget` message whose need was an upstream's expected time to
+/// its first token: the client is told whose, since it is not the route's `min_useful`.
 fn expected(upstream: Option<&str>, need: Duration) -> String {
     upstream.map_or_else(String::new, |u| {
         format!(
@@ -301,6 +319,8 @@ fn expected(upstream: Option<&str>, need: Duration) -> String {
     })
 }
 
+/// Durations in messages read as milliseconds so that clients can compare them with the
+/// `x-request-budget-ms` they sent.
 fn ms(d: Duration) -> String {
     format!("{}ms", d.as_millis())
 }
@@ -627,6 +647,7 @@ mod tests {
                 GatewayError::ConnectTimeout {
                     upstream: upstream(),
                     after,
+                    sent: false,
                 },
                 "connect timeout: upstream \"fake\" not connected within 1000ms",
             ),

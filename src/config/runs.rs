@@ -131,7 +131,8 @@ fn check_store_url(url: &str) -> Result<(), String> {
     }
     let parsed =
         url::Url::parse(url).map_err(|e| format!("runs: store {shown:?} is not a URL: {e}"))?;
-    let db = parsed.path().trim_start_matches('/');
+    // As the client reads it: slashes trimmed at both ends.
+    let db = parsed.path().trim_matches('/');
     if !db.is_empty() && db.parse::<u32>().is_err() {
         return Err(format!(
             "runs: store {shown:?}: database {db:?} is not a number"

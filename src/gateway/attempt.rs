@@ -113,7 +113,8 @@ impl<'a> Attempt<'a> {
                     () = &mut timer => return Err(self.limit_error(sent_at.is_some(), now)),
                 }
             };
-            let response = result.map_err(|e| classify(upstream, &e, budget.connect_timeout))?;
+            let response = result
+                .map_err(|e| classify(upstream, &e, budget.connect_timeout, sent_at.is_some()))?;
             // A head always comes over a connection; should its metadata not have been seen yet,
             // the head itself proves the request was sent.
             let sent_at = sent_at.unwrap_or_else(Instant::now);
@@ -194,6 +195,7 @@ impl<'a> Attempt<'a> {
                     .budget
                     .connect_timeout
                     .min(now.saturating_duration_since(started)),
+                sent: false,
             }
         } else {
             GatewayError::FirstTokenTimeout {
@@ -321,19 +323,22 @@ impl Body for UpstreamBody {
     }
 }
 
+/// `sent`: the request had been handed to a connection (its metadata was seen).
 fn classify(
     upstream: &Upstream,
     e: &hyper_util::client::legacy::Error,
     connect_timeout: Duration,
+    sent: bool,
 ) -> GatewayError {
     let mut reason = String::new();
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     let mut timed_out = None;
     let mut refused = None;
     while let Some(s) = source {
-        if let Some(h2) = s.downcast_ref::<h2::Error>() {
+        let h2_reason = s.downcast_ref::<h2::Error>().and_then(|h2| {
             refused = refused.or_else(|| unprocessed(h2));
-        }
+            h2.reason()
+        });
         // Our own connector bound, or the TCP connect timeout beneath it (which may fire a
         // moment earlier): both mean the connect limit, not an unreachable upstream.
         if let Some(t) = s.downcast_ref::<ConnectTimedOut>() {
@@ -348,6 +353,9 @@ fn classify(
             reason.push_str(": ");
         }
         reason.push_str(&s.to_string());
+        if let Some(code) = h2_reason {
+            reason.push_str(&format!(" ({code:?})"));
+        }
         source = s.source();
     }
     if reason.is_empty() {
@@ -362,7 +370,10 @@ fn classify(
     } else if let Some(after) = timed_out {
         GatewayError::ConnectTimeout {
             upstream: name,
-            after,
+            // Timed out on a connection the request went out on: the HTTP/2 server never
+            // sent its SETTINGS (`upstream::io`), in the bound the connector gives them.
+            after: if sent { upstream.connect_bound } else { after },
+            sent,
         }
     } else if e.is_connect() {
         GatewayError::UpstreamUnavailable {

@@ -220,7 +220,7 @@ impl Gateway {
                     record.set_budget(&budget);
                     record.join_run(run);
                 }
-                Ok(InRun::Unenforced(id)) => record.named_run(id, None),
+                Ok(InRun::Unenforced(id)) => record.unenforced_run(id),
                 Ok(InRun::No) => {}
                 Err(not) => {
                     if let Some(id) = not.run {

@@ -126,6 +126,8 @@ struct RunPart {
     view: Option<View>,
     /// The tool calls the answer asked for, read to its end.
     answer: Option<(u64, String)>,
+    /// Served without the run's limits: its store could not answer.
+    unenforced: bool,
 }
 
 impl RequestRecord {
@@ -204,7 +206,17 @@ impl RequestRecord {
             view: Some(call.admitted.view),
             call: Some(call),
             answer: None,
+            unenforced: false,
         }));
+    }
+
+    /// The request names run `id` and is served without its limits: the run's store could
+    /// not answer (`on_store_error = "allow"`).
+    pub fn unenforced_run(&mut self, id: Arc<str>) {
+        self.named_run(id, None);
+        if let Some(run) = self.run.as_mut() {
+            run.unenforced = true;
+        }
     }
 
     /// The request names run `id` and was not admitted to it: the run refused it (`view`
@@ -223,6 +235,7 @@ impl RequestRecord {
             call: None,
             view,
             answer: None,
+            unenforced: false,
         }));
     }
 
@@ -526,6 +539,11 @@ impl RequestRecord {
         RequestLog {
             request_id: &self.id,
             run_id: self.run.as_ref().map(|r| &*r.id),
+            run_limits: self
+                .run
+                .as_ref()
+                .is_some_and(|r| r.unenforced)
+                .then_some("unenforced"),
             method: &self.method,
             path: &self.path,
             route: self.route.as_deref(),

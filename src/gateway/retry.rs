@@ -249,6 +249,9 @@ fn status_cause(status: StatusCode) -> Option<RetryCause> {
 
 fn error_cause(e: &GatewayError) -> Option<RetryCause> {
     match e {
+        // Sent on a connection whose server never spoke, the request may have been
+        // processed: a retry is the operator's first-token choice, not a safe connect one.
+        GatewayError::ConnectTimeout { sent: true, .. } => Some(RetryCause::FirstToken),
         GatewayError::ConnectTimeout { .. } | GatewayError::UpstreamUnavailable { .. } => {
             Some(RetryCause::Connect)
         }

@@ -28,6 +28,9 @@ pub struct RequestLog<'a> {
     pub request_id: &'a str,
     /// The run the request is a call of.
     pub run_id: Option<&'a str>,
+    /// `unenforced` when the call was served without its run's limits (the run store could
+    /// not answer and `on_store_error = "allow"`).
+    pub run_limits: Option<&'static str>,
     pub method: &'a Method,
     /// The path alone: a query string may carry a key (`?key=` is how Gemini takes one).
     pub path: &'a str,
@@ -169,6 +172,7 @@ impl RequestLog<'_> {
         w.push_str("\",\"level\":\"INFO\",\"message\":\"request\"");
         str_field(w, ",\"request_id\":\"", Some(self.request_id))?;
         str_field(w, ",\"run_id\":\"", self.run_id)?;
+        code_field(w, ",\"run_limits\":\"", self.run_limits);
         str_field(w, ",\"method\":\"", Some(self.method.as_str()))?;
         str_field(w, ",\"path\":\"", Some(self.path))?;
         str_field(w, ",\"route\":\"", self.route)?;
@@ -218,6 +222,7 @@ impl RequestLog<'_> {
             target: "hourglass::request",
             request_id = self.request_id,
             run_id = self.run_id,
+            run_limits = self.run_limits,
             method = self.method.as_str(),
             path = self.path,
             route = self.route,
@@ -268,6 +273,7 @@ mod tests {
         let full = RequestLog {
             request_id: "id \"with\" quotes\\ and \u{1} control",
             run_id: Some("run-1"),
+            run_limits: None,
             method: &method,
             path: "/v1/chat/completions",
             route: Some("chat \"r\""),
@@ -295,6 +301,7 @@ mod tests {
         assert!(a.contains("\"elapsed_ms\":6826.474,"), "{a}");
         let sparse = RequestLog {
             run_id: None,
+            run_limits: None,
             route: None,
             upstream: None,
             budget: None,

@@ -33,7 +33,11 @@ pub struct ConnectTimedOut(pub Duration);
     "the upstream did not agree to HTTP/2 by ALPN (it offers only HTTP/1.1, or no ALPN), \
      and the upstream's `http2 = \"always\"` asks for h2 alone"
 )]
-pub struct NoH2ByAlpn;
+pub struct NoH2ByAlpn(
+    /// The TLS error, when the server refused the handshake for it (its alert says so).
+    #[source]
+    Option<BoxError>,
+);
 
 pub(super) fn tls_config(
     config: &UpstreamConfig,
@@ -124,7 +128,7 @@ where
                 Ok(Err(e)) => {
                     let e: BoxError = e.into();
                     return Err(if mode == Http2Mode::Always && refused_h2(&*e) {
-                        Box::new(NoH2ByAlpn)
+                        Box::new(NoH2ByAlpn(Some(e)))
                     } else {
                         e
                     });
@@ -134,7 +138,7 @@ where
             let h2 = if io.is_tls() {
                 let h2 = io.connected().is_negotiated_h2();
                 if mode == Http2Mode::Always && !h2 {
-                    return Err(Box::new(NoH2ByAlpn) as BoxError);
+                    return Err(Box::new(NoH2ByAlpn(None)) as BoxError);
                 }
                 h2
             } else {
@@ -142,7 +146,10 @@ where
                 mode == Http2Mode::Always
             };
             if h2 {
-                io.expect_first_frame_by(by);
+                // A bound of its own from the connection being made: a connect that took
+                // most of its bound must not leave the server no time to answer the
+                // preface (one more round trip over h2c or TLS 1.2).
+                io.expect_first_frame_by(tokio::time::Instant::now() + timeout);
             }
             Ok(io)
         })

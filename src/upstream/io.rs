@@ -9,8 +9,11 @@
 //! BENCHMARKS.md: memory per stream).
 //!
 //! An HTTP/2 connection also waits here for the server's first frame (its SETTINGS, RFC 9113
-//! §3.4) until the connect deadline: hyper sends its requests without waiting for it, so a
-//! read that fails is the only way to tell hyper that a silent server never connected.
+//! §3.4), for as long as a connect may take: hyper sends its requests without waiting for it,
+//! so a read that fails is the only way to tell hyper that a silent server never connected.
+//! The deadline is seen when h2 polls the read, which it does after its writes: a server that
+//! also stops reading could hold it back by filling the socket's send buffer, which the
+//! 64 KiB initial window of its requests' bodies makes unlikely.
 
 use std::future::Future;
 use std::io;
@@ -157,6 +160,7 @@ mod tests {
 
     #[test]
     fn a_plain_connection_is_not_sized_for_a_tls_session() {
+        // 40 for a plain stream and the enum's tag, 8 for the first-frame timer's box.
         assert!(std::mem::size_of::<UpstreamIo>() <= 48);
         assert!(std::mem::size_of::<Tls>() > 512, "what the box saves");
     }

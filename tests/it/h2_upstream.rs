@@ -545,6 +545,42 @@ async fn an_http2_upstream_that_never_sends_its_settings_is_not_connected() {
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
+/// hyper writes a request before the server's SETTINGS come, so a request on a connection
+/// whose server never spoke may have been delivered (and billed): it is not retried as a
+/// connect failure, which is safe to send again, but as a first-token one, which the
+/// operator chose knowing it was sent.
+#[tokio::test]
+async fn a_request_sent_to_a_silent_http2_server_is_retried_only_as_a_first_token_failure() {
+    for (retry_on, sent) in [("[\"connect\"]", 1), ("[\"first_token\"]", 2)] {
+        let (up, connections) = silent_first_connection().await;
+        let toml = config("")
+            .replace("{FAKE}", &format!("http://{up}"))
+            .replace(
+                "upstream = \"fake\"\n",
+                &format!("upstream = \"fake\"\nretries = 1\nretry_on = {retry_on}\n"),
+            );
+        let h = Harness::with_config(&toml).await;
+        let (resp, _c) = h.send(chat_request(&[], false)).await;
+        let status = resp.status();
+        let body = read_body(resp.into_body()).await;
+        assert_eq!(
+            connections.load(std::sync::atomic::Ordering::SeqCst),
+            sent,
+            "retry_on = {retry_on}: {status} {}",
+            body.text()
+        );
+        if sent == 1 {
+            assert_eq!(status, 504);
+            let v: serde_json::Value = serde_json::from_str(&body.text()).unwrap();
+            assert_eq!(v["error"]["code"], "connect_timeout", "{v}");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(message.contains("SETTINGS"), "{message}");
+        } else {
+            assert_eq!(status, 200, "{}", body.text());
+        }
+    }
+}
+
 /// An h2 upstream that answers each request with an SSE head and one chunk, then resets
 /// the stream with `reason`.
 async fn resetting_upstream(reason: h2::Reason) -> std::net::SocketAddr {

@@ -362,8 +362,11 @@ async fn a_call_the_store_could_not_admit_is_logged_with_its_run() {
         let out = stdout + &stderr;
         let lines = log_lines_with(&out, "run_id", "unheard");
         assert_eq!(lines.len(), 1, "{on_error}, {want}: {out}");
-        let line = &lines[0];
-        assert_eq!(line.get("fields").unwrap_or(line)["status"], want, "{line}");
+        let line = lines[0].get("fields").unwrap_or(&lines[0]);
+        assert_eq!(line["status"], want, "{line}");
+        // Only the call that was served says it was served without its run's limits.
+        let unenforced = (want == 200).then_some("unenforced");
+        assert_eq!(line["run_limits"].as_str(), unenforced, "{line}");
     }
     held.abort();
 }
