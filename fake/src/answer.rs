@@ -12,14 +12,6 @@ pub(crate) enum Api {
     Responses,
 }
 
-/// A scripted function call.
-#[derive(Clone, Debug)]
-pub(crate) struct Tool {
-    pub(crate) name: String,
-    /// `x-fake-tool-args`, as sent (a JSON object); `None`: `{"text":"tok1 ..."}`.
-    pub(crate) arguments: Option<String>,
-}
-
 /// Everything a generated answer says, from the script and the request.
 #[derive(Clone, Debug)]
 pub(crate) struct Answer {
@@ -30,8 +22,10 @@ pub(crate) struct Answer {
     pub(crate) model: String,
     pub(crate) created: u64,
     pub(crate) prompt_tokens: usize,
-    /// Answer tokens per choice (text, refusal, or pieces of the call's arguments).
+    /// Answer tokens per choice (text or refusal), or pieces of each call's arguments.
     pub(crate) chunks: usize,
+    /// Text tokens before the calls, per choice (`x-fake-tool-preamble`); 0 without calls.
+    pub(crate) preamble: usize,
     /// Reasoning tokens before the answer, per choice.
     pub(crate) reasoning: usize,
     /// Chat `n`: choices, streamed interleaved.
@@ -42,7 +36,10 @@ pub(crate) struct Answer {
     pub(crate) refusal: bool,
     /// Chat `stream_options.include_usage`: a last chunk with the usage.
     pub(crate) include_usage: bool,
-    pub(crate) tool: Option<Tool>,
+    /// The functions this answer calls, in parallel; empty: the answer is text.
+    pub(crate) calls: Vec<String>,
+    /// `x-fake-tool-args`, as sent (a JSON object), for every call; `None`: `{"text":"tok1 ..."}`.
+    pub(crate) arguments: Option<String>,
     /// Responses API: the request fields a `response` object echoes (`instructions`,
     /// `max_output_tokens`, `tools`, ...).
     pub(crate) echo: Value,
@@ -66,27 +63,41 @@ impl Answer {
         }
     }
 
-    /// All the tokens of `part` in `choice`, joined.
+    /// The text tokens per choice: the whole answer without calls, the preamble with them.
+    pub(crate) fn text_tokens(&self) -> usize {
+        if self.calls.is_empty() {
+            self.chunks
+        } else {
+            self.preamble
+        }
+    }
+
+    /// All the tokens of `part` in `choice`, joined (for `Part::Answer`, the text).
     pub(crate) fn text(&self, part: Part, choice: usize) -> String {
         let count = match part {
             Part::Reasoning => self.reasoning,
-            Part::Answer => self.chunks,
+            Part::Answer => self.text_tokens(),
         };
         (1..=count).map(|n| self.token(part, n, choice)).collect()
     }
 
-    /// The arguments of the scripted call, whole.
+    /// The arguments of every scripted call, whole.
     pub(crate) fn arguments(&self, choice: usize) -> String {
-        match self.tool.as_ref().and_then(|t| t.arguments.clone()) {
-            Some(arguments) => arguments,
-            None => json!({"text": self.text(Part::Answer, choice)}).to_string(),
+        match &self.arguments {
+            Some(arguments) => arguments.clone(),
+            None => {
+                let text: String = (1..=self.chunks)
+                    .map(|n| self.token(Part::Answer, n, choice))
+                    .collect();
+                json!({ "text": text }).to_string()
+            }
         }
     }
 
     /// The piece of [`Answer::arguments`] content event `n` (from 1) streams: the pieces of
     /// all `chunks` events join into the whole.
     pub(crate) fn arguments_piece(&self, n: usize, choice: usize) -> String {
-        if let Some(whole) = self.tool.as_ref().and_then(|t| t.arguments.as_deref()) {
+        if let Some(whole) = self.arguments.as_deref() {
             // Cut by characters, so a piece never splits one in two.
             let chars = whole.chars().count();
             let from = chars * (n - 1) / self.chunks;
@@ -114,17 +125,35 @@ impl Answer {
         }
     }
 
-    pub(crate) fn tool_name(&self) -> &str {
-        self.tool.as_ref().map_or("", |t| t.name.as_str())
+    /// The name of call `k` of the answer.
+    pub(crate) fn call_name(&self, k: usize) -> &str {
+        self.calls.get(k).map_or("", String::as_str)
     }
 
-    /// Tokens generated per choice: reasoning and answer.
+    /// The id of call `k` in `choice`, behind the API's prefix (`call_`, `toolu_`, `fc_`):
+    /// the first call of the first choice keeps the bare tag, as before parallel calls.
+    pub(crate) fn call_tag(&self, prefix: &str, choice: usize, k: usize) -> String {
+        let mut id = format!("{prefix}_{}", self.tag);
+        if choice > 0 {
+            id.push_str(&format!("_{choice}"));
+        }
+        if k > 0 {
+            id.push_str(&format!("-{k}"));
+        }
+        id
+    }
+
+    /// Tokens generated per choice: reasoning, text, and every call's argument pieces.
     pub(crate) fn completion_tokens(&self) -> usize {
-        self.reasoning + self.chunks
+        self.reasoning + self.text_tokens() + self.chunks * self.calls.len()
     }
 }
 
 /// Where an event sits in the stream, for the body's timing.
+///
+/// Content events are the tokens a client waits for: reasoning tokens, text tokens (the
+/// answer, or the preamble before calls) and the pieces of each call's arguments. The
+/// framing around them (a call's opening, a block's start, an item's added/done) is not.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Kind {
     Framing,

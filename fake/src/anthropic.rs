@@ -1,8 +1,9 @@
 //! Anthropic Messages: the `message_start` ... `message_stop` stream and the `message`.
 //!
 //! With reasoning, a `thinking` block comes first: its `thinking_delta`s, then one
-//! `signature_delta`, as Claude's extended thinking streams it. The answer block follows: text,
-//! or a `tool_use` whose input streams as `input_json_delta`s.
+//! `signature_delta`, as Claude's extended thinking streams it. The answer follows: a text
+//! block, or the calls' `tool_use` blocks (after a text block when a preamble comes first),
+//! one after the other, each input streaming as `input_json_delta`s.
 
 use serde_json::{json, Value};
 
@@ -12,7 +13,8 @@ use crate::answer::{Answer, Kind, Part, Rendered, Segment};
 pub(crate) enum Block {
     Thinking,
     Text,
-    Tool,
+    /// The `tool_use` block of call k.
+    Tool(usize),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -28,49 +30,51 @@ pub(crate) enum Event {
 }
 
 impl Event {
-    pub(crate) fn kind(self, _at: usize) -> Kind {
+    pub(crate) fn kind(self, a: &Answer, _at: usize) -> Kind {
         match self {
             Event::Delta(_) => Kind::Content,
-            // The answer block's stop is the last: the thinking block's ends mid-stream.
-            Event::BlockStop(Block::Text | Block::Tool) => Kind::Closing,
+            // Only the last block's stop closes the answer: the others end mid-stream.
+            Event::BlockStop(block) if blocks(a).last() == Some(&block) => Kind::Closing,
             _ => Kind::Framing,
         }
     }
 }
 
-fn answer_block(a: &Answer) -> Block {
-    if a.tool.is_some() {
-        Block::Tool
-    } else {
-        Block::Text
+/// The content blocks, in order: their position is their `index`.
+fn blocks(a: &Answer) -> Vec<Block> {
+    let mut blocks = Vec::with_capacity(2 + a.calls.len());
+    if a.reasoning > 0 {
+        blocks.push(Block::Thinking);
     }
+    if a.calls.is_empty() || a.preamble > 0 {
+        blocks.push(Block::Text);
+    }
+    blocks.extend((0..a.calls.len()).map(Block::Tool));
+    blocks
 }
 
 fn index(a: &Answer, block: Block) -> usize {
-    usize::from(block != Block::Thinking && a.reasoning > 0)
+    blocks(a).iter().position(|&b| b == block).unwrap_or(0)
 }
 
 pub(crate) fn plan(a: &Answer) -> Vec<Segment<Event>> {
-    let answer = answer_block(a);
     let mut plan = vec![(Event::MessageStart, 1)];
-    if a.reasoning > 0 {
+    for (i, block) in blocks(a).into_iter().enumerate() {
+        let deltas = match block {
+            Block::Thinking => a.reasoning,
+            Block::Text => a.text_tokens(),
+            Block::Tool(_) => a.chunks,
+        };
         plan.extend([
-            (Event::BlockStart(Block::Thinking), 1),
-            (Event::Ping, 1),
-            (Event::Delta(Block::Thinking), a.reasoning),
-            (Event::Signature, 1),
-            (Event::BlockStop(Block::Thinking), 1),
-            (Event::BlockStart(answer), 1),
+            (Event::BlockStart(block), 1),
+            // Anthropic pings once, after the first block's start.
+            (Event::Ping, usize::from(i == 0)),
+            (Event::Delta(block), deltas),
+            (Event::Signature, usize::from(block == Block::Thinking)),
+            (Event::BlockStop(block), 1),
         ]);
-    } else {
-        plan.extend([(Event::BlockStart(answer), 1), (Event::Ping, 1)]);
     }
-    plan.extend([
-        (Event::Delta(answer), a.chunks),
-        (Event::BlockStop(answer), 1),
-        (Event::MessageDelta, 1),
-        (Event::MessageStop, 1),
-    ]);
+    plan.extend([(Event::MessageDelta, 1), (Event::MessageStop, 1)]);
     plan
 }
 
@@ -78,12 +82,8 @@ fn signature(a: &Answer) -> String {
     format!("fake-signature-{}", a.tag)
 }
 
-fn tool_id(a: &Answer) -> String {
-    format!("toolu_{}", a.tag)
-}
-
 fn stop_reason(a: &Answer) -> &'static str {
-    if a.tool.is_some() {
+    if !a.calls.is_empty() {
         "tool_use"
     } else {
         "end_turn"
@@ -96,9 +96,15 @@ fn message(a: &Answer, content: Value, stop: Value, output_tokens: usize) -> Val
         "usage": {"input_tokens": a.prompt_tokens, "output_tokens": output_tokens}})
 }
 
-/// The tool call's input, whole: `x-fake-tool-args` was checked to be a JSON object.
+/// A call's input, whole: `x-fake-tool-args` was checked to be a JSON object.
 fn input(a: &Answer) -> Value {
     serde_json::from_str(&a.arguments(0)).unwrap_or_else(|_| json!({}))
+}
+
+/// The `tool_use` block of call `k`, with its input (empty while deltas are to stream it).
+fn tool_use(a: &Answer, k: usize, input: Value) -> Value {
+    json!({"type": "tool_use", "id": a.call_tag("toolu", 0, k), "name": a.call_name(k),
+        "input": input})
 }
 
 pub(crate) fn event(a: &Answer, event: Event, at: usize) -> Rendered {
@@ -112,10 +118,8 @@ pub(crate) fn event(a: &Answer, event: Event, at: usize) -> Rendered {
                 Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
                 Block::Text => json!({"type": "text", "text": ""}),
                 // With no content events to stream it, the input comes whole at the start.
-                Block::Tool if a.chunks == 0 => json!({"type": "tool_use", "id": tool_id(a),
-                    "name": a.tool_name(), "input": input(a)}),
-                Block::Tool => json!({"type": "tool_use", "id": tool_id(a),
-                    "name": a.tool_name(), "input": {}}),
+                Block::Tool(k) if a.chunks == 0 => tool_use(a, k, input(a)),
+                Block::Tool(k) => tool_use(a, k, json!({})),
             };
             (
                 "content_block_start",
@@ -130,7 +134,7 @@ pub(crate) fn event(a: &Answer, event: Event, at: usize) -> Rendered {
                 Block::Thinking => json!({"type": "thinking_delta",
                     "thinking": a.token(Part::Reasoning, n, 0)}),
                 Block::Text => json!({"type": "text_delta", "text": a.token(Part::Answer, n, 0)}),
-                Block::Tool => json!({"type": "input_json_delta",
+                Block::Tool(_) => json!({"type": "input_json_delta",
                     "partial_json": a.arguments_piece(n, 0)}),
             };
             (
@@ -159,18 +163,15 @@ pub(crate) fn event(a: &Answer, event: Event, at: usize) -> Rendered {
 }
 
 pub(crate) fn whole(a: &Answer) -> Value {
-    let mut content = Vec::new();
-    if a.reasoning > 0 {
-        content.push(
-            json!({"type": "thinking", "thinking": a.text(Part::Reasoning, 0),
-            "signature": signature(a)}),
-        );
-    }
-    content.push(match answer_block(a) {
-        Block::Tool => json!({"type": "tool_use", "id": tool_id(a), "name": a.tool_name(),
-            "input": input(a)}),
-        _ => json!({"type": "text", "text": a.text(Part::Answer, 0)}),
-    });
+    let content: Vec<Value> = blocks(a)
+        .into_iter()
+        .map(|block| match block {
+            Block::Thinking => json!({"type": "thinking", "thinking": a.text(Part::Reasoning, 0),
+                "signature": signature(a)}),
+            Block::Text => json!({"type": "text", "text": a.text(Part::Answer, 0)}),
+            Block::Tool(k) => tool_use(a, k, input(a)),
+        })
+        .collect();
     message(
         a,
         Value::Array(content),

@@ -4,6 +4,10 @@
 //! `reasoning_content` (DeepSeek's and vLLM's convention: OpenAI's own Chat API streams none);
 //! `stream_options.include_usage` adds the last chunk with no choices and the usage, and
 //! `"usage": null` on every other chunk, as OpenAI sends them.
+//!
+//! Calls stream as OpenAI streams parallel ones: one after the other, each opened by a delta
+//! with its `index`, `id` and `function.name` (the first in the role's delta when no text comes
+//! before it), then its argument pieces under the same `index`.
 
 use serde_json::{json, Map, Value};
 
@@ -11,10 +15,15 @@ use crate::answer::{Answer, Kind, Part, Rendered, Segment};
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Event {
-    /// Per choice: the role, and the call's name.
+    /// Per choice: the role, and the first call's opening when no text precedes it.
     Role,
     Reasoning,
-    Answer,
+    /// Text: the answer, the refusal, or the preamble before the calls.
+    Text,
+    /// Per choice: call k's opening (id, name), unless the role's delta carried it.
+    CallStart(usize),
+    /// Call k's argument pieces.
+    Arguments(usize),
     /// Per choice: the finish reason.
     Finish,
     Usage,
@@ -22,9 +31,9 @@ pub(crate) enum Event {
 }
 
 impl Event {
-    pub(crate) fn kind(self, at: usize) -> Kind {
+    pub(crate) fn kind(self, _a: &Answer, at: usize) -> Kind {
         match self {
-            Event::Reasoning | Event::Answer => Kind::Content,
+            Event::Reasoning | Event::Text | Event::Arguments(_) => Kind::Content,
             Event::Finish if at == 0 => Kind::Closing,
             _ => Kind::Framing,
         }
@@ -33,25 +42,39 @@ impl Event {
 
 pub(crate) fn plan(a: &Answer) -> Vec<Segment<Event>> {
     let n = a.choices;
-    vec![
+    let mut plan = vec![
         (Event::Role, n),
         (Event::Reasoning, a.reasoning * n),
-        (Event::Answer, a.chunks * n),
+        (Event::Text, a.text_tokens() * n),
+    ];
+    for k in 0..a.calls.len() {
+        let opened_by_role = k == 0 && first_call_in_role(a);
+        plan.push((Event::CallStart(k), if opened_by_role { 0 } else { n }));
+        plan.push((Event::Arguments(k), a.chunks * n));
+    }
+    plan.extend([
         (Event::Finish, n),
         (Event::Usage, usize::from(a.include_usage)),
         (Event::Done, 1),
-    ]
+    ]);
+    plan
+}
+
+/// A call with nothing said before it opens in the role's delta, as OpenAI sends it; after a
+/// preamble the role's delta opens the content instead.
+fn first_call_in_role(a: &Answer) -> bool {
+    is_call(a) && a.preamble == 0
 }
 
 fn id(a: &Answer) -> String {
     format!("chatcmpl-{}", a.tag)
 }
 
-fn call_id(a: &Answer, choice: usize) -> String {
-    match choice {
-        0 => format!("call_{}", a.tag),
-        c => format!("call_{}_{c}", a.tag),
-    }
+/// The opening of call `k`: what its first delta carries (and, with `index`, the whole call
+/// in the answer, once `arguments` holds all of them).
+fn call_opening(a: &Answer, choice: usize, k: usize, arguments: String) -> Value {
+    json!({"index": k, "id": a.call_tag("call", choice, k), "type": "function",
+        "function": {"name": a.call_name(k), "arguments": arguments}})
 }
 
 /// The fields every chunk and the whole answer share, in OpenAI's order.
@@ -81,9 +104,9 @@ fn choice_chunk(a: &Answer, choice: usize, delta: Value, logprobs: Value, finish
     chunk(a, json!([choice]))
 }
 
-/// Whether the answer is a call: a refusal is an answer without one.
+/// Whether the answer calls functions (a refusal never does: it has no calls).
 fn is_call(a: &Answer) -> bool {
-    a.tool.is_some() && !a.refusal
+    !a.calls.is_empty()
 }
 
 fn finish_reason(a: &Answer) -> &'static str {
@@ -120,7 +143,7 @@ fn logprob(token: &str, top: usize) -> Value {
 }
 
 /// The `logprobs` of a choice whose answer tokens are `tokens`: under `refusal` for a
-/// refusal, `null` when not asked for or for a call (which has no content tokens).
+/// refusal, `null` when not asked for or for calls (a preamble included: kept simple).
 fn logprobs(a: &Answer, tokens: impl Iterator<Item = String>) -> Value {
     match a.logprobs {
         Some(top) if !is_call(a) => {
@@ -140,10 +163,9 @@ pub(crate) fn event(a: &Answer, event: Event, at: usize) -> Rendered {
     let value = match event {
         Event::Role => {
             let choice = at;
-            let delta = if is_call(a) {
-                json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0,
-                    "id": call_id(a, choice), "type": "function",
-                    "function": {"name": a.tool_name(), "arguments": a.arguments_at_start(choice)}}]})
+            let delta = if first_call_in_role(a) {
+                let call = call_opening(a, choice, 0, a.arguments_at_start(choice));
+                json!({"role": "assistant", "content": null, "tool_calls": [call]})
             } else if a.refusal {
                 json!({"role": "assistant", "content": null, "refusal": ""})
             } else {
@@ -156,13 +178,26 @@ pub(crate) fn event(a: &Answer, event: Event, at: usize) -> Rendered {
             let delta = json!({"reasoning_content": a.token(Part::Reasoning, token, choice)});
             choice_chunk(a, choice, delta, Value::Null, Value::Null)
         }
-        Event::Answer => {
+        Event::CallStart(k) => {
+            let call = call_opening(a, at, k, a.arguments_at_start(at));
+            choice_chunk(
+                a,
+                at,
+                json!({"tool_calls": [call]}),
+                Value::Null,
+                Value::Null,
+            )
+        }
+        Event::Arguments(k) => {
+            let (piece, choice) = (at / n + 1, at % n);
+            let piece = a.arguments_piece(piece, choice);
+            let delta = json!({"tool_calls": [{"index": k, "function": {"arguments": piece}}]});
+            choice_chunk(a, choice, delta, Value::Null, Value::Null)
+        }
+        Event::Text => {
             let (token, choice) = (at / n + 1, at % n);
             let text = a.token(Part::Answer, token, choice);
-            let delta = if is_call(a) {
-                let piece = a.arguments_piece(token, choice);
-                json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
-            } else if a.refusal {
+            let delta = if a.refusal {
                 json!({"refusal": text})
             } else {
                 json!({"content": text})
@@ -187,18 +222,28 @@ pub(crate) fn whole(a: &Answer) -> Value {
             let text = a.text(Part::Answer, choice);
             let mut message = json!({"role": "assistant", "content": null, "refusal": null,
                 "annotations": []});
-            if is_call(a) {
-                message["tool_calls"] = json!([{"id": call_id(a, choice), "type": "function",
-                    "function": {"name": a.tool_name(), "arguments": a.arguments(choice)}}]);
-            } else if a.refusal {
+            if a.refusal {
                 message["refusal"] = json!(text);
-            } else {
+            } else if !text.is_empty() || !is_call(a) {
                 message["content"] = json!(text);
+            }
+            if is_call(a) {
+                let calls: Vec<Value> = (0..a.calls.len())
+                    .map(|k| {
+                        let mut call = call_opening(a, choice, k, a.arguments(choice));
+                        // The index only tells stream deltas apart; the list's order says it.
+                        if let Value::Object(call) = &mut call {
+                            call.remove("index");
+                        }
+                        call
+                    })
+                    .collect();
+                message["tool_calls"] = Value::Array(calls);
             }
             if a.reasoning > 0 {
                 message["reasoning_content"] = json!(a.text(Part::Reasoning, choice));
             }
-            let tokens = (1..=a.chunks).map(|n| a.token(Part::Answer, n, choice));
+            let tokens = (1..=a.text_tokens()).map(|n| a.token(Part::Answer, n, choice));
             json!({"index": choice, "message": message, "logprobs": logprobs(a, tokens),
                 "finish_reason": finish_reason(a)})
         })

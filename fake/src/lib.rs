@@ -19,11 +19,20 @@
 //! | `x-fake-keepalive-ms` K | while the open stream is silent, write a keep-alive every K ms |
 //! | `x-fake-keepalive-kind` | `comment` (`: keep-alive`) or `ping` (`event: ping`) |
 //! | `x-fake-timestamps` (`1`) | content events carry `"x_fake_sent_ns"` from [`monotonic_ns`] |
-//! | `x-fake-tool-call` NAME[,NAME...] | answer with a call of a function instead of text: its arguments stream in the content events (Chat `tool_calls` deltas, Anthropic `tool_use` + `input_json_delta`, Responses `function_call` + `response.function_call_arguments.delta`). One name: that call every time (for loop tests); a list `a,b,c`: the name by the number of tool results the request already holds (Chat `tool` messages, Anthropic `tool_result` blocks, Responses `function_call_output` items), and plain text past its end, so an agent finishes |
-//! | `x-fake-tool-args` JSON | the call's arguments (a JSON object, else 400), cut into `x-fake-chunks` pieces; default `{"text":"tok1 ..."}` |
+//! | `x-fake-tool-call` TURN[,TURN...] | answer with calls of functions instead of text: their arguments stream in the content events (Chat `tool_calls` deltas, Anthropic `tool_use` + `input_json_delta`, Responses `function_call` + `response.function_call_arguments.delta`). A turn is a name, or names joined by `+` that are called together in one answer (parallel calls: Chat `tool_calls` indexes 0, 1, ..., one Anthropic `tool_use` block or Responses `function_call` item each, one after the other, each with its own id). One turn: that answer every time (for loop tests); a list `a+b,c`: the turn by the number of tool results the request already holds (Chat `tool` messages, Anthropic `tool_result` blocks, Responses `function_call_output` items), a turn being answered once there is a result for each of its calls (`a+b` is answered again while only one came), and plain text past the list's end, so an agent finishes |
+//! | `x-fake-tool-args` JSON | every call's arguments (a JSON object, else 400), each cut into `x-fake-chunks` pieces; default `{"text":"tok1 ..."}` |
+//! | `x-fake-tool-preamble` N (0) | with calls, N text tokens (`tok1 `, ...) said before them: Chat `content` deltas, an Anthropic `text` block, a Responses `message` item; ignored when the answer is text |
 //! | `x-fake-reasoning` N (0) | N reasoning tokens (`think1 `, ...) before the answer, content events too: Anthropic a `thinking` block (`thinking_delta`s, then a `signature_delta`; unstreamed, the block with its `signature`), Responses a `reasoning` item with summary text (`response.reasoning_summary_text.delta`), Chat a `reasoning_content` field (DeepSeek's and vLLM's convention; OpenAI's Chat API has none) |
 //! | `x-fake-refusal` (`1`) | Chat: answer with a `refusal` instead of `content` (or of a scripted call); ignored by the other APIs |
-//! | `x-fake-id` ID | fixes the ids (`chatcmpl-ID`, `msg_ID`, `resp_ID`, `call_ID`, ...) and `created`/`created_at`, so two answers compare equal as JSON |
+//! | `x-fake-id` ID | fixes the ids (`chatcmpl-ID`, `msg_ID`, `resp_ID`, `call_ID`, ...; parallel call k > 0 `call_ID-k`) and `created`/`created_at`, so two answers compare equal as JSON |
+//!
+//! Content events, the ones `x-fake-interval-ms` spaces and `x-fake-freeze-after` and
+//! `x-fake-disconnect-after` count, are the tokens: reasoning tokens, then text tokens (the
+//! answer, or the preamble), then each call's `x-fake-chunks` argument pieces, call after call
+//! (with Chat `n`, each of these per choice). The framing around them is not: a call's
+//! opening delta, a block's start and stop, an item's added and done. So with a preamble of P
+//! and C pieces a call, a freeze after P + C + k stops k pieces into the second call.
+//! Usage counts the same tokens.
 //!
 //! From a Chat request body: `n` (choices, streamed interleaved, choice `k > 0` saying
 //! `tok1-k `), `logprobs`/`top_logprobs` (a `logprobs.content` entry per answer token) and

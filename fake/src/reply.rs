@@ -87,11 +87,11 @@ impl Reply {
 
     pub(crate) fn kind(&self, i: usize) -> Kind {
         match self {
-            Reply::Stream { plan, .. } => {
+            Reply::Stream { answer, plan, .. } => {
                 let found = match plan {
-                    Plan::Chat(p) => locate(p, i).map(|(e, at)| e.kind(at)),
-                    Plan::Anthropic(p) => locate(p, i).map(|(e, at)| e.kind(at)),
-                    Plan::Responses(p) => locate(p, i).map(|(e, at)| e.kind(at)),
+                    Plan::Chat(p) => locate(p, i).map(|(e, at)| e.kind(answer, at)),
+                    Plan::Anthropic(p) => locate(p, i).map(|(e, at)| e.kind(answer, at)),
+                    Plan::Responses(p) => locate(p, i).map(|(e, at)| e.kind(answer, at)),
                 };
                 found.unwrap_or(Kind::Framing)
             }

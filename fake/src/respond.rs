@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use crate::answer::{Answer, Api, Tool};
+use crate::answer::{Answer, Api};
 use crate::body::{pause, ScriptBody};
 use crate::records::{Finisher, RequestRecord, Shared};
 use crate::reply::Reply;
@@ -248,16 +248,19 @@ fn answer(shared: &Shared, api: Api, request: &Value, script: &Script) -> Result
     let logprobs = (chat && field("logprobs") == &Value::Bool(true)).then_some(top);
     let include_usage =
         chat && request.pointer("/stream_options/include_usage") == Some(&Value::Bool(true));
-    // A sequence names one call per turn, by the tool results so far; past its end the
-    // answer is text, so that an agent finishes. One name is the same call every time.
-    let name = match script.tool_calls.as_slice() {
-        [one] => Some(one.clone()),
-        names => names.get(tool_results(api, request)).cloned(),
+    let refusal = chat && script.refusal;
+    // A refusal is said instead of any call.
+    let calls = if refusal {
+        Vec::new()
+    } else {
+        turn(&script.tool_calls, tool_results(api, request))
     };
-    let tool = name.map(|name| Tool {
-        name,
-        arguments: script.tool_args.clone(),
-    });
+    // A preamble is text before calls: without calls, the answer is all text anyway.
+    let preamble = if calls.is_empty() {
+        0
+    } else {
+        script.tool_preamble
+    };
     Ok(Answer {
         api,
         tag,
@@ -265,14 +268,35 @@ fn answer(shared: &Shared, api: Api, request: &Value, script: &Script) -> Result
         created,
         prompt_tokens: prompt_tokens(request),
         chunks: script.chunks,
+        preamble,
         reasoning: script.reasoning,
         choices,
         logprobs,
-        refusal: chat && script.refusal,
+        refusal,
         include_usage,
-        tool,
+        calls,
+        arguments: script.tool_args.clone(),
         echo,
     })
+}
+
+/// The calls of the turn an agent is at, having sent `results` tool results: one turn is
+/// answered every time (a loop); of several, the first whose calls do not all have their
+/// results yet (a turn of two parallel calls is done once two results came, and asked
+/// again while only one has), and past the last, none: the answer is text, so that an
+/// agent finishes.
+fn turn(turns: &[Vec<String>], results: usize) -> Vec<String> {
+    if let [one] = turns {
+        return one.clone();
+    }
+    let mut answered = 0;
+    for calls in turns {
+        answered += calls.len();
+        if results < answered {
+            return calls.clone();
+        }
+    }
+    Vec::new()
 }
 
 /// The `created` of an answer with a fixed `x-fake-id`: 2023-11-14, a plausible time.

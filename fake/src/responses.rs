@@ -3,8 +3,9 @@
 //! Every event is named by its `type` and numbered (`sequence_number`). Output items follow
 //! each other: with reasoning, a `reasoning` item whose summary text streams
 //! (`response.reasoning_summary_text.delta`); then the assistant `message` (its
-//! `output_text` part) or a `function_call` (its arguments). `response.completed` carries
-//! the whole response, the same object the non-stream answer is.
+//! `output_text` part), or one `function_call` item per call (their arguments), after a
+//! `message` when a preamble comes first. `response.completed` carries the whole response,
+//! the same object the non-stream answer is.
 
 use serde_json::{json, Value};
 
@@ -14,7 +15,8 @@ use crate::answer::{Answer, Kind, Part, Rendered, Segment};
 pub(crate) enum Item {
     Reasoning,
     Message,
-    Call,
+    /// The `function_call` item of call k.
+    Call(usize),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -33,39 +35,41 @@ pub(crate) enum Event {
 }
 
 impl Event {
-    pub(crate) fn kind(self, _at: usize) -> Kind {
+    pub(crate) fn kind(self, a: &Answer, _at: usize) -> Kind {
         match self {
             Event::Delta(_) => Kind::Content,
-            Event::TextDone(Item::Message | Item::Call) => Kind::Closing,
+            // Only the last item's text closes the answer: the others end mid-stream.
+            Event::TextDone(item) if items(a).last() == Some(&item) => Kind::Closing,
             _ => Kind::Framing,
         }
     }
 }
 
+/// The output items, in order: their position is their `output_index`.
 fn items(a: &Answer) -> Vec<Item> {
-    let answer = if a.tool.is_some() {
-        Item::Call
-    } else {
-        Item::Message
-    };
+    let mut items = Vec::with_capacity(2 + a.calls.len());
     if a.reasoning > 0 {
-        vec![Item::Reasoning, answer]
-    } else {
-        vec![answer]
+        items.push(Item::Reasoning);
     }
+    if a.calls.is_empty() || a.preamble > 0 {
+        items.push(Item::Message);
+    }
+    items.extend((0..a.calls.len()).map(Item::Call));
+    items
 }
 
 fn output_index(a: &Answer, item: Item) -> usize {
-    usize::from(item != Item::Reasoning && a.reasoning > 0)
+    items(a).iter().position(|&i| i == item).unwrap_or(0)
 }
 
 pub(crate) fn plan(a: &Answer) -> Vec<Segment<Event>> {
     let mut plan = vec![(Event::Created, 1), (Event::InProgress, 1)];
     for item in items(a) {
-        let parts = usize::from(item != Item::Call);
+        let parts = usize::from(!matches!(item, Item::Call(_)));
         let deltas = match item {
             Item::Reasoning => a.reasoning,
-            _ => a.chunks,
+            Item::Message => a.text_tokens(),
+            Item::Call(_) => a.chunks,
         };
         plan.extend([
             (Event::ItemAdded(item), 1),
@@ -81,12 +85,11 @@ pub(crate) fn plan(a: &Answer) -> Vec<Segment<Event>> {
 }
 
 fn item_id(a: &Answer, item: Item) -> String {
-    let prefix = match item {
-        Item::Reasoning => "rs",
-        Item::Message => "msg",
-        Item::Call => "fc",
-    };
-    format!("{prefix}_{}", a.tag)
+    match item {
+        Item::Reasoning => format!("rs_{}", a.tag),
+        Item::Message => format!("msg_{}", a.tag),
+        Item::Call(k) => a.call_tag("fc", 0, k),
+    }
 }
 
 fn output_text(text: &str) -> Value {
@@ -110,9 +113,9 @@ fn output_item(a: &Answer, item: Item, done: bool) -> Value {
             };
             json!({"id": id, "type": "reasoning", "summary": summary})
         }
-        Item::Call => json!({"id": id, "type": "function_call", "status": status,
+        Item::Call(k) => json!({"id": id, "type": "function_call", "status": status,
             "arguments": if done { a.arguments(0) } else { String::new() },
-            "call_id": format!("call_{}", a.tag), "name": a.tool_name()}),
+            "call_id": a.call_tag("call", 0, k), "name": a.call_name(k)}),
         Item::Message => {
             let content = if done {
                 json!([output_text(&a.text(Part::Answer, 0))])
@@ -230,10 +233,10 @@ pub(crate) fn event(a: &Answer, event: Event, i: usize, at: usize) -> Rendered {
                     "logprobs": []}),
             ),
         ),
-        Event::Delta(Item::Call) => (
+        Event::Delta(Item::Call(k)) => (
             "response.function_call_arguments.delta",
             with(
-                at_item(Item::Call),
+                at_item(Item::Call(k)),
                 json!({"delta": a.arguments_piece(at + 1, 0)}),
             ),
         ),
@@ -251,9 +254,9 @@ pub(crate) fn event(a: &Answer, event: Event, i: usize, at: usize) -> Rendered {
                 json!({"content_index": 0, "text": a.text(Part::Answer, 0), "logprobs": []}),
             ),
         ),
-        Event::TextDone(Item::Call) => (
+        Event::TextDone(Item::Call(k)) => (
             "response.function_call_arguments.done",
-            with(at_item(Item::Call), json!({"arguments": a.arguments(0)})),
+            with(at_item(Item::Call(k)), json!({"arguments": a.arguments(0)})),
         ),
         Event::Completed => (
             "response.completed",

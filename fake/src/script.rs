@@ -17,9 +17,11 @@ pub(crate) struct Script {
     pub(crate) keepalive: Option<Duration>,
     pub(crate) keepalive_ping: bool,
     pub(crate) timestamps: bool,
-    /// `x-fake-tool-call`: the names to call, one per tool result the request already holds.
-    pub(crate) tool_calls: Vec<String>,
+    /// `x-fake-tool-call`: the turns, each the names called together in one answer.
+    pub(crate) tool_calls: Vec<Vec<String>>,
     pub(crate) tool_args: Option<String>,
+    /// `x-fake-tool-preamble`: text tokens before the calls.
+    pub(crate) tool_preamble: usize,
     pub(crate) id: Option<String>,
     pub(crate) reasoning: usize,
     pub(crate) refusal: bool,
@@ -75,13 +77,15 @@ impl Script {
                 ))
             }
         };
-        let names = |name: &str| -> Result<Option<Vec<String>>, String> {
+        // `a+b,c`: turns split by commas, the names of one turn joined by plus signs.
+        let turns = |name: &str| -> Result<Option<Vec<Vec<String>>>, String> {
             let Some(value) = headers.get(name) else {
                 return Ok(None);
             };
+            let one = |n: &str| Some(n.trim()).filter(|n| is_name(n)).map(str::to_owned);
             let list = value.to_str().ok().and_then(|v| {
                 v.split(',')
-                    .map(|n| Some(n.trim()).filter(|n| is_name(n)).map(str::to_owned))
+                    .map(|turn| turn.split('+').map(one).collect::<Option<Vec<_>>>())
                     .collect::<Option<Vec<_>>>()
             });
             list.map(Some).ok_or_else(|| invalid(name, value))
@@ -99,14 +103,21 @@ impl Script {
                 )
             }
         };
-        let id = match names("x-fake-id")? {
+        let id = match headers.get("x-fake-id") {
             None => None,
-            Some(mut one) if one.len() == 1 => one.pop(),
-            Some(_) => return Err(invalid("x-fake-id", &headers["x-fake-id"])),
+            Some(v) => Some(
+                v.to_str()
+                    .ok()
+                    .map(str::trim)
+                    .filter(|id| is_name(id))
+                    .ok_or_else(|| invalid("x-fake-id", v))?
+                    .to_owned(),
+            ),
         };
         Ok(Script {
-            tool_calls: names("x-fake-tool-call")?.unwrap_or_default(),
+            tool_calls: turns("x-fake-tool-call")?.unwrap_or_default(),
             tool_args,
+            tool_preamble: count("x-fake-tool-preamble")?.unwrap_or(0),
             id,
             reasoning: count("x-fake-reasoning")?.unwrap_or(0),
             refusal: flag("x-fake-refusal")?,

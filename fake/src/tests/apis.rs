@@ -307,6 +307,167 @@ async fn tool_calls_stream_their_arguments() {
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
 }
 
+/// `a+b` calls both in one answer, one after the other as the providers stream parallel
+/// calls, each with its own id; `x-fake-tool-preamble` says some text before them.
+#[tokio::test]
+async fn parallel_calls_after_a_preamble_in_each_api() {
+    let fake = fake().await;
+    let client = h1();
+    let headers = [
+        ("x-fake-chunks", "2"),
+        ("x-fake-interval-ms", "1"),
+        ("x-fake-id", "p"),
+        ("x-fake-tool-call", "get_weather+get_time"),
+        ("x-fake-tool-preamble", "1"),
+    ];
+    let pieces = [r#"{"text":"tok1 "#, r#"tok2 "}"#];
+
+    let response = client
+        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+        .await
+        .unwrap();
+    let events = parse_sse(&text_of(response).await);
+    let deltas: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| json_of(e)["choices"][0]["delta"].clone())
+        .collect();
+    let opening = |index: usize, id: &str, name: &str| {
+        json!({"tool_calls": [{"index": index, "id": id, "type": "function",
+            "function": {"name": name, "arguments": ""}}]})
+    };
+    let piece = |index: usize, piece: &str| json!({"tool_calls": [{"index": index, "function": {"arguments": piece}}]});
+    let expected = [
+        json!({"role": "assistant", "content": ""}),
+        json!({"content": "tok1 "}),
+        opening(0, "call_p", "get_weather"),
+        piece(0, pieces[0]),
+        piece(0, pieces[1]),
+        opening(1, "call_p-1", "get_time"),
+        piece(1, pieces[0]),
+        piece(1, pieces[1]),
+        json!({}),
+    ];
+    assert_eq!(deltas, expected);
+    let last = json_of(&events[events.len() - 2]);
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(events.last().unwrap().data, "[DONE]");
+
+    let response = client
+        .request(post(&fake, "/v1/messages", MESSAGES, &headers))
+        .await
+        .unwrap();
+    let events = parse_sse(&text_of(response).await);
+    let seen: Vec<(String, Value, Value)> = events
+        .iter()
+        .map(|e| {
+            let d = json_of(e);
+            let what = if d["content_block"].is_object() {
+                d["content_block"].clone()
+            } else {
+                d["delta"].clone()
+            };
+            (e.event.clone().unwrap(), d["index"].clone(), what)
+        })
+        .collect();
+    let tool_use =
+        |id: &str, name: &str| json!({"type": "tool_use", "id": id, "name": name, "input": {}});
+    let input = |p: &str| json!({"type": "input_json_delta", "partial_json": p});
+    let start = "content_block_start";
+    let delta = "content_block_delta";
+    let stop = "content_block_stop";
+    let expected: Vec<(&str, Value, Value)> = vec![
+        ("message_start", Value::Null, Value::Null),
+        (start, json!(0), json!({"type": "text", "text": ""})),
+        ("ping", Value::Null, Value::Null),
+        (
+            delta,
+            json!(0),
+            json!({"type": "text_delta", "text": "tok1 "}),
+        ),
+        (stop, json!(0), Value::Null),
+        (start, json!(1), tool_use("toolu_p", "get_weather")),
+        (delta, json!(1), input(pieces[0])),
+        (delta, json!(1), input(pieces[1])),
+        (stop, json!(1), Value::Null),
+        (start, json!(2), tool_use("toolu_p-1", "get_time")),
+        (delta, json!(2), input(pieces[0])),
+        (delta, json!(2), input(pieces[1])),
+        (stop, json!(2), Value::Null),
+        (
+            "message_delta",
+            Value::Null,
+            json!({"stop_reason": "tool_use", "stop_sequence": null}),
+        ),
+        ("message_stop", Value::Null, Value::Null),
+    ];
+    let expected: Vec<(String, Value, Value)> = expected
+        .into_iter()
+        .map(|(e, i, w)| (e.to_owned(), i, w))
+        .collect();
+    assert_eq!(seen, expected);
+
+    let response = client
+        .request(post(&fake, "/v1/responses", RESPONSES, &headers))
+        .await
+        .unwrap();
+    let events = parse_sse(&text_of(response).await);
+    let seen: Vec<(String, Value, Value)> = events
+        .iter()
+        .map(|e| {
+            let d = json_of(e);
+            (
+                e.event.clone().unwrap(),
+                d["output_index"].clone(),
+                d["delta"].clone(),
+            )
+        })
+        .collect();
+    let event = |name: &str, index: Value, delta: Value| (name.to_owned(), index, delta);
+    let n = Value::Null;
+    let args = "response.function_call_arguments.delta";
+    let expected = vec![
+        event("response.created", n.clone(), n.clone()),
+        event("response.in_progress", n.clone(), n.clone()),
+        event("response.output_item.added", json!(0), n.clone()),
+        event("response.content_part.added", json!(0), n.clone()),
+        event("response.output_text.delta", json!(0), json!("tok1 ")),
+        event("response.output_text.done", json!(0), n.clone()),
+        event("response.content_part.done", json!(0), n.clone()),
+        event("response.output_item.done", json!(0), n.clone()),
+        event("response.output_item.added", json!(1), n.clone()),
+        event(args, json!(1), json!(pieces[0])),
+        event(args, json!(1), json!(pieces[1])),
+        event("response.function_call_arguments.done", json!(1), n.clone()),
+        event("response.output_item.done", json!(1), n.clone()),
+        event("response.output_item.added", json!(2), n.clone()),
+        event(args, json!(2), json!(pieces[0])),
+        event(args, json!(2), json!(pieces[1])),
+        event("response.function_call_arguments.done", json!(2), n.clone()),
+        event("response.output_item.done", json!(2), n.clone()),
+        event("response.completed", n.clone(), n.clone()),
+    ];
+    assert_eq!(seen, expected);
+    let output = json_of(events.last().unwrap())["response"]["output"].clone();
+    let calls: Vec<(&str, &str, &str)> = output.as_array().unwrap()[1..]
+        .iter()
+        .map(|i| {
+            let s = |k: &str| i[k].as_str().unwrap();
+            (s("id"), s("call_id"), s("name"))
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("fc_p", "call_p", "get_weather"),
+            ("fc_p-1", "call_p-1", "get_time")
+        ]
+    );
+    assert_eq!(output[0]["content"][0]["text"], "tok1 ");
+    // The preamble and both calls' pieces are generated tokens.
+    let usage = &json_of(events.last().unwrap())["response"]["usage"];
+    assert_eq!(usage["output_tokens"], 1 + 2 * 2);
+}
+
 #[tokio::test]
 async fn non_stream_answers() {
     let fake = fake().await;
@@ -395,6 +556,9 @@ async fn bad_script_headers_are_rejected_and_unknown_ones_ignored() {
         ("x-fake-id", "a b"),
         ("x-fake-id", "a,b"),
         ("x-fake-tool-call", "a,,b"),
+        ("x-fake-tool-call", "a+,b"),
+        ("x-fake-tool-call", "a++b"),
+        ("x-fake-tool-preamble", "some"),
         ("x-fake-tool-args", "[1,2]"),
         ("x-fake-tool-args", "{nope"),
     ] {

@@ -263,8 +263,31 @@ async fn chat_streams_what_it_answers_in_every_shape() {
     let fake = fake().await;
     let args = r#"{"city":"Paris","days":[1,2],"note":"ünï"}"#;
     type Case<'a> = (&'a str, Value, &'a [(&'a str, &'a str)]);
-    let cases: [Case; 8] = [
+    let cases: [Case; 11] = [
         ("text", json!({}), &[]),
+        (
+            "parallel calls",
+            json!({}),
+            &[("x-fake-tool-call", "get_weather+get_time")],
+        ),
+        (
+            "a preamble, then parallel calls with arguments",
+            json!({}),
+            &[
+                ("x-fake-tool-call", "get_weather+get_time"),
+                ("x-fake-tool-args", args),
+                ("x-fake-tool-preamble", "2"),
+            ],
+        ),
+        (
+            "reasoning, a preamble and parallel calls in two choices",
+            json!({"n": 2}),
+            &[
+                ("x-fake-reasoning", "1"),
+                ("x-fake-tool-call", "f+g+h"),
+                ("x-fake-tool-preamble", "2"),
+            ],
+        ),
         (
             "tool call",
             json!({}),
@@ -378,9 +401,30 @@ async fn messages_stream_what_they_answer_in_every_shape() {
     let fake = fake().await;
     let body = json!({"model": "claude-test", "max_tokens": 64, "messages": []});
     let args = r#"{"city":"Paris"}"#;
-    let cases: [(&str, &[(&str, &str)]); 5] = [
+    let cases: [(&str, &[(&str, &str)]); 8] = [
         ("text", &[]),
         ("tool_use", &[("x-fake-tool-call", "get_weather")]),
+        (
+            "parallel tool_use",
+            &[("x-fake-tool-call", "get_weather+get_time")],
+        ),
+        (
+            "text, then parallel tool_use",
+            &[
+                ("x-fake-tool-call", "get_weather+get_time"),
+                ("x-fake-tool-preamble", "2"),
+                ("x-fake-tool-args", args),
+            ],
+        ),
+        (
+            "thinking, text, then parallel tool_use with the input at the start",
+            &[
+                ("x-fake-reasoning", "2"),
+                ("x-fake-tool-call", "f+g"),
+                ("x-fake-tool-preamble", "1"),
+                ("x-fake-chunks", "0"),
+            ],
+        ),
         (
             "tool_use with arguments",
             &[
@@ -433,9 +477,29 @@ async fn messages_stream_what_they_answer_in_every_shape() {
 async fn responses_stream_what_they_answer_in_every_shape() {
     let fake = fake().await;
     let body = json!({"model": "gpt-test", "input": "hi", "instructions": "be brief"});
-    let cases: [(&str, &[(&str, &str)]); 4] = [
+    let cases: [(&str, &[(&str, &str)]); 7] = [
         ("text", &[]),
         ("function_call", &[("x-fake-tool-call", "get_weather")]),
+        (
+            "parallel function_calls",
+            &[("x-fake-tool-call", "get_weather+get_time")],
+        ),
+        (
+            "a message, then parallel function_calls",
+            &[
+                ("x-fake-tool-call", "get_weather+get_time"),
+                ("x-fake-tool-preamble", "2"),
+            ],
+        ),
+        (
+            "reasoning, a message, then three calls with arguments",
+            &[
+                ("x-fake-reasoning", "2"),
+                ("x-fake-tool-call", "f+g+h"),
+                ("x-fake-tool-preamble", "1"),
+                ("x-fake-tool-args", r#"{"q":"x"}"#),
+            ],
+        ),
         ("reasoning", &[("x-fake-reasoning", "2")]),
         (
             "reasoning, then a call with arguments",
@@ -478,21 +542,23 @@ async fn responses_stream_what_they_answer_in_every_shape() {
     );
 }
 
-/// A comma-separated `x-fake-tool-call` calls one name per tool result the request already
-/// holds, then answers text; one name is called every time.
+/// A comma-separated `x-fake-tool-call` calls one turn per tool result the request already
+/// holds, then answers text; one name (or one turn of parallel calls) is called every time.
+/// A turn of parallel calls (`a+b`) is answered once the request holds a result for each.
 #[tokio::test]
 async fn tool_call_sequences_follow_the_tool_results() {
     let fake = fake().await;
-    let seq = [("x-fake-tool-call", "search,fetch")];
-    let one = [("x-fake-tool-call", "search")];
-    let called = |text: String, path: &str| -> Option<String> {
+    let called = |text: String, path: &str| -> Vec<String> {
         let v: Value = serde_json::from_str(&text).unwrap();
-        let name = match path {
-            CHAT_PATH => &v["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
-            "/v1/messages" => &v["content"][0]["name"],
-            _ => &v["output"][0]["name"],
+        let (list, name) = match path {
+            CHAT_PATH => (&v["choices"][0]["message"]["tool_calls"], "/function/name"),
+            "/v1/messages" => (&v["content"], "/name"),
+            _ => (&v["output"], "/name"),
         };
-        name.as_str().map(str::to_owned)
+        let list = list.as_array().map(Vec::as_slice).unwrap_or_default();
+        list.iter()
+            .filter_map(|call| call.pointer(name)?.as_str().map(str::to_owned))
+            .collect()
     };
     let chat = |results: usize| {
         let mut messages = vec![json!({"role": "user", "content": "hi"})];
@@ -523,17 +589,27 @@ async fn tool_call_sequences_follow_the_tool_results() {
         ("/v1/messages", &messages),
         ("/v1/responses", &responses),
     ];
+    let scripts: [(&str, [&[&str]; 4]); 4] = [
+        ("search,fetch", [&["search"], &["fetch"], &[], &[]]),
+        ("search", [&["search"]; 4]),
+        (
+            "search+fetch,summarize",
+            [
+                &["search", "fetch"],
+                &["search", "fetch"],
+                &["summarize"],
+                &[],
+            ],
+        ),
+        ("search+fetch", [&["search", "fetch"]; 4]),
+    ];
     for (path, body) in bodies {
-        let expected = [Some("search"), Some("fetch"), None, None];
-        for (results, want) in expected.into_iter().enumerate() {
-            let text = ask(&fake, path, &body(results), &seq).await;
-            assert_eq!(
-                called(text, path).as_deref(),
-                want,
-                "{path} after {results}"
-            );
-            let text = ask(&fake, path, &body(results), &one).await;
-            assert_eq!(called(text, path).as_deref(), Some("search"), "{path}");
+        for (script, expected) in scripts {
+            for (results, want) in expected.into_iter().enumerate() {
+                let headers = [("x-fake-tool-call", script)];
+                let text = ask(&fake, path, &body(results), &headers).await;
+                assert_eq!(called(text, path), want, "{path} {script} after {results}");
+            }
         }
     }
 }

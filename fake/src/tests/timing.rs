@@ -236,3 +236,42 @@ async fn timestamps_mark_content_events() {
     );
     assert!(before < stamps[0] && stamps[2] <= after);
 }
+
+/// The preamble's tokens and every call's argument pieces are content events, counted in
+/// order: with a preamble of 2 and 3 pieces a call, a freeze after 6 stops one piece into
+/// the second of two parallel calls.
+#[tokio::test]
+async fn freeze_counts_the_preamble_and_every_calls_pieces() {
+    let fake = fake().await;
+    let headers = [
+        ("x-fake-tool-call", "get_weather+get_time"),
+        ("x-fake-tool-preamble", "2"),
+        ("x-fake-chunks", "3"),
+        ("x-fake-freeze-after", "6"),
+        ("x-fake-interval-ms", "5"),
+    ];
+    let response = h1()
+        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let text: String = frames_until_quiet(&mut body, Duration::from_millis(300))
+        .await
+        .into_iter()
+        .map(|f| f.1)
+        .collect();
+    let deltas: Vec<Value> = parse_sse(&text)
+        .iter()
+        .map(|e| json_of(e)["choices"][0]["delta"].clone())
+        .collect();
+    // The role, 2 tokens, the first call's opening and 3 pieces, the second's and 1 piece.
+    assert_eq!(deltas.len(), 9, "{deltas:?}");
+    assert_eq!(deltas[2]["content"], "tok2 ");
+    assert_eq!(deltas[7]["tool_calls"][0]["function"]["name"], "get_time");
+    assert_eq!(
+        deltas[8]["tool_calls"][0],
+        json!({"index": 1, "function": {"arguments": "{\"text\":\"tok1 "}})
+    );
+    assert!(!body.is_end_stream());
+    assert!(fake.requests()[0].finished_at.is_none());
+}
