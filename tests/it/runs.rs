@@ -52,6 +52,19 @@ models = ["loops"]
 upstream = "fake"
 run_max_repeats = 3
 
+# The same loop stop for the other two APIs (every model: no other route takes their paths).
+[[routes]]
+name = "loops-messages"
+path_prefix = "/v1/messages"
+upstream = "fake"
+run_max_repeats = 3
+
+[[routes]]
+name = "loops-responses"
+path_prefix = "/v1/responses"
+upstream = "fake"
+run_max_repeats = 3
+
 [[routes]]
 name = "tokens"
 path_prefix = "/v1/chat/completions"
@@ -175,6 +188,8 @@ macro_rules! on_both_stores {
 on_both_stores!(
     fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream,
     the_same_tool_call_three_times_stops_the_run_naming_the_tool,
+    the_same_parallel_calls_three_times_stop_the_run_naming_the_first_tool,
+    parallel_calls_in_another_order_or_with_other_arguments_are_another_answer,
     the_same_request_sent_again_and_again_is_stopped_too,
     tokens_are_reserved_before_the_call_and_reconciled_after,
     the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget,
@@ -372,6 +387,136 @@ async fn the_same_tool_call_three_times_stops_the_run_naming_the_tool(store: Sto
         assert_eq!(resp.status(), 200, "call {n}");
         read_body(resp.into_body()).await;
     }
+}
+
+/// A request of turn `n` of a run (each turn's body differs, as an agent's grows, so only
+/// the answers can repeat) on `api`'s path.
+fn turn(api: &str, n: usize, stream: bool, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let (path, body) = match api {
+        "chat" => return call("/loops", stream, headers, &format!(r#","user":"turn {n}""#)),
+        "messages" => (
+            "/v1/messages",
+            format!(
+                r#"{{"model":"m","max_tokens":100,"stream":{stream},"messages":[{{"role":"user","content":"turn {n}"}}]}}"#
+            ),
+        ),
+        _ => (
+            "/v1/responses",
+            format!(r#"{{"model":"m","stream":{stream},"input":"turn {n}"}}"#),
+        ),
+    };
+    let mut b = Request::post(path)
+        .header("host", "gateway")
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+/// Two calls in one answer, after some text, asked for again and again: the answer's
+/// fingerprint is both calls (names and arguments), on all three APIs, streamed or not; the
+/// refusal names the first call's tool (the message names one tool, see `ToolCalls::canonical`).
+async fn the_same_parallel_calls_three_times_stop_the_run_naming_the_first_tool(store: Store) {
+    let (h, _keep) = harness(store).await;
+    for (api, route) in [
+        ("chat", "loops"),
+        ("messages", "loops-messages"),
+        ("responses", "loops-responses"),
+    ] {
+        let run = format!("par-{api}");
+        let headers = [
+            ("x-run-id", run.as_str()),
+            ("x-fake-tool-call", "get_weather+get_time"),
+            ("x-fake-tool-preamble", "2"),
+            ("x-fake-interval-ms", "1"),
+        ];
+        for (n, stream) in [true, false, true].into_iter().enumerate() {
+            let (resp, _c) = h.send(turn(api, n, stream, &headers)).await;
+            assert_eq!(resp.status(), 200, "{api} call {n}");
+            read_body(resp.into_body()).await;
+        }
+        h.wait_requests(route, 3.0).await;
+        run_json(&h, &run).await;
+        let before = h.fake.requests().len();
+        let (resp, _c) = h.send(turn(api, 3, false, &headers)).await;
+        assert_eq!(resp.status(), 429, "{api}");
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], "run_loop_detected", "{api}");
+        crate::support::assert_message_starts(
+            &body["error"],
+            &format!("run loop detected: run \"{run}\": the model asked for tool \"get_weather\" with the same arguments 3 times in a row"),
+        );
+        assert_eq!(h.fake.requests().len(), before, "{api}: never forwarded");
+    }
+}
+
+/// The fingerprint is of the calls in their order, with their arguments in canonical JSON:
+/// the same two calls in the other order, another second call, or other arguments, are
+/// another answer (no loop in five calls), while the same arguments with their keys reordered and spaced are
+/// the same answer.
+async fn parallel_calls_in_another_order_or_with_other_arguments_are_another_answer(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let paris = r#"{"city":"Paris","days":1}"#;
+    let scripts: [(&str, [(&str, &str); 2]); 3] = [
+        (
+            "order",
+            [
+                ("get_weather+get_time", paris),
+                ("get_time+get_weather", paris),
+            ],
+        ),
+        // The first call the same every time: the second counts too.
+        (
+            "second",
+            [
+                ("get_weather+get_time", paris),
+                ("get_weather+get_news", paris),
+            ],
+        ),
+        (
+            "arguments",
+            [
+                ("get_weather+get_time", paris),
+                ("get_weather+get_time", r#"{"city":"Rome","days":1}"#),
+            ],
+        ),
+    ];
+    for (run, alternate) in scripts {
+        for n in 0..5 {
+            let (calls, args) = alternate[n % 2];
+            let headers = [
+                ("x-run-id", run),
+                ("x-fake-tool-call", calls),
+                ("x-fake-tool-args", args),
+            ];
+            let (resp, _c) = h.send(turn("chat", n, n % 2 == 0, &headers)).await;
+            assert_eq!(resp.status(), 200, "{run}: call {n}");
+            read_body(resp.into_body()).await;
+            // A shared store is told of a call's end a moment after the client saw it.
+            run_json(&h, run).await;
+        }
+    }
+    let spaced = r#"{ "days": 1, "city": "Paris" }"#;
+    for n in 0..3 {
+        let args = if n % 2 == 0 { paris } else { spaced };
+        let headers = [
+            ("x-run-id", "respaced"),
+            ("x-fake-tool-call", "get_weather+get_time"),
+            ("x-fake-tool-args", args),
+        ];
+        let (resp, _c) = h.send(turn("chat", n, false, &headers)).await;
+        assert_eq!(resp.status(), 200, "call {n}");
+        read_body(resp.into_body()).await;
+        run_json(&h, "respaced").await;
+    }
+    let headers = [
+        ("x-run-id", "respaced"),
+        ("x-fake-tool-call", "get_weather"),
+    ];
+    let (resp, _c) = h.send(turn("chat", 3, false, &headers)).await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(json_body(resp).await["error"]["code"], "run_loop_detected");
 }
 
 async fn the_same_request_sent_again_and_again_is_stopped_too(store: Store) {
