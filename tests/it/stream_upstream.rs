@@ -221,6 +221,91 @@ async fn a_cut_that_leaves_only_half_a_tool_call_is_the_usual_504() {
     }
 }
 
+/// An answer that said something, then called two tools at once, frozen one piece into the
+/// second call's arguments: after the idle limit, each API's partial answer holds the text
+/// and the first, whole call, never the unfinished second, and says it was cut.
+#[tokio::test]
+async fn a_partial_answer_keeps_the_text_and_the_whole_calls_of_parallel_calls() {
+    let h = Harness::with_config(CONFIG).await;
+    let args = r#"{"city":"Paris"}"#;
+    // Content events: 2 preamble tokens, 3 pieces of the first call, 1 of the second.
+    let frozen = [
+        ("x-fake-id", "par"),
+        ("x-fake-tool-call", "get_weather+get_time"),
+        ("x-fake-tool-preamble", "2"),
+        ("x-fake-tool-args", args),
+        ("x-fake-chunks", "3"),
+        ("x-fake-interval-ms", "10"),
+        ("x-fake-freeze-after", "6"),
+    ];
+    let partial = |resp: &http::Response<hyper::body::Incoming>, api: &str| {
+        assert_eq!(resp.status(), 200, "{api}");
+        assert_eq!(
+            resp.headers()["x-hourglass-partial"],
+            "idle_timeout",
+            "{api}"
+        );
+        assert_eq!(resp.headers()["content-type"], "application/json", "{api}");
+    };
+
+    let (resp, _c) = h.send(chat("partial", &frozen)).await;
+    partial(&resp, "chat");
+    let doc = json_body(resp).await;
+    let choice = &doc["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{doc}");
+    assert_eq!(choice["message"]["content"], "tok1 tok2 ", "{doc}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "the unfinished call is left out: {doc}");
+    assert_eq!(calls[0]["id"], "call_par");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["function"]["arguments"], args);
+    assert!(
+        doc["usage"]["completion_tokens"].as_u64().unwrap() > 0,
+        "{doc}"
+    );
+
+    let body = r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let (resp, _c) = h.send(post("/v1/messages", body.into(), &frozen)).await;
+    partial(&resp, "messages");
+    let doc = json_body(resp).await;
+    assert_eq!(doc["stop_reason"], "max_tokens", "{doc}");
+    let content = doc["content"].as_array().unwrap();
+    assert_eq!(
+        content.len(),
+        2,
+        "the unfinished tool_use is left out: {doc}"
+    );
+    assert_eq!(content[0]["type"], "text");
+    assert_eq!(content[0]["text"], "tok1 tok2 ");
+    assert_eq!(content[1]["type"], "tool_use");
+    assert_eq!(content[1]["id"], "toolu_par");
+    assert_eq!(content[1]["name"], "get_weather");
+    assert_eq!(content[1]["input"], serde_json::json!({"city": "Paris"}));
+    assert!(doc["usage"]["output_tokens"].as_u64().unwrap() > 0, "{doc}");
+
+    let body = r#"{"model":"gpt","input":"hi"}"#;
+    let (resp, _c) = h.send(post("/v1/responses", body.into(), &frozen)).await;
+    partial(&resp, "responses");
+    let doc = json_body(resp).await;
+    assert_eq!(doc["status"], "incomplete", "{doc}");
+    let output = doc["output"].as_array().unwrap();
+    assert_eq!(
+        output.len(),
+        2,
+        "the unfinished call item is left out: {doc}"
+    );
+    assert_eq!(output[0]["type"], "message");
+    assert_eq!(output[0]["content"][0]["text"], "tok1 tok2 ");
+    assert_eq!(output[1]["type"], "function_call");
+    assert_eq!(output[1]["call_id"], "call_par");
+    assert_eq!(output[1]["name"], "get_weather");
+    assert_eq!(output[1]["arguments"], args);
+    // Both items were done before the cut: neither is left `in_progress`.
+    assert_eq!(output[0]["status"], "completed", "{doc}");
+    assert_eq!(output[1]["status"], "completed", "{doc}");
+    assert!(doc["usage"]["output_tokens"].as_u64().unwrap() > 0, "{doc}");
+}
+
 #[tokio::test]
 async fn messages_and_responses_are_assembled_and_cut_the_same_way() {
     let h = Harness::with_config(CONFIG).await;
