@@ -263,13 +263,18 @@ fn run_left(budget: Duration, left: Duration) -> String {
     }
 }
 
+/// `tool`: the names of the answer's calls, joined by commas.
 fn loop_detail(tool: &Option<String>, count: u32) -> String {
-    match tool {
-        Some(t) => {
-            format!("the model asked for tool {t:?} with the same arguments {count} times in a row")
-        }
-        None => format!("the same request came {count} times in a row"),
-    }
+    let Some(names) = tool else {
+        return format!("the same request came {count} times in a row");
+    };
+    let quoted: Vec<String> = names.split(',').map(|n| format!("{n:?}")).collect();
+    let tools = match quoted.as_slice() {
+        [one] => format!("tool {one}"),
+        [init @ .., last] => format!("tools {} and {last}", init.join(", ")),
+        [] => unreachable!("split yields at least one piece"),
+    };
+    format!("the model asked for {tools} with the same arguments {count} times in a row")
 }
 
 fn model_suffix(model: &Option<String>) -> String {
@@ -595,6 +600,23 @@ fn method_refused_why(method: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_loop_of_parallel_calls_names_every_tool() {
+        let detail = |names: &str| loop_detail(&Some(names.to_owned()), 3);
+        assert_eq!(
+            detail("a"),
+            "the model asked for tool \"a\" with the same arguments 3 times in a row"
+        );
+        assert_eq!(
+            detail("a,b,c"),
+            "the model asked for tools \"a\", \"b\" and \"c\" with the same arguments 3 times in a row"
+        );
+        assert_eq!(
+            loop_detail(&None, 2),
+            "the same request came 2 times in a row"
+        );
+    }
 
     #[test]
     fn only_a_budget_too_small_from_the_start_tells_sdks_not_to_retry() {

@@ -163,7 +163,7 @@ impl Inspector {
         self.reader.extra.as_mut()?.assembler.take()
     }
 
-    /// The tool calls the answer asked for, in canonical form, with the first one's name:
+    /// The tool calls the answer asked for, in canonical form, with their names:
     /// read once the body is done.
     pub fn tool_calls(&mut self) -> Option<(Vec<u8>, String)> {
         let tools = self.reader.extra.as_mut()?.tools.as_mut()?;

@@ -89,7 +89,8 @@ impl ToolCalls {
     }
 
     /// The answer's tool calls in canonical form (`name`, NUL, canonical arguments, NUL, for
-    /// each in order), and the first one's name; `None` when it asked for none.
+    /// each in order), and their names joined by commas (which no provider allows in a tool
+    /// name), for the refusal's message; `None` when it asked for none.
     pub fn canonical(&self) -> Option<(Vec<u8>, String)> {
         if self.overflow || self.calls.is_empty() {
             return None;
@@ -103,7 +104,12 @@ impl ToolCalls {
             out.extend_from_slice(canonical_json(&c.arguments).as_bytes());
             out.push(0);
         }
-        Some((out, calls[0].name.clone()))
+        let names = calls
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        Some((out, names))
     }
 
     fn call(&mut self, key: u64) -> &mut ToolCall {

@@ -445,7 +445,7 @@ async fn the_same_parallel_calls_three_times_stop_the_run_naming_the_first_tool(
         assert_eq!(body["error"]["code"], "run_loop_detected", "{api}");
         crate::support::assert_message_starts(
             &body["error"],
-            &format!("run loop detected: run \"{run}\": the model asked for tool \"get_weather\" with the same arguments 3 times in a row"),
+            &format!("run loop detected: run \"{run}\": the model asked for tools \"get_weather\" and \"get_time\" with the same arguments 3 times in a row"),
         );
         assert_eq!(h.fake.requests().len(), before, "{api}: never forwarded");
     }
