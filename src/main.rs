@@ -242,7 +242,7 @@ async fn run(config: Config, source: Option<PathBuf>) -> ExitCode {
             if watch {
                 running.watch_config(std::time::Duration::from_secs(1));
             }
-            running.serve_until(shutdown_signal()).await;
+            running.serve_until(shutdown_signal).await;
             ExitCode::SUCCESS
         }
         Err(e) => {

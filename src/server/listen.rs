@@ -171,8 +171,8 @@ pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, st
     tokio::pin!(drained);
     tokio::select! {
         () = &mut drained => tracing::info!("all connections drained"),
-        () = tokio::time::sleep(grace) => {
-            tracing::warn!(?grace, "shutdown grace elapsed: cutting the requests still in flight");
+        // Or cut before the grace's end (a second signal).
+        () = cut_by(&shared, grace) => {
             shared.cut.fire();
             // Long enough for every cut stream to write its error event.
             tokio::select! {
@@ -184,6 +184,17 @@ pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, st
         }
     }
     shared.cut.fire();
+}
+
+/// When the requests still in flight are cut: at the grace's end, or sooner if the cut is
+/// fired from outside.
+async fn cut_by(shared: &Shared, grace: Duration) {
+    tokio::select! {
+        () = tokio::time::sleep(grace) => {
+            tracing::warn!(?grace, "shutdown grace elapsed: cutting the requests still in flight");
+        }
+        () = shared.cut.fired() => {}
+    }
 }
 
 async fn serve_connection(

@@ -140,10 +140,8 @@ pub(super) async fn reload(shared: &Shared) -> Result<String, ServerError> {
 
 pub(super) fn apply(shared: &Shared, config: Config) -> Result<String, ServerError> {
     let old = shared.gateway.load_full();
-    let current = &old.config().server;
-    if config.server.listen != current.listen || config.server.admin_listen != current.admin_listen
-    {
-        tracing::warn!("listen and admin_listen changes take effect only after a restart");
+    if let Some(warning) = shared.at_start.changed_by(&config.server) {
+        tracing::warn!("{warning}");
     }
     let tls = match &config.server.tls {
         Some(t) => Some(Arc::new(TlsAcceptor::from(

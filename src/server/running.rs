@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::server::admin::{Admin, Health};
 use crate::server::listen::{local, serve_admin, serve_clients, tune};
-use crate::server::shared::{ServerError, Shared};
+use crate::server::shared::{AtStart, ServerError, Shared};
 use crate::stream::signal::Signal;
 use crate::telemetry::metrics::Metrics;
 
@@ -39,11 +39,22 @@ impl Running {
         let _ = self.task.await;
     }
 
-    /// Serves until `signal` completes, then shuts down gracefully.
-    pub async fn serve_until(self, signal: impl Future<Output = ()>) {
-        signal.await;
+    /// Serves until a `signal()` completes, then shuts down gracefully; another `signal()`
+    /// during the drain cuts what is still in flight at once, as the grace's end would.
+    pub async fn serve_until<F: Future<Output = ()>>(self, mut signal: impl FnMut() -> F) {
+        signal().await;
         tracing::info!("shutting down");
-        self.shutdown().await;
+        let cut = self.shared.cut.clone();
+        let shutdown = self.shutdown();
+        tokio::pin!(shutdown);
+        tokio::select! {
+            () = &mut shutdown => return,
+            () = signal() => {
+                tracing::warn!("second signal: cutting the requests still in flight now");
+                cut.fire();
+            }
+        }
+        shutdown.await;
     }
 }
 
@@ -79,6 +90,7 @@ pub async fn start_with_source(
     let admin_addr = local(&admin);
     metrics.config_loaded(&fingerprint);
     health.set_detail(format!("config {fingerprint}"));
+    let at_start = AtStart::of(&server);
     let shared = Arc::new(Shared {
         gateway: ArcSwap::from_pointee(gateway),
         tls: ArcSwapOption::new(tls),
@@ -88,6 +100,7 @@ pub async fn start_with_source(
         cut,
         source,
         reloading: tokio::sync::Mutex::new(()),
+        at_start,
     });
     let stop = Signal::new();
     // The admin listener outlives the client one, so /readyz reports the drain.

@@ -44,4 +44,85 @@ pub(super) struct Shared {
     /// The file reloads read; `None` for configs built in memory.
     pub(super) source: Option<PathBuf>,
     pub(super) reloading: tokio::sync::Mutex<()>,
+    /// What only a restart changes, as the process started with it.
+    pub(super) at_start: AtStart,
+}
+
+/// The settings read once, when the client listener starts: the addresses bound and the
+/// connection slots made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct AtStart {
+    listen: SocketAddr,
+    admin_listen: SocketAddr,
+    max_connections: Option<usize>,
+}
+
+impl AtStart {
+    pub(super) fn of(server: &ServerConfig) -> AtStart {
+        AtStart {
+            listen: server.listen,
+            admin_listen: server.admin_listen,
+            max_connections: server.max_connections,
+        }
+    }
+
+    /// The warning for a reload whose `[server]` changes what only a restart does. Compared
+    /// with what the process started with, not with the config last loaded: a reload back to
+    /// the running values is no change, and a second reload of a changed value still is.
+    pub(super) fn changed_by(&self, server: &ServerConfig) -> Option<String> {
+        let new = AtStart::of(server);
+        let mut changed = Vec::new();
+        if new.listen != self.listen {
+            changed.push(format!("listen ({} stays)", self.listen));
+        }
+        if new.admin_listen != self.admin_listen {
+            changed.push(format!("admin_listen ({} stays)", self.admin_listen));
+        }
+        if new.max_connections != self.max_connections {
+            let running = self
+                .max_connections
+                .map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
+            changed.push(format!("max_connections ({running} stays)"));
+        }
+        (!changed.is_empty()).then(|| {
+            format!(
+                "server: {} take effect only after a restart",
+                changed.join(", ")
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_what_differs_from_the_start_needs_a_restart() {
+        let config = |text: &str| {
+            crate::config::Config::from_toml(
+                &format!(
+                    "[server]\n{text}\n[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n\
+                     auth = \"none\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/\"\n\
+                     upstream = \"u\"\n"
+                ),
+                "t.toml",
+            )
+            .expect("config")
+            .server
+        };
+        let start = AtStart::of(&config("listen = \"127.0.0.1:8080\""));
+        assert_eq!(
+            start.changed_by(&config("listen = \"127.0.0.1:8080\"")),
+            None
+        );
+        assert_eq!(
+            start.changed_by(&config("listen = \"127.0.0.1:9000\"\nmax_connections = 2")),
+            Some(
+                "server: listen (127.0.0.1:8080 stays), max_connections (unlimited stays) take \
+                 effect only after a restart"
+                    .to_owned()
+            )
+        );
+    }
 }

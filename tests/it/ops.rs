@@ -1256,3 +1256,44 @@ async fn a_reloaded_max_in_flight_counts_the_streams_still_open() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A second signal during the drain cuts what is still in flight at once, as the grace's end
+/// would (each stream told, origin `shutdown`), instead of being ignored until the grace
+/// (here 10 minutes) is over: an operator who presses Ctrl-C twice means it.
+#[tokio::test]
+async fn a_second_signal_during_the_drain_cuts_at_once() {
+    let h = Harness::with_config(
+        &BASE
+            .replace("[server]\n", "[server]\nshutdown_grace = \"10m\"\n")
+            .replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\""),
+    )
+    .await;
+    let (frozen, c) = h.chat(&[("x-fake-freeze-after", "1")]).await;
+    let frozen = tokio::spawn(async move { (read_body(frozen.into_body()).await, c) });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let Harness { gw, fake: _fake } = h;
+    let signals = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let sender = signals.clone();
+    let serving = tokio::spawn(gw.serve_until(move || {
+        let signals = signals.clone();
+        async move {
+            signals.acquire().await.expect("open").forget();
+        }
+    }));
+    sender.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!frozen.is_finished(), "the grace is 10 minutes");
+    sender.add_permits(1);
+    let (frozen, _) = tokio::time::timeout(Duration::from_secs(20), frozen)
+        .await
+        .expect("cut by the second signal")
+        .unwrap();
+    assert_eq!(
+        frozen.error_event().expect("an error event")["code"],
+        "shutdown"
+    );
+    tokio::time::timeout(Duration::from_secs(20), serving)
+        .await
+        .expect("shutdown returned")
+        .unwrap();
+}
