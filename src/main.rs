@@ -210,6 +210,13 @@ fn check(path: &Path) -> ExitCode {
                     }
                 }
             }
+            let errors = hourglass::gateway::preflight::startup_errors(&config);
+            for e in &errors {
+                eprintln!("{e}");
+            }
+            if !errors.is_empty() {
+                return ExitCode::FAILURE;
+            }
             print!("{}", config.describe());
             ExitCode::SUCCESS
         }

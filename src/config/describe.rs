@@ -66,7 +66,10 @@ impl Config {
                         up.url
                     ));
                 } else if let Err(e) = std::fs::metadata(ca) {
-                    out.push(format!("upstream {name:?}: ca_file {}: {e}", ca.display()));
+                    out.push(format!(
+                        "upstream {name:?}: ca_file {}: {e}; the gateway will not start without it",
+                        ca.display()
+                    ));
                 }
             }
             if let Some(w) = up.http2.warning() {

@@ -8,6 +8,7 @@ mod assembled;
 pub mod attempt;
 pub mod body;
 mod forward;
+pub mod preflight;
 pub mod record;
 pub mod retry;
 pub mod routes;

@@ -45,7 +45,9 @@ pub(super) fn tls_config(
     let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
-    if let Some(path) = &config.ca_file {
+    // Beside an http:// url the file is ignored (`check` says so), not read.
+    let https = config.url.scheme() == Some(&http::uri::Scheme::HTTPS);
+    if let Some(path) = config.ca_file.as_ref().filter(|_| https) {
         let ca_err = |reason: String| UpstreamBuildError::CaFile {
             upstream: config.name.clone(),
             path: path.display().to_string(),

@@ -514,3 +514,78 @@ fn check_never_repeats_a_key_written_into_the_wrong_field() {
     assert!(!stderr.contains("s3cret"), "{stderr}");
     assert!(stderr.contains("redis://user:***@"), "{stderr}");
 }
+
+/// `check` reads the provider keys, CA files and client keys as start-up does: a file that
+/// would stop the server (no PEM in a `ca_file`, two keys or none in an `api_key_file`, a
+/// `client_keys_file` with no key) fails the check, not the deploy; one this machine cannot
+/// read is still only a warning. A `ca_file` beside an `http://` url is ignored by both.
+#[test]
+fn check_reads_the_key_and_ca_files_as_start_up_does() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-cli-files-")
+        .tempdir()
+        .unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        p.display().to_string()
+    };
+    let not_pem = file("bad.pem", "not a certificate\n");
+    let two_keys = file(
+        "two.key",
+        "sk-aaaaaaaaaaaaaaaaaaaaaaaa\nsk-bbbbbbbbbbbbbbbbbbbbbbbb\n",
+    );
+    let no_keys = file("none.keys", "# nobody yet\n");
+    let config = |upstream: &str, route: &str| {
+        format!(
+            "[upstreams.up]\n{upstream}\n\n\
+             [[routes]]\nname = \"chat\"\npath_prefix = \"/\"\nupstream = \"up\"\n{route}\n"
+        )
+    };
+    let run = |text: String| {
+        let path = dir.path().join("files.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for (upstream, route, want) in [
+        (
+            format!("url = \"https://127.0.0.1:9\"\nauth = \"none\"\nca_file = {not_pem:?}"),
+            String::new(),
+            "no PEM certificate found",
+        ),
+        (
+            format!("url = \"https://127.0.0.1:9\"\napi_key_file = {two_keys:?}"),
+            String::new(),
+            "exactly one key",
+        ),
+        (
+            "url = \"https://127.0.0.1:9\"\nauth = \"none\"".to_owned(),
+            format!("client_keys_file = {no_keys:?}"),
+            "hold no key",
+        ),
+    ] {
+        let (code, stderr) = run(config(&upstream, &route));
+        assert_eq!(code, Some(1), "{upstream} {route}: {stderr}");
+        assert!(stderr.contains(want), "{stderr}");
+    }
+    let (code, stderr) = run(config(
+        &format!("url = \"http://127.0.0.1:9\"\nauth = \"none\"\nca_file = {not_pem:?}"),
+        "",
+    ));
+    assert_eq!(code, Some(0), "ignored beside http://: {stderr}");
+    let (code, stderr) = run(config(
+        "url = \"https://127.0.0.1:9\"\napi_key_file = \"/nonexistent/key\"",
+        "",
+    ));
+    assert_eq!(code, Some(0), "unreadable here, a warning: {stderr}");
+    assert!(stderr.contains("/nonexistent/key"), "{stderr}");
+}
