@@ -446,6 +446,15 @@ fn check_url(text: &str) -> Result<http::Uri, String> {
     if authority.as_str().contains('@') {
         return Err("must not contain credentials (use api_key_env)".to_owned());
     }
+    // http::Uri keeps a port it cannot read as a u16 and reports none: the connect would
+    // then go to the scheme's default port, or fail, without naming the mistake.
+    if let Some(port) = authority.as_str()[authority.host().len()..].strip_prefix(':') {
+        if !matches!(port.parse::<u16>(), Ok(p) if p > 0) {
+            return Err(format!(
+                "has port {port:?}, which is not a TCP port (1 to 65535)"
+            ));
+        }
+    }
     if uri.query().is_some() {
         return Err("must not have a query string".to_owned());
     }

@@ -51,6 +51,30 @@ fn upstream_url_errors() {
             "must not contain credentials (use api_key_env)",
         ),
         ("http://a b", "is not a valid URL: invalid uri character"),
+        (
+            "http://a:99999",
+            "has port \"99999\", which is not a TCP port (1 to 65535)",
+        ),
+        (
+            "http://a:65536/v1",
+            "has port \"65536\", which is not a TCP port (1 to 65535)",
+        ),
+        (
+            "http://a:abc",
+            "has port \"abc\", which is not a TCP port (1 to 65535)",
+        ),
+        (
+            "http://a:",
+            "has port \"\", which is not a TCP port (1 to 65535)",
+        ),
+        (
+            "http://a:0",
+            "has port \"0\", which is not a TCP port (1 to 65535)",
+        ),
+        (
+            "http://[::1]:70000",
+            "has port \"70000\", which is not a TCP port (1 to 65535)",
+        ),
     ];
     for (url, why) in cases {
         let text = BASE.replace("https://api.openai.com", url);
