@@ -31,6 +31,37 @@ pub enum Joined {
     OutOfTime,
 }
 
+/// An admission sent to the store and not yet answered, given back if dropped unanswered.
+struct Abandoned {
+    shared: Option<Arc<Shared>>,
+    key: String,
+    token: String,
+}
+
+impl Abandoned {
+    /// The wait ended: the caller decides what becomes of the admission.
+    fn disarm(mut self) {
+        self.shared = None;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let Some(shared) = self.shared.take() else {
+            return;
+        };
+        // Dropped with its task when a runtime shuts down: nothing to spawn on then, and
+        // the key expires with its ttl.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let (key, token) = (
+                std::mem::take(&mut self.key),
+                std::mem::take(&mut self.token),
+            );
+            shared.cancel_later(key, token, false);
+        }
+    }
+}
+
 pub struct Runs {
     store: Store,
     metrics: RunMetrics,
@@ -175,12 +206,20 @@ impl Runs {
         let wait = shared.timeout.min(left);
         let expire = shared.ttl + call_budget;
         let token = shared.token();
-        let answer = match tokio::time::timeout(
+        // Until the store answers or the wait ends, this call may be dropped (its client
+        // left): the admission script may still run, so it is given back then too.
+        let abandoned = Abandoned {
+            shared: Some(shared.clone()),
+            key: key_of(key),
+            token: token.clone(),
+        };
+        let answer = tokio::time::timeout(
             wait,
             shared.store.admit(key, route, limits, call, expire, &token),
         )
-        .await
-        {
+        .await;
+        abandoned.disarm();
+        let answer = match answer {
             Ok(answer) => answer,
             Err(_) if budget_bound => {
                 shared.cancel_later(key_of(key), token, false);

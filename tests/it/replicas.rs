@@ -797,3 +797,33 @@ async fn an_admission_sent_twice_takes_once() {
         "counted by t3, not again"
     );
 }
+
+/// A client that leaves while its call waits on a paused Redis drops the admission's
+/// future: what the script reserves when Redis thaws is given back all the same, as for a
+/// call that stopped waiting at its store timeout. Before, the run kept the call in flight
+/// and its reservation until the key expired.
+#[tokio::test]
+async fn an_admission_the_client_left_is_given_back() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let toml = with_tokens(config(&fake, &redis.url(), "deny", "5s"));
+    let p = Process::spawn(&toml, &[], &[]).await;
+    let run = [("x-run-id", "left"), ("x-run-budget-ms", "60000")];
+    assert_eq!(send(&p, call(false, &run, 0)).await.0, 200);
+    redis.pause();
+    let waiting = tokio::spawn(Conn::open(p.addr).await.send(call(false, &run, 1)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The client goes, its connection with it, while the admission waits on Redis.
+    waiting.abort();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.resume();
+    let state = run_state(&p, "left", |u| {
+        u["in_flight"] == 0 && u["tokens_reserved"] == 0
+    })
+    .await;
+    let used = &state["runs"][0]["used"];
+    assert_eq!(used["in_flight"], 0, "{state}");
+    assert_eq!(used["tokens_reserved"], 0, "{state}");
+    assert_eq!(used["calls"], 1, "only the call that was served: {state}");
+}
