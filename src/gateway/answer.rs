@@ -108,7 +108,7 @@ impl Gateway {
                     }
                     answer_request_id(&mut parts.headers, &id);
                     if let Some(view) = record.run_view() {
-                        insert_run_headers(&mut parts.headers, view, Instant::now());
+                        insert_run_headers(&mut parts.headers, &view, Instant::now());
                     }
                     record.set_status(parts.status.as_u16());
                     // A JSON answer in a known format is one document (these APIs stream as

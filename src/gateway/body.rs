@@ -36,7 +36,7 @@ pub(super) fn error_answer(
     record.own_bytes(resp.body().len());
     let mut resp = resp.map(|b| Either::Left(Full::new(b)));
     if let Some(view) = record.run_view() {
-        insert_run_headers(resp.headers_mut(), view, Instant::now());
+        insert_run_headers(resp.headers_mut(), &view, Instant::now());
     }
     insert_request_id(resp.headers_mut(), id);
     // The rest of the body is still on its way: hyper will not read it, and closes the

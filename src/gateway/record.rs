@@ -248,8 +248,16 @@ impl RequestRecord {
     }
 
     /// What the request's run has left, for the answer's headers.
-    pub fn run_view(&self) -> Option<&View> {
-        self.run.as_ref().and_then(|r| r.view.as_ref())
+    pub fn run_view(&self) -> Option<View> {
+        let run = self.run.as_ref()?;
+        let mut view = run.view?;
+        // Answered before any attempt started: the call is withdrawn, and what admission
+        // counted for it is the run's again.
+        if let Some(call) = run.call.as_ref().filter(|c| !c.was_sent()) {
+            view.calls_left = view.calls_left.map(|n| n.saturating_add(1));
+            view.tokens_left = view.tokens_left.map(|n| n.saturating_add(call.reserve()));
+        }
+        Some(view)
     }
 
     /// What the run has left once this call's tokens are known (`tokens`, read from an
@@ -377,6 +385,9 @@ impl RequestRecord {
     ) -> usize {
         if current || self.upstream.is_none() {
             self.upstream = Some(entry.upstream.clone());
+        }
+        if let Some(call) = self.run.as_mut().and_then(|r| r.call.as_mut()) {
+            call.sent();
         }
         // Most requests make one attempt: room for one, not the four a first push makes, held
         // for as long as the stream is open.

@@ -1,7 +1,9 @@
 //! A call a run admitted. It holds its run's entry (no second lookup at its end; in Redis, its
 //! key) and its token reservation, which it gives back however the call ends: told what the
 //! call used, or dropped without a word (a panic, a path that forgot), when it gives it all
-//! back.
+//! back. A call that never reached an upstream (refused for the route's `max_in_flight`, its
+//! budget, or left by its client while it waited) is withdrawn: no call of its run at all,
+//! as a call refused for its budget before admission is not.
 
 use std::sync::Arc;
 
@@ -32,6 +34,8 @@ pub struct RunCall {
     stops_loops: bool,
     /// The request body's fingerprint, counted as a repeat if the call ends answered.
     request: Option<u64>,
+    /// An attempt of it started: it counts as a call of its run.
+    sent: bool,
     done: bool,
 }
 
@@ -63,8 +67,19 @@ impl RunCall {
             limits_tokens: limits.max_tokens,
             stops_loops: limits.stops_loops,
             request: call.request,
+            sent: false,
             done: false,
         }
+    }
+
+    /// An attempt of the call started: from now on it is a call of its run however it ends.
+    pub fn sent(&mut self) {
+        self.sent = true;
+    }
+
+    /// Whether an attempt of the call started.
+    pub fn was_sent(&self) -> bool {
+        self.sent
     }
 
     /// The request body's fingerprint, when the run stops loops.
@@ -94,11 +109,27 @@ impl RunCall {
     }
 
     fn give_back(&self, used: &Used) {
+        if !self.sent {
+            return self.withdraw();
+        }
         match &self.ticket {
             Ticket::Memory(store, entry) => store.finish(entry, self.reserve, used, Instant::now()),
             // Not on the answer's path: the record reports without waiting for the store.
             Ticket::Redis(shared, key, token) => {
                 shared.finish_later(key.clone(), token.clone(), self.reserve, used.clone())
+            }
+        }
+    }
+}
+
+impl RunCall {
+    /// No call of its run: its place and its reservation go back.
+    fn withdraw(&self) {
+        match &self.ticket {
+            Ticket::Memory(store, entry) => store.withdraw(entry, self.reserve, Instant::now()),
+            // cancel.lua, as for an admission nobody waited for: never served.
+            Ticket::Redis(shared, key, token) => {
+                shared.cancel_later(key.clone(), token.clone(), false)
             }
         }
     }

@@ -112,6 +112,15 @@ impl MemoryStore {
         }
     }
 
+    /// A call that never reached an upstream: no call of its run.
+    pub fn withdraw(&self, entry: &Entry, reserve: u64, now: Instant) {
+        let mut run = lock(entry);
+        run.withdraw(reserve);
+        if let Some(end) = run.take_report() {
+            self.ends.ended(&run, end, now);
+        }
+    }
+
     /// A copy of the run `key`, for the tests (the admin listener uses `find`).
     #[cfg(test)]
     pub fn get(&self, key: &RunKey) -> Option<RunState> {

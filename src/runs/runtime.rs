@@ -419,9 +419,11 @@ mod tests {
             )
             .await
             .unwrap();
-        let Joined::Call(admitted) = admitted else {
+        let Joined::Call(mut admitted) = admitted else {
             panic!("admitted: {admitted:?}")
         };
+        // Sent: it counts as a call of the run however it ends.
+        admitted.sent();
         assert_eq!(runs.find("p").await.unwrap()[0].1.tokens_reserved, 400);
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let _held = admitted;

@@ -383,6 +383,14 @@ impl RunState {
         }
     }
 
+    /// A call admitted that never reached an upstream goes back: its place among the run's
+    /// calls and its reservation.
+    pub fn withdraw(&mut self, reserve: u64) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.tokens_reserved = self.tokens_reserved.saturating_sub(reserve);
+        self.calls = self.calls.saturating_sub(1);
+    }
+
     /// The end to count now, once: the run has ended and no call of it is in flight (the
     /// calls admitted before the end still add what they used).
     pub fn take_report(&mut self) -> Option<RunEnd> {

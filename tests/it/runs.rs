@@ -74,6 +74,17 @@ run_max_tokens = 100
 run_token_estimate = 60
 
 # No run limits of its own: a call of a run started elsewhere is held to that run's.
+# One call at a time: the rest wait for the slot, or are refused.
+[[routes]]
+name = "busy"
+path_prefix = "/v1/chat/completions"
+models = ["busy"]
+upstream = "fake"
+max_in_flight = 1
+run_max_calls = 10
+run_max_tokens = 100000
+run_token_estimate = 100
+
 [[routes]]
 name = "plain"
 path_prefix = "/v1/chat/completions"
@@ -188,7 +199,7 @@ macro_rules! on_both_stores {
 on_both_stores!(
     fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream,
     the_same_tool_call_three_times_stops_the_run_naming_the_tool,
-    the_same_parallel_calls_three_times_stop_the_run_naming_the_first_tool,
+    the_same_parallel_calls_three_times_stop_the_run_naming_every_tool,
     parallel_calls_in_another_order_or_with_other_arguments_are_another_answer,
     the_same_request_sent_again_and_again_is_stopped_too,
     tokens_are_reserved_before_the_call_and_reconciled_after,
@@ -207,6 +218,7 @@ on_both_stores!(
     a_request_retried_after_a_failure_is_not_a_repeat,
     a_run_is_found_by_its_exact_id,
     an_assembled_answer_says_what_the_run_has_left_when_it_is_sent,
+    a_call_that_never_reached_an_upstream_is_no_call_of_its_run,
 );
 
 /// A Chat Completions request to the route `route` (each route takes one model).
@@ -417,7 +429,7 @@ fn turn(api: &str, n: usize, stream: bool, headers: &[(&str, &str)]) -> Request<
 /// Two calls in one answer, after some text, asked for again and again: the answer's
 /// fingerprint is both calls (names and arguments), on all three APIs, streamed or not; the
 /// refusal names the first call's tool (the message names one tool, see `ToolCalls::canonical`).
-async fn the_same_parallel_calls_three_times_stop_the_run_naming_the_first_tool(store: Store) {
+async fn the_same_parallel_calls_three_times_stop_the_run_naming_every_tool(store: Store) {
     let (h, _keep) = harness(store).await;
     for (api, route) in [
         ("chat", "loops"),
@@ -1121,5 +1133,48 @@ async fn an_assembled_answer_says_what_the_run_has_left_when_it_is_sent(store: S
     assert!(
         left > 99_000,
         "the 1000-token reservation is given back: {left}"
+    );
+}
+
+/// A call refused for the route's `max_in_flight` (503 `overloaded`), or whose client left
+/// while it waited for a slot, never reached an upstream: like a call refused for its own
+/// budget, it is no call of its run and holds none of its tokens, and the refusal's headers
+/// say so. Before, each used a run call (the SDKs' two retries of a 503: three), so
+/// overload alone could end a run.
+async fn a_call_that_never_reached_an_upstream_is_no_call_of_its_run(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let (holder, _c) = h
+        .send(call(
+            "/busy",
+            true,
+            &[("x-fake-chunks", "2"), ("x-fake-interval-ms", "1500")],
+            "",
+        ))
+        .await;
+    assert_eq!(holder.status(), 200);
+    let run = [("x-run-id", "queued"), ("x-request-budget-ms", "400")];
+    let (refused, _c) = h.send(call("/busy", false, &run, "")).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["x-run-calls-left"], "10");
+    assert_eq!(refused.headers()["x-run-tokens-left"], "100000");
+    assert_eq!(json_body(refused).await["error"]["code"], "overloaded");
+    let gateway = h.gw.addr;
+    let waiting = tokio::spawn(async move {
+        crate::support::Conn::open(gateway)
+            .await
+            .send(call("/busy", false, &[("x-run-id", "queued")], ""))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiting.abort();
+    read_body(holder.into_body()).await;
+    let run = run_json(&h, "queued").await;
+    let used = &run["runs"][0]["used"];
+    assert_eq!(used["calls"], 0, "{run}");
+    assert_eq!(used["tokens_reserved"], 0, "{run}");
+    assert_eq!(
+        h.fake.requests().len(),
+        1,
+        "only the holder reached the upstream"
     );
 }
