@@ -185,6 +185,13 @@ impl Budget {
             .unwrap_or(self.arrival)
     }
 
+    /// When the client's SDK gives up waiting for the head (its patience, less a margin),
+    /// when it said: every attempt's wait for the head ends by then, however many attempts
+    /// the route makes, so that the client reads our error rather than its own timeout.
+    pub fn head_by(&self) -> Option<Instant> {
+        self.patience.map(|p| self.arrival + p)
+    }
+
     /// Makes the call end by its run's deadline, when that comes first.
     pub fn bind_run(&mut self, id: Arc<str>, deadline: Instant, run_budget: Duration) {
         if deadline < self.deadline {

@@ -87,6 +87,10 @@ impl<'a> Attempt<'a> {
         let wait_deadline = self
             .switch_by
             .map_or(work_deadline, |s| s.min(work_deadline));
+        // The head, and a held head's first token, by the client's patience too.
+        let head_wait = budget
+            .head_by()
+            .map_or(wait_deadline, |h| h.min(wait_deadline));
         let now = Instant::now();
         if upstream.config.propagate_budget {
             req.headers_mut().insert(
@@ -98,7 +102,7 @@ impl<'a> Attempt<'a> {
         let (response, slot) = upstream.request(req);
         async move {
             tokio::pin!(response);
-            let timer = sleep_until((now + budget.connect_timeout).min(wait_deadline));
+            let timer = sleep_until((now + budget.connect_timeout).min(head_wait));
             tokio::pin!(timer);
             let mut sent_at: Option<Instant> = None;
             let result = loop {
@@ -108,7 +112,7 @@ impl<'a> Attempt<'a> {
                     _ = connection.wait_for_connection_metadata(), if sent_at.is_none() => {
                         let at = Instant::now();
                         sent_at = Some(at);
-                        timer.as_mut().reset((at + self.first_token_timeout).min(wait_deadline));
+                        timer.as_mut().reset((at + self.first_token_timeout).min(head_wait));
                     }
                     () = &mut timer => return Err(self.limit_error(sent_at.is_some(), now)),
                 }
@@ -118,7 +122,15 @@ impl<'a> Attempt<'a> {
             // A head always comes over a connection; should its metadata not have been seen yet,
             // the head itself proves the request was sent.
             let sent_at = sent_at.unwrap_or_else(Instant::now);
-            let first_token_deadline = (sent_at + self.first_token_timeout).min(wait_deadline);
+            // A head that goes out at once starts the client's next read: its first token is
+            // bounded by the (capped) first-token limit alone. One held until that token, or
+            // until the whole answer, keeps the client waiting for the head all along.
+            let first_token_deadline =
+                (sent_at + self.first_token_timeout).min(if self.hold || assembled {
+                    head_wait
+                } else {
+                    wait_deadline
+                });
             // An answer assembled for a client that did not stream keeps that client silent
             // until it is whole: it ends (whole, partial or 504) before the client's SDK
             // gives up, when the SDK said when that is.
@@ -200,7 +212,10 @@ impl<'a> Attempt<'a> {
         } else {
             GatewayError::FirstTokenTimeout {
                 upstream,
-                after: self.first_token_timeout,
+                // Cut short by the client's patience or a fallback's room, the wait was less.
+                after: self
+                    .first_token_timeout
+                    .min(now.saturating_duration_since(started)),
             }
         }
     }

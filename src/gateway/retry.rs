@@ -80,6 +80,12 @@ pub async fn run(
                 // Retry-After, backoff or the estimate does not fit: on to the next upstream.
                 break;
             }
+            // Nor does an attempt after the first start past the client's patience: its
+            // head could not reach the client in time.
+            let first = i == 0 && n == 0;
+            if !first && budget.head_by().is_some_and(|by| now + need + wait > by) {
+                break;
+            }
             if !wait.is_zero() {
                 sleep(wait).await;
             }
@@ -214,7 +220,12 @@ fn first_token_limit(budget: &Budget, next: Option<&ChainEntry>) -> (Duration, O
     let ft = budget.first_token_timeout;
     let Some(next) = next else { return (ft, None) };
     let now = Instant::now();
-    let usable = budget.usable(now);
+    // The fallback's head must come by the client's patience too.
+    let usable = budget.usable(now).min(
+        budget
+            .head_by()
+            .map_or(Duration::MAX, |by| by.saturating_duration_since(now)),
+    );
     match usable.checked_sub(fallback_room(budget, next)) {
         Some(left) if left >= budget.min_useful && left < usable => {
             (ft.min(left), Some(now + left))

@@ -718,3 +718,32 @@ async fn a_budget_refused_for_the_upstreams_expected_first_token_names_it() {
     );
     assert!(p.primary.requests().is_empty());
 }
+
+/// The SDK's patience (`x-stainless-timeout`, less a margin) bounds the whole wait for the
+/// head, not each attempt's: a route that holds the head for a fallback (or retries) must
+/// answer its error before the client gives up, and never start an attempt past that mark.
+/// Before, each attempt got the whole patience (2.7 s for a 3 s client): two slow upstreams
+/// answered 504 after 5.4 s, long after the client had timed out blind.
+#[tokio::test]
+async fn the_sdks_patience_bounds_the_wait_for_the_head_across_attempts() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nfirst_token_timeout = \"10s\"\nbudget = \"20s\"",
+        "",
+        "",
+    )
+    .await;
+    p.primary.set_script(&[("x-fake-ttft-ms", "20000")]);
+    p.backup.set_script(&[("x-fake-ttft-ms", "20000")]);
+    let start = Instant::now();
+    let (resp, _c) = p.chat(&[("x-stainless-timeout", "3")]).await;
+    let took = start.elapsed();
+    assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "first_token_timeout", "{body}");
+    // By the 2.7 s mark (3 s less its margin), and so before the client's 3 s.
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    // The fallback was given its turn inside the mark, not after it.
+    let backup = p.backup.requests();
+    assert_eq!(backup.len(), 1);
+    assert!(backup[0].at - start < Duration::from_millis(2700));
+}
