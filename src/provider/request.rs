@@ -17,19 +17,23 @@ pub fn model_of(body: &[u8]) -> Option<Cow<'_, str>> {
 }
 
 /// The most output tokens the request asks for: `max_completion_tokens` or `max_tokens`
-/// (OpenAI Chat Completions), `max_tokens` (Anthropic Messages), `max_output_tokens` (OpenAI
-/// Responses). `None` when it names none (or the body is not JSON).
+/// (OpenAI Chat Completions, times its `n` choices, each of which may take the limit),
+/// `max_tokens` (Anthropic Messages), `max_output_tokens` (OpenAI Responses). `None` when it
+/// names none (or the body is not JSON).
 pub fn max_output_tokens(body: &[u8]) -> Option<u64> {
     #[derive(serde::Deserialize)]
     struct Limits {
         max_tokens: Option<u64>,
         max_completion_tokens: Option<u64>,
         max_output_tokens: Option<u64>,
+        n: Option<u64>,
     }
     let l = serde_json::from_slice::<Limits>(body).ok()?;
-    l.max_completion_tokens
+    let each = l
+        .max_completion_tokens
         .or(l.max_output_tokens)
-        .or(l.max_tokens)
+        .or(l.max_tokens)?;
+    Some(each.saturating_mul(l.n.unwrap_or(1).max(1)))
 }
 
 #[cfg(test)]
@@ -45,6 +49,9 @@ mod tests {
             Some(50)
         );
         assert_eq!(read(r#"{"input":"hi","max_output_tokens":70}"#), Some(70));
+        // Chat's n choices may each take the limit.
+        assert_eq!(read(r#"{"n":2,"max_tokens":140}"#), Some(280));
+        assert_eq!(read(r#"{"n":1,"max_completion_tokens":140}"#), Some(140));
         assert_eq!(read(r#"{"model":"m","messages":[{"max_tokens":9}]}"#), None);
         assert_eq!(read(r#"{"max_tokens":null}"#), None);
         assert_eq!(
