@@ -9,7 +9,8 @@ use http::StatusCode;
 /// The error type of bodies and connectors, as tower and hyper name it.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What a client that found a route full is told to wait before trying again.
+/// What a client that found a route full, or the gateway draining, is told to wait before
+/// trying again (a draining replica's next connection goes to another behind the balancer).
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Who cancelled a request. Each cancellation has exactly one.
@@ -521,7 +522,7 @@ impl GatewayError {
             http::HeaderValue::from_static("application/json"),
         );
         match self {
-            Self::Overloaded { .. } => {
+            Self::Overloaded { .. } | Self::Shutdown => {
                 let secs = RETRY_AFTER.as_secs().max(1);
                 resp.headers_mut()
                     .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
@@ -633,6 +634,23 @@ mod tests {
         // Spent on attempts or waiting: the client's retry comes with a new budget.
         let spent = insufficient(false).response();
         assert!(!spent.headers().contains_key("x-should-retry"));
+    }
+
+    /// A 503 says when to try again, whether the route was full or the gateway draining.
+    #[test]
+    fn every_503_says_when_to_try_again() {
+        for e in [
+            GatewayError::Shutdown,
+            GatewayError::Overloaded {
+                route: "r".into(),
+                limit: 1,
+                waited: Duration::ZERO,
+            },
+        ] {
+            let resp = e.response();
+            assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(resp.headers()[http::header::RETRY_AFTER], "1", "{e}");
+        }
     }
 
     /// A run out of tokens stays out of them: the 429 of a non-streaming call the run's
