@@ -9,7 +9,10 @@ use std::time::Duration;
 
 use super::routing::shadows;
 use super::secrets::{looks_like_secret, redacted_url};
-use super::{AuthMode, Config, OnStoreError, RunIdSource, RunStore, DEFAULT_POOL_IDLE_TIMEOUT};
+use super::{
+    AuthMode, Config, Http2Config, Http2Mode, OnStoreError, RunIdSource, RunStore,
+    DEFAULT_POOL_IDLE_TIMEOUT,
+};
 use crate::provider::Api;
 
 impl Config {
@@ -72,7 +75,17 @@ impl Config {
                     ));
                 }
             }
-            if let Some(w) = up.http2.warning() {
+            let https = up.url.scheme_str() == Some("https");
+            let untouched = Http2Config {
+                mode: up.http2.mode,
+                ..Http2Config::default()
+            };
+            if !up.http2.used(https) && up.http2.mode == Http2Mode::Auto && up.http2 != untouched {
+                out.push(format!(
+                    "upstream {name:?}: its http2_* keys have no effect: an http:// upstream under \
+                     http2 = \"auto\" speaks HTTP/1.1 (http2 = \"always\" speaks h2c)"
+                ));
+            } else if let Some(w) = up.http2.warning() {
                 out.push(format!("upstream {name:?}: {w}"));
             }
             // A fallback is a use too.

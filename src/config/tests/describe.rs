@@ -160,3 +160,29 @@ fn max_runs_beside_a_redis_store_is_a_warning() {
     assert!(!warned(redis));
     assert!(!warned("max_runs = 500"));
 }
+
+/// Under `http2 = "auto"` a plain `http://` upstream speaks HTTP/1.1 (h2c only by prior
+/// knowledge, `always`), so its `http2_*` keys do nothing: said, rather than accepted in
+/// silence (`never` makes them errors).
+#[test]
+fn http2_keys_on_a_plain_auto_upstream_are_a_warning() {
+    let set = |_: &str| Some(OsString::from("sk-test"));
+    let warned = |url: &str, keys: &str| {
+        let text = BASE.replace(
+            "url = \"https://api.openai.com\"",
+            &format!("url = \"{url}\"\n{keys}"),
+        );
+        load(&text)
+            .warnings_with(&set)
+            .into_iter()
+            .any(|w| w.contains("http2_* keys have no effect"))
+    };
+    let keys = "http2_max_streams_per_connection = 10";
+    assert!(warned("http://127.0.0.1:9", keys));
+    assert!(!warned("http://127.0.0.1:9", ""));
+    assert!(!warned("https://api.openai.com", keys));
+    assert!(!warned(
+        "http://127.0.0.1:9",
+        &format!("http2 = \"always\"\n{keys}")
+    ));
+}
