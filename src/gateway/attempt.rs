@@ -345,15 +345,16 @@ fn classify(
     connect_timeout: Duration,
     sent: bool,
 ) -> GatewayError {
-    let mut reason = String::new();
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let first: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    // hyper-util's own message ("client error (Connect)") says nothing its sources do not.
+    let reason = first.map_or_else(|| e.to_string(), crate::error::with_causes);
+    let mut source = first;
     let mut timed_out = None;
     let mut refused = None;
     while let Some(s) = source {
-        let h2_reason = s.downcast_ref::<h2::Error>().and_then(|h2| {
+        if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
-            h2.reason()
-        });
+        }
         // Our own connector bound, or the TCP connect timeout beneath it (which may fire a
         // moment earlier): both mean the connect limit, not an unreachable upstream.
         if let Some(t) = s.downcast_ref::<ConnectTimedOut>() {
@@ -364,17 +365,7 @@ fn classify(
         {
             timed_out.get_or_insert(connect_timeout);
         }
-        if !reason.is_empty() {
-            reason.push_str(": ");
-        }
-        reason.push_str(&s.to_string());
-        if let Some(code) = h2_reason {
-            reason.push_str(&format!(" ({code:?})"));
-        }
         source = s.source();
-    }
-    if reason.is_empty() {
-        reason = e.to_string();
     }
     let name = upstream.name.to_string();
     if let Some(reason) = refused {

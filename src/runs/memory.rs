@@ -104,18 +104,21 @@ impl MemoryStore {
 
     /// The end of a call admitted into `entry` with `reserve` tokens.
     pub fn finish(&self, entry: &Entry, reserve: u64, used: &Used, now: Instant) {
-        let mut run = lock(entry);
-        run.finish(reserve, used);
-        run.last_call = run.last_call.max(now);
-        if let Some(end) = run.take_report() {
-            self.ends.ended(&run, end, now);
-        }
+        self.settle(entry, now, |run| {
+            run.finish(reserve, used);
+            run.last_call = run.last_call.max(now);
+        });
     }
 
     /// A call that never reached an upstream: no call of its run.
     pub fn withdraw(&self, entry: &Entry, reserve: u64, now: Instant) {
+        self.settle(entry, now, |run| run.withdraw(reserve));
+    }
+
+    /// A call of the run leaves it (`leave`); the run's end is counted if that was its last.
+    fn settle(&self, entry: &Entry, now: Instant, leave: impl FnOnce(&mut RunState)) {
         let mut run = lock(entry);
-        run.withdraw(reserve);
+        leave(&mut run);
         if let Some(end) = run.take_report() {
             self.ends.ended(&run, end, now);
         }

@@ -414,48 +414,67 @@ async fn goaway_upstream(
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    first_connection_apart(move |mut s| async move {
+        let mut preface = [0u8; 24];
+        s.read_exact(&mut preface).await.unwrap();
+        s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+        loop {
+            let mut head = [0u8; 9];
+            if s.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            if s.read_exact(&mut payload).await.is_err() {
+                return;
+            }
+            match head[3] {
+                // SETTINGS without ACK: acknowledged.
+                4 if head[4] & 1 == 0 => {
+                    s.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap();
+                }
+                1 => {
+                    let mut goaway = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
+                    goaway.extend_from_slice(&[0; 4]);
+                    goaway.extend_from_slice(&code.to_be_bytes());
+                    s.write_all(&goaway).await.unwrap();
+                }
+                _ => {}
+            }
+        }
+    })
+    .await
+}
+
+/// An h2 upstream whose first connection is served by `first` and whose later ones go to a
+/// server that answers every request. Returns its address and the count of connections it
+/// took.
+async fn first_connection_apart<F, Fut>(
+    first: F,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+)
+where
+    F: FnOnce(TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let (answering, _) = refusing_upstream(0).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = listener.local_addr().unwrap();
     let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = connections.clone();
     tokio::spawn(async move {
+        let mut first = Some(first);
         while let Ok((mut s, _)) = listener.accept().await {
-            if count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
-                let mut to = TcpStream::connect(answering).await.unwrap();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy_bidirectional(&mut s, &mut to).await;
-                });
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if let Some(serve) = first.take() {
+                tokio::spawn(serve(s));
                 continue;
             }
+            let mut to = TcpStream::connect(answering).await.unwrap();
             tokio::spawn(async move {
-                let mut preface = [0u8; 24];
-                s.read_exact(&mut preface).await.unwrap();
-                s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
-                loop {
-                    let mut head = [0u8; 9];
-                    if s.read_exact(&mut head).await.is_err() {
-                        return;
-                    }
-                    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-                    let mut payload = vec![0u8; len];
-                    if s.read_exact(&mut payload).await.is_err() {
-                        return;
-                    }
-                    match head[3] {
-                        // SETTINGS without ACK: acknowledged.
-                        4 if head[4] & 1 == 0 => {
-                            s.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap();
-                        }
-                        1 => {
-                            let mut goaway = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
-                            goaway.extend_from_slice(&[0; 4]);
-                            goaway.extend_from_slice(&code.to_be_bytes());
-                            s.write_all(&goaway).await.unwrap();
-                        }
-                        _ => {}
-                    }
-                }
+                let _ = tokio::io::copy_bidirectional(&mut s, &mut to).await;
             });
         }
     });
@@ -498,27 +517,11 @@ async fn silent_first_connection() -> (
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
     use tokio::io::AsyncReadExt;
-    let (answering, _) = refusing_upstream(0).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up = listener.local_addr().unwrap();
-    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = connections.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            if count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
-                let mut to = TcpStream::connect(answering).await.unwrap();
-                tokio::spawn(async move {
-                    let _ = tokio::io::copy_bidirectional(&mut s, &mut to).await;
-                });
-                continue;
-            }
-            tokio::spawn(async move {
-                let mut sink = [0u8; 4096];
-                while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
-            });
-        }
-    });
-    (up, connections)
+    first_connection_apart(|mut s| async move {
+        let mut sink = [0u8; 4096];
+        while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await
 }
 
 /// An HTTP/2 server's first frame is its SETTINGS (RFC 9113 §3.4); an upstream connection

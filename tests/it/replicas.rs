@@ -272,9 +272,8 @@ async fn redis_going_away_allow_serves_deny_refuses_and_runs_resume_when_it_is_b
     );
 }
 
-#[tokio::test]
-async fn a_redis_that_never_answers_costs_a_call_its_store_timeout_not_its_budget() {
-    // Accepts connections and never says a word.
+/// A store that accepts connections and never says a word; abort the handle to close it.
+async fn silent_store() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = silent.local_addr().unwrap();
     let held = tokio::spawn(async move {
@@ -283,6 +282,12 @@ async fn a_redis_that_never_answers_costs_a_call_its_store_timeout_not_its_budge
             conns.push(c);
         }
     });
+    (addr, held)
+}
+
+#[tokio::test]
+async fn a_redis_that_never_answers_costs_a_call_its_store_timeout_not_its_budget() {
+    let (addr, held) = silent_store().await;
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -336,14 +341,7 @@ fn log_lines_with(out: &str, key: &str, value: &str) -> Vec<serde_json::Value> {
 /// trace in the line.
 #[tokio::test]
 async fn a_call_the_store_could_not_admit_is_logged_with_its_run() {
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = silent.local_addr().unwrap();
-    let held = tokio::spawn(async move {
-        let mut conns = Vec::new();
-        while let Ok((c, _)) = silent.accept().await {
-            conns.push(c);
-        }
-    });
+    let (addr, held) = silent_store().await;
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();

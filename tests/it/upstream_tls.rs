@@ -87,16 +87,20 @@ async fn tls_fake(alpn: &[&[u8]]) -> Tls {
 }
 
 fn config(url: &str, ca_file: Option<&std::path::Path>) -> Config {
-    let mut toml = BASE.replace("{FAKE}", url);
+    config_with(url, ca_file, "")
+}
+
+/// `config`, with `keys` (TOML lines) added to the upstream's table.
+fn config_with(url: &str, ca_file: Option<&std::path::Path>, keys: &str) -> Config {
+    let mut upstream = "auth = \"bearer\"".to_owned();
     if let Some(ca) = ca_file {
-        toml = toml.replace(
-            "auth = \"bearer\"",
-            &format!(
-                "auth = \"bearer\"\nca_file = {:?}",
-                ca.display().to_string()
-            ),
-        );
+        upstream.push_str(&format!("\nca_file = {:?}", ca.display().to_string()));
     }
+    upstream.push('\n');
+    upstream.push_str(keys);
+    let toml = BASE
+        .replace("{FAKE}", url)
+        .replace("auth = \"bearer\"", &upstream);
     Config::from_toml(&toml, "tls-test.toml").unwrap()
 }
 
@@ -143,14 +147,7 @@ async fn http2_always_refuses_a_provider_that_does_not_negotiate_h2() {
     for alpn in [&[b"http/1.1".as_slice()][..], &[][..]] {
         let tls = tls_fake(alpn).await;
         let url = format!("https://localhost:{}", tls.relay.port());
-        let toml = BASE.replace("{FAKE}", &url).replace(
-            "auth = \"bearer\"",
-            &format!(
-                "auth = \"bearer\"\nca_file = {:?}\nhttp2 = \"always\"",
-                tls.ca_pem.display().to_string()
-            ),
-        );
-        let config = Config::from_toml(&toml, "tls-test.toml").unwrap();
+        let config = config_with(&url, Some(&tls.ca_pem), "http2 = \"always\"");
         let gw = server::start(config).await.unwrap();
         let (resp, _c) = Conn::open(gw.addr)
             .await
