@@ -253,7 +253,9 @@ async fn run(config: Config, source: Option<PathBuf>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("hourglass: {e}");
+            // Start-up errors quote what the file named (a key file, a variable), which
+            // may be a key pasted into the wrong field.
+            eprintln!("hourglass: {}", hourglass::config::scrub(&e.to_string()));
             ExitCode::FAILURE
         }
     }

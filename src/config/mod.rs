@@ -38,6 +38,7 @@ pub use runs::{
 };
 pub use secrets::looks_like_secret;
 pub use secrets::redacted_url;
+pub use secrets::scrub;
 
 /// A fully resolved and validated configuration.
 #[derive(Debug, Clone)]

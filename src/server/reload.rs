@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::Config;
+use crate::config::{scrub, Config};
 use crate::gateway::Gateway;
 use crate::server::running::Running;
 use crate::server::shared::{ServerError, Shared};
@@ -130,6 +130,10 @@ pub(super) async fn reload(shared: &Shared) -> Result<String, ServerError> {
     if let Err(e) = &result {
         shared.metrics.reload(false);
         let serving = shared.gateway.load().config().fingerprint.clone();
+        // Scrubbed here as well as where the config is parsed: the errors of building the
+        // gateway (a key file, a CA file, a variable that is not set) quote what the file
+        // named, which may be a key pasted into the wrong field.
+        let e = scrub(&e.to_string());
         shared
             .health
             .set_detail(format!("config {serving}; last reload failed: {e}"));

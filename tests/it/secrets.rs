@@ -10,6 +10,7 @@
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::support::*;
 use bytes::Bytes;
@@ -445,4 +446,85 @@ client_keys_env = "HOURGLASS_CANARY_CLIENTS"
         assert!(got.iter().any(|r| r.path.contains(QUERY_KEY)), "{format}");
     }
     assert!(leaks.is_empty(), "{}", leaks.join("\n"));
+}
+
+/// A key pasted into a field that names a file or a variable (`api_key_file`,
+/// `client_keys_env`, `client_keys_file`, `ca_file`, `store_password_env`) passes the
+/// config's own checks and fails later, when the gateway is built: those errors, which quote
+/// the field's value, are scrubbed too, in the start-up error, the reload's log line and
+/// `/readyz`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_pasted_into_a_file_or_variable_field_is_never_repeated() {
+    const PASTED: &str = "sk-ant-api03-PASTEDkeyCANARY0123456789abcdefXYZ";
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let base = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
+         [upstreams.fake]\nurl = \"{}\"\n",
+        fake.url()
+    );
+    let route = "[[routes]]\nname = \"chat\"\npath_prefix = \"/v1\"\nupstream = \"fake\"\n";
+    let pasted = [
+        format!("{base}api_key_file = \"{PASTED}\"\n{route}"),
+        format!("{base}{route}client_keys_env = \"{PASTED}\"\n"),
+        format!("{base}{route}client_keys_file = \"{PASTED}\"\n"),
+        format!("{base}ca_file = \"{PASTED}\"\n{route}").replace("http://", "https://"),
+        format!(
+            "[runs]\nstore = \"redis://127.0.0.1:1/0\"\nstore_password_env = \"{PASTED}\"\n\
+             {base}{route}"
+        ),
+    ];
+    // At start-up.
+    for text in &pasted {
+        let dir = tempfile::Builder::new()
+            .prefix("hourglass-pasted-")
+            .tempdir()
+            .unwrap();
+        let path = dir.path().join("hourglass.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .arg("--config")
+            .arg(&path)
+            .env_remove("HOURGLASS_CONFIG")
+            .env_remove(PASTED)
+            .output()
+            .await
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{text}\n{said}");
+        assert!(
+            said.contains("***"),
+            "the error still says which field: {said}"
+        );
+        assert!(!said.contains("CANARY"), "{text}\n{said}");
+    }
+    // On a reload: the log line and /readyz, for each in turn.
+    let gw = Process::spawn(&format!("{base}{route}"), &["--log-format", "json"], &[]).await;
+    for (i, text) in pasted.iter().take(4).enumerate() {
+        std::fs::write(&gw.config, text).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let want = format!(
+                "hourglass_config_reloads_total{{result=\"error\"}} {}",
+                i + 1
+            );
+            if scrape(gw.admin).await.contains(&want) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "reload {i} never failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let ready = admin_get(gw.admin, "/readyz").await;
+        assert!(ready.contains("last reload failed"), "{ready}");
+        assert!(!ready.contains("CANARY"), "{ready}");
+    }
+    let (stdout, stderr) = gw.stop().await;
+    let all = format!("{stdout}{stderr}");
+    assert_eq!(all.matches("config reload failed").count(), 4, "{all}");
+    assert!(!all.contains("CANARY"), "{all}");
 }

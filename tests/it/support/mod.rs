@@ -307,6 +307,8 @@ pub struct Process {
     stdout: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
     stderr: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
     readers: Vec<JoinHandle<()>>,
+    /// The config file it serves (and reloads on change).
+    pub config: std::path::PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -345,6 +347,7 @@ impl Process {
             stdout,
             stderr,
             readers,
+            config: path,
             _dir: dir,
         };
         // Generous: the machine may be busy building or running other tests.
