@@ -109,6 +109,12 @@ pub enum GatewayError {
     /// could resolve to a path other than the one the route matched.
     #[error("request path {path:?} has a dot-segment (\".\" or \"..\", also percent-encoded), which the upstream could resolve to a path outside the route it matched; send the path without it")]
     DotSegment { path: String },
+    /// A member of the request body that the gateway reads (`model`, `stream`, `max_tokens`,
+    /// ...) named twice, also once escaped: parsers disagree on which one counts (RFC 8259
+    /// 4), so the gateway could route, rewrite or reserve by one value and the provider read
+    /// the other.
+    #[error("the request body names {name:?} more than once (also counting escaped spellings); parsers differ on which one counts, so send it once")]
+    RepeatedMember { name: String },
     /// More header fields than `[server] max_headers`. hyper refuses these itself over
     /// HTTP/1 (with a bare 431); over HTTP/2 it bounds only the header list's bytes.
     #[error("request has {count} header fields, more than this gateway's max_headers ({limit})")]
@@ -342,7 +348,8 @@ impl GatewayError {
             Self::BadRequest { .. }
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
-            | Self::DotSegment { .. } => "invalid_request",
+            | Self::DotSegment { .. }
+            | Self::RepeatedMember { .. } => "invalid_request",
             Self::TooManyHeaders { .. } => "too_many_headers",
             Self::ClientClosed => "client_closed",
             Self::UnsupportedTransferCoding { .. } => "unsupported_transfer_coding",
@@ -377,6 +384,7 @@ impl GatewayError {
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. }
+            | Self::RepeatedMember { .. }
             | Self::InvalidRunId { .. } => StatusCode::BAD_REQUEST,
             Self::RunCallLimit { .. }
             | Self::RunTokenLimit { .. }
@@ -419,6 +427,7 @@ impl GatewayError {
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. }
+            | Self::RepeatedMember { .. }
             | Self::TooManyHeaders { .. }
             | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }

@@ -187,7 +187,7 @@ impl Gateway {
             };
 
             let route = if first.route.needs_model() {
-                let model = model_of(&body);
+                let model = model_of(&body)?;
                 candidates()
                     .find(|r| r.route.matches(path, model.as_deref()))
                     .ok_or_else(|| GatewayError::NoRoute {

@@ -66,7 +66,9 @@ pub async fn join(
     let call = Call {
         // Read whatever this route's limits: the run may have a token limit from the route
         // that started it.
-        reserve: max_output_tokens(body).unwrap_or(limits.token_estimate),
+        reserve: max_output_tokens(body)
+            .map_err(GatewayError::from)?
+            .unwrap_or(limits.token_estimate),
         asked_budget,
         request: limits.max_repeats.map(|_| fingerprint::of(body)),
         at: budget.arrival,

@@ -52,7 +52,7 @@ impl Template {
                     message: format!("request target cannot be forwarded: {e}"),
                 })?;
         let mut body = match &upstream.config.model {
-            Some(model) => rewrite_model(&self.body, model).unwrap_or_else(|| self.body.clone()),
+            Some(model) => rewrite_model(&self.body, model)?.unwrap_or_else(|| self.body.clone()),
             None => self.body.clone(),
         };
         let format = Format::detect(upstream.config.api, uri.path());
@@ -64,13 +64,13 @@ impl Template {
             .then(|| Format::call(upstream.config.api, uri.path()))
             .flatten();
         if let Some(f) = call {
-            if let Some(streamed) = stream_request(&body, f) {
+            if let Some(streamed) = stream_request(&body, f)? {
                 body = streamed;
                 assembled = true;
             }
         }
         if upstream.config.include_usage && format == Some(Format::Chat) {
-            if let Some(with_usage) = include_usage(&body, false) {
+            if let Some(with_usage) = include_usage(&body, false)? {
                 body = with_usage;
             }
         }

@@ -1,39 +1,136 @@
 //! What the gateway reads from a request body in a provider's format: the `model` that picks
-//! a route, and the most output tokens the call may take (what a run reserves for it).
-//! Each read is one pass of serde over the body that borrows and skips everything else.
+//! a route, and the most output tokens the call may take (what a run reserves for it); and
+//! [`Members`], the body's top-level members as the provider will read them, which these
+//! reads and the rewrites share.
 
 use std::borrow::Cow;
 
-/// The body's top-level `model`, when it is a JSON object that names one.
-pub fn model_of(body: &[u8]) -> Option<Cow<'_, str>> {
-    #[derive(serde::Deserialize)]
-    struct ModelOnly<'a> {
-        #[serde(borrow)]
-        model: Option<Cow<'a, str>>,
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+
+/// The top-level members of a request body's JSON object, names decoded as the provider
+/// decodes them (`"m\u006fdel"` is `model`), values raw and borrowed from the body. Most
+/// bodies have a handful of members: a vector searched in order costs less than a map.
+pub struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+/// A member the gateway reads, named more than once. RFC 8259 4 leaves such an object's
+/// meaning to each parser: most take the last, some the first, so the gateway could route,
+/// rewrite or reserve by one value while the provider reads the other.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the request body names {0:?} more than once; send it once")]
+pub struct Repeated(pub String);
+
+impl From<Repeated> for crate::error::GatewayError {
+    fn from(r: Repeated) -> Self {
+        Self::RepeatedMember { name: r.0 }
     }
-    serde_json::from_slice::<ModelOnly<'_>>(body)
-        .ok()
-        .and_then(|m| m.model)
+}
+
+impl<'a> Members<'a> {
+    /// `None` when the body is not a JSON object.
+    pub fn parse(body: &'a [u8]) -> Option<Self> {
+        serde_json::from_slice(body).ok()
+    }
+
+    /// The raw value of the member `name`, if the body has it.
+    pub fn get(&self, name: &str) -> Result<Option<&'a RawValue>, Repeated> {
+        let mut found = self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| *v);
+        match (found.next(), found.next()) {
+            (Some(_), Some(_)) => Err(Repeated(name.to_owned())),
+            (first, _) => Ok(first),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some((Name(name), value)) = map.next_entry::<Name<'de>, &RawValue>()? {
+                    members.push((name, value));
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
+/// A member's name: borrowed from the body unless it had escapes to decode.
+struct Name<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Name<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl<'de> Visitor<'de> for Text {
+            type Value = Name<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Name(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(Text)
+    }
+}
+
+/// A raw value as a string, borrowed unless it had escapes; `None` when it is no string.
+fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
+    match serde_json::from_str::<&str>(raw.get()) {
+        Ok(s) => Some(Cow::Borrowed(s)),
+        Err(_) => serde_json::from_str::<String>(raw.get())
+            .ok()
+            .map(Cow::Owned),
+    }
+}
+
+/// The body's top-level `model`, when it is a JSON object that names one.
+pub fn model_of(body: &[u8]) -> Result<Option<Cow<'_, str>>, Repeated> {
+    let Some(members) = Members::parse(body) else {
+        return Ok(None);
+    };
+    Ok(members.get("model")?.and_then(text))
 }
 
 /// The most output tokens the request asks for: `max_completion_tokens` or `max_tokens`
 /// (OpenAI Chat Completions, times its `n` choices, each of which may take the limit),
 /// `max_tokens` (Anthropic Messages), `max_output_tokens` (OpenAI Responses). `None` when it
 /// names none (or the body is not JSON).
-pub fn max_output_tokens(body: &[u8]) -> Option<u64> {
-    #[derive(serde::Deserialize)]
-    struct Limits {
-        max_tokens: Option<u64>,
-        max_completion_tokens: Option<u64>,
-        max_output_tokens: Option<u64>,
-        n: Option<u64>,
-    }
-    let l = serde_json::from_slice::<Limits>(body).ok()?;
-    let each = l
-        .max_completion_tokens
-        .or(l.max_output_tokens)
-        .or(l.max_tokens)?;
-    Some(each.saturating_mul(l.n.unwrap_or(1).max(1)))
+pub fn max_output_tokens(body: &[u8]) -> Result<Option<u64>, Repeated> {
+    let Some(members) = Members::parse(body) else {
+        return Ok(None);
+    };
+    let count = |name| -> Result<Option<u64>, Repeated> {
+        Ok(members
+            .get(name)?
+            .and_then(|raw| serde_json::from_str::<u64>(raw.get()).ok()))
+    };
+    let n = count("n")?;
+    let Some(each) = [
+        count("max_completion_tokens")?,
+        count("max_output_tokens")?,
+        count("max_tokens")?,
+    ]
+    .into_iter()
+    .flatten()
+    .next() else {
+        return Ok(None);
+    };
+    Ok(Some(each.saturating_mul(n.unwrap_or(1).max(1))))
 }
 
 #[cfg(test)]
@@ -42,7 +139,7 @@ mod tests {
 
     #[test]
     fn the_output_limit_of_each_api() {
-        let read = |b: &str| max_output_tokens(b.as_bytes());
+        let read = |b: &str| max_output_tokens(b.as_bytes()).unwrap();
         assert_eq!(read(r#"{"model":"m","max_tokens":300}"#), Some(300));
         assert_eq!(
             read(r#"{"max_tokens":300,"max_completion_tokens":50}"#),
@@ -61,8 +158,50 @@ mod tests {
         );
         assert_eq!(read("not json"), None);
         assert_eq!(
-            model_of(br#"{"model":"gpt-x","max_tokens":3}"#).as_deref(),
+            model_of(br#"{"model":"gpt-x","max_tokens":3}"#)
+                .unwrap()
+                .as_deref(),
             Some("gpt-x")
         );
+    }
+
+    #[test]
+    fn members_are_read_as_the_provider_decodes_them() {
+        // An escaped name is the same member, as every JSON parser decodes it.
+        let body = br#"{"m\u006fdel":"gpt-x","max_t\u006fkens":7,"messag\u0065s":[]}"#;
+        assert_eq!(model_of(body).unwrap().as_deref(), Some("gpt-x"));
+        assert_eq!(max_output_tokens(body).unwrap(), Some(7));
+        // An escaped value is decoded too.
+        assert_eq!(
+            model_of(br#"{"model":"gpt\u002dx"}"#).unwrap().as_deref(),
+            Some("gpt-x")
+        );
+        assert_eq!(model_of(br#"{"model":7}"#).unwrap(), None);
+        assert_eq!(model_of(b"[1]").unwrap(), None);
+    }
+
+    #[test]
+    fn a_member_named_twice_is_refused_only_where_it_is_read() {
+        for body in [
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"model":"a","m\u006fdel":"b"}"#,
+        ] {
+            assert_eq!(
+                model_of(body.as_bytes()).unwrap_err(),
+                Repeated("model".into()),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            max_output_tokens(br#"{"max_tokens":1,"max_tokens":100000}"#).unwrap_err(),
+            Repeated("max_tokens".into())
+        );
+        // A repeated member the gateway does not read is the provider's business.
+        let body = br#"{"model":"m","metadata":1,"metadata":2,"max_tokens":5}"#;
+        assert_eq!(model_of(body).unwrap().as_deref(), Some("m"));
+        assert_eq!(max_output_tokens(body).unwrap(), Some(5));
+        // Only top-level members: the same name inside messages is another object's.
+        let body = br#"{"model":"m","messages":[{"model":"x"},{"model":"y"}]}"#;
+        assert_eq!(model_of(body).unwrap().as_deref(), Some("m"));
     }
 }

@@ -3,29 +3,40 @@
 //! so that a stream reports what it cost.
 
 use bytes::Bytes;
+use serde_json::value::RawValue;
 
+use crate::provider::request::{Members, Repeated};
 use crate::provider::Format;
 
 /// The body with its top-level `model` replaced by `model`, every other byte untouched.
-/// `None` when the body is not a JSON object with a string `model` (then nothing is
-/// rewritten and the body is forwarded as the client sent it).
-pub fn rewrite_model(body: &Bytes, model: &str) -> Option<Bytes> {
-    use serde_json::value::RawValue;
-    use std::collections::HashMap;
-    let fields: HashMap<&str, &RawValue> = serde_json::from_slice(body).ok()?;
-    let raw = fields.get("model")?;
+/// `Ok(None)` when the body is not a JSON object with a string `model` (then nothing is
+/// rewritten and the body is forwarded as the client sent it); an error when it names
+/// `model` twice, which the upstream would read one way and this rewrite another.
+pub fn rewrite_model(body: &Bytes, model: &str) -> Result<Option<Bytes>, Repeated> {
+    let Some(fields) = Members::parse(body) else {
+        return Ok(None);
+    };
+    let Some(raw) = fields.get("model")? else {
+        return Ok(None);
+    };
     if !raw.get().starts_with('"') {
-        return None;
+        return Ok(None);
     }
-    // The raw value borrows from `body`, so its position is its offset in the buffer.
-    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    let start = offset(body, raw);
     let end = start + raw.get().len();
-    let quoted = serde_json::to_string(model).ok()?;
+    let Ok(quoted) = serde_json::to_string(model) else {
+        return Ok(None);
+    };
     let mut out = Vec::with_capacity(body.len() + quoted.len());
     out.extend_from_slice(&body[..start]);
     out.extend_from_slice(quoted.as_bytes());
     out.extend_from_slice(&body[end..]);
-    Some(Bytes::from(out))
+    Ok(Some(Bytes::from(out)))
+}
+
+/// Where a raw value that borrows from `body` starts in it.
+fn offset(body: &[u8], raw: &RawValue) -> usize {
+    raw.get().as_ptr() as usize - body.as_ptr() as usize
 }
 
 /// The body of an OpenAI streaming chat request with `"stream_options":{"include_usage":true}`
@@ -34,55 +45,52 @@ pub fn rewrite_model(body: &Bytes, model: &str) -> Option<Bytes> {
 /// or when the client already said what it wants (`include_usage` present, true or false),
 /// unless `force`: the gateway itself needs the usage (it assembles the answer, whose
 /// non-streamed form always carries it), and a `false` becomes `true`.
-pub fn include_usage(body: &Bytes, force: bool) -> Option<Bytes> {
-    use serde_json::value::RawValue;
-    use std::collections::HashMap;
-    let fields: HashMap<&str, &RawValue> = serde_json::from_slice(body).ok()?;
-    if fields.get("stream")?.get() != "true" {
-        return None;
+pub fn include_usage(body: &Bytes, force: bool) -> Result<Option<Bytes>, Repeated> {
+    let Some(fields) = Members::parse(body) else {
+        return Ok(None);
+    };
+    if fields.get("stream")?.is_none_or(|s| s.get() != "true") {
+        return Ok(None);
     }
-    let offset = |raw: &RawValue| raw.get().as_ptr() as usize - body.as_ptr() as usize;
-    let (at, insert): (usize, &[u8]) = match fields.get("stream_options") {
+    // Where to write, how many bytes the insert replaces there, and what.
+    let (at, replaced, insert): (usize, usize, &[u8]) = match fields.get("stream_options")? {
         // The object's closing brace is its last non-space byte.
         None => {
-            let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
-            (end, br#","stream_options":{"include_usage":true}"#)
+            let Some(end) = body.iter().rposition(|b| !b.is_ascii_whitespace()) else {
+                return Ok(None);
+            };
+            (end, 0, br#","stream_options":{"include_usage":true}"#)
         }
-        Some(raw) if raw.get() == "null" => {
-            let start = offset(raw);
-            let mut out = Vec::with_capacity(body.len() + 24);
-            out.extend_from_slice(&body[..start]);
-            out.extend_from_slice(br#"{"include_usage":true}"#);
-            out.extend_from_slice(&body[start + 4..]);
-            return Some(Bytes::from(out));
-        }
+        Some(raw) if raw.get() == "null" => (offset(body, raw), 4, br#"{"include_usage":true}"#),
         Some(raw) => {
-            let options: HashMap<&str, &RawValue> = serde_json::from_str(raw.get()).ok()?;
-            if let Some(given) = options.get("include_usage") {
+            let Some(options) = Members::parse(raw.get().as_bytes()) else {
+                return Ok(None);
+            };
+            if let Some(given) = options.get("include_usage")? {
                 if !force || given.get() == "true" {
-                    return None;
+                    return Ok(None);
                 }
-                let start = offset(given);
+                let start = offset(body, given);
                 let mut out = Vec::with_capacity(body.len() + 4);
                 out.extend_from_slice(&body[..start]);
                 out.extend_from_slice(b"true");
                 out.extend_from_slice(&body[start + given.get().len()..]);
-                return Some(Bytes::from(out));
+                return Ok(Some(Bytes::from(out)));
             }
             // Right after the opening brace; a comma follows unless the object is empty.
-            let start = offset(raw) + 1;
+            let start = offset(body, raw) + 1;
             if options.is_empty() {
-                (start, br#""include_usage":true"#)
+                (start, 0, br#""include_usage":true"#)
             } else {
-                (start, br#""include_usage":true,"#)
+                (start, 0, br#""include_usage":true,"#)
             }
         }
     };
     let mut out = Vec::with_capacity(body.len() + insert.len());
     out.extend_from_slice(&body[..at]);
     out.extend_from_slice(insert);
-    out.extend_from_slice(&body[at..]);
-    Some(Bytes::from(out))
+    out.extend_from_slice(&body[at + replaced..]);
+    Ok(Some(Bytes::from(out)))
 }
 
 /// The body of a request that did not ask to stream, asking to (`"stream": true`, and for
@@ -91,17 +99,17 @@ pub fn include_usage(body: &Bytes, force: bool) -> Option<Bytes> {
 /// (then it is forwarded as it is), or is a Responses request run in the background
 /// (`"background": true`), which answers at once with a queued response: streamed, it would
 /// hold the client until the whole generation is done.
-pub fn stream_request(body: &Bytes, format: Format) -> Option<Bytes> {
-    use serde_json::value::RawValue;
-    use std::collections::HashMap;
-    let fields: HashMap<&str, &RawValue> = serde_json::from_slice(body).ok()?;
-    if fields.get("background").is_some_and(|b| b.get() == "true") {
-        return None;
+pub fn stream_request(body: &Bytes, format: Format) -> Result<Option<Bytes>, Repeated> {
+    let Some(fields) = Members::parse(body) else {
+        return Ok(None);
+    };
+    if fields.get("background")?.is_some_and(|b| b.get() == "true") {
+        return Ok(None);
     }
-    let streamed = match fields.get("stream") {
-        Some(raw) if raw.get() == "true" => return None,
+    let streamed = match fields.get("stream")? {
+        Some(raw) if raw.get() == "true" => return Ok(None),
         Some(raw) => {
-            let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+            let start = offset(body, raw);
             let end = start + raw.get().len();
             let mut out = Vec::with_capacity(body.len() + 4);
             out.extend_from_slice(&body[..start]);
@@ -111,7 +119,9 @@ pub fn stream_request(body: &Bytes, format: Format) -> Option<Bytes> {
         }
         None => {
             // Right after the opening brace; a comma follows unless the object is empty.
-            let open = body.iter().position(|&b| b == b'{')?;
+            let Some(open) = body.iter().position(|&b| b == b'{') else {
+                return Ok(None);
+            };
             let mut out = Vec::with_capacity(body.len() + 16);
             out.extend_from_slice(&body[..=open]);
             out.extend_from_slice(br#""stream":true"#);
@@ -123,10 +133,10 @@ pub fn stream_request(body: &Bytes, format: Format) -> Option<Bytes> {
         }
     };
     let streamed = Bytes::from(streamed);
-    Some(match format {
-        Format::Chat => include_usage(&streamed, true).unwrap_or(streamed),
+    Ok(Some(match format {
+        Format::Chat => include_usage(&streamed, true)?.unwrap_or(streamed),
         Format::Messages | Format::Responses => streamed,
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -138,23 +148,30 @@ mod tests {
         let body = Bytes::from_static(
             br#"{ "messages":[{"role":"user","content":"model: keep \"me\""}],  "model" : "gpt-big", "stream":true }"#,
         );
-        let out = rewrite_model(&body, "gpt-small").unwrap();
+        let out = rewrite_model(&body, "gpt-small").unwrap().unwrap();
         assert_eq!(
             &out[..],
             br#"{ "messages":[{"role":"user","content":"model: keep \"me\""}],  "model" : "gpt-small", "stream":true }"#
         );
         // Escaping is done for the new name.
-        let out = rewrite_model(&body, "a\"b").unwrap();
+        let out = rewrite_model(&body, "a\"b").unwrap().unwrap();
         assert!(std::str::from_utf8(&out)
             .unwrap()
             .contains(r#""model" : "a\"b""#));
-        assert!(rewrite_model(&Bytes::from_static(b"not json"), "m").is_none());
-        assert!(rewrite_model(&Bytes::from_static(br#"{"model":7}"#), "m").is_none());
-        assert!(rewrite_model(&Bytes::from_static(br#"{"x":1}"#), "m").is_none());
+        assert!(rewrite_model(&Bytes::from_static(b"not json"), "m")
+            .unwrap()
+            .is_none());
+        assert!(rewrite_model(&Bytes::from_static(br#"{"model":7}"#), "m")
+            .unwrap()
+            .is_none());
+        assert!(rewrite_model(&Bytes::from_static(br#"{"x":1}"#), "m")
+            .unwrap()
+            .is_none());
     }
 
     fn with_usage(body: &str) -> Option<String> {
         include_usage(&Bytes::from(body.to_owned()), false)
+            .unwrap()
             .map(|b| String::from_utf8(b.to_vec()).unwrap())
     }
 
@@ -202,15 +219,16 @@ mod tests {
     #[test]
     fn a_background_response_is_not_asked_to_stream() {
         let body = Bytes::from_static(br#"{"model":"m","input":"hi","background":true}"#);
-        assert_eq!(stream_request(&body, Format::Responses), None);
+        assert_eq!(stream_request(&body, Format::Responses).unwrap(), None);
         let body = Bytes::from_static(br#"{"model":"m","input":"hi","background":false}"#);
-        assert!(stream_request(&body, Format::Responses).is_some());
+        assert!(stream_request(&body, Format::Responses).unwrap().is_some());
     }
 
     #[test]
     fn stream_upstream_asks_to_stream_and_touches_nothing_else() {
         let run = |body: &str, format| {
             stream_request(&Bytes::from(body.to_owned()), format)
+                .unwrap()
                 .map(|b| String::from_utf8(b.to_vec()).unwrap())
         };
         assert_eq!(
@@ -246,6 +264,49 @@ mod tests {
             )
             .as_deref(),
             Some(r#"{"stream":true,"model":"m","stream_options":{"include_usage": true}}"#)
+        );
+    }
+
+    /// A member whose name has an escape is the member the provider reads: rewritten, not
+    /// passed over (a `model` pinned by the upstream was otherwise the client's to choose).
+    #[test]
+    fn escaped_member_names_are_rewritten_and_repeated_ones_refused() {
+        let body = Bytes::from_static(br#"{"m\u006fdel":"o1-pro","messages":[]}"#);
+        let out = rewrite_model(&body, "small").unwrap().unwrap();
+        assert_eq!(&out[..], br#"{"m\u006fdel":"small","messages":[]}"#);
+        let body = Bytes::from_static(br#"{"model":"o1-pro","messag\u0065s":[]}"#);
+        let out = rewrite_model(&body, "small").unwrap().unwrap();
+        assert_eq!(&out[..], br#"{"model":"small","messag\u0065s":[]}"#);
+
+        let out = with_usage(r#"{"model":"m","str\u0065am":true}"#).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        let body = Bytes::from_static(br#"{"model":"m","messag\u0065s":[]}"#);
+        let out = stream_request(&body, Format::Messages).unwrap().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["stream"], true);
+
+        for (body, name) in [
+            (r#"{"model":"a","model":"b"}"#, "model"),
+            (r#"{"model":"a","m\u006fdel":"b"}"#, "model"),
+        ] {
+            let body = Bytes::from(body.to_owned());
+            assert_eq!(
+                rewrite_model(&body, "x").unwrap_err(),
+                Repeated(name.into())
+            );
+        }
+        let body = Bytes::from_static(br#"{"stream":false,"stream":true}"#);
+        assert_eq!(
+            stream_request(&body, Format::Chat).unwrap_err(),
+            Repeated("stream".into())
+        );
+        let body = Bytes::from_static(
+            br#"{"stream":true,"stream_options":{"include_usage":false,"include_usage":true}}"#,
+        );
+        assert_eq!(
+            include_usage(&body, true).unwrap_err(),
+            Repeated("include_usage".into())
         );
     }
 }

@@ -350,6 +350,79 @@ async fn routes_match_on_model_globs() {
     assert_eq!(resp.status(), 200, "other models take the chat route");
 }
 
+/// The body is read as the provider reads it. A member name with an escape
+/// (`"m\u006fdel"`) is that member: the upstream's pinned `model` replaces it, and
+/// `include_usage` is added beside an escaped `stream`. A member the gateway reads, named
+/// twice, is refused with the name, and nothing is forwarded: the provider might read the
+/// other one (before, the rewrite passed such bodies on untouched, and model routing took
+/// them to the route without models).
+#[tokio::test]
+async fn the_body_is_read_as_the_provider_reads_it() {
+    let cfg = BASE
+        .replace(
+            "auth = \"bearer\"\n",
+            "auth = \"bearer\"\nmodel = \"gpt-small\"\ninclude_usage = true\n",
+        )
+        .replace(
+            "[[routes]]\nname = \"chat\"",
+            "[[routes]]\nname = \"reasoning\"\npath_prefix = \"/v1/chat/completions\"\nmodels = [\"o3*\"]\nupstream = \"fake\"\n\n[[routes]]\nname = \"chat\"",
+        );
+    let h = Harness::with_config(&cfg).await;
+    let post = |body: &'static str| {
+        Request::post("/v1/chat/completions")
+            .header("host", "x")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+    for body in [
+        r#"{"m\u006fdel":"o3-pro","str\u0065am":true,"messages":[]}"#,
+        r#"{"model":"o3-pro","messag\u0065s":[],"stream":true}"#,
+    ] {
+        let (resp, _c) = h.send(post(body)).await;
+        assert_eq!(resp.status(), 200, "{body}");
+        read_body(resp.into_body()).await;
+        let sent = h.fake.requests().last().unwrap().body.clone();
+        let sent: serde_json::Value = serde_json::from_slice(&sent).unwrap();
+        assert_eq!(sent["model"], "gpt-small", "{body}: {sent}");
+        assert_eq!(
+            sent["stream_options"]["include_usage"], true,
+            "{body}: {sent}"
+        );
+    }
+    h.wait_requests("reasoning", 2.0).await;
+    let forwarded = h.fake.requests().len();
+    for (body, name) in [
+        (
+            r#"{"model":"gpt-4o","model":"o3-pro","stream":true}"#,
+            "model",
+        ),
+        (
+            r#"{"model":"o3-pro","m\u006fdel":"gpt-4o","stream":true}"#,
+            "model",
+        ),
+        (
+            r#"{"model":"o3-pro","stream":true,"stream":false}"#,
+            "stream",
+        ),
+    ] {
+        let (resp, _c) = h.send(post(body)).await;
+        assert_eq!(resp.status(), 400, "{body}");
+        let error = json_body(resp).await;
+        assert_eq!(error["error"]["code"], "invalid_request", "{body}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("{name:?} more than once")),
+            "{body}: {message}"
+        );
+    }
+    assert_eq!(
+        h.fake.requests().len(),
+        forwarded,
+        "nothing more was forwarded"
+    );
+}
+
 /// One generation hung past the first-token limit (2 s) on an upstream nothing was known
 /// of: that says its first token can take 2 s or more, not that it always does. Requests
 /// whose budget fits the fast answers the upstream gives again still reach it; before, the
