@@ -28,7 +28,7 @@ use crate::http::headers::{
     join_cookies, present, strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade,
     IDENTITY, MAX_HOPS,
 };
-use crate::http::path::has_dot_segment;
+use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::request::model_of;
 
 impl Gateway {
@@ -98,14 +98,16 @@ impl Gateway {
                 });
             }
             check_framing(version, &headers, both_lengths)?;
-            let path = uri.path();
             // Before routing: the prefix the route matched must be the path the upstream
             // serves.
-            if has_dot_segment(path) {
+            if has_dot_segment(uri.path()) {
                 return Err(GatewayError::DotSegment {
-                    path: path.to_owned(),
+                    path: uri.path().to_owned(),
                 });
             }
+            let forwarded = normalized(uri.path());
+            let routed = for_routing(&forwarded);
+            let path: &str = &routed;
             // Walked again where needed rather than collected: a prefix test per route costs
             // less than the vector's allocation.
             let candidates = || {
@@ -115,7 +117,7 @@ impl Gateway {
             };
             let Some(first) = candidates().next() else {
                 return Err(GatewayError::NoRoute {
-                    path: path.to_string(),
+                    path: uri.path().to_owned(),
                     model: None,
                 });
             };
@@ -191,7 +193,7 @@ impl Gateway {
                 candidates()
                     .find(|r| r.route.matches(path, model.as_deref()))
                     .ok_or_else(|| GatewayError::NoRoute {
-                        path: path.to_string(),
+                        path: uri.path().to_owned(),
                         model: model.map(Cow::into_owned),
                     })?
             } else {
@@ -268,10 +270,21 @@ impl Gateway {
             insert_request_id(&mut headers, id);
             let template = Template {
                 method,
-                path_and_query: uri
-                    .path_and_query()
-                    .cloned()
-                    .unwrap_or_else(|| PathAndQuery::from_static("/")),
+                path_and_query: match forwarded {
+                    Cow::Borrowed(_) => uri
+                        .path_and_query()
+                        .cloned()
+                        .unwrap_or_else(|| PathAndQuery::from_static("/")),
+                    Cow::Owned(path) => {
+                        let whole = match uri.query() {
+                            Some(q) => format!("{path}?{q}"),
+                            None => path,
+                        };
+                        PathAndQuery::try_from(whole).map_err(|e| GatewayError::BadRequest {
+                            message: format!("request target cannot be forwarded: {e}"),
+                        })?
+                    }
+                },
                 headers,
                 accept_encoding,
                 body,

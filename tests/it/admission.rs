@@ -418,3 +418,63 @@ async fn routes_chosen_by_model_check_the_chosen_routes_keys() {
     assert_eq!(send("gpt-4o", OTHER_KEY).await, 401);
     assert_eq!(h.fake.requests().len(), 2);
 }
+
+/// A path spelled another way than its route's prefix takes that route, with its client
+/// keys: `%63` for `c`, `//` for `/`, an encoded slash or a backslash. Before, each slipped
+/// past the keyed chat route to an open `/v1` route, with the provider key, and reached
+/// the provider verbatim. Equivalent spellings are forwarded in their plain form; an
+/// encoded slash is forwarded as it came (the chat route's rules apply to it either way).
+#[tokio::test]
+async fn a_path_spelled_another_way_takes_the_route_of_its_plain_spelling() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-spelled-")
+        .tempdir()
+        .unwrap();
+    let keys = dir.path().join("chat-keys");
+    std::fs::write(&keys, format!("{CLIENT_KEY}\n")).unwrap();
+    let cfg = BASE.replace(
+        "upstream = \"fake\"\n\n[[routes]]",
+        &format!(
+            "upstream = \"fake\"\nclient_keys_file = \"{}\"\n\n\
+             [[routes]]\nname = \"open\"\npath_prefix = \"/v1\"\nupstream = \"fake\"\n\n[[routes]]",
+            keys.display()
+        ),
+    );
+    let h = Harness::with_config(&cfg).await;
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let send = |path: &'static str, key: Option<&str>| {
+        let mut req = Request::post(path)
+            .header("host", "x")
+            .header("content-type", "application/json");
+        if let Some(k) = key {
+            req = req.header("authorization", k);
+        }
+        h.send(
+            req.body(Full::new(Bytes::from_static(
+                br#"{"model":"m","stream":true,"messages":[]}"#,
+            )))
+            .unwrap(),
+        )
+    };
+    for (path, forwarded) in [
+        ("/v1/chat/%63ompletions", "/v1/chat/completions"),
+        ("/v1/%63hat/completions?x=%63", "/v1/chat/completions?x=%63"),
+        ("/v1//chat/completions", "/v1/chat/completions"),
+        ("/v1/chat//completions", "/v1/chat/completions"),
+        ("/v1/chat%2Fcompletions", "/v1/chat%2Fcompletions"),
+        ("/v1/chat%5ccompletions", "/v1/chat%5ccompletions"),
+    ] {
+        let (resp, _c) = send(path, None).await;
+        assert_eq!(resp.status(), 401, "{path} takes the keyed chat route");
+        let before = h.fake.requests().len();
+        let (resp, _c) = send(path, Some(&bearer)).await;
+        read_body(resp.into_body()).await;
+        let requests = h.fake.requests();
+        assert_eq!(requests.len(), before + 1, "{path}");
+        assert_eq!(requests[before].path, forwarded, "{path}");
+    }
+    // The open route still serves what is its own.
+    let (resp, _c) = send("/v1/models", None).await;
+    assert_ne!(resp.status(), 401);
+    dir.close().unwrap();
+}
