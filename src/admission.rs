@@ -4,6 +4,9 @@
 //! what would be left of its budget still fits an upstream attempt; past that point it is
 //! answered 503 `overloaded` at once, instead of queueing past its deadline. The slot is held
 //! until the response ends (it travels with the request's record).
+//!
+//! Request bodies are bounded together as well ([`BodyMemory`]): they are read whole before
+//! a slot is taken (the model that picks the route is in them), so slots alone bound none.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -142,6 +145,71 @@ impl Admission {
     }
 }
 
+/// The bytes that request bodies being received, or read and waiting for a slot, hold
+/// together: at most `[server] request_body_memory`. Taken as bytes arrive (all at once
+/// when a `Content-Length` says how many will come) and never waited for: a body that does
+/// not fit is refused at once, since bodies waiting for each other's bytes could all wait
+/// until their deadlines. Clones share the bytes.
+#[derive(Clone)]
+pub struct BodyMemory {
+    limit: u64,
+    bytes: Arc<Semaphore>,
+}
+
+/// One body's share of [`BodyMemory`], given back when dropped.
+pub struct BodyHold {
+    memory: BodyMemory,
+    permit: Option<OwnedSemaphorePermit>,
+    held: u64,
+}
+
+impl BodyMemory {
+    pub fn new(limit: u64) -> Self {
+        let permits = usize::try_from(limit)
+            .map_or(Semaphore::MAX_PERMITS, |l| l.min(Semaphore::MAX_PERMITS));
+        Self {
+            limit,
+            bytes: Arc::new(Semaphore::new(permits)),
+        }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// A hold of nothing yet, for one body.
+    pub fn hold(&self) -> BodyHold {
+        BodyHold {
+            memory: self.clone(),
+            permit: None,
+            held: 0,
+        }
+    }
+}
+
+impl BodyHold {
+    /// Makes the hold `total` bytes, or refuses (503 `overloaded`) if the memory has not
+    /// that much free; a smaller total than held changes nothing.
+    pub fn cover(&mut self, total: u64) -> Result<(), GatewayError> {
+        let Some(more) = total.checked_sub(self.held).filter(|&m| m > 0) else {
+            return Ok(());
+        };
+        let full = || GatewayError::BodyMemoryFull {
+            limit: self.memory.limit,
+        };
+        let more = u32::try_from(more).map_err(|_| full())?;
+        let permit = Arc::clone(&self.memory.bytes)
+            .try_acquire_many_owned(more)
+            .map_err(|_| full())?;
+        match &mut self.permit {
+            Some(held) => held.merge(permit),
+            None => self.permit = Some(permit),
+        }
+        self.held = total;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,5 +324,27 @@ mod tests {
         assert!(adm.admit(&budget(100), need).await.is_err());
         drop((a, b));
         assert_eq!(adm.in_flight(), 0);
+    }
+
+    #[test]
+    fn bodies_hold_their_bytes_until_dropped_and_never_more_than_the_memory() {
+        let memory = BodyMemory::new(100);
+        let mut a = memory.hold();
+        a.cover(60).unwrap();
+        a.cover(40).unwrap();
+        let mut b = memory.hold();
+        b.cover(30).unwrap();
+        let err = b.cover(41).unwrap_err();
+        assert_eq!(err.code(), "overloaded");
+        assert_eq!(err.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(err.to_string().contains("request_body_memory (100 bytes)"));
+        // Refused, b still holds what it had: 30 + 60 of 100.
+        b.cover(40).unwrap();
+        assert!(memory.hold().cover(1).is_err());
+        drop(a);
+        let mut c = memory.hold();
+        c.cover(60).unwrap();
+        assert!(c.cover(61).is_err());
+        assert!(memory.hold().cover(u64::from(u32::MAX) + 1).is_err());
     }
 }

@@ -171,6 +171,10 @@ pub enum GatewayError {
         limit: usize,
         waited: Duration,
     },
+    /// The request bodies being received (or waiting for a slot) fill `[server]
+    /// request_body_memory`: this one is not read further.
+    #[error("the request bodies this gateway is receiving fill its request_body_memory ({limit} bytes); try again")]
+    BodyMemoryFull { limit: u64 },
     /// The request already passed through `hops` Hourglass gateways (each names itself in
     /// `Via`): an upstream leads back into the chain.
     #[error("the request has already passed through {hops} Hourglass gateways (Via): an upstream leads back into the chain")]
@@ -362,7 +366,7 @@ impl GatewayError {
             Self::UpstreamError { .. } | Self::UpstreamRefused { .. } => "upstream_error",
             Self::Shutdown => "shutdown",
             Self::Unauthorized => "unauthorized",
-            Self::Overloaded { .. } => "overloaded",
+            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => "overloaded",
             Self::LoopDetected { .. } => "loop_detected",
             Self::UpgradeUnsupported { .. } => "upgrade_unsupported",
             Self::InvalidRunId { .. } => "invalid_run_id",
@@ -404,7 +408,9 @@ impl GatewayError {
             Self::UpstreamUnavailable { .. }
             | Self::UpstreamError { .. }
             | Self::UpstreamRefused { .. } => StatusCode::BAD_GATEWAY,
-            Self::Shutdown | Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Shutdown | Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
             Self::UpgradeUnsupported { .. } | Self::UnsupportedTransferCoding { .. } => {
@@ -442,7 +448,7 @@ impl GatewayError {
             Self::MethodNotAllowed { .. } => "invalid_request_error",
             // The names both OpenAI and Anthropic use for these.
             Self::Unauthorized => "authentication_error",
-            Self::Overloaded { .. } => "overloaded_error",
+            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => "overloaded_error",
             Self::InsufficientBudget { .. }
             | Self::ConnectTimeout { .. }
             | Self::FirstTokenTimeout { .. }
@@ -468,7 +474,7 @@ impl GatewayError {
             Self::DeadlineExceeded { .. } => Some(Origin::Deadline),
             Self::Shutdown => Some(Origin::Shutdown),
             Self::ClientClosed => Some(Origin::Client),
-            Self::Overloaded { .. } => Some(Origin::Overloaded),
+            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => Some(Origin::Overloaded),
             Self::RunDeadlineExceeded { .. } => Some(Origin::RunDeadline),
             Self::RunTokensSpent { .. } => Some(Origin::RunTokens),
             _ => None,
@@ -531,7 +537,7 @@ impl GatewayError {
             http::HeaderValue::from_static("application/json"),
         );
         match self {
-            Self::Overloaded { .. } | Self::Shutdown => {
+            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } | Self::Shutdown => {
                 let secs = RETRY_AFTER.as_secs().max(1);
                 resp.headers_mut()
                     .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));

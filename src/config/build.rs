@@ -27,6 +27,8 @@ const DEFAULT_ADMIN_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::
     9090,
 ));
 const DEFAULT_MAX_REQUEST_BODY: u64 = 10 * 1024 * 1024;
+/// 25 bodies of the largest default size at once, or thousands of typical ones.
+const DEFAULT_REQUEST_BODY_MEMORY: u64 = 256 * 1024 * 1024;
 const DEFAULT_MAX_RESPONSE_BODY: u64 = 16 * 1024 * 1024;
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -253,6 +255,9 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
         admin_listen: raw.admin_listen.map_or(DEFAULT_ADMIN_LISTEN, |a| a.0),
         max_request_body: raw.max_request_body.unwrap_or(DEFAULT_MAX_REQUEST_BODY),
         max_response_body: raw.max_response_body.unwrap_or(DEFAULT_MAX_RESPONSE_BODY),
+        request_body_memory: raw
+            .request_body_memory
+            .unwrap_or(DEFAULT_REQUEST_BODY_MEMORY),
         header_read_timeout: raw
             .header_read_timeout
             .map_or(DEFAULT_HEADER_READ_TIMEOUT, |d| d.0),
@@ -262,6 +267,12 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
     };
     if server.max_request_body == 0 {
         return Err("server: max_request_body must be greater than 0".to_owned());
+    }
+    if server.request_body_memory < server.max_request_body {
+        return Err(format!(
+            "server: request_body_memory ({}) must be at least max_request_body ({}), or no body of the largest size could be read",
+            server.request_body_memory, server.max_request_body
+        ));
     }
     if server.max_response_body == 0 {
         return Err("server: max_response_body must be greater than 0".to_owned());

@@ -161,6 +161,11 @@ impl Config {
             s.admin_listen
         );
         let _ = writeln!(out, "  max_request_body: {} bytes", s.max_request_body);
+        let _ = writeln!(
+            out,
+            "  request_body_memory: {} bytes (all bodies being received at once)",
+            s.request_body_memory
+        );
         let _ = writeln!(out, "  max_response_body: {} bytes", s.max_response_body);
         let _ = writeln!(out, "  header_read_timeout: {}", hd(s.header_read_timeout));
         let _ = writeln!(out, "  shutdown_grace: {}", hd(s.shutdown_grace));

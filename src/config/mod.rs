@@ -73,6 +73,10 @@ pub struct ServerConfig {
     pub admin_listen: SocketAddr,
     /// Largest accepted request body in bytes (default 10 MiB); never zero.
     pub max_request_body: u64,
+    /// Bytes that the request bodies being received, or read and waiting for a route's slot,
+    /// may hold together (default 256 MiB); past it a request is answered 503 `overloaded`.
+    /// At least `max_request_body`.
+    pub request_body_memory: u64,
     /// Largest answer the gateway assembles from a stream for a client that did not stream
     /// (`stream_upstream`), in bytes (default 16 MiB); past it the client gets 502.
     pub max_response_body: u64,

@@ -53,6 +53,7 @@ pub(super) struct RawServer {
     pub(super) admin_listen: Option<RawSocketAddr>,
     pub(super) max_request_body: Option<u64>,
     pub(super) max_response_body: Option<u64>,
+    pub(super) request_body_memory: Option<u64>,
     pub(super) header_read_timeout: Option<RawDuration>,
     pub(super) shutdown_grace: Option<RawDuration>,
     pub(super) send_timeout: Option<RawDuration>,

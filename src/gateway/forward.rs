@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::future::Future;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::header;
 use http::uri::PathAndQuery;
 use http::{Method, Request};
@@ -14,6 +14,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use tokio::time::{timeout_at, Instant};
 
+use crate::admission::{BodyHold, BodyMemory};
 use crate::auth::strip_client_credentials;
 use crate::budget::{names, Budget, BudgetRequest};
 use crate::error::{BoxError, GatewayError};
@@ -155,7 +156,9 @@ impl Gateway {
             // Until the body names the model, the widest budget among the candidates bounds the
             // body read; the chosen route's own budget is then resolved from the same arrival.
             // (In a block of its own so that it is not kept in the future past the read.)
-            let body = {
+            // The body's memory is held until the request has its slot: past that,
+            // `max_in_flight` bounds what bodies hold.
+            let (body, body_hold) = {
                 let provisional = candidates()
                     .map(|r| asked.resolve(&r.route.limits, arrival))
                     .max_by_key(|b| b.deadline)
@@ -178,14 +181,13 @@ impl Gateway {
                     budget.ensure_useful(now)?;
                 }
                 let limit = self.config.server.max_request_body;
-                if let Some(len) = content_length(&headers) {
-                    if len > limit {
-                        return Err(GatewayError::BodyTooLarge { limit });
-                    }
+                let length = content_length(&headers);
+                if length.is_some_and(|len| len > limit) {
+                    return Err(GatewayError::BodyTooLarge { limit });
                 }
-                let body = read_body(body, limit, &provisional).await?;
+                let read = read_body(body, limit, length, &self.bodies, &provisional).await?;
                 record.set_body_unread(false);
-                body
+                read
             };
 
             let route = if first.route.needs_model() {
@@ -297,32 +299,79 @@ impl Gateway {
                     .await?;
                 record.hold(slot);
             }
+            drop(body_hold);
             crate::gateway::retry::run(&self.metrics, route, &template, &budget, record).await
         }
     }
 }
 
-async fn read_body<B>(body: B, limit: u64, budget: &Budget) -> Result<Bytes, GatewayError>
+/// The whole body, at most `limit` bytes, read before the budget's work deadline, with its
+/// share of the bodies' memory: all of a declared `length` at once, or as bytes arrive.
+async fn read_body<B>(
+    body: B,
+    limit: u64,
+    length: Option<u64>,
+    memory: &BodyMemory,
+    budget: &Budget,
+) -> Result<(Bytes, BodyHold), GatewayError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let limited = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
-    match timeout_at(budget.work_deadline(), limited.collect()).await {
-        Err(_) => Err(budget.deadline_error()),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                Err(GatewayError::BodyTooLarge { limit })
-            } else if client_left(&*e) {
-                Err(GatewayError::ClientClosed)
-            } else {
-                Err(GatewayError::BadRequest {
-                    message: format!("request body could not be read: {e}"),
-                })
+    let mut hold = memory.hold();
+    if let Some(len) = length {
+        hold.cover(len)?;
+    }
+    let read = async {
+        let mut body = std::pin::pin!(Limited::new(
+            body,
+            usize::try_from(limit).unwrap_or(usize::MAX)
+        ));
+        // Most bodies come in one frame: that one is kept as it came, without a copy.
+        let mut first: Option<Bytes> = None;
+        let mut more = BytesMut::new();
+        let mut total = 0u64;
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame.map_err(|e| body_error(e, limit))?.into_data() else {
+                continue;
+            };
+            total += data.len() as u64;
+            hold.cover(total)?;
+            match &first {
+                None => first = Some(data),
+                Some(f) => {
+                    if more.is_empty() {
+                        more.reserve(length.map_or(2 * f.len(), |l| l as usize));
+                        more.extend_from_slice(f);
+                    }
+                    more.extend_from_slice(&data);
+                }
             }
+        }
+        Ok::<_, GatewayError>(if more.is_empty() {
+            first.unwrap_or_default()
+        } else {
+            more.freeze()
+        })
+    };
+    match timeout_at(budget.work_deadline(), read).await {
+        Err(_) => Err(budget.deadline_error()),
+        Ok(read) => Ok((read?, hold)),
+    }
+}
+
+/// What a body that could not be read is to the client: too large, its own cancel, or
+/// malformed.
+fn body_error(e: BoxError, limit: u64) -> GatewayError {
+    if e.downcast_ref::<http_body_util::LengthLimitError>()
+        .is_some()
+    {
+        GatewayError::BodyTooLarge { limit }
+    } else if client_left(&*e) {
+        GatewayError::ClientClosed
+    } else {
+        GatewayError::BadRequest {
+            message: format!("request body could not be read: {e}"),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use http::header::HeaderMap;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, BodyMemory};
 use crate::auth::{ClientKeys, ClientKeysError};
 use crate::config::{Config, RetryCause, Route};
 use crate::runs::Runs;
@@ -78,6 +78,8 @@ pub struct Gateway {
     pub(super) runs: Arc<Runs>,
     /// Drops the upstream of a stream nobody reads (`stream::reaper`).
     pub(super) reaper: Reaper,
+    /// What request bodies hold together (`request_body_memory`).
+    pub(super) bodies: BodyMemory,
 }
 
 impl Gateway {
@@ -194,6 +196,13 @@ impl Gateway {
             .map(|g| g.reaper.clone())
             .filter(|r| r.send_timeout() == send_timeout)
             .unwrap_or_else(|| Reaper::new(send_timeout));
+        // Likewise the bodies' memory: a changed limit starts afresh, and bodies still
+        // held under the old one count there until they are let go.
+        let body_memory = config.server.request_body_memory;
+        let bodies = previous
+            .map(|g| g.bodies.clone())
+            .filter(|b| b.limit() == body_memory)
+            .unwrap_or_else(|| BodyMemory::new(body_memory));
         for (route, r) in routes.iter().zip(config.routes.iter()) {
             if let (Some(a), Some(n)) = (&route.admission, r.max_in_flight) {
                 a.resize(n);
@@ -207,6 +216,7 @@ impl Gateway {
             shutdown,
             runs,
             reaper,
+            bodies,
         })
     }
 

@@ -478,3 +478,119 @@ async fn a_path_spelled_another_way_takes_the_route_of_its_plain_spelling() {
     assert_ne!(resp.status(), 401);
     dir.close().unwrap();
 }
+
+/// Read the whole answer a raw HTTP/1.1 socket gets, up to its body's end (by
+/// Content-Length) or the connection's close.
+async fn raw_answer(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("answered")
+            .unwrap();
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        let whole = text.split_once("\r\n\r\n").is_some_and(|(head, body)| {
+            head.lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .is_some_and(|len| body.len() >= len)
+        });
+        if n == 0 || whole {
+            return text;
+        }
+    }
+}
+
+/// Request bodies being received hold `request_body_memory` together, whatever
+/// `max_in_flight` says (bodies are read before a slot is taken): a body that would take
+/// more is refused at once with 503 `overloaded`, whether its `Content-Length` says so or its
+/// chunks outgrow what is free, and nothing of it is forwarded. The memory comes back when
+/// a body's request has its slot or ends.
+#[tokio::test]
+async fn request_bodies_being_received_are_bounded_together() {
+    let cfg = BASE.replace(
+        "[server]\n",
+        "[server]\nmax_request_body = 40000\nrequest_body_memory = 60000\n",
+    );
+    let h = Harness::with_config(&cfg).await;
+    let head = |framing: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+             {framing}\r\n\r\n"
+        )
+    };
+    // A slow client: 30,000 bytes declared, 10 sent; the body holds all 30,000.
+    let mut slow = TcpStream::connect(h.addr()).await.unwrap();
+    slow.write_all(format!("{}{{\"model\":", head("content-length: 30000")).as_bytes())
+        .await
+        .unwrap();
+    // Let its head be read before the others come.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // 30,000 more do not fit: refused by the length alone.
+    let mut declared = TcpStream::connect(h.addr()).await.unwrap();
+    declared
+        .write_all(head("content-length: 30001").as_bytes())
+        .await
+        .unwrap();
+    let text = raw_answer(&mut declared).await;
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("retry-after: 1"), "{text}");
+    assert!(text.contains("\"code\":\"overloaded\""), "{text}");
+    assert!(text.contains("request_body_memory (60000 bytes)"), "{text}");
+
+    // Chunks past what is free: refused as they outgrow it.
+    let mut chunked = TcpStream::connect(h.addr()).await.unwrap();
+    let chunk = "x".repeat(20000);
+    chunked
+        .write_all(
+            format!(
+                "{}{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n",
+                head("transfer-encoding: chunked"),
+                chunk.len(),
+                chunk.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let text = raw_answer(&mut chunked).await;
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(text.contains("\"code\":\"overloaded\""), "{text}");
+
+    // A body that fits is served beside the slow one.
+    let (resp, _c) = h.chat(&[]).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    assert_eq!(h.fake.requests().len(), 1, "only the one that fitted");
+
+    // The slow client leaves: its 30,000 bytes come back.
+    drop(slow);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        let body = format!("{{\"model\":\"m\",\"pad\":\"{}\"}}", "y".repeat(39000));
+        s.write_all(
+            format!("{}{body}", head(&format!("content-length: {}", body.len()))).as_bytes(),
+        )
+        .await
+        .unwrap();
+        let text = raw_answer(&mut s).await;
+        if text.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            text.starts_with("HTTP/1.1 503") && Instant::now() < deadline,
+            "{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    h.wait_requests("chat", 5.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"overloaded\",route=\"chat\"}")
+            .await,
+        2.0
+    );
+}

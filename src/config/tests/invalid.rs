@@ -288,6 +288,10 @@ fn server_errors() {
             "max_request_body must be greater than 0",
         ),
         (
+            "request_body_memory = 1024",
+            "request_body_memory (1024) must be at least max_request_body (2048)",
+        ),
+        (
             "max_connections = 0",
             "max_connections must be greater than 0 (omit it for no limit)",
         ),
