@@ -291,6 +291,21 @@ where
                     });
                     let read = this.progress.read(&data);
                     if let Some(err) = run_tokens_spent(this.progress, this.limits) {
+                        // The frame's whole events came and are paid for: they go out
+                        // before the error event, as a ready frame wins over any limit.
+                        // Only the half event after them is dropped.
+                        if read.output {
+                            mark_progress(
+                                this.last_progress,
+                                this.observer,
+                                this.timer,
+                                this.limits,
+                            );
+                        }
+                        if let (Some(sse), Some(end)) = (this.sse.as_mut(), read.boundary) {
+                            sse.partial_sent = false;
+                            release_held(sse, this.ready, data.slice(..end));
+                        }
                         cut(
                             this.inner.as_mut(),
                             this.sse,

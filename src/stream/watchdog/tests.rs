@@ -942,6 +942,40 @@ async fn a_usage_past_the_runs_tokens_after_the_answer_ended_cuts_nothing() {
     assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
 }
 
+/// A frame that carries the run's tokens past what the run left is cut after its whole
+/// events: they came, they are paid for, and a frame that is ready wins over any limit (as
+/// it does over the idle limit and the deadline). Before, the whole frame was dropped, so
+/// the client's answer depended on how TCP had grouped the bytes, and its first token was
+/// never recorded. The half event after them is not sent.
+#[tokio::test(start_paused = true)]
+async fn a_frame_past_the_runs_tokens_goes_out_whole_before_the_cut() {
+    let mut l = limits(1000, 1000, 60_000);
+    l.run_tokens = Some(Box::new(crate::stream::limits::RunTokens {
+        run: Arc::from("r"),
+        limit: 100,
+        allowance: 50,
+        prompt_estimate: 10,
+    }));
+    let event = format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+        "abcd".repeat(10)
+    );
+    let whole = event.repeat(10);
+    let frame = format!("{whole}data: {{\"cho");
+    let (mut tx, mut b, probe) = chat_body(l);
+    tx.send_data(Bytes::from(frame)).await.unwrap();
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none());
+    let out = String::from_utf8(out).unwrap();
+    let (sent, error) = out.split_at(whole.len());
+    assert_eq!(sent, whole, "every whole event of the frame");
+    assert!(error.starts_with("event: error\n"), "{error}");
+    assert!(error.contains("run_token_limit"), "{error}");
+    let seen = probe.0.lock().unwrap();
+    assert_eq!(seen.end.as_deref(), Some("run_token_limit"));
+    assert!(seen.first_token.is_some(), "its first token is recorded");
+}
+
 /// An event that came a byte per frame goes out as one frame, not a chunk per byte (about
 /// six times its size in chunk framing), with what completed it; whole events in a frame
 /// of their own go out as they came, uncopied.
