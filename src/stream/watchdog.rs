@@ -341,6 +341,16 @@ where
                         *this.end_by = Some(by);
                         this.timer.reset(by);
                     }
+                    if this.progress.error_pending() {
+                        // The upstream's error event is whole but for whether an LF follows
+                        // its CR: that byte is worth a moment's wait (it goes to the
+                        // client), not the idle limit's.
+                        let limits = &*this.limits;
+                        let by = (Instant::now() + END_GRACE.min(limits.idle_timeout))
+                            .min(limits.deadline);
+                        *this.end_by = Some(by);
+                        this.timer.reset(by);
+                    }
                     if let Some(end) = read.error_end {
                         // The upstream's own error event is passed through and ends the
                         // stream; Hourglass adds none of its own after it.
