@@ -289,7 +289,7 @@ fn server_errors() {
         ),
         (
             "request_body_memory = 1024",
-            "request_body_memory (1024) must be at least max_request_body (2048)",
+            "request_body_memory (1024) must be at least max_request_body (10485760), or no body of the largest size could be read",
         ),
         (
             "max_connections = 0",
