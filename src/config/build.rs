@@ -17,6 +17,7 @@ use super::{
     ServerConfig, ServerTls, UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
 };
 use crate::provider::Api;
+use crate::telemetry::metrics::NO_ROUTE;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     std::net::Ipv4Addr::LOCALHOST,
@@ -497,6 +498,12 @@ fn build_route(
     let name = match raw.name.as_deref() {
         None => return Err(format!("routes[{index}]: name is required")),
         Some("") => return Err(format!("routes[{index}]: name must not be empty")),
+        // A route of that name would share its series with the requests that match none.
+        Some(NO_ROUTE) => {
+            return Err(format!(
+                "routes[{index}]: name {NO_ROUTE:?} is reserved: the metrics count requests that match no route as route={NO_ROUTE:?}"
+            ))
+        }
         Some(n) => n.to_owned(),
     };
     let label = format!("route {name:?}");

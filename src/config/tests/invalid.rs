@@ -175,6 +175,11 @@ fn route_identity_errors() {
     assert_eq!(err(&unnamed), "t.toml: routes[1]: name is required");
     let empty = format!("{BASE}\n[[routes]]\nname = \"\"\npath_prefix = \"/a\"\n");
     assert_eq!(err(&empty), "t.toml: routes[1]: name must not be empty");
+    let reserved = format!("{BASE}\n[[routes]]\nname = \"none\"\npath_prefix = \"/a\"\n");
+    assert_eq!(
+        err(&reserved),
+        "t.toml: routes[1]: name \"none\" is reserved: the metrics count requests that match no route as route=\"none\""
+    );
     let no_prefix = format!("{BASE}\n[[routes]]\nname = \"x\"\nupstream = \"openai\"\n");
     assert_eq!(
         err(&no_prefix),
