@@ -19,7 +19,7 @@ use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
 use crate::http::conn::ClientConn;
-use crate::http::headers::{answer_request_id, request_id, strip_hop_by_hop};
+use crate::http::headers::{answer_request_id, insert_request_id, request_id, strip_hop_by_hop};
 use crate::provider::inspect::Inspector;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::progress::Progress;
@@ -172,11 +172,16 @@ impl Gateway {
                     }
                     Response::from_parts(parts, Either::Right(body))
                 }
-                // Nobody is left to read an answer: counted as the client's cancel, with
-                // no status or bytes for an answer never sent.
+                // The client left while sending: counted as its cancel, with no status or
+                // bytes. One that only half-closed may still read this, and learns what
+                // every answer says, and that the connection ends.
                 Err(e @ GatewayError::ClientClosed) => {
                     record.fail(&e);
-                    e.response().map(|b| Either::Left(Full::new(b)))
+                    let mut resp = e.response().map(|b| Either::Left(Full::new(b)));
+                    insert_request_id(resp.headers_mut(), &id);
+                    resp.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    resp
                 }
                 Err(e) => {
                     record.fail(&e);

@@ -229,7 +229,10 @@ async fn paths_with_dot_segments_are_refused_before_routing() {
     for (path, forwarded) in [
         ("/v1/chat/completions/...", "/v1/chat/completions/..."),
         ("/v1/chat/completions/a..b", "/v1/chat/completions/a..b"),
-        ("/v1/chat/completions/.well-known", "/v1/chat/completions/.well-known"),
+        (
+            "/v1/chat/completions/.well-known",
+            "/v1/chat/completions/.well-known",
+        ),
         ("/v1/chat/completions/%2e%2e%2e", "/v1/chat/completions/..."),
         ("/v1/chat/completions//x", "/v1/chat/completions/x"),
     ] {
@@ -665,4 +668,33 @@ async fn a_lingering_connection_leaves_its_slot_free() {
     read_body(resp.into_body()).await;
     // `a` is still being read from: served while it lingered.
     a.write_all(b"more of the body").await.unwrap();
+}
+
+/// A client that half-closes before its body is whole has left as far as the request goes
+/// (logged `client_closed`, no status); what it may still read says so like every answer:
+/// with the request id, and `connection: close`, since nothing more comes on it.
+#[tokio::test]
+async fn a_body_cut_by_a_half_close_is_answered_with_its_request_id() {
+    let h = Harness::start().await;
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+          x-request-id: cut-body-1\r\ncontent-length: 100\r\n\r\n{\"model\":\"m\",",
+    )
+    .await
+    .unwrap();
+    s.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut got))
+        .await
+        .expect("the connection ends")
+        .unwrap();
+    let text = String::from_utf8_lossy(&got).to_lowercase();
+    if !text.is_empty() {
+        assert!(text.contains("x-request-id: cut-body-1"), "{text}");
+        assert!(text.contains("connection: close"), "{text}");
+        assert!(text.contains("\"code\":\"client_closed\""), "{text}");
+    }
+    h.wait_requests("chat", 1.0).await;
+    assert!(h.fake.requests().is_empty());
 }
