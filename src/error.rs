@@ -13,6 +13,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// trying again (a draining replica's next connection goes to another behind the balancer).
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// The methods the gateway forwards, as `Allow` names them.
+pub const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
+
 /// Who cancelled a request. Each cancellation has exactly one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -557,7 +560,7 @@ impl GatewayError {
                 let headers = resp.headers_mut();
                 headers.insert(
                     http::header::ALLOW,
-                    http::HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+                    http::HeaderValue::from_static(FORWARDED_METHODS),
                 );
                 headers.insert(
                     http::header::CONNECTION,

@@ -13,13 +13,15 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full};
 use tokio::time::Instant;
 
-use crate::error::{BoxError, GatewayError};
+use crate::error::{BoxError, GatewayError, FORWARDED_METHODS};
 use crate::gateway::assembled::assembled;
 use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
 use crate::http::conn::ClientConn;
-use crate::http::headers::{answer_request_id, insert_request_id, request_id, strip_hop_by_hop};
+use crate::http::headers::{
+    answer_request_id, insert_request_id, max_forwards, request_id, strip_hop_by_hop,
+};
 use crate::provider::inspect::Inspector;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::progress::Progress;
@@ -60,7 +62,22 @@ impl Gateway {
         );
         // HTTP/1.0 has no chunked coding, and a HEAD answer no body.
         let close_delimited = req.version() == Version::HTTP_10 && req.method() != Method::HEAD;
+        // RFC 9110 7.6.2: an OPTIONS with no hops left is the gateway's to answer, with what
+        // it forwards. (TRACE, the other method that reads the header, is refused.)
+        let final_recipient =
+            req.method() == Method::OPTIONS && max_forwards(req.headers()) == Some(0);
         async move {
+            if final_recipient {
+                record.set_status(200);
+                record.complete();
+                let mut resp = Response::new(Either::Left(Full::new(Bytes::new())));
+                resp.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static(FORWARDED_METHODS));
+                resp.headers_mut()
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+                insert_request_id(resp.headers_mut(), &id);
+                return resp;
+            }
             // A request still waiting for its head when the shutdown grace ends is answered too.
             let forwarded = tokio::select! {
                 r = self.forward(req, arrival, &id, &mut record) => r,

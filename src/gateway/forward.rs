@@ -25,9 +25,9 @@ use crate::gateway::run::{self, InRun};
 use crate::gateway::template::Template;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
-    check_framing, client_accept_encoding, content_coding, content_length, hops, insert_request_id,
-    join_cookies, present, strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade,
-    IDENTITY, MAX_HOPS,
+    check_framing, client_accept_encoding, content_coding, content_length, decrement_max_forwards,
+    hops, insert_request_id, join_cookies, present, strip_hop_by_hop, unsupported_encoding, via,
+    websocket_upgrade, IDENTITY, MAX_HOPS,
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::request::model_of;
@@ -239,6 +239,9 @@ impl Gateway {
                 strip_client_credentials(&mut headers);
             }
             strip_hop_by_hop(&mut headers);
+            if method == Method::OPTIONS {
+                decrement_max_forwards(&mut headers);
+            }
             if version == http::Version::HTTP_2 {
                 join_cookies(&mut headers);
             }

@@ -440,6 +440,25 @@ fn new_request_id() -> Arc<str> {
     Arc::from(std::str::from_utf8(&buf).expect("hex digits are ASCII"))
 }
 
+/// An OPTIONS request's `Max-Forwards` (RFC 9110 7.6.2), when it is a count: at 0 the
+/// gateway answers it as the final recipient, above it forwards one less.
+pub fn max_forwards(headers: &HeaderMap) -> Option<u64> {
+    let v = headers.get(header::MAX_FORWARDS)?.to_str().ok()?;
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // Digits past u64 are more hops than any chain has.
+    Some(v.parse().unwrap_or(u64::MAX))
+}
+
+/// Forwards one hop less of an OPTIONS request's `Max-Forwards`, as RFC 9110 7.6.2 has every
+/// intermediary do.
+pub fn decrement_max_forwards(headers: &mut HeaderMap) {
+    if let Some(n) = max_forwards(headers).filter(|&n| n > 0) {
+        headers.insert(header::MAX_FORWARDS, HeaderValue::from(n - 1));
+    }
+}
+
 pub(crate) fn insert_request_id(headers: &mut HeaderMap, id: &str) {
     if let Ok(v) = HeaderValue::from_str(id) {
         headers.insert(REQUEST_ID, v);

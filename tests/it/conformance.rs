@@ -698,3 +698,39 @@ async fn a_body_cut_by_a_half_close_is_answered_with_its_request_id() {
     h.wait_requests("chat", 1.0).await;
     assert!(h.fake.requests().is_empty());
 }
+
+/// RFC 9110 7.6.2: an OPTIONS with `Max-Forwards: 0` is answered by the gateway as its
+/// final recipient (with the methods it forwards) and never forwarded; above 0 it is
+/// forwarded with one hop less.
+#[tokio::test]
+async fn options_reads_and_updates_max_forwards() {
+    let h = Harness::start().await;
+    let options = |max: &str| {
+        http::Request::builder()
+            .method(http::Method::OPTIONS)
+            .uri("/v1/chat/completions")
+            .header("host", "g")
+            .header("max-forwards", max)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    let (resp, _c) = h.send(options("0")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["allow"],
+        "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+    );
+    assert!(resp.headers().contains_key("x-request-id"));
+    assert!(h.fake.requests().is_empty(), "not forwarded");
+    for (given, forwarded) in [("5", "4"), ("1", "0"), ("x", "x")] {
+        let (resp, _c) = h.send(options(given)).await;
+        read_body(resp.into_body()).await;
+        let requests = h.fake.requests();
+        let sent = &requests.last().expect("forwarded").headers;
+        assert_eq!(
+            sent.get("max-forwards").map(|v| v.to_str().unwrap()),
+            Some(forwarded),
+            "{given}"
+        );
+    }
+}
