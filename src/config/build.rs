@@ -12,12 +12,12 @@ use super::http2::build_http2;
 use super::raw::{RawApi, RawAuth, RawConfig, RawLimits, RawRoute, RawServer, RawUpstream};
 use super::runs::{build_run_limits, build_runs};
 use super::secrets::{inlined_secrets, scrub, shown};
+use super::NO_ROUTE;
 use super::{
     AuthMode, ClientAuth, Config, ConfigError, Limits, Policy, RetryCause, RetryOn, Route,
     ServerConfig, ServerTls, UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
 };
 use crate::provider::Api;
-use crate::telemetry::metrics::NO_ROUTE;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     std::net::Ipv4Addr::LOCALHOST,

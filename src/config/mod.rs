@@ -40,6 +40,9 @@ pub use secrets::looks_like_secret;
 pub use secrets::redacted_url;
 pub use secrets::scrub;
 
+/// The route label of the requests that match no route, so no route may take the name.
+pub const NO_ROUTE: &str = "none";
+
 /// A fully resolved and validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {

@@ -195,8 +195,8 @@ impl RouteHandles {
     }
 }
 
-/// The route label for requests that matched no route.
-pub const NO_ROUTE: &str = "none";
+/// The route label for requests that matched no route: a name config keeps from routes.
+pub use crate::config::NO_ROUTE;
 
 impl Metrics {
     pub fn new() -> Self {
