@@ -920,17 +920,22 @@ async fn a_limit_or_a_failure_after_the_answer_ended_adds_no_error_event() {
     assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
 }
 
-/// The run's token limit cuts a stream to save what it would still cost; the usage chunk
-/// that follows a whole answer costs nothing more, and is no reason to turn it into an error.
-#[tokio::test(start_paused = true)]
-async fn a_usage_past_the_runs_tokens_after_the_answer_ended_cuts_nothing() {
-    let mut l = limits(1000, 1000, 60_000);
+/// `l` in a run of 100 tokens that left this answer 50, its prompt estimated at 10.
+fn with_run_tokens(mut l: StreamLimits) -> StreamLimits {
     l.run_tokens = Some(Box::new(crate::stream::limits::RunTokens {
         run: Arc::from("r"),
         limit: 100,
         allowance: 50,
         prompt_estimate: 10,
     }));
+    l
+}
+
+/// The run's token limit cuts a stream to save what it would still cost; the usage chunk
+/// that follows a whole answer costs nothing more, and is no reason to turn it into an error.
+#[tokio::test(start_paused = true)]
+async fn a_usage_past_the_runs_tokens_after_the_answer_ended_cuts_nothing() {
+    let l = with_run_tokens(limits(1000, 1000, 60_000));
     let usage =
         "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":90}}\n\n";
     let answer: &'static str =
@@ -950,13 +955,7 @@ async fn a_usage_past_the_runs_tokens_after_the_answer_ended_cuts_nothing() {
 /// never recorded. The half event after them is not sent.
 #[tokio::test(start_paused = true)]
 async fn a_frame_past_the_runs_tokens_goes_out_whole_before_the_cut() {
-    let mut l = limits(1000, 1000, 60_000);
-    l.run_tokens = Some(Box::new(crate::stream::limits::RunTokens {
-        run: Arc::from("r"),
-        limit: 100,
-        allowance: 50,
-        prompt_estimate: 10,
-    }));
+    let l = with_run_tokens(limits(1000, 1000, 60_000));
     let event = format!(
         "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
         "abcd".repeat(10)
