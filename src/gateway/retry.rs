@@ -334,6 +334,9 @@ fn note(
     index: usize,
     result: &Result<Started, GatewayError>,
 ) {
+    if let Ok(s) = result {
+        entry.answer.response(s.response.status().as_u16());
+    }
     let outcome = match result {
         Ok(s) if s.error_event.is_some() => Ok("error_event"),
         Ok(s) if s.response.status().is_success() => Ok("ok"),

@@ -43,6 +43,7 @@ pub struct Metrics {
     tokens: IntCounterVec,
     tokens_cancelled: IntCounterVec,
     stream_errors: IntCounterVec,
+    responses: IntCounterVec,
     in_flight: IntGaugeVec,
     retries: IntCounterVec,
     fallbacks: IntCounterVec,
@@ -99,6 +100,8 @@ pub struct AnswerMetrics {
     pub completion_reported: IntCounter,
     pub completion_estimated: IntCounter,
     stream_errors: IntCounterVec,
+    /// Answers by status class: 1xx-2xx, 3xx, 4xx, 5xx.
+    responses: [IntCounter; 4],
     route: Arc<str>,
     upstream: Arc<str>,
 }
@@ -111,7 +114,22 @@ impl AnswerMetrics {
             .with_label_values(&[&*self.route, &*self.upstream, kind])
             .inc();
     }
+
+    /// Counts an attempt's answer by its status class, so that an upstream answering 5xx
+    /// (which the gateway passes on as the answer, outcome `ok`) shows as such.
+    pub fn response(&self, status: u16) {
+        let class = match status {
+            ..300 => 0,
+            300..400 => 1,
+            400..500 => 2,
+            _ => 3,
+        };
+        self.responses[class].inc();
+    }
 }
+
+/// The `class` label values of `hourglass_upstream_responses_total`, in `AnswerMetrics` order.
+const RESPONSE_CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
 
 /// What runs report: how many are held, how they end, what they are refused, and what a
 /// whole run cost when it ends. Touched per run and per refusal, never per chunk.
@@ -280,6 +298,11 @@ impl Metrics {
             "Errors the provider sent in the middle of a stream (passed through), by their type.",
             &["route", "upstream", "type"],
         );
+        let responses = counter(
+            "hourglass_upstream_responses_total",
+            "Answers upstreams gave to attempts (each attempt's head, retried or not), by status class.",
+            &["route", "upstream", "class"],
+        );
         let in_flight = IntGaugeVec::new(
             Opts::new(
                 "hourglass_upstream_requests_in_flight",
@@ -445,6 +468,7 @@ impl Metrics {
             tokens,
             tokens_cancelled,
             stream_errors,
+            responses,
             in_flight,
             retries,
             fallbacks,
@@ -494,6 +518,8 @@ impl Metrics {
             completion_reported: tokens("completion", "reported"),
             completion_estimated: tokens("completion", "estimated"),
             stream_errors: self.stream_errors.clone(),
+            responses: RESPONSE_CLASSES
+                .map(|class| self.responses.with_label_values(&[route, upstream, class])),
             route: Arc::from(route),
             upstream: Arc::from(upstream),
         }
@@ -615,7 +641,9 @@ mod tests {
         let m = Metrics::new();
         let r = m.route("chat");
         m.ttft("chat", "openai");
-        m.answer("chat", "openai").stream_error("overloaded_error");
+        let answer = m.answer("chat", "openai");
+        answer.stream_error("overloaded_error");
+        answer.response(503);
         m.in_flight("openai");
         r.cancellation(Origin::Idle).inc();
         let text = m.encode();
@@ -633,6 +661,8 @@ mod tests {
             "# HELP hourglass_budget_margin_seconds",
             "# TYPE hourglass_budget_used_ratio histogram",
             "hourglass_upstream_stream_errors_total{route=\"chat\",type=\"overloaded_error\",upstream=\"openai\"} 1",
+            "hourglass_upstream_responses_total{class=\"2xx\",route=\"chat\",upstream=\"openai\"} 0",
+            "hourglass_upstream_responses_total{class=\"5xx\",route=\"chat\",upstream=\"openai\"} 1",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

@@ -270,6 +270,22 @@ async fn a_retry_that_fits_is_made_and_counted() {
             .await,
         2.0
     );
+    // The answer passed through is the request's `ok` outcome; what the upstream answered
+    // each attempt shows by status class.
+    assert_eq!(
+        p.metric(
+            "hourglass_upstream_responses_total{class=\"5xx\",route=\"chat\",upstream=\"primary\"}"
+        )
+        .await,
+        3.0
+    );
+    assert_eq!(
+        p.metric(
+            "hourglass_upstream_responses_total{class=\"2xx\",route=\"chat\",upstream=\"primary\"}"
+        )
+        .await,
+        0.0
+    );
 }
 
 #[tokio::test]
