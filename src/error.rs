@@ -178,6 +178,9 @@ pub enum GatewayError {
     /// request_body_memory`: this one is not read further.
     #[error("the request bodies this gateway is receiving fill its request_body_memory ({limit} bytes); try again")]
     BodyMemoryFull { limit: u64 },
+    /// The request body fell silent for `header_read_timeout`, as a head may not.
+    #[error("the request body sent nothing for {}ms (the gateway's header_read_timeout); send it without pauses", .after.as_millis())]
+    BodyTimeout { after: Duration },
     /// The request already passed through `hops` Hourglass gateways (each names itself in
     /// `Via`): an upstream leads back into the chain.
     #[error("the request has already passed through {hops} Hourglass gateways (Via): an upstream leads back into the chain")]
@@ -370,6 +373,7 @@ impl GatewayError {
             Self::Shutdown => "shutdown",
             Self::Unauthorized => "unauthorized",
             Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => "overloaded",
+            Self::BodyTimeout { .. } => "body_timeout",
             Self::LoopDetected { .. } => "loop_detected",
             Self::UpgradeUnsupported { .. } => "upgrade_unsupported",
             Self::InvalidRunId { .. } => "invalid_run_id",
@@ -414,6 +418,7 @@ impl GatewayError {
             Self::Shutdown | Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
             Self::UpgradeUnsupported { .. } | Self::UnsupportedTransferCoding { .. } => {
@@ -437,6 +442,7 @@ impl GatewayError {
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. }
             | Self::RepeatedMember { .. }
+            | Self::BodyTimeout { .. }
             | Self::TooManyHeaders { .. }
             | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }

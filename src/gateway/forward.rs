@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header;
@@ -185,7 +186,9 @@ impl Gateway {
                 if length.is_some_and(|len| len > limit) {
                     return Err(GatewayError::BodyTooLarge { limit });
                 }
-                let read = read_body(body, limit, length, &self.bodies, &provisional).await?;
+                let quiet = self.config.server.header_read_timeout;
+                let read =
+                    read_body(body, limit, length, &self.bodies, quiet, &provisional).await?;
                 record.set_body_unread(false);
                 read
             };
@@ -309,12 +312,15 @@ impl Gateway {
 }
 
 /// The whole body, at most `limit` bytes, read before the budget's work deadline, with its
-/// share of the bodies' memory: all of a declared `length` at once, or as bytes arrive.
+/// share of the bodies' memory: all of a declared `length` at once, or as bytes arrive. A
+/// body that falls silent for `quiet` (`header_read_timeout`) is cut as a stalled head is:
+/// otherwise it held its connection and its memory for the whole budget.
 async fn read_body<B>(
     body: B,
     limit: u64,
     length: Option<u64>,
     memory: &BodyMemory,
+    quiet: Duration,
     budget: &Budget,
 ) -> Result<(Bytes, BodyHold), GatewayError>
 where
@@ -334,7 +340,16 @@ where
         let mut first: Option<Bytes> = None;
         let mut more = BytesMut::new();
         let mut total = 0u64;
-        while let Some(frame) = body.frame().await {
+        // One timer for the whole body, moved on by each frame.
+        let silence = tokio::time::sleep(quiet);
+        tokio::pin!(silence);
+        loop {
+            let frame = tokio::select! {
+                frame = body.frame() => frame,
+                () = &mut silence => return Err(GatewayError::BodyTimeout { after: quiet }),
+            };
+            let Some(frame) = frame else { break };
+            silence.as_mut().reset(Instant::now() + quiet);
             let Ok(data) = frame.map_err(|e| body_error(e, limit))?.into_data() else {
                 continue;
             };

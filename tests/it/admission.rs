@@ -594,3 +594,47 @@ async fn request_bodies_being_received_are_bounded_together() {
         2.0
     );
 }
+
+/// A body that falls silent mid-way is cut after `header_read_timeout` of silence (408
+/// `body_timeout`), as a head that falls silent is: otherwise a client trickling nothing
+/// held its connection and its share of `request_body_memory` for the whole budget (10
+/// minutes at the default `max_budget`). A body that keeps coming, however slowly, is read.
+#[tokio::test]
+async fn a_body_that_falls_silent_is_cut_after_the_header_read_timeout() {
+    let cfg = BASE.replace("[server]\n", "[server]\nheader_read_timeout = \"1s\"\n");
+    let h = Harness::with_config(&cfg).await;
+    let head =
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+                content-length: 40\r\n\r\n";
+    // Slow but steady: a byte every 400 ms for 2.4 s.
+    let body = br#"{"model":"m","stream":false,"x":"abcde"}"#;
+    assert_eq!(body.len(), 40);
+    let mut steady = TcpStream::connect(h.addr()).await.unwrap();
+    steady.write_all(head.as_bytes()).await.unwrap();
+    steady.write_all(&body[..34]).await.unwrap();
+    for b in &body[34..] {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        steady.write_all(&[*b]).await.unwrap();
+    }
+    let text = raw_answer(&mut steady).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+
+    // Silent after 10 bytes.
+    let mut silent = TcpStream::connect(h.addr()).await.unwrap();
+    silent
+        .write_all(format!("{head}{{\"model\":").as_bytes())
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    let text = raw_answer(&mut silent).await;
+    let after = sent.elapsed();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"body_timeout\""), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+    assert!(after >= Duration::from_millis(900), "{after:?}");
+    assert_eq!(
+        h.fake.requests().len(),
+        1,
+        "only the steady one was forwarded"
+    );
+}
