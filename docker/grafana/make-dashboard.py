@@ -364,7 +364,6 @@ ts(
     "s",
     0,
     24,
-    w=12,
     legend_calcs=["mean", "max"],
 )
 ts(
@@ -379,10 +378,23 @@ ts(
         for i, q in enumerate([0.5, 0.95, 0.99])
     ],
     "s",
-    12,
+    8,
     24,
-    w=12,
     legend_calcs=["mean", "max"],
+)
+ts(
+    "Upstream answers by status class",
+    "hourglass_upstream_responses_total: the head each attempt got, by upstream and status class. A 5xx or 429 passed on to the client is its request's ok outcome, so this is where a failing provider shows.",
+    [
+        target(
+            f'sum by (upstream, class) (rate(hourglass_upstream_responses_total{{{R},upstream=~"$upstream"}}[{RI}]))',
+            "{{upstream}} {{class}}",
+            "A",
+        )
+    ],
+    "reqps",
+    16,
+    24,
 )
 
 # --- resilience
