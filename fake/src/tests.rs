@@ -65,6 +65,21 @@ fn post(
         .unwrap()
 }
 
+/// The events of the answer to one scripted POST, read to its end.
+async fn events_of(
+    client: &TestClient,
+    fake: &FakeUpstream,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> Vec<Sse> {
+    let response = client
+        .request(post(fake, path, body, headers))
+        .await
+        .unwrap();
+    parse_sse(&text_of(response).await)
+}
+
 async fn text_of(response: Response<Incoming>) -> String {
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()

@@ -181,11 +181,7 @@ async fn tool_calls_stream_their_arguments() {
     ];
     let whole = r#"{"text":"tok1 tok2 tok3 "}"#;
 
-    let response = client
-        .request(post(&fake, "/v1/responses", RESPONSES, &headers))
-        .await
-        .unwrap();
-    let events = parse_sse(&text_of(response).await);
+    let events = events_of(&client, &fake, "/v1/responses", RESPONSES, &headers).await;
     let names: Vec<_> = events.iter().map(|e| e.event.clone().unwrap()).collect();
     let expected = [
         "response.created",
@@ -221,11 +217,7 @@ async fn tool_calls_stream_their_arguments() {
         assert_eq!(json_of(event)["sequence_number"], i);
     }
 
-    let response = client
-        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
-        .await
-        .unwrap();
-    let events = parse_sse(&text_of(response).await);
+    let events = events_of(&client, &fake, "/v1/chat/completions", CHAT, &headers).await;
     let first = json_of(&events[0])["choices"][0]["delta"].clone();
     assert_eq!(first["tool_calls"][0]["function"]["name"], "get_weather");
     assert_eq!(first["tool_calls"][0]["type"], "function");
@@ -245,11 +237,7 @@ async fn tool_calls_stream_their_arguments() {
         "tool_calls"
     );
 
-    let response = client
-        .request(post(&fake, "/v1/messages", MESSAGES, &headers))
-        .await
-        .unwrap();
-    let events = parse_sse(&text_of(response).await);
+    let events = events_of(&client, &fake, "/v1/messages", MESSAGES, &headers).await;
     let block = json_of(&events[1])["content_block"].clone();
     assert_eq!(block["type"], "tool_use");
     assert_eq!(block["name"], "get_weather");
@@ -322,11 +310,7 @@ async fn parallel_calls_after_a_preamble_in_each_api() {
     ];
     let pieces = [r#"{"text":"tok1 "#, r#"tok2 "}"#];
 
-    let response = client
-        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
-        .await
-        .unwrap();
-    let events = parse_sse(&text_of(response).await);
+    let events = events_of(&client, &fake, "/v1/chat/completions", CHAT, &headers).await;
     let deltas: Vec<Value> = events[..events.len() - 1]
         .iter()
         .map(|e| json_of(e)["choices"][0]["delta"].clone())
@@ -352,11 +336,7 @@ async fn parallel_calls_after_a_preamble_in_each_api() {
     assert_eq!(last["choices"][0]["finish_reason"], "tool_calls");
     assert_eq!(events.last().unwrap().data, "[DONE]");
 
-    let response = client
-        .request(post(&fake, "/v1/messages", MESSAGES, &headers))
-        .await
-        .unwrap();
-    let events = parse_sse(&text_of(response).await);
+    let events = events_of(&client, &fake, "/v1/messages", MESSAGES, &headers).await;
     let seen: Vec<(String, Value, Value)> = events
         .iter()
         .map(|e| {
@@ -406,11 +386,7 @@ async fn parallel_calls_after_a_preamble_in_each_api() {
         .collect();
     assert_eq!(seen, expected);
 
-    let response = client
-        .request(post(&fake, "/v1/responses", RESPONSES, &headers))
-        .await
-        .unwrap();
-    let events = parse_sse(&text_of(response).await);
+    let events = events_of(&client, &fake, "/v1/responses", RESPONSES, &headers).await;
     let seen: Vec<(String, Value, Value)> = events
         .iter()
         .map(|e| {

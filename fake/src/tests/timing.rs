@@ -149,11 +149,7 @@ async fn keepalive_comments_during_headers_first_wait() {
         ("x-fake-chunks", "1"),
         ("x-fake-interval-ms", "1"),
     ];
-    let response = h1()
-        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
-        .await
-        .unwrap();
-    let events = parse_sse(&text_of(response).await);
+    let events = events_of(&h1(), &fake, "/v1/chat/completions", CHAT, &headers).await;
     let leading = events.iter().take_while(|e| e.comment).count();
     assert!((3..=5).contains(&leading), "{events:?}");
     assert!(
@@ -214,11 +210,7 @@ async fn timestamps_mark_content_events() {
         ("x-fake-interval-ms", "10"),
     ];
     let before = monotonic_ns();
-    let response = h1()
-        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
-        .await
-        .unwrap();
-    let events = parse_sse(&text_of(response).await);
+    let events = events_of(&h1(), &fake, "/v1/chat/completions", CHAT, &headers).await;
     let after = monotonic_ns();
     let stamps: Vec<u64> = events
         .iter()
