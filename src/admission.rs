@@ -160,7 +160,6 @@ pub struct BodyMemory {
 pub struct BodyHold {
     memory: BodyMemory,
     permit: Option<OwnedSemaphorePermit>,
-    held: u64,
 }
 
 impl BodyMemory {
@@ -182,7 +181,6 @@ impl BodyMemory {
         BodyHold {
             memory: self.clone(),
             permit: None,
-            held: 0,
         }
     }
 }
@@ -191,7 +189,8 @@ impl BodyHold {
     /// Makes the hold `total` bytes, or refuses (503 `overloaded`) if the memory has not
     /// that much free; a smaller total than held changes nothing.
     pub fn cover(&mut self, total: u64) -> Result<(), GatewayError> {
-        let Some(more) = total.checked_sub(self.held).filter(|&m| m > 0) else {
+        let held = self.permit.as_ref().map_or(0, |p| p.num_permits() as u64);
+        let Some(more) = total.checked_sub(held).filter(|&m| m > 0) else {
             return Ok(());
         };
         let full = || GatewayError::BodyMemoryFull {
@@ -205,7 +204,6 @@ impl BodyHold {
             Some(held) => held.merge(permit),
             None => self.permit = Some(permit),
         }
-        self.held = total;
         Ok(())
     }
 }

@@ -13,7 +13,7 @@ use http::uri::PathAndQuery;
 use http::{Method, Request};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
-use tokio::time::{timeout_at, Instant};
+use tokio::time::Instant;
 
 use crate::admission::{BodyHold, BodyMemory};
 use crate::auth::strip_client_credentials;
@@ -331,51 +331,60 @@ where
     if let Some(len) = length {
         hold.cover(len)?;
     }
-    let read = async {
-        let mut body = std::pin::pin!(Limited::new(
-            body,
-            usize::try_from(limit).unwrap_or(usize::MAX)
-        ));
-        // Most bodies come in one frame: that one is kept as it came, without a copy.
-        let mut first: Option<Bytes> = None;
-        let mut more = BytesMut::new();
-        let mut total = 0u64;
-        // One timer for the whole body, moved on by each frame.
-        let silence = tokio::time::sleep(quiet);
-        tokio::pin!(silence);
-        loop {
-            let frame = tokio::select! {
-                frame = body.frame() => frame,
-                () = &mut silence => return Err(GatewayError::BodyTimeout { after: quiet }),
-            };
-            let Some(frame) = frame else { break };
-            silence.as_mut().reset(Instant::now() + quiet);
-            let Ok(data) = frame.map_err(|e| body_error(e, limit))?.into_data() else {
-                continue;
-            };
-            total += data.len() as u64;
-            hold.cover(total)?;
-            match &first {
-                None => first = Some(data),
-                Some(f) => {
-                    if more.is_empty() {
-                        more.reserve(length.map_or(2 * f.len(), |l| l as usize));
-                        more.extend_from_slice(f);
-                    }
-                    more.extend_from_slice(&data);
+    let mut body = std::pin::pin!(Limited::new(
+        body,
+        usize::try_from(limit).unwrap_or(usize::MAX)
+    ));
+    // Most bodies come in one frame: that one is kept as it came, without a copy.
+    let mut first: Option<Bytes> = None;
+    let mut more = BytesMut::new();
+    let mut total = 0u64;
+    // One timer for the whole body: the silence it may keep, moved on by each frame, and
+    // never past the budget's deadline.
+    let deadline = budget.work_deadline();
+    let due = || (Instant::now() + quiet).min(deadline);
+    let timer = tokio::time::sleep_until(due());
+    tokio::pin!(timer);
+    loop {
+        let frame = tokio::select! {
+            // A frame that is there wins over the timer, as it does over every limit.
+            biased;
+            frame = body.frame() => frame,
+            () = &mut timer => {
+                return Err(if Instant::now() >= deadline {
+                    budget.deadline_error()
+                } else {
+                    GatewayError::BodyTimeout { after: quiet }
+                });
+            }
+        };
+        let Some(frame) = frame else { break };
+        timer.as_mut().reset(due());
+        let Ok(data) = frame.map_err(|e| body_error(e, limit))?.into_data() else {
+            continue;
+        };
+        if data.is_empty() {
+            continue;
+        }
+        total += data.len() as u64;
+        hold.cover(total)?;
+        match &first {
+            None => first = Some(data),
+            Some(f) => {
+                if more.is_empty() {
+                    more.reserve(length.map_or(2 * f.len(), |l| l as usize));
+                    more.extend_from_slice(f);
                 }
+                more.extend_from_slice(&data);
             }
         }
-        Ok::<_, GatewayError>(if more.is_empty() {
-            first.unwrap_or_default()
-        } else {
-            more.freeze()
-        })
-    };
-    match timeout_at(budget.work_deadline(), read).await {
-        Err(_) => Err(budget.deadline_error()),
-        Ok(read) => Ok((read?, hold)),
     }
+    let whole = if more.is_empty() {
+        first.unwrap_or_default()
+    } else {
+        more.freeze()
+    };
+    Ok((whole, hold))
 }
 
 /// What a body that could not be read is to the client: too large, its own cancel, or

@@ -330,21 +330,14 @@ where
                     if read.output || (read.events > 0 && this.last_progress.is_some()) {
                         mark_progress(this.last_progress, this.observer, this.timer, this.limits);
                     }
-                    if this.end_by.is_none() && this.progress.answer_over() {
-                        // Nothing of the answer is left to come, and the framing's end
-                        // follows at once from any upstream worth pooling; one that holds
-                        // the body open is not waited for until a limit calls the whole
-                        // answer an error.
-                        let limits = &*this.limits;
-                        let by = (Instant::now() + END_GRACE.min(limits.idle_timeout))
-                            .min(limits.deadline);
-                        *this.end_by = Some(by);
-                        this.timer.reset(by);
-                    }
-                    if this.progress.error_pending() {
-                        // The upstream's error event is whole but for whether an LF follows
-                        // its CR: that byte is worth a moment's wait (it goes to the
-                        // client), not the idle limit's.
+                    // Nothing of the answer is left to come, and the framing's end follows at
+                    // once from any upstream worth pooling; one that holds the body open is
+                    // not waited for until a limit calls the whole answer an error. Nor is the
+                    // byte after the CR that ended the upstream's error event (an LF or not):
+                    // worth a moment's wait, since it goes to the client, not the idle limit's.
+                    if (this.end_by.is_none() && this.progress.answer_over())
+                        || this.progress.error_pending()
+                    {
                         let limits = &*this.limits;
                         let by = (Instant::now() + END_GRACE.min(limits.idle_timeout))
                             .min(limits.deadline);
