@@ -7,7 +7,9 @@ provider, for scripts/dashboard-png.sh (standard library only; loopback only).
 Three phases: a healthy third, an incident third (the provider is slow to its first token and
 some streams freeze, clients with tight budgets hit their deadlines), and a recovery third.
 Throughout: good streams on the chat, reasoning and messages routes, model listings, clients
-that hang up mid-stream, malformed and too-small budgets. Workers are bounded in number, each
+that hang up mid-stream, malformed and too-small budgets, clients that do not stream (some cut
+by their budget: partial answers), and agent runs on the chat route that the run stops: a loop
+(the same tool call again and again) or a run deadline shorter than its calls. Workers are bounded in number, each
 request in time (30 s socket timeout), the whole run in SECONDS. Writes the phases' wall-clock
 bounds to PHASES_JSON_OUT and prints a tally of what it sent.
 
@@ -130,6 +132,10 @@ class Load:
             (1 if not incident else 12, "slow_first_token"),
             (1 if not incident else 10, "tight_budget"),
             (8 if self.ha else 0, "ha_stream"),
+            (6, "not_streaming"),
+            (1 if not incident else 6, "partial_answer"),
+            (3, "agent_loop"),
+            (2 if not incident else 5, "agent_out_of_time"),
         ]
         total = sum(w for w, _ in mix)
         pick = rng.uniform(0, total)
@@ -188,6 +194,39 @@ class Load:
                 "x-fake-interval-ms": str(rng.randint(20, 50)),
             }
             request(gw, "POST", chat, h, chat_body("ha-demo"))
+        elif name == "not_streaming":  # route chat streams upstream, answers one document
+            h = {"x-fake-ttft-ms": str(rng.randint(60, 450)), "x-fake-chunks": str(rng.randint(5, 30))}
+            request(gw, "POST", chat, h, chat_body(stream=False))
+        elif name == "partial_answer":  # a non-streaming client whose budget ends mid-answer
+            h = {
+                "x-request-budget-ms": str(rng.randint(1500, 3000)),
+                "x-fake-ttft-ms": str(rng.randint(100, 500)),
+                "x-fake-chunks": "200",
+                "x-fake-interval-ms": "40",
+            }
+            request(gw, "POST", chat, h, chat_body(stream=False))
+        elif name == "agent_loop":  # the model asks for the same tool call until the run stops it
+            run = {"x-run-id": f"dash-loop-{rng.getrandbits(64):016x}", "x-fake-tool-call": "lookup"}
+            for _ in range(6):
+                h = {**run, "x-fake-ttft-ms": str(rng.randint(60, 300)), "x-fake-chunks": "4"}
+                status, _ = request(gw, "POST", chat, h, chat_body())
+                if status != 200:
+                    break
+        elif name == "agent_out_of_time":  # a run with 2-4 s for calls of 0.5-1.5 s each
+            run = {
+                "x-run-id": f"dash-time-{rng.getrandbits(64):016x}",
+                "x-run-budget-ms": str(rng.randint(2000, 4000)),
+            }
+            for _ in range(10):
+                h = {
+                    **run,
+                    "x-fake-ttft-ms": str(rng.randint(300, 1000)),
+                    "x-fake-chunks": "10",
+                    "x-fake-interval-ms": "30",
+                }
+                status, _ = request(gw, "POST", chat, h, chat_body(stream=rng.random() < 0.5))
+                if status != 200:
+                    break
         elif name == "models":
             request(gw, "GET", "/v1/models", {"x-fake-ttft-ms": str(rng.randint(5, 60))})
         elif name == "client_abort":

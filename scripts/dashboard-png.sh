@@ -39,5 +39,6 @@ python3 scripts/dashboard-load.py "$GW" "$SECONDS_OF_LOAD" "$WORK/phases.json" \
     --config "$WORK/gateway.toml" --primary "$BIN" "$PRIMARY"
 sleep 3 # the last scrape
 mkdir -p "$(dirname "$OUT")"
-"$VENV/bin/python" scripts/dashboard-png.py "$PROM" "$WORK/phases.json" "$OUT"
+# The demo's runs live in the memory store, which never fails: that panel may read zero.
+"$VENV/bin/python" scripts/dashboard-png.py "$PROM" "$WORK/phases.json" "$OUT" --zero-ok "Run store errors"
 echo "dashboard-png: took $((SECONDS - started))s"
