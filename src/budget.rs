@@ -231,12 +231,13 @@ impl Budget {
     /// deadline exceeded when the run's deadline is what bounds the call (the same call of
     /// the same run fails the same way), else `insufficient_budget`. `whole`: the budget was
     /// too small from the start.
-    /// `expected_by`: the upstream whose expected time to its first token is `needed`.
+    /// `expected_by`: the upstream whose expected time to its first token is `needed`, and
+    /// the model it is expected for.
     pub fn too_little(
         &self,
         now: Instant,
         needed: Duration,
-        expected_by: Option<&str>,
+        expected_by: Option<(&str, Option<&str>)>,
         whole: bool,
     ) -> GatewayError {
         let left = self.deadline.saturating_duration_since(now);
@@ -248,7 +249,7 @@ impl Budget {
             remaining: self.usable(now),
             reserve: self.reserve,
             min_useful: needed,
-            expected_by: expected_by.map(str::to_owned),
+            expected_by: expected_by.map(|(u, m)| (u.to_owned(), m.map(str::to_owned))),
             whole,
         }
     }

@@ -122,14 +122,15 @@ pub enum GatewayError {
     /// HTTP/1 (with a bare 431); over HTTP/2 it bounds only the header list's bytes.
     #[error("request has {count} header fields, more than this gateway's max_headers ({limit})")]
     TooManyHeaders { count: usize, limit: usize },
-    #[error("insufficient budget: {} of budget left after the {} reserve; at least {} is needed to call the upstream{}", ms(*.remaining), ms(*.reserve), ms(*.min_useful), expected(.expected_by.as_deref(), *.min_useful))]
+    #[error("insufficient budget: {} of budget left after the {} reserve; at least {} is needed to call the upstream{}", ms(*.remaining), ms(*.reserve), ms(*.min_useful), expected(.expected_by.as_ref(), *.min_useful))]
     InsufficientBudget {
         remaining: Duration,
         reserve: Duration,
         min_useful: Duration,
         /// The upstream whose expected time to its first token (configured or learned) is
-        /// what the call needs, when that is more than the route's `min_useful`.
-        expected_by: Option<String>,
+        /// what the call needs, when that is more than the route's `min_useful`, and the
+        /// model it was expected for.
+        expected_by: Option<(String, Option<String>)>,
         /// The request's whole budget was too small from the start: the same request fails
         /// the same way however often it is sent.
         whole: bool,
@@ -332,10 +333,13 @@ fn connect_wait(after: Duration, sent: bool) -> String {
 
 /// The end of an `insufficient_budget` message whose need was an upstream's expected time to
 /// its first token: the client is told whose, since it is not the route's `min_useful`.
-fn expected(upstream: Option<&str>, need: Duration) -> String {
-    upstream.map_or_else(String::new, |u| {
+fn expected(by: Option<&(String, Option<String>)>, need: Duration) -> String {
+    by.map_or_else(String::new, |(u, model)| {
+        let model = model
+            .as_ref()
+            .map_or_else(String::new, |m| format!(" for model {m:?}"));
         format!(
-            ": upstream {u:?} is expected to take {} to its first token",
+            ": upstream {u:?} is expected to take {} to its first token{model}",
             ms(need)
         )
     })

@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -193,18 +194,22 @@ impl Gateway {
                 read
             };
 
+            // The model picks the route where routes filter on it, and the upstream's estimate
+            // of its first token on every route. (A body in a content coding is no JSON: none.)
+            let model = model_of(&body)?;
             let route = if first.route.needs_model() {
-                let model = model_of(&body)?;
                 candidates()
                     .find(|r| r.route.matches(path, model.as_deref()))
                     .ok_or_else(|| GatewayError::NoRoute {
                         path: uri.path().to_owned(),
-                        model: model.map(Cow::into_owned),
+                        model: model.as_deref().map(str::to_owned),
                     })?
             } else {
                 first
             };
+            let model: Option<Arc<str>> = model.as_deref().map(Arc::from);
             record.set_route(route.name.clone(), route.metrics.clone());
+            record.set_model(model.clone());
             if route.refuses(&headers) {
                 return Err(GatewayError::Unauthorized);
             }
@@ -298,10 +303,11 @@ impl Gateway {
                 body,
                 stream_upstream: route.route.stream_upstream,
                 partial_answers: route.route.partial_answers,
+                model,
             };
             if let Some(admission) = &route.admission {
                 let slot = admission
-                    .admit(&budget, route.least_need(budget.min_useful))
+                    .admit(&budget, route.least_need(&template, budget.min_useful))
                     .await?;
                 record.hold(slot);
             }

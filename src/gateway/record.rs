@@ -74,6 +74,8 @@ pub struct RequestRecord {
     arrival: Instant,
     route: Option<Arc<str>>,
     upstream: Option<Arc<Upstream>>,
+    /// The model the client named: whose first-token estimate the upstream's answer teaches.
+    model: Option<Arc<str>>,
     metrics: RouteMetrics,
     ttft_metric: Option<Histogram>,
     answer_metrics: Option<Arc<AnswerMetrics>>,
@@ -164,6 +166,7 @@ impl RequestRecord {
             run: None,
             request_bytes: 0,
             body_unread: false,
+            model: None,
         }
     }
 
@@ -315,6 +318,10 @@ impl RequestRecord {
         self.metrics = metrics;
     }
 
+    pub fn set_model(&mut self, model: Option<Arc<str>>) {
+        self.model = model;
+    }
+
     /// The upstream whose answer the client gets (the last attempt, or the hedge winner): when
     /// its request was sent, and its first body byte if it was read while the head was held.
     pub fn set_upstream(
@@ -413,7 +420,9 @@ impl RequestRecord {
         outcome: Result<&'static str, &GatewayError>,
     ) {
         if let Err(GatewayError::FirstTokenTimeout { after, .. }) = outcome {
-            entry.upstream.ttft.observe_bound(*after);
+            entry
+                .upstream
+                .observe_first_token_bound(self.model.as_deref(), *after);
         }
         // The log line names the upstream that failed when none answered (an answer's is
         // set with it; a hedge's loser never replaces the winner).
@@ -598,7 +607,7 @@ impl Observer for RequestRecord {
             self.first_token_at = Some(at);
             let answered = self.status.is_none_or(|s| (200..300).contains(&s));
             if let (Some(up), Some(sent), true) = (&self.upstream, self.sent_at, answered) {
-                learn_first_token(up, at.saturating_duration_since(sent));
+                up.observe_first_token(self.model.as_deref(), at.saturating_duration_since(sent));
             }
         }
     }
@@ -633,7 +642,7 @@ impl Observer for RequestRecord {
                 if let (GatewayError::FirstTokenTimeout { after, .. }, Some(up)) =
                     (&e, &self.upstream)
                 {
-                    up.ttft.observe_bound(*after);
+                    up.observe_first_token_bound(self.model.as_deref(), *after);
                 }
                 self.fail(&e)
             }
@@ -643,13 +652,6 @@ impl Observer for RequestRecord {
             }
         }
     }
-}
-
-/// Where the upstreams' time-to-first-token estimates learn from a first token that came
-/// `took` after the request was sent (a first-token limit that fired first is a lower bound:
-/// `attempt`).
-fn learn_first_token(upstream: &Upstream, took: Duration) {
-    upstream.ttft.observe(took);
 }
 
 impl Drop for RequestRecord {

@@ -53,7 +53,9 @@ pub async fn run(
             let need = if room_kept_for == Some(i) && n == 0 {
                 budget.min_useful
             } else {
-                entry.upstream.ttft.get().max(budget.min_useful)
+                template
+                    .expected_ttft(&entry.upstream)
+                    .max(budget.min_useful)
             };
             let mut wait = Duration::ZERO;
             if n > 0 {
@@ -73,7 +75,7 @@ pub async fn run(
             // A retry leaves room for the fallback after it: a failing upstream may not spend
             // the turn of a healthy one.
             let room = match route.chain.get(i + 1) {
-                Some(next) if n > 0 => fallback_room(budget, next),
+                Some(next) if n > 0 => fallback_room(template, budget, next),
                 _ => Duration::ZERO,
             };
             if budget.usable(now) < need + wait + room {
@@ -119,7 +121,8 @@ pub async fn run(
                     skip_hedge_target = hedged;
                     outcome
                 } else {
-                    let (ft, switch_by) = first_token_limit(budget, route.chain.get(i + 1));
+                    let (ft, switch_by) =
+                        first_token_limit(template, budget, route.chain.get(i + 1));
                     room_kept_for = switch_by.is_some().then_some(i + 1);
                     single(
                         metrics, route, entry, template, budget, record, ft, switch_by,
@@ -172,11 +175,16 @@ pub async fn run(
         // waiting), and a new request gets a new budget; with one, the run's time is gone.
         Last::None => {
             let upstream = &route.chain[0].upstream;
-            let expected = upstream.ttft.get();
+            let expected = template.expected_ttft(upstream);
             Err(budget.too_little(
                 Instant::now(),
                 expected.max(budget.min_useful),
-                (expected > budget.min_useful).then_some(&*upstream.name),
+                (expected > budget.min_useful).then(|| {
+                    (
+                        &*upstream.name,
+                        upstream.model_for(template.model.as_deref()),
+                    )
+                }),
                 false,
             ))
         }
@@ -208,15 +216,22 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 const SWITCH_SLACK: Duration = Duration::from_millis(50);
 
 /// What an attempt on `next` needs of the budget, the switch to it included.
-fn fallback_room(budget: &Budget, next: &ChainEntry) -> Duration {
-    next.upstream.ttft.get().max(budget.min_useful) + SWITCH_SLACK
+fn fallback_room(template: &Template, budget: &Budget, next: &ChainEntry) -> Duration {
+    template
+        .expected_ttft(&next.upstream)
+        .max(budget.min_useful)
+        + SWITCH_SLACK
 }
 
 /// The first-token limit of an attempt, and the instant its wait (connecting, then the first
 /// token) ends at the latest: the route's limit, and no end of its own, unless a fallback
 /// follows, when both are cut so that what remains still fits an attempt on that fallback.
 /// A connect that hangs spends the fallback's turn as surely as a first token that does.
-fn first_token_limit(budget: &Budget, next: Option<&ChainEntry>) -> (Duration, Option<Instant>) {
+fn first_token_limit(
+    template: &Template,
+    budget: &Budget,
+    next: Option<&ChainEntry>,
+) -> (Duration, Option<Instant>) {
     let ft = budget.first_token_timeout;
     let Some(next) = next else { return (ft, None) };
     let now = Instant::now();
@@ -226,7 +241,7 @@ fn first_token_limit(budget: &Budget, next: Option<&ChainEntry>) -> (Duration, O
             .head_by()
             .map_or(Duration::MAX, |by| by.saturating_duration_since(now)),
     );
-    match usable.checked_sub(fallback_room(budget, next)) {
+    match usable.checked_sub(fallback_room(template, budget, next)) {
         Some(left) if left >= budget.min_useful && left < usable => {
             (ft.min(left), Some(now + left))
         }
@@ -315,7 +330,9 @@ async fn single(
             .run(out)
             .await;
         note(entry, record, index, &result);
-        let need = entry.upstream.ttft.get().max(budget.min_useful);
+        let need = template
+            .expected_ttft(&entry.upstream)
+            .max(budget.min_useful);
         match result {
             Err(GatewayError::UpstreamRefused { .. })
                 if !sent_again && budget.usable(Instant::now()) >= need =>
@@ -388,7 +405,9 @@ async fn hedge(
         }
         () = &mut fire => {}
     }
-    let need = hedge_entry.upstream.ttft.get().max(budget.min_useful);
+    let need = template
+        .expected_ttft(&hedge_entry.upstream)
+        .max(budget.min_useful);
     let hreq = match template.request_for(&hedge_entry.upstream) {
         Ok(r) if budget.usable(Instant::now()) >= need => r,
         _ => {

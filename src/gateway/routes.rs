@@ -9,6 +9,7 @@ use http::header::HeaderMap;
 use crate::admission::{Admission, BodyMemory};
 use crate::auth::{ClientKeys, ClientKeysError};
 use crate::config::{Config, RetryCause, Route};
+use crate::gateway::template::Template;
 use crate::runs::Runs;
 use crate::stream::reaper::Reaper;
 use crate::stream::signal::Signal;
@@ -51,10 +52,14 @@ pub struct RouteRuntime {
 impl RouteRuntime {
     /// The least budget an attempt anywhere on the chain needs: what a request waiting for
     /// admission must still have when it gets its slot.
-    pub(super) fn least_need(&self, min_useful: std::time::Duration) -> std::time::Duration {
+    pub(super) fn least_need(
+        &self,
+        template: &Template,
+        min_useful: std::time::Duration,
+    ) -> std::time::Duration {
         self.chain
             .iter()
-            .map(|e| e.upstream.ttft.get().max(min_useful))
+            .map(|e| template.expected_ttft(&e.upstream).max(min_useful))
             .min()
             .unwrap_or(min_useful)
     }

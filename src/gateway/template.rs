@@ -1,6 +1,9 @@
 //! The request as every attempt sends it: built once from the client's request, then made
 //! into one upstream's request per attempt (its URI, credentials and body rewrites).
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::PathAndQuery;
@@ -26,6 +29,15 @@ pub struct Template {
     pub stream_upstream: bool,
     /// A limit that cuts such an answer after output came gives the client a partial one.
     pub partial_answers: bool,
+    /// The model the client named, which picks each upstream's estimate of its first token.
+    pub model: Option<Arc<str>>,
+}
+
+impl Template {
+    /// What an attempt on `upstream` is expected to take until its first token.
+    pub fn expected_ttft(&self, upstream: &Upstream) -> Duration {
+        upstream.expected_ttft(self.model.as_deref())
+    }
 }
 
 /// One upstream's request, and the wire format of the exchange when it is known (the

@@ -1,8 +1,11 @@
 //! What an attempt on an upstream is expected to take until its first token: the estimate
-//! that decides whether an attempt still fits a request's remaining budget.
+//! that decides whether an attempt still fits a request's remaining budget. One per model the
+//! upstream serves: a reasoning model's first token can take a minute where a small model's
+//! takes 300 ms, and one estimate for both would refuse the small model's short budgets.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -101,6 +104,76 @@ impl TtftEstimate {
     }
 }
 
+/// Models an upstream keeps an estimate of their own for. Providers serve dozens; past this,
+/// the rest share one, so that clients naming made-up models cannot grow the table.
+pub const MAX_MODELS: usize = 64;
+
+/// An upstream's estimates, by the model the upstream is asked for. A model gets its own at
+/// its first observation (the upstream answered for it, or made it wait out a first-token
+/// limit: a model it refuses at once is never observed). Until then, and for requests that
+/// name no model, what is expected is the seed, `expected_first_token`.
+#[derive(Debug)]
+pub struct TtftEstimates {
+    seed: Option<Duration>,
+    models: RwLock<HashMap<Box<str>, TtftEstimate>>,
+    /// Requests that name no model, and the models past `MAX_MODELS`.
+    other: TtftEstimate,
+}
+
+impl TtftEstimates {
+    pub fn new(seed: Option<Duration>) -> Self {
+        Self {
+            seed,
+            models: RwLock::default(),
+            other: TtftEstimate::new(seed),
+        }
+    }
+
+    /// What an attempt for `model` is expected to take until its first token.
+    pub fn get(&self, model: Option<&str>) -> Duration {
+        let Some(model) = model else {
+            return self.other.get();
+        };
+        let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
+        match models.get(model) {
+            Some(e) => e.get(),
+            None if models.len() >= MAX_MODELS => self.other.get(),
+            None => self.seed.unwrap_or_default(),
+        }
+    }
+
+    /// One observed time to first token of `model`.
+    pub fn observe(&self, model: Option<&str>, d: Duration) {
+        self.with(model, |e| e.observe(d));
+    }
+
+    /// A first-token limit of `d` fired for `model`: see [`TtftEstimate::observe_bound`].
+    pub fn observe_bound(&self, model: Option<&str>, d: Duration) {
+        self.with(model, |e| e.observe_bound(d));
+    }
+
+    fn with(&self, model: Option<&str>, f: impl FnOnce(&TtftEstimate)) {
+        let Some(model) = model else {
+            return f(&self.other);
+        };
+        {
+            let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(e) = models.get(model) {
+                return f(e);
+            }
+        }
+        let mut models = self.models.write().unwrap_or_else(PoisonError::into_inner);
+        if models.len() >= MAX_MODELS && !models.contains_key(model) {
+            drop(models);
+            return f(&self.other);
+        }
+        let e = models
+            .entry(model.into())
+            .or_insert_with(|| TtftEstimate::new(self.seed));
+        f(e);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +236,43 @@ mod tests {
         // A bound below the estimate says nothing.
         e.observe_bound(ms(100));
         assert_eq!(e.get(), twice);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_model_has_its_own_estimate() {
+        let e = TtftEstimates::new(None);
+        e.observe(Some("o3"), ms(20_000));
+        e.observe(Some("gpt-4o-mini"), ms(300));
+        assert_eq!(e.get(Some("o3")), ms(20_000));
+        assert_eq!(e.get(Some("gpt-4o-mini")), ms(300));
+        assert_eq!(e.get(Some("gpt-5")), Duration::ZERO, "unknown");
+        e.observe_bound(Some("gpt-5"), ms(5000));
+        assert_eq!(e.get(Some("gpt-5")), ms(1500));
+        assert_eq!(
+            e.get(Some("gpt-4o-mini")),
+            ms(300),
+            "untouched by the others"
+        );
+        assert_eq!(e.get(None), Duration::ZERO);
+        // A model not yet seen, and a request that names none, expect the seed; a model's
+        // own estimate starts from it.
+        let seeded = TtftEstimates::new(Some(ms(800)));
+        seeded.observe(Some("o3"), ms(20_000));
+        assert_eq!(seeded.get(Some("o3")), ms(6560));
+        assert_eq!(seeded.get(Some("gpt-5")), ms(800));
+        assert_eq!(seeded.get(None), ms(800));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn models_past_the_bound_share_one_estimate() {
+        let e = TtftEstimates::new(None);
+        for i in 0..MAX_MODELS {
+            e.observe(Some(&format!("m{i}")), ms(100));
+        }
+        e.observe(Some("one-too-many"), ms(4000));
+        assert_eq!(e.get(Some("another")), ms(4000), "the shared one");
+        assert_eq!(e.get(None), ms(4000));
+        assert_eq!(e.get(Some("m0")), ms(100));
+        assert_eq!(e.models.read().unwrap().len(), MAX_MODELS);
     }
 }

@@ -29,7 +29,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use self::connect::tls_config;
 use self::credential::credential;
-use self::estimate::TtftEstimate;
+use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
 use crate::config::{Http2Mode, UpstreamConfig};
 use crate::http::headers::X_API_KEY;
@@ -47,8 +47,8 @@ pub struct Upstream {
     prefix: String,
     credential: Option<(HeaderName, HeaderValue)>,
     clients: Lanes,
-    /// What an attempt here is expected to take until its first token.
-    pub ttft: TtftEstimate,
+    /// What an attempt here is expected to take until its first token, by model.
+    pub ttft: TtftEstimates,
     /// The connector's own connect bound (a reload reuses this upstream only if unchanged).
     pub connect_bound: Duration,
 }
@@ -68,6 +68,29 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
+    /// The model this upstream is asked for: its own `model`, else the one the client named.
+    pub fn model_for<'a>(&'a self, asked: Option<&'a str>) -> Option<&'a str> {
+        self.config.model.as_deref().or(asked)
+    }
+
+    /// What an attempt here, for the client's model, is expected to take until its first
+    /// token.
+    pub fn expected_ttft(&self, asked: Option<&str>) -> Duration {
+        self.ttft.get(self.model_for(asked))
+    }
+
+    /// Teaches the estimate of the model asked for: its first token came `took` after the
+    /// request was sent.
+    pub fn observe_first_token(&self, asked: Option<&str>, took: Duration) {
+        self.ttft.observe(self.model_for(asked), took);
+    }
+
+    /// Teaches the estimate of the model asked for that its first token takes at least
+    /// `after`: a first-token limit fired.
+    pub fn observe_first_token_bound(&self, asked: Option<&str>, after: Duration) {
+        self.ttft.observe_bound(self.model_for(asked), after);
+    }
+
     /// `connect_timeout` is the longest any route allows this upstream; each request also
     /// bounds its own connect by what is left of its budget.
     pub fn new(
@@ -129,7 +152,7 @@ impl Upstream {
         Ok(Self {
             name,
             connect_bound: connect_timeout,
-            ttft: TtftEstimate::new(config.expected_first_token),
+            ttft: TtftEstimates::new(config.expected_first_token),
             config,
             scheme,
             authority,

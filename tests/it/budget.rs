@@ -447,6 +447,59 @@ async fn one_hung_generation_does_not_shut_out_shorter_budgets() {
     assert_eq!(h.fake.requests().len(), 6, "every one reached the upstream");
 }
 
+/// The estimate of the first token is the model's, not the upstream's: a reasoning model's
+/// slow first tokens say nothing of a small model's on the same upstream. Before, one slow
+/// answer raised the one estimate, and every short budget for any model was refused without
+/// the upstream being asked.
+#[tokio::test]
+async fn a_slow_model_does_not_shut_out_a_fast_one_on_the_same_upstream() {
+    let h = Harness::start().await;
+    let call = |model: &str, headers: &[(&str, &str)]| {
+        let mut b = Request::post("/v1/chat/completions")
+            .header("host", "gateway")
+            .header("content-type", "application/json");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let body = format!(
+            r#"{{"model":"{model}","stream":true,"messages":[{{"role":"user","content":"hi"}}]}}"#
+        );
+        b.body(Full::new(Bytes::from(body))).unwrap()
+    };
+    let (resp, _c) = h
+        .send(call("slow-reasoner", &[("x-fake-ttft-ms", "1500")]))
+        .await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+
+    // 1 s is too short for what the slow model was seen to take...
+    let (resp, _c) = h
+        .send(call("slow-reasoner", &[("x-request-budget-ms", "1000")]))
+        .await;
+    assert_eq!(resp.status(), 504);
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "insufficient_budget");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("upstream \"fake\" is expected to take")
+            && msg.ends_with("to its first token for model \"slow-reasoner\""),
+        "{msg}"
+    );
+    // ...and plenty for a model the upstream answers quickly.
+    for _ in 0..3 {
+        let (resp, _c) = h
+            .send(call("gpt-test", &[("x-request-budget-ms", "1000")]))
+            .await;
+        assert_eq!(resp.status(), 200);
+        read_body(resp.into_body()).await;
+    }
+    assert_eq!(
+        h.fake.requests().len(),
+        4,
+        "only the refused call was not sent"
+    );
+}
+
 /// The message's arithmetic: what is left after the reserve is what it says is left.
 #[tokio::test]
 async fn insufficient_budget_says_what_is_left_after_the_reserve() {

@@ -716,7 +716,7 @@ async fn request_log_line(p: &Process) -> serde_json::Value {
 }
 
 /// A request refused because the upstream's expected time to its first token does not fit
-/// what is left says whose estimate it was: otherwise a client whose model answered in
+/// what is left says whose estimate it was, and for which model: otherwise a client whose model answered in
 /// 100 ms last time cannot tell why 1.5 s was not enough.
 #[tokio::test]
 async fn a_budget_refused_for_the_upstreams_expected_first_token_names_it() {
@@ -728,7 +728,7 @@ async fn a_budget_refused_for_the_upstreams_expected_first_token_names_it() {
     let message = body["error"]["message"].as_str().unwrap();
     assert!(
         message.ends_with(
-            "at least 3000ms is needed to call the upstream: upstream \"primary\" is expected to take 3000ms to its first token"
+            "at least 3000ms is needed to call the upstream: upstream \"primary\" is expected to take 3000ms to its first token for model \"gpt-test\""
         ),
         "{message}"
     );
