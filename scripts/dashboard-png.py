@@ -397,7 +397,7 @@ def main(argv):
     fig.text(
         0.006,
         1 - 2.05 / H,
-        "and one with a retry and a fallback, in front of the fake provider; streams, clients hanging up, bad budgets, config reloads (one refused). "
+        "and one with a retry and a fallback, in front of the fake provider; streams, clients hanging up, bad budgets, agent runs their limits stop, clients that do not stream, config reloads (one refused). "
         "Shaded red: an incident third, slow first tokens, frozen streams, the fallback's primary down.",
         color=MUTED,
         fontsize=10,
