@@ -18,7 +18,7 @@ use crate::runs::state::View;
 use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
 use crate::stream::{Observer, StreamEnd};
-use crate::telemetry::log::RequestLog;
+use crate::telemetry::log::{clipped_model, RequestLog};
 use crate::telemetry::metrics::{AnswerMetrics, Histogram, RouteMetrics};
 use crate::upstream::Upstream;
 
@@ -568,6 +568,11 @@ impl RequestRecord {
             path: &self.path,
             route: self.route.as_deref(),
             upstream: self.upstream.as_ref().map(|u| &*u.name),
+            model: match &self.upstream {
+                Some(u) => u.model_for(self.model.as_deref()),
+                None => self.model.as_deref(),
+            }
+            .map(clipped_model),
             budget: self.budget.as_ref().map(|b| b.total),
             budget_source: self.budget.as_ref().map(|b| b.source.as_str()),
             budget_clamped: self.budget.as_ref().map(|b| b.clamped),

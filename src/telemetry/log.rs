@@ -36,6 +36,9 @@ pub struct RequestLog<'a> {
     pub path: &'a str,
     pub route: Option<&'a str>,
     pub upstream: Option<&'a str>,
+    /// The model the upstream was asked for (the client's, unless the upstream sets its own),
+    /// at most `MODEL_MAX` bytes of it.
+    pub model: Option<&'a str>,
     pub budget: Option<Duration>,
     pub budget_source: Option<&'static str>,
     pub budget_clamped: Option<bool>,
@@ -56,6 +59,19 @@ pub struct RequestLog<'a> {
     pub attempts: Option<&'a str>,
     /// Who asked: only kept when the access log is on.
     pub client: Option<&'a ClientInfo>,
+}
+
+/// The most of a model's name the line carries: the name comes from the client's body, and
+/// no real one is near this long.
+pub const MODEL_MAX: usize = 200;
+
+/// `model`, cut to at most `MODEL_MAX` bytes at a character's boundary.
+pub fn clipped_model(model: &str) -> &str {
+    let mut end = model.len().min(MODEL_MAX);
+    while !model.is_char_boundary(end) {
+        end -= 1;
+    }
+    &model[..end]
 }
 
 /// Whole microseconds: the nearest double to a three-decimal number prints as just that in
@@ -177,6 +193,7 @@ impl RequestLog<'_> {
         str_field(w, ",\"path\":\"", Some(self.path))?;
         str_field(w, ",\"route\":\"", self.route)?;
         str_field(w, ",\"upstream\":\"", self.upstream)?;
+        str_field(w, ",\"model\":\"", self.model)?;
         u64_field(
             w,
             ",\"budget_ms\":",
@@ -227,6 +244,7 @@ impl RequestLog<'_> {
             path = self.path,
             route = self.route,
             upstream = self.upstream,
+            model = self.model,
             budget_ms = self.budget.map(|b| b.as_millis() as u64),
             budget_source = self.budget_source,
             budget_clamped = self.budget_clamped,
@@ -278,6 +296,7 @@ mod tests {
             path: "/v1/chat/completions",
             route: Some("chat \"r\""),
             upstream: Some("openai"),
+            model: Some("gpt-4o \"mini\""),
             budget: Some(Duration::from_millis(8_000)),
             budget_source: Some("header"),
             budget_clamped: Some(true),
@@ -304,6 +323,7 @@ mod tests {
             run_limits: None,
             route: None,
             upstream: None,
+            model: None,
             budget: None,
             budget_source: None,
             budget_clamped: Some(false),

@@ -571,6 +571,56 @@ async fn the_log_line_names_the_upstream_that_failed_before_its_head() {
     assert_eq!(fields["upstream"], "fake", "{line}");
 }
 
+/// The log line names the model the upstream was asked for: the client's, or the upstream's
+/// own where it sets one. A name longer than any model's is cut to 200 bytes, at a
+/// character's boundary.
+#[tokio::test]
+async fn the_log_line_names_the_model_asked_for() {
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
+         [upstreams.fake]\nurl = \"{0}\"\nauth = \"none\"\n\n\
+         [upstreams.pinned]\nurl = \"{0}\"\nauth = \"none\"\nmodel = \"gpt-pinned\"\n\n\
+         [[routes]]\nname = \"pinned\"\npath_prefix = \"/v1/chat/completions\"\n\
+         models = [\"cheap-*\"]\nupstream = \"pinned\"\n\n\
+         [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+        fake.url()
+    );
+    let p = Process::spawn(&toml, &["--log-format", "json"], &[]).await;
+    let long = format!("{}é{}", "m".repeat(199), "x".repeat(300));
+    for model in ["gpt-test", "cheap-one", long.as_str()] {
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let req = Request::post("/v1/chat/completions")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let (resp, _c) = Conn::open(p.addr).await.send(req).await;
+        assert_eq!(resp.status(), 200);
+        read_body(resp.into_body()).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let models = loop {
+        let (out, err) = p.output();
+        let models: Vec<String> = format!("{out}{err}")
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v.get("outcome").is_some())
+            .map(|v| v["model"].as_str().unwrap_or("(none)").to_owned())
+            .collect();
+        if models.len() == 3 || Instant::now() > deadline {
+            break models;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // 199 bytes, then the two-byte é would end past 200: cut before it.
+    assert_eq!(models, ["gpt-test", "gpt-pinned", &"m".repeat(199)]);
+    p.stop().await;
+}
+
 /// Before the body names the model, a request is refused for its budget only when no
 /// candidate route could use it: a route that wants more (its reserve and min_useful) than
 /// the route the model picks does not refuse that route's requests. When none could, the
