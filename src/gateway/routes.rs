@@ -116,9 +116,12 @@ impl Gateway {
                     .iter()
                     .flat_map(|r| r.chain.iter())
                     .map(|e| &e.upstream)
-                    // A rotated key (same file, new contents) needs a new upstream.
+                    // A rotated key or CA (same file, new contents) needs a new upstream.
                     .find(|u| {
-                        *u.config == **up && u.connect_bound == connect && u.credential_is_current()
+                        *u.config == **up
+                            && u.connect_bound == connect
+                            && u.credential_is_current()
+                            && u.ca_is_current()
                     })
                     .cloned()
             });

@@ -39,22 +39,35 @@ pub struct NoH2ByAlpn(
     Option<BoxError>,
 );
 
+/// The contents of the upstream's `ca_file`, as they are now; `None` without one, or beside
+/// an http:// url, where the file is ignored (`check` says so), not read.
+pub(super) fn ca_pem(config: &UpstreamConfig) -> Option<std::io::Result<Vec<u8>>> {
+    let https = config.url.scheme() == Some(&http::uri::Scheme::HTTPS);
+    let path = config.ca_file.as_ref().filter(|_| https)?;
+    Some(std::fs::read(path))
+}
+
+/// The TLS client config, and the `ca_file` contents it trusts (a reload compares them with
+/// the file's: a CA added or revoked in the same file needs a new config).
 pub(super) fn tls_config(
     config: &UpstreamConfig,
-) -> Result<rustls::ClientConfig, UpstreamBuildError> {
+) -> Result<(rustls::ClientConfig, Option<Vec<u8>>), UpstreamBuildError> {
     let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
-    // Beside an http:// url the file is ignored (`check` says so), not read.
-    let https = config.url.scheme() == Some(&http::uri::Scheme::HTTPS);
-    if let Some(path) = config.ca_file.as_ref().filter(|_| https) {
+    let mut trusted = None;
+    if let Some(read) = ca_pem(config) {
         let ca_err = |reason: String| UpstreamBuildError::CaFile {
             upstream: config.name.clone(),
-            path: path.display().to_string(),
+            path: config
+                .ca_file
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
             reason,
         };
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| ca_err(e.to_string()))?
+        let pem = read.map_err(|e| ca_err(format!("failed to read file: {e}")))?;
+        let certs = CertificateDer::pem_slice_iter(&pem)
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ca_err(e.to_string()))?;
         if certs.is_empty() {
@@ -63,13 +76,19 @@ pub(super) fn tls_config(
         for cert in certs {
             roots.add(cert).map_err(|e| ca_err(e.to_string()))?;
         }
+        trusted = Some(pem);
     }
     // An explicit provider: the process-wide default is ambiguous when more than one crypto
     // backend ends up in the dependency graph.
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+        .map(|b| {
+            (
+                b.with_root_certificates(roots).with_no_client_auth(),
+                trusted,
+            )
+        })
         .map_err(|e| UpstreamBuildError::Tls {
             upstream: config.name.clone(),
             reason: e.to_string(),

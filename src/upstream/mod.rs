@@ -27,7 +27,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use self::connect::tls_config;
+use self::connect::{ca_pem, tls_config};
 use self::credential::credential;
 use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
@@ -46,6 +46,8 @@ pub struct Upstream {
     authority: Authority,
     prefix: String,
     credential: Option<(HeaderName, HeaderValue)>,
+    /// The `ca_file` contents its TLS config trusts.
+    trusted_ca: Option<Vec<u8>>,
     clients: Lanes,
     /// What an attempt here is expected to take until its first token, by model.
     pub ttft: TtftEstimates,
@@ -98,7 +100,7 @@ impl Upstream {
         connect_timeout: Duration,
     ) -> Result<Self, UpstreamBuildError> {
         let name: Arc<str> = Arc::from(config.name.as_str());
-        let tls = tls_config(&config)?;
+        let (tls, trusted_ca) = tls_config(&config)?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -158,6 +160,7 @@ impl Upstream {
             authority,
             prefix,
             credential,
+            trusted_ca,
             clients,
         })
     }
@@ -189,6 +192,16 @@ impl Upstream {
     /// reload that reuses this upstream must not keep sending a rotated key.
     pub fn credential_is_current(&self) -> bool {
         matches!(credential(&self.config), Ok(c) if c == self.credential)
+    }
+
+    /// Whether its `ca_file` still holds what its TLS config trusts: a CA added to the
+    /// file, or taken out of it, needs a new upstream.
+    pub fn ca_is_current(&self) -> bool {
+        match ca_pem(&self.config) {
+            None => self.trusted_ca.is_none(),
+            Some(Ok(pem)) => self.trusted_ca.as_deref() == Some(&pem[..]),
+            Some(Err(_)) => false,
+        }
     }
 
     /// Replaces whatever credentials the client sent with the upstream's own. Without a

@@ -251,3 +251,41 @@ async fn an_idle_limit_resets_the_http2_upstream_stream_and_the_connection_is_re
     assert_eq!(reqs.len(), 2);
     assert_eq!(reqs[0].conn_id, reqs[1].conn_id);
 }
+
+/// A `ca_file` changed in place is read again by a reload, as a rotated key file is: a CA
+/// added to it is trusted, and a CA taken out of it no longer is. Before, a reload that
+/// kept the upstream's config kept its TLS config too, with the file's old contents, until
+/// a restart.
+#[tokio::test]
+async fn a_reload_reads_a_changed_ca_file() {
+    let tls = tls_fake(&[b"h2", b"http/1.1"]).await;
+    let other_key = KeyPair::generate().unwrap();
+    let mut other = CertificateParams::new(Vec::<String>::new()).unwrap();
+    other.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let other_ca = other.self_signed(&other_key).unwrap().pem();
+    let right_ca = std::fs::read(&tls.ca_pem).unwrap();
+    let ca_file = tls.ca_pem.with_file_name("rotated.pem");
+    std::fs::write(&ca_file, &other_ca).unwrap();
+
+    let url = format!("https://localhost:{}", tls.relay.port());
+    let gw = server::start(config(&url, Some(&ca_file))).await.unwrap();
+    let status = || async {
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[], true))
+            .await;
+        let status = resp.status();
+        read_body(resp.into_body()).await;
+        status
+    };
+    assert_eq!(status().await, 502, "the file trusts another CA");
+
+    std::fs::write(&ca_file, &right_ca).unwrap();
+    gw.apply(config(&url, Some(&ca_file))).await.unwrap();
+    assert_eq!(status().await, 200, "the CA added to the file is trusted");
+
+    std::fs::write(&ca_file, &other_ca).unwrap();
+    gw.apply(config(&url, Some(&ca_file))).await.unwrap();
+    assert_eq!(status().await, 502, "the CA taken out of it is not");
+    assert_eq!(tls.fake.requests().len(), 1);
+}
