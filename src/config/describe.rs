@@ -30,6 +30,12 @@ impl Config {
 
     pub(super) fn warnings_with(&self, env: &dyn Fn(&str) -> Option<OsString>) -> Vec<String> {
         let mut out = self.inlined_secrets.clone();
+        // Whether the key can be read at all is said where the TLS files are read.
+        if let Some(tls) = &self.server.tls {
+            if let Ok(meta) = std::fs::metadata(&tls.key) {
+                open_to_all_warning("server.tls.key", &tls.key, &meta, &mut out);
+            }
+        }
         for up in &self.upstreams {
             let name = &up.name;
             if let Some(path) = &up.api_key_file {
@@ -364,22 +370,24 @@ fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
             "{label} {}: {e}; the gateway will not start without it",
             path.display()
         )),
-        Ok(meta) => {
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                let mode = meta.permissions().mode() & 0o777;
-                if mode & 0o007 != 0 {
-                    out.push(format!(
-                        "{label} {} is open to every user (mode {mode:03o}); chmod 600 it",
-                        path.display()
-                    ));
-                }
-            }
-            #[cfg(not(unix))]
-            let _ = meta;
+        Ok(meta) => open_to_all_warning(label, path, &meta, out),
+    }
+}
+
+fn open_to_all_warning(label: &str, path: &Path, meta: &std::fs::Metadata, out: &mut Vec<String>) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o007 != 0 {
+            out.push(format!(
+                "{label} {} is open to every user (mode {mode:03o}); chmod 600 it",
+                path.display()
+            ));
         }
     }
+    #[cfg(not(unix))]
+    let _ = (label, path, meta);
 }
 
 /// humantime formatting, so messages echo durations the way they are written.

@@ -45,7 +45,16 @@ fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>,
 /// certificate is picked up without a restart.
 pub fn server_config(tls: &ServerTls) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let chain = certs("cert", &tls.cert)?;
-    let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| file_err("key", &tls.key, e))?;
+    let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| match e {
+        // Also what an encrypted key, or a certificate given as the key, reads as.
+        rustls::pki_types::pem::Error::NoItemsFound => file_err(
+            "key",
+            &tls.key,
+            "no unencrypted private key found (PEM \"PRIVATE KEY\", \"RSA PRIVATE KEY\" or \
+             \"EC PRIVATE KEY\"); an encrypted key must be decrypted first",
+        ),
+        e => file_err("key", &tls.key, e),
+    })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

@@ -409,7 +409,8 @@ fn a_log_reader_that_stops_reading_does_not_stall_the_gateway() {
 
 /// `check` reads the TLS files as start-up does: a key that does not fit its certificate
 /// fails the check (exit 1), not the deploy; a file this machine cannot read (a secret
-/// mounted only where the gateway runs) is a warning, as key files are.
+/// mounted only where the gateway runs) is a warning, as key files are, and so is a key
+/// every user can read.
 #[test]
 fn check_reads_the_tls_files_as_start_up_does() {
     let dir = tempfile::Builder::new()
@@ -442,8 +443,24 @@ fn check_reads_the_tls_files_as_start_up_does() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &str, mode: u32| {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    mode(&key, 0o600);
     let (code, stderr) = run(config(&cert, &key));
     assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    // A key every user of the machine can read is warned of, as key files are.
+    mode(&key, 0o644);
+    let (code, stderr) = run(config(&cert, &key));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "warning: server.tls.key {key} is open to every user (mode 644); chmod 600 it"
+        )),
+        "{stderr}"
+    );
     let (code, stderr) = run(config(&cert, &other_key));
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
@@ -453,7 +470,12 @@ fn check_reads_the_tls_files_as_start_up_does() {
     // A certificate where the key should be: no key in it.
     let (code, stderr) = run(config(&cert, &cert));
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("server.tls.key"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "server.tls.key {cert}: no unencrypted private key found"
+        )),
+        "{stderr}"
+    );
     let (code, stderr) = run(config("/nonexistent/cert.pem", &key));
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
