@@ -239,6 +239,7 @@ async fn serve_connection(
         Some(acceptor) => {
             // Boxed, as HTTP/2 is below: inline, the TLS and HTTP/2 states would size every
             // connection's task (cleartext HTTP/1 too) for the largest of them.
+            let metrics = shared.metrics.clone();
             let tls = Box::pin(async move {
                 let (io, returned) = ClientIo::new(stream, server.send_timeout);
                 let handshake =
@@ -282,6 +283,13 @@ async fn serve_connection(
                         .serve_connection(TokioIo::new(io), service(None, Some(framing.clone())));
                     let result = Draining::new(connection, &drain, watcher).await;
                     linger_if_sending(&result, &framing, &returned);
+                    // A head stalled part-way is counted as over cleartext, but closed without
+                    // the 408: hyper drops the TLS session with the connection, and a 408 on
+                    // the raw socket would be no TLS record.
+                    if result.as_ref().is_err_and(hyper::Error::is_timeout) && framing.mid_message()
+                    {
+                        metrics.refused_head("header_timeout");
+                    }
                     result
                 })
             });

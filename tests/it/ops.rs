@@ -1297,3 +1297,43 @@ async fn a_second_signal_during_the_drain_cuts_at_once() {
         .expect("shutdown returned")
         .unwrap();
 }
+
+/// Over TLS, a head stalled part-way through for `header_read_timeout` is counted as it is
+/// over cleartext (`hourglass_refused_heads_total{reason="header_timeout"}`); an idle
+/// keep-alive connection is not. (It is closed without the 408: hyper drops the TLS
+/// session with the connection.)
+#[tokio::test]
+async fn a_head_stalled_over_tls_is_counted() {
+    let c = certs("stalled-tls-head");
+    let h = Harness::with_config(
+        &tls_config_toml(&c, false)
+            .replace("[server]\n", "[server]\nheader_read_timeout = \"1s\"\n"),
+    )
+    .await;
+    let sample = "hourglass_refused_heads_total{reason=\"header_timeout\"}";
+    let mut idle = tls_client(h.gw.addr, &c, b"http/1.1", false).await.unwrap();
+    let mut stalled = tls_client(h.gw.addr, &c, b"http/1.1", false).await.unwrap();
+    stalled
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n")
+        .await
+        .unwrap();
+    for s in [&mut idle, &mut stalled] {
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+        assert!(read.is_ok(), "closed at the header-read timeout");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.metric(sample).await < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the stalled head was not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.metric(sample).await,
+        1.0,
+        "the idle connection is not counted"
+    );
+}
