@@ -18,7 +18,7 @@ use crate::runs::state::View;
 use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
 use crate::stream::{Observer, StreamEnd};
-use crate::telemetry::log::{clipped_model, RequestLog};
+use crate::telemetry::log::{clipped, RequestLog, ERROR_MAX, MODEL_MAX};
 use crate::telemetry::metrics::{AnswerMetrics, Histogram, RouteMetrics};
 use crate::upstream::Upstream;
 
@@ -90,6 +90,8 @@ pub struct RequestRecord {
     tokens: Option<Tokens>,
     bytes: u64,
     code: Option<&'static str>,
+    /// The message that went with `code`.
+    error: Option<Box<str>>,
     end: Option<End>,
     attempts: Vec<AttemptLog>,
     /// The route's admission slot, freed when the request is reported.
@@ -167,6 +169,7 @@ impl RequestRecord {
             request_bytes: 0,
             body_unread: false,
             model: None,
+            error: None,
         }
     }
 
@@ -445,6 +448,11 @@ impl RequestRecord {
     pub fn fail(&mut self, e: &GatewayError) {
         self.code = Some(e.code());
         self.end = Some(End::from_error(e));
+        // What the client was told, for the operator: which certificate check, which
+        // header, which limit (the code alone does not say).
+        let mut message = e.to_string();
+        message.truncate(clipped(&message, ERROR_MAX).len());
+        self.error = Some(message.into_boxed_str());
     }
 
     pub fn complete(&mut self) {
@@ -572,7 +580,7 @@ impl RequestRecord {
                 Some(u) => u.model_for(self.model.as_deref()),
                 None => self.model.as_deref(),
             }
-            .map(clipped_model),
+            .map(|m| clipped(m, MODEL_MAX)),
             budget: self.budget.as_ref().map(|b| b.total),
             budget_source: self.budget.as_ref().map(|b| b.source.as_str()),
             budget_clamped: self.budget.as_ref().map(|b| b.clamped),
@@ -589,6 +597,7 @@ impl RequestRecord {
             outcome: end.outcome(),
             origin,
             code,
+            error: self.error.as_deref(),
             attempts: attempts.as_deref(),
             client: self.client.as_deref(),
         }

@@ -55,6 +55,8 @@ pub struct RequestLog<'a> {
     pub outcome: &'static str,
     pub origin: Option<&'static str>,
     pub code: Option<&'static str>,
+    /// The message the client was sent with `code`, at most `ERROR_MAX` bytes of it.
+    pub error: Option<&'a str>,
     /// Every attempt, in order, when there was more than one.
     pub attempts: Option<&'a str>,
     /// Who asked: only kept when the access log is on.
@@ -65,13 +67,17 @@ pub struct RequestLog<'a> {
 /// no real one is near this long.
 pub const MODEL_MAX: usize = 200;
 
-/// `model`, cut to at most `MODEL_MAX` bytes at a character's boundary.
-pub fn clipped_model(model: &str) -> &str {
-    let mut end = model.len().min(MODEL_MAX);
-    while !model.is_char_boundary(end) {
+/// The most of an error's message the line carries: a message may quote what the client
+/// sent.
+pub const ERROR_MAX: usize = 500;
+
+/// `text`, cut to at most `max` bytes at a character's boundary.
+pub fn clipped(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
         end -= 1;
     }
-    &model[..end]
+    &text[..end]
 }
 
 /// Whole microseconds: the nearest double to a three-decimal number prints as just that in
@@ -228,6 +234,7 @@ impl RequestLog<'_> {
         code_field(w, ",\"outcome\":\"", Some(self.outcome));
         code_field(w, ",\"origin\":\"", self.origin);
         code_field(w, ",\"code\":\"", self.code);
+        str_field(w, ",\"error\":\"", self.error)?;
         str_field(w, ",\"attempts\":\"", self.attempts)?;
         w.push_str(",\"target\":\"hourglass::request\"}\n");
         Ok(())
@@ -261,6 +268,7 @@ impl RequestLog<'_> {
             outcome = self.outcome,
             origin = self.origin,
             code = self.code,
+            error = self.error,
             attempts = self.attempts,
             "request"
         );
@@ -312,6 +320,7 @@ mod tests {
             outcome: "cancelled",
             origin: Some("idle"),
             code: Some("idle_timeout"),
+            error: Some("no chunk for \"2000ms\""),
             attempts: Some("a:ok:1ms,b:ok:2ms"),
             client: None,
         };
@@ -338,6 +347,7 @@ mod tests {
             status: None,
             origin: None,
             code: None,
+            error: None,
             attempts: None,
             ..full
         };

@@ -549,7 +549,9 @@ async fn an_error_answer_is_no_first_token() {
     );
 }
 
-/// The log line names the upstream a request failed on, when it failed before any answer.
+/// The log line names the upstream a request failed on, when it failed before any answer,
+/// and says why, as the client was told: the code alone does not (which certificate check,
+/// which refusal).
 #[tokio::test]
 async fn the_log_line_names_the_upstream_that_failed_before_its_head() {
     let (_refusing, addr) = refused_addr();
@@ -559,7 +561,10 @@ async fn the_log_line_names_the_upstream_that_failed_before_its_head() {
     let p = Process::spawn(&toml, &["--log-format", "json"], &[]).await;
     let (resp, _c) = Conn::open(p.addr).await.send(chat_request(&[], true)).await;
     assert_eq!(resp.status(), 502);
-    json_body(resp).await;
+    let told = json_body(resp).await["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let (stdout, stderr) = p.stop().await;
     let out = stdout + &stderr;
     let line = out
@@ -569,6 +574,8 @@ async fn the_log_line_names_the_upstream_that_failed_before_its_head() {
     let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
     let fields = v.get("fields").unwrap_or(&v);
     assert_eq!(fields["upstream"], "fake", "{line}");
+    assert!(told.contains("refused"), "{told}");
+    assert_eq!(fields["error"], told.as_str(), "{line}");
 }
 
 /// The log line names the model the upstream was asked for: the client's, or the upstream's
