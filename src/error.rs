@@ -150,7 +150,13 @@ pub enum GatewayError {
     #[error("deadline exceeded: the request's budget of {} is spent", ms(*.budget))]
     DeadlineExceeded { budget: Duration },
     #[error("upstream {upstream:?} unavailable: {reason}")]
-    UpstreamUnavailable { upstream: String, reason: String },
+    UpstreamUnavailable {
+        upstream: String,
+        reason: String,
+        /// Its certificate failed the checks: so will every attempt on it, until it or the
+        /// upstream's `ca_file` changes.
+        certificate: bool,
+    },
     #[error("upstream {upstream:?} failed: {reason}")]
     UpstreamError { upstream: String, reason: String },
     /// The upstream turned the request away before processing any of it (HTTP/2's
@@ -589,6 +595,9 @@ impl GatewayError {
             | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }
             | Self::InsufficientBudget { whole: true, .. }
+            | Self::UpstreamUnavailable {
+                certificate: true, ..
+            }
             | Self::RunCallLimit { .. }
             | Self::RunTokenLimit { .. }
             | Self::RunTokensSpent { .. }

@@ -351,7 +351,9 @@ fn classify(
     let mut source = first;
     let mut timed_out = None;
     let mut refused = None;
+    let mut certificate = None;
     while let Some(s) = source {
+        certificate = certificate.or_else(|| crate::upstream::certificate_error(s));
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
         }
@@ -382,9 +384,18 @@ fn classify(
             sent,
         }
     } else if e.is_connect() {
+        let reason = match certificate {
+            // rustls names this one by its enum variant alone.
+            Some(rustls::CertificateError::UnknownIssuer) => format!(
+                "{reason}: the certificate's issuer is not among the trusted roots (a private \
+                 CA goes in the upstream's ca_file)"
+            ),
+            _ => reason,
+        };
         GatewayError::UpstreamUnavailable {
             upstream: name,
             reason,
+            certificate: certificate.is_some(),
         }
     } else {
         GatewayError::UpstreamError {

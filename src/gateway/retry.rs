@@ -154,7 +154,19 @@ pub async fn run(
                     if !retryable {
                         return Err(error);
                     }
+                    // A certificate that failed fails every retry here the same way: on to
+                    // the fallback, if any.
+                    let certificate = matches!(
+                        error,
+                        GatewayError::UpstreamUnavailable {
+                            certificate: true,
+                            ..
+                        }
+                    );
                     last = Last::Error(error);
+                    if certificate {
+                        break;
+                    }
                 }
             }
         }

@@ -112,6 +112,24 @@ fn refused_h2(e: &(dyn std::error::Error + 'static)) -> bool {
     e.source().is_some_and(refused_h2)
 }
 
+/// The upstream's certificate failed this gateway's checks (expired, another name, an
+/// issuer not trusted): the same every time until the certificate or `ca_file` changes.
+pub fn certificate_error(
+    e: &(dyn std::error::Error + 'static),
+) -> Option<rustls::CertificateError> {
+    if let Some(rustls::Error::InvalidCertificate(c)) = e.downcast_ref::<rustls::Error>() {
+        return Some(c.clone());
+    }
+    // As in `refused_h2`: an io::Error's inner error is reached by `get_ref` only.
+    if let Some(inner) = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        return certificate_error(inner);
+    }
+    e.source().and_then(certificate_error)
+}
+
 /// Bounds the whole connector call, TCP and TLS together (hyper-util's own connect timeout
 /// covers TCP only), and an HTTP/2 connection's wait for the server's first frame, which is
 /// part of connecting: hyper's handshake does not wait for it, so without this bound a

@@ -11,7 +11,7 @@ pub mod estimate;
 mod h2_pool;
 mod io;
 
-pub use self::connect::{ConnectTimedOut, TimeoutConnector};
+pub use self::connect::{certificate_error, ConnectTimedOut, TimeoutConnector};
 pub use self::error::UpstreamBuildError;
 pub use self::h2_pool::StreamSlot;
 

@@ -289,3 +289,39 @@ async fn a_reload_reads_a_changed_ca_file() {
     assert_eq!(status().await, 502, "the CA taken out of it is not");
     assert_eq!(tls.fake.requests().len(), 1);
 }
+
+/// A certificate that fails the checks fails every attempt the same way: no retry on that
+/// upstream (its fallback is still tried), and the client is told not to retry either. An
+/// untrusted issuer is named in words, with where a private CA goes.
+#[tokio::test]
+async fn a_certificate_that_fails_is_not_retried() {
+    let tls = tls_fake(&[b"h2", b"http/1.1"]).await;
+    let url = format!("https://localhost:{}", tls.relay.port());
+    let toml = BASE.replace("{FAKE}", &url).replacen(
+        "upstream = \"fake\"\n",
+        "upstream = \"fake\"\nretries = 2\n",
+        1,
+    );
+    let gw = server::start(Config::from_toml(&toml, "tls-retry.toml").unwrap())
+        .await
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], true))
+        .await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    let v = json_body(resp).await;
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("UnknownIssuer") && message.contains("ca_file"),
+        "{message}"
+    );
+    let retries = metric(
+        gw.admin_addr,
+        "hourglass_retries_total{reason=\"connect\",route=\"chat\",upstream=\"fake\"}",
+    )
+    .await;
+    assert_eq!(retries, 0.0);
+    assert!(tls.fake.requests().is_empty());
+}
