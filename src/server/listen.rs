@@ -255,10 +255,12 @@ async fn serve_connection(
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
                         tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        metrics.tls_handshake_failure(crate::server::tls::handshake_failure(&e));
                         return None;
                     }
                     Err(_) => {
                         tracing::debug!(%peer, "TLS handshake timed out");
+                        metrics.tls_handshake_failure("timeout");
                         return None;
                     }
                 };

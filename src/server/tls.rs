@@ -78,3 +78,31 @@ pub fn server_config(tls: &ServerTls) -> Result<Arc<rustls::ServerConfig>, TlsEr
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
+
+/// Why a client's TLS handshake failed, as `hourglass_tls_handshake_failures_total` counts
+/// it (`timeout` is counted where the handshake is timed).
+pub fn handshake_failure(e: &std::io::Error) -> &'static str {
+    use std::io::ErrorKind;
+    let Some(tls) = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return match e.kind() {
+            ErrorKind::UnexpectedEof | ErrorKind::ConnectionReset | ErrorKind::BrokenPipe => {
+                "closed"
+            }
+            _ => "other",
+        };
+    };
+    match tls {
+        rustls::Error::NoCertificatesPresented | rustls::Error::InvalidCertificate(_) => {
+            "client_certificate"
+        }
+        rustls::Error::AlertReceived(_) => "alert",
+        rustls::Error::PeerIncompatible(_) | rustls::Error::NoApplicationProtocol => "incompatible",
+        rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
+            "malformed"
+        }
+        _ => "other",
+    }
+}

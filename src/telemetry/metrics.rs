@@ -30,6 +30,17 @@ const BUDGET_BUCKETS: &[f64] = &[
 ];
 const RATIO_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
 
+/// The `reason`s of `hourglass_tls_handshake_failures_total`.
+pub const TLS_HANDSHAKE_FAILURES: [&str; 7] = [
+    "timeout",
+    "client_certificate",
+    "alert",
+    "incompatible",
+    "malformed",
+    "closed",
+    "other",
+];
+
 pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
@@ -53,6 +64,7 @@ pub struct Metrics {
     config_info: IntGaugeVec,
     panics: IntCounter,
     refused_heads: IntCounterVec,
+    tls_handshake_failures: IntCounterVec,
     runs: RunMetrics,
     stream_upstream: IntCounterVec,
     partial_answers: IntCounterVec,
@@ -377,6 +389,24 @@ impl Metrics {
         for reason in ["malformed", "too_large", "header_timeout"] {
             refused_heads.with_label_values(&[reason]);
         }
+        let tls_handshake_failures = IntCounterVec::new(
+            Opts::new(
+                "hourglass_tls_handshake_failures_total",
+                "Client connections whose TLS handshake failed (no request, no log line): \
+                 timeout (none within header_read_timeout), client_certificate (missing or \
+                 refused), alert (the client refused the handshake, often this gateway's \
+                 certificate), incompatible (no common version, cipher or ALPN protocol), \
+                 malformed (not TLS: plain HTTP, say), closed (the client left), other.",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(tls_handshake_failures.clone()))
+            .expect("unique metric");
+        for reason in TLS_HANDSHAKE_FAILURES {
+            tls_handshake_failures.with_label_values(&[reason]);
+        }
         let log_lines_dropped = IntCounter::new(
             "hourglass_log_lines_dropped_total",
             "Log lines dropped because the log's reader fell behind (the gateway never waits \
@@ -457,6 +487,7 @@ impl Metrics {
             config_info,
             panics,
             refused_heads,
+            tls_handshake_failures,
             requests,
             cancellations,
             budget,
@@ -601,6 +632,14 @@ impl Metrics {
     /// metric's help names.
     pub fn refused_head(&self, reason: &'static str) {
         self.refused_heads.with_label_values(&[reason]).inc();
+    }
+
+    /// A client connection's TLS handshake failed: `reason` is one of
+    /// `TLS_HANDSHAKE_FAILURES`.
+    pub fn tls_handshake_failure(&self, reason: &'static str) {
+        self.tls_handshake_failures
+            .with_label_values(&[reason])
+            .inc();
     }
 
     pub fn hedge(&self, route: &str, winner: &str) {

@@ -1337,3 +1337,75 @@ async fn a_head_stalled_over_tls_is_counted() {
         "the idle connection is not counted"
     );
 }
+
+/// Failed TLS handshakes make no request and no log line: the counter says how many failed,
+/// and why (a client's missing certificate, a client refusing the gateway's, plain HTTP on
+/// the TLS port, a client gone, a silent one), so an mTLS rollout or a certificate the
+/// clients do not trust shows on a dashboard.
+#[tokio::test]
+async fn failed_tls_handshakes_are_counted_by_reason() {
+    let c = certs("tls-failures");
+    let h = Harness::with_config(
+        &tls_config_toml(&c, true)
+            .replace("[server]\n", "[server]\nheader_read_timeout = \"1s\"\n"),
+    )
+    .await;
+    let count = |reason: &'static str| {
+        let admin = h.gw.admin_addr;
+        async move {
+            metric(
+                admin,
+                &format!("hourglass_tls_handshake_failures_total{{reason=\"{reason}\"}}"),
+            )
+            .await
+        }
+    };
+    // No client certificate where the listener asks for one.
+    let mut no_cert = tls_client(h.addr(), &c, b"http/1.1", false).await;
+    if let Ok(s) = no_cert.as_mut() {
+        let _ = s.read(&mut [0u8; 1]).await;
+    }
+    // A client that does not trust the gateway's certificate (only the public roots).
+    let strict = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    })
+    .with_no_client_auth();
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    assert!(tokio_rustls::TlsConnector::from(Arc::new(strict))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .is_err());
+    // Plain HTTP on the TLS port.
+    let mut plain = TcpStream::connect(h.addr()).await.unwrap();
+    plain
+        .write_all(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\n\r\n")
+        .await
+        .unwrap();
+    let _ = plain.read_to_end(&mut Vec::new()).await;
+    // A client that connects and leaves, and one that says nothing.
+    drop(TcpStream::connect(h.addr()).await.unwrap());
+    let mut silent = TcpStream::connect(h.addr()).await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut [0u8; 1])).await;
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = [
+            count("client_certificate").await,
+            count("alert").await,
+            count("malformed").await,
+            count("closed").await,
+            count("timeout").await,
+        ];
+        if got == [1.0; 5] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{got:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(count("other").await, 0.0);
+}
