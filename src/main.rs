@@ -202,12 +202,18 @@ fn check(path: &Path) -> ExitCode {
                         "warning: server.tls {}: {e}; the gateway will not start without it",
                         p.display()
                     ),
-                    None => {
-                        if let Err(e) = hourglass::server::tls::server_config(tls) {
+                    None => match hourglass::server::tls::server_config(tls) {
+                        Err(e) => {
                             eprintln!("{e}");
                             return ExitCode::FAILURE;
                         }
-                    }
+                        Ok(listener) => {
+                            let now = std::time::SystemTime::now();
+                            if let Some(w) = listener.expiry_warning(tls, now) {
+                                eprintln!("warning: {w}");
+                            }
+                        }
+                    },
                 }
             }
             let errors = hourglass::gateway::preflight::startup_errors(&config);

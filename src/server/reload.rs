@@ -5,8 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_rustls::TlsAcceptor;
-
 use crate::config::{scrub, Config};
 use crate::gateway::Gateway;
 use crate::server::running::Running;
@@ -147,11 +145,12 @@ pub(super) fn apply(shared: &Shared, config: Config) -> Result<String, ServerErr
     if let Some(warning) = shared.at_start.changed_by(&config.server) {
         tracing::warn!("{warning}");
     }
-    let tls = match &config.server.tls {
-        Some(t) => Some(Arc::new(TlsAcceptor::from(
-            crate::server::tls::server_config(t)?,
-        ))),
-        None => None,
+    let (tls, expires) = match &config.server.tls {
+        Some(t) => {
+            let (acceptor, expires) = crate::server::tls::acceptor(t)?;
+            (Some(acceptor), expires)
+        }
+        None => (None, None),
     };
     let fingerprint = config.fingerprint.clone();
     let server = Arc::new(config.server.clone());
@@ -166,6 +165,7 @@ pub(super) fn apply(shared: &Shared, config: Config) -> Result<String, ServerErr
     }
     shared.gateway.store(Arc::new(gateway));
     shared.tls.store(tls);
+    shared.metrics.tls_certificate_expires(expires);
     shared.server.store(server);
     shared.metrics.reload(true);
     shared.metrics.config_loaded(&fingerprint);

@@ -10,7 +10,6 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use socket2::SockRef;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tokio_rustls::TlsAcceptor;
 
 use crate::config::Config;
 use crate::gateway::Gateway;
@@ -67,9 +66,11 @@ pub async fn start_with_source(
     let metrics = Arc::new(Metrics::new());
     let cut = Signal::new();
     let tls = match &config.server.tls {
-        Some(t) => Some(Arc::new(TlsAcceptor::from(
-            crate::server::tls::server_config(t)?,
-        ))),
+        Some(t) => {
+            let (acceptor, expires) = crate::server::tls::acceptor(t)?;
+            metrics.tls_certificate_expires(expires);
+            Some(acceptor)
+        }
         None => None,
     };
     let fingerprint = config.fingerprint.clone();

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -41,10 +42,76 @@ fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>,
     Ok(certs)
 }
 
+/// The acceptor's config, and when its certificate expires.
+pub struct ListenerTls {
+    pub config: Arc<rustls::ServerConfig>,
+    /// The leaf certificate's notAfter (`None` if it cannot be read from the DER, which
+    /// rustls accepted all the same).
+    pub expires: Option<SystemTime>,
+}
+
+/// Under this much validity left, start-up, reloads and `check` warn: a certificate renewed
+/// on time (Let's Encrypt renews with 30 days left) never gets this close.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+
+impl ListenerTls {
+    /// A warning when the certificate has expired, or expires within `EXPIRY_WARNING`.
+    pub fn expiry_warning(&self, tls: &ServerTls, now: SystemTime) -> Option<String> {
+        let expires = self.expires?;
+        let at = humantime::format_rfc3339_seconds(expires);
+        let path = tls.cert.display();
+        match expires.duration_since(now) {
+            Err(_) => Some(format!(
+                "server.tls.cert {path} expired at {at}: clients will refuse it"
+            )),
+            Ok(left) if left < EXPIRY_WARNING => Some(format!(
+                "server.tls.cert {path} expires at {at}, in {} days",
+                left.as_secs() / 86_400
+            )),
+            Ok(_) => None,
+        }
+    }
+}
+
+/// A certificate's notAfter, read from its DER (RFC 5280 4.1).
+fn not_after(der: &[u8]) -> Option<SystemTime> {
+    let unix = yasna::parse_der(der, |r| {
+        r.read_sequence(|r| {
+            let not_after = r.next().read_sequence(|r| {
+                // version [0] EXPLICIT DEFAULT v1, then serialNumber, signature, issuer.
+                r.read_optional(|r| r.read_tagged(yasna::Tag::context(0), |r| r.read_der()))?;
+                for _ in 0..3 {
+                    r.next().read_der()?;
+                }
+                let not_after = r.next().read_sequence(|r| {
+                    r.next().read_der()?;
+                    let t = r.next();
+                    match t.lookahead_tag()? {
+                        yasna::tags::TAG_UTCTIME => {
+                            Ok(t.read_utctime()?.datetime().unix_timestamp())
+                        }
+                        _ => Ok(t.read_generalized_time()?.datetime().unix_timestamp()),
+                    }
+                })?;
+                // subject, subjectPublicKeyInfo, the unique ids and extensions.
+                while r.read_optional(|r| r.read_der())?.is_some() {}
+                Ok(not_after)
+            })?;
+            r.next().read_der()?;
+            r.next().read_der()?;
+            Ok(not_after)
+        })
+    })
+    .ok()?;
+    let secs = u64::try_from(unix).ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
 /// Builds the acceptor's config. Called at start-up and on every reload, so a rotated
 /// certificate is picked up without a restart.
-pub fn server_config(tls: &ServerTls) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let chain = certs("cert", &tls.cert)?;
+    let expires = not_after(&chain[0]);
     let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| match e {
         // Also what an encrypted key, or a certificate given as the key, reads as.
         rustls::pki_types::pem::Error::NoItemsFound => file_err(
@@ -76,7 +143,23 @@ pub fn server_config(tls: &ServerTls) -> Result<Arc<rustls::ServerConfig>, TlsEr
         .with_single_cert(chain, key)
         .map_err(|e| TlsError::Config(format!("cert and key do not fit together: {e}")))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    Ok(ListenerTls {
+        config: Arc::new(config),
+        expires,
+    })
+}
+
+/// The listener's acceptor, at start-up or on a reload, and when its certificate expires
+/// (for the gauge, set once it serves); warns of a certificate that has expired or soon will.
+pub fn acceptor(
+    tls: &ServerTls,
+) -> Result<(Arc<tokio_rustls::TlsAcceptor>, Option<SystemTime>), TlsError> {
+    let listener = server_config(tls)?;
+    if let Some(w) = listener.expiry_warning(tls, SystemTime::now()) {
+        tracing::warn!("{w}");
+    }
+    let acceptor = Arc::new(tokio_rustls::TlsAcceptor::from(listener.config));
+    Ok((acceptor, listener.expires))
 }
 
 /// Why a client's TLS handshake failed, as `hourglass_tls_handshake_failures_total` counts
@@ -104,5 +187,80 @@ pub fn handshake_failure(e: &std::io::Error) -> &'static str {
             "malformed"
         }
         _ => "other",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert_until(year: i32, month: u8, day: u8) -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(year, month, day);
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    fn unix(t: SystemTime) -> u64 {
+        t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs()
+    }
+
+    #[test]
+    fn not_after_is_read_in_both_time_forms() {
+        // RFC 5280 4.1.2.5: UTCTime through 2049, GeneralizedTime from 2050.
+        assert_eq!(
+            not_after(&cert_until(2027, 3, 4)).map(unix),
+            Some(1_804_118_400)
+        );
+        assert_eq!(
+            not_after(&cert_until(2051, 1, 1)).map(unix),
+            Some(2_556_144_000)
+        );
+        assert_eq!(not_after(b"not a certificate"), None);
+    }
+
+    #[test]
+    fn an_expired_or_expiring_certificate_is_warned_of() {
+        let tls = ServerTls {
+            cert: "/etc/hourglass/tls.pem".into(),
+            key: "/etc/hourglass/tls.key".into(),
+            client_ca: None,
+        };
+        let at = |secs: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+        let listener = |expires| ListenerTls {
+            config: Arc::new(
+                rustls::ServerConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_cert_resolver(Arc::new(rustls::server::ResolvesServerCertUsingSni::new())),
+            ),
+            expires,
+        };
+        let expires = at(1_804_118_400); // 2027-03-04T00:00:00Z
+        let day = 86_400;
+        assert_eq!(
+            listener(Some(expires)).expiry_warning(&tls, at(1_804_118_400 + 1)),
+            Some(
+                "server.tls.cert /etc/hourglass/tls.pem expired at 2027-03-04T00:00:00Z: \
+                 clients will refuse it"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            listener(Some(expires)).expiry_warning(&tls, at(1_804_118_400 - 3 * day - 5)),
+            Some(
+                "server.tls.cert /etc/hourglass/tls.pem expires at 2027-03-04T00:00:00Z, in 3 days"
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            listener(Some(expires)).expiry_warning(&tls, at(1_804_118_400 - 15 * day)),
+            None
+        );
+        assert_eq!(listener(None).expiry_warning(&tls, at(0)), None);
     }
 }

@@ -65,6 +65,7 @@ pub struct Metrics {
     panics: IntCounter,
     refused_heads: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
+    tls_expiry: IntGaugeVec,
     runs: RunMetrics,
     stream_upstream: IntCounterVec,
     partial_answers: IntCounterVec,
@@ -407,6 +408,18 @@ impl Metrics {
         for reason in TLS_HANDSHAKE_FAILURES {
             tls_handshake_failures.with_label_values(&[reason]);
         }
+        let tls_expiry = IntGaugeVec::new(
+            Opts::new(
+                "hourglass_tls_certificate_expiry_timestamp_seconds",
+                "When the client listener's certificate ([server.tls] cert) expires, in Unix \
+                 seconds; set at start-up and on every reload, absent without TLS.",
+            ),
+            &["listener"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(tls_expiry.clone()))
+            .expect("unique metric");
         let log_lines_dropped = IntCounter::new(
             "hourglass_log_lines_dropped_total",
             "Log lines dropped because the log's reader fell behind (the gateway never waits \
@@ -488,6 +501,7 @@ impl Metrics {
             panics,
             refused_heads,
             tls_handshake_failures,
+            tls_expiry,
             requests,
             cancellations,
             budget,
@@ -640,6 +654,21 @@ impl Metrics {
         self.tls_handshake_failures
             .with_label_values(&[reason])
             .inc();
+    }
+
+    /// The listener certificate's expiry, or none (no TLS, or a notAfter that could not be
+    /// read): the series goes.
+    pub fn tls_certificate_expires(&self, at: Option<std::time::SystemTime>) {
+        let secs = at.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        match secs {
+            Some(s) => self
+                .tls_expiry
+                .with_label_values(&["client"])
+                .set(i64::try_from(s.as_secs()).unwrap_or(i64::MAX)),
+            None => {
+                let _ = self.tls_expiry.remove_label_values(&["client"]);
+            }
+        }
     }
 
     pub fn hedge(&self, route: &str, winner: &str) {

@@ -476,6 +476,22 @@ fn check_reads_the_tls_files_as_start_up_does() {
         )),
         "{stderr}"
     );
+    // An expired certificate is served (rustls does not check its own), with a warning.
+    let old_key = rcgen::KeyPair::generate().unwrap();
+    let mut old = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    old.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    old.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let old_cert = file("old.pem", old.self_signed(&old_key).unwrap().pem());
+    let old_key = file("old.key", old_key.serialize_pem());
+    mode(&old_key, 0o600);
+    let (code, stderr) = run(config(&old_cert, &old_key));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "warning: server.tls.cert {old_cert} expired at 2021-01-01T00:00:00Z: clients will refuse it"
+        )),
+        "{stderr}"
+    );
     let (code, stderr) = run(config("/nonexistent/cert.pem", &key));
     assert_eq!(code, Some(0), "{stderr}");
     assert!(

@@ -1408,4 +1408,15 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(count("other").await, 0.0);
+    // The certificate's expiry, for an alert well before clients refuse it.
+    let expiry = metric(
+        h.gw.admin_addr,
+        "hourglass_tls_certificate_expiry_timestamp_seconds{listener=\"client\"}",
+    )
+    .await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(expiry > now, "{expiry}");
 }
