@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// The top-level members of a request body's JSON object, names decoded as the provider
@@ -98,12 +98,43 @@ fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
     }
 }
 
-/// The body's top-level `model`, when it is a JSON object that names one.
+/// The body's top-level `model`, when it is a JSON object that names one. Every request's
+/// body is read for it, so it keeps no table of members as [`Members`] does: the other
+/// values are skipped as they are parsed.
 pub fn model_of(body: &[u8]) -> Result<Option<Cow<'_, str>>, Repeated> {
-    let Some(members) = Members::parse(body) else {
-        return Ok(None);
-    };
-    Ok(members.get("model")?.and_then(text))
+    /// The `model` members: the first's value (`None` when it is no string), and whether
+    /// there was another.
+    struct Model<'a>(Option<Option<Cow<'a, str>>>, bool);
+    impl<'de: 'a, 'a> Deserialize<'de> for Model<'a> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Object;
+            impl<'de> Visitor<'de> for Object {
+                type Value = Model<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Model<'de>, M::Error> {
+                    let mut model = Model(None, false);
+                    while let Some(Name(name)) = map.next_key::<Name<'de>>()? {
+                        if name == "model" {
+                            let raw: &RawValue = map.next_value()?;
+                            model.1 |= model.0.is_some();
+                            model.0.get_or_insert(text(raw));
+                        } else {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                    Ok(model)
+                }
+            }
+            d.deserialize_map(Object)
+        }
+    }
+    match serde_json::from_slice::<Model<'_>>(body) {
+        Ok(Model(_, true)) => Err(Repeated("model".to_owned())),
+        Ok(Model(value, false)) => Ok(value.flatten()),
+        Err(_) => Ok(None),
+    }
 }
 
 /// The most output tokens the request asks for: `max_completion_tokens` or `max_tokens`

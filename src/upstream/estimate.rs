@@ -3,7 +3,6 @@
 //! upstream serves: a reasoning model's first token can take a minute where a small model's
 //! takes 300 ms, and one estimate for both would refuse the small model's short budgets.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
@@ -115,7 +114,9 @@ pub const MAX_MODELS: usize = 64;
 #[derive(Debug)]
 pub struct TtftEstimates {
     seed: Option<Duration>,
-    models: RwLock<HashMap<Box<str>, TtftEstimate>>,
+    /// A handful of models in practice, at most `MAX_MODELS`: searched in order, which costs
+    /// less than hashing the name.
+    models: RwLock<Vec<(Box<str>, TtftEstimate)>>,
     /// Requests that name no model, and the models past `MAX_MODELS`.
     other: TtftEstimate,
 }
@@ -135,7 +136,7 @@ impl TtftEstimates {
             return self.other.get();
         };
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
-        match models.get(model) {
+        match find(&models, model) {
             Some(e) => e.get(),
             None if models.len() >= MAX_MODELS => self.other.get(),
             None => self.seed.unwrap_or_default(),
@@ -158,20 +159,26 @@ impl TtftEstimates {
         };
         {
             let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(e) = models.get(model) {
+            if let Some(e) = find(&models, model) {
                 return f(e);
             }
         }
         let mut models = self.models.write().unwrap_or_else(PoisonError::into_inner);
-        if models.len() >= MAX_MODELS && !models.contains_key(model) {
+        // Another thread may have added it between the two locks.
+        if let Some(e) = find(&models, model) {
+            return f(e);
+        }
+        if models.len() >= MAX_MODELS {
             drop(models);
             return f(&self.other);
         }
-        let e = models
-            .entry(model.into())
-            .or_insert_with(|| TtftEstimate::new(self.seed));
-        f(e);
+        models.push((model.into(), TtftEstimate::new(self.seed)));
+        f(&models[models.len() - 1].1);
     }
+}
+
+fn find<'a>(models: &'a [(Box<str>, TtftEstimate)], model: &str) -> Option<&'a TtftEstimate> {
+    models.iter().find(|(m, _)| **m == *model).map(|(_, e)| e)
 }
 
 #[cfg(test)]
