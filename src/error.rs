@@ -245,6 +245,9 @@ pub enum GatewayError {
     /// echoes the provider key the gateway adds.
     #[error("method {method} is not allowed: {}", method_refused_why(.method))]
     MethodNotAllowed { method: String },
+    /// A plain HTTP request on a TLS listener (`http://` where `https://` was meant).
+    #[error("this port speaks TLS: the request was sent in plain HTTP; use https://")]
+    PlainHttpOnTls,
     /// A bug: the request handler panicked. Logged and counted; the process keeps serving.
     #[error("internal error in the gateway")]
     Internal,
@@ -393,6 +396,7 @@ impl GatewayError {
             Self::RunDeadlineExceeded { .. } => "run_deadline_exceeded",
             Self::RunStoreUnavailable { .. } => "run_store_unavailable",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::PlainHttpOnTls => "plain_http_on_tls",
             Self::Internal => "internal_error",
         }
     }
@@ -435,6 +439,7 @@ impl GatewayError {
                 StatusCode::NOT_IMPLEMENTED
             }
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PlainHttpOnTls => StatusCode::BAD_REQUEST,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -464,7 +469,7 @@ impl GatewayError {
             | Self::RunLoopDetected { .. } => "rate_limit_error",
             Self::RunDeadlineExceeded { .. } => "timeout_error",
             Self::RunStoreUnavailable { .. } => "overloaded_error",
-            Self::MethodNotAllowed { .. } => "invalid_request_error",
+            Self::MethodNotAllowed { .. } | Self::PlainHttpOnTls => "invalid_request_error",
             // The names both OpenAI and Anthropic use for these.
             Self::Unauthorized => "authentication_error",
             Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => "overloaded_error",

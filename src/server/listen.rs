@@ -130,6 +130,52 @@ async fn sniff(stream: &TcpStream, limit: Duration) -> Option<Protocol> {
     tokio::time::timeout(limit, look).await.ok().flatten()
 }
 
+/// The connection's first byte, once it comes; `None` if it closed first.
+async fn first_byte(stream: &TcpStream) -> Option<u8> {
+    let mut b = [0u8; 1];
+    match stream.peek(&mut b).await {
+        Ok(1) => Some(b[0]),
+        _ => None,
+    }
+}
+
+/// Answers a plain HTTP request made on the TLS listener with a 400 that says so. Its head
+/// is read first (up to its end, 16 KiB or a second), and what follows is read for up to a
+/// second after the answer, so that closing does not reset the connection under the answer.
+async fn answer_plain_http(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MOST: usize = 16 << 10;
+    let mut buf = vec![0u8; 4096];
+    let mut head = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while head.len() < MOST && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => head.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    let body = GatewayError::PlainHttpOnTls.json_body();
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n",
+        body.len()
+    );
+    let sent = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.write_all(&body).await?;
+        stream.shutdown().await
+    })
+    .await;
+    if matches!(sent, Ok(Ok(()))) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+        })
+        .await;
+    }
+}
+
 pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: Signal) {
     let graceful = GracefulShutdown::new();
     let initial = shared.server.load_full();
@@ -241,9 +287,21 @@ async fn serve_connection(
             // connection's task (cleartext HTTP/1 too) for the largest of them.
             let metrics = shared.metrics.clone();
             let tls = Box::pin(async move {
+                let by = tokio::time::Instant::now() + server.header_read_timeout;
+                // A TLS client speaks first with a handshake record (0x16); a request line
+                // starts with a method's capital letter. Such a client is told in HTTP, as
+                // nginx does, instead of sent an alert it would read as garbage.
+                let first = tokio::select! {
+                    r = tokio::time::timeout_at(by, first_byte(&stream)) => r,
+                    () = drain.fired() => return None,
+                };
+                if let Ok(Some(b'A'..=b'Z')) = first {
+                    metrics.tls_handshake_failure("plain_http");
+                    answer_plain_http(stream).await;
+                    return None;
+                }
                 let (io, returned) = ClientIo::new(stream, server.send_timeout);
-                let handshake =
-                    tokio::time::timeout(server.header_read_timeout, acceptor.accept(io));
+                let handshake = tokio::time::timeout_at(by, acceptor.accept(io));
                 // No request is in flight yet: a drain closes the connection at once rather
                 // than wait out the handshake (a load balancer's probe would hold every
                 // shutdown for the header-read timeout).

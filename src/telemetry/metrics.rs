@@ -31,11 +31,12 @@ const BUDGET_BUCKETS: &[f64] = &[
 const RATIO_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0];
 
 /// The `reason`s of `hourglass_tls_handshake_failures_total`.
-pub const TLS_HANDSHAKE_FAILURES: [&str; 7] = [
+pub const TLS_HANDSHAKE_FAILURES: [&str; 8] = [
     "timeout",
     "client_certificate",
     "alert",
     "incompatible",
+    "plain_http",
     "malformed",
     "closed",
     "other",
@@ -397,7 +398,8 @@ impl Metrics {
                  timeout (none within header_read_timeout), client_certificate (missing or \
                  refused), alert (the client refused the handshake, often this gateway's \
                  certificate), incompatible (no common version, cipher or ALPN protocol), \
-                 malformed (not TLS: plain HTTP, say), closed (the client left), other.",
+                 plain_http (answered 400 plain_http_on_tls), malformed (not TLS), closed \
+                 (the client left), other.",
             ),
             &["reason"],
         )

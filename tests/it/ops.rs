@@ -1340,8 +1340,9 @@ async fn a_head_stalled_over_tls_is_counted() {
 
 /// Failed TLS handshakes make no request and no log line: the counter says how many failed,
 /// and why (a client's missing certificate, a client refusing the gateway's, plain HTTP on
-/// the TLS port, a client gone, a silent one), so an mTLS rollout or a certificate the
-/// clients do not trust shows on a dashboard.
+/// the TLS port, which is answered 400 in HTTP, bytes that are no TLS, a client gone, a
+/// silent one), so an mTLS rollout or a certificate the clients do not trust shows on a
+/// dashboard.
 #[tokio::test]
 async fn failed_tls_handshakes_are_counted_by_reason() {
     let c = certs("tls-failures");
@@ -1380,13 +1381,25 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
         .is_err());
-    // Plain HTTP on the TLS port.
+    // Plain HTTP on the TLS port is told so, in HTTP (as nginx does).
     let mut plain = TcpStream::connect(h.addr()).await.unwrap();
     plain
         .write_all(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\n\r\n")
         .await
         .unwrap();
-    let _ = plain.read_to_end(&mut Vec::new()).await;
+    let mut answer = Vec::new();
+    plain.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request\r\n")
+            && answer.contains("\"code\":\"plain_http_on_tls\"")
+            && answer.contains("use https://"),
+        "{answer}"
+    );
+    // Bytes that are neither TLS nor HTTP.
+    let mut junk = TcpStream::connect(h.addr()).await.unwrap();
+    junk.write_all(&[0u8, 1, 2, 3, 4, 5, 6, 7]).await.unwrap();
+    let _ = junk.read_to_end(&mut Vec::new()).await;
     // A client that connects and leaves, and one that says nothing.
     drop(TcpStream::connect(h.addr()).await.unwrap());
     let mut silent = TcpStream::connect(h.addr()).await.unwrap();
@@ -1397,11 +1410,12 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
         let got = [
             count("client_certificate").await,
             count("alert").await,
+            count("plain_http").await,
             count("malformed").await,
             count("closed").await,
             count("timeout").await,
         ];
-        if got == [1.0; 5] {
+        if got == [1.0; 6] {
             break;
         }
         assert!(Instant::now() < deadline, "{got:?}");
