@@ -15,6 +15,17 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Anthropic's credential header (OpenAI's is `Authorization`).
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
+/// Every header a provider reads a key from: OpenAI's and Anthropic's, Azure OpenAI's
+/// `api-key` and Google's `x-goog-api-key`. When the gateway sends its own key, none of
+/// the client's may ride along: the provider could bill the one it prefers, and the
+/// client's key for this gateway would reach a third party.
+pub const CREDENTIALS: [HeaderName; 4] = [
+    header::AUTHORIZATION,
+    X_API_KEY,
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("x-goog-api-key"),
+];
+
 /// Connection-level headers (RFC 9110 section 7.6.1) that never cross a proxy.
 const HOPS: usize = 9;
 const HOP_BY_HOP: [HeaderName; HOPS] = [

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderName, AUTHORIZATION};
+use http::header::HeaderName;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Uri};
 use http_body_util::Full;
@@ -32,7 +32,7 @@ use self::credential::credential;
 use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
 use crate::config::{Http2Mode, UpstreamConfig};
-use crate::http::headers::X_API_KEY;
+use crate::http::headers::{present, CREDENTIALS};
 
 /// The most an HTTP/1.1 upstream connection buffers of what it reads.
 const UPSTREAM_READ_BUFFER: usize = 64 * 1024;
@@ -208,8 +208,13 @@ impl Upstream {
     /// configured key the client's own headers pass through untouched.
     pub fn apply_credentials(&self, headers: &mut HeaderMap) {
         if let Some((name, value)) = &self.credential {
-            headers.remove(AUTHORIZATION);
-            headers.remove(X_API_KEY);
+            for (theirs, _) in CREDENTIALS
+                .iter()
+                .zip(present(headers, CREDENTIALS.each_ref()))
+                .filter(|(_, p)| *p)
+            {
+                headers.remove(theirs);
+            }
             headers.insert(name.clone(), value.clone());
         }
     }

@@ -289,6 +289,8 @@ async fn a_configured_key_replaces_the_clients_credentials() {
             &[
                 ("authorization", "Bearer client-key"),
                 ("x-api-key", "client-key-2"),
+                ("api-key", "client-key-3"),
+                ("x-goog-api-key", "client-key-4"),
             ],
             true,
         ))
@@ -300,7 +302,9 @@ async fn a_configured_key_replaces_the_clients_credentials() {
     read_body(resp.into_body()).await;
     let r = &fake.requests()[0];
     assert_eq!(r.headers["authorization"], "Bearer sk-upstream-canary");
-    assert!(r.headers.get("x-api-key").is_none());
+    for other in ["x-api-key", "api-key", "x-goog-api-key"] {
+        assert!(r.headers.get(other).is_none(), "{other} was forwarded");
+    }
     gw.stop().await;
 }
 
