@@ -5,7 +5,7 @@
 //! first data event), and nothing at all after the client left (dropping the handler drops
 //! every attempt in flight).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, StatusCode};
 use tokio::time::{sleep, sleep_until, Instant};
@@ -213,12 +213,32 @@ pub fn backoff(n: u32) -> Duration {
 }
 
 /// What the upstream asked us to wait before trying again: OpenAI's `retry-after-ms`, or
-/// `retry-after` in seconds. (The HTTP-date form is ignored: providers send seconds.)
+/// `retry-after` in seconds or as an HTTP-date (RFC 9110 10.2.3).
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let get = |name: &str| headers.get(name)?.to_str().ok()?.trim().parse::<f64>().ok();
-    let d = get("retry-after-ms")
-        .map(|ms| ms / 1000.0)
-        .or_else(|| get("retry-after"))?;
+    retry_after_at(headers, SystemTime::now())
+}
+
+fn retry_after_at(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let get = |name: &str| Some(headers.get(name)?.to_str().ok()?.trim());
+    let seconds = |v: &str| v.parse::<f64>().ok();
+    let d = match get("retry-after-ms").and_then(seconds) {
+        Some(ms) => ms / 1000.0,
+        None => {
+            let v = get("retry-after")?;
+            match seconds(v) {
+                Some(s) => s,
+                None => {
+                    let at = httpdate::parse_http_date(v).ok()?;
+                    // Measured against the upstream's own clock when it sends one: its
+                    // clock and ours may disagree by more than the wait it asks for.
+                    let from = get("date")
+                        .and_then(|d| httpdate::parse_http_date(d).ok())
+                        .unwrap_or(now);
+                    at.duration_since(from).unwrap_or_default().as_secs_f64()
+                }
+            }
+        }
+    };
     (d.is_finite() && (0.0..86_400.0).contains(&d)).then(|| Duration::from_secs_f64(d))
 }
 
@@ -504,11 +524,39 @@ mod tests {
         assert_eq!(retry_after(&h), Some(Duration::from_secs(2)));
         h.insert("retry-after-ms", "350".parse().unwrap());
         assert_eq!(retry_after(&h), Some(ms(350)));
+    }
+
+    #[test]
+    fn retry_after_as_a_date() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2026 07:28:00 GMT").unwrap();
         let mut h = HeaderMap::new();
         h.insert(
             "retry-after",
-            "Wed, 21 Oct 2026 07:28:00 GMT".parse().unwrap(),
+            "Wed, 21 Oct 2026 07:28:03 GMT".parse().unwrap(),
         );
-        assert_eq!(retry_after(&h), None);
+        assert_eq!(retry_after_at(&h, now), Some(Duration::from_secs(3)));
+        // A date already past asks for no wait.
+        h.insert(
+            "retry-after",
+            "Wed, 21 Oct 2026 07:27:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after_at(&h, now), Some(Duration::ZERO));
+        // The upstream's Date is the clock the date is read against.
+        h.insert(
+            "retry-after",
+            "Wed, 21 Oct 2026 09:00:05 GMT".parse().unwrap(),
+        );
+        h.insert("date", "Wed, 21 Oct 2026 09:00:00 GMT".parse().unwrap());
+        assert_eq!(retry_after_at(&h, now), Some(Duration::from_secs(5)));
+        // Not a date, nor a number: no wait asked.
+        h.insert("retry-after", "soon".parse().unwrap());
+        assert_eq!(retry_after_at(&h, now), None);
+        // More than a day away is not a wait this gateway keeps a client for.
+        h.remove("date");
+        h.insert(
+            "retry-after",
+            "Fri, 23 Oct 2026 07:28:00 GMT".parse().unwrap(),
+        );
+        assert_eq!(retry_after_at(&h, now), None);
     }
 }
