@@ -18,6 +18,7 @@ import asyncio
 import os
 import re
 import sys
+import time
 import traceback
 
 import openai
@@ -58,9 +59,18 @@ async def stopped_by(model: str, run_id: str, extra: dict[str, str] | None = Non
     raise AssertionError(f"the run was not stopped: {result.final_output!r}")
 
 
-def run_lines(run_id: str) -> list[str]:
-    with open(GATEWAY_LOG, encoding="utf-8", errors="replace") as f:
-        return [l for l in f if f'run_id="{run_id}"' in l and "hourglass::request" in l]
+async def run_lines(run_id: str, count: int = 0, code: str | None = None) -> list[str]:
+    """The run's request lines, once there are `count` of them and one with `code`, or after
+    5 s. A line is written as the request's record is dropped, by the log's own thread, just
+    after the client has its answer: the last call's line can trail the SDK's error."""
+    deadline = time.monotonic() + 5
+    while True:
+        with open(GATEWAY_LOG, encoding="utf-8", errors="replace") as f:
+            lines = [l for l in f if f'run_id="{run_id}"' in l and "hourglass::request" in l]
+        done = len(lines) >= count and (code is None or any(f'code="{code}"' in l for l in lines))
+        if done or time.monotonic() > deadline:
+            return lines
+        await asyncio.sleep(0.02)
 
 
 async def loop_is_stopped() -> None:
@@ -69,7 +79,7 @@ async def loop_is_stopped() -> None:
     message = str(e)
     assert "run loop detected" in message and '"get_weather"' in message and "3 times" in message, message
     assert e.response.headers.get("x-should-retry") == "false"
-    lines = run_lines("agent-loop-1")
+    lines = await run_lines("agent-loop-1", 4, "run_loop_detected")
     assert len(lines) == 4, lines  # three answered, the fourth refused, none retried
 
 
@@ -77,7 +87,7 @@ async def calls_are_limited() -> None:
     e = await stopped_by("agent-calls", "agent-calls-1")
     assert isinstance(e, openai.RateLimitError), repr(e)
     assert "run call limit" in str(e) and "2 calls" in str(e), str(e)
-    assert len(run_lines("agent-calls-1")) == 3
+    assert len(await run_lines("agent-calls-1", 3, "run_call_limit")) == 3
 
 
 async def the_deadline_ends_the_run() -> None:
@@ -86,7 +96,7 @@ async def the_deadline_ends_the_run() -> None:
     # A call the run has too little left for is refused as the run's (run_deadline_exceeded,
     # x-should-retry: false, so the SDK does not retry it). One that arrives once the deadline
     # has passed is refused before the run gives it a budget: its line shows the route's 30 s.
-    lines = run_lines("agent-deadline-1")
+    lines = await run_lines("agent-deadline-1", code="run_deadline_exceeded")
     assert not any('code="insufficient_budget"' in l for l in lines), lines
     assert sum('code="run_deadline_exceeded"' in l for l in lines) == 1, lines  # not retried
     lines = [l for l in lines if not ('code="run_deadline_exceeded"' in l and "budget_ms=30000" in l)]
