@@ -113,39 +113,36 @@ impl ClientKeys {
         }
     }
 
-    /// Whether the request carries one of the keys. Looks at the first `authorization`
-    /// (scheme `Bearer`) and the first `x-api-key`; each is hashed once and compared with
-    /// every digest without an early exit.
+    /// Whether the request carries one of the keys.
     pub fn accepts(&self, headers: &HeaderMap) -> bool {
-        let mut ok = Choice::from(0);
+        self.identify(headers).is_some()
+    }
+
+    /// The key the request carries, when it is one of these, named by the start of its
+    /// digest: what the log line and the client's runs are scoped by, which never holds the
+    /// key. Looks at the first `authorization` (scheme `Bearer`) and the first `x-api-key`;
+    /// each is hashed once and compared with every digest without an early exit.
+    pub fn identify(&self, headers: &HeaderMap) -> Option<KeyId> {
+        let mut found = None;
         for presented in presented_keys(headers).into_iter().flatten() {
             let d = sha256(presented);
-            for known in self.digests.iter() {
-                ok |= known.ct_eq(&d);
-            }
-        }
-        ok.into()
-    }
-}
-
-impl ClientKeys {
-    /// The start of the digest of the key the request carries, when it is one of these: the
-    /// scope of the client's runs, which never holds the key.
-    pub fn scope(&self, headers: &HeaderMap) -> Option<[u8; 8]> {
-        presented_keys(headers).into_iter().flatten().find_map(|k| {
-            let d = sha256(k);
             let known = self
                 .digests
                 .iter()
                 .fold(Choice::from(0), |ok, known| ok | known.ct_eq(&d));
-            bool::from(known).then(|| {
-                let mut scope = [0u8; 8];
-                scope.copy_from_slice(&d[..8]);
-                scope
-            })
-        })
+            if found.is_none() && bool::from(known) {
+                let mut id = [0u8; 8];
+                id.copy_from_slice(&d[..8]);
+                found = Some(id);
+            }
+        }
+        found
     }
 }
+
+/// A client key as logs and run scopes name it: the first 8 bytes of its SHA-256 digest
+/// (`printf %s KEY | sha256sum | cut -c1-16` prints it).
+pub type KeyId = [u8; 8];
 
 /// What a client sent as its key, in either header.
 fn presented_keys(headers: &HeaderMap) -> [Option<&[u8]>; 2] {
@@ -220,6 +217,27 @@ mod tests {
         ] {
             assert!(!keys.accepts(&headers(&bad)), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_key_is_named_by_the_start_of_its_digest() {
+        let keys = ClientKeys::from_keys(["another-key-abcdefghij", KEY]);
+        // printf %s hg-test-key-0123456789 | sha256sum | cut -c1-16
+        let id = sha256(KEY.as_bytes());
+        let want: KeyId = id[..8].try_into().unwrap();
+        assert_eq!(keys.identify(&headers(&[("x-api-key", KEY)])), Some(want));
+        // An unknown key in the first header does not hide a known one in the second.
+        assert_eq!(
+            keys.identify(&headers(&[
+                ("authorization", "Bearer sk-provider"),
+                ("x-api-key", KEY)
+            ])),
+            Some(want)
+        );
+        assert_eq!(
+            keys.identify(&headers(&[("x-api-key", "nope-0123456789abc")])),
+            None
+        );
     }
 
     #[test]

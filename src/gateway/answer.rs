@@ -60,6 +60,7 @@ impl Gateway {
                 .and_then(|v| v.to_str().ok()),
             req.version(),
         );
+        record.set_client_cert(client.and_then(|c| c.certificate).cloned());
         // HTTP/1.0 has no chunked coding, and a HEAD answer no body.
         let close_delimited = req.version() == Version::HTTP_10 && req.method() != Method::HEAD;
         // RFC 9110 7.6.2: an OPTIONS with no hops left is the gateway's to answer, with what

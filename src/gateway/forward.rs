@@ -210,9 +210,11 @@ impl Gateway {
             let model: Option<Arc<str>> = model.as_deref().map(Arc::from);
             record.set_route(route.name.clone(), route.metrics.clone());
             record.set_model(model.clone());
-            if route.refuses(&headers) {
-                return Err(GatewayError::Unauthorized);
-            }
+            let client_key = match &route.keys {
+                Some(keys) => Some(keys.identify(&headers).ok_or(GatewayError::Unauthorized)?),
+                None => None,
+            };
+            record.set_client_key(client_key);
             if encoded
                 && route
                     .chain
@@ -227,7 +229,7 @@ impl Gateway {
             budget.ensure_useful(Instant::now())?;
             // After the call's own budget is checked, so that a call refused for it is not
             // counted against its run.
-            match run::join(&self.runs, route, &headers, &body, &mut budget).await {
+            match run::join(&self.runs, route, client_key, &headers, &body, &mut budget).await {
                 Ok(InRun::Call(run)) => {
                     record.set_budget(&budget);
                     record.join_run(run);

@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::Method;
 use tokio::time::Instant;
 
+use crate::auth::KeyId;
 use crate::budget::{Budget, BudgetSource};
 use crate::error::{GatewayError, Origin};
 use crate::gateway::routes::ChainEntry;
@@ -18,7 +19,7 @@ use crate::runs::state::View;
 use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
 use crate::stream::{Observer, StreamEnd};
-use crate::telemetry::log::{clipped, RequestLog, ERROR_MAX, MODEL_MAX};
+use crate::telemetry::log::{clipped, RequestLog, CERT_MAX, ERROR_MAX, MODEL_MAX};
 use crate::telemetry::metrics::{AnswerMetrics, Histogram, RouteMetrics};
 use crate::upstream::Upstream;
 
@@ -98,6 +99,10 @@ pub struct RequestRecord {
     slot: Option<crate::admission::Slot>,
     /// Only kept when the access log is on.
     client: Option<Box<crate::telemetry::access::ClientInfo>>,
+    /// Who the client is: the key its route accepted, the certificate its connection
+    /// presented.
+    client_key: Option<KeyId>,
+    client_cert: Option<Arc<str>>,
     /// Over HTTP/2, this request's stream, counted as open for the connection's idle limit
     /// until the answer is done (`idle`).
     _stream: Option<crate::http::conn::Open>,
@@ -164,6 +169,8 @@ impl RequestRecord {
             attempts: Vec::new(),
             slot: None,
             client: None,
+            client_key: None,
+            client_cert: None,
             _stream: None,
             run: None,
             request_bytes: 0,
@@ -314,6 +321,14 @@ impl RequestRecord {
                 at: std::time::SystemTime::now(),
             }));
         }
+    }
+
+    pub fn set_client_key(&mut self, key: Option<KeyId>) {
+        self.client_key = key;
+    }
+
+    pub fn set_client_cert(&mut self, subject: Option<Arc<str>>) {
+        self.client_cert = subject;
     }
 
     pub fn set_route(&mut self, route: Arc<str>, metrics: RouteMetrics) {
@@ -574,6 +589,8 @@ impl RequestRecord {
                 .then_some("unenforced"),
             method: &self.method,
             path: &self.path,
+            client_key: self.client_key,
+            client_cert: self.client_cert.as_deref().map(|c| clipped(c, CERT_MAX)),
             route: self.route.as_deref(),
             upstream: self.upstream.as_ref().map(|u| &*u.name),
             model: match &self.upstream {

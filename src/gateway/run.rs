@@ -7,6 +7,7 @@ use std::sync::Arc;
 use http::HeaderMap;
 use tokio::time::Instant;
 
+use crate::auth::KeyId;
 use crate::budget::{run_budget, Budget};
 use crate::error::GatewayError;
 use crate::gateway::routes::RouteRuntime;
@@ -47,6 +48,7 @@ pub enum InRun {
 pub async fn join(
     runs: &Runs,
     route: &RouteRuntime,
+    client_key: Option<KeyId>,
     headers: &HeaderMap,
     body: &[u8],
     budget: &mut Budget,
@@ -60,7 +62,7 @@ pub async fn join(
     let limits = &route.route.run_limits;
     let key = RunKey {
         // A client can never touch another's run: the run is the key's.
-        scope: route.keys.as_ref().and_then(|k| k.scope(headers)),
+        scope: client_key,
         id,
     };
     let call = Call {

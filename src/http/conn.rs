@@ -12,6 +12,8 @@ pub struct ClientConn<'a> {
     pub peer: SocketAddr,
     /// Over HTTP/2, the streams of the connection; `None` over HTTP/1.
     pub streams: Option<&'a Streams>,
+    /// The subject of the certificate the client presented over TLS, if it was asked for one.
+    pub certificate: Option<&'a Arc<str>>,
 }
 
 #[derive(Default)]

@@ -255,7 +255,9 @@ async fn serve_connection(
     // over HTTP/1 the framing of their heads is followed.
     let service = {
         let shared = shared.clone();
-        move |streams: Option<Streams>, framing: Option<Arc<Framing>>| {
+        move |streams: Option<Streams>,
+              framing: Option<Arc<Framing>>,
+              certificate: Option<Arc<str>>| {
             let shared = shared.clone();
             service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 if framing
@@ -273,6 +275,7 @@ async fn serve_connection(
                 let client = ClientConn {
                     peer,
                     streams: streams.as_ref(),
+                    certificate: certificate.as_ref(),
                 };
                 Box::pin(Handler::new(shared.metrics.clone(), peer, || {
                     gateway.handle(req, Some(client))
@@ -324,13 +327,20 @@ async fn serve_connection(
                 };
                 // ALPN decides (RFC 9113 3.3): a client that did not choose h2 speaks
                 // HTTP/1.1.
-                let h2 = tls_stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                let session = tls_stream.get_ref().1;
+                let h2 = session.alpn_protocol() == Some(b"h2");
+                // Read once a connection: every request on it names the same client.
+                let certificate: Option<Arc<str>> = session
+                    .peer_certificates()
+                    .and_then(|chain| chain.first())
+                    .and_then(|leaf| crate::server::x509::subject(leaf))
+                    .map(Arc::from);
                 Some(if h2 {
                     // HTTP/2 keeps its own idle limit and drain (`idle`), not the watcher's.
                     crate::server::h2_idle::serve(
                         &protocols.http2,
                         TokioIo::new(tls_stream),
-                        |streams| service(Some(streams), None),
+                        |streams| service(Some(streams), None, certificate),
                         server.header_read_timeout,
                         drain,
                         watcher,
@@ -338,9 +348,10 @@ async fn serve_connection(
                     .await
                 } else {
                     let (io, framing) = FramingIo::new(tls_stream);
-                    let connection = protocols
-                        .http1
-                        .serve_connection(TokioIo::new(io), service(None, Some(framing.clone())));
+                    let connection = protocols.http1.serve_connection(
+                        TokioIo::new(io),
+                        service(None, Some(framing.clone()), certificate),
+                    );
                     let result = Draining::new(connection, &drain, watcher).await;
                     linger_if_sending(&result, &framing, &returned);
                     // A head stalled part-way is counted as over cleartext, but closed without
@@ -373,7 +384,7 @@ async fn serve_connection(
                     Box::pin(crate::server::h2_idle::serve(
                         &protocols.http2,
                         TokioIo::new(io),
-                        |streams| service(Some(streams), None),
+                        |streams| service(Some(streams), None, None),
                         server.header_read_timeout,
                         drain,
                         watcher,
@@ -382,9 +393,10 @@ async fn serve_connection(
                 }
                 Protocol::Http1 => {
                     let (io, framing) = FramingIo::new(io);
-                    let connection = protocols
-                        .http1
-                        .serve_connection(TokioIo::new(io), service(None, Some(framing.clone())));
+                    let connection = protocols.http1.serve_connection(
+                        TokioIo::new(io),
+                        service(None, Some(framing.clone()), None),
+                    );
                     let result = Draining::new(connection, &drain, watcher).await;
                     linger_if_sending(&result, &framing, &returned);
                     result

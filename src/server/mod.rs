@@ -11,6 +11,7 @@ mod reload;
 mod running;
 mod shared;
 pub mod tls;
+pub mod x509;
 
 pub use self::running::{start, start_with_source, Running};
 pub use self::shared::ServerError;

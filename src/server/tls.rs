@@ -10,6 +10,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 
 use crate::config::ServerTls;
+use crate::server::x509::not_after;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -71,40 +72,6 @@ impl ListenerTls {
             Ok(_) => None,
         }
     }
-}
-
-/// A certificate's notAfter, read from its DER (RFC 5280 4.1).
-fn not_after(der: &[u8]) -> Option<SystemTime> {
-    let unix = yasna::parse_der(der, |r| {
-        r.read_sequence(|r| {
-            let not_after = r.next().read_sequence(|r| {
-                // version [0] EXPLICIT DEFAULT v1, then serialNumber, signature, issuer.
-                r.read_optional(|r| r.read_tagged(yasna::Tag::context(0), |r| r.read_der()))?;
-                for _ in 0..3 {
-                    r.next().read_der()?;
-                }
-                let not_after = r.next().read_sequence(|r| {
-                    r.next().read_der()?;
-                    let t = r.next();
-                    match t.lookahead_tag()? {
-                        yasna::tags::TAG_UTCTIME => {
-                            Ok(t.read_utctime()?.datetime().unix_timestamp())
-                        }
-                        _ => Ok(t.read_generalized_time()?.datetime().unix_timestamp()),
-                    }
-                })?;
-                // subject, subjectPublicKeyInfo, the unique ids and extensions.
-                while r.read_optional(|r| r.read_der())?.is_some() {}
-                Ok(not_after)
-            })?;
-            r.next().read_der()?;
-            r.next().read_der()?;
-            Ok(not_after)
-        })
-    })
-    .ok()?;
-    let secs = u64::try_from(unix).ok()?;
-    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
 }
 
 /// Builds the acceptor's config. Called at start-up and on every reload, so a rotated
@@ -193,32 +160,6 @@ pub fn handshake_failure(e: &std::io::Error) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cert_until(year: i32, month: u8, day: u8) -> Vec<u8> {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        params.not_after = rcgen::date_time_ymd(year, month, day);
-        params.self_signed(&key).unwrap().der().to_vec()
-    }
-
-    fn unix(t: SystemTime) -> u64 {
-        t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs()
-    }
-
-    #[test]
-    fn not_after_is_read_in_both_time_forms() {
-        // RFC 5280 4.1.2.5: UTCTime through 2049, GeneralizedTime from 2050.
-        assert_eq!(
-            not_after(&cert_until(2027, 3, 4)).map(unix),
-            Some(1_804_118_400)
-        );
-        assert_eq!(
-            not_after(&cert_until(2051, 1, 1)).map(unix),
-            Some(2_556_144_000)
-        );
-        assert_eq!(not_after(b"not a certificate"), None);
-    }
 
     #[test]
     fn an_expired_or_expiring_certificate_is_warned_of() {

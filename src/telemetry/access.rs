@@ -41,6 +41,10 @@ pub struct Line<'a> {
     pub elapsed: Duration,
     pub outcome: &'a str,
     pub origin: Option<&'a str>,
+    /// The accepted client key's digest prefix, in hex: the line's user, as nginx puts a
+    /// basic-auth user there.
+    pub user: Option<&'a str>,
+    pub client_cert: Option<&'a str>,
 }
 
 impl Line<'_> {
@@ -60,7 +64,8 @@ impl Line<'_> {
         let status = self.status.unwrap_or(499);
         let _ = write!(
             out,
-            "{ip} - - [{}] \"{} {} {version}\" {status} {} \"-\" \"{}\"",
+            "{ip} - {} [{}] \"{} {} {version}\" {status} {} \"-\" \"{}\"",
+            self.user.unwrap_or("-"),
             clf_time(self.client.at),
             self.method,
             escape(self.path),
@@ -77,6 +82,9 @@ impl Line<'_> {
         );
         if let Some(o) = self.origin {
             let _ = write!(out, " origin={o}");
+        }
+        if let Some(c) = self.client_cert {
+            let _ = write!(out, " client_cert=\"{}\"", escape(c));
         }
         out
     }
@@ -163,11 +171,21 @@ mod tests {
             elapsed: Duration::from_millis(87),
             outcome: "ok",
             origin: None,
-        }
-        .render();
+            user: None,
+            client_cert: None,
+        };
         assert_eq!(
-            line,
+            line.render(),
             "10.1.2.3 - - [10/Oct/2000:13:55:36 +0000] \"POST /v1/chat/completions HTTP/1.1\" 200 952 \"-\" \"OpenAI/Python 1.0\\\" injected=\\\"x\" request_id=abc route=chat duration_ms=87.0 outcome=ok"
+        );
+        let named = Line {
+            user: Some("deadbeef000102a3"),
+            client_cert: Some("CN=agent \"7\",O=Acme"),
+            ..line
+        };
+        assert_eq!(
+            named.render(),
+            "10.1.2.3 - deadbeef000102a3 [10/Oct/2000:13:55:36 +0000] \"POST /v1/chat/completions HTTP/1.1\" 200 952 \"-\" \"OpenAI/Python 1.0\\\" injected=\\\"x\" request_id=abc route=chat duration_ms=87.0 outcome=ok client_cert=\"CN=agent \\\"7\\\",O=Acme\""
         );
     }
 }

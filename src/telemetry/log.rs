@@ -34,6 +34,11 @@ pub struct RequestLog<'a> {
     pub method: &'a Method,
     /// The path alone: a query string may carry a key (`?key=` is how Gemini takes one).
     pub path: &'a str,
+    /// The client key the route accepted, as the start of its digest (never the key).
+    pub client_key: Option<[u8; 8]>,
+    /// The subject of the certificate the client presented to a listener with `client_ca`,
+    /// at most `CERT_MAX` bytes of it.
+    pub client_cert: Option<&'a str>,
     pub route: Option<&'a str>,
     pub upstream: Option<&'a str>,
     /// The model the upstream was asked for (the client's, unless the upstream sets its own),
@@ -67,6 +72,20 @@ pub struct RequestLog<'a> {
 /// no real one is near this long.
 pub const MODEL_MAX: usize = 200;
 
+/// The most of a certificate's subject the line carries.
+pub const CERT_MAX: usize = 300;
+
+/// A key's digest prefix in lowercase hex, as `sha256sum` prints it.
+fn key_hex(id: &[u8; 8]) -> [u8; 16] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, b) in id.iter().enumerate() {
+        out[2 * i] = HEX[usize::from(b >> 4)];
+        out[2 * i + 1] = HEX[usize::from(b & 0xf)];
+    }
+    out
+}
+
 /// The most of an error's message the line carries: a message may quote what the client
 /// sent.
 pub const ERROR_MAX: usize = 500;
@@ -99,6 +118,7 @@ impl RequestLog<'_> {
             self.event();
         }
         if let Some(client) = self.client {
+            let key = self.client_key.as_ref().map(key_hex);
             let line = Line {
                 client,
                 method: self.method,
@@ -110,6 +130,8 @@ impl RequestLog<'_> {
                 elapsed: self.elapsed,
                 outcome: self.outcome,
                 origin: self.origin,
+                user: key.as_ref().and_then(|k| std::str::from_utf8(k).ok()),
+                client_cert: self.client_cert,
             }
             .render();
             tracing::info!(target: "hourglass::access", "{line}");
@@ -197,6 +219,12 @@ impl RequestLog<'_> {
         code_field(w, ",\"run_limits\":\"", self.run_limits);
         str_field(w, ",\"method\":\"", Some(self.method.as_str()))?;
         str_field(w, ",\"path\":\"", Some(self.path))?;
+        if let Some(id) = &self.client_key {
+            w.push_str(",\"client_key\":\"");
+            w.extend(key_hex(id).map(char::from));
+            w.push('"');
+        }
+        str_field(w, ",\"client_cert\":\"", self.client_cert)?;
         str_field(w, ",\"route\":\"", self.route)?;
         str_field(w, ",\"upstream\":\"", self.upstream)?;
         str_field(w, ",\"model\":\"", self.model)?;
@@ -242,6 +270,7 @@ impl RequestLog<'_> {
 
     /// The line as a `tracing` event, for whichever format the subscriber has.
     fn event(&self) {
+        let key = self.client_key.as_ref().map(key_hex);
         tracing::info!(
             target: "hourglass::request",
             request_id = self.request_id,
@@ -249,6 +278,8 @@ impl RequestLog<'_> {
             run_limits = self.run_limits,
             method = self.method.as_str(),
             path = self.path,
+            client_key = key.as_ref().and_then(|k| std::str::from_utf8(k).ok()),
+            client_cert = self.client_cert,
             route = self.route,
             upstream = self.upstream,
             model = self.model,
@@ -302,6 +333,8 @@ mod tests {
             run_limits: None,
             method: &method,
             path: "/v1/chat/completions",
+            client_key: Some([0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 0xa3]),
+            client_cert: Some("CN=agent \"7\",O=Acme"),
             route: Some("chat \"r\""),
             upstream: Some("openai"),
             model: Some("gpt-4o \"mini\""),
@@ -327,9 +360,12 @@ mod tests {
         let (a, b) = both_ways(&full);
         assert_eq!(a, b);
         assert!(a.contains("\"elapsed_ms\":6826.474,"), "{a}");
+        assert!(a.contains("\"client_key\":\"deadbeef000102a3\","), "{a}");
         let sparse = RequestLog {
             run_id: None,
             run_limits: None,
+            client_key: None,
+            client_cert: None,
             route: None,
             upstream: None,
             model: None,

@@ -613,20 +613,12 @@ async fn the_log_line_names_the_model_asked_for() {
         assert_eq!(resp.status(), 200);
         read_body(resp.into_body()).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let models = loop {
-        let (out, err) = p.output();
-        let models: Vec<String> = format!("{out}{err}")
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|v| v.get("outcome").is_some())
-            .map(|v| v["model"].as_str().unwrap_or("(none)").to_owned())
-            .collect();
-        if models.len() == 3 || Instant::now() > deadline {
-            break models;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let models: Vec<String> = p
+        .request_lines(3)
+        .await
+        .iter()
+        .map(|v| v["model"].as_str().unwrap_or("(none)").to_owned())
+        .collect();
     // 199 bytes, then the two-byte é would end past 200: cut before it.
     assert_eq!(models, ["gpt-test", "gpt-pinned", &"m".repeat(199)]);
     p.stop().await;

@@ -11,7 +11,7 @@ use hourglass::server;
 use hourglass_fake::FakeUpstream;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -380,10 +380,15 @@ fn certs(tag: &str) -> Certs {
         .signed_by(&server_key, &ca, &ca_key)
         .unwrap();
     let client_key = KeyPair::generate().unwrap();
-    let client = CertificateParams::new(vec!["client".to_string()])
-        .unwrap()
-        .signed_by(&client_key, &ca, &ca_key)
-        .unwrap();
+    let mut client = CertificateParams::new(vec!["client".to_string()]).unwrap();
+    client.distinguished_name = DistinguishedName::new();
+    client
+        .distinguished_name
+        .push(DnType::OrganizationName, "Acme, Inc.");
+    client
+        .distinguished_name
+        .push(DnType::CommonName, "agent-7");
+    let client = client.signed_by(&client_key, &ca, &ca_key).unwrap();
     std::fs::write(dir.path().join("server.pem"), server.pem()).unwrap();
     std::fs::write(dir.path().join("server.key"), server_key.serialize_pem()).unwrap();
     std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
@@ -545,6 +550,64 @@ async fn client_certificates_are_required_when_client_ca_is_set() {
         }
     }
     assert_eq!(h.fake.requests().len(), before);
+}
+
+/// Who made each call: the log line names the client's certificate (RFC 4514) and the key
+/// its route accepted (the start of the key's SHA-256, never the key).
+#[tokio::test]
+async fn the_log_line_names_the_clients_certificate_and_key() {
+    let c = certs("mtls-log");
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    const KEY: &str = "hg-client-key-0123456789";
+    let keys = c.dir.path().join("client-keys");
+    std::fs::write(&keys, format!("{KEY}\n")).unwrap();
+    let toml = tls_config_toml(&c, true)
+        .replace("{FAKE}", &fake.url())
+        .replace(
+            "path_prefix = \"/v1/chat/completions\"\n",
+            &format!(
+                "path_prefix = \"/v1/chat/completions\"\nclient_keys_file = {:?}\n",
+                keys.display().to_string()
+            ),
+        );
+    let p = Process::spawn(&toml, &["--log-format", "json"], &[]).await;
+    for alpn in [&b"http/1.1"[..], b"h2"] {
+        let tls = tls_client(p.addr, &c, alpn, true).await.unwrap();
+        let mut req = chat_request(&[("authorization", &format!("Bearer {KEY}"))], true);
+        let resp = if alpn == b"h2" {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+                    .await
+                    .unwrap();
+            tokio::spawn(conn);
+            *req.uri_mut() = "https://localhost/v1/chat/completions".parse().unwrap();
+            req.headers_mut().remove("host");
+            sender.send_request(req).await.unwrap()
+        } else {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            sender.send_request(req).await.unwrap()
+        };
+        assert_eq!(resp.status(), 200);
+        read_body(resp.into_body()).await;
+    }
+    let lines = p.request_lines(2).await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let digest = ring::digest::digest(&ring::digest::SHA256, KEY.as_bytes());
+    let hex: String = digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    for line in &lines {
+        assert_eq!(line["client_cert"], "CN=agent-7,O=Acme\\, Inc.", "{line}");
+        assert_eq!(line["client_key"], hex.as_str(), "{line}");
+        assert!(!line.to_string().contains(KEY), "{line}");
+    }
+    p.stop().await;
 }
 
 #[tokio::test]

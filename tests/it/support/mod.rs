@@ -379,6 +379,24 @@ impl Process {
         (text(&self.stdout), text(&self.stderr))
     }
 
+    /// The first `n` request log lines (`--log-format json`), waiting up to 5 s for them:
+    /// a line is written as its request ends, after the client has its answer.
+    pub async fn request_lines(&self, n: usize) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let (out, err) = self.output();
+            let lines: Vec<serde_json::Value> = format!("{out}{err}")
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|v| v.get("outcome").is_some())
+                .collect();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// SIGKILL: the process dies at once, as a replica that crashes does, mid-call.
     pub async fn kill(mut self) {
         self.child.kill().await.expect("the process was killed");
