@@ -261,14 +261,16 @@ ts(
     ],
 )
 ts(
-    "Upstream requests in flight",
-    "hourglass_upstream_requests_in_flight: calls to each upstream started and not yet finished or cancelled. A cancelled stream leaves this at once.",
+    "In flight: upstream calls, client requests, connections",
+    "hourglass_upstream_requests_in_flight: calls to each upstream started and not yet finished or cancelled (a cancelled stream leaves it at once). hourglass_requests_in_flight: client requests being served, by route; compare with the route's max_in_flight. hourglass_client_connections: open client connections; compare with max_connections.",
     [
         target(
             'sum by (upstream) (hourglass_upstream_requests_in_flight{upstream=~"$upstream"})',
-            "{{upstream}}",
+            "upstream {{upstream}}",
             "A",
-        )
+        ),
+        target(f"sum by (route) (hourglass_requests_in_flight{{{R}}})", "route {{route}}", "B"),
+        target("sum(hourglass_client_connections)", "client connections", "C"),
     ],
     "none",
     16,

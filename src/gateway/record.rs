@@ -147,6 +147,7 @@ impl RequestRecord {
         arrival: Instant,
         metrics: RouteMetrics,
     ) -> Self {
+        metrics.in_flight.inc();
         Self {
             id,
             method,
@@ -333,6 +334,10 @@ impl RequestRecord {
 
     pub fn set_route(&mut self, route: Arc<str>, metrics: RouteMetrics) {
         self.route = Some(route);
+        if !self.metrics.same(&metrics) {
+            self.metrics.in_flight.dec();
+            metrics.in_flight.inc();
+        }
         self.metrics = metrics;
     }
 
@@ -688,5 +693,6 @@ impl Observer for RequestRecord {
 impl Drop for RequestRecord {
     fn drop(&mut self) {
         self.report();
+        self.metrics.in_flight.dec();
     }
 }

@@ -202,12 +202,13 @@ pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, st
         };
         #[cfg(not(target_os = "linux"))]
         tune(SockRef::from(&stream));
+        let open = shared.metrics.client_connection();
         let shared = shared.clone();
         let watcher = graceful.watcher();
         let drain = stop.clone();
         tokio::spawn(async move {
             serve_connection(stream, peer, shared, watcher, drain).await;
-            drop(permit);
+            drop((permit, open));
         });
     }
     shared.health.set_ready(false);

@@ -57,6 +57,8 @@ pub struct Metrics {
     stream_errors: IntCounterVec,
     responses: IntCounterVec,
     in_flight: IntGaugeVec,
+    requests_in_flight: IntGaugeVec,
+    client_connections: IntGauge,
     retries: IntCounterVec,
     fallbacks: IntCounterVec,
     hedges: IntCounterVec,
@@ -104,7 +106,25 @@ pub struct RouteHandles {
     /// Requests the upstream was asked to stream for a client that did not.
     pub stream_upstream: IntCounter,
     partial_answers: IntCounterVec,
+    /// Requests attributed to the route and not yet reported.
+    pub in_flight: IntGauge,
     route: Arc<str>,
+}
+
+impl RouteMetrics {
+    /// Whether both are the handles of one route's series (the same build of them).
+    pub fn same(&self, other: &RouteMetrics) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// A client connection, counted in `hourglass_client_connections` until it is dropped.
+pub struct OpenConnection(IntGauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// Pre-resolved handles for what the answers of one (route, upstream) pair cost.
@@ -328,6 +348,25 @@ impl Metrics {
         registry
             .register(Box::new(in_flight.clone()))
             .expect("unique metric");
+        let requests_in_flight = IntGaugeVec::new(
+            Opts::new(
+                "hourglass_requests_in_flight",
+                "Client requests being served (from their head to the end of their answer), by route.",
+            ),
+            &["route"],
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(requests_in_flight.clone()))
+            .expect("unique metric");
+        let client_connections = IntGauge::new(
+            "hourglass_client_connections",
+            "Client connections open on the client listener, TLS handshakes included.",
+        )
+        .expect("valid metric");
+        registry
+            .register(Box::new(client_connections.clone()))
+            .expect("unique metric");
         let retries = counter(
             "hourglass_retries_total",
             "Extra attempts on the same upstream, by the failure that caused them.",
@@ -517,6 +556,8 @@ impl Metrics {
             stream_errors,
             responses,
             in_flight,
+            requests_in_flight,
+            client_connections,
             retries,
             fallbacks,
             hedges,
@@ -549,8 +590,15 @@ impl Metrics {
                 .collect(),
             stream_upstream: self.stream_upstream.with_label_values(&[route]),
             partial_answers: self.partial_answers.clone(),
+            in_flight: self.requests_in_flight.with_label_values(&[route]),
             route: Arc::from(route),
         }))
+    }
+
+    /// Open client connections: one more for as long as the value lives.
+    pub fn client_connection(&self) -> OpenConnection {
+        self.client_connections.inc();
+        OpenConnection(self.client_connections.clone())
     }
 
     /// The answer handles of one (route, upstream) pair; the token series exist from then on.

@@ -610,6 +610,58 @@ async fn the_log_line_names_the_clients_certificate_and_key() {
     p.stop().await;
 }
 
+/// What is open right now: client connections, and requests by the route they were given
+/// in the end (here the model's, not the one the path alone would pick).
+#[tokio::test]
+async fn open_connections_and_requests_are_gauges() {
+    let cfg = BASE
+        .replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\"")
+        .replace(
+            "[[routes]]\nname = \"chat\"\n",
+            "[[routes]]\nname = \"gpt\"\npath_prefix = \"/v1/chat/completions\"\n\
+             models = [\"gpt-*\"]\nupstream = \"fake\"\n\n[[routes]]\nname = \"chat\"\n",
+        );
+    let h = Harness::with_config(&cfg).await;
+    let gauges = || async {
+        let text = h.metrics_text().await;
+        let value = |sample: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+                .unwrap_or_else(|| panic!("no {sample} in\n{text}"))
+                .trim()
+                .to_owned()
+        };
+        [
+            value("hourglass_client_connections"),
+            value("hourglass_requests_in_flight{route=\"gpt\"}"),
+            value("hourglass_requests_in_flight{route=\"chat\"}"),
+            value("hourglass_requests_in_flight{route=\"none\"}"),
+        ]
+    };
+    let wait_for = |want: [&'static str; 4]| async move {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let now = gauges().await;
+            if now == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{now:?}, not {want:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    assert_eq!(gauges().await, ["0", "0", "0", "0"]);
+    let (resp, c) = Conn::open(h.addr())
+        .await
+        .send(chat_request(&[("x-fake-freeze-after", "1")], true))
+        .await;
+    let mut body = resp.into_body();
+    read_events(&mut body, 1).await;
+    let idle = TcpStream::connect(h.addr()).await.unwrap();
+    wait_for(["2", "1", "0", "0"]).await;
+    drop((body, c, idle));
+    wait_for(["0", "0", "0", "0"]).await;
+}
+
 #[tokio::test]
 async fn an_h2c_client_reset_cancels_the_upstream() {
     let h = Harness::with_config(&BASE.replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\""))
