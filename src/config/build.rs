@@ -14,8 +14,8 @@ use super::runs::{build_run_limits, build_runs};
 use super::secrets::{inlined_secrets, scrub, shown};
 use super::NO_ROUTE;
 use super::{
-    AuthMode, ClientAuth, Config, ConfigError, Limits, Policy, RetryCause, RetryOn, Route,
-    ServerConfig, ServerTls, UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
+    AuthMode, ClientAuth, ClientCert, Config, ConfigError, Limits, Policy, RetryCause, RetryOn,
+    Route, ServerConfig, ServerTls, UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
 };
 use crate::provider::Api;
 
@@ -82,10 +82,15 @@ pub(super) fn files_named(text: &str, base_dir: Option<&Path>) -> Vec<PathBuf> {
     }
     for (_, u) in &raw.upstreams.0 {
         out.extend(
-            [&u.api_key_file, &u.ca_file]
-                .into_iter()
-                .flatten()
-                .map(resolve),
+            [
+                &u.api_key_file,
+                &u.ca_file,
+                &u.client_cert,
+                &u.client_cert_key,
+            ]
+            .into_iter()
+            .flatten()
+            .map(resolve),
         );
     }
     for r in &raw.routes {
@@ -366,6 +371,30 @@ fn build_upstream(
         }),
         other => other,
     };
+    let client_cert = match (raw.client_cert, raw.client_cert_key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            for (field, p) in [("client_cert", &cert), ("client_cert_key", &key)] {
+                if p.as_os_str().is_empty() {
+                    return Err(format!("{label}: {field} must not be empty"));
+                }
+            }
+            Some(ClientCert {
+                cert: resolve_path(cert, base_dir),
+                key: resolve_path(key, base_dir),
+            })
+        }
+        (Some(_), None) => {
+            return Err(format!(
+                "{label}: client_cert needs client_cert_key, the certificate's private key"
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(format!(
+                "{label}: client_cert_key needs client_cert, the certificate it is the key of"
+            ))
+        }
+    };
     Ok(UpstreamConfig {
         name,
         http2,
@@ -378,6 +407,7 @@ fn build_upstream(
             Some(RawAuth::None) => AuthMode::None,
         },
         ca_file,
+        client_cert,
         propagate_budget: raw.propagate_budget.unwrap_or(true),
         model: match raw.model {
             Some(m) if m.is_empty() => return Err(format!("{label}: model must not be empty")),

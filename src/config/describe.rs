@@ -81,6 +81,26 @@ impl Config {
                     ));
                 }
             }
+            if let Some(c) = &up.client_cert {
+                if up.url.scheme_str() == Some("http") {
+                    out.push(format!(
+                        "upstream {name:?}: client_cert is ignored because url {} uses http",
+                        up.url
+                    ));
+                } else {
+                    if let Err(e) = std::fs::metadata(&c.cert) {
+                        out.push(format!(
+                            "upstream {name:?}: client_cert {}: {e}; the gateway will not start without it",
+                            c.cert.display()
+                        ));
+                    }
+                    secret_file_warnings(
+                        &format!("upstream {name:?}: client_cert_key"),
+                        &c.key,
+                        &mut out,
+                    );
+                }
+            }
             let https = up.url.scheme_str() == Some("https");
             let untouched = Http2Config {
                 mode: up.http2.mode,
@@ -252,6 +272,9 @@ impl Config {
             }
             if let Some(ca) = &up.ca_file {
                 let _ = write!(out, ", ca_file {}", ca.display());
+            }
+            if let Some(c) = &up.client_cert {
+                let _ = write!(out, ", client_cert {}", c.cert.display());
             }
             let _ = write!(out, ", propagate_budget {}", up.propagate_budget);
             if let Some(m) = &up.model {

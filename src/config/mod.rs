@@ -162,6 +162,8 @@ pub struct UpstreamConfig {
     /// Extra CA bundle (PEM) to trust; relative paths are already resolved
     /// against the config file's directory.
     pub ca_file: Option<PathBuf>,
+    /// The certificate this gateway presents to an upstream that asks for one (mutual TLS).
+    pub client_cert: Option<ClientCert>,
     /// Whether to tell the upstream the remaining budget (default true).
     pub propagate_budget: bool,
     /// Rewrites the JSON body's `model` for this upstream (e.g. a smaller model on a
@@ -182,6 +184,16 @@ pub struct UpstreamConfig {
     pub pool_idle_timeout: Duration,
     /// Which HTTP version to speak, and how streams share HTTP/2 connections.
     pub http2: Http2Config,
+}
+
+/// An upstream's `client_cert` and `client_cert_key`: PEM files, paths already resolved
+/// against the config file's directory. Read when the upstream is built, and again by each
+/// reload, so a rotated pair needs no restart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// The chain, leaf first.
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// `pool_idle_timeout` when the upstream names none: hyper-util's own default.
@@ -432,6 +444,11 @@ impl Config {
         for u in &self.upstreams {
             out.extend(u.api_key_file.as_deref());
             out.extend(u.ca_file.as_deref());
+            out.extend(
+                u.client_cert
+                    .iter()
+                    .flat_map(|c| [c.cert.as_path(), c.key.as_path()]),
+            );
         }
         for r in &self.routes {
             out.extend(r.client_auth.as_ref().and_then(|a| a.file.as_deref()));

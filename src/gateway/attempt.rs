@@ -352,10 +352,17 @@ fn classify(
     let mut timed_out = None;
     let mut refused = None;
     let mut certificate = None;
+    let mut ours_refused = None;
     while let Some(s) = source {
         certificate = certificate.or_else(|| crate::upstream::certificate_error(s));
+        ours_refused = ours_refused.or_else(|| crate::upstream::client_certificate_refused(s));
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
+            // h2's error gives its IO error by `get_io` only, not as its source.
+            ours_refused = ours_refused.or_else(|| {
+                h2.get_io()
+                    .and_then(|io| crate::upstream::client_certificate_refused(io))
+            });
         }
         // Our own connector bound, or the TCP connect timeout beneath it (which may fire a
         // moment earlier): both mean the connect limit, not an unreachable upstream.
@@ -382,6 +389,25 @@ fn classify(
             // sent its SETTINGS (`upstream::io`), in the bound the connector gives them.
             after: if sent { upstream.connect_bound } else { after },
             sent,
+        }
+    } else if let Some(alert) = ours_refused {
+        // Refused before the server read the request, and refused again on every attempt
+        // until the certificate changes: a certificate failure, as one of theirs is.
+        let reason = match &upstream.config.client_cert {
+            None if alert == rustls::AlertDescription::CertificateRequired => format!(
+                "{reason}: the upstream asks for a client certificate (the upstream's \
+                 client_cert and client_cert_key)"
+            ),
+            None => reason,
+            Some(c) => format!(
+                "{reason}: the upstream refused the client certificate in {}",
+                c.cert.display()
+            ),
+        };
+        GatewayError::UpstreamUnavailable {
+            upstream: name,
+            reason,
+            certificate: true,
         }
     } else if e.is_connect() {
         let reason = match certificate {

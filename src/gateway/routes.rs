@@ -116,12 +116,13 @@ impl Gateway {
                     .iter()
                     .flat_map(|r| r.chain.iter())
                     .map(|e| &e.upstream)
-                    // A rotated key or CA (same file, new contents) needs a new upstream.
+                    // A rotated key, CA or client certificate (same file, new contents) needs a new
+                    // upstream.
                     .find(|u| {
                         *u.config == **up
                             && u.connect_bound == connect
                             && u.credential_is_current()
-                            && u.ca_is_current()
+                            && u.tls_files_are_current()
                     })
                     .cloned()
             });

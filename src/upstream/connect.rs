@@ -11,7 +11,7 @@ use http::Uri;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::{Http2Mode, UpstreamConfig};
 use crate::error::BoxError;
@@ -39,60 +39,135 @@ pub struct NoH2ByAlpn(
     Option<BoxError>,
 );
 
-/// The contents of the upstream's `ca_file`, as they are now; `None` without one, or beside
-/// an http:// url, where the file is ignored (`check` says so), not read.
-pub(super) fn ca_pem(config: &UpstreamConfig) -> Option<std::io::Result<Vec<u8>>> {
-    let https = config.url.scheme() == Some(&http::uri::Scheme::HTTPS);
-    let path = config.ca_file.as_ref().filter(|_| https)?;
-    Some(std::fs::read(path))
+/// The TLS files of an upstream as they were read: its `ca_file`, and its `client_cert` and
+/// `client_cert_key`. A reload compares them with the files' contents then: a CA added or
+/// revoked, or a client certificate renewed, in the same files needs a new config. The key
+/// is kept as a digest only.
+#[derive(PartialEq, Eq)]
+pub(super) struct TlsFiles {
+    ca: Option<Vec<u8>>,
+    cert: Option<Vec<u8>>,
+    key: Option<[u8; 32]>,
 }
 
-/// The TLS client config, and the `ca_file` contents it trusts (a reload compares them with
-/// the file's: a CA added or revoked in the same file needs a new config).
+/// What the files hold now, with the read error of the first that cannot be read. Files
+/// beside an http:// url are ignored (`check` says so), not read.
+pub(super) fn tls_files(
+    config: &UpstreamConfig,
+) -> Result<(TlsFiles, Option<Vec<u8>>), UpstreamBuildError> {
+    let https = config.url.scheme() == Some(&http::uri::Scheme::HTTPS);
+    let read = |field: &'static str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| UpstreamBuildError::TlsFile {
+            upstream: config.name.clone(),
+            field,
+            path: path.display().to_string(),
+            reason: format!("failed to read file: {e}"),
+        })
+    };
+    let ca = match config.ca_file.as_deref().filter(|_| https) {
+        Some(p) => Some(read("ca_file", p)?),
+        None => None,
+    };
+    let (cert, key) = match config.client_cert.as_ref().filter(|_| https) {
+        Some(c) => (
+            Some(read("client_cert", &c.cert)?),
+            Some(read("client_cert_key", &c.key)?),
+        ),
+        None => (None, None),
+    };
+    let digest = key.as_deref().map(|k| {
+        let mut d = [0u8; 32];
+        d.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, k).as_ref());
+        d
+    });
+    Ok((
+        TlsFiles {
+            ca,
+            cert,
+            key: digest,
+        },
+        key,
+    ))
+}
+
+/// The TLS client config, and the files it was built from.
 pub(super) fn tls_config(
     config: &UpstreamConfig,
-) -> Result<(rustls::ClientConfig, Option<Vec<u8>>), UpstreamBuildError> {
+) -> Result<(rustls::ClientConfig, TlsFiles), UpstreamBuildError> {
+    let (files, key_pem) = tls_files(config)?;
+    let file_err = |field: &'static str, reason: String| {
+        let path = match field {
+            "ca_file" => config.ca_file.as_deref(),
+            "client_cert" => config.client_cert.as_ref().map(|c| c.cert.as_path()),
+            _ => config.client_cert.as_ref().map(|c| c.key.as_path()),
+        };
+        UpstreamBuildError::TlsFile {
+            upstream: config.name.clone(),
+            field,
+            path: path.map(|p| p.display().to_string()).unwrap_or_default(),
+            reason,
+        }
+    };
     let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
-    let mut trusted = None;
-    if let Some(read) = ca_pem(config) {
-        let ca_err = |reason: String| UpstreamBuildError::CaFile {
-            upstream: config.name.clone(),
-            path: config
-                .ca_file
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            reason,
-        };
-        let pem = read.map_err(|e| ca_err(format!("failed to read file: {e}")))?;
-        let certs = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ca_err(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(ca_err("no PEM certificate found".into()));
+    if let Some(pem) = &files.ca {
+        for cert in pem_certs(pem).map_err(|e| file_err("ca_file", e))? {
+            roots
+                .add(cert)
+                .map_err(|e| file_err("ca_file", e.to_string()))?;
         }
-        for cert in certs {
-            roots.add(cert).map_err(|e| ca_err(e.to_string()))?;
-        }
-        trusted = Some(pem);
     }
+    let identity = match (&files.cert, &key_pem) {
+        (Some(cert), Some(key)) => {
+            let chain = pem_certs(cert).map_err(|e| file_err("client_cert", e))?;
+            let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| {
+                file_err(
+                    "client_cert_key",
+                    match e {
+                        rustls::pki_types::pem::Error::NoItemsFound => {
+                            "no unencrypted private key found (PEM \"PRIVATE KEY\", \"RSA PRIVATE \
+                             KEY\" or \"EC PRIVATE KEY\")"
+                                .to_owned()
+                        }
+                        e => e.to_string(),
+                    },
+                )
+            })?;
+            Some((chain, key))
+        }
+        _ => None,
+    };
     // An explicit provider: the process-wide default is ambiguous when more than one crypto
     // backend ends up in the dependency graph.
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ClientConfig::builder_with_provider(provider)
+    let tls_err = |e: rustls::Error| UpstreamBuildError::Tls {
+        upstream: config.name.clone(),
+        reason: e.to_string(),
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map(|b| {
-            (
-                b.with_root_certificates(roots).with_no_client_auth(),
-                trusted,
-            )
-        })
-        .map_err(|e| UpstreamBuildError::Tls {
-            upstream: config.name.clone(),
-            reason: e.to_string(),
-        })
+        .map_err(tls_err)?
+        .with_root_certificates(roots);
+    let tls = match identity {
+        None => builder.with_no_client_auth(),
+        // Also where a key that is not the certificate's is caught.
+        Some((chain, key)) => builder
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| file_err("client_cert_key", e.to_string()))?,
+    };
+    Ok((tls, files))
+}
+
+/// The certificates of a PEM file; none is an error.
+fn pem_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    if certs.is_empty() {
+        return Err("no PEM certificate found".into());
+    }
+    Ok(certs)
 }
 
 /// Whether the TLS handshake failed because the server has none of the protocols offered
@@ -128,6 +203,39 @@ pub fn certificate_error(
         return certificate_error(inner);
     }
     e.source().and_then(certificate_error)
+}
+
+/// The upstream refused this gateway's client certificate, or the lack of one, with a TLS
+/// alert. Under TLS 1.3 the alert comes after the client's handshake is over, so it reaches
+/// a request already written; the server has read none of it.
+pub fn client_certificate_refused(
+    e: &(dyn std::error::Error + 'static),
+) -> Option<rustls::AlertDescription> {
+    use rustls::AlertDescription as A;
+    const ABOUT_OURS: [A; 7] = [
+        A::CertificateRequired,
+        A::BadCertificate,
+        A::UnsupportedCertificate,
+        A::CertificateRevoked,
+        A::CertificateExpired,
+        A::CertificateUnknown,
+        A::UnknownCA,
+    ];
+    if let Some(rustls::Error::AlertReceived(alert)) = e.downcast_ref::<rustls::Error>() {
+        return ABOUT_OURS.contains(alert).then_some(*alert);
+    }
+    if let Some(inner) = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        // An alert read with the response (under TLS 1.3, after the handshake) reaches us
+        // as an IO error holding only rustls's words for it, not the rustls error.
+        if let Some(name) = inner.to_string().strip_prefix("received fatal alert: ") {
+            return ABOUT_OURS.into_iter().find(|a| format!("{a:?}") == name);
+        }
+        return client_certificate_refused(inner);
+    }
+    e.source().and_then(client_certificate_refused)
 }
 
 /// Bounds the whole connector call, TCP and TLS together (hyper-util's own connect timeout

@@ -2,9 +2,11 @@
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamBuildError {
-    #[error("upstream {upstream:?}: ca_file {path}: {reason}")]
-    CaFile {
+    /// `ca_file`, `client_cert` or `client_cert_key`.
+    #[error("upstream {upstream:?}: {field} {path}: {reason}")]
+    TlsFile {
         upstream: String,
+        field: &'static str,
         path: String,
         reason: String,
     },

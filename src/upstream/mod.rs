@@ -11,7 +11,9 @@ pub mod estimate;
 mod h2_pool;
 mod io;
 
-pub use self::connect::{certificate_error, ConnectTimedOut, TimeoutConnector};
+pub use self::connect::{
+    certificate_error, client_certificate_refused, ConnectTimedOut, TimeoutConnector,
+};
 pub use self::error::UpstreamBuildError;
 pub use self::h2_pool::StreamSlot;
 
@@ -27,7 +29,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use self::connect::{ca_pem, tls_config};
+use self::connect::{tls_config, tls_files, TlsFiles};
 use self::credential::credential;
 use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
@@ -46,8 +48,8 @@ pub struct Upstream {
     authority: Authority,
     prefix: String,
     credential: Option<(HeaderName, HeaderValue)>,
-    /// The `ca_file` contents its TLS config trusts.
-    trusted_ca: Option<Vec<u8>>,
+    /// The TLS files its TLS config was built from.
+    tls_files: TlsFiles,
     clients: Lanes,
     /// What an attempt here is expected to take until its first token, by model.
     pub ttft: TtftEstimates,
@@ -100,7 +102,7 @@ impl Upstream {
         connect_timeout: Duration,
     ) -> Result<Self, UpstreamBuildError> {
         let name: Arc<str> = Arc::from(config.name.as_str());
-        let (tls, trusted_ca) = tls_config(&config)?;
+        let (tls, tls_files) = tls_config(&config)?;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -160,7 +162,7 @@ impl Upstream {
             authority,
             prefix,
             credential,
-            trusted_ca,
+            tls_files,
             clients,
         })
     }
@@ -194,14 +196,11 @@ impl Upstream {
         matches!(credential(&self.config), Ok(c) if c == self.credential)
     }
 
-    /// Whether its `ca_file` still holds what its TLS config trusts: a CA added to the
-    /// file, or taken out of it, needs a new upstream.
-    pub fn ca_is_current(&self) -> bool {
-        match ca_pem(&self.config) {
-            None => self.trusted_ca.is_none(),
-            Some(Ok(pem)) => self.trusted_ca.as_deref() == Some(&pem[..]),
-            Some(Err(_)) => false,
-        }
+    /// Whether its TLS files still hold what its TLS config was built from: a CA added to
+    /// its `ca_file` or taken out of it, or a client certificate renewed in place, needs a
+    /// new upstream.
+    pub fn tls_files_are_current(&self) -> bool {
+        tls_files(&self.config).is_ok_and(|(now, _)| now == self.tls_files)
     }
 
     /// Replaces whatever credentials the client sent with the upstream's own. Without a

@@ -13,6 +13,7 @@ use hourglass::server;
 use hourglass_fake::FakeUpstream;
 use http::Version;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -26,6 +27,31 @@ struct Tls {
 }
 
 async fn tls_fake(alpn: &[&[u8]]) -> Tls {
+    tls_fake_with(alpn, None).await
+}
+
+/// A CA named `ca_name` and a certificate it signed, in PEM: (ca, cert, key). (CAs with
+/// one name would look like one issuer whose signature does not check.)
+fn client_identity(ca_name: &str, cn: &str) -> (String, String, String) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, ca_name);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// `tls_fake`, whose relay asks clients for a certificate signed by `client_ca` (PEM) when
+/// one is given.
+async fn tls_fake_with(alpn: &[&[u8]], client_ca: Option<&str>) -> Tls {
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -45,17 +71,30 @@ async fn tls_fake(alpn: &[&[u8]]) -> Tls {
     let ca_pem = dir.path().join("ca.pem");
     std::fs::write(&ca_pem, ca.pem()).unwrap();
 
-    let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![CertificateDer::from(leaf.der().to_vec())],
-        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
-    )
-    .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(pem) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+                roots.add(c.unwrap()).unwrap();
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut server = builder
+        .with_single_cert(
+            vec![CertificateDer::from(leaf.der().to_vec())],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
+        )
+        .unwrap();
     server.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -288,6 +327,92 @@ async fn a_reload_reads_a_changed_ca_file() {
     gw.apply(config(&url, Some(&ca_file))).await.unwrap();
     assert_eq!(status().await, 502, "the CA taken out of it is not");
     assert_eq!(tls.fake.requests().len(), 1);
+}
+
+/// An upstream that asks for a client certificate (mutual TLS) gets the one `client_cert`
+/// names; without it the handshake is refused and nothing is sent. A certificate renewed in
+/// the same files is presented from the next reload on.
+#[tokio::test]
+async fn an_upstream_asking_for_a_client_certificate_gets_the_configured_one() {
+    let (client_ca, cert, key) = client_identity("clients CA", "hourglass");
+    let tls = tls_fake_with(&[b"h2", b"http/1.1"], Some(&client_ca)).await;
+    let dir = tls.ca_pem.parent().unwrap().to_owned();
+    let (cert_file, key_file) = (dir.join("client.pem"), dir.join("client.key"));
+    std::fs::write(&cert_file, &cert).unwrap();
+    std::fs::write(&key_file, &key).unwrap();
+    let url = format!("https://localhost:{}", tls.relay.port());
+    let with_cert = || {
+        config_with(
+            &url,
+            Some(&tls.ca_pem),
+            &format!(
+                "client_cert = {:?}\nclient_cert_key = {:?}\n",
+                cert_file.display().to_string(),
+                key_file.display().to_string()
+            ),
+        )
+    };
+    let status = |addr: SocketAddr| async move {
+        let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], true)).await;
+        let status = resp.status();
+        let body = read_body(resp.into_body()).await.text();
+        (status, body)
+    };
+
+    let gw = server::start(with_cert()).await.unwrap();
+    let (code, body) = status(gw.addr).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    assert_eq!(tls.fake.requests().len(), 1);
+
+    let without = server::start(config(&url, Some(&tls.ca_pem)))
+        .await
+        .unwrap();
+    let (code, body) = status(without.addr).await;
+    assert_eq!(code, 502, "{body}");
+    assert!(body.contains("upstream_unavailable"), "{body}");
+    assert!(body.contains("asks for a client certificate"), "{body}");
+    assert_eq!(tls.fake.requests().len(), 1, "nothing was sent without it");
+
+    // Renewed in place by a CA the upstream does not trust: the reload presents it.
+    let (_, other_cert, other_key) = client_identity("another CA", "hourglass");
+    std::fs::write(&cert_file, &other_cert).unwrap();
+    std::fs::write(&key_file, &other_key).unwrap();
+    gw.apply(with_cert()).await.unwrap();
+    let (code, body) = status(gw.addr).await;
+    assert_eq!(code, 502, "the renewed certificate is presented");
+    assert!(body.contains("refused the client certificate"), "{body}");
+    std::fs::write(&cert_file, &cert).unwrap();
+    std::fs::write(&key_file, &key).unwrap();
+    gw.apply(with_cert()).await.unwrap();
+    assert_eq!(status(gw.addr).await.0, 200);
+    assert_eq!(tls.fake.requests().len(), 2);
+}
+
+/// Over HTTP/1.1 the refusal reaches the gateway by another path (hyper's HTTP/1 read, not
+/// h2's connection error), and is told the same way.
+#[tokio::test]
+async fn a_missing_client_certificate_is_named_over_http1_too() {
+    let (client_ca, _, _) = client_identity("clients CA", "hourglass");
+    let tls = tls_fake_with(&[b"http/1.1"], Some(&client_ca)).await;
+    let url = format!("https://localhost:{}", tls.relay.port());
+    let gw = server::start(config(&url, Some(&tls.ca_pem)))
+        .await
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], true))
+        .await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("asks for a client certificate"),
+        "{message}"
+    );
+    assert!(tls.fake.requests().is_empty());
 }
 
 /// A certificate that fails the checks fails every attempt the same way: no retry on that

@@ -83,7 +83,8 @@ fn describe_lists_every_resolved_value() {
 fn warnings_cover_environment_and_layout() {
     let text = format!(
         "{}\n[upstreams.spare]\nurl = \"http://127.0.0.1:1\"\napi_key_env = \"SPARE_KEY\"\n\
-         auth = \"none\"\nca_file = \"/nonexistent/ca.pem\"\n\n\
+         auth = \"none\"\nca_file = \"/nonexistent/ca.pem\"\n\
+         client_cert = \"/nonexistent/gw.pem\"\nclient_cert_key = \"/nonexistent/gw.key\"\n\n\
          [[routes]]\nname = \"late\"\npath_prefix = \"/v1/chat/completions/x\"\nupstream = \"openai\"\n",
         FULL.replace("ca_file = \"certs/ca.pem\"\n", "")
     );
@@ -100,6 +101,7 @@ fn warnings_cover_environment_and_layout() {
             "upstream \"anthropic\": api_key_env ANTHROPIC_API_KEY is set but empty",
             "upstream \"spare\": api_key_env SPARE_KEY is ignored because auth is \"none\"",
             "upstream \"spare\": ca_file is ignored because url http://127.0.0.1:1/ uses http",
+            "upstream \"spare\": client_cert is ignored because url http://127.0.0.1:1/ uses http",
             "upstream \"spare\" is not used by any route",
             "route \"late\" is unreachable: route \"chat\" comes first and matches every request it would",
         ]

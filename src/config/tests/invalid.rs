@@ -138,6 +138,26 @@ fn other_upstream_errors() {
         err(&text),
         "t.toml: upstream \"openai\": ca_file must not be empty"
     );
+    for (keys, want) in [
+        (
+            "client_cert = \"c.pem\"",
+            "client_cert needs client_cert_key, the certificate's private key",
+        ),
+        (
+            "client_cert_key = \"c.key\"",
+            "client_cert_key needs client_cert, the certificate it is the key of",
+        ),
+        (
+            "client_cert = \"\"\nclient_cert_key = \"c.key\"",
+            "client_cert must not be empty",
+        ),
+    ] {
+        let text = BASE.replace(
+            "url = \"https://api.openai.com\"",
+            &format!("url = \"https://api.openai.com\"\n{keys}"),
+        );
+        assert_eq!(err(&text), format!("t.toml: upstream \"openai\": {want}"));
+    }
     let text = format!("{BASE}[upstreams.\"\"]\nurl = \"http://a\"\n");
     assert_eq!(
         err(&text),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{load, secs, BASE, FULL};
-use crate::config::{AuthMode, Config, ConfigError, Limits, ServerConfig};
+use crate::config::{AuthMode, ClientCert, Config, ConfigError, Limits, ServerConfig};
 
 #[test]
 fn full_example_resolves() {
@@ -148,6 +148,69 @@ fn load_reads_file_and_resolves_ca_file_next_to_it() {
     assert!(c.warnings().iter().any(|w| w.contains("ca_file")));
     std::fs::write(dir.path().join("ca.pem"), "pem").unwrap();
     assert!(!c.warnings().iter().any(|w| w.contains("ca_file")));
+    dir.close().unwrap();
+}
+
+#[test]
+fn a_client_certificate_is_read_next_to_the_config_and_its_key_kept_private() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-config-test-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("hourglass.toml");
+    let text = BASE.replace(
+        "url = \"https://api.openai.com\"",
+        "url = \"https://api.openai.com\"\nclient_cert = \"tls/gw.pem\"\nclient_cert_key = \"/etc/gw.key\"",
+    );
+    std::fs::write(&path, text).unwrap();
+    let c = Config::load(&path).unwrap();
+    assert_eq!(
+        c.upstreams[0].client_cert,
+        Some(ClientCert {
+            cert: dir.path().join("tls/gw.pem"),
+            key: "/etc/gw.key".into(),
+        })
+    );
+    assert!(c.describe().contains(&format!(
+        "client_cert {}",
+        dir.path().join("tls/gw.pem").display()
+    )));
+    let files = c.files();
+    assert!(files.contains(&dir.path().join("tls/gw.pem").as_path()));
+    assert!(files.contains(&Path::new("/etc/gw.key")));
+    let w = c.warnings();
+    assert!(
+        w.iter()
+            .any(|w| w.contains("client_cert ") && w.contains("will not start")),
+        "{w:?}"
+    );
+    assert!(
+        w.iter().any(|w| w.contains("client_cert_key /etc/gw.key")),
+        "{w:?}"
+    );
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let text = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("/etc/gw.key", "gw.key");
+        std::fs::write(&path, text).unwrap();
+        std::fs::create_dir(dir.path().join("tls")).unwrap();
+        std::fs::write(dir.path().join("tls/gw.pem"), "pem").unwrap();
+        let key = dir.path().join("gw.key");
+        std::fs::write(&key, "key").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let w = Config::load(&path).unwrap().warnings();
+        let openai: Vec<&String> = w.iter().filter(|w| w.contains("\"openai\"")).collect();
+        assert_eq!(
+            openai,
+            [&format!(
+                "upstream \"openai\": client_cert_key {} is open to every user (mode 644); chmod 600 it",
+                key.display()
+            )]
+        );
+    }
     dir.close().unwrap();
 }
 
