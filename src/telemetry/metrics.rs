@@ -250,26 +250,35 @@ impl RouteHandles {
 /// The route label for requests that matched no route: a name config keeps from routes.
 pub use crate::config::NO_ROUTE;
 
+/// Registers `metric` with `registry` and hands it back.
+fn registered<M: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    metric: Result<M, prometheus::Error>,
+) -> M {
+    let metric = metric.expect("valid metric");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("unique metric");
+    metric
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
+            registered(&registry, IntCounterVec::new(Opts::new(name, help), labels))
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            registered(&registry, IntGaugeVec::new(Opts::new(name, help), labels))
         };
         let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
-            let h = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-                labels,
+            registered(
+                &registry,
+                HistogramVec::new(
+                    HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                    labels,
+                ),
             )
-            .expect("valid metric");
-            registry
-                .register(Box::new(h.clone()))
-                .expect("unique metric");
-            h
         };
         let requests = counter(
             "hourglass_requests_total",
@@ -337,36 +346,23 @@ impl Metrics {
             "Answers upstreams gave to attempts (each attempt's head, retried or not), by status class.",
             &["route", "upstream", "class"],
         );
-        let in_flight = IntGaugeVec::new(
-            Opts::new(
-                "hourglass_upstream_requests_in_flight",
-                "Upstream requests started and not yet finished or cancelled.",
-            ),
+        let in_flight = gauge(
+            "hourglass_upstream_requests_in_flight",
+            "Upstream requests started and not yet finished or cancelled.",
             &["upstream"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(in_flight.clone()))
-            .expect("unique metric");
-        let requests_in_flight = IntGaugeVec::new(
-            Opts::new(
-                "hourglass_requests_in_flight",
-                "Client requests being served (from their head to the end of their answer), by route.",
-            ),
+        );
+        let requests_in_flight = gauge(
+            "hourglass_requests_in_flight",
+            "Client requests being served (from their head to the end of their answer), by route.",
             &["route"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(requests_in_flight.clone()))
-            .expect("unique metric");
-        let client_connections = IntGauge::new(
-            "hourglass_client_connections",
-            "Client connections open on the client listener, TLS handshakes included.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(client_connections.clone()))
-            .expect("unique metric");
+        );
+        let client_connections = registered(
+            &registry,
+            IntGauge::new(
+                "hourglass_client_connections",
+                "Client connections open on the client listener, TLS handshakes included.",
+            ),
+        );
         let retries = counter(
             "hourglass_retries_total",
             "Extra attempts on the same upstream, by the failure that caused them.",
@@ -396,88 +392,68 @@ impl Metrics {
         for result in ["ok", "error"] {
             reloads.with_label_values(&[result]);
         }
-        let config_info = IntGaugeVec::new(
-            Opts::new(
-                "hourglass_config_info",
-                "The configuration being served: 1 for the hash of the loaded file.",
-            ),
+        let config_info = gauge(
+            "hourglass_config_info",
+            "The configuration being served: 1 for the hash of the loaded file.",
             &["hash"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(config_info.clone()))
-            .expect("unique metric");
-        let panics = IntCounter::new(
-            "hourglass_panics_total",
-            "Request handlers that panicked (a bug; the process keeps serving).",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(panics.clone()))
-            .expect("unique metric");
-        let refused_heads = IntCounterVec::new(
-            Opts::new(
-                "hourglass_refused_heads_total",
-                "Client request heads refused before they became requests (no log line): \
-                 malformed (a bare 400), too_large (431), header_timeout (408).",
+        );
+        let panics = registered(
+            &registry,
+            IntCounter::new(
+                "hourglass_panics_total",
+                "Request handlers that panicked (a bug; the process keeps serving).",
             ),
-            &["reason"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(refused_heads.clone()))
-            .expect("unique metric");
+        );
+        let refused_heads = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "hourglass_refused_heads_total",
+                    "Client request heads refused before they became requests (no log line): \
+                 malformed (a bare 400), too_large (431), header_timeout (408).",
+                ),
+                &["reason"],
+            ),
+        );
         for reason in ["malformed", "too_large", "header_timeout"] {
             refused_heads.with_label_values(&[reason]);
         }
-        let tls_handshake_failures = IntCounterVec::new(
-            Opts::new(
-                "hourglass_tls_handshake_failures_total",
-                "Client connections whose TLS handshake failed (no request, no log line): \
+        let tls_handshake_failures = registered(
+            &registry,
+            IntCounterVec::new(
+                Opts::new(
+                    "hourglass_tls_handshake_failures_total",
+                    "Client connections whose TLS handshake failed (no request, no log line): \
                  timeout (none within header_read_timeout), client_certificate (missing or \
                  refused), alert (the client refused the handshake, often this gateway's \
                  certificate), incompatible (no common version, cipher or ALPN protocol), \
                  plain_http (answered 400 plain_http_on_tls), malformed (not TLS), closed \
                  (the client left), other.",
+                ),
+                &["reason"],
             ),
-            &["reason"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(tls_handshake_failures.clone()))
-            .expect("unique metric");
+        );
         for reason in TLS_HANDSHAKE_FAILURES {
             tls_handshake_failures.with_label_values(&[reason]);
         }
-        let tls_expiry = IntGaugeVec::new(
-            Opts::new(
-                "hourglass_tls_certificate_expiry_timestamp_seconds",
-                "When the client listener's certificate ([server.tls] cert) expires, in Unix \
+        let tls_expiry = gauge(
+            "hourglass_tls_certificate_expiry_timestamp_seconds",
+            "When the client listener's certificate ([server.tls] cert) expires, in Unix \
                  seconds; set at start-up and on every reload, absent without TLS.",
-            ),
             &["listener"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(tls_expiry.clone()))
-            .expect("unique metric");
-        let log_lines_dropped = IntCounter::new(
-            "hourglass_log_lines_dropped_total",
-            "Log lines dropped because the log's reader fell behind (the gateway never waits \
+        );
+        let log_lines_dropped = registered(
+            &registry,
+            IntCounter::new(
+                "hourglass_log_lines_dropped_total",
+                "Log lines dropped because the log's reader fell behind (the gateway never waits \
              on its log).",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(log_lines_dropped.clone()))
-            .expect("unique metric");
-        let runs_active = IntGauge::new(
+            ),
+        );
+        let runs_active = registered(&registry, IntGauge::new(
             "hourglass_runs_active",
             "Runs held in this gateway's memory store; 0 with a shared store (Redis holds those runs).",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(runs_active.clone()))
-            .expect("unique metric");
+        ));
         let runs = RunMetrics {
             active: runs_active,
             ends: counter(
