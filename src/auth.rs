@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use http::header::{HeaderMap, AUTHORIZATION};
 use ring::digest::{digest, SHA256};
-use subtle::{Choice, ConstantTimeEq};
+use subtle::ConstantTimeEq;
 
 use crate::config::ClientAuth;
 use crate::http::headers::X_API_KEY;
@@ -27,16 +27,30 @@ pub struct ClientKeysError {
 /// against a key short enough to guess.
 pub const MIN_KEY_LEN: usize = 16;
 
-/// The keys one route accepts, as digests.
+/// The keys one route accepts, as digests, each with the client's name when the key file
+/// gives one.
 #[derive(Clone)]
 pub struct ClientKeys {
-    digests: Arc<[[u8; 32]]>,
+    entries: Arc<[Entry]>,
+}
+
+struct Entry {
+    digest: [u8; 32],
+    name: Option<Arc<str>>,
+}
+
+/// Who a request's key says the client is: the key's digest prefix (what its runs are
+/// scoped by) and its name, if it has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientId {
+    pub key: KeyId,
+    pub name: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for ClientKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Not even the digests.
-        write!(f, "ClientKeys({} keys)", self.digests.len())
+        write!(f, "ClientKeys({} keys)", self.entries.len())
     }
 }
 
@@ -65,34 +79,35 @@ impl ClientKeys {
             route: route.to_owned(),
             reason,
         };
-        let mut keys: Vec<String> = Vec::new();
+        let mut keys: Vec<(Option<String>, String)> = Vec::new();
         if let Some(var) = &auth.env {
             let value = env(var).map_err(|e| err(format!("client_keys_env {var}: {e}")))?;
-            for (i, key) in value.split(',').map(str::trim).enumerate() {
-                if key.is_empty() {
+            for (i, item) in value.split(',').map(str::trim).enumerate() {
+                if item.is_empty() {
                     continue;
                 }
-                check_key(key)
-                    .map_err(|why| err(format!("client_keys_env {var}: key {}: {why}", i + 1)))?;
-                keys.push(key.to_owned());
+                keys.push(
+                    named_key(item).map_err(|why| {
+                        err(format!("client_keys_env {var}: key {}: {why}", i + 1))
+                    })?,
+                );
             }
         }
         if let Some(path) = &auth.file {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| err(format!("client_keys_file {}: {e}", path.display())))?;
             for (i, line) in text.lines().enumerate() {
-                let key = line.trim();
-                if key.is_empty() || key.starts_with('#') {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
                     continue;
                 }
-                check_key(key).map_err(|why| {
+                keys.push(named_key(line).map_err(|why| {
                     err(format!(
                         "client_keys_file {} line {}: {why}",
                         path.display(),
                         i + 1
                     ))
-                })?;
-                keys.push(key.to_owned());
+                })?);
             }
         }
         if keys.is_empty() {
@@ -101,15 +116,29 @@ impl ClientKeys {
                     .into(),
             ));
         }
-        Ok(Self::from_keys(keys.iter().map(String::as_str)))
+        Ok(Self::from_named(
+            keys.iter().map(|(n, k)| (n.as_deref(), k.as_str())),
+        ))
     }
 
     pub fn from_keys<'a>(keys: impl IntoIterator<Item = &'a str>) -> Self {
-        let mut digests: Vec<[u8; 32]> = keys.into_iter().map(|k| sha256(k.as_bytes())).collect();
-        digests.sort_unstable();
-        digests.dedup();
+        Self::from_named(keys.into_iter().map(|k| (None, k)))
+    }
+
+    /// Keys with their names; a key listed twice keeps its first name.
+    pub fn from_named<'a>(keys: impl IntoIterator<Item = (Option<&'a str>, &'a str)>) -> Self {
+        let mut entries: Vec<Entry> = Vec::new();
+        for (name, key) in keys {
+            let digest = sha256(key.as_bytes());
+            if !entries.iter().any(|e| e.digest == digest) {
+                entries.push(Entry {
+                    digest,
+                    name: name.map(Arc::from),
+                });
+            }
+        }
         Self {
-            digests: digests.into(),
+            entries: entries.into(),
         }
     }
 
@@ -118,31 +147,59 @@ impl ClientKeys {
         self.identify(headers).is_some()
     }
 
-    /// The key the request carries, when it is one of these, named by the start of its
-    /// digest: what the log line and the client's runs are scoped by, which never holds the
-    /// key. Looks at the first `authorization` (scheme `Bearer`) and the first `x-api-key`;
-    /// each is hashed once and compared with every digest without an early exit.
-    pub fn identify(&self, headers: &HeaderMap) -> Option<KeyId> {
-        let mut found = None;
+    /// The client the request's key names, when it is one of these. Looks at the first
+    /// `authorization` (scheme `Bearer`) and the first `x-api-key`; each is hashed once and
+    /// compared with every digest without an early exit.
+    pub fn identify(&self, headers: &HeaderMap) -> Option<ClientId> {
+        let mut found: Option<(usize, [u8; 32])> = None;
         for presented in presented_keys(headers).into_iter().flatten() {
             let d = sha256(presented);
-            let known = self
-                .digests
-                .iter()
-                .fold(Choice::from(0), |ok, known| ok | known.ct_eq(&d));
-            if found.is_none() && bool::from(known) {
-                let mut id = [0u8; 8];
-                id.copy_from_slice(&d[..8]);
-                found = Some(id);
+            for (i, known) in self.entries.iter().enumerate() {
+                if bool::from(known.digest.ct_eq(&d)) && found.is_none() {
+                    found = Some((i, d));
+                }
             }
         }
-        found
+        let (i, d) = found?;
+        let mut key = [0u8; 8];
+        key.copy_from_slice(&d[..8]);
+        Some(ClientId {
+            key,
+            name: self.entries[i].name.clone(),
+        })
     }
 }
 
 /// A client key as logs and run scopes name it: the first 8 bytes of its SHA-256 digest
 /// (`printf %s KEY | sha256sum | cut -c1-16` prints it).
 pub type KeyId = [u8; 8];
+
+/// The most a client's name may hold: it becomes a metric label and a log field.
+pub const NAME_MAX: usize = 64;
+
+/// A key, or a name and a key separated by white space (`team-a sk-...`). The reason never
+/// quotes the key.
+fn named_key(item: &str) -> Result<(Option<String>, String), String> {
+    let mut fields = item.split_whitespace();
+    let (name, key) = match (fields.next(), fields.next(), fields.next()) {
+        (Some(key), None, None) => (None, key),
+        (Some(name), Some(key), None) => (Some(name), key),
+        _ => return Err("an entry is a key, or a name and a key separated by a space".into()),
+    };
+    if let Some(name) = name {
+        if name.len() > NAME_MAX
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b))
+        {
+            return Err(format!(
+                "the name {name:?} must be at most {NAME_MAX} letters, digits, '.', '_', '-' or '@'"
+            ));
+        }
+    }
+    check_key(key)?;
+    Ok((name.map(str::to_owned), key.to_owned()))
+}
 
 /// What a client sent as its key, in either header.
 fn presented_keys(headers: &HeaderMap) -> [Option<&[u8]>; 2] {
@@ -225,19 +282,80 @@ mod tests {
         // printf %s hg-test-key-0123456789 | sha256sum | cut -c1-16
         let id = sha256(KEY.as_bytes());
         let want: KeyId = id[..8].try_into().unwrap();
-        assert_eq!(keys.identify(&headers(&[("x-api-key", KEY)])), Some(want));
+        let id = |key: &str| {
+            keys.identify(&headers(&[("x-api-key", key)]))
+                .map(|c| c.key)
+        };
+        assert_eq!(id(KEY), Some(want));
         // An unknown key in the first header does not hide a known one in the second.
         assert_eq!(
             keys.identify(&headers(&[
                 ("authorization", "Bearer sk-provider"),
                 ("x-api-key", KEY)
-            ])),
+            ]))
+            .map(|c| c.key),
             Some(want)
         );
+        assert_eq!(id("nope-0123456789abc"), None);
+    }
+
+    #[test]
+    fn a_key_file_may_name_its_clients() {
+        let dir = tempfile::Builder::new()
+            .prefix("hourglass-keys-")
+            .tempdir()
+            .unwrap();
+        let file = dir.path().join("keys");
+        std::fs::write(
+            &file,
+            format!(
+                "# the two keys of team-a, during a rotation\nteam-a {KEY}\nteam-a\tnew-key-0123456789\n\
+                 unnamed-key-0123456789\nteam-b {KEY}\n"
+            ),
+        )
+        .unwrap();
+        let auth = ClientAuth {
+            env: Some("KEYS".into()),
+            file: Some(file.clone()),
+        };
+        let env = |_: &str| Ok("ops@acme env-key-0123456789, other-key-0123456789".to_owned());
+        let keys = ClientKeys::load_with("chat", &auth, &env).unwrap();
+        let name = |key: &str| {
+            keys.identify(&headers(&[("x-api-key", key)]))
+                .map(|c| c.name.as_deref().map(str::to_owned))
+        };
         assert_eq!(
-            keys.identify(&headers(&[("x-api-key", "nope-0123456789abc")])),
-            None
+            name(KEY),
+            Some(Some("team-a".into())),
+            "the first name stays"
         );
+        assert_eq!(name("new-key-0123456789"), Some(Some("team-a".into())));
+        assert_eq!(name("unnamed-key-0123456789"), Some(None));
+        assert_eq!(name("env-key-0123456789"), Some(Some("ops@acme".into())));
+        assert_eq!(name("other-key-0123456789"), Some(None));
+
+        for (line, why) in [
+            (
+                format!("team a {KEY}"),
+                "line 1: an entry is a key, or a name and a key separated by a space",
+            ),
+            (
+                format!("team/a {KEY}"),
+                "line 1: the name \"team/a\" must be at most 64 letters, digits",
+            ),
+            (
+                "team-a short-secret".to_owned(),
+                "line 1: a key must be at least 16",
+            ),
+        ] {
+            std::fs::write(&file, &line).unwrap();
+            let e = ClientKeys::load_with("chat", &auth, &env)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why), "{e}");
+            assert!(!e.contains("short-secret") && !e.contains(KEY), "{e}");
+        }
+        dir.close().unwrap();
     }
 
     #[test]

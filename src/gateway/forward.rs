@@ -210,11 +210,12 @@ impl Gateway {
             let model: Option<Arc<str>> = model.as_deref().map(Arc::from);
             record.set_route(route.name.clone(), route.metrics.clone());
             record.set_model(model.clone());
-            let client_key = match &route.keys {
+            let client = match &route.keys {
                 Some(keys) => Some(keys.identify(&headers).ok_or(GatewayError::Unauthorized)?),
                 None => None,
             };
-            record.set_client_key(client_key);
+            let client_key = client.as_ref().map(|c| c.key);
+            record.set_client_id(client);
             if encoded
                 && route
                     .chain

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::Method;
 use tokio::time::Instant;
 
-use crate::auth::KeyId;
+use crate::auth::ClientId;
 use crate::budget::{Budget, BudgetSource};
 use crate::error::{GatewayError, Origin};
 use crate::gateway::routes::ChainEntry;
@@ -19,7 +19,7 @@ use crate::runs::state::View;
 use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
 use crate::stream::{Observer, StreamEnd};
-use crate::telemetry::log::{clipped, RequestLog, CERT_MAX, ERROR_MAX, MODEL_MAX};
+use crate::telemetry::log::{clipped, key_hex, RequestLog, CERT_MAX, ERROR_MAX, MODEL_MAX};
 use crate::telemetry::metrics::{AnswerMetrics, Histogram, RouteMetrics};
 use crate::upstream::Upstream;
 
@@ -101,7 +101,7 @@ pub struct RequestRecord {
     client: Option<Box<crate::telemetry::access::ClientInfo>>,
     /// Who the client is: the key its route accepted, the certificate its connection
     /// presented.
-    client_key: Option<KeyId>,
+    client_id: Option<ClientId>,
     client_cert: Option<Arc<str>>,
     /// Over HTTP/2, this request's stream, counted as open for the connection's idle limit
     /// until the answer is done (`idle`).
@@ -170,7 +170,7 @@ impl RequestRecord {
             attempts: Vec::new(),
             slot: None,
             client: None,
-            client_key: None,
+            client_id: None,
             client_cert: None,
             _stream: None,
             run: None,
@@ -324,8 +324,8 @@ impl RequestRecord {
         }
     }
 
-    pub fn set_client_key(&mut self, key: Option<KeyId>) {
-        self.client_key = key;
+    pub fn set_client_id(&mut self, client: Option<ClientId>) {
+        self.client_id = client;
     }
 
     pub fn set_client_cert(&mut self, subject: Option<Arc<str>>) {
@@ -513,6 +513,23 @@ impl RequestRecord {
                 m.cancellation(origin).inc();
             }
         }
+        let completion = self.tokens.map(|t| t.completion());
+        if let Some(c) = &self.client_id {
+            let hex;
+            let name = match &c.name {
+                Some(n) => &**n,
+                None => {
+                    hex = key_hex(&c.key);
+                    std::str::from_utf8(&hex).expect("hex digits")
+                }
+            };
+            m.client_usage(
+                name,
+                end.outcome(),
+                self.tokens.and_then(|t| t.prompt()),
+                completion.map(|(n, s)| (n, s.as_str())),
+            );
+        }
         let elapsed = now - self.arrival;
         m.duration.observe(elapsed.as_secs_f64());
         if self.route.is_some() {
@@ -526,7 +543,6 @@ impl RequestRecord {
             h.observe(t.as_secs_f64());
         }
         let ttfb = self.first_byte_at.map(|t| t - self.arrival);
-        let completion = self.tokens.map(|t| t.completion());
         if let Some(a) = &self.answer_metrics {
             if let Some(t) = ttfb {
                 a.ttfb.observe(t.as_secs_f64());
@@ -594,7 +610,8 @@ impl RequestRecord {
                 .then_some("unenforced"),
             method: &self.method,
             path: &self.path,
-            client_key: self.client_key,
+            client_key: self.client_id.as_ref().map(|c| c.key),
+            client_name: self.client_id.as_ref().and_then(|c| c.name.as_deref()),
             client_cert: self.client_cert.as_deref().map(|c| clipped(c, CERT_MAX)),
             route: self.route.as_deref(),
             upstream: self.upstream.as_ref().map(|u| &*u.name),

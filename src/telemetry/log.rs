@@ -36,6 +36,8 @@ pub struct RequestLog<'a> {
     pub path: &'a str,
     /// The client key the route accepted, as the start of its digest (never the key).
     pub client_key: Option<[u8; 8]>,
+    /// That key's name in the route's key file, if it has one (the line's `client`).
+    pub client_name: Option<&'a str>,
     /// The subject of the certificate the client presented to a listener with `client_ca`,
     /// at most `CERT_MAX` bytes of it.
     pub client_cert: Option<&'a str>,
@@ -76,7 +78,7 @@ pub const MODEL_MAX: usize = 200;
 pub const CERT_MAX: usize = 300;
 
 /// A key's digest prefix in lowercase hex, as `sha256sum` prints it.
-fn key_hex(id: &[u8; 8]) -> [u8; 16] {
+pub fn key_hex(id: &[u8; 8]) -> [u8; 16] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 16];
     for (i, b) in id.iter().enumerate() {
@@ -130,7 +132,9 @@ impl RequestLog<'_> {
                 elapsed: self.elapsed,
                 outcome: self.outcome,
                 origin: self.origin,
-                user: key.as_ref().and_then(|k| std::str::from_utf8(k).ok()),
+                user: self
+                    .client_name
+                    .or_else(|| key.as_ref().and_then(|k| std::str::from_utf8(k).ok())),
                 client_cert: self.client_cert,
             }
             .render();
@@ -219,6 +223,7 @@ impl RequestLog<'_> {
         code_field(w, ",\"run_limits\":\"", self.run_limits);
         str_field(w, ",\"method\":\"", Some(self.method.as_str()))?;
         str_field(w, ",\"path\":\"", Some(self.path))?;
+        str_field(w, ",\"client\":\"", self.client_name)?;
         if let Some(id) = &self.client_key {
             w.push_str(",\"client_key\":\"");
             w.extend(key_hex(id).map(char::from));
@@ -278,6 +283,7 @@ impl RequestLog<'_> {
             run_limits = self.run_limits,
             method = self.method.as_str(),
             path = self.path,
+            client = self.client_name,
             client_key = key.as_ref().and_then(|k| std::str::from_utf8(k).ok()),
             client_cert = self.client_cert,
             route = self.route,
@@ -334,6 +340,7 @@ mod tests {
             method: &method,
             path: "/v1/chat/completions",
             client_key: Some([0xde, 0xad, 0xbe, 0xef, 0, 1, 2, 0xa3]),
+            client_name: Some("team-a"),
             client_cert: Some("CN=agent \"7\",O=Acme"),
             route: Some("chat \"r\""),
             upstream: Some("openai"),
@@ -365,6 +372,7 @@ mod tests {
             run_id: None,
             run_limits: None,
             client_key: None,
+            client_name: None,
             client_cert: None,
             route: None,
             upstream: None,

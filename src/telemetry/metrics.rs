@@ -59,6 +59,8 @@ pub struct Metrics {
     in_flight: IntGaugeVec,
     requests_in_flight: IntGaugeVec,
     client_connections: IntGauge,
+    client_requests: IntCounterVec,
+    client_tokens: IntCounterVec,
     retries: IntCounterVec,
     fallbacks: IntCounterVec,
     hedges: IntCounterVec,
@@ -108,6 +110,8 @@ pub struct RouteHandles {
     partial_answers: IntCounterVec,
     /// Requests attributed to the route and not yet reported.
     pub in_flight: IntGauge,
+    client_requests: IntCounterVec,
+    client_tokens: IntCounterVec,
     route: Arc<str>,
 }
 
@@ -241,6 +245,31 @@ impl RouteHandles {
             .inc();
     }
 
+    /// What a request of `client` (on a route with client keys) came to. The series are
+    /// looked up here, not resolved ahead: the clients are known only as they come.
+    pub fn client_usage(
+        &self,
+        client: &str,
+        outcome: &str,
+        prompt: Option<u64>,
+        completion: Option<(u64, &str)>,
+    ) {
+        let route = &*self.route;
+        self.client_requests
+            .with_label_values(&[route, client, outcome])
+            .inc();
+        if let Some(n) = prompt {
+            self.client_tokens
+                .with_label_values(&[route, client, "prompt", "reported"])
+                .inc_by(n);
+        }
+        if let Some((n, source)) = completion {
+            self.client_tokens
+                .with_label_values(&[route, client, "completion", source])
+                .inc_by(n);
+        }
+    }
+
     /// Completion tokens streamed to requests that were then cancelled by `origin`.
     pub fn tokens_cancelled(&self, origin: Origin) -> &IntCounter {
         &self.tokens_cancelled[origin as usize]
@@ -362,6 +391,16 @@ impl Metrics {
                 "hourglass_client_connections",
                 "Client connections open on the client listener, TLS handshakes included.",
             ),
+        );
+        let client_requests = counter(
+            "hourglass_client_requests_total",
+            "Requests on routes with client keys, by the client their key names (its name in the key file, else the start of the key's SHA-256) and outcome.",
+            &["route", "client", "outcome"],
+        );
+        let client_tokens = counter(
+            "hourglass_client_tokens_total",
+            "Tokens of requests on routes with client keys, by client, kind (prompt, completion) and source (reported, estimated).",
+            &["route", "client", "kind", "source"],
         );
         let retries = counter(
             "hourglass_retries_total",
@@ -534,6 +573,8 @@ impl Metrics {
             in_flight,
             requests_in_flight,
             client_connections,
+            client_requests,
+            client_tokens,
             retries,
             fallbacks,
             hedges,
@@ -567,6 +608,8 @@ impl Metrics {
             stream_upstream: self.stream_upstream.with_label_values(&[route]),
             partial_answers: self.partial_answers.clone(),
             in_flight: self.requests_in_flight.with_label_values(&[route]),
+            client_requests: self.client_requests.clone(),
+            client_tokens: self.client_tokens.clone(),
             route: Arc::from(route),
         }))
     }

@@ -553,7 +553,8 @@ async fn client_certificates_are_required_when_client_ca_is_set() {
 }
 
 /// Who made each call: the log line names the client's certificate (RFC 4514) and the key
-/// its route accepted (the start of the key's SHA-256, never the key).
+/// its route accepted (its name in the key file, and the start of the key's SHA-256, never
+/// the key); the client's requests and tokens are counted under its name.
 #[tokio::test]
 async fn the_log_line_names_the_clients_certificate_and_key() {
     let c = certs("mtls-log");
@@ -562,7 +563,7 @@ async fn the_log_line_names_the_clients_certificate_and_key() {
         .unwrap();
     const KEY: &str = "hg-client-key-0123456789";
     let keys = c.dir.path().join("client-keys");
-    std::fs::write(&keys, format!("{KEY}\n")).unwrap();
+    std::fs::write(&keys, format!("team-a {KEY}\n")).unwrap();
     let toml = tls_config_toml(&c, true)
         .replace("{FAKE}", &fake.url())
         .replace(
@@ -604,9 +605,31 @@ async fn the_log_line_names_the_clients_certificate_and_key() {
         .collect();
     for line in &lines {
         assert_eq!(line["client_cert"], "CN=agent-7,O=Acme\\, Inc.", "{line}");
+        assert_eq!(line["client"], "team-a", "{line}");
         assert_eq!(line["client_key"], hex.as_str(), "{line}");
         assert!(!line.to_string().contains(KEY), "{line}");
     }
+    assert_eq!(
+        metric(
+            p.admin,
+            "hourglass_client_requests_total{client=\"team-a\",outcome=\"ok\",route=\"chat\"}"
+        )
+        .await,
+        2.0
+    );
+    let completion = lines
+        .iter()
+        .map(|l| l["completion_tokens"].as_u64().unwrap())
+        .sum::<u64>();
+    let source = lines[0]["tokens_source"].as_str().unwrap();
+    let tokens = metric(
+        p.admin,
+        &format!(
+            "hourglass_client_tokens_total{{client=\"team-a\",kind=\"completion\",route=\"chat\",source=\"{source}\"}}"
+        ),
+    )
+    .await;
+    assert_eq!(tokens, completion as f64);
     p.stop().await;
 }
 
