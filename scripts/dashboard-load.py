@@ -16,7 +16,9 @@ bounds to PHASES_JSON_OUT and prints a tally of what it sent.
 --primary: the gateway also has route chat-ha (scripts/hourglass-stack.sh with_fallback_route),
 whose upstream "primary" is at ADDR. This script runs the fake provider there (`BIN
 fake-upstream`) and stops it for the incident third, so that chat-ha's requests are retried and
-fall back to the demo's provider; streams for "ha-demo" go there throughout.
+fall back to the demo's provider; streams for "ha-demo" go there throughout. It also has route
+chat-teams, whose clients need keys: streams for "team-demo" carry one of three (team-a's, and
+team-b's two), so the per-client panels have two clients.
 
 --config: the gateway's config file, which it reloads when its contents change. This script
 edits it four times: at 1/6 and 5/6 of the run a comment changes (a reload, ok), at 0.45 an
@@ -103,6 +105,10 @@ def reload_config(path, edit):
     os.replace(tmp, path)
 
 
+# The keys scripts/hourglass-stack.sh writes for route chat-teams (team-b has two).
+TEAM_KEYS = ["stack-key-team-a-0001", "stack-key-team-b-0001", "stack-key-team-b-0002"]
+
+
 class Load:
     def __init__(self, gw, seconds, ha=False):
         self.gw = gw
@@ -132,6 +138,7 @@ class Load:
             (1 if not incident else 12, "slow_first_token"),
             (1 if not incident else 10, "tight_budget"),
             (8 if self.ha else 0, "ha_stream"),
+            (6 if self.ha else 0, "team_stream"),
             (6, "not_streaming"),
             (1 if not incident else 6, "partial_answer"),
             (3, "agent_loop"),
@@ -194,6 +201,15 @@ class Load:
                 "x-fake-interval-ms": str(rng.randint(20, 50)),
             }
             request(gw, "POST", chat, h, chat_body("ha-demo"))
+        elif name == "team_stream":  # route chat-teams: clients with keys, named in its file
+            key = rng.choice(TEAM_KEYS)
+            h = {
+                "authorization": f"Bearer {key}",
+                "x-fake-ttft-ms": str(rng.randint(60, 450)),
+                "x-fake-chunks": str(rng.randint(5, 40) if "team-a" in key else rng.randint(20, 60)),
+                "x-fake-interval-ms": "20",
+            }
+            request(gw, "POST", chat, h, chat_body("team-demo"))
         elif name == "not_streaming":  # route chat streams upstream, answers one document
             h = {"x-fake-ttft-ms": str(rng.randint(60, 450)), "x-fake-chunks": str(rng.randint(5, 30))}
             request(gw, "POST", chat, h, chat_body(stream=False))

@@ -118,9 +118,22 @@ build_hourglass() {
 # for "ha-*" models on /v1/chat/completions, ahead of the demo's routes): upstream "primary" at
 # ADDR, one retry, then a fallback to the demo's "fake". So the retry and fallback series exist,
 # and taking ADDR down (nothing listening there) makes every such request retry and fall back.
+# Also route "chat-teams" ("team-*" models), whose clients need keys.
 with_fallback_route() {
+    # Route "chat-teams" asks clients for keys; the file names their clients (team-b's two
+    # keys: one replacing the other). The keys are only this throwaway stack's.
+    printf '%s\n' 'team-a stack-key-team-a-0001' 'team-b stack-key-team-b-0001' \
+        'team-b stack-key-team-b-0002' >"$WORK/team-keys"
+    chmod 600 "$WORK/team-keys"
     cat >"$WORK/extra-routes.toml" <<EOF
 # Added by scripts/hourglass-stack.sh (with_fallback_route).
+[[routes]]
+name = "chat-teams"
+path_prefix = "/v1/chat/completions"
+models = ["team-*"]
+upstream = "fake"
+client_keys_file = "$WORK/team-keys"
+
 [upstreams.primary]
 url = "http://$1"
 auth = "none"

@@ -509,6 +509,45 @@ ts(
     overrides=[color("admit", "red"), color("finish", "orange")],
 )
 
+row("Clients", 55)
+# Routes with client keys (security.md): each key's client, by its name in the key file.
+ts(
+    "Requests by client",
+    "hourglass_client_requests_total by client and outcome, on routes with client keys: the client is the name the route's key file gives its key, else the first 16 hex digits of the key's SHA-256.",
+    [
+        target(
+            f"sum by (client, outcome) (rate(hourglass_client_requests_total{{{R}}}[{RI}]))",
+            "{{client}} {{outcome}}",
+            "A",
+        )
+    ],
+    "reqps",
+    0,
+    56,
+    w=12,
+    h=7,
+    stack=True,
+    no_value="No routes with client keys",
+)
+ts(
+    "Tokens by client",
+    "hourglass_client_tokens_total by client and kind: what each client's requests used (reported by the provider, or estimated for a stream cut before its usage came), for chargeback.",
+    [
+        target(
+            f"sum by (client, kind) (rate(hourglass_client_tokens_total{{{R}}}[{RI}]))",
+            "{{client}} {{kind}}",
+            "A",
+        )
+    ],
+    "none",
+    12,
+    56,
+    w=12,
+    h=7,
+    stack=True,
+    no_value="No routes with client keys",
+)
+
 dash = {
     "uid": "hourglass",
     "title": "Hourglass",
