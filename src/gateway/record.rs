@@ -147,7 +147,6 @@ impl RequestRecord {
         arrival: Instant,
         metrics: RouteMetrics,
     ) -> Self {
-        metrics.in_flight.inc();
         Self {
             id,
             method,
@@ -332,12 +331,17 @@ impl RequestRecord {
         self.client_cert = subject;
     }
 
+    /// The route the request is attributed to; the first call counts it in flight there,
+    /// a later one moves it. (A request that never gets one, unrouted or refused at once,
+    /// is not counted: it is over as soon as it came.)
     pub fn set_route(&mut self, route: Arc<str>, metrics: RouteMetrics) {
-        self.route = Some(route);
-        if !self.metrics.same(&metrics) {
+        if self.route.is_none() {
+            metrics.in_flight.inc();
+        } else if !self.metrics.same(&metrics) {
             self.metrics.in_flight.dec();
             metrics.in_flight.inc();
         }
+        self.route = Some(route);
         self.metrics = metrics;
     }
 
@@ -710,6 +714,8 @@ impl Observer for RequestRecord {
 impl Drop for RequestRecord {
     fn drop(&mut self) {
         self.report();
-        self.metrics.in_flight.dec();
+        if self.route.is_some() {
+            self.metrics.in_flight.dec();
+        }
     }
 }

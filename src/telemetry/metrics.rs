@@ -382,7 +382,7 @@ impl Metrics {
         );
         let requests_in_flight = gauge(
             "hourglass_requests_in_flight",
-            "Client requests being served (from their head to the end of their answer), by route.",
+            "Client requests being served (from the choice of their route to the end of their answer), by route.",
             &["route"],
         );
         let client_connections = registered(
