@@ -14,6 +14,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::ClientAuth;
 use crate::http::headers::X_API_KEY;
+use crate::telemetry::log::key_hex;
 
 /// A route that asks clients for keys could not load them; it must not start open.
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +141,23 @@ impl ClientKeys {
         Self {
             entries: entries.into(),
         }
+    }
+
+    /// Every client as metrics name it: its name, or the digest prefix of an unnamed key.
+    pub fn clients(&self) -> Vec<String> {
+        let clients: std::collections::BTreeSet<String> = self
+            .entries
+            .iter()
+            .map(|e| match &e.name {
+                Some(n) => n.to_string(),
+                None => {
+                    let mut key = [0u8; 8];
+                    key.copy_from_slice(&e.digest[..8]);
+                    String::from_utf8(key_hex(&key).to_vec()).expect("hex digits")
+                }
+            })
+            .collect();
+        clients.into_iter().collect()
     }
 
     /// Whether the request carries one of the keys.
@@ -333,6 +351,25 @@ mod tests {
         assert_eq!(name("unnamed-key-0123456789"), Some(None));
         assert_eq!(name("env-key-0123456789"), Some(Some("ops@acme".into())));
         assert_eq!(name("other-key-0123456789"), Some(None));
+        let unnamed = |key: &str| {
+            let d = sha256(key.as_bytes());
+            d[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        let mut want = vec![
+            "ops@acme".to_owned(),
+            "team-a".to_owned(),
+            unnamed("unnamed-key-0123456789"),
+            unnamed("other-key-0123456789"),
+        ];
+        want.sort();
+        assert_eq!(
+            keys.clients(),
+            want,
+            "team-a once, team-b's key kept team-a's name"
+        );
 
         for (line, why) in [
             (

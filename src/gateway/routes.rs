@@ -198,6 +198,11 @@ impl Gateway {
         for r in config.routes.iter().filter(|r| r.partial_answers) {
             metrics.init_partial(&r.name);
         }
+        for r in &routes {
+            if let Some(keys) = &r.keys {
+                metrics.init_clients(&r.name, &keys.clients());
+            }
+        }
         // A reload that keeps `send_timeout` keeps the reaper (and its one task); streams
         // already open stay on the reaper they started with either way.
         let send_timeout = config.server.send_timeout;

@@ -691,6 +691,26 @@ impl Metrics {
     }
 
     /// Creates a route's partial-answer series at zero (routes with `partial_answers`).
+    /// The series of a route's clients, at zero: a counter that first appears with its
+    /// first request's value loses that value to `rate()` and `increase()`, and those are
+    /// what a client is billed from.
+    pub fn init_clients(&self, route: &str, clients: &[String]) {
+        for client in clients {
+            for outcome in ["ok", "error", "cancelled"] {
+                self.client_requests
+                    .with_label_values(&[route, client, outcome]);
+            }
+            for (kind, source) in [
+                ("prompt", "reported"),
+                ("completion", "reported"),
+                ("completion", "estimated"),
+            ] {
+                self.client_tokens
+                    .with_label_values(&[route, client, kind, source]);
+            }
+        }
+    }
+
     pub fn init_partial(&self, route: &str) {
         for origin in [
             Origin::Deadline,

@@ -574,6 +574,15 @@ async fn the_log_line_names_the_clients_certificate_and_key() {
             ),
         );
     let p = Process::spawn(&toml, &["--log-format", "json"], &[]).await;
+    // From start-up, so that rate() and increase() count the first request too.
+    assert_eq!(
+        metric(
+            p.admin,
+            "hourglass_client_requests_total{client=\"team-a\",outcome=\"ok\",route=\"chat\"}"
+        )
+        .await,
+        0.0
+    );
     for alpn in [&b"http/1.1"[..], b"h2"] {
         let tls = tls_client(p.addr, &c, alpn, true).await.unwrap();
         let mut req = chat_request(&[("authorization", &format!("Bearer {KEY}"))], true);
