@@ -371,6 +371,12 @@ fn build_upstream(
         }),
         other => other,
     };
+    let trust_public_roots = raw.trust_public_roots.unwrap_or(true);
+    if !trust_public_roots && ca_file.is_none() {
+        return Err(format!(
+            "{label}: trust_public_roots = false needs a ca_file: nothing would be trusted"
+        ));
+    }
     let client_cert = match (raw.client_cert, raw.client_cert_key) {
         (None, None) => None,
         (Some(cert), Some(key)) => {
@@ -407,6 +413,7 @@ fn build_upstream(
             Some(RawAuth::None) => AuthMode::None,
         },
         ca_file,
+        trust_public_roots,
         client_cert,
         propagate_budget: raw.propagate_budget.unwrap_or(true),
         model: match raw.model {

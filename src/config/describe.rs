@@ -272,6 +272,9 @@ impl Config {
             }
             if let Some(ca) = &up.ca_file {
                 let _ = write!(out, ", ca_file {}", ca.display());
+                if !up.trust_public_roots {
+                    out.push_str(" alone (trust_public_roots false)");
+                }
             }
             if let Some(c) = &up.client_cert {
                 let _ = write!(out, ", client_cert {}", c.cert.display());

@@ -162,6 +162,9 @@ pub struct UpstreamConfig {
     /// Extra CA bundle (PEM) to trust; relative paths are already resolved
     /// against the config file's directory.
     pub ca_file: Option<PathBuf>,
+    /// Whether the bundled public (webpki) roots are trusted beside `ca_file` (default
+    /// true); false trusts the `ca_file` alone, as a private upstream is pinned to its CA.
+    pub trust_public_roots: bool,
     /// The certificate this gateway presents to an upstream that asks for one (mutual TLS).
     pub client_cert: Option<ClientCert>,
     /// Whether to tell the upstream the remaining budget (default true).

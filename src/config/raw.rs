@@ -137,6 +137,7 @@ pub(super) struct RawUpstream {
     pub(super) api_key_file: Option<PathBuf>,
     pub(super) auth: Option<RawAuth>,
     pub(super) ca_file: Option<PathBuf>,
+    pub(super) trust_public_roots: Option<bool>,
     pub(super) client_cert: Option<PathBuf>,
     pub(super) client_cert_key: Option<PathBuf>,
     pub(super) propagate_budget: Option<bool>,

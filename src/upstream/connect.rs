@@ -108,16 +108,7 @@ pub(super) fn tls_config(
             reason,
         }
     };
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    if let Some(pem) = &files.ca {
-        for cert in pem_certs(pem).map_err(|e| file_err("ca_file", e))? {
-            roots
-                .add(cert)
-                .map_err(|e| file_err("ca_file", e.to_string()))?;
-        }
-    }
+    let roots = roots(config, &files).map_err(|e| file_err("ca_file", e))?;
     let identity = match (&files.cert, &key_pem) {
         (Some(cert), Some(key)) => {
             let chain = pem_certs(cert).map_err(|e| file_err("client_cert", e))?;
@@ -157,6 +148,21 @@ pub(super) fn tls_config(
             .map_err(|e| file_err("client_cert_key", e.to_string()))?,
     };
     Ok((tls, files))
+}
+
+/// The roots an upstream's certificate must chain to: the bundled public ones (unless
+/// `trust_public_roots = false`) and those of its `ca_file`.
+fn roots(config: &UpstreamConfig, files: &TlsFiles) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    if config.trust_public_roots {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    if let Some(pem) = &files.ca {
+        for cert in pem_certs(pem)? {
+            roots.add(cert).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(roots)
 }
 
 /// The certificates of a PEM file; none is an error.
@@ -300,5 +306,40 @@ where
             }
             Ok(io)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    /// An upstream with a `ca_file` holding one CA, trusting the public roots or not.
+    fn roots_of(public: bool) -> usize {
+        let dir = tempfile::Builder::new()
+            .prefix("hourglass-roots-")
+            .tempdir()
+            .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        let toml = format!(
+            "[upstreams.u]\nurl = \"https://models.internal\"\nauth = \"none\"\n\
+             ca_file = {:?}\ntrust_public_roots = {public}\n\n\
+             [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n",
+            ca.display().to_string()
+        );
+        let config = Config::from_toml(&toml, "test").expect("config");
+        let upstream = &config.upstreams[0];
+        let (files, _) = tls_files(upstream).unwrap();
+        roots(upstream, &files).unwrap().len()
+    }
+
+    #[test]
+    fn a_ca_file_alone_is_trusted_when_public_roots_are_not() {
+        assert_eq!(roots_of(false), 1);
+        assert_eq!(roots_of(true), webpki_roots::TLS_SERVER_ROOTS.len() + 1);
     }
 }

@@ -161,13 +161,13 @@ async fn https_upstream_negotiates_http2_and_streams() {
     assert_eq!(reqs[0].version, Version::HTTP_2);
 }
 
+/// (With the upstream's trust pinned to its `ca_file`: the private CA alone is enough.)
 #[tokio::test]
 async fn https_upstream_over_http1_when_h2_is_not_offered() {
     let tls = tls_fake(&[b"http/1.1"]).await;
     let url = format!("https://localhost:{}", tls.relay.port());
-    let gw = server::start(config(&url, Some(&tls.ca_pem)))
-        .await
-        .unwrap();
+    let pinned = config_with(&url, Some(&tls.ca_pem), "trust_public_roots = false\n");
+    let gw = server::start(pinned).await.unwrap();
     let (resp, _c) = Conn::open(gw.addr)
         .await
         .send(chat_request(&[], true))

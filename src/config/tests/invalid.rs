@@ -140,6 +140,10 @@ fn other_upstream_errors() {
     );
     for (keys, want) in [
         (
+            "trust_public_roots = false",
+            "trust_public_roots = false needs a ca_file: nothing would be trusted",
+        ),
+        (
             "client_cert = \"c.pem\"",
             "client_cert needs client_cert_key, the certificate's private key",
         ),
