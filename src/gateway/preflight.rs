@@ -1,5 +1,5 @@
 //! What `hourglass check` reads beyond the config file, read as start-up reads it: the CA
-//! files, the provider keys and the client keys. A file that would stop the server (no PEM in
+//! files and client certificates, the provider keys and the client keys. A file that would stop the server (no PEM in
 //! a `ca_file`, two keys in an `api_key_file`, a `client_keys_file` with none) fails the
 //! check, not the deploy.
 
@@ -17,7 +17,12 @@ pub fn startup_errors(config: &Config) -> Vec<String> {
     let missing = |p: Option<&Path>| p.is_some_and(|p| std::fs::File::open(p).is_err());
     let mut errors = Vec::new();
     for up in &config.upstreams {
-        if missing(up.ca_file.as_deref()) || missing(up.api_key_file.as_deref()) {
+        let client_cert = up.client_cert.as_ref();
+        if missing(up.ca_file.as_deref())
+            || missing(up.api_key_file.as_deref())
+            || missing(client_cert.map(|c| c.cert.as_path()))
+            || missing(client_cert.map(|c| c.key.as_path()))
+        {
             continue;
         }
         // Builds the clients as start-up does, connecting nothing; the bound is unused.

@@ -554,8 +554,8 @@ fn check_never_repeats_a_key_written_into_the_wrong_field() {
 }
 
 /// `check` reads the provider keys, CA files and client keys as start-up does: a file that
-/// would stop the server (no PEM in a `ca_file`, two keys or none in an `api_key_file`, a
-/// `client_keys_file` with no key) fails the check, not the deploy; one this machine cannot
+/// would stop the server (no PEM in a `ca_file` or a `client_cert`, two keys or none in an
+/// `api_key_file`, a `client_keys_file` with no key) fails the check, not the deploy; one this machine cannot
 /// read is still only a warning. A `ca_file` beside an `http://` url is ignored by both.
 #[test]
 fn check_reads_the_key_and_ca_files_as_start_up_does() {
@@ -610,6 +610,14 @@ fn check_reads_the_key_and_ca_files_as_start_up_does() {
             format!("client_keys_file = {no_keys:?}"),
             "hold no key",
         ),
+        (
+            format!(
+                "url = \"https://127.0.0.1:9\"\nauth = \"none\"\n\
+                 client_cert = {not_pem:?}\nclient_cert_key = {not_pem:?}"
+            ),
+            String::new(),
+            "client_cert",
+        ),
     ] {
         let (code, stderr) = run(config(&upstream, &route));
         assert_eq!(code, Some(1), "{upstream} {route}: {stderr}");
@@ -626,4 +634,11 @@ fn check_reads_the_key_and_ca_files_as_start_up_does() {
     ));
     assert_eq!(code, Some(0), "unreadable here, a warning: {stderr}");
     assert!(stderr.contains("/nonexistent/key"), "{stderr}");
+    let (code, stderr) = run(config(
+        "url = \"https://127.0.0.1:9\"\nauth = \"none\"\n\
+         client_cert = \"/nonexistent/gw.pem\"\nclient_cert_key = \"/nonexistent/gw.key\"",
+        "",
+    ));
+    assert_eq!(code, Some(0), "unreadable here, a warning: {stderr}");
+    assert!(stderr.contains("/nonexistent/gw.pem"), "{stderr}");
 }
