@@ -8,6 +8,8 @@ pub(crate) mod error;
 
 pub mod http;
 
+pub(crate) mod pem;
+
 pub mod provider;
 
 pub mod config;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// modules of one layer stay independent of each other.
 const LAYERS: &[&[&str]] = &[
     &["error"],
-    &["http"],
+    &["http", "pem"],
     &["provider"],
     &["config"],
     &["telemetry"],

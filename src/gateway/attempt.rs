@@ -351,18 +351,11 @@ fn classify(
     let mut source = first;
     let mut timed_out = None;
     let mut refused = None;
-    let mut certificate = None;
-    let mut ours_refused = None;
+    let certificate = crate::upstream::certificate_error(e);
+    let ours_refused = crate::upstream::client_certificate_refused(e);
     while let Some(s) = source {
-        certificate = certificate.or_else(|| crate::upstream::certificate_error(s));
-        ours_refused = ours_refused.or_else(|| crate::upstream::client_certificate_refused(s));
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
-            // h2's error gives its IO error by `get_io` only, not as its source.
-            ours_refused = ours_refused.or_else(|| {
-                h2.get_io()
-                    .and_then(|io| crate::upstream::client_certificate_refused(io))
-            });
         }
         // Our own connector bound, or the TCP connect timeout beneath it (which may fire a
         // moment earlier): both mean the connect limit, not an unreachable upstream.

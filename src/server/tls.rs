@@ -5,8 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use rustls::server::WebPkiClientVerifier;
 
 use crate::config::ServerTls;
@@ -32,15 +31,12 @@ fn file_err(key: &'static str, path: &Path, reason: impl ToString) -> TlsError {
     }
 }
 
+fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| file_err(key, path, format!("failed to read file: {e}")))
+}
+
 fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_err(key, path, e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file_err(key, path, e))?;
-    if certs.is_empty() {
-        return Err(file_err(key, path, "no PEM certificate found"));
-    }
-    Ok(certs)
+    crate::pem::certs(&read(key, path)?).map_err(|e| file_err(key, path, e))
 }
 
 /// The acceptor's config, and when its certificate expires.
@@ -79,16 +75,8 @@ impl ListenerTls {
 pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let chain = certs("cert", &tls.cert)?;
     let expires = not_after(&chain[0]);
-    let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| match e {
-        // Also what an encrypted key, or a certificate given as the key, reads as.
-        rustls::pki_types::pem::Error::NoItemsFound => file_err(
-            "key",
-            &tls.key,
-            "no unencrypted private key found (PEM \"PRIVATE KEY\", \"RSA PRIVATE KEY\" or \
-             \"EC PRIVATE KEY\"); an encrypted key must be decrypted first",
-        ),
-        e => file_err("key", &tls.key, e),
-    })?;
+    let key = crate::pem::private_key(&read("key", &tls.key)?)
+        .map_err(|e| file_err("key", &tls.key, e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

@@ -10,12 +10,12 @@ pub mod error;
 pub mod estimate;
 mod h2_pool;
 mod io;
+mod tls;
 
-pub use self::connect::{
-    certificate_error, client_certificate_refused, ConnectTimedOut, TimeoutConnector,
-};
+pub use self::connect::{ConnectTimedOut, TimeoutConnector};
 pub use self::error::UpstreamBuildError;
 pub use self::h2_pool::StreamSlot;
+pub use self::tls::{certificate_error, client_certificate_refused};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +29,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use self::connect::{tls_config, tls_files, TlsFiles};
 use self::credential::credential;
 use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
+use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
 use crate::http::headers::{present, CREDENTIALS};
 
@@ -200,7 +200,7 @@ impl Upstream {
     /// its `ca_file` or taken out of it, or a client certificate renewed in place, needs a
     /// new upstream.
     pub fn tls_files_are_current(&self) -> bool {
-        tls_files(&self.config).is_ok_and(|(now, _)| now == self.tls_files)
+        TlsFiles::now(&self.config).is_ok_and(|now| now == self.tls_files)
     }
 
     /// Replaces whatever credentials the client sent with the upstream's own. Without a
