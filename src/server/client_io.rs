@@ -68,29 +68,34 @@ impl Returned {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take();
-        let Some(mut socket) = socket else {
-            return;
-        };
-        // hyper has usually sent its FIN already; a second shutdown changes nothing.
-        let _ = socket2::SockRef::from(&socket).shutdown(std::net::Shutdown::Write);
-        static SLOTS: Semaphore = Semaphore::const_new(LINGERING);
-        let Ok(slot) = SLOTS.try_acquire() else {
-            return;
-        };
-        tokio::spawn(async move {
-            let _slot = slot;
-            let end = Instant::now() + LINGER_MOST;
-            // On the heap: rare, and the task stays small.
-            let mut buf = vec![0u8; 16 << 10];
-            loop {
-                let quiet = (Instant::now() + LINGER_QUIET).min(end);
-                match tokio::time::timeout_at(quiet, socket.read(&mut buf)).await {
-                    Ok(Ok(n)) if n > 0 => {}
-                    _ => return,
-                }
-            }
-        });
+        if let Some(socket) = socket {
+            linger_close(socket);
+        }
     }
+}
+
+/// The lingering close of [`Returned::linger`], for any socket whose client may still be
+/// sending once it has its answer.
+pub fn linger_close(mut socket: TcpStream) {
+    // hyper has usually sent its FIN already; a second shutdown changes nothing.
+    let _ = socket2::SockRef::from(&socket).shutdown(std::net::Shutdown::Write);
+    static SLOTS: Semaphore = Semaphore::const_new(LINGERING);
+    let Ok(slot) = SLOTS.try_acquire() else {
+        return;
+    };
+    tokio::spawn(async move {
+        let _slot = slot;
+        let end = Instant::now() + LINGER_MOST;
+        // On the heap: rare, and the task stays small.
+        let mut buf = vec![0u8; 16 << 10];
+        loop {
+            let quiet = (Instant::now() + LINGER_QUIET).min(end);
+            match tokio::time::timeout_at(quiet, socket.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
+            }
+        }
+    });
 }
 
 /// How long a lingering close waits for more of what the client is sending, and how long it

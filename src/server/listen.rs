@@ -140,18 +140,18 @@ async fn first_byte(stream: &TcpStream) -> Option<u8> {
 }
 
 /// Answers a plain HTTP request made on the TLS listener with a 400 that says so. Its head
-/// is read first (up to its end, 16 KiB or a second), and what follows is read for up to a
-/// second after the answer, so that closing does not reset the connection under the answer.
+/// is read first (up to its end, 16 KiB or a second); the close lingers as any answer's
+/// made before the request was read does, so that it does not reset the connection under
+/// the answer.
 async fn answer_plain_http(mut stream: TcpStream) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const MOST: usize = 16 << 10;
-    let mut buf = vec![0u8; 4096];
-    let mut head = Vec::new();
+    let mut head = Vec::with_capacity(4096);
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
-        while head.len() < MOST && !head.windows(4).any(|w| w == b"\r\n\r\n") {
-            match stream.read(&mut buf).await {
+        while head.len() < MOST && memchr::memmem::find(&head, b"\r\n\r\n").is_none() {
+            match stream.read_buf(&mut head).await {
                 Ok(0) | Err(_) => break,
-                Ok(n) => head.extend_from_slice(&buf[..n]),
+                Ok(_) => {}
             }
         }
     })
@@ -164,15 +164,11 @@ async fn answer_plain_http(mut stream: TcpStream) {
     );
     let sent = tokio::time::timeout(Duration::from_secs(1), async {
         stream.write_all(answer.as_bytes()).await?;
-        stream.write_all(&body).await?;
-        stream.shutdown().await
+        stream.write_all(&body).await
     })
     .await;
     if matches!(sent, Ok(Ok(()))) {
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            while stream.read(&mut buf).await.is_ok_and(|n| n > 0) {}
-        })
-        .await;
+        crate::server::client_io::linger_close(stream);
     }
 }
 
