@@ -6,6 +6,7 @@
 //! constant time, so neither the time taken nor the memory of the process gives a key away.
 //! The key is removed before the request is forwarded.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use http::header::{HeaderMap, AUTHORIZATION};
@@ -40,12 +41,33 @@ struct Entry {
     name: Option<Arc<str>>,
 }
 
+impl Entry {
+    fn id(&self) -> ClientId {
+        let mut key = [0u8; 8];
+        key.copy_from_slice(&self.digest[..8]);
+        ClientId {
+            key,
+            name: self.name.clone(),
+        }
+    }
+}
+
 /// Who a request's key says the client is: the key's digest prefix (what its runs are
 /// scoped by) and its name, if it has one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientId {
     pub key: KeyId,
     pub name: Option<Arc<str>>,
+}
+
+impl ClientId {
+    /// The client as metrics name it: its name, else its key's digest prefix in hex.
+    pub fn label(&self) -> Cow<'_, str> {
+        match &self.name {
+            Some(n) => Cow::Borrowed(n),
+            None => Cow::Owned(key_hex(&self.key).map(char::from).iter().collect()),
+        }
+    }
 }
 
 impl std::fmt::Debug for ClientKeys {
@@ -148,14 +170,7 @@ impl ClientKeys {
         let clients: std::collections::BTreeSet<String> = self
             .entries
             .iter()
-            .map(|e| match &e.name {
-                Some(n) => n.to_string(),
-                None => {
-                    let mut key = [0u8; 8];
-                    key.copy_from_slice(&e.digest[..8]);
-                    String::from_utf8(key_hex(&key).to_vec()).expect("hex digits")
-                }
-            })
+            .map(|e| e.id().label().into_owned())
             .collect();
         clients.into_iter().collect()
     }
@@ -169,22 +184,16 @@ impl ClientKeys {
     /// `authorization` (scheme `Bearer`) and the first `x-api-key`; each is hashed once and
     /// compared with every digest without an early exit.
     pub fn identify(&self, headers: &HeaderMap) -> Option<ClientId> {
-        let mut found: Option<(usize, [u8; 32])> = None;
+        let mut found: Option<&Entry> = None;
         for presented in presented_keys(headers).into_iter().flatten() {
             let d = sha256(presented);
-            for (i, known) in self.entries.iter().enumerate() {
+            for known in self.entries.iter() {
                 if bool::from(known.digest.ct_eq(&d)) && found.is_none() {
-                    found = Some((i, d));
+                    found = Some(known);
                 }
             }
         }
-        let (i, d) = found?;
-        let mut key = [0u8; 8];
-        key.copy_from_slice(&d[..8]);
-        Some(ClientId {
-            key,
-            name: self.entries[i].name.clone(),
-        })
+        found.map(Entry::id)
     }
 }
 

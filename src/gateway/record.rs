@@ -19,7 +19,7 @@ use crate::runs::state::View;
 use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
 use crate::stream::{Observer, StreamEnd};
-use crate::telemetry::log::{clipped, key_hex, RequestLog, CERT_MAX, ERROR_MAX, MODEL_MAX};
+use crate::telemetry::log::{clipped, RequestLog, CERT_MAX, ERROR_MAX, MODEL_MAX};
 use crate::telemetry::metrics::{AnswerMetrics, Histogram, RouteMetrics};
 use crate::upstream::Upstream;
 
@@ -519,16 +519,8 @@ impl RequestRecord {
         }
         let completion = self.tokens.map(|t| t.completion());
         if let Some(c) = &self.client_id {
-            let hex;
-            let name = match &c.name {
-                Some(n) => &**n,
-                None => {
-                    hex = key_hex(&c.key);
-                    std::str::from_utf8(&hex).expect("hex digits")
-                }
-            };
             m.client_usage(
-                name,
+                &c.label(),
                 end.outcome(),
                 self.tokens.and_then(|t| t.prompt()),
                 completion.map(|(n, s)| (n, s.as_str())),
