@@ -365,11 +365,7 @@ fn build_upstream(
         Some(p) if p.as_os_str().is_empty() => {
             return Err(format!("{label}: ca_file must not be empty"));
         }
-        Some(p) if p.is_relative() => Some(match base_dir {
-            Some(dir) => dir.join(p),
-            None => p,
-        }),
-        other => other,
+        other => other.map(|p| resolve_path(p, base_dir)),
     };
     let trust_public_roots = raw.trust_public_roots.unwrap_or(true);
     if !trust_public_roots && ca_file.is_none() {

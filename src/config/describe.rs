@@ -68,38 +68,33 @@ impl Config {
                     }
                 }
             }
-            if let Some(ca) = &up.ca_file {
-                if up.url.scheme_str() == Some("http") {
-                    out.push(format!(
-                        "upstream {name:?}: ca_file is ignored because url {} uses http",
+            // TLS files: ignored beside an http:// url, else needed at start-up (the key
+            // kept from other users too).
+            let http = up.url.scheme_str() == Some("http");
+            let cert = up.client_cert.as_ref();
+            for (field, path) in [
+                ("ca_file", up.ca_file.as_deref()),
+                ("client_cert", cert.map(|c| c.cert.as_path())),
+            ] {
+                match path {
+                    None => {}
+                    Some(_) if http => out.push(format!(
+                        "upstream {name:?}: {field} is ignored because url {} uses http",
                         up.url
-                    ));
-                } else if let Err(e) = std::fs::metadata(ca) {
-                    out.push(format!(
-                        "upstream {name:?}: ca_file {}: {e}; the gateway will not start without it",
-                        ca.display()
-                    ));
+                    )),
+                    Some(p) => {
+                        if let Err(e) = std::fs::metadata(p) {
+                            out.push(missing_file(&format!("upstream {name:?}: {field}"), p, &e));
+                        }
+                    }
                 }
             }
-            if let Some(c) = &up.client_cert {
-                if up.url.scheme_str() == Some("http") {
-                    out.push(format!(
-                        "upstream {name:?}: client_cert is ignored because url {} uses http",
-                        up.url
-                    ));
-                } else {
-                    if let Err(e) = std::fs::metadata(&c.cert) {
-                        out.push(format!(
-                            "upstream {name:?}: client_cert {}: {e}; the gateway will not start without it",
-                            c.cert.display()
-                        ));
-                    }
-                    secret_file_warnings(
-                        &format!("upstream {name:?}: client_cert_key"),
-                        &c.key,
-                        &mut out,
-                    );
-                }
+            if let Some(key) = cert.map(|c| c.key.as_path()).filter(|_| !http) {
+                secret_file_warnings(
+                    &format!("upstream {name:?}: client_cert_key"),
+                    key,
+                    &mut out,
+                );
             }
             let https = up.url.scheme_str() == Some("https");
             let untouched = Http2Config {
@@ -392,12 +387,18 @@ impl Config {
 /// leak waiting to happen.
 fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
     match std::fs::metadata(path) {
-        Err(e) => out.push(format!(
-            "{label} {}: {e}; the gateway will not start without it",
-            path.display()
-        )),
+        Err(e) => out.push(missing_file(label, path, &e)),
         Ok(meta) => open_to_all_warning(label, path, &meta, out),
     }
+}
+
+/// A file start-up needs that cannot be read here (it may be mounted only where the gateway
+/// runs: a warning, not an error).
+fn missing_file(label: &str, path: &Path, e: &std::io::Error) -> String {
+    format!(
+        "{label} {}: {e}; the gateway will not start without it",
+        path.display()
+    )
 }
 
 fn open_to_all_warning(label: &str, path: &Path, meta: &std::fs::Metadata, out: &mut Vec<String>) {
