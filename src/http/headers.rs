@@ -440,15 +440,23 @@ fn new_request_id() -> Arc<str> {
     // fastrand seeds itself from the process's random state (std's `RandomState`).
     let prefix = *PREFIX.get_or_init(|| fastrand::u64(..));
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    // By hand: `format!` (1,450 instructions more per request) or `write!` into a stack
-    // buffer (780 more) spend more on padding and dispatch than the digits take.
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&prefix.to_be_bytes());
+    bytes[8..].copy_from_slice(&n.to_be_bytes());
     let mut buf = [0u8; 32];
-    for (i, digit) in buf.iter_mut().enumerate() {
-        let word = if i < 16 { prefix } else { n };
-        *digit = HEX[((word >> (60 - 4 * (i % 16))) & 0xf) as usize];
-    }
+    hex_into(&bytes, &mut buf);
     Arc::from(std::str::from_utf8(&buf).expect("hex digits are ASCII"))
+}
+
+/// `bytes` in lowercase hex, two digits each, into the start of `out`. By hand: `format!`
+/// (1,450 instructions more per request id) or `write!` into a stack buffer (780 more)
+/// spend more on padding and dispatch than the digits take.
+pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = HEX[usize::from(b >> 4)];
+        pair[1] = HEX[usize::from(b & 0xf)];
+    }
 }
 
 /// An OPTIONS request's `Max-Forwards` (RFC 9110 7.6.2), when it is a count: at 0 the

@@ -9,6 +9,7 @@ use http::HeaderMap;
 
 pub use crate::config::RunIdSource;
 use crate::error::GatewayError;
+use crate::telemetry::log::key_hex;
 
 /// Ids are at most this long: a key in memory and in the store, and a label in no metric.
 pub const MAX_RUN_ID: usize = 128;
@@ -25,10 +26,9 @@ impl fmt::Display for RunKey {
     /// `abc`, or `k:0123456789abcdef/abc` for a run scoped by a client key.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(scope) = &self.scope {
+            let hex = key_hex(scope);
             f.write_str("k:")?;
-            for b in scope {
-                write!(f, "{b:02x}")?;
-            }
+            f.write_str(std::str::from_utf8(&hex).expect("hex digits"))?;
             f.write_str("/")?;
         }
         f.write_str(&self.id)

@@ -30,6 +30,7 @@ use crate::runs::id::RunKey;
 use crate::runs::state::{
     Admitted, Answer, Call, Refusal, Repeat, RunEnd, RunOf, RunState, Used, View,
 };
+use crate::telemetry::log::key_hex;
 
 /// Why the store did not answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -95,9 +96,7 @@ pub fn key_of(key: &RunKey) -> String {
         Some(scope) => {
             let mut s = String::with_capacity(24 + key.id.len());
             s.push_str("hg:{");
-            for b in scope {
-                s.push_str(&format!("{b:02x}"));
-            }
+            s.extend(key_hex(scope).map(char::from));
             s.push('/');
             s.push_str(&key.id);
             s.push('}');

@@ -41,8 +41,8 @@ pub struct Line<'a> {
     pub elapsed: Duration,
     pub outcome: &'a str,
     pub origin: Option<&'a str>,
-    /// The accepted client key's digest prefix, in hex: the line's user, as nginx puts a
-    /// basic-auth user there.
+    /// The client the accepted key names (its name, else its digest prefix in hex): the
+    /// line's user, where nginx puts a basic-auth user.
     pub user: Option<&'a str>,
     pub client_cert: Option<&'a str>,
 }

@@ -79,12 +79,8 @@ pub const CERT_MAX: usize = 300;
 
 /// A key's digest prefix in lowercase hex, as `sha256sum` prints it.
 pub fn key_hex(id: &[u8; 8]) -> [u8; 16] {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 16];
-    for (i, b) in id.iter().enumerate() {
-        out[2 * i] = HEX[usize::from(b >> 4)];
-        out[2 * i + 1] = HEX[usize::from(b & 0xf)];
-    }
+    crate::http::headers::hex_into(id, &mut out);
     out
 }
 
