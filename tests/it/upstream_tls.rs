@@ -125,6 +125,27 @@ async fn tls_fake_with(alpn: &[&[u8]], client_ca: Option<&str>) -> Tls {
     }
 }
 
+/// A chat stream through the gateway at `addr`: its status and whole body.
+async fn chat(addr: SocketAddr) -> (http::StatusCode, String) {
+    let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], true)).await;
+    let status = resp.status();
+    (status, read_body(resp.into_body()).await.text())
+}
+
+/// A chat stream whose upstream could not be reached: a 502 `upstream_unavailable`. Its
+/// `x-should-retry` and its message.
+async fn unavailable(addr: SocketAddr) -> (Option<String>, String) {
+    let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], true)).await;
+    assert_eq!(resp.status(), 502);
+    let retry = resp
+        .headers()
+        .get("x-should-retry")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
+    (retry, v["error"]["message"].as_str().unwrap().to_owned())
+}
+
 fn config(url: &str, ca_file: Option<&std::path::Path>) -> Config {
     config_with(url, ca_file, "")
 }
@@ -188,14 +209,7 @@ async fn http2_always_refuses_a_provider_that_does_not_negotiate_h2() {
         let url = format!("https://localhost:{}", tls.relay.port());
         let config = config_with(&url, Some(&tls.ca_pem), "http2 = \"always\"");
         let gw = server::start(config).await.unwrap();
-        let (resp, _c) = Conn::open(gw.addr)
-            .await
-            .send(chat_request(&[], true))
-            .await;
-        assert_eq!(resp.status(), 502);
-        let v = json_body(resp).await;
-        assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
-        let message = v["error"]["message"].as_str().unwrap();
+        let (_, message) = unavailable(gw.addr).await;
         assert!(
             message.contains("ALPN") && message.contains("h2"),
             "{message}"
@@ -209,21 +223,8 @@ async fn an_untrusted_certificate_is_upstream_unavailable() {
     let tls = tls_fake(&[b"h2", b"http/1.1"]).await;
     let url = format!("https://localhost:{}", tls.relay.port());
     let gw = server::start(config(&url, None)).await.unwrap();
-    let (resp, _c) = Conn::open(gw.addr)
-        .await
-        .send(chat_request(&[], true))
-        .await;
-    assert_eq!(resp.status(), 502);
-    let v = json_body(resp).await;
-    assert_eq!(v["error"]["code"], "upstream_unavailable");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .to_lowercase()
-            .contains("certificate"),
-        "{v}"
-    );
+    let (_, message) = unavailable(gw.addr).await;
+    assert!(message.to_lowercase().contains("certificate"), "{message}");
     assert!(tls.fake.requests().is_empty());
 }
 
@@ -308,15 +309,7 @@ async fn a_reload_reads_a_changed_ca_file() {
 
     let url = format!("https://localhost:{}", tls.relay.port());
     let gw = server::start(config(&url, Some(&ca_file))).await.unwrap();
-    let status = || async {
-        let (resp, _c) = Conn::open(gw.addr)
-            .await
-            .send(chat_request(&[], true))
-            .await;
-        let status = resp.status();
-        read_body(resp.into_body()).await;
-        status
-    };
+    let status = || async { chat(gw.addr).await.0 };
     assert_eq!(status().await, 502, "the file trusts another CA");
 
     std::fs::write(&ca_file, &right_ca).unwrap();
@@ -352,15 +345,9 @@ async fn an_upstream_asking_for_a_client_certificate_gets_the_configured_one() {
             ),
         )
     };
-    let status = |addr: SocketAddr| async move {
-        let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], true)).await;
-        let status = resp.status();
-        let body = read_body(resp.into_body()).await.text();
-        (status, body)
-    };
 
     let gw = server::start(with_cert()).await.unwrap();
-    let (code, body) = status(gw.addr).await;
+    let (code, body) = chat(gw.addr).await;
     assert_eq!(code, 200, "{body}");
     assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
     assert_eq!(tls.fake.requests().len(), 1);
@@ -368,7 +355,7 @@ async fn an_upstream_asking_for_a_client_certificate_gets_the_configured_one() {
     let without = server::start(config(&url, Some(&tls.ca_pem)))
         .await
         .unwrap();
-    let (code, body) = status(without.addr).await;
+    let (code, body) = chat(without.addr).await;
     assert_eq!(code, 502, "{body}");
     assert!(body.contains("upstream_unavailable"), "{body}");
     assert!(body.contains("asks for a client certificate"), "{body}");
@@ -379,13 +366,13 @@ async fn an_upstream_asking_for_a_client_certificate_gets_the_configured_one() {
     std::fs::write(&cert_file, &other_cert).unwrap();
     std::fs::write(&key_file, &other_key).unwrap();
     gw.apply(with_cert()).await.unwrap();
-    let (code, body) = status(gw.addr).await;
+    let (code, body) = chat(gw.addr).await;
     assert_eq!(code, 502, "the renewed certificate is presented");
     assert!(body.contains("refused the client certificate"), "{body}");
     std::fs::write(&cert_file, &cert).unwrap();
     std::fs::write(&key_file, &key).unwrap();
     gw.apply(with_cert()).await.unwrap();
-    assert_eq!(status(gw.addr).await.0, 200);
+    assert_eq!(chat(gw.addr).await.0, 200);
     assert_eq!(tls.fake.requests().len(), 2);
 }
 
@@ -399,15 +386,8 @@ async fn a_missing_client_certificate_is_named_over_http1_too() {
     let gw = server::start(config(&url, Some(&tls.ca_pem)))
         .await
         .unwrap();
-    let (resp, _c) = Conn::open(gw.addr)
-        .await
-        .send(chat_request(&[], true))
-        .await;
-    assert_eq!(resp.status(), 502);
-    assert_eq!(resp.headers()["x-should-retry"], "false");
-    let v = json_body(resp).await;
-    assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
-    let message = v["error"]["message"].as_str().unwrap();
+    let (retry, message) = unavailable(gw.addr).await;
+    assert_eq!(retry.as_deref(), Some("false"));
     assert!(
         message.contains("asks for a client certificate"),
         "{message}"
@@ -430,14 +410,8 @@ async fn a_certificate_that_fails_is_not_retried() {
     let gw = server::start(Config::from_toml(&toml, "tls-retry.toml").unwrap())
         .await
         .unwrap();
-    let (resp, _c) = Conn::open(gw.addr)
-        .await
-        .send(chat_request(&[], true))
-        .await;
-    assert_eq!(resp.status(), 502);
-    assert_eq!(resp.headers()["x-should-retry"], "false");
-    let v = json_body(resp).await;
-    let message = v["error"]["message"].as_str().unwrap();
+    let (retry, message) = unavailable(gw.addr).await;
+    assert_eq!(retry.as_deref(), Some("false"));
     assert!(
         message.contains("UnknownIssuer") && message.contains("ca_file"),
         "{message}"
