@@ -19,7 +19,8 @@ impl Running {
     /// Swaps in a config built in memory (tests, embedders).
     pub async fn apply(&self, config: Config) -> Result<String, ServerError> {
         let _guard = self.shared.reloading.lock().await;
-        apply(&self.shared, config)
+        let shared = self.shared.clone();
+        blocking(move || apply(&shared, config)).await
     }
 
     /// Reloads on SIGHUP and whenever the config file's contents change, or those of a file
@@ -114,17 +115,27 @@ async fn read_source(shared: &Shared) -> Option<(Vec<u8>, Vec<Option<u64>>)> {
     Some((text, hashes))
 }
 
-pub(super) async fn reload(shared: &Shared) -> Result<String, ServerError> {
+/// Runs `f` where blocking is allowed: a reload reads the config and every file it names
+/// (keys, certificates, CAs), which may sit on a slow volume, and must not stall the
+/// runtime's threads while it does.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
+pub(super) async fn reload(shared: &Arc<Shared>) -> Result<String, ServerError> {
     let _guard = shared.reloading.lock().await;
     let Some(path) = shared.source.clone() else {
         return Err(ServerError::NoSource);
     };
-    let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-    let result = loaded
-        .map_err(ServerError::from)
-        .and_then(|c| apply(shared, c));
+    let building = shared.clone();
+    let result = blocking(move || {
+        Config::load(&path)
+            .map_err(ServerError::from)
+            .and_then(|c| apply(&building, c))
+    })
+    .await;
     if let Err(e) = &result {
         shared.metrics.reload(false);
         let serving = shared.gateway.load().config().fingerprint.clone();
