@@ -414,12 +414,17 @@ ts(
     stack=True,
 )
 ts(
-    "Fallbacks",
-    "hourglass_fallbacks_total: moves from one upstream to the next in a route's fallback chain, by from -> to, on routes with `fallbacks`.",
+    "Fallbacks, and upstreams passed over",
+    "hourglass_fallbacks_total: moves from one upstream to the next in a route's fallback chain, by from -> to, on routes with `fallbacks`. hourglass_upstream_skipped_total: requests that did not try an upstream out of rotation (ejected after eject_after failed attempts in a row) and went straight to a later one; hourglass_upstream_ejected says which upstream is out.",
     [
         target(
             f"sum by (from, to) (rate(hourglass_fallbacks_total{{{R}}}[{RI}]))", "{{from}} \u2192 {{to}}", "A"
-        )
+        ),
+        target(
+            f'sum by (upstream) (rate(hourglass_upstream_skipped_total{{{R},upstream=~"$upstream"}}[{RI}]))',
+            "{{upstream}} passed over (ejected)",
+            "B",
+        ),
     ],
     "reqps",
     8,

@@ -14,8 +14,9 @@ use super::runs::{build_run_limits, build_runs};
 use super::secrets::{inlined_secrets, scrub, shown};
 use super::NO_ROUTE;
 use super::{
-    AuthMode, ClientAuth, ClientCert, Config, ConfigError, Limits, Policy, RetryCause, RetryOn,
-    Route, ServerConfig, ServerTls, UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
+    AuthMode, ClientAuth, ClientCert, Config, ConfigError, Ejection, Limits, Policy, RetryCause,
+    RetryOn, Route, ServerConfig, ServerTls, UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
+    MAX_EJECT_AFTER,
 };
 use crate::provider::Api;
 
@@ -442,6 +443,23 @@ fn build_upstream(
                 return Err(format!("{label}: pool_idle_timeout must be greater than 0"))
             }
             other => other.map_or(DEFAULT_POOL_IDLE_TIMEOUT, |d| d.0),
+        },
+        ejection: Ejection {
+            after: match raw.eject_after {
+                Some(n) if n > MAX_EJECT_AFTER => {
+                    return Err(format!(
+                        "{label}: eject_after must be at most {MAX_EJECT_AFTER} (0 never ejects), got {n}"
+                    ))
+                }
+                Some(n) => n as u32,
+                None => Ejection::default().after,
+            },
+            duration: match raw.eject_for {
+                Some(d) if d.0.is_zero() => {
+                    return Err(format!("{label}: eject_for must be greater than 0"))
+                }
+                other => other.map_or(Ejection::default().duration, |d| d.0),
+            },
         },
     })
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::routing::shadows;
 use super::secrets::{looks_like_secret, redacted_url};
 use super::{
-    AuthMode, Config, Http2Config, Http2Mode, OnStoreError, RunIdSource, RunStore,
+    AuthMode, Config, Ejection, Http2Config, Http2Mode, OnStoreError, RunIdSource, RunStore,
     DEFAULT_POOL_IDLE_TIMEOUT,
 };
 use crate::provider::Api;
@@ -289,6 +289,16 @@ impl Config {
             }
             if up.pool_idle_timeout != DEFAULT_POOL_IDLE_TIMEOUT {
                 let _ = write!(out, ", pool_idle_timeout {}", hd(up.pool_idle_timeout));
+            }
+            if up.ejection.after == 0 {
+                out.push_str(", never ejected");
+            } else if up.ejection != Ejection::default() {
+                let _ = write!(
+                    out,
+                    ", ejected for {} after {} failed attempts in a row",
+                    hd(up.ejection.duration),
+                    up.ejection.after
+                );
             }
             let h2 = &up.http2;
             let _ = write!(out, ", http2 {}", h2.mode);

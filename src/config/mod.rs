@@ -185,6 +185,8 @@ pub struct UpstreamConfig {
     /// the upstream, closes it: a request sent on a connection the upstream closes in the
     /// same instant fails.
     pub pool_idle_timeout: Duration,
+    /// When failing attempts take this upstream out of its routes' rotation, and for how long.
+    pub ejection: Ejection,
     /// Which HTTP version to speak, and how streams share HTTP/2 connections.
     pub http2: Http2Config,
 }
@@ -198,6 +200,30 @@ pub struct ClientCert {
     pub cert: PathBuf,
     pub key: PathBuf,
 }
+
+/// `eject_after` and `eject_for`: after this many failed attempts in a row an upstream is
+/// passed over, while another upstream of a route's chain is in rotation, until `duration`
+/// has gone by and one attempt (a probe) has succeeded again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ejection {
+    /// Failed attempts in a row that eject the upstream; 0 never does.
+    pub after: u32,
+    /// How long an ejection lasts before the next attempt probes the upstream.
+    pub duration: Duration,
+}
+
+impl Default for Ejection {
+    fn default() -> Self {
+        Self {
+            after: 5,
+            duration: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The most `eject_after` may ask: past it, an ejection would need a failure rate no
+/// outage would be mistaken for.
+pub const MAX_EJECT_AFTER: u64 = 1000;
 
 /// `pool_idle_timeout` when the upstream names none: hyper-util's own default.
 pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);

@@ -146,6 +146,8 @@ pub(super) struct RawUpstream {
     pub(super) api: Option<RawApi>,
     pub(super) include_usage: Option<bool>,
     pub(super) pool_idle_timeout: Option<RawDuration>,
+    pub(super) eject_after: Option<u64>,
+    pub(super) eject_for: Option<RawDuration>,
     pub(super) http2: Option<RawHttp2Mode>,
     pub(super) http2_max_streams_per_connection: Option<u64>,
     pub(super) http2_max_connections: Option<u64>,

@@ -95,6 +95,8 @@ pub struct RequestRecord {
     error: Option<Box<str>>,
     end: Option<End>,
     attempts: Vec<AttemptLog>,
+    /// The upstreams passed over as out of rotation (`upstream::health`).
+    passed_over: Vec<Arc<str>>,
     /// The route's admission slot, freed when the request is reported.
     slot: Option<crate::admission::Slot>,
     /// Only kept when the access log is on.
@@ -167,6 +169,7 @@ impl RequestRecord {
             code: None,
             end: None,
             attempts: Vec::new(),
+            passed_over: Vec::new(),
             slot: None,
             client: None,
             client_id: None,
@@ -462,6 +465,13 @@ impl RequestRecord {
         }
     }
 
+    /// An attempt on `upstream` was not made: it is out of rotation.
+    pub fn passed_over(&mut self, upstream: &Arc<str>) {
+        if !self.passed_over.contains(upstream) {
+            self.passed_over.push(upstream.clone());
+        }
+    }
+
     /// An attempt that lost a hedge race was cancelled: counted by origin, not as the
     /// request's outcome.
     pub fn hedge_loser(&self) {
@@ -596,6 +606,7 @@ impl RequestRecord {
                 .collect::<Vec<_>>()
                 .join(",")
         });
+        let passed_over = (!self.passed_over.is_empty()).then(|| self.passed_over.join(","));
         RequestLog {
             request_id: &self.id,
             run_id: self.run.as_ref().map(|r| &*r.id),
@@ -634,6 +645,7 @@ impl RequestRecord {
             code,
             error: self.error.as_deref(),
             attempts: attempts.as_deref(),
+            passed_over: passed_over.as_deref(),
             client: self.client.as_deref(),
         }
         .emit();

@@ -20,6 +20,7 @@ use crate::gateway::template::Template;
 use crate::provider::ErrorType;
 use crate::telemetry::metrics::InFlight;
 use crate::telemetry::metrics::Metrics;
+use crate::upstream::health::{Change, Verdict};
 
 /// The last thing an attempt produced, returned when no further attempt is made.
 enum Last {
@@ -50,6 +51,11 @@ pub async fn run(
         }
         for n in 0..=policy.retries {
             let now = Instant::now();
+            if passed_over(route, i, template, budget, now) {
+                metrics.skipped(&route.name, &entry.upstream.name);
+                record.passed_over(&entry.upstream.name);
+                break;
+            }
             let need = if room_kept_for == Some(i) && n == 0 {
                 budget.min_useful
             } else {
@@ -111,25 +117,30 @@ pub async fn run(
                 );
             }
             previous = Some(i);
-            let outcome =
-                if i == 0 && n == 0 && policy.hedge_after.is_some() && route.chain.len() > 1 {
-                    // Boxed: a hedge holds two attempts, and inline it would more than
-                    // double the size of every request's future, which is moved whole
-                    // (memcpy) several times per request on routes that never hedge.
-                    let (outcome, hedged) =
-                        Box::pin(hedge(metrics, route, template, budget, record)).await;
-                    skip_hedge_target = hedged;
-                    outcome
-                } else {
-                    let (ft, switch_by) =
-                        first_token_limit(template, budget, route.chain.get(i + 1));
-                    room_kept_for = switch_by.is_some().then_some(i + 1);
-                    single(
-                        metrics, route, entry, template, budget, record, ft, switch_by,
-                    )
-                    .await
-                    .map(|s| (s, i))
-                };
+            let outcome = if i == 0
+                && n == 0
+                && policy.hedge_after.is_some()
+                && route
+                    .chain
+                    .get(1)
+                    .is_some_and(|h| h.upstream.health.available(now))
+            {
+                // Boxed: a hedge holds two attempts, and inline it would more than
+                // double the size of every request's future, which is moved whole
+                // (memcpy) several times per request on routes that never hedge.
+                let (outcome, hedged) =
+                    Box::pin(hedge(metrics, route, template, budget, record)).await;
+                skip_hedge_target = hedged;
+                outcome
+            } else {
+                let (ft, switch_by) = first_token_limit(template, budget, route.chain.get(i + 1));
+                room_kept_for = switch_by.is_some().then_some(i + 1);
+                single(
+                    metrics, route, entry, template, budget, record, ft, switch_by,
+                )
+                .await
+                .map(|s| (s, i))
+            };
             match outcome {
                 Ok((started, winner)) => {
                     if let Some(cause) =
@@ -321,6 +332,39 @@ fn error_cause(e: &GatewayError) -> Option<RetryCause> {
     }
 }
 
+/// Whether the attempt on the `i`th upstream of the chain is not made: it is out of rotation
+/// and a later upstream of the chain is in it, with an attempt there that still fits the
+/// budget. Where none is, it is tried all the same, as though nothing were ejected.
+fn passed_over(
+    route: &RouteRuntime,
+    i: usize,
+    template: &Template,
+    budget: &Budget,
+    now: Instant,
+) -> bool {
+    !route.chain[i].upstream.health.available(now)
+        && route.chain[i + 1..].iter().any(|e| {
+            // One the budget no longer fits would be passed over in turn, and the request
+            // refused for want of time that the ejected upstream might have had.
+            e.upstream.health.available(now)
+                && budget.usable(now) >= template.expected_ttft(&e.upstream).max(budget.min_useful)
+        })
+}
+
+/// What an attempt showed of its upstream's health: an answer that would be retried (a 5xx,
+/// a 429, the provider's error event of that kind) and the failures that retries are made
+/// for count against it; a stream refused unprocessed (the upstream rotating its
+/// connections), a client gone or a budget spent do not.
+fn verdict(result: &Result<Started, GatewayError>) -> Verdict {
+    match result {
+        Ok(s) if answer_cause(s).is_some() => Verdict::Failed,
+        Ok(_) => Verdict::Healthy,
+        Err(GatewayError::UpstreamRefused { .. }) => Verdict::Neither,
+        Err(e) if error_cause(e).is_some() => Verdict::Failed,
+        Err(_) => Verdict::Neither,
+    }
+}
+
 fn attempt<'a>(
     entry: &'a ChainEntry,
     route: &RouteRuntime,
@@ -328,6 +372,8 @@ fn attempt<'a>(
     first_token_timeout: Duration,
     switch_by: Option<Instant>,
 ) -> Attempt<'a> {
+    // A probe, if the upstream is out of rotation and its ejection is over.
+    entry.upstream.health.attempt(Instant::now());
     Attempt {
         upstream: &entry.upstream,
         budget,
@@ -361,7 +407,7 @@ async fn single(
         let result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
-        note(entry, record, index, &result);
+        note(metrics, entry, record, index, &result);
         let need = template
             .expected_ttft(&entry.upstream)
             .max(budget.min_useful);
@@ -378,11 +424,29 @@ async fn single(
 }
 
 fn note(
+    metrics: &Metrics,
     entry: &ChainEntry,
     record: &mut RequestRecord,
     index: usize,
     result: &Result<Started, GatewayError>,
 ) {
+    let upstream = &entry.upstream;
+    match upstream.health.report(verdict(result), Instant::now()) {
+        Some(Change::Ejected) => {
+            tracing::warn!(
+                upstream = &*upstream.name,
+                "upstream out of rotation for {}ms after {} failed attempts in a row",
+                upstream.config.ejection.duration.as_millis(),
+                upstream.config.ejection.after,
+            );
+            metrics.ejection(&upstream.name);
+        }
+        Some(Change::Restored) => {
+            tracing::info!(upstream = &*upstream.name, "upstream back in rotation");
+            metrics.set_ejected(&upstream.name, false);
+        }
+        None => {}
+    }
     if let Ok(s) = result {
         entry.answer.response(s.response.status().as_u16());
     }
@@ -432,7 +496,7 @@ async fn hedge(
     tokio::select! {
         biased;
         r = &mut primary => {
-            note(primary_entry, record, i0, &r);
+            note(metrics, primary_entry, record, i0, &r);
             return (r.map(|s| (s, 0)), false);
         }
         () = &mut fire => {}
@@ -444,7 +508,7 @@ async fn hedge(
         Ok(r) if budget.usable(Instant::now()) >= need => r,
         _ => {
             let r = primary.await;
-            note(primary_entry, record, i0, &r);
+            note(metrics, primary_entry, record, i0, &r);
             return (r.map(|s| (s, 0)), false);
         }
     };
@@ -463,7 +527,7 @@ async fn hedge(
     let outcome = loop {
         tokio::select! {
             r = &mut primary, if primary_done.is_none() => {
-                note(primary_entry, record, i0, &r);
+                note(metrics, primary_entry, record, i0, &r);
                 if wins(&r) {
                     if hedge_done.is_none() {
                         record.attempt(hedge_entry, i1, Ok("hedge_loser"));
@@ -475,7 +539,7 @@ async fn hedge(
                 primary_done = Some(r);
             }
             r = &mut hedged, if hedge_done.is_none() => {
-                note(hedge_entry, record, i1, &r);
+                note(metrics, hedge_entry, record, i1, &r);
                 if wins(&r) {
                     if primary_done.is_none() {
                         record.attempt(primary_entry, i0, Ok("hedge_loser"));

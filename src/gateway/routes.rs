@@ -131,6 +131,18 @@ impl Gateway {
                 None => Arc::new(Upstream::new(up.clone(), connect)?),
             });
         }
+        for u in &upstreams {
+            metrics.set_ejected(&u.name, u.health.is_out());
+        }
+        // A removed upstream's series stay exported (the old table may still be serving its
+        // requests), but no longer say it is out of rotation.
+        if let Some(g) = previous {
+            for e in g.routes.iter().flat_map(|r| r.chain.iter()) {
+                if !upstreams.iter().any(|u| u.name == e.upstream.name) {
+                    metrics.set_ejected(&e.upstream.name, false);
+                }
+            }
+        }
         let find = |name: &str| {
             upstreams
                 .iter()

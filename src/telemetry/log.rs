@@ -66,6 +66,8 @@ pub struct RequestLog<'a> {
     pub error: Option<&'a str>,
     /// Every attempt, in order, when there was more than one.
     pub attempts: Option<&'a str>,
+    /// The upstreams of the route's chain passed over as out of rotation.
+    pub passed_over: Option<&'a str>,
     /// Who asked: only kept when the access log is on.
     pub client: Option<&'a ClientInfo>,
 }
@@ -265,6 +267,7 @@ impl RequestLog<'_> {
         code_field(w, ",\"code\":\"", self.code);
         str_field(w, ",\"error\":\"", self.error)?;
         str_field(w, ",\"attempts\":\"", self.attempts)?;
+        str_field(w, ",\"passed_over\":\"", self.passed_over)?;
         w.push_str(",\"target\":\"hourglass::request\"}\n");
         Ok(())
     }
@@ -303,6 +306,7 @@ impl RequestLog<'_> {
             code = self.code,
             error = self.error,
             attempts = self.attempts,
+            passed_over = self.passed_over,
             "request"
         );
     }
@@ -358,6 +362,7 @@ mod tests {
             code: Some("idle_timeout"),
             error: Some("no chunk for \"2000ms\""),
             attempts: Some("a:ok:1ms,b:ok:2ms"),
+            passed_over: Some("c"),
             client: None,
         };
         let (a, b) = both_ways(&full);
@@ -389,6 +394,7 @@ mod tests {
             code: None,
             error: None,
             attempts: None,
+            passed_over: None,
             ..full
         };
         let (a, b) = both_ways(&sparse);

@@ -64,6 +64,9 @@ pub struct Metrics {
     retries: IntCounterVec,
     fallbacks: IntCounterVec,
     hedges: IntCounterVec,
+    ejections: IntCounterVec,
+    ejected: IntGaugeVec,
+    skipped: IntCounterVec,
     attempts: HistogramVec,
     reloads: IntCounterVec,
     config_info: IntGaugeVec,
@@ -417,6 +420,21 @@ impl Metrics {
             "Hedged requests (a fallback started in parallel), by which attempt won.",
             &["route", "winner"],
         );
+        let ejections = counter(
+            "hourglass_upstream_ejections_total",
+            "Times an upstream was taken out of rotation: its attempts failed eject_after times in a row (a failed probe keeps it out and is not counted again).",
+            &["upstream"],
+        );
+        let ejected = gauge(
+            "hourglass_upstream_ejected",
+            "1 while an upstream is out of rotation: from its ejection until a probe succeeds.",
+            &["upstream"],
+        );
+        let skipped = counter(
+            "hourglass_upstream_skipped_total",
+            "Attempts not made on an upstream out of rotation, passed over for the next upstream of the route's chain.",
+            &["route", "upstream"],
+        );
         let attempts = histogram(
             "hourglass_attempts",
             "Upstream attempts made for one request.",
@@ -578,6 +596,9 @@ impl Metrics {
             retries,
             fallbacks,
             hedges,
+            ejections,
+            ejected,
+            skipped,
             attempts,
         }
     }
@@ -658,6 +679,8 @@ impl Metrics {
         }
         for pair in chain.windows(2) {
             self.fallbacks.with_label_values(&[route, pair[0], pair[1]]);
+            // Only an upstream with another after it is ever passed over.
+            self.skipped.with_label_values(&[route, pair[0]]);
         }
         if hedged {
             for winner in ["primary", "hedge"] {
@@ -676,6 +699,25 @@ impl Metrics {
 
     pub fn fallback(&self, route: &str, from: &str, to: &str) {
         self.fallbacks.with_label_values(&[route, from, to]).inc();
+    }
+
+    /// Sets an upstream's ejection gauge to its state (a new config's upstreams: reused ones
+    /// keep theirs, new ones start in rotation), creating its series.
+    pub fn set_ejected(&self, upstream: &str, out: bool) {
+        self.ejections.with_label_values(&[upstream]);
+        self.ejected
+            .with_label_values(&[upstream])
+            .set(i64::from(out));
+    }
+
+    /// An upstream was taken out of rotation.
+    pub fn ejection(&self, upstream: &str) {
+        self.ejections.with_label_values(&[upstream]).inc();
+        self.set_ejected(upstream, true);
+    }
+
+    pub fn skipped(&self, route: &str, upstream: &str) {
+        self.skipped.with_label_values(&[route, upstream]).inc();
     }
 
     pub fn reload(&self, ok: bool) {

@@ -9,6 +9,7 @@ mod credential;
 pub mod error;
 pub mod estimate;
 mod h2_pool;
+pub mod health;
 mod io;
 mod tls;
 
@@ -32,6 +33,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use self::credential::credential;
 use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
+use self::health::Health;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
 use crate::http::headers::{present, CREDENTIALS};
@@ -53,6 +55,8 @@ pub struct Upstream {
     clients: Lanes,
     /// What an attempt here is expected to take until its first token, by model.
     pub ttft: TtftEstimates,
+    /// Whether its attempts have been failing: out of rotation if so (`health.rs`).
+    pub health: Health,
     /// The connector's own connect bound (a reload reuses this upstream only if unchanged).
     pub connect_bound: Duration,
 }
@@ -157,6 +161,7 @@ impl Upstream {
             name,
             connect_bound: connect_timeout,
             ttft: TtftEstimates::new(config.expected_first_token),
+            health: Health::new(config.ejection),
             config,
             scheme,
             authority,

@@ -11,6 +11,7 @@ mod budget;
 mod cancel;
 mod cli;
 mod conformance;
+mod ejection;
 mod faults;
 mod h2_upstream;
 mod limits;

@@ -188,3 +188,22 @@ fn http2_keys_on_a_plain_auto_upstream_are_a_warning() {
         &format!("http2 = \"always\"\n{keys}")
     ));
 }
+
+#[test]
+fn describe_shows_an_ejection_policy_other_than_the_default() {
+    let with = |extra: &str| {
+        load(&BASE.replace(
+            "url = \"https://api.openai.com\"",
+            &format!("url = \"https://api.openai.com\"\n{extra}"),
+        ))
+        .describe()
+    };
+    assert!(!with("").contains("eject"), "{}", with(""));
+    let d = with("eject_after = 2\neject_for = \"1m\"");
+    assert!(
+        d.contains(", ejected for 1m after 2 failed attempts in a row,"),
+        "{d}"
+    );
+    let d = with("eject_after = 0");
+    assert!(d.contains(", never ejected,"), "{d}");
+}

@@ -106,6 +106,29 @@ fn pool_idle_timeout_defaults_to_90s_and_must_not_be_zero() {
 }
 
 #[test]
+fn ejection_defaults_to_5_failures_for_10s_and_is_checked() {
+    let e = load(BASE).upstreams[0].ejection;
+    assert_eq!((e.after, e.duration), (5, secs(10)));
+    let set = |extra: &str| {
+        BASE.replace(
+            "url = \"https://api.openai.com\"",
+            &format!("url = \"https://api.openai.com\"\n{extra}"),
+        )
+    };
+    let e = load(&set("eject_after = 0\neject_for = \"1m\"")).upstreams[0].ejection;
+    assert_eq!((e.after, e.duration), (0, secs(60)));
+    assert_eq!(
+        err(&set("eject_after = 1001")),
+        "t.toml: upstream \"openai\": eject_after must be at most 1000 (0 never ejects), got 1001"
+    );
+    assert_eq!(
+        err(&set("eject_for = \"0ms\"")),
+        "t.toml: upstream \"openai\": eject_for must be greater than 0"
+    );
+    assert!(err(&set("eject_after = -1")).contains("eject_after"));
+}
+
+#[test]
 fn upstream_url_path_prefix_is_kept_without_trailing_slash() {
     for (given, path) in [
         ("http://127.0.0.1:8089/openai", "/openai"),

@@ -1,0 +1,249 @@
+//! Passive health: an upstream whose attempts keep failing is passed over for the next one of
+//! a route's chain, so that requests stop spending their budgets on it, and a probe puts it
+//! back once it answers again. Two fake providers behind one route; the primary's failures
+//! are scripted on the fake itself, so the backup answers the same requests normally.
+
+use std::time::Duration;
+
+use crate::support::*;
+use hourglass_fake::FakeUpstream;
+use tokio::time::Instant;
+
+fn config(
+    primary: &FakeUpstream,
+    backup: &FakeUpstream,
+    primary_extra: &str,
+    route: &str,
+) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "5s"
+first_token_timeout = "2s"
+
+[upstreams.primary]
+url = "{}"
+auth = "none"
+{primary_extra}
+
+[upstreams.backup]
+url = "{}"
+auth = "none"
+eject_after = 1
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "primary"
+{route}
+"#,
+        primary.url(),
+        backup.url()
+    )
+}
+
+async fn fakes() -> (FakeUpstream, FakeUpstream) {
+    let start = || FakeUpstream::start("127.0.0.1:0".parse().unwrap());
+    (start().await.unwrap(), start().await.unwrap())
+}
+
+async fn chat(p: &Process) -> u16 {
+    let (resp, _c) = Conn::open(p.addr)
+        .await
+        .send(chat_request(&[("x-fake-chunks", "2")], true))
+        .await;
+    let status = resp.status().as_u16();
+    let read = read_body(resp.into_body()).await;
+    if status == 200 {
+        assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
+    }
+    status
+}
+
+/// The request log lines written so far, once `n` of them are there.
+async fn log_lines(p: &Process, n: usize) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (out, err) = p.output();
+        let lines: Vec<serde_json::Value> = format!("{out}{err}")
+            .lines()
+            .filter_map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).ok()?;
+                let fields = v.get("fields").unwrap_or(&v).clone();
+                fields.get("outcome")?;
+                Some(fields)
+            })
+            .collect();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} log lines",
+            lines.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_failing_upstream_is_ejected_and_passed_over_for_the_fallback() {
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-status", "503")]);
+    let text = config(
+        &primary,
+        &backup,
+        "eject_after = 3\neject_for = \"10m\"",
+        "fallbacks = [\"backup\"]",
+    );
+    let p = Process::spawn(&text, &["--log-format", "json"], &[]).await;
+    let series = |name: &str| format!("{name}{{upstream=\"primary\"}}");
+    assert_eq!(
+        metric(p.admin, &series("hourglass_upstream_ejected")).await,
+        0.0
+    );
+    // Each of the first three fails on the primary and is served by the backup.
+    for _ in 0..3 {
+        assert_eq!(chat(&p).await, 200);
+    }
+    assert_eq!(primary.requests().len(), 3);
+    assert_eq!(
+        metric(p.admin, &series("hourglass_upstream_ejected")).await,
+        1.0
+    );
+    assert_eq!(
+        metric(p.admin, &series("hourglass_upstream_ejections_total")).await,
+        1.0
+    );
+    // Out of rotation: the next ones go straight to the backup.
+    for _ in 0..2 {
+        assert_eq!(chat(&p).await, 200);
+    }
+    assert_eq!(primary.requests().len(), 3, "the primary was tried again");
+    assert_eq!(backup.requests().len(), 5);
+    assert_eq!(
+        metric(
+            p.admin,
+            "hourglass_upstream_skipped_total{route=\"chat\",upstream=\"primary\"}"
+        )
+        .await,
+        2.0
+    );
+    // No move from the primary is counted for requests that never tried it.
+    assert_eq!(
+        metric(
+            p.admin,
+            "hourglass_fallbacks_total{from=\"primary\",route=\"chat\",to=\"backup\"}"
+        )
+        .await,
+        3.0
+    );
+    let lines = log_lines(&p, 5).await;
+    assert!(
+        lines[..3].iter().all(|l| l.get("passed_over").is_none()),
+        "{lines:?}"
+    );
+    for l in &lines[3..] {
+        assert_eq!(l["passed_over"], "primary", "{l}");
+        assert_eq!(l["upstream"], "backup", "{l}");
+        assert_eq!(l["outcome"], "ok", "{l}");
+    }
+}
+
+/// Ejection only reorders a chain: with no other upstream in rotation, the ejected one is
+/// still tried, as it would be without ejection, and its own answer passes through.
+#[tokio::test]
+async fn an_ejected_upstream_is_still_tried_when_nothing_else_is_in_rotation() {
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-status", "503")]);
+    backup.set_script(&[("x-fake-status", "503")]);
+    let text = config(
+        &primary,
+        &backup,
+        "eject_after = 1\neject_for = \"10m\"",
+        "fallbacks = [\"backup\"]",
+    );
+    let p = Process::spawn(&text, &[], &[]).await;
+    for _ in 0..3 {
+        assert_eq!(chat(&p).await, 503);
+    }
+    assert_eq!(primary.requests().len(), 3);
+    assert_eq!(backup.requests().len(), 3);
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"backup\"}").await,
+        1.0
+    );
+    assert_eq!(
+        metric(
+            p.admin,
+            "hourglass_upstream_skipped_total{route=\"chat\",upstream=\"primary\"}"
+        )
+        .await,
+        0.0
+    );
+}
+
+/// Once its ejection is over, the next request probes the upstream; an answer puts it back
+/// in rotation.
+#[tokio::test]
+async fn a_probe_that_succeeds_puts_the_upstream_back() {
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-status", "500")]);
+    let text = config(
+        &primary,
+        &backup,
+        "eject_after = 1\neject_for = \"300ms\"",
+        "fallbacks = [\"backup\"]",
+    );
+    let p = Process::spawn(&text, &[], &[]).await;
+    assert_eq!(chat(&p).await, 200);
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"primary\"}").await,
+        1.0
+    );
+    primary.set_script(&[]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(chat(&p).await, 200);
+    assert_eq!(primary.requests().len(), 2);
+    assert_eq!(backup.requests().len(), 1);
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"primary\"}").await,
+        0.0
+    );
+    assert_eq!(
+        metric(
+            p.admin,
+            "hourglass_upstream_ejections_total{upstream=\"primary\"}"
+        )
+        .await,
+        1.0
+    );
+}
+
+/// Answers that are the client's fault (4xx other than 429) say the upstream is up: they
+/// never eject it.
+#[tokio::test]
+async fn client_errors_do_not_eject() {
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-status", "400")]);
+    let text = config(
+        &primary,
+        &backup,
+        "eject_after = 1",
+        "fallbacks = [\"backup\"]",
+    );
+    let p = Process::spawn(&text, &[], &[]).await;
+    for _ in 0..3 {
+        assert_eq!(chat(&p).await, 400);
+    }
+    assert_eq!(primary.requests().len(), 3);
+    assert_eq!(backup.requests().len(), 0);
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"primary\"}").await,
+        0.0
+    );
+}
