@@ -351,15 +351,33 @@ fn passed_over(
         })
 }
 
+/// A connect that takes this long is no healthy upstream's, even where the budget cut the
+/// wait below `connect_timeout` (connects take milliseconds, a TLS handshake across an
+/// ocean a few hundred).
+const SLOW_CONNECT: Duration = Duration::from_secs(1);
+
 /// What an attempt showed of its upstream's health: an answer that would be retried (a 5xx,
 /// a 429, the provider's error event of that kind) and the failures that retries are made
 /// for count against it; a stream refused unprocessed (the upstream rotating its
-/// connections), a client gone or a budget spent do not.
-fn verdict(result: &Result<Started, GatewayError>) -> Verdict {
+/// connections), a client gone or a budget spent do not. Nor does a first-token limit cut
+/// short to leave a fallback its room or to answer before the client gives up: heavy-tailed
+/// first tokens miss a short wait now and then, and one request's short budget must not take
+/// the upstream from requests with time to wait.
+fn verdict(result: &Result<Started, GatewayError>, budget: &Budget) -> Verdict {
     match result {
         Ok(s) if answer_cause(s).is_some() => Verdict::Failed,
         Ok(_) => Verdict::Healthy,
         Err(GatewayError::UpstreamRefused { .. }) => Verdict::Neither,
+        Err(GatewayError::ConnectTimeout { after, .. })
+            if *after < budget.connect_timeout.min(SLOW_CONNECT) =>
+        {
+            Verdict::Neither
+        }
+        Err(GatewayError::FirstTokenTimeout { after, .. })
+            if *after < budget.first_token_timeout =>
+        {
+            Verdict::Neither
+        }
         Err(e) if error_cause(e).is_some() => Verdict::Failed,
         Err(_) => Verdict::Neither,
     }
@@ -407,7 +425,7 @@ async fn single(
         let result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
-        note(metrics, entry, record, index, &result);
+        note(metrics, budget, entry, record, index, &result);
         let need = template
             .expected_ttft(&entry.upstream)
             .max(budget.min_useful);
@@ -425,13 +443,17 @@ async fn single(
 
 fn note(
     metrics: &Metrics,
+    budget: &Budget,
     entry: &ChainEntry,
     record: &mut RequestRecord,
     index: usize,
     result: &Result<Started, GatewayError>,
 ) {
     let upstream = &entry.upstream;
-    match upstream.health.report(verdict(result), Instant::now()) {
+    match upstream
+        .health
+        .report(verdict(result, budget), Instant::now())
+    {
         Some(Change::Ejected) => {
             tracing::warn!(
                 upstream = &*upstream.name,
@@ -496,7 +518,7 @@ async fn hedge(
     tokio::select! {
         biased;
         r = &mut primary => {
-            note(metrics, primary_entry, record, i0, &r);
+            note(metrics, budget, primary_entry, record, i0, &r);
             return (r.map(|s| (s, 0)), false);
         }
         () = &mut fire => {}
@@ -508,7 +530,7 @@ async fn hedge(
         Ok(r) if budget.usable(Instant::now()) >= need => r,
         _ => {
             let r = primary.await;
-            note(metrics, primary_entry, record, i0, &r);
+            note(metrics, budget, primary_entry, record, i0, &r);
             return (r.map(|s| (s, 0)), false);
         }
     };
@@ -527,7 +549,7 @@ async fn hedge(
     let outcome = loop {
         tokio::select! {
             r = &mut primary, if primary_done.is_none() => {
-                note(metrics, primary_entry, record, i0, &r);
+                note(metrics, budget, primary_entry, record, i0, &r);
                 if wins(&r) {
                     if hedge_done.is_none() {
                         record.attempt(hedge_entry, i1, Ok("hedge_loser"));
@@ -539,7 +561,7 @@ async fn hedge(
                 primary_done = Some(r);
             }
             r = &mut hedged, if hedge_done.is_none() => {
-                note(metrics, hedge_entry, record, i1, &r);
+                note(metrics, budget, hedge_entry, record, i1, &r);
                 if wins(&r) {
                     if primary_done.is_none() {
                         record.attempt(primary_entry, i0, Ok("hedge_loser"));
@@ -567,6 +589,65 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_counts_against_an_upstreams_health() {
+        let limits = crate::config::Limits {
+            budget: Duration::from_secs(60),
+            max_budget: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(2),
+            first_token_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(20),
+            reserve: Duration::ZERO,
+            min_useful: ms(100),
+        };
+        let budget = crate::budget::BudgetRequest::from_headers(&HeaderMap::new())
+            .unwrap()
+            .resolve(&limits, Instant::now());
+        let up = || "u".to_owned();
+        let v = |e: GatewayError| verdict(&Err(e), &budget);
+        let connect = |after, sent| GatewayError::ConnectTimeout {
+            upstream: up(),
+            after,
+            sent,
+        };
+        assert_eq!(v(connect(Duration::from_secs(2), false)), Verdict::Failed);
+        assert_eq!(v(connect(Duration::from_secs(2), true)), Verdict::Failed);
+        // Cut short by the budget, still slower than any healthy connect.
+        assert_eq!(v(connect(Duration::from_secs(1), false)), Verdict::Failed);
+        assert_eq!(v(connect(ms(300), false)), Verdict::Neither);
+        let first_token = |after| GatewayError::FirstTokenTimeout {
+            upstream: up(),
+            after,
+        };
+        assert_eq!(v(first_token(Duration::from_secs(30))), Verdict::Failed);
+        assert_eq!(v(first_token(Duration::from_secs(12))), Verdict::Neither);
+        for failed in [
+            GatewayError::UpstreamUnavailable {
+                upstream: up(),
+                reason: "refused".into(),
+                certificate: false,
+            },
+            GatewayError::UpstreamError {
+                upstream: up(),
+                reason: "reset".into(),
+            },
+        ] {
+            assert_eq!(v(failed), Verdict::Failed);
+        }
+        for neither in [
+            GatewayError::UpstreamRefused {
+                upstream: up(),
+                reason: "REFUSED_STREAM",
+            },
+            GatewayError::ClientClosed,
+            GatewayError::DeadlineExceeded {
+                budget: Duration::from_secs(60),
+            },
+        ] {
+            assert_eq!(v(neither), Verdict::Neither);
+        }
     }
 
     #[test]
