@@ -178,7 +178,7 @@ impl Config {
         let _ = writeln!(out, "  listen: {} (clients)", s.listen);
         let _ = writeln!(
             out,
-            "  admin_listen: {} (/metrics /healthz /readyz /runs/{{id}})",
+            "  admin_listen: {} (/metrics /healthz /readyz /runs/{{id}} /upstreams)",
             s.admin_listen
         );
         let _ = writeln!(out, "  max_request_body: {} bytes", s.max_request_body);

@@ -254,4 +254,20 @@ impl Gateway {
     pub fn config(&self) -> &Arc<Config> {
         &self.config
     }
+
+    /// Every upstream some route's chain uses, once, in the order routes first name them,
+    /// with the names of those routes and its in-flight gauge.
+    pub fn upstreams(&self) -> Vec<(&Arc<Upstream>, Vec<&str>, &IntGauge)> {
+        let mut out: Vec<(&Arc<Upstream>, Vec<&str>, &IntGauge)> = Vec::new();
+        for r in &self.routes {
+            for e in &r.chain {
+                match out.iter_mut().find(|(u, ..)| Arc::ptr_eq(u, &e.upstream)) {
+                    Some((_, routes, _)) if !routes.contains(&&*r.name) => routes.push(&r.name),
+                    Some(_) => {}
+                    None => out.push((&e.upstream, vec![&r.name], &e.in_flight)),
+                }
+            }
+        }
+        out
+    }
 }

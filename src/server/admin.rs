@@ -1,7 +1,8 @@
 //! The admin listener: `/metrics` (Prometheus text format), `/healthz` (the process is up),
 //! `/readyz` (it accepts traffic: false while starting and once shutdown has begun) and
-//! `/runs/{id}` (what a run has used and has left). It is a separate listener so the client
-//! port never exposes them.
+//! `/runs/{id}` (what a run has used and has left) and `/upstreams` (each upstream's health
+//! and learned first-token estimates). It is a separate listener so the client port never
+//! exposes them.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,10 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 
+use crate::config::redacted_url;
+use crate::gateway::Gateway;
 use crate::runs::{RunKey, RunState, Runs};
+use crate::server::shared::Shared;
 use crate::telemetry::metrics::Metrics;
 
 /// What the admin listener serves from.
@@ -19,6 +23,8 @@ pub struct Admin {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub runs: Arc<Runs>,
+    /// The routing table being served, whichever reload put it there.
+    pub(super) shared: Arc<Shared>,
 }
 
 #[derive(Default)]
@@ -75,6 +81,7 @@ pub async fn handle<B>(
             );
             resp
         }
+        "/upstreams" => json(StatusCode::OK, &upstreams(&admin.shared.gateway.load())),
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if health.is_ready() => text(
             StatusCode::OK,
@@ -90,7 +97,7 @@ pub async fn handle<B>(
         ),
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /metrics, /healthz, /readyz or /runs/{id}\n",
+            "not found: try /metrics, /healthz, /readyz, /runs/{id} or /upstreams\n",
         ),
     })
 }
@@ -160,6 +167,42 @@ fn describe(key: &RunKey, r: &RunState, now: tokio::time::Instant) -> serde_json
         "idle_ms": ms(now.saturating_duration_since(r.last_call)),
         "ended": r.ended.map(|e| e.as_str()),
     })
+}
+
+/// `GET /upstreams`: what decides where and whether attempts are made. Model names are the
+/// clients' own (at most 64 an upstream), which is why they are here and not in a label.
+fn upstreams(gateway: &Gateway) -> serde_json::Value {
+    let now = tokio::time::Instant::now();
+    let ms = |d: std::time::Duration| d.as_millis() as u64;
+    let list: Vec<serde_json::Value> = gateway
+        .upstreams()
+        .into_iter()
+        .map(|(u, routes, in_flight)| {
+            let health = u.health.view(now);
+            let (models, other) = u.ttft.snapshot();
+            let ejection = u.config.ejection;
+            serde_json::json!({
+                "name": &*u.name,
+                "url": redacted_url(&u.config.url.to_string()),
+                "routes": routes,
+                "in_flight": in_flight.get(),
+                "in_rotation": health.in_rotation,
+                "failures_in_a_row": health.failures_in_a_row,
+                "ejected_for_ms": health.ejected_for.map(ms),
+                "probing": health.probing,
+                "eject_after": ejection.after,
+                "eject_for_ms": ms(ejection.duration),
+                "expected_first_token_ms": {
+                    "models": models
+                        .into_iter()
+                        .map(|(m, d)| (m, serde_json::Value::from(ms(d))))
+                        .collect::<serde_json::Map<_, _>>(),
+                    "other": ms(other),
+                },
+            })
+        })
+        .collect();
+    serde_json::json!({ "upstreams": list })
 }
 
 fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {

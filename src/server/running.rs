@@ -111,6 +111,7 @@ pub async fn start_with_source(
             metrics: metrics.clone(),
             health: health.clone(),
             runs: runs.clone(),
+            shared: shared.clone(),
         }),
     ));
     let task = {

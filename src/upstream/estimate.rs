@@ -177,6 +177,19 @@ impl TtftEstimates {
     }
 }
 
+impl TtftEstimates {
+    /// Every estimate as it stands: the models with their own, then the shared one (requests
+    /// that name no model, and models past `MAX_MODELS`).
+    pub fn snapshot(&self) -> (Vec<(String, Duration)>, Duration) {
+        let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
+        let each = models
+            .iter()
+            .map(|(m, e)| (m.to_string(), e.get()))
+            .collect();
+        (each, self.other.get())
+    }
+}
+
 fn find<'a>(models: &'a [(Box<str>, TtftEstimate)], model: &str) -> Option<&'a TtftEstimate> {
     models.iter().find(|(m, _)| **m == *model).map(|(_, e)| e)
 }

@@ -142,6 +142,37 @@ impl Health {
     pub fn is_out(&self) -> bool {
         self.out.load(Ordering::Relaxed)
     }
+
+    /// The state as the admin listener shows it.
+    pub fn view(&self, now: Instant) -> HealthView {
+        let out = self.is_out();
+        let (ejected_for, probing) = if out {
+            let t = self.timing();
+            (
+                t.until.map(|u| u.saturating_duration_since(now)),
+                t.probe.is_some_and(|lapse| now < lapse),
+            )
+        } else {
+            (None, false)
+        };
+        HealthView {
+            in_rotation: !out,
+            failures_in_a_row: self.fails.load(Ordering::Relaxed),
+            ejected_for,
+            probing,
+        }
+    }
+}
+
+/// An upstream's health at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthView {
+    pub in_rotation: bool,
+    pub failures_in_a_row: u32,
+    /// Out of rotation: what is left of the ejection (zero once a probe may go).
+    pub ejected_for: Option<std::time::Duration>,
+    /// A probe is in flight.
+    pub probing: bool,
 }
 
 #[cfg(test)]
@@ -168,7 +199,15 @@ mod tests {
         assert!(h.available(now));
         assert_eq!(h.report(Verdict::Failed, now), Some(Change::Ejected));
         assert!(!h.available(now));
-        assert!(h.is_out());
+        assert_eq!(
+            h.view(now + Duration::from_secs(4)),
+            HealthView {
+                in_rotation: false,
+                failures_in_a_row: 3,
+                ejected_for: Some(Duration::from_secs(6)),
+                probing: false,
+            }
+        );
         // More failures while out (attempts that began before) do not eject twice.
         assert_eq!(h.report(Verdict::Failed, now), None);
     }
@@ -184,6 +223,7 @@ mod tests {
         h.attempt(later);
         // The probe is in flight: nobody else goes.
         assert!(!h.available(later));
+        assert!(h.view(later).probing);
         assert_eq!(h.report(Verdict::Healthy, later), Some(Change::Restored));
         assert!(h.available(later));
         assert!(!h.is_out());

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use crate::support::*;
 use hourglass_fake::FakeUpstream;
-use tokio::time::Instant;
 
 fn config(
     primary: &FakeUpstream,
@@ -64,32 +63,6 @@ async fn chat(p: &Process) -> u16 {
     status
 }
 
-/// The request log lines written so far, once `n` of them are there.
-async fn log_lines(p: &Process, n: usize) -> Vec<serde_json::Value> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (out, err) = p.output();
-        let lines: Vec<serde_json::Value> = format!("{out}{err}")
-            .lines()
-            .filter_map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).ok()?;
-                let fields = v.get("fields").unwrap_or(&v).clone();
-                fields.get("outcome")?;
-                Some(fields)
-            })
-            .collect();
-        if lines.len() >= n {
-            return lines;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} log lines",
-            lines.len()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_failing_upstream_is_ejected_and_passed_over_for_the_fallback() {
     let (primary, backup) = fakes().await;
@@ -142,7 +115,39 @@ async fn a_failing_upstream_is_ejected_and_passed_over_for_the_fallback() {
         .await,
         3.0
     );
-    let lines = log_lines(&p, 5).await;
+    // The admin listener says why, and for how long.
+    let view: serde_json::Value =
+        serde_json::from_str(&admin_get(p.admin, "/upstreams").await).unwrap();
+    let up = |name: &str| {
+        view["upstreams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {view}"))
+            .clone()
+    };
+    let primary_view = up("primary");
+    assert_eq!(primary_view["in_rotation"], false, "{view}");
+    assert_eq!(primary_view["failures_in_a_row"], 3, "{view}");
+    assert_eq!(primary_view["eject_after"], 3, "{view}");
+    assert_eq!(
+        primary_view["routes"],
+        serde_json::json!(["chat"]),
+        "{view}"
+    );
+    let left = primary_view["ejected_for_ms"].as_u64().unwrap();
+    assert!(left > 0 && left <= 600_000, "{view}");
+    let backup_view = up("backup");
+    assert_eq!(backup_view["in_rotation"], true, "{view}");
+    assert_eq!(backup_view["in_flight"], 0, "{view}");
+    // The backup answered gpt-test five times: it has an estimate of its own.
+    assert!(
+        backup_view["expected_first_token_ms"]["models"]["gpt-test"].is_u64(),
+        "{view}"
+    );
+    let lines = p.request_lines(5).await;
+    assert_eq!(lines.len(), 5);
     assert!(
         lines[..3].iter().all(|l| l.get("passed_over").is_none()),
         "{lines:?}"

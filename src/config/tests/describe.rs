@@ -22,7 +22,7 @@ fn describe_lists_every_resolved_value() {
         "max_headers: ",
         "http2_max_concurrent_streams: ",
         "tls: ",
-        "(/metrics /healthz /readyz /runs/{id})",
+        "(/metrics /healthz /readyz /runs/{id} /upstreams)",
     ] {
         assert!(d.contains(needle), "missing {needle:?} in:\n{d}");
     }
