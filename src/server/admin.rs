@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -15,7 +16,6 @@ use http_body_util::Full;
 use crate::config::redacted_url;
 use crate::gateway::Gateway;
 use crate::runs::{RunKey, RunState, Runs};
-use crate::server::shared::Shared;
 use crate::telemetry::metrics::Metrics;
 
 /// What the admin listener serves from.
@@ -24,7 +24,7 @@ pub struct Admin {
     pub health: Arc<Health>,
     pub runs: Arc<Runs>,
     /// The routing table being served, whichever reload put it there.
-    pub(super) shared: Arc<Shared>,
+    pub gateway: Arc<ArcSwap<Gateway>>,
 }
 
 #[derive(Default)]
@@ -81,7 +81,7 @@ pub async fn handle<B>(
             );
             resp
         }
-        "/upstreams" => json(StatusCode::OK, &upstreams(&admin.shared.gateway.load())),
+        "/upstreams" => json(StatusCode::OK, &upstreams(&admin.gateway.load())),
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if health.is_ready() => text(
             StatusCode::OK,

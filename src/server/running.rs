@@ -93,7 +93,7 @@ pub async fn start_with_source(
     health.set_detail(format!("config {fingerprint}"));
     let at_start = AtStart::of(&server);
     let shared = Arc::new(Shared {
-        gateway: ArcSwap::from_pointee(gateway),
+        gateway: Arc::new(ArcSwap::from_pointee(gateway)),
         tls: ArcSwapOption::new(tls),
         server: ArcSwap::new(server),
         metrics: metrics.clone(),
@@ -111,7 +111,7 @@ pub async fn start_with_source(
             metrics: metrics.clone(),
             health: health.clone(),
             runs: runs.clone(),
-            shared: shared.clone(),
+            gateway: shared.gateway.clone(),
         }),
     ));
     let task = {

@@ -34,7 +34,8 @@ pub enum ServerError {
 
 /// What the accept loop, the connections and reloads share.
 pub(super) struct Shared {
-    pub(super) gateway: ArcSwap<Gateway>,
+    /// Shared with the admin listener, which shows the upstreams of the table being served.
+    pub(super) gateway: Arc<ArcSwap<Gateway>>,
     pub(super) tls: ArcSwapOption<TlsAcceptor>,
     pub(super) server: ArcSwap<ServerConfig>,
     pub(super) metrics: Arc<Metrics>,
