@@ -117,9 +117,12 @@ pub async fn run(
                 );
             }
             previous = Some(i);
+            // Not while the primary is on probation: a probe that lost the race would say
+            // nothing, and a primary slower than `hedge_after` would never come back.
             let outcome = if i == 0
                 && n == 0
                 && policy.hedge_after.is_some()
+                && !entry.upstream.health.is_out()
                 && route
                     .chain
                     .get(1)
@@ -390,8 +393,6 @@ fn attempt<'a>(
     first_token_timeout: Duration,
     switch_by: Option<Instant>,
 ) -> Attempt<'a> {
-    // A probe, if the upstream is out of rotation and its ejection is over.
-    entry.upstream.health.attempt(Instant::now());
     Attempt {
         upstream: &entry.upstream,
         budget,
@@ -421,11 +422,15 @@ async fn single(
     let mut sent_again = false;
     loop {
         let out = template.request_for(&entry.upstream)?;
-        let index = record.attempt_started(entry, Instant::now(), true);
+        let now = Instant::now();
+        let index = record.attempt_started(entry, now, true);
+        // Held until the attempt has reported, or dropped with it.
+        let probe = entry.upstream.health.attempt(now);
         let result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
         note(metrics, budget, entry, record, index, &result);
+        drop(probe);
         let need = template
             .expected_ttft(&entry.upstream)
             .max(budget.min_useful);
@@ -450,10 +455,12 @@ fn note(
     result: &Result<Started, GatewayError>,
 ) {
     let upstream = &entry.upstream;
-    match upstream
+    let change = upstream
         .health
-        .report(verdict(result, budget), Instant::now())
-    {
+        .report(verdict(result, budget), Instant::now());
+    // An upstream a reload replaced still hears from the attempts it had begun, but its
+    // name's series belong to the upstream now serving.
+    match change.filter(|_| !upstream.is_retired()) {
         Some(Change::Ejected) => {
             tracing::warn!(
                 upstream = &*upstream.name,
@@ -504,6 +511,8 @@ async fn hedge(
         Err(e) => return (Err(e), false),
     };
     let i0 = record.attempt_started(primary_entry, t0, true);
+    // Neither attempt's probe turn outlives this race: a loser's is handed on.
+    let _probe = primary_entry.upstream.health.attempt(t0);
     let primary = attempt(
         primary_entry,
         route,
@@ -536,6 +545,7 @@ async fn hedge(
     };
     // Beside the primary, which the log keeps naming until one of them answers.
     let i1 = record.attempt_started(hedge_entry, Instant::now(), false);
+    let _hedge_probe = hedge_entry.upstream.health.attempt(Instant::now());
     let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout, None).run(hreq);
     tokio::pin!(hedged);
     let policy = &route.route.policy;

@@ -111,36 +111,25 @@ impl Gateway {
                 .map(|r| r.limits.connect_timeout)
                 .max()
                 .unwrap_or(std::time::Duration::from_secs(10));
-            let reused = previous.and_then(|g| {
+            let same = previous.and_then(|g| {
                 g.routes
                     .iter()
                     .flat_map(|r| r.chain.iter())
                     .map(|e| &e.upstream)
-                    // A rotated key, CA or client certificate (same file, new contents) needs a new
-                    // upstream.
-                    .find(|u| {
-                        *u.config == **up
-                            && u.connect_bound == connect
-                            && u.credential_is_current()
-                            && u.tls_files_are_current()
-                    })
-                    .cloned()
+                    .find(|u| *u.config == **up && u.tls_files_are_current())
             });
-            upstreams.push(match reused {
-                Some(u) => u,
+            upstreams.push(match same {
+                // A rotated key (same file, new contents) or another connect bound needs a
+                // new connector, but nothing the old one learned is wrong for it. (A CA or
+                // client certificate that changed may be what made it fail: it starts over.)
+                Some(u) if u.connect_bound == connect && u.credential_is_current() => u.clone(),
+                Some(u) => Arc::new(Upstream::new(up.clone(), connect)?.inherit(u)),
                 None => Arc::new(Upstream::new(up.clone(), connect)?),
             });
         }
-        for u in &upstreams {
-            metrics.set_ejected(&u.name, u.health.is_out());
-        }
-        // A removed upstream's series stay exported (the old table may still be serving its
-        // requests), but no longer say it is out of rotation.
-        if let Some(g) = previous {
-            for e in g.routes.iter().flat_map(|r| r.chain.iter()) {
-                if !upstreams.iter().any(|u| u.name == e.upstream.name) {
-                    metrics.set_ejected(&e.upstream.name, false);
-                }
+        if previous.is_none() {
+            for u in &upstreams {
+                metrics.set_ejected(&u.name, false);
             }
         }
         let find = |name: &str| {
@@ -253,6 +242,24 @@ impl Gateway {
 
     pub fn config(&self) -> &Arc<Config> {
         &self.config
+    }
+
+    /// Called once this table serves in place of `previous`: the upstreams it did not keep
+    /// are retired, so that attempts still running there no longer write their names'
+    /// series, and every upstream's ejection gauge says what the serving one's state is.
+    pub fn took_over(&self, previous: &Gateway) {
+        let kept = self.upstreams();
+        for (old, ..) in previous.upstreams() {
+            if !kept.iter().any(|(u, ..)| Arc::ptr_eq(u, old)) {
+                old.retire();
+                // A removed upstream's series stay exported (the old table may still be
+                // serving its requests), but no longer say it is out of rotation.
+                self.metrics.set_ejected(&old.name, false);
+            }
+        }
+        for (u, ..) in kept {
+            self.metrics.set_ejected(&u.name, u.health.is_out());
+        }
     }
 
     /// Every upstream some route's chain uses, once, in the order routes first name them,

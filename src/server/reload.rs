@@ -175,6 +175,7 @@ pub(super) fn apply(shared: &Shared, config: Config) -> Result<String, ServerErr
         tracing::warn!("{w}");
     }
     shared.gateway.store(Arc::new(gateway));
+    shared.gateway.load().took_over(&old);
     shared.tls.store(tls);
     shared.metrics.tls_certificate_expires(expires);
     shared.server.store(server);

@@ -82,24 +82,29 @@ impl Health {
     }
 
     /// An attempt is being made: if the upstream is out of rotation and a probe may go, this
-    /// attempt is it.
-    pub fn attempt(&self, now: Instant) {
+    /// attempt is it, for as long as the returned guard is held. Dropped before the attempt
+    /// reported (its client left, it lost a hedge), the guard hands the turn to the next
+    /// request.
+    pub fn attempt(&self, now: Instant) -> Option<Probe<'_>> {
         if !self.out.load(Ordering::Relaxed) {
-            return;
+            return None;
         }
         let mut t = self.timing();
         if t.until.is_none_or(|u| now >= u) && t.probe.is_none_or(|lapse| now >= lapse) {
-            // A probe that never reports (a hung attempt whose request was dropped) hands
-            // its turn on after one more ejection's length.
-            t.probe = Some(now + self.policy.duration);
+            // A lapse as well, should a guard never drop (a request that hangs past every
+            // limit): the turn passes on after one more ejection's length.
+            let lapse = now + self.policy.duration;
+            t.probe = Some(lapse);
+            return Some(Probe {
+                health: self,
+                lapse,
+            });
         }
+        None
     }
 
     /// What an attempt here showed. Returns the change it made, if any.
     pub fn report(&self, verdict: Verdict, now: Instant) -> Option<Change> {
-        if self.policy.after == 0 {
-            return None;
-        }
         match verdict {
             Verdict::Healthy => {
                 if self.fails.load(Ordering::Relaxed) != 0 {
@@ -118,6 +123,10 @@ impl Health {
             }
             Verdict::Failed => {
                 let n = self.fails.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+                // Counted all the same (`/upstreams` shows it), but 0 never ejects.
+                if self.policy.after == 0 {
+                    return None;
+                }
                 let out = self.out.load(Ordering::Relaxed);
                 if !out && n < self.policy.after {
                     return None;
@@ -129,12 +138,8 @@ impl Health {
                 t.probe = None;
                 (!self.out.swap(true, Ordering::Relaxed)).then_some(Change::Ejected)
             }
-            Verdict::Neither => {
-                if self.out.load(Ordering::Relaxed) {
-                    self.timing().probe = None;
-                }
-                None
-            }
+            // A probe that says nothing hands its turn on when its guard drops.
+            Verdict::Neither => None,
         }
     }
 
@@ -160,6 +165,24 @@ impl Health {
             failures_in_a_row: self.fails.load(Ordering::Relaxed),
             ejected_for,
             probing,
+        }
+    }
+}
+
+/// The turn of the one attempt that probes an upstream out of rotation (see
+/// [`Health::attempt`]).
+#[derive(Debug)]
+pub struct Probe<'a> {
+    health: &'a Health,
+    lapse: Instant,
+}
+
+impl Drop for Probe<'_> {
+    fn drop(&mut self) {
+        let mut t = self.health.timing();
+        // Only this probe's own turn: a report may have ended it, and a later probe begun.
+        if t.probe == Some(self.lapse) {
+            t.probe = None;
         }
     }
 }
@@ -220,11 +243,14 @@ mod tests {
         let later = t0 + Duration::from_secs(10);
         assert!(!h.available(later - Duration::from_millis(1)));
         assert!(h.available(later));
-        h.attempt(later);
+        let probe = h.attempt(later);
+        assert!(probe.is_some());
         // The probe is in flight: nobody else goes.
         assert!(!h.available(later));
         assert!(h.view(later).probing);
+        assert!(h.attempt(later).is_none());
         assert_eq!(h.report(Verdict::Healthy, later), Some(Change::Restored));
+        drop(probe);
         assert!(h.available(later));
         assert!(!h.is_out());
     }
@@ -236,7 +262,7 @@ mod tests {
         h.report(Verdict::Failed, t0);
         assert_eq!(h.report(Verdict::Failed, t0), Some(Change::Ejected));
         let t1 = t0 + Duration::from_secs(11);
-        h.attempt(t1);
+        let _probe = h.attempt(t1);
         // One failure is enough on probation, and it is no new ejection for the counters.
         assert_eq!(h.report(Verdict::Failed, t1), None);
         assert!(!h.available(t1 + Duration::from_secs(9)));
@@ -244,28 +270,43 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_probe_that_says_nothing_hands_its_turn_on() {
+    async fn a_probe_dropped_before_it_reports_hands_its_turn_on() {
         let h = health(1);
         let t0 = Instant::now();
         h.report(Verdict::Failed, t0);
         let t1 = t0 + Duration::from_secs(10);
-        h.attempt(t1);
+        let probe = h.attempt(t1);
         assert!(!h.available(t1));
         assert_eq!(h.report(Verdict::Neither, t1), None);
+        assert!(
+            !h.available(t1),
+            "only the guard ends a probe that said nothing"
+        );
+        drop(probe);
         assert!(h.available(t1));
-        // One that never reports lapses after another ejection's length.
-        h.attempt(t1);
-        assert!(!h.available(t1 + Duration::from_millis(9_999)));
-        assert!(h.available(t1 + Duration::from_secs(10)));
+        // A guard that outlives its turn does not end the next probe's.
+        let stale = h.attempt(t1);
+        let t2 = t1 + Duration::from_secs(10);
+        assert!(!h.available(t2 - Duration::from_millis(1)));
+        assert!(
+            h.available(t2),
+            "the turn lapses after another ejection's length"
+        );
+        let next = h.attempt(t2);
+        drop(stale);
+        assert!(!h.available(t2));
+        drop(next);
+        assert!(h.available(t2));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn zero_never_ejects() {
+    async fn zero_never_ejects_but_still_counts() {
         let h = health(0);
         let now = Instant::now();
         for _ in 0..100 {
             assert_eq!(h.report(Verdict::Failed, now), None);
         }
         assert!(h.available(now));
+        assert_eq!(h.view(now).failures_in_a_row, 100);
     }
 }

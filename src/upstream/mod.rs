@@ -18,6 +18,7 @@ pub use self::error::UpstreamBuildError;
 pub use self::h2_pool::StreamSlot;
 pub use self::tls::{certificate_error, client_certificate_refused};
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,9 +55,13 @@ pub struct Upstream {
     tls_files: TlsFiles,
     clients: Lanes,
     /// What an attempt here is expected to take until its first token, by model.
-    pub ttft: TtftEstimates,
+    /// Shared with the upstream that replaces this one when a reload changes only what
+    /// the connector is built from (see `inherit`).
+    pub ttft: Arc<TtftEstimates>,
     /// Whether its attempts have been failing: out of rotation if so (`health.rs`).
-    pub health: Health,
+    pub health: Arc<Health>,
+    /// A reload replaced it: attempts still running here no longer speak for its name.
+    retired: AtomicBool,
     /// The connector's own connect bound (a reload reuses this upstream only if unchanged).
     pub connect_bound: Duration,
 }
@@ -79,6 +84,24 @@ impl Upstream {
     /// The model this upstream is asked for: its own `model`, else the one the client named.
     pub fn model_for<'a>(&'a self, asked: Option<&'a str>) -> Option<&'a str> {
         self.config.model.as_deref().or(asked)
+    }
+
+    /// Takes over what `old` learned (its estimates, its health): the upstream this one
+    /// replaces has the same settings, and only its connect bound, its key or its TLS files
+    /// changed, none of which makes the upstream answer differently.
+    pub fn inherit(mut self, old: &Upstream) -> Self {
+        self.ttft = old.ttft.clone();
+        self.health = old.health.clone();
+        self
+    }
+
+    /// A reload replaced this upstream (with another, or with none).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
     }
 
     /// What an attempt here, for the client's model, is expected to take until its first
@@ -160,8 +183,9 @@ impl Upstream {
         Ok(Self {
             name,
             connect_bound: connect_timeout,
-            ttft: TtftEstimates::new(config.expected_first_token),
-            health: Health::new(config.ejection),
+            ttft: Arc::new(TtftEstimates::new(config.expected_first_token)),
+            health: Arc::new(Health::new(config.ejection)),
+            retired: AtomicBool::new(false),
             config,
             scheme,
             authority,

@@ -252,3 +252,160 @@ async fn client_errors_do_not_eject() {
         0.0
     );
 }
+
+/// A probe whose client leaves says nothing of the upstream: its turn goes to the next
+/// request at once. It was held for another whole `eject_for`, and every request meanwhile
+/// passed over an upstream that nobody was probing.
+#[tokio::test]
+async fn a_probe_whose_client_leaves_hands_its_turn_on() {
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-status", "503")]);
+    let text = config(
+        &primary,
+        &backup,
+        "eject_after = 1\neject_for = \"1s\"",
+        "fallbacks = [\"backup\"]",
+    );
+    let p = Process::spawn(&text, &[], &[]).await;
+    assert_eq!(chat(&p).await, 200);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The probe hangs before its first token, and its client gives up.
+    primary.set_script(&[("x-fake-ttft-ms", "30000")]);
+    let conn = Conn::open(p.addr).await;
+    let pending = tokio::spawn(conn.send(chat_request(&[], true)));
+    assert!(primary.wait_for_requests(2, Duration::from_secs(5)).await);
+    pending.abort();
+    let _ = pending.await;
+    let probe_conn = primary.requests()[1].conn_id;
+    assert!(primary
+        .wait_closed(probe_conn, Duration::from_secs(5))
+        .await
+        .is_some());
+    // The next request is the probe, well within the second the turn used to be held.
+    primary.set_script(&[]);
+    assert_eq!(chat(&p).await, 200);
+    assert_eq!(
+        primary.requests().len(),
+        3,
+        "the next request passed over the primary"
+    );
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"primary\"}").await,
+        0.0
+    );
+}
+
+/// A hedged route does not hedge its primary's probe: the probe would lose to the hedge
+/// whenever the primary is slower than `hedge_after`, say nothing, and the primary would
+/// never come back, though it answered every time.
+#[tokio::test]
+async fn a_hedged_route_lets_its_primarys_probe_finish() {
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-status", "503")]);
+    let text = config(
+        &primary,
+        &backup,
+        "eject_after = 1\neject_for = \"300ms\"",
+        "fallbacks = [\"backup\"]\nhedge_after = \"100ms\"",
+    );
+    let p = Process::spawn(&text, &[], &[]).await;
+    assert_eq!(chat(&p).await, 200);
+    assert_eq!(backup.requests().len(), 1);
+    // Healthy again, but slower than hedge_after.
+    primary.set_script(&[("x-fake-ttft-ms", "500")]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(chat(&p).await, 200);
+    assert_eq!(primary.requests().len(), 2);
+    assert_eq!(backup.requests().len(), 1, "the probe was hedged");
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"primary\"}").await,
+        0.0
+    );
+}
+
+/// Across reloads: an upstream whose own settings did not change keeps its state even when
+/// the connector is rebuilt (a route's `connect_timeout` changed); one whose settings changed
+/// starts over, and an attempt still running on the upstream it replaced no longer writes the
+/// gauge of the name.
+#[tokio::test]
+async fn reloads_keep_or_reset_the_state_and_the_gauge_follows_the_serving_upstream() {
+    use hourglass::config::Config;
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-status", "503")]);
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-ejection-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join("hourglass.toml");
+    let write = |eject_for: &str, connect: &str| {
+        let text = config(
+            &primary,
+            &backup,
+            &format!("eject_after = 1\neject_for = \"{eject_for}\""),
+            &format!("fallbacks = [\"backup\"]\nconnect_timeout = \"{connect}\""),
+        );
+        std::fs::write(&path, text).unwrap();
+    };
+    write("10m", "2s");
+    let gw = hourglass::server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    let send = || async {
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[], true))
+            .await;
+        let status = resp.status().as_u16();
+        read_body(resp.into_body()).await;
+        status
+    };
+    let ejected = || {
+        metric(
+            gw.admin_addr,
+            "hourglass_upstream_ejected{upstream=\"primary\"}",
+        )
+    };
+    assert_eq!(send().await, 200);
+    assert_eq!(ejected().await, 1.0);
+
+    // Another connect bound rebuilds the connector; the upstream stays out of rotation.
+    write("10m", "3s");
+    gw.reload().await.unwrap();
+    assert_eq!(ejected().await, 1.0);
+    assert_eq!(send().await, 200);
+    assert_eq!(
+        primary.requests().len(),
+        1,
+        "the reload forgot the ejection"
+    );
+
+    // An attempt in flight on the upstream a reload replaces ejects that one, not the name.
+    write("20m", "3s");
+    gw.reload().await.unwrap();
+    assert_eq!(ejected().await, 0.0);
+    primary.set_script(&[("x-fake-status", "503"), ("x-fake-ttft-ms", "500")]);
+    let in_flight = tokio::spawn({
+        let addr = gw.addr;
+        async move {
+            let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], true)).await;
+            read_body(resp.into_body()).await;
+        }
+    });
+    assert!(primary.wait_for_requests(2, Duration::from_secs(5)).await);
+    write("30m", "3s");
+    gw.reload().await.unwrap();
+    in_flight.await.unwrap();
+    assert_eq!(
+        ejected().await,
+        0.0,
+        "a replaced upstream set the serving one's gauge"
+    );
+    assert_eq!(
+        metric(
+            gw.admin_addr,
+            "hourglass_upstream_ejections_total{upstream=\"primary\"}"
+        )
+        .await,
+        1.0
+    );
+}
