@@ -716,28 +716,41 @@ fn build_policy(
             .iter()
             .fold(RetryOn(0), |set, c| set.with(RetryCause::from(*c))),
     };
-    let mut fallbacks: Vec<Arc<UpstreamConfig>> = Vec::new();
-    for (i, name) in raw.fallbacks.iter().flatten().enumerate() {
-        let Some(up) = upstreams.iter().find(|u| &u.name == name) else {
-            let mut known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
-            known.sort_unstable();
-            return Err(format!(
-                "{label}: fallbacks[{i}] names upstream {name:?}, which is not defined (known: {})",
-                known.join(", ")
-            ));
-        };
-        if up.name == upstream.name || fallbacks.iter().any(|f| f.name == up.name) {
-            return Err(format!(
-                "{label}: fallbacks[{i}] ({name:?}) is already in the route's chain; each upstream is tried once (use retries for more attempts)"
-            ));
+    // One chain, each upstream in it once: the route's own, those balanced with it, the
+    // fallbacks.
+    let mut chain: Vec<Arc<UpstreamConfig>> = vec![Arc::clone(upstream)];
+    let mut lists = Vec::new();
+    for (key, names) in [
+        ("balance_with", &raw.balance_with),
+        ("fallbacks", &raw.fallbacks),
+    ] {
+        let mut list: Vec<Arc<UpstreamConfig>> = Vec::new();
+        for (i, name) in names.iter().flatten().enumerate() {
+            let Some(up) = upstreams.iter().find(|u| &u.name == name) else {
+                let mut known: Vec<&str> = upstreams.iter().map(|u| u.name.as_str()).collect();
+                known.sort_unstable();
+                return Err(format!(
+                    "{label}: {key}[{i}] names upstream {name:?}, which is not defined (known: {})",
+                    known.join(", ")
+                ));
+            };
+            if chain.iter().any(|c| c.name == up.name) {
+                return Err(format!(
+                    "{label}: {key}[{i}] ({name:?}) is already in the route's chain; each upstream is tried once (use retries for more attempts)"
+                ));
+            }
+            chain.push(Arc::clone(up));
+            list.push(Arc::clone(up));
         }
-        fallbacks.push(Arc::clone(up));
+        lists.push(list);
     }
+    let fallbacks = lists.pop().unwrap_or_default();
+    let balanced = lists.pop().unwrap_or_default();
     let hedge_after = raw.hedge_after.map(|d| d.0);
     if let Some(h) = hedge_after {
-        if fallbacks.is_empty() {
+        if fallbacks.is_empty() && balanced.is_empty() {
             return Err(format!(
-                "{label}: hedge_after needs at least one upstream in fallbacks to hedge with"
+                "{label}: hedge_after needs another upstream to hedge with, in fallbacks or balance_with"
             ));
         }
         if h.is_zero() || h >= limits.first_token_timeout {
@@ -751,6 +764,7 @@ fn build_policy(
     Ok(Policy {
         retries,
         retry_on,
+        balanced,
         fallbacks,
         hedge_after,
     })

@@ -110,10 +110,11 @@ impl Config {
                 out.push(format!("upstream {name:?}: {w}"));
             }
             // A fallback is a use too.
-            if !self.routes.iter().any(|r| {
-                Arc::ptr_eq(&r.upstream, up)
-                    || r.policy.fallbacks.iter().any(|f| Arc::ptr_eq(f, up))
-            }) {
+            if !self
+                .routes
+                .iter()
+                .any(|r| r.chain().any(|f| Arc::ptr_eq(f, up)))
+            {
                 out.push(format!("upstream {name:?} is not used by any route"));
             }
         }
@@ -316,6 +317,14 @@ impl Config {
             let _ = writeln!(out, ")");
             let p = &r.policy;
             let _ = writeln!(out, "  retries: {} on {}", p.retries, p.retry_on);
+            if !p.balanced.is_empty() {
+                let names: Vec<&str> = p.balanced.iter().map(|f| f.name.as_str()).collect();
+                let _ = writeln!(
+                    out,
+                    "  balance_with: {} (each request starts at the least busy)",
+                    names.join(", ")
+                );
+            }
             if !p.fallbacks.is_empty() {
                 let names: Vec<&str> = p.fallbacks.iter().map(|f| f.name.as_str()).collect();
                 let _ = writeln!(out, "  fallbacks: {}", names.join(" -> "));

@@ -288,6 +288,16 @@ pub struct Route {
     pub run_limits: RunLimits,
 }
 
+impl Route {
+    /// Every upstream the route may try, in the order of its chain: its own, those balanced
+    /// with it, then its fallbacks.
+    pub fn chain(&self) -> impl Iterator<Item = &Arc<UpstreamConfig>> {
+        std::iter::once(&self.upstream)
+            .chain(&self.policy.balanced)
+            .chain(&self.policy.fallbacks)
+    }
+}
+
 /// The sources of a route's client keys. The keys themselves are read when the gateway is
 /// built, never kept in the config (so `hourglass check` needs no secrets).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -382,7 +392,10 @@ pub struct Policy {
     pub retries: u32,
     /// The failures that trigger a retry or a move to the next fallback.
     pub retry_on: RetryOn,
-    /// Upstreams tried in order after the route's own.
+    /// Upstreams that serve the route as well as its own (`balance_with`): each request
+    /// starts at the least busy of them all, and the others follow it as fallbacks.
+    pub balanced: Vec<Arc<UpstreamConfig>>,
+    /// Upstreams tried in order after the route's own (and those balanced with it).
     pub fallbacks: Vec<Arc<UpstreamConfig>>,
     /// Start the first fallback in parallel when the first attempt has produced no token
     /// by then.
@@ -395,6 +408,7 @@ impl Policy {
     /// started and died.
     pub fn holds_head(&self) -> bool {
         !self.fallbacks.is_empty()
+            || !self.balanced.is_empty()
             || (self.retries > 0 && self.retry_on.contains(RetryCause::FirstToken))
     }
 }

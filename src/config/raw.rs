@@ -210,6 +210,7 @@ pub(super) struct RawRoute {
     pub(super) models: Option<Vec<String>>,
     pub(super) retries: Option<u32>,
     pub(super) retry_on: Option<Vec<RawRetryCause>>,
+    pub(super) balance_with: Option<Vec<String>>,
     pub(super) fallbacks: Option<Vec<String>>,
     pub(super) hedge_after: Option<RawDuration>,
     pub(super) max_in_flight: Option<usize>,

@@ -6,6 +6,7 @@
 pub mod answer;
 mod assembled;
 pub mod attempt;
+mod balance;
 pub mod body;
 mod forward;
 pub mod preflight;

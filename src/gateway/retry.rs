@@ -14,6 +14,7 @@ use crate::budget::Budget;
 use crate::config::RetryCause;
 use crate::error::GatewayError;
 use crate::gateway::attempt::{Attempt, Started};
+use crate::gateway::balance::Order;
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::{ChainEntry, RouteRuntime};
 use crate::gateway::template::Template;
@@ -45,13 +46,14 @@ pub async fn run(
     // (a busy machine wakes its timer late), the room it left is short by as much, and the
     // fallback must not lose the attempt the shortening was for: it needs only `min_useful`.
     let mut room_kept_for: Option<usize> = None;
-    for (i, entry) in route.chain.iter().enumerate() {
+    let chain = Order::of(route, Instant::now());
+    for (i, entry) in chain.iter().enumerate() {
         if i == 1 && skip_hedge_target {
             continue;
         }
         for n in 0..=policy.retries {
             let now = Instant::now();
-            if passed_over(route, i, template, budget, now) {
+            if passed_over(chain, i, template, budget, now) {
                 metrics.skipped(&route.name, &entry.upstream.name);
                 record.passed_over(&entry.upstream.name);
                 break;
@@ -80,7 +82,7 @@ pub async fn run(
             }
             // A retry leaves room for the fallback after it: a failing upstream may not spend
             // the turn of a healthy one.
-            let room = match route.chain.get(i + 1) {
+            let room = match chain.get(i + 1) {
                 Some(next) if n > 0 => fallback_room(template, budget, next),
                 _ => Duration::ZERO,
             };
@@ -110,11 +112,7 @@ pub async fn run(
                     last_cause.map_or("other", RetryCause::as_str),
                 );
             } else if let Some(p) = previous {
-                metrics.fallback(
-                    &route.name,
-                    &route.chain[p].upstream.name,
-                    &entry.upstream.name,
-                );
+                metrics.fallback(&route.name, &chain[p].upstream.name, &entry.upstream.name);
             }
             previous = Some(i);
             // Not while the primary is on probation: a probe that lost the race would say
@@ -123,8 +121,7 @@ pub async fn run(
                 && n == 0
                 && policy.hedge_after.is_some()
                 && !entry.upstream.health.is_out()
-                && route
-                    .chain
+                && chain
                     .get(1)
                     .is_some_and(|h| h.upstream.health.available(now))
             {
@@ -132,11 +129,11 @@ pub async fn run(
                 // double the size of every request's future, which is moved whole
                 // (memcpy) several times per request on routes that never hedge.
                 let (outcome, hedged) =
-                    Box::pin(hedge(metrics, route, template, budget, record)).await;
+                    Box::pin(hedge(metrics, route, chain, template, budget, record)).await;
                 skip_hedge_target = hedged;
                 outcome
             } else {
-                let (ft, switch_by) = first_token_limit(template, budget, route.chain.get(i + 1));
+                let (ft, switch_by) = first_token_limit(template, budget, chain.get(i + 1));
                 room_kept_for = switch_by.is_some().then_some(i + 1);
                 single(
                     metrics, route, entry, template, budget, record, ft, switch_by,
@@ -152,11 +149,7 @@ pub async fn run(
                         last = Last::Answer(Box::new(started), cause);
                         continue;
                     }
-                    record.set_upstream(
-                        &route.chain[winner],
-                        started.sent_at,
-                        started.first_byte_at,
-                    );
+                    record.set_upstream(&chain[winner], started.sent_at, started.first_byte_at);
                     if let Some(at) = started.first_token_at {
                         crate::stream::Observer::first_token(record, at);
                     }
@@ -188,11 +181,10 @@ pub async fn run(
     match last {
         Last::Answer(started, _) => {
             // No attempt was left to make: the upstream's own answer passes through.
-            let entry = route
-                .chain
+            let entry = chain
                 .iter()
                 .find(|e| e.upstream.name == started.limits.upstream)
-                .unwrap_or(&route.chain[0]);
+                .unwrap_or(&chain[0]);
             record.set_upstream(entry, started.sent_at, started.first_byte_at);
             Ok(*started)
         }
@@ -200,7 +192,7 @@ pub async fn run(
         // No attempt fitted what was left. Without a run, the time went on attempts (or on
         // waiting), and a new request gets a new budget; with one, the run's time is gone.
         Last::None => {
-            let upstream = &route.chain[0].upstream;
+            let upstream = &chain[0].upstream;
             let expected = template.expected_ttft(upstream);
             Err(budget.too_little(
                 Instant::now(),
@@ -339,14 +331,14 @@ fn error_cause(e: &GatewayError) -> Option<RetryCause> {
 /// and a later upstream of the chain is in it, with an attempt there that still fits the
 /// budget. Where none is, it is tried all the same, as though nothing were ejected.
 fn passed_over(
-    route: &RouteRuntime,
+    chain: Order<'_>,
     i: usize,
     template: &Template,
     budget: &Budget,
     now: Instant,
 ) -> bool {
-    !route.chain[i].upstream.health.available(now)
-        && route.chain[i + 1..].iter().any(|e| {
+    !chain[i].upstream.health.available(now)
+        && chain.iter().skip(i + 1).any(|e| {
             // One the budget no longer fits would be passed over in turn, and the request
             // refused for want of time that the ejected upstream might have had.
             e.upstream.health.available(now)
@@ -499,12 +491,13 @@ fn note(
 async fn hedge(
     metrics: &Metrics,
     route: &RouteRuntime,
+    chain: Order<'_>,
     template: &Template,
     budget: &Budget,
     record: &mut RequestRecord,
 ) -> (Result<(Started, usize), GatewayError>, bool) {
     let hedge_after = route.route.policy.hedge_after.unwrap_or_default();
-    let (primary_entry, hedge_entry) = (&route.chain[0], &route.chain[1]);
+    let (primary_entry, hedge_entry) = (&chain[0], &chain[1]);
     let t0 = Instant::now();
     let req = match template.request_for(&primary_entry.upstream) {
         Ok(out) => out,

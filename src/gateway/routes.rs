@@ -41,7 +41,12 @@ pub struct ChainEntry {
 pub struct RouteRuntime {
     pub route: Route,
     pub name: Arc<str>,
+    /// Its own upstream, those balanced with it, its fallbacks (`Route::chain`).
     pub chain: Vec<ChainEntry>,
+    /// How many upstreams after the first are balanced with it (`balance_with`).
+    pub balanced: usize,
+    /// Whose turn it is among balanced upstreams equally busy (`balance.rs`).
+    pub turn: std::sync::atomic::AtomicUsize,
     pub metrics: RouteMetrics,
     /// The keys clients must present (`client_keys_*`), if any.
     pub keys: Option<ClientKeys>,
@@ -104,10 +109,7 @@ impl Gateway {
             let connect = config
                 .routes
                 .iter()
-                .filter(|r| {
-                    r.upstream.name == up.name
-                        || r.policy.fallbacks.iter().any(|f| f.name == up.name)
-                })
+                .filter(|r| r.chain().any(|c| c.name == up.name))
                 .map(|r| r.limits.connect_timeout)
                 .max()
                 .unwrap_or(std::time::Duration::from_secs(10));
@@ -143,15 +145,19 @@ impl Gateway {
             .routes
             .iter()
             .map(|r| {
-                let names: Vec<&str> = std::iter::once(r.upstream.name.as_str())
-                    .chain(r.policy.fallbacks.iter().map(|f| f.name.as_str()))
-                    .collect();
+                let names: Vec<&str> = r.chain().map(|c| c.name.as_str()).collect();
                 let reasons: Vec<&str> = RetryCause::ALL
                     .iter()
                     .filter(|c| r.policy.retry_on.contains(**c))
                     .map(|c| c.as_str())
                     .collect();
-                metrics.init_policy(&r.name, &names, &reasons, r.policy.hedge_after.is_some());
+                metrics.init_policy(
+                    &r.name,
+                    &names,
+                    1 + r.policy.balanced.len(),
+                    &reasons,
+                    r.policy.hedge_after.is_some(),
+                );
                 let keys = r
                     .client_auth
                     .as_ref()
@@ -169,6 +175,8 @@ impl Gateway {
                 Ok(RouteRuntime {
                     keys,
                     admission,
+                    balanced: r.policy.balanced.len(),
+                    turn: std::sync::atomic::AtomicUsize::new(0),
                     route: r.clone(),
                     name: Arc::from(r.name.as_str()),
                     metrics: metrics.route(&r.name),

@@ -670,16 +670,35 @@ impl Metrics {
     }
 
     /// Creates the retry/fallback/hedge series of a route at zero, so dashboards can plot
-    /// rates before the first event.
-    pub fn init_policy(&self, route: &str, chain: &[&str], retry_reasons: &[&str], hedged: bool) {
+    /// rates before the first event. The first `group` upstreams of `chain` are balanced:
+    /// a request may start at any of them and go on to any other, then to the fallbacks.
+    pub fn init_policy(
+        &self,
+        route: &str,
+        chain: &[&str],
+        group: usize,
+        retry_reasons: &[&str],
+        hedged: bool,
+    ) {
         for up in chain {
             for reason in retry_reasons {
                 self.retries.with_label_values(&[route, up, reason]);
             }
         }
-        for pair in chain.windows(2) {
+        let (members, fallbacks) = chain.split_at(group.min(chain.len()));
+        for from in members {
+            for to in members
+                .iter()
+                .filter(|to| *to != from)
+                .chain(fallbacks.first())
+            {
+                self.fallbacks.with_label_values(&[route, from, to]);
+                // Only an upstream with another after it is ever passed over.
+                self.skipped.with_label_values(&[route, from]);
+            }
+        }
+        for pair in fallbacks.windows(2) {
             self.fallbacks.with_label_values(&[route, pair[0], pair[1]]);
-            // Only an upstream with another after it is ever passed over.
             self.skipped.with_label_values(&[route, pair[0]]);
         }
         if hedged {

@@ -7,6 +7,7 @@ mod support;
 
 mod admission;
 mod backpressure;
+mod balance;
 mod budget;
 mod cancel;
 mod cli;

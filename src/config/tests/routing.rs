@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{load, BASE};
+use super::{err, load, BASE};
 use crate::config::routing::shadows;
 use crate::config::{glob_match, Route};
 
@@ -108,4 +108,48 @@ fn shadowing_considers_models() {
         &route("/v1/chat", &[]),
         &route("/v1/chatter", &[])
     ));
+}
+
+#[test]
+fn balance_with_joins_the_chain_once_and_may_be_hedged_with() {
+    let three = format!(
+        "{BASE}balance_with = [\"anthropic\"]\n\n[upstreams.backup]\nurl = \"https://b.example\"\n"
+    );
+    let text = three.replace(
+        "balance_with = [\"anthropic\"]\n",
+        "balance_with = [\"anthropic\"]\nfallbacks = [\"backup\"]\nhedge_after = \"1s\"\n",
+    );
+    let c = load(&text);
+    let r = &c.routes[0];
+    let chain: Vec<&str> = r.chain().map(|u| u.name.as_str()).collect();
+    assert_eq!(chain, ["openai", "anthropic", "backup"]);
+    assert_eq!(r.policy.balanced.len(), 1);
+    assert!(r.policy.holds_head());
+    let d = c.describe();
+    assert!(
+        d.contains("balance_with: anthropic (each request starts at the least busy)"),
+        "{d}"
+    );
+    // Hedging needs another upstream, which balance_with gives.
+    load(&format!(
+        "{BASE}balance_with = [\"anthropic\"]\nhedge_after = \"1s\"\n"
+    ));
+    assert_eq!(
+        err(&format!("{BASE}hedge_after = \"1s\"\n")),
+        "t.toml: route \"chat\": hedge_after needs another upstream to hedge with, in fallbacks or balance_with"
+    );
+    assert_eq!(
+        err(&format!("{BASE}balance_with = [\"openai\"]\n")),
+        "t.toml: route \"chat\": balance_with[0] (\"openai\") is already in the route's chain; each upstream is tried once (use retries for more attempts)"
+    );
+    assert_eq!(
+        err(&format!(
+            "{BASE}balance_with = [\"anthropic\"]\nfallbacks = [\"anthropic\"]\n"
+        )),
+        "t.toml: route \"chat\": fallbacks[0] (\"anthropic\") is already in the route's chain; each upstream is tried once (use retries for more attempts)"
+    );
+    assert_eq!(
+        err(&format!("{BASE}balance_with = [\"azure\"]\n")),
+        "t.toml: route \"chat\": balance_with[0] names upstream \"azure\", which is not defined (known: anthropic, openai)"
+    );
 }
