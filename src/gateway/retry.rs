@@ -41,14 +41,15 @@ pub async fn run(
     let policy = &route.route.policy;
     let mut last = Last::None;
     let mut previous: Option<usize> = None;
-    let mut skip_hedge_target = false;
+    // The upstream a hedge raced, which the chain does not try again.
+    let mut hedged_with: Option<usize> = None;
     // The fallback a shortened first-token limit kept room for. When that limit fires late
     // (a busy machine wakes its timer late), the room it left is short by as much, and the
     // fallback must not lose the attempt the shortening was for: it needs only `min_useful`.
     let mut room_kept_for: Option<usize> = None;
     let chain = Order::of(route, Instant::now());
     for (i, entry) in chain.iter().enumerate() {
-        if i == 1 && skip_hedge_target {
+        if hedged_with == Some(i) {
             continue;
         }
         for n in 0..=policy.retries {
@@ -115,22 +116,22 @@ pub async fn run(
                 metrics.fallback(&route.name, &chain[p].upstream.name, &entry.upstream.name);
             }
             previous = Some(i);
-            // Not while the primary is on probation: a probe that lost the race would say
-            // nothing, and a primary slower than `hedge_after` would never come back.
-            let outcome = if i == 0
-                && n == 0
-                && policy.hedge_after.is_some()
-                && !entry.upstream.health.is_out()
-                && chain
-                    .get(1)
-                    .is_some_and(|h| h.upstream.health.available(now))
-            {
+            // The race is with the next upstream in rotation. Not while the primary is on
+            // probation: a probe that lost the race would say nothing, and a primary slower
+            // than `hedge_after` would never come back.
+            let hedge_to = match policy.hedge_after {
+                Some(_) if i == 0 && n == 0 && !entry.upstream.health.is_out() => {
+                    (1..route.chain.len()).find(|&k| chain[k].upstream.health.available(now))
+                }
+                _ => None,
+            };
+            let outcome = if let Some(to) = hedge_to {
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
                 // (memcpy) several times per request on routes that never hedge.
                 let (outcome, hedged) =
-                    Box::pin(hedge(metrics, route, chain, template, budget, record)).await;
-                skip_hedge_target = hedged;
+                    Box::pin(hedge(metrics, route, chain, to, template, budget, record)).await;
+                hedged_with = hedged.then_some(to);
                 outcome
             } else {
                 let (ft, switch_by) = first_token_limit(template, budget, chain.get(i + 1));
@@ -485,19 +486,21 @@ fn note(
 }
 
 /// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
-/// budget fits an attempt on the first fallback, that one starts in parallel; the first to
-/// produce a data event wins and the other is dropped, which cancels it upstream. Returns the
-/// outcome (with the winner's chain index) and whether the fallback was started.
+/// budget fits an attempt on the `to`th upstream of the chain, that one starts in parallel;
+/// the first to produce a data event wins and the other is dropped, which cancels it
+/// upstream. Returns the outcome (with the winner's chain index) and whether the hedge was
+/// started.
 async fn hedge(
     metrics: &Metrics,
     route: &RouteRuntime,
     chain: Order<'_>,
+    to: usize,
     template: &Template,
     budget: &Budget,
     record: &mut RequestRecord,
 ) -> (Result<(Started, usize), GatewayError>, bool) {
     let hedge_after = route.route.policy.hedge_after.unwrap_or_default();
-    let (primary_entry, hedge_entry) = (&chain[0], &chain[1]);
+    let (primary_entry, hedge_entry) = (&chain[0], &chain[to]);
     let t0 = Instant::now();
     let req = match template.request_for(&primary_entry.upstream) {
         Ok(out) => out,
@@ -571,7 +574,7 @@ async fn hedge(
                         record.hedge_loser();
                     }
                     metrics.hedge(&route.name, "hedge");
-                    break r.map(|s| (s, 1));
+                    break r.map(|s| (s, to));
                 }
                 hedge_done = Some(r);
             }
@@ -579,7 +582,7 @@ async fn hedge(
         if primary_done.is_some() {
             if let Some(h) = hedge_done.take() {
                 // Both failed: the later failure (the hedge's) is what the route goes on from.
-                break h.map(|s| (s, 1));
+                break h.map(|s| (s, to));
             }
         }
     };

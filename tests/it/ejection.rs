@@ -409,3 +409,72 @@ async fn reloads_keep_or_reset_the_state_and_the_gauge_follows_the_serving_upstr
         1.0
     );
 }
+
+/// A hedged route whose next upstream is out of rotation races the one after it, rather
+/// than not hedging at all.
+#[tokio::test]
+async fn a_hedge_goes_to_the_next_upstream_in_rotation() {
+    let start = || FakeUpstream::start("127.0.0.1:0".parse().unwrap());
+    let (p, f1, f2) = (
+        start().await.unwrap(),
+        start().await.unwrap(),
+        start().await.unwrap(),
+    );
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "5s"
+first_token_timeout = "2s"
+
+[upstreams.p]
+url = "{}"
+auth = "none"
+
+[upstreams.f1]
+url = "{}"
+auth = "none"
+eject_after = 1
+eject_for = "10m"
+
+[upstreams.f2]
+url = "{}"
+auth = "none"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "p"
+fallbacks = ["f1", "f2"]
+hedge_after = "100ms"
+"#,
+        p.url(),
+        f1.url(),
+        f2.url()
+    );
+    let p_proc = Process::spawn(&text, &[], &[]).await;
+    // p and f1 fail: f2 answers, and f1 is out of rotation.
+    p.set_script(&[("x-fake-status", "503")]);
+    f1.set_script(&[("x-fake-status", "503")]);
+    assert_eq!(chat(&p_proc).await, 200);
+    assert_eq!(
+        metric(p_proc.admin, "hourglass_upstream_ejected{upstream=\"f1\"}").await,
+        1.0
+    );
+    // p answers again, but slower than hedge_after: the hedge races f2, and f2 wins.
+    p.set_script(&[("x-fake-ttft-ms", "1000")]);
+    assert_eq!(chat(&p_proc).await, 200);
+    assert_eq!(f1.requests().len(), 1);
+    assert_eq!(f2.requests().len(), 2, "no hedge was raced");
+    assert_eq!(
+        metric(
+            p_proc.admin,
+            "hourglass_hedges_total{route=\"chat\",winner=\"hedge\"}"
+        )
+        .await,
+        1.0
+    );
+}
