@@ -36,7 +36,8 @@ const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
-const DEFAULT_LIMITS: Limits = Limits {
+/// The limits of `[defaults]` before the file changes any.
+pub const DEFAULT_LIMITS: Limits = Limits {
     budget: Duration::from_secs(60),
     max_budget: Duration::from_secs(600),
     connect_timeout: Duration::from_secs(2),

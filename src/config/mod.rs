@@ -31,6 +31,7 @@ mod routing;
 mod runs;
 mod secrets;
 
+pub use build::DEFAULT_LIMITS;
 pub use http2::{Http2Config, Http2Mode};
 pub use routing::glob_match;
 pub use runs::{

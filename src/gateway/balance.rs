@@ -22,7 +22,7 @@ pub struct Order<'a> {
 impl<'a> Order<'a> {
     /// The order for a request arriving `now` on `route`.
     pub fn of(route: &'a RouteRuntime, now: Instant) -> Self {
-        let first = match route.balanced {
+        let first = match route.route.policy.balanced.len() {
             0 => 0,
             n => pick(&route.chain[..=n], &route.turn, now),
         };

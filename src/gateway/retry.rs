@@ -599,18 +599,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn what_counts_against_an_upstreams_health() {
-        let limits = crate::config::Limits {
-            budget: Duration::from_secs(60),
-            max_budget: Duration::from_secs(600),
-            connect_timeout: Duration::from_secs(2),
-            first_token_timeout: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(20),
-            reserve: Duration::ZERO,
-            min_useful: ms(100),
-        };
+        // connect 2s, first token 30s.
         let budget = crate::budget::BudgetRequest::from_headers(&HeaderMap::new())
             .unwrap()
-            .resolve(&limits, Instant::now());
+            .resolve(&crate::config::DEFAULT_LIMITS, Instant::now());
         let up = || "u".to_owned();
         let v = |e: GatewayError| verdict(&Err(e), &budget);
         let connect = |after, sent| GatewayError::ConnectTimeout {

@@ -43,8 +43,6 @@ pub struct RouteRuntime {
     pub name: Arc<str>,
     /// Its own upstream, those balanced with it, its fallbacks (`Route::chain`).
     pub chain: Vec<ChainEntry>,
-    /// How many upstreams after the first are balanced with it (`balance_with`).
-    pub balanced: usize,
     /// Whose turn it is among balanced upstreams equally busy (`balance.rs`).
     pub turn: std::sync::atomic::AtomicUsize,
     pub metrics: RouteMetrics,
@@ -175,7 +173,6 @@ impl Gateway {
                 Ok(RouteRuntime {
                     keys,
                     admission,
-                    balanced: r.policy.balanced.len(),
                     turn: std::sync::atomic::AtomicUsize::new(0),
                     route: r.clone(),
                     name: Arc::from(r.name.as_str()),

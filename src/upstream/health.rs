@@ -56,6 +56,13 @@ struct Timing {
     probe: Option<Instant>,
 }
 
+impl Timing {
+    /// The ejection is over and no probe holds the turn.
+    fn may_probe(&self, now: Instant) -> bool {
+        self.until.is_none_or(|u| now >= u) && self.probe.is_none_or(|lapse| now >= lapse)
+    }
+}
+
 impl Health {
     pub fn new(policy: Ejection) -> Self {
         Self {
@@ -77,8 +84,7 @@ impl Health {
         if !self.out.load(Ordering::Relaxed) {
             return true;
         }
-        let t = self.timing();
-        t.until.is_none_or(|u| now >= u) && t.probe.is_none_or(|lapse| now >= lapse)
+        self.timing().may_probe(now)
     }
 
     /// An attempt is being made: if the upstream is out of rotation and a probe may go, this
@@ -90,7 +96,7 @@ impl Health {
             return None;
         }
         let mut t = self.timing();
-        if t.until.is_none_or(|u| now >= u) && t.probe.is_none_or(|lapse| now >= lapse) {
+        if t.may_probe(now) {
             // A lapse as well, should a guard never drop (a request that hangs past every
             // limit): the turn passes on after one more ejection's length.
             let lapse = now + self.policy.duration;
