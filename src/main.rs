@@ -196,6 +196,7 @@ fn check(path: &Path) -> ExitCode {
                 let unreadable = [&tls.cert, &tls.key]
                     .into_iter()
                     .chain(tls.client_ca.as_ref())
+                    .chain(tls.client_crl.as_ref())
                     .find_map(|p| std::fs::File::open(p).err().map(|e| (p, e)));
                 match unreadable {
                     Some((p, e)) => eprintln!(
@@ -209,7 +210,7 @@ fn check(path: &Path) -> ExitCode {
                         }
                         Ok(listener) => {
                             let now = std::time::SystemTime::now();
-                            if let Some(w) = listener.expiry_warning(tls, now) {
+                            for w in listener.warnings(tls, now) {
                                 eprintln!("warning: {w}");
                             }
                         }

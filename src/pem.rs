@@ -1,8 +1,8 @@
-//! Certificates and private keys from PEM, with errors that say what is wrong: what the
-//! client listener's TLS and the upstreams' TLS both read.
+//! Certificates, private keys and revocation lists from PEM, with errors that say what is
+//! wrong: what the client listener's TLS and the upstreams' TLS read.
 
 use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 
 /// The certificates of a PEM file, in order; none is an error.
 pub fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -13,6 +13,22 @@ pub fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
         return Err("no PEM certificate found".into());
     }
     Ok(certs)
+}
+
+/// The CRLs of a PEM file (`X509 CRL` blocks), or the one CRL of a DER file; none is an
+/// error, as a file that revoked nothing by mistake would go unnoticed.
+pub fn crls(data: &[u8]) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
+    let crls = CertificateRevocationListDer::pem_slice_iter(data)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    if !crls.is_empty() {
+        return Ok(crls);
+    }
+    // Then DER: one CRL, a SEQUENCE (0x30); rustls parses it and says what is wrong with it.
+    if data.first() == Some(&0x30) {
+        return Ok(vec![data.to_vec().into()]);
+    }
+    Err("no CRL found (PEM \"X509 CRL\", or DER)".into())
 }
 
 /// The first private key of a PEM file.
@@ -43,5 +59,35 @@ mod tests {
         assert!(private_key(key.serialize_pem().as_bytes()).is_ok());
         let e = private_key(cert.pem().as_bytes()).unwrap_err();
         assert!(e.starts_with("no unencrypted private key found"), "{e}");
+    }
+
+    #[test]
+    fn crls_are_read_from_pem_blocks_or_der() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).unwrap();
+        let crl = |number: u64| {
+            rcgen::CertificateRevocationListParams {
+                this_update: rcgen::date_time_ymd(2020, 1, 1),
+                next_update: rcgen::date_time_ymd(2030, 1, 1),
+                crl_number: rcgen::SerialNumber::from(number),
+                issuing_distribution_point: None,
+                revoked_certs: Vec::new(),
+                key_identifier_method: rcgen::KeyIdMethod::Sha256,
+            }
+            .signed_by(&ca, &key)
+            .unwrap()
+        };
+        let (one, two) = (crl(1), crl(2));
+        let pem = format!("{}{}{}", one.pem().unwrap(), ca.pem(), two.pem().unwrap());
+        assert_eq!(
+            crls(pem.as_bytes()).unwrap(),
+            vec![one.der().clone(), two.der().clone()]
+        );
+        assert_eq!(crls(one.der()).unwrap(), vec![one.der().clone()]);
+        let none = "no CRL found (PEM \"X509 CRL\", or DER)";
+        assert_eq!(crls(ca.pem().as_bytes()).unwrap_err(), none);
+        assert_eq!(crls(b"").unwrap_err(), none);
     }
 }

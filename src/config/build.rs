@@ -76,7 +76,7 @@ pub(super) fn files_named(text: &str, base_dir: Option<&Path>) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = Vec::new();
     if let Some(t) = &raw.server.tls {
         out.extend(
-            [&t.cert, &t.key, &t.client_ca]
+            [&t.cert, &t.key, &t.client_ca, &t.client_crl]
                 .into_iter()
                 .flatten()
                 .map(resolve),
@@ -247,10 +247,18 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
                 Some(p) if !p.as_os_str().is_empty() => Ok(resolve(p)),
                 _ => Err(format!("server.tls: {key} is required (a PEM file)")),
             };
+            // A CRL only revokes: alone it would read as client certificates being checked
+            // when none are asked for.
+            if t.client_crl.is_some() && t.client_ca.is_none() {
+                return Err("server.tls: client_crl needs client_ca (the CAs whose \
+                            certificates it revokes)"
+                    .to_owned());
+            }
             Some(ServerTls {
                 cert: need(&t.cert, "cert")?,
                 key: need(&t.key, "key")?,
                 client_ca: t.client_ca.as_deref().map(resolve),
+                client_crl: t.client_crl.as_deref().map(resolve),
             })
         }
     };

@@ -214,14 +214,13 @@ impl Config {
                     t.cert.display(),
                     t.key.display()
                 );
-                match &t.client_ca {
-                    Some(ca) => {
-                        let _ = writeln!(out, ", client_ca {}", ca.display());
-                    }
-                    None => {
-                        let _ = writeln!(out);
-                    }
+                if let Some(ca) = &t.client_ca {
+                    let _ = write!(out, ", client_ca {}", ca.display());
                 }
+                if let Some(crl) = &t.client_crl {
+                    let _ = write!(out, ", client_crl {}", crl.display());
+                }
+                let _ = writeln!(out);
             }
         }
         let runs = &self.runs;

@@ -117,6 +117,9 @@ pub struct ServerTls {
     pub key: PathBuf,
     /// When set, clients must present a certificate signed by one of these CAs.
     pub client_ca: Option<PathBuf>,
+    /// CRLs (PEM or DER) of the `client_ca` CAs: a client certificate they revoke is refused.
+    /// Only with `client_ca`.
+    pub client_crl: Option<PathBuf>,
 }
 
 /// How the proxy presents the upstream API key.
@@ -475,8 +478,8 @@ impl Config {
         build::parse(text, source, Path::new(source).parent())
     }
 
-    /// Every file the config names and a reload re-reads: the TLS certificate, key and
-    /// client CA, upstreams' key and CA files, routes' client key files. A change to one is
+    /// Every file the config names and a reload re-reads: the TLS certificate, key, client
+    /// CA and CRL, upstreams' key and CA files, routes' client key files. A change to one is
     /// a reason to reload, as a change to the config file is (a rotated certificate or key
     /// often leaves the config itself as it was).
     pub fn files(&self) -> Vec<&Path> {
@@ -484,6 +487,7 @@ impl Config {
         if let Some(tls) = &self.server.tls {
             out.extend([tls.cert.as_path(), tls.key.as_path()]);
             out.extend(tls.client_ca.as_deref());
+            out.extend(tls.client_crl.as_deref());
         }
         for u in &self.upstreams {
             out.extend(u.api_key_file.as_deref());

@@ -70,6 +70,7 @@ pub(super) struct RawTls {
     pub(super) cert: Option<PathBuf>,
     pub(super) key: Option<PathBuf>,
     pub(super) client_ca: Option<PathBuf>,
+    pub(super) client_crl: Option<PathBuf>,
 }
 
 /// The limit keys, as written in `[defaults]` or (via [`RawRoute::overrides`])

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rustls::pki_types::CertificateDer;
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
+use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
 
 use crate::config::ServerTls;
-use crate::server::x509::not_after;
+use crate::server::x509::{self, not_after};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -39,12 +40,71 @@ fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>,
     crate::pem::certs(&read(key, path)?).map_err(|e| file_err(key, path, e))
 }
 
-/// The acceptor's config, and when its certificate expires.
+/// Each `client_crl` CRL's issuer, and when it promised the next (its nextUpdate).
+type CrlsDue = Vec<(String, SystemTime)>;
+
+/// The verifier of client certificates: signed by a CA of `client_ca` and, with
+/// `client_crl`, revoked by none of its CRLs. With it, each CRL's issuer and nextUpdate.
+fn client_verifier(
+    tls: &ServerTls,
+    ca: &Path,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<(Arc<dyn ClientCertVerifier>, CrlsDue), TlsError> {
+    let cas = certs("client_ca", ca)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in &cas {
+        roots
+            .add(cert.clone())
+            .map_err(|e| file_err("client_ca", ca, e))?;
+    }
+    let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+    let Some(path) = &tls.client_crl else {
+        let verifier = builder.build().map_err(|e| file_err("client_ca", ca, e))?;
+        return Ok((verifier, Vec::new()));
+    };
+    let crls = crate::pem::crls(&read("client_crl", path)?)
+        .map_err(|e| file_err("client_crl", path, e))?;
+    let read: Vec<x509::Crl> = crls.iter().filter_map(|crl| x509::crl(crl)).collect();
+    // rustls's defaults stay: every certificate of the chain is checked, one whose status no
+    // CRL tells is refused, and a CRL past its nextUpdate still revokes what it lists
+    // (refusing every client instead would turn a CRL published late into an outage;
+    // `warnings` says so).
+    let verifier = builder.with_crls(crls).build().map_err(|e| match e {
+        VerifierBuilderError::InvalidCrl(_) => file_err("client_crl", path, e),
+        e => file_err("client_ca", ca, e),
+    })?;
+    // A CA without a CRL in the file would have every certificate it signed refused for its
+    // unknown status: said here, at load, rather than by each of its clients' handshakes.
+    for ca in &cas {
+        let Some(subject) = x509::subject_der(ca) else {
+            continue;
+        };
+        if !read.iter().any(|crl| crl.issuer_der == subject) {
+            let name = x509::subject(ca).unwrap_or_default();
+            return Err(file_err(
+                "client_crl",
+                path,
+                format!(
+                    "no CRL from {name} (a client_ca): every certificate it signed would be \
+                     refused, its revocation status unknown"
+                ),
+            ));
+        }
+    }
+    let due = read
+        .into_iter()
+        .filter_map(|crl| Some((crl.issuer, crl.next_update?)))
+        .collect();
+    Ok((verifier, due))
+}
+
+/// The acceptor's config, when its certificate expires, and when its CRLs are due.
 pub struct ListenerTls {
     pub config: Arc<rustls::ServerConfig>,
     /// The leaf certificate's notAfter (`None` if it cannot be read from the DER, which
     /// rustls accepted all the same).
     pub expires: Option<SystemTime>,
+    crls_due: CrlsDue,
 }
 
 /// Under this much validity left, start-up, reloads and `check` warn: a certificate renewed
@@ -52,6 +112,27 @@ pub struct ListenerTls {
 pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
 
 impl ListenerTls {
+    /// What start-up, reloads and `check` warn of: the certificate's expiry, and CRLs that
+    /// are past their nextUpdate, whose CA may have revoked more since.
+    pub fn warnings(&self, tls: &ServerTls, now: SystemTime) -> Vec<String> {
+        let mut out: Vec<String> = self.expiry_warning(tls, now).into_iter().collect();
+        let Some(path) = &tls.client_crl else {
+            return out;
+        };
+        for (issuer, due) in &self.crls_due {
+            if *due <= now {
+                out.push(format!(
+                    "server.tls.client_crl {}: the CRL from {issuer} was due to be replaced \
+                     at {} (its nextUpdate); it still revokes what it lists, but not what \
+                     was revoked since",
+                    path.display(),
+                    humantime::format_rfc3339_seconds(*due)
+                ));
+            }
+        }
+        out
+    }
+
     /// A warning when the certificate has expired, or expires within `EXPIRY_WARNING`.
     pub fn expiry_warning(&self, tls: &ServerTls, now: SystemTime) -> Option<String> {
         let expires = self.expires?;
@@ -81,17 +162,11 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let builder = match &tls.client_ca {
-        None => builder.with_no_client_auth(),
+    let (builder, crls_due) = match &tls.client_ca {
+        None => (builder.with_no_client_auth(), Vec::new()),
         Some(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            for cert in certs("client_ca", ca)? {
-                roots.add(cert).map_err(|e| file_err("client_ca", ca, e))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| file_err("client_ca", ca, e))?;
-            builder.with_client_cert_verifier(verifier)
+            let (verifier, due) = client_verifier(tls, ca, provider)?;
+            (builder.with_client_cert_verifier(verifier), due)
         }
     };
     let mut config = builder
@@ -101,6 +176,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     Ok(ListenerTls {
         config: Arc::new(config),
         expires,
+        crls_due,
     })
 }
 
@@ -110,7 +186,7 @@ pub fn acceptor(
     tls: &ServerTls,
 ) -> Result<(Arc<tokio_rustls::TlsAcceptor>, Option<SystemTime>), TlsError> {
     let listener = server_config(tls)?;
-    if let Some(w) = listener.expiry_warning(tls, SystemTime::now()) {
+    for w in listener.warnings(tls, SystemTime::now()) {
         tracing::warn!("{w}");
     }
     let acceptor = Arc::new(tokio_rustls::TlsAcceptor::from(listener.config));
@@ -155,6 +231,7 @@ mod tests {
             cert: "/etc/hourglass/tls.pem".into(),
             key: "/etc/hourglass/tls.key".into(),
             client_ca: None,
+            client_crl: None,
         };
         let at = |secs: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
         let listener = |expires| ListenerTls {
@@ -168,6 +245,7 @@ mod tests {
                 .with_cert_resolver(Arc::new(rustls::server::ResolvesServerCertUsingSni::new())),
             ),
             expires,
+            crls_due: Vec::new(),
         };
         let expires = at(1_804_118_400); // 2027-03-04T00:00:00Z
         let day = 86_400;
@@ -191,5 +269,114 @@ mod tests {
             None
         );
         assert_eq!(listener(None).expiry_warning(&tls, at(0)), None);
+    }
+
+    /// A CA, and a CRL it signed that is due at `next_update`.
+    fn ca_and_crl(cn: &str, next_update: (i32, u8, u8)) -> (rcgen::Certificate, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let ca = params.self_signed(&key).unwrap();
+        let (y, m, d) = next_update;
+        let crl = rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2020, 1, 1),
+            next_update: rcgen::date_time_ymd(y, m, d),
+            crl_number: rcgen::SerialNumber::from(1),
+            issuing_distribution_point: None,
+            revoked_certs: Vec::new(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        }
+        .signed_by(&ca, &key)
+        .unwrap();
+        let pem = crl.pem().unwrap();
+        (ca, pem)
+    }
+
+    #[test]
+    fn client_crl_must_hold_a_crl_from_every_client_ca_and_is_warned_of_when_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, contents: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, contents).unwrap();
+            p
+        };
+        let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let (one, one_crl) = ca_and_crl("One CA", (2040, 1, 1));
+        let (two, two_crl) = ca_and_crl("Two CA", (2021, 1, 1));
+        let tls = |crl: &Path| ServerTls {
+            cert: file("server.pem", server.cert.pem().as_bytes()),
+            key: file("server.key", server.key_pair.serialize_pem().as_bytes()),
+            client_ca: Some(file(
+                "ca.pem",
+                format!("{}{}", one.pem(), two.pem()).as_bytes(),
+            )),
+            client_crl: Some(crl.to_path_buf()),
+        };
+        let error = |crl: &Path| match server_config(&tls(crl)) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{} was accepted", crl.display()),
+        };
+
+        // Both CAs' CRLs, in one PEM file: Two's is past its nextUpdate, and still used.
+        let both = file("both.crl", format!("{one_crl}{two_crl}").as_bytes());
+        let listener = server_config(&tls(&both)).unwrap();
+        let at = |y, m, d| {
+            let secs = rcgen::date_time_ymd(y, m, d).unix_timestamp();
+            SystemTime::UNIX_EPOCH + Duration::from_secs(secs.try_into().unwrap())
+        };
+        assert_eq!(
+            listener.warnings(&tls(&both), at(2030, 1, 1)),
+            vec![format!(
+                "server.tls.client_crl {}: the CRL from CN=Two CA was due to be replaced at \
+                 2021-01-01T00:00:00Z (its nextUpdate); it still revokes what it lists, but \
+                 not what was revoked since",
+                both.display()
+            )]
+        );
+        assert_eq!(
+            listener.warnings(&tls(&both), at(2020, 6, 1)),
+            Vec::<String>::new()
+        );
+
+        // A CA without a CRL would have all its clients refused: said at load.
+        let only_one = file("one.crl", one_crl.as_bytes());
+        assert_eq!(
+            error(&only_one),
+            format!(
+                "server.tls.client_crl {}: no CRL from CN=Two CA (a client_ca): every \
+                 certificate it signed would be refused, its revocation status unknown",
+                only_one.display()
+            )
+        );
+
+        // DER is read too, one CRL to a file.
+        let der = file("one.der", &crate::pem::crls(one_crl.as_bytes()).unwrap()[0]);
+        assert!(error(&der).contains("no CRL from CN=Two CA"));
+
+        // What is no CRL names the key and the file.
+        let cert = file("cert-not-crl.pem", one.pem().as_bytes());
+        assert_eq!(
+            error(&cert),
+            format!(
+                "server.tls.client_crl {}: no CRL found (PEM \"X509 CRL\", or DER)",
+                cert.display()
+            )
+        );
+        let garbled = file(
+            "garbled.crl",
+            b"-----BEGIN X509 CRL-----\nMAMCAQE=\n-----END X509 CRL-----\n",
+        );
+        assert_eq!(
+            error(&garbled),
+            format!(
+                "server.tls.client_crl {}: provided CRL could not be parsed: ParseError",
+                garbled.display()
+            )
+        );
+        assert!(error(&dir.path().join("absent.crl")).contains("failed to read file"));
     }
 }

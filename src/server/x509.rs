@@ -43,40 +43,94 @@ pub fn not_after(der: &[u8]) -> Option<SystemTime> {
     let unix = tbs(der, 2, |r| {
         r.read_sequence(|r| {
             r.next().read_der()?;
-            let t = r.next();
-            match t.lookahead_tag()? {
-                yasna::tags::TAG_UTCTIME => Ok(t.read_utctime()?.datetime().unix_timestamp()),
-                _ => Ok(t.read_generalized_time()?.datetime().unix_timestamp()),
-            }
+            time(r.next())
         })
     })?;
-    let secs = u64::try_from(unix).ok()?;
-    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+    unix_time(unix)
 }
 
 /// A certificate's subject as RFC 4514 writes a distinguished name (`CN=agent-7,O=Acme`):
 /// the last RDN first, values escaped, an attribute without a short name as its OID with
 /// the value's DER in hex.
 pub fn subject(der: &[u8]) -> Option<String> {
+    tbs(der, 3, name)
+}
+
+/// A certificate's subject as its DER encodes it: what a CRL's issuer is compared with.
+pub fn subject_der(der: &[u8]) -> Option<Vec<u8>> {
+    tbs(der, 3, |r| r.read_der())
+}
+
+fn name(r: BERReader<'_, '_>) -> yasna::ASN1Result<String> {
     let mut rdns: Vec<String> = Vec::new();
-    tbs(der, 3, |r| {
-        r.read_sequence_of(|r| {
-            let mut rdn = String::new();
-            r.read_set_of(|r| {
-                r.read_sequence(|r| {
-                    let oid = r.next().read_oid()?;
-                    if !rdn.is_empty() {
-                        rdn.push('+');
-                    }
-                    attribute(&mut rdn, &oid, r.next())
-                })
-            })?;
-            rdns.push(rdn);
-            Ok(())
-        })
+    r.read_sequence_of(|r| {
+        let mut rdn = String::new();
+        r.read_set_of(|r| {
+            r.read_sequence(|r| {
+                let oid = r.next().read_oid()?;
+                if !rdn.is_empty() {
+                    rdn.push('+');
+                }
+                attribute(&mut rdn, &oid, r.next())
+            })
+        })?;
+        rdns.push(rdn);
+        Ok(())
     })?;
     rdns.reverse();
-    Some(rdns.join(","))
+    Ok(rdns.join(","))
+}
+
+/// What the gateway reads from a CRL (RFC 5280 5.1) itself: rustls checks certificates
+/// against it but says neither who issued it nor until when.
+pub struct Crl {
+    /// The issuer's name as its DER encodes it, as [`subject_der`] reads a CA's.
+    pub issuer_der: Vec<u8>,
+    /// The issuer's name as [`subject`] writes it.
+    pub issuer: String,
+    /// When the issuer promised the next CRL (`None` if the CRL names no date).
+    pub next_update: Option<SystemTime>,
+}
+
+/// Reads `TBSCertList` up to its nextUpdate; the revoked certificates and the extensions
+/// after it are skipped.
+pub fn crl(der: &[u8]) -> Option<Crl> {
+    yasna::parse_ber(der, |r| {
+        r.read_sequence(|r| {
+            let crl = r.next().read_sequence(|r| {
+                // version INTEGER OPTIONAL (v2), signature, issuer, thisUpdate, nextUpdate
+                // OPTIONAL.
+                r.read_optional(|r| r.read_u8())?;
+                r.next().read_der()?;
+                let issuer_der = r.next().read_der()?;
+                let issuer = yasna::parse_der(&issuer_der, name)?;
+                time(r.next())?;
+                let next_update = r.read_optional(time)?;
+                while r.read_optional(|r| r.read_der())?.is_some() {}
+                Ok(Crl {
+                    issuer_der,
+                    issuer,
+                    next_update: next_update.and_then(unix_time),
+                })
+            })?;
+            r.next().read_der()?;
+            r.next().read_der()?;
+            Ok(crl)
+        })
+    })
+    .ok()
+}
+
+/// RFC 5280 4.1.2.5: UTCTime through 2049, GeneralizedTime from 2050.
+fn time(r: BERReader<'_, '_>) -> yasna::ASN1Result<i64> {
+    match r.lookahead_tag()? {
+        yasna::tags::TAG_UTCTIME => Ok(r.read_utctime()?.datetime().unix_timestamp()),
+        _ => Ok(r.read_generalized_time()?.datetime().unix_timestamp()),
+    }
+}
+
+fn unix_time(secs: i64) -> Option<SystemTime> {
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(u64::try_from(secs).ok()?))
 }
 
 /// The short names RFC 4514 3 lists, and the ones RFC 4519 adds that certificates use.
@@ -180,6 +234,52 @@ mod tests {
             Some(2_556_144_000)
         );
         assert_eq!(not_after(b"not a certificate"), None);
+    }
+
+    #[test]
+    fn a_crl_is_read_for_its_issuer_and_next_update() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "Acme, Inc.");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "Clients CA");
+        let ca = params.self_signed(&key).unwrap();
+        let crl_until = |year, month, day| {
+            rcgen::CertificateRevocationListParams {
+                this_update: rcgen::date_time_ymd(2020, 1, 1),
+                next_update: rcgen::date_time_ymd(year, month, day),
+                crl_number: rcgen::SerialNumber::from(7),
+                issuing_distribution_point: None,
+                revoked_certs: vec![rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from(2),
+                    revocation_time: rcgen::date_time_ymd(2020, 1, 1),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                }],
+                key_identifier_method: rcgen::KeyIdMethod::Sha256,
+            }
+            .signed_by(&ca, &key)
+            .unwrap()
+            .der()
+            .to_vec()
+        };
+        let crl_2027 = crl(&crl_until(2027, 3, 4)).unwrap();
+        assert_eq!(crl_2027.issuer, "CN=Clients CA,O=Acme\\, Inc.");
+        assert_eq!(Some(crl_2027.issuer_der), subject_der(ca.der()));
+        assert_eq!(crl_2027.next_update.map(unix), Some(1_804_118_400));
+        assert_eq!(
+            crl(&crl_until(2051, 1, 1))
+                .and_then(|c| c.next_update)
+                .map(unix),
+            Some(2_556_144_000)
+        );
+        assert!(crl(b"not a CRL").is_none());
+        assert!(crl(ca.der()).is_none());
     }
 
     #[test]

@@ -501,6 +501,90 @@ fn check_reads_the_tls_files_as_start_up_does() {
     );
 }
 
+/// `check` reads `client_crl` as start-up does: named in what it prints, a CRL past its
+/// nextUpdate a warning, a file with no CRL in it an error, a missing one a warning.
+#[test]
+fn check_reads_the_client_crl_as_start_up_does() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-cli-crl-")
+        .tempdir()
+        .unwrap();
+    let file = |name: &str, text: String| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name = rcgen::DistinguishedName::new();
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "Clients CA");
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let crl = rcgen::CertificateRevocationListParams {
+        this_update: rcgen::date_time_ymd(2020, 1, 1),
+        next_update: rcgen::date_time_ymd(2021, 1, 1),
+        crl_number: rcgen::SerialNumber::from(1),
+        issuing_distribution_point: None,
+        revoked_certs: Vec::new(),
+        key_identifier_method: rcgen::KeyIdMethod::Sha256,
+    }
+    .signed_by(&ca, &ca_key)
+    .unwrap();
+    let cert = file("server.pem", server.cert.pem());
+    let key = file("server.key", server.key_pair.serialize_pem());
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let ca = file("ca.pem", ca.pem());
+    let stale = file("stale.crl", crl.pem().unwrap());
+    let run = |crl: &str| {
+        let path = dir.path().join("crl.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:0\"\n\n[server.tls]\ncert = {cert:?}\nkey = {key:?}\n\
+                 client_ca = {ca:?}\nclient_crl = {crl:?}\n\n\
+                 [upstreams.up]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+                 [[routes]]\nname = \"chat\"\npath_prefix = \"/\"\nupstream = \"up\"\n"
+            ),
+        )
+        .unwrap();
+        let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = run(&stale);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains(&format!(", client_crl {stale}\n")),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "warning: server.tls.client_crl {stale}: the CRL from CN=Clients CA was due to be \
+             replaced at 2021-01-01T00:00:00Z (its nextUpdate)"
+        )),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&ca);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("server.tls.client_crl {ca}: no CRL found")),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run("/nonexistent/clients.crl");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("warning: server.tls /nonexistent/clients.crl")
+            && stderr.contains("will not start without it"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_worker_count_of_zero_is_refused() {
     let out = hourglass(&["--workers", "0", "check", "--config", "config/demo.toml"]);

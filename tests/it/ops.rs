@@ -11,7 +11,10 @@ use hourglass::server;
 use hourglass_fake::FakeUpstream;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
+    DnType, IsCa, KeyIdMethod, KeyPair, RevokedCertParams, SerialNumber,
+};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -362,10 +365,53 @@ async fn a_rotated_certificate_is_served_without_a_signal() {
     gw.shutdown().await;
 }
 
+type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
+
 struct Certs {
     dir: tempfile::TempDir,
-    ca_der: CertificateDer<'static>,
-    client: (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>),
+    ca: rcgen::Certificate,
+    ca_key: KeyPair,
+    /// Serial 1, `CN=agent-7,O=Acme\, Inc.`.
+    client: Identity,
+}
+
+impl Certs {
+    /// Another client certificate the CA signed.
+    fn client(&self, serial: u64) -> Identity {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["client".to_string()]).unwrap();
+        params.serial_number = Some(SerialNumber::from(serial));
+        let cert = params.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        (
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+    }
+
+    /// Writes `clients.crl`: the CA's CRL revoking these serials, valid for decades.
+    fn write_crl(&self, revoked: &[u64]) -> std::path::PathBuf {
+        let crl = CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2020, 1, 1),
+            next_update: rcgen::date_time_ymd(2090, 1, 1),
+            crl_number: SerialNumber::from(1),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|&serial| RevokedCertParams {
+                    serial_number: SerialNumber::from(serial),
+                    revocation_time: rcgen::date_time_ymd(2020, 1, 1),
+                    reason_code: None,
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        }
+        .signed_by(&self.ca, &self.ca_key)
+        .unwrap();
+        let path = self.dir.path().join("clients.crl");
+        std::fs::write(&path, crl.pem().unwrap()).unwrap();
+        path
+    }
 }
 
 fn certs(tag: &str) -> Certs {
@@ -381,6 +427,7 @@ fn certs(tag: &str) -> Certs {
         .unwrap();
     let client_key = KeyPair::generate().unwrap();
     let mut client = CertificateParams::new(vec!["client".to_string()]).unwrap();
+    client.serial_number = Some(SerialNumber::from(1));
     client.distinguished_name = DistinguishedName::new();
     client
         .distinguished_name
@@ -394,7 +441,8 @@ fn certs(tag: &str) -> Certs {
     std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
     Certs {
         dir,
-        ca_der: ca.der().clone(),
+        ca,
+        ca_key,
         client: (
             vec![client.der().clone()],
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(client_key.serialize_der())),
@@ -424,20 +472,28 @@ async fn tls_client(
     alpn: &[u8],
     with_cert: bool,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    tls_client_as(addr, c, alpn, with_cert.then_some(&c.client)).await
+}
+
+async fn tls_client_as(
+    addr: std::net::SocketAddr,
+    c: &Certs,
+    alpn: &[u8],
+    client: Option<&Identity>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
-    roots.add(c.ca_der.clone()).unwrap();
+    roots.add(c.ca.der().clone()).unwrap();
     let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
     .with_root_certificates(roots);
-    let mut config = if with_cert {
-        builder
-            .with_client_auth_cert(c.client.0.clone(), c.client.1.clone_key())
-            .unwrap()
-    } else {
-        builder.with_no_client_auth()
+    let mut config = match client {
+        Some((chain, key)) => builder
+            .with_client_auth_cert(chain.clone(), key.clone_key())
+            .unwrap(),
+        None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![alpn.to_vec()];
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
@@ -550,6 +606,98 @@ async fn client_certificates_are_required_when_client_ca_is_set() {
         }
     }
     assert_eq!(h.fake.requests().len(), before);
+}
+
+/// The status of a request made with this client certificate, `None` when the connection
+/// is refused: under TLS 1.3 the client sends its certificate after the handshake is done on
+/// its side, and learns of the refusal only from the alert it reads next.
+async fn status_as(
+    addr: std::net::SocketAddr,
+    c: &Certs,
+    client: &Identity,
+) -> Option<http::StatusCode> {
+    let s = tls_client_as(addr, c, b"http/1.1", Some(client))
+        .await
+        .ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .ok()?;
+    tokio::spawn(conn);
+    let resp = sender.send_request(chat_request(&[], false)).await.ok()?;
+    Some(resp.status())
+}
+
+fn with_crl(toml: &str, crl: &std::path::Path) -> String {
+    toml.replace(
+        "client_ca = ",
+        &format!("client_crl = {:?}\nclient_ca = ", crl.display().to_string()),
+    )
+}
+
+/// A client certificate `client_crl` revokes is refused at the handshake, counted as a
+/// refused client certificate, and forwards nothing; one the CRL does not list is served.
+#[tokio::test]
+async fn a_revoked_client_certificate_is_refused_at_the_handshake() {
+    let c = certs("crl");
+    let revoked = c.client(2);
+    let crl = c.write_crl(&[2]);
+    let h = Harness::with_config(&with_crl(&tls_config_toml(&c, true), &crl)).await;
+    assert_eq!(
+        status_as(h.addr(), &c, &c.client).await,
+        Some(http::StatusCode::OK)
+    );
+    let served = h.fake.requests().len();
+    assert_eq!(status_as(h.addr(), &c, &revoked).await, None);
+    assert_eq!(h.fake.requests().len(), served);
+    let refused = "hourglass_tls_handshake_failures_total{reason=\"client_certificate\"}";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.metric(refused).await < 1.0 {
+        assert!(Instant::now() < deadline, "the refusal was not counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(h.metric(refused).await, 1.0);
+}
+
+/// A certificate revoked after start-up is refused once the watcher sees the new CRL, with
+/// no signal and the config file untouched, as a rotated certificate is picked up.
+#[tokio::test]
+async fn a_certificate_revoked_in_a_new_crl_is_refused_without_a_signal() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = certs("crl-reload");
+    let leaked = c.client(2);
+    let crl = c.write_crl(&[]);
+    let path = c.dir.path().join("hourglass.toml");
+    std::fs::write(
+        &path,
+        with_crl(&tls_config_toml(&c, true), &crl).replace("{FAKE}", &fake.url()),
+    )
+    .unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    gw.watch_config(Duration::from_millis(50));
+    assert_eq!(
+        status_as(gw.addr, &c, &leaked).await,
+        Some(http::StatusCode::OK)
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.write_crl(&[2]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status_as(gw.addr, &c, &leaked).await.is_some() {
+        assert!(Instant::now() < deadline, "the new CRL was not picked up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        status_as(gw.addr, &c, &c.client).await,
+        Some(http::StatusCode::OK)
+    );
+    assert!(gw
+        .metrics
+        .encode()
+        .contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
+    gw.shutdown().await;
 }
 
 /// Who made each call: the log line names the client's certificate (RFC 4514) and the key

@@ -115,6 +115,27 @@ fn warnings_cover_environment_and_layout() {
 }
 
 #[test]
+fn describe_names_the_tls_files() {
+    let tls = "[server.tls]\ncert = \"tls/cert.pem\"\nkey = \"/etc/tls.key\"\n";
+    let d = load(&format!("{tls}\n{BASE}")).describe();
+    assert!(
+        d.contains("  tls: cert config/tls/cert.pem, key /etc/tls.key\n"),
+        "{d}"
+    );
+    let d = load(&format!(
+        "{tls}client_ca = \"tls/ca.pem\"\nclient_crl = \"tls/clients.crl\"\n\n{BASE}"
+    ))
+    .describe();
+    assert!(
+        d.contains(
+            "  tls: cert config/tls/cert.pem, key /etc/tls.key, client_ca config/tls/ca.pem, \
+             client_crl config/tls/clients.crl\n"
+        ),
+        "{d}"
+    );
+}
+
+#[test]
 fn an_upstream_used_only_as_a_fallback_is_used() {
     let text = format!("{BASE}\nfallbacks = [\"anthropic\"]\n");
     let set = |_: &str| Some(OsString::from("sk-test"));

@@ -379,6 +379,19 @@ fn server_errors() {
     }
 }
 
+/// A CRL revokes certificates of `client_ca`: without it no certificate is asked for, and
+/// the CRL would look like protection that is not there.
+#[test]
+fn client_crl_needs_client_ca() {
+    let text = format!(
+        "[server.tls]\ncert = \"tls.pem\"\nkey = \"tls.key\"\nclient_crl = \"clients.crl\"\n\n{BASE}"
+    );
+    assert_eq!(
+        err(&text),
+        "t.toml: server.tls: client_crl needs client_ca (the CAs whose certificates it revokes)"
+    );
+}
+
 #[test]
 fn absurd_durations_are_refused_at_load() {
     let e = err(&format!(

@@ -178,12 +178,14 @@ fn the_files_named_by_the_text_are_the_files_of_the_config() {
         )
 ;
     let text = format!(
-        "[server.tls]\ncert = \"tls/cert.pem\"\nkey = \"tls/key.pem\"\nclient_ca = \"tls/ca.pem\"\n\n{text}"
+        "[server.tls]\ncert = \"tls/cert.pem\"\nkey = \"tls/key.pem\"\nclient_ca = \"tls/ca.pem\"\n\
+         client_crl = \"tls/clients.crl\"\n\n{text}"
     );
     let c = load(&text);
     let mut from_config: Vec<PathBuf> = c.files().into_iter().map(PathBuf::from).collect();
     from_config.sort_unstable();
-    assert_eq!(from_config.len(), 6, "{from_config:?}");
+    assert_eq!(from_config.len(), 7, "{from_config:?}");
+    assert!(from_config.contains(&PathBuf::from("config/tls/clients.crl")));
     let from_text = crate::config::Config::files_named(&text, Some(std::path::Path::new("config")));
     assert_eq!(from_text, from_config);
 }
