@@ -209,9 +209,11 @@ pub fn handshake_failure(e: &std::io::Error) -> &'static str {
         };
     };
     match tls {
-        rustls::Error::NoCertificatesPresented | rustls::Error::InvalidCertificate(_) => {
-            "client_certificate"
-        }
+        // A CRL that cannot vouch for the certificate (its signature fails, or its issuer
+        // may not sign CRLs) refuses it as a revoked one is refused.
+        rustls::Error::NoCertificatesPresented
+        | rustls::Error::InvalidCertificate(_)
+        | rustls::Error::InvalidCertRevocationList(_) => "client_certificate",
         rustls::Error::AlertReceived(_) => "alert",
         rustls::Error::PeerIncompatible(_) | rustls::Error::NoApplicationProtocol => "incompatible",
         rustls::Error::InvalidMessage(_) | rustls::Error::InappropriateMessage { .. } => {
@@ -269,6 +271,21 @@ mod tests {
             None
         );
         assert_eq!(listener(None).expiry_warning(&tls, at(0)), None);
+    }
+
+    #[test]
+    fn revocation_refusals_are_client_certificate_failures() {
+        use rustls::{CertRevocationListError, CertificateError};
+        let reason = |e: rustls::Error| {
+            handshake_failure(&std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        };
+        for e in [
+            CertificateError::Revoked.into(),
+            CertificateError::UnknownRevocationStatus.into(),
+            CertRevocationListError::BadSignature.into(),
+        ] {
+            assert_eq!(reason(e), "client_certificate");
+        }
     }
 
     /// A CA, and a CRL it signed that is due at `next_update`.
