@@ -36,12 +36,32 @@ pub struct Attempt<'a> {
     pub budget: &'a Budget,
     /// This attempt's first-token limit: the route's, shortened to leave room for a fallback.
     pub first_token_timeout: Duration,
-    /// When a fallback follows: the end of this attempt's wait for its first token, connecting
-    /// included, that leaves the fallback its room.
-    pub switch_by: Option<Instant>,
+    /// When a fallback follows: the end of this attempt's waits that leaves the fallback its
+    /// room.
+    pub switch_by: Option<SwitchBy>,
     /// Hold a successful head until the first data event.
     pub hold: bool,
     pub in_flight: InFlight,
+}
+
+/// When an attempt's waits end to leave the next upstream its room, and which of them do: only
+/// a wait whose failure moves on to that upstream (its cause is in `retry_on`) is cut short
+/// for it. Any other ends at the attempt's own limit, as its failure is the client's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwitchBy {
+    pub at: Instant,
+    /// The wait for a connection.
+    pub connect: bool,
+    /// The wait for the first token, once the request is sent.
+    pub first_token: bool,
+}
+
+impl SwitchBy {
+    fn end(switch: Option<Self>, wait: fn(&Self) -> bool, work_deadline: Instant) -> Instant {
+        switch
+            .filter(wait)
+            .map_or(work_deadline, |s| s.at.min(work_deadline))
+    }
 }
 
 /// An attempt that produced a response head (and, when held, its first data event).
@@ -84,13 +104,12 @@ impl<'a> Attempt<'a> {
         let upstream = self.upstream;
         // The waits of this attempt end by the deadline, or earlier to leave a fallback room.
         let work_deadline = budget.work_deadline();
-        let wait_deadline = self
-            .switch_by
-            .map_or(work_deadline, |s| s.min(work_deadline));
+        let connect_deadline = SwitchBy::end(self.switch_by, |s| s.connect, work_deadline);
+        let wait_deadline = SwitchBy::end(self.switch_by, |s| s.first_token, work_deadline);
         // The head, and a held head's first token, by the client's patience too.
-        let head_wait = budget
-            .head_by()
-            .map_or(wait_deadline, |h| h.min(wait_deadline));
+        let by_patience = |end: Instant| budget.head_by().map_or(end, |h| h.min(end));
+        let connect_wait = by_patience(connect_deadline);
+        let head_wait = by_patience(wait_deadline);
         let now = Instant::now();
         if upstream.config.propagate_budget {
             req.headers_mut().insert(
@@ -102,7 +121,7 @@ impl<'a> Attempt<'a> {
         let (response, slot) = upstream.request(req);
         async move {
             tokio::pin!(response);
-            let timer = sleep_until((now + budget.connect_timeout).min(head_wait));
+            let timer = sleep_until((now + budget.connect_timeout).min(connect_wait));
             tokio::pin!(timer);
             let mut sent_at: Option<Instant> = None;
             let result = loop {

@@ -11,9 +11,9 @@ use http::{HeaderMap, StatusCode};
 use tokio::time::{sleep, sleep_until, Instant};
 
 use crate::budget::Budget;
-use crate::config::RetryCause;
+use crate::config::{RetryCause, RetryOn};
 use crate::error::GatewayError;
-use crate::gateway::attempt::{Attempt, Started};
+use crate::gateway::attempt::{Attempt, Started, SwitchBy};
 use crate::gateway::balance::Order;
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::{ChainEntry, RouteRuntime};
@@ -134,7 +134,8 @@ pub async fn run(
                 hedged_with = hedged.then_some(to);
                 outcome
             } else {
-                let (ft, switch_by) = first_token_limit(template, budget, chain.get(i + 1));
+                let (ft, switch_by) =
+                    first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
                 room_kept_for = switch_by.is_some().then_some(i + 1);
                 single(
                     metrics, route, entry, template, budget, record, ft, switch_by,
@@ -262,17 +263,23 @@ fn fallback_room(template: &Template, budget: &Budget, next: &ChainEntry) -> Dur
         + SWITCH_SLACK
 }
 
-/// The first-token limit of an attempt, and the instant its wait (connecting, then the first
-/// token) ends at the latest: the route's limit, and no end of its own, unless a fallback
-/// follows, when both are cut so that what remains still fits an attempt on that fallback.
-/// A connect that hangs spends the fallback's turn as surely as a first token that does.
+/// The first-token limit of an attempt, and when its waits end at the latest: the route's
+/// limit, and no end of their own, unless a fallback follows, when they are cut so that what
+/// remains still fits an attempt on that fallback. A connect that hangs spends the
+/// fallback's turn as surely as a first token that does. Only a wait whose failure moves on
+/// (`retry_on`) is cut: the others' failures are the client's answer, fallback or not.
 fn first_token_limit(
     template: &Template,
     budget: &Budget,
+    retry_on: RetryOn,
     next: Option<&ChainEntry>,
-) -> (Duration, Option<Instant>) {
+) -> (Duration, Option<SwitchBy>) {
     let ft = budget.first_token_timeout;
-    let Some(next) = next else { return (ft, None) };
+    let connect = retry_on.contains(RetryCause::Connect);
+    let first_token = retry_on.contains(RetryCause::FirstToken);
+    let Some(next) = next.filter(|_| connect || first_token) else {
+        return (ft, None);
+    };
     let now = Instant::now();
     // The fallback's head must come by the client's patience too.
     let usable = budget.usable(now).min(
@@ -282,7 +289,13 @@ fn first_token_limit(
     );
     match usable.checked_sub(fallback_room(template, budget, next)) {
         Some(left) if left >= budget.min_useful && left < usable => {
-            (ft.min(left), Some(now + left))
+            let ft = if first_token { ft.min(left) } else { ft };
+            let switch = SwitchBy {
+                at: now + left,
+                connect,
+                first_token,
+            };
+            (ft, Some(switch))
         }
         _ => (ft, None),
     }
@@ -384,7 +397,7 @@ fn attempt<'a>(
     route: &RouteRuntime,
     budget: &'a Budget,
     first_token_timeout: Duration,
-    switch_by: Option<Instant>,
+    switch_by: Option<SwitchBy>,
 ) -> Attempt<'a> {
     Attempt {
         upstream: &entry.upstream,
@@ -410,7 +423,7 @@ async fn single(
     budget: &Budget,
     record: &mut RequestRecord,
     first_token_timeout: Duration,
-    switch_by: Option<Instant>,
+    switch_by: Option<SwitchBy>,
 ) -> Result<Started, GatewayError> {
     let mut sent_again = false;
     loop {

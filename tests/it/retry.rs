@@ -219,6 +219,49 @@ async fn a_late_first_token_switches_to_the_fallback_and_leaves_it_room() {
     );
 }
 
+/// The fallback's room is kept only by a wait whose end moves on to it. With `retry_on`
+/// lacking `first_token`, a late first token is the client's 504 whatever the fallback, so
+/// cutting it short for the fallback only failed answers that would have come in time.
+#[tokio::test]
+async fn a_first_token_that_retry_on_does_not_move_on_from_keeps_its_whole_limit() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nfirst_token_timeout = \"4s\"\nretry_on = [\"connect\", \"5xx\"]",
+        "",
+        "expected_first_token = \"3s\"",
+    )
+    .await;
+    // Within the route's 4 s, and after the 2 s that the backup's room would leave.
+    p.primary
+        .set_script(&[("x-fake-ttft-ms", "2800"), ("x-fake-headers-first", "1")]);
+    let (resp, _c) = p.chat(&[("x-request-budget-ms", "5000")]).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error_event().is_none(), "{}", read.text());
+    assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
+    assert!(p.backup.requests().is_empty());
+}
+
+/// Nor is a connect cut short for a fallback that a connect failure does not move on to.
+#[tokio::test]
+async fn a_connect_that_retry_on_does_not_move_on_from_keeps_its_whole_limit() {
+    let (_held, addr) = hourglass_fake::never_accepting_listener().unwrap();
+    let p = pair_with(
+        "fallbacks = [\"backup\"]\nconnect_timeout = \"1s\"\nretry_on = [\"first_token\"]",
+        "",
+        "expected_first_token = \"600ms\"",
+        Some(format!("http://{addr}")),
+    )
+    .await;
+    let start = Instant::now();
+    let (resp, _c) = p.chat(&[("x-request-budget-ms", "1400")]).await;
+    let took = start.elapsed();
+    assert_eq!(resp.status(), 504);
+    assert_eq!(json_body(resp).await["error"]["code"], "connect_timeout");
+    // Its own 1 s, not the 0.75 s that the backup's room would leave.
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    assert!(p.backup.requests().is_empty());
+}
+
 #[tokio::test]
 async fn a_late_first_token_without_a_fallback_is_a_504() {
     let p = pair("first_token_timeout = \"400ms\"", "", "").await;
