@@ -146,13 +146,17 @@ impl Config {
             if let Some(path) = &auth.file {
                 secret_file_warnings(&format!("{label}: client_keys_file"), path, &mut out);
             }
-            let up = &r.upstream;
-            if up.auth == AuthMode::None || (up.api_key_env.is_none() && up.api_key_file.is_none())
-            {
-                out.push(format!(
-                    "{label}: clients authenticate with their gateway keys, which are never passed on, and upstream {:?} has no key of its own",
-                    up.name
-                ));
+            // Every upstream the route may send to: balanced ones take a share of its
+            // requests, fallbacks the rest, and each without a key answers 401.
+            for up in r.chain() {
+                if up.auth == AuthMode::None
+                    || (up.api_key_env.is_none() && up.api_key_file.is_none())
+                {
+                    out.push(format!(
+                        "{label}: clients authenticate with their gateway keys, which are never passed on, and upstream {:?} has no key of its own",
+                        up.name
+                    ));
+                }
             }
         }
         for (i, later) in self.routes.iter().enumerate() {

@@ -189,3 +189,29 @@ fn the_files_named_by_the_text_are_the_files_of_the_config() {
     let from_text = crate::config::Config::files_named(&text, Some(std::path::Path::new("config")));
     assert_eq!(from_text, from_config);
 }
+
+/// Every upstream a route may send its requests to needs a key of its own when its clients
+/// use gateway keys: those balanced with its upstream take their share of requests, and
+/// its fallbacks take the rest, each answering 401 without one.
+#[test]
+fn every_upstream_of_a_route_with_client_keys_is_checked_for_a_key() {
+    let text = format!(
+        "{BASE}client_keys_env = \"CHAT_KEYS\"\nbalance_with = [\"spare\"]\n\
+         fallbacks = [\"backup\"]\n\n\
+         [upstreams.spare]\nurl = \"https://spare.example\"\n\n\
+         [upstreams.backup]\nurl = \"https://backup.example\"\napi_key_env = \"BACKUP_KEY\"\n"
+    )
+    .replace(
+        "url = \"https://api.openai.com\"\n",
+        "url = \"https://api.openai.com\"\napi_key_env = \"OPENAI_KEY\"\n",
+    );
+    let c = load(&text);
+    let w = c.warnings_with(&|_| Some(OsString::from("set")));
+    assert_eq!(
+        w,
+        [
+            "upstream \"anthropic\" is not used by any route",
+            "route \"chat\": clients authenticate with their gateway keys, which are never passed on, and upstream \"spare\" has no key of its own",
+        ]
+    );
+}
