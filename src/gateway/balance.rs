@@ -1,7 +1,7 @@
 //! Where a request starts on a route whose upstream is balanced with others (`balance_with`):
 //! two deployments of one model, or one provider under two keys, to spread load and rate
 //! limits. Each request starts at the least busy of them (fewest requests in flight there,
-//! from every route) among those in rotation, ties taken in turn. Its chain is the route's
+//! from every route) among those in rotation, the tied ones taking turns. Its chain is the route's
 //! with that upstream moved to the front: the other balanced upstreams follow it as
 //! fallbacks, then the route's own fallbacks. A route without `balance_with` keeps its chain.
 
@@ -58,17 +58,31 @@ impl<'a> Index<usize> for Order<'a> {
     }
 }
 
-/// The least busy of `members` in rotation (of all of them, when none is), the search
-/// starting one further each time so that equals take turns.
+/// The least busy of `members` in rotation (of all of them, when none is), the tied ones
+/// taking turns among themselves: a turn counted over all members would hand the one after a
+/// busier member every tie that starts at it.
 fn pick(members: &[ChainEntry], turn: &AtomicUsize, now: Instant) -> usize {
-    let n = members.len();
-    let start = turn.fetch_add(1, Ordering::Relaxed) % n;
     let any_in = members.iter().any(|e| e.upstream.health.available(now));
-    (0..n)
-        .map(|j| (start + j) % n)
-        .filter(|&i| !any_in || members[i].upstream.health.available(now))
-        .min_by_key(|&i| members[i].in_flight.get())
-        .unwrap_or(start)
+    let eligible = |e: &&ChainEntry| !any_in || e.upstream.health.available(now);
+    let Some(least) = members
+        .iter()
+        .filter(eligible)
+        .map(|e| e.in_flight.get())
+        .min()
+    else {
+        return 0;
+    };
+    let tied = |e: &&ChainEntry| eligible(e) && e.in_flight.get() == least;
+    let ties = members.iter().filter(tied).count();
+    // Counts move under other requests between the two passes: then any least busy will do.
+    let k = turn.fetch_add(1, Ordering::Relaxed) % ties.max(1);
+    members
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| tied(e))
+        .nth(k)
+        .or_else(|| members.iter().enumerate().find(|(_, e)| eligible(e)))
+        .map_or(0, |(i, _)| i)
 }
 
 #[cfg(test)]

@@ -118,3 +118,71 @@ async fn a_failing_balanced_upstream_falls_back_to_the_other_and_is_then_passed_
         0.0
     );
 }
+
+/// Equals take turns among themselves whatever the others do: with one of three upstreams
+/// busy, the other two share the requests evenly. The search for the least busy started one
+/// upstream further each time, so the one after the busy one won two ties in three.
+#[tokio::test]
+async fn equals_take_turns_evenly_while_another_is_busy() {
+    let start = || FakeUpstream::start("127.0.0.1:0".parse().unwrap());
+    let fakes = [
+        start().await.unwrap(),
+        start().await.unwrap(),
+        start().await.unwrap(),
+    ];
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "10s"
+first_token_timeout = "5s"
+
+[upstreams.a]
+url = "{}"
+auth = "none"
+
+[upstreams.b]
+url = "{}"
+auth = "none"
+
+[upstreams.c]
+url = "{}"
+auth = "none"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "a"
+balance_with = ["b", "c"]
+"#,
+        fakes[0].url(),
+        fakes[1].url(),
+        fakes[2].url()
+    );
+    let gw = server::start(Config::from_toml(&text, "balance.toml").unwrap())
+        .await
+        .unwrap();
+    let (long, conn) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(
+            &[("x-fake-chunks", "3"), ("x-fake-interval-ms", "3000")],
+            true,
+        ))
+        .await;
+    assert_eq!(long.status(), 200);
+    let busy = fakes
+        .iter()
+        .position(|f| f.requests().len() == 1)
+        .expect("the long stream went somewhere");
+    for _ in 0..12 {
+        assert_eq!(chat(&gw, &[("x-fake-chunks", "1")]).await, 200);
+    }
+    let counts: Vec<usize> = fakes.iter().map(|f| f.requests().len()).collect();
+    let mut expected = vec![6, 6, 6];
+    expected[busy] = 1;
+    assert_eq!(counts, expected, "the busy one is {busy}");
+    drop((long, conn));
+}
