@@ -11,7 +11,7 @@ use super::routing::shadows;
 use super::secrets::{looks_like_secret, redacted_url};
 use super::{
     AuthMode, Config, Ejection, Http2Config, Http2Mode, OnStoreError, RunIdSource, RunStore,
-    DEFAULT_POOL_IDLE_TIMEOUT,
+    UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
 };
 use crate::provider::Api;
 
@@ -247,7 +247,6 @@ impl Config {
             runs.max_runs
         );
         for r in &self.routes {
-            let up = &r.upstream;
             let l = &r.limits;
             let _ = writeln!(out, "route {:?}", r.name);
             let _ = writeln!(out, "  path_prefix: {}", r.path_prefix);
@@ -257,69 +256,19 @@ impl Config {
                 let globs: Vec<String> = r.models.iter().map(|m| format!("{m:?}")).collect();
                 let _ = writeln!(out, "  models: {}", globs.join(", "));
             }
-            let _ = write!(out, "  upstream: {} ({}, auth {}", up.name, up.url, up.auth);
-            if let Some(var) = &up.api_key_env {
-                let var = if looks_like_secret(var) {
-                    "(not shown: looks like a key)"
-                } else {
-                    var
-                };
-                let _ = write!(out, ", api_key_env {var}");
-            }
-            if let Some(path) = &up.api_key_file {
-                let _ = write!(out, ", api_key_file {}", path.display());
-            }
-            if let Some(ca) = &up.ca_file {
-                let _ = write!(out, ", ca_file {}", ca.display());
-                if !up.trust_public_roots {
-                    out.push_str(" alone (trust_public_roots false)");
-                }
-            }
-            if let Some(c) = &up.client_cert {
-                let _ = write!(out, ", client_cert {}", c.cert.display());
-            }
-            let _ = write!(out, ", propagate_budget {}", up.propagate_budget);
-            if let Some(m) = &up.model {
-                let _ = write!(out, ", model {m:?}");
-            }
-            if let Some(e) = up.expected_first_token {
-                let _ = write!(out, ", expected_first_token {}", hd(e));
-            }
-            if up.api != Api::Auto {
-                let _ = write!(out, ", api {}", up.api);
-            }
-            if up.include_usage {
-                let _ = write!(out, ", include_usage true");
-            }
-            if up.pool_idle_timeout != DEFAULT_POOL_IDLE_TIMEOUT {
-                let _ = write!(out, ", pool_idle_timeout {}", hd(up.pool_idle_timeout));
-            }
-            if up.ejection.after == 0 {
-                out.push_str(", never ejected");
-            } else if up.ejection != Ejection::default() {
-                let _ = write!(
-                    out,
-                    ", ejected for {} after {} failed attempts in a row",
-                    hd(up.ejection.duration),
-                    up.ejection.after
-                );
-            }
-            let h2 = &up.http2;
-            let _ = write!(out, ", http2 {}", h2.mode);
-            if h2.used(up.url.scheme_str() == Some("https")) {
-                let _ = write!(
-                    out,
-                    " ({} streams per connection, stream window {}, connection window {}",
-                    h2.max_streams_per_connection, h2.stream_window, h2.connection_window
-                );
-                if let Some(n) = h2.max_connections {
-                    let _ = write!(out, ", at most {n} connections");
-                }
-                out.push(')');
-            }
-            let _ = writeln!(out, ")");
+            out.push_str("  upstream: ");
+            write_upstream(&mut out, &r.upstream);
+            out.push('\n');
             let p = &r.policy;
             let _ = writeln!(out, "  retries: {} on {}", p.retries, p.retry_on);
+            // Each with its details as the route's own: each serves some of its requests.
+            let members = |out: &mut String, ups: &[Arc<UpstreamConfig>]| {
+                for up in ups {
+                    out.push_str("    ");
+                    write_upstream(out, up);
+                    out.push('\n');
+                }
+            };
             if !p.balanced.is_empty() {
                 let names: Vec<&str> = p.balanced.iter().map(|f| f.name.as_str()).collect();
                 let _ = writeln!(
@@ -327,10 +276,12 @@ impl Config {
                     "  balance_with: {} (each request starts at the least busy)",
                     names.join(", ")
                 );
+                members(&mut out, &p.balanced);
             }
             if !p.fallbacks.is_empty() {
                 let names: Vec<&str> = p.fallbacks.iter().map(|f| f.name.as_str()).collect();
                 let _ = writeln!(out, "  fallbacks: {}", names.join(" -> "));
+                members(&mut out, &p.fallbacks);
             }
             if let Some(h) = p.hedge_after {
                 let _ = writeln!(out, "  hedge_after: {}", hd(h));
@@ -442,4 +393,70 @@ fn open_to_all_warning(label: &str, path: &Path, meta: &std::fs::Metadata, out: 
 /// humantime formatting, so messages echo durations the way they are written.
 pub(super) fn hd(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(d)
+}
+
+/// One upstream as `check` shows it: its name, then what it resolved to in parentheses.
+fn write_upstream(out: &mut String, up: &UpstreamConfig) {
+    use std::fmt::Write as _;
+    let _ = write!(out, "{} ({}, auth {}", up.name, up.url, up.auth);
+    if let Some(var) = &up.api_key_env {
+        let var = if looks_like_secret(var) {
+            "(not shown: looks like a key)"
+        } else {
+            var
+        };
+        let _ = write!(out, ", api_key_env {var}");
+    }
+    if let Some(path) = &up.api_key_file {
+        let _ = write!(out, ", api_key_file {}", path.display());
+    }
+    if let Some(ca) = &up.ca_file {
+        let _ = write!(out, ", ca_file {}", ca.display());
+        if !up.trust_public_roots {
+            out.push_str(" alone (trust_public_roots false)");
+        }
+    }
+    if let Some(c) = &up.client_cert {
+        let _ = write!(out, ", client_cert {}", c.cert.display());
+    }
+    let _ = write!(out, ", propagate_budget {}", up.propagate_budget);
+    if let Some(m) = &up.model {
+        let _ = write!(out, ", model {m:?}");
+    }
+    if let Some(e) = up.expected_first_token {
+        let _ = write!(out, ", expected_first_token {}", hd(e));
+    }
+    if up.api != Api::Auto {
+        let _ = write!(out, ", api {}", up.api);
+    }
+    if up.include_usage {
+        let _ = write!(out, ", include_usage true");
+    }
+    if up.pool_idle_timeout != DEFAULT_POOL_IDLE_TIMEOUT {
+        let _ = write!(out, ", pool_idle_timeout {}", hd(up.pool_idle_timeout));
+    }
+    if up.ejection.after == 0 {
+        out.push_str(", never ejected");
+    } else if up.ejection != Ejection::default() {
+        let _ = write!(
+            out,
+            ", ejected for {} after {} failed attempts in a row",
+            hd(up.ejection.duration),
+            up.ejection.after
+        );
+    }
+    let h2 = &up.http2;
+    let _ = write!(out, ", http2 {}", h2.mode);
+    if h2.used(up.url.scheme_str() == Some("https")) {
+        let _ = write!(
+            out,
+            " ({} streams per connection, stream window {}, connection window {}",
+            h2.max_streams_per_connection, h2.stream_window, h2.connection_window
+        );
+        if let Some(n) = h2.max_connections {
+            let _ = write!(out, ", at most {n} connections");
+        }
+        out.push(')');
+    }
+    out.push(')');
 }
