@@ -21,7 +21,7 @@ use crate::gateway::template::Template;
 use crate::provider::ErrorType;
 use crate::telemetry::metrics::InFlight;
 use crate::telemetry::metrics::Metrics;
-use crate::upstream::health::{Change, Verdict};
+use crate::upstream::health::{Change, Probe, Verdict};
 
 /// The last thing an attempt produced, returned when no further attempt is made.
 enum Last {
@@ -54,11 +54,11 @@ pub async fn run(
         }
         for n in 0..=policy.retries {
             let now = Instant::now();
-            if passed_over(chain, i, template, budget, now) {
+            let Turn::Go(probe) = turn(chain, i, template, budget, now) else {
                 metrics.skipped(&route.name, &entry.upstream.name);
                 record.passed_over(&entry.upstream.name);
                 break;
-            }
+            };
             let need = if room_kept_for == Some(i) && n == 0 {
                 budget.min_useful
             } else {
@@ -138,7 +138,7 @@ pub async fn run(
                     first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
                 room_kept_for = switch_by.is_some().then_some(i + 1);
                 single(
-                    metrics, route, entry, template, budget, record, ft, switch_by,
+                    metrics, route, entry, template, budget, record, ft, switch_by, probe,
                 )
                 .await
                 .map(|s| (s, i))
@@ -341,23 +341,47 @@ fn error_cause(e: &GatewayError) -> Option<RetryCause> {
     }
 }
 
-/// Whether the attempt on the `i`th upstream of the chain is not made: it is out of rotation
-/// and a later upstream of the chain is in it, with an attempt there that still fits the
-/// budget. Where none is, it is tried all the same, as though nothing were ejected.
-fn passed_over(
-    chain: Order<'_>,
+/// Whether the attempt on the `i`th upstream of the chain is made.
+enum Turn<'a> {
+    /// It is, as the upstream's probe when it is out of rotation and its turn to be probed
+    /// came (the guard ends the turn with the attempt, or hands it on if none is made).
+    Go(Option<Probe<'a>>),
+    /// It is not: the upstream is out of rotation and a later upstream of the chain is in
+    /// it, with an attempt there that still fits the budget.
+    PassOver,
+}
+
+/// Where no later upstream is in rotation, an upstream out of it is tried all the same, as
+/// though nothing were ejected. The probe's turn is claimed here, where the upstream is
+/// judged, not when the attempt starts: judged available by two requests at once, it would
+/// be probed by both.
+fn turn<'a>(
+    chain: Order<'a>,
     i: usize,
     template: &Template,
     budget: &Budget,
     now: Instant,
-) -> bool {
-    !chain[i].upstream.health.available(now)
-        && chain.iter().skip(i + 1).any(|e| {
-            // One the budget no longer fits would be passed over in turn, and the request
-            // refused for want of time that the ejected upstream might have had.
-            e.upstream.health.available(now)
-                && budget.usable(now) >= template.expected_ttft(&e.upstream).max(budget.min_useful)
-        })
+) -> Turn<'a> {
+    // `get`, not indexing: the probe borrows the route's chain, not this order of it.
+    let Some(entry) = chain.get(i) else {
+        return Turn::Go(None);
+    };
+    let health = &entry.upstream.health;
+    let probe = health.attempt(now);
+    if probe.is_some() || !health.is_out() {
+        return Turn::Go(probe);
+    }
+    let later = chain.iter().skip(i + 1).any(|e| {
+        // One the budget no longer fits would be passed over in turn, and the request
+        // refused for want of time that the ejected upstream might have had.
+        e.upstream.health.available(now)
+            && budget.usable(now) >= template.expected_ttft(&e.upstream).max(budget.min_useful)
+    });
+    if later {
+        Turn::PassOver
+    } else {
+        Turn::Go(None)
+    }
 }
 
 /// A connect that takes this long is no healthy upstream's, even where the budget cut the
@@ -424,19 +448,18 @@ async fn single(
     record: &mut RequestRecord,
     first_token_timeout: Duration,
     switch_by: Option<SwitchBy>,
+    // Held until the attempt (and a resend of it) has reported, or dropped with it.
+    _probe: Option<Probe<'_>>,
 ) -> Result<Started, GatewayError> {
     let mut sent_again = false;
     loop {
         let out = template.request_for(&entry.upstream)?;
         let now = Instant::now();
         let index = record.attempt_started(entry, now, true);
-        // Held until the attempt has reported, or dropped with it.
-        let probe = entry.upstream.health.attempt(now);
         let result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
         note(metrics, budget, entry, record, index, &result);
-        drop(probe);
         let need = template
             .expected_ttft(&entry.upstream)
             .max(budget.min_useful);
@@ -608,6 +631,75 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// The turn to probe an ejected upstream is claimed where the upstream is judged: while
+    /// one request holds it, the others pass the upstream over; once it is handed on, the next
+    /// takes it. (Judged first and claimed when the attempt started, two requests judging at
+    /// once both went to the upstream.)
+    #[tokio::test(start_paused = true)]
+    async fn the_probes_turn_is_claimed_where_the_upstream_is_judged() {
+        let text = r#"
+[upstreams.a]
+url = "http://127.0.0.1:9"
+auth = "none"
+eject_after = 1
+eject_for = "10s"
+
+[upstreams.b]
+url = "http://127.0.0.1:9"
+auth = "none"
+eject_after = 1
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "a"
+fallbacks = ["b"]
+"#;
+        let config = std::sync::Arc::new(crate::config::Config::from_toml(text, "t.toml").unwrap());
+        let metrics = std::sync::Arc::new(Metrics::new());
+        let gateway = crate::gateway::Gateway::new(
+            config,
+            &metrics,
+            None,
+            crate::stream::signal::Signal::new(),
+        )
+        .unwrap();
+        let route = &gateway.routes[0];
+        let template = Template {
+            method: http::Method::POST,
+            path_and_query: http::uri::PathAndQuery::from_static("/v1/chat/completions"),
+            headers: HeaderMap::new(),
+            accept_encoding: None,
+            body: bytes::Bytes::new(),
+            stream_upstream: false,
+            partial_answers: false,
+            model: None,
+        };
+        let budget = crate::budget::BudgetRequest::from_headers(&HeaderMap::new())
+            .unwrap()
+            .resolve(&crate::config::DEFAULT_LIMITS, Instant::now());
+        let chain = Order::of(route, Instant::now());
+        let (a, b) = (&chain[0].upstream.health, &chain[1].upstream.health);
+        let judge = || turn(chain, 0, &template, &budget, Instant::now());
+        let is_probe = |t: &Turn<'_>| matches!(t, Turn::Go(Some(_)));
+
+        assert!(matches!(judge(), Turn::Go(None)), "in rotation: no probe");
+        a.report(Verdict::Failed, Instant::now());
+        assert!(matches!(judge(), Turn::PassOver), "ejected, b in rotation");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        let first = judge();
+        assert!(is_probe(&first), "the ejection is over: this one probes");
+        assert!(matches!(judge(), Turn::PassOver), "the turn is taken");
+        assert!(matches!(judge(), Turn::PassOver), "the turn is taken");
+        drop(first);
+        let second = judge();
+        assert!(is_probe(&second), "handed on");
+        // With nothing later in rotation, the upstream is tried all the same.
+        b.report(Verdict::Failed, Instant::now());
+        assert!(matches!(judge(), Turn::Go(None)));
+        drop(second);
     }
 
     #[tokio::test(start_paused = true)]
