@@ -7,9 +7,23 @@ use hourglass::server::{self, Running};
 use hourglass_fake::FakeUpstream;
 
 async fn balanced(a_extra: &str) -> (FakeUpstream, FakeUpstream, Running) {
-    let start = || FakeUpstream::start("127.0.0.1:0".parse().unwrap());
-    let (a, b) = (start().await.unwrap(), start().await.unwrap());
-    let text = format!(
+    let (mut fakes, gw) = balanced_over(2, a_extra).await;
+    let b = fakes.pop().unwrap();
+    (fakes.pop().unwrap(), b, gw)
+}
+
+/// A route over `n` fakes, `a` its upstream and `b`, `c` ... balanced with it.
+async fn balanced_over(n: usize, a_extra: &str) -> (Vec<FakeUpstream>, Running) {
+    let mut fakes = Vec::new();
+    for _ in 0..n {
+        fakes.push(
+            FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+                .await
+                .unwrap(),
+        );
+    }
+    let names: Vec<String> = (0..n).map(|i| char::from(b'a' + i as u8).into()).collect();
+    let mut text = String::from(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -19,28 +33,25 @@ admin_listen = "127.0.0.1:0"
 budget = "10s"
 first_token_timeout = "5s"
 
-[upstreams.a]
-url = "{}"
-auth = "none"
-{a_extra}
-
-[upstreams.b]
-url = "{}"
-auth = "none"
-
 [[routes]]
 name = "chat"
 path_prefix = "/v1/chat/completions"
 upstream = "a"
-balance_with = ["b"]
 "#,
-        a.url(),
-        b.url()
     );
+    let others: Vec<String> = names[1..].iter().map(|n| format!("{n:?}")).collect();
+    text += &format!("balance_with = [{}]\n", others.join(", "));
+    for (name, fake) in names.iter().zip(&fakes) {
+        let extra = if name == "a" { a_extra } else { "" };
+        text += &format!(
+            "\n[upstreams.{name}]\nurl = \"{}\"\nauth = \"none\"\n{extra}\n",
+            fake.url()
+        );
+    }
     let gw = server::start(Config::from_toml(&text, "balance.toml").unwrap())
         .await
         .unwrap();
-    (a, b, gw)
+    (fakes, gw)
 }
 
 async fn chat(gw: &Running, headers: &[(&str, &str)]) -> u16 {
@@ -124,47 +135,7 @@ async fn a_failing_balanced_upstream_falls_back_to_the_other_and_is_then_passed_
 /// upstream further each time, so the one after the busy one won two ties in three.
 #[tokio::test]
 async fn equals_take_turns_evenly_while_another_is_busy() {
-    let start = || FakeUpstream::start("127.0.0.1:0".parse().unwrap());
-    let fakes = [
-        start().await.unwrap(),
-        start().await.unwrap(),
-        start().await.unwrap(),
-    ];
-    let text = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[defaults]
-budget = "10s"
-first_token_timeout = "5s"
-
-[upstreams.a]
-url = "{}"
-auth = "none"
-
-[upstreams.b]
-url = "{}"
-auth = "none"
-
-[upstreams.c]
-url = "{}"
-auth = "none"
-
-[[routes]]
-name = "chat"
-path_prefix = "/v1/chat/completions"
-upstream = "a"
-balance_with = ["b", "c"]
-"#,
-        fakes[0].url(),
-        fakes[1].url(),
-        fakes[2].url()
-    );
-    let gw = server::start(Config::from_toml(&text, "balance.toml").unwrap())
-        .await
-        .unwrap();
+    let (fakes, gw) = balanced_over(3, "").await;
     let (long, conn) = Conn::open(gw.addr)
         .await
         .send(chat_request(
