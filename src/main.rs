@@ -193,14 +193,17 @@ fn check(path: &Path) -> ExitCode {
             // file this machine cannot read (a secret mounted only where the gateway runs)
             // is a warning, as key files are.
             if let Some(tls) = &config.server.tls {
-                let unreadable = [&tls.cert, &tls.key]
+                let unreadable = [("cert", Some(&tls.cert)), ("key", Some(&tls.key))]
                     .into_iter()
-                    .chain(tls.client_ca.as_ref())
-                    .chain(tls.client_crl.as_ref())
-                    .find_map(|p| std::fs::File::open(p).err().map(|e| (p, e)));
+                    .chain([
+                        ("client_ca", tls.client_ca.as_ref()),
+                        ("client_crl", tls.client_crl.as_ref()),
+                    ])
+                    .filter_map(|(key, p)| Some((key, p?)))
+                    .find_map(|(key, p)| std::fs::File::open(p).err().map(|e| (key, p, e)));
                 match unreadable {
-                    Some((p, e)) => eprintln!(
-                        "warning: server.tls {}: {e}; the gateway will not start without it",
+                    Some((key, p, e)) => eprintln!(
+                        "warning: server.tls.{key} {}: {e}; the gateway will not start without it",
                         p.display()
                     ),
                     None => match hourglass::server::tls::server_config(tls) {

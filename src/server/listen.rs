@@ -7,9 +7,10 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::Response;
 use http_body_util::{Either, Full};
@@ -172,6 +173,21 @@ async fn answer_plain_http(mut stream: TcpStream) {
     }
 }
 
+/// When a CRL problem was last logged as a warning, in seconds since the epoch: at most one
+/// a minute, as a client retrying in a loop would otherwise fill the log.
+static CRL_WARNED: AtomicU64 = AtomicU64::new(0);
+
+fn crl_warning_due() -> bool {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = CRL_WARNED.load(Ordering::Relaxed);
+    now >= last + 60
+        && CRL_WARNED
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
 pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: Signal) {
     let graceful = GracefulShutdown::new();
     let initial = shared.server.load_full();
@@ -312,7 +328,12 @@ async fn serve_connection(
                 let tls_stream = match handshake {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        match crate::server::tls::crl_problem(&e) {
+                            Some(problem) if crl_warning_due() => {
+                                tracing::warn!(%peer, error = %e, "{problem}");
+                            }
+                            _ => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        }
                         metrics.tls_handshake_failure(crate::server::tls::handshake_failure(&e));
                         return None;
                     }

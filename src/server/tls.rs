@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
 
@@ -43,13 +43,22 @@ fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>,
 /// Each `client_crl` CRL's issuer, and when it promised the next (its nextUpdate).
 type CrlsDue = Vec<(String, SystemTime)>;
 
+/// The verifier of client certificates, and what its CRLs need said.
+struct ClientVerifier {
+    verifier: Arc<dyn ClientCertVerifier>,
+    crls_due: CrlsDue,
+    /// What loading the CRLs found that does not stop the listener.
+    crl_notes: Vec<String>,
+}
+
 /// The verifier of client certificates: signed by a CA of `client_ca` and, with
-/// `client_crl`, revoked by none of its CRLs. With it, each CRL's issuer and nextUpdate.
+/// `client_crl`, revoked by none of its CRLs. With it, each CRL's issuer and nextUpdate, and
+/// what loading the CRLs has to say.
 fn client_verifier(
     tls: &ServerTls,
     ca: &Path,
     provider: Arc<rustls::crypto::CryptoProvider>,
-) -> Result<(Arc<dyn ClientCertVerifier>, CrlsDue), TlsError> {
+) -> Result<ClientVerifier, TlsError> {
     let cas = certs("client_ca", ca)?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in &cas {
@@ -60,11 +69,15 @@ fn client_verifier(
     let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
     let Some(path) = &tls.client_crl else {
         let verifier = builder.build().map_err(|e| file_err("client_ca", ca, e))?;
-        return Ok((verifier, Vec::new()));
+        return Ok(ClientVerifier {
+            verifier,
+            crls_due: Vec::new(),
+            crl_notes: Vec::new(),
+        });
     };
-    let crls = crate::pem::crls(&read("client_crl", path)?)
+    let all = crate::pem::crls(&read("client_crl", path)?)
         .map_err(|e| file_err("client_crl", path, e))?;
-    let read: Vec<x509::Crl> = crls.iter().filter_map(|crl| x509::crl(crl)).collect();
+    let (crls, read, notes) = newest_per_issuer(all, path);
     // rustls's defaults stay: every certificate of the chain is checked, one whose status no
     // CRL tells is refused, and a CRL past its nextUpdate still revokes what it lists
     // (refusing every client instead would turn a CRL published late into an outage;
@@ -73,29 +86,100 @@ fn client_verifier(
         VerifierBuilderError::InvalidCrl(_) => file_err("client_crl", path, e),
         e => file_err("client_ca", ca, e),
     })?;
-    // A CA without a CRL in the file would have every certificate it signed refused for its
-    // unknown status: said here, at load, rather than by each of its clients' handshakes.
+    // A CA without a CRL in the file, or with one its key did not sign, would have every
+    // certificate it signed refused (its status unknown, the CRL's signature bad): said
+    // here, at load, rather than by each of its clients' handshakes.
+    let mut missing = Vec::new();
     for ca in &cas {
         let Some(subject) = x509::subject_der(ca) else {
             continue;
         };
-        if !read.iter().any(|crl| crl.issuer_der == subject) {
-            let name = x509::subject(ca).unwrap_or_default();
-            return Err(file_err(
-                "client_crl",
-                path,
-                format!(
-                    "no CRL from {name} (a client_ca): every certificate it signed would be \
-                     refused, its revocation status unknown"
-                ),
-            ));
+        let name = || x509::subject(ca).unwrap_or_default();
+        match read.iter().find(|crl| crl.issuer_der == subject) {
+            None => missing.push(name()),
+            Some(crl) if crl.signed_by(ca) == Some(false) => {
+                return Err(file_err(
+                    "client_crl",
+                    path,
+                    format!(
+                        "the CRL from {} is not signed by the key of the client_ca of that name \
+                         (another CA's, or a key since replaced): every certificate that CA \
+                         signed would be refused",
+                        name()
+                    ),
+                ));
+            }
+            Some(_) => {}
         }
     }
-    let due = read
+    if !missing.is_empty() {
+        return Err(file_err(
+            "client_crl",
+            path,
+            format!(
+                "no CRL from {} (a client_ca): every certificate it signed would be refused, \
+                 its revocation status unknown",
+                missing.join(", nor from ")
+            ),
+        ));
+    }
+    let crls_due = read
         .into_iter()
         .filter_map(|crl| Some((crl.issuer, crl.next_update?)))
         .collect();
-    Ok((verifier, due))
+    Ok(ClientVerifier {
+        verifier,
+        crls_due,
+        crl_notes: notes,
+    })
+}
+
+/// The CRLs rustls is given: of several from one issuer, the newest alone. rustls consults
+/// the first CRL whose issuer matches, so a newer CRL appended to the file (or an older one
+/// left in front of it) would not revoke what it adds. The older ones are named in a note.
+/// CRLs the gateway cannot read go to rustls as they are, which says what is wrong with them.
+fn newest_per_issuer(
+    all: Vec<CertificateRevocationListDer<'static>>,
+    path: &Path,
+) -> (
+    Vec<CertificateRevocationListDer<'static>>,
+    Vec<x509::Crl>,
+    Vec<String>,
+) {
+    let mut kept: Vec<(CertificateRevocationListDer<'static>, Option<x509::Crl>)> = Vec::new();
+    let mut older = Vec::new();
+    for der in all {
+        let crl = x509::crl(&der);
+        let same = crl.as_ref().and_then(|crl| {
+            kept.iter_mut()
+                .find(|(_, k)| k.as_ref().is_some_and(|k| k.issuer_der == crl.issuer_der))
+        });
+        match (same, crl) {
+            (Some((kept_der, Some(k))), Some(crl)) => {
+                if crl.newer_than(k) {
+                    older.push(std::mem::replace(k, crl).issuer);
+                    *kept_der = der;
+                } else {
+                    older.push(crl.issuer);
+                }
+            }
+            (_, crl) => kept.push((der, crl)),
+        }
+    }
+    let notes = older
+        .iter()
+        .map(|issuer| {
+            format!(
+                "server.tls.client_crl {}: holds more than one CRL from {issuer}; the newest \
+                 (by CRL number, else thisUpdate) is used and the older ignored",
+                path.display()
+            )
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let (crls, read): (Vec<_>, Vec<_>) = kept.into_iter().unzip();
+    (crls, read.into_iter().flatten().collect(), notes)
 }
 
 /// The acceptor's config, when its certificate expires, and when its CRLs are due.
@@ -105,6 +189,8 @@ pub struct ListenerTls {
     /// rustls accepted all the same).
     pub expires: Option<SystemTime>,
     crls_due: CrlsDue,
+    /// What loading the CRLs found that does not stop the listener.
+    crl_notes: Vec<String>,
 }
 
 /// Under this much validity left, start-up, reloads and `check` warn: a certificate renewed
@@ -116,6 +202,7 @@ impl ListenerTls {
     /// are past their nextUpdate, whose CA may have revoked more since.
     pub fn warnings(&self, tls: &ServerTls, now: SystemTime) -> Vec<String> {
         let mut out: Vec<String> = self.expiry_warning(tls, now).into_iter().collect();
+        out.extend(self.crl_notes.iter().cloned());
         let Some(path) = &tls.client_crl else {
             return out;
         };
@@ -162,11 +249,15 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let (builder, crls_due) = match &tls.client_ca {
-        None => (builder.with_no_client_auth(), Vec::new()),
+    let (builder, crls_due, crl_notes) = match &tls.client_ca {
+        None => (builder.with_no_client_auth(), Vec::new(), Vec::new()),
         Some(ca) => {
-            let (verifier, due) = client_verifier(tls, ca, provider)?;
-            (builder.with_client_cert_verifier(verifier), due)
+            let v = client_verifier(tls, ca, provider)?;
+            (
+                builder.with_client_cert_verifier(v.verifier),
+                v.crls_due,
+                v.crl_notes,
+            )
         }
     };
     let mut config = builder
@@ -177,6 +268,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
         config: Arc::new(config),
         expires,
         crls_due,
+        crl_notes,
     })
 }
 
@@ -223,6 +315,25 @@ pub fn handshake_failure(e: &std::io::Error) -> &'static str {
     }
 }
 
+/// What a refused handshake says of the listener's own CRLs rather than of its client: a
+/// chain with a CA that no CRL in `client_crl` covers (an intermediate's CRL missing; the
+/// client reads `unknown_ca`), or a CRL that does not verify. Every such client is refused
+/// alike, so it is logged as a warning, where debug holds the clients' own failures.
+pub fn crl_problem(e: &std::io::Error) -> Option<&'static str> {
+    use rustls::{CertificateError, Error};
+    match e.get_ref()?.downcast_ref::<Error>()? {
+        Error::InvalidCertificate(CertificateError::UnknownRevocationStatus) => Some(
+            "a client certificate was refused: no CRL in client_crl covers a CA of its chain \
+             (an intermediate CA that signs client certificates needs its own CRL there)",
+        ),
+        Error::InvalidCertRevocationList(_) => Some(
+            "a client certificate was refused: a CRL in client_crl that covers its chain \
+             cannot be used (its signature does not verify, or its issuer may not sign CRLs)",
+        ),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,6 +359,7 @@ mod tests {
             ),
             expires,
             crls_due: Vec::new(),
+            crl_notes: Vec::new(),
         };
         let expires = at(1_804_118_400); // 2027-03-04T00:00:00Z
         let day = 86_400;
@@ -286,10 +398,20 @@ mod tests {
         ] {
             assert_eq!(reason(e), "client_certificate");
         }
+        // The listener's own CRLs at fault are warned of; a client's revoked certificate is not.
+        let problem = |e: rustls::Error| {
+            crl_problem(&std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+        };
+        assert!(problem(CertificateError::UnknownRevocationStatus.into())
+            .is_some_and(|p| p.contains("intermediate CA")));
+        assert!(problem(CertRevocationListError::BadSignature.into())
+            .is_some_and(|p| p.contains("signature does not verify")));
+        assert_eq!(problem(CertificateError::Revoked.into()), None);
+        assert_eq!(problem(CertificateError::UnknownIssuer.into()), None);
     }
 
-    /// A CA, and a CRL it signed that is due at `next_update`.
-    fn ca_and_crl(cn: &str, next_update: (i32, u8, u8)) -> (rcgen::Certificate, String) {
+    /// A CA named `cn`, and its key.
+    fn ca(cn: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -297,19 +419,35 @@ mod tests {
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, cn);
-        let ca = params.self_signed(&key).unwrap();
+        (params.self_signed(&key).unwrap(), key)
+    }
+
+    /// The CA's CRL number `number`, due at `next_update`, in PEM.
+    fn crl_of(
+        ca: &rcgen::Certificate,
+        key: &rcgen::KeyPair,
+        number: u64,
+        next_update: (i32, u8, u8),
+    ) -> String {
         let (y, m, d) = next_update;
-        let crl = rcgen::CertificateRevocationListParams {
+        rcgen::CertificateRevocationListParams {
             this_update: rcgen::date_time_ymd(2020, 1, 1),
             next_update: rcgen::date_time_ymd(y, m, d),
-            crl_number: rcgen::SerialNumber::from(1),
+            crl_number: rcgen::SerialNumber::from(number),
             issuing_distribution_point: None,
             revoked_certs: Vec::new(),
             key_identifier_method: rcgen::KeyIdMethod::Sha256,
         }
-        .signed_by(&ca, &key)
-        .unwrap();
-        let pem = crl.pem().unwrap();
+        .signed_by(ca, key)
+        .unwrap()
+        .pem()
+        .unwrap()
+    }
+
+    /// A CA, and a CRL it signed that is due at `next_update`.
+    fn ca_and_crl(cn: &str, next_update: (i32, u8, u8)) -> (rcgen::Certificate, String) {
+        let (ca, key) = ca(cn);
+        let pem = crl_of(&ca, &key, 1, next_update);
         (ca, pem)
     }
 
@@ -395,5 +533,84 @@ mod tests {
             )
         );
         assert!(error(&dir.path().join("absent.crl")).contains("failed to read file"));
+    }
+
+    /// A CRL is checked at load against the CA it names: signed by that CA's key, and the
+    /// newest of several from it the one used. Every CA without one is named.
+    #[test]
+    fn client_crls_are_matched_to_their_cas_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, contents: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, contents).unwrap();
+            p
+        };
+        let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let (one, one_key) = ca("One CA");
+        let (two, two_key) = ca("Two CA");
+        let tls = |crl: &Path| ServerTls {
+            cert: file("server.pem", server.cert.pem().as_bytes()),
+            key: file("server.key", server.key_pair.serialize_pem().as_bytes()),
+            client_ca: Some(file(
+                "ca.pem",
+                format!("{}{}", one.pem(), two.pem()).as_bytes(),
+            )),
+            client_crl: Some(crl.to_path_buf()),
+        };
+        let error = |crl: &Path| match server_config(&tls(crl)) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{} was accepted", crl.display()),
+        };
+        let until = (2090, 1, 1);
+        let two_crl = crl_of(&two, &two_key, 1, until);
+
+        // Another CA of the same name (or the CA before its key changed) signed it: every
+        // client of One would be refused for the CRL's bad signature.
+        let (impostor, impostor_key) = ca("One CA");
+        let forged = crl_of(&impostor, &impostor_key, 1, until);
+        let path = file("forged.crl", format!("{forged}{two_crl}").as_bytes());
+        assert_eq!(
+            error(&path),
+            format!(
+                "server.tls.client_crl {}: the CRL from CN=One CA is not signed by the key \
+                 of the client_ca of that name (another CA's, or a key since replaced): every \
+                 certificate that CA signed would be refused",
+                path.display()
+            )
+        );
+
+        // Two CRLs from One: the newer is used, wherever it is, and the older is noted.
+        let (old, new) = (
+            crl_of(&one, &one_key, 1, until),
+            crl_of(&one, &one_key, 2, until),
+        );
+        for pem in [
+            format!("{old}{new}{two_crl}"),
+            format!("{new}{two_crl}{old}"),
+        ] {
+            let path = file("two-from-one.crl", pem.as_bytes());
+            let listener = server_config(&tls(&path)).unwrap();
+            assert_eq!(
+                listener.warnings(&tls(&path), SystemTime::now()),
+                [format!(
+                    "server.tls.client_crl {}: holds more than one CRL from CN=One CA; the \
+                     newest (by CRL number, else thisUpdate) is used and the older ignored",
+                    path.display()
+                )]
+            );
+        }
+
+        // Every CA without a CRL is named at once.
+        let (three, three_key) = ca("Three CA");
+        let path = file("three.crl", crl_of(&three, &three_key, 1, until).as_bytes());
+        assert_eq!(
+            error(&path),
+            format!(
+                "server.tls.client_crl {}: no CRL from CN=One CA, nor from CN=Two CA (a \
+                 client_ca): every certificate it signed would be refused, its revocation \
+                 status unknown",
+                path.display()
+            )
+        );
     }
 }

@@ -82,43 +82,145 @@ fn name(r: BERReader<'_, '_>) -> yasna::ASN1Result<String> {
 }
 
 /// What the gateway reads from a CRL (RFC 5280 5.1) itself: rustls checks certificates
-/// against it but says neither who issued it nor until when.
+/// against it but says neither who issued it, nor until when, nor which of two CRLs from one
+/// issuer is the newer, and it checks the CRL's signature only at a handshake.
 pub struct Crl {
     /// The issuer's name as its DER encodes it, as [`subject_der`] reads a CA's.
     pub issuer_der: Vec<u8>,
     /// The issuer's name as [`subject`] writes it.
     pub issuer: String,
+    /// When the CRL was issued, in seconds since the epoch.
+    pub this_update: i64,
     /// When the issuer promised the next CRL (`None` if the CRL names no date).
     pub next_update: Option<SystemTime>,
+    /// Its CRL number (RFC 5280 5.2.3), big-endian without leading zeros.
+    pub number: Option<Vec<u8>>,
+    /// The signed `TBSCertList` (its DER), the signature's algorithm and the signature.
+    tbs: Vec<u8>,
+    algorithm: ObjectIdentifier,
+    signature: Vec<u8>,
 }
 
-/// Reads `TBSCertList` up to its nextUpdate; the revoked certificates and the extensions
-/// after it are skipped.
+/// id-ce-cRLNumber.
+const CRL_NUMBER: [u64; 4] = [2, 5, 29, 20];
+
+/// Reads `TBSCertList` for its issuer, dates and CRL number; the revoked certificates are
+/// skipped.
 pub fn crl(der: &[u8]) -> Option<Crl> {
     yasna::parse_ber(der, |r| {
         r.read_sequence(|r| {
-            let crl = r.next().read_sequence(|r| {
-                // version INTEGER OPTIONAL (v2), signature, issuer, thisUpdate, nextUpdate
-                // OPTIONAL.
-                r.read_optional(|r| r.read_u8())?;
-                r.next().read_der()?;
-                let issuer_der = r.next().read_der()?;
-                let issuer = yasna::parse_der(&issuer_der, name)?;
-                time(r.next())?;
-                let next_update = r.read_optional(time)?;
+            let tbs = r.next().read_der()?;
+            let algorithm = r.next().read_sequence(|r| {
+                let oid = r.next().read_oid()?;
                 while r.read_optional(|r| r.read_der())?.is_some() {}
-                Ok(Crl {
-                    issuer_der,
-                    issuer,
-                    next_update: next_update.and_then(unix_time),
+                Ok(oid)
+            })?;
+            let (signature, _) = r.next().read_bitvec_bytes()?;
+            let crl = yasna::parse_der(&tbs, |r| {
+                r.read_sequence(|r| {
+                    // version INTEGER OPTIONAL (v2), signature, issuer, thisUpdate,
+                    // nextUpdate OPTIONAL, revokedCertificates OPTIONAL, crlExtensions [0].
+                    r.read_optional(|r| r.read_u8())?;
+                    r.next().read_der()?;
+                    let issuer_der = r.next().read_der()?;
+                    let issuer = yasna::parse_der(&issuer_der, name)?;
+                    let this_update = time(r.next())?;
+                    let next_update = r.read_optional(time)?;
+                    let mut number = None;
+                    while let Some(n) = r.read_optional(|r| {
+                        if r.lookahead_tag()? == yasna::Tag::context(0) {
+                            r.read_tagged(yasna::Tag::context(0), crl_number)
+                        } else {
+                            r.read_der().map(|_| None)
+                        }
+                    })? {
+                        number = number.or(n);
+                    }
+                    Ok((issuer_der, issuer, this_update, next_update, number))
                 })
             })?;
-            r.next().read_der()?;
-            r.next().read_der()?;
-            Ok(crl)
+            let (issuer_der, issuer, this_update, next_update, number) = crl;
+            Ok(Crl {
+                issuer_der,
+                issuer,
+                this_update,
+                next_update: next_update.and_then(unix_time),
+                number,
+                tbs,
+                algorithm,
+                signature,
+            })
         })
     })
     .ok()
+}
+
+/// The CRL number among a CRL's extensions.
+fn crl_number(r: BERReader<'_, '_>) -> yasna::ASN1Result<Option<Vec<u8>>> {
+    let mut number = None;
+    r.read_sequence_of(|r| {
+        r.read_sequence(|r| {
+            let oid = r.next().read_oid()?;
+            r.read_optional(|r| r.read_bool())?;
+            let value = r.next().read_bytes()?;
+            if oid.components().as_slice() == CRL_NUMBER {
+                let (bytes, _) = yasna::parse_der(&value, |r| r.read_bigint_bytes())?;
+                let first = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len());
+                number = Some(bytes[first..].to_vec());
+            }
+            Ok(())
+        })
+    })?;
+    Ok(number)
+}
+
+impl Crl {
+    /// Whether this CRL supersedes `other` from the same issuer: the higher CRL number,
+    /// or without numbers, the later thisUpdate.
+    pub fn newer_than(&self, other: &Crl) -> bool {
+        match (&self.number, &other.number) {
+            (Some(a), Some(b)) => (a.len(), a) > (b.len(), b),
+            _ => self.this_update > other.this_update,
+        }
+    }
+
+    /// Whether the CA certificate `ca` signed this CRL: `None` for a signature algorithm
+    /// this check does not know (RSA-PSS, for one), which rustls still checks at each
+    /// handshake.
+    pub fn signed_by(&self, ca: &[u8]) -> Option<bool> {
+        use ring::signature as sig;
+        let (curve, key) = tbs(ca, 4, |r| {
+            r.read_sequence(|r| {
+                let curve = r.next().read_sequence(|r| {
+                    r.next().read_oid()?;
+                    let curve = r.read_optional(|r| r.read_oid())?;
+                    while r.read_optional(|r| r.read_der())?.is_some() {}
+                    Ok(curve)
+                })?;
+                Ok((curve, r.next().read_bitvec_bytes()?.0))
+            })
+        })?;
+        const P256: &[u64] = &[1, 2, 840, 10045, 3, 1, 7];
+        const P384: &[u64] = &[1, 3, 132, 0, 34];
+        let curve = curve.as_ref().map(|c| c.components().as_slice());
+        let algorithm: &dyn sig::VerificationAlgorithm =
+            match (self.algorithm.components().as_slice(), curve) {
+                ([1, 2, 840, 113549, 1, 1, 11], _) => &sig::RSA_PKCS1_2048_8192_SHA256,
+                ([1, 2, 840, 113549, 1, 1, 12], _) => &sig::RSA_PKCS1_2048_8192_SHA384,
+                ([1, 2, 840, 113549, 1, 1, 13], _) => &sig::RSA_PKCS1_2048_8192_SHA512,
+                ([1, 2, 840, 10045, 4, 3, 2], Some(P256)) => &sig::ECDSA_P256_SHA256_ASN1,
+                ([1, 2, 840, 10045, 4, 3, 2], Some(P384)) => &sig::ECDSA_P384_SHA256_ASN1,
+                ([1, 2, 840, 10045, 4, 3, 3], Some(P256)) => &sig::ECDSA_P256_SHA384_ASN1,
+                ([1, 2, 840, 10045, 4, 3, 3], Some(P384)) => &sig::ECDSA_P384_SHA384_ASN1,
+                ([1, 3, 101, 112], _) => &sig::ED25519,
+                _ => return None,
+            };
+        Some(
+            sig::UnparsedPublicKey::new(algorithm, &key)
+                .verify(&self.tbs, &self.signature)
+                .is_ok(),
+        )
+    }
 }
 
 /// RFC 5280 4.1.2.5: UTCTime through 2049, GeneralizedTime from 2050.
@@ -269,6 +371,9 @@ mod tests {
             .to_vec()
         };
         let crl_2027 = crl(&crl_until(2027, 3, 4)).unwrap();
+        assert_eq!(crl_2027.number.as_deref(), Some(&[7u8][..]));
+        assert_eq!(crl_2027.this_update, 1_577_836_800);
+        assert_eq!(crl_2027.signed_by(ca.der()), Some(true));
         assert_eq!(crl_2027.issuer, "CN=Clients CA,O=Acme\\, Inc.");
         assert_eq!(Some(crl_2027.issuer_der), subject_der(ca.der()));
         assert_eq!(crl_2027.next_update.map(unix), Some(1_804_118_400));
@@ -280,6 +385,46 @@ mod tests {
         );
         assert!(crl(b"not a CRL").is_none());
         assert!(crl(ca.der()).is_none());
+    }
+
+    /// The signature is checked for each algorithm rustls's verifier takes from a CA; the
+    /// newer of two CRLs is the one with the higher number, however long.
+    #[test]
+    fn a_crl_is_checked_against_its_cas_key_and_ordered_by_number() {
+        let crl_of = |alg: &'static rcgen::SignatureAlgorithm, number: u64| {
+            let key = rcgen::KeyPair::generate_for(alg).unwrap();
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let ca = params.self_signed(&key).unwrap();
+            let der = rcgen::CertificateRevocationListParams {
+                this_update: rcgen::date_time_ymd(2020, 1, 1),
+                next_update: rcgen::date_time_ymd(2090, 1, 1),
+                crl_number: rcgen::SerialNumber::from(number),
+                issuing_distribution_point: None,
+                revoked_certs: Vec::new(),
+                key_identifier_method: rcgen::KeyIdMethod::Sha256,
+            }
+            .signed_by(&ca, &key)
+            .unwrap()
+            .der()
+            .to_vec();
+            (ca.der().to_vec(), crl(&der).unwrap())
+        };
+        for alg in [
+            &rcgen::PKCS_ECDSA_P256_SHA256,
+            &rcgen::PKCS_ECDSA_P384_SHA384,
+            &rcgen::PKCS_ED25519,
+        ] {
+            let (ca, crl) = crl_of(alg, 1);
+            let (other, _) = crl_of(alg, 1);
+            assert_eq!(crl.signed_by(&ca), Some(true), "{alg:?}");
+            assert_eq!(crl.signed_by(&other), Some(false), "{alg:?}");
+        }
+        let number = |n| crl_of(&rcgen::PKCS_ECDSA_P256_SHA256, n).1;
+        assert!(number(256).newer_than(&number(255)));
+        assert!(!number(255).newer_than(&number(256)));
+        assert!(number(1 << 40).newer_than(&number(2)));
+        assert!(!number(2).newer_than(&number(2)));
     }
 
     #[test]

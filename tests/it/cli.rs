@@ -495,7 +495,7 @@ fn check_reads_the_tls_files_as_start_up_does() {
     let (code, stderr) = run(config("/nonexistent/cert.pem", &key));
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
-        stderr.contains("warning: server.tls /nonexistent/cert.pem")
+        stderr.contains("warning: server.tls.cert /nonexistent/cert.pem")
             && stderr.contains("will not start without it"),
         "{stderr}"
     );
@@ -579,7 +579,7 @@ fn check_reads_the_client_crl_as_start_up_does() {
     let (code, _, stderr) = run("/nonexistent/clients.crl");
     assert_eq!(code, Some(0), "{stderr}");
     assert!(
-        stderr.contains("warning: server.tls /nonexistent/clients.crl")
+        stderr.contains("warning: server.tls.client_crl /nonexistent/clients.crl")
             && stderr.contains("will not start without it"),
         "{stderr}"
     );

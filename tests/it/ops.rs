@@ -390,10 +390,17 @@ impl Certs {
 
     /// Writes `clients.crl`: the CA's CRL revoking these serials, valid for decades.
     fn write_crl(&self, revoked: &[u64]) -> std::path::PathBuf {
+        let path = self.dir.path().join("clients.crl");
+        std::fs::write(&path, self.crl(1, revoked)).unwrap();
+        path
+    }
+
+    /// The CA's CRL number `number`, revoking these serials, in PEM.
+    fn crl(&self, number: u64, revoked: &[u64]) -> String {
         let crl = CertificateRevocationListParams {
             this_update: rcgen::date_time_ymd(2020, 1, 1),
             next_update: rcgen::date_time_ymd(2090, 1, 1),
-            crl_number: SerialNumber::from(1),
+            crl_number: SerialNumber::from(number),
             issuing_distribution_point: None,
             revoked_certs: revoked
                 .iter()
@@ -408,9 +415,7 @@ impl Certs {
         }
         .signed_by(&self.ca, &self.ca_key)
         .unwrap();
-        let path = self.dir.path().join("clients.crl");
-        std::fs::write(&path, crl.pem().unwrap()).unwrap();
-        path
+        crl.pem().unwrap()
     }
 }
 
@@ -656,6 +661,30 @@ async fn a_revoked_client_certificate_is_refused_at_the_handshake() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(h.metric(refused).await, 1.0);
+}
+
+/// Of two CRLs from the CA in the file, the newer revokes, before the older or after it.
+/// rustls consults the first whose issuer matches: a newer CRL appended to the file
+/// (`cat new.crl >> clients.crl`) revoked nothing it added, and nothing said so.
+#[tokio::test]
+async fn the_newest_of_two_crls_from_one_ca_revokes_wherever_it_is_in_the_file() {
+    let c = certs("crl-two");
+    let revoked = c.client(2);
+    let (old, new) = (c.crl(1, &[]), c.crl(2, &[2]));
+    for (name, pem) in [
+        ("appended", format!("{old}{new}")),
+        ("first", format!("{new}{old}")),
+    ] {
+        let path = c.dir.path().join(format!("{name}.crl"));
+        std::fs::write(&path, pem).unwrap();
+        let h = Harness::with_config(&with_crl(&tls_config_toml(&c, true), &path)).await;
+        assert_eq!(status_as(h.addr(), &c, &revoked).await, None, "{name}");
+        assert_eq!(
+            status_as(h.addr(), &c, &c.client).await,
+            Some(http::StatusCode::OK),
+            "{name}"
+        );
+    }
 }
 
 /// A certificate revoked after start-up is refused once the watcher sees the new CRL, with
