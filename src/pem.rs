@@ -8,7 +8,7 @@ use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKey
 pub fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(pem_error)?;
     if certs.is_empty() {
         return Err("no PEM certificate found".into());
     }
@@ -20,7 +20,7 @@ pub fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
 pub fn crls(data: &[u8]) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
     let crls = CertificateRevocationListDer::pem_slice_iter(data)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(pem_error)?;
     if !crls.is_empty() {
         return Ok(crls);
     }
@@ -29,6 +29,17 @@ pub fn crls(data: &[u8]) -> Result<Vec<CertificateRevocationListDer<'static>>, S
         return Ok(vec![data.to_vec().into()]);
     }
     Err("no CRL found (PEM \"X509 CRL\", or DER)".into())
+}
+
+/// A PEM error in words: pki-types writes a missing END line as its bytes.
+fn pem_error(e: pem::Error) -> String {
+    match e {
+        pem::Error::MissingSectionEnd { end_marker } => format!(
+            "a PEM block never ends (no \"-----END {}-----\" line): is the file cut short?",
+            String::from_utf8_lossy(&end_marker)
+        ),
+        e => e.to_string(),
+    }
 }
 
 /// The first private key of a PEM file.
@@ -89,5 +100,11 @@ mod tests {
         let none = "no CRL found (PEM \"X509 CRL\", or DER)";
         assert_eq!(crls(ca.pem().as_bytes()).unwrap_err(), none);
         assert_eq!(crls(b"").unwrap_err(), none);
+        let pem = one.pem().unwrap();
+        let cut = &pem[..pem.len() - 30];
+        assert_eq!(
+            crls(cut.as_bytes()).unwrap_err(),
+            "a PEM block never ends (no \"-----END X509 CRL-----\" line): is the file cut short?"
+        );
     }
 }

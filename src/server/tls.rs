@@ -83,7 +83,15 @@ fn client_verifier(
     // (refusing every client instead would turn a CRL published late into an outage;
     // `warnings` says so).
     let verifier = builder.with_crls(crls).build().map_err(|e| match e {
-        VerifierBuilderError::InvalidCrl(_) => file_err("client_crl", path, e),
+        // rustls names the parser's error only.
+        VerifierBuilderError::InvalidCrl(_) => file_err(
+            "client_crl",
+            path,
+            format!(
+                "{e} (a certificate in DER, several DER CRLs run together, or a damaged \
+                 file?)"
+            ),
+        ),
         e => file_err("client_ca", ca, e),
     })?;
     // A CA without a CRL in the file, or with one its key did not sign, would have every
@@ -528,7 +536,8 @@ mod tests {
         assert_eq!(
             error(&garbled),
             format!(
-                "server.tls.client_crl {}: provided CRL could not be parsed: ParseError",
+                "server.tls.client_crl {}: provided CRL could not be parsed: ParseError (a \
+                 certificate in DER, several DER CRLs run together, or a damaged file?)",
                 garbled.display()
             )
         );
