@@ -156,12 +156,12 @@ pub(super) fn apply(shared: &Shared, config: Config) -> Result<String, ServerErr
     if let Some(warning) = shared.at_start.changed_by(&config.server) {
         tracing::warn!("{warning}");
     }
-    let (tls, expires) = match &config.server.tls {
+    let (tls, expires, crls_due) = match &config.server.tls {
         Some(t) => {
-            let (acceptor, expires) = crate::server::tls::acceptor(t)?;
-            (Some(acceptor), expires)
+            let loaded = crate::server::tls::acceptor(t)?;
+            (Some(loaded.acceptor), loaded.expires, loaded.crls_due)
         }
-        None => (None, None),
+        None => (None, None, Vec::new()),
     };
     let fingerprint = config.fingerprint.clone();
     let server = Arc::new(config.server.clone());
@@ -178,6 +178,7 @@ pub(super) fn apply(shared: &Shared, config: Config) -> Result<String, ServerErr
     shared.gateway.load().took_over(&old);
     shared.tls.store(tls);
     shared.metrics.tls_certificate_expires(expires);
+    shared.metrics.tls_crls_due(&crls_due);
     shared.server.store(server);
     shared.metrics.reload(true);
     shared.metrics.config_loaded(&fingerprint);

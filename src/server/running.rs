@@ -67,9 +67,10 @@ pub async fn start_with_source(
     let cut = Signal::new();
     let tls = match &config.server.tls {
         Some(t) => {
-            let (acceptor, expires) = crate::server::tls::acceptor(t)?;
-            metrics.tls_certificate_expires(expires);
-            Some(acceptor)
+            let loaded = crate::server::tls::acceptor(t)?;
+            metrics.tls_certificate_expires(loaded.expires);
+            metrics.tls_crls_due(&loaded.crls_due);
+            Some(loaded.acceptor)
         }
         None => None,
     };

@@ -41,7 +41,7 @@ fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>,
 }
 
 /// Each `client_crl` CRL's issuer, and when it promised the next (its nextUpdate).
-type CrlsDue = Vec<(String, SystemTime)>;
+pub type CrlsDue = Vec<(String, SystemTime)>;
 
 /// The verifier of client certificates, and what its CRLs need said.
 struct ClientVerifier {
@@ -280,17 +280,25 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     })
 }
 
-/// The listener's acceptor, at start-up or on a reload, and when its certificate expires
-/// (for the gauge, set once it serves); warns of a certificate that has expired or soon will.
-pub fn acceptor(
-    tls: &ServerTls,
-) -> Result<(Arc<tokio_rustls::TlsAcceptor>, Option<SystemTime>), TlsError> {
+/// The listener's acceptor, and the dates its gauges show once it serves.
+pub struct Acceptor {
+    pub acceptor: Arc<tokio_rustls::TlsAcceptor>,
+    pub expires: Option<SystemTime>,
+    pub crls_due: CrlsDue,
+}
+
+/// The listener's acceptor, at start-up or on a reload; warns of a certificate that has
+/// expired or soon will, and of CRLs due or superseded.
+pub fn acceptor(tls: &ServerTls) -> Result<Acceptor, TlsError> {
     let listener = server_config(tls)?;
     for w in listener.warnings(tls, SystemTime::now()) {
         tracing::warn!("{w}");
     }
-    let acceptor = Arc::new(tokio_rustls::TlsAcceptor::from(listener.config));
-    Ok((acceptor, listener.expires))
+    Ok(Acceptor {
+        acceptor: Arc::new(tokio_rustls::TlsAcceptor::from(listener.config)),
+        expires: listener.expires,
+        crls_due: listener.crls_due,
+    })
 }
 
 /// Why a client's TLS handshake failed, as `hourglass_tls_handshake_failures_total` counts

@@ -74,6 +74,7 @@ pub struct Metrics {
     refused_heads: IntCounterVec,
     tls_handshake_failures: IntCounterVec,
     tls_expiry: IntGaugeVec,
+    tls_crl_due: IntGaugeVec,
     runs: RunMetrics,
     stream_upstream: IntCounterVec,
     partial_answers: IntCounterVec,
@@ -499,6 +500,12 @@ impl Metrics {
                  seconds; set at start-up and on every reload, absent without TLS.",
             &["listener"],
         );
+        let tls_crl_due = gauge(
+            "hourglass_tls_crl_next_update_timestamp_seconds",
+            "When each [server.tls] client_crl CRL is due to be replaced (its nextUpdate), in \
+                 Unix seconds, by issuer; set at start-up and on every reload.",
+            &["issuer"],
+        );
         let log_lines_dropped = registered(
             &registry,
             IntCounter::new(
@@ -576,6 +583,7 @@ impl Metrics {
             refused_heads,
             tls_handshake_failures,
             tls_expiry,
+            tls_crl_due,
             requests,
             cancellations,
             budget,
@@ -818,6 +826,17 @@ impl Metrics {
             None => {
                 let _ = self.tls_expiry.remove_label_values(&["client"]);
             }
+        }
+    }
+
+    /// The CRLs' nextUpdate by issuer: the series of CRLs no longer in the file go.
+    pub fn tls_crls_due(&self, due: &[(String, std::time::SystemTime)]) {
+        self.tls_crl_due.reset();
+        for (issuer, at) in due {
+            let secs = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            self.tls_crl_due
+                .with_label_values(&[issuer])
+                .set(i64::try_from(secs.as_secs()).unwrap_or(i64::MAX));
         }
     }
 

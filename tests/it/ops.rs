@@ -661,6 +661,14 @@ async fn a_revoked_client_certificate_is_refused_at_the_handshake() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(h.metric(refused).await, 1.0);
+    // When the CRL is due (2090-01-01), for an alert before it lapses.
+    assert_eq!(
+        h.metric(
+            "hourglass_tls_crl_next_update_timestamp_seconds{issuer=\"CN=rcgen self signed cert\"}"
+        )
+        .await,
+        3_786_912_000.0
+    );
 }
 
 /// Of two CRLs from the CA in the file, the newer revokes, before the older or after it.
