@@ -47,6 +47,8 @@ pub async fn run(
     // (a busy machine wakes its timer late), the room it left is short by as much, and the
     // fallback must not lose the attempt the shortening was for: it needs only `min_useful`.
     let mut room_kept_for: Option<usize> = None;
+    // Whether the last single attempt's connect wait was cut to keep its fallback room.
+    let mut cut_connect = false;
     let chain = Order::of(route, Instant::now());
     for (i, entry) in chain.iter().enumerate() {
         if hedged_with == Some(i) {
@@ -136,7 +138,11 @@ pub async fn run(
             } else {
                 let (ft, switch_by) =
                     first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
-                room_kept_for = switch_by.is_some().then_some(i + 1);
+                // The fallback keeps only the room of a wait that was cut: a wait left whole
+                // (the first token's, when `retry_on` does not move on from it) may end in a
+                // late 5xx after that room is spent, and the fallback must then fit as any does.
+                room_kept_for = switch_by.filter(|s| s.first_token).map(|_| i + 1);
+                cut_connect = switch_by.is_some_and(|s| s.connect);
                 single(
                     metrics, route, entry, template, budget, record, ft, switch_by, probe,
                 )
@@ -162,6 +168,11 @@ pub async fn run(
                         error_cause(&error).is_some_and(|c| policy.retry_on.contains(c));
                     if !retryable {
                         return Err(error);
+                    }
+                    if cut_connect
+                        && matches!(error, GatewayError::ConnectTimeout { sent: false, .. })
+                    {
+                        room_kept_for = Some(i + 1);
                     }
                     // A certificate that failed fails every retry here the same way: on to
                     // the fallback, if any.

@@ -241,6 +241,25 @@ async fn a_first_token_that_retry_on_does_not_move_on_from_keeps_its_whole_limit
     assert!(p.backup.requests().is_empty());
 }
 
+/// A late 5xx after a first-token wait left whole passes through when the fallback no
+/// longer fits: only the room of a wait that was cut is kept for the fallback. (It went to
+/// the fallback with what was left, which ran out: a 504 in place of the upstream's 503.)
+#[tokio::test]
+async fn a_late_5xx_after_an_uncut_wait_passes_through_when_the_fallback_does_not_fit() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nfirst_token_timeout = \"4s\"\nretry_on = [\"connect\", \"5xx\"]",
+        "",
+        "expected_first_token = \"3s\"",
+    )
+    .await;
+    p.primary
+        .set_script(&[("x-fake-status", "503"), ("x-fake-ttft-ms", "3500")]);
+    let (resp, _c) = p.chat(&[("x-request-budget-ms", "5000")]).await;
+    assert_eq!(resp.status(), 503);
+    read_body(resp.into_body()).await;
+    assert!(p.backup.requests().is_empty());
+}
+
 /// Nor is a connect cut short for a fallback that a connect failure does not move on to.
 #[tokio::test]
 async fn a_connect_that_retry_on_does_not_move_on_from_keeps_its_whole_limit() {
