@@ -378,7 +378,7 @@ fn turn<'a>(
         return Turn::Go(None);
     };
     let health = &entry.upstream.health;
-    let probe = health.attempt(now);
+    let probe = health.attempt(now, longest_wait(budget, now));
     if probe.is_some() || !health.is_out() {
         return Turn::Go(probe);
     }
@@ -393,6 +393,12 @@ fn turn<'a>(
     } else {
         Turn::Go(None)
     }
+}
+
+/// The longest an attempt started at `now` may wait for its answer: a probe holds its turn
+/// that long. The route's own limits bound it (a shortened first-token wait only ends sooner).
+fn longest_wait(budget: &Budget, now: Instant) -> Duration {
+    (budget.connect_timeout + budget.first_token_timeout).min(budget.usable(now))
 }
 
 /// A connect that takes this long is no healthy upstream's, even where the budget cut the
@@ -460,7 +466,7 @@ async fn single(
     first_token_timeout: Duration,
     switch_by: Option<SwitchBy>,
     // Held until the attempt (and a resend of it) has reported, or dropped with it.
-    _probe: Option<Probe<'_>>,
+    probe: Option<Probe<'_>>,
 ) -> Result<Started, GatewayError> {
     let mut sent_again = false;
     loop {
@@ -470,7 +476,15 @@ async fn single(
         let result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
-        note(metrics, budget, entry, record, index, &result);
+        note(
+            metrics,
+            budget,
+            entry,
+            probe.as_ref(),
+            record,
+            index,
+            &result,
+        );
         let need = template
             .expected_ttft(&entry.upstream)
             .max(budget.min_useful);
@@ -490,6 +504,7 @@ fn note(
     metrics: &Metrics,
     budget: &Budget,
     entry: &ChainEntry,
+    probe: Option<&Probe<'_>>,
     record: &mut RequestRecord,
     index: usize,
     result: &Result<Started, GatewayError>,
@@ -497,7 +512,7 @@ fn note(
     let upstream = &entry.upstream;
     let change = upstream
         .health
-        .report(verdict(result, budget), Instant::now());
+        .report(verdict(result, budget), Instant::now(), probe);
     // An upstream a reload replaced still hears from the attempts it had begun, but its
     // name's series belong to the upstream now serving.
     match change.filter(|_| !upstream.is_retired()) {
@@ -555,7 +570,10 @@ async fn hedge(
     };
     let i0 = record.attempt_started(primary_entry, t0, true);
     // Neither attempt's probe turn outlives this race: a loser's is handed on.
-    let _probe = primary_entry.upstream.health.attempt(t0);
+    let probe = primary_entry
+        .upstream
+        .health
+        .attempt(t0, longest_wait(budget, t0));
     let primary = attempt(
         primary_entry,
         route,
@@ -570,7 +588,7 @@ async fn hedge(
     tokio::select! {
         biased;
         r = &mut primary => {
-            note(metrics, budget, primary_entry, record, i0, &r);
+            note(metrics, budget, primary_entry, probe.as_ref(), record, i0, &r);
             return (r.map(|s| (s, 0)), false);
         }
         () = &mut fire => {}
@@ -582,13 +600,25 @@ async fn hedge(
         Ok(r) if budget.usable(Instant::now()) >= need => r,
         _ => {
             let r = primary.await;
-            note(metrics, budget, primary_entry, record, i0, &r);
+            note(
+                metrics,
+                budget,
+                primary_entry,
+                probe.as_ref(),
+                record,
+                i0,
+                &r,
+            );
             return (r.map(|s| (s, 0)), false);
         }
     };
     // Beside the primary, which the log keeps naming until one of them answers.
     let i1 = record.attempt_started(hedge_entry, Instant::now(), false);
-    let _hedge_probe = hedge_entry.upstream.health.attempt(Instant::now());
+    let now = Instant::now();
+    let hedge_probe = hedge_entry
+        .upstream
+        .health
+        .attempt(now, longest_wait(budget, now));
     let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout, None).run(hreq);
     tokio::pin!(hedged);
     let policy = &route.route.policy;
@@ -602,7 +632,7 @@ async fn hedge(
     let outcome = loop {
         tokio::select! {
             r = &mut primary, if primary_done.is_none() => {
-                note(metrics, budget, primary_entry, record, i0, &r);
+                note(metrics, budget, primary_entry, probe.as_ref(), record, i0, &r);
                 if wins(&r) {
                     if hedge_done.is_none() {
                         record.attempt(hedge_entry, i1, Ok("hedge_loser"));
@@ -614,7 +644,7 @@ async fn hedge(
                 primary_done = Some(r);
             }
             r = &mut hedged, if hedge_done.is_none() => {
-                note(metrics, budget, hedge_entry, record, i1, &r);
+                note(metrics, budget, hedge_entry, hedge_probe.as_ref(), record, i1, &r);
                 if wins(&r) {
                     if primary_done.is_none() {
                         record.attempt(primary_entry, i0, Ok("hedge_loser"));
@@ -697,7 +727,7 @@ fallbacks = ["b"]
         let is_probe = |t: &Turn<'_>| matches!(t, Turn::Go(Some(_)));
 
         assert!(matches!(judge(), Turn::Go(None)), "in rotation: no probe");
-        a.report(Verdict::Failed, Instant::now());
+        a.report(Verdict::Failed, Instant::now(), None);
         assert!(matches!(judge(), Turn::PassOver), "ejected, b in rotation");
         tokio::time::advance(Duration::from_secs(10)).await;
         let first = judge();
@@ -708,7 +738,7 @@ fallbacks = ["b"]
         let second = judge();
         assert!(is_probe(&second), "handed on");
         // With nothing later in rotation, the upstream is tried all the same.
-        b.report(Verdict::Failed, Instant::now());
+        b.report(Verdict::Failed, Instant::now(), None);
         assert!(matches!(judge(), Turn::Go(None)));
         drop(second);
     }

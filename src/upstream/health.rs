@@ -4,7 +4,10 @@
 //!
 //! After `eject_after` failed attempts in a row the upstream is ejected for `eject_for`.
 //! Then one attempt at a time is let through as a probe: its success puts the upstream back,
-//! its failure ejects it again. An ejected upstream is only ever passed over for another one
+//! its failure ejects it again. The probe holds its turn for as long as it may wait (a
+//! first token slower than `eject_for` is no reason for a second probe beside it), and only
+//! its own report ends the turn: an attempt that began before the ejection and fails late
+//! restarts the ejection's wait without freeing the probe's turn. An ejected upstream is only ever passed over for another one
 //! in rotation: the routes decide that (`gateway::retry`), and where no other is left they
 //! try it anyway, so ejection changes the order of attempts and never refuses a request.
 //!
@@ -15,6 +18,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::Ejection;
@@ -51,15 +55,39 @@ pub struct Health {
 struct Timing {
     /// When the ejection ends and a probe may go.
     until: Option<Instant>,
-    /// A probe in flight, and when its turn lapses if it never reports (its request was
-    /// dropped before the attempt ended).
-    probe: Option<Instant>,
+    /// The probe in flight, if any.
+    probe: Option<Turn>,
+    /// Turns given so far, which tell one probe's from the next.
+    turns: u64,
 }
+
+/// A probe's turn: which one, and when it lapses should its guard never drop (a request that
+/// hangs past every limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Turn {
+    id: u64,
+    lapse: Instant,
+}
+
+/// A turn lasts this much past the probe's longest wait: a timer on a busy machine fires late,
+/// and the probe reports a moment after its wait ends.
+const LAPSE_GRACE: Duration = Duration::from_secs(1);
 
 impl Timing {
     /// The ejection is over and no probe holds the turn.
     fn may_probe(&self, now: Instant) -> bool {
-        self.until.is_none_or(|u| now >= u) && self.probe.is_none_or(|lapse| now >= lapse)
+        self.until.is_none_or(|u| now >= u) && self.probing(now).is_none()
+    }
+
+    fn probing(&self, now: Instant) -> Option<Turn> {
+        self.probe.filter(|t| now < t.lapse)
+    }
+
+    /// Ends the turn of `probe`, and only its: a later probe may hold the turn now.
+    fn end(&mut self, probe: &Probe<'_>) {
+        if self.probe.is_some_and(|t| t.id == probe.id) {
+            self.probe = None;
+        }
     }
 }
 
@@ -87,30 +115,36 @@ impl Health {
         self.timing().may_probe(now)
     }
 
-    /// An attempt is being made: if the upstream is out of rotation and a probe may go, this
-    /// attempt is it, for as long as the returned guard is held. Dropped before the attempt
-    /// reported (its client left, it lost a hedge), the guard hands the turn to the next
-    /// request.
-    pub fn attempt(&self, now: Instant) -> Option<Probe<'_>> {
+    /// An attempt is being made that may wait up to `longest` for its answer (its connect
+    /// and first-token limits, or what is left of its budget): if the upstream is out of
+    /// rotation and a probe may go, this attempt is it, for as long as the returned guard is
+    /// held. Dropped before the attempt reported (its client left, it lost a hedge), the
+    /// guard hands the turn to the next request.
+    pub fn attempt(&self, now: Instant, longest: Duration) -> Option<Probe<'_>> {
         if !self.out.load(Ordering::Relaxed) {
             return None;
         }
         let mut t = self.timing();
         if t.may_probe(now) {
-            // A lapse as well, should a guard never drop (a request that hangs past every
-            // limit): the turn passes on after one more ejection's length.
-            let lapse = now + self.policy.duration;
-            t.probe = Some(lapse);
-            return Some(Probe {
-                health: self,
-                lapse,
-            });
+            // A lapse as well, should a guard never drop: after the probe's longest wait
+            // (it has reported by then), and never sooner than the old ejection's length.
+            let lapse = now
+                + self
+                    .policy
+                    .duration
+                    .max(longest.saturating_add(LAPSE_GRACE));
+            t.turns += 1;
+            let id = t.turns;
+            t.probe = Some(Turn { id, lapse });
+            return Some(Probe { health: self, id });
         }
         None
     }
 
-    /// What an attempt here showed. Returns the change it made, if any.
-    pub fn report(&self, verdict: Verdict, now: Instant) -> Option<Change> {
+    /// What an attempt here showed; `by` is its probe's turn, if it was the probe. Returns
+    /// the change it made, if any.
+    pub fn report(&self, verdict: Verdict, now: Instant, by: Option<&Probe<'_>>) -> Option<Change> {
+        debug_assert!(by.is_none_or(|p| std::ptr::eq(p.health, self)));
         match verdict {
             Verdict::Healthy => {
                 if self.fails.load(Ordering::Relaxed) != 0 {
@@ -124,7 +158,9 @@ impl Health {
                 if !self.out.swap(false, Ordering::Relaxed) {
                     return None;
                 }
-                *t = Timing::default();
+                // `turns` stays: a guard still held must not match a later ejection's probe.
+                t.until = None;
+                t.probe = None;
                 Some(Change::Restored)
             }
             Verdict::Failed => {
@@ -139,9 +175,12 @@ impl Health {
                 }
                 let mut t = self.timing();
                 // Out already: a failed probe (or an attempt that began before the ejection)
-                // starts the wait again.
+                // starts the wait again. Only the probe's own failure ends its turn: a probe
+                // still waiting has yet to say what it found.
                 t.until = Some(now + self.policy.duration);
-                t.probe = None;
+                if let Some(probe) = by {
+                    t.end(probe);
+                }
                 (!self.out.swap(true, Ordering::Relaxed)).then_some(Change::Ejected)
             }
             // A probe that says nothing hands its turn on when its guard drops.
@@ -161,7 +200,7 @@ impl Health {
             let t = self.timing();
             (
                 t.until.map(|u| u.saturating_duration_since(now)),
-                t.probe.is_some_and(|lapse| now < lapse),
+                t.probing(now).is_some(),
             )
         } else {
             (None, false)
@@ -180,16 +219,13 @@ impl Health {
 #[derive(Debug)]
 pub struct Probe<'a> {
     health: &'a Health,
-    lapse: Instant,
+    id: u64,
 }
 
 impl Drop for Probe<'_> {
     fn drop(&mut self) {
-        let mut t = self.health.timing();
         // Only this probe's own turn: a report may have ended it, and a later probe begun.
-        if t.probe == Some(self.lapse) {
-            t.probe = None;
-        }
+        self.health.timing().end(self);
     }
 }
 
@@ -220,13 +256,13 @@ mod tests {
     async fn failures_in_a_row_eject_and_a_success_between_them_forgives() {
         let h = health(3);
         let now = Instant::now();
-        assert_eq!(h.report(Verdict::Failed, now), None);
-        assert_eq!(h.report(Verdict::Failed, now), None);
-        assert_eq!(h.report(Verdict::Healthy, now), None);
-        assert_eq!(h.report(Verdict::Failed, now), None);
-        assert_eq!(h.report(Verdict::Failed, now), None);
+        assert_eq!(h.report(Verdict::Failed, now, None), None);
+        assert_eq!(h.report(Verdict::Failed, now, None), None);
+        assert_eq!(h.report(Verdict::Healthy, now, None), None);
+        assert_eq!(h.report(Verdict::Failed, now, None), None);
+        assert_eq!(h.report(Verdict::Failed, now, None), None);
         assert!(h.available(now));
-        assert_eq!(h.report(Verdict::Failed, now), Some(Change::Ejected));
+        assert_eq!(h.report(Verdict::Failed, now, None), Some(Change::Ejected));
         assert!(!h.available(now));
         assert_eq!(
             h.view(now + Duration::from_secs(4)),
@@ -238,24 +274,27 @@ mod tests {
             }
         );
         // More failures while out (attempts that began before) do not eject twice.
-        assert_eq!(h.report(Verdict::Failed, now), None);
+        assert_eq!(h.report(Verdict::Failed, now, None), None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn one_probe_at_a_time_after_the_ejection() {
         let h = health(1);
         let t0 = Instant::now();
-        assert_eq!(h.report(Verdict::Failed, t0), Some(Change::Ejected));
+        assert_eq!(h.report(Verdict::Failed, t0, None), Some(Change::Ejected));
         let later = t0 + Duration::from_secs(10);
         assert!(!h.available(later - Duration::from_millis(1)));
         assert!(h.available(later));
-        let probe = h.attempt(later);
+        let probe = h.attempt(later, Duration::ZERO);
         assert!(probe.is_some());
         // The probe is in flight: nobody else goes.
         assert!(!h.available(later));
         assert!(h.view(later).probing);
-        assert!(h.attempt(later).is_none());
-        assert_eq!(h.report(Verdict::Healthy, later), Some(Change::Restored));
+        assert!(h.attempt(later, Duration::ZERO).is_none());
+        assert_eq!(
+            h.report(Verdict::Healthy, later, probe.as_ref()),
+            Some(Change::Restored)
+        );
         drop(probe);
         assert!(h.available(later));
         assert!(!h.is_out());
@@ -265,12 +304,12 @@ mod tests {
     async fn a_failed_probe_ejects_again_for_the_whole_time() {
         let h = health(2);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0);
-        assert_eq!(h.report(Verdict::Failed, t0), Some(Change::Ejected));
+        h.report(Verdict::Failed, t0, None);
+        assert_eq!(h.report(Verdict::Failed, t0, None), Some(Change::Ejected));
         let t1 = t0 + Duration::from_secs(11);
-        let _probe = h.attempt(t1);
+        let probe = h.attempt(t1, Duration::ZERO);
         // One failure is enough on probation, and it is no new ejection for the counters.
-        assert_eq!(h.report(Verdict::Failed, t1), None);
+        assert_eq!(h.report(Verdict::Failed, t1, probe.as_ref()), None);
         assert!(!h.available(t1 + Duration::from_secs(9)));
         assert!(h.available(t1 + Duration::from_secs(10)));
     }
@@ -279,11 +318,11 @@ mod tests {
     async fn a_probe_dropped_before_it_reports_hands_its_turn_on() {
         let h = health(1);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0);
+        h.report(Verdict::Failed, t0, None);
         let t1 = t0 + Duration::from_secs(10);
-        let probe = h.attempt(t1);
+        let probe = h.attempt(t1, Duration::ZERO);
         assert!(!h.available(t1));
-        assert_eq!(h.report(Verdict::Neither, t1), None);
+        assert_eq!(h.report(Verdict::Neither, t1, None), None);
         assert!(
             !h.available(t1),
             "only the guard ends a probe that said nothing"
@@ -291,18 +330,83 @@ mod tests {
         drop(probe);
         assert!(h.available(t1));
         // A guard that outlives its turn does not end the next probe's.
-        let stale = h.attempt(t1);
+        let stale = h.attempt(t1, Duration::ZERO);
         let t2 = t1 + Duration::from_secs(10);
         assert!(!h.available(t2 - Duration::from_millis(1)));
         assert!(
             h.available(t2),
             "the turn lapses after another ejection's length"
         );
-        let next = h.attempt(t2);
+        let next = h.attempt(t2, Duration::ZERO);
         drop(stale);
         assert!(!h.available(t2));
         drop(next);
         assert!(h.available(t2));
+    }
+
+    /// A probe waits as long as its limits let it: a first token slower than `eject_for` is
+    /// no reason to send a second probe beside the first.
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_holds_its_turn_for_its_longest_wait() {
+        let h = health(1);
+        let t0 = Instant::now();
+        h.report(Verdict::Failed, t0, None);
+        let t1 = t0 + Duration::from_secs(10);
+        let probe = h.attempt(t1, Duration::from_secs(30));
+        assert!(probe.is_some());
+        let waiting = t1 + Duration::from_secs(20);
+        assert!(h.view(waiting).probing);
+        assert!(!h.available(waiting), "a second probe beside the first");
+        assert!(h.attempt(waiting, Duration::from_secs(30)).is_none());
+        // The probe's first token never came: its failure ejects the upstream again, and the
+        // next probe goes after the whole ejection.
+        let failed = t1 + Duration::from_secs(30);
+        assert_eq!(h.report(Verdict::Failed, failed, probe.as_ref()), None);
+        assert!(!h.view(failed).probing);
+        assert!(!h.available(failed + Duration::from_secs(9)));
+        assert!(h.available(failed + Duration::from_secs(10)));
+        drop(probe);
+        // A guard that never drops (a request hung past every limit) lapses in the end.
+        let hung = h.attempt(failed + Duration::from_secs(10), Duration::from_secs(30));
+        assert!(hung.is_some());
+        let lapsed = failed + Duration::from_secs(10 + 30) + LAPSE_GRACE;
+        assert!(!h.available(lapsed - Duration::from_millis(1)));
+        assert!(h.available(lapsed));
+    }
+
+    /// An attempt that began before the ejection and fails while the probe waits restarts the
+    /// ejection's wait; the probe keeps its turn until it reports itself.
+    #[tokio::test(start_paused = true)]
+    async fn only_the_probe_ends_its_own_turn() {
+        let h = health(1);
+        let t0 = Instant::now();
+        h.report(Verdict::Failed, t0, None);
+        let t1 = t0 + Duration::from_secs(10);
+        let probe = h.attempt(t1, Duration::from_secs(30));
+        let t2 = t1 + Duration::from_secs(1);
+        assert_eq!(h.report(Verdict::Failed, t2, None), None);
+        assert!(h.view(t2).probing, "the probe is still in flight");
+        let past = t2 + Duration::from_secs(10);
+        assert!(
+            !h.available(past),
+            "a second probe while the first still waits"
+        );
+        // Its success puts the upstream back, ejection or not.
+        assert_eq!(
+            h.report(Verdict::Healthy, past, probe.as_ref()),
+            Some(Change::Restored)
+        );
+        assert!(h.available(past));
+        // Ejected again, a stale guard does not end the new probe's turn.
+        assert_eq!(h.report(Verdict::Failed, past, None), Some(Change::Ejected));
+        let t3 = past + Duration::from_secs(10);
+        let next = h.attempt(t3, Duration::from_secs(30));
+        assert!(next.is_some());
+        drop(probe);
+        assert!(h.view(t3).probing);
+        assert!(!h.available(t3));
+        drop(next);
+        assert!(h.available(t3));
     }
 
     #[tokio::test(start_paused = true)]
@@ -310,7 +414,7 @@ mod tests {
         let h = health(0);
         let now = Instant::now();
         for _ in 0..100 {
-            assert_eq!(h.report(Verdict::Failed, now), None);
+            assert_eq!(h.report(Verdict::Failed, now, None), None);
         }
         assert!(h.available(now));
         assert_eq!(h.view(now).failures_in_a_row, 100);

@@ -295,6 +295,55 @@ async fn a_probe_whose_client_leaves_hands_its_turn_on() {
     );
 }
 
+/// A probe holds its turn for as long as it may wait for its first token, even past
+/// `eject_for`: the requests meanwhile go to the fallback, not to the upstream as more probes.
+#[tokio::test]
+async fn a_slow_probe_is_the_only_one() {
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-ttft-ms", "30000")]);
+    let text = config(
+        &primary,
+        &backup,
+        "eject_after = 1\neject_for = \"200ms\"",
+        "fallbacks = [\"backup\"]\nfirst_token_timeout = \"1s\"",
+    );
+    let p = Process::spawn(&text, &[], &[]).await;
+    assert_eq!(chat(&p).await, 200);
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"primary\"}").await,
+        1.0
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let probe = tokio::spawn({
+        let addr = p.addr;
+        async move {
+            let (resp, _c) = Conn::open(addr)
+                .await
+                .send(chat_request(&[("x-fake-chunks", "2")], true))
+                .await;
+            resp.status().as_u16()
+        }
+    });
+    assert!(primary.wait_for_requests(2, Duration::from_secs(5)).await);
+    // Past `eject_for`, and the probe still waits for its first token.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let upstreams = admin_get(p.admin, "/upstreams").await;
+    assert!(upstreams.contains("\"probing\":true"), "{upstreams}");
+    assert_eq!(chat(&p).await, 200);
+    assert_eq!(
+        primary.requests().len(),
+        2,
+        "a second probe beside the first"
+    );
+    assert_eq!(
+        probe.await.unwrap(),
+        200,
+        "the probe failed over to the backup"
+    );
+    assert_eq!(primary.requests().len(), 2);
+    assert_eq!(backup.requests().len(), 3);
+}
+
 /// A hedged route does not hedge its primary's probe: the probe would lose to the hedge
 /// whenever the primary is slower than `hedge_after`, say nothing, and the primary would
 /// never come back, though it answered every time.
