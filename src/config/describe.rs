@@ -38,6 +38,12 @@ impl Config {
         }
         for up in &self.upstreams {
             let name = &up.name;
+            // A fallback is a use too.
+            let users = || {
+                self.routes
+                    .iter()
+                    .filter(|r| r.chain().any(|f| Arc::ptr_eq(f, up)))
+            };
             if let Some(path) = &up.api_key_file {
                 if up.auth == AuthMode::None {
                     out.push(format!(
@@ -56,15 +62,15 @@ impl Config {
                     out.push(format!(
                         "upstream {name:?}: api_key_env {var} is ignored because auth is \"none\""
                     ));
-                } else {
-                    match env(var) {
-                        None => out.push(format!(
-                            "upstream {name:?}: api_key_env {var} is not set; the client's own credentials will be passed through"
-                        )),
-                        Some(v) if v.is_empty() => {
-                            out.push(format!("upstream {name:?}: api_key_env {var} is set but empty"))
-                        }
-                        Some(_) => {}
+                } else if let Some(problem) = key_var_problem(var, env) {
+                    // Where every route using the upstream takes gateway keys, nothing passes
+                    // through: those routes' own warnings say what happens instead.
+                    let passes_through =
+                        users().next().is_none() || users().any(|r| r.client_auth.is_none());
+                    if passes_through {
+                        out.push(format!(
+                            "upstream {name:?}: api_key_env {var} {problem}; the client's own credentials will be passed through"
+                        ));
                     }
                 }
             }
@@ -109,12 +115,7 @@ impl Config {
             } else if let Some(w) = up.http2.warning() {
                 out.push(format!("upstream {name:?}: {w}"));
             }
-            // A fallback is a use too.
-            if !self
-                .routes
-                .iter()
-                .any(|r| r.chain().any(|f| Arc::ptr_eq(f, up)))
-            {
+            if users().next().is_none() {
                 out.push(format!("upstream {name:?} is not used by any route"));
             }
         }
@@ -154,6 +155,16 @@ impl Config {
                 {
                     out.push(format!(
                         "{label}: clients authenticate with their gateway keys, which are never passed on, and upstream {:?} has no key of its own",
+                        up.name
+                    ));
+                } else if let Some((var, problem)) = up
+                    .api_key_env
+                    .as_ref()
+                    .filter(|v| up.api_key_file.is_none() && !looks_like_secret(v))
+                    .and_then(|v| Some((v, key_var_problem(v, env)?)))
+                {
+                    out.push(format!(
+                        "{label}: clients authenticate with their gateway keys, which are never passed on, and upstream {:?} has no key of its own: api_key_env {var} {problem}",
                         up.name
                     ));
                 }
@@ -390,6 +401,16 @@ fn open_to_all_warning(label: &str, path: &Path, meta: &std::fs::Metadata, out: 
     let _ = (label, path, meta);
 }
 
+/// What is wrong with an `api_key_env` variable as the gateway reads it (trimmed), if
+/// anything: either way the upstream gets no key of the gateway's.
+fn key_var_problem(var: &str, env: &dyn Fn(&str) -> Option<OsString>) -> Option<&'static str> {
+    match env(var) {
+        None => Some("is not set"),
+        Some(v) if v.to_string_lossy().trim().is_empty() => Some("is set but empty"),
+        Some(_) => None,
+    }
+}
+
 /// humantime formatting, so messages echo durations the way they are written.
 pub(super) fn hd(d: Duration) -> humantime::FormattedDuration {
     humantime::format_duration(d)
@@ -399,16 +420,22 @@ pub(super) fn hd(d: Duration) -> humantime::FormattedDuration {
 fn write_upstream(out: &mut String, up: &UpstreamConfig) {
     use std::fmt::Write as _;
     let _ = write!(out, "{} ({}, auth {}", up.name, up.url, up.auth);
+    // Read by nothing under auth "none": shown, since the file names it, but as such.
+    let ignored = if up.auth == AuthMode::None {
+        " (ignored)"
+    } else {
+        ""
+    };
     if let Some(var) = &up.api_key_env {
         let var = if looks_like_secret(var) {
             "(not shown: looks like a key)"
         } else {
             var
         };
-        let _ = write!(out, ", api_key_env {var}");
+        let _ = write!(out, ", api_key_env {var}{ignored}");
     }
     if let Some(path) = &up.api_key_file {
-        let _ = write!(out, ", api_key_file {}", path.display());
+        let _ = write!(out, ", api_key_file {}{ignored}", path.display());
     }
     if let Some(ca) = &up.ca_file {
         let _ = write!(out, ", ca_file {}", ca.display());

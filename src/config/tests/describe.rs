@@ -98,7 +98,7 @@ fn warnings_cover_environment_and_layout() {
         w,
         [
             "upstream \"openai\": api_key_env OPENAI_API_KEY is not set; the client's own credentials will be passed through",
-            "upstream \"anthropic\": api_key_env ANTHROPIC_API_KEY is set but empty",
+            "upstream \"anthropic\": api_key_env ANTHROPIC_API_KEY is set but empty; the client's own credentials will be passed through",
             "upstream \"spare\": api_key_env SPARE_KEY is ignored because auth is \"none\"",
             "upstream \"spare\": ca_file is ignored because url http://127.0.0.1:1/ uses http",
             "upstream \"spare\": client_cert is ignored because url http://127.0.0.1:1/ uses http",

@@ -215,3 +215,65 @@ fn every_upstream_of_a_route_with_client_keys_is_checked_for_a_key() {
         ]
     );
 }
+
+/// A named key that the environment does not hold is no key either: on a route whose
+/// clients use gateway keys nothing is passed on in its place, so the upstream answers 401.
+/// Where clients' own credentials do pass through, the warning says so, and only there.
+#[test]
+fn a_key_variable_unset_or_empty_is_no_key_on_a_route_with_client_keys() {
+    let text = format!(
+        "{BASE}client_keys_env = \"CHAT_KEYS\"\nfallbacks = [\"backup\"]\n\n\
+         [upstreams.backup]\nurl = \"https://backup.example\"\napi_key_env = \"BACKUP_KEY\"\n\n\
+         [upstreams.shared]\nurl = \"https://shared.example\"\napi_key_env = \"SHARED_KEY\"\n\n\
+         [[routes]]\nname = \"open\"\npath_prefix = \"/v1/open\"\nupstream = \"shared\"\n\n\
+         [[routes]]\nname = \"msgs\"\npath_prefix = \"/v1/messages\"\nupstream = \"anthropic\"\n\
+         fallbacks = [\"shared\"]\nclient_keys_env = \"CHAT_KEYS\"\n"
+    )
+    .replace(
+        "url = \"https://api.openai.com\"\n",
+        "url = \"https://api.openai.com\"\napi_key_env = \"OPENAI_KEY\"\n",
+    )
+    .replace(
+        "auth = \"x-api-key\"\n",
+        "auth = \"x-api-key\"\napi_key_env = \"ANTHROPIC_KEY\"\n",
+    );
+    let c = load(&text);
+    let env = |name: &str| match name {
+        "CHAT_KEYS" | "ANTHROPIC_KEY" => Some(OsString::from("set")),
+        "BACKUP_KEY" => Some(OsString::from("  ")),
+        _ => None,
+    };
+    assert_eq!(
+        c.warnings_with(&env),
+        [
+            "upstream \"shared\": api_key_env SHARED_KEY is not set; the client's own credentials will be passed through",
+            "route \"chat\": clients authenticate with their gateway keys, which are never passed on, and upstream \"openai\" has no key of its own: api_key_env OPENAI_KEY is not set",
+            "route \"chat\": clients authenticate with their gateway keys, which are never passed on, and upstream \"backup\" has no key of its own: api_key_env BACKUP_KEY is set but empty",
+            "route \"msgs\": clients authenticate with their gateway keys, which are never passed on, and upstream \"shared\" has no key of its own: api_key_env SHARED_KEY is not set",
+        ]
+    );
+}
+
+/// `check` shows a key source that `auth = "none"` leaves unread as ignored, as its warning
+/// says, not as a key the upstream is sent.
+#[test]
+fn a_key_source_under_auth_none_is_shown_as_ignored() {
+    let text = BASE.replace(
+        "url = \"https://api.openai.com\"\n",
+        "url = \"https://api.openai.com\"\nauth = \"none\"\napi_key_file = \"secrets/openai\"\n",
+    );
+    let d = load(&text).describe();
+    assert!(
+        d.contains(
+            "upstream: openai (https://api.openai.com/, auth none, api_key_file config/secrets/openai (ignored), "
+        ),
+        "{d}"
+    );
+    let keyed = BASE.replace(
+        "url = \"https://api.openai.com\"\n",
+        "url = \"https://api.openai.com\"\napi_key_env = \"K\"\n",
+    );
+    let d = load(&keyed).describe();
+    assert!(d.contains("auth bearer, api_key_env K, "), "{d}");
+    assert!(!d.contains("(ignored)"), "{d}");
+}
