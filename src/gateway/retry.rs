@@ -43,12 +43,11 @@ pub async fn run(
     let mut previous: Option<usize> = None;
     // The upstream a hedge raced, which the chain does not try again.
     let mut hedged_with: Option<usize> = None;
-    // The fallback a shortened first-token limit kept room for. When that limit fires late
-    // (a busy machine wakes its timer late), the room it left is short by as much, and the
-    // fallback must not lose the attempt the shortening was for: it needs only `min_useful`.
+    // The fallback whose room the last attempt's cut wait kept, when that wait ended it.
+    // When the cut fires late (a busy machine wakes its timer late), the room it left is
+    // short by as much, and the fallback must not lose the attempt the cut was for: it
+    // needs only `min_useful`.
     let mut room_kept_for: Option<usize> = None;
-    // Whether the last single attempt's connect wait was cut to keep its fallback room.
-    let mut cut_connect = false;
     let chain = Order::of(route, Instant::now());
     for (i, entry) in chain.iter().enumerate() {
         if hedged_with == Some(i) {
@@ -127,6 +126,8 @@ pub async fn run(
                 }
                 _ => None,
             };
+            // The waits of the attempt cut short to keep the next upstream its room.
+            let mut switch_by = None;
             let outcome = if let Some(to) = hedge_to {
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
@@ -136,18 +137,20 @@ pub async fn run(
                 hedged_with = hedged.then_some(to);
                 outcome
             } else {
-                let (ft, switch_by) =
+                let ft;
+                (ft, switch_by) =
                     first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
-                // The fallback keeps only the room of a wait that was cut: a wait left whole
-                // (the first token's, when `retry_on` does not move on from it) may end in a
-                // late 5xx after that room is spent, and the fallback must then fit as any does.
-                room_kept_for = switch_by.filter(|s| s.first_token).map(|_| i + 1);
-                cut_connect = switch_by.is_some_and(|s| s.connect);
                 single(
                     metrics, route, entry, template, budget, record, ft, switch_by, probe,
                 )
                 .await
                 .map(|s| (s, i))
+            };
+            // The fallback keeps the room of a wait that was cut and ended the attempt; any
+            // other end (a 5xx, a wait left whole) leaves it to fit as any attempt does.
+            room_kept_for = match &outcome {
+                Err(e) if ended_by_cut(switch_by, e) => Some(i + 1),
+                _ => None,
             };
             match outcome {
                 Ok((started, winner)) => {
@@ -168,11 +171,6 @@ pub async fn run(
                         error_cause(&error).is_some_and(|c| policy.retry_on.contains(c));
                     if !retryable {
                         return Err(error);
-                    }
-                    if cut_connect
-                        && matches!(error, GatewayError::ConnectTimeout { sent: false, .. })
-                    {
-                        room_kept_for = Some(i + 1);
                     }
                     // A certificate that failed fails every retry here the same way: on to
                     // the fallback, if any.
@@ -309,6 +307,20 @@ fn first_token_limit(
             (ft, Some(switch))
         }
         _ => (ft, None),
+    }
+}
+
+/// Whether `error` is the end of a wait that `switch_by` cut short: the connect's, or the
+/// first token's (a connection that never spoke once the request was on it is that wait too).
+fn ended_by_cut(switch_by: Option<SwitchBy>, error: &GatewayError) -> bool {
+    let Some(s) = switch_by else {
+        return false;
+    };
+    match error {
+        GatewayError::ConnectTimeout { sent: false, .. } => s.connect,
+        GatewayError::ConnectTimeout { sent: true, .. }
+        | GatewayError::FirstTokenTimeout { .. } => s.first_token,
+        _ => false,
     }
 }
 
@@ -792,6 +804,45 @@ fallbacks = ["b"]
         ] {
             assert_eq!(v(neither), Verdict::Neither);
         }
+    }
+
+    /// The fallback keeps the room of a cut wait only when that wait is what ended the
+    /// attempt: a 5xx, a reset or a wait left whole say nothing of the cut.
+    #[tokio::test(start_paused = true)]
+    async fn a_fallbacks_room_is_kept_only_by_the_cut_wait_that_ended_the_attempt() {
+        let switch = |connect, first_token| {
+            Some(SwitchBy {
+                at: Instant::now(),
+                connect,
+                first_token,
+            })
+        };
+        let connect = GatewayError::ConnectTimeout {
+            upstream: "a".into(),
+            after: ms(500),
+            sent: false,
+        };
+        let silent = GatewayError::ConnectTimeout {
+            upstream: "a".into(),
+            after: ms(500),
+            sent: true,
+        };
+        let first_token = GatewayError::FirstTokenTimeout {
+            upstream: "a".into(),
+            after: ms(500),
+        };
+        let reset = GatewayError::UpstreamError {
+            upstream: "a".into(),
+            reason: "reset".into(),
+        };
+        assert!(ended_by_cut(switch(true, false), &connect));
+        assert!(!ended_by_cut(switch(false, true), &connect));
+        for e in [&silent, &first_token] {
+            assert!(ended_by_cut(switch(false, true), e));
+            assert!(!ended_by_cut(switch(true, false), e));
+        }
+        assert!(!ended_by_cut(switch(true, true), &reset));
+        assert!(!ended_by_cut(None, &first_token));
     }
 
     #[test]
