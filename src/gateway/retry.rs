@@ -608,8 +608,14 @@ async fn hedge(
     let need = template
         .expected_ttft(&hedge_entry.upstream)
         .max(budget.min_useful);
+    // The target was judged when the request began: out of rotation, it is raced only as
+    // its probe, and another request may have taken that turn since (or ejected it).
+    let now = Instant::now();
+    let health = &hedge_entry.upstream.health;
+    let hedge_probe = health.attempt(now, longest_wait(budget, now));
+    let in_turn = hedge_probe.is_some() || !health.is_out();
     let hreq = match template.request_for(&hedge_entry.upstream) {
-        Ok(r) if budget.usable(Instant::now()) >= need => r,
+        Ok(r) if in_turn && budget.usable(now) >= need => r,
         _ => {
             let r = primary.await;
             note(
@@ -626,11 +632,6 @@ async fn hedge(
     };
     // Beside the primary, which the log keeps naming until one of them answers.
     let i1 = record.attempt_started(hedge_entry, Instant::now(), false);
-    let now = Instant::now();
-    let hedge_probe = hedge_entry
-        .upstream
-        .health
-        .attempt(now, longest_wait(budget, now));
     let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout, None).run(hreq);
     tokio::pin!(hedged);
     let policy = &route.route.policy;

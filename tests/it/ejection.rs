@@ -527,3 +527,39 @@ hedge_after = "100ms"
         1.0
     );
 }
+
+/// A hedge to an upstream out of rotation is its probe: two requests that both judged it
+/// due for one when they began do not both probe it when their hedges fire. The second
+/// waits on its own primary.
+#[tokio::test]
+async fn two_hedges_do_not_both_probe_an_ejected_fallback() {
+    let (primary, backup) = fakes().await;
+    let text = config(
+        &primary,
+        &backup,
+        "",
+        "fallbacks = [\"backup\"]\nhedge_after = \"100ms\"",
+    )
+    .replace(
+        "eject_after = 1\n",
+        "eject_after = 1\neject_for = \"300ms\"\n",
+    );
+    let p = Process::spawn(&text, &[], &[]).await;
+    // Both fail: the backup is ejected, the primary (five failures to go) is not.
+    primary.set_script(&[("x-fake-status", "503")]);
+    backup.set_script(&[("x-fake-status", "503")]);
+    assert_eq!(chat(&p).await, 503);
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"backup\"}").await,
+        1.0
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Both healthy, the primary slower than hedge_after and the backup slower still: the
+    // first hedge to fire probes the backup, and its probe is in flight when the second fires.
+    primary.set_script(&[("x-fake-ttft-ms", "600")]);
+    backup.set_script(&[("x-fake-ttft-ms", "2000")]);
+    let (a, b) = tokio::join!(chat(&p), chat(&p));
+    assert_eq!((a, b), (200, 200));
+    assert_eq!(primary.requests().len(), 3);
+    assert_eq!(backup.requests().len(), 2, "both hedges probed the backup");
+}
