@@ -2,6 +2,8 @@
 //! builds a new routing table (reusing the upstreams whose settings did not change) and swaps
 //! it in atomically; on any error the running config stays.
 
+use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,14 +15,14 @@ use crate::server::shared::{ServerError, Shared};
 impl Running {
     /// Re-reads the config file and swaps it in. On any error the running config stays.
     pub async fn reload(&self) -> Result<String, ServerError> {
-        reload(&self.shared).await
+        reload(&self.shared, &Cause::Requested).await
     }
 
     /// Swaps in a config built in memory (tests, embedders).
     pub async fn apply(&self, config: Config) -> Result<String, ServerError> {
         let _guard = self.shared.reloading.lock().await;
         let shared = self.shared.clone();
-        blocking(move || apply(&shared, config)).await
+        blocking(move || apply(&shared, config, &Cause::Requested)).await
     }
 
     /// Reloads on SIGHUP and whenever the config file's contents change, or those of a file
@@ -42,9 +44,15 @@ impl Running {
                     _ = tick.tick() => false,
                 };
                 let now = read_source(&shared).await;
-                if by_signal || now != seen {
+                let changed = changes(seen.as_ref(), now.as_ref(), shared.source.as_deref());
+                if by_signal || !changed.is_empty() {
                     seen = now;
-                    let _ = reload(&shared).await;
+                    let cause = if by_signal {
+                        Cause::Signal
+                    } else {
+                        Cause::Changed(changed)
+                    };
+                    let _ = reload(&shared, &cause).await;
                 }
             }
         });
@@ -77,12 +85,71 @@ async fn next_hangup(h: &mut Hangup) {
     std::future::pending::<()>().await;
 }
 
+/// What set a reload off, for its log line: an operator who renamed a CRL into place wants
+/// to see that this reload is the one that read it.
+#[derive(Debug)]
+enum Cause {
+    Signal,
+    /// `Running::reload` or `Running::apply` (the admin listener, tests, embedders).
+    Requested,
+    /// The files whose contents changed (or came or went), the config file first.
+    Changed(Vec<PathBuf>),
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Signal => f.write_str("SIGHUP"),
+            Self::Requested => f.write_str("requested"),
+            Self::Changed(files) => {
+                f.write_str("changed: ")?;
+                for (i, file) in files.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{}", file.display())?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The config file's bytes and a hash of each file it names, as one tick read them.
+#[derive(Debug, PartialEq)]
+struct Source {
+    text: Vec<u8>,
+    files: Vec<(PathBuf, Option<u64>)>,
+}
+
+/// The files that differ between two ticks: the config file (`path`) when its bytes do, then
+/// each named file whose hash differs or that is named by only one of them.
+fn changes(before: Option<&Source>, now: Option<&Source>, path: Option<&Path>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if before.map(|s| &s.text) != now.map(|s| &s.text) {
+        out.extend(path.map(Path::to_path_buf));
+    }
+    let a: &[_] = before.map_or(&[], |s| &s.files);
+    let b: &[_] = now.map_or(&[], |s| &s.files);
+    for (file, hash) in a {
+        if b.iter().find(|(f, _)| f == file).map(|(_, h)| h) != Some(hash) {
+            out.push(file.clone());
+        }
+    }
+    for (file, _) in b {
+        if !a.iter().any(|(f, _)| f == file) {
+            out.push(file.clone());
+        }
+    }
+    out
+}
+
 /// What the watcher compares from one tick to the next: the config file's bytes and a hash
 /// of each file the running config names, and each the file's text names (a config refused
 /// for what a key file holds is tried again when that file is fixed). Hashed: some hold
 /// keys, which the watcher need not keep. A file that cannot be read counts as a state of
 /// its own.
-async fn read_source(shared: &Shared) -> Option<(Vec<u8>, Vec<Option<u64>>)> {
+async fn read_source(shared: &Shared) -> Option<Source> {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let path = shared.source.clone()?;
     let text = tokio::fs::read(&path).await.ok()?;
@@ -106,13 +173,17 @@ async fn read_source(shared: &Shared) -> Option<(Vec<u8>, Vec<Option<u64>>)> {
     files.dedup();
     let mut hashes = Vec::with_capacity(files.len());
     for f in files {
-        hashes.push(tokio::fs::read(&f).await.ok().map(|bytes| {
+        let hash = tokio::fs::read(&f).await.ok().map(|bytes| {
             let mut h = DefaultHasher::new();
             bytes.hash(&mut h);
             h.finish()
-        }));
+        });
+        hashes.push((f, hash));
     }
-    Some((text, hashes))
+    Some(Source {
+        text,
+        files: hashes,
+    })
 }
 
 /// Runs `f` where blocking is allowed: a reload reads the config and every file it names
@@ -124,16 +195,17 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
-pub(super) async fn reload(shared: &Arc<Shared>) -> Result<String, ServerError> {
+async fn reload(shared: &Arc<Shared>, cause: &Cause) -> Result<String, ServerError> {
     let _guard = shared.reloading.lock().await;
     let Some(path) = shared.source.clone() else {
         return Err(ServerError::NoSource);
     };
     let building = shared.clone();
+    let why = cause.to_string();
     let result = blocking(move || {
         Config::load(&path)
             .map_err(ServerError::from)
-            .and_then(|c| apply(&building, c))
+            .and_then(|c| apply(&building, c, &why))
     })
     .await;
     if let Err(e) = &result {
@@ -146,12 +218,12 @@ pub(super) async fn reload(shared: &Arc<Shared>) -> Result<String, ServerError> 
         shared
             .health
             .set_detail(format!("config {serving}; last reload failed: {e}"));
-        tracing::error!(error = %e, serving = %serving, "config reload failed; the running config stays");
+        tracing::error!(error = %e, serving = %serving, %cause, "config reload failed; the running config stays");
     }
     result
 }
 
-pub(super) fn apply(shared: &Shared, config: Config) -> Result<String, ServerError> {
+fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<String, ServerError> {
     let old = shared.gateway.load_full();
     if let Some(warning) = shared.at_start.changed_by(&config.server) {
         tracing::warn!("{warning}");
@@ -183,6 +255,43 @@ pub(super) fn apply(shared: &Shared, config: Config) -> Result<String, ServerErr
     shared.metrics.reload(true);
     shared.metrics.config_loaded(&fingerprint);
     shared.health.set_detail(format!("config {fingerprint}"));
-    tracing::info!(config = %fingerprint, "config reloaded");
+    tracing::info!(config = %fingerprint, %cause, "config reloaded");
     Ok(fingerprint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(text: &str, files: &[(&str, Option<u64>)]) -> Source {
+        Source {
+            text: text.into(),
+            files: files.iter().map(|(f, h)| (PathBuf::from(f), *h)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_reload_names_the_files_that_changed() {
+        let path = Some(Path::new("conf/hourglass.toml"));
+        let before = source("a", &[("conf/ca.pem", Some(1)), ("conf/key", Some(2))]);
+        let same = source("a", &[("conf/ca.pem", Some(1)), ("conf/key", Some(2))]);
+        assert!(changes(Some(&before), Some(&same), path).is_empty());
+        // A CRL renamed into place, a key file gone, a file newly named by the config.
+        let after = source("b", &[("conf/ca.pem", Some(3)), ("conf/crl.pem", Some(4))]);
+        let changed = changes(Some(&before), Some(&after), path);
+        assert_eq!(
+            Cause::Changed(changed).to_string(),
+            "changed: conf/hourglass.toml, conf/ca.pem, conf/key, conf/crl.pem"
+        );
+        // The config file unreadable, then back.
+        assert_eq!(
+            changes(None, Some(&before), path),
+            [
+                PathBuf::from("conf/hourglass.toml"),
+                PathBuf::from("conf/ca.pem"),
+                PathBuf::from("conf/key")
+            ]
+        );
+        assert_eq!(Cause::Signal.to_string(), "SIGHUP");
+    }
 }

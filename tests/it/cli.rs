@@ -264,6 +264,13 @@ upstream = "fake"
     assert_eq!(request_lines.len(), 1, "{stdout}");
     assert_eq!(request_lines[0]["origin"], "shutdown");
     assert_eq!(request_lines[0]["route"], "chat");
+    // The reload's line says what set it off.
+    let reloaded = stdout
+        .lines()
+        .chain(stderr.lines())
+        .find(|l| l.contains("config reloaded"))
+        .unwrap_or_else(|| panic!("no reload line in {stdout}{stderr}"));
+    assert!(reloaded.contains("\"cause\":\"SIGHUP\""), "{reloaded}");
     for secret in ["sk-canary-0123456789", "client-secret-key"] {
         assert!(
             !stdout.contains(secret) && !stderr.contains(secret),
