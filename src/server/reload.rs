@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use crate::config::{scrub, Config};
@@ -228,12 +228,23 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
     if let Some(warning) = shared.at_start.changed_by(&config.server) {
         tracing::warn!("{warning}");
     }
-    let (tls, expires, crls_due) = match &config.server.tls {
+    let (tls, expires, crls_due, crls) = match &config.server.tls {
         Some(t) => {
             let loaded = crate::server::tls::acceptor(t)?;
-            (Some(loaded.acceptor), loaded.expires, loaded.crls_due)
+            if let Some(path) = &t.client_crl {
+                let served = shared.crls.lock().unwrap_or_else(PoisonError::into_inner);
+                for w in crate::server::tls::rolled_back(&served, &loaded.crls, path) {
+                    tracing::warn!("{w}");
+                }
+            }
+            (
+                Some(loaded.acceptor),
+                loaded.expires,
+                loaded.crls_due,
+                loaded.crls,
+            )
         }
-        None => (None, None, Vec::new()),
+        None => (None, None, Vec::new(), Vec::new()),
     };
     let fingerprint = config.fingerprint.clone();
     let server = Arc::new(config.server.clone());
@@ -249,6 +260,7 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
     shared.gateway.store(Arc::new(gateway));
     shared.gateway.load().took_over(&old);
     shared.tls.store(tls);
+    *shared.crls.lock().unwrap_or_else(PoisonError::into_inner) = crls;
     shared.metrics.tls_certificate_expires(expires);
     shared.metrics.tls_crls_due(&crls_due);
     shared.server.store(server);

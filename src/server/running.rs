@@ -65,14 +65,14 @@ pub async fn start_with_source(
 ) -> Result<Running, ServerError> {
     let metrics = Arc::new(Metrics::new());
     let cut = Signal::new();
-    let tls = match &config.server.tls {
+    let (tls, crls) = match &config.server.tls {
         Some(t) => {
             let loaded = crate::server::tls::acceptor(t)?;
             metrics.tls_certificate_expires(loaded.expires);
             metrics.tls_crls_due(&loaded.crls_due);
-            Some(loaded.acceptor)
+            (Some(loaded.acceptor), loaded.crls)
         }
-        None => None,
+        None => (None, Vec::new()),
     };
     let fingerprint = config.fingerprint.clone();
     let server = Arc::new(config.server.clone());
@@ -102,6 +102,7 @@ pub async fn start_with_source(
         cut,
         source,
         reloading: tokio::sync::Mutex::new(()),
+        crls: std::sync::Mutex::new(crls),
         at_start,
     });
     let stop = Signal::new();

@@ -43,10 +43,42 @@ fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>,
 /// Each `client_crl` CRL's issuer, and when it promised the next (its nextUpdate).
 pub type CrlsDue = Vec<(String, SystemTime)>;
 
+/// A CRL the listener serves, told apart from its issuer's earlier and later ones.
+#[derive(Debug, Clone)]
+pub struct ServedCrl {
+    issuer_der: Vec<u8>,
+    issuer: String,
+    version: x509::CrlVersion,
+}
+
+/// What a reload's CRLs undo: each that is older than its issuer's CRL served before it
+/// (copied back from a backup, or from a stale mirror), whose clients revoked since are let
+/// in again. Only warned of: the file is the operator's, and a restart would serve it anyway.
+pub fn rolled_back(before: &[ServedCrl], now: &[ServedCrl], path: &Path) -> Vec<String> {
+    now.iter()
+        .filter_map(|crl| {
+            let served = before
+                .iter()
+                .find(|b| b.issuer_der == crl.issuer_der)
+                .filter(|b| b.version.newer_than(&crl.version))?;
+            Some(format!(
+                "server.tls.client_crl {}: the CRL from {} ({}) is older than the one served \
+                 until this reload ({}): certificates revoked in between are accepted again; \
+                 put the CA's newest CRL in place",
+                path.display(),
+                crl.issuer,
+                crl.version,
+                served.version
+            ))
+        })
+        .collect()
+}
+
 /// The verifier of client certificates, and what its CRLs need said.
 struct ClientVerifier {
     verifier: Arc<dyn ClientCertVerifier>,
     crls_due: CrlsDue,
+    served: Vec<ServedCrl>,
     /// What loading the CRLs found that does not stop the listener.
     crl_notes: Vec<String>,
 }
@@ -72,6 +104,7 @@ fn client_verifier(
         return Ok(ClientVerifier {
             verifier,
             crls_due: Vec::new(),
+            served: Vec::new(),
             crl_notes: Vec::new(),
         });
     };
@@ -132,12 +165,21 @@ fn client_verifier(
         ));
     }
     let crls_due = read
+        .iter()
+        .filter_map(|crl| Some((crl.issuer.clone(), crl.next_update?)))
+        .collect();
+    let served = read
         .into_iter()
-        .filter_map(|crl| Some((crl.issuer, crl.next_update?)))
+        .map(|crl| ServedCrl {
+            version: crl.version(),
+            issuer_der: crl.issuer_der,
+            issuer: crl.issuer,
+        })
         .collect();
     Ok(ClientVerifier {
         verifier,
         crls_due,
+        served,
         crl_notes: notes,
     })
 }
@@ -197,6 +239,7 @@ pub struct ListenerTls {
     /// rustls accepted all the same).
     pub expires: Option<SystemTime>,
     crls_due: CrlsDue,
+    served: Vec<ServedCrl>,
     /// What loading the CRLs found that does not stop the listener.
     crl_notes: Vec<String>,
 }
@@ -257,13 +300,19 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let (builder, crls_due, crl_notes) = match &tls.client_ca {
-        None => (builder.with_no_client_auth(), Vec::new(), Vec::new()),
+    let (builder, crls_due, served, crl_notes) = match &tls.client_ca {
+        None => (
+            builder.with_no_client_auth(),
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        ),
         Some(ca) => {
             let v = client_verifier(tls, ca, provider)?;
             (
                 builder.with_client_cert_verifier(v.verifier),
                 v.crls_due,
+                v.served,
                 v.crl_notes,
             )
         }
@@ -276,6 +325,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
         config: Arc::new(config),
         expires,
         crls_due,
+        served,
         crl_notes,
     })
 }
@@ -285,6 +335,7 @@ pub struct Acceptor {
     pub acceptor: Arc<tokio_rustls::TlsAcceptor>,
     pub expires: Option<SystemTime>,
     pub crls_due: CrlsDue,
+    pub crls: Vec<ServedCrl>,
 }
 
 /// The listener's acceptor, at start-up or on a reload; warns of a certificate that has
@@ -298,6 +349,7 @@ pub fn acceptor(tls: &ServerTls) -> Result<Acceptor, TlsError> {
         acceptor: Arc::new(tokio_rustls::TlsAcceptor::from(listener.config)),
         expires: listener.expires,
         crls_due: listener.crls_due,
+        crls: listener.served,
     })
 }
 
@@ -375,6 +427,7 @@ mod tests {
             ),
             expires,
             crls_due: Vec::new(),
+            served: Vec::new(),
             crl_notes: Vec::new(),
         };
         let expires = at(1_804_118_400); // 2027-03-04T00:00:00Z
@@ -628,6 +681,62 @@ mod tests {
                  status unknown",
                 path.display()
             )
+        );
+    }
+
+    /// A reload whose CRL is older than its issuer's served before it lets revoked clients
+    /// back in: warned of, naming both. A newer CRL, the same one, or another issuer's are not.
+    #[test]
+    fn a_crl_older_than_the_one_served_is_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, contents: &[u8]| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, contents).unwrap();
+            p
+        };
+        let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let (one, one_key) = ca("One CA");
+        let (two, two_key) = ca("Two CA");
+        let until = (2090, 1, 1);
+        let served = |one_number: u64, two_number: u64| {
+            let crl = file(
+                "clients.crl",
+                format!(
+                    "{}{}",
+                    crl_of(&one, &one_key, one_number, until),
+                    crl_of(&two, &two_key, two_number, until)
+                )
+                .as_bytes(),
+            );
+            let tls = ServerTls {
+                cert: file("server.pem", server.cert.pem().as_bytes()),
+                key: file("server.key", server.key_pair.serialize_pem().as_bytes()),
+                client_ca: Some(file(
+                    "ca.pem",
+                    format!("{}{}", one.pem(), two.pem()).as_bytes(),
+                )),
+                client_crl: Some(crl),
+            };
+            server_config(&tls).unwrap().served
+        };
+        let path = dir.path().join("clients.crl");
+        let (before, older, newer) = (served(7, 3), served(5, 3), served(8, 2));
+        assert_eq!(
+            rolled_back(&before, &older, &path),
+            [format!(
+                "server.tls.client_crl {}: the CRL from CN=One CA (number 5) is older than the \
+                 one served until this reload (number 7): certificates revoked in between are \
+                 accepted again; put the CA's newest CRL in place",
+                path.display()
+            )]
+        );
+        assert_eq!(rolled_back(&before, &before, &path), Vec::<String>::new());
+        assert_eq!(rolled_back(&older, &before, &path), Vec::<String>::new());
+        assert_eq!(rolled_back(&[], &older, &path), Vec::<String>::new());
+        assert_eq!(
+            rolled_back(&before, &newer, &path).len(),
+            1,
+            "Two went 3 to 2"
         );
     }
 }

@@ -2,7 +2,7 @@
 //! for the listener's own, and whom it names, for a client's. rustls has checked the
 //! certificate by then; this only reads it.
 
-use std::fmt::Write;
+use std::fmt::{self, Write};
 use std::time::{Duration, SystemTime};
 
 use yasna::models::ObjectIdentifier;
@@ -174,14 +174,57 @@ fn crl_number(r: BERReader<'_, '_>) -> yasna::ASN1Result<Option<Vec<u8>>> {
     Ok(number)
 }
 
-impl Crl {
+/// Which of an issuer's CRLs one is: what tells it from the issuer's earlier and later ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrlVersion {
+    number: Option<Vec<u8>>,
+    this_update: i64,
+}
+
+impl CrlVersion {
     /// Whether this CRL supersedes `other` from the same issuer: the higher CRL number,
     /// or without numbers, the later thisUpdate.
-    pub fn newer_than(&self, other: &Crl) -> bool {
+    pub fn newer_than(&self, other: &CrlVersion) -> bool {
         match (&self.number, &other.number) {
             (Some(a), Some(b)) => (a.len(), a) > (b.len(), b),
             _ => self.this_update > other.this_update,
         }
+    }
+}
+
+impl fmt::Display for CrlVersion {
+    /// As `openssl crl -text` shows it: the number in decimal when it fits 64 bits, else
+    /// in hex; without a number, the date it was issued.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.number {
+            Some(n) if n.len() <= 8 => {
+                let v = n.iter().fold(0u64, |v, b| (v << 8) | u64::from(*b));
+                write!(f, "number {v}")
+            }
+            Some(n) => {
+                f.write_str("number 0x")?;
+                n.iter().try_for_each(|b| write!(f, "{b:02X}"))
+            }
+            None => {
+                let at = u64::try_from(self.this_update).unwrap_or_default();
+                let at = SystemTime::UNIX_EPOCH + Duration::from_secs(at);
+                write!(f, "issued {}", humantime::format_rfc3339_seconds(at))
+            }
+        }
+    }
+}
+
+impl Crl {
+    pub fn version(&self) -> CrlVersion {
+        CrlVersion {
+            number: self.number.clone(),
+            this_update: self.this_update,
+        }
+    }
+
+    /// Whether this CRL supersedes `other` from the same issuer (see [`CrlVersion`]).
+    pub fn newer_than(&self, other: &Crl) -> bool {
+        self.version().newer_than(&other.version())
     }
 
     /// Whether the CA certificate `ca` signed this CRL: `None` for a signature algorithm
@@ -425,6 +468,21 @@ mod tests {
         assert!(!number(255).newer_than(&number(256)));
         assert!(number(1 << 40).newer_than(&number(2)));
         assert!(!number(2).newer_than(&number(2)));
+        // Named in warnings as openssl shows them.
+        assert_eq!(
+            number(1 << 40).version().to_string(),
+            "number 1099511627776"
+        );
+        let big = CrlVersion {
+            number: Some(vec![1, 0, 0, 0, 0, 0, 0, 0, 0xAB]),
+            this_update: 0,
+        };
+        assert_eq!(big.to_string(), "number 0x0100000000000000AB");
+        let unnumbered = CrlVersion {
+            number: None,
+            this_update: 1_577_836_800,
+        };
+        assert_eq!(unnumbered.to_string(), "issued 2020-01-01T00:00:00Z");
     }
 
     #[test]

@@ -737,6 +737,56 @@ async fn a_certificate_revoked_in_a_new_crl_is_refused_without_a_signal() {
     gw.shutdown().await;
 }
 
+/// A CRL older than the one served, copied over it (from a backup, a stale mirror), lets
+/// the clients revoked in between back in. The reload goes ahead (the file is the
+/// operator's, and a restart would serve it anyway), and its warning names both CRLs.
+#[tokio::test]
+async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = certs("crl-rollback");
+    let leaked = c.client(2);
+    let crl = c.dir.path().join("clients.crl");
+    std::fs::write(&crl, c.crl(7, &[2])).unwrap();
+    let p = Process::spawn(
+        &with_crl(&tls_config_toml(&c, true), &crl).replace("{FAKE}", &fake.url()),
+        &["--log-format", "json"],
+        &[],
+    )
+    .await;
+    assert_eq!(status_as(p.addr, &c, &leaked).await, None);
+    // Number 5, from before serial 2 was revoked, renamed into place.
+    let staged = c.dir.path().join("clients.crl.new");
+    std::fs::write(&staged, c.crl(5, &[])).unwrap();
+    std::fs::rename(&staged, &crl).unwrap();
+    let reloaded = "hourglass_config_reloads_total{result=\"ok\"}";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while scrape(p.admin)
+        .await
+        .lines()
+        .all(|l| l != format!("{reloaded} 1"))
+    {
+        assert!(Instant::now() < deadline, "the older CRL was not reloaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        status_as(p.addr, &c, &leaked).await,
+        Some(http::StatusCode::OK),
+        "as the warning says"
+    );
+    let (stdout, stderr) = p.output();
+    let warning = stdout
+        .lines()
+        .chain(stderr.lines())
+        .find(|l| l.contains("is older than the one served"))
+        .unwrap_or_else(|| panic!("no warning in {stdout}{stderr}"));
+    assert!(
+        warning.contains("(number 5) is older than the one served until this reload (number 7)"),
+        "{warning}"
+    );
+}
+
 /// Who made each call: the log line names the client's certificate (RFC 4514) and the key
 /// its route accepted (its name in the key file, and the start of the key's SHA-256, never
 /// the key); the client's requests and tokens are counted under its name.
