@@ -405,6 +405,7 @@ pub fn crl_problem(e: &std::io::Error) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::PathBuf;
 
     #[test]
     fn an_expired_or_expiring_certificate_is_warned_of() {
@@ -479,6 +480,56 @@ mod tests {
         assert_eq!(problem(CertificateError::UnknownIssuer.into()), None);
     }
 
+    /// A directory holding a server certificate and key and a `client_ca` file of some CAs,
+    /// for listener configs that differ in their `client_crl` alone.
+    struct Listener {
+        dir: tempfile::TempDir,
+        cert: PathBuf,
+        key: PathBuf,
+        client_ca: PathBuf,
+    }
+
+    impl Listener {
+        fn of(cas: &[&rcgen::Certificate]) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+            let write = |name: &str, contents: String| {
+                let p = dir.path().join(name);
+                std::fs::write(&p, contents).unwrap();
+                p
+            };
+            Self {
+                cert: write("server.pem", server.cert.pem()),
+                key: write("server.key", server.key_pair.serialize_pem()),
+                client_ca: write("ca.pem", cas.iter().map(|c| c.pem()).collect()),
+                dir,
+            }
+        }
+
+        fn file(&self, name: &str, contents: &[u8]) -> PathBuf {
+            let p = self.dir.path().join(name);
+            std::fs::write(&p, contents).unwrap();
+            p
+        }
+
+        fn tls(&self, crl: &Path) -> ServerTls {
+            ServerTls {
+                cert: self.cert.clone(),
+                key: self.key.clone(),
+                client_ca: Some(self.client_ca.clone()),
+                client_crl: Some(crl.to_path_buf()),
+            }
+        }
+
+        /// Why the listener refuses `crl`.
+        fn error(&self, crl: &Path) -> String {
+            match server_config(&self.tls(crl)) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("{} was accepted", crl.display()),
+            }
+        }
+    }
+
     /// A CA named `cn`, and its key.
     fn ca(cn: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
         let key = rcgen::KeyPair::generate().unwrap();
@@ -522,38 +573,19 @@ mod tests {
 
     #[test]
     fn client_crl_must_hold_a_crl_from_every_client_ca_and_is_warned_of_when_due() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = |name: &str, contents: &[u8]| {
-            let p = dir.path().join(name);
-            std::fs::write(&p, contents).unwrap();
-            p
-        };
-        let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
         let (one, one_crl) = ca_and_crl("One CA", (2040, 1, 1));
         let (two, two_crl) = ca_and_crl("Two CA", (2021, 1, 1));
-        let tls = |crl: &Path| ServerTls {
-            cert: file("server.pem", server.cert.pem().as_bytes()),
-            key: file("server.key", server.key_pair.serialize_pem().as_bytes()),
-            client_ca: Some(file(
-                "ca.pem",
-                format!("{}{}", one.pem(), two.pem()).as_bytes(),
-            )),
-            client_crl: Some(crl.to_path_buf()),
-        };
-        let error = |crl: &Path| match server_config(&tls(crl)) {
-            Err(e) => e.to_string(),
-            Ok(_) => panic!("{} was accepted", crl.display()),
-        };
+        let l = Listener::of(&[&one, &two]);
 
         // Both CAs' CRLs, in one PEM file: Two's is past its nextUpdate, and still used.
-        let both = file("both.crl", format!("{one_crl}{two_crl}").as_bytes());
-        let listener = server_config(&tls(&both)).unwrap();
+        let both = l.file("both.crl", format!("{one_crl}{two_crl}").as_bytes());
+        let listener = server_config(&l.tls(&both)).unwrap();
         let at = |y, m, d| {
             let secs = rcgen::date_time_ymd(y, m, d).unix_timestamp();
             SystemTime::UNIX_EPOCH + Duration::from_secs(secs.try_into().unwrap())
         };
         assert_eq!(
-            listener.warnings(&tls(&both), at(2030, 1, 1)),
+            listener.warnings(&l.tls(&both), at(2030, 1, 1)),
             vec![format!(
                 "server.tls.client_crl {}: the CRL from CN=Two CA was due to be replaced at \
                  2021-01-01T00:00:00Z (its nextUpdate); it still revokes what it lists, but \
@@ -562,14 +594,14 @@ mod tests {
             )]
         );
         assert_eq!(
-            listener.warnings(&tls(&both), at(2020, 6, 1)),
+            listener.warnings(&l.tls(&both), at(2020, 6, 1)),
             Vec::<String>::new()
         );
 
         // A CA without a CRL would have all its clients refused: said at load.
-        let only_one = file("one.crl", one_crl.as_bytes());
+        let only_one = l.file("one.crl", one_crl.as_bytes());
         assert_eq!(
-            error(&only_one),
+            l.error(&only_one),
             format!(
                 "server.tls.client_crl {}: no CRL from CN=Two CA (a client_ca): every \
                  certificate it signed would be refused, its revocation status unknown",
@@ -578,59 +610,42 @@ mod tests {
         );
 
         // DER is read too, one CRL to a file.
-        let der = file("one.der", &crate::pem::crls(one_crl.as_bytes()).unwrap()[0]);
-        assert!(error(&der).contains("no CRL from CN=Two CA"));
+        let der = l.file("one.der", &crate::pem::crls(one_crl.as_bytes()).unwrap()[0]);
+        assert!(l.error(&der).contains("no CRL from CN=Two CA"));
 
         // What is no CRL names the key and the file.
-        let cert = file("cert-not-crl.pem", one.pem().as_bytes());
+        let cert = l.file("cert-not-crl.pem", one.pem().as_bytes());
         assert_eq!(
-            error(&cert),
+            l.error(&cert),
             format!(
                 "server.tls.client_crl {}: no CRL found (PEM \"X509 CRL\", or DER)",
                 cert.display()
             )
         );
-        let garbled = file(
+        let garbled = l.file(
             "garbled.crl",
             b"-----BEGIN X509 CRL-----\nMAMCAQE=\n-----END X509 CRL-----\n",
         );
         assert_eq!(
-            error(&garbled),
+            l.error(&garbled),
             format!(
                 "server.tls.client_crl {}: provided CRL could not be parsed: ParseError (a \
                  certificate in DER, several DER CRLs run together, or a damaged file?)",
                 garbled.display()
             )
         );
-        assert!(error(&dir.path().join("absent.crl")).contains("failed to read file"));
+        assert!(l
+            .error(&l.dir.path().join("absent.crl"))
+            .contains("failed to read file"));
     }
 
     /// A CRL is checked at load against the CA it names: signed by that CA's key, and the
     /// newest of several from it the one used. Every CA without one is named.
     #[test]
     fn client_crls_are_matched_to_their_cas_at_load() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = |name: &str, contents: &[u8]| {
-            let p = dir.path().join(name);
-            std::fs::write(&p, contents).unwrap();
-            p
-        };
-        let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
         let (one, one_key) = ca("One CA");
         let (two, two_key) = ca("Two CA");
-        let tls = |crl: &Path| ServerTls {
-            cert: file("server.pem", server.cert.pem().as_bytes()),
-            key: file("server.key", server.key_pair.serialize_pem().as_bytes()),
-            client_ca: Some(file(
-                "ca.pem",
-                format!("{}{}", one.pem(), two.pem()).as_bytes(),
-            )),
-            client_crl: Some(crl.to_path_buf()),
-        };
-        let error = |crl: &Path| match server_config(&tls(crl)) {
-            Err(e) => e.to_string(),
-            Ok(_) => panic!("{} was accepted", crl.display()),
-        };
+        let l = Listener::of(&[&one, &two]);
         let until = (2090, 1, 1);
         let two_crl = crl_of(&two, &two_key, 1, until);
 
@@ -638,9 +653,9 @@ mod tests {
         // client of One would be refused for the CRL's bad signature.
         let (impostor, impostor_key) = ca("One CA");
         let forged = crl_of(&impostor, &impostor_key, 1, until);
-        let path = file("forged.crl", format!("{forged}{two_crl}").as_bytes());
+        let path = l.file("forged.crl", format!("{forged}{two_crl}").as_bytes());
         assert_eq!(
-            error(&path),
+            l.error(&path),
             format!(
                 "server.tls.client_crl {}: the CRL from CN=One CA is not signed by the key \
                  of the client_ca of that name (another CA's, or a key since replaced): every \
@@ -658,10 +673,10 @@ mod tests {
             format!("{old}{new}{two_crl}"),
             format!("{new}{two_crl}{old}"),
         ] {
-            let path = file("two-from-one.crl", pem.as_bytes());
-            let listener = server_config(&tls(&path)).unwrap();
+            let path = l.file("two-from-one.crl", pem.as_bytes());
+            let listener = server_config(&l.tls(&path)).unwrap();
             assert_eq!(
-                listener.warnings(&tls(&path), SystemTime::now()),
+                listener.warnings(&l.tls(&path), SystemTime::now()),
                 [format!(
                     "server.tls.client_crl {}: holds more than one CRL from CN=One CA; the \
                      newest (by CRL number, else thisUpdate) is used and the older ignored",
@@ -672,9 +687,9 @@ mod tests {
 
         // Every CA without a CRL is named at once.
         let (three, three_key) = ca("Three CA");
-        let path = file("three.crl", crl_of(&three, &three_key, 1, until).as_bytes());
+        let path = l.file("three.crl", crl_of(&three, &three_key, 1, until).as_bytes());
         assert_eq!(
-            error(&path),
+            l.error(&path),
             format!(
                 "server.tls.client_crl {}: no CRL from CN=One CA, nor from CN=Two CA (a \
                  client_ca): every certificate it signed would be refused, its revocation \
@@ -688,18 +703,12 @@ mod tests {
     /// back in: warned of, naming both. A newer CRL, the same one, or another issuer's are not.
     #[test]
     fn a_crl_older_than_the_one_served_is_warned_of() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = |name: &str, contents: &[u8]| {
-            let p = dir.path().join(name);
-            std::fs::write(&p, contents).unwrap();
-            p
-        };
-        let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
         let (one, one_key) = ca("One CA");
         let (two, two_key) = ca("Two CA");
+        let l = Listener::of(&[&one, &two]);
         let until = (2090, 1, 1);
         let served = |one_number: u64, two_number: u64| {
-            let crl = file(
+            let crl = l.file(
                 "clients.crl",
                 format!(
                     "{}{}",
@@ -708,18 +717,9 @@ mod tests {
                 )
                 .as_bytes(),
             );
-            let tls = ServerTls {
-                cert: file("server.pem", server.cert.pem().as_bytes()),
-                key: file("server.key", server.key_pair.serialize_pem().as_bytes()),
-                client_ca: Some(file(
-                    "ca.pem",
-                    format!("{}{}", one.pem(), two.pem()).as_bytes(),
-                )),
-                client_crl: Some(crl),
-            };
-            server_config(&tls).unwrap().served
+            server_config(&l.tls(&crl)).unwrap().served
         };
-        let path = dir.path().join("clients.crl");
+        let path = l.dir.path().join("clients.crl");
         let (before, older, newer) = (served(7, 3), served(5, 3), served(8, 2));
         assert_eq!(
             rolled_back(&before, &older, &path),
