@@ -609,26 +609,30 @@ async fn hedge(
         .expected_ttft(&hedge_entry.upstream)
         .max(budget.min_useful);
     // The target was judged when the request began: out of rotation, it is raced only as
-    // its probe, and another request may have taken that turn since (or ejected it).
+    // its probe, and another request may have taken that turn since (or ejected it). The
+    // turn is claimed last, by a hedge that will be sent: one that does not fit would hold
+    // it while its primary runs, and keep the upstream from the request that would probe it.
     let now = Instant::now();
     let health = &hedge_entry.upstream.health;
-    let hedge_probe = health.attempt(now, longest_wait(budget, now));
-    let in_turn = hedge_probe.is_some() || !health.is_out();
-    let hreq = match template.request_for(&hedge_entry.upstream) {
-        Ok(r) if in_turn && budget.usable(now) >= need => r,
-        _ => {
-            let r = primary.await;
-            note(
-                metrics,
-                budget,
-                primary_entry,
-                probe.as_ref(),
-                record,
-                i0,
-                &r,
-            );
-            return (r.map(|s| (s, 0)), false);
+    let sent = match template.request_for(&hedge_entry.upstream) {
+        Ok(r) if budget.usable(now) >= need => {
+            let probe = health.attempt(now, longest_wait(budget, now));
+            (probe.is_some() || !health.is_out()).then_some((r, probe))
         }
+        _ => None,
+    };
+    let Some((hreq, hedge_probe)) = sent else {
+        let r = primary.await;
+        note(
+            metrics,
+            budget,
+            primary_entry,
+            probe.as_ref(),
+            record,
+            i0,
+            &r,
+        );
+        return (r.map(|s| (s, 0)), false);
     };
     // Beside the primary, which the log keeps naming until one of them answers.
     let i1 = record.attempt_started(hedge_entry, Instant::now(), false);

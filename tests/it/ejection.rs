@@ -563,3 +563,57 @@ async fn two_hedges_do_not_both_probe_an_ejected_fallback() {
     assert_eq!(primary.requests().len(), 3);
     assert_eq!(backup.requests().len(), 2, "both hedges probed the backup");
 }
+
+/// A hedge that is not sent (the budget no longer fits the fallback's first token) does not
+/// take the ejected fallback's probe turn: the next request's hedge probes it.
+#[tokio::test]
+async fn a_hedge_that_does_not_fit_leaves_the_probe_to_the_next() {
+    let (primary, backup) = fakes().await;
+    let text = config(
+        &primary,
+        &backup,
+        "",
+        "fallbacks = [\"backup\"]\nhedge_after = \"100ms\"",
+    )
+    .replace(
+        "eject_after = 1\n",
+        "eject_after = 1\neject_for = \"300ms\"\nexpected_first_token = \"3s\"\n",
+    );
+    let p = Process::spawn(&text, &[], &[]).await;
+    primary.set_script(&[("x-fake-status", "503")]);
+    backup.set_script(&[("x-fake-status", "503")]);
+    assert_eq!(chat(&p).await, 503);
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"backup\"}").await,
+        1.0
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    primary.set_script(&[("x-fake-ttft-ms", "1500")]);
+    backup.set_script(&[]);
+    // Its hedge would need the backup's 3 s, and 3 s is all the budget there is.
+    let short = tokio::spawn({
+        let addr = p.addr;
+        async move {
+            let (resp, _c) = Conn::open(addr)
+                .await
+                .send(chat_request(
+                    &[("x-fake-chunks", "2"), ("x-request-budget-ms", "3000")],
+                    true,
+                ))
+                .await;
+            resp.status().as_u16()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(chat(&p).await, 200);
+    assert_eq!(short.await.unwrap(), 200);
+    assert_eq!(
+        backup.requests().len(),
+        2,
+        "the second request's hedge did not probe the backup"
+    );
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"backup\"}").await,
+        0.0
+    );
+}
