@@ -107,7 +107,8 @@ impl fmt::Display for Cause {
                     if i > 0 {
                         f.write_str(", ")?;
                     }
-                    write!(f, "{}", file.display())?;
+                    // A key pasted where a path belongs is a file name here.
+                    f.write_str(&scrub(&file.display().to_string()))?;
                 }
                 Ok(())
             }
@@ -123,7 +124,8 @@ struct Source {
 }
 
 /// The files that differ between two ticks: the config file (`path`) when its bytes do, then
-/// each named file whose hash differs or that is named by only one of them.
+/// each file named at both whose contents differ. A file named at one tick alone is the
+/// config file's change, not its own: nothing was read from it before, or nothing will be.
 fn changes(before: Option<&Source>, now: Option<&Source>, path: Option<&Path>) -> Vec<PathBuf> {
     let mut out = Vec::new();
     if before.map(|s| &s.text) != now.map(|s| &s.text) {
@@ -132,12 +134,7 @@ fn changes(before: Option<&Source>, now: Option<&Source>, path: Option<&Path>) -
     let a: &[_] = before.map_or(&[], |s| &s.files);
     let b: &[_] = now.map_or(&[], |s| &s.files);
     for (file, hash) in a {
-        if b.iter().find(|(f, _)| f == file).map(|(_, h)| h) != Some(hash) {
-            out.push(file.clone());
-        }
-    }
-    for (file, _) in b {
-        if !a.iter().any(|(f, _)| f == file) {
+        if b.iter().any(|(f, h)| f == file && h != hash) {
             out.push(file.clone());
         }
     }
@@ -145,30 +142,23 @@ fn changes(before: Option<&Source>, now: Option<&Source>, path: Option<&Path>) -
 }
 
 /// What the watcher compares from one tick to the next: the config file's bytes and a hash
-/// of each file the running config names, and each the file's text names (a config refused
-/// for what a key file holds is tried again when that file is fixed). Hashed: some hold
-/// keys, which the watcher need not keep. A file that cannot be read counts as a state of
-/// its own.
+/// of each file its text names (a config refused for what a key file holds is tried again
+/// when that file is fixed). From the text alone: the running config names the same files
+/// as its text (a test holds the two lists together), and a list that also took the running
+/// config's would change when a reload swaps it, setting off a second reload for nothing.
+/// Hashed: some files hold keys, which the watcher need not keep. A file that cannot be
+/// read counts as a state of its own.
 async fn read_source(shared: &Shared) -> Option<Source> {
     use std::hash::{DefaultHasher, Hash, Hasher};
     let path = shared.source.clone()?;
     let text = tokio::fs::read(&path).await.ok()?;
-    let mut files: Vec<std::path::PathBuf> = shared
-        .gateway
-        .load()
-        .config()
-        .files()
-        .into_iter()
-        .map(Into::into)
-        .collect();
     // From the bytes just read: a second read could see another version of the file.
-    let named = {
+    let mut files = {
         let text = String::from_utf8_lossy(&text).into_owned();
         tokio::task::spawn_blocking(move || Config::files_named(&text, path.parent()))
             .await
             .unwrap_or_default()
     };
-    files.extend(named);
     files.sort_unstable();
     files.dedup();
     let mut hashes = Vec::with_capacity(files.len());
@@ -288,22 +278,29 @@ mod tests {
         let before = source("a", &[("conf/ca.pem", Some(1)), ("conf/key", Some(2))]);
         let same = source("a", &[("conf/ca.pem", Some(1)), ("conf/key", Some(2))]);
         assert!(changes(Some(&before), Some(&same), path).is_empty());
-        // A CRL renamed into place, a key file gone, a file newly named by the config.
+        // A CA renamed into place; with the config's edit, a key file no longer named and a
+        // CRL newly named, which are the edit's doing, not changes of their own.
         let after = source("b", &[("conf/ca.pem", Some(3)), ("conf/crl.pem", Some(4))]);
         let changed = changes(Some(&before), Some(&after), path);
         assert_eq!(
             Cause::Changed(changed).to_string(),
-            "changed: conf/hourglass.toml, conf/ca.pem, conf/key, conf/crl.pem"
+            "changed: conf/hourglass.toml, conf/ca.pem"
+        );
+        let rotated = source("a", &[("conf/ca.pem", Some(1)), ("conf/key", Some(5))]);
+        assert_eq!(
+            changes(Some(&before), Some(&rotated), path),
+            [PathBuf::from("conf/key")]
         );
         // The config file unreadable, then back.
         assert_eq!(
             changes(None, Some(&before), path),
-            [
-                PathBuf::from("conf/hourglass.toml"),
-                PathBuf::from("conf/ca.pem"),
-                PathBuf::from("conf/key")
-            ]
+            [PathBuf::from("conf/hourglass.toml")]
         );
+        // A key pasted where a file's path belongs is not repeated in the log.
+        let pasted = Cause::Changed(vec![PathBuf::from(
+            "conf/sk-proj-Q1w2E3r4T5y6U7i8O9p0AbCdEf",
+        )]);
+        assert!(!pasted.to_string().contains("Q1w2E3r4"), "{pasted}");
         assert_eq!(Cause::Signal.to_string(), "SIGHUP");
     }
 }

@@ -787,6 +787,37 @@ async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
     );
 }
 
+/// An edit that stops naming a file is one reload: the watcher's list of files comes from
+/// the text alone, so swapping in the config that no longer names it changes nothing more.
+#[tokio::test]
+async fn an_edit_that_drops_a_file_is_one_reload() {
+    let dir = temp_dir("drop-file");
+    let key = dir.path().join("openai.key");
+    std::fs::write(&key, "sk-test-0123456789abcdef\n").unwrap();
+    let path = dir.path().join("hourglass.toml");
+    let with_key = BASE.replace("{FAKE}", "http://127.0.0.1:9").replace(
+        "api_key_env = \"HOURGLASS_TEST_KEY_UNSET\"",
+        &format!("api_key_file = {:?}", key.display().to_string()),
+    );
+    std::fs::write(&path, &with_key).unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    gw.watch_config(Duration::from_millis(20));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::fs::write(&path, BASE.replace("{FAKE}", "http://127.0.0.1:9")).unwrap();
+    let ok = |n: u32| format!("hourglass_config_reloads_total{{result=\"ok\"}} {n}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !gw.metrics.encode().contains(&ok(1)) {
+        assert!(Instant::now() < deadline, "the edit was not reloaded");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Many ticks later: no second reload for the file no longer named.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(gw.metrics.encode().contains(&ok(1)), "reloaded again");
+    gw.shutdown().await;
+}
+
 /// Who made each call: the log line names the client's certificate (RFC 4514) and the key
 /// its route accepted (its name in the key file, and the start of the key's SHA-256, never
 /// the key); the client's requests and tokens are counted under its name.
