@@ -64,10 +64,9 @@ impl Config {
                     ));
                 } else if let Some(problem) = key_var_problem(var, env) {
                     // Where every route using the upstream takes gateway keys, nothing passes
-                    // through: those routes' own warnings say what happens instead.
-                    let passes_through =
-                        users().next().is_none() || users().any(|r| r.client_auth.is_none());
-                    if passes_through {
+                    // through: those routes' own warnings say what happens instead. An
+                    // upstream no route uses is warned of as such.
+                    if users().any(|r| r.client_auth.is_none()) {
                         out.push(format!(
                             "upstream {name:?}: api_key_env {var} {problem}; the client's own credentials will be passed through"
                         ));
@@ -404,9 +403,12 @@ fn open_to_all_warning(label: &str, path: &Path, meta: &std::fs::Metadata, out: 
 /// What is wrong with an `api_key_env` variable as the gateway reads it (trimmed), if
 /// anything: either way the upstream gets no key of the gateway's.
 fn key_var_problem(var: &str, env: &dyn Fn(&str) -> Option<OsString>) -> Option<&'static str> {
-    match env(var) {
-        None => Some("is not set"),
-        Some(v) if v.to_string_lossy().trim().is_empty() => Some("is set but empty"),
+    let Some(value) = env(var) else {
+        return Some("is not set");
+    };
+    match value.to_str() {
+        None => Some("is set but not valid UTF-8"),
+        Some(v) if v.trim().is_empty() => Some("is set but empty"),
         Some(_) => None,
     }
 }

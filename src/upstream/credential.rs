@@ -46,6 +46,11 @@ fn read_key(config: &UpstreamConfig) -> Result<Option<(String, String)>, Upstrea
 pub(super) fn credential(
     config: &UpstreamConfig,
 ) -> Result<Option<(HeaderName, HeaderValue)>, UpstreamBuildError> {
+    // Under auth "none" a key source is ignored, as `check` says: its file is not read, so
+    // one that is missing does not stop the gateway.
+    if config.auth == AuthMode::None {
+        return Ok(None);
+    }
     let Some((key, var)) = read_key(config)? else {
         return Ok(None);
     };
@@ -65,4 +70,27 @@ pub(super) fn credential(
     // Kept out of HPACK tables and printed as "Sensitive" by Debug.
     value.set_sensitive(true);
     Ok(Some((name, value)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream(auth: &str) -> UpstreamConfig {
+        let text = format!(
+            "[upstreams.u]\nurl = \"https://u.example\"\nauth = \"{auth}\"\n\
+             api_key_file = \"/nonexistent/u.key\"\n\n\
+             [[routes]]\nname = \"r\"\npath_prefix = \"/v1\"\nupstream = \"u\"\n"
+        );
+        let config = crate::config::Config::from_toml(&text, "t.toml").unwrap();
+        (*config.upstreams[0]).clone()
+    }
+
+    /// A key file that `auth = "none"` leaves unread may be missing; one that is read may not.
+    #[test]
+    fn a_key_file_is_read_only_where_auth_sends_it() {
+        assert_eq!(credential(&upstream("none")).unwrap(), None);
+        let e = credential(&upstream("bearer")).unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/u.key"), "{e}");
+    }
 }

@@ -219,12 +219,14 @@ fn every_upstream_of_a_route_with_client_keys_is_checked_for_a_key() {
 /// A named key that the environment does not hold is no key either: on a route whose
 /// clients use gateway keys nothing is passed on in its place, so the upstream answers 401.
 /// Where clients' own credentials do pass through, the warning says so, and only there.
+#[cfg(unix)]
 #[test]
 fn a_key_variable_unset_or_empty_is_no_key_on_a_route_with_client_keys() {
     let text = format!(
         "{BASE}client_keys_env = \"CHAT_KEYS\"\nfallbacks = [\"backup\"]\n\n\
          [upstreams.backup]\nurl = \"https://backup.example\"\napi_key_env = \"BACKUP_KEY\"\n\n\
          [upstreams.shared]\nurl = \"https://shared.example\"\napi_key_env = \"SHARED_KEY\"\n\n\
+         [upstreams.idle]\nurl = \"https://idle.example\"\napi_key_env = \"IDLE_KEY\"\n\n\
          [[routes]]\nname = \"open\"\npath_prefix = \"/v1/open\"\nupstream = \"shared\"\n\n\
          [[routes]]\nname = \"msgs\"\npath_prefix = \"/v1/messages\"\nupstream = \"anthropic\"\n\
          fallbacks = [\"shared\"]\nclient_keys_env = \"CHAT_KEYS\"\n"
@@ -239,16 +241,20 @@ fn a_key_variable_unset_or_empty_is_no_key_on_a_route_with_client_keys() {
     );
     let c = load(&text);
     let env = |name: &str| match name {
-        "CHAT_KEYS" | "ANTHROPIC_KEY" => Some(OsString::from("set")),
+        "CHAT_KEYS" => Some(OsString::from("set")),
         "BACKUP_KEY" => Some(OsString::from("  ")),
+        // As std::env::var reads it, no key at all.
+        "ANTHROPIC_KEY" => Some(std::os::unix::ffi::OsStringExt::from_vec(vec![0xff, 0xfe])),
         _ => None,
     };
     assert_eq!(
         c.warnings_with(&env),
         [
             "upstream \"shared\": api_key_env SHARED_KEY is not set; the client's own credentials will be passed through",
+            "upstream \"idle\" is not used by any route",
             "route \"chat\": clients authenticate with their gateway keys, which are never passed on, and upstream \"openai\" has no key of its own: api_key_env OPENAI_KEY is not set",
             "route \"chat\": clients authenticate with their gateway keys, which are never passed on, and upstream \"backup\" has no key of its own: api_key_env BACKUP_KEY is set but empty",
+            "route \"msgs\": clients authenticate with their gateway keys, which are never passed on, and upstream \"anthropic\" has no key of its own: api_key_env ANTHROPIC_KEY is set but not valid UTF-8",
             "route \"msgs\": clients authenticate with their gateway keys, which are never passed on, and upstream \"shared\" has no key of its own: api_key_env SHARED_KEY is not set",
         ]
     );
