@@ -7,10 +7,10 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::Response;
 use http_body_util::{Either, Full};
@@ -178,14 +178,7 @@ async fn answer_plain_http(mut stream: TcpStream) {
 static CRL_WARNED: AtomicU64 = AtomicU64::new(0);
 
 fn crl_warning_due() -> bool {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let last = CRL_WARNED.load(Ordering::Relaxed);
-    now >= last + 60
-        && CRL_WARNED
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+    crate::server::client_cert::once_per(&CRL_WARNED, 60)
 }
 
 pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: Signal) {

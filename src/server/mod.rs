@@ -4,6 +4,7 @@
 //! atomically and every request keeps the table it started with.
 
 pub mod admin;
+mod client_cert;
 pub mod client_io;
 pub mod h2_idle;
 mod listen;

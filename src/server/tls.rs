@@ -10,6 +10,7 @@ use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
 
 use crate::config::ServerTls;
+use crate::server::client_cert::Naming;
 use crate::server::x509::{self, not_after};
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +102,7 @@ fn client_verifier(
     let builder = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
     let Some(path) = &tls.client_crl else {
         let verifier = builder.build().map_err(|e| file_err("client_ca", ca, e))?;
+        let verifier = Arc::new(Naming(verifier));
         return Ok(ClientVerifier {
             verifier,
             crls_due: Vec::new(),
@@ -177,7 +179,7 @@ fn client_verifier(
         })
         .collect();
     Ok(ClientVerifier {
-        verifier,
+        verifier: Arc::new(Naming(verifier)),
         crls_due,
         served,
         crl_notes: notes,

@@ -56,6 +56,36 @@ pub fn subject(der: &[u8]) -> Option<String> {
     tbs(der, 3, name)
 }
 
+/// A certificate's issuer, as [`subject`] writes a name.
+pub fn issuer(der: &[u8]) -> Option<String> {
+    tbs(der, 1, name)
+}
+
+/// A certificate's serial number in hex, as `openssl x509 -serial` and a CRL's entries show
+/// it.
+pub fn serial(der: &[u8]) -> Option<String> {
+    let bytes = yasna::parse_ber(der, |r| {
+        r.read_sequence(|r| {
+            let serial = r.next().read_sequence(|r| {
+                r.read_optional(|r| r.read_tagged(Tag::context(0), |r| r.read_der()))?;
+                let (bytes, _) = r.next().read_bigint_bytes()?;
+                while r.read_optional(|r| r.read_der())?.is_some() {}
+                Ok(bytes)
+            })?;
+            r.next().read_der()?;
+            r.next().read_der()?;
+            Ok(serial)
+        })
+    })
+    .ok()?;
+    let first = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len());
+    let hex = bytes[first..].iter().fold(String::new(), |mut out, b| {
+        let _ = write!(out, "{b:02X}");
+        out
+    });
+    Some(if hex.is_empty() { "00".to_owned() } else { hex })
+}
+
 /// A certificate's subject as its DER encodes it: what a CRL's issuer is compared with.
 pub fn subject_der(der: &[u8]) -> Option<Vec<u8>> {
     tbs(der, 3, |r| r.read_der())
@@ -509,6 +539,13 @@ mod tests {
             Some("1.3.6.1.4.1.99999.1=#160178,CN=\\ #agent\\+7\\ ,O=Acme\\, Inc.,C=DE")
         );
         assert_eq!(subject(b"not a certificate"), None);
+        // Self-signed: issued by its subject. Its serial as openssl prints it.
+        assert_eq!(issuer(&der), subject(&der));
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.serial_number = Some(rcgen::SerialNumber::from(vec![0x00, 0x0A, 0xBC, 0x01]));
+        let der = params.self_signed(&key).unwrap().der().to_vec();
+        assert_eq!(serial(&der).as_deref(), Some("0ABC01"));
+        assert_eq!(serial(b"not a certificate"), None);
         let mut hash_first = String::new();
         escape(&mut hash_first, "#1");
         assert_eq!(hash_first, "\\#1");

@@ -737,8 +737,9 @@ async fn a_certificate_revoked_in_a_new_crl_is_refused_without_a_signal() {
     gw.shutdown().await;
 }
 
-/// A CRL older than the one served, copied over it (from a backup, a stale mirror), lets
-/// the clients revoked in between back in. The reload goes ahead (the file is the
+/// A refused client certificate is named in the log. A CRL older than the one served,
+/// copied over it (from a backup, a stale mirror), lets the clients revoked in between back
+/// in. The reload goes ahead (the file is the
 /// operator's, and a restart would serve it anyway), and its warning names both CRLs.
 #[tokio::test]
 async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
@@ -756,6 +757,28 @@ async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
     )
     .await;
     assert_eq!(status_as(p.addr, &c, &leaked).await, None);
+    // The refusal names the certificate, as the request lines name those let in.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refusal = loop {
+        let (stdout, _) = p.output();
+        if let Some(line) = stdout
+            .lines()
+            .find(|l| l.contains("client certificate refused"))
+        {
+            break serde_json::from_str::<serde_json::Value>(line).unwrap();
+        }
+        assert!(Instant::now() < deadline, "no refusal logged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        refusal["client_cert"], "CN=rcgen self signed cert",
+        "{refusal}"
+    );
+    assert_eq!(refusal["serial"], "02", "{refusal}");
+    assert_eq!(
+        refusal["error"], "invalid peer certificate: Revoked",
+        "{refusal}"
+    );
     // Number 5, from before serial 2 was revoked, renamed into place.
     let staged = c.dir.path().join("clients.crl.new");
     std::fs::write(&staged, c.crl(5, &[])).unwrap();
