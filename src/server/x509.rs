@@ -375,7 +375,15 @@ fn escape(out: &mut String, value: &str) {
             }
             '#' if i == 0 => out.push_str("\\#"),
             ' ' if i == 0 || i == last => out.push_str("\\ "),
-            '\0' => out.push_str("\\00"),
+            // Control characters as RFC 4514's hex pairs: a subject is whatever the client's
+            // certificate says, and a newline or an escape sequence in it would forge log
+            // lines in the text format.
+            c if c.is_control() => {
+                let mut utf8 = [0u8; 4];
+                for b in c.encode_utf8(&mut utf8).bytes() {
+                    let _ = write!(out, "\\{b:02X}");
+                }
+            }
             c => out.push(c),
         }
     }
@@ -546,6 +554,10 @@ mod tests {
         let der = params.self_signed(&key).unwrap().der().to_vec();
         assert_eq!(serial(&der).as_deref(), Some("0ABC01"));
         assert_eq!(serial(b"not a certificate"), None);
+        // A subject is the client's to write: nothing in it may start a log line.
+        let mut forged = String::new();
+        escape(&mut forged, "evil\n2026 INFO forged\x1b[31m\u{85}\0");
+        assert_eq!(forged, "evil\\0A2026 INFO forged\\1B[31m\\C2\\85\\00");
         let mut hash_first = String::new();
         escape(&mut hash_first, "#1");
         assert_eq!(hash_first, "\\#1");
