@@ -9,8 +9,9 @@ use yasna::models::ObjectIdentifier;
 use yasna::tags::{TAG_BMPSTRING, TAG_IA5STRING, TAG_PRINTABLESTRING, TAG_UTF8STRING};
 use yasna::{BERReader, Tag};
 
-/// Reads `TBSCertificate` up to its subject and hands the reader at the subject to `at`.
-/// The fields after it (the key, the unique ids, the extensions) are skipped.
+/// Reads `TBSCertificate` up to the field after `fields` of them (0 the serial, 4 the
+/// subject) and hands the reader there to `at`.
+/// The fields after it are skipped.
 fn tbs<T>(
     der: &[u8],
     fields: usize,
@@ -20,9 +21,8 @@ fn tbs<T>(
         r.read_sequence(|r| {
             let value = r.next().read_sequence(|r| {
                 // version [0] EXPLICIT DEFAULT v1, then serialNumber, signature, issuer,
-                // validity, subject: `fields` of those four after the serial are skipped.
+                // validity, subject: `fields` of those five are skipped.
                 r.read_optional(|r| r.read_tagged(Tag::context(0), |r| r.read_der()))?;
-                r.next().read_der()?;
                 for _ in 0..fields {
                     r.next().read_der()?;
                 }
@@ -40,7 +40,7 @@ fn tbs<T>(
 
 /// A certificate's notAfter.
 pub fn not_after(der: &[u8]) -> Option<SystemTime> {
-    let unix = tbs(der, 2, |r| {
+    let unix = tbs(der, 3, |r| {
         r.read_sequence(|r| {
             r.next().read_der()?;
             time(r.next())
@@ -53,31 +53,18 @@ pub fn not_after(der: &[u8]) -> Option<SystemTime> {
 /// the last RDN first, values escaped, an attribute without a short name as its OID with
 /// the value's DER in hex.
 pub fn subject(der: &[u8]) -> Option<String> {
-    tbs(der, 3, name)
+    tbs(der, 4, name)
 }
 
 /// A certificate's issuer, as [`subject`] writes a name.
 pub fn issuer(der: &[u8]) -> Option<String> {
-    tbs(der, 1, name)
+    tbs(der, 2, name)
 }
 
 /// A certificate's serial number in hex, as `openssl x509 -serial` and a CRL's entries show
 /// it.
 pub fn serial(der: &[u8]) -> Option<String> {
-    let bytes = yasna::parse_ber(der, |r| {
-        r.read_sequence(|r| {
-            let serial = r.next().read_sequence(|r| {
-                r.read_optional(|r| r.read_tagged(Tag::context(0), |r| r.read_der()))?;
-                let (bytes, _) = r.next().read_bigint_bytes()?;
-                while r.read_optional(|r| r.read_der())?.is_some() {}
-                Ok(bytes)
-            })?;
-            r.next().read_der()?;
-            r.next().read_der()?;
-            Ok(serial)
-        })
-    })
-    .ok()?;
+    let bytes = tbs(der, 0, |r| Ok(r.read_bigint_bytes()?.0))?;
     let first = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len());
     let hex = bytes[first..].iter().fold(String::new(), |mut out, b| {
         let _ = write!(out, "{b:02X}");
@@ -88,7 +75,7 @@ pub fn serial(der: &[u8]) -> Option<String> {
 
 /// A certificate's subject as its DER encodes it: what a CRL's issuer is compared with.
 pub fn subject_der(der: &[u8]) -> Option<Vec<u8>> {
-    tbs(der, 3, |r| r.read_der())
+    tbs(der, 4, |r| r.read_der())
 }
 
 fn name(r: BERReader<'_, '_>) -> yasna::ASN1Result<String> {
@@ -262,7 +249,7 @@ impl Crl {
     /// handshake.
     pub fn signed_by(&self, ca: &[u8]) -> Option<bool> {
         use ring::signature as sig;
-        let (curve, key) = tbs(ca, 4, |r| {
+        let (curve, key) = tbs(ca, 5, |r| {
             r.read_sequence(|r| {
                 let curve = r.next().read_sequence(|r| {
                     r.next().read_oid()?;
