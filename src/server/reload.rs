@@ -215,17 +215,17 @@ async fn reload(shared: &Arc<Shared>, cause: &Cause) -> Result<String, ServerErr
 
 fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<String, ServerError> {
     let old = shared.gateway.load_full();
-    if let Some(warning) = shared.at_start.changed_by(&config.server) {
-        tracing::warn!("{warning}");
-    }
+    let mut warnings: Vec<String> = shared
+        .at_start
+        .changed_by(&config.server)
+        .into_iter()
+        .collect();
     let (tls, expires, crls_due, crls) = match &config.server.tls {
         Some(t) => {
             let loaded = crate::server::tls::acceptor(t)?;
             if let Some(path) = &t.client_crl {
                 let served = shared.crls.lock().unwrap_or_else(PoisonError::into_inner);
-                for w in crate::server::tls::rolled_back(&served, &loaded.crls, path) {
-                    tracing::warn!("{w}");
-                }
+                warnings.extend(served.rolled_back(&loaded.crls, path));
             }
             (
                 Some(loaded.acceptor),
@@ -244,13 +244,20 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
         Some(&old),
         shared.cut.clone(),
     )?;
-    for w in gateway.config().warnings() {
+    // Said only once the reload cannot fail: one that does changes nothing of what they say
+    // (the listener stays as it is, the served CRL is not rolled back).
+    warnings.extend(gateway.config().warnings());
+    for w in &warnings {
         tracing::warn!("{w}");
     }
     shared.gateway.store(Arc::new(gateway));
     shared.gateway.load().took_over(&old);
     shared.tls.store(tls);
-    *shared.crls.lock().unwrap_or_else(PoisonError::into_inner) = crls;
+    shared
+        .crls
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remember(crls);
     shared.metrics.tls_certificate_expires(expires);
     shared.metrics.tls_crls_due(&crls_due);
     shared.server.store(server);

@@ -102,7 +102,7 @@ pub async fn start_with_source(
         cut,
         source,
         reloading: tokio::sync::Mutex::new(()),
-        crls: std::sync::Mutex::new(crls),
+        crls: std::sync::Mutex::new(crate::server::tls::ServedCrls::new(crls)),
         at_start,
     });
     let stop = Signal::new();

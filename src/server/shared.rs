@@ -45,8 +45,8 @@ pub(super) struct Shared {
     /// The file reloads read; `None` for configs built in memory.
     pub(super) source: Option<PathBuf>,
     pub(super) reloading: tokio::sync::Mutex<()>,
-    /// The client CRLs being served, which a reload's must not be older than unwarned.
-    pub(super) crls: std::sync::Mutex<Vec<crate::server::tls::ServedCrl>>,
+    /// The newest client CRLs served, which a reload's must not be older than unwarned.
+    pub(super) crls: std::sync::Mutex<crate::server::tls::ServedCrls>,
     /// What only a restart changes, as the process started with it.
     pub(super) at_start: AtStart,
 }

@@ -52,27 +52,57 @@ pub struct ServedCrl {
     version: x509::CrlVersion,
 }
 
-/// What a reload's CRLs undo: each that is older than its issuer's CRL served before it
-/// (copied back from a backup, or from a stale mirror), whose clients revoked since are let
-/// in again. Only warned of: the file is the operator's, and a restart would serve it anyway.
-pub fn rolled_back(before: &[ServedCrl], now: &[ServedCrl], path: &Path) -> Vec<String> {
-    now.iter()
-        .filter_map(|crl| {
-            let served = before
-                .iter()
-                .find(|b| b.issuer_der == crl.issuer_der)
-                .filter(|b| b.version.newer_than(&crl.version))?;
-            Some(format!(
-                "server.tls.client_crl {}: the CRL from {} ({}) is older than the one served \
-                 until this reload ({}): certificates revoked in between are accepted again; \
-                 put the CA's newest CRL in place",
-                path.display(),
-                crl.issuer,
-                crl.version,
-                served.version
-            ))
-        })
-        .collect()
+/// The newest CRL of each issuer this process has served. It outlives the reloads that
+/// serve an older one, or none at all (`client_crl` dropped for a while), so that a CRL
+/// copied back later is still told apart from what was served before it; only a restart
+/// forgets it.
+#[derive(Debug, Default)]
+pub struct ServedCrls(Vec<ServedCrl>);
+
+impl ServedCrls {
+    pub fn new(served: Vec<ServedCrl>) -> Self {
+        let mut memory = ServedCrls::default();
+        memory.remember(served);
+        memory
+    }
+
+    /// What a reload's CRLs undo: each that is older than its issuer's newest served before
+    /// (copied back from a backup, or from a stale mirror), whose clients revoked since are
+    /// let in again. Only warned of: the file is the operator's, and a restart would serve
+    /// it anyway.
+    pub fn rolled_back(&self, now: &[ServedCrl], path: &Path) -> Vec<String> {
+        now.iter()
+            .filter_map(|crl| {
+                let served = self
+                    .of(&crl.issuer_der)
+                    .filter(|b| b.version.newer_than(&crl.version))?;
+                Some(format!(
+                    "server.tls.client_crl {}: the CRL from {} ({}) is older than one this \
+                     process served before ({}): certificates revoked in between are accepted \
+                     again; put the CA's newest CRL in place",
+                    path.display(),
+                    crl.issuer,
+                    crl.version,
+                    served.version
+                ))
+            })
+            .collect()
+    }
+
+    /// Keeps, for each issuer, the newer of what it had and what is served now.
+    pub fn remember(&mut self, now: Vec<ServedCrl>) {
+        for crl in now {
+            match self.0.iter_mut().find(|b| b.issuer_der == crl.issuer_der) {
+                Some(b) if crl.version.newer_than(&b.version) => *b = crl,
+                Some(_) => {}
+                None => self.0.push(crl),
+            }
+        }
+    }
+
+    fn of(&self, issuer_der: &[u8]) -> Option<&ServedCrl> {
+        self.0.iter().find(|b| b.issuer_der == issuer_der)
+    }
 }
 
 /// The verifier of client certificates, and what its CRLs need said.
@@ -703,8 +733,9 @@ mod tests {
 
     /// A reload whose CRL is older than its issuer's served before it lets revoked clients
     /// back in: warned of, naming both. A newer CRL, the same one, or another issuer's are not.
+    /// What was served is remembered through reloads that serve an older CRL, or none.
     #[test]
-    fn a_crl_older_than_the_one_served_is_warned_of() {
+    fn a_crl_older_than_one_served_before_is_warned_of() {
         let (one, one_key) = ca("One CA");
         let (two, two_key) = ca("Two CA");
         let l = Listener::of(&[&one, &two]);
@@ -723,22 +754,37 @@ mod tests {
         };
         let path = l.dir.path().join("clients.crl");
         let (before, older, newer) = (served(7, 3), served(5, 3), served(8, 2));
-        assert_eq!(
-            rolled_back(&before, &older, &path),
-            [format!(
-                "server.tls.client_crl {}: the CRL from CN=One CA (number 5) is older than the \
-                 one served until this reload (number 7): certificates revoked in between are \
-                 accepted again; put the CA's newest CRL in place",
+        let warning = |now: u64, then: u64| {
+            format!(
+                "server.tls.client_crl {}: the CRL from CN=One CA (number {now}) is older than \
+                 one this process served before (number {then}): certificates revoked in \
+                 between are accepted again; put the CA's newest CRL in place",
                 path.display()
-            )]
-        );
-        assert_eq!(rolled_back(&before, &before, &path), Vec::<String>::new());
-        assert_eq!(rolled_back(&older, &before, &path), Vec::<String>::new());
-        assert_eq!(rolled_back(&[], &older, &path), Vec::<String>::new());
+            )
+        };
+        let mut memory = ServedCrls::new(before.clone());
+        assert_eq!(memory.rolled_back(&older, &path), [warning(5, 7)]);
+        assert_eq!(memory.rolled_back(&before, &path), Vec::<String>::new());
         assert_eq!(
-            rolled_back(&before, &newer, &path).len(),
+            ServedCrls::new(older.clone()).rolled_back(&before, &path),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            ServedCrls::default().rolled_back(&older, &path),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            memory.rolled_back(&newer, &path).len(),
             1,
             "Two went 3 to 2"
         );
+        // Serving the older one, then none (client_crl dropped for a while), forgets nothing.
+        memory.remember(older.clone());
+        memory.remember(Vec::new());
+        assert_eq!(memory.rolled_back(&older, &path), [warning(5, 7)]);
+        // Each issuer keeps its newest: One's 8, and Two's 3 over the 2 served with it.
+        memory.remember(newer);
+        assert_eq!(memory.rolled_back(&older, &path), [warning(5, 8)]);
+        assert_eq!(memory.rolled_back(&before, &path), [warning(7, 8)]);
     }
 }

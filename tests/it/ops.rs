@@ -739,8 +739,9 @@ async fn a_certificate_revoked_in_a_new_crl_is_refused_without_a_signal() {
 
 /// A refused client certificate is named in the log. A CRL older than the one served,
 /// copied over it (from a backup, a stale mirror), lets the clients revoked in between back
-/// in. The reload goes ahead (the file is the
-/// operator's, and a restart would serve it anyway), and its warning names both CRLs.
+/// in. The reload goes ahead (the file is the operator's, and a restart would serve it
+/// anyway), and its warning names both CRLs; a reload that fails for another reason serves
+/// on the newer one and warns of nothing.
 #[tokio::test]
 async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
@@ -779,34 +780,50 @@ async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
         refusal["error"], "invalid peer certificate: Revoked",
         "{refusal}"
     );
-    // Number 5, from before serial 2 was revoked, renamed into place.
+    let reloads = |result: &'static str, n: u32| {
+        let line = format!("hourglass_config_reloads_total{{result=\"{result}\"}} {n}");
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while scrape(p.admin).await.lines().all(|l| l != line) {
+                assert!(Instant::now() < deadline, "never {line}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // A config edit that cannot be served (its key file is missing), then number 5, from
+    // before serial 2 was revoked, renamed into place: that reload fails too, and serves on
+    // the CRL it would have rolled back, so no warning is said of it.
+    let served = std::fs::read_to_string(&p.config).unwrap();
+    let broken = served.replace(
+        "api_key_env = \"HOURGLASS_TEST_KEY_UNSET\"",
+        "api_key_file = \"/nonexistent/hourglass-test.key\"",
+    );
+    assert_ne!(broken, served);
+    std::fs::write(&p.config, &broken).unwrap();
+    reloads("error", 1).await;
     let staged = c.dir.path().join("clients.crl.new");
     std::fs::write(&staged, c.crl(5, &[])).unwrap();
     std::fs::rename(&staged, &crl).unwrap();
-    let reloaded = "hourglass_config_reloads_total{result=\"ok\"}";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while scrape(p.admin)
-        .await
-        .lines()
-        .all(|l| l != format!("{reloaded} 1"))
-    {
-        assert!(Instant::now() < deadline, "the older CRL was not reloaded");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    reloads("error", 2).await;
+    assert_eq!(status_as(p.addr, &c, &leaked).await, None, "CRL 7 stays");
+    // Mended: the reload goes ahead with CRL 5, and says what it undoes.
+    std::fs::write(&p.config, &served).unwrap();
+    reloads("ok", 1).await;
     assert_eq!(
         status_as(p.addr, &c, &leaked).await,
         Some(http::StatusCode::OK),
         "as the warning says"
     );
     let (stdout, stderr) = p.output();
-    let warning = stdout
+    let warnings = stdout
         .lines()
         .chain(stderr.lines())
-        .find(|l| l.contains("is older than the one served"))
-        .unwrap_or_else(|| panic!("no warning in {stdout}{stderr}"));
+        .filter(|l| l.contains("is older than one this process served"))
+        .collect::<Vec<_>>();
+    assert_eq!(warnings.len(), 1, "{stdout}{stderr}");
     assert!(
-        warning.contains("(number 5) is older than the one served until this reload (number 7)"),
-        "{warning}"
+        warnings[0].contains("(number 5) is older than one this process served before (number 7)"),
+        "{warnings:?}"
     );
 }
 
