@@ -18,6 +18,7 @@ use crate::runs::redis::{key_of, RedisAdmission, RedisStore, StoreError};
 use crate::runs::shared::Shared;
 use crate::runs::state::{Call, Refusal, RunEnd, RunOf, RunState, View};
 use crate::telemetry::metrics::RunMetrics;
+use crate::telemetry::throttle::Throttle;
 
 /// How a call joined its run.
 #[derive(Debug)]
@@ -111,8 +112,7 @@ impl Runs {
                 timeout: config.store_timeout,
                 on_error: config.on_store_error,
                 metrics: metrics.clone(),
-                last_warning: AtomicU64::new(0),
-                epoch: Instant::now(),
+                last_warning: Throttle::every(Duration::from_secs(1)),
                 last_error: Mutex::new(None),
                 nonce: crate::runs::shared::nonce(),
                 calls: AtomicU64::new(0),

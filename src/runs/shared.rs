@@ -14,6 +14,7 @@ use crate::runs::redis::{Ended, RedisStore, StoreError};
 use crate::runs::state::Used;
 
 use crate::telemetry::metrics::RunMetrics;
+use crate::telemetry::throttle::Throttle;
 
 /// How long the end or the cancel of a call is tried: a store down for longer lost its runs
 /// or kept them; either way what the call reserved ends with the run's ttl.
@@ -28,9 +29,8 @@ pub struct Shared {
     pub(super) timeout: Duration,
     pub(super) on_error: OnStoreError,
     pub(super) metrics: RunMetrics,
-    /// When a store failure was last logged (ms since `epoch`): at most one a second.
-    pub(super) last_warning: AtomicU64,
-    pub(super) epoch: Instant,
+    /// Store failures logged: at most one a second.
+    pub(super) last_warning: Throttle,
     /// The last failure, for /readyz.
     pub(super) last_error: Mutex<Option<(Instant, String)>>,
     /// This process's part of every call token, and its count of calls: a token names one
@@ -71,15 +71,7 @@ impl Shared {
         self.metrics.store_error(op);
         let now = Instant::now();
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, e.to_string()));
-        let at = now.saturating_duration_since(self.epoch).as_millis() as u64;
-        let last = self.last_warning.load(Ordering::Relaxed);
-        let first = last == 0;
-        if (first || at >= last + 1000)
-            && self
-                .last_warning
-                .compare_exchange(last, at.max(1), Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.last_warning.due() {
             let policy = match self.on_error {
                 OnStoreError::Allow => {
                     "calls are served without run limits (on_store_error = allow)"

@@ -2,9 +2,8 @@
 //! (revoked, unknown issuer, expired) but not whose it was. This one names it in the log, so
 //! that a refused client is found by its certificate's subject, as its requests are.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::Duration;
 
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -12,6 +11,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, Error, SignatureScheme};
 
 use crate::server::x509;
+use crate::telemetry::throttle::Throttle;
 
 /// rustls's verifier, naming the certificates it refuses.
 #[derive(Debug)]
@@ -68,8 +68,8 @@ impl ClientCertVerifier for Naming {
     }
 }
 
-/// When a refusal was last logged at info, in seconds since the epoch.
-static REFUSAL_LOGGED: AtomicU64 = AtomicU64::new(0);
+/// Refusals logged at info.
+static REFUSAL_LOGGED: Throttle = Throttle::every(Duration::from_secs(1));
 
 /// Logs a refused certificate: at info at most once a second (a client retrying in a loop,
 /// or someone trying certificates, would fill the log), the others at debug. The count of
@@ -79,22 +79,9 @@ fn refused(cert: &CertificateDer<'_>, error: &Error) {
     let subject = x509::subject(cert).unwrap_or_else(unread);
     let serial = x509::serial(cert).unwrap_or_else(unread);
     let issuer = x509::issuer(cert).unwrap_or_else(unread);
-    if once_per(&REFUSAL_LOGGED, 1) {
+    if REFUSAL_LOGGED.due() {
         tracing::info!(client_cert = %subject, %serial, %issuer, %error, "client certificate refused");
     } else {
         tracing::debug!(client_cert = %subject, %serial, %issuer, %error, "client certificate refused");
     }
-}
-
-/// Whether `secs` have passed since `last` (seconds since the epoch), taking the turn if so:
-/// for log lines that a client in a loop could repeat without end.
-pub(super) fn once_per(last: &AtomicU64, secs: u64) -> bool {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let then = last.load(Ordering::Relaxed);
-    now >= then + secs
-        && last
-            .compare_exchange(then, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
 }

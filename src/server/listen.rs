@@ -7,7 +7,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -33,6 +32,7 @@ use crate::server::client_io::{ClientIo, Returned};
 use crate::server::shared::Shared;
 use crate::stream::signal::{Signal, Waiter};
 use crate::telemetry::metrics::Metrics;
+use crate::telemetry::throttle::Throttle;
 
 pub(super) fn local(l: &TcpListener) -> SocketAddr {
     l.local_addr().expect("a bound listener has an address")
@@ -173,13 +173,9 @@ async fn answer_plain_http(mut stream: TcpStream) {
     }
 }
 
-/// When a CRL problem was last logged as a warning, in seconds since the epoch: at most one
-/// a minute, as a client retrying in a loop would otherwise fill the log.
-static CRL_WARNED: AtomicU64 = AtomicU64::new(0);
-
-fn crl_warning_due() -> bool {
-    crate::server::client_cert::once_per(&CRL_WARNED, 60)
-}
+/// CRL problems logged as warnings: at most one a minute, as a client retrying in a loop
+/// would otherwise fill the log.
+static CRL_WARNED: Throttle = Throttle::every(Duration::from_secs(60));
 
 pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: Signal) {
     let graceful = GracefulShutdown::new();
@@ -322,7 +318,7 @@ async fn serve_connection(
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
                         match crate::server::tls::crl_problem(&e) {
-                            Some(problem) if crl_warning_due() => {
+                            Some(problem) if CRL_WARNED.due() => {
                                 tracing::warn!(%peer, error = %e, "{problem}");
                             }
                             _ => tracing::debug!(%peer, error = %e, "TLS handshake failed"),

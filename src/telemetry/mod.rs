@@ -4,4 +4,5 @@ pub mod access;
 pub mod json;
 pub mod log;
 pub mod metrics;
+pub mod throttle;
 pub mod writer;
