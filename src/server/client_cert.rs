@@ -1,7 +1,11 @@
 //! The verifier of client certificates: rustls's, which says why it refused a certificate
-//! (revoked, unknown issuer, expired) but not whose it was. This one names it in the log, so
-//! that a refused client is found by its certificate's subject, as its requests are.
+//! (revoked, unknown issuer, expired) but not whose it was. This one keeps what it refused,
+//! so that the listener's log line for the failed handshake names the certificate (as the
+//! request lines name those let in) beside the peer's address, which only the listener knows.
 
+use std::cell::RefCell;
+use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +42,7 @@ impl ClientCertVerifier for Naming {
     ) -> Result<ClientCertVerified, Error> {
         self.0
             .verify_client_cert(end_entity, intermediates, now)
-            .inspect_err(|e| refused(end_entity, e))
+            .inspect_err(|e| keep(end_entity, e))
     }
 
     fn verify_tls12_signature(
@@ -47,7 +51,9 @@ impl ClientCertVerifier for Naming {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        self.0
+            .verify_tls12_signature(message, cert, dss)
+            .inspect_err(|e| keep(cert, e))
     }
 
     fn verify_tls13_signature(
@@ -56,7 +62,9 @@ impl ClientCertVerifier for Naming {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        self.0
+            .verify_tls13_signature(message, cert, dss)
+            .inspect_err(|e| keep(cert, e))
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -68,20 +76,94 @@ impl ClientCertVerifier for Naming {
     }
 }
 
+/// The certificate of the handshake this thread refused last, and why.
+struct Refused {
+    subject: String,
+    serial: String,
+    issuer: String,
+    error: Error,
+}
+
+thread_local! {
+    /// rustls calls the verifier from inside the poll that then fails the handshake (tokio-
+    /// rustls returns `process_new_packets`'s error from that same poll), so the listener
+    /// reads it on this thread before any other handshake can run here. The error kept with
+    /// it is matched all the same, so a refusal can never be told of another's handshake.
+    static REFUSED: RefCell<Option<Refused>> = const { RefCell::new(None) };
+}
+
+/// Refusals only: a certificate let in costs nothing here.
+fn keep(cert: &CertificateDer<'_>, error: &Error) {
+    let unread = || "(unreadable)".to_owned();
+    let refused = Refused {
+        subject: x509::subject(cert).unwrap_or_else(unread),
+        serial: x509::serial(cert).unwrap_or_else(unread),
+        issuer: x509::issuer(cert).unwrap_or_else(unread),
+        error: error.clone(),
+    };
+    REFUSED.with(|r| *r.borrow_mut() = Some(refused));
+}
+
+/// What the verifier kept of the refusal that failed this handshake with `error`, if it ran.
+fn kept_for(error: &io::Error) -> Option<Refused> {
+    REFUSED.with(|r| r.borrow_mut().take()).filter(|kept| {
+        error
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<Error>())
+            .is_some_and(|e| *e == kept.error)
+    })
+}
+
 /// Refusals logged at info.
 static REFUSAL_LOGGED: Throttle = Throttle::every(Duration::from_secs(1));
 
-/// Logs a refused certificate: at info at most once a second (a client retrying in a loop,
-/// or someone trying certificates, would fill the log), the others at debug. The count of
-/// them all is `hourglass_tls_handshake_failures_total{reason="client_certificate"}`.
-fn refused(cert: &CertificateDer<'_>, error: &Error) {
-    let unread = || "(unreadable)".to_owned();
-    let subject = x509::subject(cert).unwrap_or_else(unread);
-    let serial = x509::serial(cert).unwrap_or_else(unread);
-    let issuer = x509::issuer(cert).unwrap_or_else(unread);
+/// Logs a handshake refused for its client certificate (`error`, as the handshake failed),
+/// naming the peer and the certificate, when there was one: at info at most once a second
+/// (a client retrying in a loop, or someone trying certificates, would fill the log), the
+/// others at debug. The count of them all is
+/// `hourglass_tls_handshake_failures_total{reason="client_certificate"}`.
+pub(super) fn refused(peer: SocketAddr, error: &io::Error) {
+    let kept = kept_for(error);
+    let client_cert = kept.as_ref().map(|k| k.subject.as_str());
+    let serial = kept.as_ref().map(|k| k.serial.as_str());
+    let issuer = kept.as_ref().map(|k| k.issuer.as_str());
     if REFUSAL_LOGGED.due() {
-        tracing::info!(client_cert = %subject, %serial, %issuer, %error, "client certificate refused");
+        tracing::info!(%peer, client_cert, serial, issuer, %error, "client certificate refused");
     } else {
-        tracing::debug!(client_cert = %subject, %serial, %issuer, %error, "client certificate refused");
+        tracing::debug!(%peer, client_cert, serial, issuer, %error, "client certificate refused");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustls::CertificateError;
+
+    fn failed(e: impl Into<Error>) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, e.into())
+    }
+
+    /// A refusal is told only of the handshake it failed, and once.
+    #[test]
+    fn a_kept_refusal_names_only_its_own_handshake() {
+        let cert = rcgen::generate_simple_self_signed(vec!["client".into()]).unwrap();
+        let der = CertificateDer::from(cert.cert.der().to_vec());
+        keep(&der, &CertificateError::Revoked.into());
+        let kept = kept_for(&failed(CertificateError::Revoked)).unwrap();
+        assert_eq!(kept.subject, "CN=rcgen self signed cert");
+        assert_eq!(
+            kept_for(&failed(CertificateError::Revoked)).map(|k| k.subject),
+            None
+        );
+        // Another handshake's failure on this thread does not take it.
+        keep(&der, &CertificateError::Revoked.into());
+        assert_eq!(
+            kept_for(&failed(Error::NoCertificatesPresented)).map(|k| k.subject),
+            None
+        );
+        assert_eq!(
+            kept_for(&io::ErrorKind::ConnectionReset.into()).map(|k| k.subject),
+            None
+        );
     }
 }

@@ -317,13 +317,18 @@ async fn serve_connection(
                 let tls_stream = match handshake {
                     Ok(Ok(s)) => s,
                     Ok(Err(e)) => {
-                        match crate::server::tls::crl_problem(&e) {
-                            Some(problem) if CRL_WARNED.due() => {
+                        let reason = crate::server::tls::handshake_failure(&e);
+                        if reason == "client_certificate" {
+                            crate::server::client_cert::refused(peer, &e);
+                        } else {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        }
+                        if let Some(problem) = crate::server::tls::crl_problem(&e) {
+                            if CRL_WARNED.due() {
                                 tracing::warn!(%peer, error = %e, "{problem}");
                             }
-                            _ => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         }
-                        metrics.tls_handshake_failure(crate::server::tls::handshake_failure(&e));
+                        metrics.tls_handshake_failure(reason);
                         return None;
                     }
                     Err(_) => {

@@ -621,9 +621,16 @@ async fn status_as(
     c: &Certs,
     client: &Identity,
 ) -> Option<http::StatusCode> {
-    let s = tls_client_as(addr, c, b"http/1.1", Some(client))
-        .await
-        .ok()?;
+    status_with(addr, c, Some(client)).await
+}
+
+/// A request's status over a TLS connection presenting `client`'s certificate, or none.
+async fn status_with(
+    addr: std::net::SocketAddr,
+    c: &Certs,
+    client: Option<&Identity>,
+) -> Option<http::StatusCode> {
+    let s = tls_client_as(addr, c, b"http/1.1", client).await.ok()?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
         .await
         .ok()?;
@@ -758,21 +765,17 @@ async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
     )
     .await;
     assert_eq!(status_as(p.addr, &c, &leaked).await, None);
-    // The refusal names the certificate, as the request lines name those let in.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let refusal = loop {
-        let (stdout, _) = p.output();
-        if let Some(line) = stdout
-            .lines()
-            .find(|l| l.contains("client certificate refused"))
-        {
-            break serde_json::from_str::<serde_json::Value>(line).unwrap();
-        }
-        assert!(Instant::now() < deadline, "no refusal logged");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    // The refusal names the certificate, as the request lines name those let in, and the
+    // peer that presented it.
+    let refusal = refusal_logged(&p).await;
     assert_eq!(
         refusal["client_cert"], "CN=rcgen self signed cert",
+        "{refusal}"
+    );
+    assert!(
+        refusal["peer"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("127.0.0.1:")),
         "{refusal}"
     );
     assert_eq!(refusal["serial"], "02", "{refusal}");
@@ -825,6 +828,50 @@ async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
         warnings[0].contains("(number 5) is older than one this process served before (number 7)"),
         "{warnings:?}"
     );
+}
+
+/// The first line that logged a refused client certificate, as JSON.
+async fn refusal_logged(p: &Process) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (stdout, _) = p.output();
+        if let Some(line) = stdout
+            .lines()
+            .find(|l| l.contains("client certificate refused"))
+        {
+            return serde_json::from_str(line).unwrap();
+        }
+        assert!(Instant::now() < deadline, "no refusal logged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client that presents no certificate where one is required is refused before any
+/// verifier runs; its refusal is logged all the same, naming its address and no certificate.
+#[tokio::test]
+async fn a_client_without_a_certificate_is_logged_by_its_address() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = certs("no-client-cert");
+    let p = Process::spawn(
+        &tls_config_toml(&c, true).replace("{FAKE}", &fake.url()),
+        &["--log-format", "json"],
+        &[],
+    )
+    .await;
+    assert_eq!(status_with(p.addr, &c, None).await, None);
+    let refusal = refusal_logged(&p).await;
+    assert_eq!(refusal["level"], "INFO", "{refusal}");
+    assert_eq!(refusal["error"], "peer sent no certificates", "{refusal}");
+    assert!(
+        refusal["peer"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("127.0.0.1:")),
+        "{refusal}"
+    );
+    assert_eq!(refusal.get("client_cert"), None, "{refusal}");
+    assert!(fake.requests().is_empty());
 }
 
 /// An edit that stops naming a file is one reload: the watcher's list of files comes from
