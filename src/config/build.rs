@@ -83,16 +83,16 @@ pub(super) fn files_named(text: &str, base_dir: Option<&Path>) -> Vec<PathBuf> {
         );
     }
     for (_, u) in &raw.upstreams.0 {
+        // Unread under auth "none" (`Config::files`).
+        let key_file = match u.auth {
+            Some(RawAuth::None) => &None,
+            _ => &u.api_key_file,
+        };
         out.extend(
-            [
-                &u.api_key_file,
-                &u.ca_file,
-                &u.client_cert,
-                &u.client_cert_key,
-            ]
-            .into_iter()
-            .flatten()
-            .map(resolve),
+            [key_file, &u.ca_file, &u.client_cert, &u.client_cert_key]
+                .into_iter()
+                .flatten()
+                .map(resolve),
         );
     }
     for r in &raw.routes {

@@ -479,7 +479,7 @@ impl Config {
     }
 
     /// Every file the config names and a reload re-reads: the TLS certificate, key, client
-    /// CA and CRL, upstreams' key and CA files, routes' client key files. A change to one is
+    /// CA and CRL, upstreams' key (unless `auth = "none"`) and CA files, routes' client key files. A change to one is
     /// a reason to reload, as a change to the config file is (a rotated certificate or key
     /// often leaves the config itself as it was).
     pub fn files(&self) -> Vec<&Path> {
@@ -490,7 +490,10 @@ impl Config {
             out.extend(tls.client_crl.as_deref());
         }
         for u in &self.upstreams {
-            out.extend(u.api_key_file.as_deref());
+            // Under auth "none" the key file is not read: not a reason to reload either.
+            if u.auth != AuthMode::None {
+                out.extend(u.api_key_file.as_deref());
+            }
             out.extend(u.ca_file.as_deref());
             out.extend(
                 u.client_cert

@@ -177,15 +177,18 @@ fn the_files_named_by_the_text_are_the_files_of_the_config() {
             "url = \"https://api.openai.com\"\napi_key_file = \"secrets/openai\"\nca_file = \"ca.pem\"\n",
         )
 ;
+    // An upstream under auth "none" reads no key file: a change to it is no reason to reload.
     let text = format!(
         "[server.tls]\ncert = \"tls/cert.pem\"\nkey = \"tls/key.pem\"\nclient_ca = \"tls/ca.pem\"\n\
-         client_crl = \"tls/clients.crl\"\n\n{text}"
+         client_crl = \"tls/clients.crl\"\n\n{text}\n[upstreams.local]\nurl = \"http://127.0.0.1:8000\"\n\
+         auth = \"none\"\napi_key_file = \"secrets/local\"\n"
     );
     let c = load(&text);
     let mut from_config: Vec<PathBuf> = c.files().into_iter().map(PathBuf::from).collect();
     from_config.sort_unstable();
     assert_eq!(from_config.len(), 7, "{from_config:?}");
     assert!(from_config.contains(&PathBuf::from("config/tls/clients.crl")));
+    assert!(!from_config.contains(&PathBuf::from("config/secrets/local")));
     let from_text = crate::config::Config::files_named(&text, Some(std::path::Path::new("config")));
     assert_eq!(from_text, from_config);
 }
