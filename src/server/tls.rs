@@ -149,14 +149,20 @@ fn client_verifier(
     // `warnings` says so).
     let verifier = builder.with_crls(crls).build().map_err(|e| match e {
         // rustls names the parser's error only.
-        VerifierBuilderError::InvalidCrl(_) => file_err(
-            "client_crl",
-            path,
-            format!(
-                "{e} (a certificate in DER, several DER CRLs run together, or a damaged \
-                 file?)"
-            ),
-        ),
+        VerifierBuilderError::InvalidCrl(_) => {
+            let hint = match read.iter().find(|crl| crl.v1) {
+                Some(v1) => format!(
+                    "the CRL from {} is a version 1 CRL (no version field, no extensions), \
+                     and only version 2 CRLs are read: have the CA issue v2 CRLs (openssl \
+                     ca -gencrl does once the CA has a crlnumber file or crl_extensions)",
+                    v1.issuer
+                ),
+                None => "a certificate in DER, several DER CRLs run together, or a damaged \
+                         file?"
+                    .to_owned(),
+            };
+            file_err("client_crl", path, format!("{e} ({hint})"))
+        }
         e => file_err("client_ca", ca, e),
     })?;
     // A CA without a CRL in the file, or with one its key did not sign, would have every
@@ -669,6 +675,42 @@ mod tests {
         assert!(l
             .error(&l.dir.path().join("absent.crl"))
             .contains("failed to read file"));
+        // RFC 5280 allows a CRL without a version field (v1, no extensions); rustls reads
+        // only v2. Said as such, rather than as a damaged file.
+        let issuer = x509::subject_der(one.der()).unwrap();
+        let v1 = yasna::construct_der(|w| {
+            w.write_sequence(|w| {
+                let algorithm = |w: yasna::DERWriter| {
+                    w.write_sequence(|w| {
+                        w.next()
+                            .write_oid(&yasna::models::ObjectIdentifier::from_slice(&[
+                                1, 2, 840, 10045, 4, 3, 2,
+                            ]))
+                    })
+                };
+                w.next().write_sequence(|w| {
+                    algorithm(w.next());
+                    w.next().write_der(&issuer);
+                    let at = yasna::models::UTCTime::parse(b"261201000000Z").unwrap();
+                    w.next().write_utctime(&at);
+                    let next = yasna::models::UTCTime::parse(b"270101000000Z").unwrap();
+                    w.next().write_utctime(&next);
+                });
+                algorithm(w.next());
+                w.next().write_bitvec_bytes(&[0; 8], 64);
+            })
+        });
+        let v1 = l.file("v1.crl", &v1);
+        assert_eq!(
+            l.error(&v1),
+            format!(
+                "server.tls.client_crl {}: provided CRL could not be parsed: ParseError (the \
+                 CRL from CN=One CA is a version 1 CRL (no version field, no extensions), and \
+                 only version 2 CRLs are read: have the CA issue v2 CRLs (openssl ca -gencrl \
+                 does once the CA has a crlnumber file or crl_extensions))",
+                v1.display()
+            )
+        );
     }
 
     /// A CRL is checked at load against the CA it names: signed by that CA's key, and the

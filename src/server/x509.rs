@@ -112,6 +112,9 @@ pub struct Crl {
     pub next_update: Option<SystemTime>,
     /// Its CRL number (RFC 5280 5.2.3), big-endian without leading zeros.
     pub number: Option<Vec<u8>>,
+    /// A version 1 CRL (no version field, so no extensions), which RFC 5280 allows and
+    /// rustls does not read.
+    pub v1: bool,
     /// The signed `TBSCertList` (its DER), the signature's algorithm and the signature.
     tbs: Vec<u8>,
     algorithm: ObjectIdentifier,
@@ -137,7 +140,7 @@ pub fn crl(der: &[u8]) -> Option<Crl> {
                 r.read_sequence(|r| {
                     // version INTEGER OPTIONAL (v2), signature, issuer, thisUpdate,
                     // nextUpdate OPTIONAL, revokedCertificates OPTIONAL, crlExtensions [0].
-                    r.read_optional(|r| r.read_u8())?;
+                    let v1 = r.read_optional(|r| r.read_u8())?.is_none();
                     r.next().read_der()?;
                     let issuer_der = r.next().read_der()?;
                     let issuer = yasna::parse_der(&issuer_der, name)?;
@@ -153,16 +156,17 @@ pub fn crl(der: &[u8]) -> Option<Crl> {
                     })? {
                         number = number.or(n);
                     }
-                    Ok((issuer_der, issuer, this_update, next_update, number))
+                    Ok((issuer_der, issuer, this_update, next_update, number, v1))
                 })
             })?;
-            let (issuer_der, issuer, this_update, next_update, number) = crl;
+            let (issuer_der, issuer, this_update, next_update, number, v1) = crl;
             Ok(Crl {
                 issuer_der,
                 issuer,
                 this_update,
                 next_update: next_update.and_then(unix_time),
                 number,
+                v1,
                 tbs,
                 algorithm,
                 signature,
