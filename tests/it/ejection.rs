@@ -528,11 +528,10 @@ hedge_after = "100ms"
     );
 }
 
-/// A hedge to an upstream out of rotation is its probe: two requests that both judged it
-/// due for one when they began do not both probe it when their hedges fire. The second
-/// waits on its own primary.
-#[tokio::test]
-async fn two_hedges_do_not_both_probe_an_ejected_fallback() {
+/// A primary and a backup it hedges to after 100 ms, the backup ejected (by one 503 of
+/// each; the primary has five failures to go) and due for its probe: `eject_for` is 300 ms,
+/// and 400 have passed. `settings` go beside `eject_for`.
+async fn backup_due_for_a_probe(settings: &str) -> (FakeUpstream, FakeUpstream, Process) {
     let (primary, backup) = fakes().await;
     let text = config(
         &primary,
@@ -542,10 +541,9 @@ async fn two_hedges_do_not_both_probe_an_ejected_fallback() {
     )
     .replace(
         "eject_after = 1\n",
-        "eject_after = 1\neject_for = \"300ms\"\n",
+        &format!("eject_after = 1\neject_for = \"300ms\"\n{settings}"),
     );
     let p = Process::spawn(&text, &[], &[]).await;
-    // Both fail: the backup is ejected, the primary (five failures to go) is not.
     primary.set_script(&[("x-fake-status", "503")]);
     backup.set_script(&[("x-fake-status", "503")]);
     assert_eq!(chat(&p).await, 503);
@@ -554,6 +552,15 @@ async fn two_hedges_do_not_both_probe_an_ejected_fallback() {
         1.0
     );
     tokio::time::sleep(Duration::from_millis(400)).await;
+    (primary, backup, p)
+}
+
+/// A hedge to an upstream out of rotation is its probe: two requests that both judged it
+/// due for one when they began do not both probe it when their hedges fire. The second
+/// waits on its own primary.
+#[tokio::test]
+async fn two_hedges_do_not_both_probe_an_ejected_fallback() {
+    let (primary, backup, p) = backup_due_for_a_probe("").await;
     // Both healthy, the primary slower than hedge_after and the backup slower still: the
     // first hedge to fire probes the backup, and its probe is in flight when the second fires.
     primary.set_script(&[("x-fake-ttft-ms", "600")]);
@@ -568,26 +575,7 @@ async fn two_hedges_do_not_both_probe_an_ejected_fallback() {
 /// take the ejected fallback's probe turn: the next request's hedge probes it.
 #[tokio::test]
 async fn a_hedge_that_does_not_fit_leaves_the_probe_to_the_next() {
-    let (primary, backup) = fakes().await;
-    let text = config(
-        &primary,
-        &backup,
-        "",
-        "fallbacks = [\"backup\"]\nhedge_after = \"100ms\"",
-    )
-    .replace(
-        "eject_after = 1\n",
-        "eject_after = 1\neject_for = \"300ms\"\nexpected_first_token = \"3s\"\n",
-    );
-    let p = Process::spawn(&text, &[], &[]).await;
-    primary.set_script(&[("x-fake-status", "503")]);
-    backup.set_script(&[("x-fake-status", "503")]);
-    assert_eq!(chat(&p).await, 503);
-    assert_eq!(
-        metric(p.admin, "hourglass_upstream_ejected{upstream=\"backup\"}").await,
-        1.0
-    );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (primary, backup, p) = backup_due_for_a_probe("expected_first_token = \"3s\"\n").await;
     primary.set_script(&[("x-fake-ttft-ms", "1500")]);
     backup.set_script(&[]);
     // Its hedge would need the backup's 3 s, and 3 s is all the budget there is.

@@ -634,26 +634,25 @@ async fn a_hedged_requests_log_lists_the_primary_first() {
     );
 }
 
-/// Attempts still running when the request ends (here the client leaves during a hedge race)
-/// are noted too: the attempts histogram counts both, and the log line names the upstream and
-/// both attempts with how the request ended. They were noted only as they ended, which
-/// these never did: 0 attempts, no upstream.
-#[tokio::test]
-async fn attempts_running_when_the_client_leaves_are_logged() {
-    let primary = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+/// A client that leaves once the backup is called, the primary answering as `primary`
+/// says and the backup holding its first token past the client's stay; `settings` go beside
+/// the route's fallback. The gateway (logging JSON) and its request line.
+async fn left_while_the_backup_is_called(
+    settings: &str,
+    primary: &[(&str, &str)],
+) -> (Process, serde_json::Value) {
+    let start = || FakeUpstream::start("127.0.0.1:0".parse().unwrap());
+    let (up, backup) = (start().await.unwrap(), start().await.unwrap());
     let text = config(
-        &primary.url(),
+        &up.url(),
         &backup.url(),
-        "fallbacks = [\"backup\"]\nhedge_after = \"100ms\"\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"",
+        &format!(
+            "fallbacks = [\"backup\"]\n{settings}\nbudget = \"30s\"\nfirst_token_timeout = \"20s\""
+        ),
         "",
         "",
     );
-    primary.set_script(&[("x-fake-ttft-ms", "25000")]);
+    up.set_script(primary);
     backup.set_script(&[("x-fake-ttft-ms", "25000")]);
     let p = Process::spawn(&text, &["--log-format", "json"], &[]).await;
     let conn = Conn::open(p.addr).await;
@@ -662,6 +661,18 @@ async fn attempts_running_when_the_client_leaves_are_logged() {
     pending.abort();
     let _ = pending.await;
     let fields = request_log_line(&p).await;
+    (p, fields)
+}
+
+/// Attempts still running when the request ends (here the client leaves during a hedge race)
+/// are noted too: the attempts histogram counts both, and the log line names the upstream and
+/// both attempts with how the request ended. They were noted only as they ended, which
+/// these never did: 0 attempts, no upstream.
+#[tokio::test]
+async fn attempts_running_when_the_client_leaves_are_logged() {
+    let (p, fields) =
+        left_while_the_backup_is_called("hedge_after = \"100ms\"", &[("x-fake-ttft-ms", "25000")])
+            .await;
     assert_eq!(fields["code"], "client_closed", "{fields}");
     assert_eq!(fields["upstream"], "primary", "{fields}");
     let attempts = fields["attempts"].as_str().unwrap_or_default();
@@ -727,28 +738,7 @@ async fn an_overload_sent_as_an_error_event_before_any_output_falls_back() {
 /// fallback's upstream, the one it was waiting on, not the primary's.
 #[tokio::test]
 async fn a_request_ended_during_its_fallback_names_the_fallback() {
-    let primary = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let text = config(
-        &primary.url(),
-        &backup.url(),
-        "fallbacks = [\"backup\"]\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"",
-        "",
-        "",
-    );
-    primary.set_script(&[("x-fake-status", "503")]);
-    backup.set_script(&[("x-fake-ttft-ms", "25000")]);
-    let p = Process::spawn(&text, &["--log-format", "json"], &[]).await;
-    let conn = Conn::open(p.addr).await;
-    let pending = tokio::spawn(conn.send(chat_request(&[], true)));
-    assert!(backup.wait_for_requests(1, Duration::from_secs(10)).await);
-    pending.abort();
-    let _ = pending.await;
-    let fields = request_log_line(&p).await;
+    let (_p, fields) = left_while_the_backup_is_called("", &[("x-fake-status", "503")]).await;
     assert_eq!(fields["upstream"], "backup", "{fields}");
     let attempts = fields["attempts"].as_str().unwrap_or_default();
     assert!(
