@@ -464,10 +464,16 @@ fn build_upstream(
                 None => Ejection::default().after,
             },
             duration: match raw.eject_for {
-                Some(d) if d.0.is_zero() => {
-                    return Err(format!("{label}: eject_for must be greater than 0"))
+                // Where nothing is ejected (eject_after = 0), how long it would last is moot.
+                Some(d) if d.0.is_zero() && raw.eject_after != Some(0) => {
+                    return Err(format!(
+                        "{label}: eject_for must be greater than 0, got \"{}\"; to never eject, \
+                         set eject_after = 0",
+                        humantime::format_duration(d.0)
+                    ))
                 }
-                other => other.map_or(Ejection::default().duration, |d| d.0),
+                Some(d) if !d.0.is_zero() => d.0,
+                _ => Ejection::default().duration,
             },
         },
     })
