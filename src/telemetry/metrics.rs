@@ -693,21 +693,26 @@ impl Metrics {
                 self.retries.with_label_values(&[route, up, reason]);
             }
         }
+        // Any later upstream of a request's chain may be the next tried: those between may
+        // be out of rotation, or not fit what is left of the budget.
         let (members, fallbacks) = chain.split_at(group.min(chain.len()));
-        for from in members {
-            for to in members
-                .iter()
-                .filter(|to| *to != from)
-                .chain(fallbacks.first())
-            {
+        for (i, from) in chain.iter().enumerate() {
+            let later: Vec<&&str> = if i < members.len() {
+                members
+                    .iter()
+                    .filter(|to| *to != from)
+                    .chain(fallbacks)
+                    .collect()
+            } else {
+                chain[i + 1..].iter().collect()
+            };
+            for to in &later {
                 self.fallbacks.with_label_values(&[route, from, to]);
-                // Only an upstream with another after it is ever passed over.
+            }
+            // Only an upstream with another after it is ever passed over.
+            if !later.is_empty() {
                 self.skipped.with_label_values(&[route, from]);
             }
-        }
-        for pair in fallbacks.windows(2) {
-            self.fallbacks.with_label_values(&[route, pair[0], pair[1]]);
-            self.skipped.with_label_values(&[route, pair[0]]);
         }
         if hedged {
             for winner in ["primary", "hedge"] {
@@ -872,6 +877,42 @@ impl Default for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every pair a request can go between exists from start-up: a member to any other
+    /// member or any fallback, a fallback to any after it (those between may be passed over,
+    /// out of rotation, or not fit the budget). Every upstream but the last may be skipped.
+    #[test]
+    fn every_fallback_a_chain_can_make_exists_at_zero() {
+        let m = Metrics::new();
+        m.init_policy("chat", &["a", "b", "f1", "f2"], 2, &[], false);
+        let text = m.encode();
+        let series = |name: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with(name))
+                .map(|l| l.trim_start_matches(name).replace("route=\"chat\",", ""))
+                .collect()
+        };
+        assert_eq!(
+            series("hourglass_fallbacks_total"),
+            [
+                "{from=\"a\",to=\"b\"} 0",
+                "{from=\"a\",to=\"f1\"} 0",
+                "{from=\"a\",to=\"f2\"} 0",
+                "{from=\"b\",to=\"a\"} 0",
+                "{from=\"b\",to=\"f1\"} 0",
+                "{from=\"b\",to=\"f2\"} 0",
+                "{from=\"f1\",to=\"f2\"} 0",
+            ]
+        );
+        assert_eq!(
+            series("hourglass_upstream_skipped_total"),
+            [
+                "{upstream=\"a\"} 0",
+                "{upstream=\"b\"} 0",
+                "{upstream=\"f1\"} 0"
+            ]
+        );
+    }
 
     #[test]
     fn route_series_exist_at_zero_with_contract_names() {
