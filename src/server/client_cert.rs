@@ -110,8 +110,25 @@ fn kept_for(error: &io::Error) -> Option<Refused> {
         error
             .get_ref()
             .and_then(|inner| inner.downcast_ref::<Error>())
-            .is_some_and(|e| *e == kept.error)
+            .is_some_and(|e| same(e, &kept.error))
     })
+}
+
+/// `==`, but rustls's `OtherError`, which never equals anything (webpki's reasons without a
+/// variant of their own travel in it: a CA certificate presented as a client's, a v1
+/// certificate, an unknown critical extension), is the same where it holds the same error.
+fn same(a: &Error, b: &Error) -> bool {
+    use rustls::{CertRevocationListError as Crl, CertificateError as Cert, OtherError};
+    let one = |x: &OtherError, y: &OtherError| Arc::ptr_eq(&x.0, &y.0);
+    match (a, b) {
+        (Error::Other(x), Error::Other(y))
+        | (Error::InvalidCertificate(Cert::Other(x)), Error::InvalidCertificate(Cert::Other(y)))
+        | (
+            Error::InvalidCertRevocationList(Crl::Other(x)),
+            Error::InvalidCertRevocationList(Crl::Other(y)),
+        ) => one(x, y),
+        _ => a == b,
+    }
 }
 
 /// Refusals logged at info.
@@ -165,5 +182,19 @@ mod tests {
             kept_for(&io::ErrorKind::ConnectionReset.into()).map(|k| k.subject),
             None
         );
+        // An OtherError is told by the error it holds, as it never compares equal.
+        let other = |e: &str| {
+            Error::from(CertificateError::Other(rustls::OtherError(Arc::new(
+                io::Error::other(e.to_owned()),
+            ))))
+        };
+        let ca_as_client = other("CaUsedAsEndEntity");
+        keep(&der, &ca_as_client);
+        assert_eq!(
+            kept_for(&failed(other("CaUsedAsEndEntity"))).map(|k| k.subject),
+            None
+        );
+        keep(&der, &ca_as_client);
+        assert!(kept_for(&failed(ca_as_client)).is_some());
     }
 }

@@ -846,31 +846,74 @@ async fn refusal_logged(p: &Process) -> serde_json::Value {
     }
 }
 
-/// A client that presents no certificate where one is required is refused before any
-/// verifier runs; its refusal is logged all the same, naming its address and no certificate.
+/// Every refusal names the peer and the certificate it presented, whatever rustls's reason,
+/// including those it gives as an `OtherError` (which never compares equal to itself): here
+/// a CA certificate presented as a client's. A client that presents none, refused before any
+/// verifier runs, is logged all the same, with no certificate.
 #[tokio::test]
-async fn a_client_without_a_certificate_is_logged_by_its_address() {
+async fn every_refused_client_is_logged_with_its_address_and_certificate() {
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
-    let c = certs("no-client-cert");
+    let c = certs("refusal-lines");
     let p = Process::spawn(
         &tls_config_toml(&c, true).replace("{FAKE}", &fake.url()),
         &["--log-format", "json"],
-        &[],
+        // Every refusal, not one a second at info.
+        &[("RUST_LOG", "info,hourglass::server::client_cert=debug")],
     )
     .await;
-    assert_eq!(status_with(p.addr, &c, None).await, None);
-    let refusal = refusal_logged(&p).await;
-    assert_eq!(refusal["level"], "INFO", "{refusal}");
-    assert_eq!(refusal["error"], "peer sent no certificates", "{refusal}");
-    assert!(
-        refusal["peer"]
-            .as_str()
-            .is_some_and(|p| p.starts_with("127.0.0.1:")),
-        "{refusal}"
-    );
-    assert_eq!(refusal.get("client_cert"), None, "{refusal}");
+    let ca_as_client = {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.serial_number = Some(SerialNumber::from(0x7777));
+        let cert = params.signed_by(&key, &c.ca, &c.ca_key).unwrap();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        (vec![cert.der().clone()], key)
+    };
+    let stranger = certs("refusal-lines-other-ca").client(0x55);
+    for client in [Some(&ca_as_client), Some(&stranger), None] {
+        assert_eq!(status_with(p.addr, &c, client).await, None);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let (stdout, _) = p.output();
+        let lines: Vec<serde_json::Value> = stdout
+            .lines()
+            .filter(|l| l.contains("client certificate refused"))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if lines.len() == 3 {
+            break lines;
+        }
+        assert!(Instant::now() < deadline, "{stdout}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let said = |l: &serde_json::Value, key: &str| l.get(key).map(|v| v.to_string());
+    for (line, serial, error) in [
+        (&lines[0], Some("\"7777\""), "CaUsedAsEndEntity"),
+        // Both CAs are named as rcgen names them: the chain's signature is what fails.
+        (&lines[1], Some("\"55\""), "BadSignature"),
+        (&lines[2], None, "peer sent no certificates"),
+    ] {
+        assert_eq!(said(line, "serial").as_deref(), serial, "{line}");
+        assert_eq!(
+            line.get("client_cert").is_some(),
+            serial.is_some(),
+            "{line}"
+        );
+        assert!(
+            said(line, "error").is_some_and(|e| e.contains(error)),
+            "{line}"
+        );
+        assert!(
+            line["peer"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("127.0.0.1:")),
+            "{line}"
+        );
+    }
     assert!(fake.requests().is_empty());
 }
 
