@@ -223,6 +223,7 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
     let (tls, expires, crls_due, crls) = match &config.server.tls {
         Some(t) => {
             let loaded = crate::server::tls::acceptor(t)?;
+            warnings.extend(loaded.warnings);
             if let Some(path) = &t.client_crl {
                 let served = shared.crls.lock().unwrap_or_else(PoisonError::into_inner);
                 warnings.extend(served.rolled_back(&loaded.crls, path));

@@ -68,6 +68,9 @@ pub async fn start_with_source(
     let (tls, crls) = match &config.server.tls {
         Some(t) => {
             let loaded = crate::server::tls::acceptor(t)?;
+            for w in &loaded.warnings {
+                tracing::warn!("{w}");
+            }
             metrics.tls_certificate_expires(loaded.expires);
             metrics.tls_crls_due(&loaded.crls_due);
             (Some(loaded.acceptor), loaded.crls)

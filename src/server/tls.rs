@@ -368,22 +368,23 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     })
 }
 
-/// The listener's acceptor, and the dates its gauges show once it serves.
+/// The listener's acceptor, the dates its gauges show once it serves, and what to warn of
+/// then.
 pub struct Acceptor {
     pub acceptor: Arc<tokio_rustls::TlsAcceptor>,
     pub expires: Option<SystemTime>,
     pub crls_due: CrlsDue,
     pub crls: Vec<ServedCrl>,
+    /// A certificate that has expired or soon will, CRLs due or superseded: said by the
+    /// caller once this acceptor serves (a reload that fails serves on the old one).
+    pub warnings: Vec<String>,
 }
 
-/// The listener's acceptor, at start-up or on a reload; warns of a certificate that has
-/// expired or soon will, and of CRLs due or superseded.
+/// The listener's acceptor, at start-up or on a reload.
 pub fn acceptor(tls: &ServerTls) -> Result<Acceptor, TlsError> {
     let listener = server_config(tls)?;
-    for w in listener.warnings(tls, SystemTime::now()) {
-        tracing::warn!("{w}");
-    }
     Ok(Acceptor {
+        warnings: listener.warnings(tls, SystemTime::now()),
         acceptor: Arc::new(tokio_rustls::TlsAcceptor::from(listener.config)),
         expires: listener.expires,
         crls_due: listener.crls_due,

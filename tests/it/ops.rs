@@ -804,8 +804,9 @@ async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
     assert_ne!(broken, served);
     std::fs::write(&p.config, &broken).unwrap();
     reloads("error", 1).await;
+    // With number 4 after it, which the reload says it ignores, when it serves.
     let staged = c.dir.path().join("clients.crl.new");
-    std::fs::write(&staged, c.crl(5, &[])).unwrap();
+    std::fs::write(&staged, c.crl(5, &[]) + &c.crl(4, &[])).unwrap();
     std::fs::rename(&staged, &crl).unwrap();
     reloads("error", 2).await;
     assert_eq!(status_as(p.addr, &c, &leaked).await, None, "CRL 7 stays");
@@ -824,6 +825,15 @@ async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
         .filter(|l| l.contains("is older than one this process served"))
         .collect::<Vec<_>>();
     assert_eq!(warnings.len(), 1, "{stdout}{stderr}");
+    let ignored = stdout
+        .lines()
+        .chain(stderr.lines())
+        .filter(|l| l.contains("holds more than one CRL"))
+        .count();
+    assert_eq!(
+        ignored, 1,
+        "said by the reload that serves it alone: {stdout}{stderr}"
+    );
     assert!(
         warnings[0].contains("(number 5) is older than one this process served before (number 7)"),
         "{warnings:?}"
