@@ -48,8 +48,18 @@ pub type CrlsDue = Vec<(String, SystemTime)>;
 #[derive(Debug, Clone)]
 pub struct ServedCrl {
     issuer_der: Vec<u8>,
+    /// The key of the `client_ca` CA that signed it (`None` for an intermediate's CRL, or
+    /// a signature this check cannot read): a CA whose key is replaced under the same name
+    /// numbers its CRLs anew, and its CRLs are not compared with the old key's.
+    signer: Option<Vec<u8>>,
     issuer: String,
     version: x509::CrlVersion,
+}
+
+impl ServedCrl {
+    fn same_issuer(&self, other: &ServedCrl) -> bool {
+        self.issuer_der == other.issuer_der && self.signer == other.signer
+    }
 }
 
 /// The newest CRL of each issuer this process has served. It outlives the reloads that
@@ -74,7 +84,7 @@ impl ServedCrls {
         now.iter()
             .filter_map(|crl| {
                 let served = self
-                    .of(&crl.issuer_der)
+                    .of(crl)
                     .filter(|b| b.version.newer_than(&crl.version))?;
                 Some(format!(
                     "server.tls.client_crl {}: the CRL from {} ({}) is older than one this \
@@ -92,7 +102,7 @@ impl ServedCrls {
     /// Keeps, for each issuer, the newer of what it had and what is served now.
     pub fn remember(&mut self, now: Vec<ServedCrl>) {
         for crl in now {
-            match self.0.iter_mut().find(|b| b.issuer_der == crl.issuer_der) {
+            match self.0.iter_mut().find(|b| b.same_issuer(&crl)) {
                 Some(b) if crl.version.newer_than(&b.version) => *b = crl,
                 Some(_) => {}
                 None => self.0.push(crl),
@@ -100,8 +110,9 @@ impl ServedCrls {
         }
     }
 
-    fn of(&self, issuer_der: &[u8]) -> Option<&ServedCrl> {
-        self.0.iter().find(|b| b.issuer_der == issuer_der)
+    /// The newest served from `crl`'s issuer.
+    fn of(&self, crl: &ServedCrl) -> Option<&ServedCrl> {
+        self.0.iter().find(|b| b.same_issuer(crl))
     }
 }
 
@@ -210,6 +221,11 @@ fn client_verifier(
         .into_iter()
         .map(|crl| ServedCrl {
             version: crl.version(),
+            signer: cas
+                .iter()
+                .filter(|ca| x509::subject_der(ca).is_some_and(|s| s == crl.issuer_der))
+                .find(|ca| crl.signed_by(ca) == Some(true))
+                .and_then(|ca| x509::key_der(ca)),
             issuer_der: crl.issuer_der,
             issuer: crl.issuer,
         })
@@ -829,5 +845,18 @@ mod tests {
         memory.remember(newer);
         assert_eq!(memory.rolled_back(&older, &path), [warning(5, 8)]);
         assert_eq!(memory.rolled_back(&before, &path), [warning(7, 8)]);
+        // A CA whose key was replaced under the same name numbers its CRLs anew: its first
+        // lets nothing the old one revoked back in, and is not taken for a roll-back.
+        let (rekeyed, rekeyed_key) = ca("One CA");
+        let l = Listener::of(&[&rekeyed]);
+        let crl = l.file(
+            "clients.crl",
+            crl_of(&rekeyed, &rekeyed_key, 1, until).as_bytes(),
+        );
+        let fresh = server_config(&l.tls(&crl)).unwrap().served;
+        assert_eq!(memory.rolled_back(&fresh, &path), Vec::<String>::new());
+        memory.remember(fresh.clone());
+        assert_eq!(memory.rolled_back(&fresh, &path), Vec::<String>::new());
+        assert_eq!(memory.rolled_back(&older, &path), [warning(5, 8)]);
     }
 }

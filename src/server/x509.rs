@@ -78,6 +78,12 @@ pub fn subject_der(der: &[u8]) -> Option<Vec<u8>> {
     tbs(der, 4, |r| r.read_der())
 }
 
+/// A certificate's SubjectPublicKeyInfo, as its DER encodes it: what tells a CA from another
+/// of the same name, or from itself after its key was replaced.
+pub fn key_der(der: &[u8]) -> Option<Vec<u8>> {
+    tbs(der, 5, |r| r.read_der())
+}
+
 fn name(r: BERReader<'_, '_>) -> yasna::ASN1Result<String> {
     let mut rdns: Vec<String> = Vec::new();
     r.read_sequence_of(|r| {
