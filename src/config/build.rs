@@ -467,9 +467,8 @@ fn build_upstream(
                 // Where nothing is ejected (eject_after = 0), how long it would last is moot.
                 Some(d) if d.0.is_zero() && raw.eject_after != Some(0) => {
                     return Err(format!(
-                        "{label}: eject_for must be greater than 0, got \"{}\"; to never eject, \
-                         set eject_after = 0",
-                        humantime::format_duration(d.0)
+                        "{label}: eject_for must be greater than 0; to never eject, set \
+                         eject_after = 0"
                     ))
                 }
                 Some(d) if !d.0.is_zero() => d.0,
