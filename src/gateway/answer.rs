@@ -128,7 +128,11 @@ impl Gateway {
                     if let Some(view) = record.run_view() {
                         insert_run_headers(&mut parts.headers, &view, Instant::now());
                     }
-                    record.set_status(parts.status.as_u16());
+                    // An assembled answer's status is the document's (or its error's), noted
+                    // when it is ready: a client that leaves before then got none.
+                    if !assemble {
+                        record.set_status(parts.status.as_u16());
+                    }
                     // A JSON answer in a known format is one document (these APIs stream as
                     // SSE), which arrives at once when it is ready.
                     let document = started.format.is_some()

@@ -541,11 +541,10 @@ impl RequestRecord {
         if self.route.is_some() {
             m.attempts.observe(self.attempts.len() as f64);
         }
+        // Only a token of a 2xx answer is noted (`first_token`), whatever ended the request
+        // after it: an assembled answer cut by a limit had its first token all the same.
         let ttft = self.first_token_at.map(|t| t - self.arrival);
-        // An error body's first byte is no token: it would pull the histogram down with
-        // the answers that had none.
-        let answered = self.status.is_none_or(|s| (200..300).contains(&s));
-        if let (Some(t), Some(h), true) = (ttft, &self.ttft_metric, answered) {
+        if let (Some(t), Some(h)) = (ttft, &self.ttft_metric) {
             h.observe(t.as_secs_f64());
         }
         let ttfb = self.first_byte_at.map(|t| t - self.arrival);
@@ -634,7 +633,7 @@ impl RequestRecord {
             margin,
             ttfb,
             // As in the histogram: an error body's first byte is no token.
-            ttft: ttft.filter(|_| answered),
+            ttft,
             prompt_tokens: self.tokens.and_then(|t| t.prompt()),
             completion_tokens: completion.map(|(n, source)| (n, source.as_str())),
             stream_error: self.stream_error().map(ErrorType::as_str),
@@ -664,10 +663,13 @@ impl RequestRecord {
 
 impl Observer for RequestRecord {
     fn first_token(&mut self, at: Instant) {
-        if self.first_token_at.is_none() {
+        // An error body's first byte is no token: it would pull the histogram down with the
+        // answers that had none. The status is the answer's head's, or none yet where the
+        // head waits (held for a fallback, or for the assembled document).
+        let answered = self.status.is_none_or(|s| (200..300).contains(&s));
+        if self.first_token_at.is_none() && answered {
             self.first_token_at = Some(at);
-            let answered = self.status.is_none_or(|s| (200..300).contains(&s));
-            if let (Some(up), Some(sent), true) = (&self.upstream, self.sent_at, answered) {
+            if let (Some(up), Some(sent)) = (&self.upstream, self.sent_at) {
                 up.observe_first_token(self.model.as_deref(), at.saturating_duration_since(sent));
             }
         }

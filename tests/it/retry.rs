@@ -747,26 +747,6 @@ async fn a_request_ended_during_its_fallback_names_the_fallback() {
     );
 }
 
-/// The fields of the first request log line a gateway process writes (with
-/// `--log-format json`), waiting up to 5 s for it.
-async fn request_log_line(p: &Process) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (out, err) = p.output();
-        let found = format!("{out}{err}").lines().find_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            let fields = v.get("fields").unwrap_or(&v).clone();
-            fields.get("outcome")?;
-            Some(fields)
-        });
-        if let Some(f) = found {
-            return f;
-        }
-        assert!(Instant::now() < deadline, "no request log line");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A request refused because the upstream's expected time to its first token does not fit
 /// what is left says whose estimate it was, and for which model: otherwise a client whose model answered in
 /// 100 ms last time cannot tell why 1.5 s was not enough.

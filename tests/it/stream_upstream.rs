@@ -138,6 +138,15 @@ async fn a_frozen_generation_fails_after_the_idle_limit_not_the_budget() {
     let body = json_body(resp).await;
     assert_eq!(body["error"]["code"], "idle_timeout");
     crate::support::assert_message_starts(&body["error"], "idle timeout: upstream \"fake\"");
+    // Its first token came, of a 200: counted as a streaming client's would be, though the
+    // client's answer is a 504.
+    assert_eq!(
+        h.metric(
+            "hourglass_time_to_first_token_seconds_count{route=\"watched\",upstream=\"fake\"}"
+        )
+        .await,
+        1.0
+    );
     let took = start.elapsed();
     assert!(
         took >= Duration::from_millis(600) && took < Duration::from_secs(8),
@@ -1101,4 +1110,33 @@ async fn the_log_counts_the_bytes_of_the_providers_error_object() {
         .expect("a request log line");
     assert_eq!(line["bytes"], stream.len() + got.len(), "{line}");
     assert_eq!(line["status"], 529, "{line}");
+}
+
+/// A client that leaves while its document is still being assembled got no answer: its log
+/// line has no status (499 in the access format), as on any route that holds the head. The
+/// upstream's 200 had been noted as the answer's status before the document was.
+#[tokio::test]
+async fn a_client_that_leaves_before_its_document_has_no_status() {
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let p = crate::support::Process::spawn(
+        &CONFIG.replace("{FAKE}", &fake.url()),
+        &["--log-format", "json"],
+        &[],
+    )
+    .await;
+    let conn = crate::support::Conn::open(p.addr).await;
+    let pending = tokio::spawn(conn.send(chat(
+        "partial",
+        &[("x-fake-chunks", "50"), ("x-fake-interval-ms", "100")],
+    )));
+    assert!(fake.wait_for_requests(1, Duration::from_secs(10)).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pending.abort();
+    let _ = pending.await;
+    let line = crate::support::request_log_line(&p).await;
+    assert_eq!(line["outcome"], "cancelled", "{line}");
+    assert_eq!(line["origin"], "client", "{line}");
+    assert_eq!(line.get("status"), None, "{line}");
 }

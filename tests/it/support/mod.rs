@@ -540,3 +540,23 @@ pub async fn h2_send(
         .expect("an answer or a reset within 5 s")
         .map_err(|e| format!("{e:?}"))
 }
+
+/// The fields of the first request log line a gateway process writes (with
+/// `--log-format json`), waiting up to 5 s for it.
+pub async fn request_log_line(p: &Process) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (out, err) = p.output();
+        let found = format!("{out}{err}").lines().find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            let fields = v.get("fields").unwrap_or(&v).clone();
+            fields.get("outcome")?;
+            Some(fields)
+        });
+        if let Some(f) = found {
+            return f;
+        }
+        assert!(Instant::now() < deadline, "no request log line");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
