@@ -215,8 +215,22 @@ impl Budget {
         self.work_deadline().saturating_duration_since(now)
     }
 
-    /// The fail-fast rule: with less than `min_useful` usable, the upstream is never called.
+    /// The fail-fast rule: with less than `min_useful` usable, the upstream is never called;
+    /// nor when the client stops waiting for the answer's head sooner than that.
     pub fn ensure_useful(&self, now: Instant) -> Result<(), GatewayError> {
+        if let (Some(by), Some(patience)) = (self.head_by(), self.patience) {
+            let waits = by.saturating_duration_since(now);
+            if waits < self.min_useful && waits < self.usable(now) {
+                return Err(GatewayError::InsufficientBudget {
+                    remaining: waits,
+                    reserve: self.reserve,
+                    min_useful: self.min_useful,
+                    expected_by: None,
+                    whole: patience <= self.min_useful,
+                    patience: true,
+                });
+            }
+        }
         let usable = self.usable(now);
         if usable < self.min_useful || usable.is_zero() {
             // A budget of exactly reserve + min_useful is spent below it by the time any
@@ -251,6 +265,7 @@ impl Budget {
             min_useful: needed,
             expected_by: expected_by.map(|(u, m)| (u.to_owned(), m.map(str::to_owned))),
             whole,
+            patience: false,
         }
     }
 
@@ -577,6 +592,30 @@ mod tests {
         assert_eq!(b.forwarded_ms(Instant::now()), 50);
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(b.forwarded_ms(Instant::now()), 1);
+    }
+
+    /// A client whose SDK stops waiting sooner than `min_useful` (its read timeout of 10 ms)
+    /// is refused as a budget that small is: the upstream would be called for an answer
+    /// whose head could never reach it. It is told so, and told not to retry the same.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_waits_less_than_min_useful_fails_fast() {
+        let b = resolve(&[("x-stainless-read-timeout", "0.01")]).unwrap();
+        let err = b.ensure_useful(b.arrival).unwrap_err();
+        assert_eq!(err.code(), "insufficient_budget");
+        assert_eq!(
+            err.to_string(),
+            "insufficient budget: the client stops waiting for the answer 9ms from now (the \
+             timeout its SDK announced, less a margin); at least 100ms is needed to call the \
+             upstream"
+        );
+        assert_eq!(err.response().headers()["x-should-retry"], "false");
+        // A second's patience is room enough, until it is spent.
+        let b = resolve(&[("x-stainless-read-timeout", "1")]).unwrap();
+        assert!(b.ensure_useful(b.arrival).is_ok());
+        tokio::time::advance(Duration::from_millis(850)).await;
+        let err = b.ensure_useful(Instant::now()).unwrap_err();
+        assert!(err.to_string().contains("50ms from now"), "{err}");
+        assert!(!err.response().headers().contains_key("x-should-retry"));
     }
 
     #[tokio::test]

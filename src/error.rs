@@ -122,8 +122,9 @@ pub enum GatewayError {
     /// HTTP/1 (with a bare 431); over HTTP/2 it bounds only the header list's bytes.
     #[error("request has {count} header fields, more than this gateway's max_headers ({limit})")]
     TooManyHeaders { count: usize, limit: usize },
-    #[error("insufficient budget: {} of budget left after the {} reserve; at least {} is needed to call the upstream{}", ms(*.remaining), ms(*.reserve), ms(*.min_useful), expected(.expected_by.as_ref(), *.min_useful))]
+    #[error("insufficient budget: {}; at least {} is needed to call the upstream{}", left(*.remaining, *.reserve, *.patience), ms(*.min_useful), expected(.expected_by.as_ref(), *.min_useful))]
     InsufficientBudget {
+        /// What is left of the budget after the reserve, or of the client's patience.
         remaining: Duration,
         reserve: Duration,
         min_useful: Duration,
@@ -134,6 +135,9 @@ pub enum GatewayError {
         /// The request's whole budget was too small from the start: the same request fails
         /// the same way however often it is sent.
         whole: bool,
+        /// What bounds the call is the client's own patience (the timeout its SDK announced),
+        /// which ends before its budget does.
+        patience: bool,
     },
     #[error("connect timeout: upstream {upstream:?} {}", connect_wait(*.after, *.sent))]
     ConnectTimeout {
@@ -352,6 +356,23 @@ fn expected(by: Option<&(String, Option<String>)>, need: Duration) -> String {
             ms(need)
         )
     })
+}
+
+/// What is left, in the message of `insufficient_budget`.
+fn left(remaining: Duration, reserve: Duration, patience: bool) -> String {
+    if patience {
+        format!(
+            "the client stops waiting for the answer {} from now (the timeout its SDK \
+             announced, less a margin)",
+            ms(remaining)
+        )
+    } else {
+        format!(
+            "{} of budget left after the {} reserve",
+            ms(remaining),
+            ms(reserve)
+        )
+    }
 }
 
 /// Durations in messages read as milliseconds so that clients can compare them with the
@@ -669,6 +690,7 @@ mod tests {
             min_useful: Duration::from_millis(100),
             expected_by: None,
             whole,
+            patience: false,
         };
         let hopeless = insufficient(true).response();
         assert_eq!(hopeless.status(), StatusCode::GATEWAY_TIMEOUT);
@@ -722,6 +744,7 @@ mod tests {
                     min_useful: Duration::from_millis(100),
                     expected_by: None,
                     whole: false,
+                    patience: false,
                 },
                 "insufficient budget: 40ms of budget left",
             ),

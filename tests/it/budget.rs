@@ -532,6 +532,27 @@ async fn insufficient_budget_says_what_is_left_after_the_reserve() {
     assert!(h.fake.requests().is_empty());
 }
 
+/// A client whose SDK waits less than `min_useful` for the answer (a read timeout of 10 ms)
+/// is refused at once, as a budget that small is: the upstream is never called for a head
+/// that could not reach the client in time.
+#[tokio::test]
+async fn a_client_that_waits_less_than_min_useful_never_reaches_the_upstream() {
+    let h = Harness::start().await;
+    let (resp, _c) = h.chat(&[("x-stainless-read-timeout", "0.01")]).await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "insufficient_budget", "{v}");
+    crate::support::assert_message_starts(
+        &v["error"],
+        "insufficient budget: the client stops waiting for the answer",
+    );
+    assert!(h.fake.requests().is_empty());
+    let (resp, _c) = h.chat(&[("x-stainless-read-timeout", "5")]).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+}
+
 /// An error body's first byte is no token: it neither joins the time-to-first-token
 /// histogram nor teaches the upstream's estimate.
 #[tokio::test]
