@@ -389,7 +389,12 @@ fn parse_grpc_timeout(v: &str) -> Result<Duration, GatewayError> {
 /// an unreadable one is ignored rather than refused. The returned cap sits a little below the
 /// client's limit (10%, at most 1 s) so that our error reaches the client before it gives up.
 fn patience(headers: &HeaderMap, name: &HeaderName) -> Option<Duration> {
-    let v = headers.get(name)?.to_str().ok()?;
+    let mut values = headers.get_all(name).iter();
+    // Sent twice, it cannot be told which the SDK keeps: no hint at all.
+    let (Some(v), None) = (values.next(), values.next()) else {
+        return None;
+    };
+    let v = v.to_str().ok()?;
     let secs: f64 = v.trim().parse().ok()?;
     if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
         return None;
@@ -605,10 +610,17 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "insufficient budget: the client stops waiting for the answer 9ms from now (the \
-             timeout its SDK announced, less a margin); at least 100ms is needed to call the \
-             upstream"
+             timeout its SDK announced in x-stainless-timeout or x-stainless-read-timeout, \
+             less a margin); at least 100ms is needed to call the upstream"
         );
         assert_eq!(err.response().headers()["x-should-retry"], "false");
+        // Sent twice, the hint is no hint.
+        let b = resolve(&[
+            ("x-stainless-read-timeout", "0.01"),
+            ("x-stainless-read-timeout", "600"),
+        ])
+        .unwrap();
+        assert!(b.ensure_useful(b.arrival).is_ok());
         // A second's patience is room enough, until it is spent.
         let b = resolve(&[("x-stainless-read-timeout", "1")]).unwrap();
         assert!(b.ensure_useful(b.arrival).is_ok());

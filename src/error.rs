@@ -363,7 +363,7 @@ fn left(remaining: Duration, reserve: Duration, patience: bool) -> String {
     if patience {
         format!(
             "the client stops waiting for the answer {} from now (the timeout its SDK \
-             announced, less a margin)",
+             announced in x-stainless-timeout or x-stainless-read-timeout, less a margin)",
             ms(remaining)
         )
     } else {
