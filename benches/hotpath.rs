@@ -172,6 +172,7 @@ fn limits() -> StreamLimits {
         idle_timeout: Duration::from_secs(3600),
         deadline: far,
         budget: Duration::from_secs(3600),
+        reserve: Duration::ZERO,
         upstream: Arc::from("bench"),
         run: None,
         run_tokens: None,

@@ -207,7 +207,7 @@ impl Budget {
 
     /// The error of a deadline that passed: the call's, or its run's.
     pub fn deadline_error(&self) -> GatewayError {
-        deadline_error(self.total, self.run.as_ref(), Duration::ZERO)
+        deadline_error(self.total, self.reserve, self.run.as_ref(), Duration::ZERO)
     }
 
     /// What the upstream may still spend at `now`.
@@ -256,7 +256,7 @@ impl Budget {
     ) -> GatewayError {
         let left = self.deadline.saturating_duration_since(now);
         if self.run.is_some() {
-            return deadline_error(self.total, self.run.as_ref(), left);
+            return deadline_error(self.total, self.reserve, self.run.as_ref(), left);
         }
         GatewayError::InsufficientBudget {
             // What the message calls left after the reserve.
@@ -286,9 +286,14 @@ pub fn run_budget(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError>
 
 /// The error of a deadline: the call's own (`budget`), or its run's when `run` bounds it;
 /// `left` is what remains of the run when too little does.
-pub fn deadline_error(budget: Duration, run: Option<&RunBound>, left: Duration) -> GatewayError {
+pub fn deadline_error(
+    budget: Duration,
+    reserve: Duration,
+    run: Option<&RunBound>,
+    left: Duration,
+) -> GatewayError {
     match run {
-        None => GatewayError::DeadlineExceeded { budget },
+        None => GatewayError::DeadlineExceeded { budget, reserve },
         Some(r) => GatewayError::RunDeadlineExceeded {
             run: r.id.to_string(),
             budget: r.budget,

@@ -151,8 +151,13 @@ pub enum GatewayError {
     FirstTokenTimeout { upstream: String, after: Duration },
     #[error("idle timeout: upstream {upstream:?} was silent for {}", ms(*.after))]
     IdleTimeout { upstream: String, after: Duration },
-    #[error("deadline exceeded: the request's budget of {} is spent", ms(*.budget))]
-    DeadlineExceeded { budget: Duration },
+    #[error("deadline exceeded: the request's budget of {} is spent{}", ms(*.budget), held(*.reserve))]
+    DeadlineExceeded {
+        budget: Duration,
+        /// What the route holds back for after the upstream's share: the cut came that much
+        /// before the budget's end.
+        reserve: Duration,
+    },
     #[error("upstream {upstream:?} unavailable: {reason}")]
     UpstreamUnavailable {
         upstream: String,
@@ -356,6 +361,15 @@ fn expected(by: Option<&(String, Option<String>)>, need: Duration) -> String {
             ms(need)
         )
     })
+}
+
+/// The reserve, in the message of `deadline_exceeded`.
+fn held(reserve: Duration) -> String {
+    if reserve.is_zero() {
+        String::new()
+    } else {
+        format!(", all but the {} held in reserve", ms(reserve))
+    }
 }
 
 /// What is left, in the message of `insufficient_budget`.
@@ -771,7 +785,10 @@ mod tests {
                 "idle timeout: upstream \"fake\" was silent for 1000ms",
             ),
             (
-                GatewayError::DeadlineExceeded { budget: after },
+                GatewayError::DeadlineExceeded {
+                    budget: after,
+                    reserve: Duration::ZERO,
+                },
                 "deadline exceeded: the request's budget of 1000ms is spent",
             ),
         ];

@@ -153,11 +153,11 @@ impl<'a> Attempt<'a> {
             // An answer assembled for a client that did not stream keeps that client silent
             // until it is whole: it ends (whole, partial or 504) before the client's SDK
             // gives up, when the SDK said when that is.
-            let (deadline, total) = match budget.patience {
+            let (deadline, total, reserve) = match budget.patience {
                 Some(p) if assembled && budget.arrival + p < work_deadline => {
-                    (budget.arrival + p, p.min(budget.total))
+                    (budget.arrival + p, p.min(budget.total), Duration::ZERO)
                 }
-                _ => (work_deadline, budget.total),
+                _ => (work_deadline, budget.total, budget.reserve),
             };
             let limits = StreamLimits {
                 first_token_deadline,
@@ -165,6 +165,7 @@ impl<'a> Attempt<'a> {
                 idle_timeout: budget.idle_timeout,
                 deadline,
                 budget: total,
+                reserve,
                 upstream: upstream.name.clone(),
                 run: budget.run.clone().map(Box::new),
                 run_tokens: None,

@@ -805,6 +805,7 @@ fallbacks = ["b"]
             GatewayError::ClientClosed,
             GatewayError::DeadlineExceeded {
                 budget: Duration::from_secs(60),
+                reserve: Duration::ZERO,
             },
         ] {
             assert_eq!(v(neither), Verdict::Neither);

@@ -19,8 +19,9 @@ pub struct StreamLimits {
     pub idle_timeout: Duration,
     /// The request's deadline less its reserve.
     pub deadline: Instant,
-    /// The request's whole budget, for the error message.
+    /// The request's whole budget, and the reserve held back from it, for the error message.
     pub budget: Duration,
+    pub reserve: Duration,
     pub upstream: Arc<str>,
     /// The run whose deadline is `deadline`, when it is the run's rather than the call's.
     /// (This and the next are boxed: most streams are in no run, and every open stream
@@ -46,6 +47,11 @@ pub struct RunTokens {
 impl StreamLimits {
     /// The error of the deadline passing: the call's, or its run's.
     pub fn deadline_error(&self) -> GatewayError {
-        deadline_error(self.budget, self.run.as_deref(), Duration::ZERO)
+        deadline_error(
+            self.budget,
+            self.reserve,
+            self.run.as_deref(),
+            Duration::ZERO,
+        )
     }
 }

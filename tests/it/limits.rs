@@ -217,6 +217,32 @@ async fn total_deadline_caps_a_trickle() {
     assert_one_cancellation(&h, "chat", "deadline").await;
 }
 
+/// With a reserve, the stream is cut that much before the budget's end, and the message
+/// says so: "the budget of 1500ms is spent" read wrong at 1300 ms.
+#[tokio::test]
+async fn a_deadline_cut_before_the_reserve_names_it() {
+    let h = Harness::with_config(&BASE.replace(
+        "idle_timeout = \"1s\"",
+        "idle_timeout = \"1s\"\nreserve = \"200ms\"",
+    ))
+    .await;
+    let (resp, _c) = h
+        .chat(&[
+            ("x-request-budget-ms", "1500"),
+            ("x-fake-chunks", "1000"),
+            ("x-fake-interval-ms", "100"),
+        ])
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let err = read.error_event().expect("error event");
+    assert_eq!(err["code"], "deadline_exceeded");
+    assert_message_starts(
+        &err,
+        "deadline exceeded: the request's budget of 1500ms is spent, all but the 200ms held \
+         in reserve",
+    );
+}
+
 #[tokio::test]
 async fn non_sse_body_cut_is_an_abort_not_a_short_body() {
     let h =

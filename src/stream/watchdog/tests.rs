@@ -63,6 +63,7 @@ fn limits(first: u64, idle: u64, total: u64) -> StreamLimits {
         idle_timeout: ms(idle),
         deadline: now + ms(total),
         budget: ms(total),
+        reserve: Duration::ZERO,
         upstream: Arc::from("up"),
         run: None,
         run_tokens: None,
