@@ -767,7 +767,7 @@ async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
     assert_eq!(status_as(p.addr, &c, &leaked).await, None);
     // The refusal names the certificate, as the request lines name those let in, and the
     // peer that presented it.
-    let refusal = refusal_logged(&p).await;
+    let refusal = refusals_logged(&p, 1).await.swap_remove(0);
     assert_eq!(
         refusal["client_cert"], "CN=rcgen self signed cert",
         "{refusal}"
@@ -840,20 +840,13 @@ async fn a_crl_older_than_the_one_served_is_warned_of_on_reload() {
     );
 }
 
-/// The first line that logged a refused client certificate, as JSON.
-async fn refusal_logged(p: &Process) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (stdout, _) = p.output();
-        if let Some(line) = stdout
-            .lines()
-            .find(|l| l.contains("client certificate refused"))
-        {
-            return serde_json::from_str(line).unwrap();
-        }
-        assert!(Instant::now() < deadline, "no refusal logged");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// The first `n` lines that logged a refused client certificate.
+async fn refusals_logged(p: &Process, n: usize) -> Vec<serde_json::Value> {
+    let lines = p
+        .json_lines(n, |v| v["message"] == "client certificate refused")
+        .await;
+    assert_eq!(lines.len(), n, "{:?}", p.output());
+    lines
 }
 
 /// Every refusal names the peer and the certificate it presented, whatever rustls's reason,
@@ -886,20 +879,7 @@ async fn every_refused_client_is_logged_with_its_address_and_certificate() {
     for client in [Some(&ca_as_client), Some(&stranger), None] {
         assert_eq!(status_with(p.addr, &c, client).await, None);
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let lines = loop {
-        let (stdout, _) = p.output();
-        let lines: Vec<serde_json::Value> = stdout
-            .lines()
-            .filter(|l| l.contains("client certificate refused"))
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        if lines.len() == 3 {
-            break lines;
-        }
-        assert!(Instant::now() < deadline, "{stdout}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let lines = refusals_logged(&p, 3).await;
     let said = |l: &serde_json::Value, key: &str| l.get(key).map(|v| v.to_string());
     for (line, serial, error) in [
         (&lines[0], Some("\"7777\""), "CaUsedAsEndEntity"),

@@ -626,7 +626,7 @@ async fn a_hedged_requests_log_lists_the_primary_first() {
         .await;
     assert_eq!(resp.status(), 200);
     read_body(resp.into_body()).await;
-    let fields = request_log_line(&p).await;
+    let fields = p.request_line().await;
     let attempts = fields["attempts"].as_str().unwrap_or_default();
     assert!(
         attempts.starts_with("primary:hedge_loser:") && attempts.contains(",backup:ok:"),
@@ -660,7 +660,7 @@ async fn left_while_the_backup_is_called(
     assert!(backup.wait_for_requests(1, Duration::from_secs(10)).await);
     pending.abort();
     let _ = pending.await;
-    let fields = request_log_line(&p).await;
+    let fields = p.request_line().await;
     (p, fields)
 }
 

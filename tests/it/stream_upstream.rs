@@ -1135,7 +1135,7 @@ async fn a_client_that_leaves_before_its_document_has_no_status() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     pending.abort();
     let _ = pending.await;
-    let line = crate::support::request_log_line(&p).await;
+    let line = p.request_line().await;
     assert_eq!(line["outcome"], "cancelled", "{line}");
     assert_eq!(line["origin"], "client", "{line}");
     assert_eq!(line.get("status"), None, "{line}");

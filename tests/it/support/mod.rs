@@ -382,13 +382,30 @@ impl Process {
     /// The first `n` request log lines (`--log-format json`), waiting up to 5 s for them:
     /// a line is written as its request ends, after the client has its answer.
     pub async fn request_lines(&self, n: usize) -> Vec<serde_json::Value> {
+        self.json_lines(n, |v| v.get("outcome").is_some()).await
+    }
+
+    /// The first request log line, which must come within 5 s.
+    pub async fn request_line(&self) -> serde_json::Value {
+        let mut lines = self.request_lines(1).await;
+        assert!(!lines.is_empty(), "no request log line");
+        lines.swap_remove(0)
+    }
+
+    /// The first `n` JSON log lines that `pick` picks, waiting up to 5 s for them (fewer
+    /// when they do not come).
+    pub async fn json_lines(
+        &self,
+        n: usize,
+        pick: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<serde_json::Value> {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let (out, err) = self.output();
             let lines: Vec<serde_json::Value> = format!("{out}{err}")
                 .lines()
                 .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                .filter(|v| v.get("outcome").is_some())
+                .filter(|v| pick(v))
                 .collect();
             if lines.len() >= n || Instant::now() > deadline {
                 return lines;
@@ -539,24 +556,4 @@ pub async fn h2_send(
         .await
         .expect("an answer or a reset within 5 s")
         .map_err(|e| format!("{e:?}"))
-}
-
-/// The fields of the first request log line a gateway process writes (with
-/// `--log-format json`), waiting up to 5 s for it.
-pub async fn request_log_line(p: &Process) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (out, err) = p.output();
-        let found = format!("{out}{err}").lines().find_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).ok()?;
-            let fields = v.get("fields").unwrap_or(&v).clone();
-            fields.get("outcome")?;
-            Some(fields)
-        });
-        if let Some(f) = found {
-            return f;
-        }
-        assert!(Instant::now() < deadline, "no request log line");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
