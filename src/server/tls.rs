@@ -179,15 +179,20 @@ fn client_verifier(
     // A CA without a CRL in the file, or with one its key did not sign, would have every
     // certificate it signed refused (its status unknown, the CRL's signature bad): said
     // here, at load, rather than by each of its clients' handshakes.
+    // Each CRL's signer, the key of the `ServedCrl` memory, found by the same check.
+    let mut signers: Vec<Option<Vec<u8>>> = vec![None; read.len()];
     let mut missing = Vec::new();
     for ca in &cas {
         let Some(subject) = x509::subject_der(ca) else {
             continue;
         };
         let name = || x509::subject(ca).unwrap_or_default();
-        match read.iter().find(|crl| crl.issuer_der == subject) {
-            None => missing.push(name()),
-            Some(crl) if crl.signed_by(ca) == Some(false) => {
+        let Some(i) = read.iter().position(|crl| crl.issuer_der == subject) else {
+            missing.push(name());
+            continue;
+        };
+        match read[i].signed_by(ca) {
+            Some(false) => {
                 return Err(file_err(
                     "client_crl",
                     path,
@@ -199,7 +204,8 @@ fn client_verifier(
                     ),
                 ));
             }
-            Some(_) => {}
+            Some(true) => signers[i] = x509::key_der(ca),
+            None => {}
         }
     }
     if !missing.is_empty() {
@@ -219,13 +225,10 @@ fn client_verifier(
         .collect();
     let served = read
         .into_iter()
-        .map(|crl| ServedCrl {
+        .zip(signers)
+        .map(|(crl, signer)| ServedCrl {
             version: crl.version(),
-            signer: cas
-                .iter()
-                .filter(|ca| x509::subject_der(ca).is_some_and(|s| s == crl.issuer_der))
-                .find(|ca| crl.signed_by(ca) == Some(true))
-                .and_then(|ca| x509::key_der(ca)),
+            signer,
             issuer_der: crl.issuer_der,
             issuer: crl.issuer,
         })
