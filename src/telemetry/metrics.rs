@@ -483,8 +483,8 @@ impl Metrics {
                     "hourglass_tls_handshake_failures_total",
                     "Client connections whose TLS handshake failed (no request): timeout (none \
                  within header_read_timeout), client_certificate (missing or refused; logged \
-                 as client certificate refused), alert (the client refused the handshake, often this gateway's \
-                 certificate), incompatible (no common version, cipher or ALPN protocol), \
+                 as client certificate refused), alert (the client refused the handshake, \
+                 often this gateway's certificate), incompatible (no common version, cipher or ALPN protocol), \
                  plain_http (answered 400 plain_http_on_tls), malformed (not TLS), closed \
                  (the client left), other.",
                 ),
