@@ -7,7 +7,8 @@ cargo build --quiet
 log=$(mktemp)
 "$bin" demo >"$log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
+held=$(mktemp)
+trap 'kill $pid 2>/dev/null || true; rm -f "$log" "$held"' EXIT
 for _ in $(seq 100); do curl -sf localhost:9090/readyz >/dev/null && break; sleep 0.1; done
 fail=0; pass=0
 check() { if eval "$2"; then pass=$((pass+1)); echo "ok: $1"; else fail=$((fail+1)); echo "FAILED: $1"; fi; }
@@ -30,6 +31,12 @@ for i in 1 2 3; do
 done
 out=$(curl -s localhost:8080/v1/chat/completions -H 'x-run-id: smoke-loop' -H 'x-fake-tool-call: get_weather' -d '{"model":"demo","user":"4"}')
 check "the fourth same tool call of a run is refused as a loop" '[[ "$out" == *"\"code\":\"run_loop_detected\""* ]]'
+curl -sN localhost:8080/v1/chat/completions -H 'x-fake-chunks: 10' -H 'x-fake-interval-ms: 50' -d '{"model":"demo","stream":true}' >"$held" &
+held_pid=$!
+sleep 0.2
+kill -HUP $pid
+wait $held_pid || true
+check "a SIGHUP leaves the demo serving, its stream whole" '[[ "$(cat "$held")" == *"data: [DONE]"* ]] && kill -0 $pid && grep -q "no file to reload" "$log"'
 metrics=$(curl -s localhost:9090/metrics)
 check "metrics count the idle cancellations" '[[ "$metrics" == *"hourglass_cancellations_total{origin=\"idle\",route=\"chat\"} 2"* ]]'
 check "metrics count the loop refusal" '[[ "$metrics" == *"hourglass_run_refusals_total{reason=\"loop\",route=\"chat\"} 1"* ]]'

@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use hourglass::config::Config;
 use hourglass_fake::FakeUpstream;
 
@@ -16,11 +17,12 @@ use hourglass_fake::FakeUpstream;
     about = "A budget-aware streaming gateway for LLM APIs"
 )]
 struct Cli {
-    /// Configuration file.
+    /// Configuration file (of the gateway, and of `check`).
     #[arg(
         long,
         env = "HOURGLASS_CONFIG",
-        default_value = "config/hourglass.toml"
+        default_value = "config/hourglass.toml",
+        global = true
     )]
     config: PathBuf,
     /// Log format: `pretty` for people, `json` for log shippers.
@@ -37,15 +39,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Validate a configuration and print the resolved routes.
-    Check {
-        #[arg(
-            long,
-            env = "HOURGLASS_CONFIG",
-            default_value = "config/hourglass.toml"
-        )]
-        config: PathBuf,
-    },
+    /// Validate the configuration file (`--config`) and print the resolved routes.
+    Check,
     /// The gateway and a built-in fake provider in one process; no API key needed.
     Demo,
     /// The time-controllable fake provider, for rehearsing budgets.
@@ -66,7 +61,28 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    // `--config` is global so that `hourglass --config X check` checks X; the commands that
+    // read no file must then refuse one given on the command line rather than ignore it.
+    // (HOURGLASS_CONFIG in the environment is no request of this run's, and is left alone.)
+    if let Some(name) = match cli.command {
+        Some(Command::Demo) => Some("demo"),
+        Some(Command::FakeUpstream { .. }) => Some("fake-upstream"),
+        _ => None,
+    } {
+        if matches.value_source("config") == Some(ValueSource::CommandLine) {
+            Cli::command()
+                .error(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!("`{name}` reads no configuration file; drop --config"),
+                )
+                .exit();
+        }
+    }
     // Held to the end of `main`: dropping them writes out the lines still queued.
     let _log = match init_tracing(cli.log_format) {
         Ok(guards) => guards,
@@ -75,8 +91,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(Command::Check { config }) = &cli.command {
-        return check(config);
+    if let Some(Command::Check) = &cli.command {
+        return check(&cli.config);
     }
     // One usable CPU (a taskset, a cgroup quota of one core): the multi-thread scheduler
     // would only add hand-offs between threads that share that core (measured: +20 ms p99
@@ -116,7 +132,7 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             },
-            Some(Command::Check { .. }) => unreachable!("handled before the runtime starts"),
+            Some(Command::Check) => unreachable!("handled before the runtime starts"),
             None => serve(&cli.config).await,
         }
     })
@@ -258,6 +274,8 @@ async fn run(config: Config, source: Option<PathBuf>) -> ExitCode {
         Ok(running) => {
             if watch {
                 running.watch_config(std::time::Duration::from_secs(1));
+            } else {
+                ignore_hangups();
             }
             running.serve_until(shutdown_signal).await;
             ExitCode::SUCCESS
@@ -305,6 +323,22 @@ async fn demo() -> ExitCode {
          -d '{{\"model\":\"demo\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'\n"
     );
     run(config, None).await
+}
+
+/// With no file to reload (the demo), a SIGHUP must not do what it does by default: end
+/// the process at once, cutting every stream without a word to its client.
+fn ignore_hangups() {
+    #[cfg(unix)]
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut hangups) => {
+            tokio::spawn(async move {
+                while hangups.recv().await.is_some() {
+                    tracing::info!("SIGHUP: this process serves its embedded config; there is no file to reload");
+                }
+            });
+        }
+        Err(e) => tracing::warn!("cannot watch for SIGHUP: {e}; one would end the process"),
+    }
 }
 
 async fn shutdown_signal() {

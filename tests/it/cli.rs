@@ -733,3 +733,34 @@ fn check_reads_the_key_and_ca_files_as_start_up_does() {
     assert_eq!(code, Some(0), "unreadable here, a warning: {stderr}");
     assert!(stderr.contains("/nonexistent/gw.pem"), "{stderr}");
 }
+
+/// `--config` may come before the command too: `hourglass --config X check` checks X (it
+/// once checked `config/hourglass.toml` and passed a broken X). The commands that read no
+/// file refuse one rather than ignore it.
+#[test]
+fn config_before_the_command_is_the_file_checked() {
+    let (_dir, path) = temp_config(
+        "before.toml",
+        "[defaults]\nbudget = \"bogus\"\n\n[upstreams.u]\nurl = \"http://127.0.0.1:1\"\n",
+    );
+    let path = path.to_str().unwrap();
+    for args in [["--config", path, "check"], ["check", "--config", path]] {
+        let out = hourglass(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(path) && stderr.contains("bogus"),
+            "{stderr}"
+        );
+    }
+    for args in [
+        ["--config", path, "demo"],
+        ["demo", "--config", path],
+        ["fake-upstream", "--config", path],
+    ] {
+        let out = hourglass(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("reads no configuration file"), "{stderr}");
+    }
+}
