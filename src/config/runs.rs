@@ -176,13 +176,17 @@ pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
         };
         if url.split_once("://").is_some_and(|(_, r)| r.contains('@')) {
             return Err(format!(
-                "runs: store_password_env {var}: the store URL already has credentials"
+                "runs: store_password_env {}: the store URL already has credentials",
+                super::secrets::shown(var)
             ));
         }
         if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Err(format!(
-                "runs: store_password_env {var:?} is not a variable name"
-            ));
+            // Not a name: most likely the password itself, so it is not repeated.
+            return Err(
+                "runs: store_password_env is not a variable name (letters, digits and _; \
+                 its value is not shown, in case it is the password itself)"
+                    .into(),
+            );
         }
     }
     let store_timeout = raw.store_timeout.map_or(d.store_timeout, |t| t.0);
@@ -245,6 +249,18 @@ pub(super) fn build_run_limits(
         None => RunIdSource::default(),
         Some(h) if h.eq_ignore_ascii_case("traceparent") => RunIdSource::TraceParent,
         Some(h) => match HeaderName::from_bytes(h.as_bytes()) {
+            // A run id is logged, named in refusals and served by `/runs/{id}`: read from a
+            // header that carries a key, it would publish the key.
+            Ok(name)
+                if crate::http::headers::CREDENTIALS.contains(&name)
+                    || name == http::header::PROXY_AUTHORIZATION
+                    || name == http::header::COOKIE =>
+            {
+                return Err(format!(
+                    "{label}: run_id_header {h:?} carries credentials, and a run id is \
+                     logged and shown; name a header of its own (e.g. \"x-run-id\")"
+                ))
+            }
             Ok(name) => RunIdSource::Header(name),
             Err(_) => {
                 return Err(format!(
@@ -277,9 +293,11 @@ pub(super) fn build_run_limits(
     if let (Some(b), Some(m)) = (budget, max_budget) {
         if b > m {
             return Err(format!(
-                "{label}: run_budget ({}) must not exceed run_max_budget ({})",
+                "{label}: run_budget ({}){} must not exceed run_max_budget ({}){}",
                 humantime::format_duration(b),
-                humantime::format_duration(m)
+                from(own.run_budget.is_none()),
+                humantime::format_duration(m),
+                from(own.run_max_budget.is_none()),
             ));
         }
     }

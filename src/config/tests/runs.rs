@@ -90,6 +90,19 @@ fn bad_run_keys_are_refused_naming_the_route_and_key() {
             "run_id_header = \"bad header\"",
             "run_id_header \"bad header\" is not a valid header name",
         ),
+        // A run id is logged and shown: never from a header that carries a key.
+        (
+            "run_id_header = \"X-Api-Key\"",
+            "run_id_header \"X-Api-Key\" carries credentials",
+        ),
+        (
+            "run_id_header = \"authorization\"",
+            "run_id_header \"authorization\" carries credentials",
+        ),
+        (
+            "run_id_header = \"cookie\"",
+            "run_id_header \"cookie\" carries credentials",
+        ),
         (
             "run_max_calls = 5000000000",
             "run_max_calls (5000000000) must be at most 4294967295",
@@ -117,6 +130,10 @@ fn bad_run_keys_are_refused_naming_the_route_and_key() {
         (
             "run_max_repeats = 1",
             "run_max_repeats (1) (inherited from [defaults]) must be between 2 and 1000",
+        ),
+        (
+            "run_budget = \"10m\"\nrun_max_budget = \"1m\"",
+            "run_budget (10m) (inherited from [defaults]) must not exceed run_max_budget (1m) (inherited from [defaults])",
         ),
     ] {
         let e = err(&format!("[defaults]\n{keys}\n{BASE}"));
