@@ -3,8 +3,9 @@
 //! keys written into the config file itself.
 
 /// Whether a string from the config looks like a credential rather than the name of one:
-/// a known provider key prefix, or a long random-looking token (letters of both cases and
-/// digits, no separators that names, paths and URLs have).
+/// a known provider key prefix, or a long random-looking token: letters of both cases and
+/// digits, or letters and digits with no separator at all (Azure OpenAI's keys are 32
+/// lowercase hex digits), where names, paths and URLs have separators.
 pub fn looks_like_secret(v: &str) -> bool {
     const PREFIXES: [&str; 8] = [
         "sk-", "sk_", "rk-", "xai-", "gsk_", "AIza", "hf_", "Bearer ",
@@ -12,12 +13,15 @@ pub fn looks_like_secret(v: &str) -> bool {
     if v.len() >= 12 && PREFIXES.iter().any(|p| v.starts_with(p)) {
         return true;
     }
+    let has = |f: fn(&u8) -> bool| v.bytes().any(|b| f(&b));
     v.len() >= 32
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        && v.bytes().any(|b| b.is_ascii_lowercase())
-        && v.bytes().any(|b| b.is_ascii_uppercase())
-        && v.bytes().any(|b| b.is_ascii_digit())
+        && has(u8::is_ascii_digit)
+        && ((v.bytes().all(|b| b.is_ascii_alphanumeric()) && has(u8::is_ascii_alphabetic))
+            || (v
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && has(u8::is_ascii_lowercase)
+                && has(u8::is_ascii_uppercase)))
 }
 
 /// A config value as messages may show it: quoted, unless it looks like a key.
@@ -149,6 +153,16 @@ mod scrub_tests {
                 format!("unknown variant `{key}`, expected one of `bearer`"),
                 "unknown variant `***`, expected one of `bearer`".to_owned(),
             ),
+            // Azure OpenAI's keys: lowercase hex, no prefix.
+            (
+                "api_key_env 3f9a1c0e5b7d4e2a8c6b1d0f9e8a7c6b is not set".to_owned(),
+                "api_key_env *** is not set".to_owned(),
+            ),
+            (
+                "url \"https://x.openai.azure.com/?key=3f9a1c0e5b7d4e2a8c6b1d0f9e8a7c6b\""
+                    .to_owned(),
+                "url \"https://x.openai.azure.com/?key=***\"".to_owned(),
+            ),
             (
                 "store \"redis://user:PASSW0rd@/0\" names no host".to_owned(),
                 "store \"redis://user:***@/0\" names no host".to_owned(),
@@ -169,9 +183,12 @@ mod scrub_tests {
             scrub("url \"http\u{fffd}://a@b\" is not a valid URL"),
             "url \"http\u{fffd}://***@b\" is not a valid URL"
         );
-        // Nothing else changes.
+        // Nothing else changes: names, even long ones with digits, have separators.
         let plain =
             "upstream \"openai\": url \"https://api.openai.com/v1\" (OPENAI_API_KEY) t.toml:3:9";
+        assert_eq!(scrub(plain), plain);
+        let plain = "api_key_env AZURE_OPENAI_API_KEY_WESTEUROPE_2 is not set; \
+                     /etc/hourglass/keys/production-openai-2.key";
         assert_eq!(scrub(plain), plain);
     }
 }

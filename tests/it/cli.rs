@@ -608,18 +608,53 @@ fn a_worker_count_of_zero_is_refused() {
 /// errors reach the log and `/readyz` on a reload.
 #[test]
 fn check_never_repeats_a_key_written_into_the_wrong_field() {
-    const KEY: &str = "sk-proj-CANARYabcDEF0123456789ghijKLMNopqrSTUVwx";
+    // An OpenAI-style key, and an Azure OpenAI one (lowercase hex, no prefix).
+    for key in [
+        "sk-proj-CANARYabcDEF0123456789ghijKLMNopqrSTUVwx",
+        "3f9a1c0e5b7d4e2a8c6b1d0f9e8a7c6b",
+    ] {
+        never_repeated(key);
+    }
+    let route = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n";
+    let (_dir, path) = temp_config(
+        "store.toml",
+        &format!("[runs]\nstore = \"redis://user:s3cret-pw@/0\"\n[upstreams.u]\nurl = \"http://127.0.0.1:1\"\n{route}"),
+    );
+    let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+    assert!(stderr.contains("redis://user:***@"), "{stderr}");
+    // What is not a variable's name may be the password itself.
+    let (_dir, path) = temp_config(
+        "password.toml",
+        &format!("[runs]\nstore = \"redis://127.0.0.1:1/0\"\nstore_password_env = \"hunter2!pass\"\n[upstreams.u]\nurl = \"http://127.0.0.1:1\"\n{route}"),
+    );
+    let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("store_password_env is not a variable name"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}
+
+fn never_repeated(key: &str) {
     let route = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n";
     for (upstream, refused) in [
-        (format!("url = \"http://{KEY}@127.0.0.1:1\""), true),
-        (format!("url = \"http://127.0.0.1:1/?key={KEY}\""), true),
-        (format!("url = \"{KEY}\""), true),
+        (format!("url = \"http://{key}@127.0.0.1:1\""), true),
+        (format!("url = \"http://127.0.0.1:1/?key={key}\""), true),
+        (format!("url = \"{key}\""), true),
         (
-            format!("url = \"http://127.0.0.1:1\"\nauth = \"{KEY}\""),
+            format!("url = \"http://127.0.0.1:1\"\nauth = \"{key}\""),
             true,
         ),
         (
-            format!("url = \"http://127.0.0.1:1\"\napi_key_file = \"{KEY}\""),
+            format!("url = \"http://127.0.0.1:1\"\napi_key_file = \"{key}\""),
+            false,
+        ),
+        (
+            format!("url = \"http://127.0.0.1:1\"\napi_key_env = \"{key}\""),
             false,
         ),
     ] {
@@ -631,17 +666,9 @@ fn check_never_repeats_a_key_written_into_the_wrong_field() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(!text.contains("CANARY"), "{upstream}: {text}");
+        assert!(!text.contains(&key[8..]), "{upstream}: {text}");
         assert!(text.contains("***") || !refused, "{upstream}: {text}");
     }
-    let (_dir, path) = temp_config(
-        "store.toml",
-        &format!("[runs]\nstore = \"redis://user:s3cret-pw@/0\"\n[upstreams.u]\nurl = \"http://127.0.0.1:1\"\n{route}"),
-    );
-    let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!stderr.contains("s3cret"), "{stderr}");
-    assert!(stderr.contains("redis://user:***@"), "{stderr}");
 }
 
 /// `check` reads the provider keys, CA files and client keys as start-up does: a file that
