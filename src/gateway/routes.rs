@@ -139,10 +139,23 @@ impl Gateway {
                 .expect("config checks that every route names known upstreams")
                 .clone()
         };
-        let routes = config
+        // Everything that can fail first: a reload refused for a route's keys must leave no
+        // trace, not even that route's metric series.
+        let keys = config
             .routes
             .iter()
             .map(|r| {
+                r.client_auth
+                    .as_ref()
+                    .map(|a| ClientKeys::load(&r.name, a))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let routes: Vec<RouteRuntime> = config
+            .routes
+            .iter()
+            .zip(keys)
+            .map(|(r, keys)| {
                 let names: Vec<&str> = r.chain().map(|c| c.name.as_str()).collect();
                 let reasons: Vec<&str> = RetryCause::ALL
                     .iter()
@@ -156,11 +169,6 @@ impl Gateway {
                     &reasons,
                     r.policy.hedge_after.is_some(),
                 );
-                let keys = r
-                    .client_auth
-                    .as_ref()
-                    .map(|a| ClientKeys::load(&r.name, a))
-                    .transpose()?;
                 // Across a reload, a route keeps its slots, and so counts the requests still
                 // in flight on the old configuration; a changed limit is applied to them
                 // once nothing can fail any more (below).
@@ -170,7 +178,7 @@ impl Gateway {
                         .and_then(|p| p.admission.clone())
                         .unwrap_or_else(|| Admission::new(Arc::from(r.name.as_str()), n))
                 });
-                Ok(RouteRuntime {
+                RouteRuntime {
                     keys,
                     admission,
                     turn: std::sync::atomic::AtomicUsize::new(0),
@@ -186,16 +194,13 @@ impl Gateway {
                             answer: Arc::new(metrics.answer(&r.name, n)),
                         })
                         .collect(),
-                })
-            })
-            .collect::<Result<Vec<_>, BuildError>>()?;
-        let runs = match previous {
-            Some(g) => {
-                if g.config.runs != config.runs {
-                    tracing::warn!("[runs] changes take effect only after a restart");
                 }
-                g.runs.clone()
-            }
+            })
+            .collect();
+        // A reload keeps the runs: its `[runs]` changes are warned about where the reload's
+        // other warnings are (`Runs::config`), once it has succeeded.
+        let runs = match previous {
+            Some(g) => g.runs.clone(),
             None => Runs::new(&config.runs, metrics.runs()).map_err(BuildError::Runs)?,
         };
         for r in config.routes.iter().filter(|r| r.run_limits.any()) {
