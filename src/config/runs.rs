@@ -108,6 +108,52 @@ pub struct RunsConfig {
     pub on_store_error: OnStoreError,
 }
 
+impl RunsConfig {
+    /// The warning for a reload whose `[runs]` differs from `self`, the table the run store
+    /// was made with (only a restart makes another), naming each key and the value that
+    /// stays. Compared with the start, not the last reload: a reload back to the running
+    /// values is no change, and a second reload of a changed value still is.
+    pub fn restart_needed_for(&self, new: &RunsConfig) -> Option<String> {
+        let d = |d: Duration| humantime::format_duration(d).to_string();
+        let mut changed = Vec::new();
+        if new.ttl != self.ttl {
+            changed.push(format!("ttl ({} stays)", d(self.ttl)));
+        }
+        if new.max_runs != self.max_runs {
+            changed.push(format!("max_runs ({} stays)", self.max_runs));
+        }
+        if new.store != self.store {
+            let store = match &self.store {
+                RunStore::Memory => "\"memory\"".to_owned(),
+                RunStore::Redis(url) => format!("{:?}", super::secrets::redacted_url(url)),
+            };
+            changed.push(format!("store ({store} stays)"));
+        }
+        if new.store_password_env != self.store_password_env {
+            changed.push(match &self.store_password_env {
+                Some(var) => format!("store_password_env ({var} stays)"),
+                None => "store_password_env (none stays)".to_owned(),
+            });
+        }
+        if new.store_timeout != self.store_timeout {
+            changed.push(format!("store_timeout ({} stays)", d(self.store_timeout)));
+        }
+        if new.on_store_error != self.on_store_error {
+            let kept = match self.on_store_error {
+                OnStoreError::Allow => "allow",
+                OnStoreError::Deny => "deny",
+            };
+            changed.push(format!("on_store_error (\"{kept}\" stays)"));
+        }
+        (!changed.is_empty()).then(|| {
+            format!(
+                "runs: {} take effect only after a restart",
+                changed.join(", ")
+            )
+        })
+    }
+}
+
 pub(super) const DEFAULT_RUNS: RunsConfig = RunsConfig {
     ttl: Duration::from_secs(600),
     max_runs: 100_000,

@@ -64,6 +64,8 @@ impl Drop for Abandoned {
 }
 
 pub struct Runs {
+    /// The `[runs]` table this was made with; reloads keep the runs, and so this table.
+    config: RunsConfig,
     store: Store,
     metrics: RunMetrics,
     sweeper: Option<JoinHandle<()>>,
@@ -136,11 +138,17 @@ impl Runs {
                 })
             });
             Runs {
+                config: config.clone(),
                 store,
                 metrics: metrics.clone(),
                 sweeper,
             }
         }))
+    }
+
+    /// The `[runs]` table these runs were made with, which reloads do not change.
+    pub fn config(&self) -> &RunsConfig {
+        &self.config
     }
 
     /// Admits one call of the run `key` (a run `route` starts with `limits` if it is new), by

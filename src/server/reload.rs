@@ -219,6 +219,7 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
         .at_start
         .changed_by(&config.server)
         .into_iter()
+        .chain(old.runs().config().restart_needed_for(&config.runs))
         .collect();
     let (tls, expires, crls_due, crls) = match &config.server.tls {
         Some(t) => {

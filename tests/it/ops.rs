@@ -1967,3 +1967,67 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
         .as_secs_f64();
     assert!(expiry > now, "{expiry}");
 }
+
+/// A reload says which `[runs]` keys wait for a restart, measured against the table the
+/// process started with (the run store it keeps): a second reload while a change waits
+/// says so again, a reload back to the start says nothing. A reload refused for a route's
+/// keys leaves no trace of that route, not even its metric series.
+#[tokio::test]
+async fn reloads_name_the_runs_keys_that_wait_and_a_refused_one_adds_no_series() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let start = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
+         [upstreams.fake]\nurl = \"{}\"\nauth = \"none\"\n\n\
+         [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+        fake.url()
+    );
+    let p = Process::spawn(&start, &["--log-format", "json"], &[]).await;
+    let reloads = |result: &'static str, n: u32| {
+        let line = format!("hourglass_config_reloads_total{{result=\"{result}\"}} {n}");
+        let admin = p.admin;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while scrape(admin).await.lines().all(|l| l != line) {
+                assert!(Instant::now() < deadline, "never {line}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let shorter = format!("{start}\n[runs]\nttl = \"5m\"\n");
+    for (n, text) in [
+        (1, shorter.clone()),
+        (2, format!("{shorter}# an edit elsewhere\n")),
+        (3, start.clone()),
+    ] {
+        std::fs::write(&p.config, text).unwrap();
+        reloads("ok", n).await;
+    }
+    let ghost = format!(
+        "{start}\n[[routes]]\nname = \"ghost\"\npath_prefix = \"/ghost\"\nupstream = \"fake\"\n\
+         client_keys_file = \"/nonexistent/hourglass-ghost.keys\"\n"
+    );
+    std::fs::write(&p.config, ghost).unwrap();
+    reloads("error", 1).await;
+    let waiting = |v: &serde_json::Value| {
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("take effect only after a restart"))
+    };
+    // Lines are written in order: once the refused reload's is out, every earlier one is.
+    p.json_lines(1, |v| {
+        v["message"] == "config reload failed; the running config stays"
+    })
+    .await;
+    let warnings = p.json_lines(0, waiting).await;
+    assert_eq!(warnings.len(), 2, "{:?}", p.output());
+    for w in &warnings {
+        assert_eq!(
+            w["message"], "runs: ttl (10m stays) take effect only after a restart",
+            "{w}"
+        );
+    }
+    let metrics = scrape(p.admin).await;
+    assert!(!metrics.contains("route=\"ghost\""), "{metrics}");
+}

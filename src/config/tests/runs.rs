@@ -228,3 +228,37 @@ fn a_store_password_comes_from_the_environment_only() {
         assert!(e.contains(want), "{table}: {e}");
     }
 }
+
+/// A reload keeps the run store made at start: its warning compares `[runs]` with that,
+/// naming each changed key and the value that stays, so a reload back to the start is no
+/// change and a second reload of a change still is.
+#[test]
+fn a_reload_names_the_runs_keys_that_wait_for_a_restart() {
+    let start = load(BASE).runs;
+    let runs = |table: &str| load(&format!("[runs]\n{table}\n{BASE}")).runs;
+    assert_eq!(start.restart_needed_for(&load(BASE).runs), None);
+    assert_eq!(start.restart_needed_for(&runs("ttl = \"10m\"")), None);
+    assert_eq!(
+        start.restart_needed_for(&runs("ttl = \"5m\"")).as_deref(),
+        Some("runs: ttl (10m stays) take effect only after a restart")
+    );
+    assert_eq!(
+        start
+            .restart_needed_for(&runs(
+                "store = \"redis://u:pw@127.0.0.1:6379/0\"\nmax_runs = 5\non_store_error = \"deny\""
+            ))
+            .as_deref(),
+        Some(
+            "runs: max_runs (100000 stays), store (\"memory\" stays), on_store_error \
+             (\"allow\" stays) take effect only after a restart"
+        )
+    );
+    let redis = runs("store = \"redis://u:pw@127.0.0.1:6379/0\"\nstore_timeout = \"20ms\"");
+    assert_eq!(
+        redis.restart_needed_for(&load(BASE).runs).as_deref(),
+        Some(
+            "runs: store (\"redis://u:***@127.0.0.1:6379/0\" stays), store_timeout (20ms stays) \
+             take effect only after a restart"
+        )
+    );
+}
