@@ -552,6 +552,38 @@ fn check_url(text: &str) -> Result<http::Uri, String> {
     http::Uri::from_parts(parts).map_err(|e| format!("is not a valid URL: {e}"))
 }
 
+/// A prefix is compared with request paths as routing reads them: without the query, made
+/// ASCII by percent-encoding, dot segments refused, equivalent spellings made one
+/// (`crate::http::path`). A prefix that is none of these would route nothing, silently.
+fn check_path_prefix(prefix: &str) -> Result<(), String> {
+    use crate::http::path::{for_routing, has_dot_segment, normalized};
+    if let Some(c) = prefix.chars().find(|c| matches!(c, '?' | '#')) {
+        return Err(format!(
+            "routes match the path alone, never its {}",
+            if c == '?' { "query" } else { "fragment" }
+        ));
+    }
+    if let Some(c) = prefix
+        .chars()
+        .find(|c| !c.is_ascii() || c.is_ascii_whitespace() || c.is_ascii_control())
+    {
+        return Err(format!(
+            "{c:?} never comes unencoded in a request's path; write it percent-encoded"
+        ));
+    }
+    if has_dot_segment(prefix) {
+        return Err("requests whose path has a `.` or `..` segment are refused".into());
+    }
+    let routed = for_routing(&normalized(prefix)).into_owned();
+    if routed != prefix {
+        return Err(format!(
+            "request paths are matched as {routed:?} is spelled (unreserved characters \
+             decoded, encoded slashes and runs of `/` as one `/`); write that"
+        ));
+    }
+    Ok(())
+}
+
 fn build_route(
     index: usize,
     raw: RawRoute,
@@ -582,6 +614,9 @@ fn build_route(
             "{label}: path_prefix {path_prefix:?} must start with \"/\""
         ));
     }
+    check_path_prefix(&path_prefix).map_err(|why| {
+        format!("{label}: path_prefix {path_prefix:?} can never match a request: {why}")
+    })?;
 
     let upstream_name = raw
         .upstream

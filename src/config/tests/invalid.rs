@@ -246,6 +246,43 @@ fn route_identity_errors() {
         err(&text),
         "t.toml: route \"chat\": path_prefix \"v1/chat\" must start with \"/\""
     );
+    // Prefixes no request path can match, since paths are matched as routing reads them.
+    for (prefix, why) in [
+        ("/a?x=1", "routes match the path alone, never its query"),
+        ("/h#x", "routes match the path alone, never its fragment"),
+        ("/g h", "' ' never comes unencoded in a request's path"),
+        ("/é", "'é' never comes unencoded in a request's path"),
+        ("/c/./d", "a `.` or `..` segment are refused"),
+        ("/c/%2e%2e/d", "a `.` or `..` segment are refused"),
+        ("/b//c", "write that"),
+        ("/d%2Fe", "matched as \"/d/e\" is spelled"),
+        ("/%65f", "matched as \"/ef\" is spelled"),
+    ] {
+        let text = BASE.replace(
+            "path_prefix = \"/v1/chat\"",
+            &format!("path_prefix = {prefix:?}"),
+        );
+        let e = err(&text);
+        assert!(
+            e.starts_with(&format!(
+                "t.toml: route \"chat\": path_prefix {prefix:?} can never match a request: "
+            )) && e.contains(why),
+            "{prefix}: {e}"
+        );
+    }
+    // What requests do send is kept.
+    for prefix in [
+        "/",
+        "/v1/",
+        "/v1/chat%20x",
+        "/v1/caf%C3%A9",
+        "/openai/deployments/gpt-4o:chat",
+    ] {
+        load(&BASE.replace(
+            "path_prefix = \"/v1/chat\"",
+            &format!("path_prefix = {prefix:?}"),
+        ));
+    }
 }
 
 #[test]
