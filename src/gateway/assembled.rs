@@ -103,9 +103,10 @@ pub(super) async fn assembled(
         match body.frame().await {
             None => break,
             Some(Ok(_)) => {
-                // Past max_response_body the answer can only be a 502: the upstream is
-                // stopped now (the body dropped) rather than read, and paid for, to its end.
-                if body.progress_mut().answer_too_large() {
+                // Past max_response_body, or past an event it could not read, the answer
+                // can only be a 502: the upstream is stopped now (the body dropped) rather
+                // than read, and paid for, to its end.
+                if body.progress_mut().answer_failed() {
                     break;
                 }
             }
@@ -172,13 +173,9 @@ pub(super) async fn assembled(
             return after_head(&e, record, id, &parts);
         }
         Err(e) => {
-            let reason = match e {
-                AssembleError::TooLarge { .. } => e.to_string(),
-                AssembleError::Empty => e.to_string(),
-            };
             let e = GatewayError::UpstreamError {
                 upstream: record.upstream_name().unwrap_or_default(),
-                reason,
+                reason: e.to_string(),
             };
             // The stream itself may have ended well: what the client gets is the error.
             record.fail(&e);

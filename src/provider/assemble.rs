@@ -21,6 +21,10 @@ pub enum AssembleError {
     TooLarge { limit: usize },
     #[error("the stream ended before its answer began")]
     Empty,
+    /// An event could not be read: what it held is missing from the answer, which must not
+    /// then be given as whole.
+    #[error("{0}")]
+    Malformed(String),
 }
 
 /// Tokens of a cut answer that its provider did not report.
@@ -41,6 +45,10 @@ pub struct Assembler {
     buf: Vec<u8>,
     /// The provider's own error event, whole, if it sent one.
     error: Option<Value>,
+    /// Events with data so far, to name the one that could not be read.
+    events: u64,
+    /// Why the first event that could not be read was not: the answer is then a 502.
+    malformed: Option<String>,
     chat: Chat,
     messages: Messages,
     responses: Responses,
@@ -54,6 +62,8 @@ impl Assembler {
             too_large: false,
             buf: Vec::new(),
             error: None,
+            events: 0,
+            malformed: None,
             chat: Chat::default(),
             messages: Messages::default(),
             responses: Responses::default(),
@@ -85,15 +95,31 @@ impl Assembler {
     /// makes the error answer here.
     pub fn event_end(&mut self, dispatched: bool, error: bool) {
         let data = std::mem::take(&mut self.buf);
-        if dispatched && !self.too_large {
+        if dispatched {
+            self.events += 1;
+        }
+        if dispatched && !self.failed() {
             let text = trim_end_newline(&data);
             if error {
                 self.error = serde_json::from_slice(text).ok();
-            } else if text != b"[DONE]" {
-                match self.format {
+            } else if text != b"[DONE]" && !text.is_empty() {
+                let read = match self.format {
                     Format::Chat => self.chat.event(text),
                     Format::Messages => self.messages.event(text),
                     Format::Responses => self.responses.event(text),
+                };
+                // Not skipped: a document rebuilt without it would look whole and not be.
+                // Its text is not quoted: it is the model's output, and may be long.
+                if let Err(e) = read {
+                    self.malformed = Some(format!(
+                        "event {} of the stream is no {} event the gateway can read ({e})",
+                        self.events,
+                        match self.format {
+                            Format::Chat => "Chat Completions",
+                            Format::Messages => "Anthropic Messages",
+                            Format::Responses => "Responses",
+                        }
+                    ));
                 }
             }
         }
@@ -114,9 +140,10 @@ impl Assembler {
         }
     }
 
-    /// Whether the answer has passed its limit: it can only end as an error.
-    pub fn too_large(&self) -> bool {
-        self.too_large
+    /// Whether the answer can only end as an error: it passed its limit, or an event could
+    /// not be read.
+    pub fn failed(&self) -> bool {
+        self.too_large || self.malformed.is_some()
     }
 
     /// The provider's own error event, if it sent one.
@@ -148,6 +175,9 @@ impl Assembler {
     /// The document the provider would have answered. `cut`: the stream was cut by a limit
     /// (with what it used so far, where the provider did not say): the partial answer.
     pub fn finish(self, cut: Option<Usage>) -> Result<Vec<u8>, AssembleError> {
+        if let Some(why) = self.malformed {
+            return Err(AssembleError::Malformed(why));
+        }
         if self.too_large {
             return Err(AssembleError::TooLarge { limit: self.limit });
         }
@@ -381,17 +411,14 @@ impl Chat {
     }
 
     /// Reads one chunk (never the provider's error object: the inspector tells those apart).
-    fn event(&mut self, data: &[u8]) {
+    fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
         let (choices, usage) = if self.head.is_none() || self.head_open {
             // The first chunk: its head (id, object, created, model, system_fingerprint,
             // service_tier, Azure's prompt_filter_results, ...) is the document's, whatever
             // fields a provider adds; a field it left empty is taken from the next chunks,
             // while the head is open.
-            let Ok(mut fields) =
-                serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)
-            else {
-                return;
-            };
+            let mut fields =
+                serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)?;
             let choices = fields.remove("choices");
             let usage = fields.remove("usage");
             // OpenAI's random padding of each chunk (`stream_options.include_obfuscation`):
@@ -404,7 +431,9 @@ impl Chat {
                 }
             }
             let choices: Vec<ChunkChoice<'_>> = choices
-                .and_then(|c| serde_json::from_str(c.get()).ok())
+                .filter(|c| c.get() != "null")
+                .map(|c| serde_json::from_str(c.get()))
+                .transpose()?
                 .unwrap_or_default();
             self.head_open = choices.is_empty()
                 && ["id", "model", "created"]
@@ -412,9 +441,7 @@ impl Chat {
                     .any(|k| head.get(*k).is_none_or(empty));
             (choices, usage)
         } else {
-            let Ok(chunk) = serde_json::from_slice::<ChatChunk<'_>>(data) else {
-                return;
-            };
+            let chunk = serde_json::from_slice::<ChatChunk<'_>>(data)?;
             (chunk.choices.unwrap_or_default(), chunk.usage)
         };
         if let Some(u) = usage.filter(|u| u.get() != "null") {
@@ -522,6 +549,7 @@ impl Chat {
         }
         self.text += added;
         self.output |= output;
+        Ok(())
     }
 
     fn document(self, cut: Option<Usage>) -> Option<Value> {
@@ -731,10 +759,12 @@ impl Messages {
             .is_some_and(|m| m.get("stop_reason").is_some_and(|r| !r.is_null()))
     }
 
-    fn event(&mut self, data: &[u8]) {
-        let Ok(ev) = serde_json::from_slice::<MessagesEvent<'_>>(data) else {
-            return;
-        };
+    fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
+        self.read(serde_json::from_slice::<MessagesEvent<'_>>(data)?);
+        Ok(())
+    }
+
+    fn read(&mut self, ev: MessagesEvent<'_>) {
         match ev.kind {
             "message_start" => {
                 if let Some(Value::Object(m)) = ev.message.map(raw) {
@@ -957,10 +987,12 @@ impl Responses {
             .map(|(_, m, _)| m)
     }
 
-    fn event(&mut self, data: &[u8]) {
-        let Ok(ev) = serde_json::from_slice::<ResponsesEvent<'_>>(data) else {
-            return;
-        };
+    fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
+        self.read(serde_json::from_slice::<ResponsesEvent<'_>>(data)?);
+        Ok(())
+    }
+
+    fn read(&mut self, ev: ResponsesEvent<'_>) {
         match ev.kind {
             "response.created" | "response.in_progress" if self.response.is_none() => {
                 if let Some(Value::Object(r)) = ev.response.map(raw) {

@@ -149,13 +149,13 @@ impl Inspector {
         self
     }
 
-    /// Whether the document being rebuilt has already passed its limit.
-    pub fn answer_too_large(&self) -> bool {
+    /// Whether the document being rebuilt can only end as an error (see `Assembler::failed`).
+    pub fn answer_failed(&self) -> bool {
         self.reader
             .extra
             .as_ref()
             .and_then(|e| e.assembler.as_ref())
-            .is_some_and(Assembler::too_large)
+            .is_some_and(Assembler::failed)
     }
 
     /// The document rebuilt so far, once: the body is done or cut.

@@ -96,10 +96,10 @@ impl Progress {
         }
     }
 
-    /// Whether the document rebuilt from the stream has passed its limit.
-    pub fn answer_too_large(&self) -> bool {
+    /// Whether the document rebuilt from the stream can only end as an error.
+    pub fn answer_failed(&self) -> bool {
         match &self.reader {
-            Reader::Inspected(i) => i.answer_too_large(),
+            Reader::Inspected(i) => i.answer_failed(),
             _ => false,
         }
     }

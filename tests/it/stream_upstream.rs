@@ -1140,3 +1140,101 @@ async fn a_client_that_leaves_before_its_document_has_no_status() {
     assert_eq!(line["origin"], "client", "{line}");
     assert_eq!(line.get("status"), None, "{line}");
 }
+
+/// An event the gateway cannot read (not JSON, or cut short) is not skipped: a document
+/// rebuilt without it would look whole and miss what it held. The answer is a 502 that
+/// names the event, never the model's text, and the upstream is let go at once.
+#[tokio::test]
+async fn an_event_that_cannot_be_read_is_a_502_not_an_answer_without_it() {
+    let chunk = |content: &str| {
+        format!(
+            r#"{{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{{"index":0,"delta":{{"content":"{content}"}},"finish_reason":null}}]}}"#
+        )
+    };
+    let chat_end = [
+        r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#.to_owned(),
+        r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#.to_owned(),
+        "[DONE]".to_owned(),
+    ];
+    let truncated = r#"{"id":"c1","choices":[{"index":0,"delta":{"content":"LOST"}"#.to_owned();
+    let messages = |middle: &str| {
+        vec![
+            r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}"#.to_owned(),
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#.to_owned(),
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"A"}}"#.to_owned(),
+            middle.to_owned(),
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"B"}}"#.to_owned(),
+            r#"{"type":"content_block_stop","index":0}"#.to_owned(),
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":3}}"#.to_owned(),
+            r#"{"type":"message_stop"}"#.to_owned(),
+        ]
+    };
+    let responses = vec![
+        r#"{"type":"response.created","response":{"id":"resp_1","object":"response","status":"in_progress","output":[]}}"#.to_owned(),
+        "{\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"A\"".to_owned(),
+    ];
+    let cases: Vec<(&str, &str, &str, Vec<String>, &str)> = vec![
+        (
+            "partial",
+            "/v1/chat/completions",
+            r#"{"model":"partial","messages":[{"role":"user","content":"hi"}]}"#,
+            [
+                vec![chunk("A"), truncated.clone(), chunk("B")],
+                chat_end.to_vec(),
+            ]
+            .concat(),
+            "event 2 of the stream is no Chat Completions event",
+        ),
+        (
+            "watched",
+            "/v1/chat/completions",
+            r#"{"model":"watched","messages":[{"role":"user","content":"hi"}]}"#,
+            [
+                vec![chunk("A"), "not json at all".to_owned(), chunk("B")],
+                chat_end.to_vec(),
+            ]
+            .concat(),
+            "event 2 of the stream is no Chat Completions event",
+        ),
+        (
+            "messages",
+            "/v1/messages",
+            r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#,
+            messages(
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"LO"#,
+            ),
+            "event 4 of the stream is no Anthropic Messages event",
+        ),
+        (
+            "responses",
+            "/v1/responses",
+            r#"{"model":"m","input":"hi"}"#,
+            responses,
+            "event 2 of the stream is no Responses event",
+        ),
+    ];
+    for (route, path, body, events, why) in cases {
+        let h = Harness::with_config(CONFIG).await;
+        let stream: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &stream,
+            Duration::from_millis(1),
+        )));
+        let (resp, _c) = h.send(post(path, body.into(), &[])).await;
+        assert_eq!(resp.status(), 502, "{route}");
+        let error = json_body(resp).await;
+        assert_eq!(error["error"]["code"], "upstream_error", "{route}: {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(why), "{route}: {message}");
+        assert!(!message.contains("LO"), "{route}: {message}");
+        h.wait_requests(route, 1.0).await;
+        assert_eq!(
+            h.metric(&format!(
+                "hourglass_requests_total{{outcome=\"error\",route=\"{route}\"}}"
+            ))
+            .await,
+            1.0,
+            "{route}"
+        );
+    }
+}
