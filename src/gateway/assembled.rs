@@ -121,7 +121,7 @@ pub(super) async fn assembled(
         }
     }
     let tokens = body.progress_mut().tokens();
-    let Some(assembler) = body.progress_mut().take_assembler() else {
+    let Some(mut assembler) = body.progress_mut().take_assembler() else {
         return after_head(&GatewayError::Internal, body.observer_mut(), id, &parts);
     };
     let record = body.observer_mut();
@@ -156,7 +156,7 @@ pub(super) async fn assembled(
             _ => return after_head(e, record, id, &parts),
         },
     };
-    let usage = partial.map(|_| Usage {
+    let used = Usage {
         // The input alone, never a total with the cache tokens that the usage reports apart;
         // estimated only when the provider reported no part of its prompt.
         prompt: match tokens {
@@ -164,8 +164,14 @@ pub(super) async fn assembled(
             _ => record.request_bytes().div_ceil(4),
         },
         completion: tokens.map_or(0, |t| t.completion().0),
-    });
-    let doc = match assembler.finish(usage) {
+    };
+    if partial.is_none() {
+        // A Chat answer whose every choice finished ends there for the watchdog, whether or
+        // not the usage chunk that follows came (a limit, or a provider that ignores
+        // `include_usage`): the document still has the usage the provider's would have.
+        assembler.fill_missing_usage(used);
+    }
+    let doc = match assembler.finish(partial.map(|_| used)) {
         Ok(doc) => doc,
         // Nothing kept of what came (a tool call cut mid-way): the cut, as with no output.
         Err(AssembleError::Empty) if partial.is_some() => {

@@ -172,6 +172,19 @@ impl Assembler {
         }
     }
 
+    /// Gives a Chat answer that ended without its usage chunk the usage `used`, counted or
+    /// estimated as a partial answer's is. (Anthropic's and the Responses API's usage comes
+    /// in the events that end their answers.)
+    pub fn fill_missing_usage(&mut self, used: Usage) {
+        if self.format == Format::Chat && self.chat.usage.is_none() && self.chat.head.is_some() {
+            self.chat.usage = Some(json!({
+                "prompt_tokens": used.prompt,
+                "completion_tokens": used.completion,
+                "total_tokens": used.prompt + used.completion,
+            }));
+        }
+    }
+
     /// The document the provider would have answered. `cut`: the stream was cut by a limit
     /// (with what it used so far, where the provider did not say): the partial answer.
     pub fn finish(self, cut: Option<Usage>) -> Result<Vec<u8>, AssembleError> {

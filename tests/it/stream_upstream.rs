@@ -1238,3 +1238,59 @@ async fn an_event_that_cannot_be_read_is_a_502_not_an_answer_without_it() {
         );
     }
 }
+
+/// A Chat answer whose every choice finished is whole for the watchdog, and ends there
+/// whether or not the usage chunk that follows comes: cut by the idle limit before it, or
+/// from a provider that ignores `include_usage`. The document still has its usage, counted
+/// or estimated, as the provider's unstreamed answer would (clients read
+/// `usage.total_tokens`), on routes with and without partial answers.
+#[tokio::test]
+async fn a_chat_answer_without_its_usage_chunk_still_has_usage() {
+    let chunk = |rest: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",{rest}}}\n\n"
+        )
+    };
+    let answer = [
+        chunk(r#""choices":[{"index":0,"delta":{"role":"assistant","content":"Hi there"},"finish_reason":null}]"#),
+        chunk(r#""choices":[{"index":0,"delta":{},"finish_reason":"stop"}]"#),
+    ]
+    .concat();
+    let usage =
+        chunk(r#""choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}"#);
+    for model in ["watched", "partial"] {
+        let body =
+            format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+        // Silent after the finish, past the 600 ms idle limit; then no usage at all.
+        for (stream, freeze) in [
+            (format!("{answer}{usage}data: [DONE]\n\n"), Some("2")),
+            (format!("{answer}data: [DONE]\n\n"), None),
+        ] {
+            let h = Harness::with_config(CONFIG).await;
+            h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+                &stream,
+                Duration::from_millis(1),
+            )));
+            let headers: Vec<(&str, &str)> = freeze
+                .map(|n| ("x-fake-freeze-after", n))
+                .into_iter()
+                .collect();
+            let (resp, _c) = h
+                .send(post("/v1/chat/completions", body.clone(), &headers))
+                .await;
+            assert_eq!(resp.status(), 200, "{model} {freeze:?}");
+            assert!(resp.headers().get("x-hourglass-partial").is_none());
+            let doc = json_body(resp).await;
+            assert_eq!(doc["choices"][0]["message"]["content"], "Hi there", "{doc}");
+            assert_eq!(doc["choices"][0]["finish_reason"], "stop", "{doc}");
+            let total = doc["usage"]["total_tokens"].as_u64().unwrap_or(0);
+            assert!(total > 0, "{model} {freeze:?}: {doc}");
+            assert_eq!(
+                doc["usage"]["prompt_tokens"].as_u64().unwrap_or(0)
+                    + doc["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+                total,
+                "{doc}"
+            );
+        }
+    }
+}
