@@ -133,7 +133,18 @@ impl<'a> Attempt<'a> {
                         sent_at = Some(at);
                         timer.as_mut().reset((at + self.first_token_timeout).min(head_wait));
                     }
-                    () = &mut timer => return Err(self.limit_error(sent_at.is_some(), now)),
+                    () = &mut timer => {
+                        let e = self.limit_error(sent_at.is_some(), now);
+                        // Sent, and not even a head for the whole first-token limit: on a
+                        // shared HTTP/2 connection, the peer may be gone while the socket
+                        // stays open, and every stream put on it would wait the same.
+                        let waited_it_all = sent_at
+                            .is_some_and(|at| Instant::now() >= at + self.first_token_timeout);
+                        if waited_it_all && matches!(e, GatewayError::FirstTokenTimeout { .. }) {
+                            slot.retire();
+                        }
+                        return Err(e);
+                    }
                 }
             };
             let response = result

@@ -9,19 +9,28 @@
 //! loaded). The count is held by a [`StreamSlot`] that the attempt keeps in the response
 //! body, so a stream counts until its body is dropped, which is also when hyper resets it.
 //!
-//! Lanes are never removed: a lane nobody uses holds no connection once `pool_idle_timeout`
-//! has passed, and since the first lane with room always wins, load gathers on the first
-//! lanes and the later ones go idle. Their number is bounded by the peak concurrency divided
-//! by the streams per connection.
+//! Lanes are kept while they work: a lane nobody uses holds no connection once
+//! `pool_idle_timeout` has passed, and since the first lane with room always wins, load
+//! gathers on the first lanes and the later ones go idle. Their number is bounded by the
+//! peak concurrency divided by the streams per connection.
+//!
+//! A lane whose connection took a request and gave no answer head within the first-token
+//! limit is *retired* ([`StreamSlot::retire`]): on a multiplexed connection, a peer that went
+//! silent (a dropped flow, a hung front end) would otherwise take every new stream and time
+//! each out, until hyper's keep-alive ping gives up on it. A retired lane takes no new
+//! streams; the next request opens a fresh one, and the old connection closes once the
+//! streams still on it end. A slow but healthy connection costs one new connection a
+//! first-token timeout at most.
 //!
 //! An upstream that cannot speak HTTP/2 (`http2 = "never"`, or `auto` over plain http) has
 //! one lane with no limit: HTTP/1.1 pools a connection per request in flight anyway. Under
 //! `auto` over TLS the provider may still choose HTTP/1.1 by ALPN; lanes then only split the
 //! idle HTTP/1.1 connections into a few pools, which costs nothing but some reuse.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::{Builder, Client, ResponseFuture};
@@ -33,7 +42,8 @@ type HttpClient = Client<Connector, Full<Bytes>>;
 /// The lanes of one upstream.
 pub(super) struct Lanes {
     /// Always there: every request of an HTTP/1.1 upstream, and the first of an HTTP/2 one.
-    first: Arc<Lane>,
+    /// Replaced (under `more`'s lock) when it is retired.
+    first: ArcSwap<Lane>,
     /// Lanes opened when every earlier one was full. Locked only to look through or add to
     /// the list, never across an await.
     more: Mutex<Vec<Arc<Lane>>>,
@@ -49,11 +59,25 @@ pub(super) struct Lanes {
 struct Lane {
     client: HttpClient,
     streams: AtomicUsize,
+    /// Takes no more streams (see the module's notes).
+    retired: AtomicBool,
 }
 
 /// One stream's place on its lane, given back when dropped.
 pub struct StreamSlot {
     lane: Arc<Lane>,
+    multiplexed: bool,
+}
+
+impl StreamSlot {
+    /// The stream's connection took the request and sent no answer head in time: no new
+    /// stream goes to it. Only where streams share a connection; an HTTP/1.1 connection
+    /// that timed out is closed with its request anyway.
+    pub fn retire(&self) {
+        if self.multiplexed {
+            self.lane.retired.store(true, Ordering::Release);
+        }
+    }
 }
 
 impl Drop for StreamSlot {
@@ -73,12 +97,16 @@ impl Lane {
         Arc::new(Lane {
             client: builder.build(connector.clone()),
             streams: AtomicUsize::new(0),
+            retired: AtomicBool::new(false),
         })
     }
 
     /// Takes a place if the lane has one. A compare-and-swap, not a load then an add: two
     /// requests that both saw the last place free must not both take it.
     fn try_take(&self, max: usize) -> bool {
+        if self.retired.load(Ordering::Acquire) {
+            return false;
+        }
         self.streams
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
@@ -97,7 +125,7 @@ impl Lanes {
     ) -> Lanes {
         let as_usize = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
         Lanes {
-            first: Lane::new(&builder, &connector),
+            first: ArcSwap::new(Lane::new(&builder, &connector)),
             more: Mutex::new(Vec::new()),
             max_streams: max_streams.map_or(usize::MAX, as_usize),
             max_lanes: match max_streams {
@@ -117,14 +145,31 @@ impl Lanes {
     }
 
     fn slot(&self) -> StreamSlot {
-        StreamSlot { lane: self.take() }
+        StreamSlot {
+            lane: self.take(),
+            multiplexed: self.max_streams != usize::MAX,
+        }
     }
 
     fn take(&self) -> Arc<Lane> {
-        if self.first.try_take(self.max_streams) {
-            return self.first.clone();
+        {
+            let first = self.first.load();
+            if first.try_take(self.max_streams) {
+                return Arc::clone(&first);
+            }
         }
         let mut more = self.more.lock().unwrap_or_else(PoisonError::into_inner);
+        // Retired lanes leave the list (the streams on them hold them until they end) and
+        // count against no cap: the connection they stand for is going.
+        more.retain(|l| !l.retired.load(Ordering::Acquire));
+        if self.first.load().retired.load(Ordering::Acquire) {
+            let fresh = Lane::new(&self.builder, &self.connector);
+            self.first.store(fresh);
+        }
+        let first = self.first.load_full();
+        if first.try_take(self.max_streams) {
+            return first;
+        }
         if let Some(lane) = more.iter().find(|l| l.try_take(self.max_streams)) {
             return lane.clone();
         }
@@ -135,7 +180,7 @@ impl Lanes {
         } else {
             // Every connection allowed is full: the least loaded takes one more, which hyper
             // queues on it should the server's own limit be reached.
-            std::iter::once(&self.first)
+            std::iter::once(&first)
                 .chain(more.iter())
                 .min_by_key(|l| l.streams.load(Ordering::Acquire))
                 .expect("there is always a first lane")
@@ -149,7 +194,7 @@ impl Lanes {
     #[cfg(test)]
     fn counts(&self) -> Vec<usize> {
         let more = self.more.lock().unwrap_or_else(PoisonError::into_inner);
-        std::iter::once(&self.first)
+        std::iter::once(&self.first.load_full())
             .chain(more.iter())
             .map(|l| l.streams.load(Ordering::Acquire))
             .collect()

@@ -86,3 +86,40 @@ fn racing_takers_never_overfill_a_lane() {
     assert_eq!(u.clients.counts(), vec![2; 50]);
     drop(held);
 }
+
+#[test]
+fn a_retired_lane_takes_no_new_streams_and_is_replaced() {
+    let u = upstream(
+        "http2 = \"always\"\nhttp2_max_streams_per_connection = 2\nhttp2_max_connections = 2",
+    );
+    let held = slots(&u, 3);
+    assert_eq!(u.clients.counts(), [2, 1]);
+    // The first lane's connection went silent: its streams stay until they end, new ones
+    // go elsewhere, and a fresh first lane stands in for it without counting the old.
+    held[0].retire();
+    let more = slots(&u, 3);
+    assert_eq!(
+        u.clients.counts(),
+        [2, 2],
+        "a fresh first lane, and the second filled"
+    );
+    assert_eq!(
+        Arc::strong_count(&held[0].lane),
+        2,
+        "the retired lane lives on its streams"
+    );
+    let retired = Arc::downgrade(&held[0].lane);
+    drop(held);
+    assert!(retired.upgrade().is_none(), "and goes with them");
+    drop(more);
+    assert_eq!(u.clients.counts(), [0, 0]);
+}
+
+#[test]
+fn over_http1_nothing_is_retired() {
+    let u = upstream("");
+    let held = slots(&u, 2);
+    held[0].retire();
+    let _more = slots(&u, 1);
+    assert_eq!(u.clients.counts(), [3]);
+}

@@ -633,3 +633,60 @@ async fn a_reset_mid_stream_is_named_in_the_error_event() {
         "{message}"
     );
 }
+
+/// An h2 upstream whose first connection speaks HTTP/2 (its SETTINGS, acknowledged) and
+/// then never answers a request, though the socket stays open: a peer gone silent behind a
+/// dropped flow. Later connections go to a server that answers.
+async fn silent_after_settings() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    first_connection_apart(|mut s| async move {
+        let mut preface = [0u8; 24];
+        s.read_exact(&mut preface).await.unwrap();
+        s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+        loop {
+            let mut head = [0u8; 9];
+            if s.read_exact(&mut head).await.is_err() {
+                return;
+            }
+            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let mut payload = vec![0u8; len];
+            if s.read_exact(&mut payload).await.is_err() {
+                return;
+            }
+            if head[3] == 4 && head[4] & 1 == 0 {
+                s.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap();
+            }
+        }
+    })
+    .await
+}
+
+/// A connection that took a request and sent no head within the first-token limit takes
+/// no new streams: the next request opens a new connection and is answered. Before, every
+/// request went to the silent connection and timed out there, for about 50 s, until
+/// hyper's keep-alive ping gave up on it.
+#[tokio::test]
+async fn a_connection_that_went_silent_takes_no_new_streams() {
+    let (up, connections) = silent_after_settings().await;
+    let toml = config("")
+        .replace("{FAKE}", &format!("http://{up}"))
+        .replace(
+            "first_token_timeout = \"20s\"",
+            "first_token_timeout = \"300ms\"",
+        );
+    let h = Harness::with_config(&toml).await;
+    let (resp, _c) = h.send(chat_request(&[], true)).await;
+    assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "first_token_timeout", "{body}");
+    for _ in 0..3 {
+        let (resp, _c) = h.send(chat_request(&[], true)).await;
+        assert_eq!(resp.status(), 200);
+        let read = read_body(resp.into_body()).await;
+        assert_eq!(read.error, None);
+    }
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
