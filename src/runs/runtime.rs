@@ -86,7 +86,9 @@ impl Ends for Reporter {
             end.as_str(),
             u64::from(run.calls),
             run.tokens_used,
-            now.saturating_duration_since(run.started).as_secs_f64(),
+            run.ended_at(end, now)
+                .saturating_duration_since(run.started)
+                .as_secs_f64(),
         );
     }
 
@@ -383,10 +385,8 @@ mod tests {
     use super::*;
     use crate::telemetry::metrics::Metrics;
 
-    #[tokio::test]
-    async fn a_call_that_panics_gives_its_reservation_back() {
-        let metrics = Metrics::new();
-        let runs = Runs::new(
+    fn memory_runs(metrics: &Metrics) -> Arc<Runs> {
+        Runs::new(
             &RunsConfig {
                 ttl: Duration::from_secs(60),
                 max_runs: 10,
@@ -397,7 +397,76 @@ mod tests {
             },
             metrics.runs(),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    fn call(now: Instant) -> Call {
+        Call {
+            reserve: 0,
+            asked_budget: None,
+            request: None,
+            at: now,
+            now,
+            need: Duration::ZERO,
+        }
+    }
+
+    /// A run that stops calling is forgotten `ttl` later, by a sweep: it lasted from its
+    /// first call to the end of its last, not until it was forgotten (which added the whole
+    /// `ttl` and the sweep's lag, and put every run past the histogram's last bucket).
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_run_lasted_until_its_last_call_ended() {
+        let metrics = Metrics::new();
+        let runs = memory_runs(&metrics);
+        let key = RunKey {
+            scope: None,
+            id: "d".into(),
+        };
+        let far = Instant::now() + Duration::from_secs(600);
+        for _ in 0..2 {
+            let now = Instant::now();
+            let joined = runs
+                .admit(
+                    &key,
+                    &"r".into(),
+                    &RunLimits::UNLIMITED,
+                    &call(now),
+                    far,
+                    Duration::ZERO,
+                )
+                .await
+                .unwrap();
+            let Joined::Call(mut admitted) = joined else {
+                panic!("admitted: {joined:?}")
+            };
+            admitted.sent();
+            tokio::time::advance(Duration::from_secs(3)).await;
+            drop(admitted);
+        }
+        // Past the ttl and a sweep or two.
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(
+            runs.find("d").await.unwrap_or_default().is_empty(),
+            "forgotten"
+        );
+        let text = metrics.encode();
+        let sample = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in {text}"))
+                .to_owned()
+        };
+        assert_eq!(
+            sample("hourglass_run_duration_seconds_sum{route=\"r\"}"),
+            "hourglass_run_duration_seconds_sum{route=\"r\"} 6"
+        );
+        assert!(sample("hourglass_runs_total{end=\"expired\",route=\"r\"}").ends_with(" 1"));
+    }
+
+    #[tokio::test]
+    async fn a_call_that_panics_gives_its_reservation_back() {
+        let metrics = Metrics::new();
+        let runs = memory_runs(&metrics);
         let key = RunKey {
             scope: None,
             id: "p".into(),

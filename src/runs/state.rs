@@ -241,6 +241,18 @@ impl RunState {
 
     /// How a run that ended no other way ended when it is forgotten: by its deadline, if
     /// that has passed, else by its ttl.
+    /// When the run ended as `end`, reported at `now`: a run forgotten `ttl` after its last
+    /// call (or evicted) ended with that call, not when it was forgotten (which would add
+    /// the whole `ttl`, and the sweep's lag, to every run's duration); one whose deadline
+    /// passed ended then at the latest.
+    pub fn ended_at(&self, end: RunEnd, now: Instant) -> Instant {
+        match end {
+            RunEnd::Expired | RunEnd::Evicted => self.last_call.min(now),
+            RunEnd::Deadline => self.deadline.map_or(now, |d| d.min(now)),
+            RunEnd::Calls | RunEnd::Tokens | RunEnd::Loop => now,
+        }
+    }
+
     pub fn end_when_forgotten(&self, now: Instant) -> RunEnd {
         match self.deadline {
             Some(d) if d <= now => RunEnd::Deadline,
