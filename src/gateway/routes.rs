@@ -50,6 +50,10 @@ pub struct RouteRuntime {
     pub keys: Option<ClientKeys>,
     /// The route's `max_in_flight` slots, if limited.
     pub admission: Option<Admission>,
+    /// Whether a run this route's calls join may stop loops of repeated requests: some
+    /// route of the config does, and a run keeps the limits of the route that started it,
+    /// so a call here is fingerprinted even when this route sets no `run_max_repeats`.
+    pub fingerprint_requests: bool,
 }
 
 impl RouteRuntime {
@@ -151,6 +155,10 @@ impl Gateway {
                     .transpose()
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let stops_loops = config
+            .routes
+            .iter()
+            .any(|r| r.run_limits.max_repeats.is_some());
         let routes: Vec<RouteRuntime> = config
             .routes
             .iter()
@@ -180,6 +188,7 @@ impl Gateway {
                 });
                 RouteRuntime {
                     keys,
+                    fingerprint_requests: stops_loops,
                     admission,
                     turn: std::sync::atomic::AtomicUsize::new(0),
                     route: r.clone(),

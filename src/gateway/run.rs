@@ -72,7 +72,7 @@ pub async fn join(
             .map_err(GatewayError::from)?
             .unwrap_or(limits.token_estimate),
         asked_budget,
-        request: limits.max_repeats.map(|_| fingerprint::of(body)),
+        request: route.fingerprint_requests.then(|| fingerprint::of(body)),
         at: budget.arrival,
         now: Instant::now(),
         need: budget.reserve + budget.min_useful,

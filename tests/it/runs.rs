@@ -219,6 +219,7 @@ on_both_stores!(
     a_run_is_found_by_its_exact_id,
     an_assembled_answer_says_what_the_run_has_left_when_it_is_sent,
     a_call_that_never_reached_an_upstream_is_no_call_of_its_run,
+    a_run_started_where_loops_stop_stops_repeats_on_every_route,
 );
 
 /// A Chat Completions request to the route `route` (each route takes one model).
@@ -548,6 +549,33 @@ async fn the_same_request_sent_again_and_again_is_stopped_too(store: Store) {
     crate::support::assert_message_starts(
         &body["error"],
         "run loop detected: run \"again\": the same request came 3 times in a row",
+    );
+}
+
+/// A run keeps the limits of the route that started it, its loop stop too: the same request
+/// sent again and again on a route without `run_max_repeats` is stopped as on its own.
+async fn a_run_started_where_loops_stop_stops_repeats_on_every_route(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let (resp, _c) = h
+        .send(call("/loops", false, &[("x-run-id", "elsewhere")], ""))
+        .await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    for _ in 0..3 {
+        let (resp, _c) = h
+            .send(call("/plain", false, &[("x-run-id", "elsewhere")], ""))
+            .await;
+        assert_eq!(resp.status(), 200);
+        json_body(resp).await;
+    }
+    let (resp, _c) = h
+        .send(call("/plain", false, &[("x-run-id", "elsewhere")], ""))
+        .await;
+    assert_eq!(resp.status(), 429);
+    let body = json_body(resp).await;
+    crate::support::assert_message_starts(
+        &body["error"],
+        "run loop detected: run \"elsewhere\": the same request came 3 times in a row",
     );
 }
 
