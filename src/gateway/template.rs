@@ -9,6 +9,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Uri};
 use http_body_util::Full;
+use hyper::body::Body as _;
 
 use crate::error::GatewayError;
 use crate::provider::rewrite::{include_usage, rewrite_model, stream_request};
@@ -110,6 +111,14 @@ impl Template {
                 Some(v) => req.headers_mut().insert(header::ACCEPT_ENCODING, v.clone()),
                 None => req.headers_mut().remove(header::ACCEPT_ENCODING),
             };
+        }
+        if req.body().size_hint().exact() == Some(0)
+            && matches!(self.method, Method::POST | Method::PUT | Method::PATCH)
+        {
+            // RFC 9110 8.6: a POST says its length even when it is 0, and some origins
+            // answer 411 without one; hyper gives an empty body none.
+            req.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
         upstream.apply_credentials(req.headers_mut());
         Ok(Outgoing {

@@ -734,3 +734,49 @@ async fn options_reads_and_updates_max_forwards() {
         );
     }
 }
+
+/// RFC 9110 8.6: a user agent sends `Content-Length` in a POST even when it is 0, and some
+/// origins answer 411 without it (a batch's cancel, in the OpenAI and Anthropic SDKs, is an
+/// empty POST). hyper sends no length for an empty body, so the gateway's own length, which
+/// it drops to let the body's decide, left the upstream's request with none at all: over
+/// HTTP/1.1 from a client that sent `content-length: 0`, and over HTTP/2.
+#[tokio::test]
+async fn an_empty_post_keeps_its_zero_length() {
+    let h = Harness::start().await;
+    let empty = |method: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri("/v1/messages/batches/b1/cancel")
+            .header("host", "gateway")
+            .header("content-length", "0")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    let (resp, _c) = h.send(empty("POST")).await;
+    let _ = read_body(resp.into_body()).await;
+    let resp = h2_send(h.addr(), empty("POST")).await.unwrap();
+    let _ = read_body(resp.into_body()).await;
+    let get = http::Request::get("/v1/messages/batches/b1")
+        .header("host", "gateway")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let (resp, _c) = h.send(get).await;
+    let _ = read_body(resp.into_body()).await;
+    let seen = h.fake.requests();
+    assert_eq!(seen.len(), 3);
+    for r in &seen[..2] {
+        assert_eq!(
+            r.headers.get("content-length").map(|v| v.to_str().unwrap()),
+            Some("0"),
+            "{:?}",
+            r.headers
+        );
+        assert!(r.headers.get("transfer-encoding").is_none());
+    }
+    // A GET, whose method anticipates no content, gets no length (RFC 9110 8.6).
+    assert!(
+        seen[2].headers.get("content-length").is_none(),
+        "{:?}",
+        seen[2].headers
+    );
+}
