@@ -107,6 +107,38 @@ impl Gateway {
                         && shape.readable_sse()
                         && parts.status.is_success()
                         && started.format.is_some();
+                    // Asked to stream for a client that did not, the upstream answered with
+                    // neither a stream the gateway can read nor a JSON document: the client
+                    // would get bytes it never asked for (an event stream, or gzip), not the
+                    // document it waits for.
+                    if started.assembled
+                        && started.format.is_some()
+                        && parts.status.is_success()
+                        && !no_content
+                        && !assemble
+                        && !(shape.json && shape.readable)
+                    {
+                        let what = match parts.headers.get(header::CONTENT_ENCODING) {
+                            Some(coding) if !shape.readable => {
+                                format!("in content-encoding {coding:?}")
+                            }
+                            _ => match parts.headers.get(header::CONTENT_TYPE) {
+                                Some(t) => format!("of type {t:?}"),
+                                None => "with no content-type".to_owned(),
+                            },
+                        };
+                        let e = GatewayError::UpstreamError {
+                            upstream: started.limits.upstream.to_string(),
+                            reason: format!(
+                                "asked to stream for a client that did not, it answered {what}: \
+                                 no event stream the gateway can read into the one document"
+                            ),
+                        };
+                        // The body goes unread: the upstream call ends here.
+                        drop(body);
+                        record.fail(&e);
+                        return error_answer(&e, &mut record, &id);
+                    }
                     // A non-2xx answer is the provider's, passed through unchanged (DESIGN
                     // 6): not an answer that can end short, and no place for an event of the
                     // gateway's. Its body is read as opaque bytes; only the limits apply.

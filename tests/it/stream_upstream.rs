@@ -1294,3 +1294,52 @@ async fn a_chat_answer_without_its_usage_chunk_still_has_usage() {
         }
     }
 }
+
+/// Asked to stream for a client that did not, an upstream that answers with an encoded
+/// stream (it ignored `accept-encoding: identity`) or a body of no known type gives the
+/// gateway nothing it can read into the document: the client, who waits for one JSON
+/// document, gets a 502 that says what came, not those bytes passed on.
+#[tokio::test]
+async fn an_answer_that_cannot_be_read_into_the_document_is_a_502() {
+    let sse = "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+    let head = |fields: &str, len: usize| {
+        format!("HTTP/1.1 200 OK\r\n{fields}content-length: {len}\r\nconnection: close\r\n\r\n")
+    };
+    let gz = [0x1f_u8, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 1, 2, 3];
+    for (answer, said) in [
+        (
+            [
+                head(
+                    "content-type: text/event-stream\r\ncontent-encoding: gzip\r\n",
+                    gz.len(),
+                )
+                .into_bytes(),
+                gz.to_vec(),
+            ]
+            .concat(),
+            "in content-encoding \"gzip\"",
+        ),
+        (
+            [head("", sse.len()).into_bytes(), sse.as_bytes().to_vec()].concat(),
+            "with no content-type",
+        ),
+        (
+            [
+                head("content-type: text/plain\r\n", sse.len()).into_bytes(),
+                sse.as_bytes().to_vec(),
+            ]
+            .concat(),
+            "of type \"text/plain\"",
+        ),
+    ] {
+        let up = crate::support::raw_upstream(vec![(Duration::ZERO, answer)]).await;
+        let h = Harness::with_config(&CONFIG.replace("{FAKE}", &format!("http://{up}"))).await;
+        let body = r#"{"model":"watched","messages":[{"role":"user","content":"hi"}]}"#;
+        let (resp, _c) = h.send(post("/v1/chat/completions", body.into(), &[])).await;
+        assert_eq!(resp.status(), 502, "{said}");
+        let error = json_body(resp).await;
+        assert_eq!(error["error"]["code"], "upstream_error", "{error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(said), "{message}");
+    }
+}
