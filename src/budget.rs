@@ -298,6 +298,7 @@ pub fn deadline_error(
             run: r.id.to_string(),
             budget: r.budget,
             left,
+            reserve,
         },
     }
 }

@@ -239,11 +239,14 @@ pub enum GatewayError {
     },
     /// The run's deadline passed (before the call, or during it), or what is left of it
     /// (`left`) cannot fit a call.
-    #[error("run deadline exceeded: run {run:?} {}", run_left(*.budget, *.left))]
+    #[error("run deadline exceeded: run {run:?} {}", run_left(*.budget, *.left, *.reserve))]
     RunDeadlineExceeded {
         run: String,
         budget: Duration,
         left: Duration,
+        /// What the call's route holds back: a call cut at the run's deadline was cut that
+        /// much before it (as `DeadlineExceeded`'s).
+        reserve: Duration,
     },
     /// The run store did not answer in time and the gateway is told to deny (`on_store_error`).
     #[error("run store unavailable: {reason}")]
@@ -287,9 +290,9 @@ fn overload_detail(waited: Duration) -> String {
     }
 }
 
-fn run_left(budget: Duration, left: Duration) -> String {
+fn run_left(budget: Duration, left: Duration, reserve: Duration) -> String {
     if left.is_zero() {
-        format!("has spent its budget of {}", ms(budget))
+        format!("has spent its budget of {}{}", ms(budget), held(reserve))
     } else {
         format!(
             "has {} of its budget of {} left, less than a call needs",

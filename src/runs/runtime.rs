@@ -356,9 +356,12 @@ fn with_password(url: &str, config: &RunsConfig) -> Result<String, String> {
 fn refusal_error(id: &str, refusal: Refusal) -> GatewayError {
     let run = id.to_owned();
     match refusal {
-        Refusal::Deadline { budget, left } => {
-            GatewayError::RunDeadlineExceeded { run, budget, left }
-        }
+        Refusal::Deadline { budget, left } => GatewayError::RunDeadlineExceeded {
+            run,
+            budget,
+            left,
+            reserve: Duration::ZERO,
+        },
         Refusal::Calls { limit } => GatewayError::RunCallLimit { run, limit },
         Refusal::Tokens {
             limit,

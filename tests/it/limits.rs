@@ -241,6 +241,27 @@ async fn a_deadline_cut_before_the_reserve_names_it() {
         "deadline exceeded: the request's budget of 1500ms is spent, all but the 200ms held \
          in reserve",
     );
+    // The same for a run's deadline.
+    let h = Harness::with_config(&BASE.replace(
+        "idle_timeout = \"1s\"",
+        "idle_timeout = \"1s\"\nreserve = \"200ms\"\nrun_budget = \"1500ms\"",
+    ))
+    .await;
+    let (resp, _c) = h
+        .chat(&[
+            ("x-run-id", "reserved"),
+            ("x-fake-chunks", "1000"),
+            ("x-fake-interval-ms", "100"),
+        ])
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let err = read.error_event().expect("error event");
+    assert_eq!(err["code"], "run_deadline_exceeded");
+    assert_message_starts(
+        &err,
+        "run deadline exceeded: run \"reserved\" has spent its budget of 1500ms, all but the \
+         200ms held in reserve",
+    );
 }
 
 #[tokio::test]
