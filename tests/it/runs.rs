@@ -1124,6 +1124,14 @@ async fn a_run_is_found_by_its_exact_id(store: Store) {
         );
     }
     assert_eq!(run_json_now(&h, "p%41").await["error"]["code"], "no_run");
+    // What no run id can be is said so, not looked for.
+    let long = "x".repeat(129);
+    for path in ["", "a%20b", "caf%C3%A9", long.as_str()] {
+        let error = run_json_now(&h, path).await;
+        assert_eq!(error["error"]["code"], "invalid_run_id", "{path}: {error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("1 to 128 visible ASCII"), "{message}");
+    }
 }
 
 /// A client that does not stream, on a `stream_upstream` route, gets its head when the whole
