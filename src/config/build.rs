@@ -795,6 +795,17 @@ fn build_policy(
     }
     let fallbacks = lists.pop().unwrap_or_default();
     let balanced = lists.pop().unwrap_or_default();
+    if retry_on.0 == 0 && (retries > 0 || !fallbacks.is_empty()) {
+        let what = match (retries > 0, fallbacks.is_empty()) {
+            (true, true) => format!("retries ({retries})"),
+            (false, _) => "fallbacks".to_owned(),
+            (true, false) => format!("retries ({retries}) and fallbacks"),
+        };
+        return Err(format!(
+            "{label}: retry_on is empty, so {what} would never be tried; name the failures \
+             that may be tried again (connect, first_token, 5xx, 429, reset), or drop {what}"
+        ));
+    }
     let hedge_after = raw.hedge_after.map(|d| d.0);
     if let Some(h) = hedge_after {
         if fallbacks.is_empty() && balanced.is_empty() {

@@ -325,6 +325,16 @@ fn route_limit_errors() {
             "first_token_timeout must be greater than 0",
         ),
         ("idle_timeout = \"0s\"", "idle_timeout must be greater than 0"),
+        (
+            "retries = 3\nretry_on = []",
+            "retry_on is empty, so retries (3) would never be tried; name the failures that \
+             may be tried again (connect, first_token, 5xx, 429, reset), or drop retries (3)",
+        ),
+        (
+            "fallbacks = [\"anthropic\"]\nretry_on = []",
+            "retry_on is empty, so fallbacks would never be tried; name the failures that may \
+             be tried again (connect, first_token, 5xx, 429, reset), or drop fallbacks",
+        ),
     ];
     for (keys, message) in cases {
         assert_eq!(
@@ -333,6 +343,8 @@ fn route_limit_errors() {
             "{keys}"
         );
     }
+    // Nothing to try again is no error: an empty list with neither.
+    load(&with_route_keys("retry_on = []"));
 }
 
 #[test]
