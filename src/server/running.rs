@@ -82,15 +82,15 @@ pub async fn start_with_source(
     let gateway = Gateway::new(Arc::new(config), &metrics, None, cut.clone())?;
     let runs = gateway.runs().clone();
     let health = Arc::new(Health::default());
-    let bind = |addr: SocketAddr| async move {
+    let bind = |addr: SocketAddr, key: &'static str| async move {
         TcpListener::bind(addr)
             .await
-            .map_err(|source| ServerError::Bind { addr, source })
+            .map_err(|source| ServerError::Bind { addr, key, source })
     };
-    let listener = bind(server.listen).await?;
+    let listener = bind(server.listen, "listen").await?;
     #[cfg(target_os = "linux")]
     tune(SockRef::from(&listener));
-    let admin = bind(server.admin_listen).await?;
+    let admin = bind(server.admin_listen, "admin_listen").await?;
     let addr = local(&listener);
     let admin_addr = local(&admin);
     metrics.config_loaded(&fingerprint);

@@ -17,9 +17,11 @@ use crate::telemetry::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr} (server.{key}): {source}")]
     Bind {
         addr: SocketAddr,
+        /// `listen` or `admin_listen`: the two may overlap (`0.0.0.0:P` and `127.0.0.1:P`).
+        key: &'static str,
         source: std::io::Error,
     },
     #[error(transparent)]

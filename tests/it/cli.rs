@@ -791,3 +791,31 @@ fn config_before_the_command_is_the_file_checked() {
         assert!(stderr.contains("reads no configuration file"), "{stderr}");
     }
 }
+
+/// A port already taken says which of the two listeners could not have it: `listen =
+/// "0.0.0.0:P"` and `admin_listen = "127.0.0.1:P"` pass `check`, and only one fails.
+#[test]
+fn a_taken_port_names_the_listener_that_wanted_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    for (key, listen, admin) in [
+        ("listen", port, free_port()),
+        ("admin_listen", free_port(), port),
+    ] {
+        let (_dir, path) = temp_config(
+            "taken.toml",
+            &format!(
+                "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\n\
+                 [upstreams.u]\nurl = \"http://127.0.0.1:1\"\nauth = \"none\"\n\n\
+                 [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n"
+            ),
+        );
+        let out = hourglass(&["--config", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(&format!("cannot listen on 127.0.0.1:{port} (server.{key})")),
+            "{stderr}"
+        );
+    }
+}
