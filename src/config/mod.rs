@@ -457,9 +457,25 @@ impl Config {
     /// resolved against the file's directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let source = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Io {
+        let bytes = std::fs::read(path).map_err(|e| ConfigError::Io {
             path: source.clone(),
             source: e,
+        })?;
+        // Said where, as any other fault of the text is (a key pasted from a document in
+        // Latin-1, a file saved as UTF-16).
+        let text = String::from_utf8(bytes).map_err(|e| {
+            let at = e.utf8_error().valid_up_to();
+            let valid = std::str::from_utf8(&e.as_bytes()[..at]).expect("valid up to there");
+            let (line, col) = build::line_col(valid, at);
+            ConfigError::Syntax {
+                source_name: source.clone(),
+                line,
+                col,
+                message: format!(
+                    "byte 0x{:02x} (offset {at}) is not UTF-8; a TOML file must be UTF-8",
+                    e.as_bytes()[at]
+                ),
+            }
         })?;
         build::parse(&text, &source, path.parent())
     }

@@ -819,3 +819,20 @@ fn a_taken_port_names_the_listener_that_wanted_it() {
         );
     }
 }
+
+/// A file that is not UTF-8 is located as any other fault of the text: file, line, column.
+#[test]
+fn a_config_that_is_not_utf8_says_where() {
+    let (_dir, path) = temp_config("latin1.toml", "");
+    std::fs::write(&path, b"[server]\nlisten = \"127.0.0.1:0\"\n# caf\xe9\n").unwrap();
+    let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "{}:3:6: byte 0xe9 (offset 37) is not UTF-8",
+            path.display()
+        )),
+        "{stderr}"
+    );
+}
