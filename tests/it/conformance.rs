@@ -780,3 +780,21 @@ async fn an_empty_post_keeps_its_zero_length() {
         seen[2].headers
     );
 }
+
+/// An upstream status without a standard reason phrase (Anthropic's 529) keeps the phrase
+/// the upstream gave it: hyper writes `<none>` for a status it has no phrase for.
+#[tokio::test]
+async fn a_nonstandard_status_keeps_its_reason_phrase() {
+    let up = raw_upstream(now(
+        b"HTTP/1.1 529 Site Overloaded\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+    ))
+    .await;
+    let h = through(up).await;
+    let (resp, _c) = h.chat(&[]).await;
+    assert_eq!(resp.status(), 529);
+    let reason = resp
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
+    assert_eq!(reason.as_deref(), Some("Site Overloaded"));
+}

@@ -695,6 +695,15 @@ async fn a_data_only_error_event_is_answered_with_the_providers_error() {
             resp.headers().get("x-hourglass-partial").is_none(),
             "{route}"
         );
+        // A status without a standard reason phrase gets one of its own: hyper writes
+        // `529 <none>` otherwise. (hyper's client keeps a phrase only when it is not the
+        // standard one.)
+        let reason = resp
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
+        let want_reason = (status == 529).then(|| "Overloaded".to_owned());
+        assert_eq!(reason, want_reason, "{route}");
         let got = json_body(resp).await;
         let want: serde_json::Value = serde_json::from_str(error).unwrap();
         if route == "responses" {
