@@ -62,7 +62,8 @@ impl Gateway {
         );
         record.set_client_cert(client.and_then(|c| c.certificate).cloned());
         // HTTP/1.0 has no chunked coding, and a HEAD answer no body.
-        let close_delimited = req.version() == Version::HTTP_10 && req.method() != Method::HEAD;
+        let head = req.method() == Method::HEAD;
+        let close_delimited = req.version() == Version::HTTP_10 && !head;
         // RFC 9110 7.6.2: an OPTIONS with no hops left is the gateway's to answer, with what
         // it forwards. (TRACE, the other method that reads the header, is refused.)
         let final_recipient =
@@ -142,7 +143,9 @@ impl Gateway {
                     // A non-2xx answer is the provider's, passed through unchanged (DESIGN
                     // 6): not an answer that can end short, and no place for an event of the
                     // gateway's. Its body is read as opaque bytes; only the limits apply.
-                    let readable_sse = shape.readable_sse() && parts.status.is_success();
+                    // A HEAD answer's body is never sent (nor polled by hyper): no event can
+                    // be added to it, and it is whole with its head.
+                    let readable_sse = shape.readable_sse() && parts.status.is_success() && !head;
                     if shape.event_stream && !assemble {
                         if readable_sse {
                             // The body may gain an error event: its length is not the upstream's.

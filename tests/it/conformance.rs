@@ -467,6 +467,26 @@ async fn a_head_answer_is_delivered_not_abandoned() {
         "{}",
         h.metrics_text().await
     );
+    // The same for an event stream's head: no event can be added to a body never sent.
+    let up = raw_upstream(now(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\
+          connection: close\r\n\r\n",
+    ))
+    .await;
+    let h = through(up).await;
+    let (resp, _c) = h.send(head()).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let resp = h2_send(h.addr(), head()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+            .await,
+        2.0,
+        "{}",
+        h.metrics_text().await
+    );
 }
 
 /// HTTP/2 carries a cookie as one field per crumb; the HTTP/1.1 upstream gets one `cookie`
