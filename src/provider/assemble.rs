@@ -972,6 +972,13 @@ struct Responses {
     text: usize,
 }
 
+/// Only an event's type.
+#[derive(Deserialize)]
+struct EventKind<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
+}
+
 #[derive(Deserialize)]
 struct ResponsesEvent<'a> {
     #[serde(rename = "type")]
@@ -1001,8 +1008,40 @@ impl Responses {
     }
 
     fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
-        self.read(serde_json::from_slice::<ResponsesEvent<'_>>(data)?);
-        Ok(())
+        match serde_json::from_slice::<ResponsesEvent<'_>>(data) {
+            Ok(ev) => {
+                self.read(ev);
+                Ok(())
+            }
+            // The API adds events, whose fields may have other shapes (a `delta` that is
+            // no string): one of a kind this reader does not use is no fault, as long as it
+            // is an event at all.
+            Err(e) => match serde_json::from_slice::<EventKind<'_>>(data) {
+                Ok(k) if !Self::reads(&k.kind) => Ok(()),
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Whether events of `kind` hold anything of the document.
+    fn reads(kind: &str) -> bool {
+        matches!(
+            kind,
+            "response.created"
+                | "response.in_progress"
+                | "response.completed"
+                | "response.incomplete"
+                | "response.failed"
+                | "response.output_item.added"
+                | "response.output_item.done"
+                | "response.content_part.added"
+                | "response.reasoning_summary_part.added"
+                | "response.output_text.delta"
+                | "response.refusal.delta"
+                | "response.reasoning_summary_text.delta"
+                | "response.reasoning_text.delta"
+                | "response.function_call_arguments.delta"
+        )
     }
 
     fn read(&mut self, ev: ResponsesEvent<'_>) {

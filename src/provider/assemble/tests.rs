@@ -725,3 +725,61 @@ fn a_partial_answer_fills_only_an_absent_input_count() {
     let u = cut(r#"{"output_tokens":1}"#, 40);
     assert_eq!(u["input_tokens"], 40, "absent: filled, {u}");
 }
+
+/// An event that cannot be read fails the document (a 502 for the client), naming it by
+/// number; an event of a Responses kind the reader does not use is no fault whatever the
+/// shape of its fields (the API adds events), and an event with empty data is skipped.
+#[test]
+fn an_event_that_cannot_be_read_fails_the_document() {
+    let start = r#"{"type":"response.created","response":{"id":"resp_1","object":"response","status":"in_progress","output":[]}}"#;
+    let done = r#"{"type":"response.completed","response":{"id":"resp_1","object":"response","status":"completed","output":[]}}"#;
+    let unknown =
+        r#"{"type":"response.mcp_call_arguments.delta","output_index":0,"delta":{"partial":true}}"#;
+    let d = doc(
+        Format::Responses,
+        &(sse(&[start, unknown]) + "data:\n\n" + &sse(&[done])),
+        None,
+    );
+    assert_eq!(d["status"], "completed");
+    for (format, stream, n) in [
+        (
+            Format::Responses,
+            sse(&[
+                start,
+                r#"{"type":"response.output_text.delta","delta":7}"#,
+                done,
+            ]),
+            2,
+        ),
+        (Format::Responses, sse(&[start, "[1,2]", done]), 2),
+        (
+            Format::Messages,
+            sse(&[
+                MESSAGE_START,
+                r#"{"type":"content_block_delta","index":0,"delta""#,
+            ]),
+            2,
+        ),
+        (
+            Format::Chat,
+            sse(&[
+                "{\"id\":\"c\",\"choices\":[]}",
+                "{\"choices\":[{\"index\":\"zero\"}]}",
+            ]),
+            2,
+        ),
+        (Format::Chat, sse(&["{\"id\":\"c\",\"choices\":7}"]), 1),
+    ] {
+        let a = assemble(format, &stream, None, 1 << 20);
+        assert!(a.failed(), "{stream}");
+        match a.finish(None) {
+            Err(AssembleError::Malformed(why)) => {
+                assert!(
+                    why.starts_with(&format!("event {n} of the stream is no ")),
+                    "{why}"
+                )
+            }
+            other => panic!("{stream}: {other:?}"),
+        }
+    }
+}
