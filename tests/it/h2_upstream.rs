@@ -413,37 +413,41 @@ async fn goaway_upstream(
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    first_connection_apart(move |mut s| async move {
-        let mut preface = [0u8; 24];
-        s.read_exact(&mut preface).await.unwrap();
-        s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
-        loop {
-            let mut head = [0u8; 9];
-            if s.read_exact(&mut head).await.is_err() {
-                return;
-            }
-            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-            let mut payload = vec![0u8; len];
-            if s.read_exact(&mut payload).await.is_err() {
-                return;
-            }
-            match head[3] {
-                // SETTINGS without ACK: acknowledged.
-                4 if head[4] & 1 == 0 => {
-                    s.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap();
-                }
-                1 => {
-                    let mut goaway = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
-                    goaway.extend_from_slice(&[0; 4]);
-                    goaway.extend_from_slice(&code.to_be_bytes());
-                    s.write_all(&goaway).await.unwrap();
-                }
-                _ => {}
-            }
-        }
+    first_connection_apart(move |s| {
+        let mut goaway = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
+        goaway.extend_from_slice(&[0; 4]);
+        goaway.extend_from_slice(&code.to_be_bytes());
+        speak_h2(s, goaway)
     })
     .await
+}
+
+/// Just enough HTTP/2 by hand: the server's SETTINGS, an ACK of the client's, and `answer`
+/// to each request's HEADERS (nothing, when empty), until the client goes.
+async fn speak_h2(mut s: TcpStream, answer: Vec<u8>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut preface = [0u8; 24];
+    s.read_exact(&mut preface).await.unwrap();
+    s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    loop {
+        let mut head = [0u8; 9];
+        if s.read_exact(&mut head).await.is_err() {
+            return;
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0u8; len];
+        if s.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        match head[3] {
+            // SETTINGS without ACK: acknowledged.
+            4 if head[4] & 1 == 0 => {
+                s.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap();
+            }
+            1 if !answer.is_empty() => s.write_all(&answer).await.unwrap(),
+            _ => {}
+        }
+    }
 }
 
 /// An h2 upstream whose first connection is served by `first` and whose later ones go to a
@@ -641,27 +645,7 @@ async fn silent_after_settings() -> (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
 ) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    first_connection_apart(|mut s| async move {
-        let mut preface = [0u8; 24];
-        s.read_exact(&mut preface).await.unwrap();
-        s.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
-        loop {
-            let mut head = [0u8; 9];
-            if s.read_exact(&mut head).await.is_err() {
-                return;
-            }
-            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-            let mut payload = vec![0u8; len];
-            if s.read_exact(&mut payload).await.is_err() {
-                return;
-            }
-            if head[3] == 4 && head[4] & 1 == 0 {
-                s.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap();
-            }
-        }
-    })
-    .await
+    first_connection_apart(|s| speak_h2(s, Vec::new())).await
 }
 
 /// A connection that took a request and sent no head within the first-token limit takes
