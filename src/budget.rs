@@ -80,6 +80,9 @@ pub struct Budget {
     /// The longest silence any watchdog allows: the configured first-token and idle limits,
     /// lowered below the client's own read timeout so the client hears our error first.
     pub first_token_timeout: Duration,
+    /// The route's own first-token limit, before the client's read timeout lowered it: a
+    /// wait cut short of it says nothing of the upstream's health or connection.
+    pub route_first_token_timeout: Duration,
     pub idle_timeout: Duration,
     pub connect_timeout: Duration,
     /// The client's SDK patience (its timeout, less a margin), when it announced one: an
@@ -169,6 +172,7 @@ impl BudgetRequest {
             reserve: limits.reserve,
             min_useful: limits.min_useful,
             first_token_timeout: silence(limits.first_token_timeout),
+            route_first_token_timeout: limits.first_token_timeout,
             idle_timeout: silence(limits.idle_timeout),
             connect_timeout: limits.connect_timeout,
             patience: self.silence_cap,

@@ -436,7 +436,7 @@ fn verdict(result: &Result<Started, GatewayError>, budget: &Budget) -> Verdict {
             Verdict::Neither
         }
         Err(GatewayError::FirstTokenTimeout { after, .. })
-            if *after < budget.first_token_timeout =>
+            if *after < budget.route_first_token_timeout =>
         {
             Verdict::Neither
         }

@@ -605,3 +605,28 @@ async fn a_hedge_that_does_not_fit_leaves_the_probe_to_the_next() {
         0.0
     );
 }
+
+/// A first-token limit that the client's own timeout cut short (`x-stainless-read-timeout`)
+/// says nothing of the upstream, as one cut for a fallback's room says nothing: any client
+/// could otherwise eject an upstream that answers in time for everyone else.
+#[tokio::test]
+async fn a_wait_the_clients_timeout_cut_short_does_not_eject() {
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-ttft-ms", "800")]);
+    let text = config(&primary, &backup, "eject_after = 1", "");
+    let p = Process::spawn(&text, &[], &[]).await;
+    let (resp, _c) = Conn::open(p.addr)
+        .await
+        .send(chat_request(&[("x-stainless-read-timeout", "0.5")], true))
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "first_token_timeout"
+    );
+    assert_eq!(
+        metric(p.admin, "hourglass_upstream_ejected{upstream=\"primary\"}").await,
+        0.0
+    );
+    assert_eq!(chat(&p).await, 200, "in time for a client that waits");
+}
