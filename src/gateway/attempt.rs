@@ -127,25 +127,31 @@ impl<'a> Attempt<'a> {
             let result = loop {
                 tokio::select! {
                     biased;
-                    r = &mut response => break r,
+                    r = &mut response => break Some(r),
                     _ = connection.wait_for_connection_metadata(), if sent_at.is_none() => {
                         let at = Instant::now();
                         sent_at = Some(at);
                         timer.as_mut().reset((at + self.first_token_timeout).min(head_wait));
                     }
-                    () = &mut timer => {
-                        let e = self.limit_error(sent_at.is_some(), now);
-                        // Sent, and not even a head for the whole first-token limit: on a
-                        // shared HTTP/2 connection, the peer may be gone while the socket
-                        // stays open, and every stream put on it would wait the same.
-                        let waited_it_all = sent_at
-                            .is_some_and(|at| Instant::now() >= at + self.first_token_timeout);
-                        if waited_it_all && matches!(e, GatewayError::FirstTokenTimeout { .. }) {
-                            slot.retire();
-                        }
-                        return Err(e);
-                    }
+                    () = &mut timer => break None,
                 }
+            };
+            let Some(result) = result else {
+                let e = self.limit_error(sent_at.is_some(), now);
+                // Sent, and not even a head for the route's whole first-token limit (not one
+                // a client's short timeout or a fallback's room cut): on a shared HTTP/2
+                // connection, the peer may be gone while the socket stays open, and every
+                // stream put on it would wait the same.
+                let waited_it_all = sent_at
+                    .is_some_and(|at| Instant::now() >= at + budget.route_first_token_timeout);
+                if waited_it_all && matches!(e, GatewayError::FirstTokenTimeout { .. }) {
+                    let h2 = connection
+                        .connection_metadata()
+                        .as_ref()
+                        .is_some_and(|c| c.is_negotiated_h2());
+                    slot.retire(h2);
+                }
+                return Err(e);
             };
             let response = result
                 .map_err(|e| classify(upstream, &e, budget.connect_timeout, sent_at.is_some()))?;

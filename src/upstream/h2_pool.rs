@@ -14,12 +14,14 @@
 //! gathers on the first lanes and the later ones go idle. Their number is bounded by the
 //! peak concurrency divided by the streams per connection.
 //!
-//! A lane whose connection took a request and gave no answer head within the first-token
-//! limit is *retired* ([`StreamSlot::retire`]): on a multiplexed connection, a peer that went
-//! silent (a dropped flow, a hung front end) would otherwise take every new stream and time
-//! each out, until hyper's keep-alive ping gives up on it. A retired lane takes no new
-//! streams; the next request opens a fresh one, and the old connection closes once the
-//! streams still on it end. A slow but healthy connection costs one new connection a
+//! A lane whose HTTP/2 connection took a request and gave no answer head within the route's
+//! whole first-token limit is *retired* ([`StreamSlot::retire`]): on a multiplexed
+//! connection, a peer that went silent (a dropped flow, a hung front end) would otherwise take
+//! every new stream and time each out, until hyper's keep-alive ping gives up on it. A
+//! retired lane takes no new streams, and its connection closes once the streams still on it
+//! end; until then it counts against `http2_max_connections`, so a fresh lane replaces it
+//! only below that cap, or when no other lane can take streams (then the cap is passed by
+//! the connections still draining). A slow but healthy connection costs one new connection a
 //! first-token timeout at most.
 //!
 //! An upstream that cannot speak HTTP/2 (`http2 = "never"`, or `auto` over plain http) has
@@ -49,6 +51,9 @@ pub(super) struct Lanes {
     more: Mutex<Vec<Arc<Lane>>>,
     /// Streams per lane; `usize::MAX` when the upstream does not speak HTTP/2.
     max_streams: usize,
+    /// HTTP/2 whatever ALPN says (`http2 = "always"`, h2c included): no connection of this
+    /// upstream is an HTTP/1.1 one.
+    h2_only: bool,
     /// Lanes at most, `first` included.
     max_lanes: usize,
     /// What makes another lane's client.
@@ -66,15 +71,19 @@ struct Lane {
 /// One stream's place on its lane, given back when dropped.
 pub struct StreamSlot {
     lane: Arc<Lane>,
+    /// The lanes may hold HTTP/2 connections.
     multiplexed: bool,
+    h2_only: bool,
 }
 
 impl StreamSlot {
     /// The stream's connection took the request and sent no answer head in time: no new
-    /// stream goes to it. Only where streams share a connection; an HTTP/1.1 connection
-    /// that timed out is closed with its request anyway.
-    pub fn retire(&self) {
-        if self.multiplexed {
+    /// stream goes to it. `negotiated_h2`: the connection chose HTTP/2 by ALPN. Only where
+    /// streams share a connection: an HTTP/1.1 connection that timed out is closed with its
+    /// request anyway, and retiring its lane would throw away the idle ones pooled with it
+    /// (`http2 = "auto"` to a provider that chose HTTP/1.1).
+    pub fn retire(&self, negotiated_h2: bool) {
+        if self.multiplexed && (negotiated_h2 || self.h2_only) {
             self.lane.retired.store(true, Ordering::Release);
         }
     }
@@ -93,6 +102,14 @@ impl std::fmt::Debug for StreamSlot {
 }
 
 impl Lane {
+    fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    fn streams(&self) -> usize {
+        self.streams.load(Ordering::Acquire)
+    }
+
     fn new(builder: &Builder, connector: &Connector) -> Arc<Lane> {
         Arc::new(Lane {
             client: builder.build(connector.clone()),
@@ -122,12 +139,14 @@ impl Lanes {
         connector: Connector,
         max_streams: Option<u32>,
         max_connections: Option<u32>,
+        h2_only: bool,
     ) -> Lanes {
         let as_usize = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
         Lanes {
             first: ArcSwap::new(Lane::new(&builder, &connector)),
             more: Mutex::new(Vec::new()),
             max_streams: max_streams.map_or(usize::MAX, as_usize),
+            h2_only,
             max_lanes: match max_streams {
                 None => 1,
                 Some(_) => max_connections.map_or(usize::MAX, as_usize),
@@ -148,6 +167,7 @@ impl Lanes {
         StreamSlot {
             lane: self.take(),
             multiplexed: self.max_streams != usize::MAX,
+            h2_only: self.h2_only,
         }
     }
 
@@ -159,12 +179,18 @@ impl Lanes {
             }
         }
         let mut more = self.more.lock().unwrap_or_else(PoisonError::into_inner);
-        // Retired lanes leave the list (the streams on them hold them until they end) and
-        // count against no cap: the connection they stand for is going.
-        more.retain(|l| !l.retired.load(Ordering::Acquire));
-        if self.first.load().retired.load(Ordering::Acquire) {
-            let fresh = Lane::new(&self.builder, &self.connector);
-            self.first.store(fresh);
+        // A retired lane whose streams have all ended goes, and its connection with it.
+        more.retain(|l| !l.is_retired() || l.streams() > 0);
+        let old = self.first.load_full();
+        if old.is_retired() {
+            let draining = old.streams() > 0;
+            let open = more.len() + usize::from(draining);
+            if open < self.max_lanes || !more.iter().any(|l| !l.is_retired()) {
+                if draining {
+                    more.push(old);
+                }
+                self.first.store(Lane::new(&self.builder, &self.connector));
+            }
         }
         let first = self.first.load_full();
         if first.try_take(self.max_streams) {
@@ -178,12 +204,14 @@ impl Lanes {
             more.push(lane.clone());
             lane
         } else {
-            // Every connection allowed is full: the least loaded takes one more, which hyper
-            // queues on it should the server's own limit be reached.
+            // Every connection allowed is full: the least loaded that takes streams takes
+            // one more, which hyper queues on it should the server's own limit be reached.
+            // (There is one: a retired first lane is replaced when no other takes streams.)
             std::iter::once(&first)
                 .chain(more.iter())
-                .min_by_key(|l| l.streams.load(Ordering::Acquire))
-                .expect("there is always a first lane")
+                .filter(|l| !l.is_retired())
+                .min_by_key(|l| l.streams())
+                .unwrap_or(&first)
                 .clone()
         };
         lane.streams.fetch_add(1, Ordering::AcqRel);

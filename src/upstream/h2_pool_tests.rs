@@ -88,38 +88,62 @@ fn racing_takers_never_overfill_a_lane() {
 }
 
 #[test]
-fn a_retired_lane_takes_no_new_streams_and_is_replaced() {
+fn a_retired_lane_takes_no_new_streams_and_counts_until_they_end() {
     let u = upstream(
         "http2 = \"always\"\nhttp2_max_streams_per_connection = 2\nhttp2_max_connections = 2",
     );
     let held = slots(&u, 3);
     assert_eq!(u.clients.counts(), [2, 1]);
-    // The first lane's connection went silent: its streams stay until they end, new ones
-    // go elsewhere, and a fresh first lane stands in for it without counting the old.
-    held[0].retire();
+    // The first lane's connection went silent: its streams stay until they end, and it
+    // counts against the cap meanwhile, so new streams go to the other lane.
+    held[0].retire(false);
     let more = slots(&u, 3);
     assert_eq!(
         u.clients.counts(),
-        [2, 2],
-        "a fresh first lane, and the second filled"
-    );
-    assert_eq!(
-        Arc::strong_count(&held[0].lane),
-        2,
-        "the retired lane lives on its streams"
+        [2, 4],
+        "the cap holds: the second takes them"
     );
     let retired = Arc::downgrade(&held[0].lane);
     drop(held);
-    assert!(retired.upgrade().is_none(), "and goes with them");
-    drop(more);
+    // Its streams ended: it goes, and a fresh first lane stands in for it.
+    let again = slots(&u, 1);
+    assert!(retired.upgrade().is_none(), "gone with its streams");
+    assert_eq!(u.clients.counts(), [1, 3]);
+    drop((more, again));
     assert_eq!(u.clients.counts(), [0, 0]);
+}
+
+#[test]
+fn when_every_lane_is_retired_a_fresh_one_opens_past_the_cap() {
+    let u = upstream(
+        "http2 = \"always\"\nhttp2_max_streams_per_connection = 2\nhttp2_max_connections = 1",
+    );
+    let held = slots(&u, 2);
+    held[0].retire(false);
+    // No lane would take streams: one more connection opens while the old one drains.
+    let _more = slots(&u, 1);
+    assert_eq!(u.clients.counts(), [1, 2]);
 }
 
 #[test]
 fn over_http1_nothing_is_retired() {
     let u = upstream("");
     let held = slots(&u, 2);
-    held[0].retire();
+    held[0].retire(false);
     let _more = slots(&u, 1);
     assert_eq!(u.clients.counts(), [3]);
+    // `auto` over TLS: the lanes may hold HTTP/1.1 connections (ALPN chose it), whose
+    // pooled idle connections a retirement would throw away. Only an HTTP/2 one retires.
+    let toml = "[upstreams.u]\nurl = \"https://127.0.0.1:9\"\nauth = \"none\"\n\
+                http2_max_streams_per_connection = 2\n\n\
+                [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n";
+    let config = Config::from_toml(toml, "test").expect("config");
+    let u = Upstream::new(config.upstreams[0].clone(), Duration::from_secs(1)).expect("upstream");
+    let held = slots(&u, 1);
+    held[0].retire(false);
+    let _more = slots(&u, 1);
+    assert_eq!(u.clients.counts(), [2], "HTTP/1.1 by ALPN: kept");
+    held[0].retire(true);
+    let _again = slots(&u, 1);
+    assert_eq!(u.clients.counts(), [1, 2], "HTTP/2 by ALPN: retired");
 }

@@ -171,7 +171,13 @@ impl Upstream {
             .http2_keep_alive_while_idle(false);
         let https_url = config.url.scheme() == Some(&Scheme::HTTPS);
         let max_streams = h2.used(https_url).then_some(h2.max_streams_per_connection);
-        let clients = Lanes::new(builder, connector, max_streams, h2.max_connections);
+        let clients = Lanes::new(
+            builder,
+            connector,
+            max_streams,
+            h2.max_connections,
+            h2.mode == Http2Mode::Always,
+        );
         let credential = credential(&config)?;
         let url = &config.url;
         let scheme = url.scheme().cloned().unwrap_or(Scheme::HTTP);

@@ -662,8 +662,17 @@ async fn a_connection_that_went_silent_takes_no_new_streams() {
             "first_token_timeout = \"300ms\"",
         );
     let h = Harness::with_config(&toml).await;
-    let (resp, _c) = h.send(chat_request(&[], true)).await;
+    // A client whose own timeout cut the wait short of the route's limit says nothing of
+    // the connection: it is not retired for that (any client could make the gateway open a
+    // connection a request).
+    let (resp, _c) = h
+        .send(chat_request(&[("x-stainless-read-timeout", "0.25")], true))
+        .await;
     assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "first_token_timeout", "{body}");
+    let (resp, _c) = h.send(chat_request(&[], true)).await;
+    assert_eq!(resp.status(), 504, "still the silent connection's");
     let body = json_body(resp).await;
     assert_eq!(body["error"]["code"], "first_token_timeout", "{body}");
     for _ in 0..3 {
