@@ -563,10 +563,10 @@ fn check_path_prefix(prefix: &str) -> Result<(), String> {
             if c == '?' { "query" } else { "fragment" }
         ));
     }
-    if let Some(c) = prefix
-        .chars()
-        .find(|c| !c.is_ascii() || c.is_ascii_whitespace() || c.is_ascii_control())
-    {
+    // Also those hyper refuses in a request target, answered 400 before any route.
+    if let Some(c) = prefix.chars().find(|c| {
+        !c.is_ascii() || c.is_ascii_whitespace() || c.is_ascii_control() || "<>`".contains(*c)
+    }) {
         return Err(format!(
             "{c:?} never comes unencoded in a request's path; write it percent-encoded"
         ));
@@ -578,7 +578,8 @@ fn check_path_prefix(prefix: &str) -> Result<(), String> {
     if routed != prefix {
         return Err(format!(
             "request paths are matched as {routed:?} is spelled (unreserved characters \
-             decoded, encoded slashes and runs of `/` as one `/`); write that"
+             decoded, other escapes in upper case, encoded slashes and runs of `/` as one \
+             `/`); write that"
         ));
     }
     Ok(())

@@ -65,10 +65,10 @@ fn is_dot_segment(mut segment: &[u8]) -> bool {
     matches!(dots, 1 | 2)
 }
 
-/// The path as routes match it and the upstream receives it, each path RFC 3986 6.2.2.2
+/// The path as routes match it and the upstream receives it, each path RFC 3986 6.2.2
 /// calls equivalent spelled one way: percent-encoded unreserved characters decoded
-/// (`/v1/%63hat/completions` is `/v1/chat/completions`, as every server reads it), and runs
-/// of `/` merged (`/v1//chat/completions`, as nginx merges them). Otherwise such a path
+/// (`/v1/%63hat/completions` is `/v1/chat/completions`, as every server reads it), the
+/// other escapes' hex digits in upper case, and runs of `/` merged (`/v1//chat/completions`, as nginx merges them). Otherwise such a path
 /// slips past the route for its plain spelling (and that route's client keys and limits)
 /// to a wider one, while the provider serves it as the plain path. Borrowed, at the cost of
 /// one scan, when there is nothing to change.
@@ -81,13 +81,22 @@ pub fn normalized(path: &str) -> Cow<'_, str> {
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
-            b'%' => {
-                if let Some(c) = decoded(bytes.get(i + 1..i + 3)).filter(|&c| unreserved(c)) {
+            b'%' => match decoded(bytes.get(i + 1..i + 3)) {
+                Some(c) if unreserved(c) => {
                     out.push(c);
                     i += 3;
                     continue;
                 }
-            }
+                // Kept, in upper case (RFC 3986 6.2.2.1: the hex digits' case means
+                // nothing): `caf%c3%a9` must take the route of `caf%C3%A9`.
+                Some(_) => {
+                    out.push(b'%');
+                    out.extend(bytes[i + 1..i + 3].iter().map(u8::to_ascii_uppercase));
+                    i += 3;
+                    continue;
+                }
+                None => {}
+            },
             b'/' if out.last() == Some(&b'/') => {
                 i += 1;
                 continue;
@@ -223,6 +232,9 @@ mod tests {
             ("/v1/%2", "/v1/%2"),
             ("/v1/%zz%", "/v1/%zz%"),
             ("/v1/%C3%A9", "/v1/%C3%A9"),
+            // The hex digits' case means nothing (RFC 3986 6.2.2.1): one spelling.
+            ("/v1/caf%c3%a9", "/v1/caf%C3%A9"),
+            ("/v1/a%2fb%3f", "/v1/a%2Fb%3F"),
         ] {
             assert_eq!(normalized(given), want, "{given}");
         }

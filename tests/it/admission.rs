@@ -462,7 +462,7 @@ async fn a_path_spelled_another_way_takes_the_route_of_its_plain_spelling() {
         ("/v1//chat/completions", "/v1/chat/completions"),
         ("/v1/chat//completions", "/v1/chat/completions"),
         ("/v1/chat%2Fcompletions", "/v1/chat%2Fcompletions"),
-        ("/v1/chat%5ccompletions", "/v1/chat%5ccompletions"),
+        ("/v1/chat%5ccompletions", "/v1/chat%5Ccompletions"),
     ] {
         let (resp, _c) = send(path, None).await;
         assert_eq!(resp.status(), 401, "{path} takes the keyed chat route");
@@ -477,6 +477,44 @@ async fn a_path_spelled_another_way_takes_the_route_of_its_plain_spelling() {
     let (resp, _c) = send("/v1/models", None).await;
     assert_ne!(resp.status(), 401);
     dir.close().unwrap();
+}
+
+/// An escape's hex digits may be written in either case (RFC 3986 6.2.2.1): a keyed route
+/// whose prefix holds one takes the request however its client spells them. With lower
+/// case, the request slipped past it to an open route.
+#[tokio::test]
+async fn an_escape_in_either_case_takes_the_route_of_its_prefix() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-escapes-")
+        .tempdir()
+        .unwrap();
+    let keys = dir.path().join("tenant-keys");
+    std::fs::write(&keys, format!("{CLIENT_KEY}\n")).unwrap();
+    let cfg = BASE.replacen(
+        "[[routes]]",
+        &format!(
+            "[[routes]]\nname = \"tenant\"\npath_prefix = \"/tenants/caf%C3%A9\"\n\
+             upstream = \"fake\"\nclient_keys_file = \"{}\"\n\n\
+             [[routes]]\nname = \"open\"\npath_prefix = \"/tenants\"\nupstream = \"fake\"\n\n[[routes]]",
+            keys.display()
+        ),
+        1,
+    );
+    let h = Harness::with_config(&cfg).await;
+    for path in [
+        "/tenants/caf%C3%A9/v1/chat/completions",
+        "/tenants/caf%c3%a9/v1/chat/completions",
+        "/tenants/%63af%c3%A9/v1/chat/completions",
+    ] {
+        let req = Request::post(path)
+            .header("host", "x")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), 401, "{path} takes the keyed route");
+    }
+    assert!(h.fake.requests().is_empty());
 }
 
 /// Read the whole answer a raw HTTP/1.1 socket gets, up to its body's end (by

@@ -252,11 +252,14 @@ fn route_identity_errors() {
         ("/h#x", "routes match the path alone, never its fragment"),
         ("/g h", "' ' never comes unencoded in a request's path"),
         ("/é", "'é' never comes unencoded in a request's path"),
+        ("/lt<b", "'<' never comes unencoded in a request's path"),
+        ("/bt`b", "'`' never comes unencoded in a request's path"),
         ("/c/./d", "a `.` or `..` segment are refused"),
         ("/c/%2e%2e/d", "a `.` or `..` segment are refused"),
         ("/b//c", "write that"),
         ("/d%2Fe", "matched as \"/d/e\" is spelled"),
         ("/%65f", "matched as \"/ef\" is spelled"),
+        ("/caf%c3%a9", "matched as \"/caf%C3%A9\" is spelled"),
     ] {
         let text = BASE.replace(
             "path_prefix = \"/v1/chat\"",
