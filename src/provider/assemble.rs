@@ -294,6 +294,9 @@ struct ChatChoice {
     audio: Option<ChatAudio>,
     /// Annotations (`url_citation`, ...), in the order they came.
     annotations: Vec<Value>,
+    /// `content` as a list of parts, once a chunk sent it so (Mistral's reasoning models:
+    /// `thinking` and `text` parts); adjacent parts of one type joined.
+    parts: Vec<Value>,
     /// Azure's content filter results, as last sent with something in them (its last chunk
     /// has an empty object).
     content_filter_results: Option<Value>,
@@ -353,7 +356,7 @@ struct ChunkChoice<'a> {
 struct ChatDelta<'a> {
     role: Option<String>,
     #[serde(borrow)]
-    content: Option<std::borrow::Cow<'a, str>>,
+    content: Option<DeltaContent<'a>>,
     #[serde(borrow)]
     refusal: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
@@ -368,6 +371,38 @@ struct ChatDelta<'a> {
     audio: Option<DeltaAudio<'a>>,
     #[serde(borrow)]
     annotations: Option<&'a RawValue>,
+}
+
+/// A delta's `content`: text, or (Mistral's reasoning models) a list of parts.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DeltaContent<'a> {
+    Text(#[serde(borrow)] std::borrow::Cow<'a, str>),
+    Parts(Vec<Value>),
+}
+
+/// Adds `part` to `parts`, joined to the last one when both are text, or both thinking.
+fn push_part(parts: &mut Vec<Value>, part: Value) {
+    if let Some(last) = parts.last_mut() {
+        let kind = part.get("type").and_then(Value::as_str);
+        if kind.is_some() && last.get("type").and_then(Value::as_str) == kind {
+            if let (Some("text"), Some(Value::String(a)), Some(Value::String(b))) =
+                (kind, last.get_mut("text"), part.get("text"))
+            {
+                a.push_str(b);
+                return;
+            }
+            if let (Some("thinking"), Some(Value::Array(a)), Some(Value::Array(b))) =
+                (kind, last.get_mut("thinking"), part.get("thinking"))
+            {
+                for p in b.clone() {
+                    push_part(a, p);
+                }
+                return;
+            }
+        }
+    }
+    parts.push(part);
 }
 
 /// A piece of audio output: the id first, then the transcript and the (base64) data in
@@ -385,8 +420,9 @@ struct DeltaAudio<'a> {
 
 #[derive(Deserialize)]
 struct DeltaToolCall<'a> {
+    /// `null` from some compatible servers: the first call's.
     #[serde(default)]
-    index: u64,
+    index: Option<u64>,
     id: Option<String>,
     #[serde(rename = "type")]
     kind: Option<String>,
@@ -485,11 +521,12 @@ impl Chat {
                 choice.role = delta.role;
             }
             for tc in delta.tool_calls.unwrap_or_default() {
-                let call = match choice.tool_calls.iter().position(|t| t.index == tc.index) {
+                let index = tc.index.unwrap_or(0);
+                let call = match choice.tool_calls.iter().position(|t| t.index == index) {
                     Some(i) => &mut choice.tool_calls[i],
                     None => {
                         choice.tool_calls.push(ChatToolCall {
-                            index: tc.index,
+                            index,
                             ..ChatToolCall::default()
                         });
                         choice.tool_calls.last_mut().expect("pushed")
@@ -542,9 +579,38 @@ impl Chat {
                     choice.annotations.extend(items);
                 }
             }
+            let content = match delta.content {
+                Some(DeltaContent::Parts(list)) => {
+                    // Text that came as a string before the first list is its first part.
+                    if choice.parts.is_empty() {
+                        if let Some(i) = choice.fields.iter().position(|(k, _)| k == "content") {
+                            let (_, text) = choice.fields.remove(i);
+                            if !text.is_empty() {
+                                choice.parts.push(json!({"type": "text", "text": text}));
+                            }
+                        }
+                    }
+                    for part in list {
+                        added += part.to_string().len();
+                        output = true;
+                        push_part(&mut choice.parts, part);
+                    }
+                    None
+                }
+                Some(DeltaContent::Text(text)) if !choice.parts.is_empty() => {
+                    if !text.is_empty() {
+                        added += text.len();
+                        output = true;
+                        push_part(&mut choice.parts, json!({"type": "text", "text": text}));
+                    }
+                    None
+                }
+                Some(DeltaContent::Text(text)) => Some(text),
+                None => None,
+            };
             // A string field: appended once; `null` leaves it as it was.
             for (key, text) in [
-                ("content", delta.content),
+                ("content", content),
                 ("refusal", delta.refusal),
                 ("reasoning_content", delta.reasoning_content),
                 ("reasoning", delta.reasoning),
@@ -584,10 +650,12 @@ impl Chat {
                         .find(|(f, _)| f == k)
                         .map(|(_, v)| v.clone())
                 };
-                message.insert(
-                    "content".into(),
-                    field("content").map_or(Value::Null, Value::String),
-                );
+                let content = if c.parts.is_empty() {
+                    field("content").map_or(Value::Null, Value::String)
+                } else {
+                    Value::Array(c.parts.clone())
+                };
+                message.insert("content".into(), content);
                 message.insert(
                     "refusal".into(),
                     field("refusal").map_or(Value::Null, Value::String),

@@ -783,3 +783,50 @@ fn an_event_that_cannot_be_read_fails_the_document() {
         }
     }
 }
+
+/// Mistral's reasoning models stream `content` as a list of parts (`thinking`, holding text
+/// parts, then `text`), and its unstreamed answer has the list: parts of one type that come
+/// one after the other are joined, and text that came as a string joins the list. A tool
+/// call's `index` of `null` is the first call's.
+#[test]
+fn content_sent_as_parts_is_joined_into_a_list() {
+    let chunk = |delta: &str, finish: &str| {
+        format!(
+            r#"{{"id":"c1","object":"chat.completion.chunk","created":1,"model":"magistral","choices":[{{"index":0,"delta":{delta},"finish_reason":{finish}}}]}}"#
+        )
+    };
+    let thinking = |t: &str| {
+        format!(
+            r#"{{"content":[{{"type":"thinking","thinking":[{{"type":"text","text":"{t}"}}]}}]}}"#
+        )
+    };
+    let events = [
+        chunk(r#"{"role":"assistant","content":""}"#, "null"),
+        chunk(&thinking("Let me "), "null"),
+        chunk(&thinking("think."), "null"),
+        chunk(
+            r#"{"content":[{"type":"text","text":"The answer"}]}"#,
+            "null",
+        ),
+        chunk(r#"{"content":" is 4."}"#, "null"),
+        chunk(
+            r#"{"tool_calls":[{"index":null,"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]}"#,
+            "null",
+        ),
+        chunk("{}", r#""stop""#),
+    ];
+    let events: Vec<&str> = events.iter().map(String::as_str).collect();
+    let d = doc(Format::Chat, &sse(&events), None);
+    assert_eq!(
+        d["choices"][0]["message"]["content"],
+        serde_json::json!([
+            {"type": "thinking", "thinking": [{"type": "text", "text": "Let me think."}]},
+            {"type": "text", "text": "The answer is 4."},
+        ]),
+        "{d}"
+    );
+    assert_eq!(
+        d["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "f"
+    );
+}

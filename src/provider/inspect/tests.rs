@@ -618,6 +618,11 @@ fn shapes_that_are_output() {
             Chat,
             r#"{"choices":[{"index":0,"delta":{"some_new_field":"x"}}]}"#,
         ),
+        // Mistral's reasoning models: content as a list of parts.
+        (
+            Chat,
+            r#"{"choices":[{"index":0,"delta":{"content":[{"type":"thinking","thinking":[{"type":"text","text":"a"}]}]}}]}"#,
+        ),
         (
             Chat,
             r#"{"choices":[{"index":1,"delta":{}},{"index":0,"delta":{"content":"second choice"}}]}"#,
