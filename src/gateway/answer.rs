@@ -20,7 +20,8 @@ use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
 use crate::http::conn::ClientConn;
 use crate::http::headers::{
-    answer_request_id, insert_request_id, max_forwards, request_id, strip_hop_by_hop,
+    answer_request_id, insert_request_id, keep_reason_phrase, max_forwards, request_id,
+    strip_hop_by_hop,
 };
 use crate::provider::inspect::Inspector;
 use crate::runs::call::insert_headers as insert_run_headers;
@@ -90,6 +91,7 @@ impl Gateway {
                     let (mut parts, body) = started.response.into_parts();
                     let shape = started.shape;
                     strip_hop_by_hop(&mut parts.headers);
+                    keep_reason_phrase(parts.status, &mut parts.extensions);
                     // The version on the status line is the gateway's, not the upstream's
                     // (RFC 9110 6.2). hyper writes the one it is given to HTTP/1.1 clients:
                     // an HTTP/1.0 upstream's made it end a body without a length with the

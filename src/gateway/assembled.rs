@@ -134,12 +134,7 @@ pub(super) async fn assembled(
         let mut resp = after_head(&e, record, id, &parts);
         let status = provider_status(error);
         *resp.status_mut() = status;
-        if status.as_u16() == 529 {
-            // Anthropic's overload has no standard reason phrase, and hyper would write
-            // `529 <none>` on the status line.
-            resp.extensions_mut()
-                .insert(hyper::ext::ReasonPhrase::from_static(b"Overloaded"));
-        }
+        crate::http::headers::keep_reason_phrase(status, resp.extensions_mut());
         record.set_status(status.as_u16());
         let body = Bytes::from(error_body(error).to_string());
         let replaced = http_body::Body::size_hint(resp.body()).exact().unwrap_or(0);

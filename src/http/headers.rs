@@ -26,6 +26,23 @@ pub const CREDENTIALS: [HeaderName; 4] = [
     HeaderName::from_static("x-goog-api-key"),
 ];
 
+/// Gives a status without a standard reason phrase one, where nothing upstream gave it one:
+/// hyper writes `<none>` on an HTTP/1.1 status line otherwise (an HTTP/2 upstream sends no
+/// phrase). Anthropic's 529 is its overload; any other such status gets an empty phrase,
+/// which RFC 9112 4 allows.
+pub fn keep_reason_phrase(status: http::StatusCode, extensions: &mut http::Extensions) {
+    if status.canonical_reason().is_some() || extensions.get::<hyper::ext::ReasonPhrase>().is_some()
+    {
+        return;
+    }
+    let phrase: &'static [u8] = if status.as_u16() == 529 {
+        b"Overloaded"
+    } else {
+        b""
+    };
+    extensions.insert(hyper::ext::ReasonPhrase::from_static(phrase));
+}
+
 /// Connection-level headers (RFC 9110 section 7.6.1) that never cross a proxy.
 const HOPS: usize = 9;
 const HOP_BY_HOP: [HeaderName; HOPS] = [

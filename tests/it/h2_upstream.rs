@@ -683,3 +683,19 @@ async fn a_connection_that_went_silent_takes_no_new_streams() {
     }
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// HTTP/2 has no reason phrase: a 529 from an HTTP/2 upstream reaches an HTTP/1.1 client as
+/// `529 Overloaded`, not the `529 <none>` hyper writes for a status it has no phrase for.
+#[tokio::test]
+async fn a_status_without_a_standard_phrase_gets_one() {
+    let h = Harness::with_config(&config("")).await;
+    let (resp, _c) = h
+        .send(chat_request(&[("x-fake-status", "529")], true))
+        .await;
+    assert_eq!(resp.status(), 529);
+    let reason = resp
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
+    assert_eq!(reason.as_deref(), Some("Overloaded"));
+}
