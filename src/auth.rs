@@ -104,16 +104,15 @@ impl ClientKeys {
         };
         let mut keys: Vec<(Option<String>, String)> = Vec::new();
         if let Some(var) = &auth.env {
-            let value = env(var).map_err(|e| err(format!("client_keys_env {var}: {e}")))?;
+            let shown = crate::config::var_shown(var);
+            let value = env(var).map_err(|e| err(format!("client_keys_env {shown}: {e}")))?;
             for (i, item) in value.split(',').map(str::trim).enumerate() {
                 if item.is_empty() {
                     continue;
                 }
-                keys.push(
-                    named_key(item).map_err(|why| {
-                        err(format!("client_keys_env {var}: key {}: {why}", i + 1))
-                    })?,
-                );
+                keys.push(named_key(item).map_err(|why| {
+                    err(format!("client_keys_env {shown}: key {}: {why}", i + 1))
+                })?);
             }
         }
         if let Some(path) = &auth.file {

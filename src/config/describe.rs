@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::routing::shadows;
-use super::secrets::{looks_like_secret, redacted_url};
+use super::secrets::{redacted_url, var_shown};
 use super::{
     AuthMode, Config, Ejection, Http2Config, Http2Mode, OnStoreError, RunIdSource, RunStore,
     UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
@@ -57,10 +57,11 @@ impl Config {
                     );
                 }
             }
-            if let Some(var) = up.api_key_env.as_ref().filter(|v| !looks_like_secret(v)) {
+            if let Some(var) = &up.api_key_env {
+                let shown = var_shown(var);
                 if up.auth == AuthMode::None {
                     out.push(format!(
-                        "upstream {name:?}: api_key_env {var} is ignored because auth is \"none\""
+                        "upstream {name:?}: api_key_env {shown} is ignored because auth is \"none\""
                     ));
                 } else if let Some(problem) = key_var_problem(var, env) {
                     // Where every route using the upstream takes gateway keys, nothing passes
@@ -68,7 +69,7 @@ impl Config {
                     // upstream no route uses is warned of as such.
                     if users().any(|r| r.client_auth.is_none()) {
                         out.push(format!(
-                            "upstream {name:?}: api_key_env {var} {problem}; the client's own credentials will be passed through"
+                            "upstream {name:?}: api_key_env {shown} {problem}; the client's own credentials will be passed through"
                         ));
                     }
                 }
@@ -129,17 +130,19 @@ impl Config {
         if let Some(var) = &self.runs.store_password_env {
             if env(var).is_none() {
                 out.push(format!(
-                    "runs: store_password_env {var} is not set; the gateway will not start without the store's password"
+                    "runs: store_password_env {} is not set; the gateway will not start without the store's password",
+                    var_shown(var)
                 ));
             }
         }
         for r in &self.routes {
             let Some(auth) = &r.client_auth else { continue };
             let label = format!("route {:?}", r.name);
-            if let Some(var) = auth.env.as_ref().filter(|v| !looks_like_secret(v)) {
+            if let Some(var) = &auth.env {
                 if env(var).is_none() {
                     out.push(format!(
-                        "{label}: client_keys_env {var} is not set; the gateway will not start without the route's keys"
+                        "{label}: client_keys_env {} is not set; the gateway will not start without the route's keys",
+                        var_shown(var)
                     ));
                 }
             }
@@ -159,12 +162,13 @@ impl Config {
                 } else if let Some((var, problem)) = up
                     .api_key_env
                     .as_ref()
-                    .filter(|v| up.api_key_file.is_none() && !looks_like_secret(v))
+                    .filter(|_| up.api_key_file.is_none())
                     .and_then(|v| Some((v, key_var_problem(v, env)?)))
                 {
                     out.push(format!(
-                        "{label}: clients authenticate with their gateway keys, which are never passed on, and upstream {:?} has no key of its own: api_key_env {var} {problem}",
-                        up.name
+                        "{label}: clients authenticate with their gateway keys, which are never passed on, and upstream {:?} has no key of its own: api_key_env {} {problem}",
+                        up.name,
+                        var_shown(var)
                     ));
                 }
             }
@@ -241,7 +245,7 @@ impl Config {
         let store = match &runs.store {
             RunStore::Memory => "memory".to_owned(),
             RunStore::Redis(url) => match &runs.store_password_env {
-                Some(var) => format!("{} (password from {var})", redacted_url(url)),
+                Some(var) => format!("{} (password from {})", redacted_url(url), var_shown(var)),
                 None => redacted_url(url),
             },
         };
@@ -302,14 +306,7 @@ impl Config {
             if let Some(auth) = &r.client_auth {
                 let mut from = Vec::new();
                 if let Some(var) = &auth.env {
-                    from.push(format!(
-                        "client_keys_env {}",
-                        if looks_like_secret(var) {
-                            "(not shown)"
-                        } else {
-                            var
-                        }
-                    ));
+                    from.push(format!("client_keys_env {}", var_shown(var)));
                 }
                 if let Some(path) = &auth.file {
                     from.push(format!("client_keys_file {}", path.display()));
@@ -429,11 +426,7 @@ fn write_upstream(out: &mut String, up: &UpstreamConfig) {
         ""
     };
     if let Some(var) = &up.api_key_env {
-        let var = if looks_like_secret(var) {
-            "(not shown: looks like a key)"
-        } else {
-            var
-        };
+        let var = var_shown(var);
         let _ = write!(out, ", api_key_env {var}{ignored}");
     }
     if let Some(path) = &up.api_key_file {

@@ -39,7 +39,7 @@ pub use runs::{
 };
 pub use secrets::looks_like_secret;
 pub use secrets::redacted_url;
-pub use secrets::scrub;
+pub use secrets::{scrub, var_shown};
 
 /// The route label of the requests that match no route, so no route may take the name.
 pub const NO_ROUTE: &str = "none";

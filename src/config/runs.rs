@@ -131,7 +131,10 @@ impl RunsConfig {
         }
         if new.store_password_env != self.store_password_env {
             changed.push(match &self.store_password_env {
-                Some(var) => format!("store_password_env ({var} stays)"),
+                Some(var) => format!(
+                    "store_password_env ({} stays)",
+                    super::secrets::var_shown(var)
+                ),
                 None => "store_password_env (none stays)".to_owned(),
             });
         }
@@ -223,7 +226,7 @@ pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
         if url.split_once("://").is_some_and(|(_, r)| r.contains('@')) {
             return Err(format!(
                 "runs: store_password_env {}: the store URL already has credentials",
-                super::secrets::shown(var)
+                super::secrets::var_shown(var)
             ));
         }
         if var.is_empty() || !var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {

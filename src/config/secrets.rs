@@ -2,26 +2,62 @@
 //! of what the config says about itself ([`redacted_url`], [`scrub`]); and the warnings for
 //! keys written into the config file itself.
 
+/// Prefixes of providers' keys.
+const PREFIXES: [&str; 13] = [
+    "sk-", "sk_", "rk-", "xai-", "gsk_", "AIza", "hf_", "Bearer ", "pplx-", "nvapi-", "csk-",
+    "r8_", "tgp_v1_",
+];
+
 /// Whether a string from the config looks like a credential rather than the name of one:
 /// a known provider key prefix, or a long random-looking token: letters of both cases and
 /// digits, or letters and digits with no separator at all (Azure OpenAI's keys are 32
 /// lowercase hex digits), where names, paths and URLs have separators.
 pub fn looks_like_secret(v: &str) -> bool {
-    const PREFIXES: [&str; 8] = [
-        "sk-", "sk_", "rk-", "xai-", "gsk_", "AIza", "hf_", "Bearer ",
-    ];
     if v.len() >= 12 && PREFIXES.iter().any(|p| v.starts_with(p)) {
         return true;
     }
+    mixed_case_token(v)
+        || (v
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            && random_run(v))
+}
+
+/// 32 or more characters of a token (letters, digits, `-`, `_`) with digits and letters of
+/// both cases.
+fn mixed_case_token(v: &str) -> bool {
     let has = |f: fn(&u8) -> bool| v.bytes().any(|b| f(&b));
     v.len() >= 32
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         && has(u8::is_ascii_digit)
-        && ((v.bytes().all(|b| b.is_ascii_alphanumeric()) && has(u8::is_ascii_alphabetic))
-            || (v
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-                && has(u8::is_ascii_lowercase)
-                && has(u8::is_ascii_uppercase)))
+        && has(u8::is_ascii_lowercase)
+        && has(u8::is_ascii_uppercase)
+}
+
+/// A run of 32 or more letters and digits, both, with no separator: a random token (Azure
+/// OpenAI's keys are 32 hex digits; `pplx-` and others put one after a prefix).
+fn random_run(v: &str) -> bool {
+    v.split(|c: char| !c.is_ascii_alphanumeric()).any(|run| {
+        run.len() >= 32
+            && run.bytes().any(|b| b.is_ascii_digit())
+            && run.bytes().any(|b| b.is_ascii_alphabetic())
+    })
+}
+
+/// An environment variable's name as messages may show it. Names are words in upper case
+/// joined by `_` (`OPENAI_API_KEY`); what is not a name, mixes lower case and digits without
+/// an `_`, or looks like a key may be the secret itself, pasted where its name belongs.
+pub fn var_shown(v: &str) -> &str {
+    let has = |f: fn(&u8) -> bool| v.bytes().any(|b| f(&b));
+    let name = v.bytes().next().is_some_and(|b| !b.is_ascii_digit())
+        && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    let random = has(u8::is_ascii_digit) && has(u8::is_ascii_lowercase) && !v.contains('_');
+    if name && !random && !looks_like_secret(v) {
+        v
+    } else {
+        "(a name not shown: it may be the secret itself)"
+    }
 }
 
 /// A config value as messages may show it: quoted, unless it looks like a key.
@@ -70,7 +106,18 @@ pub fn scrub(message: &str) -> String {
         while i < bytes.len() && is_token(bytes[i]) {
             i += 1;
         }
-        if looks_like_secret(&masked[start..i]) {
+        // A path segment between two `/` is an id more often than a key (a Cloudflare
+        // account): only the surer signs count there. (A last one may be a key pasted into
+        // a file's field, resolved against the config's folder.)
+        let token = &masked[start..i];
+        let in_path = start > 0 && bytes[start - 1] == b'/' && bytes.get(i) == Some(&b'/');
+        let secret = if in_path {
+            token.len() >= 12 && PREFIXES.iter().any(|p| token.starts_with(p))
+                || mixed_case_token(token)
+        } else {
+            looks_like_secret(token)
+        };
+        if secret {
             out.push_str(&masked[copied..start]);
             out.push_str("***");
             copied = i;
@@ -190,5 +237,51 @@ mod scrub_tests {
         let plain = "api_key_env AZURE_OPENAI_API_KEY_WESTEUROPE_2 is not set; \
                      /etc/hourglass/keys/production-openai-2.key";
         assert_eq!(scrub(plain), plain);
+        // Nor are ids that are a path's inner segments (a Cloudflare AI Gateway account),
+        // though the same hex is masked as a query's value or a file's name.
+        let hex = "3f9a1c0e5b7d4e2a8c6b1d0f9e8a7c6b";
+        let plain = format!(
+            "upstream cf (https://gateway.ai.cloudflare.com/v1/{hex}/my-gateway/openai), \
+             path_prefix: /client/v4/accounts/{hex}/ai/v1"
+        );
+        assert_eq!(scrub(&plain), plain);
+        assert_eq!(
+            scrub(&format!("https://x/v1?key={hex}")),
+            "https://x/v1?key=***"
+        );
+        assert_eq!(
+            scrub(&format!("api_key_file /etc/{hex}: not found")),
+            "api_key_file /etc/***: not found"
+        );
+        // A random run after a key's prefix, lower case and all.
+        assert_eq!(
+            scrub(&format!(
+                "api_key_env pplx-{hex}0123456789abcdef is not set"
+            )),
+            "api_key_env *** is not set"
+        );
+    }
+
+    #[test]
+    fn variable_names_are_shown_and_what_may_be_a_secret_is_not() {
+        use super::var_shown;
+        for name in ["OPENAI_API_KEY", "openai_key", "AZURE_KEY_2", "KEY"] {
+            assert_eq!(var_shown(name), name);
+        }
+        for secret in [
+            "Xk9pQ2vL7mN4rT8w",
+            "aeR4eiN1ohPh7quu",
+            "hunter2!pass",
+            "pplx-0123456789abcdef",
+            "3f9a1c0e-5b7d-4e2a-8c6b-1d0f9e8a7c6b",
+            "sk-ant-api03-abcdefghijklmnop",
+            "",
+        ] {
+            assert_eq!(
+                var_shown(secret),
+                "(a name not shown: it may be the secret itself)",
+                "{secret}"
+            );
+        }
     }
 }

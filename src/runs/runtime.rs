@@ -337,8 +337,12 @@ fn with_password(url: &str, config: &RunsConfig) -> Result<String, String> {
     let Some(var) = &config.store_password_env else {
         return Ok(url.to_owned());
     };
-    let password =
-        std::env::var(var).map_err(|e| format!("runs: store_password_env {var}: {e}"))?;
+    let password = std::env::var(var).map_err(|e| {
+        format!(
+            "runs: store_password_env {}: {e}",
+            crate::config::var_shown(var)
+        )
+    })?;
     let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
     // Percent-encoded: a password may hold any byte the URL syntax reserves.
     let encoded: String = password

@@ -637,6 +637,22 @@ fn check_never_repeats_a_key_written_into_the_wrong_field() {
         "{stderr}"
     );
     assert!(!stderr.contains("hunter2"), "{stderr}");
+    // One that could be a variable's name but reads as a password is not echoed either,
+    // by check or by the start-up that cannot find it.
+    let (_dir, path) = temp_config(
+        "password2.toml",
+        &format!("[runs]\nstore = \"redis://127.0.0.1:1/0\"\nstore_password_env = \"Xk9pQ2vL7mN4rT8w\"\n[upstreams.u]\nurl = \"http://127.0.0.1:1\"\n{route}"),
+    );
+    for args in [&["check", "--config"][..], &["--config"][..]] {
+        let out = hourglass(&[args, &[path.to_str().unwrap()]].concat());
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("store_password_env"), "{said}");
+        assert!(!said.contains("Xk9pQ2vL7mN4rT8w"), "{args:?}: {said}");
+    }
 }
 
 fn never_repeated(key: &str) {

@@ -95,7 +95,7 @@ fn inlined_keys_are_warned_about_and_never_repeated() {
     // Debug of the config holds the raw setting; warnings and describe must not.
     assert!(!format!("{w:?}{d}").contains("CANARY"), "{all}");
     assert!(
-        d.contains("api_key_env (not shown: looks like a key)"),
+        d.contains("api_key_env (a name not shown: it may be the secret itself)"),
         "{d}"
     );
     // An invalid variable name is refused without echoing what looks like a key.
