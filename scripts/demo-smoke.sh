@@ -36,7 +36,7 @@ held_pid=$!
 sleep 0.2
 kill -HUP $pid
 wait $held_pid || true
-check "a SIGHUP leaves the demo serving, its stream whole" '[[ "$(cat "$held")" == *"data: [DONE]"* ]] && kill -0 $pid && grep -q "no file to reload" "$log"'
+check "a SIGHUP leaves the demo serving, its stream whole" '[[ "$(cat "$held")" == *"data: [DONE]"* ]] && kill -0 $pid && grep -q "no config file to reload" "$log"'
 metrics=$(curl -s localhost:9090/metrics)
 check "metrics count the idle cancellations" '[[ "$metrics" == *"hourglass_cancellations_total{origin=\"idle\",route=\"chat\"} 2"* ]]'
 check "metrics count the loop refusal" '[[ "$metrics" == *"hourglass_run_refusals_total{reason=\"loop\",route=\"chat\"} 1"* ]]'

@@ -125,13 +125,16 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Some(Command::Demo) => demo().await,
-            Some(Command::FakeUpstream { listen }) => match hourglass_fake::run(listen).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("hourglass fake-upstream: {e}");
-                    ExitCode::FAILURE
+            Some(Command::FakeUpstream { listen }) => {
+                ignore_hangups();
+                match hourglass_fake::run(listen).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("hourglass fake-upstream: {e}");
+                        ExitCode::FAILURE
+                    }
                 }
-            },
+            }
             Some(Command::Check) => unreachable!("handled before the runtime starts"),
             None => serve(&cli.config).await,
         }
@@ -325,15 +328,15 @@ async fn demo() -> ExitCode {
     run(config, None).await
 }
 
-/// With no file to reload (the demo), a SIGHUP must not do what it does by default: end
-/// the process at once, cutting every stream without a word to its client.
+/// With no file to reload (the demo, the fake provider), a SIGHUP must not do what it does
+/// by default: end the process at once, cutting every stream without a word to its client.
 fn ignore_hangups() {
     #[cfg(unix)]
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
         Ok(mut hangups) => {
             tokio::spawn(async move {
                 while hangups.recv().await.is_some() {
-                    tracing::info!("SIGHUP: this process serves its embedded config; there is no file to reload");
+                    tracing::info!("SIGHUP: this process has no config file to reload");
                 }
             });
         }

@@ -852,3 +852,28 @@ fn a_config_that_is_not_utf8_says_where() {
         "{stderr}"
     );
 }
+
+/// The fake provider has no file to reload: a SIGHUP must not end it (its default action),
+/// cutting the streams of a rehearsal without a word.
+#[test]
+fn the_fake_provider_survives_a_sighup() {
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["fake-upstream", "--listen", &format!("127.0.0.1:{port}")])
+        .env_remove("HOURGLASS_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let up = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    wait_for(up, "the fake provider listening");
+    std::process::Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let alive = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(alive, "the SIGHUP ended it");
+}
