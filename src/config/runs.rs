@@ -149,8 +149,9 @@ impl RunsConfig {
             changed.push(format!("on_store_error (\"{kept}\" stays)"));
         }
         (!changed.is_empty()).then(|| {
+            let verb = if changed.len() == 1 { "takes" } else { "take" };
             format!(
-                "runs: {} take effect only after a restart",
+                "runs: {} {verb} effect only after a restart",
                 changed.join(", ")
             )
         })
@@ -302,12 +303,19 @@ pub(super) fn build_run_limits(
             // header that carries a key, it would publish the key.
             Ok(name)
                 if crate::http::headers::CREDENTIALS.contains(&name)
-                    || name == http::header::PROXY_AUTHORIZATION
-                    || name == http::header::COOKIE =>
+                    || [
+                        "proxy-authorization",
+                        "cookie",
+                        "ocp-apim-subscription-key",
+                        "x-litellm-api-key",
+                        "cf-aig-authorization",
+                    ]
+                    .contains(&name.as_str()) =>
             {
                 return Err(format!(
-                    "{label}: run_id_header {h:?} carries credentials, and a run id is \
-                     logged and shown; name a header of its own (e.g. \"x-run-id\")"
+                    "{label}: run_id_header {h:?}{} carries credentials, and a run id is \
+                     logged and shown; name a header of its own (e.g. \"x-run-id\")",
+                    from(own.run_id_header.is_none())
                 ))
             }
             Ok(name) => RunIdSource::Header(name),

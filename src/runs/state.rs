@@ -239,8 +239,6 @@ impl RunState {
         }
     }
 
-    /// How a run that ended no other way ended when it is forgotten: by its deadline, if
-    /// that has passed, else by its ttl.
     /// When the run ended as `end`, reported at `now`: a run forgotten `ttl` after its last
     /// call (or evicted) ended with that call, not when it was forgotten (which would add
     /// the whole `ttl`, and the sweep's lag, to every run's duration); one whose deadline
@@ -253,6 +251,8 @@ impl RunState {
         }
     }
 
+    /// How a run that ended no other way ended when it is forgotten: by its deadline, if
+    /// that has passed, else by its ttl.
     pub fn end_when_forgotten(&self, now: Instant) -> RunEnd {
         match self.deadline {
             Some(d) if d <= now => RunEnd::Deadline,

@@ -90,8 +90,9 @@ impl AtStart {
             changed.push(format!("max_connections ({running} stays)"));
         }
         (!changed.is_empty()).then(|| {
+            let verb = if changed.len() == 1 { "takes" } else { "take" };
             format!(
-                "server: {} take effect only after a restart",
+                "server: {} {verb} effect only after a restart",
                 changed.join(", ")
             )
         })

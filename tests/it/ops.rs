@@ -2013,7 +2013,7 @@ async fn reloads_name_the_runs_keys_that_wait_and_a_refused_one_adds_no_series()
     let waiting = |v: &serde_json::Value| {
         v["message"]
             .as_str()
-            .is_some_and(|m| m.contains("take effect only after a restart"))
+            .is_some_and(|m| m.contains("effect only after a restart"))
     };
     // Lines are written in order: once the refused reload's is out, every earlier one is.
     p.json_lines(1, |v| {
@@ -2024,7 +2024,7 @@ async fn reloads_name_the_runs_keys_that_wait_and_a_refused_one_adds_no_series()
     assert_eq!(warnings.len(), 2, "{:?}", p.output());
     for w in &warnings {
         assert_eq!(
-            w["message"], "runs: ttl (10m stays) take effect only after a restart",
+            w["message"], "runs: ttl (10m stays) takes effect only after a restart",
             "{w}"
         );
     }

@@ -104,6 +104,10 @@ fn bad_run_keys_are_refused_naming_the_route_and_key() {
             "run_id_header \"cookie\" carries credentials",
         ),
         (
+            "run_id_header = \"Ocp-Apim-Subscription-Key\"",
+            "run_id_header \"Ocp-Apim-Subscription-Key\" carries credentials",
+        ),
+        (
             "run_max_calls = 5000000000",
             "run_max_calls (5000000000) must be at most 4294967295",
         ),
@@ -134,6 +138,10 @@ fn bad_run_keys_are_refused_naming_the_route_and_key() {
         (
             "run_budget = \"10m\"\nrun_max_budget = \"1m\"",
             "run_budget (10m) (inherited from [defaults]) must not exceed run_max_budget (1m) (inherited from [defaults])",
+        ),
+        (
+            "run_id_header = \"x-litellm-api-key\"",
+            "run_id_header \"x-litellm-api-key\" (inherited from [defaults]) carries credentials",
         ),
     ] {
         let e = err(&format!("[defaults]\n{keys}\n{BASE}"));
@@ -240,7 +248,7 @@ fn a_reload_names_the_runs_keys_that_wait_for_a_restart() {
     assert_eq!(start.restart_needed_for(&runs("ttl = \"10m\"")), None);
     assert_eq!(
         start.restart_needed_for(&runs("ttl = \"5m\"")).as_deref(),
-        Some("runs: ttl (10m stays) take effect only after a restart")
+        Some("runs: ttl (10m stays) takes effect only after a restart")
     );
     assert_eq!(
         start
