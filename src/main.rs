@@ -66,6 +66,22 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    // clap refuses `--config` twice at one level, but not once before the command and once
+    // after it, where the last would win unseen.
+    let configs = std::env::args_os()
+        .filter(|a| {
+            let a = a.as_encoded_bytes();
+            a == b"--config" || a.starts_with(b"--config=")
+        })
+        .count();
+    if configs > 1 {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--config is given more than once; give the one file to read",
+            )
+            .exit();
+    }
     // `--config` is global so that `hourglass --config X check` checks X; the commands that
     // read no file must then refuse one given on the command line rather than ignore it.
     // (HOURGLASS_CONFIG in the environment is no request of this run's, and is left alone.)

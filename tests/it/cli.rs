@@ -796,6 +796,10 @@ fn config_before_the_command_is_the_file_checked() {
             "{stderr}"
         );
     }
+    // Given before and after the command, neither is silently taken.
+    let out = hourglass(&["--config", "config/demo.toml", "check", "--config", path]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("more than once"));
     for args in [
         ["--config", path, "demo"],
         ["demo", "--config", path],
