@@ -11,7 +11,7 @@ use super::describe::hd;
 use super::http2::build_http2;
 use super::raw::{RawApi, RawAuth, RawConfig, RawLimits, RawRoute, RawServer, RawUpstream};
 use super::runs::{build_run_limits, build_runs};
-use super::secrets::{inlined_secrets, scrub, shown};
+use super::secrets::{inlined_secrets, scrub};
 use super::NO_ROUTE;
 use super::{
     AuthMode, ClientAuth, ClientCert, Config, ConfigError, Ejection, Limits, Policy, RetryCause,
@@ -483,11 +483,16 @@ fn build_upstream(
 fn check_env_name(var: &str) -> Result<(), String> {
     // std::env lookups cannot represent these names; reject them here rather than have
     // the key silently never found.
-    if var.is_empty() || var.contains(['=', '\0']) {
-        return Err(format!(
-            "{} is not a valid environment variable name",
-            shown(var)
-        ));
+    if var.is_empty() {
+        return Err("\"\" is not a valid environment variable name".into());
+    }
+    if var.contains(['=', '\0']) {
+        // Not a name: most likely the secret itself (base64 ends in `=`), not repeated.
+        return Err(
+            "is not a valid environment variable name (it holds `=` or NUL; its value is not \
+             shown, in case it is the secret itself)"
+                .into(),
+        );
     }
     Ok(())
 }

@@ -3,9 +3,9 @@
 //! keys written into the config file itself.
 
 /// Prefixes of providers' keys.
-const PREFIXES: [&str; 13] = [
+const PREFIXES: [&str; 14] = [
     "sk-", "sk_", "rk-", "xai-", "gsk_", "AIza", "hf_", "Bearer ", "pplx-", "nvapi-", "csk-",
-    "r8_", "tgp_v1_",
+    "r8_", "tgp_v1_", "fw_",
 ];
 
 /// Whether a string from the config looks like a credential rather than the name of one:
@@ -23,16 +23,19 @@ pub fn looks_like_secret(v: &str) -> bool {
             && random_run(v))
 }
 
-/// 32 or more characters of a token (letters, digits, `-`, `_`) with digits and letters of
-/// both cases.
+/// A token (letters, digits, `-`, `_`) with a run of 16 or more letters and digits that
+/// mixes digits and letters of both cases: random text. Names have shorter words
+/// (`Llama-4-Maverick-17B-128E-Instruct-FP8`).
 fn mixed_case_token(v: &str) -> bool {
-    let has = |f: fn(&u8) -> bool| v.bytes().any(|b| f(&b));
-    v.len() >= 32
-        && v.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        && has(u8::is_ascii_digit)
-        && has(u8::is_ascii_lowercase)
-        && has(u8::is_ascii_uppercase)
+    v.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && v.split(['-', '_']).any(|run| {
+            let has = |f: fn(&u8) -> bool| run.bytes().any(|b| f(&b));
+            run.len() >= 16
+                && has(u8::is_ascii_digit)
+                && has(u8::is_ascii_lowercase)
+                && has(u8::is_ascii_uppercase)
+        })
 }
 
 /// A run of 32 or more letters and digits, both, with no separator: a random token (Azure
@@ -47,12 +50,15 @@ fn random_run(v: &str) -> bool {
 
 /// An environment variable's name as messages may show it. Names are words in upper case
 /// joined by `_` (`OPENAI_API_KEY`); what is not a name, mixes lower case and digits without
-/// an `_`, or looks like a key may be the secret itself, pasted where its name belongs.
+/// an `_` (or with upper case too), or looks like a key may be the secret itself, pasted
+/// where its name belongs.
 pub fn var_shown(v: &str) -> &str {
     let has = |f: fn(&u8) -> bool| v.bytes().any(|b| f(&b));
     let name = v.bytes().next().is_some_and(|b| !b.is_ascii_digit())
         && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    let random = has(u8::is_ascii_digit) && has(u8::is_ascii_lowercase) && !v.contains('_');
+    let random = has(u8::is_ascii_digit)
+        && has(u8::is_ascii_lowercase)
+        && (!v.contains('_') || has(u8::is_ascii_uppercase));
     if name && !random && !looks_like_secret(v) {
         v
     } else {
@@ -253,6 +259,15 @@ mod scrub_tests {
             scrub(&format!("api_key_file /etc/{hex}: not found")),
             "api_key_file /etc/***: not found"
         );
+        // Model ids are names, however long: their words are short.
+        let plain = "models: \"Llama-4-Maverick-17B-128E-Instruct-FP8\", \
+                     \"DeepSeek-R1-Distill-Llama-70B-FP8-dynamic\"";
+        assert_eq!(scrub(plain), plain);
+        // A short key with a known prefix, and random text of mixed case in a token.
+        assert_eq!(
+            scrub("unknown variant `fw_3ZkQ9pL2xV7mN4rT8wYb6cJd`"),
+            "unknown variant `***`"
+        );
         // A random run after a key's prefix, lower case and all.
         assert_eq!(
             scrub(&format!(
@@ -270,6 +285,8 @@ mod scrub_tests {
         }
         for secret in [
             "Xk9pQ2vL7mN4rT8w",
+            "Xk9p_Q2vL7mN4rT8w",
+            "fw_3ZkQ9pL2xV7mN4rT8wYb6cJd",
             "aeR4eiN1ohPh7quu",
             "hunter2!pass",
             "pplx-0123456789abcdef",

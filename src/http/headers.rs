@@ -31,8 +31,12 @@ pub const CREDENTIALS: [HeaderName; 4] = [
 /// phrase). Anthropic's 529 is its overload; any other such status gets an empty phrase,
 /// which RFC 9112 4 allows.
 pub fn keep_reason_phrase(status: http::StatusCode, extensions: &mut http::Extensions) {
-    if status.canonical_reason().is_some() || extensions.get::<hyper::ext::ReasonPhrase>().is_some()
-    {
+    // `<none>` is what hyper itself writes for such a status: an upstream served by hyper
+    // gives that, which is no phrase.
+    let given = extensions
+        .get::<hyper::ext::ReasonPhrase>()
+        .is_some_and(|p| p.as_bytes() != b"<none>");
+    if status.canonical_reason().is_some() || given {
         return;
     }
     let phrase: &'static [u8] = if status.as_u16() == 529 {

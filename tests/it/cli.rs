@@ -624,6 +624,20 @@ fn check_never_repeats_a_key_written_into_the_wrong_field() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("s3cret"), "{stderr}");
     assert!(stderr.contains("redis://user:***@"), "{stderr}");
+    // Nor a key pasted where a variable's name belongs, though `=` makes it no name at all
+    // (base64 padding).
+    let (_dir, path) = temp_config(
+        "padded.toml",
+        &format!("[upstreams.u]\nurl = \"http://127.0.0.1:1\"\napi_key_env = \"dGhpc2lzYXNlY3JldGtleQ==\"\n{route}"),
+    );
+    let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("api_key_env is not a valid environment variable name"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("dGhpc2lz"), "{stderr}");
     // What is not a variable's name may be the password itself.
     let (_dir, path) = temp_config(
         "password.toml",

@@ -112,6 +112,10 @@ fn inlined_keys_are_warned_about_and_never_repeated() {
         "https://api.openai.com/v1",
         "accounts/fireworks/models/llama-v3p1-405b-instruct",
         "/v1/chat/completions",
+        "Llama-4-Maverick-17B-128E-Instruct-FP8",
+        "meta-llama/Llama-4-Maverick-17B-128E-Instruct-FP8",
+        "DeepSeek-R1-Distill-Llama-70B-FP8-dynamic",
+        "Qwen2.5-Coder-32B-Instruct-AWQ",
     ] {
         assert!(!looks_like_secret(ok), "{ok}");
     }
@@ -120,6 +124,8 @@ fn inlined_keys_are_warned_about_and_never_repeated() {
         "sk-ant-api03-xxxxxxxxxxxx",
         "xai-0123456789abcdef",
         "AIzaSyD-0123456789abcdefghijkl",
+        "fw_3ZkQ9pL2xV7mN4rT8wYb6cJd",
+        "3f9a1c0e5b7d4e2a8c6b1d0f9e8a7c6b",
     ] {
         assert!(looks_like_secret(key), "{key}");
     }
