@@ -803,18 +803,12 @@ async fn a_nonstandard_status_keeps_its_reason_phrase() {
     let h = through(up).await;
     let (resp, _c) = h.chat(&[]).await;
     assert_eq!(resp.status(), 529);
-    let reason = resp
-        .extensions()
-        .get::<hyper::ext::ReasonPhrase>()
-        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
+    let reason = reason_phrase(&resp);
     assert_eq!(reason.as_deref(), Some("Site Overloaded"));
     // An upstream served by hyper writes hyper's own `<none>`: that is no phrase.
     let h = Harness::start().await;
     let (resp, _c) = h.chat(&[("x-fake-status", "529")]).await;
     assert_eq!(resp.status(), 529);
-    let reason = resp
-        .extensions()
-        .get::<hyper::ext::ReasonPhrase>()
-        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
+    let reason = reason_phrase(&resp);
     assert_eq!(reason.as_deref(), Some("Overloaded"));
 }

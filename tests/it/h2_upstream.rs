@@ -693,9 +693,6 @@ async fn a_status_without_a_standard_phrase_gets_one() {
         .send(chat_request(&[("x-fake-status", "529")], true))
         .await;
     assert_eq!(resp.status(), 529);
-    let reason = resp
-        .extensions()
-        .get::<hyper::ext::ReasonPhrase>()
-        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
+    let reason = reason_phrase(&resp);
     assert_eq!(reason.as_deref(), Some("Overloaded"));
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::{json_body, Harness};
+use crate::support::{json_body, reason_phrase, Harness};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
@@ -698,10 +698,7 @@ async fn a_data_only_error_event_is_answered_with_the_providers_error() {
         // A status without a standard reason phrase gets one of its own: hyper writes
         // `529 <none>` otherwise. (hyper's client keeps a phrase only when it is not the
         // standard one.)
-        let reason = resp
-            .extensions()
-            .get::<hyper::ext::ReasonPhrase>()
-            .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned());
+        let reason = reason_phrase(&resp);
         let want_reason = (status == 529).then(|| "Overloaded".to_owned());
         assert_eq!(reason, want_reason, "{route}");
         let got = json_body(resp).await;

@@ -264,6 +264,14 @@ pub fn assert_message_starts(error: &serde_json::Value, start: &str) {
     );
 }
 
+/// The reason phrase an HTTP/1.1 answer's status line carried, when it was not the
+/// standard one (hyper's client keeps no other).
+pub fn reason_phrase<B>(resp: &Response<B>) -> Option<String> {
+    resp.extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned())
+}
+
 pub async fn json_body(resp: Response<Incoming>) -> serde_json::Value {
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     serde_json::from_slice(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body:?}"))
