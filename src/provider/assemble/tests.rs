@@ -1,5 +1,6 @@
 use super::*;
 use crate::provider::inspect::Inspector;
+use serde_json::json;
 
 const CHAT: &str = include_str!("../../../tests/fixtures/openai_chat.sse");
 const MESSAGES: &str = include_str!("../../../tests/fixtures/anthropic_messages.sse");

@@ -1,0 +1,490 @@
+//! OpenAI Chat Completions: the `chat.completion` document from its chunks (choices,
+//! content or its list of parts, refusal, reasoning, tool and function calls, audio,
+//! annotations, logprobs, finish reasons, usage).
+
+use super::{empty, empty_object, raw, whole_json, Usage};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+#[derive(Debug, Default, Clone)]
+pub(super) struct Chat {
+    head: Option<Map<String, Value>>,
+    /// The head still lacks its id, model or created, and no chunk with a choice has come
+    /// (Azure's first chunk, of prompt filter results, has `"id":""`, `"model":""`,
+    /// `"created":0`): the next chunks are read whole, and fill in what it lacks.
+    head_open: bool,
+    choices: Vec<ChatChoice>,
+    usage: Option<Value>,
+    pub(super) output: bool,
+    pub(super) text: usize,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ChatChoice {
+    index: u64,
+    role: Option<String>,
+    /// `content`, `refusal`, `reasoning_content`, `reasoning`: the string fields joined.
+    fields: Vec<(String, String)>,
+    tool_calls: Vec<ChatToolCall>,
+    /// The legacy `function_call` (before tool calls): its name and arguments joined.
+    function_call: Option<(String, String)>,
+    /// Audio output: its id and expiry as last sent, its transcript and data joined.
+    audio: Option<ChatAudio>,
+    /// Annotations (`url_citation`, ...), in the order they came.
+    annotations: Vec<Value>,
+    /// `content` as a list of parts, once a chunk sent it so (Mistral's reasoning models:
+    /// `thinking` and `text` parts); adjacent parts of one type joined.
+    parts: Vec<Value>,
+    /// Azure's content filter results, as last sent with something in them (its last chunk
+    /// has an empty object).
+    content_filter_results: Option<Value>,
+    /// `content` and `refusal` entries, each `None` until a chunk carried a list of them, so
+    /// that one the provider never sent stays `null` (a refusal has no content logprobs).
+    logprobs: Option<(Entries, Entries)>,
+    finish_reason: Option<String>,
+}
+
+/// Logprobs entries of one kind, `None` until a chunk carried a list of them.
+type Entries = Option<Vec<Value>>;
+
+#[derive(Debug, Default, Clone)]
+struct ChatAudio {
+    id: Option<String>,
+    expires_at: Option<Value>,
+    transcript: String,
+    data: String,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ChatToolCall {
+    index: u64,
+    id: Option<String>,
+    kind: Option<String>,
+    name: String,
+    arguments: String,
+}
+
+/// A chunk after the first: the head (id, model, ...) is the first's, so only what changes
+/// is read, with serde's fast skip over the rest.
+#[derive(Deserialize)]
+struct ChatChunk<'a> {
+    #[serde(borrow)]
+    choices: Option<Vec<ChunkChoice<'a>>>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice<'a> {
+    #[serde(default)]
+    index: u64,
+    #[serde(borrow)]
+    delta: Option<ChatDelta<'a>>,
+    #[serde(borrow)]
+    logprobs: Option<&'a RawValue>,
+    finish_reason: Option<String>,
+    #[serde(borrow)]
+    content_filter_results: Option<&'a RawValue>,
+}
+
+/// The string fields of a delta the document joins: OpenAI's content and refusal, and the
+/// reasoning that compatible providers stream (DeepSeek and vLLM's `reasoning_content`,
+/// OpenRouter's `reasoning`).
+#[derive(Deserialize)]
+struct ChatDelta<'a> {
+    role: Option<String>,
+    #[serde(borrow)]
+    content: Option<DeltaContent<'a>>,
+    #[serde(borrow)]
+    refusal: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning_content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<DeltaToolCall<'a>>>,
+    #[serde(borrow)]
+    function_call: Option<DeltaFunction<'a>>,
+    #[serde(borrow)]
+    audio: Option<DeltaAudio<'a>>,
+    #[serde(borrow)]
+    annotations: Option<&'a RawValue>,
+}
+
+/// A delta's `content`: text, or (Mistral's reasoning models) a list of parts.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DeltaContent<'a> {
+    Text(#[serde(borrow)] std::borrow::Cow<'a, str>),
+    Parts(Vec<Value>),
+}
+
+/// Adds `part` to `parts`, joined to the last one when both are text, or both thinking.
+fn push_part(parts: &mut Vec<Value>, part: Value) {
+    if let Some(last) = parts.last_mut() {
+        let kind = part.get("type").and_then(Value::as_str);
+        if kind.is_some() && last.get("type").and_then(Value::as_str) == kind {
+            if let (Some("text"), Some(Value::String(a)), Some(Value::String(b))) =
+                (kind, last.get_mut("text"), part.get("text"))
+            {
+                a.push_str(b);
+                return;
+            }
+            if let (Some("thinking"), Some(Value::Array(a)), Some(Value::Array(b))) =
+                (kind, last.get_mut("thinking"), part.get("thinking"))
+            {
+                for p in b.clone() {
+                    push_part(a, p);
+                }
+                return;
+            }
+        }
+    }
+    parts.push(part);
+}
+
+/// A piece of audio output: the id first, then the transcript and the (base64) data in
+/// pieces, and the expiry.
+#[derive(Deserialize)]
+struct DeltaAudio<'a> {
+    id: Option<String>,
+    #[serde(borrow)]
+    expires_at: Option<&'a RawValue>,
+    #[serde(borrow)]
+    transcript: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    data: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaToolCall<'a> {
+    /// `null` from some compatible servers: the first call's.
+    #[serde(default)]
+    index: Option<u64>,
+    id: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(borrow)]
+    function: Option<DeltaFunction<'a>>,
+}
+
+#[derive(Deserialize)]
+struct DeltaFunction<'a> {
+    #[serde(borrow)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    arguments: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl Chat {
+    /// The usage `used` for an answer whose usage chunk never came.
+    pub(super) fn fill_missing_usage(&mut self, used: Usage) {
+        if self.usage.is_none() && self.head.is_some() {
+            self.usage = Some(json!({
+                "prompt_tokens": used.prompt,
+                "completion_tokens": used.completion,
+                "total_tokens": used.prompt + used.completion,
+            }));
+        }
+    }
+
+    pub(super) fn whole(&self) -> bool {
+        !self.choices.is_empty()
+            && self.choices.iter().all(|c| c.finish_reason.is_some())
+            && self.usage.is_some()
+    }
+
+    fn choice(&mut self, index: u64) -> &mut ChatChoice {
+        let i = match self.choices.iter().position(|c| c.index == index) {
+            Some(i) => i,
+            None => {
+                self.choices.push(ChatChoice {
+                    index,
+                    ..ChatChoice::default()
+                });
+                self.choices.len() - 1
+            }
+        };
+        &mut self.choices[i]
+    }
+
+    /// Reads one chunk (never the provider's error object: the inspector tells those apart).
+    pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
+        let (choices, usage) = if self.head.is_none() || self.head_open {
+            // The first chunk: its head (id, object, created, model, system_fingerprint,
+            // service_tier, Azure's prompt_filter_results, ...) is the document's, whatever
+            // fields a provider adds; a field it left empty is taken from the next chunks,
+            // while the head is open.
+            let mut fields =
+                serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)?;
+            let choices = fields.remove("choices");
+            let usage = fields.remove("usage");
+            // OpenAI's random padding of each chunk (`stream_options.include_obfuscation`):
+            // no answer that did not stream has it.
+            fields.remove("obfuscation");
+            let head = self.head.get_or_insert_with(Map::new);
+            for (k, v) in fields {
+                if head.get(k).is_none_or(empty) {
+                    head.insert(k.to_owned(), raw(v));
+                }
+            }
+            let choices: Vec<ChunkChoice<'_>> = choices
+                .filter(|c| c.get() != "null")
+                .map(|c| serde_json::from_str(c.get()))
+                .transpose()?
+                .unwrap_or_default();
+            self.head_open = choices.is_empty()
+                && ["id", "model", "created"]
+                    .iter()
+                    .any(|k| head.get(*k).is_none_or(empty));
+            (choices, usage)
+        } else {
+            let chunk = serde_json::from_slice::<ChatChunk<'_>>(data)?;
+            (chunk.choices.unwrap_or_default(), chunk.usage)
+        };
+        if let Some(u) = usage.filter(|u| u.get() != "null") {
+            self.usage = Some(raw(u));
+        }
+        let mut added = 0;
+        let mut output = false;
+        for c in choices {
+            let choice = self.choice(c.index);
+            if let Some(reason) = c.finish_reason {
+                choice.finish_reason = Some(reason);
+            }
+            if let Some(f) = c.content_filter_results.filter(|f| !empty_object(f)) {
+                choice.content_filter_results = Some(raw(f));
+            }
+            if let Some(lp) = c.logprobs.filter(|l| l.get() != "null") {
+                let mut lp = raw(lp);
+                let (content, refusal) = choice.logprobs.get_or_insert_with(Default::default);
+                for (key, into) in [("content", content), ("refusal", refusal)] {
+                    // Moved, not copied: the entries are parsed once, into the answer.
+                    if let Some(Value::Array(items)) = lp.get_mut(key).map(Value::take) {
+                        into.get_or_insert_with(Vec::new).extend(items);
+                    }
+                }
+            }
+            let Some(delta) = c.delta else { continue };
+            if delta.role.is_some() {
+                choice.role = delta.role;
+            }
+            for tc in delta.tool_calls.unwrap_or_default() {
+                let index = tc.index.unwrap_or(0);
+                let call = match choice.tool_calls.iter().position(|t| t.index == index) {
+                    Some(i) => &mut choice.tool_calls[i],
+                    None => {
+                        choice.tool_calls.push(ChatToolCall {
+                            index,
+                            ..ChatToolCall::default()
+                        });
+                        choice.tool_calls.last_mut().expect("pushed")
+                    }
+                };
+                if tc.id.is_some() {
+                    call.id = tc.id;
+                }
+                if tc.kind.is_some() {
+                    call.kind = tc.kind;
+                }
+                if let Some(f) = tc.function {
+                    let name = f.name.unwrap_or_default();
+                    let args = f.arguments.unwrap_or_default();
+                    call.name.push_str(&name);
+                    call.arguments.push_str(&args);
+                    added += name.len() + args.len();
+                    output = true;
+                }
+            }
+            if let Some(f) = delta.function_call {
+                let (name, args) = choice.function_call.get_or_insert_with(Default::default);
+                let (n, a) = (f.name.unwrap_or_default(), f.arguments.unwrap_or_default());
+                name.push_str(&n);
+                args.push_str(&a);
+                added += n.len() + a.len();
+                output = true;
+            }
+            if let Some(a) = delta.audio {
+                let audio = choice.audio.get_or_insert_with(Default::default);
+                if a.id.is_some() {
+                    audio.id = a.id;
+                }
+                if let Some(e) = a.expires_at.filter(|e| e.get() != "null") {
+                    audio.expires_at = Some(raw(e));
+                }
+                for (into, piece) in [
+                    (&mut audio.transcript, a.transcript),
+                    (&mut audio.data, a.data),
+                ] {
+                    let piece = piece.unwrap_or_default();
+                    into.push_str(&piece);
+                    added += piece.len();
+                    output |= !piece.is_empty();
+                }
+            }
+            if let Some(list) = delta.annotations {
+                if let Ok(items) = serde_json::from_str::<Vec<Value>>(list.get()) {
+                    added += list.get().len();
+                    choice.annotations.extend(items);
+                }
+            }
+            let content = match delta.content {
+                Some(DeltaContent::Parts(list)) => {
+                    // Text that came as a string before the first list is its first part.
+                    if choice.parts.is_empty() {
+                        if let Some(i) = choice.fields.iter().position(|(k, _)| k == "content") {
+                            let (_, text) = choice.fields.remove(i);
+                            if !text.is_empty() {
+                                choice.parts.push(json!({"type": "text", "text": text}));
+                            }
+                        }
+                    }
+                    for part in list {
+                        added += part.to_string().len();
+                        output = true;
+                        push_part(&mut choice.parts, part);
+                    }
+                    None
+                }
+                Some(DeltaContent::Text(text)) if !choice.parts.is_empty() => {
+                    if !text.is_empty() {
+                        added += text.len();
+                        output = true;
+                        push_part(&mut choice.parts, json!({"type": "text", "text": text}));
+                    }
+                    None
+                }
+                Some(DeltaContent::Text(text)) => Some(text),
+                None => None,
+            };
+            // A string field: appended once; `null` leaves it as it was.
+            for (key, text) in [
+                ("content", content),
+                ("refusal", delta.refusal),
+                ("reasoning_content", delta.reasoning_content),
+                ("reasoning", delta.reasoning),
+            ] {
+                let Some(text) = text else { continue };
+                if !text.is_empty() {
+                    output = true;
+                }
+                added += text.len();
+                match choice.fields.iter_mut().find(|(k, _)| k == key) {
+                    Some((_, s)) => s.push_str(&text),
+                    None => choice.fields.push((key.to_owned(), text.into_owned())),
+                }
+            }
+        }
+        self.text += added;
+        self.output |= output;
+        Ok(())
+    }
+
+    pub(super) fn document(self, cut: Option<Usage>) -> Option<Value> {
+        let mut doc = self.head?;
+        doc.insert("object".into(), json!("chat.completion"));
+        let mut choices: Vec<ChatChoice> = self.choices;
+        choices.sort_by_key(|c| c.index);
+        let choices: Vec<Value> = choices
+            .into_iter()
+            .map(|c| {
+                let mut message = Map::new();
+                message.insert(
+                    "role".into(),
+                    json!(c.role.unwrap_or_else(|| "assistant".into())),
+                );
+                let field = |k: &str| {
+                    c.fields
+                        .iter()
+                        .find(|(f, _)| f == k)
+                        .map(|(_, v)| v.clone())
+                };
+                let content = if c.parts.is_empty() {
+                    field("content").map_or(Value::Null, Value::String)
+                } else {
+                    Value::Array(c.parts.clone())
+                };
+                message.insert("content".into(), content);
+                message.insert(
+                    "refusal".into(),
+                    field("refusal").map_or(Value::Null, Value::String),
+                );
+                for (k, v) in &c.fields {
+                    if k != "content" && k != "refusal" {
+                        message.insert(k.clone(), json!(v));
+                    }
+                }
+                let calls: Vec<Value> = c
+                    .tool_calls
+                    .iter()
+                    .filter(|t| cut.is_none() || whole_json(&t.arguments))
+                    .map(|t| {
+                        json!({
+                            "id": t.id,
+                            "type": t.kind.clone().unwrap_or_else(|| "function".into()),
+                            "function": {"name": t.name, "arguments": t.arguments},
+                        })
+                    })
+                    .collect();
+                if !calls.is_empty() {
+                    message.insert("tool_calls".into(), Value::Array(calls));
+                }
+                if let Some((name, arguments)) = c.function_call {
+                    if cut.is_none() || whole_json(&arguments) {
+                        message.insert(
+                            "function_call".into(),
+                            json!({"name": name, "arguments": arguments}),
+                        );
+                    }
+                }
+                if let Some(a) = c.audio {
+                    message.insert(
+                        "audio".into(),
+                        json!({
+                            "id": a.id,
+                            "data": a.data,
+                            "expires_at": a.expires_at,
+                            "transcript": a.transcript,
+                        }),
+                    );
+                }
+                message.insert("annotations".into(), Value::Array(c.annotations));
+                let logprobs = match c.logprobs {
+                    None => Value::Null,
+                    Some((content, refusal)) => json!({"content": content, "refusal": refusal}),
+                };
+                // A choice that finished before the cut keeps its own reason.
+                let finish = match (c.finish_reason, cut) {
+                    (Some(r), _) => json!(r),
+                    (None, Some(_)) => json!("length"),
+                    (None, None) => Value::Null,
+                };
+                let mut choice = json!({
+                    "index": c.index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                });
+                if let Some(f) = c.content_filter_results {
+                    choice["content_filter_results"] = f;
+                }
+                choice
+            })
+            .collect();
+        doc.insert("choices".into(), Value::Array(choices));
+        let usage = match (self.usage, cut) {
+            (Some(u), _) => u,
+            (None, Some(u)) => json!({
+                "prompt_tokens": u.prompt,
+                "completion_tokens": u.completion,
+                "total_tokens": u.prompt + u.completion,
+            }),
+            (None, None) => Value::Null,
+        };
+        if !usage.is_null() {
+            doc.insert("usage".into(), usage);
+        }
+        Some(Value::Object(doc))
+    }
+}

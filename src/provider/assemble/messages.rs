@@ -1,0 +1,284 @@
+//! Anthropic Messages: the `message` from its events (content blocks with their deltas,
+//! thinking with its signature, tool use with its input joined, stop reason, usage).
+
+use super::{append, raw, Usage};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+#[derive(Debug, Default, Clone)]
+pub(super) struct Messages {
+    message: Option<Map<String, Value>>,
+    blocks: Vec<Block>,
+    pub(super) output: bool,
+    pub(super) text: usize,
+}
+
+/// One content block as it streams.
+#[derive(Debug, Clone)]
+struct Block {
+    index: u64,
+    fields: Map<String, Value>,
+    /// A tool use's input JSON as it streams (`None` for any other block).
+    json: Option<String>,
+    /// Its `content_block_stop` came: a tool use is whole only then (its start carries
+    /// `"input":{}` whatever its input will be).
+    stopped: bool,
+}
+
+#[derive(Deserialize)]
+struct MessagesEvent<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(default)]
+    index: u64,
+    #[serde(borrow)]
+    message: Option<&'a RawValue>,
+    #[serde(borrow)]
+    content_block: Option<&'a RawValue>,
+    #[serde(borrow)]
+    delta: Option<&'a RawValue>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct BlockDelta<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(borrow)]
+    text: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    thinking: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    signature: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    partial_json: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    citation: Option<&'a RawValue>,
+}
+
+/// The fields of a delta read as a whole into its block: strings joined, as every delta
+/// Anthropic streams joins its text (the names in `taken` are taken as last sent instead),
+/// other values as last sent; `type`, and `null`s, left out. Returns how many bytes it added
+/// (an upper bound). Only deltas without a reader of their own come here: their rare cost
+/// (a parse into values) is not that of text deltas.
+fn merge(block: &mut Map<String, Value>, delta: &RawValue, taken: &[&str]) -> usize {
+    let Ok(fields) = serde_json::from_str::<Map<String, Value>>(delta.get()) else {
+        return 0;
+    };
+    let mut added = 0;
+    for (k, v) in fields {
+        match v {
+            _ if k == "type" => {}
+            Value::Null => {}
+            Value::String(text) if !taken.contains(&k.as_str()) => {
+                added += text.len();
+                append(block, &k, &text);
+            }
+            Value::String(text) => {
+                added += text.len();
+                block.insert(k, Value::String(text));
+            }
+            v => {
+                added += v.to_string().len();
+                block.insert(k, v);
+            }
+        }
+    }
+    added
+}
+
+impl Messages {
+    pub(super) fn whole(&self) -> bool {
+        self.message
+            .as_ref()
+            .is_some_and(|m| m.get("stop_reason").is_some_and(|r| !r.is_null()))
+    }
+
+    pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
+        self.read(serde_json::from_slice::<MessagesEvent<'_>>(data)?);
+        Ok(())
+    }
+
+    fn read(&mut self, ev: MessagesEvent<'_>) {
+        match ev.kind {
+            "message_start" => {
+                if let Some(Value::Object(m)) = ev.message.map(raw) {
+                    self.message = Some(m);
+                }
+            }
+            "content_block_start" => {
+                if let Some(Value::Object(b)) = ev.content_block.map(raw) {
+                    let is_tool = matches!(
+                        b.get("type").and_then(Value::as_str),
+                        Some("tool_use" | "server_tool_use" | "mcp_tool_use")
+                    );
+                    if is_tool {
+                        self.output = true;
+                    }
+                    self.blocks.push(Block {
+                        index: ev.index,
+                        fields: b,
+                        json: is_tool.then(String::new),
+                        stopped: false,
+                    });
+                }
+            }
+            "content_block_stop" => {
+                if let Some(b) = self.blocks.iter_mut().find(|b| b.index == ev.index) {
+                    b.stopped = true;
+                }
+            }
+            "content_block_delta" => {
+                let Some((raw_delta, d)) = ev.delta.and_then(|raw| {
+                    let d = serde_json::from_str::<BlockDelta<'_>>(raw.get()).ok()?;
+                    Some((raw, d))
+                }) else {
+                    return;
+                };
+                let Some(Block {
+                    fields: block,
+                    json,
+                    ..
+                }) = self.blocks.iter_mut().find(|b| b.index == ev.index)
+                else {
+                    return;
+                };
+                let mut added = 0;
+                match d.kind {
+                    "text_delta" => {
+                        let t = d.text.unwrap_or_default();
+                        added = t.len();
+                        append(block, "text", &t);
+                    }
+                    "thinking_delta" => {
+                        let t = d.thinking.unwrap_or_default();
+                        added = t.len();
+                        append(block, "thinking", &t);
+                    }
+                    "signature_delta" => {
+                        let t = d.signature.unwrap_or_default();
+                        added = t.len();
+                        append(block, "signature", &t);
+                    }
+                    "input_json_delta" => {
+                        let t = d.partial_json.unwrap_or_default();
+                        added = t.len();
+                        json.get_or_insert_with(String::new).push_str(&t);
+                    }
+                    "citations_delta" => {
+                        if let Some(c) = d.citation {
+                            match block
+                                .entry("citations")
+                                .or_insert_with(|| Value::Array(Vec::new()))
+                            {
+                                Value::Array(a) => a.push(raw(c)),
+                                other => *other = Value::Array(vec![raw(c)]),
+                            }
+                        }
+                    }
+                    // The opaque `encrypted_content` is sent whole, and must go back verbatim.
+                    "compaction_delta" => added = merge(block, raw_delta, &["encrypted_content"]),
+                    // A delta this reader does not know yet (a new beta): merged as the known
+                    // ones are, rather than lost.
+                    _ => added = merge(block, raw_delta, &[]),
+                }
+                if added > 0 && d.kind != "signature_delta" {
+                    self.output = true;
+                }
+                self.text += added;
+            }
+            "message_delta" => {
+                let Some(m) = self.message.as_mut() else {
+                    return;
+                };
+                if let Some(Value::Object(delta)) = ev.delta.map(raw) {
+                    for (k, v) in delta {
+                        m.insert(k, v);
+                    }
+                }
+                if let Some(Value::Object(usage)) = ev.usage.map(raw) {
+                    let into = m
+                        .entry("usage")
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let Value::Object(u) = into {
+                        for (k, v) in usage {
+                            if !v.is_null() {
+                                u.insert(k, v);
+                            }
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn document(self, cut: Option<Usage>) -> Option<Value> {
+        let mut message = self.message?;
+        let mut blocks = self.blocks;
+        blocks.sort_by_key(|b| b.index);
+        let content: Vec<Value> = blocks
+            .into_iter()
+            .filter_map(|block| {
+                let Block {
+                    fields: mut b,
+                    json,
+                    stopped,
+                    ..
+                } = block;
+                // A thinking block the cut left without its signature: Anthropic never returns
+                // one, and an agent that sends it back as its turn is refused (400). Dropped,
+                // as a tool call cut mid-way is.
+                let unsigned = b.get("type").and_then(Value::as_str) == Some("thinking")
+                    && b.get("signature")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty);
+                if cut.is_some() && unsigned {
+                    return None;
+                }
+                if let Some(text) = json {
+                    // A tool use the cut left before its stop was never finished, whatever
+                    // its input looks like so far: an agent would run a call never made.
+                    if cut.is_some() && !stopped {
+                        return None;
+                    }
+                    let input = if text.trim().is_empty() {
+                        // Streamed with its input whole at the start (or none at all).
+                        b.remove("input").unwrap_or_else(|| json!({}))
+                    } else {
+                        match serde_json::from_str::<Value>(&text) {
+                            Ok(v) => v,
+                            // Cut mid-way: never sent half-written.
+                            Err(_) => return None,
+                        }
+                    };
+                    b.insert("input".into(), input);
+                }
+                Some(Value::Object(b))
+            })
+            .collect();
+        message.insert("content".into(), Value::Array(content));
+        if let Some(u) = cut {
+            // A stop reason that came before the cut stands, as a finished Chat choice's
+            // does: the model had ended its answer.
+            if message.get("stop_reason").is_none_or(Value::is_null) {
+                message.insert("stop_reason".into(), json!("max_tokens"));
+                message.insert("stop_sequence".into(), Value::Null);
+            }
+            let usage = message
+                .entry("usage")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(m) = usage {
+                // Only when absent: 0 is a count (a prompt read wholly from the cache).
+                if m.get("input_tokens").is_none_or(Value::is_null) {
+                    m.insert("input_tokens".into(), json!(u.prompt));
+                }
+                let reported = m.get("output_tokens").and_then(Value::as_u64).unwrap_or(0);
+                m.insert("output_tokens".into(), json!(reported.max(u.completion)));
+            }
+        }
+        Some(Value::Object(message))
+    }
+}
