@@ -47,6 +47,21 @@ pub fn keep_reason_phrase(status: http::StatusCode, extensions: &mut http::Exten
     extensions.insert(hyper::ext::ReasonPhrase::from_static(phrase));
 }
 
+/// Whether a header carries a credential of some kind: a provider's key (`CREDENTIALS`), a
+/// proxy's or gateway's (Azure API Management's, LiteLLM's, Cloudflare AI Gateway's), or a
+/// cookie. Such a header's value must never be logged or shown.
+pub fn carries_credentials(name: &HeaderName) -> bool {
+    CREDENTIALS.contains(name)
+        || [
+            "proxy-authorization",
+            "cookie",
+            "ocp-apim-subscription-key",
+            "x-litellm-api-key",
+            "cf-aig-authorization",
+        ]
+        .contains(&name.as_str())
+}
+
 /// Connection-level headers (RFC 9110 section 7.6.1) that never cross a proxy.
 const HOPS: usize = 9;
 const HOP_BY_HOP: [HeaderName; HOPS] = [

@@ -68,7 +68,8 @@ fn is_dot_segment(mut segment: &[u8]) -> bool {
 /// The path as routes match it and the upstream receives it, each path RFC 3986 6.2.2
 /// calls equivalent spelled one way: percent-encoded unreserved characters decoded
 /// (`/v1/%63hat/completions` is `/v1/chat/completions`, as every server reads it), the
-/// other escapes' hex digits in upper case, and runs of `/` merged (`/v1//chat/completions`, as nginx merges them). Otherwise such a path
+/// other escapes' hex digits in upper case, and runs of `/` merged
+/// (`/v1//chat/completions`, as nginx merges them). Otherwise such a path
 /// slips past the route for its plain spelling (and that route's client keys and limits)
 /// to a wider one, while the provider serves it as the plain path. Borrowed, at the cost of
 /// one scan, when there is nothing to change.

@@ -45,6 +45,17 @@ fn invalid(header: &str, value: &[u8], reason: &'static str) -> GatewayError {
     }
 }
 
+/// Whether `bytes` can be a run id: 1 to 128 visible ASCII bytes. `Err`: what they are not.
+pub fn check_id(bytes: &[u8]) -> Result<(), &'static str> {
+    if bytes.is_empty() || bytes.len() > MAX_RUN_ID {
+        return Err("must be 1 to 128 bytes long");
+    }
+    if !bytes.iter().all(u8::is_ascii_graphic) {
+        return Err("must be visible ASCII characters, without spaces");
+    }
+    Ok(())
+}
+
 /// The run id the request carries, if any. A malformed one is refused: a client that meant
 /// its calls to be bounded as one run must not have them served unbounded.
 pub fn run_id(headers: &HeaderMap, source: &RunIdSource) -> Result<Option<Arc<str>>, GatewayError> {
@@ -62,16 +73,7 @@ pub fn run_id(headers: &HeaderMap, source: &RunIdSource) -> Result<Option<Arc<st
     let bytes = value.as_bytes();
     let id = match source {
         RunIdSource::Header(_) => {
-            if bytes.is_empty() || bytes.len() > MAX_RUN_ID {
-                return Err(invalid(name, bytes, "must be 1 to 128 bytes long"));
-            }
-            if !bytes.iter().all(u8::is_ascii_graphic) {
-                return Err(invalid(
-                    name,
-                    bytes,
-                    "must be visible ASCII characters, without spaces",
-                ));
-            }
+            check_id(bytes).map_err(|why| invalid(name, bytes, why))?;
             bytes
         }
         RunIdSource::TraceParent => trace_id(bytes).ok_or_else(|| {

@@ -15,7 +15,7 @@ use http_body_util::Full;
 
 use crate::config::redacted_url;
 use crate::gateway::Gateway;
-use crate::runs::id::MAX_RUN_ID;
+use crate::runs::id::check_id;
 use crate::runs::{RunKey, RunState, Runs};
 use crate::telemetry::metrics::Metrics;
 
@@ -115,11 +115,11 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 
 /// `GET /runs/{id}`: every run with that id (one per client key scope), as JSON.
 async fn run(runs: &Runs, id: &str) -> Response<Full<Bytes>> {
-    if id.is_empty() || id.len() > MAX_RUN_ID || !id.bytes().all(|b| b.is_ascii_graphic()) {
+    if let Err(why) = check_id(id.as_bytes()) {
         // Bounded, as the request path may be long.
         let shown: String = id.chars().take(64).collect();
         let body = serde_json::json!({"error": {"code": "invalid_run_id", "message": format!(
-            "{shown:?} is no run id: a run id is 1 to 128 visible ASCII bytes"
+            "{shown:?} is no run id: a run id is 1 to 128 visible ASCII bytes ({why})"
         )}});
         return json(StatusCode::BAD_REQUEST, &body);
     }
