@@ -26,4 +26,5 @@ mod secrets;
 mod smuggling;
 mod stream;
 mod stream_upstream;
+mod stream_upstream_ends;
 mod upstream_tls;
