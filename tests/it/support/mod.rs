@@ -23,6 +23,14 @@ use tokio::time::Instant;
 /// closed after the client left"), however loaded the machine. Tests that use it keep every
 /// other cause of the same effect (limits, scripted delays) at 10 s or more, so passing
 /// within it still proves the cause: the bound only has to beat those, not the scheduler.
+/// A directory of its own for one test's files, removed when dropped.
+pub fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("hourglass-it-{tag}-"))
+        .tempdir()
+        .unwrap()
+}
+
 pub const PROMPTLY: Duration = Duration::from_secs(2);
 
 pub struct Harness {

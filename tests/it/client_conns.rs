@@ -1,0 +1,365 @@
+//! Client connections: h2c resets and prefaces, heads that stall or are too large, and
+//! connections closed for sending nothing.
+
+use std::time::Duration;
+
+use crate::support::*;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+#[tokio::test]
+async fn an_h2c_client_reset_cancels_the_upstream() {
+    let h = Harness::with_config(&BASE.replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\""))
+        .await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = chat_request(&[("x-fake-freeze-after", "1")], true);
+    *req.uri_mut() = "http://localhost/v1/chat/completions".parse().unwrap();
+    req.headers_mut().remove("host");
+    let resp = sender.send_request(req).await.unwrap();
+    let mut body = resp.into_body();
+    read_events(&mut body, 2).await;
+    let left = Instant::now();
+    drop(body);
+    let delay = upstream_close_delay(&h.fake, left).await;
+    assert!(delay < PROMPTLY, "{delay:?}");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_client_stalling_mid_head_gets_408() {
+    let h = Harness::with_config(
+        &BASE.replace("[server]\n", "[server]\nheader_read_timeout = \"300ms\"\n"),
+    )
+    .await;
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut buf = vec![0; 1024];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 408"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    assert!(start.elapsed() < Duration::from_secs(4));
+    assert!(h.fake.requests().is_empty());
+    // Counted, as hyper's other refusals are; an idle keep-alive connection closed at the
+    // same timeout is not a refused head.
+    let mut idle = TcpStream::connect(h.addr()).await.unwrap();
+    let body = r#"{"model":"m"}"#;
+    idle.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut got)).await;
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    assert_eq!(
+        h.metric("hourglass_refused_heads_total{reason=\"header_timeout\"}")
+            .await,
+        1.0
+    );
+}
+
+/// A connection that never says anything is not held past the header-read timeout (nor is
+/// one that stops part-way through the HTTP/2 preface), and any `max_connections` slot it
+/// held is free again.
+#[tokio::test]
+async fn a_client_that_sends_nothing_is_closed_at_the_header_read_timeout() {
+    let h = Harness::with_config(&BASE.replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"300ms\"\nmax_connections = 2\n",
+    ))
+    .await;
+    for sent in [&b""[..], b"PRI * HTTP/2.0\r\n"] {
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(h.addr()).await.unwrap();
+            s.write_all(sent).await.unwrap();
+            held.push(s);
+        }
+        let start = Instant::now();
+        for s in &mut held {
+            let mut buf = [0u8; 64];
+            let read = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("{sent:?}: still open after 3 s"));
+            // Closed without an answer (a reset when unread bytes were left behind).
+            assert!(matches!(read, Ok(0) | Err(_)), "{sent:?}: {read:?}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(2), "{sent:?}");
+        // Both slots are free again: a real request is served.
+        let (resp, _conn) = h.chat(&[]).await;
+        assert_eq!(resp.status(), 200, "{sent:?}");
+    }
+    assert_eq!(h.fake.requests().len(), 2);
+}
+
+/// The HTTP/2 preface arriving in two pieces is still HTTP/2.
+#[tokio::test]
+async fn an_h2c_preface_split_across_writes_is_still_http2() {
+    let h = Harness::start().await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let io = SplitFirstWrite {
+        inner: tcp,
+        first: true,
+        pause: None,
+    };
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = chat_request(&[], false);
+    *req.uri_mut() = "http://localhost/v1/chat/completions".parse().unwrap();
+    req.headers_mut().remove("host");
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+}
+
+/// Sends the first 10 bytes of the first write alone, then nothing for 50 ms.
+struct SplitFirstWrite {
+    inner: TcpStream,
+    first: bool,
+    pause: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl tokio::io::AsyncRead for SplitFirstWrite {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for SplitFirstWrite {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if let Some(pause) = self.pause.as_mut() {
+            std::task::ready!(std::future::Future::poll(pause.as_mut(), cx));
+            self.pause = None;
+        }
+        if std::mem::take(&mut self.first) {
+            self.pause = Some(Box::pin(tokio::time::sleep(Duration::from_millis(50))));
+            let n = buf.len().min(10);
+            return std::pin::Pin::new(&mut self.inner).poll_write(cx, &buf[..n]);
+        }
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test]
+async fn oversized_heads_and_too_many_headers_get_431() {
+    let h = Harness::start().await;
+    for head in [
+        format!(
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "a".repeat(70_000)
+        ),
+        format!(
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\n{}\r\n",
+            (0..120)
+                .map(|i| format!("x-h{i}: v\r\n"))
+                .collect::<String>()
+        ),
+    ] {
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        let _ = s.write_all(head.as_bytes()).await;
+        let mut buf = vec![0; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 431"),
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+    }
+    assert!(h.fake.requests().is_empty());
+}
+
+/// The default limit is 100 header lines, `host` included: the 100th is served, the 101st
+/// refused.
+#[tokio::test]
+async fn the_default_header_limit_is_one_hundred() {
+    let h = Harness::start().await;
+    for (extra, refused) in [(99, false), (100, true)] {
+        let head = format!(
+            "GET /v1/models HTTP/1.1\r\nhost: x\r\n{}connection: close\r\n\r\n",
+            (0..extra - 1)
+                .map(|i| format!("x-h{i}: v\r\n"))
+                .collect::<String>()
+        );
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert_eq!(
+            text.starts_with("HTTP/1.1 431"),
+            refused,
+            "{} headers: {text:?}",
+            extra + 1
+        );
+        assert!(text.starts_with("HTTP/1.1 "), "{text:?}");
+    }
+}
+
+/// An HTTP/2 connection with no stream open is closed (GOAWAY, then close) after the
+/// header-read timeout, as an idle HTTP/1 keep-alive connection is: one that sent its preface
+/// and then nothing, and one whose last stream has ended. A connection with a stream open
+/// stays, however long the stream.
+#[tokio::test]
+async fn an_h2c_connection_with_no_stream_open_is_closed_after_the_header_read_timeout() {
+    let h = Harness::with_config(&BASE.replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"300ms\"\nmax_connections = 1\n",
+    ))
+    .await;
+    async fn connect(
+        addr: std::net::SocketAddr,
+    ) -> (
+        hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+        tokio::sync::oneshot::Receiver<Instant>,
+    ) {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        let (closed_tx, closed) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let _ = conn.await;
+            let _ = closed_tx.send(Instant::now());
+        });
+        (sender, closed)
+    }
+    let request = |headers: &[(&str, &str)]| {
+        let mut req = chat_request(headers, true);
+        *req.uri_mut() = "http://localhost/v1/chat/completions".parse().unwrap();
+        req.headers_mut().remove("host");
+        req
+    };
+
+    // The preface, then nothing.
+    let start = Instant::now();
+    let (_sender, closed) = connect(h.addr()).await;
+    let at = tokio::time::timeout(Duration::from_secs(3), closed)
+        .await
+        .expect("an idle h2c connection was still open after 3 s")
+        .unwrap();
+    let idle = at - start;
+    assert!(
+        idle >= Duration::from_millis(250) && idle < Duration::from_millis(1500),
+        "closed after {idle:?}"
+    );
+
+    // The preface and SETTINGS from a client that then reads nothing and answers no PING, so
+    // never completes the graceful close: dropped a limit after its GOAWAY.
+    let mut raw = TcpStream::connect(h.addr()).await.unwrap();
+    raw.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = raw.read(&mut buf).await {
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("a client that ignores the GOAWAY's PING held the connection past 5 s");
+    let held = start.elapsed();
+    assert!(held < Duration::from_millis(2500), "closed after {held:?}");
+    // A GOAWAY frame (type 7) was among what it was sent.
+    let mut at = 0;
+    let mut goaway = false;
+    while at + 9 <= got.len() {
+        let len =
+            usize::from(got[at]) << 16 | usize::from(got[at + 1]) << 8 | usize::from(got[at + 2]);
+        goaway |= got[at + 3] == 7;
+        at += 9 + len;
+    }
+    assert!(goaway, "no GOAWAY in {got:?}");
+
+    // A stream of 1.2 s, four limits long: the connection stays, and serves another after it.
+    let (mut sender, mut closed) = connect(h.addr()).await;
+    let resp = sender
+        .send_request(request(&[
+            ("x-fake-chunks", "12"),
+            ("x-fake-interval-ms", "100"),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+    assert!(closed.try_recv().is_err(), "closed while a stream was open");
+    let resp = sender.send_request(request(&[])).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.into_body().collect().await.unwrap();
+    let ended = Instant::now();
+    // Then, with nothing open, it goes.
+    let at = tokio::time::timeout(Duration::from_secs(3), closed)
+        .await
+        .expect("an h2c connection idle after its streams was still open after 3 s")
+        .unwrap();
+    let idle = at - ended;
+    assert!(
+        idle >= Duration::from_millis(250) && idle < Duration::from_millis(1500),
+        "closed {idle:?} after its last stream"
+    );
+    // Its `max_connections` slot serves again.
+    let (resp, _conn) = h.chat(&[]).await;
+    assert_eq!(resp.status(), 200);
+}
