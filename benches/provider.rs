@@ -198,6 +198,7 @@ fn limits() -> StreamLimits {
         deadline: far,
         budget: Duration::from_secs(3600),
         reserve: Duration::ZERO,
+        client_budget: false,
         upstream: Arc::from("bench"),
         run: None,
         run_tokens: None,

@@ -54,6 +54,11 @@ pub enum BudgetSource {
 }
 
 impl BudgetSource {
+    /// The client's own headers set the budget.
+    pub fn is_client(self) -> bool {
+        matches!(self, Self::Header | Self::GrpcTimeout | Self::EnvoyExpected)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Header => BUDGET_HEADER,
@@ -211,7 +216,13 @@ impl Budget {
 
     /// The error of a deadline that passed: the call's, or its run's.
     pub fn deadline_error(&self) -> GatewayError {
-        deadline_error(self.total, self.reserve, self.run.as_ref(), Duration::ZERO)
+        deadline_error(
+            self.total,
+            self.reserve,
+            self.source.is_client(),
+            self.run.as_ref(),
+            Duration::ZERO,
+        )
     }
 
     /// What the upstream may still spend at `now`.
@@ -260,7 +271,13 @@ impl Budget {
     ) -> GatewayError {
         let left = self.deadline.saturating_duration_since(now);
         if self.run.is_some() {
-            return deadline_error(self.total, self.reserve, self.run.as_ref(), left);
+            return deadline_error(
+                self.total,
+                self.reserve,
+                self.source.is_client(),
+                self.run.as_ref(),
+                left,
+            );
         }
         GatewayError::InsufficientBudget {
             // What the message calls left after the reserve.
@@ -293,11 +310,16 @@ pub fn run_budget(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError>
 pub fn deadline_error(
     budget: Duration,
     reserve: Duration,
+    client_budget: bool,
     run: Option<&RunBound>,
     left: Duration,
 ) -> GatewayError {
     match run {
-        None => GatewayError::DeadlineExceeded { budget, reserve },
+        None => GatewayError::DeadlineExceeded {
+            budget,
+            reserve,
+            client_budget,
+        },
         Some(r) => GatewayError::RunDeadlineExceeded {
             run: r.id.to_string(),
             budget: r.budget,

@@ -157,6 +157,9 @@ pub enum GatewayError {
         /// What the route holds back for after the upstream's share: the cut came that much
         /// before the budget's end.
         reserve: Duration,
+        /// The client set the budget (a budget header): its own deadline has passed, and
+        /// the same request sent again would get a new one.
+        client_budget: bool,
     },
     #[error("upstream {upstream:?} unavailable: {reason}")]
     UpstreamUnavailable {
@@ -553,37 +556,48 @@ impl GatewayError {
         }
     }
 
-    /// The body sent when no response head has gone out yet.
+    /// The body sent when no response head has gone out yet. The top-level `type` is
+    /// Anthropic's (`{"type":"error","error":{..}}`): clients that check it before reading
+    /// the error (the Vercel AI SDK) showed only the status text without it; OpenAI's
+    /// clients read `error` alone.
     pub fn json_body(&self) -> Bytes {
         #[derive(serde::Serialize)]
         struct Body {
             error: ErrorObject,
+            #[serde(rename = "type")]
+            kind: &'static str,
         }
-        let mut out = Vec::with_capacity(160);
+        let mut out = Vec::with_capacity(176);
         write_json(
             &mut out,
             &Body {
                 error: self.error_object(),
+                kind: "error",
             },
         );
         Bytes::from(out)
     }
 
     /// The single event appended to an SSE stream that a limit or failure cut. Anthropic's
-    /// SDKs read `event: error`; OpenAI's raise on any data object with an `error` key.
-    pub fn sse_event(&self) -> Bytes {
+    /// SDKs read `event: error`; OpenAI's raise on any data object with an `error` key. On
+    /// a Responses stream, whose every event is numbered, it takes the next number
+    /// (`sequence_number`).
+    pub fn sse_event(&self, sequence_number: Option<u64>) -> Bytes {
         #[derive(serde::Serialize)]
         struct Data {
             error: ErrorObject,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            sequence_number: Option<u64>,
             #[serde(rename = "type")]
             kind: &'static str,
         }
-        let mut out = Vec::with_capacity(192);
+        let mut out = Vec::with_capacity(224);
         out.extend_from_slice(b"event: error\ndata: ");
         write_json(
             &mut out,
             &Data {
                 error: self.error_object(),
+                sequence_number,
                 kind: "error",
             },
         );
@@ -632,6 +646,9 @@ impl GatewayError {
             }
             // The same request loops (or is refused, or cannot fit) the same way again: the
             // OpenAI and Anthropic SDKs, which retry any 5xx by default, obey this header.
+            // A deadline the client set is its own: a retry would come with a new one, and
+            // an answer after the time the client asked for (openai 3.63: a 2 s budget,
+            // 504 after 7.3 s and three requests).
             // (An unsupported coding's body is never read: the answer also closes, as every
             // answer made before the body was read does, `gateway::body::error_answer`.)
             Self::LoopDetected { .. }
@@ -645,7 +662,11 @@ impl GatewayError {
             | Self::RunTokenLimit { .. }
             | Self::RunTokensSpent { .. }
             | Self::RunLoopDetected { .. }
-            | Self::RunDeadlineExceeded { .. } => {
+            | Self::RunDeadlineExceeded { .. }
+            | Self::DeadlineExceeded {
+                client_budget: true,
+                ..
+            } => {
                 resp.headers_mut().insert(
                     http::HeaderName::from_static("x-should-retry"),
                     http::HeaderValue::from_static("false"),
@@ -791,6 +812,7 @@ mod tests {
                 GatewayError::DeadlineExceeded {
                     budget: after,
                     reserve: Duration::ZERO,
+                    client_budget: false,
                 },
                 "deadline exceeded: the request's budget of 1000ms is spent",
             ),
@@ -802,7 +824,7 @@ mod tests {
             let words = e.code().replace('_', " ");
             let words = words.trim_end_matches(" timeout").to_owned();
             assert!(message.starts_with(&words), "{}: {message}", e.code());
-            for body in [e.json_body(), e.sse_event()] {
+            for body in [e.json_body(), e.sse_event(None)] {
                 let text = String::from_utf8(body.to_vec()).unwrap();
                 assert!(text.contains(&start.replace('"', "\\\"")), "{text}");
             }
@@ -832,7 +854,7 @@ mod tests {
             upstream: "openai".into(),
             after: Duration::from_millis(1500),
         };
-        let ev = e.sse_event();
+        let ev = e.sse_event(None);
         let text = std::str::from_utf8(&ev).unwrap();
         assert!(text.starts_with("event: error\ndata: "));
         assert!(text.ends_with("\n\n"));
@@ -849,9 +871,31 @@ mod tests {
              \"idle timeout: upstream \\\"openai\\\" was silent for 1500ms\",\"type\":\"timeout_error\"},\
              \"type\":\"error\"}\n\n"
         );
+        // Before the head: the same, Anthropic's top-level `type` included.
         assert_eq!(
             &e.json_body()[..],
-            &br#"{"error":{"code":"idle_timeout","message":"idle timeout: upstream \"openai\" was silent for 1500ms","type":"timeout_error"}}"#[..]
+            &br#"{"error":{"code":"idle_timeout","message":"idle timeout: upstream \"openai\" was silent for 1500ms","type":"timeout_error"},"type":"error"}"#[..]
         );
+    }
+
+    /// On a Responses stream the event takes the number the next event would have had, as
+    /// the API's own `error` event does.
+    #[test]
+    fn an_sse_event_on_a_responses_stream_is_numbered() {
+        let e = GatewayError::DeadlineExceeded {
+            budget: Duration::from_secs(2),
+            reserve: Duration::ZERO,
+            client_budget: false,
+        };
+        let ev = e.sse_event(Some(7));
+        let text = std::str::from_utf8(&ev).unwrap();
+        let data = text.lines().nth(1).unwrap().strip_prefix("data: ").unwrap();
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert_eq!(v["sequence_number"], 7);
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["code"], "deadline_exceeded");
+        assert!(!String::from_utf8(e.sse_event(None).to_vec())
+            .unwrap()
+            .contains("sequence_number"));
     }
 }

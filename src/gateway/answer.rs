@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::error::{BoxError, GatewayError, FORWARDED_METHODS};
 use crate::gateway::assembled::assembled;
-use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
+use crate::gateway::body::{error_answer, no_retry_after_retries, ProxyBody, WatchedBody};
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
 use crate::http::conn::ClientConn;
@@ -162,6 +162,7 @@ impl Gateway {
                         );
                     }
                     answer_request_id(&mut parts.headers, &id);
+                    no_retry_after_retries(&mut parts.headers, parts.status, &record);
                     if let Some(view) = record.run_view() {
                         insert_run_headers(&mut parts.headers, &view, Instant::now());
                     }

@@ -170,11 +170,21 @@ impl<'a> Attempt<'a> {
             // An answer assembled for a client that did not stream keeps that client silent
             // until it is whole: it ends (whole, partial or 504) before the client's SDK
             // gives up, when the SDK said when that is.
-            let (deadline, total, reserve) = match budget.patience {
-                Some(p) if assembled && budget.arrival + p < work_deadline => {
-                    (budget.arrival + p, p.min(budget.total), Duration::ZERO)
-                }
-                _ => (work_deadline, budget.total, budget.reserve),
+            // (The client's patience is its SDK's timeout, which the SDK retries like
+            // any timeout: not a budget the client set.)
+            let (deadline, total, reserve, client_budget) = match budget.patience {
+                Some(p) if assembled && budget.arrival + p < work_deadline => (
+                    budget.arrival + p,
+                    p.min(budget.total),
+                    Duration::ZERO,
+                    false,
+                ),
+                _ => (
+                    work_deadline,
+                    budget.total,
+                    budget.reserve,
+                    budget.source.is_client(),
+                ),
             };
             let limits = StreamLimits {
                 first_token_deadline,
@@ -183,6 +193,7 @@ impl<'a> Attempt<'a> {
                 deadline,
                 budget: total,
                 reserve,
+                client_budget,
                 upstream: upstream.name.clone(),
                 run: budget.run.clone().map(Box::new),
                 run_tokens: None,

@@ -405,6 +405,11 @@ impl RequestRecord {
         }
     }
 
+    /// The gateway made more than one attempt (retries, fallbacks or a hedge).
+    pub fn retried(&self) -> bool {
+        self.attempts.len() > 1
+    }
+
     pub fn set_status(&mut self, status: u16) {
         self.status = Some(status);
     }

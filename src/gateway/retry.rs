@@ -806,6 +806,7 @@ fallbacks = ["b"]
             GatewayError::DeadlineExceeded {
                 budget: Duration::from_secs(60),
                 reserve: Duration::ZERO,
+                client_budget: false,
             },
         ] {
             assert_eq!(v(neither), Verdict::Neither);

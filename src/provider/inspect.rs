@@ -57,6 +57,9 @@ pub struct Inspector {
     /// The lines of an SSE body; `None` for a JSON document.
     scanner: Option<SseScanner>,
     reader: Reader,
+    /// The events dispatched so far, keep-alives and errors aside (32 bits: in the padding
+    /// of the struct, and four billion events are no answer).
+    dispatched: u32,
 }
 
 /// What the scanner hands each event's data to.
@@ -121,6 +124,7 @@ impl Inspector {
                 choices_done: 0,
                 choices_wide: false,
             },
+            dispatched: 0,
         }
     }
 
@@ -205,6 +209,14 @@ impl Inspector {
         self.scanner.is_some() && (r.done || r.over)
     }
 
+    /// The `sequence_number` an event appended to this Responses stream takes: every event
+    /// of the API carries one, from 0 up, and clients (the Vercel AI SDK) refuse an error
+    /// event without it. `None` for other formats, whose events carry none.
+    pub fn next_sequence_number(&self) -> Option<u64> {
+        (self.scanner.is_some() && self.reader.format == Format::Responses)
+            .then_some(u64::from(self.dispatched))
+    }
+
     /// What has been counted so far.
     pub fn tokens(&self) -> Tokens {
         self.reader.tokens
@@ -234,6 +246,7 @@ impl Inspector {
         };
         self.reader.output = false;
         let scan = scanner.scan_with(chunk, &mut self.reader);
+        self.dispatched = self.dispatched.saturating_add(scan.progress);
         (scan, self.reader.output)
     }
 }

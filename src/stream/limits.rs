@@ -22,6 +22,8 @@ pub struct StreamLimits {
     /// The request's whole budget, and the reserve held back from it, for the error message.
     pub budget: Duration,
     pub reserve: Duration,
+    /// The budget is the client's own (see `BudgetSource::is_client`).
+    pub client_budget: bool,
     pub upstream: Arc<str>,
     /// The run whose deadline is `deadline`, when it is the run's rather than the call's.
     /// (This and the next are boxed: most streams are in no run, and every open stream
@@ -50,6 +52,7 @@ impl StreamLimits {
         deadline_error(
             self.budget,
             self.reserve,
+            self.client_budget,
             self.run.as_deref(),
             Duration::ZERO,
         )

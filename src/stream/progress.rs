@@ -77,6 +77,15 @@ impl Progress {
         !matches!(self.reader, Reader::Opaque(_))
     }
 
+    /// The `sequence_number` of an event appended to a Responses stream (see
+    /// `Inspector::next_sequence_number`).
+    pub fn next_sequence_number(&self) -> Option<u64> {
+        match &self.reader {
+            Reader::Inspected(i) => i.next_sequence_number(),
+            _ => None,
+        }
+    }
+
     /// What the inspector counted so far, when the format is known.
     pub fn tokens(&self) -> Option<Tokens> {
         match &self.reader {

@@ -312,6 +312,7 @@ where
                             this.ready,
                             this.state,
                             this.observer,
+                            this.progress,
                             err,
                         );
                         continue;
@@ -435,6 +436,7 @@ where
                         this.ready,
                         this.state,
                         this.observer,
+                        this.progress,
                         err,
                     );
                 }
@@ -466,6 +468,7 @@ where
                                 this.ready,
                                 this.state,
                                 this.observer,
+                                this.progress,
                                 GatewayError::Shutdown,
                             );
                             continue;
@@ -517,6 +520,7 @@ where
                         this.ready,
                         this.state,
                         this.observer,
+                        this.progress,
                         err,
                     );
                 }
@@ -583,7 +587,7 @@ fn end_of_body<B, O: Observer>(
             upstream: limits.upstream.to_string(),
             reason: ENDED_SHORT.to_owned(),
         };
-        cut(inner, sse, ready, state, observer, err);
+        cut(inner, sse, ready, state, observer, progress, err);
         return false;
     }
     flush_held(sse, ready);
@@ -692,6 +696,7 @@ fn cut<B, O: Observer>(
     ready: &mut VecDeque<Bytes>,
     state: &mut State,
     observer: &mut O,
+    progress: &Progress,
     err: GatewayError,
 ) {
     inner.set(None);
@@ -713,7 +718,7 @@ fn cut<B, O: Observer>(
                 ready.push_back(Bytes::from_static(b"\n\n"));
                 written += 2;
             }
-            let event = err.sse_event();
+            let event = err.sse_event(progress.next_sequence_number());
             written += event.len();
             ready.push_back(event);
             // The client is sent these bytes too: the log line's `bytes` counts them.

@@ -745,3 +745,37 @@ async fn the_log_line_keeps_the_gateways_own_bytes_out_of_the_upstreams_timings(
     assert!(failed.get("ttfb_ms").is_some(), "{failed}");
     assert!(failed.get("ttft_ms").is_none(), "{failed}");
 }
+
+/// A deadline the client set is its own: its 504 tells the SDKs not to send the request again
+/// (each retry came with a new budget, and the answer after the time asked for: openai 3.63,
+/// a 2 s budget, a 504 after 7.3 s and three requests). A deadline of the route's config
+/// leaves retrying to them. Both bodies carry Anthropic's top-level `type` as well.
+#[tokio::test]
+async fn a_deadline_the_client_set_tells_sdks_not_to_retry() {
+    // The reserve ends the work at 1.5 s, before the first-token limit (2 s).
+    let h = Harness::with_config(
+        &BASE.replace("budget = \"10s\"", "budget = \"2500ms\"\nreserve = \"1s\""),
+    )
+    .await;
+    h.fake.set_script(&[("x-fake-ttft-ms", "5000")]);
+    let cases = [
+        (Some(("x-request-budget-ms", "2500")), Some("false")),
+        (Some(("grpc-timeout", "2500m")), Some("false")),
+        (None, None),
+    ];
+    for (header, retry) in cases {
+        let headers: Vec<_> = header.into_iter().collect();
+        let headers = &headers[..];
+        let (resp, _c) = h.send(chat_request(headers, false)).await;
+        assert_eq!(resp.status(), 504, "{headers:?}");
+        let should_retry = resp.headers().get("x-should-retry").cloned();
+        assert_eq!(
+            should_retry.as_ref().map(|v| v.to_str().unwrap()),
+            retry,
+            "{headers:?}"
+        );
+        let v = json_body(resp).await;
+        assert_eq!(v["error"]["code"], "deadline_exceeded", "{headers:?}");
+        assert_eq!(v["type"], "error");
+    }
+}

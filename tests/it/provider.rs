@@ -691,6 +691,19 @@ async fn the_fakes_responses_api_is_read_as_openais() {
     assert_message_starts(&err, "idle timeout: ");
     assert_eq!(read.text().matches("event: error").count(), 1);
     assert!(!read.text().contains("response.completed"));
+    // Numbered as the API numbers its events, the next number after the last one sent:
+    // clients that check the number (the Vercel AI SDK) refused the event without it.
+    let numbers: Vec<serde_json::Value> = read
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap()["sequence_number"].clone())
+        .collect();
+    let (error, sent) = numbers.split_last().unwrap();
+    assert!(sent.len() > 2, "{}", read.text());
+    let sent: Vec<u64> = sent.iter().map(|n| n.as_u64().unwrap()).collect();
+    assert_eq!(sent, (0..sent.len() as u64).collect::<Vec<_>>());
+    assert_eq!(error.as_u64(), Some(sent.len() as u64), "{}", read.text());
     h.wait_requests("responses", 4.0).await;
     assert_eq!(
         h.metric(r#"hourglass_cancellations_total{origin="idle",route="responses"}"#)

@@ -168,6 +168,41 @@ async fn a_primary_that_refuses_connections_falls_back_within_budget() {
     );
 }
 
+/// A failure of the gateway's own after its fallback failed too tells the SDKs not to run
+/// the chain again; the same failure of a route that made one attempt leaves it to them.
+#[tokio::test]
+async fn a_failure_after_a_fallback_tells_sdks_not_to_retry() {
+    let (_refusing, url) = closed_port();
+    let (_refusing_too, backup) = closed_port();
+    let toml = config(&url, &backup, "fallbacks = [\"backup\"]", "", "");
+    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
+        .await
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], false))
+        .await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "upstream_unavailable"
+    );
+    gw.shutdown().await;
+    // One attempt only (the primary refused, no fallback configured).
+    let toml = config(&url, &backup, "", "", "");
+    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
+        .await
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], false))
+        .await;
+    assert_eq!(resp.status(), 502);
+    assert!(!resp.headers().contains_key("x-should-retry"));
+    gw.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_late_first_token_switches_to_the_fallback_and_leaves_it_room() {
     // The backup is expected to need 3 s to its first token, so with 5 s of budget the
@@ -314,6 +349,8 @@ async fn a_retry_that_does_not_fit_is_not_made() {
     let (resp, _c) = p.chat(&[("x-request-budget-ms", "1000")]).await;
     // No time for another attempt: the upstream's own answer passes through.
     assert_eq!(resp.status(), 503);
+    // One attempt: retrying is left to the client's SDK, as without the gateway.
+    assert!(!resp.headers().contains_key("x-should-retry"));
     read_body(resp.into_body()).await;
     assert_eq!(p.primary.requests().len(), 1, "no second request was made");
 }
@@ -324,6 +361,9 @@ async fn a_retry_that_fits_is_made_and_counted() {
     p.primary.set_script(&[("x-fake-status", "500")]);
     let (resp, _c) = p.chat(&[("x-request-budget-ms", "5000")]).await;
     assert_eq!(resp.status(), 500, "the last answer passes through");
+    // With a header of the gateway's: the retrying was done here, and the SDKs' own two
+    // retries would each run the three attempts again.
+    assert_eq!(resp.headers()["x-should-retry"], "false");
     read_body(resp.into_body()).await;
     assert_eq!(p.primary.requests().len(), 3);
     p.wait_reported(1.0).await;

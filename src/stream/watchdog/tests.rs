@@ -64,6 +64,7 @@ fn limits(first: u64, idle: u64, total: u64) -> StreamLimits {
         deadline: now + ms(total),
         budget: ms(total),
         reserve: Duration::ZERO,
+        client_budget: false,
         upstream: Arc::from("up"),
         run: None,
         run_tokens: None,
