@@ -157,6 +157,13 @@ fn main() -> ExitCode {
     })
 }
 
+/// The output behind `stdio`, written without `Stdout`'s line buffer: the log's thread
+/// batches lines itself, and must see how much of a batch each write took (a short write or
+/// `EAGAIN` on a non-blocking pipe), which a buffer in between would hide.
+fn unbuffered(stdio: impl std::os::fd::AsFd) -> std::io::Result<std::fs::File> {
+    Ok(std::fs::File::from(stdio.as_fd().try_clone_to_owned()?))
+}
+
 /// The log goes through a thread of its own (`hourglass::telemetry::writer`), one per output: a
 /// line is formatted where it is logged and queued, never written there. When 64 MiB of
 /// lines wait for a reader that stopped reading, lines are dropped and counted
@@ -165,7 +172,7 @@ fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::telemetry::
     use hourglass::telemetry::writer::{spawn, LogWriter};
     use tracing_subscriber::filter::{filter_fn, EnvFilter};
     use tracing_subscriber::prelude::*;
-    let (stdout, guard) = spawn(std::io::stdout())?;
+    let (stdout, guard) = spawn(unbuffered(std::io::stdout())?)?;
     let mut guards = vec![guard];
     let mut counted = vec![stdout.clone()];
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
@@ -194,7 +201,7 @@ fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::telemetry::
                 .with_target(false)
                 .with_ansi(false)
                 .with_filter(filter_fn(|m| m.target() == "hourglass::access"));
-            let (stderr, guard) = spawn(std::io::stderr())?;
+            let (stderr, guard) = spawn(unbuffered(std::io::stderr())?)?;
             guards.push(guard);
             counted.push(stderr.clone());
             let rest = tracing_subscriber::fmt::layer()

@@ -511,7 +511,7 @@ impl Metrics {
             IntCounter::new(
                 "hourglass_log_lines_dropped_total",
                 "Log lines dropped because the log's reader fell behind (the gateway never waits \
-             on its log).",
+             on its log) or its output failed (a closed pipe).",
             ),
         );
         let runs_active = registered(&registry, IntGauge::new(

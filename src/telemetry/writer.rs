@@ -64,7 +64,7 @@ pub fn spawn(out: impl Write + Send + 'static) -> io::Result<(LogWriter, LogGuar
 }
 
 fn spawn_with_limit(
-    mut out: impl Write + Send + 'static,
+    mut sink: impl Write + Send + 'static,
     limit: usize,
 ) -> io::Result<(LogWriter, LogGuard)> {
     let shared = Arc::new(Shared::default());
@@ -73,6 +73,10 @@ fn spawn_with_limit(
         .name("hourglass-log".into())
         .spawn(move || {
             let mut batch = Vec::new();
+            let mut out = Output {
+                broken_line: false,
+                failing: false,
+            };
             loop {
                 {
                     let mut state = theirs.lock();
@@ -89,8 +93,7 @@ fn spawn_with_limit(
                     }
                     std::mem::swap(&mut state.lines, &mut batch);
                 }
-                // Nowhere to report a failed log write; the next batch tries again.
-                let _ = out.write_all(&batch).and_then(|()| out.flush());
+                out.write_batch(&mut sink, &batch, &theirs.dropped);
                 batch.clear();
                 // After a reader's stall the batch may have grown to the limit: keep what a
                 // busy gateway's lines need, not the stall's high-water mark.
@@ -107,6 +110,78 @@ fn spawn_with_limit(
         thread: Some(thread),
     };
     Ok((writer, guard))
+}
+
+/// How the writes to the output have gone.
+struct Output {
+    /// A failed write left a line half written: the next write ends it first, so that the
+    /// next line does not run on from it.
+    broken_line: bool,
+    /// The last batch failed; said once on stderr per run of failures.
+    failing: bool,
+}
+
+impl Output {
+    /// Writes the whole batch, however many writes it takes. An output that is not ready (a
+    /// non-blocking pipe a supervisor handed over, `EAGAIN`) is waited for as a blocking one
+    /// is; lines meanwhile queue up to the limit. An output that fails (a closed pipe) loses
+    /// the batch's lines, which are counted as dropped.
+    fn write_batch(&mut self, sink: &mut impl Write, batch: &[u8], dropped: &AtomicU64) {
+        if self.broken_line {
+            if let Err((_, e)) = write_fully(sink, b"\n") {
+                self.lost(batch, e, dropped);
+                return;
+            }
+            self.broken_line = false;
+        }
+        match write_fully(sink, batch).and_then(|()| sink.flush().map_err(|e| (0, e))) {
+            Ok(()) => self.failing = false,
+            Err((written, e)) => {
+                let written = written.min(batch.len());
+                // A line whose start went out and whose end did not: ended by the next write.
+                self.broken_line = written > 0 && batch[written - 1] != b'\n';
+                self.lost(&batch[written..], e, dropped);
+            }
+        }
+    }
+
+    fn lost(&mut self, unwritten: &[u8], e: io::Error, dropped: &AtomicU64) {
+        let lines = unwritten.iter().filter(|&&b| b == b'\n').count() as u64;
+        dropped.fetch_add(lines, Ordering::Relaxed);
+        if !std::mem::replace(&mut self.failing, true) {
+            // Where else: the output itself is what fails (on stderr's own writer, this
+            // fails too, and nothing is lost by trying).
+            let _ = writeln!(
+                io::stderr(),
+                "hourglass: writing the log failed ({e}); its lines are dropped and counted \
+                 in hourglass_log_lines_dropped_total"
+            );
+        }
+    }
+}
+
+/// Writes all of `bytes`; on failure, how many went out and why not. `Interrupted` is tried
+/// again at once, `WouldBlock` after a pause of up to 10 ms (this thread has nothing else
+/// to do, and a reader that is slow is no reason to drop its lines).
+fn write_fully(sink: &mut impl Write, bytes: &[u8]) -> Result<(), (usize, io::Error)> {
+    let mut written = 0;
+    let mut pause = Duration::from_micros(100);
+    while written < bytes.len() {
+        match sink.write(&bytes[written..]) {
+            Ok(0) => return Err((written, io::ErrorKind::WriteZero.into())),
+            Ok(n) => {
+                written += n;
+                pause = Duration::from_micros(100);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(10));
+            }
+            Err(e) => return Err((written, e)),
+        }
+    }
+    Ok(())
 }
 
 impl LogWriter {
@@ -189,6 +264,101 @@ mod tests {
         };
         let (writer, guard) = spawn_with_limit(stalled, limit).unwrap();
         (writer, guard, open, got)
+    }
+
+    /// An output as a non-blocking pipe is (`EAGAIN` when full, short writes), then one
+    /// that fails (a closed pipe) once `fail_at` bytes went out, until `mend` is set.
+    struct Flaky {
+        got: Arc<Mutex<Vec<u8>>>,
+        calls: u64,
+        fail_at: Option<usize>,
+        mend: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Write for Flaky {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.calls += 1;
+            if self.calls.is_multiple_of(3) {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let mut got = self.got.lock().unwrap();
+            let mut n = buf.len().min(7);
+            if let Some(at) = self.fail_at {
+                if !self.mend.load(Ordering::SeqCst) {
+                    if got.len() >= at {
+                        return Err(io::ErrorKind::BrokenPipe.into());
+                    }
+                    n = n.min(at - got.len());
+                }
+            }
+            got.extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn flaky(
+        fail_at: Option<usize>,
+    ) -> (
+        Flaky,
+        Arc<Mutex<Vec<u8>>>,
+        Arc<std::sync::atomic::AtomicBool>,
+    ) {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let mend = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let out = Flaky {
+            got: got.clone(),
+            calls: 0,
+            fail_at,
+            mend: mend.clone(),
+        };
+        (out, got, mend)
+    }
+
+    /// Short writes and `EAGAIN` (a non-blocking stdout) lose nothing: every line comes out
+    /// whole, in order. Before, a batch met with `EAGAIN` was thrown away uncounted, and the
+    /// part of a line already written ran on into the next batch's first line.
+    #[test]
+    fn a_non_blocking_output_gets_every_line_whole() {
+        let (out, got, _) = flaky(None);
+        let (writer, guard) = spawn_with_limit(out, 1 << 20).unwrap();
+        let lines: Vec<String> = (0..500).map(|i| format!("{{\"line\":{i}}}\n")).collect();
+        for line in &lines {
+            (&writer).write_all(line.as_bytes()).unwrap();
+        }
+        drop(guard);
+        assert_eq!(writer.dropped(), 0);
+        assert_eq!(
+            String::from_utf8(got.lock().unwrap().clone()).unwrap(),
+            lines.concat()
+        );
+    }
+
+    /// An output that fails counts every line it loses, the half-written one too, and once
+    /// it works again the next line starts on a line of its own.
+    #[test]
+    fn lines_lost_to_a_failing_output_are_counted_and_none_runs_on() {
+        let (out, got, mend) = flaky(Some(15));
+        let (writer, guard) = spawn_with_limit(out, 1 << 20).unwrap();
+        // Ten-byte lines: one whole, half of the second, then the pipe fails.
+        (&writer)
+            .write_all(b"line 0000\nline 0001\nline 0002\n")
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while writer.dropped() < 2 {
+            assert!(std::time::Instant::now() < deadline, "nothing counted");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(writer.dropped(), 2);
+        mend.store(true, Ordering::SeqCst);
+        (&writer).write_all(b"line 0003\n").unwrap();
+        drop(guard);
+        assert_eq!(
+            String::from_utf8(got.lock().unwrap().clone()).unwrap(),
+            "line 0000\nline \nline 0003\n"
+        );
     }
 
     #[test]
