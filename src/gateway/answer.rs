@@ -54,13 +54,7 @@ impl Gateway {
         );
         // Over HTTP/2 the stream counts as open until the record goes with the answer.
         record.hold_stream(client.and_then(|c| c.streams).map(|s| s.open()));
-        record.set_client(
-            client.map(|c| c.peer),
-            req.headers()
-                .get(header::USER_AGENT)
-                .and_then(|v| v.to_str().ok()),
-            req.version(),
-        );
+        record.set_client(client.map(|c| c.peer), req.headers(), req.version());
         record.set_client_cert(client.and_then(|c| c.certificate).cloned());
         // HTTP/1.0 has no chunked coding, and a HEAD answer no body.
         let head = req.method() == Method::HEAD;

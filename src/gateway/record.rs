@@ -313,13 +313,20 @@ impl RequestRecord {
     pub fn set_client(
         &mut self,
         addr: Option<std::net::SocketAddr>,
-        user_agent: Option<&str>,
+        headers: &http::HeaderMap,
         version: http::Version,
     ) {
         if crate::telemetry::access::enabled() {
+            // Not UTF-8 (a Latin-1 user agent): logged as near as it reads, not dropped.
+            let text = |name| {
+                headers
+                    .get(name)
+                    .map(|v: &http::HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            };
             self.client = Some(Box::new(crate::telemetry::access::ClientInfo {
                 addr,
-                user_agent: user_agent.map(str::to_string),
+                user_agent: text(http::header::USER_AGENT),
+                referer: text(http::header::REFERER),
                 version,
                 at: std::time::SystemTime::now(),
             }));

@@ -25,6 +25,7 @@ pub fn enabled() -> bool {
 pub struct ClientInfo {
     pub addr: Option<SocketAddr>,
     pub user_agent: Option<String>,
+    pub referer: Option<String>,
     pub version: Version,
     pub at: SystemTime,
 }
@@ -64,19 +65,20 @@ impl Line<'_> {
         let status = self.status.unwrap_or(499);
         let _ = write!(
             out,
-            "{ip} - {} [{}] \"{} {} {version}\" {status} {} \"-\" \"{}\"",
+            "{ip} - {} [{}] \"{} {} {version}\" {status} {} \"{}\" \"{}\"",
             self.user.unwrap_or("-"),
             clf_time(self.client.at),
             self.method,
             escape(self.path),
             self.bytes,
+            escape(self.client.referer.as_deref().unwrap_or("-")),
             escape(self.client.user_agent.as_deref().unwrap_or("-")),
         );
         let _ = write!(
             out,
             " request_id={} route={} duration_ms={:.1} outcome={}",
-            self.request_id,
-            self.route.unwrap_or("-"),
+            value(self.request_id),
+            value(self.route.unwrap_or("-")),
             self.elapsed.as_secs_f64() * 1000.0,
             self.outcome
         );
@@ -87,6 +89,21 @@ impl Line<'_> {
             let _ = write!(out, " client_cert=\"{}\"", escape(c));
         }
         out
+    }
+}
+
+/// A `key=value` pair's value as logfmt reads it: bare when it can be, else quoted and
+/// escaped. A request id is the client's (any visible ASCII: a `"` in it hid every field
+/// after it from a logfmt parser), a route name the operator's (a space or newline in it
+/// split the line).
+fn value(s: &str) -> std::borrow::Cow<'_, str> {
+    let bare = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_graphic() && !matches!(c, '"' | '\\' | '='));
+    if bare {
+        s.into()
+    } else {
+        format!("\"{}\"", escape(s)).into()
     }
 }
 
@@ -157,6 +174,7 @@ mod tests {
         let client = ClientInfo {
             addr: Some("10.1.2.3:5555".parse().unwrap()),
             user_agent: Some("OpenAI/Python 1.0\" injected=\"x".into()),
+            referer: None,
             version: Version::HTTP_11,
             at: UNIX_EPOCH + Duration::from_secs(971_186_136),
         };
@@ -186,6 +204,39 @@ mod tests {
         assert_eq!(
             named.render(),
             "10.1.2.3 - deadbeef000102a3 [10/Oct/2000:13:55:36 +0000] \"POST /v1/chat/completions HTTP/1.1\" 200 952 \"-\" \"OpenAI/Python 1.0\\\" injected=\\\"x\" request_id=abc route=chat duration_ms=87.0 outcome=ok client_cert=\"CN=agent \\\"7\\\",O=Acme\""
+        );
+    }
+
+    /// The fields after the combined format are logfmt: a request id (the client's, any
+    /// visible ASCII) or a route name (the operator's) that a parser would misread is quoted,
+    /// so that neither hides the fields after it nor splits the line. The client's Referer
+    /// is in its place.
+    #[test]
+    fn key_value_fields_are_quoted_when_they_must_be() {
+        let client = ClientInfo {
+            addr: None,
+            user_agent: None,
+            referer: Some("https://app.example/\"x".into()),
+            version: Version::HTTP_2,
+            at: UNIX_EPOCH,
+        };
+        let line = Line {
+            client: &client,
+            method: &Method::POST,
+            path: "/v1/messages",
+            status: None,
+            bytes: 0,
+            request_id: "\"a=b\\",
+            route: Some("my route\nx"),
+            elapsed: Duration::ZERO,
+            outcome: "cancelled",
+            origin: Some("client"),
+            user: None,
+            client_cert: None,
+        };
+        assert_eq!(
+            line.render(),
+            "- - - [01/Jan/1970:00:00:00 +0000] \"POST /v1/messages HTTP/2.0\" 499 0 \"https://app.example/\\\"x\" \"-\" request_id=\"\\\"a=b\\\\\" route=\"my route\\x0ax\" duration_ms=0.0 outcome=cancelled origin=client"
         );
     }
 }
