@@ -62,7 +62,7 @@ pub async fn handle<B>(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let (metrics, health) = (&admin.metrics, &admin.health);
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        let mut resp = text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
+        let mut resp = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
         // RFC 9110 15.5.6: a 405 says what is allowed.
         resp.headers_mut()
             .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));

@@ -307,6 +307,9 @@ async fn the_admin_listeners_405_names_what_it_allows() {
         let (resp, _c) = Conn::open(h.gw.admin_addr).await.send(req).await;
         assert_eq!(resp.status(), 405, "{method}");
         assert_eq!(resp.headers()["allow"], "GET, HEAD", "{method}");
+        // The body says the same as the header.
+        let body = read_body(resp.into_body()).await;
+        assert_eq!(body.text(), "only GET and HEAD\n", "{method}");
     }
 }
 
