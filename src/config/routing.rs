@@ -57,6 +57,21 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
 /// Runs in O(len(pattern) × len(text)) time without recursion or allocation,
 /// because patterns come from config but text comes from clients.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
+    glob(pattern, text, |pc, tc| pc == '?' || pc == tc)
+}
+
+/// Whether glob `wide` matches every model glob `narrow` matches: `ft*` covers `ftx`,
+/// `ft-?` and `ftfb*`; `ft?` covers `ft?` but not `ft*`. `narrow` is read as text whose `?`
+/// and `*` stand for what they match: its `?` only `wide`'s `?` or `*` can take, its `*`
+/// only `wide`'s `*`. Never true when some model would match `narrow` and not `wide`.
+pub fn glob_covers(wide: &str, narrow: &str) -> bool {
+    glob(wide, narrow, |wc, nc| nc != '*' && (wc == '?' || wc == nc))
+}
+
+/// The glob matcher of both: `one` says whether a pattern character other than `*` takes a
+/// character of the text.
+#[inline]
+fn glob(pattern: &str, text: &str, one: impl Fn(char, char) -> bool) -> bool {
     // Byte offsets, always on char boundaries because they only ever advance
     // by `len_utf8` of the char found there.
     let (mut p, mut t) = (0usize, 0usize);
@@ -74,7 +89,7 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
                 resume = Some((p, t));
                 continue;
             }
-            Some(pc) if pc == '?' || pc == tc => {
+            Some(pc) if one(pc, tc) => {
                 p += pc.len_utf8();
                 t += tc.len_utf8();
                 continue;
@@ -113,5 +128,5 @@ pub(super) fn shadows(earlier: &Route, later: &Route) -> bool {
         && later
             .models
             .iter()
-            .all(|g| earlier.models.iter().any(|e| e == "*" || e == g))
+            .all(|g| earlier.models.iter().any(|e| glob_covers(e, g)))
 }

@@ -110,6 +110,60 @@ fn shadowing_considers_models() {
     ));
 }
 
+/// A glob that takes every model a later route's glob takes makes it unreachable, not only
+/// the same glob or `*`: `ft*` before `ftfb*` and `ftx` (the audit's config, which `check`
+/// passed without a word).
+#[test]
+fn shadowing_reads_what_globs_cover() {
+    let ft = route("/v1/chat", &["ft*"]);
+    assert!(shadows(&ft, &route("/v1/chat", &["ftfb*"])));
+    assert!(shadows(&ft, &route("/v1/chat", &["ftx"])));
+    assert!(shadows(
+        &ft,
+        &route("/v1/chat/completions", &["ft-?", "ft"])
+    ));
+    assert!(!shadows(&ft, &route("/v1/chat", &["ftx", "gfb*"])));
+    assert!(!shadows(&ft, &route("/v1/chat", &["f*"])));
+    assert!(!shadows(&ft, &route("/v1/chat", &["*ft"])));
+    let one = route("/v1/chat", &["gpt-?"]);
+    assert!(shadows(&one, &route("/v1/chat", &["gpt-5"])));
+    assert!(shadows(&one, &route("/v1/chat", &["gpt-?"])));
+    assert!(!shadows(&one, &route("/v1/chat", &["gpt-*"])));
+    assert!(!shadows(&one, &route("/v1/chat", &["gpt-??"])));
+    let mid = route("/v1/chat", &["claude-*-4*"]);
+    assert!(shadows(&mid, &route("/v1/chat", &["claude-sonnet-4-5"])));
+    assert!(shadows(&mid, &route("/v1/chat", &["claude-*-4-5*"])));
+    assert!(!shadows(&mid, &route("/v1/chat", &["claude-*"])));
+}
+
+#[test]
+fn glob_covers_is_never_wider_than_matching() {
+    use crate::config::routing::glob_covers;
+    // Every model of a few shapes: when `wide` covers `narrow`, whatever `narrow` matches,
+    // `wide` matches too.
+    let globs = [
+        "*", "a*", "*a", "a?", "?a", "a*b", "a?b", "ab", "a**", "*?*", "??", "a*a*",
+    ];
+    let models = [
+        "", "a", "b", "ab", "ba", "aa", "abb", "aab", "axb", "abab", "bab",
+    ];
+    for wide in globs {
+        for narrow in globs {
+            if glob_covers(wide, narrow) {
+                for m in models {
+                    assert!(
+                        !glob_match(narrow, m) || glob_match(wide, m),
+                        "{wide:?} covers {narrow:?} but not {m:?}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(glob_covers("a*", "a*b"));
+    assert!(glob_covers("*", "a?"));
+    assert!(!glob_covers("a?", "a*"));
+}
+
 #[test]
 fn balance_with_joins_the_chain_once_and_may_be_hedged_with() {
     let three = format!(
