@@ -184,6 +184,8 @@ pub struct Scan {
     /// Events dispatched in this chunk that count as progress: every dispatched event
     /// whose type is neither exactly `ping` or `keepalive` (keep-alives) nor `error`.
     pub progress: u32,
+    /// Events dispatched in this chunk, keep-alives included (errors aside).
+    pub dispatched: u32,
     /// If an event whose type is `error` was dispatched in this chunk: the offset just past
     /// the end of that event's terminating blank line. Scanning STOPS there: the rest of the
     /// chunk is not scanned, and the scanner must not be fed again afterwards (later calls
@@ -430,6 +432,7 @@ impl SseScanner {
             EventType::Ping => {}
             EventType::Error => return true,
         }
+        out.dispatched = out.dispatched.saturating_add(1);
         provider_error
     }
 }

@@ -57,8 +57,9 @@ pub struct Inspector {
     /// The lines of an SSE body; `None` for a JSON document.
     scanner: Option<SseScanner>,
     reader: Reader,
-    /// The events dispatched so far, keep-alives and errors aside (32 bits: in the padding
-    /// of the struct, and four billion events are no answer).
+    /// The events dispatched so far, keep-alives included (the Responses API numbers its
+    /// `keepalive` events too), errors aside. 32 bits: in the padding of the struct, and
+    /// four billion events are no answer.
     dispatched: u32,
 }
 
@@ -246,7 +247,7 @@ impl Inspector {
         };
         self.reader.output = false;
         let scan = scanner.scan_with(chunk, &mut self.reader);
-        self.dispatched = self.dispatched.saturating_add(scan.progress);
+        self.dispatched = self.dispatched.saturating_add(scan.dispatched);
         (scan, self.reader.output)
     }
 }

@@ -780,6 +780,23 @@ async fn through_keepalives(first: &str, last: &str) -> (Harness, Read) {
     (h, read)
 }
 
+/// The error event that ends a Responses stream takes the number after the last event's,
+/// keep-alives counted: OpenAI numbers those too.
+fn assert_error_numbered_next(read: &Read) {
+    let numbers: Vec<u64> = read
+        .text()
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| {
+            let v: serde_json::Value = serde_json::from_str(d).unwrap();
+            v["sequence_number"].as_u64().expect("numbered")
+        })
+        .collect();
+    let (error, sent) = numbers.split_last().unwrap();
+    assert!(sent.len() > 1, "{}", read.text());
+    assert_eq!(*error, sent.last().unwrap() + 1, "{}", read.text());
+}
+
 const TEXT_DELTA: &str = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"sequence_number\":13,\"output_index\":0,\"content_index\":0,\"delta\":\"Hi\"}\n\n";
 
 /// OpenAI's Responses API sends `event: keepalive` while a reasoning model thinks. It is a
@@ -792,6 +809,7 @@ async fn a_responses_keepalive_is_not_the_first_token() {
     let (h, read) = through_keepalives(created, TEXT_DELTA).await;
     let error = read.error_event().expect("an error event");
     assert_eq!(error["code"], "first_token_timeout", "{}", read.text());
+    assert_error_numbered_next(&read);
     h.wait_requests("responses", 1.0).await;
     assert_eq!(
         h.metric("hourglass_cancellations_total{origin=\"first_token\",route=\"responses\"}")
@@ -806,4 +824,5 @@ async fn a_responses_keepalive_does_not_reset_the_idle_limit() {
     let (_h, read) = through_keepalives(TEXT_DELTA, "").await;
     let error = read.error_event().expect("an error event");
     assert_eq!(error["code"], "idle_timeout", "{}", read.text());
+    assert_error_numbered_next(&read);
 }

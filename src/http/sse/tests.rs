@@ -13,10 +13,12 @@ fn one(stream: &[u8]) -> (Scan, SseScanner) {
     (sc.scan(stream), sc)
 }
 
+/// A scan whose dispatched events all count as progress (no keep-alives among them).
 fn scan(last_boundary: Option<usize>, progress: u32, error_end: Option<usize>) -> Scan {
     Scan {
         last_boundary,
         progress,
+        dispatched: progress,
         error_end,
     }
 }
@@ -26,6 +28,7 @@ fn scan(last_boundary: Option<usize>, progress: u32, error_end: Option<usize>) -
 struct Reference {
     boundaries: Vec<usize>,
     progress: u32,
+    dispatched: u32,
     error_end: Option<usize>,
 }
 
@@ -51,6 +54,7 @@ fn reference(stream: &[u8]) -> Reference {
                     }
                     _ => out.progress += 1,
                 }
+                out.dispatched += 1;
             }
             data.clear();
             ty.clear();
@@ -84,12 +88,13 @@ fn check_split(stream: &[u8], cuts: &[usize]) -> Result<(), TestCaseError> {
     edges.sort_unstable();
     edges.dedup();
     let mut sc = SseScanner::new();
-    let (mut progress, mut last) = (0, 0);
+    let (mut progress, mut dispatched, mut last) = (0, 0, 0);
     let bom_end = if stream.starts_with(&BOM) { 3 } else { 0 };
     for w in edges.windows(2) {
         let (s, e) = (w[0], w[1]);
         let got = sc.scan(&stream[s..e]);
         progress += got.progress;
+        dispatched += got.dispatched;
         let expect = |b: usize| {
             if b == e + 1 && stream[e - 1] == b'\r' && stream[e] == b'\n' {
                 Some(e)
@@ -124,6 +129,7 @@ fn check_split(stream: &[u8], cuts: &[usize]) -> Result<(), TestCaseError> {
     let cr_ends_stream = r.error_end == Some(stream.len()) && stream.ends_with(b"\r");
     prop_assert_eq!(sc.error_pending(), cr_ends_stream);
     prop_assert_eq!(progress, r.progress);
+    prop_assert_eq!(dispatched, r.dispatched);
     Ok(())
 }
 
@@ -457,7 +463,13 @@ fn comments_and_non_data_blocks_are_boundaries_without_progress() {
 #[test]
 fn ping_is_not_progress() {
     let ping = b"event: ping\ndata: {\"type\": \"ping\"}\n\n";
-    assert_eq!(one(ping).0, scan(Some(ping.len()), 0, None));
+    assert_eq!(
+        one(ping).0,
+        Scan {
+            dispatched: 1,
+            ..scan(Some(ping.len()), 0, None)
+        }
+    );
     assert_eq!(one(b"event:ping\ndata\n\n").0.progress, 0);
     // Only one leading space is removed, and the comparison is case-sensitive.
     assert_eq!(one(b"event:  ping\ndata\n\n").0.progress, 1);
@@ -476,7 +488,14 @@ fn ping_is_not_progress() {
 #[test]
 fn keepalive_is_not_progress() {
     let ka = b"event: keepalive\ndata: {\"type\":\"keepalive\",\"sequence_number\":3}\n\n";
-    assert_eq!(one(ka).0, scan(Some(ka.len()), 0, None));
+    // Dispatched all the same: the Responses API numbers its keep-alives too.
+    assert_eq!(
+        one(ka).0,
+        Scan {
+            dispatched: 1,
+            ..scan(Some(ka.len()), 0, None)
+        }
+    );
     assert_eq!(one(b"event:keepalive\ndata\n\n").0.progress, 0);
     assert_eq!(one(b"event: keepalivex\ndata\n\n").0.progress, 1);
     assert_eq!(one(b"event: keepalive \ndata\n\n").0.progress, 1);
@@ -538,7 +557,13 @@ fn an_error_ending_a_chunk_in_a_cr_ends_where_the_next_byte_says() {
 fn multiple_events_in_one_chunk() {
     let s = b"data: 1\n\n: c\n\nevent: ping\ndata: p\n\ndata: 2\n\nid: 9\ndata: 3\n\ndata: part";
     let (got, sc) = one(s);
-    assert_eq!(got, scan(Some(s.len() - 10), 3, None));
+    assert_eq!(
+        got,
+        Scan {
+            dispatched: 4,
+            ..scan(Some(s.len() - 10), 3, None)
+        }
+    );
     assert!(sc.in_block());
 }
 
@@ -664,7 +689,13 @@ fn realistic_anthropic_stream() {
     );
     // 2 + 10 deltas + stop + message_delta + message_stop; the 2 pings do not count.
     let (got, sc) = one(s.as_bytes());
-    assert_eq!(got, scan(Some(s.len()), 15, None));
+    assert_eq!(
+        got,
+        Scan {
+            dispatched: 17,
+            ..scan(Some(s.len()), 15, None)
+        }
+    );
     assert!(!sc.in_block());
     let mut sc = SseScanner::new();
     let total: u32 = s.as_bytes().chunks(13).map(|c| sc.scan(c).progress).sum();
@@ -674,5 +705,11 @@ fn realistic_anthropic_stream() {
     let cut = s.find("event: content_block_stop").unwrap_or(0);
     let stream = format!("{}{err}{}", &s[..cut], &s[cut..]);
     let (got, _) = one(stream.as_bytes());
-    assert_eq!(got, scan(Some(cut + err.len()), 12, Some(cut + err.len())));
+    assert_eq!(
+        got,
+        Scan {
+            dispatched: 13,
+            ..scan(Some(cut + err.len()), 12, Some(cut + err.len()))
+        }
+    );
 }
