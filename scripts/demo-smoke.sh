@@ -10,6 +10,12 @@ pid=$!
 held=$(mktemp)
 trap 'kill $pid 2>/dev/null || true; rm -f "$log" "$held"' EXIT
 for _ in $(seq 100); do curl -sf localhost:9090/readyz >/dev/null && break; sleep 0.1; done
+# Another process on the demo's ports (a demo left running) would answer in its place.
+if ! kill -0 $pid 2>/dev/null; then
+  echo "the demo exited before serving (are ports 8080, 8089 and 9090 free?):"
+  cat "$log"
+  exit 1
+fi
 fail=0; pass=0
 check() { if eval "$2"; then pass=$((pass+1)); echo "ok: $1"; else fail=$((fail+1)); echo "FAILED: $1"; fi; }
 out=$(curl -sN localhost:8080/v1/chat/completions -H 'x-fake-chunks: 3' -d '{"model":"demo","stream":true}')
