@@ -26,18 +26,21 @@ pub type WatchedBody = WatchdogBody<Reapable<UpstreamBody, crate::admission::Slo
 pub type ProxyBody = Either<Full<Bytes>, Box<WatchedBody>>;
 
 /// The JSON error answer for `e`, noted in `record` as what the client was sent.
-/// A failure (429 or 5xx) that the gateway's own retries or fallbacks ended in says so to the
-/// client's SDK: the OpenAI and Anthropic SDKs retry such answers twice by default, and each
-/// of their retries ran the route's whole chain again (retries = 2: nine upstream calls,
-/// three of a run's calls, for one call of the agent).
+/// A failure the SDKs retry (408, 409, 429 or 5xx) that the gateway's own retries or
+/// fallbacks ended in says so to the client's SDK: the OpenAI and Anthropic SDKs retry such
+/// answers twice by default, and each of their retries ran the route's whole chain again
+/// (retries = 2: nine upstream calls, three of a run's calls, for one call of the agent).
 pub(super) fn no_retry_after_retries(
     headers: &mut http::HeaderMap,
     status: http::StatusCode,
     record: &RequestRecord,
 ) {
-    if record.retried()
-        && (status == http::StatusCode::TOO_MANY_REQUESTS || status.is_server_error())
-    {
+    use http::StatusCode as S;
+    let sdks_retry = matches!(
+        status,
+        S::REQUEST_TIMEOUT | S::CONFLICT | S::TOO_MANY_REQUESTS
+    ) || status.is_server_error();
+    if record.retried() && sdks_retry {
         headers.insert(
             http::HeaderName::from_static("x-should-retry"),
             HeaderValue::from_static("false"),

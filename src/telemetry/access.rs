@@ -86,7 +86,7 @@ impl Line<'_> {
             let _ = write!(out, " origin={o}");
         }
         if let Some(c) = self.client_cert {
-            let _ = write!(out, " client_cert=\"{}\"", escape(c));
+            let _ = write!(out, " client_cert={}", value(c));
         }
         out
     }
@@ -101,10 +101,27 @@ fn value(s: &str) -> std::borrow::Cow<'_, str> {
         && s.chars()
             .all(|c| c.is_ascii_graphic() && !matches!(c, '"' | '\\' | '='));
     if bare {
-        s.into()
-    } else {
-        format!("\"{}\"", escape(s)).into()
+        return s.into();
     }
+    // Escaped as logfmt parsers unquote (go-logfmt: JSON's rules), not as the combined
+    // format's `\xHH`, which they refuse.
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out.into()
 }
 
 /// Quotes and control characters would let a client forge log fields.
@@ -227,7 +244,7 @@ mod tests {
             status: None,
             bytes: 0,
             request_id: "\"a=b\\",
-            route: Some("my route\nx"),
+            route: Some("my route\nx\u{7}"),
             elapsed: Duration::ZERO,
             outcome: "cancelled",
             origin: Some("client"),
@@ -236,7 +253,7 @@ mod tests {
         };
         assert_eq!(
             line.render(),
-            "- - - [01/Jan/1970:00:00:00 +0000] \"POST /v1/messages HTTP/2.0\" 499 0 \"https://app.example/\\\"x\" \"-\" request_id=\"\\\"a=b\\\\\" route=\"my route\\x0ax\" duration_ms=0.0 outcome=cancelled origin=client"
+            "- - - [01/Jan/1970:00:00:00 +0000] \"POST /v1/messages HTTP/2.0\" 499 0 \"https://app.example/\\\"x\" \"-\" request_id=\"\\\"a=b\\\\\" route=\"my route\\nx\\u0007\" duration_ms=0.0 outcome=cancelled origin=client"
         );
     }
 }

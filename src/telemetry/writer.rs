@@ -23,6 +23,11 @@ const KEEP: usize = 1 << 20;
 /// How long the writer lets lines gather after a write: a few hundred lines at full load.
 const LINGER: Duration = Duration::from_millis(2);
 
+/// How long the process waits at exit for the lines still queued to be written: an output
+/// nobody reads (a stalled log shipper) must not keep a gateway that was told to stop from
+/// stopping.
+pub const FLUSH_LIMIT: Duration = Duration::from_secs(5);
+
 #[derive(Default)]
 struct Shared {
     state: Mutex<State>,
@@ -56,6 +61,7 @@ pub struct LogWriter {
 pub struct LogGuard {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    flush_limit: Duration,
 }
 
 /// Starts the thread that writes to `out`.
@@ -108,6 +114,7 @@ fn spawn_with_limit(
     let guard = LogGuard {
         shared,
         thread: Some(thread),
+        flush_limit: FLUSH_LIMIT,
     };
     Ok((writer, guard))
 }
@@ -223,12 +230,29 @@ impl Write for &LogWriter {
 }
 
 impl Drop for LogGuard {
+    /// Waits for the queued lines to be written, for at most `flush_limit`; past it the
+    /// writer is left blocked on its output and the process exits without them.
     fn drop(&mut self) {
         self.shared.lock().closed = true;
         self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        let until = std::time::Instant::now() + self.flush_limit;
+        while !thread.is_finished() {
+            if std::time::Instant::now() >= until {
+                let left = self.shared.lock().lines.len();
+                let _ = writeln!(
+                    io::stderr(),
+                    "hourglass: the log's output took nothing for {:?}; exiting with {left} \
+                     bytes of lines (and the batch being written) unwritten",
+                    self.flush_limit
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
         }
+        let _ = thread.join();
     }
 }
 
@@ -379,6 +403,21 @@ mod tests {
             String::from_utf8(got.lock().unwrap().clone()).unwrap(),
             lines.concat()
         );
+    }
+
+    /// An output that never takes a byte does not hold the process at exit past the limit
+    /// (it held SIGTERM and Ctrl-C off for as long as nobody read stdout).
+    #[test]
+    fn exit_waits_for_an_output_that_takes_nothing_only_so_long() {
+        let (writer, mut guard, _open, got) = stalled_log(1 << 20);
+        guard.flush_limit = Duration::from_millis(200);
+        (&writer).write_all(b"line 1\n").unwrap();
+        let start = std::time::Instant::now();
+        drop(guard);
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(200), "{took:?}");
+        assert!(took < Duration::from_secs(4), "{took:?}");
+        assert!(got.lock().unwrap().is_empty());
     }
 
     #[test]

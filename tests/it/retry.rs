@@ -203,6 +203,31 @@ async fn a_failure_after_a_fallback_tells_sdks_not_to_retry() {
     gw.shutdown().await;
 }
 
+/// So does any status the SDKs retry (408, 409 as well as 429 and 5xx) when it ends a chain
+/// of more than one attempt; a 400 after a fallback does not say it, the SDKs do not retry it.
+#[tokio::test]
+async fn a_status_the_sdks_retry_after_a_fallback_says_not_to() {
+    let p = pair("fallbacks = [\"backup\"]", "", "").await;
+    p.primary.set_script(&[("x-fake-status", "500")]);
+    for (status, says) in [
+        ("409", Some("false")),
+        ("408", Some("false")),
+        ("400", None),
+    ] {
+        p.backup.set_script(&[("x-fake-status", status)]);
+        let (resp, _c) = p.chat(&[]).await;
+        assert_eq!(resp.status().as_str(), status);
+        assert_eq!(
+            resp.headers()
+                .get("x-should-retry")
+                .map(|v| v.to_str().unwrap()),
+            says,
+            "{status}"
+        );
+        read_body(resp.into_body()).await;
+    }
+}
+
 #[tokio::test]
 async fn a_late_first_token_switches_to_the_fallback_and_leaves_it_room() {
     // The backup is expected to need 3 s to its first token, so with 5 s of budget the
