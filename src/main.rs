@@ -45,6 +45,7 @@ enum Command {
     Demo,
     /// The time-controllable fake provider, for rehearsing budgets.
     FakeUpstream {
+        /// Address to serve on (IP:port)
         #[arg(long, default_value = "127.0.0.1:8089")]
         listen: SocketAddr,
     },
@@ -146,7 +147,7 @@ fn main() -> ExitCode {
                 match hourglass_fake::run(listen).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
-                        eprintln!("hourglass fake-upstream: {e}");
+                        eprintln!("hourglass fake-upstream: --listen {listen}: {e}");
                         ExitCode::FAILURE
                     }
                 }

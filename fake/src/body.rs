@@ -84,6 +84,14 @@ impl Body for ScriptBody {
                     .disconnect_after
                     .is_some_and(|n| this.content_sent >= n)
                 {
+                    // hyper buffers the frames it polls and throws the buffer away on an
+                    // error: with no interval the tokens (the head too) never left. The abort
+                    // waits until they have been flushed.
+                    let settled = this.last_write + SETTLE;
+                    if now < settled {
+                        this.due = settled;
+                        continue;
+                    }
                     this.next = usize::MAX;
                     this.finisher.finish(false);
                     let error =
@@ -137,6 +145,9 @@ impl Body for ScriptBody {
         }
     }
 }
+
+/// How long an abort waits after the last write, for hyper to flush what it buffered.
+const SETTLE: Duration = Duration::from_millis(5);
 
 /// `sleep(0)` still waits for the timer's next millisecond tick: a ttft of 0 must not.
 pub(crate) async fn pause(d: Duration) {

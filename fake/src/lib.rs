@@ -15,7 +15,7 @@
 //! | `x-fake-interval-ms` (20) | gap before each content event and before the first closing event |
 //! | `x-fake-freeze-after` N | after N content events write nothing more, holding the connection until the peer leaves |
 //! | `x-fake-disconnect-after` N | after N content events abort the response (HTTP/1: connection closed without the final chunk; h2: RST_STREAM) |
-//! | `x-fake-status` S | answer status S with an OpenAI-shaped error (after the ttft delay) |
+//! | `x-fake-status` S | answer status S (400 to 599) with an error (after the ttft delay): OpenAI's shape, Anthropic's on `/v1/messages` |
 //! | `x-fake-keepalive-ms` K | while the open stream is silent, write a keep-alive every K ms |
 //! | `x-fake-keepalive-kind` | `comment` (`: keep-alive`) or `ping` (`event: ping`) |
 //! | `x-fake-timestamps` (`1`) | content events carry `"x_fake_sent_ns"` from [`monotonic_ns`] |

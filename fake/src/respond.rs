@@ -78,7 +78,11 @@ pub(crate) async fn respond(
     };
     if let Some(status) = script.status {
         pause(script.ttft).await;
-        return error_response(status, "status injected by x-fake-status", finisher);
+        let message = "status injected by x-fake-status";
+        if parts.uri.path().ends_with("/messages") {
+            return anthropic_error_response(status, message, finisher);
+        }
+        return error_response(status, message, finisher);
     }
     let replay = shared
         .replay
@@ -131,6 +135,11 @@ pub(crate) async fn respond(
         }
     };
     let stream = request.get("stream") == Some(&Value::Bool(true));
+    if !stream {
+        if let Err(message) = script.check_document() {
+            return error_response(StatusCode::BAD_REQUEST, &message, finisher);
+        }
+    }
     let answer = match answer(shared, api, &request, &script) {
         Ok(answer) => answer,
         Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, finisher),
@@ -187,6 +196,27 @@ pub(crate) fn error_response(
         _ => "api_error",
     };
     let error = json!({"error": {"message": message, "type": kind, "param": null, "code": null}});
+    full_response(status, error.to_string(), finisher)
+}
+
+/// Anthropic's error shape, and its types by status (its SDKs map the type to exceptions):
+/// what a Messages client sees from the real API.
+pub(crate) fn anthropic_error_response(
+    status: StatusCode,
+    message: &str,
+    finisher: Finisher,
+) -> Response<ScriptBody> {
+    let kind = match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
+    };
+    let error = json!({"type": "error", "error": {"type": kind, "message": message}});
     full_response(status, error.to_string(), finisher)
 }
 

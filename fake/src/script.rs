@@ -27,6 +27,31 @@ pub(crate) struct Script {
     pub(crate) refusal: bool,
 }
 
+/// The most tokens (`x-fake-chunks`, `x-fake-reasoning`, `x-fake-tool-preamble`) a
+/// non-streaming answer may have: it is built whole (a count of 10^8 stalled the fake for
+/// 12 s and held 1 GB), and a million tokens' answer is about 8 MB. A stream is made as it
+/// goes, and has no such bound.
+pub(crate) const MAX_DOCUMENT_TOKENS: usize = 1_000_000;
+
+impl Script {
+    /// Refuses a non-streaming answer too large to build.
+    pub(crate) fn check_document(&self) -> Result<(), String> {
+        for (name, n) in [
+            ("x-fake-chunks", self.chunks),
+            ("x-fake-reasoning", self.reasoning),
+            ("x-fake-tool-preamble", self.tool_preamble),
+        ] {
+            if n > MAX_DOCUMENT_TOKENS {
+                return Err(format!(
+                    "{name}: {n} is more than the {MAX_DOCUMENT_TOKENS} tokens a \
+                     non-streaming answer may have"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// What the APIs accept as a function name, and what the fake takes as an id: short, and
 /// nothing that needs escaping in JSON or a header.
 fn is_name(n: &str) -> bool {
@@ -59,7 +84,7 @@ impl Script {
             Some(code) => Some(
                 u16::try_from(code)
                     .ok()
-                    .filter(|code| (200..=599).contains(code))
+                    .filter(|code| (400..=599).contains(code))
                     .and_then(|code| StatusCode::from_u16(code).ok())
                     .ok_or_else(|| invalid("x-fake-status", &headers["x-fake-status"]))?,
             ),

@@ -15,7 +15,48 @@ async fn injected_status_after_ttft() {
     assert!(started.elapsed() >= Duration::from_millis(150));
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let error: Value = serde_json::from_str(&text_of(response).await).unwrap();
+    // Anthropic's shape on its path, with its type for the status.
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["error"]["type"], "api_error");
+    for (status, kind) in [("529", "overloaded_error"), ("403", "permission_error")] {
+        let headers = [("x-fake-status", status)];
+        let response = h1()
+            .request(post(&fake, "/v1/messages", MESSAGES, &headers))
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_str(), status);
+        let error: Value = serde_json::from_str(&text_of(response).await).unwrap();
+        assert_eq!(error["error"]["type"], kind);
+    }
+    // OpenAI's on the others.
+    let headers = [("x-fake-status", "503")];
+    let response = h1()
+        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+        .await
+        .unwrap();
+    let error: Value = serde_json::from_str(&text_of(response).await).unwrap();
     assert_eq!(error["error"]["type"], "server_error");
+}
+
+/// A status that is no error, or a non-streaming answer too large to build, is refused, not
+/// obeyed. (A stream of any length is made as it goes.)
+#[tokio::test]
+async fn a_success_status_or_an_answer_too_large_to_build_is_refused() {
+    let fake = fake().await;
+    for header in [
+        ("x-fake-status", "200"),
+        ("x-fake-status", "302"),
+        ("x-fake-chunks", "1000001"),
+        ("x-fake-reasoning", "18446744073709551615"),
+    ] {
+        let response = h1()
+            .request(post(&fake, "/v1/chat/completions", CHAT_FULL, &[header]))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{header:?}");
+        let text = text_of(response).await;
+        assert!(text.contains(header.0), "{text}");
+    }
 }
 
 #[tokio::test]
@@ -94,11 +135,21 @@ async fn freeze_after_holds_the_stream_open() {
 
 #[tokio::test]
 async fn disconnect_after_breaks_the_body() {
-    for (version, client) in [(Version::HTTP_11, h1()), (Version::HTTP_2, h2())] {
+    // With no interval too: the tokens were written into hyper's buffer, and the abort
+    // right behind them threw them away (curl saw no head at all).
+    for interval in ["5", "0"] {
+        for (version, client) in [(Version::HTTP_11, h1()), (Version::HTTP_2, h2())] {
+            disconnect_after_two(version, client, interval).await;
+        }
+    }
+}
+
+async fn disconnect_after_two(version: Version, client: TestClient, interval: &str) {
+    {
         let fake = fake().await;
         let headers = [
             ("x-fake-disconnect-after", "2"),
-            ("x-fake-interval-ms", "5"),
+            ("x-fake-interval-ms", interval),
         ];
         let response = client
             .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
