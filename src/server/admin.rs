@@ -126,13 +126,13 @@ async fn run(runs: &Runs, id: &str) -> Response<Full<Bytes>> {
     let found = match runs.find(id).await {
         Ok(found) => found,
         Err(e) => {
-            let body =
-                serde_json::json!({"error": {"code": "run_store_unavailable", "message": e}});
+            let body = serde_json::json!({"error": {"code": "run_store_unavailable", "message": e, "type": "overloaded_error"}, "type": "error"});
             return json(StatusCode::SERVICE_UNAVAILABLE, &body);
         }
     };
     if found.is_empty() {
-        let body = serde_json::json!({"error": {"code": "no_run", "message": format!("no run {id:?} is held (it may have expired)")}});
+        // The shape of every error body ([`GatewayError::json_body`]).
+        let body = serde_json::json!({"error": {"code": "no_run", "message": format!("no run {id:?} is held (it may have expired)"), "type": "not_found_error"}, "type": "error"});
         return json(StatusCode::NOT_FOUND, &body);
     }
     let now = tokio::time::Instant::now();

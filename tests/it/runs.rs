@@ -1123,7 +1123,11 @@ async fn a_run_is_found_by_its_exact_id(store: Store) {
             "{path}: {run}"
         );
     }
-    assert_eq!(run_json_now(&h, "p%41").await["error"]["code"], "no_run");
+    let none = run_json_now(&h, "p%41").await;
+    assert_eq!(none["error"]["code"], "no_run");
+    // In the shape of every error body.
+    assert_eq!(none["error"]["type"], "not_found_error");
+    assert_eq!(none["type"], "error");
     // What no run id can be is said so, not looked for.
     let long = "x".repeat(129);
     for path in ["", "a%20b", "caf%C3%A9", long.as_str()] {
