@@ -174,33 +174,29 @@ async fn a_primary_that_refuses_connections_falls_back_within_budget() {
 async fn a_failure_after_a_fallback_tells_sdks_not_to_retry() {
     let (_refusing, url) = closed_port();
     let (_refusing_too, backup) = closed_port();
-    let toml = config(&url, &backup, "fallbacks = [\"backup\"]", "", "");
-    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
-        .await
-        .unwrap();
-    let (resp, _c) = Conn::open(gw.addr)
-        .await
-        .send(chat_request(&[], false))
-        .await;
-    assert_eq!(resp.status(), 502);
-    assert_eq!(resp.headers()["x-should-retry"], "false");
-    assert_eq!(
-        json_body(resp).await["error"]["code"],
-        "upstream_unavailable"
-    );
-    gw.shutdown().await;
-    // One attempt only (the primary refused, no fallback configured).
-    let toml = config(&url, &backup, "", "", "");
-    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
-        .await
-        .unwrap();
-    let (resp, _c) = Conn::open(gw.addr)
-        .await
-        .send(chat_request(&[], false))
-        .await;
-    assert_eq!(resp.status(), 502);
-    assert!(!resp.headers().contains_key("x-should-retry"));
-    gw.shutdown().await;
+    // With the fallback: two attempts. Without: one (the primary refused).
+    for (route, says) in [("fallbacks = [\"backup\"]", Some("false")), ("", None)] {
+        let toml = config(&url, &backup, route, "", "");
+        let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
+            .await
+            .unwrap();
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[], false))
+            .await;
+        assert_eq!(resp.status(), 502, "{route}");
+        let should_retry = resp.headers().get("x-should-retry").cloned();
+        assert_eq!(
+            should_retry.as_ref().map(|v| v.to_str().unwrap()),
+            says,
+            "{route}"
+        );
+        assert_eq!(
+            json_body(resp).await["error"]["code"],
+            "upstream_unavailable"
+        );
+        gw.shutdown().await;
+    }
 }
 
 /// So does any status the SDKs retry (408, 409 as well as 429 and 5xx) when it ends a chain
