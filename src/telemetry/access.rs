@@ -103,25 +103,11 @@ fn value(s: &str) -> std::borrow::Cow<'_, str> {
     if bare {
         return s.into();
     }
-    // Escaped as logfmt parsers unquote (go-logfmt: JSON's rules), not as the combined
-    // format's `\xHH`, which they refuse.
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out.into()
+    // Quoted as logfmt parsers unquote (go-logfmt: JSON's rules, `\n`, `\u0007`), not with
+    // the combined format's `\xHH`, which they refuse: a JSON string is exactly that.
+    serde_json::to_string(s)
+        .expect("a string serialises")
+        .into()
 }
 
 /// Quotes and control characters would let a client forge log fields.

@@ -141,7 +141,7 @@ impl Output {
             }
             self.broken_line = false;
         }
-        match write_fully(sink, batch).and_then(|()| sink.flush().map_err(|e| (0, e))) {
+        match write_fully(sink, batch).and_then(|()| sink.flush().map_err(|e| (batch.len(), e))) {
             Ok(()) => self.failing = false,
             Err((written, e)) => {
                 let written = written.min(batch.len());
