@@ -21,8 +21,7 @@ struct Cli {
     #[arg(
         long,
         env = "HOURGLASS_CONFIG",
-        default_value = "config/hourglass.toml",
-        global = true
+        default_value = "config/hourglass.toml"
     )]
     config: PathBuf,
     /// Log format: `pretty` for people, `json` for log shippers.
@@ -40,7 +39,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Validate the configuration file (`--config`) and print the resolved routes.
-    Check,
+    Check {
+        /// Configuration file to check [default: the gateway's `--config`, `$HOURGLASS_CONFIG`,
+        /// then `config/hourglass.toml`].
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// The gateway and a built-in fake provider in one process; no API key needed.
     Demo,
     /// The time-controllable fake provider, for rehearsing budgets.
@@ -67,38 +71,28 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    // clap refuses `--config` twice at one level, but not once before the command and once
-    // after it, where the last would win unseen.
-    let configs = std::env::args_os()
-        .filter(|a| {
-            let a = a.as_encoded_bytes();
-            a == b"--config" || a.starts_with(b"--config=")
-        })
-        .count();
-    if configs > 1 {
+    // `--config` belongs to the gateway and to `check`, so that the help of `demo` and
+    // `fake-upstream` does not offer it. Before the command it is the parent's, so those two
+    // must refuse one given there rather than ignore it. (HOURGLASS_CONFIG in the
+    // environment is no request of this run's, and is left alone.)
+    let config_given = matches.value_source("config") == Some(ValueSource::CommandLine);
+    let refuse = |message: String| -> ! {
         Cli::command()
-            .error(
-                clap::error::ErrorKind::ArgumentConflict,
-                "--config is given more than once; give the one file to read",
-            )
-            .exit();
-    }
-    // `--config` is global so that `hourglass --config X check` checks X; the commands that
-    // read no file must then refuse one given on the command line rather than ignore it.
-    // (HOURGLASS_CONFIG in the environment is no request of this run's, and is left alone.)
-    if let Some(name) = match cli.command {
-        Some(Command::Demo) => Some("demo"),
-        Some(Command::FakeUpstream { .. }) => Some("fake-upstream"),
-        _ => None,
-    } {
-        if matches.value_source("config") == Some(ValueSource::CommandLine) {
-            Cli::command()
-                .error(
-                    clap::error::ErrorKind::ArgumentConflict,
-                    format!("`{name}` reads no configuration file; drop --config"),
-                )
-                .exit();
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit()
+    };
+    match &cli.command {
+        Some(Command::Demo) if config_given => {
+            refuse("`demo` reads no configuration file; drop --config".into())
         }
+        Some(Command::FakeUpstream { .. }) if config_given => {
+            refuse("`fake-upstream` reads no configuration file; drop --config".into())
+        }
+        // Before and after the command, the last would otherwise win unseen.
+        Some(Command::Check { config: Some(_) }) if config_given => {
+            refuse("--config is given more than once; give the one file to read".into())
+        }
+        _ => {}
     }
     // Held to the end of `main`: dropping them writes out the lines still queued.
     let _log = match init_tracing(cli.log_format) {
@@ -108,8 +102,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(Command::Check) = &cli.command {
-        return check(&cli.config);
+    if let Some(Command::Check { config }) = &cli.command {
+        return check(config.as_deref().unwrap_or(&cli.config));
     }
     // One usable CPU (a taskset, a cgroup quota of one core): the multi-thread scheduler
     // would only add hand-offs between threads that share that core (measured: +20 ms p99
@@ -152,7 +146,7 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            Some(Command::Check) => unreachable!("handled before the runtime starts"),
+            Some(Command::Check { .. }) => unreachable!("handled before the runtime starts"),
             None => serve(&cli.config).await,
         }
     })

@@ -814,15 +814,27 @@ fn config_before_the_command_is_the_file_checked() {
     let out = hourglass(&["--config", "config/demo.toml", "check", "--config", path]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("more than once"));
-    for args in [
-        ["--config", path, "demo"],
-        ["demo", "--config", path],
-        ["fake-upstream", "--config", path],
+    for (args, want) in [
+        (
+            ["--config", path, "demo"],
+            "`demo` reads no configuration file",
+        ),
+        (["demo", "--config", path], "unexpected argument '--config'"),
+        (
+            ["fake-upstream", "--config", path],
+            "unexpected argument '--config'",
+        ),
     ] {
         let out = hourglass(&args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains("reads no configuration file"), "{stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
+    // Nor do their helps offer it; `check`'s does.
+    for (command, offered) in [("demo", false), ("fake-upstream", false), ("check", true)] {
+        let out = hourglass(&[command, "--help"]);
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(help.contains("--config"), offered, "{command}: {help}");
     }
 }
 
