@@ -181,7 +181,8 @@ impl Gateway {
                                 && (shape.event_stream || shape.json)
                         })
                         .map(|format| {
-                            let mut inspector = Inspector::new(format, shape.readable_sse());
+                            let mut inspector = Inspector::new(format, shape.readable_sse())
+                                .with_choices(started.choices);
                             if record.wants_tool_calls() {
                                 inspector = inspector.with_tool_calls();
                             }

@@ -81,6 +81,8 @@ pub struct Started {
     pub assembled: bool,
     /// ... and a limit that cuts it after output came gives the client a partial answer.
     pub partial_answers: bool,
+    /// The Chat choices the answer has (`n`), none of which may be missing at its end.
+    pub choices: u8,
     /// The provider's own error event came before any output while the head was held (nothing
     /// has reached the client): its type, when the inspector could name it. An overload sent
     /// this way (Anthropic's `overloaded_error` on a 200) is retried like the status it stands
@@ -99,6 +101,7 @@ impl<'a> Attempt<'a> {
             format,
             assembled,
             partial_answers,
+            choices,
         } = out;
         let budget = self.budget;
         let upstream = self.upstream;
@@ -217,7 +220,9 @@ impl<'a> Attempt<'a> {
             if self.hold && parts.status.is_success() {
                 // An encoded answer is held to its first byte, as any body that is not SSE text.
                 let is_sse = shape.readable_sse();
-                let inspector = format.filter(|_| is_sse).map(|f| Inspector::new(f, true));
+                let inspector = format
+                    .filter(|_| is_sse)
+                    .map(|f| Inspector::new(f, true).with_choices(choices));
                 // Boxed: only routes that may switch hold, and inline the hold's state would
                 // grow every request's future by its size.
                 (first_token_at, first_byte_at, error_event) = Box::pin(hold_until_first_token(
@@ -237,6 +242,7 @@ impl<'a> Attempt<'a> {
                 shape,
                 assembled,
                 partial_answers,
+                choices,
                 error_event,
             })
         }

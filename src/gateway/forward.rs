@@ -32,7 +32,7 @@ use crate::http::headers::{
     websocket_upgrade, IDENTITY, MAX_HOPS,
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
-use crate::provider::request::model_of;
+use crate::provider::request::{head_of, Head};
 
 impl Gateway {
     /// Not an `async fn`, and the request taken apart before the future is made: an
@@ -196,7 +196,7 @@ impl Gateway {
 
             // The model picks the route where routes filter on it, and the upstream's estimate
             // of its first token on every route. (A body in a content coding is no JSON: none.)
-            let model = model_of(&body)?;
+            let Head { model, choices } = head_of(&body)?;
             let route = if first.route.needs_model() {
                 candidates()
                     .find(|r| r.route.matches(path, model.as_deref()))
@@ -307,6 +307,7 @@ impl Gateway {
                 stream_upstream: route.route.stream_upstream,
                 partial_answers: route.route.partial_answers,
                 model,
+                choices,
             };
             if let Some(admission) = &route.admission {
                 let slot = admission

@@ -734,6 +734,7 @@ fallbacks = ["b"]
             stream_upstream: false,
             partial_answers: false,
             model: None,
+            choices: None,
         };
         let budget = crate::budget::BudgetRequest::from_headers(&HeaderMap::new())
             .unwrap()

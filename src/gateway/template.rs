@@ -32,6 +32,8 @@ pub struct Template {
     pub partial_answers: bool,
     /// The model the client named, which picks each upstream's estimate of its first token.
     pub model: Option<Arc<str>>,
+    /// The Chat choices the client asked for (`n`).
+    pub choices: Option<u64>,
 }
 
 impl Template {
@@ -50,6 +52,8 @@ pub struct Outgoing {
     /// assembled into the one document the client expects.
     pub assembled: bool,
     pub partial_answers: bool,
+    /// The Chat choices the answer has (`n`), at most 64 (see `Inspector::with_choices`).
+    pub choices: u8,
 }
 
 /// The most headers an attempt adds to the template's: the upstream's credential and the
@@ -126,6 +130,7 @@ impl Template {
             format,
             assembled,
             partial_answers: self.partial_answers,
+            choices: self.choices.map_or(1, |n| n.clamp(1, 64) as u8),
         })
     }
 }

@@ -136,6 +136,16 @@ impl Inspector {
         self
     }
 
+    /// A Chat answer of `n` choices (at most 64, the masks' bits) has not ended until each
+    /// has finished, those that have not appeared yet too: a stream cut after choice 0
+    /// finished and before choice 1 began is short, not a whole answer of one choice.
+    pub fn with_choices(mut self, n: u8) -> Self {
+        if self.reader.format == Format::Chat {
+            self.reader.choices_seen = u64::MAX >> (64 - u32::from(n.clamp(1, 64)));
+        }
+        self
+    }
+
     /// Also gathers the tool calls the answer asks for (see `tools`).
     pub fn with_tool_calls(mut self) -> Self {
         let format = self.reader.format;

@@ -98,43 +98,76 @@ fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
     }
 }
 
-/// The body's top-level `model`, when it is a JSON object that names one. Every request's
-/// body is read for it, so it keeps no table of members as [`Members`] does: the other
-/// values are skipped as they are parsed.
-pub fn model_of(body: &[u8]) -> Result<Option<Cow<'_, str>>, Repeated> {
-    /// The `model` members: the first's value (`None` when it is no string), and whether
-    /// there was another.
-    struct Model<'a>(Option<Option<Cow<'a, str>>>, bool);
-    impl<'de: 'a, 'a> Deserialize<'de> for Model<'a> {
+/// What every request's body is read for, when it is a JSON object: its top-level `model`
+/// (`None` when it names none, or not as a string), and `n`, the Chat choices it asks for
+/// (`None` when it names none, or not as a count), whose answer has not ended until each
+/// has.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Head<'a> {
+    pub model: Option<Cow<'a, str>>,
+    pub choices: Option<u64>,
+}
+
+/// The body's [`Head`]. Every request's body is read for it, so it keeps no table of members
+/// as [`Members`] does: the other values are skipped as they are parsed.
+pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
+    /// The head, and the first member named twice.
+    struct Read<'a>(Head<'a>, Option<&'static str>);
+    impl<'de: 'a, 'a> Deserialize<'de> for Read<'a> {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             struct Object;
             impl<'de> Visitor<'de> for Object {
-                type Value = Model<'de>;
+                type Value = Read<'de>;
                 fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                     f.write_str("a JSON object")
                 }
-                fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Model<'de>, M::Error> {
-                    let mut model = Model(None, false);
+                fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Read<'de>, M::Error> {
+                    // Each member's value as first read: `Some(None)` when it was no string
+                    // (no count), so that a second one is still seen.
+                    let (mut model, mut choices) = (None, None);
+                    let mut repeated = None;
                     while let Some(Name(name)) = map.next_key::<Name<'de>>()? {
-                        if name == "model" {
-                            let raw: &RawValue = map.next_value()?;
-                            model.1 |= model.0.is_some();
-                            model.0.get_or_insert(text(raw));
-                        } else {
-                            map.next_value::<IgnoredAny>()?;
+                        match &*name {
+                            "model" => {
+                                let raw: &RawValue = map.next_value()?;
+                                if model.is_some() {
+                                    repeated.get_or_insert("model");
+                                }
+                                model.get_or_insert(text(raw));
+                            }
+                            "n" => {
+                                let raw: &RawValue = map.next_value()?;
+                                if choices.is_some() {
+                                    repeated.get_or_insert("n");
+                                }
+                                choices.get_or_insert(serde_json::from_str::<u64>(raw.get()).ok());
+                            }
+                            _ => {
+                                map.next_value::<IgnoredAny>()?;
+                            }
                         }
                     }
-                    Ok(model)
+                    let head = Head {
+                        model: model.flatten(),
+                        choices: choices.flatten(),
+                    };
+                    Ok(Read(head, repeated))
                 }
             }
             d.deserialize_map(Object)
         }
     }
-    match serde_json::from_slice::<Model<'_>>(body) {
-        Ok(Model(_, true)) => Err(Repeated("model".to_owned())),
-        Ok(Model(value, false)) => Ok(value.flatten()),
-        Err(_) => Ok(None),
+    match serde_json::from_slice::<Read<'_>>(body) {
+        Ok(Read(_, Some(name))) => Err(Repeated(name.to_owned())),
+        Ok(Read(head, None)) => Ok(head),
+        Err(_) => Ok(Head::default()),
     }
+}
+
+/// The body's top-level `model` (see [`head_of`]).
+#[cfg(test)]
+fn model_of(body: &[u8]) -> Result<Option<Cow<'_, str>>, Repeated> {
+    head_of(body).map(|h| h.model)
 }
 
 /// The most output tokens the request asks for: `max_completion_tokens` or `max_tokens`
@@ -197,6 +230,22 @@ mod tests {
     }
 
     #[test]
+    fn the_choices_a_chat_request_asks_for() {
+        let choices = |b: &str| head_of(b.as_bytes()).unwrap().choices;
+        assert_eq!(choices(r#"{"model":"m","n":3}"#), Some(3));
+        assert_eq!(choices(r#"{"model":"m"}"#), None);
+        assert_eq!(choices(r#"{"n":"3"}"#), None, "no count");
+        assert_eq!(choices(r#"{"n":-1}"#), None);
+        assert_eq!(choices(r#"{"messages":[{"n":4}],"n":2}"#), Some(2));
+        assert_eq!(choices(r#"{"n\u0020":2}"#), None, "another member");
+        assert_eq!(
+            choices(r#"{"\u006e":5}"#),
+            Some(5),
+            "decoded as the provider does"
+        );
+    }
+
+    #[test]
     fn members_are_read_as_the_provider_decodes_them() {
         // An escaped name is the same member, as every JSON parser decodes it.
         let body = br#"{"m\u006fdel":"gpt-x","max_t\u006fkens":7,"messag\u0065s":[]}"#;
@@ -226,6 +275,10 @@ mod tests {
         assert_eq!(
             max_output_tokens(br#"{"max_tokens":1,"max_tokens":100000}"#).unwrap_err(),
             Repeated("max_tokens".into())
+        );
+        assert_eq!(
+            head_of(br#"{"model":"m","n":2,"n":3}"#).unwrap_err(),
+            Repeated("n".into())
         );
         // A repeated member the gateway does not read is the provider's business.
         let body = br#"{"model":"m","metadata":1,"metadata":2,"max_tokens":5}"#;

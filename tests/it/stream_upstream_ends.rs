@@ -55,6 +55,44 @@ async fn a_stream_that_ends_before_every_choice_finished_ended_short() {
     assert_eq!(doc["choices"][0]["finish_reason"], "stop");
     assert_eq!(doc["choices"][1]["finish_reason"], "length");
     assert_eq!(doc["choices"][1]["message"]["content"], "Well, it");
+
+    // Choice 1 had not begun when the stream ended (or went silent past the idle limit):
+    // the request's `n` says it was to come, so the answer is as short, for a client that
+    // streams too. Without `n`, the one choice is the whole answer.
+    let first_only = [
+        chunk(0, r#"{"role":"assistant","content":"Yes"}"#, "null"),
+        chunk(0, "{}", r#""stop""#),
+    ]
+    .concat();
+    for (body, whole) in [
+        (body.to_owned(), false),
+        (body.replace(r#""n":2,"#, ""), true),
+        (body.replace(r#""n":2,"#, r#""n":1,"#), true),
+    ] {
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &first_only,
+            Duration::from_millis(1),
+        )));
+        let (resp, _c) = h
+            .send(post("/v1/chat/completions", body.clone(), &[]))
+            .await;
+        assert_eq!(resp.status(), if whole { 200 } else { 502 }, "{body}");
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &first_only,
+            Duration::from_millis(1),
+        )));
+        let streamed = body.replacen('{', r#"{"stream":true,"#, 1);
+        let (resp, _c) = h.send(post("/v1/chat/completions", streamed, &[])).await;
+        assert_eq!(resp.status(), 200);
+        let read = crate::support::read_body(resp.into_body()).await;
+        match read.error_event() {
+            Some(error) => {
+                assert!(!whole, "{body}: {}", read.text());
+                assert_eq!(error["code"], "upstream_error");
+            }
+            None => assert!(whole, "{body}: {}", read.text()),
+        }
+    }
 }
 
 /// An SDK that does not stream and says how long it waits (`x-stainless-timeout`, OpenAI's

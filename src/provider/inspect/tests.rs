@@ -1134,6 +1134,22 @@ fn a_chat_answer_ends_when_every_choice_has_finished() {
             chunk(0, "{}", r#""stop""#),
         ];
         assert!(!short(&single, shapes), "one choice, finished");
+        // The request asked for `n` choices: one that never appeared has not finished.
+        let of = |n: u8, stream: &[String]| {
+            let ins = Inspector::new(Format::Chat, true).with_choices(n);
+            let ins = if shapes { ins } else { ins.without_shapes() };
+            pieces(ins, stream.concat().as_bytes(), &[]).2
+        };
+        assert!(of(2, &single), "choice 1 never began");
+        assert!(!of(1, &single));
+        let mut both = single.to_vec();
+        both.push(chunk(1, "{}", r#""stop""#));
+        assert!(!of(2, &both));
+        assert!(of(3, &both));
+        // n past the masks: the 64 choices they hold, as for one that appeared there.
+        assert!(of(64, &both));
+        let all: Vec<String> = (0..64).map(|i| chunk(i, "{}", r#""stop""#)).collect();
+        assert!(!of(64, &all));
     }
 }
 
