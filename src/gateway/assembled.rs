@@ -15,7 +15,7 @@ use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
 use crate::gateway::record::RequestRecord;
 use crate::http::headers::carry_provider_headers;
 use crate::provider::assemble::{AssembleError, Usage};
-use crate::provider::inspect::PromptPart;
+use crate::provider::inspect::{PromptPart, Tokens};
 use crate::provider::ErrorType;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::Observer;
@@ -34,13 +34,20 @@ fn leaves_partial(e: &GatewayError) -> Option<Origin> {
 
 /// The error answered in place of the upstream's answer, whose head came: it keeps what that
 /// head said of the provider (its request id, its rate limits), as the document would have.
+/// Its head goes out now, not when the upstream's came: what the run has left counts what
+/// this call used (`tokens`), as a document's head does.
 fn after_head(
     e: &GatewayError,
     record: &mut RequestRecord,
     id: &str,
     head: &Parts,
+    tokens: Option<Tokens>,
 ) -> Response<ProxyBody> {
     let mut resp = error_answer(e, record, id);
+    let spent = e.origin() == Some(Origin::RunTokens);
+    if let Some(view) = record.run_view_after(tokens, spent) {
+        insert_run_headers(resp.headers_mut(), &view, Instant::now());
+    }
     carry_provider_headers(&head.headers, resp.headers_mut());
     resp
 }
@@ -122,7 +129,13 @@ pub(super) async fn assembled(
     }
     let tokens = body.progress_mut().tokens();
     let Some(mut assembler) = body.progress_mut().take_assembler() else {
-        return after_head(&GatewayError::Internal, body.observer_mut(), id, &parts);
+        return after_head(
+            &GatewayError::Internal,
+            body.observer_mut(),
+            id,
+            &parts,
+            tokens,
+        );
     };
     let record = body.observer_mut();
     if let Some(error) = assembler.provider_error() {
@@ -131,7 +144,7 @@ pub(super) async fn assembled(
             upstream: record.upstream_name().unwrap_or_default(),
             reason: "the provider sent an error event".into(),
         };
-        let mut resp = after_head(&e, record, id, &parts);
+        let mut resp = after_head(&e, record, id, &parts, tokens);
         let status = provider_status(error);
         *resp.status_mut() = status;
         crate::http::headers::keep_reason_phrase(status, resp.extensions_mut());
@@ -154,7 +167,7 @@ pub(super) async fn assembled(
         None => None,
         Some(e) => match leaves_partial(e) {
             Some(origin) if partial_answers && assembler.has_output() => Some((e.code(), origin)),
-            _ => return after_head(e, record, id, &parts),
+            _ => return after_head(e, record, id, &parts, tokens),
         },
     };
     let used = Usage {
@@ -177,7 +190,7 @@ pub(super) async fn assembled(
         // Nothing kept of what came (a tool call cut mid-way): the cut, as with no output.
         Err(AssembleError::Empty) if partial.is_some() => {
             let e = cut.unwrap_or(GatewayError::Internal);
-            return after_head(&e, record, id, &parts);
+            return after_head(&e, record, id, &parts, tokens);
         }
         Err(e) => {
             let e = GatewayError::UpstreamError {
@@ -186,7 +199,7 @@ pub(super) async fn assembled(
             };
             // The stream itself may have ended well: what the client gets is the error.
             record.fail(&e);
-            return after_head(&e, record, id, &parts);
+            return after_head(&e, record, id, &parts, tokens);
         }
     };
     if let Some((code, origin)) = partial {

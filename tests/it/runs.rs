@@ -1174,6 +1174,28 @@ async fn an_assembled_answer_says_what_the_run_has_left_when_it_is_sent(store: S
         left > 99_000,
         "the 1000-token reservation is given back: {left}"
     );
+
+    // So does an error answered in place of the document, after the upstream's head came:
+    // here the call's budget ran out after some output.
+    let cut = [
+        ("x-run-id", "assembled-cut"),
+        ("x-request-budget-ms", "700"),
+        ("x-fake-chunks", "50"),
+        ("x-fake-interval-ms", "100"),
+    ];
+    let (resp, _c) = h.send(call("assembled", false, &cut, "")).await;
+    assert_eq!(resp.status(), 504);
+    let left: u64 = resp.headers()["x-run-tokens-left"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "deadline_exceeded", "{body}");
+    h.wait_requests("assembled", 2.0).await;
+    let run = run_json(&h, "assembled-cut").await;
+    assert_eq!(run["runs"][0]["left"]["tokens"], left, "{run}");
+    assert!(left > 99_000, "{left}");
 }
 
 /// A call refused for the route's `max_in_flight` (503 `overloaded`), or whose client left
