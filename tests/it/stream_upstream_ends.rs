@@ -234,15 +234,43 @@ async fn an_answer_whole_but_for_its_end_is_answered_as_complete() {
             assert_eq!(doc["choices"][0]["finish_reason"], "stop", "{doc}");
             assert_eq!(doc["usage"]["total_tokens"], 4, "{doc}");
         }
-        h.wait_requests(route, 1.0).await;
+
+        // The provider's error event in place of the stream's end took nothing from the
+        // answer either: answered as an error, the SDK would retry (Anthropic's overload is
+        // a 529) and the finished generation be paid for twice.
+        let error = if route == "messages" {
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+        } else {
+            "data: {\"error\":{\"message\":\"boom\",\"type\":\"server_error\",\"code\":null}}\n\n"
+        };
+        let cut = stream.trim_end().rfind("\n\n").unwrap() + 2;
+        let errored = format!("{}{error}", &stream[..cut]);
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &errored,
+            Duration::from_millis(1),
+        )));
+        let (resp, _c) = h.send(post(path, body.into(), &[])).await;
+        assert_eq!(resp.status(), 200, "{route}: {errored}");
+        let doc = json_body(resp).await;
+        assert!(doc.get("error").is_none(), "{route}: {doc}");
+        h.wait_requests(route, 2.0).await;
         assert_eq!(
             h.metric(&format!(
                 "hourglass_requests_total{{outcome=\"ok\",route=\"{route}\"}}"
             ))
             .await,
-            1.0,
+            2.0,
             "{route}"
         );
+        // Before the answer was whole, the error is the answer.
+        let early = format!("{}{error}", &stream[..stream.find("\n\n").unwrap() + 2]);
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &early,
+            Duration::from_millis(1),
+        )));
+        let (resp, _c) = h.send(post(path, body.into(), &[])).await;
+        let want = if route == "messages" { 529 } else { 500 };
+        assert_eq!(resp.status(), want, "{route}");
     }
 }
 
