@@ -198,12 +198,15 @@ impl Inspector {
     /// The stream ended short: an event was still open (it had data, and no blank line
     /// came to end it), or the format's events were recognised and they did not end the
     /// answer (no `[DONE]`, `message_stop`, `response.completed`, and not every Chat choice
-    /// that appeared has its `finish_reason`). For a stream that ended by itself; a JSON
-    /// document is never short here (it ends when its framing says it does).
+    /// that appeared has its `finish_reason`). For a stream that ended by itself. A JSON
+    /// document is short when it ended inside a value: its framing said it ended (an HTTP/2
+    /// `RST_STREAM(NO_ERROR)`, a connection's close where no length was given) before the
+    /// document did.
     pub fn ended_short(&self) -> bool {
-        self.scanner
-            .as_ref()
-            .is_some_and(|s| s.open_event() || (self.reader.recognised && !self.reader.finished()))
+        match &self.scanner {
+            Some(s) => s.open_event() || (self.reader.recognised && !self.reader.finished()),
+            None => self.reader.json.open_value(),
+        }
     }
 
     /// The answer has ended: the stream would not be short if it stopped here (see

@@ -51,11 +51,12 @@ impl Progress {
         Self { reader }
     }
 
-    /// The SSE body that just ended by itself ended short: half an event, or (a known
-    /// format) without the event that ends an answer. See `Inspector::ended_short`.
+    /// The body that just ended by itself ended short: an SSE body with half an event, or
+    /// (a known format) without the event that ends an answer; a JSON document of a known
+    /// format inside a value. See `Inspector::ended_short`.
     pub fn ended_short(&self) -> bool {
         match &self.reader {
-            Reader::Opaque(_) => false,
+            Reader::Opaque(inspector) => inspector.as_ref().is_some_and(Inspector::ended_short),
             Reader::Events(s) => s.open_event(),
             Reader::Inspected(i) => i.ended_short(),
         }

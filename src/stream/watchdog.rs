@@ -33,6 +33,10 @@ use crate::stream::timer::Timer;
 /// Why a stream whose framing ended cleanly failed all the same (see `Progress::ended_short`).
 pub const ENDED_SHORT: &str = "the stream ended before the answer did";
 
+/// Why a JSON document whose framing ended cleanly failed all the same: it ended inside a
+/// value (see `Inspector::ended_short`).
+pub const DOCUMENT_ENDED_SHORT: &str = "the JSON document ended before it was complete";
+
 /// An event still incomplete after this many bytes is forwarded as it comes instead of held.
 pub const MAX_HELD_EVENT: usize = 1 << 20;
 
@@ -578,14 +582,18 @@ fn end_of_body<B, O: Observer>(
         end_after_error(inner, state, observer);
         return true;
     }
-    if sse.is_some() && progress.ended_short() {
-        if progress.answer_ended() {
+    if progress.ended_short() {
+        if sse.is_some() && progress.answer_ended() {
             end_whole(inner, sse, state, observer);
             return true;
         }
+        let reason = match sse {
+            Some(_) => ENDED_SHORT,
+            None => DOCUMENT_ENDED_SHORT,
+        };
         let err = GatewayError::UpstreamError {
             upstream: limits.upstream.to_string(),
-            reason: ENDED_SHORT.to_owned(),
+            reason: reason.to_owned(),
         };
         cut(inner, sse, ready, state, observer, progress, err);
         return false;

@@ -151,6 +151,49 @@ async fn a_json_answer_an_http10_upstream_never_finished_reaches_the_client_brok
     );
 }
 
+/// A JSON document in a known format whose framing ended cleanly inside it (an HTTP/1.0
+/// upstream's close, which cannot tell a cut from the end; chunked framing ended early) is
+/// an upstream failure, never a short document that looks whole: the HTTP/1.1 client's body
+/// is aborted, the HTTP/1.0 client (whose answer is read whole to give it a length) gets a
+/// 502, and both count as errors.
+#[tokio::test]
+async fn a_json_document_whose_framing_ended_inside_it_is_no_answer() {
+    let cut = "{\"id\":\"c1\",\"object\":\"chat.completion\"";
+    for answer in [
+        format!("HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{cut}"),
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\
+             transfer-encoding: chunked\r\n\r\n{:x}\r\n{cut}\r\n0\r\n\r\n",
+            cut.len()
+        ),
+    ] {
+        let h = through(raw_upstream(now(answer.as_bytes())).await).await;
+        let (resp, _c) = h.send(chat_request(&[], false)).await;
+        assert_eq!(resp.status(), 200);
+        let read = read_body(resp.into_body()).await;
+        assert!(read.error.is_some(), "ended as if whole: {answer:?}");
+        let (text, _) = raw_exchange(h.addr(), &chat_bytes("HTTP/1.0"), |_| false).await;
+        assert!(text.starts_with("HTTP/1.0 502 Bad Gateway\r\n"), "{text}");
+        assert!(
+            text.contains("the JSON document ended before it was complete"),
+            "{text}"
+        );
+        h.wait_requests("chat", 2.0).await;
+        assert_eq!(
+            h.metric(r#"hourglass_requests_total{outcome="error",route="chat"}"#)
+                .await,
+            2.0,
+            "{answer:?}"
+        );
+    }
+    // Whole, it is the answer (the HTTP/1.0 upstream's close ends it).
+    let whole = format!("HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{cut}}}");
+    let h = through(raw_upstream(now(whole.as_bytes())).await).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    let read = read_body(resp.into_body()).await;
+    assert_eq!((read.text(), read.error), (format!("{cut}}}"), None));
+}
+
 /// RFC 9110 8.6: no Content-Length in a 204, whether the upstream sent one or not, over
 /// HTTP/1.1 and HTTP/2 (where hyper adds one from the body's size unless the body is known
 /// to be empty); none added to a 304 either.

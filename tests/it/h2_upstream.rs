@@ -591,6 +591,18 @@ async fn a_request_sent_to_a_silent_http2_server_is_retried_only_as_a_first_toke
 /// An h2 upstream that answers each request with an SSE head and one chunk, then resets
 /// the stream with `reason`.
 async fn resetting_upstream(reason: h2::Reason) -> std::net::SocketAddr {
+    let chunk = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok1 \"}}]}\n\n";
+    resetting_upstream_with(reason, "text/event-stream", None, chunk).await
+}
+
+/// An h2 upstream that answers each request with a head of `content_type` (and `length`),
+/// then `chunk`, then resets the stream with `reason`.
+async fn resetting_upstream_with(
+    reason: h2::Reason,
+    content_type: &'static str,
+    length: Option<usize>,
+    chunk: &'static str,
+) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -600,12 +612,13 @@ async fn resetting_upstream(reason: h2::Reason) -> std::net::SocketAddr {
                     return;
                 };
                 while let Some(Ok((_req, mut respond))) = conn.accept().await {
-                    let head = Response::builder()
-                        .header("content-type", "text/event-stream")
-                        .body(())
+                    let mut head = Response::builder().header("content-type", content_type);
+                    if let Some(length) = length {
+                        head = head.header("content-length", length);
+                    }
+                    let mut body = respond
+                        .send_response(head.body(()).unwrap(), false)
                         .unwrap();
-                    let mut body = respond.send_response(head, false).unwrap();
-                    let chunk = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok1 \"}}]}\n\n";
                     body.send_data(Bytes::from_static(chunk.as_bytes()), false)
                         .unwrap();
                     tokio::spawn(async move {
@@ -636,6 +649,79 @@ async fn a_reset_mid_stream_is_named_in_the_error_event() {
             && message.contains("INTERNAL_ERROR"),
         "{message}"
     );
+}
+
+/// hyper's HTTP/2 client reads an upstream's `RST_STREAM` with `NO_ERROR` or `CANCEL` as the
+/// body's end, wherever it comes (RFC 9113 8.1 allows it only after a complete answer). A
+/// JSON document cut inside a value, or any body short of its `content-length`, is an
+/// upstream failure all the same: the client's body is aborted (nothing else can tell it,
+/// once the head went out) and the request counted as an error. Before, the short body went
+/// out as a whole one, counted ok.
+#[tokio::test]
+async fn a_reset_with_no_error_mid_body_is_no_end_of_it() {
+    let doc = r#"{"id":"c1","object":"chat.completion","choices":[{"index":0,"#;
+    let other = "\n[[routes]]\nname = \"other\"\npath_prefix = \"/\"\nupstream = \"fake\"\n";
+    for (reason, content_type, length, path) in [
+        (
+            h2::Reason::NO_ERROR,
+            "application/json",
+            None,
+            "/v1/chat/completions",
+        ),
+        (
+            h2::Reason::CANCEL,
+            "application/json",
+            None,
+            "/v1/chat/completions",
+        ),
+        (
+            h2::Reason::NO_ERROR,
+            "application/json",
+            Some(227),
+            "/v1/chat/completions",
+        ),
+        (
+            h2::Reason::NO_ERROR,
+            "text/plain",
+            Some(227),
+            "/v1/audio/speech",
+        ),
+    ] {
+        let up = resetting_upstream_with(reason, content_type, length, doc).await;
+        let toml = format!("{}{other}", config("")).replace("{FAKE}", &format!("http://{up}"));
+        let h = Harness::with_config(&toml).await;
+        let mut req = chat_request(&[], false);
+        *req.uri_mut() = path.parse().unwrap();
+        let (resp, _c) = h.send(req).await;
+        let case = format!("{reason:?} {content_type} {length:?}");
+        assert_eq!(resp.status(), 200, "{case}");
+        let read = read_body(resp.into_body()).await;
+        assert!(
+            read.error.is_some(),
+            "{case}: ended as if whole: {}",
+            read.text()
+        );
+        let route = if path == "/v1/audio/speech" {
+            "other"
+        } else {
+            "chat"
+        };
+        h.wait_requests(route, 1.0).await;
+        let errors = h
+            .metric(&format!(
+                "hourglass_requests_total{{outcome=\"error\",route=\"{route}\"}}"
+            ))
+            .await;
+        assert_eq!(errors, 1.0, "{case}");
+    }
+    // A whole document whose stream the upstream then resets with NO_ERROR is whole.
+    let whole = r#"{"id":"c1","object":"chat.completion","choices":[]}"#;
+    let up = resetting_upstream_with(h2::Reason::NO_ERROR, "application/json", None, whole).await;
+    let h = gateway_to(up).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    let read = read_body(resp.into_body()).await;
+    assert_eq!(read.error, None);
+    assert_eq!(read.text(), whole);
 }
 
 /// An h2 upstream whose first connection speaks HTTP/2 (its SETTINGS, acknowledged) and

@@ -394,6 +394,12 @@ impl Json {
 
     /// The end of a `data` line: a number at its very end is complete (and a line end ends
     /// any scalar).
+    /// A value is still open: a container not closed, or a string not ended. At a JSON
+    /// document's end, the document was cut short.
+    pub(super) fn open_value(&self) -> bool {
+        self.depth > 0 || self.in_str.is_some()
+    }
+
     pub(super) fn line_break(&mut self) {
         if self.num.is_some() {
             self.end_number();
