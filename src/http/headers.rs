@@ -195,6 +195,14 @@ pub(crate) fn answer_framing_fault(
             "answered 101 Switching Protocols, to a request that asked for no upgrade".into(),
         );
     }
+    // RFC 9110 15: status codes are 100 to 599 (hyper takes any three digits). A client
+    // reads another as a 5xx, metrics have no class for it, and the log called it ok.
+    if status.as_u16() > 599 {
+        return Some(format!(
+            "answered status {}, outside the 100 to 599 that HTTP defines",
+            status.as_u16()
+        ));
+    }
     if let Some((_, value)) = coding_fault(headers) {
         return Some(format!(
             "transfer-encoding: {value:?}: a transfer coding other than one chunked, which the \
@@ -402,6 +410,46 @@ pub(crate) fn present<const N: usize>(headers: &HeaderMap, names: [&HeaderName; 
         }
     }
     present
+}
+
+/// Fields a trailer section must not carry (RFC 9110 6.5.1): those that frame the message,
+/// route it, authenticate, control the response or say how to process its content. Sent on,
+/// a `content-length` trailer makes nghttp2 (curl) and Node reset the stream, after a
+/// complete answer.
+const NOT_IN_TRAILERS: [HeaderName; 24] = [
+    header::CONTENT_LENGTH,
+    header::TRANSFER_ENCODING,
+    header::HOST,
+    header::CACHE_CONTROL,
+    header::MAX_FORWARDS,
+    header::TE,
+    header::EXPECT,
+    header::RANGE,
+    header::AUTHORIZATION,
+    header::PROXY_AUTHORIZATION,
+    header::WWW_AUTHENTICATE,
+    header::PROXY_AUTHENTICATE,
+    header::SET_COOKIE,
+    header::COOKIE,
+    header::AGE,
+    header::EXPIRES,
+    header::DATE,
+    header::LOCATION,
+    header::RETRY_AFTER,
+    header::VARY,
+    header::CONTENT_ENCODING,
+    header::CONTENT_TYPE,
+    header::CONTENT_RANGE,
+    header::TRAILER,
+];
+
+/// An upstream's trailers as they may be sent on: without hop-by-hop fields, and without
+/// those no trailer section may carry. (Rare: the cost of the lookups is no stream's.)
+pub(crate) fn strip_from_trailers(trailers: &mut HeaderMap) {
+    strip_hop_by_hop(trailers);
+    for name in &NOT_IN_TRAILERS {
+        trailers.remove(name);
+    }
 }
 
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {

@@ -21,7 +21,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use crate::error::{BoxError, GatewayError};
-use crate::http::headers::strip_hop_by_hop;
+use crate::http::headers::strip_from_trailers;
 use crate::provider::inspect::Inspector;
 use crate::stream::limits::StreamLimits;
 use crate::stream::observer::{Observer, StreamEnd};
@@ -271,9 +271,10 @@ where
                                 this.limits,
                             );
                             if let (true, Ok(mut trailers)) = (whole, frame.into_trailers()) {
-                                // HTTP/2 refuses to send a connection-specific field: the
-                                // stream would be reset after a complete answer.
-                                strip_hop_by_hop(&mut trailers);
+                                // HTTP/2 refuses to send a connection-specific field, and
+                                // clients reset a stream whose trailers frame it: either
+                                // way, a reset after a complete answer.
+                                strip_from_trailers(&mut trailers);
                                 if !trailers.is_empty() {
                                     *this.state = State::Trailers(Box::new(trailers));
                                 }

@@ -580,6 +580,24 @@ async fn an_unrequested_switch_of_protocols_is_a_bad_gateway() {
     assert_eq!(body["error"]["code"], "upstream_error", "{body}");
 }
 
+/// RFC 9110 15: a status outside 100 to 599 is no HTTP status (hyper's client takes any
+/// three digits). Passed on, clients read it as a 5xx while the log and metrics called the
+/// request ok.
+#[tokio::test]
+async fn a_status_outside_what_http_defines_is_a_bad_gateway() {
+    for status in ["600", "799", "999"] {
+        let head =
+            format!("HTTP/1.1 {status} Odd\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        let h = through(raw_upstream(now(head.as_bytes())).await).await;
+        let (resp, _c) = h.send(chat_request(&[], false)).await;
+        assert_eq!(resp.status(), 502, "{status}");
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("status {status}")), "{message}");
+    }
+}
+
 /// RFC 9110 8.6: a recipient may take a list of one repeated length as that length, and a
 /// sender must not forward a `Content-Length` that does not match its grammar (one number).
 #[tokio::test]
