@@ -225,6 +225,9 @@ impl Gateway {
                     {
                         return Box::pin(with_length(parts, body, &id)).await;
                     }
+                    if document && !head {
+                        return Box::pin(after_first_frame(parts, body, &id)).await;
+                    }
                     Response::from_parts(parts, Either::Right(body))
                 }
                 // The client left while sending: counted as its cancel, with no status or
@@ -298,6 +301,36 @@ async fn with_length(
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
     Response::from_parts(parts, Either::Left(Full::new(whole)))
+}
+
+/// The answer for a JSON document in a known format, whose head waits for the body's first
+/// frame. A document comes at once when it is ready, so this costs it nothing; and a body
+/// that fails on its first read (a chunk size that is no number, a length the stream does
+/// not keep) is then the 502 it should be. Sent first, the head was lost with the abort:
+/// hyper writes a head with the body's first bytes, so the client got no status at all.
+async fn after_first_frame(
+    parts: http::response::Parts,
+    mut body: Box<WatchedBody>,
+    id: &str,
+) -> Response<ProxyBody> {
+    match body.frame().await {
+        Some(Err(e)) => {
+            // As in `with_length`: the watchdog ends a body with a `GatewayError`, and has
+            // noted how it ended.
+            let e = e
+                .downcast::<GatewayError>()
+                .map_or(GatewayError::Internal, |e| *e);
+            error_answer(&e, body.observer_mut(), id)
+        }
+        Some(Ok(frame)) => {
+            // Trailers first would be an empty document's: nothing to send before them.
+            if let Ok(data) = frame.into_data() {
+                body.unread([data]);
+            }
+            Response::from_parts(parts, Either::Right(body))
+        }
+        None => Response::from_parts(parts, Either::Right(body)),
+    }
 }
 
 /// The answer for a status without content (1xx, 204, 304). Over HTTP/2, hyper gives an

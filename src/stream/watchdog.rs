@@ -540,7 +540,17 @@ where
     fn size_hint(&self) -> SizeHint {
         match (&self.inner, &self.sse) {
             // Only a raw body passes through byte for byte; an SSE body may gain an event.
-            (Some(inner), None) => inner.size_hint(),
+            // What was read and given back (`unread`) is still to come.
+            (Some(inner), None) => {
+                let inner = inner.size_hint();
+                let held: u64 = self.ready.iter().map(|b| b.len() as u64).sum();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + held);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + held);
+                }
+                hint
+            }
             _ => SizeHint::default(),
         }
     }

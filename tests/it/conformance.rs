@@ -580,6 +580,34 @@ async fn an_unrequested_switch_of_protocols_is_a_bad_gateway() {
     assert_eq!(body["error"]["code"], "upstream_error", "{body}");
 }
 
+/// A JSON document whose body fails on its first read (a chunk size that is no number) is
+/// a 502 with the gateway's JSON error: nothing had reached the client. Before, hyper wrote
+/// the head with the body's first bytes, so the abort took the head too: an HTTP/1.1
+/// client got an empty reply, an HTTP/2 one a reset, and neither a status.
+#[tokio::test]
+async fn a_document_that_fails_on_its_first_read_is_a_bad_gateway() {
+    let h = through(
+        raw_upstream(now(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+              transfer-encoding: chunked\r\nconnection: close\r\n\r\nzz\r\n",
+        ))
+        .await,
+    )
+    .await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 502);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+    let resp = h2_send(h.addr(), chat_request(&[], false)).await.unwrap();
+    assert_eq!(resp.status(), 502);
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric(r#"hourglass_requests_total{outcome="error",route="chat"}"#)
+            .await,
+        2.0
+    );
+}
+
 /// RFC 9110 15: a status outside 100 to 599 is no HTTP status (hyper's client takes any
 /// three digits). Passed on, clients read it as a 5xx while the log and metrics called the
 /// request ok.
