@@ -323,6 +323,15 @@ impl RedisStore {
 
     /// Every run with this id, whatever its scope (for the admin listener; a SCAN).
     pub async fn find(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, StoreError> {
+        // As in `admit`: the first command after the store restarted finds the old
+        // connection broken, and the manager reconnects only then. (A read: safe to repeat.)
+        match self.find_once(id).await {
+            Err(e) if e.is_connection_dropped() => Ok(self.find_once(id).await?),
+            found => Ok(found?),
+        }
+    }
+
+    async fn find_once(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, redis::RedisError> {
         let mut conn = self.conn.clone();
         let escaped: String = id
             .chars()

@@ -120,7 +120,7 @@ async fn run(runs: &Runs, id: &str) -> Response<Full<Bytes>> {
         let shown: String = id.chars().take(64).collect();
         let body = serde_json::json!({"error": {"code": "invalid_run_id", "message": format!(
             "{shown:?} is no run id: a run id is 1 to 128 visible ASCII bytes ({why})"
-        )}});
+        ), "type": "invalid_request_error"}, "type": "error"});
         return json(StatusCode::BAD_REQUEST, &body);
     }
     let found = match runs.find(id).await {

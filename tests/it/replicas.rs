@@ -825,3 +825,26 @@ async fn an_admission_the_client_left_is_given_back() {
     assert_eq!(used["tokens_reserved"], 0, "{state}");
     assert_eq!(used["calls"], 1, "only the call that was served: {state}");
 }
+
+/// The first look at a run after Redis restarted is answered: the command finds the old
+/// connection broken (the manager reconnects only then) and is sent once more on the new
+/// one, as an admission is. Before, each replica's first `/runs/{id}` was a 503 "broken
+/// pipe" with Redis up.
+#[tokio::test]
+async fn the_first_look_at_a_run_after_redis_restarted_is_answered() {
+    let Some((mut redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let port = redis.port();
+    let p = Process::spawn(&config(&fake, &redis.url(), "deny", "1s"), &[], &[]).await;
+    let run = [("x-run-id", "kept"), ("x-run-budget-ms", "60000")];
+    assert_eq!(send(&p, call(false, &run, 0)).await.0, 200);
+    assert!(reqwest_like_get(p.admin, "/runs/kept")
+        .await
+        .contains("\"calls\":1"));
+    redis.stop();
+    let _redis = RedisServer::on(port).await;
+    // The restarted Redis keeps nothing (persistence off): no such run, said so.
+    let found = reqwest_like_get(p.admin, "/runs/kept").await;
+    assert!(found.contains("\"no_run\""), "{found}");
+}

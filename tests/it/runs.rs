@@ -1133,6 +1133,8 @@ async fn a_run_is_found_by_its_exact_id(store: Store) {
     for path in ["", "a%20b", "caf%C3%A9", long.as_str()] {
         let error = run_json_now(&h, path).await;
         assert_eq!(error["error"]["code"], "invalid_run_id", "{path}: {error}");
+        assert_eq!(error["type"], "error", "every error body's shape: {error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
         let message = error["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains("1 to 128 visible ASCII"), "{message}");
     }
