@@ -41,6 +41,8 @@ struct ResponsesEvent<'a> {
     #[serde(borrow)]
     part: Option<&'a RawValue>,
     #[serde(borrow)]
+    annotation: Option<&'a RawValue>,
+    #[serde(borrow)]
     delta: Option<std::borrow::Cow<'a, str>>,
 }
 
@@ -80,7 +82,10 @@ impl Responses {
                 | "response.output_item.added"
                 | "response.output_item.done"
                 | "response.content_part.added"
+                | "response.content_part.done"
                 | "response.reasoning_summary_part.added"
+                | "response.reasoning_summary_part.done"
+                | "response.output_text.annotation.added"
                 | "response.output_text.delta"
                 | "response.refusal.delta"
                 | "response.reasoning_summary_text.delta"
@@ -124,6 +129,40 @@ impl Responses {
                 if let Some(m) = self.item(ev.output_index) {
                     if let Value::Array(a) = m.entry(key).or_insert_with(|| json!([])) {
                         a.push(part);
+                    }
+                }
+            }
+            // A part as it ended: its text whole, with its annotations and logprobs, which
+            // a partial answer otherwise lacks (the final response has them all).
+            "response.content_part.done" | "response.reasoning_summary_part.done" => {
+                let (key, index) = if ev.kind.contains("summary") {
+                    ("summary", ev.summary_index)
+                } else {
+                    ("content", ev.content_index)
+                };
+                let Some(part) = ev.part.map(raw) else { return };
+                if let Some(Value::Array(parts)) =
+                    self.item(ev.output_index).and_then(|m| m.get_mut(key))
+                {
+                    if let Some(slot) = parts.get_mut(index as usize) {
+                        *slot = part;
+                    }
+                }
+            }
+            // A citation as it came, before its part ended.
+            "response.output_text.annotation.added" => {
+                let Some(annotation) = ev.annotation.map(raw) else {
+                    return;
+                };
+                if let Some(Value::Array(parts)) = self
+                    .item(ev.output_index)
+                    .and_then(|m| m.get_mut("content"))
+                {
+                    if let Some(Value::Object(p)) = parts.get_mut(ev.content_index as usize) {
+                        if let Value::Array(a) = p.entry("annotations").or_insert_with(|| json!([]))
+                        {
+                            a.push(annotation);
+                        }
                     }
                 }
             }

@@ -187,6 +187,42 @@ fn a_tool_call_cut_mid_way_is_dropped_from_a_partial_answer() {
     assert_eq!(d["usage"]["output_tokens"], 30);
 }
 
+/// A partial Responses answer keeps what had come of its parts: a citation added before the
+/// cut (`response.output_text.annotation.added`), and a part that ended whole
+/// (`response.content_part.done`: its annotations and logprobs).
+#[test]
+fn a_cut_responses_answer_keeps_its_parts_annotations() {
+    let event = |data: &str| format!("event: x\ndata: {data}\n\n");
+    let head = [
+        r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}"#,
+        r#"{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}"#,
+        r#"{"type":"response.content_part.added","sequence_number":2,"output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]}}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":3,"output_index":0,"content_index":0,"delta":"See {docs}."}"#,
+        r#"{"type":"response.output_text.annotation.added","sequence_number":4,"output_index":0,"content_index":0,"annotation_index":0,"annotation":{"type":"url_citation","start_index":4,"end_index":10,"url":"https://example.com","title":"Docs"}}"#,
+    ]
+    .map(event)
+    .concat();
+    let usage = Usage {
+        prompt: 5,
+        completion: 3,
+    };
+    let d = doc(Format::Responses, &head, Some((head.len(), usage)));
+    let part = &d["output"][0]["content"][0];
+    assert_eq!(part["text"], "See {docs}.", "{d}");
+    assert_eq!(part["annotations"][0]["url"], "https://example.com", "{d}");
+    assert_eq!(part["annotations"].as_array().unwrap().len(), 1, "{d}");
+    // The part's done event brings it whole: its annotations once, its logprobs.
+    let done = event(
+        r#"{"type":"response.content_part.done","sequence_number":5,"output_index":0,"content_index":0,"part":{"type":"output_text","text":"See {docs}.","annotations":[{"type":"url_citation","start_index":4,"end_index":10,"url":"https://example.com","title":"Docs"}],"logprobs":[{"token":"See","logprob":-0.1,"bytes":[83,101,101],"top_logprobs":[]}]}}"#,
+    );
+    let stream = format!("{head}{done}");
+    let d = doc(Format::Responses, &stream, Some((stream.len(), usage)));
+    let part = &d["output"][0]["content"][0];
+    assert_eq!(part["annotations"].as_array().unwrap().len(), 1, "{d}");
+    assert_eq!(part["logprobs"][0]["token"], "See", "{d}");
+    assert_eq!(d["output"][0]["status"], "incomplete", "{d}");
+}
+
 #[test]
 fn a_cut_responses_stream_is_incomplete() {
     let cut = RESPONSES.find("response.output_text.done").unwrap();
