@@ -35,8 +35,12 @@ use crate::telemetry::log::key_hex;
 /// Why the store did not answer.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
-    #[error("the run store did not answer within {}ms", .0.as_millis())]
-    Timeout(Duration),
+    /// With the store's last error, when one came lately: a store that cannot be reached or
+    /// refuses the password fails slower than `store_timeout` (the connection is tried again
+    /// with backoff), and a timeout alone would call a wrong password latency.
+    #[error("the run store did not answer within {}ms{}", .0.as_millis(),
+            .1.as_deref().map(|e| format!(" (its last error: {e})")).unwrap_or_default())]
+    Timeout(Duration, Option<String>),
     #[error("the run store failed: {0}")]
     Failed(String),
 }
@@ -49,6 +53,9 @@ impl From<redis::RedisError> for StoreError {
 
 pub struct RedisStore {
     conn: ConnectionManager,
+    /// The last error a command met, and when (see `StoreError::Timeout`). Held for a store
+    /// and a copy only, never across an await.
+    last_error: std::sync::Mutex<Option<(Instant, String)>>,
     admit: Script,
     finish: Script,
     cancel: Script,
@@ -152,6 +159,7 @@ impl RedisStore {
             ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
         Ok(Self {
             conn,
+            last_error: std::sync::Mutex::new(None),
             admit: Script::new(include_str!("redis/admit.lua")),
             finish: Script::new(include_str!("redis/finish.lua")),
             cancel: Script::new(include_str!("redis/cancel.lua")),
@@ -190,12 +198,14 @@ impl RedisStore {
             .arg(ms(call.now.saturating_duration_since(call.at)))
             .arg(ms(expire))
             .arg(token);
-        let reply: Vec<Value> = match invocation.invoke_async(&mut conn).await {
+        let reply: Vec<Value> = match self.noted(invocation.invoke_async(&mut conn).await) {
             // The first command after the store restarted finds the old connection broken
             // (the manager reconnects only then): once more, on the new one. A reply lost
             // after the script ran would admit the call twice; the write that failed never
             // reached the store, and that is the case a restart makes.
-            Err(e) if e.is_connection_dropped() => invocation.invoke_async(&mut conn).await?,
+            Err(e) if e.is_connection_dropped() => {
+                self.noted(invocation.invoke_async(&mut conn).await)?
+            }
             reply => reply?,
         };
         let now = Instant::now();
@@ -268,6 +278,29 @@ impl RedisStore {
         })
     }
 
+    /// Notes the error of a command's reply, if it is one.
+    fn noted<T>(&self, reply: redis::RedisResult<T>) -> redis::RedisResult<T> {
+        if let Err(e) = &reply {
+            let mut last = self
+                .last_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *last = Some((Instant::now(), e.to_string()));
+        }
+        reply
+    }
+
+    /// The last error a command met, if it came within the last minute.
+    pub fn recent_error(&self) -> Option<String> {
+        let last = self
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        last.as_ref()
+            .filter(|(at, _)| at.elapsed() < Duration::from_secs(60))
+            .map(|(_, e)| e.clone())
+    }
+
     /// The end of the call `token`, admitted into the run at `key` with `reserve` tokens.
     pub async fn finish(
         &self,
@@ -283,18 +316,19 @@ impl RedisStore {
             Answer::Plain => ("-".to_owned(), ""),
             Answer::Tools(fp, tool) => (format!("{fp:016x}"), tool.as_str()),
         };
-        let reply: Vec<Value> = self
-            .finish
-            .key(key)
-            .arg(reserve)
-            .arg(used.tokens)
-            .arg(answer)
-            .arg(tool)
-            .arg(ttl.as_millis() as u64)
-            .arg(opt(used.request.map(|f| format!("{f:016x}"))))
-            .arg(token)
-            .invoke_async(&mut conn)
-            .await?;
+        let reply: Vec<Value> = self.noted(
+            self.finish
+                .key(key)
+                .arg(reserve)
+                .arg(used.tokens)
+                .arg(answer)
+                .arg(tool)
+                .arg(ttl.as_millis() as u64)
+                .arg(opt(used.request.map(|f| format!("{f:016x}"))))
+                .arg(token)
+                .invoke_async(&mut conn)
+                .await,
+        )?;
         Ok(ended_of(&reply))
     }
 
@@ -309,15 +343,16 @@ impl RedisStore {
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
         let mut conn = self.conn.clone();
-        let reply: Vec<Value> = self
-            .cancel
-            .key(key)
-            .key(tombstone(key, token))
-            .arg(token)
-            .arg(u8::from(!served))
-            .arg(ttl.as_millis() as u64)
-            .invoke_async(&mut conn)
-            .await?;
+        let reply: Vec<Value> = self.noted(
+            self.cancel
+                .key(key)
+                .key(tombstone(key, token))
+                .arg(token)
+                .arg(u8::from(!served))
+                .arg(ttl.as_millis() as u64)
+                .invoke_async(&mut conn)
+                .await,
+        )?;
         Ok(reply.get(1..).and_then(ended_of))
     }
 
@@ -325,8 +360,8 @@ impl RedisStore {
     pub async fn find(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, StoreError> {
         // As in `admit`: the first command after the store restarted finds the old
         // connection broken, and the manager reconnects only then. (A read: safe to repeat.)
-        match self.find_once(id).await {
-            Err(e) if e.is_connection_dropped() => Ok(self.find_once(id).await?),
+        match self.noted(self.find_once(id).await) {
+            Err(e) if e.is_connection_dropped() => Ok(self.noted(self.find_once(id).await)?),
             found => Ok(found?),
         }
     }
@@ -464,4 +499,32 @@ fn state_of(
         .get("ended")
         .and_then(|e| RunEnd::ALL.into_iter().find(|x| x.as_str() == e.as_str()));
     run
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A timeout names the store's last error: a store that refuses the password, or cannot
+    /// be reached, fails slower than `store_timeout` while its connection is tried again, and
+    /// a timeout alone read as latency (an audit's wrong password did).
+    #[tokio::test]
+    async fn a_timeout_names_the_stores_last_error() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/0", closed.local_addr().unwrap());
+        drop(closed);
+        let store = RedisStore::new(&url, Duration::from_millis(50)).unwrap();
+        let quiet = StoreError::Timeout(Duration::from_millis(50), store.recent_error());
+        assert_eq!(
+            quiet.to_string(),
+            "the run store did not answer within 50ms"
+        );
+        assert!(store.find("r").await.is_err());
+        let error = store.recent_error().expect("the refused connection, noted");
+        let timeout = StoreError::Timeout(Duration::from_millis(50), store.recent_error());
+        assert_eq!(
+            timeout.to_string(),
+            format!("the run store did not answer within 50ms (its last error: {error})")
+        );
+    }
 }

@@ -235,7 +235,7 @@ impl Runs {
                 shared.cancel_later(key_of(key), token, false);
                 return Ok(Joined::OutOfTime);
             }
-            Err(_) => Err(StoreError::Timeout(wait)),
+            Err(_) => Err(StoreError::Timeout(wait, shared.store.recent_error())),
         };
         match answer {
             Ok(RedisAdmission::Admitted(admitted, run)) => Ok(Joined::Call(RunCall::new(
@@ -284,7 +284,12 @@ impl Runs {
             Store::Redis(shared) => {
                 tokio::time::timeout(Duration::from_secs(2), shared.store.find(id))
                     .await
-                    .unwrap_or(Err(StoreError::Timeout(Duration::from_secs(2))))
+                    .unwrap_or_else(|_| {
+                        Err(StoreError::Timeout(
+                            Duration::from_secs(2),
+                            shared.store.recent_error(),
+                        ))
+                    })
                     .map_err(|e| e.to_string())
             }
         }
