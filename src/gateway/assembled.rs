@@ -140,8 +140,8 @@ pub(super) async fn assembled(
     let record = body.observer_mut();
     // An error event after the whole answer took nothing from it: answered as an error, it
     // would be retried by the SDK and the finished generation paid for twice.
-    let whole = assembler.whole();
-    if let Some(error) = assembler.provider_error().filter(|_| !whole) {
+    let ended = assembler.ended();
+    if let Some(error) = assembler.provider_error().filter(|_| !ended) {
         // The provider's own error, as it would have answered it: its object, whole.
         let e = GatewayError::UpstreamError {
             upstream: record.upstream_name().unwrap_or_default(),
@@ -162,7 +162,7 @@ pub(super) async fn assembled(
     // All that was missing was the stream's own end (see `Assembler::whole`): the answer is
     // whole, and answered as such, whatever ended the stream (a limit, the provider's error
     // event); the log keeps the code of what did.
-    if whole && (cut.is_some() || assembler.provider_error().is_some()) {
+    if (cut.is_some() && assembler.whole()) || (ended && assembler.provider_error().is_some()) {
         record.complete();
         cut = None;
     }

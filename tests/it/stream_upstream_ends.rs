@@ -64,6 +64,16 @@ async fn a_stream_that_ends_before_every_choice_finished_ended_short() {
         chunk(0, "{}", r#""stop""#),
     ]
     .concat();
+    // The same with its usage chunk after it: still one choice of two.
+    let usage = "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\n";
+    for stream in [first_only.clone(), format!("{first_only}{usage}")] {
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &stream,
+            Duration::from_millis(1),
+        )));
+        let (resp, _c) = h.send(post("/v1/chat/completions", body.into(), &[])).await;
+        assert_eq!(resp.status(), 502, "{stream}");
+    }
     for (body, whole) in [
         (body.to_owned(), false),
         (body.replace(r#""n":2,"#, ""), true),
@@ -262,6 +272,22 @@ async fn an_answer_whole_but_for_its_end_is_answered_as_complete() {
             2.0,
             "{route}"
         );
+        if route == "partial" {
+            // Every choice finished, the usage chunk not come yet: the answer has ended, as
+            // a streaming client's stream would (its usage then filled in).
+            let finished = stream.find("\"finish_reason\":\"stop\"").unwrap();
+            let at = finished + stream[finished..].find("\n\n").unwrap() + 2;
+            let errored = format!("{}{error}", &stream[..at]);
+            h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+                &errored,
+                Duration::from_millis(1),
+            )));
+            let (resp, _c) = h.send(post(path, body.into(), &[])).await;
+            assert_eq!(resp.status(), 200, "{errored}");
+            let doc = json_body(resp).await;
+            assert_eq!(doc["choices"][0]["finish_reason"], "stop", "{doc}");
+            assert!(doc["usage"]["total_tokens"].as_u64().is_some(), "{doc}");
+        }
         // Before the answer was whole, the error is the answer.
         let early = format!("{}{error}", &stream[..stream.find("\n\n").unwrap() + 2]);
         h.fake.set_replay(Some(hourglass_fake::Replay::sse(
