@@ -160,17 +160,21 @@ impl Gateway {
                     if let Some(view) = record.run_view() {
                         insert_run_headers(&mut parts.headers, &view, Instant::now());
                     }
-                    // An assembled answer's status is the document's (or its error's), noted
-                    // when it is ready: a client that leaves before then got none.
-                    if !assemble {
-                        record.set_status(parts.status.as_u16());
-                    }
                     // A JSON answer in a known format is one document (these APIs stream as
-                    // SSE), which arrives at once when it is ready.
+                    // SSE), which arrives at once when it is ready: its head waits for it.
                     let document = started.format.is_some()
                         && !shape.event_stream
                         && shape.readable
                         && shape.json;
+                    let held = document && !head;
+                    // An assembled answer's status is the document's (or its error's), and a
+                    // held 2xx head's is the answer's once it goes: noted then, as a client
+                    // that leaves before then got none. (An error's is noted now: it says
+                    // that its body's first byte is no token.)
+                    let status_waits = assemble || (held && parts.status.is_success());
+                    if !status_waits {
+                        record.set_status(parts.status.as_u16());
+                    }
                     // A successful answer in a known format is read as it passes: SSE for its
                     // tokens, usage and errors, JSON for its usage.
                     let inspector = started
@@ -211,7 +215,7 @@ impl Gateway {
                     // All boxed: they hold the body and more across their awaits, and inline
                     // they would size every request's future (moved whole a few times per
                     // request) for these rare answers.
-                    if no_content {
+                    if no_content || head {
                         return Box::pin(without_content(parts, body, &id)).await;
                     }
                     if assemble {
@@ -225,7 +229,7 @@ impl Gateway {
                     {
                         return Box::pin(with_length(parts, body, &id)).await;
                     }
-                    if document && !head {
+                    if held {
                         return Box::pin(after_first_frame(parts, body, &id)).await;
                     }
                     Response::from_parts(parts, Either::Right(body))
@@ -279,6 +283,7 @@ async fn with_length(
                 frames.push(data);
                 if len > LENGTH_CAP {
                     body.unread(frames);
+                    body.observer_mut().set_status(parts.status.as_u16());
                     return Response::from_parts(parts, Either::Right(body));
                 }
             }
@@ -300,6 +305,7 @@ async fn with_length(
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
+    body.observer_mut().set_status(parts.status.as_u16());
     Response::from_parts(parts, Either::Left(Full::new(whole)))
 }
 
@@ -327,13 +333,19 @@ async fn after_first_frame(
             if let Ok(data) = frame.into_data() {
                 body.unread([data]);
             }
+            body.observer_mut().set_status(parts.status.as_u16());
             Response::from_parts(parts, Either::Right(body))
         }
-        None => Response::from_parts(parts, Either::Right(body)),
+        None => {
+            body.observer_mut().set_status(parts.status.as_u16());
+            Response::from_parts(parts, Either::Right(body))
+        }
     }
 }
 
-/// The answer for a status without content (1xx, 204, 304). Over HTTP/2, hyper gives an
+/// The answer for a status without content (1xx, 204, 304), or to a HEAD (whose body hyper
+/// never polls: unread, an upstream body with a length to come looked abandoned, logged as
+/// the client's cancel). Over HTTP/2, hyper gives an
 /// answer whose body has not ended a `content-length` from the body's size hint: `0` for the
 /// upstream's empty body, which a 204 must never carry and which on a 304 would misstate the
 /// 200's length (RFC 9110 8.6). So the upstream's body (empty: hyper's client reads none for

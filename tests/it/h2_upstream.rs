@@ -724,6 +724,53 @@ async fn a_reset_with_no_error_mid_body_is_no_end_of_it() {
     assert_eq!(read.text(), whole);
 }
 
+/// A HEAD answer from an HTTP/2 upstream (a length, and END_STREAM on its head) is
+/// delivered and counted ok. hyper never polls a HEAD answer's body, and its length (which
+/// the h2 client's body reports as still to come) made it look abandoned: logged as the
+/// client's cancel.
+#[tokio::test]
+async fn a_head_answer_from_an_http2_upstream_is_ok() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(s).await else {
+                    return;
+                };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    let head = Response::builder()
+                        .header("content-type", "application/json")
+                        .header("content-length", "265")
+                        .body(())
+                        .unwrap();
+                    let _ = respond.send_response(head, true);
+                }
+            });
+        }
+    });
+    let h = gateway_to(up).await;
+    let head = || {
+        http::Request::head("/v1/chat/completions")
+            .header("host", "gateway")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let (resp, _c) = h.send(head()).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-length"], "265");
+    let resp = h2_send(h.addr(), head()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+            .await,
+        2.0,
+        "{}",
+        h.metrics_text().await
+    );
+}
+
 /// An h2 upstream whose first connection speaks HTTP/2 (its SETTINGS, acknowledged) and
 /// then never answers a request, though the socket stays open: a peer gone silent behind a
 /// dropped flow. Later connections go to a server that answers.

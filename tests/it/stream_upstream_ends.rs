@@ -503,19 +503,30 @@ async fn a_client_that_leaves_before_its_document_has_no_status() {
         &[],
     )
     .await;
-    let conn = crate::support::Conn::open(p.addr).await;
-    let pending = tokio::spawn(conn.send(chat(
-        "partial",
-        &[("x-fake-chunks", "50"), ("x-fake-interval-ms", "100")],
-    )));
-    assert!(fake.wait_for_requests(1, Duration::from_secs(10)).await);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    pending.abort();
-    let _ = pending.await;
-    let line = p.request_line().await;
-    assert_eq!(line["outcome"], "cancelled", "{line}");
-    assert_eq!(line["origin"], "client", "{line}");
-    assert_eq!(line.get("status"), None, "{line}");
+    // Assembled; and a document not asked to stream, whose head waits for its first byte
+    // (the upstream sent its head at once, its document 3 s later).
+    let cases: [(&str, &[(&str, &str)]); 2] = [
+        (
+            "partial",
+            &[("x-fake-chunks", "50"), ("x-fake-interval-ms", "100")],
+        ),
+        (
+            "plain",
+            &[("x-fake-ttft-ms", "3000"), ("x-fake-headers-first", "1")],
+        ),
+    ];
+    for (i, (model, headers)) in cases.into_iter().enumerate() {
+        let conn = crate::support::Conn::open(p.addr).await;
+        let pending = tokio::spawn(conn.send(chat(model, headers)));
+        assert!(fake.wait_for_requests(i + 1, Duration::from_secs(10)).await);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        pending.abort();
+        let _ = pending.await;
+        let line = p.request_lines(i + 1).await.swap_remove(i);
+        assert_eq!(line["outcome"], "cancelled", "{line}");
+        assert_eq!(line["origin"], "client", "{line}");
+        assert_eq!(line.get("status"), None, "{model}: {line}");
+    }
 }
 
 /// An event the gateway cannot read (not JSON, or cut short) is not skipped: a document
