@@ -603,28 +603,39 @@ async fn resetting_upstream_with(
     length: Option<usize>,
     chunk: &'static str,
 ) -> std::net::SocketAddr {
+    h2_answering(move |mut respond| {
+        let mut head = Response::builder().header("content-type", content_type);
+        if let Some(length) = length {
+            head = head.header("content-length", length);
+        }
+        let mut body = respond
+            .send_response(head.body(()).unwrap(), false)
+            .unwrap();
+        body.send_data(Bytes::from_static(chunk.as_bytes()), false)
+            .unwrap();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            body.send_reset(reason);
+        });
+    })
+    .await
+}
+
+/// An h2c upstream that hands every request's stream to `answer`.
+async fn h2_answering(
+    answer: impl Fn(h2::server::SendResponse<Bytes>) + Clone + Send + 'static,
+) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
+            let answer = answer.clone();
             tokio::spawn(async move {
                 let Ok(mut conn) = h2::server::handshake(s).await else {
                     return;
                 };
-                while let Some(Ok((_req, mut respond))) = conn.accept().await {
-                    let mut head = Response::builder().header("content-type", content_type);
-                    if let Some(length) = length {
-                        head = head.header("content-length", length);
-                    }
-                    let mut body = respond
-                        .send_response(head.body(()).unwrap(), false)
-                        .unwrap();
-                    body.send_data(Bytes::from_static(chunk.as_bytes()), false)
-                        .unwrap();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        body.send_reset(reason);
-                    });
+                while let Some(Ok((_req, respond))) = conn.accept().await {
+                    answer(respond);
                 }
             });
         }
@@ -730,45 +741,17 @@ async fn a_reset_with_no_error_mid_body_is_no_end_of_it() {
 /// client's cancel.
 #[tokio::test]
 async fn a_head_answer_from_an_http2_upstream_is_ok() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let Ok(mut conn) = h2::server::handshake(s).await else {
-                    return;
-                };
-                while let Some(Ok((_req, mut respond))) = conn.accept().await {
-                    let head = Response::builder()
-                        .header("content-type", "application/json")
-                        .header("content-length", "265")
-                        .body(())
-                        .unwrap();
-                    let _ = respond.send_response(head, true);
-                }
-            });
-        }
-    });
+    let up = h2_answering(|mut respond| {
+        let head = Response::builder()
+            .header("content-type", "application/json")
+            .header("content-length", "265")
+            .body(())
+            .unwrap();
+        let _ = respond.send_response(head, true);
+    })
+    .await;
     let h = gateway_to(up).await;
-    let head = || {
-        http::Request::head("/v1/chat/completions")
-            .header("host", "gateway")
-            .body(Full::new(Bytes::new()))
-            .unwrap()
-    };
-    let (resp, _c) = h.send(head()).await;
-    assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["content-length"], "265");
-    let resp = h2_send(h.addr(), head()).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    h.wait_requests("chat", 2.0).await;
-    assert_eq!(
-        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
-            .await,
-        2.0,
-        "{}",
-        h.metrics_text().await
-    );
+    heads_are_answered_ok(&h, &[("content-length", "265")]).await;
 }
 
 /// An h2 upstream whose first connection speaks HTTP/2 (its SETTINGS, acknowledged) and

@@ -573,3 +573,34 @@ pub async fn h2_send(
         .expect("an answer or a reset within 5 s")
         .map_err(|e| format!("{e:?}"))
 }
+
+/// A HEAD on the chat path over HTTP/1.1 and over HTTP/2: both answered 200 with `fields`
+/// (a value of "" says the field is absent), and both counted ok on the route `chat`, not as
+/// the client's cancel (hyper never polls a HEAD answer's body).
+pub async fn heads_are_answered_ok(h: &Harness, fields: &[(&str, &str)]) {
+    let head = || {
+        Request::head("/v1/chat/completions")
+            .header("host", "gateway")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let (h1, _c) = h.send(head()).await;
+    let h2 = h2_send(h.addr(), head()).await.unwrap();
+    for resp in [&h1, &h2] {
+        assert_eq!(resp.status(), 200);
+        for (name, value) in fields {
+            match *value {
+                "" => assert_eq!(resp.headers().get(*name), None, "{resp:?}"),
+                v => assert_eq!(resp.headers()[*name], v, "{resp:?}"),
+            }
+        }
+    }
+    h.wait_requests("chat", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"chat\"}")
+            .await,
+        2.0,
+        "{}",
+        h.metrics_text().await
+    );
+}
