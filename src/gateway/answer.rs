@@ -161,18 +161,18 @@ impl Gateway {
                         insert_run_headers(&mut parts.headers, &view, Instant::now());
                     }
                     // A JSON answer in a known format is one document (these APIs stream as
-                    // SSE), which arrives at once when it is ready: its head waits for it.
+                    // SSE), which arrives at once when it is ready: a 2xx one is read whole
+                    // before its head goes (see `with_length`). A provider's error answer
+                    // passes through as it comes (DESIGN 6), its head at once.
                     let document = started.format.is_some()
                         && !shape.event_stream
                         && shape.readable
                         && shape.json;
-                    let held = document && !head;
+                    let held = document && !head && parts.status.is_success();
                     // An assembled answer's status is the document's (or its error's), and a
-                    // held 2xx head's is the answer's once it goes: noted then, as a client
-                    // that leaves before then got none. (An error's is noted now: it says
-                    // that its body's first byte is no token.)
-                    let status_waits = assemble || (held && parts.status.is_success());
-                    if !status_waits {
+                    // held one's is the answer's once it goes: noted then, as a client that
+                    // leaves before then got none.
+                    if !(assemble || held) {
                         record.set_status(parts.status.as_u16());
                     }
                     // A successful answer in a known format is read as it passes: SSE for its
@@ -223,14 +223,12 @@ impl Gateway {
                         let partial = started.partial_answers;
                         return Box::pin(assembled(parts, body, partial, &id)).await;
                     }
-                    if close_delimited
-                        && document
-                        && !parts.headers.contains_key(header::CONTENT_LENGTH)
+                    if held
+                        || (close_delimited
+                            && document
+                            && !parts.headers.contains_key(header::CONTENT_LENGTH))
                     {
                         return Box::pin(with_length(parts, body, &id)).await;
-                    }
-                    if held {
-                        return Box::pin(after_first_frame(parts, body, &id)).await;
                     }
                     Response::from_parts(parts, Either::Right(body))
                 }
@@ -254,16 +252,19 @@ impl Gateway {
     }
 }
 
-/// An answer to an HTTP/1.0 client is read whole before it is sent, up to this many bytes.
+/// A document is read whole before it is sent, up to this many bytes.
 pub const LENGTH_CAP: usize = 1 << 20;
 
-/// The answer to an HTTP/1.0 client, for a JSON document in a known format without a length of
-/// its own. HTTP/1.0 has no chunked coding, so it would end with the connection, and the abort
-/// that tells a failure would look like its end. It is read whole, with every limit still
-/// running, and sent with its length; a limit or failure meanwhile becomes the JSON error
-/// answer instead. One longer than `LENGTH_CAP` goes out as it comes, as before. Anything
-/// else (SSE, NDJSON, audio, a JSON array streamed piece by piece) is never held back: it
-/// streams as it comes, and an abort ends it as the connection's end.
+/// The answer for a JSON document in a known format: a 2xx one, or any to an HTTP/1.0 client
+/// without a length of its own. It is read whole, with every limit still running, and sent
+/// with its length; a limit or failure meanwhile becomes the JSON error answer instead. A
+/// document comes at once when it is ready, so this costs it next to nothing; sent as it
+/// came, a body that failed early reached the client with no status at all (hyper writes a
+/// head with the body's first bytes and, polling on, the abort took both), and to HTTP/1.0,
+/// which has no chunked coding, the abort that tells a failure looked like the end. One
+/// longer than `LENGTH_CAP` goes out as it comes from there, an abort telling its failure.
+/// Anything else (SSE, NDJSON, audio, a JSON array streamed piece by piece) is never held
+/// back: it streams as it comes.
 async fn with_length(
     mut parts: http::response::Parts,
     mut body: Box<WatchedBody>,
@@ -307,40 +308,6 @@ async fn with_length(
         .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
     body.observer_mut().set_status(parts.status.as_u16());
     Response::from_parts(parts, Either::Left(Full::new(whole)))
-}
-
-/// The answer for a JSON document in a known format, whose head waits for the body's first
-/// frame. A document comes at once when it is ready, so this costs it nothing; and a body
-/// that fails on its first read (a chunk size that is no number, a length the stream does
-/// not keep) is then the 502 it should be. Sent first, the head was lost with the abort:
-/// hyper writes a head with the body's first bytes, so the client got no status at all.
-async fn after_first_frame(
-    parts: http::response::Parts,
-    mut body: Box<WatchedBody>,
-    id: &str,
-) -> Response<ProxyBody> {
-    match body.frame().await {
-        Some(Err(e)) => {
-            // As in `with_length`: the watchdog ends a body with a `GatewayError`, and has
-            // noted how it ended.
-            let e = e
-                .downcast::<GatewayError>()
-                .map_or(GatewayError::Internal, |e| *e);
-            error_answer(&e, body.observer_mut(), id)
-        }
-        Some(Ok(frame)) => {
-            // Trailers first would be an empty document's: nothing to send before them.
-            if let Ok(data) = frame.into_data() {
-                body.unread([data]);
-            }
-            body.observer_mut().set_status(parts.status.as_u16());
-            Response::from_parts(parts, Either::Right(body))
-        }
-        None => {
-            body.observer_mut().set_status(parts.status.as_u16());
-            Response::from_parts(parts, Either::Right(body))
-        }
-    }
 }
 
 /// The answer for a status without content (1xx, 204, 304), or to a HEAD (whose body hyper

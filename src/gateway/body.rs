@@ -56,7 +56,17 @@ pub(super) fn error_answer(
     record.set_status(e.status().as_u16());
     let resp = e.response();
     record.own_bytes(resp.body().len());
-    let mut resp = resp.map(|b| Either::Left(Full::new(b)));
+    let mut resp = if record.is_head() {
+        // The length a GET would have had, and no body: hyper sends an HTTP/2 HEAD answer
+        // the body it is given, which the client takes for a PROTOCOL_ERROR.
+        let (mut parts, body) = resp.into_parts();
+        parts
+            .headers
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        Response::from_parts(parts, Either::Left(Full::default()))
+    } else {
+        resp.map(|b| Either::Left(Full::new(b)))
+    };
     no_retry_after_retries(resp.headers_mut(), e.status(), record);
     if let Some(view) = record.run_view() {
         insert_run_headers(resp.headers_mut(), &view, Instant::now());

@@ -396,6 +396,11 @@ impl RequestRecord {
         });
     }
 
+    /// The request is a HEAD: its answer has no body.
+    pub fn is_head(&self) -> bool {
+        self.method == Method::HEAD
+    }
+
     /// Counts the bytes of an answer the gateway wrote itself (its JSON error) in the log's
     /// `bytes`, and not as a first byte, which is the upstream's. A HEAD answer sends none.
     pub fn own_bytes(&mut self, len: usize) {

@@ -122,11 +122,12 @@ async fn an_http10_upstreams_answer_goes_out_in_the_clients_version() {
     assert!(text.ends_with("\r\n\r\nhello"), "{text}");
 }
 
-/// DESIGN 6: a body that cannot be completed reaches the client broken, never short and
+/// DESIGN 6: a body that cannot be completed never reaches the client short and
 /// whole-looking. An HTTP/1.0 upstream's JSON has no length; sent on in HTTP/1.0, its end
-/// was the connection's, so the idle limit's abort looked like the end of the document.
+/// was the connection's, so the idle limit's abort looked like the end of the document. A
+/// document is read whole before its head goes: the limit is the JSON error.
 #[tokio::test]
-async fn a_json_answer_an_http10_upstream_never_finished_reaches_the_client_broken() {
+async fn a_json_answer_an_http10_upstream_never_finished_is_the_limits_error() {
     let up = raw_upstream(vec![
         (
             Duration::ZERO,
@@ -138,11 +139,10 @@ async fn a_json_answer_an_http10_upstream_never_finished_reaches_the_client_brok
     .await;
     let h = through(up).await;
     let (resp, _c) = h.send(chat_request(&[], false)).await;
-    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.status(), 504);
     assert_eq!(resp.version(), http::Version::HTTP_11);
-    let read = read_body(resp.into_body()).await;
-    assert_eq!(read.text(), "{\"choices\":");
-    assert!(read.error.is_some(), "the cut body ended as if whole");
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "idle_timeout", "{body}");
     h.wait_requests("chat", 1.0).await;
     assert_eq!(
         h.metric(r#"hourglass_cancellations_total{origin="idle",route="chat"}"#)
@@ -153,9 +153,8 @@ async fn a_json_answer_an_http10_upstream_never_finished_reaches_the_client_brok
 
 /// A JSON document in a known format whose framing ended cleanly inside it (an HTTP/1.0
 /// upstream's close, which cannot tell a cut from the end; chunked framing ended early) is
-/// an upstream failure, never a short document that looks whole: the HTTP/1.1 client's body
-/// is aborted, the HTTP/1.0 client (whose answer is read whole to give it a length) gets a
-/// 502, and both count as errors.
+/// an upstream failure, never a short document that looks whole: read whole before its head
+/// goes, it is a 502 for HTTP/1.1 and HTTP/1.0 clients alike, counted as an error.
 #[tokio::test]
 async fn a_json_document_whose_framing_ended_inside_it_is_no_answer() {
     let cut = "{\"id\":\"c1\",\"object\":\"chat.completion\"";
@@ -169,9 +168,9 @@ async fn a_json_document_whose_framing_ended_inside_it_is_no_answer() {
     ] {
         let h = through(raw_upstream(now(answer.as_bytes())).await).await;
         let (resp, _c) = h.send(chat_request(&[], false)).await;
-        assert_eq!(resp.status(), 200);
-        let read = read_body(resp.into_body()).await;
-        assert!(read.error.is_some(), "ended as if whole: {answer:?}");
+        assert_eq!(resp.status(), 502, "{answer:?}");
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], "upstream_error", "{body}");
         let (text, _) = raw_exchange(h.addr(), &chat_bytes("HTTP/1.0"), |_| false).await;
         assert!(text.starts_with("HTTP/1.0 502 Bad Gateway\r\n"), "{text}");
         assert!(
@@ -505,6 +504,54 @@ async fn a_head_answer_is_delivered_not_abandoned() {
         let h = through(raw_upstream(now(answer)).await).await;
         heads_are_answered_ok(&h, fields).await;
     }
+}
+
+/// The gateway's own answer to a HEAD has the length its GET's would have and no body:
+/// over HTTP/2 hyper sent the body it was given, which clients take for a PROTOCOL_ERROR.
+#[tokio::test]
+async fn the_gateways_own_answer_to_a_head_has_no_body() {
+    let h = Harness::start().await;
+    let head = || {
+        http::Request::head("/nowhere")
+            .header("host", "gateway")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    let (h1, _c) = h.send(head()).await;
+    let h2 = h2_send(h.addr(), head()).await.unwrap();
+    for resp in [h1, h2] {
+        assert_eq!(resp.status(), 404);
+        let length: usize = resp.headers()["content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(length > 0, "{resp:?}");
+        let read = read_body(resp.into_body()).await;
+        assert_eq!((read.bytes.len(), read.error), (0, None));
+    }
+}
+
+/// A provider's error answer passes through as it comes, its head at once (DESIGN 6): one
+/// whose body is slow keeps its status and its `retry-after`, never turned into the
+/// gateway's first-token error while the body is awaited.
+#[tokio::test]
+async fn a_providers_error_answer_goes_out_at_once() {
+    let up = raw_upstream(vec![
+        (
+            Duration::ZERO,
+            b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+              retry-after: 7\r\ncontent-length: 2\r\nconnection: close\r\n\r\n"
+                .to_vec(),
+        ),
+        // Past the first-token limit (2 s).
+        (Duration::from_millis(2500), b"{}".to_vec()),
+    ])
+    .await;
+    let h = through(up).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers()["retry-after"], "7");
 }
 
 /// HTTP/2 carries a cookie as one field per crumb; the HTTP/1.1 upstream gets one `cookie`
