@@ -216,6 +216,7 @@ impl Gateway {
                     // they would size every request's future (moved whole a few times per
                     // request) for these rare answers.
                     if no_content || head {
+                        body.no_content();
                         return Box::pin(without_content(parts, body, &id)).await;
                     }
                     if assemble {

@@ -120,7 +120,6 @@ impl<'a> Attempt<'a> {
                 http::HeaderValue::from(budget.forwarded_ms(now)),
             );
         }
-        let head_request = req.method() == http::Method::HEAD;
         let mut connection = capture_connection(&mut req);
         let (response, slot) = upstream.request(req);
         async move {
@@ -211,10 +210,8 @@ impl<'a> Attempt<'a> {
                 });
             }
             let shape = BodyShape::of(&parts.headers);
-            let content = !head_request && !matches!(parts.status.as_u16(), 100..=199 | 204 | 304);
             let mut body = UpstreamBody {
                 prefix: VecDeque::new(),
-                sized: content && incoming.size_hint().exact().is_some(),
                 inner: incoming,
                 _in_flight: self.in_flight,
                 _stream: slot,
@@ -357,8 +354,6 @@ pin_project! {
     /// flight (and as a stream on its upstream connection) until it is dropped.
     pub struct UpstreamBody {
         prefix: VecDeque<Bytes>,
-        // The answer has content and its head gave its length, which its end is held to.
-        sized: bool,
         #[pin]
         inner: Incoming,
         _in_flight: InFlight,
@@ -366,39 +361,19 @@ pin_project! {
     }
 }
 
-/// An answer whose body ended before the length its head gave. hyper's HTTP/2 client reads
-/// an upstream's `RST_STREAM` or `GOAWAY` with `NO_ERROR` (or `CANCEL`) as the body's end,
-/// wherever it comes, and does not hold that end to the `content-length`: without this, a
-/// truncated answer went on to the client as a whole one (RFC 9113 8.1: a response is
-/// complete only with its END_STREAM). Its HTTP/1.1 client fails such a body itself.
-#[derive(Debug, thiserror::Error)]
-#[error("the answer ended {missing} bytes before its content-length")]
-pub struct EndedBeforeLength {
-    missing: u64,
-}
-
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = crate::error::BoxError;
+    type Error = hyper::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let mut this = self.project();
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.project();
         if let Some(b) = this.prefix.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(b))));
         }
-        match std::task::ready!(this.inner.as_mut().poll_frame(cx)) {
-            Some(frame) => Poll::Ready(Some(frame.map_err(Into::into))),
-            None => {
-                let missing = this.inner.size_hint().exact().unwrap_or(0);
-                if std::mem::take(this.sized) && missing > 0 {
-                    return Poll::Ready(Some(Err(Box::new(EndedBeforeLength { missing }))));
-                }
-                Poll::Ready(None)
-            }
-        }
+        this.inner.poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {

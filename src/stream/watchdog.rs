@@ -197,6 +197,12 @@ where
         self.ready = ready;
     }
 
+    /// The answer has no content (a HEAD's, a 204's, a 304's), whatever length its head gives:
+    /// it is whole with its head.
+    pub fn no_content(&mut self) {
+        self.length = Length::Zero;
+    }
+
     /// A limit or failure that cuts the stream ends it with an error (the `GatewayError`,
     /// boxed) rather than an SSE error event: for a body the gateway reads itself.
     pub fn fail_on_cut(&mut self) {
@@ -269,6 +275,7 @@ where
                                 this.observer,
                                 this.progress,
                                 this.limits,
+                                *this.length,
                             );
                             if let (true, Ok(mut trailers)) = (whole, frame.into_trailers()) {
                                 // HTTP/2 refuses to send a connection-specific field, and
@@ -402,6 +409,7 @@ where
                             this.observer,
                             this.progress,
                             this.limits,
+                            *this.length,
                         );
                     }
                 }
@@ -454,6 +462,7 @@ where
                         this.observer,
                         this.progress,
                         this.limits,
+                        *this.length,
                     );
                 }
                 Poll::Pending => {
@@ -579,7 +588,9 @@ fn mark_progress<O: Observer>(
 /// event follows. Otherwise what was held goes out and the stream is complete (or ended
 /// with the upstream's error event, if one was still waiting for the byte after its CR).
 /// Returns false when the stream was cut.
-fn end_of_body<B, O: Observer>(
+// The watchdog's own fields, as its projection hands them out.
+#[allow(clippy::too_many_arguments)]
+fn end_of_body<B: Body, O: Observer>(
     inner: Pin<&mut Option<B>>,
     sse: &mut Option<Sse>,
     ready: &mut VecDeque<Bytes>,
@@ -587,11 +598,32 @@ fn end_of_body<B, O: Observer>(
     observer: &mut O,
     progress: &Progress,
     limits: &StreamLimits,
+    length: Length,
 ) -> bool {
     if progress.error_pending() {
         flush_held(sse, ready);
         end_after_error(inner, state, observer);
         return true;
+    }
+    // hyper's HTTP/2 client reads an upstream's RST_STREAM or GOAWAY with NO_ERROR (or
+    // CANCEL) as the body's end wherever it comes, and does not hold that end to the
+    // content-length: a truncated answer went on as a whole one (RFC 9113 8.1: a response
+    // is complete only with its END_STREAM). Its HTTP/1.1 client fails such a body itself.
+    let missing = match length {
+        Length::Known => inner
+            .as_ref()
+            .as_pin_ref()
+            .and_then(|b| b.size_hint().exact())
+            .unwrap_or(0),
+        Length::Unknown | Length::Zero => 0,
+    };
+    if missing > 0 && !(sse.is_some() && progress.answer_ended()) {
+        let err = GatewayError::UpstreamError {
+            upstream: limits.upstream.to_string(),
+            reason: format!("the answer ended {missing} bytes before its content-length"),
+        };
+        cut(inner, sse, ready, state, observer, progress, err);
+        return false;
     }
     if progress.ended_short() {
         if sse.is_some() && progress.answer_ended() {
