@@ -271,20 +271,26 @@ async fn with_length(
     mut body: Box<WatchedBody>,
     id: &str,
 ) -> Response<ProxyBody> {
-    let mut frames = Vec::new();
+    // Most documents come in one frame: the list of the others is made only for a second.
+    let mut first: Option<Bytes> = None;
+    let mut rest: Vec<Bytes> = Vec::new();
     let mut len = 0;
     loop {
         match body.frame().await {
             None => break,
-            // Trailers: HTTP/1.0 has no way to send them.
+            // Trailers: HTTP/1.0 has no way to send them, and the APIs send none with a
+            // document.
             Some(Ok(frame)) => {
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
                 len += data.len();
-                frames.push(data);
+                match first {
+                    None => first = Some(data),
+                    Some(_) => rest.push(data),
+                }
                 if len > LENGTH_CAP {
-                    body.unread(frames);
+                    body.unread(first.into_iter().chain(rest));
                     body.observer_mut().set_status(parts.status.as_u16());
                     return Response::from_parts(parts, Either::Right(body));
                 }
@@ -299,10 +305,16 @@ async fn with_length(
             }
         }
     }
-    let whole = match frames.len() {
-        0 => Bytes::new(),
-        1 => frames.pop().expect("one frame"),
-        _ => Bytes::from(frames.concat()),
+    let whole = match first {
+        None => Bytes::new(),
+        Some(only) if rest.is_empty() => only,
+        Some(first) => {
+            let mut all = Vec::with_capacity(len);
+            for piece in std::iter::once(&first).chain(&rest) {
+                all.extend_from_slice(piece);
+            }
+            Bytes::from(all)
+        }
     };
     parts
         .headers

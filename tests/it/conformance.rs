@@ -506,6 +506,40 @@ async fn a_head_answer_is_delivered_not_abandoned() {
     }
 }
 
+/// A document that comes in several pieces is sent whole, with its length, byte for byte.
+#[tokio::test]
+async fn a_document_in_pieces_goes_out_whole_with_its_length() {
+    let pieces = [
+        r#"{"id":"c1","#,
+        r#""object":"chat.completion","#,
+        r#""choices":[]}"#,
+    ];
+    let doc = pieces.concat();
+    let mut answer = vec![(
+        Duration::ZERO,
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n",
+            doc.len()
+        )
+        .into_bytes(),
+    )];
+    answer.extend(
+        pieces
+            .iter()
+            .map(|p| (Duration::from_millis(20), p.as_bytes().to_vec())),
+    );
+    let h = through(raw_upstream(answer).await).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-length"],
+        doc.len().to_string().as_str()
+    );
+    let read = read_body(resp.into_body()).await;
+    assert_eq!((read.text(), read.error), (doc, None));
+}
+
 /// The gateway's own answer to a HEAD has the length its GET's would have and no body:
 /// over HTTP/2 hyper sent the body it was given, which clients take for a PROTOCOL_ERROR.
 #[tokio::test]
