@@ -128,6 +128,9 @@ pub(super) async fn assembled(
         }
     }
     let tokens = body.progress_mut().tokens();
+    // The inspector's end, which knows the Chat choices the request asked for (`n`), those
+    // that never came too.
+    let answer_ended = body.progress_mut().answer_ended();
     let Some(mut assembler) = body.progress_mut().take_assembler() else {
         return after_head(
             &GatewayError::Internal,
@@ -140,7 +143,7 @@ pub(super) async fn assembled(
     let record = body.observer_mut();
     // An error event after the whole answer took nothing from it: answered as an error, it
     // would be retried by the SDK and the finished generation paid for twice.
-    let ended = assembler.ended();
+    let ended = answer_ended && assembler.ended();
     if let Some(error) = assembler.provider_error().filter(|_| !ended) {
         // The provider's own error, as it would have answered it: its object, whole.
         let e = GatewayError::UpstreamError {
@@ -162,7 +165,9 @@ pub(super) async fn assembled(
     // All that was missing was the stream's own end (see `Assembler::whole`): the answer is
     // whole, and answered as such, whatever ended the stream (a limit, the provider's error
     // event); the log keeps the code of what did.
-    if (cut.is_some() && assembler.whole()) || (ended && assembler.provider_error().is_some()) {
+    if (cut.is_some() && ended && assembler.whole())
+        || (ended && assembler.provider_error().is_some())
+    {
         record.complete();
         cut = None;
     }

@@ -381,14 +381,7 @@ impl Body for UpstreamBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        let held: u64 = self.prefix.iter().map(|b| b.len() as u64).sum();
-        let inner = self.inner.size_hint();
-        let mut hint = SizeHint::new();
-        hint.set_lower(inner.lower() + held);
-        if let Some(upper) = inner.upper() {
-            hint.set_upper(upper + held);
-        }
-        hint
+        crate::stream::watchdog::with_held(self.inner.size_hint(), &self.prefix)
     }
 }
 

@@ -180,19 +180,14 @@ impl Assembler {
     }
 
     /// Whether the answer has ended, though more of its stream may follow: `whole`, or a
-    /// Chat answer whose every choice finished and whose usage chunk has not come yet (what
-    /// a streaming client's stream would end at too).
+    /// Chat answer whose every choice that came finished and whose usage chunk has not come
+    /// yet. (Choices the request asked for that never came are the inspector's to tell:
+    /// `Inspector::answer_ended`.)
     pub fn ended(&self) -> bool {
         match self.format {
             Format::Chat => self.chat.ended(),
             _ => self.whole(),
         }
-    }
-
-    /// The Chat choices the request asked for (`n`), none of which may be missing at the
-    /// answer's end.
-    pub fn expect_choices(&mut self, n: usize) {
-        self.chat.expected = n;
     }
 
     /// Gives a Chat answer that ended without its usage chunk the usage `used`, counted or

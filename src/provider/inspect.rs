@@ -142,14 +142,6 @@ impl Inspector {
     pub fn with_choices(mut self, n: u8) -> Self {
         if self.reader.format == Format::Chat {
             self.reader.choices_seen = u64::MAX >> (64 - u32::from(n.clamp(1, 64)));
-            if let Some(a) = self
-                .reader
-                .extra
-                .as_mut()
-                .and_then(|e| e.assembler.as_mut())
-            {
-                a.expect_choices(usize::from(n.clamp(1, 64)));
-            }
         }
         self
     }
@@ -165,13 +157,10 @@ impl Inspector {
     /// bytes.
     pub fn with_assembler(mut self, limit: usize) -> Self {
         let format = self.reader.format;
-        let mut assembler = Assembler::new(format, limit);
-        // Made before any event is read: the mask holds the choices asked for (`with_choices`).
-        assembler.expect_choices(self.reader.choices_seen.count_ones() as usize);
         self.reader
             .extra
             .get_or_insert_with(Default::default)
-            .assembler = Some(assembler);
+            .assembler = Some(Assembler::new(format, limit));
         self
     }
 

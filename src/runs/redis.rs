@@ -290,6 +290,11 @@ impl RedisStore {
         reply
     }
 
+    /// A wait of `after` for the store that ran out, named with its recent error.
+    pub fn timed_out(&self, after: Duration) -> StoreError {
+        StoreError::Timeout(after, self.recent_error())
+    }
+
     /// The last error a command met, if it came within the last minute.
     pub fn recent_error(&self) -> Option<String> {
         let last = self
@@ -514,14 +519,14 @@ mod tests {
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
         drop(closed);
         let store = RedisStore::new(&url, Duration::from_millis(50)).unwrap();
-        let quiet = StoreError::Timeout(Duration::from_millis(50), store.recent_error());
+        let quiet = store.timed_out(Duration::from_millis(50));
         assert_eq!(
             quiet.to_string(),
             "the run store did not answer within 50ms"
         );
         assert!(store.find("r").await.is_err());
         let error = store.recent_error().expect("the refused connection, noted");
-        let timeout = StoreError::Timeout(Duration::from_millis(50), store.recent_error());
+        let timeout = store.timed_out(Duration::from_millis(50));
         assert_eq!(
             timeout.to_string(),
             format!("the run store did not answer within 50ms (its last error: {error})")

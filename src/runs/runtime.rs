@@ -14,7 +14,7 @@ use crate::error::GatewayError;
 use crate::runs::call::{RunCall, Ticket};
 use crate::runs::id::RunKey;
 use crate::runs::memory::{Ends, MemoryStore};
-use crate::runs::redis::{key_of, RedisAdmission, RedisStore, StoreError};
+use crate::runs::redis::{key_of, RedisAdmission, RedisStore};
 use crate::runs::shared::Shared;
 use crate::runs::state::{Call, Refusal, RunEnd, RunOf, RunState, View};
 use crate::telemetry::metrics::RunMetrics;
@@ -235,7 +235,7 @@ impl Runs {
                 shared.cancel_later(key_of(key), token, false);
                 return Ok(Joined::OutOfTime);
             }
-            Err(_) => Err(StoreError::Timeout(wait, shared.store.recent_error())),
+            Err(_) => Err(shared.store.timed_out(wait)),
         };
         match answer {
             Ok(RedisAdmission::Admitted(admitted, run)) => Ok(Joined::Call(RunCall::new(
@@ -284,12 +284,7 @@ impl Runs {
             Store::Redis(shared) => {
                 tokio::time::timeout(Duration::from_secs(2), shared.store.find(id))
                     .await
-                    .unwrap_or_else(|_| {
-                        Err(StoreError::Timeout(
-                            Duration::from_secs(2),
-                            shared.store.recent_error(),
-                        ))
-                    })
+                    .unwrap_or_else(|_| Err(shared.store.timed_out(Duration::from_secs(2))))
                     .map_err(|e| e.to_string())
             }
         }

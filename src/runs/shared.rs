@@ -139,7 +139,7 @@ impl Shared {
         loop {
             let done = tokio::time::timeout(each, send())
                 .await
-                .unwrap_or_else(|_| Err(StoreError::Timeout(each, self.store.recent_error())));
+                .unwrap_or_else(|_| Err(self.store.timed_out(each)));
             match done {
                 Ok(ended) => {
                     if let Some(ended) = ended {

@@ -550,19 +550,21 @@ where
         match (&self.inner, &self.sse) {
             // Only a raw body passes through byte for byte; an SSE body may gain an event.
             // What was read and given back (`unread`) is still to come.
-            (Some(inner), None) => {
-                let inner = inner.size_hint();
-                let held: u64 = self.ready.iter().map(|b| b.len() as u64).sum();
-                let mut hint = SizeHint::new();
-                hint.set_lower(inner.lower() + held);
-                if let Some(upper) = inner.upper() {
-                    hint.set_upper(upper + held);
-                }
-                hint
-            }
+            (Some(inner), None) => with_held(inner.size_hint(), &self.ready),
             _ => SizeHint::default(),
         }
     }
+}
+
+/// A body's size hint with the bytes read ahead of it and held to be sent first (`held`).
+pub fn with_held(inner: SizeHint, held: &VecDeque<Bytes>) -> SizeHint {
+    let held: u64 = held.iter().map(|b| b.len() as u64).sum();
+    let mut hint = SizeHint::new();
+    hint.set_lower(inner.lower() + held);
+    if let Some(upper) = inner.upper() {
+        hint.set_upper(upper + held);
+    }
+    hint
 }
 
 /// Notes a data event. The first one moves the timer from the first-token limit to the idle

@@ -15,8 +15,6 @@ pub(super) struct Chat {
     /// `"created":0`): the next chunks are read whole, and fill in what it lacks.
     head_open: bool,
     choices: Vec<ChatChoice>,
-    /// The choices the request asked for (`n`): the answer has not ended without them all.
-    pub(super) expected: usize,
     usage: Option<Value>,
     pub(super) output: bool,
     pub(super) text: usize,
@@ -195,11 +193,9 @@ impl Chat {
         self.ended() && self.usage.is_some()
     }
 
-    /// Every choice the request asked for finished: all that may follow is the usage chunk.
+    /// Every choice that came finished: all that may follow is the usage chunk.
     pub(super) fn ended(&self) -> bool {
-        !self.choices.is_empty()
-            && self.choices.len() >= self.expected
-            && self.choices.iter().all(|c| c.finish_reason.is_some())
+        !self.choices.is_empty() && self.choices.iter().all(|c| c.finish_reason.is_some())
     }
 
     fn choice(&mut self, index: u64) -> &mut ChatChoice {
