@@ -102,34 +102,32 @@ impl ClientKeys {
             route: route.to_owned(),
             reason,
         };
-        let mut keys: Vec<(Option<String>, String)> = Vec::new();
+        // Each key with where it was read, so that a key given two names can say where.
+        let mut keys: Vec<(Option<String>, String, String)> = Vec::new();
         if let Some(var) = &auth.env {
             let shown = crate::config::var_shown(var);
             let value = env(var).map_err(|e| err(format!("client_keys_env {shown}: {e}")))?;
-            for (i, item) in value.split(',').map(str::trim).enumerate() {
+            // Commas or lines: a variable filled from a key file (`$(cat keys)`) holds lines.
+            for (i, item) in value.split([',', '\n']).map(str::trim).enumerate() {
                 if item.is_empty() {
                     continue;
                 }
-                keys.push(named_key(item).map_err(|why| {
-                    err(format!("client_keys_env {shown}: key {}: {why}", i + 1))
-                })?);
+                let at = format!("client_keys_env {shown}: key {}", i + 1);
+                let (name, key) = named_key(item).map_err(|why| err(format!("{at}: {why}")))?;
+                keys.push((name, key, at));
             }
         }
         if let Some(path) = &auth.file {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| err(format!("client_keys_file {}: {e}", path.display())))?;
-            for (i, line) in text.lines().enumerate() {
+            for (i, line) in text.trim_start_matches('\u{feff}').lines().enumerate() {
                 let line = line.trim();
                 if line.is_empty() || line.starts_with('#') {
                     continue;
                 }
-                keys.push(named_key(line).map_err(|why| {
-                    err(format!(
-                        "client_keys_file {} line {}: {why}",
-                        path.display(),
-                        i + 1
-                    ))
-                })?);
+                let at = format!("client_keys_file {} line {}", path.display(), i + 1);
+                let (name, key) = named_key(line).map_err(|why| err(format!("{at}: {why}")))?;
+                keys.push((name, key, at));
             }
         }
         if keys.is_empty() {
@@ -138,8 +136,20 @@ impl ClientKeys {
                     .into(),
             ));
         }
+        // One key, one client: a key under two names would count one client's requests
+        // and tokens as the other's, whichever came first.
+        for (i, (name, key, at)) in keys.iter().enumerate() {
+            if let Some((_, _, first)) = keys[..i]
+                .iter()
+                .find(|(other, k, _)| k == key && other != name)
+            {
+                return Err(err(format!(
+                    "{at}: the same key as {first}, under another name; a key belongs to one client"
+                )));
+            }
+        }
         Ok(Self::from_named(
-            keys.iter().map(|(n, k)| (n.as_deref(), k.as_str())),
+            keys.iter().map(|(n, k, _)| (n.as_deref(), k.as_str())),
         ))
     }
 
@@ -212,6 +222,8 @@ fn named_key(item: &str) -> Result<(Option<String>, String), String> {
         (Some(name), Some(key), None) => (Some(name), key),
         _ => return Err("an entry is a key, or a name and a key separated by a space".into()),
     };
+    // The name is never quoted: two keys on one line read as a name and a key, and the
+    // name is then a key.
     if let Some(name) = name {
         if name.len() > NAME_MAX
             || !name
@@ -219,12 +231,31 @@ fn named_key(item: &str) -> Result<(Option<String>, String), String> {
                 .all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b))
         {
             return Err(format!(
-                "the name {name:?} must be at most {NAME_MAX} letters, digits, '.', '_', '-' or '@'"
+                "the name (before the key) must be at most {NAME_MAX} letters, digits, '.', '_', '-' or '@'"
             ));
+        }
+        if key_shaped(name) {
+            return Err(
+                "the name (before the key) looks like a key: one key per line (or comma-separated \
+                 in client_keys_env), or a client's name and its key (`team-a KEY`)"
+                    .into(),
+            );
         }
     }
     check_key(key)?;
     Ok((name.map(str::to_owned), key.to_owned()))
+}
+
+/// Whether a client's name looks like a key: what reads as one to the config's checks, or a
+/// run of 12 or more letters and digits with both in it. A name becomes a metric label and
+/// a log field, where a key must never be.
+fn key_shaped(name: &str) -> bool {
+    crate::config::looks_like_secret(name)
+        || name.split(|c: char| !c.is_ascii_alphanumeric()).any(|run| {
+            run.len() >= 12
+                && run.bytes().any(|b| b.is_ascii_digit())
+                && run.bytes().any(|b| b.is_ascii_alphabetic())
+        })
 }
 
 /// What a client sent as its key, in either header.
@@ -336,7 +367,7 @@ mod tests {
             &file,
             format!(
                 "# the two keys of team-a, during a rotation\nteam-a {KEY}\nteam-a\tnew-key-0123456789\n\
-                 unnamed-key-0123456789\nteam-b {KEY}\n"
+                 unnamed-key-0123456789\nteam-a {KEY}\n"
             ),
         )
         .unwrap();
@@ -353,7 +384,7 @@ mod tests {
         assert_eq!(
             name(KEY),
             Some(Some("team-a".into())),
-            "the first name stays"
+            "a key listed twice under its name"
         );
         assert_eq!(name("new-key-0123456789"), Some(Some("team-a".into())));
         assert_eq!(name("unnamed-key-0123456789"), Some(None));
@@ -373,11 +404,7 @@ mod tests {
             unnamed("other-key-0123456789"),
         ];
         want.sort();
-        assert_eq!(
-            keys.clients(),
-            want,
-            "team-a once, team-b's key kept team-a's name"
-        );
+        assert_eq!(keys.clients(), want, "team-a once");
 
         for (line, why) in [
             (
@@ -386,7 +413,21 @@ mod tests {
             ),
             (
                 format!("team/a {KEY}"),
-                "line 1: the name \"team/a\" must be at most 64 letters, digits",
+                "line 1: the name (before the key) must be at most 64 letters, digits",
+            ),
+            // Two keys on a line: the first would have become a client's name, a metric
+            // label and a log field.
+            (
+                format!("hgk-first-0123456789ABCDEF {KEY}"),
+                "line 1: the name (before the key) looks like a key",
+            ),
+            (
+                format!("sk-proj-AbC9xYz0123456789QwErTy+/LmNoPq {KEY}"),
+                "line 1: the name (before the key) must be",
+            ),
+            (
+                format!("team-a {KEY}\n\nteam-b {KEY}"),
+                "line 3: the same key as client_keys_file",
             ),
             (
                 "team-a short-secret".to_owned(),
@@ -398,7 +439,9 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(e.contains(why), "{e}");
-            assert!(!e.contains("short-secret") && !e.contains(KEY), "{e}");
+            for secret in ["short-secret", KEY, "0123456789ABCDEF", "LmNoPq"] {
+                assert!(!e.contains(secret), "{e}");
+            }
         }
         dir.close().unwrap();
     }
@@ -474,6 +517,17 @@ mod tests {
             .to_string();
         assert!(e.contains("client_keys_env KEYS: key 2"), "{e}");
         assert!(!e.contains("short-secret"), "{e}");
+        // A variable filled from a key file holds lines: each is a key, not a name.
+        let lines = ClientKeys::load_with(
+            "chat",
+            &auth,
+            &env("hgk-first-0123456789ABCDEF\nhgk-second-0123456789ABCD\n"),
+        )
+        .unwrap();
+        for key in ["hgk-first-0123456789ABCDEF", "hgk-second-0123456789ABCD"] {
+            let client = lines.identify(&headers(&[("x-api-key", key)])).unwrap();
+            assert_eq!(client.name, None, "{key}");
+        }
         dir.close().unwrap();
     }
 

@@ -10,7 +10,7 @@ use crate::auth::ClientKeys;
 use crate::config::Config;
 use crate::upstream::Upstream;
 
-/// The errors start-up would stop at, one line each. A file this machine cannot open, or a
+/// The errors start-up would stop at, one line each, scrubbed as start-up's are. A file this machine cannot open, or a
 /// variable it does not have (a secret mounted only where the gateway runs), is left out:
 /// [`Config::warnings`] names it.
 pub fn startup_errors(config: &Config) -> Vec<String> {
@@ -27,7 +27,7 @@ pub fn startup_errors(config: &Config) -> Vec<String> {
         }
         // Builds the clients as start-up does, connecting nothing; the bound is unused.
         if let Err(e) = Upstream::new(up.clone(), Duration::from_secs(1)) {
-            errors.push(e.to_string());
+            errors.push(crate::config::scrub(&e.to_string()));
         }
     }
     for r in &config.routes {
@@ -40,7 +40,7 @@ pub fn startup_errors(config: &Config) -> Vec<String> {
             continue;
         }
         if let Err(e) = ClientKeys::load(&r.name, auth) {
-            errors.push(e.to_string());
+            errors.push(crate::config::scrub(&e.to_string()));
         }
     }
     errors

@@ -8,6 +8,9 @@ use crate::config::{AuthMode, UpstreamConfig};
 use crate::http::headers::X_API_KEY;
 use crate::upstream::error::UpstreamBuildError;
 
+/// U+FEFF, which Windows editors put at the start of a text file.
+const BOM: char = '\u{feff}';
+
 /// The provider key, from `api_key_env` (unset or empty: none, the client's own
 /// credentials pass through) or `api_key_file` (which must exist and hold a key).
 fn read_key(config: &UpstreamConfig) -> Result<Option<(String, String)>, UpstreamBuildError> {
@@ -18,7 +21,8 @@ fn read_key(config: &UpstreamConfig) -> Result<Option<(String, String)>, Upstrea
             reason,
         };
         let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
-        let key = text.trim();
+        // A byte-order mark that an editor wrote is no part of the key.
+        let key = text.trim_start_matches(BOM).trim();
         if key.is_empty() {
             return Err(file_err("the file is empty".into()));
         }
@@ -36,7 +40,7 @@ fn read_key(config: &UpstreamConfig) -> Result<Option<(String, String)>, Upstrea
     let Ok(key) = std::env::var(var) else {
         return Ok(None);
     };
-    let key = key.trim();
+    let key = key.trim_start_matches(BOM).trim();
     if key.is_empty() {
         return Ok(None);
     }
@@ -59,6 +63,12 @@ pub(super) fn credential(
         upstream: config.name.clone(),
         var: var.clone(),
     };
+    // A header value may carry bytes past ASCII (obs-text), which no provider's key has: a
+    // key with them (a stray character pasted with it) would fail at the provider with a
+    // 401 that does not say why.
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(bad());
+    }
     let (name, mut value) = match config.auth {
         AuthMode::Bearer => (
             AUTHORIZATION,
@@ -84,6 +94,24 @@ mod tests {
         );
         let config = crate::config::Config::from_toml(&text, "t.toml").unwrap();
         (*config.upstreams[0]).clone()
+    }
+
+    /// A byte-order mark before the key is dropped; any other byte past ASCII refuses the
+    /// key (it went out as obs-text, and the provider answered 401 without saying why).
+    #[test]
+    fn a_key_file_loses_its_byte_order_mark_and_holds_ascii() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.key");
+        let mut config = upstream("bearer");
+        config.api_key_file = Some(path.clone());
+        std::fs::write(&path, "\u{feff}sk-bom-0123456789abcdef\r\n").unwrap();
+        let (name, value) = credential(&config).unwrap().unwrap();
+        assert_eq!(name, AUTHORIZATION);
+        assert_eq!(value, "Bearer sk-bom-0123456789abcdef");
+        std::fs::write(&path, "sk-caf\u{e9}-0123456789abcdef\n").unwrap();
+        let e = credential(&config).unwrap_err().to_string();
+        assert!(e.contains("printable ASCII"), "{e}");
+        assert!(!e.contains("0123456789abcdef"), "{e}");
     }
 
     /// A key file that `auth = "none"` leaves unread may be missing; one that is read may not.

@@ -12,7 +12,7 @@ pub enum UpstreamBuildError {
     },
     #[error("upstream {upstream:?}: TLS setup: {reason}")]
     Tls { upstream: String, reason: String },
-    #[error("upstream {upstream:?}: the key in {var} is not a valid header value")]
+    #[error("upstream {upstream:?}: the key in {var} must be printable ASCII without spaces")]
     BadKey { upstream: String, var: String },
     #[error("upstream {upstream:?}: api_key_file {path}: {reason}")]
     KeyFile {
