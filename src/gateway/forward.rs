@@ -141,9 +141,16 @@ impl Gateway {
                     value: String::from_utf8_lossy(v.as_bytes()).into_owned(),
                 });
             }
+            // The client, as the route the request is attributed to knows it: a request that
+            // fails before its body picks the route (a bad budget header, a body too large) is
+            // still its client's, in the log and in `hourglass_client_requests_total`.
+            let early = tentative.keys.as_ref().map(|k| k.identify(&headers));
+            if let Some(Some(client)) = &early {
+                record.set_client_id(Some(client.clone()));
+            }
             // Before anything is read or parsed: a request that no candidate route would accept
             // is refused now (the chosen route checks again once the body names the model).
-            if candidates().all(|r| r.refuses(&headers)) {
+            if matches!(early, Some(None)) && candidates().all(|r| r.refuses(&headers)) {
                 return Err(GatewayError::Unauthorized);
             }
             // A body in a content coding passes as it is, unless the gateway must read it: for
@@ -210,12 +217,18 @@ impl Gateway {
             let model: Option<Arc<str>> = model.as_deref().map(Arc::from);
             record.set_route(route.name.clone(), route.metrics.clone());
             record.set_model(model.clone());
-            let client = match &route.keys {
-                Some(keys) => Some(keys.identify(&headers).ok_or(GatewayError::Unauthorized)?),
-                None => None,
+            let client = match (&route.keys, early) {
+                (Some(_), Some(Some(client))) if std::ptr::eq(route, tentative) => Some(client),
+                (Some(keys), _) => keys.identify(&headers),
+                (None, _) => None,
             };
+            // Set either way: a route the model picked knows the client, or not, by its own keys.
+            let refused = route.keys.is_some() && client.is_none();
             let client_key = client.as_ref().map(|c| c.key);
             record.set_client_id(client);
+            if refused {
+                return Err(GatewayError::Unauthorized);
+            }
             if encoded
                 && route
                     .chain

@@ -676,3 +676,84 @@ async fn a_body_that_falls_silent_is_cut_after_the_header_read_timeout() {
         "only the steady one was forwarded"
     );
 }
+
+/// A request with a valid key that fails before its body picks the route (a budget header
+/// it cannot read, a body over the limit, a budget too short for the route) is its client's
+/// all the same: `hourglass_client_requests_total` counted only the failures after the body
+/// was read, so a client's error rate was undercounted. A key the chosen route does not
+/// know is counted for no client.
+#[tokio::test]
+async fn a_clients_early_failures_are_counted_for_it() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-admission-")
+        .tempdir()
+        .unwrap();
+    let (gpt_keys, any_keys) = (dir.path().join("gpt"), dir.path().join("any"));
+    std::fs::write(&gpt_keys, format!("team-g {CLIENT_KEY}\n")).unwrap();
+    std::fs::write(
+        &any_keys,
+        format!("team-a {CLIENT_KEY}\nteam-o {OTHER_KEY}\n"),
+    )
+    .unwrap();
+    let cfg = BASE
+        .replace(
+            "[[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+            &format!(
+                "[[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n\
+                 client_keys_file = \"{}\"\n\n\
+                 [[routes]]\nname = \"gpt\"\npath_prefix = \"/v1/gpt\"\nupstream = \"fake\"\n\
+                 models = [\"gpt*\"]\nclient_keys_file = \"{}\"\n\n\
+                 [[routes]]\nname = \"other\"\npath_prefix = \"/v1/gpt\"\nupstream = \"fake\"\n\
+                 client_keys_file = \"{}\"\n",
+                any_keys.display(),
+                gpt_keys.display(),
+                any_keys.display()
+            ),
+        )
+        .replace("[server]\n", "[server]\nmax_request_body = 1000\n");
+    let h = Harness::with_config(&cfg).await;
+    let key = format!("Bearer {CLIENT_KEY}");
+    for (headers, body, status) in [
+        (vec![("x-request-budget-ms", "abc")], "{}".to_owned(), 400),
+        (vec![("x-request-budget-ms", "1")], "{}".to_owned(), 504),
+        (vec![], format!("{{\"pad\":\"{}\"}}", "x".repeat(2000)), 413),
+        (vec![], r#"{"model":"a","model":"b"}"#.to_owned(), 400),
+    ] {
+        let mut req = Request::post("/v1/chat/completions")
+            .header("host", "g")
+            .header("authorization", &key);
+        for (k, v) in &headers {
+            req = req.header(*k, *v);
+        }
+        let (resp, _c) = h
+            .send(req.body(Full::new(Bytes::from(body))).unwrap())
+            .await;
+        assert_eq!(resp.status(), status, "{headers:?}");
+    }
+    h.wait_requests("chat", 4.0).await;
+    // The budget too short is a cancellation (`insufficient_budget`), the rest errors.
+    for (outcome, n) in [("error", 3.0), ("cancelled", 1.0)] {
+        let sample = format!(
+            "hourglass_client_requests_total{{client=\"team-a\",outcome=\"{outcome}\",route=\"chat\"}}"
+        );
+        assert_eq!(h.metric(&sample).await, n, "{sample}");
+    }
+    // On /v1/gpt the request is first attributed to `other` (the route without models),
+    // whose keys know OTHER_KEY; the model then picks `gpt`, which does not.
+    let req = Request::post("/v1/gpt")
+        .header("host", "g")
+        .header("x-api-key", OTHER_KEY)
+        .body(Full::new(Bytes::from_static(br#"{"model":"gpt-4o"}"#)))
+        .unwrap();
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 401);
+    h.wait_requests("gpt", 1.0).await;
+    let text = h.metrics_text().await;
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.contains("client=\"team-o\"") && !l.ends_with(" 0")),
+        "{text}"
+    );
+    dir.close().unwrap();
+}
