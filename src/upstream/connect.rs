@@ -3,6 +3,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -41,16 +43,65 @@ pub struct NoH2ByAlpn(
 /// part of connecting: hyper's handshake does not wait for it, so without this bound a
 /// server that accepted but never speaks would be pooled as a live connection, and every
 /// request and retry sent on it would wait out its first-token limit.
+///
+/// Under `http2 = "auto"` over TLS it also makes one connection at a time per lane while the
+/// upstream may speak HTTP/2 ([`Turns`]).
 #[derive(Clone)]
 pub struct TimeoutConnector<C> {
     pub(super) inner: C,
     pub(super) timeout: Duration,
     pub(super) http2: Http2Mode,
+    /// The lane's turns to connect (each lane's client gets its own, [`Self::for_lane`]).
+    pub(super) turns: Arc<Turns>,
+    /// What ALPN chose last on this upstream, any lane: `ALPN_H1` ends the turns.
+    pub(super) chose: Arc<AtomicU8>,
+}
+
+const ALPN_UNKNOWN: u8 = 0;
+const ALPN_H1: u8 = 1;
+const ALPN_H2: u8 = 2;
+
+/// hyper-util coalesces the connects of one host only when it knows the connection will be
+/// HTTP/2 (`http2_only`); under `auto` it learns that from ALPN after the TLS handshake, so
+/// every request that finds the pool empty makes a connection of its own, and all but one
+/// are thrown away once ALPN says h2: a cold burst of 50 requests opened 50 TLS connections
+/// to an HTTP/2 upstream, `http2_max_connections = 1` or not (audit L). So a lane connects
+/// one at a time while the upstream may speak h2. A connect that waited its turn while
+/// another made an h2 connection makes none: hyper-util hands its request that connection
+/// from the pool (its checkout races the connect and wins), and finishes the connect in the
+/// background, where it ends at the connect bound having opened nothing. (Should hyper's
+/// own h2 handshake fail on the connection made, a request that waited gets a connect
+/// timeout: there is no pooled connection to hand it.)
+#[derive(Default)]
+pub struct Turns {
+    turn: tokio::sync::Mutex<()>,
+    /// How many h2 connections this lane has made.
+    h2_made: AtomicU64,
+}
+
+impl<C: Clone> TimeoutConnector<C> {
+    pub(super) fn new(inner: C, timeout: Duration, http2: Http2Mode) -> Self {
+        Self {
+            inner,
+            timeout,
+            http2,
+            turns: Arc::default(),
+            chose: Arc::new(AtomicU8::new(ALPN_UNKNOWN)),
+        }
+    }
+
+    /// The connector of a new lane: turns of its own, what ALPN chose shared.
+    pub(super) fn for_lane(&self) -> Self {
+        Self {
+            turns: Arc::default(),
+            ..self.clone()
+        }
+    }
 }
 
 impl<C> tower_service::Service<Uri> for TimeoutConnector<C>
 where
-    C: tower_service::Service<Uri>,
+    C: tower_service::Service<Uri> + Clone + Send + 'static,
     C::Response: Into<UpstreamIo>,
     C::Error: Into<BoxError>,
     C::Future: Send + 'static,
@@ -64,10 +115,33 @@ where
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let fut = self.inner.call(uri);
         let (timeout, mode) = (self.timeout, self.http2);
+        let turns = (mode == Http2Mode::Auto
+            && uri.scheme() == Some(&http::uri::Scheme::HTTPS)
+            && self.chose.load(Ordering::Acquire) != ALPN_H1)
+            .then(|| Arc::clone(&self.turns));
+        let chose = Arc::clone(&self.chose);
+        // Called once this connect has its turn: the inner connector's future may start
+        // its work when made.
+        let mut inner = self.inner.clone();
         Box::pin(async move {
             let by = tokio::time::Instant::now() + timeout;
+            let _turn = match &turns {
+                None => None,
+                Some(turns) => {
+                    let made = turns.h2_made.load(Ordering::Acquire);
+                    let Ok(turn) = tokio::time::timeout_at(by, turns.turn.lock()).await else {
+                        return Err(Box::new(ConnectTimedOut(timeout)) as BoxError);
+                    };
+                    if turns.h2_made.load(Ordering::Acquire) != made {
+                        drop(turn);
+                        tokio::time::sleep_until(by).await;
+                        return Err(Box::new(ConnectTimedOut(timeout)) as BoxError);
+                    }
+                    Some(turn)
+                }
+            };
+            let fut = inner.call(uri);
             let mut io: UpstreamIo = match tokio::time::timeout_at(by, fut).await {
                 Ok(Ok(io)) => io.into(),
                 Ok(Err(e)) => {
@@ -84,6 +158,12 @@ where
                 let h2 = io.connected().is_negotiated_h2();
                 if mode == Http2Mode::Always && !h2 {
                     return Err(Box::new(NoH2ByAlpn(None)) as BoxError);
+                }
+                chose.store(if h2 { ALPN_H2 } else { ALPN_H1 }, Ordering::Release);
+                if h2 {
+                    if let Some(turns) = &turns {
+                        turns.h2_made.fetch_add(1, Ordering::AcqRel);
+                    }
                 }
                 h2
             } else {

@@ -112,7 +112,7 @@ impl Lane {
 
     fn new(builder: &Builder, connector: &Connector) -> Arc<Lane> {
         Arc::new(Lane {
-            client: builder.build(connector.clone()),
+            client: builder.build(connector.for_lane()),
             streams: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
         })

@@ -146,11 +146,7 @@ impl Upstream {
             Http2Mode::Always => https.enable_http2().wrap_connector(http),
             Http2Mode::Never => https.enable_http1().wrap_connector(http),
         };
-        let connector = TimeoutConnector {
-            inner: https,
-            timeout: connect_timeout,
-            http2: h2.mode,
-        };
+        let connector = TimeoutConnector::new(https, connect_timeout, h2.mode);
         let mut builder = Client::builder(TokioExecutor::new());
         builder
             .timer(TokioTimer::new())

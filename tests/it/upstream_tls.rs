@@ -424,3 +424,50 @@ async fn a_certificate_that_fails_is_not_retried() {
     assert_eq!(retries, 0.0);
     assert!(tls.fake.requests().is_empty());
 }
+
+/// A cold burst to an HTTP/2 upstream under `http2 = "auto"` opens one connection. ALPN
+/// says h2 only after a TLS handshake, and hyper-util coalesces the connects of an upstream
+/// it does not know to be h2 no more than those of an HTTP/1.1 one: 50 concurrent requests
+/// opened 50 TLS connections and threw 49 away, past `http2_max_connections` (audit L). An
+/// upstream that chose HTTP/1.1 still gets a connection per request in flight.
+#[tokio::test]
+async fn a_cold_burst_to_an_http2_upstream_opens_one_connection() {
+    for (alpn, want) in [
+        (&[&b"h2"[..], b"http/1.1"][..], Some(1)),
+        (&[&b"http/1.1"[..]][..], None),
+    ] {
+        let tls = tls_fake(alpn).await;
+        let url = format!("https://localhost:{}", tls.relay.port());
+        let config = config_with(&url, Some(&tls.ca_pem), "http2_max_connections = 1\n");
+        let gw = server::start(config).await.unwrap();
+        let mut burst = tokio::task::JoinSet::new();
+        for _ in 0..30 {
+            let addr = gw.addr;
+            burst.spawn(async move {
+                let (resp, _c) = Conn::open(addr)
+                    .await
+                    .send(chat_request(&[("x-fake-chunks", "3")], true))
+                    .await;
+                let status = resp.status();
+                let text = read_body(resp.into_body()).await.text();
+                (status, text)
+            });
+        }
+        for (status, text) in burst.join_all().await {
+            assert_eq!(status, 200, "{text}");
+            assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        }
+        let reqs = tls.fake.requests();
+        assert_eq!(reqs.len(), 30);
+        let conns: std::collections::HashSet<_> = reqs.iter().map(|r| r.conn_id).collect();
+        match want {
+            Some(n) => {
+                assert_eq!(conns.len(), n, "streams over {} connections", conns.len());
+                assert_eq!(tls.fake.connections().len(), n, "connections opened");
+                assert!(reqs.iter().all(|r| r.version == Version::HTTP_2));
+            }
+            // At least two in flight at once over HTTP/1.1: not made one at a time.
+            None => assert!(conns.len() > 1, "{}", conns.len()),
+        }
+    }
+}
