@@ -195,6 +195,7 @@ fn limits() -> StreamLimits {
         first_token_deadline: far,
         first_token_timeout: Duration::from_secs(3600),
         idle_timeout: Duration::from_secs(3600),
+        client_silence: None,
         deadline: far,
         budget: Duration::from_secs(3600),
         reserve: Duration::ZERO,

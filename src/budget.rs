@@ -36,6 +36,7 @@ pub mod names {
     pub static STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static(super::STAINLESS_TIMEOUT);
     pub static STAINLESS_READ_TIMEOUT: HeaderName =
         HeaderName::from_static(super::STAINLESS_READ_TIMEOUT);
+    pub static STAINLESS_LANG: HeaderName = HeaderName::from_static("x-stainless-lang");
     pub static RUN_BUDGET: HeaderName = HeaderName::from_static(super::RUN_BUDGET_HEADER);
 
     /// Headers that carry a budget into Hourglass; none is forwarded as received.
@@ -82,13 +83,21 @@ pub struct Budget {
     pub clamped: bool,
     pub reserve: Duration,
     pub min_useful: Duration,
-    /// The longest silence any watchdog allows: the configured first-token and idle limits,
+    /// The wait for a first token while the client hears nothing: the route's limit,
     /// lowered below the client's own read timeout so the client hears our error first.
     pub first_token_timeout: Duration,
     /// The route's own first-token limit, before the client's read timeout lowered it: a
-    /// wait cut short of it says nothing of the upstream's health or connection.
+    /// wait cut short of it says nothing of the upstream's health or connection. Once a
+    /// head went out, the first token is waited for this long (the client's reads are
+    /// bounded by `read_patience`).
     pub route_first_token_timeout: Duration,
+    /// The route's longest silence between data events.
     pub idle_timeout: Duration,
+    /// The client's read timeout (less a margin), when its SDK announced one: the longest
+    /// it sits through a silence in which no byte reaches it. Keep-alives the upstream
+    /// sends do reach it, so this is measured on what goes out, apart from the route's
+    /// limits, which only data events satisfy.
+    pub read_patience: Option<Duration>,
     pub connect_timeout: Duration,
     /// The client's SDK patience (its timeout, less a margin), when it announced one: an
     /// answer the gateway assembles keeps the client silent for all of its generation, so
@@ -112,8 +121,11 @@ pub struct RunBound {
 #[derive(Debug, Clone, Default)]
 pub struct BudgetRequest {
     asked: Option<(Duration, BudgetSource)>,
-    /// The cap from the client's SDK patience headers on any silence we make it sit through.
-    silence_cap: Option<Duration>,
+    /// The client's SDK patience: its wait for the head (an answer assembled for it is one
+    /// silence until its end).
+    patience: Option<Duration>,
+    /// ... and its read timeout, which every byte sent restarts.
+    read_patience: Option<Duration>,
 }
 
 impl BudgetRequest {
@@ -133,10 +145,7 @@ impl BudgetRequest {
             ],
         );
         if !any.contains(&true) {
-            return Ok(Self {
-                asked: None,
-                silence_cap: None,
-            });
+            return Ok(Self::default());
         }
         let ms = single(headers, &names::BUDGET)?
             .map(|v| parse_millis(BUDGET_HEADER, v))
@@ -151,14 +160,22 @@ impl BudgetRequest {
             .map(|d| (d, BudgetSource::Header))
             .or(grpc.map(|d| (d, BudgetSource::GrpcTimeout)))
             .or(envoy.map(|d| (d, BudgetSource::EnvoyExpected)));
-        let silence_cap = match (
-            patience(headers, &names::STAINLESS_TIMEOUT),
-            patience(headers, &names::STAINLESS_READ_TIMEOUT),
-        ) {
+        let min = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        Ok(Self { asked, silence_cap })
+        let timeout = patience(headers, &names::STAINLESS_TIMEOUT);
+        let read_timeout = patience(headers, &names::STAINLESS_READ_TIMEOUT);
+        // The Node SDKs' `x-stainless-timeout` is their wait for the head: once it has come
+        // they wait as long as the stream lasts. anthropic-python's is its read timeout.
+        let node = headers
+            .get(&names::STAINLESS_LANG)
+            .is_some_and(|v| v.as_bytes() == b"js");
+        Ok(Self {
+            asked,
+            patience: min(timeout, read_timeout),
+            read_patience: min(if node { None } else { timeout }, read_timeout),
+        })
     }
 
     /// Resolves against a route's limits. `arrival` is when the head was parsed, so a route
@@ -167,7 +184,7 @@ impl BudgetRequest {
         let (asked, source) = self.asked.unwrap_or((limits.budget, BudgetSource::Config));
         let clamped = asked > limits.max_budget;
         let total = asked.min(limits.max_budget);
-        let silence = |d: Duration| self.silence_cap.map_or(d, |cap| d.min(cap));
+        let silence = |d: Duration| self.read_patience.map_or(d, |cap| d.min(cap));
         Budget {
             arrival,
             deadline: arrival + total,
@@ -178,9 +195,10 @@ impl BudgetRequest {
             min_useful: limits.min_useful,
             first_token_timeout: silence(limits.first_token_timeout),
             route_first_token_timeout: limits.first_token_timeout,
-            idle_timeout: silence(limits.idle_timeout),
+            idle_timeout: limits.idle_timeout,
+            read_patience: self.read_patience,
             connect_timeout: limits.connect_timeout,
-            patience: self.silence_cap,
+            patience: self.patience,
             run: None,
         }
     }
@@ -600,17 +618,25 @@ mod tests {
     async fn stainless_patience_caps_watchdogs_below_the_client() {
         let b = resolve(&[(STAINLESS_READ_TIMEOUT, "5.0"), (STAINLESS_TIMEOUT, "600")]).unwrap();
         assert_eq!(b.first_token_timeout, Duration::from_millis(4500));
-        assert_eq!(b.idle_timeout, Duration::from_millis(4500));
+        assert_eq!(b.read_patience, Some(Duration::from_millis(4500)));
+        assert_eq!(b.patience, Some(Duration::from_millis(4500)));
+        // The route's idle limit is its own: the client's reads are bounded apart.
+        assert_eq!(b.idle_timeout, Duration::from_secs(20));
         assert_eq!(b.total, Duration::from_secs(60));
         // Neither header is a whole-request deadline: a long healthy stream is not cut.
         let b = resolve(&[(STAINLESS_TIMEOUT, "12")]).unwrap();
         assert_eq!(b.total, Duration::from_secs(60));
         assert_eq!(b.first_token_timeout, Duration::from_millis(11_000));
-        assert_eq!(b.idle_timeout, Duration::from_millis(11_000));
+        assert_eq!(b.read_patience, Some(Duration::from_millis(11_000)));
+        // The Node SDKs' x-stainless-timeout is a wait for the head alone.
+        let b = resolve(&[(STAINLESS_TIMEOUT, "12"), ("x-stainless-lang", "js")]).unwrap();
+        assert_eq!(b.patience, Some(Duration::from_millis(11_000)));
+        assert_eq!(b.read_patience, None);
+        assert_eq!(b.first_token_timeout, Duration::from_secs(30));
         // Garbage from an SDK is ignored, never a reason to refuse the request.
         let b = resolve(&[(STAINLESS_TIMEOUT, "nan"), (STAINLESS_READ_TIMEOUT, "-1")]).unwrap();
         assert_eq!(b.total, Duration::from_secs(60));
-        assert_eq!(b.idle_timeout, Duration::from_secs(20));
+        assert_eq!((b.patience, b.read_patience), (None, None));
     }
 
     #[tokio::test(start_paused = true)]

@@ -161,15 +161,18 @@ impl<'a> Attempt<'a> {
             // A head always comes over a connection; should its metadata not have been seen yet,
             // the head itself proves the request was sent.
             let sent_at = sent_at.unwrap_or_else(Instant::now);
-            // A head that goes out at once starts the client's next read: its first token is
-            // bounded by the (capped) first-token limit alone. One held until that token, or
-            // until the whole answer, keeps the client waiting for the head all along.
+            // A head that goes out at once starts the client's reads, which every byte sent
+            // restarts (the watchdog's `client_silence`): its first token is bounded by the
+            // route's limit. One held until that token, or until the whole answer, keeps the
+            // client waiting for the head all along.
+            let held = self.hold || assembled;
+            let first_token_timeout = if held {
+                self.first_token_timeout
+            } else {
+                budget.route_first_token_timeout
+            };
             let first_token_deadline =
-                (sent_at + self.first_token_timeout).min(if self.hold || assembled {
-                    head_wait
-                } else {
-                    wait_deadline
-                });
+                (sent_at + first_token_timeout).min(if held { head_wait } else { wait_deadline });
             // An answer assembled for a client that did not stream keeps that client silent
             // until it is whole: it ends (whole, partial or 504) before the client's SDK
             // gives up, when the SDK said when that is.
@@ -191,8 +194,9 @@ impl<'a> Attempt<'a> {
             };
             let limits = StreamLimits {
                 first_token_deadline,
-                first_token_timeout: self.first_token_timeout,
+                first_token_timeout,
                 idle_timeout: budget.idle_timeout,
+                client_silence: budget.read_patience,
                 deadline,
                 budget: total,
                 reserve,

@@ -17,6 +17,10 @@ pub struct StreamLimits {
     pub first_token_timeout: Duration,
     /// Longest silence between data events once streaming.
     pub idle_timeout: Duration,
+    /// The client's read timeout (less a margin), when its SDK announced one: the longest
+    /// the client goes without a byte. Every frame that goes out restarts it, keep-alives
+    /// included, which the two limits above do not count.
+    pub client_silence: Option<Duration>,
     /// The request's deadline less its reserve.
     pub deadline: Instant,
     /// The request's whole budget, and the reserve held back from it, for the error message.

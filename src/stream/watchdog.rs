@@ -104,6 +104,9 @@ pin_project! {
         // Once the answer's final event came: when the upstream's framing must have ended,
         // the one limit left.
         end_by: Option<Instant>,
+        // When bytes last went to the client, when its read timeout is known
+        // (`StreamLimits::client_silence`): from the head on, any frame restarts its reads.
+        last_out: Option<Instant>,
         // Reads the body as it passes: where events end, what counts as a token and, when the
         // format is known, the usage and the provider's own errors.
         progress: Progress,
@@ -157,7 +160,12 @@ where
 
     /// Watches `inner`, read by `progress` (which knows whether it is SSE and its format).
     pub fn reading(inner: B, progress: Progress, limits: StreamLimits, observer: O) -> Self {
-        let first_due = limits.first_token_deadline.min(limits.deadline);
+        let last_out = limits.client_silence.map(|_| Instant::now());
+        let first_due = match (limits.client_silence, last_out) {
+            (Some(s), Some(at)) => limits.first_token_deadline.min(at + s),
+            _ => limits.first_token_deadline,
+        }
+        .min(limits.deadline);
         let is_sse = progress.is_sse();
         let length = match inner.size_hint().exact() {
             None => Length::Unknown,
@@ -170,6 +178,7 @@ where
             limits,
             last_progress: None,
             end_by: None,
+            last_out,
             progress,
             sse: is_sse.then(|| Sse {
                 held: Vec::new(),
@@ -293,6 +302,9 @@ where
                         continue;
                     }
                     this.observer.data(data.len());
+                    if let Some(at) = this.last_out.as_mut() {
+                        *at = Instant::now();
+                    }
                     // A body framed by content-length is not polled again after its last
                     // byte, so its end must be noticed here, or it would look abandoned.
                     // Over HTTP/2 the END_STREAM may follow in an empty frame of its own
@@ -498,12 +510,18 @@ where
                         continue;
                     }
                     let limits = &*this.limits;
-                    let due = match (*this.end_by, *this.last_progress) {
+                    let data_due = match (*this.end_by, *this.last_progress) {
                         (Some(by), _) => by,
                         (None, None) => limits.first_token_deadline,
                         (None, Some(t)) => t + limits.idle_timeout,
                     }
                     .min(limits.deadline);
+                    // The client's own read timeout, which keep-alives satisfy too.
+                    let client_due = match (*this.end_by, limits.client_silence, *this.last_out) {
+                        (None, Some(s), Some(at)) => Some(at + s),
+                        _ => None,
+                    };
+                    let due = client_due.map_or(data_due, |c| c.min(data_due));
                     let now = Instant::now();
                     if now < due {
                         // Progress moved the idle limit since the timer was armed.
@@ -515,17 +533,22 @@ where
                         continue;
                     }
                     let upstream = limits.upstream.to_string();
+                    // The limit that ran out: the client's silence, when it was first.
+                    let (first_token, idle) = match limits.client_silence {
+                        Some(s) if now < data_due => (s, s),
+                        _ => (limits.first_token_timeout, limits.idle_timeout),
+                    };
                     let err = if now >= limits.deadline {
                         limits.deadline_error()
                     } else if this.last_progress.is_none() {
                         GatewayError::FirstTokenTimeout {
                             upstream,
-                            after: limits.first_token_timeout,
+                            after: first_token,
                         }
                     } else {
                         GatewayError::IdleTimeout {
                             upstream,
-                            after: limits.idle_timeout,
+                            after: idle,
                         }
                     };
                     cut(
@@ -579,7 +602,12 @@ fn mark_progress<O: Observer>(
     let now = Instant::now();
     if last.is_none() {
         observer.first_token(now);
-        timer.reset((now + limits.idle_timeout).min(limits.deadline));
+        // The client's read timeout, restarted by this frame, may come before the idle
+        // limit: the timer must not be late for it (later frames only move both on).
+        let quiet = limits
+            .client_silence
+            .map_or(limits.idle_timeout, |s| s.min(limits.idle_timeout));
+        timer.reset((now + quiet).min(limits.deadline));
     }
     *last = Some(now);
 }

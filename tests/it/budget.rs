@@ -779,3 +779,44 @@ async fn a_deadline_the_client_set_tells_sdks_not_to_retry() {
         assert_eq!(v["type"], "error");
     }
 }
+
+/// The client's SDK timeouts bound the silences it sits through, not the upstream's data:
+/// a head sent at once and keep-alives after it reach a Python SDK's reads (its
+/// `x-stainless-read-timeout`), and a Node SDK's `x-stainless-timeout` is its wait for the
+/// head alone. Both streams came whole without the gateway and were cut at 0.9 s through it
+/// (audit N). A silence with no byte at all is still cut before the client gives up.
+#[tokio::test]
+async fn what_reaches_the_client_restarts_its_sdks_timeout() {
+    let h = Harness::with_config(&BASE.replace(
+        "first_token_timeout = \"2s\"",
+        "first_token_timeout = \"5s\"",
+    ))
+    .await;
+    for headers in [
+        vec![
+            ("x-stainless-read-timeout", "1"),
+            ("x-fake-keepalive-ms", "200"),
+        ],
+        vec![("x-stainless-timeout", "1"), ("x-stainless-lang", "js")],
+    ] {
+        let mut all = headers.clone();
+        all.extend([("x-fake-ttft-ms", "2000"), ("x-fake-headers-first", "1")]);
+        let (resp, _c) = h.chat(&all).await;
+        assert_eq!(resp.status(), 200);
+        let read = read_body(resp.into_body()).await;
+        assert!(read.error_event().is_none(), "{headers:?}: {}", read.text());
+        assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
+    }
+    // No keep-alive: the Python SDK's reads would time out at 1 s.
+    let (resp, _c) = h
+        .chat(&[
+            ("x-stainless-read-timeout", "1"),
+            ("x-fake-ttft-ms", "2000"),
+            ("x-fake-headers-first", "1"),
+        ])
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let e = read.error_event().expect("cut before the client's timeout");
+    assert_eq!(e["code"], "first_token_timeout", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("900ms"), "{e}");
+}

@@ -61,6 +61,7 @@ fn limits(first: u64, idle: u64, total: u64) -> StreamLimits {
         first_token_deadline: now + ms(first),
         first_token_timeout: ms(first),
         idle_timeout: ms(idle),
+        client_silence: None,
         deadline: now + ms(total),
         budget: ms(total),
         reserve: Duration::ZERO,
@@ -1059,4 +1060,73 @@ async fn an_event_split_in_two_goes_out_uncopied() {
     );
     assert_eq!([first, second].concat(), CONTENT.as_bytes());
     drop(tx);
+}
+
+/// A client that announced its read timeout sits through any silence in which bytes reach
+/// it: keep-alives the upstream sends restart its reads, so they do not cut a stream whose
+/// route limits are longer (a reasoning model's pings for 3 s under a 1 s read timeout came
+/// through whole only without the gateway, audit N). A silence with no byte at all is cut
+/// before the client's timeout, before the first token and after it, and says how long.
+#[tokio::test(start_paused = true)]
+async fn keep_alives_restart_the_clients_reads_but_not_the_routes_limits() {
+    let patient = || {
+        let mut l = limits(5_000, 5_000, 60_000);
+        l.client_silence = Some(ms(900));
+        l
+    };
+    let (tx, mut b, probe) = body(true, patient());
+    let mut script = vec![(500, ": keep-alive\n\n"); 6];
+    script.extend([(500, "event: ping\ndata: {}\n\n"), (500, "data: 1\n\n")]);
+    script.extend(vec![(500, ": keep-alive\n\n"); 6]);
+    script.push((500, "data: 2\n\n"));
+    let t = feeder(tx, script);
+    tokio::spawn(async move { drop(t.await) });
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none(), "{err:?}");
+    assert!(out.ends_with(b"data: 1\n\n: keep-alive\n\n: keep-alive\n\n: keep-alive\n\n: keep-alive\n\n: keep-alive\n\n: keep-alive\n\ndata: 2\n\n"));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+
+    // Silent before the first token: cut at the client's 900 ms, not the route's 5 s.
+    let (tx, mut b, probe) = body(true, patient());
+    let start = Instant::now();
+    let t = feeder(tx, vec![(400, ": keep-alive\n\n"), (2_000, "data: 1\n\n")]);
+    let (out, _) = drain(&mut b).await;
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with(": keep-alive\n\nevent: error\n"), "{text}");
+    assert!(text.contains("within 900ms"), "{text}");
+    assert_eq!(start.elapsed(), ms(1_300));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("first_token_timeout")
+    );
+    t.abort();
+
+    // Silent after it: the idle limit's error, after the client's 900 ms.
+    let (tx, mut b, probe) = body(true, patient());
+    let start = Instant::now();
+    let t = feeder(tx, vec![(100, "data: 1\n\n"), (3_000, "data: 2\n\n")]);
+    let (out, _) = drain(&mut b).await;
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("data: 1\n\nevent: error\n"), "{text}");
+    assert!(text.contains("silent for 900ms"), "{text}");
+    assert_eq!(start.elapsed(), ms(1_000));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+    t.abort();
+
+    // Keep-alives alone never satisfy the route's first-token limit.
+    let (tx, mut b, probe) = body(true, patient());
+    let start = Instant::now();
+    let t = feeder(tx, vec![(500, ": keep-alive\n\n"); 20]);
+    let (out, _) = drain(&mut b).await;
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("within 5000ms") || text.contains("within 5s"),
+        "{text}"
+    );
+    assert_eq!(start.elapsed(), ms(5_000));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("first_token_timeout")
+    );
+    t.abort();
 }
