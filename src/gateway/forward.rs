@@ -327,6 +327,8 @@ impl Gateway {
                     .admit(&budget, route.least_need(&template, budget.min_useful))
                     .await?;
                 record.hold(slot);
+                // The wait for the slot spent the budget (and the client's patience).
+                budget.ensure_useful(Instant::now())?;
             }
             drop(body_hold);
             crate::gateway::retry::run(&self.metrics, route, &template, &budget, record).await

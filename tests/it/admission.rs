@@ -757,3 +757,22 @@ async fn a_clients_early_failures_are_counted_for_it() {
     );
     dir.close().unwrap();
 }
+
+/// A client whose SDK waits 2 s for its answer waits for a slot no longer than leaves the
+/// upstream its expected first token before then: it is told `overloaded` (which the SDKs
+/// retry) while it still listens. It waited for the budget's end instead, and a slot freed
+/// after the SDK gave up became a 504 `connect_timeout` "within 0ms" (audit O).
+#[tokio::test]
+async fn a_slot_is_waited_for_no_longer_than_the_client_listens() {
+    let h = Harness::with_config(&one_slot("expected_first_token = \"500ms\"\n")).await;
+    let held = hold_the_slot(&h).await;
+    let start = Instant::now();
+    let (resp, _c) = h.chat(&[("x-stainless-read-timeout", "2")]).await;
+    let took = start.elapsed();
+    assert_eq!(resp.status(), 503);
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "overloaded", "{v}");
+    assert!(took < Duration::from_millis(1800), "{took:?}");
+    assert_eq!(h.fake.requests().len(), 1);
+    drop(held);
+}
