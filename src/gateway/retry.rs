@@ -256,8 +256,17 @@ fn retry_after_at(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
             }
         }
     };
-    (d.is_finite() && (0.0..86_400.0).contains(&d)).then(|| Duration::from_secs_f64(d))
+    // A day or more (or forever) is a wait no budget fits: the upstream is not asked again
+    // at once, as a missing value would have it (audit O: a quota that resets tomorrow got
+    // every retry within 0.2 s).
+    if d >= LONGEST_RETRY_AFTER.as_secs_f64() {
+        return Some(LONGEST_RETRY_AFTER);
+    }
+    (d >= 0.0).then(|| Duration::from_secs_f64(d))
 }
+
+/// What a longer `retry-after` counts as.
+const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(86_400);
 
 /// Time the switch itself takes (timer wake-up, dropping the loser, building the next
 /// request), kept on top of the fallback's estimate so that the fallback still fits when the
@@ -899,12 +908,26 @@ fallbacks = ["b"]
         // Not a date, nor a number: no wait asked.
         h.insert("retry-after", "soon".parse().unwrap());
         assert_eq!(retry_after_at(&h, now), None);
-        // More than a day away is not a wait this gateway keeps a client for.
+        // More than a day away is a wait no budget fits, never none.
         h.remove("date");
         h.insert(
             "retry-after",
             "Fri, 23 Oct 2026 07:28:00 GMT".parse().unwrap(),
         );
-        assert_eq!(retry_after_at(&h, now), None);
+        assert_eq!(retry_after_at(&h, now), Some(LONGEST_RETRY_AFTER));
+        for (name, v) in [
+            ("retry-after", "100000"),
+            ("retry-after", "inf"),
+            ("retry-after-ms", "90000000"),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(name, v.parse().unwrap());
+            assert_eq!(retry_after_at(&h, now), Some(LONGEST_RETRY_AFTER), "{v}");
+        }
+        for v in ["NaN", "-5"] {
+            let mut h = HeaderMap::new();
+            h.insert("retry-after", v.parse().unwrap());
+            assert_eq!(retry_after_at(&h, now), None, "{v}");
+        }
     }
 }
