@@ -667,6 +667,12 @@ async fn hedge(
                     metrics.hedge(&route.name, "primary");
                     break r.map(|s| (s, 0));
                 }
+                // Both failed: the later failure is what the route goes on from (its
+                // retry-after, its status passed through).
+                if hedge_done.take().is_some() {
+                    metrics.hedge(&route.name, "none");
+                    break r.map(|s| (s, 0));
+                }
                 primary_done = Some(r);
             }
             r = &mut hedged, if hedge_done.is_none() => {
@@ -679,13 +685,11 @@ async fn hedge(
                     metrics.hedge(&route.name, "hedge");
                     break r.map(|s| (s, to));
                 }
+                if primary_done.take().is_some() {
+                    metrics.hedge(&route.name, "none");
+                    break r.map(|s| (s, to));
+                }
                 hedge_done = Some(r);
-            }
-        }
-        if primary_done.is_some() {
-            if let Some(h) = hedge_done.take() {
-                // Both failed: the later failure (the hedge's) is what the route goes on from.
-                break h.map(|s| (s, to));
             }
         }
     };

@@ -715,7 +715,7 @@ impl Metrics {
             }
         }
         if hedged {
-            for winner in ["primary", "hedge"] {
+            for winner in ["primary", "hedge", "none"] {
                 self.hedges.with_label_values(&[route, winner]);
             }
         }

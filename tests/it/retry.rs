@@ -856,3 +856,28 @@ async fn the_sdks_patience_bounds_the_wait_for_the_head_across_attempts() {
     assert_eq!(backup.len(), 1);
     assert!(backup[0].at - start < Duration::from_millis(2700));
 }
+
+/// A hedge that neither attempt wins is counted (`winner="none"`), and the later failure is
+/// what the client gets: the request was missing from `hourglass_hedges_total`, and the
+/// hedge's answer was passed on even when the primary's came after it (audit O).
+#[tokio::test]
+async fn a_hedge_both_attempts_lose_is_counted_and_answered_by_the_later_failure() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nhedge_after = \"200ms\"\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"",
+        "",
+        "",
+    )
+    .await;
+    p.primary
+        .set_script(&[("x-fake-status", "502"), ("x-fake-ttft-ms", "600")]);
+    p.backup.set_script(&[("x-fake-status", "500")]);
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 502);
+    json_body(resp).await;
+    assert_eq!(p.backup.requests().len(), 1, "the hedge was started");
+    p.wait_reported(1.0).await;
+    for (winner, n) in [("none", 1.0), ("primary", 0.0), ("hedge", 0.0)] {
+        let sample = format!("hourglass_hedges_total{{route=\"chat\",winner=\"{winner}\"}}");
+        assert_eq!(p.metric(&sample).await, n, "{sample}");
+    }
+}
