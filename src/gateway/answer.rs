@@ -23,6 +23,7 @@ use crate::http::headers::{
     answer_request_id, insert_request_id, keep_reason_phrase, max_forwards, request_id,
     strip_hop_by_hop,
 };
+use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::inspect::Inspector;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::progress::Progress;
@@ -52,6 +53,14 @@ impl Gateway {
             arrival,
             self.no_route.clone(),
         );
+        // Attributed now, not when the future first runs: a client that leaves right after
+        // its head may have the future dropped unpolled, and was counted as route="none"
+        // (audit O: 16 of 20). A path with a dot segment is refused before routing.
+        if !has_dot_segment(req.uri().path()) {
+            if let Some(r) = self.attributed(&for_routing(&normalized(req.uri().path()))) {
+                record.set_route(r.name.clone(), r.metrics.clone());
+            }
+        }
         // Over HTTP/2 the stream counts as open until the record goes with the answer.
         record.hold_stream(client.and_then(|c| c.streams).map(|s| s.open()));
         record.set_client(client.map(|c| c.peer), req.headers(), req.version());

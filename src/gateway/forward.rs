@@ -118,17 +118,13 @@ impl Gateway {
                     .iter()
                     .filter(move |r| r.route.matches_path(path))
             };
-            let Some(first) = candidates().next() else {
+            let (Some(first), Some(tentative)) = (candidates().next(), self.attributed(path))
+            else {
                 return Err(GatewayError::NoRoute {
                     path: uri.path().to_owned(),
                     model: None,
                 });
             };
-            // Until the body names the model, a request is attributed to the route it would take
-            // without one (the first that does not filter on models), or else the first candidate.
-            let tentative = candidates()
-                .find(|r| !r.route.needs_model())
-                .unwrap_or(first);
             record.set_route(tentative.name.clone(), tentative.metrics.clone());
             // A chain that leads back into itself would otherwise recurse until file
             // descriptors run out, starving every other client.

@@ -95,6 +95,20 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// The route a request on `path` (normalized for routing) is attributed to until its
+    /// body names the model: the first candidate that does not filter on models, or else
+    /// the first candidate (lifecycle step 4).
+    pub(super) fn attributed(&self, path: &str) -> Option<&RouteRuntime> {
+        let mut candidates = self.routes.iter().filter(|r| r.route.matches_path(path));
+        let first = candidates.next()?;
+        Some(
+            std::iter::once(first)
+                .chain(candidates)
+                .find(|r| !r.route.needs_model())
+                .unwrap_or(first),
+        )
+    }
+
     /// Builds the routing table. Upstreams whose settings are unchanged in `previous` (the
     /// gateway a reload replaces) are reused with their connection pools and learned
     /// estimates. `shutdown` is cancelled when in-flight requests must end.

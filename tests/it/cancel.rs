@@ -9,6 +9,8 @@
 use std::time::Duration;
 
 use crate::support::*;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Limits far beyond `PROMPTLY`: only the client's leaving can end these requests early.
@@ -223,4 +225,39 @@ async fn a_malformed_chunked_body_is_still_a_bad_request() {
             .await,
         1.0
     );
+}
+
+/// A client that leaves right after its request is counted on the route its path selects:
+/// its handler may be dropped before it first runs, and such requests were counted under
+/// `route="none"`, the series for requests no route matches (audit O: 16 of 20).
+#[tokio::test]
+async fn a_request_whose_client_left_at_once_is_counted_on_its_route() {
+    let h = Harness::start().await;
+    let body = r#"{"model":"m","stream":true}"#;
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        s.write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+                 x-fake-ttft-ms: 5000\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        // A reset, not a FIN: the connection is gone before the head is answered.
+        socket2::SockRef::from(&s)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(s);
+    }
+    h.wait_requests("chat", 20.0).await;
+    let text = h.metrics_text().await;
+    for line in text.lines().filter(|l| l.contains("route=\"none\"")) {
+        assert!(
+            line.starts_with('#') || line.ends_with(" 0"),
+            "counted as unrouted: {line}"
+        );
+    }
 }
