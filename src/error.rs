@@ -165,8 +165,9 @@ pub enum GatewayError {
     UpstreamUnavailable {
         upstream: String,
         reason: String,
-        /// Its certificate failed the checks: so will every attempt on it, until it or the
-        /// upstream's `ca_file` changes.
+        /// Its certificate failed the checks (or its TLS handshake failed otherwise for
+        /// good: an alert such as `handshake_failure`, ALPN without h2 under `always`): so
+        /// will every attempt on it, until it or the upstream's config changes.
         certificate: bool,
     },
     #[error("upstream {upstream:?} failed: {reason}")]

@@ -404,7 +404,10 @@ fn classify(
     let mut refused = None;
     let certificate = crate::upstream::certificate_error(e);
     let ours_refused = crate::upstream::client_certificate_refused(e);
+    let handshake_refused = crate::upstream::handshake_refused(e);
+    let mut no_h2 = false;
     while let Some(s) = source {
+        no_h2 |= s.is::<crate::upstream::NoH2ByAlpn>();
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
         }
@@ -454,18 +457,28 @@ fn classify(
             certificate: true,
         }
     } else if e.is_connect() {
-        let reason = match certificate {
+        let reason = match (&certificate, handshake_refused) {
             // rustls names this one by its enum variant alone.
-            Some(rustls::CertificateError::UnknownIssuer) => format!(
+            (Some(rustls::CertificateError::UnknownIssuer), _) => format!(
                 "{reason}: the certificate's issuer is not among the trusted roots (a private \
                  CA goes in the upstream's ca_file)"
             ),
+            (_, Some(rustls::AlertDescription::HandshakeFailure)) => format!(
+                "{reason}: the upstream ended the TLS handshake, as a TLS 1.2 server refuses a \
+                 client certificate or the lack of one ({}), or when no TLS version and cipher \
+                 suite are in common",
+                match &upstream.config.client_cert {
+                    None => "the upstream has no client_cert".to_owned(),
+                    Some(c) => format!("client_cert {}", c.cert.display()),
+                }
+            ),
             _ => reason,
         };
+        // What fails the handshake this way fails every attempt on this upstream the same.
         GatewayError::UpstreamUnavailable {
             upstream: name,
             reason,
-            certificate: certificate.is_some(),
+            certificate: certificate.is_some() || handshake_refused.is_some() || no_h2,
         }
     } else {
         GatewayError::UpstreamError {

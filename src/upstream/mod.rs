@@ -13,10 +13,10 @@ pub mod health;
 mod io;
 mod tls;
 
-pub use self::connect::{ConnectTimedOut, TimeoutConnector};
+pub use self::connect::{ConnectTimedOut, NoH2ByAlpn, TimeoutConnector};
 pub use self::error::UpstreamBuildError;
 pub use self::h2_pool::StreamSlot;
-pub use self::tls::{certificate_error, client_certificate_refused};
+pub use self::tls::{certificate_error, client_certificate_refused, handshake_refused};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

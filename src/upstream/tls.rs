@@ -185,6 +185,23 @@ pub fn certificate_error(
     }
 }
 
+/// The upstream ended the TLS handshake with an alert that every attempt will get again
+/// until a config changes: `handshake_failure` (how OpenSSL servers refuse a missing client
+/// certificate under TLS 1.2, or offer no version and suite in common),
+/// `no_application_protocol` (ALPN), `protocol_version`, `insufficient_security`.
+pub fn handshake_refused(e: &(dyn std::error::Error + 'static)) -> Option<AlertDescription> {
+    use AlertDescription as A;
+    match tls_error(e)?.as_ref() {
+        rustls::Error::AlertReceived(
+            a @ (A::HandshakeFailure
+            | A::NoApplicationProtocol
+            | A::ProtocolVersion
+            | A::InsufficientSecurity),
+        ) => Some(*a),
+        _ => None,
+    }
+}
+
 /// The upstream refused this gateway's client certificate, or the lack of one, with a TLS
 /// alert. Under TLS 1.3 the alert comes after the client's handshake is over, so it reaches
 /// a request already written; the server has read none of it.

@@ -471,3 +471,54 @@ async fn a_cold_burst_to_an_http2_upstream_opens_one_connection() {
         }
     }
 }
+
+/// An upstream that ends the TLS handshake with an alert that every attempt would get again
+/// (`handshake_failure`, which OpenSSL servers send under TLS 1.2 to a client without the
+/// certificate they ask for; `no_application_protocol`) is not retried, and the client is
+/// told not to retry: both were tried three times (audit L). A `handshake_failure` names the
+/// client certificate the upstream may want.
+#[tokio::test]
+async fn a_handshake_the_upstream_refuses_is_not_retried() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for (alert, words) in [(40u8, "client_cert"), (120u8, "NoApplicationProtocol")] {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((mut tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    // The ClientHello read, a fatal alert record in answer.
+                    let mut hello = [0u8; 4096];
+                    let _ = tcp.read(&mut hello).await;
+                    let _ = tcp
+                        .write_all(&[0x15, 0x03, 0x03, 0x00, 0x02, 0x02, alert])
+                        .await;
+                    let _ = tcp.shutdown().await;
+                });
+            }
+        });
+        let url = format!("https://localhost:{}", addr.port());
+        let toml = BASE.replace("{FAKE}", &url).replacen(
+            "upstream = \"fake\"\n",
+            "upstream = \"fake\"\nretries = 2\n",
+            1,
+        );
+        let gw = server::start(Config::from_toml(&toml, "tls-alert.toml").unwrap())
+            .await
+            .unwrap();
+        let (retry, message) = unavailable(gw.addr).await;
+        assert_eq!(retry.as_deref(), Some("false"), "{message}");
+        assert!(message.contains(words), "{message}");
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "{message}"
+        );
+        server.abort();
+    }
+}
