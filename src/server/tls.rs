@@ -346,6 +346,36 @@ impl ListenerTls {
     }
 }
 
+/// The key must be the first certificate's: a chain in the wrong order is named as such,
+/// and a key that is no certificate's names both files.
+fn check_key_fits(
+    tls: &ServerTls,
+    chain: &[CertificateDer<'static>],
+    key: Arc<dyn rustls::sign::SigningKey>,
+) -> Result<(), TlsError> {
+    let fits = |c: &CertificateDer<'static>| {
+        rustls::sign::CertifiedKey::new(vec![c.clone()], key.clone())
+            .keys_match()
+            .is_ok()
+    };
+    if fits(&chain[0]) {
+        return Ok(());
+    }
+    let reason = match chain.iter().position(fits) {
+        Some(i) => format!(
+            "the key in {} is certificate {} of this file's, which must begin with the \
+             server's own certificate (then its intermediates)",
+            tls.key.display(),
+            i + 1
+        ),
+        None => format!(
+            "the key in {} is not this certificate's (nor any in the file)",
+            tls.key.display()
+        ),
+    };
+    Err(file_err("cert", &tls.cert, reason))
+}
+
 /// Builds the acceptor's config. Called at start-up and on every reload, so a rotated
 /// certificate is picked up without a restart.
 pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
@@ -354,6 +384,20 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let key = crate::pem::private_key(&read("key", &tls.key)?)
         .map_err(|e| file_err("key", &tls.key, e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // Loaded here to tell a key of a kind the provider cannot sign with (P-521, RSA-PSS)
+    // from a key that is not the certificate's: rustls says "do not fit" of both.
+    let signing = provider
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|_| {
+            file_err(
+                "key",
+                &tls.key,
+                "a key of a kind this server cannot sign with; it takes RSA, ECDSA P-256 or \
+                 P-384, and Ed25519 keys",
+            )
+        })?;
+    check_key_fits(tls, &chain, signing)?;
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;

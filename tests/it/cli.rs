@@ -471,7 +471,24 @@ fn check_reads_the_tls_files_as_start_up_does() {
     let (code, stderr) = run(config(&cert, &other_key));
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
-        stderr.contains("cert and key do not fit together"),
+        stderr.contains(&format!(
+            "server.tls.cert {cert}: the key in {other_key} is not this certificate's"
+        )),
+        "{stderr}"
+    );
+    // A chain in the wrong order is told from a key that fits nothing (both were "do not
+    // fit together", naming neither file).
+    let reversed = file(
+        "reversed.pem",
+        format!("{}{}", two.cert.pem(), one.cert.pem()),
+    );
+    let (code, stderr) = run(config(&reversed, &key));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "server.tls.cert {reversed}: the key in {key} is certificate 2 of this file's, \
+             which must begin with the server's own certificate"
+        )),
         "{stderr}"
     );
     // A certificate where the key should be: no key in it.
