@@ -66,6 +66,12 @@ pub async fn handle<B>(
         // RFC 9110 15.5.6: a 405 says what is allowed.
         resp.headers_mut()
             .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        // Its body (or a CONNECT's tunnel bytes) goes unread: the next bytes are not read as
+        // a request, as on the client listener.
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
         return Ok(resp);
     }
     if let Some(raw) = req.uri().path().strip_prefix("/runs/") {

@@ -307,10 +307,27 @@ async fn the_admin_listeners_405_names_what_it_allows() {
         let (resp, _c) = Conn::open(h.gw.admin_addr).await.send(req).await;
         assert_eq!(resp.status(), 405, "{method}");
         assert_eq!(resp.headers()["allow"], "GET, HEAD", "{method}");
+        assert_eq!(resp.headers()["connection"], "close", "{method}");
         // The body says the same as the header.
         let body = read_body(resp.into_body()).await;
         assert_eq!(body.text(), "only GET and HEAD\n", "{method}");
     }
+    // A CONNECT's tunnel bytes are never read as the next request (audit M: a pipelined
+    // GET /metrics after one was served).
+    let mut s = TcpStream::connect(h.gw.admin_addr).await.unwrap();
+    s.write_all(
+        b"CONNECT x:443 HTTP/1.1\r\nhost: x:443\r\n\r\nGET /metrics HTTP/1.1\r\nhost: a\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut all))
+        .await
+        .expect("closed")
+        .unwrap();
+    let text = String::from_utf8_lossy(&all);
+    assert!(text.starts_with("HTTP/1.1 405"), "{text}");
+    assert_eq!(text.matches("HTTP/1.1").count(), 1, "{text}");
 }
 
 /// An edit that stops naming a file is one reload: the watcher's list of files comes from
