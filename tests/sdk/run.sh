@@ -172,6 +172,15 @@ models = ["watched"]
 upstream = "fake"
 stream_upstream = true
 
+# The Node SDKs' idle check: their X-Stainless-Timeout ends with the head, so what cuts a
+# silent stream is the route's own idle limit.
+[[routes]]
+name = "chat-quick"
+path_prefix = "/v1/chat/completions"
+models = ["quick"]
+upstream = "fake"
+idle_timeout = "2s"
+
 [[routes]]
 name = "chat"
 path_prefix = "/v1/chat/completions"
