@@ -66,7 +66,19 @@ enum LogFormat {
 }
 
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    // A variable set but empty (a container env file or a chart that leaves it blank) is
+    // no value: clap would read it as one and refuse every command, `--config` given or not,
+    // `fake-upstream` too. Its argument then reads no variable.
+    let mut command = Cli::command();
+    for (arg, var) in [
+        ("config", "HOURGLASS_CONFIG"),
+        ("workers", "HOURGLASS_WORKERS"),
+    ] {
+        if std::env::var_os(var).is_some_and(|v| v.is_empty()) {
+            command = command.mut_arg(arg, |a| a.env(None::<&str>));
+        }
+    }
+    let matches = command.get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

@@ -23,6 +23,38 @@ fn temp_config(name: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// An empty `HOURGLASS_CONFIG` or `HOURGLASS_WORKERS` (a template that leaves them blank)
+/// is no value: every command, `--config` given or not, exited 2 naming a flag nobody typed
+/// (audit P).
+#[test]
+fn empty_environment_variables_are_unset() {
+    let run = |var: &str, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .args(args)
+            .env_remove("HOURGLASS_CONFIG")
+            .env(var, "")
+            .output()
+            .expect("the binary runs")
+    };
+    for var in ["HOURGLASS_CONFIG", "HOURGLASS_WORKERS"] {
+        let out = run(var, &["check", "--config", "config/demo.toml"]);
+        assert!(
+            out.status.success(),
+            "{var}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = run(var, &["fake-upstream", "--help"]);
+        assert!(out.status.success(), "{var}");
+    }
+    // Empty, the variable falls through to the default file.
+    let out = run("HOURGLASS_CONFIG", &["check"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn check_prints_the_resolved_routes_of_the_shipped_configs() {
     for file in ["config/hourglass.toml", "config/demo.toml"] {
