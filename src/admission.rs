@@ -18,6 +18,10 @@ use tokio::time::{timeout_at, Instant};
 use crate::budget::Budget;
 use crate::error::GatewayError;
 
+/// The limit of a route whose `max_in_flight` a reload took away: no limit in effect, while
+/// the slots still count what is in flight for a limit put back.
+pub const LIFTED: usize = 1 << 32;
+
 /// A route's slots for requests in flight. Clones share them: across a reload the route
 /// keeps its slots, so the requests still in flight on the old configuration count against
 /// the new limit.

@@ -194,12 +194,16 @@ impl Gateway {
                 // Across a reload, a route keeps its slots, and so counts the requests still
                 // in flight on the old configuration; a changed limit is applied to them
                 // once nothing can fail any more (below).
-                let admission = r.max_in_flight.map(|n| {
-                    previous
-                        .and_then(|g| g.routes.iter().find(|p| p.route.name == r.name))
-                        .and_then(|p| p.admission.clone())
-                        .unwrap_or_else(|| Admission::new(Arc::from(r.name.as_str()), n))
-                });
+                // A limit taken away keeps its slots too, lifted (below): the requests waiting
+                // for one go at once, and a limit put back later counts what is in flight.
+                let carried = previous
+                    .and_then(|g| g.routes.iter().find(|p| p.route.name == r.name))
+                    .and_then(|p| p.admission.clone());
+                let admission = match (r.max_in_flight, carried) {
+                    (_, Some(a)) => Some(a),
+                    (Some(n), None) => Some(Admission::new(Arc::from(r.name.as_str()), n)),
+                    (None, None) => None,
+                };
                 RouteRuntime {
                     keys,
                     fingerprint_requests: stops_loops,
@@ -252,8 +256,8 @@ impl Gateway {
             .filter(|b| b.limit() == body_memory)
             .unwrap_or_else(|| BodyMemory::new(body_memory));
         for (route, r) in routes.iter().zip(config.routes.iter()) {
-            if let (Some(a), Some(n)) = (&route.admission, r.max_in_flight) {
-                a.resize(n);
+            if let Some(a) = &route.admission {
+                a.resize(r.max_in_flight.unwrap_or(crate::admission::LIFTED));
             }
         }
         Ok(Self {

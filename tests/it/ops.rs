@@ -770,6 +770,60 @@ async fn a_reloaded_max_in_flight_counts_the_streams_still_open() {
     }
 }
 
+/// A reload that takes `max_in_flight` away lets the requests waiting for a slot go at
+/// once, and one that puts it back counts the requests still in flight: a waiting request
+/// stayed queued until the stream before it ended, and a limit of 1 put back admitted a
+/// second request beside the open one (audit P).
+#[tokio::test]
+async fn a_max_in_flight_taken_away_and_put_back_counts_what_is_in_flight() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = temp_dir("admission-lifted");
+    let path = dir.path().join("hourglass.toml");
+    let base = BASE
+        .replace("{FAKE}", &fake.url())
+        .replace("idle_timeout = \"1s\"", "idle_timeout = \"30s\"");
+    let limited = base.replace(
+        "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"",
+        "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\nmax_in_flight = 1",
+    );
+    assert_ne!(limited, base);
+    std::fs::write(&path, &limited).unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    let long = || {
+        chat_request(
+            &[("x-fake-chunks", "1000"), ("x-fake-interval-ms", "20")],
+            true,
+        )
+    };
+    let addr = gw.addr;
+    let (first, _c1) = Conn::open(addr).await.send(long()).await;
+    assert_eq!(first.status(), 200);
+    // Waits for the slot the first holds.
+    let waiting = tokio::spawn(async move { Conn::open(addr).await.send(long()).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "the second waits for the slot");
+    std::fs::write(&path, &base).unwrap();
+    gw.reload().await.expect("valid reload");
+    let (second, _c2) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting request goes once the limit is gone")
+        .unwrap();
+    assert_eq!(second.status(), 200);
+    // Put back, the limit counts the two still open.
+    std::fs::write(&path, &limited).unwrap();
+    gw.reload().await.expect("valid reload");
+    let (resp, _c) = Conn::open(addr)
+        .await
+        .send(chat_request(&[("x-request-budget-ms", "300")], false))
+        .await;
+    assert_eq!(resp.status(), 503, "two in flight of a limit of 1");
+    drop((first, second));
+}
+
 /// A second signal during the drain cuts what is still in flight at once, as the grace's end
 /// would (each stream told, origin `shutdown`), instead of being ignored until the grace
 /// (here 10 minutes) is over: an operator who presses Ctrl-C twice means it.
