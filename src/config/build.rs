@@ -341,7 +341,28 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
             server.listen
         ));
     }
+    if overlap(server.listen, server.admin_listen) {
+        return Err(format!(
+            "server: listen ({}) and admin_listen ({}) share a port, and one of them listens on \
+             every address, the other's included; give them different ports",
+            server.listen, server.admin_listen
+        ));
+    }
     Ok(server)
+}
+
+/// Two different addresses that cannot both be bound: one port, and one of them the
+/// wildcard of the other's family (`[::]` takes IPv4 too, as Linux binds it by default).
+fn overlap(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    use std::net::IpAddr;
+    if a.port() != b.port() || a.port() == 0 || a == b {
+        return false;
+    }
+    let covers = |w: IpAddr, o: IpAddr| match w {
+        IpAddr::V4(w) => w.is_unspecified() && o.is_ipv4(),
+        IpAddr::V6(w) => w.is_unspecified(),
+    };
+    covers(a.ip(), b.ip()) || covers(b.ip(), a.ip())
 }
 
 fn build_upstream(

@@ -428,6 +428,18 @@ fn server_errors() {
             "listen = \"127.0.0.1:9000\"\nadmin_listen = \"127.0.0.1:9000\"",
             "listen and admin_listen must differ (both are 127.0.0.1:9000)",
         ),
+        // One of them on every address, the other's included: bound second, it failed at
+        // start-up while `check` passed (audit P).
+        (
+            "listen = \"127.0.0.1:9000\"\nadmin_listen = \"0.0.0.0:9000\"",
+            "listen (127.0.0.1:9000) and admin_listen (0.0.0.0:9000) share a port, and one of \
+             them listens on every address, the other's included; give them different ports",
+        ),
+        (
+            "listen = \"[::]:9000\"\nadmin_listen = \"127.0.0.1:9000\"",
+            "listen ([::]:9000) and admin_listen (127.0.0.1:9000) share a port, and one of \
+             them listens on every address, the other's included; give them different ports",
+        ),
     ];
     for (keys, message) in cases {
         let text = format!("[server]\n{keys}\n{BASE}");
