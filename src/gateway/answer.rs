@@ -94,6 +94,11 @@ impl Gateway {
                     let (mut parts, body) = started.response.into_parts();
                     let shape = started.shape;
                     strip_hop_by_hop(&mut parts.headers);
+                    // The upstream's alternative services are its origin's, not the gateway's:
+                    // OpenAI's `alt-svc: h3=":443"` sent on would tell the client that the
+                    // gateway serves HTTP/3 on port 443 (RFC 7838 2: it is about the origin
+                    // that sent it).
+                    parts.headers.remove(header::ALT_SVC);
                     keep_reason_phrase(parts.status, &mut parts.extensions);
                     // The version on the status line is the gateway's, not the upstream's
                     // (RFC 9110 6.2). hyper writes the one it is given to HTTP/1.1 clients:

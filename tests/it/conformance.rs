@@ -966,3 +966,21 @@ async fn a_nonstandard_status_keeps_its_reason_phrase() {
     let reason = reason_phrase(&resp);
     assert_eq!(reason.as_deref(), Some("Overloaded"));
 }
+
+/// RFC 7838 2: an `Alt-Svc` field speaks for the origin that sent it. The provider's
+/// (`h3=":443"`, as OpenAI sends) passed on would tell the client that the gateway serves
+/// HTTP/3 on port 443 (audit M). The fields beside it pass.
+#[tokio::test]
+async fn the_upstreams_alt_svc_is_not_passed_on() {
+    let up = raw_upstream(now(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nalt-svc: h3=\":443\"; ma=86400\r\n\
+          x-request-id: up-1\r\ncontent-length: 5\r\n\r\nhello",
+    ))
+    .await;
+    let h = through(up).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("alt-svc"), None, "{resp:?}");
+    assert_eq!(resp.headers()["x-upstream-request-id"], "up-1", "{resp:?}");
+    assert_eq!(read_body(resp.into_body()).await.text(), "hello");
+}
