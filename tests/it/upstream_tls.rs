@@ -52,6 +52,12 @@ fn client_identity(ca_name: &str, cn: &str) -> (String, String, String) {
 /// `tls_fake`, whose relay asks clients for a certificate signed by `client_ca` (PEM) when
 /// one is given.
 async fn tls_fake_with(alpn: &[&[u8]], client_ca: Option<&str>) -> Tls {
+    tls_fake_slow(alpn, client_ca, Duration::ZERO).await
+}
+
+/// `tls_fake_with`, whose relay waits `delay` before each TLS handshake (a round trip far
+/// away).
+async fn tls_fake_slow(alpn: &[&[u8]], client_ca: Option<&str>, delay: Duration) -> Tls {
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -107,6 +113,7 @@ async fn tls_fake_with(alpn: &[&[u8]], client_ca: Option<&str>) -> Tls {
             };
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
                     return;
                 };
@@ -436,7 +443,9 @@ async fn a_cold_burst_to_an_http2_upstream_opens_one_connection() {
         (&[&b"h2"[..], b"http/1.1"][..], Some(1)),
         (&[&b"http/1.1"[..]][..], None),
     ] {
-        let tls = tls_fake(alpn).await;
+        // Each handshake 150 ms away: 30 made one after another would pass the 500 ms
+        // connect limit (audit Q: 31 of 50 did, and the healthy upstream was ejected).
+        let tls = tls_fake_slow(alpn, None, Duration::from_millis(150)).await;
         let url = format!("https://localhost:{}", tls.relay.port());
         let config = config_with(&url, Some(&tls.ca_pem), "http2_max_connections = 1\n");
         let gw = server::start(config).await.unwrap();
