@@ -139,10 +139,9 @@ impl ClientKeys {
         // One key, one client: a key under two names would count one client's requests
         // and tokens as the other's, whichever came first.
         for (i, (name, key, at)) in keys.iter().enumerate() {
-            if let Some((_, _, first)) = keys[..i]
-                .iter()
-                .find(|(other, k, _)| k == key && other != name)
-            {
+            if let Some((_, _, first)) = keys[..i].iter().find(|(other, k, _)| {
+                k == key && other.is_some() && name.is_some() && other != name
+            }) {
                 return Err(err(format!(
                     "{at}: the same key as {first}, under another name; a key belongs to one client"
                 )));
@@ -162,11 +161,17 @@ impl ClientKeys {
         let mut entries: Vec<Entry> = Vec::new();
         for (name, key) in keys {
             let digest = sha256(key.as_bytes());
-            if !entries.iter().any(|e| e.digest == digest) {
-                entries.push(Entry {
+            match entries.iter_mut().find(|e| e.digest == digest) {
+                // Listed unnamed and named: the name is the client's.
+                Some(e) => {
+                    if e.name.is_none() {
+                        e.name = name.map(Arc::from);
+                    }
+                }
+                None => entries.push(Entry {
                     digest,
                     name: name.map(Arc::from),
-                });
+                }),
             }
         }
         Self {
@@ -246,16 +251,22 @@ fn named_key(item: &str) -> Result<(Option<String>, String), String> {
     Ok((name.map(str::to_owned), key.to_owned()))
 }
 
-/// Whether a client's name looks like a key: what reads as one to the config's checks, or a
-/// run of 12 or more letters and digits with both in it. A name becomes a metric label and
-/// a log field, where a key must never be.
+/// Whether a client's name looks like a key: a run of letters and digits that reads as
+/// random, not as words and numbers: 20 or more with a digit in it, 16 or more mixing digits
+/// with letters of both cases, or 16 or more hex digits with a letter. Customer and tenant
+/// ids (`customer12345`, `tenant-7f3a9c21b4e8`) and addresses are names. A name becomes a
+/// metric label and a log field, where a key must never be.
 fn key_shaped(name: &str) -> bool {
-    crate::config::looks_like_secret(name)
-        || name.split(|c: char| !c.is_ascii_alphanumeric()).any(|run| {
-            run.len() >= 12
-                && run.bytes().any(|b| b.is_ascii_digit())
-                && run.bytes().any(|b| b.is_ascii_alphabetic())
-        })
+    name.split(|c: char| !c.is_ascii_alphanumeric()).any(|run| {
+        let has = |f: fn(&u8) -> bool| run.bytes().any(|b| f(&b));
+        let (digit, letter) = (has(u8::is_ascii_digit), has(u8::is_ascii_alphabetic));
+        digit
+            && letter
+            && (run.len() >= 20
+                || (run.len() >= 16
+                    && ((has(u8::is_ascii_lowercase) && has(u8::is_ascii_uppercase))
+                        || run.bytes().all(|b| b.is_ascii_hexdigit()))))
+    })
 }
 
 /// What a client sent as its key, in either header.
@@ -430,6 +441,14 @@ mod tests {
                 "line 3: the same key as client_keys_file",
             ),
             (
+                format!("tenant-0123456789abcdef0123 {KEY}"),
+                "line 1: the name (before the key) looks like a key",
+            ),
+            (
+                format!("svc-Ab3dEf7hIj9kLm2n {KEY}"),
+                "line 1: the name (before the key) looks like a key",
+            ),
+            (
                 "team-a short-secret".to_owned(),
                 "line 1: a key must be at least 16",
             ),
@@ -444,6 +463,28 @@ mod tests {
             }
         }
         dir.close().unwrap();
+    }
+
+    /// Names people give their clients are names, ids and addresses included (audit Q: these
+    /// were refused as looking like keys).
+    #[test]
+    fn customer_ids_and_addresses_are_names() {
+        for name in [
+            "customer12345",
+            "acmecorp2024",
+            "githubactions1",
+            "backend2service",
+            "tenant-7f3a9c21b4e8",
+            "org-abc123def456",
+            "johnsmith1987@example.com",
+            "rk-analytics-team",
+            "hf_research_group",
+            "team-2024-prod",
+            "ops@acme.example",
+        ] {
+            let (got, _) = named_key(&format!("{name} {KEY}")).unwrap();
+            assert_eq!(got.as_deref(), Some(name));
+        }
     }
 
     #[test]
