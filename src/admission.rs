@@ -132,9 +132,7 @@ impl Admission {
         // The head must reach the client before its SDK gives up too: a request that waited
         // past that got a slot for a client that was gone (audit O: a 504 connect_timeout
         // "within 0ms", counted as the upstream's, 1 s after an SDK's 2 s timeout).
-        let end = budget
-            .head_by()
-            .map_or(budget.work_deadline(), |by| by.min(budget.work_deadline()));
+        let end = budget.head_wait_until(budget.work_deadline());
         let latest = end.checked_sub(need + ADMIT_SLACK).filter(|t| *t > start);
         let overloaded = |waited: Duration| GatewayError::Overloaded {
             route: self.route.to_string(),

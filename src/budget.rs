@@ -219,6 +219,12 @@ impl Budget {
         self.patience.map(|p| self.arrival + p)
     }
 
+    /// `end`, or the client's `head_by` when that comes first: where a wait for the head
+    /// must end.
+    pub fn head_wait_until(&self, end: Instant) -> Instant {
+        self.head_by().map_or(end, |by| by.min(end))
+    }
+
     /// Makes the call end by its run's deadline, when that comes first.
     pub fn bind_run(&mut self, id: Arc<str>, deadline: Instant, run_budget: Duration) {
         if deadline < self.deadline {

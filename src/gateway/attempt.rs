@@ -110,9 +110,8 @@ impl<'a> Attempt<'a> {
         let connect_deadline = SwitchBy::end(self.switch_by, |s| s.connect, work_deadline);
         let wait_deadline = SwitchBy::end(self.switch_by, |s| s.first_token, work_deadline);
         // The head, and a held head's first token, by the client's patience too.
-        let by_patience = |end: Instant| budget.head_by().map_or(end, |h| h.min(end));
-        let connect_wait = by_patience(connect_deadline);
-        let head_wait = by_patience(wait_deadline);
+        let connect_wait = budget.head_wait_until(connect_deadline);
+        let head_wait = budget.head_wait_until(wait_deadline);
         let now = Instant::now();
         if upstream.config.propagate_budget {
             req.headers_mut().insert(

@@ -153,6 +153,18 @@ async fn unavailable(addr: SocketAddr) -> (Option<String>, String) {
     (retry, v["error"]["message"].as_str().unwrap().to_owned())
 }
 
+/// A gateway whose `chat` route retries twice on the upstream at `url` (no `ca_file`).
+async fn retrying_twice(url: &str) -> server::Running {
+    let toml = BASE.replace("{FAKE}", url).replacen(
+        "upstream = \"fake\"\n",
+        "upstream = \"fake\"\nretries = 2\n",
+        1,
+    );
+    server::start(Config::from_toml(&toml, "tls-retry.toml").unwrap())
+        .await
+        .unwrap()
+}
+
 fn config(url: &str, ca_file: Option<&std::path::Path>) -> Config {
     config_with(url, ca_file, "")
 }
@@ -409,14 +421,7 @@ async fn a_missing_client_certificate_is_named_over_http1_too() {
 async fn a_certificate_that_fails_is_not_retried() {
     let tls = tls_fake(&[b"h2", b"http/1.1"]).await;
     let url = format!("https://localhost:{}", tls.relay.port());
-    let toml = BASE.replace("{FAKE}", &url).replacen(
-        "upstream = \"fake\"\n",
-        "upstream = \"fake\"\nretries = 2\n",
-        1,
-    );
-    let gw = server::start(Config::from_toml(&toml, "tls-retry.toml").unwrap())
-        .await
-        .unwrap();
+    let gw = retrying_twice(&url).await;
     let (retry, message) = unavailable(gw.addr).await;
     assert_eq!(retry.as_deref(), Some("false"));
     assert!(
@@ -511,15 +516,7 @@ async fn a_handshake_the_upstream_refuses_is_not_retried() {
                 });
             }
         });
-        let url = format!("https://localhost:{}", addr.port());
-        let toml = BASE.replace("{FAKE}", &url).replacen(
-            "upstream = \"fake\"\n",
-            "upstream = \"fake\"\nretries = 2\n",
-            1,
-        );
-        let gw = server::start(Config::from_toml(&toml, "tls-alert.toml").unwrap())
-            .await
-            .unwrap();
+        let gw = retrying_twice(&format!("https://localhost:{}", addr.port())).await;
         let (retry, message) = unavailable(gw.addr).await;
         assert_eq!(retry.as_deref(), Some("false"), "{message}");
         assert!(message.contains(words), "{message}");
