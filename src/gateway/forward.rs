@@ -201,12 +201,15 @@ impl Gateway {
             // of its first token on every route. (A body in a content coding is no JSON: none.)
             let Head { model, choices } = head_of(&body)?;
             let route = if first.route.needs_model() {
-                candidates()
-                    .find(|r| r.route.matches(path, model.as_deref()))
-                    .ok_or_else(|| GatewayError::NoRoute {
+                let Some(route) = candidates().find(|r| r.route.matches(path, model.as_deref()))
+                else {
+                    record.unroute(self.no_route.clone());
+                    return Err(GatewayError::NoRoute {
                         path: uri.path().to_owned(),
                         model: model.as_deref().map(str::to_owned),
-                    })?
+                    });
+                };
+                route
             } else {
                 first
             };

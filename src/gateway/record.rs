@@ -355,6 +355,17 @@ impl RequestRecord {
         self.metrics = metrics;
     }
 
+    /// The body named a model no candidate route serves: the request is no route's after
+    /// all, and is counted under `none` (`metrics`), not the route its path first picked.
+    pub fn unroute(&mut self, metrics: RouteMetrics) {
+        if self.route.take().is_some() {
+            self.metrics.in_flight.dec();
+        }
+        self.metrics = metrics;
+        // The candidates' budget bounded the body's read; no route's budget applies.
+        self.budget = None;
+    }
+
     pub fn set_model(&mut self, model: Option<Arc<str>>) {
         self.model = model;
     }

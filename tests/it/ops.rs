@@ -413,6 +413,32 @@ async fn open_connections_and_requests_are_gauges() {
     wait_for(["0", "0", "0", "0"]).await;
 }
 
+/// A request whose body names a model no route serves is no route's: counted under
+/// `route="none"`, not the route its path picked before the body was read (audit V).
+#[tokio::test]
+async fn a_model_no_route_serves_is_counted_under_none() {
+    let cfg = BASE.replace(
+        "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\n",
+        "name = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nmodels = [\"claude-*\"]\n",
+    );
+    let h = Harness::with_config(&cfg).await;
+    let (resp, _c) = h.chat(&[]).await;
+    assert_eq!(resp.status(), 404);
+    h.wait_requests("none", 1.0).await;
+    let text = h.metrics_text().await;
+    for line in text.lines().filter(|l| l.contains("route=\"chat\"")) {
+        assert!(
+            line.starts_with('#') || line.ends_with(" 0") || line.contains("le=\""),
+            "counted on the route its path picked: {line}"
+        );
+    }
+    assert_eq!(
+        h.metric("hourglass_requests_in_flight{route=\"none\"}")
+            .await,
+        0.0
+    );
+}
+
 /// A provider key rotated in its file (same path, so the upstream's config is unchanged)
 /// must be picked up by the next reload, not kept with the reused connection pool.
 #[tokio::test]
