@@ -166,7 +166,9 @@ impl Gateway {
             let (body, body_hold) = {
                 let provisional = candidates()
                     .map(|r| asked.resolve(&r.route.limits, arrival))
-                    .max_by_key(|b| b.deadline)
+                    // By what the upstream could use, not the deadline: candidates share a
+                    // client's deadline, and one's reserve must not cut another's body read.
+                    .max_by_key(|b| b.work_deadline())
                     .expect("candidates is not empty");
                 record.set_budget(&provisional);
                 // The widest budget may belong to a route that wants more of it (its reserve

@@ -182,6 +182,45 @@ async fn time_spent_reading_the_body_is_taken_off_the_forwarded_budget() {
     assert!(fwd >= 4800 - answered.as_millis() as u64 - 1000, "{fwd}");
 }
 
+/// Until the body names the model, its read ends when the widest of the candidates' budgets
+/// has nothing left for the upstream: with the client's one deadline, the candidate holding
+/// back the least. A catch-all's reserve must not cut the body of a request for a route
+/// without one (audit V: 504 naming the other route's reserve).
+#[tokio::test]
+async fn another_candidates_reserve_does_not_cut_the_body_read() {
+    let h = Harness::with_config(&BASE.replace(
+        "[[routes]]\nname = \"chat\"\n",
+        "[[routes]]\nname = \"one\"\npath_prefix = \"/v1/chat/completions\"\n\
+         models = [\"one-*\"]\nupstream = \"fake\"\n\n\
+         [[routes]]\nname = \"chat\"\nreserve = \"1500ms\"\n",
+    ))
+    .await;
+    let body = br#"{"model":"one-x","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             x-request-budget-ms: 2000\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    s.write_all(&body[..10]).await.unwrap();
+    // Past the catch-all's usable 500 ms, well within route one's 2000.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    s.write_all(&body[10..]).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .expect("the answer within 10 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(h.fake.requests().len(), 1);
+}
+
 /// Each attempt forwards what is left at its own send: a retry after a 500 that took 300 ms
 /// forwards at least 300 ms less than the first attempt did. Both bounds come from the fake's
 /// own clock: the first request was sent before the fake saw it, and the retry only after
