@@ -168,8 +168,10 @@ pub(super) async fn assembled(
     if (cut.is_some() && ended && assembler.whole())
         || (ended && assembler.provider_error().is_some())
     {
-        record.complete();
-        cut = None;
+        match cut.take() {
+            Some(e) => record.complete_then(e.code()),
+            None => record.complete(),
+        }
     }
     let partial = match &cut {
         None => None,

@@ -521,6 +521,13 @@ impl RequestRecord {
         self.end = Some(End::Ok);
     }
 
+    /// The answer was whole when `code` stopped the rest of its stream: it counts as
+    /// delivered, and the log line keeps the code.
+    pub fn complete_then(&mut self, code: &'static str) {
+        self.code = Some(code);
+        self.end = Some(End::Ok);
+    }
+
     fn report(&mut self) {
         let now = Instant::now();
         let end = self.end.unwrap_or(End::Cancelled(Origin::Client));
@@ -727,6 +734,7 @@ impl Observer for RequestRecord {
     fn finish(&mut self, end: StreamEnd) {
         match end {
             StreamEnd::Complete => self.complete(),
+            StreamEnd::WholeThen(code) => self.complete_then(code),
             StreamEnd::Cut(e) => {
                 // The head went out before the first token (the upstream sent it early):
                 // the limit that fired is a bound all the same.

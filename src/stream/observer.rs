@@ -13,6 +13,10 @@ pub enum StreamEnd {
     Complete,
     /// A limit fired or the upstream failed; the client was told.
     Cut(GatewayError),
+    /// The answer was whole when `code` (a limit, a failure, a shutdown) stopped what was
+    /// left of the stream (the framing's end, a usage chunk): complete, and the log says
+    /// what ended it.
+    WholeThen(&'static str),
     /// The upstream sent its own `event: error`; it was passed through and ended the stream.
     UpstreamErrorEvent,
 }

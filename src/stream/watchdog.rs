@@ -441,13 +441,20 @@ where
                         *this.state = State::Done;
                         return Poll::Ready(Some(Err(e)));
                     }
-                    if this.progress.answer_ended() {
-                        end_whole(this.inner.as_mut(), this.sse, this.state, this.observer);
-                        continue;
-                    }
                     // Past the deadline, the deadline is why the upstream is gone (the reaper
                     // drops it there when nobody was reading).
-                    let err = if Instant::now() >= this.limits.deadline {
+                    let past = Instant::now() >= this.limits.deadline;
+                    if this.progress.answer_ended() {
+                        let code = match past {
+                            _ if this.progress.answer_over() => None,
+                            true => Some(this.limits.deadline_error().code()),
+                            false => Some("upstream_error"),
+                        };
+                        let (state, observer) = (&mut *this.state, &mut *this.observer);
+                        end_whole(this.inner.as_mut(), this.sse, state, observer, code);
+                        continue;
+                    }
+                    let err = if past {
                         this.limits.deadline_error()
                     } else {
                         GatewayError::UpstreamError {
@@ -485,7 +492,14 @@ where
                                 continue;
                             }
                             if this.progress.answer_ended() {
-                                end_whole(this.inner.as_mut(), this.sse, this.state, this.observer);
+                                end_whole(
+                                    this.inner.as_mut(),
+                                    this.sse,
+                                    this.state,
+                                    this.observer,
+                                    (!this.progress.answer_over())
+                                        .then(|| GatewayError::Shutdown.code()),
+                                );
                                 continue;
                             }
                             cut(
@@ -528,10 +542,6 @@ where
                         this.timer.reset(due);
                         continue;
                     }
-                    if this.progress.answer_ended() {
-                        end_whole(this.inner.as_mut(), this.sse, this.state, this.observer);
-                        continue;
-                    }
                     let upstream = limits.upstream.to_string();
                     // The limit that ran out: the client's silence, when it was first.
                     let (first_token, idle) = match limits.client_silence {
@@ -551,6 +561,19 @@ where
                             after: idle,
                         }
                     };
+                    if this.progress.answer_ended() {
+                        // Past the final event, only the framing's end was waited for, briefly:
+                        // no limit ended the answer.
+                        let code = (!this.progress.answer_over()).then(|| err.code());
+                        end_whole(
+                            this.inner.as_mut(),
+                            this.sse,
+                            this.state,
+                            this.observer,
+                            code,
+                        );
+                        continue;
+                    }
                     cut(
                         this.inner.as_mut(),
                         this.sse,
@@ -657,7 +680,8 @@ fn end_of_body<B: Body, O: Observer>(
     }
     if progress.ended_short() {
         if sse.is_some() && progress.answer_ended() {
-            end_whole(inner, sse, state, observer);
+            // Ended cleanly, only without the stream's own end marker: nothing to say.
+            end_whole(inner, sse, state, observer, None);
             return true;
         }
         let reason = match sse {
@@ -689,6 +713,7 @@ fn end_whole<B, O: Observer>(
     sse: &mut Option<Sse>,
     state: &mut State,
     observer: &mut O,
+    code: Option<&'static str>,
 ) {
     inner.set(None);
     if let Some(sse) = sse {
@@ -696,7 +721,7 @@ fn end_whole<B, O: Observer>(
         sse.held_len = 0;
         sse.partial_sent = false;
     }
-    observer.finish(StreamEnd::Complete);
+    observer.finish(code.map_or(StreamEnd::Complete, StreamEnd::WholeThen));
     *state = State::Done;
 }
 

@@ -34,6 +34,7 @@ impl Observer for Probe {
     fn finish(&mut self, end: StreamEnd) {
         let s = match end {
             StreamEnd::Complete => "complete".to_string(),
+            StreamEnd::WholeThen(code) => format!("complete after {code}"),
             StreamEnd::Cut(e) => e.code().to_string(),
             StreamEnd::UpstreamErrorEvent => "upstream_error_event".to_string(),
         };
@@ -894,7 +895,11 @@ async fn a_limit_or_a_failure_after_the_answer_ended_adds_no_error_event() {
         ms(300),
         "the idle limit, not the grace"
     );
-    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+    // Counted whole, and the log says what ended it (audit V).
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("complete after idle_timeout")
+    );
 
     // A reset after `[DONE]`, with half an event after it: the half event never goes out.
     let (mut tx, mut b, probe) = chat_body(limits(1000, 300, 60_000));
