@@ -108,6 +108,9 @@ pub fn stream_request(body: &Bytes, format: Format) -> Result<Option<Bytes>, Rep
     }
     let streamed = match fields.get("stream")? {
         Some(raw) if raw.get() == "true" => return Ok(None),
+        // Anything but a boolean (`"false"`, `0`) is the provider's to refuse, as it would
+        // without the gateway: not read as a wish to stream.
+        Some(raw) if raw.get() != "false" && raw.get() != "null" => return Ok(None),
         Some(raw) => {
             let start = offset(body, raw);
             let end = start + raw.get().len();
@@ -213,6 +216,29 @@ mod tests {
             "[1,2]",
         ] {
             assert_eq!(with_usage(body), None, "{body}");
+        }
+    }
+
+    #[test]
+    fn a_stream_that_is_no_boolean_is_left_to_the_provider() {
+        for body in [
+            r#"{"stream":"false"}"#,
+            r#"{"stream":0}"#,
+            r#"{"stream":{}}"#,
+        ] {
+            let body = Bytes::from(body);
+            assert_eq!(
+                stream_request(&body, Format::Chat).unwrap(),
+                None,
+                "{body:?}"
+            );
+        }
+        for body in [r#"{"stream":false}"#, r#"{"stream":null}"#, r#"{}"#] {
+            let body = Bytes::from(body);
+            assert!(
+                stream_request(&body, Format::Chat).unwrap().is_some(),
+                "{body:?}"
+            );
         }
     }
 
