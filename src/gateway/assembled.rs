@@ -71,7 +71,11 @@ fn provider_status(error: &serde_json::Value) -> StatusCode {
         Some(ErrorType::RequestTooLarge) => 413,
         Some(ErrorType::Api | ErrorType::Server) => 500,
         Some(ErrorType::Timeout) => 504,
-        Some(ErrorType::Other) | None => 502,
+        // vLLM's `{"object":"error",...,"code":400}` carries its HTTP status.
+        Some(ErrorType::Other) | None => inner["code"]
+            .as_u64()
+            .filter(|c| (400..600).contains(c))
+            .map_or(502, |c| c as u16),
     };
     StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY)
 }
@@ -81,14 +85,27 @@ fn provider_status(error: &serde_json::Value) -> StatusCode {
 /// (`{"type":"error","code":..,"message":..,"param":..,"sequence_number":..}`) is put in
 /// OpenAI's envelope, `{"error":{"message","type","param","code"}}`, which is what the SDK
 /// reads `type`, `code` and `param` from.
+/// A compatible server's error that is a string (`{"error":"..."}`: TGI, llama.cpp) gets
+/// the envelope too, its text as the message, so that the SDK shows it.
 fn error_body(error: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Value> {
+    if let Some(serde_json::Value::String(message)) = error.get("error") {
+        return std::borrow::Cow::Owned(serde_json::json!({"error": {
+            "message": message,
+            "type": error.get("error_type").unwrap_or(&serde_json::Value::Null),
+            "param": null,
+            "code": null,
+        }}));
+    }
     if error.get("error").is_some() || error.get("message").is_none() {
         return std::borrow::Cow::Borrowed(error);
     }
     let code = &error["code"];
+    // The Responses event's `type` is "error" itself; vLLM's names the kind.
+    let own_type = error["type"].as_str().filter(|t| *t != "error");
     let kind = code
         .as_str()
-        .map(|c| ErrorType::parse(c.as_bytes()).map_or(c, |t| t.as_str()));
+        .map(|c| ErrorType::parse(c.as_bytes()).map_or(c, |t| t.as_str()))
+        .or(own_type);
     std::borrow::Cow::Owned(serde_json::json!({"error": {
         "message": error["message"],
         "type": kind,

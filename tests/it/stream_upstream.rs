@@ -730,3 +730,62 @@ async fn a_data_only_error_event_is_answered_with_the_providers_error() {
         );
     }
 }
+
+/// Compatible servers' errors that are no error object (TGI's and llama.cpp's
+/// `{"error":"..."}`, vLLM's `{"object":"error",...,"code":N}`) are the provider's error as
+/// `{"error":{...}}` is (audit S): a client that does not stream gets the provider's message
+/// with the status it names (502 when it names none), not a 200 `chat.completion` with no
+/// choice or the gateway's "ended before the answer did"; a streaming client gets the event
+/// and no second error after it. A stream that held no choice at all is no answer: 502.
+#[tokio::test]
+async fn compatible_servers_errors_and_choiceless_streams_are_no_answer() {
+    let head = r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}"#;
+    let tgi = r#"{"error":"model overloaded, retry later","error_type":"overloaded"}"#;
+    let vllm =
+        r#"{"object":"error","message":"boom","type":"BadRequestError","param":null,"code":400}"#;
+    for (name, stream, status, message) in [
+        (
+            "tgi",
+            format!("data: {head}\n\ndata: {tgi}\n\n"),
+            502,
+            "model overloaded, retry later",
+        ),
+        ("vllm", format!("data: {vllm}\n\n"), 400, "boom"),
+    ] {
+        let h = Harness::with_config(CONFIG).await;
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &stream,
+            Duration::from_millis(1),
+        )));
+        let (resp, _c) = h.send(chat("watched", &[])).await;
+        assert_eq!(resp.status(), status, "{name}");
+        let got = json_body(resp).await;
+        assert_eq!(got["error"]["message"], message, "{name}: {got}");
+        // Streamed to the client: the provider's event ends the stream, nothing after it.
+        let (resp, _c) = h
+            .send(post(
+                "/v1/chat/completions",
+                r#"{"model":"plain","stream":true,"messages":[]}"#.into(),
+                &[],
+            ))
+            .await;
+        assert_eq!(resp.status(), 200, "{name}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            &body[..],
+            stream.as_bytes(),
+            "{name}: passed through as it came"
+        );
+    }
+    // Chunks without a choice, then the end: no answer.
+    let azure = r#"{"id":"","object":"","created":0,"model":"","prompt_filter_results":[{"prompt_index":0,"content_filter_results":{}}],"choices":[]}"#;
+    let h = Harness::with_config(CONFIG).await;
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &format!("data: {azure}\n\ndata: [DONE]\n\n"),
+        Duration::from_millis(1),
+    )));
+    let (resp, _c) = h.send(chat("watched", &[])).await;
+    assert_eq!(resp.status(), 502);
+    let got = json_body(resp).await;
+    assert_eq!(got["error"]["code"], "upstream_error", "{got}");
+}

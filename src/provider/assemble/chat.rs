@@ -385,6 +385,11 @@ impl Chat {
     }
 
     pub(super) fn document(self, cut: Option<Usage>) -> Option<Value> {
+        // Chunks that held no choice (a head, Azure's prompt filter results) are no answer:
+        // the provider's own document always has one.
+        if self.choices.is_empty() {
+            return None;
+        }
         let mut doc = self.head?;
         doc.insert("object".into(), json!("chat.completion"));
         let mut choices: Vec<ChatChoice> = self.choices;

@@ -77,6 +77,7 @@ enum Key {
     StopReason,
     FinishReason,
     Index,
+    Object,
 }
 
 fn key(name: &[u8]) -> Key {
@@ -113,6 +114,7 @@ fn key(name: &[u8]) -> Key {
         b"finish_reason" => Key::FinishReason,
         b"stop_reason" => Key::StopReason,
         b"index" => Key::Index,
+        b"object" => Key::Object,
         _ => Key::Other,
     }
 }
@@ -556,7 +558,7 @@ impl Json {
                 | (Ctx::Delta | Ctx::BlockDelta, _)
                 | (Ctx::ToolFunction, Name | Arguments)
                 | (Ctx::ContentBlock, Text | Thinking) => Str::Output,
-                (Ctx::Root, Type | Code)
+                (Ctx::Root, Type | Code | Error | Object)
                 | (Ctx::Choice, FinishReason)
                 | (Ctx::ContentBlock, Type)
                 | (Ctx::ErrorRoot | Ctx::ErrorNested, Type | Code) => Str::Named,
@@ -627,6 +629,10 @@ impl Json {
                         self.choice_finished = true;
                     }
                     (Ctx::Root, Key::Code) => ev.root_code = ErrorType::parse(name),
+                    // The errors of compatible servers that are no error object: TGI's and
+                    // llama.cpp's `{"error":"..."}`, vLLM's `{"object":"error",...}`.
+                    (Ctx::Root, Key::Error) => ev.error |= len > 0,
+                    (Ctx::Root, Key::Object) => ev.error |= name == b"error",
                     (Ctx::ContentBlock, _) => {
                         // A block that starts as anything but (empty) text or thinking: a
                         // tool call, redacted thinking, a server tool's result.

@@ -718,6 +718,17 @@ fn errors_by_shape() {
             r#"{"type":"error","code":"insufficient_quota","message":"m"}"#,
             Some(ErrorType::InsufficientQuota),
         ),
+        // Compatible servers' errors that are no error object (audit S): TGI's and
+        // llama.cpp's string, vLLM's `object`.
+        (r#"{"error":"model overloaded, retry later"}"#, None),
+        (
+            r#"{"error":"Input validation error","error_type":"validation"}"#,
+            None,
+        ),
+        (
+            r#"{"object":"error","message":"boom","type":"BadRequestError","param":null,"code":400}"#,
+            None,
+        ),
     ];
     for (data, ty) in cases {
         let s = format!("data: {data}\n\n{AFTER}");
@@ -736,6 +747,8 @@ fn errors_by_shape() {
     // `error: null` and an error nested in an answer do not end the stream.
     for data in [
         r#"{"choices":[],"error":null}"#,
+        r#"{"choices":[],"error":""}"#,
+        r#"{"object":"chat.completion.chunk","choices":[]}"#,
         r#"{"type":"response.failed","response":{"status":"failed","error":{"code":"server_error","message":"m"},"usage":null}}"#,
     ] {
         let s = format!("data: {data}\n\n{AFTER}");
