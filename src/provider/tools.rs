@@ -25,6 +25,8 @@ pub const MAX_GATHERED: usize = 4 << 20;
 struct ToolCall {
     /// Where the call sits in the answer (choice and index, block or output index).
     key: u64,
+    /// A Chat call's id, which tells index-less calls apart (`chat_call_index`).
+    id: Option<String>,
     name: String,
     arguments: String,
 }
@@ -118,6 +120,7 @@ impl ToolCalls {
             None => {
                 self.calls.push(ToolCall {
                     key,
+                    id: None,
                     name: String::new(),
                     arguments: String::new(),
                 });
@@ -135,8 +138,22 @@ impl ToolCalls {
                 };
                 for choice in chunk.choices.unwrap_or_default() {
                     let calls = choice.delta.and_then(|d| d.tool_calls).unwrap_or_default();
+                    let base = choice.index * 1024;
                     for tc in calls {
-                        let c = self.call(choice.index * 1024 + tc.index);
+                        let mut mine = self.calls.iter().filter(|c| c.key / 1024 == choice.index);
+                        let next = mine.clone().map(|c| c.key % 1024 + 1).max().unwrap_or(0);
+                        let last = mine.next_back().map(|c| LastCall {
+                            index: c.key % 1024,
+                            id: c.id.as_deref(),
+                            name: &c.name,
+                            arguments: &c.arguments,
+                        });
+                        let name = tc.function.as_ref().and_then(|f| f.name.as_deref());
+                        let index = chat_call_index(tc.index, tc.id.as_deref(), name, last, next);
+                        let c = self.call(base + index);
+                        if tc.id.is_some() {
+                            c.id = tc.id;
+                        }
                         if let Some(f) = tc.function {
                             if let Some(n) = f.name {
                                 c.name.push_str(&n);
@@ -248,6 +265,41 @@ impl ToolCalls {
     }
 }
 
+/// The last Chat tool call of a choice, as far as it has come, for `chat_call_index`.
+pub(crate) struct LastCall<'a> {
+    pub index: u64,
+    pub id: Option<&'a str>,
+    pub name: &'a str,
+    pub arguments: &'a str,
+}
+
+/// The index of the call a Chat tool-call delta continues or starts. OpenAI numbers every
+/// call; some compatible servers (Gemini's OpenAI endpoint, ...) send each call whole in a
+/// delta of its own and no `index`. Such a delta is a new call, not more of the last one,
+/// when it brings an id other than the last call's, or a name while the last call has one
+/// and whole JSON arguments; else it continues the last call (the first: 0).
+pub(crate) fn chat_call_index(
+    index: Option<u64>,
+    id: Option<&str>,
+    name: Option<&str>,
+    last: Option<LastCall<'_>>,
+    next: u64,
+) -> u64 {
+    if let Some(i) = index {
+        return i;
+    }
+    let Some(last) = last else { return 0 };
+    let new_id = id.is_some_and(|id| !id.is_empty() && last.id != Some(id));
+    let new_name = name.is_some_and(|n| !n.is_empty())
+        && !last.name.is_empty()
+        && serde_json::from_str::<serde::de::IgnoredAny>(last.arguments).is_ok();
+    if new_id || (last.id.is_none() || id.is_none()) && new_name {
+        next
+    } else {
+        last.index
+    }
+}
+
 /// Most events carry no tool call: a look for the words that every tool call's shape has
 /// spares them the parse.
 fn mentions_a_tool(data: &[u8]) -> bool {
@@ -285,8 +337,8 @@ struct ChatDelta {
 
 #[derive(Deserialize)]
 struct ChatToolCall {
-    #[serde(default)]
-    index: u64,
+    index: Option<u64>,
+    id: Option<String>,
     function: Option<ChatFunction>,
 }
 

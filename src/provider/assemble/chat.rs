@@ -3,6 +3,7 @@
 //! annotations, logprobs, finish reasons, usage).
 
 use super::{empty, empty_object, raw, whole_json, Usage};
+use crate::provider::tools::{chat_call_index, LastCall};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -43,6 +44,12 @@ struct ChatChoice {
     /// that one the provider never sent stays `null` (a refusal has no content logprobs).
     logprobs: Option<(Entries, Entries)>,
     finish_reason: Option<String>,
+    /// The choice's fields the document has no place of its own for (vLLM's `stop_reason`,
+    /// OpenRouter's `native_finish_reason`), and the delta's (OpenRouter's
+    /// `reasoning_details`, ...): gathered as the SDK's stream accumulator gathers them
+    /// (`accumulate`), so that the document keeps what a client that streams keeps.
+    extra: Map<String, Value>,
+    message_extra: Map<String, Value>,
 }
 
 /// Logprobs entries of one kind, `None` until a chunk carried a list of them.
@@ -63,6 +70,8 @@ struct ChatToolCall {
     kind: Option<String>,
     name: String,
     arguments: String,
+    /// Gemini's `extra_content` (the thought signature its next turn needs), ...
+    extra: Map<String, Value>,
 }
 
 /// A chunk after the first: the head (id, model, ...) is the first's, so only what changes
@@ -86,6 +95,8 @@ struct ChunkChoice<'a> {
     finish_reason: Option<String>,
     #[serde(borrow)]
     content_filter_results: Option<&'a RawValue>,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
 }
 
 /// The string fields of a delta the document joins: OpenAI's content and refusal, and the
@@ -110,6 +121,8 @@ struct ChatDelta<'a> {
     audio: Option<DeltaAudio<'a>>,
     #[serde(borrow)]
     annotations: Option<&'a RawValue>,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
 }
 
 /// A delta's `content`: text, or (Mistral's reasoning models) a list of parts.
@@ -144,6 +157,52 @@ fn push_part(parts: &mut Vec<Value>, part: Value) {
     parts.push(part);
 }
 
+/// Adds fields the document has no place of its own for to `acc`, as the OpenAI SDK's stream
+/// accumulator does: strings joined, objects merged, lists of objects with an `index`
+/// merged by it and other lists extended; `index`, `type` and any other value as last sent
+/// (`null` never replaces one). Returns the bytes added, for `max_response_body`.
+fn accumulate(acc: &mut Map<String, Value>, delta: Map<String, Value>) -> usize {
+    let mut added = 0;
+    for (k, v) in delta {
+        match (acc.get_mut(&k), v) {
+            (Some(_), Value::Null) => {}
+            (Some(Value::String(a)), Value::String(b)) if k != "index" && k != "type" => {
+                added += b.len();
+                a.push_str(&b);
+            }
+            (Some(Value::Object(a)), Value::Object(b)) => added += accumulate(a, b),
+            (Some(Value::Array(a)), Value::Array(b)) => {
+                for entry in b {
+                    let index = entry.get("index").and_then(Value::as_u64);
+                    let same = index.and_then(|i| {
+                        a.iter_mut()
+                            .find(|e| e.get("index").and_then(Value::as_u64) == Some(i))
+                    });
+                    match (same, entry) {
+                        (Some(Value::Object(e)), Value::Object(d)) => added += accumulate(e, d),
+                        (_, entry) => {
+                            added += entry.to_string().len();
+                            a.push(entry);
+                        }
+                    }
+                }
+            }
+            (_, v) => {
+                added += v.to_string().len();
+                acc.insert(k, v);
+            }
+        }
+    }
+    added
+}
+
+/// `extra`'s fields that `into` has no value for.
+fn add_missing(into: &mut Map<String, Value>, extra: Map<String, Value>) {
+    for (k, v) in extra {
+        into.entry(k).or_insert(v);
+    }
+}
+
 /// A piece of audio output: the id first, then the transcript and the (base64) data in
 /// pieces, and the expiry.
 #[derive(Deserialize)]
@@ -159,7 +218,7 @@ struct DeltaAudio<'a> {
 
 #[derive(Deserialize)]
 struct DeltaToolCall<'a> {
-    /// `null` from some compatible servers: the first call's.
+    /// Absent or `null` from some compatible servers (`chat_call_index`).
     #[serde(default)]
     index: Option<u64>,
     id: Option<String>,
@@ -167,6 +226,8 @@ struct DeltaToolCall<'a> {
     kind: Option<String>,
     #[serde(borrow)]
     function: Option<DeltaFunction<'a>>,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -259,6 +320,7 @@ impl Chat {
             if let Some(f) = c.content_filter_results.filter(|f| !empty_object(f)) {
                 choice.content_filter_results = Some(raw(f));
             }
+            added += accumulate(&mut choice.extra, c.extra);
             if let Some(lp) = c.logprobs.filter(|l| l.get() != "null") {
                 let mut lp = raw(lp);
                 let (content, refusal) = choice.logprobs.get_or_insert_with(Default::default);
@@ -273,8 +335,21 @@ impl Chat {
             if delta.role.is_some() {
                 choice.role = delta.role;
             }
+            if !delta.extra.is_empty() {
+                output |= delta.extra.values().any(|v| !v.is_null() && v != "");
+                added += accumulate(&mut choice.message_extra, delta.extra);
+            }
             for tc in delta.tool_calls.unwrap_or_default() {
-                let index = tc.index.unwrap_or(0);
+                let last = choice.tool_calls.last().map(|t| LastCall {
+                    index: t.index,
+                    id: t.id.as_deref(),
+                    name: &t.name,
+                    arguments: &t.arguments,
+                });
+                let next = choice.tool_calls.iter().map(|t| t.index + 1).max();
+                let name = tc.function.as_ref().and_then(|f| f.name.as_deref());
+                let index =
+                    chat_call_index(tc.index, tc.id.as_deref(), name, last, next.unwrap_or(0));
                 let call = match choice.tool_calls.iter().position(|t| t.index == index) {
                     Some(i) => &mut choice.tool_calls[i],
                     None => {
@@ -291,6 +366,7 @@ impl Chat {
                 if tc.kind.is_some() {
                     call.kind = tc.kind;
                 }
+                added += accumulate(&mut call.extra, tc.extra);
                 if let Some(f) = tc.function {
                     let name = f.name.unwrap_or_default();
                     let args = f.arguments.unwrap_or_default();
@@ -428,11 +504,15 @@ impl Chat {
                     .iter()
                     .filter(|t| cut.is_none() || whole_json(&t.arguments))
                     .map(|t| {
-                        json!({
+                        let mut call = json!({
                             "id": t.id,
                             "type": t.kind.clone().unwrap_or_else(|| "function".into()),
                             "function": {"name": t.name, "arguments": t.arguments},
-                        })
+                        });
+                        if let Value::Object(call) = &mut call {
+                            add_missing(call, t.extra.clone());
+                        }
+                        call
                     })
                     .collect();
                 if !calls.is_empty() {
@@ -458,6 +538,7 @@ impl Chat {
                     );
                 }
                 message.insert("annotations".into(), Value::Array(c.annotations));
+                add_missing(&mut message, c.message_extra);
                 let logprobs = match c.logprobs {
                     None => Value::Null,
                     Some((content, refusal)) => json!({"content": content, "refusal": refusal}),
@@ -476,6 +557,9 @@ impl Chat {
                 });
                 if let Some(f) = c.content_filter_results {
                     choice["content_filter_results"] = f;
+                }
+                if let Value::Object(choice) = &mut choice {
+                    add_missing(choice, c.extra);
                 }
                 choice
             })

@@ -867,3 +867,65 @@ fn content_sent_as_parts_is_joined_into_a_list() {
         "f"
     );
 }
+
+/// Parallel calls without `index` (Gemini's OpenAI endpoint: each whole in its own delta)
+/// are two calls in the document, as in the provider's own (audit S).
+#[test]
+fn chat_calls_without_an_index_are_two_calls() {
+    let stream = concat!(
+        "data: {\"id\":\"g\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gemini\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Paris\\\"}\"}}]},\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"g\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gemini\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"id\":\"call_2\",\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"arguments\":\"{\\\"tz\\\":\\\"CET\\\"}\"}}]},\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"g\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gemini\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9,\"total_tokens\":14}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let d = doc(Format::Chat, stream, None);
+    let calls = d["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{d}");
+    assert_eq!(calls[0]["id"], "call_1");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["function"]["arguments"], "{\"city\":\"Paris\"}");
+    assert_eq!(calls[1]["id"], "call_2");
+    assert_eq!(calls[1]["function"]["name"], "get_time");
+    assert_eq!(calls[1]["function"]["arguments"], "{\"tz\":\"CET\"}");
+}
+
+/// Fields the document has no place of its own for are kept as the OpenAI SDK's stream
+/// accumulator keeps them for a client that streams (audit S): Gemini's tool-call
+/// `extra_content` (the thought signature its next turn needs), OpenRouter's
+/// `reasoning_details` (merged by `index`, text joined, the signature kept), vLLM's choice
+/// `stop_reason`.
+#[test]
+fn chat_fields_without_a_place_are_kept_as_the_sdk_keeps_them() {
+    let chunk = |choice: &str| {
+        format!(
+            "data: {{\"id\":\"o\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{choice}]}}\n\n"
+        )
+    };
+    let stream = [
+        chunk(r#"{"index":0,"delta":{"role":"assistant","reasoning":"Let me","reasoning_details":[{"type":"reasoning.text","text":"Let me","index":0,"format":"anthropic-claude-v1"}]},"finish_reason":null}"#),
+        chunk(r#"{"index":0,"delta":{"reasoning":" think","reasoning_details":[{"type":"reasoning.text","text":" think","index":0,"signature":"EqQBsig=="}]},"finish_reason":null}"#),
+        chunk(r#"{"index":0,"delta":{"content":"Answer.","provider_specific_fields":null},"finish_reason":null}"#),
+        chunk(r#"{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"},"extra_content":{"google":{"thought_signature":"CiQB0e2Kb-SIG"}}}]},"finish_reason":null}"#),
+        chunk(r#"{"index":0,"delta":{},"finish_reason":"tool_calls","stop_reason":128009,"native_finish_reason":"STOP"}"#),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &stream, None);
+    let choice = &d["choices"][0];
+    let message = &choice["message"];
+    assert_eq!(message["content"], "Answer.");
+    assert_eq!(message["reasoning"], "Let me think");
+    assert_eq!(
+        message["reasoning_details"],
+        json!([{"type":"reasoning.text","text":"Let me think","index":0,"format":"anthropic-claude-v1","signature":"EqQBsig=="}])
+    );
+    assert_eq!(message["provider_specific_fields"], Value::Null);
+    assert_eq!(
+        message["tool_calls"][0]["extra_content"],
+        json!({"google":{"thought_signature":"CiQB0e2Kb-SIG"}})
+    );
+    assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(choice["stop_reason"], 128009);
+    assert_eq!(choice["native_finish_reason"], "STOP");
+    assert_eq!(choice["finish_reason"], "tool_calls");
+}

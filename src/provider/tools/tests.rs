@@ -119,3 +119,49 @@ fn an_answer_too_large_to_gather_gets_no_fingerprint() {
     t.document_end();
     assert_eq!(t.canonical(), None);
 }
+
+/// Gemini's OpenAI endpoint sends each parallel call whole, in a delta of its own, without
+/// `index`: two calls, never one named `get_weatherget_time` (audit S). Pieces of one call
+/// without an index still join, whether the pieces repeat its id or not.
+#[test]
+fn chat_calls_without_an_index_are_told_apart() {
+    let gemini = streamed(
+        Format::Chat,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_2","type":"function","function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}}]}}]}"#,
+        ],
+    );
+    let (canon, names) = gemini.unwrap();
+    assert_eq!(names, "get_weather,get_time");
+    assert_eq!(
+        canon,
+        b"get_weather\0{\"city\":\"Paris\"}\0get_time\0{\"tz\":\"CET\"}\0"
+    );
+    // Two in one delta, without ids.
+    let (_, names) = streamed(
+        Format::Chat,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"function":{"name":"a","arguments":"{}"}},{"function":{"name":"b","arguments":"{}"}}]}}]}"#,
+        ],
+    )
+    .unwrap();
+    assert_eq!(names, "a,b");
+    // One call in pieces, the id repeated or not.
+    for id in [r#""id":"call_1","#, ""] {
+        let (canon, names) = streamed(
+            Format::Chat,
+            &[
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_1","function":{"name":"get_weather","arguments":""}}]}}]}"#,
+                &format!(r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{{id}"function":{{"arguments":"{{\"unit\": \"c\","}}}}]}}}}]}}"#),
+                &format!(r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{{id}"function":{{"arguments":" \"city\":\"Paris\"}}"}}}}]}}}}]}}"#),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (canon.as_slice(), names.as_str()),
+            (CANON, "get_weather"),
+            "{id}"
+        );
+    }
+}
