@@ -18,7 +18,7 @@ use crate::answer::{Answer, Api};
 use crate::body::{pause, ScriptBody};
 use crate::records::{Finisher, RequestRecord, Shared};
 use crate::reply::Reply;
-use crate::script::Script;
+use crate::script::{Script, MAX_DOCUMENT_TOKENS};
 
 pub(crate) async fn handle(
     shared: Arc<Shared>,
@@ -144,6 +144,13 @@ pub(crate) async fn respond(
         Ok(answer) => answer,
         Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, finisher),
     };
+    if !stream && answer.document_pieces() > MAX_DOCUMENT_TOKENS as u128 {
+        let message = format!(
+            "the answer asked for ({} tokens, with n, top_logprobs and the calls each              multiplying them) is more than the {MAX_DOCUMENT_TOKENS} a non-streaming              answer may have",
+            answer.document_pieces()
+        );
+        return error_response(StatusCode::BAD_REQUEST, &message, finisher);
+    }
     let mut script = script;
     let (reply, content_type) = if stream {
         (Reply::stream(answer), "text/event-stream")

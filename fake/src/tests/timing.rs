@@ -59,6 +59,51 @@ async fn a_success_status_or_an_answer_too_large_to_build_is_refused() {
     }
 }
 
+/// The counts a document is built of multiply: `n`, each token's `top_logprobs` and each
+/// call's argument pieces count too, so no request makes a document past the bound
+/// (audit U: 100,000 chunks with 20 top logprobs held 4 GB).
+#[tokio::test]
+async fn a_document_multiplied_past_the_bound_is_refused() {
+    let fake = fake().await;
+    for (body, headers) in [
+        (
+            r#"{"model":"m","logprobs":true,"top_logprobs":20,"messages":[]}"#,
+            vec![("x-fake-chunks", "100000")],
+        ),
+        (
+            r#"{"model":"m","n":128,"messages":[]}"#,
+            vec![("x-fake-chunks", "10000")],
+        ),
+        (
+            r#"{"model":"m","messages":[]}"#,
+            vec![("x-fake-chunks", "600000"), ("x-fake-tool-call", "a+b")],
+        ),
+    ] {
+        let response = h1()
+            .request(post(&fake, "/v1/chat/completions", body, &headers))
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::BAD_REQUEST,
+            "{body} {headers:?}"
+        );
+        let text = text_of(response).await;
+        assert!(text.contains("more than the 1000000"), "{text}");
+    }
+    // Within the bound, as before.
+    let response = h1()
+        .request(post(
+            &fake,
+            "/v1/chat/completions",
+            r#"{"model":"m","n":2,"logprobs":true,"top_logprobs":2,"messages":[]}"#,
+            &[("x-fake-chunks", "1000")],
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
 #[tokio::test]
 async fn ttft_holds_back_the_head_unless_headers_first() {
     let fake = fake().await;
