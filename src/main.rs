@@ -340,7 +340,7 @@ async fn demo() -> ExitCode {
         eprintln!("the demo config needs an upstream \"fake\" with an IP:port url");
         return ExitCode::FAILURE;
     };
-    let _fake = match FakeUpstream::start(fake_addr).await {
+    let _fake = match FakeUpstream::start_unrecorded(fake_addr).await {
         Ok(f) => f,
         Err(e) => {
             eprintln!("hourglass demo: fake provider on {fake_addr}: {e}");

@@ -151,6 +151,17 @@ pub struct FakeUpstream {
 impl FakeUpstream {
     /// Binds `addr` (port 0 picks a free port), spawns the accept loop and returns at once.
     pub async fn start(addr: SocketAddr) -> io::Result<FakeUpstream> {
+        Self::listen(addr, true).await
+    }
+
+    /// As `start`, remembering nothing of its connections and requests: what runs for as
+    /// long as an operator likes (`fake-upstream`, the demo), where every request kept would
+    /// grow the process for good. `connections`, `requests` and their waits see nothing.
+    pub async fn start_unrecorded(addr: SocketAddr) -> io::Result<FakeUpstream> {
+        Self::listen(addr, false).await
+    }
+
+    async fn listen(addr: SocketAddr, recording: bool) -> io::Result<FakeUpstream> {
         let socket = if addr.is_ipv4() {
             TcpSocket::new_v4()?
         } else {
@@ -168,6 +179,8 @@ impl FakeUpstream {
             next_reply_id: AtomicU64::new(1),
             script_defaults: Mutex::new(HeaderMap::new()),
             replay: Mutex::new(None),
+            recording,
+            next_conn_id: AtomicU64::new(0),
         });
         let cancel = CancellationToken::new();
         tokio::spawn(server::accept_loop(
@@ -296,7 +309,7 @@ fn count_open(records: &Records) -> usize {
 
 /// Runs a fake provider on `addr` until ctrl-c (the `fake-upstream` command).
 pub async fn run(addr: SocketAddr) -> io::Result<()> {
-    let fake = FakeUpstream::start(addr).await?;
+    let fake = FakeUpstream::start_unrecorded(addr).await?;
     tracing::info!("fake upstream listening on http://{}", fake.addr());
     tokio::signal::ctrl_c().await?;
     fake.shutdown();

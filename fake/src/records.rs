@@ -66,6 +66,12 @@ pub(crate) struct Shared {
     /// that two fakes behind one gateway can behave differently for the same request.
     pub(crate) script_defaults: Mutex<HeaderMap>,
     pub(crate) replay: Mutex<Option<Replay>>,
+    /// Whether connections and requests are remembered: for the tests and benchmarks that
+    /// read them, never for the `fake-upstream` command or the demo, which would otherwise
+    /// keep every request (about 7 KB each) for as long as they run.
+    pub(crate) recording: bool,
+    /// The id of the next connection when none is recorded.
+    pub(crate) next_conn_id: AtomicU64,
 }
 
 impl Shared {

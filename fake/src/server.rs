@@ -3,6 +3,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -114,17 +115,22 @@ pub(crate) async fn accept_loop(
             tracing::debug!(%error, "fake upstream could not set TCP_NODELAY");
         }
         let opened_at = Instant::now();
-        let id = shared.update(|records| {
-            let id = records.connections.len() as u64;
-            let closed_at = None;
-            records.connections.push(ConnectionRecord {
-                id,
-                peer,
-                opened_at,
-                closed_at,
-            });
-            id
-        });
+        let id = if !shared.recording {
+            // No record to find by it: its close has nothing to stamp.
+            shared.next_conn_id.fetch_add(1, Ordering::Relaxed)
+        } else {
+            shared.update(|records| {
+                let id = records.connections.len() as u64;
+                let closed_at = None;
+                records.connections.push(ConnectionRecord {
+                    id,
+                    peer,
+                    opened_at,
+                    closed_at,
+                });
+                id
+            })
+        };
         let io = RecordingIo {
             inner: stream,
             shared: shared.clone(),
