@@ -4,13 +4,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${CARGO_TARGET_DIR:-target}/debug/hourglass
 cargo build --quiet
+# Another process on the demo's ports (a demo left running) would answer in its place,
+# ready before this one has even tried to bind: refused before the demo starts.
+for port in 8080 8089 9090; do
+  if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then
+    echo "port $port is already in use: the demo needs 8080, 8089 and 9090 free"
+    exit 1
+  fi
+done
 log=$(mktemp)
 "$bin" demo >"$log" 2>&1 &
 pid=$!
 held=$(mktemp)
 trap 'kill $pid 2>/dev/null || true; rm -f "$log" "$held"' EXIT
 for _ in $(seq 100); do curl -sf localhost:9090/readyz >/dev/null && break; sleep 0.1; done
-# Another process on the demo's ports (a demo left running) would answer in its place.
 if ! kill -0 $pid 2>/dev/null; then
   echo "the demo exited before serving (are ports 8080, 8089 and 9090 free?):"
   cat "$log"
