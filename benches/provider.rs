@@ -200,6 +200,7 @@ fn limits() -> StreamLimits {
         budget: Duration::from_secs(3600),
         reserve: Duration::ZERO,
         client_budget: false,
+        patience: false,
         upstream: Arc::from("bench"),
         run: None,
         run_tokens: None,

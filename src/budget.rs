@@ -343,6 +343,7 @@ pub fn deadline_error(
             budget,
             reserve,
             client_budget,
+            patience: false,
         },
         Some(r) => GatewayError::RunDeadlineExceeded {
             run: r.id.to_string(),

@@ -151,7 +151,7 @@ pub enum GatewayError {
     FirstTokenTimeout { upstream: String, after: Duration },
     #[error("idle timeout: upstream {upstream:?} was silent for {}", ms(*.after))]
     IdleTimeout { upstream: String, after: Duration },
-    #[error("deadline exceeded: the request's budget of {} is spent{}", ms(*.budget), held(*.reserve))]
+    #[error("deadline exceeded: {}", spent(*.budget, *.reserve, *.patience))]
     DeadlineExceeded {
         budget: Duration,
         /// What the route holds back for after the upstream's share: the cut came that much
@@ -160,6 +160,9 @@ pub enum GatewayError {
         /// The client set the budget (a budget header): its own deadline has passed, and
         /// the same request sent again would get a new one.
         client_budget: bool,
+        /// The deadline was the client's patience (the timeout its SDK announced) for an
+        /// answer held until whole, which ends before its budget: `budget` is that patience.
+        patience: bool,
     },
     #[error("upstream {upstream:?} unavailable: {reason}")]
     UpstreamUnavailable {
@@ -371,6 +374,23 @@ fn expected(by: Option<&(String, Option<String>)>, need: Duration) -> String {
 }
 
 /// The reserve, in the message of `deadline_exceeded`.
+/// What ran out, in the message of `deadline_exceeded`.
+fn spent(budget: Duration, reserve: Duration, patience: bool) -> String {
+    if patience {
+        format!(
+            "the client stops waiting for the answer after {} (the timeout its SDK \
+             announced), before it was whole",
+            ms(budget)
+        )
+    } else {
+        format!(
+            "the request's budget of {} is spent{}",
+            ms(budget),
+            held(reserve)
+        )
+    }
+}
+
 fn held(reserve: Duration) -> String {
     if reserve.is_zero() {
         String::new()
@@ -814,8 +834,18 @@ mod tests {
                     budget: after,
                     reserve: Duration::ZERO,
                     client_budget: false,
+                    patience: false,
                 },
                 "deadline exceeded: the request's budget of 1000ms is spent",
+            ),
+            (
+                GatewayError::DeadlineExceeded {
+                    budget: after,
+                    reserve: Duration::ZERO,
+                    client_budget: false,
+                    patience: true,
+                },
+                "deadline exceeded: the client stops waiting for the answer after 1000ms (the timeout its SDK announced), before it was whole",
             ),
         ];
         for (e, start) in cases {
@@ -887,6 +917,7 @@ mod tests {
             budget: Duration::from_secs(2),
             reserve: Duration::ZERO,
             client_budget: false,
+            patience: false,
         };
         let ev = e.sse_event(Some(7));
         let text = std::str::from_utf8(&ev).unwrap();

@@ -177,18 +177,20 @@ impl<'a> Attempt<'a> {
             // gives up, when the SDK said when that is.
             // (The client's patience is its SDK's timeout, which the SDK retries like
             // any timeout: not a budget the client set.)
-            let (deadline, total, reserve, client_budget) = match budget.patience {
+            let (deadline, total, reserve, client_budget, patience) = match budget.patience {
                 Some(p) if assembled && budget.arrival + p < work_deadline => (
                     budget.arrival + p,
                     p.min(budget.total),
                     Duration::ZERO,
                     false,
+                    true,
                 ),
                 _ => (
                     work_deadline,
                     budget.total,
                     budget.reserve,
                     budget.source.is_client(),
+                    false,
                 ),
             };
             let limits = StreamLimits {
@@ -200,6 +202,7 @@ impl<'a> Attempt<'a> {
                 budget: total,
                 reserve,
                 client_budget,
+                patience,
                 upstream: upstream.name.clone(),
                 run: budget.run.clone().map(Box::new),
                 run_tokens: None,

@@ -821,6 +821,7 @@ fallbacks = ["b"]
                 budget: Duration::from_secs(60),
                 reserve: Duration::ZERO,
                 client_budget: false,
+                patience: false,
             },
         ] {
             assert_eq!(v(neither), Verdict::Neither);

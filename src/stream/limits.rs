@@ -28,6 +28,9 @@ pub struct StreamLimits {
     pub reserve: Duration,
     /// The budget is the client's own (see `BudgetSource::is_client`).
     pub client_budget: bool,
+    /// `deadline` is the client's patience for an answer held until whole (`budget` is that
+    /// patience), which ends before the request's budget or its run's.
+    pub patience: bool,
     pub upstream: Arc<str>,
     /// The run whose deadline is `deadline`, when it is the run's rather than the call's.
     /// (This and the next are boxed: most streams are in no run, and every open stream
@@ -53,6 +56,14 @@ pub struct RunTokens {
 impl StreamLimits {
     /// The error of the deadline passing: the call's, or its run's.
     pub fn deadline_error(&self) -> GatewayError {
+        if self.patience {
+            return GatewayError::DeadlineExceeded {
+                budget: self.budget,
+                reserve: Duration::ZERO,
+                client_budget: false,
+                patience: true,
+            };
+        }
         deadline_error(
             self.budget,
             self.reserve,

@@ -67,6 +67,7 @@ fn limits(first: u64, idle: u64, total: u64) -> StreamLimits {
         budget: ms(total),
         reserve: Duration::ZERO,
         client_budget: false,
+        patience: false,
         upstream: Arc::from("up"),
         run: None,
         run_tokens: None,
