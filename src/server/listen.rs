@@ -239,7 +239,19 @@ pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, st
 async fn cut_by(shared: &Shared, grace: Duration) {
     tokio::select! {
         () = tokio::time::sleep(grace) => {
-            tracing::warn!(?grace, "shutdown grace elapsed: cutting the requests still in flight");
+            let in_flight = shared.metrics.requests_in_flight();
+            if in_flight > 0 {
+                tracing::warn!(
+                    ?grace,
+                    in_flight,
+                    "shutdown grace elapsed: cutting the {in_flight} requests still in flight"
+                );
+            } else {
+                tracing::warn!(
+                    ?grace,
+                    "shutdown grace elapsed with no request in flight: closing the connections still open"
+                );
+            }
         }
         () = shared.cut.fired() => {}
     }

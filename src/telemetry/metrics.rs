@@ -643,6 +643,17 @@ impl Metrics {
         }))
     }
 
+    /// Client requests in flight on every route (`hourglass_requests_in_flight` summed).
+    pub fn requests_in_flight(&self) -> i64 {
+        use prometheus::core::Collector;
+        self.requests_in_flight
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|m| m.get_gauge().get_value() as i64)
+            .sum()
+    }
+
     /// Open client connections: one more for as long as the value lives.
     pub fn client_connection(&self) -> OpenConnection {
         self.client_connections.inc();

@@ -169,7 +169,7 @@ pub(crate) fn tls_config_toml(c: &Certs, client_ca: bool) -> String {
         .replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\"")
 }
 
-async fn tls_client(
+pub(crate) async fn tls_client(
     addr: std::net::SocketAddr,
     c: &Certs,
     alpn: &[u8],
