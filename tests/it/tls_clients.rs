@@ -781,7 +781,7 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
     // Plain HTTP on the TLS port is told so, in HTTP (as nginx does).
     let mut plain = TcpStream::connect(h.addr()).await.unwrap();
     plain
-        .write_all(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\n\r\n")
+        .write_all(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\nx-request-id: plain-1\r\n\r\n")
         .await
         .unwrap();
     let mut answer = Vec::new();
@@ -790,7 +790,8 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
     assert!(
         answer.starts_with("HTTP/1.1 400 Bad Request\r\n")
             && answer.contains("\"code\":\"plain_http_on_tls\"")
-            && answer.contains("use https://"),
+            && answer.contains("use https://")
+            && answer.contains("\r\nx-request-id: plain-1\r\n"),
         "{answer}"
     );
     // Bytes that are neither TLS nor HTTP.
