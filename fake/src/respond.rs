@@ -51,7 +51,7 @@ pub(crate) async fn handle(
         index,
         done: false,
     };
-    let mut response = respond(&shared, &parts, &body, finisher).await;
+    let mut response = respond(&shared, &parts, &body, finisher).await?;
     if let Some(id) = parts.headers.get("x-request-id") {
         response.headers_mut().insert("x-request-id", id.clone());
     }
@@ -63,7 +63,7 @@ pub(crate) async fn respond(
     parts: &Parts,
     body: &Bytes,
     finisher: Finisher,
-) -> Response<ScriptBody> {
+) -> Result<Response<ScriptBody>, io::Error> {
     let mut headers = shared
         .script_defaults
         .lock()
@@ -74,15 +74,15 @@ pub(crate) async fn respond(
     }
     let script = match Script::from_headers(&headers) {
         Ok(script) => script,
-        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, finisher),
+        Err(message) => return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher)),
     };
     if let Some(status) = script.status {
         pause(script.ttft).await;
         let message = "status injected by x-fake-status";
         if parts.uri.path().ends_with("/messages") {
-            return anthropic_error_response(status, message, finisher);
+            return Ok(anthropic_error_response(status, message, finisher));
         }
-        return error_response(status, message, finisher);
+        return Ok(error_response(status, message, finisher));
     }
     let replay = shared
         .replay
@@ -94,6 +94,9 @@ pub(crate) async fn respond(
         script.interval = replay.interval;
         script.keepalive = None;
         let reply = Reply::Replay(replay.events);
+        if script.disconnect_after == Some(0) {
+            return abort_before_head(&script, finisher).await;
+        }
         let mut first_delay = script.ttft;
         if !script.headers_first {
             pause(std::mem::take(&mut first_delay)).await;
@@ -102,7 +105,7 @@ pub(crate) async fn respond(
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(replay.content_type));
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        return response;
+        return Ok(response);
     }
     let api = match (&parts.method, parts.uri.path()) {
         (&Method::GET, "/v1/models") => {
@@ -110,40 +113,43 @@ pub(crate) async fn respond(
                 {"id": "fake-model", "object": "model", "created": 0, "owned_by": "hourglass"},
                 {"id": "fake-model-large", "object": "model", "created": 0, "owned_by": "hourglass"},
             ]});
-            return full_response(StatusCode::OK, models.to_string(), finisher);
+            return Ok(full_response(StatusCode::OK, models.to_string(), finisher));
         }
         (&Method::POST, "/v1/chat/completions") => Api::Chat,
         (&Method::POST, "/v1/messages") => Api::Anthropic,
         (&Method::POST, "/v1/responses") => Api::Responses,
         (method, path) => {
             let message = format!("no route for {method} {path}");
-            return error_response(StatusCode::NOT_FOUND, &message, finisher);
+            return Ok(error_response(StatusCode::NOT_FOUND, &message, finisher));
         }
     };
     let request: Value = match serde_json::from_slice(body) {
         Ok(value @ Value::Object(_)) => value,
         Ok(_) => {
-            return error_response(
+            return Ok(error_response(
                 StatusCode::BAD_REQUEST,
                 "body is not a JSON object",
                 finisher,
-            )
+            ))
         }
         Err(error) => {
             let message = format!("invalid JSON body: {error}");
-            return error_response(StatusCode::BAD_REQUEST, &message, finisher);
+            return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
         }
     };
     let stream = request.get("stream") == Some(&Value::Bool(true));
     if !stream {
         if let Err(message) = script.check_document() {
-            return error_response(StatusCode::BAD_REQUEST, &message, finisher);
+            return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
         }
     }
     let answer = match answer(shared, api, &request, &script) {
         Ok(answer) => answer,
-        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, finisher),
+        Err(message) => return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher)),
     };
+    if stream && script.disconnect_after == Some(0) {
+        return abort_before_head(&script, finisher).await;
+    }
     let mut script = script;
     let (reply, content_type) = if stream {
         (Reply::stream(answer), "text/event-stream")
@@ -161,7 +167,23 @@ pub(crate) async fn respond(
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
+    Ok(response)
+}
+
+/// A stream's `x-fake-disconnect-after: 0`: no head at all, at the time the head was due.
+/// The service's error makes hyper close an HTTP/1 connection without a byte and reset an
+/// HTTP/2 stream (`INTERNAL_ERROR`); a body's error would come only after the head it went
+/// out with.
+async fn abort_before_head(
+    script: &Script,
+    mut finisher: Finisher,
+) -> Result<Response<ScriptBody>, io::Error> {
+    pause(script.ttft).await;
+    finisher.finish(false);
+    Err(io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "x-fake-disconnect-after: 0",
+    ))
 }
 
 pub(crate) fn full_response(
