@@ -925,6 +925,20 @@ mod tests {
         );
     }
 
+    /// The shutdown warning's count: every route's requests in flight.
+    #[test]
+    fn requests_in_flight_sums_every_route() {
+        let m = Metrics::new();
+        assert_eq!(m.requests_in_flight(), 0);
+        let (chat, messages) = (m.route("chat"), m.route("messages"));
+        chat.in_flight.inc();
+        chat.in_flight.inc();
+        messages.in_flight.inc();
+        assert_eq!(m.requests_in_flight(), 3);
+        chat.in_flight.dec();
+        assert_eq!(m.requests_in_flight(), 2);
+    }
+
     #[test]
     fn route_series_exist_at_zero_with_contract_names() {
         let m = Metrics::new();
