@@ -46,7 +46,8 @@
 //! `x-fake-disconnect-after`.
 //!
 //! Non-stream answers are one piece with no content events to count: a freeze or disconnect
-//! count of 0 stops them before the body, and any other count lets the whole answer through. Unknown `x-fake-*` headers are ignored; malformed values get
+//! count of 0 stops them before the body, and any other count lets the whole answer through.
+//! On a stream, `x-fake-disconnect-after: 0` aborts before the head (at its time). Unknown `x-fake-*` headers are ignored; malformed values get
 //! a 400. Every connection and request is recorded for tests to assert on (see [`FakeUpstream`]).
 //!
 //! Close detection: the accepted socket is wrapped in an IO type that stamps

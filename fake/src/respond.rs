@@ -28,42 +28,36 @@ pub(crate) async fn handle(
     let at = Instant::now();
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map_err(io::Error::other)?.to_bytes();
-    if !shared.recording {
-        let finisher = Finisher {
-            shared: shared.clone(),
-            index: usize::MAX,
-            done: true,
-        };
-        let mut response = respond(&shared, &parts, &body, finisher).await;
-        if let Some(id) = parts.headers.get("x-request-id") {
-            response.headers_mut().insert("x-request-id", id.clone());
-        }
-        return Ok(response);
-    }
-    let index = shared.update(|records| {
-        records.requests.push(RequestRecord {
-            conn_id,
-            at,
-            method: parts.method.clone(),
-            path: parts
-                .uri
-                .path_and_query()
-                .map_or("/", |p| p.as_str())
-                .to_owned(),
-            headers: parts.headers.clone(),
-            body: body.clone(),
-            version: parts.version,
-            finished_at: None,
-            completed: false,
-        });
-        records.requests.len() - 1
-    });
+    // A fake that does not record (`start_unrecorded`) keeps nothing of the request.
+    let recording = shared.recording;
+    let index = if !recording {
+        usize::MAX
+    } else {
+        shared.update(|records| {
+            records.requests.push(RequestRecord {
+                conn_id,
+                at,
+                method: parts.method.clone(),
+                path: parts
+                    .uri
+                    .path_and_query()
+                    .map_or("/", |p| p.as_str())
+                    .to_owned(),
+                headers: parts.headers.clone(),
+                body: body.clone(),
+                version: parts.version,
+                finished_at: None,
+                completed: false,
+            });
+            records.requests.len() - 1
+        })
+    };
     let finisher = Finisher {
         shared: shared.clone(),
         index,
-        done: false,
+        done: !recording,
     };
-    let mut response = respond(&shared, &parts, &body, finisher).await;
+    let mut response = respond(&shared, &parts, &body, finisher).await?;
     if let Some(id) = parts.headers.get("x-request-id") {
         response.headers_mut().insert("x-request-id", id.clone());
     }
@@ -75,7 +69,7 @@ pub(crate) async fn respond(
     parts: &Parts,
     body: &Bytes,
     finisher: Finisher,
-) -> Response<ScriptBody> {
+) -> Result<Response<ScriptBody>, io::Error> {
     let mut headers = shared
         .script_defaults
         .lock()
@@ -86,15 +80,15 @@ pub(crate) async fn respond(
     }
     let script = match Script::from_headers(&headers) {
         Ok(script) => script,
-        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, finisher),
+        Err(message) => return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher)),
     };
     if let Some(status) = script.status {
         pause(script.ttft).await;
         let message = "status injected by x-fake-status";
         if parts.uri.path().ends_with("/messages") {
-            return anthropic_error_response(status, message, finisher);
+            return Ok(anthropic_error_response(status, message, finisher));
         }
-        return error_response(status, message, finisher);
+        return Ok(error_response(status, message, finisher));
     }
     let replay = shared
         .replay
@@ -106,6 +100,9 @@ pub(crate) async fn respond(
         script.interval = replay.interval;
         script.keepalive = None;
         let reply = Reply::Replay(replay.events);
+        if script.disconnect_after == Some(0) {
+            return abort_before_head(&script, finisher).await;
+        }
         let mut first_delay = script.ttft;
         if !script.headers_first {
             pause(std::mem::take(&mut first_delay)).await;
@@ -114,7 +111,7 @@ pub(crate) async fn respond(
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(replay.content_type));
         headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        return response;
+        return Ok(response);
     }
     let api = match (&parts.method, parts.uri.path()) {
         (&Method::GET, "/v1/models") => {
@@ -122,46 +119,51 @@ pub(crate) async fn respond(
                 {"id": "fake-model", "object": "model", "created": 0, "owned_by": "hourglass"},
                 {"id": "fake-model-large", "object": "model", "created": 0, "owned_by": "hourglass"},
             ]});
-            return full_response(StatusCode::OK, models.to_string(), finisher);
+            return Ok(full_response(StatusCode::OK, models.to_string(), finisher));
         }
         (&Method::POST, "/v1/chat/completions") => Api::Chat,
         (&Method::POST, "/v1/messages") => Api::Anthropic,
         (&Method::POST, "/v1/responses") => Api::Responses,
         (method, path) => {
             let message = format!("no route for {method} {path}");
-            return error_response(StatusCode::NOT_FOUND, &message, finisher);
+            return Ok(error_response(StatusCode::NOT_FOUND, &message, finisher));
         }
     };
     let request: Value = match serde_json::from_slice(body) {
         Ok(value @ Value::Object(_)) => value,
         Ok(_) => {
-            return error_response(
+            return Ok(error_response(
                 StatusCode::BAD_REQUEST,
                 "body is not a JSON object",
                 finisher,
-            )
+            ))
         }
         Err(error) => {
             let message = format!("invalid JSON body: {error}");
-            return error_response(StatusCode::BAD_REQUEST, &message, finisher);
+            return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
         }
     };
     let stream = request.get("stream") == Some(&Value::Bool(true));
     if !stream {
         if let Err(message) = script.check_document() {
-            return error_response(StatusCode::BAD_REQUEST, &message, finisher);
+            return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
         }
     }
     let answer = match answer(shared, api, &request, &script) {
         Ok(answer) => answer,
-        Err(message) => return error_response(StatusCode::BAD_REQUEST, &message, finisher),
+        Err(message) => return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher)),
     };
     if !stream && answer.document_pieces() > MAX_DOCUMENT_TOKENS as u128 {
         let message = format!(
-            "the answer asked for ({} tokens, with n, top_logprobs and the calls each              multiplying them) is more than the {MAX_DOCUMENT_TOKENS} a non-streaming              answer may have",
+            "the answer asked for ({} tokens, with n, top_logprobs and the calls each \
+             multiplying them) is more than the {MAX_DOCUMENT_TOKENS} a non-streaming \
+             answer may have",
             answer.document_pieces()
         );
-        return error_response(StatusCode::BAD_REQUEST, &message, finisher);
+        return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
+    }
+    if stream && script.disconnect_after == Some(0) {
+        return abort_before_head(&script, finisher).await;
     }
     let mut script = script;
     let (reply, content_type) = if stream {
@@ -180,7 +182,23 @@ pub(crate) async fn respond(
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
+    Ok(response)
+}
+
+/// A stream's `x-fake-disconnect-after: 0`: no head at all, at the time the head was due.
+/// The service's error makes hyper close an HTTP/1 connection without a byte and reset an
+/// HTTP/2 stream (`INTERNAL_ERROR`); a body's error would come only after the head it went
+/// out with.
+async fn abort_before_head(
+    script: &Script,
+    mut finisher: Finisher,
+) -> Result<Response<ScriptBody>, io::Error> {
+    pause(script.ttft).await;
+    finisher.finish(false);
+    Err(io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "x-fake-disconnect-after: 0",
+    ))
 }
 
 pub(crate) fn full_response(

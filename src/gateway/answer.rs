@@ -216,6 +216,7 @@ impl Gateway {
                     let body = self
                         .reaper
                         .guard(body, record.take_slot(), started.limits.deadline);
+                    let reaped = body.reaped_by();
                     let progress = Progress::new(readable_sse, inspector);
                     let mut limits = started.limits;
                     // A stream is cut when its run's tokens run out; a JSON document has
@@ -226,6 +227,7 @@ impl Gateway {
                     }
                     let mut body = Box::new(WatchdogBody::reading(body, progress, limits, record));
                     body.watch_shutdown(&self.shutdown);
+                    body.watch_reaper(reaped);
                     // All boxed: they hold the body and more across their awaits, and inline
                     // they would size every request's future (moved whole a few times per
                     // request) for these rare answers.

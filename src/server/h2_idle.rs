@@ -14,7 +14,10 @@
 //! the client acknowledges a PING), so a connection is closed between one and two limits after
 //! its last stream ended (or, with none, after its preface); one whose client does not finish
 //! the graceful close within another limit is dropped. The same
-//! task starts the graceful shutdown when the server drains.
+//! task starts the graceful shutdown when the server drains, and keeps the limit then: a
+//! connection with no stream open for a limit since the drain began (a client that sent only
+//! the preface, never acknowledges the PING, or went away) is dropped, as it holds no request
+//! and would otherwise hold the whole shutdown for its grace.
 
 use std::time::Duration;
 
@@ -58,7 +61,7 @@ where
     let timer = sleep(limit);
     tokio::pin!(timer);
     let mut seen = 0;
-    // Idle: GOAWAY sent. Draining: the server's own grace governs from there.
+    // Idle: GOAWAY sent for the idle limit. Draining: GOAWAY sent for the server's drain.
     let (mut idle, mut draining) = (false, false);
     let served = loop {
         tokio::select! {
@@ -66,14 +69,22 @@ where
             () = drain.fired(), if !idle && !draining => {
                 draining = true;
                 conn.as_mut().graceful_shutdown();
+                // Counted from the drain: a connection is not dropped for the quiet before it.
+                seen = streams.changes();
+                timer.as_mut().reset(Instant::now() + limit);
             }
-            () = timer.as_mut(), if !draining => {
+            () = timer.as_mut() => {
                 if idle {
                     // The graceful close waits for the client to acknowledge a PING; one that
                     // never does would hold the connection until the keep-alive timeout.
                     break Ok(());
                 }
                 let changes = streams.changes();
+                if streams.open_now() == 0 && changes == seen && draining {
+                    // Draining, and a limit with nothing open: the client has not finished
+                    // the close and has no request left to wait for.
+                    break Ok(());
+                }
                 if streams.open_now() == 0 && changes == seen {
                     idle = true;
                     conn.as_mut().graceful_shutdown();

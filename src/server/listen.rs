@@ -140,7 +140,8 @@ async fn first_byte(stream: &TcpStream) -> Option<u8> {
     }
 }
 
-/// Answers a plain HTTP request made on the TLS listener with a 400 that says so. Its head
+/// Answers a plain HTTP request made on the TLS listener with a 400 that says so, with the
+/// request's `x-request-id` (the client's, when sane, as every answer has). Its head
 /// is read first (up to its end, 16 KiB or a second); the close lingers as any answer's
 /// made before the request was read does, so that it does not reset the connection under
 /// the answer.
@@ -158,9 +159,11 @@ async fn answer_plain_http(mut stream: TcpStream) {
     })
     .await;
     let body = GatewayError::PlainHttpOnTls.json_body();
+    // `request_id` keeps only visible ASCII: safe to write into the head as it is.
+    let id = crate::http::headers::request_id(&head_fields(&head));
     let answer = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n",
+         x-request-id: {id}\r\nconnection: close\r\n\r\n",
         body.len()
     );
     let sent = tokio::time::timeout(Duration::from_secs(1), async {
@@ -171,6 +174,26 @@ async fn answer_plain_http(mut stream: TcpStream) {
     if matches!(sent, Ok(Ok(()))) {
         crate::server::client_io::linger_close(stream);
     }
+}
+
+/// The `x-request-id` field of a raw HTTP/1 head (up to its end, or as much of it as came),
+/// as a map `request_id` reads; nothing else of it is wanted.
+fn head_fields(head: &[u8]) -> http::HeaderMap {
+    let mut fields = http::HeaderMap::new();
+    let end = memchr::memmem::find(head, b"\r\n\r\n").unwrap_or(head.len());
+    for line in head[..end].split(|&b| b == b'\n').skip(1) {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (name, value) = (&line[..colon], &line[colon + 1..]);
+        if !name.eq_ignore_ascii_case(b"x-request-id") {
+            continue;
+        }
+        if let Ok(value) = http::HeaderValue::from_bytes(value.trim_ascii()) {
+            fields.append(crate::http::headers::REQUEST_ID, value);
+        }
+    }
+    fields
 }
 
 /// CRL problems logged as warnings: at most one a minute, as a client retrying in a loop
@@ -239,7 +262,19 @@ pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, st
 async fn cut_by(shared: &Shared, grace: Duration) {
     tokio::select! {
         () = tokio::time::sleep(grace) => {
-            tracing::warn!(?grace, "shutdown grace elapsed: cutting the requests still in flight");
+            let in_flight = shared.metrics.requests_in_flight();
+            if in_flight > 0 {
+                tracing::warn!(
+                    ?grace,
+                    in_flight,
+                    "shutdown grace elapsed: cutting the {in_flight} requests still in flight"
+                );
+            } else {
+                tracing::warn!(
+                    ?grace,
+                    "shutdown grace elapsed with no request in flight: closing the connections still open"
+                );
+            }
         }
         () = shared.cut.fired() => {}
     }

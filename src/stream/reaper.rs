@@ -19,8 +19,12 @@
 //!   (`client_io`) closes the connection first; this is what covers an HTTP/2 stream whose
 //!   client stops granting it window while the connection's other streams flow, which no
 //!   socket-level timer can see. Should the client read again, the stream is aborted (an
-//!   HTTP/2 `RST_STREAM`), as an HTTP/1 client finds its connection closed; the request
-//!   counts as `origin="client"`.
+//!   HTTP/2 `RST_STREAM` with `CANCEL`), as an HTTP/1 client finds its connection closed; the
+//!   request counts as `origin="client"`.
+//!
+//! A stream whose upstream went at the deadline and whose client then leaves without reading
+//! again was ended by the deadline all the same: the watchdog asks [`ReapedBy`] when it is
+//! dropped unfinished, so that the request counts as `origin="deadline"`, not the client's.
 //!
 //! The stall clock costs the stream's polls two plain writes under the lock they already take;
 //! the task looks at each stream every quarter of `send_timeout`, so a stall is caught between
@@ -84,6 +88,8 @@ trait Check: Send + Sync {
     /// records as its place in the queue), or `None` once the body is gone.
     fn check(&self, now: Instant, every: Duration, send_timeout: Duration) -> Verdict;
     fn reap(&self, why: Reaped);
+    /// Why the reaper dropped the body, if it did.
+    fn reaped(&self) -> Option<Reaped>;
 }
 
 enum Verdict {
@@ -292,11 +298,33 @@ impl<B: Send, H: Send> Check for Shared<B, H> {
     fn reap(&self, why: Reaped) {
         self.take(Some(why));
     }
+
+    fn reaped(&self) -> Option<Reaped> {
+        self.lock().reaped
+    }
 }
 
 /// The upstream body, which the reaper may take away.
 pub struct Reapable<B, H> {
     shared: Arc<Shared<B, H>>,
+}
+
+impl<B: Send + 'static, H: Send + 'static> Reapable<B, H> {
+    /// A handle that tells, even once the body is dropped, whether and why the reaper took
+    /// the upstream.
+    pub fn reaped_by(&self) -> ReapedBy {
+        ReapedBy(self.shared.clone())
+    }
+}
+
+/// Whether and why the reaper took a stream's upstream (see [`Reapable::reaped_by`]).
+#[derive(Clone)]
+pub struct ReapedBy(Arc<dyn Check>);
+
+impl ReapedBy {
+    pub fn get(&self) -> Option<Reaped> {
+        self.0.reaped()
+    }
 }
 
 /// Why the reaper dropped the upstream body while nobody read the stream.
@@ -306,6 +334,27 @@ pub enum Reaped {
     Deadline,
     #[error("the client took nothing for send_timeout ({}ms)", .0.as_millis())]
     Stalled(Duration),
+}
+
+/// The error a reaped body is read with. Its source is an HTTP/2 `CANCEL`: hyper resets the
+/// client's stream with the code it finds among a body error's sources, else with
+/// `INTERNAL_ERROR`, which clients read as a fault of the server; this stream was ended on
+/// purpose, as no longer needed (RFC 9113 7).
+#[derive(Debug, thiserror::Error)]
+#[error("{why}")]
+pub struct ReapedError {
+    pub why: Reaped,
+    #[source]
+    cancel: h2::Error,
+}
+
+impl From<Reaped> for ReapedError {
+    fn from(why: Reaped) -> Self {
+        Self {
+            why,
+            cancel: h2::Reason::CANCEL.into(),
+        }
+    }
 }
 
 impl<B, H> Drop for Reapable<B, H> {
@@ -336,7 +385,10 @@ where
         up.polls = up.polls.wrapping_add(1);
         let polled = match up.body.as_mut() {
             Some(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            None => Poll::Ready(Some(Err(up.reaped.unwrap_or(Reaped::Deadline).into()))),
+            None => {
+                let why = up.reaped.unwrap_or(Reaped::Deadline);
+                Poll::Ready(Some(Err(ReapedError::from(why).into())))
+            }
         };
         up.handed = matches!(polled, Poll::Ready(Some(Ok(_))));
         polled
@@ -396,7 +448,8 @@ mod tests {
         assert_eq!(slots.available_permits(), 1, "slot freed");
         assert_eq!(queued(&reaper), 0, "the stream left the queue");
         let err = body.frame().await.unwrap().unwrap_err();
-        assert_eq!(err.downcast_ref::<Reaped>(), Some(&Reaped::Deadline));
+        let why = err.downcast_ref::<ReapedError>().map(|e| e.why);
+        assert_eq!(why, Some(Reaped::Deadline));
     }
 
     #[tokio::test(start_paused = true)]
@@ -473,7 +526,8 @@ mod tests {
             "upstream dropped"
         );
         let err = body.frame().await.unwrap().unwrap_err();
-        assert_eq!(err.downcast_ref::<Reaped>(), Some(&Reaped::Stalled(SEND)));
+        let why = err.downcast_ref::<ReapedError>().map(|e| e.why);
+        assert_eq!(why, Some(Reaped::Stalled(SEND)));
     }
 
     #[tokio::test(start_paused = true)]

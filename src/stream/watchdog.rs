@@ -26,7 +26,7 @@ use crate::provider::inspect::Inspector;
 use crate::stream::limits::StreamLimits;
 use crate::stream::observer::{Observer, StreamEnd};
 use crate::stream::progress::Progress;
-use crate::stream::reaper::Reaped;
+use crate::stream::reaper::{Reaped, ReapedBy, ReapedError};
 use crate::stream::signal::{Signal, Waiter};
 use crate::stream::timer::Timer;
 
@@ -121,6 +121,9 @@ pin_project! {
         // Fires when the gateway gives up on in-flight streams at the end of its shutdown
         // grace; polled whenever the body waits, at the cost of an atomic load.
         shutdown: Option<Waiter>,
+        // Asked when the body is dropped unfinished: whether the reaper took the upstream at
+        // the deadline while nobody read.
+        reaped: Option<ReapedBy>,
     }
 
     impl<B, O> PinnedDrop for WatchdogBody<B, O>
@@ -137,6 +140,22 @@ pin_project! {
                 && this.sse.is_none()
             {
                 this.observer.finish(StreamEnd::Complete);
+            } else if matches!(this.state, State::Streaming)
+                && this.reaped.as_ref().and_then(ReapedBy::get) == Some(Reaped::Deadline)
+            {
+                // The client left without reading again after the reaper ended the upstream
+                // call at the deadline: the deadline ended the stream, as it would have told
+                // a reader (`poll_frame`), not the client's departure.
+                let end = if this.progress.error_pending() {
+                    StreamEnd::UpstreamErrorEvent
+                } else if this.progress.answer_over() {
+                    StreamEnd::Complete
+                } else if this.progress.answer_ended() {
+                    StreamEnd::WholeThen(this.limits.deadline_error().code())
+                } else {
+                    StreamEnd::Cut(this.limits.deadline_error())
+                };
+                this.observer.finish(end);
             }
             if let Some(tokens) = this.progress.tokens() {
                 this.observer.tokens(tokens);
@@ -191,12 +210,19 @@ where
             length,
             observer,
             shutdown: None,
+            reaped: None,
         }
     }
 
     /// Cuts the stream (origin `shutdown`, with the error event) when `signal` fires.
     pub fn watch_shutdown(&mut self, signal: &Signal) {
         self.shutdown = Some(signal.waiter());
+    }
+
+    /// Counts a stream whose client leaves after `reaped` says the reaper took the upstream
+    /// at the deadline as ended by the deadline (see `stream::reaper`).
+    pub fn watch_reaper(&mut self, reaped: ReapedBy) {
+        self.reaped = Some(reaped);
     }
 
     /// Puts frames already read from this body back in front of what it yields next.
@@ -432,7 +458,11 @@ where
                 }
                 Poll::Ready(Some(Err(e))) => {
                     let e: BoxError = e.into();
-                    if let Some(Reaped::Stalled(_)) = e.downcast_ref::<Reaped>() {
+                    if let Some(ReapedError {
+                        why: Reaped::Stalled(_),
+                        ..
+                    }) = e.downcast_ref::<ReapedError>()
+                    {
                         // The client took nothing for `send_timeout` and its upstream call is
                         // gone. It is aborted as an HTTP/1 client's connection is closed
                         // (an HTTP/2 stream is reset); without `finish`, the record counts it

@@ -643,6 +643,17 @@ impl Metrics {
         }))
     }
 
+    /// Client requests in flight on every route (`hourglass_requests_in_flight` summed).
+    pub fn requests_in_flight(&self) -> i64 {
+        use prometheus::core::Collector;
+        self.requests_in_flight
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|m| m.get_gauge().get_value() as i64)
+            .sum()
+    }
+
     /// Open client connections: one more for as long as the value lives.
     pub fn client_connection(&self) -> OpenConnection {
         self.client_connections.inc();
@@ -912,6 +923,20 @@ mod tests {
                 "{upstream=\"f1\"} 0"
             ]
         );
+    }
+
+    /// The shutdown warning's count: every route's requests in flight.
+    #[test]
+    fn requests_in_flight_sums_every_route() {
+        let m = Metrics::new();
+        assert_eq!(m.requests_in_flight(), 0);
+        let (chat, messages) = (m.route("chat"), m.route("messages"));
+        chat.in_flight.inc();
+        chat.in_flight.inc();
+        messages.in_flight.inc();
+        assert_eq!(m.requests_in_flight(), 3);
+        chat.in_flight.dec();
+        assert_eq!(m.requests_in_flight(), 2);
     }
 
     #[test]

@@ -262,6 +262,30 @@ async fn a_client_that_stops_reading_does_not_outlive_its_budget() {
     );
 }
 
+/// A client that stops reading and leaves after the reaper ended its upstream call at the
+/// deadline, without reading again: the deadline ended the request, not the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_after_its_deadline_cut_the_upstream_counts_as_the_deadline() {
+    let _serial = SERIAL.lock().await;
+    let (up, _written) = firehose().await;
+    let h = Harness::with_config(&config(up)).await;
+    let start = Instant::now();
+    let (client, _) = small_client(h.addr(), 1500).await;
+    upstream_ended(&h, start, "the upstream call outlived its budget").await;
+    drop(client);
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"deadline\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        0.0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_reads_nothing_for_send_timeout_is_disconnected() {
     let _serial = SERIAL.lock().await;
@@ -368,20 +392,32 @@ async fn an_http2_stream_its_client_stops_reading_ends_at_send_timeout_while_oth
         read >> 10
     );
 
-    // A, read again, is reset: no silent end that looks whole.
+    // A, read again, is reset: no silent end that looks whole. With CANCEL, an end made on
+    // purpose (RFC 9113 7), not INTERNAL_ERROR, which clients take for a fault of the server.
     let mut body = stalled.into_body();
     let end = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match body.frame().await {
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return format!("error: {e}"),
+                Some(Err(e)) => {
+                    let mut source = std::error::Error::source(&e);
+                    while let Some(s) = source {
+                        if let Some(reason) =
+                            s.downcast_ref::<h2::Error>().and_then(h2::Error::reason)
+                        {
+                            return format!("reset: {reason:?}");
+                        }
+                        source = s.source();
+                    }
+                    return format!("error: {e}");
+                }
                 None => return "clean end".to_owned(),
             }
         }
     })
     .await
     .expect("A ends once read");
-    assert!(end.starts_with("error"), "{end}");
+    assert_eq!(end, "reset: CANCEL");
     drop(body);
     drop(flowing);
     h.wait_requests("chat", 2.0).await;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::support::*;
-use crate::tls_clients::{certs, tls_config_toml};
+use crate::tls_clients::{certs, tls_client, tls_config_toml};
 use bytes::Bytes;
 use hourglass::config::Config;
 use hourglass::server;
@@ -288,6 +288,51 @@ async fn shutdown_does_not_wait_for_connections_that_sent_nothing() {
                 .unwrap_or(0);
             assert_eq!(n, 0, "tls {tls}: closed without a word");
         }
+        drop(fake);
+    }
+}
+
+/// An HTTP/2 connection with no stream open is no request in flight either: one whose client
+/// never finishes the drain's graceful close (it sent only the preface, or over TLS chose `h2`
+/// and then nothing, so it acknowledges no PING) is dropped a `header_read_timeout` into the
+/// drain, instead of holding the shutdown for its whole grace (a minute here: the 20 s wait
+/// is a hang's limit, not a measure).
+#[tokio::test]
+async fn shutdown_does_not_wait_for_an_http2_connection_that_never_finishes_the_close() {
+    for tls in [false, true] {
+        let c = certs("h2-silent-conns");
+        let toml = if tls {
+            tls_config_toml(&c, false)
+        } else {
+            BASE.to_owned()
+        };
+        let h = Harness::with_config(&toml.replace(
+            "[server]\n",
+            "[server]\nshutdown_grace = \"60s\"\nheader_read_timeout = \"1s\"\n",
+        ))
+        .await;
+        let mut conn: Box<dyn tokio::io::AsyncRead + Unpin> = if tls {
+            Box::new(tls_client(h.gw.addr, &c, b"h2", false).await.unwrap())
+        } else {
+            let mut s = TcpStream::connect(h.gw.addr).await.unwrap();
+            s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+                .await
+                .unwrap();
+            Box::new(s)
+        };
+        // Taken for HTTP/2 before the drain begins.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Harness { gw, fake } = h;
+        tokio::time::timeout(Duration::from_secs(20), gw.shutdown())
+            .await
+            .unwrap_or_else(|_| panic!("tls {tls}: shutdown waited for an idle h2 connection"));
+        // Closed: whatever the server wrote (its SETTINGS, the GOAWAY), then the end.
+        let mut buf = [0u8; 1024];
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Ok(1..) = conn.read(&mut buf).await {}
+        })
+        .await;
+        assert!(ended.is_ok(), "tls {tls}: the connection is closed");
         drop(fake);
     }
 }

@@ -169,7 +169,7 @@ pub(crate) fn tls_config_toml(c: &Certs, client_ca: bool) -> String {
         .replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\"")
 }
 
-async fn tls_client(
+pub(crate) async fn tls_client(
     addr: std::net::SocketAddr,
     c: &Certs,
     alpn: &[u8],
@@ -781,7 +781,7 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
     // Plain HTTP on the TLS port is told so, in HTTP (as nginx does).
     let mut plain = TcpStream::connect(h.addr()).await.unwrap();
     plain
-        .write_all(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\n\r\n")
+        .write_all(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\nx-request-id: plain-1\r\n\r\n")
         .await
         .unwrap();
     let mut answer = Vec::new();
@@ -790,7 +790,8 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
     assert!(
         answer.starts_with("HTTP/1.1 400 Bad Request\r\n")
             && answer.contains("\"code\":\"plain_http_on_tls\"")
-            && answer.contains("use https://"),
+            && answer.contains("use https://")
+            && answer.contains("\r\nx-request-id: plain-1\r\n"),
         "{answer}"
     );
     // Bytes that are neither TLS nor HTTP.

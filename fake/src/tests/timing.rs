@@ -235,6 +235,29 @@ async fn disconnect_after_two(version: Version, client: TestClient, interval: &s
     }
 }
 
+/// On a stream, `x-fake-disconnect-after: 0` aborts before the head: not a byte over
+/// HTTP/1, a reset and no response over HTTP/2. (A document still gets its head: it has no
+/// content events, and a count of 0 stops it before the body.)
+#[tokio::test]
+async fn disconnect_after_zero_on_a_stream_aborts_before_the_head() {
+    let fake = fake().await;
+    let mut stream = raw_post(&fake, &[("x-fake-disconnect-after", "0")]).await;
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(PATIENCE, stream.read_to_end(&mut got))
+        .await
+        .expect("the connection is closed");
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    let request = fake.wait_request_finished(0, PATIENCE).await.unwrap();
+    assert!(!request.completed);
+
+    let headers = [("x-fake-disconnect-after", "0")];
+    let error = h2()
+        .request(post(&fake, "/v1/chat/completions", CHAT, &headers))
+        .await
+        .expect_err("no response");
+    assert!(format!("{error:?}").contains("Reset("), "{error:?}");
+}
+
 #[tokio::test]
 async fn keepalive_comments_during_headers_first_wait() {
     let fake = fake().await;

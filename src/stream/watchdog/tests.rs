@@ -456,10 +456,48 @@ async fn a_client_that_stalls_for_send_timeout_is_aborted_as_a_client_cancel() {
     // Reading again finds the stream aborted, with no error event and no end of its own.
     let err = b.frame().await.unwrap().unwrap_err();
     assert!(err.to_string().contains("send_timeout"), "{err}");
+    // hyper resets an HTTP/2 stream with the code among the error's sources: CANCEL, a
+    // deliberate end, not INTERNAL_ERROR.
+    let code = std::error::Error::source(&*err)
+        .and_then(|s| s.downcast_ref::<h2::Error>())
+        .and_then(h2::Error::reason);
+    assert_eq!(code, Some(h2::Reason::CANCEL));
     assert!(b.frame().await.is_none());
     drop(b);
     let s = probe.0.lock().unwrap();
     assert!(s.end.is_none(), "counted as the client's");
+    assert!(s.dropped);
+}
+
+/// A client that stops reading past the deadline, whose upstream the reaper then ended, and
+/// that leaves without reading again: the deadline ended the stream, not the client.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_after_the_reaper_took_its_upstream_at_the_deadline_counts_as_the_deadline(
+) {
+    let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
+    let reaper = crate::stream::reaper::Reaper::new(ms(60_000));
+    let l = limits(1000, 1000, 500);
+    let reapable = reaper.guard(rx, None::<()>, l.deadline);
+    let reaped = reapable.reaped_by();
+    let probe = Probe::default();
+    let mut b = Box::pin(WatchdogBody::new(reapable, true, l, probe.clone()));
+    b.watch_reaper(reaped);
+    tx.send_data(Bytes::from_static(b"data: a\n\n"))
+        .await
+        .unwrap();
+    b.frame().await.unwrap().unwrap();
+    // Not polled again: only the reaper can see the deadline pass.
+    tokio::time::sleep(ms(600)).await;
+    assert!(
+        tx.send_data(Bytes::from_static(b"data: b\n\n"))
+            .await
+            .is_err(),
+        "upstream dropped at the deadline"
+    );
+    assert!(probe.0.lock().unwrap().end.is_none(), "not reported yet");
+    drop(b);
+    let s = probe.0.lock().unwrap();
+    assert_eq!(s.end.as_deref(), Some("deadline_exceeded"));
     assert!(s.dropped);
 }
 
