@@ -81,7 +81,8 @@ impl MemoryStore {
                         runs.pop(key);
                         forgotten.push((old, RunEnd::Expired));
                     }
-                    let e = Arc::new(Mutex::new(RunState::new(route.clone(), *limits, now)));
+                    // From the first call's arrival, as its deadline (and Redis) count.
+                    let e = Arc::new(Mutex::new(RunState::new(route.clone(), *limits, call.at)));
                     if let Some((_, old)) = runs.push(key.clone(), e.clone()) {
                         forgotten.push((old, RunEnd::Evicted));
                     }
@@ -92,11 +93,6 @@ impl MemoryStore {
         };
         for (e, end) in forgotten {
             let mut run = lock(&e);
-            let end = if end == RunEnd::Expired {
-                run.end_when_forgotten(now)
-            } else {
-                end
-            };
             if let Some(end) = run.take_last_report(end) {
                 self.ends.ended(&run, end, now);
             }
@@ -174,8 +170,7 @@ impl MemoryStore {
         };
         for e in expired {
             let mut run = lock(&e);
-            let forgotten = run.end_when_forgotten(now);
-            if let Some(end) = run.take_last_report(forgotten) {
+            if let Some(end) = run.take_last_report(RunEnd::Expired) {
                 self.ends.ended(&run, end, now);
             }
         }
@@ -288,7 +283,7 @@ mod tests {
         let used = Used {
             tokens: 7,
             answer: Answer::Plain,
-            request: None,
+            ..Used::default()
         };
         for entry in &admitted {
             s.finish(entry, 10, &used, now);
@@ -315,8 +310,10 @@ mod tests {
         assert_eq!(seen.1.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 
+    /// A run that stopped calling long before its deadline never met it: forgotten after
+    /// that deadline passed, it expired (its duration ended with its last call).
     #[tokio::test(start_paused = true)]
-    async fn a_run_forgotten_after_its_deadline_passed_ended_by_its_deadline() {
+    async fn a_run_forgotten_after_its_deadline_passed_unmet_expired() {
         let ttl = Duration::from_secs(60);
         let (s, seen) = store(100, ttl);
         let route: Arc<str> = "chat".into();
@@ -329,6 +326,26 @@ mod tests {
         s.finish(&run, 10, &Used::default(), t0);
         s.expire(t0 + ttl);
         assert!(s.get(&key("timed")).is_none());
+        assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Expired)]);
+    }
+
+    /// A call cut at the run's deadline ends the run there, counted as it ends: no later
+    /// call need come to be refused for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_cut_at_the_runs_deadline_ends_the_run_by_its_deadline() {
+        let (s, seen) = store(100, Duration::from_secs(60));
+        let route: Arc<str> = "chat".into();
+        let limits = RunLimits {
+            budget: Some(Duration::from_secs(5)),
+            ..LIMITS
+        };
+        let t0 = Instant::now();
+        let (run, _) = s.admit(&key("cut"), &route, &limits, &call(t0));
+        let cut = Used {
+            deadline_cut: true,
+            ..Used::default()
+        };
+        s.finish(&run, 10, &cut, t0 + Duration::from_secs(5));
         assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Deadline)]);
     }
 

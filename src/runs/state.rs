@@ -12,8 +12,10 @@ use crate::config::RunLimits;
 /// Why a run stopped taking calls (and the `end` label of `hourglass_runs_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunEnd {
-    /// Forgotten `ttl` after its last call.
+    /// Forgotten `ttl` after its last call, however much of its deadline it had left: a run
+    /// that stopped calling before its deadline never met it.
     Expired,
+    /// A call was refused, or cut, for the run's deadline.
     Deadline,
     Calls,
     Tokens,
@@ -161,6 +163,9 @@ pub struct Used {
     /// asking again, a repeat. After a 5xx, a 429 or a cut, the same body is a retry, and
     /// counts nowhere.
     pub request: Option<u64>,
+    /// The call was cut at its run's deadline: the run ended there (`deadline`), though no
+    /// later call comes to be refused for it.
+    pub deadline_cut: bool,
 }
 
 /// What the model answered, as the loop stop follows it.
@@ -248,15 +253,6 @@ impl RunState {
             RunEnd::Expired | RunEnd::Evicted => self.last_call.min(now),
             RunEnd::Deadline => self.deadline.map_or(now, |d| d.min(now)),
             RunEnd::Calls | RunEnd::Tokens | RunEnd::Loop => now,
-        }
-    }
-
-    /// How a run that ended no other way ended when it is forgotten: by its deadline, if
-    /// that has passed, else by its ttl.
-    pub fn end_when_forgotten(&self, now: Instant) -> RunEnd {
-        match self.deadline {
-            Some(d) if d <= now => RunEnd::Deadline,
-            _ => RunEnd::Expired,
         }
     }
 
@@ -382,6 +378,9 @@ impl RunState {
         }
         if let Some(fp) = used.request {
             bump(&mut self.request, fp, None);
+        }
+        if used.deadline_cut && self.ended.is_none() {
+            self.ended = Some(RunEnd::Deadline);
         }
         if self.exhausted() && self.ended.is_none() {
             let limit = self.limits.max_tokens.unwrap_or(0);

@@ -25,7 +25,7 @@ fn tool(fp: u64) -> Used {
     Used {
         tokens: 10,
         answer: Answer::Tools(fp, "get_weather".into()),
-        request: None,
+        ..Used::default()
     }
 }
 
