@@ -317,13 +317,19 @@ impl RunState {
         let l = &self.limits;
         if let Some(r) = &self.refused {
             return Some(match r {
-                // What the run holds now, and this call's reservation, not the numbers of
-                // the refusal that ended it.
+                // What the run holds now, and this call's reservation (or the time left
+                // now), not the numbers of the refusal that ended it.
                 Refusal::Tokens { limit, .. } => Refusal::Tokens {
                     limit: *limit,
                     used: self.tokens_used,
                     reserved: self.tokens_reserved,
                     asked: call.reserve,
+                },
+                Refusal::Deadline { budget, .. } => Refusal::Deadline {
+                    budget: *budget,
+                    left: self
+                        .deadline
+                        .map_or(Duration::ZERO, |d| d.saturating_duration_since(call.now)),
                 },
                 r => r.clone(),
             });

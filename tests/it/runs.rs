@@ -221,6 +221,7 @@ on_both_stores!(
     a_call_that_never_reached_an_upstream_is_no_call_of_its_run,
     a_run_started_where_loops_stop_stops_repeats_on_every_route,
     a_run_refused_past_its_deadline_lasted_its_budget,
+    a_later_deadline_refusal_says_what_is_left_now,
 );
 
 /// A Chat Completions request to the route `route` (each route takes one model).
@@ -717,6 +718,28 @@ async fn a_run_refused_past_its_deadline_lasted_its_budget(store: Store) {
         .metric("hourglass_run_duration_seconds_sum{route=\"timed\"}")
         .await;
     assert!((lasted - 0.3).abs() < 1e-9, "lasted {lasted}s");
+}
+
+/// A refusal that ended the run is given again to every later call, with the time left as
+/// it is then, not as it was at the first refusal.
+async fn a_later_deadline_refusal_says_what_is_left_now(store: Store) {
+    let (h, _keep) = harness(store).await;
+    // Less than `min_useful` from the start: refused with time still left.
+    let short = [("x-run-id", "late"), ("x-run-budget-ms", "60")];
+    let (resp, _c) = h.send(call("/timed", false, &short, "")).await;
+    assert_eq!(resp.status(), 504);
+    json_body(resp).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (resp, _c) = h
+        .send(call("/timed", false, &[("x-run-id", "late")], ""))
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(remaining_ms(&resp), 0);
+    let body = json_body(resp).await;
+    crate::support::assert_message_starts(
+        &body["error"],
+        "run deadline exceeded: run \"late\" has spent its budget of 60ms",
+    );
 }
 
 async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
