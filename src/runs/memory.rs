@@ -93,6 +93,10 @@ impl MemoryStore {
         };
         for (e, end) in forgotten {
             let mut run = lock(&e);
+            let end = match end {
+                RunEnd::Expired => run.end_when_forgotten(),
+                end => end,
+            };
             if let Some(end) = run.take_last_report(end) {
                 self.ends.ended(&run, end, now);
             }
@@ -125,9 +129,10 @@ impl MemoryStore {
         });
     }
 
-    /// A call that never reached an upstream: no call of its run.
-    pub fn withdraw(&self, entry: &Entry, reserve: u64, now: Instant) {
-        self.settle(entry, now, |run| run.withdraw(reserve));
+    /// A call that never reached an upstream: no call of its run. `run_deadline`: it was
+    /// refused for want of the run's time.
+    pub fn withdraw(&self, entry: &Entry, reserve: u64, run_deadline: bool, now: Instant) {
+        self.settle(entry, now, |run| run.withdraw(reserve, run_deadline));
     }
 
     /// A call of the run leaves it (`leave`); the run's end is counted if that was its last.
@@ -170,7 +175,8 @@ impl MemoryStore {
         };
         for e in expired {
             let mut run = lock(&e);
-            if let Some(end) = run.take_last_report(RunEnd::Expired) {
+            let end = run.end_when_forgotten();
+            if let Some(end) = run.take_last_report(end) {
                 self.ends.ended(&run, end, now);
             }
         }
@@ -342,7 +348,7 @@ mod tests {
         let t0 = Instant::now();
         let (run, _) = s.admit(&key("cut"), &route, &limits, &call(t0));
         let cut = Used {
-            deadline_cut: true,
+            run_deadline: true,
             ..Used::default()
         };
         s.finish(&run, 10, &cut, t0 + Duration::from_secs(5));
@@ -377,6 +383,25 @@ mod tests {
             ]
         );
         assert_eq!(seen.1.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    /// A call refused before it was sent for want of the run's time: no call of the run, and
+    /// the run goes on (a call on a faster route may fit), but forgotten, it met its deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_short_of_time_for_a_call_is_forgotten_as_ended_by_its_deadline() {
+        let ttl = Duration::from_secs(60);
+        let (s, seen) = store(100, ttl);
+        let route: Arc<str> = "chat".into();
+        let limits = RunLimits {
+            budget: Some(Duration::from_secs(5)),
+            ..LIMITS
+        };
+        let t0 = Instant::now();
+        let (run, _) = s.admit(&key("short"), &route, &limits, &call(t0));
+        s.withdraw(&run, 10, true, t0);
+        assert!(lock(&seen.0).is_empty(), "not ended");
+        s.expire(t0 + ttl);
+        assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Deadline)]);
     }
 
     const ONE_CALL: RunLimits = RunLimits {

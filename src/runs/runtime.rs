@@ -528,6 +528,53 @@ mod tests {
         assert!(sample("hourglass_runs_total{end=\"deadline\",route=\"r\"}").ends_with(" 0"));
     }
 
+    /// A call refused before it was sent, its run's time left too short for its upstream,
+    /// is no call of its run, but the run met its deadline: so it ended, once forgotten.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_whose_call_did_not_fit_its_time_left_ended_by_its_deadline() {
+        let metrics = Metrics::new();
+        let runs = memory_runs(&metrics);
+        runs.init_metrics("r");
+        let key = RunKey {
+            scope: None,
+            id: "short".into(),
+        };
+        let limits = RunLimits {
+            budget: Some(Duration::from_millis(600)),
+            ..RunLimits::UNLIMITED
+        };
+        let far = Instant::now() + Duration::from_secs(600);
+        let joined = runs
+            .admit(
+                &key,
+                &"r".into(),
+                &limits,
+                &call(Instant::now()),
+                far,
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        let Joined::Call(admitted) = joined else {
+            panic!("admitted: {joined:?}")
+        };
+        admitted.finish(&crate::runs::state::Used {
+            run_deadline: true,
+            ..Default::default()
+        });
+        assert_eq!(runs.find("short").await.unwrap()[0].1.calls, 0);
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        let text = metrics.encode();
+        assert!(
+            text.contains("hourglass_runs_total{end=\"deadline\",route=\"r\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hourglass_run_duration_seconds_sum{route=\"r\"} 0.6"),
+            "{text}"
+        );
+    }
+
     #[tokio::test]
     async fn a_call_that_panics_gives_its_reservation_back() {
         let metrics = Metrics::new();

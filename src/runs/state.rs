@@ -163,9 +163,10 @@ pub struct Used {
     /// asking again, a repeat. After a 5xx, a 429 or a cut, the same body is a retry, and
     /// counts nowhere.
     pub request: Option<u64>,
-    /// The call was cut at its run's deadline: the run ended there (`deadline`), though no
-    /// later call comes to be refused for it.
-    pub deadline_cut: bool,
+    /// The run's deadline stopped the call: cut it (the run ended there, `deadline`, though
+    /// no later call comes to be refused for it), or refused it before it was sent (see
+    /// `RunState::short_of_time`).
+    pub run_deadline: bool,
 }
 
 /// What the model answered, as the loop stop follows it.
@@ -205,6 +206,9 @@ pub struct RunState {
     /// The run's end was counted (`hourglass_runs_total` and the run histograms): once,
     /// when it has ended and its last call in flight has come back with what it used.
     pub reported: bool,
+    /// A call was refused before it was sent, the run's time left too short for its
+    /// upstream: the run met its deadline, though a call on a faster route may still fit.
+    pub short_of_time: bool,
 }
 
 impl RunState {
@@ -226,6 +230,7 @@ impl RunState {
             ended: None,
             refused: None,
             reported: false,
+            short_of_time: false,
         }
     }
 
@@ -385,8 +390,9 @@ impl RunState {
         if let Some(fp) = used.request {
             bump(&mut self.request, fp, None);
         }
-        if used.deadline_cut && self.ended.is_none() {
-            self.ended = Some(RunEnd::Deadline);
+        if used.run_deadline {
+            // Cut at (or just before) the deadline: no call fits what is left.
+            self.ended.get_or_insert(RunEnd::Deadline);
         }
         if self.exhausted() && self.ended.is_none() {
             let limit = self.limits.max_tokens.unwrap_or(0);
@@ -402,10 +408,22 @@ impl RunState {
 
     /// A call admitted that never reached an upstream goes back: its place among the run's
     /// calls and its reservation.
-    pub fn withdraw(&mut self, reserve: u64) {
+    /// `run_deadline`: it was refused for want of the run's time.
+    pub fn withdraw(&mut self, reserve: u64, run_deadline: bool) {
+        self.short_of_time |= run_deadline;
         self.in_flight = self.in_flight.saturating_sub(1);
         self.tokens_reserved = self.tokens_reserved.saturating_sub(reserve);
         self.calls = self.calls.saturating_sub(1);
+    }
+
+    /// How the run ended when it is forgotten `ttl` after its last call, had it not ended
+    /// already: by its deadline if a call was refused for want of its time, else by its ttl.
+    pub fn end_when_forgotten(&self) -> RunEnd {
+        if self.short_of_time {
+            RunEnd::Deadline
+        } else {
+            RunEnd::Expired
+        }
     }
 
     /// The end to count now, once: the run has ended and no call of it is in flight (the
