@@ -550,6 +550,7 @@ impl RequestRecord {
                     // agent asking again.
                     request: request
                         .filter(|_| answered && !matches!(status, 0 | 408 | 409 | 429 | 500..)),
+                    run_deadline: end == End::Cancelled(Origin::RunDeadline),
                 });
             }
         }

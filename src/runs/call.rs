@@ -110,7 +110,7 @@ impl RunCall {
 
     fn give_back(&self, used: &Used) {
         if !self.sent {
-            return self.withdraw();
+            return self.withdraw(used.run_deadline);
         }
         match &self.ticket {
             Ticket::Memory(store, entry) => store.finish(entry, self.reserve, used, Instant::now()),
@@ -124,9 +124,11 @@ impl RunCall {
 
 impl RunCall {
     /// No call of its run: its place and its reservation go back.
-    fn withdraw(&self) {
+    fn withdraw(&self, run_deadline: bool) {
         match &self.ticket {
-            Ticket::Memory(store, entry) => store.withdraw(entry, self.reserve, Instant::now()),
+            Ticket::Memory(store, entry) => {
+                store.withdraw(entry, self.reserve, run_deadline, Instant::now())
+            }
             // cancel.lua, as for an admission nobody waited for: never served.
             Ticket::Redis(shared, key, token) => {
                 shared.cancel_later(key.clone(), token.clone(), false)

@@ -1,10 +1,11 @@
 //! The embedded run store: every run in this process's memory, at most `max_runs` of them,
-//! the least recently used dropped first, each forgotten `ttl` after its last call.
+//! the one whose last admitted call is oldest dropped first, each forgotten `ttl` after its
+//! last admitted call (a refusal moves nothing, as in Redis).
 //!
 //! One lock over the map, taken for a lookup and never across an await; each run has a lock
 //! of its own for its admissions and ends, so calls of different runs never wait on each
 //! other's arithmetic. A call keeps its run's entry from admission to its end: one lookup a
-//! call.
+//! call, and a second short hold of the map's lock to move its run up once it is admitted.
 
 use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -60,33 +61,43 @@ impl MemoryStore {
         call: &Call,
     ) -> (Entry, Result<Admitted, (Refusal, View)>) {
         let now = call.now;
-        let (entry, evicted, held) = {
+        let (entry, fresh, forgotten, held) = {
             let mut runs = lock(&self.runs);
-            let expired = self.sweep(&mut runs, now, SWEEP_PER_CALL);
-            let mut evicted = None;
-            let entry = match runs.get(key) {
-                Some(e) => e.clone(),
-                None => {
-                    let e = Arc::new(Mutex::new(RunState::new(route.clone(), *limits, now)));
-                    evicted = runs.push(key.clone(), e.clone()).map(|(_, old)| old);
-                    e
+            let mut forgotten: Vec<(Entry, RunEnd)> = self
+                .sweep(&mut runs, now, SWEEP_PER_CALL)
+                .into_iter()
+                .map(|e| (e, RunEnd::Expired))
+                .collect();
+            // A peek: only an admitted call moves its run up (below), so that the order of
+            // the map stays that of the runs' last admitted calls, which the sweep relies
+            // on. A run refused again and again would otherwise never reach the sweep.
+            let found = runs.peek(key).cloned();
+            let (entry, fresh) = match found {
+                Some(e) if !self.gone(&lock(&e), now) => (e, false),
+                stale => {
+                    // Past its ttl, though no sweep has reached it yet: forgotten now, so
+                    // that the call starts a fresh run exactly `ttl` after the last one.
+                    if let Some(old) = stale {
+                        runs.pop(key);
+                        forgotten.push((old, RunEnd::Expired));
+                    }
+                    // From the first call's arrival, as its deadline (and Redis) count.
+                    let e = Arc::new(Mutex::new(RunState::new(route.clone(), *limits, call.at)));
+                    if let Some((_, old)) = runs.push(key.clone(), e.clone()) {
+                        forgotten.push((old, RunEnd::Evicted));
+                    }
+                    (e, true)
                 }
             };
-            (entry, (evicted, expired), runs.len())
+            (entry, fresh, forgotten, runs.len())
         };
-        let (evicted, expired) = evicted;
-        for (e, end) in expired
-            .into_iter()
-            .map(|e| (e, RunEnd::Expired))
-            .chain(evicted.map(|e| (e, RunEnd::Evicted)))
-        {
+        for (e, end) in forgotten {
             let mut run = lock(&e);
-            let forgotten = if end == RunEnd::Expired {
-                run.end_when_forgotten(now)
-            } else {
-                end
+            let end = match end {
+                RunEnd::Expired => run.end_when_forgotten(),
+                end => end,
             };
-            if let Some(end) = run.take_last_report(forgotten) {
+            if let Some(end) = run.take_last_report(end) {
                 self.ends.ended(&run, end, now);
             }
         }
@@ -99,7 +110,15 @@ impl MemoryStore {
             }
             result
         };
+        if result.is_ok() && !fresh {
+            lock(&self.runs).promote(key);
+        }
         (entry, result)
+    }
+
+    /// The run is to be forgotten at `now`: its ttl has passed and no call of it is in flight.
+    fn gone(&self, run: &RunState, now: Instant) -> bool {
+        run.in_flight == 0 && now >= run.expires(self.ttl)
     }
 
     /// The end of a call admitted into `entry` with `reserve` tokens.
@@ -110,9 +129,10 @@ impl MemoryStore {
         });
     }
 
-    /// A call that never reached an upstream: no call of its run.
-    pub fn withdraw(&self, entry: &Entry, reserve: u64, now: Instant) {
-        self.settle(entry, now, |run| run.withdraw(reserve));
+    /// A call that never reached an upstream: no call of its run. `run_deadline`: it was
+    /// refused for want of the run's time.
+    pub fn withdraw(&self, entry: &Entry, reserve: u64, run_deadline: bool, now: Instant) {
+        self.settle(entry, now, |run| run.withdraw(reserve, run_deadline));
     }
 
     /// A call of the run leaves it (`leave`); the run's end is counted if that was its last.
@@ -155,8 +175,8 @@ impl MemoryStore {
         };
         for e in expired {
             let mut run = lock(&e);
-            let forgotten = run.end_when_forgotten(now);
-            if let Some(end) = run.take_last_report(forgotten) {
+            let end = run.end_when_forgotten();
+            if let Some(end) = run.take_last_report(end) {
                 self.ends.ended(&run, end, now);
             }
         }
@@ -269,7 +289,7 @@ mod tests {
         let used = Used {
             tokens: 7,
             answer: Answer::Plain,
-            request: None,
+            ..Used::default()
         };
         for entry in &admitted {
             s.finish(entry, 10, &used, now);
@@ -296,8 +316,10 @@ mod tests {
         assert_eq!(seen.1.load(std::sync::atomic::Ordering::Relaxed), 2);
     }
 
+    /// A run that stopped calling long before its deadline never met it: forgotten after
+    /// that deadline passed, it expired (its duration ended with its last call).
     #[tokio::test(start_paused = true)]
-    async fn a_run_forgotten_after_its_deadline_passed_ended_by_its_deadline() {
+    async fn a_run_forgotten_after_its_deadline_passed_unmet_expired() {
         let ttl = Duration::from_secs(60);
         let (s, seen) = store(100, ttl);
         let route: Arc<str> = "chat".into();
@@ -310,6 +332,26 @@ mod tests {
         s.finish(&run, 10, &Used::default(), t0);
         s.expire(t0 + ttl);
         assert!(s.get(&key("timed")).is_none());
+        assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Expired)]);
+    }
+
+    /// A call cut at the run's deadline ends the run there, counted as it ends: no later
+    /// call need come to be refused for it.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_cut_at_the_runs_deadline_ends_the_run_by_its_deadline() {
+        let (s, seen) = store(100, Duration::from_secs(60));
+        let route: Arc<str> = "chat".into();
+        let limits = RunLimits {
+            budget: Some(Duration::from_secs(5)),
+            ..LIMITS
+        };
+        let t0 = Instant::now();
+        let (run, _) = s.admit(&key("cut"), &route, &limits, &call(t0));
+        let cut = Used {
+            run_deadline: true,
+            ..Used::default()
+        };
+        s.finish(&run, 10, &cut, t0 + Duration::from_secs(5));
         assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Deadline)]);
     }
 
@@ -341,6 +383,82 @@ mod tests {
             ]
         );
         assert_eq!(seen.1.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    /// A call refused before it was sent for want of the run's time: no call of the run, and
+    /// the run goes on (a call on a faster route may fit), but forgotten, it met its deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_short_of_time_for_a_call_is_forgotten_as_ended_by_its_deadline() {
+        let ttl = Duration::from_secs(60);
+        let (s, seen) = store(100, ttl);
+        let route: Arc<str> = "chat".into();
+        let limits = RunLimits {
+            budget: Some(Duration::from_secs(5)),
+            ..LIMITS
+        };
+        let t0 = Instant::now();
+        let (run, _) = s.admit(&key("short"), &route, &limits, &call(t0));
+        s.withdraw(&run, 10, true, t0);
+        assert!(lock(&seen.0).is_empty(), "not ended");
+        s.expire(t0 + ttl);
+        assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Deadline)]);
+    }
+
+    const ONE_CALL: RunLimits = RunLimits {
+        max_calls: Some(1),
+        ..RunLimits::UNLIMITED
+    };
+
+    /// A refusal does not make its run younger: the run is forgotten `ttl` after its last
+    /// admitted call however often it was refused since, while other runs come and go (as
+    /// Redis forgets it).
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_run_is_forgotten_ttl_after_its_last_admitted_call() {
+        let ttl = Duration::from_secs(2);
+        let (s, _) = store(100, ttl);
+        let route: Arc<str> = "chat".into();
+        let t0 = Instant::now();
+        let (stuck, admitted) = s.admit(&key("stuck"), &route, &ONE_CALL, &call(t0));
+        assert!(admitted.is_ok());
+        s.finish(&stuck, 10, &Used::default(), t0);
+        let later = t0 + Duration::from_millis(500);
+        let (other, _) = s.admit(&key("other"), &route, &LIMITS, &call(later));
+        s.finish(&other, 10, &Used::default(), later);
+        let refused = s.admit(
+            &key("stuck"),
+            &route,
+            &ONE_CALL,
+            &call(later + Duration::from_millis(500)),
+        );
+        assert!(refused.1.is_err());
+        s.expire(t0 + ttl);
+        assert!(s.get(&key("stuck")).is_none(), "forgotten at its ttl");
+        assert!(s.get(&key("other")).is_some(), "not yet");
+    }
+
+    /// A call `ttl` after its run's last call starts a fresh run, also where the sweep (a few
+    /// runs a call, and calls in flight ahead of it) has not reached the old one yet.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_past_the_ttl_starts_a_fresh_run_before_a_sweep_reaches_the_old_one() {
+        let ttl = Duration::from_secs(2);
+        let (s, seen) = store(100, ttl);
+        let route: Arc<str> = "chat".into();
+        let t0 = Instant::now();
+        let busy: Vec<Entry> = (0..SWEEP_PER_CALL)
+            .map(|i| {
+                s.admit(&key(&format!("busy-{i}")), &route, &LIMITS, &call(t0))
+                    .0
+            })
+            .collect();
+        let (old, _) = s.admit(&key("old"), &route, &ONE_CALL, &call(t0));
+        s.finish(&old, 10, &Used::default(), t0);
+        let (_, again) = s.admit(&key("old"), &route, &ONE_CALL, &call(t0 + ttl));
+        assert!(again.is_ok_and(|a| a.started), "a fresh run");
+        assert_eq!(*lock(&seen.0), [("chat".to_string(), RunEnd::Expired)]);
+        assert_eq!(
+            seen.1.load(std::sync::atomic::Ordering::Relaxed),
+            busy.len() + 1
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -252,8 +252,13 @@ impl Runs {
                 route: run_route,
             }) => {
                 self.metrics.refused(&run_route, refusal.reason());
-                if let Some(e) = &ended {
-                    shared.report(e);
+                if let Some(mut e) = ended {
+                    // Refused past its deadline, the run ended at that deadline, not when
+                    // this late call came (as the memory store counts it: `ended_at`).
+                    if let Refusal::Deadline { budget, .. } = &refusal {
+                        e.age = e.age.min(*budget);
+                    }
+                    shared.report(&e);
                 }
                 Err((refusal_error(&key.id, refusal), Some(view)))
             }
@@ -468,6 +473,106 @@ mod tests {
             "hourglass_run_duration_seconds_sum{route=\"r\"} 6"
         );
         assert!(sample("hourglass_runs_total{end=\"expired\",route=\"r\"}").ends_with(" 1"));
+    }
+
+    /// A run that simply stops calling, with a budget shorter than the ttl: it lasted its
+    /// calls, not its whole budget, and it expired, for nothing ever met its deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_that_stopped_calling_before_its_deadline_expired_when_its_last_call_ended() {
+        let metrics = Metrics::new();
+        let runs = memory_runs(&metrics);
+        runs.init_metrics("r");
+        let key = RunKey {
+            scope: None,
+            id: "quick".into(),
+        };
+        let limits = RunLimits {
+            budget: Some(Duration::from_secs(3)),
+            ..RunLimits::UNLIMITED
+        };
+        let far = Instant::now() + Duration::from_secs(600);
+        for _ in 0..2 {
+            let joined = runs
+                .admit(
+                    &key,
+                    &"r".into(),
+                    &limits,
+                    &call(Instant::now()),
+                    far,
+                    Duration::ZERO,
+                )
+                .await
+                .unwrap();
+            let Joined::Call(mut admitted) = joined else {
+                panic!("admitted: {joined:?}")
+            };
+            admitted.sent();
+            tokio::time::advance(Duration::from_millis(1)).await;
+            drop(admitted);
+        }
+        // Past the deadline, the ttl and a sweep or two.
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        assert!(runs.find("quick").await.unwrap_or_default().is_empty());
+        let text = metrics.encode();
+        let sample = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in {text}"))
+                .to_owned()
+        };
+        assert_eq!(
+            sample("hourglass_run_duration_seconds_sum{route=\"r\"}"),
+            "hourglass_run_duration_seconds_sum{route=\"r\"} 0.002"
+        );
+        assert!(sample("hourglass_runs_total{end=\"expired\",route=\"r\"}").ends_with(" 1"));
+        assert!(sample("hourglass_runs_total{end=\"deadline\",route=\"r\"}").ends_with(" 0"));
+    }
+
+    /// A call refused before it was sent, its run's time left too short for its upstream,
+    /// is no call of its run, but the run met its deadline: so it ended, once forgotten.
+    #[tokio::test(start_paused = true)]
+    async fn a_run_whose_call_did_not_fit_its_time_left_ended_by_its_deadline() {
+        let metrics = Metrics::new();
+        let runs = memory_runs(&metrics);
+        runs.init_metrics("r");
+        let key = RunKey {
+            scope: None,
+            id: "short".into(),
+        };
+        let limits = RunLimits {
+            budget: Some(Duration::from_millis(600)),
+            ..RunLimits::UNLIMITED
+        };
+        let far = Instant::now() + Duration::from_secs(600);
+        let joined = runs
+            .admit(
+                &key,
+                &"r".into(),
+                &limits,
+                &call(Instant::now()),
+                far,
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        let Joined::Call(admitted) = joined else {
+            panic!("admitted: {joined:?}")
+        };
+        admitted.finish(&crate::runs::state::Used {
+            run_deadline: true,
+            ..Default::default()
+        });
+        assert_eq!(runs.find("short").await.unwrap()[0].1.calls, 0);
+        tokio::time::sleep(Duration::from_secs(100)).await;
+        let text = metrics.encode();
+        assert!(
+            text.contains("hourglass_runs_total{end=\"deadline\",route=\"r\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hourglass_run_duration_seconds_sum{route=\"r\"} 0.6"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

@@ -12,8 +12,10 @@ use crate::config::RunLimits;
 /// Why a run stopped taking calls (and the `end` label of `hourglass_runs_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunEnd {
-    /// Forgotten `ttl` after its last call.
+    /// Forgotten `ttl` after its last call, however much of its deadline it had left: a run
+    /// that stopped calling before its deadline never met it.
     Expired,
+    /// A call was refused, or cut, for the run's deadline.
     Deadline,
     Calls,
     Tokens,
@@ -161,6 +163,10 @@ pub struct Used {
     /// asking again, a repeat. After a 5xx, a 429 or a cut, the same body is a retry, and
     /// counts nowhere.
     pub request: Option<u64>,
+    /// The run's deadline stopped the call: cut it (the run ended there, `deadline`, though
+    /// no later call comes to be refused for it), or refused it before it was sent (see
+    /// `RunState::short_of_time`).
+    pub run_deadline: bool,
 }
 
 /// What the model answered, as the loop stop follows it.
@@ -200,6 +206,9 @@ pub struct RunState {
     /// The run's end was counted (`hourglass_runs_total` and the run histograms): once,
     /// when it has ended and its last call in flight has come back with what it used.
     pub reported: bool,
+    /// A call was refused before it was sent, the run's time left too short for its
+    /// upstream: the run met its deadline, though a call on a faster route may still fit.
+    pub short_of_time: bool,
 }
 
 impl RunState {
@@ -221,6 +230,7 @@ impl RunState {
             ended: None,
             refused: None,
             reported: false,
+            short_of_time: false,
         }
     }
 
@@ -248,15 +258,6 @@ impl RunState {
             RunEnd::Expired | RunEnd::Evicted => self.last_call.min(now),
             RunEnd::Deadline => self.deadline.map_or(now, |d| d.min(now)),
             RunEnd::Calls | RunEnd::Tokens | RunEnd::Loop => now,
-        }
-    }
-
-    /// How a run that ended no other way ended when it is forgotten: by its deadline, if
-    /// that has passed, else by its ttl.
-    pub fn end_when_forgotten(&self, now: Instant) -> RunEnd {
-        match self.deadline {
-            Some(d) if d <= now => RunEnd::Deadline,
-            _ => RunEnd::Expired,
         }
     }
 
@@ -321,13 +322,19 @@ impl RunState {
         let l = &self.limits;
         if let Some(r) = &self.refused {
             return Some(match r {
-                // What the run holds now, and this call's reservation, not the numbers of
-                // the refusal that ended it.
+                // What the run holds now, and this call's reservation (or the time left
+                // now), not the numbers of the refusal that ended it.
                 Refusal::Tokens { limit, .. } => Refusal::Tokens {
                     limit: *limit,
                     used: self.tokens_used,
                     reserved: self.tokens_reserved,
                     asked: call.reserve,
+                },
+                Refusal::Deadline { budget, .. } => Refusal::Deadline {
+                    budget: *budget,
+                    left: self
+                        .deadline
+                        .map_or(Duration::ZERO, |d| d.saturating_duration_since(call.now)),
                 },
                 r => r.clone(),
             });
@@ -383,6 +390,10 @@ impl RunState {
         if let Some(fp) = used.request {
             bump(&mut self.request, fp, None);
         }
+        if used.run_deadline {
+            // Cut at (or just before) the deadline: no call fits what is left.
+            self.ended.get_or_insert(RunEnd::Deadline);
+        }
         if self.exhausted() && self.ended.is_none() {
             let limit = self.limits.max_tokens.unwrap_or(0);
             self.ended = Some(RunEnd::Tokens);
@@ -397,10 +408,22 @@ impl RunState {
 
     /// A call admitted that never reached an upstream goes back: its place among the run's
     /// calls and its reservation.
-    pub fn withdraw(&mut self, reserve: u64) {
+    /// `run_deadline`: it was refused for want of the run's time.
+    pub fn withdraw(&mut self, reserve: u64, run_deadline: bool) {
+        self.short_of_time |= run_deadline;
         self.in_flight = self.in_flight.saturating_sub(1);
         self.tokens_reserved = self.tokens_reserved.saturating_sub(reserve);
         self.calls = self.calls.saturating_sub(1);
+    }
+
+    /// How the run ended when it is forgotten `ttl` after its last call, had it not ended
+    /// already: by its deadline if a call was refused for want of its time, else by its ttl.
+    pub fn end_when_forgotten(&self) -> RunEnd {
+        if self.short_of_time {
+            RunEnd::Deadline
+        } else {
+            RunEnd::Expired
+        }
     }
 
     /// The end to count now, once: the run has ended and no call of it is in flight (the

@@ -220,6 +220,8 @@ on_both_stores!(
     an_assembled_answer_says_what_the_run_has_left_when_it_is_sent,
     a_call_that_never_reached_an_upstream_is_no_call_of_its_run,
     a_run_started_where_loops_stop_stops_repeats_on_every_route,
+    a_run_refused_past_its_deadline_lasted_its_budget,
+    a_later_deadline_refusal_says_what_is_left_now,
 );
 
 /// A Chat Completions request to the route `route` (each route takes one model).
@@ -670,6 +672,12 @@ async fn the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget(store: St
             .await,
         1.0
     );
+    let deadline_ends = "hourglass_runs_total{end=\"deadline\",route=\"timed\"}";
+    if matches!(store, Store::Memory) {
+        // The cut ended the run by its deadline, though no later call may come. (Redis
+        // counts only what a call sees: the refusal below.)
+        assert_eq!(h.metric(deadline_ends).await, 1.0);
+    }
     // Past it, a call is refused before the provider sees it.
     let (resp, _c) = h
         .send(call("/timed", false, &[("x-run-id", "t1")], ""))
@@ -681,6 +689,57 @@ async fn the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget(store: St
         "run_deadline_exceeded"
     );
     assert_eq!(h.fake.requests().len(), 2);
+    if matches!(store, Store::Memory) {
+        assert_eq!(h.metric(deadline_ends).await, 1.0, "counted once");
+    }
+}
+
+/// A run that made its call and came back after its deadline ended at that deadline: its
+/// duration is its budget, not the time until the late call (on both stores alike).
+async fn a_run_refused_past_its_deadline_lasted_its_budget(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let headers = [("x-run-id", "late"), ("x-run-budget-ms", "300")];
+    let (resp, _c) = h.send(call("/timed", false, &headers, "")).await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    h.wait_requests("timed", 1.0).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (resp, _c) = h
+        .send(call("/timed", false, &[("x-run-id", "late")], ""))
+        .await;
+    assert_eq!(resp.status(), 504);
+    json_body(resp).await;
+    assert_eq!(
+        h.metric("hourglass_runs_total{end=\"deadline\",route=\"timed\"}")
+            .await,
+        1.0
+    );
+    let lasted = h
+        .metric("hourglass_run_duration_seconds_sum{route=\"timed\"}")
+        .await;
+    assert!((lasted - 0.3).abs() < 1e-9, "lasted {lasted}s");
+}
+
+/// A refusal that ended the run is given again to every later call, with the time left as
+/// it is then, not as it was at the first refusal.
+async fn a_later_deadline_refusal_says_what_is_left_now(store: Store) {
+    let (h, _keep) = harness(store).await;
+    // Less than `min_useful` from the start: refused with time still left.
+    let short = [("x-run-id", "late"), ("x-run-budget-ms", "60")];
+    let (resp, _c) = h.send(call("/timed", false, &short, "")).await;
+    assert_eq!(resp.status(), 504);
+    json_body(resp).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (resp, _c) = h
+        .send(call("/timed", false, &[("x-run-id", "late")], ""))
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(remaining_ms(&resp), 0);
+    let body = json_body(resp).await;
+    crate::support::assert_message_starts(
+        &body["error"],
+        "run deadline exceeded: run \"late\" has spent its budget of 60ms",
+    );
 }
 
 async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {

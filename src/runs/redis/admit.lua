@@ -83,8 +83,10 @@ end
 local refusal = nil
 if h.refused ~= nil and h.refused ~= '' then
   refusal = cjson.decode(h.refused)
-  -- What the run holds now, and this call's reservation, not the ended run's numbers.
+  -- What the run holds now, and this call's reservation, not the ended run's numbers; the
+  -- time left now, not at the refusal that ended it.
   if refusal[1] == 'tokens' then refusal = {'tokens', refusal[2], used, reserved, reserve} end
+  if refusal[1] == 'deadline' then refusal = {'deadline', refusal[2], math.max(0, deadline_left())} end
 end
 if refusal == nil and deadline ~= nil then
   local left = deadline - now

@@ -25,7 +25,7 @@ fn tool(fp: u64) -> Used {
     Used {
         tokens: 10,
         answer: Answer::Tools(fp, "get_weather".into()),
-        request: None,
+        ..Used::default()
     }
 }
 
@@ -90,6 +90,16 @@ async fn a_call_that_the_runs_time_left_cannot_fit_is_refused() {
         }
     );
     assert_eq!(view.deadline, Some(t0 + ms(1000)));
+    // The run has ended; a call past the deadline is told it is spent, not the 50ms left
+    // at the refusal that ended it.
+    let e = r.admit(&call(t0 + ms(4000))).unwrap_err().0;
+    assert_eq!(
+        e,
+        Refusal::Deadline {
+            budget: ms(1000),
+            left: ms(0)
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
