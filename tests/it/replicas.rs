@@ -848,3 +848,102 @@ async fn the_first_look_at_a_run_after_redis_restarted_is_answered() {
     let found = reqwest_like_get(p.admin, "/runs/kept").await;
     assert!(found.contains("\"no_run\""), "{found}");
 }
+
+/// A Redis Cluster node as the store is refused by name: it sends the keys of runs on other
+/// nodes' slots there (MOVED), which the client does not follow, and each such run was served
+/// without limits (or, under `deny`, refused as an outage). Here every slot is on the other
+/// node, so every run is redirected.
+#[tokio::test]
+async fn a_redis_cluster_is_named_in_the_refusal_readyz_and_runs() {
+    let Some((_plain, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let asked = RedisServer::cluster_node(dir.path()).await;
+    let holder = RedisServer::cluster_node(dir.path()).await;
+    assert_eq!(holder.query("CLUSTER ADDSLOTSRANGE 0 16383").await, "+OK");
+    let meet = format!("CLUSTER MEET 127.0.0.1 {}", holder.port());
+    assert_eq!(asked.query(&meet).await, "+OK");
+    // Until the nodes have met, the asked one answers CLUSTERDOWN; then MOVED.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !asked
+        .query("EXISTS hg:{-/clustered}")
+        .await
+        .starts_with("-MOVED")
+    {
+        assert!(Instant::now() < deadline, "the nodes never met");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let p = Process::spawn(&config(&fake, &asked.url(), "deny", "1s"), &[], &[]).await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "clustered")], 0)).await;
+    assert_eq!(status, 503, "{body}");
+    crate::support::assert_message_starts(
+        &body["error"],
+        "run store unavailable: Redis Cluster is not supported: the run store answered",
+    );
+    let ready = reqwest_like_get(p.admin, "/readyz").await;
+    assert!(ready.contains("Redis Cluster is not supported"), "{ready}");
+    // `/runs/{id}` reads the run's own key first, so it meets the redirection too, and says
+    // so as a call's 503 does.
+    let text = reqwest_like_get(p.admin, "/runs/clustered").await;
+    let found: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(found["error"]["code"], "run_store_unavailable", "{text}");
+    crate::support::assert_message_starts(
+        &found["error"],
+        "run store unavailable: Redis Cluster is not supported",
+    );
+}
+
+/// `rediss://` to a Redis whose certificate a private CA signed (Memorystore's, a Helm
+/// chart's): trusted through `store_ca_file`, where the public roots alone refused it.
+#[tokio::test]
+async fn a_rediss_store_signed_by_a_private_ca_is_trusted_through_store_ca_file() {
+    let Some((_plain, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_redis, ca, tls_port) = RedisServer::with_tls(dir.path()).await;
+    let store = format!("rediss://localhost:{tls_port}/0");
+    let toml = config(&fake, &store, "deny", "2s").replace(
+        "on_store_error = \"deny\"",
+        &format!(
+            "on_store_error = \"deny\"\nstore_ca_file = {:?}",
+            ca.to_str().unwrap()
+        ),
+    );
+    let p = Process::spawn(&toml, &[], &[]).await;
+    let (status, headers, body) = send(&p, call(false, &[("x-run-id", "tls")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(headers["x-run-calls-left"], "9", "the run is in Redis");
+}
+
+/// An ACL user named in the URL, its password from `store_password_env`, trimmed of the
+/// newline a secret made from a file ends in.
+#[tokio::test]
+async fn an_acl_user_with_a_password_from_the_environment_reaches_redis() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    assert_eq!(
+        redis
+            .query("ACL SETUSER hguser on >UserPw!42 ~hg:* +@all")
+            .await,
+        "+OK"
+    );
+    let store = format!("redis://hguser@{}/0", redis.addr);
+    let toml = config(&fake, &store, "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_password_env = \"HOURGLASS_TEST_REDIS_PASSWORD\"",
+    );
+    let p = Process::spawn(
+        &toml,
+        &[],
+        &[("HOURGLASS_TEST_REDIS_PASSWORD", "UserPw!42\n")],
+    )
+    .await;
+    let (status, headers, body) = send(&p, call(false, &[("x-run-id", "acl")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(headers["x-run-calls-left"], "9", "the run is in Redis");
+    let (out, err) = p.stop().await;
+    assert!(!out.contains("UserPw!42") && !err.contains("UserPw!42"));
+}
