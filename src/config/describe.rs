@@ -259,6 +259,9 @@ impl Config {
                     }
                     None => redacted_url(url),
                 };
+                if runs.store_cluster {
+                    s.push_str(" (Redis Cluster)");
+                }
                 if let Some(ca) = &runs.store_ca_file {
                     s.push_str(&format!(" (CA from {})", ca.display()));
                 }

@@ -106,6 +106,9 @@ pub struct RunsConfig {
     /// The CA that signed a `rediss://` store's certificate (PEM), trusted instead of the
     /// public roots: a private Redis (Memorystore, a Helm chart's) has its own.
     pub store_ca_file: Option<PathBuf>,
+    /// The store is a Redis Cluster: `store` is one of its nodes, and each run's script goes
+    /// to the node of its slot.
+    pub store_cluster: bool,
     /// The longest one call to the store may take (default 50ms); the request's remaining
     /// budget bounds it too.
     pub store_timeout: Duration,
@@ -148,6 +151,9 @@ impl RunsConfig {
                 None => "store_ca_file (none stays)".to_owned(),
             });
         }
+        if new.store_cluster != self.store_cluster {
+            changed.push(format!("store_cluster ({} stays)", self.store_cluster));
+        }
         if new.store_timeout != self.store_timeout {
             changed.push(format!("store_timeout ({} stays)", d(self.store_timeout)));
         }
@@ -174,6 +180,7 @@ pub(super) const DEFAULT_RUNS: RunsConfig = RunsConfig {
     store: RunStore::Memory,
     store_password_env: None,
     store_ca_file: None,
+    store_cluster: false,
     store_timeout: Duration::from_millis(50),
     on_store_error: OnStoreError::Allow,
 };
@@ -293,6 +300,23 @@ pub(super) fn build_runs(raw: &RawRuns, base_dir: Option<&Path>) -> Result<RunsC
             })
         }
     };
+    let store_cluster = raw.store_cluster.unwrap_or(d.store_cluster);
+    if store_cluster {
+        let RunStore::Redis(url) = &store else {
+            return Err("runs: store_cluster needs a redis:// or rediss:// store".into());
+        };
+        // Checked above: a URL whose database is a number, if it names one.
+        let db = url::Url::parse(url)
+            .map(|u| u.path().trim_matches('/').to_owned())
+            .unwrap_or_default();
+        if !db.is_empty() && db != "0" {
+            return Err(format!(
+                "runs: store {:?}: database {db} with store_cluster = true: a Redis Cluster has \
+                 database 0 only",
+                super::secrets::redacted_url(url)
+            ));
+        }
+    }
     let store_timeout = raw.store_timeout.map_or(d.store_timeout, |t| t.0);
     if store_timeout.is_zero() {
         return Err("runs: store_timeout must be greater than 0".into());
@@ -308,6 +332,7 @@ pub(super) fn build_runs(raw: &RawRuns, base_dir: Option<&Path>) -> Result<RunsC
         store,
         store_password_env,
         store_ca_file,
+        store_cluster,
         store_timeout,
         on_store_error,
     })

@@ -17,12 +17,17 @@
 //!
 //! One multiplexed connection (`ConnectionManager`), opened lazily and reopened with
 //! backoff: a gateway starts while Redis is down, and its runs resume when Redis is back.
+//! With `store_cluster`, a cluster client instead (connected at first use): every script
+//! names its run's keys, one hash tag, so it runs on the node of that slot.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
@@ -43,16 +48,24 @@ pub enum StoreError {
     Timeout(Duration, Option<String>),
     #[error("the run store failed: {0}")]
     Failed(String),
-    /// The store is a node of a Redis Cluster: it sends the keys of runs on other nodes'
-    /// slots there (MOVED), which this client does not follow. Named as such, so that the
-    /// operator is not left to read a redirection as an outage.
-    #[error("Redis Cluster is not supported: the run store answered {0}; point [runs] store at a standalone Redis (or a primary with replicas)")]
+    /// The store is a node of a Redis Cluster, and `store_cluster` is not set: it sends the
+    /// keys of runs on other nodes' slots there (MOVED), which the single-server client does
+    /// not follow. Named as such, so that the operator is not left to read a redirection as
+    /// an outage.
+    #[error(
+        "the run store is a Redis Cluster, and [runs] store_cluster is not set: it answered {0}"
+    )]
     Cluster(String),
 }
 
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
-        if e.is_cluster_error() {
+        // Only redirections: a cluster client follows them, so they reach here only from a
+        // store not configured as one.
+        if matches!(
+            e.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)
+        ) {
             Self::Cluster(e.to_string())
         } else {
             Self::Failed(e.to_string())
@@ -60,8 +73,57 @@ impl From<redis::RedisError> for StoreError {
     }
 }
 
+/// How commands reach the store.
+enum Link {
+    /// One server (or the primary of one with replicas).
+    Single(ConnectionManager),
+    /// A Redis Cluster, connected at first use (a gateway starts while the cluster is down;
+    /// a connection that failed is tried again by the next command).
+    Cluster(Box<LazyCluster>),
+}
+
+struct LazyCluster {
+    client: ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+}
+
+/// The connection one command takes (a clone: both kinds are handles to a shared one).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 pub struct RedisStore {
-    conn: ConnectionManager,
+    link: Link,
     /// The last error a command met, and when (see `StoreError::Timeout`). Held for a store
     /// and a copy only, never across an await.
     last_error: std::sync::Mutex<Option<(Instant, String)>>,
@@ -158,7 +220,31 @@ impl RedisStore {
     /// A store at `url` (`redis://` or `rediss://`); nothing is connected until it is used.
     /// `ca`: the PEM certificates a `rediss://` server's certificate must chain to, instead
     /// of the public roots.
-    pub fn new(url: &str, timeout: Duration, ca: Option<Vec<u8>>) -> Result<Self, String> {
+    /// `cluster`: `url` is a node of a Redis Cluster, which names the others.
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        ca: Option<Vec<u8>>,
+        cluster: bool,
+    ) -> Result<Self, String> {
+        let bound = timeout.max(Duration::from_millis(500));
+        if cluster {
+            let mut builder = ClusterClient::builder(vec![url])
+                .connection_timeout(bound)
+                .response_timeout(bound)
+                .retries(2);
+            if let Some(root_cert) = ca {
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                });
+            }
+            let client = builder.build().map_err(|e| e.to_string())?;
+            return Ok(Self::with_link(Link::Cluster(Box::new(LazyCluster {
+                client,
+                conn: tokio::sync::OnceCell::new(),
+            }))));
+        }
         let client = match ca {
             None => redis::Client::open(url),
             Some(root_cert) => redis::Client::build_with_tls(
@@ -171,20 +257,36 @@ impl RedisStore {
         }
         .map_err(|e| e.to_string())?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
-            .set_response_timeout(Some(timeout.max(Duration::from_millis(500))))
+            .set_connection_timeout(Some(bound))
+            .set_response_timeout(Some(bound))
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(2))
             .set_number_of_retries(2);
         let conn =
             ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
-        Ok(Self {
-            conn,
+        Ok(Self::with_link(Link::Single(conn)))
+    }
+
+    fn with_link(link: Link) -> Self {
+        Self {
+            link,
             last_error: std::sync::Mutex::new(None),
             admit: Script::new(include_str!("redis/admit.lua")),
             finish: Script::new(include_str!("redis/finish.lua")),
             cancel: Script::new(include_str!("redis/cancel.lua")),
-        })
+        }
+    }
+
+    /// The connection for a command: the cluster's is made by the first.
+    async fn conn(&self) -> redis::RedisResult<Conn> {
+        match &self.link {
+            Link::Single(c) => Ok(Conn::Single(c.clone())),
+            Link::Cluster(c) => c
+                .conn
+                .get_or_try_init(|| c.client.get_async_connection())
+                .await
+                .map(|c| Conn::Cluster(c.clone())),
+        }
     }
 
     /// Admits `call` into the run `key` (starting it with `limits`, for `route`, if it is
@@ -200,7 +302,7 @@ impl RedisStore {
         token: &str,
     ) -> Result<RedisAdmission, StoreError> {
         let ms = |d: Duration| d.as_millis() as u64;
-        let mut conn = self.conn.clone();
+        let mut conn = self.connected().await?;
         let run = key_of(key);
         let mut invocation = self.admit.key(&run);
         invocation
@@ -313,6 +415,15 @@ impl RedisStore {
         reply
     }
 
+    /// The connection for a command, its failure to connect noted (its success is not: the
+    /// command's reply says whether the store answers).
+    async fn connected(&self) -> redis::RedisResult<Conn> {
+        match self.conn().await {
+            Ok(conn) => Ok(conn),
+            failed => self.noted(failed),
+        }
+    }
+
     /// A wait of `after` for the store that ran out, named with its recent error.
     pub fn timed_out(&self, after: Duration) -> StoreError {
         StoreError::Timeout(after, self.recent_error())
@@ -338,7 +449,7 @@ impl RedisStore {
         used: &Used,
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connected().await?;
         let (answer, tool) = match &used.answer {
             Answer::Unread => (String::new(), ""),
             Answer::Plain => ("-".to_owned(), ""),
@@ -370,7 +481,7 @@ impl RedisStore {
         served: bool,
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connected().await?;
         let reply: Vec<Value> = self.noted(
             self.cancel
                 .key(key)
@@ -396,7 +507,7 @@ impl RedisStore {
     }
 
     async fn find_once(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, redis::RedisError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn().await?;
         let escaped: String = id
             .chars()
             .flat_map(|c| match c {
@@ -420,20 +531,36 @@ impl RedisStore {
             keys.push(unscoped);
         }
         let pattern = format!("hg:{{{}/{escaped}}}", "[0-9a-f]".repeat(16));
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
-            keys.extend(batch);
-            cursor = next;
-            if cursor == 0 || keys.len() > 100 {
-                break;
+        // A cluster's keys are spread over its primaries, each SCANned on its own.
+        let nodes = match &mut conn {
+            Conn::Single(_) => vec![None],
+            Conn::Cluster(c) => primaries(c).await?.into_iter().map(Some).collect(),
+        };
+        for node in nodes {
+            let mut cursor: u64 = 0;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, batch): (u64, Vec<String>) = match (&mut conn, &node) {
+                    (Conn::Cluster(c), Some((host, port))) => {
+                        let at = SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port: *port,
+                        };
+                        let reply = c.route_command(scan, RoutingInfo::SingleNode(at)).await?;
+                        redis::from_redis_value(reply)?
+                    }
+                    (conn, _) => scan.query_async(conn).await?,
+                };
+                keys.extend(batch);
+                cursor = next;
+                if cursor == 0 || keys.len() > 100 {
+                    break;
+                }
             }
         }
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
@@ -454,6 +581,25 @@ impl RedisStore {
         }
         Ok(out)
     }
+}
+
+/// The address of every primary of the cluster (`CLUSTER NODES`), where its keys are.
+async fn primaries(conn: &mut ClusterConnection) -> redis::RedisResult<Vec<(String, u16)>> {
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await?;
+    Ok(nodes
+        .lines()
+        .filter_map(|line| {
+            // `ID HOST:PORT@CPORT[,HOSTNAME] FLAGS ...`
+            let mut fields = line.split(' ');
+            let addr = fields.nth(1)?;
+            let flags = fields.next()?;
+            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                return None;
+            }
+            let (host, port) = addr.split(['@', ',']).next()?.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect())
 }
 
 /// `{ended_now, route, calls, used, age_ms, end}`, as `finish.lua` and `cancel.lua` answer:
@@ -558,7 +704,7 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
         drop(closed);
-        let store = RedisStore::new(&url, Duration::from_millis(50), None).unwrap();
+        let store = RedisStore::new(&url, Duration::from_millis(50), None, false).unwrap();
         let quiet = store.timed_out(Duration::from_millis(50));
         assert_eq!(
             quiet.to_string(),
@@ -580,7 +726,7 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
         drop(closed);
-        let store = RedisStore::new(&url, Duration::from_millis(50), None).unwrap();
+        let store = RedisStore::new(&url, Duration::from_millis(50), None, false).unwrap();
         assert!(store.find("r").await.is_err());
         assert!(store.recent_error().is_some());
         store.noted(Ok(())).unwrap();
@@ -591,8 +737,8 @@ mod tests {
         );
     }
 
-    /// A Redis Cluster node's redirection names the cluster: read as an outage, it left run
-    /// limits off for two runs in three under `allow`.
+    /// A Redis Cluster node's redirection, met without `store_cluster`, names the cluster and
+    /// the key: read as an outage, it left run limits off for two runs in three under `allow`.
     #[test]
     fn a_cluster_redirection_names_redis_cluster() {
         let moved = redis::RedisError::from((
@@ -601,7 +747,10 @@ mod tests {
             "13571 127.0.0.1:21026".to_owned(),
         ));
         let e = StoreError::from(moved).to_string();
-        assert!(e.starts_with("Redis Cluster is not supported: "), "{e}");
+        assert!(
+            e.starts_with("the run store is a Redis Cluster, and [runs] store_cluster is not set"),
+            "{e}"
+        );
         assert!(e.contains("13571 127.0.0.1:21026"), "{e}");
     }
 }

@@ -113,6 +113,7 @@ impl Runs {
                     &with_password(url, config)?,
                     config.store_timeout,
                     store_ca(config)?,
+                    config.store_cluster,
                 )
                 .map_err(|e| format!("runs: store: {e}"))?,
                 shown: crate::config::redacted_url(url),
@@ -459,6 +460,7 @@ mod tests {
                 store: crate::config::RunStore::Memory,
                 store_password_env: None,
                 store_ca_file: None,
+                store_cluster: false,
                 store_timeout: Duration::from_millis(50),
                 on_store_error: crate::config::OnStoreError::Allow,
             },

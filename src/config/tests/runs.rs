@@ -173,6 +173,15 @@ fn a_bad_runs_table_is_refused() {
             "runs: store_ca_file must not be empty",
         ),
         (
+            "store_cluster = true",
+            "runs: store_cluster needs a redis:// or rediss:// store",
+        ),
+        (
+            "store = \"redis://u:pw@127.0.0.1:7000/2\"\nstore_cluster = true",
+            "runs: store \"redis://u:***@127.0.0.1:7000/2\": database 2 with store_cluster = \
+             true: a Redis Cluster has database 0 only",
+        ),
+        (
             "store = \"redis://\"",
             "runs: store \"redis://\" names no host",
         ),
@@ -263,6 +272,22 @@ fn an_acl_username_takes_its_password_from_the_environment() {
         "[runs]\nstore = \"redis://hguser@redis:6379/0\"\nstore_password_env = \"HG_REDIS_UPW\"\n{BASE}"
     ));
     assert_eq!(c.runs.store_password_env.as_deref(), Some("HG_REDIS_UPW"));
+}
+
+/// A Redis Cluster is named as one, and `check` says so.
+#[test]
+fn a_cluster_store_is_named_as_one() {
+    let c = load(&format!(
+        "[runs]\nstore = \"redis://redis-0:6379\"\nstore_cluster = true\n{BASE}"
+    ));
+    assert!(c.runs.store_cluster);
+    assert!(
+        c.describe()
+            .contains("store: redis://redis-0:6379 (Redis Cluster)"),
+        "{}",
+        c.describe()
+    );
+    assert!(!load(BASE).runs.store_cluster);
 }
 
 /// A `rediss://` store signed by a private CA names it, relative to the config file as an
