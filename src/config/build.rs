@@ -193,7 +193,7 @@ pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
 /// server, upstreams, defaults, routes.
 fn build(raw: RawConfig, source: &str, base_dir: Option<&Path>) -> Result<Config, String> {
     let server = build_server(&raw.server, base_dir)?;
-    let runs = build_runs(&raw.runs)?;
+    let runs = build_runs(&raw.runs, base_dir)?;
 
     if raw.upstreams.0.is_empty() {
         return Err(

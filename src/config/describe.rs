@@ -135,6 +135,14 @@ impl Config {
                 ));
             }
         }
+        if let Some(path) = &self.runs.store_ca_file {
+            if let Err(e) = std::fs::File::open(path) {
+                out.push(format!(
+                    "runs: store_ca_file {}: {e}; the gateway will not start without it",
+                    path.display()
+                ));
+            }
+        }
         for r in &self.routes {
             let Some(auth) = &r.client_auth else { continue };
             let label = format!("route {:?}", r.name);
@@ -244,10 +252,21 @@ impl Config {
         let runs = &self.runs;
         let store = match &runs.store {
             RunStore::Memory => "memory".to_owned(),
-            RunStore::Redis(url) => match &runs.store_password_env {
-                Some(var) => format!("{} (password from {})", redacted_url(url), var_shown(var)),
-                None => redacted_url(url),
-            },
+            RunStore::Redis(url) => {
+                let mut s = match &runs.store_password_env {
+                    Some(var) => {
+                        format!("{} (password from {})", redacted_url(url), var_shown(var))
+                    }
+                    None => redacted_url(url),
+                };
+                if runs.store_cluster {
+                    s.push_str(" (Redis Cluster)");
+                }
+                if let Some(ca) = &runs.store_ca_file {
+                    s.push_str(&format!(" (CA from {})", ca.display()));
+                }
+                s
+            }
         };
         let _ = writeln!(
             out,

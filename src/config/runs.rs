@@ -2,6 +2,7 @@
 //! the runs it starts, inherited from `[defaults]` like the time limits, and the `[runs]`
 //! table that says where runs are kept and for how long.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::HeaderName;
@@ -102,6 +103,12 @@ pub struct RunsConfig {
     /// An environment variable holding the store's password (read at start-up, so that no
     /// secret sits in the file or a ConfigMap).
     pub store_password_env: Option<String>,
+    /// The CA that signed a `rediss://` store's certificate (PEM), trusted instead of the
+    /// public roots: a private Redis (Memorystore, a Helm chart's) has its own.
+    pub store_ca_file: Option<PathBuf>,
+    /// The store is a Redis Cluster: `store` is one of its nodes, and each run's script goes
+    /// to the node of its slot.
+    pub store_cluster: bool,
     /// The longest one call to the store may take (default 50ms); the request's remaining
     /// budget bounds it too.
     pub store_timeout: Duration,
@@ -138,6 +145,15 @@ impl RunsConfig {
                 None => "store_password_env (none stays)".to_owned(),
             });
         }
+        if new.store_ca_file != self.store_ca_file {
+            changed.push(match &self.store_ca_file {
+                Some(p) => format!("store_ca_file ({} stays)", p.display()),
+                None => "store_ca_file (none stays)".to_owned(),
+            });
+        }
+        if new.store_cluster != self.store_cluster {
+            changed.push(format!("store_cluster ({} stays)", self.store_cluster));
+        }
         if new.store_timeout != self.store_timeout {
             changed.push(format!("store_timeout ({} stays)", d(self.store_timeout)));
         }
@@ -163,6 +179,8 @@ pub(super) const DEFAULT_RUNS: RunsConfig = RunsConfig {
     max_runs: 100_000,
     store: RunStore::Memory,
     store_password_env: None,
+    store_ca_file: None,
+    store_cluster: false,
     store_timeout: Duration::from_millis(50),
     on_store_error: OnStoreError::Allow,
 };
@@ -188,13 +206,37 @@ fn check_store_url(url: &str) -> Result<(), String> {
             "runs: store {shown:?}: database {db:?} is not a number"
         ));
     }
+    // redis-rs's way to skip the certificate check, which this build leaves out: the client
+    // would refuse it at its first command, with run limits off under `allow` meanwhile.
+    if parsed.fragment() == Some("insecure") {
+        return Err(format!(
+            "runs: store {shown:?}: #insecure (no certificate check) is not supported; \
+             name the CA that signed the server's certificate in store_ca_file"
+        ));
+    }
     // Whatever else the client would refuse (its own query parameters, say).
     redis::IntoConnectionInfo::into_connection_info(url)
         .map(drop)
         .map_err(|e| format!("runs: store {shown:?}: {e}"))
 }
 
-pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
+/// An unsupported store value as messages show it: its scheme alone, as the rest may hold a
+/// password in a form no redaction knows (`?pass=`, a URL missing a slash).
+fn scheme_shown(value: &str) -> String {
+    match value.split_once(':') {
+        Some((scheme, _)) => format!("{:?}", format!("{scheme}:...")),
+        None => super::secrets::shown(value),
+    }
+}
+
+/// The userinfo of a store URL, if it has one (`user`, `user:password`, `:password`).
+fn userinfo(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    authority.rsplit_once('@').map(|(u, _)| u)
+}
+
+pub(super) fn build_runs(raw: &RawRuns, base_dir: Option<&Path>) -> Result<RunsConfig, String> {
     let d = DEFAULT_RUNS;
     let ttl = raw.ttl.map_or(d.ttl, |t| t.0);
     if ttl.is_zero() {
@@ -215,7 +257,7 @@ pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
         Some(other) => {
             return Err(format!(
                 "runs: store {} must be \"memory\" or a redis:// or rediss:// URL",
-                super::secrets::shown(other)
+                scheme_shown(other)
             ))
         }
     };
@@ -224,9 +266,10 @@ pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
         let RunStore::Redis(url) = &store else {
             return Err("runs: store_password_env needs a redis:// or rediss:// store".into());
         };
-        if url.split_once("://").is_some_and(|(_, r)| r.contains('@')) {
+        // A username alone (an ACL user) takes its password from the variable.
+        if userinfo(url).is_some_and(|u| u.contains(':')) {
             return Err(format!(
-                "runs: store_password_env {}: the store URL already has credentials",
+                "runs: store_password_env {}: the store URL already has a password",
                 super::secrets::var_shown(var)
             ));
         }
@@ -237,6 +280,41 @@ pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
                  its value is not shown, in case it is the password itself)"
                     .into(),
             );
+        }
+    }
+    let store_ca_file = match &raw.store_ca_file {
+        None => None,
+        Some(p) if p.as_os_str().is_empty() => {
+            return Err("runs: store_ca_file must not be empty".into())
+        }
+        Some(p) => {
+            if !matches!(&store, RunStore::Redis(url) if url.starts_with("rediss://")) {
+                return Err(format!(
+                    "runs: store_ca_file {:?} needs a rediss:// store",
+                    p.display()
+                ));
+            }
+            Some(match base_dir {
+                Some(dir) if p.is_relative() => dir.join(p),
+                _ => p.clone(),
+            })
+        }
+    };
+    let store_cluster = raw.store_cluster.unwrap_or(d.store_cluster);
+    if store_cluster {
+        let RunStore::Redis(url) = &store else {
+            return Err("runs: store_cluster needs a redis:// or rediss:// store".into());
+        };
+        // Checked above: a URL whose database is a number, if it names one.
+        let db = url::Url::parse(url)
+            .map(|u| u.path().trim_matches('/').to_owned())
+            .unwrap_or_default();
+        if !db.is_empty() && db != "0" {
+            return Err(format!(
+                "runs: store {:?}: database {db} with store_cluster = true: a Redis Cluster has \
+                 database 0 only",
+                super::secrets::redacted_url(url)
+            ));
         }
     }
     let store_timeout = raw.store_timeout.map_or(d.store_timeout, |t| t.0);
@@ -253,6 +331,8 @@ pub(super) fn build_runs(raw: &RawRuns) -> Result<RunsConfig, String> {
         max_runs,
         store,
         store_password_env,
+        store_ca_file,
+        store_cluster,
         store_timeout,
         on_store_error,
     })

@@ -76,12 +76,21 @@ pub(super) fn shown(v: &str) -> String {
 }
 
 /// A store URL without its password: `redis://user:secret@host` prints as
-/// `redis://user:***@host`.
+/// `redis://user:***@host`, and a `pass=`/`password=` query parameter (redis-rs's form for a
+/// socket) as `pass=***`.
 pub fn redacted_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        // Not a URL the client reads, so no part of it is known to be safe.
+        return match url.split_once(':') {
+            Some((scheme, _)) => format!("{scheme}:..."),
+            None => url.to_owned(),
+        };
     };
-    match rest.rsplit_once('@') {
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let mut out = match rest.rsplit_once('@') {
         Some((userinfo, host)) => {
             let user = userinfo.split(':').next().unwrap_or_default();
             if userinfo.contains(':') {
@@ -90,8 +99,20 @@ pub fn redacted_url(url: &str) -> String {
                 format!("{scheme}://***@{host}")
             }
         }
-        None => url.to_owned(),
+        None => format!("{scheme}://{rest}"),
+    };
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k.to_ascii_lowercase().contains("pass") => format!("{k}=***"),
+                _ => p.to_owned(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 /// `message` (an error, a warning, the resolved config) with what may be a credential taken

@@ -30,6 +30,11 @@ pub fn startup_errors(config: &Config) -> Vec<String> {
             errors.push(crate::config::scrub(&e.to_string()));
         }
     }
+    if !missing(config.runs.store_ca_file.as_deref()) {
+        if let Err(e) = crate::runs::runtime::store_ca(&config.runs) {
+            errors.push(e);
+        }
+    }
     for r in &config.routes {
         let Some(auth) = &r.client_auth else { continue };
         let unset = auth

@@ -17,12 +17,17 @@
 //!
 //! One multiplexed connection (`ConnectionManager`), opened lazily and reopened with
 //! backoff: a gateway starts while Redis is down, and its runs resume when Redis is back.
+//! With `store_cluster`, a cluster client instead (connected at first use): every script
+//! names its run's keys, one hash tag, so it runs on the node of that slot.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
@@ -43,16 +48,82 @@ pub enum StoreError {
     Timeout(Duration, Option<String>),
     #[error("the run store failed: {0}")]
     Failed(String),
+    /// The store is a node of a Redis Cluster, and `store_cluster` is not set: it sends the
+    /// keys of runs on other nodes' slots there (MOVED), which the single-server client does
+    /// not follow. Named as such, so that the operator is not left to read a redirection as
+    /// an outage.
+    #[error(
+        "the run store is a Redis Cluster, and [runs] store_cluster is not set: it answered {0}"
+    )]
+    Cluster(String),
 }
 
 impl From<redis::RedisError> for StoreError {
     fn from(e: redis::RedisError) -> Self {
-        Self::Failed(e.to_string())
+        // Only redirections: a cluster client follows them, so they reach here only from a
+        // store not configured as one.
+        if matches!(
+            e.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)
+        ) {
+            Self::Cluster(e.to_string())
+        } else {
+            Self::Failed(e.to_string())
+        }
+    }
+}
+
+/// How commands reach the store.
+enum Link {
+    /// One server (or the primary of one with replicas).
+    Single(ConnectionManager),
+    /// A Redis Cluster, connected at first use (a gateway starts while the cluster is down;
+    /// a connection that failed is tried again by the next command).
+    Cluster(Box<LazyCluster>),
+}
+
+struct LazyCluster {
+    client: ClusterClient,
+    conn: tokio::sync::OnceCell<ClusterConnection>,
+}
+
+/// The connection one command takes (a clone: both kinds are handles to a shared one).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
     }
 }
 
 pub struct RedisStore {
-    conn: ConnectionManager,
+    link: Link,
     /// The last error a command met, and when (see `StoreError::Timeout`). Held for a store
     /// and a copy only, never across an await.
     last_error: std::sync::Mutex<Option<(Instant, String)>>,
@@ -147,23 +218,75 @@ fn deadline_in(ms: i64, now: Instant) -> Option<Instant> {
 
 impl RedisStore {
     /// A store at `url` (`redis://` or `rediss://`); nothing is connected until it is used.
-    pub fn new(url: &str, timeout: Duration) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    /// `ca`: the PEM certificates a `rediss://` server's certificate must chain to, instead
+    /// of the public roots.
+    /// `cluster`: `url` is a node of a Redis Cluster, which names the others.
+    pub fn new(
+        url: &str,
+        timeout: Duration,
+        ca: Option<Vec<u8>>,
+        cluster: bool,
+    ) -> Result<Self, String> {
+        let bound = timeout.max(Duration::from_millis(500));
+        if cluster {
+            let mut builder = ClusterClient::builder(vec![url])
+                .connection_timeout(bound)
+                .response_timeout(bound)
+                .retries(2);
+            if let Some(root_cert) = ca {
+                builder = builder.certs(redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                });
+            }
+            let client = builder.build().map_err(|e| e.to_string())?;
+            return Ok(Self::with_link(Link::Cluster(Box::new(LazyCluster {
+                client,
+                conn: tokio::sync::OnceCell::new(),
+            }))));
+        }
+        let client = match ca {
+            None => redis::Client::open(url),
+            Some(root_cert) => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                },
+            ),
+        }
+        .map_err(|e| e.to_string())?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
-            .set_response_timeout(Some(timeout.max(Duration::from_millis(500))))
+            .set_connection_timeout(Some(bound))
+            .set_response_timeout(Some(bound))
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_secs(2))
             .set_number_of_retries(2);
         let conn =
             ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
-        Ok(Self {
-            conn,
+        Ok(Self::with_link(Link::Single(conn)))
+    }
+
+    fn with_link(link: Link) -> Self {
+        Self {
+            link,
             last_error: std::sync::Mutex::new(None),
             admit: Script::new(include_str!("redis/admit.lua")),
             finish: Script::new(include_str!("redis/finish.lua")),
             cancel: Script::new(include_str!("redis/cancel.lua")),
-        })
+        }
+    }
+
+    /// The connection for a command: the cluster's is made by the first.
+    async fn conn(&self) -> redis::RedisResult<Conn> {
+        match &self.link {
+            Link::Single(c) => Ok(Conn::Single(c.clone())),
+            Link::Cluster(c) => c
+                .conn
+                .get_or_try_init(|| c.client.get_async_connection())
+                .await
+                .map(|c| Conn::Cluster(c.clone())),
+        }
     }
 
     /// Admits `call` into the run `key` (starting it with `limits`, for `route`, if it is
@@ -179,7 +302,7 @@ impl RedisStore {
         token: &str,
     ) -> Result<RedisAdmission, StoreError> {
         let ms = |d: Duration| d.as_millis() as u64;
-        let mut conn = self.conn.clone();
+        let mut conn = self.connected().await?;
         let run = key_of(key);
         let mut invocation = self.admit.key(&run);
         invocation
@@ -278,16 +401,27 @@ impl RedisStore {
         })
     }
 
-    /// Notes the error of a command's reply, if it is one.
+    /// Notes the error of a command's reply, if it is one; a reply clears it, so that a later
+    /// timeout is not blamed on an error the store has recovered from.
     fn noted<T>(&self, reply: redis::RedisResult<T>) -> redis::RedisResult<T> {
-        if let Err(e) = &reply {
-            let mut last = self
-                .last_error
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            *last = Some((Instant::now(), e.to_string()));
+        let mut last = self
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &reply {
+            Err(e) => *last = Some((Instant::now(), e.to_string())),
+            Ok(_) => *last = None,
         }
         reply
+    }
+
+    /// The connection for a command, its failure to connect noted (its success is not: the
+    /// command's reply says whether the store answers).
+    async fn connected(&self) -> redis::RedisResult<Conn> {
+        match self.conn().await {
+            Ok(conn) => Ok(conn),
+            failed => self.noted(failed),
+        }
     }
 
     /// A wait of `after` for the store that ran out, named with its recent error.
@@ -315,7 +449,7 @@ impl RedisStore {
         used: &Used,
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connected().await?;
         let (answer, tool) = match &used.answer {
             Answer::Unread => (String::new(), ""),
             Answer::Plain => ("-".to_owned(), ""),
@@ -347,7 +481,7 @@ impl RedisStore {
         served: bool,
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.connected().await?;
         let reply: Vec<Value> = self.noted(
             self.cancel
                 .key(key)
@@ -361,7 +495,8 @@ impl RedisStore {
         Ok(reply.get(1..).and_then(ended_of))
     }
 
-    /// Every run with this id, whatever its scope (for the admin listener; a SCAN).
+    /// Every run with this id, whatever its scope (for the admin listener; a SCAN for the
+    /// scoped ones).
     pub async fn find(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, StoreError> {
         // As in `admit`: the first command after the store restarted finds the old
         // connection broken, and the manager reconnects only then. (A read: safe to repeat.)
@@ -372,7 +507,7 @@ impl RedisStore {
     }
 
     async fn find_once(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, redis::RedisError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn().await?;
         let escaped: String = id
             .chars()
             .flat_map(|c| match c {
@@ -380,22 +515,52 @@ impl RedisStore {
                 c => vec![c],
             })
             .collect();
-        let pattern = format!("hg:{{*/{escaped}}}");
-        let mut cursor: u64 = 0;
+        // The run without a scope is one known key, read first: on a Redis Cluster node that
+        // does not hold it, that read is the MOVED that names the cluster. Runs scoped by a
+        // client key (16 hex digits) need a SCAN, which reads the whole database.
+        let unscoped = key_of(&RunKey {
+            scope: None,
+            id: Arc::from(id),
+        });
         let mut keys: Vec<String> = Vec::new();
-        loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
-            keys.extend(batch);
-            cursor = next;
-            if cursor == 0 || keys.len() > 100 {
-                break;
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&unscoped)
+            .query_async(&mut conn)
+            .await?;
+        if exists {
+            keys.push(unscoped);
+        }
+        let pattern = format!("hg:{{{}/{escaped}}}", "[0-9a-f]".repeat(16));
+        // A cluster's keys are spread over its primaries, each SCANned on its own.
+        let nodes = match &mut conn {
+            Conn::Single(_) => vec![None],
+            Conn::Cluster(c) => primaries(c).await?.into_iter().map(Some).collect(),
+        };
+        for node in nodes {
+            let mut cursor: u64 = 0;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, batch): (u64, Vec<String>) = match (&mut conn, &node) {
+                    (Conn::Cluster(c), Some((host, port))) => {
+                        let at = SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port: *port,
+                        };
+                        let reply = c.route_command(scan, RoutingInfo::SingleNode(at)).await?;
+                        redis::from_redis_value(reply)?
+                    }
+                    (conn, _) => scan.query_async(conn).await?,
+                };
+                keys.extend(batch);
+                cursor = next;
+                if cursor == 0 || keys.len() > 100 {
+                    break;
+                }
             }
         }
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
@@ -403,17 +568,38 @@ impl RedisStore {
         let now = Instant::now();
         let mut out = Vec::new();
         for k in keys {
-            // The pattern's `*` also matches a scope that holds a `/` of the id: `a/b` under
-            // `hg:{-/a/b}` is not the run `b`.
             let Some(run_key) = parse_key(&k).filter(|r| &*r.id == id) else {
                 continue;
             };
             let h: std::collections::HashMap<String, String> =
                 redis::cmd("HGETALL").arg(&k).query_async(&mut conn).await?;
+            // Expired between the look and the read.
+            if h.is_empty() {
+                continue;
+            }
             out.push((run_key, state_of(&h, redis_now, now)));
         }
         Ok(out)
     }
+}
+
+/// The address of every primary of the cluster (`CLUSTER NODES`), where its keys are.
+async fn primaries(conn: &mut ClusterConnection) -> redis::RedisResult<Vec<(String, u16)>> {
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await?;
+    Ok(nodes
+        .lines()
+        .filter_map(|line| {
+            // `ID HOST:PORT@CPORT[,HOSTNAME] FLAGS ...`
+            let mut fields = line.split(' ');
+            let addr = fields.nth(1)?;
+            let flags = fields.next()?;
+            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                return None;
+            }
+            let (host, port) = addr.split(['@', ',']).next()?.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect())
 }
 
 /// `{ended_now, route, calls, used, age_ms, end}`, as `finish.lua` and `cancel.lua` answer:
@@ -518,7 +704,7 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
         drop(closed);
-        let store = RedisStore::new(&url, Duration::from_millis(50)).unwrap();
+        let store = RedisStore::new(&url, Duration::from_millis(50), None, false).unwrap();
         let quiet = store.timed_out(Duration::from_millis(50));
         assert_eq!(
             quiet.to_string(),
@@ -531,5 +717,40 @@ mod tests {
             timeout.to_string(),
             format!("the run store did not answer within 50ms (its last error: {error})")
         );
+    }
+
+    /// A store that answered since its last error is not blamed for it: a timeout 25 s after
+    /// a recovery named the refused connection of before (an audit's paused Redis).
+    #[tokio::test]
+    async fn a_reply_clears_the_last_error() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/0", closed.local_addr().unwrap());
+        drop(closed);
+        let store = RedisStore::new(&url, Duration::from_millis(50), None, false).unwrap();
+        assert!(store.find("r").await.is_err());
+        assert!(store.recent_error().is_some());
+        store.noted(Ok(())).unwrap();
+        assert_eq!(store.recent_error(), None);
+        assert_eq!(
+            store.timed_out(Duration::from_millis(50)).to_string(),
+            "the run store did not answer within 50ms"
+        );
+    }
+
+    /// A Redis Cluster node's redirection, met without `store_cluster`, names the cluster and
+    /// the key: read as an outage, it left run limits off for two runs in three under `allow`.
+    #[test]
+    fn a_cluster_redirection_names_redis_cluster() {
+        let moved = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::Moved),
+            "An error was signalled by the server",
+            "13571 127.0.0.1:21026".to_owned(),
+        ));
+        let e = StoreError::from(moved).to_string();
+        assert!(
+            e.starts_with("the run store is a Redis Cluster, and [runs] store_cluster is not set"),
+            "{e}"
+        );
+        assert!(e.contains("13571 127.0.0.1:21026"), "{e}");
     }
 }

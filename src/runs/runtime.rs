@@ -109,8 +109,13 @@ impl Runs {
                 Arc::new(Reporter(metrics.clone())),
             ))),
             RunStore::Redis(url) => Store::Redis(Arc::new(Shared {
-                store: RedisStore::new(&with_password(url, config)?, config.store_timeout)
-                    .map_err(|e| format!("runs: store: {e}"))?,
+                store: RedisStore::new(
+                    &with_password(url, config)?,
+                    config.store_timeout,
+                    store_ca(config)?,
+                    config.store_cluster,
+                )
+                .map_err(|e| format!("runs: store: {e}"))?,
                 shown: crate::config::redacted_url(url),
                 ttl: config.ttl,
                 timeout: config.store_timeout,
@@ -290,7 +295,13 @@ impl Runs {
                 tokio::time::timeout(Duration::from_secs(2), shared.store.find(id))
                     .await
                     .unwrap_or_else(|_| Err(shared.store.timed_out(Duration::from_secs(2))))
-                    .map_err(|e| e.to_string())
+                    // As a call's 503 says it: the limit's name first, the store's last.
+                    .map_err(|e| {
+                        GatewayError::RunStoreUnavailable {
+                            reason: format!("{e} ({})", shared.shown),
+                        }
+                        .to_string()
+                    })
             }
         }
     }
@@ -337,6 +348,18 @@ impl Drop for Runs {
     }
 }
 
+/// The certificates of `store_ca_file`, when one is named, read as start-up and `check` read
+/// them: a file without one would leave nothing trusted, and every command failing.
+pub fn store_ca(config: &RunsConfig) -> Result<Option<Vec<u8>>, String> {
+    let Some(path) = &config.store_ca_file else {
+        return Ok(None);
+    };
+    let failed = |e: String| format!("runs: store_ca_file {}: {e}", path.display());
+    let pem = std::fs::read(path).map_err(|e| failed(format!("failed to read file: {e}")))?;
+    crate::pem::certs(&pem).map_err(failed)?;
+    Ok(Some(pem))
+}
+
 /// The store URL with the password of `store_password_env` in it, when one is named.
 fn with_password(url: &str, config: &RunsConfig) -> Result<String, String> {
     let Some(var) = &config.store_password_env else {
@@ -348,9 +371,17 @@ fn with_password(url: &str, config: &RunsConfig) -> Result<String, String> {
             crate::config::var_shown(var)
         )
     })?;
+    Ok(credentials(url, &password))
+}
+
+/// `url` with `password` as the variable holds it: trimmed, as provider keys are (a secret
+/// made with `--from-file` or `echo pw > file` ends in a newline, and a Redis password cannot),
+/// beside the URL's username if it names an ACL user.
+fn credentials(url: &str, password: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
     // Percent-encoded: a password may hold any byte the URL syntax reserves.
     let encoded: String = password
+        .trim()
         .bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
@@ -359,7 +390,16 @@ fn with_password(url: &str, config: &RunsConfig) -> Result<String, String> {
             b => format!("%{b:02X}"),
         })
         .collect();
-    Ok(format!("{scheme}://:{encoded}@{rest}"))
+    // The config refuses a URL with a password of its own beside the variable: a userinfo
+    // here is a username.
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((user, _)) => {
+            let host = &rest[user.len() + 1..];
+            format!("{scheme}://{user}:{encoded}@{host}")
+        }
+        None => format!("{scheme}://:{encoded}@{rest}"),
+    }
 }
 
 fn refusal_error(id: &str, refusal: Refusal) -> GatewayError {
@@ -397,6 +437,26 @@ mod tests {
     use super::*;
     use crate::telemetry::metrics::Metrics;
 
+    /// A password from the environment is trimmed as provider keys are (a Kubernetes secret
+    /// made `--from-file` ends in a newline, which AUTH refused), and goes beside the URL's
+    /// ACL username when it names one.
+    #[test]
+    fn a_password_from_the_environment_is_trimmed_and_joins_an_acl_username() {
+        assert_eq!(
+            credentials("redis://127.0.0.1:6379/0", "S3cr3t:p@ss/w0rd#x\n"),
+            "redis://:S3cr3t%3Ap%40ss%2Fw0rd%23x@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            credentials("rediss://hguser@redis.internal:6380/2", " UserPw!42\r\n"),
+            "rediss://hguser:UserPw%2142@redis.internal:6380/2"
+        );
+        // An `@` past the host is not a username's.
+        assert_eq!(
+            credentials("redis://h:6379/0?client_name=a@b", "pw"),
+            "redis://:pw@h:6379/0?client_name=a@b"
+        );
+    }
+
     fn memory_runs(metrics: &Metrics) -> Arc<Runs> {
         Runs::new(
             &RunsConfig {
@@ -404,6 +464,8 @@ mod tests {
                 max_runs: 10,
                 store: crate::config::RunStore::Memory,
                 store_password_env: None,
+                store_ca_file: None,
+                store_cluster: false,
                 store_timeout: Duration::from_millis(50),
                 on_store_error: crate::config::OnStoreError::Allow,
             },

@@ -956,3 +956,48 @@ fn the_fake_provider_survives_a_sighup() {
     let _ = child.wait();
     assert!(alive, "the SIGHUP ended it");
 }
+
+/// `store_ca_file` is read by `check` as start-up reads it: a file with no certificate (which
+/// would leave nothing trusted, and every store command failing) fails the check, naming the
+/// key and the file; one this machine cannot open is a warning.
+#[test]
+fn check_reads_the_store_ca_file_as_start_up_does() {
+    let route = "[[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n";
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-cli-store-ca-")
+        .tempdir()
+        .unwrap();
+    std::fs::write(dir.path().join("bad.pem"), "not a certificate\n").unwrap();
+    let config = |ca: &str| {
+        let path = dir.path().join("store.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[runs]\nstore = \"rediss://127.0.0.1:1/0\"\nstore_ca_file = \"{ca}\"\n\
+                 [upstreams.u]\nurl = \"http://127.0.0.1:1\"\n{route}"
+            ),
+        )
+        .unwrap();
+        let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let bad = dir.path().join("bad.pem");
+    let (code, stderr) = config("bad.pem");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "runs: store_ca_file {}: no PEM certificate found",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+    let (code, stderr) = config("absent.pem");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("warning: runs: store_ca_file") && stderr.contains("absent.pem"),
+        "{stderr}"
+    );
+}

@@ -156,7 +156,30 @@ fn a_bad_runs_table_is_refused() {
         ("max_runs = 0", "runs: max_runs (0) must be between 1 and"),
         (
             "store = \"postgres://x\"",
-            "runs: store \"postgres://x\" must be \"memory\" or a redis:// or rediss:// URL",
+            "runs: store \"postgres:...\" must be \"memory\" or a redis:// or rediss:// URL",
+        ),
+        (
+            "store = \"rediss://127.0.0.1:6380/0#insecure\"",
+            "runs: store \"rediss://127.0.0.1:6380/0#insecure\": #insecure (no certificate \
+             check) is not supported; name the CA that signed the server's certificate in \
+             store_ca_file",
+        ),
+        (
+            "store = \"redis://127.0.0.1:6379/0\"\nstore_ca_file = \"ca.pem\"",
+            "runs: store_ca_file \"ca.pem\" needs a rediss:// store",
+        ),
+        (
+            "store = \"rediss://127.0.0.1:6380/0\"\nstore_ca_file = \"\"",
+            "runs: store_ca_file must not be empty",
+        ),
+        (
+            "store_cluster = true",
+            "runs: store_cluster needs a redis:// or rediss:// store",
+        ),
+        (
+            "store = \"redis://u:pw@127.0.0.1:7000/2\"\nstore_cluster = true",
+            "runs: store \"redis://u:***@127.0.0.1:7000/2\": database 2 with store_cluster = \
+             true: a Redis Cluster has database 0 only",
         ),
         (
             "store = \"redis://\"",
@@ -225,7 +248,11 @@ fn a_store_password_comes_from_the_environment_only() {
         ),
         (
             "store = \"redis://:x@h:6379\"\nstore_password_env = \"P\"",
-            "the store URL already has credentials",
+            "the store URL already has a password",
+        ),
+        (
+            "store = \"redis://u:x@h:6379\"\nstore_password_env = \"P\"",
+            "the store URL already has a password",
         ),
         (
             "store = \"redis://h:6379\"\nstore_password_env = \"A B\"",
@@ -234,6 +261,84 @@ fn a_store_password_comes_from_the_environment_only() {
     ] {
         let e = err(&format!("[runs]\n{table}\n{BASE}"));
         assert!(e.contains(want), "{table}: {e}");
+    }
+}
+
+/// An ACL user named in the URL takes its password from the environment: managed Redis
+/// (ElastiCache, Memorystore) needs both, and the password then stays out of the file.
+#[test]
+fn an_acl_username_takes_its_password_from_the_environment() {
+    let c = load(&format!(
+        "[runs]\nstore = \"redis://hguser@redis:6379/0\"\nstore_password_env = \"HG_REDIS_UPW\"\n{BASE}"
+    ));
+    assert_eq!(c.runs.store_password_env.as_deref(), Some("HG_REDIS_UPW"));
+}
+
+/// A Redis Cluster is named as one, and `check` says so.
+#[test]
+fn a_cluster_store_is_named_as_one() {
+    let c = load(&format!(
+        "[runs]\nstore = \"redis://redis-0:6379\"\nstore_cluster = true\n{BASE}"
+    ));
+    assert!(c.runs.store_cluster);
+    assert!(
+        c.describe()
+            .contains("store: redis://redis-0:6379 (Redis Cluster)"),
+        "{}",
+        c.describe()
+    );
+    assert!(!load(BASE).runs.store_cluster);
+}
+
+/// A `rediss://` store signed by a private CA names it, relative to the config file as an
+/// upstream's `ca_file` is.
+#[test]
+fn a_store_ca_file_is_relative_to_the_config_file() {
+    let c = load(&format!(
+        "[runs]\nstore = \"rediss://redis.internal:6380/0\"\nstore_ca_file = \"certs/redis-ca.pem\"\n{BASE}"
+    ));
+    assert_eq!(
+        c.runs.store_ca_file.as_deref(),
+        Some(std::path::Path::new("config/certs/redis-ca.pem"))
+    );
+    assert!(
+        c.describe()
+            .contains("store: rediss://redis.internal:6380/0 (CA from config/certs/redis-ca.pem)"),
+        "{}",
+        c.describe()
+    );
+}
+
+/// No form of a store URL prints its password: not redis-rs's `?pass=` for a socket, nor a
+/// URL missing a slash (a typo), which only their scheme is shown of.
+#[test]
+fn a_store_password_is_never_printed_whatever_the_urls_form() {
+    let pw = "correct-horse-battery-staple";
+    for (store, want) in [
+        (
+            format!("redis+unix:///var/run/redis/redis.sock?pass={pw}"),
+            "runs: store \"redis+unix:...\" must be",
+        ),
+        (
+            format!("unix:///var/run/redis.sock?user=app&pass={pw}"),
+            "runs: store \"unix:...\" must be",
+        ),
+        (
+            format!("redis:/:{pw}@127.0.0.1:6379/0"),
+            "runs: store \"redis:...\" must be",
+        ),
+        (
+            format!("redis:{pw}@127.0.0.1"),
+            "runs: store \"redis:...\" must be",
+        ),
+        (
+            format!("redis://127.0.0.1:6379/x?password={pw}"),
+            "runs: store \"redis://127.0.0.1:6379/x?password=***\": database \"x\"",
+        ),
+    ] {
+        let e = err(&format!("[runs]\nstore = \"{store}\"\n{BASE}"));
+        assert!(e.contains(want), "{store}: {e}");
+        assert!(!e.contains(pw), "{store}: {e}");
     }
 }
 

@@ -63,6 +63,64 @@ impl RedisServer {
         Self::with_args(free_port(), &["--requirepass", password]).await
     }
 
+    /// A node of a Redis Cluster (`cluster-enabled`), its node file in `dir`, holding no slot
+    /// until it is given some.
+    pub async fn cluster_node(dir: &std::path::Path) -> RedisServer {
+        let port = free_port();
+        let nodes = dir.join(format!("nodes-{port}.conf"));
+        Self::with_args(
+            port,
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                nodes.to_str().unwrap(),
+            ],
+        )
+        .await
+    }
+
+    /// One that also listens with TLS, its certificate (for `localhost` and 127.0.0.1) signed
+    /// by a private CA: the server, the CA's PEM file (in `dir`) and the TLS port. Plain TCP
+    /// stays open on `addr` for `query`.
+    pub async fn with_tls(dir: &std::path::Path) -> (RedisServer, std::path::PathBuf, u16) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "hourglass test redis CA");
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+        let [ca_file, cert_file, key_file] =
+            ["ca.pem", "redis.pem", "redis.key"].map(|f| dir.join(f));
+        std::fs::write(&ca_file, ca.pem()).unwrap();
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        let tls_port = free_port();
+        let server = Self::with_args(
+            free_port(),
+            &[
+                "--tls-port",
+                &tls_port.to_string(),
+                "--tls-cert-file",
+                cert_file.to_str().unwrap(),
+                "--tls-key-file",
+                key_file.to_str().unwrap(),
+                "--tls-ca-cert-file",
+                ca_file.to_str().unwrap(),
+                "--tls-auth-clients",
+                "no",
+            ],
+        )
+        .await;
+        (server, ca_file, tls_port)
+    }
+
     async fn with_args(port: u16, extra: &[&str]) -> RedisServer {
         let child = Command::new("redis-server")
             .args(extra)
