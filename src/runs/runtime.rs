@@ -437,6 +437,14 @@ mod tests {
     use super::*;
     use crate::telemetry::metrics::Metrics;
 
+    /// The line of `text` (a scrape) that starts with `name`.
+    fn sample(text: &str, name: &str) -> String {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .to_owned()
+    }
+
     /// A password from the environment is trimmed as provider keys are (a Kubernetes secret
     /// made `--from-file` ends in a newline, which AUTH refused), and goes beside the URL's
     /// ACL username when it names one.
@@ -524,12 +532,7 @@ mod tests {
             "forgotten"
         );
         let text = metrics.encode();
-        let sample = |name: &str| {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .unwrap_or_else(|| panic!("no {name} in {text}"))
-                .to_owned()
-        };
+        let sample = |name: &str| sample(&text, name);
         assert_eq!(
             sample("hourglass_run_duration_seconds_sum{route=\"r\"}"),
             "hourglass_run_duration_seconds_sum{route=\"r\"} 6"
@@ -576,12 +579,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(100)).await;
         assert!(runs.find("quick").await.unwrap_or_default().is_empty());
         let text = metrics.encode();
-        let sample = |name: &str| {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .unwrap_or_else(|| panic!("no {name} in {text}"))
-                .to_owned()
-        };
+        let sample = |name: &str| sample(&text, name);
         assert_eq!(
             sample("hourglass_run_duration_seconds_sum{route=\"r\"}"),
             "hourglass_run_duration_seconds_sum{route=\"r\"} 0.002"
