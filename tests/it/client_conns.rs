@@ -363,3 +363,55 @@ async fn an_h2c_connection_with_no_stream_open_is_closed_after_the_header_read_t
     let (resp, _conn) = h.chat(&[]).await;
     assert_eq!(resp.status(), 200);
 }
+
+/// An answer whose body is done is not yet sent: h2 holds what the client's flow-control
+/// window does not take yet. A slow reader of a large document (here 1 KiB of window, opened
+/// again every 100 ms) gets all of it, though its stream no longer counts as open for many
+/// header-read timeouts (audit Q: cut after 18 KB of 60 KB, logged 200 ok).
+#[tokio::test]
+async fn a_slow_http2_reader_gets_its_whole_document_past_the_idle_limit() {
+    let h = Harness::with_config(
+        &BASE.replace("[server]\n", "[server]\nheader_read_timeout = \"300ms\"\n"),
+    )
+    .await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (mut client, conn) = h2::client::Builder::new()
+        .initial_window_size(1024)
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.addr()))
+        .header("content-type", "application/json")
+        .header("x-fake-chunks", "3000")
+        .header("x-fake-interval-ms", "0")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(
+        Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
+        true,
+    )
+    .unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    let read = async {
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("the stream ended with no error");
+            got.extend_from_slice(&chunk);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("the document within 30 s");
+    assert!(got.len() > 20 * 1024, "{} bytes", got.len());
+    let doc: serde_json::Value = serde_json::from_slice(&got).expect("the whole document");
+    assert!(doc["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .ends_with("tok3000 "));
+}
