@@ -59,7 +59,13 @@ fn after_head(
 fn provider_status(error: &serde_json::Value) -> StatusCode {
     let named = |v: &serde_json::Value| v.as_str().and_then(|s| ErrorType::parse(s.as_bytes()));
     let inner = error.get("error").unwrap_or(error);
-    let kind = named(&inner["type"]).or_else(|| named(&inner["code"]));
+    // vLLM's `{"object":"error",...,"code":503}` carries its HTTP status.
+    if let Some(code) = inner["code"].as_u64().filter(|c| (400..600).contains(c)) {
+        return StatusCode::from_u16(code as u16).unwrap_or(StatusCode::BAD_GATEWAY);
+    }
+    let kind = named(&inner["type"])
+        .or_else(|| named(&inner["code"]))
+        .or_else(|| named(&error["error_type"]));
     let code = match kind {
         Some(ErrorType::Overloaded) => 529,
         Some(ErrorType::RateLimit | ErrorType::InsufficientQuota) => 429,
@@ -71,11 +77,7 @@ fn provider_status(error: &serde_json::Value) -> StatusCode {
         Some(ErrorType::RequestTooLarge) => 413,
         Some(ErrorType::Api | ErrorType::Server) => 500,
         Some(ErrorType::Timeout) => 504,
-        // vLLM's `{"object":"error",...,"code":400}` carries its HTTP status.
-        Some(ErrorType::Other) | None => inner["code"]
-            .as_u64()
-            .filter(|c| (400..600).contains(c))
-            .map_or(502, |c| c as u16),
+        Some(ErrorType::Other) | None => 502,
     };
     StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY)
 }

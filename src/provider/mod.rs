@@ -116,19 +116,38 @@ pub enum ErrorType {
 
 impl ErrorType {
     /// The type named by a provider's `error.type` (or `code`), if it is a known one.
+    /// Also the names compatible servers give their errors: vLLM's `type` (the OpenAI SDK's
+    /// exception names, `BadRequestError`, ...), TGI's `error_type` (`overloaded`,
+    /// `validation`, `generation`), and an HTTP status as a string (LiteLLM's `"code":"429"`).
     pub fn parse(name: &[u8]) -> Option<ErrorType> {
         Some(match name {
-            b"overloaded_error" => Self::Overloaded,
-            b"rate_limit_error" | b"rate_limit_exceeded" => Self::RateLimit,
+            b"overloaded_error" | b"overloaded" | b"ServiceUnavailableError" | b"503" | b"529" => {
+                Self::Overloaded
+            }
+            b"rate_limit_error" | b"rate_limit_exceeded" | b"RateLimitError" | b"429" => {
+                Self::RateLimit
+            }
             b"api_error" => Self::Api,
-            b"server_error" | b"internal_error" | b"internal_server_error" => Self::Server,
-            b"invalid_request_error" => Self::InvalidRequest,
-            b"authentication_error" => Self::Authentication,
-            b"permission_error" => Self::Permission,
-            b"not_found_error" => Self::NotFound,
-            b"request_too_large" => Self::RequestTooLarge,
-            b"timeout_error" => Self::Timeout,
-            b"billing_error" => Self::Billing,
+            b"server_error"
+            | b"internal_error"
+            | b"internal_server_error"
+            | b"InternalServerError"
+            | b"generation"
+            | b"incomplete_generation"
+            | b"500"
+            | b"502" => Self::Server,
+            b"invalid_request_error"
+            | b"BadRequestError"
+            | b"UnprocessableEntityError"
+            | b"validation"
+            | b"400"
+            | b"422" => Self::InvalidRequest,
+            b"authentication_error" | b"AuthenticationError" | b"401" => Self::Authentication,
+            b"permission_error" | b"PermissionDeniedError" | b"403" => Self::Permission,
+            b"not_found_error" | b"NotFoundError" | b"404" => Self::NotFound,
+            b"request_too_large" | b"413" => Self::RequestTooLarge,
+            b"timeout_error" | b"408" | b"504" => Self::Timeout,
+            b"billing_error" | b"402" => Self::Billing,
             b"insufficient_quota" => Self::InsufficientQuota,
             _ => return None,
         })

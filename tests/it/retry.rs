@@ -754,10 +754,32 @@ async fn attempts_running_when_the_client_leaves_are_logged() {
 /// fallback stood ready. A bad request sent so is the client's, and still passes through.
 #[tokio::test]
 async fn an_overload_sent_as_an_error_event_before_any_output_falls_back() {
-    for (kind, falls_back) in [("overloaded_error", true), ("invalid_request_error", false)] {
-        let event = format!(
+    // Anthropic's, and compatible servers' (audit Q): vLLM's error object and TGI's string,
+    // whose kinds are named in their own words.
+    let anthropic = |kind: &str| {
+        format!(
             "event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"{kind}\",\"message\":\"m\"}}}}\n\n"
-        );
+        )
+    };
+    for (kind, event, falls_back) in [
+        ("overloaded_error", anthropic("overloaded_error"), true),
+        ("invalid_request_error", anthropic("invalid_request_error"), false),
+        (
+            "ServiceUnavailableError",
+            "data: {\"object\":\"error\",\"message\":\"m\",\"type\":\"ServiceUnavailableError\",\"param\":null,\"code\":503}\n\n".to_owned(),
+            true,
+        ),
+        (
+            "overloaded",
+            "data: {\"error\":\"m\",\"error_type\":\"overloaded\"}\n\n".to_owned(),
+            true,
+        ),
+        (
+            "BadRequestError",
+            "data: {\"object\":\"error\",\"message\":\"m\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}\n\n".to_owned(),
+            false,
+        ),
+    ] {
         let head = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
              connection: close\r\n\r\n{event}",

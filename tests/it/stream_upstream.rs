@@ -747,7 +747,7 @@ async fn compatible_servers_errors_and_choiceless_streams_are_no_answer() {
         (
             "tgi",
             format!("data: {head}\n\ndata: {tgi}\n\n"),
-            502,
+            529,
             "model overloaded, retry later",
         ),
         ("vllm", format!("data: {vllm}\n\n"), 400, "boom"),

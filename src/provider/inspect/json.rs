@@ -78,6 +78,7 @@ enum Key {
     FinishReason,
     Index,
     Object,
+    ErrorType,
 }
 
 fn key(name: &[u8]) -> Key {
@@ -115,6 +116,7 @@ fn key(name: &[u8]) -> Key {
         b"stop_reason" => Key::StopReason,
         b"index" => Key::Index,
         b"object" => Key::Object,
+        b"error_type" => Key::ErrorType,
         _ => Key::Other,
     }
 }
@@ -558,7 +560,7 @@ impl Json {
                 | (Ctx::Delta | Ctx::BlockDelta, _)
                 | (Ctx::ToolFunction, Name | Arguments)
                 | (Ctx::ContentBlock, Text | Thinking) => Str::Output,
-                (Ctx::Root, Type | Code | Error | Object)
+                (Ctx::Root, Type | Code | Error | Object | ErrorType)
                 | (Ctx::Choice, FinishReason)
                 | (Ctx::ContentBlock, Type)
                 | (Ctx::ErrorRoot | Ctx::ErrorNested, Type | Code) => Str::Named,
@@ -613,6 +615,10 @@ impl Json {
                         if ev.kind == Kind::Error {
                             ev.error = true;
                         }
+                        // vLLM's error object names its kind here.
+                        if ev.kind == Kind::Unknown {
+                            ev.error_type = ev.error_type.or(ErrorType::parse(name));
+                        }
                         // The last event of an answer that ended as it should.
                         ev.last = matches!(
                             name,
@@ -633,6 +639,7 @@ impl Json {
                     // llama.cpp's `{"error":"..."}`, vLLM's `{"object":"error",...}`.
                     (Ctx::Root, Key::Error) => ev.error |= len > 0,
                     (Ctx::Root, Key::Object) => ev.error |= name == b"error",
+                    (Ctx::Root, Key::ErrorType) => ev.error_type = ErrorType::parse(name),
                     (Ctx::ContentBlock, _) => {
                         // A block that starts as anything but (empty) text or thinking: a
                         // tool call, redacted thinking, a server tool's result.

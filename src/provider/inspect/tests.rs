@@ -723,11 +723,24 @@ fn errors_by_shape() {
         (r#"{"error":"model overloaded, retry later"}"#, None),
         (
             r#"{"error":"Input validation error","error_type":"validation"}"#,
-            None,
+            Some(ErrorType::InvalidRequest),
+        ),
+        (
+            r#"{"error":"Model is overloaded","error_type":"overloaded"}"#,
+            Some(ErrorType::Overloaded),
         ),
         (
             r#"{"object":"error","message":"boom","type":"BadRequestError","param":null,"code":400}"#,
-            None,
+            Some(ErrorType::InvalidRequest),
+        ),
+        (
+            r#"{"object":"error","message":"busy","type":"ServiceUnavailableError","param":null,"code":503}"#,
+            Some(ErrorType::Overloaded),
+        ),
+        // LiteLLM's code, an HTTP status as a string.
+        (
+            r#"{"error":{"message":"m","type":"None","code":"429"}}"#,
+            Some(ErrorType::RateLimit),
         ),
     ];
     for (data, ty) in cases {
