@@ -157,16 +157,32 @@ fn push_part(parts: &mut Vec<Value>, part: Value) {
     parts.push(part);
 }
 
-/// Adds fields the document has no place of its own for to `acc`, as the OpenAI SDK's stream
-/// accumulator does: strings joined, objects merged, lists of objects with an `index`
-/// merged by it and other lists extended; `index`, `type` and any other value as last sent
-/// (`null` never replaces one). Returns the bytes added, for `max_response_body`.
+/// Adds fields the document has no place of its own for to `acc`, much as the OpenAI SDK's
+/// stream accumulator does: objects merged, lists of objects with an `index` merged by it and
+/// other lists extended, the strings of text fields joined; any other value as last sent
+/// (`null` or an empty string never replaces one). Unlike the SDK's, a string that is no
+/// text is not joined: OpenRouter repeats `"format":"anthropic-claude-v1"` in every
+/// `reasoning_details` delta, which the SDK makes `anthropic-claude-v1anthropic-...`, and a
+/// field sent whole in every chunk (Perplexity's) would grow with every chunk.
+/// Returns the bytes added, for `max_response_body`.
 fn accumulate(acc: &mut Map<String, Value>, delta: Map<String, Value>) -> usize {
+    /// Fields whose string is a piece of text, as in the deltas the document knows.
+    const TEXT: [&str; 8] = [
+        "text",
+        "content",
+        "summary",
+        "reasoning",
+        "refusal",
+        "thinking",
+        "arguments",
+        "transcript",
+    ];
     let mut added = 0;
     for (k, v) in delta {
         match (acc.get_mut(&k), v) {
             (Some(_), Value::Null) => {}
-            (Some(Value::String(a)), Value::String(b)) if k != "index" && k != "type" => {
+            (Some(Value::String(_)), Value::String(b)) if b.is_empty() => {}
+            (Some(Value::String(a)), Value::String(b)) if TEXT.contains(&k.as_str()) => {
                 added += b.len();
                 a.push_str(&b);
             }

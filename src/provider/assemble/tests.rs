@@ -889,8 +889,9 @@ fn chat_calls_without_an_index_are_two_calls() {
     assert_eq!(calls[1]["function"]["arguments"], "{\"tz\":\"CET\"}");
 }
 
-/// Fields the document has no place of its own for are kept as the OpenAI SDK's stream
-/// accumulator keeps them for a client that streams (audit S): Gemini's tool-call
+/// Fields the document has no place of its own for are kept much as the OpenAI SDK's stream
+/// accumulator keeps them for a client that streams (audit S), without its joining of
+/// strings that are no text (audit Q: OpenRouter's repeated `format`): Gemini's tool-call
 /// `extra_content` (the thought signature its next turn needs), OpenRouter's
 /// `reasoning_details` (merged by `index`, text joined, the signature kept), vLLM's choice
 /// `stop_reason`.
@@ -903,7 +904,10 @@ fn chat_fields_without_a_place_are_kept_as_the_sdk_keeps_them() {
     };
     let stream = [
         chunk(r#"{"index":0,"delta":{"role":"assistant","reasoning":"Let me","reasoning_details":[{"type":"reasoning.text","text":"Let me","index":0,"format":"anthropic-claude-v1"}]},"finish_reason":null}"#),
-        chunk(r#"{"index":0,"delta":{"reasoning":" think","reasoning_details":[{"type":"reasoning.text","text":" think","index":0,"signature":"EqQBsig=="}]},"finish_reason":null}"#),
+        chunk(r#"{"index":0,"delta":{"reasoning":" think","reasoning_details":[{"type":"reasoning.text","text":" think","index":0,"format":"anthropic-claude-v1","signature":"EqQBsig=="}]},"finish_reason":null}"#),
+        // Perplexity-style: a field sent whole again in a later chunk is not joined.
+        chunk(r#"{"index":0,"delta":{},"finish_reason":null,"citations_note":"see [1]"}"#),
+        chunk(r#"{"index":0,"delta":{},"finish_reason":null,"citations_note":"see [1]"}"#),
         chunk(r#"{"index":0,"delta":{"content":"Answer.","provider_specific_fields":null},"finish_reason":null}"#),
         chunk(r#"{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"},"extra_content":{"google":{"thought_signature":"CiQB0e2Kb-SIG"}}}]},"finish_reason":null}"#),
         chunk(r#"{"index":0,"delta":{},"finish_reason":"tool_calls","stop_reason":128009,"native_finish_reason":"STOP"}"#),
@@ -926,6 +930,7 @@ fn chat_fields_without_a_place_are_kept_as_the_sdk_keeps_them() {
     );
     assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather");
     assert_eq!(choice["stop_reason"], 128009);
+    assert_eq!(choice["citations_note"], "see [1]");
     assert_eq!(choice["native_finish_reason"], "STOP");
     assert_eq!(choice["finish_reason"], "tool_calls");
 }
