@@ -378,8 +378,8 @@ fn expected(by: Option<&(String, Option<String>)>, need: Duration) -> String {
 fn spent(budget: Duration, reserve: Duration, patience: bool) -> String {
     if patience {
         format!(
-            "the client stops waiting for the answer after {} (the timeout its SDK \
-             announced), before it was whole",
+            "the answer was not whole {} after the request, when it had to go out to reach \
+             the client before the timeout its SDK announced",
             ms(budget)
         )
     } else {
@@ -845,7 +845,7 @@ mod tests {
                     client_budget: false,
                     patience: true,
                 },
-                "deadline exceeded: the client stops waiting for the answer after 1000ms (the timeout its SDK announced), before it was whole",
+                "deadline exceeded: the answer was not whole 1000ms after the request, when it had to go out to reach the client before the timeout its SDK announced",
             ),
         ];
         for (e, start) in cases {

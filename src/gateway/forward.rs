@@ -206,6 +206,8 @@ impl Gateway {
                 let Some(route) = candidates().find(|r| r.route.matches(path, model.as_deref()))
                 else {
                     record.unroute(self.no_route.clone());
+                    // The log says which model no route serves.
+                    record.set_model(model.as_deref().map(Arc::from));
                     return Err(GatewayError::NoRoute {
                         path: uri.path().to_owned(),
                         model: model.as_deref().map(str::to_owned),

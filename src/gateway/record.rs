@@ -564,7 +564,9 @@ impl RequestRecord {
             }
         }
         let completion = self.tokens.map(|t| t.completion());
-        if let Some(c) = &self.client_id {
+        // Per client on the routes that name clients: not under `none` (a model no route
+        // serves), whose series would exist for no key file.
+        if let (Some(c), Some(_)) = (&self.client_id, &self.route) {
             m.client_usage(
                 &c.label(),
                 end.outcome(),

@@ -419,6 +419,41 @@ async fn routes_chosen_by_model_check_the_chosen_routes_keys() {
     assert_eq!(h.fake.requests().len(), 2);
 }
 
+/// A keyed client's request for a model no route serves is no route's, and no client series
+/// of `none` (audit Q: `hourglass_client_requests_total{route="none"}` appeared, a series
+/// of no key file).
+#[tokio::test]
+async fn a_keyed_clients_model_no_route_serves_counts_no_client_series() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-admission-")
+        .tempdir()
+        .unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, CLIENT_KEY).unwrap();
+    let cfg = BASE.replace(
+        "[[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+        &format!(
+            "[[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n\
+             models = [\"gpt*\"]\nclient_keys_file = \"{}\"\n",
+            keys.display()
+        ),
+    );
+    let h = Harness::with_config(&cfg).await;
+    let req = Request::post("/v1/chat/completions")
+        .header("host", "g")
+        .header("x-api-key", CLIENT_KEY)
+        .body(Full::new(Bytes::from(r#"{"model":"claude"}"#)))
+        .unwrap();
+    let (resp, _c) = Conn::open(h.addr()).await.send(req).await;
+    assert_eq!(resp.status(), 404);
+    h.wait_requests("none", 1.0).await;
+    let text = h.metrics_text().await;
+    let none =
+        |l: &&str| l.starts_with("hourglass_client_requests_total") && l.contains("route=\"none\"");
+    assert_eq!(text.lines().find(none), None);
+    dir.close().unwrap();
+}
+
 /// A path spelled another way than its route's prefix takes that route, with its client
 /// keys: `%63` for `c`, `//` for `/`, an encoded slash or a backslash. Before, each slipped
 /// past the keyed chat route to an open `/v1` route, with the provider key, and reached

@@ -137,8 +137,8 @@ async fn an_assembled_answer_ends_before_the_sdk_stops_waiting() {
     // What ran out is named: the client's own timeout, not the request's budget of 10 s.
     assert_eq!(
         message,
-        "deadline exceeded: the client stops waiting for the answer after 900ms (the \
-         timeout its SDK announced), before it was whole"
+        "deadline exceeded: the answer was not whole 900ms after the request, when it had \
+         to go out to reach the client before the timeout its SDK announced"
     );
 }
 
