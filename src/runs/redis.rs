@@ -11,9 +11,11 @@
 //! Each admission carries a call token, and the run's hash holds `p:TOKEN` (what the call
 //! reserved) until the call's end gives it back, once. A call that stops waiting for its
 //! admission (the store slow, or its own budget spent) sends `cancel.lua`, which gives back
-//! an admission already made, or leaves a tombstone (`hg:{SCOPE/ID}:x:TOKEN`, the same hash
-//! tag) that turns one still on its way into a no-op: a store that was only paused never
-//! keeps a reservation nobody will give back.
+//! an admission already made, or leaves a tombstone (the field `x:TOKEN` of the run's hash)
+//! that turns one still on its way into a no-op: a store that was only paused never keeps a
+//! reservation nobody will give back. Every script names the run's hash alone: in a cluster,
+//! a script of two keys with one missing is refused (TRYAGAIN) all the while its slot
+//! migrates, which turned a run's calls into store errors for as long (audit W).
 //!
 //! One multiplexed connection (`ConnectionManager`), opened lazily and reopened with
 //! backoff: a gateway starts while Redis is down, and its runs resume when Redis is back.
@@ -161,12 +163,6 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// The tombstone of the call `token` of the run at `run` (its hash): the same hash tag, so
-/// one slot.
-fn tombstone(run: &str, token: &str) -> String {
-    format!("{run}:x:{token}")
-}
-
 /// The run's hash.
 pub fn key_of(key: &RunKey) -> String {
     match &key.scope {
@@ -306,7 +302,6 @@ impl RedisStore {
         let run = key_of(key);
         let mut invocation = self.admit.key(&run);
         invocation
-            .key(tombstone(&run, token))
             .arg(route)
             .arg(opt(limits.budget.map(ms)))
             .arg(opt(limits.max_budget.map(ms)))
@@ -485,7 +480,6 @@ impl RedisStore {
         let reply: Vec<Value> = self.noted(
             self.cancel
                 .key(key)
-                .key(tombstone(key, token))
                 .arg(token)
                 .arg(u8::from(!served))
                 .arg(ttl.as_millis() as u64)
@@ -573,8 +567,8 @@ impl RedisStore {
             };
             let h: std::collections::HashMap<String, String> =
                 redis::cmd("HGETALL").arg(&k).query_async(&mut conn).await?;
-            // Expired between the look and the read.
-            if h.is_empty() {
+            // Expired between the look and the read, or a tombstone with no run yet.
+            if !h.contains_key("route") {
                 continue;
             }
             out.push((run_key, state_of(&h, redis_now, now)));

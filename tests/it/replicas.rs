@@ -714,7 +714,6 @@ async fn an_admission_sent_twice_takes_once() {
         async move {
             let reply: Vec<Value> = script
                 .key(format!("hg:{{-/{run}}}"))
-                .key(format!("hg:{{-/{run}}}:x:{token}"))
                 .arg("agent")
                 .arg("")
                 .arg("")
@@ -772,7 +771,6 @@ async fn an_admission_sent_twice_takes_once() {
     assert_eq!(admit("late", "t2").await.0, 1);
     let _: Vec<Value> = cancel_lua
         .key("hg:{-/late}")
-        .key("hg:{-/late}:x:t2")
         .arg("t2")
         .arg("1")
         .arg(60_000)
@@ -785,6 +783,26 @@ async fn an_admission_sent_twice_takes_once() {
         "the copy after the cancel admits nothing"
     );
     assert_eq!(hash("late").await, (0, 0, 0, 0));
+    // Cancelled before its admission ever came, the run not yet made: the tombstone alone
+    // (a field of the run's hash, the scripts' one key) turns it into a no-op, and the run's
+    // next call still starts it afresh.
+    let _: Vec<Value> = cancel_lua
+        .key("hg:{-/early}")
+        .arg("t5")
+        .arg("1")
+        .arg(60_000)
+        .invoke_async(&mut own)
+        .await
+        .unwrap();
+    assert_eq!(admit("early", "t5").await.0, 2);
+    assert_eq!(admit("early", "t6").await.0, 1, "a fresh run");
+    assert_eq!(hash("early").await, (1, 1, 100, 0));
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("hg:{-/early}")
+        .query_async(&mut own)
+        .await
+        .unwrap();
+    assert!(ttl > 0, "the tombstone's hash expires: {ttl}");
     // The refusal that ended a run with nothing in flight, sent twice: both say so, once
     // for the token that counts it.
     assert_eq!(admit("twice", "t3").await, (0, 1));

@@ -1,9 +1,11 @@
 -- Admission of one call into its run, as one atomic step (the same rules as
 -- src/runs/state.rs, RunState::admit; the store tests hold both stores to them).
 --
--- KEYS[1]  the run's hash (hash-tagged: one Redis Cluster slot per run)
--- KEYS[2]  this call's tombstone (same hash tag): set by cancel.lua when the call stopped
---          waiting for this admission, so that an admission run later changes nothing
+-- KEYS[1]  the run's hash (hash-tagged: one Redis Cluster slot per run), its one key: a
+--          script of two keys, one of them missing, is refused with TRYAGAIN all the while
+--          its slot migrates. Its field `x:TOKEN` is this call's tombstone, set by cancel.lua
+--          when the call stopped waiting for this admission, so that an admission run later
+--          changes nothing; a hash with no `route` is no run yet (a tombstone alone).
 -- ARGV     1 route, 2 budget_ms, 3 max_budget_ms, 4 max_calls, 5 max_tokens,
 --          6 max_repeats, 7 token_estimate ('' for unset): the limits a new run takes;
 --          8 reserve, 9 asked_budget_ms (''), 10 request fingerprint (''), 11 need_ms,
@@ -16,11 +18,11 @@
 --          this refusal and no call in flight, so its end is counted now (else the last
 --          call to finish counts it).
 local k = KEYS[1]
-if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
+if redis.call('HEXISTS', k, 'x:' .. ARGV[14]) == 1 then return {2} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local arrival = now - tonumber(ARGV[12])
-local fresh = redis.call('EXISTS', k) == 0
+local fresh = redis.call('HEXISTS', k, 'route') == 0
 if fresh then
   redis.call('HSET', k, 'route', ARGV[1], 'budget', ARGV[2], 'max_budget', ARGV[3],
     'max_calls', ARGV[4], 'max_tokens', ARGV[5], 'max_repeats', ARGV[6],

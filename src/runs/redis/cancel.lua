@@ -4,7 +4,8 @@
 -- the first case what it took is given back now, in the others the tombstone makes it a
 -- no-op when it comes. Idempotent: safe to send again when its answer is lost.
 --
--- KEYS[1]  the run's hash; KEYS[2] the call's tombstone (same hash tag)
+-- KEYS[1]  the run's hash, whose field `x:TOKEN` is the call's tombstone (one key: see
+--          admit.lua)
 -- ARGV     1 call token, 2 '1' when the call was never served (it counts as no call),
 --          3 the tombstone's life in ms (the run's ttl)
 --
@@ -24,15 +25,20 @@ local function ended_now(given_back)
   if started == 0 then started = now end
   return {given_back, 1, e[1] or '', num(e[2]), num(e[3]), now - started, e[5] or ''}
 end
+-- The tombstone lives at least the run's ttl, as long as an admission may be on its way.
+local function tombstone()
+  redis.call('HSET', k, 'x:' .. ARGV[1], 1)
+  if redis.call('PTTL', k) < tonumber(ARGV[3]) then redis.call('PEXPIRE', k, ARGV[3]) end
+end
 local held = redis.call('HGET', k, 'p:' .. ARGV[1])
 if not held then
-  redis.call('SET', KEYS[2], 1, 'PX', ARGV[3])
+  tombstone()
   if redis.call('HGET', k, 'reporter') == ARGV[1] then return ended_now(0) end
   return {0}
 end
 redis.call('HDEL', k, 'p:' .. ARGV[1])
 -- A copy of the admission still on its way (sent twice) must not admit the call again.
-redis.call('SET', KEYS[2], 1, 'PX', ARGV[3])
+tombstone()
 local h = redis.call('HMGET', k, 'in_flight', 'reserved', 'calls', 'unreported')
 local in_flight = math.max(0, num(h[1]) - 1)
 redis.call('HSET', k, 'in_flight', in_flight, 'reserved', math.max(0, num(h[2]) - tonumber(held)))
