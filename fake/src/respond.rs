@@ -18,7 +18,7 @@ use crate::answer::{Answer, Api};
 use crate::body::{pause, ScriptBody};
 use crate::records::{Finisher, RequestRecord, Shared};
 use crate::reply::Reply;
-use crate::script::{Script, MAX_DOCUMENT_TOKENS};
+use crate::script::{Script, MAX_DOCUMENT_BYTES, MAX_DOCUMENT_TOKENS};
 
 pub(crate) async fn handle(
     shared: Arc<Shared>,
@@ -159,6 +159,15 @@ pub(crate) async fn respond(
              multiplying them) is more than the {MAX_DOCUMENT_TOKENS} a non-streaming \
              answer may have",
             answer.document_pieces()
+        );
+        return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
+    }
+    if !stream && answer.document_bytes() > MAX_DOCUMENT_BYTES as u128 {
+        let message = format!(
+            "the answer asked for (about {} bytes, with n, top_logprobs and the calls' \
+             arguments) is larger than the {MAX_DOCUMENT_BYTES} bytes a non-streaming answer \
+             may have",
+            answer.document_bytes()
         );
         return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
     }

@@ -33,6 +33,10 @@ pub(crate) struct Script {
 /// goes, and has no such bound.
 pub(crate) const MAX_DOCUMENT_TOKENS: usize = 1_000_000;
 
+/// The most bytes a non-streaming answer may have, about: built as JSON values first, a
+/// document takes some 25 times its size while it is made.
+pub(crate) const MAX_DOCUMENT_BYTES: usize = 16 << 20;
+
 impl Script {
     /// Refuses a non-streaming answer too large to build.
     pub(crate) fn check_document(&self) -> Result<(), String> {

@@ -91,6 +91,30 @@ async fn a_document_multiplied_past_the_bound_is_refused() {
         let text = text_of(response).await;
         assert!(text.contains("more than the 1000000"), "{text}");
     }
+    // Within the tokens, past the bytes (audit W): logprobs, and long arguments.
+    let args = format!(r#"{{"blob":"{}"}}"#, "x".repeat(100_000));
+    let calls = vec!["f"; 200].join("+");
+    for (body, headers) in [
+        (
+            r#"{"model":"m","logprobs":true,"top_logprobs":19,"messages":[]}"#,
+            vec![("x-fake-chunks", "50000")],
+        ),
+        (
+            r#"{"model":"m","n":2,"messages":[]}"#,
+            vec![
+                ("x-fake-tool-call", calls.as_str()),
+                ("x-fake-tool-args", args.as_str()),
+            ],
+        ),
+    ] {
+        let response = h1()
+            .request(post(&fake, "/v1/chat/completions", body, &headers))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+        let text = text_of(response).await;
+        assert!(text.contains("bytes a non-streaming answer"), "{text}");
+    }
     // Within the bound, as before.
     let response = h1()
         .request(post(
