@@ -248,7 +248,12 @@ pub(super) fn build_runs(raw: &RawRuns, base_dir: Option<&Path>) -> Result<RunsC
             "runs: max_runs ({max_runs}) must be between 1 and {MAX_RUNS}"
         ));
     }
-    let store = match raw.store.as_deref() {
+    // A URL's scheme is case-insensitive (RFC 3986 3.1): `Redis://` is `redis://`.
+    let store = raw.store.as_deref().map(|s| match s.split_once("://") {
+        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
+        None => s.to_owned(),
+    });
+    let store = match store.as_deref() {
         None | Some("memory") => RunStore::Memory,
         Some(url) if url.starts_with("redis://") || url.starts_with("rediss://") => {
             check_store_url(url)?;

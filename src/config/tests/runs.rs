@@ -274,6 +274,17 @@ fn an_acl_username_takes_its_password_from_the_environment() {
     assert_eq!(c.runs.store_password_env.as_deref(), Some("HG_REDIS_UPW"));
 }
 
+/// A URL's scheme is case-insensitive (RFC 3986 3.1; audit W: `Redis://` was refused).
+#[test]
+fn a_store_schemes_case_does_not_matter() {
+    let c = load(&format!("[runs]\nstore = \"Redis://redis:6379/0\"\n{BASE}"));
+    assert!(matches!(&c.runs.store, RunStore::Redis(u) if u == "redis://redis:6379/0"));
+    let c = load(&format!(
+        "[runs]\nstore = \"REDISS://redis:6380/0\"\n{BASE}"
+    ));
+    assert!(matches!(&c.runs.store, RunStore::Redis(u) if u == "rediss://redis:6380/0"));
+}
+
 /// A Redis Cluster is named as one, and `check` says so.
 #[test]
 fn a_cluster_store_is_named_as_one() {
