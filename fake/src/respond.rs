@@ -70,6 +70,16 @@ pub(crate) async fn respond(
     body: &Bytes,
     finisher: Finisher,
 ) -> Result<Response<ScriptBody>, io::Error> {
+    // A Messages client's errors in Anthropic's shape, as the real API sends them (its SDKs
+    // map the type to exceptions); the others in OpenAI's.
+    let anthropic = parts.uri.path().ends_with("/messages");
+    let refuse = |status: StatusCode, message: &str, finisher: Finisher| {
+        if anthropic {
+            anthropic_error_response(status, message, finisher)
+        } else {
+            error_response(status, message, finisher)
+        }
+    };
     let mut headers = shared
         .script_defaults
         .lock()
@@ -80,15 +90,12 @@ pub(crate) async fn respond(
     }
     let script = match Script::from_headers(&headers) {
         Ok(script) => script,
-        Err(message) => return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher)),
+        Err(message) => return Ok(refuse(StatusCode::BAD_REQUEST, &message, finisher)),
     };
     if let Some(status) = script.status {
         pause(script.ttft).await;
         let message = "status injected by x-fake-status";
-        if parts.uri.path().ends_with("/messages") {
-            return Ok(anthropic_error_response(status, message, finisher));
-        }
-        return Ok(error_response(status, message, finisher));
+        return Ok(refuse(status, message, finisher));
     }
     let replay = shared
         .replay
@@ -126,13 +133,13 @@ pub(crate) async fn respond(
         (&Method::POST, "/v1/responses") => Api::Responses,
         (method, path) => {
             let message = format!("no route for {method} {path}");
-            return Ok(error_response(StatusCode::NOT_FOUND, &message, finisher));
+            return Ok(refuse(StatusCode::NOT_FOUND, &message, finisher));
         }
     };
     let request: Value = match serde_json::from_slice(body) {
         Ok(value @ Value::Object(_)) => value,
         Ok(_) => {
-            return Ok(error_response(
+            return Ok(refuse(
                 StatusCode::BAD_REQUEST,
                 "body is not a JSON object",
                 finisher,
@@ -140,18 +147,18 @@ pub(crate) async fn respond(
         }
         Err(error) => {
             let message = format!("invalid JSON body: {error}");
-            return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
+            return Ok(refuse(StatusCode::BAD_REQUEST, &message, finisher));
         }
     };
     let stream = request.get("stream") == Some(&Value::Bool(true));
     if !stream {
         if let Err(message) = script.check_document() {
-            return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
+            return Ok(refuse(StatusCode::BAD_REQUEST, &message, finisher));
         }
     }
     let answer = match answer(shared, api, &request, &script) {
         Ok(answer) => answer,
-        Err(message) => return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher)),
+        Err(message) => return Ok(refuse(StatusCode::BAD_REQUEST, &message, finisher)),
     };
     if !stream && answer.document_pieces() > MAX_DOCUMENT_TOKENS as u128 {
         let message = format!(
@@ -160,7 +167,7 @@ pub(crate) async fn respond(
              answer may have",
             answer.document_pieces()
         );
-        return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
+        return Ok(refuse(StatusCode::BAD_REQUEST, &message, finisher));
     }
     if !stream && answer.document_bytes() > MAX_DOCUMENT_BYTES as u128 {
         let message = format!(
@@ -169,7 +176,7 @@ pub(crate) async fn respond(
              may have",
             answer.document_bytes()
         );
-        return Ok(error_response(StatusCode::BAD_REQUEST, &message, finisher));
+        return Ok(refuse(StatusCode::BAD_REQUEST, &message, finisher));
     }
     if stream && script.disconnect_after == Some(0) {
         return abort_before_head(&script, finisher).await;

@@ -38,6 +38,31 @@ async fn injected_status_after_ttft() {
     assert_eq!(error["error"]["type"], "server_error");
 }
 
+/// The fake's own refusals on the Messages path are in Anthropic's shape too, as the real
+/// API's are (audit U: a bad header or body got OpenAI's there).
+#[tokio::test]
+async fn refusals_on_the_messages_path_are_in_anthropics_shape() {
+    let fake = fake().await;
+    for (body, headers) in [("[1]", vec![]), (MESSAGES, vec![("x-fake-chunks", "many")])] {
+        let response = h1()
+            .request(post(&fake, "/v1/messages", body, &headers))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{body}");
+        let error: Value = serde_json::from_str(&text_of(response).await).unwrap();
+        assert_eq!(error["type"], "error", "{error}");
+        assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+    }
+    // OpenAI's on its own paths.
+    let response = h1()
+        .request(post(&fake, "/v1/chat/completions", "[1]", &[]))
+        .await
+        .unwrap();
+    let error: Value = serde_json::from_str(&text_of(response).await).unwrap();
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+    assert!(error.get("type").is_none(), "{error}");
+}
+
 /// A status that is no error, or a non-streaming answer too large to build, is refused, not
 /// obeyed. (A stream of any length is made as it goes.)
 #[tokio::test]
