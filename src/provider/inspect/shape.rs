@@ -27,7 +27,8 @@
 //! a stream soon stops taking shapes and is read by the tokenizer (a single choice, the
 //! common case, is not affected).
 //!
-//! `inspect/tests.rs` checks the two readings against each other on generated streams.
+//! `inspect/tests/properties.rs` checks the two readings against each other on generated
+//! streams.
 
 use super::event::Event;
 use super::json::{skip_scalar, string_end, Holes, Json};
