@@ -493,6 +493,31 @@ mod tests {
         }
     }
 
+    /// A call of the run `id` on route `r` under `limits`, admitted now (the test fails
+    /// otherwise), its deadline far off.
+    async fn admitted(runs: &Runs, id: &str, limits: &RunLimits) -> RunCall {
+        let key = RunKey {
+            scope: None,
+            id: id.into(),
+        };
+        let far = Instant::now() + Duration::from_secs(600);
+        let joined = runs
+            .admit(
+                &key,
+                &"r".into(),
+                limits,
+                &call(Instant::now()),
+                far,
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        let Joined::Call(admitted) = joined else {
+            panic!("admitted: {joined:?}")
+        };
+        admitted
+    }
+
     /// A run that stops calling is forgotten `ttl` later, by a sweep: it lasted from its
     /// first call to the end of its last, not until it was forgotten (which added the whole
     /// `ttl` and the sweep's lag, and put every run past the histogram's last bucket).
@@ -500,27 +525,8 @@ mod tests {
     async fn an_expired_run_lasted_until_its_last_call_ended() {
         let metrics = Metrics::new();
         let runs = memory_runs(&metrics);
-        let key = RunKey {
-            scope: None,
-            id: "d".into(),
-        };
-        let far = Instant::now() + Duration::from_secs(600);
         for _ in 0..2 {
-            let now = Instant::now();
-            let joined = runs
-                .admit(
-                    &key,
-                    &"r".into(),
-                    &RunLimits::UNLIMITED,
-                    &call(now),
-                    far,
-                    Duration::ZERO,
-                )
-                .await
-                .unwrap();
-            let Joined::Call(mut admitted) = joined else {
-                panic!("admitted: {joined:?}")
-            };
+            let mut admitted = admitted(&runs, "d", &RunLimits::UNLIMITED).await;
             admitted.sent();
             tokio::time::advance(Duration::from_secs(3)).await;
             drop(admitted);
@@ -547,30 +553,12 @@ mod tests {
         let metrics = Metrics::new();
         let runs = memory_runs(&metrics);
         runs.init_metrics("r");
-        let key = RunKey {
-            scope: None,
-            id: "quick".into(),
-        };
         let limits = RunLimits {
             budget: Some(Duration::from_secs(3)),
             ..RunLimits::UNLIMITED
         };
-        let far = Instant::now() + Duration::from_secs(600);
         for _ in 0..2 {
-            let joined = runs
-                .admit(
-                    &key,
-                    &"r".into(),
-                    &limits,
-                    &call(Instant::now()),
-                    far,
-                    Duration::ZERO,
-                )
-                .await
-                .unwrap();
-            let Joined::Call(mut admitted) = joined else {
-                panic!("admitted: {joined:?}")
-            };
+            let mut admitted = admitted(&runs, "quick", &limits).await;
             admitted.sent();
             tokio::time::advance(Duration::from_millis(1)).await;
             drop(admitted);
@@ -595,29 +583,11 @@ mod tests {
         let metrics = Metrics::new();
         let runs = memory_runs(&metrics);
         runs.init_metrics("r");
-        let key = RunKey {
-            scope: None,
-            id: "short".into(),
-        };
         let limits = RunLimits {
             budget: Some(Duration::from_millis(600)),
             ..RunLimits::UNLIMITED
         };
-        let far = Instant::now() + Duration::from_secs(600);
-        let joined = runs
-            .admit(
-                &key,
-                &"r".into(),
-                &limits,
-                &call(Instant::now()),
-                far,
-                Duration::ZERO,
-            )
-            .await
-            .unwrap();
-        let Joined::Call(admitted) = joined else {
-            panic!("admitted: {joined:?}")
-        };
+        let admitted = admitted(&runs, "short", &limits).await;
         admitted.finish(&crate::runs::state::Used {
             run_deadline: true,
             ..Default::default()
