@@ -148,10 +148,8 @@ pin_project! {
                 // a reader (`poll_frame`), not the client's departure.
                 let end = if this.progress.error_pending() {
                     StreamEnd::UpstreamErrorEvent
-                } else if this.progress.answer_over() {
-                    StreamEnd::Complete
                 } else if this.progress.answer_ended() {
-                    StreamEnd::WholeThen(this.limits.deadline_error().code())
+                    whole_end(this.progress, this.limits.deadline_error().code())
                 } else {
                     StreamEnd::Cut(this.limits.deadline_error())
                 };
@@ -475,13 +473,19 @@ where
                     // drops it there when nobody was reading).
                     let past = Instant::now() >= this.limits.deadline;
                     if this.progress.answer_ended() {
-                        let code = match past {
-                            _ if this.progress.answer_over() => None,
-                            true => Some(this.limits.deadline_error().code()),
-                            false => Some("upstream_error"),
+                        let code = if past {
+                            this.limits.deadline_error().code()
+                        } else {
+                            "upstream_error"
                         };
-                        let (state, observer) = (&mut *this.state, &mut *this.observer);
-                        end_whole(this.inner.as_mut(), this.sse, state, observer, code);
+                        let end = whole_end(this.progress, code);
+                        end_whole(
+                            this.inner.as_mut(),
+                            this.sse,
+                            this.state,
+                            this.observer,
+                            end,
+                        );
                         continue;
                     }
                     let err = if past {
@@ -527,8 +531,7 @@ where
                                     this.sse,
                                     this.state,
                                     this.observer,
-                                    (!this.progress.answer_over())
-                                        .then(|| GatewayError::Shutdown.code()),
+                                    whole_end(this.progress, GatewayError::Shutdown.code()),
                                 );
                                 continue;
                             }
@@ -592,15 +595,13 @@ where
                         }
                     };
                     if this.progress.answer_ended() {
-                        // Past the final event, only the framing's end was waited for, briefly:
-                        // no limit ended the answer.
-                        let code = (!this.progress.answer_over()).then(|| err.code());
+                        let end = whole_end(this.progress, err.code());
                         end_whole(
                             this.inner.as_mut(),
                             this.sse,
                             this.state,
                             this.observer,
-                            code,
+                            end,
                         );
                         continue;
                     }
@@ -711,7 +712,7 @@ fn end_of_body<B: Body, O: Observer>(
     if progress.ended_short() {
         if sse.is_some() && progress.answer_ended() {
             // Ended cleanly, only without the stream's own end marker: nothing to say.
-            end_whole(inner, sse, state, observer, None);
+            end_whole(inner, sse, state, observer, StreamEnd::Complete);
             return true;
         }
         let reason = match sse {
@@ -743,7 +744,7 @@ fn end_whole<B, O: Observer>(
     sse: &mut Option<Sse>,
     state: &mut State,
     observer: &mut O,
-    code: Option<&'static str>,
+    end: StreamEnd,
 ) {
     inner.set(None);
     if let Some(sse) = sse {
@@ -751,8 +752,19 @@ fn end_whole<B, O: Observer>(
         sse.held_len = 0;
         sse.partial_sent = false;
     }
-    observer.finish(code.map_or(StreamEnd::Complete, StreamEnd::WholeThen));
+    observer.finish(end);
     *state = State::Done;
+}
+
+/// How an answer that had ended ends when `code` (a limit, a failure, a shutdown) stopped
+/// its stream: complete, with the code for the log, unless its final event had come and only
+/// the framing's end was waited for, briefly: then nothing ended it but the answer itself.
+fn whole_end(progress: &Progress, code: &'static str) -> StreamEnd {
+    if progress.answer_over() {
+        StreamEnd::Complete
+    } else {
+        StreamEnd::WholeThen(code)
+    }
 }
 
 /// The upstream's error event went out, all but the answer to whether an LF follows the CR
