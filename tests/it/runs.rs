@@ -198,10 +198,6 @@ macro_rules! on_both_stores {
 
 on_both_stores!(
     fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream,
-    the_same_tool_call_three_times_stops_the_run_naming_the_tool,
-    the_same_parallel_calls_three_times_stop_the_run_naming_every_tool,
-    parallel_calls_in_another_order_or_with_other_arguments_are_another_answer,
-    the_same_request_sent_again_and_again_is_stopped_too,
     tokens_are_reserved_before_the_call_and_reconciled_after,
     the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget,
     a_client_run_budget_may_only_shorten_the_run,
@@ -219,10 +215,12 @@ on_both_stores!(
     a_run_is_found_by_its_exact_id,
     an_assembled_answer_says_what_the_run_has_left_when_it_is_sent,
     a_call_that_never_reached_an_upstream_is_no_call_of_its_run,
-    a_run_started_where_loops_stop_stops_repeats_on_every_route,
     a_run_refused_past_its_deadline_lasted_its_budget,
     a_later_deadline_refusal_says_what_is_left_now,
 );
+
+/// The loop stop: the same tool calls, or the same request, again and again.
+mod loops;
 
 /// A Chat Completions request to the route `route` (each route takes one model).
 fn call(route: &str, stream: bool, headers: &[(&str, &str)], extra: &str) -> Request<Full<Bytes>> {
@@ -362,222 +360,6 @@ async fn fifty_concurrent_calls_of_a_run_with_ten_calls_get_exactly_ten_upstream
     assert_eq!(
         run["runs"][0]["used"]["in_flight"], 0,
         "every reservation came back"
-    );
-}
-
-async fn the_same_tool_call_three_times_stops_the_run_naming_the_tool(store: Store) {
-    let (h, _keep) = harness(store).await;
-    let tool = [("x-run-id", "loop1"), ("x-fake-tool-call", "get_weather")];
-    // Streamed and not, the same call each time: key order and the stream's pieces differ,
-    // the call does not.
-    for stream in [true, false, true] {
-        let (resp, _c) = h.send(call("/loops", stream, &tool, "")).await;
-        assert_eq!(resp.status(), 200);
-        read_body(resp.into_body()).await;
-    }
-    h.wait_requests("loops", 3.0).await;
-    // Every answer's tool calls are counted (a shared store is told a moment later).
-    run_json(&h, "loop1").await;
-    let (resp, _c) = h.send(call("/loops", false, &tool, "")).await;
-    assert_eq!(resp.status(), 429);
-    assert_eq!(resp.headers()["x-should-retry"], "false");
-    let body = json_body(resp).await;
-    assert_eq!(body["error"]["code"], "run_loop_detected");
-    crate::support::assert_message_starts(
-        &body["error"],
-        "run loop detected: run \"loop1\": the model asked for tool \"get_weather\" with the same arguments 3 times in a row",
-    );
-    assert_eq!(
-        h.fake.requests().len(),
-        3,
-        "the fourth never reached the provider"
-    );
-    // A run whose answers change tool is not a loop (its requests differ, as an agent's
-    // grow with each tool result).
-    for n in 0..5 {
-        let name = if n % 2 == 0 { "search" } else { "open" };
-        let headers = [("x-run-id", "loop2"), ("x-fake-tool-call", name)];
-        let turn = format!(r#","user":"turn {n}""#);
-        let (resp, _c) = h.send(call("/loops", false, &headers, &turn)).await;
-        assert_eq!(resp.status(), 200, "call {n}");
-        read_body(resp.into_body()).await;
-    }
-}
-
-/// A request of turn `n` of a run (each turn's body differs, as an agent's grows, so only
-/// the answers can repeat) on `api`'s path.
-fn turn(api: &str, n: usize, stream: bool, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
-    let (path, body) = match api {
-        "chat" => return call("/loops", stream, headers, &format!(r#","user":"turn {n}""#)),
-        "messages" => (
-            "/v1/messages",
-            format!(
-                r#"{{"model":"m","max_tokens":100,"stream":{stream},"messages":[{{"role":"user","content":"turn {n}"}}]}}"#
-            ),
-        ),
-        _ => (
-            "/v1/responses",
-            format!(r#"{{"model":"m","stream":{stream},"input":"turn {n}"}}"#),
-        ),
-    };
-    let mut b = Request::post(path)
-        .header("host", "gateway")
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(Full::new(Bytes::from(body))).unwrap()
-}
-
-/// Two calls in one answer, after some text, asked for again and again: the answer's
-/// fingerprint is both calls (names and arguments), on all three APIs, streamed or not; the
-/// refusal names the first call's tool (the message names one tool, see `ToolCalls::canonical`).
-async fn the_same_parallel_calls_three_times_stop_the_run_naming_every_tool(store: Store) {
-    let (h, _keep) = harness(store).await;
-    for (api, route) in [
-        ("chat", "loops"),
-        ("messages", "loops-messages"),
-        ("responses", "loops-responses"),
-    ] {
-        let run = format!("par-{api}");
-        let headers = [
-            ("x-run-id", run.as_str()),
-            ("x-fake-tool-call", "get_weather+get_time"),
-            ("x-fake-tool-preamble", "2"),
-            ("x-fake-interval-ms", "1"),
-        ];
-        for (n, stream) in [true, false, true].into_iter().enumerate() {
-            let (resp, _c) = h.send(turn(api, n, stream, &headers)).await;
-            assert_eq!(resp.status(), 200, "{api} call {n}");
-            read_body(resp.into_body()).await;
-        }
-        h.wait_requests(route, 3.0).await;
-        run_json(&h, &run).await;
-        let before = h.fake.requests().len();
-        let (resp, _c) = h.send(turn(api, 3, false, &headers)).await;
-        assert_eq!(resp.status(), 429, "{api}");
-        let body = json_body(resp).await;
-        assert_eq!(body["error"]["code"], "run_loop_detected", "{api}");
-        crate::support::assert_message_starts(
-            &body["error"],
-            &format!("run loop detected: run \"{run}\": the model asked for tools \"get_weather\" and \"get_time\" with the same arguments 3 times in a row"),
-        );
-        assert_eq!(h.fake.requests().len(), before, "{api}: never forwarded");
-    }
-}
-
-/// The fingerprint is of the calls in their order, with their arguments in canonical JSON:
-/// the same two calls in the other order, another second call, or other arguments, are
-/// another answer (no loop in five calls), while the same arguments with their keys reordered and spaced are
-/// the same answer.
-async fn parallel_calls_in_another_order_or_with_other_arguments_are_another_answer(store: Store) {
-    let (h, _keep) = harness(store).await;
-    let paris = r#"{"city":"Paris","days":1}"#;
-    let scripts: [(&str, [(&str, &str); 2]); 3] = [
-        (
-            "order",
-            [
-                ("get_weather+get_time", paris),
-                ("get_time+get_weather", paris),
-            ],
-        ),
-        // The first call the same every time: the second counts too.
-        (
-            "second",
-            [
-                ("get_weather+get_time", paris),
-                ("get_weather+get_news", paris),
-            ],
-        ),
-        (
-            "arguments",
-            [
-                ("get_weather+get_time", paris),
-                ("get_weather+get_time", r#"{"city":"Rome","days":1}"#),
-            ],
-        ),
-    ];
-    for (run, alternate) in scripts {
-        for n in 0..5 {
-            let (calls, args) = alternate[n % 2];
-            let headers = [
-                ("x-run-id", run),
-                ("x-fake-tool-call", calls),
-                ("x-fake-tool-args", args),
-            ];
-            let (resp, _c) = h.send(turn("chat", n, n % 2 == 0, &headers)).await;
-            assert_eq!(resp.status(), 200, "{run}: call {n}");
-            read_body(resp.into_body()).await;
-            // A shared store is told of a call's end a moment after the client saw it.
-            run_json(&h, run).await;
-        }
-    }
-    let spaced = r#"{ "days": 1, "city": "Paris" }"#;
-    for n in 0..3 {
-        let args = if n % 2 == 0 { paris } else { spaced };
-        let headers = [
-            ("x-run-id", "respaced"),
-            ("x-fake-tool-call", "get_weather+get_time"),
-            ("x-fake-tool-args", args),
-        ];
-        let (resp, _c) = h.send(turn("chat", n, false, &headers)).await;
-        assert_eq!(resp.status(), 200, "call {n}");
-        read_body(resp.into_body()).await;
-        run_json(&h, "respaced").await;
-    }
-    let headers = [
-        ("x-run-id", "respaced"),
-        ("x-fake-tool-call", "get_weather"),
-    ];
-    let (resp, _c) = h.send(turn("chat", 3, false, &headers)).await;
-    assert_eq!(resp.status(), 429);
-    assert_eq!(json_body(resp).await["error"]["code"], "run_loop_detected");
-}
-
-async fn the_same_request_sent_again_and_again_is_stopped_too(store: Store) {
-    let (h, _keep) = harness(store).await;
-    for _ in 0..3 {
-        let (resp, _c) = h
-            .send(call("/loops", false, &[("x-run-id", "again")], ""))
-            .await;
-        assert_eq!(resp.status(), 200);
-        json_body(resp).await;
-    }
-    let (resp, _c) = h
-        .send(call("/loops", false, &[("x-run-id", "again")], ""))
-        .await;
-    assert_eq!(resp.status(), 429);
-    let body = json_body(resp).await;
-    crate::support::assert_message_starts(
-        &body["error"],
-        "run loop detected: run \"again\": the same request came 3 times in a row",
-    );
-}
-
-/// A run keeps the limits of the route that started it, its loop stop too: the same request
-/// sent again and again on a route without `run_max_repeats` is stopped as on its own.
-async fn a_run_started_where_loops_stop_stops_repeats_on_every_route(store: Store) {
-    let (h, _keep) = harness(store).await;
-    let (resp, _c) = h
-        .send(call("/loops", false, &[("x-run-id", "elsewhere")], ""))
-        .await;
-    assert_eq!(resp.status(), 200);
-    json_body(resp).await;
-    for _ in 0..3 {
-        let (resp, _c) = h
-            .send(call("/plain", false, &[("x-run-id", "elsewhere")], ""))
-            .await;
-        assert_eq!(resp.status(), 200);
-        json_body(resp).await;
-    }
-    let (resp, _c) = h
-        .send(call("/plain", false, &[("x-run-id", "elsewhere")], ""))
-        .await;
-    assert_eq!(resp.status(), 429);
-    let body = json_body(resp).await;
-    crate::support::assert_message_starts(
-        &body["error"],
-        "run loop detected: run \"elsewhere\": the same request came 3 times in a row",
     );
 }
 
