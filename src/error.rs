@@ -78,8 +78,13 @@ pub enum GatewayError {
         value: String,
         reason: &'static str,
     },
-    #[error("no route matches path {path:?}{}", model_suffix(.model))]
-    NoRoute { path: String, model: Option<String> },
+    /// `by_model`: the path's routes all serve only the models they name.
+    #[error("no route matches path {path:?}{}", model_suffix(.model, *.by_model))]
+    NoRoute {
+        path: String,
+        model: Option<String>,
+        by_model: bool,
+    },
     #[error("request body exceeds the limit of {limit} bytes")]
     BodyTooLarge { limit: u64 },
     #[error("{message}")]
@@ -118,6 +123,11 @@ pub enum GatewayError {
     /// the other.
     #[error("the request body names {name:?} more than once (also counting escaped spellings); parsers differ on which one counts, so send it once")]
     RepeatedMember { name: String },
+    /// A body that looks like JSON but is not one JSON object in UTF-8, on a request whose
+    /// body the gateway reads: another parser could read a model from it that the gateway
+    /// did not (see `provider::request::Unreadable`).
+    #[error("the request body is not one JSON object in UTF-8 ({reason}); other parsers could read it otherwise than this gateway, which routes and rewrites by its model: send the JSON object alone, in UTF-8 without a byte order mark")]
+    UnreadableBody { reason: String },
     /// More header fields than `[server] max_headers`. hyper refuses these itself over
     /// HTTP/1 (with a bare 431); over HTTP/2 it bounds only the header list's bytes.
     #[error("request has {count} header fields, more than this gateway's max_headers ({limit})")]
@@ -323,9 +333,13 @@ fn loop_detail(tool: &Option<String>, count: u32) -> String {
     format!("the model asked for {tools} with the same arguments {count} times in a row")
 }
 
-fn model_suffix(model: &Option<String>) -> String {
+fn model_suffix(model: &Option<String>, by_model: bool) -> String {
     match model {
         Some(m) => format!(" and model {m:?}"),
+        // Else the message would deny the routes the path has.
+        None if by_model => " with a body that names no model: the routes of this path serve \
+            only the models they name, read from the body's top-level \"model\" string"
+            .to_owned(),
         None => String::new(),
     }
 }
@@ -434,7 +448,8 @@ impl GatewayError {
             | Self::AmbiguousRequest { .. }
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. }
-            | Self::RepeatedMember { .. } => "invalid_request",
+            | Self::RepeatedMember { .. }
+            | Self::UnreadableBody { .. } => "invalid_request",
             Self::TooManyHeaders { .. } => "too_many_headers",
             Self::ClientClosed => "client_closed",
             Self::UnsupportedTransferCoding { .. } => "unsupported_transfer_coding",
@@ -472,6 +487,7 @@ impl GatewayError {
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. }
             | Self::RepeatedMember { .. }
+            | Self::UnreadableBody { .. }
             | Self::InvalidRunId { .. } => StatusCode::BAD_REQUEST,
             Self::RunCallLimit { .. }
             | Self::RunTokenLimit { .. }
@@ -519,6 +535,7 @@ impl GatewayError {
             | Self::ChunkedTwice { .. }
             | Self::DotSegment { .. }
             | Self::RepeatedMember { .. }
+            | Self::UnreadableBody { .. }
             | Self::BodyTimeout { .. }
             | Self::TooManyHeaders { .. }
             | Self::UnsupportedTransferCoding { .. }

@@ -33,6 +33,7 @@ use crate::http::headers::{
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::request::{head_of, Head};
+use crate::provider::Format;
 
 impl Gateway {
     /// Not an `async fn`, and the request taken apart before the future is made: an
@@ -123,6 +124,7 @@ impl Gateway {
                 return Err(GatewayError::NoRoute {
                     path: uri.path().to_owned(),
                     model: None,
+                    by_model: false,
                 });
             };
             record.set_route(tentative.name.clone(), tentative.metrics.clone());
@@ -201,7 +203,18 @@ impl Gateway {
 
             // The model picks the route where routes filter on it, and the upstream's estimate
             // of its first token on every route. (A body in a content coding is no JSON: none.)
-            let Head { model, choices } = head_of(&body)?;
+            let Head {
+                model,
+                choices,
+                unreadable,
+            } = head_of(&body)?;
+            // A body in a content coding is read by no one here (and may open with a NUL).
+            let unreadable = unreadable.filter(|_| !encoded);
+            if let Some(unreadable) = &unreadable {
+                if first.route.needs_model() {
+                    return Err(unreadable.clone().into());
+                }
+            }
             let route = if first.route.needs_model() {
                 let Some(route) = candidates().find(|r| r.route.matches(path, model.as_deref()))
                 else {
@@ -211,6 +224,7 @@ impl Gateway {
                     return Err(GatewayError::NoRoute {
                         path: uri.path().to_owned(),
                         model: model.as_deref().map(str::to_owned),
+                        by_model: true,
                     });
                 };
                 route
@@ -239,6 +253,16 @@ impl Gateway {
                     .any(|e| e.upstream.config.model.is_some())
             {
                 return Err(unsupported_encoding(&headers));
+            }
+            // Where the gateway rewrites the model or reads the answer as the API's, the
+            // provider must read the body as the gateway did.
+            if let Some(unreadable) = unreadable {
+                if route.chain.iter().any(|e| {
+                    e.upstream.config.model.is_some()
+                        || Format::detect(e.upstream.config.api, path).is_some()
+                }) {
+                    return Err(unreadable.into());
+                }
             }
             record.set_request_bytes(body.len());
             let mut budget = asked.resolve(&route.route.limits, arrival);

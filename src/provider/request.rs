@@ -106,6 +106,57 @@ fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
 pub struct Head<'a> {
     pub model: Option<Cow<'a, str>>,
     pub choices: Option<u64>,
+    /// Set when the body looks like JSON but is not one JSON object in UTF-8: why not.
+    pub unreadable: Option<Unreadable>,
+}
+
+/// A body that other parsers may read as a JSON object though this gateway cannot: one in
+/// UTF-8 with a byte order mark, or in UTF-16 or UTF-32 (Python's `json.loads` takes both),
+/// or one object followed by more (Go's `json.Decoder` reads the first and stops), or JSON
+/// with a syntax error some parser forgives. Where the gateway reads the body (to route by
+/// its model, rewrite it, or read its answer's format), it would decide on "no model" while
+/// the provider reads one: a request could pass a route's client keys to a wider route, or
+/// keep the model an upstream's `model` was meant to replace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable(pub String);
+
+impl From<Unreadable> for crate::error::GatewayError {
+    fn from(u: Unreadable) -> Self {
+        Self::UnreadableBody { reason: u.0 }
+    }
+}
+
+/// Whether `bytes` start, after whitespace, as a JSON object or array would.
+fn opens_json<'a>(mut bytes: impl Iterator<Item = &'a u8>) -> bool {
+    matches!(bytes.find(|b| !b.is_ascii_whitespace()), Some(b'{' | b'['))
+}
+
+/// Whether `body` opens like a JSON object or array in UTF-16 or UTF-32, with or without a
+/// byte order mark. RFC 4627 3: a JSON text's first characters are ASCII, so NULs among its
+/// first four bytes mark a wider encoding; its characters are then the bytes that are not
+/// NUL. (A binary upload with a NUL there opens with no `{` once they are dropped.)
+fn wide_json(body: &[u8]) -> bool {
+    let body = body
+        .strip_prefix(&[0xFE, 0xFF])
+        .or_else(|| body.strip_prefix(&[0xFF, 0xFE]))
+        .unwrap_or(body);
+    body.iter().take(4).any(|&b| b == 0) && opens_json(body.iter().take(32).filter(|&&b| b != 0))
+}
+
+/// Why `body` is [`Unreadable`], given that serde_json refused it with `error`; `None` when
+/// it does not look like JSON at all (empty, a multipart upload, a form, audio), which no
+/// parser reads as an object either.
+fn unreadable(body: &[u8], error: &serde_json::Error) -> Option<Unreadable> {
+    let reason = if body.starts_with(&[0xEF, 0xBB, 0xBF]) {
+        "it starts with a byte order mark".to_owned()
+    } else if wide_json(body) {
+        "it is in UTF-16 or UTF-32, not UTF-8".to_owned()
+    } else if opens_json(body.iter()) {
+        error.to_string()
+    } else {
+        return None;
+    };
+    Some(Unreadable(reason))
 }
 
 /// The body's [`Head`]. Every request's body is read for it, so it keeps no table of members
@@ -150,6 +201,7 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                     let head = Head {
                         model: model.flatten(),
                         choices: choices.flatten(),
+                        unreadable: None,
                     };
                     Ok(Read(head, repeated))
                 }
@@ -160,7 +212,10 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
     match serde_json::from_slice::<Read<'_>>(body) {
         Ok(Read(_, Some(name))) => Err(Repeated(name.to_owned())),
         Ok(Read(head, None)) => Ok(head),
-        Err(_) => Ok(Head::default()),
+        Err(e) => Ok(Head {
+            unreadable: unreadable(body, &e),
+            ..Head::default()
+        }),
     }
 }
 
@@ -226,6 +281,42 @@ mod tests {
                 .unwrap()
                 .as_deref(),
             Some("gpt-x")
+        );
+    }
+
+    #[test]
+    fn what_other_parsers_could_read_as_an_object() {
+        let why = |b: &[u8]| head_of(b).unwrap().unreadable.map(|u| u.0);
+        assert_eq!(why(br#"{"model":"m"}"#), None);
+        assert_eq!(
+            why(br#" {"model":"m"} "#),
+            None,
+            "whitespace around is JSON"
+        );
+        assert_eq!(why(b""), None, "no body");
+        assert_eq!(why(b"model=m&x=1"), None, "a form");
+        assert_eq!(why(b"RIFF\0\0\0\0WAVE"), None, "audio");
+        assert_eq!(why(b"\x1f\x8b\x08\0\0\0"), None, "gzip");
+        assert_eq!(why(b"\"just a string\""), None);
+        let reason =
+            |b: &[u8]| why(b).unwrap_or_else(|| panic!("{:?}", String::from_utf8_lossy(b)));
+        assert!(reason(b"\xEF\xBB\xBF{\"model\":\"m\"}").contains("byte order mark"));
+        for wide in [
+            b"{\0\"\0m\0\"\0:\0".as_slice(),
+            b"\0{\0\"\0m\0\"",
+            b"\xFF\xFE{\0\"\0",
+            b"\xFE\xFF\0{\0\"",
+            b"{\0\0\0\"\0\0\0",
+            b" \0\n\0[\0",
+        ] {
+            assert!(reason(wide).contains("UTF-16"), "{wide:?}");
+        }
+        assert!(reason(br#"{"model":"m"}{}"#).contains("trailing"));
+        assert!(reason(br#"[{"model":"m"}]"#).contains("JSON object"));
+        assert!(reason(br#"{"model":"m",}"#).contains("line 1"));
+        assert!(
+            reason(b"{\"model\":\"\xFF\"}").contains("line 1"),
+            "not UTF-8"
         );
     }
 

@@ -466,6 +466,74 @@ async fn the_body_is_read_as_the_provider_reads_it() {
     );
 }
 
+/// A body other parsers read as a JSON object though serde_json does not (a byte order mark,
+/// UTF-16, one object and then more, an array) was taken for a body with no model: routed
+/// past the `models` route (and its client keys) to the route without models, and
+/// forwarded without its upstream's model rewrite, so the provider served `o3-pro` on the
+/// cheap route. It is refused where the gateway reads the body; what opens like no JSON (a
+/// multipart upload) still passes as it is.
+#[tokio::test]
+async fn a_body_only_other_parsers_read_is_refused() {
+    let cfg = BASE
+        .replace("auth = \"bearer\"\n", "auth = \"bearer\"\nmodel = \"gpt-small\"\n")
+        .replace(
+            "[[routes]]\nname = \"chat\"",
+            "[[routes]]\nname = \"reasoning\"\npath_prefix = \"/v1/chat/completions\"\nmodels = [\"o3*\"]\nupstream = \"fake\"\n\n[[routes]]\nname = \"chat\"",
+        );
+    let h = Harness::with_config(&cfg).await;
+    let post = |path: &str, content_type: &str, body: Vec<u8>| {
+        Request::post(path)
+            .header("host", "x")
+            .header("content-type", content_type)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+    let object = r#"{"model":"o3-pro","messages":[]}"#;
+    let utf16: Vec<u8> = object.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    let mut bom = b"\xEF\xBB\xBF".to_vec();
+    bom.extend_from_slice(object.as_bytes());
+    let cases: [(&str, Vec<u8>, &str); 5] = [
+        ("bom", bom, "byte order mark"),
+        ("utf-16", utf16, "UTF-16"),
+        (
+            "trailing",
+            format!("{object}\n{{}}").into_bytes(),
+            "trailing",
+        ),
+        ("array", format!("[{object}]").into_bytes(), "JSON object"),
+        ("syntax", br#"{"model":"o3-pro",}"#.to_vec(), "line 1"),
+    ];
+    for (name, body, reason) in cases {
+        let (resp, _c) = h
+            .send(post("/v1/chat/completions", "application/json", body))
+            .await;
+        assert_eq!(resp.status(), 400, "{name}");
+        let error = json_body(resp).await;
+        assert_eq!(error["error"]["code"], "invalid_request", "{name}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("not one JSON object in UTF-8") && message.contains(reason),
+            "{name}: {message}"
+        );
+    }
+    assert!(h.fake.requests().is_empty(), "nothing was forwarded");
+
+    // What opens like no JSON, NULs and all, is forwarded as it is (the provider answers it).
+    let mut upload = b"--b\r\ncontent-disposition: form-data; name=\"file\"\r\n\r\n".to_vec();
+    upload.extend_from_slice(&[0, 0, 0, 1, b'{', 0]);
+    upload.extend_from_slice(b"\r\n--b--\r\n");
+    let (resp, _c) = h
+        .send(post(
+            "/v1/chat/completions",
+            "multipart/form-data; boundary=b",
+            upload.clone(),
+        ))
+        .await;
+    read_body(resp.into_body()).await;
+    let sent = h.fake.requests().last().expect("forwarded").body.clone();
+    assert_eq!(&sent[..], &upload[..]);
+}
+
 /// One generation hung past the first-token limit (2 s) on an upstream nothing was known
 /// of: that says its first token can take 2 s or more, not that it always does. Requests
 /// whose budget fits the fast answers the upstream gives again still reach it; before, the

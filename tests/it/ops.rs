@@ -482,6 +482,16 @@ async fn a_model_no_route_serves_is_counted_under_none() {
             .await,
         0.0
     );
+
+    // A body with no model to read: the message does not deny the path's routes (audit L).
+    let form = hyper::Request::post("/v1/chat/completions")
+        .header("host", "x")
+        .body(Full::new(Bytes::from_static(b"model=claude-x")))
+        .unwrap();
+    let (resp, _c) = h.send(form).await;
+    assert_eq!(resp.status(), 404);
+    let message = json_body(resp).await["error"]["message"].to_string();
+    assert!(message.contains("a body that names no model"), "{message}");
 }
 
 /// A provider key rotated in its file (same path, so the upstream's config is unchanged)
