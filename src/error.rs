@@ -352,9 +352,30 @@ pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     let mut source = e.source();
     while let Some(s) = source {
         out.push_str(": ");
-        out.push_str(&s.to_string());
-        if let Some(reason) = s.downcast_ref::<h2::Error>().and_then(h2::Error::reason) {
-            out.push_str(&format!(" ({reason:?})"));
+        let broken_pipe = |io: &std::io::Error| io.kind() == std::io::ErrorKind::BrokenPipe;
+        match s.downcast_ref::<h2::Error>() {
+            // h2 words the peer's end of file "a broken pipe", which nothing here broke (hyper
+            // passes its I/O error on alone); a write's EPIPE means the same.
+            _ if s.downcast_ref::<std::io::Error>().is_some_and(broken_pipe) => {
+                out.push_str("the upstream closed the connection");
+            }
+            Some(h2) if h2.get_io().is_some_and(broken_pipe) => {
+                out.push_str("the upstream closed the connection");
+            }
+            Some(h2) => {
+                out.push_str(&s.to_string());
+                if let Some(reason) = h2.reason() {
+                    out.push_str(&format!(" ({reason:?})"));
+                    // h2's own reset of an answer it could not take says no more.
+                    if reason == h2::Reason::PROTOCOL_ERROR && h2.is_reset() && !h2.is_remote() {
+                        out.push_str(
+                            ": the upstream's answer broke HTTP/2, as a malformed head or one \
+                             over 64 KiB does",
+                        );
+                    }
+                }
+            }
+            None => out.push_str(&s.to_string()),
         }
         source = s.source();
     }

@@ -186,6 +186,10 @@ fn coding_fault(headers: &HeaderMap) -> Option<(Coding, String)> {
 /// (RFC 9110 15.2.2: a switch the request never asked for). A `Content-Length` that is a
 /// list of one repeated number, which hyper accepts, goes on as that number (RFC 9110 8.6:
 /// a sender forwards only the single-number grammar).
+/// The most fields an upstream's answer head may have: hyper's HTTP/1 client's own bound,
+/// applied to HTTP/2 answers alike. Providers send about 30.
+pub const MAX_ANSWER_FIELDS: usize = 100;
+
 pub(crate) fn answer_framing_fault(
     status: http::StatusCode,
     headers: &mut HeaderMap,
@@ -207,6 +211,13 @@ pub(crate) fn answer_framing_fault(
         return Some(format!(
             "transfer-encoding: {value:?}: a transfer coding other than one chunked, which the \
              gateway does not decode"
+        ));
+    }
+    // hyper's HTTP/1 client refuses more itself; h2 bounds only the head's bytes.
+    if headers.len() > MAX_ANSWER_FIELDS {
+        return Some(format!(
+            "sent a head of {} fields, more than the {MAX_ANSWER_FIELDS} the gateway passes on",
+            headers.len()
         ));
     }
     let length = headers.get(header::CONTENT_LENGTH)?;

@@ -163,6 +163,9 @@ impl Upstream {
             // stall (measured: 361 KiB of RSS a stalled stream). 64 KiB still reads a large
             // JSON answer in few calls, and a response head is far smaller.
             .http1_max_buf_size(UPSTREAM_READ_BUFFER)
+            // The same bound on an HTTP/2 head (hyper's default is 16 KiB). h2 resets the
+            // stream past it, and past four times it ends the whole connection.
+            .http2_max_header_list_size(UPSTREAM_READ_BUFFER as u32)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .http2_keep_alive_while_idle(false);
         let https_url = config.url.scheme() == Some(&Scheme::HTTPS);

@@ -819,3 +819,97 @@ async fn a_status_without_a_standard_phrase_gets_one() {
     let reason = reason_phrase(&resp);
     assert_eq!(reason.as_deref(), Some("Overloaded"));
 }
+
+/// An HTTP/2 upstream's answer head is held to the bounds an HTTP/1.1 one is (audit H):
+/// 64 KiB (hyper's HTTP/2 default was 16 KiB, and a 17 KB field got a bare PROTOCOL_ERROR
+/// message) and 100 fields (none were counted: 150 passed). Past 64 KiB the message says
+/// what broke.
+#[tokio::test]
+async fn an_http2_answer_head_is_held_to_the_http1_bounds() {
+    let up = h2_answering(|mut respond| {
+        let head = |fields: usize, size: usize| {
+            let mut b = Response::builder().header("content-type", "application/json");
+            for i in 0..fields {
+                b = b.header(format!("x-big-{i}"), "v".repeat(size));
+            }
+            b.body(()).unwrap()
+        };
+        // Which head: by the stream's id, the gateway's streams going out in order.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let head = match NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => head(1, 30_000),
+            1 => head(150, 10),
+            _ => head(1, 70_000),
+        };
+        if let Ok(mut body) = respond.send_response(head, false) {
+            let _ = body.send_data(Bytes::from_static(ANSWER.as_bytes()), true);
+        }
+    })
+    .await;
+    let h = gateway_to(up).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200, "30 KB in one field");
+    assert_eq!(read_body(resp.into_body()).await.text(), ANSWER);
+
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 502, "150 fields");
+    let message = json_body(resp).await["error"]["message"].to_string();
+    assert!(
+        message.contains("151 fields, more than the 100"),
+        "{message}"
+    );
+
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 502, "70 KB");
+    let message = json_body(resp).await["error"]["message"].to_string();
+    assert!(message.contains("over 64 KiB"), "{message}");
+}
+
+/// An HTTP/2 upstream that closes its connection is said to have closed it, not h2's "broken
+/// pipe" (audit H): before its head (a 502) and after it (the error event).
+#[tokio::test]
+async fn an_http2_upstream_closing_its_connection_is_named() {
+    for stream in [false, true] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(s).await else {
+                        return;
+                    };
+                    let Some(Ok((_req, mut respond))) = conn.accept().await else {
+                        return;
+                    };
+                    if stream {
+                        let head = Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .body(())
+                            .unwrap();
+                        let mut body = respond.send_response(head, false).unwrap();
+                        body.send_data(Bytes::from_static(b"data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok1 \"}}]}\n\n"), false).unwrap();
+                        // Let the frames go out before the connection is dropped.
+                        let _ =
+                            tokio::time::timeout(Duration::from_millis(50), conn.accept()).await;
+                    }
+                    drop((conn, respond));
+                });
+            }
+        });
+        let h = gateway_to(up).await;
+        let (resp, _c) = h.send(chat_request(&[], stream)).await;
+        let message = if stream {
+            assert_eq!(resp.status(), 200);
+            let read = read_body(resp.into_body()).await;
+            read.error_event().expect("an error event")["message"].to_string()
+        } else {
+            assert_eq!(resp.status(), 502);
+            json_body(resp).await["error"]["message"].to_string()
+        };
+        assert!(
+            message.contains("the upstream closed the connection")
+                && !message.contains("broken pipe"),
+            "stream {stream}: {message}"
+        );
+    }
+}
