@@ -19,7 +19,9 @@
 //! connection, a peer that went silent (a dropped flow, a hung front end) would otherwise take
 //! every new stream and time each out, until hyper's keep-alive ping gives up on it. A
 //! retired lane takes no new streams, and its connection closes once the streams still on it
-//! end; until then it counts against `http2_max_connections`, so a fresh lane replaces it
+//! end (the last one's slot drops the lane's client, whose pool holds the connection, and
+//! with it the connection; left to `pool_idle_timeout`, a retired first lane replaced while
+//! the new one had room stayed open for it); until then it counts against `http2_max_connections`, so a fresh lane replaces it
 //! only below that cap, or when no other lane can take streams (then the cap is passed by
 //! the connections still draining). A slow but healthy connection costs one new connection a
 //! first-token timeout at most.
@@ -32,7 +34,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper_util::client::legacy::{Builder, Client, ResponseFuture};
@@ -62,7 +64,8 @@ pub(super) struct Lanes {
 }
 
 struct Lane {
-    client: HttpClient,
+    /// `None` once the lane is retired and its last stream has ended.
+    client: ArcSwapOption<HttpClient>,
     streams: AtomicUsize,
     /// Takes no more streams (see the module's notes).
     retired: AtomicBool,
@@ -91,7 +94,10 @@ impl StreamSlot {
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.lane.streams.fetch_sub(1, Ordering::AcqRel);
+        let before = self.lane.streams.fetch_sub(1, Ordering::AcqRel);
+        if before == 1 && self.lane.is_retired() {
+            self.lane.client.store(None);
+        }
     }
 }
 
@@ -112,7 +118,7 @@ impl Lane {
 
     fn new(builder: &Builder, connector: &Connector) -> Arc<Lane> {
         Arc::new(Lane {
-            client: builder.build(connector.for_lane()),
+            client: ArcSwapOption::from_pointee(builder.build(connector.for_lane())),
             streams: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
         })
@@ -159,8 +165,15 @@ impl Lanes {
     /// Sends `req` on the first lane with room. The slot must live as long as the response
     /// body: it is what says the stream is still open.
     pub(super) fn request(&self, req: http::Request<Full<Bytes>>) -> (ResponseFuture, StreamSlot) {
-        let slot = self.slot();
-        (slot.lane.client.request(req), slot)
+        loop {
+            let slot = self.slot();
+            // A lane retired while this request took its place may have let its client go
+            // as its last other stream ended: the request takes another.
+            let client = slot.lane.client.load();
+            if let Some(client) = client.as_ref() {
+                return (client.request(req), slot);
+            }
+        }
     }
 
     fn slot(&self) -> StreamSlot {

@@ -147,3 +147,23 @@ fn over_http1_nothing_is_retired() {
     let _again = slots(&u, 1);
     assert_eq!(u.clients.counts(), [1, 2], "HTTP/2 by ALPN: retired");
 }
+
+#[test]
+fn a_retired_lane_lets_its_connection_go_with_its_last_stream() {
+    let u = upstream("http2 = \"always\"\nhttp2_max_streams_per_connection = 2");
+    let held = slots(&u, 2);
+    held[0].retire(false);
+    // The first lane is replaced, the retired one kept while its streams drain.
+    let fresh = slots(&u, 1);
+    assert_eq!(u.clients.counts(), [1, 2]);
+    let retired = Arc::clone(&held[0].lane);
+    assert!(retired.client.load().is_some());
+    drop(held);
+    // No later request has to come by for its client (and connection) to go: the fresh
+    // lane has room, so nothing looks through the others (audit H: open 65 s after).
+    assert!(
+        retired.client.load().is_none(),
+        "its client went with its last stream"
+    );
+    assert!(fresh[0].lane.client.load().is_some());
+}
