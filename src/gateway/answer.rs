@@ -69,9 +69,10 @@ impl Gateway {
         let head = req.method() == Method::HEAD;
         let close_delimited = req.version() == Version::HTTP_10 && !head;
         // RFC 9110 7.6.2: an OPTIONS with no hops left is the gateway's to answer, with what
-        // it forwards. (TRACE, the other method that reads the header, is refused.)
-        let final_recipient =
-            req.method() == Method::OPTIONS && max_forwards(req.headers()) == Some(0);
+        // it forwards. (TRACE, the other method that reads the header, is refused.) So is
+        // `OPTIONS *` (9.3.7), which asks about the server itself, not a resource upstream.
+        let final_recipient = req.method() == Method::OPTIONS
+            && (max_forwards(req.headers()) == Some(0) || req.uri().path() == "*");
         async move {
             if final_recipient {
                 record.set_status(200);

@@ -101,6 +101,16 @@ impl Gateway {
                     method: method.to_string(),
                 });
             }
+            // RFC 9112 3.2: an authority-form target (`host:port`) is CONNECT's alone, and
+            // the asterisk-form OPTIONS's (answered before this). Neither names a path.
+            if !uri.path().starts_with('/') {
+                return Err(GatewayError::BadRequest {
+                    message: format!(
+                        "request target {uri:?} is no path: a {method} request names the path it \
+                         asks for, such as /v1/chat/completions (RFC 9112 3.2)"
+                    ),
+                });
+            }
             check_framing(version, &headers, both_lengths)?;
             // Before routing: the prefix the route matched must be the path the upstream
             // serves.

@@ -900,6 +900,37 @@ async fn options_reads_and_updates_max_forwards() {
     }
 }
 
+/// RFC 9112 3.2: `OPTIONS *` asks about the server itself, so the gateway answers it (it was
+/// 404 `no_route`), and an authority-form target on any method but CONNECT names no path:
+/// 400 saying so, not 404 for path `""` (audit M). Neither is forwarded.
+#[tokio::test]
+async fn targets_that_name_no_path() {
+    let h = Harness::start().await;
+    let ended = |got: &[u8]| got.windows(4).any(|w| w == b"\r\n\r\n") && got.ends_with(b"}");
+    let (text, _) = raw_exchange(
+        h.addr(),
+        b"OPTIONS * HTTP/1.1\r\nhost: g\r\nconnection: close\r\n\r\n",
+        |_| false,
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        text.to_ascii_lowercase()
+            .contains("allow: get, head, post, put, patch, delete, options"),
+        "{text}"
+    );
+    let (text, _) = raw_exchange(
+        h.addr(),
+        b"GET api.openai.com:443 HTTP/1.1\r\nhost: g\r\nconnection: close\r\n\r\n",
+        ended,
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("\"code\":\"invalid_request\""), "{text}");
+    assert!(text.contains("is no path"), "{text}");
+    assert!(h.fake.requests().is_empty(), "nothing forwarded");
+}
+
 /// RFC 9110 8.6: a user agent sends `Content-Length` in a POST even when it is 0, and some
 /// origins answer 411 without it (a batch's cancel, in the OpenAI and Anthropic SDKs, is an
 /// empty POST). hyper sends no length for an empty body, so the gateway's own length, which
