@@ -562,7 +562,12 @@ impl Chat {
                         );
                     }
                 }
-                if let Some(a) = c.audio {
+                // Audio the cut left before its last piece (the one with `expires_at`):
+                // unfinished, and without the expiry the SDKs' type requires.
+                let audio = c.audio.filter(|a| {
+                    cut.is_none() || c.finish_reason.is_some() || a.expires_at.is_some()
+                });
+                if let Some(a) = audio {
                     message.insert(
                         "audio".into(),
                         json!({

@@ -1005,3 +1005,36 @@ fn a_counted_usage_has_the_reasoning_tokens_that_came() {
         assert_eq!(d["usage"]["output_tokens"], 5, "{d}");
     }
 }
+
+/// Audio the cut left before its last piece, the one with `expires_at`, is unfinished: left
+/// out of a partial answer (its `expires_at: null` fails the SDKs' type), and with nothing
+/// else generated there is no partial answer. Audio that had its last piece stays.
+#[test]
+fn audio_the_cut_left_unfinished_is_not_in_a_partial_answer() {
+    let start = chat_chunk(
+        r#"{"role":"assistant","content":null,"audio":{"id":"audio_1","transcript":"Hel"}}"#,
+        "null",
+    );
+    let last = chat_chunk(
+        r#"{"audio":{"id":"audio_1","expires_at":1729018505}}"#,
+        "null",
+    );
+    let text = chat_chunk(r#"{"content":"Hi"}"#, "null");
+    let usage = Usage {
+        prompt: 9,
+        completion: 5,
+    };
+    let cut = format!("{start}{text}");
+    let d = doc(Format::Chat, &cut, Some((cut.len(), usage)));
+    let message = &d["choices"][0]["message"];
+    assert!(message.get("audio").is_none(), "{d}");
+    assert_eq!(message["content"], "Hi", "{d}");
+    let a = assemble(Format::Chat, &start, None, 1 << 20);
+    assert_eq!(a.finish(Some(usage)), Err(AssembleError::Empty));
+    let whole = format!("{start}{last}");
+    let d = doc(Format::Chat, &whole, Some((whole.len(), usage)));
+    assert_eq!(
+        d["choices"][0]["message"]["audio"]["expires_at"],
+        1729018505
+    );
+}
