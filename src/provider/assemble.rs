@@ -43,6 +43,38 @@ pub struct Usage {
     pub completion: u64,
 }
 
+/// The reasoning text of an answer whose provider did not report its usage, to count its
+/// tokens as the output's are counted (`Tokens::estimated_completion`): each event that
+/// carried some at least one token, four bytes a token.
+#[derive(Debug, Clone, Copy, Default)]
+struct Reasoning {
+    events: u64,
+    bytes: u64,
+}
+
+impl Reasoning {
+    fn add(&mut self, text: &str) {
+        if !text.is_empty() {
+            self.events += 1;
+            self.bytes = self.bytes.saturating_add(text.len() as u64);
+        }
+    }
+
+    fn join(&mut self, other: Reasoning) {
+        self.events += other.events;
+        self.bytes = self.bytes.saturating_add(other.bytes);
+    }
+
+    fn seen(self) -> bool {
+        self.events > 0
+    }
+
+    /// Its tokens, part of the `completion` tokens and so never more.
+    fn tokens(self, completion: u64) -> u64 {
+        self.events.max(self.bytes.div_ceil(4)).min(completion)
+    }
+}
+
 /// The answer being rebuilt from one stream.
 #[derive(Debug, Clone)]
 pub struct Assembler {

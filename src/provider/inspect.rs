@@ -324,10 +324,17 @@ impl EventSink for Reader {
 impl Reader {
     /// The answer ended: `[DONE]`, or an event that ends one and, for Chat, a finish reason
     /// for every choice that appeared (with a choice past the masks, any finish reason, as
-    /// a single choice's).
+    /// a single choice's). For a document rebuilt from the stream, only what makes it whole
+    /// (see `Assembler::ended`) ends it, the end marker too: without a finish or stop reason
+    /// it would go out as a 200 that looks whole (a null reason, an unfinished tool use
+    /// dropped). A client that streams reads the reasons itself, and its stream passes as
+    /// it came. One that can only fail (`Assembler::failed`) is left to say why.
     fn finished(&self) -> bool {
-        self.done
-            || (self.ended && (self.choices_wide || self.choices_seen & !self.choices_done == 0))
+        let choices = self.choices_wide || self.choices_seen & !self.choices_done == 0;
+        match self.extra.as_ref().and_then(|e| e.assembler.as_ref()) {
+            Some(a) if !a.failed() => (self.done || self.ended) && choices && a.ended(),
+            _ => self.done || (self.ended && choices),
+        }
     }
 
     /// A blank line ends the open event. Returns true when it was the provider's error,

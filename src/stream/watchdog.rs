@@ -583,6 +583,13 @@ where
                     };
                     let err = if now >= limits.deadline {
                         limits.deadline_error()
+                    } else if this.end_by.is_some() && !this.progress.answer_ended() {
+                        // The final event came (`[DONE]`, `message_stop`) and the answer
+                        // was not whole by it: short, as it would be had the framing ended.
+                        GatewayError::UpstreamError {
+                            upstream,
+                            reason: ENDED_SHORT.to_owned(),
+                        }
                     } else if this.last_progress.is_none() {
                         GatewayError::FirstTokenTimeout {
                             upstream,

@@ -736,3 +736,110 @@ async fn an_answer_that_cannot_be_read_into_the_document_is_a_502() {
         assert!(message.contains(said), "{message}");
     }
 }
+
+/// A stream that ends with its end marker (`[DONE]`, `message_stop`) before the answer was
+/// whole (a Chat choice without its finish reason, no Anthropic stop reason, no Responses
+/// `response.completed`) ended as short as one without the marker: 502, counted as an
+/// error, even on a route with partial answers; never a 200 with a null stop reason (an
+/// unfinished tool use dropped from it). Also when the upstream holds the stream open
+/// after the marker. A client that streams gets the events as they came.
+#[tokio::test]
+async fn an_end_marker_before_the_answer_is_whole_ends_it_short() {
+    let chat = [
+        r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"Hello"},"finish_reason":null}]}"#,
+        "[DONE]",
+    ];
+    let start = r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}"#;
+    let open_tool = [
+        start,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"a\""}}"#,
+        r#"{"type":"message_stop"}"#,
+    ];
+    let no_delta = [
+        start,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"message_stop"}"#,
+    ];
+    let responses = [
+        r#"{"type":"response.created","response":{"id":"resp_1","object":"response","status":"in_progress","output":[]}}"#,
+        r#"{"type":"response.output_item.added","output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}"#,
+        r#"{"type":"response.content_part.added","output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}}"#,
+        r#"{"type":"response.output_text.delta","output_index":0,"content_index":0,"delta":"Hello"}"#,
+        "[DONE]",
+    ];
+    let cases: [(&str, &str, &str, &[&str]); 4] = [
+        (
+            "partial",
+            "/v1/chat/completions",
+            r#"{"model":"partial","messages":[{"role":"user","content":"hi"}]}"#,
+            &chat,
+        ),
+        (
+            "messages",
+            "/v1/messages",
+            r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#,
+            &open_tool,
+        ),
+        (
+            "messages",
+            "/v1/messages",
+            r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#,
+            &no_delta,
+        ),
+        (
+            "responses",
+            "/v1/responses",
+            r#"{"model":"m","input":"hi"}"#,
+            &responses,
+        ),
+    ];
+    for (route, path, body, events) in cases {
+        let stream: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        // The same, held open after the marker: the event after it never goes.
+        let held = format!("{stream}: never sent\n\n");
+        let freeze = events.len().to_string();
+        let h = Harness::with_config(CONFIG).await;
+        for (replay, headers) in [
+            (&stream, vec![]),
+            (&held, vec![("x-fake-freeze-after", freeze.as_str())]),
+        ] {
+            h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+                replay,
+                Duration::from_millis(1),
+            )));
+            let (resp, _c) = h.send(post(path, body.into(), &headers)).await;
+            assert_eq!(resp.status(), 502, "{route}: {replay}");
+            assert!(resp.headers().get("x-hourglass-partial").is_none());
+            let error = json_body(resp).await;
+            assert_eq!(error["error"]["code"], "upstream_error", "{route}: {error}");
+            let message = error["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("the stream ended before the answer did"),
+                "{route}: {message}"
+            );
+        }
+        h.wait_requests(route, 2.0).await;
+        assert_eq!(
+            h.metric(&format!(
+                "hourglass_requests_total{{outcome=\"error\",route=\"{route}\"}}"
+            ))
+            .await,
+            2.0,
+            "{route}"
+        );
+
+        // A client that streams gets what the upstream sent, as it came.
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &stream,
+            Duration::from_millis(1),
+        )));
+        let streamed = body.replacen('{', r#"{"stream":true,"#, 1);
+        let (resp, _c) = h.send(post(path, streamed, &[])).await;
+        assert_eq!(resp.status(), 200, "{route}");
+        let read = crate::support::read_body(resp.into_body()).await;
+        assert_eq!(read.text(), stream, "{route}");
+    }
+}

@@ -2,7 +2,7 @@
 //! content or its list of parts, refusal, reasoning, tool and function calls, audio,
 //! annotations, logprobs, finish reasons, usage).
 
-use super::{empty, empty_object, raw, whole_json, Usage};
+use super::{empty, empty_object, raw, whole_json, Reasoning, Usage};
 use crate::provider::tools::{chat_call_index, LastCall};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -17,6 +17,8 @@ pub(super) struct Chat {
     head_open: bool,
     choices: Vec<ChatChoice>,
     usage: Option<Value>,
+    /// The `reasoning_content` / `reasoning` text, for a usage the provider did not send.
+    reasoning: Reasoning,
     pub(super) output: bool,
     pub(super) text: usize,
 }
@@ -258,12 +260,24 @@ impl Chat {
     /// The usage `used` for an answer whose usage chunk never came.
     pub(super) fn fill_missing_usage(&mut self, used: Usage) {
         if self.usage.is_none() && self.head.is_some() {
-            self.usage = Some(json!({
-                "prompt_tokens": used.prompt,
-                "completion_tokens": used.completion,
-                "total_tokens": used.prompt + used.completion,
-            }));
+            self.usage = Some(self.counted(used));
         }
+    }
+
+    /// The usage `used`, as counted for an answer whose provider sent none: with the
+    /// reasoning tokens among the completion's when reasoning came (an answer without has no
+    /// `completion_tokens_details`, as from compatible servers).
+    fn counted(&self, used: Usage) -> Value {
+        let mut usage = json!({
+            "prompt_tokens": used.prompt,
+            "completion_tokens": used.completion,
+            "total_tokens": used.prompt + used.completion,
+        });
+        if self.reasoning.seen() {
+            usage["completion_tokens_details"] =
+                json!({"reasoning_tokens": self.reasoning.tokens(used.completion)});
+        }
+        usage
     }
 
     pub(super) fn whole(&self) -> bool {
@@ -328,6 +342,7 @@ impl Chat {
         }
         let mut added = 0;
         let mut output = false;
+        let mut reasoning = Reasoning::default();
         for c in choices {
             let choice = self.choice(c.index);
             if let Some(reason) = c.finish_reason {
@@ -464,6 +479,9 @@ impl Chat {
                 if !text.is_empty() {
                     output = true;
                 }
+                if key.starts_with("reasoning") {
+                    reasoning.add(&text);
+                }
                 added += text.len();
                 match choice.fields.iter_mut().find(|(k, _)| k == key) {
                     Some((_, s)) => s.push_str(&text),
@@ -473,6 +491,7 @@ impl Chat {
         }
         self.text += added;
         self.output |= output;
+        self.reasoning.join(reasoning);
         Ok(())
     }
 
@@ -482,6 +501,7 @@ impl Chat {
         if self.choices.is_empty() {
             return None;
         }
+        let counted = cut.map(|u| self.counted(u));
         let mut doc = self.head?;
         doc.insert("object".into(), json!("chat.completion"));
         let mut choices: Vec<ChatChoice> = self.choices;
@@ -542,7 +562,12 @@ impl Chat {
                         );
                     }
                 }
-                if let Some(a) = c.audio {
+                // Audio the cut left before its last piece (the one with `expires_at`):
+                // unfinished, and without the expiry the SDKs' type requires.
+                let audio = c.audio.filter(|a| {
+                    cut.is_none() || c.finish_reason.is_some() || a.expires_at.is_some()
+                });
+                if let Some(a) = audio {
                     message.insert(
                         "audio".into(),
                         json!({
@@ -581,16 +606,8 @@ impl Chat {
             })
             .collect();
         doc.insert("choices".into(), Value::Array(choices));
-        let usage = match (self.usage, cut) {
-            (Some(u), _) => u,
-            (None, Some(u)) => json!({
-                "prompt_tokens": u.prompt,
-                "completion_tokens": u.completion,
-                "total_tokens": u.prompt + u.completion,
-            }),
-            (None, None) => Value::Null,
-        };
-        if !usage.is_null() {
+        // The provider's own usage (per-chunk counts, vLLM's) wins over the one counted.
+        if let Some(usage) = self.usage.or(counted) {
             doc.insert("usage".into(), usage);
         }
         Some(Value::Object(doc))

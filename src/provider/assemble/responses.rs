@@ -1,7 +1,7 @@
 //! The OpenAI Responses API: the `response` from its events (output items, their content
 //! parts and deltas, the status it completed with, usage).
 
-use super::{append, raw, whole_json, Usage};
+use super::{append, raw, whole_json, Reasoning, Usage};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -13,6 +13,8 @@ pub(super) struct Responses {
     pub(super) done: bool,
     /// Output items by index, and whether their `response.output_item.done` came.
     items: Vec<(u64, Map<String, Value>, bool)>,
+    /// The reasoning text and its summaries, for the usage of a cut answer.
+    reasoning: Reasoning,
     pub(super) output: bool,
     pub(super) text: usize,
 }
@@ -181,6 +183,9 @@ impl Responses {
                 if !delta.is_empty() {
                     self.output = true;
                 }
+                if kind.starts_with("response.reasoning") {
+                    self.reasoning.add(&delta);
+                }
                 self.text += delta.len();
                 let Some(m) = self.item(ev.output_index) else {
                     return;
@@ -247,7 +252,10 @@ impl Responses {
                         "input_tokens": u.prompt,
                         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                         "output_tokens": u.completion,
-                        "output_tokens_details": {"reasoning_tokens": 0},
+                        // Present whatever came: the SDKs' type requires it.
+                        "output_tokens_details": {
+                            "reasoning_tokens": self.reasoning.tokens(u.completion),
+                        },
                         "total_tokens": u.prompt + u.completion,
                     }),
                 );

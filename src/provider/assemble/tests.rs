@@ -141,12 +141,14 @@ fn a_cut_chat_stream_is_a_partial_answer_cut_for_length() {
         )),
     );
     assert_eq!(d["choices"][0]["finish_reason"], "length");
-    assert_eq!(
-        d["usage"],
-        json!({"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19})
-    );
     let message = &d["choices"][0]["message"];
     assert!(message["reasoning_content"].is_string());
+    // The reasoning's tokens are among the completion's, and here all of them.
+    assert_eq!(
+        d["usage"],
+        json!({"prompt_tokens": 7, "completion_tokens": 12, "total_tokens": 19,
+               "completion_tokens_details": {"reasoning_tokens": 12}})
+    );
     assert_eq!(
         message["content"],
         "Let me check the weather in Paris for you."
@@ -933,4 +935,106 @@ fn chat_fields_without_a_place_are_kept_as_the_sdk_keeps_them() {
     assert_eq!(choice["citations_note"], "see [1]");
     assert_eq!(choice["native_finish_reason"], "STOP");
     assert_eq!(choice["finish_reason"], "tool_calls");
+}
+
+/// The usage of an answer whose provider sent none counts the reasoning that came as its
+/// output is counted (an event at least a token, four bytes a token), never more than the
+/// completion, rather than claiming none: Chat's `completion_tokens_details` only when
+/// reasoning came; the Responses `output_tokens_details` always, as the SDKs' type requires
+/// it. Reasoning left out of the answer (an item never done) was generated all the same.
+#[test]
+fn a_counted_usage_has_the_reasoning_tokens_that_came() {
+    let usage = |completion| Usage {
+        prompt: 9,
+        completion,
+    };
+    let chat = [
+        chat_chunk(
+            r#"{"role":"assistant","reasoning_content":"think1 "}"#,
+            "null",
+        ),
+        chat_chunk(r#"{"reasoning":"think2 "}"#, "null"),
+        chat_chunk(r#"{"content":"tok1 "}"#, "null"),
+    ]
+    .concat();
+    // 14 bytes of reasoning in 2 events: 4 tokens.
+    let d = doc(Format::Chat, &chat, Some((chat.len(), usage(5))));
+    assert_eq!(
+        d["usage"],
+        json!({"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14,
+               "completion_tokens_details": {"reasoning_tokens": 4}})
+    );
+    let d = doc(Format::Chat, &chat, Some((chat.len(), usage(3))));
+    assert_eq!(
+        d["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        3
+    );
+    let whole = format!("{chat}{}", chat_chunk("{}", r#""stop""#));
+    let mut a = assemble(Format::Chat, &whole, None, 1 << 20);
+    a.fill_missing_usage(usage(5));
+    let d: Value = serde_json::from_slice(&a.finish(None).unwrap()).unwrap();
+    assert_eq!(
+        d["usage"]["completion_tokens_details"]["reasoning_tokens"],
+        4
+    );
+    let plain = chat_chunk(r#"{"role":"assistant","content":"tok1 "}"#, "null");
+    let d = doc(Format::Chat, &plain, Some((plain.len(), usage(5))));
+    assert!(d["usage"].get("completion_tokens_details").is_none(), "{d}");
+
+    let created = r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}"#;
+    let reasoning = [
+        r#"{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"rs_1","type":"reasoning","summary":[],"encrypted_content":null}}"#,
+        r#"{"type":"response.reasoning_summary_text.delta","sequence_number":2,"output_index":0,"summary_index":0,"delta":"think1 "}"#,
+        r#"{"type":"response.reasoning_text.delta","sequence_number":3,"output_index":0,"content_index":0,"delta":"think2 "}"#,
+    ];
+    let message = [
+        r#"{"type":"response.output_item.added","sequence_number":4,"output_index":1,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}"#,
+        r#"{"type":"response.content_part.added","sequence_number":5,"output_index":1,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":6,"output_index":1,"content_index":0,"delta":"tok1 "}"#,
+    ];
+    for (events, reasoning_tokens) in [
+        (sse(&[&[created][..], &reasoning, &message].concat()), 4),
+        (sse(&[&[created][..], &message].concat()), 0),
+    ] {
+        let d = doc(Format::Responses, &events, Some((events.len(), usage(5))));
+        assert_eq!(
+            d["usage"]["output_tokens_details"],
+            json!({"reasoning_tokens": reasoning_tokens}),
+            "{d}"
+        );
+        assert_eq!(d["usage"]["output_tokens"], 5, "{d}");
+    }
+}
+
+/// Audio the cut left before its last piece, the one with `expires_at`, is unfinished: left
+/// out of a partial answer (its `expires_at: null` fails the SDKs' type), and with nothing
+/// else generated there is no partial answer. Audio that had its last piece stays.
+#[test]
+fn audio_the_cut_left_unfinished_is_not_in_a_partial_answer() {
+    let start = chat_chunk(
+        r#"{"role":"assistant","content":null,"audio":{"id":"audio_1","transcript":"Hel"}}"#,
+        "null",
+    );
+    let last = chat_chunk(
+        r#"{"audio":{"id":"audio_1","expires_at":1729018505}}"#,
+        "null",
+    );
+    let text = chat_chunk(r#"{"content":"Hi"}"#, "null");
+    let usage = Usage {
+        prompt: 9,
+        completion: 5,
+    };
+    let cut = format!("{start}{text}");
+    let d = doc(Format::Chat, &cut, Some((cut.len(), usage)));
+    let message = &d["choices"][0]["message"];
+    assert!(message.get("audio").is_none(), "{d}");
+    assert_eq!(message["content"], "Hi", "{d}");
+    let a = assemble(Format::Chat, &start, None, 1 << 20);
+    assert_eq!(a.finish(Some(usage)), Err(AssembleError::Empty));
+    let whole = format!("{start}{last}");
+    let d = doc(Format::Chat, &whole, Some((whole.len(), usage)));
+    assert_eq!(
+        d["choices"][0]["message"]["audio"]["expires_at"],
+        1729018505
+    );
 }
