@@ -468,6 +468,7 @@ fn attempt<'a>(
         switch_by,
         hold: route.route.policy.holds_head(),
         in_flight: InFlight::new(&entry.in_flight),
+        answers: &entry.answer,
     }
 }
 
@@ -551,9 +552,6 @@ fn note(
             metrics.set_ejected(&upstream.name, false);
         }
         None => {}
-    }
-    if let Ok(s) = result {
-        entry.answer.response(s.response.status().as_u16());
     }
     let outcome = match result {
         Ok(s) if s.error_event.is_some() => Ok("error_event"),

@@ -903,3 +903,29 @@ async fn a_hedge_both_attempts_lose_is_counted_and_answered_by_the_later_failure
         assert_eq!(p.metric(&sample).await, n, "{sample}");
     }
 }
+
+/// A head held for the first token counts as the upstream's answer whatever ends the attempt
+/// after it: two 200 heads with no token after them were missing from
+/// `hourglass_upstream_responses_total`, which counted only the attempts that won (audit L1).
+#[tokio::test]
+async fn a_held_head_that_never_got_its_token_is_counted() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nfirst_token_timeout = \"300ms\"",
+        "",
+        "",
+    )
+    .await;
+    for up in [&p.primary, &p.backup] {
+        up.set_script(&[("x-fake-headers-first", "1"), ("x-fake-ttft-ms", "20000")]);
+    }
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 504);
+    json_body(resp).await;
+    p.wait_reported(1.0).await;
+    for up in ["primary", "backup"] {
+        let sample = format!(
+            "hourglass_upstream_responses_total{{class=\"2xx\",route=\"chat\",upstream=\"{up}\"}}"
+        );
+        assert_eq!(p.metric(&sample).await, 1.0, "{sample}");
+    }
+}
