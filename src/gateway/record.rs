@@ -87,6 +87,11 @@ pub struct RequestRecord {
     status: Option<u16>,
     first_token_at: Option<Instant>,
     first_byte_at: Option<Instant>,
+    /// The time to first token / first byte went into its histogram: each is observed when
+    /// it comes (a minute-long stream must not hold its latency back until it ends), or at
+    /// the end should it come before its histogram was known; once either way.
+    ttft_observed: bool,
+    ttfb_observed: bool,
     /// What the stream's inspector counted (only for a known format).
     tokens: Option<Tokens>,
     bytes: u64,
@@ -164,6 +169,8 @@ impl RequestRecord {
             status: None,
             first_token_at: None,
             first_byte_at: None,
+            ttft_observed: false,
+            ttfb_observed: false,
             tokens: None,
             bytes: 0,
             code: None,
@@ -385,6 +392,27 @@ impl RequestRecord {
         if let Some(at) = first_byte_at {
             self.first_byte_at.get_or_insert(at);
         }
+        self.observe_ttfb();
+    }
+
+    /// Observes the time to first token, once, when both it and its histogram are known.
+    fn observe_ttft(&mut self) {
+        if let (false, Some(at), Some(h)) =
+            (self.ttft_observed, self.first_token_at, &self.ttft_metric)
+        {
+            h.observe((at - self.arrival).as_secs_f64());
+            self.ttft_observed = true;
+        }
+    }
+
+    /// As `observe_ttft`, for the first byte.
+    fn observe_ttfb(&mut self) {
+        if let (false, Some(at), Some(a)) =
+            (self.ttfb_observed, self.first_byte_at, &self.answer_metrics)
+        {
+            a.ttfb.observe((at - self.arrival).as_secs_f64());
+            self.ttfb_observed = true;
+        }
     }
 
     /// Holds the route's admission slot until the request ends.
@@ -530,6 +558,10 @@ impl RequestRecord {
 
     fn report(&mut self) {
         let now = Instant::now();
+        // Both were observed when they came; these only catch one that came before its
+        // histogram was known.
+        self.observe_ttft();
+        self.observe_ttfb();
         let end = self.end.unwrap_or(End::Cancelled(Origin::Client));
         if let Some(run) = self.run.as_mut() {
             if let Some(call) = run.call.take() {
@@ -582,14 +614,8 @@ impl RequestRecord {
         // Only a token of a 2xx answer is noted (`first_token`), whatever ended the request
         // after it: an assembled answer cut by a limit had its first token all the same.
         let ttft = self.first_token_at.map(|t| t - self.arrival);
-        if let (Some(t), Some(h)) = (ttft, &self.ttft_metric) {
-            h.observe(t.as_secs_f64());
-        }
         let ttfb = self.first_byte_at.map(|t| t - self.arrival);
         if let Some(a) = &self.answer_metrics {
-            if let Some(t) = ttfb {
-                a.ttfb.observe(t.as_secs_f64());
-            }
             if let Some(p) = self.tokens.and_then(|t| t.prompt()) {
                 a.prompt_reported.inc_by(p);
             }
@@ -710,12 +736,14 @@ impl Observer for RequestRecord {
             if let (Some(up), Some(sent)) = (&self.upstream, self.sent_at) {
                 up.observe_first_token(self.model.as_deref(), at.saturating_duration_since(sent));
             }
+            self.observe_ttft();
         }
     }
 
     fn data(&mut self, len: usize) {
         if self.first_byte_at.is_none() {
             self.first_byte_at = Some(Instant::now());
+            self.observe_ttfb();
         }
         self.bytes += len as u64;
     }
