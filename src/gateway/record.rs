@@ -95,6 +95,13 @@ pub struct RequestRecord {
     /// What the stream's inspector counted (only for a known format).
     tokens: Option<Tokens>,
     bytes: u64,
+    /// The bytes of the client's body (the access line's size): what the gateway handed
+    /// over, as it streamed or in one piece, which on an assembled answer is not what came
+    /// from the upstream, and on a request the client left before its answer is none.
+    sent: u64,
+    /// The gateway reads the upstream's body itself before it answers (an assembled answer,
+    /// a document read whole): what it reads is not yet the client's body.
+    read_whole: bool,
     code: Option<&'static str>,
     /// The message that went with `code`.
     error: Option<Box<str>>,
@@ -173,6 +180,8 @@ impl RequestRecord {
             ttfb_observed: false,
             tokens: None,
             bytes: 0,
+            sent: 0,
+            read_whole: false,
             code: None,
             end: None,
             attempts: Vec::new(),
@@ -445,6 +454,20 @@ impl RequestRecord {
     pub fn own_bytes(&mut self, len: usize) {
         if self.method != Method::HEAD {
             self.bytes += len as u64;
+            self.sent += len as u64;
+        }
+    }
+
+    /// Whether the gateway reads the upstream's body itself, before it answers (`read_whole`).
+    pub fn read_whole(&mut self, whole: bool) {
+        self.read_whole = whole;
+    }
+
+    /// The gateway hands the client `len` bytes of its body in one piece: what it read of
+    /// the upstream's (`read_whole`), or the document it assembled from it.
+    pub fn sent_whole(&mut self, len: usize) {
+        if self.method != Method::HEAD {
+            self.sent += len as u64;
         }
     }
 
@@ -453,6 +476,7 @@ impl RequestRecord {
     pub fn own_bytes_replaced(&mut self, was: usize, now: usize) {
         if self.method != Method::HEAD {
             self.bytes = self.bytes.saturating_sub(was as u64) + now as u64;
+            self.sent = self.sent.saturating_sub(was as u64) + now as u64;
         }
     }
 
@@ -702,6 +726,7 @@ impl RequestRecord {
             completion_tokens: completion.map(|(n, source)| (n, source.as_str())),
             stream_error: self.stream_error().map(ErrorType::as_str),
             bytes: self.bytes,
+            body_bytes: self.sent,
             status: self.status,
             outcome: end.outcome(),
             origin,
@@ -746,10 +771,18 @@ impl Observer for RequestRecord {
             self.observe_ttfb();
         }
         self.bytes += len as u64;
+        if !self.read_whole {
+            self.sent += len as u64;
+        }
     }
 
     fn own_data(&mut self, len: usize) {
-        self.own_bytes(len);
+        if self.method != Method::HEAD {
+            self.bytes += len as u64;
+            if !self.read_whole {
+                self.sent += len as u64;
+            }
+        }
     }
 
     fn tokens(&mut self, tokens: Tokens) {
