@@ -656,12 +656,13 @@ impl RequestRecord {
             m.tokens_cancelled(origin).inc_by(n);
         }
         let mut margin = None;
-        if let Some(b) = &self.budget {
+        // A call refused because its run's deadline had passed got no time at all: no
+        // budget in either histogram (a ratio of it would be no number), so both count the
+        // same requests.
+        if let Some(b) = self.budget.as_ref().filter(|b| !b.total.is_zero()) {
             m.budget.observe(b.total.as_secs_f64());
-            if !b.total.is_zero() {
-                m.used_ratio
-                    .observe(elapsed.as_secs_f64() / b.total.as_secs_f64());
-            }
+            m.used_ratio
+                .observe(elapsed.as_secs_f64() / b.total.as_secs_f64());
             if end == End::Ok {
                 // Never negative: an overrun shows in used_ratio > 1, not as a negative margin.
                 let left = b.deadline.saturating_duration_since(now);
