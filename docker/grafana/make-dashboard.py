@@ -11,11 +11,14 @@ a real one, and scripts/dashboard-png.sh draws them for docs/dashboard.png.
 """
 
 import json
+import re
 import sys
 from pathlib import Path
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 R = 'route=~"$route"'
+# For the series that have an upstream label too: `$upstream` narrows them as well.
+RU = R + ',upstream=~"$upstream"'
 RI = "$__rate_interval"
 panels = []
 pid = [0]
@@ -195,7 +198,7 @@ stat(
 stat(
     "Time to first token p95",
     "95th percentile of head received -> first data event, all selected routes.",
-    f"histogram_quantile(0.95, sum by (le) (rate(hourglass_time_to_first_token_seconds_bucket{{{R}}}[{RI}])))",
+    f"histogram_quantile(0.95, sum by (le) (rate(hourglass_time_to_first_token_seconds_bucket{{{RU}}}[{RI}])))",
     "s",
     12,
     1,
@@ -357,7 +360,7 @@ ts(
     "hourglass_time_to_first_token_seconds: request head received -> first data event (first byte for non-SSE bodies), per route.",
     [
         target(
-            f"histogram_quantile({q}, sum by (le, route) (rate(hourglass_time_to_first_token_seconds_bucket{{{R}}}[{RI}])))",
+            f"histogram_quantile({q}, sum by (le, route) (rate(hourglass_time_to_first_token_seconds_bucket{{{RU}}}[{RI}])))",
             f"{{{{route}}}} p{int(q*100)}",
             chr(65 + i),
         )
@@ -406,7 +409,7 @@ row("Retries, fallbacks and reloads", 32)
 ts(
     "Retries by reason",
     "hourglass_retries_total by reason (connect, first_token, 5xx, 429, reset): extra attempts on the same upstream, on routes with `retries`.",
-    [target(f"sum by (reason) (rate(hourglass_retries_total{{{R}}}[{RI}]))", "{{reason}}", "A")],
+    [target(f"sum by (reason) (rate(hourglass_retries_total{{{RU}}}[{RI}]))", "{{reason}}", "A")],
     "reqps",
     0,
     33,
@@ -641,6 +644,19 @@ dash = {
     },
     "panels": panels,
 }
+# `$upstream` narrows every panel whose series have an upstream label (docs/deployment.md):
+# the first-token panels filtered by route alone (audit L8).
+UPSTREAM_LABELLED = {
+    "hourglass_time_to_first_token_seconds", "hourglass_time_to_first_byte_seconds",
+    "hourglass_tokens_total", "hourglass_upstream_stream_errors_total",
+    "hourglass_upstream_responses_total", "hourglass_upstream_requests_in_flight",
+    "hourglass_retries_total", "hourglass_upstream_skipped_total",
+}
+for p in panels:
+    for t in p.get("targets", []):
+        for m in re.finditer(r"(hourglass_[a-z_]+?)(?:_bucket|_count|_sum)?\{([^}]*)\}", t["expr"]):
+            if m.group(1) in UPSTREAM_LABELLED and 'upstream=~"$upstream"' not in m.group(2):
+                sys.exit(f"panel {p['title']!r} reads {m.group(1)} without $upstream: {t['expr']}")
 OUT = Path(__file__).resolve().parent / "dashboards" / "hourglass.json"
 text = json.dumps(dash, indent=2) + "\n"
 if "--check" in sys.argv:

@@ -234,10 +234,12 @@ impl Gateway {
                     // request) for these rare answers.
                     if no_content || head {
                         body.no_content();
+                        body.observer_mut().read_whole(true);
                         return Box::pin(without_content(parts, body, &id)).await;
                     }
                     if assemble {
                         body.fail_on_cut();
+                        body.observer_mut().read_whole(true);
                         let partial = started.partial_answers;
                         return Box::pin(assembled(parts, body, partial, &id)).await;
                     }
@@ -246,6 +248,7 @@ impl Gateway {
                             && document
                             && !parts.headers.contains_key(header::CONTENT_LENGTH))
                     {
+                        body.observer_mut().read_whole(true);
                         return Box::pin(with_length(parts, body, &id)).await;
                     }
                     Response::from_parts(parts, Either::Right(body))
@@ -308,7 +311,11 @@ async fn with_length(
                 }
                 if len > LENGTH_CAP {
                     body.unread(first.into_iter().chain(rest));
-                    body.observer_mut().set_status(parts.status.as_u16());
+                    // From here the client reads the body as it comes.
+                    let record = body.observer_mut();
+                    record.sent_whole(len);
+                    record.read_whole(false);
+                    record.set_status(parts.status.as_u16());
                     return Response::from_parts(parts, Either::Right(body));
                 }
             }
@@ -336,7 +343,9 @@ async fn with_length(
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
-    body.observer_mut().set_status(parts.status.as_u16());
+    let record = body.observer_mut();
+    record.sent_whole(whole.len());
+    record.set_status(parts.status.as_u16());
     Response::from_parts(parts, Either::Left(Full::new(whole)))
 }
 

@@ -252,5 +252,6 @@ pub(super) async fn assembled(
         .insert(header::CONTENT_LENGTH, HeaderValue::from(doc.len()));
     record.set_status(parts.status.as_u16());
     Observer::data(record, 0);
+    record.sent_whole(doc.len());
     Response::from_parts(parts, Either::Left(Full::new(Bytes::from(doc))))
 }

@@ -27,7 +27,7 @@ use crate::provider::inspect::Inspector;
 use crate::provider::{ErrorType, Format};
 use crate::stream::progress::Progress;
 use crate::stream::StreamLimits;
-use crate::telemetry::metrics::InFlight;
+use crate::telemetry::metrics::{AnswerMetrics, InFlight};
 use crate::upstream::{ConnectTimedOut, StreamSlot, Upstream};
 
 /// What one attempt needs beyond the request itself.
@@ -42,6 +42,8 @@ pub struct Attempt<'a> {
     /// Hold a successful head until the first data event.
     pub hold: bool,
     pub in_flight: InFlight,
+    /// Where the attempt's head is counted by its status class.
+    pub answers: &'a AnswerMetrics,
 }
 
 /// When an attempt's waits end to leave the next upstream its room, and which of them do: only
@@ -157,6 +159,9 @@ impl<'a> Attempt<'a> {
             };
             let response = result
                 .map_err(|e| classify(upstream, &e, budget.connect_timeout, sent_at.is_some()))?;
+            // Counted as it comes: whatever ends the attempt after its head (a held head's
+            // first-token limit, a lost hedge, a bad framing) the upstream did answer it.
+            self.answers.response(response.status().as_u16());
             // A head always comes over a connection; should its metadata not have been seen yet,
             // the head itself proves the request was sent.
             let sent_at = sent_at.unwrap_or_else(Instant::now);

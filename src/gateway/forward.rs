@@ -468,7 +468,7 @@ fn body_error(e: BoxError, limit: u64) -> GatewayError {
 /// Whether a request body failed because the client went away rather than because it was
 /// malformed: hyper ends an HTTP/1 body cut short (by a length or chunks never completed)
 /// with an `UnexpectedEof`, or the socket's own reset, and an HTTP/2 one with the client's
-/// `RST_STREAM` or `GOAWAY`.
+/// `RST_STREAM` or `GOAWAY`, or h2's own reset of a stream that broke its framing.
 fn client_left(e: &(dyn std::error::Error + 'static)) -> bool {
     use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
     let mut cause = Some(e);
@@ -482,7 +482,12 @@ fn client_left(e: &(dyn std::error::Error + 'static)) -> bool {
             }
         }
         if let Some(h2) = c.downcast_ref::<h2::Error>() {
-            if (h2.is_remote() && (h2.is_reset() || h2.is_go_away())) || h2.is_io() {
+            // Reset by the gateway's own HTTP/2 layer (`is_library`: DATA past the
+            // content-length, or short of it): the stream is gone and no answer can reach
+            // the client, which got the reset; logged as the client's other resets are.
+            if ((h2.is_remote() || h2.is_library()) && (h2.is_reset() || h2.is_go_away()))
+                || h2.is_io()
+            {
                 return true;
             }
         }

@@ -87,9 +87,21 @@ pub struct RequestRecord {
     status: Option<u16>,
     first_token_at: Option<Instant>,
     first_byte_at: Option<Instant>,
+    /// The time to first token / first byte went into its histogram: each is observed when
+    /// it comes (a minute-long stream must not hold its latency back until it ends), or at
+    /// the end should it come before its histogram was known; once either way.
+    ttft_observed: bool,
+    ttfb_observed: bool,
     /// What the stream's inspector counted (only for a known format).
     tokens: Option<Tokens>,
     bytes: u64,
+    /// The bytes of the client's body (the access line's size): what the gateway handed
+    /// over, as it streamed or in one piece, which on an assembled answer is not what came
+    /// from the upstream, and on a request the client left before its answer is none.
+    sent: u64,
+    /// The gateway reads the upstream's body itself before it answers (an assembled answer,
+    /// a document read whole): what it reads is not yet the client's body.
+    read_whole: bool,
     code: Option<&'static str>,
     /// The message that went with `code`.
     error: Option<Box<str>>,
@@ -164,8 +176,12 @@ impl RequestRecord {
             status: None,
             first_token_at: None,
             first_byte_at: None,
+            ttft_observed: false,
+            ttfb_observed: false,
             tokens: None,
             bytes: 0,
+            sent: 0,
+            read_whole: false,
             code: None,
             end: None,
             attempts: Vec::new(),
@@ -385,6 +401,27 @@ impl RequestRecord {
         if let Some(at) = first_byte_at {
             self.first_byte_at.get_or_insert(at);
         }
+        self.observe_ttfb();
+    }
+
+    /// Observes the time to first token, once, when both it and its histogram are known.
+    fn observe_ttft(&mut self) {
+        if let (false, Some(at), Some(h)) =
+            (self.ttft_observed, self.first_token_at, &self.ttft_metric)
+        {
+            h.observe((at - self.arrival).as_secs_f64());
+            self.ttft_observed = true;
+        }
+    }
+
+    /// As `observe_ttft`, for the first byte.
+    fn observe_ttfb(&mut self) {
+        if let (false, Some(at), Some(a)) =
+            (self.ttfb_observed, self.first_byte_at, &self.answer_metrics)
+        {
+            a.ttfb.observe((at - self.arrival).as_secs_f64());
+            self.ttfb_observed = true;
+        }
     }
 
     /// Holds the route's admission slot until the request ends.
@@ -417,6 +454,20 @@ impl RequestRecord {
     pub fn own_bytes(&mut self, len: usize) {
         if self.method != Method::HEAD {
             self.bytes += len as u64;
+            self.sent += len as u64;
+        }
+    }
+
+    /// Whether the gateway reads the upstream's body itself, before it answers (`read_whole`).
+    pub fn read_whole(&mut self, whole: bool) {
+        self.read_whole = whole;
+    }
+
+    /// The gateway hands the client `len` bytes of its body in one piece: what it read of
+    /// the upstream's (`read_whole`), or the document it assembled from it.
+    pub fn sent_whole(&mut self, len: usize) {
+        if self.method != Method::HEAD {
+            self.sent += len as u64;
         }
     }
 
@@ -425,6 +476,7 @@ impl RequestRecord {
     pub fn own_bytes_replaced(&mut self, was: usize, now: usize) {
         if self.method != Method::HEAD {
             self.bytes = self.bytes.saturating_sub(was as u64) + now as u64;
+            self.sent = self.sent.saturating_sub(was as u64) + now as u64;
         }
     }
 
@@ -530,6 +582,10 @@ impl RequestRecord {
 
     fn report(&mut self) {
         let now = Instant::now();
+        // Both were observed when they came; these only catch one that came before its
+        // histogram was known.
+        self.observe_ttft();
+        self.observe_ttfb();
         let end = self.end.unwrap_or(End::Cancelled(Origin::Client));
         if let Some(run) = self.run.as_mut() {
             if let Some(call) = run.call.take() {
@@ -582,14 +638,8 @@ impl RequestRecord {
         // Only a token of a 2xx answer is noted (`first_token`), whatever ended the request
         // after it: an assembled answer cut by a limit had its first token all the same.
         let ttft = self.first_token_at.map(|t| t - self.arrival);
-        if let (Some(t), Some(h)) = (ttft, &self.ttft_metric) {
-            h.observe(t.as_secs_f64());
-        }
         let ttfb = self.first_byte_at.map(|t| t - self.arrival);
         if let Some(a) = &self.answer_metrics {
-            if let Some(t) = ttfb {
-                a.ttfb.observe(t.as_secs_f64());
-            }
             if let Some(p) = self.tokens.and_then(|t| t.prompt()) {
                 a.prompt_reported.inc_by(p);
             }
@@ -606,12 +656,13 @@ impl RequestRecord {
             m.tokens_cancelled(origin).inc_by(n);
         }
         let mut margin = None;
-        if let Some(b) = &self.budget {
+        // A call refused because its run's deadline had passed got no time at all: no
+        // budget in either histogram (a ratio of it would be no number), so both count the
+        // same requests.
+        if let Some(b) = self.budget.as_ref().filter(|b| !b.total.is_zero()) {
             m.budget.observe(b.total.as_secs_f64());
-            if !b.total.is_zero() {
-                m.used_ratio
-                    .observe(elapsed.as_secs_f64() / b.total.as_secs_f64());
-            }
+            m.used_ratio
+                .observe(elapsed.as_secs_f64() / b.total.as_secs_f64());
             if end == End::Ok {
                 // Never negative: an overrun shows in used_ratio > 1, not as a negative margin.
                 let left = b.deadline.saturating_duration_since(now);
@@ -676,6 +727,7 @@ impl RequestRecord {
             completion_tokens: completion.map(|(n, source)| (n, source.as_str())),
             stream_error: self.stream_error().map(ErrorType::as_str),
             bytes: self.bytes,
+            body_bytes: self.sent,
             status: self.status,
             outcome: end.outcome(),
             origin,
@@ -710,18 +762,28 @@ impl Observer for RequestRecord {
             if let (Some(up), Some(sent)) = (&self.upstream, self.sent_at) {
                 up.observe_first_token(self.model.as_deref(), at.saturating_duration_since(sent));
             }
+            self.observe_ttft();
         }
     }
 
     fn data(&mut self, len: usize) {
         if self.first_byte_at.is_none() {
             self.first_byte_at = Some(Instant::now());
+            self.observe_ttfb();
         }
         self.bytes += len as u64;
+        if !self.read_whole {
+            self.sent += len as u64;
+        }
     }
 
     fn own_data(&mut self, len: usize) {
-        self.own_bytes(len);
+        if self.method != Method::HEAD {
+            self.bytes += len as u64;
+            if !self.read_whole {
+                self.sent += len as u64;
+            }
+        }
     }
 
     fn tokens(&mut self, tokens: Tokens) {

@@ -468,6 +468,7 @@ fn attempt<'a>(
         switch_by,
         hold: route.route.policy.holds_head(),
         in_flight: InFlight::new(&entry.in_flight),
+        answers: &entry.answer,
     }
 }
 
@@ -552,9 +553,6 @@ fn note(
         }
         None => {}
     }
-    if let Ok(s) = result {
-        entry.answer.response(s.response.status().as_u16());
-    }
     let outcome = match result {
         Ok(s) if s.error_event.is_some() => Ok("error_event"),
         Ok(s) if s.response.status().is_success() => Ok("ok"),
@@ -566,6 +564,20 @@ fn note(
         Err(e) => Err(e),
     };
     record.attempt(entry, index, outcome);
+}
+
+/// Counts a hedge, once both attempts started, by who won when it ends: `none` too when the
+/// request ended first (the client left, the shutdown grace ran out), which drops it.
+struct HedgeTally<'a> {
+    metrics: &'a Metrics,
+    route: &'a str,
+    winner: &'static str,
+}
+
+impl Drop for HedgeTally<'_> {
+    fn drop(&mut self) {
+        self.metrics.hedge(self.route, self.winner);
+    }
 }
 
 /// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
@@ -645,6 +657,11 @@ async fn hedge(
     };
     // Beside the primary, which the log keeps naming until one of them answers.
     let i1 = record.attempt_started(hedge_entry, Instant::now(), false);
+    let mut tally = HedgeTally {
+        metrics,
+        route: &route.name,
+        winner: "none",
+    };
     let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout, None).run(hreq);
     tokio::pin!(hedged);
     let policy = &route.route.policy;
@@ -664,13 +681,12 @@ async fn hedge(
                         record.attempt(hedge_entry, i1, Ok("hedge_loser"));
                         record.hedge_loser();
                     }
-                    metrics.hedge(&route.name, "primary");
+                    tally.winner = "primary";
                     break r.map(|s| (s, 0));
                 }
                 // Both failed: the later failure is what the route goes on from (its
                 // retry-after, its status passed through).
                 if hedge_done.take().is_some() {
-                    metrics.hedge(&route.name, "none");
                     break r.map(|s| (s, 0));
                 }
                 primary_done = Some(r);
@@ -682,11 +698,10 @@ async fn hedge(
                         record.attempt(primary_entry, i0, Ok("hedge_loser"));
                         record.hedge_loser();
                     }
-                    metrics.hedge(&route.name, "hedge");
+                    tally.winner = "hedge";
                     break r.map(|s| (s, to));
                 }
                 if primary_done.take().is_some() {
-                    metrics.hedge(&route.name, "none");
                     break r.map(|s| (s, to));
                 }
                 hedge_done = Some(r);

@@ -927,3 +927,34 @@ async fn what_reaches_the_client_restarts_its_sdks_timeout() {
     assert_eq!(e["code"], "first_token_timeout", "{e}");
     assert!(e["message"].as_str().unwrap().contains("900ms"), "{e}");
 }
+
+/// `hourglass_budget_seconds` and `hourglass_budget_used_ratio` count the same requests: a
+/// call refused because its run's deadline had passed (a budget of 0) was in the first and
+/// not the second (audit L3).
+#[tokio::test]
+async fn both_budget_histograms_count_the_same_requests() {
+    let toml = BASE.replace(
+        "path_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+        "path_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\nrun_budget = \"1m\"\n",
+    );
+    let h = Harness::with_config(&toml).await;
+    let run = [("x-run-id", "r1"), ("x-run-budget-ms", "1000")];
+    let (resp, _c) = h.send(chat_request(&run, false)).await;
+    json_body(resp).await;
+    // Past the run's deadline: the next call is refused before it is sent.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (resp, _c) = h.send(chat_request(&run[..1], false)).await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "run_deadline_exceeded"
+    );
+    h.wait_requests("chat", 2.0).await;
+    let budget = h
+        .metric("hourglass_budget_seconds_count{route=\"chat\"}")
+        .await;
+    let ratio = h
+        .metric("hourglass_budget_used_ratio_count{route=\"chat\"}")
+        .await;
+    assert_eq!((budget, ratio), (1.0, 1.0));
+}

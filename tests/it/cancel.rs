@@ -202,6 +202,45 @@ async fn client_leaves_while_sending_its_body() {
     assert_eq!(h.fake.requests().len(), 0, "nothing reached the upstream");
 }
 
+/// An HTTP/2 body with more DATA than its content-length: h2 resets the stream (PROTOCOL_ERROR)
+/// and the client gets no answer, so none is logged or counted: it was a 400
+/// `invalid_request` error, 163 bytes, that nobody could receive (audit L6).
+#[tokio::test]
+async fn an_h2_body_past_its_length_is_reset_and_counted_as_no_answer() {
+    let h = harness().await;
+    let tcp = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.addr()))
+        .header("content-type", "application/json")
+        .header("content-length", "5")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(
+        bytes::Bytes::from_static(b"{\"model\":\"gpt-4o-mini\"}"),
+        true,
+    )
+    .unwrap();
+    let reset = response.await.expect_err("no answer, a reset");
+    assert_eq!(
+        reset.reason(),
+        Some(h2::Reason::PROTOCOL_ERROR),
+        "{reset:?}"
+    );
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"error\",route=\"chat\"}")
+            .await,
+        0.0
+    );
+}
+
 /// A body that is malformed (a chunk size that is no number) is still the client's error.
 #[tokio::test]
 async fn a_malformed_chunked_body_is_still_a_bad_request() {

@@ -903,3 +903,58 @@ async fn a_hedge_both_attempts_lose_is_counted_and_answered_by_the_later_failure
         assert_eq!(p.metric(&sample).await, n, "{sample}");
     }
 }
+
+/// A head held for the first token counts as the upstream's answer whatever ends the attempt
+/// after it: two 200 heads with no token after them were missing from
+/// `hourglass_upstream_responses_total`, which counted only the attempts that won (audit L1).
+#[tokio::test]
+async fn a_held_head_that_never_got_its_token_is_counted() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nfirst_token_timeout = \"300ms\"",
+        "",
+        "",
+    )
+    .await;
+    for up in [&p.primary, &p.backup] {
+        up.set_script(&[("x-fake-headers-first", "1"), ("x-fake-ttft-ms", "20000")]);
+    }
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 504);
+    json_body(resp).await;
+    p.wait_reported(1.0).await;
+    for up in ["primary", "backup"] {
+        let sample = format!(
+            "hourglass_upstream_responses_total{{class=\"2xx\",route=\"chat\",upstream=\"{up}\"}}"
+        );
+        assert_eq!(p.metric(&sample).await, 1.0, "{sample}");
+    }
+}
+
+/// A hedged request whose client left after both attempts started is counted too, with no
+/// winner: it was missing from `hourglass_hedges_total`, whose sum is the hedged requests
+/// (audit L4).
+#[tokio::test]
+async fn a_hedge_the_client_left_is_counted_without_a_winner() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nhedge_after = \"200ms\"\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"",
+        "",
+        "",
+    )
+    .await;
+    for up in [&p.primary, &p.backup] {
+        up.set_script(&[("x-fake-ttft-ms", "25000"), ("x-fake-headers-first", "1")]);
+    }
+    let conn = Conn::open(p.gw.addr).await;
+    let pending = tokio::spawn(conn.send(chat_request(&[], true)));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while p.backup.requests().is_empty() {
+        assert!(Instant::now() < deadline, "the hedge was started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pending.abort();
+    p.wait_reported(1.0).await;
+    for (winner, n) in [("none", 1.0), ("primary", 0.0), ("hedge", 0.0)] {
+        let sample = format!("hourglass_hedges_total{{route=\"chat\",winner=\"{winner}\"}}");
+        assert_eq!(p.metric(&sample).await, n, "{sample}");
+    }
+}

@@ -528,3 +528,39 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
     assert!(!head.contains("content-length"), "{head}");
     assert_eq!(body.len(), big.len() * 6);
 }
+
+/// The time to first token and to first byte are observed when they come, not when the
+/// stream ends: a minute-long stream held its latency back until its end (audit L2). Once
+/// each, on a route that streams the head at once and on one that holds it for the token.
+#[tokio::test]
+async fn first_token_and_first_byte_are_observed_when_they_come_and_once() {
+    let chat = "path_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n";
+    let base = BASE.replace("idle_timeout = \"1s\"", "idle_timeout = \"30s\"")
+        + "\n[upstreams.fake2]\nurl = \"{FAKE}\"\nauth = \"none\"\n";
+    let held = base.replace(chat, &format!("{chat}fallbacks = [\"fake2\"]\n"));
+    assert_ne!(base, held);
+    for (route, toml) in [("plain", base.clone()), ("held", held)] {
+        let h = Harness::with_config(&toml).await;
+        let (resp, conn) = h.chat(&[("x-fake-freeze-after", "1")]).await;
+        assert_eq!(resp.status(), 200, "{route}");
+        let mut body = resp.into_body();
+        let text = read_events(&mut body, 2).await;
+        assert!(text.contains("tok1"), "{route}: {text}");
+        let ttft = "hourglass_time_to_first_token_seconds_count{route=\"chat\",upstream=\"fake\"}";
+        let ttfb = "hourglass_time_to_first_byte_seconds_count{route=\"chat\",upstream=\"fake\"}";
+        // The stream is still open: its first token and byte are in, the request is not.
+        assert_eq!(
+            h.metric("hourglass_requests_in_flight{route=\"chat\"}")
+                .await,
+            1.0,
+            "{route}"
+        );
+        assert_eq!(h.metric(ttft).await, 1.0, "{route}: TTFT before the end");
+        assert_eq!(h.metric(ttfb).await, 1.0, "{route}: TTFB before the end");
+        drop(body);
+        conn.close();
+        h.wait_requests("chat", 1.0).await;
+        assert_eq!(h.metric(ttft).await, 1.0, "{route}: TTFT once");
+        assert_eq!(h.metric(ttfb).await, 1.0, "{route}: TTFB once");
+    }
+}

@@ -789,3 +789,71 @@ async fn compatible_servers_errors_and_choiceless_streams_are_no_answer() {
     let got = json_body(resp).await;
     assert_eq!(got["error"]["code"], "upstream_error", "{got}");
 }
+
+/// The access line's size is the bytes of the client's body, as the combined format's
+/// readers take it: it was the upstream's (its SSE, three to six times the document the
+/// client got on these routes), and a client that left before its answer, sent nothing, was
+/// logged with what the upstream had sent (audit J2).
+#[tokio::test]
+async fn the_access_lines_size_is_what_the_clients_body_carried() {
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let p = crate::support::Process::spawn(
+        &CONFIG.replace("{FAKE}", &fake.url()),
+        &["--log-format", "access"],
+        &[],
+    )
+    .await;
+    // The status and size of the `n`th access line, once it is written.
+    let line = |n: usize| {
+        let p = &p;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                let (out, _) = p.output();
+                if let Some(l) = out.lines().nth(n) {
+                    let after = l.split("HTTP/1.1\" ").nth(1).expect("a request line");
+                    let mut f = after.split(' ');
+                    let status: u16 = f.next().unwrap().parse().unwrap();
+                    let size: u64 = f.next().unwrap().parse().unwrap();
+                    return (status, size);
+                }
+                assert!(Instant::now() < deadline, "no access line {n}: {out}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let streamed = post(
+        "/v1/chat/completions",
+        r#"{"model":"plain","stream":true,"messages":[]}"#.to_owned(),
+        &[("x-fake-chunks", "3")],
+    );
+    let cases = [
+        ("assembled", chat("watched", &[("x-fake-chunks", "3")])),
+        ("partial", chat("partial", &[("x-fake-freeze-after", "2")])),
+        ("streamed", streamed),
+    ];
+    for (n, (case, req)) in cases.into_iter().enumerate() {
+        let (resp, _c) = crate::support::Conn::open(p.addr).await.send(req).await;
+        let status = resp.status().as_u16();
+        let got = resp.into_body().collect().await.unwrap().to_bytes().len() as u64;
+        assert!(got > 0, "{case}");
+        assert_eq!(line(n).await, (status, got), "{case}");
+    }
+    // A client that leaves while its answer is assembled is sent no byte of it.
+    let conn = crate::support::Conn::open(p.addr).await;
+    let pending = tokio::spawn(conn.send(chat(
+        "watched",
+        &[("x-fake-chunks", "30"), ("x-fake-interval-ms", "100")],
+    )));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fake.requests().len() < 4 {
+        assert!(Instant::now() < deadline, "the upstream got the request");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Some of the stream has come: it is not what the client got.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pending.abort();
+    assert_eq!(line(3).await, (499, 0));
+}
