@@ -301,6 +301,12 @@ impl<'de> Deserialize<'de> for RawDuration {
                 f.write_str("a duration string such as \"250ms\", \"8s\" or \"10m\"")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                // humantime would say "expected number at 0", which hides the reason.
+                if v.trim_start().starts_with('-') {
+                    return Err(E::custom(format!(
+                        "invalid duration {v:?}: durations cannot be negative"
+                    )));
+                }
                 let d = humantime::parse_duration(v)
                     .map_err(|e| E::custom(format!("invalid duration {v:?}: {e}")))?;
                 // Deadlines are instants: an absurd duration would overflow them at run time.

@@ -70,6 +70,13 @@ fn bad_values_are_located() {
         "{message}"
     );
 
+    // Audit K4: said as such, not as humantime's "expected number at 0".
+    let (_, _, message) = syntax(&with_route_keys("budget = \"-5s\""));
+    assert_eq!(
+        message,
+        "`routes.budget`: invalid duration \"-5s\": durations cannot be negative"
+    );
+
     let (line, col, message) = syntax(&with_route_keys("budget = 8"));
     assert_eq!((line, col), (12, 10));
     assert_eq!(
