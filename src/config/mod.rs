@@ -32,6 +32,7 @@ mod runs;
 mod secrets;
 
 pub use build::DEFAULT_LIMITS;
+pub use describe::WILL_NOT_START;
 pub use http2::{Http2Config, Http2Mode};
 pub use routing::glob_match;
 pub use runs::{
