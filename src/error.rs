@@ -85,8 +85,10 @@ pub enum GatewayError {
         model: Option<String>,
         by_model: bool,
     },
-    #[error("request body exceeds the limit of {limit} bytes")]
-    BodyTooLarge { limit: u64 },
+    /// Named as the gateway's setting, with the length the client declared when it did: a
+    /// client's report then says which setting to raise, and by how much.
+    #[error("request body{} exceeds the gateway's [server] max_request_body ({limit} bytes)", sent_suffix(.sent))]
+    BodyTooLarge { limit: u64, sent: Option<u64> },
     #[error("{message}")]
     BadRequest { message: String },
     /// The client went away (closed the connection, reset its HTTP/2 stream) while sending
@@ -331,6 +333,11 @@ fn loop_detail(tool: &Option<String>, count: u32) -> String {
         [] => unreachable!("split yields at least one piece"),
     };
     format!("the model asked for {tools} with the same arguments {count} times in a row")
+}
+
+fn sent_suffix(sent: &Option<u64>) -> String {
+    sent.map(|n| format!(" (Content-Length {n})"))
+        .unwrap_or_default()
 }
 
 fn model_suffix(model: &Option<String>, by_model: bool) -> String {

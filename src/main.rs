@@ -44,6 +44,11 @@ enum Command {
         /// then `config/hourglass.toml`].
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Fail (exit 1) where start-up would: a key, CA or certificate file missing here, a
+        /// `client_keys_env` or `store_password_env` not set. Without it they are warnings
+        /// (a CI machine may lack the secrets).
+        #[arg(long)]
+        strict: bool,
     },
     /// The gateway and a built-in fake provider in one process; no API key needed.
     Demo,
@@ -101,7 +106,9 @@ fn main() -> ExitCode {
             refuse("`fake-upstream` reads no configuration file; drop --config".into())
         }
         // Before and after the command, the last would otherwise win unseen.
-        Some(Command::Check { config: Some(_) }) if config_given => {
+        Some(Command::Check {
+            config: Some(_), ..
+        }) if config_given => {
             refuse("--config is given more than once; give the one file to read".into())
         }
         _ => {}
@@ -114,8 +121,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(Command::Check { config }) = &cli.command {
-        return check(config.as_deref().unwrap_or(&cli.config));
+    if let Some(Command::Check { config, strict }) = &cli.command {
+        return check(config.as_deref().unwrap_or(&cli.config), *strict);
     }
     // One usable CPU (a taskset, a cgroup quota of one core): the multi-thread scheduler
     // would only add hand-offs between threads that share that core (measured: +20 ms p99
@@ -231,11 +238,21 @@ fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::telemetry::
     Ok(guards)
 }
 
-fn check(path: &Path) -> ExitCode {
+/// Under `strict`, what start-up refuses is an error, not a warning.
+fn check(path: &Path, strict: bool) -> ExitCode {
     match Config::load(path) {
         Ok(config) => {
+            let mut refused = false;
+            let mut warn = |w: String| {
+                if strict && Config::stops_start_up(&w) {
+                    refused = true;
+                    eprintln!("error: {w}");
+                } else {
+                    eprintln!("warning: {w}");
+                }
+            };
             for w in config.warnings() {
-                eprintln!("warning: {w}");
+                warn(w);
             }
             // The TLS files are read here as start-up reads them: a key that does not fit its
             // certificate, or a file with no PEM in it, fails the check, not the deploy. A
@@ -251,10 +268,11 @@ fn check(path: &Path) -> ExitCode {
                     .filter_map(|(key, p)| Some((key, p?)))
                     .find_map(|(key, p)| std::fs::File::open(p).err().map(|e| (key, p, e)));
                 match unreadable {
-                    Some((key, p, e)) => eprintln!(
-                        "warning: server.tls.{key} {}: {e}; the gateway will not start without it",
-                        p.display()
-                    ),
+                    Some((key, p, e)) => warn(format!(
+                        "server.tls.{key} {}: {e}; {} it",
+                        p.display(),
+                        hourglass::config::WILL_NOT_START
+                    )),
                     None => match hourglass::server::tls::server_config(tls) {
                         Err(e) => {
                             eprintln!("{e}");
@@ -263,7 +281,7 @@ fn check(path: &Path) -> ExitCode {
                         Ok(listener) => {
                             let now = std::time::SystemTime::now();
                             for w in listener.warnings(tls, now) {
-                                eprintln!("warning: {w}");
+                                warn(w);
                             }
                         }
                     },
@@ -273,7 +291,7 @@ fn check(path: &Path) -> ExitCode {
             for e in &errors {
                 eprintln!("{e}");
             }
-            if !errors.is_empty() {
+            if !errors.is_empty() || refused {
                 return ExitCode::FAILURE;
             }
             print!("{}", config.describe());

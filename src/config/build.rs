@@ -507,6 +507,9 @@ fn check_env_name(var: &str) -> Result<(), String> {
     if var.is_empty() {
         return Err("\"\" is not a valid environment variable name".into());
     }
+    if let Some(why) = super::secrets::shell_reference_refused(var) {
+        return Err(why);
+    }
     if var.contains(['=', '\0']) {
         // Not a name: most likely the secret itself (base64 ends in `=`), not repeated.
         return Err(

@@ -15,12 +15,23 @@ use super::{
 };
 use crate::provider::Api;
 
+/// Ends every warning of a start-up failure ([`Config::stops_start_up`]).
+pub const WILL_NOT_START: &str = "the gateway will not start without";
+
 impl Config {
     /// Non-fatal problems worth showing at startup and in `hourglass check`:
     /// missing API key variables, settings that will be ignored, unused
     /// upstreams, unreadable CA files and unreachable routes. Reads the
     /// process environment and the file system, so call it when those are
     /// final.
+    /// Whether a warning of [`Config::warnings`] (or of `check`'s own reading of the TLS
+    /// files) names something start-up refuses: a key file or CA missing here, a variable
+    /// not set. `check` warns of them (a CI machine may lack the secrets), `check --strict`
+    /// fails on them.
+    pub fn stops_start_up(warning: &str) -> bool {
+        warning.contains(WILL_NOT_START)
+    }
+
     pub fn warnings(&self) -> Vec<String> {
         self.warnings_with(&|name| std::env::var_os(name))
             .iter()
@@ -130,7 +141,7 @@ impl Config {
         if let Some(var) = &self.runs.store_password_env {
             if env(var).is_none() {
                 out.push(format!(
-                    "runs: store_password_env {} is not set; the gateway will not start without the store's password",
+                    "runs: store_password_env {} is not set; {WILL_NOT_START} the store's password",
                     var_shown(var)
                 ));
             }
@@ -138,7 +149,7 @@ impl Config {
         if let Some(path) = &self.runs.store_ca_file {
             if let Err(e) = std::fs::File::open(path) {
                 out.push(format!(
-                    "runs: store_ca_file {}: {e}; the gateway will not start without it",
+                    "runs: store_ca_file {}: {e}; {WILL_NOT_START} it",
                     path.display()
                 ));
             }
@@ -149,7 +160,7 @@ impl Config {
             if let Some(var) = &auth.env {
                 if env(var).is_none() {
                     out.push(format!(
-                        "{label}: client_keys_env {} is not set; the gateway will not start without the route's keys",
+                        "{label}: client_keys_env {} is not set; {WILL_NOT_START} the route's keys",
                         var_shown(var)
                     ));
                 }
@@ -394,10 +405,7 @@ fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
 /// A file start-up needs that cannot be read here (it may be mounted only where the gateway
 /// runs: a warning, not an error).
 fn missing_file(label: &str, path: &Path, e: &std::io::Error) -> String {
-    format!(
-        "{label} {}: {e}; the gateway will not start without it",
-        path.display()
-    )
+    format!("{label} {}: {e}; {WILL_NOT_START} it", path.display())
 }
 
 fn open_to_all_warning(label: &str, path: &Path, meta: &std::fs::Metadata, out: &mut Vec<String>) {

@@ -32,6 +32,7 @@ mod runs;
 mod secrets;
 
 pub use build::DEFAULT_LIMITS;
+pub use describe::WILL_NOT_START;
 pub use http2::{Http2Config, Http2Mode};
 pub use routing::glob_match;
 pub use runs::{
@@ -456,11 +457,18 @@ impl Config {
     /// Reads and validates the config file at `path`. Relative `ca_file`s are
     /// resolved against the file's directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let source = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|e| ConfigError::Io {
-            path: source.clone(),
+            path: path.display().to_string(),
             source: e,
         })?;
+        Self::from_file_bytes(path, bytes)
+    }
+
+    /// As [`Config::load`], from the bytes of `path` already read: the file watcher builds
+    /// the very bytes it saw settle, which a second read could find half rewritten. The
+    /// files the config names are read as `load` reads them.
+    pub fn from_file_bytes(path: &Path, bytes: Vec<u8>) -> Result<Config, ConfigError> {
+        let source = path.display().to_string();
         // Said where, as any other fault of the text is (a key pasted from a document in
         // Latin-1, a file saved as UTF-16).
         let text = String::from_utf8(bytes).map_err(|e| {

@@ -7,7 +7,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::{Limits, RetryCause};
@@ -15,16 +17,81 @@ use super::{Limits, RetryCause};
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table")]
 pub(super) struct RawConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "server_table")]
     pub(super) server: RawServer,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "defaults_table")]
     pub(super) defaults: RawLimits,
     #[serde(default)]
     pub(super) upstreams: RawUpstreams,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "routes_array")]
     pub(super) routes: Vec<RawRoute>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "runs_table")]
     pub(super) runs: RawRuns,
+}
+
+fn server_table<'de, D: Deserializer<'de>>(d: D) -> Result<RawServer, D::Error> {
+    table(d, "server")
+}
+
+fn defaults_table<'de, D: Deserializer<'de>>(d: D) -> Result<RawLimits, D::Error> {
+    table(d, "defaults")
+}
+
+fn runs_table<'de, D: Deserializer<'de>>(d: D) -> Result<RawRuns, D::Error> {
+    table(d, "runs")
+}
+
+fn tls_table<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RawTls>, D::Error> {
+    table(d, "server.tls").map(Some)
+}
+
+/// A table (`[header]`). A derived struct also accepts a sequence, filling its fields by
+/// position, so `[[server]]` was reported as its first field's type error ("expected an
+/// IP:port string"), naming no key: it is refused here as what it is.
+fn table<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+    header: &str,
+) -> Result<T, D::Error> {
+    struct V<'h, T>(&'h str, PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for V<'_, T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a table ([{}])", self.0)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(de::value::MapAccessDeserializer::new(map))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<T, A::Error> {
+            // Named here: the error points at the header, which `key_at` names no key for.
+            Err(de::Error::custom(format!(
+                "`{h}` must be a table ([{h}]), not an array of tables ([[{h}]])",
+                h = self.0
+            )))
+        }
+    }
+    d.deserialize_any(V(header, PhantomData))
+}
+
+/// `[[routes]]`: a sequence, which `[routes]` (one table) is not; serde's own message
+/// ("invalid type: map, expected a sequence") says neither.
+fn routes_array<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<RawRoute>, D::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<RawRoute>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array of tables ([[routes]])")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            Vec::deserialize(de::value::SeqAccessDeserializer::new(seq))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+            Err(de::Error::custom(
+                "`routes` must be an array of tables ([[routes]], one per route), not a table \
+                 ([routes])",
+            ))
+        }
+    }
+    d.deserialize_any(V)
 }
 
 /// `[runs]`: where runs are kept and for how long.
@@ -63,6 +130,7 @@ pub(super) struct RawServer {
     pub(super) max_header_bytes: Option<usize>,
     pub(super) max_headers: Option<usize>,
     pub(super) http2_max_concurrent_streams: Option<u32>,
+    #[serde(default, deserialize_with = "tls_table")]
     pub(super) tls: Option<RawTls>,
 }
 
@@ -192,13 +260,24 @@ impl<'de> Deserialize<'de> for RawUpstreams {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
                 // TOML itself rejects duplicate keys, so no check here.
-                while let Some((k, v)) = map.next_entry::<String, RawUpstream>()? {
+                while let Some(k) = map.next_key::<String>()? {
+                    let v = map.next_value_seed(UpstreamTable(&k))?;
                     out.push((k, v));
                 }
                 Ok(RawUpstreams(out))
             }
         }
         d.deserialize_map(V)
+    }
+}
+
+/// One `[upstreams.NAME]` (the name), refused as `[[upstreams.NAME]]` as other tables are.
+struct UpstreamTable<'n>(&'n str);
+
+impl<'de> de::DeserializeSeed<'de> for UpstreamTable<'_> {
+    type Value = RawUpstream;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<RawUpstream, D::Error> {
+        table(d, &format!("upstreams.{}", self.0))
     }
 }
 
@@ -301,6 +380,12 @@ impl<'de> Deserialize<'de> for RawDuration {
                 f.write_str("a duration string such as \"250ms\", \"8s\" or \"10m\"")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                // humantime would say "expected number at 0", which hides the reason.
+                if v.trim_start().starts_with('-') {
+                    return Err(E::custom(format!(
+                        "invalid duration {v:?}: durations cannot be negative"
+                    )));
+                }
                 let d = humantime::parse_duration(v)
                     .map_err(|e| E::custom(format!("invalid duration {v:?}: {e}")))?;
                 // Deadlines are instants: an absurd duration would overflow them at run time.

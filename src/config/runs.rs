@@ -268,6 +268,9 @@ pub(super) fn build_runs(raw: &RawRuns, base_dir: Option<&Path>) -> Result<RunsC
     };
     let store_password_env = raw.store_password_env.clone();
     if let Some(var) = &store_password_env {
+        if let Some(why) = super::secrets::shell_reference_refused(var) {
+            return Err(format!("runs: store_password_env {why}"));
+        }
         let RunStore::Redis(url) = &store else {
             return Err("runs: store_password_env needs a redis:// or rediss:// store".into());
         };

@@ -48,6 +48,33 @@ fn random_run(v: &str) -> bool {
     })
 }
 
+/// The name a shell-style reference (`$NAME`, `${NAME}`) written where a variable's name
+/// belongs refers to. The file is not interpolated, so such a value is read as a name that is
+/// never set; the name inside is shown, being plainly no key.
+fn shell_reference(v: &str) -> Option<&str> {
+    let inner = v.strip_prefix('$')?;
+    let name = inner
+        .strip_prefix('{')
+        .and_then(|n| n.strip_suffix('}'))
+        .unwrap_or(inner);
+    let is_name = name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    is_name.then_some(name)
+}
+
+/// The refusal of a shell-style reference, completing the sentence `api_key_env …` (or another `*_env` key).
+pub(super) fn shell_reference_refused(var: &str) -> Option<String> {
+    shell_reference(var).map(|name| {
+        format!(
+            "{var:?} is a shell-style reference, but the file is not interpolated: write the \
+             variable's name without `$` ({name:?})"
+        )
+    })
+}
+
 /// An environment variable's name as messages may show it. Names are words in upper case
 /// joined by `_` (`OPENAI_API_KEY`); what is not a name, mixes lower case and digits without
 /// an `_` (or with upper case too), or looks like a key may be the secret itself, pasted

@@ -202,7 +202,10 @@ impl Gateway {
                 let limit = self.config.server.max_request_body;
                 let length = content_length(&headers);
                 if length.is_some_and(|len| len > limit) {
-                    return Err(GatewayError::BodyTooLarge { limit });
+                    return Err(GatewayError::BodyTooLarge {
+                        limit,
+                        sent: length,
+                    });
                 }
                 let quiet = self.config.server.header_read_timeout;
                 let read =
@@ -455,7 +458,8 @@ fn body_error(e: BoxError, limit: u64) -> GatewayError {
     if e.downcast_ref::<http_body_util::LengthLimitError>()
         .is_some()
     {
-        GatewayError::BodyTooLarge { limit }
+        // Past the limit only without a Content-Length: one over it is refused before reading.
+        GatewayError::BodyTooLarge { limit, sent: None }
     } else if client_left(&*e) {
         GatewayError::ClientClosed
     } else {

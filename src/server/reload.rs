@@ -15,7 +15,7 @@ use crate::server::shared::{ServerError, Shared};
 impl Running {
     /// Re-reads the config file and swaps it in. On any error the running config stays.
     pub async fn reload(&self) -> Result<String, ServerError> {
-        reload(&self.shared, &Cause::Requested).await
+        reload(&self.shared, &Cause::Requested, None).await
     }
 
     /// Swaps in a config built in memory (tests, embedders).
@@ -28,13 +28,21 @@ impl Running {
     /// Reloads on SIGHUP and whenever the config file's contents change, or those of a file
     /// it names (`Config::files` of the running config, and `Config::files_named` of the
     /// file's text, which a refused config names too: certificates, key files), checked
-    /// every `poll`. Runs until shutdown.
+    /// every `poll`. A change is reloaded once two ticks in a row read it alike: a file
+    /// written in place (`cp`, an editor, `cat >`) is caught half written by a tick, and
+    /// what one tick sees of it is not what the operator meant. A tick that cannot read the
+    /// files (out of descriptors) is no change: it is warned of and tried again. SIGHUP
+    /// reloads at once. Runs until shutdown.
     pub fn watch_config(&self, poll: Duration) {
         let shared = self.shared.clone();
         let stop = self.stop.clone();
         tokio::spawn(async move {
             let mut hangup = hangup_stream();
-            let mut seen = read_source(&shared).await;
+            let path = shared.source.clone();
+            let mut watch = Watch::default();
+            if let Some(path) = &path {
+                watch.applied = read_source(path).await.ok();
+            }
             let mut tick = tokio::time::interval(poll);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -43,19 +51,83 @@ impl Running {
                     () = next_hangup(&mut hangup) => true,
                     _ = tick.tick() => false,
                 };
-                let now = read_source(&shared).await;
-                let changed = changes(seen.as_ref(), now.as_ref(), shared.source.as_deref());
-                if by_signal || !changed.is_empty() {
-                    seen = now;
-                    let cause = if by_signal {
-                        Cause::Signal
-                    } else {
-                        Cause::Changed(changed)
-                    };
-                    let _ = reload(&shared, &cause).await;
+                let Some(path) = &path else {
+                    if by_signal {
+                        let _ = reload(&shared, &Cause::Signal, None).await;
+                    }
+                    continue;
+                };
+                let read = read_source(path).await;
+                if by_signal {
+                    // Asked for now: what the file holds now is what the operator meant.
+                    let text = read.ok().map(|now| watch.took(now));
+                    let _ = reload(&shared, &Cause::Signal, text).await;
+                    continue;
+                }
+                match read {
+                    Ok(now) => {
+                        if let Some(changed) = watch.saw(now, path) {
+                            let text = watch.applied.as_ref().map(|s| s.text.clone());
+                            let _ = reload(&shared, &Cause::Changed(changed), text).await;
+                        }
+                    }
+                    Err(e) => {
+                        if watch.failed() {
+                            let file = scrub(&e.path.display().to_string());
+                            tracing::warn!(
+                                file = %file,
+                                error = %e.error,
+                                "cannot read the config to watch it; the running config stays \
+                                 and the file is read again next tick (warned once until it reads)"
+                            );
+                        }
+                    }
                 }
             }
         });
+    }
+}
+
+/// What the watcher knows from one tick to the next.
+#[derive(Debug, Default)]
+struct Watch {
+    /// What the last reload was built from (or what the first tick read): a change is a
+    /// difference from it.
+    applied: Option<Source>,
+    /// The tick before's read. A change is reloaded only when it matches: a file still being
+    /// written differs from one tick to the next.
+    last: Option<Source>,
+    /// Reads are failing: warned of once per streak.
+    failing: bool,
+}
+
+impl Watch {
+    /// A tick read `now`: the files that changed when it is to be reloaded (then it is
+    /// `applied`), `None` while nothing changed or the change is not yet settled.
+    fn saw(&mut self, now: Source, path: &Path) -> Option<Vec<PathBuf>> {
+        self.failing = false;
+        if self.applied.as_ref() == Some(&now) || self.last.as_ref() != Some(&now) {
+            self.last = Some(now);
+            return None;
+        }
+        let changed = changes(self.applied.as_ref(), Some(&now), Some(path));
+        self.applied = Some(now.clone());
+        self.last = Some(now);
+        Some(changed)
+    }
+
+    /// A reload asked for (SIGHUP) builds `now` whatever the ticks saw: its text.
+    fn took(&mut self, now: Source) -> Vec<u8> {
+        self.failing = false;
+        let text = now.text.clone();
+        self.applied = Some(now);
+        self.last = self.applied.clone();
+        text
+    }
+
+    /// A tick could not read: whether this starts a streak (the one to warn of).
+    fn failed(&mut self) -> bool {
+        !std::mem::replace(&mut self.failing, true)
     }
 }
 
@@ -117,7 +189,7 @@ impl fmt::Display for Cause {
 }
 
 /// The config file's bytes and a hash of each file it names, as one tick read them.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 struct Source {
     text: Vec<u8>,
     files: Vec<(PathBuf, Option<u64>)>,
@@ -141,21 +213,32 @@ fn changes(before: Option<&Source>, now: Option<&Source>, path: Option<&Path>) -
     out
 }
 
+/// A tick's read that failed for another reason than a file's absence (out of descriptors,
+/// a directory in the file's place): it says nothing of what the file holds.
+#[derive(Debug)]
+struct Unreadable {
+    path: PathBuf,
+    error: std::io::Error,
+}
+
 /// What the watcher compares from one tick to the next: the config file's bytes and a hash
 /// of each file its text names (a config refused for what a key file holds is tried again
 /// when that file is fixed). From the text alone: the running config names the same files
 /// as its text (a test holds the two lists together), and a list that also took the running
 /// config's would change when a reload swaps it, setting off a second reload for nothing.
-/// Hashed: some files hold keys, which the watcher need not keep. A file that cannot be
-/// read counts as a state of its own.
-async fn read_source(shared: &Shared) -> Option<Source> {
+/// Hashed: some files hold keys, which the watcher need not keep. A named file that is not
+/// there is a state of its own (a key file removed); any other failure to read is no state.
+async fn read_source(path: &Path) -> Result<Source, Unreadable> {
     use std::hash::{DefaultHasher, Hash, Hasher};
-    let path = shared.source.clone()?;
-    let text = tokio::fs::read(&path).await.ok()?;
+    let text = tokio::fs::read(path).await.map_err(|error| Unreadable {
+        path: path.to_path_buf(),
+        error,
+    })?;
     // From the bytes just read: a second read could see another version of the file.
     let mut files = {
         let text = String::from_utf8_lossy(&text).into_owned();
-        tokio::task::spawn_blocking(move || Config::files_named(&text, path.parent()))
+        let dir = path.parent().map(Path::to_path_buf);
+        tokio::task::spawn_blocking(move || Config::files_named(&text, dir.as_deref()))
             .await
             .unwrap_or_default()
     };
@@ -163,14 +246,18 @@ async fn read_source(shared: &Shared) -> Option<Source> {
     files.dedup();
     let mut hashes = Vec::with_capacity(files.len());
     for f in files {
-        let hash = tokio::fs::read(&f).await.ok().map(|bytes| {
-            let mut h = DefaultHasher::new();
-            bytes.hash(&mut h);
-            h.finish()
-        });
+        let hash = match tokio::fs::read(&f).await {
+            Ok(bytes) => {
+                let mut h = DefaultHasher::new();
+                bytes.hash(&mut h);
+                Some(h.finish())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(error) => return Err(Unreadable { path: f, error }),
+        };
         hashes.push((f, hash));
     }
-    Some(Source {
+    Ok(Source {
         text,
         files: hashes,
     })
@@ -185,7 +272,13 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
-async fn reload(shared: &Arc<Shared>, cause: &Cause) -> Result<String, ServerError> {
+/// Builds from `text` when the watcher read the file already (its bytes, not a second
+/// read's), else reads the file.
+async fn reload(
+    shared: &Arc<Shared>,
+    cause: &Cause,
+    text: Option<Vec<u8>>,
+) -> Result<String, ServerError> {
     let _guard = shared.reloading.lock().await;
     let Some(path) = shared.source.clone() else {
         return Err(ServerError::NoSource);
@@ -193,9 +286,12 @@ async fn reload(shared: &Arc<Shared>, cause: &Cause) -> Result<String, ServerErr
     let building = shared.clone();
     let why = cause.to_string();
     let result = blocking(move || {
-        Config::load(&path)
-            .map_err(ServerError::from)
-            .and_then(|c| apply(&building, c, &why))
+        match text {
+            Some(bytes) => Config::from_file_bytes(&path, bytes),
+            None => Config::load(&path),
+        }
+        .map_err(ServerError::from)
+        .and_then(|c| apply(&building, c, &why))
     })
     .await;
     if let Err(e) = &result {
@@ -311,5 +407,101 @@ mod tests {
         )]);
         assert!(!pasted.to_string().contains("Q1w2E3r4"), "{pasted}");
         assert_eq!(Cause::Signal.to_string(), "SIGHUP");
+    }
+
+    /// Audit K1: a file written in two parts across ticks is reloaded whole, once; the half
+    /// the first tick read is never applied, although it is a valid config of its own.
+    #[tokio::test]
+    async fn a_file_written_in_two_parts_is_reloaded_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hourglass.toml");
+        let whole = "[upstreams.a]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+                     [[routes]]\nname = \"a\"\npath_prefix = \"/a\"\nupstream = \"a\"\n\n\
+                     [[routes]]\nname = \"b\"\npath_prefix = \"/b\"\nupstream = \"a\"\n";
+        let half = &whole[..whole.rfind("\n[[routes]]").unwrap()];
+        Config::from_toml(half, "half.toml").expect("the half is valid on its own");
+        std::fs::write(&path, "").unwrap();
+        let mut watch = Watch {
+            applied: Some(read_source(&path).await.unwrap()),
+            ..Watch::default()
+        };
+        let mut reloads = Vec::new();
+        // One write per tick, then ticks with the file left alone.
+        for write in [Some(half), Some(whole), None, None, None] {
+            if let Some(text) = write {
+                std::fs::write(&path, text).unwrap();
+            }
+            if let Some(changed) = watch.saw(read_source(&path).await.unwrap(), &path) {
+                assert_eq!(changed, std::slice::from_ref(&path));
+                reloads.push(watch.applied.as_ref().unwrap().text.clone());
+            }
+        }
+        assert_eq!(reloads, [whole.as_bytes().to_vec()]);
+        let config = Config::from_file_bytes(&path, reloads.remove(0)).unwrap();
+        assert_eq!(config.routes.len(), 2);
+    }
+
+    /// Audit K1: `cp` truncates the file and then writes it; a tick between the two reads
+    /// an empty file, which is not reloaded (it failed for naming no upstream), and the file
+    /// written back as it was is no change at all.
+    #[test]
+    fn a_file_truncated_then_written_back_is_no_reload() {
+        let path = Path::new("conf/hourglass.toml");
+        let key = [("conf/key", Some(0))];
+        let mut watch = Watch {
+            applied: Some(source("a", &key)),
+            ..Watch::default()
+        };
+        assert_eq!(watch.saw(source("", &[]), path), None);
+        assert_eq!(watch.saw(source("a", &key), path), None);
+        assert_eq!(watch.saw(source("a", &key), path), None);
+        // A key file rotated is a change like the config's own, once it has settled.
+        let rotated = [("conf/key", Some(1))];
+        assert_eq!(watch.saw(source("a", &rotated), path), None);
+        assert_eq!(
+            watch.saw(source("a", &rotated), path),
+            Some(vec![PathBuf::from("conf/key")])
+        );
+        assert_eq!(watch.saw(source("a", &rotated), path), None);
+    }
+
+    /// Audit M2: a tick that cannot read the file (out of descriptors) is no change: warned
+    /// of once per streak, then the file read back as it was is no reload either.
+    #[test]
+    fn a_failed_read_is_no_change_and_is_warned_once_per_streak() {
+        let path = Path::new("conf/hourglass.toml");
+        let mut watch = Watch {
+            applied: Some(source("a", &[])),
+            ..Watch::default()
+        };
+        assert!(watch.failed(), "the first failure is warned of");
+        assert!(!watch.failed(), "and not the next");
+        assert_eq!(watch.saw(source("a", &[]), path), None);
+        assert_eq!(watch.saw(source("a", &[]), path), None);
+        assert!(watch.failed(), "a new streak is warned of again");
+        // A change is reloaded once two reads see it alike, a failed one between them or not.
+        assert_eq!(watch.saw(source("b", &[]), path), None);
+        assert!(watch.failed());
+        assert_eq!(
+            watch.saw(source("b", &[]), path),
+            Some(vec![path.to_path_buf()])
+        );
+    }
+
+    /// Audit M2: what makes a tick's read fail is told apart from a named file's absence.
+    #[tokio::test]
+    async fn an_unreadable_file_is_not_a_state() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        // A directory in the file's place: read fails as it does out of descriptors.
+        let e = read_source(&dir).await.unwrap_err();
+        assert_eq!(e.path, dir);
+        let path = dir.join("hourglass.toml");
+        std::fs::write(&path, "[upstreams.a]\napi_key_file = \"gone.key\"\n").unwrap();
+        let read = read_source(&path).await.unwrap();
+        assert_eq!(read.files, [(dir.join("gone.key"), None)]);
+        std::fs::create_dir_all(dir.join("gone.key")).unwrap();
+        let e = read_source(&path).await.unwrap_err();
+        assert_eq!(e.path, dir.join("gone.key"));
     }
 }

@@ -364,7 +364,38 @@ async fn unknown_paths_get_no_route_and_large_bodies_413() {
         .unwrap();
     let (resp, _c) = h.send(big).await;
     assert_eq!(resp.status(), 413);
-    assert_eq!(json_body(resp).await["error"]["code"], "body_too_large");
+    let error = &json_body(resp).await["error"];
+    assert_eq!(error["code"], "body_too_large");
+    // Audit M3: the setting to raise is named, with the length sent.
+    assert_eq!(
+        error["message"],
+        "request body (Content-Length 65) exceeds the gateway's [server] max_request_body (64 bytes)"
+    );
+    // Chunked, no length to name: the limit is found while reading.
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    let chunk = " ".repeat(65);
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n\
+             41\r\n{chunk}\r\n0\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(PROMPTLY, s.read_to_end(&mut answer))
+        .await
+        .expect("the connection closes after the answer")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains(
+            "\"request body exceeds the gateway's [server] max_request_body (64 bytes)\""
+        ),
+        "{answer}"
+    );
     assert!(h.fake.requests().is_empty());
 }
 

@@ -1001,3 +1001,72 @@ fn check_reads_the_store_ca_file_as_start_up_does() {
         "{stderr}"
     );
 }
+
+/// Audit K3: what start-up refuses (a key file missing here, a variable not set) is a
+/// warning to `check`, which exits 0 (a CI machine may lack the secrets), and an error to
+/// `check --strict`, which exits 1 as start-up would.
+#[test]
+fn check_strict_fails_where_start_up_would() {
+    let base = "[upstreams.up]\nurl = \"http://127.0.0.1:9\"\n{UP}\n\n\
+                [[routes]]\nname = \"chat\"\npath_prefix = \"/\"\nupstream = \"up\"\n{ROUTE}\n";
+    let unset = "HOURGLASS_TEST_CHECK_STRICT_UNSET";
+    for (up, route, head, want) in [
+        (
+            "api_key_file = \"nope.key\"",
+            "",
+            "",
+            "upstream \"up\": api_key_file",
+        ),
+        (
+            "auth = \"none\"",
+            "client_keys_file = \"nope.keys\"",
+            "",
+            "route \"chat\": client_keys_file",
+        ),
+        (
+            "auth = \"none\"",
+            &format!("client_keys_env = \"{unset}\""),
+            "",
+            "route \"chat\": client_keys_env",
+        ),
+        (
+            "auth = \"none\"",
+            "",
+            &format!(
+                "[runs]\nstore = \"redis://127.0.0.1:9/0\"\nstore_password_env = \"{unset}\"\n\n"
+            ),
+            "runs: store_password_env",
+        ),
+    ] {
+        let text = format!(
+            "{head}{}",
+            base.replace("{UP}", up).replace("{ROUTE}", route)
+        );
+        let (_dir, path) = temp_config("strict.toml", &text);
+        let path = path.to_str().unwrap();
+        let out = hourglass(&["check", "--config", path]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{text}\n{stderr}");
+        assert!(stderr.contains(&format!("warning: {want}")), "{stderr}");
+        let out = hourglass(&["check", "--strict", "--config", path]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{text}\n{stderr}");
+        assert!(
+            stderr.contains(&format!("error: {want}"))
+                && stderr.contains("the gateway will not start without"),
+            "{stderr}"
+        );
+    }
+    // What start-up accepts passes --strict, its warnings still warnings.
+    let text = base
+        .replace("{UP}", "auth = \"none\"")
+        .replace("{ROUTE}", "");
+    let (_dir, path) = temp_config("strict.toml", &text);
+    let out = hourglass(&["check", "--strict", "--config", path.to_str().unwrap()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

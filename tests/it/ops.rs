@@ -406,6 +406,114 @@ async fn an_edit_that_drops_a_file_is_one_reload() {
     gw.shutdown().await;
 }
 
+/// A write to the watched file, given its path.
+type Step = Box<dyn FnOnce(&std::path::Path)>;
+
+/// The watcher at a 1 s tick under paused time, on a file that holds `first`; each of
+/// `steps` is done half a tick after the one before (between two ticks), then ticks run.
+async fn watched(first: &str, steps: Vec<Step>) -> (server::Running, tempfile::TempDir) {
+    let dir = temp_dir("settle");
+    let path = dir.path().join("hourglass.toml");
+    std::fs::write(&path, first).unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    gw.watch_config(Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for step in steps {
+        step(&path);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    (gw, dir)
+}
+
+fn reloads(gw: &server::Running, result: &str) -> usize {
+    let text = gw.metrics.encode();
+    let sample = format!("hourglass_config_reloads_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&sample))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// Audit K1: an edit written in two parts a tick apart (any writer that does not rename) is
+/// applied whole, once: the first part alone, a valid config lacking a route, never serves.
+#[tokio::test(start_paused = true)]
+async fn a_file_written_in_two_parts_is_applied_whole() {
+    let old = BASE.replace("{FAKE}", "http://127.0.0.1:9");
+    let new = old.replace("budget = \"10s\"", "budget = \"12s\"");
+    let half = new[..new.find("\n[[routes]]\nname = \"messages\"").unwrap()].to_owned();
+    Config::from_toml(&half, "half.toml").expect("the first part is valid on its own");
+    let rest = new[half.len()..].to_owned();
+    let (gw, _dir) = watched(
+        &old,
+        vec![
+            Box::new(move |p| std::fs::write(p, &half).unwrap()),
+            Box::new(move |p| {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new().append(true).open(p).unwrap();
+                f.write_all(rest.as_bytes()).unwrap();
+            }),
+        ],
+    )
+    .await;
+    let dir = temp_dir("settle-want");
+    std::fs::write(dir.path().join("hourglass.toml"), &new).unwrap();
+    let want = Config::load(&dir.path().join("hourglass.toml")).unwrap();
+    assert_eq!(reloads(&gw, "ok"), 1, "{}", gw.metrics.encode());
+    assert_eq!(reloads(&gw, "error"), 0);
+    assert!(gw.metrics.encode().contains(&format!(
+        "hourglass_config_info{{hash=\"{}\"}} 1",
+        want.fingerprint
+    )));
+    gw.shutdown().await;
+}
+
+/// Audit K1: `cp` truncates, then writes; a tick between reads an empty file. That is no
+/// failed reload, and the same content written back is no reload at all.
+#[tokio::test(start_paused = true)]
+async fn a_file_truncated_then_written_back_is_no_reload() {
+    let text = BASE.replace("{FAKE}", "http://127.0.0.1:9");
+    let back = text.clone();
+    let (gw, _dir) = watched(
+        &text,
+        vec![
+            Box::new(|p| std::fs::write(p, "").unwrap()),
+            Box::new(move |p| std::fs::write(p, &back).unwrap()),
+        ],
+    )
+    .await;
+    assert_eq!(reloads(&gw, "error"), 0, "{}", gw.metrics.encode());
+    assert_eq!(reloads(&gw, "ok"), 0);
+    gw.shutdown().await;
+}
+
+/// Audit M2: ticks that cannot read the file (out of descriptors; here a directory in its
+/// place) are no change: no failed reload, and no reload when it reads as before again.
+#[tokio::test(start_paused = true)]
+async fn a_file_that_cannot_be_read_is_no_change() {
+    let text = BASE.replace("{FAKE}", "http://127.0.0.1:9");
+    let back = text.clone();
+    let (gw, _dir) = watched(
+        &text,
+        vec![
+            Box::new(|p| {
+                std::fs::remove_file(p).unwrap();
+                std::fs::create_dir(p).unwrap();
+            }),
+            Box::new(|_| {}),
+            Box::new(move |p| {
+                std::fs::remove_dir(p).unwrap();
+                std::fs::write(p, &back).unwrap();
+            }),
+        ],
+    )
+    .await;
+    assert_eq!(reloads(&gw, "error"), 0, "{}", gw.metrics.encode());
+    assert_eq!(reloads(&gw, "ok"), 0);
+    gw.shutdown().await;
+}
+
 /// What is open right now: client connections, and requests by the route they were given
 /// in the end (here the model's, not the one the path alone would pick).
 #[tokio::test]

@@ -430,6 +430,18 @@ async fn equal_content_lengths_are_one() {
     let requests = h.fake.requests();
     assert_eq!(requests.len(), 1);
     assert_eq!(&requests[0].body[..], body.as_bytes());
+    // Audit M5: only on separate lines. The list form on one line gets hyper's bare 400, no
+    // body, as the docs now say (they said equal duplicates, of any form, were merged).
+    let raw = head(&format!(
+        "content-length: {n}, {n}\r\nconnection: close\r\n\r\n{body}"
+    ));
+    let (text, _) = exchange(&h, &raw).await;
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(
+        !text.to_ascii_lowercase().contains("x-request-id"),
+        "{text}"
+    );
+    assert_eq!(h.fake.requests().len(), 1, "nothing more forwarded");
 }
 
 /// One HTTP/2 request (h2c, prior knowledge) with the given `content-length` values; the

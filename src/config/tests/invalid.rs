@@ -579,3 +579,37 @@ fn a_connection_window_that_stalled_streams_can_fill_is_warned_about() {
         "{warnings:?}"
     );
 }
+
+/// Audit K4: the file is not interpolated, so a shell-style reference is a name never set;
+/// it is refused naming the key, and the name to write (plainly no key, so shown).
+#[test]
+fn a_shell_style_variable_reference_is_refused() {
+    for var in ["$OPENAI_API_KEY", "${OPENAI_API_KEY}"] {
+        let text = BASE.replace(
+            "url = \"https://api.openai.com\"",
+            &format!("url = \"https://api.openai.com\"\napi_key_env = {var:?}"),
+        );
+        assert_eq!(
+            err(&text),
+            format!(
+                "t.toml: upstream \"openai\": api_key_env {var:?} is a shell-style reference, but \
+                 the file is not interpolated: write the variable's name without `$` (\"OPENAI_API_KEY\")"
+            )
+        );
+    }
+    let message = err(&with_route_keys("client_keys_env = \"${HG_KEYS}\""));
+    assert!(
+        message
+            .starts_with("t.toml: route \"chat\": client_keys_env \"${HG_KEYS}\" is a shell-style"),
+        "{message}"
+    );
+    let message = err(&format!(
+        "[runs]\nstore = \"redis://redis:6379/0\"\nstore_password_env = \"$REDIS_PASSWORD\"\n{BASE}"
+    ));
+    assert!(
+        message
+            .starts_with("t.toml: runs: store_password_env \"$REDIS_PASSWORD\" is a shell-style")
+            && message.ends_with("(\"REDIS_PASSWORD\")"),
+        "{message}"
+    );
+}

@@ -70,6 +70,13 @@ fn bad_values_are_located() {
         "{message}"
     );
 
+    // Audit K4: said as such, not as humantime's "expected number at 0".
+    let (_, _, message) = syntax(&with_route_keys("budget = \"-5s\""));
+    assert_eq!(
+        message,
+        "`routes.budget`: invalid duration \"-5s\": durations cannot be negative"
+    );
+
     let (line, col, message) = syntax(&with_route_keys("budget = 8"));
     assert_eq!((line, col), (12, 10));
     assert_eq!(
@@ -143,5 +150,58 @@ fn a_value_of_the_wrong_type_names_its_key() {
     assert_eq!(
         key_at("[u.\"a b\"]\nk = é\n", 16).as_deref(),
         Some("u.\"a b\".k")
+    );
+}
+
+/// Audit K2: a table written as an array of tables (or `[routes]` for `[[routes]]`) is said
+/// to be that, naming the table; a derived struct took the sequence and reported its first
+/// field's type ("expected an IP:port string"), naming no key.
+#[test]
+fn a_table_written_as_an_array_of_tables_says_so() {
+    let array =
+        |h: &str| format!("`{h}` must be a table ([{h}]), not an array of tables ([[{h}]])");
+    for (text, at, want) in [
+        (
+            format!("[[server]]\nlisten = \"127.0.0.1:1\"\n{BASE}"),
+            (1, 1),
+            array("server"),
+        ),
+        (
+            format!("[[defaults]]\nbudget = \"8s\"\n{BASE}"),
+            (1, 1),
+            array("defaults"),
+        ),
+        (
+            format!("[[runs]]\nttl = \"1m\"\n{BASE}"),
+            (1, 1),
+            array("runs"),
+        ),
+        (
+            format!("[server]\n[[server.tls]]\ncert = \"c.pem\"\nkey = \"k.pem\"\n{BASE}"),
+            (2, 1),
+            array("server.tls"),
+        ),
+        (
+            BASE.replace("[upstreams.openai]", "[[upstreams.openai]]"),
+            (1, 1),
+            array("upstreams.openai"),
+        ),
+        (
+            BASE.replace("[[routes]]", "[routes]"),
+            (8, 1),
+            "`routes` must be an array of tables ([[routes]], one per route), not a table \
+             ([routes])"
+                .to_owned(),
+        ),
+    ] {
+        let (line, col, message) = syntax(&text);
+        assert_eq!(message, want, "{text}");
+        assert_eq!((line, col), at, "{message}");
+    }
+    // Another type than a table still says what is expected.
+    let (_, _, message) = syntax(&format!("server = 5\n{BASE}"));
+    assert_eq!(
+        message,
+        "`server`: invalid type: integer `5`, expected a table ([server])"
     );
 }
