@@ -332,7 +332,9 @@ impl Reader {
     fn finished(&self) -> bool {
         let choices = self.choices_wide || self.choices_seen & !self.choices_done == 0;
         match self.extra.as_ref().and_then(|e| e.assembler.as_ref()) {
-            Some(a) if !a.failed() => (self.done || self.ended) && choices && a.ended(),
+            // After `[DONE]`, the choices that appeared: a provider that ignores `n`
+            // (Ollama, llama.cpp) answers one choice of the n asked for, and whole.
+            Some(a) if !a.failed() => (self.done || (self.ended && choices)) && a.ended(),
             _ => self.done || (self.ended && choices),
         }
     }

@@ -103,6 +103,18 @@ async fn a_stream_that_ends_before_every_choice_finished_ended_short() {
             None => assert!(whole, "{body}: {}", read.text()),
         }
     }
+    // Ended by `[DONE]`, the one choice of a provider that ignores `n` (Ollama, llama.cpp)
+    // is its whole answer, as for a client that streams (audit N: a 502 after J1).
+    let done = format!("{first_only}data: [DONE]\n\n");
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &done,
+        Duration::from_millis(1),
+    )));
+    let (resp, _c) = h.send(post("/v1/chat/completions", body.into(), &[])).await;
+    assert_eq!(resp.status(), 200);
+    let doc = json_body(resp).await;
+    assert_eq!(doc["choices"].as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(doc["choices"][0]["finish_reason"], "stop");
 }
 
 /// An SDK that does not stream and says how long it waits (`x-stainless-timeout`, OpenAI's
