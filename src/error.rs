@@ -128,7 +128,7 @@ pub enum GatewayError {
     /// A body that looks like JSON but is not one JSON object in UTF-8, on a request whose
     /// body the gateway reads: another parser could read a model from it that the gateway
     /// did not (see `provider::request::Unreadable`).
-    #[error("the request body is not one JSON object in UTF-8 ({reason}); other parsers could read it otherwise than this gateway, which routes and rewrites by its model: send the JSON object alone, in UTF-8 without a byte order mark")]
+    #[error("the request body may be read otherwise by the provider than by this gateway, which routes and rewrites by it: {reason}; send one JSON object in UTF-8, without a byte order mark, its members spelled as the API spells them")]
     UnreadableBody { reason: String },
     /// More header fields than `[server] max_headers`. hyper refuses these itself over
     /// HTTP/1 (with a bare 431); over HTTP/2 it bounds only the header list's bytes.
@@ -344,7 +344,7 @@ fn model_suffix(model: &Option<String>, by_model: bool) -> String {
     match model {
         Some(m) => format!(" and model {m:?}"),
         // Else the message would deny the routes the path has.
-        None if by_model => " with a body that names no model: the routes of this path serve \
+        None if by_model => " without a model in its body: the routes of this path serve \
             only the models they name, read from the body's top-level \"model\" string"
             .to_owned(),
         None => String::new(),

@@ -28,11 +28,11 @@ use crate::gateway::template::Template;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, decrement_max_forwards,
-    hops, insert_request_id, join_cookies, present, strip_hop_by_hop, unsupported_encoding, via,
-    websocket_upgrade, IDENTITY, MAX_HOPS,
+    foreign_charset, hops, insert_request_id, join_cookies, present, strip_hop_by_hop,
+    unsupported_encoding, via, websocket_upgrade, IDENTITY, MAX_HOPS,
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
-use crate::provider::request::{head_of, Head};
+use crate::provider::request::{head_of, Head, Unreadable};
 use crate::provider::Format;
 
 impl Gateway {
@@ -106,8 +106,8 @@ impl Gateway {
             if !uri.path().starts_with('/') {
                 return Err(GatewayError::BadRequest {
                     message: format!(
-                        "request target {uri:?} is no path: a {method} request names the path it \
-                         asks for, such as /v1/chat/completions (RFC 9112 3.2)"
+                        "request target {uri:?} is no path: a request names the path it asks \
+                         for, such as /v1/chat/completions (RFC 9112 3.2)"
                     ),
                 });
             }
@@ -222,7 +222,15 @@ impl Gateway {
                 unreadable,
             } = head_of(&body)?;
             // A body in a content coding is read by no one here (and may open with a NUL).
-            let unreadable = unreadable.filter(|_| !encoded);
+            let unreadable = unreadable
+                .or_else(|| {
+                    let charset = foreign_charset(&headers).filter(|_| !body.is_empty())?;
+                    Some(Unreadable(format!(
+                        "its content-type declares charset={charset:?}, and JSON is UTF-8 \
+                         (RFC 8259 8.1)"
+                    )))
+                })
+                .filter(|_| !encoded);
             if let Some(unreadable) = &unreadable {
                 if first.route.needs_model() {
                     return Err(unreadable.clone().into());

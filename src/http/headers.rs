@@ -617,9 +617,47 @@ pub(crate) fn carry_provider_headers(head: &HeaderMap, answer: &mut HeaderMap) {
     }
 }
 
+/// The charset a `Content-Type` declares when it is not UTF-8 (or its ASCII subset). JSON is
+/// UTF-8 (RFC 8259 8.1), but a server may decode a body by the label (Express's body-parser
+/// takes `utf-7`), and read in it what a reader of UTF-8 does not.
+pub fn foreign_charset(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let charset = value.split(';').skip(1).find_map(|p| {
+        let (name, v) = p.split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("charset")
+            .then(|| v.trim().trim_matches('"'))
+    })?;
+    let utf8 = ["utf-8", "utf8", "us-ascii"]
+        .iter()
+        .any(|c| charset.eq_ignore_ascii_case(c));
+    (!utf8).then_some(charset)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn charsets_other_than_utf8() {
+        let of = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(v));
+            foreign_charset(&h).map(str::to_owned)
+        };
+        assert_eq!(of("application/json"), None);
+        assert_eq!(of("application/json; charset=UTF-8"), None);
+        assert_eq!(of("application/json;charset=\"utf8\""), None);
+        assert_eq!(of("application/json; charset=us-ascii"), None);
+        assert_eq!(
+            of("application/json; Charset=utf-7").as_deref(),
+            Some("utf-7")
+        );
+        assert_eq!(
+            of("text/plain; a=b; charset=\"latin1\"").as_deref(),
+            Some("latin1")
+        );
+    }
 
     fn framing(version: Version, fields: &[(&'static str, &'static str)]) -> Option<&'static str> {
         framing_seen(version, fields, false)

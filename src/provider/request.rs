@@ -133,26 +133,68 @@ fn opens_json<'a>(mut bytes: impl Iterator<Item = &'a u8>) -> bool {
 
 /// Whether `body` opens like a JSON object or array in UTF-16 or UTF-32, with or without a
 /// byte order mark. RFC 4627 3: a JSON text's first characters are ASCII, so NULs among its
-/// first four bytes mark a wider encoding; its characters are then the bytes that are not
-/// NUL. (A binary upload with a NUL there opens with no `{` once they are dropped.)
+/// first four bytes mark a wider encoding; its ASCII characters are then the bytes that are
+/// not NUL, however much whitespace comes first. (A binary upload with a NUL there opens
+/// with no `{` once they are dropped.)
 fn wide_json(body: &[u8]) -> bool {
-    let body = body
-        .strip_prefix(&[0xFE, 0xFF])
-        .or_else(|| body.strip_prefix(&[0xFF, 0xFE]))
-        .unwrap_or(body);
-    body.iter().take(4).any(|&b| b == 0) && opens_json(body.iter().take(32).filter(|&&b| b != 0))
+    const MARKS: [&[u8]; 4] = [
+        &[0, 0, 0xFE, 0xFF],
+        &[0xFF, 0xFE, 0, 0],
+        &[0xFE, 0xFF],
+        &[0xFF, 0xFE],
+    ];
+    let mark = MARKS.iter().find(|m| body.starts_with(m));
+    if mark.is_none() && !body.iter().take(4).any(|&b| b == 0) {
+        return false;
+    }
+    let text = &body[mark.map_or(0, |m| m.len())..];
+    opens_json(text.iter().filter(|&&b| b != 0))
 }
 
-/// Why `body` is [`Unreadable`], given that serde_json refused it with `error`; `None` when
-/// it does not look like JSON at all (empty, a multipart upload, a form, audio), which no
-/// parser reads as an object either.
-fn unreadable(body: &[u8], error: &serde_json::Error) -> Option<Unreadable> {
+/// The members the gateway reads anywhere (routing, rewrites, a run's reservation). Go's
+/// `encoding/json` (Ollama, many OpenAI-compatible servers) takes a member named in another
+/// case (`"Model"`, `"MODEL"`, even `"\u212Aey"` for `key`) for the field, the last one
+/// winning: read here only as spelled, such a member would route by one model and serve
+/// another.
+const READ_MEMBERS: [&str; 8] = [
+    "model",
+    "n",
+    "stream",
+    "stream_options",
+    "background",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+];
+
+/// The member of [`READ_MEMBERS`] that `name` spells otherwise, folded as Go folds names
+/// (each character lower-cased, then upper-cased).
+fn spelled_otherwise(name: &str) -> Option<&'static str> {
+    let folds_to = |member: &str| {
+        if name.is_ascii() {
+            return name.eq_ignore_ascii_case(member);
+        }
+        let folded = name
+            .chars()
+            .flat_map(char::to_lowercase)
+            .flat_map(char::to_uppercase);
+        member.chars().map(|c| c.to_ascii_uppercase()).eq(folded)
+    };
+    READ_MEMBERS
+        .into_iter()
+        .find(|&member| member != name && folds_to(member))
+}
+
+/// Why `body` is [`Unreadable`], given that serde_json refused it with `error` (`None`: it
+/// is not UTF-8); `None` when it does not look like JSON at all (empty, a multipart upload,
+/// a form, audio), which no parser reads as an object either.
+fn unreadable(body: &[u8], error: Option<&serde_json::Error>) -> Option<Unreadable> {
     let reason = if body.starts_with(&[0xEF, 0xBB, 0xBF]) {
         "it starts with a byte order mark".to_owned()
     } else if wide_json(body) {
         "it is in UTF-16 or UTF-32, not UTF-8".to_owned()
     } else if opens_json(body.iter()) {
-        error.to_string()
+        error.map_or_else(|| "it is not UTF-8".to_owned(), ToString::to_string)
     } else {
         return None;
     };
@@ -162,8 +204,12 @@ fn unreadable(body: &[u8], error: &serde_json::Error) -> Option<Unreadable> {
 /// The body's [`Head`]. Every request's body is read for it, so it keeps no table of members
 /// as [`Members`] does: the other values are skipped as they are parsed.
 pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
-    /// The head, and the first member named twice.
-    struct Read<'a>(Head<'a>, Option<&'static str>);
+    /// The head, the first member named twice, and the first named in another spelling.
+    struct Read<'a>(
+        Head<'a>,
+        Option<&'static str>,
+        Option<(String, &'static str)>,
+    );
     impl<'de: 'a, 'a> Deserialize<'de> for Read<'a> {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
             struct Object;
@@ -177,6 +223,7 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                     // (no count), so that a second one is still seen.
                     let (mut model, mut choices) = (None, None);
                     let mut repeated = None;
+                    let mut otherwise = None;
                     while let Some(Name(name)) = map.next_key::<Name<'de>>()? {
                         match &*name {
                             "model" => {
@@ -194,6 +241,10 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                                 choices.get_or_insert(serde_json::from_str::<u64>(raw.get()).ok());
                             }
                             _ => {
+                                if otherwise.is_none() {
+                                    otherwise = spelled_otherwise(&name)
+                                        .map(|member| (name.into_owned(), member));
+                                }
                                 map.next_value::<IgnoredAny>()?;
                             }
                         }
@@ -203,17 +254,33 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                         choices: choices.flatten(),
                         unreadable: None,
                     };
-                    Ok(Read(head, repeated))
+                    Ok(Read(head, repeated, otherwise))
                 }
             }
             d.deserialize_map(Object)
         }
     }
-    match serde_json::from_slice::<Read<'_>>(body) {
-        Ok(Read(_, Some(name))) => Err(Repeated(name.to_owned())),
-        Ok(Read(head, None)) => Ok(head),
+    // The whole body is checked to be UTF-8 first: serde_json skips the strings it does
+    // not keep unchecked, so a body whose model was read here could still fail the rewrite
+    // (which reads them all) and be forwarded with the model unchanged.
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Ok(Head {
+            unreadable: unreadable(body, None),
+            ..Head::default()
+        });
+    };
+    match serde_json::from_str::<Read<'_>>(text) {
+        Ok(Read(_, Some(name), _)) => Err(Repeated(name.to_owned())),
+        Ok(Read(head, None, None)) => Ok(head),
+        Ok(Read(head, None, Some((name, member)))) => Ok(Head {
+            unreadable: Some(Unreadable(format!(
+                "it names {name:?}, which Go's encoding/json (Ollama, and many compatible \
+                 servers) reads as {member:?}; spell it {member:?}"
+            ))),
+            ..head
+        }),
         Err(e) => Ok(Head {
-            unreadable: unreadable(body, &e),
+            unreadable: unreadable(body, Some(&e)),
             ..Head::default()
         }),
     }
@@ -311,12 +378,33 @@ mod tests {
         ] {
             assert!(reason(wide).contains("UTF-16"), "{wide:?}");
         }
+        for wide in [b"\0\0\xFE\xFF\0\0\0{".as_slice(), b"\xFF\xFE\0\0{\0\0\0"] {
+            assert!(reason(wide).contains("UTF-32"), "{wide:?}");
+        }
+        let mut padded = b" \0".repeat(40);
+        padded.extend_from_slice(b"{\0\"\0");
+        assert!(reason(&padded).contains("UTF-16"), "whitespace first");
+        assert_eq!(why(b"\0\0\0\x20ftypM4A "), None, "an m4a file");
         assert!(reason(br#"{"model":"m"}{}"#).contains("trailing"));
         assert!(reason(br#"[{"model":"m"}]"#).contains("JSON object"));
         assert!(reason(br#"{"model":"m",}"#).contains("line 1"));
+        assert!(reason(b"{\"model\":\"\xFF\"}").contains("not UTF-8"));
+        // Past the model: serde_json skips what it does not keep unchecked.
+        assert!(reason(b"{\"model\":\"m\",\"user\":\"\xE9\"}").contains("not UTF-8"));
+        assert!(reason(br#"{"Model":"m"}"#).contains(r#"reads as "model""#));
+        assert!(reason(br#"{"STREAM":true,"model":"m"}"#).contains(r#""stream""#));
         assert!(
-            reason(b"{\"model\":\"\xFF\"}").contains("line 1"),
-            "not UTF-8"
+            reason("{\"max_to\u{212A}ens\":1}".as_bytes()).contains("max_tokens"),
+            "Kelvin sign"
+        );
+        assert!(
+            reason("{\"\u{17F}tream\":true}".as_bytes()).contains("stream"),
+            "long s"
+        );
+        assert_eq!(
+            why(br#"{"model":"m","Messages":[],"modelx":1}"#),
+            None,
+            "not read here"
         );
     }
 

@@ -523,27 +523,65 @@ async fn a_body_only_other_parsers_read_is_refused() {
     let utf16: Vec<u8> = object.encode_utf16().flat_map(u16::to_le_bytes).collect();
     let mut bom = b"\xEF\xBB\xBF".to_vec();
     bom.extend_from_slice(object.as_bytes());
-    let cases: [(&str, Vec<u8>, &str); 5] = [
-        ("bom", bom, "byte order mark"),
-        ("utf-16", utf16, "UTF-16"),
+    // Audit N: a UTF-32 byte order mark, and UTF-16 or UTF-32 after much whitespace, got
+    // past the first version of the check; so did a body not UTF-8 past its model (the
+    // rewrite failed on it), a member spelled in another case (Go reads it), and a
+    // charset=utf-7 label (Express decodes by it).
+    let padded = format!("{}{object}", " ".repeat(40));
+    let utf16_padded: Vec<u8> = padded.encode_utf16().flat_map(u16::to_le_bytes).collect();
+    let mut utf32_bom = vec![0, 0, 0xFE, 0xFF];
+    utf32_bom.extend(padded.chars().flat_map(|c| (c as u32).to_be_bytes()));
+    let mut latin1 = br#"{"model":"o3-pro","messages":[],"user":"caf"#.to_vec();
+    latin1.extend_from_slice(b"\xE9\"}");
+    let json = "application/json";
+    let cases: [(&str, Vec<u8>, &str, &str); 11] = [
+        ("bom", bom, json, "byte order mark"),
+        ("utf-16", utf16, json, "UTF-16"),
+        ("utf-16 padded", utf16_padded, json, "UTF-16"),
+        ("utf-32 bom", utf32_bom, json, "UTF-32"),
+        ("latin-1", latin1, json, "not UTF-8"),
         (
             "trailing",
             format!("{object}\n{{}}").into_bytes(),
+            json,
             "trailing",
         ),
-        ("array", format!("[{object}]").into_bytes(), "JSON object"),
-        ("syntax", br#"{"model":"o3-pro",}"#.to_vec(), "line 1"),
+        (
+            "array",
+            format!("[{object}]").into_bytes(),
+            json,
+            "JSON object",
+        ),
+        ("syntax", br#"{"model":"o3-pro",}"#.to_vec(), json, "line 1"),
+        (
+            "Model",
+            br#"{"Model":"o3-pro","messages":[]}"#.to_vec(),
+            json,
+            "\"Model\", which Go",
+        ),
+        (
+            "MODEL",
+            br#"{"model":"gpt-4o","MODEL":"o3-pro"}"#.to_vec(),
+            json,
+            "\"MODEL\"",
+        ),
+        (
+            "utf-7",
+            b"+AHsAIg-model+ACIAOgAi-o3-pro+ACIAfQ-".to_vec(),
+            "application/json; charset=utf-7",
+            "charset=\"utf-7\"",
+        ),
     ];
-    for (name, body, reason) in cases {
+    for (name, body, content_type, reason) in cases {
         let (resp, _c) = h
-            .send(post("/v1/chat/completions", "application/json", body))
+            .send(post("/v1/chat/completions", content_type, body))
             .await;
         assert_eq!(resp.status(), 400, "{name}");
         let error = json_body(resp).await;
         assert_eq!(error["error"]["code"], "invalid_request", "{name}");
         let message = error["error"]["message"].as_str().unwrap();
         assert!(
-            message.contains("not one JSON object in UTF-8") && message.contains(reason),
+            message.contains("may be read otherwise by the provider") && message.contains(reason),
             "{name}: {message}"
         );
     }

@@ -599,7 +599,7 @@ async fn a_model_no_route_serves_is_counted_under_none() {
     let (resp, _c) = h.send(form).await;
     assert_eq!(resp.status(), 404);
     let message = json_body(resp).await["error"]["message"].to_string();
-    assert!(message.contains("a body that names no model"), "{message}");
+    assert!(message.contains("without a model in its body"), "{message}");
 }
 
 /// A provider key rotated in its file (same path, so the upstream's config is unchanged)
