@@ -31,7 +31,8 @@ impl Running {
     /// every `poll`. A change is reloaded once two ticks in a row read it alike: a file
     /// written in place (`cp`, an editor, `cat >`) is caught half written by a tick, and
     /// what one tick sees of it is not what the operator meant. A tick that cannot read the
-    /// files (out of descriptors) is no change: it is warned of and tried again. SIGHUP
+    /// files for want of descriptors or memory is no change: it is warned of and tried again;
+    /// one that cannot read a file for good (no permission) reloads, to fail visibly. SIGHUP
     /// reloads at once. Runs until shutdown.
     pub fn watch_config(&self, poll: Duration) {
         let shared = self.shared.clone();
@@ -60,14 +61,19 @@ impl Running {
                 let read = read_source(path).await;
                 if by_signal {
                     // Asked for now: what the file holds now is what the operator meant.
-                    let text = read.ok().map(|now| watch.took(now));
+                    let text = read.ok().and_then(|now| watch.took(now));
                     let _ = reload(&shared, &Cause::Signal, text).await;
                     continue;
                 }
                 match read {
                     Ok(now) => {
                         if let Some(changed) = watch.saw(now, path) {
-                            let text = watch.applied.as_ref().map(|s| s.text.clone());
+                            // An unreadable file is read by the reload, which says why.
+                            let text = watch
+                                .applied
+                                .as_ref()
+                                .filter(|s| s.error.is_none())
+                                .map(|s| s.text.clone());
                             let _ = reload(&shared, &Cause::Changed(changed), text).await;
                         }
                     }
@@ -77,8 +83,9 @@ impl Running {
                             tracing::warn!(
                                 file = %file,
                                 error = %e.error,
-                                "cannot read the config to watch it; the running config stays \
-                                 and the file is read again next tick (warned once until it reads)"
+                                "cannot read a file of the config to watch it (out of \
+                                 descriptors or memory); the running config stays and the file \
+                                 is read again next tick (warned once until it reads)"
                             );
                         }
                     }
@@ -117,9 +124,9 @@ impl Watch {
     }
 
     /// A reload asked for (SIGHUP) builds `now` whatever the ticks saw: its text.
-    fn took(&mut self, now: Source) -> Vec<u8> {
+    fn took(&mut self, now: Source) -> Option<Vec<u8>> {
         self.failing = false;
-        let text = now.text.clone();
+        let text = now.error.is_none().then(|| now.text.clone());
         self.applied = Some(now);
         self.last = self.applied.clone();
         text
@@ -193,6 +200,9 @@ impl fmt::Display for Cause {
 struct Source {
     text: Vec<u8>,
     files: Vec<(PathBuf, Option<u64>)>,
+    /// The config file could not be read, for good (no permission, a directory in its
+    /// place): a state too, which a reload reads itself to fail with.
+    error: Option<String>,
 }
 
 /// The files that differ between two ticks: the config file (`path`) when its bytes do, then
@@ -200,7 +210,7 @@ struct Source {
 /// config file's change, not its own: nothing was read from it before, or nothing will be.
 fn changes(before: Option<&Source>, now: Option<&Source>, path: Option<&Path>) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    if before.map(|s| &s.text) != now.map(|s| &s.text) {
+    if before.map(|s| (&s.text, &s.error)) != now.map(|s| (&s.text, &s.error)) {
         out.extend(path.map(Path::to_path_buf));
     }
     let a: &[_] = before.map_or(&[], |s| &s.files);
@@ -213,8 +223,8 @@ fn changes(before: Option<&Source>, now: Option<&Source>, path: Option<&Path>) -
     out
 }
 
-/// A tick's read that failed for another reason than a file's absence (out of descriptors,
-/// a directory in the file's place): it says nothing of what the file holds.
+/// A tick's read that failed for want of descriptors or memory: it says nothing of what the
+/// file holds.
 #[derive(Debug)]
 struct Unreadable {
     path: PathBuf,
@@ -226,14 +236,30 @@ struct Unreadable {
 /// when that file is fixed). From the text alone: the running config names the same files
 /// as its text (a test holds the two lists together), and a list that also took the running
 /// config's would change when a reload swaps it, setting off a second reload for nothing.
-/// Hashed: some files hold keys, which the watcher need not keep. A named file that is not
-/// there is a state of its own (a key file removed); any other failure to read is no state.
+/// Hashed: some files hold keys, which the watcher need not keep. A file that is not there
+/// or cannot be read (no permission) is a state of its own (a key file removed, or left
+/// readable by root alone by a rotation): the reload it sets off fails where it can be seen
+/// (the error count, `/readyz`), where taking it for no state would keep every later edit
+/// from being applied, unsaid. Only a failure that says nothing of the file (the process
+/// out of descriptors, the host out of memory) is none.
 async fn read_source(path: &Path) -> Result<Source, Unreadable> {
     use std::hash::{DefaultHasher, Hash, Hasher};
-    let text = tokio::fs::read(path).await.map_err(|error| Unreadable {
-        path: path.to_path_buf(),
-        error,
-    })?;
+    let text = match tokio::fs::read(path).await {
+        Ok(text) => text,
+        Err(error) if passing(&error) => {
+            return Err(Unreadable {
+                path: path.to_path_buf(),
+                error,
+            })
+        }
+        Err(error) => {
+            return Ok(Source {
+                text: Vec::new(),
+                files: Vec::new(),
+                error: Some(error.to_string()),
+            })
+        }
+    };
     // From the bytes just read: a second read could see another version of the file.
     let mut files = {
         let text = String::from_utf8_lossy(&text).into_owned();
@@ -252,15 +278,28 @@ async fn read_source(path: &Path) -> Result<Source, Unreadable> {
                 bytes.hash(&mut h);
                 Some(h.finish())
             }
+            Err(error) if passing(&error) => return Err(Unreadable { path: f, error }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(error) => return Err(Unreadable { path: f, error }),
+            // Its error as its contents: the reload reads the file and says why it failed.
+            Err(e) => {
+                let mut h = DefaultHasher::new();
+                ("unreadable", e.to_string()).hash(&mut h);
+                Some(h.finish())
+            }
         };
         hashes.push((f, hash));
     }
     Ok(Source {
         text,
         files: hashes,
+        error: None,
     })
+}
+
+/// A read that failed for want of descriptors (EMFILE, ENFILE) or memory (ENOMEM), the same
+/// numbers on Linux and the BSDs: it passes, and says nothing of the file.
+fn passing(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(12 | 23 | 24)) || e.kind() == std::io::ErrorKind::OutOfMemory
 }
 
 /// Runs `f` where blocking is allowed: a reload reads the config and every file it names
@@ -374,6 +413,7 @@ mod tests {
         Source {
             text: text.into(),
             files: files.iter().map(|(f, h)| (PathBuf::from(f), *h)).collect(),
+            error: None,
         }
     }
 
@@ -490,18 +530,35 @@ mod tests {
 
     /// Audit M2: what makes a tick's read fail is told apart from a named file's absence.
     #[tokio::test]
-    async fn an_unreadable_file_is_not_a_state() {
+    async fn a_file_that_cannot_be_read_is_a_state_and_a_passing_failure_is_none() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
-        // A directory in the file's place: read fails as it does out of descriptors.
-        let e = read_source(&dir).await.unwrap_err();
-        assert_eq!(e.path, dir);
+        // A directory in the file's place: a state, which the reload reads to fail with.
+        let read = read_source(&dir).await.unwrap();
+        assert!(read.error.is_some() && read.text.is_empty());
         let path = dir.join("hourglass.toml");
         std::fs::write(&path, "[upstreams.a]\napi_key_file = \"gone.key\"\n").unwrap();
-        let read = read_source(&path).await.unwrap();
-        assert_eq!(read.files, [(dir.join("gone.key"), None)]);
+        let gone = read_source(&path).await.unwrap();
+        assert_eq!(gone.files, [(dir.join("gone.key"), None)]);
         std::fs::create_dir_all(dir.join("gone.key")).unwrap();
-        let e = read_source(&path).await.unwrap_err();
-        assert_eq!(e.path, dir.join("gone.key"));
+        let unreadable = read_source(&path).await.unwrap();
+        assert!(matches!(unreadable.files[..], [(_, Some(_))]));
+        assert_eq!(
+            changes(Some(&gone), Some(&unreadable), Some(&path)),
+            [dir.join("gone.key")]
+        );
+        // Out of descriptors (EMFILE, ENFILE) or memory says nothing of the file.
+        for errno in [24, 23, 12] {
+            assert!(
+                passing(&std::io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
+        for errno in [13, 21, 2] {
+            assert!(
+                !passing(&std::io::Error::from_raw_os_error(errno)),
+                "{errno}"
+            );
+        }
     }
 }

@@ -488,29 +488,40 @@ async fn a_file_truncated_then_written_back_is_no_reload() {
     gw.shutdown().await;
 }
 
-/// Audit M2: ticks that cannot read the file (out of descriptors; here a directory in its
-/// place) are no change: no failed reload, and no reload when it reads as before again.
+/// Audit P (after M2): a file the config names that cannot be read for good (here a
+/// directory in its place; also a key a rotation left readable by root alone) is a state:
+/// its reload fails where it is seen, and the file read again is reloaded. Taken for a
+/// passing failure (as running out of descriptors is), it kept every later edit from being
+/// applied, unsaid.
 #[tokio::test(start_paused = true)]
-async fn a_file_that_cannot_be_read_is_no_change() {
-    let text = BASE.replace("{FAKE}", "http://127.0.0.1:9");
-    let back = text.clone();
+async fn a_named_file_that_cannot_be_read_fails_its_reload_visibly() {
+    let keys = temp_dir("keys");
+    let key = keys.path().join("up.key");
+    std::fs::write(&key, "sk-one\n").unwrap();
+    let text = BASE.replace("{FAKE}", "http://127.0.0.1:9").replace(
+        "api_key_env = \"HOURGLASS_TEST_KEY_UNSET\"",
+        &format!("api_key_file = {:?}", key.display().to_string()),
+    );
+    let edited = text.replace("budget = \"10s\"", "budget = \"12s\"");
+    let (k1, k2) = (key.clone(), key.clone());
     let (gw, _dir) = watched(
         &text,
         vec![
-            Box::new(|p| {
-                std::fs::remove_file(p).unwrap();
-                std::fs::create_dir(p).unwrap();
+            Box::new(move |_| {
+                std::fs::remove_file(&k1).unwrap();
+                std::fs::create_dir(&k1).unwrap();
             }),
             Box::new(|_| {}),
             Box::new(move |p| {
-                std::fs::remove_dir(p).unwrap();
-                std::fs::write(p, &back).unwrap();
+                std::fs::remove_dir(&k2).unwrap();
+                std::fs::write(&k2, "sk-two\n").unwrap();
+                std::fs::write(p, &edited).unwrap();
             }),
         ],
     )
     .await;
-    assert_eq!(reloads(&gw, "error"), 0, "{}", gw.metrics.encode());
-    assert_eq!(reloads(&gw, "ok"), 0);
+    assert_eq!(reloads(&gw, "error"), 1, "{}", gw.metrics.encode());
+    assert_eq!(reloads(&gw, "ok"), 1, "the edit, once the key reads");
     gw.shutdown().await;
 }
 
