@@ -45,7 +45,11 @@ impl Gateway {
         let arrival = Instant::now();
         let id = request_id(req.headers());
         // The path alone: a query string may carry a key (`?key=` is how Gemini takes one).
-        let path = req.uri().path().to_string();
+        // A target with no path (`host:443`, refused) is logged as it was sent, as nginx does.
+        let path = match req.uri().path() {
+            "" => req.uri().to_string(),
+            path => path.to_owned(),
+        };
         let mut record = RequestRecord::new(
             id.clone(),
             req.method().clone(),

@@ -170,6 +170,14 @@ const READ_MEMBERS: [&str; 8] = [
 /// The member of [`READ_MEMBERS`] that `name` spells otherwise, folded as Go folds names
 /// (each character lower-cased, then upper-cased).
 fn spelled_otherwise(name: &str) -> Option<&'static str> {
+    // The common case, every request: a name in lower-case ASCII folds to itself, and the
+    // members are spelled so.
+    if name
+        .bytes()
+        .all(|b| b.is_ascii() && !b.is_ascii_uppercase())
+    {
+        return None;
+    }
     let folds_to = |member: &str| {
         if name.is_ascii() {
             return name.eq_ignore_ascii_case(member);

@@ -216,8 +216,15 @@ pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, st
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    // Out of descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
+                    // Out of descriptors and the like: back off instead of spinning, and
+                    // say so every few seconds, not at every try (20 lines a second).
+                    static SAID: Throttle = Throttle::every(Duration::from_secs(5));
+                    if SAID.due() {
+                        tracing::warn!(
+                            error = %e,
+                            "accept failed; retried every 50ms (said at most every 5s)"
+                        );
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

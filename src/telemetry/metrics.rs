@@ -337,7 +337,7 @@ impl Metrics {
         );
         let used_ratio = histogram(
             "hourglass_budget_used_ratio",
-            "Elapsed time divided by budget, for every request.",
+            "Elapsed time divided by budget, for every request that had one (see docs/metrics.md).",
             &["route"],
             RATIO_BUCKETS,
         );
@@ -418,7 +418,7 @@ impl Metrics {
         );
         let hedges = counter(
             "hourglass_hedges_total",
-            "Hedged requests (a fallback started in parallel), by which attempt won.",
+            "Hedged requests (a fallback started in parallel), by which attempt won (none: neither).",
             &["route", "winner"],
         );
         let ejections = counter(

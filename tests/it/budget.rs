@@ -779,6 +779,30 @@ async fn the_log_line_names_the_upstream_that_failed_before_its_head() {
     assert_eq!(fields["error"], told.as_str(), "{line}");
 }
 
+/// A target that names no path (`GET host:443`, refused 400) is logged as it was sent, as
+/// nginx logs it, not as an empty path (audit P).
+#[tokio::test]
+async fn a_target_with_no_path_is_logged_as_sent() {
+    let toml = BASE.replace("{FAKE}", "http://127.0.0.1:9");
+    let p = Process::spawn(&toml, &["--log-format", "json"], &[]).await;
+    let mut s = TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(b"GET api.openai.com:443 HTTP/1.1\r\nhost: g\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let (stdout, stderr) = p.stop().await;
+    let out = stdout + &stderr;
+    let line = out
+        .lines()
+        .find(|l| l.contains("\"code\":\"invalid_request\""))
+        .unwrap_or_else(|| panic!("no log line: {out}"));
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    let fields = v.get("fields").unwrap_or(&v);
+    assert_eq!(fields["path"], "api.openai.com:443", "{line}");
+}
+
 /// The log line names the model the upstream was asked for: the client's, or the upstream's
 /// own where it sets one. A name longer than any model's is cut to 200 bytes, at a
 /// character's boundary.
