@@ -458,6 +458,15 @@ impl RequestRecord {
         }
     }
 
+    /// Bytes of the body as they pass: the client's too unless the gateway reads the body
+    /// whole first (`read_whole`, which counts what it hands over with `sent_whole`).
+    fn count(&mut self, len: usize) {
+        self.bytes += len as u64;
+        if !self.read_whole {
+            self.sent += len as u64;
+        }
+    }
+
     /// Whether the gateway reads the upstream's body itself, before it answers (`read_whole`).
     pub fn read_whole(&mut self, whole: bool) {
         self.read_whole = whole;
@@ -771,18 +780,12 @@ impl Observer for RequestRecord {
             self.first_byte_at = Some(Instant::now());
             self.observe_ttfb();
         }
-        self.bytes += len as u64;
-        if !self.read_whole {
-            self.sent += len as u64;
-        }
+        self.count(len);
     }
 
     fn own_data(&mut self, len: usize) {
         if self.method != Method::HEAD {
-            self.bytes += len as u64;
-            if !self.read_whole {
-                self.sent += len as u64;
-            }
+            self.count(len);
         }
     }
 

@@ -19,7 +19,7 @@
 use memchr::memchr2;
 
 /// The UTF-8 byte order mark, which the standard's decoder strips once at stream start.
-const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
+pub(crate) const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
 /// A leading BOM, matched across chunks at the start of a stream (here and in the response
 /// inspector, which reads the same stream).
@@ -471,4 +471,4 @@ fn classify(head: &[u8]) -> Line {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -197,7 +197,7 @@ fn spelled_otherwise(name: &str) -> Option<&'static str> {
 /// is not UTF-8); `None` when it does not look like JSON at all (empty, a multipart upload,
 /// a form, audio), which no parser reads as an object either.
 fn unreadable(body: &[u8], error: Option<&serde_json::Error>) -> Option<Unreadable> {
-    let reason = if body.starts_with(&[0xEF, 0xBB, 0xBF]) {
+    let reason = if body.starts_with(&crate::http::sse::BOM) {
         "it starts with a byte order mark".to_owned()
     } else if wide_json(body) {
         "it is in UTF-16 or UTF-32, not UTF-8".to_owned()

@@ -313,7 +313,7 @@ fn stream() -> impl Strategy<Value = Vec<u8>> {
 
 /// `cases` per property, unless `PROPTEST_CASES` asks for another number (a deep run:
 /// `PROPTEST_CASES=20000 cargo test`).
-fn cases(cases: u32) -> ProptestConfig {
+pub(crate) fn cases(cases: u32) -> ProptestConfig {
     let config = ProptestConfig::default();
     if std::env::var_os("PROPTEST_CASES").is_some() {
         config

@@ -3,18 +3,8 @@
 //! tokenizer finds in it, whatever changed between them.
 
 use super::*;
+use crate::http::sse::tests::cases;
 use proptest::prelude::*;
-
-/// `cases` per property, unless `PROPTEST_CASES` asks for another number (a deep run:
-/// `PROPTEST_CASES=20000 cargo test`).
-fn cases(cases: u32) -> ProptestConfig {
-    let config = ProptestConfig::default();
-    if std::env::var_os("PROPTEST_CASES").is_some() {
-        config
-    } else {
-        ProptestConfig { cases, ..config }
-    }
-}
 
 proptest! {
     #![proptest_config(cases(256))]
