@@ -605,9 +605,15 @@ impl RequestRecord {
                 call.finish(&Used {
                     tokens,
                     // Only a successful answer read to its end says which tool calls it
-                    // asked for, or that it asked for none.
+                    // asked for, or that it asked for none; a call without a body asked the
+                    // model nothing (a stored response polled), so it neither.
                     answer: match run.answer.take() {
-                        _ if !answered || !(200..300).contains(&status) => Answer::Unread,
+                        _ if !answered
+                            || !(200..300).contains(&status)
+                            || self.request_bytes == 0 =>
+                        {
+                            Answer::Unread
+                        }
                         Some((fp, tool)) => Answer::Tools(fp, tool),
                         None => Answer::Plain,
                     },

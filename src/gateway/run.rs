@@ -65,14 +65,19 @@ pub async fn join(
         scope: client_key,
         id,
     };
+    // A call without a body (a stored response polled, the models listed) asks the model for
+    // nothing: it reserves no tokens, and is no request sent again, whatever its path.
+    let asks = !body.is_empty();
     let call = Call {
         // Read whatever this route's limits: the run may have a token limit from the route
         // that started it.
-        reserve: max_output_tokens(body)
-            .map_err(GatewayError::from)?
-            .unwrap_or(limits.token_estimate),
+        reserve: match max_output_tokens(body).map_err(GatewayError::from)? {
+            Some(tokens) => tokens,
+            None if asks => limits.token_estimate,
+            None => 0,
+        },
         asked_budget,
-        request: route.fingerprint_requests.then(|| fingerprint::of(body)),
+        request: (asks && route.fingerprint_requests).then(|| fingerprint::of(body)),
         at: budget.arrival,
         now: Instant::now(),
         need: budget.reserve + budget.min_useful,

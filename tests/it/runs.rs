@@ -217,6 +217,7 @@ on_both_stores!(
     a_call_that_never_reached_an_upstream_is_no_call_of_its_run,
     a_run_refused_past_its_deadline_lasted_its_budget,
     a_later_deadline_refusal_says_what_is_left_now,
+    a_call_without_a_body_reserves_no_tokens,
 );
 
 /// The loop stop: the same tool calls, or the same request, again and again.
@@ -409,6 +410,38 @@ async fn tokens_are_reserved_before_the_call_and_reconciled_after(store: Store) 
     assert!(used > 0 && used < 60, "reconciled to what was used: {run}");
     assert_eq!(run["runs"][0]["used"]["tokens_reserved"], 0, "{run}");
     assert_eq!(run["runs"][0]["used"]["calls"], 2);
+}
+
+/// A call without a body (a stored response fetched, the models listed) generates nothing:
+/// it reserves no tokens, so a run whose calls in flight hold its tokens still serves it.
+async fn a_call_without_a_body_reserves_no_tokens(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let (first, _c1) = h
+        .send(call(
+            "/tokens",
+            true,
+            &[
+                ("x-run-id", "get"),
+                ("x-fake-chunks", "2"),
+                ("x-fake-interval-ms", "300"),
+            ],
+            "",
+        ))
+        .await;
+    assert_eq!(first.headers()["x-run-tokens-left"], "40");
+    let get = Request::get("/v1/responses/resp_1")
+        .header("host", "gateway")
+        .header("x-run-id", "get")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (resp, _c) = h.send(get).await;
+    assert_ne!(resp.status(), 429);
+    assert_eq!(resp.headers()["x-run-tokens-left"], "40");
+    read_body(resp.into_body()).await;
+    read_body(first.into_body()).await;
+    let run = run_json(&h, "get").await;
+    assert_eq!(run["runs"][0]["used"]["calls"], 2, "{run}");
+    assert_eq!(run["runs"][0]["used"]["tokens_reserved"], 0, "{run}");
 }
 
 async fn the_run_deadline_cuts_a_stream_and_shrinks_every_calls_budget(store: Store) {

@@ -11,6 +11,7 @@ on_both_stores!(
     parallel_calls_in_another_order_or_with_other_arguments_are_another_answer,
     the_same_request_sent_again_and_again_is_stopped_too,
     a_run_started_where_loops_stop_stops_repeats_on_every_route,
+    calls_without_a_body_are_neither_repeats_nor_break_a_streak,
 );
 
 async fn the_same_tool_call_three_times_stops_the_run_naming_the_tool(store: Store) {
@@ -226,5 +227,48 @@ async fn a_run_started_where_loops_stop_stops_repeats_on_every_route(store: Stor
     crate::support::assert_message_starts(
         &body["error"],
         "run loop detected: run \"elsewhere\": the same request came 3 times in a row",
+    );
+}
+
+/// A call without a body (polling a stored response, listing models) asks the model for
+/// nothing: it is neither the same request again (every such call would be, whatever its
+/// path), nor an answer that breaks a streak of the same tool call.
+async fn calls_without_a_body_are_neither_repeats_nor_break_a_streak(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let tool = [("x-run-id", "poll"), ("x-fake-tool-call", "get_weather")];
+    for n in 0..2 {
+        let (resp, _c) = h.send(turn("chat", n, false, &tool)).await;
+        assert_eq!(resp.status(), 200, "call {n}");
+        json_body(resp).await;
+    }
+    for path in [
+        "/v1/responses/resp_1",
+        "/v1/responses/resp_1",
+        "/v1/responses/resp_2",
+        "/v1/responses/resp_1",
+        "/v1/responses/resp_3",
+    ] {
+        let get = Request::get(path)
+            .header("host", "gateway")
+            .header("x-run-id", "poll")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let (resp, _c) = h.send(get).await;
+        assert_ne!(resp.status(), 429, "GET {path} is no repeat");
+        read_body(resp.into_body()).await;
+        run_json(&h, "poll").await;
+    }
+    // The streak of the same tool call went on through the polls.
+    let (resp, _c) = h.send(turn("chat", 2, false, &tool)).await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    h.wait_requests("loops", 3.0).await;
+    run_json(&h, "poll").await;
+    let (resp, _c) = h.send(turn("chat", 3, false, &tool)).await;
+    assert_eq!(resp.status(), 429);
+    let body = json_body(resp).await;
+    crate::support::assert_message_starts(
+        &body["error"],
+        "run loop detected: run \"poll\": the model asked for tool \"get_weather\" with the same arguments 3 times in a row",
     );
 }
