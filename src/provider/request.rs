@@ -246,7 +246,7 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                                 if choices.is_some() {
                                     repeated.get_or_insert("n");
                                 }
-                                choices.get_or_insert(serde_json::from_str::<u64>(raw.get()).ok());
+                                choices.get_or_insert(count_of(raw));
                             }
                             _ => {
                                 if otherwise.is_none() {
@@ -300,6 +300,18 @@ fn model_of(body: &[u8]) -> Result<Option<Cow<'_, str>>, Repeated> {
     head_of(body).map(|h| h.model)
 }
 
+/// A count as a lenient provider reads it: a whole number in any JSON spelling (`1000`,
+/// `1000.0` as Python writes a float, `1e3`; past `u64` as `u64::MAX`, which no run fits).
+/// `None` for anything else (a fraction, a negative, a string): the provider refuses those.
+fn count_of(raw: &RawValue) -> Option<u64> {
+    if let Ok(n) = serde_json::from_str::<u64>(raw.get()) {
+        return Some(n);
+    }
+    let f = serde_json::from_str::<f64>(raw.get()).ok()?;
+    // `as` saturates: 1e20 is u64::MAX.
+    (f >= 0.0 && f.fract() == 0.0).then_some(f as u64)
+}
+
 /// The most output tokens the request asks for: `max_completion_tokens` or `max_tokens`
 /// (OpenAI Chat Completions, times its `n` choices, each of which may take the limit),
 /// `max_tokens` (Anthropic Messages), `max_output_tokens` (OpenAI Responses). `None` when it
@@ -308,11 +320,8 @@ pub fn max_output_tokens(body: &[u8]) -> Result<Option<u64>, Repeated> {
     let Some(members) = Members::parse(body) else {
         return Ok(None);
     };
-    let count = |name| -> Result<Option<u64>, Repeated> {
-        Ok(members
-            .get(name)?
-            .and_then(|raw| serde_json::from_str::<u64>(raw.get()).ok()))
-    };
+    let count =
+        |name| -> Result<Option<u64>, Repeated> { Ok(members.get(name)?.and_then(count_of)) };
     let n = count("n")?;
     let Some(each) = [
         count("max_completion_tokens")?,
@@ -351,6 +360,13 @@ mod tests {
             "not a count: no reservation of its own"
         );
         assert_eq!(read("not json"), None);
+        // A whole number however it is spelled, as vLLM's (pydantic's) lax reading takes it.
+        assert_eq!(read(r#"{"max_tokens":1e3}"#), Some(1000));
+        assert_eq!(read(r#"{"max_tokens":1000.0,"n":2.0}"#), Some(2000));
+        assert_eq!(read(r#"{"max_output_tokens":1e20}"#), Some(u64::MAX));
+        assert_eq!(read(r#"{"max_tokens":10.5}"#), None);
+        assert_eq!(read(r#"{"max_tokens":-1e3}"#), None);
+        assert_eq!(read(r#"{"max_tokens":"100"}"#), None);
         assert_eq!(
             model_of(br#"{"model":"gpt-x","max_tokens":3}"#)
                 .unwrap()
