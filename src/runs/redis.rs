@@ -17,8 +17,9 @@
 //! a script of two keys with one missing is refused (TRYAGAIN) all the while its slot
 //! migrates, which turned a run's calls into store errors for as long (audit W).
 //!
-//! One multiplexed connection (`ConnectionManager`), opened lazily and reopened with
-//! backoff: a gateway starts while Redis is down, and its runs resume when Redis is back.
+//! One multiplexed connection (`ConnectionManager`), opened lazily and reopened by the next
+//! command that needs it: a gateway starts while Redis is down, and its runs resume when
+//! Redis is back.
 //! With `store_cluster`, a cluster client instead (connected at first use): every script
 //! names its run's keys, one hash tag, so it runs on the node of that slot.
 
@@ -252,12 +253,14 @@ impl RedisStore {
             ),
         }
         .map_err(|e| e.to_string())?;
+        // One attempt to reconnect per command that finds the connection gone, no backoff:
+        // retries 50 ms, then 100 ms apart outlast any `store_timeout` worth having, so a
+        // store that refused at once held every call of a run for the whole timeout (audit
+        // AB) where it can fail it at once, naming the refusal.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(bound))
             .set_response_timeout(Some(bound))
-            .set_min_delay(Duration::from_millis(50))
-            .set_max_delay(Duration::from_secs(2))
-            .set_number_of_retries(2);
+            .set_number_of_retries(0);
         let conn =
             ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
         Ok(Self::with_link(Link::Single(conn)))

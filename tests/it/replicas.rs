@@ -220,6 +220,17 @@ async fn redis_going_away_allow_serves_deny_refuses_and_runs_resume_when_it_is_b
     assert_eq!(status, 503);
     assert_eq!(body["error"]["code"], "run_store_unavailable");
     crate::support::assert_message_starts(&body["error"], "run store unavailable:");
+    // A store that refuses the connection fails the call at once, saying so: no wait of
+    // `store_timeout` for reconnections spaced wider than it.
+    for i in 0..3 {
+        let (status, _, body) = send(&deny, call(false, &run, 21 + i)).await;
+        assert_eq!(status, 503);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("refused") && !message.contains("did not answer"),
+            "{message}"
+        );
+    }
     let errors = crate::support::metric(
         allow.admin,
         "hourglass_run_store_errors_total{op=\"admit\"}",
