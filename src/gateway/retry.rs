@@ -117,24 +117,38 @@ pub async fn run(
                 metrics.fallback(&route.name, &chain[p].upstream.name, &entry.upstream.name);
             }
             previous = Some(i);
-            // The race is with the next upstream in rotation. Not while the primary is on
-            // probation: a probe that lost the race would say nothing, and a primary slower
-            // than `hedge_after` would never come back.
-            let hedge_to = match policy.hedge_after {
-                Some(_) if i == 0 && n == 0 && !entry.upstream.health.is_out() => {
-                    (1..route.chain.len()).find(|&k| chain[k].upstream.health.available(now))
-                }
-                _ => None,
-            };
+            // The race is with the next upstream in rotation, judged when the hedge fires.
+            // Not while the primary is on probation: a probe that lost the race would say
+            // nothing, and a primary slower than `hedge_after` would never come back.
+            let hedges = policy.hedge_after.is_some()
+                && i == 0
+                && n == 0
+                && route.chain.len() > 1
+                && !entry.upstream.health.is_out();
             // The waits of the attempt cut short to keep the next upstream its room.
             let mut switch_by = None;
-            let outcome = if let Some(to) = hedge_to {
+            let outcome = if hedges {
+                // A race that can start keeps the route's limit (the fallback is raced, not
+                // waited for); with no upstream after it in rotation now, the primary is cut
+                // as any first attempt, in case none is back when the hedge fires.
+                let (ft, cut) =
+                    if (1..route.chain.len()).any(|k| chain[k].upstream.health.available(now)) {
+                        (budget.first_token_timeout, None)
+                    } else {
+                        first_token_limit(template, budget, policy.retry_on, chain.get(i + 1))
+                    };
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
                 // (memcpy) several times per request on routes that never hedge.
-                let (outcome, hedged) =
-                    Box::pin(hedge(metrics, route, chain, to, template, budget, record)).await;
-                hedged_with = hedged.then_some(to);
+                let (outcome, hedged) = Box::pin(hedge(
+                    metrics, route, chain, template, budget, record, ft, cut,
+                ))
+                .await;
+                hedged_with = hedged;
+                // The cut counts only where it alone ended the request's wait.
+                if hedged.is_none() {
+                    switch_by = cut;
+                }
                 outcome
             } else {
                 let ft;
@@ -581,25 +595,27 @@ impl Drop for HedgeTally<'_> {
 }
 
 /// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
-/// budget fits an attempt on the `to`th upstream of the chain, that one starts in parallel;
-/// the first to produce a data event wins and the other is dropped, which cancels it
-/// upstream. Returns the outcome (with the winner's chain index) and whether the hedge was
-/// started.
+/// budget fits an attempt on the next upstream of the chain in rotation then, that one starts
+/// in parallel; the first to produce a data event wins and the other is dropped, which
+/// cancels it upstream. Returns the outcome (with the winner's chain index) and the chain
+/// index of the hedge if it was started.
+#[allow(clippy::too_many_arguments)]
 async fn hedge(
     metrics: &Metrics,
     route: &RouteRuntime,
     chain: Order<'_>,
-    to: usize,
     template: &Template,
     budget: &Budget,
     record: &mut RequestRecord,
-) -> (Result<(Started, usize), GatewayError>, bool) {
+    first_token_timeout: Duration,
+    switch_by: Option<SwitchBy>,
+) -> (Result<(Started, usize), GatewayError>, Option<usize>) {
     let hedge_after = route.route.policy.hedge_after.unwrap_or_default();
-    let (primary_entry, hedge_entry) = (&chain[0], &chain[to]);
+    let primary_entry = &chain[0];
     let t0 = Instant::now();
     let req = match template.request_for(&primary_entry.upstream) {
         Ok(out) => out,
-        Err(e) => return (Err(e), false),
+        Err(e) => return (Err(e), None),
     };
     let i0 = record.attempt_started(primary_entry, t0, true);
     // Neither attempt's probe turn outlives this race: a loser's is handed on.
@@ -607,14 +623,7 @@ async fn hedge(
         .upstream
         .health
         .attempt(t0, longest_wait(budget, t0));
-    let primary = attempt(
-        primary_entry,
-        route,
-        budget,
-        budget.first_token_timeout,
-        None,
-    )
-    .run(req);
+    let primary = attempt(primary_entry, route, budget, first_token_timeout, switch_by).run(req);
     tokio::pin!(primary);
     let fire = sleep_until(t0 + hedge_after);
     tokio::pin!(fire);
@@ -622,27 +631,30 @@ async fn hedge(
         biased;
         r = &mut primary => {
             note(metrics, budget, primary_entry, probe.as_ref(), record, i0, &r);
-            return (r.map(|s| (s, 0)), false);
+            return (r.map(|s| (s, 0)), None);
         }
         () = &mut fire => {}
     }
-    let need = template
-        .expected_ttft(&hedge_entry.upstream)
-        .max(budget.min_useful);
-    // The target was judged when the request began: out of rotation, it is raced only as
-    // its probe, and another request may have taken that turn since (or ejected it). The
-    // turn is claimed last, by a hedge that will be sent: one that does not fit would hold
-    // it while its primary runs, and keep the upstream from the request that would probe it.
+    // The target is judged now, not when the request began: an upstream back in rotation
+    // (or due for its probe) since then is raced (audit Y2: a request begun during the
+    // fallback's probe waited its primary's whole first-token limit). Out of rotation, it is
+    // raced only as its probe. The turn is claimed last, by a hedge that will be sent: one
+    // that does not fit would hold it while its primary runs, and keep the upstream from the
+    // request that would probe it.
     let now = Instant::now();
-    let health = &hedge_entry.upstream.health;
-    let sent = match template.request_for(&hedge_entry.upstream) {
-        Ok(r) if budget.usable(now) >= need => {
-            let probe = health.attempt(now, longest_wait(budget, now));
-            (probe.is_some() || !health.is_out()).then_some((r, probe))
+    let to = (1..route.chain.len()).find(|&k| chain[k].upstream.health.available(now));
+    let sent = to.and_then(|to| {
+        let upstream = &chain[to].upstream;
+        let need = template.expected_ttft(upstream).max(budget.min_useful);
+        if budget.usable(now) < need {
+            return None;
         }
-        _ => None,
-    };
-    let Some((hreq, hedge_probe)) = sent else {
+        let r = template.request_for(upstream).ok()?;
+        let health = &upstream.health;
+        let probe = health.attempt(now, longest_wait(budget, now));
+        (probe.is_some() || !health.is_out()).then_some((to, r, probe))
+    });
+    let Some((to, hreq, hedge_probe)) = sent else {
         let r = primary.await;
         note(
             metrics,
@@ -653,8 +665,9 @@ async fn hedge(
             i0,
             &r,
         );
-        return (r.map(|s| (s, 0)), false);
+        return (r.map(|s| (s, 0)), None);
     };
+    let hedge_entry = &chain[to];
     // Beside the primary, which the log keeps naming until one of them answers.
     let i1 = record.attempt_started(hedge_entry, Instant::now(), false);
     let mut tally = HedgeTally {
@@ -708,7 +721,7 @@ async fn hedge(
             }
         }
     };
-    (outcome, true)
+    (outcome, Some(to))
 }
 
 #[cfg(test)]

@@ -958,3 +958,54 @@ async fn a_hedge_the_client_left_is_counted_without_a_winner() {
         assert_eq!(p.metric(&sample).await, n, "{sample}");
     }
 }
+
+/// The hedge's target is judged when the hedge fires, not when the request began: a fallback
+/// out of rotation at the start and due for its probe by `hedge_after` is raced as that
+/// probe. Judged at the start, the request waited its primary's whole first-token limit
+/// (audit Y2).
+#[tokio::test]
+async fn a_fallback_due_for_its_probe_by_the_hedge_is_raced() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nhedge_after = \"2500ms\"\nbudget = \"30s\"\n\
+         first_token_timeout = \"20s\"\n\n\
+         [[routes]]\nname = \"direct\"\npath_prefix = \"/direct\"\nupstream = \"backup\"",
+        "",
+        "eject_after = 1\neject_for = \"2s\"",
+    )
+    .await;
+    p.primary
+        .set_script(&[("x-fake-ttft-ms", "25000"), ("x-fake-headers-first", "1")]);
+    // One failure takes the backup out of rotation for 2 s.
+    let mut direct = chat_request(&[("x-fake-status", "503")], true);
+    *direct.uri_mut() = "/direct/v1/chat/completions".parse().unwrap();
+    let (resp, _c) = Conn::open(p.gw.addr).await.send(direct).await;
+    assert_eq!(resp.status(), 503);
+    read_body(resp.into_body()).await;
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"backup\"}")
+            .await,
+        1.0
+    );
+    let start = Instant::now();
+    let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    // Far below the primary's 20 s limit: the hedge answered.
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_hedges_total{route=\"chat\",winner=\"hedge\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"backup\"}")
+            .await,
+        0.0,
+        "the probe put it back"
+    );
+}
