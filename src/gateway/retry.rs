@@ -27,8 +27,34 @@ use crate::upstream::health::{Change, Probe, Verdict};
 enum Last {
     None,
     /// An upstream answer with a retryable status (kept to pass through unchanged).
-    Answer(Box<Started>, RetryCause),
+    Answer(Box<Started>),
     Error(GatewayError),
+}
+
+/// What an upstream's own last failure says of retrying it. A hedge's two failures come
+/// from two upstreams: the retry of the primary waits and counts by the primary's.
+#[derive(Clone, Copy, Default)]
+struct Own {
+    cause: Option<RetryCause>,
+    retry_after: Option<Duration>,
+}
+
+impl Own {
+    fn of(result: Result<&Started, &GatewayError>) -> Own {
+        match result {
+            Ok(s) => {
+                let headers = s.response.headers();
+                Own {
+                    cause: answer_cause(s),
+                    retry_after: retry_after(headers),
+                }
+            }
+            Err(e) => Own {
+                cause: error_cause(e),
+                ..Own::default()
+            },
+        }
+    }
 }
 
 pub async fn run(
@@ -40,6 +66,8 @@ pub async fn run(
 ) -> Result<Started, GatewayError> {
     let policy = &route.route.policy;
     let mut last = Last::None;
+    // The last failure of the upstream being retried.
+    let mut own = Own::default();
     let mut previous: Option<usize> = None;
     // The upstream a hedge raced, which the chain does not try again.
     let mut hedged_with: Option<usize> = None;
@@ -69,16 +97,8 @@ pub async fn run(
             };
             let mut wait = Duration::ZERO;
             if n > 0 {
-                let cause = match &last {
-                    Last::Answer(started, cause) => {
-                        wait = retry_after(started.response.headers()).unwrap_or_default();
-                        Some(*cause)
-                    }
-                    Last::Error(_) => None,
-                    Last::None => None,
-                };
-                wait = wait.max(backoff(n));
-                if let Some(c) = cause {
+                wait = own.retry_after.unwrap_or_default().max(backoff(n));
+                if let Some(c) = own.cause {
                     tracing::debug!(reason = c.as_str(), ?wait, "retrying");
                 }
             }
@@ -102,16 +122,12 @@ pub async fn run(
                 sleep(wait).await;
             }
             // The attempt is made: what it replaces is dropped (and so cancelled) now.
-            let last_cause = match std::mem::replace(&mut last, Last::None) {
-                Last::Answer(_, c) => Some(c),
-                Last::Error(e) => error_cause(&e),
-                Last::None => None,
-            };
+            drop(std::mem::replace(&mut last, Last::None));
             if n > 0 {
                 metrics.retry(
                     &route.name,
                     &entry.upstream.name,
-                    last_cause.map_or("other", RetryCause::as_str),
+                    own.cause.map_or("other", RetryCause::as_str),
                 );
             } else if let Some(p) = previous {
                 metrics.fallback(&route.name, &chain[p].upstream.name, &entry.upstream.name);
@@ -140,11 +156,12 @@ pub async fn run(
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
                 // (memcpy) several times per request on routes that never hedge.
-                let (outcome, hedged) = Box::pin(hedge(
+                let (outcome, hedged, primary) = Box::pin(hedge(
                     metrics, route, chain, template, budget, record, ft, cut,
                 ))
                 .await;
                 hedged_with = hedged;
+                own = primary.unwrap_or_else(|| Own::of(outcome.as_ref().map(|(s, _)| s)));
                 // The cut counts only where it alone ended the request's wait.
                 if hedged.is_none() {
                     switch_by = cut;
@@ -154,11 +171,12 @@ pub async fn run(
                 let ft;
                 (ft, switch_by) =
                     first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
-                single(
+                let outcome = single(
                     metrics, route, entry, template, budget, record, ft, switch_by, probe,
                 )
-                .await
-                .map(|s| (s, i))
+                .await;
+                own = Own::of(outcome.as_ref());
+                outcome.map(|s| (s, i))
             };
             // The fallback keeps the room of a wait that was cut and ended the attempt; any
             // other end (a 5xx, a wait left whole) leaves it to fit as any attempt does.
@@ -168,10 +186,8 @@ pub async fn run(
             };
             match outcome {
                 Ok((started, winner)) => {
-                    if let Some(cause) =
-                        answer_cause(&started).filter(|c| policy.retry_on.contains(*c))
-                    {
-                        last = Last::Answer(Box::new(started), cause);
+                    if answer_cause(&started).is_some_and(|c| policy.retry_on.contains(c)) {
+                        last = Last::Answer(Box::new(started));
                         continue;
                     }
                     record.set_upstream(&chain[winner], started.sent_at, started.first_byte_at);
@@ -204,7 +220,7 @@ pub async fn run(
         }
     }
     match last {
-        Last::Answer(started, _) => {
+        Last::Answer(started) => {
             // No attempt was left to make: the upstream's own answer passes through.
             let entry = chain
                 .iter()
@@ -597,8 +613,9 @@ impl Drop for HedgeTally<'_> {
 /// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
 /// budget fits an attempt on the next upstream of the chain in rotation then, that one starts
 /// in parallel; the first to produce a data event wins and the other is dropped, which
-/// cancels it upstream. Returns the outcome (with the winner's chain index) and the chain
-/// index of the hedge if it was started.
+/// cancels it upstream. Returns the outcome (with the winner's chain index), the chain index
+/// of the hedge if it was started, and the primary's own failure when the outcome is not the
+/// primary's.
 #[allow(clippy::too_many_arguments)]
 async fn hedge(
     metrics: &Metrics,
@@ -609,13 +626,17 @@ async fn hedge(
     record: &mut RequestRecord,
     first_token_timeout: Duration,
     switch_by: Option<SwitchBy>,
-) -> (Result<(Started, usize), GatewayError>, Option<usize>) {
+) -> (
+    Result<(Started, usize), GatewayError>,
+    Option<usize>,
+    Option<Own>,
+) {
     let hedge_after = route.route.policy.hedge_after.unwrap_or_default();
     let primary_entry = &chain[0];
     let t0 = Instant::now();
     let req = match template.request_for(&primary_entry.upstream) {
         Ok(out) => out,
-        Err(e) => return (Err(e), None),
+        Err(e) => return (Err(e), None, None),
     };
     let i0 = record.attempt_started(primary_entry, t0, true);
     // Neither attempt's probe turn outlives this race: a loser's is handed on.
@@ -631,7 +652,7 @@ async fn hedge(
         biased;
         r = &mut primary => {
             note(metrics, budget, primary_entry, probe.as_ref(), record, i0, &r);
-            return (r.map(|s| (s, 0)), None);
+            return (r.map(|s| (s, 0)), None, None);
         }
         () = &mut fire => {}
     }
@@ -665,7 +686,7 @@ async fn hedge(
             i0,
             &r,
         );
-        return (r.map(|s| (s, 0)), None);
+        return (r.map(|s| (s, 0)), None, None);
     };
     let hedge_entry = &chain[to];
     // Beside the primary, which the log keeps naming until one of them answers.
@@ -684,6 +705,7 @@ async fn hedge(
         Err(_) => false,
     };
     let mut primary_done: Option<Result<Started, GatewayError>> = None;
+    let mut primary_own = None;
     let mut hedge_done: Option<Result<Started, GatewayError>> = None;
     let outcome = loop {
         tokio::select! {
@@ -697,11 +719,12 @@ async fn hedge(
                     tally.winner = "primary";
                     break r.map(|s| (s, 0));
                 }
-                // Both failed: the later failure is what the route goes on from (its
-                // retry-after, its status passed through).
+                // Both failed: the later failure is what passes through if nothing follows;
+                // a retry of the primary goes on from the primary's own.
                 if hedge_done.take().is_some() {
                     break r.map(|s| (s, 0));
                 }
+                primary_own = Some(Own::of(r.as_ref()));
                 primary_done = Some(r);
             }
             r = &mut hedged, if hedge_done.is_none() => {
@@ -721,7 +744,7 @@ async fn hedge(
             }
         }
     };
-    (outcome, Some(to))
+    (outcome, Some(to), primary_own)
 }
 
 #[cfg(test)]
