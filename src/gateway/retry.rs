@@ -37,6 +37,8 @@ enum Last {
 struct Own {
     cause: Option<RetryCause>,
     retry_after: Option<Duration>,
+    /// The upstream said not to (`x-should-retry: false`).
+    no_retry: bool,
 }
 
 impl Own {
@@ -47,6 +49,7 @@ impl Own {
                 Own {
                     cause: answer_cause(s),
                     retry_after: retry_after(headers),
+                    no_retry: says_no_retry(headers),
                 }
             }
             Err(e) => Own {
@@ -55,6 +58,18 @@ impl Own {
             },
         }
     }
+}
+
+/// `x-should-retry: false`, which the OpenAI and Anthropic SDKs obey and Hourglass itself
+/// sends after its own retries: an upstream that says so (a provider, or another Hourglass
+/// down a chain of gateways, or this one looped back to itself) is not asked again, or each
+/// layer's retries would multiply the calls (audit Y1: two chained gateways made nine, a
+/// loop sixty before its 508).
+fn says_no_retry(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-should-retry")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
 }
 
 pub async fn run(
@@ -188,6 +203,11 @@ pub async fn run(
                 Ok((started, winner)) => {
                     if answer_cause(&started).is_some_and(|c| policy.retry_on.contains(c)) {
                         last = Last::Answer(Box::new(started));
+                        // Told not to ask this upstream again: on to the next, as after
+                        // any failure of this status that no retry is left for.
+                        if own.no_retry {
+                            break;
+                        }
                         continue;
                     }
                     record.set_upstream(&chain[winner], started.sent_at, started.first_byte_at);

@@ -1011,6 +1011,39 @@ fn completion() -> Vec<(Duration, Vec<u8>)> {
     vec![(Duration::ZERO, head.into_bytes())]
 }
 
+/// An upstream that answers `x-should-retry: false` (a provider, another Hourglass after its
+/// own retries, this one looped back to itself) is not asked again: two chained gateways
+/// made nine calls, a loop sixty before its 508 (audit Y1). A fallback is another upstream
+/// and is still tried.
+#[tokio::test]
+async fn an_upstream_that_says_not_to_retry_is_asked_once() {
+    let said_no = answer(
+        Duration::ZERO,
+        "500 Internal Server Error",
+        "x-should-retry: False\r\n",
+    );
+    let (url, asked) = scripted(vec![said_no.clone()]).await;
+    let p = pair_with("retries = 2\nretry_on = [\"5xx\"]", "", "", Some(url)).await;
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 500, "the upstream's answer passes through");
+    json_body(resp).await;
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_retries_total{reason=\"5xx\",route=\"chat\",upstream=\"primary\"}")
+            .await,
+        0.0
+    );
+
+    let (url, asked) = scripted(vec![said_no]).await;
+    let p = pair_with("retries = 2\nfallbacks = [\"backup\"]", "", "", Some(url)).await;
+    let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+    assert_eq!(resp.status(), 200, "the fallback answers");
+    read_body(resp.into_body()).await;
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(p.backup.requests().len(), 1);
+}
+
 /// The hedge's target is judged when the hedge fires, not when the request began: a fallback
 /// out of rotation at the start and due for its probe by `hedge_after` is raced as that
 /// probe. Judged at the start, the request waited its primary's whole first-token limit
