@@ -27,8 +27,49 @@ use crate::upstream::health::{Change, Probe, Verdict};
 enum Last {
     None,
     /// An upstream answer with a retryable status (kept to pass through unchanged).
-    Answer(Box<Started>, RetryCause),
+    Answer(Box<Started>),
     Error(GatewayError),
+}
+
+/// What an upstream's own last failure says of retrying it. A hedge's two failures come
+/// from two upstreams: the retry of the primary waits and counts by the primary's.
+#[derive(Clone, Copy, Default)]
+struct Own {
+    cause: Option<RetryCause>,
+    retry_after: Option<Duration>,
+    /// The upstream said not to (`x-should-retry: false`).
+    no_retry: bool,
+}
+
+impl Own {
+    fn of(result: Result<&Started, &GatewayError>) -> Own {
+        match result {
+            Ok(s) => {
+                let headers = s.response.headers();
+                Own {
+                    cause: answer_cause(s),
+                    retry_after: retry_after(headers),
+                    no_retry: says_no_retry(headers),
+                }
+            }
+            Err(e) => Own {
+                cause: error_cause(e),
+                ..Own::default()
+            },
+        }
+    }
+}
+
+/// `x-should-retry: false`, which the OpenAI and Anthropic SDKs obey and Hourglass itself
+/// sends after its own retries: an upstream that says so (a provider, or another Hourglass
+/// down a chain of gateways, or this one looped back to itself) is not asked again, or each
+/// layer's retries would multiply the calls (audit Y1: two chained gateways made nine, a
+/// loop sixty before its 508).
+fn says_no_retry(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-should-retry")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
 }
 
 pub async fn run(
@@ -40,6 +81,8 @@ pub async fn run(
 ) -> Result<Started, GatewayError> {
     let policy = &route.route.policy;
     let mut last = Last::None;
+    // The last failure of the upstream being retried.
+    let mut own = Own::default();
     let mut previous: Option<usize> = None;
     // The upstream a hedge raced, which the chain does not try again.
     let mut hedged_with: Option<usize> = None;
@@ -69,16 +112,8 @@ pub async fn run(
             };
             let mut wait = Duration::ZERO;
             if n > 0 {
-                let cause = match &last {
-                    Last::Answer(started, cause) => {
-                        wait = retry_after(started.response.headers()).unwrap_or_default();
-                        Some(*cause)
-                    }
-                    Last::Error(_) => None,
-                    Last::None => None,
-                };
-                wait = wait.max(backoff(n));
-                if let Some(c) = cause {
+                wait = own.retry_after.unwrap_or_default().max(backoff(n));
+                if let Some(c) = own.cause {
                     tracing::debug!(reason = c.as_str(), ?wait, "retrying");
                 }
             }
@@ -102,49 +137,61 @@ pub async fn run(
                 sleep(wait).await;
             }
             // The attempt is made: what it replaces is dropped (and so cancelled) now.
-            let last_cause = match std::mem::replace(&mut last, Last::None) {
-                Last::Answer(_, c) => Some(c),
-                Last::Error(e) => error_cause(&e),
-                Last::None => None,
-            };
+            drop(std::mem::replace(&mut last, Last::None));
             if n > 0 {
                 metrics.retry(
                     &route.name,
                     &entry.upstream.name,
-                    last_cause.map_or("other", RetryCause::as_str),
+                    own.cause.map_or("other", RetryCause::as_str),
                 );
             } else if let Some(p) = previous {
                 metrics.fallback(&route.name, &chain[p].upstream.name, &entry.upstream.name);
             }
             previous = Some(i);
-            // The race is with the next upstream in rotation. Not while the primary is on
-            // probation: a probe that lost the race would say nothing, and a primary slower
-            // than `hedge_after` would never come back.
-            let hedge_to = match policy.hedge_after {
-                Some(_) if i == 0 && n == 0 && !entry.upstream.health.is_out() => {
-                    (1..route.chain.len()).find(|&k| chain[k].upstream.health.available(now))
-                }
-                _ => None,
-            };
+            // The race is with the next upstream in rotation, judged when the hedge fires.
+            // Not while the primary is on probation: a probe that lost the race would say
+            // nothing, and a primary slower than `hedge_after` would never come back.
+            let hedges = policy.hedge_after.is_some()
+                && i == 0
+                && n == 0
+                && route.chain.len() > 1
+                && !entry.upstream.health.is_out();
             // The waits of the attempt cut short to keep the next upstream its room.
             let mut switch_by = None;
-            let outcome = if let Some(to) = hedge_to {
+            let outcome = if hedges {
+                // A race that can start keeps the route's limit (the fallback is raced, not
+                // waited for); with no upstream after it in rotation now, the primary is cut
+                // as any first attempt, in case none is back when the hedge fires.
+                let (ft, cut) =
+                    if (1..route.chain.len()).any(|k| chain[k].upstream.health.available(now)) {
+                        (budget.first_token_timeout, None)
+                    } else {
+                        first_token_limit(template, budget, policy.retry_on, chain.get(i + 1))
+                    };
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
                 // (memcpy) several times per request on routes that never hedge.
-                let (outcome, hedged) =
-                    Box::pin(hedge(metrics, route, chain, to, template, budget, record)).await;
-                hedged_with = hedged.then_some(to);
+                let (outcome, hedged, primary) = Box::pin(hedge(
+                    metrics, route, chain, template, budget, record, ft, cut,
+                ))
+                .await;
+                hedged_with = hedged;
+                own = primary.unwrap_or_else(|| Own::of(outcome.as_ref().map(|(s, _)| s)));
+                // The cut counts only where it alone ended the request's wait.
+                if hedged.is_none() {
+                    switch_by = cut;
+                }
                 outcome
             } else {
                 let ft;
                 (ft, switch_by) =
                     first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
-                single(
+                let outcome = single(
                     metrics, route, entry, template, budget, record, ft, switch_by, probe,
                 )
-                .await
-                .map(|s| (s, i))
+                .await;
+                own = Own::of(outcome.as_ref());
+                outcome.map(|s| (s, i))
             };
             // The fallback keeps the room of a wait that was cut and ended the attempt; any
             // other end (a 5xx, a wait left whole) leaves it to fit as any attempt does.
@@ -154,10 +201,13 @@ pub async fn run(
             };
             match outcome {
                 Ok((started, winner)) => {
-                    if let Some(cause) =
-                        answer_cause(&started).filter(|c| policy.retry_on.contains(*c))
-                    {
-                        last = Last::Answer(Box::new(started), cause);
+                    if answer_cause(&started).is_some_and(|c| policy.retry_on.contains(c)) {
+                        last = Last::Answer(Box::new(started));
+                        // Told not to ask this upstream again: on to the next, as after
+                        // any failure of this status that no retry is left for.
+                        if own.no_retry {
+                            break;
+                        }
                         continue;
                     }
                     record.set_upstream(&chain[winner], started.sent_at, started.first_byte_at);
@@ -190,7 +240,7 @@ pub async fn run(
         }
     }
     match last {
-        Last::Answer(started, _) => {
+        Last::Answer(started) => {
             // No attempt was left to make: the upstream's own answer passes through.
             let entry = chain
                 .iter()
@@ -581,25 +631,32 @@ impl Drop for HedgeTally<'_> {
 }
 
 /// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
-/// budget fits an attempt on the `to`th upstream of the chain, that one starts in parallel;
-/// the first to produce a data event wins and the other is dropped, which cancels it
-/// upstream. Returns the outcome (with the winner's chain index) and whether the hedge was
-/// started.
+/// budget fits an attempt on the next upstream of the chain in rotation then, that one starts
+/// in parallel; the first to produce a data event wins and the other is dropped, which
+/// cancels it upstream. Returns the outcome (with the winner's chain index), the chain index
+/// of the hedge if it was started, and the primary's own failure when the outcome is not the
+/// primary's.
+#[allow(clippy::too_many_arguments)]
 async fn hedge(
     metrics: &Metrics,
     route: &RouteRuntime,
     chain: Order<'_>,
-    to: usize,
     template: &Template,
     budget: &Budget,
     record: &mut RequestRecord,
-) -> (Result<(Started, usize), GatewayError>, bool) {
+    first_token_timeout: Duration,
+    switch_by: Option<SwitchBy>,
+) -> (
+    Result<(Started, usize), GatewayError>,
+    Option<usize>,
+    Option<Own>,
+) {
     let hedge_after = route.route.policy.hedge_after.unwrap_or_default();
-    let (primary_entry, hedge_entry) = (&chain[0], &chain[to]);
+    let primary_entry = &chain[0];
     let t0 = Instant::now();
     let req = match template.request_for(&primary_entry.upstream) {
         Ok(out) => out,
-        Err(e) => return (Err(e), false),
+        Err(e) => return (Err(e), None, None),
     };
     let i0 = record.attempt_started(primary_entry, t0, true);
     // Neither attempt's probe turn outlives this race: a loser's is handed on.
@@ -607,14 +664,7 @@ async fn hedge(
         .upstream
         .health
         .attempt(t0, longest_wait(budget, t0));
-    let primary = attempt(
-        primary_entry,
-        route,
-        budget,
-        budget.first_token_timeout,
-        None,
-    )
-    .run(req);
+    let primary = attempt(primary_entry, route, budget, first_token_timeout, switch_by).run(req);
     tokio::pin!(primary);
     let fire = sleep_until(t0 + hedge_after);
     tokio::pin!(fire);
@@ -622,27 +672,30 @@ async fn hedge(
         biased;
         r = &mut primary => {
             note(metrics, budget, primary_entry, probe.as_ref(), record, i0, &r);
-            return (r.map(|s| (s, 0)), false);
+            return (r.map(|s| (s, 0)), None, None);
         }
         () = &mut fire => {}
     }
-    let need = template
-        .expected_ttft(&hedge_entry.upstream)
-        .max(budget.min_useful);
-    // The target was judged when the request began: out of rotation, it is raced only as
-    // its probe, and another request may have taken that turn since (or ejected it). The
-    // turn is claimed last, by a hedge that will be sent: one that does not fit would hold
-    // it while its primary runs, and keep the upstream from the request that would probe it.
+    // The target is judged now, not when the request began: an upstream back in rotation
+    // (or due for its probe) since then is raced (audit Y2: a request begun during the
+    // fallback's probe waited its primary's whole first-token limit). Out of rotation, it is
+    // raced only as its probe. The turn is claimed last, by a hedge that will be sent: one
+    // that does not fit would hold it while its primary runs, and keep the upstream from the
+    // request that would probe it.
     let now = Instant::now();
-    let health = &hedge_entry.upstream.health;
-    let sent = match template.request_for(&hedge_entry.upstream) {
-        Ok(r) if budget.usable(now) >= need => {
-            let probe = health.attempt(now, longest_wait(budget, now));
-            (probe.is_some() || !health.is_out()).then_some((r, probe))
+    let to = (1..route.chain.len()).find(|&k| chain[k].upstream.health.available(now));
+    let sent = to.and_then(|to| {
+        let upstream = &chain[to].upstream;
+        let need = template.expected_ttft(upstream).max(budget.min_useful);
+        if budget.usable(now) < need {
+            return None;
         }
-        _ => None,
-    };
-    let Some((hreq, hedge_probe)) = sent else {
+        let r = template.request_for(upstream).ok()?;
+        let health = &upstream.health;
+        let probe = health.attempt(now, longest_wait(budget, now));
+        (probe.is_some() || !health.is_out()).then_some((to, r, probe))
+    });
+    let Some((to, hreq, hedge_probe)) = sent else {
         let r = primary.await;
         note(
             metrics,
@@ -653,8 +706,9 @@ async fn hedge(
             i0,
             &r,
         );
-        return (r.map(|s| (s, 0)), false);
+        return (r.map(|s| (s, 0)), None, None);
     };
+    let hedge_entry = &chain[to];
     // Beside the primary, which the log keeps naming until one of them answers.
     let i1 = record.attempt_started(hedge_entry, Instant::now(), false);
     let mut tally = HedgeTally {
@@ -671,6 +725,7 @@ async fn hedge(
         Err(_) => false,
     };
     let mut primary_done: Option<Result<Started, GatewayError>> = None;
+    let mut primary_own = None;
     let mut hedge_done: Option<Result<Started, GatewayError>> = None;
     let outcome = loop {
         tokio::select! {
@@ -684,11 +739,12 @@ async fn hedge(
                     tally.winner = "primary";
                     break r.map(|s| (s, 0));
                 }
-                // Both failed: the later failure is what the route goes on from (its
-                // retry-after, its status passed through).
+                // Both failed: the later failure is what passes through if nothing follows;
+                // a retry of the primary goes on from the primary's own.
                 if hedge_done.take().is_some() {
                     break r.map(|s| (s, 0));
                 }
+                primary_own = Some(Own::of(r.as_ref()));
                 primary_done = Some(r);
             }
             r = &mut hedged, if hedge_done.is_none() => {
@@ -708,7 +764,7 @@ async fn hedge(
             }
         }
     };
-    (outcome, true)
+    (outcome, Some(to), primary_own)
 }
 
 #[cfg(test)]

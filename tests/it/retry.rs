@@ -958,3 +958,204 @@ async fn a_hedge_the_client_left_is_counted_without_a_winner() {
         assert_eq!(p.metric(&sample).await, n, "{sample}");
     }
 }
+
+/// An upstream written by hand that answers its `k`th connection with `answers[k]` (the last
+/// one for any after), each piece after its delay, then closes; and how many requests it read.
+async fn scripted(
+    answers: Vec<Vec<(Duration, Vec<u8>)>>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        let mut k = 0;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let answer = answers[k.min(answers.len() - 1)].clone();
+            k += 1;
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                s.set_nodelay(true).unwrap();
+                read_request(&mut s).await;
+                seen.fetch_add(1, Ordering::SeqCst);
+                for (delay, piece) in answer {
+                    tokio::time::sleep(delay).await;
+                    if s.write_all(&piece).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, count)
+}
+
+/// A head and a two-byte body, sent at once after `delay`.
+fn answer(delay: Duration, status: &str, fields: &str) -> Vec<(Duration, Vec<u8>)> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{fields}\
+         content-length: 2\r\nconnection: close\r\n\r\n{{}}"
+    );
+    vec![(delay, head.into_bytes())]
+}
+
+fn completion() -> Vec<(Duration, Vec<u8>)> {
+    let body = r#"{"id":"c1","object":"chat.completion","model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#;
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    vec![(Duration::ZERO, head.into_bytes())]
+}
+
+/// An upstream that answers `x-should-retry: false` (a provider, another Hourglass after its
+/// own retries, this one looped back to itself) is not asked again: two chained gateways
+/// made nine calls, a loop sixty before its 508 (audit Y1). A fallback is another upstream
+/// and is still tried.
+#[tokio::test]
+async fn an_upstream_that_says_not_to_retry_is_asked_once() {
+    let said_no = answer(
+        Duration::ZERO,
+        "500 Internal Server Error",
+        "x-should-retry: False\r\n",
+    );
+    let (url, asked) = scripted(vec![said_no.clone()]).await;
+    let p = pair_with("retries = 2\nretry_on = [\"5xx\"]", "", "", Some(url)).await;
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 500, "the upstream's answer passes through");
+    json_body(resp).await;
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_retries_total{reason=\"5xx\",route=\"chat\",upstream=\"primary\"}")
+            .await,
+        0.0
+    );
+
+    let (url, asked) = scripted(vec![said_no]).await;
+    let p = pair_with("retries = 2\nfallbacks = [\"backup\"]", "", "", Some(url)).await;
+    let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+    assert_eq!(resp.status(), 200, "the fallback answers");
+    read_body(resp.into_body()).await;
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(p.backup.requests().len(), 1);
+}
+
+/// The hedge's target is judged when the hedge fires, not when the request began: a fallback
+/// out of rotation at the start and due for its probe by `hedge_after` is raced as that
+/// probe. Judged at the start, the request waited its primary's whole first-token limit
+/// (audit Y2).
+#[tokio::test]
+async fn a_fallback_due_for_its_probe_by_the_hedge_is_raced() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nhedge_after = \"2500ms\"\nbudget = \"30s\"\n\
+         first_token_timeout = \"20s\"\n\n\
+         [[routes]]\nname = \"direct\"\npath_prefix = \"/direct\"\nupstream = \"backup\"",
+        "",
+        "eject_after = 1\neject_for = \"2s\"",
+    )
+    .await;
+    p.primary
+        .set_script(&[("x-fake-ttft-ms", "25000"), ("x-fake-headers-first", "1")]);
+    // One failure takes the backup out of rotation for 2 s.
+    let mut direct = chat_request(&[("x-fake-status", "503")], true);
+    *direct.uri_mut() = "/direct/v1/chat/completions".parse().unwrap();
+    let (resp, _c) = Conn::open(p.gw.addr).await.send(direct).await;
+    assert_eq!(resp.status(), 503);
+    read_body(resp.into_body()).await;
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"backup\"}")
+            .await,
+        1.0
+    );
+    let start = Instant::now();
+    let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    // Far below the primary's 20 s limit: the hedge answered.
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_hedges_total{route=\"chat\",winner=\"hedge\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"backup\"}")
+            .await,
+        0.0,
+        "the probe put it back"
+    );
+}
+
+/// After a hedge both attempts lost, the primary's retry waits and counts by the primary's
+/// own failure: the hedge's `retry-after: 30` (another provider's rate limit) cancelled the
+/// primary's retry, and a retry after the primary's 503 was counted as a 429 (audit Y3).
+#[tokio::test]
+async fn a_retry_after_a_lost_hedge_goes_by_the_primarys_own_failure() {
+    // With a wait no budget fits, and with none.
+    for fields in ["retry-after: 30\r\n", ""] {
+        let (primary, primary_asked) = scripted(vec![
+            answer(Duration::from_millis(400), "503 Service Unavailable", ""),
+            completion(),
+        ])
+        .await;
+        // The hedge starts at 200 ms and fails last, at 1 s.
+        let (backup, _) = scripted(vec![answer(
+            Duration::from_millis(800),
+            "429 Too Many Requests",
+            fields,
+        )])
+        .await;
+        let text = config(
+            &primary,
+            &backup,
+            "retries = 1\nfallbacks = [\"backup\"]\nhedge_after = \"200ms\"\nbudget = \"10s\"\n\
+             first_token_timeout = \"5s\"",
+            "",
+            "",
+        );
+        let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+            .await
+            .unwrap();
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[], false))
+            .await;
+        assert_eq!(
+            resp.status(),
+            200,
+            "the primary's retry was made ({fields})"
+        );
+        read_body(resp.into_body()).await;
+        assert_eq!(primary_asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while metric(
+            gw.admin_addr,
+            "hourglass_requests_total{outcome=\"ok\",route=\"chat\"}",
+        )
+        .await
+            < 1.0
+        {
+            assert!(Instant::now() < deadline, "the request was reported");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for (reason, n) in [("5xx", 1.0), ("429", 0.0)] {
+            let sample = format!(
+                "hourglass_retries_total{{reason=\"{reason}\",route=\"chat\",upstream=\"primary\"}}"
+            );
+            assert_eq!(
+                metric(gw.admin_addr, &sample).await,
+                n,
+                "{sample} ({fields})"
+            );
+        }
+    }
+}
