@@ -913,3 +913,70 @@ async fn an_http2_upstream_closing_its_connection_is_named() {
         );
     }
 }
+
+/// An h2 server allowing one stream at a time: it takes the first request, says so on
+/// `took`, and holds it until `go`, when it closes the connection gracefully (GOAWAY,
+/// NO_ERROR) and only then answers it.
+async fn one_stream_then_goaway(
+    s: TcpStream,
+    took: tokio::sync::oneshot::Sender<()>,
+    go: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut conn = h2::server::Builder::new()
+        .max_concurrent_streams(1)
+        .handshake::<_, Bytes>(s)
+        .await
+        .unwrap();
+    let Some(Ok((_req, mut respond))) = conn.accept().await else {
+        return;
+    };
+    took.send(()).unwrap();
+    tokio::select! {
+        _ = go => {}
+        // Nothing more may come while the only stream is taken; the test fails should it.
+        _ = conn.accept() => return,
+    }
+    conn.graceful_shutdown();
+    let head = Response::builder()
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let mut body = respond.send_response(head, false).unwrap();
+    body.send_data(Bytes::from_static(ANSWER.as_bytes()), true)
+        .unwrap();
+    while let Some(Ok(_)) = conn.accept().await {}
+}
+
+/// A request waiting on its HTTP/2 connection for a stream (the provider's limit reached)
+/// when the provider closes that connection gracefully was never answered, and hyper cancels
+/// it at once ("dispatch task is gone", audit Z1): like one the GOAWAY left out, it is sent
+/// again on a new connection, and the client sees only the answer.
+#[tokio::test]
+async fn a_request_waiting_for_a_stream_when_the_connection_goes_away_is_sent_again() {
+    let (took_tx, took) = tokio::sync::oneshot::channel();
+    let (go, go_rx) = tokio::sync::oneshot::channel();
+    let (up, connections) =
+        first_connection_apart(move |s| one_stream_then_goaway(s, took_tx, go_rx)).await;
+    let h = gateway_to(up).await;
+    let second = async {
+        took.await.unwrap();
+        let send = h.send(chat_request(&[], false));
+        tokio::pin!(send);
+        // Its connection's only stream is taken: the request waits inside h2 for it.
+        let early = tokio::time::timeout(Duration::from_millis(300), &mut send).await;
+        assert!(early.is_err(), "answered while the only stream was taken");
+        go.send(()).unwrap();
+        send.await
+    };
+    let ((first, _c1), (second, _c2)) = tokio::join!(h.send(chat_request(&[], false)), second);
+    for resp in [first, second] {
+        if resp.status() != 200 {
+            panic!("{}: {}", resp.status(), json_body(resp).await);
+        }
+        let read = read_body(resp.into_body()).await;
+        assert_eq!((read.text().as_str(), read.error), (ANSWER, None));
+    }
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let refused = "hourglass_retries_total{reason=\"refused\",route=\"chat\",upstream=\"fake\"}";
+    assert_eq!(h.metric(refused).await, 1.0);
+}
