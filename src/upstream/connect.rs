@@ -56,8 +56,12 @@ pub struct TimeoutConnector<C> {
     /// What ALPN chose last on this upstream, any lane: `ALPN_H1` ends the turns.
     pub(super) chose: Arc<AtomicU8>,
     /// The streams the lane's HTTP/2 server takes at once, as its last connection's SETTINGS
-    /// said (`usize::MAX` until one did; `io.rs`).
+    /// said (`io.rs`).
     pub(super) peer_streams: Arc<AtomicUsize>,
+    /// ... and as the last connection of any lane said (`usize::MAX` until one did): where a
+    /// new lane starts, so that a burst that opens it does not queue past the provider's
+    /// limit before its own connection's SETTINGS arrive.
+    pub(super) peer_streams_seen: Arc<AtomicUsize>,
 }
 
 const ALPN_UNKNOWN: u8 = 0;
@@ -91,6 +95,7 @@ impl<C: Clone> TimeoutConnector<C> {
             turns: Arc::default(),
             chose: Arc::new(AtomicU8::new(ALPN_UNKNOWN)),
             peer_streams: Arc::new(AtomicUsize::new(usize::MAX)),
+            peer_streams_seen: Arc::new(AtomicUsize::new(usize::MAX)),
         }
     }
 
@@ -99,7 +104,9 @@ impl<C: Clone> TimeoutConnector<C> {
     pub(super) fn for_lane(&self) -> Self {
         Self {
             turns: Arc::default(),
-            peer_streams: Arc::new(AtomicUsize::new(usize::MAX)),
+            peer_streams: Arc::new(AtomicUsize::new(
+                self.peer_streams_seen.load(Ordering::Acquire),
+            )),
             ..self.clone()
         }
     }
@@ -127,7 +134,10 @@ where
             && self.chose.load(Ordering::Acquire) != ALPN_H1)
             .then(|| Arc::clone(&self.turns));
         let chose = Arc::clone(&self.chose);
-        let peer_streams = Arc::clone(&self.peer_streams);
+        let peer_streams = [
+            Arc::clone(&self.peer_streams),
+            Arc::clone(&self.peer_streams_seen),
+        ];
         // Called once this connect has its turn: the inner connector's future may start
         // its work when made.
         let mut inner = self.inner.clone();

@@ -71,8 +71,9 @@ struct Lane {
     streams: AtomicUsize,
     /// Takes no more streams (see the module's notes).
     retired: AtomicBool,
-    /// The streams its server takes at once, as its connection's SETTINGS said
-    /// (`usize::MAX` until they did), where that is below `http2_max_streams_per_connection`.
+    /// The streams its server takes at once, as its connection's SETTINGS said (before
+    /// that, as another lane's did; `usize::MAX` until one did), where that is below
+    /// `http2_max_streams_per_connection`.
     peer_streams: Arc<AtomicUsize>,
 }
 

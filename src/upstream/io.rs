@@ -49,8 +49,8 @@ struct FirstFrame {
     /// Until the server's first bytes arrive: when they must.
     deadline: Option<Pin<Box<Sleep>>>,
     scan: SettingsScan,
-    /// Where the server's stream limit goes, once read.
-    peer_streams: Arc<AtomicUsize>,
+    /// Where the server's stream limit goes, once read: the lane's and the upstream's.
+    peer_streams: [Arc<AtomicUsize>; 2],
 }
 
 /// The bytes of the server's first frame, as they come. Nothing more is kept.
@@ -116,11 +116,11 @@ impl UpstreamIo {
     }
 
     /// Fails the connection's reads if the server has sent nothing by `deadline`, and puts
-    /// the stream limit its first SETTINGS frame announces in `peer_streams`.
+    /// the stream limit its first SETTINGS frame announces in both `peer_streams`.
     pub(super) fn expect_first_frame_by(
         &mut self,
         deadline: Instant,
-        peer_streams: Arc<AtomicUsize>,
+        peer_streams: [Arc<AtomicUsize>; 2],
     ) {
         self.first_frame = Some(Box::new(FirstFrame {
             deadline: Some(Box::pin(tokio::time::sleep_until(deadline))),
@@ -196,7 +196,9 @@ impl Read for UpstreamIo {
                 if let Some(limit) = done {
                     if let Some(limit) = limit {
                         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-                        first.peer_streams.store(limit, Ordering::Release);
+                        for to in &first.peer_streams {
+                            to.store(limit, Ordering::Release);
+                        }
                     }
                     this.first_frame = None;
                 }
