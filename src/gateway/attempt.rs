@@ -467,7 +467,18 @@ fn classify(
             certificate: true,
         }
     } else if e.is_connect() {
+        let problem = certificate
+            .as_ref()
+            .and_then(crate::pem::certificate_problem);
         let reason = match (&certificate, handshake_refused) {
+            _ if problem.is_some() => format!(
+                "{reason}: the upstream's certificate: {}",
+                problem.unwrap_or_default()
+            ),
+            _ if crate::upstream::no_common_tls_version(e) => format!(
+                "{reason}: the upstream speaks no TLS version the gateway does (TLS 1.2 and \
+                 1.3 only)"
+            ),
             // rustls names this one by its enum variant alone.
             (Some(rustls::CertificateError::UnknownIssuer), _) => format!(
                 "{reason}: the certificate's issuer is not among the trusted roots (a private \
