@@ -4,6 +4,35 @@
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 
+/// Plain words for what webpki found wrong with a certificate where rustls has no variant
+/// of its own and prints webpki's variant name alone (`Other(OtherError(CaUsedAsEndEntity))`).
+/// By that name: rustls-webpki is no direct dependency to downcast to, and its `Display` is
+/// the name.
+pub fn certificate_problem(e: &rustls::CertificateError) -> Option<&'static str> {
+    let rustls::CertificateError::Other(other) = e else {
+        return None;
+    };
+    Some(match other.0.to_string().as_str() {
+        "CaUsedAsEndEntity" => {
+            "the certificate is a CA certificate (basicConstraints CA:TRUE, which `openssl req \
+             -x509` sets unless given `-addext basicConstraints=critical,CA:FALSE`), not one \
+             for a server or client: a CA certificate only signs others"
+        }
+        "EndEntityUsedAsCa" => {
+            "a certificate of the chain signs another but is no CA certificate (basicConstraints \
+             CA:FALSE or none)"
+        }
+        "UnsupportedCertVersion" => {
+            "the certificate is X.509 version 1 or 2 (made without extensions); only version 3 \
+             certificates are accepted"
+        }
+        "UnsupportedCriticalExtension" => {
+            "the certificate has an extension marked critical that the gateway does not know"
+        }
+        _ => return None,
+    })
+}
+
 /// The certificates of a PEM file, in order; none is an error.
 pub fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
     let certs = CertificateDer::pem_slice_iter(pem)
@@ -105,6 +134,31 @@ mod tests {
         assert_eq!(
             crls(cut.as_bytes()).unwrap_err(),
             "a PEM block never ends (no \"-----END X509 CRL-----\" line): is the file cut short?"
+        );
+    }
+}
+
+#[cfg(test)]
+mod problem_tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn other(name: &str) -> rustls::CertificateError {
+        rustls::CertificateError::Other(rustls::OtherError(Arc::new(std::io::Error::other(
+            name.to_owned(),
+        ))))
+    }
+
+    #[test]
+    fn webpki_s_bare_names_get_plain_words() {
+        let words = certificate_problem(&other("CaUsedAsEndEntity")).unwrap();
+        assert!(words.contains("is a CA certificate"), "{words}");
+        let words = certificate_problem(&other("UnsupportedCertVersion")).unwrap();
+        assert!(words.contains("version 3"), "{words}");
+        assert_eq!(certificate_problem(&other("SomethingNew")), None);
+        assert_eq!(
+            certificate_problem(&rustls::CertificateError::UnknownIssuer),
+            None
         );
     }
 }

@@ -418,6 +418,9 @@ fn classify(
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
         }
+        if s.downcast_ref::<hyper::Error>().is_some_and(dispatch_gone) {
+            refused = refused.or(Some(GONE_AWAY_WAITING));
+        }
         // Our own connector bound, or the TCP connect timeout beneath it (which may fire a
         // moment earlier): both mean the connect limit, not an unreachable upstream.
         if let Some(t) = s.downcast_ref::<ConnectTimedOut>() {
@@ -464,7 +467,18 @@ fn classify(
             certificate: true,
         }
     } else if e.is_connect() {
+        let problem = certificate
+            .as_ref()
+            .and_then(crate::pem::certificate_problem);
         let reason = match (&certificate, handshake_refused) {
+            _ if problem.is_some() => format!(
+                "{reason}: the upstream's certificate: {}",
+                problem.unwrap_or_default()
+            ),
+            _ if crate::upstream::no_common_tls_version(e) => format!(
+                "{reason}: the upstream speaks no TLS version the gateway does (TLS 1.2 and \
+                 1.3 only)"
+            ),
             // rustls names this one by its enum variant alone.
             (Some(rustls::CertificateError::UnknownIssuer), _) => format!(
                 "{reason}: the certificate's issuer is not among the trusted roots (a private \
@@ -512,4 +526,23 @@ fn unprocessed(e: &h2::Error) -> Option<&'static str> {
         }
         _ => None,
     }
+}
+
+const GONE_AWAY_WAITING: &str = "HTTP/2 GOAWAY: the upstream closed its HTTP/2 connection while \
+     the request waited for a stream";
+
+/// hyper's HTTP/2 client holds one request whose stream waits for a place under the peer's
+/// `SETTINGS_MAX_CONCURRENT_STREAMS`; when the connection then goes away (any GOAWAY, even a
+/// graceful one that would have let the stream finish), its dispatch task ends and drops
+/// that request: h2 resets the stream (CANCEL) at once and the request's callback, dropped,
+/// says "dispatch task is gone" (hyper 1.12 `proto/h2/client.rs`, `ClientTask::poll`). No
+/// answer came, and the reset leaves nothing running upstream, so it is sent again as a
+/// refused one is (audit Z1). HTTP/1.1 connections answer every request they hold with
+/// their own error, and a runtime shutting down sends nothing again. hyper has no predicate
+/// for this kind, only its words; the test in `tests/it/h2_upstream.rs` pins them.
+fn dispatch_gone(e: &hyper::Error) -> bool {
+    e.is_user()
+        && e.to_string() == "dispatch task is gone"
+        && std::error::Error::source(e)
+            .is_some_and(|c| c.to_string() == "runtime dropped the dispatch task")
 }

@@ -144,10 +144,18 @@ pub(super) fn refused(peer: SocketAddr, error: &io::Error) {
     let client_cert = kept.as_ref().map(|k| k.subject.as_str());
     let serial = kept.as_ref().map(|k| k.serial.as_str());
     let issuer = kept.as_ref().map(|k| k.issuer.as_str());
+    // webpki's bare variant names (`Other(OtherError(UnsupportedCertVersion))`), in words.
+    let problem = error
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<Error>())
+        .and_then(|e| match e {
+            Error::InvalidCertificate(c) => crate::pem::certificate_problem(c),
+            _ => None,
+        });
     if REFUSAL_LOGGED.due() {
-        tracing::info!(%peer, client_cert, serial, issuer, %error, "client certificate refused");
+        tracing::info!(%peer, client_cert, serial, issuer, %error, problem, "client certificate refused");
     } else {
-        tracing::debug!(%peer, client_cert, serial, issuer, %error, "client certificate refused");
+        tracing::debug!(%peer, client_cert, serial, issuer, %error, problem, "client certificate refused");
     }
 }
 

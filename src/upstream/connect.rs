@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -55,6 +55,13 @@ pub struct TimeoutConnector<C> {
     pub(super) turns: Arc<Turns>,
     /// What ALPN chose last on this upstream, any lane: `ALPN_H1` ends the turns.
     pub(super) chose: Arc<AtomicU8>,
+    /// The streams the lane's HTTP/2 server takes at once, as its last connection's SETTINGS
+    /// said (`io.rs`).
+    pub(super) peer_streams: Arc<AtomicUsize>,
+    /// ... and as the last connection of any lane said (`usize::MAX` until one did): where a
+    /// new lane starts, so that a burst that opens it does not queue past the provider's
+    /// limit before its own connection's SETTINGS arrive.
+    pub(super) peer_streams_seen: Arc<AtomicUsize>,
 }
 
 const ALPN_UNKNOWN: u8 = 0;
@@ -87,13 +94,19 @@ impl<C: Clone> TimeoutConnector<C> {
             http2,
             turns: Arc::default(),
             chose: Arc::new(AtomicU8::new(ALPN_UNKNOWN)),
+            peer_streams: Arc::new(AtomicUsize::new(usize::MAX)),
+            peer_streams_seen: Arc::new(AtomicUsize::new(usize::MAX)),
         }
     }
 
-    /// The connector of a new lane: turns of its own, what ALPN chose shared.
+    /// The connector of a new lane: turns and a stream limit of its own, what ALPN chose
+    /// shared.
     pub(super) fn for_lane(&self) -> Self {
         Self {
             turns: Arc::default(),
+            peer_streams: Arc::new(AtomicUsize::new(
+                self.peer_streams_seen.load(Ordering::Acquire),
+            )),
             ..self.clone()
         }
     }
@@ -121,6 +134,10 @@ where
             && self.chose.load(Ordering::Acquire) != ALPN_H1)
             .then(|| Arc::clone(&self.turns));
         let chose = Arc::clone(&self.chose);
+        let peer_streams = [
+            Arc::clone(&self.peer_streams),
+            Arc::clone(&self.peer_streams_seen),
+        ];
         // Called once this connect has its turn: the inner connector's future may start
         // its work when made.
         let mut inner = self.inner.clone();
@@ -184,7 +201,7 @@ where
                 // A bound of its own from the connection being made: a connect that took
                 // most of its bound must not leave the server no time to answer the
                 // preface (one more round trip over h2c or TLS 1.2).
-                io.expect_first_frame_by(tokio::time::Instant::now() + timeout);
+                io.expect_first_frame_by(tokio::time::Instant::now() + timeout, peer_streams);
             }
             Ok(io)
         })

@@ -6,7 +6,9 @@
 //! itself: it holds *lanes*, each a `Client` of its own (and so, for HTTP/2, one connection of
 //! its own) with the number of streams in flight on it. A request takes the first lane with
 //! room, or a new lane when all are full (up to `http2_max_connections`; past it the least
-//! loaded). The count is held by a [`StreamSlot`] that the attempt keeps in the response
+//! loaded). A lane's room is `http2_max_streams_per_connection`, or the server's own
+//! `SETTINGS_MAX_CONCURRENT_STREAMS` when its connection announced less (read in `io.rs`):
+//! hyper would queue the streams past it on the connection, where a GOAWAY loses them. The count is held by a [`StreamSlot`] that the attempt keeps in the response
 //! body, so a stream counts until its body is dropped, which is also when hyper resets it.
 //!
 //! Lanes are kept while they work: a lane nobody uses holds no connection once
@@ -69,6 +71,10 @@ struct Lane {
     streams: AtomicUsize,
     /// Takes no more streams (see the module's notes).
     retired: AtomicBool,
+    /// The streams its server takes at once, as its connection's SETTINGS said (before
+    /// that, as another lane's did; `usize::MAX` until one did), where that is below
+    /// `http2_max_streams_per_connection`.
+    peer_streams: Arc<AtomicUsize>,
 }
 
 /// One stream's place on its lane, given back when dropped.
@@ -117,8 +123,10 @@ impl Lane {
     }
 
     fn new(builder: &Builder, connector: &Connector) -> Arc<Lane> {
+        let connector = connector.for_lane();
         Arc::new(Lane {
-            client: ArcSwapOption::from_pointee(builder.build(connector.for_lane())),
+            peer_streams: Arc::clone(&connector.peer_streams),
+            client: ArcSwapOption::from_pointee(builder.build(connector)),
             streams: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
         })
@@ -130,6 +138,10 @@ impl Lane {
         if self.retired.load(Ordering::Acquire) {
             return false;
         }
+        // A stream past the server's own limit would wait inside h2 on this connection, and
+        // be lost with it should the server close it (audit Z2): another lane takes it.
+        // A server that takes none for now (0) still gets one, which waits.
+        let max = max.min(self.peer_streams.load(Ordering::Acquire).max(1));
         self.streams
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)

@@ -167,3 +167,26 @@ fn a_retired_lane_lets_its_connection_go_with_its_last_stream() {
     );
     assert!(fresh[0].lane.client.load().is_some());
 }
+
+/// A provider's SETTINGS that announce fewer streams than the lanes' own limit cap the lane
+/// its connection is on, and a lane opened after them starts at that cap, before its own
+/// connection's SETTINGS arrive (audit Z2: a burst put 48 streams on a new connection of a
+/// provider that takes 2, and a GOAWAY lost them).
+#[test]
+fn the_provider_s_lower_stream_limit_caps_every_lane() {
+    use std::sync::atomic::Ordering;
+    let u = upstream("http2 = \"always\"");
+    // What the first connection's SETTINGS did (`io.rs`): the lane's limit and the upstream's.
+    u.clients
+        .first
+        .load()
+        .peer_streams
+        .store(2, Ordering::Release);
+    u.clients
+        .connector
+        .peer_streams_seen
+        .store(2, Ordering::Release);
+    let held = slots(&u, 5);
+    assert_eq!(u.clients.counts(), [2, 2, 1]);
+    drop(held);
+}

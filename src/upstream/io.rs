@@ -14,13 +14,21 @@
 //! The deadline is seen when h2 polls the read, which it does after its writes: a server that
 //! also stops reading could hold it back by filling the socket's send buffer, which the
 //! 64 KiB initial window of its requests' bodies makes unlikely.
+//!
+//! That first frame also says how many streams the server takes at once
+//! (`SETTINGS_MAX_CONCURRENT_STREAMS`), which hyper keeps to itself: it is read on its way
+//! to hyper and handed to the connection's lane (`h2_pool.rs`), which puts no more streams
+//! on the connection than that (audit Z2). Only the first SETTINGS frame is read: providers'
+//! front ends (nginx, haproxy, Envoy) announce their limit there and do not change it.
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use hyper::rt::{Read, ReadBufCursor, Write};
+use hyper::rt::{Read, ReadBuf, ReadBufCursor, Write};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
@@ -32,8 +40,62 @@ type Tls = MaybeHttpsStream<TokioIo<TcpStream>>;
 /// An upstream connection's stream, as the connector made it.
 pub struct UpstreamIo {
     stream: Stream,
-    /// Until the server's first bytes arrive on an HTTP/2 connection: when they must.
-    first_frame: Option<Pin<Box<Sleep>>>,
+    /// An HTTP/2 connection's first frame, until it has been read. Boxed: a plain HTTP/1.1
+    /// connection has none.
+    first_frame: Option<Box<FirstFrame>>,
+}
+
+struct FirstFrame {
+    /// Until the server's first bytes arrive: when they must.
+    deadline: Option<Pin<Box<Sleep>>>,
+    scan: SettingsScan,
+    /// Where the server's stream limit goes, once read: the lane's and the upstream's.
+    peer_streams: [Arc<AtomicUsize>; 2],
+}
+
+/// The bytes of the server's first frame, as they come. Nothing more is kept.
+#[derive(Default)]
+struct SettingsScan {
+    seen: Vec<u8>,
+}
+
+/// A first SETTINGS frame longer than this (100 settings) is not read: no server sends one.
+const MAX_SCANNED: usize = 600;
+const SETTINGS: u8 = 4;
+const MAX_CONCURRENT_STREAMS: u16 = 3;
+
+impl SettingsScan {
+    /// Takes the next bytes the server sent. `None` while the first frame is not whole;
+    /// then whether it set `SETTINGS_MAX_CONCURRENT_STREAMS`, and to what.
+    fn feed(&mut self, mut bytes: &[u8]) -> Option<Option<u32>> {
+        loop {
+            let mut need = 9;
+            if let Some(head) = self.seen.get(..9) {
+                let len =
+                    usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+                // Not a SETTINGS frame, its ACK, or too long to bother: a server that says
+                // nothing of its limit.
+                if head[3] != SETTINGS || head[4] & 1 != 0 || len > MAX_SCANNED {
+                    return Some(None);
+                }
+                need += len;
+                if self.seen.len() == need {
+                    // The last of a setting given twice is the one that holds.
+                    let limit = self.seen[9..]
+                        .chunks_exact(6)
+                        .rfind(|s| u16::from_be_bytes([s[0], s[1]]) == MAX_CONCURRENT_STREAMS)
+                        .map(|s| u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
+                    return Some(limit);
+                }
+            }
+            if bytes.is_empty() {
+                return None;
+            }
+            let take = (need - self.seen.len()).min(bytes.len());
+            self.seen.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+        }
+    }
 }
 
 enum Stream {
@@ -53,9 +115,29 @@ impl UpstreamIo {
         matches!(self.stream, Stream::Tls(_))
     }
 
-    /// Fails the connection's reads if the server has sent nothing by `deadline`.
-    pub(super) fn expect_first_frame_by(&mut self, deadline: Instant) {
-        self.first_frame = Some(Box::pin(tokio::time::sleep_until(deadline)));
+    /// Fails the connection's reads if the server has sent nothing by `deadline`, and puts
+    /// the stream limit its first SETTINGS frame announces in both `peer_streams`.
+    pub(super) fn expect_first_frame_by(
+        &mut self,
+        deadline: Instant,
+        peer_streams: [Arc<AtomicUsize>; 2],
+    ) {
+        self.first_frame = Some(Box::new(FirstFrame {
+            deadline: Some(Box::pin(tokio::time::sleep_until(deadline))),
+            scan: SettingsScan::default(),
+            peer_streams,
+        }));
+    }
+
+    fn poll_read_inner(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: ReadBufCursor<'_>,
+    ) -> Poll<io::Result<()>> {
+        match &mut self.stream {
+            Stream::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Stream::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
+        }
     }
 }
 
@@ -86,26 +168,59 @@ impl Read for UpstreamIo {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: ReadBufCursor<'_>,
+        mut buf: ReadBufCursor<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let read = match &mut this.stream {
-            Stream::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
-            Stream::Tls(tls) => Pin::new(&mut **tls).poll_read(cx, buf),
-        };
-        let Some(deadline) = &mut this.first_frame else {
+        if this.first_frame.is_none() || buf.remaining() == 0 {
+            return this.poll_read_inner(cx, buf);
+        }
+        // Read through a buffer of its own, to see the bytes on their way to hyper.
+        let mut scratch = [0u8; 512];
+        let n = buf.remaining().min(scratch.len());
+        let mut own = ReadBuf::new(&mut scratch[..n]);
+        let read = this.poll_read_inner(cx, own.unfilled());
+        let Some(first) = &mut this.first_frame else {
             return read;
         };
-        if read.is_ready() {
-            // Bytes, an end or an error: the server has spoken, or the read says why not.
-            this.first_frame = None;
-            return read;
+        match read {
+            Poll::Ready(Ok(())) => {
+                let got = own.filled();
+                buf.put_slice(got);
+                // Bytes or the end: the server has spoken, or never will.
+                first.deadline = None;
+                let done = if got.is_empty() {
+                    Some(None)
+                } else {
+                    first.scan.feed(got)
+                };
+                if let Some(limit) = done {
+                    if let Some(limit) = limit {
+                        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+                        for to in &first.peer_streams {
+                            to.store(limit, Ordering::Release);
+                        }
+                    }
+                    this.first_frame = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => {
+                this.first_frame = None;
+                Poll::Ready(Err(e))
+            }
+            Poll::Pending => {
+                if let Some(deadline) = &mut first.deadline {
+                    if deadline.as_mut().poll(cx).is_ready() {
+                        this.first_frame = None;
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            NoFirstFrame,
+                        )));
+                    }
+                }
+                Poll::Pending
+            }
         }
-        if deadline.as_mut().poll(cx).is_ready() {
-            this.first_frame = None;
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, NoFirstFrame)));
-        }
-        Poll::Pending
     }
 }
 
@@ -157,6 +272,46 @@ impl Write for UpstreamIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn settings(entries: &[(u16, u32)]) -> Vec<u8> {
+        let len = u8::try_from(entries.len() * 6).unwrap();
+        let mut frame = vec![0, 0, len, SETTINGS, 0, 0, 0, 0, 0];
+        for (id, value) in entries {
+            frame.extend_from_slice(&id.to_be_bytes());
+            frame.extend_from_slice(&value.to_be_bytes());
+        }
+        frame
+    }
+
+    #[test]
+    fn the_first_settings_frame_gives_the_stream_limit_in_any_pieces() {
+        let mut frame = settings(&[(4, 65_535), (MAX_CONCURRENT_STREAMS, 2), (5, 16_384)]);
+        // The next frame (a WINDOW_UPDATE) in the same read is not looked at.
+        frame.extend_from_slice(&[0, 0, 4, 8, 0, 0, 0, 0, 0, 0, 1, 0, 0]);
+        assert_eq!(SettingsScan::default().feed(&frame), Some(Some(2)));
+        for cut in 1..27 {
+            let mut scan = SettingsScan::default();
+            assert_eq!(scan.feed(&frame[..cut]), None, "cut at {cut}");
+            assert_eq!(scan.feed(&frame[cut..]), Some(Some(2)), "cut at {cut}");
+        }
+        let mut scan = SettingsScan::default();
+        let bytes = frame.iter().map(|b| scan.feed(&[*b])).find_map(|r| r);
+        assert_eq!(bytes, Some(Some(2)));
+    }
+
+    #[test]
+    fn a_first_frame_without_a_stream_limit_gives_none() {
+        assert_eq!(
+            SettingsScan::default().feed(&settings(&[(4, 1)])),
+            Some(None)
+        );
+        assert_eq!(SettingsScan::default().feed(&settings(&[])), Some(None));
+        // Not SETTINGS (a server that is not HTTP/2: an HTTP/1.1 status line).
+        assert_eq!(
+            SettingsScan::default().feed(b"HTTP/1.1 400 Bad Request\r\n"),
+            Some(None)
+        );
+    }
 
     #[test]
     fn a_plain_connection_is_not_sized_for_a_tls_session() {

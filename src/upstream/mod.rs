@@ -16,7 +16,9 @@ mod tls;
 pub use self::connect::{ConnectTimedOut, NoH2ByAlpn, TimeoutConnector};
 pub use self::error::UpstreamBuildError;
 pub use self::h2_pool::StreamSlot;
-pub use self::tls::{certificate_error, client_certificate_refused, handshake_refused};
+pub use self::tls::{
+    certificate_error, client_certificate_refused, handshake_refused, no_common_tls_version,
+};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -109,7 +109,16 @@ pub(super) fn tls_config(
         // Also where a key that is not the certificate's is caught.
         (Some((chain, private)), Some(key)) => builder
             .with_client_auth_cert(chain, private)
-            .map_err(|e| key.error(upstream, e.to_string()))?,
+            .map_err(|e| match (e, cert) {
+                (
+                    rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch),
+                    Some(c),
+                ) => key.error(
+                    upstream,
+                    format!("the key is not the certificate's in {}", c.path.display()),
+                ),
+                (e, _) => key.error(upstream, e.to_string()),
+            })?,
         _ => builder.with_no_client_auth(),
     };
     Ok((tls, TlsFiles::of(&files)))
@@ -202,6 +211,21 @@ pub fn handshake_refused(e: &(dyn std::error::Error + 'static)) -> Option<AlertD
     }
 }
 
+/// The upstream and the gateway have no TLS version in common: it answered the gateway's
+/// TLS 1.2 and 1.3 with a `protocol_version` alert, or chose an older one.
+pub fn no_common_tls_version(e: &(dyn std::error::Error + 'static)) -> bool {
+    use rustls::PeerIncompatible as P;
+    matches!(
+        tls_error(e).as_deref(),
+        Some(
+            rustls::Error::AlertReceived(AlertDescription::ProtocolVersion)
+                | rustls::Error::PeerIncompatible(
+                    P::ServerDoesNotSupportTls12Or13 | P::ServerTlsVersionIsDisabledByOurConfig
+                )
+        )
+    )
+}
+
 /// The upstream refused this gateway's client certificate, or the lack of one, with a TLS
 /// alert. Under TLS 1.3 the alert comes after the client's handshake is over, so it reaches
 /// a request already written; the server has read none of it.
@@ -251,6 +275,44 @@ mod tests {
         roots(upstream.trust_public_roots, ca.as_ref())
             .unwrap()
             .len()
+    }
+
+    /// A `client_cert_key` that is not the `client_cert`'s is said so, naming both files,
+    /// not as rustls's "keys may not be consistent: KeyMismatch" (audit Z3).
+    #[test]
+    fn a_client_key_that_is_not_the_certificate_s_names_both_files() {
+        let dir = tempfile::Builder::new()
+            .prefix("hourglass-client-")
+            .tempdir()
+            .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["client".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (cert_path, key_path) = (dir.path().join("c.pem"), dir.path().join("other.key"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        let other = rcgen::KeyPair::generate().unwrap();
+        std::fs::write(&key_path, other.serialize_pem()).unwrap();
+        let toml = format!(
+            "[upstreams.u]\nurl = \"https://models.internal\"\nauth = \"none\"\n\
+             client_cert = {:?}\nclient_cert_key = {:?}\n\n\
+             [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n",
+            cert_path.display().to_string(),
+            key_path.display().to_string()
+        );
+        let config = Config::from_toml(&toml, "test").expect("config");
+        let Err(e) = tls_config(&config.upstreams[0]) else {
+            panic!("a key that is not the certificate's was taken");
+        };
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "upstream \"u\": client_cert_key {}: the key is not the certificate's in {}",
+                key_path.display(),
+                cert_path.display()
+            )
+        );
     }
 
     #[test]

@@ -913,3 +913,150 @@ async fn an_http2_upstream_closing_its_connection_is_named() {
         );
     }
 }
+
+/// An h2 server allowing one stream at a time: it takes the first request, says so on
+/// `took`, and holds it until `go`, when it closes the connection gracefully (GOAWAY,
+/// NO_ERROR) and only then answers it.
+async fn one_stream_then_goaway(
+    s: TcpStream,
+    took: tokio::sync::oneshot::Sender<()>,
+    go: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut conn = h2::server::Builder::new()
+        .max_concurrent_streams(1)
+        .handshake::<_, Bytes>(s)
+        .await
+        .unwrap();
+    let Some(Ok((_req, mut respond))) = conn.accept().await else {
+        return;
+    };
+    took.send(()).unwrap();
+    tokio::select! {
+        _ = go => {}
+        // Nothing more may come while the only stream is taken; the test fails should it.
+        _ = conn.accept() => return,
+    }
+    conn.graceful_shutdown();
+    let head = Response::builder()
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let mut body = respond.send_response(head, false).unwrap();
+    body.send_data(Bytes::from_static(ANSWER.as_bytes()), true)
+        .unwrap();
+    while let Some(Ok(_)) = conn.accept().await {}
+}
+
+/// A request waiting on its HTTP/2 connection for a stream (the provider's limit reached)
+/// when the provider closes that connection gracefully was never answered, and hyper cancels
+/// it at once ("dispatch task is gone", audit Z1): like one the GOAWAY left out, it is sent
+/// again on a new connection, and the client sees only the answer.
+#[tokio::test]
+async fn a_request_waiting_for_a_stream_when_the_connection_goes_away_is_sent_again() {
+    let (took_tx, took) = tokio::sync::oneshot::channel();
+    let (go, go_rx) = tokio::sync::oneshot::channel();
+    let (up, connections) =
+        first_connection_apart(move |s| one_stream_then_goaway(s, took_tx, go_rx)).await;
+    // One connection at most: the second request waits on the first one for a stream.
+    let h = Harness::with_config(
+        &config("http2_max_connections = 1").replace("{FAKE}", &format!("http://{up}")),
+    )
+    .await;
+    let second = async {
+        took.await.unwrap();
+        let send = h.send(chat_request(&[], false));
+        tokio::pin!(send);
+        // Its connection's only stream is taken: the request waits inside h2 for it.
+        let early = tokio::time::timeout(Duration::from_millis(300), &mut send).await;
+        assert!(early.is_err(), "answered while the only stream was taken");
+        go.send(()).unwrap();
+        send.await
+    };
+    let ((first, _c1), (second, _c2)) = tokio::join!(h.send(chat_request(&[], false)), second);
+    for resp in [first, second] {
+        if resp.status() != 200 {
+            panic!("{}: {}", resp.status(), json_body(resp).await);
+        }
+        let read = read_body(resp.into_body()).await;
+        assert_eq!((read.text().as_str(), read.error), (ANSWER, None));
+    }
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let refused = "hourglass_retries_total{reason=\"refused\",route=\"chat\",upstream=\"fake\"}";
+    assert_eq!(h.metric(refused).await, 1.0);
+}
+
+/// An h2 server that takes one stream at a time on each connection and answers only once it
+/// has taken `together` requests, over any connections. Returns its address, the count of
+/// connections and that of requests taken.
+async fn one_stream_per_connection(
+    together: usize,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tokio::sync::watch::Receiver<usize>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = connections.clone();
+    let (taken, taken_rx) = tokio::sync::watch::channel(0usize);
+    let watch = taken_rx.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (taken, mut all) = (taken.clone(), watch.clone());
+            tokio::spawn(async move {
+                let mut conn = h2::server::Builder::new()
+                    .max_concurrent_streams(1)
+                    .handshake::<_, Bytes>(s)
+                    .await
+                    .unwrap();
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    taken.send_modify(|n| *n += 1);
+                    let mut all = all.clone();
+                    tokio::spawn(async move {
+                        let _ = all.wait_for(|n| *n >= together).await;
+                        let head = Response::builder()
+                            .header("content-type", "application/json")
+                            .body(())
+                            .unwrap();
+                        let mut body = respond.send_response(head, false).unwrap();
+                        body.send_data(Bytes::from_static(ANSWER.as_bytes()), true)
+                            .unwrap();
+                    });
+                }
+                let _ = all.changed().await;
+            });
+        }
+    });
+    (addr, connections, taken_rx)
+}
+
+/// A provider that takes fewer streams per connection than the gateway's
+/// `http2_max_streams_per_connection` (100 by default) says so in its SETTINGS: the gateway
+/// opens another connection for the stream past it rather than queue it on the full one,
+/// where a GOAWAY would lose it (audit Z2).
+#[tokio::test]
+async fn a_provider_s_lower_stream_limit_opens_another_connection() {
+    let (up, connections, mut taken) = one_stream_per_connection(2).await;
+    let h = gateway_to(up).await;
+    let second = async {
+        taken.wait_for(|n| *n >= 1).await.unwrap();
+        // The first connection's SETTINGS came before its first stream was taken; a moment
+        // more for the gateway to have read them.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        h.send(chat_request(&[], false)).await
+    };
+    let both = tokio::time::timeout(Duration::from_secs(10), async {
+        tokio::join!(h.send(chat_request(&[], false)), second)
+    })
+    .await;
+    let ((first, _c1), (second, _c2)) =
+        both.expect("the second request waited behind the first on its connection");
+    for resp in [first, second] {
+        assert_eq!(resp.status(), 200);
+        let read = read_body(resp.into_body()).await;
+        assert_eq!((read.text().as_str(), read.error), (ANSWER, None));
+    }
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+}

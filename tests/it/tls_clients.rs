@@ -549,8 +549,9 @@ async fn refusals_logged(p: &Process, n: usize) -> Vec<serde_json::Value> {
 
 /// Every refusal names the peer and the certificate it presented, whatever rustls's reason,
 /// including those it gives as an `OtherError` (which never compares equal to itself): here
-/// a CA certificate presented as a client's. A client that presents none, refused before any
-/// verifier runs, is logged all the same, with no certificate.
+/// a CA certificate presented as a client's, which is also said in words (`problem`). A
+/// client that presents none, refused before any verifier runs, is logged all the same, with
+/// no certificate.
 #[tokio::test]
 async fn every_refused_client_is_logged_with_its_address_and_certificate() {
     let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
@@ -602,6 +603,15 @@ async fn every_refused_client_is_logged_with_its_address_and_certificate() {
             "{line}"
         );
     }
+    // webpki's bare name for it is said in words too (audit Z3); the others have their own.
+    assert!(
+        lines[0]["problem"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("the certificate is a CA certificate")),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[1].get("problem").is_none(), "{}", lines[1]);
     assert!(fake.requests().is_empty());
 }
 

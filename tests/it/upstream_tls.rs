@@ -498,7 +498,12 @@ async fn a_cold_burst_to_an_http2_upstream_opens_one_connection() {
 #[tokio::test]
 async fn a_handshake_the_upstream_refuses_is_not_retried() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    for (alert, words) in [(40u8, "client_cert"), (120u8, "NoApplicationProtocol")] {
+    // protocol_version: what a TLS 1.1 server answers (audit Z3).
+    for (alert, words) in [
+        (40u8, "client_cert"),
+        (120u8, "NoApplicationProtocol"),
+        (70u8, "TLS 1.2 and 1.3 only"),
+    ] {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -531,4 +536,48 @@ async fn a_handshake_the_upstream_refuses_is_not_retried() {
         );
         server.abort();
     }
+}
+
+/// A self-signed upstream certificate made as `openssl req -x509` makes it, a CA certificate
+/// (basicConstraints CA:TRUE), trusted in `ca_file` yet refused as a server's: the message
+/// says so in words, not as webpki's `Other(OtherError(CaUsedAsEndEntity))` (audit Z3).
+#[tokio::test]
+async fn a_ca_certificate_as_the_upstream_s_own_is_named_in_words() {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-tls-")
+        .tempdir()
+        .unwrap();
+    let ca_pem = dir.path().join("self.pem");
+    std::fs::write(&ca_pem, cert.pem()).unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(cert.der().to_vec())],
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = acceptor.accept(tcp).await;
+        }
+    });
+    let url = format!("https://localhost:{port}");
+    let gw = server::start(config(&url, Some(&ca_pem))).await.unwrap();
+    let (retry, message) = unavailable(gw.addr).await;
+    assert_eq!(retry.as_deref(), Some("false"), "{message}");
+    assert!(
+        message.contains("the upstream's certificate: the certificate is a CA certificate"),
+        "{message}"
+    );
 }
