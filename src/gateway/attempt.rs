@@ -121,6 +121,9 @@ impl<'a> Attempt<'a> {
                 http::HeaderValue::from(budget.forwarded_ms(now)),
             );
         }
+        // A request without a body goes whole in its HEADERS frame (END_STREAM): once that
+        // left, the upstream may have run it, whatever hyper says of it after.
+        let bodiless = req.body().is_end_stream();
         let mut connection = capture_connection(&mut req);
         let (response, slot) = upstream.request(req);
         async move {
@@ -157,8 +160,15 @@ impl<'a> Attempt<'a> {
                 }
                 return Err(e);
             };
-            let response = result
-                .map_err(|e| classify(upstream, &e, budget.connect_timeout, sent_at.is_some()))?;
+            let response = result.map_err(|e| {
+                classify(
+                    upstream,
+                    &e,
+                    budget.connect_timeout,
+                    sent_at.is_some(),
+                    bodiless,
+                )
+            })?;
             // Counted as it comes: whatever ends the attempt after its head (a held head's
             // first-token limit, a lost hedge, a bad framing) the upstream did answer it.
             self.answers.response(response.status().as_u16());
@@ -397,11 +407,13 @@ impl Body for UpstreamBody {
 }
 
 /// `sent`: the request had been handed to a connection (its metadata was seen).
+/// `bodiless`: the request had no body (it went whole in its head).
 fn classify(
     upstream: &Upstream,
     e: &hyper_util::client::legacy::Error,
     connect_timeout: Duration,
     sent: bool,
+    bodiless: bool,
 ) -> GatewayError {
     let first: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     // hyper-util's own message ("client error (Connect)") says nothing its sources do not.
@@ -413,13 +425,21 @@ fn classify(
     let ours_refused = crate::upstream::client_certificate_refused(e);
     let handshake_refused = crate::upstream::handshake_refused(e);
     let mut no_h2 = false;
+    let mut gone_away = false;
     while let Some(s) = source {
         no_h2 |= s.is::<crate::upstream::NoH2ByAlpn>();
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
         }
         if s.downcast_ref::<hyper::Error>().is_some_and(dispatch_gone) {
-            refused = refused.or(Some(GONE_AWAY_WAITING));
+            if bodiless {
+                // h2 may have opened its stream, END_STREAM and all, in the poll that read
+                // the GOAWAY: the upstream may have it whole (audit BB), so it is not sent
+                // again, only said in words.
+                gone_away = true;
+            } else {
+                refused = refused.or(Some(GONE_AWAY_WAITING));
+            }
         }
         // Our own connector bound, or the TCP connect timeout beneath it (which may fire a
         // moment earlier): both mean the connect limit, not an unreachable upstream.
@@ -504,7 +524,13 @@ fn classify(
     } else {
         GatewayError::UpstreamError {
             upstream: name,
-            reason,
+            reason: if gone_away {
+                format!(
+                    "{GONE_AWAY_WAITING_BODILESS}; it may have reached the upstream whole,                      so it was not sent again"
+                )
+            } else {
+                reason
+            },
         }
     }
 }
@@ -530,6 +556,8 @@ fn unprocessed(e: &h2::Error) -> Option<&'static str> {
 
 const GONE_AWAY_WAITING: &str = "HTTP/2 GOAWAY: the upstream closed its HTTP/2 connection while \
      the request waited for a stream";
+const GONE_AWAY_WAITING_BODILESS: &str = "the upstream closed its HTTP/2 connection (GOAWAY) \
+     while the request was being given a stream";
 
 /// hyper's HTTP/2 client holds one request whose stream waits for a place under the peer's
 /// `SETTINGS_MAX_CONCURRENT_STREAMS`; when the connection then goes away (any GOAWAY, even a
@@ -537,7 +565,8 @@ const GONE_AWAY_WAITING: &str = "HTTP/2 GOAWAY: the upstream closed its HTTP/2 c
 /// that request: h2 resets the stream (CANCEL) at once and the request's callback, dropped,
 /// says "dispatch task is gone" (hyper 1.12 `proto/h2/client.rs`, `ClientTask::poll`). No
 /// answer came, and the reset leaves nothing running upstream, so it is sent again as a
-/// refused one is (audit Z1). HTTP/1.1 connections answer every request they hold with
+/// refused one is (audit Z1): a request with a body only, whose body h2 had not begun to
+/// send (a request without one may have gone whole, see `classify`). HTTP/1.1 connections answer every request they hold with
 /// their own error, and a runtime shutting down sends nothing again. hyper has no predicate
 /// for this kind, only its words; the test in `tests/it/h2_upstream.rs` pins them.
 fn dispatch_gone(e: &hyper::Error) -> bool {

@@ -985,6 +985,50 @@ async fn a_request_waiting_for_a_stream_when_the_connection_goes_away_is_sent_ag
     assert_eq!(h.metric(refused).await, 1.0);
 }
 
+/// The same wait for a request without a body is not sent again: its HEADERS frame carries
+/// the whole request (END_STREAM), and h2 may have opened its stream in the very poll that
+/// read the GOAWAY, so the upstream may have it (audit BB: a cancel ran twice). The client
+/// is told in words, and no second connection is opened for it.
+#[tokio::test]
+async fn a_request_without_a_body_waiting_for_a_stream_is_not_sent_again() {
+    let (took_tx, took) = tokio::sync::oneshot::channel();
+    let (go, go_rx) = tokio::sync::oneshot::channel();
+    let (up, connections) =
+        first_connection_apart(move |s| one_stream_then_goaway(s, took_tx, go_rx)).await;
+    let h = Harness::with_config(
+        &config("http2_max_connections = 1").replace("{FAKE}", &format!("http://{up}")),
+    )
+    .await;
+    let second = async {
+        took.await.unwrap();
+        let get = Request::get("/v1/chat/completions")
+            .header("host", "gateway")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let send = h.send(get);
+        tokio::pin!(send);
+        let early = tokio::time::timeout(Duration::from_millis(300), &mut send).await;
+        assert!(early.is_err(), "answered while the only stream was taken");
+        go.send(()).unwrap();
+        send.await
+    };
+    let ((first, _c1), (second, _c2)) = tokio::join!(h.send(chat_request(&[], false)), second);
+    assert_eq!(first.status(), 200);
+    read_body(first.into_body()).await;
+    assert_eq!(second.status(), 502);
+    let body = json_body(second).await;
+    assert_eq!(body["error"]["code"], "upstream_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("closed its HTTP/2 connection (GOAWAY)")
+            && message.contains("not sent again"),
+        "{message}"
+    );
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let metrics = crate::support::admin_get(h.gw.admin_addr, "/metrics").await;
+    assert!(!metrics.contains("reason=\"refused\""), "{metrics}");
+}
+
 /// An h2 server that takes one stream at a time on each connection and answers only once it
 /// has taken `together` requests, over any connections. Returns its address, the count of
 /// connections and that of requests taken.
