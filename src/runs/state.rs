@@ -414,6 +414,16 @@ impl RunState {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.tokens_reserved = self.tokens_reserved.saturating_sub(reserve);
         self.calls = self.calls.saturating_sub(1);
+        // A refusal that found the calls all taken by calls that then gave theirs back
+        // (never served) ended nothing: the run has a call again (audit BA). Not counted
+        // yet, as calls were in flight when it came.
+        if self.ended == Some(RunEnd::Calls)
+            && !self.reported
+            && self.limits.max_calls.is_some_and(|m| self.calls < m)
+        {
+            self.ended = None;
+            self.refused = None;
+        }
     }
 
     /// How the run ended when it is forgotten `ttl` after its last call, had it not ended

@@ -85,6 +85,15 @@ run_max_calls = 10
 run_max_tokens = 100000
 run_token_estimate = 100
 
+# One call at a time, and two calls a run.
+[[routes]]
+name = "scarce"
+path_prefix = "/v1/chat/completions"
+models = ["scarce"]
+upstream = "fake"
+max_in_flight = 1
+run_max_calls = 2
+
 [[routes]]
 name = "plain"
 path_prefix = "/v1/chat/completions"
@@ -218,6 +227,7 @@ on_both_stores!(
     a_run_refused_past_its_deadline_lasted_its_budget,
     a_later_deadline_refusal_says_what_is_left_now,
     a_call_without_a_body_reserves_no_tokens,
+    a_call_limit_reached_only_by_calls_given_back_ends_no_run,
 );
 
 /// The loop stop: the same tool calls, or the same request, again and again.
@@ -1115,4 +1125,49 @@ async fn a_call_that_never_reached_an_upstream_is_no_call_of_its_run(store: Stor
         1,
         "only the holder reached the upstream"
     );
+}
+
+/// Calls admitted beside each other took the run's last calls, and a third was refused for
+/// want of one; then the two never reached the upstream and gave their calls back. The run
+/// has its calls again: the refusal that saw it full did not end it (audit BA: with Redis
+/// paused, queued admissions ran before their cancels and ended a run of one call).
+async fn a_call_limit_reached_only_by_calls_given_back_ends_no_run(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let (holder, _c) = h
+        .send(call(
+            "/scarce",
+            true,
+            &[("x-fake-chunks", "2"), ("x-fake-interval-ms", "1500")],
+            "",
+        ))
+        .await;
+    assert_eq!(holder.status(), 200);
+    let run = [("x-run-id", "given-back"), ("x-request-budget-ms", "500")];
+    let (a, b, c) = tokio::join!(
+        h.send(call("/scarce", false, &run, "")),
+        h.send(call("/scarce", false, &run, "")),
+        h.send(call("/scarce", false, &run, "")),
+    );
+    let mut codes = Vec::new();
+    for (resp, _c) in [a, b, c] {
+        let status = resp.status();
+        codes.push((status, json_body(resp).await["error"]["code"].clone()));
+    }
+    codes.sort_by_key(|(s, _)| *s);
+    assert_eq!(codes[0].0, 429, "{codes:?}");
+    assert_eq!(codes[0].1, "run_call_limit", "{codes:?}");
+    assert!(
+        codes[1..]
+            .iter()
+            .all(|(s, c)| *s == 503 && c == "overloaded"),
+        "{codes:?}"
+    );
+    read_body(holder.into_body()).await;
+    let left = run_json(&h, "given-back").await;
+    assert_eq!(left["runs"][0]["used"]["calls"], 0, "{left}");
+    let (resp, _c) = h
+        .send(call("/scarce", false, &[("x-run-id", "given-back")], ""))
+        .await;
+    assert_eq!(resp.status(), 200, "{}", json_body(resp).await);
+    assert_eq!(resp.headers()["x-run-calls-left"], "1");
 }

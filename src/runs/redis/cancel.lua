@@ -39,11 +39,20 @@ end
 redis.call('HDEL', k, 'p:' .. ARGV[1])
 -- A copy of the admission still on its way (sent twice) must not admit the call again.
 tombstone()
-local h = redis.call('HMGET', k, 'in_flight', 'reserved', 'calls', 'unreported')
+local h = redis.call('HMGET', k, 'in_flight', 'reserved', 'calls', 'unreported', 'ended',
+  'max_calls')
 local in_flight = math.max(0, num(h[1]) - 1)
 redis.call('HSET', k, 'in_flight', in_flight, 'reserved', math.max(0, num(h[2]) - tonumber(held)))
 if ARGV[2] == '1' then
-  redis.call('HSET', k, 'calls', math.max(0, num(h[3]) - 1))
+  local calls = math.max(0, num(h[3]) - 1)
+  redis.call('HSET', k, 'calls', calls)
+  -- A refusal that found the calls all taken by calls that then gave theirs back ended
+  -- nothing (a paused store runs queued admissions before their cancels): the run has a
+  -- call again. Not counted yet, as calls were in flight when it came (`unreported`).
+  if h[5] == 'calls' and h[4] == '1' and h[6] and h[6] ~= '' and calls < tonumber(h[6]) then
+    redis.call('HDEL', k, 'ended', 'refused', 'unreported')
+    h[4] = false
+  end
 end
 -- Forgotten ttl after its last call, as finish.lua does (an admission kept the key alive
 -- for the call's budget too).
