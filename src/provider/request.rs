@@ -307,7 +307,13 @@ fn count_of(raw: &RawValue) -> Option<u64> {
     if let Ok(n) = serde_json::from_str::<u64>(raw.get()) {
         return Some(n);
     }
-    let f = serde_json::from_str::<f64>(raw.get()).ok()?;
+    let text = raw.get();
+    let f = match serde_json::from_str::<f64>(text) {
+        Ok(f) => f,
+        // Past f64 too (1e400): a positive number, so larger than any run allows.
+        Err(_) if text.starts_with(|c: char| c.is_ascii_digit()) => return Some(u64::MAX),
+        Err(_) => return None,
+    };
     // `as` saturates: 1e20 is u64::MAX.
     (f >= 0.0 && f.fract() == 0.0).then_some(f as u64)
 }
@@ -364,6 +370,8 @@ mod tests {
         assert_eq!(read(r#"{"max_tokens":1e3}"#), Some(1000));
         assert_eq!(read(r#"{"max_tokens":1000.0,"n":2.0}"#), Some(2000));
         assert_eq!(read(r#"{"max_output_tokens":1e20}"#), Some(u64::MAX));
+        assert_eq!(read(r#"{"max_tokens":1e400}"#), Some(u64::MAX));
+        assert_eq!(read(r#"{"max_tokens":-1e400}"#), None);
         assert_eq!(read(r#"{"max_tokens":10.5}"#), None);
         assert_eq!(read(r#"{"max_tokens":-1e3}"#), None);
         assert_eq!(read(r#"{"max_tokens":"100"}"#), None);
