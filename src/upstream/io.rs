@@ -53,14 +53,18 @@ struct FirstFrame {
     peer_streams: [Arc<AtomicUsize>; 2],
 }
 
-/// The bytes of the server's first frame, as they come. Nothing more is kept.
+/// The server's first frame, read as it comes: its 9-byte head, then one 6-byte setting at
+/// a time (RFC 9113 §6.5 sets no bound on how many), so nothing more than those is kept.
 #[derive(Default)]
 struct SettingsScan {
+    /// The head, or the setting, being read.
     seen: Vec<u8>,
+    /// Once the head is read: the payload bytes still to come.
+    left: Option<usize>,
+    /// The last `SETTINGS_MAX_CONCURRENT_STREAMS` read (the last of one given twice holds).
+    limit: Option<u32>,
 }
 
-/// A first SETTINGS frame longer than this (100 settings) is not read: no server sends one.
-const MAX_SCANNED: usize = 600;
 const SETTINGS: u8 = 4;
 const MAX_CONCURRENT_STREAMS: u16 = 3;
 
@@ -69,31 +73,40 @@ impl SettingsScan {
     /// then whether it set `SETTINGS_MAX_CONCURRENT_STREAMS`, and to what.
     fn feed(&mut self, mut bytes: &[u8]) -> Option<Option<u32>> {
         loop {
-            let mut need = 9;
-            if let Some(head) = self.seen.get(..9) {
-                let len =
-                    usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
-                // Not a SETTINGS frame, its ACK, or too long to bother: a server that says
-                // nothing of its limit.
-                if head[3] != SETTINGS || head[4] & 1 != 0 || len > MAX_SCANNED {
+            let Some(left) = self.left else {
+                let take = (9 - self.seen.len()).min(bytes.len());
+                self.seen.extend_from_slice(&bytes[..take]);
+                bytes = &bytes[take..];
+                if self.seen.len() < 9 {
+                    return None;
+                }
+                let head = &self.seen;
+                // Not a SETTINGS frame, or its ACK: a server that says nothing of its limit.
+                if head[3] != SETTINGS || head[4] & 1 != 0 {
                     return Some(None);
                 }
-                need += len;
-                if self.seen.len() == need {
-                    // The last of a setting given twice is the one that holds.
-                    let limit = self.seen[9..]
-                        .chunks_exact(6)
-                        .rfind(|s| u16::from_be_bytes([s[0], s[1]]) == MAX_CONCURRENT_STREAMS)
-                        .map(|s| u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
-                    return Some(limit);
-                }
+                let len =
+                    usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+                self.left = Some(len);
+                self.seen.clear();
+                continue;
+            };
+            // A payload that is not whole settings ends in a part that is none.
+            if left < 6 {
+                return Some(self.limit);
             }
-            if bytes.is_empty() {
-                return None;
-            }
-            let take = (need - self.seen.len()).min(bytes.len());
+            let take = (6 - self.seen.len()).min(bytes.len());
             self.seen.extend_from_slice(&bytes[..take]);
             bytes = &bytes[take..];
+            if self.seen.len() < 6 {
+                return None;
+            }
+            let s = &self.seen;
+            if u16::from_be_bytes([s[0], s[1]]) == MAX_CONCURRENT_STREAMS {
+                self.limit = Some(u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
+            }
+            self.seen.clear();
+            self.left = Some(left - 6);
         }
     }
 }
@@ -306,6 +319,20 @@ mod tests {
             Some(None)
         );
         assert_eq!(SettingsScan::default().feed(&settings(&[])), Some(None));
+        // However many settings come first (audit BB: 120 unknown ones, 726 bytes).
+        let many: Vec<(u16, u32)> = (0..200)
+            .map(|i| (0x100 + i, 1))
+            .chain([(MAX_CONCURRENT_STREAMS, 1)])
+            .collect();
+        let mut frame = vec![0, 0, 0, SETTINGS, 0, 0, 0, 0, 0];
+        let len = many.len() * 6;
+        frame[1] = (len >> 8) as u8;
+        frame[2] = len as u8;
+        for (id, value) in &many {
+            frame.extend_from_slice(&id.to_be_bytes());
+            frame.extend_from_slice(&value.to_be_bytes());
+        }
+        assert_eq!(SettingsScan::default().feed(&frame), Some(Some(1)));
         // Not SETTINGS (a server that is not HTTP/2: an HTTP/1.1 status line).
         assert_eq!(
             SettingsScan::default().feed(b"HTTP/1.1 400 Bad Request\r\n"),
