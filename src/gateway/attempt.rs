@@ -526,7 +526,8 @@ fn classify(
             upstream: name,
             reason: if gone_away {
                 format!(
-                    "{GONE_AWAY_WAITING_BODILESS}; it may have reached the upstream whole,                      so it was not sent again"
+                    "{GONE_AWAY_WAITING_BODILESS}; it may have reached the upstream whole, \
+                     so it was not sent again"
                 )
             } else {
                 reason
