@@ -44,14 +44,18 @@ struct Own {
 impl Own {
     fn of(result: Result<&Started, &GatewayError>) -> Own {
         match result {
-            Ok(s) => {
-                let headers = s.response.headers();
-                Own {
-                    cause: answer_cause(s),
-                    retry_after: retry_after(headers),
-                    no_retry: says_no_retry(headers),
+            // Only an answer that may be retried has its headers read: not every request's.
+            Ok(s) => match answer_cause(s) {
+                None => Own::default(),
+                cause => {
+                    let headers = s.response.headers();
+                    Own {
+                        cause,
+                        retry_after: retry_after(headers),
+                        no_retry: says_no_retry(headers),
+                    }
                 }
-            }
+            },
             Err(e) => Own {
                 cause: error_cause(e),
                 ..Own::default()

@@ -69,15 +69,20 @@ const SETTINGS: u8 = 4;
 const MAX_CONCURRENT_STREAMS: u16 = 3;
 
 impl SettingsScan {
+    /// Moves bytes from `bytes` into `seen` until it holds `want`; whether it does.
+    fn fill(&mut self, want: usize, bytes: &mut &[u8]) -> bool {
+        let take = (want - self.seen.len()).min(bytes.len());
+        self.seen.extend_from_slice(&bytes[..take]);
+        *bytes = &bytes[take..];
+        self.seen.len() == want
+    }
+
     /// Takes the next bytes the server sent. `None` while the first frame is not whole;
     /// then whether it set `SETTINGS_MAX_CONCURRENT_STREAMS`, and to what.
     fn feed(&mut self, mut bytes: &[u8]) -> Option<Option<u32>> {
         loop {
             let Some(left) = self.left else {
-                let take = (9 - self.seen.len()).min(bytes.len());
-                self.seen.extend_from_slice(&bytes[..take]);
-                bytes = &bytes[take..];
-                if self.seen.len() < 9 {
+                if !self.fill(9, &mut bytes) {
                     return None;
                 }
                 let head = &self.seen;
@@ -95,10 +100,7 @@ impl SettingsScan {
             if left < 6 {
                 return Some(self.limit);
             }
-            let take = (6 - self.seen.len()).min(bytes.len());
-            self.seen.extend_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-            if self.seen.len() < 6 {
+            if !self.fill(6, &mut bytes) {
                 return None;
             }
             let s = &self.seen;

@@ -947,12 +947,17 @@ async fn one_stream_then_goaway(
     while let Some(Ok(_)) = conn.accept().await {}
 }
 
-/// A request waiting on its HTTP/2 connection for a stream (the provider's limit reached)
-/// when the provider closes that connection gracefully was never answered, and hyper cancels
-/// it at once ("dispatch task is gone", audit Z1): like one the GOAWAY left out, it is sent
-/// again on a new connection, and the client sees only the answer.
-#[tokio::test]
-async fn a_request_waiting_for_a_stream_when_the_connection_goes_away_is_sent_again() {
+/// A chat request, then `second` sent while the first holds the only stream of the one
+/// connection the gateway may open; then the upstream closes that connection gracefully.
+/// Returns the gateway, both answers (with their connections) and the count of upstream
+/// connections.
+async fn waiting_behind_goaway(
+    second: Request<Full<Bytes>>,
+) -> (
+    Harness,
+    [(Response<Incoming>, Conn); 2],
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
     let (took_tx, took) = tokio::sync::oneshot::channel();
     let (go, go_rx) = tokio::sync::oneshot::channel();
     let (up, connections) =
@@ -962,9 +967,9 @@ async fn a_request_waiting_for_a_stream_when_the_connection_goes_away_is_sent_ag
         &config("http2_max_connections = 1").replace("{FAKE}", &format!("http://{up}")),
     )
     .await;
-    let second = async {
+    let waiting = async {
         took.await.unwrap();
-        let send = h.send(chat_request(&[], false));
+        let send = h.send(second);
         tokio::pin!(send);
         // Its connection's only stream is taken: the request waits inside h2 for it.
         let early = tokio::time::timeout(Duration::from_millis(300), &mut send).await;
@@ -972,8 +977,18 @@ async fn a_request_waiting_for_a_stream_when_the_connection_goes_away_is_sent_ag
         go.send(()).unwrap();
         send.await
     };
-    let ((first, _c1), (second, _c2)) = tokio::join!(h.send(chat_request(&[], false)), second);
-    for resp in [first, second] {
+    let (first, second) = tokio::join!(h.send(chat_request(&[], false)), waiting);
+    (h, [first, second], connections)
+}
+
+/// A request waiting on its HTTP/2 connection for a stream (the provider's limit reached)
+/// when the provider closes that connection gracefully was never answered, and hyper cancels
+/// it at once ("dispatch task is gone", audit Z1): like one the GOAWAY left out, it is sent
+/// again on a new connection, and the client sees only the answer.
+#[tokio::test]
+async fn a_request_waiting_for_a_stream_when_the_connection_goes_away_is_sent_again() {
+    let (h, answers, connections) = waiting_behind_goaway(chat_request(&[], false)).await;
+    for (resp, _c) in answers {
         if resp.status() != 200 {
             panic!("{}: {}", resp.status(), json_body(resp).await);
         }
@@ -991,28 +1006,11 @@ async fn a_request_waiting_for_a_stream_when_the_connection_goes_away_is_sent_ag
 /// is told in words, and no second connection is opened for it.
 #[tokio::test]
 async fn a_request_without_a_body_waiting_for_a_stream_is_not_sent_again() {
-    let (took_tx, took) = tokio::sync::oneshot::channel();
-    let (go, go_rx) = tokio::sync::oneshot::channel();
-    let (up, connections) =
-        first_connection_apart(move |s| one_stream_then_goaway(s, took_tx, go_rx)).await;
-    let h = Harness::with_config(
-        &config("http2_max_connections = 1").replace("{FAKE}", &format!("http://{up}")),
-    )
-    .await;
-    let second = async {
-        took.await.unwrap();
-        let get = Request::get("/v1/chat/completions")
-            .header("host", "gateway")
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        let send = h.send(get);
-        tokio::pin!(send);
-        let early = tokio::time::timeout(Duration::from_millis(300), &mut send).await;
-        assert!(early.is_err(), "answered while the only stream was taken");
-        go.send(()).unwrap();
-        send.await
-    };
-    let ((first, _c1), (second, _c2)) = tokio::join!(h.send(chat_request(&[], false)), second);
+    let get = Request::get("/v1/chat/completions")
+        .header("host", "gateway")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (h, [(first, _c1), (second, _c2)], connections) = waiting_behind_goaway(get).await;
     assert_eq!(first.status(), 200);
     read_body(first.into_body()).await;
     assert_eq!(second.status(), 502);
