@@ -124,11 +124,7 @@ impl Gateway {
             let path: &str = &routed;
             // Walked again where needed rather than collected: a prefix test per route costs
             // less than the vector's allocation.
-            let candidates = || {
-                self.routes
-                    .iter()
-                    .filter(move |r| r.route.matches_path(path))
-            };
+            let candidates = || self.candidates(path);
             let (Some(first), Some(tentative)) = (candidates().next(), self.attributed(path))
             else {
                 return Err(GatewayError::NoRoute {

@@ -99,14 +99,31 @@ impl Gateway {
     /// body names the model: the first candidate that does not filter on models, or else
     /// the first candidate (lifecycle step 4).
     pub(super) fn attributed(&self, path: &str) -> Option<&RouteRuntime> {
-        let mut candidates = self.routes.iter().filter(|r| r.route.matches_path(path));
-        let first = candidates.next()?;
+        let first = self.candidates(path).next()?;
         Some(
-            std::iter::once(first)
-                .chain(candidates)
+            self.candidates(path)
                 .find(|r| !r.route.needs_model())
                 .unwrap_or(first),
         )
+    }
+
+    /// The routes a request on `path` could be given, in order: those matching its path, up
+    /// to the first that takes any model. Routes past that one can never take it, so they
+    /// must not weigh in on what is decided before the body is read (a key refused by every
+    /// route that could serve the request is refused before its body).
+    pub(super) fn candidates<'a: 'p, 'p>(
+        &'a self,
+        path: &'p str,
+    ) -> impl Iterator<Item = &'a RouteRuntime> + 'p {
+        let mut open = false;
+        self.routes
+            .iter()
+            .filter(move |r| r.route.matches_path(path))
+            .take_while(move |r| {
+                let reachable = !open;
+                open = open || !r.route.needs_model();
+                reachable
+            })
     }
 
     /// Builds the routing table. Upstreams whose settings are unchanged in `previous` (the

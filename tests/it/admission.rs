@@ -205,6 +205,12 @@ const OTHER_KEY: &str = "hg-other-key-9876543210";
 /// `chat` wants CLIENT_KEY (or another key of its file), `messages` wants OTHER_KEY (from a
 /// file of its own).
 async fn with_keys(upstream_key: Option<&str>) -> (Harness, tempfile::TempDir) {
+    let (cfg, dir) = keyed_config(upstream_key);
+    (Harness::with_config(&cfg).await, dir)
+}
+
+/// The config of [`with_keys`] and the directory holding its key files.
+fn keyed_config(upstream_key: Option<&str>) -> (String, tempfile::TempDir) {
     let dir = tempfile::Builder::new()
         .prefix("hourglass-admission-")
         .tempdir()
@@ -243,7 +249,7 @@ async fn with_keys(upstream_key: Option<&str>) -> (Harness, tempfile::TempDir) {
             &format!("api_key_file = \"{}\"", key_file.display()),
         );
     }
-    (Harness::with_config(&cfg).await, dir)
+    (cfg, dir)
 }
 
 async fn refused(h: &Harness, headers: &[(&str, &str)]) {
@@ -373,6 +379,40 @@ async fn an_unauthenticated_body_is_never_read() {
     let text = String::from_utf8_lossy(&buf[..n]);
     assert!(text.starts_with("HTTP/1.1 401"), "{text}");
     assert!(h.fake.requests().is_empty());
+    dir.close().unwrap();
+}
+
+/// Audit CA: an open catch-all after a keyed route (kept for `/v1/models`) can never take a
+/// chat request, yet it let an unkeyed client's body be read whole before the 401: bodies of
+/// anonymous clients filled `request_body_memory` and refused keyed clients' requests.
+#[tokio::test]
+async fn a_catch_all_route_after_the_keyed_one_does_not_open_the_body() {
+    let (cfg, dir) = keyed_config(None);
+    let cfg =
+        format!("{cfg}\n[[routes]]\nname = \"rest\"\npath_prefix = \"/v1\"\nupstream = \"fake\"\n");
+    let h = Harness::with_config(&cfg).await;
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+          authorization: Bearer not-a-key-of-this-route\r\ncontent-length: 10000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
+        .await
+        .expect("answered without the body")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
+    assert!(h.fake.requests().is_empty());
+    // The catch-all still serves what only it matches.
+    let req = Request::get("/v1/models")
+        .header("host", "g")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (resp, _c) = Conn::open(h.addr()).await.send(req).await;
+    assert_ne!(resp.status(), 401);
     dir.close().unwrap();
 }
 
