@@ -1174,3 +1174,50 @@ async fn keep_alives_restart_the_clients_reads_but_not_the_routes_limits() {
     );
     t.abort();
 }
+
+/// The bytes of a half event the gateway holds reach no client: a trickle of them is silence
+/// to a client with a read timeout, cut before it times out blind, as a silent upstream is. A
+/// frame restarted the client's reads as it came in, held or not: an event written a byte
+/// every 50 ms kept the gateway from ever speaking up, and the SDK's own timeout fired
+/// (audit CB).
+#[tokio::test(start_paused = true)]
+async fn a_half_event_trickling_in_is_silence_to_the_client() {
+    let patient = || {
+        let mut l = limits(5_000, 5_000, 60_000);
+        l.client_silence = Some(ms(900));
+        l
+    };
+    let trickle = |first: Vec<(u64, &'static str)>| {
+        let mut script = first;
+        script.push((50, "data: {\"slow\":"));
+        script.extend(vec![(50, "x"); 100]);
+        script
+    };
+
+    // After the first token: the idle error, 900 ms after the last byte that went out.
+    let (tx, mut b, probe) = body(true, patient());
+    let start = Instant::now();
+    let t = feeder(tx, trickle(vec![(100, "data: 1\n\n")]));
+    let (out, _) = drain(&mut b).await;
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("data: 1\n\nevent: error\n"), "{text}");
+    assert!(text.contains("silent for 900ms"), "{text}");
+    assert_eq!(start.elapsed(), ms(1_000));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+    t.abort();
+
+    // Before it: the head was the last the client heard.
+    let (tx, mut b, probe) = body(true, patient());
+    let start = Instant::now();
+    let t = feeder(tx, trickle(Vec::new()));
+    let (out, _) = drain(&mut b).await;
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("event: error\n"), "{text}");
+    assert!(text.contains("within 900ms"), "{text}");
+    assert_eq!(start.elapsed(), ms(900));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("first_token_timeout")
+    );
+    t.abort();
+}
