@@ -282,7 +282,7 @@ where
         let mut this = self.project();
         loop {
             if let Some(b) = this.ready.pop_front() {
-                return hand_out(this.last_out, b);
+                return hand_out(this.last_out, this.observer, b);
             }
             match std::mem::replace(this.state, State::Done) {
                 State::Done => return Poll::Ready(None),
@@ -372,7 +372,7 @@ where
                             this.observer.finish(StreamEnd::Complete);
                             *this.state = State::Done;
                         }
-                        return hand_out(this.last_out, data);
+                        return hand_out(this.last_out, this.observer, data);
                     };
                     // The first token starts the idle limit; after it, every data event
                     // (output or not) moves it.
@@ -412,7 +412,7 @@ where
                         Some(end) if end == data.len() && sse.held.is_empty() && !ended => {
                             debug_assert!(this.ready.is_empty());
                             sse.partial_sent = false;
-                            return hand_out(this.last_out, data);
+                            return hand_out(this.last_out, this.observer, data);
                         }
                         Some(end) => {
                             sse.partial_sent = false;
@@ -640,15 +640,19 @@ where
     }
 }
 
-/// Hands `data` to the client, whose reads it restarts.
+/// Hands `data` to the client, whose reads it restarts. The one place bytes leave: what
+/// the observer is told here is the client's body exactly, which no count of what came in
+/// is once held bytes are dropped (a half event at a cut, after the answer's end).
 #[inline]
-fn hand_out(
+fn hand_out<O: Observer>(
     last_out: &mut Option<Instant>,
+    observer: &mut O,
     data: Bytes,
 ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
     if let Some(at) = last_out.as_mut() {
         *at = Instant::now();
     }
+    observer.handed(data.len());
     Poll::Ready(Some(Ok(Frame::data(data))))
 }
 
@@ -888,7 +892,8 @@ fn cut<B, O: Observer>(
             let event = err.sse_event(progress.next_sequence_number());
             written += event.len();
             ready.push_back(event);
-            // The client is sent these bytes too: the log line's `bytes` counts them.
+            // Written for the client, though no byte of the upstream's: the log line's
+            // `bytes` counts them.
             observer.own_data(written);
             *state = State::Done;
         }
