@@ -107,8 +107,8 @@ pin_project! {
         // When bytes last went to the client, when its read timeout is known
         // (`StreamLimits::client_silence`): from the head on, any frame restarts its reads.
         // Moved as a frame is handed over (`hand_out`), never as one comes in: the bytes of a
-        // half event held back reach no one, and a trickle of them let the client time out
-        // blind (audit CB).
+        // half event held back reach no one, and a trickle of them must not keep the client
+        // from hearing why it waits before its own timeout fires.
         last_out: Option<Instant>,
         // Reads the body as it passes: where events end, what counts as a token and, when the
         // format is known, the usage and the provider's own errors.
@@ -640,9 +640,9 @@ where
     }
 }
 
-/// Hands `data` to the client, whose reads it restarts. The one place bytes leave: what
-/// the observer is told here is the client's body exactly, which no count of what came in
-/// is once held bytes are dropped (a half event at a cut, after the answer's end).
+/// Hands `data` to the client, whose reads it restarts. The one place bytes leave, so what
+/// the observer is told here is exactly the client's body: what came in is more by the held
+/// bytes a cut or the answer's end drops.
 #[inline]
 fn hand_out<O: Observer>(
     last_out: &mut Option<Instant>,
