@@ -145,10 +145,11 @@ impl Body for Frames {
     }
 }
 
-/// Counts what the request record would (bytes, first token) and nothing else.
+/// Counts what the request record would (bytes, bytes sent, first token) and nothing else.
 #[derive(Default)]
 struct Tally {
     bytes: usize,
+    sent: usize,
     first: Option<Instant>,
 }
 
@@ -158,6 +159,9 @@ impl Observer for Tally {
     }
     fn data(&mut self, len: usize) {
         self.bytes += len;
+    }
+    fn handed(&mut self, len: usize) {
+        self.sent += len;
     }
     fn finish(&mut self, end: StreamEnd) {
         black_box(end);

@@ -170,6 +170,7 @@ impl Body for Frames {
 #[derive(Default)]
 struct Tally {
     bytes: usize,
+    sent: usize,
     first: Option<Instant>,
     tokens: Option<Tokens>,
 }
@@ -180,6 +181,9 @@ impl Observer for Tally {
     }
     fn data(&mut self, len: usize) {
         self.bytes += len;
+    }
+    fn handed(&mut self, len: usize) {
+        self.sent += len;
     }
     fn finish(&mut self, end: StreamEnd) {
         black_box(end);

@@ -315,9 +315,9 @@ async fn with_length(
                 }
                 if len > LENGTH_CAP {
                     body.unread(first.into_iter().chain(rest));
-                    // From here the client reads the body as it comes.
+                    // From here the client reads the body as it comes: what was read goes
+                    // out first, and is counted as it does.
                     let record = body.observer_mut();
-                    record.sent_whole(len);
                     record.read_whole(false);
                     record.set_status(parts.status.as_u16());
                     return Response::from_parts(parts, Either::Right(body));

@@ -458,15 +458,6 @@ impl RequestRecord {
         }
     }
 
-    /// Bytes of the body as they pass: the client's too unless the gateway reads the body
-    /// whole first (`read_whole`, which counts what it hands over with `sent_whole`).
-    fn count(&mut self, len: usize) {
-        self.bytes += len as u64;
-        if !self.read_whole {
-            self.sent += len as u64;
-        }
-    }
-
     /// Whether the gateway reads the upstream's body itself, before it answers (`read_whole`).
     pub fn read_whole(&mut self, whole: bool) {
         self.read_whole = whole;
@@ -786,12 +777,20 @@ impl Observer for RequestRecord {
             self.first_byte_at = Some(Instant::now());
             self.observe_ttfb();
         }
-        self.count(len);
+        self.bytes += len as u64;
     }
 
     fn own_data(&mut self, len: usize) {
         if self.method != Method::HEAD {
-            self.count(len);
+            self.bytes += len as u64;
+        }
+    }
+
+    /// The client's body as it streams, unless the gateway reads it whole first
+    /// (`read_whole`, which counts what it hands over with `sent_whole`).
+    fn handed(&mut self, len: usize) {
+        if !self.read_whole {
+            self.sent += len as u64;
         }
     }
 

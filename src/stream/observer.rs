@@ -27,12 +27,16 @@ pub trait Observer {
     /// The first event that carries model output (with a known format; otherwise the first
     /// data event, or the first byte of a non-SSE body).
     fn first_token(&mut self, at: Instant);
+    /// Bytes of the upstream's body as they came, held or not.
     fn data(&mut self, len: usize);
     /// Bytes the gateway wrote itself (the error event that ends a cut stream): sent to the
     /// client, but no byte of the upstream's.
     fn own_data(&mut self, len: usize) {
         self.data(len);
     }
+    /// Bytes handed to the client, the upstream's and the gateway's own: told as each frame
+    /// leaves, so held bytes later dropped are never counted.
+    fn handed(&mut self, len: usize);
     fn finish(&mut self, end: StreamEnd);
     /// What the inspector counted, told once when the body is dropped (only with one).
     fn tokens(&mut self, _tokens: Tokens) {}

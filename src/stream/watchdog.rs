@@ -106,6 +106,9 @@ pin_project! {
         end_by: Option<Instant>,
         // When bytes last went to the client, when its read timeout is known
         // (`StreamLimits::client_silence`): from the head on, any frame restarts its reads.
+        // Moved as a frame is handed over (`hand_out`), never as one comes in: the bytes of a
+        // half event held back reach no one, and a trickle of them must not keep the client
+        // from hearing why it waits before its own timeout fires.
         last_out: Option<Instant>,
         // Reads the body as it passes: where events end, what counts as a token and, when the
         // format is known, the usage and the provider's own errors.
@@ -279,7 +282,7 @@ where
         let mut this = self.project();
         loop {
             if let Some(b) = this.ready.pop_front() {
-                return Poll::Ready(Some(Ok(Frame::data(b))));
+                return hand_out(this.last_out, this.observer, b);
             }
             match std::mem::replace(this.state, State::Done) {
                 State::Done => return Poll::Ready(None),
@@ -326,9 +329,6 @@ where
                         continue;
                     }
                     this.observer.data(data.len());
-                    if let Some(at) = this.last_out.as_mut() {
-                        *at = Instant::now();
-                    }
                     // A body framed by content-length is not polled again after its last
                     // byte, so its end must be noticed here, or it would look abandoned.
                     // Over HTTP/2 the END_STREAM may follow in an empty frame of its own
@@ -372,7 +372,7 @@ where
                             this.observer.finish(StreamEnd::Complete);
                             *this.state = State::Done;
                         }
-                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                        return hand_out(this.last_out, this.observer, data);
                     };
                     // The first token starts the idle limit; after it, every data event
                     // (output or not) moves it.
@@ -412,7 +412,7 @@ where
                         Some(end) if end == data.len() && sse.held.is_empty() && !ended => {
                             debug_assert!(this.ready.is_empty());
                             sse.partial_sent = false;
-                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                            return hand_out(this.last_out, this.observer, data);
                         }
                         Some(end) => {
                             sse.partial_sent = false;
@@ -638,6 +638,22 @@ where
             _ => SizeHint::default(),
         }
     }
+}
+
+/// Hands `data` to the client, whose reads it restarts. The one place bytes leave, so what
+/// the observer is told here is exactly the client's body: what came in is more by the held
+/// bytes a cut or the answer's end drops.
+#[inline]
+fn hand_out<O: Observer>(
+    last_out: &mut Option<Instant>,
+    observer: &mut O,
+    data: Bytes,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    if let Some(at) = last_out.as_mut() {
+        *at = Instant::now();
+    }
+    observer.handed(data.len());
+    Poll::Ready(Some(Ok(Frame::data(data))))
 }
 
 /// A body's size hint with the bytes read ahead of it and held to be sent first (`held`).
@@ -876,7 +892,8 @@ fn cut<B, O: Observer>(
             let event = err.sse_event(progress.next_sequence_number());
             written += event.len();
             ready.push_back(event);
-            // The client is sent these bytes too: the log line's `bytes` counts them.
+            // Written for the client, though no byte of the upstream's: the log line's
+            // `bytes` counts them.
             observer.own_data(written);
             *state = State::Done;
         }

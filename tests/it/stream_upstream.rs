@@ -857,3 +857,102 @@ async fn the_access_lines_size_is_what_the_clients_body_carried() {
     pending.abort();
     assert_eq!(line(3).await, (499, 0));
 }
+
+/// The access line's size leaves out the held bytes the gateway dropped and the client
+/// never got: half an event at a cut, a last event without its blank line after a whole
+/// answer. They were counted as they came: 51 and 13 bytes more than the client's body here
+/// (audit CB).
+#[tokio::test]
+async fn the_access_lines_size_leaves_out_the_held_bytes_dropped() {
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let p = crate::support::Process::spawn(
+        &CONFIG.replace("{FAKE}", &fake.url()),
+        &["--log-format", "access"],
+        &[],
+    )
+    .await;
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+    let finished =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+    let half = r#"data: {"choices":[{"index":0,"delta":{"content":"cu"#;
+    let sse = |frames: &[&str]| -> Option<Vec<Bytes>> {
+        Some(
+            frames
+                .iter()
+                .map(|f| Bytes::copy_from_slice(f.as_bytes()))
+                .collect(),
+        )
+    };
+    // A document past what the gateway reads ahead (`LENGTH_CAP`): what it read goes out
+    // first, then the rest as it comes, each byte counted once.
+    let pad = Bytes::from(vec![b'x'; hourglass::gateway::LENGTH_CAP / 2]);
+    let big = [
+        vec![Bytes::from_static(br#"{"choices":[],"pad":""#)],
+        vec![pad; 3],
+        vec![Bytes::from_static(br#""}"#)],
+    ]
+    .concat();
+    let cases = [
+        // Cut as the upstream ends: `upstream_error`.
+        ("half event, then the end", sse(&[chunk, half]), None),
+        // Cut by the idle limit, the upstream frozen before the event's rest.
+        (
+            "half event, then silence",
+            sse(&[chunk, half, "\"}}]}\n\n"]),
+            Some("2"),
+        ),
+        (
+            "whole answer, then [DONE] without its blank line",
+            sse(&[chunk, finished, "data: [DONE]\n"]),
+            None,
+        ),
+        ("a document longer than read ahead", None, None),
+    ];
+    let mut sizes = Vec::new();
+    for (n, (case, events, freeze)) in cases.into_iter().enumerate() {
+        let stream = events.is_some();
+        fake.set_replay(Some(hourglass_fake::Replay {
+            content_type: if stream {
+                "text/event-stream"
+            } else {
+                "application/json"
+            },
+            events: events.unwrap_or_else(|| big.clone()).into(),
+            interval: Duration::from_millis(1),
+        }));
+        let mut headers = vec![];
+        if let Some(after) = freeze {
+            headers.push(("x-fake-freeze-after", after));
+        }
+        let req = post(
+            "/v1/chat/completions",
+            format!(r#"{{"model":"plain","stream":{stream},"messages":[]}}"#),
+            &headers,
+        );
+        let (resp, _c) = crate::support::Conn::open(p.addr).await.send(req).await;
+        assert_eq!(resp.status(), 200, "{case}");
+        let got = resp.into_body().collect().await.unwrap().to_bytes();
+        if stream {
+            let text = String::from_utf8_lossy(&got);
+            assert!(text.starts_with(chunk), "{case}: {text}");
+            assert!(!text.contains("\"cu"), "{case}: {text}");
+        } else {
+            assert_eq!(got.len(), hourglass::gateway::LENGTH_CAP * 3 / 2 + 23);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let size = loop {
+            let (out, _) = p.output();
+            if let Some(l) = out.lines().nth(n) {
+                let after = l.split("HTTP/1.1\" ").nth(1).expect("a request line");
+                break after.split(' ').nth(1).unwrap().parse::<usize>().unwrap();
+            }
+            assert!(Instant::now() < deadline, "no access line {n}: {out}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        sizes.push((case, got.len(), size));
+    }
+    // (case, the client's body, the access line's size)
+    assert!(sizes.iter().all(|(_, got, size)| got == size), "{sizes:?}");
+}

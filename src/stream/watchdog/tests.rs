@@ -10,6 +10,8 @@ use std::sync::Mutex;
 struct Seen {
     first_token: Option<Instant>,
     bytes: usize,
+    /// What was handed to the client.
+    sent: usize,
     end: Option<String>,
     dropped: bool,
     tokens: Option<Tokens>,
@@ -24,6 +26,9 @@ impl Observer for Probe {
     }
     fn data(&mut self, len: usize) {
         self.0.lock().unwrap().bytes += len;
+    }
+    fn handed(&mut self, len: usize) {
+        self.0.lock().unwrap().sent += len;
     }
     fn tokens(&mut self, tokens: Tokens) {
         let mut seen = self.0.lock().unwrap();
@@ -1173,4 +1178,106 @@ async fn keep_alives_restart_the_clients_reads_but_not_the_routes_limits() {
         Some("first_token_timeout")
     );
     t.abort();
+}
+
+/// The bytes of a half event the gateway holds reach no client: a trickle of them is silence
+/// to a client with a read timeout, cut before it times out blind, as a silent upstream is. A
+/// frame restarted the client's reads as it came in, held or not: an event written a byte
+/// every 50 ms kept the gateway from ever speaking up, and the SDK's own timeout fired
+/// (audit CB).
+#[tokio::test(start_paused = true)]
+async fn a_half_event_trickling_in_is_silence_to_the_client() {
+    let patient = || {
+        let mut l = limits(5_000, 5_000, 60_000);
+        l.client_silence = Some(ms(900));
+        l
+    };
+    let trickle = |first: Vec<(u64, &'static str)>| {
+        let mut script = first;
+        script.push((50, "data: {\"slow\":"));
+        script.extend(vec![(50, "x"); 100]);
+        script
+    };
+
+    // After the first token: the idle error, 900 ms after the last byte that went out.
+    let (tx, mut b, probe) = body(true, patient());
+    let start = Instant::now();
+    let t = feeder(tx, trickle(vec![(100, "data: 1\n\n")]));
+    let (out, _) = drain(&mut b).await;
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("data: 1\n\nevent: error\n"), "{text}");
+    assert!(text.contains("silent for 900ms"), "{text}");
+    assert_eq!(start.elapsed(), ms(1_000));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+    t.abort();
+
+    // Before it: the head was the last the client heard.
+    let (tx, mut b, probe) = body(true, patient());
+    let start = Instant::now();
+    let t = feeder(tx, trickle(Vec::new()));
+    let (out, _) = drain(&mut b).await;
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("event: error\n"), "{text}");
+    assert!(text.contains("within 900ms"), "{text}");
+    assert_eq!(start.elapsed(), ms(900));
+    assert_eq!(
+        probe.0.lock().unwrap().end.as_deref(),
+        Some("first_token_timeout")
+    );
+    t.abort();
+}
+
+/// What the observer is told was handed to the client is the client's body, byte for byte,
+/// while `data` goes on counting the upstream's as it came (the log's `bytes`): the held
+/// bytes a cut or the answer's end drops were counted as sent, and the access line's size
+/// said more than the client got (audit CB).
+#[tokio::test(start_paused = true)]
+async fn what_is_handed_out_is_the_clients_body_not_what_came() {
+    let half = "data: {\"half\":";
+    let cases: [(&str, Vec<&'static str>, bool); 4] = [
+        ("half event, idle cut", vec!["data: a\n\n", half], false),
+        (
+            "two data lines, no blank line, idle cut",
+            vec!["data: a\n\n", "data: {\"x\":\ndata: 1}\n"],
+            false,
+        ),
+        (
+            "a whole answer, then [DONE] without its blank line",
+            vec![CONTENT, FINISHED, "data: [DONE]\n"],
+            true,
+        ),
+        ("nothing held", vec![CONTENT, FINISHED, DONE], true),
+    ];
+    for (case, frames, ends) in cases {
+        let (mut tx, mut b, probe) = chat_body(limits(1000, 100, 10_000));
+        let came: usize = frames.iter().map(|f| f.len()).sum();
+        for f in frames {
+            tx.send_data(Bytes::from_static(f.as_bytes()))
+                .await
+                .unwrap();
+        }
+        if ends {
+            drop(tx);
+            let (out, err) = drain(&mut b).await;
+            assert!(err.is_none(), "{case}: {err:?}");
+            drop(b);
+            let seen = probe.0.lock().unwrap();
+            assert_eq!(seen.sent, out.len(), "{case}");
+            assert_eq!(seen.bytes, came, "{case}");
+        } else {
+            let (out, _) = drain(&mut b).await;
+            let text = String::from_utf8(out).unwrap();
+            assert!(
+                text.starts_with("data: a\n\nevent: error\n"),
+                "{case}: {text}"
+            );
+            drop(b);
+            let seen = probe.0.lock().unwrap();
+            assert_eq!(seen.sent, text.len(), "{case}");
+            // The upstream's bytes and the gateway's own error event.
+            let own = text.len() - "data: a\n\n".len();
+            assert_eq!(seen.bytes, came + own, "{case}");
+            drop(tx);
+        }
+    }
 }
