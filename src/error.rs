@@ -159,10 +159,22 @@ pub enum GatewayError {
         /// SETTINGS come, and a server that never sent them may still have processed it.
         sent: bool,
     },
-    #[error("first token timeout: upstream {upstream:?} sent no token within {}", ms(*.after))]
-    FirstTokenTimeout { upstream: String, after: Duration },
-    #[error("idle timeout: upstream {upstream:?} was silent for {}", ms(*.after))]
-    IdleTimeout { upstream: String, after: Duration },
+    #[error("first token timeout: upstream {upstream:?} sent no token within {}{}", ms(*.after), cut_to_patience(*.patience))]
+    FirstTokenTimeout {
+        upstream: String,
+        after: Duration,
+        /// The wait was cut to the client's read timeout (the one its SDK announced, less a
+        /// margin), shorter than the route's limit: the message says so, or the client would
+        /// read a limit it finds neither in its code nor in the gateway's config.
+        patience: bool,
+    },
+    #[error("idle timeout: upstream {upstream:?} was silent for {}{}", ms(*.after), cut_to_patience(*.patience))]
+    IdleTimeout {
+        upstream: String,
+        after: Duration,
+        /// As for `FirstTokenTimeout`.
+        patience: bool,
+    },
     #[error("deadline exceeded: {}", spent(*.budget, *.reserve, *.patience))]
     DeadlineExceeded {
         budget: Duration,
@@ -438,6 +450,17 @@ fn held(reserve: Duration) -> String {
         String::new()
     } else {
         format!(", all but the {} held in reserve", ms(reserve))
+    }
+}
+
+/// Why a first-token or idle limit was shorter than the route's.
+fn cut_to_patience(patience: bool) -> &'static str {
+    if patience {
+        ", the read timeout the client's SDK announced (x-stainless-timeout or \
+         x-stainless-read-timeout) less a margin, so that the client hears why before it \
+         gives up"
+    } else {
+        ""
     }
 }
 
@@ -864,6 +887,7 @@ mod tests {
                 GatewayError::FirstTokenTimeout {
                     upstream: upstream(),
                     after,
+                    patience: false,
                 },
                 "first token timeout: upstream \"fake\" sent no token within 1000ms",
             ),
@@ -871,8 +895,19 @@ mod tests {
                 GatewayError::IdleTimeout {
                     upstream: upstream(),
                     after,
+                    patience: false,
                 },
                 "idle timeout: upstream \"fake\" was silent for 1000ms",
+            ),
+            (
+                GatewayError::IdleTimeout {
+                    upstream: upstream(),
+                    after,
+                    patience: true,
+                },
+                "idle timeout: upstream \"fake\" was silent for 1000ms, the read timeout the \
+                 client's SDK announced (x-stainless-timeout or x-stainless-read-timeout) less \
+                 a margin, so that the client hears why before it gives up",
             ),
             (
                 GatewayError::DeadlineExceeded {
@@ -929,6 +964,7 @@ mod tests {
         let e = GatewayError::IdleTimeout {
             upstream: "openai".into(),
             after: Duration::from_millis(1500),
+            patience: false,
         };
         let ev = e.sse_event(None);
         let text = std::str::from_utf8(&ev).unwrap();

@@ -291,6 +291,9 @@ impl<'a> Attempt<'a> {
                 after: self
                     .first_token_timeout
                     .min(now.saturating_duration_since(started)),
+                // The client's patience, when nothing cut it shorter.
+                patience: self.budget.read_patience == Some(self.first_token_timeout)
+                    && self.first_token_timeout < self.budget.route_first_token_timeout,
             }
         }
     }
@@ -319,10 +322,7 @@ async fn hold_until_first_token(
                 return Err(if Instant::now() >= limits.deadline {
                     limits.deadline_error()
                 } else {
-                    GatewayError::FirstTokenTimeout {
-                        upstream: limits.upstream.to_string(),
-                        after: limits.first_token_timeout,
-                    }
+                    limits.first_token_error()
                 });
             }
         };

@@ -870,6 +870,7 @@ fallbacks = ["b"]
         let first_token = |after| GatewayError::FirstTokenTimeout {
             upstream: up(),
             after,
+            patience: false,
         };
         assert_eq!(v(first_token(Duration::from_secs(30))), Verdict::Failed);
         assert_eq!(v(first_token(Duration::from_secs(12))), Verdict::Neither);
@@ -927,6 +928,7 @@ fallbacks = ["b"]
         let first_token = GatewayError::FirstTokenTimeout {
             upstream: "a".into(),
             after: ms(500),
+            patience: false,
         };
         let reset = GatewayError::UpstreamError {
             upstream: "a".into(),

@@ -54,6 +54,16 @@ pub struct RunTokens {
 }
 
 impl StreamLimits {
+    /// The first-token error: `first_token_timeout` came from the client's read timeout
+    /// when it equals it (a head held for its first token waits no longer than the client).
+    pub fn first_token_error(&self) -> GatewayError {
+        GatewayError::FirstTokenTimeout {
+            upstream: self.upstream.to_string(),
+            after: self.first_token_timeout,
+            patience: self.client_silence == Some(self.first_token_timeout),
+        }
+    }
+
     /// The error of the deadline passing: the call's, or its run's.
     pub fn deadline_error(&self) -> GatewayError {
         if self.patience {

@@ -577,9 +577,9 @@ where
                     }
                     let upstream = limits.upstream.to_string();
                     // The limit that ran out: the client's silence, when it was first.
-                    let (first_token, idle) = match limits.client_silence {
-                        Some(s) if now < data_due => (s, s),
-                        _ => (limits.first_token_timeout, limits.idle_timeout),
+                    let client_first = match limits.client_silence {
+                        Some(s) if now < data_due => Some(s),
+                        _ => None,
                     };
                     let err = if now >= limits.deadline {
                         limits.deadline_error()
@@ -591,14 +591,19 @@ where
                             reason: ENDED_SHORT.to_owned(),
                         }
                     } else if this.last_progress.is_none() {
-                        GatewayError::FirstTokenTimeout {
-                            upstream,
-                            after: first_token,
+                        match client_first {
+                            Some(s) => GatewayError::FirstTokenTimeout {
+                                upstream,
+                                after: s,
+                                patience: true,
+                            },
+                            None => limits.first_token_error(),
                         }
                     } else {
                         GatewayError::IdleTimeout {
                             upstream,
-                            after: idle,
+                            after: client_first.unwrap_or(limits.idle_timeout),
+                            patience: client_first.is_some(),
                         }
                     };
                     if this.progress.answer_ended() {

@@ -1018,7 +1018,32 @@ async fn what_reaches_the_client_restarts_its_sdks_timeout() {
     let read = read_body(resp.into_body()).await;
     let e = read.error_event().expect("cut before the client's timeout");
     assert_eq!(e["code"], "first_token_timeout", "{e}");
-    assert!(e["message"].as_str().unwrap().contains("900ms"), "{e}");
+    // The limit is the client's, which neither its code nor the config spells: said
+    // (audit CD).
+    let sdk = "900ms, the read timeout the client's SDK announced";
+    assert!(e["message"].as_str().unwrap().contains(sdk), "{e}");
+    // The same for a silence after the first token, shorter than the route's idle limit.
+    let (resp, _c) = h
+        .chat(&[
+            ("x-stainless-read-timeout", "1"),
+            ("x-fake-interval-ms", "50"),
+            ("x-fake-freeze-after", "2"),
+        ])
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let e = read.error_event().expect("cut before the client's timeout");
+    assert_eq!(e["code"], "idle_timeout", "{e}");
+    assert!(e["message"].as_str().unwrap().contains(sdk), "{e}");
+    // The route's own limits say nothing of the client.
+    let (resp, _c) = h
+        .chat(&[("x-fake-interval-ms", "50"), ("x-fake-freeze-after", "2")])
+        .await;
+    let read = read_body(resp.into_body()).await;
+    let e = read.error_event().expect("cut at the idle limit");
+    assert_eq!(
+        e["message"],
+        "idle timeout: upstream \"fake\" was silent for 1000ms"
+    );
 }
 
 /// `hourglass_budget_seconds` and `hourglass_budget_used_ratio` count the same requests: a

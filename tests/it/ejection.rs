@@ -620,9 +620,12 @@ async fn a_wait_the_clients_timeout_cut_short_does_not_eject() {
         .send(chat_request(&[("x-stainless-read-timeout", "0.5")], true))
         .await;
     assert_eq!(resp.status(), 504);
-    assert_eq!(
-        json_body(resp).await["error"]["code"],
-        "first_token_timeout"
+    let e = json_body(resp).await;
+    assert_eq!(e["error"]["code"], "first_token_timeout");
+    let said = "within 450ms, the read timeout the client's SDK announced";
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains(said),
+        "{e}"
     );
     assert_eq!(
         metric(p.admin, "hourglass_upstream_ejected{upstream=\"primary\"}").await,
