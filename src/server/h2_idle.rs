@@ -12,7 +12,7 @@
 //! connection's task looks every `header_read_timeout`: when no stream is open and none has
 //! started or ended since its last look, it starts a graceful shutdown (GOAWAY, then close once
 //! the client acknowledges a PING), so a connection is closed between one and two limits after
-//! its last stream ended (or, with none, after its preface); one whose client does not finish
+//! its last stream ended (or, with none, after its accept); one whose client does not finish
 //! the graceful close within another limit is dropped. The same
 //! task starts the graceful shutdown when the server drains, and keeps the limit then: a
 //! connection with no stream open for a limit since the drain began (a client that sent only
@@ -41,7 +41,7 @@ use hyper::rt::{Read, Write};
 use hyper::server::conn::http2;
 use hyper::service::HttpService;
 use hyper_util::server::graceful::Watcher;
-use tokio::time::{sleep, Instant};
+use tokio::time::{sleep_until, Instant};
 
 use crate::error::BoxError;
 use crate::http::conn::Streams;
@@ -166,7 +166,9 @@ impl<I: Write + Unpin> Write for Counted<I> {
 
 /// Serves an HTTP/2 connection on `io` with the service `service` makes (given the handle its
 /// requests count their streams with) until it ends: gracefully shut down once it has had no
-/// open stream for `limit` (see the module's notes), or when `drain` is cancelled. `watcher`
+/// open stream for `limit` (see the module's notes; the first look is a limit after `since`,
+/// the connection's accept, as the wait for its preface or TLS handshake counts), or when
+/// `drain` is cancelled. `watcher`
 /// is the server's count of the connections it waits for when it drains: held until this
 /// one ends. (hyper-util's own `watch` cannot be told to shut a connection down for any other
 /// reason.)
@@ -175,6 +177,7 @@ pub async fn serve<I, S, B, E>(
     io: I,
     service: impl FnOnce(Streams) -> S,
     limit: Duration,
+    since: Instant,
     drain: Signal,
     watcher: Watcher,
 ) -> hyper::Result<()>
@@ -195,7 +198,7 @@ where
     };
     let conn = builder.serve_connection(io, service(streams.clone()));
     tokio::pin!(conn);
-    let timer = sleep(limit);
+    let timer = sleep_until(since + limit);
     tokio::pin!(timer);
     let (mut seen, mut seen_data) = (0, 0);
     // Idle: GOAWAY sent for the idle limit. Draining: GOAWAY sent for the server's drain.
@@ -280,6 +283,7 @@ mod tests {
                 TokioIo::new(io),
                 service,
                 LIMIT,
+                Instant::now(),
                 Signal::new(),
                 graceful.watcher(),
             )

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -61,9 +62,10 @@ struct Protocols {
     http2: http2::Builder<TokioExecutor>,
 }
 
-fn protocols(server: &ServerConfig) -> Protocols {
+/// `accepted`: when the connection was, from which its first request head is timed.
+fn protocols(server: &ServerConfig, accepted: Instant) -> Protocols {
     let mut h1 = http1::Builder::new();
-    h1.timer(TokioTimer::new())
+    h1.timer(FirstHeadFrom::new(accepted))
         .header_read_timeout(server.header_read_timeout)
         // The head's own limit; the buffer's alone is not one (a read may fill the buffer
         // past it, and a head that arrives in large reads then passes).
@@ -88,6 +90,48 @@ fn protocols(server: &ServerConfig) -> Protocols {
     Protocols {
         http1: h1,
         http2: h2,
+    }
+}
+
+/// hyper's HTTP/1 timer, which times the connection's first request head from its accept:
+/// hyper starts a head's `header_read_timeout` at `now()` as it begins to read the head, and
+/// before the first one the connection has already waited under the same limit, for its
+/// first bytes or its TLS handshake (audit CC: a head had up to two limits). Later heads, and
+/// the idle time between requests, get the whole limit each, as before.
+struct FirstHeadFrom {
+    accepted: std::time::Instant,
+    first: AtomicBool,
+}
+
+impl FirstHeadFrom {
+    fn new(accepted: Instant) -> Self {
+        Self {
+            accepted: accepted.into_std(),
+            first: AtomicBool::new(true),
+        }
+    }
+}
+
+impl hyper::rt::Timer for FirstHeadFrom {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        TokioTimer::new().sleep(duration)
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        TokioTimer::new().sleep_until(deadline)
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
+        TokioTimer::new().reset(sleep, new_deadline);
+    }
+
+    fn now(&self) -> std::time::Instant {
+        // hyper asks once a head, when it starts reading it (its only use of `now` over HTTP/1).
+        if self.first.swap(false, Ordering::Relaxed) {
+            self.accepted
+        } else {
+            TokioTimer::new().now()
+        }
     }
 }
 
@@ -294,6 +338,7 @@ async fn serve_connection(
     watcher: hyper_util::server::graceful::Watcher,
     drain: Signal,
 ) {
+    let accepted = Instant::now();
     let server = shared.server.load_full();
     // The service of this connection; over HTTP/2 its requests also count its open streams,
     // over HTTP/1 the framing of their heads is followed.
@@ -327,14 +372,14 @@ async fn serve_connection(
             })
         }
     };
-    let protocols = protocols(&server);
+    let protocols = protocols(&server, accepted);
     let result = match shared.tls.load_full() {
         Some(acceptor) => {
             // Boxed, as HTTP/2 is below: inline, the TLS and HTTP/2 states would size every
             // connection's task (cleartext HTTP/1 too) for the largest of them.
             let metrics = shared.metrics.clone();
             let tls = Box::pin(async move {
-                let by = tokio::time::Instant::now() + server.header_read_timeout;
+                let by = accepted + server.header_read_timeout;
                 // A TLS client speaks first with a handshake record (0x16); a request line
                 // starts with a method's capital letter. Such a client is told in HTTP, as
                 // nginx does, instead of sent an alert it would read as garbage.
@@ -396,6 +441,7 @@ async fn serve_connection(
                         TokioIo::new(tls_stream),
                         |streams| service(Some(streams), None, certificate),
                         server.header_read_timeout,
+                        accepted,
                         drain,
                         watcher,
                     )
@@ -428,7 +474,7 @@ async fn serve_connection(
             let mut stream = stream;
             let mut first = First::default();
             let protocol = tokio::select! {
-                p = sniff(&mut stream, Instant::now() + server.header_read_timeout, &mut first) => p,
+                p = sniff(&mut stream, accepted + server.header_read_timeout, &mut first) => p,
                 () = drain.fired() => None,
             };
             let Some(protocol) = protocol else {
@@ -442,6 +488,7 @@ async fn serve_connection(
                         TokioIo::new(io),
                         |streams| service(Some(streams), None, None),
                         server.header_read_timeout,
+                        accepted,
                         drain,
                         watcher,
                     ))
