@@ -6,8 +6,7 @@
 //! - gives up on a client that has not read for `send_timeout` while we have bytes for it
 //!   (nginx's `send_timeout`). The reaper ends such a stream's upstream call (after the same
 //!   `send_timeout` without a read, or at its deadline); this ends the client connection
-//!   itself, which would otherwise sit on its socket buffers for as long as the client likes.
-//!
+//!   itself, which would otherwise sit on its socket buffers for as long as the client likes;
 //! - hands hyper first the bytes the connection's protocol was told by ([`First`]), read
 //!   before hyper had the socket.
 //!
