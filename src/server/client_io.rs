@@ -6,7 +6,9 @@
 //! - gives up on a client that has not read for `send_timeout` while we have bytes for it
 //!   (nginx's `send_timeout`). The reaper ends such a stream's upstream call (after the same
 //!   `send_timeout` without a read, or at its deadline); this ends the client connection
-//!   itself, which would otherwise sit on its socket buffers for as long as the client likes.
+//!   itself, which would otherwise sit on its socket buffers for as long as the client likes;
+//! - hands hyper first the bytes the connection's protocol was told by ([`First`]), read
+//!   before hyper had the socket.
 //!
 //! One timer per connection, made the first time a write stalls and reset (not recreated)
 //! at every later stall; a write that makes progress disarms it.
@@ -105,9 +107,54 @@ const LINGER_QUIET: Duration = Duration::from_secs(2);
 const LINGER_MOST: Duration = Duration::from_secs(30);
 const LINGERING: usize = 1024;
 
+/// The client's first bytes, read to tell its protocol, for hyper to read first: up to the
+/// length of the HTTP/2 preface.
+#[derive(Default)]
+pub struct First {
+    bytes: [u8; 24],
+    /// `bytes[at..end]` are still to be read.
+    at: u8,
+    end: u8,
+}
+
+impl First {
+    /// The bytes come so far.
+    pub fn got(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.end)]
+    }
+
+    /// Room for more, to be read into and then [`First::add`]ed.
+    pub fn room(&mut self) -> &mut [u8] {
+        &mut self.bytes[usize::from(self.end)..]
+    }
+
+    pub fn add(&mut self, n: usize) {
+        let end = usize::from(self.end) + n;
+        assert!(
+            end <= self.bytes.len(),
+            "more bytes added than there was room for"
+        );
+        // At most the 24 bytes' length, checked above.
+        self.end = end as u8;
+    }
+
+    fn give(&mut self, buf: &mut ReadBuf<'_>) {
+        let left = &self.bytes[usize::from(self.at)..usize::from(self.end)];
+        let n = left.len().min(buf.remaining());
+        buf.put_slice(&left[..n]);
+        // At most the 24 bytes' length.
+        self.at += n as u8;
+    }
+
+    fn is_given(&self) -> bool {
+        self.at == self.end
+    }
+}
+
 pub struct ClientIo {
     /// `None` only once dropped: the socket goes back to [`Returned`].
     socket: Option<TcpStream>,
+    first: First,
     returned: Arc<Returned>,
     send_timeout: Duration,
     stall: Option<Pin<Box<Sleep>>>,
@@ -115,10 +162,16 @@ pub struct ClientIo {
 }
 
 impl ClientIo {
-    pub fn new(socket: TcpStream, send_timeout: Duration) -> (ClientIo, Arc<Returned>) {
+    /// `first`: what was read of the socket before (hyper reads it first).
+    pub fn new(
+        socket: TcpStream,
+        first: First,
+        send_timeout: Duration,
+    ) -> (ClientIo, Arc<Returned>) {
         let returned = Arc::new(Returned::default());
         let io = ClientIo {
             socket: Some(socket),
+            first,
             returned: returned.clone(),
             send_timeout,
             stall: None,
@@ -185,7 +238,19 @@ impl AsyncRead for ClientIo {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        let r = this.socket().poll_read(cx, buf);
+        let r = if this.first.is_given() {
+            this.socket().poll_read(cx, buf)
+        } else {
+            this.first.give(buf);
+            // With what the socket has besides, in the same read: hyper sizes its read buffer
+            // by its reads, and a first read of those few bytes alone has it double the
+            // buffer (to 16 KiB) for the rest of the head. An error here is left to the next
+            // read (or its end of file), as the bytes given must be returned now.
+            if this.first.is_given() && buf.remaining() > 0 {
+                let _ = this.socket().poll_read(cx, buf);
+            }
+            Poll::Ready(Ok(()))
+        };
         if buf.filled().len() > before {
             this.returned.mid_request.store(true, Ordering::Relaxed);
         }

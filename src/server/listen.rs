@@ -7,6 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -21,6 +22,7 @@ use pin_project_lite::pin_project;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use crate::config::ServerConfig;
 use crate::error::GatewayError;
@@ -28,7 +30,7 @@ use crate::gateway::ProxyBody;
 use crate::http::conn::{ClientConn, Streams};
 use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
 use crate::server::admin::Admin;
-use crate::server::client_io::{ClientIo, Returned};
+use crate::server::client_io::{ClientIo, First, Returned};
 use crate::server::shared::Shared;
 use crate::stream::signal::{Signal, Waiter};
 use crate::telemetry::metrics::Metrics;
@@ -60,9 +62,10 @@ struct Protocols {
     http2: http2::Builder<TokioExecutor>,
 }
 
-fn protocols(server: &ServerConfig) -> Protocols {
+/// `accepted`: when the connection was, from which its first request head is timed.
+fn protocols(server: &ServerConfig, accepted: Instant) -> Protocols {
     let mut h1 = http1::Builder::new();
-    h1.timer(TokioTimer::new())
+    h1.timer(FirstHeadFrom::new(accepted))
         .header_read_timeout(server.header_read_timeout)
         // The head's own limit; the buffer's alone is not one (a read may fill the buffer
         // past it, and a head that arrives in large reads then passes).
@@ -90,6 +93,48 @@ fn protocols(server: &ServerConfig) -> Protocols {
     }
 }
 
+/// hyper's HTTP/1 timer, which times the connection's first request head from its accept:
+/// hyper starts a head's `header_read_timeout` at `now()` as it begins to read the head, and
+/// before the first one the connection has already waited under the same limit, for its
+/// first bytes or its TLS handshake (audit CC: a head had up to two limits). Later heads, and
+/// the idle time between requests, get the whole limit each, as before.
+struct FirstHeadFrom {
+    accepted: std::time::Instant,
+    first: AtomicBool,
+}
+
+impl FirstHeadFrom {
+    fn new(accepted: Instant) -> Self {
+        Self {
+            accepted: accepted.into_std(),
+            first: AtomicBool::new(true),
+        }
+    }
+}
+
+impl hyper::rt::Timer for FirstHeadFrom {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        TokioTimer::new().sleep(duration)
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        TokioTimer::new().sleep_until(deadline)
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
+        TokioTimer::new().reset(sleep, new_deadline);
+    }
+
+    fn now(&self) -> std::time::Instant {
+        // hyper asks once a head, when it starts reading it (its only use of `now` over HTTP/1).
+        if self.first.swap(false, Ordering::Relaxed) {
+            self.accepted
+        } else {
+            TokioTimer::new().now()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Protocol {
     Http1,
@@ -99,36 +144,35 @@ enum Protocol {
 /// How a client speaking HTTP/2 without TLS opens the connection (RFC 9113 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Which protocol a cleartext client speaks, from its first bytes, looked at without taking
-/// them (`MSG_PEEK`): hyper then reads them itself. `None` when the client closed, or sent
-/// nothing that tells within `limit` (the header-read timeout, which hyper only starts once
-/// it serves the connection).
+/// Which protocol a cleartext client speaks, from its first bytes (read into `first`, which
+/// hyper then reads first): `None` when the client closed, or sent nothing that tells by `by`.
+/// Read, not peeked: a peek returns at once while bytes wait, so a client that sent part of
+/// the preface had it polled until the limit, and its FIN behind them went unseen (audit CC).
 ///
-/// Why not hyper-util's `auto` builder, which reads the 24 bytes itself and hands hyper the
-/// rest behind a rewind buffer: it waits for them without any limit (a client that connects
-/// and sends nothing held its connection, and a `max_connections` slot, forever), and
-/// hyper's first read then returning only those 24 bytes made it double its read buffer to
-/// 16 KiB on every connection.
-async fn sniff(stream: &TcpStream, limit: Duration) -> Option<Protocol> {
-    let mut buf = [0u8; PREFACE.len()];
+/// Why not hyper-util's `auto` builder, which does the same: it waits for the bytes without
+/// any limit (a client that connects and sends nothing held its connection, and a
+/// `max_connections` slot, forever), and hands hyper those bytes alone in its first read,
+/// which made hyper double its read buffer to 16 KiB on every connection (`ClientIo` hands
+/// them with what the socket has besides).
+async fn sniff(stream: &mut TcpStream, by: Instant, first: &mut First) -> Option<Protocol> {
+    use tokio::io::AsyncReadExt;
     let look = async {
         loop {
-            let n = stream.peek(&mut buf).await.ok()?;
+            let n = stream.read(first.room()).await.ok()?;
             if n == 0 {
                 return None;
             }
-            if buf[..n] != PREFACE[..n] {
+            first.add(n);
+            let got = first.got();
+            if got != &PREFACE[..got.len()] {
                 return Some(Protocol::Http1);
             }
-            if n == PREFACE.len() {
+            if got.len() == PREFACE.len() {
                 return Some(Protocol::Http2);
             }
-            // Part of the preface: a peek returns at once while those bytes wait, so
-            // wait a moment for the rest instead of spinning.
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     };
-    tokio::time::timeout(limit, look).await.ok().flatten()
+    tokio::time::timeout_at(by, look).await.ok().flatten()
 }
 
 /// The connection's first byte, once it comes; `None` if it closed first.
@@ -294,6 +338,7 @@ async fn serve_connection(
     watcher: hyper_util::server::graceful::Watcher,
     drain: Signal,
 ) {
+    let accepted = Instant::now();
     let server = shared.server.load_full();
     // The service of this connection; over HTTP/2 its requests also count its open streams,
     // over HTTP/1 the framing of their heads is followed.
@@ -327,14 +372,14 @@ async fn serve_connection(
             })
         }
     };
-    let protocols = protocols(&server);
+    let protocols = protocols(&server, accepted);
     let result = match shared.tls.load_full() {
         Some(acceptor) => {
             // Boxed, as HTTP/2 is below: inline, the TLS and HTTP/2 states would size every
             // connection's task (cleartext HTTP/1 too) for the largest of them.
             let metrics = shared.metrics.clone();
             let tls = Box::pin(async move {
-                let by = tokio::time::Instant::now() + server.header_read_timeout;
+                let by = accepted + server.header_read_timeout;
                 // A TLS client speaks first with a handshake record (0x16); a request line
                 // starts with a method's capital letter. Such a client is told in HTTP, as
                 // nginx does, instead of sent an alert it would read as garbage.
@@ -347,7 +392,7 @@ async fn serve_connection(
                     answer_plain_http(stream).await;
                     return None;
                 }
-                let (io, returned) = ClientIo::new(stream, server.send_timeout);
+                let (io, returned) = ClientIo::new(stream, First::default(), server.send_timeout);
                 let handshake = tokio::time::timeout_at(by, acceptor.accept(io));
                 // No request is in flight yet: a drain closes the connection at once rather
                 // than wait out the handshake (a load balancer's probe would hold every
@@ -396,6 +441,7 @@ async fn serve_connection(
                         TokioIo::new(tls_stream),
                         |streams| service(Some(streams), None, certificate),
                         server.header_read_timeout,
+                        accepted,
                         drain,
                         watcher,
                     )
@@ -425,14 +471,16 @@ async fn serve_connection(
             // Closed, or nothing that tells within the header-read timeout: closed without
             // a word, as an idle connection may be (RFC 9112 9.6). So is one that has sent
             // nothing when the server drains, as hyper closes an idle keep-alive one.
+            let mut stream = stream;
+            let mut first = First::default();
             let protocol = tokio::select! {
-                p = sniff(&stream, server.header_read_timeout) => p,
+                p = sniff(&mut stream, accepted + server.header_read_timeout, &mut first) => p,
                 () = drain.fired() => None,
             };
             let Some(protocol) = protocol else {
                 return;
             };
-            let (io, returned) = ClientIo::new(stream, server.send_timeout);
+            let (io, returned) = ClientIo::new(stream, first, server.send_timeout);
             let result = match protocol {
                 Protocol::Http2 => {
                     Box::pin(crate::server::h2_idle::serve(
@@ -440,6 +488,7 @@ async fn serve_connection(
                         TokioIo::new(io),
                         |streams| service(Some(streams), None, None),
                         server.header_read_timeout,
+                        accepted,
                         drain,
                         watcher,
                     ))
@@ -665,6 +714,64 @@ mod tests {
                     "hourglass_panics_total 1".into()
                 )
             );
+        }
+    }
+
+    /// A connected pair on loopback: the client's end and the server's.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (client, accepted) =
+            tokio::join!(TcpStream::connect(local(&listener)), listener.accept());
+        (client.unwrap(), accepted.unwrap().0)
+    }
+
+    /// Audit CC: a client that sent part of the preface and then its FIN was polled every 5 ms
+    /// until the header-read timeout (a peek saw its bytes, never the FIN behind them).
+    #[tokio::test(start_paused = true)]
+    async fn a_fin_after_part_of_the_preface_is_seen_at_once() {
+        use tokio::io::AsyncWriteExt;
+        for sent in [&b"P"[..], b"PRI * HTTP/2.0\r\n", b""] {
+            let (mut client, mut server) = pair().await;
+            client.write_all(sent).await.unwrap();
+            client.shutdown().await.unwrap();
+            let start = Instant::now();
+            let by = start + Duration::from_secs(10);
+            let told = sniff(&mut server, by, &mut First::default()).await;
+            assert_eq!(told, None, "{sent:?}");
+            // The paused clock moves only when the runtime waits on a timer: none did.
+            assert_eq!(start.elapsed(), Duration::ZERO, "{sent:?}");
+        }
+    }
+
+    /// What `sniff` read, hyper reads first, with what follows it; a preface in pieces is
+    /// waited for.
+    #[tokio::test(start_paused = true)]
+    async fn what_sniff_read_is_read_again_before_what_follows() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let cases: [(&[&[u8]], Protocol); 3] = [
+            (&[b"GET / HTTP/1.1\r\n\r\n"], Protocol::Http1),
+            (&[b"P", b"OST / HTTP/1.1\r\n\r\n"], Protocol::Http1),
+            (
+                &[b"PRI * HTTP/2.0\r\n", b"\r\nSM\r\n\r\n\0\0\0\x04"],
+                Protocol::Http2,
+            ),
+        ];
+        for (pieces, protocol) in cases {
+            let (mut client, mut server) = pair().await;
+            tokio::spawn(async move {
+                for piece in pieces {
+                    client.write_all(piece).await.unwrap();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                client.shutdown().await.unwrap();
+            });
+            let mut first = First::default();
+            let by = Instant::now() + Duration::from_secs(10);
+            assert_eq!(sniff(&mut server, by, &mut first).await, Some(protocol));
+            let (mut io, _) = ClientIo::new(server, first, Duration::from_secs(10));
+            let mut got = Vec::new();
+            io.read_to_end(&mut got).await.unwrap();
+            assert_eq!(got, pieces.concat());
         }
     }
 

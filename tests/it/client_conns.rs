@@ -415,3 +415,64 @@ async fn a_slow_http2_reader_gets_its_whole_document_past_the_idle_limit() {
         .unwrap()
         .ends_with("tok3000 "));
 }
+
+/// Audit CC: a request head has one `header_read_timeout` from the connect, the wait for its
+/// first bytes included; hyper's timer (HTTP/1) or the idle limit (HTTP/2) started afresh
+/// once they had told the protocol, so a head could take two limits (an HTTP/1 head that
+/// began with `P` got its 408 at 5.81 s with a 3 s limit, a slow h2c preface closed at 8.77 s).
+/// Later heads on a keep-alive connection still have the whole limit each.
+#[tokio::test(start_paused = true)]
+async fn a_request_head_has_one_header_read_timeout_from_the_connect() {
+    const LIMIT: Duration = Duration::from_secs(3);
+    let h = Harness::with_config(
+        &BASE.replace("[server]\n", "[server]\nheader_read_timeout = \"3s\"\n"),
+    )
+    .await;
+    async fn until_closed(s: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got).await;
+        got
+    }
+
+    // HTTP/1: `P`, then the rest of a head, unfinished, just before the limit.
+    let start = Instant::now();
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(b"P").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2800)).await;
+    s.write_all(b"OST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let got = until_closed(&mut s).await;
+    assert!(got.starts_with(b"HTTP/1.1 408"), "{got:?}");
+    assert!(start.elapsed() <= LIMIT, "408 after {:?}", start.elapsed());
+
+    // HTTP/2: the preface a byte every 120 ms (2.88 s), then SETTINGS and nothing: closed
+    // within two limits of the connect, as an h2c connection with no stream open is.
+    let start = Instant::now();
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    for b in b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" {
+        s.write_all(&[*b]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    s.write_all(b"\0\0\0\x04\0\0\0\0\0").await.unwrap();
+    until_closed(&mut s).await;
+    assert!(
+        start.elapsed() <= LIMIT * 2,
+        "closed after {:?}",
+        start.elapsed()
+    );
+
+    // A head that comes just before the limit is served, and the next one, on the same
+    // connection, has a whole limit of its own.
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2900)).await;
+    for _ in 0..2 {
+        s.write_all(b"GET /nowhere HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 4096];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 404"), "{:?}", &buf[..n]);
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+    }
+}
