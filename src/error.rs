@@ -77,10 +77,12 @@ pub enum Origin {
     RunDeadline,
     /// The call's answer pushed its run past `run_max_tokens`.
     RunTokens,
+    /// The gateway closed the client's connection: it read nothing for `send_timeout`.
+    SendTimeout,
 }
 
 impl Origin {
-    pub const ALL: [Origin; 11] = [
+    pub const ALL: [Origin; 12] = [
         Origin::Client,
         Origin::Deadline,
         Origin::FirstToken,
@@ -92,6 +94,7 @@ impl Origin {
         Origin::Overloaded,
         Origin::RunDeadline,
         Origin::RunTokens,
+        Origin::SendTimeout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -107,6 +110,7 @@ impl Origin {
             Self::Overloaded => "overloaded",
             Self::RunDeadline => "run_deadline",
             Self::RunTokens => "run_tokens",
+            Self::SendTimeout => "send_timeout",
         }
     }
 }

@@ -9,7 +9,12 @@
 //!   itself, which would otherwise sit on its socket buffers for as long as the client likes.
 //!
 //! One timer per connection, made the first time a write stalls and reset (not recreated)
-//! at every later stall; a write that makes progress disarms it.
+//! at every later stall; a write that makes progress disarms it. A client that reads, however
+//! slowly, makes progress: Linux wakes a blocked writer only once half of its queued bytes
+//! have drained (2.8 MB queued for a 1 KB/s reader: audit CC4 saw such a reader cut at
+//! `send_timeout` while it read), but takes a write as soon as any room is free. So every
+//! quarter of `send_timeout` a stalled write is tried on the socket itself: room the client
+//! made is progress ([`ClientWrites`], which the reaper reads too).
 
 use std::future::Future;
 use std::io;
@@ -23,6 +28,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
+
+use crate::http::conn::ClientWrites;
 
 /// What the connection task keeps of a socket it gave to hyper.
 #[derive(Default)]
@@ -111,18 +118,29 @@ pub struct ClientIo {
     returned: Arc<Returned>,
     send_timeout: Duration,
     stall: Option<Pin<Box<Sleep>>>,
-    stalled: bool,
+    /// When the writes stalled, while they are.
+    stalled: Option<Instant>,
+    writes: ClientWrites,
 }
 
+/// Looks at a stalled write per `send_timeout`.
+const STALL_CHECKS: u32 = 4;
+
 impl ClientIo {
-    pub fn new(socket: TcpStream, send_timeout: Duration) -> (ClientIo, Arc<Returned>) {
+    /// `writes`: what the socket tells the connection's requests of their client's reading.
+    pub fn new(
+        socket: TcpStream,
+        send_timeout: Duration,
+        writes: ClientWrites,
+    ) -> (ClientIo, Arc<Returned>) {
         let returned = Arc::new(Returned::default());
         let io = ClientIo {
             socket: Some(socket),
             returned: returned.clone(),
             send_timeout,
             stall: None,
-            stalled: false,
+            stalled: None,
+            writes,
         };
         (io, returned)
     }
@@ -136,30 +154,64 @@ impl ClientIo {
     }
 
     /// Called when a write could not proceed: pending until `send_timeout` has passed since
-    /// the writes stalled, then the error that makes hyper close the connection.
-    fn poll_stall<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
-        let timeout = self.send_timeout;
+    /// the writes stalled with no room made by the client, then the error that makes hyper
+    /// close the connection. Every quarter of it, `write` tries the stalled write on the
+    /// socket itself.
+    fn poll_stall(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: impl Fn(socket2::SockRef<'_>) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        let check = (self.send_timeout / STALL_CHECKS).max(Duration::from_millis(1));
+        let now = Instant::now();
+        let since = *self.stalled.get_or_insert(now);
         let sleep = self
             .stall
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-        if !self.stalled {
-            self.stalled = true;
-            sleep.as_mut().reset(Instant::now() + timeout);
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(check)));
+        if since == now {
+            sleep.as_mut().reset(now + check);
         }
-        match sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client read nothing for send_timeout",
-            ))),
-            Poll::Pending => Poll::Pending,
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let socket = self
+                .socket
+                .as_ref()
+                .expect("the socket leaves only when the ClientIo is dropped");
+            match write(socket2::SockRef::from(socket)) {
+                // The client made room: it is reading, however slowly.
+                Ok(n) if n > 0 => return self.wrote(cx, Poll::Ready(Ok(n)), write),
+                Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Poll::Ready(Err(e)),
+                _ => {}
+            }
+            let now = Instant::now();
+            if now >= since + self.send_timeout {
+                self.writes.cut();
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client read nothing for send_timeout",
+                )));
+            }
+            sleep
+                .as_mut()
+                .reset((now + check).min(since + self.send_timeout));
         }
     }
 
-    fn wrote<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    fn wrote(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<usize>>,
+        write: impl Fn(socket2::SockRef<'_>) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
         match r {
-            Poll::Pending => self.poll_stall(cx),
+            Poll::Pending => self.poll_stall(cx, write),
             ready => {
-                self.stalled = false;
+                // However the stalled write went out, the client made room for it.
+                if self.stalled.take().is_some() && matches!(ready, Poll::Ready(Ok(n)) if n > 0) {
+                    self.writes.progressed();
+                }
                 self.returned.mid_request.store(false, Ordering::Relaxed);
                 ready
             }
@@ -201,7 +253,7 @@ impl AsyncWrite for ClientIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = this.socket().poll_write(cx, buf);
-        this.wrote(cx, r)
+        this.wrote(cx, r, |s| s.send(buf))
     }
 
     fn poll_write_vectored(
@@ -211,7 +263,7 @@ impl AsyncWrite for ClientIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = this.socket().poll_write_vectored(cx, bufs);
-        this.wrote(cx, r)
+        this.wrote(cx, r, |s| s.send_vectored(bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -224,5 +276,67 @@ impl AsyncWrite for ClientIo {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.get_mut().socket().poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpSocket};
+
+    const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// Audit CC4: a client reading a fast stream slowly, through a small receive buffer, is
+    /// never cut by `send_timeout` while it reads, though Linux would not wake the blocked
+    /// writer until half of its send buffer had drained (seconds at this rate); once it stops
+    /// reading, it is cut, and the connection says the gateway cut it.
+    #[tokio::test]
+    async fn a_slow_reader_is_not_cut_while_it_reads_and_is_once_it_stops() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpSocket::new_v4().unwrap();
+        client.set_recv_buffer_size(4096).unwrap();
+        let mut client = client
+            .connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        // A send buffer far larger than what the reader takes per send_timeout: its half
+        // drains in seconds (as the audit's 2.8 MB did in minutes).
+        socket2::SockRef::from(&server)
+            .set_send_buffer_size(1 << 20)
+            .unwrap();
+        let writes = ClientWrites::default();
+        let (mut io, _returned) = ClientIo::new(server, SEND_TIMEOUT, writes.clone());
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'x'; 64 << 10];
+            loop {
+                io.write_all(&chunk).await?;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), io::Error>(())
+        });
+        // 2000 bytes every 50 ms (40 KB/s) for four send_timeouts.
+        let reading_until = Instant::now() + 4 * SEND_TIMEOUT;
+        let mut buf = [0u8; 2000];
+        let mut read = 0;
+        while Instant::now() < reading_until {
+            read += client.read(&mut buf).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(
+                !writer.is_finished(),
+                "cut while reading, after {read} bytes"
+            );
+        }
+        assert!(!writes.was_cut());
+        assert!(writes.progress() > 0);
+        // It stops reading: cut after about one send_timeout, well within ten.
+        let cut = tokio::time::timeout(10 * SEND_TIMEOUT, writer)
+            .await
+            .expect("cut once it stopped reading")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(cut.kind(), io::ErrorKind::TimedOut, "{cut}");
+        assert!(writes.was_cut());
     }
 }

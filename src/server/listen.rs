@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 use crate::config::ServerConfig;
 use crate::error::GatewayError;
 use crate::gateway::ProxyBody;
-use crate::http::conn::{ClientConn, Streams};
+use crate::http::conn::{ClientConn, ClientWrites, Streams};
 use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
 use crate::server::admin::Admin;
 use crate::server::client_io::{ClientIo, Returned};
@@ -295,14 +295,17 @@ async fn serve_connection(
     drain: Signal,
 ) {
     let server = shared.server.load_full();
+    let writes = ClientWrites::default();
     // The service of this connection; over HTTP/2 its requests also count its open streams,
     // over HTTP/1 the framing of their heads is followed.
     let service = {
         let shared = shared.clone();
+        let writes = writes.clone();
         move |streams: Option<Streams>,
               framing: Option<Arc<Framing>>,
               certificate: Option<Arc<str>>| {
             let shared = shared.clone();
+            let writes = writes.clone();
             service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 if framing
                     .as_ref()
@@ -320,6 +323,7 @@ async fn serve_connection(
                     peer,
                     streams: streams.as_ref(),
                     certificate: certificate.as_ref(),
+                    writes: Some(&writes),
                 };
                 Box::pin(Handler::new(shared.metrics.clone(), peer, || {
                     gateway.handle(req, Some(client))
@@ -347,7 +351,7 @@ async fn serve_connection(
                     answer_plain_http(stream).await;
                     return None;
                 }
-                let (io, returned) = ClientIo::new(stream, server.send_timeout);
+                let (io, returned) = ClientIo::new(stream, server.send_timeout, writes.clone());
                 let handshake = tokio::time::timeout_at(by, acceptor.accept(io));
                 // No request is in flight yet: a drain closes the connection at once rather
                 // than wait out the handshake (a load balancer's probe would hold every
@@ -432,7 +436,7 @@ async fn serve_connection(
             let Some(protocol) = protocol else {
                 return;
             };
-            let (io, returned) = ClientIo::new(stream, server.send_timeout);
+            let (io, returned) = ClientIo::new(stream, server.send_timeout, writes.clone());
             let result = match protocol {
                 Protocol::Http2 => {
                     Box::pin(crate::server::h2_idle::serve(
