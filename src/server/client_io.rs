@@ -12,9 +12,10 @@
 //! at every later stall; a write that makes progress disarms it. A client that reads, however
 //! slowly, makes progress: Linux wakes a blocked writer only once half of its queued bytes
 //! have drained (2.8 MB queued for a 1 KB/s reader: audit CC4 saw such a reader cut at
-//! `send_timeout` while it read), but takes a write as soon as any room is free. So every
-//! quarter of `send_timeout` a stalled write is tried on the socket itself: room the client
-//! made is progress ([`ClientWrites`], which the reaper reads too).
+//! `send_timeout` while it read). So every quarter of `send_timeout` the bytes the socket holds
+//! unacknowledged (`SIOCOUTQ`) are read: fewer than at the last look is the client's reading
+//! ([`ClientWrites`], which the reaper reads too). Where they cannot be read (not Linux), the
+//! stalled write is tried on the socket itself, and room the client made is its reading.
 
 use std::future::Future;
 use std::io;
@@ -118,8 +119,11 @@ pub struct ClientIo {
     returned: Arc<Returned>,
     send_timeout: Duration,
     stall: Option<Pin<Box<Sleep>>>,
-    /// When the writes stalled, while they are.
+    /// When the writes stalled (or last saw the client read), while they are.
     stalled: Option<Instant>,
+    /// The bytes the socket held unacknowledged at the stall's last look, and when that was.
+    unacked: Option<u64>,
+    looked: Instant,
     writes: ClientWrites,
 }
 
@@ -140,6 +144,8 @@ impl ClientIo {
             send_timeout,
             stall: None,
             stalled: None,
+            unacked: None,
+            looked: Instant::now(),
             writes,
         };
         (io, returned)
@@ -155,8 +161,8 @@ impl ClientIo {
 
     /// Called when a write could not proceed: pending until `send_timeout` has passed since
     /// the writes stalled with no room made by the client, then the error that makes hyper
-    /// close the connection. Every quarter of it, `write` tries the stalled write on the
-    /// socket itself.
+    /// close the connection. Every quarter of it, the socket's unacknowledged bytes are
+    /// looked at, or else `write` tries the stalled write on the socket itself.
     fn poll_stall(
         &mut self,
         cx: &mut Context<'_>,
@@ -164,12 +170,14 @@ impl ClientIo {
     ) -> Poll<io::Result<usize>> {
         let check = (self.send_timeout / STALL_CHECKS).max(Duration::from_millis(1));
         let now = Instant::now();
-        let since = *self.stalled.get_or_insert(now);
+        let mut since = *self.stalled.get_or_insert(now);
         let sleep = self
             .stall
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(check)));
         if since == now {
             sleep.as_mut().reset(now + check);
+            self.unacked = self.socket.as_ref().and_then(unacked);
+            self.looked = now;
         }
         loop {
             if sleep.as_mut().poll(cx).is_pending() {
@@ -179,13 +187,31 @@ impl ClientIo {
                 .socket
                 .as_ref()
                 .expect("the socket leaves only when the ClientIo is dropped");
-            match write(socket2::SockRef::from(socket)) {
-                // The client made room: it is reading, however slowly.
-                Ok(n) if n > 0 => return self.wrote(cx, Poll::Ready(Ok(n)), write),
-                Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Poll::Ready(Err(e)),
-                _ => {}
+            let held = unacked(socket);
+            // Where the acknowledged bytes cannot be read, room the client made is its reading.
+            // (Where they can, room is not: the kernel grows a socket's send buffer on its own,
+            // which kept a client that read nothing from ever being cut.)
+            if held.is_none() {
+                match write(socket2::SockRef::from(socket)) {
+                    Ok(n) if n > 0 => return self.wrote(cx, Poll::Ready(Ok(n)), write),
+                    Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Poll::Ready(Err(e)),
+                    _ => {}
+                }
             }
             let now = Instant::now();
+            let previous = std::mem::replace(&mut self.looked, now);
+            if held
+                .zip(self.unacked)
+                .is_some_and(|(held, before)| held < before)
+            {
+                // Acknowledged since the last look: the client read, too little yet to make
+                // room for a segment. It may have read just after that look: counted from
+                // it, a client whose reads come a send_timeout apart is never cut.
+                since = previous;
+                self.stalled = Some(previous);
+                self.writes.progressed();
+            }
+            self.unacked = held;
             if now >= since + self.send_timeout {
                 self.writes.cut();
                 return Poll::Ready(Err(io::Error::new(
@@ -277,6 +303,24 @@ impl AsyncWrite for ClientIo {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.get_mut().socket().poll_shutdown(cx)
     }
+}
+
+/// The bytes `socket` holds that its peer has not acknowledged (Linux `SIOCOUTQ`): they fall
+/// with every byte the client reads, where a write may wait for a segment's room.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn unacked(socket: &TcpStream) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int through the pointer, which outlives the
+    // call; the descriptor is the stream's, open while it is borrowed.
+    let r = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    (r == 0).then(|| u64::try_from(n).unwrap_or(0))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unacked(_: &TcpStream) -> Option<u64> {
+    None
 }
 
 #[cfg(test)]
