@@ -16,6 +16,49 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The methods the gateway forwards, as `Allow` names them.
 pub const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
 
+/// What the gateway itself ran out of, as an I/O error says: descriptors (EMFILE, ENFILE) or
+/// memory (ENOMEM), the same numbers on Linux and the BSDs. Such a failure says nothing of the
+/// file or the peer it was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Starved {
+    Descriptors,
+    Memory,
+}
+
+impl Starved {
+    pub fn of(e: &std::io::Error) -> Option<Starved> {
+        match e.raw_os_error() {
+            Some(23 | 24) => Some(Starved::Descriptors),
+            Some(12) => Some(Starved::Memory),
+            _ if e.kind() == std::io::ErrorKind::OutOfMemory => Some(Starved::Memory),
+            _ => None,
+        }
+    }
+
+    /// The first I/O error among `e` and its sources that says so: connectors wrap theirs
+    /// (hyper-util's "tcp open error", a TLS connector's box).
+    pub fn in_chain(e: &(dyn std::error::Error + 'static)) -> Option<Starved> {
+        let mut source = Some(e);
+        while let Some(s) = source {
+            if let Some(starved) = s.downcast_ref::<std::io::Error>().and_then(Starved::of) {
+                return Some(starved);
+            }
+            source = s.source();
+        }
+        None
+    }
+
+    fn words(self) -> &'static str {
+        match self {
+            Starved::Descriptors => {
+                "the gateway has no file descriptor left (its open-file limit, ulimit -n or \
+                 LimitNOFILE, or the host's, is reached)"
+            }
+            Starved::Memory => "the gateway's host is out of memory",
+        }
+    }
+}
+
 /// Who cancelled a request. Each cancellation has exactly one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
@@ -34,10 +77,12 @@ pub enum Origin {
     RunDeadline,
     /// The call's answer pushed its run past `run_max_tokens`.
     RunTokens,
+    /// The gateway closed the client's connection: it read nothing for `send_timeout`.
+    SendTimeout,
 }
 
 impl Origin {
-    pub const ALL: [Origin; 11] = [
+    pub const ALL: [Origin; 12] = [
         Origin::Client,
         Origin::Deadline,
         Origin::FirstToken,
@@ -49,6 +94,7 @@ impl Origin {
         Origin::Overloaded,
         Origin::RunDeadline,
         Origin::RunTokens,
+        Origin::SendTimeout,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,6 +110,7 @@ impl Origin {
             Self::Overloaded => "overloaded",
             Self::RunDeadline => "run_deadline",
             Self::RunTokens => "run_tokens",
+            Self::SendTimeout => "send_timeout",
         }
     }
 }
@@ -206,6 +253,16 @@ pub enum GatewayError {
     UpstreamRefused {
         upstream: String,
         reason: &'static str,
+    },
+    /// The gateway could not open a connection to the upstream for want of its own
+    /// descriptors or memory: nothing is known of the upstream, which neither is blamed (no
+    /// 502, no count against its health) nor replaced by another, whose connect would need
+    /// a descriptor too.
+    #[error("{}, so no connection to upstream {upstream:?} could be opened: {reason}; try again", .starved.words())]
+    Starved {
+        upstream: String,
+        starved: Starved,
+        reason: String,
     },
     #[error("the gateway is shutting down")]
     Shutdown,
@@ -513,7 +570,9 @@ impl GatewayError {
             Self::UpstreamError { .. } | Self::UpstreamRefused { .. } => "upstream_error",
             Self::Shutdown => "shutdown",
             Self::Unauthorized => "unauthorized",
-            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => "overloaded",
+            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } | Self::Starved { .. } => {
+                "overloaded"
+            }
             Self::BodyTimeout { .. } => "body_timeout",
             Self::LoopDetected { .. } => "loop_detected",
             Self::UpgradeUnsupported { .. } => "upgrade_unsupported",
@@ -558,9 +617,10 @@ impl GatewayError {
             Self::UpstreamUnavailable { .. }
             | Self::UpstreamError { .. }
             | Self::UpstreamRefused { .. } => StatusCode::BAD_GATEWAY,
-            Self::Shutdown | Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Shutdown
+            | Self::Overloaded { .. }
+            | Self::BodyMemoryFull { .. }
+            | Self::Starved { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::LoopDetected { .. } => StatusCode::LOOP_DETECTED,
@@ -602,7 +662,9 @@ impl GatewayError {
             Self::MethodNotAllowed { .. } | Self::PlainHttpOnTls => "invalid_request_error",
             // The names both OpenAI and Anthropic use for these.
             Self::Unauthorized => "authentication_error",
-            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => "overloaded_error",
+            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } | Self::Starved { .. } => {
+                "overloaded_error"
+            }
             Self::InsufficientBudget { .. }
             | Self::ConnectTimeout { .. }
             | Self::FirstTokenTimeout { .. }
@@ -628,7 +690,9 @@ impl GatewayError {
             Self::DeadlineExceeded { .. } => Some(Origin::Deadline),
             Self::Shutdown => Some(Origin::Shutdown),
             Self::ClientClosed => Some(Origin::Client),
-            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } => Some(Origin::Overloaded),
+            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } | Self::Starved { .. } => {
+                Some(Origin::Overloaded)
+            }
             Self::RunDeadlineExceeded { .. } => Some(Origin::RunDeadline),
             Self::RunTokensSpent { .. } => Some(Origin::RunTokens),
             _ => None,
@@ -702,7 +766,10 @@ impl GatewayError {
             http::HeaderValue::from_static("application/json"),
         );
         match self {
-            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } | Self::Shutdown => {
+            Self::Overloaded { .. }
+            | Self::BodyMemoryFull { .. }
+            | Self::Starved { .. }
+            | Self::Shutdown => {
                 let secs = RETRY_AFTER.as_secs().max(1);
                 resp.headers_mut()
                     .insert(http::header::RETRY_AFTER, http::HeaderValue::from(secs));
@@ -836,6 +903,11 @@ mod tests {
                 route: "r".into(),
                 limit: 1,
                 waited: Duration::ZERO,
+            },
+            GatewayError::Starved {
+                upstream: "u".into(),
+                starved: Starved::Descriptors,
+                reason: "tcp open error: Too many open files (os error 24)".into(),
             },
         ] {
             let resp = e.response();

@@ -68,6 +68,7 @@ impl Gateway {
         // Over HTTP/2 the stream counts as open until the record goes with the answer.
         record.hold_stream(client.and_then(|c| c.streams).map(|s| s.open()));
         record.set_client(client.map(|c| c.peer), req.headers(), req.version());
+        record.set_writes(client.and_then(|c| c.writes).cloned());
         record.set_client_cert(client.and_then(|c| c.certificate).cloned());
         // HTTP/1.0 has no chunked coding, and a HEAD answer no body.
         let head = req.method() == Method::HEAD;
@@ -218,9 +219,13 @@ impl Gateway {
                         });
                     // Past the deadline, or once the client has taken nothing for
                     // `send_timeout`, the upstream goes even if nobody polls the stream.
-                    let body = self
-                        .reaper
-                        .guard(body, record.take_slot(), started.limits.deadline);
+                    let writes = record.connection_writes().cloned();
+                    let body = self.reaper.guard(
+                        body,
+                        record.take_slot(),
+                        started.limits.deadline,
+                        writes,
+                    );
                     let reaped = body.reaped_by();
                     let progress = Progress::new(readable_sse, inspector);
                     let mut limits = started.limits;

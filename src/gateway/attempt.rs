@@ -454,6 +454,9 @@ fn classify(
         source = s.source();
     }
     let name = upstream.name.to_string();
+    if let Some(e) = starved(e, &name, &reason) {
+        return e;
+    }
     if let Some(reason) = refused {
         GatewayError::UpstreamRefused {
             upstream: name,
@@ -536,6 +539,22 @@ fn classify(
     }
 }
 
+/// A connect that failed for want of the gateway's own descriptors or memory (a socket it
+/// could not open): audit CC3 saw it answered 502 `upstream_unavailable`, and two healthy
+/// upstreams ejected, under a local descriptor spike.
+fn starved(
+    e: &hyper_util::client::legacy::Error,
+    upstream: &str,
+    reason: &str,
+) -> Option<GatewayError> {
+    let starved = crate::error::Starved::in_chain(e)?;
+    Some(GatewayError::Starved {
+        upstream: upstream.to_owned(),
+        starved,
+        reason: reason.to_owned(),
+    })
+}
+
 /// Why the upstream processed none of a stream it ended before its head (RFC 9113 §8.7),
 /// when it says so: a reset with REFUSED_STREAM, or a GOAWAY that closed the connection
 /// gracefully (NO_ERROR) below this stream's id. h2 gives a remote GOAWAY error only to the
@@ -575,4 +594,84 @@ fn dispatch_gone(e: &hyper::Error) -> bool {
         && e.to_string() == "dispatch task is gone"
         && std::error::Error::source(e)
             .is_some_and(|c| c.to_string() == "runtime dropped the dispatch task")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use http::Uri;
+    use http_body_util::Empty;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tokio::net::TcpStream;
+
+    use crate::error::Starved;
+
+    /// hyper-util's `ConnectError` as its connector makes it when `socket()` fails: a message
+    /// whose source is the I/O error.
+    #[derive(Debug, thiserror::Error)]
+    #[error("tcp open error")]
+    struct TcpOpenError(#[source] std::io::Error);
+
+    /// A connector whose every connect fails with `errno`, boxed as the gateway's connector
+    /// boxes its inner one's errors.
+    #[derive(Clone)]
+    struct Failing(i32);
+
+    impl tower_service::Service<Uri> for Failing {
+        type Response = TokioIo<TcpStream>;
+        type Error = crate::error::BoxError;
+        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Uri) -> Self::Future {
+            let io = std::io::Error::from_raw_os_error(self.0);
+            std::future::ready(Err(Box::new(TcpOpenError(io))))
+        }
+    }
+
+    async fn connect_error(errno: i32) -> hyper_util::client::legacy::Error {
+        let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .build::<_, Empty<Bytes>>(Failing(errno));
+        let req = http::Request::get("http://127.0.0.1:9/").body(Empty::new());
+        client.request(req.unwrap()).await.unwrap_err()
+    }
+
+    /// Audit CC3: out of descriptors (or memory), the gateway's connect is its own failure:
+    /// a 503 `overloaded` that names the gateway, not the upstream's 502.
+    #[tokio::test]
+    async fn a_connect_the_gateway_had_no_descriptor_for_is_its_own_overload() {
+        for (errno, want) in [
+            (24, Starved::Descriptors),
+            (23, Starved::Descriptors),
+            (12, Starved::Memory),
+        ] {
+            let e = connect_error(errno).await;
+            assert!(e.is_connect());
+            let classified = starved(&e, "u", &crate::error::with_causes(&e))
+                .unwrap_or_else(|| panic!("{errno}: not starved"));
+            assert!(
+                matches!(classified, GatewayError::Starved { starved: s, .. } if s == want),
+                "{errno}: {classified:?}"
+            );
+            assert_eq!(classified.code(), "overloaded");
+            assert_eq!(classified.origin(), Some(crate::error::Origin::Overloaded));
+            let answer = classified.response();
+            assert_eq!(answer.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(answer.headers()[http::header::RETRY_AFTER], "1");
+        }
+        let message = starved(&connect_error(24).await, "u", "tcp open error")
+            .unwrap()
+            .to_string();
+        assert!(
+            message.starts_with("the gateway has no file descriptor left")
+                && message.contains("upstream \"u\""),
+            "{message}"
+        );
+        // The upstream's own refusal is still its failure.
+        assert!(starved(&connect_error(111).await, "u", "refused").is_none());
+    }
 }

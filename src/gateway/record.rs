@@ -120,6 +120,8 @@ pub struct RequestRecord {
     /// Over HTTP/2, this request's stream, counted as open for the connection's idle limit
     /// until the answer is done (`idle`).
     _stream: Option<crate::http::conn::Open>,
+    /// What the client connection's socket tells of its client's reading.
+    writes: Option<crate::http::conn::ClientWrites>,
     /// The run the request is a call of (boxed: most requests are in none).
     run: Option<Box<RunPart>>,
     request_bytes: u64,
@@ -191,6 +193,7 @@ impl RequestRecord {
             client_id: None,
             client_cert: None,
             _stream: None,
+            writes: None,
             run: None,
             request_bytes: 0,
             body_unread: false,
@@ -324,6 +327,16 @@ impl RequestRecord {
     /// Who asked, for the access log (ignored when it is off).
     pub fn hold_stream(&mut self, stream: Option<crate::http::conn::Open>) {
         self._stream = stream;
+    }
+
+    pub fn set_writes(&mut self, writes: Option<crate::http::conn::ClientWrites>) {
+        self.writes = writes;
+    }
+
+    /// The connection's writes when this request is the connection's one stream (HTTP/1):
+    /// what the socket takes is then this stream's.
+    pub fn connection_writes(&self) -> Option<&crate::http::conn::ClientWrites> {
+        self.writes.as_ref().filter(|_| self._stream.is_none())
     }
 
     pub fn set_client(
@@ -586,7 +599,16 @@ impl RequestRecord {
         // histogram was known.
         self.observe_ttft();
         self.observe_ttfb();
-        let end = self.end.unwrap_or(End::Cancelled(Origin::Client));
+        // Dropped unfinished: the client left, or the gateway closed its connection for
+        // reading nothing (audit CC4: that was logged as the client's leaving).
+        let end = self.end.unwrap_or_else(|| {
+            let cut = self.writes.as_ref().is_some_and(|w| w.was_cut());
+            End::Cancelled(if cut {
+                Origin::SendTimeout
+            } else {
+                Origin::Client
+            })
+        });
         if let Some(run) = self.run.as_mut() {
             if let Some(call) = run.call.take() {
                 let tokens = run_tokens_used(self.tokens, self.request_bytes);
@@ -682,6 +704,7 @@ impl RequestRecord {
         };
         let code = match end {
             End::Cancelled(Origin::Client) => Some("client_closed"),
+            End::Cancelled(Origin::SendTimeout) => Some("send_timeout"),
             End::Error(c) => Some(c),
             _ => self.code,
         };

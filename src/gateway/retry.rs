@@ -423,6 +423,9 @@ fn error_cause(e: &GatewayError) -> Option<RetryCause> {
         GatewayError::UpstreamError { .. } | GatewayError::UpstreamRefused { .. } => {
             Some(RetryCause::Reset)
         }
+        // The gateway's own want of descriptors says nothing of the upstream, and a retry or
+        // a fallback would need a descriptor too: the client is told to try again later.
+        GatewayError::Starved { .. } => None,
         _ => None,
     }
 }
@@ -893,6 +896,11 @@ fallbacks = ["b"]
                 reason: "REFUSED_STREAM",
             },
             GatewayError::ClientClosed,
+            GatewayError::Starved {
+                upstream: up(),
+                starved: crate::error::Starved::Descriptors,
+                reason: "tcp open error: Too many open files (os error 24)".into(),
+            },
             GatewayError::DeadlineExceeded {
                 budget: Duration::from_secs(60),
                 reserve: Duration::ZERO,

@@ -2,7 +2,7 @@
 //! over HTTP/2, how many of the connection's streams are open (for its idle limit).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Handed by the server to the gateway with each request. (Not in the request's extensions:
@@ -14,6 +14,43 @@ pub struct ClientConn<'a> {
     pub streams: Option<&'a Streams>,
     /// The subject of the certificate the client presented over TLS, if it was asked for one.
     pub certificate: Option<&'a Arc<str>>,
+    /// What the connection's socket tells of its client's reading.
+    pub writes: Option<&'a ClientWrites>,
+}
+
+#[derive(Default)]
+struct Writes {
+    progress: AtomicU64,
+    cut: AtomicBool,
+}
+
+/// What a client connection's socket (`server::client_io`) tells its requests of the client's
+/// reading: a stalled write the client made room for, and whether the gateway closed the
+/// connection for `send_timeout`. A slow reader's socket takes bytes long before hyper asks a
+/// stream's body for more (hyper buffers up to 16 frames), so the reaper asks this too.
+#[derive(Clone, Default)]
+pub struct ClientWrites(Arc<Writes>);
+
+impl ClientWrites {
+    /// A write that had stalled went out: the client read.
+    pub fn progressed(&self) {
+        self.0.progress.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Stalled writes that went out so far: unchanged between two looks means the client
+    /// made no room in between.
+    pub fn progress(&self) -> u64 {
+        self.0.progress.load(Ordering::Relaxed)
+    }
+
+    /// The gateway is closing the connection: its client read nothing for `send_timeout`.
+    pub fn cut(&self) {
+        self.0.cut.store(true, Ordering::Relaxed);
+    }
+
+    pub fn was_cut(&self) -> bool {
+        self.0.cut.load(Ordering::Relaxed)
+    }
 }
 
 #[derive(Default)]

@@ -11,7 +11,13 @@
 //!   before hyper had the socket.
 //!
 //! One timer per connection, made the first time a write stalls and reset (not recreated)
-//! at every later stall; a write that makes progress disarms it.
+//! at every later stall; a write that makes progress disarms it. A client that reads, however
+//! slowly, makes progress: Linux wakes a blocked writer only once half of its queued bytes
+//! have drained (2.8 MB queued for a 1 KB/s reader: audit CC4 saw such a reader cut at
+//! `send_timeout` while it read). So every quarter of `send_timeout` the bytes the socket holds
+//! unacknowledged (`SIOCOUTQ`) are read: fewer than at the last look is the client's reading
+//! ([`ClientWrites`], which the reaper reads too). Where they cannot be read (not Linux), the
+//! stalled write is tried on the socket itself, and room the client made is its reading.
 
 use std::future::Future;
 use std::io;
@@ -25,6 +31,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
+
+use crate::http::conn::ClientWrites;
 
 /// What the connection task keeps of a socket it gave to hyper.
 #[derive(Default)]
@@ -158,15 +166,25 @@ pub struct ClientIo {
     returned: Arc<Returned>,
     send_timeout: Duration,
     stall: Option<Pin<Box<Sleep>>>,
-    stalled: bool,
+    /// When the writes stalled (or last saw the client read), while they are.
+    stalled: Option<Instant>,
+    /// The bytes the socket held unacknowledged at the stall's last look, and when that was.
+    unacked: Option<u64>,
+    looked: Instant,
+    writes: ClientWrites,
 }
 
+/// Looks at a stalled write per `send_timeout`.
+const STALL_CHECKS: u32 = 4;
+
 impl ClientIo {
-    /// `first`: what was read of the socket before (hyper reads it first).
+    /// `first`: what was read of the socket before (hyper reads it first). `writes`: what
+    /// the socket tells the connection's requests of their client's reading.
     pub fn new(
         socket: TcpStream,
         first: First,
         send_timeout: Duration,
+        writes: ClientWrites,
     ) -> (ClientIo, Arc<Returned>) {
         let returned = Arc::new(Returned::default());
         let io = ClientIo {
@@ -175,7 +193,10 @@ impl ClientIo {
             returned: returned.clone(),
             send_timeout,
             stall: None,
-            stalled: false,
+            stalled: None,
+            unacked: None,
+            looked: Instant::now(),
+            writes,
         };
         (io, returned)
     }
@@ -189,30 +210,84 @@ impl ClientIo {
     }
 
     /// Called when a write could not proceed: pending until `send_timeout` has passed since
-    /// the writes stalled, then the error that makes hyper close the connection.
-    fn poll_stall<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
-        let timeout = self.send_timeout;
+    /// the writes stalled with no room made by the client, then the error that makes hyper
+    /// close the connection. Every quarter of it, the socket's unacknowledged bytes are
+    /// looked at, or else `write` tries the stalled write on the socket itself.
+    fn poll_stall(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: impl Fn(socket2::SockRef<'_>) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        let check = (self.send_timeout / STALL_CHECKS).max(Duration::from_millis(1));
+        let now = Instant::now();
+        let mut since = *self.stalled.get_or_insert(now);
         let sleep = self
             .stall
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-        if !self.stalled {
-            self.stalled = true;
-            sleep.as_mut().reset(Instant::now() + timeout);
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(check)));
+        if since == now {
+            sleep.as_mut().reset(now + check);
+            self.unacked = self.socket.as_ref().and_then(unacked);
+            self.looked = now;
         }
-        match sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the client read nothing for send_timeout",
-            ))),
-            Poll::Pending => Poll::Pending,
+        loop {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let socket = self
+                .socket
+                .as_ref()
+                .expect("the socket leaves only when the ClientIo is dropped");
+            let held = unacked(socket);
+            // Where the acknowledged bytes cannot be read, room the client made is its reading.
+            // (Where they can, room is not: the kernel grows a socket's send buffer on its own,
+            // which kept a client that read nothing from ever being cut.)
+            if held.is_none() {
+                match write(socket2::SockRef::from(socket)) {
+                    Ok(n) if n > 0 => return self.wrote(cx, Poll::Ready(Ok(n)), write),
+                    Err(e) if e.kind() != io::ErrorKind::WouldBlock => return Poll::Ready(Err(e)),
+                    _ => {}
+                }
+            }
+            let now = Instant::now();
+            let previous = std::mem::replace(&mut self.looked, now);
+            if held
+                .zip(self.unacked)
+                .is_some_and(|(held, before)| held < before)
+            {
+                // Acknowledged since the last look: the client read, too little yet to make
+                // room for a segment. It may have read just after that look: counted from
+                // it, a client whose reads come a send_timeout apart is never cut.
+                since = previous;
+                self.stalled = Some(previous);
+                self.writes.progressed();
+            }
+            self.unacked = held;
+            if now >= since + self.send_timeout {
+                self.writes.cut();
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client read nothing for send_timeout",
+                )));
+            }
+            sleep
+                .as_mut()
+                .reset((now + check).min(since + self.send_timeout));
         }
     }
 
-    fn wrote<T>(&mut self, cx: &mut Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    fn wrote(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<usize>>,
+        write: impl Fn(socket2::SockRef<'_>) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
         match r {
-            Poll::Pending => self.poll_stall(cx),
+            Poll::Pending => self.poll_stall(cx, write),
             ready => {
-                self.stalled = false;
+                // However the stalled write went out, the client made room for it.
+                if self.stalled.take().is_some() && matches!(ready, Poll::Ready(Ok(n)) if n > 0) {
+                    self.writes.progressed();
+                }
                 self.returned.mid_request.store(false, Ordering::Relaxed);
                 ready
             }
@@ -266,7 +341,7 @@ impl AsyncWrite for ClientIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = this.socket().poll_write(cx, buf);
-        this.wrote(cx, r)
+        this.wrote(cx, r, |s| s.send(buf))
     }
 
     fn poll_write_vectored(
@@ -276,7 +351,7 @@ impl AsyncWrite for ClientIo {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let r = this.socket().poll_write_vectored(cx, bufs);
-        this.wrote(cx, r)
+        this.wrote(cx, r, |s| s.send_vectored(bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -289,5 +364,86 @@ impl AsyncWrite for ClientIo {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.get_mut().socket().poll_shutdown(cx)
+    }
+}
+
+/// The bytes `socket` holds that its peer has not acknowledged (Linux `SIOCOUTQ`): they fall
+/// with every byte the client reads, where a write may wait for a segment's room.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn unacked(socket: &TcpStream) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int through the pointer, which outlives the
+    // call; the descriptor is the stream's, open while it is borrowed.
+    let r = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    (r == 0).then(|| u64::try_from(n).unwrap_or(0))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn unacked(_: &TcpStream) -> Option<u64> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::{TcpListener, TcpSocket};
+
+    const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// Audit CC4: a client reading a fast stream slowly, through a small receive buffer, is
+    /// never cut by `send_timeout` while it reads, though Linux would not wake the blocked
+    /// writer until half of its send buffer had drained (seconds at this rate); once it stops
+    /// reading, it is cut, and the connection says the gateway cut it.
+    #[tokio::test]
+    async fn a_slow_reader_is_not_cut_while_it_reads_and_is_once_it_stops() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpSocket::new_v4().unwrap();
+        client.set_recv_buffer_size(4096).unwrap();
+        let mut client = client
+            .connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        // A send buffer far larger than what the reader takes per send_timeout: its half
+        // drains in seconds (as the audit's 2.8 MB did in minutes).
+        socket2::SockRef::from(&server)
+            .set_send_buffer_size(1 << 20)
+            .unwrap();
+        let writes = ClientWrites::default();
+        let (mut io, _returned) =
+            ClientIo::new(server, First::default(), SEND_TIMEOUT, writes.clone());
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'x'; 64 << 10];
+            loop {
+                io.write_all(&chunk).await?;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), io::Error>(())
+        });
+        // 2000 bytes every 50 ms (40 KB/s) for four send_timeouts.
+        let reading_until = Instant::now() + 4 * SEND_TIMEOUT;
+        let mut buf = [0u8; 2000];
+        let mut read = 0;
+        while Instant::now() < reading_until {
+            read += client.read(&mut buf).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(
+                !writer.is_finished(),
+                "cut while reading, after {read} bytes"
+            );
+        }
+        assert!(!writes.was_cut());
+        assert!(writes.progress() > 0);
+        // It stops reading: cut after about one send_timeout, well within ten.
+        let cut = tokio::time::timeout(10 * SEND_TIMEOUT, writer)
+            .await
+            .expect("cut once it stopped reading")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(cut.kind(), io::ErrorKind::TimedOut, "{cut}");
+        assert!(writes.was_cut());
     }
 }

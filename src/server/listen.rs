@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::config::ServerConfig;
 use crate::error::GatewayError;
 use crate::gateway::ProxyBody;
-use crate::http::conn::{ClientConn, Streams};
+use crate::http::conn::{ClientConn, ClientWrites, Streams};
 use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
 use crate::server::admin::Admin;
 use crate::server::client_io::{ClientIo, First, Returned};
@@ -340,14 +340,17 @@ async fn serve_connection(
 ) {
     let accepted = Instant::now();
     let server = shared.server.load_full();
+    let writes = ClientWrites::default();
     // The service of this connection; over HTTP/2 its requests also count its open streams,
     // over HTTP/1 the framing of their heads is followed.
     let service = {
         let shared = shared.clone();
+        let writes = writes.clone();
         move |streams: Option<Streams>,
               framing: Option<Arc<Framing>>,
               certificate: Option<Arc<str>>| {
             let shared = shared.clone();
+            let writes = writes.clone();
             service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                 if framing
                     .as_ref()
@@ -365,6 +368,7 @@ async fn serve_connection(
                     peer,
                     streams: streams.as_ref(),
                     certificate: certificate.as_ref(),
+                    writes: Some(&writes),
                 };
                 Box::pin(Handler::new(shared.metrics.clone(), peer, || {
                     gateway.handle(req, Some(client))
@@ -392,7 +396,12 @@ async fn serve_connection(
                     answer_plain_http(stream).await;
                     return None;
                 }
-                let (io, returned) = ClientIo::new(stream, First::default(), server.send_timeout);
+                let (io, returned) = ClientIo::new(
+                    stream,
+                    First::default(),
+                    server.send_timeout,
+                    writes.clone(),
+                );
                 let handshake = tokio::time::timeout_at(by, acceptor.accept(io));
                 // No request is in flight yet: a drain closes the connection at once rather
                 // than wait out the handshake (a load balancer's probe would hold every
@@ -480,7 +489,7 @@ async fn serve_connection(
             let Some(protocol) = protocol else {
                 return;
             };
-            let (io, returned) = ClientIo::new(stream, first, server.send_timeout);
+            let (io, returned) = ClientIo::new(stream, first, server.send_timeout, writes.clone());
             let result = match protocol {
                 Protocol::Http2 => {
                     Box::pin(crate::server::h2_idle::serve(
@@ -768,7 +777,12 @@ mod tests {
             let mut first = First::default();
             let by = Instant::now() + Duration::from_secs(10);
             assert_eq!(sniff(&mut server, by, &mut first).await, Some(protocol));
-            let (mut io, _) = ClientIo::new(server, first, Duration::from_secs(10));
+            let (mut io, _) = ClientIo::new(
+                server,
+                first,
+                Duration::from_secs(10),
+                ClientWrites::default(),
+            );
             let mut got = Vec::new();
             io.read_to_end(&mut got).await.unwrap();
             assert_eq!(got, pieces.concat());

@@ -8,6 +8,7 @@ use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use crate::config::{scrub, Config};
+use crate::error::Starved;
 use crate::gateway::Gateway;
 use crate::server::running::Running;
 use crate::server::shared::{ServerError, Shared};
@@ -296,10 +297,10 @@ async fn read_source(path: &Path) -> Result<Source, Unreadable> {
     })
 }
 
-/// A read that failed for want of descriptors (EMFILE, ENFILE) or memory (ENOMEM), the same
-/// numbers on Linux and the BSDs: it passes, and says nothing of the file.
+/// A read that failed for want of descriptors or memory ([`Starved`]): it passes, and says
+/// nothing of the file.
 fn passing(e: &std::io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(12 | 23 | 24)) || e.kind() == std::io::ErrorKind::OutOfMemory
+    Starved::of(e).is_some()
 }
 
 /// Runs `f` where blocking is allowed: a reload reads the config and every file it names

@@ -51,6 +51,8 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
+use crate::http::conn::ClientWrites;
+
 /// Stall checks per `send_timeout`.
 const CHECKS: u32 = 4;
 
@@ -124,9 +126,18 @@ impl Reaper {
 
     /// Shares `body` (and `held`, what must go with it, such as the route's admission slot)
     /// with the reaper, which drops both at `deadline`, or once the client has taken nothing
-    /// for `send_timeout`, unless the stream has ended by then. Must be called from within
-    /// the runtime the reaper's task is to run on.
-    pub fn guard<B, H>(&self, body: B, held: Option<H>, deadline: Instant) -> Reapable<B, H>
+    /// for `send_timeout`, unless the stream has ended by then. `writes`: the client
+    /// connection's, when the stream is its only one (HTTP/1): room the client made on the
+    /// socket is its reading too, though the connection has not asked for the next frame
+    /// (hyper buffers up to 16 of them). Must be called from within the runtime the reaper's
+    /// task is to run on.
+    pub fn guard<B, H>(
+        &self,
+        body: B,
+        held: Option<H>,
+        deadline: Instant,
+        writes: Option<ClientWrites>,
+    ) -> Reapable<B, H>
     where
         B: Send + 'static,
         H: Send + 'static,
@@ -149,6 +160,7 @@ impl Reaper {
                 stalled: 0,
                 due: (when, id),
                 deadline,
+                writes,
             }),
             held: Mutex::new(held),
             wheel: wheel.clone(),
@@ -237,6 +249,8 @@ struct Upstream<B> {
     /// The stream's place in the reaper's queue. Changed only under the queue's lock too.
     due: Due,
     deadline: Instant,
+    /// The client connection's writes, and their progress at the last look.
+    writes: Option<ClientWrites>,
 }
 
 /// What the body and the reaper share.
@@ -281,7 +295,11 @@ impl<B: Send, H: Send> Check for Shared<B, H> {
         if now >= up.deadline {
             return Verdict::Reap(Reaped::Deadline);
         }
-        up.stalled = if up.handed && up.seen == Some(up.polls) {
+        // Polls and the socket's progress together: either one moving is the client reading.
+        let seen = up
+            .polls
+            .wrapping_add(up.writes.as_ref().map_or(0, ClientWrites::progress));
+        up.stalled = if up.handed && up.seen == Some(seen) {
             up.stalled + 1
         } else {
             0
@@ -289,7 +307,7 @@ impl<B: Send, H: Send> Check for Shared<B, H> {
         if up.stalled >= CHECKS {
             return Verdict::Reap(Reaped::Stalled(send_timeout));
         }
-        up.seen = Some(up.polls);
+        up.seen = Some(seen);
         let when = (now + every).min(up.deadline);
         up.due.0 = when;
         Verdict::Again(when)
@@ -433,7 +451,7 @@ mod tests {
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
         let reaper = Reaper::new(HOUR);
         let deadline = Instant::now() + Duration::from_millis(500);
-        let mut body = reaper.guard(rx, Some(slot(&slots)), deadline);
+        let mut body = reaper.guard(rx, Some(slot(&slots)), deadline, None);
         tx.send_data(Bytes::from_static(b"a")).await.unwrap();
         let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&first[..], b"a");
@@ -457,10 +475,15 @@ mod tests {
         let reaper = Reaper::new(HOUR);
         let (_tx1, rx1) = Channel::<Bytes, std::io::Error>::new(1);
         let (mut tx2, rx2) = Channel::<Bytes, std::io::Error>::new(1);
-        let _long = reaper.guard(rx1, None::<()>, Instant::now() + HOUR);
+        let _long = reaper.guard(rx1, None::<()>, Instant::now() + HOUR, None);
         // The task is asleep until the first stream's look, a quarter of an hour away.
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let _short = reaper.guard(rx2, None::<()>, Instant::now() + Duration::from_millis(50));
+        let _short = reaper.guard(
+            rx2,
+            None::<()>,
+            Instant::now() + Duration::from_millis(50),
+            None,
+        );
         tokio::time::sleep(Duration::from_millis(60)).await;
         assert!(
             tx2.send_data(Bytes::from_static(b"a")).await.is_err(),
@@ -478,6 +501,7 @@ mod tests {
             rx,
             Some(slot(&slots)),
             Instant::now() + Duration::from_secs(600),
+            None,
         );
         let shared = Arc::downgrade(&body.shared);
         drop(body);
@@ -495,7 +519,7 @@ mod tests {
     async fn the_task_ends_once_the_reaper_and_its_streams_are_gone() {
         let reaper = Reaper::new(SEND);
         let (_tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
-        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR);
+        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, None);
         let wheel = Arc::downgrade(&reaper.wheel);
         tokio::task::yield_now().await;
         drop(reaper);
@@ -512,7 +536,7 @@ mod tests {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
         let reaper = Reaper::new(SEND);
-        let mut body = reaper.guard(rx, Some(slot(&slots)), Instant::now() + HOUR);
+        let mut body = reaper.guard(rx, Some(slot(&slots)), Instant::now() + HOUR, None);
         tx.send_data(Bytes::from_static(b"a")).await.unwrap();
         body.frame().await.unwrap().unwrap();
 
@@ -537,11 +561,11 @@ mod tests {
         let reaper = Reaper::new(SEND);
         let (mut tx1, rx1) = Channel::<Bytes, std::io::Error>::new(4);
         let (mut tx2, rx2) = Channel::<Bytes, std::io::Error>::new(4);
-        let mut first = reaper.guard(rx1, None::<()>, Instant::now() + HOUR);
+        let mut first = reaper.guard(rx1, None::<()>, Instant::now() + HOUR, None);
         tx1.send_data(Bytes::from_static(b"a")).await.unwrap();
         first.frame().await.unwrap().unwrap();
         tokio::time::sleep(SEND / 2).await;
-        let mut second = reaper.guard(rx2, None::<()>, Instant::now() + HOUR);
+        let mut second = reaper.guard(rx2, None::<()>, Instant::now() + HOUR, None);
         tx2.send_data(Bytes::from_static(b"a")).await.unwrap();
         second.frame().await.unwrap().unwrap();
 
@@ -566,7 +590,7 @@ mod tests {
     async fn a_silent_upstream_or_a_slow_steady_reader_is_not_a_stall() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
         let reaper = Reaper::new(SEND);
-        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR);
+        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, None);
         tokio::pin!(body);
         // The client waits on a silent upstream: polled, nothing handed out.
         let waited = tokio::time::timeout(SEND * 5, body.frame()).await;

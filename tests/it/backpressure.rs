@@ -70,8 +70,16 @@ fn rss_bytes() -> u64 {
 /// A client socket with a small receive buffer, so that what the client has not read stays
 /// in the gateway's hands (where it must be bounded) rather than the client's kernel.
 async fn small_client(addr: SocketAddr, budget_ms: u64) -> (TcpStream, Vec<u8>) {
+    client_with_buffer(addr, budget_ms, 16 * 1024).await
+}
+
+async fn client_with_buffer(
+    addr: SocketAddr,
+    budget_ms: u64,
+    recv_buffer: u32,
+) -> (TcpStream, Vec<u8>) {
     let socket = TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(16 * 1024).unwrap();
+    socket.set_recv_buffer_size(recv_buffer).unwrap();
     let mut s = socket.connect(addr).await.unwrap();
     let body = "{\"stream\":true}";
     let req = format!(
@@ -320,11 +328,57 @@ async fn a_client_that_reads_nothing_for_send_timeout_is_disconnected() {
     .expect("the connection was closed, not left open");
     eprintln!("send_timeout: stream ended after {ended:?}; client saw {end}");
     h.wait_requests("chat", 1.0).await;
+    // The gateway closed the connection: its cut, not the client's leaving (audit CC4).
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"send_timeout\",route=\"chat\"}")
+            .await,
+        1.0,
+        "a client that stopped reading is cut by send_timeout"
+    );
+}
+
+/// Audit CC4: a client that reads a fast stream slowly but steadily (through a small receive
+/// buffer, so the gateway's socket stays full) is neither disconnected nor has its upstream
+/// call reaped for `send_timeout`; it is once it stops reading, and the request counts as
+/// the gateway's `send_timeout`, not as the client leaving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_but_steady_reader_is_not_cut_by_send_timeout() {
+    let _serial = SERIAL.lock().await;
+    let (up, _written) = firehose().await;
+    // 2 s: five times what the reader below takes to reopen its window, so that a loaded
+    // machine's pauses do not look like a client that stopped.
+    let cfg = config(up).replace("[server]\n", "[server]\nsend_timeout = \"2s\"\n");
+    let h = Harness::with_config(&cfg).await;
+    // A 4 KiB buffer: the client's kernel opens its window again every 2 to 4 KiB read.
+    let (mut client, _) = client_with_buffer(h.addr(), 60_000, 4096).await;
+    let in_flight = "hourglass_upstream_requests_in_flight{upstream=\"fake\"}";
+    // 1000 bytes every 100 ms (10 KB/s) for three send_timeouts: slower than hyper hands the
+    // socket one of the upstream's frames, which it holds 16 of.
+    let reading_until = Instant::now() + Duration::from_secs(6);
+    let mut buf = [0u8; 1000];
+    while Instant::now() < reading_until {
+        let n = client.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the connection was closed while the client read");
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        h.metric(in_flight).await,
+        1.0,
+        "the upstream call was reaped"
+    );
+    // It stops reading: the upstream call and the connection end.
+    let start = Instant::now();
+    upstream_ended(&h, start, "a client that stopped reading held its stream").await;
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"send_timeout\",route=\"chat\"}")
+            .await,
+        1.0
+    );
     assert_eq!(
         h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
             .await,
-        1.0,
-        "a client that stopped reading is a client-side end"
+        0.0
     );
 }
 

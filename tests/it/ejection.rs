@@ -633,3 +633,93 @@ async fn a_wait_the_clients_timeout_cut_short_does_not_eject() {
     );
     assert_eq!(chat(&p).await, 200, "in time for a client that waits");
 }
+
+/// Sets the soft open-file limit of process `pid` (util-linux `prlimit`): the gateway's alone,
+/// never the shared test process's.
+fn set_nofile(pid: u32, soft: &str) {
+    let status = std::process::Command::new("prlimit")
+        .args(["--pid", &pid.to_string(), &format!("--nofile={soft}:")])
+        .status()
+        .expect("prlimit (util-linux) runs");
+    assert!(status.success(), "prlimit --nofile={soft}: {status}");
+}
+
+fn nofile(pid: u32) -> String {
+    let out = std::process::Command::new("prlimit")
+        .args([
+            "--pid",
+            &pid.to_string(),
+            "--nofile",
+            "--raw",
+            "--noheadings",
+        ])
+        .args(["--output", "SOFT"])
+        .output()
+        .expect("prlimit (util-linux) runs");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+/// Audit CC3: the gateway out of descriptors cannot open an upstream connection. That says
+/// nothing of the upstream: the client gets a 503 `overloaded` naming the gateway, with
+/// Retry-After, no fallback is tried (its connect would need a descriptor too), and neither
+/// upstream counts a failure, though one would eject either.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn the_gateway_out_of_descriptors_blames_no_upstream() {
+    let (primary, backup) = fakes().await;
+    let text = config(
+        &primary,
+        &backup,
+        "eject_after = 1",
+        "fallbacks = [\"backup\"]",
+    );
+    let p = Process::spawn(&text, &["--log-format", "json"], &[]).await;
+    // A connection accepted while descriptors were left, and known to be served.
+    let get = |path: &str| {
+        http::Request::get(path)
+            .header("host", "gateway")
+            .body(http_body_util::Full::default())
+            .unwrap()
+    };
+    let (resp, conn) = Conn::open(p.addr).await.send(get("/nowhere")).await;
+    assert_eq!(resp.status(), 404);
+    read_body(resp.into_body()).await;
+    let limit = nofile(p.pid());
+    // No descriptor can be opened: the next socket fails with EMFILE.
+    set_nofile(p.pid(), "0");
+    let (resp, conn) = conn.send(chat_request(&[], true)).await;
+    let status = resp.status();
+    let retry_after = resp.headers().get("retry-after").cloned();
+    let body = json_body(resp).await;
+    set_nofile(p.pid(), &limit);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(retry_after.as_ref().map(|v| v.to_str().unwrap()), Some("1"));
+    assert_eq!(body["error"]["code"], "overloaded", "{body}");
+    assert_message_starts(&body["error"], "the gateway has no file descriptor left");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Too many open files"),
+        "{body}"
+    );
+    let lines = p.request_lines(2).await;
+    let line = &lines[1];
+    let fields = line.get("fields").unwrap_or(line);
+    assert_eq!(fields["origin"], "overloaded", "{line}");
+    assert_eq!(fields["code"], "overloaded", "{line}");
+    // One attempt: neither a retry nor the fallback was tried.
+    assert!(fields.get("attempts").is_none(), "{line}");
+    for upstream in ["primary", "backup"] {
+        let series = format!("hourglass_upstream_ejected{{upstream=\"{upstream}\"}}");
+        assert_eq!(metric(p.admin, &series).await, 0.0, "{upstream}");
+    }
+    assert_eq!(primary.requests().len(), 0);
+    assert_eq!(backup.requests().len(), 0);
+    // Descriptors back, the primary answers as before.
+    drop(conn);
+    let (resp, _conn) = Conn::open(p.addr).await.send(chat_request(&[], true)).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    assert_eq!(primary.requests().len(), 1);
+}

@@ -430,6 +430,10 @@ impl Process {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("still running")
+    }
+
     /// SIGKILL: the process dies at once, as a replica that crashes does, mid-call.
     pub async fn kill(mut self) {
         self.child.kill().await.expect("the process was killed");
