@@ -173,6 +173,7 @@ fn limits() -> StreamLimits {
     StreamLimits {
         first_token_deadline: far,
         first_token_timeout: Duration::from_secs(3600),
+        first_token_patience: false,
         idle_timeout: Duration::from_secs(3600),
         client_silence: None,
         deadline: far,

@@ -215,7 +215,7 @@ pub enum GatewayError {
         /// read a limit it finds neither in its code nor in the gateway's config.
         patience: bool,
     },
-    #[error("idle timeout: upstream {upstream:?} was silent for {}{}", ms(*.after), cut_to_patience(*.patience))]
+    #[error("idle timeout: {}", silence(upstream, *.after, *.patience))]
     IdleTimeout {
         upstream: String,
         after: Duration,
@@ -513,11 +513,24 @@ fn held(reserve: Duration) -> String {
 /// Why a first-token or idle limit was shorter than the route's.
 fn cut_to_patience(patience: bool) -> &'static str {
     if patience {
-        ", the read timeout the client's SDK announced (x-stainless-timeout or \
-         x-stainless-read-timeout) less a margin, so that the client hears why before it \
-         gives up"
+        ": the client's SDK stops waiting then (the timeout it announced in \
+         x-stainless-timeout or x-stainless-read-timeout, less a margin), and hears why first"
     } else {
         ""
+    }
+}
+
+/// What went quiet, in the message of `idle_timeout`. Cut for the client's patience, the
+/// upstream may not have been silent: bytes of an event it had not finished reached no one.
+fn silence(upstream: &str, after: Duration, patience: bool) -> String {
+    if patience {
+        format!(
+            "no whole event from upstream {upstream:?} reached the client for {}{}",
+            ms(after),
+            cut_to_patience(true)
+        )
+    } else {
+        format!("upstream {upstream:?} was silent for {}", ms(after))
     }
 }
 
@@ -977,9 +990,10 @@ mod tests {
                     after,
                     patience: true,
                 },
-                "idle timeout: upstream \"fake\" was silent for 1000ms, the read timeout the \
-                 client's SDK announced (x-stainless-timeout or x-stainless-read-timeout) less \
-                 a margin, so that the client hears why before it gives up",
+                "idle timeout: no whole event from upstream \"fake\" reached the client for \
+                 1000ms: the client's SDK stops waiting then (the timeout it announced in \
+                 x-stainless-timeout or x-stainless-read-timeout, less a margin), and hears why \
+                 first",
             ),
             (
                 GatewayError::DeadlineExceeded {

@@ -144,7 +144,7 @@ impl<'a> Attempt<'a> {
                 }
             };
             let Some(result) = result else {
-                let e = self.limit_error(sent_at.is_some(), now);
+                let e = self.limit_error(sent_at.is_some(), now, timer.deadline());
                 // Sent, and not even a head for the route's whole first-token limit (not one
                 // a client's short timeout or a fallback's room cut): on a shared HTTP/2
                 // connection, the peer may be gone while the socket stays open, and every
@@ -187,6 +187,13 @@ impl<'a> Attempt<'a> {
             };
             let first_token_deadline =
                 (sent_at + first_token_timeout).min(if held { head_wait } else { wait_deadline });
+            // What the first-token limit said to the client: the wait it gets, and whether
+            // its own SDK's timeout set that.
+            let first_token_timeout = first_token_deadline.saturating_duration_since(sent_at);
+            let first_token_patience = held
+                && budget
+                    .head_by()
+                    .is_some_and(|by| by <= first_token_deadline);
             // An answer assembled for a client that did not stream keeps that client silent
             // until it is whole: it ends (whole, partial or 504) before the client's SDK
             // gives up, when the SDK said when that is.
@@ -211,6 +218,7 @@ impl<'a> Attempt<'a> {
             let limits = StreamLimits {
                 first_token_deadline,
                 first_token_timeout,
+                first_token_patience,
                 idle_timeout: budget.idle_timeout,
                 client_silence: budget.read_patience,
                 deadline,
@@ -269,7 +277,8 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    fn limit_error(&self, connected: bool, started: Instant) -> GatewayError {
+    /// The error of the attempt's wait for its head ending at `fired`.
+    fn limit_error(&self, connected: bool, started: Instant, fired: Instant) -> GatewayError {
         let upstream = self.upstream.name.to_string();
         let now = Instant::now();
         if now >= self.budget.work_deadline() {
@@ -291,9 +300,9 @@ impl<'a> Attempt<'a> {
                 after: self
                     .first_token_timeout
                     .min(now.saturating_duration_since(started)),
-                // The client's patience, when nothing cut it shorter.
-                patience: self.budget.read_patience == Some(self.first_token_timeout)
-                    && self.first_token_timeout < self.budget.route_first_token_timeout,
+                // The wait that ended was the client's: its SDK gives up then. (Its read
+                // timeout, which may have cut `first_token_timeout`, is never shorter.)
+                patience: self.budget.head_by().is_some_and(|by| by <= fired),
             }
         }
     }

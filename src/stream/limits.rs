@@ -15,6 +15,9 @@ pub struct StreamLimits {
     /// Request sent + first-token limit: the first data event must arrive before this.
     pub first_token_deadline: Instant,
     pub first_token_timeout: Duration,
+    /// The client's patience (the timeout its SDK announced, less a margin) set
+    /// `first_token_deadline`: a head held for its first token waits no longer.
+    pub first_token_patience: bool,
     /// Longest silence between data events once streaming.
     pub idle_timeout: Duration,
     /// The client's read timeout (less a margin), when its SDK announced one: the longest
@@ -54,13 +57,12 @@ pub struct RunTokens {
 }
 
 impl StreamLimits {
-    /// The first-token error: `first_token_timeout` came from the client's read timeout
-    /// when it equals it (a head held for its first token waits no longer than the client).
+    /// The error of `first_token_deadline` passing.
     pub fn first_token_error(&self) -> GatewayError {
         GatewayError::FirstTokenTimeout {
             upstream: self.upstream.to_string(),
             after: self.first_token_timeout,
-            patience: self.client_silence == Some(self.first_token_timeout),
+            patience: self.first_token_patience,
         }
     }
 

@@ -1020,7 +1020,7 @@ async fn what_reaches_the_client_restarts_its_sdks_timeout() {
     assert_eq!(e["code"], "first_token_timeout", "{e}");
     // The limit is the client's, which neither its code nor the config spells: said
     // (audit CD).
-    let sdk = "900ms, the read timeout the client's SDK announced";
+    let sdk = "900ms: the client's SDK stops waiting then";
     assert!(e["message"].as_str().unwrap().contains(sdk), "{e}");
     // The same for a silence after the first token, shorter than the route's idle limit.
     let (resp, _c) = h
@@ -1044,6 +1044,31 @@ async fn what_reaches_the_client_restarts_its_sdks_timeout() {
         e["message"],
         "idle timeout: upstream \"fake\" was silent for 1000ms"
     );
+}
+
+/// A client whose SDK waits longer than the route's first-token limit is cut by that limit,
+/// and its message says nothing of the client's timeout, whether the head had gone out or not.
+#[tokio::test]
+async fn the_routes_own_first_token_limit_is_not_put_on_the_client() {
+    let h = Harness::with_config(&BASE.replace(
+        "first_token_timeout = \"2s\"",
+        "first_token_timeout = \"300ms\"",
+    ))
+    .await;
+    let said = "first token timeout: upstream \"fake\" sent no token within 300ms";
+    let slow = [
+        ("x-stainless-read-timeout", "10"),
+        ("x-fake-ttft-ms", "2000"),
+    ];
+    let (resp, _c) = h.chat(&slow).await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(json_body(resp).await["error"]["message"], said);
+    let mut first = slow.to_vec();
+    first.push(("x-fake-headers-first", "1"));
+    let (resp, _c) = h.chat(&first).await;
+    let read = read_body(resp.into_body()).await;
+    let e = read.error_event().expect("cut at the route's limit");
+    assert_eq!(e["message"], said, "{e}");
 }
 
 /// `hourglass_budget_seconds` and `hourglass_budget_used_ratio` count the same requests: a

@@ -622,7 +622,7 @@ async fn a_wait_the_clients_timeout_cut_short_does_not_eject() {
     assert_eq!(resp.status(), 504);
     let e = json_body(resp).await;
     assert_eq!(e["error"]["code"], "first_token_timeout");
-    let said = "within 450ms, the read timeout the client's SDK announced";
+    let said = "within 450ms: the client's SDK stops waiting then";
     assert!(
         e["error"]["message"].as_str().unwrap().contains(said),
         "{e}"

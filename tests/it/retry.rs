@@ -871,6 +871,14 @@ async fn the_sdks_patience_bounds_the_wait_for_the_head_across_attempts() {
     assert_eq!(resp.status(), 504);
     let body = json_body(resp).await;
     assert_eq!(body["error"]["code"], "first_token_timeout", "{body}");
+    // What is left of the client's patience ended the fallback's wait, a span neither
+    // the client nor the config spells: the message says whose it was (audit CE).
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("first token timeout: upstream \"backup\" sent no token within ")
+            && message.contains("ms: the client's SDK stops waiting then"),
+        "{message}"
+    );
     // By the 2.7 s mark (3 s less its margin), and so before the client's 3 s.
     assert!(took < Duration::from_secs(3), "{took:?}");
     // The fallback was given its turn inside the mark, not after it.

@@ -66,6 +66,7 @@ fn limits(first: u64, idle: u64, total: u64) -> StreamLimits {
     StreamLimits {
         first_token_deadline: now + ms(first),
         first_token_timeout: ms(first),
+        first_token_patience: false,
         idle_timeout: ms(idle),
         client_silence: None,
         deadline: now + ms(total),
@@ -1157,7 +1158,10 @@ async fn keep_alives_restart_the_clients_reads_but_not_the_routes_limits() {
     let (out, _) = drain(&mut b).await;
     let text = String::from_utf8(out).unwrap();
     assert!(text.starts_with("data: 1\n\nevent: error\n"), "{text}");
-    assert!(text.contains("silent for 900ms"), "{text}");
+    assert!(
+        text.contains("reached the client for 900ms: the client's SDK stops waiting then"),
+        "{text}"
+    );
     assert_eq!(start.elapsed(), ms(1_000));
     assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
     t.abort();
@@ -1206,7 +1210,11 @@ async fn a_half_event_trickling_in_is_silence_to_the_client() {
     let (out, _) = drain(&mut b).await;
     let text = String::from_utf8(out).unwrap();
     assert!(text.starts_with("data: 1\n\nevent: error\n"), "{text}");
-    assert!(text.contains("silent for 900ms"), "{text}");
+    // Not "silent": the upstream was sending, a half event no one got (audit CE).
+    assert!(
+        text.contains(r#"no whole event from upstream \"up\" reached the client for 900ms"#),
+        "{text}"
+    );
     assert_eq!(start.elapsed(), ms(1_000));
     assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
     t.abort();
