@@ -26,6 +26,37 @@ pub struct Admin {
     pub runs: Arc<Runs>,
     /// The routing table being served, whichever reload put it there.
     pub gateway: Arc<ArcSwap<Gateway>>,
+    pub scrape: Scrape,
+}
+
+/// The last `/metrics` text and when its encoding began. One encoding at a time, off the
+/// runtime's workers, and scrapes that came while one ran share the next: with many client
+/// series (50,000 named keys: 27 MB, a second to encode) 20 scrapes at once each encoded
+/// their own, 3.9 GB together (audit CE). A scrape is never answered with figures older
+/// than its own arrival.
+#[derive(Default)]
+pub struct Scrape(tokio::sync::Mutex<Option<(tokio::time::Instant, Bytes)>>);
+
+impl Scrape {
+    async fn text(&self, metrics: &Arc<Metrics>) -> Bytes {
+        let asked = tokio::time::Instant::now();
+        // Held across the encoding: the scrapes queued on it are what it bounds.
+        let mut last = self.0.lock().await;
+        if let Some((began, text)) = &*last {
+            if *began >= asked {
+                return text.clone();
+            }
+        }
+        let began = tokio::time::Instant::now();
+        let metrics = metrics.clone();
+        let text = Bytes::from(
+            tokio::task::spawn_blocking(move || metrics.encode())
+                .await
+                .expect("encoding the metrics does not panic"),
+        );
+        *last = Some((began, text.clone()));
+        text
+    }
 }
 
 #[derive(Default)]
@@ -83,11 +114,7 @@ pub async fn handle<B>(
         "/metrics" => {
             // Off the runtime's workers: with many client series (a key file of thousands of
             // named keys) a scrape takes a second, which would stall the streams beside it.
-            let metrics = metrics.clone();
-            let encoded = tokio::task::spawn_blocking(move || metrics.encode())
-                .await
-                .expect("encoding the metrics does not panic");
-            let mut resp = text(StatusCode::OK, encoded);
+            let mut resp = text(StatusCode::OK, admin.scrape.text(metrics).await);
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,
                 header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -234,4 +261,37 @@ fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
         header::HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Audit CE: twenty scrapes at once each encoded the whole text (3.9 GB with 50,000
+    /// named keys). Those that came while an encoding ran share the next one; none gets
+    /// figures from before it came.
+    #[tokio::test]
+    async fn scrapes_at_once_share_one_encoding() {
+        let metrics = Arc::new(Metrics::new());
+        let scrape = Arc::new(Scrape::default());
+        let scrapes: Vec<_> = (0..20)
+            .map(|_| {
+                let (scrape, metrics) = (scrape.clone(), metrics.clone());
+                tokio::spawn(async move { scrape.text(&metrics).await })
+            })
+            .collect();
+        let mut texts = Vec::new();
+        for s in scrapes {
+            texts.push(s.await.unwrap());
+        }
+        let mut encodings: Vec<_> = texts.iter().map(|t| t.as_ptr()).collect();
+        encodings.sort();
+        encodings.dedup();
+        // The first scrape's, and one for all that came while it ran.
+        assert!(encodings.len() <= 2, "{} encodings", encodings.len());
+        assert!(texts.iter().all(|t| t.starts_with(b"# HELP")));
+        // A scrape after them all gets a new one.
+        let later = scrape.text(&metrics).await;
+        assert!(!encodings.contains(&later.as_ptr()));
+    }
 }

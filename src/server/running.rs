@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::gateway::Gateway;
-use crate::server::admin::{Admin, Health};
+use crate::server::admin::{Admin, Health, Scrape};
 use crate::server::listen::{local, serve_admin, serve_clients, tune};
 use crate::server::shared::{AtStart, ServerError, Shared};
 use crate::stream::signal::Signal;
@@ -117,6 +117,7 @@ pub async fn start_with_source(
             health: health.clone(),
             runs: runs.clone(),
             gateway: shared.gateway.clone(),
+            scrape: Scrape::default(),
         }),
     ));
     let task = {
