@@ -363,14 +363,19 @@ async fn the_upstreams_own_key_replaces_the_clients() {
 #[tokio::test]
 async fn an_unauthenticated_body_is_never_read() {
     let (h, dir) = with_keys(None).await;
-    // A head that promises 10 MB and sends none of it: the answer comes at once.
+    refused_before_the_body(&h, "").await;
+    dir.close().unwrap();
+}
+
+/// A head that promises 10 MB and sends none of it, with `credentials` (a header line or
+/// none): the 401 comes at once, and nothing reaches the upstream.
+async fn refused_before_the_body(h: &Harness, credentials: &str) {
     let mut s = TcpStream::connect(h.addr()).await.unwrap();
-    s.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
-          content-length: 10000000\r\n\r\n",
-    )
-    .await
-    .unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+         {credentials}content-length: 10000000\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
     let mut buf = vec![0u8; 4096];
     let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
         .await
@@ -379,7 +384,6 @@ async fn an_unauthenticated_body_is_never_read() {
     let text = String::from_utf8_lossy(&buf[..n]);
     assert!(text.starts_with("HTTP/1.1 401"), "{text}");
     assert!(h.fake.requests().is_empty());
-    dir.close().unwrap();
 }
 
 /// Audit CA: an open catch-all after a keyed route (kept for `/v1/models`) can never take a
@@ -391,21 +395,7 @@ async fn a_catch_all_route_after_the_keyed_one_does_not_open_the_body() {
     let cfg =
         format!("{cfg}\n[[routes]]\nname = \"rest\"\npath_prefix = \"/v1\"\nupstream = \"fake\"\n");
     let h = Harness::with_config(&cfg).await;
-    let mut s = TcpStream::connect(h.addr()).await.unwrap();
-    s.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
-          authorization: Bearer not-a-key-of-this-route\r\ncontent-length: 10000000\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let mut buf = vec![0u8; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut buf))
-        .await
-        .expect("answered without the body")
-        .unwrap();
-    let text = String::from_utf8_lossy(&buf[..n]);
-    assert!(text.starts_with("HTTP/1.1 401"), "{text}");
-    assert!(h.fake.requests().is_empty());
+    refused_before_the_body(&h, "authorization: Bearer not-a-key-of-this-route\r\n").await;
     // The catch-all still serves what only it matches.
     let req = Request::get("/v1/models")
         .header("host", "g")

@@ -169,11 +169,7 @@ async fn a_client_that_stops_reading_stops_the_upstream() {
     assert!(later - read < BOUND, "in flight: {}", later - read);
     drop(client);
     h.wait_requests("chat", 1.0).await;
-    assert_eq!(
-        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
-            .await,
-        1.0
-    );
+    assert_eq!(cancelled(&h, "client").await, 1.0);
     assert_eq!(
         h.metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
             .await,
@@ -263,11 +259,7 @@ async fn a_client_that_stops_reading_does_not_outlive_its_budget() {
     );
     assert!(text.contains("deadline_exceeded"));
     h.wait_requests("chat", 2.0).await;
-    assert_eq!(
-        h.metric("hourglass_cancellations_total{origin=\"deadline\",route=\"chat\"}")
-            .await,
-        1.0
-    );
+    assert_eq!(cancelled(&h, "deadline").await, 1.0);
 }
 
 /// A client that stops reading and leaves after the reaper ended its upstream call at the
@@ -282,16 +274,8 @@ async fn a_client_that_leaves_after_its_deadline_cut_the_upstream_counts_as_the_
     upstream_ended(&h, start, "the upstream call outlived its budget").await;
     drop(client);
     h.wait_requests("chat", 1.0).await;
-    assert_eq!(
-        h.metric("hourglass_cancellations_total{origin=\"deadline\",route=\"chat\"}")
-            .await,
-        1.0
-    );
-    assert_eq!(
-        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
-            .await,
-        0.0
-    );
+    assert_eq!(cancelled(&h, "deadline").await, 1.0);
+    assert_eq!(cancelled(&h, "client").await, 0.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -330,8 +314,7 @@ async fn a_client_that_reads_nothing_for_send_timeout_is_disconnected() {
     h.wait_requests("chat", 1.0).await;
     // The gateway closed the connection: its cut, not the client's leaving (audit CC4).
     assert_eq!(
-        h.metric("hourglass_cancellations_total{origin=\"send_timeout\",route=\"chat\"}")
-            .await,
+        cancelled(&h, "send_timeout").await,
         1.0,
         "a client that stopped reading is cut by send_timeout"
     );
@@ -370,16 +353,8 @@ async fn a_slow_but_steady_reader_is_not_cut_by_send_timeout() {
     let start = Instant::now();
     upstream_ended(&h, start, "a client that stopped reading held its stream").await;
     h.wait_requests("chat", 1.0).await;
-    assert_eq!(
-        h.metric("hourglass_cancellations_total{origin=\"send_timeout\",route=\"chat\"}")
-            .await,
-        1.0
-    );
-    assert_eq!(
-        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
-            .await,
-        0.0
-    );
+    assert_eq!(cancelled(&h, "send_timeout").await, 1.0);
+    assert_eq!(cancelled(&h, "client").await, 0.0);
 }
 
 /// HTTP/2: one stream whose client grants it no more window, while another stream on the same
@@ -476,9 +451,16 @@ async fn an_http2_stream_its_client_stops_reading_ends_at_send_timeout_while_oth
     drop(flowing);
     h.wait_requests("chat", 2.0).await;
     assert_eq!(
-        h.metric("hourglass_cancellations_total{origin=\"client\",route=\"chat\"}")
-            .await,
+        cancelled(&h, "client").await,
         2.0,
         "the stalled stream and the one dropped here are the client's"
     );
+}
+
+/// The `chat` route's cancellations of `origin`.
+async fn cancelled(h: &Harness, origin: &str) -> f64 {
+    h.metric(&format!(
+        "hourglass_cancellations_total{{origin=\"{origin}\",route=\"chat\"}}"
+    ))
+    .await
 }

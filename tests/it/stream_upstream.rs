@@ -796,15 +796,7 @@ async fn compatible_servers_errors_and_choiceless_streams_are_no_answer() {
 /// logged with what the upstream had sent (audit J2).
 #[tokio::test]
 async fn the_access_lines_size_is_what_the_clients_body_carried() {
-    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let p = crate::support::Process::spawn(
-        &CONFIG.replace("{FAKE}", &fake.url()),
-        &["--log-format", "access"],
-        &[],
-    )
-    .await;
+    let (fake, p) = logging_access_lines().await;
     // The status and size of the `n`th access line, once it is written.
     let line = |n: usize| {
         let p = &p;
@@ -864,15 +856,7 @@ async fn the_access_lines_size_is_what_the_clients_body_carried() {
 /// (audit CB).
 #[tokio::test]
 async fn the_access_lines_size_leaves_out_the_held_bytes_dropped() {
-    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let p = crate::support::Process::spawn(
-        &CONFIG.replace("{FAKE}", &fake.url()),
-        &["--log-format", "access"],
-        &[],
-    )
-    .await;
+    let (fake, p) = logging_access_lines().await;
     let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
     let finished =
         "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
@@ -955,4 +939,18 @@ async fn the_access_lines_size_leaves_out_the_held_bytes_dropped() {
     }
     // (case, the client's body, the access line's size)
     assert!(sizes.iter().all(|(_, got, size)| got == size), "{sizes:?}");
+}
+
+/// A gateway process writing access lines, in front of a fake of its own.
+async fn logging_access_lines() -> (hourglass_fake::FakeUpstream, crate::support::Process) {
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let p = crate::support::Process::spawn(
+        &CONFIG.replace("{FAKE}", &fake.url()),
+        &["--log-format", "access"],
+        &[],
+    )
+    .await;
+    (fake, p)
 }
