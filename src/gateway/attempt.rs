@@ -556,12 +556,40 @@ fn starved(
     upstream: &str,
     reason: &str,
 ) -> Option<GatewayError> {
-    let starved = crate::error::Starved::in_chain(e)?;
+    if let Some(starved) = crate::error::Starved::in_chain(e) {
+        return Some(GatewayError::Starved {
+            upstream: upstream.to_owned(),
+            starved,
+            reason: reason.to_owned(),
+        });
+    }
+    let starved = lookup_starved(e)?;
     Some(GatewayError::Starved {
         upstream: upstream.to_owned(),
         starved,
-        reason: reason.to_owned(),
+        reason: format!("{reason} (the name lookup could open neither /etc/hosts nor a socket)"),
     })
+}
+
+/// A name lookup that failed while the gateway had no descriptor left. glibc's getaddrinfo
+/// then says "Name or service not known", with no error number, as for a name that does not
+/// exist: audit CF saw every upstream given by a host name (every real provider) blamed and
+/// ejected. On a failed lookup (hyper-util's "dns error"), a socket opened and closed at once
+/// tells whether descriptors are what was missing: one syscall pair, on that failure only.
+fn lookup_starved(e: &(dyn std::error::Error + 'static)) -> Option<crate::error::Starved> {
+    let mut source = Some(e);
+    let mut lookup = false;
+    while let Some(s) = source {
+        lookup |= s.to_string() == "dns error";
+        source = s.source();
+    }
+    if !lookup {
+        return None;
+    }
+    match socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None) {
+        Ok(_) => None,
+        Err(e) => crate::error::Starved::of(&e),
+    }
 }
 
 /// Why the upstream processed none of a stream it ended before its head (RFC 9113 §8.7),
