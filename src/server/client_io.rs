@@ -168,9 +168,8 @@ pub struct ClientIo {
     stall: Option<Pin<Box<Sleep>>>,
     /// When the writes stalled (or last saw the client read), while they are.
     stalled: Option<Instant>,
-    /// The bytes the socket held unacknowledged at the stall's last look, and when that was.
+    /// The bytes the socket held unacknowledged at the stall's last look.
     unacked: Option<u64>,
-    looked: Instant,
     writes: ClientWrites,
 }
 
@@ -195,7 +194,6 @@ impl ClientIo {
             stall: None,
             stalled: None,
             unacked: None,
-            looked: Instant::now(),
             writes,
         };
         (io, returned)
@@ -227,7 +225,6 @@ impl ClientIo {
         if since == now {
             sleep.as_mut().reset(now + check);
             self.unacked = self.socket.as_ref().and_then(unacked);
-            self.looked = now;
         }
         loop {
             if sleep.as_mut().poll(cx).is_pending() {
@@ -249,16 +246,17 @@ impl ClientIo {
                 }
             }
             let now = Instant::now();
-            let previous = std::mem::replace(&mut self.looked, now);
             if held
                 .zip(self.unacked)
                 .is_some_and(|(held, before)| held < before)
             {
                 // Acknowledged since the last look: the client read, too little yet to make
-                // room for a segment. It may have read just after that look: counted from
-                // it, a client whose reads come a send_timeout apart is never cut.
-                since = previous;
-                self.stalled = Some(previous);
+                // room for a segment. Counted from now, the latest it can have read: dated
+                // at the last look, a read was up to a quarter of send_timeout older than it
+                // was, and a client reading every 0.8 send_timeout was cut (audit CF). One
+                // that stops is cut up to a quarter late instead.
+                since = now;
+                self.stalled = Some(now);
                 self.writes.progressed();
             }
             self.unacked = held;
@@ -445,5 +443,51 @@ mod tests {
             .unwrap_err();
         assert_eq!(cut.kind(), io::ErrorKind::TimedOut, "{cut}");
         assert!(writes.was_cut());
+    }
+
+    /// Audit CF: a client that empties its buffer every 0.8 send_timeout was cut: its read,
+    /// seen at a look, was dated at the look before, up to a quarter of send_timeout too
+    /// early. (The clock is paused; the socket is real: the reads' acknowledgements are in the
+    /// kernel at once.)
+    #[tokio::test(start_paused = true)]
+    async fn a_reader_just_inside_send_timeout_is_never_cut() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpSocket::new_v4().unwrap();
+        client.set_recv_buffer_size(4096).unwrap();
+        let mut client = client
+            .connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        socket2::SockRef::from(&server)
+            .set_send_buffer_size(1 << 20)
+            .unwrap();
+        let writes = ClientWrites::default();
+        let (mut io, _returned) =
+            ClientIo::new(server, First::default(), SEND_TIMEOUT, writes.clone());
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'x'; 64 << 10];
+            loop {
+                io.write_all(&chunk).await?;
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), io::Error>(())
+        });
+        let mut buf = vec![0u8; 64 << 10];
+        for i in 0..40 {
+            tokio::time::sleep(SEND_TIMEOUT * 4 / 5).await;
+            // What the buffer holds, at once: the window opens as it empties.
+            let read = client.read(&mut buf).await.unwrap();
+            assert!(read > 0);
+            assert!(!writer.is_finished(), "cut after {i} reads");
+        }
+        assert!(!writes.was_cut());
+        // Stopped: cut within a quarter more than send_timeout.
+        let cut = tokio::time::timeout(SEND_TIMEOUT * 3 / 2, writer)
+            .await
+            .expect("cut once it stopped reading")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(cut.kind(), io::ErrorKind::TimedOut, "{cut}");
     }
 }

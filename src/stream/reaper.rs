@@ -304,7 +304,15 @@ impl<B: Send, H: Send> Check for Shared<B, H> {
         } else {
             0
         };
-        if up.stalled >= CHECKS {
+        // The socket's progress is seen at the connection's own looks, up to a quarter of
+        // send_timeout after the client read: one look more, or a client reading just inside
+        // send_timeout could lose its upstream call (audit CF).
+        let looks = if up.writes.is_some() {
+            CHECKS + 1
+        } else {
+            CHECKS
+        };
+        if up.stalled >= looks {
             return Verdict::Reap(Reaped::Stalled(send_timeout));
         }
         up.seen = Some(seen);
@@ -604,5 +612,34 @@ mod tests {
         tx.send_data(Bytes::from_static(b"y")).await.unwrap();
         let last = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&last[..], b"y", "still streaming");
+    }
+
+    /// A stream whose client's reading shows only on its socket (HTTP/1: hyper holds frames
+    /// it has not written), signalled a quarter late at worst: reads just inside
+    /// send_timeout keep its upstream call; once they stop, it is reaped.
+    #[tokio::test(start_paused = true)]
+    async fn a_sockets_late_signal_of_reading_keeps_the_stream() {
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
+        let reaper = Reaper::new(SEND);
+        let writes = ClientWrites::default();
+        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, Some(writes.clone()));
+        tokio::pin!(body);
+        tx.send_data(Bytes::from_static(b"x")).await.unwrap();
+        body.frame().await.unwrap().unwrap();
+        // Signals a fifth over send_timeout apart: reads just inside it, seen late.
+        for _ in 0..20 {
+            tokio::time::sleep(SEND + SEND / 5).await;
+            writes.progressed();
+        }
+        assert!(
+            tx.send_data(Bytes::from_static(b"y")).await.is_ok(),
+            "reaped"
+        );
+        tokio::time::sleep(SEND * 2).await;
+        tokio::task::yield_now().await;
+        assert!(
+            tx.send_data(Bytes::from_static(b"z")).await.is_err(),
+            "a client that stopped reading kept its upstream call"
+        );
     }
 }
