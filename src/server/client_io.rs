@@ -391,22 +391,23 @@ mod tests {
 
     const SEND_TIMEOUT: Duration = Duration::from_secs(1);
 
-    /// Audit CC4: a client reading a fast stream slowly, through a small receive buffer, is
-    /// never cut by `send_timeout` while it reads, though Linux would not wake the blocked
-    /// writer until half of its send buffer had drained (seconds at this rate); once it stops
-    /// reading, it is cut, and the connection says the gateway cut it.
-    #[tokio::test]
-    async fn a_slow_reader_is_not_cut_while_it_reads_and_is_once_it_stops() {
+    /// A client with a 4 KiB receive buffer, and a task writing to it through a `ClientIo`
+    /// as fast as it takes, until `send_timeout` cuts it. The server's send buffer is far
+    /// larger than what the reader takes per send_timeout: its half drains in seconds (as the
+    /// audit's 2.8 MB did in minutes).
+    async fn writing_to_a_slow_client() -> (
+        TcpStream,
+        tokio::task::JoinHandle<io::Result<()>>,
+        ClientWrites,
+    ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpSocket::new_v4().unwrap();
         client.set_recv_buffer_size(4096).unwrap();
-        let mut client = client
+        let client = client
             .connect(listener.local_addr().unwrap())
             .await
             .unwrap();
         let (server, _) = listener.accept().await.unwrap();
-        // A send buffer far larger than what the reader takes per send_timeout: its half
-        // drains in seconds (as the audit's 2.8 MB did in minutes).
         socket2::SockRef::from(&server)
             .set_send_buffer_size(1 << 20)
             .unwrap();
@@ -418,9 +419,17 @@ mod tests {
             loop {
                 io.write_all(&chunk).await?;
             }
-            #[allow(unreachable_code)]
-            Ok::<(), io::Error>(())
         });
+        (client, writer, writes)
+    }
+
+    /// Audit CC4: a client reading a fast stream slowly, through a small receive buffer, is
+    /// never cut by `send_timeout` while it reads, though Linux would not wake the blocked
+    /// writer until half of its send buffer had drained (seconds at this rate); once it stops
+    /// reading, it is cut, and the connection says the gateway cut it.
+    #[tokio::test]
+    async fn a_slow_reader_is_not_cut_while_it_reads_and_is_once_it_stops() {
+        let (mut client, writer, writes) = writing_to_a_slow_client().await;
         // 2000 bytes every 50 ms (40 KB/s) for four send_timeouts.
         let reading_until = Instant::now() + 4 * SEND_TIMEOUT;
         let mut buf = [0u8; 2000];
@@ -451,28 +460,7 @@ mod tests {
     /// kernel at once.)
     #[tokio::test(start_paused = true)]
     async fn a_reader_just_inside_send_timeout_is_never_cut() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpSocket::new_v4().unwrap();
-        client.set_recv_buffer_size(4096).unwrap();
-        let mut client = client
-            .connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        socket2::SockRef::from(&server)
-            .set_send_buffer_size(1 << 20)
-            .unwrap();
-        let writes = ClientWrites::default();
-        let (mut io, _returned) =
-            ClientIo::new(server, First::default(), SEND_TIMEOUT, writes.clone());
-        let writer = tokio::spawn(async move {
-            let chunk = vec![b'x'; 64 << 10];
-            loop {
-                io.write_all(&chunk).await?;
-            }
-            #[allow(unreachable_code)]
-            Ok::<(), io::Error>(())
-        });
+        let (mut client, writer, writes) = writing_to_a_slow_client().await;
         let mut buf = vec![0u8; 64 << 10];
         for i in 0..40 {
             tokio::time::sleep(SEND_TIMEOUT * 4 / 5).await;
