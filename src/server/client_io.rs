@@ -174,7 +174,7 @@ pub struct ClientIo {
 }
 
 /// Looks at a stalled write per `send_timeout`.
-const STALL_CHECKS: u32 = 4;
+pub(super) const STALL_CHECKS: u32 = 4;
 
 impl ClientIo {
     /// `first`: what was read of the socket before (hyper reads it first). `writes`: what
@@ -367,19 +367,25 @@ impl AsyncWrite for ClientIo {
 
 /// The bytes `socket` holds that its peer has not acknowledged (Linux `SIOCOUTQ`): they fall
 /// with every byte the client reads, where a write may wait for a segment's room.
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
 fn unacked(socket: &TcpStream) -> Option<u64> {
     use std::os::fd::AsRawFd;
+    unacked_by(socket.as_raw_fd())
+}
+
+/// [`unacked`], of the socket open as `fd`.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+pub(super) fn unacked_by(fd: std::os::fd::RawFd) -> Option<u64> {
     let mut n: libc::c_int = 0;
     // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int through the pointer, which outlives the
-    // call; the descriptor is the stream's, open while it is borrowed.
-    let r = unsafe { libc::ioctl(socket.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    // call. Given a descriptor that is not (or no longer) a socket's, it fails or reads
+    // another socket's count; it touches no memory of ours but `n`.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
     (r == 0).then(|| u64::try_from(n).unwrap_or(0))
 }
 
 #[cfg(not(target_os = "linux"))]
-fn unacked(_: &TcpStream) -> Option<u64> {
+pub(super) fn unacked_by(_: std::os::fd::RawFd) -> Option<u64> {
     None
 }
 

@@ -5,9 +5,9 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -31,6 +31,7 @@ use crate::http::conn::{ClientConn, ClientWrites, Streams};
 use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
 use crate::server::admin::Admin;
 use crate::server::client_io::{ClientIo, First, Returned};
+use crate::server::head_timer::HeadTimer;
 use crate::server::shared::Shared;
 use crate::stream::signal::{Signal, Waiter};
 use crate::telemetry::metrics::Metrics;
@@ -62,16 +63,22 @@ struct Protocols {
     http2: http2::Builder<TokioExecutor>,
 }
 
-/// `accepted`: when the connection was, from which its first request head is timed.
-fn protocols(server: &ServerConfig, accepted: Instant) -> Protocols {
+/// `accepted`: when the connection was, from which its first request head is timed; `fd`:
+/// its socket, whose unread bytes a head's limit waits out.
+fn protocols(server: &ServerConfig, accepted: Instant, fd: RawFd) -> Protocols {
     let mut h1 = http1::Builder::new();
-    h1.timer(FirstHeadFrom::new(accepted))
-        .header_read_timeout(server.header_read_timeout)
-        // The head's own limit; the buffer's alone is not one (a read may fill the buffer
-        // past it, and a head that arrives in large reads then passes).
-        .max_header_size(server.max_header_bytes)
-        .max_buf_size(server.max_header_bytes)
-        .keep_alive(true);
+    h1.timer(HeadTimer::new(
+        accepted,
+        server.header_read_timeout,
+        server.send_timeout,
+        fd,
+    ))
+    .header_read_timeout(server.header_read_timeout)
+    // The head's own limit; the buffer's alone is not one (a read may fill the buffer
+    // past it, and a head that arrives in large reads then passes).
+    .max_header_size(server.max_header_bytes)
+    .max_buf_size(server.max_header_bytes)
+    .keep_alive(true);
     // Without a limit of its own hyper allows 100 headers in arrays on the stack; any limit
     // set, even 100, has it fill a vector of that many slots twice per request head parsed
     // (about 1,700 instructions a request). The same limit, then, is left to hyper.
@@ -90,48 +97,6 @@ fn protocols(server: &ServerConfig, accepted: Instant) -> Protocols {
     Protocols {
         http1: h1,
         http2: h2,
-    }
-}
-
-/// hyper's HTTP/1 timer, which times the connection's first request head from its accept:
-/// hyper starts a head's `header_read_timeout` at `now()` as it begins to read the head, and
-/// before the first one the connection has already waited under the same limit, for its
-/// first bytes or its TLS handshake (audit CC: a head had up to two limits). Later heads, and
-/// the idle time between requests, get the whole limit each, as before.
-struct FirstHeadFrom {
-    accepted: std::time::Instant,
-    first: AtomicBool,
-}
-
-impl FirstHeadFrom {
-    fn new(accepted: Instant) -> Self {
-        Self {
-            accepted: accepted.into_std(),
-            first: AtomicBool::new(true),
-        }
-    }
-}
-
-impl hyper::rt::Timer for FirstHeadFrom {
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        TokioTimer::new().sleep(duration)
-    }
-
-    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        TokioTimer::new().sleep_until(deadline)
-    }
-
-    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: std::time::Instant) {
-        TokioTimer::new().reset(sleep, new_deadline);
-    }
-
-    fn now(&self) -> std::time::Instant {
-        // hyper asks once a head, when it starts reading it (its only use of `now` over HTTP/1).
-        if self.first.swap(false, Ordering::Relaxed) {
-            self.accepted
-        } else {
-            TokioTimer::new().now()
-        }
     }
 }
 
@@ -376,7 +341,7 @@ async fn serve_connection(
             })
         }
     };
-    let protocols = protocols(&server, accepted);
+    let protocols = protocols(&server, accepted, stream.as_raw_fd());
     let result = match shared.tls.load_full() {
         Some(acceptor) => {
             // Boxed, as HTTP/2 is below: inline, the TLS and HTTP/2 states would size every

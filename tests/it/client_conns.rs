@@ -476,3 +476,93 @@ async fn a_request_head_has_one_header_read_timeout_from_the_connect() {
         tokio::time::sleep(Duration::from_millis(2000)).await;
     }
 }
+
+/// Audit CF: hyper begins a keep-alive connection's next head as soon as an answer is queued,
+/// not once it has left. A client that took longer than `header_read_timeout` to read a
+/// large answer (through a small receive buffer) got all of it, then found the connection
+/// closed under its next request. The next head's limit now counts from when the answer
+/// stopped waiting on the client.
+/// (In real time: what is waited out is the client's kernel acknowledging what it read.)
+#[tokio::test]
+async fn a_slowly_read_answer_leaves_its_keep_alive_connection_open() {
+    let h = Harness::with_config(&BASE.replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"1s\"\nsend_timeout = \"10s\"\n",
+    ))
+    .await;
+    let mut s = slow_reader(&h).await;
+    // The whole answer, by its length, read at once after a pause of three limits.
+    async fn answer(s: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut buf = vec![0; 64 << 10];
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {} bytes", got.len());
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some((head, rest)) = text.split_once("\r\n\r\n") {
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .expect("a document has a length")
+                    .parse()
+                    .unwrap();
+                if rest.len() >= length {
+                    return got;
+                }
+            }
+        }
+    }
+    s.write_all(request(LARGE).as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first = answer(&mut s).await;
+    assert!(first.starts_with(b"HTTP/1.1 200"), "{:?}", &first[..64]);
+    assert!(first.len() > 500_000, "{} bytes", first.len());
+    s.write_all(request(3).as_bytes()).await.unwrap();
+    let second = answer(&mut s).await;
+    assert!(second.starts_with(b"HTTP/1.1 200"), "{:?}", &second[..64]);
+    // Idle after it, the connection is still closed.
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest))
+        .await
+        .expect("an idle connection is closed")
+        .unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+}
+
+/// A client that never reads its answer is still closed, `send_timeout` after its next head's
+/// limit found it not reading, and its `max_connections` slot serves another.
+#[tokio::test]
+async fn a_client_that_never_reads_its_answer_is_still_closed() {
+    let h = Harness::with_config(&BASE.replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"300ms\"\nsend_timeout = \"1s\"\nmax_connections = 1\n",
+    ))
+    .await;
+    let mut s = slow_reader(&h).await;
+    s.write_all(request(LARGE).as_bytes()).await.unwrap();
+    let (resp, _conn) = tokio::time::timeout(Duration::from_secs(10), h.chat(&[]))
+        .await
+        .expect("the slot is free again");
+    assert_eq!(resp.status(), 200);
+}
+
+/// A request's answer that no client buffer takes whole: about 890 KB.
+const LARGE: usize = 100_000;
+
+/// A client connection with a 4 KiB receive buffer.
+async fn slow_reader(h: &Harness) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.connect(h.addr()).await.unwrap()
+}
+
+/// A chat request for a document of `chunks` tokens.
+fn request(chunks: usize) -> String {
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         x-fake-chunks: {chunks}\r\nx-fake-interval-ms: 0\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
