@@ -845,6 +845,7 @@ impl Observer for RequestRecord {
                 self.code = Some("upstream_error_event");
                 self.end = Some(End::Error("upstream_error_event"));
             }
+            StreamEnd::SendTimeout => self.end = Some(End::Cancelled(Origin::SendTimeout)),
         }
     }
 }

@@ -19,6 +19,9 @@ pub enum StreamEnd {
     WholeThen(&'static str),
     /// The upstream sent its own `event: error`; it was passed through and ended the stream.
     UpstreamErrorEvent,
+    /// The client took nothing for `send_timeout`: the upstream call was ended and the
+    /// stream is aborted (an HTTP/2 stream reset), as a client's connection is closed then.
+    SendTimeout,
 }
 
 /// Told what happens on the stream. Dropping the observer without `finish` means the client

@@ -463,10 +463,11 @@ where
                     {
                         // The client took nothing for `send_timeout` and its upstream call is
                         // gone. It is aborted as an HTTP/1 client's connection is closed
-                        // (an HTTP/2 stream is reset); without `finish`, the record counts it
-                        // as the client's.
+                        // (an HTTP/2 stream is reset), and counted as that is (it was counted
+                        // as the client's leaving).
                         this.inner.set(None);
                         *this.state = State::Done;
+                        this.observer.finish(StreamEnd::SendTimeout);
                         return Poll::Ready(Some(Err(e)));
                     }
                     // Past the deadline, the deadline is why the upstream is gone (the reaper

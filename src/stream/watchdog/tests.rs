@@ -42,6 +42,7 @@ impl Observer for Probe {
             StreamEnd::WholeThen(code) => format!("complete after {code}"),
             StreamEnd::Cut(e) => e.code().to_string(),
             StreamEnd::UpstreamErrorEvent => "upstream_error_event".to_string(),
+            StreamEnd::SendTimeout => "send_timeout".to_string(),
         };
         let mut seen = self.0.lock().unwrap();
         assert!(seen.end.is_none(), "finish called twice");
@@ -471,7 +472,11 @@ async fn a_client_that_stalls_for_send_timeout_is_aborted_as_a_client_cancel() {
     assert!(b.frame().await.is_none());
     drop(b);
     let s = probe.0.lock().unwrap();
-    assert!(s.end.is_none(), "counted as the client's");
+    assert_eq!(
+        s.end.as_deref(),
+        Some("send_timeout"),
+        "not the client's leaving"
+    );
     assert!(s.dropped);
 }
 
