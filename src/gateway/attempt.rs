@@ -28,7 +28,7 @@ use crate::provider::{ErrorType, Format};
 use crate::stream::progress::Progress;
 use crate::stream::StreamLimits;
 use crate::telemetry::metrics::{AnswerMetrics, InFlight};
-use crate::upstream::{ConnectTimedOut, StreamSlot, Upstream};
+use crate::upstream::{ConnectTimedOut, RequestBody, StreamSlot, Upstream};
 
 /// What one attempt needs beyond the request itself.
 pub struct Attempt<'a> {
@@ -70,7 +70,8 @@ impl SwitchBy {
 pub struct Started {
     pub response: Response<UpstreamBody>,
     pub limits: StreamLimits,
-    /// When the request was handed to a connection: the start of the first-token clock.
+    /// When the request's last byte was handed to a connection: the start of the first-token
+    /// clock.
     pub sent_at: Instant,
     pub first_token_at: Option<Instant>,
     /// The first body byte, when it was read while the head was held.
@@ -123,28 +124,47 @@ impl<'a> Attempt<'a> {
         }
         // A request without a body goes whole in its HEADERS frame (END_STREAM): once that
         // left, the upstream may have run it, whatever hyper says of it after.
-        let bodiless = req.body().is_end_stream();
+        let bodiless = req.body().is_empty();
+        let (parts, body) = req.into_parts();
+        let (body, mut body_sent) = RequestBody::new(body);
+        let mut req = http::Request::from_parts(parts, body);
         let mut connection = capture_connection(&mut req);
         let (response, slot) = upstream.request(req);
+        // While the body goes out only the deadline and the client's patience bound the
+        // wait: an upstream cannot answer an upload it has not read, nor be blamed for it.
+        let upload_wait = budget.head_wait_until(work_deadline);
         async move {
             tokio::pin!(response);
             let timer = sleep_until((now + budget.connect_timeout).min(connect_wait));
             tokio::pin!(timer);
+            let (mut connected, mut uploaded) = (false, false);
+            // The start of the first-token clock: the body's last byte handed to the
+            // connection (DESIGN 4, "from request sent").
             let mut sent_at: Option<Instant> = None;
             let result = loop {
                 tokio::select! {
                     biased;
                     r = &mut response => break Some(r),
-                    _ = connection.wait_for_connection_metadata(), if sent_at.is_none() => {
-                        let at = Instant::now();
-                        sent_at = Some(at);
-                        timer.as_mut().reset((at + self.first_token_timeout).min(head_wait));
+                    _ = connection.wait_for_connection_metadata(), if !connected => {
+                        connected = true;
+                        timer.as_mut().reset(upload_wait);
                     }
+                    // Dropped unsent, the body will not go: the answer (or error) is next.
+                    _ = &mut body_sent, if !uploaded => uploaded = true,
                     () = &mut timer => break None,
+                }
+                if connected && uploaded && sent_at.is_none() {
+                    let at = Instant::now();
+                    sent_at = Some(at);
+                    timer
+                        .as_mut()
+                        .reset((at + self.first_token_timeout).min(head_wait));
                 }
             };
             let Some(result) = result else {
-                let e = self.limit_error(sent_at.is_some(), now, timer.deadline());
+                // A limit that fired while the body was still going out waited for no token.
+                let clock = sent_at.unwrap_or(if connected { Instant::now() } else { now });
+                let e = self.limit_error(connected, clock, timer.deadline());
                 // Sent, and not even a head for the route's whole first-token limit (not one
                 // a client's short timeout or a fallback's room cut): on a shared HTTP/2
                 // connection, the peer may be gone while the socket stays open, and every
@@ -160,15 +180,8 @@ impl<'a> Attempt<'a> {
                 }
                 return Err(e);
             };
-            let response = result.map_err(|e| {
-                classify(
-                    upstream,
-                    &e,
-                    budget.connect_timeout,
-                    sent_at.is_some(),
-                    bodiless,
-                )
-            })?;
+            let response = result
+                .map_err(|e| classify(upstream, &e, budget.connect_timeout, connected, bodiless))?;
             // Counted as it comes: whatever ends the attempt after its head (a held head's
             // first-token limit, a lost hedge, a bad framing) the upstream did answer it.
             self.answers.response(response.status().as_u16());

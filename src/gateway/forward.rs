@@ -28,8 +28,8 @@ use crate::gateway::template::Template;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, decrement_max_forwards,
-    foreign_charset, hops, insert_request_id, join_cookies, present, strip_hop_by_hop,
-    unsupported_encoding, via, websocket_upgrade, IDENTITY, MAX_HOPS,
+    foreign_charset, hops, host_not_authority, insert_request_id, join_cookies, present,
+    strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade, IDENTITY, MAX_HOPS,
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::request::{head_of, Head, Unreadable};
@@ -112,6 +112,16 @@ impl Gateway {
                 });
             }
             check_framing(version, &headers, both_lengths)?;
+            if version == http::Version::HTTP_2 {
+                if let Some((host, authority)) = host_not_authority(&uri, &headers) {
+                    return Err(GatewayError::BadRequest {
+                        message: format!(
+                            "Host {host:?} names another server than :authority \
+                             {authority:?}: an HTTP/2 request names one (RFC 9113 8.3.1)"
+                        ),
+                    });
+                }
+            }
             // Before routing: the prefix the route matched must be the path the upstream
             // serves.
             if has_dot_segment(uri.path()) {

@@ -99,6 +99,9 @@ pub struct RequestRecord {
     /// over, as it streamed or in one piece, which on an assembled answer is not what came
     /// from the upstream, and on a request the client left before its answer is none.
     sent: u64,
+    /// The bytes of the upstream's answer handed to the client (`sent` less the gateway's
+    /// own): what an answer that was not read is charged to its run by.
+    answer_bytes: u64,
     /// The gateway reads the upstream's body itself before it answers (an assembled answer,
     /// a document read whole): what it reads is not yet the client's body.
     read_whole: bool,
@@ -132,13 +135,20 @@ pub struct RequestRecord {
 
 /// What a call used of its run's tokens: prompt and completion, the prompt estimated from
 /// the request body when the answer reported none (OpenAI's stream without `include_usage`
-/// still sent its prompt).
-fn run_tokens_used(tokens: Option<Tokens>, request_bytes: u64) -> u64 {
-    tokens.map_or(0, |t| {
-        t.prompt()
+/// still sent its prompt). A successful answer that went unread (`unread`: the bytes of it
+/// handed to the client), encoded or in a format `api` does not know, is estimated whole, a
+/// token for every 4 bytes of request and of answer: counted as 0 it left such runs without
+/// a token limit (audit DA 2).
+fn run_tokens_used(tokens: Option<Tokens>, request_bytes: u64, unread: Option<u64>) -> u64 {
+    match tokens {
+        Some(t) => t
+            .prompt()
             .unwrap_or(request_bytes.div_ceil(4))
-            .saturating_add(t.completion().0)
-    })
+            .saturating_add(t.completion().0),
+        None => unread.map_or(0, |answer| {
+            request_bytes.div_ceil(4).saturating_add(answer.div_ceil(4))
+        }),
+    }
 }
 
 /// A call's part in its run.
@@ -183,6 +193,7 @@ impl RequestRecord {
             tokens: None,
             bytes: 0,
             sent: 0,
+            answer_bytes: 0,
             read_whole: false,
             code: None,
             end: None,
@@ -303,7 +314,7 @@ impl RequestRecord {
         let run = self.run.as_ref()?;
         let mut view = run.view?;
         if let (Some(left), Some(call)) = (view.tokens_left, &run.call) {
-            let used = run_tokens_used(tokens, self.request_bytes);
+            let used = run_tokens_used(tokens, self.request_bytes, None);
             view.tokens_left = Some(if spent {
                 0
             } else {
@@ -481,6 +492,7 @@ impl RequestRecord {
     pub fn sent_whole(&mut self, len: usize) {
         if self.method != Method::HEAD {
             self.sent += len as u64;
+            self.answer_bytes += len as u64;
         }
     }
 
@@ -611,9 +623,13 @@ impl RequestRecord {
         });
         if let Some(run) = self.run.as_mut() {
             if let Some(call) = run.call.take() {
-                let tokens = run_tokens_used(self.tokens, self.request_bytes);
-                let answered = end == End::Ok;
                 let status = self.status.unwrap_or(0);
+                // A call without a body asked the model nothing (a stored response polled,
+                // a list of models): its answer costs no tokens.
+                let unread = ((200..300).contains(&status) && self.request_bytes > 0)
+                    .then_some(self.answer_bytes);
+                let tokens = run_tokens_used(self.tokens, self.request_bytes, unread);
+                let answered = end == End::Ok;
                 let request = call.request();
                 call.finish(&Used {
                     tokens,
@@ -814,6 +830,7 @@ impl Observer for RequestRecord {
     fn handed(&mut self, len: usize) {
         if !self.read_whole {
             self.sent += len as u64;
+            self.answer_bytes += len as u64;
         }
     }
 

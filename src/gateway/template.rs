@@ -8,8 +8,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Uri};
-use http_body_util::Full;
-use hyper::body::Body as _;
 
 use crate::error::GatewayError;
 use crate::provider::rewrite::{include_usage, rewrite_model, stream_request};
@@ -46,7 +44,8 @@ impl Template {
 /// One upstream's request, and the wire format of the exchange when it is known (the
 /// upstream's `api` and the path decide it, once per attempt).
 pub struct Outgoing {
-    pub request: Request<Full<Bytes>>,
+    /// Its body is wrapped by the attempt, which watches it go out.
+    pub request: Request<Bytes>,
     pub format: Option<Format>,
     /// The upstream was asked to stream on the client's behalf: its stream is to be
     /// assembled into the one document the client expects.
@@ -94,7 +93,7 @@ impl Template {
         let mut req = Request::builder()
             .method(self.method.clone())
             .uri(uri)
-            .body(Full::new(body))
+            .body(body)
             .map_err(|e| GatewayError::BadRequest {
                 message: format!("request cannot be forwarded: {e}"),
             })?;
@@ -116,7 +115,7 @@ impl Template {
                 None => req.headers_mut().remove(header::ACCEPT_ENCODING),
             };
         }
-        if req.body().size_hint().exact() == Some(0)
+        if req.body().is_empty()
             && matches!(self.method, Method::POST | Method::PUT | Method::PATCH)
         {
             // RFC 9110 8.6: a POST says its length even when it is 0, and some origins

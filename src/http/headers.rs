@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Scheme, Uri};
 use http::Version;
 
 use crate::error::GatewayError;
@@ -237,11 +238,7 @@ pub(crate) fn answer_framing_fault(
 /// guess what the client meant. Checked byte by byte: `http`'s authority parser accepts
 /// userinfo and any port text, and cost 800 instructions a request here.
 fn valid_host(value: &HeaderValue) -> bool {
-    let v = value.as_bytes();
-    let (host, port) = match v.iter().rposition(|&b| b == b':') {
-        Some(i) if !v[i..].contains(&b']') => (&v[..i], &v[i + 1..]),
-        _ => (v, &[][..]),
-    };
+    let (host, port) = split_port(value.as_bytes());
     let unreserved_or_sub_delim = |b: u8| {
         matches!(b, b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~'
             | b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=')
@@ -258,6 +255,44 @@ fn valid_host(value: &HeaderValue) -> bool {
             .all(|&b| b == b'%' || unreserved_or_sub_delim(b)),
     };
     host_ok && port.iter().all(u8::is_ascii_digit)
+}
+
+/// `host[:port]` as its host and its port's digits (none without a colon; a colon inside an
+/// IP literal's brackets is no port's).
+fn split_port(v: &[u8]) -> (&[u8], &[u8]) {
+    match v.iter().rposition(|&b| b == b':') {
+        Some(i) if !v[i..].contains(&b']') => (&v[..i], &v[i + 1..]),
+        _ => (v, &[][..]),
+    }
+}
+
+/// RFC 9113 8.3.1: an HTTP/2 request whose Host names another server than its `:authority`
+/// is malformed. Forwarded, a front proxy that routed on the one and the gateway that logs
+/// the other would disagree on whom it was for. Compared as RFC 3986 6.2.3 has it: the host
+/// in any case, a port left out as the scheme's. Both, as sent, when they differ.
+pub(crate) fn host_not_authority(uri: &Uri, headers: &HeaderMap) -> Option<(String, String)> {
+    let authority = uri.authority()?;
+    let host = headers.get(header::HOST)?;
+    let default = if uri.scheme() == Some(&Scheme::HTTPS) {
+        443
+    } else {
+        80
+    };
+    let (name, digits) = split_port(host.as_bytes());
+    let port = match digits {
+        [] => Some(default),
+        d => std::str::from_utf8(d)
+            .ok()
+            .and_then(|d| d.parse::<u16>().ok()),
+    };
+    let same = name.eq_ignore_ascii_case(authority.host().as_bytes())
+        && port == Some(authority.port_u16().unwrap_or(default));
+    (!same).then(|| {
+        (
+            String::from_utf8_lossy(host.as_bytes()).into_owned(),
+            authority.as_str().to_owned(),
+        )
+    })
 }
 
 pub(crate) fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -637,6 +672,39 @@ pub fn foreign_charset(headers: &HeaderMap) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Audit DA 5.
+    #[test]
+    fn a_host_is_the_authority_in_any_case_and_with_the_default_port() {
+        let differs = |uri: &str, host: Option<&'static str>| {
+            let mut h = HeaderMap::new();
+            if let Some(v) = host {
+                h.insert(header::HOST, HeaderValue::from_static(v));
+            }
+            host_not_authority(&uri.parse().unwrap(), &h)
+        };
+        for (uri, host) in [
+            ("http://gateway/v1", None),
+            ("/v1", Some("elsewhere")),
+            ("http://gateway/v1", Some("gateway")),
+            ("http://Gateway:80/v1", Some("gATEWAY")),
+            ("https://gateway/v1", Some("gateway:443")),
+            ("http://[::1]:8443/v1", Some("[::1]:8443")),
+        ] {
+            assert_eq!(differs(uri, host), None, "{uri} {host:?}");
+        }
+        for (uri, host) in [
+            ("http://gateway/v1", "evil.example"),
+            ("http://gateway/v1", "gateway:8443"),
+            ("https://gateway/v1", "gateway:80"),
+            ("http://gateway:8443/v1", "gateway"),
+            ("http://[::1]:8443/v1", "[::2]:8443"),
+        ] {
+            let (h, a) = differs(uri, Some(host)).unwrap_or_else(|| panic!("{uri} {host}"));
+            assert_eq!(h, host);
+            assert_eq!(a, uri.parse::<Uri>().unwrap().authority().unwrap().as_str());
+        }
+    }
 
     #[test]
     fn charsets_other_than_utf8() {

@@ -37,13 +37,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::{ArcSwap, ArcSwapOption};
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper_util::client::legacy::{Builder, Client, ResponseFuture};
 
 use super::connect::Connector;
+use super::request_body::RequestBody;
 
-type HttpClient = Client<Connector, Full<Bytes>>;
+type HttpClient = Client<Connector, RequestBody>;
 
 /// The lanes of one upstream.
 pub(super) struct Lanes {
@@ -176,7 +175,7 @@ impl Lanes {
 
     /// Sends `req` on the first lane with room. The slot must live as long as the response
     /// body: it is what says the stream is still open.
-    pub(super) fn request(&self, req: http::Request<Full<Bytes>>) -> (ResponseFuture, StreamSlot) {
+    pub(super) fn request(&self, req: http::Request<RequestBody>) -> (ResponseFuture, StreamSlot) {
         loop {
             let slot = self.slot();
             // A lane retired while this request took its place may have let its client go

@@ -11,11 +11,13 @@ pub mod estimate;
 mod h2_pool;
 pub mod health;
 mod io;
+mod request_body;
 mod tls;
 
 pub use self::connect::{ConnectTimedOut, NoH2ByAlpn, TimeoutConnector};
 pub use self::error::UpstreamBuildError;
 pub use self::h2_pool::StreamSlot;
+pub use self::request_body::RequestBody;
 pub use self::tls::{
     certificate_error, client_certificate_refused, handshake_refused, no_common_tls_version,
 };
@@ -24,11 +26,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::header::HeaderName;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Uri};
-use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -256,7 +256,7 @@ impl Upstream {
 
     /// Sends `req`; the slot counts the stream on its connection and must be kept as long
     /// as the response body.
-    pub fn request(&self, req: http::Request<Full<Bytes>>) -> (ResponseFuture, StreamSlot) {
+    pub fn request(&self, req: http::Request<RequestBody>) -> (ResponseFuture, StreamSlot) {
         self.clients.request(req)
     }
 }

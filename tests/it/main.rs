@@ -29,4 +29,5 @@ mod stream;
 mod stream_upstream;
 mod stream_upstream_ends;
 mod tls_clients;
+mod uploads;
 mod upstream_tls;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::support::redis::RedisServer;
-use crate::support::{json_body, read_body, Harness};
+use crate::support::{json_body, raw_upstream, read_body, Harness};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Full};
@@ -228,6 +228,7 @@ on_both_stores!(
     a_later_deadline_refusal_says_what_is_left_now,
     a_call_without_a_body_reserves_no_tokens,
     a_call_limit_reached_only_by_calls_given_back_ends_no_run,
+    an_unread_answer_counts_against_the_runs_tokens,
 );
 
 /// The loop stop: the same tool calls, or the same request, again and again.
@@ -1170,4 +1171,100 @@ async fn a_call_limit_reached_only_by_calls_given_back_ends_no_run(store: Store)
         .await;
     assert_eq!(resp.status(), 200, "{}", json_body(resp).await);
     assert_eq!(resp.headers()["x-run-calls-left"], "1");
+}
+
+/// An answer the gateway does not read: `body` (SSE) from a hand-written upstream, sent
+/// `encoding` when one is given.
+fn unread_answer(body: &str, encoding: Option<&str>) -> Vec<(Duration, Vec<u8>)> {
+    let coding = encoding.map_or_else(String::new, |c| format!("content-encoding: {c}\r\n"));
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n{coding}content-length: {}\r\n\
+         connection: close\r\n\r\n",
+        body.len()
+    );
+    vec![(Duration::ZERO, [head.as_bytes(), body.as_bytes()].concat())]
+}
+
+/// Audit DA 2: a call whose answer is not read (encoded, or on a path `api = "auto"` does not
+/// know: legacy completions) was charged its run 0 tokens, so `run_max_tokens` never
+/// stopped such a run. Each is now charged a token for every 4 bytes of request and answer.
+async fn an_unread_answer_counts_against_the_runs_tokens(store: Store) {
+    // 400 bytes of answer: 100 tokens.
+    let answer = format!("data: {}\n\n", "x".repeat(392));
+    assert_eq!(answer.len(), 400);
+    let legacy = raw_upstream(unread_answer(&answer, None)).await;
+    let gzip = raw_upstream(unread_answer(&answer, Some("gzip"))).await;
+    let redis = match store {
+        Store::Memory => None,
+        Store::Redis => Some(RedisServer::start().await),
+    };
+    let url = redis
+        .as_ref()
+        .map_or_else(|| "memory".to_owned(), RedisServer::url);
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[runs]
+store = "{url}"
+
+[upstreams.legacy]
+url = "http://{legacy}"
+auth = "none"
+
+[upstreams.gzip]
+url = "http://{gzip}"
+auth = "none"
+
+[[routes]]
+name = "legacy"
+path_prefix = "/v1/completions"
+upstream = "legacy"
+run_max_tokens = 300
+
+[[routes]]
+name = "gzip"
+path_prefix = "/v1/chat/completions"
+upstream = "gzip"
+run_max_tokens = 300
+"#
+    );
+    let h = Harness::with_config(&config).await;
+    for (path, run) in [
+        ("/v1/completions", "legacy"),
+        ("/v1/chat/completions", "gzip"),
+    ] {
+        // 400 bytes of request: 100 tokens more.
+        let body = format!(
+            r#"{{"model":"m","stream":true,"max_tokens":50,"prompt":"{}"}}"#,
+            "p".repeat(345)
+        );
+        assert_eq!(body.len(), 400);
+        let request = || {
+            Request::post(path)
+                .header("host", "gateway")
+                .header("content-type", "application/json")
+                .header("accept-encoding", "gzip")
+                .header("x-run-id", run)
+                .body(Full::new(Bytes::from(body.clone())))
+                .unwrap()
+        };
+        let (resp, _c) = h.send(request()).await;
+        assert_eq!(resp.status(), 200, "{run}");
+        assert_eq!(read_body(resp.into_body()).await.text(), answer);
+        h.wait_requests(run, 1.0).await;
+        let used = run_json(&h, run).await;
+        assert_eq!(used["runs"][0]["used"]["tokens"], 200, "{run}: {used}");
+        // 100 tokens left: the next call (reserving its `max_tokens`) goes, and leaves none.
+        let (resp, _c) = h.send(request()).await;
+        assert_eq!(resp.status(), 200, "{run}");
+        read_body(resp.into_body()).await;
+        h.wait_requests(run, 2.0).await;
+        let (resp, _c) = h.send(request()).await;
+        assert_eq!(resp.status(), 429, "{run}");
+        assert_eq!(json_body(resp).await["error"]["code"], "run_token_limit");
+    }
+    drop(redis);
 }

@@ -545,3 +545,50 @@ async fn a_well_formed_request_is_forwarded_over_the_same_raw_client() {
     assert_eq!(line, "HTTP/1.1 200 OK");
     assert_eq!(h.fake.requests().len(), 1);
 }
+
+/// Audit DA 5: RFC 9113 8.3.1 has a server treat an HTTP/2 request whose Host names another
+/// server than its `:authority` as malformed: 400, naming both, never forwarded. A Host that
+/// names the same one (its case, the default port aside) is served.
+#[tokio::test]
+async fn http2_host_other_than_authority_is_refused() {
+    let h = Harness::start().await;
+    let addr = h.addr();
+    let send = |host: &'static str| async move {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        let mut req = chat_request(&[], true);
+        *req.uri_mut() = format!("http://gateway{PATH}").parse().unwrap();
+        req.headers_mut().insert("host", host.parse().unwrap());
+        let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
+            .await
+            .expect("an answer within 5 s")
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, read_body(resp.into_body()).await.text())
+    };
+    let (status, text) = send("evil.example").await;
+    assert_eq!(status, 400, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["code"], "invalid_request", "{text}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("\"evil.example\"") && message.contains("\"gateway\""),
+        "{message}"
+    );
+    assert!(h.fake.requests().is_empty());
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"error\",route=\"chat\"}")
+            .await,
+        1.0
+    );
+    let (status, text) = send("GATEWAY:80").await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(h.fake.requests().len(), 1);
+}

@@ -1,0 +1,137 @@
+//! Large request bodies: the first-token clock starts once the body has gone out, so that an
+//! upstream reading a long upload slowly is neither timed out for it nor blamed.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hourglass::config::Config;
+use hourglass::server;
+use http::Request;
+use http_body_util::Full;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::support::*;
+
+/// Larger than everything the gateway's socket and hyper's buffers hold on loopback: the
+/// upload waits on the upstream's reading.
+const UPLOAD: usize = 12 * 1024 * 1024;
+
+/// An upstream that reads a request's head, reads nothing more for `pause`, then reads the
+/// body whole (setting `read_all`) and answers 200 at once, or, without `answer`, never.
+async fn slow_reader(pause: Duration, answer: bool, read_all: Arc<AtomicBool>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let (end, len) = loop {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request ended early");
+            got.extend_from_slice(&buf[..n]);
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map(|v| v.trim().parse().unwrap())
+                    .expect("a content-length");
+                break (end + 4, len);
+            }
+        };
+        tokio::time::sleep(pause).await;
+        let mut body = got.len() - end;
+        while body < len {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the body ended early at {body} of {len}");
+            body += n;
+        }
+        read_all.store(true, Ordering::SeqCst);
+        if answer {
+            let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                      content-length: 2\r\nconnection: close\r\n\r\n{}";
+            s.write_all(ok.as_bytes()).await.unwrap();
+        }
+        // Held open, unanswered, until the gateway lets go.
+        let _ = s.read(&mut buf).await;
+    });
+    addr
+}
+
+async fn gateway(upstream: SocketAddr) -> server::Running {
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_request_body = 16777216
+
+[defaults]
+budget = "20s"
+first_token_timeout = "1s"
+
+[upstreams.slow]
+url = "http://{upstream}"
+auth = "none"
+
+[[routes]]
+name = "uploads"
+path_prefix = "/"
+upstream = "slow"
+"#
+    );
+    let config = Config::from_toml(&toml, "test.toml").unwrap();
+    server::start(config).await.unwrap()
+}
+
+async fn upload(gw: &server::Running) -> (u16, String) {
+    let req = Request::post("/v1/audio/transcriptions")
+        .header("host", "gateway")
+        .header("content-type", "application/octet-stream")
+        .body(Full::new(Bytes::from(vec![b'a'; UPLOAD])))
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr).await.send(req).await;
+    let status = resp.status().as_u16();
+    (status, read_body(resp.into_body()).await.text())
+}
+
+async fn failures_in_a_row(gw: &server::Running) -> serde_json::Value {
+    let view: serde_json::Value =
+        serde_json::from_str(&admin_get(gw.admin_addr, "/upstreams").await).unwrap();
+    view["upstreams"][0]["failures_in_a_row"].clone()
+}
+
+/// Audit DA 1: a 12 MB upload the upstream reads only after 3 s, past a first-token limit of
+/// 1 s, was cut 504 `first_token_timeout` while still going out, and counted against the
+/// upstream's health.
+#[tokio::test]
+async fn an_upload_read_slowly_is_not_a_first_token_timeout() {
+    let read_all = Arc::new(AtomicBool::new(false));
+    let up = slow_reader(Duration::from_secs(3), true, read_all.clone()).await;
+    let gw = gateway(up).await;
+    let (status, text) = upload(&gw).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(read_all.load(Ordering::SeqCst));
+    assert_eq!(failures_in_a_row(&gw).await, 0);
+}
+
+/// ... while an upstream that read the whole upload and then said nothing is still timed out,
+/// from when the body went out, and blamed for it.
+#[tokio::test]
+async fn the_first_token_limit_runs_once_the_upload_is_sent() {
+    let read_all = Arc::new(AtomicBool::new(false));
+    let up = slow_reader(Duration::from_secs(3), false, read_all.clone()).await;
+    let gw = gateway(up).await;
+    let (status, text) = upload(&gw).await;
+    assert_eq!(status, 504, "{text}");
+    assert!(text.contains("first_token_timeout"), "{text}");
+    // The limit fired after the upstream had the whole body.
+    assert!(
+        read_all.load(Ordering::SeqCst),
+        "cut while uploading: {text}"
+    );
+    assert_eq!(failures_in_a_row(&gw).await, 1);
+}
