@@ -24,6 +24,10 @@ use crate::provider::Format;
 /// bound).
 pub const MAX_GATHERED: usize = 4 << 20;
 
+/// The most of an answer's tool names kept, in bytes: for the refusal's message, and in a run's
+/// state (in memory or in Redis), whose size must not grow with the answer's.
+pub const MAX_NAMES: usize = 200;
+
 /// What a call holds beside its text: itself and its place in the indexes. Counted so that
 /// a multitude of empty calls is bounded as well as a few large ones.
 const CALL_COST: usize = std::mem::size_of::<ToolCall>() + 64;
@@ -131,7 +135,8 @@ impl ToolCalls {
 
     /// The answer's tool calls in canonical form (`name`, NUL, canonical arguments, NUL, for
     /// each in order), and their names joined by commas (which no provider allows in a tool
-    /// name), for the refusal's message; `None` when it asked for none.
+    /// name), for the refusal's message: as many as fit in `MAX_NAMES`, then `+` and how many
+    /// more there were (no provider allows `+` either); `None` when it asked for none.
     pub fn canonical(&self) -> Option<(Vec<u8>, String)> {
         if self.overflow || self.calls.is_empty() {
             return None;
@@ -145,12 +150,7 @@ impl ToolCalls {
             out.extend_from_slice(canonical_json(&c.arguments).as_bytes());
             out.push(0);
         }
-        let names = calls
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
-        Some((out, names))
+        Some((out, names(&calls)))
     }
 
     /// The call at `key` (a new one if none is), changed by `f`; past `MAX_GATHERED` in all,
@@ -334,6 +334,45 @@ impl ToolCalls {
             }
         }
     }
+}
+
+/// The calls' names joined by commas, within `MAX_NAMES`: see `ToolCalls::canonical`.
+fn names(calls: &[&ToolCall]) -> String {
+    // Room for ",+" and the count of the calls left out.
+    const ROOM: usize = 22;
+    let mut out = String::new();
+    let mut kept = 0;
+    for c in calls {
+        let sep = usize::from(kept > 0);
+        if out.len() + sep + c.name.len() > MAX_NAMES - ROOM {
+            break;
+        }
+        if sep == 1 {
+            out.push(',');
+        }
+        out.push_str(&c.name);
+        kept += 1;
+    }
+    if kept == 0 {
+        if let Some(first) = calls.first() {
+            out.push_str(clip(&first.name, MAX_NAMES - ROOM - '…'.len_utf8()));
+            out.push('…');
+            kept = 1;
+        }
+    }
+    if kept < calls.len() {
+        out.push_str(&format!(",+{}", calls.len() - kept));
+    }
+    out
+}
+
+/// At most the first `max` bytes of `s`, cut where a character starts.
+pub fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// The last Chat tool call of a choice, as far as it has come, for `chat_call_index`.

@@ -223,6 +223,32 @@ fn a_piece_finds_its_call_without_a_scan() {
     }
     assert_eq!(t.calls.len(), n);
     assert!(t.looked_at <= 2 * n, "{}", t.looked_at);
+    assert!(t.canonical().is_some());
+}
+
+/// An answer of hundreds of calls with long names (audit DD F3: 400 of 64 characters made a
+/// 26 KB string kept by every run, and a 28 KB refusal): the names that fit in `MAX_NAMES`,
+/// then how many more there were.
+#[test]
+fn the_names_of_many_calls_are_bounded() {
+    let mut t = ToolCalls::new(Format::Chat);
+    let long = "n".repeat(64);
+    for i in 0..400 {
+        feed(&mut t, &chat_call(i, &format!("{i:03}{long}"), "{}"));
+    }
     let (_, names) = t.canonical().unwrap();
-    assert_eq!(names.len(), 3 * n - 1);
+    assert!(names.len() <= MAX_NAMES, "{}", names.len());
+    assert_eq!(names, format!("000{long},001{long},+398"));
+    // One name longer than the bound, alone or not.
+    let mut t = ToolCalls::new(Format::Chat);
+    let huge = "é".repeat(MAX_NAMES);
+    feed(&mut t, &chat_call(0, &huge, "{}"));
+    let (_, names) = t.canonical().unwrap();
+    assert!(names.len() <= MAX_NAMES && names.ends_with('…'), "{names}");
+    feed(&mut t, &chat_call(1, "b", "{}"));
+    let (_, names) = t.canonical().unwrap();
+    assert!(
+        names.len() <= MAX_NAMES && names.ends_with("…,+1"),
+        "{names}"
+    );
 }
