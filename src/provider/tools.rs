@@ -366,8 +366,9 @@ fn names(calls: &[&ToolCall]) -> String {
     out
 }
 
-/// At most the first `max` bytes of `s`, cut where a character starts.
-pub fn clip(s: &str, max: usize) -> &str {
+/// At most the first `max` bytes of `s`, cut where a character starts (`telemetry::log::clipped`
+/// is a layer above).
+fn clip(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
     while !s.is_char_boundary(end) {
         end -= 1;

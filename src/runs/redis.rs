@@ -34,12 +34,12 @@ use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
-use crate::provider::tools::{clip, MAX_NAMES};
+use crate::provider::tools::MAX_NAMES;
 use crate::runs::id::RunKey;
 use crate::runs::state::{
     Admitted, Answer, Call, Refusal, Repeat, RunEnd, RunOf, RunState, Used, View,
 };
-use crate::telemetry::log::key_hex;
+use crate::telemetry::log::{clipped, key_hex};
 
 /// Why the store did not answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -376,7 +376,7 @@ impl RedisStore {
             },
             "loop" => Refusal::Loop(Repeat {
                 fingerprint: u64::from_str_radix(&s(10), 16).unwrap_or(0),
-                tool: Some(clip(&s(11), MAX_NAMES).to_owned()).filter(|t| !t.is_empty()),
+                tool: Some(clipped(&s(11), MAX_NAMES).to_owned()).filter(|t| !t.is_empty()),
                 count: n(12) as u32,
             }),
             other => return Err(StoreError::Failed(format!("unexpected refusal {other:?}"))),
@@ -453,7 +453,7 @@ impl RedisStore {
             Answer::Unread => (String::new(), ""),
             Answer::Plain => ("-".to_owned(), ""),
             // Bounded here too: whatever the answer's names, a run's key keeps its size.
-            Answer::Tools(fp, tool) => (format!("{fp:016x}"), clip(tool, MAX_NAMES)),
+            Answer::Tools(fp, tool) => (format!("{fp:016x}"), clipped(tool, MAX_NAMES)),
         };
         let reply: Vec<Value> = self.noted(
             self.finish
@@ -679,7 +679,7 @@ fn state_of(
         fingerprint: u64::from_str_radix(fp, 16).unwrap_or(0),
         tool: h
             .get("ans_tool")
-            .map(|t| clip(t, MAX_NAMES).to_owned())
+            .map(|t| clipped(t, MAX_NAMES).to_owned())
             .filter(|t| !t.is_empty()),
         count: num("ans_n").unwrap_or(0) as u32,
     });

@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
-use crate::provider::tools::{clip, MAX_NAMES};
+use crate::provider::tools::MAX_NAMES;
+use crate::telemetry::log::clipped;
 
 /// Why a run stopped taking calls (and the `end` label of `hourglass_runs_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -471,7 +472,7 @@ fn bump(slot: &mut Option<Repeat>, fingerprint: u64, tool: Option<&String>) {
             *slot = Some(Repeat {
                 fingerprint,
                 // Bounded here too: whatever the answer's names, a run's state keeps its size.
-                tool: tool.map(|t| clip(t, MAX_NAMES).to_owned()),
+                tool: tool.map(|t| clipped(t, MAX_NAMES).to_owned()),
                 count: 1,
             })
         }
