@@ -390,12 +390,24 @@ fn run_left(budget: Duration, left: Duration, reserve: Duration) -> String {
     }
 }
 
-/// `tool`: the names of the answer's calls, joined by commas.
+/// `tool`: the names of the answer's calls, joined by commas, the last perhaps `+` and how
+/// many more calls there were.
 fn loop_detail(tool: &Option<String>, count: u32) -> String {
     let Some(names) = tool else {
         return format!("the same request came {count} times in a row");
     };
-    let quoted: Vec<String> = names.split(',').map(|n| format!("{n:?}")).collect();
+    let mut names: Vec<&str> = names.split(',').collect();
+    let more = match names.as_slice() {
+        [_, .., last] => last.strip_prefix('+').and_then(|n| n.parse::<u64>().ok()),
+        _ => None,
+    };
+    if more.is_some() {
+        names.pop();
+    }
+    let mut quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+    if let Some(n) = more {
+        quoted.push(format!("{n} more"));
+    }
     let tools = match quoted.as_slice() {
         [one] => format!("tool {one}"),
         [init @ .., last] => format!("tools {} and {last}", init.join(", ")),
@@ -882,6 +894,10 @@ mod tests {
         assert_eq!(
             detail("a,b,c"),
             "the model asked for tools \"a\", \"b\" and \"c\" with the same arguments 3 times in a row"
+        );
+        assert_eq!(
+            detail("a,b,+398"),
+            "the model asked for tools \"a\", \"b\" and 398 more with the same arguments 3 times in a row"
         );
         assert_eq!(
             loop_detail(&None, 2),

@@ -19,7 +19,9 @@ use crate::runs::state::View;
 use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
 use crate::stream::{Observer, StreamEnd};
-use crate::telemetry::log::{clipped, RequestLog, CERT_MAX, ERROR_MAX, MODEL_MAX};
+use crate::telemetry::log::{
+    clipped, RequestLog, CERT_MAX, ERROR_MAX, HEADER_MAX, MODEL_MAX, PATH_MAX,
+};
 use crate::telemetry::metrics::{AnswerMetrics, Histogram, RouteMetrics};
 use crate::upstream::Upstream;
 
@@ -359,9 +361,9 @@ impl RequestRecord {
         if crate::telemetry::access::enabled() {
             // Not UTF-8 (a Latin-1 user agent): logged as near as it reads, not dropped.
             let text = |name| {
-                headers
-                    .get(name)
-                    .map(|v: &http::HeaderValue| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                headers.get(name).map(|v: &http::HeaderValue| {
+                    clipped(&String::from_utf8_lossy(v.as_bytes()), HEADER_MAX).to_owned()
+                })
             };
             self.client = Some(Box::new(crate::telemetry::access::ClientInfo {
                 addr,
@@ -749,7 +751,7 @@ impl RequestRecord {
                 .is_some_and(|r| r.unenforced)
                 .then_some("unenforced"),
             method: &self.method,
-            path: &self.path,
+            path: clipped(&self.path, PATH_MAX),
             client_key: self.client_id.as_ref().map(|c| c.key),
             client_name: self.client_id.as_ref().and_then(|c| c.name.as_deref()),
             client_cert: self.client_cert.as_deref().map(|c| clipped(c, CERT_MAX)),

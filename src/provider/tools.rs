@@ -9,6 +9,7 @@
 //! | Messages | `content_block_start` of a `tool_use` block, then its `input_json_delta`s | `content[]` blocks of type `tool_use` (`input`) |
 //! | Responses | `response.output_item.added` of a `function_call`, its `function_call_arguments.delta`s (`.done` has them whole) | `output[]` items of type `function_call` |
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use memchr::memmem;
@@ -17,9 +18,19 @@ use serde_json::value::RawValue;
 
 use crate::provider::Format;
 
-/// An event or document larger than this is not read for tool calls: the answer then has no
-/// fingerprint (a loop of such answers is not seen, and nothing is held without bound).
+/// An event or document larger than this is not read for tool calls, nor an answer whose calls
+/// come to more than this in all (names, ids and arguments, and `CALL_COST` each): the answer
+/// then has no fingerprint (a loop of such answers is not seen, and nothing is held without
+/// bound).
 pub const MAX_GATHERED: usize = 4 << 20;
+
+/// The most of an answer's tool names kept, in bytes: for the refusal's message, and in a run's
+/// state (in memory or in Redis), whose size must not grow with the answer's.
+pub const MAX_NAMES: usize = 200;
+
+/// What a call holds beside its text: itself and its place in the indexes. Counted so that
+/// a multitude of empty calls is bounded as well as a few large ones.
+const CALL_COST: usize = std::mem::size_of::<ToolCall>() + 64;
 
 #[derive(Debug, Clone)]
 struct ToolCall {
@@ -31,15 +42,32 @@ struct ToolCall {
     arguments: String,
 }
 
+impl ToolCall {
+    fn size(&self) -> usize {
+        CALL_COST + self.name.len() + self.arguments.len() + self.id.as_ref().map_or(0, String::len)
+    }
+}
+
 /// The tool calls of one answer.
 #[derive(Debug, Clone)]
 pub struct ToolCalls {
     format: Format,
+    /// In the order they came.
     calls: Vec<ToolCall>,
+    /// Where each call's key sits in `calls`: a delta finds its call without looking through
+    /// all of them (an answer may bring thousands).
+    at: HashMap<u64, usize>,
+    /// By Chat choice: its last call (where in `calls`) and the index after its highest.
+    choices: HashMap<u64, (usize, u64)>,
+    /// What `calls` hold, by `ToolCall::size`: at most `MAX_GATHERED`.
+    held: usize,
     /// The data of the event being read, or the whole document so far.
     buf: Vec<u8>,
     /// Something was too large to read: the answer gets no fingerprint.
     overflow: bool,
+    /// Calls looked at to find the one a piece belongs to.
+    #[cfg(test)]
+    looked_at: usize,
 }
 
 impl ToolCalls {
@@ -47,9 +75,24 @@ impl ToolCalls {
         Self {
             format,
             calls: Vec::new(),
+            at: HashMap::new(),
+            choices: HashMap::new(),
+            held: 0,
             buf: Vec::new(),
             overflow: false,
+            #[cfg(test)]
+            looked_at: 0,
         }
+    }
+
+    /// Too much to read: the answer gets no fingerprint, and what was gathered goes.
+    fn give_up(&mut self) {
+        self.overflow = true;
+        self.calls = Vec::new();
+        self.at = HashMap::new();
+        self.choices = HashMap::new();
+        self.held = 0;
+        self.buf = Vec::new();
     }
 
     /// The next piece of the event's data (or of the document).
@@ -59,9 +102,7 @@ impl ToolCalls {
             return;
         }
         if self.buf.len() + piece.len() > MAX_GATHERED {
-            self.overflow = true;
-            self.buf = Vec::new();
-            return;
+            return self.give_up();
         }
         self.buf.extend_from_slice(piece);
     }
@@ -76,7 +117,9 @@ impl ToolCalls {
         if dispatched && !self.overflow && mentions_a_tool(&self.buf) {
             let data = std::mem::take(&mut self.buf);
             self.event(&data);
-            self.buf = data;
+            if !self.overflow {
+                self.buf = data;
+            }
         }
         self.buf.clear();
     }
@@ -92,7 +135,8 @@ impl ToolCalls {
 
     /// The answer's tool calls in canonical form (`name`, NUL, canonical arguments, NUL, for
     /// each in order), and their names joined by commas (which no provider allows in a tool
-    /// name), for the refusal's message; `None` when it asked for none.
+    /// name), for the refusal's message: as many as fit in `MAX_NAMES`, then `+` and how many
+    /// more there were (no provider allows `+` either); `None` when it asked for none.
     pub fn canonical(&self) -> Option<(Vec<u8>, String)> {
         if self.overflow || self.calls.is_empty() {
             return None;
@@ -106,28 +150,43 @@ impl ToolCalls {
             out.extend_from_slice(canonical_json(&c.arguments).as_bytes());
             out.push(0);
         }
-        let names = calls
-            .iter()
-            .map(|c| c.name.as_str())
-            .collect::<Vec<_>>()
-            .join(",");
-        Some((out, names))
+        Some((out, names(&calls)))
     }
 
-    fn call(&mut self, key: u64) -> &mut ToolCall {
-        let i = match self.calls.iter().position(|c| c.key == key) {
-            Some(i) => i,
+    /// The call at `key` (a new one if none is), changed by `f`; past `MAX_GATHERED` in all,
+    /// the answer's calls are given up.
+    fn edit(&mut self, key: u64, f: impl FnOnce(&mut ToolCall)) {
+        if self.overflow {
+            return;
+        }
+        #[cfg(test)]
+        {
+            self.looked_at += 1;
+        }
+        let i = match self.at.get(&key) {
+            Some(&i) => i,
             None => {
+                let i = self.calls.len();
                 self.calls.push(ToolCall {
                     key,
                     id: None,
                     name: String::new(),
                     arguments: String::new(),
                 });
-                self.calls.len() - 1
+                self.held += CALL_COST;
+                self.at.insert(key, i);
+                let choice = self.choices.entry(key / 1024).or_insert((i, 0));
+                *choice = (i, choice.1.max(key % 1024 + 1));
+                i
             }
         };
-        &mut self.calls[i]
+        let c = &mut self.calls[i];
+        let before = c.size();
+        f(c);
+        self.held = self.held - before + c.size();
+        if self.held > MAX_GATHERED {
+            self.give_up();
+        }
     }
 
     fn event(&mut self, data: &[u8]) {
@@ -140,28 +199,34 @@ impl ToolCalls {
                     let calls = choice.delta.and_then(|d| d.tool_calls).unwrap_or_default();
                     let base = choice.index * 1024;
                     for tc in calls {
-                        let mut mine = self.calls.iter().filter(|c| c.key / 1024 == choice.index);
-                        let next = mine.clone().map(|c| c.key % 1024 + 1).max().unwrap_or(0);
-                        let last = mine.next_back().map(|c| LastCall {
-                            index: c.key % 1024,
-                            id: c.id.as_deref(),
-                            name: &c.name,
-                            arguments: &c.arguments,
-                        });
+                        let (last, next) = match self.choices.get(&choice.index) {
+                            Some(&(i, next)) => {
+                                let c = &self.calls[i];
+                                let last = LastCall {
+                                    index: c.key % 1024,
+                                    id: c.id.as_deref(),
+                                    name: &c.name,
+                                    arguments: &c.arguments,
+                                };
+                                (Some(last), next)
+                            }
+                            None => (None, 0),
+                        };
                         let name = tc.function.as_ref().and_then(|f| f.name.as_deref());
                         let index = chat_call_index(tc.index, tc.id.as_deref(), name, last, next);
-                        let c = self.call(base + index);
-                        if tc.id.is_some() {
-                            c.id = tc.id;
-                        }
-                        if let Some(f) = tc.function {
-                            if let Some(n) = f.name {
-                                c.name.push_str(&n);
+                        self.edit(base + index, |c| {
+                            if tc.id.is_some() {
+                                c.id = tc.id;
                             }
-                            if let Some(a) = f.arguments {
-                                c.arguments.push_str(&a);
+                            if let Some(f) = tc.function {
+                                if let Some(n) = f.name {
+                                    c.name.push_str(&n);
+                                }
+                                if let Some(a) = f.arguments {
+                                    c.arguments.push_str(&a);
+                                }
                             }
-                        }
+                        });
                     }
                 }
             }
@@ -171,19 +236,20 @@ impl ToolCalls {
                 };
                 match (ev.kind.as_str(), ev.content_block, ev.delta) {
                     ("content_block_start", Some(b), _) if b.kind == "tool_use" => {
-                        let c = self.call(ev.index);
-                        c.name = b.name.unwrap_or_default();
-                        // A start whose input is already whole (rare when streamed).
-                        if let Some(input) = b.input.filter(|i| i.get() != "{}") {
-                            c.arguments = input.get().to_owned();
-                        }
+                        self.edit(ev.index, |c| {
+                            c.name = b.name.unwrap_or_default();
+                            // A start whose input is already whole (rare when streamed).
+                            if let Some(input) = b.input.filter(|i| i.get() != "{}") {
+                                c.arguments = input.get().to_owned();
+                            }
+                        });
                     }
                     ("content_block_delta", _, Some(d))
-                        if d.kind == "input_json_delta"
-                            && self.calls.iter().any(|c| c.key == ev.index) =>
+                        if d.kind == "input_json_delta" && self.at.contains_key(&ev.index) =>
                     {
-                        let c = self.call(ev.index);
-                        c.arguments.push_str(&d.partial_json.unwrap_or_default());
+                        self.edit(ev.index, |c| {
+                            c.arguments.push_str(&d.partial_json.unwrap_or_default());
+                        });
                     }
                     _ => {}
                 }
@@ -195,20 +261,22 @@ impl ToolCalls {
                 match ev.kind.as_str() {
                     "response.output_item.added" | "response.output_item.done" => {
                         if let Some(item) = ev.item.filter(|i| i.kind == "function_call") {
-                            let c = self.call(ev.output_index);
-                            c.name = item.name.unwrap_or_default();
-                            if let Some(a) = item.arguments.filter(|a| !a.is_empty()) {
-                                c.arguments = a;
-                            }
+                            self.edit(ev.output_index, |c| {
+                                c.name = item.name.unwrap_or_default();
+                                if let Some(a) = item.arguments.filter(|a| !a.is_empty()) {
+                                    c.arguments = a;
+                                }
+                            });
                         }
                     }
                     "response.function_call_arguments.delta" => {
-                        let c = self.call(ev.output_index);
-                        c.arguments.push_str(&ev.delta.unwrap_or_default());
+                        self.edit(ev.output_index, |c| {
+                            c.arguments.push_str(&ev.delta.unwrap_or_default());
+                        });
                     }
                     "response.function_call_arguments.done" => {
                         if let Some(a) = ev.arguments {
-                            self.call(ev.output_index).arguments = a;
+                            self.edit(ev.output_index, |c| c.arguments = a);
                         }
                     }
                     _ => {}
@@ -229,11 +297,12 @@ impl ToolCalls {
                         .and_then(|m| m.tool_calls)
                         .unwrap_or_default();
                     for (i, tc) in calls.into_iter().enumerate() {
-                        let c = self.call(choice.index * 1024 + i as u64);
-                        if let Some(f) = tc.function {
-                            c.name = f.name.unwrap_or_default();
-                            c.arguments = f.arguments.unwrap_or_default();
-                        }
+                        self.edit(choice.index * 1024 + i as u64, |c| {
+                            if let Some(f) = tc.function {
+                                c.name = f.name.unwrap_or_default();
+                                c.arguments = f.arguments.unwrap_or_default();
+                            }
+                        });
                     }
                 }
             }
@@ -243,9 +312,10 @@ impl ToolCalls {
                 };
                 for (i, b) in doc.content.unwrap_or_default().into_iter().enumerate() {
                     if b.kind == "tool_use" {
-                        let c = self.call(i as u64);
-                        c.name = b.name.unwrap_or_default();
-                        c.arguments = b.input.map(|v| v.get().to_owned()).unwrap_or_default();
+                        self.edit(i as u64, |c| {
+                            c.name = b.name.unwrap_or_default();
+                            c.arguments = b.input.map(|v| v.get().to_owned()).unwrap_or_default();
+                        });
                     }
                 }
             }
@@ -255,14 +325,55 @@ impl ToolCalls {
                 };
                 for (i, item) in doc.output.unwrap_or_default().into_iter().enumerate() {
                     if item.kind == "function_call" {
-                        let c = self.call(i as u64);
-                        c.name = item.name.unwrap_or_default();
-                        c.arguments = item.arguments.unwrap_or_default();
+                        self.edit(i as u64, |c| {
+                            c.name = item.name.unwrap_or_default();
+                            c.arguments = item.arguments.unwrap_or_default();
+                        });
                     }
                 }
             }
         }
     }
+}
+
+/// The calls' names joined by commas, within `MAX_NAMES`: see `ToolCalls::canonical`.
+fn names(calls: &[&ToolCall]) -> String {
+    // Room for ",+" and the count of the calls left out.
+    const ROOM: usize = 22;
+    let mut out = String::new();
+    let mut kept = 0;
+    for c in calls {
+        let sep = usize::from(kept > 0);
+        if out.len() + sep + c.name.len() > MAX_NAMES - ROOM {
+            break;
+        }
+        if sep == 1 {
+            out.push(',');
+        }
+        out.push_str(&c.name);
+        kept += 1;
+    }
+    if kept == 0 {
+        if let Some(first) = calls.first() {
+            out.push_str(clip(&first.name, MAX_NAMES - ROOM - '…'.len_utf8()));
+            out.push('…');
+            kept = 1;
+        }
+    }
+    if kept < calls.len() {
+        out.push_str(&format!(",+{}", calls.len() - kept));
+    }
+    out
+}
+
+/// At most the first `max` bytes of `s`, cut where a character starts (`telemetry::log::clipped`
+/// is a layer above).
+fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// The last Chat tool call of a choice, as far as it has come, for `chat_call_index`.

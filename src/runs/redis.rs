@@ -34,11 +34,12 @@ use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
+use crate::provider::tools::MAX_NAMES;
 use crate::runs::id::RunKey;
 use crate::runs::state::{
     Admitted, Answer, Call, Refusal, Repeat, RunEnd, RunOf, RunState, Used, View,
 };
-use crate::telemetry::log::key_hex;
+use crate::telemetry::log::{clipped, key_hex};
 
 /// Why the store did not answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -375,7 +376,7 @@ impl RedisStore {
             },
             "loop" => Refusal::Loop(Repeat {
                 fingerprint: u64::from_str_radix(&s(10), 16).unwrap_or(0),
-                tool: Some(s(11)).filter(|t| !t.is_empty()),
+                tool: Some(clipped(&s(11), MAX_NAMES).to_owned()).filter(|t| !t.is_empty()),
                 count: n(12) as u32,
             }),
             other => return Err(StoreError::Failed(format!("unexpected refusal {other:?}"))),
@@ -451,7 +452,8 @@ impl RedisStore {
         let (answer, tool) = match &used.answer {
             Answer::Unread => (String::new(), ""),
             Answer::Plain => ("-".to_owned(), ""),
-            Answer::Tools(fp, tool) => (format!("{fp:016x}"), tool.as_str()),
+            // Bounded here too: whatever the answer's names, a run's key keeps its size.
+            Answer::Tools(fp, tool) => (format!("{fp:016x}"), clipped(tool, MAX_NAMES)),
         };
         let reply: Vec<Value> = self.noted(
             self.finish
@@ -675,7 +677,10 @@ fn state_of(
     run.tokens_reserved = num("reserved").unwrap_or(0);
     run.answer = h.get("ans_fp").map(|fp| Repeat {
         fingerprint: u64::from_str_radix(fp, 16).unwrap_or(0),
-        tool: h.get("ans_tool").cloned().filter(|t| !t.is_empty()),
+        tool: h
+            .get("ans_tool")
+            .map(|t| clipped(t, MAX_NAMES).to_owned())
+            .filter(|t| !t.is_empty()),
         count: num("ans_n").unwrap_or(0) as u32,
     });
     run.request = h.get("req_fp").map(|fp| Repeat {

@@ -8,6 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
+use crate::provider::tools::MAX_NAMES;
+use crate::telemetry::log::clipped;
 
 /// Why a run stopped taking calls (and the `end` label of `hourglass_runs_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,7 +57,8 @@ impl RunEnd {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Repeat {
     pub fingerprint: u64,
-    /// The tool the model kept asking for; `None` for a request body sent again and again.
+    /// The tools the model kept asking for (at most `MAX_NAMES` bytes of their names, see
+    /// `ToolCalls::canonical`); `None` for a request body sent again and again.
     pub tool: Option<String>,
     pub count: u32,
 }
@@ -178,7 +181,8 @@ pub enum Answer {
     Unread,
     /// An answer without a tool call: it breaks the streak.
     Plain,
-    /// The tool calls the model answered with: fingerprint, first tool's name.
+    /// The tool calls the model answered with: fingerprint, and their names as
+    /// `ToolCalls::canonical` gives them (at most `MAX_NAMES` bytes are kept).
     Tools(u64, String),
 }
 
@@ -467,7 +471,8 @@ fn bump(slot: &mut Option<Repeat>, fingerprint: u64, tool: Option<&String>) {
         _ => {
             *slot = Some(Repeat {
                 fingerprint,
-                tool: tool.cloned(),
+                // Bounded here too: whatever the answer's names, a run's state keeps its size.
+                tool: tool.map(|t| clipped(t, MAX_NAMES).to_owned()),
                 count: 1,
             })
         }

@@ -78,6 +78,13 @@ pub struct RequestLog<'a> {
 /// no real one is near this long.
 pub const MODEL_MAX: usize = 200;
 
+/// The most of a request's path the line carries: the path is the client's, and a real one
+/// is far shorter (its query string is never logged).
+pub const PATH_MAX: usize = 1000;
+
+/// The most of the client's `User-Agent` and `Referer` an access line carries.
+pub const HEADER_MAX: usize = 500;
+
 /// The most of a certificate's subject the line carries.
 pub const CERT_MAX: usize = 300;
 

@@ -104,8 +104,15 @@ impl TtftEstimate {
 }
 
 /// Models an upstream keeps an estimate of their own for. Providers serve dozens; past this,
-/// the rest share one, so that clients naming made-up models cannot grow the table.
+/// a new model takes the place of the one observed least recently, so that clients naming
+/// made-up models can neither grow the table nor keep a real model from an estimate of its
+/// own for good (a table that only filled would do both).
 pub const MAX_MODELS: usize = 64;
+
+/// The longest model name that gets an estimate of its own, in bytes. No provider's names come
+/// near it; a longer one is the client's, and shares the estimate of requests naming no model,
+/// so that what the table holds is bounded whatever the clients send.
+pub const MAX_MODEL_NAME: usize = 256;
 
 /// An upstream's estimates, by the model the upstream is asked for. A model gets its own at
 /// its first observation (the upstream answered for it, or made it wait out a first-token
@@ -117,7 +124,7 @@ pub struct TtftEstimates {
     /// A handful of models in practice, at most `MAX_MODELS`: searched in order, which costs
     /// less than hashing the name.
     models: RwLock<Vec<(Box<str>, TtftEstimate)>>,
-    /// Requests that name no model, and the models past `MAX_MODELS`.
+    /// Requests that name no model, or one longer than `MAX_MODEL_NAME`.
     other: TtftEstimate,
 }
 
@@ -132,13 +139,12 @@ impl TtftEstimates {
 
     /// What an attempt for `model` is expected to take until its first token.
     pub fn get(&self, model: Option<&str>) -> Duration {
-        let Some(model) = model else {
+        let Some(model) = model.filter(|m| m.len() <= MAX_MODEL_NAME) else {
             return self.other.get();
         };
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
         match find(&models, model) {
             Some(e) => e.get(),
-            None if models.len() >= MAX_MODELS => self.other.get(),
             None => self.seed.unwrap_or_default(),
         }
     }
@@ -154,7 +160,7 @@ impl TtftEstimates {
     }
 
     fn with(&self, model: Option<&str>, f: impl FnOnce(&TtftEstimate)) {
-        let Some(model) = model else {
+        let Some(model) = model.filter(|m| m.len() <= MAX_MODEL_NAME) else {
             return f(&self.other);
         };
         {
@@ -168,18 +174,28 @@ impl TtftEstimates {
         if let Some(e) = find(&models, model) {
             return f(e);
         }
-        if models.len() >= MAX_MODELS {
-            drop(models);
-            return f(&self.other);
-        }
-        models.push((model.into(), TtftEstimate::new(self.seed)));
-        f(&models[models.len() - 1].1);
+        let entry = (model.into(), TtftEstimate::new(self.seed));
+        let i = if models.len() < MAX_MODELS {
+            models.push(entry);
+            models.len() - 1
+        } else {
+            // The least recently observed has gone furthest back to its seed, which is what
+            // a model without an entry expects: losing it loses the least.
+            let i = models
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, (_, e))| e.at.load(Ordering::Relaxed))
+                .map_or(0, |(i, _)| i);
+            models[i] = entry;
+            i
+        };
+        f(&models[i].1);
     }
 }
 
 impl TtftEstimates {
     /// Every estimate as it stands: the models with their own, then the shared one (requests
-    /// that name no model, and models past `MAX_MODELS`).
+    /// that name no model, or one longer than `MAX_MODEL_NAME`).
     pub fn snapshot(&self) -> (Vec<(String, Duration)>, Duration) {
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
         let each = models
@@ -284,15 +300,51 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn models_past_the_bound_share_one_estimate() {
+    async fn a_full_table_gives_a_new_model_the_place_of_the_least_recently_observed() {
         let e = TtftEstimates::new(None);
-        for i in 0..MAX_MODELS {
-            e.observe(Some(&format!("m{i}")), ms(100));
+        e.observe(Some("o3-slow"), ms(3000));
+        tokio::time::advance(ms(1)).await;
+        // Squatted: every other place taken by a made-up model.
+        for i in 1..MAX_MODELS {
+            e.observe(Some(&format!("junk{i}")), ms(3000));
         }
-        e.observe(Some("one-too-many"), ms(4000));
-        assert_eq!(e.get(Some("another")), ms(4000), "the shared one");
-        assert_eq!(e.get(None), ms(4000));
-        assert_eq!(e.get(Some("m0")), ms(100));
+        tokio::time::advance(ms(1)).await;
+        e.observe(Some("o3-slow"), ms(3000));
+        assert_eq!(e.get(Some("fast-mini")), Duration::ZERO, "not yet seen");
+        e.observe(Some("fast-mini"), ms(100));
+        assert_eq!(
+            e.get(Some("fast-mini")),
+            ms(100),
+            "its own, not a shared one"
+        );
+        assert!(e.get(Some("o3-slow")) > ms(2990), "observed lately: kept");
+        assert_eq!(e.get(Some("junk1")), Duration::ZERO, "the oldest: gone");
+        assert_eq!(e.get(None), Duration::ZERO, "untouched");
         assert_eq!(e.models.read().unwrap().len(), MAX_MODELS);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_name_too_long_is_never_learned_and_the_table_stays_bounded() {
+        let e = TtftEstimates::new(None);
+        let long = "A".repeat(MAX_MODEL_NAME + 1);
+        e.observe(Some(&long), ms(4000));
+        assert!(e.models.read().unwrap().is_empty());
+        assert_eq!(e.get(Some(&long)), ms(4000), "the shared one");
+        assert_eq!(e.get(None), ms(4000));
+        assert_eq!(e.get(Some("m")), Duration::ZERO);
+        // However many and however long the names, the table holds at most this many bytes.
+        for i in 0..MAX_MODELS * 4 {
+            let name = format!("{i:04}{}", "B".repeat(MAX_MODEL_NAME * (i % 3)));
+            e.observe(Some(&name), ms(100));
+        }
+        let models = e.models.read().unwrap();
+        assert_eq!(models.len(), MAX_MODELS);
+        let bytes: usize = models.iter().map(|(m, _)| m.len()).sum();
+        assert!(bytes <= MAX_MODELS * MAX_MODEL_NAME, "{bytes}");
+        let (snapshot, _) = {
+            drop(models);
+            e.snapshot()
+        };
+        assert!(snapshot.iter().all(|(m, _)| m.len() <= MAX_MODEL_NAME));
     }
 }

@@ -845,6 +845,56 @@ async fn the_log_line_names_the_model_asked_for() {
     p.stop().await;
 }
 
+/// The client's path, `User-Agent` and `Referer` are cut like the model (audit DD F5: a
+/// 30 KB path or user agent was logged whole): the path to 1000 bytes in every format, the
+/// two headers to 500 in the access line.
+#[tokio::test]
+async fn the_log_line_cuts_the_clients_path_and_user_agent() {
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
+         [upstreams.fake]\nurl = \"{}\"\nauth = \"none\"\n\n\
+         [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+        fake.url()
+    );
+    let path = format!("/v1/chat/completions/{}", "p".repeat(20_000));
+    let agent = format!("agent/{}", "a".repeat(20_000));
+    for format in ["json", "access"] {
+        let p = Process::spawn(&toml, &["--log-format", format], &[]).await;
+        let req = Request::post(path.as_str())
+            .header("host", "gateway")
+            .header("user-agent", agent.as_str())
+            .header("referer", agent.as_str())
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(r#"{"model":"m","messages":[]}"#)))
+            .unwrap();
+        let (resp, _c) = Conn::open(p.addr).await.send(req).await;
+        read_body(resp.into_body()).await;
+        if format == "json" {
+            let line = p.request_line().await;
+            let logged = line["path"].as_str().unwrap();
+            assert_eq!(logged.len(), 1000);
+            assert!(path.starts_with(logged));
+        } else {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let line = loop {
+                let (out, _) = p.output();
+                if let Some(l) = out.lines().find(|l| l.contains("HTTP/1.1\"")) {
+                    break l.to_owned();
+                }
+                assert!(Instant::now() < deadline, "no access line: {out}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            assert!(line.len() < 2500, "{}", line.len());
+            assert!(line.contains(&format!("\"POST {} HTTP/1.1\"", &path[..1000])));
+            assert_eq!(line.matches(&format!("\"{}\"", &agent[..500])).count(), 2);
+        }
+        p.stop().await;
+    }
+}
+
 /// Before the body names the model, a request is refused for its budget only when no
 /// candidate route could use it: a route that wants more (its reserve and min_useful) than
 /// the route the model picks does not refuse that route's requests. When none could, the

@@ -165,3 +165,90 @@ fn chat_calls_without_an_index_are_told_apart() {
         );
     }
 }
+
+fn chat_call(index: usize, name: &str, arguments: &str) -> String {
+    format!(
+        r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":{index},"function":{{"name":"{name}","arguments":"{arguments}"}}}}]}}}}]}}"#
+    )
+}
+
+fn feed(t: &mut ToolCalls, event: &str) {
+    t.data(event.as_bytes());
+    t.line_end();
+    t.event_end(true);
+}
+
+/// Each event is small, but the answer's arguments come to three times the bound (audit DD
+/// F2: 122 MB of arguments were held whole): what is held stays under the bound, and the
+/// answer gets no fingerprint.
+#[test]
+fn an_answer_whose_calls_are_too_large_in_all_gets_no_fingerprint() {
+    let mut t = ToolCalls::new(Format::Chat);
+    let piece = "x".repeat(64 << 10);
+    for i in 0..3 * MAX_GATHERED / piece.len() {
+        feed(&mut t, &chat_call(i % 100, "write_file", &piece));
+        let held: usize = t
+            .calls
+            .iter()
+            .map(|c| c.name.len() + c.arguments.len())
+            .sum();
+        assert!(held <= MAX_GATHERED, "{i}: {held}");
+    }
+    assert_eq!(t.canonical(), None);
+    // Many empty calls are bounded as well as a few large ones.
+    let mut t = ToolCalls::new(Format::Responses);
+    for i in 0..MAX_GATHERED / 16 {
+        feed(
+            &mut t,
+            &format!(
+                r#"{{"type":"response.output_item.added","output_index":{i},"item":{{"type":"function_call","name":"f","arguments":"{{}}"}}}}"#
+            ),
+        );
+        if t.calls.is_empty() {
+            break;
+        }
+    }
+    assert!(t.calls.is_empty());
+    assert_eq!(t.canonical(), None);
+}
+
+/// Each piece finds its call without looking through the calls before it (audit DD F2:
+/// 80,000 calls took 19 s of CPU, each delta scanning every call so far).
+#[test]
+fn a_piece_finds_its_call_without_a_scan() {
+    let n = 2000;
+    let mut t = ToolCalls::new(Format::Chat);
+    for i in 0..n {
+        feed(&mut t, &chat_call(i, "ab", "{}"));
+    }
+    assert_eq!(t.calls.len(), n);
+    assert!(t.looked_at <= 2 * n, "{}", t.looked_at);
+    assert!(t.canonical().is_some());
+}
+
+/// An answer of hundreds of calls with long names (audit DD F3: 400 of 64 characters made a
+/// 26 KB string kept by every run, and a 28 KB refusal): the names that fit in `MAX_NAMES`,
+/// then how many more there were.
+#[test]
+fn the_names_of_many_calls_are_bounded() {
+    let mut t = ToolCalls::new(Format::Chat);
+    let long = "n".repeat(64);
+    for i in 0..400 {
+        feed(&mut t, &chat_call(i, &format!("{i:03}{long}"), "{}"));
+    }
+    let (_, names) = t.canonical().unwrap();
+    assert!(names.len() <= MAX_NAMES, "{}", names.len());
+    assert_eq!(names, format!("000{long},001{long},+398"));
+    // One name longer than the bound, alone or not.
+    let mut t = ToolCalls::new(Format::Chat);
+    let huge = "é".repeat(MAX_NAMES);
+    feed(&mut t, &chat_call(0, &huge, "{}"));
+    let (_, names) = t.canonical().unwrap();
+    assert!(names.len() <= MAX_NAMES && names.ends_with('…'), "{names}");
+    feed(&mut t, &chat_call(1, "b", "{}"));
+    let (_, names) = t.canonical().unwrap();
+    assert!(
+        names.len() <= MAX_NAMES && names.ends_with("…,+1"),
+        "{names}"
+    );
+}

@@ -364,3 +364,27 @@ async fn the_longest_client_budget_a_header_can_carry_is_held_without_overflow()
     assert!(a.started);
     assert_eq!(a.view.deadline, Some(t0 + ms(u64::MAX)));
 }
+
+/// Whatever the answer's names, a run keeps at most `MAX_NAMES` bytes of them (audit DD F3:
+/// 400 calls of 64-character names kept 26 KB a run).
+#[tokio::test(start_paused = true)]
+async fn a_run_keeps_a_bounded_part_of_the_answers_names() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_repeats: Some(3),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let names = vec!["é".repeat(32); 400].join(",");
+    r.admit(&call(t0)).unwrap();
+    r.finish(
+        100,
+        &Used {
+            answer: Answer::Tools(1, names),
+            ..Used::default()
+        },
+    );
+    let kept = r.answer.as_ref().and_then(|a| a.tool.as_deref()).unwrap();
+    assert!(kept.len() <= MAX_NAMES, "{}", kept.len());
+    assert!(kept.starts_with(&"é".repeat(32)));
+}

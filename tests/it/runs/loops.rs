@@ -12,6 +12,7 @@ on_both_stores!(
     the_same_request_sent_again_and_again_is_stopped_too,
     a_run_started_where_loops_stop_stops_repeats_on_every_route,
     calls_without_a_body_are_neither_repeats_nor_break_a_streak,
+    a_loop_of_many_long_named_calls_keeps_and_names_a_bounded_part,
 );
 
 async fn the_same_tool_call_three_times_stops_the_run_naming_the_tool(store: Store) {
@@ -270,5 +271,49 @@ async fn calls_without_a_body_are_neither_repeats_nor_break_a_streak(store: Stor
     crate::support::assert_message_starts(
         &body["error"],
         "run loop detected: run \"poll\": the model asked for tool \"get_weather\" with the same arguments 3 times in a row",
+    );
+}
+
+/// 100 parallel calls with 64-character names, three times (audit DD F3: every run kept all
+/// the names, 26 KB for 400, in memory and in Redis, and the refusal repeated them): the run
+/// keeps, and the refusal names, the first few and how many more.
+async fn a_loop_of_many_long_named_calls_keeps_and_names_a_bounded_part(store: Store) {
+    let (h, keep) = harness(store).await;
+    let names: Vec<String> = (0..100)
+        .map(|i| format!("{i:03}{}", "n".repeat(61)))
+        .collect();
+    let calls = names.join("+");
+    let headers = [
+        ("x-run-id", "many"),
+        ("x-fake-tool-call", calls.as_str()),
+        ("x-fake-interval-ms", "0"),
+    ];
+    for stream in [true, false, true] {
+        let (resp, _c) = h.send(call("/loops", stream, &headers, "")).await;
+        assert_eq!(resp.status(), 200);
+        read_body(resp.into_body()).await;
+    }
+    h.wait_requests("loops", 3.0).await;
+    let run = run_json(&h, "many").await;
+    let kept = run["runs"][0]["repeats"]["answer"]["tool"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(kept.len() <= 200, "{}", kept.len());
+    assert!(kept.starts_with(&names[0]), "{kept}");
+    if let Some(redis) = &keep.1 {
+        let stored = redis.query("HSTRLEN hg:{-/many} ans_tool").await;
+        let stored: usize = stored.trim_start_matches(':').parse().unwrap();
+        assert!(stored > 0 && stored <= 200, "{stored}");
+    }
+    let (resp, _c) = h.send(call("/loops", false, &headers, "")).await;
+    assert_eq!(resp.status(), 429);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "run_loop_detected");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.len() < 600, "{}", message.len());
+    assert!(
+        message.contains(&format!("\"{}\", \"{}\" and 98 more", names[0], names[1])),
+        "{message}"
     );
 }
