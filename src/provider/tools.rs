@@ -34,8 +34,10 @@ const CALL_COST: usize = std::mem::size_of::<ToolCall>() + 64;
 
 #[derive(Debug, Clone)]
 struct ToolCall {
-    /// Where the call sits in the answer (choice and index, block or output index).
-    key: u64,
+    /// Where the call sits in the answer: its Chat choice (0 in the other formats) and its
+    /// index in it (block or output index). A pair, not one number: both come from the
+    /// upstream, and any packing of two into one overflows or collides for some of them.
+    key: (u64, u64),
     /// A Chat call's id, which tells index-less calls apart (`chat_call_index`).
     id: Option<String>,
     name: String,
@@ -56,7 +58,7 @@ pub struct ToolCalls {
     calls: Vec<ToolCall>,
     /// Where each call's key sits in `calls`: a delta finds its call without looking through
     /// all of them (an answer may bring thousands).
-    at: HashMap<u64, usize>,
+    at: HashMap<(u64, u64), usize>,
     /// By Chat choice: its last call (where in `calls`) and the index after its highest.
     choices: HashMap<u64, (usize, u64)>,
     /// What `calls` hold, by `ToolCall::size`: at most `MAX_GATHERED`.
@@ -155,7 +157,7 @@ impl ToolCalls {
 
     /// The call at `key` (a new one if none is), changed by `f`; past `MAX_GATHERED` in all,
     /// the answer's calls are given up.
-    fn edit(&mut self, key: u64, f: impl FnOnce(&mut ToolCall)) {
+    fn edit(&mut self, key: (u64, u64), f: impl FnOnce(&mut ToolCall)) {
         if self.overflow {
             return;
         }
@@ -175,8 +177,8 @@ impl ToolCalls {
                 });
                 self.held += CALL_COST;
                 self.at.insert(key, i);
-                let choice = self.choices.entry(key / 1024).or_insert((i, 0));
-                *choice = (i, choice.1.max(key % 1024 + 1));
+                let choice = self.choices.entry(key.0).or_insert((i, 0));
+                *choice = (i, choice.1.max(key.1.saturating_add(1)));
                 i
             }
         };
@@ -197,13 +199,12 @@ impl ToolCalls {
                 };
                 for choice in chunk.choices.unwrap_or_default() {
                     let calls = choice.delta.and_then(|d| d.tool_calls).unwrap_or_default();
-                    let base = choice.index * 1024;
                     for tc in calls {
                         let (last, next) = match self.choices.get(&choice.index) {
                             Some(&(i, next)) => {
                                 let c = &self.calls[i];
                                 let last = LastCall {
-                                    index: c.key % 1024,
+                                    index: c.key.1,
                                     id: c.id.as_deref(),
                                     name: &c.name,
                                     arguments: &c.arguments,
@@ -214,7 +215,7 @@ impl ToolCalls {
                         };
                         let name = tc.function.as_ref().and_then(|f| f.name.as_deref());
                         let index = chat_call_index(tc.index, tc.id.as_deref(), name, last, next);
-                        self.edit(base + index, |c| {
+                        self.edit((choice.index, index), |c| {
                             if tc.id.is_some() {
                                 c.id = tc.id;
                             }
@@ -236,7 +237,7 @@ impl ToolCalls {
                 };
                 match (ev.kind.as_str(), ev.content_block, ev.delta) {
                     ("content_block_start", Some(b), _) if b.kind == "tool_use" => {
-                        self.edit(ev.index, |c| {
+                        self.edit((0, ev.index), |c| {
                             c.name = b.name.unwrap_or_default();
                             // A start whose input is already whole (rare when streamed).
                             if let Some(input) = b.input.filter(|i| i.get() != "{}") {
@@ -245,9 +246,9 @@ impl ToolCalls {
                         });
                     }
                     ("content_block_delta", _, Some(d))
-                        if d.kind == "input_json_delta" && self.at.contains_key(&ev.index) =>
+                        if d.kind == "input_json_delta" && self.at.contains_key(&(0, ev.index)) =>
                     {
-                        self.edit(ev.index, |c| {
+                        self.edit((0, ev.index), |c| {
                             c.arguments.push_str(&d.partial_json.unwrap_or_default());
                         });
                     }
@@ -261,7 +262,7 @@ impl ToolCalls {
                 match ev.kind.as_str() {
                     "response.output_item.added" | "response.output_item.done" => {
                         if let Some(item) = ev.item.filter(|i| i.kind == "function_call") {
-                            self.edit(ev.output_index, |c| {
+                            self.edit((0, ev.output_index), |c| {
                                 c.name = item.name.unwrap_or_default();
                                 if let Some(a) = item.arguments.filter(|a| !a.is_empty()) {
                                     c.arguments = a;
@@ -270,13 +271,13 @@ impl ToolCalls {
                         }
                     }
                     "response.function_call_arguments.delta" => {
-                        self.edit(ev.output_index, |c| {
+                        self.edit((0, ev.output_index), |c| {
                             c.arguments.push_str(&ev.delta.unwrap_or_default());
                         });
                     }
                     "response.function_call_arguments.done" => {
                         if let Some(a) = ev.arguments {
-                            self.edit(ev.output_index, |c| c.arguments = a);
+                            self.edit((0, ev.output_index), |c| c.arguments = a);
                         }
                     }
                     _ => {}
@@ -297,7 +298,7 @@ impl ToolCalls {
                         .and_then(|m| m.tool_calls)
                         .unwrap_or_default();
                     for (i, tc) in calls.into_iter().enumerate() {
-                        self.edit(choice.index * 1024 + i as u64, |c| {
+                        self.edit((choice.index, i as u64), |c| {
                             if let Some(f) = tc.function {
                                 c.name = f.name.unwrap_or_default();
                                 c.arguments = f.arguments.unwrap_or_default();
@@ -312,7 +313,7 @@ impl ToolCalls {
                 };
                 for (i, b) in doc.content.unwrap_or_default().into_iter().enumerate() {
                     if b.kind == "tool_use" {
-                        self.edit(i as u64, |c| {
+                        self.edit((0, i as u64), |c| {
                             c.name = b.name.unwrap_or_default();
                             c.arguments = b.input.map(|v| v.get().to_owned()).unwrap_or_default();
                         });
@@ -325,7 +326,7 @@ impl ToolCalls {
                 };
                 for (i, item) in doc.output.unwrap_or_default().into_iter().enumerate() {
                     if item.kind == "function_call" {
-                        self.edit(i as u64, |c| {
+                        self.edit((0, i as u64), |c| {
                             c.name = item.name.unwrap_or_default();
                             c.arguments = item.arguments.unwrap_or_default();
                         });

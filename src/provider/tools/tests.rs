@@ -252,3 +252,21 @@ fn the_names_of_many_calls_are_bounded() {
         "{names}"
     );
 }
+
+/// Choice and call indexes come from the upstream: a huge choice index made `choice * 1024`
+/// overflow (a panic in a debug build, a wrapped key in a release one), and a call index of
+/// 1,024 or more fell among the next choice's calls.
+#[test]
+fn any_choice_and_call_index_keeps_calls_apart() {
+    let event = |choice: u64, index: u64, name: &str| {
+        format!(
+            r#"{{"choices":[{{"index":{choice},"delta":{{"tool_calls":[{{"index":{index},"function":{{"name":"{name}","arguments":"{{}}"}}}}]}}}}]}}"#
+        )
+    };
+    let mut t = ToolCalls::new(Format::Chat);
+    feed(&mut t, &event(0, 1500, "first"));
+    feed(&mut t, &event(1, 476, "second"));
+    feed(&mut t, &event(u64::MAX, u64::MAX, "third"));
+    let (_, names) = t.canonical().unwrap();
+    assert_eq!(names, "first,second,third");
+}
