@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderName};
 use tokio::time::Instant;
 
 use crate::config::Limits;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, RunNeed};
 use crate::http::headers::present;
 
 pub const BUDGET_HEADER: &str = "x-request-budget-ms";
@@ -294,14 +294,21 @@ impl Budget {
         whole: bool,
     ) -> GatewayError {
         let left = self.deadline.saturating_duration_since(now);
-        if self.run.is_some() {
-            return deadline_error(
-                self.total,
-                self.reserve,
-                self.source.is_client(),
-                self.run.as_ref(),
+        if let Some(r) = self.run.as_ref() {
+            // Past the deadline, what a call needs is beside the point.
+            let short = !left.is_zero();
+            return GatewayError::RunDeadlineExceeded {
+                run: r.id.to_string(),
+                budget: r.budget,
                 left,
-            );
+                reserve: self.reserve,
+                need: short.then(|| {
+                    Box::new(RunNeed {
+                        needed,
+                        expected_by: expected_by.map(|(u, m)| (u.to_owned(), m.map(str::to_owned))),
+                    })
+                }),
+            };
         }
         GatewayError::InsufficientBudget {
             // What the message calls left after the reserve.
@@ -350,6 +357,7 @@ pub fn deadline_error(
             budget: r.budget,
             left,
             reserve,
+            need: None,
         },
     }
 }
