@@ -275,6 +275,12 @@ impl Budget {
             // A budget of exactly reserve + min_useful is spent below it by the time any
             // check runs: too small from the start, too.
             let whole = self.total.saturating_sub(self.reserve) <= self.min_useful;
+            // A budget that had room and is now over (a slow body, a long wait for a slot)
+            // is a deadline that passed, as an attempt's would be, not one too small
+            // (audit DC 5: "0ms of budget left" 200 ms after the deadline).
+            if usable.is_zero() && !whole {
+                return Err(self.deadline_error());
+            }
             return Err(self.too_little(now, self.min_useful, None, whole));
         }
         Ok(())
@@ -677,6 +683,9 @@ mod tests {
         assert_eq!(b.forwarded_ms(Instant::now()), 50);
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(b.forwarded_ms(Instant::now()), 1);
+        // Past the deadline, the budget is not too small: it is over.
+        let err = b.ensure_useful(Instant::now()).unwrap_err();
+        assert_eq!(err.code(), "deadline_exceeded");
     }
 
     /// A client whose SDK stops waiting sooner than `min_useful` (its read timeout of 10 ms)
