@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderName};
 use tokio::time::Instant;
 
 use crate::config::Limits;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, RunNeed};
 use crate::http::headers::present;
 
 pub const BUDGET_HEADER: &str = "x-request-budget-ms";
@@ -275,6 +275,12 @@ impl Budget {
             // A budget of exactly reserve + min_useful is spent below it by the time any
             // check runs: too small from the start, too.
             let whole = self.total.saturating_sub(self.reserve) <= self.min_useful;
+            // A budget that had room and is now over (a slow body, a long wait for a slot)
+            // is a deadline that passed, as an attempt's would be, not one too small
+            // (audit DC 5: "0ms of budget left" 200 ms after the deadline).
+            if usable.is_zero() && !whole {
+                return Err(self.deadline_error());
+            }
             return Err(self.too_little(now, self.min_useful, None, whole));
         }
         Ok(())
@@ -294,14 +300,21 @@ impl Budget {
         whole: bool,
     ) -> GatewayError {
         let left = self.deadline.saturating_duration_since(now);
-        if self.run.is_some() {
-            return deadline_error(
-                self.total,
-                self.reserve,
-                self.source.is_client(),
-                self.run.as_ref(),
+        if let Some(r) = self.run.as_ref() {
+            // Past the deadline, what a call needs is beside the point.
+            let short = !left.is_zero();
+            return GatewayError::RunDeadlineExceeded {
+                run: r.id.to_string(),
+                budget: r.budget,
                 left,
-            );
+                reserve: self.reserve,
+                need: short.then(|| {
+                    Box::new(RunNeed {
+                        needed,
+                        expected_by: expected_by.map(|(u, m)| (u.to_owned(), m.map(str::to_owned))),
+                    })
+                }),
+            };
         }
         GatewayError::InsufficientBudget {
             // What the message calls left after the reserve.
@@ -350,6 +363,7 @@ pub fn deadline_error(
             budget: r.budget,
             left,
             reserve,
+            need: None,
         },
     }
 }
@@ -431,7 +445,7 @@ fn parse_grpc_timeout(v: &str) -> Result<Duration, GatewayError> {
     if n == 0 {
         return Err(invalid(GRPC_TIMEOUT, v, "must be greater than zero"));
     }
-    Ok(match unit {
+    let d = match unit {
         b'H' => Duration::from_secs(n * 3600),
         b'M' => Duration::from_secs(n * 60),
         b'S' => Duration::from_secs(n),
@@ -439,7 +453,11 @@ fn parse_grpc_timeout(v: &str) -> Result<Duration, GatewayError> {
         b'u' => Duration::from_micros(n),
         b'n' => Duration::from_nanos(n),
         _ => return Err(invalid(GRPC_TIMEOUT, v, WHAT)),
-    })
+    };
+    // The gateway counts in milliseconds: a legal sub-millisecond timeout is its smallest
+    // budget, not one of a few nanoseconds, whose used ratio (elapsed / budget) came to
+    // 43,000 for one request and swamped its route's mean (audit DC 4).
+    Ok(d.max(Duration::from_millis(1)))
 }
 
 /// The SDKs' own timeouts, in (possibly fractional) seconds. They are hints, not requests:
@@ -575,6 +593,9 @@ mod tests {
             ("250m", Duration::from_millis(250)),
             ("250000u", Duration::from_millis(250)),
             ("25000000n", Duration::from_millis(25)),
+            ("1n", Duration::from_millis(1)),
+            ("999u", Duration::from_millis(1)),
+            ("1500u", Duration::from_micros(1500)),
         ] {
             assert_eq!(resolve(&[(GRPC_TIMEOUT, v)]).unwrap().total, d, "{v}");
         }
@@ -662,6 +683,9 @@ mod tests {
         assert_eq!(b.forwarded_ms(Instant::now()), 50);
         tokio::time::advance(Duration::from_secs(5)).await;
         assert_eq!(b.forwarded_ms(Instant::now()), 1);
+        // Past the deadline, the budget is not too small: it is over.
+        let err = b.ensure_useful(Instant::now()).unwrap_err();
+        assert_eq!(err.code(), "deadline_exceeded");
     }
 
     /// A client whose SDK stops waiting sooner than `min_useful` (its read timeout of 10 ms)

@@ -327,11 +327,14 @@ pub enum GatewayError {
     },
     /// The run's deadline passed (before the call, or during it), or what is left of it
     /// (`left`) cannot fit a call.
-    #[error("run deadline exceeded: run {run:?} {}", run_left(*.budget, *.left, *.reserve))]
+    #[error("run deadline exceeded: run {run:?} {}", run_left(*.budget, *.left, *.reserve, .need.as_deref()))]
     RunDeadlineExceeded {
         run: String,
         budget: Duration,
         left: Duration,
+        /// What a call needs that `left` does not fit, when the gateway measured it (the
+        /// store's own refusals say only that it does not fit). Boxed: rare, and large.
+        need: Option<Box<RunNeed>>,
         /// What the call's route holds back: a call cut at the run's deadline was cut that
         /// much before it (as `DeadlineExceeded`'s).
         reserve: Duration,
@@ -378,12 +381,32 @@ fn overload_detail(waited: Duration) -> String {
     }
 }
 
-fn run_left(budget: Duration, left: Duration, reserve: Duration) -> String {
+/// What a call of a run needs that the run's time left does not fit.
+#[derive(Debug, Clone)]
+pub struct RunNeed {
+    pub needed: Duration,
+    /// The upstream (and model) whose expected time to its first token is `needed`.
+    pub expected_by: Option<(String, Option<String>)>,
+}
+
+fn run_left(budget: Duration, left: Duration, reserve: Duration, need: Option<&RunNeed>) -> String {
     if left.is_zero() {
         format!("has spent its budget of {}{}", ms(budget), held(reserve))
     } else {
+        let needed = need.map_or_else(String::new, |n| {
+            let after = if reserve.is_zero() {
+                String::new()
+            } else {
+                format!(" after the {} reserve", ms(reserve))
+            };
+            format!(
+                " (at least {}{after}){}",
+                ms(n.needed),
+                expected(n.expected_by.as_ref(), n.needed)
+            )
+        });
         format!(
-            "has {} of its budget of {} left, less than a call needs",
+            "has {} of its budget of {} left, less than a call needs{needed}",
             ms(left),
             ms(budget)
         )

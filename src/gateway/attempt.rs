@@ -116,6 +116,13 @@ impl<'a> Attempt<'a> {
         let connect_wait = budget.head_wait_until(connect_deadline);
         let head_wait = budget.head_wait_until(wait_deadline);
         let now = Instant::now();
+        // The request goes out as soon as hyper-util's pool has a connection for it, with the
+        // budget header set here: the pool offers no point between the two. So the wait for a
+        // connection ends where a request sent later would have less than `min_useful` left,
+        // and the header leaves out the time a new connection takes (audit DC 1).
+        let send_by = work_deadline
+            .checked_sub(budget.min_useful)
+            .unwrap_or(budget.arrival);
         if upstream.config.propagate_budget {
             req.headers_mut().insert(
                 names::BUDGET.clone(),
@@ -135,7 +142,11 @@ impl<'a> Attempt<'a> {
         let upload_wait = budget.head_wait_until(work_deadline);
         async move {
             tokio::pin!(response);
-            let timer = sleep_until((now + budget.connect_timeout).min(connect_wait));
+            let timer = sleep_until(
+                (now + budget.connect_timeout)
+                    .min(connect_wait)
+                    .min(send_by),
+            );
             tokio::pin!(timer);
             let (mut connected, mut uploaded) = (false, false);
             // The start of the first-token clock: the body's last byte handed to the
@@ -162,9 +173,14 @@ impl<'a> Attempt<'a> {
                 }
             };
             let Some(result) = result else {
+                let fired = timer.deadline();
+                // Not sent: what is left after the connect could not be useful.
+                if !connected && fired == send_by && fired < connect_wait {
+                    return Err(budget.too_little(Instant::now(), budget.min_useful, None, false));
+                }
                 // A limit that fired while the body was still going out waited for no token.
                 let clock = sent_at.unwrap_or(if connected { Instant::now() } else { now });
-                let e = self.limit_error(connected, clock, timer.deadline());
+                let e = self.limit_error(connected, clock, fired);
                 // Sent, and not even a head for the route's whole first-token limit (not one
                 // a client's short timeout or a fallback's room cut): on a shared HTTP/2
                 // connection, the peer may be gone while the socket stays open, and every

@@ -102,7 +102,7 @@ pub async fn join(
             view,
         })?;
     let admitted = match joined {
-        Joined::Call(admitted) => admitted,
+        Joined::Call(admitted) => *admitted,
         // The store could not answer, and the call is served without run limits.
         Joined::Unlimited => return Ok(InRun::Unenforced(key.id)),
         Joined::OutOfTime => {

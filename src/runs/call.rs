@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::runs::memory::{Entry, MemoryStore};
 use crate::runs::shared::Shared;
 use crate::runs::state::{Admitted, Call, RunOf, Used, View};
+use crate::telemetry::metrics::RunMetrics;
 
 /// Where the call's run is, to give its reservation back.
 pub(super) enum Ticket {
@@ -37,6 +38,10 @@ pub struct RunCall {
     /// An attempt of it started: it counts as a call of its run.
     sent: bool,
     done: bool,
+    /// The run's route, and where its refusals are counted: a call withdrawn because what
+    /// the run has left cannot fit it is one the run refused, as at admission. (Boxed: this
+    /// call is in every request's future that names a run.)
+    refusals: Box<(Arc<str>, RunMetrics)>,
 }
 
 impl std::fmt::Debug for RunCall {
@@ -58,6 +63,7 @@ impl RunCall {
         id: Arc<str>,
         admitted: Admitted,
         limits: RunOf,
+        refusals: (Arc<str>, RunMetrics),
     ) -> Self {
         Self {
             ticket,
@@ -69,6 +75,7 @@ impl RunCall {
             request: call.request,
             sent: false,
             done: false,
+            refusals: Box::new(refusals),
         }
     }
 
@@ -125,6 +132,10 @@ impl RunCall {
 impl RunCall {
     /// No call of its run: its place and its reservation go back.
     fn withdraw(&self, run_deadline: bool) {
+        if run_deadline {
+            let (route, metrics) = &*self.refusals;
+            metrics.refused(route, "deadline");
+        }
         match &self.ticket {
             Ticket::Memory(store, entry) => {
                 store.withdraw(entry, self.reserve, run_deadline, Instant::now())

@@ -139,7 +139,8 @@ pub struct RedisStore {
 /// What an admission in Redis said.
 pub enum RedisAdmission {
     /// Admitted into a run with these limits (the run's, fixed by the route that started it).
-    Admitted(Admitted, RunOf),
+    /// ... and the run's route.
+    Admitted(Admitted, RunOf, Arc<str>),
     Refused {
         refusal: Refusal,
         view: View,
@@ -350,6 +351,10 @@ impl RedisStore {
                 RunOf {
                     max_tokens: some(at(7)),
                     stops_loops: some(at(8)).is_some(),
+                },
+                match reply.get(9).map(text).unwrap_or_default() {
+                    r if r.is_empty() => Arc::from(route),
+                    r => Arc::from(r),
                 },
             ));
         }

@@ -23,7 +23,8 @@ use crate::telemetry::throttle::Throttle;
 /// How a call joined its run.
 #[derive(Debug)]
 pub enum Joined {
-    Call(RunCall),
+    /// Boxed: the call is large, and passed on at once.
+    Call(Box<RunCall>),
     /// The store could not answer, and `on_store_error = "allow"`: the call is served
     /// without run limits.
     Unlimited,
@@ -178,7 +179,7 @@ impl Runs {
                     (r.limits, r.route.clone())
                 };
                 match result {
-                    Ok(admitted) => Ok(Joined::Call(RunCall::new(
+                    Ok(admitted) => Ok(Joined::Call(Box::new(RunCall::new(
                         Ticket::Memory(store.clone(), entry),
                         call,
                         key.id.clone(),
@@ -187,7 +188,8 @@ impl Runs {
                             max_tokens: run_limits.max_tokens,
                             stops_loops: run_limits.max_repeats.is_some(),
                         },
-                    ))),
+                        (run_route, self.metrics.clone()),
+                    )))),
                     Err((refusal, view)) => {
                         self.metrics.refused(&run_route, refusal.reason());
                         Err((refusal_error(&key.id, refusal), Some(view)))
@@ -243,13 +245,16 @@ impl Runs {
             Err(_) => Err(shared.store.timed_out(wait)),
         };
         match answer {
-            Ok(RedisAdmission::Admitted(admitted, run)) => Ok(Joined::Call(RunCall::new(
-                Ticket::Redis(shared.clone(), key_of(key), token),
-                call,
-                key.id.clone(),
-                admitted,
-                run,
-            ))),
+            Ok(RedisAdmission::Admitted(admitted, run, run_route)) => {
+                Ok(Joined::Call(Box::new(RunCall::new(
+                    Ticket::Redis(shared.clone(), key_of(key), token),
+                    call,
+                    key.id.clone(),
+                    admitted,
+                    run,
+                    (run_route, self.metrics.clone()),
+                ))))
+            }
             Ok(RedisAdmission::Refused {
                 refusal,
                 view,
@@ -410,6 +415,7 @@ fn refusal_error(id: &str, refusal: Refusal) -> GatewayError {
             budget,
             left,
             reserve: Duration::ZERO,
+            need: None,
         },
         Refusal::Calls { limit } => GatewayError::RunCallLimit { run, limit },
         Refusal::Tokens {
@@ -515,7 +521,7 @@ mod tests {
         let Joined::Call(admitted) = joined else {
             panic!("admitted: {joined:?}")
         };
-        admitted
+        *admitted
     }
 
     /// A run that stops calling is forgotten `ttl` later, by a sweep: it lasted from its

@@ -221,6 +221,44 @@ async fn another_candidates_reserve_does_not_cut_the_body_read() {
     assert_eq!(h.fake.requests().len(), 1);
 }
 
+/// A body that arrives after the deadline of the route its model picks, within another
+/// candidate's: the route's deadline passed, which is `deadline_exceeded`, not a budget too
+/// small (audit DC 5: "insufficient_budget: 0ms of budget left" 200 ms past the deadline).
+#[tokio::test]
+async fn a_body_read_past_the_chosen_routes_deadline_is_deadline_exceeded() {
+    let h = Harness::with_config(&BASE.replace(
+        "[[routes]]\nname = \"chat\"\n",
+        "[[routes]]\nname = \"short\"\npath_prefix = \"/v1/chat/completions\"\n\
+         models = [\"short-*\"]\nupstream = \"fake\"\nbudget = \"300ms\"\nfirst_token_timeout = \"200ms\"\n\n\
+         [[routes]]\nname = \"chat\"\n",
+    ))
+    .await;
+    let body = br#"{"model":"short-x","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    s.write_all(&body[..10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    s.write_all(&body[10..]).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .expect("the answer within 10 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+    assert!(answer.contains("\"deadline_exceeded\""), "{answer}");
+    assert!(h.fake.requests().is_empty());
+}
+
 /// Each attempt forwards what is left at its own send: a retry after a 500 that took 300 ms
 /// forwards at least 300 ms less than the first attempt did. Both bounds come from the fake's
 /// own clock: the first request was sent before the fake saw it, and the retry only after

@@ -65,9 +65,13 @@ async fn connect_limit() {
     assert_one_cancellation(&h, "chat", "connect").await;
 }
 
+/// A 10 s connect timeout and a 250 ms budget: the budget ends the connect, where a request
+/// sent after it would have less than `min_useful` (100 ms) left. hyper-util's pool sends the
+/// request the moment it has a connection, so the wait cannot run on to the deadline and
+/// then decide not to send (audit DC 1: a connect that took 1 s sent a request with 89 ms
+/// left, told it had 1099).
 #[tokio::test]
 async fn connect_limit_is_capped_by_the_budget() {
-    // A 10 s connect timeout and a 250 ms budget: the budget ends the connect.
     let (_guard, addr) = hourglass_fake::never_accepting_listener().unwrap();
     let h = Harness::with_config(
         &BASE
@@ -80,16 +84,13 @@ async fn connect_limit_is_capped_by_the_budget() {
     let took = start.elapsed();
     assert_eq!(resp.status(), 504);
     let v = json_body(resp).await;
-    assert_eq!(v["error"]["code"], "deadline_exceeded");
-    assert_message_starts(
-        &v["error"],
-        "deadline exceeded: the request's budget of 250ms",
-    );
+    assert_eq!(v["error"]["code"], "insufficient_budget");
+    assert_message_starts(&v["error"], "insufficient budget: ");
     assert!(
-        took >= Duration::from_millis(250) && took < Duration::from_secs(5),
+        took >= Duration::from_millis(150) && took < Duration::from_secs(5),
         "{took:?}"
     );
-    assert_one_cancellation(&h, "chat", "deadline").await;
+    assert_one_cancellation(&h, "chat", "insufficient_budget").await;
 }
 
 #[tokio::test]

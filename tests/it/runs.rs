@@ -634,7 +634,20 @@ async fn a_run_too_short_for_any_attempt_is_refused_as_the_runs_deadline(store: 
     let body = json_body(resp).await;
     assert_eq!(body["error"]["code"], "run_deadline_exceeded", "{body}");
     crate::support::assert_message_starts(&body["error"], "run deadline exceeded:");
+    // Why a run with time left cannot fit the call (audit DC 3: the message said only "less
+    // than a call needs", and the refusal was missing from the run's refusals).
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("less than a call needs (at least 1000ms): upstream \"slow\" is expected to take 1000ms to its first token"),
+        "{message}"
+    );
     assert!(h.fake.requests().is_empty(), "never reached the provider");
+    h.wait_requests("slow", 1.0).await;
+    assert_eq!(
+        h.metric("hourglass_run_refusals_total{reason=\"deadline\",route=\"slow\"}")
+            .await,
+        1.0
+    );
 }
 
 async fn bad_run_headers_are_refused_and_never_forwarded(store: Store) {

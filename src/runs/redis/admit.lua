@@ -12,8 +12,8 @@
 --          12 since_arrival_ms, 13 expire_ms (ttl plus this call's budget), 14 call token
 --
 -- Returns {1, deadline_left_ms, calls_left, tokens_left, allowance, run_budget_ms, started,
---          max_tokens, max_repeats} (the last two the run's limits, which the call is held
---          to; -1 for none), {0, ended_now, deadline_left_ms, calls_left, tokens_left, route,
+--          max_tokens, max_repeats, route} (max_tokens and max_repeats the run's limits,
+--          which the call is held to, -1 for none; route the run's), {0, ended_now, deadline_left_ms, calls_left, tokens_left, route,
 --          refusal...}, or {2} for a call already cancelled. ended_now: the run ended with
 --          this refusal and no call in flight, so its end is counted now (else the last
 --          call to finish counts it).
@@ -78,7 +78,8 @@ if held then
   local allowance = -1
   if max_tokens ~= nil then allowance = math.max(0, max_tokens - (used + reserved - tonumber(held))) end
   return {1, deadline_left(), left_of(max_calls, calls), view_tokens(), allowance,
-    run_budget or -1, h.starter == ARGV[14] and 1 or 0, max_tokens or -1, max_repeats or -1}
+    run_budget or -1, h.starter == ARGV[14] and 1 or 0, max_tokens or -1, max_repeats or -1,
+    h.route}
 end
 
 -- The refusal, as a list: the kind, then what the message needs.
@@ -148,4 +149,4 @@ if redis.call('PTTL', k) < expire then redis.call('PEXPIRE', k, expire) end
 local allowance = -1
 if max_tokens ~= nil then allowance = math.max(0, max_tokens - (used + reserved - reserve)) end
 return {1, deadline_left(), left_of(max_calls, calls), view_tokens(), allowance,
-  run_budget or -1, started and 1 or 0, max_tokens or -1, max_repeats or -1}
+  run_budget or -1, started and 1 or 0, max_tokens or -1, max_repeats or -1, h.route}
