@@ -11,7 +11,7 @@ use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
 
 use crate::config::ServerTls;
 use crate::server::client_cert::Naming;
-use crate::server::x509::{self, not_after};
+use crate::server::x509::{self, not_after, not_before};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -295,10 +295,65 @@ pub struct ListenerTls {
     /// The leaf certificate's notAfter (`None` if it cannot be read from the DER, which
     /// rustls accepted all the same).
     pub expires: Option<SystemTime>,
+    /// The leaf certificate's notBefore, read as `expires` is.
+    pub valid_from: Option<SystemTime>,
     crls_due: CrlsDue,
     served: Vec<ServedCrl>,
     /// What loading the CRLs found that does not stop the listener.
     crl_notes: Vec<String>,
+}
+
+/// When the listener's certificate is valid, as far as its DER tells.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Validity {
+    pub from: Option<SystemTime>,
+    pub until: Option<SystemTime>,
+}
+
+impl Validity {
+    pub fn holds_at(&self, now: SystemTime) -> bool {
+        self.from.is_none_or(|from| from <= now) && self.until.is_none_or(|until| now <= until)
+    }
+}
+
+/// A reload's certificate that clients refuse now (expired, or not valid yet) does not
+/// replace one they accept: the reload fails as for a key that does not fit, and the old
+/// pair is served on. Where nothing valid is served (start-up, TLS turned on by this reload,
+/// a served certificate that has run out too) it goes ahead, with the warning.
+pub fn refuse_outside_validity(
+    tls: &ServerTls,
+    new: Validity,
+    serving: Option<Validity>,
+    now: SystemTime,
+) -> Result<(), TlsError> {
+    let Some(serving) = serving.filter(|v| v.holds_at(now)) else {
+        return Ok(());
+    };
+    if new.holds_at(now) {
+        return Ok(());
+    }
+    let at = |t: Option<SystemTime>| {
+        t.map_or("?".to_owned(), |t| {
+            humantime::format_rfc3339_seconds(t).to_string()
+        })
+    };
+    let state = if new.from.is_some_and(|from| from > now) {
+        "is not valid yet"
+    } else {
+        "has expired"
+    };
+    Err(file_err(
+        "cert",
+        &tls.cert,
+        format!(
+            "the certificate {state} (valid from {} to {}; now {}): clients would refuse it, \
+             so the one served (valid until {}) is kept",
+            at(new.from),
+            at(new.until),
+            at(Some(now)),
+            at(serving.until)
+        ),
+    ))
 }
 
 /// Under this much validity left, start-up, reloads and `check` warn: a certificate renewed
@@ -328,8 +383,24 @@ impl ListenerTls {
         out
     }
 
-    /// A warning when the certificate has expired, or expires within `EXPIRY_WARNING`.
+    /// A warning when the certificate is not valid yet (a renewal installed early, a clock
+    /// behind), has expired, or expires within `EXPIRY_WARNING`.
+    pub fn validity(&self) -> Validity {
+        Validity {
+            from: self.valid_from,
+            until: self.expires,
+        }
+    }
+
     pub fn expiry_warning(&self, tls: &ServerTls, now: SystemTime) -> Option<String> {
+        if let Some(from) = self.valid_from.filter(|from| *from > now) {
+            return Some(format!(
+                "server.tls.cert {} is not valid until {} (its notBefore): clients will refuse \
+                 it until then",
+                tls.cert.display(),
+                humantime::format_rfc3339_seconds(from)
+            ));
+        }
         let expires = self.expires?;
         let at = humantime::format_rfc3339_seconds(expires);
         let path = tls.cert.display();
@@ -381,6 +452,7 @@ fn check_key_fits(
 pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let chain = certs("cert", &tls.cert)?;
     let expires = not_after(&chain[0]);
+    let valid_from = not_before(&chain[0]);
     let key = crate::pem::private_key(&read("key", &tls.key)?)
         .map_err(|e| file_err("key", &tls.key, e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -425,6 +497,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     Ok(ListenerTls {
         config: Arc::new(config),
         expires,
+        valid_from,
         crls_due,
         served,
         crl_notes,
@@ -436,6 +509,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
 pub struct Acceptor {
     pub acceptor: Arc<tokio_rustls::TlsAcceptor>,
     pub expires: Option<SystemTime>,
+    pub validity: Validity,
     pub crls_due: CrlsDue,
     pub crls: Vec<ServedCrl>,
     /// A certificate that has expired or soon will, CRLs due or superseded: said by the
@@ -448,6 +522,7 @@ pub fn acceptor(tls: &ServerTls) -> Result<Acceptor, TlsError> {
     let listener = server_config(tls)?;
     Ok(Acceptor {
         warnings: listener.warnings(tls, SystemTime::now()),
+        validity: listener.validity(),
         acceptor: Arc::new(tokio_rustls::TlsAcceptor::from(listener.config)),
         expires: listener.expires,
         crls_due: listener.crls_due,
@@ -529,6 +604,7 @@ mod tests {
                 .with_cert_resolver(Arc::new(rustls::server::ResolvesServerCertUsingSni::new())),
             ),
             expires,
+            valid_from: None,
             crls_due: Vec::new(),
             served: Vec::new(),
             crl_notes: Vec::new(),
@@ -555,6 +631,83 @@ mod tests {
             None
         );
         assert_eq!(listener(None).expiry_warning(&tls, at(0)), None);
+    }
+
+    /// A server certificate valid over `from` to `until` (years), and its key, written to a
+    /// temporary directory.
+    fn server_pair(from: i32, until: i32) -> (tempfile::TempDir, ServerTls) {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(from, 6, 1);
+        params.not_after = rcgen::date_time_ymd(until, 1, 1);
+        let cert = params.self_signed(&key).unwrap();
+        let tls = ServerTls {
+            cert: dir.path().join("server.pem"),
+            key: dir.path().join("server.key"),
+            client_ca: None,
+            client_crl: None,
+        };
+        std::fs::write(&tls.cert, cert.pem()).unwrap();
+        std::fs::write(&tls.key, key.serialize_pem()).unwrap();
+        (dir, tls)
+    }
+
+    /// A certificate installed before its notBefore is refused by every client, as an
+    /// expired one is: warned of alike, and a reload does not serve it over a valid one.
+    #[test]
+    fn a_certificate_not_valid_yet_is_warned_of_and_not_reloaded_over_a_valid_one() {
+        let at = |y, m, d| {
+            let secs = rcgen::date_time_ymd(y, m, d).unix_timestamp();
+            SystemTime::UNIX_EPOCH + Duration::from_secs(secs.try_into().unwrap())
+        };
+        let now = at(2026, 12, 6);
+        let (_dir, future) = server_pair(2027, 2028);
+        let listener = server_config(&future).unwrap();
+        assert_eq!(
+            listener.warnings(&future, now),
+            [format!(
+                "server.tls.cert {} is not valid until 2027-06-01T00:00:00Z (its notBefore): \
+                 clients will refuse it until then",
+                future.cert.display()
+            )]
+        );
+        assert_eq!(
+            listener.warnings(&future, at(2027, 7, 1)),
+            Vec::<String>::new()
+        );
+
+        let (_dir, valid) = server_pair(2025, 2029);
+        let valid_now = server_config(&valid).unwrap().validity();
+        let serving = Some(valid_now);
+        assert_eq!(
+            refuse_outside_validity(&future, listener.validity(), serving, now)
+                .unwrap_err()
+                .to_string(),
+            format!(
+                "server.tls.cert {}: the certificate is not valid yet (valid from \
+                 2027-06-01T00:00:00Z to 2028-01-01T00:00:00Z; now 2026-12-06T00:00:00Z): \
+                 clients would refuse it, so the one served (valid until \
+                 2029-01-01T00:00:00Z) is kept",
+                future.cert.display()
+            )
+        );
+        let (_dir, expired) = server_pair(2024, 2025);
+        let e = refuse_outside_validity(
+            &expired,
+            server_config(&expired).unwrap().validity(),
+            serving,
+            now,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("the certificate has expired (valid from 2024-06-01T00:00:00Z to 2025-01-01T00:00:00Z"), "{e}");
+        // Nothing valid served (TLS off until now, or run out too): the reload goes ahead.
+        assert!(refuse_outside_validity(&future, listener.validity(), None, now).is_ok());
+        let run_out = Some(server_config(&expired).unwrap().validity());
+        assert!(refuse_outside_validity(&future, listener.validity(), run_out, now).is_ok());
+        assert!(refuse_outside_validity(&valid, valid_now, run_out, now).is_ok());
+        assert!(refuse_outside_validity(&valid, valid_now, serving, now).is_ok());
     }
 
     #[test]

@@ -38,6 +38,18 @@ fn tbs<T>(
     .ok()
 }
 
+/// A certificate's notBefore.
+pub fn not_before(der: &[u8]) -> Option<SystemTime> {
+    let unix = tbs(der, 3, |r| {
+        r.read_sequence(|r| {
+            let from = time(r.next())?;
+            r.next().read_der()?;
+            Ok(from)
+        })
+    })?;
+    unix_time(unix)
+}
+
 /// A certificate's notAfter.
 pub fn not_after(der: &[u8]) -> Option<SystemTime> {
     let unix = tbs(der, 3, |r| {

@@ -63,6 +63,46 @@ async fn a_rotated_certificate_is_served_without_a_signal() {
     gw.shutdown().await;
 }
 
+/// Audit DE 1: a renewal installed before its notBefore (or an expired certificate) is refused
+/// by every client, so a reload does not put it in place of the valid pair served: it fails
+/// as for a key that does not fit, in the error count and `/readyz`, naming the dates.
+#[tokio::test]
+async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = certs("not-yet-valid");
+    let path = c.dir.path().join("hourglass.toml");
+    std::fs::write(
+        &path,
+        tls_config_toml(&c, false).replace("{FAKE}", &fake.url()),
+    )
+    .unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    let key = std::fs::read_to_string(c.dir.path().join("server.key")).unwrap();
+    let key = KeyPair::from_pem(&key).unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2090, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    let future = params.signed_by(&key, &c.ca, &c.ca_key).unwrap();
+    std::fs::write(c.dir.path().join("server.pem"), future.pem()).unwrap();
+    let e = gw.reload().await.unwrap_err().to_string();
+    assert!(
+        e.contains("the certificate is not valid yet (valid from 2090-01-01T00:00:00Z"),
+        "{e}"
+    );
+    assert!(tls_client(gw.addr, &c, b"http/1.1", false).await.is_ok());
+    let ready = admin_get(gw.admin_addr, "/readyz").await;
+    assert!(ready.contains("last reload failed"), "{ready}");
+    assert!(gw
+        .metrics
+        .encode()
+        .contains("hourglass_config_reloads_total{result=\"error\"} 1"));
+    gw.shutdown().await;
+}
+
 type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 
 pub(crate) struct Certs {
