@@ -1,5 +1,5 @@
-//! TLS for the client listener: a rustls server config from PEM files, ALPN `h2` and
-//! `http/1.1`, and optional client-certificate verification.
+//! TLS for the client listener: a rustls server config from PEM files, ALPN `h2`,
+//! `http/1.1` and `http/1.0`, and optional client-certificate verification.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -493,7 +493,8 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| TlsError::Config(format!("cert and key do not fit together: {e}")))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // http/1.0 too (RFC 7301 6): the HTTP/1 server serves it, as it does without ALPN.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), b"http/1.0".to_vec()];
     Ok(ListenerTls {
         config: Arc::new(config),
         expires,

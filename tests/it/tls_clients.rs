@@ -302,6 +302,24 @@ async fn tls_clients_stream_over_http2_and_http1_and_cancel() {
     assert!(body.ends_with(b"data: [DONE]\n\n"));
 }
 
+/// Audit DE 5: `http/1.0` is a registered ALPN id (RFC 7301 6), and HTTP/1.0 is served: a
+/// client offering only it is served by the HTTP/1 server, not refused at the handshake.
+#[tokio::test]
+async fn a_client_offering_alpn_http_1_0_alone_is_served() {
+    let c = certs("tls-alpn-http10");
+    let h = Harness::with_config(&tls_config_toml(&c, false)).await;
+    let mut tls = tls_client(h.addr(), &c, b"http/1.0", false).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.0"[..]));
+    tls.write_all(b"GET /no-route HTTP/1.0\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), tls.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "connection left open");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.0 404 "), "{text}");
+}
+
 /// Over TLS the framing tracker reads the decrypted bytes: Content-Length next to
 /// Transfer-Encoding is refused there too (tests/smuggling.rs has the cleartext probes).
 #[tokio::test]
