@@ -6,6 +6,12 @@ use std::borrow::Cow;
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 
+/// What webpki's `CaUsedAsEndEntity` means, also said of the listener's own certificate.
+pub const CA_USED_AS_END_ENTITY: &str =
+    "the certificate is a CA certificate (basicConstraints CA:TRUE, which `openssl req -x509` \
+     sets unless given `-addext basicConstraints=critical,CA:FALSE`), not one for a server or \
+     client: a CA certificate only signs others";
+
 /// Plain words for what webpki found wrong with a certificate where rustls has no variant
 /// of its own and prints webpki's variant name alone (`Other(OtherError(CaUsedAsEndEntity))`).
 /// By that name: rustls-webpki is no direct dependency to downcast to, and its `Display` is
@@ -15,11 +21,7 @@ pub fn certificate_problem(e: &rustls::CertificateError) -> Option<&'static str>
         return None;
     };
     Some(match other.0.to_string().as_str() {
-        "CaUsedAsEndEntity" => {
-            "the certificate is a CA certificate (basicConstraints CA:TRUE, which `openssl req \
-             -x509` sets unless given `-addext basicConstraints=critical,CA:FALSE`), not one \
-             for a server or client: a CA certificate only signs others"
-        }
+        "CaUsedAsEndEntity" => CA_USED_AS_END_ENTITY,
         "EndEntityUsedAsCa" => {
             "a certificate of the chain signs another but is no CA certificate (basicConstraints \
              CA:FALSE or none)"

@@ -121,8 +121,8 @@ struct ClientVerifier {
     verifier: Arc<dyn ClientCertVerifier>,
     crls_due: CrlsDue,
     served: Vec<ServedCrl>,
-    /// What loading the CRLs found that does not stop the listener.
-    crl_notes: Vec<String>,
+    /// What loading `client_ca` and the CRLs found that does not stop the listener.
+    notes: Vec<String>,
 }
 
 /// The verifier of client certificates: signed by a CA of `client_ca` and, with
@@ -134,6 +134,22 @@ fn client_verifier(
     provider: Arc<rustls::crypto::CryptoProvider>,
 ) -> Result<ClientVerifier, TlsError> {
     let cas = certs("client_ca", ca)?;
+    // webpki trusts whatever key an anchor holds, CA or not: a client's own certificate
+    // given as its CA refuses that client (and every client the real CA signed), while
+    // certificates signed with its key would be accepted.
+    let ca_notes: Vec<String> = cas
+        .iter()
+        .filter(|cert| x509::is_ca(cert) == Some(false))
+        .map(|cert| {
+            format!(
+                "server.tls.client_ca {}: {} is no CA certificate (no basicConstraints CA:TRUE): \
+                 client_ca takes the CAs that sign client certificates; those the real CA \
+                 signed are refused, and any its key signs accepted",
+                ca.display(),
+                x509::subject(cert).unwrap_or_else(|| "a certificate".to_owned())
+            )
+        })
+        .collect();
     let mut roots = rustls::RootCertStore::empty();
     for cert in &cas {
         roots
@@ -148,12 +164,12 @@ fn client_verifier(
             verifier,
             crls_due: Vec::new(),
             served: Vec::new(),
-            crl_notes: Vec::new(),
+            notes: ca_notes,
         });
     };
     let all = crate::pem::crls(&read("client_crl", path)?)
         .map_err(|e| file_err("client_crl", path, e))?;
-    let (crls, read, notes) = newest_per_issuer(all, path);
+    let (crls, read, crl_notes) = newest_per_issuer(all, path);
     // rustls's defaults stay: every certificate of the chain is checked, one whose status no
     // CRL tells is refused, and a CRL past its nextUpdate still revokes what it lists
     // (refusing every client instead would turn a CRL published late into an outage;
@@ -237,7 +253,7 @@ fn client_verifier(
         verifier: Arc::new(Naming(verifier)),
         crls_due,
         served,
-        crl_notes: notes,
+        notes: ca_notes.into_iter().chain(crl_notes).collect(),
     })
 }
 
@@ -299,8 +315,8 @@ pub struct ListenerTls {
     pub valid_from: Option<SystemTime>,
     crls_due: CrlsDue,
     served: Vec<ServedCrl>,
-    /// What loading the CRLs found that does not stop the listener.
-    crl_notes: Vec<String>,
+    /// What loading the certificates and CRLs found that does not stop the listener.
+    notes: Vec<String>,
 }
 
 /// When the listener's certificate is valid, as far as its DER tells.
@@ -365,7 +381,7 @@ impl ListenerTls {
     /// are past their nextUpdate, whose CA may have revoked more since.
     pub fn warnings(&self, tls: &ServerTls, now: SystemTime) -> Vec<String> {
         let mut out: Vec<String> = self.expiry_warning(tls, now).into_iter().collect();
-        out.extend(self.crl_notes.iter().cloned());
+        out.extend(self.notes.iter().cloned());
         let Some(path) = &tls.client_crl else {
             return out;
         };
@@ -453,6 +469,18 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let chain = certs("cert", &tls.cert)?;
     let expires = not_after(&chain[0]);
     let valid_from = not_before(&chain[0]);
+    // Served all the same, as OpenSSL-based clients (curl) take it; rustls and webpki clients (Rust
+    // SDKs, another hourglass in front of this one) refuse it with CaUsedAsEndEntity.
+    let cert_notes: Vec<String> = (x509::is_ca(&chain[0]) == Some(true))
+        .then(|| {
+            format!(
+                "server.tls.cert {}: {}; clients built on rustls or webpki refuse it",
+                tls.cert.display(),
+                crate::pem::CA_USED_AS_END_ENTITY
+            )
+        })
+        .into_iter()
+        .collect();
     let key = crate::pem::private_key(&read("key", &tls.key)?)
         .map_err(|e| file_err("key", &tls.key, e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -473,7 +501,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let (builder, crls_due, served, crl_notes) = match &tls.client_ca {
+    let (builder, crls_due, served, client_notes) = match &tls.client_ca {
         None => (
             builder.with_no_client_auth(),
             Vec::new(),
@@ -486,7 +514,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
                 builder.with_client_cert_verifier(v.verifier),
                 v.crls_due,
                 v.served,
-                v.crl_notes,
+                v.notes,
             )
         }
     };
@@ -501,7 +529,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
         valid_from,
         crls_due,
         served,
-        crl_notes,
+        notes: cert_notes.into_iter().chain(client_notes).collect(),
     })
 }
 
@@ -608,7 +636,7 @@ mod tests {
             valid_from: None,
             crls_due: Vec::new(),
             served: Vec::new(),
-            crl_notes: Vec::new(),
+            notes: Vec::new(),
         };
         let expires = at(1_804_118_400); // 2027-03-04T00:00:00Z
         let day = 86_400;
@@ -709,6 +737,78 @@ mod tests {
         assert!(refuse_outside_validity(&future, listener.validity(), run_out, now).is_ok());
         assert!(refuse_outside_validity(&valid, valid_now, run_out, now).is_ok());
         assert!(refuse_outside_validity(&valid, valid_now, serving, now).is_ok());
+    }
+
+    /// Audit DE 4: a served certificate marked CA (`openssl req -x509`'s default), which
+    /// rustls and webpki clients refuse, and a `client_ca` that holds no CA are warned of.
+    #[test]
+    fn a_ca_certificate_served_or_a_leaf_given_as_client_ca_is_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, contents: String| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, contents).unwrap();
+            p
+        };
+        let self_signed = |is_ca: rcgen::IsCa| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+            params.is_ca = is_ca;
+            (params.self_signed(&key).unwrap(), key)
+        };
+        let (ca_cert, ca_key) =
+            self_signed(rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained));
+        let (leaf, leaf_key) = self_signed(rcgen::IsCa::ExplicitNoCa);
+        let (plain, plain_key) = self_signed(rcgen::IsCa::NoCa);
+        assert_eq!(x509::is_ca(ca_cert.der()), Some(true));
+        assert_eq!(x509::is_ca(leaf.der()), Some(false));
+        assert_eq!(x509::is_ca(plain.der()), Some(false));
+        assert_eq!(x509::is_ca(b"no certificate"), None);
+
+        let tls = |cert: &rcgen::Certificate, key: &rcgen::KeyPair, client_ca: Option<PathBuf>| {
+            ServerTls {
+                cert: write("server.pem", cert.pem()),
+                key: write("server.key", key.serialize_pem()),
+                client_ca,
+                client_crl: None,
+            }
+        };
+        let now = SystemTime::now();
+        let served_ca = tls(&ca_cert, &ca_key, None);
+        let warnings = server_config(&served_ca).unwrap().warnings(&served_ca, now);
+        assert_eq!(
+            warnings,
+            [format!(
+                "server.tls.cert {}: {}; clients built on rustls or webpki refuse it",
+                served_ca.cert.display(),
+                crate::pem::CA_USED_AS_END_ENTITY
+            )]
+        );
+        for (cert, key) in [(&leaf, &leaf_key), (&plain, &plain_key)] {
+            let t = tls(cert, key, None);
+            assert_eq!(
+                server_config(&t).unwrap().warnings(&t, now),
+                Vec::<String>::new()
+            );
+        }
+
+        // A client's own certificate where its CA should be, after a CA that is one.
+        let client_ca = write("clients.pem", format!("{}{}", ca_cert.pem(), leaf.pem()));
+        let t = tls(&plain, &plain_key, Some(client_ca.clone()));
+        assert_eq!(
+            server_config(&t).unwrap().warnings(&t, now),
+            [format!(
+                "server.tls.client_ca {}: CN=rcgen self signed cert is no CA certificate (no \
+                 basicConstraints CA:TRUE): client_ca takes the CAs that sign client \
+                 certificates; those the real CA signed are refused, and any its key signs \
+                 accepted",
+                client_ca.display()
+            )]
+        );
+        let t = tls(&plain, &plain_key, Some(write("cas.pem", ca_cert.pem())));
+        assert_eq!(
+            server_config(&t).unwrap().warnings(&t, now),
+            Vec::<String>::new()
+        );
     }
 
     #[test]
