@@ -1,8 +1,16 @@
 //! Certificates, private keys and revocation lists from PEM, with errors that say what is
 //! wrong: what the client listener's TLS and the upstreams' TLS read.
 
+use std::borrow::Cow;
+
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
+
+/// What webpki's `CaUsedAsEndEntity` means, also said of the listener's own certificate.
+pub const CA_USED_AS_END_ENTITY: &str =
+    "the certificate is a CA certificate (basicConstraints CA:TRUE, which `openssl req -x509` \
+     sets unless given `-addext basicConstraints=critical,CA:FALSE`), not one for a server or \
+     client: a CA certificate only signs others";
 
 /// Plain words for what webpki found wrong with a certificate where rustls has no variant
 /// of its own and prints webpki's variant name alone (`Other(OtherError(CaUsedAsEndEntity))`).
@@ -13,11 +21,7 @@ pub fn certificate_problem(e: &rustls::CertificateError) -> Option<&'static str>
         return None;
     };
     Some(match other.0.to_string().as_str() {
-        "CaUsedAsEndEntity" => {
-            "the certificate is a CA certificate (basicConstraints CA:TRUE, which `openssl req \
-             -x509` sets unless given `-addext basicConstraints=critical,CA:FALSE`), not one \
-             for a server or client: a CA certificate only signs others"
-        }
+        "CaUsedAsEndEntity" => CA_USED_AS_END_ENTITY,
         "EndEntityUsedAsCa" => {
             "a certificate of the chain signs another but is no CA certificate (basicConstraints \
              CA:FALSE or none)"
@@ -33,9 +37,34 @@ pub fn certificate_problem(e: &rustls::CertificateError) -> Option<&'static str>
     })
 }
 
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The PEM without the UTF-8 byte order marks that begin a line. Windows tools write one at
+/// the start of a file, so a chain concatenated from such files has one before an inner
+/// `-----BEGIN` line; pki-types takes that line for text between blocks and skips the
+/// block without a word (openssl reads it), losing an intermediate or a CA.
+fn without_boms(pem: &[u8]) -> Cow<'_, [u8]> {
+    if !pem.windows(BOM.len()).any(|w| w == BOM) {
+        return Cow::Borrowed(pem);
+    }
+    let mut out = Vec::with_capacity(pem.len());
+    let mut rest = pem;
+    let mut line_start = true;
+    while let Some((&byte, after)) = rest.split_first() {
+        if line_start && rest.starts_with(BOM) {
+            rest = &rest[BOM.len()..];
+            continue;
+        }
+        line_start = byte == b'\n' || byte == b'\r';
+        out.push(byte);
+        rest = after;
+    }
+    Cow::Owned(out)
+}
+
 /// The certificates of a PEM file, in order; none is an error.
 pub fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_slice_iter(pem)
+    let certs = CertificateDer::pem_slice_iter(&without_boms(pem))
         .collect::<Result<Vec<_>, _>>()
         .map_err(pem_error)?;
     if certs.is_empty() {
@@ -47,7 +76,7 @@ pub fn certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
 /// The CRLs of a PEM file (`X509 CRL` blocks), or the one CRL of a DER file; none is an
 /// error, as a file that revoked nothing by mistake would go unnoticed.
 pub fn crls(data: &[u8]) -> Result<Vec<CertificateRevocationListDer<'static>>, String> {
-    let crls = CertificateRevocationListDer::pem_slice_iter(data)
+    let crls = CertificateRevocationListDer::pem_slice_iter(&without_boms(data))
         .collect::<Result<Vec<_>, _>>()
         .map_err(pem_error)?;
     if !crls.is_empty() {
@@ -73,13 +102,26 @@ fn pem_error(e: pem::Error) -> String {
 
 /// The first private key of a PEM file.
 pub fn private_key(pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
-        // Also what an encrypted key, or a certificate given as the key, reads as.
-        pem::Error::NoItemsFound => "no unencrypted private key found (PEM \"PRIVATE KEY\", \
-                                     \"RSA PRIVATE KEY\" or \"EC PRIVATE KEY\"); an encrypted \
-                                     key must be decrypted first"
-            .to_owned(),
-        e => e.to_string(),
+    let pem = without_boms(pem);
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        // PKCS#8 encrypted (`ENCRYPTED PRIVATE KEY`) reads as no key; the legacy form
+        // (`Proc-Type: 4,ENCRYPTED` headers in an `RSA PRIVATE KEY` block, what `openssl
+        // genrsa -aes256` writes) as a base64 error at the headers.
+        let has = |what: &[u8]| pem.windows(what.len()).any(|w| w == what);
+        if has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || has(b"Proc-Type: 4,ENCRYPTED") {
+            return "the key is encrypted (with a passphrase), which the gateway cannot ask \
+                    for: decrypt it first (`openssl pkey -in KEY -out PLAIN_KEY`) and give \
+                    the decrypted file"
+                .to_owned();
+        }
+        match e {
+            // Also what a certificate given as the key reads as.
+            pem::Error::NoItemsFound => "no unencrypted private key found (PEM \"PRIVATE \
+                                         KEY\", \"RSA PRIVATE KEY\" or \"EC PRIVATE KEY\"); \
+                                         an encrypted key must be decrypted first"
+                .to_owned(),
+            e => pem_error(e),
+        }
     })
 }
 
@@ -99,6 +141,52 @@ mod tests {
         assert!(private_key(key.serialize_pem().as_bytes()).is_ok());
         let e = private_key(cert.pem().as_bytes()).unwrap_err();
         assert!(e.starts_with("no unencrypted private key found"), "{e}");
+    }
+
+    /// Audit DE 2: a UTF-8 BOM before a BEGIN line (a chain concatenated from files Windows
+    /// tools saved) is taken out, not the block it precedes.
+    #[test]
+    fn a_byte_order_mark_before_a_block_does_not_lose_it() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = |name: &str| {
+            rcgen::CertificateParams::new(vec![name.to_string()])
+                .unwrap()
+                .self_signed(&key)
+                .unwrap()
+        };
+        let (leaf, int) = (cert("leaf"), cert("int"));
+        let bom = "\u{feff}";
+        let chain = format!("{}{bom}{}", leaf.pem(), int.pem());
+        assert_eq!(
+            certs(chain.as_bytes()).unwrap(),
+            vec![leaf.der().clone(), int.der().clone()]
+        );
+        let crlf = format!("{bom}{}", chain.replace('\n', "\r\n"));
+        assert_eq!(certs(crlf.as_bytes()).unwrap().len(), 2);
+        assert_eq!(
+            certs(format!("{bom}{}", leaf.pem()).as_bytes()).unwrap(),
+            vec![leaf.der().clone()]
+        );
+        let with_bom = format!("{bom}{}", key.serialize_pem());
+        assert_eq!(
+            private_key(with_bom.as_bytes()).unwrap().secret_der(),
+            key.serialize_der()
+        );
+    }
+
+    /// Audit DE 3: an encrypted key, in either PEM form, is said to be one.
+    #[test]
+    fn an_encrypted_key_is_said_to_be_one() {
+        let legacy = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: \
+                      AES-256-CBC,0123456789ABCDEF0123456789ABCDEF\n\nMIIBOgIBAAJBAKj34GkxFhD9\n\
+                      -----END RSA PRIVATE KEY-----\n";
+        let pkcs8 = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD9\n\
+                     -----END ENCRYPTED PRIVATE KEY-----\n";
+        for pem in [legacy, pkcs8] {
+            let e = private_key(pem.as_bytes()).unwrap_err();
+            assert!(e.starts_with("the key is encrypted"), "{e}");
+            assert!(e.contains("openssl pkey -in KEY -out PLAIN_KEY"), "{e}");
+        }
     }
 
     #[test]

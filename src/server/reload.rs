@@ -357,9 +357,19 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
         .into_iter()
         .chain(old.runs().config().restart_needed_for(&config.runs))
         .collect();
-    let (tls, expires, crls_due, crls) = match &config.server.tls {
+    let (tls, expires, validity, crls_due, crls) = match &config.server.tls {
         Some(t) => {
             let loaded = crate::server::tls::acceptor(t)?;
+            let serving = *shared
+                .tls_validity
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            crate::server::tls::refuse_outside_validity(
+                t,
+                loaded.validity,
+                serving,
+                std::time::SystemTime::now(),
+            )?;
             warnings.extend(loaded.warnings);
             if let Some(path) = &t.client_crl {
                 let served = shared.crls.lock().unwrap_or_else(PoisonError::into_inner);
@@ -368,11 +378,12 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
             (
                 Some(loaded.acceptor),
                 loaded.expires,
+                Some(loaded.validity),
                 loaded.crls_due,
                 loaded.crls,
             )
         }
-        None => (None, None, Vec::new(), Vec::new()),
+        None => (None, None, None, Vec::new(), Vec::new()),
     };
     let fingerprint = config.fingerprint.clone();
     let server = Arc::new(config.server.clone());
@@ -391,6 +402,10 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
     shared.gateway.store(Arc::new(gateway));
     shared.gateway.load().took_over(&old);
     shared.tls.store(tls);
+    *shared
+        .tls_validity
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = validity;
     shared
         .crls
         .lock()

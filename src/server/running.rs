@@ -65,7 +65,7 @@ pub async fn start_with_source(
 ) -> Result<Running, ServerError> {
     let metrics = Arc::new(Metrics::new());
     let cut = Signal::new();
-    let (tls, crls) = match &config.server.tls {
+    let (tls, crls, tls_validity) = match &config.server.tls {
         Some(t) => {
             let loaded = crate::server::tls::acceptor(t)?;
             for w in &loaded.warnings {
@@ -73,9 +73,9 @@ pub async fn start_with_source(
             }
             metrics.tls_certificate_expires(loaded.expires);
             metrics.tls_crls_due(&loaded.crls_due);
-            (Some(loaded.acceptor), loaded.crls)
+            (Some(loaded.acceptor), loaded.crls, Some(loaded.validity))
         }
-        None => (None, Vec::new()),
+        None => (None, Vec::new(), None),
     };
     let fingerprint = config.fingerprint.clone();
     let server = Arc::new(config.server.clone());
@@ -106,6 +106,7 @@ pub async fn start_with_source(
         source,
         reloading: tokio::sync::Mutex::new(()),
         crls: std::sync::Mutex::new(crate::server::tls::ServedCrls::new(crls)),
+        tls_validity: std::sync::Mutex::new(tls_validity),
         at_start,
     });
     let stop = Signal::new();

@@ -49,6 +49,9 @@ pub(super) struct Shared {
     pub(super) reloading: tokio::sync::Mutex<()>,
     /// The newest client CRLs served, which a reload's must not be older than unwarned.
     pub(super) crls: std::sync::Mutex<crate::server::tls::ServedCrls>,
+    /// When the served TLS certificate is valid (`None` without TLS): a reload's outside
+    /// its dates does not replace one inside them.
+    pub(super) tls_validity: std::sync::Mutex<Option<crate::server::tls::Validity>>,
     /// What only a restart changes, as the process started with it.
     pub(super) at_start: AtStart,
 }

@@ -1,5 +1,5 @@
-//! TLS for the client listener: a rustls server config from PEM files, ALPN `h2` and
-//! `http/1.1`, and optional client-certificate verification.
+//! TLS for the client listener: a rustls server config from PEM files, ALPN `h2`,
+//! `http/1.1` and `http/1.0`, and optional client-certificate verification.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
 
 use crate::config::ServerTls;
 use crate::server::client_cert::Naming;
-use crate::server::x509::{self, not_after};
+use crate::server::x509::{self, not_after, not_before};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -121,8 +121,8 @@ struct ClientVerifier {
     verifier: Arc<dyn ClientCertVerifier>,
     crls_due: CrlsDue,
     served: Vec<ServedCrl>,
-    /// What loading the CRLs found that does not stop the listener.
-    crl_notes: Vec<String>,
+    /// What loading `client_ca` and the CRLs found that does not stop the listener.
+    notes: Vec<String>,
 }
 
 /// The verifier of client certificates: signed by a CA of `client_ca` and, with
@@ -134,6 +134,22 @@ fn client_verifier(
     provider: Arc<rustls::crypto::CryptoProvider>,
 ) -> Result<ClientVerifier, TlsError> {
     let cas = certs("client_ca", ca)?;
+    // webpki trusts whatever key an anchor holds, CA or not: a client's own certificate
+    // given as its CA refuses that client (and every client the real CA signed), while
+    // certificates signed with its key would be accepted.
+    let ca_notes: Vec<String> = cas
+        .iter()
+        .filter(|cert| x509::is_ca(cert) == Some(false))
+        .map(|cert| {
+            format!(
+                "server.tls.client_ca {}: {} is no CA certificate (no basicConstraints CA:TRUE): \
+                 client_ca takes the CAs that sign client certificates; those the real CA \
+                 signed are refused, and any its key signs accepted",
+                ca.display(),
+                x509::subject(cert).unwrap_or_else(|| "a certificate".to_owned())
+            )
+        })
+        .collect();
     let mut roots = rustls::RootCertStore::empty();
     for cert in &cas {
         roots
@@ -148,12 +164,12 @@ fn client_verifier(
             verifier,
             crls_due: Vec::new(),
             served: Vec::new(),
-            crl_notes: Vec::new(),
+            notes: ca_notes,
         });
     };
     let all = crate::pem::crls(&read("client_crl", path)?)
         .map_err(|e| file_err("client_crl", path, e))?;
-    let (crls, read, notes) = newest_per_issuer(all, path);
+    let (crls, read, crl_notes) = newest_per_issuer(all, path);
     // rustls's defaults stay: every certificate of the chain is checked, one whose status no
     // CRL tells is refused, and a CRL past its nextUpdate still revokes what it lists
     // (refusing every client instead would turn a CRL published late into an outage;
@@ -237,7 +253,7 @@ fn client_verifier(
         verifier: Arc::new(Naming(verifier)),
         crls_due,
         served,
-        crl_notes: notes,
+        notes: ca_notes.into_iter().chain(crl_notes).collect(),
     })
 }
 
@@ -295,10 +311,65 @@ pub struct ListenerTls {
     /// The leaf certificate's notAfter (`None` if it cannot be read from the DER, which
     /// rustls accepted all the same).
     pub expires: Option<SystemTime>,
+    /// The leaf certificate's notBefore, read as `expires` is.
+    pub valid_from: Option<SystemTime>,
     crls_due: CrlsDue,
     served: Vec<ServedCrl>,
-    /// What loading the CRLs found that does not stop the listener.
-    crl_notes: Vec<String>,
+    /// What loading the certificates and CRLs found that does not stop the listener.
+    notes: Vec<String>,
+}
+
+/// When the listener's certificate is valid, as far as its DER tells.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Validity {
+    pub from: Option<SystemTime>,
+    pub until: Option<SystemTime>,
+}
+
+impl Validity {
+    pub fn holds_at(&self, now: SystemTime) -> bool {
+        self.from.is_none_or(|from| from <= now) && self.until.is_none_or(|until| now <= until)
+    }
+}
+
+/// A reload's certificate that clients refuse now (expired, or not valid yet) does not
+/// replace one they accept: the reload fails as for a key that does not fit, and the old
+/// pair is served on. Where nothing valid is served (start-up, TLS turned on by this reload,
+/// a served certificate that has run out too) it goes ahead, with the warning.
+pub fn refuse_outside_validity(
+    tls: &ServerTls,
+    new: Validity,
+    serving: Option<Validity>,
+    now: SystemTime,
+) -> Result<(), TlsError> {
+    let Some(serving) = serving.filter(|v| v.holds_at(now)) else {
+        return Ok(());
+    };
+    if new.holds_at(now) {
+        return Ok(());
+    }
+    let at = |t: Option<SystemTime>| {
+        t.map_or("?".to_owned(), |t| {
+            humantime::format_rfc3339_seconds(t).to_string()
+        })
+    };
+    let state = if new.from.is_some_and(|from| from > now) {
+        "is not valid yet"
+    } else {
+        "has expired"
+    };
+    Err(file_err(
+        "cert",
+        &tls.cert,
+        format!(
+            "the certificate {state} (valid from {} to {}; now {}): clients would refuse it, \
+             so the one served (valid until {}) is kept",
+            at(new.from),
+            at(new.until),
+            at(Some(now)),
+            at(serving.until)
+        ),
+    ))
 }
 
 /// Under this much validity left, start-up, reloads and `check` warn: a certificate renewed
@@ -310,7 +381,7 @@ impl ListenerTls {
     /// are past their nextUpdate, whose CA may have revoked more since.
     pub fn warnings(&self, tls: &ServerTls, now: SystemTime) -> Vec<String> {
         let mut out: Vec<String> = self.expiry_warning(tls, now).into_iter().collect();
-        out.extend(self.crl_notes.iter().cloned());
+        out.extend(self.notes.iter().cloned());
         let Some(path) = &tls.client_crl else {
             return out;
         };
@@ -328,8 +399,24 @@ impl ListenerTls {
         out
     }
 
-    /// A warning when the certificate has expired, or expires within `EXPIRY_WARNING`.
+    /// A warning when the certificate is not valid yet (a renewal installed early, a clock
+    /// behind), has expired, or expires within `EXPIRY_WARNING`.
+    pub fn validity(&self) -> Validity {
+        Validity {
+            from: self.valid_from,
+            until: self.expires,
+        }
+    }
+
     pub fn expiry_warning(&self, tls: &ServerTls, now: SystemTime) -> Option<String> {
+        if let Some(from) = self.valid_from.filter(|from| *from > now) {
+            return Some(format!(
+                "server.tls.cert {} is not valid until {} (its notBefore): clients will refuse \
+                 it until then",
+                tls.cert.display(),
+                humantime::format_rfc3339_seconds(from)
+            ));
+        }
         let expires = self.expires?;
         let at = humantime::format_rfc3339_seconds(expires);
         let path = tls.cert.display();
@@ -381,6 +468,19 @@ fn check_key_fits(
 pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let chain = certs("cert", &tls.cert)?;
     let expires = not_after(&chain[0]);
+    let valid_from = not_before(&chain[0]);
+    // Served all the same, as OpenSSL-based clients (curl) take it; rustls and webpki clients (Rust
+    // SDKs, another hourglass in front of this one) refuse it with CaUsedAsEndEntity.
+    let cert_notes: Vec<String> = (x509::is_ca(&chain[0]) == Some(true))
+        .then(|| {
+            format!(
+                "server.tls.cert {}: {}; clients built on rustls or webpki refuse it",
+                tls.cert.display(),
+                crate::pem::CA_USED_AS_END_ENTITY
+            )
+        })
+        .into_iter()
+        .collect();
     let key = crate::pem::private_key(&read("key", &tls.key)?)
         .map_err(|e| file_err("key", &tls.key, e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -401,7 +501,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let (builder, crls_due, served, crl_notes) = match &tls.client_ca {
+    let (builder, crls_due, served, client_notes) = match &tls.client_ca {
         None => (
             builder.with_no_client_auth(),
             Vec::new(),
@@ -414,20 +514,22 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
                 builder.with_client_cert_verifier(v.verifier),
                 v.crls_due,
                 v.served,
-                v.crl_notes,
+                v.notes,
             )
         }
     };
     let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| TlsError::Config(format!("cert and key do not fit together: {e}")))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // http/1.0 too (RFC 7301 6): the HTTP/1 server serves it, as it does without ALPN.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), b"http/1.0".to_vec()];
     Ok(ListenerTls {
         config: Arc::new(config),
         expires,
+        valid_from,
         crls_due,
         served,
-        crl_notes,
+        notes: cert_notes.into_iter().chain(client_notes).collect(),
     })
 }
 
@@ -436,6 +538,7 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
 pub struct Acceptor {
     pub acceptor: Arc<tokio_rustls::TlsAcceptor>,
     pub expires: Option<SystemTime>,
+    pub validity: Validity,
     pub crls_due: CrlsDue,
     pub crls: Vec<ServedCrl>,
     /// A certificate that has expired or soon will, CRLs due or superseded: said by the
@@ -448,6 +551,7 @@ pub fn acceptor(tls: &ServerTls) -> Result<Acceptor, TlsError> {
     let listener = server_config(tls)?;
     Ok(Acceptor {
         warnings: listener.warnings(tls, SystemTime::now()),
+        validity: listener.validity(),
         acceptor: Arc::new(tokio_rustls::TlsAcceptor::from(listener.config)),
         expires: listener.expires,
         crls_due: listener.crls_due,
@@ -529,9 +633,10 @@ mod tests {
                 .with_cert_resolver(Arc::new(rustls::server::ResolvesServerCertUsingSni::new())),
             ),
             expires,
+            valid_from: None,
             crls_due: Vec::new(),
             served: Vec::new(),
-            crl_notes: Vec::new(),
+            notes: Vec::new(),
         };
         let expires = at(1_804_118_400); // 2027-03-04T00:00:00Z
         let day = 86_400;
@@ -555,6 +660,155 @@ mod tests {
             None
         );
         assert_eq!(listener(None).expiry_warning(&tls, at(0)), None);
+    }
+
+    /// A server certificate valid over `from` to `until` (years), and its key, written to a
+    /// temporary directory.
+    fn server_pair(from: i32, until: i32) -> (tempfile::TempDir, ServerTls) {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(from, 6, 1);
+        params.not_after = rcgen::date_time_ymd(until, 1, 1);
+        let cert = params.self_signed(&key).unwrap();
+        let tls = ServerTls {
+            cert: dir.path().join("server.pem"),
+            key: dir.path().join("server.key"),
+            client_ca: None,
+            client_crl: None,
+        };
+        std::fs::write(&tls.cert, cert.pem()).unwrap();
+        std::fs::write(&tls.key, key.serialize_pem()).unwrap();
+        (dir, tls)
+    }
+
+    /// A certificate installed before its notBefore is refused by every client, as an
+    /// expired one is: warned of alike, and a reload does not serve it over a valid one.
+    #[test]
+    fn a_certificate_not_valid_yet_is_warned_of_and_not_reloaded_over_a_valid_one() {
+        let at = |y, m, d| {
+            let secs = rcgen::date_time_ymd(y, m, d).unix_timestamp();
+            SystemTime::UNIX_EPOCH + Duration::from_secs(secs.try_into().unwrap())
+        };
+        let now = at(2026, 12, 6);
+        let (_dir, future) = server_pair(2027, 2028);
+        let listener = server_config(&future).unwrap();
+        assert_eq!(
+            listener.warnings(&future, now),
+            [format!(
+                "server.tls.cert {} is not valid until 2027-06-01T00:00:00Z (its notBefore): \
+                 clients will refuse it until then",
+                future.cert.display()
+            )]
+        );
+        assert_eq!(
+            listener.warnings(&future, at(2027, 7, 1)),
+            Vec::<String>::new()
+        );
+
+        let (_dir, valid) = server_pair(2025, 2029);
+        let valid_now = server_config(&valid).unwrap().validity();
+        let serving = Some(valid_now);
+        assert_eq!(
+            refuse_outside_validity(&future, listener.validity(), serving, now)
+                .unwrap_err()
+                .to_string(),
+            format!(
+                "server.tls.cert {}: the certificate is not valid yet (valid from \
+                 2027-06-01T00:00:00Z to 2028-01-01T00:00:00Z; now 2026-12-06T00:00:00Z): \
+                 clients would refuse it, so the one served (valid until \
+                 2029-01-01T00:00:00Z) is kept",
+                future.cert.display()
+            )
+        );
+        let (_dir, expired) = server_pair(2024, 2025);
+        let e = refuse_outside_validity(
+            &expired,
+            server_config(&expired).unwrap().validity(),
+            serving,
+            now,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("the certificate has expired (valid from 2024-06-01T00:00:00Z to 2025-01-01T00:00:00Z"), "{e}");
+        // Nothing valid served (TLS off until now, or run out too): the reload goes ahead.
+        assert!(refuse_outside_validity(&future, listener.validity(), None, now).is_ok());
+        let run_out = Some(server_config(&expired).unwrap().validity());
+        assert!(refuse_outside_validity(&future, listener.validity(), run_out, now).is_ok());
+        assert!(refuse_outside_validity(&valid, valid_now, run_out, now).is_ok());
+        assert!(refuse_outside_validity(&valid, valid_now, serving, now).is_ok());
+    }
+
+    /// Audit DE 4: a served certificate marked CA (`openssl req -x509`'s default), which
+    /// rustls and webpki clients refuse, and a `client_ca` that holds no CA are warned of.
+    #[test]
+    fn a_ca_certificate_served_or_a_leaf_given_as_client_ca_is_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, contents: String| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, contents).unwrap();
+            p
+        };
+        let self_signed = |is_ca: rcgen::IsCa| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+            params.is_ca = is_ca;
+            (params.self_signed(&key).unwrap(), key)
+        };
+        let (ca_cert, ca_key) =
+            self_signed(rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained));
+        let (leaf, leaf_key) = self_signed(rcgen::IsCa::ExplicitNoCa);
+        let (plain, plain_key) = self_signed(rcgen::IsCa::NoCa);
+        assert_eq!(x509::is_ca(ca_cert.der()), Some(true));
+        assert_eq!(x509::is_ca(leaf.der()), Some(false));
+        assert_eq!(x509::is_ca(plain.der()), Some(false));
+        assert_eq!(x509::is_ca(b"no certificate"), None);
+
+        let tls = |cert: &rcgen::Certificate, key: &rcgen::KeyPair, client_ca: Option<PathBuf>| {
+            ServerTls {
+                cert: write("server.pem", cert.pem()),
+                key: write("server.key", key.serialize_pem()),
+                client_ca,
+                client_crl: None,
+            }
+        };
+        let now = SystemTime::now();
+        let served_ca = tls(&ca_cert, &ca_key, None);
+        let warnings = server_config(&served_ca).unwrap().warnings(&served_ca, now);
+        assert_eq!(
+            warnings,
+            [format!(
+                "server.tls.cert {}: {}; clients built on rustls or webpki refuse it",
+                served_ca.cert.display(),
+                crate::pem::CA_USED_AS_END_ENTITY
+            )]
+        );
+        for (cert, key) in [(&leaf, &leaf_key), (&plain, &plain_key)] {
+            let t = tls(cert, key, None);
+            assert_eq!(
+                server_config(&t).unwrap().warnings(&t, now),
+                Vec::<String>::new()
+            );
+        }
+
+        // A client's own certificate where its CA should be, after a CA that is one.
+        let client_ca = write("clients.pem", format!("{}{}", ca_cert.pem(), leaf.pem()));
+        let t = tls(&plain, &plain_key, Some(client_ca.clone()));
+        assert_eq!(
+            server_config(&t).unwrap().warnings(&t, now),
+            [format!(
+                "server.tls.client_ca {}: CN=rcgen self signed cert is no CA certificate (no \
+                 basicConstraints CA:TRUE): client_ca takes the CAs that sign client \
+                 certificates; those the real CA signed are refused, and any its key signs \
+                 accepted",
+                client_ca.display()
+            )]
+        );
+        let t = tls(&plain, &plain_key, Some(write("cas.pem", ca_cert.pem())));
+        assert_eq!(
+            server_config(&t).unwrap().warnings(&t, now),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

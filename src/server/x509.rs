@@ -38,6 +38,18 @@ fn tbs<T>(
     .ok()
 }
 
+/// A certificate's notBefore.
+pub fn not_before(der: &[u8]) -> Option<SystemTime> {
+    let unix = tbs(der, 3, |r| {
+        r.read_sequence(|r| {
+            let from = time(r.next())?;
+            r.next().read_der()?;
+            Ok(from)
+        })
+    })?;
+    unix_time(unix)
+}
+
 /// A certificate's notAfter.
 pub fn not_after(der: &[u8]) -> Option<SystemTime> {
     let unix = tbs(der, 3, |r| {
@@ -47,6 +59,64 @@ pub fn not_after(der: &[u8]) -> Option<SystemTime> {
         })
     })?;
     unix_time(unix)
+}
+
+/// Whether a certificate is a CA's (basicConstraints cA, RFC 5280 4.2.1.9): `false` for one
+/// without that extension, or without extensions at all. `None` if the DER cannot be read.
+pub fn is_ca(der: &[u8]) -> Option<bool> {
+    const BASIC_CONSTRAINTS: &[u64] = &[2, 5, 29, 19];
+    let extensions = yasna::parse_ber(der, |r| {
+        r.read_sequence(|r| {
+            let extensions = r.next().read_sequence(|r| {
+                r.read_optional(|r| r.read_tagged(Tag::context(0), |r| r.read_der()))?;
+                // serialNumber, signature, issuer, validity, subject, subjectPublicKeyInfo;
+                // then the unique IDs [1] and [2], and the extensions [3], each optional.
+                for _ in 0..6 {
+                    r.next().read_der()?;
+                }
+                let mut extensions = None;
+                while let Some(field) = r.read_optional(|r| r.read_tagged_der())? {
+                    if field.tag() == Tag::context(3) {
+                        extensions = Some(field.value().to_vec());
+                    }
+                }
+                Ok(extensions)
+            })?;
+            r.next().read_der()?;
+            r.next().read_der()?;
+            Ok(extensions)
+        })
+    })
+    .ok()?;
+    let Some(extensions) = extensions else {
+        return Some(false);
+    };
+    yasna::parse_der(&extensions, |r| {
+        let mut ca = false;
+        r.read_sequence_of(|r| {
+            let found = r.read_sequence(|r| {
+                let oid = r.next().read_oid()?;
+                r.read_optional(|r| r.read_bool())?;
+                let value = r.next().read_bytes()?;
+                if oid.components().as_slice() != BASIC_CONSTRAINTS {
+                    return Ok(None);
+                }
+                yasna::parse_der(&value, |r| {
+                    r.read_sequence(|r| {
+                        let ca = r.read_optional(|r| r.read_bool())?.unwrap_or(false);
+                        r.read_optional(|r| r.read_der())?;
+                        Ok(Some(ca))
+                    })
+                })
+            })?;
+            if let Some(found) = found {
+                ca = found;
+            }
+            Ok(())
+        })?;
+        Ok(ca)
+    })
+    .ok()
 }
 
 /// A certificate's subject as RFC 4514 writes a distinguished name (`CN=agent-7,O=Acme`):

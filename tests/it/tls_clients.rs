@@ -63,6 +63,46 @@ async fn a_rotated_certificate_is_served_without_a_signal() {
     gw.shutdown().await;
 }
 
+/// Audit DE 1: a renewal installed before its notBefore (or an expired certificate) is refused
+/// by every client, so a reload does not put it in place of the valid pair served: it fails
+/// as for a key that does not fit, in the error count and `/readyz`, naming the dates.
+#[tokio::test]
+async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = certs("not-yet-valid");
+    let path = c.dir.path().join("hourglass.toml");
+    std::fs::write(
+        &path,
+        tls_config_toml(&c, false).replace("{FAKE}", &fake.url()),
+    )
+    .unwrap();
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
+        .await
+        .unwrap();
+    let key = std::fs::read_to_string(c.dir.path().join("server.key")).unwrap();
+    let key = KeyPair::from_pem(&key).unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2090, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    let future = params.signed_by(&key, &c.ca, &c.ca_key).unwrap();
+    std::fs::write(c.dir.path().join("server.pem"), future.pem()).unwrap();
+    let e = gw.reload().await.unwrap_err().to_string();
+    assert!(
+        e.contains("the certificate is not valid yet (valid from 2090-01-01T00:00:00Z"),
+        "{e}"
+    );
+    assert!(tls_client(gw.addr, &c, b"http/1.1", false).await.is_ok());
+    let ready = admin_get(gw.admin_addr, "/readyz").await;
+    assert!(ready.contains("last reload failed"), "{ready}");
+    assert!(gw
+        .metrics
+        .encode()
+        .contains("hourglass_config_reloads_total{result=\"error\"} 1"));
+    gw.shutdown().await;
+}
+
 type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 
 pub(crate) struct Certs {
@@ -260,6 +300,24 @@ async fn tls_clients_stream_over_http2_and_http1_and_cancel() {
         .unwrap();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert!(body.ends_with(b"data: [DONE]\n\n"));
+}
+
+/// Audit DE 5: `http/1.0` is a registered ALPN id (RFC 7301 6), and HTTP/1.0 is served: a
+/// client offering only it is served by the HTTP/1 server, not refused at the handshake.
+#[tokio::test]
+async fn a_client_offering_alpn_http_1_0_alone_is_served() {
+    let c = certs("tls-alpn-http10");
+    let h = Harness::with_config(&tls_config_toml(&c, false)).await;
+    let mut tls = tls_client(h.addr(), &c, b"http/1.0", false).await.unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"http/1.0"[..]));
+    tls.write_all(b"GET /no-route HTTP/1.0\r\nhost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(3), tls.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "connection left open");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.0 404 "), "{text}");
 }
 
 /// Over TLS the framing tracker reads the decrypted bytes: Content-Length next to
