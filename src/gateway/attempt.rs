@@ -179,7 +179,15 @@ impl<'a> Attempt<'a> {
                     return Err(budget.too_little(Instant::now(), budget.min_useful, None, false));
                 }
                 // A limit that fired while the body was still going out waited for no token.
-                let clock = sent_at.unwrap_or(if connected { Instant::now() } else { now });
+                // One the client's SDK set is the client's wait, which counts from the attempt
+                // (as the SDK's own from its request), not from the body's end.
+                let patience = budget.head_by().is_some_and(|by| by <= fired);
+                let clock = match sent_at {
+                    Some(_) if patience => now,
+                    Some(at) => at,
+                    None if connected => Instant::now(),
+                    None => now,
+                };
                 let e = self.limit_error(connected, clock, fired);
                 // Sent, and not even a head for the route's whole first-token limit (not one
                 // a client's short timeout or a fallback's room cut): on a shared HTTP/2
