@@ -195,28 +195,8 @@ async fn another_candidates_reserve_does_not_cut_the_body_read() {
          [[routes]]\nname = \"chat\"\nreserve = \"1500ms\"\n",
     ))
     .await;
-    let body = br#"{"model":"one-x","messages":[{"role":"user","content":"hi"}]}"#;
-    let mut s = TcpStream::connect(h.addr()).await.unwrap();
-    s.write_all(
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-             x-request-budget-ms: 2000\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    s.write_all(&body[..10]).await.unwrap();
     // Past the catch-all's usable 500 ms, well within route one's 2000.
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    s.write_all(&body[10..]).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
-        .await
-        .expect("the answer within 10 s")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = body_in_two_parts(&h, "one-x", "x-request-budget-ms: 2000\r\n", 900).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(h.fake.requests().len(), 1);
 }
@@ -233,27 +213,7 @@ async fn a_body_read_past_the_chosen_routes_deadline_is_deadline_exceeded() {
          [[routes]]\nname = \"chat\"\n",
     ))
     .await;
-    let body = br#"{"model":"short-x","messages":[{"role":"user","content":"hi"}]}"#;
-    let mut s = TcpStream::connect(h.addr()).await.unwrap();
-    s.write_all(
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
-        )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    s.write_all(&body[..10]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    s.write_all(&body[10..]).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
-        .await
-        .expect("the answer within 10 s")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer);
+    let answer = body_in_two_parts(&h, "short-x", "", 500).await;
     assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
     assert!(answer.contains("\"deadline_exceeded\""), "{answer}");
     assert!(h.fake.requests().is_empty());
@@ -1188,4 +1148,30 @@ async fn both_budget_histograms_count_the_same_requests() {
         .metric("hourglass_budget_used_ratio_count{route=\"chat\"}")
         .await;
     assert_eq!((budget, ratio), (1.0, 1.0));
+}
+
+/// A chat request for `model` whose body's first 10 bytes come with the head and the rest
+/// `pause_ms` later; the whole answer, as text.
+async fn body_in_two_parts(h: &Harness, model: &str, headers: &str, pause_ms: u64) -> String {
+    let body = format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#);
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             {headers}content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    s.write_all(&body.as_bytes()[..10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+    s.write_all(&body.as_bytes()[10..]).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .expect("the answer within 10 s")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
 }

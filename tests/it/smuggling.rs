@@ -448,25 +448,13 @@ async fn equal_content_lengths_are_one() {
 /// answer's status and error message (the body, for a 200), or how the stream ended without
 /// one.
 async fn h2_with_lengths(h: &Harness, lengths: &[&str]) -> Result<(u16, String), String> {
-    let tcp = TcpStream::connect(h.addr()).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(tcp),
-    )
-    .await
-    .unwrap();
-    tokio::spawn(conn);
     let mut req = chat_request(&[], true);
-    *req.uri_mut() = format!("http://gateway{PATH}").parse().unwrap();
     req.headers_mut().remove("host");
     for v in lengths {
         req.headers_mut()
             .append("content-length", v.parse().unwrap());
     }
-    let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
-        .await
-        .expect("an answer or a reset within 5 s")
-        .map_err(|e| format!("{e:?}"))?;
+    let resp = h2_send_as_is(h.addr(), req).await?;
     let status = resp.status().as_u16();
     if status == 200 {
         return Ok((status, read_body(resp.into_body()).await.text()));
@@ -554,21 +542,9 @@ async fn http2_host_other_than_authority_is_refused() {
     let h = Harness::start().await;
     let addr = h.addr();
     let send = |host: &'static str| async move {
-        let tcp = TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(tcp),
-        )
-        .await
-        .unwrap();
-        tokio::spawn(conn);
         let mut req = chat_request(&[], true);
-        *req.uri_mut() = format!("http://gateway{PATH}").parse().unwrap();
         req.headers_mut().insert("host", host.parse().unwrap());
-        let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
-            .await
-            .expect("an answer within 5 s")
-            .unwrap();
+        let resp = h2_send_as_is(addr, req).await.unwrap();
         let status = resp.status().as_u16();
         (status, read_body(resp.into_body()).await.text())
     };

@@ -29,15 +29,7 @@ async fn a_rotated_certificate_is_served_without_a_signal() {
         .unwrap();
     let old = certs("rotate-old");
     let new = certs("rotate-new");
-    let path = old.dir.path().join("hourglass.toml");
-    std::fs::write(
-        &path,
-        tls_config_toml(&old, false).replace("{FAKE}", &fake.url()),
-    )
-    .unwrap();
-    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
-        .await
-        .unwrap();
+    let gw = from_a_file(&old, &tls_config_toml(&old, false), &fake).await;
     gw.watch_config(Duration::from_millis(50));
     assert!(tls_client(gw.addr, &old, b"http/1.1", false).await.is_ok());
     assert!(tls_client(gw.addr, &new, b"http/1.1", false).await.is_err());
@@ -72,15 +64,7 @@ async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
         .await
         .unwrap();
     let c = certs("not-yet-valid");
-    let path = c.dir.path().join("hourglass.toml");
-    std::fs::write(
-        &path,
-        tls_config_toml(&c, false).replace("{FAKE}", &fake.url()),
-    )
-    .unwrap();
-    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
-        .await
-        .unwrap();
+    let gw = from_a_file(&c, &tls_config_toml(&c, false), &fake).await;
     let key = std::fs::read_to_string(c.dir.path().join("server.key")).unwrap();
     let key = KeyPair::from_pem(&key).unwrap();
     let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
@@ -191,6 +175,16 @@ pub(crate) fn certs(tag: &str) -> Certs {
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(client_key.serialize_der())),
         ),
     }
+}
+
+/// A gateway started from `toml` written to a file beside `c`'s certificates, so that it
+/// reloads them.
+async fn from_a_file(c: &Certs, toml: &str, fake: &FakeUpstream) -> server::Running {
+    let path = c.dir.path().join("hourglass.toml");
+    std::fs::write(&path, toml.replace("{FAKE}", &fake.url())).unwrap();
+    server::start_with_source(Config::load(&path).unwrap(), Some(path))
+        .await
+        .unwrap()
 }
 
 pub(crate) fn tls_config_toml(c: &Certs, client_ca: bool) -> String {
@@ -468,15 +462,7 @@ async fn a_certificate_revoked_in_a_new_crl_is_refused_without_a_signal() {
     let c = certs("crl-reload");
     let leaked = c.client(2);
     let crl = c.write_crl(&[]);
-    let path = c.dir.path().join("hourglass.toml");
-    std::fs::write(
-        &path,
-        with_crl(&tls_config_toml(&c, true), &crl).replace("{FAKE}", &fake.url()),
-    )
-    .unwrap();
-    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path.clone()))
-        .await
-        .unwrap();
+    let gw = from_a_file(&c, &with_crl(&tls_config_toml(&c, true), &crl), &fake).await;
     gw.watch_config(Duration::from_millis(50));
     assert_eq!(
         status_as(gw.addr, &c, &leaked).await,

@@ -562,6 +562,15 @@ pub async fn h2_send(
     addr: SocketAddr,
     mut req: Request<Full<Bytes>>,
 ) -> Result<Response<Incoming>, String> {
+    req.headers_mut().remove("host");
+    h2_send_as_is(addr, req).await
+}
+
+/// [`h2_send`], with whatever header fields `req` has (a `host` too).
+pub async fn h2_send_as_is(
+    addr: SocketAddr,
+    mut req: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>, String> {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
@@ -571,7 +580,6 @@ pub async fn h2_send(
     .unwrap();
     tokio::spawn(conn);
     *req.uri_mut() = format!("http://gateway{}", req.uri()).parse().unwrap();
-    req.headers_mut().remove("host");
     tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
         .await
         .expect("an answer or a reset within 5 s")
