@@ -114,14 +114,6 @@ pub async fn run(
                     .expected_ttft(&entry.upstream)
                     .max(budget.min_useful)
             };
-            // An attempt here that would have less than `min_useful` of its own once the
-            // fallback's room is kept could not be useful: the budget goes to the fallback,
-            // which fits (audit DC 2: it went to this attempt, and the fallback never ran).
-            if n == 0
-                && first_token_limit(template, budget, policy.retry_on, chain.get(i + 1)).is_none()
-            {
-                break;
-            }
             let mut wait = Duration::ZERO;
             if n > 0 {
                 wait = own.retry_after.unwrap_or_default().max(backoff(n));
@@ -179,7 +171,6 @@ pub async fn run(
                         (budget.first_token_timeout, None)
                     } else {
                         first_token_limit(template, budget, policy.retry_on, chain.get(i + 1))
-                            .unwrap_or((budget.first_token_timeout, None))
                     };
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
@@ -197,10 +188,8 @@ pub async fn run(
                 outcome
             } else {
                 let ft;
-                // A retry fitted its fallback's room with time of its own to spare (above).
                 (ft, switch_by) =
-                    first_token_limit(template, budget, policy.retry_on, chain.get(i + 1))
-                        .unwrap_or((budget.first_token_timeout, None));
+                    first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
                 let outcome = single(
                     metrics, route, entry, template, budget, record, ft, switch_by, probe,
                 )
@@ -351,19 +340,17 @@ fn fallback_room(template: &Template, budget: &Budget, next: &ChainEntry) -> Dur
 /// remains still fits an attempt on that fallback. A connect that hangs spends the
 /// fallback's turn as surely as a first token that does. Only a wait whose failure moves on
 /// (`retry_on`) is cut: the others' failures are the client's answer, fallback or not.
-/// `None` when what the fallback's room leaves is less than `min_useful`, and the fallback, in
-/// rotation, fits: then the attempt is not made, and the budget left to the fallback.
 fn first_token_limit(
     template: &Template,
     budget: &Budget,
     retry_on: RetryOn,
     next: Option<&ChainEntry>,
-) -> Option<(Duration, Option<SwitchBy>)> {
+) -> (Duration, Option<SwitchBy>) {
     let ft = budget.first_token_timeout;
     let connect = retry_on.contains(RetryCause::Connect);
     let first_token = retry_on.contains(RetryCause::FirstToken);
     let Some(next) = next.filter(|_| connect || first_token) else {
-        return Some((ft, None));
+        return (ft, None);
     };
     let now = Instant::now();
     // The fallback's head must come by the client's patience too.
@@ -380,10 +367,9 @@ fn first_token_limit(
                 connect,
                 first_token,
             };
-            Some((ft, Some(switch)))
+            (ft, Some(switch))
         }
-        Some(left) if left < budget.min_useful && next.upstream.health.available(now) => None,
-        _ => Some((ft, None)),
+        _ => (ft, None),
     }
 }
 

@@ -275,27 +275,6 @@ async fn a_late_first_token_switches_to_the_fallback_and_leaves_it_room() {
     );
 }
 
-/// A budget that fits the fallback's 300 ms, but leaves the primary less than `min_useful`
-/// (100 ms) of its own once the fallback's room (300 + 50 ms) is kept, goes to the fallback
-/// (audit DC 2: with 449 ms the primary took it all, and the client got a 504).
-#[tokio::test]
-async fn a_budget_that_fits_only_the_fallback_skips_the_primary() {
-    let p = pair(
-        "fallbacks = [\"backup\"]",
-        "",
-        "expected_first_token = \"300ms\"",
-    )
-    .await;
-    p.primary
-        .set_script(&[("x-fake-ttft-ms", "20000"), ("x-fake-headers-first", "1")]);
-    let (resp, _c) = p.chat(&[("x-request-budget-ms", "449")]).await;
-    assert_eq!(resp.status(), 200);
-    let read = read_body(resp.into_body()).await;
-    assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
-    assert!(p.primary.requests().is_empty());
-    assert_eq!(p.backup.requests().len(), 1);
-}
-
 /// The fallback's room is kept only by a wait whose end moves on to it. With `retry_on`
 /// lacking `first_token`, a late first token is the client's 504 whatever the fallback, so
 /// cutting it short for the fallback only failed answers that would have come in time.
