@@ -59,6 +59,15 @@ impl Running {
                     }
                     continue;
                 };
+                if !by_signal && certificate_due(&shared) {
+                    let text = watch
+                        .applied
+                        .as_ref()
+                        .filter(|s| s.error.is_none())
+                        .map(|s| s.text.clone());
+                    let _ = reload(&shared, &Cause::CertificateDue, text).await;
+                    continue;
+                }
                 let read = read_source(path).await;
                 if by_signal {
                     // Asked for now: what the file holds now is what the operator meant.
@@ -94,6 +103,17 @@ impl Running {
             }
         });
     }
+}
+
+/// Whether the time came to try again a certificate a reload refused for its dates (taken
+/// once: should the reload fail again, it sets the next time).
+fn certificate_due(shared: &Shared) -> bool {
+    let mut due = shared
+        .tls_due
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    due.take_if(|at| *at <= std::time::SystemTime::now())
+        .is_some()
 }
 
 /// What the watcher knows from one tick to the next.
@@ -174,6 +194,8 @@ enum Cause {
     Requested,
     /// The files whose contents changed (or came or went), the config file first.
     Changed(Vec<PathBuf>),
+    /// The time came when a certificate refused for its dates may be taken.
+    CertificateDue,
 }
 
 impl fmt::Display for Cause {
@@ -181,6 +203,9 @@ impl fmt::Display for Cause {
         match self {
             Self::Signal => f.write_str("SIGHUP"),
             Self::Requested => f.write_str("requested"),
+            Self::CertificateDue => {
+                f.write_str("the certificate a reload refused for its dates may be taken now")
+            }
             Self::Changed(files) => {
                 f.write_str("changed: ")?;
                 for (i, file) in files.iter().enumerate() {
@@ -364,12 +389,17 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
                 .tls_validity
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            crate::server::tls::refuse_outside_validity(
-                t,
-                loaded.validity,
-                serving,
-                std::time::SystemTime::now(),
-            )?;
+            let now = std::time::SystemTime::now();
+            if let Err(e) =
+                crate::server::tls::refuse_outside_validity(t, loaded.validity, serving, now)
+            {
+                *shared
+                    .tls_due
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) =
+                    crate::server::tls::due(loaded.validity, serving, now);
+                return Err(e.into());
+            }
             warnings.extend(loaded.warnings);
             if let Some(path) = &t.client_crl {
                 let served = shared.crls.lock().unwrap_or_else(PoisonError::into_inner);
@@ -402,6 +432,10 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
     shared.gateway.store(Arc::new(gateway));
     shared.gateway.load().took_over(&old);
     shared.tls.store(tls);
+    *shared
+        .tls_due
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner) = None;
     *shared
         .tls_validity
         .lock()

@@ -107,6 +107,7 @@ pub async fn start_with_source(
         reloading: tokio::sync::Mutex::new(()),
         crls: std::sync::Mutex::new(crate::server::tls::ServedCrls::new(crls)),
         tls_validity: std::sync::Mutex::new(tls_validity),
+        tls_due: std::sync::Mutex::new(None),
         at_start,
     });
     let stop = Signal::new();

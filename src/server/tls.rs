@@ -372,6 +372,20 @@ pub fn refuse_outside_validity(
     ))
 }
 
+/// When a certificate [`refuse_outside_validity`] refused may be taken after all: once it is
+/// valid, or once the one served has run out (a second after, as a second is their unit).
+/// Without this, a renewal issued a little ahead of its notBefore was refused for good: the
+/// watcher reloads only a file that changes, and the served one then expired (audit EA).
+pub fn due(new: Validity, serving: Option<Validity>, now: SystemTime) -> Option<SystemTime> {
+    let from = new.from.filter(|from| *from > now);
+    let until = serving.and_then(|s| s.until);
+    [from, until]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|t| t + Duration::from_secs(1))
+}
+
 /// Under this much validity left, start-up, reloads and `check` warn: a certificate renewed
 /// on time (Let's Encrypt renews with 30 days left) never gets this close.
 pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);

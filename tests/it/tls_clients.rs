@@ -87,6 +87,42 @@ async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
     gw.shutdown().await;
 }
 
+/// Audit EA 1: a renewal refused for being not valid yet is taken once it is, without a
+/// change of its file (the watcher reloads only changed files, and the served certificate
+/// expired behind the refusal).
+#[tokio::test]
+async fn a_certificate_refused_as_not_valid_yet_is_taken_once_it_is() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c = certs("valid-soon");
+    let gw = from_a_file(&c, &tls_config_toml(&c, false), &fake).await;
+    let key = std::fs::read_to_string(c.dir.path().join("server.key")).unwrap();
+    let key = KeyPair::from_pem(&key).unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params.not_before = (std::time::SystemTime::now() + Duration::from_secs(2)).into();
+    params.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    let soon = params.signed_by(&key, &c.ca, &c.ca_key).unwrap();
+    std::fs::write(c.dir.path().join("server.pem"), soon.pem()).unwrap();
+    let e = gw.reload().await.unwrap_err().to_string();
+    assert!(e.contains("the certificate is not valid yet"), "{e}");
+    gw.watch_config(Duration::from_millis(50));
+    // 2091-01-01T00:00:00Z, the new certificate's notAfter.
+    let taken =
+        "hourglass_tls_certificate_expiry_timestamp_seconds{listener=\"client\"} 3818448000";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !gw.metrics.encode().contains(taken) {
+        assert!(Instant::now() < deadline, "the certificate was never taken");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(tls_client(gw.addr, &c, b"http/1.1", false).await.is_ok());
+    assert!(gw
+        .metrics
+        .encode()
+        .contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
+    gw.shutdown().await;
+}
+
 type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 
 pub(crate) struct Certs {
