@@ -157,6 +157,16 @@ pin_project! {
                     StreamEnd::Cut(this.limits.deadline_error())
                 };
                 this.observer.finish(end);
+            } else if matches!(this.state, State::Streaming)
+                && matches!(
+                    this.reaped.as_ref().and_then(ReapedBy::get),
+                    Some(Reaped::Stalled(_))
+                )
+            {
+                // The client took nothing for `send_timeout` and left without reading again
+                // (the usual end of such a stream): `send_timeout` ended it, as when it reads
+                // again and finds it aborted (`poll_frame`), not the client's departure.
+                this.observer.finish(StreamEnd::SendTimeout);
             }
             if let Some(tokens) = this.progress.tokens() {
                 this.observer.tokens(tokens);

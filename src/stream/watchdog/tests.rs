@@ -433,7 +433,7 @@ async fn dropping_the_body_is_a_client_cancel() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_client_that_stalls_for_send_timeout_is_aborted_as_a_client_cancel() {
+async fn a_client_that_stalls_for_send_timeout_and_reads_again_is_aborted() {
     let send_timeout = ms(400);
     let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
     let reaper = crate::stream::reaper::Reaper::new(send_timeout);
@@ -477,6 +477,40 @@ async fn a_client_that_stalls_for_send_timeout_is_aborted_as_a_client_cancel() {
         Some("send_timeout"),
         "not the client's leaving"
     );
+    assert!(s.dropped);
+}
+
+/// Audit EA 4: a client that takes nothing for `send_timeout` and then leaves without reading
+/// again (the usual end of such a stream) was ended by `send_timeout`, not by its leaving.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stalls_for_send_timeout_and_leaves_counts_as_send_timeout() {
+    let send_timeout = ms(400);
+    let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
+    let reaper = crate::stream::reaper::Reaper::new(send_timeout);
+    let reapable = reaper.guard(rx, None::<()>, Instant::now() + ms(60_000), None);
+    let reaped = reapable.reaped_by();
+    let probe = Probe::default();
+    let mut b = Box::pin(WatchdogBody::new(
+        reapable,
+        true,
+        limits(1000, 1000, 60_000),
+        probe.clone(),
+    ));
+    b.watch_reaper(reaped);
+    tx.send_data(Bytes::from_static(b"data: a\n\n"))
+        .await
+        .unwrap();
+    b.frame().await.unwrap().unwrap();
+    tokio::time::sleep(send_timeout * 2).await;
+    assert!(
+        tx.send_data(Bytes::from_static(b"data: b\n\n"))
+            .await
+            .is_err(),
+        "upstream dropped"
+    );
+    drop(b);
+    let s = probe.0.lock().unwrap();
+    assert_eq!(s.end.as_deref(), Some("send_timeout"));
     assert!(s.dropped);
 }
 
