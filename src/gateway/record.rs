@@ -20,7 +20,7 @@ use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
 use crate::stream::{Observer, StreamEnd};
 use crate::telemetry::log::{
-    clipped, RequestLog, CERT_MAX, ERROR_MAX, HEADER_MAX, MODEL_MAX, PATH_MAX,
+    clipped, clipped_path, RequestLog, CERT_MAX, ERROR_MAX, HEADER_MAX, MODEL_MAX,
 };
 use crate::telemetry::metrics::{AnswerMetrics, Histogram, RouteMetrics};
 use crate::upstream::Upstream;
@@ -74,6 +74,8 @@ pub struct RequestRecord {
     pub id: Arc<str>,
     method: Method,
     path: String,
+    /// The path as the log carries it, when it is too long to carry whole.
+    logged_path: Option<Box<str>>,
     arrival: Instant,
     route: Option<Arc<str>>,
     upstream: Option<Arc<Upstream>>,
@@ -179,6 +181,7 @@ impl RequestRecord {
         Self {
             id,
             method,
+            logged_path: clipped_path(&path).map(String::into_boxed_str),
             path,
             arrival,
             route: None,
@@ -757,7 +760,7 @@ impl RequestRecord {
                 .is_some_and(|r| r.unenforced)
                 .then_some("unenforced"),
             method: &self.method,
-            path: clipped(&self.path, PATH_MAX),
+            path: self.logged_path.as_deref().unwrap_or(&self.path),
             client_key: self.client_id.as_ref().map(|c| c.key),
             client_name: self.client_id.as_ref().and_then(|c| c.name.as_deref()),
             client_cert: self.client_cert.as_deref().map(|c| clipped(c, CERT_MAX)),
