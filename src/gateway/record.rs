@@ -20,7 +20,7 @@ use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
 use crate::stream::{Observer, StreamEnd};
 use crate::telemetry::log::{
-    clipped, RequestLog, CERT_MAX, ERROR_MAX, HEADER_MAX, MODEL_MAX, PATH_MAX,
+    clipped, clipped_path, RequestLog, CERT_MAX, ERROR_MAX, HEADER_MAX, MODEL_MAX,
 };
 use crate::telemetry::metrics::{AnswerMetrics, Histogram, RouteMetrics};
 use crate::upstream::Upstream;
@@ -74,6 +74,8 @@ pub struct RequestRecord {
     pub id: Arc<str>,
     method: Method,
     path: String,
+    /// The path as the log carries it, when it is too long to carry whole.
+    logged_path: Option<Box<str>>,
     arrival: Instant,
     route: Option<Arc<str>>,
     upstream: Option<Arc<Upstream>>,
@@ -137,10 +139,11 @@ pub struct RequestRecord {
 
 /// What a call used of its run's tokens: prompt and completion, the prompt estimated from
 /// the request body when the answer reported none (OpenAI's stream without `include_usage`
-/// still sent its prompt). A successful answer that went unread (`unread`: the bytes of it
-/// handed to the client), encoded or in a format `api` does not know, is estimated whole, a
+/// still sent its prompt). A successful call of a generation API whose answer went unread
+/// (`unread`: the bytes of it handed to the client; an encoded answer) is estimated whole, a
 /// token for every 4 bytes of request and of answer: counted as 0 it left such runs without
-/// a token limit (audit DA 2).
+/// a token limit (audit DA 2). Any other unread answer is charged nothing: its bytes are not
+/// tokens (an embedding's floats) or cost none (Anthropic's count_tokens, audit EB F2).
 fn run_tokens_used(tokens: Option<Tokens>, request_bytes: u64, unread: Option<u64>) -> u64 {
     match tokens {
         Some(t) => t
@@ -178,6 +181,7 @@ impl RequestRecord {
         Self {
             id,
             method,
+            logged_path: clipped_path(&path).map(String::into_boxed_str),
             path,
             arrival,
             route: None,
@@ -627,8 +631,13 @@ impl RequestRecord {
             if let Some(call) = run.call.take() {
                 let status = self.status.unwrap_or(0);
                 // A call without a body asked the model nothing (a stored response polled,
-                // a list of models): its answer costs no tokens.
-                let unread = ((200..300).contains(&status) && self.request_bytes > 0)
+                // a list of models), nor does any but a call of the API itself: only those
+                // are charged by bytes when their answer went unread.
+                let generation = self
+                    .upstream
+                    .as_ref()
+                    .is_some_and(|u| u.call_format(&self.path).is_some());
+                let unread = ((200..300).contains(&status) && self.request_bytes > 0 && generation)
                     .then_some(self.answer_bytes);
                 let tokens = run_tokens_used(self.tokens, self.request_bytes, unread);
                 let answered = end == End::Ok;
@@ -751,7 +760,7 @@ impl RequestRecord {
                 .is_some_and(|r| r.unenforced)
                 .then_some("unenforced"),
             method: &self.method,
-            path: clipped(&self.path, PATH_MAX),
+            path: self.logged_path.as_deref().unwrap_or(&self.path),
             client_key: self.client_id.as_ref().map(|c| c.key),
             client_name: self.client_id.as_ref().and_then(|c| c.name.as_deref()),
             client_cert: self.client_cert.as_deref().map(|c| clipped(c, CERT_MAX)),

@@ -40,6 +40,8 @@ struct ToolCall {
     key: (u64, u64),
     /// A Chat call's id, which tells index-less calls apart (`chat_call_index`).
     id: Option<String>,
+    /// The `index` the upstream gave a Chat call, which a reused one may differ from.
+    given: Option<u64>,
     name: String,
     arguments: String,
 }
@@ -172,6 +174,7 @@ impl ToolCalls {
                 self.calls.push(ToolCall {
                     key,
                     id: None,
+                    given: None,
                     name: String::new(),
                     arguments: String::new(),
                 });
@@ -205,6 +208,7 @@ impl ToolCalls {
                                 let c = &self.calls[i];
                                 let last = LastCall {
                                     index: c.key.1,
+                                    given: c.given,
                                     id: c.id.as_deref(),
                                     name: &c.name,
                                     arguments: &c.arguments,
@@ -216,6 +220,7 @@ impl ToolCalls {
                         let name = tc.function.as_ref().and_then(|f| f.name.as_deref());
                         let index = chat_call_index(tc.index, tc.id.as_deref(), name, last, next);
                         self.edit((choice.index, index), |c| {
+                            c.given = tc.index;
                             if tc.id.is_some() {
                                 c.id = tc.id;
                             }
@@ -380,6 +385,8 @@ fn clip(s: &str, max: usize) -> &str {
 /// The last Chat tool call of a choice, as far as it has come, for `chat_call_index`.
 pub(crate) struct LastCall<'a> {
     pub index: u64,
+    /// The `index` the upstream gave it (none: it gave none).
+    pub given: Option<u64>,
     pub id: Option<&'a str>,
     pub name: &'a str,
     pub arguments: &'a str,
@@ -389,7 +396,10 @@ pub(crate) struct LastCall<'a> {
 /// call; some compatible servers (Gemini's OpenAI endpoint, ...) send each call whole in a
 /// delta of its own and no `index`. Such a delta is a new call, not more of the last one,
 /// when it brings an id other than the last call's, or a name while the last call has one
-/// and whole JSON arguments; else it continues the last call (the first: 0).
+/// and whole JSON arguments; else it continues the last call (the first: 0). Others number
+/// every call 0 (audit EB F9: `alpha` and `beta` were joined as `alphabeta`): a delta at the
+/// last call's `index` that brings an id other than its id is a new call too, and the calls
+/// after it keep their distance from the upstream's numbers.
 pub(crate) fn chat_call_index(
     index: Option<u64>,
     id: Option<&str>,
@@ -397,11 +407,25 @@ pub(crate) fn chat_call_index(
     last: Option<LastCall<'_>>,
     next: u64,
 ) -> u64 {
+    let new_id = |last: &LastCall<'_>| id.is_some_and(|id| !id.is_empty() && last.id != Some(id));
     if let Some(i) = index {
-        return i;
+        return match last {
+            Some(last) if last.given == Some(i) => {
+                if last.id.is_some() && new_id(&last) {
+                    next
+                } else {
+                    last.index
+                }
+            }
+            Some(last) => match last.given {
+                Some(g) => i.saturating_add(last.index.saturating_sub(g)),
+                None => i,
+            },
+            None => i,
+        };
     }
     let Some(last) = last else { return 0 };
-    let new_id = id.is_some_and(|id| !id.is_empty() && last.id != Some(id));
+    let new_id = new_id(&last);
     let new_name = name.is_some_and(|n| !n.is_empty())
         && !last.name.is_empty()
         && serde_json::from_str::<serde::de::IgnoredAny>(last.arguments).is_ok();

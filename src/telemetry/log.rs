@@ -108,6 +108,30 @@ pub fn clipped(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// What marks a path the line carries cut.
+pub const CLIPPED: &str = "…";
+
+/// A request's path as the line carries it when it is longer than `PATH_MAX` (none when it
+/// fits): cut, never inside a `%XX` triplet (a dangling `%E2%82%` read as whole), and marked
+/// `CLIPPED`, so that a reader knows it is not all the client sent (audit EB F7).
+pub fn clipped_path(path: &str) -> Option<String> {
+    if path.len() <= PATH_MAX {
+        return None;
+    }
+    let cut = clipped(path, PATH_MAX - CLIPPED.len());
+    let bytes = cut.as_bytes();
+    let back = bytes
+        .iter()
+        .rev()
+        .take(2)
+        .position(|&b| b == b'%')
+        .map_or(0, |i| i + 1);
+    let mut out = String::with_capacity(PATH_MAX);
+    out.push_str(&cut[..cut.len() - back]);
+    out.push_str(CLIPPED);
+    Some(out)
+}
+
 /// Whole microseconds: the nearest double to a three-decimal number prints as just that in
 /// the text format ("6826.474", not "6826.4743069999995"); JSON rounds it the same. (Through
 /// u64: a u128 to f64 conversion is a software routine.)
@@ -324,6 +348,21 @@ impl RequestLog<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Audit EB F7: a path cut inside a `%XX` triplet, with nothing to say it was cut.
+    #[test]
+    fn a_long_path_is_cut_between_triplets_and_marked() {
+        let fits = "/v1/x".to_owned() + &"a".repeat(PATH_MAX - 5);
+        assert_eq!(clipped_path(&fits), None);
+        let room = PATH_MAX - CLIPPED.len();
+        // The cut after 0, 1 and 2 bytes of a triplet: only the whole ones before it stay.
+        for (pad, kept) in [(0, room), (1, room - 1), (2, room - 2)] {
+            let path = "a".repeat(room - pad) + &"%E2".repeat(400);
+            let logged = clipped_path(&path).unwrap();
+            assert_eq!(logged, format!("{}{CLIPPED}", &path[..kept]), "{pad}");
+            assert!(logged.len() <= PATH_MAX);
+        }
+    }
 
     /// The line with its timestamp's value taken out, which differs between two writes.
     fn untimed(line: &str) -> String {

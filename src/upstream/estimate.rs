@@ -3,7 +3,7 @@
 //! upstream serves: a reasoning model's first token can take a minute where a small model's
 //! takes 300 ms, and one estimate for both would refuse the small model's short budgets.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -28,6 +28,9 @@ pub struct TtftEstimate {
     seed: AtomicU64,
     /// When it was last observed: ms since `epoch()`.
     at: AtomicU64,
+    /// How many times it was observed, stopping at `u32::MAX`: a full table keeps the
+    /// models in use over names seen once.
+    seen: AtomicU32,
 }
 
 const RISE: f64 = 0.3;
@@ -74,8 +77,16 @@ impl TtftEstimate {
         Duration::from_secs_f64(self.secs(Instant::now()).max(0.0))
     }
 
+    fn count(&self) {
+        // An `Err` is the count at its cap, where it stays.
+        let _ = self
+            .seen
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_add(1));
+    }
+
     /// One observed time to first token.
     pub fn observe(&self, d: Duration) {
+        self.count();
         let now = Instant::now();
         let x = d.as_secs_f64();
         let q = self.secs(now);
@@ -94,6 +105,7 @@ impl TtftEstimate {
     /// observation (from zero when unknown: one hung generation is not the upstream's
     /// measure); a bound below the estimate says nothing.
     pub fn observe_bound(&self, d: Duration) {
+        self.count();
         let now = Instant::now();
         let x = d.as_secs_f64();
         let q = self.secs(now).max(0.0);
@@ -104,9 +116,11 @@ impl TtftEstimate {
 }
 
 /// Models an upstream keeps an estimate of their own for. Providers serve dozens; past this,
-/// a new model takes the place of the one observed least recently, so that clients naming
-/// made-up models can neither grow the table nor keep a real model from an estimate of its
-/// own for good (a table that only filled would do both).
+/// a new model takes the place of the one observed fewest times (of those, least recently),
+/// so that clients naming made-up models can neither grow the table nor keep a real model
+/// from an estimate of its own for good (a table that only filled would do both), and names
+/// seen once take each other's place, not that of a model in use (audit EB F5: 64 made-up
+/// names evicted a model observed a second before, by least recent alone).
 pub const MAX_MODELS: usize = 64;
 
 /// The longest model name that gets an estimate of its own, in bytes. No provider's names come
@@ -179,12 +193,14 @@ impl TtftEstimates {
             models.push(entry);
             models.len() - 1
         } else {
-            // The least recently observed has gone furthest back to its seed, which is what
-            // a model without an entry expects: losing it loses the least.
+            // The least observed has taught least; of those, the least recently observed has
+            // gone furthest back to its seed, what a model without an entry expects.
             let i = models
                 .iter()
                 .enumerate()
-                .min_by_key(|(_, (_, e))| e.at.load(Ordering::Relaxed))
+                .min_by_key(|(_, (_, e))| {
+                    (e.seen.load(Ordering::Relaxed), e.at.load(Ordering::Relaxed))
+                })
                 .map_or(0, |(i, _)| i);
             models[i] = entry;
             i
@@ -321,6 +337,43 @@ mod tests {
         assert_eq!(e.get(Some("junk1")), Duration::ZERO, "the oldest: gone");
         assert_eq!(e.get(None), Duration::ZERO, "untouched");
         assert_eq!(e.models.read().unwrap().len(), MAX_MODELS);
+    }
+
+    /// Audit EB F5: a burst of made-up names evicted a model in steady use.
+    #[tokio::test(start_paused = true)]
+    async fn made_up_names_take_each_others_place_not_a_model_in_use() {
+        let e = TtftEstimates::new(None);
+        for _ in 0..10 {
+            e.observe(Some("real"), ms(1250));
+        }
+        for i in 1..MAX_MODELS {
+            tokio::time::advance(ms(1)).await;
+            e.observe(Some(&format!("junk{i}")), ms(50));
+        }
+        for i in MAX_MODELS..MAX_MODELS * 2 {
+            tokio::time::advance(ms(1)).await;
+            e.observe(Some(&format!("junk{i}")), ms(50));
+            // Gone back towards its seed a little in the 128 ms, not to it.
+            let real = e.get(Some("real"));
+            assert!(real > ms(1240), "kept past junk{i}: {real:?}");
+        }
+        assert_eq!(e.models.read().unwrap().len(), MAX_MODELS);
+        let last = format!("junk{}", MAX_MODELS * 2 - 1);
+        assert_eq!(e.get(Some(&last)), ms(50), "the newest has its own");
+        assert_eq!(
+            e.get(Some("junk1")),
+            Duration::ZERO,
+            "the oldest seen once: gone"
+        );
+    }
+
+    #[test]
+    fn the_count_of_observations_stops_at_its_cap() {
+        let e = TtftEstimate::new(None);
+        e.seen.store(u32::MAX - 1, Ordering::Relaxed);
+        e.observe(ms(10));
+        e.observe_bound(ms(10));
+        assert_eq!(e.seen.load(Ordering::Relaxed), u32::MAX);
     }
 
     #[tokio::test(start_paused = true)]

@@ -40,6 +40,7 @@ use self::health::Health;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
 use crate::http::headers::{present, CREDENTIALS};
+use crate::provider::Format;
 
 /// The most an HTTP/1.1 upstream connection buffers of what it reads.
 const UPSTREAM_READ_BUFFER: usize = 64 * 1024;
@@ -201,6 +202,16 @@ impl Upstream {
             tls_files,
             clients,
         })
+    }
+
+    /// The format of a request to the client's `path` here when it is a call of the API
+    /// itself (`Format::call` on the path the upstream is sent, its url's own prefix first).
+    pub fn call_format(&self, path: &str) -> Option<Format> {
+        if self.prefix.is_empty() {
+            Format::call(self.config.api, path)
+        } else {
+            Format::call(self.config.api, &format!("{}{path}", self.prefix))
+        }
     }
 
     /// The upstream URI for a client request's path and query. Put together from parts: a

@@ -845,7 +845,8 @@ async fn the_log_line_names_the_model_asked_for() {
 
 /// The client's path, `User-Agent` and `Referer` are cut like the model (audit DD F5: a
 /// 30 KB path or user agent was logged whole): the path to 1000 bytes in every format, the
-/// two headers to 500 in the access line.
+/// two headers to 500 in the access line. The path's cut is marked, and falls between `%XX`
+/// triplets (audit EB F7: it ended `%E2%82%`, unmarked).
 #[tokio::test]
 async fn the_log_line_cuts_the_clients_path_and_user_agent() {
     let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
@@ -857,7 +858,13 @@ async fn the_log_line_cuts_the_clients_path_and_user_agent() {
          [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
         fake.url()
     );
-    let path = format!("/v1/chat/completions/{}", "p".repeat(20_000));
+    let path = format!(
+        "/v1/chat/completions/{}{}",
+        "%E2%82%AC".repeat(120),
+        "p".repeat(20_000)
+    );
+    // 997 bytes leave room for the mark, and end `%E2%`: the `%` goes too.
+    let logged_path = format!("{}…", &path[..996]);
     let agent = format!("agent/{}", "a".repeat(20_000));
     for format in ["json", "access"] {
         let p = Process::spawn(&toml, &["--log-format", format], &[]).await;
@@ -872,9 +879,7 @@ async fn the_log_line_cuts_the_clients_path_and_user_agent() {
         read_body(resp.into_body()).await;
         if format == "json" {
             let line = p.request_line().await;
-            let logged = line["path"].as_str().unwrap();
-            assert_eq!(logged.len(), 1000);
-            assert!(path.starts_with(logged));
+            assert_eq!(line["path"], logged_path.as_str());
         } else {
             let deadline = Instant::now() + Duration::from_secs(5);
             let line = loop {
@@ -886,7 +891,10 @@ async fn the_log_line_cuts_the_clients_path_and_user_agent() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             };
             assert!(line.len() < 2500, "{}", line.len());
-            assert!(line.contains(&format!("\"POST {} HTTP/1.1\"", &path[..1000])));
+            assert!(
+                line.contains(&format!("\"POST {logged_path} HTTP/1.1\"")),
+                "{line}"
+            );
             assert_eq!(line.matches(&format!("\"{}\"", &agent[..500])).count(), 2);
         }
         p.stop().await;

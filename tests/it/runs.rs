@@ -1198,9 +1198,10 @@ fn unread_answer(body: &str, encoding: Option<&str>) -> Vec<(Duration, Vec<u8>)>
     vec![(Duration::ZERO, [head.as_bytes(), body.as_bytes()].concat())]
 }
 
-/// Audit DA 2: a call whose answer is not read (encoded, or on a path `api = "auto"` does not
-/// know: legacy completions) was charged its run 0 tokens, so `run_max_tokens` never
-/// stopped such a run. Each is now charged a token for every 4 bytes of request and answer.
+/// Audit DA 2: a call of a generation API whose answer is not read (encoded) was charged its
+/// run 0 tokens, so `run_max_tokens` never stopped such a run; it is now charged a token for
+/// every 4 bytes of request and answer. Audit EB F2: only such a call: legacy completions,
+/// embeddings and Anthropic's count_tokens (free) are charged nothing.
 async fn an_unread_answer_counts_against_the_runs_tokens(store: Store) {
     // 400 bytes of answer: 100 tokens.
     let answer = format!("data: {}\n\n", "x".repeat(392));
@@ -1227,6 +1228,11 @@ store = "{url}"
 url = "http://{legacy}"
 auth = "none"
 
+[upstreams.anthropic]
+url = "http://{legacy}"
+auth = "none"
+api = "anthropic"
+
 [upstreams.gzip]
 url = "http://{gzip}"
 auth = "none"
@@ -1238,6 +1244,18 @@ upstream = "legacy"
 run_max_tokens = 300
 
 [[routes]]
+name = "embeddings"
+path_prefix = "/v1/embeddings"
+upstream = "legacy"
+run_max_tokens = 300
+
+[[routes]]
+name = "count_tokens"
+path_prefix = "/v1/messages/count_tokens"
+upstream = "anthropic"
+run_max_tokens = 300
+
+[[routes]]
 name = "gzip"
 path_prefix = "/v1/chat/completions"
 upstream = "gzip"
@@ -1245,9 +1263,11 @@ run_max_tokens = 300
 "#
     );
     let h = Harness::with_config(&config).await;
-    for (path, run) in [
-        ("/v1/completions", "legacy"),
-        ("/v1/chat/completions", "gzip"),
+    for (path, run, charged) in [
+        ("/v1/completions", "legacy", false),
+        ("/v1/embeddings", "embeddings", false),
+        ("/v1/messages/count_tokens", "count_tokens", false),
+        ("/v1/chat/completions", "gzip", true),
     ] {
         // 400 bytes of request: 100 tokens more.
         let body = format!(
@@ -1269,15 +1289,24 @@ run_max_tokens = 300
         assert_eq!(read_body(resp.into_body()).await.text(), answer);
         h.wait_requests(run, 1.0).await;
         let used = run_json(&h, run).await;
-        assert_eq!(used["runs"][0]["used"]["tokens"], 200, "{run}: {used}");
+        let tokens = if charged { 200 } else { 0 };
+        assert_eq!(used["runs"][0]["used"]["tokens"], tokens, "{run}: {used}");
         // 100 tokens left: the next call (reserving its `max_tokens`) goes, and leaves none.
         let (resp, _c) = h.send(request()).await;
         assert_eq!(resp.status(), 200, "{run}");
         read_body(resp.into_body()).await;
         h.wait_requests(run, 2.0).await;
         let (resp, _c) = h.send(request()).await;
-        assert_eq!(resp.status(), 429, "{run}");
-        assert_eq!(json_body(resp).await["error"]["code"], "run_token_limit");
+        if charged {
+            assert_eq!(resp.status(), 429, "{run}");
+            assert_eq!(json_body(resp).await["error"]["code"], "run_token_limit");
+        } else {
+            assert_eq!(resp.status(), 200, "{run}");
+            read_body(resp.into_body()).await;
+            h.wait_requests(run, 3.0).await;
+            let used = run_json(&h, run).await;
+            assert_eq!(used["runs"][0]["used"]["tokens"], 0, "{run}: {used}");
+        }
     }
     drop(redis);
 }

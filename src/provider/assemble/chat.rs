@@ -68,6 +68,9 @@ struct ChatAudio {
 #[derive(Debug, Default, Clone)]
 struct ChatToolCall {
     index: u64,
+    /// The `index` the upstream gave it, which a reused one may differ from
+    /// (`chat_call_index`).
+    given: Option<u64>,
     id: Option<String>,
     kind: Option<String>,
     name: String,
@@ -373,6 +376,7 @@ impl Chat {
             for tc in delta.tool_calls.unwrap_or_default() {
                 let last = choice.tool_calls.last().map(|t| LastCall {
                     index: t.index,
+                    given: t.given,
                     id: t.id.as_deref(),
                     name: &t.name,
                     arguments: &t.arguments,
@@ -391,6 +395,7 @@ impl Chat {
                         choice.tool_calls.last_mut().expect("pushed")
                     }
                 };
+                call.given = tc.index;
                 if tc.id.is_some() {
                     call.id = tc.id;
                 }

@@ -891,6 +891,24 @@ fn chat_calls_without_an_index_are_two_calls() {
     assert_eq!(calls[1]["function"]["arguments"], "{\"tz\":\"CET\"}");
 }
 
+/// Parallel calls all at `index` 0 with their own ids (some OpenAI-compatible servers) are
+/// two calls in the document, not one named `alphabeta` (audit EB F9).
+#[test]
+fn chat_calls_at_a_reused_index_are_two_calls() {
+    let stream = concat!(
+        "data: {\"id\":\"g\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"index\":0,\"id\":\"call_a\",\"type\":\"function\",\"function\":{\"name\":\"alpha\",\"arguments\":\"{}\"}},{\"index\":0,\"id\":\"call_b\",\"type\":\"function\",\"function\":{\"name\":\"beta\",\"arguments\":\"{}\"}}]},\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"g\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let d = doc(Format::Chat, stream, None);
+    let calls = d["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2, "{d}");
+    assert_eq!(calls[0]["id"], "call_a");
+    assert_eq!(calls[0]["function"]["name"], "alpha");
+    assert_eq!(calls[1]["id"], "call_b");
+    assert_eq!(calls[1]["function"]["name"], "beta");
+}
+
 /// Fields the document has no place of its own for are kept much as the OpenAI SDK's stream
 /// accumulator keeps them for a client that streams (audit S), without its joining of
 /// strings that are no text (audit Q: OpenRouter's repeated `format`): Gemini's tool-call

@@ -270,3 +270,33 @@ fn any_choice_and_call_index_keeps_calls_apart() {
     let (_, names) = t.canonical().unwrap();
     assert_eq!(names, "first,second,third");
 }
+
+/// Some OpenAI-compatible servers number every call 0: a new id at the last call's index is a
+/// new call, not more of it (audit EB F9: `alpha` and `beta` made one call `alphabeta`). Its
+/// pieces, at that index without an id or with its own, join it; a call after it at the next
+/// index the upstream gives does not land on it.
+#[test]
+fn chat_calls_at_a_reused_index_are_told_apart() {
+    let (canon, names) = streamed(
+        Format::Chat,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"alpha","arguments":"{}"}},{"index":0,"id":"call_b","type":"function","function":{"name":"beta","arguments":"{}"}}]}}]}"#,
+        ],
+    )
+    .unwrap();
+    assert_eq!(names, "alpha,beta");
+    assert_eq!(canon, b"alpha\0{}\0beta\0{}\0");
+    let (canon, names) = streamed(
+        Format::Chat,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","function":{"name":"alpha","arguments":"{\"x\":"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","function":{"arguments":"1}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"name":"beta","arguments":"{\"y\":"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"2}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_c","function":{"name":"gamma","arguments":"{}"}}]}}]}"#,
+        ],
+    )
+    .unwrap();
+    assert_eq!(names, "alpha,beta,gamma");
+    assert_eq!(canon, b"alpha\0{\"x\":1}\0beta\0{\"y\":2}\0gamma\0{}\0");
+}
