@@ -568,3 +568,32 @@ async fn http2_host_other_than_authority_is_refused() {
     assert_eq!(status, 200, "{text}");
     assert_eq!(h.fake.requests().len(), 1);
 }
+
+/// Audit EA 5: an HTTP/2 `:authority` must not carry userinfo (RFC 9113 8.3.1): 400, naming
+/// it, never forwarded.
+#[tokio::test]
+async fn http2_authority_with_userinfo_is_refused() {
+    let h = Harness::start().await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut req = chat_request(&[], true);
+    *req.uri_mut() = format!("http://u@gateway{PATH}").parse().unwrap();
+    req.headers_mut().remove("host");
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let v = json_body(resp).await;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"u@gateway\" carries userinfo"),
+        "{v}"
+    );
+    assert!(h.fake.requests().is_empty());
+}
