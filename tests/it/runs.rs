@@ -167,10 +167,9 @@ enum Store {
 }
 
 /// The gateway on `store`; what the test must keep alive with it (the keys, a redis-server).
-async fn harness(store: Store) -> (Harness, (tempfile::TempDir, Option<RedisServer>)) {
-    let dir = tempfile::tempdir().unwrap();
-    let keys = dir.path().join("keys");
-    std::fs::write(&keys, format!("{KEY_A}\n{KEY_B}\n")).unwrap();
+/// The run store `store` names: a Redis server of its own (kept while it is held), and the
+/// `store` URL of the config.
+async fn run_store(store: Store) -> (Option<RedisServer>, String) {
     let redis = match store {
         Store::Memory => None,
         Store::Redis => Some(RedisServer::start().await),
@@ -178,6 +177,14 @@ async fn harness(store: Store) -> (Harness, (tempfile::TempDir, Option<RedisServ
     let url = redis
         .as_ref()
         .map_or_else(|| "memory".to_owned(), RedisServer::url);
+    (redis, url)
+}
+
+async fn harness(store: Store) -> (Harness, (tempfile::TempDir, Option<RedisServer>)) {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("{KEY_A}\n{KEY_B}\n")).unwrap();
+    let (redis, url) = run_store(store).await;
     let config = CONFIG
         .replace("{KEYS}", keys.to_str().unwrap())
         .replace("{STORE}", &url);
@@ -1208,13 +1215,7 @@ async fn an_unread_answer_counts_against_the_runs_tokens(store: Store) {
     assert_eq!(answer.len(), 400);
     let legacy = raw_upstream(unread_answer(&answer, None)).await;
     let gzip = raw_upstream(unread_answer(&answer, Some("gzip"))).await;
-    let redis = match store {
-        Store::Memory => None,
-        Store::Redis => Some(RedisServer::start().await),
-    };
-    let url = redis
-        .as_ref()
-        .map_or_else(|| "memory".to_owned(), RedisServer::url);
+    let (redis, url) = run_store(store).await;
     let config = format!(
         r#"
 [server]

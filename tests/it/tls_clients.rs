@@ -65,13 +65,10 @@ async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
         .unwrap();
     let c = certs("not-yet-valid");
     let gw = from_a_file(&c, &tls_config_toml(&c, false), &fake).await;
-    let key = std::fs::read_to_string(c.dir.path().join("server.key")).unwrap();
-    let key = KeyPair::from_pem(&key).unwrap();
-    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params.not_before = rcgen::date_time_ymd(2090, 1, 1);
-    params.not_after = rcgen::date_time_ymd(2091, 1, 1);
-    let future = params.signed_by(&key, &c.ca, &c.ca_key).unwrap();
-    std::fs::write(c.dir.path().join("server.pem"), future.pem()).unwrap();
+    renew(&c, |p| {
+        p.not_before = rcgen::date_time_ymd(2090, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    });
     let e = gw.reload().await.unwrap_err().to_string();
     assert!(
         e.contains("the certificate is not valid yet (valid from 2090-01-01T00:00:00Z"),
@@ -97,13 +94,10 @@ async fn a_certificate_refused_as_not_valid_yet_is_taken_once_it_is() {
         .unwrap();
     let c = certs("valid-soon");
     let gw = from_a_file(&c, &tls_config_toml(&c, false), &fake).await;
-    let key = std::fs::read_to_string(c.dir.path().join("server.key")).unwrap();
-    let key = KeyPair::from_pem(&key).unwrap();
-    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    params.not_before = (std::time::SystemTime::now() + Duration::from_secs(2)).into();
-    params.not_after = rcgen::date_time_ymd(2091, 1, 1);
-    let soon = params.signed_by(&key, &c.ca, &c.ca_key).unwrap();
-    std::fs::write(c.dir.path().join("server.pem"), soon.pem()).unwrap();
+    renew(&c, |p| {
+        p.not_before = (std::time::SystemTime::now() + Duration::from_secs(2)).into();
+        p.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    });
     let e = gw.reload().await.unwrap_err().to_string();
     assert!(e.contains("the certificate is not valid yet"), "{e}");
     gw.watch_config(Duration::from_millis(50));
@@ -121,6 +115,16 @@ async fn a_certificate_refused_as_not_valid_yet_is_taken_once_it_is() {
         .encode()
         .contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
     gw.shutdown().await;
+}
+
+/// Writes over `c`'s certificate another for its key, from its CA, dated by `dates`.
+fn renew(c: &Certs, dates: impl FnOnce(&mut CertificateParams)) {
+    let key = std::fs::read_to_string(c.dir.path().join("server.key")).unwrap();
+    let key = KeyPair::from_pem(&key).unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    dates(&mut params);
+    let cert = params.signed_by(&key, &c.ca, &c.ca_key).unwrap();
+    std::fs::write(c.dir.path().join("server.pem"), cert.pem()).unwrap();
 }
 
 type Identity = (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);

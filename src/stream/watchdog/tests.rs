@@ -432,86 +432,61 @@ async fn dropping_the_body_is_a_client_cancel() {
     assert!(tx.send_data(Bytes::from_static(b"x")).await.is_err());
 }
 
+/// A client that takes nothing for `send_timeout`: its upstream goes, and the stream was ended
+/// by `send_timeout`, whether the client reads again (and finds it aborted) or leaves without
+/// (the usual end; audit EA 4 saw that counted as the client's leaving).
 #[tokio::test(start_paused = true)]
-async fn a_client_that_stalls_for_send_timeout_and_reads_again_is_aborted() {
-    let send_timeout = ms(400);
-    let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-    let reaper = crate::stream::reaper::Reaper::new(send_timeout);
-    let reapable = reaper.guard(rx, None::<()>, Instant::now() + ms(60_000), None);
-    let probe = Probe::default();
-    let mut b = Box::pin(WatchdogBody::new(
-        reapable,
-        true,
-        limits(1000, 1000, 60_000),
-        probe.clone(),
-    ));
-    tx.send_data(Bytes::from_static(b"data: a\n\n"))
-        .await
-        .unwrap();
-    assert_eq!(
-        &b.frame().await.unwrap().unwrap().into_data().unwrap()[..],
-        b"data: a\n\n"
-    );
-    // The client takes nothing more; well within the idle limit, the upstream goes.
-    tokio::time::sleep(send_timeout * 2).await;
-    assert!(
-        tx.send_data(Bytes::from_static(b"data: b\n\n"))
+async fn a_client_that_stalls_for_send_timeout_is_ended_by_it() {
+    for reads_again in [true, false] {
+        let send_timeout = ms(400);
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
+        let reaper = crate::stream::reaper::Reaper::new(send_timeout);
+        let reapable = reaper.guard(rx, None::<()>, Instant::now() + ms(60_000), None);
+        let reaped = reapable.reaped_by();
+        let probe = Probe::default();
+        let mut b = Box::pin(WatchdogBody::new(
+            reapable,
+            true,
+            limits(1000, 1000, 60_000),
+            probe.clone(),
+        ));
+        b.watch_reaper(reaped);
+        tx.send_data(Bytes::from_static(b"data: a\n\n"))
             .await
-            .is_err(),
-        "upstream dropped"
-    );
-    // Reading again finds the stream aborted, with no error event and no end of its own.
-    let err = b.frame().await.unwrap().unwrap_err();
-    assert!(err.to_string().contains("send_timeout"), "{err}");
-    // hyper resets an HTTP/2 stream with the code among the error's sources: CANCEL, a
-    // deliberate end, not INTERNAL_ERROR.
-    let code = std::error::Error::source(&*err)
-        .and_then(|s| s.downcast_ref::<h2::Error>())
-        .and_then(h2::Error::reason);
-    assert_eq!(code, Some(h2::Reason::CANCEL));
-    assert!(b.frame().await.is_none());
-    drop(b);
-    let s = probe.0.lock().unwrap();
-    assert_eq!(
-        s.end.as_deref(),
-        Some("send_timeout"),
-        "not the client's leaving"
-    );
-    assert!(s.dropped);
-}
-
-/// Audit EA 4: a client that takes nothing for `send_timeout` and then leaves without reading
-/// again (the usual end of such a stream) was ended by `send_timeout`, not by its leaving.
-#[tokio::test(start_paused = true)]
-async fn a_client_that_stalls_for_send_timeout_and_leaves_counts_as_send_timeout() {
-    let send_timeout = ms(400);
-    let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-    let reaper = crate::stream::reaper::Reaper::new(send_timeout);
-    let reapable = reaper.guard(rx, None::<()>, Instant::now() + ms(60_000), None);
-    let reaped = reapable.reaped_by();
-    let probe = Probe::default();
-    let mut b = Box::pin(WatchdogBody::new(
-        reapable,
-        true,
-        limits(1000, 1000, 60_000),
-        probe.clone(),
-    ));
-    b.watch_reaper(reaped);
-    tx.send_data(Bytes::from_static(b"data: a\n\n"))
-        .await
-        .unwrap();
-    b.frame().await.unwrap().unwrap();
-    tokio::time::sleep(send_timeout * 2).await;
-    assert!(
-        tx.send_data(Bytes::from_static(b"data: b\n\n"))
-            .await
-            .is_err(),
-        "upstream dropped"
-    );
-    drop(b);
-    let s = probe.0.lock().unwrap();
-    assert_eq!(s.end.as_deref(), Some("send_timeout"));
-    assert!(s.dropped);
+            .unwrap();
+        assert_eq!(
+            &b.frame().await.unwrap().unwrap().into_data().unwrap()[..],
+            b"data: a\n\n"
+        );
+        // The client takes nothing more; well within the idle limit, the upstream goes.
+        tokio::time::sleep(send_timeout * 2).await;
+        assert!(
+            tx.send_data(Bytes::from_static(b"data: b\n\n"))
+                .await
+                .is_err(),
+            "upstream dropped"
+        );
+        if reads_again {
+            // It finds the stream aborted, with no error event and no end of its own.
+            let err = b.frame().await.unwrap().unwrap_err();
+            assert!(err.to_string().contains("send_timeout"), "{err}");
+            // hyper resets an HTTP/2 stream with the code among the error's sources: CANCEL,
+            // a deliberate end, not INTERNAL_ERROR.
+            let code = std::error::Error::source(&*err)
+                .and_then(|s| s.downcast_ref::<h2::Error>())
+                .and_then(h2::Error::reason);
+            assert_eq!(code, Some(h2::Reason::CANCEL));
+            assert!(b.frame().await.is_none());
+        }
+        drop(b);
+        let s = probe.0.lock().unwrap();
+        assert_eq!(
+            s.end.as_deref(),
+            Some("send_timeout"),
+            "reads again: {reads_again}"
+        );
+        assert!(s.dropped);
+    }
 }
 
 /// A client that stops reading past the deadline, whose upstream the reaper then ended, and
