@@ -15,7 +15,7 @@ use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::connect::capture_connection;
+use hyper_util::client::legacy::connect::{capture_connection, CaptureConnection};
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant};
 
@@ -28,7 +28,7 @@ use crate::provider::{ErrorType, Format};
 use crate::stream::progress::Progress;
 use crate::stream::StreamLimits;
 use crate::telemetry::metrics::{AnswerMetrics, InFlight};
-use crate::upstream::{ConnectTimedOut, RequestBody, StreamSlot, Upstream};
+use crate::upstream::{Abandon, ConnectTimedOut, RequestBody, Sent, StreamSlot, Upstream};
 
 /// What one attempt needs beyond the request itself.
 pub struct Attempt<'a> {
@@ -133,7 +133,7 @@ impl<'a> Attempt<'a> {
         // left, the upstream may have run it, whatever hyper says of it after.
         let bodiless = req.body().is_empty();
         let (parts, body) = req.into_parts();
-        let (body, mut body_sent) = RequestBody::new(body);
+        let (body, sent) = RequestBody::new(body);
         let mut req = http::Request::from_parts(parts, body);
         let mut connection = capture_connection(&mut req);
         let (response, slot) = upstream.request(req);
@@ -142,13 +142,20 @@ impl<'a> Attempt<'a> {
         let upload_wait = budget.head_wait_until(work_deadline);
         async move {
             tokio::pin!(response);
+            // Until the answer's head: an attempt given up on (its limit, the client gone, a
+            // lost hedge) ends its HTTP/1.1 connection, even one stuck writing the request.
+            let mut unanswered = Unanswered(Some(connection.clone()));
             let timer = sleep_until(
                 (now + budget.connect_timeout)
                     .min(connect_wait)
                     .min(send_by),
             );
             tokio::pin!(timer);
-            let (mut connected, mut uploaded) = (false, false);
+            let (mut body_sent, mut uploaded) = match sent {
+                Sent::WithTheHead => (None, true),
+                Sent::Later(rx) => (Some(rx), false),
+            };
+            let mut connected = false;
             // The start of the first-token clock: the body's last byte handed to the
             // connection (DESIGN 4, "from request sent").
             let mut sent_at: Option<Instant> = None;
@@ -161,7 +168,9 @@ impl<'a> Attempt<'a> {
                         timer.as_mut().reset(upload_wait);
                     }
                     // Dropped unsent, the body will not go: the answer (or error) is next.
-                    _ = &mut body_sent, if !uploaded => uploaded = true,
+                    _ = async { body_sent.as_mut().expect("while not uploaded").await }, if !uploaded => {
+                        uploaded = true;
+                    }
                     () = &mut timer => break None,
                 }
                 if connected && uploaded && sent_at.is_none() {
@@ -204,6 +213,7 @@ impl<'a> Attempt<'a> {
                 }
                 return Err(e);
             };
+            unanswered.0 = None;
             let response = result
                 .map_err(|e| classify(upstream, &e, budget.connect_timeout, connected, bodiless))?;
             // Counted as it comes: whatever ends the attempt after its head (a held head's
@@ -341,6 +351,26 @@ impl<'a> Attempt<'a> {
                 // timeout, which may have cut `first_token_timeout`, is never shorter.)
                 patience: self.budget.head_by().is_some_and(|by| by <= fired),
             }
+        }
+    }
+}
+
+/// An attempt's connection while its answer's head has not come: dropped so, the attempt gave
+/// up on it, and an HTTP/1.1 connection is abandoned ([`Abandon`]).
+struct Unanswered(Option<CaptureConnection>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        let Some(connection) = self.0.take() else {
+            return;
+        };
+        let mut extras = http::Extensions::new();
+        match &*connection.connection_metadata() {
+            Some(connected) => connected.get_extras(&mut extras),
+            None => return,
+        }
+        if let Some(abandon) = extras.get::<Abandon>() {
+            abandon.abandon();
         }
     }
 }

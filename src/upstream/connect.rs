@@ -197,6 +197,9 @@ where
                 // Plain http:// speaks h2c only by prior knowledge.
                 mode == Http2Mode::Always
             };
+            if !h2 {
+                io.abandonable();
+            }
             if h2 {
                 // A bound of its own from the connection being made: a connect that took
                 // most of its bound must not leave the server no time to answer the

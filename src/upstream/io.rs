@@ -24,9 +24,9 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 
 use hyper::rt::{Read, ReadBuf, ReadBufCursor, Write};
 use hyper_rustls::MaybeHttpsStream;
@@ -43,6 +43,49 @@ pub struct UpstreamIo {
     /// An HTTP/2 connection's first frame, until it has been read. Boxed: a plain HTTP/1.1
     /// connection has none.
     first_frame: Option<Box<FirstFrame>>,
+    /// An HTTP/1.1 connection's: how its request's attempt says it gave up on it.
+    abandon: Option<Abandon>,
+}
+
+/// How an attempt that gave up on its request before the answer's head ends the HTTP/1.1
+/// connection it went on (found in the connection's `Connected` extras). hyper closes such a
+/// connection once it notices, but not while it waits to write the request: an upload to an
+/// upstream that stopped reading held its connection, its task and the body for as long as
+/// the upstream kept the socket (audit EA). The connection's next write fails instead, and its
+/// socket is reset, so that the upstream never gets whole a request nobody waits for.
+#[derive(Clone, Default)]
+pub struct Abandon(Arc<AbandonState>);
+
+#[derive(Default)]
+struct AbandonState {
+    abandoned: AtomicBool,
+    /// The connection's task, while its write waits.
+    writer: Mutex<Option<Waker>>,
+}
+
+impl Abandon {
+    pub fn abandon(&self) {
+        self.0.abandoned.store(true, Ordering::Release);
+        let writer = self
+            .0
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(w) = writer {
+            w.wake();
+        }
+    }
+
+    fn abandoned(&self) -> bool {
+        self.0.abandoned.load(Ordering::Acquire)
+    }
+
+    /// A write waits: wakes `waker` when abandoned. Whether it was already.
+    fn waiting(&self, waker: &Waker) -> bool {
+        *self.0.writer.lock().unwrap_or_else(PoisonError::into_inner) = Some(waker.clone());
+        self.abandoned()
+    }
 }
 
 struct FirstFrame {
@@ -130,6 +173,46 @@ impl UpstreamIo {
         matches!(self.stream, Stream::Tls(_))
     }
 
+    /// An HTTP/1.1 connection: its attempt may abandon it ([`Abandon`]).
+    pub(super) fn abandonable(&mut self) {
+        self.abandon = Some(Abandon::default());
+    }
+
+    fn tcp(&self) -> Option<&TcpStream> {
+        match &self.stream {
+            Stream::Plain(tcp) => Some(tcp.inner()),
+            Stream::Tls(tls) => match &**tls {
+                MaybeHttpsStream::Https(tls) => Some(tls.inner().get_ref().0.inner().inner()),
+                MaybeHttpsStream::Http(tcp) => Some(tcp.inner()),
+            },
+        }
+    }
+
+    /// Before a write: the error that ends an abandoned connection, its socket set to reset
+    /// when closed (the bytes it still holds are not sent).
+    fn check_abandoned(&self) -> Option<io::Error> {
+        if !self.abandon.as_ref().is_some_and(Abandon::abandoned) {
+            return None;
+        }
+        if let Some(tcp) = self.tcp() {
+            let _ = socket2::SockRef::from(tcp).set_linger(Some(std::time::Duration::ZERO));
+        }
+        Some(io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "the attempt gave up on its request before the answer came",
+        ))
+    }
+
+    /// After a write: one that waits is woken by an abandon, and fails then.
+    fn wrote<T>(&self, cx: &Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        match (&r, &self.abandon) {
+            (Poll::Pending, Some(a)) if a.waiting(cx.waker()) => Poll::Ready(Err(self
+                .check_abandoned()
+                .unwrap_or_else(|| io::Error::from(io::ErrorKind::ConnectionAborted)))),
+            _ => r,
+        }
+    }
+
     /// Fails the connection's reads if the server has sent nothing by `deadline`, and puts
     /// the stream limit its first SETTINGS frame announces in both `peer_streams`.
     pub(super) fn expect_first_frame_by(
@@ -165,16 +248,21 @@ impl From<Tls> for UpstreamIo {
         Self {
             stream,
             first_frame: None,
+            abandon: None,
         }
     }
 }
 
 impl Connection for UpstreamIo {
     fn connected(&self) -> Connected {
-        match &self.stream {
+        let connected = match &self.stream {
             Stream::Plain(tcp) => tcp.connected(),
             // Marks the connection h2 when ALPN chose it.
             Stream::Tls(tls) => tls.connected(),
+        };
+        match &self.abandon {
+            Some(a) => connected.extra(a.clone()),
+            None => connected,
         }
     }
 }
@@ -245,10 +333,15 @@ impl Write for UpstreamIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        if let Some(e) = this.check_abandoned() {
+            return Poll::Ready(Err(e));
+        }
+        let r = match &mut this.stream {
             Stream::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
             Stream::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
-        }
+        };
+        this.wrote(cx, r)
     }
 
     fn poll_write_vectored(
@@ -256,10 +349,15 @@ impl Write for UpstreamIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        if let Some(e) = this.check_abandoned() {
+            return Poll::Ready(Err(e));
+        }
+        let r = match &mut this.stream {
             Stream::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
             Stream::Tls(tls) => Pin::new(&mut **tls).poll_write_vectored(cx, bufs),
-        }
+        };
+        this.wrote(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -270,10 +368,15 @@ impl Write for UpstreamIo {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        if let Some(e) = this.check_abandoned() {
+            return Poll::Ready(Err(e));
+        }
+        let r = match &mut this.stream {
             Stream::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
             Stream::Tls(tls) => Pin::new(&mut **tls).poll_flush(cx),
-        }
+        };
+        this.wrote(cx, r)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -17,7 +17,8 @@ mod tls;
 pub use self::connect::{ConnectTimedOut, NoH2ByAlpn, TimeoutConnector};
 pub use self::error::UpstreamBuildError;
 pub use self::h2_pool::StreamSlot;
-pub use self::request_body::RequestBody;
+pub use self::io::Abandon;
+pub use self::request_body::{RequestBody, Sent};
 pub use self::tls::{
     certificate_error, client_certificate_refused, handshake_refused, no_common_tls_version,
 };

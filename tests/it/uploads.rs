@@ -135,3 +135,39 @@ async fn the_first_token_limit_runs_once_the_upload_is_sent() {
     );
     assert_eq!(failures_in_a_row(&gw).await, 1);
 }
+
+/// Audit EA 2: an upload to an upstream that stopped reading, given up on (here at the
+/// deadline), held its connection, its task and the body for as long as the upstream kept the
+/// socket: hyper never noticed the cancel while its write waited. The connection is reset
+/// instead (so the upstream never gets whole a request nobody waits for).
+#[tokio::test]
+async fn an_upload_given_up_on_ends_its_connection_though_the_upstream_reads_nothing() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let ended = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = vec![0u8; 16 * 1024];
+        let n = s.read(&mut head).await.unwrap();
+        assert!(n > 0, "a request came");
+        // Reads nothing more; looks for the connection's reset, which the socket holds as
+        // its pending error (what it received stays readable before it).
+        loop {
+            if let Ok(Some(_)) = s.take_error() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let gw = gateway(up).await;
+    let req = Request::post("/v1/audio/transcriptions")
+        .header("host", "gateway")
+        .header("x-request-budget-ms", "1000")
+        .body(Full::new(Bytes::from(vec![b'a'; UPLOAD])))
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr).await.send(req).await;
+    assert_eq!(resp.status(), 504);
+    tokio::time::timeout(Duration::from_secs(5), ended)
+        .await
+        .expect("the upstream connection ended")
+        .unwrap();
+}
