@@ -213,7 +213,19 @@ impl<'a> Attempt<'a> {
                 }
                 return Err(e);
             };
-            unanswered.0 = None;
+            // Answered with the body all sent: nothing to abandon. Answered before (an early
+            // 413 or 401 from an upstream that then reads no more), the connection is
+            // abandoned once the answer is done with (RFC 9112 9.6: stop sending a body the
+            // server refused), as its body drops (audit EC).
+            let sent_now = body_sent.as_mut().is_none_or(|rx| {
+                !matches!(
+                    rx.try_recv(),
+                    Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+                )
+            });
+            if uploaded || sent_now {
+                unanswered.0 = None;
+            }
             let response = result
                 .map_err(|e| classify(upstream, &e, budget.connect_timeout, connected, bodiless))?;
             // Counted as it comes: whatever ends the attempt after its head (a held head's
@@ -291,6 +303,7 @@ impl<'a> Attempt<'a> {
                 inner: incoming,
                 _in_flight: self.in_flight,
                 _stream: slot,
+                _unsent: unanswered,
             };
             let (mut first_token_at, mut first_byte_at, mut error_event) = (None, None, None);
             if self.hold && parts.status.is_success() {
@@ -355,8 +368,9 @@ impl<'a> Attempt<'a> {
     }
 }
 
-/// An attempt's connection while its answer's head has not come: dropped so, the attempt gave
-/// up on it, and an HTTP/1.1 connection is abandoned ([`Abandon`]).
+/// An attempt's connection while its answer's head has not come, or its request's body has
+/// not all gone: dropped so, the attempt gave up on it, and an HTTP/1.1 connection is
+/// abandoned ([`Abandon`]).
 struct Unanswered(Option<CaptureConnection>);
 
 impl Drop for Unanswered {
@@ -455,6 +469,9 @@ pin_project! {
         inner: Incoming,
         _in_flight: InFlight,
         _stream: StreamSlot,
+        // An answer that came before the request's body was all sent: its connection is
+        // abandoned when the answer is done with.
+        _unsent: Unanswered,
     }
 }
 

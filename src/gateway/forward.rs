@@ -114,11 +114,12 @@ impl Gateway {
             check_framing(version, &headers, both_lengths)?;
             if version == http::Version::HTTP_2 {
                 if let Some(authority) = uri.authority().filter(|a| a.as_str().contains('@')) {
+                    // Named by its host alone: userinfo is a credential, never logged.
                     return Err(GatewayError::BadRequest {
                         message: format!(
-                            ":authority {:?} carries userinfo, which an HTTP/2 request must not \
-                             (RFC 9113 8.3.1)",
-                            authority.as_str()
+                            ":authority for {:?} carries userinfo, which an HTTP/2 request must \
+                             not (RFC 9113 8.3.1)",
+                            authority.host()
                         ),
                     });
                 }

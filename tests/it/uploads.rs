@@ -136,21 +136,22 @@ async fn the_first_token_limit_runs_once_the_upload_is_sent() {
     assert_eq!(failures_in_a_row(&gw).await, 1);
 }
 
-/// Audit EA 2: an upload to an upstream that stopped reading, given up on (here at the
-/// deadline), held its connection, its task and the body for as long as the upstream kept the
-/// socket: hyper never noticed the cancel while its write waited. The connection is reset
-/// instead (so the upstream never gets whole a request nobody waits for).
-#[tokio::test]
-async fn an_upload_given_up_on_ends_its_connection_though_the_upstream_reads_nothing() {
+/// An upstream that reads a request's head, answers `answer` (if any) and reads nothing
+/// more; the task ends when its connection is reset, which the socket holds as its pending
+/// error (what it received stays readable before it).
+async fn reads_only_the_head(
+    answer: Option<&'static str>,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = listener.local_addr().unwrap();
-    let ended = tokio::spawn(async move {
+    let reset = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let mut head = vec![0u8; 16 * 1024];
         let n = s.read(&mut head).await.unwrap();
         assert!(n > 0, "a request came");
-        // Reads nothing more; looks for the connection's reset, which the socket holds as
-        // its pending error (what it received stays readable before it).
+        if let Some(answer) = answer {
+            s.write_all(answer.as_bytes()).await.unwrap();
+        }
         loop {
             if let Ok(Some(_)) = s.take_error() {
                 return;
@@ -158,16 +159,50 @@ async fn an_upload_given_up_on_ends_its_connection_though_the_upstream_reads_not
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
-    let gw = gateway(up).await;
+    (up, reset)
+}
+
+async fn upload_with_budget(gw: &server::Running, budget_ms: &str) -> u16 {
     let req = Request::post("/v1/audio/transcriptions")
         .header("host", "gateway")
-        .header("x-request-budget-ms", "1000")
+        .header("x-request-budget-ms", budget_ms)
         .body(Full::new(Bytes::from(vec![b'a'; UPLOAD])))
         .unwrap();
     let (resp, _c) = Conn::open(gw.addr).await.send(req).await;
-    assert_eq!(resp.status(), 504);
-    tokio::time::timeout(Duration::from_secs(5), ended)
+    let status = resp.status().as_u16();
+    read_body(resp.into_body()).await;
+    status
+}
+
+/// Audit EA 2: an upload to an upstream that stopped reading, given up on (here at the
+/// deadline), held its connection, its task and the body for as long as the upstream kept the
+/// socket: hyper never noticed the cancel while its write waited. The connection is reset
+/// instead (so the upstream never gets whole a request nobody waits for).
+#[tokio::test]
+async fn an_upload_given_up_on_ends_its_connection_though_the_upstream_reads_nothing() {
+    let (up, reset) = reads_only_the_head(None).await;
+    let gw = gateway(up).await;
+    assert_eq!(upload_with_budget(&gw, "1000").await, 504);
+    tokio::time::timeout(Duration::from_secs(5), reset)
         .await
-        .expect("the upstream connection ended")
+        .expect("the upstream connection was reset")
+        .unwrap();
+}
+
+/// Audit EC 1: an upstream that refuses an upload at once (413) and reads no more: the client
+/// has the 413, and the connection, still writing the body, is reset once the answer is done
+/// (RFC 9112 9.6), not held for as long as the upstream keeps the socket.
+#[tokio::test]
+async fn an_upload_answered_early_ends_its_connection() {
+    let (up, reset) = reads_only_the_head(Some(
+        "HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\n\
+         content-length: 2\r\n\r\n{}",
+    ))
+    .await;
+    let gw = gateway(up).await;
+    assert_eq!(upload_with_budget(&gw, "20000").await, 413);
+    tokio::time::timeout(Duration::from_secs(5), reset)
+        .await
+        .expect("the upstream connection was reset")
         .unwrap();
 }
