@@ -187,17 +187,7 @@ impl<'a> Attempt<'a> {
                 if !connected && fired == send_by && fired < connect_wait {
                     return Err(budget.too_little(Instant::now(), budget.min_useful, None, false));
                 }
-                // A limit that fired while the body was still going out waited for no token.
-                // One the client's SDK set is the client's wait, which counts from the attempt
-                // (as the SDK's own from its request), not from the body's end.
-                let patience = budget.head_by().is_some_and(|by| by <= fired);
-                let clock = match sent_at {
-                    Some(_) if patience => now,
-                    Some(at) => at,
-                    None if connected => Instant::now(),
-                    None => now,
-                };
-                let e = self.limit_error(connected, clock, fired);
+                let e = self.limit_error(connected, now, sent_at, fired);
                 // Sent, and not even a head for the route's whole first-token limit (not one
                 // a client's short timeout or a fallback's room cut): on a shared HTTP/2
                 // connection, the peer may be gone while the socket stays open, and every
@@ -338,9 +328,19 @@ impl<'a> Attempt<'a> {
     }
 
     /// The error of the attempt's wait for its head ending at `fired`.
-    fn limit_error(&self, connected: bool, started: Instant, fired: Instant) -> GatewayError {
+    /// `started`: the attempt's start; `sent_at`: when its body had gone, if it had.
+    fn limit_error(
+        &self,
+        connected: bool,
+        started: Instant,
+        sent_at: Option<Instant>,
+        fired: Instant,
+    ) -> GatewayError {
         let upstream = self.upstream.name.to_string();
         let now = Instant::now();
+        // The wait that ended was the client's: its SDK gives up then. (Its read timeout,
+        // which may have cut `first_token_timeout`, is never shorter.)
+        let patience = self.budget.head_by().is_some_and(|by| by <= fired);
         if now >= self.budget.work_deadline() {
             self.budget.deadline_error()
         } else if !connected {
@@ -354,15 +354,21 @@ impl<'a> Attempt<'a> {
                 sent: false,
             }
         } else {
+            // The first-token wait counts from the body's end (one that fired while the body
+            // still went out waited for no token); the client's, like its SDK's own, from the
+            // attempt's start.
+            let waited_from = match sent_at {
+                Some(_) if patience => started,
+                Some(at) => at,
+                None => now,
+            };
             GatewayError::FirstTokenTimeout {
                 upstream,
                 // Cut short by the client's patience or a fallback's room, the wait was less.
                 after: self
                     .first_token_timeout
-                    .min(now.saturating_duration_since(started)),
-                // The wait that ended was the client's: its SDK gives up then. (Its read
-                // timeout, which may have cut `first_token_timeout`, is never shorter.)
-                patience: self.budget.head_by().is_some_and(|by| by <= fired),
+                    .min(now.saturating_duration_since(waited_from)),
+                patience,
             }
         }
     }

@@ -24,12 +24,9 @@ use tokio::time::Instant;
 /// served without a SIGHUP.
 #[tokio::test]
 async fn a_rotated_certificate_is_served_without_a_signal() {
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
     let old = certs("rotate-old");
     let new = certs("rotate-new");
-    let gw = from_a_file(&old, &tls_config_toml(&old, false), &fake).await;
+    let (gw, _fake) = from_a_file(&old, &tls_config_toml(&old, false)).await;
     gw.watch_config(Duration::from_millis(50));
     assert!(tls_client(gw.addr, &old, b"http/1.1", false).await.is_ok());
     assert!(tls_client(gw.addr, &new, b"http/1.1", false).await.is_err());
@@ -60,11 +57,8 @@ async fn a_rotated_certificate_is_served_without_a_signal() {
 /// as for a key that does not fit, in the error count and `/readyz`, naming the dates.
 #[tokio::test]
 async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
     let c = certs("not-yet-valid");
-    let gw = from_a_file(&c, &tls_config_toml(&c, false), &fake).await;
+    let (gw, _fake) = from_a_file(&c, &tls_config_toml(&c, false)).await;
     renew(&c, |p| {
         p.not_before = rcgen::date_time_ymd(2090, 1, 1);
         p.not_after = rcgen::date_time_ymd(2091, 1, 1);
@@ -89,11 +83,8 @@ async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
 /// expired behind the refusal).
 #[tokio::test]
 async fn a_certificate_refused_as_not_valid_yet_is_taken_once_it_is() {
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
     let c = certs("valid-soon");
-    let gw = from_a_file(&c, &tls_config_toml(&c, false), &fake).await;
+    let (gw, _fake) = from_a_file(&c, &tls_config_toml(&c, false)).await;
     renew(&c, |p| {
         p.not_before = (std::time::SystemTime::now() + Duration::from_secs(2)).into();
         p.not_after = rcgen::date_time_ymd(2091, 1, 1);
@@ -218,13 +209,17 @@ pub(crate) fn certs(tag: &str) -> Certs {
 }
 
 /// A gateway started from `toml` written to a file beside `c`'s certificates, so that it
-/// reloads them.
-async fn from_a_file(c: &Certs, toml: &str, fake: &FakeUpstream) -> server::Running {
+/// reloads them, and the fake provider its routes name.
+async fn from_a_file(c: &Certs, toml: &str) -> (server::Running, FakeUpstream) {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let path = c.dir.path().join("hourglass.toml");
     std::fs::write(&path, toml.replace("{FAKE}", &fake.url())).unwrap();
-    server::start_with_source(Config::load(&path).unwrap(), Some(path))
+    let gw = server::start_with_source(Config::load(&path).unwrap(), Some(path))
         .await
-        .unwrap()
+        .unwrap();
+    (gw, fake)
 }
 
 pub(crate) fn tls_config_toml(c: &Certs, client_ca: bool) -> String {
@@ -496,13 +491,10 @@ async fn the_newest_of_two_crls_from_one_ca_revokes_wherever_it_is_in_the_file()
 /// no signal and the config file untouched, as a rotated certificate is picked up.
 #[tokio::test]
 async fn a_certificate_revoked_in_a_new_crl_is_refused_without_a_signal() {
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
     let c = certs("crl-reload");
     let leaked = c.client(2);
     let crl = c.write_crl(&[]);
-    let gw = from_a_file(&c, &with_crl(&tls_config_toml(&c, true), &crl), &fake).await;
+    let (gw, _fake) = from_a_file(&c, &with_crl(&tls_config_toml(&c, true), &crl)).await;
     gw.watch_config(Duration::from_millis(50));
     assert_eq!(
         status_as(gw.addr, &c, &leaked).await,
