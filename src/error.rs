@@ -272,7 +272,7 @@ pub enum GatewayError {
     Unauthorized,
     /// The route is at `max_in_flight` and the request's budget leaves no time to wait
     /// (longer) for a slot.
-    #[error("route {route:?} is at its limit of {limit} requests in flight; {}", overload_detail(*.waited))]
+    #[error("route {route:?} is at its limit of {limit} {} in flight; {}", if *.limit == 1 { "request" } else { "requests" }, overload_detail(*.waited))]
     Overloaded {
         route: String,
         limit: usize,
@@ -966,6 +966,29 @@ mod tests {
             assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
             assert_eq!(resp.headers()[http::header::RETRY_AFTER], "1", "{e}");
         }
+    }
+
+    /// Audit GC6: "1 requests".
+    #[test]
+    fn an_overload_counts_its_requests_in_words() {
+        let overloaded = |limit| {
+            GatewayError::Overloaded {
+                route: "chat".into(),
+                limit,
+                waited: Duration::ZERO,
+            }
+            .to_string()
+        };
+        assert!(
+            overloaded(1).starts_with("route \"chat\" is at its limit of 1 request in flight;"),
+            "{}",
+            overloaded(1)
+        );
+        assert!(
+            overloaded(2).starts_with("route \"chat\" is at its limit of 2 requests in flight;"),
+            "{}",
+            overloaded(2)
+        );
     }
 
     /// A run out of tokens stays out of them: the 429 of a non-streaming call the run's

@@ -97,7 +97,7 @@ impl Config {
                     None => {}
                     Some(_) if http => out.push(format!(
                         "upstream {name:?}: {field} is ignored because url {} uses http",
-                        up.url
+                        up.url_text()
                     )),
                     Some(p) => {
                         if let Err(e) = std::fs::metadata(p) {
@@ -445,7 +445,7 @@ pub(super) fn hd(d: Duration) -> humantime::FormattedDuration {
 /// One upstream as `check` shows it: its name, then what it resolved to in parentheses.
 fn write_upstream(out: &mut String, up: &UpstreamConfig) {
     use std::fmt::Write as _;
-    let _ = write!(out, "{} ({}, auth {}", up.name, up.url, up.auth);
+    let _ = write!(out, "{} ({}, auth {}", up.name, up.url_text(), up.auth);
     // Read by nothing under auth "none": shown, since the file names it, but as such.
     let ignored = if up.auth == AuthMode::None {
         " (ignored)"

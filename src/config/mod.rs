@@ -453,6 +453,18 @@ pub enum ConfigError {
     },
 }
 
+impl UpstreamConfig {
+    /// `url` as configured: `http::Uri` shows a URL with no path with a `/`, which the docs
+    /// say is dropped.
+    pub fn url_text(&self) -> String {
+        let url = self.url.to_string();
+        match url.strip_suffix('/') {
+            Some(bare) if self.url.path() == "/" => bare.to_owned(),
+            _ => url,
+        }
+    }
+}
+
 impl Config {
     /// Reads and validates the config file at `path`. Relative `ca_file`s are
     /// resolved against the file's directory.

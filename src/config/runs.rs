@@ -364,18 +364,30 @@ pub(super) fn build_run_limits(
             ""
         }
     };
+    // A value and where it came from, in one pair of parentheses.
+    let valued = |value: &dyn std::fmt::Display, inherited: bool| {
+        if inherited {
+            format!("({value}, inherited from [defaults])")
+        } else {
+            format!("({value})")
+        }
+    };
     let positive = |key: &str,
                     own: Option<u64>,
                     d: Option<u64>,
                     max: u64,
                     omitted: &str|
      -> Result<Option<u64>, String> {
-        let at = from(own.is_none() && d.is_some());
+        let inherited = own.is_none() && d.is_some();
         match own.or(d) {
             Some(0) => Err(format!(
-                "{label}: {key}{at} must be greater than 0 (omit it for {omitted})"
+                "{label}: {key}{} must be greater than 0 (omit it for {omitted})",
+                from(inherited)
             )),
-            Some(n) if n > max => Err(format!("{label}: {key} ({n}){at} must be at most {max}")),
+            Some(n) if n > max => Err(format!(
+                "{label}: {key} {} must be at most {max}",
+                valued(&n, inherited)
+            )),
             other => Ok(other),
         }
     };
@@ -428,11 +440,9 @@ pub(super) fn build_run_limits(
     if let (Some(b), Some(m)) = (budget, max_budget) {
         if b > m {
             return Err(format!(
-                "{label}: run_budget ({}){} must not exceed run_max_budget ({}){}",
-                humantime::format_duration(b),
-                from(own.run_budget.is_none()),
-                humantime::format_duration(m),
-                from(own.run_max_budget.is_none()),
+                "{label}: run_budget {} must not exceed run_max_budget {}",
+                valued(&humantime::format_duration(b), own.run_budget.is_none()),
+                valued(&humantime::format_duration(m), own.run_max_budget.is_none()),
             ));
         }
     }
@@ -454,9 +464,9 @@ pub(super) fn build_run_limits(
     if let Some(n) = max_repeats {
         // One would refuse the call after any tool call at all.
         if !(2..=1000).contains(&n) {
-            let at = from(own.run_max_repeats.is_none());
             return Err(format!(
-                "{label}: run_max_repeats ({n}){at} must be between 2 and 1000"
+                "{label}: run_max_repeats {} must be between 2 and 1000",
+                valued(&n, own.run_max_repeats.is_none())
             ));
         }
     }

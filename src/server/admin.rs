@@ -231,7 +231,7 @@ fn upstreams(gateway: &Gateway) -> serde_json::Value {
             let ejection = u.config.ejection;
             serde_json::json!({
                 "name": &*u.name,
-                "url": redacted_url(&u.config.url.to_string()),
+                "url": redacted_url(&u.config.url_text()),
                 "routes": routes,
                 "in_flight": in_flight.get(),
                 "in_rotation": health.in_rotation,

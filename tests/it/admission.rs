@@ -59,7 +59,7 @@ async fn a_full_route_refuses_before_the_budget_is_spent_and_with_retry_after() 
     assert_eq!(v["error"]["code"], "overloaded");
     assert_eq!(v["error"]["type"], "overloaded_error");
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains("limit of 1 requests in flight"), "{msg}");
+    assert!(msg.contains("limit of 1 request in flight"), "{msg}");
     assert!(
         took >= Duration::from_millis(1900) && took < Duration::from_millis(3500),
         "gave up after {took:?}: before the deadline, once waiting could no longer fit"

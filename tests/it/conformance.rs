@@ -803,6 +803,72 @@ async fn an_early_answer_is_followed_by_a_lingering_close() {
     assert_eq!(n, 0);
 }
 
+/// Audit GC1: over HTTP/2 an answer made before the request body was read (404, an invalid
+/// budget's 400) was followed at once by RST_STREAM(NO_ERROR) while the client was still
+/// sending: RFC 9113 8.1 allows it, but curl 7.88 took it as a stream error and lost the
+/// answer in 13 of 20 tries. The gateway now reads on what the client sends, as an HTTP/1
+/// connection lingers, and the stream ends with both sides' END_STREAM.
+#[tokio::test]
+async fn an_h2_early_answer_reads_the_rest_of_the_body_instead_of_a_reset() {
+    let h = Harness::start().await;
+    for (path, budget, status) in [
+        ("/nowhere", "60000", 404),
+        ("/v1/chat/completions", "abc", 400),
+    ] {
+        let tcp = TcpStream::connect(h.addr()).await.unwrap();
+        let (mut client, mut conn) = h2::client::handshake(tcp).await.unwrap();
+        let mut ping = conn.ping_pong().expect("the connection's ping");
+        tokio::spawn(conn);
+        let req = http::Request::post(format!("http://{}{path}", h.addr()))
+            .header("content-type", "application/json")
+            .header("x-request-budget-ms", budget)
+            .body(())
+            .unwrap();
+        let (response, mut send) = client.send_request(req, false).unwrap();
+        // The head alone: the answer comes before any of the body.
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), status, "{path}");
+        let mut body = response.into_body();
+        let mut got = Vec::new();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("the answer whole");
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+            got.extend_from_slice(&chunk);
+        }
+        let error: serde_json::Value = serde_json::from_slice(&got).expect("the JSON error");
+        assert!(error["error"]["code"].is_string(), "{error}");
+        // A round trip after the answer: a reset sent with it has come by now.
+        ping.ping(h2::Ping::opaque()).await.unwrap();
+        let reset = std::future::poll_fn(|cx| std::task::Poll::Ready(send.poll_reset(cx))).await;
+        assert!(
+            reset.is_pending(),
+            "{path}: reset after the answer: {reset:?}"
+        );
+        // Three times the stream's initial window: it gets through only as the gateway reads.
+        let mut left = 3 * 65_535;
+        while left > 0 {
+            send.reserve_capacity(left);
+            let room = tokio::time::timeout(
+                Duration::from_secs(5),
+                std::future::poll_fn(|cx| send.poll_capacity(cx)),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no window with {left} bytes to send"))
+            .unwrap_or_else(|| panic!("{path}: the stream ended with {left} bytes to send"))
+            .unwrap_or_else(|e| panic!("{path}: {e} with {left} bytes to send"));
+            let n = room.min(left);
+            send.send_data(vec![b' '; n].into(), n == left).unwrap();
+            left -= n;
+        }
+        ping.ping(h2::Ping::opaque()).await.unwrap();
+        let reset = std::future::poll_fn(|cx| std::task::Poll::Ready(send.poll_reset(cx))).await;
+        assert!(
+            reset.is_pending(),
+            "{path}: reset after the body: {reset:?}"
+        );
+    }
+}
+
 /// A lingering socket does not hold a `max_connections` slot: with one slot, a client that
 /// got its early answer and keeps its connection open (lingering for up to 2 s of quiet)
 /// does not keep the next client waiting.

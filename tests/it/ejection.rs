@@ -140,6 +140,10 @@ async fn a_failing_upstream_is_ejected_and_passed_over_for_the_fallback() {
     assert!(left > 0 && left <= 600_000, "{view}");
     let backup_view = up("backup");
     assert_eq!(backup_view["in_rotation"], true, "{view}");
+    // Audit GC6: never ejected is null, not 0 (which says a probe may go); the url as
+    // configured, with no `/` added.
+    assert!(backup_view["ejected_for_ms"].is_null(), "{view}");
+    assert_eq!(backup_view["url"], backup.url(), "{view}");
     assert_eq!(backup_view["in_flight"], 0, "{view}");
     // The backup answered gpt-test five times: it has an estimate of its own.
     assert!(

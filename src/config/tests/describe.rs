@@ -36,7 +36,7 @@ fn describe_lists_every_resolved_value() {
     for needle in [
         "path_prefix: /v1/chat/completions",
         "models: \"o3*\", \"gpt-5?\"",
-        "upstream: openai (https://api.openai.com/, auth bearer, api_key_env OPENAI_API_KEY, \
+        "upstream: openai (https://api.openai.com, auth bearer, api_key_env OPENAI_API_KEY, \
          ca_file config/certs/ca.pem, propagate_budget true, http2 auto (100 streams per \
          connection, stream window 131072, connection window 16777216))",
         "budget: 5m\n",
@@ -100,8 +100,8 @@ fn warnings_cover_environment_and_layout() {
             "upstream \"openai\": api_key_env OPENAI_API_KEY is not set; the client's own credentials will be passed through",
             "upstream \"anthropic\": api_key_env ANTHROPIC_API_KEY is set but empty; the client's own credentials will be passed through",
             "upstream \"spare\": api_key_env SPARE_KEY is ignored because auth is \"none\"",
-            "upstream \"spare\": ca_file is ignored because url http://127.0.0.1:1/ uses http",
-            "upstream \"spare\": client_cert is ignored because url http://127.0.0.1:1/ uses http",
+            "upstream \"spare\": ca_file is ignored because url http://127.0.0.1:1 uses http",
+            "upstream \"spare\": client_cert is ignored because url http://127.0.0.1:1 uses http",
             "upstream \"spare\" is not used by any route",
             "route \"late\" is unreachable: route \"chat\" comes first and matches every request it would",
         ]

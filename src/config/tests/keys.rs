@@ -280,7 +280,7 @@ fn a_key_source_under_auth_none_is_shown_as_ignored() {
     let d = load(&text).describe();
     assert!(
         d.contains(
-            "upstream: openai (https://api.openai.com/, auth none, api_key_file config/secrets/openai (ignored), "
+            "upstream: openai (https://api.openai.com, auth none, api_key_file config/secrets/openai (ignored), "
         ),
         "{d}"
     );

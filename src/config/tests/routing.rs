@@ -181,13 +181,13 @@ fn balance_with_joins_the_chain_once_and_may_be_hedged_with() {
     assert!(r.policy.holds_head());
     let d = c.describe();
     assert!(
-        d.contains("balance_with: anthropic (each request starts at the least busy)\n    anthropic (https://api.anthropic.com/, auth x-api-key, propagate_budget"),
+        d.contains("balance_with: anthropic (each request starts at the least busy)\n    anthropic (https://api.anthropic.com, auth x-api-key, propagate_budget"),
         "{d}"
     );
     // Every upstream of the chain is shown as the route's own is: each serves some requests.
     assert!(
         d.contains(
-            "  fallbacks: backup\n    backup (https://b.example/, auth bearer, propagate_budget"
+            "  fallbacks: backup\n    backup (https://b.example, auth bearer, propagate_budget"
         ),
         "{d}"
     );

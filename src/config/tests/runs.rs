@@ -133,11 +133,16 @@ fn bad_run_keys_are_refused_naming_the_route_and_key() {
         ),
         (
             "run_max_repeats = 1",
-            "run_max_repeats (1) (inherited from [defaults]) must be between 2 and 1000",
+            "run_max_repeats (1, inherited from [defaults]) must be between 2 and 1000",
         ),
         (
             "run_budget = \"10m\"\nrun_max_budget = \"1m\"",
-            "run_budget (10m) (inherited from [defaults]) must not exceed run_max_budget (1m) (inherited from [defaults])",
+            "run_budget (10m, inherited from [defaults]) must not exceed run_max_budget (1m, inherited from [defaults])",
+        ),
+        // Audit GC6: the value and where it came from in one pair of parentheses.
+        (
+            "run_max_calls = 4294967296",
+            "route \"chat\": run_max_calls (4294967296, inherited from [defaults]) must be at most 4294967295",
         ),
         (
             "run_id_header = \"x-litellm-api-key\"",
