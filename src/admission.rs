@@ -1,8 +1,9 @@
 //! How many at once: a route with `max_in_flight` serves at most that many requests at once.
 //!
 //! A request that finds the route full waits for a slot (first come, first served) only while
-//! what would be left of its budget still fits an upstream attempt; past that point it is
-//! answered 503 `overloaded` at once, instead of queueing past its deadline. The slot is held
+//! what would be left of its budget still fits an upstream attempt (by the estimate of now,
+//! not of its arrival); past that point it is answered 503 `overloaded` at once, instead of
+//! queueing past its deadline. The slot is held
 //! until the response ends (it travels with the request's record).
 //!
 //! Request bodies are bounded together as well ([`BodyMemory`]): they are read whole before
@@ -67,6 +68,10 @@ impl std::fmt::Debug for Slot {
 /// slot: the slot must come early enough that the attempt still fits once it is made.
 pub const ADMIT_SLACK: Duration = Duration::from_millis(50);
 
+/// How often a waiting request asks again what its attempt needs: often enough that it leaves
+/// soon after an estimate rises past its budget, seldom enough that a long queue costs little.
+const RECHECK: Duration = Duration::from_millis(100);
+
 impl Admission {
     pub fn new(route: Arc<str>, limit: usize) -> Self {
         Self {
@@ -122,8 +127,17 @@ impl Admission {
     }
 
     /// Takes a slot, waiting (in arrival order) only while a slot taken later would still
-    /// leave `need` of the budget for the upstream; otherwise `overloaded`, at once.
-    pub async fn admit(&self, budget: &Budget, need: Duration) -> Result<Slot, GatewayError> {
+    /// leave `need()` of the budget for the upstream; otherwise `overloaded`, at once.
+    ///
+    /// `need` is asked again while the request waits and when the slot comes: an upstream
+    /// that slows down meanwhile raises it, and a request whose attempt no longer fits must
+    /// leave the queue as overloaded, not take a slot to fail for want of budget (audit GD
+    /// F2: 504 `insufficient_budget` without `Retry-After`, 370 ms after waiting was useless).
+    pub async fn admit(
+        &self,
+        budget: &Budget,
+        need: impl Fn() -> Duration,
+    ) -> Result<Slot, GatewayError> {
         let slots = &self.inner.slots;
         if let Ok(permit) = slots.clone().try_acquire_owned() {
             return Ok(self.slot(permit));
@@ -133,19 +147,35 @@ impl Admission {
         // past that got a slot for a client that was gone (audit O: a 504 connect_timeout
         // "within 0ms", counted as the upstream's, 1 s after an SDK's 2 s timeout).
         let end = budget.head_wait_until(budget.work_deadline());
-        let latest = end.checked_sub(need + ADMIT_SLACK).filter(|t| *t > start);
+        let latest = || end.checked_sub(need() + ADMIT_SLACK);
         let overloaded = |waited: Duration| GatewayError::Overloaded {
             route: self.route.to_string(),
             limit: self.limit(),
             waited,
         };
-        let Some(latest) = latest else {
+        if latest().is_none_or(|t| t <= start) {
             return Err(overloaded(Duration::ZERO));
-        };
-        match timeout_at(latest, slots.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => Ok(self.slot(permit)),
-            // Timed out (or, never, the semaphore closed).
-            _ => Err(overloaded(start.elapsed())),
+        }
+        // One acquire for the whole wait: dropping it would lose the request's place.
+        let acquire = slots.clone().acquire_owned();
+        tokio::pin!(acquire);
+        loop {
+            let now = Instant::now();
+            let Some(until) = latest().filter(|t| *t > now) else {
+                return Err(overloaded(start.elapsed()));
+            };
+            match timeout_at(until.min(now + RECHECK), &mut acquire).await {
+                Ok(Ok(permit)) => {
+                    // Dropped, the permit goes to the next in line.
+                    if latest().is_some_and(|t| Instant::now() <= t) {
+                        return Ok(self.slot(permit));
+                    }
+                    return Err(overloaded(start.elapsed()));
+                }
+                // The semaphore is never closed.
+                Ok(Err(_)) => return Err(overloaded(start.elapsed())),
+                Err(_) => {}
+            }
         }
     }
 }
@@ -241,7 +271,7 @@ mod tests {
     async fn a_full_route_admits_in_order_while_the_budget_allows() {
         let adm = Admission::new("chat".into(), 1);
         let need = Duration::from_millis(100);
-        let held = adm.admit(&budget(1000), need).await.unwrap();
+        let held = adm.admit(&budget(1000), || need).await.unwrap();
         assert_eq!(adm.in_flight(), 1);
 
         // Waits up to 1000 - 100 - 50 ms; the slot frees at 300 ms.
@@ -249,7 +279,7 @@ mod tests {
             let adm = adm.clone();
             tokio::spawn(async move {
                 let t = Instant::now();
-                let slot = adm.admit(&budget(1000), need).await;
+                let slot = adm.admit(&budget(1000), || need).await;
                 (slot.is_ok(), t.elapsed())
             })
         };
@@ -264,10 +294,10 @@ mod tests {
     async fn a_full_route_refuses_when_the_budget_runs_out_and_at_once_when_none_is_left() {
         let adm = Admission::new("chat".into(), 1);
         let need = Duration::from_millis(100);
-        let _held = adm.admit(&budget(10_000), need).await.unwrap();
+        let _held = adm.admit(&budget(10_000), || need).await.unwrap();
 
         let t = Instant::now();
-        let e = adm.admit(&budget(500), need).await.unwrap_err();
+        let e = adm.admit(&budget(500), || need).await.unwrap_err();
         assert_eq!(
             t.elapsed(),
             Duration::from_millis(350),
@@ -277,7 +307,7 @@ mod tests {
         assert_eq!(e.status(), http::StatusCode::SERVICE_UNAVAILABLE);
 
         let t = Instant::now();
-        let e = adm.admit(&budget(100), need).await.unwrap_err();
+        let e = adm.admit(&budget(100), || need).await.unwrap_err();
         assert_eq!(
             t.elapsed(),
             Duration::ZERO,
@@ -287,44 +317,126 @@ mod tests {
         assert_eq!(adm.in_flight(), 1);
     }
 
+    /// An upstream that slows down while a request waits raises what its attempt needs: the
+    /// request leaves the queue as overloaded as soon as a slot could no longer come in time,
+    /// not when one frees and it has too little budget left to use it (audit GD F2).
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_request_leaves_once_the_rising_estimate_no_longer_fits() {
+        use std::sync::atomic::AtomicU64;
+        let adm = Admission::new("chat".into(), 1);
+        let held = adm
+            .admit(&budget(10_000), || Duration::from_millis(100))
+            .await
+            .unwrap();
+        let need = Arc::new(AtomicU64::new(100));
+        let waiter = {
+            let (adm, need) = (adm.clone(), need.clone());
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let slot = adm
+                    .admit(&budget(2000), || {
+                        Duration::from_millis(need.load(Ordering::Relaxed))
+                    })
+                    .await;
+                (slot.map(drop), t.elapsed())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        need.store(585, Ordering::Relaxed);
+        // The slot frees at 1800 ms, with 200 ms of budget left: too late for 585 ms.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        drop(held);
+        let (slot, waited) = waiter.await.unwrap();
+        let e = slot.unwrap_err();
+        assert_eq!(e.code(), "overloaded");
+        assert_eq!(
+            waited,
+            Duration::from_millis(2000 - 585 - 50),
+            "left when the slot could no longer come in time"
+        );
+        assert_eq!(adm.in_flight(), 0);
+    }
+
+    /// A slot that frees after the estimate rose past what is left is handed on, and the
+    /// request refused as overloaded.
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_granted_too_late_for_the_estimate_is_handed_on() {
+        use std::sync::atomic::AtomicU64;
+        let adm = Admission::new("chat".into(), 1);
+        let held = adm
+            .admit(&budget(10_000), || Duration::from_millis(100))
+            .await
+            .unwrap();
+        let need = Arc::new(AtomicU64::new(100));
+        let first = {
+            let (adm, need) = (adm.clone(), need.clone());
+            tokio::spawn(async move {
+                adm.admit(&budget(2000), || {
+                    Duration::from_millis(need.load(Ordering::Relaxed))
+                })
+                .await
+                .map(drop)
+            })
+        };
+        let second = {
+            let adm = adm.clone();
+            tokio::spawn(async move {
+                let slot = adm
+                    .admit(&budget(10_000), || Duration::from_millis(100))
+                    .await;
+                (slot.is_ok(), Instant::now())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        let freed = Instant::now();
+        need.store(1000, Ordering::Relaxed);
+        drop(held);
+        assert_eq!(first.await.unwrap().unwrap_err().code(), "overloaded");
+        assert_eq!(
+            second.await.unwrap(),
+            (true, freed),
+            "the slot went on at once"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_resized_route_counts_the_requests_already_in_flight() {
         let adm = Admission::new("chat".into(), 4);
         let need = Duration::from_millis(100);
         let mut held = Vec::new();
         for _ in 0..3 {
-            held.push(adm.admit(&budget(10_000), need).await.unwrap());
+            held.push(adm.admit(&budget(10_000), || need).await.unwrap());
         }
         // Lowered to 2 with 3 in flight: nobody more until two of them end.
         adm.resize(2);
         assert_eq!((adm.limit(), adm.in_flight()), (2, 3));
-        assert!(adm.admit(&budget(100), need).await.is_err());
+        assert!(adm.admit(&budget(100), || need).await.is_err());
         held.pop();
         assert!(
-            adm.admit(&budget(100), need).await.is_err(),
+            adm.admit(&budget(100), || need).await.is_err(),
             "3 - 1 = 2: still full"
         );
         held.pop();
-        let one = adm.admit(&budget(100), need).await.unwrap();
+        let one = adm.admit(&budget(100), || need).await.unwrap();
         assert_eq!(adm.in_flight(), 2);
-        assert!(adm.admit(&budget(100), need).await.is_err());
+        assert!(adm.admit(&budget(100), || need).await.is_err());
         // Raised to 3 with 2 in flight: one more, not more.
         adm.resize(3);
-        let two = adm.admit(&budget(100), need).await.unwrap();
-        assert!(adm.admit(&budget(100), need).await.is_err());
+        let two = adm.admit(&budget(100), || need).await.unwrap();
+        assert!(adm.admit(&budget(100), || need).await.is_err());
         assert_eq!(adm.in_flight(), 3);
         // Lowered while full, then raised before the debt was paid: the debt goes first.
         adm.resize(1);
         adm.resize(2);
         drop(one);
         assert!(
-            adm.admit(&budget(100), need).await.is_err(),
+            adm.admit(&budget(100), || need).await.is_err(),
             "2 still held of 2"
         );
         drop((two, held));
-        let a = adm.admit(&budget(100), need).await.unwrap();
-        let b = adm.admit(&budget(100), need).await.unwrap();
-        assert!(adm.admit(&budget(100), need).await.is_err());
+        let a = adm.admit(&budget(100), || need).await.unwrap();
+        let b = adm.admit(&budget(100), || need).await.unwrap();
+        assert!(adm.admit(&budget(100), || need).await.is_err());
         drop((a, b));
         assert_eq!(adm.in_flight(), 0);
     }

@@ -21,7 +21,7 @@ use crate::gateway::template::Template;
 use crate::provider::ErrorType;
 use crate::telemetry::metrics::InFlight;
 use crate::telemetry::metrics::Metrics;
-use crate::upstream::health::{Change, Probe, Verdict};
+use crate::upstream::health::{Change, Probe, Since, Verdict};
 
 /// The last thing an attempt produced, returned when no further attempt is made.
 enum Last {
@@ -552,6 +552,7 @@ async fn single(
         let out = template.request_for(&entry.upstream)?;
         let now = Instant::now();
         let index = record.attempt_started(entry, now, true);
+        let began = entry.upstream.health.since();
         let result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
@@ -559,7 +560,7 @@ async fn single(
             metrics,
             budget,
             entry,
-            probe.as_ref(),
+            (probe.as_ref(), began),
             record,
             index,
             &result,
@@ -583,7 +584,8 @@ fn note(
     metrics: &Metrics,
     budget: &Budget,
     entry: &ChainEntry,
-    probe: Option<&Probe<'_>>,
+    // The attempt's probe turn, and the ejection it began under.
+    (probe, began): (Option<&Probe<'_>>, Since),
     record: &mut RequestRecord,
     index: usize,
     result: &Result<Started, GatewayError>,
@@ -591,7 +593,7 @@ fn note(
     let upstream = &entry.upstream;
     let change = upstream
         .health
-        .report(verdict(result, budget), Instant::now(), probe);
+        .report(verdict(result, budget), Instant::now(), probe, began);
     // An upstream a reload replaced still hears from the attempts it had begun, but its
     // name's series belong to the upstream now serving.
     match change.filter(|_| !upstream.is_retired()) {
@@ -666,6 +668,7 @@ async fn hedge(
         Err(e) => return (Err(e), None, None),
     };
     let i0 = record.attempt_started(primary_entry, t0, true);
+    let began0 = primary_entry.upstream.health.since();
     // Neither attempt's probe turn outlives this race: a loser's is handed on.
     let probe = primary_entry
         .upstream
@@ -678,7 +681,7 @@ async fn hedge(
     tokio::select! {
         biased;
         r = &mut primary => {
-            note(metrics, budget, primary_entry, probe.as_ref(), record, i0, &r);
+            note(metrics, budget, primary_entry, (probe.as_ref(), began0), record, i0, &r);
             return (r.map(|s| (s, 0)), None, None);
         }
         () = &mut fire => {}
@@ -708,7 +711,7 @@ async fn hedge(
             metrics,
             budget,
             primary_entry,
-            probe.as_ref(),
+            (probe.as_ref(), began0),
             record,
             i0,
             &r,
@@ -718,6 +721,7 @@ async fn hedge(
     let hedge_entry = &chain[to];
     // Beside the primary, which the log keeps naming until one of them answers.
     let i1 = record.attempt_started(hedge_entry, Instant::now(), false);
+    let began1 = hedge_entry.upstream.health.since();
     let mut tally = HedgeTally {
         metrics,
         route: &route.name,
@@ -737,7 +741,7 @@ async fn hedge(
     let outcome = loop {
         tokio::select! {
             r = &mut primary, if primary_done.is_none() => {
-                note(metrics, budget, primary_entry, probe.as_ref(), record, i0, &r);
+                note(metrics, budget, primary_entry, (probe.as_ref(), began0), record, i0, &r);
                 if wins(&r) {
                     if hedge_done.is_none() {
                         record.attempt(hedge_entry, i1, Ok("hedge_loser"));
@@ -755,7 +759,7 @@ async fn hedge(
                 primary_done = Some(r);
             }
             r = &mut hedged, if hedge_done.is_none() => {
-                note(metrics, budget, hedge_entry, hedge_probe.as_ref(), record, i1, &r);
+                note(metrics, budget, hedge_entry, (hedge_probe.as_ref(), began1), record, i1, &r);
                 if wins(&r) {
                     if primary_done.is_none() {
                         record.attempt(primary_entry, i0, Ok("hedge_loser"));
@@ -836,7 +840,7 @@ fallbacks = ["b"]
         let is_probe = |t: &Turn<'_>| matches!(t, Turn::Go(Some(_)));
 
         assert!(matches!(judge(), Turn::Go(None)), "in rotation: no probe");
-        a.report(Verdict::Failed, Instant::now(), None);
+        a.report(Verdict::Failed, Instant::now(), None, a.since());
         assert!(matches!(judge(), Turn::PassOver), "ejected, b in rotation");
         tokio::time::advance(Duration::from_secs(10)).await;
         let first = judge();
@@ -847,7 +851,7 @@ fallbacks = ["b"]
         let second = judge();
         assert!(is_probe(&second), "handed on");
         // With nothing later in rotation, the upstream is tried all the same.
-        b.report(Verdict::Failed, Instant::now(), None);
+        b.report(Verdict::Failed, Instant::now(), None, b.since());
         assert!(matches!(judge(), Turn::Go(None)));
         drop(second);
     }

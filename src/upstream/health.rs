@@ -7,7 +7,11 @@
 //! its failure ejects it again. The probe holds its turn for as long as it may wait (a
 //! first token slower than `eject_for` is no reason for a second probe beside it), and only
 //! its own report ends the turn: an attempt that began before the ejection and fails late
-//! restarts the ejection's wait without freeing the probe's turn. An ejected upstream is only ever passed over for another one
+//! restarts the ejection's wait without freeing the probe's turn, and one that answers late
+//! says nothing (it tells of the upstream before it failed: under load some attempt in flight
+//! always succeeds, and ended every ejection within 200 ms, audit GD F1). Only an attempt
+//! begun during the ejection, the probe or one tried because nothing else was left, puts it
+//! back. An ejected upstream is only ever passed over for another one
 //! in rotation: the routes decide that (`gateway::retry`), and where no other is left they
 //! try it anyway, so ejection changes the order of attempts and never refuses a request.
 //!
@@ -16,7 +20,7 @@
 //! answer (or the provider's error event of that kind in place of output). A client that
 //! left, a budget spent or a stream cut later say nothing of it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -48,8 +52,16 @@ pub struct Health {
     /// Out of rotation: ejected, or back on probation until a probe succeeds. Read without
     /// the lock, so that a healthy upstream costs a load per attempt.
     out: AtomicBool,
+    /// Ejections so far: an attempt notes it when it begins ([`Health::since`]). Written
+    /// under the lock.
+    ejections: AtomicU64,
     timing: Mutex<Timing>,
 }
+
+/// The ejection an attempt began under, taken when it starts: an answer of one begun before
+/// the upstream was ejected does not put it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Since(u64);
 
 #[derive(Debug, Default)]
 struct Timing {
@@ -97,6 +109,7 @@ impl Health {
             policy,
             fails: AtomicU32::new(0),
             out: AtomicBool::new(false),
+            ejections: AtomicU64::new(0),
             timing: Mutex::new(Timing::default()),
         }
     }
@@ -104,6 +117,11 @@ impl Health {
     fn timing(&self) -> std::sync::MutexGuard<'_, Timing> {
         // Only plain fields are written under the lock: a panic cannot leave them torn.
         self.timing.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What an attempt beginning now reports with.
+    pub fn since(&self) -> Since {
+        Since(self.ejections.load(Ordering::Relaxed))
     }
 
     /// Whether an attempt here would be made now: in rotation, or ejected long enough that
@@ -141,19 +159,31 @@ impl Health {
         None
     }
 
-    /// What an attempt here showed; `by` is its probe's turn, if it was the probe. Returns
-    /// the change it made, if any.
-    pub fn report(&self, verdict: Verdict, now: Instant, by: Option<&Probe<'_>>) -> Option<Change> {
+    /// What an attempt here showed; `by` is its probe's turn, if it was the probe, and
+    /// `began` what [`Health::since`] said when it started. Returns the change it made, if any.
+    pub fn report(
+        &self,
+        verdict: Verdict,
+        now: Instant,
+        by: Option<&Probe<'_>>,
+        began: Since,
+    ) -> Option<Change> {
         debug_assert!(by.is_none_or(|p| std::ptr::eq(p.health, self)));
         match verdict {
             Verdict::Healthy => {
-                if self.fails.load(Ordering::Relaxed) != 0 {
-                    self.fails.store(0, Ordering::Relaxed);
-                }
                 if !self.out.load(Ordering::Relaxed) {
+                    if self.fails.load(Ordering::Relaxed) != 0 {
+                        self.fails.store(0, Ordering::Relaxed);
+                    }
                     return None;
                 }
                 let mut t = self.timing();
+                // Begun before this ejection: its answer is older news than the failures.
+                // (The probe began during it: its turn is claimed only while out.)
+                if self.out.load(Ordering::Relaxed) && began != self.since() {
+                    return None;
+                }
+                self.fails.store(0, Ordering::Relaxed);
                 // Checked again under the lock: one change per ejection, whoever reports.
                 if !self.out.swap(false, Ordering::Relaxed) {
                     return None;
@@ -181,7 +211,11 @@ impl Health {
                 if let Some(probe) = by {
                     t.end(probe);
                 }
-                (!self.out.swap(true, Ordering::Relaxed)).then_some(Change::Ejected)
+                if self.out.swap(true, Ordering::Relaxed) {
+                    return None;
+                }
+                self.ejections.fetch_add(1, Ordering::Relaxed);
+                Some(Change::Ejected)
             }
             // A probe that says nothing hands its turn on when its guard drops.
             Verdict::Neither => None,
@@ -256,13 +290,16 @@ mod tests {
     async fn failures_in_a_row_eject_and_a_success_between_them_forgives() {
         let h = health(3);
         let now = Instant::now();
-        assert_eq!(h.report(Verdict::Failed, now, None), None);
-        assert_eq!(h.report(Verdict::Failed, now, None), None);
-        assert_eq!(h.report(Verdict::Healthy, now, None), None);
-        assert_eq!(h.report(Verdict::Failed, now, None), None);
-        assert_eq!(h.report(Verdict::Failed, now, None), None);
+        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
+        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
+        assert_eq!(h.report(Verdict::Healthy, now, None, h.since()), None);
+        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
+        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
         assert!(h.available(now));
-        assert_eq!(h.report(Verdict::Failed, now, None), Some(Change::Ejected));
+        assert_eq!(
+            h.report(Verdict::Failed, now, None, h.since()),
+            Some(Change::Ejected)
+        );
         assert!(!h.available(now));
         assert_eq!(
             h.view(now + Duration::from_secs(4)),
@@ -274,14 +311,17 @@ mod tests {
             }
         );
         // More failures while out (attempts that began before) do not eject twice.
-        assert_eq!(h.report(Verdict::Failed, now, None), None);
+        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
     }
 
     #[tokio::test(start_paused = true)]
     async fn one_probe_at_a_time_after_the_ejection() {
         let h = health(1);
         let t0 = Instant::now();
-        assert_eq!(h.report(Verdict::Failed, t0, None), Some(Change::Ejected));
+        assert_eq!(
+            h.report(Verdict::Failed, t0, None, h.since()),
+            Some(Change::Ejected)
+        );
         let later = t0 + Duration::from_secs(10);
         assert!(!h.available(later - Duration::from_millis(1)));
         assert!(h.available(later));
@@ -292,7 +332,7 @@ mod tests {
         assert!(h.view(later).probing);
         assert!(h.attempt(later, Duration::ZERO).is_none());
         assert_eq!(
-            h.report(Verdict::Healthy, later, probe.as_ref()),
+            h.report(Verdict::Healthy, later, probe.as_ref(), h.since()),
             Some(Change::Restored)
         );
         drop(probe);
@@ -304,12 +344,18 @@ mod tests {
     async fn a_failed_probe_ejects_again_for_the_whole_time() {
         let h = health(2);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0, None);
-        assert_eq!(h.report(Verdict::Failed, t0, None), Some(Change::Ejected));
+        h.report(Verdict::Failed, t0, None, h.since());
+        assert_eq!(
+            h.report(Verdict::Failed, t0, None, h.since()),
+            Some(Change::Ejected)
+        );
         let t1 = t0 + Duration::from_secs(11);
         let probe = h.attempt(t1, Duration::ZERO);
         // One failure is enough on probation, and it is no new ejection for the counters.
-        assert_eq!(h.report(Verdict::Failed, t1, probe.as_ref()), None);
+        assert_eq!(
+            h.report(Verdict::Failed, t1, probe.as_ref(), h.since()),
+            None
+        );
         assert!(!h.available(t1 + Duration::from_secs(9)));
         assert!(h.available(t1 + Duration::from_secs(10)));
     }
@@ -318,11 +364,11 @@ mod tests {
     async fn a_probe_dropped_before_it_reports_hands_its_turn_on() {
         let h = health(1);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0, None);
+        h.report(Verdict::Failed, t0, None, h.since());
         let t1 = t0 + Duration::from_secs(10);
         let probe = h.attempt(t1, Duration::ZERO);
         assert!(!h.available(t1));
-        assert_eq!(h.report(Verdict::Neither, t1, None), None);
+        assert_eq!(h.report(Verdict::Neither, t1, None, h.since()), None);
         assert!(
             !h.available(t1),
             "only the guard ends a probe that said nothing"
@@ -350,7 +396,7 @@ mod tests {
     async fn a_probe_holds_its_turn_for_its_longest_wait() {
         let h = health(1);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0, None);
+        h.report(Verdict::Failed, t0, None, h.since());
         let t1 = t0 + Duration::from_secs(10);
         let probe = h.attempt(t1, Duration::from_secs(30));
         assert!(probe.is_some());
@@ -361,7 +407,10 @@ mod tests {
         // The probe's first token never came: its failure ejects the upstream again, and the
         // next probe goes after the whole ejection.
         let failed = t1 + Duration::from_secs(30);
-        assert_eq!(h.report(Verdict::Failed, failed, probe.as_ref()), None);
+        assert_eq!(
+            h.report(Verdict::Failed, failed, probe.as_ref(), h.since()),
+            None
+        );
         assert!(!h.view(failed).probing);
         assert!(!h.available(failed + Duration::from_secs(9)));
         assert!(h.available(failed + Duration::from_secs(10)));
@@ -380,11 +429,11 @@ mod tests {
     async fn only_the_probe_ends_its_own_turn() {
         let h = health(1);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0, None);
+        h.report(Verdict::Failed, t0, None, h.since());
         let t1 = t0 + Duration::from_secs(10);
         let probe = h.attempt(t1, Duration::from_secs(30));
         let t2 = t1 + Duration::from_secs(1);
-        assert_eq!(h.report(Verdict::Failed, t2, None), None);
+        assert_eq!(h.report(Verdict::Failed, t2, None, h.since()), None);
         assert!(h.view(t2).probing, "the probe is still in flight");
         let past = t2 + Duration::from_secs(10);
         assert!(
@@ -393,12 +442,15 @@ mod tests {
         );
         // Its success puts the upstream back, ejection or not.
         assert_eq!(
-            h.report(Verdict::Healthy, past, probe.as_ref()),
+            h.report(Verdict::Healthy, past, probe.as_ref(), h.since()),
             Some(Change::Restored)
         );
         assert!(h.available(past));
         // Ejected again, a stale guard does not end the new probe's turn.
-        assert_eq!(h.report(Verdict::Failed, past, None), Some(Change::Ejected));
+        assert_eq!(
+            h.report(Verdict::Failed, past, None, h.since()),
+            Some(Change::Ejected)
+        );
         let t3 = past + Duration::from_secs(10);
         let next = h.attempt(t3, Duration::from_secs(30));
         assert!(next.is_some());
@@ -409,12 +461,79 @@ mod tests {
         assert!(h.available(t3));
     }
 
+    /// An attempt begun before the ejection that answers during it tells of the upstream
+    /// before its failures: it ends nothing. Under load some attempt in flight always
+    /// answered, and every ejection ended within 200 ms (audit GD F1).
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_begun_before_the_ejection_does_not_end_it() {
+        let h = health(3);
+        let t0 = Instant::now();
+        let slow = h.since();
+        let t1 = t0 + Duration::from_millis(100);
+        for _ in 0..2 {
+            assert_eq!(h.report(Verdict::Failed, t1, None, h.since()), None);
+        }
+        assert_eq!(
+            h.report(Verdict::Failed, t1, None, h.since()),
+            Some(Change::Ejected)
+        );
+        let answered = t0 + Duration::from_secs(1);
+        assert_eq!(h.report(Verdict::Healthy, answered, None, slow), None);
+        assert_eq!(
+            h.view(answered),
+            HealthView {
+                in_rotation: false,
+                failures_in_a_row: 3,
+                ejected_for: Some(Duration::from_millis(9100)),
+                probing: false,
+            }
+        );
+        assert!(!h.available(answered));
+        // The probe, once `eject_for` is over, puts it back.
+        let due = t1 + Duration::from_secs(10);
+        let probe = h.attempt(due, Duration::from_secs(30));
+        assert!(probe.is_some());
+        let began = h.since();
+        assert_eq!(
+            h.report(Verdict::Healthy, due, probe.as_ref(), began),
+            Some(Change::Restored)
+        );
+        assert!(!h.is_out());
+        assert_eq!(h.view(due).failures_in_a_row, 0);
+    }
+
+    /// With nothing else in rotation the upstream is tried all the same: such an attempt
+    /// began during the ejection, and its answer puts the upstream back. One begun during an
+    /// earlier ejection does not end the next.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_begun_during_the_ejection_ends_it() {
+        let h = health(1);
+        let t0 = Instant::now();
+        assert_eq!(
+            h.report(Verdict::Failed, t0, None, h.since()),
+            Some(Change::Ejected)
+        );
+        let tried = h.since();
+        let earlier = h.since();
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(
+            h.report(Verdict::Healthy, t1, None, tried),
+            Some(Change::Restored)
+        );
+        assert_eq!(
+            h.report(Verdict::Failed, t1, None, h.since()),
+            Some(Change::Ejected)
+        );
+        assert_eq!(h.report(Verdict::Healthy, t1, None, earlier), None);
+        assert!(h.is_out());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn zero_never_ejects_but_still_counts() {
         let h = health(0);
         let now = Instant::now();
         for _ in 0..100 {
-            assert_eq!(h.report(Verdict::Failed, now, None), None);
+            assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
         }
         assert!(h.available(now));
         assert_eq!(h.view(now).failures_in_a_row, 100);

@@ -197,6 +197,77 @@ async fn a_client_that_leaves_while_queued_gives_up_its_place() {
     assert_eq!(h.fake.requests().len(), 2);
 }
 
+/// The upstream slows down while a request waits for a slot: once its attempt no longer fits
+/// what a slot would leave of its budget, it leaves the queue as overloaded (503 with
+/// `Retry-After`), not with the slot that frees later and a 504 `insufficient_budget`
+/// (audit GD F2).
+#[tokio::test]
+async fn a_queued_request_leaves_as_overloaded_when_the_upstream_slows_down() {
+    let h = Harness::with_config(&one_slot("")).await;
+    // Held for another model, whose answers teach gpt-test's estimate nothing.
+    let held = {
+        let req = Request::post("/v1/chat/completions")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header("x-fake-freeze-after", "1")
+            .header("x-fake-interval-ms", "1")
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"other","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+            )))
+            .unwrap();
+        let (resp, conn) = h.send(req).await;
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        read_events(&mut body, 2).await;
+        (body, conn)
+    };
+    let addr = h.addr();
+    let start = Instant::now();
+    let waiter = tokio::spawn(async move {
+        let conn = Conn::open(addr).await;
+        let (resp, _c) = conn
+            .send(chat_request(&[("x-request-budget-ms", "3000")], true))
+            .await;
+        let retry_after = resp.headers().get("retry-after").cloned();
+        (
+            resp.status(),
+            retry_after,
+            json_body(resp).await,
+            start.elapsed(),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // gpt-test's first token now takes 1.5 s (on a route without a limit): the waiter's
+    // attempt no longer fits 3 s once it has waited past 1.45 s.
+    let slow = Request::post("/v1/messages")
+        .header("host", "g")
+        .header("x-fake-ttft-ms", "1500")
+        .header("x-fake-chunks", "1")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"gpt-test","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+        )))
+        .unwrap();
+    let (resp, _c) = h.send(slow).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    // The slot frees at 2.3 s, when 0.7 s of the waiter's budget is left: too little.
+    tokio::spawn(async move {
+        tokio::time::sleep_until(start + Duration::from_millis(2300)).await;
+        drop(held);
+    });
+    let (status, retry_after, v, took) = waiter.await.unwrap();
+    assert_eq!(status, 503, "{v}");
+    assert_eq!(v["error"]["code"], "overloaded", "{v}");
+    assert_eq!(retry_after.unwrap(), "1");
+    assert!(
+        took < Duration::from_millis(2300),
+        "left the queue after {took:?}, not when the slot freed"
+    );
+    assert_eq!(h.fake.requests().len(), 2, "the waiter was never sent");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(overloaded_count(&h).await, 1.0);
+}
+
 // --- Client keys -------------------------------------------------------------
 
 const CLIENT_KEY: &str = "hg-client-key-0123456789";

@@ -196,6 +196,49 @@ async fn an_ejected_upstream_is_still_tried_when_nothing_else_is_in_rotation() {
     );
 }
 
+/// An attempt begun before the ejection that answers during it does not end the ejection:
+/// under load some attempt in flight always answered, and the upstream came back within
+/// 200 ms of each "out of rotation for 2000ms" (audit GD F1).
+#[tokio::test]
+async fn an_answer_begun_before_the_ejection_does_not_end_it() {
+    let (primary, backup) = fakes().await;
+    primary.set_script(&[("x-fake-ttft-ms", "1000")]);
+    let text = config(
+        &primary,
+        &backup,
+        "eject_after = 1\neject_for = \"10m\"",
+        "fallbacks = [\"backup\"]",
+    );
+    let p = Process::spawn(&text, &[], &[]).await;
+    let slow = tokio::spawn({
+        let addr = p.addr;
+        async move {
+            let (resp, _c) = Conn::open(addr)
+                .await
+                .send(chat_request(&[("x-fake-chunks", "2")], true))
+                .await;
+            let status = resp.status().as_u16();
+            read_body(resp.into_body()).await;
+            status
+        }
+    });
+    assert!(primary.wait_for_requests(1, Duration::from_secs(5)).await);
+    primary.set_script(&[("x-fake-status", "503")]);
+    assert_eq!(chat(&p).await, 200);
+    let ejected = || metric(p.admin, "hourglass_upstream_ejected{upstream=\"primary\"}");
+    assert_eq!(ejected().await, 1.0);
+    assert_eq!(
+        slow.await.unwrap(),
+        200,
+        "the slow one was served by the primary"
+    );
+    assert_eq!(backup.requests().len(), 1);
+    assert_eq!(ejected().await, 1.0, "the slow answer ended the ejection");
+    primary.set_script(&[]);
+    assert_eq!(chat(&p).await, 200);
+    assert_eq!(primary.requests().len(), 2, "the primary was tried again");
+}
+
 /// Once its ejection is over, the next request probes the upstream; an answer puts it back
 /// in rotation.
 #[tokio::test]
