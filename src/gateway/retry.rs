@@ -114,19 +114,20 @@ pub async fn run(
                     .expected_ttft(&entry.upstream)
                     .max(budget.min_useful)
             };
-            let mut wait = Duration::ZERO;
-            if n > 0 {
-                wait = own.retry_after.unwrap_or_default().max(backoff(n));
-                if let Some(c) = own.cause {
-                    tracing::debug!(reason = c.as_str(), ?wait, "retrying");
-                }
-            }
             // A retry leaves room for the fallback after it: a failing upstream may not spend
             // the turn of a healthy one.
             let room = match chain.get(i + 1) {
                 Some(next) if n > 0 => fallback_room(template, budget, next),
                 _ => Duration::ZERO,
             };
+            let mut wait = Duration::ZERO;
+            if n > 0 {
+                let fits = budget.usable(now).saturating_sub(need + room);
+                wait = retry_wait(own.retry_after, backoff(n), fastrand::f64(), fits);
+                if let Some(c) = own.cause {
+                    tracing::debug!(reason = c.as_str(), ?wait, "retrying");
+                }
+            }
             if budget.usable(now) < need + wait + room {
                 // Retry-After, backoff or the estimate does not fit: on to the next upstream.
                 break;
@@ -281,6 +282,30 @@ pub fn backoff(n: u32) -> Duration {
     let base = Duration::from_millis(100) * 2u32.saturating_pow(n.saturating_sub(1).min(5));
     base.min(Duration::from_secs(2))
         .mul_f64(0.5 + fastrand::f64() * 0.5)
+}
+
+/// The most a `Retry-After` wait is spread by, as a share of it.
+const RETRY_AFTER_SPREAD: f64 = 0.2;
+
+/// The wait before a retry: its `backoff`, or the upstream's `Retry-After` when longer, then
+/// spread by up to a fifth more of it (`spread` in [0, 1)), as far as the budget `fits`. The
+/// backoff has its own jitter; a bare `Retry-After` sent every client refused together back
+/// together (audit GD 6: two waves of 200 calls, each within 100 ms). RFC 9110 10.2.3 makes
+/// it a minimum, so waiting longer is allowed. The spread never costs a retry that the wait
+/// asked for fits: it takes only what is left of the budget past it.
+fn retry_wait(
+    retry_after: Option<Duration>,
+    backoff: Duration,
+    spread: f64,
+    fits: Duration,
+) -> Duration {
+    match retry_after {
+        Some(asked) if asked > backoff => {
+            let extra = asked.mul_f64(RETRY_AFTER_SPREAD * spread.clamp(0.0, 1.0));
+            asked + extra.min(fits.saturating_sub(asked))
+        }
+        _ => backoff,
+    }
 }
 
 /// What the upstream asked us to wait before trying again: OpenAI's `retry-after-ms`, or
@@ -961,6 +986,29 @@ fallbacks = ["b"]
             assert!(b3 >= ms(200) && b3 < ms(400), "{b3:?}");
             assert!(backoff(30) <= Duration::from_secs(2));
         }
+    }
+
+    /// A `Retry-After` longer than the backoff is the least wait, spread by up to a fifth
+    /// more so that clients refused together do not come back together; the spread takes
+    /// only what the budget has past the wait asked for.
+    #[test]
+    fn a_retry_after_wait_is_spread_above_what_was_asked() {
+        let roomy = Duration::from_secs(60);
+        let s = Duration::from_secs(1);
+        assert_eq!(retry_wait(Some(s), ms(80), 0.0, roomy), s);
+        assert_eq!(retry_wait(Some(s), ms(80), 0.5, roomy), ms(1100));
+        // Spread out, a herd of retries is no longer one instant.
+        let waits: std::collections::BTreeSet<Duration> = (0..10)
+            .map(|k| retry_wait(Some(s), ms(80), f64::from(k) / 10.0, roomy))
+            .collect();
+        assert_eq!(waits.len(), 10);
+        assert_eq!(waits.last(), Some(&ms(1180)));
+        // Only as far as the budget: a retry the asked wait fits is never lost to the spread.
+        assert_eq!(retry_wait(Some(s), ms(80), 0.9, ms(1050)), ms(1050));
+        assert_eq!(retry_wait(Some(s), ms(80), 0.9, ms(900)), s);
+        // The backoff, jittered already, when longer or nothing was asked.
+        assert_eq!(retry_wait(Some(ms(50)), ms(80), 0.9, roomy), ms(80));
+        assert_eq!(retry_wait(None, ms(80), 0.9, roomy), ms(80));
     }
 
     #[test]
