@@ -15,7 +15,7 @@ use crate::config::{RetryCause, RetryOn};
 use crate::error::GatewayError;
 use crate::gateway::attempt::{Attempt, Started, SwitchBy};
 use crate::gateway::balance::Order;
-use crate::gateway::record::RequestRecord;
+use crate::gateway::record::{RequestRecord, Throttled};
 use crate::gateway::routes::{ChainEntry, RouteRuntime};
 use crate::gateway::template::Template;
 use crate::provider::ErrorType;
@@ -107,6 +107,13 @@ pub async fn run(
                 record.passed_over(&entry.upstream.name);
                 break;
             };
+            // Out of rotation and tried only because nothing later is: once is enough. Its
+            // retries would only add to the load that ejected it, on every request while the
+            // whole chain is out (audit GD 3: five calls for each client's one).
+            if n > 0 && probe.is_none() && entry.upstream.health.is_out() {
+                record.throttled(Throttled::RetryOutOfRotation);
+                break;
+            }
             let need = if room_kept_for == Some(i) && n == 0 {
                 budget.min_useful
             } else {
@@ -138,6 +145,18 @@ pub async fn run(
             if !first && budget.head_by().is_some_and(|by| now + need + wait > by) {
                 break;
             }
+            // A retry counts against its upstream's share from its wait on: retries waiting
+            // out one Retry-After all land together.
+            let _retry = if n > 0 {
+                let attempts = usize::try_from(entry.in_flight.get()).unwrap_or(0);
+                let Some(retry) = entry.upstream.retries.take(attempts) else {
+                    record.throttled(Throttled::RetryBudget);
+                    break;
+                };
+                Some(retry)
+            } else {
+                None
+            };
             if !wait.is_zero() {
                 sleep(wait).await;
             }
