@@ -735,18 +735,30 @@ async fn hedge(
     // request that would probe it.
     let now = Instant::now();
     let to = (1..route.chain.len()).find(|&k| chain[k].upstream.health.available(now));
+    let mut throttled = false;
     let sent = to.and_then(|to| {
         let upstream = &chain[to].upstream;
         let need = template.expected_ttft(upstream).max(budget.min_useful);
         if budget.usable(now) < need {
             return None;
         }
+        // The route's share of hedges, counted until the race ends: past it, the primary's
+        // usual latency is past `hedge_after`, and a hedge would double the load for nothing
+        // (audit GD 4: 1962 of 2000 requests hedged, 28% less throughput).
+        let requests = usize::try_from(route.metrics.in_flight.get()).unwrap_or(0);
+        let Some(share) = route.hedges.take(requests) else {
+            throttled = true;
+            return None;
+        };
         let r = template.request_for(upstream).ok()?;
         let health = &upstream.health;
         let probe = health.attempt(now, longest_wait(budget, now));
-        (probe.is_some() || !health.is_out()).then_some((to, r, probe))
+        (probe.is_some() || !health.is_out()).then_some((to, r, probe, share))
     });
-    let Some((to, hreq, hedge_probe)) = sent else {
+    if throttled {
+        record.throttled(Throttled::HedgeBudget);
+    }
+    let Some((to, hreq, hedge_probe, _share)) = sent else {
         let r = primary.await;
         note(
             metrics,
