@@ -50,6 +50,36 @@ impl End {
 }
 
 /// One upstream attempt, for the log line.
+/// An extra attempt not made to spare its upstream, as the log line's `throttled` names it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u8)]
+pub enum Throttled {
+    /// A retry of an upstream out of rotation, tried only because nothing later in the
+    /// chain was in rotation.
+    RetryOutOfRotation = 1,
+    /// A retry past its upstream's share of retries in flight.
+    RetryBudget = 2,
+    /// A hedge past its route's share of hedges in flight.
+    HedgeBudget = 4,
+}
+
+impl Throttled {
+    const ALL: [Throttled; 3] = [
+        Throttled::RetryOutOfRotation,
+        Throttled::RetryBudget,
+        Throttled::HedgeBudget,
+    ];
+    const RETRIES: u8 = Throttled::RetryOutOfRotation as u8 | Throttled::RetryBudget as u8;
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Throttled::RetryOutOfRotation => "retry_out_of_rotation",
+            Throttled::RetryBudget => "retry_budget",
+            Throttled::HedgeBudget => "hedge_budget",
+        }
+    }
+}
+
 struct AttemptLog {
     upstream: Arc<str>,
     /// How it ended; `None` while it runs (the request may end first: the client left, the
@@ -116,6 +146,8 @@ pub struct RequestRecord {
     attempts: Vec<AttemptLog>,
     /// The upstreams passed over as out of rotation (`upstream::health`).
     passed_over: Vec<Arc<str>>,
+    /// The extra attempts not made to spare an upstream (`Throttled` bits).
+    throttled: u8,
     /// The route's admission slot, freed when the request is reported.
     slot: Option<crate::admission::Slot>,
     /// Only kept when the access log is on.
@@ -205,6 +237,7 @@ impl RequestRecord {
             end: None,
             attempts: Vec::new(),
             passed_over: Vec::new(),
+            throttled: 0,
             slot: None,
             client: None,
             client_id: None,
@@ -511,9 +544,15 @@ impl RequestRecord {
         }
     }
 
-    /// The gateway made more than one attempt (retries, fallbacks or a hedge).
+    /// The gateway made more than one attempt (retries, fallbacks or a hedge), or held a
+    /// retry back: either way the client's SDK should not retry in its place.
     pub fn retried(&self) -> bool {
-        self.attempts.len() > 1
+        self.attempts.len() > 1 || self.throttled & Throttled::RETRIES != 0
+    }
+
+    /// An extra attempt was not made to spare its upstream.
+    pub fn throttled(&mut self, why: Throttled) {
+        self.throttled |= why as u8;
     }
 
     pub fn set_status(&mut self, status: u16) {
@@ -751,6 +790,14 @@ impl RequestRecord {
                 .join(",")
         });
         let passed_over = (!self.passed_over.is_empty()).then(|| self.passed_over.join(","));
+        let throttled = (self.throttled != 0).then(|| {
+            Throttled::ALL
+                .iter()
+                .filter(|t| self.throttled & **t as u8 != 0)
+                .map(|t| t.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        });
         RequestLog {
             request_id: &self.id,
             run_id: self.run.as_ref().map(|r| &*r.id),
@@ -791,6 +838,7 @@ impl RequestRecord {
             error: self.error.as_deref(),
             attempts: attempts.as_deref(),
             passed_over: passed_over.as_deref(),
+            throttled: throttled.as_deref(),
             client: self.client.as_deref(),
         }
         .emit();

@@ -16,6 +16,7 @@ use crate::stream::signal::Signal;
 use crate::telemetry::metrics::{
     AnswerMetrics, Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE,
 };
+use crate::upstream::throttle::Throttle;
 use crate::upstream::{Upstream, UpstreamBuildError};
 
 /// Why a routing table could not be built from a config.
@@ -50,6 +51,8 @@ pub struct RouteRuntime {
     pub keys: Option<ClientKeys>,
     /// The route's `max_in_flight` slots, if limited.
     pub admission: Option<Admission>,
+    /// Its hedges in flight, kept to a share of its requests (`upstream::throttle`).
+    pub hedges: Arc<Throttle>,
     /// Whether a run this route's calls join may stop loops of repeated requests: some
     /// route of the config does, and a run keeps the limits of the route that started it,
     /// so a call here is fingerprinted even when this route sets no `run_max_repeats`.
@@ -213,9 +216,11 @@ impl Gateway {
                 // once nothing can fail any more (below).
                 // A limit taken away keeps its slots too, lifted (below): the requests waiting
                 // for one go at once, and a limit put back later counts what is in flight.
-                let carried = previous
-                    .and_then(|g| g.routes.iter().find(|p| p.route.name == r.name))
-                    .and_then(|p| p.admission.clone());
+                let same = previous.and_then(|g| g.routes.iter().find(|p| p.route.name == r.name));
+                let carried = same.and_then(|p| p.admission.clone());
+                // Its hedges still racing count against the new table's share as well.
+                let hedges =
+                    same.map_or_else(|| Arc::new(Throttle::hedges()), |p| p.hedges.clone());
                 let admission = match (r.max_in_flight, carried) {
                     (_, Some(a)) => Some(a),
                     (Some(n), None) => Some(Admission::new(Arc::from(r.name.as_str()), n)),
@@ -225,6 +230,7 @@ impl Gateway {
                     keys,
                     fingerprint_requests: stops_loops,
                     admission,
+                    hedges,
                     turn: std::sync::atomic::AtomicUsize::new(0),
                     route: r.clone(),
                     name: Arc::from(r.name.as_str()),

@@ -70,6 +70,8 @@ pub struct RequestLog<'a> {
     pub attempts: Option<&'a str>,
     /// The upstreams of the route's chain passed over as out of rotation.
     pub passed_over: Option<&'a str>,
+    /// The extra attempts not made to spare an upstream (`retry_budget`, ...).
+    pub throttled: Option<&'a str>,
     /// Who asked: only kept when the access log is on.
     pub client: Option<&'a ClientInfo>,
 }
@@ -301,6 +303,7 @@ impl RequestLog<'_> {
         str_field(w, ",\"error\":\"", self.error)?;
         str_field(w, ",\"attempts\":\"", self.attempts)?;
         str_field(w, ",\"passed_over\":\"", self.passed_over)?;
+        str_field(w, ",\"throttled\":\"", self.throttled)?;
         w.push_str(",\"target\":\"hourglass::request\"}\n");
         Ok(())
     }
@@ -340,6 +343,7 @@ impl RequestLog<'_> {
             error = self.error,
             attempts = self.attempts,
             passed_over = self.passed_over,
+            throttled = self.throttled,
             "request"
         );
     }
@@ -412,6 +416,7 @@ mod tests {
             error: Some("no chunk for \"2000ms\""),
             attempts: Some("a:ok:1ms,b:ok:2ms"),
             passed_over: Some("c"),
+            throttled: Some("retry_budget,hedge_budget"),
             client: None,
         };
         let (a, b) = both_ways(&full);
@@ -444,6 +449,7 @@ mod tests {
             error: None,
             attempts: None,
             passed_over: None,
+            throttled: None,
             ..full
         };
         let (a, b) = both_ways(&sparse);

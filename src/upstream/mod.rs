@@ -12,6 +12,7 @@ mod h2_pool;
 pub mod health;
 mod io;
 mod request_body;
+pub mod throttle;
 mod tls;
 
 pub use self::connect::{ConnectTimedOut, NoH2ByAlpn, TimeoutConnector};
@@ -38,6 +39,7 @@ use self::credential::credential;
 use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
 use self::health::Health;
+use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
 use crate::http::headers::{present, CREDENTIALS};
@@ -64,6 +66,8 @@ pub struct Upstream {
     pub ttft: Arc<TtftEstimates>,
     /// Whether its attempts have been failing: out of rotation if so (`health.rs`).
     pub health: Arc<Health>,
+    /// Its retries in flight, kept to a share of its attempts (`throttle.rs`).
+    pub retries: Arc<Throttle>,
     /// A reload replaced it: attempts still running here no longer speak for its name.
     retired: AtomicBool,
     /// The connector's own connect bound (a reload reuses this upstream only if unchanged).
@@ -96,6 +100,7 @@ impl Upstream {
     pub fn inherit(mut self, old: &Upstream) -> Self {
         self.ttft = old.ttft.clone();
         self.health = old.health.clone();
+        self.retries = old.retries.clone();
         self
     }
 
@@ -194,6 +199,7 @@ impl Upstream {
             connect_bound: connect_timeout,
             ttft: Arc::new(TtftEstimates::new(config.expected_first_token)),
             health: Arc::new(Health::new(config.ejection)),
+            retries: Arc::new(Throttle::retries()),
             retired: AtomicBool::new(false),
             config,
             scheme,

@@ -1167,3 +1167,160 @@ async fn a_retry_after_a_lost_hedge_goes_by_the_primarys_own_failure() {
         }
     }
 }
+
+/// An upstream out of rotation that is tried only because no later one is in rotation gets
+/// one attempt per request, no retries: with every upstream of the chain out, each request
+/// ran its whole retry ladder on each of them (audit GD 3: five calls per client request).
+/// The answer says not to retry: the gateway held its retries back on purpose.
+#[tokio::test]
+async fn an_upstream_tried_only_because_the_whole_chain_is_out_is_not_retried() {
+    let p = pair(
+        "retries = 2\nretry_on = [\"5xx\"]",
+        "eject_after = 2\neject_for = \"30s\"",
+        "",
+    )
+    .await;
+    p.primary.set_script(&[("x-fake-status", "503")]);
+    // In rotation, then ejected by its second failure: no third attempt.
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 503);
+    read_body(resp.into_body()).await;
+    assert_eq!(p.primary.requests().len(), 2);
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"primary\"}")
+            .await,
+        1.0
+    );
+    // Out of rotation, with nothing after it: tried once.
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 503, "its own answer passes through");
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    read_body(resp.into_body()).await;
+    assert_eq!(p.primary.requests().len(), 3);
+    p.wait_reported(2.0).await;
+    assert_eq!(
+        p.metric("hourglass_retries_total{reason=\"5xx\",route=\"chat\",upstream=\"primary\"}")
+            .await,
+        1.0
+    );
+}
+
+/// An upstream whose first `n` connections are each answered 503 once all `n` have come
+/// (so that no retry starts before every first attempt is in), and whose later ones get no
+/// answer; and how many requests it read.
+async fn fails_together_then_hangs(
+    n: usize,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let together = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    tokio::spawn(async move {
+        let mut k = 0;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let first = k < n;
+            k += 1;
+            let (seen, together) = (seen.clone(), together.clone());
+            tokio::spawn(async move {
+                read_request(&mut s).await;
+                seen.fetch_add(1, Ordering::SeqCst);
+                if !first {
+                    // Held until the gateway gives up on it.
+                    let _ = tokio::io::AsyncReadExt::read(&mut s, &mut [0u8; 1]).await;
+                    return;
+                }
+                together.wait().await;
+                let head = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+                            content-length: 2\r\nconnection: close\r\n\r\n{}";
+                let _ = s.write_all(head.as_bytes()).await;
+            });
+        }
+    });
+    (url, count)
+}
+
+/// Retries in flight on an upstream are kept to max(3, 20% of its attempts in flight): ten
+/// requests failing at once make three retries, not ten, and the other seven pass the
+/// upstream's answer through at once, saying not to retry (audit GD 3: 3x to 5.4x the
+/// client load on a failing upstream).
+#[tokio::test]
+async fn retries_beyond_the_upstreams_share_are_not_made() {
+    const N: usize = 10;
+    let (url, asked) = fails_together_then_hangs(N).await;
+    let p = pair_with("retries = 1\nretry_on = [\"5xx\"]", "", "", Some(url)).await;
+    let addr = p.gw.addr;
+    let (done, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    let clients: Vec<_> = (0..N)
+        .map(|_| {
+            let done = done.clone();
+            tokio::spawn(async move {
+                let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], false)).await;
+                let status = resp.status();
+                let says = resp.headers().get("x-should-retry").cloned();
+                read_body(resp.into_body()).await;
+                let _ = done.send((status, says));
+            })
+        })
+        .collect();
+    // Seven answers come at once; the three retried wait out their first-token limit (2 s),
+    // and the ten retried (without a share) all of them.
+    for k in 0..N - 3 {
+        let (status, says) = tokio::time::timeout(Duration::from_millis(1500), answers.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{k} of {} answers came at once", N - 3))
+            .unwrap();
+        assert_eq!(status, 503, "the upstream's answer passes through");
+        assert_eq!(says.as_ref().map(|v| v.as_bytes()), Some(&b"false"[..]));
+    }
+    // The seven answered will make no retry, the three retries none after theirs (retries
+    // = 1): once the three are in (after their backoff), the count is final.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while asked.load(std::sync::atomic::Ordering::SeqCst) < N + 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        N + 3,
+        "ten first attempts and three retries"
+    );
+    for c in clients {
+        c.abort();
+    }
+}
+
+/// Hedges in flight on a route are kept to max(1, 10% of its requests in flight): ten slow
+/// requests at once hedge once, not ten times (audit GD 4: 1962 of 2000 requests hedged on
+/// an upstream slowed by load, 28% less throughput for it).
+#[tokio::test]
+async fn hedges_beyond_the_routes_share_are_not_sent() {
+    const N: usize = 10;
+    let p = std::sync::Arc::new(
+        pair("fallbacks = [\"backup\"]\nhedge_after = \"100ms\"", "", "").await,
+    );
+    p.primary.set_script(&[("x-fake-ttft-ms", "1000")]);
+    p.backup.set_script(&[("x-fake-ttft-ms", "1500")]);
+    let clients: Vec<_> = (0..N)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move {
+                let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+                assert_eq!(resp.status(), 200);
+                read_body(resp.into_body()).await;
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(p.primary.requests().len(), N);
+    assert_eq!(p.backup.requests().len(), 1, "one hedge for ten requests");
+    p.wait_reported(N as f64).await;
+    assert_eq!(
+        p.metric("hourglass_hedges_total{route=\"chat\",winner=\"primary\"}")
+            .await,
+        1.0
+    );
+}

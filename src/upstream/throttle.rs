@@ -1,0 +1,110 @@
+//! Extra calls (retries, hedges) kept to a share of the calls they add to. Each request's
+//! retries and hedge are bounded on their own, but not the sum over many requests: an
+//! upstream failing under load got three to five times the clients' calls, and a hedge
+//! fired on every request once the upstream's usual latency passed `hedge_after` (audit GD).
+//! Envoy's retry budget and gRPC's hedging throttle bound that sum the same way: extra calls
+//! in flight below a share of the calls in flight, with a floor so that a quiet upstream
+//! can still retry.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+pub struct Throttle {
+    in_flight: AtomicUsize,
+    /// Extra calls always allowed in flight, however few calls are.
+    floor: usize,
+    percent: usize,
+}
+
+impl Throttle {
+    /// An upstream's retries: at most 3, or 20% of its attempts in flight (Envoy's default
+    /// retry budget).
+    pub const fn retries() -> Self {
+        Self::new(3, 20)
+    }
+
+    /// A route's hedges: at most 1, or 10% of its requests in flight. A hedge is for the
+    /// tail ("The Tail at Scale" hedges ~5% of requests); more means the usual latency is
+    /// past `hedge_after`, where a hedge doubles the load and wins nothing.
+    pub const fn hedges() -> Self {
+        Self::new(1, 10)
+    }
+
+    const fn new(floor: usize, percent: usize) -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            floor,
+            percent,
+        }
+    }
+
+    /// The most extra calls in flight beside `calls` in flight.
+    pub fn limit(&self, calls: usize) -> usize {
+        self.floor.max(calls.saturating_mul(self.percent) / 100)
+    }
+
+    /// An extra call beside `calls` in flight, counted until the guard drops; none if the
+    /// share is spent. Checked and taken in one step: requests deciding at once never both
+    /// take the last place.
+    pub fn take(&self, calls: usize) -> Option<Extra<'_>> {
+        let limit = self.limit(calls);
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Extra(self))
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+}
+
+/// One extra call in flight.
+pub struct Extra<'a>(&'a Throttle);
+
+impl Drop for Extra<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_are_kept_to_three_or_a_fifth_of_the_attempts() {
+        let t = Throttle::retries();
+        assert_eq!(t.limit(0), 3);
+        assert_eq!(t.limit(10), 3);
+        assert_eq!(t.limit(19), 3);
+        assert_eq!(t.limit(20), 4);
+        assert_eq!(t.limit(101), 20);
+        assert_eq!(t.limit(usize::MAX), usize::MAX / 100);
+        let held: Vec<_> = (0..3)
+            .map(|_| t.take(10).expect("within the floor"))
+            .collect();
+        assert!(t.take(10).is_none(), "the fourth beside 10 attempts");
+        let fourth = t.take(20).expect("20 attempts allow four");
+        assert!(t.take(20).is_none());
+        assert_eq!(t.in_flight(), 4);
+        drop(fourth);
+        drop(held);
+        assert_eq!(t.in_flight(), 0, "each guard gives its place back");
+        assert!(t.take(0).is_some());
+    }
+
+    #[test]
+    fn hedges_are_kept_to_one_or_a_tenth_of_the_requests() {
+        let t = Throttle::hedges();
+        assert_eq!(t.limit(0), 1);
+        assert_eq!(t.limit(19), 1);
+        assert_eq!(t.limit(20), 2);
+        assert_eq!(t.limit(1000), 100);
+        let one = t.take(5).expect("the floor");
+        assert!(t.take(5).is_none());
+        drop(one);
+        assert!(t.take(5).is_some());
+    }
+}
