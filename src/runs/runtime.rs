@@ -232,7 +232,15 @@ impl Runs {
         };
         let answer = tokio::time::timeout(
             wait,
-            shared.store.admit(key, route, limits, call, expire, &token),
+            shared.store.admit(
+                key,
+                route,
+                limits,
+                call,
+                expire,
+                shared.reservation_life(call_budget),
+                &token,
+            ),
         )
         .await;
         abandoned.disarm();

@@ -51,6 +51,16 @@ pub(super) fn nonce() -> u64 {
 }
 
 impl Shared {
+    /// How long after its arrival a call's reservation is given back if its end never came
+    /// (its replica was killed, the store restored from an older snapshot): once its budget
+    /// is spent the call has ended, and its end is tried for `GIVE_BACK_FOR` more (each try
+    /// up to `each`). No longer than `ttl` past the budget: a run with no other call would
+    /// have been forgotten by then, and a short `ttl` gives a reservation back as soon.
+    pub(super) fn reservation_life(&self, call_budget: Duration) -> Duration {
+        let each = self.timeout.max(Duration::from_millis(500));
+        call_budget + self.ttl.min(GIVE_BACK_FOR + each + Duration::from_secs(1))
+    }
+
     /// A token for the next call's admission, unique across replicas.
     pub(super) fn token(&self) -> String {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
