@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::config::OnStoreError;
 use crate::runs::redis::{Ended, RedisStore, StoreError};
@@ -37,6 +38,9 @@ pub struct Shared {
     /// call among every replica's.
     pub(super) nonce: u64,
     pub(super) calls: AtomicU64,
+    /// The ends and cancels still being sent, which a shutdown waits for: dropped with the
+    /// runtime, each would leave its call's reservation until it expires.
+    pub(super) pending: TaskTracker,
 }
 
 /// A number no other replica (nor this one started again) draws.
@@ -59,6 +63,19 @@ impl Shared {
     pub(super) fn reservation_life(&self, call_budget: Duration) -> Duration {
         let each = self.timeout.max(Duration::from_millis(500));
         call_budget + self.ttl.min(GIVE_BACK_FOR + each + Duration::from_secs(1))
+    }
+
+    /// Waits up to `within` for the ends and cancels still being sent (at shutdown, once no
+    /// call is left to add one). The number still unsent then.
+    pub(super) async fn settle(&self, within: Duration) -> usize {
+        self.pending.close();
+        if tokio::time::timeout(within, self.pending.wait())
+            .await
+            .is_ok()
+        {
+            return 0;
+        }
+        self.pending.len()
     }
 
     /// A token for the next call's admission, unique across replicas.
@@ -104,9 +121,9 @@ impl Shared {
         used: Used,
     ) {
         let shared = self.clone();
-        tokio::spawn(async move {
+        self.pending.spawn(async move {
             shared
-                .until_answered(Some("finish"), || {
+                .until_answered(Some("finish"), &key, || {
                     shared
                         .store
                         .finish(&key, &token, reserve, &used, shared.ttl)
@@ -122,9 +139,9 @@ impl Shared {
     /// nothing used that the run saw); else it counts nowhere.
     pub(super) fn cancel_later(self: &Arc<Self>, key: String, token: String, served: bool) {
         let shared = self.clone();
-        tokio::spawn(async move {
+        self.pending.spawn(async move {
             shared
-                .until_answered(None, || {
+                .until_answered(None, &key, || {
                     shared.store.cancel(&key, &token, served, shared.ttl)
                 })
                 .await;
@@ -136,8 +153,9 @@ impl Shared {
     /// half sent (EVALSHA answered NOSCRIPT, the SCRIPT LOAD never made), which is what a
     /// store that just stalled does to the first use of a script. The first failure counts
     /// under `op` (a cancel's does not: the admission it follows was counted). The run's end,
-    /// when the answer says this call counts it, is reported.
-    async fn until_answered<F, Fut>(&self, op: Option<&str>, mut send: F)
+    /// when the answer says this call counts it, is reported. Giving up is logged, naming
+    /// the run (its key), whose reservation then stays until it expires.
+    async fn until_answered<F, Fut>(&self, op: Option<&str>, run: &str, mut send: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Option<Ended>, StoreError>>,
@@ -166,6 +184,14 @@ impl Shared {
                 Err(_) => {}
             }
             if Instant::now() + pause > give_up {
+                tracing::warn!(
+                    store = %self.shown,
+                    run,
+                    op = op.unwrap_or("cancel"),
+                    "run store: gave up sending a call's {} after {}s; its reservation is given back when it expires",
+                    op.unwrap_or("cancel"),
+                    GIVE_BACK_FOR.as_secs()
+                );
                 return;
             }
             tokio::time::sleep(pause).await;

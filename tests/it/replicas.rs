@@ -363,12 +363,19 @@ async fn a_call_the_store_could_not_admit_is_logged_with_its_run() {
         ("deny", "100ms", "30000", 503),
         ("allow", "5s", "800", 504),
     ] {
-        let p = Process::spawn(&config(&fake, &url, on_error, timeout), &json, &[]).await;
+        // A shutdown waits up to its grace for the cancel it cannot send.
+        let toml = config(&fake, &url, on_error, timeout)
+            .replace("[server]\n", "[server]\nshutdown_grace = \"1s\"\n");
+        let p = Process::spawn(&toml, &json, &[]).await;
         let run = [("x-run-id", "unheard"), ("x-request-budget-ms", budget)];
         let (status, _, body) = send(&p, call(false, &run, 0)).await;
         assert_eq!(status, want, "{on_error}: {body}");
         let (stdout, stderr) = p.stop().await;
         let out = stdout + &stderr;
+        assert!(
+            out.contains("1 call ends or cancels still unsent at shutdown"),
+            "the cancel given up on: {out}"
+        );
         let lines = log_lines_with(&out, "run_id", "unheard");
         assert_eq!(lines.len(), 1, "{on_error}, {want}: {out}");
         let line = lines[0].get("fields").unwrap_or(&lines[0]);
@@ -777,6 +784,50 @@ async fn a_call_that_ends_while_redis_is_frozen_gives_its_reservation_back_on_th
         used["tokens"].as_u64().unwrap() > 0,
         "what it used: {state}"
     );
+}
+
+/// A gateway shut down (SIGTERM) while a call's end waits on a frozen Redis sends it once
+/// Redis answers, before it exits (audit GA 2): before, the drain ended with the client's
+/// connection, the end was dropped with the runtime, and the run kept the call in flight
+/// and its reservation.
+#[tokio::test]
+async fn a_shutdown_waits_for_the_call_ends_the_store_has_not_answered() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let toml = with_tokens(config(&fake, &redis.url(), "deny", "100ms"));
+    let a = Process::spawn(&toml, &[], &[]).await;
+    let req = call(
+        true,
+        &[
+            ("x-run-id", "shutdown-end"),
+            ("x-run-budget-ms", "60000"),
+            ("x-fake-chunks", "3"),
+            ("x-fake-interval-ms", "20"),
+        ],
+        0,
+    );
+    let (resp, conn) = Conn::open(a.addr).await.send(req).await;
+    assert_eq!(resp.status(), 200);
+    redis.pause();
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error_event().is_none(), "the stream is whole");
+    drop(conn);
+    let ((_, err), ()) = tokio::join!(a.stop(), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        redis.resume();
+    });
+    assert!(!err.contains("still unsent at shutdown"), "{err}");
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let h: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg("hg:{-/shutdown-end}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(h["in_flight"], "0", "{h:?}");
+    assert_eq!(h["reserved"], "0", "{h:?}");
+    assert_ne!(h["used"], "0", "what it used: {h:?}");
 }
 
 /// A run's end is counted even when the calls that would count it stopped waiting for
