@@ -199,3 +199,81 @@ impl Shared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::metrics::Metrics;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A store at a port nothing listens on.
+    fn unreachable() -> Arc<Shared> {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/0", closed.local_addr().unwrap());
+        drop(closed);
+        let timeout = Duration::from_millis(50);
+        Arc::new(Shared {
+            store: RedisStore::new(&url, timeout, None, false).unwrap(),
+            shown: url,
+            ttl: Duration::from_secs(60),
+            timeout,
+            on_error: OnStoreError::Deny,
+            metrics: Metrics::new().runs().clone(),
+            last_warning: Throttle::every(Duration::from_secs(1)),
+            last_error: Mutex::new(None),
+            nonce: 1,
+            calls: AtomicU64::new(0),
+            pending: TaskTracker::new(),
+        })
+    }
+
+    /// An end given up on after its minute of tries says so, naming its run (audit GA 1: it
+    /// was silent, and the run kept the call's reservation with no trace in the log).
+    #[tokio::test(start_paused = true)]
+    async fn an_end_given_up_on_is_logged_with_its_run() {
+        let shared = unreachable();
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _log = tracing::subscriber::set_default(subscriber);
+        let tries = AtomicU64::new(0);
+        shared
+            .until_answered(Some("finish"), "hg:{-/lost}", || {
+                tries.fetch_add(1, Ordering::Relaxed);
+                async { Err(StoreError::Failed("down".to_owned())) }
+            })
+            .await;
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(tries.load(Ordering::Relaxed) > 1, "tried again");
+        let gave_up: Vec<&str> = text.lines().filter(|l| l.contains("gave up")).collect();
+        assert_eq!(gave_up.len(), 1, "{text}");
+        assert!(gave_up[0].contains("WARN"), "{text}");
+        assert!(gave_up[0].contains("hg:{-/lost}"), "{text}");
+    }
+
+    /// A shutdown's wait for the ends still being sent is bounded, and says how many it
+    /// left (audit GA 2).
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_for_unsent_ends_is_bounded() {
+        let shared = unreachable();
+        shared.cancel_later("hg:{-/lost}".to_owned(), "t1".to_owned(), false);
+        assert_eq!(shared.settle(Duration::from_secs(10)).await, 1);
+        let shared = unreachable();
+        assert_eq!(shared.settle(Duration::from_secs(10)).await, 0);
+    }
+}
