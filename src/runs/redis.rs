@@ -6,7 +6,11 @@
 //! never a read followed by a write), with Redis's own clock (`TIME`) for every instant, so
 //! replicas whose clocks differ agree on a run's deadline. Every key expires `ttl` after its
 //! last call (longer while a call may still be in flight), so the store never grows without
-//! bound and a replica that dies mid-call leaves at most that call's reservation behind.
+//! bound. A replica that dies mid-call (or a store restored from an older snapshot, or an
+//! end given up after its retries) leaves that call's reservation behind, with its expiry
+//! (`e:TOKEN`): the call's budget plus the time its end is retried; the run's next admission
+//! gives back the expired ones (the earliest expiry is kept in `reclaim`, so the hash is
+//! looked through only once one has passed).
 //!
 //! Each admission carries a call token, and the run's hash holds `p:TOKEN` (what the call
 //! reserved) until the call's end gives it back, once. A call that stops waiting for its
@@ -291,7 +295,8 @@ impl RedisStore {
     }
 
     /// Admits `call` into the run `key` (starting it with `limits`, for `route`, if it is
-    /// new) as the call `token`; the key lives `expire` from now at least.
+    /// new) as the call `token`; the key lives `expire` from now at least, and what the call
+    /// reserves is given back `life` after its arrival if its end has not come by then.
     #[allow(clippy::too_many_arguments)]
     pub async fn admit(
         &self,
@@ -300,6 +305,7 @@ impl RedisStore {
         limits: &RunLimits,
         call: &Call,
         expire: Duration,
+        life: Duration,
         token: &str,
     ) -> Result<RedisAdmission, StoreError> {
         let ms = |d: Duration| d.as_millis() as u64;
@@ -320,7 +326,8 @@ impl RedisStore {
             .arg(ms(call.need))
             .arg(ms(call.now.saturating_duration_since(call.at)))
             .arg(ms(expire))
-            .arg(token);
+            .arg(token)
+            .arg(ms(life));
         let reply: Vec<Value> = match self.noted(invocation.invoke_async(&mut conn).await) {
             // The first command after the store restarted finds the old connection broken
             // (the manager reconnects only then): once more, on the new one. A reply lost
@@ -680,6 +687,20 @@ fn state_of(
     run.in_flight = num("in_flight").unwrap_or(0) as u32;
     run.tokens_used = num("used").unwrap_or(0);
     run.tokens_reserved = num("reserved").unwrap_or(0);
+    // Reservations past their expiry that no admission has given back yet (admit.lua does):
+    // shown as given back, as the run's next call will find them.
+    for (field, at) in h {
+        let Some(token) = field.strip_prefix("e:") else {
+            continue;
+        };
+        let expired = at.parse::<u64>().is_ok_and(|at| at <= redis_now);
+        if let Some(held) = h.get(&format!("p:{token}")).filter(|_| expired) {
+            run.in_flight = run.in_flight.saturating_sub(1);
+            run.tokens_reserved = run
+                .tokens_reserved
+                .saturating_sub(held.parse::<u64>().unwrap_or(0));
+        }
+    }
     run.answer = h.get("ans_fp").map(|fp| Repeat {
         fingerprint: u64::from_str_radix(fp, 16).unwrap_or(0),
         tool: h

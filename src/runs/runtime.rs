@@ -53,7 +53,7 @@ impl Drop for Abandoned {
             return;
         };
         // Dropped with its task when a runtime shuts down: nothing to spawn on then, and
-        // the key expires with its ttl.
+        // the reservation expires (admit.lua gives it back).
         if tokio::runtime::Handle::try_current().is_ok() {
             let (key, token) = (
                 std::mem::take(&mut self.key),
@@ -126,6 +126,7 @@ impl Runs {
                 last_error: Mutex::new(None),
                 nonce: crate::runs::shared::nonce(),
                 calls: AtomicU64::new(0),
+                pending: tokio_util::task::TaskTracker::new(),
             })),
         };
         Ok(Arc::new_cyclic(|me: &Weak<Runs>| {
@@ -232,7 +233,15 @@ impl Runs {
         };
         let answer = tokio::time::timeout(
             wait,
-            shared.store.admit(key, route, limits, call, expire, &token),
+            shared.store.admit(
+                key,
+                route,
+                limits,
+                call,
+                expire,
+                shared.reservation_life(call_budget),
+                &token,
+            ),
         )
         .await;
         abandoned.disarm();
@@ -308,6 +317,24 @@ impl Runs {
                         .to_string()
                     })
             }
+        }
+    }
+
+    /// At shutdown, once the connections have drained: waits up to `within` for the run
+    /// store's ends and cancels still being sent (a store slow just then would otherwise
+    /// keep those calls' reservations until they expire), and says how many it gave up on.
+    pub async fn settle(&self, within: Duration) {
+        let Store::Redis(shared) = &self.store else {
+            return;
+        };
+        let unsent = shared.settle(within).await;
+        if unsent > 0 {
+            tracing::warn!(
+                store = %shared.shown,
+                unsent,
+                ?within,
+                "run store: {unsent} call ends or cancels still unsent at shutdown; their reservations are given back when they expire"
+            );
         }
     }
 

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
 use crate::config::OnStoreError;
 use crate::runs::redis::{Ended, RedisStore, StoreError};
@@ -37,6 +38,9 @@ pub struct Shared {
     /// call among every replica's.
     pub(super) nonce: u64,
     pub(super) calls: AtomicU64,
+    /// The ends and cancels still being sent, which a shutdown waits for: dropped with the
+    /// runtime, each would leave its call's reservation until it expires.
+    pub(super) pending: TaskTracker,
 }
 
 /// A number no other replica (nor this one started again) draws.
@@ -51,6 +55,29 @@ pub(super) fn nonce() -> u64 {
 }
 
 impl Shared {
+    /// How long after its arrival a call's reservation is given back if its end never came
+    /// (its replica was killed, the store restored from an older snapshot): once its budget
+    /// is spent the call has ended, and its end is tried for `GIVE_BACK_FOR` more (each try
+    /// up to `each`). No longer than `ttl` past the budget: a run with no other call would
+    /// have been forgotten by then, and a short `ttl` gives a reservation back as soon.
+    pub(super) fn reservation_life(&self, call_budget: Duration) -> Duration {
+        let each = self.timeout.max(Duration::from_millis(500));
+        call_budget + self.ttl.min(GIVE_BACK_FOR + each + Duration::from_secs(1))
+    }
+
+    /// Waits up to `within` for the ends and cancels still being sent (at shutdown, once no
+    /// call is left to add one). The number still unsent then.
+    pub(super) async fn settle(&self, within: Duration) -> usize {
+        self.pending.close();
+        if tokio::time::timeout(within, self.pending.wait())
+            .await
+            .is_ok()
+        {
+            return 0;
+        }
+        self.pending.len()
+    }
+
     /// A token for the next call's admission, unique across replicas.
     pub(super) fn token(&self) -> String {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
@@ -94,9 +121,9 @@ impl Shared {
         used: Used,
     ) {
         let shared = self.clone();
-        tokio::spawn(async move {
+        self.pending.spawn(async move {
             shared
-                .until_answered(Some("finish"), || {
+                .until_answered(Some("finish"), &key, || {
                     shared
                         .store
                         .finish(&key, &token, reserve, &used, shared.ttl)
@@ -112,9 +139,9 @@ impl Shared {
     /// nothing used that the run saw); else it counts nowhere.
     pub(super) fn cancel_later(self: &Arc<Self>, key: String, token: String, served: bool) {
         let shared = self.clone();
-        tokio::spawn(async move {
+        self.pending.spawn(async move {
             shared
-                .until_answered(None, || {
+                .until_answered(None, &key, || {
                     shared.store.cancel(&key, &token, served, shared.ttl)
                 })
                 .await;
@@ -126,8 +153,9 @@ impl Shared {
     /// half sent (EVALSHA answered NOSCRIPT, the SCRIPT LOAD never made), which is what a
     /// store that just stalled does to the first use of a script. The first failure counts
     /// under `op` (a cancel's does not: the admission it follows was counted). The run's end,
-    /// when the answer says this call counts it, is reported.
-    async fn until_answered<F, Fut>(&self, op: Option<&str>, mut send: F)
+    /// when the answer says this call counts it, is reported. Giving up is logged, naming
+    /// the run (its key), whose reservation then stays until it expires.
+    async fn until_answered<F, Fut>(&self, op: Option<&str>, run: &str, mut send: F)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Option<Ended>, StoreError>>,
@@ -156,10 +184,96 @@ impl Shared {
                 Err(_) => {}
             }
             if Instant::now() + pause > give_up {
+                tracing::warn!(
+                    store = %self.shown,
+                    run,
+                    op = op.unwrap_or("cancel"),
+                    "run store: gave up sending a call's {} after {}s; its reservation is given back when it expires",
+                    op.unwrap_or("cancel"),
+                    GIVE_BACK_FOR.as_secs()
+                );
                 return;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(5));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::metrics::Metrics;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A store at a port nothing listens on.
+    fn unreachable() -> Arc<Shared> {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/0", closed.local_addr().unwrap());
+        drop(closed);
+        let timeout = Duration::from_millis(50);
+        Arc::new(Shared {
+            store: RedisStore::new(&url, timeout, None, false).unwrap(),
+            shown: url,
+            ttl: Duration::from_secs(60),
+            timeout,
+            on_error: OnStoreError::Deny,
+            metrics: Metrics::new().runs().clone(),
+            last_warning: Throttle::every(Duration::from_secs(1)),
+            last_error: Mutex::new(None),
+            nonce: 1,
+            calls: AtomicU64::new(0),
+            pending: TaskTracker::new(),
+        })
+    }
+
+    /// An end given up on after its minute of tries says so, naming its run (audit GA 1: it
+    /// was silent, and the run kept the call's reservation with no trace in the log).
+    #[tokio::test(start_paused = true)]
+    async fn an_end_given_up_on_is_logged_with_its_run() {
+        let shared = unreachable();
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _log = tracing::subscriber::set_default(subscriber);
+        let tries = AtomicU64::new(0);
+        shared
+            .until_answered(Some("finish"), "hg:{-/lost}", || {
+                tries.fetch_add(1, Ordering::Relaxed);
+                async { Err(StoreError::Failed("down".to_owned())) }
+            })
+            .await;
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(tries.load(Ordering::Relaxed) > 1, "tried again");
+        let gave_up: Vec<&str> = text.lines().filter(|l| l.contains("gave up")).collect();
+        assert_eq!(gave_up.len(), 1, "{text}");
+        assert!(gave_up[0].contains("WARN"), "{text}");
+        assert!(gave_up[0].contains("hg:{-/lost}"), "{text}");
+    }
+
+    /// A shutdown's wait for the ends still being sent is bounded, and says how many it
+    /// left (audit GA 2).
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_for_unsent_ends_is_bounded() {
+        let shared = unreachable();
+        shared.cancel_later("hg:{-/lost}".to_owned(), "t1".to_owned(), false);
+        assert_eq!(shared.settle(Duration::from_secs(10)).await, 1);
+        let shared = unreachable();
+        assert_eq!(shared.settle(Duration::from_secs(10)).await, 0);
     }
 }

@@ -209,7 +209,12 @@ fn head_fields(head: &[u8]) -> http::HeaderMap {
 /// would otherwise fill the log.
 static CRL_WARNED: Throttle = Throttle::every(Duration::from_secs(60));
 
-pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, stop: Signal) {
+/// Serves until `stop`, then drains; what is left of `shutdown_grace` once drained.
+pub(super) async fn serve_clients(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    stop: Signal,
+) -> Duration {
     let graceful = GracefulShutdown::new();
     let initial = shared.server.load_full();
     let slots = initial.max_connections.map(|n| Arc::new(Semaphore::new(n)));
@@ -254,6 +259,7 @@ pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, st
     shared.health.set_ready(false);
     drop(listener);
     let grace = shared.server.load().shutdown_grace;
+    let began = tokio::time::Instant::now();
     let drained = graceful.shutdown();
     tokio::pin!(drained);
     tokio::select! {
@@ -271,6 +277,7 @@ pub(super) async fn serve_clients(listener: TcpListener, shared: Arc<Shared>, st
         }
     }
     shared.cut.fire();
+    grace.saturating_sub(began.elapsed())
 }
 
 /// When the requests still in flight are cut: at the grace's end, or sooner if the cut is

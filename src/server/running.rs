@@ -19,6 +19,10 @@ use crate::server::shared::{AtStart, ServerError, Shared};
 use crate::stream::signal::Signal;
 use crate::telemetry::metrics::Metrics;
 
+/// How long a shutdown waits at least, after the drain, for the run store's call ends (or
+/// `shutdown_grace`, if shorter).
+const SETTLE_AT_LEAST: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A started gateway: its bound addresses and the handle that reloads and stops it.
 pub struct Running {
     pub addr: SocketAddr,
@@ -32,7 +36,9 @@ pub struct Running {
 
 impl Running {
     /// Stops accepting, lets in-flight requests finish for up to `shutdown_grace`, then cuts
-    /// the rest (origin `shutdown`, each told with an error event or a 503) and returns.
+    /// the rest (origin `shutdown`, each told with an error event or a 503); then waits for
+    /// the run store's call ends still being sent (the rest of the grace, at least the grace
+    /// or 10 s, whichever is shorter) and returns.
     pub async fn shutdown(self) {
         self.stop.fire();
         let _ = self.task.await;
@@ -123,9 +129,14 @@ pub async fn start_with_source(
         }),
     ));
     let task = {
-        let (shared, stop) = (shared.clone(), stop.clone());
+        let (shared, stop, runs) = (shared.clone(), stop.clone(), runs.clone());
         tokio::spawn(async move {
-            serve_clients(listener, shared, stop).await;
+            let left = serve_clients(listener, shared.clone(), stop).await;
+            // The ends of the calls just drained are still on their way to a shared run
+            // store: the rest of the grace to send them, and some time even when the drain
+            // took all of it (calls cut at its end send theirs only then).
+            let grace = shared.server.load().shutdown_grace;
+            runs.settle(left.max(grace.min(SETTLE_AT_LEAST))).await;
             admin_task.abort();
         })
     };

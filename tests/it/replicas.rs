@@ -363,12 +363,19 @@ async fn a_call_the_store_could_not_admit_is_logged_with_its_run() {
         ("deny", "100ms", "30000", 503),
         ("allow", "5s", "800", 504),
     ] {
-        let p = Process::spawn(&config(&fake, &url, on_error, timeout), &json, &[]).await;
+        // A shutdown waits up to its grace for the cancel it cannot send.
+        let toml = config(&fake, &url, on_error, timeout)
+            .replace("[server]\n", "[server]\nshutdown_grace = \"1s\"\n");
+        let p = Process::spawn(&toml, &json, &[]).await;
         let run = [("x-run-id", "unheard"), ("x-request-budget-ms", budget)];
         let (status, _, body) = send(&p, call(false, &run, 0)).await;
         assert_eq!(status, want, "{on_error}: {body}");
         let (stdout, stderr) = p.stop().await;
         let out = stdout + &stderr;
+        assert!(
+            out.contains("1 call ends or cancels still unsent at shutdown"),
+            "the cancel given up on: {out}"
+        );
         let lines = log_lines_with(&out, "run_id", "unheard");
         assert_eq!(lines.len(), 1, "{on_error}, {want}: {out}");
         let line = lines[0].get("fields").unwrap_or(&lines[0]);
@@ -474,6 +481,199 @@ async fn a_replica_that_dies_mid_call_leaves_only_that_calls_reservation_until_t
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// A replica killed mid-call (audit GA 1): its call's reservation and in-flight slot are
+/// given back once that call's budget and the time its end would be retried (here the 1 s
+/// ttl) have passed, by the run's next admission on another replica; and a run that ended
+/// meanwhile is counted then, where before it stayed "in flight" and was never counted.
+#[tokio::test]
+async fn a_replica_killed_mid_call_has_its_reservation_given_back_after_the_calls_budget() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let toml = with_tokens(config(&fake, &redis.url(), "deny", "200ms"))
+        .replace("[runs]\n", "[runs]\nttl = \"1s\"\n")
+        .replace("run_max_calls = 10", "run_max_calls = 2")
+        .replace("run_budget = \"1500ms\"", "run_budget = \"60s\"");
+    let a = Process::spawn(&toml, &[], &[]).await;
+    let b = Process::spawn(&toml, &[], &[]).await;
+    let run = [("x-run-id", "killed")];
+    let mut held = run.to_vec();
+    held.extend([
+        ("x-request-budget-ms", "1000"),
+        ("x-fake-freeze-after", "1"),
+    ]);
+    let (resp, _c) = Conn::open(a.addr).await.send(call(true, &held, 0)).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    crate::support::read_events(&mut body, 1).await;
+    a.kill().await;
+    // The survivors' calls keep the run's keys for 5 s past their budget, well past the
+    // dead call's expiry (its 1 s budget plus the 1 s ttl).
+    let mut alive = run.to_vec();
+    alive.push(("x-request-budget-ms", "5000"));
+    assert_eq!(send(&b, call(false, &alive, 1)).await.0, 200);
+    let (status, _, body) = send(&b, call(false, &alive, 2)).await;
+    assert_eq!(status, 429, "the run has made its 2 calls: {body}");
+    let ended = "hourglass_runs_total{end=\"calls\",route=\"agent\"}";
+    let counted = || async {
+        crate::support::scrape(b.admin)
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix(ended)?.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let state = run_state(&b, "killed", |u| u["in_flight"] == 1).await;
+    assert_eq!(state["runs"][0]["used"]["tokens_reserved"], 500, "{state}");
+    assert_eq!(counted().await, 0.0, "the dead call is in flight");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counted().await == 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the run's end was never counted: {}",
+            crate::support::admin_get(b.admin, "/runs/killed").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (status, _, body) = send(&b, call(false, &alive, 3)).await;
+        assert_eq!(status, 429, "{body}");
+    }
+    let (status, _, _) = send(&b, call(false, &alive, 4)).await;
+    assert_eq!(status, 429);
+    assert_eq!(counted().await, 1.0, "counted once");
+    let state = run_state(&b, "killed", |u| u["in_flight"] == 0).await;
+    let used = &state["runs"][0]["used"];
+    assert_eq!(used["in_flight"], 0, "{state}");
+    assert_eq!(used["tokens_reserved"], 0, "{state}");
+    assert_eq!(used["calls"], 2, "{state}");
+}
+
+/// What a killed replica leaves (or a store restored from an older snapshot holds): a
+/// reservation whose end never comes. Driven as the store sends the scripts: the expired
+/// reservation is given back by the next admission, which counts the ended run's end once;
+/// one not yet expired is kept; the dead call's end, should it come after all, changes
+/// nothing.
+#[tokio::test]
+async fn an_expired_reservation_is_given_back_by_the_runs_next_admission() {
+    use redis::{Script, Value};
+    let Some((redis, _fake)) = redis_and_fake().await else {
+        return;
+    };
+    let client = redis::Client::open(redis.url()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut own = conn.clone();
+    let admit_lua = Script::new(include_str!("../../src/runs/redis/admit.lua"));
+    let finish_lua = Script::new(include_str!("../../src/runs/redis/finish.lua"));
+    let int = |v: &Value| match v {
+        Value::Int(n) => *n,
+        other => panic!("{other:?}"),
+    };
+    // max_calls 2, max_tokens 1000, reserve 100, given back `life` ms after its arrival.
+    let admit = |token: &'static str, life: u64| {
+        let (script, mut conn) = (&admit_lua, conn.clone());
+        async move {
+            let reply: Vec<Value> = script
+                .key("hg:{-/lost}")
+                .arg("agent")
+                .arg("")
+                .arg("")
+                .arg(2)
+                .arg(1000)
+                .arg("")
+                .arg(100)
+                .arg(100)
+                .arg("")
+                .arg("")
+                .arg(100)
+                .arg(0)
+                .arg(60_000)
+                .arg(token)
+                .arg(life)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            (int(&reply[0]), reply.get(1).map_or(-1, int))
+        }
+    };
+    let finish = |token: &'static str| {
+        let (script, mut conn) = (&finish_lua, conn.clone());
+        async move {
+            let reply: Vec<Value> = script
+                .key("hg:{-/lost}")
+                .arg(100)
+                .arg(10)
+                .arg("-")
+                .arg("")
+                .arg(60_000)
+                .arg("")
+                .arg(token)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            reply.first().map_or(-1, int)
+        }
+    };
+    let hash = || {
+        let mut conn = conn.clone();
+        async move {
+            let h: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+                .arg("hg:{-/lost}")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let n = |k: &str| h.get(k).map_or(0, |v| v.parse::<i64>().unwrap());
+            (n("calls"), n("in_flight"), n("reserved"), n("used"))
+        }
+    };
+    // `dead` is never finished; `live` is; the third call ends the run with `dead` in flight.
+    assert_eq!(admit("dead", 300).await.0, 1);
+    assert_eq!(admit("live", 60_000).await.0, 1);
+    assert_eq!(admit("third", 60_000).await, (0, 0), "ended, not counted");
+    assert_eq!(finish("live").await, 0, "`dead` is still in flight");
+    assert_eq!(hash().await, (2, 1, 100, 10));
+    assert_eq!(admit("early", 60_000).await, (0, 0), "not expired yet");
+    assert_eq!(hash().await, (2, 1, 100, 10));
+    // Past its expiry by Redis's clock.
+    let now = || async {
+        let (s, us): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut own.clone())
+            .await
+            .unwrap();
+        s * 1000 + us / 1000
+    };
+    let from = now().await;
+    while now().await < from + 400 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        admit("next", 60_000).await,
+        (0, 1),
+        "the run's end, counted now"
+    );
+    assert_eq!(hash().await, (2, 0, 0, 10));
+    assert_eq!(
+        admit("next", 60_000).await,
+        (0, 1),
+        "sent again, it says so again"
+    );
+    assert_eq!(admit("after", 60_000).await, (0, 0), "counted once");
+    assert_eq!(
+        finish("dead").await,
+        -1,
+        "the dead call's late end gives nothing back"
+    );
+    assert_eq!(hash().await, (2, 0, 0, 10));
+    let left: Vec<String> = redis::cmd("HKEYS")
+        .arg("hg:{-/lost}")
+        .query_async(&mut own)
+        .await
+        .unwrap();
+    assert!(
+        !left
+            .iter()
+            .any(|f| f.starts_with("p:") || f.starts_with("e:") || f == "reclaim"),
+        "{left:?}"
+    );
 }
 
 /// `toml` with a token budget on the run (100,000, 500 reserved a call): what a frozen
@@ -584,6 +784,50 @@ async fn a_call_that_ends_while_redis_is_frozen_gives_its_reservation_back_on_th
         used["tokens"].as_u64().unwrap() > 0,
         "what it used: {state}"
     );
+}
+
+/// A gateway shut down (SIGTERM) while a call's end waits on a frozen Redis sends it once
+/// Redis answers, before it exits (audit GA 2): before, the drain ended with the client's
+/// connection, the end was dropped with the runtime, and the run kept the call in flight
+/// and its reservation.
+#[tokio::test]
+async fn a_shutdown_waits_for_the_call_ends_the_store_has_not_answered() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let toml = with_tokens(config(&fake, &redis.url(), "deny", "100ms"));
+    let a = Process::spawn(&toml, &[], &[]).await;
+    let req = call(
+        true,
+        &[
+            ("x-run-id", "shutdown-end"),
+            ("x-run-budget-ms", "60000"),
+            ("x-fake-chunks", "3"),
+            ("x-fake-interval-ms", "20"),
+        ],
+        0,
+    );
+    let (resp, conn) = Conn::open(a.addr).await.send(req).await;
+    assert_eq!(resp.status(), 200);
+    redis.pause();
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error_event().is_none(), "the stream is whole");
+    drop(conn);
+    let ((_, err), ()) = tokio::join!(a.stop(), async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        redis.resume();
+    });
+    assert!(!err.contains("still unsent at shutdown"), "{err}");
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let h: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg("hg:{-/shutdown-end}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(h["in_flight"], "0", "{h:?}");
+    assert_eq!(h["reserved"], "0", "{h:?}");
+    assert_ne!(h["used"], "0", "what it used: {h:?}");
 }
 
 /// A run's end is counted even when the calls that would count it stopped waiting for

@@ -9,7 +9,9 @@
 -- ARGV     1 route, 2 budget_ms, 3 max_budget_ms, 4 max_calls, 5 max_tokens,
 --          6 max_repeats, 7 token_estimate ('' for unset): the limits a new run takes;
 --          8 reserve, 9 asked_budget_ms (''), 10 request fingerprint (''), 11 need_ms,
---          12 since_arrival_ms, 13 expire_ms (ttl plus this call's budget), 14 call token
+--          12 since_arrival_ms, 13 expire_ms (ttl plus this call's budget), 14 call token,
+--          15 life_ms: how long after the call's arrival its reservation is given back if
+--          its end never comes ('' for never)
 --
 -- Returns {1, deadline_left_ms, calls_left, tokens_left, allowance, run_budget_ms, started,
 --          max_tokens, max_repeats, route} (max_tokens and max_repeats the run's limits,
@@ -40,6 +42,45 @@ local deadline, run_budget = num(h.deadline), num(h.run_budget)
 local started_ms = num(h.started)
 local reserve, asked, need = tonumber(ARGV[8]), num(ARGV[9]), tonumber(ARGV[11])
 local request = ARGV[10]
+local in_flight = num(h.in_flight) or 0
+
+-- Reservations whose end never came (a replica killed mid-call, a store restored from an
+-- older snapshot, an end given up after its retries): each has an expiry (`e:TOKEN`), past
+-- which its call has ended and its end been tried, and is given back here. `reclaim` holds
+-- the earliest expiry, so the fields are looked through only once one has passed.
+local due = num(h.reclaim)
+if due ~= nil and due <= now then
+  local gone, next_due = {}, nil
+  for f, v in pairs(h) do
+    if string.sub(f, 1, 2) == 'e:' then
+      local token = string.sub(f, 3)
+      local held, at = num(h['p:' .. token]), tonumber(v)
+      if held == nil then
+        table.insert(gone, f)
+      elseif at <= now then
+        table.insert(gone, f)
+        table.insert(gone, 'p:' .. token)
+        in_flight = math.max(0, in_flight - 1)
+        reserved = math.max(0, reserved - held)
+      elseif next_due == nil or at < next_due then
+        next_due = at
+      end
+    end
+  end
+  for _, f in ipairs(gone) do h[f] = nil end
+  if #gone > 0 then redis.call('HDEL', k, unpack(gone)) end
+  redis.call('HSET', k, 'in_flight', in_flight, 'reserved', reserved)
+  h.in_flight = tostring(in_flight)
+  due = next_due
+  if due == nil then redis.call('HDEL', k, 'reclaim') else redis.call('HSET', k, 'reclaim', due) end
+  -- The run ended while those calls were in flight: its end is counted now, by this call
+  -- (refused, as the run has ended), as the last of them would have counted it.
+  if in_flight == 0 and h.unreported == '1' then
+    redis.call('HDEL', k, 'unreported')
+    redis.call('HSET', k, 'reporter', ARGV[14])
+    h.unreported, h.reporter = nil, ARGV[14]
+  end
+end
 
 -- The route's budget, which the client's may only shorten; without one, the client's,
 -- clamped by max_budget (as state.rs: RunState::budget_for).
@@ -119,7 +160,7 @@ if refusal ~= nil then
     if h.ended == nil or h.ended == '' then
       redis.call('HSET', k, 'ended', refusal[1], 'refused', cjson.encode(refusal))
       -- Counted once the calls still in flight have added what they used (finish.lua).
-      if (num(h.in_flight) or 0) == 0 then
+      if in_flight == 0 then
         ended_now = 1
         -- Should this call have stopped waiting, its cancel.lua counts the end instead.
         redis.call('HSET', k, 'reporter', ARGV[14])
@@ -143,6 +184,12 @@ redis.call('HSET', k, 'calls', calls, 'reserved', reserved, 'last', now)
 redis.call('HINCRBY', k, 'in_flight', 1)
 -- What this call holds, until finish.lua or cancel.lua gives it back (once).
 redis.call('HSET', k, 'p:' .. ARGV[14], reserve)
+local life = num(ARGV[15])
+if life ~= nil then
+  local at = arrival + life
+  redis.call('HSET', k, 'e:' .. ARGV[14], at)
+  if due == nil or at < due then redis.call('HSET', k, 'reclaim', at) end
+end
 if started then redis.call('HSET', k, 'starter', ARGV[14]) end
 local expire = tonumber(ARGV[13])
 if redis.call('PTTL', k) < expire then redis.call('PEXPIRE', k, expire) end

@@ -36,7 +36,7 @@ if not held then
   if redis.call('HGET', k, 'reporter') == ARGV[1] then return ended_now(0) end
   return {0}
 end
-redis.call('HDEL', k, 'p:' .. ARGV[1])
+redis.call('HDEL', k, 'p:' .. ARGV[1], 'e:' .. ARGV[1])
 -- A copy of the admission still on its way (sent twice) must not admit the call again.
 tombstone()
 local h = redis.call('HMGET', k, 'in_flight', 'reserved', 'calls', 'unreported', 'ended',

@@ -28,6 +28,7 @@ if redis.call('HDEL', k, 'p:' .. ARGV[7]) == 0 then
   end
   return {}
 end
+redis.call('HDEL', k, 'e:' .. ARGV[7])
 local in_flight = math.max(0, (num(h.in_flight) or 0) - 1)
 local reserved = math.max(0, (num(h.reserved) or 0) - tonumber(ARGV[1]))
 local used = (num(h.used) or 0) + tonumber(ARGV[2])
