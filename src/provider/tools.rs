@@ -5,7 +5,7 @@
 //!
 //! | format | streamed | whole |
 //! |---|---|---|
-//! | Chat Completions | `choices[].delta.tool_calls[]`: `function.name`, `function.arguments` pieces | `choices[].message.tool_calls[]` |
+//! | Chat Completions | `choices[].delta.tool_calls[]`: `function.name`, `function.arguments` pieces (a custom tool's: `custom.name`, `custom.input`) | `choices[].message.tool_calls[]` |
 //! | Messages | `content_block_start` of a `tool_use` block, then its `input_json_delta`s | `content[]` blocks of type `tool_use` (`input`) |
 //! | Responses | `response.output_item.added` of a `function_call`, its `function_call_arguments.delta`s (`.done` has them whole) | `output[]` items of type `function_call` |
 
@@ -217,20 +217,24 @@ impl ToolCalls {
                             }
                             None => (None, 0),
                         };
-                        let name = tc.function.as_ref().and_then(|f| f.name.as_deref());
-                        let index = chat_call_index(tc.index, tc.id.as_deref(), name, last, next);
+                        let (name, arguments) = tc.call();
+                        let index = chat_call_index(
+                            tc.index,
+                            tc.id.as_deref(),
+                            name.as_deref(),
+                            last,
+                            next,
+                        );
                         self.edit((choice.index, index), |c| {
                             c.given = tc.index;
                             if tc.id.is_some() {
                                 c.id = tc.id;
                             }
-                            if let Some(f) = tc.function {
-                                if let Some(n) = f.name {
-                                    c.name.push_str(&n);
-                                }
-                                if let Some(a) = f.arguments {
-                                    c.arguments.push_str(&a);
-                                }
+                            if let Some(n) = name {
+                                c.name.push_str(&n);
+                            }
+                            if let Some(a) = arguments {
+                                c.arguments.push_str(&a);
                             }
                         });
                     }
@@ -303,11 +307,10 @@ impl ToolCalls {
                         .and_then(|m| m.tool_calls)
                         .unwrap_or_default();
                     for (i, tc) in calls.into_iter().enumerate() {
+                        let (name, arguments) = tc.call();
                         self.edit((choice.index, i as u64), |c| {
-                            if let Some(f) = tc.function {
-                                c.name = f.name.unwrap_or_default();
-                                c.arguments = f.arguments.unwrap_or_default();
-                            }
+                            c.name = name.unwrap_or_default();
+                            c.arguments = arguments.unwrap_or_default();
                         });
                     }
                 }
@@ -476,12 +479,39 @@ struct ChatToolCall {
     index: Option<u64>,
     id: Option<String>,
     function: Option<ChatFunction>,
+    custom: Option<ChatCustom>,
+}
+
+impl ChatToolCall {
+    /// Its name and arguments (or their pieces): a custom tool's (GPT-5) input stands for
+    /// arguments, so that distinct custom calls never look alike (audit GB 1: all of them were
+    /// tool `""` with arguments `""`, a loop after three).
+    fn call(&self) -> (Option<String>, Option<String>) {
+        call_of(self.function.as_ref(), self.custom.as_ref())
+    }
+}
+
+fn call_of(
+    function: Option<&ChatFunction>,
+    custom: Option<&ChatCustom>,
+) -> (Option<String>, Option<String>) {
+    match (function, custom) {
+        (Some(f), _) => (f.name.clone(), f.arguments.clone()),
+        (None, Some(c)) => (c.name.clone(), c.input.clone()),
+        (None, None) => (None, None),
+    }
 }
 
 #[derive(Deserialize)]
 struct ChatFunction {
     name: Option<String>,
     arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatCustom {
+    name: Option<String>,
+    input: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -504,6 +534,13 @@ struct ChatMessage {
 #[derive(Deserialize)]
 struct ChatWholeToolCall {
     function: Option<ChatFunction>,
+    custom: Option<ChatCustom>,
+}
+
+impl ChatWholeToolCall {
+    fn call(&self) -> (Option<String>, Option<String>) {
+        call_of(self.function.as_ref(), self.custom.as_ref())
+    }
 }
 
 #[derive(Deserialize)]

@@ -300,3 +300,29 @@ fn chat_calls_at_a_reused_index_are_told_apart() {
     assert_eq!(names, "alpha,beta,gamma");
     assert_eq!(canon, b"alpha\0{\"x\":1}\0beta\0{\"y\":2}\0gamma\0{}\0");
 }
+
+/// Audit GB 1: a GPT-5 custom tool call (`custom`, no `function`) is keyed by its name and
+/// input, streamed and whole: distinct calls differ, and the same call is the same.
+#[test]
+fn chat_custom_tool_calls_are_their_name_and_input() {
+    let doc = |input: &str| {
+        whole(
+            Format::Chat,
+            &format!(
+                r#"{{"choices":[{{"index":0,"message":{{"tool_calls":[{{"id":"call_1","type":"custom","custom":{{"name":"code_exec","input":"{input}"}}}}]}}}}]}}"#
+            ),
+        )
+    };
+    let canon = Some((b"code_exec\0print(0)\0".to_vec(), "code_exec".into()));
+    assert_eq!(doc("print(0)"), canon);
+    assert_ne!(doc("print(1)"), doc("print(0)"));
+    let s = streamed(
+        Format::Chat,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_2","type":"custom","custom":{"name":"code_exec","input":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"custom":{"input":"print("}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"custom":{"input":"0)"}}]}}]}"#,
+        ],
+    );
+    assert_eq!(s, canon);
+}
