@@ -116,6 +116,16 @@ fn error_body(error: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Val
     }}))
 }
 
+/// A Responses `response.failed` that came before any output is the provider's error event
+/// (see `provider::inspect`): its error is `response.error`, `{"code","message"}` as the
+/// `error` event's, and answered as that one is.
+fn failed_response_error(event: &serde_json::Value) -> &serde_json::Value {
+    match event.pointer("/response/error") {
+        Some(e) if event["type"] == "response.failed" && e.is_object() => e,
+        _ => event,
+    }
+}
+
 pub(super) async fn assembled(
     mut parts: Parts,
     mut body: Box<WatchedBody>,
@@ -164,6 +174,7 @@ pub(super) async fn assembled(
     // would be retried by the SDK and the finished generation paid for twice.
     let ended = answer_ended && assembler.ended();
     if let Some(error) = assembler.provider_error().filter(|_| !ended) {
+        let error = failed_response_error(error);
         // The provider's own error, as it would have answered it: its object, whole.
         let e = GatewayError::UpstreamError {
             upstream: record.upstream_name().unwrap_or_default(),

@@ -758,12 +758,11 @@ fn errors_by_shape() {
             "nothing after the error is read"
         );
     }
-    // `error: null` and an error nested in an answer do not end the stream.
+    // `error: null` does not end the stream.
     for data in [
         r#"{"choices":[],"error":null}"#,
         r#"{"choices":[],"error":""}"#,
         r#"{"object":"chat.completion.chunk","choices":[]}"#,
-        r#"{"type":"response.failed","response":{"status":"failed","error":{"code":"server_error","message":"m"},"usage":null}}"#,
     ] {
         let s = format!("data: {data}\n\n{AFTER}");
         let got = run(Format::Responses, s.as_bytes(), true, &[]);
@@ -993,4 +992,24 @@ fn a_messages_answer_ends_at_its_stop_reason() {
     assert!(!ins.answer_over());
     ins.read(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
     assert!(ins.answer_over());
+}
+
+/// Audit GB 3: a `response.failed` before any output is the provider's error event, of its
+/// `error.code`, as an `error` event is (a `server_error` was neither failed over nor logged
+/// as an error); after output it is counted and the stream goes on.
+#[test]
+fn a_response_failed_before_output_is_an_error_event() {
+    let created = r#"data: {"type":"response.created","response":{"id":"r","status":"in_progress","error":null}}"#;
+    let failed = r#"data: {"type":"response.failed","response":{"status":"failed","error":{"code":"server_error","message":"m"},"usage":null}}"#;
+    let s = format!("{created}\n\n{failed}\n\n{AFTER}");
+    let got = run(Format::Responses, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.error, Some(ErrorType::Server));
+    assert_eq!(got.error_end, Some(created.len() + failed.len() + 4));
+    assert_eq!(got.tokens.output_events, 0, "nothing after it is read");
+    let delta = r#"data: {"type":"response.output_text.delta","output_index":0,"delta":"hi"}"#;
+    let s = format!("{delta}\n\n{failed}\n\n{AFTER}");
+    let got = run(Format::Responses, s.as_bytes(), true, &[]);
+    assert_eq!(got.error_end, None);
+    assert_eq!(got.tokens.error, Some(ErrorType::Server));
+    assert_eq!(got.tokens.output_events, 2);
 }
