@@ -17,6 +17,8 @@ pub(super) struct Chat {
     head_open: bool,
     choices: Vec<ChatChoice>,
     usage: Option<Value>,
+    /// `usage` is a top-level one, which Groq's `x_groq.usage` never replaces.
+    usage_root: bool,
     /// The `reasoning_content` / `reasoning` text, for a usage the provider did not send.
     reasoning: Reasoning,
     pub(super) output: bool,
@@ -85,6 +87,15 @@ struct ChatToolCall {
 struct ChatChunk<'a> {
     #[serde(borrow)]
     choices: Option<Vec<ChunkChoice<'a>>>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow)]
+    x_groq: Option<XGroq<'a>>,
+}
+
+/// Groq's `x_groq`: its `usage` is the stream's when no top-level one was asked for.
+#[derive(Deserialize)]
+struct XGroq<'a> {
     #[serde(borrow)]
     usage: Option<&'a RawValue>,
 }
@@ -308,7 +319,7 @@ impl Chat {
 
     /// Reads one chunk (never the provider's error object: the inspector tells those apart).
     pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
-        let (choices, usage) = if self.head.is_none() || self.head_open {
+        let (choices, usage, groq) = if self.head.is_none() || self.head_open {
             // The first chunk: its head (id, object, created, model, system_fingerprint,
             // service_tier, Azure's prompt_filter_results, ...) is the document's, whatever
             // fields a provider adds; a field it left empty is taken from the next chunks,
@@ -317,6 +328,10 @@ impl Chat {
                 serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)?;
             let choices = fields.remove("choices");
             let usage = fields.remove("usage");
+            let groq = match fields.get("x_groq") {
+                Some(x) => serde_json::from_str::<Option<XGroq<'_>>>(x.get())?,
+                None => None,
+            };
             // OpenAI's random padding of each chunk (`stream_options.include_obfuscation`):
             // no answer that did not stream has it.
             fields.remove("obfuscation");
@@ -335,13 +350,19 @@ impl Chat {
                 && ["id", "model", "created"]
                     .iter()
                     .any(|k| head.get(*k).is_none_or(empty));
-            (choices, usage)
+            (choices, usage, groq)
         } else {
             let chunk = serde_json::from_slice::<ChatChunk<'_>>(data)?;
-            (chunk.choices.unwrap_or_default(), chunk.usage)
+            (chunk.choices.unwrap_or_default(), chunk.usage, chunk.x_groq)
         };
-        if let Some(u) = usage.filter(|u| u.get() != "null") {
+        let real = |u: &&RawValue| u.get() != "null";
+        if let Some(u) = usage.filter(real) {
             self.usage = Some(raw(u));
+            self.usage_root = true;
+        } else if let Some(u) = groq.and_then(|g| g.usage).filter(real) {
+            if !self.usage_root {
+                self.usage = Some(raw(u));
+            }
         }
         let mut added = 0;
         let mut output = false;

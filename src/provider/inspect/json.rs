@@ -33,6 +33,9 @@ enum Ctx {
     /// count is a placeholder until `message_delta`).
     MessageUsage,
     Response,
+    /// Groq's `x_groq`, whose `usage` is a stream's usage unless `include_usage` asked for
+    /// a top-level one.
+    XGroq,
     ErrorRoot,
     ErrorNested,
     BlockDelta,
@@ -79,6 +82,7 @@ enum Key {
     Index,
     Object,
     ErrorType,
+    XGroq,
 }
 
 fn key(name: &[u8]) -> Key {
@@ -117,6 +121,7 @@ fn key(name: &[u8]) -> Key {
         b"index" => Key::Index,
         b"object" => Key::Object,
         b"error_type" => Key::ErrorType,
+        b"x_groq" => Key::XGroq,
         _ => Key::Other,
     }
 }
@@ -129,6 +134,8 @@ fn child(parent: Ctx, key: Key, array: bool) -> Ctx {
         (Root, Key::Usage, false) => Usage,
         (Root, Key::Message, false) => Message,
         (Root, Key::Response, false) => Response,
+        (Root, Key::XGroq, false) => XGroq,
+        (XGroq, Key::Usage, false) => Usage,
         (Root, Key::Error, false) => ErrorRoot,
         (Root, Key::Delta, false) => BlockDelta,
         (Root, Key::ContentBlock, false) => ContentBlock,

@@ -1013,3 +1013,17 @@ fn a_response_failed_before_output_is_an_error_event() {
     assert_eq!(got.tokens.error, Some(ErrorType::Server));
     assert_eq!(got.tokens.output_events, 2);
 }
+
+/// Audit GB 4: Groq reports a stream's usage under `x_groq.usage` in its last chunk (a
+/// top-level `usage` only when `include_usage` asks): it is the usage, not an estimate.
+#[test]
+fn groq_reports_its_usage_under_x_groq() {
+    let s = concat!(
+        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hello\"},\"finish_reason\":null}],\"x_groq\":{\"id\":\"req_01\"}}\n\n",
+        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"x_groq\":{\"id\":\"req_01\",\"usage\":{\"queue_time\":0.01,\"prompt_tokens\":18,\"prompt_time\":0.002,\"completion_tokens\":7,\"completion_time\":0.03,\"total_tokens\":25,\"total_time\":0.032}}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let got = run(Format::Chat, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.prompt(), Some(18));
+    assert_eq!(got.tokens.completion(), (7, Source::Reported));
+}
