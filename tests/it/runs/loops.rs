@@ -14,6 +14,7 @@ on_both_stores!(
     calls_without_a_body_are_neither_repeats_nor_break_a_streak,
     a_loop_of_many_long_named_calls_keeps_and_names_a_bounded_part,
     distinct_chat_custom_tool_calls_are_no_loop,
+    custom_and_legacy_calls_asked_again_and_again_stop_the_run,
 );
 
 async fn the_same_tool_call_three_times_stops_the_run_naming_the_tool(store: Store) {
@@ -432,4 +433,21 @@ async fn distinct_chat_custom_tool_calls_are_no_loop(store: Store) {
         statuses(&h, "/v1/chat/completions", "k2", 4).await,
         [200, 200, 200, 429]
     );
+}
+
+/// Audit GB 5: a Responses custom tool call (`custom_tool_call`) and a Chat legacy
+/// `function_call`, the same one answered again and again, were never seen: four calls, four
+/// 200s. The fourth is now refused, as for any other call.
+async fn custom_and_legacy_calls_asked_again_and_again_stop_the_run(store: Store) {
+    let custom = r#"{"id":"r","object":"response","status":"completed","output":[{"type":"custom_tool_call","id":"ctc_1","call_id":"call_1","name":"code_exec","input":"print(0)"}]}"#;
+    let legacy = r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":null,"function_call":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},"finish_reason":"function_call"}]}"#;
+    for (path, answer) in [("/v1/responses", custom), ("/v1/chat/completions", legacy)] {
+        let up = answers_in_turn("application/json", vec![answer.to_owned()]).await;
+        let (h, _keep) = one_route(store, up, path).await;
+        assert_eq!(
+            statuses(&h, path, "k3", 4).await,
+            [200, 200, 200, 429],
+            "{path}"
+        );
+    }
 }
