@@ -60,8 +60,11 @@ fn provider_status(error: &serde_json::Value) -> StatusCode {
     let named = |v: &serde_json::Value| v.as_str().and_then(|s| ErrorType::parse(s.as_bytes()));
     let inner = error.get("error").unwrap_or(error);
     // vLLM's `{"object":"error",...,"code":503}` carries its HTTP status.
-    if let Some(code) = inner["code"].as_u64().filter(|c| (400..600).contains(c)) {
-        return StatusCode::from_u16(code as u16).unwrap_or(StatusCode::BAD_GATEWAY);
+    if let Some(code) = inner["code"]
+        .as_u64()
+        .and_then(crate::provider::error_status)
+    {
+        return StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
     }
     let kind = named(&inner["type"])
         .or_else(|| named(&inner["code"]))

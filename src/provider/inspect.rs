@@ -343,11 +343,18 @@ impl Reader {
     /// which ends the reading.
     fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
         let ev = std::mem::take(&mut self.event);
+        let status = self.json.error_status();
         self.json.reset();
         if !dispatched || kind == EventType::Ping {
             return false;
         }
-        let named = ev.error_type.or(ev.error_code).or(ev.root_code);
+        // A numeric code is the HTTP status the provider answers the error with, as the
+        // document rebuilt from the stream is answered (audit GB 6).
+        let named = status
+            .and_then(ErrorType::from_status)
+            .or(ev.error_type)
+            .or(ev.error_code)
+            .or(ev.root_code);
         let ev = Event {
             error: ev.error || kind == EventType::Error,
             ..ev

@@ -779,6 +779,12 @@ async fn an_overload_sent_as_an_error_event_before_any_output_falls_back() {
             "data: {\"object\":\"error\",\"message\":\"m\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}\n\n".to_owned(),
             false,
         ),
+        // Gemini's, typed by its numeric code alone (audit GB 6: it passed through as `other`).
+        (
+            "RESOURCE_EXHAUSTED",
+            "data: {\"error\":{\"code\":429,\"message\":\"m\",\"status\":\"RESOURCE_EXHAUSTED\"}}\n\n".to_owned(),
+            true,
+        ),
     ] {
         let head = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\

@@ -708,7 +708,11 @@ fn errors_by_shape() {
             r#"{"error":{"message":"m","code":"rate_limit_exceeded"}}"#,
             Some(ErrorType::RateLimit),
         ),
-        (r#"{"error":{"message":"m","code":502}}"#, None),
+        // A numeric code is the HTTP status (audit GB 6).
+        (
+            r#"{"error":{"message":"m","code":502}}"#,
+            Some(ErrorType::Server),
+        ),
         (r#"{"error":{"type":"brand_new_kind","message":"m"}}"#, None),
         // Another Hourglass further down a chain.
         (
@@ -1026,4 +1030,28 @@ fn groq_reports_its_usage_under_x_groq() {
     let got = run(Format::Chat, s.as_bytes(), true, &[]);
     assert_eq!(got.tokens.prompt(), Some(18));
     assert_eq!(got.tokens.completion(), (7, Source::Reported));
+}
+
+/// Audit GB 6: an error typed only by a numeric `code` (Gemini's, OpenRouter's) is typed as
+/// the HTTP status it is, as the document rebuilt from the stream answers it: a 429 is a rate
+/// limit (failed over), not `other`.
+#[test]
+fn an_error_with_a_numeric_code_is_typed_by_it() {
+    for (data, ty) in [
+        (
+            r#"{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED"}}"#,
+            ErrorType::RateLimit,
+        ),
+        (r#"{"error":{"message":"m","code":502}}"#, ErrorType::Server),
+        (
+            r#"{"error":{"message":"m","code":503}}"#,
+            ErrorType::Overloaded,
+        ),
+        (r#"{"error":{"message":"m","code":7}}"#, ErrorType::Other),
+    ] {
+        let s = format!("data: {data}\n\n{AFTER}");
+        let got = run(Format::Chat, s.as_bytes(), true, &[]);
+        assert_eq!(got.tokens.error, Some(ty), "{data}");
+        assert_eq!(got.error_end, Some(data.len() + 8), "{data}");
+    }
 }
