@@ -75,6 +75,9 @@ struct ChatToolCall {
     given: Option<u64>,
     id: Option<String>,
     kind: Option<String>,
+    /// A custom tool's call (GPT-5): `custom.name`, its `input` joined in `arguments`, and
+    /// no `function`.
+    custom: bool,
     name: String,
     arguments: String,
     /// Gemini's `extra_content` (the thought signature its next turn needs), ...
@@ -258,8 +261,18 @@ struct DeltaToolCall<'a> {
     kind: Option<String>,
     #[serde(borrow)]
     function: Option<DeltaFunction<'a>>,
+    #[serde(borrow)]
+    custom: Option<DeltaCustom<'a>>,
     #[serde(flatten)]
     extra: Map<String, Value>,
+}
+
+#[derive(Deserialize)]
+struct DeltaCustom<'a> {
+    #[serde(borrow)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    input: Option<std::borrow::Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -403,7 +416,11 @@ impl Chat {
                     arguments: &t.arguments,
                 });
                 let next = choice.tool_calls.iter().map(|t| t.index + 1).max();
-                let name = tc.function.as_ref().and_then(|f| f.name.as_deref());
+                let name = match (&tc.function, &tc.custom) {
+                    (Some(f), _) => f.name.as_deref(),
+                    (None, Some(c)) => c.name.as_deref(),
+                    (None, None) => None,
+                };
                 let index =
                     chat_call_index(tc.index, tc.id.as_deref(), name, last, next.unwrap_or(0));
                 let call = match choice.tool_calls.iter().position(|t| t.index == index) {
@@ -430,6 +447,14 @@ impl Chat {
                     call.name.push_str(&name);
                     call.arguments.push_str(&args);
                     added += name.len() + args.len();
+                    output = true;
+                } else if let Some(c) = tc.custom {
+                    let name = c.name.unwrap_or_default();
+                    let input = c.input.unwrap_or_default();
+                    call.custom = true;
+                    call.name.push_str(&name);
+                    call.arguments.push_str(&input);
+                    added += name.len() + input.len();
                     output = true;
                 }
             }
@@ -566,11 +591,19 @@ impl Chat {
                     .iter()
                     .filter(|t| cut.is_none() || whole_json(&t.arguments))
                     .map(|t| {
-                        let mut call = json!({
-                            "id": t.id,
-                            "type": t.kind.clone().unwrap_or_else(|| "function".into()),
-                            "function": {"name": t.name, "arguments": t.arguments},
-                        });
+                        let mut call = if t.custom {
+                            json!({
+                                "id": t.id,
+                                "type": t.kind.clone().unwrap_or_else(|| "custom".into()),
+                                "custom": {"name": t.name, "input": t.arguments},
+                            })
+                        } else {
+                            json!({
+                                "id": t.id,
+                                "type": t.kind.clone().unwrap_or_else(|| "function".into()),
+                                "function": {"name": t.name, "arguments": t.arguments},
+                            })
+                        };
                         if let Value::Object(call) = &mut call {
                             add_missing(call, t.extra.clone());
                         }

@@ -1072,3 +1072,28 @@ fn groqs_usage_is_the_documents() {
     let d = doc(Format::Chat, &stream, None);
     assert_eq!(d["usage"]["completion_tokens"], 8, "{d}");
 }
+
+/// Audit GB 7: a streamed custom tool call (GPT-5) is rebuilt with its `custom.input` pieces
+/// joined, and no empty `function` beside it.
+#[test]
+fn a_custom_tool_calls_input_is_joined() {
+    let chunk = |tc: &str| {
+        format!(
+            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-5\",\"choices\":[{{\"index\":0,\"delta\":{{\"tool_calls\":[{tc}]}},\"finish_reason\":null}}]}}\n\n"
+        )
+    };
+    let stream = [
+        chunk(r#"{"index":0,"id":"call_A","type":"custom","custom":{"name":"code_exec","input":""}}"#),
+        chunk(r#"{"index":0,"custom":{"input":"print('hello"}}"#),
+        chunk(r#"{"index":0,"custom":{"input":" world')"}}"#),
+        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-5\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n".to_owned(),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(
+        d["choices"][0]["message"]["tool_calls"],
+        serde_json::json!([{"id":"call_A","type":"custom","custom":{"name":"code_exec","input":"print('hello world')"}}]),
+        "{d}"
+    );
+}
