@@ -101,6 +101,11 @@ fn error_body(error: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Val
             "code": null,
         }}));
     }
+    // A whole chunk with an `error` member (OpenRouter's mid-stream error): its error alone,
+    // as no unstreamed error has a chunk's `object` and `choices` (audit GB 8).
+    if let (Some(inner), Some(_)) = (error.get("error"), error.get("choices")) {
+        return std::borrow::Cow::Owned(serde_json::json!({ "error": inner }));
+    }
     if error.get("error").is_some() || error.get("message").is_none() {
         return std::borrow::Cow::Borrowed(error);
     }
@@ -268,4 +273,29 @@ pub(super) async fn assembled(
     Observer::data(record, 0);
     record.sent_whole(doc.len());
     Response::from_parts(parts, Either::Left(Full::new(Bytes::from(doc))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Audit GB 8: OpenRouter's mid-stream error is a whole chunk with an `error` member; a
+    /// client that did not stream got that chunk as the error body. It gets the error alone;
+    /// Anthropic's error event (its `type` beside `error`) is its body as it is.
+    #[test]
+    fn an_error_chunk_answers_with_its_error_alone() {
+        let chunk = serde_json::json!({
+            "id": "cmpl-abc123", "object": "chat.completion.chunk", "created": 1,
+            "model": "openai/gpt-4o", "provider": "openai",
+            "error": {"code": "server_error", "message": "Provider disconnected"},
+            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+        });
+        assert_eq!(
+            *error_body(&chunk),
+            serde_json::json!({"error": {"code": "server_error", "message": "Provider disconnected"}})
+        );
+        assert_eq!(provider_status(&chunk), StatusCode::INTERNAL_SERVER_ERROR);
+        let anthropic = serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "m"}});
+        assert_eq!(*error_body(&anthropic), anthropic);
+    }
 }
