@@ -468,6 +468,7 @@ fn build_upstream(
             }
             (v, _) => v.unwrap_or(false),
         },
+        assembled_usage: raw.include_usage != Some(false),
         pool_idle_timeout: match raw.pool_idle_timeout {
             Some(d) if d.0.is_zero() => {
                 return Err(format!("{label}: pool_idle_timeout must be greater than 0"))

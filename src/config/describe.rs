@@ -480,6 +480,8 @@ fn write_upstream(out: &mut String, up: &UpstreamConfig) {
     }
     if up.include_usage {
         let _ = write!(out, ", include_usage true");
+    } else if !up.assembled_usage {
+        let _ = write!(out, ", include_usage false");
     }
     if up.pool_idle_timeout != DEFAULT_POOL_IDLE_TIMEOUT {
         let _ = write!(out, ", pool_idle_timeout {}", hd(up.pool_idle_timeout));

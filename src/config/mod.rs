@@ -185,6 +185,10 @@ pub struct UpstreamConfig {
     pub api: Api,
     /// Ask OpenAI chat streams for their usage (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// `stream_upstream` asks a Chat stream it assembles for its usage: unless
+    /// `include_usage = false` is set, for providers that refuse `stream_options` (Mistral
+    /// answers it 422).
+    pub assembled_usage: bool,
     /// How long an idle connection to this upstream is kept for reuse. Set it below the
     /// upstream's own keep-alive limit (uvicorn's default is 5 s), so that the gateway, not
     /// the upstream, closes it: a request sent on a connection the upstream closes in the

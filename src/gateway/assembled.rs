@@ -60,8 +60,11 @@ fn provider_status(error: &serde_json::Value) -> StatusCode {
     let named = |v: &serde_json::Value| v.as_str().and_then(|s| ErrorType::parse(s.as_bytes()));
     let inner = error.get("error").unwrap_or(error);
     // vLLM's `{"object":"error",...,"code":503}` carries its HTTP status.
-    if let Some(code) = inner["code"].as_u64().filter(|c| (400..600).contains(c)) {
-        return StatusCode::from_u16(code as u16).unwrap_or(StatusCode::BAD_GATEWAY);
+    if let Some(code) = inner["code"]
+        .as_u64()
+        .and_then(crate::provider::error_status)
+    {
+        return StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
     }
     let kind = named(&inner["type"])
         .or_else(|| named(&inner["code"]))
@@ -98,6 +101,11 @@ fn error_body(error: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Val
             "code": null,
         }}));
     }
+    // A whole chunk with an `error` member (OpenRouter's mid-stream error): its error alone,
+    // as no unstreamed error has a chunk's `object` and `choices` (audit GB 8).
+    if let (Some(inner), Some(_)) = (error.get("error"), error.get("choices")) {
+        return std::borrow::Cow::Owned(serde_json::json!({ "error": inner }));
+    }
     if error.get("error").is_some() || error.get("message").is_none() {
         return std::borrow::Cow::Borrowed(error);
     }
@@ -114,6 +122,16 @@ fn error_body(error: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Val
         "param": error.get("param").unwrap_or(&serde_json::Value::Null),
         "code": code,
     }}))
+}
+
+/// A Responses `response.failed` that came before any output is the provider's error event
+/// (see `provider::inspect`): its error is `response.error`, `{"code","message"}` as the
+/// `error` event's, and answered as that one is.
+fn failed_response_error(event: &serde_json::Value) -> &serde_json::Value {
+    match event.pointer("/response/error") {
+        Some(e) if event["type"] == "response.failed" && e.is_object() => e,
+        _ => event,
+    }
 }
 
 pub(super) async fn assembled(
@@ -164,6 +182,7 @@ pub(super) async fn assembled(
     // would be retried by the SDK and the finished generation paid for twice.
     let ended = answer_ended && assembler.ended();
     if let Some(error) = assembler.provider_error().filter(|_| !ended) {
+        let error = failed_response_error(error);
         // The provider's own error, as it would have answered it: its object, whole.
         let e = GatewayError::UpstreamError {
             upstream: record.upstream_name().unwrap_or_default(),
@@ -254,4 +273,29 @@ pub(super) async fn assembled(
     Observer::data(record, 0);
     record.sent_whole(doc.len());
     Response::from_parts(parts, Either::Left(Full::new(Bytes::from(doc))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Audit GB 8: OpenRouter's mid-stream error is a whole chunk with an `error` member; a
+    /// client that did not stream got that chunk as the error body. It gets the error alone;
+    /// Anthropic's error event (its `type` beside `error`) is its body as it is.
+    #[test]
+    fn an_error_chunk_answers_with_its_error_alone() {
+        let chunk = serde_json::json!({
+            "id": "cmpl-abc123", "object": "chat.completion.chunk", "created": 1,
+            "model": "openai/gpt-4o", "provider": "openai",
+            "error": {"code": "server_error", "message": "Provider disconnected"},
+            "choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "error"}],
+        });
+        assert_eq!(
+            *error_body(&chunk),
+            serde_json::json!({"error": {"code": "server_error", "message": "Provider disconnected"}})
+        );
+        assert_eq!(provider_status(&chunk), StatusCode::INTERNAL_SERVER_ERROR);
+        let anthropic = serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "m"}});
+        assert_eq!(*error_body(&anthropic), anthropic);
+    }
 }

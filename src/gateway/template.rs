@@ -80,7 +80,7 @@ impl Template {
             .then(|| Format::call(upstream.config.api, uri.path()))
             .flatten();
         if let Some(f) = call {
-            if let Some(streamed) = stream_request(&body, f)? {
+            if let Some(streamed) = stream_request(&body, f, upstream.config.assembled_usage)? {
                 body = streamed;
                 assembled = true;
             }

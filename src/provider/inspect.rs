@@ -16,9 +16,9 @@
 //!
 //! | format | recognised by | model output | usage | error |
 //! |---|---|---|---|---|
-//! | Chat Completions | a top-level `choices` array | a `choices[].delta` field other than `role` that is non-empty (`content`, `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, `audio`, ...), or legacy `choices[].text` | top-level `usage.{prompt,completion}_tokens` | a top-level `error` object |
+//! | Chat Completions | a top-level `choices` array | a `choices[].delta` field other than `role` that is non-empty (`content`, `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, `audio`, ...), or legacy `choices[].text` | top-level `usage.{prompt,completion}_tokens` (Groq's `x_groq.usage` too) | a top-level `error` object |
 //! | Messages | its `type` | `content_block_delta` with a non-empty field besides `type`/`signature`; `content_block_start` of a block other than an empty text or thinking one (`tool_use`, ...) | `input_tokens` + cache writes + cache reads (prompt; each as the last `usage` that named it said), `usage.output_tokens` | `type: "error"`, `error.type` |
-//! | Responses | a `type` starting `response.` | a `response.*.delta` event with a non-empty `delta` | `response.usage.{input,output}_tokens` | `type: "error"` (`code`); `response.failed` (`response.error.code`: counted, the stream is not cut) |
+//! | Responses | a `type` starting `response.` | a `response.*.delta` event with a non-empty `delta` | `response.usage.{input,output}_tokens` | `type: "error"` (`code`); `response.failed` (`response.error.code`: before any output, the provider's error event; after, counted, and the stream passes as it is) |
 //!
 //! So role-only preambles (`"content":""`), `message_start`, pings, `content_block_stop`,
 //! `response.created` and `data: [DONE]` are not tokens. An event that is not recognised at
@@ -343,11 +343,18 @@ impl Reader {
     /// which ends the reading.
     fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
         let ev = std::mem::take(&mut self.event);
+        let status = self.json.error_status();
         self.json.reset();
         if !dispatched || kind == EventType::Ping {
             return false;
         }
-        let named = ev.error_type.or(ev.error_code).or(ev.root_code);
+        // A numeric code is the HTTP status the provider answers the error with, as the
+        // document rebuilt from the stream is answered (audit GB 6).
+        let named = status
+            .and_then(ErrorType::from_status)
+            .or(ev.error_type)
+            .or(ev.error_code)
+            .or(ev.root_code);
         let ev = Event {
             error: ev.error || kind == EventType::Error,
             ..ev
@@ -386,7 +393,16 @@ impl Reader {
             return true;
         }
         if ev.nested_error {
-            t.error.get_or_insert(named.unwrap_or(ErrorType::Other));
+            let kind = named.unwrap_or(ErrorType::Other);
+            // Before any output a failed response is the provider's error as much as an
+            // `error` event is (audit GB 3: a `server_error` was neither failed over nor
+            // logged as an error); after some, the client has what came, and the stream
+            // passes as it is.
+            if t.output_events == 0 {
+                t.error = Some(kind);
+                return true;
+            }
+            t.error.get_or_insert(kind);
         }
         false
     }

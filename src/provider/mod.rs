@@ -114,6 +114,11 @@ pub enum ErrorType {
     Other,
 }
 
+/// An error's numeric `code` that is an HTTP error status (vLLM's, Gemini's, OpenRouter's).
+pub fn error_status(code: u64) -> Option<u16> {
+    u16::try_from(code).ok().filter(|c| (400..600).contains(c))
+}
+
 impl ErrorType {
     /// The type named by a provider's `error.type` (or `code`), if it is a known one.
     /// Also the names compatible servers give their errors: vLLM's `type` (the OpenAI SDK's
@@ -151,6 +156,14 @@ impl ErrorType {
             b"insufficient_quota" => Self::InsufficientQuota,
             _ => return None,
         })
+    }
+
+    /// The type of an error whose `code` is a number: the HTTP status the provider answers
+    /// it with (Gemini's `{"error":{"code":429,"status":"RESOURCE_EXHAUSTED"}}`), typed as
+    /// that status given as a string is; another 5xx is a server error.
+    pub fn from_status(code: u64) -> Option<ErrorType> {
+        let status = error_status(code)?;
+        Self::parse(status.to_string().as_bytes()).or((status >= 500).then_some(Self::Server))
     }
 
     pub fn as_str(self) -> &'static str {

@@ -94,12 +94,16 @@ pub fn include_usage(body: &Bytes, force: bool) -> Result<Option<Bytes>, Repeate
 }
 
 /// The body of a request that did not ask to stream, asking to (`"stream": true`, and for
-/// Chat Completions `stream_options.include_usage` too, so the usage still comes): what
-/// `stream_upstream` sends. `None` when the request streams already, is not a JSON object
+/// Chat Completions, when `usage`, `stream_options.include_usage` too, so the usage still
+/// comes): what `stream_upstream` sends. `None` when the request streams already, is not a JSON object
 /// (then it is forwarded as it is), or is a Responses request run in the background
 /// (`"background": true`), which answers at once with a queued response: streamed, it would
 /// hold the client until the whole generation is done.
-pub fn stream_request(body: &Bytes, format: Format) -> Result<Option<Bytes>, Repeated> {
+pub fn stream_request(
+    body: &Bytes,
+    format: Format,
+    usage: bool,
+) -> Result<Option<Bytes>, Repeated> {
     let Some(fields) = Members::parse(body) else {
         return Ok(None);
     };
@@ -137,8 +141,8 @@ pub fn stream_request(body: &Bytes, format: Format) -> Result<Option<Bytes>, Rep
     };
     let streamed = Bytes::from(streamed);
     Ok(Some(match format {
-        Format::Chat => include_usage(&streamed, true)?.unwrap_or(streamed),
-        Format::Messages | Format::Responses => streamed,
+        Format::Chat if usage => include_usage(&streamed, true)?.unwrap_or(streamed),
+        Format::Chat | Format::Messages | Format::Responses => streamed,
     }))
 }
 
@@ -228,7 +232,7 @@ mod tests {
         ] {
             let body = Bytes::from(body);
             assert_eq!(
-                stream_request(&body, Format::Chat).unwrap(),
+                stream_request(&body, Format::Chat, true).unwrap(),
                 None,
                 "{body:?}"
             );
@@ -236,24 +240,38 @@ mod tests {
         for body in [r#"{"stream":false}"#, r#"{"stream":null}"#, r#"{}"#] {
             let body = Bytes::from(body);
             assert!(
-                stream_request(&body, Format::Chat).unwrap().is_some(),
+                stream_request(&body, Format::Chat, true).unwrap().is_some(),
                 "{body:?}"
             );
         }
     }
 
+    /// Audit GB 2: Mistral refuses `stream_options` (422 `extra_forbidden`); an upstream with
+    /// `include_usage = false` is asked to stream, and for nothing else.
+    #[test]
+    fn stream_upstream_asks_for_no_usage_where_it_may_not() {
+        let body = Bytes::from_static(br#"{"model":"m","messages":[]}"#);
+        let out = stream_request(&body, Format::Chat, false).unwrap().unwrap();
+        assert_eq!(&out[..], br#"{"stream":true,"model":"m","messages":[]}"#);
+    }
+
     #[test]
     fn a_background_response_is_not_asked_to_stream() {
         let body = Bytes::from_static(br#"{"model":"m","input":"hi","background":true}"#);
-        assert_eq!(stream_request(&body, Format::Responses).unwrap(), None);
+        assert_eq!(
+            stream_request(&body, Format::Responses, true).unwrap(),
+            None
+        );
         let body = Bytes::from_static(br#"{"model":"m","input":"hi","background":false}"#);
-        assert!(stream_request(&body, Format::Responses).unwrap().is_some());
+        assert!(stream_request(&body, Format::Responses, true)
+            .unwrap()
+            .is_some());
     }
 
     #[test]
     fn stream_upstream_asks_to_stream_and_touches_nothing_else() {
         let run = |body: &str, format| {
-            stream_request(&Bytes::from(body.to_owned()), format)
+            stream_request(&Bytes::from(body.to_owned()), format, true)
                 .unwrap()
                 .map(|b| String::from_utf8(b.to_vec()).unwrap())
         };
@@ -308,7 +326,9 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["stream_options"]["include_usage"], true);
         let body = Bytes::from_static(br#"{"model":"m","messag\u0065s":[]}"#);
-        let out = stream_request(&body, Format::Messages).unwrap().unwrap();
+        let out = stream_request(&body, Format::Messages, true)
+            .unwrap()
+            .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["stream"], true);
 
@@ -324,7 +344,7 @@ mod tests {
         }
         let body = Bytes::from_static(br#"{"stream":false,"stream":true}"#);
         assert_eq!(
-            stream_request(&body, Format::Chat).unwrap_err(),
+            stream_request(&body, Format::Chat, true).unwrap_err(),
             Repeated("stream".into())
         );
         let body = Bytes::from_static(

@@ -5,9 +5,10 @@
 //!
 //! | format | streamed | whole |
 //! |---|---|---|
-//! | Chat Completions | `choices[].delta.tool_calls[]`: `function.name`, `function.arguments` pieces | `choices[].message.tool_calls[]` |
+//! | Chat Completions | `choices[].delta.tool_calls[]`: `function.name`, `function.arguments` pieces (a custom tool's: `custom.name`, `custom.input`) | `choices[].message.tool_calls[]` |
 //! | Messages | `content_block_start` of a `tool_use` block, then its `input_json_delta`s | `content[]` blocks of type `tool_use` (`input`) |
-//! | Responses | `response.output_item.added` of a `function_call`, its `function_call_arguments.delta`s (`.done` has them whole) | `output[]` items of type `function_call` |
+//! | Chat Completions, legacy | `choices[].delta.function_call` pieces | `choices[].message.function_call` |
+//! | Responses | `response.output_item.added` of a `function_call`, its `function_call_arguments.delta`s (`.done` has them whole); of a `custom_tool_call`, its `custom_tool_call_input.delta`s; `computer_call`, `local_shell_call`, `shell_call` (named `computer`, `local_shell`, `shell`): their `action` | `output[]` items of those types |
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -51,6 +52,10 @@ impl ToolCall {
         CALL_COST + self.name.len() + self.arguments.len() + self.id.as_ref().map_or(0, String::len)
     }
 }
+
+/// Where a Chat choice's legacy `function_call` (one a choice, before tool calls) sits: after
+/// any tool call of its choice.
+const LEGACY: u64 = u64::MAX;
 
 /// The tool calls of one answer.
 #[derive(Debug, Clone)]
@@ -180,8 +185,11 @@ impl ToolCalls {
                 });
                 self.held += CALL_COST;
                 self.at.insert(key, i);
-                let choice = self.choices.entry(key.0).or_insert((i, 0));
-                *choice = (i, choice.1.max(key.1.saturating_add(1)));
+                // A legacy call is no tool call the next delta may continue or follow.
+                if key.1 != LEGACY {
+                    let choice = self.choices.entry(key.0).or_insert((i, 0));
+                    *choice = (i, choice.1.max(key.1.saturating_add(1)));
+                }
                 i
             }
         };
@@ -201,7 +209,15 @@ impl ToolCalls {
                     return;
                 };
                 for choice in chunk.choices.unwrap_or_default() {
-                    let calls = choice.delta.and_then(|d| d.tool_calls).unwrap_or_default();
+                    let Some(delta) = choice.delta else { continue };
+                    if let Some(f) = delta.function_call {
+                        self.edit((choice.index, LEGACY), |c| {
+                            c.name.push_str(f.name.as_deref().unwrap_or_default());
+                            c.arguments
+                                .push_str(f.arguments.as_deref().unwrap_or_default());
+                        });
+                    }
+                    let calls = delta.tool_calls.unwrap_or_default();
                     for tc in calls {
                         let (last, next) = match self.choices.get(&choice.index) {
                             Some(&(i, next)) => {
@@ -217,20 +233,24 @@ impl ToolCalls {
                             }
                             None => (None, 0),
                         };
-                        let name = tc.function.as_ref().and_then(|f| f.name.as_deref());
-                        let index = chat_call_index(tc.index, tc.id.as_deref(), name, last, next);
+                        let (name, arguments) = tc.call();
+                        let index = chat_call_index(
+                            tc.index,
+                            tc.id.as_deref(),
+                            name.as_deref(),
+                            last,
+                            next,
+                        );
                         self.edit((choice.index, index), |c| {
                             c.given = tc.index;
                             if tc.id.is_some() {
                                 c.id = tc.id;
                             }
-                            if let Some(f) = tc.function {
-                                if let Some(n) = f.name {
-                                    c.name.push_str(&n);
-                                }
-                                if let Some(a) = f.arguments {
-                                    c.arguments.push_str(&a);
-                                }
+                            if let Some(n) = name {
+                                c.name.push_str(&n);
+                            }
+                            if let Some(a) = arguments {
+                                c.arguments.push_str(&a);
                             }
                         });
                     }
@@ -266,22 +286,28 @@ impl ToolCalls {
                 };
                 match ev.kind.as_str() {
                     "response.output_item.added" | "response.output_item.done" => {
-                        if let Some(item) = ev.item.filter(|i| i.kind == "function_call") {
+                        if let Some((name, arguments)) = ev.item.and_then(ResponsesItem::call) {
                             self.edit((0, ev.output_index), |c| {
-                                c.name = item.name.unwrap_or_default();
-                                if let Some(a) = item.arguments.filter(|a| !a.is_empty()) {
+                                c.name = name;
+                                if let Some(a) = arguments.filter(|a| !a.is_empty()) {
                                     c.arguments = a;
                                 }
                             });
                         }
                     }
-                    "response.function_call_arguments.delta" => {
+                    "response.function_call_arguments.delta"
+                    | "response.custom_tool_call_input.delta" => {
                         self.edit((0, ev.output_index), |c| {
                             c.arguments.push_str(&ev.delta.unwrap_or_default());
                         });
                     }
                     "response.function_call_arguments.done" => {
                         if let Some(a) = ev.arguments {
+                            self.edit((0, ev.output_index), |c| c.arguments = a);
+                        }
+                    }
+                    "response.custom_tool_call_input.done" => {
+                        if let Some(a) = ev.input {
                             self.edit((0, ev.output_index), |c| c.arguments = a);
                         }
                     }
@@ -298,16 +324,21 @@ impl ToolCalls {
                     return;
                 };
                 for choice in doc.choices.unwrap_or_default() {
-                    let calls = choice
-                        .message
-                        .and_then(|m| m.tool_calls)
-                        .unwrap_or_default();
+                    let Some(message) = choice.message else {
+                        continue;
+                    };
+                    if let Some(f) = message.function_call {
+                        self.edit((choice.index, LEGACY), |c| {
+                            c.name = f.name.unwrap_or_default();
+                            c.arguments = f.arguments.unwrap_or_default();
+                        });
+                    }
+                    let calls = message.tool_calls.unwrap_or_default();
                     for (i, tc) in calls.into_iter().enumerate() {
+                        let (name, arguments) = tc.call();
                         self.edit((choice.index, i as u64), |c| {
-                            if let Some(f) = tc.function {
-                                c.name = f.name.unwrap_or_default();
-                                c.arguments = f.arguments.unwrap_or_default();
-                            }
+                            c.name = name.unwrap_or_default();
+                            c.arguments = arguments.unwrap_or_default();
                         });
                     }
                 }
@@ -330,10 +361,10 @@ impl ToolCalls {
                     return;
                 };
                 for (i, item) in doc.output.unwrap_or_default().into_iter().enumerate() {
-                    if item.kind == "function_call" {
+                    if let Some((name, arguments)) = item.call() {
                         self.edit((0, i as u64), |c| {
-                            c.name = item.name.unwrap_or_default();
-                            c.arguments = item.arguments.unwrap_or_default();
+                            c.name = name;
+                            c.arguments = arguments.unwrap_or_default();
                         });
                     }
                 }
@@ -440,8 +471,16 @@ pub(crate) fn chat_call_index(
 /// spares them the parse.
 fn mentions_a_tool(data: &[u8]) -> bool {
     // Built once: a finder's set-up costs more than a search through a short event.
-    static WORDS: LazyLock<[memmem::Finder<'static>; 3]> =
-        LazyLock::new(|| ["tool", "function", "input_json"].map(memmem::Finder::new));
+    static WORDS: LazyLock<[memmem::Finder<'static>; 5]> = LazyLock::new(|| {
+        [
+            "tool",
+            "function",
+            "input_json",
+            "computer_call",
+            "shell_call",
+        ]
+        .map(memmem::Finder::new)
+    });
     WORDS.iter().any(|w| w.find(data).is_some())
 }
 
@@ -469,6 +508,7 @@ struct ChatChoiceDelta {
 #[derive(Deserialize)]
 struct ChatDelta {
     tool_calls: Option<Vec<ChatToolCall>>,
+    function_call: Option<ChatFunction>,
 }
 
 #[derive(Deserialize)]
@@ -476,12 +516,39 @@ struct ChatToolCall {
     index: Option<u64>,
     id: Option<String>,
     function: Option<ChatFunction>,
+    custom: Option<ChatCustom>,
+}
+
+impl ChatToolCall {
+    /// Its name and arguments (or their pieces): a custom tool's (GPT-5) input stands for
+    /// arguments, so that distinct custom calls never look alike (audit GB 1: all of them were
+    /// tool `""` with arguments `""`, a loop after three).
+    fn call(&self) -> (Option<String>, Option<String>) {
+        call_of(self.function.as_ref(), self.custom.as_ref())
+    }
+}
+
+fn call_of(
+    function: Option<&ChatFunction>,
+    custom: Option<&ChatCustom>,
+) -> (Option<String>, Option<String>) {
+    match (function, custom) {
+        (Some(f), _) => (f.name.clone(), f.arguments.clone()),
+        (None, Some(c)) => (c.name.clone(), c.input.clone()),
+        (None, None) => (None, None),
+    }
 }
 
 #[derive(Deserialize)]
 struct ChatFunction {
     name: Option<String>,
     arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ChatCustom {
+    name: Option<String>,
+    input: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -499,11 +566,19 @@ struct ChatChoiceMessage {
 #[derive(Deserialize)]
 struct ChatMessage {
     tool_calls: Option<Vec<ChatWholeToolCall>>,
+    function_call: Option<ChatFunction>,
 }
 
 #[derive(Deserialize)]
 struct ChatWholeToolCall {
     function: Option<ChatFunction>,
+    custom: Option<ChatCustom>,
+}
+
+impl ChatWholeToolCall {
+    fn call(&self) -> (Option<String>, Option<String>) {
+        call_of(self.function.as_ref(), self.custom.as_ref())
+    }
 }
 
 #[derive(Deserialize)]
@@ -545,6 +620,7 @@ struct ResponsesEvent {
     item: Option<ResponsesItem>,
     delta: Option<String>,
     arguments: Option<String>,
+    input: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -553,6 +629,30 @@ struct ResponsesItem {
     kind: String,
     name: Option<String>,
     arguments: Option<String>,
+    /// A custom tool call's (GPT-5) free-form input.
+    input: Option<String>,
+    /// What a computer-use or shell call asks to be done: its arguments.
+    action: Option<Box<RawValue>>,
+}
+
+impl ResponsesItem {
+    /// The call's name and arguments (or their first piece), if the item is a tool call:
+    /// the built-in tools' calls are named after their tool.
+    fn call(self) -> Option<(String, Option<String>)> {
+        let action = || self.action.as_ref().map(|a| a.get().to_owned());
+        let (name, arguments) = match self.kind.as_str() {
+            "function_call" => (
+                self.name.clone().unwrap_or_default(),
+                self.arguments.clone(),
+            ),
+            "custom_tool_call" => (self.name.clone().unwrap_or_default(), self.input.clone()),
+            "computer_call" => ("computer".to_owned(), action()),
+            "local_shell_call" => ("local_shell".to_owned(), action()),
+            "shell_call" => ("shell".to_owned(), action()),
+            _ => return None,
+        };
+        Some((name, arguments))
+    }
 }
 
 #[derive(Deserialize)]

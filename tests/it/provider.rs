@@ -324,7 +324,13 @@ fn api_and_include_usage_in_the_config() {
     let c = load("").unwrap();
     assert_eq!(c.upstreams[0].api, hourglass::provider::Api::Auto);
     assert!(!c.upstreams[0].include_usage);
+    assert!(c.upstreams[0].assembled_usage);
     assert!(!c.describe().contains("api "));
+    assert!(!c.describe().contains("include_usage"));
+    // Set false: `stream_upstream` does not ask for the usage either (Mistral refuses it).
+    let c = load("include_usage = false").unwrap();
+    assert!(!c.upstreams[0].include_usage && !c.upstreams[0].assembled_usage);
+    assert!(c.describe().contains(", include_usage false"));
     assert_eq!(
         load("api = \"anthropic\"\ninclude_usage = true")
             .unwrap_err()

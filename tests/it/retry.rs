@@ -779,6 +779,12 @@ async fn an_overload_sent_as_an_error_event_before_any_output_falls_back() {
             "data: {\"object\":\"error\",\"message\":\"m\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}\n\n".to_owned(),
             false,
         ),
+        // Gemini's, typed by its numeric code alone (audit GB 6: it passed through as `other`).
+        (
+            "RESOURCE_EXHAUSTED",
+            "data: {\"error\":{\"code\":429,\"message\":\"m\",\"status\":\"RESOURCE_EXHAUSTED\"}}\n\n".to_owned(),
+            true,
+        ),
     ] {
         let head = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
@@ -813,6 +819,70 @@ async fn an_overload_sent_as_an_error_event_before_any_output_falls_back() {
         } else {
             assert!(text.contains(kind), "{kind}: {text}");
             assert!(p.backup.requests().is_empty(), "{kind}");
+        }
+    }
+}
+
+/// Audit GB 3: a Responses stream that fails before any output (`response.created`, then
+/// `response.failed` with `server_error`) is the provider's error event, as an `error` event
+/// is: failed over to the fallback; without one, a client that did not stream gets it as
+/// the 500 the provider would have answered, logged as an error.
+#[tokio::test]
+async fn a_response_failed_before_any_output_falls_back() {
+    let stream = concat!(
+        "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"status\":\"in_progress\",\"output\":[],\"error\":null}}\n\n",
+        "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"r\",\"status\":\"failed\",\"output\":[],\"error\":{\"code\":\"server_error\",\"message\":\"The model failed\"}}}\n\n",
+    );
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{stream}",
+        stream.len()
+    );
+    let up = raw_upstream(vec![(Duration::ZERO, head.into_bytes())]).await;
+    let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let request = |stream: bool| {
+        http::Request::post("/v1/responses")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(format!(
+                r#"{{"model":"m","input":"hi","stream":{stream}}}"#
+            ))))
+            .unwrap()
+    };
+    for (route, stream) in [
+        ("fallbacks = [\"backup\"]", true),
+        ("stream_upstream = true", false),
+    ] {
+        let text = config(&format!("http://{up}"), &backup.url(), route, "", "")
+            .replace("/v1/chat/completions", "/v1/responses");
+        let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+            .await
+            .unwrap();
+        let (resp, _c) = Conn::open(gw.addr).await.send(request(stream)).await;
+        let outcome =
+            |o: &str| format!("hourglass_requests_total{{outcome=\"{o}\",route=\"chat\"}}");
+        if stream {
+            assert_eq!(resp.status(), 200);
+            let text = read_body(resp.into_body()).await.text();
+            assert!(!text.contains("server_error"), "{text}");
+            assert!(text.contains("response.completed"), "{text}");
+            assert_eq!(backup.requests().len(), 1);
+            let fell_back =
+                "hourglass_fallbacks_total{from=\"primary\",route=\"chat\",to=\"backup\"}";
+            assert_eq!(metric(gw.admin_addr, fell_back).await, 1.0);
+        } else {
+            assert_eq!(resp.status(), 500);
+            let body = json_body(resp).await;
+            assert_eq!(body["error"]["code"], "server_error", "{body}");
+            assert_eq!(body["error"]["message"], "The model failed", "{body}");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while metric(gw.admin_addr, &outcome("error")).await < 1.0 {
+                assert!(Instant::now() < deadline, "not logged as an error");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(metric(gw.admin_addr, &outcome("ok")).await, 0.0);
         }
     }
 }

@@ -88,6 +88,30 @@ fn forwarded_body(h: &Harness, i: usize) -> serde_json::Value {
     serde_json::from_slice(&h.fake.requests()[i].body).unwrap()
 }
 
+/// Audit GB 2: Mistral refuses `stream_options` (422 `extra_forbidden`), and every call a
+/// `stream_upstream` route made to it failed. An upstream with `include_usage = false` is
+/// asked to stream and for nothing else; the document's usage is then the estimate.
+#[tokio::test]
+async fn an_upstream_that_takes_no_stream_options_is_sent_none() {
+    let config = CONFIG.replace(
+        "[upstreams.fake]\nurl = \"{FAKE}\"\nauth = \"none\"\n",
+        "[upstreams.fake]\nurl = \"{FAKE}\"\nauth = \"none\"\ninclude_usage = false\n",
+    );
+    assert_ne!(config, CONFIG);
+    let h = Harness::with_config(&config).await;
+    let (resp, _c) = h.send(chat("watched", &[("x-fake-chunks", "3")])).await;
+    assert_eq!(resp.status(), 200);
+    let doc = json_body(resp).await;
+    assert_eq!(doc["choices"][0]["message"]["content"], "tok1 tok2 tok3 ");
+    assert!(
+        doc["usage"]["completion_tokens"].as_u64().is_some(),
+        "{doc}"
+    );
+    let sent = forwarded_body(&h, 0);
+    assert_eq!(sent["stream"], true);
+    assert_eq!(sent.get("stream_options"), None, "{sent}");
+}
+
 #[tokio::test]
 async fn a_plain_call_is_sent_as_a_stream_and_answered_with_the_document() {
     let h = Harness::with_config(CONFIG).await;

@@ -17,6 +17,8 @@ pub(super) struct Chat {
     head_open: bool,
     choices: Vec<ChatChoice>,
     usage: Option<Value>,
+    /// `usage` is a top-level one, which Groq's `x_groq.usage` never replaces.
+    usage_root: bool,
     /// The `reasoning_content` / `reasoning` text, for a usage the provider did not send.
     reasoning: Reasoning,
     pub(super) output: bool,
@@ -73,6 +75,9 @@ struct ChatToolCall {
     given: Option<u64>,
     id: Option<String>,
     kind: Option<String>,
+    /// A custom tool's call (GPT-5): `custom.name`, its `input` joined in `arguments`, and
+    /// no `function`.
+    custom: bool,
     name: String,
     arguments: String,
     /// Gemini's `extra_content` (the thought signature its next turn needs), ...
@@ -85,6 +90,15 @@ struct ChatToolCall {
 struct ChatChunk<'a> {
     #[serde(borrow)]
     choices: Option<Vec<ChunkChoice<'a>>>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
+    #[serde(borrow)]
+    x_groq: Option<XGroq<'a>>,
+}
+
+/// Groq's `x_groq`: its `usage` is the stream's when no top-level one was asked for.
+#[derive(Deserialize)]
+struct XGroq<'a> {
     #[serde(borrow)]
     usage: Option<&'a RawValue>,
 }
@@ -247,8 +261,18 @@ struct DeltaToolCall<'a> {
     kind: Option<String>,
     #[serde(borrow)]
     function: Option<DeltaFunction<'a>>,
+    #[serde(borrow)]
+    custom: Option<DeltaCustom<'a>>,
     #[serde(flatten)]
     extra: Map<String, Value>,
+}
+
+#[derive(Deserialize)]
+struct DeltaCustom<'a> {
+    #[serde(borrow)]
+    name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    input: Option<std::borrow::Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -308,7 +332,7 @@ impl Chat {
 
     /// Reads one chunk (never the provider's error object: the inspector tells those apart).
     pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
-        let (choices, usage) = if self.head.is_none() || self.head_open {
+        let (choices, usage, groq) = if self.head.is_none() || self.head_open {
             // The first chunk: its head (id, object, created, model, system_fingerprint,
             // service_tier, Azure's prompt_filter_results, ...) is the document's, whatever
             // fields a provider adds; a field it left empty is taken from the next chunks,
@@ -317,6 +341,10 @@ impl Chat {
                 serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)?;
             let choices = fields.remove("choices");
             let usage = fields.remove("usage");
+            let groq = match fields.get("x_groq") {
+                Some(x) => serde_json::from_str::<Option<XGroq<'_>>>(x.get())?,
+                None => None,
+            };
             // OpenAI's random padding of each chunk (`stream_options.include_obfuscation`):
             // no answer that did not stream has it.
             fields.remove("obfuscation");
@@ -335,13 +363,19 @@ impl Chat {
                 && ["id", "model", "created"]
                     .iter()
                     .any(|k| head.get(*k).is_none_or(empty));
-            (choices, usage)
+            (choices, usage, groq)
         } else {
             let chunk = serde_json::from_slice::<ChatChunk<'_>>(data)?;
-            (chunk.choices.unwrap_or_default(), chunk.usage)
+            (chunk.choices.unwrap_or_default(), chunk.usage, chunk.x_groq)
         };
-        if let Some(u) = usage.filter(|u| u.get() != "null") {
+        let real = |u: &&RawValue| u.get() != "null";
+        if let Some(u) = usage.filter(real) {
             self.usage = Some(raw(u));
+            self.usage_root = true;
+        } else if let Some(u) = groq.and_then(|g| g.usage).filter(real) {
+            if !self.usage_root {
+                self.usage = Some(raw(u));
+            }
         }
         let mut added = 0;
         let mut output = false;
@@ -382,7 +416,11 @@ impl Chat {
                     arguments: &t.arguments,
                 });
                 let next = choice.tool_calls.iter().map(|t| t.index + 1).max();
-                let name = tc.function.as_ref().and_then(|f| f.name.as_deref());
+                let name = match (&tc.function, &tc.custom) {
+                    (Some(f), _) => f.name.as_deref(),
+                    (None, Some(c)) => c.name.as_deref(),
+                    (None, None) => None,
+                };
                 let index =
                     chat_call_index(tc.index, tc.id.as_deref(), name, last, next.unwrap_or(0));
                 let call = match choice.tool_calls.iter().position(|t| t.index == index) {
@@ -409,6 +447,14 @@ impl Chat {
                     call.name.push_str(&name);
                     call.arguments.push_str(&args);
                     added += name.len() + args.len();
+                    output = true;
+                } else if let Some(c) = tc.custom {
+                    let name = c.name.unwrap_or_default();
+                    let input = c.input.unwrap_or_default();
+                    call.custom = true;
+                    call.name.push_str(&name);
+                    call.arguments.push_str(&input);
+                    added += name.len() + input.len();
                     output = true;
                 }
             }
@@ -545,11 +591,19 @@ impl Chat {
                     .iter()
                     .filter(|t| cut.is_none() || whole_json(&t.arguments))
                     .map(|t| {
-                        let mut call = json!({
-                            "id": t.id,
-                            "type": t.kind.clone().unwrap_or_else(|| "function".into()),
-                            "function": {"name": t.name, "arguments": t.arguments},
-                        });
+                        let mut call = if t.custom {
+                            json!({
+                                "id": t.id,
+                                "type": t.kind.clone().unwrap_or_else(|| "custom".into()),
+                                "custom": {"name": t.name, "input": t.arguments},
+                            })
+                        } else {
+                            json!({
+                                "id": t.id,
+                                "type": t.kind.clone().unwrap_or_else(|| "function".into()),
+                                "function": {"name": t.name, "arguments": t.arguments},
+                            })
+                        };
                         if let Value::Object(call) = &mut call {
                             add_missing(call, t.extra.clone());
                         }

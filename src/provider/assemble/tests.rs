@@ -1056,3 +1056,44 @@ fn audio_the_cut_left_unfinished_is_not_in_a_partial_answer() {
         1729018505
     );
 }
+
+/// Audit GB 4: Groq's usage comes under `x_groq.usage` in its last chunk: the document's
+/// usage is it, not an estimate; a top-level `usage` (asked for by `include_usage`) wins.
+#[test]
+fn groqs_usage_is_the_documents() {
+    let head = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"llama\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hello\"},\"finish_reason\":null}],\"x_groq\":{\"id\":\"req_01\"}}\n\n";
+    let last = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"llama\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"x_groq\":{\"id\":\"req_01\",\"usage\":{\"prompt_tokens\":18,\"completion_tokens\":7,\"total_tokens\":25}}}\n\n";
+    let stream = format!("{head}{last}data: [DONE]\n\n");
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(d["usage"]["prompt_tokens"], 18, "{d}");
+    assert_eq!(d["usage"]["completion_tokens"], 7, "{d}");
+    let root = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":18,\"completion_tokens\":8,\"total_tokens\":26},\"x_groq\":{\"id\":\"req_01\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}}\n\n";
+    let stream = format!("{head}{last}{root}data: [DONE]\n\n");
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(d["usage"]["completion_tokens"], 8, "{d}");
+}
+
+/// Audit GB 7: a streamed custom tool call (GPT-5) is rebuilt with its `custom.input` pieces
+/// joined, and no empty `function` beside it.
+#[test]
+fn a_custom_tool_calls_input_is_joined() {
+    let chunk = |tc: &str| {
+        format!(
+            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-5\",\"choices\":[{{\"index\":0,\"delta\":{{\"tool_calls\":[{tc}]}},\"finish_reason\":null}}]}}\n\n"
+        )
+    };
+    let stream = [
+        chunk(r#"{"index":0,"id":"call_A","type":"custom","custom":{"name":"code_exec","input":""}}"#),
+        chunk(r#"{"index":0,"custom":{"input":"print('hello"}}"#),
+        chunk(r#"{"index":0,"custom":{"input":" world')"}}"#),
+        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-5\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n".to_owned(),
+        "data: [DONE]\n\n".to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(
+        d["choices"][0]["message"]["tool_calls"],
+        serde_json::json!([{"id":"call_A","type":"custom","custom":{"name":"code_exec","input":"print('hello world')"}}]),
+        "{d}"
+    );
+}

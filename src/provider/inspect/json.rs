@@ -33,6 +33,9 @@ enum Ctx {
     /// count is a placeholder until `message_delta`).
     MessageUsage,
     Response,
+    /// Groq's `x_groq`, whose `usage` is a stream's usage unless `include_usage` asked for
+    /// a top-level one.
+    XGroq,
     ErrorRoot,
     ErrorNested,
     BlockDelta,
@@ -79,6 +82,7 @@ enum Key {
     Index,
     Object,
     ErrorType,
+    XGroq,
 }
 
 fn key(name: &[u8]) -> Key {
@@ -117,6 +121,7 @@ fn key(name: &[u8]) -> Key {
         b"index" => Key::Index,
         b"object" => Key::Object,
         b"error_type" => Key::ErrorType,
+        b"x_groq" => Key::XGroq,
         _ => Key::Other,
     }
 }
@@ -129,6 +134,8 @@ fn child(parent: Ctx, key: Key, array: bool) -> Ctx {
         (Root, Key::Usage, false) => Usage,
         (Root, Key::Message, false) => Message,
         (Root, Key::Response, false) => Response,
+        (Root, Key::XGroq, false) => XGroq,
+        (XGroq, Key::Usage, false) => Usage,
         (Root, Key::Error, false) => ErrorRoot,
         (Root, Key::Delta, false) => BlockDelta,
         (Root, Key::ContentBlock, false) => ContentBlock,
@@ -222,6 +229,10 @@ pub(super) struct Json {
     /// told to the event when the choice closes.
     choice: u8,
     choice_finished: bool,
+    /// An error object's numeric `code` (Gemini's `{"error":{"code":429,...}}`, OpenRouter's),
+    /// which types the error as the HTTP status it is.
+    /// Past a `u16`, `u16::MAX`: no status either way; small, to keep the inspector inline.
+    error_status: Option<u16>,
 }
 
 /// The slot of `Json::usage` that holds the completion, after the prompt's parts.
@@ -256,6 +267,7 @@ impl Default for Json {
             usage_seen: 0,
             choice: 0,
             choice_finished: false,
+            error_status: None,
         }
     }
 }
@@ -273,6 +285,12 @@ impl Json {
         self.in_scalar = false;
         self.num = None;
         self.usage_seen = 0;
+        self.error_status = None;
+    }
+
+    /// The numeric `code` of the event's error object, if it had one.
+    pub(super) fn error_status(&self) -> Option<u64> {
+        self.error_status.map(u64::from)
     }
 
     /// Whether the piece read last ended outside any value: back at depth 0, not in a string
@@ -371,6 +389,7 @@ impl Json {
         match self.cur {
             Ctx::Usage | Ctx::MessageUsage => true,
             Ctx::Choice => self.key == Key::Index,
+            Ctx::ErrorRoot | Ctx::ErrorNested => self.key == Key::Code,
             _ => false,
         }
     }
@@ -752,6 +771,10 @@ impl Json {
             return;
         }
         if !plain {
+            return;
+        }
+        if matches!(self.cur, Ctx::ErrorRoot | Ctx::ErrorNested) {
+            self.error_status = Some(u16::try_from(n).unwrap_or(u16::MAX));
             return;
         }
         let slot = match key {

@@ -708,7 +708,11 @@ fn errors_by_shape() {
             r#"{"error":{"message":"m","code":"rate_limit_exceeded"}}"#,
             Some(ErrorType::RateLimit),
         ),
-        (r#"{"error":{"message":"m","code":502}}"#, None),
+        // A numeric code is the HTTP status (audit GB 6).
+        (
+            r#"{"error":{"message":"m","code":502}}"#,
+            Some(ErrorType::Server),
+        ),
         (r#"{"error":{"type":"brand_new_kind","message":"m"}}"#, None),
         // Another Hourglass further down a chain.
         (
@@ -758,12 +762,11 @@ fn errors_by_shape() {
             "nothing after the error is read"
         );
     }
-    // `error: null` and an error nested in an answer do not end the stream.
+    // `error: null` does not end the stream.
     for data in [
         r#"{"choices":[],"error":null}"#,
         r#"{"choices":[],"error":""}"#,
         r#"{"object":"chat.completion.chunk","choices":[]}"#,
-        r#"{"type":"response.failed","response":{"status":"failed","error":{"code":"server_error","message":"m"},"usage":null}}"#,
     ] {
         let s = format!("data: {data}\n\n{AFTER}");
         let got = run(Format::Responses, s.as_bytes(), true, &[]);
@@ -993,4 +996,62 @@ fn a_messages_answer_ends_at_its_stop_reason() {
     assert!(!ins.answer_over());
     ins.read(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
     assert!(ins.answer_over());
+}
+
+/// Audit GB 3: a `response.failed` before any output is the provider's error event, of its
+/// `error.code`, as an `error` event is (a `server_error` was neither failed over nor logged
+/// as an error); after output it is counted and the stream goes on.
+#[test]
+fn a_response_failed_before_output_is_an_error_event() {
+    let created = r#"data: {"type":"response.created","response":{"id":"r","status":"in_progress","error":null}}"#;
+    let failed = r#"data: {"type":"response.failed","response":{"status":"failed","error":{"code":"server_error","message":"m"},"usage":null}}"#;
+    let s = format!("{created}\n\n{failed}\n\n{AFTER}");
+    let got = run(Format::Responses, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.error, Some(ErrorType::Server));
+    assert_eq!(got.error_end, Some(created.len() + failed.len() + 4));
+    assert_eq!(got.tokens.output_events, 0, "nothing after it is read");
+    let delta = r#"data: {"type":"response.output_text.delta","output_index":0,"delta":"hi"}"#;
+    let s = format!("{delta}\n\n{failed}\n\n{AFTER}");
+    let got = run(Format::Responses, s.as_bytes(), true, &[]);
+    assert_eq!(got.error_end, None);
+    assert_eq!(got.tokens.error, Some(ErrorType::Server));
+    assert_eq!(got.tokens.output_events, 2);
+}
+
+/// Audit GB 4: Groq reports a stream's usage under `x_groq.usage` in its last chunk (a
+/// top-level `usage` only when `include_usage` asks): it is the usage, not an estimate.
+#[test]
+fn groq_reports_its_usage_under_x_groq() {
+    let s = concat!(
+        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hello\"},\"finish_reason\":null}],\"x_groq\":{\"id\":\"req_01\"}}\n\n",
+        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"x_groq\":{\"id\":\"req_01\",\"usage\":{\"queue_time\":0.01,\"prompt_tokens\":18,\"prompt_time\":0.002,\"completion_tokens\":7,\"completion_time\":0.03,\"total_tokens\":25,\"total_time\":0.032}}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let got = run(Format::Chat, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.prompt(), Some(18));
+    assert_eq!(got.tokens.completion(), (7, Source::Reported));
+}
+
+/// Audit GB 6: an error typed only by a numeric `code` (Gemini's, OpenRouter's) is typed as
+/// the HTTP status it is, as the document rebuilt from the stream answers it: a 429 is a rate
+/// limit (failed over), not `other`.
+#[test]
+fn an_error_with_a_numeric_code_is_typed_by_it() {
+    for (data, ty) in [
+        (
+            r#"{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED"}}"#,
+            ErrorType::RateLimit,
+        ),
+        (r#"{"error":{"message":"m","code":502}}"#, ErrorType::Server),
+        (
+            r#"{"error":{"message":"m","code":503}}"#,
+            ErrorType::Overloaded,
+        ),
+        (r#"{"error":{"message":"m","code":7}}"#, ErrorType::Other),
+    ] {
+        let s = format!("data: {data}\n\n{AFTER}");
+        let got = run(Format::Chat, s.as_bytes(), true, &[]);
+        assert_eq!(got.tokens.error, Some(ty), "{data}");
+        assert_eq!(got.error_end, Some(data.len() + 8), "{data}");
+    }
 }

@@ -300,3 +300,83 @@ fn chat_calls_at_a_reused_index_are_told_apart() {
     assert_eq!(names, "alpha,beta,gamma");
     assert_eq!(canon, b"alpha\0{\"x\":1}\0beta\0{\"y\":2}\0gamma\0{}\0");
 }
+
+/// Audit GB 1: a GPT-5 custom tool call (`custom`, no `function`) is keyed by its name and
+/// input, streamed and whole: distinct calls differ, and the same call is the same.
+#[test]
+fn chat_custom_tool_calls_are_their_name_and_input() {
+    let doc = |input: &str| {
+        whole(
+            Format::Chat,
+            &format!(
+                r#"{{"choices":[{{"index":0,"message":{{"tool_calls":[{{"id":"call_1","type":"custom","custom":{{"name":"code_exec","input":"{input}"}}}}]}}}}]}}"#
+            ),
+        )
+    };
+    let canon = Some((b"code_exec\0print(0)\0".to_vec(), "code_exec".into()));
+    assert_eq!(doc("print(0)"), canon);
+    assert_ne!(doc("print(1)"), doc("print(0)"));
+    let s = streamed(
+        Format::Chat,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_2","type":"custom","custom":{"name":"code_exec","input":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"custom":{"input":"print("}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"custom":{"input":"0)"}}]}}]}"#,
+        ],
+    );
+    assert_eq!(s, canon);
+}
+
+/// Audit GB 5: Responses custom tool calls (`custom_tool_call`, its `input`), computer-use and
+/// shell calls (their `action`), and Chat's legacy `function_call` are calls, streamed and
+/// whole, and the same one streamed or not is the same call.
+#[test]
+fn custom_builtin_and_legacy_calls_are_calls() {
+    let canon =
+        |name: &str, args: &str| Some((format!("{name}\0{args}\0").into_bytes(), name.to_owned()));
+    let s = streamed(
+        Format::Responses,
+        &[
+            r#"{"type":"response.output_item.added","output_index":0,"item":{"type":"custom_tool_call","id":"ctc_1","call_id":"call_1","name":"code_exec","input":""}}"#,
+            r#"{"type":"response.custom_tool_call_input.delta","output_index":0,"item_id":"ctc_1","delta":"print("}"#,
+            r#"{"type":"response.custom_tool_call_input.delta","output_index":0,"item_id":"ctc_1","delta":"0)"}"#,
+        ],
+    );
+    let w = whole(
+        Format::Responses,
+        r#"{"output":[{"type":"custom_tool_call","id":"ctc_2","call_id":"call_2","name":"code_exec","input":"print(0)"}]}"#,
+    );
+    assert_eq!(s, canon("code_exec", "print(0)"));
+    assert_eq!(s, w);
+    let s = streamed(
+        Format::Responses,
+        &[
+            r#"{"type":"response.output_item.added","output_index":0,"item":{"type":"computer_call","id":"cu_1","call_id":"c1","status":"in_progress"}}"#,
+            r#"{"type":"response.output_item.done","output_index":0,"item":{"type":"computer_call","id":"cu_1","call_id":"c1","action":{"y":2,"type":"click","x":1},"pending_safety_checks":[]}}"#,
+        ],
+    );
+    assert_eq!(s, canon("computer", r#"{"type":"click","x":1,"y":2}"#));
+    let w = whole(
+        Format::Responses,
+        r#"{"output":[{"type":"local_shell_call","id":"ls_1","call_id":"c1","action":{"type":"exec","command":["ls"]}}]}"#,
+    );
+    assert_eq!(
+        w,
+        canon("local_shell", r#"{"command":["ls"],"type":"exec"}"#)
+    );
+    let s = streamed(
+        Format::Chat,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","function_call":{"name":"get_weather","arguments":""}}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"function_call":{"arguments":"{\"unit\":\"c\","}}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"function_call":{"arguments":"\"city\":\"Paris\"}"}}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"function_call"}]}"#,
+        ],
+    );
+    let w = whole(
+        Format::Chat,
+        r#"{"choices":[{"index":0,"message":{"role":"assistant","content":null,"function_call":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"unit\":\"c\"}"}},"finish_reason":"function_call"}]}"#,
+    );
+    assert_eq!(s, Some((CANON.to_vec(), "get_weather".into())));
+    assert_eq!(s, w);
+}

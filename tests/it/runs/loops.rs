@@ -13,6 +13,8 @@ on_both_stores!(
     a_run_started_where_loops_stop_stops_repeats_on_every_route,
     calls_without_a_body_are_neither_repeats_nor_break_a_streak,
     a_loop_of_many_long_named_calls_keeps_and_names_a_bounded_part,
+    distinct_chat_custom_tool_calls_are_no_loop,
+    custom_and_legacy_calls_asked_again_and_again_stop_the_run,
 );
 
 async fn the_same_tool_call_three_times_stops_the_run_naming_the_tool(store: Store) {
@@ -320,4 +322,132 @@ async fn a_loop_of_many_long_named_calls_keeps_and_names_a_bounded_part(store: S
         message.contains(&format!("\"{}\", \"{}\" and 98 more", names[0], names[1])),
         "{message}"
     );
+}
+
+/// An upstream written by hand that answers its n-th connection with `answers[n]` (the last
+/// one ever after): each a whole HTTP/1.1 answer of `content_type`, closing the connection.
+async fn answers_in_turn(content_type: &str, answers: Vec<String>) -> std::net::SocketAddr {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answers: Vec<Vec<u8>> = answers
+        .into_iter()
+        .map(|body| {
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\
+                 connection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        })
+        .collect();
+    let next = Arc::new(AtomicUsize::new(0));
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let n = next.fetch_add(1, Ordering::SeqCst).min(answers.len() - 1);
+            let answer = answers[n].clone();
+            tokio::spawn(async move {
+                crate::support::read_request(&mut s).await;
+                let _ = s.write_all(&answer).await;
+            });
+        }
+    });
+    addr
+}
+
+/// The gateway on `store` with one route (`path`, `run_max_repeats = 3`) to `upstream`.
+async fn one_route(store: Store, upstream: std::net::SocketAddr, path: &str) -> (Harness, Keep) {
+    let (redis, url) = run_store(store).await;
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[runs]
+store = "{url}"
+
+[upstreams.up]
+url = "http://{upstream}"
+auth = "none"
+
+[[routes]]
+name = "up"
+path_prefix = "{path}"
+upstream = "up"
+run_max_repeats = 3
+"#
+    );
+    (Harness::with_config(&config).await, redis)
+}
+
+type Keep = Option<RedisServer>;
+
+/// Sends `body` to `path` as run `run` `n` times (waiting for each call to be counted), and
+/// gives back the statuses.
+async fn statuses(h: &Harness, path: &str, run: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let body = format!(r#"{{"model":"m","input":"turn {i}","messages":[]}}"#);
+        let req = Request::post(path)
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header("x-run-id", run)
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        out.push(resp.status().as_u16());
+        read_body(resp.into_body()).await;
+        if out.last() == Some(&200) {
+            h.wait_requests("up", (i + 1) as f64).await;
+            run_json(h, run).await;
+        }
+    }
+    out
+}
+
+/// Audit GB 1: GPT-5 custom tool calls in Chat Completions (`custom`, no `function`) were all
+/// tool `""` with arguments `""`: three distinct calls ended the run as a loop. Distinct
+/// inputs are distinct calls; the same input is still a repeat.
+async fn distinct_chat_custom_tool_calls_are_no_loop(store: Store) {
+    let custom = |input: &str| {
+        format!(
+            r#"{{"id":"c","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_{input}","type":"custom","custom":{{"name":"code_exec","input":"print({input})"}}}}]}},"finish_reason":"tool_calls"}}]}}"#
+        )
+    };
+    let distinct = answers_in_turn(
+        "application/json",
+        (0..4).map(|i| custom(&i.to_string())).collect(),
+    )
+    .await;
+    let (h, _keep) = one_route(store, distinct, "/v1/chat/completions").await;
+    assert_eq!(
+        statuses(&h, "/v1/chat/completions", "k1", 4).await,
+        [200; 4]
+    );
+    let same = answers_in_turn("application/json", vec![custom("7")]).await;
+    let (h, _keep) = one_route(store, same, "/v1/chat/completions").await;
+    assert_eq!(
+        statuses(&h, "/v1/chat/completions", "k2", 4).await,
+        [200, 200, 200, 429]
+    );
+}
+
+/// Audit GB 5: a Responses custom tool call (`custom_tool_call`) and a Chat legacy
+/// `function_call`, the same one answered again and again, were never seen: four calls, four
+/// 200s. The fourth is now refused, as for any other call.
+async fn custom_and_legacy_calls_asked_again_and_again_stop_the_run(store: Store) {
+    let custom = r#"{"id":"r","object":"response","status":"completed","output":[{"type":"custom_tool_call","id":"ctc_1","call_id":"call_1","name":"code_exec","input":"print(0)"}]}"#;
+    let legacy = r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":null,"function_call":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},"finish_reason":"function_call"}]}"#;
+    for (path, answer) in [("/v1/responses", custom), ("/v1/chat/completions", legacy)] {
+        let up = answers_in_turn("application/json", vec![answer.to_owned()]).await;
+        let (h, _keep) = one_route(store, up, path).await;
+        assert_eq!(
+            statuses(&h, path, "k3", 4).await,
+            [200, 200, 200, 429],
+            "{path}"
+        );
+    }
 }
