@@ -124,8 +124,9 @@ impl Answer {
         if let Some(whole) = self.arguments.as_deref() {
             // Cut by characters, so a piece never splits one in two.
             let chars = whole.chars().count();
-            let from = chars * (n - 1) / self.chunks;
-            let to = chars * n / self.chunks;
+            // In u128: a stream may have up to MAX_STREAM_TOKENS pieces of a long argument.
+            let at = |n: usize| (chars as u128 * n as u128 / self.chunks as u128) as usize;
+            let (from, to) = (at(n - 1), at(n));
             return whole.chars().skip(from).take(to - from).collect();
         }
         let mut piece = String::new();

@@ -18,7 +18,7 @@ use crate::answer::{Answer, Api};
 use crate::body::{pause, ScriptBody};
 use crate::records::{Finisher, RequestRecord, Shared};
 use crate::reply::Reply;
-use crate::script::{Script, MAX_DOCUMENT_BYTES, MAX_DOCUMENT_TOKENS};
+use crate::script::{Script, MAX_DOCUMENT_BYTES, MAX_DOCUMENT_TOKENS, MAX_STREAM_TOKENS};
 
 pub(crate) async fn handle(
     shared: Arc<Shared>,
@@ -165,6 +165,14 @@ pub(crate) async fn respond(
             "the answer asked for ({} tokens, with n, top_logprobs and the calls each \
              multiplying them) is more than the {MAX_DOCUMENT_TOKENS} a non-streaming \
              answer may have",
+            answer.document_pieces()
+        );
+        return Ok(refuse(StatusCode::BAD_REQUEST, &message, finisher));
+    }
+    if stream && answer.document_pieces() > MAX_STREAM_TOKENS {
+        let message = format!(
+            "the stream asked for ({} tokens, with n, top_logprobs and the calls each \
+             multiplying them) is more than the {MAX_STREAM_TOKENS} a stream may have",
             answer.document_pieces()
         );
         return Ok(refuse(StatusCode::BAD_REQUEST, &message, finisher));

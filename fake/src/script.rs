@@ -30,12 +30,17 @@ pub(crate) struct Script {
 /// The most tokens (`x-fake-chunks`, `x-fake-reasoning`, `x-fake-tool-preamble`) a
 /// non-streaming answer may have: it is built whole (a count of 10^8 stalled the fake for
 /// 12 s and held 1 GB), and a million tokens' answer is about 8 MB. A stream is made as it
-/// goes, and has no such bound.
+/// goes, and has only [`MAX_STREAM_TOKENS`].
 pub(crate) const MAX_DOCUMENT_TOKENS: usize = 1_000_000;
 
 /// The most bytes a non-streaming answer may have, about: built as JSON values first, a
 /// document takes some 25 times its size while it is made.
 pub(crate) const MAX_DOCUMENT_BYTES: usize = 16 << 20;
+
+/// Most content events a stream may have in all (2^48: at no interval, days of streaming).
+/// Past it the plan's counts, multiplied by `n` and the calls, would wrap in `usize` and
+/// the stream end early as if complete (audit GF 2).
+pub(crate) const MAX_STREAM_TOKENS: u128 = 1 << 48;
 
 impl Script {
     /// Refuses a non-streaming answer too large to build.

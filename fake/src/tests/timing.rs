@@ -153,6 +153,60 @@ async fn a_document_multiplied_past_the_bound_is_refused() {
     assert_eq!(response.status(), StatusCode::OK);
 }
 
+/// A stream's counts multiply too: past 2^48 events they would wrap and the stream end
+/// early, well framed, as if complete (audit GF 2: 2^64 - 1 chunks sent one token and no
+/// `[DONE]`; `n` 2 of 2^63 none). Refused instead; at the bound, served.
+#[tokio::test]
+async fn a_stream_multiplied_past_its_bound_is_refused() {
+    let fake = fake().await;
+    for (path, body, chunks) in [
+        (
+            "/v1/chat/completions",
+            r#"{"stream":true}"#,
+            "18446744073709551615",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"stream":true,"n":2}"#,
+            "9223372036854775808",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"stream":true,"n":2}"#,
+            "140737488355329",
+        ),
+        ("/v1/messages", r#"{"stream":true}"#, "18446744073709551615"),
+        ("/v1/responses", r#"{"stream":true}"#, "281474976710657"),
+    ] {
+        let headers = [("x-fake-chunks", chunks), ("x-fake-interval-ms", "0")];
+        let response = h1()
+            .request(post(&fake, path, body, &headers))
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::BAD_REQUEST,
+            "{path} {body} {chunks}"
+        );
+        let text = text_of(response).await;
+        assert!(text.contains("a stream may have"), "{text}");
+    }
+    let headers = [
+        ("x-fake-chunks", "281474976710656"),
+        ("x-fake-interval-ms", "0"),
+    ];
+    let response = h1()
+        .request(post(
+            &fake,
+            "/v1/chat/completions",
+            r#"{"stream":true}"#,
+            &headers,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
 #[tokio::test]
 async fn ttft_holds_back_the_head_unless_headers_first() {
     let fake = fake().await;
