@@ -15,11 +15,12 @@ use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use crate::config::Http2Mode;
 use crate::error::BoxError;
 use crate::upstream::io::UpstreamIo;
+use crate::upstream::resolve::SharedResolver;
 use crate::upstream::tls::refused_h2;
 
 /// What every upstream client connects through: TCP, then TLS where the URL asks, all of it
 /// under one bound.
-pub(crate) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
+pub(crate) type Connector = TimeoutConnector<HttpsConnector<HttpConnector<SharedResolver>>>;
 
 /// The connect step took longer than allowed. Mapped to `connect_timeout` by the proxy.
 #[derive(Debug, thiserror::Error)]

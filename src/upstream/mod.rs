@@ -12,6 +12,7 @@ mod h2_pool;
 pub mod health;
 mod io;
 mod request_body;
+pub mod resolve;
 pub mod throttle;
 mod tls;
 
@@ -39,6 +40,7 @@ use self::credential::credential;
 use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
 use self::health::Health;
+use self::resolve::SharedResolver;
 use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
@@ -139,7 +141,7 @@ impl Upstream {
     ) -> Result<Self, UpstreamBuildError> {
         let name: Arc<str> = Arc::from(config.name.as_str());
         let (tls, tls_files) = tls_config(&config)?;
-        let mut http = HttpConnector::new();
+        let mut http = HttpConnector::new_with_resolver(SharedResolver::process());
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_keepalive(Some(Duration::from_secs(30)));
