@@ -24,7 +24,7 @@ pub(crate) type Connector = TimeoutConnector<HttpsConnector<HttpConnector<Shared
 
 /// The connect step took longer than allowed. Mapped to `connect_timeout` by the proxy.
 #[derive(Debug, thiserror::Error)]
-#[error("connect (TCP and TLS) did not finish within {0:?}")]
+#[error("connect (name lookup, TCP and TLS) did not finish within {0:?}")]
 pub struct ConnectTimedOut(pub Duration);
 
 /// `http2 = "always"` over TLS, and the provider's ALPN did not choose `h2`.
@@ -39,7 +39,7 @@ pub struct NoH2ByAlpn(
     Option<BoxError>,
 );
 
-/// Bounds the whole connector call, TCP and TLS together (hyper-util's own connect timeout
+/// Bounds the whole connector call, name lookup, TCP and TLS together (hyper-util's own connect timeout
 /// covers TCP only), and an HTTP/2 connection's wait for the server's first frame, which is
 /// part of connecting: hyper's handshake does not wait for it, so without this bound a
 /// server that accepted but never speaks would be pooled as a live connection, and every

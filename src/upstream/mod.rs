@@ -1,8 +1,8 @@
 //! The client side: pooled hyper clients per upstream, with TLS (rustls, webpki roots plus
 //! an optional `ca_file`), HTTP/2 by ALPN or prior knowledge (`http2`) spread over as many
 //! connections as `http2_max_streams_per_connection` asks (`h2_pool.rs`), TCP_NODELAY,
-//! keep-alive, a connect timeout that covers TCP and TLS together, and the upstream's
-//! credentials.
+//! keep-alive, a connect timeout that covers the name lookup, TCP and TLS together, one
+//! lookup in flight per name (`resolve.rs`), and the upstream's credentials.
 
 pub mod connect;
 mod credential;
@@ -240,6 +240,18 @@ impl Upstream {
             .authority(self.authority.clone())
             .path_and_query(path_and_query)
             .build()
+    }
+
+    /// The host and port its connections go to, as a connect error names them.
+    pub fn target(&self) -> String {
+        let port = self
+            .authority
+            .port_u16()
+            .unwrap_or(match self.scheme.as_str() {
+                "https" => 443,
+                _ => 80,
+            });
+        format!("{}:{port}", self.authority.host())
     }
 
     pub fn has_credential(&self) -> bool {
