@@ -501,7 +501,10 @@ fn connect_wait(after: Duration, sent: bool) -> String {
             ms(after)
         )
     } else {
-        format!("not connected within {}", ms(after))
+        format!(
+            "not connected (name lookup, TCP and TLS) within {}",
+            ms(after)
+        )
     }
 }
 
@@ -1028,7 +1031,7 @@ mod tests {
                     after,
                     sent: false,
                 },
-                "connect timeout: upstream \"fake\" not connected within 1000ms",
+                "connect timeout: upstream \"fake\" not connected (name lookup, TCP and TLS) within 1000ms",
             ),
             (
                 GatewayError::FirstTokenTimeout {

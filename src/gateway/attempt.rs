@@ -570,6 +570,7 @@ fn classify(
             sent,
         }
     } else if let Some(alert) = ours_refused {
+        let reason = connecting(upstream, &reason);
         // Refused before the server read the request, and refused again on every attempt
         // until the certificate changes: a certificate failure, as one of theirs is.
         let reason = match &upstream.config.client_cert {
@@ -589,6 +590,7 @@ fn classify(
             certificate: true,
         }
     } else if e.is_connect() {
+        let reason = connecting(upstream, &reason);
         let problem = certificate
             .as_ref()
             .and_then(crate::pem::certificate_problem);
@@ -636,6 +638,12 @@ fn classify(
             },
         }
     }
+}
+
+/// A connect error's reason with what it was connecting to: hyper-util's says neither the
+/// name that did not resolve nor where the connect was refused (audit GG 4).
+fn connecting(upstream: &Upstream, reason: &str) -> String {
+    format!("connecting to {}: {reason}", upstream.target())
 }
 
 /// A connect that failed for want of the gateway's own descriptors or memory (a socket it

@@ -15,15 +15,16 @@ use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use crate::config::Http2Mode;
 use crate::error::BoxError;
 use crate::upstream::io::UpstreamIo;
+use crate::upstream::resolve::SharedResolver;
 use crate::upstream::tls::refused_h2;
 
 /// What every upstream client connects through: TCP, then TLS where the URL asks, all of it
 /// under one bound.
-pub(crate) type Connector = TimeoutConnector<HttpsConnector<HttpConnector>>;
+pub(crate) type Connector = TimeoutConnector<HttpsConnector<HttpConnector<SharedResolver>>>;
 
 /// The connect step took longer than allowed. Mapped to `connect_timeout` by the proxy.
 #[derive(Debug, thiserror::Error)]
-#[error("connect (TCP and TLS) did not finish within {0:?}")]
+#[error("connect (name lookup, TCP and TLS) did not finish within {0:?}")]
 pub struct ConnectTimedOut(pub Duration);
 
 /// `http2 = "always"` over TLS, and the provider's ALPN did not choose `h2`.
@@ -38,7 +39,7 @@ pub struct NoH2ByAlpn(
     Option<BoxError>,
 );
 
-/// Bounds the whole connector call, TCP and TLS together (hyper-util's own connect timeout
+/// Bounds the whole connector call, name lookup, TCP and TLS together (hyper-util's own connect timeout
 /// covers TCP only), and an HTTP/2 connection's wait for the server's first frame, which is
 /// part of connecting: hyper's handshake does not wait for it, so without this bound a
 /// server that accepted but never speaks would be pooled as a live connection, and every

@@ -1,8 +1,8 @@
 //! The client side: pooled hyper clients per upstream, with TLS (rustls, webpki roots plus
 //! an optional `ca_file`), HTTP/2 by ALPN or prior knowledge (`http2`) spread over as many
 //! connections as `http2_max_streams_per_connection` asks (`h2_pool.rs`), TCP_NODELAY,
-//! keep-alive, a connect timeout that covers TCP and TLS together, and the upstream's
-//! credentials.
+//! keep-alive, a connect timeout that covers the name lookup, TCP and TLS together, one
+//! lookup in flight per name (`resolve.rs`), and the upstream's credentials.
 
 pub mod connect;
 mod credential;
@@ -12,6 +12,7 @@ mod h2_pool;
 pub mod health;
 mod io;
 mod request_body;
+pub mod resolve;
 pub mod throttle;
 mod tls;
 
@@ -39,6 +40,7 @@ use self::credential::credential;
 use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
 use self::health::Health;
+use self::resolve::SharedResolver;
 use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
@@ -139,7 +141,7 @@ impl Upstream {
     ) -> Result<Self, UpstreamBuildError> {
         let name: Arc<str> = Arc::from(config.name.as_str());
         let (tls, tls_files) = tls_config(&config)?;
-        let mut http = HttpConnector::new();
+        let mut http = HttpConnector::new_with_resolver(SharedResolver::process());
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_keepalive(Some(Duration::from_secs(30)));
@@ -238,6 +240,18 @@ impl Upstream {
             .authority(self.authority.clone())
             .path_and_query(path_and_query)
             .build()
+    }
+
+    /// The host and port its connections go to, as a connect error names them.
+    pub fn target(&self) -> String {
+        let port = self
+            .authority
+            .port_u16()
+            .unwrap_or(match self.scheme.as_str() {
+                "https" => 443,
+                _ => 80,
+            });
+        format!("{}:{port}", self.authority.host())
     }
 
     pub fn has_credential(&self) -> bool {

@@ -56,7 +56,7 @@ async fn connect_limit() {
     assert_eq!(v["error"]["type"], "timeout_error");
     assert_message_starts(
         &v["error"],
-        "connect timeout: upstream \"fake\" not connected within 300ms",
+        "connect timeout: upstream \"fake\" not connected (name lookup, TCP and TLS) within 300ms",
     );
     assert!(
         took >= Duration::from_millis(300) && took < Duration::from_secs(5),

@@ -191,9 +191,20 @@ async fn a_failure_after_a_fallback_tells_sdks_not_to_retry() {
             says,
             "{route}"
         );
-        assert_eq!(
-            json_body(resp).await["error"]["code"],
-            "upstream_unavailable"
+        let v = json_body(resp).await;
+        assert_eq!(v["error"]["code"], "upstream_unavailable");
+        // Audit GG 4: where the last attempt's connect was refused.
+        let message = v["error"]["message"].as_str().unwrap();
+        let (name, at) = match says {
+            Some(_) => ("backup", &backup),
+            None => ("primary", &url),
+        };
+        let at = at.trim_start_matches("http://");
+        assert!(
+            message.starts_with(&format!(
+                "upstream \"{name}\" unavailable: connecting to {at}: tcp connect error"
+            )),
+            "{message}"
         );
         gw.shutdown().await;
     }
