@@ -16,7 +16,7 @@
 //!
 //! | format | recognised by | model output | usage | error |
 //! |---|---|---|---|---|
-//! | Chat Completions | a top-level `choices` array | a `choices[].delta` field other than `role` that is non-empty (`content`, `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, `audio`, ...), or legacy `choices[].text` | top-level `usage.{prompt,completion}_tokens` (Groq's `x_groq.usage` too) | a top-level `error` object |
+//! | Chat Completions | a top-level `choices` array | a `choices[].delta` field other than `role` that is non-empty (`content`, `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, `audio`, ...), or legacy `choices[].text` | top-level `usage.{prompt,completion}_tokens` (Groq's `x_groq.usage` when the chunk has no top-level one) | a top-level `error` object |
 //! | Messages | its `type` | `content_block_delta` with a non-empty field besides `type`/`signature`; `content_block_start` of a block other than an empty text or thinking one (`tool_use`, ...) | `input_tokens` + cache writes + cache reads (prompt; each as the last `usage` that named it said), `usage.output_tokens` | `type: "error"`, `error.type` |
 //! | Responses | a `type` starting `response.` | a `response.*.delta` event with a non-empty `delta` | `response.usage.{input,output}_tokens` | `type: "error"` (`code`); `response.failed` (`response.error.code`: before any output, the provider's error event; after, counted, and the stream passes as it is) |
 //!

@@ -1032,6 +1032,23 @@ fn groq_reports_its_usage_under_x_groq() {
     assert_eq!(got.tokens.completion(), (7, Source::Reported));
 }
 
+/// Audit HB4: with both a top-level `usage` and `x_groq.usage` in one chunk, the top-level
+/// one is the usage whatever their order, as the document rebuilt from the stream says; the
+/// run was charged `x_groq`'s when it came last.
+#[test]
+fn a_top_level_usage_wins_over_x_groqs() {
+    let top = r#""usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}"#;
+    let groq = r#""x_groq":{"id":"req_01","usage":{"prompt_tokens":500,"completion_tokens":600,"total_tokens":1100}}"#;
+    for (first, second) in [(top, groq), (groq, top)] {
+        let s = format!(
+            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"Hi\"}},\"finish_reason\":\"stop\"}}],{first},{second}}}\n\ndata: [DONE]\n\n"
+        );
+        let got = run(Format::Chat, s.as_bytes(), true, &[]);
+        assert_eq!(got.tokens.prompt(), Some(5), "{s}");
+        assert_eq!(got.tokens.completion(), (6, Source::Reported), "{s}");
+    }
+}
+
 /// Audit GB 6: an error typed only by a numeric `code` (Gemini's, OpenRouter's) is typed as
 /// the HTTP status it is, as the document rebuilt from the stream answers it: a 429 is a rate
 /// limit (failed over), not `other`.
