@@ -348,11 +348,12 @@ impl Reader {
         if !dispatched || kind == EventType::Ping {
             return false;
         }
-        // A numeric code is the HTTP status the provider answers the error with, as the
-        // document rebuilt from the stream is answered (audit GB 6).
-        let named = status
-            .and_then(ErrorType::from_status)
-            .or(ev.error_type)
+        // An explicit, named type first (audit HB5); else a numeric code is the HTTP status
+        // the provider answers the error with, as the document rebuilt from the stream is
+        // answered (audit GB 6).
+        let named = ev
+            .error_type
+            .or(status.and_then(ErrorType::from_status))
             .or(ev.error_code)
             .or(ev.root_code);
         let ev = Event {
@@ -392,8 +393,14 @@ impl Reader {
             t.error = Some(named.unwrap_or(ErrorType::Other));
             return true;
         }
-        if ev.nested_error {
-            let kind = named.unwrap_or(ErrorType::Other);
+        // A failed response with no error object (`"error": null`) failed all the same
+        // (audit HB6): a server error, not a success.
+        if ev.nested_error || ev.failed {
+            let kind = named.unwrap_or(if ev.nested_error {
+                ErrorType::Other
+            } else {
+                ErrorType::Server
+            });
             // Before any output a failed response is the provider's error as much as an
             // `error` event is (audit GB 3: a `server_error` was neither failed over nor
             // logged as an error); after some, the client has what came, and the stream

@@ -654,6 +654,7 @@ impl Json {
                                 | b"response.failed"
                         );
                         ev.finished |= ev.last;
+                        ev.failed |= name == b"response.failed";
                     }
                     (Ctx::BlockDelta, Key::StopReason) => ev.finished = true,
                     (Ctx::Choice, Key::FinishReason) => {
