@@ -59,14 +59,17 @@ fn after_head(
 fn provider_status(error: &serde_json::Value) -> StatusCode {
     let named = |v: &serde_json::Value| v.as_str().and_then(|s| ErrorType::parse(s.as_bytes()));
     let inner = error.get("error").unwrap_or(error);
+    // An explicit, named type outranks a numeric code (audit HB5).
+    let typed = named(&inner["type"]);
     // vLLM's `{"object":"error",...,"code":503}` carries its HTTP status.
     if let Some(code) = inner["code"]
         .as_u64()
         .and_then(crate::provider::error_status)
+        .filter(|_| typed.is_none())
     {
         return StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
     }
-    let kind = named(&inner["type"])
+    let kind = typed
         .or_else(|| named(&inner["code"]))
         .or_else(|| named(&error["error_type"]));
     let code = match kind {
@@ -110,12 +113,17 @@ fn error_body(error: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Val
         return std::borrow::Cow::Borrowed(error);
     }
     let code = &error["code"];
-    // The Responses event's `type` is "error" itself; vLLM's names the kind.
+    // The Responses event's `type` is "error" itself; vLLM's names the kind. A code names
+    // the OpenAI type it is of (`invalid_prompt`: `invalid_request_error`), not itself; one
+    // the gateway cannot name is answered 502, a server's error (audit HB3).
     let own_type = error["type"].as_str().filter(|t| *t != "error");
-    let kind = code
-        .as_str()
-        .map(|c| ErrorType::parse(c.as_bytes()).map_or(c, |t| t.as_str()))
-        .or(own_type);
+    let kind = own_type.or_else(|| {
+        let named = match code {
+            serde_json::Value::String(c) => ErrorType::parse(c.as_bytes()),
+            c => c.as_u64().and_then(ErrorType::from_status),
+        };
+        Some(named.unwrap_or(ErrorType::Server).as_str())
+    });
     std::borrow::Cow::Owned(serde_json::json!({"error": {
         "message": error["message"],
         "type": kind,
@@ -126,11 +134,18 @@ fn error_body(error: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Val
 
 /// A Responses `response.failed` that came before any output is the provider's error event
 /// (see `provider::inspect`): its error is `response.error`, `{"code","message"}` as the
-/// `error` event's, and answered as that one is.
-fn failed_response_error(event: &serde_json::Value) -> &serde_json::Value {
+/// `error` event's, and answered as that one is. One with no error object (`"error": null`)
+/// failed all the same, and is answered as a server's error that says so (audit HB6).
+fn failed_response_error(event: &serde_json::Value) -> std::borrow::Cow<'_, serde_json::Value> {
+    if event["type"] != "response.failed" {
+        return std::borrow::Cow::Borrowed(event);
+    }
     match event.pointer("/response/error") {
-        Some(e) if event["type"] == "response.failed" && e.is_object() => e,
-        _ => event,
+        Some(e) if e.is_object() => std::borrow::Cow::Borrowed(e),
+        _ => std::borrow::Cow::Owned(serde_json::json!({
+            "code": null,
+            "message": "the response failed, and the provider gave no error",
+        })),
     }
 }
 
@@ -182,7 +197,7 @@ pub(super) async fn assembled(
     // would be retried by the SDK and the finished generation paid for twice.
     let ended = answer_ended && assembler.ended();
     if let Some(error) = assembler.provider_error().filter(|_| !ended) {
-        let error = failed_response_error(error);
+        let error = &*failed_response_error(error);
         // The provider's own error, as it would have answered it: its object, whole.
         let e = GatewayError::UpstreamError {
             upstream: record.upstream_name().unwrap_or_default(),
@@ -297,5 +312,67 @@ mod tests {
         assert_eq!(provider_status(&chunk), StatusCode::INTERNAL_SERVER_ERROR);
         let anthropic = serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "m"}});
         assert_eq!(*error_body(&anthropic), anthropic);
+    }
+
+    /// The status and envelope a non-streaming client gets for `event`, the error the
+    /// assembler kept.
+    fn answered(event: &serde_json::Value) -> (StatusCode, serde_json::Value) {
+        let error = failed_response_error(event);
+        (provider_status(&error), error_body(&error).into_owned())
+    }
+
+    fn failed(error: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({"type": "response.failed", "sequence_number": 3,
+            "response": {"id": "resp_1", "object": "response", "status": "failed", "error": error}})
+    }
+
+    /// Audit HB3: a failed response whose code is one of the Responses API's client errors
+    /// (`invalid_prompt`, the image errors) was answered 502, a retryable server error, with
+    /// the code copied as the envelope's `type`. It is a 400 of `invalid_request_error`.
+    #[test]
+    fn a_failed_responses_code_is_answered_with_its_status_and_openai_type() {
+        for (code, status, ty) in [
+            ("invalid_prompt", 400, "invalid_request_error"),
+            ("invalid_base64_image", 400, "invalid_request_error"),
+            ("image_too_large", 400, "invalid_request_error"),
+            ("failed_to_download_image", 400, "invalid_request_error"),
+            ("rate_limit_exceeded", 429, "rate_limit_error"),
+            ("server_error", 500, "server_error"),
+            ("vector_store_timeout", 504, "timeout_error"),
+            ("weird_code_x", 502, "server_error"),
+        ] {
+            let (got, body) = answered(&failed(
+                serde_json::json!({"code": code, "message": "bad prompt"}),
+            ));
+            assert_eq!(got.as_u16(), status, "{code}");
+            assert_eq!(
+                body,
+                serde_json::json!({"error": {"message": "bad prompt", "type": ty, "param": null, "code": code}}),
+                "{code}"
+            );
+        }
+    }
+
+    /// Audit HB5: an explicit, named `type` outranks a numeric `code`.
+    #[test]
+    fn an_errors_named_type_outranks_its_numeric_code() {
+        let error =
+            serde_json::json!({"error": {"code": 400, "type": "overloaded_error", "message": "x"}});
+        assert_eq!(provider_status(&error).as_u16(), 529);
+        // A type that names nothing leaves the code to say.
+        let error = serde_json::json!({"error": {"code": 429, "type": "whatever", "message": "x"}});
+        assert_eq!(provider_status(&error).as_u16(), 429);
+    }
+
+    /// Audit HB6: a failed response with `"error": null` passed as a success; it is a
+    /// server's error, answered 502 in OpenAI's envelope.
+    #[test]
+    fn a_failed_response_without_an_error_is_a_502() {
+        for error in [serde_json::Value::Null, serde_json::json!("gone")] {
+            let (status, body) = answered(&failed(error.clone()));
+            assert_eq!(status, StatusCode::BAD_GATEWAY, "{error}");
+            assert_eq!(body["error"]["type"], "server_error", "{error}");
+            assert!(body["error"]["message"].is_string(), "{error}");
+        }
     }
 }

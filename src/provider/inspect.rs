@@ -16,7 +16,7 @@
 //!
 //! | format | recognised by | model output | usage | error |
 //! |---|---|---|---|---|
-//! | Chat Completions | a top-level `choices` array | a `choices[].delta` field other than `role` that is non-empty (`content`, `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, `audio`, ...), or legacy `choices[].text` | top-level `usage.{prompt,completion}_tokens` (Groq's `x_groq.usage` too) | a top-level `error` object |
+//! | Chat Completions | a top-level `choices` array | a `choices[].delta` field other than `role` that is non-empty (`content`, `reasoning_content`, `reasoning`, `refusal`, `tool_calls`, `audio`, ...), or legacy `choices[].text` | top-level `usage.{prompt,completion}_tokens` (Groq's `x_groq.usage` when the chunk has no top-level one) | a top-level `error` object |
 //! | Messages | its `type` | `content_block_delta` with a non-empty field besides `type`/`signature`; `content_block_start` of a block other than an empty text or thinking one (`tool_use`, ...) | `input_tokens` + cache writes + cache reads (prompt; each as the last `usage` that named it said), `usage.output_tokens` | `type: "error"`, `error.type` |
 //! | Responses | a `type` starting `response.` | a `response.*.delta` event with a non-empty `delta` | `response.usage.{input,output}_tokens` | `type: "error"` (`code`); `response.failed` (`response.error.code`: before any output, the provider's error event; after, counted, and the stream passes as it is) |
 //!
@@ -348,11 +348,12 @@ impl Reader {
         if !dispatched || kind == EventType::Ping {
             return false;
         }
-        // A numeric code is the HTTP status the provider answers the error with, as the
-        // document rebuilt from the stream is answered (audit GB 6).
-        let named = status
-            .and_then(ErrorType::from_status)
-            .or(ev.error_type)
+        // An explicit, named type first (audit HB5); else a numeric code is the HTTP status
+        // the provider answers the error with, as the document rebuilt from the stream is
+        // answered (audit GB 6).
+        let named = ev
+            .error_type
+            .or(status.and_then(ErrorType::from_status))
             .or(ev.error_code)
             .or(ev.root_code);
         let ev = Event {
@@ -392,8 +393,14 @@ impl Reader {
             t.error = Some(named.unwrap_or(ErrorType::Other));
             return true;
         }
-        if ev.nested_error {
-            let kind = named.unwrap_or(ErrorType::Other);
+        // A failed response with no error object (`"error": null`) failed all the same
+        // (audit HB6): a server error, not a success.
+        if ev.nested_error || ev.failed {
+            let kind = named.unwrap_or(if ev.nested_error {
+                ErrorType::Other
+            } else {
+                ErrorType::Server
+            });
             // Before any output a failed response is the provider's error as much as an
             // `error` event is (audit GB 3: a `server_error` was neither failed over nor
             // logged as an error); after some, the client has what came, and the stream

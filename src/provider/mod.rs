@@ -147,11 +147,28 @@ impl ErrorType {
             | b"validation"
             | b"400"
             | b"422" => Self::InvalidRequest,
+            // The Responses API's `error.code`s of a failed response that the request caused
+            // (its `ResponseError`): answered 400 when not streamed (audit HB3).
+            b"invalid_prompt"
+            | b"invalid_image"
+            | b"invalid_image_format"
+            | b"invalid_base64_image"
+            | b"invalid_image_url"
+            | b"invalid_image_mode"
+            | b"image_too_large"
+            | b"image_too_small"
+            | b"image_parse_error"
+            | b"image_content_policy_violation"
+            | b"image_file_too_large"
+            | b"image_file_not_found"
+            | b"unsupported_image_media_type"
+            | b"empty_image_file"
+            | b"failed_to_download_image" => Self::InvalidRequest,
             b"authentication_error" | b"AuthenticationError" | b"401" => Self::Authentication,
             b"permission_error" | b"PermissionDeniedError" | b"403" => Self::Permission,
             b"not_found_error" | b"NotFoundError" | b"404" => Self::NotFound,
             b"request_too_large" | b"413" => Self::RequestTooLarge,
-            b"timeout_error" | b"408" | b"504" => Self::Timeout,
+            b"timeout_error" | b"vector_store_timeout" | b"408" | b"504" => Self::Timeout,
             b"billing_error" | b"402" => Self::Billing,
             b"insufficient_quota" => Self::InsufficientQuota,
             _ => return None,
@@ -287,6 +304,20 @@ mod tests {
             Some("rate_limit_error")
         );
         assert_eq!(ErrorType::parse(b"some_new_error_of_the_week"), None);
+        // Audit HB3: the Responses API's codes of a failed response.
+        for (code, ty) in [
+            (&b"invalid_prompt"[..], ErrorType::InvalidRequest),
+            (b"invalid_base64_image", ErrorType::InvalidRequest),
+            (b"image_too_large", ErrorType::InvalidRequest),
+            (b"unsupported_image_media_type", ErrorType::InvalidRequest),
+            (b"empty_image_file", ErrorType::InvalidRequest),
+            (b"failed_to_download_image", ErrorType::InvalidRequest),
+            (b"vector_store_timeout", ErrorType::Timeout),
+            (b"rate_limit_exceeded", ErrorType::RateLimit),
+            (b"server_error", ErrorType::Server),
+        ] {
+            assert_eq!(ErrorType::parse(code), Some(ty), "{code:?}");
+        }
         assert_eq!(ErrorType::Other.as_str(), "other");
     }
 }

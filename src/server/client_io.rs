@@ -25,7 +25,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -36,10 +36,11 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::{Instant, Sleep};
 
 use crate::http::conn::ClientWrites;
+use crate::stream::signal::Signal;
 
 /// What the connection task keeps of a socket it gave to hyper.
 #[derive(Default)]
@@ -116,13 +117,77 @@ pub fn linger_close(mut socket: TcpStream) {
 
 /// How long a lingering close waits for more of what the client is sending, and how long it
 /// lingers in all (nginx's `lingering_timeout` is 5 s, its `lingering_time` 30 s), and how
-/// many sockets may linger at once.
+/// many sockets (and, apart, HTTP/2 request bodies) may linger at once.
 const LINGER_QUIET: Duration = Duration::from_secs(2);
 const LINGER_MOST: Duration = Duration::from_secs(30);
 const LINGERING: usize = 1024;
 
-/// Lingering sockets and HTTP/2 request bodies, together.
+/// HTTP/2 request bodies one connection may have lingering at once: a client waiting for its
+/// early answer has one or two; without a share of its own, one connection's 1,024 trickling
+/// streams took every slot and everyone else's answers were reset again (audit HB1).
+const LINGERING_PER_CONNECTION: usize = 8;
+
+/// Lingering HTTP/1 sockets.
 static LINGER_SLOTS: Semaphore = Semaphore::const_new(LINGERING);
+
+/// Lingering HTTP/2 request bodies: apart from the sockets', so that neither kind can take the
+/// other's (HTTP/2 streams are far cheaper to open than connections).
+static H2_LINGER_SLOTS: Semaphore = Semaphore::const_new(LINGERING);
+
+/// What the request bodies of one HTTP/2 connection share to linger ([`RequestBody`]).
+#[derive(Clone)]
+pub struct Linger(Arc<LingerShare>);
+
+struct LingerShare {
+    /// The bytes a lingering read may take.
+    most: u64,
+    /// This connection's bodies lingering now.
+    lingering: AtomicUsize,
+    /// The server's drain: a lingering read holds no request, and must not hold the shutdown
+    /// (audit HB2: one trickling upload held it for the whole `shutdown_grace`).
+    drain: Signal,
+}
+
+impl Linger {
+    /// `most`: the bytes one lingering read may take (what a request body may be).
+    pub fn new(most: u64, drain: Signal) -> Linger {
+        Linger(Arc::new(LingerShare {
+            most,
+            lingering: AtomicUsize::new(0),
+            drain,
+        }))
+    }
+
+    /// Room for one more lingering body, if both the connection and the process have it.
+    fn enter(&self) -> Option<Lingering> {
+        let share = &self.0;
+        share
+            .lingering
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < LINGERING_PER_CONNECTION).then_some(n + 1)
+            })
+            .ok()?;
+        // Counted first, so that the guard gives the count back whether or not a slot is had.
+        let mut lingering = Lingering {
+            share: share.clone(),
+            _slot: None,
+        };
+        lingering._slot = Some(H2_LINGER_SLOTS.try_acquire().ok()?);
+        Some(lingering)
+    }
+}
+
+/// One lingering body's place in its connection's count and the process's slots.
+struct Lingering {
+    share: Arc<LingerShare>,
+    _slot: Option<SemaphorePermit<'static>>,
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        self.share.lingering.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// A client's request body. Over HTTP/2, one dropped before its end (an answer made before it
 /// was read: 404, 401, 413, an invalid budget) is read on in a task of its own, as an HTTP/1
@@ -130,21 +195,22 @@ static LINGER_SLOTS: Semaphore = Semaphore::const_new(LINGERING);
 /// RST_STREAM(NO_ERROR) while the client is still sending, which RFC 9113 8.1 allows but
 /// curl 7.88 takes as a stream error and loses the answer with it (audit GC1: 13 of 20 early
 /// answers). Read on, the stream ends with both sides' END_STREAM. The read ends at the
-/// body's end or error, after `LINGER_QUIET` with nothing, `LINGER_MOST` in all, or past
-/// `most` bytes; then the body is dropped (and reset) as before. Past `LINGERING` at once,
-/// dropped at once.
+/// body's end or error, after `LINGER_QUIET` with nothing, `LINGER_MOST` in all, past
+/// `most` bytes, or when the server drains; then the body is dropped (and reset) as before.
+/// Past `LINGERING_PER_CONNECTION` of its connection, or `LINGERING` in the process, dropped
+/// at once.
 pub struct RequestBody {
     /// `None` once dropped.
     inner: Option<Incoming>,
-    /// The bytes a lingering read may take; `None` over HTTP/1, whose connection lingers.
-    most: Option<u64>,
+    /// `None` over HTTP/1, whose connection lingers.
+    linger: Option<Linger>,
 }
 
 impl RequestBody {
-    pub fn new(inner: Incoming, most: Option<u64>) -> RequestBody {
+    pub fn new(inner: Incoming, linger: Option<Linger>) -> RequestBody {
         RequestBody {
             inner: Some(inner),
-            most,
+            linger,
         }
     }
 }
@@ -176,36 +242,45 @@ impl Body for RequestBody {
 
 impl Drop for RequestBody {
     fn drop(&mut self) {
-        let (Some(most), Some(body)) = (self.most, self.inner.take()) else {
+        let (Some(linger), Some(body)) = (self.linger.take(), self.inner.take()) else {
             return;
         };
-        if body.is_end_stream() {
+        if body.is_end_stream() || linger.0.drain.is_fired() {
             return;
         }
         // Dropped as the runtime shuts down: there is no one left to answer.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let Ok(slot) = LINGER_SLOTS.try_acquire() else {
+        let Some(lingering) = linger.enter() else {
             return;
         };
         runtime.spawn(async move {
-            let _slot = slot;
-            let mut body = body;
-            let mut left = most;
-            let end = Instant::now() + LINGER_MOST;
-            loop {
-                let quiet = (Instant::now() + LINGER_QUIET).min(end);
-                match tokio::time::timeout_at(quiet, body.frame()).await {
-                    Ok(Some(Ok(frame))) => {
-                        let n = frame.data_ref().map_or(0, Bytes::len) as u64;
-                        let Some(l) = left.checked_sub(n) else { return };
-                        left = l;
-                    }
-                    _ => return,
-                }
+            let share = lingering.share.clone();
+            let _lingering = lingering;
+            tokio::select! {
+                () = read_on(body, share.most) => {}
+                () = share.drain.fired() => {}
             }
         });
+    }
+}
+
+/// Reads `body` until its end or error, `LINGER_QUIET` with nothing, `LINGER_MOST` in all, or
+/// past `most` bytes.
+async fn read_on(mut body: Incoming, most: u64) {
+    let mut left = most;
+    let end = Instant::now() + LINGER_MOST;
+    loop {
+        let quiet = (Instant::now() + LINGER_QUIET).min(end);
+        match tokio::time::timeout_at(quiet, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                let n = frame.data_ref().map_or(0, Bytes::len) as u64;
+                let Some(l) = left.checked_sub(n) else { return };
+                left = l;
+            }
+            _ => return,
+        }
     }
 }
 
@@ -490,6 +565,51 @@ mod tests {
     use tokio::net::{TcpListener, TcpSocket};
 
     const SEND_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// The tests that take the process's HTTP/2 lingering slots, one at a time.
+    static H2_SLOTS_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+    /// Audit HB1: HTTP/2 bodies and HTTP/1 sockets lingered on one set of slots, so HTTP/2
+    /// streams (cheap to open, 256 a connection) could take every HTTP/1 socket's. With every
+    /// HTTP/2 slot taken, a socket still lingers: the client's bytes after its answer are
+    /// read, not answered with a reset.
+    #[tokio::test]
+    async fn an_http1_socket_lingers_while_http2_bodies_hold_every_slot() {
+        let _alone = H2_SLOTS_TESTS.lock().await;
+        let _all = H2_LINGER_SLOTS
+            .try_acquire_many(LINGERING as u32)
+            .expect("no HTTP/2 body lingers in these tests");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        linger_close(server);
+        let mut buf = [0u8; 16];
+        assert_eq!(client.read(&mut buf).await.unwrap(), 0, "the server's FIN");
+        // The rest of an upload: read by a lingering socket, reset by a closed one.
+        client.write_all(&[b' '; 1000]).await.unwrap();
+        // A round trip on loopback: a reset would have come back by now.
+        tokio::time::sleep(LINGER_QUIET / 8).await;
+        let more = client.write_all(&[b' '; 1000]).await;
+        assert!(more.is_ok(), "not lingering: {more:?}");
+    }
+
+    /// Audit HB1: past its share, a connection's next body is not taken to linger, and the
+    /// share is given back as its lingering reads end.
+    #[test]
+    fn a_connection_lingers_on_at_most_its_share() {
+        let _alone = H2_SLOTS_TESTS.blocking_lock();
+        let linger = Linger::new(1 << 20, Signal::new());
+        let held: Vec<Lingering> = (0..LINGERING_PER_CONNECTION)
+            .map(|_| linger.enter().expect("within the share"))
+            .collect();
+        assert!(linger.enter().is_none(), "past the share");
+        // Another connection has its own.
+        assert!(Linger::new(1 << 20, Signal::new()).enter().is_some());
+        drop(held);
+        assert!(linger.enter().is_some(), "given back");
+    }
 
     /// A client with a 4 KiB receive buffer, and a task writing to it through a `ClientIo`
     /// as fast as it takes, until `send_timeout` cuts it. The server's send buffer is far

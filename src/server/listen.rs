@@ -30,7 +30,7 @@ use crate::gateway::ProxyBody;
 use crate::http::conn::{ClientConn, ClientWrites, Streams};
 use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
 use crate::server::admin::Admin;
-use crate::server::client_io::{ClientIo, First, RequestBody, Returned};
+use crate::server::client_io::{ClientIo, First, Linger, RequestBody, Returned};
 use crate::server::head_timer::HeadTimer;
 use crate::server::shared::Shared;
 use crate::stream::signal::{Signal, Waiter};
@@ -319,15 +319,19 @@ async fn serve_connection(
         let shared = shared.clone();
         let writes = writes.clone();
         let max_request_body = server.max_request_body;
+        let drain = drain.clone();
         move |streams: Option<Streams>,
               framing: Option<Arc<Framing>>,
               certificate: Option<Arc<str>>| {
             let shared = shared.clone();
             let writes = writes.clone();
-            // Over HTTP/2 a body answered early is read on, up to what one may be.
-            let linger = streams.is_some().then_some(max_request_body);
+            // Over HTTP/2 a body answered early is read on, up to what one may be, until the
+            // server drains.
+            let linger = streams
+                .is_some()
+                .then(|| Linger::new(max_request_body, drain.clone()));
             service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let mut req = req.map(|body| RequestBody::new(body, linger));
+                let mut req = req.map(|body| RequestBody::new(body, linger.clone()));
                 if framing
                     .as_ref()
                     .is_some_and(|f| f.next_request_is_ambiguous())

@@ -869,6 +869,43 @@ async fn an_h2_early_answer_reads_the_rest_of_the_body_instead_of_a_reset() {
     }
 }
 
+/// Audit HB1: the lingering reads of one HTTP/2 connection took every process-wide slot
+/// (1,024 trickling streams on 4 connections), and every other client's early answer was
+/// reset again. A connection now lingers on at most 8 bodies at once; past that its streams
+/// are reset at once, as before.
+#[tokio::test]
+async fn one_h2_connection_lingers_on_at_most_eight_bodies() {
+    let h = Harness::start().await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (mut client, mut conn) = h2::client::handshake(tcp).await.unwrap();
+    let mut ping = conn.ping_pong().expect("the connection's ping");
+    tokio::spawn(conn);
+    let mut sends = Vec::new();
+    for _ in 0..12 {
+        let req = http::Request::post(format!("http://{}/nowhere", h.addr()))
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap();
+        let (response, send) = client.send_request(req, false).unwrap();
+        let response = response.await.unwrap();
+        assert_eq!(response.status(), 404);
+        sends.push(send);
+        // A byte on each stream still open, so that none goes quiet while the others start.
+        for send in &mut sends {
+            let _ = send.send_data(bytes::Bytes::from_static(b" "), false);
+        }
+    }
+    // A round trip after the last answer: a reset sent with it has come by now.
+    ping.ping(h2::Ping::opaque()).await.unwrap();
+    let mut reset = Vec::new();
+    for send in &mut sends {
+        let r = std::future::poll_fn(|cx| std::task::Poll::Ready(send.poll_reset(cx))).await;
+        reset.push(r.is_ready());
+    }
+    let expected: Vec<bool> = (0..12).map(|i| i >= 8).collect();
+    assert_eq!(reset, expected, "which streams were reset");
+}
+
 /// A lingering socket does not hold a `max_connections` slot: with one slot, a client that
 /// got its early answer and keeps its connection open (lingering for up to 2 s of quiet)
 /// does not keep the next client waiting.

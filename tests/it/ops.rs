@@ -337,6 +337,54 @@ async fn shutdown_does_not_wait_for_an_http2_connection_that_never_finishes_the_
     }
 }
 
+/// Audit HB2: an HTTP/2 request body read on after its early answer (lingering up to 30 s
+/// while the client trickles) held the shutdown for the whole grace, with no request in
+/// flight. Lingering reads end when the server drains (a minute of grace and of header-read
+/// timeout here: the 20 s wait is a hang's limit, not a measure).
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_lingering_http2_body() {
+    let h = Harness::with_config(&BASE.replace(
+        "[server]\n",
+        "[server]\nshutdown_grace = \"60s\"\nheader_read_timeout = \"60s\"\n",
+    ))
+    .await;
+    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::post(format!("http://{}/nowhere", h.gw.addr))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(req, false).unwrap();
+    assert_eq!(response.await.unwrap().status(), 404);
+    // The rest of the body, a byte every 100 ms, for as long as the stream takes it.
+    let trickle = tokio::spawn(async move {
+        loop {
+            if send.send_data(Bytes::from_static(b" "), false).is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let reset =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(send.poll_reset(cx))).await;
+            if reset.is_ready() {
+                return;
+            }
+        }
+    });
+    // Lingering by now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!trickle.is_finished(), "the body was read on");
+    let Harness { gw, fake } = h;
+    tokio::time::timeout(Duration::from_secs(20), gw.shutdown())
+        .await
+        .expect("shutdown waited for a lingering body");
+    tokio::time::timeout(Duration::from_secs(5), trickle)
+        .await
+        .expect("the stream ended")
+        .unwrap();
+    drop((client, conn, fake));
+}
+
 /// The admin listener serves GET and HEAD; anything else is a 405 that says so (RFC 9110
 /// 15.5.6: a 405 carries `Allow`).
 #[tokio::test]

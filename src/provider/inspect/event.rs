@@ -35,6 +35,8 @@ pub(super) struct Event {
     pub(super) error: bool,
     /// An error nested in the answer (`response.failed`): counted, not an end.
     pub(super) nested_error: bool,
+    /// A `response.failed`, with or without an error object.
+    pub(super) failed: bool,
     pub(super) error_type: Option<ErrorType>,
     pub(super) error_code: Option<ErrorType>,
     /// A top-level `code` (the Responses API's error event names its type there).

@@ -36,6 +36,9 @@ enum Ctx {
     /// Groq's `x_groq`, whose `usage` is a stream's usage unless `include_usage` asked for
     /// a top-level one.
     XGroq,
+    /// `x_groq.usage`: the usage unless the event has a top-level one, which wins whatever
+    /// their order, as in the document rebuilt from the stream (audit HB4).
+    GroqUsage,
     ErrorRoot,
     ErrorNested,
     BlockDelta,
@@ -135,7 +138,7 @@ fn child(parent: Ctx, key: Key, array: bool) -> Ctx {
         (Root, Key::Message, false) => Message,
         (Root, Key::Response, false) => Response,
         (Root, Key::XGroq, false) => XGroq,
-        (XGroq, Key::Usage, false) => Usage,
+        (XGroq, Key::Usage, false) => GroqUsage,
         (Root, Key::Error, false) => ErrorRoot,
         (Root, Key::Delta, false) => BlockDelta,
         (Root, Key::ContentBlock, false) => ContentBlock,
@@ -224,6 +227,8 @@ pub(super) struct Json {
     /// names only some of them leaves the others as they were.
     usage: [u64; 4],
     usage_seen: u8,
+    /// The event had a top-level (or `response.usage`) usage: `x_groq.usage` is then not read.
+    top_usage: bool,
     /// The index of the Chat choice being read (`WIDE` when it is 64 or more, or not a
     /// plain integer; 0 until its `index` is read), and whether it has a finish reason:
     /// told to the event when the choice closes.
@@ -265,6 +270,7 @@ impl Default for Json {
             num: None,
             usage: [0; 4],
             usage_seen: 0,
+            top_usage: false,
             choice: 0,
             choice_finished: false,
             error_status: None,
@@ -285,6 +291,7 @@ impl Json {
         self.in_scalar = false;
         self.num = None;
         self.usage_seen = 0;
+        self.top_usage = false;
         self.error_status = None;
     }
 
@@ -387,7 +394,7 @@ impl Json {
     #[inline(always)]
     fn number_read(&self) -> bool {
         match self.cur {
-            Ctx::Usage | Ctx::MessageUsage => true,
+            Ctx::Usage | Ctx::MessageUsage | Ctx::GroqUsage => true,
             Ctx::Choice => self.key == Key::Index,
             Ctx::ErrorRoot | Ctx::ErrorNested => self.key == Key::Code,
             _ => false,
@@ -647,6 +654,7 @@ impl Json {
                                 | b"response.failed"
                         );
                         ev.finished |= ev.last;
+                        ev.failed |= name == b"response.failed";
                     }
                     (Ctx::BlockDelta, Key::StopReason) => ev.finished = true,
                     (Ctx::Choice, Key::FinishReason) => {
@@ -736,7 +744,10 @@ impl Json {
                 }
             }
             Ctx::Choice => ev.choices_wide = true,
-            ctx @ (Ctx::Usage | Ctx::MessageUsage) => {
+            Ctx::GroqUsage if self.top_usage => self.usage_seen = 0,
+            ctx @ (Ctx::Usage | Ctx::MessageUsage | Ctx::GroqUsage) => {
+                // A top-level usage read after `x_groq`'s replaces the counts it names.
+                self.top_usage |= ctx == Ctx::Usage;
                 let seen = std::mem::take(&mut self.usage_seen);
                 for part in PROMPT_PARTS {
                     if seen & (1 << part as usize) != 0 {
@@ -744,7 +755,7 @@ impl Json {
                     }
                 }
                 // message_start's output count is a placeholder until message_delta.
-                if ctx == Ctx::Usage && seen & (1 << COMPLETION) != 0 {
+                if ctx != Ctx::MessageUsage && seen & (1 << COMPLETION) != 0 {
                     tokens.completion = Some(self.usage[COMPLETION]);
                 }
             }

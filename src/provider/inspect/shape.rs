@@ -191,6 +191,7 @@ impl Shape {
             || *tokens != before
             || ev.error
             || ev.nested_error
+            || ev.failed
             || ev.error_type.is_some()
             || ev.error_code.is_some()
             || ev.root_code.is_some()

@@ -1018,6 +1018,46 @@ fn a_response_failed_before_output_is_an_error_event() {
     assert_eq!(got.tokens.output_events, 2);
 }
 
+/// Audit HB6: a `response.failed` with no error object (`"error": null`, or none) before any
+/// output passed as a success (no failover, logged `ok`); it is a server's error event.
+#[test]
+fn a_response_failed_without_an_error_is_an_error_event() {
+    let created = r#"data: {"type":"response.created","response":{"id":"r","status":"in_progress","error":null}}"#;
+    for failed in [
+        r#"data: {"type":"response.failed","response":{"status":"failed","error":null,"usage":null}}"#,
+        r#"data: {"type":"response.failed","response":{"status":"failed"}}"#,
+    ] {
+        let s = format!("{created}\n\n{failed}\n\n{AFTER}");
+        let got = run(Format::Responses, s.as_bytes(), true, &[]);
+        assert_eq!(got.tokens.error, Some(ErrorType::Server), "{failed}");
+        assert_eq!(
+            got.error_end,
+            Some(created.len() + failed.len() + 4),
+            "{failed}"
+        );
+    }
+}
+
+/// Audit HB3: a failed response's Responses API code (`invalid_prompt`) is the request's
+/// error, not `other`.
+#[test]
+fn a_response_failed_with_a_client_code_is_an_invalid_request() {
+    let failed = r#"data: {"type":"response.failed","response":{"status":"failed","error":{"code":"invalid_prompt","message":"bad prompt"}}}"#;
+    let s = format!("{failed}\n\n{AFTER}");
+    let got = run(Format::Responses, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.error, Some(ErrorType::InvalidRequest));
+}
+
+/// Audit HB5: an explicit, named `type` outranks a numeric `code` (an overload is failed
+/// over; typed by its code 400 it was answered as the client's error).
+#[test]
+fn an_errors_named_type_outranks_its_numeric_code() {
+    let data = r#"{"error":{"code":400,"type":"overloaded_error","message":"x"}}"#;
+    let s = format!("data: {data}\n\n{AFTER}");
+    let got = run(Format::Chat, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.error, Some(ErrorType::Overloaded));
+}
+
 /// Audit GB 4: Groq reports a stream's usage under `x_groq.usage` in its last chunk (a
 /// top-level `usage` only when `include_usage` asks): it is the usage, not an estimate.
 #[test]
@@ -1030,6 +1070,23 @@ fn groq_reports_its_usage_under_x_groq() {
     let got = run(Format::Chat, s.as_bytes(), true, &[]);
     assert_eq!(got.tokens.prompt(), Some(18));
     assert_eq!(got.tokens.completion(), (7, Source::Reported));
+}
+
+/// Audit HB4: with both a top-level `usage` and `x_groq.usage` in one chunk, the top-level
+/// one is the usage whatever their order, as the document rebuilt from the stream says; the
+/// run was charged `x_groq`'s when it came last.
+#[test]
+fn a_top_level_usage_wins_over_x_groqs() {
+    let top = r#""usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}"#;
+    let groq = r#""x_groq":{"id":"req_01","usage":{"prompt_tokens":500,"completion_tokens":600,"total_tokens":1100}}"#;
+    for (first, second) in [(top, groq), (groq, top)] {
+        let s = format!(
+            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"Hi\"}},\"finish_reason\":\"stop\"}}],{first},{second}}}\n\ndata: [DONE]\n\n"
+        );
+        let got = run(Format::Chat, s.as_bytes(), true, &[]);
+        assert_eq!(got.tokens.prompt(), Some(5), "{s}");
+        assert_eq!(got.tokens.completion(), (6, Source::Reported), "{s}");
+    }
 }
 
 /// Audit GB 6: an error typed only by a numeric `code` (Gemini's, OpenRouter's) is typed as
