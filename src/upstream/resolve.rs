@@ -7,8 +7,16 @@
 //! and each new request to a name that never connects starts one more: audit GG 1 saw one
 //! upstream's hung DNS fill the pool, so the lookups of every other upstream, `/metrics`
 //! and reloads all queued behind it, and the fallbacks meant for it timed out too. Sharing
-//! the lookup in flight holds at most one thread per name. Nothing is kept once it ends: the
-//! next connect looks the name up again, so DNS changes are followed at once.
+//! the lookup in flight holds one thread per name at a time. Nothing is kept once it ends:
+//! the next connect looks the name up again, so DNS changes are followed at once.
+//!
+//! A lookup is joined only while it is young ([`JOIN_WITHIN`]): one slow `getaddrinfo` (a
+//! lost UDP query waits glibc's 5 s before its retry) would otherwise fail every connect to
+//! the name until it ended, long after the nameserver answered again (audit HC 1: four
+//! requests sent after DNS had recovered all got 504 and ejected the upstream). An older one
+//! runs on for those who joined it, and the next connect starts another: a name whose
+//! lookups all hang holds at most one thread per `JOIN_WITHIN` of the resolver's timeout
+//! (about ten with glibc's defaults).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,9 +25,11 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// A lookup's outcome, as every waiter on it gets it (an `io::Error` cannot be cloned).
 type Outcome = Result<Arc<Vec<SocketAddr>>, Failed>;
@@ -57,7 +67,17 @@ pub struct SharedResolver<R = GaiResolver> {
     in_flight: Arc<InFlight>,
 }
 
-type InFlight = Mutex<HashMap<Name, watch::Receiver<Option<Outcome>>>>;
+/// How long a lookup in flight is joined by the connects that want its name: a healthy one
+/// ends in milliseconds.
+const JOIN_WITHIN: Duration = Duration::from_secs(1);
+
+/// Each name's youngest lookup in flight: when it started, and its answer to come.
+type InFlight = Mutex<HashMap<Name, Lookup>>;
+
+struct Lookup {
+    started: Instant,
+    answer: watch::Receiver<Option<Outcome>>,
+}
 
 impl SharedResolver {
     /// The one every upstream uses: upstreams of one provider (several keys, or the old and
@@ -101,11 +121,18 @@ where
                 .in_flight
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
             match in_flight.get(&name) {
-                Some(rx) => rx.clone(),
-                None => {
+                Some(lookup) if now.duration_since(lookup.started) < JOIN_WITHIN => {
+                    lookup.answer.clone()
+                }
+                _ => {
                     let (tx, rx) = watch::channel(None);
-                    in_flight.insert(name.clone(), rx.clone());
+                    let lookup = Lookup {
+                        started: now,
+                        answer: rx.clone(),
+                    };
+                    in_flight.insert(name.clone(), lookup);
                     // Its own task: the lookup runs to its end even when every connect
                     // waiting on it gave up, so that no second one starts meanwhile.
                     tokio::spawn(look_up(
@@ -148,6 +175,7 @@ async fn look_up<R>(
     let leave = Leave {
         in_flight: &in_flight,
         name: &name,
+        answer: &tx,
     };
     let outcome: Outcome =
         match std::future::poll_fn(|cx| inner.poll_ready(cx).map_err(Into::into)).await {
@@ -165,14 +193,22 @@ async fn look_up<R>(
 struct Leave<'a> {
     in_flight: &'a InFlight,
     name: &'a Name,
+    /// Which lookup this is: a younger one of the same name may have taken its place.
+    answer: &'a watch::Sender<Option<Outcome>>,
 }
 
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
-        self.in_flight
+        let mut in_flight = self
+            .in_flight
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(self.name);
+            .unwrap_or_else(PoisonError::into_inner);
+        if in_flight
+            .get(self.name)
+            .is_some_and(|lookup| lookup.answer.same_channel(&self.answer.subscribe()))
+        {
+            in_flight.remove(self.name);
+        }
     }
 }
 

@@ -36,7 +36,8 @@ impl Service<Name> for Held {
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         let gate = Arc::clone(&self.gate);
         Box::pin(async move {
-            let _permit = gate.acquire().await.map_err(io::Error::other)?;
+            // One permit, one lookup: it is not given back.
+            gate.acquire().await.map_err(io::Error::other)?.forget();
             if name.as_str() == "nx.invalid" {
                 return Err(io::Error::new(io::ErrorKind::NotFound, "no such name"));
             }
@@ -117,4 +118,47 @@ async fn a_failed_lookup_is_every_waiters_error() {
         assert_eq!(e.to_string(), "no such name");
     }
     assert_eq!(held.calls.load(Ordering::SeqCst), 1);
+}
+
+/// A lookup that hangs is joined only while young: a connect a second later starts its own,
+/// which answers once the nameserver does, and the old one ending does not drop the new one
+/// from the map (audit HC 1: every connect after the nameserver recovered waited on the one
+/// hung lookup, 504, and the upstream was ejected).
+#[tokio::test(start_paused = true)]
+async fn a_hung_lookup_is_joined_only_while_young() {
+    let held = Held::default();
+    let resolver = SharedResolver::with(held.clone());
+    let first = tokio::spawn(resolver.clone().call(name("slow.example")));
+    settle().await;
+    tokio::time::advance(JOIN_WITHIN / 2).await;
+    let joined = tokio::spawn(resolver.clone().call(name("slow.example")));
+    settle().await;
+    assert_eq!(
+        held.calls.load(Ordering::SeqCst),
+        1,
+        "a young lookup is joined"
+    );
+    tokio::time::advance(JOIN_WITHIN).await;
+    let fresh = tokio::spawn(resolver.clone().call(name("slow.example")));
+    settle().await;
+    assert_eq!(held.calls.load(Ordering::SeqCst), 2, "an old one is not");
+    // One permit: the first lookup ends (its two waiters get 127.0.0.1); the second is the
+    // name's lookup in flight still, and a connect now joins it.
+    held.gate.add_permits(1);
+    for w in [first, joined] {
+        let addrs: Vec<_> = w.await.expect("task").expect("lookup").collect();
+        assert_eq!(addrs, [SocketAddr::from(([127, 0, 0, 1], 0))]);
+    }
+    let also = tokio::spawn(resolver.clone().call(name("slow.example")));
+    settle().await;
+    assert_eq!(
+        held.calls.load(Ordering::SeqCst),
+        2,
+        "the younger lookup stays joinable"
+    );
+    held.gate.add_permits(1);
+    for w in [fresh, also] {
+        let addrs: Vec<_> = w.await.expect("task").expect("lookup").collect();
+        assert_eq!(addrs, [SocketAddr::from(([127, 0, 0, 2], 0))]);
+    }
 }
