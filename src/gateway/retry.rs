@@ -145,11 +145,15 @@ pub async fn run(
             if !first && budget.head_by().is_some_and(|by| now + need + wait > by) {
                 break;
             }
-            // A retry counts against its upstream's share from its wait on: retries waiting
-            // out one Retry-After all land together.
+            // A retry counts against its upstream's share from its attempt on, judged when
+            // its wait ends; while it waits it only adds to the base (`throttle.rs`).
             let _retry = if n > 0 {
+                let waiting = entry.upstream.retries.wait();
+                if !wait.is_zero() {
+                    sleep(wait).await;
+                }
                 let attempts = usize::try_from(entry.in_flight.get()).unwrap_or(0);
-                let Some(retry) = entry.upstream.retries.take(attempts) else {
+                let Some(retry) = entry.upstream.retries.take_after_wait(waiting, attempts) else {
                     record.throttled(Throttled::RetryBudget);
                     break;
                 };
@@ -157,9 +161,6 @@ pub async fn run(
             } else {
                 None
             };
-            if !wait.is_zero() {
-                sleep(wait).await;
-            }
             // The attempt is made: what it replaces is dropped (and so cancelled) now.
             drop(std::mem::replace(&mut last, Last::None));
             if n > 0 {
