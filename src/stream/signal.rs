@@ -40,7 +40,7 @@ impl Signal {
         self.0.token.cancel();
     }
 
-    fn is_fired(&self) -> bool {
+    pub fn is_fired(&self) -> bool {
         self.0.fired.load(Ordering::Acquire)
     }
 
