@@ -128,9 +128,13 @@ pub async fn run(
                 _ => Duration::ZERO,
             };
             let mut wait = Duration::ZERO;
+            // The upstream asked for the wait (a `Retry-After` longer than the backoff).
+            let mut asked = false;
             if n > 0 {
                 let fits = budget.usable(now).saturating_sub(need + room);
-                wait = retry_wait(own.retry_after, backoff(n), fastrand::f64(), fits);
+                let backoff = backoff(n);
+                asked = own.retry_after.is_some_and(|a| a > backoff);
+                wait = retry_wait(own.retry_after, backoff, fastrand::f64(), fits);
                 if let Some(c) = own.cause {
                     tracing::debug!(reason = c.as_str(), ?wait, "retrying");
                 }
@@ -145,15 +149,27 @@ pub async fn run(
             if !first && budget.head_by().is_some_and(|by| now + need + wait > by) {
                 break;
             }
-            // A retry counts against its upstream's share from its attempt on, judged when
-            // its wait ends; while it waits it only adds to the base (`throttle.rs`).
             let _retry = if n > 0 {
-                let waiting = entry.upstream.retries.wait();
-                if !wait.is_zero() {
+                let throttle = &entry.upstream.retries;
+                let attempts = || usize::try_from(entry.in_flight.get()).unwrap_or(0);
+                let retry = if asked {
+                    // Asked to come back later, a retry counts against its upstream's share
+                    // from its attempt on, judged when its wait ends; while it waits it only
+                    // adds to the base (`throttle.rs`).
+                    let waiting = throttle.wait();
                     sleep(wait).await;
-                }
-                let attempts = usize::try_from(entry.in_flight.get()).unwrap_or(0);
-                let Some(retry) = entry.upstream.retries.take_after_wait(waiting, attempts) else {
+                    throttle.take_after_wait(waiting, attempts())
+                } else {
+                    // A backoff's counts from its wait on: attempts that fail at once are
+                    // seldom in flight together, and counted from the attempt alone, a storm
+                    // of 503s got three calls for each client's one again (audit HA 1).
+                    let retry = throttle.take(attempts().saturating_add(throttle.waiting()));
+                    if retry.is_some() && !wait.is_zero() {
+                        sleep(wait).await;
+                    }
+                    retry
+                };
+                let Some(retry) = retry else {
                     record.throttled(Throttled::RetryBudget);
                     break;
                 };

@@ -6,11 +6,12 @@
 //! in flight at most a share of the calls in flight, with a floor so that a quiet upstream
 //! can still retry.
 //!
-//! A retry counts only while its attempt is on the wire, and its share is of the attempts
-//! in flight plus the requests waiting out a wait to retry (Envoy: active plus pending).
-//! Counted from the start of the wait, a burst of 429s with `Retry-After` spent the share
-//! on requests doing nothing while the attempts in flight, its base, fell to none: 17 of
-//! 20 lost their retry (audit HA 1).
+//! A retry after a `Retry-After` counts only while its attempt is on the wire, and its
+//! share is of the attempts in flight plus the requests waiting out such a wait (Envoy:
+//! active plus pending). Counted from the start of the wait, a burst of 429s with
+//! `Retry-After` spent the share on requests doing nothing while the attempts in flight,
+//! its base, fell to none: 17 of 20 lost their retry (audit HA 1). A retry after a backoff
+//! still counts from its wait on (see `gateway/retry.rs`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -66,6 +67,11 @@ impl Throttle {
 
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Requests waiting to make an extra call (see `wait`).
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
     }
 
     /// A request waiting to make an extra call, counted in the base of `take_after_wait`

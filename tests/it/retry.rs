@@ -1313,10 +1313,9 @@ async fn fails_together_then_hangs(
 }
 
 /// Retries in flight on an upstream are kept to at most max(3, 20% of its attempts in
-/// flight and the requests waiting to retry it): ten requests failing at once make three
-/// retries, not ten, and the other seven pass the upstream's answer through after their
-/// backoff, saying not to retry (audit GD 3: 3x to 5.4x the client load on a failing
-/// upstream).
+/// flight), counted from their backoff on: ten requests failing at once make three
+/// retries, not ten, and the other seven pass the upstream's answer through at once, saying
+/// not to retry (audit GD 3: 3x to 5.4x the client load on a failing upstream).
 #[tokio::test]
 async fn retries_beyond_the_upstreams_share_are_not_made() {
     const N: usize = 10;
@@ -1336,7 +1335,7 @@ async fn retries_beyond_the_upstreams_share_are_not_made() {
             })
         })
         .collect();
-    // Seven answers come after a backoff; the three retried wait out their first-token limit (2 s),
+    // Seven answers come at once; the three retried wait out their first-token limit (2 s),
     // and the ten retried (without a share) all of them.
     for k in 0..N - 3 {
         let (status, says) = tokio::time::timeout(Duration::from_millis(1500), answers.recv())
