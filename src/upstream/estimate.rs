@@ -22,9 +22,12 @@ pub fn rose() -> &'static Notify {
     &ROSE
 }
 
-/// A rise smaller than this part of the estimate last told of wakes nobody: many small rises
-/// in a row add up and are told, and the slot's grant checks the estimate of that moment.
+/// A rise smaller than this part of the estimate last told of, or than `NOTABLE_RISE_SECS`,
+/// wakes nobody: many small rises in a row add up and are told, and the slot's grant checks
+/// the estimate of that moment. The floor keeps the jitter of a fast upstream's first
+/// tokens (1 ms, then 1.2 ms) from waking every waiter on each answer.
 const NOTABLE_RISE: f64 = 1.0 / 16.0;
+const NOTABLE_RISE_SECS: f64 = 0.01;
 
 /// A per-upstream estimate of time to first token: a decaying high quantile of recent
 /// observations. It rises quickly towards a slow observation and sinks slowly after fast
@@ -83,7 +86,7 @@ impl TtftEstimate {
     /// is told.
     fn tell(&self, before: f64, after: f64) -> bool {
         let told = f64::from_bits(self.told.load(Ordering::Relaxed)).min(before);
-        let notable = after > told * (1.0 + NOTABLE_RISE);
+        let notable = after > told * (1.0 + NOTABLE_RISE) && after - told >= NOTABLE_RISE_SECS;
         if notable {
             ROSE.notify_waiters();
         }
@@ -279,6 +282,11 @@ mod tests {
         assert!(e.tell(0.635, 0.65), "three small rises: 8% over 0.6 s");
         // Gone back towards its seed without observations, from 0.65 s to 0.2 s.
         assert!(e.tell(0.2, 0.4));
+        // A fast upstream's jitter: 1 ms to 1.5 ms is half again, but no waiter's matter.
+        let fast = TtftEstimate::new(None);
+        assert!(!fast.tell(0.0, 0.001));
+        assert!(!fast.tell(0.001, 0.0015));
+        assert!(fast.tell(0.0015, 0.02));
     }
 
     fn ms(n: u64) -> Duration {
