@@ -388,7 +388,11 @@ impl Gateway {
             };
             if let Some(admission) = &route.admission {
                 let slot = admission
-                    .admit(&budget, || route.least_need(&template, budget.min_useful))
+                    .admit(
+                        &budget,
+                        || route.least_need(&template, budget.min_useful),
+                        crate::upstream::estimate::rose(),
+                    )
                     .await?;
                 record.hold(slot);
                 // The wait for the slot spent the budget (and the client's patience).

@@ -128,9 +128,13 @@ pub async fn run(
                 _ => Duration::ZERO,
             };
             let mut wait = Duration::ZERO;
+            // The upstream asked for the wait (a `Retry-After` longer than the backoff).
+            let mut asked = false;
             if n > 0 {
                 let fits = budget.usable(now).saturating_sub(need + room);
-                wait = retry_wait(own.retry_after, backoff(n), fastrand::f64(), fits);
+                let backoff = backoff(n);
+                asked = own.retry_after.is_some_and(|a| a > backoff);
+                wait = retry_wait(own.retry_after, backoff, fastrand::f64(), fits);
                 if let Some(c) = own.cause {
                     tracing::debug!(reason = c.as_str(), ?wait, "retrying");
                 }
@@ -145,11 +149,27 @@ pub async fn run(
             if !first && budget.head_by().is_some_and(|by| now + need + wait > by) {
                 break;
             }
-            // A retry counts against its upstream's share from its wait on: retries waiting
-            // out one Retry-After all land together.
             let _retry = if n > 0 {
-                let attempts = usize::try_from(entry.in_flight.get()).unwrap_or(0);
-                let Some(retry) = entry.upstream.retries.take(attempts) else {
+                let throttle = &entry.upstream.retries;
+                let attempts = || usize::try_from(entry.in_flight.get()).unwrap_or(0);
+                let retry = if asked {
+                    // Asked to come back later, a retry counts against its upstream's share
+                    // from its attempt on, judged when its wait ends; while it waits it only
+                    // adds to the base (`throttle.rs`).
+                    let waiting = throttle.wait();
+                    sleep(wait).await;
+                    throttle.take_after_wait(waiting, attempts())
+                } else {
+                    // A backoff's counts from its wait on: attempts that fail at once are
+                    // seldom in flight together, and counted from the attempt alone, a storm
+                    // of 503s got three calls for each client's one again (audit HA 1).
+                    let retry = throttle.take(attempts().saturating_add(throttle.waiting()));
+                    if retry.is_some() && !wait.is_zero() {
+                        sleep(wait).await;
+                    }
+                    retry
+                };
+                let Some(retry) = retry else {
                     record.throttled(Throttled::RetryBudget);
                     break;
                 };
@@ -157,9 +177,6 @@ pub async fn run(
             } else {
                 None
             };
-            if !wait.is_zero() {
-                sleep(wait).await;
-            }
             // The attempt is made: what it replaces is dropped (and so cancelled) now.
             drop(std::mem::replace(&mut last, Last::None));
             if n > 0 {
@@ -306,12 +323,22 @@ pub fn backoff(n: u32) -> Duration {
 /// The most a `Retry-After` wait is spread by, as a share of it.
 const RETRY_AFTER_SPREAD: f64 = 0.2;
 
+/// The most a `Retry-After` wait is spread by, however long.
+const RETRY_AFTER_SPREAD_MAX: Duration = Duration::from_secs(1);
+
+/// The share of the budget's time to spare past the asked wait (`fits - asked`) that the
+/// spread may take: the rest is the answer's, whose time after its first token no estimate
+/// holds.
+const RETRY_AFTER_SPREAD_OF_SPARE: u32 = 4;
+
 /// The wait before a retry: its `backoff`, or the upstream's `Retry-After` when longer, then
-/// spread by up to a fifth more of it (`spread` in [0, 1)), as far as the budget `fits`. The
-/// backoff has its own jitter; a bare `Retry-After` sent every client refused together back
-/// together (audit GD 6: two waves of 200 calls, each within 100 ms). RFC 9110 10.2.3 makes
-/// it a minimum, so waiting longer is allowed. The spread never costs a retry that the wait
-/// asked for fits: it takes only what is left of the budget past it.
+/// spread by a random part (`spread` in [0, 1)) of at most a fifth more of it, 1 s, and a
+/// quarter of what the budget `fits` past it. The backoff has its own jitter; a bare
+/// `Retry-After` sent every client refused together back together (audit GD 6: two waves of
+/// 200 calls, each within 100 ms). RFC 9110 10.2.3 makes it a minimum, so waiting longer is
+/// allowed. Taking all the budget past the asked wait, the spread left the retry only its
+/// first token's time, and answers that take longer were cut (audit HA 2: two of three
+/// retries after `retry-after: 15` in a 20 s budget, each answering in 4 s).
 fn retry_wait(
     retry_after: Option<Duration>,
     backoff: Duration,
@@ -320,8 +347,11 @@ fn retry_wait(
 ) -> Duration {
     match retry_after {
         Some(asked) if asked > backoff => {
-            let extra = asked.mul_f64(RETRY_AFTER_SPREAD * spread.clamp(0.0, 1.0));
-            asked + extra.min(fits.saturating_sub(asked))
+            let most = asked
+                .mul_f64(RETRY_AFTER_SPREAD)
+                .min(RETRY_AFTER_SPREAD_MAX)
+                .min(fits.saturating_sub(asked) / RETRY_AFTER_SPREAD_OF_SPARE);
+            asked + most.mul_f64(spread.clamp(0.0, 1.0))
         }
         _ => backoff,
     }
@@ -1025,7 +1055,7 @@ fallbacks = ["b"]
 
     /// A `Retry-After` longer than the backoff is the least wait, spread by up to a fifth
     /// more so that clients refused together do not come back together; the spread takes
-    /// only what the budget has past the wait asked for.
+    /// only a share of what the budget has past the wait asked for.
     #[test]
     fn a_retry_after_wait_is_spread_above_what_was_asked() {
         let roomy = Duration::from_secs(60);
@@ -1038,12 +1068,37 @@ fallbacks = ["b"]
             .collect();
         assert_eq!(waits.len(), 10);
         assert_eq!(waits.last(), Some(&ms(1180)));
-        // Only as far as the budget: a retry the asked wait fits is never lost to the spread.
-        assert_eq!(retry_wait(Some(s), ms(80), 0.9, ms(1050)), ms(1050));
+        // Only a quarter of what the budget has past the wait asked for: the rest is the
+        // answer's time after its first token.
+        assert_eq!(retry_wait(Some(s), ms(80), 0.5, ms(1200)), ms(1025));
         assert_eq!(retry_wait(Some(s), ms(80), 0.9, ms(900)), s);
+        // At most 1 s, however long the wait asked.
+        let minute = Duration::from_secs(60);
+        assert_eq!(
+            retry_wait(Some(minute), ms(80), 0.5, minute * 10),
+            minute + ms(500)
+        );
         // The backoff, jittered already, when longer or nothing was asked.
         assert_eq!(retry_wait(Some(ms(50)), ms(80), 0.9, roomy), ms(80));
         assert_eq!(retry_wait(None, ms(80), 0.9, roomy), ms(80));
+    }
+
+    /// The audit's case: a 20 s budget, `min_useful` 100 ms and a first attempt of 16 ms
+    /// leave a retry 19.884 s. After `retry-after: 15` the spread takes at most 1 s (not the
+    /// 4.884 s it took), and the answer keeps the 3.884 s past the wait it needs.
+    #[test]
+    fn the_spread_of_a_retry_after_wait_leaves_the_answer_its_time() {
+        let fits = ms(19_884);
+        let asked = Duration::from_secs(15);
+        for k in 0..100 {
+            let wait = retry_wait(Some(asked), ms(80), f64::from(k) / 100.0, fits);
+            assert!(wait >= asked);
+            assert!(wait - asked < Duration::from_secs(1), "{wait:?}");
+            assert!(fits - wait > ms(3_884), "{wait:?}");
+        }
+        // Close to the budget's end, a quarter of what is left: 100 ms of 400 ms.
+        let late = retry_wait(Some(asked), ms(80), 0.99, asked + ms(400));
+        assert!(late > asked && late < asked + ms(100), "{late:?}");
     }
 
     #[test]

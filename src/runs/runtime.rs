@@ -322,12 +322,13 @@ impl Runs {
 
     /// At shutdown, once the connections have drained: waits up to `within` for the run
     /// store's ends and cancels still being sent (a store slow just then would otherwise
-    /// keep those calls' reservations until they expire), and says how many it gave up on.
-    pub async fn settle(&self, within: Duration) {
+    /// keep those calls' reservations until they expire), or until `stop`; and says how many
+    /// it gave up on.
+    pub async fn settle(&self, within: Duration, stop: impl std::future::Future<Output = ()>) {
         let Store::Redis(shared) = &self.store else {
             return;
         };
-        let unsent = shared.settle(within).await;
+        let unsent = shared.settle(within, stop).await;
         if unsent > 0 {
             tracing::warn!(
                 store = %shared.shown,

@@ -66,14 +66,17 @@ impl Shared {
     }
 
     /// Waits up to `within` for the ends and cancels still being sent (at shutdown, once no
-    /// call is left to add one). The number still unsent then.
-    pub(super) async fn settle(&self, within: Duration) -> usize {
+    /// call is left to add one), or until `stop` (an operator's further signal). The number
+    /// still unsent then.
+    pub(super) async fn settle(&self, within: Duration, stop: impl Future<Output = ()>) -> usize {
         self.pending.close();
-        if tokio::time::timeout(within, self.pending.wait())
-            .await
-            .is_ok()
-        {
-            return 0;
+        tokio::select! {
+            sent = tokio::time::timeout(within, self.pending.wait()) => {
+                if sent.is_ok() {
+                    return 0;
+                }
+            }
+            () = stop => {}
         }
         self.pending.len()
     }
@@ -272,8 +275,22 @@ mod tests {
     async fn the_wait_for_unsent_ends_is_bounded() {
         let shared = unreachable();
         shared.cancel_later("hg:{-/lost}".to_owned(), "t1".to_owned(), false);
-        assert_eq!(shared.settle(Duration::from_secs(10)).await, 1);
+        let forever = std::future::pending::<()>;
+        assert_eq!(shared.settle(Duration::from_secs(10), forever()).await, 1);
         let shared = unreachable();
-        assert_eq!(shared.settle(Duration::from_secs(10)).await, 0);
+        assert_eq!(shared.settle(Duration::from_secs(10), forever()).await, 0);
+    }
+
+    /// A further signal ends the wait at once, and it still says how many it left: the
+    /// process waited out the whole grace (30 s) after the second signal said it cut
+    /// (audit HA 4).
+    #[tokio::test(start_paused = true)]
+    async fn a_further_signal_ends_the_wait_for_unsent_ends() {
+        let shared = unreachable();
+        shared.cancel_later("hg:{-/lost}".to_owned(), "t1".to_owned(), false);
+        let t = Instant::now();
+        let stop = tokio::time::sleep(Duration::from_secs(2));
+        assert_eq!(shared.settle(Duration::from_secs(30), stop).await, 1);
+        assert_eq!(t.elapsed(), Duration::from_secs(2));
     }
 }

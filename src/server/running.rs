@@ -31,6 +31,10 @@ pub struct Running {
     pub health: Arc<Health>,
     pub(super) shared: Arc<Shared>,
     pub(super) stop: Signal,
+    /// The connections have drained: what is left is the wait for the run store.
+    drained: Signal,
+    /// Ends the wait for the run store at once.
+    unsettle: Signal,
     task: JoinHandle<()>,
 }
 
@@ -45,21 +49,33 @@ impl Running {
     }
 
     /// Serves until a `signal()` completes, then shuts down gracefully; another `signal()`
-    /// during the drain cuts what is still in flight at once, as the grace's end would.
+    /// during the drain cuts what is still in flight at once, as the grace's end would, and
+    /// one after the drain ends the wait for the run store at once (audit HA 4: it was
+    /// ignored, and the process waited out the grace with nothing in flight).
     pub async fn serve_until<F: Future<Output = ()>>(self, mut signal: impl FnMut() -> F) {
         signal().await;
         tracing::info!("shutting down");
-        let cut = self.shared.cut.clone();
+        let (cut, drained, unsettle) = (
+            self.shared.cut.clone(),
+            self.drained.clone(),
+            self.unsettle.clone(),
+        );
         let shutdown = self.shutdown();
         tokio::pin!(shutdown);
-        tokio::select! {
-            () = &mut shutdown => return,
-            () = signal() => {
-                tracing::warn!("second signal: cutting the requests still in flight now");
-                cut.fire();
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = signal() => {
+                    if drained.is_fired() {
+                        tracing::warn!("another signal: ending the wait for the run store now");
+                        unsettle.fire();
+                    } else {
+                        tracing::warn!("second signal: cutting the requests still in flight now");
+                        cut.fire();
+                    }
+                }
             }
         }
-        shutdown.await;
     }
 }
 
@@ -117,6 +133,7 @@ pub async fn start_with_source(
         at_start,
     });
     let stop = Signal::new();
+    let (drained, unsettle) = (Signal::new(), Signal::new());
     // The admin listener outlives the client one, so /readyz reports the drain.
     let admin_task = tokio::spawn(serve_admin(
         admin,
@@ -130,13 +147,16 @@ pub async fn start_with_source(
     ));
     let task = {
         let (shared, stop, runs) = (shared.clone(), stop.clone(), runs.clone());
+        let (drained, unsettle) = (drained.clone(), unsettle.clone());
         tokio::spawn(async move {
             let left = serve_clients(listener, shared.clone(), stop).await;
+            drained.fire();
             // The ends of the calls just drained are still on their way to a shared run
             // store: the rest of the grace to send them, and some time even when the drain
             // took all of it (calls cut at its end send theirs only then).
             let grace = shared.server.load().shutdown_grace;
-            runs.settle(left.max(grace.min(SETTLE_AT_LEAST))).await;
+            runs.settle(left.max(grace.min(SETTLE_AT_LEAST)), unsettle.fired())
+                .await;
             admin_task.abort();
         })
     };
@@ -149,6 +169,8 @@ pub async fn start_with_source(
         health,
         shared,
         stop,
+        drained,
+        unsettle,
         task,
     })
 }

@@ -3,13 +3,22 @@
 //! upstream failing under load got three to five times the clients' calls, and a hedge
 //! fired on every request once the upstream's usual latency passed `hedge_after` (audit GD).
 //! Envoy's retry budget and gRPC's hedging throttle bound that sum the same way: extra calls
-//! in flight below a share of the calls in flight, with a floor so that a quiet upstream
+//! in flight at most a share of the calls in flight, with a floor so that a quiet upstream
 //! can still retry.
+//!
+//! A retry after a `Retry-After` counts only while its attempt is on the wire, and its
+//! share is of the attempts in flight plus the requests waiting out such a wait (Envoy:
+//! active plus pending). Counted from the start of the wait, a burst of 429s with
+//! `Retry-After` spent the share on requests doing nothing while the attempts in flight,
+//! its base, fell to none: 17 of 20 lost their retry (audit HA 1). A retry after a backoff
+//! still counts from its wait on (see `gateway/retry.rs`).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub struct Throttle {
     in_flight: AtomicUsize,
+    /// Requests waiting to make an extra call (a retry's backoff or `Retry-After`).
+    waiting: AtomicUsize,
     /// Extra calls always allowed in flight, however few calls are.
     floor: usize,
     percent: usize,
@@ -32,6 +41,7 @@ impl Throttle {
     const fn new(floor: usize, percent: usize) -> Self {
         Self {
             in_flight: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
             floor,
             percent,
         }
@@ -57,6 +67,36 @@ impl Throttle {
 
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Requests waiting to make an extra call (see `wait`).
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// A request waiting to make an extra call, counted in the base of `take_after_wait`
+    /// until the guard drops.
+    pub fn wait(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        Waiting(self)
+    }
+
+    /// The extra call of a request whose wait ends now: its share is of `attempts` in
+    /// flight plus the requests still waiting, itself among them.
+    pub fn take_after_wait(&self, waited: Waiting<'_>, attempts: usize) -> Option<Extra<'_>> {
+        let waiting = self.waiting.load(Ordering::Acquire);
+        let extra = self.take(attempts.saturating_add(waiting));
+        drop(waited);
+        extra
+    }
+}
+
+/// One request waiting to make an extra call.
+pub struct Waiting<'a>(&'a Throttle);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -93,6 +133,30 @@ mod tests {
         drop(held);
         assert_eq!(t.in_flight(), 0, "each guard gives its place back");
         assert!(t.take(0).is_some());
+    }
+
+    #[test]
+    fn a_retry_counts_the_requests_waiting_to_retry_in_its_base() {
+        let t = Throttle::retries();
+        // Twenty requests wait out one `Retry-After` with no attempt in flight: a fifth of
+        // them may retry at once, and their waits take no place.
+        let mut waits: Vec<_> = (0..20).map(|_| t.wait()).collect();
+        assert_eq!(t.in_flight(), 0, "a wait is not an extra call");
+        let first = t.take_after_wait(waits.pop().unwrap(), 0).expect("4 of 20");
+        // Each retry made is an attempt in flight, and no longer waiting: the base holds.
+        let held: Vec<_> = (1..4)
+            .map(|k| t.take_after_wait(waits.pop().unwrap(), k).expect("4 of 20"))
+            .collect();
+        assert_eq!(t.in_flight(), 4);
+        assert!(
+            t.take_after_wait(waits.pop().unwrap(), 4).is_none(),
+            "4 retries in flight beside 4 attempts and 16 waiting"
+        );
+        assert_eq!(waits.len(), 15, "a refused wait is over too");
+        drop((first, held));
+        assert!(t.take_after_wait(waits.pop().unwrap(), 0).is_some());
+        drop(waits);
+        assert_eq!(t.waiting.load(Ordering::Acquire), 0);
     }
 
     #[test]

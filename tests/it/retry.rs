@@ -1418,10 +1418,10 @@ async fn fails_together_then_hangs(
     (url, count)
 }
 
-/// Retries in flight on an upstream are kept to max(3, 20% of its attempts in flight): ten
-/// requests failing at once make three retries, not ten, and the other seven pass the
-/// upstream's answer through at once, saying not to retry (audit GD 3: 3x to 5.4x the
-/// client load on a failing upstream).
+/// Retries in flight on an upstream are kept to at most max(3, 20% of its attempts in
+/// flight), counted from their backoff on: ten requests failing at once make three
+/// retries, not ten, and the other seven pass the upstream's answer through at once, saying
+/// not to retry (audit GD 3: 3x to 5.4x the client load on a failing upstream).
 #[tokio::test]
 async fn retries_beyond_the_upstreams_share_are_not_made() {
     const N: usize = 10;
@@ -1465,6 +1465,52 @@ async fn retries_beyond_the_upstreams_share_are_not_made() {
     for c in clients {
         c.abort();
     }
+}
+
+/// Requests answered 429 together wait out their `Retry-After` without spending the
+/// upstream's share of retries: a retry counts only from its attempt on. The six waits here
+/// end apart, so no more than two retries are ever in flight, and all six are made. Counted
+/// from the wait, three of six were refused (audit HA 1: 17 of 20 with `retry-after: 2`).
+#[tokio::test]
+async fn requests_waiting_out_a_retry_after_do_not_spend_the_share_of_retries() {
+    const N: usize = 6;
+    let mut answers: Vec<_> = (1..=N)
+        .map(|k| {
+            let fields = format!("retry-after-ms: {}\r\n", 300 * k);
+            answer(Duration::ZERO, "429 Too Many Requests", &fields)
+        })
+        .collect();
+    answers.push(completion());
+    let (url, asked) = scripted(answers).await;
+    // Never ejected: six 429s in a row would take it out of rotation, and its retries with it.
+    let p = pair_with(
+        "retries = 1\nretry_on = [\"429\"]",
+        "eject_after = 0",
+        "",
+        Some(url),
+    )
+    .await;
+    let addr = p.gw.addr;
+    let clients: Vec<_> = (0..N)
+        .map(|_| {
+            tokio::spawn(async move {
+                let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], false)).await;
+                let status = resp.status();
+                read_body(resp.into_body()).await;
+                status
+            })
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(c.await.unwrap(), 200, "every request's retry was made");
+    }
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2 * N);
+    p.wait_reported(N as f64).await;
+    assert_eq!(
+        p.metric("hourglass_retries_total{reason=\"429\",route=\"chat\",upstream=\"primary\"}")
+            .await,
+        N as f64
+    );
 }
 
 /// Hedges in flight on a route are kept to max(1, 10% of its requests in flight): ten slow
