@@ -59,14 +59,9 @@ fn after_head(
 fn provider_status(error: &serde_json::Value) -> StatusCode {
     let named = |v: &serde_json::Value| v.as_str().and_then(|s| ErrorType::parse(s.as_bytes()));
     let inner = error.get("error").unwrap_or(error);
-    // An explicit, named type outranks a numeric code (audit HB5).
     let typed = named(&inner["type"]);
     // vLLM's `{"object":"error",...,"code":503}` carries its HTTP status.
-    if let Some(code) = inner["code"]
-        .as_u64()
-        .and_then(crate::provider::error_status)
-        .filter(|_| typed.is_none())
-    {
+    if let Some(code) = crate::provider::status_of_code(typed, inner["code"].as_u64()) {
         return StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_GATEWAY);
     }
     let kind = typed
@@ -362,6 +357,38 @@ mod tests {
         // A type that names nothing leaves the code to say.
         let error = serde_json::json!({"error": {"code": 429, "type": "whatever", "message": "x"}});
         assert_eq!(provider_status(&error).as_u16(), 429);
+    }
+
+    /// Audit HC3a: HB5 let any named type outrank the code, so errors whose numeric code is
+    /// the provider's real status were answered as another (vLLM's 503 as Anthropic's 529, a
+    /// 429 as a 400). The code is the status; a type outranks only a generic 400 or 500.
+    #[test]
+    fn a_numeric_code_is_the_status_unless_generic() {
+        for (error, status) in [
+            (
+                serde_json::json!({"object": "error", "message": "The model is overloaded",
+                    "type": "ServiceUnavailableError", "param": null, "code": 503}),
+                503,
+            ),
+            (
+                serde_json::json!({"error": {"code": 503, "type": "server_error", "message": "m"}}),
+                503,
+            ),
+            (
+                serde_json::json!({"error": {"code": 429, "type": "invalid_request_error", "message": "m"}}),
+                429,
+            ),
+            (
+                serde_json::json!({"error": {"code": 500, "type": "rate_limit_error", "message": "m"}}),
+                429,
+            ),
+            (
+                serde_json::json!({"type": "error", "code": 429, "message": "slow down", "param": null}),
+                429,
+            ),
+        ] {
+            assert_eq!(provider_status(&error).as_u16(), status, "{error}");
+        }
     }
 
     /// Audit HB6: a failed response with `"error": null` passed as a success; it is a

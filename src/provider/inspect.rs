@@ -34,7 +34,7 @@ pub use self::tokens::{PromptPart, Source, Tokens};
 use crate::http::sse::{EventSink, EventType, Scan, SseScanner};
 use crate::provider::assemble::Assembler;
 use crate::provider::tools::ToolCalls;
-use crate::provider::{ErrorType, Format};
+use crate::provider::{status_of_code, ErrorType, Format};
 
 mod event;
 mod json;
@@ -348,11 +348,12 @@ impl Reader {
         if !dispatched || kind == EventType::Ping {
             return false;
         }
-        // An explicit, named type first (audit HB5); else a numeric code is the HTTP status
-        // the provider answers the error with, as the document rebuilt from the stream is
-        // answered (audit GB 6).
-        let named = ev
-            .error_type
+        // A numeric code is the HTTP status the provider answers the error with, as the
+        // document rebuilt from the stream is answered (audit GB 6), unless a named type
+        // says more than a generic status (audits HB5, HC3).
+        let named = status_of_code(ev.error_type, status)
+            .and_then(|s| ErrorType::from_status(u64::from(s)))
+            .or(ev.error_type)
             .or(status.and_then(ErrorType::from_status))
             .or(ev.error_code)
             .or(ev.root_code);

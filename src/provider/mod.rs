@@ -119,6 +119,20 @@ pub fn error_status(code: u64) -> Option<u16> {
     u16::try_from(code).ok().filter(|c| (400..600).contains(c))
 }
 
+/// The HTTP status an error's numeric `code` gives it, when the code decides what the error
+/// is rather than its named `type` (`typed`). A code that is an HTTP error status is the
+/// status the provider answers the error with unstreamed (vLLM's `{"type":
+/// "ServiceUnavailableError","code":503}` is a 503, `{"type":"invalid_request_error","code":
+/// 429}` a 429), so it decides; except a generic 400 or 500, which servers give any error
+/// they do not tell apart, with a type that names an overload or a rate limit: that type
+/// decides (`{"code":400,"type":"overloaded_error"}` is an overload; audits HB5, HC3).
+pub fn status_of_code(typed: Option<ErrorType>, code: Option<u64>) -> Option<u16> {
+    let status = error_status(code?)?;
+    let generic = matches!(status, 400 | 500);
+    let specific = matches!(typed, Some(ErrorType::Overloaded | ErrorType::RateLimit));
+    (!(generic && specific)).then_some(status)
+}
+
 impl ErrorType {
     /// The type named by a provider's `error.type` (or `code`), if it is a known one.
     /// Also the names compatible servers give their errors: vLLM's `type` (the OpenAI SDK's

@@ -22,8 +22,10 @@
 //! ([`ClientWrites`], which the reaper reads too). Where they cannot be read (not Linux), the
 //! stalled write is tried on the socket itself, and room the client made is its reading.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -127,12 +129,46 @@ const LINGERING: usize = 1024;
 /// streams took every slot and everyone else's answers were reset again (audit HB1).
 const LINGERING_PER_CONNECTION: usize = 8;
 
+/// HTTP/2 request bodies one client address may have lingering at once, over all its
+/// connections: with a share per connection only, 128 connections of one client took every
+/// slot (audit HC2). Clients behind one proxy address share it.
+const LINGERING_PER_ADDRESS: u32 = 64;
+
 /// Lingering HTTP/1 sockets.
 static LINGER_SLOTS: Semaphore = Semaphore::const_new(LINGERING);
 
 /// Lingering HTTP/2 request bodies: apart from the sockets', so that neither kind can take the
 /// other's (HTTP/2 streams are far cheaper to open than connections).
 static H2_LINGER_SLOTS: Semaphore = Semaphore::const_new(LINGERING);
+
+/// The HTTP/2 bodies lingering now per client address; an address with none has no entry.
+/// A `BTreeMap` because it can be made in a `static`; it holds at most `LINGERING` entries.
+static H2_LINGERING_BY_ADDRESS: Mutex<BTreeMap<IpAddr, u32>> = Mutex::new(BTreeMap::new());
+
+/// Counts one more body lingering for `peer`, if its address has room.
+fn address_enter(peer: IpAddr) -> bool {
+    let mut by = H2_LINGERING_BY_ADDRESS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let n = by.entry(peer).or_insert(0);
+    if *n >= LINGERING_PER_ADDRESS {
+        return false;
+    }
+    *n += 1;
+    true
+}
+
+fn address_leave(peer: IpAddr) {
+    let mut by = H2_LINGERING_BY_ADDRESS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let std::collections::btree_map::Entry::Occupied(mut n) = by.entry(peer) {
+        *n.get_mut() -= 1;
+        if *n.get() == 0 {
+            n.remove();
+        }
+    }
+}
 
 /// What the request bodies of one HTTP/2 connection share to linger ([`RequestBody`]).
 #[derive(Clone)]
@@ -143,22 +179,29 @@ struct LingerShare {
     most: u64,
     /// This connection's bodies lingering now.
     lingering: AtomicUsize,
+    /// The client's address, whose share the bodies count in too.
+    peer: IpAddr,
     /// The server's drain: a lingering read holds no request, and must not hold the shutdown
     /// (audit HB2: one trickling upload held it for the whole `shutdown_grace`).
     drain: Signal,
 }
 
 impl Linger {
-    /// `most`: the bytes one lingering read may take (what a request body may be).
-    pub fn new(most: u64, drain: Signal) -> Linger {
+    /// `most`: the bytes one lingering read may take (what a request body may be); `peer`:
+    /// the client's address.
+    pub fn new(most: u64, drain: Signal, peer: IpAddr) -> Linger {
         Linger(Arc::new(LingerShare {
             most,
             lingering: AtomicUsize::new(0),
+            // An IPv4 client of a dual-stack listener is seen as `::ffff:a.b.c.d`: the same
+            // client as over IPv4.
+            peer: peer.to_canonical(),
             drain,
         }))
     }
 
-    /// Room for one more lingering body, if both the connection and the process have it.
+    /// Room for one more lingering body, if the connection, its client's address and the
+    /// process all have it.
     fn enter(&self) -> Option<Lingering> {
         let share = &self.0;
         share
@@ -170,22 +213,33 @@ impl Linger {
         // Counted first, so that the guard gives the count back whether or not a slot is had.
         let mut lingering = Lingering {
             share: share.clone(),
+            address: false,
             _slot: None,
         };
+        lingering.address = address_enter(share.peer);
+        if !lingering.address {
+            return None;
+        }
         lingering._slot = Some(H2_LINGER_SLOTS.try_acquire().ok()?);
         Some(lingering)
     }
 }
 
-/// One lingering body's place in its connection's count and the process's slots.
+/// One lingering body's place in its connection's count, its address's and the process's
+/// slots.
 struct Lingering {
     share: Arc<LingerShare>,
+    /// Whether it is counted in its address's share.
+    address: bool,
     _slot: Option<SemaphorePermit<'static>>,
 }
 
 impl Drop for Lingering {
     fn drop(&mut self) {
         self.share.lingering.fetch_sub(1, Ordering::AcqRel);
+        if self.address {
+            address_leave(self.share.peer);
+        }
     }
 }
 
@@ -197,8 +251,8 @@ impl Drop for Lingering {
 /// answers). Read on, the stream ends with both sides' END_STREAM. The read ends at the
 /// body's end or error, after `LINGER_QUIET` with nothing, `LINGER_MOST` in all, past
 /// `most` bytes, or when the server drains; then the body is dropped (and reset) as before.
-/// Past `LINGERING_PER_CONNECTION` of its connection, or `LINGERING` in the process, dropped
-/// at once.
+/// Past `LINGERING_PER_CONNECTION` of its connection, `LINGERING_PER_ADDRESS` of its client's
+/// address, or `LINGERING` in the process, dropped at once.
 pub struct RequestBody {
     /// `None` once dropped.
     inner: Option<Incoming>,
@@ -600,15 +654,48 @@ mod tests {
     #[test]
     fn a_connection_lingers_on_at_most_its_share() {
         let _alone = H2_SLOTS_TESTS.blocking_lock();
-        let linger = Linger::new(1 << 20, Signal::new());
+        let peer = IpAddr::from([192, 0, 2, 1]);
+        let linger = Linger::new(1 << 20, Signal::new(), peer);
         let held: Vec<Lingering> = (0..LINGERING_PER_CONNECTION)
             .map(|_| linger.enter().expect("within the share"))
             .collect();
         assert!(linger.enter().is_none(), "past the share");
         // Another connection has its own.
-        assert!(Linger::new(1 << 20, Signal::new()).enter().is_some());
+        assert!(Linger::new(1 << 20, Signal::new(), peer).enter().is_some());
         drop(held);
         assert!(linger.enter().is_some(), "given back");
+    }
+
+    /// Audit HC2: 128 connections of one client, 8 bodies each, took all 1,024 slots and
+    /// every other client's early answers were reset again. An address lingers on at most
+    /// its share over all its connections; another address still lingers, and the share is
+    /// given back (the address's entry gone) as the reads end.
+    #[test]
+    fn an_address_lingers_on_at_most_its_share() {
+        let _alone = H2_SLOTS_TESTS.blocking_lock();
+        let peer = IpAddr::from([192, 0, 2, 2]);
+        let connections = LINGERING_PER_ADDRESS as usize / LINGERING_PER_CONNECTION;
+        let held: Vec<Lingering> = (0..connections)
+            .flat_map(|_| {
+                let linger = Linger::new(1 << 20, Signal::new(), peer);
+                (0..LINGERING_PER_CONNECTION)
+                    .map(|_| linger.enter().expect("within the share"))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let more = Linger::new(1 << 20, Signal::new(), peer);
+        assert!(more.enter().is_none(), "past the address's share");
+        // The same client over a dual-stack listener.
+        let mapped = IpAddr::from([0, 0, 0, 0, 0, 0xffff, 0xc000, 0x0202]);
+        assert!(Linger::new(1 << 20, Signal::new(), mapped)
+            .enter()
+            .is_none());
+        let other = Linger::new(1 << 20, Signal::new(), IpAddr::from([192, 0, 2, 3]));
+        assert!(other.enter().is_some(), "another address has its own");
+        drop(held);
+        assert!(more.enter().is_some(), "given back");
+        let by = H2_LINGERING_BY_ADDRESS.lock().unwrap();
+        assert!(!by.contains_key(&peer), "no entry at zero: {by:?}");
     }
 
     /// A client with a 4 KiB receive buffer, and a task writing to it through a `ClientIo`

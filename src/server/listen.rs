@@ -329,7 +329,7 @@ async fn serve_connection(
             // server drains.
             let linger = streams
                 .is_some()
-                .then(|| Linger::new(max_request_body, drain.clone()));
+                .then(|| Linger::new(max_request_body, drain.clone(), peer.ip()));
             service_fn(move |req: http::Request<hyper::body::Incoming>| {
                 let mut req = req.map(|body| RequestBody::new(body, linger.clone()));
                 if framing

@@ -295,7 +295,8 @@ impl Json {
         self.error_status = None;
     }
 
-    /// The numeric `code` of the event's error object, if it had one.
+    /// The numeric `code` of the event's error object, or the event's own (the Responses
+    /// `error` event's), if it had one.
     pub(super) fn error_status(&self) -> Option<u64> {
         self.error_status.map(u64::from)
     }
@@ -397,6 +398,8 @@ impl Json {
             Ctx::Usage | Ctx::MessageUsage | Ctx::GroqUsage => true,
             Ctx::Choice => self.key == Key::Index,
             Ctx::ErrorRoot | Ctx::ErrorNested => self.key == Key::Code,
+            // The Responses `error` event's `code` (`{"type":"error","code":429,...}`).
+            Ctx::Root => self.key == Key::Code,
             _ => false,
         }
     }
@@ -784,7 +787,9 @@ impl Json {
         if !plain {
             return;
         }
-        if matches!(self.cur, Ctx::ErrorRoot | Ctx::ErrorNested) {
+        if matches!(self.cur, Ctx::ErrorRoot | Ctx::ErrorNested)
+            || (self.cur == Ctx::Root && key == Key::Code)
+        {
             self.error_status = Some(u16::try_from(n).unwrap_or(u16::MAX));
             return;
         }

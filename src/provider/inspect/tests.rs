@@ -1058,6 +1058,46 @@ fn an_errors_named_type_outranks_its_numeric_code() {
     assert_eq!(got.tokens.error, Some(ErrorType::Overloaded));
 }
 
+/// Audit HC3a: a numeric code that is the provider's real status is not overruled by a
+/// type of the same or a vaguer kind (a 429 is retried as a rate limit); a type outranks only
+/// a generic 400 or 500.
+#[test]
+fn an_errors_numeric_code_outranks_a_type_that_says_less() {
+    for (data, ty) in [
+        (
+            r#"{"object":"error","message":"The model is overloaded","type":"ServiceUnavailableError","param":null,"code":503}"#,
+            ErrorType::Overloaded,
+        ),
+        (
+            r#"{"error":{"code":503,"type":"server_error","message":"Service Unavailable"}}"#,
+            ErrorType::Overloaded,
+        ),
+        (
+            r#"{"error":{"code":429,"type":"invalid_request_error","message":"Rate limit reached"}}"#,
+            ErrorType::RateLimit,
+        ),
+        (
+            r#"{"error":{"code":500,"type":"rate_limit_error","message":"x"}}"#,
+            ErrorType::RateLimit,
+        ),
+    ] {
+        let s = format!("data: {data}\n\n{AFTER}");
+        let got = run(Format::Chat, s.as_bytes(), true, &[]);
+        assert_eq!(got.tokens.error, Some(ty), "{data}");
+    }
+}
+
+/// Audit HC3b: a Responses `error` event whose own `code` is a number is typed by it, as its
+/// answer is (a 429 is a rate limit, failed over), not `other`.
+#[test]
+fn a_responses_error_events_numeric_code_types_it() {
+    let data =
+        r#"{"type":"error","code":429,"message":"slow down","param":null,"sequence_number":1}"#;
+    let s = format!("event: error\ndata: {data}\n\n{AFTER}");
+    let got = run(Format::Responses, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.error, Some(ErrorType::RateLimit));
+}
+
 /// Audit GB 4: Groq reports a stream's usage under `x_groq.usage` in its last chunk (a
 /// top-level `usage` only when `include_usage` asks): it is the usage, not an estimate.
 #[test]
