@@ -206,20 +206,8 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::json::tests::Captured;
     use crate::telemetry::metrics::Metrics;
-
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     /// A store at a port nothing listens on.
     fn unreachable() -> Arc<Shared> {

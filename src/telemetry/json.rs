@@ -292,13 +292,14 @@ fn needs_escape(s: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use std::sync::{Arc, Mutex};
 
     use super::*;
 
+    /// A log writer whose lines a test reads back (the run store's tests use it too).
     #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
+    pub(crate) struct Captured(pub(crate) Arc<Mutex<Vec<u8>>>);
 
     impl std::io::Write for Captured {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
