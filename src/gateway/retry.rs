@@ -163,7 +163,7 @@ pub async fn run(
                     // A backoff's counts from its wait on: attempts that fail at once are
                     // seldom in flight together, and counted from the attempt alone, a storm
                     // of 503s got three calls for each client's one again (audit HA 1).
-                    let retry = throttle.take(attempts().saturating_add(throttle.waiting()));
+                    let retry = throttle.take_beside_waiting(attempts());
                     if retry.is_some() && !wait.is_zero() {
                         sleep(wait).await;
                     }

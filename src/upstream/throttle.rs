@@ -69,9 +69,10 @@ impl Throttle {
         self.in_flight.load(Ordering::Acquire)
     }
 
-    /// Requests waiting to make an extra call (see `wait`).
-    pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Acquire)
+    /// An extra call whose share is of `attempts` in flight plus the requests waiting to make
+    /// one (Envoy's active + pending).
+    pub fn take_beside_waiting(&self, attempts: usize) -> Option<Extra<'_>> {
+        self.take(attempts.saturating_add(self.waiting.load(Ordering::Acquire)))
     }
 
     /// A request waiting to make an extra call, counted in the base of `take_after_wait`
@@ -84,8 +85,7 @@ impl Throttle {
     /// The extra call of a request whose wait ends now: its share is of `attempts` in
     /// flight plus the requests still waiting, itself among them.
     pub fn take_after_wait(&self, waited: Waiting<'_>, attempts: usize) -> Option<Extra<'_>> {
-        let waiting = self.waiting.load(Ordering::Acquire);
-        let extra = self.take(attempts.saturating_add(waiting));
+        let extra = self.take_beside_waiting(attempts);
         drop(waited);
         extra
     }
