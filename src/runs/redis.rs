@@ -84,10 +84,79 @@ impl From<redis::RedisError> for StoreError {
 /// How commands reach the store.
 enum Link {
     /// One server (or the primary of one with replicas).
-    Single(ConnectionManager),
+    Single(Box<Single>),
     /// A Redis Cluster, connected at first use (a gateway starts while the cluster is down;
     /// a connection that failed is tried again by the next command).
     Cluster(Box<LazyCluster>),
+}
+
+/// One server's connection manager, and what makes a new one.
+///
+/// The manager reconnects by itself only after an I/O error: a connection refused its
+/// password (rotated, or an ACL user made after the gateway started), or its database, is
+/// kept with its error, which every later command then gets, and Redis never hears from the
+/// gateway again until a restart (audit IE 1). So an error of any other kind (but a
+/// redirection, which a new connection would get again) makes a new manager, at most once
+/// a second: a store that still refuses costs one connection a second, and one that takes
+/// the password again is used within that second.
+struct Single {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    manager: arc_swap::ArcSwap<ConnectionManager>,
+    /// When the manager was last made anew; held for a compare and a store, never across an
+    /// await.
+    renewed: std::sync::Mutex<Option<Instant>>,
+}
+
+/// How often at most `Single` makes a new manager.
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+
+impl Single {
+    fn new(client: redis::Client, config: ConnectionManagerConfig) -> Result<Self, String> {
+        let manager = Self::manager(&client, &config)?;
+        Ok(Self {
+            client,
+            config,
+            manager: arc_swap::ArcSwap::from_pointee(manager),
+            renewed: std::sync::Mutex::new(None),
+        })
+    }
+
+    fn manager(
+        client: &redis::Client,
+        config: &ConnectionManagerConfig,
+    ) -> Result<ConnectionManager, String> {
+        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+            .map_err(|e| e.to_string())
+    }
+
+    /// After a command's error `e`: a new manager, if `e` is one the old one keeps.
+    fn renew_after(&self, e: &redis::RedisError) {
+        if e.is_io_error()
+            || matches!(
+                e.kind(),
+                redis::ErrorKind::Server(
+                    redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask
+                )
+            )
+        {
+            return;
+        }
+        {
+            let mut renewed = self
+                .renewed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if renewed.is_some_and(|at| at.elapsed() < RENEW_EVERY) {
+                return;
+            }
+            *renewed = Some(Instant::now());
+        }
+        // Lazy: it connects at its first command. Commands under way keep the old one.
+        if let Ok(manager) = Self::manager(&self.client, &self.config) {
+            self.manager.store(Arc::new(manager));
+        }
+    }
 }
 
 struct LazyCluster {
@@ -267,9 +336,9 @@ impl RedisStore {
             .set_connection_timeout(Some(bound))
             .set_response_timeout(Some(bound))
             .set_number_of_retries(0);
-        let conn =
-            ConnectionManager::new_lazy_with_config(client, config).map_err(|e| e.to_string())?;
-        Ok(Self::with_link(Link::Single(conn)))
+        Ok(Self::with_link(Link::Single(Box::new(Single::new(
+            client, config,
+        )?))))
     }
 
     fn with_link(link: Link) -> Self {
@@ -285,7 +354,7 @@ impl RedisStore {
     /// The connection for a command: the cluster's is made by the first.
     async fn conn(&self) -> redis::RedisResult<Conn> {
         match &self.link {
-            Link::Single(c) => Ok(Conn::Single(c.clone())),
+            Link::Single(c) => Ok(Conn::Single((**c.manager.load()).clone())),
             Link::Cluster(c) => c
                 .conn
                 .get_or_try_init(|| c.client.get_async_connection())
@@ -422,6 +491,10 @@ impl RedisStore {
         match &reply {
             Err(e) => *last = Some((Instant::now(), e.to_string())),
             Ok(_) => *last = None,
+        }
+        drop(last);
+        if let (Err(e), Link::Single(single)) = (&reply, &self.link) {
+            single.renew_after(e);
         }
         reply
     }

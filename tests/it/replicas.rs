@@ -414,6 +414,72 @@ async fn a_password_from_the_environment_reaches_redis_and_never_the_log() {
     assert!(!out.contains(password) && !err.contains(password));
 }
 
+/// A store that refused the gateway's password (rotated, or an ACL user made after the
+/// gateway started) is used again once it takes the password: the redis crate's connection
+/// manager keeps a refused connection's error for good (it reconnects only after I/O errors),
+/// which left every later call refused, or served without its run's limits, until a restart
+/// (audit IE 1).
+#[tokio::test]
+async fn a_store_that_refused_the_password_is_used_again_once_it_takes_it() {
+    if crate::support::redis::skip() {
+        return;
+    }
+    let password = "right";
+    let redis = RedisServer::with_password(password).await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = config(&fake, &redis.url(), "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_password_env = \"HOURGLASS_TEST_REDIS_PASSWORD\"",
+    );
+    let p = Process::spawn(&toml, &[], &[("HOURGLASS_TEST_REDIS_PASSWORD", password)]).await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "rotated")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    // Rotated, and the gateway's connection dropped: its next connection is refused.
+    assert_eq!(
+        redis
+            .query_as(password, "CONFIG SET requirepass other")
+            .await,
+        "+OK"
+    );
+    redis
+        .query_as("other", "CLIENT KILL TYPE normal SKIPME yes")
+        .await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "rotated")], 1)).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "run_store_unavailable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("uthentication")),
+        "the refusal is named: {body}"
+    );
+    // Rotated back: the store takes the gateway's password again.
+    assert_eq!(
+        redis
+            .query_as("other", &format!("CONFIG SET requirepass {password}"))
+            .await,
+        "+OK"
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut turn = 2;
+    let (status, headers, body) = loop {
+        let answer = send(&p, call(false, &[("x-run-id", "rotated")], turn)).await;
+        if answer.0 == 200 || Instant::now() > until {
+            break answer;
+        }
+        turn += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, 200, "the store is used again: {body}");
+    assert!(
+        headers.contains_key("x-run-calls-left"),
+        "the run's limits are enforced again"
+    );
+    p.stop().await;
+}
+
 /// A replica killed mid-call never gives its call's reservation back: that one call's stays
 /// (counted, in flight, its tokens reserved) and nothing more, and only until the run's keys
 /// expire (ttl after the last admission plus that call's budget).

@@ -213,6 +213,20 @@ impl RedisServer {
         line.trim_end().to_owned()
     }
 
+    /// One command given with `password` (`AUTH` first, on the same connection): the reply's
+    /// first line.
+    pub async fn query_as(&self, password: &str, command: &str) -> String {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        s.write_all(format!("AUTH {password}\r\n{command}\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(s).lines();
+        let auth = lines.next_line().await.unwrap().unwrap_or_default();
+        assert_eq!(auth, "+OK", "AUTH {password}");
+        lines.next_line().await.unwrap().unwrap_or_default()
+    }
+
     /// Stops it (SIGKILL, by PID) and waits until it is gone.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
