@@ -285,11 +285,10 @@ fn check_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Removes what a client may have sent as its key, so that it never reaches the upstream
-/// (the upstream's own key, if it has one, is added later).
+/// Removes what a client may have sent as a key, this gateway's or any other's, so that it
+/// never reaches the upstream (the upstream's own key, if it has one, is added later).
 pub fn strip_client_credentials(headers: &mut HeaderMap) {
-    headers.remove(AUTHORIZATION);
-    headers.remove(X_API_KEY);
+    crate::http::headers::strip_credentials(headers);
 }
 
 #[cfg(test)]
@@ -606,5 +605,27 @@ mod tests {
         ]);
         strip_client_credentials(&mut h);
         assert_eq!(h.len(), 1);
+    }
+
+    /// Audit IC 4: the keys of the proxies and gateways an upstream may be (LiteLLM, Azure
+    /// API Management, Cloudflare AI Gateway, Portkey) went on beside the gateway's.
+    #[test]
+    fn stripping_removes_every_key_a_proxy_or_gateway_reads() {
+        let mut h = headers(&[
+            ("authorization", "Bearer x"),
+            ("api-key", "a"),
+            ("x-goog-api-key", "g"),
+            ("x-litellm-api-key", "sk-client-litellm"),
+            ("ocp-apim-subscription-key", "client-apim"),
+            ("cf-aig-authorization", "Bearer client-cf"),
+            ("x-portkey-api-key", "pk-client"),
+            ("x-portkey-provider", "openai"),
+            ("x-litellm-tags", "t"),
+            ("cookie", "c=1"),
+        ]);
+        strip_client_credentials(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|n| n.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["cookie", "x-litellm-tags", "x-portkey-provider"]);
     }
 }

@@ -181,6 +181,12 @@ pub enum GatewayError {
     /// HTTP/1 (with a bare 431); over HTTP/2 it bounds only the header list's bytes.
     #[error("request has {count} header fields, more than this gateway's max_headers ({limit})")]
     TooManyHeaders { count: usize, limit: usize },
+    /// An HTTP/2 request head larger than `[server] max_header_bytes`, counted as HTTP/2
+    /// counts a header list (RFC 9113 6.5.2: each field's name and value and 32). hyper
+    /// refuses these itself over HTTP/1 (with a bare 431); over HTTP/2 the h2 crate's own
+    /// bound is set above the limit so that they reach the handler, its log and its metrics.
+    #[error("request head has {bytes} bytes of header fields, more than this gateway's max_header_bytes ({limit})")]
+    HeadTooLarge { bytes: usize, limit: usize },
     #[error("insufficient budget: {}; at least {} is needed to call the upstream{}", left(*.remaining, *.reserve, *.patience), ms(*.min_useful), expected(.expected_by.as_ref(), *.min_useful))]
     InsufficientBudget {
         /// What is left of the budget after the reserve, or of the client's patience.
@@ -610,6 +616,7 @@ impl GatewayError {
             | Self::RepeatedMember { .. }
             | Self::UnreadableBody { .. } => "invalid_request",
             Self::TooManyHeaders { .. } => "too_many_headers",
+            Self::HeadTooLarge { .. } => "head_too_large",
             Self::ClientClosed => "client_closed",
             Self::UnsupportedTransferCoding { .. } => "unsupported_transfer_coding",
             Self::InsufficientBudget { .. } => "insufficient_budget",
@@ -658,7 +665,9 @@ impl GatewayError {
             Self::RunStoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::TooManyHeaders { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::TooManyHeaders { .. } | Self::HeadTooLarge { .. } => {
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            }
             Self::UnsupportedEncoding { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InsufficientBudget { .. }
             | Self::ConnectTimeout { .. }
@@ -700,6 +709,7 @@ impl GatewayError {
             | Self::UnreadableBody { .. }
             | Self::BodyTimeout { .. }
             | Self::TooManyHeaders { .. }
+            | Self::HeadTooLarge { .. }
             | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }
             | Self::InvalidRunId { .. } => "invalid_request_error",

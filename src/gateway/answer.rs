@@ -21,7 +21,7 @@ use crate::gateway::routes::Gateway;
 use crate::http::conn::ClientConn;
 use crate::http::headers::{
     answer_request_id, insert_request_id, keep_reason_phrase, max_forwards, request_id,
-    strip_hop_by_hop,
+    strip_hop_by_hop, uncached_event_stream,
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::inspect::Inspector;
@@ -167,9 +167,7 @@ impl Gateway {
                             // The body may gain an error event: its length is not the upstream's.
                             parts.headers.remove(header::CONTENT_LENGTH);
                         }
-                        parts
-                            .headers
-                            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+                        uncached_event_stream(&mut parts.headers);
                         parts.headers.insert(
                             HeaderName::from_static("x-accel-buffering"),
                             HeaderValue::from_static("no"),

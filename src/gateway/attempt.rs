@@ -287,6 +287,7 @@ impl<'a> Attempt<'a> {
                     reason,
                 });
             }
+            upstream.localize_locations(&mut parts.headers);
             let shape = BodyShape::of(&parts.headers);
             let mut body = UpstreamBody {
                 prefix: VecDeque::new(),

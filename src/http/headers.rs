@@ -16,16 +16,34 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// Anthropic's credential header (OpenAI's is `Authorization`).
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 
-/// Every header a provider reads a key from: OpenAI's and Anthropic's, Azure OpenAI's
-/// `api-key` and Google's `x-goog-api-key`. When the gateway sends its own key, none of
-/// the client's may ride along: the provider could bill the one it prefers, and the
-/// client's key for this gateway would reach a third party.
-pub const CREDENTIALS: [HeaderName; 4] = [
+/// Every header a provider, or a proxy or gateway in front of one, reads a key from:
+/// OpenAI's and Anthropic's, Azure OpenAI's `api-key`, Google's `x-goog-api-key`, Azure API
+/// Management's, LiteLLM's (which it prefers to `Authorization`), Cloudflare AI Gateway's and
+/// Portkey's. When the gateway sends its own key, or keeps a keyed route's key from the
+/// upstream, none of the client's may ride along: the upstream could bill the one it
+/// prefers, and the client's key for this gateway would reach a third party.
+pub const CREDENTIALS: [HeaderName; 8] = [
     header::AUTHORIZATION,
     X_API_KEY,
     HeaderName::from_static("api-key"),
     HeaderName::from_static("x-goog-api-key"),
+    HeaderName::from_static("ocp-apim-subscription-key"),
+    HeaderName::from_static("x-litellm-api-key"),
+    HeaderName::from_static("cf-aig-authorization"),
+    HeaderName::from_static("x-portkey-api-key"),
 ];
+
+/// Removes every header in `CREDENTIALS`, looking up only those present (most requests carry
+/// one).
+pub fn strip_credentials(headers: &mut HeaderMap) {
+    for (name, _) in CREDENTIALS
+        .iter()
+        .zip(present(headers, CREDENTIALS.each_ref()))
+        .filter(|(_, p)| *p)
+    {
+        headers.remove(name);
+    }
+}
 
 /// Gives a status without a standard reason phrase one, where nothing upstream gave it one:
 /// hyper writes `<none>` on an HTTP/1.1 status line otherwise (an HTTP/2 upstream sends no
@@ -48,19 +66,10 @@ pub fn keep_reason_phrase(status: http::StatusCode, extensions: &mut http::Exten
     extensions.insert(hyper::ext::ReasonPhrase::from_static(phrase));
 }
 
-/// Whether a header carries a credential of some kind: a provider's key (`CREDENTIALS`), a
-/// proxy's or gateway's (Azure API Management's, LiteLLM's, Cloudflare AI Gateway's), or a
-/// cookie. Such a header's value must never be logged or shown.
+/// Whether a header carries a credential of some kind: a key (`CREDENTIALS`), a proxy's
+/// credentials or a cookie. Such a header's value must never be logged or shown.
 pub fn carries_credentials(name: &HeaderName) -> bool {
-    CREDENTIALS.contains(name)
-        || [
-            "proxy-authorization",
-            "cookie",
-            "ocp-apim-subscription-key",
-            "x-litellm-api-key",
-            "cf-aig-authorization",
-        ]
-        .contains(&name.as_str())
+    CREDENTIALS.contains(name) || *name == header::PROXY_AUTHORIZATION || *name == header::COOKIE
 }
 
 /// Connection-level headers (RFC 9110 section 7.6.1) that never cross a proxy.
@@ -259,7 +268,7 @@ fn valid_host(value: &HeaderValue) -> bool {
 
 /// `host[:port]` as its host and its port's digits (none without a colon; a colon inside an
 /// IP literal's brackets is no port's).
-fn split_port(v: &[u8]) -> (&[u8], &[u8]) {
+pub(crate) fn split_port(v: &[u8]) -> (&[u8], &[u8]) {
     match v.iter().rposition(|&b| b == b':') {
         Some(i) if !v[i..].contains(&b']') => (&v[..i], &v[i + 1..]),
         _ => (v, &[][..]),
@@ -292,6 +301,27 @@ pub(crate) fn host_not_authority(uri: &Uri, headers: &HeaderMap) -> Option<(Stri
             String::from_utf8_lossy(host.as_bytes()).into_owned(),
             authority.as_str().to_owned(),
         )
+    })
+}
+
+/// An HTTP/2 request head's size as RFC 9113 6.5.2 counts a header list (what
+/// `SETTINGS_MAX_HEADER_LIST_SIZE` bounds): each field's name and value and 32, the
+/// pseudo-header fields among them.
+pub(crate) fn header_list_size(method: &http::Method, uri: &Uri, headers: &HeaderMap) -> usize {
+    const FIELD: usize = 32;
+    let pseudo = [
+        Some((":method", method.as_str())),
+        uri.scheme_str().map(|s| (":scheme", s)),
+        uri.authority().map(|a| (":authority", a.as_str())),
+        uri.path_and_query().map(|p| (":path", p.as_str())),
+    ];
+    let pseudo: usize = pseudo
+        .iter()
+        .flatten()
+        .map(|(name, value)| name.len() + value.len() + FIELD)
+        .sum();
+    headers.iter().fold(pseudo, |size, (name, value)| {
+        size + name.as_str().len() + value.len() + FIELD
     })
 }
 
@@ -618,15 +648,59 @@ pub(crate) fn insert_request_id(headers: &mut HeaderMap, id: &str) {
 /// name, and the provider's (OpenAI's `req_...`, the id its support asks for) is kept.
 pub const UPSTREAM_REQUEST_ID: HeaderName = HeaderName::from_static("x-upstream-request-id");
 
-/// The request id on an upstream's answer: ours, with the upstream's own kept under
-/// `x-upstream-request-id` when it differs (a provider that echoes ours has none of its own).
+/// The request id on an upstream's answer: ours, with each of the upstream's own kept as an
+/// `x-upstream-request-id` line, after any it sent under that name itself (the id of a
+/// provider behind an upstream proxy, which that provider's support asks for). An id that is
+/// ours (a provider that echoes it, or a gateway behind this one) or already kept is not
+/// repeated, so a chain of gateways shows one id per hop.
 pub(crate) fn answer_request_id(headers: &mut HeaderMap, id: &str) {
-    if let Some(theirs) = headers.remove(REQUEST_ID) {
-        if theirs.as_bytes() != id.as_bytes() {
-            headers.insert(UPSTREAM_REQUEST_ID, theirs);
+    use http::header::Entry;
+    if let Entry::Occupied(entry) = headers.entry(REQUEST_ID) {
+        let mut theirs = entry.remove_entry_mult().1;
+        let first = theirs.next();
+        // Empty, and so no allocation, for the one id an upstream sends.
+        let rest: Vec<HeaderValue> = theirs.collect();
+        for value in first.into_iter().chain(rest) {
+            let kept = value.as_bytes() == id.as_bytes()
+                || headers
+                    .get_all(UPSTREAM_REQUEST_ID)
+                    .iter()
+                    .any(|v| v == value);
+            if !kept {
+                headers.append(UPSTREAM_REQUEST_ID, value);
+            }
         }
     }
     insert_request_id(headers, id);
+}
+
+/// An event stream's `Cache-Control`: the upstream's own, with `no-cache` added unless it
+/// already forbids reuse (`no-cache` unqualified, or `no-store`). Replaced, a provider's
+/// `no-store, private` became `no-cache`, which lets a shared cache store a user's answer
+/// (RFC 9111 5.2.2.4, 5.2.2.5, 5.2.2.7).
+pub(crate) fn uncached_event_stream(headers: &mut HeaderMap) {
+    const NO_CACHE: HeaderValue = HeaderValue::from_static("no-cache");
+    let forbids = list_items(headers, header::CACHE_CONTROL).any(|(_, directive)| {
+        directive.eq_ignore_ascii_case(b"no-cache") || directive.eq_ignore_ascii_case(b"no-store")
+    });
+    if forbids {
+        return;
+    }
+    let mut lines = headers.get_all(header::CACHE_CONTROL).iter();
+    if lines.next().is_none() {
+        headers.insert(header::CACHE_CONTROL, NO_CACHE);
+        return;
+    }
+    // One line, not two: a cache that reads only the first would miss the `no-cache`.
+    let mut joined: Vec<&[u8]> = headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .map(HeaderValue::as_bytes)
+        .collect();
+    joined.push(b"no-cache");
+    if let Ok(value) = HeaderValue::from_bytes(&joined.join(&b", "[..])) {
+        headers.insert(header::CACHE_CONTROL, value);
+    }
 }
 
 /// Whether an upstream's answer header tells of the provider, kept on an answer the gateway
@@ -652,21 +726,144 @@ pub(crate) fn carry_provider_headers(head: &HeaderMap, answer: &mut HeaderMap) {
     }
 }
 
-/// The charset a `Content-Type` declares when it is not UTF-8 (or its ASCII subset). JSON is
-/// UTF-8 (RFC 8259 8.1), but a server may decode a body by the label (Express's body-parser
-/// takes `utf-7`), and read in it what a reader of UTF-8 does not.
-pub fn foreign_charset(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    let charset = value.split(';').skip(1).find_map(|p| {
-        let (name, v) = p.split_once('=')?;
-        name.trim()
-            .eq_ignore_ascii_case("charset")
-            .then(|| v.trim().trim_matches('"'))
-    })?;
-    let utf8 = ["utf-8", "utf8", "us-ascii"]
+/// Why a request's `Content-Type` lets its body be read otherwise than as UTF-8 JSON, in
+/// words naming the field: the charset it declares is not UTF-8 (or its ASCII subset), it
+/// declares one more than once, its parameters are not RFC 9110 5.6.6's, or the field comes
+/// more than once. JSON is UTF-8 (RFC 8259 8.1), but a server may decode a body by the label
+/// (Express's body-parser takes `utf-7`, and the *last* `charset`, quoted strings read as
+/// such), and read in it what a reader of UTF-8 does not.
+pub fn content_type_fault(headers: &HeaderMap) -> Option<String> {
+    let mut lines = headers.get_all(header::CONTENT_TYPE).iter();
+    let value = lines.next()?;
+    let shown = |v: &HeaderValue| format!("{:?}", String::from_utf8_lossy(v.as_bytes()));
+    if lines.next().is_some() {
+        let all: Vec<String> = headers
+            .get_all(header::CONTENT_TYPE)
+            .iter()
+            .map(shown)
+            .collect();
+        return Some(format!(
+            "it has {} content-type field lines ({}), and the field is a singleton (RFC 9110 \
+             8.3): parsers differ on which one counts",
+            all.len(),
+            all.join(", ")
+        ));
+    }
+    let charset = match media_type_charset(value.as_bytes()) {
+        Ok(charset) => charset?,
+        Err(MediaTypeFault::Unparsable) => {
+            return Some(format!(
+                "its content-type {} is not a media type with RFC 9110 5.6.6 parameters, \
+                 which parsers may split differently",
+                shown(value)
+            ))
+        }
+        Err(MediaTypeFault::CharsetTwice) => {
+            return Some(format!(
+                "its content-type {} declares charset more than once (RFC 9110 8.3.1 allows \
+                 one), and parsers differ on which one counts",
+                shown(value)
+            ))
+        }
+    };
+    let utf8 = [&b"utf-8"[..], b"utf8", b"us-ascii"]
         .iter()
         .any(|c| charset.eq_ignore_ascii_case(c));
-    (!utf8).then_some(charset)
+    (!utf8).then(|| {
+        let charset = String::from_utf8_lossy(&charset);
+        format!("its content-type declares charset={charset:?}, and JSON is UTF-8 (RFC 8259 8.1)")
+    })
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum MediaTypeFault {
+    Unparsable,
+    CharsetTwice,
+}
+
+/// The `charset` parameter of a media type (RFC 9110 8.3.1), its quoted-pairs undone:
+/// `type "/" subtype *( OWS ";" OWS [ name "=" ( token / quoted-string ) ] )` (5.6.6).
+fn media_type_charset(v: &[u8]) -> Result<Option<std::borrow::Cow<'_, [u8]>>, MediaTypeFault> {
+    use std::borrow::Cow;
+    fn tchar(b: u8) -> bool {
+        b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+    }
+    let token = |i: &mut usize| {
+        let start = *i;
+        while v.get(*i).is_some_and(|&b| tchar(b)) {
+            *i += 1;
+        }
+        (*i > start).then_some(&v[start..*i])
+    };
+    let ows = |i: &mut usize| {
+        while matches!(v.get(*i), Some(b' ' | b'\t')) {
+            *i += 1;
+        }
+    };
+    let mut i = 0;
+    token(&mut i).ok_or(MediaTypeFault::Unparsable)?;
+    if v.get(i) != Some(&b'/') {
+        return Err(MediaTypeFault::Unparsable);
+    }
+    i += 1;
+    token(&mut i).ok_or(MediaTypeFault::Unparsable)?;
+    let mut charset = None;
+    loop {
+        ows(&mut i);
+        match v.get(i) {
+            None => return Ok(charset),
+            Some(b';') => i += 1,
+            Some(_) => return Err(MediaTypeFault::Unparsable),
+        }
+        ows(&mut i);
+        if matches!(v.get(i), None | Some(b';')) {
+            continue;
+        }
+        let name = token(&mut i).ok_or(MediaTypeFault::Unparsable)?;
+        if v.get(i) != Some(&b'=') {
+            return Err(MediaTypeFault::Unparsable);
+        }
+        i += 1;
+        let value: Cow<'_, [u8]> = if v.get(i) == Some(&b'"') {
+            i += 1;
+            let start = i;
+            let mut unescaped: Option<Vec<u8>> = None;
+            loop {
+                match v.get(i) {
+                    None => return Err(MediaTypeFault::Unparsable),
+                    Some(b'"') => break,
+                    Some(b'\\') => {
+                        let escaped = *v.get(i + 1).ok_or(MediaTypeFault::Unparsable)?;
+                        if escaped != b'\t' && (escaped < 0x20 || escaped == 0x7f) {
+                            return Err(MediaTypeFault::Unparsable);
+                        }
+                        unescaped
+                            .get_or_insert_with(|| v[start..i].to_vec())
+                            .push(escaped);
+                        i += 2;
+                    }
+                    Some(&b) if b == b'\t' || (b >= 0x20 && b != 0x7f) => {
+                        if let Some(u) = &mut unescaped {
+                            u.push(b);
+                        }
+                        i += 1;
+                    }
+                    Some(_) => return Err(MediaTypeFault::Unparsable),
+                }
+            }
+            let quoted = &v[start..i];
+            i += 1;
+            unescaped.map_or(Cow::Borrowed(quoted), Cow::Owned)
+        } else {
+            Cow::Borrowed(token(&mut i).ok_or(MediaTypeFault::Unparsable)?)
+        };
+        if name.eq_ignore_ascii_case(b"charset") {
+            if charset.is_some() {
+                return Err(MediaTypeFault::CharsetTwice);
+            }
+            charset = Some(value);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -711,19 +908,177 @@ mod tests {
         let of = |v: &'static str| {
             let mut h = HeaderMap::new();
             h.insert(header::CONTENT_TYPE, HeaderValue::from_static(v));
-            foreign_charset(&h).map(str::to_owned)
+            content_type_fault(&h)
         };
         assert_eq!(of("application/json"), None);
         assert_eq!(of("application/json; charset=UTF-8"), None);
         assert_eq!(of("application/json;charset=\"utf8\""), None);
         assert_eq!(of("application/json; charset=us-ascii"), None);
+        assert!(of("application/json; Charset=utf-7")
+            .unwrap()
+            .contains("charset=\"utf-7\""));
+        assert!(of("text/plain; a=b; charset=\"latin1\"")
+            .unwrap()
+            .contains("charset=\"latin1\""));
+    }
+
+    /// Audit IC 1: a second `charset`, or one hidden from a split on `;` by a quoted string,
+    /// got past the check, and Express decoded the body by the last one.
+    #[test]
+    fn a_content_type_parsers_could_read_otherwise_is_refused() {
+        let of = |lines: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for v in lines {
+                h.append(header::CONTENT_TYPE, HeaderValue::from_static(v));
+            }
+            content_type_fault(&h)
+        };
+        for twice in [
+            "application/json; charset=utf-8; charset=utf-7",
+            "application/json; charset=utf-8; CHARSET=utf-7",
+            "application/json; charset=utf-8; charset=\"utf-7\"",
+            "application/json; charset=utf-8;charset=utf-8",
+        ] {
+            let why = of(&[twice]).unwrap_or_else(|| panic!("{twice}"));
+            assert!(why.contains("charset more than once"), "{why}");
+            assert!(why.contains(&format!("{twice:?}")), "{why}");
+        }
+        // The `charset` inside the quoted string is no parameter: the one after it counts.
+        let hidden = of(&["application/json; foo=\"a;charset=utf-8\"; charset=utf-7"]).unwrap();
+        assert!(hidden.contains("charset=\"utf-7\""), "{hidden}");
+        for unparsable in [
+            "application/json; charset",
+            "application/json; charset = utf-8",
+            "application/json; foo=\"a; charset=utf-8",
+            "application/json; a=b c",
+            "application/json\"; charset=utf-8",
+            "application; charset=utf-8",
+            "application/json, text/plain",
+            "/json",
+        ] {
+            let why = of(&[unparsable]).unwrap_or_else(|| panic!("{unparsable}"));
+            assert!(why.contains("RFC 9110 5.6.6"), "{why}");
+        }
+        let two = of(&["application/json", "application/json; charset=utf-7"]).unwrap();
+        assert!(
+            two.contains("2 content-type field lines")
+                && two.contains("singleton")
+                && two.contains("\"application/json; charset=utf-7\""),
+            "{two}"
+        );
+        // What RFC 9110 5.6.6 allows: whitespace around `;`, empty parameters, a quoted
+        // string with escapes and a `;` in it.
+        for fine in [
+            "application/json ; charset=utf-8 ;",
+            "application/json;;charset=utf-8",
+            "application/json; foo=\"a;charset=utf-7\"; charset=utf-8",
+            "application/json; foo=\"a\\\"b\"; charset=\"ut\\f-8\"",
+            "multipart/form-data; boundary=\"--b\"",
+        ] {
+            assert_eq!(of(&[fine]), None, "{fine}");
+        }
         assert_eq!(
-            of("application/json; Charset=utf-7").as_deref(),
-            Some("utf-7")
+            media_type_charset(b"a/b; x=\"q\\\"\"; charset=\"u\\tf-8\"")
+                .unwrap()
+                .as_deref(),
+            Some(&b"utf-8"[..])
+        );
+    }
+
+    #[test]
+    fn a_header_list_is_sized_as_http2_counts_it() {
+        let mut h = HeaderMap::new();
+        h.append("x-long", HeaderValue::from_static("abc"));
+        h.append("cookie", HeaderValue::from_static("a=1"));
+        h.append("cookie", HeaderValue::from_static("b=2"));
+        let uri: Uri = "http://gateway/v1/chat?x=1".parse().unwrap();
+        let pseudo = (7 + 4) + (7 + 4) + (10 + 7) + (5 + 12) + 4 * 32;
+        assert_eq!(
+            header_list_size(&http::Method::POST, &uri, &h),
+            pseudo + (6 + 3 + 32) + 2 * (6 + 3 + 32)
+        );
+        let path_only: Uri = "/v1".parse().unwrap();
+        assert_eq!(
+            header_list_size(&http::Method::GET, &path_only, &HeaderMap::new()),
+            (7 + 3 + 32) + (5 + 3 + 32)
+        );
+    }
+
+    /// Audit IC 6: a second `x-request-id` and the upstream's own `x-upstream-request-id` (its
+    /// provider's, behind it) were lost.
+    #[test]
+    fn every_upstream_request_id_is_kept_once() {
+        let answer = |fields: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (name, value) in fields {
+                h.append(*name, HeaderValue::from_static(value));
+            }
+            answer_request_id(&mut h, "ours");
+            let ids = |name| {
+                h.get_all(name)
+                    .iter()
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .collect::<Vec<_>>()
+            };
+            (ids("x-request-id"), ids("x-upstream-request-id"))
+        };
+        assert_eq!(
+            answer(&[
+                ("x-request-id", "up1"),
+                ("x-request-id", "up2"),
+                ("x-upstream-request-id", "deeper"),
+            ]),
+            (
+                vec!["ours".into()],
+                vec!["deeper".into(), "up1".into(), "up2".into()]
+            )
+        );
+        // A gateway behind this one echoes our id and keeps its provider's: one id per hop.
+        assert_eq!(
+            answer(&[("x-request-id", "ours"), ("x-upstream-request-id", "req_1")]),
+            (vec!["ours".into()], vec!["req_1".into()])
         );
         assert_eq!(
-            of("text/plain; a=b; charset=\"latin1\"").as_deref(),
-            Some("latin1")
+            answer(&[
+                ("x-request-id", "up1"),
+                ("x-request-id", "up1"),
+                ("x-upstream-request-id", "up1"),
+            ]),
+            (vec!["ours".into()], vec!["up1".into()])
+        );
+        assert_eq!(answer(&[]), (vec!["ours".into()], vec![]));
+    }
+
+    /// Audit IC 5: an event stream's `no-store, private` was replaced by `no-cache`.
+    #[test]
+    fn an_event_stream_keeps_the_upstreams_cache_control() {
+        let of = |lines: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for v in lines {
+                h.append(header::CACHE_CONTROL, HeaderValue::from_static(v));
+            }
+            uncached_event_stream(&mut h);
+            h.get_all(header::CACHE_CONTROL)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of(&[]), ["no-cache"]);
+        assert_eq!(of(&["no-store, private"]), ["no-store, private"]);
+        assert_eq!(of(&["private", "No-Store"]), ["private", "No-Store"]);
+        assert_eq!(of(&["no-cache"]), ["no-cache"]);
+        assert_eq!(
+            of(&["private, max-age=0"]),
+            ["private, max-age=0, no-cache"]
+        );
+        assert_eq!(
+            of(&["private", "max-age=0"]),
+            ["private, max-age=0, no-cache"]
+        );
+        // A qualified no-cache (RFC 9111 5.2.2.4) holds back only the fields it names.
+        assert_eq!(
+            of(&["no-cache=\"set-cookie\""]),
+            ["no-cache=\"set-cookie\", no-cache"]
         );
     }
 

@@ -44,7 +44,7 @@ use self::resolve::SharedResolver;
 use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
-use crate::http::headers::{present, CREDENTIALS};
+use crate::http::headers::{present, split_port, strip_credentials};
 use crate::provider::Format;
 
 /// The most an HTTP/1.1 upstream connection buffers of what it reads.
@@ -275,15 +275,94 @@ impl Upstream {
     /// configured key the client's own headers pass through untouched.
     pub fn apply_credentials(&self, headers: &mut HeaderMap) {
         if let Some((name, value)) = &self.credential {
-            for (theirs, _) in CREDENTIALS
-                .iter()
-                .zip(present(headers, CREDENTIALS.each_ref()))
-                .filter(|(_, p)| *p)
-            {
-                headers.remove(theirs);
-            }
+            strip_credentials(headers);
             headers.insert(name.clone(), value.clone());
         }
+    }
+
+    /// Rewrites an answer's `Location` and `Content-Location` that name this upstream's
+    /// origin (its url's scheme, host and port, a default port left out or not) into a
+    /// reference on the gateway, as nginx's `proxy_redirect default` does: a client that
+    /// followed the upstream's own URL (an origin builds one from the `Host` the gateway
+    /// sends, which is the upstream's) went past the gateway, its keys and its limits, and
+    /// learned the upstream's address. The gateway forwards a client's path after the url's
+    /// base path, so a URL under that base path maps back to the client's path; any other on
+    /// the same origin has no path on the gateway that maps to it, and goes as the path it
+    /// names. Either is an absolute-path reference, which the client resolves against the
+    /// gateway URL it asked (RFC 9110 10.2.2, 8.7). Another origin's URL goes unchanged.
+    pub fn localize_locations(&self, headers: &mut HeaderMap) {
+        use http::header::{CONTENT_LOCATION, LOCATION};
+        for (name, here) in [LOCATION, CONTENT_LOCATION]
+            .into_iter()
+            .zip(present(headers, [&LOCATION, &CONTENT_LOCATION]))
+        {
+            if !here {
+                continue;
+            }
+            let lines: Vec<HeaderValue> = headers
+                .get_all(&name)
+                .iter()
+                .map(|v| {
+                    self.local_reference(v.as_bytes())
+                        .unwrap_or_else(|| v.clone())
+                })
+                .collect();
+            headers.remove(&name);
+            for line in lines {
+                headers.append(name.clone(), line);
+            }
+        }
+    }
+
+    /// `url` as an absolute-path reference on the gateway, when it is an absolute URL on
+    /// this upstream's origin (see `localize_locations`).
+    fn local_reference(&self, url: &[u8]) -> Option<HeaderValue> {
+        let colon = url.iter().position(|&b| b == b':')?;
+        let (scheme, rest) = (&url[..colon], url[colon + 1..].strip_prefix(b"//")?);
+        if !scheme.eq_ignore_ascii_case(self.scheme.as_str().as_bytes()) {
+            return None;
+        }
+        let end = rest
+            .iter()
+            .position(|b| matches!(b, b'/' | b'?' | b'#'))
+            .unwrap_or(rest.len());
+        let (authority, target) = rest.split_at(end);
+        // Userinfo names another origin than the bare host for no reader that matters here,
+        // but a URL with a credential in it is no redirect of this upstream's to rewrite.
+        if authority.contains(&b'@') {
+            return None;
+        }
+        let default = if self.scheme == Scheme::HTTPS {
+            443
+        } else {
+            80
+        };
+        let (host, digits) = split_port(authority);
+        let port = match digits {
+            [] => default,
+            d => std::str::from_utf8(d).ok()?.parse::<u16>().ok()?,
+        };
+        if !host.eq_ignore_ascii_case(self.authority.host().as_bytes())
+            || port != self.authority.port_u16().unwrap_or(default)
+        {
+            return None;
+        }
+        // The client's path is what follows the base path, up to a segment's end.
+        let target = match target.strip_prefix(self.prefix.as_bytes()) {
+            Some(after)
+                if !self.prefix.is_empty()
+                    && matches!(after.first(), None | Some(b'/' | b'?' | b'#')) =>
+            {
+                after
+            }
+            _ => target,
+        };
+        let mut reference = Vec::with_capacity(target.len() + 1);
+        if !target.starts_with(b"/") {
+            reference.push(b'/');
+        }
+        reference.extend_from_slice(target);
+        HeaderValue::from_bytes(&reference).ok()
     }
 
     /// Sends `req`; the slot counts the stream on its connection and must be kept as long
@@ -305,6 +384,83 @@ mod tests {
         );
         let config = Config::from_toml(&toml, "test").expect("config");
         Upstream::new(config.upstreams[0].clone(), Duration::from_secs(1)).expect("upstream")
+    }
+
+    /// Audit IC 2: a FastAPI upstream's redirect (`redirect_slashes`), built from the Host
+    /// the gateway sent, named the upstream; a client that followed it went past the gateway.
+    #[test]
+    fn a_location_on_the_upstreams_origin_becomes_the_gateways() {
+        let rewritten = |base: &str, location: &'static str| {
+            let mut h = HeaderMap::new();
+            h.append(http::header::LOCATION, HeaderValue::from_static(location));
+            h.append(
+                http::header::CONTENT_LOCATION,
+                HeaderValue::from_static(location),
+            );
+            upstream(base).localize_locations(&mut h);
+            let l = h[http::header::LOCATION].to_str().unwrap().to_owned();
+            assert_eq!(
+                h[http::header::CONTENT_LOCATION],
+                l.as_str(),
+                "{base} {location}"
+            );
+            l
+        };
+        for (base, location, want) in [
+            (
+                "http://127.0.0.1:55873",
+                "http://127.0.0.1:55873/v1/chat/completions",
+                "/v1/chat/completions",
+            ),
+            (
+                "http://Up.Example",
+                "HTTP://up.example:80/v1/x?a=1#f",
+                "/v1/x?a=1#f",
+            ),
+            (
+                "https://up.example:443/",
+                "https://up.example/v1/x",
+                "/v1/x",
+            ),
+            ("http://[::1]:9", "http://[::1]:9", "/"),
+            ("http://up:9", "http://up:9?page=2", "/?page=2"),
+            // The base path is the gateway's root.
+            (
+                "https://example.com/openai/v1",
+                "https://example.com/openai/v1/chat/completions",
+                "/chat/completions",
+            ),
+            (
+                "https://example.com/openai/v1/",
+                "https://example.com/openai/v1",
+                "/",
+            ),
+            // No client path maps to it: the path it names, on the gateway.
+            (
+                "https://example.com/openai/v1",
+                "https://example.com/openai/v10/x",
+                "/openai/v10/x",
+            ),
+            (
+                "https://example.com/openai",
+                "https://example.com/login",
+                "/login",
+            ),
+            // Other origins, and references already relative, go unchanged.
+            ("http://up:9", "http://up:10/v1", "http://up:10/v1"),
+            ("http://up:9", "https://up:9/v1", "https://up:9/v1"),
+            ("https://up", "http://up/v1", "http://up/v1"),
+            ("http://up:9", "http://other:9/v1", "http://other:9/v1"),
+            ("http://up:9", "http://u@up:9/v1", "http://u@up:9/v1"),
+            ("http://up:9", "/v1/chat", "/v1/chat"),
+            ("http://up:9", "v1/chat", "v1/chat"),
+            ("http://up:9", "//up:9/v1", "//up:9/v1"),
+        ] {
+            assert_eq!(rewritten(base, location), want, "{base} {location}");
+        }
+        let mut none = HeaderMap::new();
+        upstream("http://up:9").localize_locations(&mut none);
+        assert!(none.is_empty());
     }
 
     #[test]

@@ -1183,3 +1183,63 @@ async fn body_in_two_parts(h: &Harness, model: &str, headers: &str, pause_ms: u6
         .unwrap();
     String::from_utf8_lossy(&answer).into_owned()
 }
+
+/// Audit IC 1: a second `charset` parameter, or one a split on `;` took from inside a quoted
+/// string, got past the charset check; Express decodes by the last one, read `o3` in the
+/// UTF-7 body, and served the keyed model on the open route. A second `Content-Type` line
+/// is refused too (the field is a singleton; a framework that keeps the last would be
+/// fooled). What RFC 9110 allows passes.
+#[tokio::test]
+async fn a_content_type_read_two_ways_is_refused() {
+    let cfg = BASE.replace(
+        "[[routes]]\nname = \"chat\"",
+        "[[routes]]\nname = \"premium\"\npath_prefix = \"/v1/chat/completions\"\nmodels = [\"o3*\"]\nupstream = \"fake\"\n\n[[routes]]\nname = \"chat\"",
+    );
+    let h = Harness::with_config(&cfg).await;
+    let post = |types: &[&str], body: &'static str| {
+        let mut req = Request::post("/v1/chat/completions").header("host", "x");
+        for t in types {
+            req = req.header("content-type", *t);
+        }
+        req.body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+    let body = r#"{"model":"cheap+ACI-,+ACI-model+ACI-:+ACI-o3","messages":[]}"#;
+    for (types, reason) in [
+        (
+            &["application/json; charset=utf-8; charset=utf-7"][..],
+            "declares charset more than once",
+        ),
+        (
+            &["application/json; foo=\"a;charset=utf-8\"; charset=utf-7"][..],
+            "charset=\"utf-7\"",
+        ),
+        (
+            &["application/json; foo=\"a;charset=utf-8; charset=utf-7"][..],
+            "RFC 9110 5.6.6",
+        ),
+        (
+            &["application/json", "application/json; charset=utf-7"][..],
+            "the field is a singleton",
+        ),
+    ] {
+        let (resp, _c) = h.send(post(types, body)).await;
+        assert_eq!(resp.status(), 400, "{types:?}");
+        let error = json_body(resp).await;
+        assert_eq!(error["error"]["code"], "invalid_request", "{types:?}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(reason) && message.contains("content-type"),
+            "{types:?}: {message}"
+        );
+    }
+    assert!(h.fake.requests().is_empty(), "nothing was forwarded");
+    let (resp, _c) = h
+        .send(post(
+            &["application/json ; foo=\"a;charset=utf-7\" ; charset=UTF-8"],
+            r#"{"model":"cheap","messages":[]}"#,
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(h.fake.requests().len(), 1);
+}

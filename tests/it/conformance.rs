@@ -1118,3 +1118,138 @@ async fn the_upstreams_alt_svc_is_not_passed_on() {
     assert_eq!(resp.headers()["x-upstream-request-id"], "up-1", "{resp:?}");
     assert_eq!(read_body(resp.into_body()).await.text(), "hello");
 }
+
+/// Audit IC 2: a FastAPI upstream's redirect (`redirect_slashes`), built from the Host the
+/// gateway sent, named the upstream itself; the OpenAI SDK followed it past the gateway.
+/// Both `Location` and `Content-Location` on the upstream's origin become paths on the
+/// gateway; another origin's URL passes as it came.
+#[tokio::test]
+async fn an_upstreams_own_url_in_location_is_made_the_gateways() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    drop(listener);
+    let redirect = |location: String| {
+        format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nlocation: {location}\r\n\
+             content-location: {location}\r\ncontent-length: 0\r\n\r\n"
+        )
+        .into_bytes()
+    };
+    for (location, want) in [
+        (
+            format!("http://{up}/v1/chat/completions"),
+            "/v1/chat/completions".to_owned(),
+        ),
+        (
+            format!("http://localhost:{}/v1/chat/completions?a=1", up.port()),
+            format!("http://localhost:{}/v1/chat/completions?a=1", up.port()),
+        ),
+        (
+            "https://auth.example/login".to_owned(),
+            "https://auth.example/login".to_owned(),
+        ),
+    ] {
+        let listener = tokio::net::TcpListener::bind(up).await.unwrap();
+        let answer = redirect(location.clone());
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0; 4096];
+            let _ = s.read(&mut buf).await;
+            let _ = s.write_all(&answer).await;
+            let _ = s.shutdown().await;
+        });
+        let h = through(up).await;
+        let req = http::Request::post("/v1/chat/completions/")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                br#"{"model":"m","messages":[]}"#,
+            )))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), 307, "{location}");
+        assert_eq!(resp.headers()["location"], want.as_str(), "{location}");
+        assert_eq!(
+            resp.headers()["content-location"],
+            want.as_str(),
+            "{location}"
+        );
+    }
+}
+
+/// Audit IC 5: an event stream's `Cache-Control: no-store, private` was replaced by
+/// `no-cache`, which lets a shared cache store a user's answer.
+#[tokio::test]
+async fn an_event_streams_stronger_cache_control_is_kept() {
+    for (theirs, want) in [
+        ("cache-control: no-store, private\r\n", "no-store, private"),
+        ("cache-control: private\r\n", "private, no-cache"),
+        ("", "no-cache"),
+    ] {
+        let body = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+        let up = raw_upstream(now(format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n{theirs}\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes()))
+        .await;
+        let h = through(up).await;
+        let (resp, _c) = h.send(chat_request(&[], true)).await;
+        assert_eq!(resp.status(), 200, "{theirs}");
+        let all: Vec<_> = resp.headers().get_all("cache-control").iter().collect();
+        assert_eq!(all, [want], "{theirs}");
+    }
+}
+
+/// Audit IC 6: an upstream's second `x-request-id` and its own `x-upstream-request-id` (the
+/// id of the provider behind it, which that provider's support asks for) were lost.
+#[tokio::test]
+async fn every_request_id_of_the_upstream_is_kept() {
+    let up = raw_upstream(now(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: up1\r\n\
+          x-request-id: up2\r\nx-upstream-request-id: deeper\r\ncontent-length: 2\r\n\
+          connection: close\r\n\r\n{}",
+    ))
+    .await;
+    let h = through(up).await;
+    let (resp, _c) = h
+        .send(chat_request(&[("x-request-id", "mine")], false))
+        .await;
+    assert_eq!(resp.headers()["x-request-id"], "mine");
+    let kept: Vec<_> = resp
+        .headers()
+        .get_all("x-upstream-request-id")
+        .iter()
+        .collect();
+    assert_eq!(kept, ["deeper", "up1", "up2"]);
+}
+
+/// Audit IC 3: an HTTP/2 head past `max_header_bytes` got the h2 crate's bare 431, with no
+/// log line, no metric and no request id. It gets the contract's JSON 431 and counts as a
+/// refused request; the connection serves on.
+#[tokio::test]
+async fn an_http2_head_past_max_header_bytes_gets_the_json_431() {
+    let h = Harness::start().await;
+    let errors = "hourglass_requests_total{outcome=\"error\",route=\"chat\"}";
+    let before = h.metric(errors).await;
+    let long = "a".repeat(70_000);
+    for _ in 0..3 {
+        let mut req = chat_request(&[], false);
+        req.headers_mut()
+            .insert("x-long", http::HeaderValue::from_str(&long).unwrap());
+        let resp = h2_send(h.addr(), req).await.unwrap();
+        assert_eq!(resp.status(), 431);
+        assert!(resp.headers().contains_key("x-request-id"), "{resp:?}");
+        let v = json_body(resp).await;
+        assert_eq!(v["error"]["code"], "head_too_large");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains("max_header_bytes (65536)"), "{message}");
+    }
+    assert_eq!(h.metric(errors).await - before, 3.0);
+    assert!(h.fake.requests().is_empty());
+    // Under the limit, the same request is served.
+    let resp = h2_send(h.addr(), chat_request(&[], false)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+}

@@ -532,3 +532,84 @@ async fn a_key_pasted_into_a_file_or_variable_field_is_never_repeated() {
     assert_eq!(all.matches("config reload failed").count(), 4, "{all}");
     assert!(!all.contains("CANARY"), "{all}");
 }
+
+/// Audit IC 4: the keys clients send to the proxies and gateways an upstream may be
+/// (LiteLLM, which prefers its own header to `Authorization`, Azure API Management,
+/// Cloudflare AI Gateway, Portkey) reached the upstream beside the gateway's key, on a keyed
+/// route with a provider key and on one without.
+#[tokio::test]
+async fn proxy_and_gateway_keys_do_not_ride_along_with_the_gateways() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-proxy-keys-")
+        .tempdir()
+        .unwrap();
+    let key_file = dir.path().join("provider.key");
+    std::fs::write(&key_file, format!("{PROVIDER_FILE_KEY}\n")).unwrap();
+    let clients = dir.path().join("clients");
+    std::fs::write(&clients, format!("{CLIENT_KEY}\n")).unwrap();
+    let cfg = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.keyed]
+url = "{{FAKE}}"
+api_key_file = "{key_file}"
+
+[upstreams.bare]
+url = "{{FAKE}}"
+auth = "none"
+
+[[routes]]
+name = "keyed"
+path_prefix = "/v1/chat/completions"
+upstream = "keyed"
+client_keys_file = "{clients}"
+
+[[routes]]
+name = "bare"
+path_prefix = "/v1/messages"
+upstream = "bare"
+client_keys_file = "{clients}"
+"#,
+        key_file = key_file.display(),
+        clients = clients.display(),
+    );
+    let h = Harness::with_config(&cfg).await;
+    let bearer = format!("Bearer {CLIENT_KEY}");
+    let theirs = [
+        ("x-litellm-api-key", "sk-client-litellm"),
+        ("ocp-apim-subscription-key", "client-apim"),
+        ("cf-aig-authorization", "Bearer client-cf"),
+        ("x-portkey-api-key", "pk-client"),
+    ];
+    for path in ["/v1/chat/completions", "/v1/messages"] {
+        let mut req = Request::post(path)
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header("authorization", &bearer)
+            .header("x-portkey-provider", "openai");
+        for (name, value) in theirs {
+            req = req.header(name, value);
+        }
+        let req = req
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"g","messages":[]}"#,
+            )))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        let sent = h.fake.requests().last().expect("forwarded").headers.clone();
+        for (name, _) in theirs {
+            assert_eq!(sent.get(name), None, "{path}: {name}");
+        }
+        assert_eq!(sent["x-portkey-provider"], "openai", "{path}");
+        let keys: Vec<_> = sent.get_all("authorization").iter().collect();
+        if path == "/v1/messages" {
+            assert!(keys.is_empty(), "{path}: {keys:?}");
+        } else {
+            assert_eq!(keys, [&format!("Bearer {PROVIDER_FILE_KEY}")], "{path}");
+        }
+    }
+}
