@@ -425,6 +425,15 @@ async fn reload(
 }
 
 fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<String, ServerError> {
+    // A file start-up would refuse is no reload either (audit IB 4: a `[runs]` that could
+    // never start was taken with a warning, and the outage came at the next restart).
+    if let Some(w) = config
+        .warnings()
+        .into_iter()
+        .find(|w| Config::stops_start_up(w))
+    {
+        return Err(ServerError::WouldNotStart(w));
+    }
     let old = shared.gateway.load_full();
     let mut warnings: Vec<String> = shared
         .at_start
