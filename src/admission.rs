@@ -9,7 +9,7 @@
 //! Request bodies are bounded together as well ([`BodyMemory`]): they are read whole before
 //! a slot is taken (the model that picks the route is in them), so slots alone bound none.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,31 +192,66 @@ impl Admission {
 /// together: at most `[server] request_body_memory`. Taken as bytes arrive (all at once
 /// when a `Content-Length` says how many will come) and never waited for: a body that does
 /// not fit is refused at once, since bodies waiting for each other's bytes could all wait
-/// until their deadlines. Clones share the bytes.
+/// until their deadlines. Clones share the bytes, and a reload resizes them in place.
 #[derive(Clone)]
 pub struct BodyMemory {
-    limit: u64,
+    limit: Arc<AtomicU64>,
     bytes: Arc<Semaphore>,
+    /// Bytes a lowered limit took back that bodies still held: given up as they let go.
+    debt: Arc<AtomicUsize>,
 }
 
-/// One body's share of [`BodyMemory`], given back when dropped.
+/// One body's share of [`BodyMemory`], given back when dropped (less what a lowered limit
+/// is still owed).
 pub struct BodyHold {
     memory: BodyMemory,
     permit: Option<OwnedSemaphorePermit>,
 }
 
+/// The permits a limit of `limit` bytes is: a semaphore holds at most `MAX_PERMITS`.
+fn permits(limit: u64) -> usize {
+    usize::try_from(limit).map_or(Semaphore::MAX_PERMITS, |l| l.min(Semaphore::MAX_PERMITS))
+}
+
 impl BodyMemory {
     pub fn new(limit: u64) -> Self {
-        let permits = usize::try_from(limit)
-            .map_or(Semaphore::MAX_PERMITS, |l| l.min(Semaphore::MAX_PERMITS));
         Self {
-            limit,
-            bytes: Arc::new(Semaphore::new(permits)),
+            limit: Arc::new(AtomicU64::new(limit)),
+            bytes: Arc::new(Semaphore::new(permits(limit))),
+            debt: Arc::new(AtomicUsize::new(0)),
         }
     }
 
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// Sets the limit for every clone, as [`Admission::resize`] does for slots (audit IB 2: a
+    /// changed limit started a new, empty memory beside the old one, so bodies held under
+    /// the old one did not count). Bodies held keep their bytes; raised, the new bytes are
+    /// free at once (after what a lowering still owes); lowered, free bytes go now and held
+    /// ones as they are let go, so new bodies are judged against the new limit.
+    pub fn resize(&self, limit: u64) {
+        let i = self;
+        let (old, new) = (
+            permits(i.limit.swap(limit, Ordering::Relaxed)),
+            permits(limit),
+        );
+        if new > old {
+            let mut more = new - old;
+            let _ = i
+                .debt
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                    let paid = d.min(new - old);
+                    more = new - old - paid;
+                    Some(d - paid)
+                });
+            i.bytes.add_permits(more);
+        } else if new < old {
+            let fewer = old - new;
+            let gone = i.bytes.forget_permits(fewer);
+            i.debt.fetch_add(fewer - gone, Ordering::Relaxed);
+        }
     }
 
     /// A hold of nothing yet, for one body.
@@ -237,7 +272,7 @@ impl BodyHold {
             return Ok(());
         };
         let full = || GatewayError::BodyMemoryFull {
-            limit: self.memory.limit,
+            limit: self.memory.limit(),
         };
         let more = u32::try_from(more).map_err(|_| full())?;
         let permit = Arc::clone(&self.memory.bytes)
@@ -248,6 +283,26 @@ impl BodyHold {
             None => self.permit = Some(permit),
         }
         Ok(())
+    }
+}
+
+impl Drop for BodyHold {
+    fn drop(&mut self) {
+        let Some(permit) = &mut self.permit else {
+            return;
+        };
+        let held = permit.num_permits();
+        let mut owed = 0;
+        let _ = self
+            .memory
+            .debt
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                owed = d.min(held);
+                (owed > 0).then_some(d - owed)
+            });
+        if let Some(paid) = permit.split(owed) {
+            paid.forget();
+        }
     }
 }
 

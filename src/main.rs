@@ -156,7 +156,7 @@ fn main() -> ExitCode {
         match cli.command {
             Some(Command::Demo) => demo().await,
             Some(Command::FakeUpstream { listen }) => {
-                ignore_hangups();
+                ignore_hangups(hourglass::server::Hangups::register());
                 match hourglass_fake::run(listen).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
@@ -311,30 +311,48 @@ fn check(path: &Path, strict: bool) -> ExitCode {
 }
 
 async fn serve(path: &Path) -> ExitCode {
-    let config = match Config::load(path) {
+    let signals = Signals::register();
+    // The bytes start-up builds from are the watcher's baseline: an edit made while the
+    // gateway starts (seconds, for a large config) is then a change to reload (audit IB 3).
+    let baseline = hourglass::server::Baseline::read(path).await;
+    let loaded = match baseline.text() {
+        Some(bytes) => Config::from_file_bytes(path, bytes.to_vec()),
+        None => Config::load(path),
+    };
+    let config = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::FAILURE;
         }
     };
-    run(config, Some(path.to_path_buf())).await
+    run(config, Some((path.to_path_buf(), baseline)), signals).await
 }
 
 /// Serves until SIGTERM or Ctrl-C; with a config file, reloads it on SIGHUP and on change.
-async fn run(config: Config, source: Option<PathBuf>) -> ExitCode {
+async fn run(
+    config: Config,
+    source: Option<(PathBuf, hourglass::server::Baseline)>,
+    signals: Signals,
+) -> ExitCode {
     for w in config.warnings() {
         tracing::warn!("{w}");
     }
-    let watch = source.is_some();
-    match hourglass::server::start_with_source(config, source).await {
+    let (path, baseline) = source.unzip();
+    let Signals { stop, hangups } = signals;
+    match hourglass::server::start_with_source(config, path.clone()).await {
         Ok(running) => {
-            if watch {
-                running.watch_config(std::time::Duration::from_secs(1));
+            if path.is_some() {
+                running.watch_config_from(std::time::Duration::from_secs(1), hangups, baseline);
             } else {
-                ignore_hangups();
+                ignore_hangups(hangups);
             }
-            running.serve_until(shutdown_signal).await;
+            running
+                .serve_until(move || {
+                    let stop = stop.clone();
+                    async move { stop.notified().await }
+                })
+                .await;
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -347,6 +365,7 @@ async fn run(config: Config, source: Option<PathBuf>) -> ExitCode {
 }
 
 async fn demo() -> ExitCode {
+    let signals = Signals::register();
     let config = match Config::from_toml(hourglass::DEMO_CONFIG, "config/demo.toml (embedded)") {
         Ok(c) => c,
         Err(e) => {
@@ -379,42 +398,71 @@ async fn demo() -> ExitCode {
          curl -N http://{listen}/v1/chat/completions -H 'content-type: application/json' \
          -d '{{\"model\":\"demo\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'\n"
     );
-    run(config, None).await
+    run(config, None, signals).await
 }
 
 /// With no file to reload (the demo, the fake provider), a SIGHUP must not do what it does
 /// by default: end the process at once, cutting every stream without a word to its client.
-fn ignore_hangups() {
-    #[cfg(unix)]
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(mut hangups) => {
+fn ignore_hangups(mut hangups: hourglass::server::Hangups) {
+    tokio::spawn(async move {
+        loop {
+            hangups.next().await;
+            tracing::info!("SIGHUP: this process has no config file to reload");
+        }
+    });
+}
+
+/// The signals the gateway answers, taken over from their default actions (which end the
+/// process at once) before the config is read or a listener bound (audit IB 1: a signal
+/// sent just after `/readyz` first said ready killed the process, cutting what it had
+/// accepted without a word). A SIGTERM or Ctrl-C that comes during start-up is kept, and
+/// starts the drain as soon as the gateway serves; a SIGHUP is kept for the watcher.
+struct Signals {
+    /// One permit per SIGTERM or SIGINT not yet taken: `serve_until` takes the first to
+    /// drain, a second to cut.
+    stop: std::sync::Arc<tokio::sync::Notify>,
+    hangups: hourglass::server::Hangups,
+}
+
+impl Signals {
+    fn register() -> Signals {
+        let stop = std::sync::Arc::new(tokio::sync::Notify::new());
+        let hangups = hourglass::server::Hangups::register();
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) {
+                (Ok(mut term), Ok(mut int)) => {
+                    let stop = stop.clone();
+                    tokio::spawn(async move {
+                        loop {
+                            tokio::select! {
+                                _ = term.recv() => {},
+                                _ = int.recv() => {},
+                            }
+                            stop.notify_one();
+                        }
+                    });
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(
+                        "cannot watch for SIGTERM and SIGINT: {e}; one would end the process"
+                    );
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let stop = stop.clone();
             tokio::spawn(async move {
-                while hangups.recv().await.is_some() {
-                    tracing::info!("SIGHUP: this process has no config file to reload");
+                while tokio::signal::ctrl_c().await.is_ok() {
+                    stop.notify_one();
                 }
             });
         }
-        Err(e) => tracing::warn!("cannot watch for SIGHUP: {e}; one would end the process"),
-    }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+        Signals { stop, hangups }
     }
 }

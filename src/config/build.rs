@@ -151,6 +151,7 @@ fn syntax_error(text: &str, source: &str, err: &toml::de::Error) -> ConfigError 
 /// line number tells which one) and the key. None elsewhere (a header, a key itself, the
 /// later lines of a multi-line value).
 pub(super) fn key_at(text: &str, offset: usize) -> Option<String> {
+    let (text, offset) = past_bom(text, offset);
     let mut end = offset.min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -175,8 +176,18 @@ pub(super) fn key_at(text: &str, offset: usize) -> Option<String> {
     })
 }
 
+/// `text` after a UTF-8 byte order mark, and `offset` moved with it: the mark is no column,
+/// and hid the first header from `key_at` (audit IB 6; Windows editors write one).
+fn past_bom(text: &str, offset: usize) -> (&str, usize) {
+    match text.strip_prefix('\u{feff}') {
+        Some(rest) => (rest, offset.saturating_sub('\u{feff}'.len_utf8())),
+        None => (text, offset),
+    }
+}
+
 /// 1-based line and character column of byte `offset` in `text`.
 pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let (text, offset) = past_bom(text, offset);
     let mut end = offset.min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -341,6 +352,13 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
             server.listen
         ));
     }
+    if mapped_alike(server.listen, server.admin_listen) {
+        return Err(format!(
+            "server: listen ({}) and admin_listen ({}) are one address (an IPv4-mapped IPv6 \
+             address is its IPv4 address); give them different ports",
+            server.listen, server.admin_listen
+        ));
+    }
     if overlap(server.listen, server.admin_listen) {
         return Err(format!(
             "server: listen ({}) and admin_listen ({}) share a port, and one of them listens on \
@@ -353,6 +371,7 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
 
 /// Two different addresses that cannot both be bound: one port, and one of them the
 /// wildcard of the other's family (`[::]` takes IPv4 too, as Linux binds it by default).
+/// An IPv4-mapped IPv6 address (`[::ffff:a.b.c.d]`) binds as its IPv4 address (audit IB 5).
 fn overlap(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
     use std::net::IpAddr;
     if a.port() != b.port() || a.port() == 0 || a == b {
@@ -362,7 +381,16 @@ fn overlap(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
         IpAddr::V4(w) => w.is_unspecified() && o.is_ipv4(),
         IpAddr::V6(w) => w.is_unspecified(),
     };
-    covers(a.ip(), b.ip()) || covers(b.ip(), a.ip())
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    covers(x, y) || covers(y, x)
+}
+
+/// Two spellings of one address and port, one of them IPv4-mapped IPv6: both cannot bind.
+fn mapped_alike(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    a != b
+        && a.port() == b.port()
+        && a.port() != 0
+        && a.ip().to_canonical() == b.ip().to_canonical()
 }
 
 fn build_upstream(

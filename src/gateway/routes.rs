@@ -271,13 +271,17 @@ impl Gateway {
             .map(|g| g.reaper.clone())
             .filter(|r| r.send_timeout() == send_timeout)
             .unwrap_or_else(|| Reaper::new(send_timeout));
-        // Likewise the bodies' memory: a changed limit starts afresh, and bodies still
-        // held under the old one count there until they are let go.
+        // The bodies' memory is one across reloads, resized in place: bodies held count
+        // against the new limit (audit IB 2: a new memory beside the old let a second
+        // limit's worth in).
         let body_memory = config.server.request_body_memory;
-        let bodies = previous
-            .map(|g| g.bodies.clone())
-            .filter(|b| b.limit() == body_memory)
-            .unwrap_or_else(|| BodyMemory::new(body_memory));
+        let bodies = match previous {
+            Some(g) => {
+                g.bodies.resize(body_memory);
+                g.bodies.clone()
+            }
+            None => BodyMemory::new(body_memory),
+        };
         for (route, r) in routes.iter().zip(config.routes.iter()) {
             if let Some(a) = &route.admission {
                 a.resize(r.max_in_flight.unwrap_or(crate::admission::LIFTED));

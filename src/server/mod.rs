@@ -15,5 +15,6 @@ mod shared;
 pub mod tls;
 pub mod x509;
 
+pub use self::reload::{Baseline, Hangups};
 pub use self::running::{start, start_with_source, Running};
 pub use self::shared::ServerError;

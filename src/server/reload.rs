@@ -36,14 +36,26 @@ impl Running {
     /// one that cannot read a file for good (no permission) reloads, to fail visibly. SIGHUP
     /// reloads at once. Runs until shutdown.
     pub fn watch_config(&self, poll: Duration) {
+        self.watch_config_from(poll, Hangups::register(), None);
+    }
+
+    /// [`Running::watch_config`] with SIGHUP taken over earlier (`hangups`: one that came
+    /// since is reloaded at once) and the files as start-up read them (`baseline`): a change
+    /// made while the gateway started is then reloaded at the first ticks (audit IB 3: a
+    /// baseline read after start-up took it for applied). Without one, the files are read
+    /// now.
+    pub fn watch_config_from(&self, poll: Duration, hangups: Hangups, baseline: Option<Baseline>) {
         let shared = self.shared.clone();
         let stop = self.stop.clone();
         tokio::spawn(async move {
-            let mut hangup = hangup_stream();
+            let mut hangup = hangups.0;
             let path = shared.source.clone();
             let mut watch = Watch::default();
             if let Some(path) = &path {
-                watch.applied = read_source(path).await.ok();
+                watch.applied = match baseline {
+                    Some(b) => b.0,
+                    None => read_source(path).await.ok(),
+                };
             }
             let mut tick = tokio::time::interval(poll);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -156,6 +168,44 @@ impl Watch {
     /// A tick could not read: whether this starts a streak (the one to warn of).
     fn failed(&mut self) -> bool {
         !std::mem::replace(&mut self.failing, true)
+    }
+}
+
+/// SIGHUP taken over from its default action, which ends the process. Registered before
+/// the listeners bind (audit IB 1: a reloader or `systemctl reload` signalling the moment
+/// the gateway was ready killed it); a signal that comes before the watcher first waits is
+/// kept, and reloads then.
+pub struct Hangups(Hangup);
+
+impl Hangups {
+    pub fn register() -> Hangups {
+        Hangups(hangup_stream())
+    }
+
+    /// The next SIGHUP (never, where there are none to watch).
+    pub async fn next(&mut self) {
+        next_hangup(&mut self.0).await;
+    }
+}
+
+/// The config file and the files it names as start-up read them: what the watcher compares
+/// its first ticks with.
+pub struct Baseline(Option<Source>);
+
+impl Baseline {
+    /// Reads `path` and the files its text names. A read that failed for want of
+    /// descriptors or memory holds nothing: the watcher then reads its own baseline.
+    pub async fn read(path: &Path) -> Baseline {
+        Baseline(read_source(path).await.ok())
+    }
+
+    /// The config's bytes, to build start-up from; `None` when the file could not be read
+    /// (`Config::load` then says why).
+    pub fn text(&self) -> Option<&[u8]> {
+        self.0
+            .as_ref()
+            .filter(|s| s.error.is_none())
+            .map(|s| &s.text[..])
     }
 }
 
@@ -375,6 +425,15 @@ async fn reload(
 }
 
 fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<String, ServerError> {
+    // A file start-up would refuse is no reload either (audit IB 4: a `[runs]` that could
+    // never start was taken with a warning, and the outage came at the next restart).
+    if let Some(w) = config
+        .warnings()
+        .into_iter()
+        .find(|w| Config::stops_start_up(w))
+    {
+        return Err(ServerError::WouldNotStart(w));
+    }
     let old = shared.gateway.load_full();
     let mut warnings: Vec<String> = shared
         .at_start

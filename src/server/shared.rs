@@ -32,6 +32,9 @@ pub enum ServerError {
     Config(#[from] ConfigError),
     #[error("no config file to reload from")]
     NoSource,
+    /// A reload to a file start-up would refuse (`Config::stops_start_up`).
+    #[error("{0}")]
+    WouldNotStart(String),
 }
 
 /// What the accept loop, the connections and reloads share.

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::support::*;
 use bytes::Bytes;
+use hourglass::config::Config;
 use http::Request;
 use http_body_util::Full;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -767,6 +768,92 @@ async fn request_bodies_being_received_are_bounded_together() {
             .await,
         2.0
     );
+}
+
+/// Audit IB 2: a reload that changes `request_body_memory` resizes the one memory bodies
+/// share: bodies held keep their shares and count against the new limit. A changed limit
+/// used to start a new, empty memory beside the old one, so that one byte more let a
+/// second limit's worth of bodies in.
+#[tokio::test]
+async fn a_reload_resizes_the_bodies_memory_and_keeps_what_is_held() {
+    let cfg = |memory: u64| {
+        BASE.replace(
+            "[server]\n",
+            &format!("[server]\nmax_request_body = 30000\nrequest_body_memory = {memory}\n"),
+        )
+    };
+    let h = Harness::with_config(&cfg(60000)).await;
+    let reload = |memory: u64| {
+        Config::from_toml(&cfg(memory).replace("{FAKE}", &h.fake.url()), "test.toml").unwrap()
+    };
+    let head = |length: usize| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+             content-length: {length}\r\n\r\n"
+        )
+    };
+    // Held: a body declared, its bytes still to come.
+    let hold = |length: usize| {
+        let text = format!("{}{{\"model\":", head(length));
+        let addr = h.addr();
+        async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(text.as_bytes()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            s
+        }
+    };
+    // A whole body of about `size` bytes: its answer's status line.
+    let whole = |size: usize| {
+        let body = format!("{{\"model\":\"m\",\"pad\":\"{}\"}}", "y".repeat(size - 30));
+        let text = format!("{}{body}", head(body.len()));
+        let addr = h.addr();
+        async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(text.as_bytes()).await.unwrap();
+            raw_answer(&mut s).await
+        }
+    };
+    let refused = |text: &str| text.starts_with("HTTP/1.1 503") && text.contains("overloaded");
+    let a = hold(30000).await;
+    let b = hold(25000).await;
+    let text = whole(10000).await;
+    assert!(refused(&text), "{text}");
+
+    // One byte more: 5,001 free, not another 60,001.
+    h.gw.apply(reload(60001)).await.unwrap();
+    let text = whole(10000).await;
+    assert!(refused(&text), "{text}");
+    assert!(text.contains("request_body_memory (60001 bytes)"), "{text}");
+
+    // Lowered below what is held: nothing fits...
+    h.gw.apply(reload(30000)).await.unwrap();
+    let text = whole(100).await;
+    assert!(refused(&text), "{text}");
+    // ...and what bodies let go pays for the lowering first: with the 25,000 still held,
+    // 5,000 are free.
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = whole(4000).await;
+        if text.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(refused(&text) && Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = whole(10000).await;
+    assert!(refused(&text), "{text}");
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = whole(29000).await;
+        if text.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(refused(&text) && Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A body that falls silent mid-way is cut after `header_read_timeout` of silence (408

@@ -1070,3 +1070,140 @@ fn check_strict_fails_where_start_up_would() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The binary serving 1,000 routes (a second or more to build in a debug build), its log
+/// written to a file; `act` is done (given the config file and the pid) the moment its
+/// first warning (an unused upstream, logged once the config is read) is written, while
+/// the routes are still being built. Returns the process, its log file, its admin port,
+/// and the directory's guard.
+fn during_start_up(
+    act: impl FnOnce(&std::path::Path, u32),
+) -> (std::process::Child, PathBuf, u16, tempfile::TempDir) {
+    let (port, admin) = (free_port(), free_port());
+    let mut config = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+         shutdown_grace = \"1s\"\n\n[upstreams.u]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+         [upstreams.spare]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n"
+    );
+    for i in 0..1000 {
+        config.push_str(&format!(
+            "[[routes]]\nname = \"r{i}\"\npath_prefix = \"/r{i}/\"\nupstream = \"u\"\n\n"
+        ));
+    }
+    let (dir, path) = temp_config("big.toml", &config);
+    let log = dir.path().join("log");
+    let child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["--config", path.to_str().unwrap()])
+        .env_remove("HOURGLASS_CONFIG")
+        .env("RUST_LOG", "info")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for(
+        || read().contains("is not used by any route"),
+        "the warning",
+    );
+    assert!(
+        !read().contains("hourglass listening"),
+        "start-up was over before the signal: the test proves nothing\n{}",
+        read()
+    );
+    act(&path, child.id());
+    (child, log, admin, dir)
+}
+
+fn signalled_during_start_up(
+    signal: &str,
+) -> (std::process::Child, PathBuf, u16, tempfile::TempDir) {
+    during_start_up(|_, pid| {
+        std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .unwrap();
+    })
+}
+
+/// Audit IB 3: the watcher took the file as it read it after start-up for the one applied,
+/// so an edit made while the gateway started was never reloaded, and nothing said so. Its
+/// baseline is now what start-up was built from: the edit is reloaded at the first ticks.
+#[test]
+fn an_edit_during_start_up_is_reloaded() {
+    let (mut child, log, _admin, _dir) = during_start_up(|path, _| {
+        let text = std::fs::read_to_string(path).unwrap();
+        let edited = text.replacen(
+            "upstream = \"u\"\n",
+            "upstream = \"u\"\nbudget = \"33s\"\n",
+            1,
+        );
+        assert_ne!(text, edited);
+        std::fs::write(path, edited).unwrap();
+    });
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !read().contains("config reloaded")
+        && std::time::Instant::now() < deadline
+        && child.try_wait().unwrap().is_none()
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = read();
+    let reload = text
+        .lines()
+        .find(|l| l.contains("config reloaded"))
+        .unwrap_or_else(|| panic!("the edit was never reloaded\n{text}"));
+    assert!(reload.contains("cause=changed: "), "{reload}");
+}
+
+/// Audit IB 1: a SIGHUP while the gateway starts (a reloader sidecar, `systemctl reload`)
+/// met its default action and killed the process. Now it is kept, and reloads the file once
+/// the gateway serves.
+#[test]
+fn a_sighup_during_start_up_is_one_reload_once_serving() {
+    let (mut child, log, admin, _dir) = signalled_during_start_up("HUP");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !read().contains("config reloaded")
+        && std::time::Instant::now() < deadline
+        && child.try_wait().unwrap().is_none()
+    {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let ready = http_get(admin, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200"));
+    let status = child.try_wait().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = read();
+    assert_eq!(status, None, "it exited\n{text}");
+    assert!(ready, "{text}");
+    let reloads: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("config reloaded"))
+        .collect();
+    assert_eq!(reloads.len(), 1, "{text}");
+    assert!(reloads[0].contains("cause=SIGHUP"), "{text}");
+}
+
+/// Audit IB 1: a SIGTERM while the gateway starts killed it (status -15, no drain). Now it
+/// is kept: the gateway drains as soon as it serves and exits 0.
+#[test]
+fn a_sigterm_during_start_up_drains_and_exits_0() {
+    let (mut child, log, _admin, _dir) = signalled_during_start_up("TERM");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no exit within 30 s of SIGTERM");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}\n{text}");
+    assert!(text.contains("shutting down"), "{text}");
+}

@@ -1176,3 +1176,46 @@ async fn reloads_name_the_runs_keys_that_wait_and_a_refused_one_adds_no_series()
     let metrics = scrape(p.admin).await;
     assert!(!metrics.contains("route=\"ghost\""), "{metrics}");
 }
+
+/// Audit IB 4: a reload to a file start-up would refuse (here a `store_password_env` that is
+/// not set) succeeded with a warning only, so the deployed file looked accepted and the
+/// outage came at the next restart. It fails now as an unset `client_keys_env` does: counted
+/// as an error, `/readyz` naming the key, the running config kept.
+#[tokio::test]
+async fn a_reload_start_up_would_refuse_fails() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dir = temp_dir("refused-runs");
+    let path = dir.path().join("hourglass.toml");
+    let text = BASE.replace("{FAKE}", &fake.url());
+    std::fs::write(&path, &text).unwrap();
+    let config = Config::load(&path).unwrap();
+    let first = config.fingerprint.clone();
+    let gw = server::start_with_source(config, Some(path.clone()))
+        .await
+        .unwrap();
+    std::fs::write(
+        &path,
+        format!(
+            "{text}\n[runs]\nstore = \"redis://127.0.0.1:9/0\"\n\
+             store_password_env = \"HOURGLASS_IB4_UNSET_PASSWORD\"\n"
+        ),
+    )
+    .unwrap();
+    let e = gw.reload().await.unwrap_err().to_string();
+    assert!(e.contains("store_password_env"), "{e}");
+    assert_eq!(
+        metric(
+            gw.admin_addr,
+            "hourglass_config_reloads_total{result=\"error\"}"
+        )
+        .await,
+        1.0
+    );
+    let ready = admin_get(gw.admin_addr, "/readyz").await;
+    assert!(ready.contains("last reload failed"), "{ready}");
+    assert!(ready.contains("store_password_env"), "{ready}");
+    assert!(ready.contains(&first), "{ready}");
+    gw.shutdown().await;
+}

@@ -440,6 +440,23 @@ fn server_errors() {
             "listen ([::]:9000) and admin_listen (127.0.0.1:9000) share a port, and one of \
              them listens on every address, the other's included; give them different ports",
         ),
+        // An IPv4-mapped IPv6 address binds its IPv4 address: `check` passed these and
+        // start-up failed (audit IB 5).
+        (
+            "listen = \"127.0.0.1:9000\"\nadmin_listen = \"[::ffff:127.0.0.1]:9000\"",
+            "listen (127.0.0.1:9000) and admin_listen ([::ffff:127.0.0.1]:9000) are one \
+             address (an IPv4-mapped IPv6 address is its IPv4 address); give them different ports",
+        ),
+        (
+            "listen = \"0.0.0.0:9000\"\nadmin_listen = \"[::ffff:127.0.0.1]:9000\"",
+            "listen (0.0.0.0:9000) and admin_listen ([::ffff:127.0.0.1]:9000) share a port, and \
+             one of them listens on every address, the other's included; give them different ports",
+        ),
+        (
+            "listen = \"[::ffff:0.0.0.0]:9000\"\nadmin_listen = \"127.0.0.1:9000\"",
+            "listen ([::ffff:0.0.0.0]:9000) and admin_listen (127.0.0.1:9000) share a port, and \
+             one of them listens on every address, the other's included; give them different ports",
+        ),
     ];
     for (keys, message) in cases {
         let text = format!("[server]\n{keys}\n{BASE}");

@@ -109,6 +109,20 @@ fn columns_count_characters_not_bytes() {
     assert_eq!(line_col("é", 1), (1, 1));
 }
 
+/// Audit IB 6: a UTF-8 byte order mark (Windows editors write one) is no column, and does not
+/// hide the first table's header from the key an error names.
+#[test]
+fn a_byte_order_mark_is_no_column_and_no_part_of_the_first_header() {
+    let (line, col, message) = syntax("\u{feff}[server]\r\nmax_headers = \"x\"\r\n");
+    assert_eq!((line, col), (2, 15));
+    assert!(
+        message.starts_with("`server.max_headers`: invalid type"),
+        "{message}"
+    );
+    let (line, col, _) = syntax("\u{feff}[[server]]\n");
+    assert_eq!((line, col), (1, 1));
+}
+
 #[test]
 fn errors_display_their_shape() {
     let e = ConfigError::Syntax {
