@@ -258,6 +258,20 @@ impl Gateway {
                         body.observer_mut().read_whole(true);
                         return Box::pin(with_length(parts, body, &id)).await;
                     }
+                    if close_delimited
+                        && !parts.headers.contains_key(header::CONTENT_LENGTH)
+                        && body.size_hint().exact().is_none()
+                    {
+                        // Only the connection's close ends this body for an HTTP/1.0 client
+                        // (no chunked coding), so its head must not promise keep-alive (RFC
+                        // 9112 C.2.2). hyper judges from the answer's own version: left at
+                        // 1.1, it added `connection: keep-alive` for a client that asked for
+                        // it, then closed. At 1.0 and with `close`, it ends the connection.
+                        parts.version = Version::HTTP_10;
+                        parts
+                            .headers
+                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    }
                     Response::from_parts(parts, Either::Right(body))
                 }
                 // The client left while sending: counted as its cancel, with no status or

@@ -26,6 +26,7 @@ use crate::http::headers::{answer_framing_fault, BodyShape};
 use crate::provider::inspect::Inspector;
 use crate::provider::{ErrorType, Format};
 use crate::stream::progress::Progress;
+use crate::stream::timer::recheck_at;
 use crate::stream::StreamLimits;
 use crate::telemetry::metrics::{AnswerMetrics, InFlight};
 use crate::upstream::{Abandon, ConnectTimedOut, RequestBody, Sent, StreamSlot, Upstream};
@@ -159,49 +160,75 @@ impl<'a> Attempt<'a> {
             // The start of the first-token clock: the body's last byte handed to the
             // connection (DESIGN 4, "from request sent").
             let mut sent_at: Option<Instant> = None;
+            // A limit found expired late, looking once more (`recheck_at`): when it was due.
+            let mut rechecking: Option<Instant> = None;
             let result = loop {
                 tokio::select! {
                     biased;
-                    r = &mut response => break Some(r),
+                    r = &mut response => break Ok(r),
                     _ = connection.wait_for_connection_metadata(), if !connected => {
                         connected = true;
+                        rechecking = None;
                         timer.as_mut().reset(upload_wait);
                     }
                     // Dropped unsent, the body will not go: the answer (or error) is next.
                     _ = async { body_sent.as_mut().expect("while not uploaded").await }, if !uploaded => {
                         uploaded = true;
                     }
-                    () = &mut timer => break None,
+                    () = &mut timer => {
+                        if let Some(due) = rechecking.take() {
+                            break Err(due);
+                        }
+                        let due = timer.deadline();
+                        match recheck_at(due, Instant::now()) {
+                            // The gateway stalled past the limit: a head (or connection)
+                            // that came meanwhile waits for its connection's task. Not the
+                            // deadline, which is absolute.
+                            Some(at) if due < work_deadline => {
+                                rechecking = Some(due);
+                                timer.as_mut().reset(at.min(work_deadline));
+                            }
+                            _ => break Err(due),
+                        }
+                    }
                 }
                 if connected && uploaded && sent_at.is_none() {
                     let at = Instant::now();
                     sent_at = Some(at);
+                    rechecking = None;
                     timer
                         .as_mut()
                         .reset((at + self.first_token_timeout).min(head_wait));
                 }
             };
-            let Some(result) = result else {
-                let fired = timer.deadline();
-                // Not sent: what is left after the connect could not be useful.
-                if !connected && fired == send_by && fired < connect_wait {
-                    return Err(budget.too_little(Instant::now(), budget.min_useful, None, false));
+            let result = match result {
+                Ok(result) => result,
+                Err(fired) => {
+                    // Not sent: what is left after the connect could not be useful.
+                    if !connected && fired == send_by && fired < connect_wait {
+                        return Err(budget.too_little(
+                            Instant::now(),
+                            budget.min_useful,
+                            None,
+                            false,
+                        ));
+                    }
+                    let e = self.limit_error(connected, now, sent_at, fired);
+                    // Sent, and not even a head for the route's whole first-token limit (not one
+                    // a client's short timeout or a fallback's room cut): on a shared HTTP/2
+                    // connection, the peer may be gone while the socket stays open, and every
+                    // stream put on it would wait the same.
+                    let waited_it_all = sent_at
+                        .is_some_and(|at| Instant::now() >= at + budget.route_first_token_timeout);
+                    if waited_it_all && matches!(e, GatewayError::FirstTokenTimeout { .. }) {
+                        let h2 = connection
+                            .connection_metadata()
+                            .as_ref()
+                            .is_some_and(|c| c.is_negotiated_h2());
+                        slot.retire(h2);
+                    }
+                    return Err(e);
                 }
-                let e = self.limit_error(connected, now, sent_at, fired);
-                // Sent, and not even a head for the route's whole first-token limit (not one
-                // a client's short timeout or a fallback's room cut): on a shared HTTP/2
-                // connection, the peer may be gone while the socket stays open, and every
-                // stream put on it would wait the same.
-                let waited_it_all = sent_at
-                    .is_some_and(|at| Instant::now() >= at + budget.route_first_token_timeout);
-                if waited_it_all && matches!(e, GatewayError::FirstTokenTimeout { .. }) {
-                    let h2 = connection
-                        .connection_metadata()
-                        .as_ref()
-                        .is_some_and(|c| c.is_negotiated_h2());
-                    slot.retire(h2);
-                }
-                return Err(e);
             };
             // Answered with the body all sent: nothing to abandon. Answered before (an early
             // 413 or 401 from an upstream that then reads no more), the connection is
@@ -411,16 +438,26 @@ async fn hold_until_first_token(
     let mut first_byte = None;
     let timer = sleep_until(limits.first_token_deadline.min(limits.deadline));
     tokio::pin!(timer);
+    let mut rechecked = false;
     loop {
         let frame = tokio::select! {
             biased;
             f = body.inner.frame() => f,
             () = &mut timer => {
-                return Err(if Instant::now() >= limits.deadline {
-                    limits.deadline_error()
-                } else {
-                    limits.first_token_error()
-                });
+                let now = Instant::now();
+                if now >= limits.deadline {
+                    return Err(limits.deadline_error());
+                }
+                match recheck_at(timer.deadline(), now) {
+                    // The gateway stalled past the limit: a token that came meanwhile waits
+                    // for its connection's task, which gets a turn first.
+                    Some(at) if !rechecked => {
+                        rechecked = true;
+                        timer.as_mut().reset(at.min(limits.deadline));
+                        continue;
+                    }
+                    _ => return Err(limits.first_token_error()),
+                }
             }
         };
         match frame {

@@ -11,8 +11,26 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use tokio::time::{sleep_until, Instant, Sleep};
+
+/// A limit of the upstream's timing (first token, idle) found expired more than this after its
+/// time: the gateway itself was not running (stopped, CPU-throttled, swapping), and what the
+/// upstream sent meanwhile may sit unread in the socket, its connection's task not yet run.
+pub const LATE: Duration = Duration::from_millis(50);
+
+/// How long such a limit waits, once, for that task to hand over what came: a few turns of
+/// a runtime that just woke up.
+pub const RECHECK: Duration = Duration::from_millis(20);
+
+/// When a limit due at `due`, found expired at `now`, looks once more at the upstream before
+/// it fires: `None` when it was checked on time, and fires now. Only the upstream's own
+/// limits ask: the deadline is absolute, however late the gateway noticed it.
+#[inline]
+pub fn recheck_at(due: Instant, now: Instant) -> Option<Instant> {
+    (now.saturating_duration_since(due) > LATE).then(|| now + RECHECK)
+}
 
 pub struct Timer {
     // Boxed, so that the body holding it is `Unpin` (see the watchdog); reset, never

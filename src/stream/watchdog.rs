@@ -28,7 +28,7 @@ use crate::stream::observer::{Observer, StreamEnd};
 use crate::stream::progress::Progress;
 use crate::stream::reaper::{Reaped, ReapedBy, ReapedError};
 use crate::stream::signal::{Signal, Waiter};
-use crate::stream::timer::Timer;
+use crate::stream::timer::{recheck_at, Timer};
 
 /// Why a stream whose framing ended cleanly failed all the same (see `Progress::ended_short`).
 pub const ENDED_SHORT: &str = "the stream ended before the answer did";
@@ -110,6 +110,10 @@ pin_project! {
         // half event held back reach no one, and a trickle of them must not keep the client
         // from hearing why it waits before its own timeout fires.
         last_out: Option<Instant>,
+        // The limit (its due time) that was found expired late and given a turn to see
+        // what the upstream sent meanwhile (`recheck_at`): once, so it fires next time.
+        // Progress moves the due time, so a later stall gets its own look.
+        rechecked: Option<Instant>,
         // Reads the body as it passes: where events end, what counts as a token and, when the
         // format is known, the usage and the provider's own errors.
         progress: Progress,
@@ -209,6 +213,7 @@ where
             last_progress: None,
             end_by: None,
             last_out,
+            rechecked: None,
             progress,
             sse: is_sse.then(|| Sse {
                 held: Vec::new(),
@@ -585,6 +590,16 @@ where
                         // Progress moved the idle limit since the timer was armed.
                         this.timer.reset(due);
                         continue;
+                    }
+                    if now < limits.deadline && *this.rechecked != Some(due) {
+                        if let Some(at) = recheck_at(due, now) {
+                            // Checked late, the gateway itself stalled: what the upstream
+                            // sent on time may wait in the socket for its connection's
+                            // task, so that task gets a turn before the upstream is blamed.
+                            *this.rechecked = Some(due);
+                            this.timer.reset(at.min(limits.deadline));
+                            continue;
+                        }
                     }
                     let upstream = limits.upstream.to_string();
                     // The limit that ran out: the client's silence, when it was first.

@@ -1253,3 +1253,27 @@ async fn an_http2_head_past_max_header_bytes_gets_the_json_431() {
     let resp = h2_send(h.addr(), chat_request(&[], false)).await.unwrap();
     assert_eq!(resp.status(), 200);
 }
+
+/// Audit ID 2, RFC 9112 C.2.2: an HTTP/1.0 connection persists only with a body that ends by
+/// its length. An event stream to an HTTP/1.0 client has none (no chunked coding) and ends
+/// when the connection closes, so its head says `connection: close`, even to a client that
+/// asked to keep the connection alive; it said `keep-alive`, then closed.
+#[tokio::test]
+async fn an_http10_event_stream_says_its_connection_closes() {
+    let h = Harness::start().await;
+    let body = r#"{"model":"m","stream":true}"#;
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.0\r\nhost: gateway\r\nconnection: keep-alive\r\n\
+         x-fake-chunks: 2\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (text, closed) = raw_exchange(h.addr(), raw.as_bytes(), |_| false).await;
+    assert!(closed, "{text}");
+    assert!(text.starts_with("HTTP/1.0 200 OK\r\n"), "{text}");
+    let (head, rest) = text.split_once("\r\n\r\n").expect("a whole head");
+    let head = head.to_ascii_lowercase();
+    assert!(head.contains("\r\nconnection: close"), "{head}");
+    assert!(!head.contains("keep-alive"), "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert!(rest.ends_with("data: [DONE]\n\n"), "{rest}");
+}

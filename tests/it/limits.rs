@@ -282,3 +282,106 @@ async fn a_document_cut_before_its_first_byte_is_the_limits_error() {
     let body = json_body(resp).await;
     assert_eq!(body["error"]["code"], "first_token_timeout", "{body}");
 }
+
+/// Audit ID 1: the gateway stopped (SIGSTOP, as a CPU throttle, `docker pause` or swapping
+/// would stall it) past a limit while the upstream answered on time: its bytes waited in
+/// the gateway's socket. Each wait is checked: the head, a held head's first token, the
+/// first token of a head sent at once, and the idle limit mid-stream. Every answer is whole,
+/// and the upstream is not blamed (with `eject_after = 1`, one false failure would eject it).
+#[tokio::test]
+async fn a_gateway_stalled_past_a_limit_does_not_blame_an_upstream_that_answered_on_time() {
+    let fake = hourglass_fake::FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "30s"
+first_token_timeout = "1s"
+idle_timeout = "1s"
+
+[upstreams.fake]
+url = "{}"
+auth = "none"
+eject_after = 1
+
+[[routes]]
+name = "held"
+path_prefix = "/v1/chat/completions"
+models = ["held"]
+upstream = "fake"
+retries = 1
+retry_on = ["first_token"]
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+"#,
+        fake.url()
+    );
+    let gw = Process::spawn(&toml, &[], &[]).await;
+    let pid = gw.pid().to_string();
+    let signal = |sig: &str| {
+        let status = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], u64);
+    // The model (and so the route), the script, and how long after the request the stop.
+    let cases: [Case; 4] = [
+        ("gpt-test", &[("x-fake-ttft-ms", "300")], 0),
+        (
+            "held",
+            &[("x-fake-ttft-ms", "300"), ("x-fake-headers-first", "1")],
+            0,
+        ),
+        (
+            "gpt-test",
+            &[("x-fake-ttft-ms", "300"), ("x-fake-headers-first", "1")],
+            0,
+        ),
+        ("gpt-test", &[("x-fake-interval-ms", "100")], 250),
+    ];
+    for (n, (model, headers, stop_after)) in cases.into_iter().enumerate() {
+        let mut req = chat_request(headers, true);
+        *req.body_mut() = http_body_util::Full::new(bytes::Bytes::from(format!(
+            r#"{{"model":"{model}","stream":true}}"#
+        )));
+        req.headers_mut()
+            .insert("x-fake-chunks", http::HeaderValue::from_static("8"));
+        let addr = gw.addr;
+        let call = tokio::spawn(async move {
+            let (resp, _c) = Conn::open(addr).await.send(req).await;
+            (resp.status(), read_body(resp.into_body()).await)
+        });
+        assert!(fake.wait_for_requests(n + 1, Duration::from_secs(10)).await);
+        tokio::time::sleep(Duration::from_millis(stop_after)).await;
+        // Past the 1 s limit, while the upstream answers.
+        signal("-STOP");
+        tokio::time::sleep(Duration::from_millis(1800)).await;
+        signal("-CONT");
+        let (status, read) = call.await.unwrap();
+        assert_eq!(status, 200, "case {n}: {}", read.text());
+        assert!(read.error_event().is_none(), "case {n}: {}", read.text());
+        assert_eq!(read.data_lines().last().map(String::as_str), Some("[DONE]"));
+        let tokens = read
+            .data_lines()
+            .iter()
+            .filter(|l| l.contains(r#""content":"tok"#))
+            .count();
+        assert_eq!(tokens, 8, "case {n}: {}", read.text());
+    }
+    let upstreams = admin_get(gw.admin, "/upstreams").await;
+    let v: serde_json::Value = serde_json::from_str(&upstreams).unwrap();
+    let fake_health = &v["upstreams"][0];
+    assert_eq!(fake_health["failures_in_a_row"], 0, "{upstreams}");
+    assert_eq!(fake_health["in_rotation"], true, "{upstreams}");
+    gw.stop().await;
+}
