@@ -1042,7 +1042,7 @@ async fn the_sdks_patience_bounds_the_wait_for_the_head_across_attempts() {
     p.primary.set_script(&[("x-fake-ttft-ms", "20000")]);
     p.backup.set_script(&[("x-fake-ttft-ms", "20000")]);
     let start = Instant::now();
-    let (resp, _c) = p.chat(&[("x-stainless-timeout", "3")]).await;
+    let (resp, _c) = p.chat(&[("x-stainless-timeout", "3.0")]).await;
     let took = start.elapsed();
     assert_eq!(resp.status(), 504);
     let body = json_body(resp).await;
