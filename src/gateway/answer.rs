@@ -186,10 +186,12 @@ impl Gateway {
                         && shape.readable
                         && shape.json;
                     let held = document && !head && parts.status.is_success();
-                    let read_first = held
-                        || (close_delimited
-                            && document
-                            && !parts.headers.contains_key(header::CONTENT_LENGTH));
+                    // (An answer without content goes out by `without_content`, below.)
+                    let read_first = !no_content
+                        && (held
+                            || (close_delimited
+                                && document
+                                && !parts.headers.contains_key(header::CONTENT_LENGTH)));
                     // What the run has left, with this call's use when it is known before the
                     // head: a document read first says it once read (`with_length`); an
                     // answer that is no success is charged no tokens (`RequestRecord::report`).
