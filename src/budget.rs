@@ -164,8 +164,8 @@ impl BudgetRequest {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let timeout = patience(headers, &names::STAINLESS_TIMEOUT);
-        let read_timeout = patience(headers, &names::STAINLESS_READ_TIMEOUT);
+        let timeout = patience(headers, &names::STAINLESS_TIMEOUT, Whole::RoundedDown);
+        let read_timeout = patience(headers, &names::STAINLESS_READ_TIMEOUT, Whole::Exact);
         // The Node SDKs' `x-stainless-timeout` is their wait for the head: once it has come
         // they wait as long as the stream lasts. anthropic-python's is its read timeout.
         let node = headers
@@ -460,21 +460,45 @@ fn parse_grpc_timeout(v: &str) -> Result<Duration, GatewayError> {
     Ok(d.max(Duration::from_millis(1)))
 }
 
+/// What a whole number of seconds (no decimal point) in an SDK timeout header means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Whole {
+    /// The timeout itself (the Python SDKs' `x-stainless-read-timeout`: `str()` of the
+    /// number they were given).
+    Exact,
+    /// A timeout rounded down to the second: the Node SDKs send `x-stainless-timeout` as
+    /// `Math.trunc(ms / 1000)`, so `1` is a client that waits anywhere from 1 s to 1.999 s.
+    /// Read as exact it ended calls the client still waited for (audit IA 1: a 1.9 s client
+    /// got three 504s at 0.9 s for an answer ready at 1.3 s).
+    RoundedDown,
+}
+
+/// Below a second's whole range: the top of what a truncated value may stand for.
+const TRUNCATED_UP_TO: Duration = Duration::from_millis(999);
+
 /// The SDKs' own timeouts, in (possibly fractional) seconds. They are hints, not requests:
 /// an unreadable one is ignored rather than refused. The returned cap sits a little below the
 /// client's limit (10%, at most 1 s) so that our error reaches the client before it gives up.
-fn patience(headers: &HeaderMap, name: &HeaderName) -> Option<Duration> {
+/// A whole number that may be rounded down (`whole`) is taken at the top of its second, so
+/// that the gateway never ends a wait the client would have sat through; a client that gives
+/// up sooner leaves, and its leaving cancels the upstream call as without the header.
+fn patience(headers: &HeaderMap, name: &HeaderName, whole: Whole) -> Option<Duration> {
     let mut values = headers.get_all(name).iter();
     // Sent twice, it cannot be told which the SDK keeps: no hint at all.
     let (Some(v), None) = (values.next(), values.next()) else {
         return None;
     };
-    let v = v.to_str().ok()?;
-    let secs: f64 = v.trim().parse().ok()?;
-    if !secs.is_finite() || secs <= 0.0 || secs > 1e9 {
+    let v = v.to_str().ok()?.trim();
+    let secs: f64 = v.parse().ok()?;
+    let truncated = whole == Whole::RoundedDown && v.bytes().all(|b| b.is_ascii_digit());
+    // A Node timeout under a second is sent as `0`.
+    if !secs.is_finite() || secs < 0.0 || (secs == 0.0 && !truncated) || secs > 1e9 {
         return None;
     }
-    let d = Duration::from_secs_f64(secs);
+    let mut d = Duration::from_secs_f64(secs);
+    if truncated {
+        d += TRUNCATED_UP_TO;
+    }
     let margin = (d / 10).min(Duration::from_secs(1));
     Some(d - margin)
 }
@@ -652,12 +676,12 @@ mod tests {
         assert_eq!(b.idle_timeout, Duration::from_secs(20));
         assert_eq!(b.total, Duration::from_secs(60));
         // Neither header is a whole-request deadline: a long healthy stream is not cut.
-        let b = resolve(&[(STAINLESS_TIMEOUT, "12")]).unwrap();
+        let b = resolve(&[(STAINLESS_TIMEOUT, "12.0")]).unwrap();
         assert_eq!(b.total, Duration::from_secs(60));
         assert_eq!(b.first_token_timeout, Duration::from_millis(11_000));
         assert_eq!(b.read_patience, Some(Duration::from_millis(11_000)));
         // The Node SDKs' x-stainless-timeout is a wait for the head alone.
-        let b = resolve(&[(STAINLESS_TIMEOUT, "12"), ("x-stainless-lang", "js")]).unwrap();
+        let b = resolve(&[(STAINLESS_TIMEOUT, "12.0"), ("x-stainless-lang", "js")]).unwrap();
         assert_eq!(b.patience, Some(Duration::from_millis(11_000)));
         assert_eq!(b.read_patience, None);
         assert_eq!(b.first_token_timeout, Duration::from_secs(30));
@@ -665,6 +689,54 @@ mod tests {
         let b = resolve(&[(STAINLESS_TIMEOUT, "nan"), (STAINLESS_READ_TIMEOUT, "-1")]).unwrap();
         assert_eq!(b.total, Duration::from_secs(60));
         assert_eq!((b.patience, b.read_patience), (None, None));
+    }
+
+    /// The Node SDKs send `x-stainless-timeout` as `Math.trunc(ms / 1000)`: a whole number is
+    /// read as the top of its second (less a millisecond), then less the margin; a decimal
+    /// is exact. `x-stainless-read-timeout` (Python's `str()` of its number) is always exact,
+    /// and anthropic-python sends it beside its whole `x-stainless-timeout`.
+    #[tokio::test]
+    async fn a_whole_stainless_timeout_is_read_as_the_top_of_its_second() {
+        let js = |v| {
+            resolve(&[(STAINLESS_TIMEOUT, v), ("x-stainless-lang", "js")])
+                .unwrap()
+                .patience
+        };
+        // 1,999 ms less 10%: the 1.9 s client of the audit, which was given 900 ms.
+        assert_eq!(js("1"), Some(Duration::from_micros(1_799_100)));
+        assert_eq!(js("2"), Some(Duration::from_micros(2_699_100)));
+        // A timeout under a second is sent as 0.
+        assert_eq!(js("0"), Some(Duration::from_micros(899_100)));
+        // The margin is at most a second.
+        assert_eq!(js("600"), Some(Duration::from_millis(599_999)));
+        assert_eq!(js("1.9").map(|d| d.as_millis()), Some(1_710));
+        assert_eq!(js("0.0"), None);
+        // anthropic-python: the read timeout, exact, is the tighter one.
+        let b = resolve(&[(STAINLESS_TIMEOUT, "5"), (STAINLESS_READ_TIMEOUT, "5")]).unwrap();
+        assert_eq!(b.patience, Some(Duration::from_millis(4_500)));
+        assert_eq!(b.read_patience, Some(Duration::from_millis(4_500)));
+        let b = resolve(&[(STAINLESS_READ_TIMEOUT, "0")]).unwrap();
+        assert_eq!(b.patience, None);
+    }
+
+    /// A route's `min_useful` of 1,200 ms against a Node client of 1.9 s (sent as `1`): its
+    /// real patience, 1,710 ms at the least, has room, and the call goes ahead.
+    #[tokio::test(start_paused = true)]
+    async fn a_truncated_timeout_leaves_room_for_min_useful() {
+        let mut l = limits();
+        l.min_useful = Duration::from_millis(1200);
+        let arrival = Instant::now();
+        let b = BudgetRequest::from_headers(&headers(&[
+            (STAINLESS_TIMEOUT, "1"),
+            ("x-stainless-lang", "js"),
+        ]))
+        .unwrap()
+        .resolve(&l, arrival);
+        assert!(b.ensure_useful(arrival).is_ok());
+        assert_eq!(
+            b.head_by(),
+            Some(arrival + Duration::from_micros(1_799_100))
+        );
     }
 
     #[tokio::test(start_paused = true)]

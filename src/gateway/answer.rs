@@ -175,9 +175,6 @@ impl Gateway {
                     }
                     answer_request_id(&mut parts.headers, &id);
                     no_retry_after_retries(&mut parts.headers, parts.status, &record);
-                    if let Some(view) = record.run_view() {
-                        insert_run_headers(&mut parts.headers, &view, Instant::now());
-                    }
                     // A JSON answer in a known format is one document (these APIs stream as
                     // SSE), which arrives at once when it is ready: a 2xx one is read whole
                     // before its head goes (see `with_length`). A provider's error answer
@@ -187,6 +184,27 @@ impl Gateway {
                         && shape.readable
                         && shape.json;
                     let held = document && !head && parts.status.is_success();
+                    // (An answer without content goes out by `without_content`, below.)
+                    let read_first = !no_content
+                        && (held
+                            || (close_delimited
+                                && document
+                                && !parts.headers.contains_key(header::CONTENT_LENGTH)));
+                    // What the run has left, with this call's use when it is known before the
+                    // head: a document read first says it once read (`with_length`); an
+                    // answer that is no success is charged no tokens (`RequestRecord::report`).
+                    // Any other's reservation stands until its end (audit IA 3: a document's
+                    // head said the whole reservation was held).
+                    if !read_first {
+                        let view = if parts.status.is_success() {
+                            record.run_view()
+                        } else {
+                            record.run_view_after(None, false)
+                        };
+                        if let Some(view) = view {
+                            insert_run_headers(&mut parts.headers, &view, Instant::now());
+                        }
+                    }
                     // An assembled answer's status is the document's (or its error's), and a
                     // held one's is the answer's once it goes: noted then, as a client that
                     // leaves before then got none.
@@ -250,11 +268,7 @@ impl Gateway {
                         let partial = started.partial_answers;
                         return Box::pin(assembled(parts, body, partial, &id)).await;
                     }
-                    if held
-                        || (close_delimited
-                            && document
-                            && !parts.headers.contains_key(header::CONTENT_LENGTH))
-                    {
+                    if read_first {
                         body.observer_mut().read_whole(true);
                         return Box::pin(with_length(parts, body, &id)).await;
                     }
@@ -337,6 +351,10 @@ async fn with_length(
                     let record = body.observer_mut();
                     record.read_whole(false);
                     record.set_status(parts.status.as_u16());
+                    // Its use is known only at its end: its reservation stands.
+                    if let Some(view) = record.run_view() {
+                        insert_run_headers(&mut parts.headers, &view, Instant::now());
+                    }
                     return Response::from_parts(parts, Either::Right(body));
                 }
             }
@@ -364,7 +382,13 @@ async fn with_length(
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
+    // Read whole, the document's usage is known (none for one that is no success, which no
+    // inspector reads): the run's tokens with it, as they stand once the call is back.
+    let tokens = body.progress_mut().tokens();
     let record = body.observer_mut();
+    if let Some(view) = record.run_view_after(tokens, false) {
+        insert_run_headers(&mut parts.headers, &view, Instant::now());
+    }
     record.sent_whole(whole.len());
     record.set_status(parts.status.as_u16());
     Response::from_parts(parts, Either::Left(Full::new(whole)))

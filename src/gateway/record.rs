@@ -69,7 +69,11 @@ impl Throttled {
         Throttled::RetryBudget,
         Throttled::HedgeBudget,
     ];
-    const RETRIES: u8 = Throttled::RetryOutOfRotation as u8 | Throttled::RetryBudget as u8;
+    /// Held back retries after which the client's SDK should not retry in the gateway's
+    /// place. Not `RetryOutOfRotation`: that request made its one attempt, as on a route
+    /// without retries, and saying so gave the route that retries one try where one without
+    /// retries got the SDK's three (audit IA 2).
+    const RETRIES: u8 = Throttled::RetryBudget as u8;
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -545,7 +549,8 @@ impl RequestRecord {
     }
 
     /// The gateway made more than one attempt (retries, fallbacks or a hedge), or held a
-    /// retry back: either way the client's SDK should not retry in its place.
+    /// retry back for its upstream's share of retries: either way the client's SDK should
+    /// not retry in its place.
     pub fn retried(&self) -> bool {
         self.attempts.len() > 1 || self.throttled & Throttled::RETRIES != 0
     }

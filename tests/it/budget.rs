@@ -1243,3 +1243,27 @@ async fn a_content_type_read_two_ways_is_refused() {
     assert_eq!(resp.status(), 200);
     assert_eq!(h.fake.requests().len(), 1);
 }
+
+/// The Node SDKs send `x-stainless-timeout` as whole seconds rounded down: a client that
+/// waits 1.9 s sends `1`. Its answer, ready at 1.3 s, comes whole, streamed or not, from one
+/// upstream call. Read as exactly 1 s, the wait for it was cut at 900 ms with a 504 that the
+/// SDK retried twice, three upstream calls for none answered (audit IA 1).
+#[tokio::test]
+async fn a_node_timeout_rounded_down_to_the_second_is_not_cut_short() {
+    let h = Harness::start().await;
+    let node = [
+        ("x-stainless-timeout", "1"),
+        ("x-stainless-lang", "js"),
+        ("x-fake-ttft-ms", "1300"),
+    ];
+    let (resp, _c) = h.send(chat_request(&node, false)).await;
+    assert_eq!(resp.status(), 200);
+    let doc = json_body(resp).await;
+    assert_eq!(doc["choices"][0]["finish_reason"], "stop", "{doc}");
+    let (resp, _c) = h.chat(&node).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.error_event().is_none(), "{}", read.text());
+    assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
+    assert_eq!(h.fake.requests().len(), 2);
+}

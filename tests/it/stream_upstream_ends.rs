@@ -125,7 +125,7 @@ async fn a_stream_that_ends_before_every_choice_finished_ended_short() {
 async fn an_assembled_answer_ends_before_the_sdk_stops_waiting() {
     let h = Harness::with_config(CONFIG).await;
     let slow = [
-        ("x-stainless-timeout", "1"),
+        ("x-stainless-timeout", "1.0"),
         ("x-fake-chunks", "30"),
         ("x-fake-interval-ms", "100"),
     ];
@@ -151,6 +151,23 @@ async fn an_assembled_answer_ends_before_the_sdk_stops_waiting() {
         message,
         "deadline exceeded: the answer was not whole 900ms after the request, when it had \
          to go out to reach the client before the timeout its SDK announced"
+    );
+
+    // A Node SDK's `1` is its timeout rounded down to the second: it waits up to 1.999 s,
+    // and the answer may take 90% of that (audit IA 1: it was cut at 900 ms too).
+    let node = [
+        ("x-stainless-timeout", "1"),
+        ("x-stainless-lang", "js"),
+        ("x-fake-chunks", "30"),
+        ("x-fake-interval-ms", "100"),
+    ];
+    let (resp, _c) = h.send(chat("watched", &node)).await;
+    assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("deadline exceeded: the answer was not whole 1799ms after"),
+        "{message}"
     );
 }
 
