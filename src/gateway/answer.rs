@@ -24,7 +24,7 @@ use crate::http::headers::{
     strip_hop_by_hop, uncached_event_stream,
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
-use crate::provider::batches::localize_results_urls;
+use crate::provider::batches::{anthropic_path, localize_results_urls};
 use crate::provider::inspect::Inspector;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::progress::Progress;
@@ -312,8 +312,9 @@ pub const LENGTH_CAP: usize = 1 << 20;
 /// Anything else (SSE, NDJSON, audio, a JSON array streamed piece by piece) is never held
 /// back: it streams as it comes.
 ///
-/// `relocate`: the upstream whose URLs a batch's `results_url` names, made the gateway's in
-/// the whole document; one longer than `cap` passes as it comes, unchanged.
+/// `relocate`: the upstream whose URLs (or Anthropic's public ones) a batch's `results_url`
+/// names, made the gateway's in the whole document; one longer than `cap` passes as it
+/// comes, unchanged.
 async fn with_length(
     mut parts: http::response::Parts,
     mut body: Box<WatchedBody>,
@@ -371,7 +372,8 @@ async fn with_length(
         }
     };
     if let Some(upstream) = relocate {
-        if let Some(local) = localize_results_urls(&whole, |url| upstream.local_url(url)) {
+        let local = |url: &str| upstream.local_url(url).or_else(|| anthropic_path(url));
+        if let Some(local) = localize_results_urls(&whole, local) {
             whole = local;
         }
     }

@@ -32,6 +32,27 @@ pub fn names_results_urls(api: Api, method: &Method, path: &str) -> bool {
     }
 }
 
+/// `url` as the absolute path it names when it is on Anthropic's public origin
+/// (`https://api.anthropic.com`, port 443 written or not). An upstream in front of Anthropic
+/// (Cloudflare's or Portkey's gateway, a mock) passes Anthropic's own URLs on; fetched
+/// through the gateway, the path goes to that upstream, which served the batch.
+pub fn anthropic_path(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if !scheme.eq_ignore_ascii_case("https") {
+        return None;
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, target) = rest.split_at(end);
+    let host = authority.strip_suffix(":443").unwrap_or(authority);
+    if !host.eq_ignore_ascii_case("api.anthropic.com") {
+        return None;
+    }
+    Some(match target.strip_prefix('/') {
+        Some(_) => target.to_owned(),
+        None => format!("/{target}"),
+    })
+}
+
 /// `doc` with its top-level `results_url`, and that of each object in its top-level `data`
 /// array, replaced by what `localize` makes of it (the URL decoded from its JSON string).
 /// `None` when nothing changes: not a JSON object, no such URL, or none `localize` takes.
@@ -149,6 +170,27 @@ mod tests {
                 want,
                 "{method} {path}"
             );
+        }
+    }
+
+    #[test]
+    fn anthropics_public_urls_are_the_paths_they_name() {
+        for (url, want) in [
+            (
+                "https://api.anthropic.com/v1/messages/batches/b/results",
+                Some("/v1/messages/batches/b/results"),
+            ),
+            ("HTTPS://API.Anthropic.com:443/v1/x?a=1", Some("/v1/x?a=1")),
+            ("https://api.anthropic.com", Some("/")),
+            ("https://api.anthropic.com?a", Some("/?a")),
+            ("http://api.anthropic.com/v1/x", None),
+            ("https://api.anthropic.com:8443/v1/x", None),
+            ("https://api.anthropic.com.evil/v1/x", None),
+            ("https://u@api.anthropic.com/v1/x", None),
+            ("https://files.anthropic.com/v1/x", None),
+            ("/v1/x", None),
+        ] {
+            assert_eq!(anthropic_path(url).as_deref(), want, "{url}");
         }
     }
 

@@ -1179,9 +1179,10 @@ async fn an_upstreams_own_url_in_location_is_made_the_gateways() {
 
 /// Audit IF 2: Anthropic's batch names its results by the provider's URL, which the SDK's
 /// `batches.results()` fetched as it was: past the gateway, with the gateway client's key.
-/// A batch's `results_url` (and each listed batch's) on the upstream's origin becomes the
-/// path on the gateway, the document's length with it; another origin's passes unchanged,
-/// and the results themselves (JSONL) pass as they come.
+/// A batch's `results_url` (and each listed batch's) on the upstream's origin, or on
+/// Anthropic's (which an upstream in front of Anthropic passes on), becomes the path on the
+/// gateway, the document's length with it; another origin's passes unchanged, and the
+/// results themselves (JSONL) pass as they come.
 #[tokio::test]
 async fn a_batchs_results_url_on_the_upstream_is_made_the_gateways() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -1206,10 +1207,11 @@ async fn a_batchs_results_url_on_the_upstream_is_made_the_gateways() {
                 )
             } else {
                 let mine = batch("b", format!("http://{up}/v1/messages/batches/b/results"));
-                let theirs = batch("c", "https://api.anthropic.com/v1/c/results".to_owned());
+                let public = batch("c", "https://api.anthropic.com/v1/c/results".to_owned());
+                let other = batch("d", "https://other.example/v1/d/results".to_owned());
                 (
                     "application/json",
-                    format!(r#"{{"data":[{mine},{theirs}],"has_more":false}}"#),
+                    format!(r#"{{"data":[{mine},{public},{other}],"has_more":false}}"#),
                 )
             };
             seen_tx.send(req).unwrap();
@@ -1237,7 +1239,7 @@ async fn a_batchs_results_url_on_the_upstream_is_made_the_gateways() {
         ),
         (
             "/v1/messages/batches?limit=2",
-            r#"{"data":[{"id":"b","type":"message_batch","results_url":"/v1/messages/batches/b/results"},{"id":"c","type":"message_batch","results_url":"https://api.anthropic.com/v1/c/results"}],"has_more":false}"#
+            r#"{"data":[{"id":"b","type":"message_batch","results_url":"/v1/messages/batches/b/results"},{"id":"c","type":"message_batch","results_url":"/v1/c/results"},{"id":"d","type":"message_batch","results_url":"https://other.example/v1/d/results"}],"has_more":false}"#
                 .to_owned(),
         ),
         (
