@@ -24,10 +24,12 @@ use crate::http::headers::{
     strip_hop_by_hop, uncached_event_stream,
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
+use crate::provider::batches::{anthropic_path, localize_results_urls};
 use crate::provider::inspect::Inspector;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::progress::Progress;
 use crate::stream::WatchdogBody;
+use crate::upstream::Upstream;
 
 impl Gateway {
     /// Serves one client request. Never fails: every failure becomes the contracted answer.
@@ -183,7 +185,18 @@ impl Gateway {
                         && !shape.event_stream
                         && shape.readable
                         && shape.json;
-                    let held = document && !head && parts.status.is_success();
+                    // A batch's JSON names its results by the upstream's URL, which the
+                    // SDK fetches as it is: read whole (up to `max_response_body`) to make
+                    // it the gateway's.
+                    let relocate = started.results_urls.filter(|_| {
+                        shape.json
+                            && shape.readable
+                            && !shape.event_stream
+                            && !head
+                            && parts.status.is_success()
+                    });
+                    let held =
+                        (document && !head && parts.status.is_success()) || relocate.is_some();
                     // (An answer without content goes out by `without_content`, below.)
                     let read_first = !no_content
                         && (held
@@ -270,7 +283,12 @@ impl Gateway {
                     }
                     if read_first {
                         body.observer_mut().read_whole(true);
-                        return Box::pin(with_length(parts, body, &id)).await;
+                        let cap = match relocate {
+                            Some(_) => usize::try_from(self.config.server.max_response_body)
+                                .unwrap_or(usize::MAX),
+                            None => LENGTH_CAP,
+                        };
+                        return Box::pin(with_length(parts, body, &id, cap, relocate)).await;
                     }
                     if close_delimited
                         && !parts.headers.contains_key(header::CONTENT_LENGTH)
@@ -321,10 +339,16 @@ pub const LENGTH_CAP: usize = 1 << 20;
 /// longer than `LENGTH_CAP` goes out as it comes from there, an abort telling its failure.
 /// Anything else (SSE, NDJSON, audio, a JSON array streamed piece by piece) is never held
 /// back: it streams as it comes.
+///
+/// `relocate`: the upstream whose URLs (or Anthropic's public ones) a batch's `results_url`
+/// names, made the gateway's in the whole document; one longer than `cap` passes as it
+/// comes, unchanged.
 async fn with_length(
     mut parts: http::response::Parts,
     mut body: Box<WatchedBody>,
     id: &str,
+    cap: usize,
+    relocate: Option<Arc<Upstream>>,
 ) -> Response<ProxyBody> {
     // Most documents come in one frame: the list of the others is made only for a second.
     let mut first: Option<Bytes> = None;
@@ -344,7 +368,7 @@ async fn with_length(
                     None => first = Some(data),
                     Some(_) => rest.push(data),
                 }
-                if len > LENGTH_CAP {
+                if len > cap {
                     body.unread(first.into_iter().chain(rest));
                     // From here the client reads the body as it comes: what was read goes
                     // out first, and is counted as it does.
@@ -368,7 +392,7 @@ async fn with_length(
             }
         }
     }
-    let whole = match first {
+    let mut whole = match first {
         None => Bytes::new(),
         Some(only) if rest.is_empty() => only,
         Some(first) => {
@@ -379,6 +403,12 @@ async fn with_length(
             Bytes::from(all)
         }
     };
+    if let Some(upstream) = relocate {
+        let local = |url: &str| upstream.local_url(url).or_else(|| anthropic_path(url));
+        if let Some(local) = localize_results_urls(&whole, local) {
+            whole = local;
+        }
+    }
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));

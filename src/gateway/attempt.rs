@@ -92,6 +92,9 @@ pub struct Started {
     /// this way (Anthropic's `overloaded_error` on a 200) is retried like the status it stands
     /// for.
     pub error_event: Option<ErrorType>,
+    /// The upstream whose URLs a batch answer's `results_url` may name, to be made the
+    /// gateway's (see `names_results_urls`).
+    pub results_urls: Option<Arc<Upstream>>,
 }
 
 impl<'a> Attempt<'a> {
@@ -106,6 +109,7 @@ impl<'a> Attempt<'a> {
             assembled,
             partial_answers,
             choices,
+            results_urls,
         } = out;
         let budget = self.budget;
         let upstream = self.upstream;
@@ -351,6 +355,7 @@ impl<'a> Attempt<'a> {
                 partial_answers,
                 choices,
                 error_event,
+                results_urls: results_urls.then(|| upstream.clone()),
             })
         }
     }

@@ -10,6 +10,7 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, Uri};
 
 use crate::error::GatewayError;
+use crate::provider::batches::names_results_urls;
 use crate::provider::rewrite::{include_usage, rewrite_model, stream_request};
 use crate::provider::Format;
 use crate::upstream::Upstream;
@@ -53,6 +54,8 @@ pub struct Outgoing {
     pub partial_answers: bool,
     /// The Chat choices the answer has (`n`), at most 64 (see `Inspector::with_choices`).
     pub choices: u8,
+    /// Its answer may name a batch's results by the upstream's URL, to be made the gateway's.
+    pub results_urls: bool,
 }
 
 /// The most headers an attempt adds to the template's: the upstream's credential and the
@@ -72,6 +75,7 @@ impl Template {
             None => self.body.clone(),
         };
         let format = Format::detect(upstream.config.api, uri.path());
+        let results_urls = names_results_urls(upstream.config.api, &self.method, uri.path());
         let mut assembled = false;
         // Asked to stream only where it is a call of the API itself: the rest of it
         // (count_tokens, batches, embeddings) refuses a `stream` it never takes.
@@ -108,7 +112,7 @@ impl Template {
         for (name, value) in &self.headers {
             headers.append(name.clone(), value.clone());
         }
-        if format.is_none() {
+        if format.is_none() && !results_urls {
             // Not read, so passed opaque: it may come in any coding the client takes.
             match &self.accept_encoding {
                 Some(v) => req.headers_mut().insert(header::ACCEPT_ENCODING, v.clone()),
@@ -130,6 +134,7 @@ impl Template {
             assembled,
             partial_answers: self.partial_answers,
             choices: self.choices.map_or(1, |n| n.clamp(1, 64) as u8),
+            results_urls,
         })
     }
 }

@@ -4,6 +4,7 @@
 //! mid-stream error types. Reading the streams themselves is `inspect`'s job.
 
 pub mod assemble;
+pub mod batches;
 pub mod inspect;
 pub mod request;
 pub mod rewrite;

@@ -317,6 +317,16 @@ impl Upstream {
     /// `url` as an absolute-path reference on the gateway, when it is an absolute URL on
     /// this upstream's origin (see `localize_locations`).
     fn local_reference(&self, url: &[u8]) -> Option<HeaderValue> {
+        HeaderValue::from_bytes(&self.local_target(url)?).ok()
+    }
+
+    /// `url` made the gateway's as `localize_locations` makes a `Location`: for a URL an
+    /// answer's body names (a batch's `results_url`), which a client fetches as it is.
+    pub fn local_url(&self, url: &str) -> Option<String> {
+        String::from_utf8(self.local_target(url.as_bytes())?).ok()
+    }
+
+    fn local_target(&self, url: &[u8]) -> Option<Vec<u8>> {
         let colon = url.iter().position(|&b| b == b':')?;
         let (scheme, rest) = (&url[..colon], url[colon + 1..].strip_prefix(b"//")?);
         if !scheme.eq_ignore_ascii_case(self.scheme.as_str().as_bytes()) {
@@ -362,7 +372,7 @@ impl Upstream {
             reference.push(b'/');
         }
         reference.extend_from_slice(target);
-        HeaderValue::from_bytes(&reference).ok()
+        Some(reference)
     }
 
     /// Sends `req`; the slot counts the stream on its connection and must be kept as long

@@ -79,6 +79,53 @@ fn check_prints_the_resolved_routes_of_the_shipped_configs() {
     assert!(stderr.contains("OPENAI_API_KEY"), "{stderr}");
 }
 
+/// Audit IF 3: the shipped catch-all (`/v1`) inherits a 30 s first-token limit, and an
+/// answer that is not an event stream has its first token at its first byte: a transcription
+/// or an image generation that took longer was answered 504. Every shipped config with a
+/// catch-all gives `/v1/audio` and `/v1/images` a longer limit of their own before it.
+#[test]
+fn the_shipped_catch_alls_leave_audio_and_images_a_longer_first_token() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dir = tempfile::tempdir().unwrap();
+    // The Kubernetes config is the ConfigMap's block, indented four spaces.
+    let configmap = std::fs::read_to_string(format!("{root}/deploy/k8s/configmap.yaml")).unwrap();
+    let block: String = configmap
+        .lines()
+        .skip_while(|l| !l.ends_with("hourglass.toml: |"))
+        .skip(1)
+        .map(|l| format!("{}\n", l.strip_prefix("    ").unwrap_or(l)))
+        .collect();
+    let k8s = dir.path().join("k8s.toml");
+    std::fs::write(&k8s, block).unwrap();
+    for file in [
+        format!("{root}/config/hourglass.toml"),
+        format!("{root}/docker/hourglass.toml"),
+        k8s.display().to_string(),
+    ] {
+        let out = hourglass(&["check", "--config", &file]);
+        assert!(out.status.success(), "{file}: {out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // Each route's lines, by its path prefix, in file order.
+        let routes: Vec<(&str, &str)> = stdout
+            .split("route \"")
+            .skip(1)
+            .filter_map(|r| {
+                let prefix = r.split("path_prefix: ").nth(1)?.lines().next()?;
+                let ttft = r.split("first_token_timeout: ").nth(1)?.lines().next()?;
+                Some((prefix, ttft))
+            })
+            .collect();
+        let at = |prefix: &str| routes.iter().position(|(p, _)| *p == prefix);
+        let catch_all = at("/v1").unwrap_or_else(|| panic!("{file}: {routes:?}"));
+        assert_eq!(routes[catch_all].1, "30s", "{file}");
+        for slow in ["/v1/audio", "/v1/images"] {
+            let i = at(slow).unwrap_or_else(|| panic!("{file}: no {slow} route: {routes:?}"));
+            assert!(i < catch_all, "{file}: {slow} after the catch-all");
+            assert_eq!(routes[i].1, "2m", "{file}: {slow}");
+        }
+    }
+}
+
 #[test]
 fn check_reports_syntax_errors_with_file_line_and_column() {
     let (_dir, path) = temp_config(

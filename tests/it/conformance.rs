@@ -1177,6 +1177,89 @@ async fn an_upstreams_own_url_in_location_is_made_the_gateways() {
     }
 }
 
+/// Audit IF 2: Anthropic's batch names its results by the provider's URL, which the SDK's
+/// `batches.results()` fetched as it was: past the gateway, with the gateway client's key.
+/// A batch's `results_url` (and each listed batch's) on the upstream's origin, or on
+/// Anthropic's (which an upstream in front of Anthropic passes on), becomes the path on the
+/// gateway, the document's length with it; another origin's passes unchanged, and the
+/// results themselves (JSONL) pass as they come.
+#[tokio::test]
+async fn a_batchs_results_url_on_the_upstream_is_made_the_gateways() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let req = read_request(&mut s).await;
+            let target = req.split(' ').nth(1).unwrap_or_default().to_owned();
+            let batch = |id: &str, url: String| {
+                format!(r#"{{"id":"{id}","type":"message_batch","results_url":"{url}"}}"#)
+            };
+            let (kind, doc) = if target.ends_with("/results") {
+                ("application/binary", "{\"custom_id\":\"a\"}\n".to_owned())
+            } else if target.contains("msgbatch_1") {
+                (
+                    "application/json",
+                    batch(
+                        "msgbatch_1",
+                        format!("http://{up}/v1/messages/batches/msgbatch_1/results"),
+                    ),
+                )
+            } else {
+                let mine = batch("b", format!("http://{up}/v1/messages/batches/b/results"));
+                let public = batch("c", "https://api.anthropic.com/v1/c/results".to_owned());
+                let other = batch("d", "https://other.example/v1/d/results".to_owned());
+                (
+                    "application/json",
+                    format!(r#"{{"data":[{mine},{public},{other}],"has_more":false}}"#),
+                )
+            };
+            seen_tx.send(req).unwrap();
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\
+                 connection: close\r\n\r\n{doc}",
+                doc.len()
+            );
+            let _ = s.write_all(answer.as_bytes()).await;
+        }
+    });
+    let h = through(up).await;
+    let get = |path: &str| {
+        http::Request::get(path)
+            .header("host", "gateway")
+            .header("accept-encoding", "gzip")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    for (path, want) in [
+        (
+            "/v1/messages/batches/msgbatch_1",
+            r#"{"id":"msgbatch_1","type":"message_batch","results_url":"/v1/messages/batches/msgbatch_1/results"}"#
+                .to_owned(),
+        ),
+        (
+            "/v1/messages/batches?limit=2",
+            r#"{"data":[{"id":"b","type":"message_batch","results_url":"/v1/messages/batches/b/results"},{"id":"c","type":"message_batch","results_url":"/v1/c/results"},{"id":"d","type":"message_batch","results_url":"https://other.example/v1/d/results"}],"has_more":false}"#
+                .to_owned(),
+        ),
+        (
+            "/v1/messages/batches/msgbatch_1/results",
+            "{\"custom_id\":\"a\"}\n".to_owned(),
+        ),
+    ] {
+        let (resp, _c) = h.send(get(path)).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        let length = resp.headers()["content-length"].clone();
+        let body = read_body(resp.into_body()).await.text();
+        assert_eq!(body, want, "{path}");
+        assert_eq!(length, body.len().to_string().as_str(), "{path}");
+        // Read, so asked for in no coding; the results are the client's to take in its own.
+        let req = seen.recv().await.unwrap();
+        let identity = req.contains("accept-encoding: identity");
+        assert_eq!(identity, !path.ends_with("/results"), "{path}: {req}");
+    }
+}
+
 /// Audit IC 5: an event stream's `Cache-Control: no-store, private` was replaced by
 /// `no-cache`, which lets a shared cache store a user's answer.
 #[tokio::test]
