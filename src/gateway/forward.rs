@@ -239,6 +239,7 @@ impl Gateway {
                 record.set_body_unread(false);
                 read
             };
+            let body_read = Instant::now();
 
             // The model picks the route where routes filter on it, and the upstream's estimate
             // of its first token on every route. (A body in a content coding is no JSON: none.)
@@ -311,6 +312,7 @@ impl Gateway {
             }
             record.set_request_bytes(body.len());
             let mut budget = asked.resolve(&route.route.limits, arrival);
+            budget.body_read(body_read);
             record.set_budget(&budget);
             budget.ensure_useful(Instant::now())?;
             // After the call's own budget is checked, so that a call refused for it is not

@@ -1267,3 +1267,23 @@ async fn a_node_timeout_rounded_down_to_the_second_is_not_cut_short() {
     assert!(read.text().ends_with("data: [DONE]\n\n"), "{}", read.text());
     assert_eq!(h.fake.requests().len(), 2);
 }
+
+/// The Python SDKs' timeout (`x-stainless-read-timeout`, and anthropic-python's
+/// `x-stainless-timeout`) is httpx's read timeout: it starts once the request is sent, so an
+/// upload's time is none of it. Counted from the head's arrival, a body that took 1.5 s
+/// left 300 ms of a 2 s read timeout (1.8 s with its margin) for an answer due 800 ms after
+/// it, and the client got a 504 it would have waited for (audit IF 1: a 5 MiB upload at
+/// 500 KB/s with a 20 s timeout). The Node SDKs' timeout covers the whole exchange, upload
+/// and all: counted from arrival still.
+#[tokio::test]
+async fn a_python_read_timeout_starts_once_the_body_is_read() {
+    let h = Harness::start().await;
+    let python =
+        "x-stainless-read-timeout: 2\r\nx-stainless-lang: python\r\nx-fake-ttft-ms: 800\r\n";
+    let answer = body_in_two_parts(&h, "m", python, 1500).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let node = "x-stainless-timeout: 2.0\r\nx-stainless-lang: js\r\nx-fake-ttft-ms: 800\r\n";
+    let answer = body_in_two_parts(&h, "m", node, 1500).await;
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+    assert!(answer.contains("x-stainless-timeout"), "named: {answer}");
+}
