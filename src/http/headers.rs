@@ -758,6 +758,13 @@ pub fn content_type_fault(headers: &HeaderMap) -> Option<String> {
                 shown(value)
             ))
         }
+        Err(MediaTypeFault::Extended) => {
+            return Some(format!(
+                "its content-type {} has an RFC 2231 extended parameter (a name with `*`), \
+                 which some parsers read as its charset",
+                shown(value)
+            ))
+        }
         Err(MediaTypeFault::CharsetTwice) => {
             return Some(format!(
                 "its content-type {} declares charset more than once (RFC 9110 8.3.1 allows \
@@ -779,6 +786,7 @@ pub fn content_type_fault(headers: &HeaderMap) -> Option<String> {
 enum MediaTypeFault {
     Unparsable,
     CharsetTwice,
+    Extended,
 }
 
 /// The `charset` parameter of a media type (RFC 9110 8.3.1), its quoted-pairs undone:
@@ -857,6 +865,12 @@ fn media_type_charset(v: &[u8]) -> Result<Option<std::borrow::Cow<'_, [u8]>>, Me
         } else {
             Cow::Borrowed(token(&mut i).ok_or(MediaTypeFault::Unparsable)?)
         };
+        // RFC 2231 / 8187 extended parameters (`charset*=utf-7''utf-7`, `charset*0=utf;
+        // charset*1=-7`): Python's `email` package, which aiohttp reads the charset with,
+        // takes them for the charset; no API client sends one (audit JB 1).
+        if name.contains(&b'*') {
+            return Err(MediaTypeFault::Extended);
+        }
         if name.eq_ignore_ascii_case(b"charset") {
             if charset.is_some() {
                 return Err(MediaTypeFault::CharsetTwice);
@@ -942,6 +956,16 @@ mod tests {
             let why = of(&[twice]).unwrap_or_else(|| panic!("{twice}"));
             assert!(why.contains("charset more than once"), "{why}");
             assert!(why.contains(&format!("{twice:?}")), "{why}");
+        }
+        // RFC 2231 forms, which Python's `email` (aiohttp) reads as the charset (audit JB 1).
+        for extended in [
+            "application/json; charset*=utf-7''utf-7",
+            "application/json; charset*0=utf; charset*1=-7",
+            "application/json; CHARSET*0*=utf-7''utf-7",
+            "application/json; charset=utf-8; charset*=utf-7''utf-7",
+        ] {
+            let why = of(&[extended]).unwrap_or_else(|| panic!("{extended}"));
+            assert!(why.contains("extended parameter"), "{why}");
         }
         // The `charset` inside the quoted string is no parameter: the one after it counts.
         let hidden = of(&["application/json; foo=\"a;charset=utf-8\"; charset=utf-7"]).unwrap();

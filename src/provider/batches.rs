@@ -47,10 +47,12 @@ pub fn anthropic_path(url: &str) -> Option<String> {
     if !host.eq_ignore_ascii_case("api.anthropic.com") {
         return None;
     }
-    Some(match target.strip_prefix('/') {
+    let path = match target.strip_prefix('/') {
         Some(_) => target.to_owned(),
         None => format!("/{target}"),
-    })
+    };
+    // `//host/...` or `/\host` would send the SDK to another host (audit JB 2).
+    (!matches!(path.as_bytes().get(1), Some(b'/' | b'\\'))).then_some(path)
 }
 
 /// `doc` with its top-level `results_url`, and that of each object in its top-level `data`
@@ -189,6 +191,9 @@ mod tests {
             ("https://u@api.anthropic.com/v1/x", None),
             ("https://files.anthropic.com/v1/x", None),
             ("/v1/x", None),
+            // Another host once the origin is gone (audit JB 2).
+            ("https://api.anthropic.com//evil.example/r", None),
+            ("https://api.anthropic.com/\\evil.example/r", None),
         ] {
             assert_eq!(anthropic_path(url).as_deref(), want, "{url}");
         }

@@ -372,6 +372,12 @@ impl Upstream {
             reference.push(b'/');
         }
         reference.extend_from_slice(target);
+        // `//host/...` (and `/\host`, which browsers read alike) is a reference to another
+        // host (RFC 3986 4.2): left as the upstream sent it, on its own origin, rather than
+        // made an open redirect (audit JB 2).
+        if matches!(reference.get(1), Some(b'/' | b'\\')) {
+            return None;
+        }
         Some(reference)
     }
 
@@ -465,6 +471,23 @@ mod tests {
             ("http://up:9", "/v1/chat", "/v1/chat"),
             ("http://up:9", "v1/chat", "v1/chat"),
             ("http://up:9", "//up:9/v1", "//up:9/v1"),
+            // A path that would read as another host once the origin is gone stays on the
+            // upstream's origin (audit JB 2).
+            (
+                "http://up:9",
+                "http://up:9//evil.example/x",
+                "http://up:9//evil.example/x",
+            ),
+            (
+                "http://up:9/base",
+                "http://up:9/base//evil.example/x",
+                "http://up:9/base//evil.example/x",
+            ),
+            (
+                "http://up:9/base",
+                "http://up:9/base/\\evil.example/x",
+                "http://up:9/base/\\evil.example/x",
+            ),
         ] {
             assert_eq!(rewritten(base, location), want, "{base} {location}");
         }
