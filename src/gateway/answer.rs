@@ -24,7 +24,7 @@ use crate::http::headers::{
     strip_hop_by_hop, uncached_event_stream,
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
-use crate::provider::batches::{anthropic_path, localize_results_urls};
+use crate::provider::batches::{anthropic_path, base_relative, localize_results_urls};
 use crate::provider::inspect::Inspector;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::progress::Progress;
@@ -348,7 +348,7 @@ async fn with_length(
     mut body: Box<WatchedBody>,
     id: &str,
     cap: usize,
-    relocate: Option<Arc<Upstream>>,
+    relocate: Option<(Arc<Upstream>, Arc<str>)>,
 ) -> Response<ProxyBody> {
     // Most documents come in one frame: the list of the others is made only for a second.
     let mut first: Option<Bytes> = None;
@@ -403,8 +403,13 @@ async fn with_length(
             Bytes::from(all)
         }
     };
-    if let Some(upstream) = relocate {
-        let local = |url: &str| upstream.local_url(url).or_else(|| anthropic_path(url));
+    if let Some((upstream, base)) = relocate {
+        let local = |url: &str| {
+            upstream
+                .local_url(url)
+                .map(|path| base_relative(path, &base))
+                .or_else(|| anthropic_path(url))
+        };
         if let Some(local) = localize_results_urls(&whole, local) {
             whole = local;
         }

@@ -93,8 +93,8 @@ pub struct Started {
     /// for.
     pub error_event: Option<ErrorType>,
     /// The upstream whose URLs a batch answer's `results_url` may name, to be made the
-    /// gateway's (see `names_results_urls`).
-    pub results_urls: Option<Arc<Upstream>>,
+    /// gateway's (see `names_results_urls`), and the path of the client's SDK base URL.
+    pub results_urls: Option<(Arc<Upstream>, Arc<str>)>,
 }
 
 impl<'a> Attempt<'a> {
@@ -355,7 +355,7 @@ impl<'a> Attempt<'a> {
                 partial_answers,
                 choices,
                 error_event,
-                results_urls: results_urls.then(|| upstream.clone()),
+                results_urls: results_urls.map(|base| (upstream.clone(), base)),
             })
         }
     }

@@ -10,7 +10,7 @@ use http::uri::PathAndQuery;
 use http::{Method, Request, Uri};
 
 use crate::error::GatewayError;
-use crate::provider::batches::names_results_urls;
+use crate::provider::batches::{names_results_urls, sdk_base_path};
 use crate::provider::rewrite::{include_usage, rewrite_model, stream_request};
 use crate::provider::Format;
 use crate::upstream::Upstream;
@@ -54,8 +54,10 @@ pub struct Outgoing {
     pub partial_answers: bool,
     /// The Chat choices the answer has (`n`), at most 64 (see `Inspector::with_choices`).
     pub choices: u8,
-    /// Its answer may name a batch's results by the upstream's URL, to be made the gateway's.
-    pub results_urls: bool,
+    /// Its answer may name a batch's results by the upstream's URL, to be made the gateway's:
+    /// then the client's path before `/v1/messages/batches`, the path of the SDK's base URL
+    /// (see `base_relative`).
+    pub results_urls: Option<Arc<str>>,
 }
 
 /// The most headers an attempt adds to the template's: the upstream's credential and the
@@ -75,7 +77,8 @@ impl Template {
             None => self.body.clone(),
         };
         let format = Format::detect(upstream.config.api, uri.path());
-        let results_urls = names_results_urls(upstream.config.api, &self.method, uri.path());
+        let results_urls = names_results_urls(upstream.config.api, &self.method, uri.path())
+            .then(|| Arc::from(sdk_base_path(self.path_and_query.path())));
         let mut assembled = false;
         // Asked to stream only where it is a call of the API itself: the rest of it
         // (count_tokens, batches, embeddings) refuses a `stream` it never takes.
@@ -112,7 +115,7 @@ impl Template {
         for (name, value) in &self.headers {
             headers.append(name.clone(), value.clone());
         }
-        if format.is_none() && !results_urls {
+        if format.is_none() && results_urls.is_none() {
             // Not read, so passed opaque: it may come in any coding the client takes.
             match &self.accept_encoding {
                 Some(v) => req.headers_mut().insert(header::ACCEPT_ENCODING, v.clone()),

@@ -32,6 +32,31 @@ pub fn names_results_urls(api: Api, method: &Method, path: &str) -> bool {
     }
 }
 
+/// The path of the client SDK's base URL, from the path it asked for: what comes before
+/// `/v1/messages/batches` (`/anthropic` for `/anthropic/v1/messages/batches/b`), else none.
+pub fn sdk_base_path(path: &str) -> &str {
+    path.find("/v1/messages/batches")
+        .map_or("", |at| &path[..at])
+}
+
+/// `path`, a gateway path the client's `base` path begins, made relative to that base as the
+/// Anthropic SDK joins a `results_url` path to its base URL's path (`base + path`): with a
+/// base of `/z`, `/z/v1/x` is `/v1/x`, which the SDK makes `/z/v1/x` again (audit JB 3: it
+/// asked for `/z/z/v1/x`).
+pub fn base_relative(path: String, base: &str) -> String {
+    match path.strip_prefix(base) {
+        // Never `//host` or `/\host` (audit JB 2).
+        Some(rest)
+            if !base.is_empty()
+                && rest.starts_with('/')
+                && !matches!(rest.as_bytes().get(1), Some(b'/' | b'\\')) =>
+        {
+            rest.to_owned()
+        }
+        _ => path,
+    }
+}
+
 /// `url` as the absolute path it names when it is on Anthropic's public origin
 /// (`https://api.anthropic.com`, port 443 written or not). An upstream in front of Anthropic
 /// (Cloudflare's or Portkey's gateway, a mock) passes Anthropic's own URLs on; fetched
@@ -173,6 +198,26 @@ mod tests {
                 "{method} {path}"
             );
         }
+    }
+
+    #[test]
+    fn a_path_under_the_sdks_base_is_made_relative_to_it() {
+        assert_eq!(sdk_base_path("/z/v1/messages/batches/b"), "/z");
+        assert_eq!(sdk_base_path("/v1/messages/batches"), "");
+        assert_eq!(sdk_base_path("/other/b"), "");
+        let rel = |p: &str, base: &str| base_relative(p.to_owned(), base);
+        assert_eq!(
+            rel("/z/v1/messages/batches/b/results", "/z"),
+            "/v1/messages/batches/b/results"
+        );
+        assert_eq!(
+            rel("/v1/messages/batches/b/results", ""),
+            "/v1/messages/batches/b/results"
+        );
+        // Not under the base: as it is.
+        assert_eq!(rel("/zz/v1/x", "/z"), "/zz/v1/x");
+        assert_eq!(rel("/z", "/z"), "/z");
+        assert_eq!(rel("/z//evil.example/x", "/z"), "/z//evil.example/x");
     }
 
     #[test]

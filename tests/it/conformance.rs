@@ -1197,6 +1197,15 @@ async fn a_batchs_results_url_on_the_upstream_is_made_the_gateways() {
             };
             let (kind, doc) = if target.ends_with("/results") {
                 ("application/binary", "{\"custom_id\":\"a\"}\n".to_owned())
+            } else if target.contains("msgbatch_z") {
+                // Behind a client base URL with a path (`/z`), which the upstream sees too.
+                (
+                    "application/json",
+                    batch(
+                        "msgbatch_z",
+                        format!("http://{up}/z/v1/messages/batches/msgbatch_z/results"),
+                    ),
+                )
             } else if target.contains("msgbatch_1") {
                 (
                     "application/json",
@@ -1223,7 +1232,11 @@ async fn a_batchs_results_url_on_the_upstream_is_made_the_gateways() {
             let _ = s.write_all(answer.as_bytes()).await;
         }
     });
-    let h = through(up).await;
+    let h = Harness::with_config(&format!(
+        "{}\n[[routes]]\nname = \"prefixed\"\npath_prefix = \"/z/v1/messages\"\nupstream = \"fake\"\n",
+        BASE.replace("{FAKE}", &format!("http://{up}"))
+    ))
+    .await;
     let get = |path: &str| {
         http::Request::get(path)
             .header("host", "gateway")
@@ -1245,6 +1258,13 @@ async fn a_batchs_results_url_on_the_upstream_is_made_the_gateways() {
         (
             "/v1/messages/batches/msgbatch_1/results",
             "{\"custom_id\":\"a\"}\n".to_owned(),
+        ),
+        // The SDK joins the path to its base URL's (`/z`): it must not name `/z` itself, or
+        // the download goes to `/z/z/v1/...` (audit JB 3).
+        (
+            "/z/v1/messages/batches/msgbatch_z",
+            r#"{"id":"msgbatch_z","type":"message_batch","results_url":"/v1/messages/batches/msgbatch_z/results"}"#
+                .to_owned(),
         ),
     ] {
         let (resp, _c) = h.send(get(path)).await;
