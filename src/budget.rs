@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
 
 use crate::config::Limits;
@@ -175,14 +175,19 @@ impl BudgetRequest {
         let read_timeout = patience(headers, &names::STAINLESS_READ_TIMEOUT, Whole::Exact);
         // The Node SDKs' `x-stainless-timeout` is their wait for the head: once it has come
         // they wait as long as the stream lasts. anthropic-python's is its read timeout.
-        let node = headers
+        let lang = headers
             .get(&names::STAINLESS_LANG)
-            .is_some_and(|v| v.as_bytes() == b"js");
+            .map(HeaderValue::as_bytes);
+        let node = lang == Some(b"js");
+        // Only the Python SDKs' timeout is httpx's read timeout, which starts once the request
+        // is sent; the Go, Java and Node SDKs' cover the whole exchange, upload and all
+        // (audit JA 3: a Go client timed out blind, its wait counted from its upload's end).
+        let python = lang == Some(b"python");
         Ok(Self {
             asked,
             patience: min(timeout, read_timeout),
             read_patience: min(if node { None } else { timeout }, read_timeout),
-            patience_after_body: !node,
+            patience_after_body: python,
         })
     }
 
@@ -488,8 +493,13 @@ enum Whole {
     Exact,
     /// A timeout rounded down to the second: the Node SDKs send `x-stainless-timeout` as
     /// `Math.trunc(ms / 1000)`, so `1` is a client that waits anywhere from 1 s to 1.999 s.
-    /// Read as exact it ended calls the client still waited for (audit IA 1: a 1.9 s client
-    /// got three 504s at 0.9 s for an answer ready at 1.3 s).
+    /// Still read as the whole seconds it says, the bottom of that range: round timeouts
+    /// (5,000 ms, the default 600,000) are the usual case, and only a patience below the
+    /// client's real one lets it hear why its call ended. Read as the top of its second
+    /// (audit IA 1's fix), a 5 s client sent `5` timed out blind at 5.0 s, the gateway's 504
+    /// due at 5.4 s (audit JA 2); a 1.9 s client sent `1` is cut at 900 ms, with that 504.
+    /// Only `0`, a timeout under a second, is read as the top of its second: as the bottom
+    /// it would say nothing.
     RoundedDown,
 }
 
@@ -499,9 +509,9 @@ const TRUNCATED_UP_TO: Duration = Duration::from_millis(999);
 /// The SDKs' own timeouts, in (possibly fractional) seconds. They are hints, not requests:
 /// an unreadable one is ignored rather than refused. The returned cap sits a little below the
 /// client's limit (10%, at most 1 s) so that our error reaches the client before it gives up.
-/// A whole number that may be rounded down (`whole`) is taken at the top of its second, so
-/// that the gateway never ends a wait the client would have sat through; a client that gives
-/// up sooner leaves, and its leaving cancels the upstream call as without the header.
+/// A `0` that may be a timeout under a second rounded down (`whole`) is taken at the top of
+/// that second; a client that gives up sooner leaves, and its leaving cancels the upstream
+/// call as without the header.
 fn patience(headers: &HeaderMap, name: &HeaderName, whole: Whole) -> Option<Duration> {
     let mut values = headers.get_all(name).iter();
     // Sent twice, it cannot be told which the SDK keeps: no hint at all.
@@ -516,8 +526,8 @@ fn patience(headers: &HeaderMap, name: &HeaderName, whole: Whole) -> Option<Dura
         return None;
     }
     let mut d = Duration::from_secs_f64(secs);
-    if truncated {
-        d += TRUNCATED_UP_TO;
+    if truncated && d.is_zero() {
+        d = TRUNCATED_UP_TO;
     }
     let margin = (d / 10).min(Duration::from_secs(1));
     Some(d - margin)
@@ -696,12 +706,16 @@ mod tests {
         ])
         .unwrap();
         let mut node = resolve(&[(STAINLESS_TIMEOUT, "20.0"), ("x-stainless-lang", "js")]).unwrap();
+        // The Go (and Java) SDKs' timeout covers the upload too (audit JA 3).
+        let mut go = resolve(&[(STAINLESS_TIMEOUT, "20.0"), ("x-stainless-lang", "go")]).unwrap();
         let arrival = python.arrival;
         assert_eq!(python.head_by(), Some(arrival + Duration::from_secs(19)));
         tokio::time::advance(Duration::from_secs(15)).await;
         let sent = Instant::now();
         python.body_read(sent);
         node.body_read(sent);
+        go.body_read(sent);
+        assert_eq!(go.head_by(), Some(go.arrival + Duration::from_secs(19)));
         assert_eq!(python.head_by(), Some(sent + Duration::from_secs(19)));
         assert!(python.ensure_useful(sent).is_ok());
         assert_eq!(node.head_by(), Some(node.arrival + Duration::from_secs(19)));
@@ -745,13 +759,14 @@ mod tests {
                 .unwrap()
                 .patience
         };
-        // 1,999 ms less 10%: the 1.9 s client of the audit, which was given 900 ms.
-        assert_eq!(js("1"), Some(Duration::from_micros(1_799_100)));
-        assert_eq!(js("2"), Some(Duration::from_micros(2_699_100)));
-        // A timeout under a second is sent as 0.
+        // The whole seconds it says, less 10%: below a round timeout's real end, so the
+        // client hears why (audit JA 2: `5` read as 5.999 s fired after a 5 s client left).
+        assert_eq!(js("1"), Some(Duration::from_millis(900)));
+        assert_eq!(js("5"), Some(Duration::from_millis(4_500)));
+        // A timeout under a second is sent as 0: the top of that second.
         assert_eq!(js("0"), Some(Duration::from_micros(899_100)));
         // The margin is at most a second.
-        assert_eq!(js("600"), Some(Duration::from_millis(599_999)));
+        assert_eq!(js("600"), Some(Duration::from_secs(599)));
         assert_eq!(js("1.9").map(|d| d.as_millis()), Some(1_710));
         assert_eq!(js("0.0"), None);
         // anthropic-python: the read timeout, exact, is the tighter one.
@@ -762,10 +777,11 @@ mod tests {
         assert_eq!(b.patience, None);
     }
 
-    /// A route's `min_useful` of 1,200 ms against a Node client of 1.9 s (sent as `1`): its
-    /// real patience, 1,710 ms at the least, has room, and the call goes ahead.
+    /// A route's `min_useful` of 1,200 ms against a Node client that sent `1`: read as the
+    /// 1 s it says (900 ms with the margin), it has no room, and is told so at once rather
+    /// than timing out blind.
     #[tokio::test(start_paused = true)]
-    async fn a_truncated_timeout_leaves_room_for_min_useful() {
+    async fn a_whole_second_timeout_below_min_useful_fails_fast() {
         let mut l = limits();
         l.min_useful = Duration::from_millis(1200);
         let arrival = Instant::now();
@@ -775,11 +791,11 @@ mod tests {
         ]))
         .unwrap()
         .resolve(&l, arrival);
-        assert!(b.ensure_useful(arrival).is_ok());
-        assert_eq!(
-            b.head_by(),
-            Some(arrival + Duration::from_micros(1_799_100))
-        );
+        assert!(matches!(
+            b.ensure_useful(arrival),
+            Err(GatewayError::InsufficientBudget { patience: true, .. })
+        ));
+        assert_eq!(b.head_by(), Some(arrival + Duration::from_millis(900)));
     }
 
     #[tokio::test(start_paused = true)]
