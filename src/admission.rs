@@ -98,21 +98,7 @@ impl Admission {
     pub fn resize(&self, limit: usize) {
         let i = &self.inner;
         let old = i.limit.swap(limit, Ordering::Relaxed);
-        if limit > old {
-            let mut more = limit - old;
-            let _ = i
-                .debt
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
-                    let paid = d.min(limit - old);
-                    more = limit - old - paid;
-                    Some(d - paid)
-                });
-            i.slots.add_permits(more);
-        } else if limit < old {
-            let fewer = old - limit;
-            let gone = i.slots.forget_permits(fewer);
-            i.debt.fetch_add(fewer - gone, Ordering::Relaxed);
-        }
+        resize_permits(&i.slots, &i.debt, old, limit);
     }
 
     fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
@@ -233,25 +219,8 @@ impl BodyMemory {
     /// ones as they are let go, so new bodies are judged against the new limit.
     pub fn resize(&self, limit: u64) {
         let i = self;
-        let (old, new) = (
-            permits(i.limit.swap(limit, Ordering::Relaxed)),
-            permits(limit),
-        );
-        if new > old {
-            let mut more = new - old;
-            let _ = i
-                .debt
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
-                    let paid = d.min(new - old);
-                    more = new - old - paid;
-                    Some(d - paid)
-                });
-            i.bytes.add_permits(more);
-        } else if new < old {
-            let fewer = old - new;
-            let gone = i.bytes.forget_permits(fewer);
-            i.debt.fetch_add(fewer - gone, Ordering::Relaxed);
-        }
+        let old = permits(i.limit.swap(limit, Ordering::Relaxed));
+        resize_permits(&i.bytes, &i.debt, old, permits(limit));
     }
 
     /// A hold of nothing yet, for one body.
@@ -303,6 +272,25 @@ impl Drop for BodyHold {
         if let Some(paid) = permit.split(owed) {
             paid.forget();
         }
+    }
+}
+
+/// Moves `sem` from `old` permits to `new`, for every holder at once. Raised: the new
+/// permits are free at once, after what a lowering still owes (`debt`). Lowered: free
+/// permits go now, and held ones are owed, forgotten as they come back.
+fn resize_permits(sem: &tokio::sync::Semaphore, debt: &AtomicUsize, old: usize, new: usize) {
+    if new > old {
+        let mut more = new - old;
+        let _ = debt.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+            let paid = d.min(new - old);
+            more = new - old - paid;
+            Some(d - paid)
+        });
+        sem.add_permits(more);
+    } else if new < old {
+        let fewer = old - new;
+        let gone = sem.forget_permits(fewer);
+        debt.fetch_add(fewer - gone, Ordering::Relaxed);
     }
 }
 
