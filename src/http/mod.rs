@@ -1,6 +1,7 @@
 //! HTTP as the gateway speaks it, below any knowledge of providers or budgets.
 
 pub mod conn;
+pub mod content_type;
 pub mod framing;
 pub mod headers;
 pub mod path;
