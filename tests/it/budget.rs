@@ -1266,8 +1266,6 @@ async fn a_node_timeout_in_whole_seconds_is_read_as_it_says() {
     let body = json_body(resp).await;
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert_eq!(body["error"]["code"], "first_token_timeout", "{body}");
-    // 900 ms, as the message rounds the wait it measured (901ms on a loaded machine).
-    assert!(message.contains("within 90"), "{body}");
     assert!(message.contains("x-stainless-timeout"), "{body}");
 }
 
