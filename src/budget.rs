@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tokio::time::Instant;
 
-use crate::config::Limits;
+use crate::config::{Limits, MAX_DURATION};
 use crate::error::{GatewayError, RunNeed};
 use crate::http::headers::present;
 
@@ -360,11 +360,14 @@ impl Budget {
 }
 
 /// The run budget a request asks for (`x-run-budget-ms`), refused like any budget header when
-/// malformed.
+/// malformed, and held to the year any duration of the config is: on a route with no run
+/// limit it is the run's, and 2^63 ms or more overflowed Redis's integers (a Lua double made
+/// negative), so that the Redis store said no time left where memory said 2^64 ms (audit KD 3).
 pub fn run_budget(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError> {
-    single(headers, &names::RUN_BUDGET)?
+    Ok(single(headers, &names::RUN_BUDGET)?
         .map(|v| parse_millis(RUN_BUDGET_HEADER, v))
-        .transpose()
+        .transpose()?
+        .map(|asked| asked.min(MAX_DURATION)))
 }
 
 /// The error of a deadline: the call's own (`budget`), or its run's when `run` bounds it;
@@ -548,6 +551,20 @@ mod tests {
             reserve: Duration::from_millis(0),
             min_useful: Duration::from_millis(100),
         }
+    }
+
+    /// A run budget asked past the year any config duration is held to is a year (audit KD 3:
+    /// 2^63 ms or more overflowed Redis's integers); one within it is as asked.
+    #[test]
+    fn a_run_budget_is_held_to_a_year() {
+        for asked in ["18446744073709551615", "9223372036854775808", "31557600001"] {
+            let h = headers(&[(RUN_BUDGET_HEADER, asked)]);
+            assert_eq!(run_budget(&h).unwrap(), Some(MAX_DURATION), "{asked}");
+        }
+        let h = headers(&[(RUN_BUDGET_HEADER, "31557600000")]);
+        assert_eq!(run_budget(&h).unwrap(), Some(MAX_DURATION));
+        let h = headers(&[(RUN_BUDGET_HEADER, "1500")]);
+        assert_eq!(run_budget(&h).unwrap(), Some(Duration::from_millis(1500)));
     }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {

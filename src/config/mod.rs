@@ -32,6 +32,10 @@ mod runs;
 mod secrets;
 
 pub use build::DEFAULT_LIMITS;
+
+/// No duration in the file may exceed this (humantime's year is 365.25 days); nor a run's
+/// budget a client asks for (`x-run-budget-ms`), so that every store holds the same.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(31_557_600);
 pub use describe::WILL_NOT_START;
 pub use http2::{Http2Config, Http2Mode};
 pub use routing::glob_match;

@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::{Limits, RetryCause};
+use super::{Limits, RetryCause, MAX_DURATION};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table")]
@@ -336,9 +336,6 @@ impl RawRoute {
         }
     }
 }
-
-/// No duration in the file may exceed this (humantime's year is 365.25 days).
-const MAX_DURATION: Duration = Duration::from_secs(31_557_600);
 
 /// A humantime duration string. Hand-rolled rather than `humantime_serde` so
 /// the error quotes the value and says why humantime rejected it.

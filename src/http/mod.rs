@@ -2,6 +2,7 @@
 
 pub mod conn;
 pub mod content_type;
+pub mod date;
 pub mod framing;
 pub mod headers;
 pub mod path;

@@ -310,8 +310,9 @@ fn some(n: i64) -> Option<u64> {
     (n >= 0).then_some(n as u64)
 }
 
-fn deadline_in(ms: i64, now: Instant) -> Option<Instant> {
-    some(ms).map(|ms| now + Duration::from_millis(ms))
+/// The deadline `ms` after `from`; `-1`: none.
+fn deadline_in(ms: i64, from: Instant) -> Option<Instant> {
+    some(ms).map(|ms| from + Duration::from_millis(ms))
 }
 
 impl RedisStore {
@@ -434,7 +435,10 @@ impl RedisStore {
             }
             reply => reply?,
         };
-        let now = Instant::now();
+        // The script says the run's deadline as time after the call's arrival: counted from
+        // the arrival here, so that neither the trip to Redis nor the one back is added to
+        // the run (audit KD 1).
+        let arrived = call.at;
         let at = |i: usize| reply.get(i).map_or(-1, int);
         if at(0) == 2 {
             return Err(StoreError::Failed("the call was cancelled".to_owned()));
@@ -443,7 +447,7 @@ impl RedisStore {
             return Ok(RedisAdmission::Admitted(
                 Admitted {
                     view: View {
-                        deadline: deadline_in(at(1), now),
+                        deadline: deadline_in(at(1), arrived),
                         calls_left: some(at(2)).map(|n| n as u32),
                         tokens_left: some(at(3)),
                     },
@@ -462,7 +466,7 @@ impl RedisStore {
             ));
         }
         let view = View {
-            deadline: deadline_in(at(2), now),
+            deadline: deadline_in(at(2), arrived),
             calls_left: some(at(3)).map(|n| n as u32),
             tokens_left: some(at(4)),
         };

@@ -15,6 +15,7 @@ use http_body_util::Full;
 
 use crate::config::redacted_url;
 use crate::gateway::Gateway;
+use crate::http::date;
 use crate::runs::id::check_id;
 use crate::runs::{RunKey, RunState, Runs};
 use crate::telemetry::metrics::Metrics;
@@ -173,6 +174,8 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
+    // Dated now, not by hyper's cache, which a step back of the wall clock freezes.
+    date::insert_if_missing(resp.headers_mut());
     resp
 }
 
@@ -284,12 +287,31 @@ fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("application/json"),
     );
+    // Dated now, not by hyper's cache, which a step back of the wall clock freezes.
+    date::insert_if_missing(resp.headers_mut());
     resp
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The admin listener's answers are dated by the wall clock of their making, not by
+    /// hyper's per-thread cache, which a step back of the clock froze (audit KD 2).
+    #[test]
+    fn an_admin_answer_is_dated_now() {
+        let before = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
+        let answers = [
+            text(StatusCode::OK, "ok\n"),
+            json(StatusCode::OK, &serde_json::json!({})),
+        ];
+        let after = std::time::SystemTime::now();
+        for resp in answers {
+            let date = resp.headers().get(header::DATE).expect("dated");
+            let at = httpdate::parse_http_date(date.to_str().unwrap()).unwrap();
+            assert!(before <= at && at <= after, "{date:?}");
+        }
+    }
 
     /// Audit CE: twenty scrapes at once each encoded the whole text (3.9 GB with 50,000
     /// named keys). Those that came while an encoding ran share the next one; none gets

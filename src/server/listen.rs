@@ -28,6 +28,7 @@ use crate::config::ServerConfig;
 use crate::error::GatewayError;
 use crate::gateway::ProxyBody;
 use crate::http::conn::{ClientConn, ClientWrites, Streams};
+use crate::http::date;
 use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
 use crate::server::admin::Admin;
 use crate::server::client_io::{ClientIo, First, Linger, RequestBody, Returned};
@@ -617,7 +618,12 @@ impl<F: Future<Output = Response<ProxyBody>>> Future for Handler<F> {
         let mut this = self.project();
         let message = match this.inner.as_mut().as_pin_mut() {
             Some(inner) => match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
-                Ok(Poll::Ready(resp)) => return Poll::Ready(Ok(resp)),
+                Ok(Poll::Ready(mut resp)) => {
+                    // Dated here, not by hyper's cache, which a step back of the wall clock
+                    // freezes (see `http::date`); an upstream's own Date stays.
+                    date::insert_if_missing(resp.headers_mut());
+                    return Poll::Ready(Ok(resp));
+                }
                 Ok(Poll::Pending) => return Poll::Pending,
                 Err(payload) => {
                     // Not polled again, and dropped now rather than with the connection.
@@ -629,9 +635,11 @@ impl<F: Future<Output = Response<ProxyBody>>> Future for Handler<F> {
         };
         this.metrics.panicked();
         tracing::error!(peer = %this.peer, panic = %message, "request handler panicked");
-        Poll::Ready(Ok(GatewayError::Internal
+        let mut resp = GatewayError::Internal
             .response()
-            .map(|b| Either::Left(Full::new(b)))))
+            .map(|b| Either::Left(Full::new(b)));
+        date::insert_if_missing(resp.headers_mut());
+        Poll::Ready(Ok(resp))
     }
 }
 
@@ -711,6 +719,50 @@ mod tests {
                 )
             );
         }
+    }
+
+    /// Every answer leaves the handler dated by the wall clock of its making, not by hyper's
+    /// per-thread cache, which a step back of the clock froze for as long (audit KD 2): the
+    /// gateway's own (here a 401, and the 500 of a panic), and an upstream's without a
+    /// `Date`; an upstream's `Date` stays.
+    #[tokio::test]
+    async fn every_answer_leaves_the_handler_dated_now() {
+        async fn dated<F: Future<Output = Response<ProxyBody>>>(
+            make: impl FnOnce() -> F,
+        ) -> http::HeaderMap {
+            let metrics = Arc::new(Metrics::new());
+            let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
+            let resp = Handler::new(metrics, peer, make).await.unwrap();
+            resp.headers().clone()
+        }
+        let before = std::time::SystemTime::now() - Duration::from_secs(1);
+        let own = dated(|| async {
+            GatewayError::Unauthorized
+                .response()
+                .map(|b| Either::Left(Full::new(b)))
+        })
+        .await;
+        let panicked =
+            dated(|| -> std::future::Ready<Response<ProxyBody>> { panic!("made") }).await;
+        let after = std::time::SystemTime::now();
+        for headers in [own, panicked] {
+            let date = headers.get(http::header::DATE).expect("dated");
+            let at = httpdate::parse_http_date(date.to_str().unwrap()).unwrap();
+            assert!(before <= at && at <= after, "{date:?}");
+        }
+        let upstreams = dated(|| async {
+            let mut resp = Response::new(Either::Left(Full::default()));
+            resp.headers_mut().insert(
+                http::header::DATE,
+                http::HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+            );
+            resp
+        })
+        .await;
+        assert_eq!(
+            upstreams[http::header::DATE],
+            "Wed, 21 Oct 2015 07:28:00 GMT"
+        );
     }
 
     /// A connected pair on loopback: the client's end and the server's.

@@ -1342,3 +1342,6 @@ async fn an_acl_user_with_a_password_from_the_environment_reaches_redis() {
     let (out, err) = p.stop().await;
     assert!(!out.contains("UserPw!42") && !err.contains("UserPw!42"));
 }
+
+/// A run's time against a Redis far away.
+mod store_trip;

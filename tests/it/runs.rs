@@ -237,6 +237,7 @@ on_both_stores!(
     a_call_limit_reached_only_by_calls_given_back_ends_no_run,
     an_unread_answer_counts_against_the_runs_tokens,
     a_documents_head_says_what_the_run_has_left_with_its_usage,
+    a_run_budget_past_a_year_is_a_year,
 );
 
 /// The loop stop: the same tool calls, or the same request, again and again.
@@ -1349,4 +1350,36 @@ async fn a_documents_head_says_what_the_run_has_left_with_its_usage(store: Store
     let run = run_json(&h, "error-head").await;
     assert_eq!(run["runs"][0]["left"]["tokens"], left, "{run}");
     assert_eq!(left, 100_000);
+}
+
+/// A route with no run limit takes the client's `x-run-budget-ms` as it is, up to the year
+/// any duration of the config is held to: both stores then say the same. Unbounded, Redis
+/// read 2^64 - 1 ms as a Lua double, turned negative as an integer, and no
+/// `x-run-remaining-ms` came back, where memory said 18446744073709551614 (audit KD 3).
+async fn a_run_budget_past_a_year_is_a_year(store: Store) {
+    const YEAR_MS: u64 = 31_557_600_000;
+    let (h, _keep) = harness(store).await;
+    for (turn, asked) in ["18446744073709551615", "9223372036854775807"]
+        .into_iter()
+        .enumerate()
+    {
+        let (resp, _c) = h
+            .send(call(
+                "/plain",
+                false,
+                &[("x-run-id", "forever"), ("x-run-budget-ms", asked)],
+                "",
+            ))
+            .await;
+        assert_eq!(resp.status(), 200);
+        let remaining = remaining_ms(&resp);
+        assert!(
+            (YEAR_MS - 60_000..=YEAR_MS).contains(&remaining),
+            "call {turn}, asked {asked}: {remaining}"
+        );
+        json_body(resp).await;
+    }
+    let run = run_json(&h, "forever").await;
+    let left = run["runs"][0]["left"]["remaining_ms"].as_u64().unwrap();
+    assert!((YEAR_MS - 60_000..=YEAR_MS).contains(&left), "{run}");
 }

@@ -13,12 +13,17 @@
 --          15 life_ms: how long after the call's arrival its reservation is given back if
 --          its end never comes ('' for never)
 --
--- Returns {1, deadline_left_ms, calls_left, tokens_left, allowance, run_budget_ms, started,
+-- Returns {1, deadline_ms, calls_left, tokens_left, allowance, run_budget_ms, started,
 --          max_tokens, max_repeats, route} (max_tokens and max_repeats the run's limits,
---          which the call is held to, -1 for none; route the run's), {0, ended_now, deadline_left_ms, calls_left, tokens_left, route,
+--          which the call is held to, -1 for none; route the run's), {0, ended_now, deadline_ms, calls_left, tokens_left, route,
 --          refusal...}, or {2} for a call already cancelled. ended_now: the run ended with
 --          this refusal and no call in flight, so its end is counted now (else the last
---          call to finish counts it).
+--          call to finish counts it). deadline_ms: the run's deadline after this call's
+--          arrival (-1 for none), which the gateway counts from when the call arrived there,
+--          not from when this reply is back: the time left now would be late by the trip
+--          back, and the arrival here is late by the trip here (audit KD 1: a 3 s run cut at
+--          3.30 s through 150 ms each way). The call that starts the run gets its budget
+--          exactly; a later one errs early by its trip here, never late.
 local k = KEYS[1]
 if redis.call('HEXISTS', k, 'x:' .. ARGV[14]) == 1 then return {2} end
 local t = redis.call('TIME')
@@ -111,6 +116,7 @@ end
 local function left_of(limit, n) if limit == nil then return -1 end return math.max(0, limit - n) end
 local function view_tokens() if max_tokens == nil then return -1 end return math.max(0, max_tokens - used - reserved) end
 local function deadline_left() if deadline == nil then return -1 end return math.max(0, deadline - now) end
+local function deadline_ms() if deadline == nil then return -1 end return math.max(0, deadline - arrival) end
 
 -- This call's admission ran already: its answer was lost and it was sent again (redis.rs
 -- sends it twice when the connection dropped under it). The same answer, nothing taken twice.
@@ -118,7 +124,7 @@ local held = h['p:' .. ARGV[14]]
 if held then
   local allowance = -1
   if max_tokens ~= nil then allowance = math.max(0, max_tokens - (used + reserved - tonumber(held))) end
-  return {1, deadline_left(), left_of(max_calls, calls), view_tokens(), allowance,
+  return {1, deadline_ms(), left_of(max_calls, calls), view_tokens(), allowance,
     run_budget or -1, h.starter == ARGV[14] and 1 or 0, max_tokens or -1, max_repeats or -1,
     h.route}
 end
@@ -172,7 +178,7 @@ if refusal ~= nil then
   -- Sent again, the refusal that counted the end says so again (only one answer is read).
   if ended_now == 0 and h.reporter == ARGV[14] then ended_now = 1 end
   if fresh then redis.call('PEXPIRE', k, ARGV[13]) end
-  local out = {0, ended_now, deadline_left(), left_of(max_calls, calls), view_tokens(),
+  local out = {0, ended_now, deadline_ms(), left_of(max_calls, calls), view_tokens(),
     h.route, calls, used, now - started_ms}
   for _, v in ipairs(refusal) do table.insert(out, tostring(v)) end
   return out
@@ -195,5 +201,5 @@ local expire = tonumber(ARGV[13])
 if redis.call('PTTL', k) < expire then redis.call('PEXPIRE', k, expire) end
 local allowance = -1
 if max_tokens ~= nil then allowance = math.max(0, max_tokens - (used + reserved - reserve)) end
-return {1, deadline_left(), left_of(max_calls, calls), view_tokens(), allowance,
+return {1, deadline_ms(), left_of(max_calls, calls), view_tokens(), allowance,
   run_budget or -1, started and 1 or 0, max_tokens or -1, max_repeats or -1, h.route}

@@ -246,3 +246,57 @@ impl Drop for RedisServer {
 fn required() -> bool {
     std::env::var("HOURGLASS_REQUIRE_REDIS").is_ok_and(|v| !v.is_empty() && v != "0")
 }
+
+/// A TCP proxy on a free loopback port to `target` that holds every read `delay` before it
+/// passes it on, each direction on its own (a store far away, or queued behind others):
+/// its address, and the task to abort to close it.
+pub async fn delaying_proxy(
+    target: SocketAddr,
+    delay: Duration,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut pumps = tokio::task::JoinSet::new();
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                continue;
+            };
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            pumps.spawn(delayed(client_read, server_write, delay));
+            pumps.spawn(delayed(server_read, client_write, delay));
+        }
+    });
+    (addr, task)
+}
+
+/// Copies `from` to `to`, each read written `delay` after it came, in order.
+async fn delayed(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay: Duration,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let writer = async move {
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    };
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf).await {
+            if tx
+                .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+            {
+                return;
+            }
+        }
+    };
+    tokio::join!(reader, writer);
+}
