@@ -292,8 +292,8 @@ pub enum GatewayError {
     #[error("the request body sent nothing for {}ms (the gateway's header_read_timeout); send it without pauses", .after.as_millis())]
     BodyTimeout { after: Duration },
     /// The request already passed through `hops` Hourglass gateways (each names itself in
-    /// `Via`): an upstream leads back into the chain.
-    #[error("the request has already passed through {hops} Hourglass gateways (Via): an upstream leads back into the chain")]
+    /// `Via` and counts itself in `x-hourglass-hops`): an upstream leads back into the chain.
+    #[error("the request has already passed through {hops} Hourglass gateways (Via, x-hourglass-hops): an upstream leads back into the chain")]
     LoopDetected { hops: usize },
     /// The client asked to switch the connection to WebSocket (the OpenAI Realtime API, for
     /// one). Hourglass forwards HTTP requests and streams only; passed on without `Upgrade`
