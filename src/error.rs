@@ -292,8 +292,8 @@ pub enum GatewayError {
     #[error("the request body sent nothing for {}ms (the gateway's header_read_timeout); send it without pauses", .after.as_millis())]
     BodyTimeout { after: Duration },
     /// The request already passed through `hops` Hourglass gateways (each names itself in
-    /// `Via`): an upstream leads back into the chain.
-    #[error("the request has already passed through {hops} Hourglass gateways (Via): an upstream leads back into the chain")]
+    /// `Via` and counts itself in `x-hourglass-hops`): an upstream leads back into the chain.
+    #[error("the request has already passed through {hops} Hourglass gateways (Via, x-hourglass-hops): an upstream leads back into the chain")]
     LoopDetected { hops: usize },
     /// The client asked to switch the connection to WebSocket (the OpenAI Realtime API, for
     /// one). Hourglass forwards HTTP requests and streams only; passed on without `Upgrade`
@@ -856,38 +856,6 @@ impl GatewayError {
                     http::header::CONNECTION,
                     http::HeaderValue::from_static("close"),
                 );
-                headers.insert(
-                    http::HeaderName::from_static("x-should-retry"),
-                    http::HeaderValue::from_static("false"),
-                );
-            }
-            // The same request loops (or is refused, or cannot fit) the same way again: the
-            // OpenAI and Anthropic SDKs, which retry any 5xx by default, obey this header.
-            // A deadline the client set is its own: a retry would come with a new one, and
-            // an answer after the time the client asked for (openai 3.63: a 2 s budget,
-            // 504 after 7.3 s and three requests).
-            // (An unsupported coding's body is never read: the answer also closes, as every
-            // answer made before the body was read does, `gateway::body::error_answer`.)
-            Self::LoopDetected { .. }
-            | Self::UnsupportedTransferCoding { .. }
-            | Self::UpgradeUnsupported { .. }
-            | Self::InsufficientBudget { whole: true, .. }
-            | Self::UpstreamUnavailable {
-                certificate: true, ..
-            }
-            | Self::RunCallLimit { .. }
-            | Self::RunTokenLimit { .. }
-            | Self::RunTokensSpent { .. }
-            | Self::RunLoopDetected { .. }
-            | Self::RunDeadlineExceeded { .. }
-            | Self::DeadlineExceeded {
-                client_budget: true,
-                ..
-            } => {
-                resp.headers_mut().insert(
-                    http::HeaderName::from_static("x-should-retry"),
-                    http::HeaderValue::from_static("false"),
-                );
             }
             // The codings this server takes (RFC 9110 12.5.3).
             Self::UnsupportedEncoding { .. } => {
@@ -904,7 +872,46 @@ impl GatewayError {
             }
             _ => {}
         }
+        if self.tells_not_to_retry() {
+            resp.headers_mut().insert(
+                http::HeaderName::from_static("x-should-retry"),
+                http::HeaderValue::from_static("false"),
+            );
+        }
         resp
+    }
+
+    /// The answer says `x-should-retry: false`: the same request would fail the same way.
+    /// The OpenAI and Anthropic SDKs, which retry any 5xx by default, obey this header.
+    pub fn tells_not_to_retry(&self) -> bool {
+        matches!(
+            self,
+            // Refused the same way again.
+            Self::MethodNotAllowed { .. }
+            // The same request loops (or is refused, or cannot fit) the same way again.
+            // A deadline the client set is its own: a retry would come with a new one, and
+            // an answer after the time the client asked for (openai 3.63: a 2 s budget,
+            // 504 after 7.3 s and three requests).
+            // (An unsupported coding's body is never read: the answer also closes, as every
+            // answer made before the body was read does, `gateway::body::error_answer`.)
+            | Self::LoopDetected { .. }
+            | Self::UnsupportedTransferCoding { .. }
+            | Self::UpgradeUnsupported { .. }
+            | Self::InsufficientBudget { whole: true, .. }
+            | Self::UpstreamUnavailable {
+                certificate: true,
+                ..
+            }
+            | Self::RunCallLimit { .. }
+            | Self::RunTokenLimit { .. }
+            | Self::RunTokensSpent { .. }
+            | Self::RunLoopDetected { .. }
+            | Self::RunDeadlineExceeded { .. }
+            | Self::DeadlineExceeded {
+                client_budget: true,
+                ..
+            }
+        )
     }
 }
 

@@ -18,7 +18,7 @@ use crate::provider::assemble::{AssembleError, Usage};
 use crate::provider::inspect::{PromptPart, Tokens};
 use crate::provider::ErrorType;
 use crate::runs::call::insert_headers as insert_run_headers;
-use crate::stream::Observer;
+use crate::stream::{Observer, StreamLimits};
 
 /// Set on a partial answer: the code of the limit that cut it.
 pub static PARTIAL: HeaderName = HeaderName::from_static("x-hourglass-partial");
@@ -30,6 +30,44 @@ fn leaves_partial(e: &GatewayError) -> Option<Origin> {
         o @ (Origin::Deadline | Origin::Idle | Origin::RunDeadline | Origin::RunTokens) => Some(o),
         _ => None,
     }
+}
+
+/// A limit of a Hourglass further down the chain (DESIGN 3.6: its budget is shorter, so its
+/// limit usually fires first) that ended the stream with its error event
+/// (`GatewayError::sse_event`), as this gateway's own cut of that kind: the code the partial
+/// answer names, the limit's origin, and whether the answer says `x-should-retry: false`.
+/// The first-token limit is not here: before output, its event is answered as this
+/// gateway's own first-token cut is, a 504 that leaves the retry to the SDK.
+struct ChainCut {
+    code: &'static str,
+    origin: Origin,
+    no_retry: bool,
+}
+
+fn chain_cut(error: &serde_json::Value, limits: &StreamLimits) -> Option<ChainCut> {
+    let inner = error.get("error")?;
+    let kind = inner.get("type")?.as_str()?;
+    let (code, origin, no_retry) = match (kind, inner.get("code")?.as_str()?) {
+        ("timeout_error", "idle_timeout") => ("idle_timeout", Origin::Idle, false),
+        // The inner gateway's budget is the one this gateway forwarded, so its event cannot
+        // say whether the client set it: this gateway's own deadline says what a retry gets.
+        ("timeout_error", "deadline_exceeded") => (
+            "deadline_exceeded",
+            Origin::Deadline,
+            limits.deadline_error().tells_not_to_retry(),
+        ),
+        // A run's limits hold for a retry too.
+        ("timeout_error", "run_deadline_exceeded") => {
+            ("run_deadline_exceeded", Origin::RunDeadline, true)
+        }
+        ("rate_limit_error", "run_token_limit") => ("run_token_limit", Origin::RunTokens, true),
+        _ => return None,
+    };
+    Some(ChainCut {
+        code,
+        origin,
+        no_retry,
+    })
 }
 
 /// The error answered in place of the upstream's answer, whose head came: it keeps what that
@@ -144,6 +182,41 @@ fn failed_response_error(event: &serde_json::Value) -> std::borrow::Cow<'_, serd
     }
 }
 
+/// The provider's error event, answered as the provider answers that error to a client that
+/// does not stream: its object, whole, with its status (`no_retry`: and `x-should-retry:
+/// false`, for a chained gateway's limit that this gateway's own would say it for).
+fn provider_error_answer(
+    error: &serde_json::Value,
+    no_retry: bool,
+    record: &mut RequestRecord,
+    id: &str,
+    head: &Parts,
+    tokens: Option<Tokens>,
+) -> Response<ProxyBody> {
+    let error = &*failed_response_error(error);
+    let e = GatewayError::UpstreamError {
+        upstream: record.upstream_name().unwrap_or_default(),
+        reason: "the provider sent an error event".into(),
+    };
+    let mut resp = after_head(&e, record, id, head, tokens);
+    let status = provider_status(error);
+    *resp.status_mut() = status;
+    crate::http::headers::keep_reason_phrase(status, resp.extensions_mut());
+    record.set_status(status.as_u16());
+    if no_retry {
+        resp.headers_mut().insert(
+            HeaderName::from_static("x-should-retry"),
+            HeaderValue::from_static("false"),
+        );
+    }
+    let body = Bytes::from(error_body(error).to_string());
+    let replaced = http_body::Body::size_hint(resp.body()).exact().unwrap_or(0);
+    record.own_bytes_replaced(replaced as usize, body.len());
+    *resp.body_mut() = Either::Left(Full::new(body));
+    resp.headers_mut().remove(header::CONTENT_LENGTH);
+    resp
+}
+
 pub(super) async fn assembled(
     mut parts: Parts,
     mut body: Box<WatchedBody>,
@@ -187,28 +260,28 @@ pub(super) async fn assembled(
             tokens,
         );
     };
-    let record = body.observer_mut();
     // An error event after the whole answer took nothing from it: answered as an error, it
     // would be retried by the SDK and the finished generation paid for twice.
     let ended = answer_ended && assembler.ended();
-    if let Some(error) = assembler.provider_error().filter(|_| !ended) {
-        let error = &*failed_response_error(error);
+    let provider_error = assembler.provider_error().filter(|_| !ended).cloned();
+    // A chained gateway's limit is this gateway's own cut of that kind (audit KB 1): with
+    // output, and `partial_answers`, what was generated; otherwise the error event, with
+    // the `x-should-retry` this gateway's own cut would give.
+    let chained = provider_error
+        .as_ref()
+        .and_then(|error| chain_cut(&failed_response_error(error), body.limits()));
+    let chained_partial = chained
+        .as_ref()
+        .filter(|_| partial_answers && assembler.has_output())
+        .map(|c| (c.code, c.origin));
+    let no_retry = chained.is_some_and(|c| c.no_retry);
+    let record = body.observer_mut();
+    if let Some(error) = provider_error
+        .as_ref()
+        .filter(|_| chained_partial.is_none())
+    {
         // The provider's own error, as it would have answered it: its object, whole.
-        let e = GatewayError::UpstreamError {
-            upstream: record.upstream_name().unwrap_or_default(),
-            reason: "the provider sent an error event".into(),
-        };
-        let mut resp = after_head(&e, record, id, &parts, tokens);
-        let status = provider_status(error);
-        *resp.status_mut() = status;
-        crate::http::headers::keep_reason_phrase(status, resp.extensions_mut());
-        record.set_status(status.as_u16());
-        let body = Bytes::from(error_body(error).to_string());
-        let replaced = http_body::Body::size_hint(resp.body()).exact().unwrap_or(0);
-        record.own_bytes_replaced(replaced as usize, body.len());
-        *resp.body_mut() = Either::Left(Full::new(body));
-        resp.headers_mut().remove(header::CONTENT_LENGTH);
-        return resp;
+        return provider_error_answer(error, no_retry, record, id, &parts, tokens);
     }
     // All that was missing was the stream's own end (see `Assembler::whole`): the answer is
     // whole, and answered as such, whatever ended the stream (a limit, the provider's error
@@ -222,7 +295,7 @@ pub(super) async fn assembled(
         }
     }
     let partial = match &cut {
-        None => None,
+        None => chained_partial,
         Some(e) => match leaves_partial(e) {
             Some(origin) if partial_answers && assembler.has_output() => Some((e.code(), origin)),
             _ => return after_head(e, record, id, &parts, tokens),
@@ -247,6 +320,10 @@ pub(super) async fn assembled(
         Ok(doc) => doc,
         // Nothing kept of what came (a tool call cut mid-way): the cut, as with no output.
         Err(AssembleError::Empty) if partial.is_some() => {
+            // A chained gateway's cut: its error event, as with no output.
+            if let Some(error) = &provider_error {
+                return provider_error_answer(error, no_retry, record, id, &parts, tokens);
+            }
             let e = cut.unwrap_or(GatewayError::Internal);
             return after_head(&e, record, id, &parts, tokens);
         }
@@ -307,6 +384,67 @@ mod tests {
         assert_eq!(provider_status(&chunk), StatusCode::INTERNAL_SERVER_ERROR);
         let anthropic = serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "m"}});
         assert_eq!(*error_body(&anthropic), anthropic);
+    }
+
+    /// Audit KB 1: only a Hourglass limit's event (its type and code as
+    /// `GatewayError::sse_event` writes them) is a chained gateway's cut; a provider's
+    /// error, a timeout among them, stays the provider's. A deadline says not to retry as
+    /// this gateway's own would: when its budget is the client's.
+    #[test]
+    fn only_a_gateway_limits_event_is_a_chained_cut() {
+        let limits = |client_budget| StreamLimits {
+            first_token_deadline: Instant::now(),
+            first_token_timeout: std::time::Duration::from_secs(1),
+            first_token_patience: false,
+            idle_timeout: std::time::Duration::from_secs(1),
+            client_silence: None,
+            deadline: Instant::now(),
+            budget: std::time::Duration::from_secs(1),
+            reserve: std::time::Duration::ZERO,
+            client_budget,
+            patience: false,
+            upstream: "inner".into(),
+            run: None,
+            run_tokens: None,
+        };
+        let event = |e: &GatewayError| -> serde_json::Value {
+            let text = String::from_utf8(e.sse_event(None).to_vec()).unwrap();
+            serde_json::from_str(text.lines().nth(1).unwrap().strip_prefix("data: ").unwrap())
+                .unwrap()
+        };
+        let idle = GatewayError::IdleTimeout {
+            upstream: "fake".into(),
+            after: std::time::Duration::from_millis(600),
+            patience: false,
+        };
+        let cut = chain_cut(&event(&idle), &limits(true)).unwrap();
+        assert_eq!(
+            (cut.code, cut.origin, cut.no_retry),
+            ("idle_timeout", Origin::Idle, false)
+        );
+        let deadline = limits(false).deadline_error();
+        for client_budget in [false, true] {
+            let cut = chain_cut(&event(&deadline), &limits(client_budget)).unwrap();
+            assert_eq!(
+                (cut.code, cut.origin),
+                ("deadline_exceeded", Origin::Deadline)
+            );
+            assert_eq!(cut.no_retry, client_budget);
+        }
+        let spent = GatewayError::RunTokensSpent {
+            run: "r".into(),
+            limit: 10,
+        };
+        let cut = chain_cut(&event(&spent), &limits(false)).unwrap();
+        assert_eq!((cut.origin, cut.no_retry), (Origin::RunTokens, true));
+        for provider in [
+            serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "m"}}),
+            serde_json::json!({"error": {"type": "timeout_error", "message": "m", "code": null}}),
+            serde_json::json!({"error": {"type": "server_error", "code": "idle_timeout"}}),
+            serde_json::json!({"type": "error", "code": "deadline_exceeded", "message": "m"}),
+        ] {
+            assert!(chain_cut(&provider, &limits(true)).is_none(), "{provider}");
+        }
     }
 
     /// The status and envelope a non-streaming client gets for `event`, the error the

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header;
+use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request};
 use http_body::Body;
@@ -30,7 +30,8 @@ use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, decrement_max_forwards,
     header_list_size, hops, host_not_authority, insert_request_id, join_cookies, present,
-    strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade, IDENTITY, MAX_HOPS,
+    strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade, HOURGLASS_HOPS, IDENTITY,
+    MAX_HOPS,
 };
 use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::request::{head_of, Head, Unreadable};
@@ -363,6 +364,9 @@ impl Gateway {
             // A gateway names itself in every request it forwards, after any intermediary
             // before it (RFC 9110 7.6.3).
             headers.append(header::VIA, via(version));
+            // And counts itself where a peer that drops `Via` still passes it on (replacing
+            // what came, which `hops` has read).
+            headers.insert(HOURGLASS_HOPS.clone(), HeaderValue::from(hops + 1));
             // An answer in a known format is read as it passes (tokens, usage, errors), and an
             // encoded one cannot be. Clients ask for `gzip` by default (httpx, undici): against
             // a compressing upstream, a stream would look silent to the first-token limit and

@@ -372,16 +372,38 @@ fn list_items(
     })
 }
 
-/// How many `Via` entries name a Hourglass gateway ("1.1 hourglass"; a comment may follow).
+/// The Hourglass gateways a request has passed through, as each counts itself on every
+/// request it forwards. `Via` alone is not enough: a peer that forwards only `x-` headers
+/// (LiteLLM; Portkey's forward list) drops it, and a loop through it went on for 932 hops
+/// (audit KB 2). Such a peer passes this one on.
+pub(crate) static HOURGLASS_HOPS: HeaderName = HeaderName::from_static("x-hourglass-hops");
+
+/// How many Hourglass gateways the request has passed through: the greater of the `Via`
+/// entries that name one ("1.1 hourglass"; a comment may follow) and `x-hourglass-hops`.
+/// A hop count that is no count (not digits) says nothing, and the `Via` count stands: a
+/// 400 would refuse a request for a header some peer mangled, and the gateway forwards the
+/// count well-formed again, so a loop is still counted from the next hop on. Digits too many
+/// for a number are a count past any limit.
 pub(crate) fn hops(headers: &HeaderMap) -> usize {
-    list_items(headers, header::VIA)
+    let via = list_items(headers, header::VIA)
         .filter(|(_, entry)| {
             let mut words = entry
                 .split(u8::is_ascii_whitespace)
                 .filter(|w| !w.is_empty());
             words.nth(1) == Some(b"hourglass")
         })
-        .count()
+        .count();
+    let own = list_items(headers, HOURGLASS_HOPS.clone())
+        .filter(|(_, n)| n.iter().all(u8::is_ascii_digit))
+        .map(|(_, n)| {
+            std::str::from_utf8(n)
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(usize::MAX)
+        })
+        .max()
+        .unwrap_or(0);
+    via.max(own)
 }
 
 pub(crate) const IDENTITY: HeaderValue = HeaderValue::from_static("identity");
@@ -1084,6 +1106,34 @@ mod tests {
         );
         h.append(header::VIA, HeaderValue::from_static("hourglass"));
         assert_eq!(hops(&h), 3);
+    }
+
+    /// Audit KB 2: a peer that forwards only `x-` headers (LiteLLM) drops `Via`, and a loop
+    /// through it went 932 hops. The gateway's own hop count is counted too, the greater
+    /// of the two; a malformed one says nothing (the `Via` count stands).
+    #[test]
+    fn hops_count_the_hourglass_hop_header_where_via_was_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(HOURGLASS_HOPS.clone(), HeaderValue::from_static("10"));
+        assert_eq!(hops(&h), 10);
+        h.insert(
+            header::VIA,
+            HeaderValue::from_static("1.1 hourglass, 1.1 hourglass"),
+        );
+        assert_eq!(hops(&h), 10);
+        for (value, want) in [
+            ("1", 2),
+            (" 4 ", 4),
+            ("3, 7", 7),
+            ("abc", 2),
+            ("-5", 2),
+            ("+5", 2),
+            ("", 2),
+            ("99999999999999999999999999", usize::MAX),
+        ] {
+            h.insert(HOURGLASS_HOPS.clone(), HeaderValue::from_static(value));
+            assert_eq!(hops(&h), want, "{value:?}");
+        }
     }
 
     #[test]

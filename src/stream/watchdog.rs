@@ -267,6 +267,12 @@ where
         &mut self.progress
     }
 
+    /// The limits the body is read under, to answer as they would a cut that came from
+    /// elsewhere (a gateway further down the chain).
+    pub fn limits(&self) -> &StreamLimits {
+        &self.limits
+    }
+
     /// The observer, to note what the caller did with the body (an answer sent instead).
     pub fn observer_mut(&mut self) -> &mut O {
         &mut self.observer

@@ -10,6 +10,7 @@ mod backpressure;
 mod balance;
 mod budget;
 mod cancel;
+mod chain;
 mod cli;
 mod client_conns;
 mod conformance;

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use hourglass::config::Config;
 use hourglass::server;
 use hourglass_fake::FakeUpstream;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -742,6 +742,97 @@ async fn an_upstream_that_leads_back_into_the_gateway_is_a_loop_detected_within_
             .await,
         0.0
     );
+}
+
+/// Audit KB 2: a loop through a peer that forwards only `x-` headers (LiteLLM drops `Via`)
+/// made 932 hops in 37 s, none refused. Each gateway also counts itself in
+/// `x-hourglass-hops`, which such a peer passes on: at the limit, the request is refused
+/// without `Via` as with it, and never reaches the upstream.
+#[tokio::test]
+async fn the_gateways_own_hop_count_stops_a_loop_that_lost_its_via() {
+    let h = Harness::start().await;
+    let (resp, _c) = h.chat(&[("x-hourglass-hops", "10")]).await;
+    assert_eq!(resp.status(), 508);
+    assert_eq!(resp.headers()["x-should-retry"], "false");
+    assert!(resp.headers().get("x-hourglass-hops").is_none());
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "loop_detected");
+    assert!(h.fake.requests().is_empty());
+
+    // Below the limit it is forwarded, counting this gateway; a value that is no count says
+    // nothing (the Via count stands), and no hop header comes back to the client.
+    for (sent, via, forwarded) in [
+        (Some("3"), None, "4"),
+        (None, None, "1"),
+        (Some("x2"), Some("1.1 hourglass"), "2"),
+    ] {
+        let mut headers = vec![];
+        if let Some(v) = sent {
+            headers.push(("x-hourglass-hops", v));
+        }
+        if let Some(v) = via {
+            headers.push(("via", v));
+        }
+        let (resp, _c) = h.send(chat_request(&headers, false)).await;
+        assert_eq!(resp.status(), 200, "{sent:?}");
+        assert!(resp.headers().get("x-hourglass-hops").is_none());
+        read_body(resp.into_body()).await;
+        let got = h.fake.requests().last().unwrap().headers["x-hourglass-hops"].clone();
+        assert_eq!(got, forwarded, "{sent:?} {via:?}");
+    }
+}
+
+/// A peer between the gateway and its upstream that forwards every request with its `Via`
+/// removed, as LiteLLM does (it forwards only `x-` headers), to `target`.
+async fn via_dropping_peer(target: std::net::SocketAddr) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let svc = hyper::service::service_fn(
+                move |req: http::Request<hyper::body::Incoming>| async move {
+                    let (mut parts, body) = req.into_parts();
+                    parts.headers.remove(http::header::VIA);
+                    let body = body.collect().await?.to_bytes();
+                    let req = http::Request::from_parts(parts, Full::new(body));
+                    let (resp, _c) = Conn::open(target).await.send(req).await;
+                    let (parts, body) = resp.into_parts();
+                    let body = body.collect().await?.to_bytes();
+                    Ok::<_, hyper::Error>(http::Response::from_parts(parts, Full::new(body)))
+                },
+            );
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc),
+            );
+        }
+    });
+    addr
+}
+
+/// Audit KB 2, end to end: a gateway whose upstream leads back to it through a peer that
+/// drops `Via` is stopped at the tenth hop, as without the peer.
+#[tokio::test]
+async fn a_loop_through_a_peer_that_drops_via_is_a_loop_detected_within_ten_hops() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let peer = via_dropping_peer(([127, 0, 0, 1], port).into()).await;
+    let config = BASE
+        .replacen(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+            1,
+        )
+        .replace("{FAKE}", &format!("http://{peer}"));
+    let h = Harness::with_config(&config).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 508);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "loop_detected");
+    h.wait_requests("chat", 11.0).await;
 }
 
 #[tokio::test]
