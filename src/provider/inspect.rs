@@ -367,6 +367,10 @@ impl Reader {
             _ if ev.error => Some(false),
             (Format::Chat, _) if ev.choices => Some(ev.is_output()),
             (Format::Messages | Format::Responses, Kind::Content) => Some(ev.is_output()),
+            (Format::Messages | Format::Responses, Kind::Output) => Some(true),
+            (Format::Messages | Format::Responses, Kind::Item) => {
+                Some(t.output_events == 0 && ev.is_output())
+            }
             (Format::Messages | Format::Responses, Kind::Framing | Kind::Error) => Some(false),
             _ if ev.done_seen == 6 && ev.done_ok => Some(false),
             _ => None,

@@ -52,6 +52,13 @@ pub(super) enum Kind {
     /// `content_block_delta`, `content_block_start`, `response.*.delta`: output when what
     /// they carry is not empty.
     Content,
+    /// `response.image_generation_call.partial_image`: output whatever it carries (a partial
+    /// image is model output, and the image's events have no delta; audit KE 2).
+    Output,
+    /// `response.output_item.done`: output when its item carries output (a message's text, a
+    /// call's arguments) and no output event came before it, for an item may come whole without
+    /// deltas (audit KE 2); after its deltas it only repeats them.
+    Item,
     /// The other events of these formats: framing, never output.
     Framing,
     /// A type this reader does not know.
@@ -70,6 +77,8 @@ pub(super) fn event_kind(name: &[u8]) -> Kind {
         | b"content_block_stop"
         | b"ping"
         | b"keepalive" => Kind::Framing,
+        b"response.image_generation_call.partial_image" => Kind::Output,
+        b"response.output_item.done" => Kind::Item,
         n if n.starts_with(b"response.") && n.ends_with(b".delta") => Kind::Content,
         n if n.starts_with(b"response.") => Kind::Framing,
         _ => Kind::Unknown,
