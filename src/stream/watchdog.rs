@@ -390,7 +390,7 @@ where
                         return hand_out(this.last_out, this.observer, data);
                     };
                     // The first token starts the idle limit; after it, every data event
-                    // (output or not) moves it.
+                    // (output or not) moves it, keep-alives aside (`Read::events`).
                     if read.output || (read.events > 0 && this.last_progress.is_some()) {
                         mark_progress(this.last_progress, this.observer, this.timer, this.limits);
                     }

@@ -1131,3 +1131,50 @@ mod client;
 
 /// A limit noticed late, the gateway itself stalled (audit ID 1).
 mod late;
+
+/// Audit KE 3: a keep-alive is one whether it comes with its `event:` line or data only
+/// (Anthropic's `{"type":"ping"}`, the Responses API's `{"type":"keepalive"}`): after the first
+/// token neither moves the idle limit, so the stream is cut by it as with `event: ping`.
+#[tokio::test(start_paused = true)]
+async fn data_only_keep_alives_do_not_move_the_idle_limit() {
+    use crate::provider::Format;
+    let text = "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
+    let delta = "data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n";
+    for (format, first, ping) in [
+        (
+            Format::Messages,
+            text,
+            "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+        ),
+        (Format::Messages, text, "data: {\"type\":\"ping\"}\n\n"),
+        (
+            Format::Messages,
+            text,
+            "event: message\ndata: {\"type\": \"ping\"}\n\n",
+        ),
+        (
+            Format::Responses,
+            delta,
+            "event: keepalive\ndata: {\"type\":\"keepalive\",\"sequence_number\":3}\n\n",
+        ),
+        (
+            Format::Responses,
+            delta,
+            "data: {\"type\":\"keepalive\",\"sequence_number\":3}\n\n",
+        ),
+    ] {
+        let (tx, mut b, probe) = format_body(format, limits(500, 100, 10_000));
+        let mut script = vec![(10, first)];
+        script.extend([(60, ping); 10]);
+        let t = feeder(tx, script);
+        let start = Instant::now();
+        let (_, _) = drain(&mut b).await;
+        assert_eq!(Instant::now() - start, ms(110), "{ping}");
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("idle_timeout"),
+            "{ping}"
+        );
+        drop(t);
+    }
+}
