@@ -994,6 +994,8 @@ fn with_run_tokens(mut l: StreamLimits) -> StreamLimits {
         limit: 100,
         allowance: 50,
         prompt_estimate: 10,
+        live: None,
+        added: 0,
     }));
     l
 }
@@ -1177,4 +1179,64 @@ async fn data_only_keep_alives_do_not_move_the_idle_limit() {
         );
         drop(t);
     }
+}
+
+/// Audit KE 1: two streams of one run, each under the run's limit alone and over it together
+/// (each admitted when the run had all of it left: no `max_tokens`, the estimate reserved):
+/// they read and add to the run's live count as they go, so together they stop near the
+/// limit, and once they are gone the live count holds only what their calls' ends counted.
+#[tokio::test(start_paused = true)]
+async fn concurrent_streams_of_a_run_stop_together_near_its_limit() {
+    let live = Arc::new(crate::runs::state::RunLive::default());
+    let event: &'static str = Box::leak(
+        format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+            "abcd".repeat(100)
+        )
+        .into_boxed_str(),
+    );
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let mut l = limits(1000, 1000, 60_000);
+        l.run_tokens = Some(Box::new(crate::stream::limits::RunTokens {
+            run: Arc::from("r"),
+            limit: 1000,
+            allowance: 1000,
+            prompt_estimate: 10,
+            live: Some(live.clone()),
+            added: 0,
+        }));
+        let (tx, b, probe) = chat_body(l);
+        let mut script = vec![(10, event); 8];
+        script.push((10, DONE));
+        let t = feeder(tx, script);
+        streams.push((b, probe, t));
+    }
+    let mut ends = Vec::new();
+    let mut used = 0;
+    let mut drains = Vec::new();
+    for (mut b, probe, t) in streams {
+        let live = live.clone();
+        drains.push(tokio::spawn(async move {
+            let _ = drain(&mut b).await;
+            drop(b);
+            drop(t);
+            // The call's end, as `RunState::finish` counts it: what it used.
+            let used = 10 + probe.0.lock().unwrap().tokens.unwrap().completion().0;
+            live.used
+                .fetch_add(used, std::sync::atomic::Ordering::Relaxed);
+            (probe, used)
+        }));
+    }
+    for d in drains {
+        let (probe, u) = d.await.unwrap();
+        ends.push(probe.0.lock().unwrap().end.clone().unwrap());
+        used += u;
+    }
+    // Alone each would use about 810 of 1000; together they stop within an event each
+    // (about 100 tokens) of the limit.
+    assert!(used <= 1000 + 2 * 110, "the run used {used}: {ends:?}");
+    assert!(ends.iter().any(|e| e == "run_token_limit"), "{ends:?}");
+    // Once both ended, the live count is what their calls' ends counted, nothing more.
+    assert_eq!(live.used.load(std::sync::atomic::Ordering::Relaxed), used);
 }
