@@ -375,6 +375,8 @@ impl RequestRecord {
             limit: call.limit_tokens()?,
             allowance: call.admitted.token_allowance?,
             prompt_estimate: self.request_bytes.div_ceil(4),
+            live: call.live(),
+            added: 0,
         })
     }
 

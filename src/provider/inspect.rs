@@ -72,6 +72,11 @@ struct Reader {
     tokens: Tokens,
     /// An event carrying model output dispatched in the piece being read.
     output: bool,
+    /// Keep-alives without their `event:` line (data-only `{"type":"ping"}`) dispatched in
+    /// the piece being read, which the scanner, knowing keep-alives only by `event:`, counted
+    /// as progress. 8 bits, in the struct's padding: past 255 in one piece (a flood, not a
+    /// keep-alive) the rest count as progress.
+    keepalives: u8,
     /// The last event read in full, to read the next ones by (see `shape`): boxed, and only
     /// for streams.
     shape: Option<Box<Shape>>,
@@ -115,6 +120,7 @@ impl Inspector {
                 event: Event::default(),
                 tokens: Tokens::default(),
                 output: false,
+                keepalives: 0,
                 shape: None,
                 extra: None,
                 recognised: false,
@@ -259,8 +265,14 @@ impl Inspector {
             return (Scan::default(), false);
         };
         self.reader.output = false;
-        let scan = scanner.scan_with(chunk, &mut self.reader);
+        self.reader.keepalives = 0;
+        let mut scan = scanner.scan_with(chunk, &mut self.reader);
         self.dispatched = self.dispatched.saturating_add(scan.dispatched);
+        // Progress is what the idle limit moves on: keep-alives are none, with their
+        // `event:` line or without it.
+        scan.progress = scan
+            .progress
+            .saturating_sub(u32::from(self.reader.keepalives));
         (scan, self.reader.output)
     }
 }
@@ -367,7 +379,17 @@ impl Reader {
             _ if ev.error => Some(false),
             (Format::Chat, _) if ev.choices => Some(ev.is_output()),
             (Format::Messages | Format::Responses, Kind::Content) => Some(ev.is_output()),
+            (Format::Messages | Format::Responses, Kind::Output) => Some(true),
+            (Format::Messages | Format::Responses, Kind::Item) => {
+                Some(t.output_events == 0 && ev.is_output())
+            }
             (Format::Messages | Format::Responses, Kind::Framing | Kind::Error) => Some(false),
+            (Format::Messages | Format::Responses, Kind::KeepAlive) => {
+                // Data only (`event: ping` never gets here): the scanner counted it as
+                // progress, which the idle limit must not see (audit KE 3).
+                self.keepalives = self.keepalives.saturating_add(1);
+                Some(false)
+            }
             _ if ev.done_seen == 6 && ev.done_ok => Some(false),
             _ => None,
         };

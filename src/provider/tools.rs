@@ -146,20 +146,31 @@ impl ToolCalls {
     /// each in order), and their names joined by commas (which no provider allows in a tool
     /// name), for the refusal's message: as many as fit in `MAX_NAMES`, then `+` and how many
     /// more there were (no provider allows `+` either); `None` when it asked for none.
+    ///
+    /// The calls are ordered by choice, then by the canonical call itself, not by the call's
+    /// index: the parallel calls of one choice are a set of actions, and sampling often asks for
+    /// the same ones in another order (audit KE 4: the same two calls at swapped indexes were no
+    /// repeat). The names keep the answer's order, as the client saw them.
     pub fn canonical(&self) -> Option<(Vec<u8>, String)> {
         if self.overflow || self.calls.is_empty() {
             return None;
         }
         let mut calls: Vec<&ToolCall> = self.calls.iter().collect();
         calls.sort_by_key(|c| c.key);
+        let names = names(&calls);
+        let mut canon: Vec<(u64, &str, String)> = calls
+            .iter()
+            .map(|c| (c.key.0, c.name.as_str(), canonical_json(&c.arguments)))
+            .collect();
+        canon.sort_unstable();
         let mut out = Vec::new();
-        for c in &calls {
-            out.extend_from_slice(c.name.as_bytes());
+        for (_, name, arguments) in &canon {
+            out.extend_from_slice(name.as_bytes());
             out.push(0);
-            out.extend_from_slice(canonical_json(&c.arguments).as_bytes());
+            out.extend_from_slice(arguments.as_bytes());
             out.push(0);
         }
-        Some((out, names(&calls)))
+        Some((out, names))
     }
 
     /// The call at `key` (a new one if none is), changed by `f`; past `MAX_GATHERED` in all,

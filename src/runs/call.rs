@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::runs::memory::{Entry, MemoryStore};
 use crate::runs::shared::Shared;
-use crate::runs::state::{Admitted, Call, RunOf, Used, View};
+use crate::runs::state::{Admitted, Call, RunLive, RunOf, Used, View};
 use crate::telemetry::metrics::RunMetrics;
 
 /// Where the call's run is, to give its reservation back.
@@ -102,6 +102,22 @@ impl RunCall {
     /// The tokens the call reserved at admission.
     pub fn reserve(&self) -> u64 {
         self.reserve
+    }
+
+    /// What the run has used, live, for its streams to read and add to as they go: the
+    /// memory store's (a Redis run's is in Redis, too far for every chunk; see
+    /// docs/lifecycle.md).
+    pub fn live(&self) -> Option<Arc<RunLive>> {
+        match &self.ticket {
+            Ticket::Memory(_, entry) => Some(
+                entry
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .live
+                    .clone(),
+            ),
+            Ticket::Redis(..) => None,
+        }
     }
 
     /// The run's token limit, if it has one.

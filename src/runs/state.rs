@@ -3,6 +3,8 @@
 //! the reservation by what the call used, and follow the repeats). Plain data and plain
 //! functions: a store runs them atomically, under its lock or as one script.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -186,6 +188,18 @@ pub enum Answer {
     Tools(u64, String),
 }
 
+/// What a run of the memory store has used, read and moved without its lock: by each of its
+/// streams as it goes (audit KE 1: each stream compared only its own use with what was left
+/// at its admission, and ten parallel streams used 5x `run_max_tokens`).
+/// One counter, so that a stream reads and moves it in one atomic operation: its ended calls'
+/// real use (added at each call's end) and its streams' estimates so far (each stream adds
+/// what it used as it grows, and takes it all back when it ends, its real use then counted
+/// at its call's end: never twice).
+#[derive(Debug, Default)]
+pub struct RunLive {
+    pub used: AtomicU64,
+}
+
 /// One run.
 #[derive(Debug, Clone)]
 pub struct RunState {
@@ -213,6 +227,8 @@ pub struct RunState {
     /// A call was refused before it was sent, the run's time left too short for its
     /// upstream: the run met its deadline, though a call on a faster route may still fit.
     pub short_of_time: bool,
+    /// What the run has used, for its streams to read as they go (the memory store's).
+    pub live: Arc<RunLive>,
 }
 
 impl RunState {
@@ -235,6 +251,7 @@ impl RunState {
             refused: None,
             reported: false,
             short_of_time: false,
+            live: Arc::default(),
         }
     }
 
@@ -386,6 +403,7 @@ impl RunState {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.tokens_reserved = self.tokens_reserved.saturating_sub(reserve);
         self.tokens_used = self.tokens_used.saturating_add(used.tokens);
+        self.live.used.fetch_add(used.tokens, Ordering::Relaxed);
         match &used.answer {
             Answer::Tools(fp, tool) => bump(&mut self.answer, *fp, Some(tool)),
             Answer::Plain => self.answer = None,

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 
 use crate::budget::{deadline_error, RunBound};
 use crate::error::GatewayError;
+use crate::runs::state::RunLive;
 
 /// The limits of one stream, as absolute instants fixed before the head arrived.
 #[derive(Debug, Clone)]
@@ -54,6 +55,11 @@ pub struct RunTokens {
     /// The prompt's tokens, estimated from the request body, for a stream that does not
     /// report them.
     pub prompt_estimate: u64,
+    /// What the whole run has used, live, where its store keeps that in this process (the
+    /// memory store): past `limit`, the stream is cut, whatever its own allowance says.
+    pub live: Option<Arc<RunLive>>,
+    /// What this stream has added to `live` so far: taken back when it ends.
+    pub added: u64,
 }
 
 impl StreamLimits {

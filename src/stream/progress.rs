@@ -30,7 +30,8 @@ pub struct Read {
     /// Model output arrived: an event that carries some (with a known format), any event
     /// that dispatches (an SSE body of unknown format), or any byte (any other body).
     pub output: bool,
-    /// SSE events dispatched in this piece other than keep-alives (`event: ping`) and errors.
+    /// SSE events dispatched in this piece other than keep-alives and errors: `event: ping`
+    /// or `keepalive`, and, with a known format, the same sent data only (`{"type":"ping"}`).
     pub events: u32,
     /// Offset just past the last complete SSE event in the piece.
     pub boundary: Option<usize>,

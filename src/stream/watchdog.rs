@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -140,6 +141,13 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             // Before the observer itself is dropped (and reports), however the stream ended.
             let this = this.project();
+            // What this stream added to its run's live count goes back: its call's end
+            // counts what it really used.
+            if let Some(run) = this.limits.run_tokens.as_mut() {
+                if let Some(live) = &run.live {
+                    live.used.fetch_sub(std::mem::take(&mut run.added), Ordering::Relaxed);
+                }
+            }
             // An answer of length 0 is whole with its head: hyper writes `content-length: 0`
             // and never polls the body, which would otherwise look abandoned by the client.
             if matches!(this.state, State::Streaming)
@@ -396,7 +404,7 @@ where
                         return hand_out(this.last_out, this.observer, data);
                     };
                     // The first token starts the idle limit; after it, every data event
-                    // (output or not) moves it.
+                    // (output or not) moves it, keep-alives aside (`Read::events`).
                     if read.output || (read.events > 0 && this.last_progress.is_some()) {
                         mark_progress(this.last_progress, this.observer, this.timer, this.limits);
                     }
@@ -843,8 +851,8 @@ fn end_after_error<B, O: Observer>(
 /// The run's token limit, once what this answer used (the prompt as reported or estimated,
 /// the completion as reported or estimated) passes what its run left it.
 #[inline]
-fn run_tokens_spent(progress: &Progress, limits: &StreamLimits) -> Option<GatewayError> {
-    let run = limits.run_tokens.as_ref()?;
+fn run_tokens_spent(progress: &Progress, limits: &mut StreamLimits) -> Option<GatewayError> {
+    let run = limits.run_tokens.as_mut()?;
     // The usage that follows a whole answer (a Chat usage chunk) is spent already: a cut
     // would save nothing, and only turn a whole answer into an error.
     if progress.answer_ended() {
@@ -855,7 +863,28 @@ fn run_tokens_spent(progress: &Progress, limits: &StreamLimits) -> Option<Gatewa
         .prompt()
         .unwrap_or(run.prompt_estimate)
         .saturating_add(t.completion().0);
-    (used > run.allowance).then(|| GatewayError::RunTokensSpent {
+    // The run's other streams use tokens too, beyond what they reserved (audit KE 1): what
+    // this one used is added to the run's live count, and the run's total read back in the
+    // same operation, only when it changed (one atomic operation a chunk at most).
+    let run_over = match &run.live {
+        Some(live) if used != run.added => {
+            let total = if used > run.added {
+                let delta = used - run.added;
+                live.used
+                    .fetch_add(delta, Ordering::Relaxed)
+                    .saturating_add(delta)
+            } else {
+                let delta = run.added - used;
+                live.used
+                    .fetch_sub(delta, Ordering::Relaxed)
+                    .saturating_sub(delta)
+            };
+            run.added = used;
+            total > run.limit
+        }
+        _ => false,
+    };
+    (used > run.allowance || run_over).then(|| GatewayError::RunTokensSpent {
         run: run.run.to_string(),
         limit: run.limit,
     })

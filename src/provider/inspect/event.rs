@@ -52,6 +52,16 @@ pub(super) enum Kind {
     /// `content_block_delta`, `content_block_start`, `response.*.delta`: output when what
     /// they carry is not empty.
     Content,
+    /// `response.image_generation_call.partial_image`: output whatever it carries (a partial
+    /// image is model output, and the image's events have no delta; audit KE 2).
+    Output,
+    /// `response.output_item.done`: output when its item carries output (a message's text, a
+    /// call's arguments) and no output event came before it, for an item may come whole without
+    /// deltas (audit KE 2); after its deltas it only repeats them.
+    Item,
+    /// `ping`, `keepalive`: framing, and a keep-alive for the idle limit too, should it come
+    /// without its `event:` line (the scanner takes one with it for a keep-alive; audit KE 3).
+    KeepAlive,
     /// The other events of these formats: framing, never output.
     Framing,
     /// A type this reader does not know.
@@ -62,14 +72,13 @@ pub(super) fn event_kind(name: &[u8]) -> Kind {
     match name {
         b"error" => Kind::Error,
         b"content_block_delta" | b"content_block_start" => Kind::Content,
-        // `keepalive`: the Responses API's heartbeat, here should it come without its
-        // `event:` line (the scanner takes the one with it for a keep-alive).
-        b"message_start"
-        | b"message_delta"
-        | b"message_stop"
-        | b"content_block_stop"
-        | b"ping"
-        | b"keepalive" => Kind::Framing,
+        // `keepalive`: the Responses API's heartbeat.
+        b"ping" | b"keepalive" => Kind::KeepAlive,
+        b"message_start" | b"message_delta" | b"message_stop" | b"content_block_stop" => {
+            Kind::Framing
+        }
+        b"response.image_generation_call.partial_image" => Kind::Output,
+        b"response.output_item.done" => Kind::Item,
         n if n.starts_with(b"response.") && n.ends_with(b".delta") => Kind::Content,
         n if n.starts_with(b"response.") => Kind::Framing,
         _ => Kind::Unknown,

@@ -45,6 +45,11 @@ enum Ctx {
     ContentBlock,
     /// A container under a Chat delta (`audio`, `reasoning_details`, ...): output if not empty.
     Payload,
+    /// The `item` of a Responses `output_item` event: its `arguments` are output.
+    Item,
+    /// `item.content`, and one part of it: its `text` or `refusal` is output.
+    ItemParts,
+    ItemPart,
     Other,
 }
 
@@ -86,6 +91,7 @@ enum Key {
     Object,
     ErrorType,
     XGroq,
+    Item,
 }
 
 fn key(name: &[u8]) -> Key {
@@ -125,6 +131,7 @@ fn key(name: &[u8]) -> Key {
         b"object" => Key::Object,
         b"error_type" => Key::ErrorType,
         b"x_groq" => Key::XGroq,
+        b"item" => Key::Item,
         _ => Key::Other,
     }
 }
@@ -142,6 +149,8 @@ fn child(parent: Ctx, key: Key, array: bool) -> Ctx {
         (Root, Key::Error, false) => ErrorRoot,
         (Root, Key::Delta, false) => BlockDelta,
         (Root, Key::ContentBlock, false) => ContentBlock,
+        (Root, Key::Item, false) => Item,
+        (Item, Key::Content, true) => ItemParts,
         (Choice, Key::Delta, false) => Delta,
         (Delta, Key::ToolCalls, true) => ToolCalls,
         (Delta, Key::FunctionCall, false) => ToolFunction,
@@ -588,7 +597,9 @@ impl Json {
                 | (Ctx::Choice, Text)
                 | (Ctx::Delta | Ctx::BlockDelta, _)
                 | (Ctx::ToolFunction, Name | Arguments)
-                | (Ctx::ContentBlock, Text | Thinking) => Str::Output,
+                | (Ctx::ContentBlock, Text | Thinking)
+                | (Ctx::Item, Arguments)
+                | (Ctx::ItemPart, Text | Refusal) => Str::Output,
                 (Ctx::Root, Type | Code | Error | Object | ErrorType)
                 | (Ctx::Choice, FinishReason)
                 | (Ctx::ContentBlock, Type)
@@ -696,6 +707,7 @@ impl Json {
                 } else if self.cur_array {
                     match parent {
                         Ctx::Choices if !array => Ctx::Choice,
+                        Ctx::ItemParts if !array => Ctx::ItemPart,
                         // A tool-call delta is model output, whatever it carries.
                         Ctx::ToolCalls if !array => {
                             ev.output = true;

@@ -148,6 +148,20 @@ fn reference(format: Format, stream: &str) -> Run {
                 ];
                 (framing.contains(&ty), false, 0)
             }
+            Format::Responses if ty == "response.image_generation_call.partial_image" => {
+                (true, true, 0)
+            }
+            // A whole item is output when nothing was before it (see `Kind::Item`).
+            Format::Responses if ty == "response.output_item.done" => {
+                let item = &v["item"];
+                let mut bytes = item["arguments"].as_str().map_or(0, escaped_len);
+                for part in item["content"].as_array().into_iter().flatten() {
+                    for k in ["text", "refusal"] {
+                        bytes += part[k].as_str().map_or(0, escaped_len);
+                    }
+                }
+                (true, t.output_events == 0 && bytes > 0, bytes)
+            }
             Format::Responses if ty.starts_with("response.") => {
                 let d = v["delta"].as_str().unwrap_or_default();
                 (
@@ -1150,5 +1164,50 @@ fn an_error_with_a_numeric_code_is_typed_by_it() {
         let got = run(Format::Chat, s.as_bytes(), true, &[]);
         assert_eq!(got.tokens.error, Some(ty), "{data}");
         assert_eq!(got.error_end, Some(data.len() + 8), "{data}");
+    }
+}
+
+/// Audit KE 2: Responses output that comes outside `*.delta` events is output. A partial image
+/// always is; an `output_item.done` whose item carries output (a message's text, a call's
+/// arguments) is when no output came before it (after deltas it repeats them, and its bytes
+/// would count twice in the estimate). The reference reader says the same.
+#[test]
+fn responses_output_outside_deltas_is_output() {
+    let ev = |data: &str| format!("data: {data}\n\n");
+    let image = ev(
+        r#"{"type":"response.image_generation_call.partial_image","output_index":0,"item_id":"ig_1","partial_image_index":0,"partial_image_b64":"iVBORw0KGgo="}"#,
+    );
+    let message = ev(
+        r#"{"type":"response.output_item.done","output_index":0,"item":{"id":"msg_1","type":"message","status":"completed","role":"assistant","content":[{"type":"output_text","annotations":[],"text":"Hello"}]}}"#,
+    );
+    let call = ev(
+        r#"{"type":"response.output_item.done","output_index":0,"item":{"type":"function_call","name":"f","arguments":"{\"a\":1}","call_id":"c"}}"#,
+    );
+    let empty = ev(
+        r#"{"type":"response.output_item.done","output_index":0,"item":{"type":"message","content":[]}}"#,
+    );
+    let added = ev(
+        r#"{"type":"response.output_item.added","output_index":0,"item":{"type":"function_call","name":"f","arguments":""}}"#,
+    );
+    let delta = ev(r#"{"type":"response.output_text.delta","delta":"Hello"}"#);
+    for (stream, events, bytes) in [
+        (image.clone(), 1, 0),
+        (format!("{added}{image}{image}"), 2, 0),
+        (message.clone(), 1, 5),
+        (call.clone(), 1, 9),
+        (format!("{added}{call}"), 1, 9),
+        (empty.clone(), 0, 0),
+        // After its deltas, the whole item is no more output.
+        (format!("{delta}{message}"), 1, 5),
+    ] {
+        let cuts: Vec<usize> = (0..=stream.len()).collect();
+        let got = run(Format::Responses, stream.as_bytes(), true, &cuts);
+        assert_eq!(got.tokens.output_events, events, "{stream}");
+        assert_eq!(got.tokens.output_bytes, bytes, "{stream}");
+        assert_eq!(got.output_in.is_empty(), events == 0, "{stream}");
+        assert_eq!(got, reference(Format::Responses, &stream), "{stream}");
+        // Read whole, and with shapes: the same.
+        let whole = run(Format::Responses, stream.as_bytes(), true, &[]);
+        assert_eq!(whole.tokens, got.tokens, "{stream}");
     }
 }

@@ -134,9 +134,10 @@ fn chat_calls_without_an_index_are_told_apart() {
     );
     let (canon, names) = gemini.unwrap();
     assert_eq!(names, "get_weather,get_time");
+    // The calls in the order of the calls themselves (KE 4), the names in the answer's.
     assert_eq!(
         canon,
-        b"get_weather\0{\"city\":\"Paris\"}\0get_time\0{\"tz\":\"CET\"}\0"
+        b"get_time\0{\"tz\":\"CET\"}\0get_weather\0{\"city\":\"Paris\"}\0"
     );
     // Two in one delta, without ids.
     let (_, names) = streamed(
@@ -379,4 +380,73 @@ fn custom_builtin_and_legacy_calls_are_calls() {
     );
     assert_eq!(s, Some((CANON.to_vec(), "get_weather".into())));
     assert_eq!(s, w);
+}
+
+/// Audit KE 4: the same parallel calls at swapped indexes (sampling often reorders them) are
+/// the same set of actions, so the same fingerprint, streamed or whole, in Chat (`tool_calls`)
+/// and Messages (`tool_use` blocks); calls of different choices stay apart. The names keep the
+/// answer's order.
+#[test]
+fn parallel_calls_in_another_order_are_the_same_calls() {
+    let weather = r#"{\"city\":\"Paris\"}"#;
+    let time = r#"{\"tz\":\"CET\"}"#;
+    let chat = |first: (&str, &str), second: (&str, &str)| {
+        streamed(
+            Format::Chat,
+            &[
+                &chat_call(0, first.0, first.1),
+                &chat_call(1, second.0, second.1),
+            ],
+        )
+    };
+    let canon = |c: Option<(Vec<u8>, String)>| c.unwrap().0;
+    let a = chat(("get_weather", weather), ("get_time", time));
+    let b = chat(("get_time", time), ("get_weather", weather));
+    assert_eq!(a.as_ref().unwrap().1, "get_weather,get_time");
+    assert_eq!(b.as_ref().unwrap().1, "get_time,get_weather");
+    let a = canon(a);
+    assert_eq!(a, canon(b));
+    let whole_chat = whole(
+        Format::Chat,
+        r#"{"choices":[{"index":0,"message":{"tool_calls":[{"function":{"name":"get_time","arguments":"{\"tz\":\"CET\"}"}},{"function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}}]}"#,
+    );
+    assert_eq!(canon(whole_chat), a);
+    // The same name with other arguments is ordered by its arguments.
+    let c = chat(("f", r#"{\"x\":2}"#), ("f", r#"{\"x\":1}"#));
+    let d = chat(("f", r#"{\"x\":1}"#), ("f", r#"{\"x\":2}"#));
+    assert_eq!(canon(c), canon(d));
+
+    let block = |i: usize, name: &str, input: &str| {
+        format!(
+            r#"{{"type":"content_block_start","index":{i},"content_block":{{"type":"tool_use","id":"toolu_{i}","name":"{name}","input":{input}}}}}"#
+        )
+    };
+    let m1 = streamed(
+        Format::Messages,
+        &[
+            &block(0, "get_weather", r#"{"city":"Paris"}"#),
+            &block(1, "get_time", r#"{"tz":"CET"}"#),
+        ],
+    );
+    let m2 = streamed(
+        Format::Messages,
+        &[
+            &block(0, "get_time", r#"{"tz":"CET"}"#),
+            &block(1, "get_weather", r#"{"city":"Paris"}"#),
+        ],
+    );
+    let m1 = canon(m1);
+    assert_eq!(m1, canon(m2));
+    assert_eq!(m1, a, "the same calls in either format");
+
+    // Choices stay apart: choice 0's calls come before choice 1's whatever their names.
+    let mut t = ToolCalls::new(Format::Chat);
+    let event = |choice: u64, name: &str| {
+        format!(
+            r#"{{"choices":[{{"index":{choice},"delta":{{"tool_calls":[{{"index":0,"function":{{"name":"{name}","arguments":"{{}}"}}}}]}}}}]}}"#
+        )
+    };
+    feed(&mut t, &event(1, "a"));
+    feed(&mut t, &event(0, "b"));
+    assert_eq!(t.canonical().unwrap().1, "b,a");
 }

@@ -994,6 +994,8 @@ fn with_run_tokens(mut l: StreamLimits) -> StreamLimits {
         limit: 100,
         allowance: 50,
         prompt_estimate: 10,
+        live: None,
+        added: 0,
     }));
     l
 }
@@ -1131,3 +1133,110 @@ mod client;
 
 /// A limit noticed late, the gateway itself stalled (audit ID 1).
 mod late;
+
+/// Audit KE 3: a keep-alive is one whether it comes with its `event:` line or data only
+/// (Anthropic's `{"type":"ping"}`, the Responses API's `{"type":"keepalive"}`): after the first
+/// token neither moves the idle limit, so the stream is cut by it as with `event: ping`.
+#[tokio::test(start_paused = true)]
+async fn data_only_keep_alives_do_not_move_the_idle_limit() {
+    use crate::provider::Format;
+    let text = "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n";
+    let delta = "data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n";
+    for (format, first, ping) in [
+        (
+            Format::Messages,
+            text,
+            "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+        ),
+        (Format::Messages, text, "data: {\"type\":\"ping\"}\n\n"),
+        (
+            Format::Messages,
+            text,
+            "event: message\ndata: {\"type\": \"ping\"}\n\n",
+        ),
+        (
+            Format::Responses,
+            delta,
+            "event: keepalive\ndata: {\"type\":\"keepalive\",\"sequence_number\":3}\n\n",
+        ),
+        (
+            Format::Responses,
+            delta,
+            "data: {\"type\":\"keepalive\",\"sequence_number\":3}\n\n",
+        ),
+    ] {
+        let (tx, mut b, probe) = format_body(format, limits(500, 100, 10_000));
+        let mut script = vec![(10, first)];
+        script.extend([(60, ping); 10]);
+        let t = feeder(tx, script);
+        let start = Instant::now();
+        let (_, _) = drain(&mut b).await;
+        assert_eq!(Instant::now() - start, ms(110), "{ping}");
+        assert_eq!(
+            probe.0.lock().unwrap().end.as_deref(),
+            Some("idle_timeout"),
+            "{ping}"
+        );
+        drop(t);
+    }
+}
+
+/// Audit KE 1: two streams of one run, each under the run's limit alone and over it together
+/// (each admitted when the run had all of it left: no `max_tokens`, the estimate reserved):
+/// they read and add to the run's live count as they go, so together they stop near the
+/// limit, and once they are gone the live count holds only what their calls' ends counted.
+#[tokio::test(start_paused = true)]
+async fn concurrent_streams_of_a_run_stop_together_near_its_limit() {
+    let live = Arc::new(crate::runs::state::RunLive::default());
+    let event: &'static str = Box::leak(
+        format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+            "abcd".repeat(100)
+        )
+        .into_boxed_str(),
+    );
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let mut l = limits(1000, 1000, 60_000);
+        l.run_tokens = Some(Box::new(crate::stream::limits::RunTokens {
+            run: Arc::from("r"),
+            limit: 1000,
+            allowance: 1000,
+            prompt_estimate: 10,
+            live: Some(live.clone()),
+            added: 0,
+        }));
+        let (tx, b, probe) = chat_body(l);
+        let mut script = vec![(10, event); 8];
+        script.push((10, DONE));
+        let t = feeder(tx, script);
+        streams.push((b, probe, t));
+    }
+    let mut ends = Vec::new();
+    let mut used = 0;
+    let mut drains = Vec::new();
+    for (mut b, probe, t) in streams {
+        let live = live.clone();
+        drains.push(tokio::spawn(async move {
+            let _ = drain(&mut b).await;
+            drop(b);
+            drop(t);
+            // The call's end, as `RunState::finish` counts it: what it used.
+            let used = 10 + probe.0.lock().unwrap().tokens.unwrap().completion().0;
+            live.used
+                .fetch_add(used, std::sync::atomic::Ordering::Relaxed);
+            (probe, used)
+        }));
+    }
+    for d in drains {
+        let (probe, u) = d.await.unwrap();
+        ends.push(probe.0.lock().unwrap().end.clone().unwrap());
+        used += u;
+    }
+    // Alone each would use about 810 of 1000; together they stop within an event each
+    // (about 100 tokens) of the limit.
+    assert!(used <= 1000 + 2 * 110, "the run used {used}: {ends:?}");
+    assert!(ends.iter().any(|e| e == "run_token_limit"), "{ends:?}");
+    // Once both ended, the live count is what their calls' ends counted, nothing more.
+    assert_eq!(live.used.load(std::sync::atomic::Ordering::Relaxed), used);
+}

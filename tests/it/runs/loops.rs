@@ -1,14 +1,14 @@
 //! Runs' loop stop (`run_max_repeats`): the same tool calls the model answered with (OpenAI
 //! `tool_calls`, Anthropic `tool_use`, the Responses API's function calls, streamed or not,
-//! in parallel or not), or the same request sent again and again, stop the run; calls in
-//! another order or with other arguments are another answer. On both stores, as the rest.
+//! in parallel or not, in any order), or the same request sent again and again, stop the run;
+//! other calls or other arguments are another answer. On both stores, as the rest.
 
 use super::*;
 
 on_both_stores!(
     the_same_tool_call_three_times_stops_the_run_naming_the_tool,
     the_same_parallel_calls_three_times_stop_the_run_naming_every_tool,
-    parallel_calls_in_another_order_or_with_other_arguments_are_another_answer,
+    other_parallel_calls_or_arguments_are_another_answer_and_another_order_is_not,
     the_same_request_sent_again_and_again_is_stopped_too,
     a_run_started_where_loops_stop_stops_repeats_on_every_route,
     calls_without_a_body_are_neither_repeats_nor_break_a_streak,
@@ -118,21 +118,16 @@ async fn the_same_parallel_calls_three_times_stop_the_run_naming_every_tool(stor
     }
 }
 
-/// The fingerprint is of the calls in their order, with their arguments in canonical JSON:
-/// the same two calls in the other order, another second call, or other arguments, are
-/// another answer (no loop in five calls), while the same arguments with their keys reordered and spaced are
-/// the same answer.
-async fn parallel_calls_in_another_order_or_with_other_arguments_are_another_answer(store: Store) {
+/// The fingerprint is of the set of calls, with their arguments in canonical JSON: another
+/// second call, or other arguments, are another answer (no loop in five calls), while the same
+/// arguments with their keys reordered and spaced, or the same calls at swapped indexes (audit
+/// KE 4: sampling reorders parallel calls), are the same answer.
+async fn other_parallel_calls_or_arguments_are_another_answer_and_another_order_is_not(
+    store: Store,
+) {
     let (h, _keep) = harness(store).await;
     let paris = r#"{"city":"Paris","days":1}"#;
-    let scripts: [(&str, [(&str, &str); 2]); 3] = [
-        (
-            "order",
-            [
-                ("get_weather+get_time", paris),
-                ("get_time+get_weather", paris),
-            ],
-        ),
+    let scripts: [(&str, [(&str, &str); 2]); 2] = [
         // The first call the same every time: the second counts too.
         (
             "second",
@@ -165,25 +160,44 @@ async fn parallel_calls_in_another_order_or_with_other_arguments_are_another_ans
         }
     }
     let spaced = r#"{ "days": 1, "city": "Paris" }"#;
-    for n in 0..3 {
-        let args = if n % 2 == 0 { paris } else { spaced };
-        let headers = [
-            ("x-run-id", "respaced"),
-            ("x-fake-tool-call", "get_weather+get_time"),
-            ("x-fake-tool-args", args),
-        ];
-        let (resp, _c) = h.send(turn("chat", n, false, &headers)).await;
-        assert_eq!(resp.status(), 200, "call {n}");
-        read_body(resp.into_body()).await;
-        run_json(&h, "respaced").await;
-    }
-    let headers = [
-        ("x-run-id", "respaced"),
-        ("x-fake-tool-call", "get_weather"),
+    let alike: [(&str, [(&str, &str); 2]); 2] = [
+        (
+            "respaced",
+            [
+                ("get_weather+get_time", paris),
+                ("get_weather+get_time", spaced),
+            ],
+        ),
+        (
+            "reordered",
+            [
+                ("get_weather+get_time", paris),
+                ("get_time+get_weather", paris),
+            ],
+        ),
     ];
-    let (resp, _c) = h.send(turn("chat", 3, false, &headers)).await;
-    assert_eq!(resp.status(), 429);
-    assert_eq!(json_body(resp).await["error"]["code"], "run_loop_detected");
+    for (run, alternate) in alike {
+        for n in 0..3 {
+            let (calls, args) = alternate[n % 2];
+            let headers = [
+                ("x-run-id", run),
+                ("x-fake-tool-call", calls),
+                ("x-fake-tool-args", args),
+            ];
+            let (resp, _c) = h.send(turn("chat", n, n % 2 == 1, &headers)).await;
+            assert_eq!(resp.status(), 200, "{run}: call {n}");
+            read_body(resp.into_body()).await;
+            run_json(&h, run).await;
+        }
+        let headers = [("x-run-id", run), ("x-fake-tool-call", "get_weather")];
+        let (resp, _c) = h.send(turn("chat", 3, false, &headers)).await;
+        assert_eq!(resp.status(), 429, "{run}");
+        assert_eq!(
+            json_body(resp).await["error"]["code"],
+            "run_loop_detected",
+            "{run}"
+        );
+    }
 }
 
 async fn the_same_request_sent_again_and_again_is_stopped_too(store: Store) {
