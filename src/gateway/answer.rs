@@ -15,7 +15,9 @@ use tokio::time::Instant;
 
 use crate::error::{BoxError, GatewayError, FORWARDED_METHODS};
 use crate::gateway::assembled::assembled;
-use crate::gateway::body::{error_answer, no_retry_after_retries, ProxyBody, WatchedBody};
+use crate::gateway::body::{
+    document, error_answer, no_retry_after_retries, ProxyBody, WatchedBody,
+};
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
 use crate::http::conn::ClientConn;
@@ -265,6 +267,11 @@ impl Gateway {
                         limits.run_tokens = record.run_tokens().map(Box::new);
                     }
                     let mut body = Box::new(WatchdogBody::reading(body, progress, limits, record));
+                    // Over HTTP/2, h2 holds what the client's window does not take yet: the
+                    // answer is over once h2 took its end, not once it was handed over.
+                    if body.observer_mut().over_http2() {
+                        body.confirm_delivery();
+                    }
                     body.watch_shutdown(&self.shutdown);
                     body.watch_reaper(reaped);
                     // All boxed: they hold the body and more across their awaits, and inline
@@ -426,7 +433,7 @@ async fn with_length(
     }
     record.sent_whole(whole.len());
     record.set_status(parts.status.as_u16());
-    Response::from_parts(parts, Either::Left(Full::new(whole)))
+    Response::from_parts(parts, document(body, whole))
 }
 
 /// The answer for a status without content (1xx, 204, 304), or to a HEAD (whose body hyper

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Either, Full};
 use tokio::time::Instant;
 
 use crate::error::{GatewayError, Origin};
-use crate::gateway::body::{error_answer, ProxyBody, WatchedBody};
+use crate::gateway::body::{document, error_answer, ProxyBody, WatchedBody};
 use crate::gateway::record::RequestRecord;
 use crate::http::headers::carry_provider_headers;
 use crate::provider::assemble::{AssembleError, Usage};
@@ -359,7 +359,7 @@ pub(super) async fn assembled(
     record.set_status(parts.status.as_u16());
     Observer::data(record, 0);
     record.sent_whole(doc.len());
-    Response::from_parts(parts, Either::Left(Full::new(Bytes::from(doc))))
+    Response::from_parts(parts, document(body, Bytes::from(doc)))
 }
 
 #[cfg(test)]

@@ -385,6 +385,11 @@ impl RequestRecord {
         self._stream = stream;
     }
 
+    /// Whether the request came on an HTTP/2 stream.
+    pub fn over_http2(&self) -> bool {
+        self._stream.is_some()
+    }
+
     pub fn set_writes(&mut self, writes: Option<crate::http::conn::ClientWrites>) {
         self.writes = writes;
     }
@@ -902,6 +907,14 @@ impl Observer for RequestRecord {
 
     fn tokens(&mut self, tokens: Tokens) {
         self.tokens = Some(tokens);
+    }
+
+    /// Not `ok` with every byte (audit KC 1): reported as a request dropped unfinished, the
+    /// client's leaving or the gateway's cut of its connection (`report`).
+    fn undelivered(&mut self) {
+        if self.end == Some(End::Ok) {
+            self.end = None;
+        }
     }
 
     fn tool_calls(&mut self, calls: Option<(Vec<u8>, String)>) {

@@ -20,10 +20,15 @@
 //! and would otherwise hold the whole shutdown for its grace.
 //!
 //! A stream's body is done when h2 has taken its last bytes, not when they went out: h2 sends
-//! what the client's flow-control window allows, and keeps the rest. A slow reader of a large
-//! document still has its answer going out with no stream counted open, so a limit in which
-//! the connection wrote DATA counts as activity too (audit Q: a 60 KB document read at 2 KB/s
-//! was cut after 8 KB by the drain, after 18 KB by the idle limit). Only DATA: the frames a
+//! what the client's flow-control window allows, and keeps the rest. So the gateway's answers
+//! hand h2 their last byte alone, and their record (and its [`Open`]) lives until h2 took it,
+//! which it does only once everything before it went out (`stream::watchdog::Delivery`;
+//! audit KC 1: a 169 KB document handed over whole, its client pausing 30 s, was cut at two
+//! limits). An answer whose end comes only after its last frame was handed over (an SSE
+//! stream whose upstream ends it in a frame of its own) cannot hold that frame back, and may
+//! still be going out with no stream counted open, so a limit in which the connection wrote
+//! DATA counts as activity too (audit Q: a 60 KB document read at 2 KB/s was cut after 8 KB
+//! by the drain, after 18 KB by the idle limit). Only DATA: the frames a
 //! client can have the gateway write without a stream (PING and SETTINGS acknowledgements,
 //! WINDOW_UPDATE, GOAWAY) are no answer going out, and counted, a PING every 30 ms held an
 //! idle connection for as long as the client liked (audit CC).

@@ -41,6 +41,9 @@ pub trait Observer {
     /// leaves, so held bytes later dropped are never counted.
     fn handed(&mut self, len: usize);
     fn finish(&mut self, end: StreamEnd);
+    /// The answer ended, but the client's connection ended before it took the answer's end:
+    /// the client did not get it whole, however it ended for the upstream.
+    fn undelivered(&mut self) {}
     /// What the inspector counted, told once when the body is dropped (only with one).
     fn tokens(&mut self, _tokens: Tokens) {}
     /// The tool calls the answer asked for (canonical form, first name), told once when the

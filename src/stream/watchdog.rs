@@ -67,6 +67,29 @@ struct Sse {
     fail: bool,
 }
 
+/// Whether the client's connection has taken the answer's end, where it can tell.
+///
+/// Over HTTP/2, hyper hands each frame to h2, which sends what the client's flow-control
+/// window allows and keeps the rest; the body is done, and dropped with its record, once its
+/// last frame was handed over, though most of a document may still wait in h2 (audit KC 1: a
+/// 169 KB document was logged `ok` with every byte, then cut with 64 KB sent). But hyper
+/// hands h2 a frame only once h2 has sent everything before it and has window for it, and
+/// asks for the next frame only then. So the answer's last byte goes as a frame of its own,
+/// and the body ends (and its record reports) when it is asked for a frame after that one:
+/// the whole answer has gone out by then. One dropped before then was not delivered.
+enum Delivery {
+    /// Not tracked (HTTP/1: hyper drops a body framed by its length without asking again).
+    Untracked,
+    /// The answer's end has not come yet.
+    Sending,
+    /// The answer's last byte, held back to go out alone.
+    Held(Bytes),
+    /// The last byte was handed over; the next poll says h2 took it.
+    Handed,
+    /// Asked again after the last byte (or nothing held: the end came with no data).
+    Delivered,
+}
+
 enum State {
     Streaming,
     /// A non-SSE body that must be aborted: the error is returned on the next poll. Boxed,
@@ -132,6 +155,7 @@ pin_project! {
         // Asked when the body is dropped unfinished: whether the reaper took the upstream at
         // the deadline while nobody read.
         reaped: Option<ReapedBy>,
+        delivery: Delivery,
     }
 
     impl<B, O> PinnedDrop for WatchdogBody<B, O>
@@ -179,6 +203,10 @@ pin_project! {
                 // (the usual end of such a stream): `send_timeout` ended it, as when it reads
                 // again and finds it aborted (`poll_frame`), not the client's departure.
                 this.observer.finish(StreamEnd::SendTimeout);
+            }
+            if matches!(this.delivery, Delivery::Held(_) | Delivery::Handed) {
+                // The connection ended before h2 took the answer's end.
+                this.observer.undelivered();
             }
             if let Some(tokens) = this.progress.tokens() {
                 this.observer.tokens(tokens);
@@ -235,7 +263,19 @@ where
             observer,
             shutdown: None,
             reaped: None,
+            delivery: Delivery::Untracked,
         }
+    }
+
+    /// The answer is over only once the client's connection took its end (see `Delivery`):
+    /// for an HTTP/2 stream.
+    pub fn confirm_delivery(&mut self) {
+        self.delivery = Delivery::Sending;
+    }
+
+    /// Whether the answer's end is confirmed (`confirm_delivery`).
+    pub fn confirms_delivery(&self) -> bool {
+        !matches!(self.delivery, Delivery::Untracked)
     }
 
     /// Cuts the stream (origin `shutdown`, with the error event) when `signal` fires.
@@ -254,6 +294,10 @@ where
         let mut ready: VecDeque<Bytes> = frames.into_iter().collect();
         ready.append(&mut self.ready);
         self.ready = ready;
+        // They are still to go out, and their end to be delivered.
+        if self.confirms_delivery() {
+            self.delivery = Delivery::Sending;
+        }
     }
 
     /// The answer has no content (a HEAD's, a 204's, a 304's), whatever length its head gives:
@@ -305,6 +349,66 @@ where
     type Error = BoxError;
 
     fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let delivery = self.as_mut().project().delivery;
+        match std::mem::replace(delivery, Delivery::Delivered) {
+            // The answer's last byte, as a frame of its own.
+            Delivery::Held(last) => {
+                *delivery = Delivery::Handed;
+                return Poll::Ready(Some(Ok(Frame::data(last))));
+            }
+            // Asked again after it: h2 has taken it, so everything before it went out
+            // (the body's end, or its trailers, follow).
+            Delivery::Handed | Delivery::Delivered => {}
+            d @ (Delivery::Untracked | Delivery::Sending) => *delivery = d,
+        }
+        let polled = self.as_mut().poll_answer(cx);
+        let this = self.project();
+        if let (Delivery::Sending, Poll::Ready(Some(Ok(frame)))) = (&*this.delivery, &polled) {
+            let last =
+                this.ready.is_empty() && matches!(this.state, State::Done | State::Trailers(_));
+            if let (true, Some(data)) = (last, frame.data_ref()) {
+                match data.len() {
+                    0 => {}
+                    // One byte in all: it is the last frame.
+                    1 => *this.delivery = Delivery::Handed,
+                    n => {
+                        let mut data = data.clone();
+                        *this.delivery = Delivery::Held(data.split_off(n - 1));
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                }
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.state, State::Done)
+            && self.ready.is_empty()
+            && !matches!(self.delivery, Delivery::Held(_) | Delivery::Handed)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.inner, &self.sse) {
+            // Only a raw body passes through byte for byte; an SSE body may gain an event.
+            // What was read and given back (`unread`) is still to come.
+            (Some(inner), None) => with_held(inner.size_hint(), &self.ready),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+impl<B, O> WatchdogBody<B, O>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+    O: Observer,
+{
+    /// The answer's frames, under the limits (what `poll_frame` is but for `Delivery`).
+    fn poll_answer(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
@@ -668,19 +772,6 @@ where
                     );
                 }
             }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        matches!(self.state, State::Done) && self.ready.is_empty()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match (&self.inner, &self.sse) {
-            // Only a raw body passes through byte for byte; an SSE body may gain an event.
-            // What was read and given back (`unread`) is still to come.
-            (Some(inner), None) => with_held(inner.size_hint(), &self.ready),
-            _ => SizeHint::default(),
         }
     }
 }

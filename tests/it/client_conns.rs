@@ -566,3 +566,99 @@ fn request(chunks: usize) -> String {
         body.len()
     )
 }
+
+/// Starts a non-streaming chat call over h2c whose answer (a document of about 150 KB) is
+/// larger than the 64 KiB stream window the client grants and never opens again: the client
+/// to read it, and the connection's task.
+async fn document_past_the_window(h: &Harness) -> (h2::RecvStream, tokio::task::JoinHandle<()>) {
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (mut client, conn) = h2::client::Builder::new()
+        .handshake::<_, Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.addr()))
+        .header("content-type", "application/json")
+        .header("x-fake-chunks", "20000")
+        .header("x-fake-interval-ms", "0")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(
+        Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
+        true,
+    )
+    .unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    // The sender is kept by the connection's task for as long as it runs.
+    std::mem::forget(client);
+    (response.into_body(), conn)
+}
+
+/// Reads what the stream's window lets through (its capacity is not released): 65,535 bytes.
+async fn first_window(body: &mut h2::RecvStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    while got.len() < 65_535 {
+        let chunk = body
+            .data()
+            .await
+            .unwrap()
+            .expect("no error in the first window");
+        got.extend_from_slice(&chunk);
+    }
+    got
+}
+
+/// Audit KC 1: a document handed to h2 whole was cut when its client paused reading for two
+/// header-read timeouts: its stream no longer counted as open and the connection wrote no
+/// DATA, so it looked idle (GOAWAY, then dropped a limit later, the stream never ended). A
+/// pause well under `send_timeout` (here ten idle limits) costs it nothing.
+#[tokio::test]
+async fn an_http2_document_survives_its_client_pausing_past_the_idle_limit() {
+    let h = Harness::with_config(
+        &BASE.replace("[server]\n", "[server]\nheader_read_timeout = \"100ms\"\n"),
+    )
+    .await;
+    let (mut body, _conn) = document_past_the_window(&h).await;
+    let mut got = first_window(&mut body).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let read = async {
+        body.flow_control().release_capacity(got.len()).unwrap();
+        while let Some(chunk) = body.data().await {
+            let chunk = chunk.expect("the stream ends with no error after the pause");
+            got.extend_from_slice(&chunk);
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("the rest of the document within 10 s");
+    let doc: serde_json::Value = serde_json::from_slice(&got).expect("the whole document");
+    assert!(doc["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .ends_with("tok20000 "));
+    h.wait_requests("chat", 1.0).await;
+    let ok = "hourglass_requests_total{outcome=\"ok\",route=\"chat\"}";
+    assert_eq!(h.metric(ok).await, 1.0);
+}
+
+/// Audit KC 1: the record of a document handed to h2 whole said `ok` with every byte as soon
+/// as it was handed over, though the connection was cut with most of it unsent. A client that
+/// leaves with the document's end unsent is counted as the client's cancel.
+#[tokio::test]
+async fn an_http2_document_whose_client_leaves_before_its_end_is_not_ok() {
+    let h = Harness::start().await;
+    let (mut body, conn) = document_past_the_window(&h).await;
+    first_window(&mut body).await;
+    // Handed to h2 by now: what the window took came after the head.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    conn.abort();
+    drop(body);
+    h.wait_requests("chat", 1.0).await;
+    let cancelled = "hourglass_cancellations_total{origin=\"client\",route=\"chat\"}";
+    assert_eq!(h.metric(cancelled).await, 1.0, "{}", h.metrics_text().await);
+}

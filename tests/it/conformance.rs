@@ -309,6 +309,33 @@ fn with_fields(n: usize) -> http::Request<http_body_util::Full<bytes::Bytes>> {
     req
 }
 
+/// Audit KC 4: an HTTP/2 client may send its cookie as one field per crumb (RFC 9113 8.2.3),
+/// which the gateway joins into the one field the upstream gets: 150 crumbs were refused 431
+/// `too_many_headers` as 150 fields. They count as one; other fields still count each.
+#[tokio::test]
+async fn http2_cookie_crumbs_count_as_one_header_field() {
+    let h = Harness::with_config(&BASE.replace("[server]\n", "[server]\nmax_headers = 50\n")).await;
+    let mut req = with_fields(50);
+    req.headers_mut().remove("x-pad-0");
+    for i in 0..150 {
+        req.headers_mut()
+            .append("cookie", format!("c{i}={i}").parse().unwrap());
+    }
+    let resp = h2_send(h.addr(), req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let got = h.fake.requests();
+    let cookies: Vec<_> = got[0].headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies.len(), 1, "joined into one field upstream");
+    assert!(cookies[0].to_str().unwrap().ends_with("c149=149"));
+    // One field more than the limit, the crumbs as one: refused.
+    let mut req = with_fields(50);
+    req.headers_mut().append("cookie", "a=1".parse().unwrap());
+    req.headers_mut().append("cookie", "b=2".parse().unwrap());
+    let resp = h2_send(h.addr(), req).await.unwrap();
+    assert_eq!(resp.status(), 431);
+    assert_eq!(h.fake.requests().len(), 1);
+}
+
 /// `[server] max_headers` holds over HTTP/2 as hyper holds it over HTTP/1.1: an HTTP/2
 /// request with more fields gets 431 with the contract's JSON, naming the count and the
 /// limit, and nothing is forwarded. (A limit below the fake provider's own 100, so that what

@@ -15,6 +15,7 @@ struct Seen {
     end: Option<String>,
     dropped: bool,
     tokens: Option<Tokens>,
+    undelivered: bool,
 }
 
 #[derive(Clone, Default)]
@@ -29,6 +30,9 @@ impl Observer for Probe {
     }
     fn handed(&mut self, len: usize) {
         self.0.lock().unwrap().sent += len;
+    }
+    fn undelivered(&mut self) {
+        self.0.lock().unwrap().undelivered = true;
     }
     fn tokens(&mut self, tokens: Tokens) {
         let mut seen = self.0.lock().unwrap();
@@ -369,6 +373,40 @@ async fn a_body_that_knows_its_end_completes_on_its_last_byte() {
     assert!(b.is_end_stream());
     drop(b);
     assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
+}
+
+/// Audit KC 1: over HTTP/2 the answer's last byte goes out as a frame of its own, and the
+/// body ends only when asked for a frame after it (hyper asks once h2 has taken it). Dropped
+/// before then (the connection ended with the end unsent), the answer was not delivered.
+#[tokio::test(start_paused = true)]
+async fn a_confirmed_answer_ends_only_when_asked_again_after_its_last_byte() {
+    let doc = Bytes::from_static(b"{\"ok\":true}");
+    for asked_again in [true, false] {
+        let probe = Probe::default();
+        let inner = http_body_util::Full::new(doc.clone());
+        let mut b = Box::pin(WatchdogBody::new(
+            inner,
+            false,
+            limits(1000, 1000, 10_000),
+            probe.clone(),
+        ));
+        b.confirm_delivery();
+        let first = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, doc.slice(..doc.len() - 1));
+        assert!(!b.is_end_stream(), "its last byte is still to come");
+        let last = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(last, doc.slice(doc.len() - 1..));
+        assert!(!b.is_end_stream(), "not over before it is asked again");
+        if asked_again {
+            assert!(b.frame().await.is_none());
+            assert!(b.is_end_stream());
+        }
+        drop(b);
+        let seen = probe.0.lock().unwrap();
+        assert_eq!(seen.end.as_deref(), Some("complete"));
+        assert_eq!(seen.sent, doc.len());
+        assert_eq!(seen.undelivered, !asked_again);
+    }
 }
 
 #[tokio::test(start_paused = true)]
