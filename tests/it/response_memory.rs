@@ -22,13 +22,17 @@ const POOL: u64 = 1 << 20;
 const SIZE: usize = 600_000;
 
 fn config(upstream: SocketAddr) -> String {
+    config_of(upstream, POOL)
+}
+
+fn config_of(upstream: SocketAddr, pool: u64) -> String {
     format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
 max_response_body = 1000000
-response_body_memory = {POOL}
+response_body_memory = {pool}
 
 [defaults]
 budget = "20s"
@@ -199,6 +203,45 @@ const SSE_HEAD: &str =
 /// grows.
 #[tokio::test]
 async fn assembled_answers_share_the_response_body_memory() {
+    let (first, rest) = stream_answer();
+    the_second_answer_past_the_memory_is_refused("watched", SSE_HEAD, first, rest, |doc| {
+        let content = doc["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(content.len(), SIZE);
+        assert_eq!(doc["choices"][0]["finish_reason"], "stop");
+    })
+    .await;
+}
+
+/// A reload that changes `response_body_memory` resizes the one memory answers share, as
+/// `request_body_memory`'s: the answers held keep their shares and count against the new
+/// limit (a new memory beside the old would let a second answer in).
+#[tokio::test]
+async fn a_reload_resizes_the_answers_memory_and_keeps_what_is_held() {
+    let (first, rest) = stream_answer();
+    let (upstream, gate, mut seen) = held_upstream(SSE_HEAD, first, rest).await;
+    let h = Harness::with_config(&config_of(upstream, 2 * POOL)).await;
+    let addr = h.addr();
+    let one = tokio::spawn(async move { Conn::open(addr).await.send(chat("watched", &[])).await });
+    assert_eq!(next(&mut seen).await, Seen::Held(0));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let reload = hourglass::config::Config::from_toml(&config_of(upstream, POOL), "test.toml");
+    h.gw.apply(reload.unwrap()).await.unwrap();
+    let (two, _c2) = h.send(chat("watched", &[])).await;
+    assert_eq!(two.status(), 503);
+    let error = json_body(two).await;
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("response_body_memory ({POOL} bytes)")),
+        "{message}"
+    );
+    gate.add_permits(10);
+    let (resp, _c1) = one.await.unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+/// An answer streamed as two parts: its text of `SIZE` bytes in one event, then its end.
+fn stream_answer() -> (Vec<u8>, Vec<u8>) {
     let chunk = |delta: &str, finish: &str| {
         format!(
             "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\
@@ -217,18 +260,7 @@ async fn assembled_answers_share_the_response_body_memory() {
         + "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\
            \"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\
            \"completion_tokens\":2,\"total_tokens\":3}}\n\ndata: [DONE]\n\n";
-    the_second_answer_past_the_memory_is_refused(
-        "watched",
-        SSE_HEAD,
-        first.into_bytes(),
-        rest.into_bytes(),
-        |doc| {
-            let content = doc["choices"][0]["message"]["content"].as_str().unwrap();
-            assert_eq!(content.len(), SIZE);
-            assert_eq!(doc["choices"][0]["finish_reason"], "stop");
-        },
-    )
-    .await;
+    (first.into_bytes(), rest.into_bytes())
 }
 
 /// A 2xx JSON document, read whole before its head goes out, takes from the memory as it
