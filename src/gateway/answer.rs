@@ -352,7 +352,7 @@ pub const LENGTH_CAP: usize = crate::config::DOCUMENT_READ_WHOLE as usize;
 /// What is read takes its bytes from `hold`, the document's share of the memory answers held
 /// before their heads share (`response_body_memory`), and keeps them until the document has
 /// been written: one that does not fit is answered 503 `overloaded`, its upstream call
-/// cancelled (audit KF 2: 100 documents stalled after 1 MB held 100 MB, beside no bound).
+/// cancelled (audit KF 2: 100 documents stalled after 1 MB added 54 MB, under no bound).
 async fn with_length(
     mut parts: http::response::Parts,
     mut body: Box<WatchedBody>,
