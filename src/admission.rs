@@ -8,11 +8,14 @@
 //!
 //! Request bodies are bounded together as well ([`BodyMemory`]): they are read whole before
 //! a slot is taken (the model that picks the route is in them), so slots alone bound none.
+//! So are the answers the gateway holds before their heads go out (a document rebuilt from a
+//! stream, a JSON document read whole), each of which may hold up to `max_response_body`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
 
@@ -174,18 +177,36 @@ impl Admission {
     }
 }
 
-/// The bytes that request bodies being received, or read and waiting for a slot, hold
-/// together: at most `[server] request_body_memory`. Taken as bytes arrive (all at once
-/// when a `Content-Length` says how many will come) and never waited for: a body that does
-/// not fit is refused at once, since bodies waiting for each other's bytes could all wait
-/// until their deadlines. Clones share the bytes, and a reload resizes them in place.
+/// The bytes that the bodies of one kind ([`Bodies`]) hold together: at most `[server]
+/// request_body_memory` or `response_body_memory`. Taken as bytes arrive (all at once when a
+/// `Content-Length` says how many will come) and never waited for: a body that does not fit
+/// is refused at once, since bodies waiting for each other's bytes could all wait until their
+/// deadlines. Clones share the bytes, and a reload resizes them in place.
 #[derive(Clone)]
 pub struct BodyMemory {
+    bodies: Bodies,
     limit: Arc<AtomicU64>,
     bytes: Arc<Semaphore>,
     /// Bytes a lowered limit took back that bodies still held: given up as they let go.
     debt: Arc<AtomicUsize>,
 }
+
+/// The bodies a [`BodyMemory`] bounds, which the error of one it cannot take names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bodies {
+    /// Request bodies being received, or read and waiting for a slot.
+    Requests,
+    /// Answers held before their heads go out: documents rebuilt from a stream
+    /// (`stream_upstream`), JSON documents read whole. Each may hold up to
+    /// `max_response_body`: together, without this, that times the requests in flight
+    /// (audit KF 2: 100 rebuilt answers aborted a gateway limited to 900 MB).
+    Responses,
+}
+
+/// What a body that grows piece by piece takes from its memory at a time
+/// ([`BodyHold::cover_in_granules`]): one step on the shared semaphore per 64 KiB, not one
+/// per piece.
+pub const GRANULE: u64 = 64 * 1024;
 
 /// One body's share of [`BodyMemory`], given back when dropped (less what a lowered limit
 /// is still owed).
@@ -200,8 +221,9 @@ fn permits(limit: u64) -> usize {
 }
 
 impl BodyMemory {
-    pub fn new(limit: u64) -> Self {
+    pub fn new(bodies: Bodies, limit: u64) -> Self {
         Self {
+            bodies,
             limit: Arc::new(AtomicU64::new(limit)),
             bytes: Arc::new(Semaphore::new(permits(limit))),
             debt: Arc::new(AtomicUsize::new(0)),
@@ -233,15 +255,22 @@ impl BodyMemory {
 }
 
 impl BodyHold {
+    /// The bytes held.
+    fn held(&self) -> u64 {
+        self.permit.as_ref().map_or(0, |p| p.num_permits() as u64)
+    }
+
     /// Makes the hold `total` bytes, or refuses (503 `overloaded`) if the memory has not
     /// that much free; a smaller total than held changes nothing.
     pub fn cover(&mut self, total: u64) -> Result<(), GatewayError> {
-        let held = self.permit.as_ref().map_or(0, |p| p.num_permits() as u64);
+        let held = self.held();
         let Some(more) = total.checked_sub(held).filter(|&m| m > 0) else {
             return Ok(());
         };
-        let full = || GatewayError::BodyMemoryFull {
-            limit: self.memory.limit(),
+        let limit = self.memory.limit();
+        let full = || match self.memory.bodies {
+            Bodies::Requests => GatewayError::BodyMemoryFull { limit },
+            Bodies::Responses => GatewayError::ResponseMemoryFull { limit },
         };
         let more = u32::try_from(more).map_err(|_| full())?;
         let permit = Arc::clone(&self.memory.bytes)
@@ -252,6 +281,39 @@ impl BodyHold {
             None => self.permit = Some(permit),
         }
         Ok(())
+    }
+
+    /// Makes the hold at least `total` bytes as [`cover`](Self::cover) does, in whole
+    /// [`GRANULE`]s (never past the limit): a body that grows by small pieces takes from the
+    /// memory once a granule, and is a comparison for the pieces in between. Where a granule
+    /// no longer fits, `total` alone is taken.
+    pub fn cover_in_granules(&mut self, total: u64) -> Result<(), GatewayError> {
+        if total <= self.held() {
+            return Ok(());
+        }
+        let granules = total.div_ceil(GRANULE).saturating_mul(GRANULE);
+        let rounded = granules.min(self.memory.limit()).max(total);
+        self.cover(rounded).or_else(|_| self.cover(total))
+    }
+
+    /// `data`, holding this share until the last of its clones is dropped: an answer counts
+    /// against the memory until hyper has written it to the client (or the connection is
+    /// gone), not only while it was gathered, or clients that read slowly could hold any
+    /// number of them.
+    pub fn keep_with(self, data: Bytes) -> Bytes {
+        struct Kept {
+            data: Bytes,
+            _hold: BodyHold,
+        }
+        impl AsRef<[u8]> for Kept {
+            fn as_ref(&self) -> &[u8] {
+                &self.data
+            }
+        }
+        if self.permit.is_none() {
+            return data;
+        }
+        Bytes::from_owner(Kept { data, _hold: self })
     }
 }
 
@@ -541,7 +603,7 @@ mod tests {
 
     #[test]
     fn bodies_hold_their_bytes_until_dropped_and_never_more_than_the_memory() {
-        let memory = BodyMemory::new(100);
+        let memory = BodyMemory::new(Bodies::Requests, 100);
         let mut a = memory.hold();
         a.cover(60).unwrap();
         a.cover(40).unwrap();
@@ -559,5 +621,50 @@ mod tests {
         c.cover(60).unwrap();
         assert!(c.cover(61).is_err());
         assert!(memory.hold().cover(u64::from(u32::MAX) + 1).is_err());
+    }
+
+    /// Audit KF 2: answers take from their own memory in granules as they grow, are refused
+    /// with an error naming `response_body_memory`, and hold their share until the bytes
+    /// they became are dropped.
+    #[test]
+    fn answers_take_granules_and_keep_them_with_their_bytes() {
+        let memory = BodyMemory::new(Bodies::Responses, 3 * GRANULE);
+        let free = || memory.bytes.available_permits() as u64;
+        let mut a = memory.hold();
+        a.cover_in_granules(1).unwrap();
+        assert_eq!(free(), 2 * GRANULE, "one granule for the first byte");
+        a.cover_in_granules(GRANULE).unwrap();
+        assert_eq!(
+            free(),
+            2 * GRANULE,
+            "the rest of the granule took nothing more"
+        );
+        a.cover_in_granules(GRANULE + 1).unwrap();
+        assert_eq!(free(), GRANULE);
+        let mut b = memory.hold();
+        b.cover(GRANULE / 2).unwrap();
+        // A granule no longer fits: what is asked for alone is taken.
+        a.cover_in_granules(2 * GRANULE + 10).unwrap();
+        assert_eq!(free(), GRANULE / 2 - 10);
+        let err = b.cover_in_granules(GRANULE).unwrap_err();
+        assert_eq!(err.code(), "overloaded");
+        assert_eq!(err.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            err.to_string()
+                .contains(&format!("response_body_memory ({} bytes)", 3 * GRANULE)),
+            "{err}"
+        );
+        drop(b);
+        // Past the limit, one answer alone is refused too.
+        assert!(memory.hold().cover_in_granules(3 * GRANULE + 1).is_err());
+
+        // Kept with its bytes, the share comes back only when the last clone goes.
+        let bytes = a.keep_with(Bytes::from_static(b"{}"));
+        let copy = bytes.clone();
+        drop(bytes);
+        assert_eq!(free(), GRANULE - 10);
+        assert_eq!(&copy[..], b"{}");
+        drop(copy);
+        assert_eq!(free(), 3 * GRANULE);
     }
 }

@@ -288,6 +288,11 @@ pub enum GatewayError {
     /// request_body_memory`: this one is not read further.
     #[error("the request bodies this gateway is receiving fill its request_body_memory ({limit} bytes); try again")]
     BodyMemoryFull { limit: u64 },
+    /// The answers held before their heads go out (documents rebuilt from streams, JSON
+    /// documents read whole) fill `[server] response_body_memory`: this one is given up, its
+    /// upstream call cancelled.
+    #[error("the answers this gateway is holding fill its response_body_memory ({limit} bytes); try again")]
+    ResponseMemoryFull { limit: u64 },
     /// The request body fell silent for `header_read_timeout`, as a head may not.
     #[error("the request body sent nothing for {}ms (the gateway's header_read_timeout); send it without pauses", .after.as_millis())]
     BodyTimeout { after: Duration },
@@ -628,9 +633,10 @@ impl GatewayError {
             Self::UpstreamError { .. } | Self::UpstreamRefused { .. } => "upstream_error",
             Self::Shutdown => "shutdown",
             Self::Unauthorized => "unauthorized",
-            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } | Self::Starved { .. } => {
-                "overloaded"
-            }
+            Self::Overloaded { .. }
+            | Self::BodyMemoryFull { .. }
+            | Self::ResponseMemoryFull { .. }
+            | Self::Starved { .. } => "overloaded",
             Self::BodyTimeout { .. } => "body_timeout",
             Self::LoopDetected { .. } => "loop_detected",
             Self::UpgradeUnsupported { .. } => "upgrade_unsupported",
@@ -680,6 +686,7 @@ impl GatewayError {
             Self::Shutdown
             | Self::Overloaded { .. }
             | Self::BodyMemoryFull { .. }
+            | Self::ResponseMemoryFull { .. }
             | Self::Starved { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
@@ -723,9 +730,10 @@ impl GatewayError {
             Self::MethodNotAllowed { .. } | Self::PlainHttpOnTls => "invalid_request_error",
             // The names both OpenAI and Anthropic use for these.
             Self::Unauthorized => "authentication_error",
-            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } | Self::Starved { .. } => {
-                "overloaded_error"
-            }
+            Self::Overloaded { .. }
+            | Self::BodyMemoryFull { .. }
+            | Self::ResponseMemoryFull { .. }
+            | Self::Starved { .. } => "overloaded_error",
             Self::InsufficientBudget { .. }
             | Self::ConnectTimeout { .. }
             | Self::FirstTokenTimeout { .. }
@@ -751,9 +759,10 @@ impl GatewayError {
             Self::DeadlineExceeded { .. } => Some(Origin::Deadline),
             Self::Shutdown => Some(Origin::Shutdown),
             Self::ClientClosed => Some(Origin::Client),
-            Self::Overloaded { .. } | Self::BodyMemoryFull { .. } | Self::Starved { .. } => {
-                Some(Origin::Overloaded)
-            }
+            Self::Overloaded { .. }
+            | Self::BodyMemoryFull { .. }
+            | Self::ResponseMemoryFull { .. }
+            | Self::Starved { .. } => Some(Origin::Overloaded),
             Self::RunDeadlineExceeded { .. } => Some(Origin::RunDeadline),
             Self::RunTokensSpent { .. } => Some(Origin::RunTokens),
             _ => None,
@@ -829,6 +838,7 @@ impl GatewayError {
         match self {
             Self::Overloaded { .. }
             | Self::BodyMemoryFull { .. }
+            | Self::ResponseMemoryFull { .. }
             | Self::Starved { .. }
             | Self::Shutdown => {
                 let secs = RETRY_AFTER.as_secs().max(1);

@@ -12,12 +12,12 @@ use super::http2::build_http2;
 use super::raw::{RawApi, RawAuth, RawConfig, RawLimits, RawRoute, RawServer, RawUpstream};
 use super::runs::{build_run_limits, build_runs};
 use super::secrets::{inlined_secrets, scrub};
-use super::NO_ROUTE;
 use super::{
     AuthMode, ClientAuth, ClientCert, Config, ConfigError, Ejection, Limits, Policy, RetryCause,
     RetryOn, Route, ServerConfig, ServerTls, UpstreamConfig, DEFAULT_POOL_IDLE_TIMEOUT,
     MAX_EJECT_AFTER,
 };
+use super::{DOCUMENT_READ_WHOLE, NO_ROUTE};
 use crate::provider::Api;
 
 const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
@@ -32,6 +32,7 @@ const DEFAULT_MAX_REQUEST_BODY: u64 = 10 * 1024 * 1024;
 /// 25 bodies of the largest default size at once, or thousands of typical ones.
 const DEFAULT_REQUEST_BODY_MEMORY: u64 = 256 * 1024 * 1024;
 const DEFAULT_MAX_RESPONSE_BODY: u64 = 16 * 1024 * 1024;
+const DEFAULT_RESPONSE_BODY_MEMORY: u64 = 256 * 1024 * 1024;
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
@@ -285,6 +286,9 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
         request_body_memory: raw
             .request_body_memory
             .unwrap_or(DEFAULT_REQUEST_BODY_MEMORY),
+        response_body_memory: raw
+            .response_body_memory
+            .unwrap_or(DEFAULT_RESPONSE_BODY_MEMORY),
         header_read_timeout: raw
             .header_read_timeout
             .map_or(DEFAULT_HEADER_READ_TIMEOUT, |d| d.0),
@@ -303,6 +307,13 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
     }
     if server.max_response_body == 0 {
         return Err("server: max_response_body must be greater than 0".to_owned());
+    }
+    let largest_answer = server.max_response_body.max(DOCUMENT_READ_WHOLE);
+    if server.response_body_memory < largest_answer {
+        return Err(format!(
+            "server: response_body_memory ({}) must be at least max_response_body ({}) and {DOCUMENT_READ_WHOLE} (the most of a JSON document read whole), or no answer of the largest size could be held",
+            server.response_body_memory, server.max_response_body
+        ));
     }
     if server.header_read_timeout.is_zero() {
         return Err("server: header_read_timeout must be greater than 0".to_owned());

@@ -226,6 +226,11 @@ impl Config {
             s.request_body_memory
         );
         let _ = writeln!(out, "  max_response_body: {} bytes", s.max_response_body);
+        let _ = writeln!(
+            out,
+            "  response_body_memory: {} bytes (all answers held before their heads at once)",
+            s.response_body_memory
+        );
         let _ = writeln!(out, "  header_read_timeout: {}", hd(s.header_read_timeout));
         let _ = writeln!(out, "  shutdown_grace: {}", hd(s.shutdown_grace));
         let _ = writeln!(out, "  send_timeout: {}", hd(s.send_timeout));

@@ -49,6 +49,10 @@ pub use secrets::{scrub, var_shown};
 /// The route label of the requests that match no route, so no route may take the name.
 pub const NO_ROUTE: &str = "none";
 
+/// A 2xx JSON document in a known format is read whole before its head goes out up to this
+/// many bytes (`gateway::LENGTH_CAP`): `response_body_memory` must hold one.
+pub const DOCUMENT_READ_WHOLE: u64 = 1 << 20;
+
 /// A fully resolved and validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -89,6 +93,11 @@ pub struct ServerConfig {
     /// Largest answer the gateway assembles from a stream for a client that did not stream
     /// (`stream_upstream`), in bytes (default 16 MiB); past it the client gets 502.
     pub max_response_body: u64,
+    /// Bytes that the answers held before their heads go out (documents rebuilt from
+    /// streams, JSON documents read whole) may hold together (default 256 MiB); past it an
+    /// answer is given up, 503 `overloaded`. At least `max_response_body` and
+    /// [`DOCUMENT_READ_WHOLE`].
+    pub response_body_memory: u64,
     /// How long a client may take to send its request headers (default 10s), and how long a
     /// connection may sit idle: an HTTP/1 keep-alive between requests, an HTTP/2 connection
     /// with no stream open (`idle`). Never zero.

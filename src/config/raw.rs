@@ -123,6 +123,7 @@ pub(super) struct RawServer {
     pub(super) max_request_body: Option<u64>,
     pub(super) max_response_body: Option<u64>,
     pub(super) request_body_memory: Option<u64>,
+    pub(super) response_body_memory: Option<u64>,
     pub(super) header_read_timeout: Option<RawDuration>,
     pub(super) shutdown_grace: Option<RawDuration>,
     pub(super) send_timeout: Option<RawDuration>,

@@ -10,6 +10,7 @@ use http::{Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use tokio::time::Instant;
 
+use crate::admission::BodyHold;
 use crate::error::{GatewayError, Origin};
 use crate::gateway::body::{document, error_answer, ProxyBody, WatchedBody};
 use crate::gateway::record::RequestRecord;
@@ -217,11 +218,17 @@ fn provider_error_answer(
     resp
 }
 
+/// The answer takes the bytes its document holds from `hold`, its share of the memory
+/// answers held before their heads share (`response_body_memory`), as they grow, and keeps
+/// them until the document has been written. One that does not fit is answered 503
+/// `overloaded`, its upstream call cancelled: each answer bounded only by
+/// `max_response_body`, 100 of them aborted a gateway limited to 900 MB (audit KF 2).
 pub(super) async fn assembled(
     mut parts: Parts,
     mut body: Box<WatchedBody>,
     partial_answers: bool,
     id: &str,
+    mut hold: BodyHold,
 ) -> Response<ProxyBody> {
     body.observer_mut().note_stream_upstream();
     let mut cut = None;
@@ -235,6 +242,16 @@ pub(super) async fn assembled(
                 // than read, and paid for, to its end.
                 if body.progress_mut().answer_failed() {
                     break;
+                }
+                let held = body.progress_mut().answer_held() as u64;
+                if let Err(e) = hold.cover_in_granules(held) {
+                    // Whatever came, the client is told of the memory, not given a part: a
+                    // partial answer would look like the model's own stop. Dropped with the
+                    // body on return, the upstream call ends here.
+                    let tokens = body.progress_mut().tokens();
+                    let record = body.observer_mut();
+                    record.fail(&e);
+                    return after_head(&e, record, id, &parts, tokens);
                 }
             }
             Some(Err(e)) => {
@@ -359,7 +376,8 @@ pub(super) async fn assembled(
     record.set_status(parts.status.as_u16());
     Observer::data(record, 0);
     record.sent_whole(doc.len());
-    Response::from_parts(parts, document(body, Bytes::from(doc)))
+    let doc = hold.keep_with(Bytes::from(doc));
+    Response::from_parts(parts, document(body, doc))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use http::header::HeaderMap;
 
-use crate::admission::{Admission, BodyMemory};
+use crate::admission::{Admission, Bodies, BodyMemory};
 use crate::auth::{ClientKeys, ClientKeysError};
 use crate::config::{Config, RetryCause, Route};
 use crate::gateway::template::Template;
@@ -95,6 +95,8 @@ pub struct Gateway {
     pub(super) reaper: Reaper,
     /// What request bodies hold together (`request_body_memory`).
     pub(super) bodies: BodyMemory,
+    /// What answers held before their heads hold together (`response_body_memory`).
+    pub(super) answers: BodyMemory,
 }
 
 impl Gateway {
@@ -280,7 +282,16 @@ impl Gateway {
                 g.bodies.resize(body_memory);
                 g.bodies.clone()
             }
-            None => BodyMemory::new(body_memory),
+            None => BodyMemory::new(Bodies::Requests, body_memory),
+        };
+        // So is the answers' memory, for the same reason.
+        let answer_memory = config.server.response_body_memory;
+        let answers = match previous {
+            Some(g) => {
+                g.answers.resize(answer_memory);
+                g.answers.clone()
+            }
+            None => BodyMemory::new(Bodies::Responses, answer_memory),
         };
         for (route, r) in routes.iter().zip(config.routes.iter()) {
             if let Some(a) = &route.admission {
@@ -296,6 +307,7 @@ impl Gateway {
             runs,
             reaper,
             bodies,
+            answers,
         })
     }
 

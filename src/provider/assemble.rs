@@ -21,6 +21,9 @@ use chat::Chat;
 use messages::Messages;
 use responses::Responses;
 
+/// The most room the buffer of an event's data keeps for the next event.
+const KEPT_ROOM: usize = 64 * 1024;
+
 /// Why no document could be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AssembleError {
@@ -162,12 +165,23 @@ impl Assembler {
                 }
             }
         }
-        // The buffer's room is reused by the next event.
-        self.buf = data;
-        self.buf.clear();
+        // The buffer's room is reused by the next event; the room of one large event (a
+        // long tool call's arguments in one piece) is let go rather than held while the
+        // stream lasts beside the answer it went into.
+        if data.capacity() <= KEPT_ROOM {
+            self.buf = data;
+            self.buf.clear();
+        }
         if self.answer_len() > self.limit {
             self.too_large = true;
         }
+    }
+
+    /// Bytes the answer holds so far, as its `limit` counts them: the event being gathered
+    /// and the answer's text. What it takes from the memory answers share
+    /// (`response_body_memory`) follows this.
+    pub fn held(&self) -> usize {
+        self.buf.len() + self.answer_len()
     }
 
     /// Bytes of text held by the answer so far (an upper bound of what it adds).

@@ -179,6 +179,15 @@ impl Inspector {
             .is_some_and(Assembler::failed)
     }
 
+    /// Bytes the document being rebuilt holds so far (see `Assembler::held`); 0 without one.
+    pub fn answer_held(&self) -> usize {
+        self.reader
+            .extra
+            .as_ref()
+            .and_then(|e| e.assembler.as_ref())
+            .map_or(0, Assembler::held)
+    }
+
     /// The document rebuilt so far, once: the body is done or cut.
     pub fn take_assembler(&mut self) -> Option<Assembler> {
         self.reader.extra.as_mut()?.assembler.take()

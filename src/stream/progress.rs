@@ -115,6 +115,14 @@ impl Progress {
         }
     }
 
+    /// Bytes the document rebuilt from the stream holds so far; 0 without one.
+    pub fn answer_held(&self) -> usize {
+        match &self.reader {
+            Reader::Inspected(i) => i.answer_held(),
+            _ => 0,
+        }
+    }
+
     /// The document rebuilt from the stream, when its inspector rebuilds one.
     pub fn take_assembler(&mut self) -> Option<Assembler> {
         match &mut self.reader {

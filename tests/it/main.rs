@@ -22,6 +22,7 @@ mod ops;
 mod properties;
 mod provider;
 mod replicas;
+mod response_memory;
 mod retry;
 mod runs;
 mod secrets;

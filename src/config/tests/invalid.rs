@@ -400,6 +400,14 @@ fn server_errors() {
             "request_body_memory (1024) must be at least max_request_body (10485760), or no body of the largest size could be read",
         ),
         (
+            "response_body_memory = 1048575",
+            "response_body_memory (1048575) must be at least max_response_body (16777216) and 1048576 (the most of a JSON document read whole), or no answer of the largest size could be held",
+        ),
+        (
+            "max_response_body = 1000\nresponse_body_memory = 1048575",
+            "response_body_memory (1048575) must be at least max_response_body (1000) and 1048576 (the most of a JSON document read whole), or no answer of the largest size could be held",
+        ),
+        (
             "max_connections = 0",
             "max_connections must be greater than 0 (omit it for no limit)",
         ),

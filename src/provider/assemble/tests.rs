@@ -300,6 +300,29 @@ fn an_answer_past_the_limit_is_refused() {
     assert_eq!(a.finish(None), Err(AssembleError::TooLarge { limit: 300 }));
 }
 
+/// Audit KF 2: what an answer holds, which it takes from `response_body_memory`, is the
+/// event being gathered and its text; the room a large event took is not kept beside the
+/// text it went into.
+#[test]
+fn an_answer_holds_its_event_and_text_and_not_a_large_events_room() {
+    let chunk = |content: &str| {
+        format!(
+            "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{content}\"}},\"finish_reason\":null}}]}}\n\n"
+        )
+    };
+    let mut inspector = Inspector::new(Format::Chat, true).with_assembler(1 << 20);
+    let big = chunk(&"x".repeat(200_000));
+    let (head, tail) = big.as_bytes().split_at(big.len() - 10);
+    inspector.feed(head);
+    assert_eq!(inspector.answer_held(), head.len() - "data: ".len());
+    inspector.feed(tail);
+    assert_eq!(inspector.answer_held(), 200_000, "the text alone");
+    inspector.feed(chunk("y").as_bytes());
+    let a = inspector.take_assembler().unwrap();
+    assert_eq!(a.held(), 200_001);
+    assert!(a.buf.capacity() <= KEPT_ROOM, "{}", a.buf.capacity());
+}
+
 #[test]
 fn a_stream_with_no_answer_at_all_has_no_document() {
     let a = assemble(Format::Chat, ": keep-alive\n\n", None, 1 << 20);
