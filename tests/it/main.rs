@@ -13,6 +13,7 @@ mod cancel;
 mod cli;
 mod client_conns;
 mod conformance;
+mod descriptors;
 mod ejection;
 mod faults;
 mod h2_upstream;
