@@ -46,6 +46,28 @@ pub(super) fn local(l: &TcpListener) -> SocketAddr {
 /// On Linux a connection accepted from a listener has the listener's settings, so it is
 /// the listener that is tuned there, once, instead of each connection with four system
 /// calls (the test below checks what an accepted connection gets).
+/// The listen backlog of both listeners: connections whose handshake the kernel completed
+/// and that wait to be accepted, past `max_connections` or while accepts fail for want of
+/// descriptors. tokio's `TcpListener::bind` uses 128 (the standard library's), which let only
+/// 128 clients wait and dropped the SYNs of the rest (audit KF 5: 400 clients at
+/// `max_connections = 100`, 229 connected, the rest waited out SYN retransmits). nginx uses
+/// 511, Go `net.core.somaxconn`; the kernel caps this at `net.core.somaxconn` (4,096 on Linux
+/// since 5.4).
+pub(super) const LISTEN_BACKLOG: u32 = 1024;
+
+/// A listener on `addr` with [`LISTEN_BACKLOG`], bound as tokio's `TcpListener::bind` binds
+/// (`SO_REUSEADDR`, so a restart binds while the old process's connections are in TIME_WAIT).
+pub(super) fn listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 pub(super) fn tune(socket: SockRef<'_>) {
     let _ = socket.set_nodelay(true);
     let ka = TcpKeepalive::new()
