@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::server::admin::{Admin, Health, Scrape};
-use crate::server::listen::{listener, local, serve_admin, serve_clients, tune};
+use crate::server::listen::{listener, local, serve_admin, serve_clients, tune, Spare};
 use crate::server::shared::{AtStart, ServerError, Shared};
 use crate::stream::signal::Signal;
 use crate::telemetry::metrics::Metrics;
@@ -110,6 +110,8 @@ pub async fn start_with_source(
     #[cfg(target_os = "linux")]
     tune(SockRef::from(&listener));
     let admin = bind(server.admin_listen, "admin_listen")?;
+    // Before the client listener can take every descriptor.
+    let spare = Spare::open();
     let addr = local(&listener);
     let admin_addr = local(&admin);
     metrics.config_loaded(&fingerprint);
@@ -141,6 +143,7 @@ pub async fn start_with_source(
             gateway: shared.gateway.clone(),
             scrape: Scrape::default(),
         }),
+        spare,
     ));
     let task = {
         let (shared, stop, runs) = (shared.clone(), stop.clone(), runs.clone());

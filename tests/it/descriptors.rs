@@ -51,3 +51,59 @@ async fn the_soft_open_file_limit_is_raised_to_the_hard_one_at_start() {
     );
     p.stop().await;
 }
+
+/// Audit KF 1: client connections that take every descriptor the process may open left the
+/// admin listener (the probes, `/metrics`) unanswered, and nothing but a log line said so. It
+/// now answers on a descriptor kept for it, and `/metrics` counts the failed accepts and shows
+/// the descriptors in use against the limit.
+#[tokio::test]
+async fn the_admin_listener_answers_when_client_connections_hold_every_descriptor() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    // Idle client connections are held for a minute, not the default 10 s.
+    let toml = config(&fake).replace("[server]\n", "[server]\nheader_read_timeout = \"60s\"\n");
+    let p = Process::spawn_with_nofile(&toml, &[], &[], Some((64, 64))).await;
+    // More connections than the process has descriptors: the rest wait in the backlog.
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(tokio::net::TcpStream::connect(p.addr).await.unwrap());
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (out, err) = p.output();
+        if format!("{out}{err}").contains("accept failed") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the client listener never ran out of descriptors:\n{out}{err}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Several probes in a row, as the kubelet sends them, each answered.
+    for path in ["/healthz", "/readyz", "/healthz"] {
+        tokio::time::timeout(std::time::Duration::from_secs(5), admin_get(p.admin, path))
+            .await
+            .unwrap_or_else(|_| panic!("{path}: no answer within 5 s at descriptor exhaustion"));
+    }
+    let text = tokio::time::timeout(std::time::Duration::from_secs(5), scrape(p.admin))
+        .await
+        .expect("/metrics: no answer within 5 s at descriptor exhaustion");
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(
+        value("hourglass_accept_errors_total{listener=\"clients\",reason=\"descriptors\"}") > 0.0,
+        "{text}"
+    );
+    assert_eq!(value("process_max_fds"), 64.0);
+    assert_eq!(value("process_open_fds"), 64.0);
+    drop(held);
+    p.stop().await;
+}
