@@ -3,10 +3,11 @@
 //! upstream call when the client leaves or a limit fires.
 
 // The exceptions, allowed where they are: the ioctl that reads a client socket's unacknowledged
-// bytes (`server::client_io`) and getrlimit/setrlimit (`server::descriptors`), which no safe
+// bytes (`server::client_io`) and getrlimit/setrlimit (`descriptors`), which no safe
 // crate in the tree offers.
 #![deny(unsafe_code)]
 
+pub mod descriptors;
 pub(crate) mod error;
 
 pub mod http;

@@ -341,7 +341,7 @@ async fn run(
     let (path, baseline) = source.unzip();
     let Signals { stop, hangups } = signals;
     // Before any listener or connection takes a descriptor (audit KF 6).
-    match hourglass::server::descriptors::raise_open_file_limit() {
+    match hourglass::descriptors::raise_open_file_limit() {
         Ok(was) => tracing::info!(
             soft_was = was.soft,
             soft = was.hard,

@@ -6,7 +6,6 @@
 pub mod admin;
 mod client_cert;
 pub mod client_io;
-pub mod descriptors;
 pub mod h2_idle;
 mod head_timer;
 mod listen;

@@ -107,3 +107,75 @@ async fn the_admin_listener_answers_when_client_connections_hold_every_descripto
     drop(held);
     p.stop().await;
 }
+
+/// Audit KF 3: after a burst, the idle pooled connections to one upstream held nearly every
+/// descriptor (each kept until the pool's reaper, up to twice `pool_idle_timeout`), and a
+/// request for another upstream was answered 503 "no file descriptor left". The pool now
+/// keeps at most a quarter of the open-file limit idle per upstream.
+#[tokio::test]
+async fn after_a_burst_the_idle_pool_leaves_descriptors_for_another_upstream() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
+         [defaults]\nbudget = \"30s\"\nfirst_token_timeout = \"20s\"\n\n\
+         [upstreams.busy]\nurl = \"{0}\"\nauth = \"none\"\n\n\
+         [upstreams.other]\nurl = \"{0}\"\nauth = \"none\"\n\n\
+         [[routes]]\nname = \"busy\"\npath_prefix = \"/v1/chat/completions\"\n\
+         models = [\"busy*\"]\nupstream = \"busy\"\n\n\
+         [[routes]]\nname = \"other\"\npath_prefix = \"/v1/chat/completions\"\n\
+         models = [\"other*\"]\nupstream = \"other\"\n",
+        fake.url()
+    );
+    let p = Process::spawn_with_nofile(&toml, &[], &[], Some((96, 96))).await;
+    let request = |model: &str, ttft: &str| {
+        let body = format!(
+            r#"{{"model":"{model}","stream":false,"messages":[{{"role":"user","content":"hi"}}]}}"#
+        );
+        http::Request::post("http://gateway/v1/chat/completions")
+            .header("content-type", "application/json")
+            .header("x-fake-ttft-ms", ttft)
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap()
+    };
+    // One HTTP/2 client connection, 100 streams at once: more upstream connections than the
+    // process has descriptors (those past it are answered 503, as they should be).
+    let tcp = tokio::net::TcpStream::connect(p.addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut burst = Vec::new();
+    for _ in 0..100 {
+        let mut sender = sender.clone();
+        let req = request("busy-1", "500");
+        burst.push(tokio::spawn(async move {
+            let resp = sender.send_request(req).await.unwrap();
+            let status = resp.status();
+            let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+            status
+        }));
+    }
+    let mut ok = 0;
+    for b in burst {
+        ok += usize::from(b.await.unwrap() == 200);
+    }
+    assert!(
+        ok > 32,
+        "the burst needs more connections than the idle cap: {ok} ok"
+    );
+    // The burst is over; another upstream needs one connection.
+    let mut sender = sender.clone();
+    let resp = sender.send_request(request("other-1", "0")).await.unwrap();
+    let status = resp.status();
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    p.stop().await;
+}

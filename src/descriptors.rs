@@ -1,5 +1,6 @@
-//! The process's file descriptors: its open-file limit, raised at start. Every client
-//! connection, upstream connection and file the gateway opens takes one.
+//! The process's file descriptors: its open-file limit, raised at start, and what the
+//! upstream pools may keep idle of it. Every client connection, upstream connection and file
+//! the gateway opens takes one. The lowest layer, beside `error`: it imports nothing.
 
 use std::io;
 
@@ -49,6 +50,20 @@ pub fn raise_open_file_limit() -> io::Result<OpenFileLimit> {
     Ok(was)
 }
 
+/// The idle connections one upstream's pool keeps at most: a quarter of the open-file
+/// limit (at least 16). hyper-util's pool keeps every connection a burst opened until its
+/// reaper runs (up to twice `pool_idle_timeout`): after a burst to one upstream its idle
+/// connections held nearly every descriptor, and a request for another upstream was answered
+/// 503 "no file descriptor left", as a client the listener could not accept waited (audit
+/// KF 3). With the cap, one upstream's idle connections leave three quarters of the limit to
+/// clients, files and the other upstreams; past it, a connection that finished its request is
+/// closed rather than pooled. At the limits a server has (systemd's hard 524,288, a
+/// container's 1,048,576) it never binds; at 1,024 it keeps 256 per upstream.
+pub fn idle_per_upstream() -> usize {
+    let limit = open_file_limit().map_or(u64::MAX, |l| l.soft);
+    usize::try_from(limit / 4).unwrap_or(usize::MAX).max(16)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,5 +83,11 @@ mod tests {
         assert!(now.soft >= before.soft);
         assert_eq!(raise_open_file_limit().unwrap(), now);
         assert_eq!(open_file_limit().unwrap(), now);
+    }
+
+    #[test]
+    fn an_upstream_keeps_idle_at_most_a_quarter_of_the_limit() {
+        let limit = open_file_limit().unwrap().soft;
+        assert_eq!(idle_per_upstream() as u64, (limit / 4).max(16));
     }
 }
