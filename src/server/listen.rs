@@ -706,13 +706,13 @@ impl Spare {
 pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>, spare: Spare) {
     loop {
         spare.refill();
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, on_spare) = match listener.accept().await {
+            Ok((stream, _)) => (stream, false),
             Err(e) => {
                 admin
                     .metrics
                     .accept_failed("admin", accept_error_reason(&e));
-                let starved = crate::error::Starved::of(&e) == Some(Starved::Descriptors);
+                let starved = Starved::of(&e) == Some(Starved::Descriptors);
                 // The connection that failed is still queued: accept it on the spare.
                 let retried = if starved && spare.release() {
                     listener.accept().await.ok()
@@ -720,7 +720,7 @@ pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>, spare:
                     None
                 };
                 match retried {
-                    Some((stream, _)) => stream,
+                    Some((stream, _)) => (stream, true),
                     None => {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
@@ -736,6 +736,9 @@ pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>, spare:
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT)
+                // On the spare, one request and close: a scraper's keep-alive connection
+                // would hold the one descriptor the next probe needs.
+                .keep_alive(!on_spare)
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
             // The connection's descriptor is closed: keep it for the next probe.
