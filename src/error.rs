@@ -16,13 +16,19 @@ pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The methods the gateway forwards, as `Allow` names them.
 pub const FORWARDED_METHODS: &str = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS";
 
-/// What the gateway itself ran out of, as an I/O error says: descriptors (EMFILE, ENFILE) or
-/// memory (ENOMEM), the same numbers on Linux and the BSDs. Such a failure says nothing of the
-/// file or the peer it was for.
+/// What the gateway itself ran out of, as an I/O error says: descriptors (EMFILE, ENFILE),
+/// memory (ENOMEM), or local ports for an outgoing connection (EADDRNOTAVAIL). Such a failure
+/// says nothing of the file or the peer it was for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Starved {
     Descriptors,
     Memory,
+    /// A connect found no free local (ephemeral) port: every port of the host's
+    /// `ip_local_port_range` toward that address is in use, by this gateway or by others on
+    /// the host. The gateway binds no local address of its own, so this is what
+    /// EADDRNOTAVAIL from a connect means, and the upstream is not at fault: audit KF 4 saw
+    /// a healthy upstream answered 502 and ejected for it.
+    Ports,
 }
 
 impl Starved {
@@ -30,6 +36,8 @@ impl Starved {
         match e.raw_os_error() {
             Some(23 | 24) => Some(Starved::Descriptors),
             Some(12) => Some(Starved::Memory),
+            // 99 on Linux, 49 on the BSDs: libc names it.
+            Some(libc::EADDRNOTAVAIL) => Some(Starved::Ports),
             _ if e.kind() == std::io::ErrorKind::OutOfMemory => Some(Starved::Memory),
             _ => None,
         }
@@ -55,6 +63,10 @@ impl Starved {
                  LimitNOFILE, or the host's, is reached)"
             }
             Starved::Memory => "the gateway's host is out of memory",
+            Starved::Ports => {
+                "the gateway has no local port left (the host's ephemeral ports, \
+                 net.ipv4.ip_local_port_range, are all in use)"
+            }
         }
     }
 }

@@ -340,6 +340,16 @@ async fn run(
     }
     let (path, baseline) = source.unzip();
     let Signals { stop, hangups } = signals;
+    // Before any listener or connection takes a descriptor (audit KF 6).
+    match hourglass::descriptors::raise_open_file_limit() {
+        Ok(was) => tracing::info!(
+            soft_was = was.soft,
+            soft = was.hard,
+            hard = was.hard,
+            "open-file limit (RLIMIT_NOFILE): soft set to the hard limit"
+        ),
+        Err(e) => tracing::warn!("open-file limit (RLIMIT_NOFILE) left as it was: {e}"),
+    }
     match hourglass::server::start_with_source(config, path.clone()).await {
         Ok(running) => {
             if path.is_some() {

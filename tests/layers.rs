@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 /// Lowest first. A module may import only from modules in the layers before its own; the
 /// modules of one layer stay independent of each other.
 const LAYERS: &[&[&str]] = &[
-    &["error"],
+    &["error", "descriptors"],
     &["http", "pem"],
     &["provider"],
     &["config"],

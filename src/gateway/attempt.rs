@@ -826,6 +826,7 @@ mod tests {
             (24, Starved::Descriptors),
             (23, Starved::Descriptors),
             (12, Starved::Memory),
+            (libc::EADDRNOTAVAIL, Starved::Ports),
         ] {
             let e = connect_error(errno).await;
             assert!(e.is_connect());
@@ -846,6 +847,20 @@ mod tests {
             .to_string();
         assert!(
             message.starts_with("the gateway has no file descriptor left")
+                && message.contains("upstream \"u\""),
+            "{message}"
+        );
+        // Audit KF 4: out of local ports (EADDRNOTAVAIL), the connect is the gateway's own
+        // shortage too, said as such, not a healthy upstream's 502 and ejection.
+        let message = starved(
+            &connect_error(libc::EADDRNOTAVAIL).await,
+            "u",
+            "tcp connect error",
+        )
+        .unwrap()
+        .to_string();
+        assert!(
+            message.starts_with("the gateway has no local port left")
                 && message.contains("upstream \"u\""),
             "{message}"
         );

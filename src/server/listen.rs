@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::config::ServerConfig;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Starved};
 use crate::gateway::ProxyBody;
 use crate::http::conn::{ClientConn, ClientWrites, Streams};
 use crate::http::date;
@@ -35,7 +35,7 @@ use crate::server::client_io::{ClientIo, First, Linger, RequestBody, Returned};
 use crate::server::head_timer::HeadTimer;
 use crate::server::shared::Shared;
 use crate::stream::signal::{Signal, Waiter};
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{accept_error_reason, Metrics};
 use crate::telemetry::throttle::Throttle;
 
 pub(super) fn local(l: &TcpListener) -> SocketAddr {
@@ -47,6 +47,28 @@ pub(super) fn local(l: &TcpListener) -> SocketAddr {
 /// On Linux a connection accepted from a listener has the listener's settings, so it is
 /// the listener that is tuned there, once, instead of each connection with four system
 /// calls (the test below checks what an accepted connection gets).
+/// The listen backlog of both listeners: connections whose handshake the kernel completed
+/// and that wait to be accepted, past `max_connections` or while accepts fail for want of
+/// descriptors. tokio's `TcpListener::bind` uses 128 (the standard library's), which let only
+/// 128 clients wait and dropped the SYNs of the rest (audit KF 5: 400 clients at
+/// `max_connections = 100`, 229 connected, the rest waited out SYN retransmits). nginx uses
+/// 511, Go `net.core.somaxconn`; the kernel caps this at `net.core.somaxconn` (4,096 on Linux
+/// since 5.4).
+pub(super) const LISTEN_BACKLOG: u32 = 1024;
+
+/// A listener on `addr` with [`LISTEN_BACKLOG`], bound as tokio's `TcpListener::bind` binds
+/// (`SO_REUSEADDR`, so a restart binds while the old process's connections are in TIME_WAIT).
+pub(super) fn listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 pub(super) fn tune(socket: SockRef<'_>) {
     let _ = socket.set_nodelay(true);
     let ka = TcpKeepalive::new()
@@ -238,6 +260,7 @@ pub(super) async fn serve_clients(
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
+                    shared.metrics.accept_failed("clients", accept_error_reason(&e));
                     // Out of descriptors and the like: back off instead of spinning, and
                     // say so every few seconds, not at every try (20 lines a second).
                     static SAID: Throttle = Throttle::every(Duration::from_secs(5));
@@ -655,13 +678,65 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// next one).
 const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>) {
+/// A descriptor kept for the admin listener: opened at start, given up to accept a probe or
+/// a scrape when client connections (or upstream ones) hold every other descriptor, and taken
+/// back once one is free (libev's and Node's trick for EMFILE). Without it, the probes went
+/// unanswered at descriptor exhaustion and the kubelet's liveness probe restarted a pod that
+/// was serving every stream it could (audit KF 1). Another task may take the descriptor
+/// given up before the accept does; the accept then fails again and is retried.
+#[derive(Clone)]
+pub(super) struct Spare(Arc<std::sync::Mutex<Option<std::fs::File>>>);
+
+impl Spare {
+    pub(super) fn open() -> Self {
+        Self(Arc::new(std::sync::Mutex::new(
+            std::fs::File::open("/dev/null").ok(),
+        )))
+    }
+
+    /// Takes a descriptor back, if it has none and one is free. Called as soon as an admin
+    /// connection closed, whose descriptor is then the lowest free one, which the next open
+    /// gets: the client listener, retrying every 50ms, would take it otherwise.
+    fn refill(&self) {
+        let mut spare = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if spare.is_none() {
+            *spare = std::fs::File::open("/dev/null").ok();
+        }
+    }
+
+    /// Gives its descriptor up: whether it had one.
+    fn release(&self) -> bool {
+        let mut spare = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        spare.take().is_some()
+    }
+}
+
+pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>, spare: Spare) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+        spare.refill();
+        let (stream, on_spare) = match listener.accept().await {
+            Ok((stream, _)) => (stream, false),
+            Err(e) => {
+                admin
+                    .metrics
+                    .accept_failed("admin", accept_error_reason(&e));
+                let starved = Starved::of(&e) == Some(Starved::Descriptors);
+                // The connection that failed is still queued: accept it on the spare.
+                let retried = if starved && spare.release() {
+                    listener.accept().await.ok()
+                } else {
+                    None
+                };
+                match retried {
+                    Some((stream, _)) => (stream, true),
+                    None => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                }
+            }
         };
-        let admin = admin.clone();
+        let (admin, spare) = (admin.clone(), spare.clone());
         tokio::spawn(async move {
             let svc = service_fn(move |req| crate::server::admin::handle(req, admin.clone()));
             // A scraper's head arrives at once: one that does not is not left holding a
@@ -669,8 +744,13 @@ pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>) {
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT)
+                // On the spare, one request and close: a scraper's keep-alive connection
+                // would hold the one descriptor the next probe needs.
+                .keep_alive(!on_spare)
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
+            // The connection's descriptor is closed: keep it for the next probe.
+            spare.refill();
         });
     }
 }

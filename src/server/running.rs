@@ -8,13 +8,12 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use socket2::SockRef;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::server::admin::{Admin, Health, Scrape};
-use crate::server::listen::{local, serve_admin, serve_clients, tune};
+use crate::server::listen::{listener, local, serve_admin, serve_clients, tune, Spare};
 use crate::server::shared::{AtStart, ServerError, Shared};
 use crate::stream::signal::Signal;
 use crate::telemetry::metrics::Metrics;
@@ -104,15 +103,15 @@ pub async fn start_with_source(
     let gateway = Gateway::new(Arc::new(config), &metrics, None, cut.clone())?;
     let runs = gateway.runs().clone();
     let health = Arc::new(Health::default());
-    let bind = |addr: SocketAddr, key: &'static str| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServerError::Bind { addr, key, source })
+    let bind = |addr: SocketAddr, key: &'static str| {
+        listener(addr).map_err(|source| ServerError::Bind { addr, key, source })
     };
-    let listener = bind(server.listen, "listen").await?;
+    let listener = bind(server.listen, "listen")?;
     #[cfg(target_os = "linux")]
     tune(SockRef::from(&listener));
-    let admin = bind(server.admin_listen, "admin_listen").await?;
+    let admin = bind(server.admin_listen, "admin_listen")?;
+    // Before the client listener can take every descriptor.
+    let spare = Spare::open();
     let addr = local(&listener);
     let admin_addr = local(&admin);
     metrics.config_loaded(&fingerprint);
@@ -144,6 +143,7 @@ pub async fn start_with_source(
             gateway: shared.gateway.clone(),
             scrape: Scrape::default(),
         }),
+        spare,
     ));
     let task = {
         let (shared, stop, runs) = (shared.clone(), stop.clone(), runs.clone());

@@ -59,6 +59,9 @@ pub struct Metrics {
     in_flight: IntGaugeVec,
     requests_in_flight: IntGaugeVec,
     client_connections: IntGauge,
+    accept_errors: IntCounterVec,
+    open_fds: IntGauge,
+    max_fds: IntGauge,
     client_requests: IntCounterVec,
     client_tokens: IntCounterVec,
     retries: IntCounterVec,
@@ -396,6 +399,30 @@ impl Metrics {
                 "Client connections open on the client listener, TLS handshakes included.",
             ),
         );
+        let accept_errors = counter(
+            "hourglass_accept_errors_total",
+            "Failed accepts by listener (clients, admin) and reason (descriptors: the open-file limit reached; memory; other). A listener retries every 50ms.",
+            &["listener", "reason"],
+        );
+        for listener in ["clients", "admin"] {
+            for reason in ACCEPT_ERRORS {
+                accept_errors.with_label_values(&[listener, reason]);
+            }
+        }
+        let open_fds = registered(
+            &registry,
+            IntGauge::new(
+                "process_open_fds",
+                "Open file descriptors, counted at each scrape (Linux); the limit when even the count found none left.",
+            ),
+        );
+        let max_fds = registered(
+            &registry,
+            IntGauge::new(
+                "process_max_fds",
+                "The open-file limit (soft RLIMIT_NOFILE), read at each scrape (Linux).",
+            ),
+        );
         let client_requests = counter(
             "hourglass_client_requests_total",
             "Requests on routes with client keys, by the client their key names (its name in the key file, else the start of the key's SHA-256) and outcome.",
@@ -570,7 +597,7 @@ impl Metrics {
             "Answers a limit cut after output came, sent as partial answers (partial_answers), by the limit's origin.",
             &["route", "origin"],
         );
-        Self {
+        let metrics = Self {
             registry,
             runs,
             stream_upstream,
@@ -599,6 +626,9 @@ impl Metrics {
             in_flight,
             requests_in_flight,
             client_connections,
+            accept_errors,
+            open_fds,
+            max_fds,
             client_requests,
             client_tokens,
             retries,
@@ -608,7 +638,11 @@ impl Metrics {
             ejected,
             skipped,
             attempts,
-        }
+        };
+        // The limit, read while a descriptor is free to read it: the first scrape may come
+        // when none is.
+        metrics.count_descriptors();
+        metrics
     }
 
     /// Resolves (and so creates at zero) every series of one route, so dashboards see the
@@ -812,6 +846,14 @@ impl Metrics {
         &self.runs
     }
 
+    /// An accept on `listener` (`clients` or `admin`) failed: `reason` is one of
+    /// [`ACCEPT_ERRORS`].
+    pub fn accept_failed(&self, listener: &'static str, reason: &'static str) {
+        self.accept_errors
+            .with_label_values(&[listener, reason])
+            .inc();
+    }
+
     pub fn panicked(&self) {
         self.panics.inc();
     }
@@ -871,11 +913,59 @@ impl Metrics {
             let behind = dropped().saturating_sub(self.log_lines_dropped.get());
             self.log_lines_dropped.inc_by(behind);
         }
+        self.count_descriptors();
         let mut out = Vec::with_capacity(16 * 1024);
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
             .expect("text encoding into a Vec cannot fail");
         String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+impl Metrics {
+    /// `process_open_fds` and `process_max_fds`, read at the scrape only (audit KF 1: at
+    /// descriptor exhaustion nothing showed it). Reading takes a descriptor: when none is
+    /// left (EMFILE, ENFILE), every one the limit allows is open, and that is what is said.
+    /// Off Linux (no `/proc`) both stay 0.
+    fn count_descriptors(&self) {
+        let max = std::fs::read_to_string("/proc/self/limits").map(|limits| {
+            limits
+                .lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l["Max open files".len()..].split_whitespace().next())
+                .and_then(|soft| soft.parse::<i64>().ok())
+        });
+        match max {
+            Ok(Some(max)) => self.max_fds.set(max),
+            Ok(None) => {}
+            Err(e) if crate::error::Starved::of(&e).is_some() => {
+                self.open_fds.set(self.max_fds.get());
+                return;
+            }
+            Err(_) => return,
+        }
+        match std::fs::read_dir("/proc/self/fd") {
+            // Less the one the listing itself holds.
+            Ok(dir) => self
+                .open_fds
+                .set(i64::try_from(dir.count()).unwrap_or(i64::MAX) - 1),
+            Err(e) if crate::error::Starved::of(&e).is_some() => {
+                self.open_fds.set(self.max_fds.get())
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The reasons of `hourglass_accept_errors_total`.
+pub const ACCEPT_ERRORS: [&str; 3] = ["descriptors", "memory", "other"];
+
+/// The reason an accept failed, as `hourglass_accept_errors_total` counts it.
+pub fn accept_error_reason(e: &std::io::Error) -> &'static str {
+    match crate::error::Starved::of(e) {
+        Some(crate::error::Starved::Descriptors) => "descriptors",
+        Some(crate::error::Starved::Memory) => "memory",
+        _ => "other",
     }
 }
 

@@ -163,6 +163,9 @@ impl Upstream {
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(config.pool_idle_timeout)
+            // Read when the upstream is built (at start, after the limit was raised, and at
+            // each reload that builds it anew).
+            .pool_max_idle_per_host(crate::descriptors::idle_per_upstream())
             .http2_only(h2.mode == Http2Mode::Always)
             .http2_initial_stream_window_size(h2.stream_window)
             .http2_initial_connection_window_size(h2.connection_window)

@@ -662,3 +662,35 @@ async fn an_http2_document_whose_client_leaves_before_its_end_is_not_ok() {
     let cancelled = "hourglass_cancellations_total{origin=\"client\",route=\"chat\"}";
     assert_eq!(h.metric(cancelled).await, 1.0, "{}", h.metrics_text().await);
 }
+
+/// Audit KF 5: the client listener's backlog was tokio's fixed 128, so past
+/// `max_connections` only 128 clients could wait and the rest had their SYNs dropped. It is
+/// now 1,024 (the kernel caps it at `net.core.somaxconn`). `ss` shows a listening socket's
+/// backlog as its Send-Q.
+#[tokio::test]
+async fn the_client_listener_has_a_backlog_of_1024() {
+    let h = Harness::with_config(BASE).await;
+    let port = h.addr().port();
+    let ss = match std::process::Command::new("ss")
+        .args(["-ltnH", &format!("sport = :{port}")])
+        .output()
+    {
+        Ok(out) if out.status.success() => String::from_utf8(out.stdout).unwrap(),
+        _ => {
+            eprintln!("skipped: no ss(8) here");
+            return;
+        }
+    };
+    let somaxconn: u64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let send_q: u64 = ss
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_else(|| panic!("no listener on {port}: {ss:?}"))
+        .parse()
+        .unwrap();
+    assert_eq!(send_q, somaxconn.min(1024), "{ss}");
+}

@@ -14,6 +14,7 @@ mod chain;
 mod cli;
 mod client_conns;
 mod conformance;
+mod descriptors;
 mod ejection;
 mod faults;
 mod h2_upstream;

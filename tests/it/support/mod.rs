@@ -332,6 +332,17 @@ impl Process {
     /// Serves `toml` (its listeners on port 0) with the extra `args` and `env`; returns
     /// once the process has said where it listens.
     pub async fn spawn(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
+        Self::spawn_with_nofile(toml, args, env, None).await
+    }
+
+    /// [`Process::spawn`] with the open-file limit (soft, hard) of the process set before it
+    /// runs, as `prlimit --nofile` or systemd's `LimitNOFILE` sets it.
+    pub async fn spawn_with_nofile(
+        toml: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        nofile: Option<(u64, u64)>,
+    ) -> Process {
         let dir = tempfile::Builder::new()
             .prefix("hourglass-process-")
             .tempdir()
@@ -349,6 +360,23 @@ impl Process {
             .kill_on_drop(true);
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some((soft, hard)) = nofile {
+            let limit = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: between fork and exec, setrlimit is async-signal-safe and touches
+            // only the child.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
         }
         let mut child = cmd.spawn().expect("the binary runs");
         let (stdout, stderr) = (Default::default(), Default::default());
@@ -432,6 +460,19 @@ impl Process {
 
     pub fn pid(&self) -> u32 {
         self.child.id().expect("still running")
+    }
+
+    /// The process's open-file limit (soft, hard), as `/proc/PID/limits` says.
+    pub fn nofile(&self) -> (u64, u64) {
+        let limits = std::fs::read_to_string(format!("/proc/{}/limits", self.pid())).unwrap();
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .expect("a Max open files line");
+        let mut n = line["Max open files".len()..]
+            .split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(u64::MAX));
+        (n.next().unwrap(), n.next().unwrap())
     }
 
     /// SIGKILL: the process dies at once, as a replica that crashes does, mid-call.
