@@ -11,21 +11,9 @@ pub struct OpenFileLimit {
     pub hard: u64,
 }
 
-// `rlim_t` is u64 on Linux, not on every target.
-#[allow(unsafe_code, clippy::unnecessary_cast)]
 pub fn open_file_limit() -> io::Result<OpenFileLimit> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes only the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(OpenFileLimit {
-        soft: limit.rlim_cur as u64,
-        hard: limit.rlim_max as u64,
-    })
+    let (soft, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE)?;
+    Ok(OpenFileLimit { soft, hard })
 }
 
 /// Raises the soft open-file limit to the hard one, and returns the limit as it was. A
@@ -34,18 +22,10 @@ pub fn open_file_limit() -> io::Result<OpenFileLimit> {
 /// upstream connection each) while the hard limit allows far more; Go's runtime and nginx
 /// (`worker_rlimit_nofile`) raise it the same way (audit KF 6). It never lowers it: the soft
 /// limit is at most the hard one.
-#[allow(unsafe_code, clippy::unnecessary_cast)]
 pub fn raise_open_file_limit() -> io::Result<OpenFileLimit> {
     let was = open_file_limit()?;
     if was.soft < was.hard {
-        let limit = libc::rlimit {
-            rlim_cur: was.hard as libc::rlim_t,
-            rlim_max: was.hard as libc::rlim_t,
-        };
-        // SAFETY: setrlimit reads only the struct it is given.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        rlimit::setrlimit(rlimit::Resource::NOFILE, was.hard, was.hard)?;
     }
     Ok(was)
 }

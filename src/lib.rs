@@ -2,9 +2,8 @@
 //! answers unbuffered through first-token, idle and deadline watchdogs, and really cancels the
 //! upstream call when the client leaves or a limit fires.
 
-// The exceptions, allowed where they are: the ioctl that reads a client socket's unacknowledged
-// bytes (`server::client_io`) and getrlimit/setrlimit (`descriptors`), which no safe
-// crate in the tree offers.
+// One exception, allowed where it is: the ioctl that reads a client socket's unacknowledged
+// bytes (`server::client_io`), which no safe crate in the tree offers.
 #![deny(unsafe_code)]
 
 pub mod descriptors;
