@@ -444,10 +444,9 @@ async fn timestamps_mark_content_events() {
         3,
         "only content events carry stamps: {events:?}"
     );
-    assert!(
-        stamps.windows(2).all(|w| w[1] - w[0] >= 9_000_000),
-        "{stamps:?}"
-    );
+    // In the order sent, within the call: the gaps themselves are the scheduler's (a tick
+    // late under load is followed by one early, 6.6 ms apart at 10 ms), not the stamps'.
+    assert!(stamps.windows(2).all(|w| w[1] > w[0]), "{stamps:?}");
     assert!(before < stamps[0] && stamps[2] <= after);
 }
 
