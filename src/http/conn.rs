@@ -1,5 +1,6 @@
 //! What the gateway knows of the client connection a request came on: who the peer is and,
-//! over HTTP/2, how many of the connection's streams are open (for its idle limit).
+//! over HTTP/2, how many of the connection's streams are open (for its idle limit) and how many
+//! wait, ended by a limit, for hyper to poll them (for closing a stuck connection).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -24,7 +24,7 @@
 //!
 //! A connection whose other streams still flow writes DATA, and is not closed: there a
 //! stream its client gives no window of its own stays reaped and unreset until the client
-//! reads it or leaves (hyper offers nothing more), which `docs/security.md` describes.
+//! reads it or leaves (hyper offers nothing more), as `docs/security.md` says.
 
 use std::time::Duration;
 
