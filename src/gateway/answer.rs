@@ -251,12 +251,15 @@ impl Gateway {
                         });
                     // Past the deadline, or once the client has taken nothing for
                     // `send_timeout`, the upstream goes even if nobody polls the stream.
+                    // Over HTTP/2, a stream so ended counts on its connection until hyper polls
+                    // it again (`server::h2_stuck`).
                     let writes = record.connection_writes().cloned();
                     let body = self.reaper.guard(
                         body,
                         record.take_slot(),
                         started.limits.deadline,
                         writes,
+                        record.connection_streams(),
                     );
                     let reaped = body.reaped_by();
                     let progress = Progress::new(readable_sse, inspector);

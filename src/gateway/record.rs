@@ -390,6 +390,11 @@ impl RequestRecord {
         self._stream.is_some()
     }
 
+    /// The streams of the HTTP/2 connection this request came on.
+    pub fn connection_streams(&self) -> Option<crate::http::conn::Streams> {
+        self._stream.as_ref().map(crate::http::conn::Open::streams)
+    }
+
     pub fn set_writes(&mut self, writes: Option<crate::http::conn::ClientWrites>) {
         self.writes = writes;
     }

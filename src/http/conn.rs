@@ -1,5 +1,6 @@
 //! What the gateway knows of the client connection a request came on: who the peer is and,
-//! over HTTP/2, how many of the connection's streams are open (for its idle limit).
+//! over HTTP/2, how many of the connection's streams are open (for its idle limit) and how many
+//! wait, ended by a limit, for hyper to poll them (for closing a stuck connection).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -59,6 +60,9 @@ struct Activity {
     /// Streams started and ended so far: unchanged between two looks means nothing
     /// happened in between.
     changes: AtomicU64,
+    /// Streams whose upstream call the reaper ended while hyper was not polling their body,
+    /// and which it has not polled since (see [`Unpolled`]).
+    unpolled: AtomicUsize,
 }
 
 /// The streams of one HTTP/2 connection, as its requests see it (in their extensions).
@@ -83,14 +87,45 @@ impl Streams {
     pub fn changes(&self) -> u64 {
         self.0.changes.load(Ordering::Relaxed)
     }
+
+    /// The reaper ended a stream's upstream call while hyper was not polling its body: the
+    /// stream counts as waiting for a poll until the returned guard is dropped.
+    pub fn unpolled(&self) -> Unpolled {
+        self.0.unpolled.fetch_add(1, Ordering::Relaxed);
+        Unpolled(self.0.clone())
+    }
+
+    /// Streams ended by a limit that still wait for hyper to poll them, which alone resets
+    /// them for their client: on a connection whose client gives no window, never
+    /// (`server::h2_stuck`).
+    pub fn unpolled_now(&self) -> usize {
+        self.0.unpolled.load(Ordering::Relaxed)
+    }
 }
 
 /// One open stream of an HTTP/2 connection.
 pub struct Open(Arc<Activity>);
 
+impl Open {
+    /// The streams of this stream's connection.
+    pub fn streams(&self) -> Streams {
+        Streams(self.0.clone())
+    }
+}
+
 impl Drop for Open {
     fn drop(&mut self) {
         self.0.open.fetch_sub(1, Ordering::Relaxed);
         self.0.changes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A stream whose upstream call the reaper ended, waiting for hyper to poll its body (and so
+/// reset it for its client); dropped once polled, or once the body is dropped.
+pub struct Unpolled(Arc<Activity>);
+
+impl Drop for Unpolled {
+    fn drop(&mut self) {
+        self.0.unpolled.fetch_sub(1, Ordering::Relaxed);
     }
 }

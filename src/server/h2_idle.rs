@@ -32,6 +32,9 @@
 //! client can have the gateway write without a stream (PING and SETTINGS acknowledgements,
 //! WINDOW_UPDATE, GOAWAY) are no answer going out, and counted, a PING every 30 ms held an
 //! idle connection for as long as the client liked (audit CC).
+//!
+//! The same looks close a connection that is stuck ([`Stuck`]): a stream waits past its limit
+//! for a poll, and no DATA has gone out for `send_timeout` (audit KA 1).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +53,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::error::BoxError;
 use crate::http::conn::Streams;
+use crate::server::h2_stuck::Stuck;
 
 /// The connection's socket, counting the DATA payload bytes written to it.
 struct Counted<I> {
@@ -176,7 +180,9 @@ impl<I: Write + Unpin> Write for Counted<I> {
 /// `drain` is cancelled. `watcher`
 /// is the server's count of the connections it waits for when it drains: held until this
 /// one ends. (hyper-util's own `watch` cannot be told to shut a connection down for any other
-/// reason.)
+/// reason.) `stuck`: told at each look what the connection wrote, it also has the connection
+/// shut down as the idle limit does.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve<I, S, B, E>(
     builder: &http2::Builder<E>,
     io: I,
@@ -185,6 +191,7 @@ pub async fn serve<I, S, B, E>(
     since: Instant,
     drain: Signal,
     watcher: Watcher,
+    mut stuck: Stuck,
 ) -> hyper::Result<()>
 where
     S: HttpService<hyper::body::Incoming, ResBody = B>,
@@ -222,6 +229,7 @@ where
                 let now_data = data.load(Ordering::Relaxed);
                 let sending = now_data != seen_data;
                 seen_data = now_data;
+                let stuck_now = stuck.look(&streams, now_data);
                 if sending {
                     // An answer h2 still holds is going out: not idle, whatever was said.
                     seen = streams.changes();
@@ -232,6 +240,15 @@ where
                     // The graceful close waits for the client to acknowledge a PING; one that
                     // never does would hold the connection until the keep-alive timeout.
                     break Ok(());
+                }
+                if stuck_now {
+                    // Nothing can go out, and a stream waits past its limit for the poll that
+                    // alone resets it: closed as an idle connection is, GOAWAY and dropped a
+                    // limit later, which ends every stream (audit KA 1).
+                    idle = true;
+                    conn.as_mut().graceful_shutdown();
+                    timer.as_mut().reset(Instant::now() + limit);
+                    continue;
                 }
                 let changes = streams.changes();
                 if streams.open_now() == 0 && changes == seen && draining {
@@ -291,6 +308,10 @@ mod tests {
                 Instant::now(),
                 Signal::new(),
                 graceful.watcher(),
+                Stuck::new(
+                    Duration::from_secs(60),
+                    crate::http::conn::ClientWrites::default(),
+                ),
             )
             .await;
             Instant::now()

@@ -32,6 +32,7 @@ use crate::http::date;
 use crate::http::framing::{AmbiguousFraming, Framing, FramingIo};
 use crate::server::admin::Admin;
 use crate::server::client_io::{ClientIo, First, Linger, RequestBody, Returned};
+use crate::server::h2_stuck::Stuck;
 use crate::server::head_timer::HeadTimer;
 use crate::server::shared::Shared;
 use crate::stream::signal::{Signal, Waiter};
@@ -464,6 +465,7 @@ async fn serve_connection(
                         accepted,
                         drain,
                         watcher,
+                        Stuck::new(server.send_timeout, writes.clone()),
                     )
                     .await
                 } else {
@@ -511,6 +513,7 @@ async fn serve_connection(
                         accepted,
                         drain,
                         watcher,
+                        Stuck::new(server.send_timeout, writes.clone()),
                     ))
                     .await
                 }

@@ -7,6 +7,7 @@ pub mod admin;
 mod client_cert;
 pub mod client_io;
 pub mod h2_idle;
+pub mod h2_stuck;
 mod head_timer;
 mod listen;
 mod reload;

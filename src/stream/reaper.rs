@@ -26,6 +26,15 @@
 //! again was ended by the deadline all the same: the watchdog asks [`ReapedBy`] when it is
 //! dropped unfinished, so that the request counts as `origin="deadline"`, not the client's.
 //!
+//! Over HTTP/2 the client's stream is reset only when hyper polls the reaped body, and hyper
+//! polls no body of a connection whose client gives it no window at all (audit KA 1: httpx
+//! never gives back what its abandoned streams were sent, and once that used up its 16 MiB,
+//! every stream of the connection, fresh ones too, was held for minutes past its deadline).
+//! So a reaped stream of an HTTP/2 connection counts on that connection as waiting for a
+//! poll ([`Streams::unpolled`]) until it is polled or dropped; the connection's own watch
+//! (`server::h2_stuck`) closes a connection that has one and has written nothing for
+//! `send_timeout`. The count is touched at the reap and at the poll or drop after it only.
+//!
 //! The stall clock costs the stream's polls two plain writes under the lock they already take;
 //! the task looks at each stream every quarter of `send_timeout`, so a stall is caught between
 //! one and one and a quarter `send_timeout`s after the last poll.
@@ -51,7 +60,7 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
-use crate::http::conn::ClientWrites;
+use crate::http::conn::{ClientWrites, Streams, Unpolled};
 
 /// Stall checks per `send_timeout`.
 const CHECKS: u32 = 4;
@@ -129,14 +138,16 @@ impl Reaper {
     /// for `send_timeout`, unless the stream has ended by then. `writes`: the client
     /// connection's, when the stream is its only one (HTTP/1): room the client made on the
     /// socket is its reading too, though the connection has not asked for the next frame
-    /// (hyper buffers up to 16 of them). Must be called from within the runtime the reaper's
-    /// task is to run on.
+    /// (hyper buffers up to 16 of them). `streams`: the client connection's, over HTTP/2, on
+    /// which the stream counts as waiting for a poll once reaped. Must be called from within
+    /// the runtime the reaper's task is to run on.
     pub fn guard<B, H>(
         &self,
         body: B,
         held: Option<H>,
         deadline: Instant,
         writes: Option<ClientWrites>,
+        streams: Option<Streams>,
     ) -> Reapable<B, H>
     where
         B: Send + 'static,
@@ -161,6 +172,8 @@ impl Reaper {
                 due: (when, id),
                 deadline,
                 writes,
+                streams,
+                unpolled: None,
             }),
             held: Mutex::new(held),
             wheel: wheel.clone(),
@@ -251,6 +264,10 @@ struct Upstream<B> {
     deadline: Instant,
     /// The client connection's writes, and their progress at the last look.
     writes: Option<ClientWrites>,
+    /// The client connection's streams (HTTP/2), and this stream counted among them as
+    /// reaped and not polled since.
+    streams: Option<Streams>,
+    unpolled: Option<Unpolled>,
 }
 
 /// What the body and the reaper share.
@@ -273,6 +290,14 @@ impl<B, H> Shared<B, H> {
             let mut up = self.lock();
             if up.body.is_some() {
                 up.reaped = why;
+                // Reaped: the client's stream ends only once hyper polls it again.
+                if why.is_some() {
+                    up.unpolled = up.streams.as_ref().map(Streams::unpolled);
+                }
+            }
+            if why.is_none() {
+                // The body itself is dropped: it waits for no poll any more.
+                up.unpolled = None;
             }
             (up.body.take(), up.due)
         };
@@ -412,6 +437,8 @@ where
         let polled = match up.body.as_mut() {
             Some(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
             None => {
+                // Polled at last: the stream is reset now (RST_STREAM needs no window).
+                up.unpolled = None;
                 let why = up.reaped.unwrap_or(Reaped::Deadline);
                 Poll::Ready(Some(Err(ReapedError::from(why).into())))
             }
@@ -459,7 +486,7 @@ mod tests {
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
         let reaper = Reaper::new(HOUR);
         let deadline = Instant::now() + Duration::from_millis(500);
-        let mut body = reaper.guard(rx, Some(slot(&slots)), deadline, None);
+        let mut body = reaper.guard(rx, Some(slot(&slots)), deadline, None, None);
         tx.send_data(Bytes::from_static(b"a")).await.unwrap();
         let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&first[..], b"a");
@@ -483,13 +510,14 @@ mod tests {
         let reaper = Reaper::new(HOUR);
         let (_tx1, rx1) = Channel::<Bytes, std::io::Error>::new(1);
         let (mut tx2, rx2) = Channel::<Bytes, std::io::Error>::new(1);
-        let _long = reaper.guard(rx1, None::<()>, Instant::now() + HOUR, None);
+        let _long = reaper.guard(rx1, None::<()>, Instant::now() + HOUR, None, None);
         // The task is asleep until the first stream's look, a quarter of an hour away.
         tokio::time::sleep(Duration::from_millis(10)).await;
         let _short = reaper.guard(
             rx2,
             None::<()>,
             Instant::now() + Duration::from_millis(50),
+            None,
             None,
         );
         tokio::time::sleep(Duration::from_millis(60)).await;
@@ -510,6 +538,7 @@ mod tests {
             Some(slot(&slots)),
             Instant::now() + Duration::from_secs(600),
             None,
+            None,
         );
         let shared = Arc::downgrade(&body.shared);
         drop(body);
@@ -527,7 +556,7 @@ mod tests {
     async fn the_task_ends_once_the_reaper_and_its_streams_are_gone() {
         let reaper = Reaper::new(SEND);
         let (_tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
-        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, None);
+        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, None, None);
         let wheel = Arc::downgrade(&reaper.wheel);
         tokio::task::yield_now().await;
         drop(reaper);
@@ -544,7 +573,7 @@ mod tests {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
         let reaper = Reaper::new(SEND);
-        let mut body = reaper.guard(rx, Some(slot(&slots)), Instant::now() + HOUR, None);
+        let mut body = reaper.guard(rx, Some(slot(&slots)), Instant::now() + HOUR, None, None);
         tx.send_data(Bytes::from_static(b"a")).await.unwrap();
         body.frame().await.unwrap().unwrap();
 
@@ -569,11 +598,11 @@ mod tests {
         let reaper = Reaper::new(SEND);
         let (mut tx1, rx1) = Channel::<Bytes, std::io::Error>::new(4);
         let (mut tx2, rx2) = Channel::<Bytes, std::io::Error>::new(4);
-        let mut first = reaper.guard(rx1, None::<()>, Instant::now() + HOUR, None);
+        let mut first = reaper.guard(rx1, None::<()>, Instant::now() + HOUR, None, None);
         tx1.send_data(Bytes::from_static(b"a")).await.unwrap();
         first.frame().await.unwrap().unwrap();
         tokio::time::sleep(SEND / 2).await;
-        let mut second = reaper.guard(rx2, None::<()>, Instant::now() + HOUR, None);
+        let mut second = reaper.guard(rx2, None::<()>, Instant::now() + HOUR, None, None);
         tx2.send_data(Bytes::from_static(b"a")).await.unwrap();
         second.frame().await.unwrap().unwrap();
 
@@ -598,7 +627,7 @@ mod tests {
     async fn a_silent_upstream_or_a_slow_steady_reader_is_not_a_stall() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
         let reaper = Reaper::new(SEND);
-        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, None);
+        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, None, None);
         tokio::pin!(body);
         // The client waits on a silent upstream: polled, nothing handed out.
         let waited = tokio::time::timeout(SEND * 5, body.frame()).await;
@@ -614,6 +643,31 @@ mod tests {
         assert_eq!(&last[..], b"y", "still streaming");
     }
 
+    /// Over HTTP/2 a reaped stream counts on its connection as waiting for a poll until the
+    /// body is polled (which resets the client's stream) or dropped; one never reaped, never.
+    #[tokio::test(start_paused = true)]
+    async fn a_reaped_stream_counts_on_its_connection_until_polled_or_dropped() {
+        let reaper = Reaper::new(HOUR);
+        let streams = crate::http::conn::Streams::default();
+        let soon = || Instant::now() + Duration::from_millis(100);
+        let (_tx1, rx1) = Channel::<Bytes, std::io::Error>::new(1);
+        let (_tx2, rx2) = Channel::<Bytes, std::io::Error>::new(1);
+        let (_tx3, rx3) = Channel::<Bytes, std::io::Error>::new(1);
+        let mut polled = reaper.guard(rx1, None::<()>, soon(), None, Some(streams.clone()));
+        let dropped = reaper.guard(rx2, None::<()>, soon(), None, Some(streams.clone()));
+        let early = reaper.guard(rx3, None::<()>, soon(), None, Some(streams.clone()));
+        drop(early);
+        assert_eq!(streams.unpolled_now(), 0, "not reaped: not counted");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(streams.unpolled_now(), 2);
+        assert!(polled.frame().await.unwrap().is_err());
+        assert_eq!(streams.unpolled_now(), 1);
+        drop(dropped);
+        assert_eq!(streams.unpolled_now(), 0);
+        drop(polled);
+        assert_eq!(streams.unpolled_now(), 0);
+    }
+
     /// A stream whose client's reading shows only on its socket (HTTP/1: hyper holds frames
     /// it has not written), signalled a quarter late at worst: reads just inside
     /// send_timeout keep its upstream call; once they stop, it is reaped.
@@ -622,7 +676,13 @@ mod tests {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
         let reaper = Reaper::new(SEND);
         let writes = ClientWrites::default();
-        let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, Some(writes.clone()));
+        let body = reaper.guard(
+            rx,
+            None::<()>,
+            Instant::now() + HOUR,
+            Some(writes.clone()),
+            None,
+        );
         tokio::pin!(body);
         tx.send_data(Bytes::from_static(b"x")).await.unwrap();
         body.frame().await.unwrap().unwrap();

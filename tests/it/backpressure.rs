@@ -456,6 +456,94 @@ async fn an_http2_stream_its_client_stops_reading_ends_at_send_timeout_while_oth
     assert_eq!(cancelled(&h, "client").await, 1.0);
 }
 
+/// Audit KA 1: a client that never gives back its HTTP/2 *connection* window (httpx does not
+/// for the streams it abandoned) stops every stream of the connection, fresh ones too: no
+/// DATA can go out, so hyper polls no body, and a stream whose limit has fired, its upstream
+/// call ended by the reaper, is reset only when polled. Such a connection, with a stream
+/// waiting past its limit and no DATA written for `send_timeout`, is closed, so that each
+/// of its requests ends, counted and logged: the one past its deadline as `deadline`, the
+/// rest as the connection's `send_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_whose_client_gives_no_window_is_closed_past_a_fired_limit() {
+    let _serial = SERIAL.lock().await;
+    // A first token may take 20 s: the answer the third stream waits for does not begin.
+    let h = Harness::with_config(
+        &BASE
+            .replace(
+                "[server]\n",
+                "[server]\nsend_timeout = \"1s\"\nheader_read_timeout = \"500ms\"\n",
+            )
+            .replace(
+                "first_token_timeout = \"2s\"",
+                "first_token_timeout = \"20s\"",
+            )
+            .replace("budget = \"10s\"", "budget = \"25s\""),
+    )
+    .await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    // Streams may take 1 MiB each, the connection 65,535 bytes (the default), and the client
+    // never gives back any of it: the connection's window is what runs out.
+    let (mut client, conn) = h2::client::Builder::new()
+        .initial_window_size(1 << 20)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let _ = closed_tx.send(conn.await.map_err(|e| format!("{e:?}")));
+    });
+    let mut send = |budget: &str, fields: &[(&str, &str)]| {
+        let mut req = http::Request::post(format!("http://{}/v1/chat/completions", h.addr()))
+            .header("content-type", "application/json")
+            .header("x-request-budget-ms", budget);
+        for (k, v) in fields {
+            req = req.header(*k, *v);
+        }
+        let (response, mut body) = client.send_request(req.body(()).unwrap(), false).unwrap();
+        body.send_data(
+            bytes::Bytes::from_static(
+                br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+            ),
+            true,
+        )
+        .unwrap();
+        response
+    };
+
+    // A fast stream fills the connection's window: read (so h2 takes it), never released.
+    let big = send(
+        "30000",
+        &[("x-fake-chunks", "5000"), ("x-fake-interval-ms", "0")],
+    );
+    let mut big = big.await.unwrap().into_body();
+    let mut got = 0;
+    while got < 65_535 {
+        got += big.data().await.expect("more").expect("data").len();
+    }
+    // Then a short one, which gets its head (HEADERS take no window) and no byte more,
+    // and one whose answer has not begun.
+    let short = send("1000", &[("x-fake-chunks", "3")]).await.unwrap();
+    assert_eq!(short.status(), 200);
+    let waiting = send("30000", &[("x-fake-ttft-ms", "20000")]);
+
+    // The short stream's deadline passes, the big one's upstream goes at send_timeout, and
+    // no DATA can go out: the connection is closed.
+    let end = tokio::time::timeout(Duration::from_secs(20), closed)
+        .await
+        .expect("a connection with no window held its streams past their limits")
+        .unwrap();
+    eprintln!("the stuck connection ended: {end:?}");
+    h.wait_requests("chat", 3.0).await;
+    assert_eq!(cancelled(&h, "deadline").await, 1.0, "the short stream's");
+    assert_eq!(cancelled(&h, "send_timeout").await, 2.0, "the other two");
+    assert_eq!(
+        h.metric("hourglass_requests_in_flight{route=\"chat\"}")
+            .await,
+        0.0
+    );
+    drop((big, short, waiting));
+}
+
 /// The `chat` route's cancellations of `origin`.
 async fn cancelled(h: &Harness, origin: &str) -> f64 {
     h.metric(&format!(
