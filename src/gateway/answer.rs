@@ -23,9 +23,10 @@ use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
 use crate::http::conn::ClientConn;
 use crate::http::headers::{
-    answer_request_id, insert_request_id, keep_reason_phrase, max_forwards, request_id,
-    strip_hop_by_hop, uncached_event_stream,
+    answer_request_id, insert_request_id, keep_reason_phrase, request_id, strip_hop_by_hop,
+    uncached_event_stream,
 };
+use crate::http::hops::max_forwards;
 use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::batches::{anthropic_path, base_relative, localize_results_urls};
 use crate::provider::inspect::Inspector;

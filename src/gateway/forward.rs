@@ -28,11 +28,11 @@ use crate::gateway::template::Template;
 use crate::http::content_type::content_type_fault;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
-    check_framing, client_accept_encoding, content_coding, content_length, decrement_max_forwards,
-    header_list_size, hops, host_not_authority, insert_request_id, join_cookies, present,
-    strip_hop_by_hop, unsupported_encoding, via, websocket_upgrade, HOURGLASS_HOPS, IDENTITY,
-    MAX_HOPS,
+    check_framing, client_accept_encoding, content_coding, content_length, header_list_size,
+    host_not_authority, insert_request_id, join_cookies, present, strip_hop_by_hop,
+    unsupported_encoding, websocket_upgrade, IDENTITY,
 };
+use crate::http::hops::{decrement_max_forwards, hops, via, HOURGLASS_HOPS, MAX_HOPS};
 use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::request::{head_of, Head, Unreadable};
 use crate::provider::Format;

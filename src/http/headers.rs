@@ -1,7 +1,7 @@
 //! What the gateway does to headers as a request crosses it, one way and back: the
-//! hop-by-hop fields it removes (RFC 9110 7.6.1), the `Via` it adds (7.6.3) and the loop
-//! limit that `Via` makes possible, the content codings it cannot read through, the framing
-//! two parsers could read differently, and the request id that ties the logs of each hop.
+//! hop-by-hop fields it removes (RFC 9110 7.6.1), the content codings it cannot read through,
+//! the framing two parsers could read differently, and the request id that ties the logs of
+//! each hop. The `Via` it adds and the loop limit are in `hops`.
 
 use std::sync::Arc;
 
@@ -353,13 +353,9 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
 }
 
-/// Hourglass gateways a request may already have passed through. A deliberate chain is a few
-/// deep; a loop reaches this within milliseconds.
-pub(crate) const MAX_HOPS: usize = 10;
-
 /// The elements of a list-valued header over all its lines (RFC 9110 5.6.1: comma-separated,
 /// optional whitespace around each, empty elements ignored), each with the line it is on.
-fn list_items(
+pub(super) fn list_items(
     headers: &HeaderMap,
     name: HeaderName,
 ) -> impl Iterator<Item = (&HeaderValue, &[u8])> {
@@ -372,59 +368,7 @@ fn list_items(
     })
 }
 
-/// The Hourglass gateways a request has passed through, as each counts itself on every
-/// request it forwards. `Via` alone is not enough: a peer that forwards only `x-` headers
-/// (LiteLLM; Portkey's forward list) drops it, and a loop through it went on for 932 hops
-/// (audit KB 2). Such a peer passes this one on.
-pub(crate) static HOURGLASS_HOPS: HeaderName = HeaderName::from_static("x-hourglass-hops");
-
-/// How many Hourglass gateways the request has passed through: the greater of the `Via`
-/// entries that name one ("1.1 hourglass"; a comment may follow) and `x-hourglass-hops`.
-/// A hop count that is no count (not digits) says nothing, and the `Via` count stands: a
-/// 400 would refuse a request for a header some peer mangled, and the gateway forwards the
-/// count well-formed again, so a loop is still counted from the next hop on. Digits too many
-/// for a number are a count past any limit.
-pub(crate) fn hops(headers: &HeaderMap) -> usize {
-    let via = list_items(headers, header::VIA)
-        .filter(|(_, entry)| {
-            let mut words = entry
-                .split(u8::is_ascii_whitespace)
-                .filter(|w| !w.is_empty());
-            words.nth(1) == Some(b"hourglass")
-        })
-        .count();
-    let own = list_items(headers, HOURGLASS_HOPS.clone())
-        .filter(|(_, n)| n.iter().all(u8::is_ascii_digit))
-        .map(|(_, n)| {
-            std::str::from_utf8(n)
-                .ok()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(usize::MAX)
-        })
-        .max()
-        .unwrap_or(0);
-    via.max(own)
-}
-
 pub(crate) const IDENTITY: HeaderValue = HeaderValue::from_static("identity");
-
-/// `Via` for a request received over `version`: the protocol as RFC 9110 7.6.3 spells it
-/// ("1.1", "2"; HTTP is implied), and this gateway's pseudonym. Constants, so that the bytes
-/// are checked once at compile time and not on every request.
-pub(crate) fn via(version: Version) -> HeaderValue {
-    const V09: HeaderValue = HeaderValue::from_static("0.9 hourglass");
-    const V10: HeaderValue = HeaderValue::from_static("1.0 hourglass");
-    const V11: HeaderValue = HeaderValue::from_static("1.1 hourglass");
-    const V2: HeaderValue = HeaderValue::from_static("2 hourglass");
-    const V3: HeaderValue = HeaderValue::from_static("3 hourglass");
-    match version {
-        Version::HTTP_09 => V09,
-        Version::HTTP_10 => V10,
-        Version::HTTP_2 => V2,
-        Version::HTTP_3 => V3,
-        _ => V11,
-    }
-}
 
 /// The client's `Accept-Encoding` as one value (its field lines joined, as RFC 9110 5.3
 /// allows), or none.
@@ -638,25 +582,6 @@ pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
     for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
         pair[0] = HEX[usize::from(b >> 4)];
         pair[1] = HEX[usize::from(b & 0xf)];
-    }
-}
-
-/// An OPTIONS request's `Max-Forwards` (RFC 9110 7.6.2), when it is a count: at 0 the
-/// gateway answers it as the final recipient, above it forwards one less.
-pub fn max_forwards(headers: &HeaderMap) -> Option<u64> {
-    let v = headers.get(header::MAX_FORWARDS)?.to_str().ok()?;
-    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    // Digits past u64 are more hops than any chain has.
-    Some(v.parse().unwrap_or(u64::MAX))
-}
-
-/// Forwards one hop less of an OPTIONS request's `Max-Forwards`, as RFC 9110 7.6.2 has every
-/// intermediary do.
-pub fn decrement_max_forwards(headers: &mut HeaderMap) {
-    if let Some(n) = max_forwards(headers).filter(|&n| n > 0) {
-        headers.insert(header::MAX_FORWARDS, HeaderValue::from(n - 1));
     }
 }
 
@@ -1090,57 +1015,6 @@ mod tests {
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
         strip_hop_by_hop(&mut h);
         assert_eq!(h, with_length);
-    }
-
-    #[test]
-    fn hops_count_the_via_entries_of_hourglass_gateways_only() {
-        let mut h = HeaderMap::new();
-        assert_eq!(hops(&h), 0);
-        h.append(
-            header::VIA,
-            HeaderValue::from_static("1.1 edge, 1.1 hourglass"),
-        );
-        h.append(
-            header::VIA,
-            HeaderValue::from_static("2 hourglass (chat),1.0  hourglass ,1.1 hourglass-like"),
-        );
-        h.append(header::VIA, HeaderValue::from_static("hourglass"));
-        assert_eq!(hops(&h), 3);
-    }
-
-    /// Audit KB 2: a peer that forwards only `x-` headers (LiteLLM) drops `Via`, and a loop
-    /// through it went 932 hops. The gateway's own hop count is counted too, the greater
-    /// of the two; a malformed one says nothing (the `Via` count stands).
-    #[test]
-    fn hops_count_the_hourglass_hop_header_where_via_was_dropped() {
-        let mut h = HeaderMap::new();
-        h.insert(HOURGLASS_HOPS.clone(), HeaderValue::from_static("10"));
-        assert_eq!(hops(&h), 10);
-        h.insert(
-            header::VIA,
-            HeaderValue::from_static("1.1 hourglass, 1.1 hourglass"),
-        );
-        assert_eq!(hops(&h), 10);
-        for (value, want) in [
-            ("1", 2),
-            (" 4 ", 4),
-            ("3, 7", 7),
-            ("abc", 2),
-            ("-5", 2),
-            ("+5", 2),
-            ("", 2),
-            ("99999999999999999999999999", usize::MAX),
-        ] {
-            h.insert(HOURGLASS_HOPS.clone(), HeaderValue::from_static(value));
-            assert_eq!(hops(&h), want, "{value:?}");
-        }
-    }
-
-    #[test]
-    fn via_names_the_protocol_the_request_came_over() {
-        assert_eq!(via(Version::HTTP_10), "1.0 hourglass");
-        assert_eq!(via(Version::HTTP_11), "1.1 hourglass");
-        assert_eq!(via(Version::HTTP_2), "2 hourglass");
     }
 
     #[test]

@@ -5,5 +5,6 @@ pub mod content_type;
 pub mod date;
 pub mod framing;
 pub mod headers;
+pub mod hops;
 pub mod path;
 pub mod sse;
