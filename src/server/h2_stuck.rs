@@ -14,13 +14,17 @@
 //!
 //! What is seen: the reaper counts, per connection, the streams whose limit it fired while
 //! hyper was not polling them, until hyper polls them again ([`Streams::unpolled_now`]); and
-//! `h2_idle` counts the DATA the connection writes. A connection with such a stream that
-//! has written no DATA for `send_timeout` is stuck: nothing reaches the client, as on an
-//! HTTP/1 connection whose client reads nothing for `send_timeout`, and it is closed alike.
+//! `h2_idle` counts the DATA the connection writes. A connection all of whose open streams
+//! are such streams, and that has written no DATA for `send_timeout`, is stuck: nothing
+//! reaches the client, as on an HTTP/1 connection whose client reads nothing for
+//! `send_timeout`, and it is closed alike. Not before all are: a stream waiting for its
+//! answer writes nothing either, having nothing yet, and closing the connection under it cut
+//! a healthy request (audit LA 1). Without window every stream is reaped at its deadline,
+//! so the connection ends by its streams' latest deadline (and `send_timeout`) at most.
 //! `h2_idle` sends GOAWAY and drops it a `header_read_timeout` later unless DATA flows again
-//! meanwhile; dropped, it ends every stream. The reaped ones count as their limit
-//! (`deadline`, `send_timeout`); the others (a fresh stream waiting for window, one waiting
-//! for its answer) as `send_timeout`, the gateway's closing of the connection, as on HTTP/1.
+//! meanwhile; dropped, it ends every stream, each counted as its limit (`deadline`,
+//! `send_timeout`); a stream opened after the look counts as `send_timeout`, the gateway's
+//! closing of the connection, as on HTTP/1.
 //!
 //! A connection whose other streams still flow writes DATA, and is not closed: there a
 //! stream its client gives no window of its own stays reaped and unreset until the client
@@ -64,7 +68,13 @@ impl Stuck {
             self.data = data;
             self.wrote = now;
         }
-        let stuck = streams.unpolled_now() > 0 && now - self.wrote >= self.send_timeout;
+        // Every open stream reaped and unpolled: a stream still waiting for its answer also
+        // writes nothing, for want of anything to write, and a connection closed under it
+        // cut a healthy request (audit LA 1). Without window every stream is reaped in time,
+        // each at its deadline, so the connection still ends, at the latest one's.
+        let unpolled = streams.unpolled_now();
+        let stuck =
+            unpolled > 0 && unpolled >= streams.open_now() && now - self.wrote >= self.send_timeout;
         if stuck {
             self.writes.cut();
         }
@@ -148,8 +158,8 @@ mod tests {
     }
 
     /// Audit KA 1: one stream takes the connection's whole window (65,535 bytes, never given
-    /// back); another, with a short budget, gets its head and nothing more. Its deadline
-    /// passes, and the connection, which can write nothing, is closed.
+    /// back); another, with a shorter budget, gets its head and nothing more. Their deadlines
+    /// pass, and the connection, which can write nothing, is closed.
     #[tokio::test(start_paused = true)]
     async fn a_connection_without_window_is_closed_once_a_stream_waits_past_its_limit() {
         let (client, server) = tokio::io::duplex(1 << 20);
@@ -163,7 +173,7 @@ mod tests {
             .unwrap();
         tokio::spawn(conn);
 
-        let (big, _) = client.send_request(request(3_600_000), true).unwrap();
+        let (big, _) = client.send_request(request(1_000), true).unwrap();
         let mut big_tx = bodies.recv().await.unwrap();
         let mut big = big.await.unwrap().into_body();
         big_tx
@@ -276,5 +286,52 @@ mod tests {
         assert_eq!(end, Some(h2::Reason::CANCEL));
         assert!(!ended.is_finished());
         assert!(!reader.is_finished(), "the other stream still flows");
+    }
+
+    /// Audit LA 1: one stream past its limit and never polled again, another waiting for its
+    /// answer (a slow first token, a long document): the connection writes nothing because
+    /// the second has nothing yet, not because it cannot. It stays open, and the waiting
+    /// stream gets its answer when it comes.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_waiting_for_its_answer_keeps_a_connection_with_a_reaped_one() {
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let (bodies_tx, mut bodies) = tokio::sync::mpsc::unbounded_channel();
+        let ended = serve(server, bodies_tx);
+        let (mut client, conn) = h2::client::Builder::new()
+            .initial_window_size(1024)
+            .handshake::<_, Bytes>(client)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+
+        // Its window's worth, read and not given back, then a frame hyper holds: reaped at
+        // its deadline.
+        let (stalled, _) = client.send_request(request(500), true).unwrap();
+        let mut stalled_tx = bodies.recv().await.unwrap();
+        let mut stalled = stalled.await.unwrap().into_body();
+        stalled_tx
+            .send_data(Bytes::from(vec![b'x'; 1024]))
+            .await
+            .unwrap();
+        let _first = stalled.data().await.unwrap().unwrap();
+        stalled_tx
+            .send_data(Bytes::from(vec![b'y'; 300]))
+            .await
+            .unwrap();
+
+        // The other's head came; its first token takes five send_timeouts.
+        let (waiting, _) = client.send_request(request(3_600_000), true).unwrap();
+        let mut waiting_tx = bodies.recv().await.unwrap();
+        let mut waiting = waiting.await.unwrap().into_body();
+        tokio::time::sleep(SEND * 5).await;
+        assert!(
+            !ended.is_finished(),
+            "closed while a stream waited for its answer"
+        );
+        waiting_tx
+            .send_data(Bytes::from_static(b"at last"))
+            .await
+            .unwrap();
+        assert_eq!(&waiting.data().await.unwrap().unwrap()[..], b"at last");
     }
 }

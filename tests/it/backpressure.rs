@@ -459,10 +459,11 @@ async fn an_http2_stream_its_client_stops_reading_ends_at_send_timeout_while_oth
 /// Audit KA 1: a client that never gives back its HTTP/2 *connection* window (httpx does not
 /// for the streams it abandoned) stops every stream of the connection, fresh ones too: no
 /// DATA can go out, so hyper polls no body, and a stream whose limit has fired, its upstream
-/// call ended by the reaper, is reset only when polled. Such a connection, with a stream
-/// waiting past its limit and no DATA written for `send_timeout`, is closed, so that each
-/// of its requests ends, counted and logged: the one past its deadline as `deadline`, the
-/// rest as the connection's `send_timeout`.
+/// call ended by the reaper, is reset only when polled. Such a connection, once every stream
+/// on it waits past its limit (a stream still waiting for its answer keeps it open: audit LA
+/// 1) and no DATA was written for `send_timeout`, is closed, so that each of its requests
+/// ends, counted and logged as its own limit: the short stream's and the waiting one's
+/// deadlines, the big one's `send_timeout`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_connection_whose_client_gives_no_window_is_closed_past_a_fired_limit() {
     let _serial = SERIAL.lock().await;
@@ -521,21 +522,25 @@ async fn an_http2_connection_whose_client_gives_no_window_is_closed_past_a_fired
         got += big.data().await.expect("more").expect("data").len();
     }
     // Then a short one, which gets its head (HEADERS take no window) and no byte more,
-    // and one whose answer has not begun.
+    // and one whose answer has not begun, and does not before its deadline.
     let short = send("1000", &[("x-fake-chunks", "3")]).await.unwrap();
     assert_eq!(short.status(), 200);
-    let waiting = send("30000", &[("x-fake-ttft-ms", "20000")]);
+    let waiting = send("3000", &[("x-fake-ttft-ms", "20000")]);
 
-    // The short stream's deadline passes, the big one's upstream goes at send_timeout, and
-    // no DATA can go out: the connection is closed.
+    // The short stream's deadline passes, the big one's upstream goes at send_timeout, the
+    // waiting one ends at its deadline, and no DATA can go out: the connection is closed.
     let end = tokio::time::timeout(Duration::from_secs(20), closed)
         .await
         .expect("a connection with no window held its streams past their limits")
         .unwrap();
     eprintln!("the stuck connection ended: {end:?}");
     h.wait_requests("chat", 3.0).await;
-    assert_eq!(cancelled(&h, "deadline").await, 1.0, "the short stream's");
-    assert_eq!(cancelled(&h, "send_timeout").await, 2.0, "the other two");
+    assert_eq!(
+        cancelled(&h, "deadline").await,
+        2.0,
+        "the short and the waiting stream's"
+    );
+    assert_eq!(cancelled(&h, "send_timeout").await, 1.0, "the big one's");
     assert_eq!(
         h.metric("hourglass_requests_in_flight{route=\"chat\"}")
             .await,
