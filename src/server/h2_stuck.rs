@@ -209,36 +209,58 @@ mod tests {
         drop((big, short));
     }
 
-    /// One stream its client gives no window, reaped, while another flows: the connection
-    /// writes DATA and stays, and the reaped stream is reset once its client reads it.
-    #[tokio::test(start_paused = true)]
-    async fn a_stream_without_window_does_not_close_a_connection_whose_others_flow() {
+    /// A served connection whose streams get 1 KiB of window each (the connection its default
+    /// 65,535 bytes), and on it a stream with a 500 ms budget sent its window's worth, read
+    /// and not given back, then a frame hyper holds for want of window (and so polls the body
+    /// no more): reaped at its deadline.
+    struct Stalled {
+        ended: tokio::task::JoinHandle<(Instant, bool)>,
+        client: h2::client::SendRequest<Bytes>,
+        bodies: tokio::sync::mpsc::UnboundedReceiver<Sender>,
+        stalled: h2::RecvStream,
+        first: Bytes,
+        /// The stalled stream's upstream end, held open.
+        _tx: Sender,
+    }
+
+    async fn stalled_beside_others() -> Stalled {
         let (client, server) = tokio::io::duplex(1 << 20);
         let (bodies_tx, mut bodies) = tokio::sync::mpsc::unbounded_channel();
         let ended = serve(server, bodies_tx);
-        // Streams get 1 KiB of window each; the connection its default 65,535 bytes, given
-        // back as the flowing stream is read.
         let (mut client, conn) = h2::client::Builder::new()
             .initial_window_size(1024)
             .handshake::<_, Bytes>(client)
             .await
             .unwrap();
         tokio::spawn(conn);
-
-        // Its window's worth, read and not given back, then a frame hyper holds for want of
-        // window (and so polls the body no more): reaped at its deadline.
         let (stalled, _) = client.send_request(request(500), true).unwrap();
-        let mut stalled_tx = bodies.recv().await.unwrap();
+        let mut tx = bodies.recv().await.unwrap();
         let mut stalled = stalled.await.unwrap().into_body();
-        stalled_tx
-            .send_data(Bytes::from(vec![b'x'; 1024]))
-            .await
-            .unwrap();
+        tx.send_data(Bytes::from(vec![b'x'; 1024])).await.unwrap();
         let first = stalled.data().await.unwrap().unwrap();
-        stalled_tx
-            .send_data(Bytes::from(vec![b'y'; 300]))
-            .await
-            .unwrap();
+        tx.send_data(Bytes::from(vec![b'y'; 300])).await.unwrap();
+        Stalled {
+            ended,
+            client,
+            bodies,
+            stalled,
+            first,
+            _tx: tx,
+        }
+    }
+
+    /// One stream its client gives no window, reaped, while another flows: the connection
+    /// writes DATA and stays, and the reaped stream is reset once its client reads it.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_without_window_does_not_close_a_connection_whose_others_flow() {
+        let Stalled {
+            ended,
+            mut client,
+            mut bodies,
+            mut stalled,
+            first,
+            _tx,
+        } = stalled_beside_others().await;
 
         // Another stream, read all along. 300 bytes a frame: h2's client counts frames under
         // 256 bytes against a budget.
@@ -294,30 +316,14 @@ mod tests {
     /// stream gets its answer when it comes.
     #[tokio::test(start_paused = true)]
     async fn a_stream_waiting_for_its_answer_keeps_a_connection_with_a_reaped_one() {
-        let (client, server) = tokio::io::duplex(1 << 20);
-        let (bodies_tx, mut bodies) = tokio::sync::mpsc::unbounded_channel();
-        let ended = serve(server, bodies_tx);
-        let (mut client, conn) = h2::client::Builder::new()
-            .initial_window_size(1024)
-            .handshake::<_, Bytes>(client)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-
-        // Its window's worth, read and not given back, then a frame hyper holds: reaped at
-        // its deadline.
-        let (stalled, _) = client.send_request(request(500), true).unwrap();
-        let mut stalled_tx = bodies.recv().await.unwrap();
-        let mut stalled = stalled.await.unwrap().into_body();
-        stalled_tx
-            .send_data(Bytes::from(vec![b'x'; 1024]))
-            .await
-            .unwrap();
-        let _first = stalled.data().await.unwrap().unwrap();
-        stalled_tx
-            .send_data(Bytes::from(vec![b'y'; 300]))
-            .await
-            .unwrap();
+        let Stalled {
+            ended,
+            mut client,
+            mut bodies,
+            stalled: _stalled,
+            first: _,
+            _tx,
+        } = stalled_beside_others().await;
 
         // The other's head came; its first token takes five send_timeouts.
         let (waiting, _) = client.send_request(request(3_600_000), true).unwrap();
