@@ -346,7 +346,12 @@ async fn run(
             soft_was = was.soft,
             soft = was.hard,
             hard = was.hard,
-            "open-file limit (RLIMIT_NOFILE): soft set to the hard limit"
+            "open-file limit (RLIMIT_NOFILE): {}",
+            if was.soft < was.hard {
+                "soft raised to the hard limit"
+            } else {
+                "soft already at the hard limit"
+            }
         ),
         Err(e) => tracing::warn!("open-file limit (RLIMIT_NOFILE) left as it was: {e}"),
     }
