@@ -16,16 +16,7 @@ fn config(fake: &FakeUpstream) -> String {
 
 /// The hard open-file limit of this (test) process, which a child's may not exceed.
 fn hard_limit() -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes only the struct it is given.
-    assert_eq!(
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
-        0
-    );
-    limit.rlim_max
+    hourglass::descriptors::open_file_limit().unwrap().hard
 }
 
 /// Audit KF 6: a soft limit below the hard one (systemd's default `LimitNOFILE=1024:524288`)
