@@ -1,0 +1,419 @@
+//! Retries and hedges against upstreams written by hand: an upstream that says not to retry,
+//! a fallback due for its probe, retries after a lost hedge, a chain that is all out, and the
+//! shares of retries and hedges an upstream or route may spend.
+
+use super::*;
+
+/// An upstream written by hand that answers its `k`th connection with `answers[k]` (the last
+/// one for any after), each piece after its delay, then closes; and how many requests it read.
+async fn scripted(
+    answers: Vec<Vec<(Duration, Vec<u8>)>>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        let mut k = 0;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let answer = answers[k.min(answers.len() - 1)].clone();
+            k += 1;
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                s.set_nodelay(true).unwrap();
+                read_request(&mut s).await;
+                seen.fetch_add(1, Ordering::SeqCst);
+                for (delay, piece) in answer {
+                    tokio::time::sleep(delay).await;
+                    if s.write_all(&piece).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, count)
+}
+
+/// A head and a two-byte body, sent at once after `delay`.
+fn answer(delay: Duration, status: &str, fields: &str) -> Vec<(Duration, Vec<u8>)> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{fields}\
+         content-length: 2\r\nconnection: close\r\n\r\n{{}}"
+    );
+    vec![(delay, head.into_bytes())]
+}
+
+fn completion() -> Vec<(Duration, Vec<u8>)> {
+    let body = r#"{"id":"c1","object":"chat.completion","model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#;
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    vec![(Duration::ZERO, head.into_bytes())]
+}
+
+/// An upstream that answers `x-should-retry: false` (a provider, another Hourglass after its
+/// own retries, this one looped back to itself) is not asked again: two chained gateways
+/// made nine calls, a loop sixty before its 508 (audit Y1). A fallback is another upstream
+/// and is still tried.
+#[tokio::test]
+async fn an_upstream_that_says_not_to_retry_is_asked_once() {
+    let said_no = answer(
+        Duration::ZERO,
+        "500 Internal Server Error",
+        "x-should-retry: False\r\n",
+    );
+    let (url, asked) = scripted(vec![said_no.clone()]).await;
+    let p = pair_with("retries = 2\nretry_on = [\"5xx\"]", "", "", Some(url)).await;
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 500, "the upstream's answer passes through");
+    json_body(resp).await;
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_retries_total{reason=\"5xx\",route=\"chat\",upstream=\"primary\"}")
+            .await,
+        0.0
+    );
+
+    let (url, asked) = scripted(vec![said_no]).await;
+    let p = pair_with("retries = 2\nfallbacks = [\"backup\"]", "", "", Some(url)).await;
+    let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+    assert_eq!(resp.status(), 200, "the fallback answers");
+    read_body(resp.into_body()).await;
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(p.backup.requests().len(), 1);
+}
+
+/// The hedge's target is judged when the hedge fires, not when the request began: a fallback
+/// out of rotation at the start and due for its probe by `hedge_after` is raced as that
+/// probe. Judged at the start, the request waited its primary's whole first-token limit
+/// (audit Y2).
+#[tokio::test]
+async fn a_fallback_due_for_its_probe_by_the_hedge_is_raced() {
+    let p = pair(
+        "fallbacks = [\"backup\"]\nhedge_after = \"2500ms\"\nbudget = \"30s\"\n\
+         first_token_timeout = \"20s\"\n\n\
+         [[routes]]\nname = \"direct\"\npath_prefix = \"/direct\"\nupstream = \"backup\"",
+        "",
+        "eject_after = 1\neject_for = \"2s\"",
+    )
+    .await;
+    p.primary
+        .set_script(&[("x-fake-ttft-ms", "25000"), ("x-fake-headers-first", "1")]);
+    // One failure takes the backup out of rotation for 2 s.
+    let mut direct = chat_request(&[("x-fake-status", "503")], true);
+    *direct.uri_mut() = "/direct/v1/chat/completions".parse().unwrap();
+    let (resp, _c) = Conn::open(p.gw.addr).await.send(direct).await;
+    assert_eq!(resp.status(), 503);
+    read_body(resp.into_body()).await;
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"backup\"}")
+            .await,
+        1.0
+    );
+    let start = Instant::now();
+    let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    // Far below the primary's 20 s limit: the hedge answered.
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    p.wait_reported(1.0).await;
+    assert_eq!(
+        p.metric("hourglass_hedges_total{route=\"chat\",winner=\"hedge\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"backup\"}")
+            .await,
+        0.0,
+        "the probe put it back"
+    );
+}
+
+/// After a hedge both attempts lost, the primary's retry waits and counts by the primary's
+/// own failure: the hedge's `retry-after: 30` (another provider's rate limit) cancelled the
+/// primary's retry, and a retry after the primary's 503 was counted as a 429 (audit Y3).
+#[tokio::test]
+async fn a_retry_after_a_lost_hedge_goes_by_the_primarys_own_failure() {
+    // With a wait no budget fits, and with none.
+    for fields in ["retry-after: 30\r\n", ""] {
+        let (primary, primary_asked) = scripted(vec![
+            answer(Duration::from_millis(400), "503 Service Unavailable", ""),
+            completion(),
+        ])
+        .await;
+        // The hedge starts at 200 ms and fails last, at 1 s.
+        let (backup, _) = scripted(vec![answer(
+            Duration::from_millis(800),
+            "429 Too Many Requests",
+            fields,
+        )])
+        .await;
+        let text = config(
+            &primary,
+            &backup,
+            "retries = 1\nfallbacks = [\"backup\"]\nhedge_after = \"200ms\"\nbudget = \"10s\"\n\
+             first_token_timeout = \"5s\"",
+            "",
+            "",
+        );
+        let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+            .await
+            .unwrap();
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[], false))
+            .await;
+        assert_eq!(
+            resp.status(),
+            200,
+            "the primary's retry was made ({fields})"
+        );
+        read_body(resp.into_body()).await;
+        assert_eq!(primary_asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while metric(
+            gw.admin_addr,
+            "hourglass_requests_total{outcome=\"ok\",route=\"chat\"}",
+        )
+        .await
+            < 1.0
+        {
+            assert!(Instant::now() < deadline, "the request was reported");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for (reason, n) in [("5xx", 1.0), ("429", 0.0)] {
+            let sample = format!(
+                "hourglass_retries_total{{reason=\"{reason}\",route=\"chat\",upstream=\"primary\"}}"
+            );
+            assert_eq!(
+                metric(gw.admin_addr, &sample).await,
+                n,
+                "{sample} ({fields})"
+            );
+        }
+    }
+}
+
+/// An upstream out of rotation that is tried only because no later one is in rotation gets
+/// one attempt per request, no retries: with every upstream of the chain out, each request
+/// ran its whole retry ladder on each of them (audit GD 3: five calls per client request).
+/// Its answer leaves retrying to the client's SDK, as after any single attempt.
+#[tokio::test]
+async fn an_upstream_tried_only_because_the_whole_chain_is_out_is_not_retried() {
+    let p = pair(
+        "retries = 2\nretry_on = [\"5xx\"]",
+        "eject_after = 2\neject_for = \"30s\"",
+        "",
+    )
+    .await;
+    p.primary.set_script(&[("x-fake-status", "503")]);
+    // In rotation, then ejected by its second failure: no third attempt.
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 503);
+    read_body(resp.into_body()).await;
+    assert_eq!(p.primary.requests().len(), 2);
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"primary\"}")
+            .await,
+        1.0
+    );
+    // Out of rotation, with nothing after it: tried once. One attempt made, retrying is
+    // the SDK's, as on a route without retries (audit IA 2: the header gave the route
+    // that retries one try where a route without retries got the SDK's three).
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 503, "its own answer passes through");
+    assert_eq!(resp.headers().get("x-should-retry"), None);
+    read_body(resp.into_body()).await;
+    assert_eq!(p.primary.requests().len(), 3);
+    p.wait_reported(2.0).await;
+    assert_eq!(
+        p.metric("hourglass_retries_total{reason=\"5xx\",route=\"chat\",upstream=\"primary\"}")
+            .await,
+        1.0
+    );
+}
+
+/// An upstream whose first `n` connections are each answered 503 once all `n` have come
+/// (so that no retry starts before every first attempt is in), and whose later ones get no
+/// answer; and how many requests it read.
+async fn fails_together_then_hangs(
+    n: usize,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    let together = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    tokio::spawn(async move {
+        let mut k = 0;
+        while let Ok((mut s, _)) = listener.accept().await {
+            let first = k < n;
+            k += 1;
+            let (seen, together) = (seen.clone(), together.clone());
+            tokio::spawn(async move {
+                read_request(&mut s).await;
+                seen.fetch_add(1, Ordering::SeqCst);
+                if !first {
+                    // Held until the gateway gives up on it.
+                    let _ = tokio::io::AsyncReadExt::read(&mut s, &mut [0u8; 1]).await;
+                    return;
+                }
+                together.wait().await;
+                let head = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+                            content-length: 2\r\nconnection: close\r\n\r\n{}";
+                let _ = s.write_all(head.as_bytes()).await;
+            });
+        }
+    });
+    (url, count)
+}
+
+/// Retries in flight on an upstream are kept to at most max(3, 20% of its attempts in
+/// flight), counted from their backoff on: ten requests failing at once make three
+/// retries, not ten, and the other seven pass the upstream's answer through at once, saying
+/// not to retry (audit GD 3: 3x to 5.4x the client load on a failing upstream).
+#[tokio::test]
+async fn retries_beyond_the_upstreams_share_are_not_made() {
+    const N: usize = 10;
+    let (url, asked) = fails_together_then_hangs(N).await;
+    // Never ejected: ten failures would take it out of rotation at the fifth, and a retry
+    // refused for that is another matter (its answer leaves retrying to the SDK).
+    let p = pair_with(
+        "retries = 1\nretry_on = [\"5xx\"]",
+        "eject_after = 0",
+        "",
+        Some(url),
+    )
+    .await;
+    let addr = p.gw.addr;
+    let (done, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    let clients: Vec<_> = (0..N)
+        .map(|_| {
+            let done = done.clone();
+            tokio::spawn(async move {
+                let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], false)).await;
+                let status = resp.status();
+                let says = resp.headers().get("x-should-retry").cloned();
+                read_body(resp.into_body()).await;
+                let _ = done.send((status, says));
+            })
+        })
+        .collect();
+    // Seven answers come at once; the three retried wait out their first-token limit (2 s),
+    // and the ten retried (without a share) all of them.
+    for k in 0..N - 3 {
+        let (status, says) = tokio::time::timeout(Duration::from_millis(1500), answers.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{k} of {} answers came at once", N - 3))
+            .unwrap();
+        assert_eq!(status, 503, "the upstream's answer passes through");
+        assert_eq!(says.as_ref().map(|v| v.as_bytes()), Some(&b"false"[..]));
+    }
+    // The seven answered will make no retry, the three retries none after theirs (retries
+    // = 1): once the three are in (after their backoff), the count is final.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while asked.load(std::sync::atomic::Ordering::SeqCst) < N + 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        N + 3,
+        "ten first attempts and three retries"
+    );
+    for c in clients {
+        c.abort();
+    }
+}
+
+/// Requests answered 429 together wait out their `Retry-After` without spending the
+/// upstream's share of retries: a retry counts only from its attempt on. The six waits here
+/// end apart, so no more than two retries are ever in flight, and all six are made. Counted
+/// from the wait, three of six were refused (audit HA 1: 17 of 20 with `retry-after: 2`).
+#[tokio::test]
+async fn requests_waiting_out_a_retry_after_do_not_spend_the_share_of_retries() {
+    const N: usize = 6;
+    let mut answers: Vec<_> = (1..=N)
+        .map(|k| {
+            let fields = format!("retry-after-ms: {}\r\n", 300 * k);
+            answer(Duration::ZERO, "429 Too Many Requests", &fields)
+        })
+        .collect();
+    answers.push(completion());
+    let (url, asked) = scripted(answers).await;
+    // Never ejected: six 429s in a row would take it out of rotation, and its retries with it.
+    let p = pair_with(
+        "retries = 1\nretry_on = [\"429\"]",
+        "eject_after = 0",
+        "",
+        Some(url),
+    )
+    .await;
+    let addr = p.gw.addr;
+    let clients: Vec<_> = (0..N)
+        .map(|_| {
+            tokio::spawn(async move {
+                let (resp, _c) = Conn::open(addr).await.send(chat_request(&[], false)).await;
+                let status = resp.status();
+                read_body(resp.into_body()).await;
+                status
+            })
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(c.await.unwrap(), 200, "every request's retry was made");
+    }
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 2 * N);
+    p.wait_reported(N as f64).await;
+    assert_eq!(
+        p.metric("hourglass_retries_total{reason=\"429\",route=\"chat\",upstream=\"primary\"}")
+            .await,
+        N as f64
+    );
+}
+
+/// Hedges in flight on a route are kept to max(1, 10% of its requests in flight): ten slow
+/// requests at once hedge once, not ten times (audit GD 4: 1962 of 2000 requests hedged on
+/// an upstream slowed by load, 28% less throughput for it).
+#[tokio::test]
+async fn hedges_beyond_the_routes_share_are_not_sent() {
+    const N: usize = 10;
+    let p = std::sync::Arc::new(
+        pair("fallbacks = [\"backup\"]\nhedge_after = \"100ms\"", "", "").await,
+    );
+    p.primary.set_script(&[("x-fake-ttft-ms", "1000")]);
+    p.backup.set_script(&[("x-fake-ttft-ms", "1500")]);
+    let clients: Vec<_> = (0..N)
+        .map(|_| {
+            let p = p.clone();
+            tokio::spawn(async move {
+                let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+                assert_eq!(resp.status(), 200);
+                read_body(resp.into_body()).await;
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert_eq!(p.primary.requests().len(), N);
+    assert_eq!(p.backup.requests().len(), 1, "one hedge for ten requests");
+    p.wait_reported(N as f64).await;
+    assert_eq!(
+        p.metric("hourglass_hedges_total{route=\"chat\",winner=\"primary\"}")
+            .await,
+        1.0
+    );
+}
