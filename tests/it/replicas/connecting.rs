@@ -1,0 +1,244 @@
+//! How replicas reach their Redis: a password from the environment (never logged), one
+//! refused and then taken, an ACL user, a Redis Cluster with `store_cluster`, and `rediss://`
+//! signed by a private CA.
+
+use super::*;
+
+#[tokio::test]
+async fn a_password_from_the_environment_reaches_redis_and_never_the_log() {
+    if crate::support::redis::skip() {
+        return;
+    }
+    let password = "s3cret/pa:ss@word";
+    let redis = RedisServer::with_password(password).await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = config(&fake, &redis.url(), "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_password_env = \"HOURGLASS_TEST_REDIS_PASSWORD\"",
+    );
+    let p = Process::spawn(&toml, &[], &[("HOURGLASS_TEST_REDIS_PASSWORD", password)]).await;
+    let (status, headers, body) = send(&p, call(false, &[("x-run-id", "pw")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(headers["x-run-calls-left"], "9", "the run is in Redis");
+    let (out, err) = p.stop().await;
+    assert!(!out.contains(password) && !err.contains(password));
+}
+
+/// A store that refused the gateway's password (rotated, or an ACL user made after the
+/// gateway started) is used again once it takes the password: the redis crate's connection
+/// manager keeps a refused connection's error for good (it reconnects only after I/O errors),
+/// which left every later call refused, or served without its run's limits, until a restart
+/// (audit IE 1).
+#[tokio::test]
+async fn a_store_that_refused_the_password_is_used_again_once_it_takes_it() {
+    if crate::support::redis::skip() {
+        return;
+    }
+    let password = "right";
+    let redis = RedisServer::with_password(password).await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = config(&fake, &redis.url(), "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_password_env = \"HOURGLASS_TEST_REDIS_PASSWORD\"",
+    );
+    let p = Process::spawn(&toml, &[], &[("HOURGLASS_TEST_REDIS_PASSWORD", password)]).await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "rotated")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    // Rotated, and the gateway's connection dropped: its next connection is refused.
+    assert_eq!(
+        redis
+            .query_as(password, "CONFIG SET requirepass other")
+            .await,
+        "+OK"
+    );
+    redis
+        .query_as("other", "CLIENT KILL TYPE normal SKIPME yes")
+        .await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "rotated")], 1)).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "run_store_unavailable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("uthentication")),
+        "the refusal is named: {body}"
+    );
+    // Rotated back: the store takes the gateway's password again.
+    assert_eq!(
+        redis
+            .query_as("other", &format!("CONFIG SET requirepass {password}"))
+            .await,
+        "+OK"
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut turn = 2;
+    let (status, headers, body) = loop {
+        let answer = send(&p, call(false, &[("x-run-id", "rotated")], turn)).await;
+        if answer.0 == 200 || Instant::now() > until {
+            break answer;
+        }
+        turn += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, 200, "the store is used again: {body}");
+    assert!(
+        headers.contains_key("x-run-calls-left"),
+        "the run's limits are enforced again"
+    );
+    p.stop().await;
+}
+
+/// A two-node Redis Cluster, each node with half the slots, once each knows the other's.
+async fn two_node_cluster(dir: &std::path::Path) -> (RedisServer, RedisServer) {
+    let low = RedisServer::cluster_node(dir).await;
+    let high = RedisServer::cluster_node(dir).await;
+    assert_eq!(low.query("CLUSTER ADDSLOTSRANGE 0 8191").await, "+OK");
+    assert_eq!(high.query("CLUSTER ADDSLOTSRANGE 8192 16383").await, "+OK");
+    let meet = format!("CLUSTER MEET 127.0.0.1 {}", high.port());
+    assert_eq!(low.query(&meet).await, "+OK");
+    // Until both have met, a node answers CLUSTERDOWN for the other's slots; then MOVED.
+    // `hg:{-/a}` is on slot 11976, `hg:{-/c}` on 3722.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(low.query("EXISTS hg:{-/a}").await.starts_with("-MOVED")
+        && high.query("EXISTS hg:{-/c}").await.starts_with("-MOVED"))
+    {
+        assert!(Instant::now() < deadline, "the nodes never met");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (low, high)
+}
+
+/// A Redis Cluster as the store: without `store_cluster` its redirections are named (a run on
+/// another node's slot was served without limits, as an outage); with it, every run is held
+/// to its limits on the node of its slot, and `/runs/{id}` finds it there.
+#[tokio::test]
+async fn a_redis_cluster_holds_runs_on_every_node_with_store_cluster() {
+    let Some((_plain, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (low, high) = two_node_cluster(dir.path()).await;
+    // Runs on both halves: each node holds some.
+    for (node, id) in [(&low, "c"), (&high, "a")] {
+        let slot = node.query(&format!("CLUSTER KEYSLOT hg:{{-/{id}}}")).await;
+        let slot: u16 = slot.trim_start_matches(':').parse().unwrap();
+        assert_eq!(slot < 8192, std::ptr::eq(node, &low), "{id}: {slot}");
+    }
+
+    let plain = Process::spawn(&config(&fake, &low.url(), "deny", "1s"), &[], &[]).await;
+    let (status, _, body) = send(&plain, call(false, &[("x-run-id", "a")], 0)).await;
+    assert_eq!(status, 503, "{body}");
+    crate::support::assert_message_starts(
+        &body["error"],
+        "run store unavailable: the run store is a Redis Cluster, and [runs] store_cluster is not set: it answered",
+    );
+    let ready = reqwest_like_get(plain.admin, "/readyz").await;
+    assert!(ready.contains("store_cluster is not set"), "{ready}");
+    // `/runs/{id}` reads the run's own key first, so it meets the redirection too, and says
+    // so as a call's 503 does.
+    let text = reqwest_like_get(plain.admin, "/runs/a").await;
+    let found: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(found["error"]["code"], "run_store_unavailable", "{text}");
+    crate::support::assert_message_starts(
+        &found["error"],
+        "run store unavailable: the run store is a Redis Cluster",
+    );
+
+    let toml = config(&fake, &low.url(), "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_cluster = true",
+    );
+    let p = Process::spawn(&toml, &[], &[]).await;
+    for id in ["a", "c"] {
+        let run = [("x-run-id", id), ("x-run-budget-ms", "60000")];
+        for turn in 0..10 {
+            let (status, headers, body) = send(&p, call(false, &run, turn)).await;
+            assert_eq!(status, 200, "{id} {turn}: {body}");
+            let left = (9 - turn).to_string();
+            assert_eq!(headers["x-run-calls-left"], left.as_str(), "{id}");
+        }
+        let (status, _, body) = send(&p, call(false, &run, 10)).await;
+        assert_eq!(status, 429, "{id}: {body}");
+        assert_eq!(body["error"]["code"], "run_call_limit", "{id}: {body}");
+        let text = crate::support::admin_get(p.admin, &format!("/runs/{id}")).await;
+        let found: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(found["runs"][0]["used"]["calls"], 10, "{id}: {text}");
+    }
+    assert_eq!(
+        low.query("EXISTS hg:{-/c}").await,
+        ":1",
+        "c is on the low node"
+    );
+    assert_eq!(
+        high.query("EXISTS hg:{-/a}").await,
+        ":1",
+        "a is on the high node"
+    );
+    // Runs of `a` scoped by client keys, one on each node (slots 1145 and 10777): every
+    // primary is SCANned for them.
+    for (node, scope) in [(&low, "0000000000000001"), (&high, "0000000000000003")] {
+        let hset = format!("HSET hg:{{{scope}/a}} route agent calls 1");
+        assert_eq!(node.query(&hset).await, ":2");
+    }
+    let text = crate::support::admin_get(p.admin, "/runs/a").await;
+    let found: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(found["runs"].as_array().map(Vec::len), Some(3), "{text}");
+}
+
+/// `rediss://` to a Redis whose certificate a private CA signed (Memorystore's, a Helm
+/// chart's): trusted through `store_ca_file`, where the public roots alone refused it.
+#[tokio::test]
+async fn a_rediss_store_signed_by_a_private_ca_is_trusted_through_store_ca_file() {
+    let Some((_plain, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_redis, ca, tls_port) = RedisServer::with_tls(dir.path()).await;
+    let store = format!("rediss://localhost:{tls_port}/0");
+    let toml = config(&fake, &store, "deny", "2s").replace(
+        "on_store_error = \"deny\"",
+        &format!(
+            "on_store_error = \"deny\"\nstore_ca_file = {:?}",
+            ca.to_str().unwrap()
+        ),
+    );
+    let p = Process::spawn(&toml, &[], &[]).await;
+    let (status, headers, body) = send(&p, call(false, &[("x-run-id", "tls")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(headers["x-run-calls-left"], "9", "the run is in Redis");
+}
+
+/// An ACL user named in the URL, its password from `store_password_env`, trimmed of the
+/// newline a secret made from a file ends in.
+#[tokio::test]
+async fn an_acl_user_with_a_password_from_the_environment_reaches_redis() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    assert_eq!(
+        redis
+            .query("ACL SETUSER hguser on >UserPw!42 ~hg:* +@all")
+            .await,
+        "+OK"
+    );
+    let store = format!("redis://hguser@{}/0", redis.addr);
+    let toml = config(&fake, &store, "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_password_env = \"HOURGLASS_TEST_REDIS_PASSWORD\"",
+    );
+    let p = Process::spawn(
+        &toml,
+        &[],
+        &[("HOURGLASS_TEST_REDIS_PASSWORD", "UserPw!42\n")],
+    )
+    .await;
+    let (status, headers, body) = send(&p, call(false, &[("x-run-id", "acl")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(headers["x-run-calls-left"], "9", "the run is in Redis");
+    let (out, err) = p.stop().await;
+    assert!(!out.contains("UserPw!42") && !err.contains("UserPw!42"));
+}
