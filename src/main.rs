@@ -272,7 +272,11 @@ fn check(path: &Path, strict: bool) -> ExitCode {
                         ("client_crl", tls.client_crl.as_ref()),
                     ])
                     .filter_map(|(key, p)| Some((key, p?)))
-                    .find_map(|(key, p)| std::fs::File::open(p).err().map(|e| (key, p, e)));
+                    .find_map(|(key, p)| {
+                        // Probed, not opened: a FIFO's open waits for a writer (audit ME 2);
+                        // the read refuses it, saying what it is.
+                        hourglass::config::file::probe(p).err().map(|e| (key, p, e))
+                    });
                 match unreadable {
                     Some((key, p, e)) => warn(format!(
                         "server.tls.{key} {}: {e}; {} it",
