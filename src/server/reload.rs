@@ -34,7 +34,8 @@ impl Running {
     /// what one tick sees of it is not what the operator meant. A tick that cannot read the
     /// files for want of descriptors or memory is no change: it is warned of and tried again;
     /// one that cannot read a file for good (no permission) reloads, to fail visibly. SIGHUP
-    /// reloads at once. Runs until shutdown.
+    /// reloads at once. A config that is no regular file (a pipe, read once at start-up) is
+    /// not watched, and a SIGHUP says it cannot be read again. Runs until shutdown.
     pub fn watch_config(&self, poll: Duration) {
         self.watch_config_from(poll, Hangups::register(), None);
     }
@@ -52,8 +53,34 @@ impl Running {
             let path = shared.source.clone();
             let mut watch = Watch::default();
             if let Some(path) = &path {
+                let regular = match &baseline {
+                    Some(b) => b.regular,
+                    None => file::is_regular(path),
+                };
+                if !regular {
+                    // Audit ME 4: read again, a pipe (`--config <(envsubst < t.toml)`) is
+                    // empty, or waits for a writer; each tick was a failed reload, and
+                    // `/readyz` said so for good. It is read once, and not watched.
+                    let file = scrub(&path.display().to_string());
+                    tracing::info!(
+                        config = %file,
+                        "the config is not a regular file (a pipe, read once at start-up): it \
+                         is not watched, and SIGHUP cannot read it again; restart to change it"
+                    );
+                    loop {
+                        tokio::select! {
+                            () = stop.fired() => return,
+                            () = next_hangup(&mut hangup) => tracing::warn!(
+                                config = %file,
+                                "SIGHUP: the config is not a regular file (a pipe, read once at \
+                                 start-up) and cannot be read again; the running config stays. \
+                                 To change it, restart the gateway, or give --config a file"
+                            ),
+                        }
+                    }
+                }
                 watch.applied = match baseline {
-                    Some(b) => b.0,
+                    Some(b) => b.source,
                     None => read_source(path, file::read).await.ok(),
                 };
             }
@@ -190,20 +217,28 @@ impl Hangups {
 
 /// The config file and the files it names as start-up read them: what the watcher compares
 /// its first ticks with.
-pub struct Baseline(Option<Source>);
+pub struct Baseline {
+    source: Option<Source>,
+    /// Whether the config was a regular file, which the watcher can read again; else a pipe,
+    /// read once (audit ME 4).
+    regular: bool,
+}
 
 impl Baseline {
     /// Reads `path` and the files its text names. A read that failed for want of
     /// descriptors or memory holds nothing: the watcher then reads its own baseline. A
     /// config that is a pipe is read (once) and waited for, as `Config::load` does.
     pub async fn read(path: &Path) -> Baseline {
-        Baseline(read_source(path, file::read_config).await.ok())
+        Baseline {
+            regular: file::is_regular(path),
+            source: read_source(path, file::read_config).await.ok(),
+        }
     }
 
     /// The config's bytes, to build start-up from; `None` when the file could not be read
     /// (`Config::load` then says why).
     pub fn text(&self) -> Option<&[u8]> {
-        self.0
+        self.source
             .as_ref()
             .filter(|s| s.error.is_none())
             .map(|s| &s.text[..])

@@ -156,3 +156,131 @@ fn a_named_file_larger_than_16_mib_is_refused() {
         "{stderr}"
     );
 }
+
+/// Audit ME 4: a config from a pipe (`--config <(envsubst < tmpl.toml)`) served, and a
+/// second later the watcher read the pipe again, found it empty and logged a failed reload
+/// that `/readyz` showed for the process's life; every SIGHUP added one. A config that is
+/// not a regular file is read once and not watched, and a SIGHUP says it cannot be read
+/// again, failing nothing.
+#[test]
+fn a_config_from_a_pipe_is_read_once_and_not_watched() {
+    let (port, admin) = (free_port(), free_port());
+    let (dir, path) = temp_config(
+        "tmpl.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+             shutdown_grace = \"1s\"\n\n[upstreams.u]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+             [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n"
+        ),
+    );
+    let log = dir.path().join("log");
+    // bash's process substitution, as an operator would write it.
+    let mut child = Command::new("bash")
+        .args([
+            "-c",
+            "exec \"$0\" --config <(cat \"$1\")",
+            env!("CARGO_BIN_EXE_hourglass"),
+            path.to_str().unwrap(),
+        ])
+        .env_remove("HOURGLASS_CONFIG")
+        .env("RUST_LOG", "info")
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::fs::File::create(dir.path().join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let reload_errors = || {
+        http_get(admin, "/metrics").and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("hourglass_config_reloads_total{result=\"error\"} "))
+                .map(|n| n.trim().to_owned())
+        })
+    };
+    wait_for(
+        || http_get(admin, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200")),
+        "readiness",
+    );
+    // Past the watcher's first ticks (one a second), had it any.
+    std::thread::sleep(Duration::from_millis(2500));
+    let errors_before = reload_errors();
+    let ready_before = http_get(admin, "/readyz").unwrap_or_default();
+    Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !read().contains("cannot be read again") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let errors_after = reload_errors();
+    let ready_after = http_get(admin, "/readyz").unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = read();
+    assert_eq!(errors_before.as_deref(), Some("0"), "{text}");
+    assert!(
+        !ready_before.contains("last reload failed"),
+        "{ready_before}"
+    );
+    let hangup = text
+        .lines()
+        .find(|l| l.contains("cannot be read again"))
+        .unwrap_or_else(|| panic!("no word of the SIGHUP\n{text}"));
+    assert!(hangup.contains("WARN"), "{hangup}");
+    assert_eq!(errors_after.as_deref(), Some("0"), "{text}");
+    assert!(
+        ready_after.starts_with("HTTP/1.1 200") && !ready_after.contains("last reload failed"),
+        "{ready_after}"
+    );
+}
+
+/// Audit ME 4 (and ME 2's start-up hang): a config that is a pipe no one writes to is
+/// waited for, as `cat` would; a SIGTERM meanwhile ends the process at once (the gateway,
+/// which takes SIGTERM over before it reads its config, ignored it while it waited).
+#[test]
+fn a_sigterm_while_a_config_pipe_is_waited_for_ends_the_process() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-cli-pipe-")
+        .tempdir()
+        .unwrap();
+    let fifo = dir.path().join("config");
+    mkfifo(&fifo);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["--config", fifo.to_str().unwrap()])
+        .env_remove("HOURGLASS_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once SIGTERM is caught (bit 15 of SigCgt), the gateway has taken it over, and the
+    // config's read follows.
+    let caught = || {
+        std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("SigCgt:"))
+            .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+            .is_some_and(|mask| mask & (1 << 14) != 0)
+    };
+    wait_for(caught, "SIGTERM taken over");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("still waiting for the pipe 30 s after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("stopped while waiting for the config"),
+        "{stderr}"
+    );
+}
