@@ -114,7 +114,7 @@ impl ClientKeys {
             }
         }
         if let Some(path) = &auth.file {
-            let text = std::fs::read_to_string(path)
+            let text = crate::config::file::read_to_string(path)
                 .map_err(|e| err(format!("client_keys_file {}: {e}", path.display())))?;
             for (i, line) in text.trim_start_matches('\u{feff}').lines().enumerate() {
                 let line = line.trim();

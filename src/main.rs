@@ -272,7 +272,11 @@ fn check(path: &Path, strict: bool) -> ExitCode {
                         ("client_crl", tls.client_crl.as_ref()),
                     ])
                     .filter_map(|(key, p)| Some((key, p?)))
-                    .find_map(|(key, p)| std::fs::File::open(p).err().map(|e| (key, p, e)));
+                    .find_map(|(key, p)| {
+                        // Probed, not opened: a FIFO's open waits for a writer (audit ME 2);
+                        // the read refuses it, saying what it is.
+                        hourglass::config::file::probe(p).err().map(|e| (key, p, e))
+                    });
                 match unreadable {
                     Some((key, p, e)) => warn(format!(
                         "server.tls.{key} {}: {e}; {} it",
@@ -314,7 +318,18 @@ async fn serve(path: &Path) -> ExitCode {
     let signals = Signals::register();
     // The bytes start-up builds from are the watcher's baseline: an edit made while the
     // gateway starts (seconds, for a large config) is then a change to reload (audit IB 3).
-    let baseline = hourglass::server::Baseline::read(path).await;
+    // A config that is a pipe waits for its writer, as `cat` would: a SIGTERM or Ctrl-C
+    // meanwhile ends the process, which has served nothing (audit ME 4).
+    let baseline = tokio::select! {
+        baseline = hourglass::server::Baseline::read(path) => baseline,
+        () = signals.stop.notified() => {
+            eprintln!(
+                "hourglass: stopped while waiting for the config {} to be written; nothing served",
+                hourglass::config::scrub(&path.display().to_string())
+            );
+            return ExitCode::SUCCESS;
+        }
+    };
     let loaded = match baseline.text() {
         Some(bytes) => Config::from_file_bytes(path, bytes.to_vec()),
         None => Config::load(path),

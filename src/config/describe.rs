@@ -147,7 +147,7 @@ impl Config {
             }
         }
         if let Some(path) = &self.runs.store_ca_file {
-            if let Err(e) = std::fs::File::open(path) {
+            if let Err(e) = super::file::probe(path) {
                 out.push(format!(
                     "runs: store_ca_file {}: {e}; {WILL_NOT_START} it",
                     path.display()

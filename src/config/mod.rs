@@ -25,6 +25,7 @@ use crate::provider::Api;
 
 mod build;
 mod describe;
+pub mod file;
 mod http2;
 mod raw;
 mod routing;
@@ -483,10 +484,24 @@ impl UpstreamConfig {
 }
 
 impl Config {
-    /// Reads and validates the config file at `path`. Relative `ca_file`s are
-    /// resolved against the file's directory.
+    /// Reads and validates the config file at `path` (start-up, `check`): a regular file
+    /// or a pipe, read once ([`file::read_config`]). Relative `ca_file`s are resolved
+    /// against the file's directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let bytes = std::fs::read(path).map_err(|e| ConfigError::Io {
+        Self::load_with(path, file::read_config)
+    }
+
+    /// [`Config::load`] for a reload: the file must be a regular file, as every file it
+    /// names ([`file::read`]), since a pipe read again is empty or waits for a writer.
+    pub fn reread(path: &Path) -> Result<Config, ConfigError> {
+        Self::load_with(path, file::read)
+    }
+
+    fn load_with(
+        path: &Path,
+        read: fn(&Path) -> std::io::Result<Vec<u8>>,
+    ) -> Result<Config, ConfigError> {
+        let bytes = read(path).map_err(|e| ConfigError::Io {
             path: path.display().to_string(),
             source: e,
         })?;

@@ -14,7 +14,9 @@ use crate::upstream::Upstream;
 /// variable it does not have (a secret mounted only where the gateway runs), is left out:
 /// [`Config::warnings`] names it.
 pub fn startup_errors(config: &Config) -> Vec<String> {
-    let missing = |p: Option<&Path>| p.is_some_and(|p| std::fs::File::open(p).is_err());
+    // Probed, not opened: a FIFO's open would wait for a writer (audit ME 2). One is no
+    // missing file, and the read below refuses it, saying what it is.
+    let missing = |p: Option<&Path>| p.is_some_and(|p| crate::config::file::probe(p).is_err());
     let mut errors = Vec::new();
     for up in &config.upstreams {
         let client_cert = up.client_cert.as_ref();

@@ -388,7 +388,8 @@ pub fn store_ca(config: &RunsConfig) -> Result<Option<Vec<u8>>, String> {
         return Ok(None);
     };
     let failed = |e: String| format!("runs: store_ca_file {}: {e}", path.display());
-    let pem = std::fs::read(path).map_err(|e| failed(format!("failed to read file: {e}")))?;
+    let pem =
+        crate::config::file::read(path).map_err(|e| failed(format!("failed to read file: {e}")))?;
     crate::pem::certs(&pem).map_err(failed)?;
     Ok(Some(pem))
 }

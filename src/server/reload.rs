@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
-use crate::config::{scrub, Config};
+use crate::config::{file, scrub, Config};
 use crate::error::Starved;
 use crate::gateway::Gateway;
 use crate::server::running::Running;
@@ -34,7 +34,8 @@ impl Running {
     /// what one tick sees of it is not what the operator meant. A tick that cannot read the
     /// files for want of descriptors or memory is no change: it is warned of and tried again;
     /// one that cannot read a file for good (no permission) reloads, to fail visibly. SIGHUP
-    /// reloads at once. Runs until shutdown.
+    /// reloads at once. A config that is no regular file (a pipe, read once at start-up) is
+    /// not watched, and a SIGHUP says it cannot be read again. Runs until shutdown.
     pub fn watch_config(&self, poll: Duration) {
         self.watch_config_from(poll, Hangups::register(), None);
     }
@@ -52,9 +53,35 @@ impl Running {
             let path = shared.source.clone();
             let mut watch = Watch::default();
             if let Some(path) = &path {
+                let regular = match &baseline {
+                    Some(b) => b.regular,
+                    None => file::is_regular(path),
+                };
+                if !regular {
+                    // Audit ME 4: read again, a pipe (`--config <(envsubst < t.toml)`) is
+                    // empty, or waits for a writer; each tick was a failed reload, and
+                    // `/readyz` said so for good. It is read once, and not watched.
+                    let file = scrub(&path.display().to_string());
+                    tracing::info!(
+                        config = %file,
+                        "the config is not a regular file (a pipe, read once at start-up): it \
+                         is not watched, and SIGHUP cannot read it again; restart to change it"
+                    );
+                    loop {
+                        tokio::select! {
+                            () = stop.fired() => return,
+                            () = next_hangup(&mut hangup) => tracing::warn!(
+                                config = %file,
+                                "SIGHUP: the config is not a regular file (a pipe, read once at \
+                                 start-up) and cannot be read again; the running config stays. \
+                                 To change it, restart the gateway, or give --config a file"
+                            ),
+                        }
+                    }
+                }
                 watch.applied = match baseline {
-                    Some(b) => b.0,
-                    None => read_source(path).await.ok(),
+                    Some(b) => b.source,
+                    None => read_source(path, file::read).await.ok(),
                 };
             }
             let mut tick = tokio::time::interval(poll);
@@ -80,7 +107,7 @@ impl Running {
                     let _ = reload(&shared, &Cause::CertificateDue, text).await;
                     continue;
                 }
-                let read = read_source(path).await;
+                let read = read_source(path, file::read).await;
                 if by_signal {
                     // Asked for now: what the file holds now is what the operator meant.
                     let text = read.ok().and_then(|now| watch.took(now));
@@ -190,19 +217,28 @@ impl Hangups {
 
 /// The config file and the files it names as start-up read them: what the watcher compares
 /// its first ticks with.
-pub struct Baseline(Option<Source>);
+pub struct Baseline {
+    source: Option<Source>,
+    /// Whether the config was a regular file, which the watcher can read again; else a pipe,
+    /// read once (audit ME 4).
+    regular: bool,
+}
 
 impl Baseline {
     /// Reads `path` and the files its text names. A read that failed for want of
-    /// descriptors or memory holds nothing: the watcher then reads its own baseline.
+    /// descriptors or memory holds nothing: the watcher then reads its own baseline. A
+    /// config that is a pipe is read (once) and waited for, as `Config::load` does.
     pub async fn read(path: &Path) -> Baseline {
-        Baseline(read_source(path).await.ok())
+        Baseline {
+            regular: file::is_regular(path),
+            source: read_source(path, file::read_config).await.ok(),
+        }
     }
 
     /// The config's bytes, to build start-up from; `None` when the file could not be read
     /// (`Config::load` then says why).
     pub fn text(&self) -> Option<&[u8]> {
-        self.0
+        self.source
             .as_ref()
             .filter(|s| s.error.is_none())
             .map(|s| &s.text[..])
@@ -317,10 +353,17 @@ struct Unreadable {
 /// readable by root alone by a rotation): the reload it sets off fails where it can be seen
 /// (the error count, `/readyz`), where taking it for no state would keep every later edit
 /// from being applied, unsaid. Only a failure that says nothing of the file (the process
-/// out of descriptors, the host out of memory) is none.
-async fn read_source(path: &Path) -> Result<Source, Unreadable> {
+/// out of descriptors, the host out of memory) is none. Every file is read as start-up and a
+/// reload read it ([`file::read`]: `read` for the config), so no read waits (a FIFO) or is
+/// unbounded (a device): SIGHUP shares the watcher's loop (audit ME 2). What such a file is
+/// is a state of its own too, which the reload fails with.
+async fn read_source(
+    path: &Path,
+    read: fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<Source, Unreadable> {
     use std::hash::{DefaultHasher, Hash, Hasher};
-    let text = match tokio::fs::read(path).await {
+    let owned = path.to_path_buf();
+    let text = match blocking(move || read(&owned)).await {
         Ok(text) => text,
         Err(error) if passing(&error) => {
             return Err(Unreadable {
@@ -348,7 +391,8 @@ async fn read_source(path: &Path) -> Result<Source, Unreadable> {
     files.dedup();
     let mut hashes = Vec::with_capacity(files.len());
     for f in files {
-        let hash = match tokio::fs::read(&f).await {
+        let named = f.clone();
+        let hash = match blocking(move || file::read(&named)).await {
             Ok(bytes) => {
                 let mut h = DefaultHasher::new();
                 bytes.hash(&mut h);
@@ -403,7 +447,8 @@ async fn reload(
     let result = blocking(move || {
         match text {
             Some(bytes) => Config::from_file_bytes(&path, bytes),
-            None => Config::load(&path),
+            // A regular file only: a FIFO swapped in is refused, not waited on.
+            None => Config::reread(&path),
         }
         .map_err(ServerError::from)
         .and_then(|c| apply(&building, c, &why))
@@ -571,7 +616,7 @@ mod tests {
         Config::from_toml(half, "half.toml").expect("the half is valid on its own");
         std::fs::write(&path, "").unwrap();
         let mut watch = Watch {
-            applied: Some(read_source(&path).await.unwrap()),
+            applied: Some(read_source(&path, file::read).await.unwrap()),
             ..Watch::default()
         };
         let mut reloads = Vec::new();
@@ -580,7 +625,7 @@ mod tests {
             if let Some(text) = write {
                 std::fs::write(&path, text).unwrap();
             }
-            if let Some(changed) = watch.saw(read_source(&path).await.unwrap(), &path) {
+            if let Some(changed) = watch.saw(read_source(&path, file::read).await.unwrap(), &path) {
                 assert_eq!(changed, std::slice::from_ref(&path));
                 reloads.push(watch.applied.as_ref().unwrap().text.clone());
             }
@@ -643,14 +688,14 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         // A directory in the file's place: a state, which the reload reads to fail with.
-        let read = read_source(&dir).await.unwrap();
+        let read = read_source(&dir, file::read).await.unwrap();
         assert!(read.error.is_some() && read.text.is_empty());
         let path = dir.join("hourglass.toml");
         std::fs::write(&path, "[upstreams.a]\napi_key_file = \"gone.key\"\n").unwrap();
-        let gone = read_source(&path).await.unwrap();
+        let gone = read_source(&path, file::read).await.unwrap();
         assert_eq!(gone.files, [(dir.join("gone.key"), None)]);
         std::fs::create_dir_all(dir.join("gone.key")).unwrap();
-        let unreadable = read_source(&path).await.unwrap();
+        let unreadable = read_source(&path, file::read).await.unwrap();
         assert!(matches!(unreadable.files[..], [(_, Some(_))]));
         assert_eq!(
             changes(Some(&gone), Some(&unreadable), Some(&path)),

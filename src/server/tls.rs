@@ -34,7 +34,8 @@ fn file_err(key: &'static str, path: &Path, reason: impl ToString) -> TlsError {
 }
 
 fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| file_err(key, path, format!("failed to read file: {e}")))
+    crate::config::file::read(path)
+        .map_err(|e| file_err(key, path, format!("failed to read file: {e}")))
 }
 
 fn certs(key: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {

@@ -20,7 +20,8 @@ fn read_key(config: &UpstreamConfig) -> Result<Option<(String, String)>, Upstrea
             path: path.display().to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
+        let text =
+            crate::config::file::read_to_string(path).map_err(|e| file_err(e.to_string()))?;
         // A byte-order mark that an editor wrote is no part of the key.
         let key = text.trim_start_matches(BOM).trim();
         if key.is_empty() {

@@ -45,7 +45,7 @@ fn read(config: &UpstreamConfig) -> Result<[Option<TlsFile<'_>>; 3], UpstreamBui
         let Some(path) = path.filter(|_| https) else {
             continue;
         };
-        let bytes = std::fs::read(path).map_err(|e| UpstreamBuildError::TlsFile {
+        let bytes = crate::config::file::read(path).map_err(|e| UpstreamBuildError::TlsFile {
             upstream: config.name.clone(),
             field,
             path: path.display().to_string(),

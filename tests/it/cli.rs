@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 mod check_files;
+mod named_files;
 
 fn hourglass(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_hourglass"))
