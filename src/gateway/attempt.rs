@@ -137,6 +137,8 @@ impl<'a> Attempt<'a> {
         // A request without a body goes whole in its HEADERS frame (END_STREAM): once that
         // left, the upstream may have run it, whatever hyper says of it after.
         let bodiless = req.body().is_empty();
+        // A HEAD's answer has no content: nothing to hold to a first token, nor to end short.
+        let head = req.method() == http::Method::HEAD;
         let (parts, body) = req.into_parts();
         let (body, sent) = RequestBody::new(body);
         let mut req = http::Request::from_parts(parts, body);
@@ -330,7 +332,8 @@ impl<'a> Attempt<'a> {
             let (mut first_token_at, mut first_byte_at, mut error_event) = (None, None, None);
             if self.hold && parts.status.is_success() {
                 // An encoded answer is held to its first byte, as any body that is not SSE text.
-                let is_sse = shape.readable_sse();
+                let is_sse =
+                    shape.readable_sse() && !head && parts.status != http::StatusCode::NO_CONTENT;
                 let inspector = format
                     .filter(|_| is_sse)
                     .map(|f| Inspector::new(f, true).with_choices(choices));
