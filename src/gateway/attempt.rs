@@ -143,7 +143,7 @@ impl<'a> Attempt<'a> {
         // before any answer (see `classify`).
         let resendable = bodiless && req.method().is_idempotent();
         let (parts, body) = req.into_parts();
-        let (body, sent) = RequestBody::new(body);
+        let (body, sent) = RequestBody::new(body, upstream.may_speak_h2());
         let mut req = http::Request::from_parts(parts, body);
         let mut connection = capture_connection(&mut req);
         let (response, slot) = upstream.request(req);
