@@ -229,12 +229,14 @@ impl Gateway {
                         record.set_status(parts.status.as_u16());
                     }
                     // A successful answer in a known format is read as it passes: SSE for its
-                    // tokens, usage and errors, JSON for its usage.
+                    // tokens, usage and errors, JSON for its usage. One without content (a
+                    // HEAD's, a 204's) has no answer to read, nor one that could end short.
                     let inspector = started
                         .format
                         .filter(|_| {
                             shape.readable
                                 && parts.status.is_success()
+                                && !(no_content || head)
                                 && (shape.event_stream || shape.json)
                         })
                         .map(|format| {

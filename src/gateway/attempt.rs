@@ -137,8 +137,13 @@ impl<'a> Attempt<'a> {
         // A request without a body goes whole in its HEADERS frame (END_STREAM): once that
         // left, the upstream may have run it, whatever hyper says of it after.
         let bodiless = req.body().is_empty();
+        // A HEAD's answer has no content: nothing to hold to a first token, nor to end short.
+        let head = req.method() == http::Method::HEAD;
+        // RFC 9112 9.3.1.1: such a request may be sent again when its connection closed
+        // before any answer (see `classify`).
+        let resendable = bodiless && req.method().is_idempotent();
         let (parts, body) = req.into_parts();
-        let (body, sent) = RequestBody::new(body);
+        let (body, sent) = RequestBody::new(body, upstream.may_speak_h2());
         let mut req = http::Request::from_parts(parts, body);
         let mut connection = capture_connection(&mut req);
         let (response, slot) = upstream.request(req);
@@ -247,8 +252,14 @@ impl<'a> Attempt<'a> {
             if uploaded || sent_now {
                 unanswered.0 = None;
             }
-            let response = result
-                .map_err(|e| classify(upstream, &e, budget.connect_timeout, connected, bodiless))?;
+            let response = result.map_err(|e| {
+                let request = SentAs {
+                    connected,
+                    bodiless,
+                    resendable,
+                };
+                classify(upstream, &e, budget.connect_timeout, request)
+            })?;
             // Counted as it comes: whatever ends the attempt after its head (a held head's
             // first-token limit, a lost hedge, a bad framing) the upstream did answer it.
             self.answers.response(response.status().as_u16());
@@ -330,7 +341,8 @@ impl<'a> Attempt<'a> {
             let (mut first_token_at, mut first_byte_at, mut error_event) = (None, None, None);
             if self.hold && parts.status.is_success() {
                 // An encoded answer is held to its first byte, as any body that is not SSE text.
-                let is_sse = shape.readable_sse();
+                let is_sse =
+                    shape.readable_sse() && !head && parts.status != http::StatusCode::NO_CONTENT;
                 let inspector = format
                     .filter(|_| is_sse)
                     .map(|f| Inspector::new(f, true).with_choices(choices));
@@ -548,15 +560,27 @@ impl Body for UpstreamBody {
     }
 }
 
-/// `sent`: the request had been handed to a connection (its metadata was seen).
-/// `bodiless`: the request had no body (it went whole in its head).
+/// What was known of a failed request when it failed (see `classify`).
+struct SentAs {
+    /// The request had been handed to a connection (its metadata was seen).
+    connected: bool,
+    /// The request had no body (it went whole in its head).
+    bodiless: bool,
+    /// Besides, its method is idempotent (GET, HEAD, OPTIONS, ...).
+    resendable: bool,
+}
+
 fn classify(
     upstream: &Upstream,
     e: &hyper_util::client::legacy::Error,
     connect_timeout: Duration,
-    sent: bool,
-    bodiless: bool,
+    request: SentAs,
 ) -> GatewayError {
+    let SentAs {
+        connected: sent,
+        bodiless,
+        resendable,
+    } = request;
     let first: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     // hyper-util's own message ("client error (Connect)") says nothing its sources do not.
     let reason = first.map_or_else(|| e.to_string(), crate::error::with_causes);
@@ -572,6 +596,17 @@ fn classify(
         no_h2 |= s.is::<crate::upstream::NoH2ByAlpn>();
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
+        }
+        // An HTTP/1.1 connection that closed with nothing of the answer read (a pooled one
+        // the upstream's keep-alive timeout closed as the request went out, audit MC 5): an
+        // idempotent request without a body may be sent again on a new connection
+        // (RFC 9112 9.3.1.1), once, as one refused unprocessed is. Never one with a body or
+        // of another method: the upstream may have acted on it (9.3.1).
+        if resendable
+            && s.downcast_ref::<hyper::Error>()
+                .is_some_and(hyper::Error::is_incomplete_message)
+        {
+            refused = refused.or(Some(CLOSED_UNANSWERED));
         }
         if s.downcast_ref::<hyper::Error>().is_some_and(dispatch_gone) {
             if bodiless {
@@ -752,6 +787,8 @@ fn unprocessed(e: &h2::Error) -> Option<&'static str> {
     }
 }
 
+const CLOSED_UNANSWERED: &str = "the upstream closed its connection without answering a \
+     request without a body, of an idempotent method";
 const GONE_AWAY_WAITING: &str = "HTTP/2 GOAWAY: the upstream closed its HTTP/2 connection while \
      the request waited for a stream";
 const GONE_AWAY_WAITING_BODILESS: &str = "the upstream closed its HTTP/2 connection (GOAWAY) \

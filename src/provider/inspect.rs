@@ -61,6 +61,9 @@ pub struct Inspector {
     /// `keepalive` events too), errors aside. 32 bits: in the padding of the struct, and
     /// four billion events are no answer.
     dispatched: u32,
+    /// An event other than a keep-alive was dispatched, recognised or not: the answer began.
+    /// One that ends before then never did (audit MC 1). Beside `dispatched`, in its padding.
+    began: bool,
 }
 
 /// What the scanner hands each event's data to.
@@ -132,6 +135,7 @@ impl Inspector {
                 choices_wide: false,
             },
             dispatched: 0,
+            began: false,
         }
     }
 
@@ -211,15 +215,22 @@ impl Inspector {
     }
 
     /// The stream ended short: an event was still open (it had data, and no blank line
-    /// came to end it), or the format's events were recognised and they did not end the
-    /// answer (no `[DONE]`, `message_stop`, `response.completed`, and not every Chat choice
-    /// that appeared has its `finish_reason`). For a stream that ended by itself. A JSON
+    /// came to end it), no event of the answer came at all (an empty body, comments or
+    /// pings alone: a 2xx answer of these APIs that never began is a truncation, not an
+    /// empty success; audit MC 1), or the format's events were recognised and they did not
+    /// end the answer (no `[DONE]`, `message_stop`, `response.completed`, and not every
+    /// Chat choice that appeared has its `finish_reason`). For a stream that ended by
+    /// itself. An event the reader does not recognise still begins an answer, which then
+    /// ends as it ends, as a stream of a shape the gateway does not know always has. A JSON
     /// document is short when it ended inside a value: its framing said it ended (an HTTP/2
     /// `RST_STREAM(NO_ERROR)`, a connection's close where no length was given) before the
     /// document did.
     pub fn ended_short(&self) -> bool {
         match &self.scanner {
-            Some(s) => s.open_event() || (self.reader.recognised && !self.reader.finished()),
+            Some(s) => {
+                let r = &self.reader;
+                s.open_event() || !self.began || (r.recognised && !r.finished())
+            }
             None => self.reader.json.open_value(),
         }
     }
@@ -282,6 +293,9 @@ impl Inspector {
         scan.progress = scan
             .progress
             .saturating_sub(u32::from(self.reader.keepalives));
+        // Progress is every event but keep-alives and errors; an error ends the stream as
+        // the provider's answer, so it began too.
+        self.began |= scan.progress > 0 || scan.error_end.is_some();
         (scan, self.reader.output)
     }
 }

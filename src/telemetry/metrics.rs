@@ -145,8 +145,8 @@ pub struct AnswerMetrics {
     pub completion_reported: IntCounter,
     pub completion_estimated: IntCounter,
     stream_errors: IntCounterVec,
-    /// Answers by status class: 1xx-2xx, 3xx, 4xx, 5xx.
-    responses: [IntCounter; 4],
+    /// Answers by status class, in `RESPONSE_CLASSES` order.
+    responses: [IntCounter; 6],
     route: Arc<str>,
     upstream: Arc<str>,
 }
@@ -161,20 +161,26 @@ impl AnswerMetrics {
     }
 
     /// Counts an attempt's answer by its status class, so that an upstream answering 5xx
-    /// (which the gateway passes on as the answer, outcome `ok`) shows as such.
+    /// (which the gateway passes on as the answer, outcome `ok`) shows as such. By its real
+    /// class (audit MC 3): a 1xx head that reaches here (a 101 the gateway refuses) is no
+    /// success, and a status HTTP does not define (600 and up, which the gateway refuses
+    /// too) is no provider's 5xx.
     pub fn response(&self, status: u16) {
         let class = match status {
-            ..300 => 0,
-            300..400 => 1,
-            400..500 => 2,
-            _ => 3,
+            ..200 => 0,
+            200..300 => 1,
+            300..400 => 2,
+            400..500 => 3,
+            500..600 => 4,
+            _ => 5,
         };
         self.responses[class].inc();
     }
 }
 
 /// The `class` label values of `hourglass_upstream_responses_total`, in `AnswerMetrics` order.
-const RESPONSE_CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
+/// `other`: a status outside the 100 to 599 that HTTP defines.
+const RESPONSE_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "other"];
 
 /// What runs report: how many are held, how they end, what they are refused, and what a
 /// whole run cost when it ends. Touched per run and per refusal, never per chunk.
@@ -1037,6 +1043,10 @@ mod tests {
         let answer = m.answer("chat", "openai");
         answer.stream_error("overloaded_error");
         answer.response(503);
+        // Audit MC 3: a refused 101 was counted as 2xx, a 600 as 5xx.
+        answer.response(101);
+        answer.response(600);
+        answer.response(999);
         m.in_flight("openai");
         r.cancellation(Origin::Idle).inc();
         let text = m.encode();
@@ -1056,6 +1066,9 @@ mod tests {
             "hourglass_upstream_stream_errors_total{route=\"chat\",type=\"overloaded_error\",upstream=\"openai\"} 1",
             "hourglass_upstream_responses_total{class=\"2xx\",route=\"chat\",upstream=\"openai\"} 0",
             "hourglass_upstream_responses_total{class=\"5xx\",route=\"chat\",upstream=\"openai\"} 1",
+            "hourglass_upstream_responses_total{class=\"1xx\",route=\"chat\",upstream=\"openai\"} 1",
+            "hourglass_upstream_responses_total{class=\"other\",route=\"chat\",upstream=\"openai\"} 2",
+            "hourglass_upstream_responses_total{class=\"4xx\",route=\"chat\",upstream=\"openai\"} 0",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

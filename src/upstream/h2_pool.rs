@@ -187,10 +187,15 @@ impl Lanes {
         }
     }
 
+    /// The lanes may hold HTTP/2 connections: the upstream may speak HTTP/2.
+    pub(super) fn multiplexed(&self) -> bool {
+        self.max_streams != usize::MAX
+    }
+
     fn slot(&self) -> StreamSlot {
         StreamSlot {
             lane: self.take(),
-            multiplexed: self.max_streams != usize::MAX,
+            multiplexed: self.multiplexed(),
             h2_only: self.h2_only,
         }
     }

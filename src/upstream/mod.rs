@@ -384,6 +384,12 @@ impl Upstream {
         Some(reference)
     }
 
+    /// Whether a request may go over HTTP/2 (`http2 = "always"`, or `auto` over TLS, where
+    /// ALPN decides): its body may then wait for the stream's window (`request_body`).
+    pub fn may_speak_h2(&self) -> bool {
+        self.clients.multiplexed()
+    }
+
     /// Sends `req`; the slot counts the stream on its connection and must be kept as long
     /// as the response body.
     pub fn request(&self, req: http::Request<RequestBody>) -> (ResponseFuture, StreamSlot) {

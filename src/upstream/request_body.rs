@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::oneshot;
 
@@ -23,9 +23,10 @@ pub struct RequestBody {
     sent: Option<oneshot::Sender<()>>,
 }
 
-/// A body of one piece goes with the head, into hyper's buffer, as soon as the connection
-/// takes the request: sent with it, and told by no signal (a channel per request for what the
-/// connection tells anyway).
+/// A body of one piece over HTTP/1.1 goes with the head, into hyper's buffer, as soon as the
+/// connection takes the request: sent with it, and told by no signal (a channel per request
+/// for what the connection tells anyway). Over HTTP/2 its DATA waits for the stream's window,
+/// which the upstream may keep shut (audit MC 4): there it is sent when the last piece is.
 pub enum Sent {
     WithTheHead,
     Later(BodySent),
@@ -36,9 +37,50 @@ pub enum Sent {
 /// request failed, or the answer came without it.
 pub type BodySent = oneshot::Receiver<()>;
 
+/// One piece of the body as hyper holds it. The last one carries the signal and sends it when
+/// dropped: once its bytes went into the connection's write buffer (HTTP/1.1, or h2's codec
+/// once the stream's window let them go), or the request was given up. hyper's HTTP/2 client
+/// polls a body before the stream has any window (hyper 1.12; hyper#4003), and h2 queues the
+/// piece until the window opens: that a piece was polled says nothing of its having gone.
+#[derive(Debug)]
+pub struct Piece {
+    bytes: Bytes,
+    last: Option<oneshot::Sender<()>>,
+}
+
+impl Buf for Piece {
+    fn remaining(&self) -> usize {
+        self.bytes.remaining()
+    }
+
+    fn chunk(&self) -> &[u8] {
+        self.bytes.chunk()
+    }
+
+    fn advance(&mut self, n: usize) {
+        self.bytes.advance(n);
+    }
+
+    // As `Bytes` does it, without a copy.
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        self.bytes.copy_to_bytes(len)
+    }
+}
+
+impl Drop for Piece {
+    fn drop(&mut self) {
+        if let Some(tx) = self.last.take() {
+            // The attempt may have ended already: nobody to tell.
+            let _ = tx.send(());
+        }
+    }
+}
+
 impl RequestBody {
-    pub fn new(bytes: Bytes) -> (Self, Sent) {
-        if bytes.len() <= PIECE {
+    /// `h2`: the request may go over HTTP/2 (the upstream may speak it). Only then does a
+    /// body of one piece need the signal; an HTTP/1.1 upstream's requests make no channel.
+    pub fn new(bytes: Bytes, h2: bool) -> (Self, Sent) {
+        if bytes.is_empty() || (bytes.len() <= PIECE && !h2) {
             let body = Self {
                 rest: bytes,
                 sent: None,
@@ -52,34 +94,30 @@ impl RequestBody {
         };
         (body, Sent::Later(rx))
     }
-
-    fn signal(&mut self) {
-        if let Some(tx) = self.sent.take() {
-            // The attempt may have ended already: nobody to tell.
-            let _ = tx.send(());
-        }
-    }
 }
 
 impl Body for RequestBody {
-    type Data = Bytes;
+    type Data = Piece;
     type Error = Infallible;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Piece>, Infallible>>> {
         let this = self.get_mut();
         if this.rest.is_empty() {
-            this.signal();
+            // Polled again at its end (it ended empty): nothing left to wait for.
+            this.sent.take();
             return Poll::Ready(None);
         }
-        let piece = this.rest.split_to(PIECE.min(this.rest.len()));
+        let bytes = this.rest.split_to(PIECE.min(this.rest.len()));
         // hyper does not poll again a body that says it has ended.
-        if this.rest.is_empty() {
-            this.signal();
-        }
-        Poll::Ready(Some(Ok(Frame::data(piece))))
+        let last = if this.rest.is_empty() {
+            this.sent.take()
+        } else {
+            None
+        };
+        Poll::Ready(Some(Ok(Frame::data(Piece { bytes, last }))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -99,7 +137,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_signal_comes_with_the_last_piece_and_not_before() {
-        let (mut body, sent) = RequestBody::new(Bytes::from(vec![7u8; 2 * PIECE + 1]));
+        let (mut body, sent) = RequestBody::new(Bytes::from(vec![7u8; 2 * PIECE + 1]), false);
         let Sent::Later(mut sent) = sent else {
             panic!("a body of three pieces is sent after its head")
         };
@@ -107,27 +145,48 @@ mod tests {
         let mut got = Vec::new();
         for _ in 0..2 {
             let frame = body.frame().await.unwrap().unwrap();
-            got.extend_from_slice(&frame.into_data().unwrap());
+            got.extend_from_slice(frame.into_data().unwrap().chunk());
             assert!(sent.try_recv().is_err(), "signalled before the end");
         }
         let last = body.frame().await.unwrap().unwrap().into_data().unwrap();
-        assert_eq!(last.len(), 1);
+        assert_eq!(last.remaining(), 1);
         assert!(body.is_end_stream());
+        assert!(sent.try_recv().is_err(), "the last piece is held, not gone");
+        let len = last.remaining();
+        drop(last);
         assert!(sent.try_recv().is_ok());
-        assert_eq!(got.len() + last.len(), 2 * PIECE + 1);
+        assert_eq!(got.len() + len, 2 * PIECE + 1);
     }
 
     #[tokio::test]
     async fn a_body_of_one_piece_is_sent_with_the_head() {
         for len in [0, 1, PIECE] {
-            let (mut body, sent) = RequestBody::new(Bytes::from(vec![7u8; len]));
+            let (mut body, sent) = RequestBody::new(Bytes::from(vec![7u8; len]), false);
             assert!(matches!(sent, Sent::WithTheHead), "{len}");
             assert_eq!(body.size_hint().exact(), Some(len as u64));
             if len > 0 {
                 let frame = body.frame().await.unwrap().unwrap();
-                assert_eq!(frame.into_data().unwrap().len(), len);
+                assert_eq!(frame.into_data().unwrap().remaining(), len);
             }
             assert!(body.is_end_stream());
         }
+    }
+
+    /// Audit MC 4: over HTTP/2 a body of one piece is polled before the stream has window,
+    /// and h2 holds it until the window opens: it is sent when the piece is let go, not when
+    /// hyper took it. An empty body goes whole in the HEADERS frame.
+    #[tokio::test]
+    async fn over_http2_a_body_of_one_piece_is_sent_when_the_piece_is_let_go() {
+        let (_, sent) = RequestBody::new(Bytes::new(), true);
+        assert!(matches!(sent, Sent::WithTheHead));
+        let (mut body, sent) = RequestBody::new(Bytes::from_static(b"{}"), true);
+        let Sent::Later(mut sent) = sent else {
+            panic!("may wait for the stream's window")
+        };
+        let piece = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert!(body.is_end_stream());
+        assert!(sent.try_recv().is_err(), "polled, and still held");
+        drop(piece);
+        assert!(sent.try_recv().is_ok());
     }
 }

@@ -1103,3 +1103,58 @@ async fn a_provider_s_lower_stream_limit_opens_another_connection() {
     }
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
+
+/// Audit MC 4: an h2c upstream that announces a stream window of 0 and never opens it. A
+/// request body of one piece waits in h2 for window the upstream never gives: it was taken as
+/// sent with the head, so the first-token limit ran and its 504 `first_token_timeout` counted
+/// against the upstream's health. An upload the upstream has not taken is neither: the wait
+/// ends at the deadline, and the upstream's health is untouched.
+#[tokio::test]
+async fn a_body_held_back_by_the_upstreams_window_starts_no_first_token_clock() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut conn = h2::server::Builder::new()
+                    .initial_window_size(0)
+                    .handshake::<_, Bytes>(s)
+                    .await
+                    .unwrap();
+                let mut held = Vec::new();
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    if req.method() == http::Method::HEAD {
+                        let head = Response::builder().status(200).body(()).unwrap();
+                        respond.send_response(head, true).unwrap();
+                    } else {
+                        // Never answered, and its body never given window.
+                        held.push((req, respond));
+                    }
+                }
+            });
+        }
+    });
+    let toml = config("")
+        .replace(
+            "first_token_timeout = \"20s\"",
+            "first_token_timeout = \"300ms\"",
+        )
+        .replace("{FAKE}", &format!("http://{up}"));
+    let h = Harness::with_config(&toml).await;
+    // The first request has the upstream's SETTINGS read (a window of 0) before the next.
+    let head = Request::head("/v1/chat/completions")
+        .header("host", "gateway")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (resp, _c) = h.send(head).await;
+    assert_eq!(resp.status(), 200);
+    let (resp, _c) = h
+        .send(chat_request(&[("x-request-budget-ms", "1500")], true))
+        .await;
+    assert_eq!(resp.status(), 504);
+    let body = json_body(resp).await;
+    assert_eq!(body["error"]["code"], "deadline_exceeded", "{body}");
+    let view: serde_json::Value =
+        serde_json::from_str(&admin_get(h.gw.admin_addr, "/upstreams").await).unwrap();
+    assert_eq!(view["upstreams"][0]["failures_in_a_row"], 0, "{view}");
+}

@@ -16,6 +16,7 @@ mod client_conns;
 mod conformance;
 mod descriptors;
 mod ejection;
+mod empty_streams;
 mod faults;
 mod h2_upstream;
 mod limits;

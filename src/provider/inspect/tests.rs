@@ -1090,3 +1090,30 @@ fn responses_output_outside_deltas_is_output() {
         assert_eq!(whole.tokens, got.tokens, "{stream}");
     }
 }
+
+/// Audit MC 1: a stream of a known format that ends before any event of its answer (empty,
+/// comments, `event: ping`) ended short, as one cut after its preamble does: it passed as a
+/// whole, empty answer. An event of a shape the reader does not know begins an answer all the
+/// same, which then ends as it ends.
+#[test]
+fn a_stream_that_ends_before_its_answer_began_ended_short() {
+    for format in [Format::Chat, Format::Messages, Format::Responses] {
+        for body in [
+            "",
+            ": ping\n\n",
+            ": ping\n\n: keep-alive\n\n",
+            "event: ping\ndata: {\"type\":\"ping\"}\n\n",
+            "id: 1\n\nretry: 10\n\n",
+        ] {
+            let short = pieces(Inspector::new(format, true), body.as_bytes(), &[]).2;
+            assert!(short, "{format:?}: {body:?}");
+        }
+        let unknown = "data: {\"something\":\"else\"}\n\n";
+        assert!(
+            !pieces(Inspector::new(format, true), unknown.as_bytes(), &[]).2,
+            "{format:?}"
+        );
+        // A JSON document is not an event stream: its empty body is read as before.
+        assert!(!Inspector::new(format, false).ended_short(), "{format:?}");
+    }
+}

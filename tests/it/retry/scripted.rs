@@ -417,3 +417,94 @@ async fn hedges_beyond_the_routes_share_are_not_sent() {
         1.0
     );
 }
+
+/// An upstream that answers the first request of each connection with `200` and keeps the
+/// connection, then reads the next request on it and closes without answering (a keep-alive
+/// timeout racing the request); and how many requests it read.
+async fn closes_its_second(
+    body: &'static str,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                s.set_nodelay(true).unwrap();
+                read_request(&mut s).await;
+                seen.fetch_add(1, Ordering::SeqCst);
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                s.write_all(head.as_bytes()).await.unwrap();
+                read_request(&mut s).await;
+                seen.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (url, count)
+}
+
+/// Audit MC 5: a request without a body and of an idempotent method (`GET /v1/models`) on a
+/// pooled HTTP/1.1 connection that the upstream closed without answering is sent again once
+/// on a new connection (RFC 9112 9.3.1.1), on a route without `retries`, and counted as a
+/// retry. It got a 502. A POST with a body is not (RFC 9112 9.3.1: it may have been seen).
+#[tokio::test]
+async fn an_idempotent_request_on_a_connection_closed_unanswered_is_sent_again() {
+    use std::sync::atomic::Ordering;
+    let (url, asked) = closes_its_second(r#"{"object":"list","data":[]}"#).await;
+    // A catch-all route, as for the APIs besides the model calls.
+    let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let text = config(&url, &backup.url(), "", "", "").replace(
+        "path_prefix = \"/v1/chat/completions\"",
+        "path_prefix = \"/v1\"",
+    );
+    let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+        .await
+        .unwrap();
+    let p = Pair {
+        primary: FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap(),
+        backup,
+        gw,
+    };
+    let get = || {
+        http::Request::get("/v1/models")
+            .header("host", "gateway")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    // One client connection: the gateway's pooled upstream connection is reused.
+    let conn = Conn::open(p.gw.addr).await;
+    let (resp, conn) = conn.send(get()).await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    let (resp, _conn) = conn.send(get()).await;
+    assert_eq!(resp.status(), 200, "sent again on a new connection");
+    json_body(resp).await;
+    assert_eq!(asked.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        p.metric("hourglass_retries_total{reason=\"refused\",route=\"chat\",upstream=\"primary\"}")
+            .await,
+        1.0
+    );
+    // A POST with a body on such a connection is not sent again.
+    let (url, asked) = closes_its_second(r#"{"id":"c1","object":"chat.completion","model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}"#).await;
+    let p = pair_with("", "", "", Some(url)).await;
+    let conn = Conn::open(p.gw.addr).await;
+    let (resp, conn) = conn.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    let (resp, _conn) = conn.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 502);
+    json_body(resp).await;
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+}
