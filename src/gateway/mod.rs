@@ -9,6 +9,7 @@ pub mod attempt;
 mod balance;
 pub mod body;
 mod forward;
+pub mod hedges;
 pub mod preflight;
 pub mod record;
 pub mod retry;

@@ -59,7 +59,7 @@ pub enum Throttled {
     RetryOutOfRotation = 1,
     /// A retry past its upstream's share of retries in flight.
     RetryBudget = 2,
-    /// A hedge past its route's share of hedges in flight.
+    /// A hedge past its route's share of hedges (of its requests, or in flight).
     HedgeBudget = 4,
 }
 

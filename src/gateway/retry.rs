@@ -88,16 +88,20 @@ pub async fn run(
     // The last failure of the upstream being retried.
     let mut own = Own::default();
     let mut previous: Option<usize> = None;
-    // The upstream a hedge raced, which the chain does not try again.
-    let mut hedged_with: Option<usize> = None;
+    // The upstreams raced beside the primary, which the chain does not try again.
+    let mut raced: Vec<usize> = Vec::new();
     // The fallback whose room the last attempt's cut wait kept, when that wait ended it.
     // When the cut fires late (a busy machine wakes its timer late), the room it left is
     // short by as much, and the fallback must not lose the attempt the cut was for: it
     // needs only `min_useful`.
     let mut room_kept_for: Option<usize> = None;
     let chain = Order::of(route, Instant::now());
+    // Each request of a hedged route adds to its share of hedges, hedged or not.
+    if policy.hedge_after.is_some() {
+        route.hedges.request();
+    }
     for (i, entry) in chain.iter().enumerate() {
-        if hedged_with == Some(i) {
+        if raced.contains(&i) {
             continue;
         }
         for n in 0..=policy.retries {
@@ -216,11 +220,15 @@ pub async fn run(
                     metrics, route, chain, template, budget, record, ft, cut,
                 ))
                 .await;
-                hedged_with = hedged;
+                raced = hedged;
                 own = primary.unwrap_or_else(|| Own::of(outcome.as_ref().map(|(s, _)| s)));
                 // The cut counts only where it alone ended the request's wait.
-                if hedged.is_none() {
+                if raced.is_empty() {
                     switch_by = cut;
+                }
+                // A move on along the chain is from the last upstream raced.
+                if let Some(&last) = raced.last() {
+                    previous = Some(last);
                 }
                 outcome
             } else {
@@ -716,9 +724,10 @@ impl Drop for HedgeTally<'_> {
 /// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
 /// budget fits an attempt on the next upstream of the chain in rotation then, that one starts
 /// in parallel; the first to produce a data event wins and the other is dropped, which
-/// cancels it upstream. Returns the outcome (with the winner's chain index), the chain index
-/// of the hedge if it was started, and the primary's own failure when the outcome is not the
-/// primary's.
+/// cancels it upstream. A hedge that fails while the primary runs hands the race on to the
+/// next upstream in rotation that fits. Returns the outcome (with the winner's chain index),
+/// the chain indices raced beside the primary in the order they started (none if no hedge
+/// was started), and the primary's own failure when the outcome is not the primary's.
 #[allow(clippy::too_many_arguments)]
 async fn hedge(
     metrics: &Metrics,
@@ -731,7 +740,7 @@ async fn hedge(
     switch_by: Option<SwitchBy>,
 ) -> (
     Result<(Started, usize), GatewayError>,
-    Option<usize>,
+    Vec<usize>,
     Option<Own>,
 ) {
     let hedge_after = route.route.policy.hedge_after.unwrap_or_default();
@@ -739,7 +748,7 @@ async fn hedge(
     let t0 = Instant::now();
     let req = match template.request_for(&primary_entry.upstream) {
         Ok(out) => out,
-        Err(e) => return (Err(e), None, None),
+        Err(e) => return (Err(e), Vec::new(), None),
     };
     let i0 = record.attempt_started(primary_entry, t0, true);
     let began0 = primary_entry.upstream.health.since();
@@ -756,7 +765,7 @@ async fn hedge(
         biased;
         r = &mut primary => {
             note(metrics, budget, primary_entry, (probe.as_ref(), began0), record, i0, &r);
-            return (r.map(|s| (s, 0)), None, None);
+            return (r.map(|s| (s, 0)), Vec::new(), None);
         }
         () = &mut fire => {}
     }
@@ -775,9 +784,11 @@ async fn hedge(
         if budget.usable(now) < need {
             return None;
         }
-        // The route's share of hedges, counted until the race ends: past it, the primary's
-        // usual latency is past `hedge_after`, and a hedge would double the load for nothing
-        // (audit GD 4: 1962 of 2000 requests hedged, 28% less throughput).
+        // The route's share of hedges: of its requests, and of its requests in flight until
+        // the race ends. Past it, the primary's usual latency is past `hedge_after`, and a
+        // hedge would double the load for nothing (audit GD 4: 1962 of 2000 requests
+        // hedged, 28% less throughput; MF 2: with a fast fallback, the races at once alone
+        // still let 59% be hedged).
         let requests = usize::try_from(route.metrics.in_flight.get()).unwrap_or(0);
         let Some(share) = route.hedges.take(requests) else {
             throttled = true;
@@ -802,18 +813,22 @@ async fn hedge(
             i0,
             &r,
         );
-        return (r.map(|s| (s, 0)), None, None);
+        return (r.map(|s| (s, 0)), Vec::new(), None);
     };
-    let hedge_entry = &chain[to];
-    // Beside the primary, which the log keeps naming until one of them answers.
-    let i1 = record.attempt_started(hedge_entry, Instant::now(), false);
-    let began1 = hedge_entry.upstream.health.since();
     let mut tally = HedgeTally {
         metrics,
         route: &route.name,
         winner: "none",
     };
-    let hedged = attempt(hedge_entry, route, budget, budget.first_token_timeout, None).run(hreq);
+    // The attempt racing the primary: the hedge, then, each time it fails in a way the chain
+    // moves on from, the next upstream in rotation. The request is past `hedge_after`, and
+    // the primary keeps the route's whole limit (it was raced, not waited for): waiting on it
+    // alone after a hedge lost in a millisecond spent the budget of the whole chain on it
+    // (audit MF 1: a -> b -> c, a hung, b's 503 at once, 504 where no hedge gave c's 200).
+    // One share of hedges covers the race: after the hedge, each is a fallback's turn.
+    let mut racer = Racer::start(chain, to, record, hedge_probe);
+    let mut raced = vec![to];
+    let hedged = attempt(&chain[to], route, budget, budget.first_token_timeout, None).run(hreq);
     tokio::pin!(hedged);
     let policy = &route.route.policy;
     // An answer with a status the route would retry on is a failure here, not a win.
@@ -823,14 +838,15 @@ async fn hedge(
     };
     let mut primary_done: Option<Result<Started, GatewayError>> = None;
     let mut primary_own = None;
-    let mut hedge_done: Option<Result<Started, GatewayError>> = None;
+    // The last racer's failure, once no racer is left running.
+    let mut racer_done: Option<Result<Started, GatewayError>> = None;
     let outcome = loop {
         tokio::select! {
             r = &mut primary, if primary_done.is_none() => {
                 note(metrics, budget, primary_entry, (probe.as_ref(), began0), record, i0, &r);
                 if wins(&r) {
-                    if hedge_done.is_none() {
-                        record.attempt(hedge_entry, i1, Ok("hedge_loser"));
+                    if racer_done.is_none() {
+                        record.attempt(&chain[racer.to], racer.index, Ok("hedge_loser"));
                         record.hedge_loser();
                     }
                     tally.winner = "primary";
@@ -838,30 +854,105 @@ async fn hedge(
                 }
                 // Both failed: the later failure is what passes through if nothing follows;
                 // a retry of the primary goes on from the primary's own.
-                if hedge_done.take().is_some() {
+                if racer_done.take().is_some() {
                     break r.map(|s| (s, 0));
                 }
                 primary_own = Some(Own::of(r.as_ref()));
                 primary_done = Some(r);
             }
-            r = &mut hedged, if hedge_done.is_none() => {
-                note(metrics, budget, hedge_entry, (hedge_probe.as_ref(), began1), record, i1, &r);
+            r = &mut hedged, if racer_done.is_none() => {
+                let entry = &chain[racer.to];
+                note(metrics, budget, entry, (racer.probe.as_ref(), racer.began), record, racer.index, &r);
                 if wins(&r) {
                     if primary_done.is_none() {
                         record.attempt(primary_entry, i0, Ok("hedge_loser"));
                         record.hedge_loser();
                     }
                     tally.winner = "hedge";
-                    break r.map(|s| (s, to));
+                    break r.map(|s| (s, racer.to));
                 }
+                // With the primary failed too, nothing races any more: the chain goes on
+                // from here as after any attempt.
                 if primary_done.take().is_some() {
-                    break r.map(|s| (s, to));
+                    break r.map(|s| (s, racer.to));
                 }
-                hedge_done = Some(r);
+                // A failure the chain moves on from hands the race to the next upstream, if
+                // an attempt on it fits what is left; any other, or none left, leaves the
+                // primary to run alone.
+                let moves_on = match &r {
+                    Ok(_) => true,
+                    Err(e) => error_cause(e).is_some_and(|c| policy.retry_on.contains(c)),
+                };
+                let next = moves_on
+                    .then(|| next_racer(route, chain, racer.to, template, budget))
+                    .flatten();
+                let Some((to, req, next_probe)) = next else {
+                    racer_done = Some(r);
+                    continue;
+                };
+                metrics.fallback(&route.name, &entry.upstream.name, &chain[to].upstream.name);
+                drop(r);
+                racer = Racer::start(chain, to, record, next_probe);
+                raced.push(to);
+                hedged.set(
+                    attempt(&chain[to], route, budget, budget.first_token_timeout, None).run(req),
+                );
             }
         }
     };
-    (outcome, Some(to), primary_own)
+    (outcome, raced, primary_own)
+}
+
+/// The attempt racing a hedged primary: where it sits in the chain and in the record, and
+/// what it reports its upstream's health under.
+struct Racer<'a> {
+    to: usize,
+    index: usize,
+    began: Since,
+    // Held until the attempt has reported, or dropped with it.
+    probe: Option<Probe<'a>>,
+}
+
+impl<'a> Racer<'a> {
+    fn start(
+        chain: Order<'a>,
+        to: usize,
+        record: &mut RequestRecord,
+        probe: Option<Probe<'a>>,
+    ) -> Self {
+        let entry = &chain[to];
+        // Beside the primary, which the log keeps naming until one of them answers.
+        let index = record.attempt_started(entry, Instant::now(), false);
+        Racer {
+            to,
+            index,
+            began: entry.upstream.health.since(),
+            probe,
+        }
+    }
+}
+
+/// The upstream a race goes on to once the racer at `after` failed: the next of the chain in
+/// rotation now (or due for its probe, which it claims), when an attempt on it fits the budget
+/// and its head the client's patience, as any fallback's must; with its request.
+fn next_racer<'a>(
+    route: &RouteRuntime,
+    chain: Order<'a>,
+    after: usize,
+    template: &Template,
+    budget: &Budget,
+) -> Option<(usize, crate::gateway::template::Outgoing, Option<Probe<'a>>)> {
+    let now = Instant::now();
+    let to = (after + 1..route.chain.len()).find(|&k| chain[k].upstream.health.available(now))?;
+    let upstream = &chain.get(to)?.upstream;
+    let need = template.expected_ttft(upstream).max(budget.min_useful);
+    if budget.usable(now) < need || budget.head_by().is_some_and(|by| now + need > by) {
+        return None;
+    }
+    let req = template.request_for(upstream).ok()?;
+    let health = &upstream.health;
+    let probe = health.attempt(now, longest_wait(budget, now));
+    (probe.is_some() || !health.is_out()).then_some((to, req, probe))
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use http::header::HeaderMap;
 use crate::admission::{Admission, Bodies, BodyMemory};
 use crate::auth::{ClientKeys, ClientKeysError};
 use crate::config::{Config, RetryCause, Route};
+use crate::gateway::hedges::Hedges;
 use crate::gateway::template::Template;
 use crate::runs::Runs;
 use crate::stream::reaper::Reaper;
@@ -16,7 +17,6 @@ use crate::stream::signal::Signal;
 use crate::telemetry::metrics::{
     AnswerMetrics, Histogram, IntGauge, Metrics, RouteMetrics, NO_ROUTE,
 };
-use crate::upstream::throttle::Throttle;
 use crate::upstream::{Upstream, UpstreamBuildError};
 
 /// Why a routing table could not be built from a config.
@@ -51,8 +51,9 @@ pub struct RouteRuntime {
     pub keys: Option<ClientKeys>,
     /// The route's `max_in_flight` slots, if limited.
     pub admission: Option<Admission>,
-    /// Its hedges in flight, kept to a share of its requests (`upstream::throttle`).
-    pub hedges: Arc<Throttle>,
+    /// Its hedges, kept to a share of its requests and of its requests in flight
+    /// (`gateway::hedges`).
+    pub hedges: Arc<Hedges>,
     /// Whether a run this route's calls join may stop loops of repeated requests: some
     /// route of the config does, and a run keeps the limits of the route that started it,
     /// so a call here is fingerprinted even when this route sets no `run_max_repeats`.
@@ -220,9 +221,9 @@ impl Gateway {
                 // for one go at once, and a limit put back later counts what is in flight.
                 let same = previous.and_then(|g| g.routes.iter().find(|p| p.route.name == r.name));
                 let carried = same.and_then(|p| p.admission.clone());
-                // Its hedges still racing count against the new table's share as well.
-                let hedges =
-                    same.map_or_else(|| Arc::new(Throttle::hedges()), |p| p.hedges.clone());
+                // Its hedges still racing count against the new table's share as well, and
+                // what it has spent of its share of requests stays spent.
+                let hedges = same.map_or_else(|| Arc::new(Hedges::new()), |p| p.hedges.clone());
                 let admission = match (r.max_in_flight, carried) {
                     (_, Some(a)) => Some(a),
                     (Some(n), None) => Some(Admission::new(Arc::from(r.name.as_str()), n)),

@@ -12,6 +12,7 @@ use hourglass::server::{self, Running};
 use hourglass_fake::FakeUpstream;
 use tokio::time::Instant;
 
+mod hedges;
 mod scripted;
 
 struct Pair {
