@@ -687,8 +687,10 @@ impl RequestRecord {
             if let Some(call) = run.call.take() {
                 let status = self.status.unwrap_or(0);
                 // A call without a body asked the model nothing (a stored response polled,
-                // a list of models), nor does any but a call of the API itself: only those
-                // are charged by bytes when their answer went unread.
+                // a list of models), nor does any but a call of the API itself (embeddings,
+                // count_tokens, moderations): only those are charged by bytes when their
+                // answer went unread, and only their answers say which tool calls the model
+                // asked for.
                 let generation = self
                     .upstream
                     .as_ref()
@@ -700,13 +702,16 @@ impl RequestRecord {
                 let request = call.request();
                 call.finish(&Used {
                     tokens,
-                    // Only a successful answer read to its end says which tool calls it
-                    // asked for, or that it asked for none; a call without a body asked the
-                    // model nothing (a stored response polled), so it neither.
+                    // Only a successful answer of a call of the model, read to its end,
+                    // says which tool calls it asked for, or that it asked for none. A call
+                    // that asked the model nothing (a stored response polled, an embedding,
+                    // a count of tokens) says neither: the streak stands (audit MA 1: an
+                    // agent whose tool embedded between steps was never stopped).
                     answer: match run.answer.take() {
                         _ if !answered
                             || !(200..300).contains(&status)
-                            || self.request_bytes == 0 =>
+                            || self.request_bytes == 0
+                            || !generation =>
                         {
                             Answer::Unread
                         }

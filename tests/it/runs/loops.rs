@@ -15,6 +15,7 @@ on_both_stores!(
     a_loop_of_many_long_named_calls_keeps_and_names_a_bounded_part,
     distinct_chat_custom_tool_calls_are_no_loop,
     custom_and_legacy_calls_asked_again_and_again_stop_the_run,
+    calls_that_ask_the_model_nothing_neither_break_nor_extend_a_streak,
 );
 
 async fn the_same_tool_call_three_times_stops_the_run_naming_the_tool(store: Store) {
@@ -463,5 +464,143 @@ async fn custom_and_legacy_calls_asked_again_and_again_stop_the_run(store: Store
             [200, 200, 200, 429],
             "{path}"
         );
+    }
+}
+
+/// Audit MA 1: an agent whose tool embeds its input, or counts its tokens, between steps (the
+/// same tool call each step) was never stopped: the embeddings or count_tokens answer, which
+/// has no tool call, broke the streak, and the run went on to `run_max_calls`. A call that is
+/// no call of a model's API asks the model nothing: like a call without a body, it neither
+/// breaks the streak nor extends it, and it is a call of its run.
+async fn calls_that_ask_the_model_nothing_neither_break_nor_extend_a_streak(store: Store) {
+    let embedding = r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}],"model":"e","usage":{"prompt_tokens":3,"total_tokens":3}}"#;
+    let side = answers_in_turn("application/json", vec![embedding.to_owned()]).await;
+    let count = answers_in_turn("application/json", vec![r#"{"input_tokens":12}"#.into()]).await;
+    let (redis, url) = run_store(store).await;
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[runs]
+store = "{url}"
+
+[upstreams.fake]
+url = "{{FAKE}}"
+auth = "none"
+
+[upstreams.side]
+url = "http://{side}"
+auth = "none"
+
+[upstreams.count]
+url = "http://{count}"
+auth = "none"
+api = "anthropic"
+
+[[routes]]
+name = "embeddings"
+path_prefix = "/v1/embeddings"
+upstream = "side"
+
+[[routes]]
+name = "count_tokens"
+path_prefix = "/v1/messages/count_tokens"
+upstream = "count"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+run_max_repeats = 3
+run_max_calls = 40
+
+[[routes]]
+name = "messages"
+path_prefix = "/v1/messages"
+upstream = "fake"
+run_max_repeats = 3
+run_max_calls = 40
+"#
+    );
+    let h = Harness::with_config(&config).await;
+    let _keep = redis;
+    let post = |path: &str, run: &str, body: String| {
+        Request::post(path)
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header("x-run-id", run)
+            .header("x-fake-tool-call", "search")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    };
+    let embed = |run: &str, n: usize| {
+        post(
+            "/v1/embeddings",
+            run,
+            format!(r#"{{"model":"e","input":"step {n}"}}"#),
+        )
+    };
+    let count_tokens = |run: &str, n: usize| {
+        post(
+            "/v1/messages/count_tokens",
+            run,
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"step {n}"}}]}}"#),
+        )
+    };
+    for (api, path) in [
+        ("chat", "/v1/chat/completions"),
+        ("messages", "/v1/messages"),
+    ] {
+        let run = format!("side-{api}");
+        let step = |n: usize| {
+            let body = if api == "chat" {
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"step {n}"}}]}}"#)
+            } else {
+                format!(
+                    r#"{{"model":"m","max_tokens":100,"messages":[{{"role":"user","content":"step {n}"}}]}}"#
+                )
+            };
+            post(path, &run, body)
+        };
+        // Each step: the model asks for the same tool call, and the tool embeds, then counts
+        // its tokens (twice), between the model's answers.
+        for n in 0..3 {
+            let (resp, _c) = h.send(step(n)).await;
+            assert_eq!(resp.status(), 200, "{api}: step {n}");
+            read_body(resp.into_body()).await;
+            // A shared store is told of a call's end a moment after the client saw it.
+            run_json(&h, &run).await;
+            if n == 2 {
+                break;
+            }
+            for side in [embed(&run, n), count_tokens(&run, n), count_tokens(&run, n)] {
+                let (resp, _c) = h.send(side).await;
+                assert_eq!(resp.status(), 200, "{api}: side call of step {n}");
+                read_body(resp.into_body()).await;
+                let state = run_json(&h, &run).await;
+                let answer = &state["runs"][0]["repeats"]["answer"];
+                assert_eq!(answer["count"], n + 1, "{api}: {state}");
+            }
+        }
+        let state = run_json(&h, &run).await;
+        let runs = &state["runs"][0];
+        // Side calls are calls of their run.
+        assert_eq!(runs["used"]["calls"], 9, "{api}: {state}");
+        assert_eq!(runs["repeats"]["answer"]["count"], 3, "{api}: {state}");
+        // The run's next call is refused, whatever it is: the tool's embedding as the
+        // model's next step.
+        let before = h.fake.requests().len();
+        for next in [embed(&run, 2), step(3)] {
+            let (resp, _c) = h.send(next).await;
+            assert_eq!(resp.status(), 429, "{api}");
+            let body = json_body(resp).await;
+            crate::support::assert_message_starts(
+                &body["error"],
+                &format!("run loop detected: run \"{run}\": the model asked for tool \"search\" with the same arguments 3 times in a row"),
+            );
+        }
+        assert_eq!(h.fake.requests().len(), before, "{api}: never forwarded");
     }
 }
