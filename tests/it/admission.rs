@@ -900,6 +900,47 @@ async fn a_body_that_falls_silent_is_cut_after_the_header_read_timeout() {
     );
 }
 
+/// Audit ME 3: with `max_request_body` above 4 GiB, a `Content-Length` of 4 GiB or more
+/// that the memory has room for is taken and read. It was refused at once as a full
+/// `request_body_memory` (503 `overloaded`, `Retry-After: 1`), which a client retries forever.
+/// Here the body then falls silent: the gateway read it, so it is cut as a silent body is.
+#[tokio::test]
+async fn a_body_of_four_gib_or_more_is_read_when_the_limits_allow_it() {
+    let cfg = BASE.replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"300ms\"\nmax_request_body = 6442450944\n\
+         request_body_memory = 8589934592\n",
+    );
+    let h = Harness::with_config(&cfg).await;
+    for length in [4_294_967_296u64, 5_000_000_000] {
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        s.write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\n\
+                 content-type: application/json\r\ncontent-length: {length}\r\n\r\n{{\"model\":"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let text = raw_answer(&mut s).await;
+        assert!(text.starts_with("HTTP/1.1 408"), "{length}: {text}");
+        assert!(text.contains("\"code\":\"body_timeout\""), "{text}");
+        assert!(!text.contains("retry-after"), "{text}");
+    }
+    // Past `max_request_body`, the length alone is refused, and not as a retry.
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\n\
+          content-type: application/json\r\ncontent-length: 7000000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let text = raw_answer(&mut s).await;
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert_eq!(h.fake.requests().len(), 0);
+}
+
 /// A request with a valid key that fails before its body picks the route (a budget header
 /// it cannot read, a body over the limit, a budget too short for the route) is its client's
 /// all the same: `hourglass_client_requests_total` counted only the failures after the body
