@@ -865,6 +865,7 @@ fn build_policy(
     }
     let fallbacks = lists.pop().unwrap_or_default();
     let balanced = lists.pop().unwrap_or_default();
+    check_seeds(label, &chain, limits)?;
     if retry_on.0 == 0 && (retries > 0 || !fallbacks.is_empty()) {
         let what = match (retries > 0, fallbacks.is_empty()) {
             (true, true) => format!("retries ({retries})"),
@@ -898,6 +899,45 @@ fn build_policy(
         fallbacks,
         hedge_after,
     })
+}
+
+/// Audit ME 1: an upstream's `expected_first_token` that a route calling it could never
+/// see confirmed shuts the route out. An attempt is made only when the estimate fits what is
+/// left of the budget after its reserve, and no first token is observed later than
+/// `first_token_timeout`, while the estimate returns to its seed between observations: a
+/// seed at or past either limit refused every request with the route's budget (504
+/// `insufficient_budget`) however fast the upstream answered. Checked as `hedge_after` is.
+fn check_seeds(label: &str, chain: &[Arc<UpstreamConfig>], limits: &Limits) -> Result<(), String> {
+    let room = limits.budget.saturating_sub(limits.reserve);
+    let (limit, what) = if limits.first_token_timeout <= room {
+        (
+            limits.first_token_timeout,
+            format!("first_token_timeout ({})", hd(limits.first_token_timeout)),
+        )
+    } else {
+        (
+            room,
+            format!(
+                "budget less its reserve ({} - {} = {})",
+                hd(limits.budget),
+                hd(limits.reserve),
+                hd(room)
+            ),
+        )
+    };
+    for up in chain {
+        if let Some(seed) = up.expected_first_token.filter(|&s| s >= limit) {
+            return Err(format!(
+                "{label}: upstream {:?} has expected_first_token ({}), which must be less than \
+                 the route's {what}: no first token is observed later than that, so the \
+                 estimate could never come down, and every request with the route's budget \
+                 would be refused (504 insufficient_budget)",
+                up.name,
+                hd(seed)
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_limits(l: &Limits) -> Result<(), LimitsError> {

@@ -27,6 +27,15 @@ fn one_slot(extra_upstream: &str) -> String {
         )
 }
 
+/// One slot, and an upstream expected to need 2 s to its first token: under a first-token
+/// limit of 3 s, as a seed at or past the route's limit is refused (audit ME 1).
+fn slow_one_slot() -> String {
+    one_slot("expected_first_token = \"2s\"\n").replace(
+        "first_token_timeout = \"2s\"",
+        "first_token_timeout = \"3s\"",
+    )
+}
+
 /// Takes the route's only slot with a stream that stays open until the returned parts drop.
 async fn hold_the_slot(h: &Harness) -> (hyper::body::Incoming, Conn) {
     let (resp, conn) = h
@@ -45,7 +54,7 @@ async fn overloaded_count(h: &Harness) -> f64 {
 
 #[tokio::test]
 async fn a_full_route_refuses_before_the_budget_is_spent_and_with_retry_after() {
-    let h = Harness::with_config(&one_slot("expected_first_token = \"2s\"\n")).await;
+    let h = Harness::with_config(&slow_one_slot()).await;
     let held = hold_the_slot(&h).await;
 
     // 4 s of budget, 2 s of it needed by the upstream and 50 ms of slack: waits 1950 ms at
@@ -95,7 +104,7 @@ async fn a_full_route_refuses_before_the_budget_is_spent_and_with_retry_after() 
 async fn a_budget_that_cannot_wait_at_all_is_refused_at_once() {
     // The upstream is expected to need 2 s before its first token; 1.5 s of budget cannot
     // wait for a slot at all.
-    let h = Harness::with_config(&one_slot("expected_first_token = \"2s\"\n")).await;
+    let h = Harness::with_config(&slow_one_slot()).await;
     let _held = {
         let (resp, conn) = h
             .chat(&[

@@ -166,6 +166,38 @@ first_token_timeout = "40s"
     assert!(stderr.contains("budget (8s)"), "{stderr}");
 }
 
+/// Audit ME 1: `check` passed an upstream's `expected_first_token` past the first-token
+/// limit of the route calling it, and every request with the route's budget was then
+/// refused 504 `insufficient_budget`.
+#[test]
+fn check_refuses_an_expected_first_token_past_the_routes_limit() {
+    let (_dir, path) = temp_config(
+        "seed.toml",
+        r#"
+[upstreams.fake]
+url = "http://127.0.0.1:9"
+expected_first_token = "9s"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1"
+upstream = "fake"
+budget = "8s"
+first_token_timeout = "5s"
+"#,
+    );
+    let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "route \"chat\": upstream \"fake\" has expected_first_token (9s), which must be \
+             less than the route's first_token_timeout (5s)"
+        ),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn the_server_refuses_to_start_on_a_bad_config() {
     let (_dir, path) = temp_config(
