@@ -315,11 +315,19 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
             server.response_body_memory, server.max_response_body
         ));
     }
-    if server.header_read_timeout.is_zero() {
-        return Err("server: header_read_timeout must be greater than 0".to_owned());
-    }
-    if server.send_timeout.is_zero() {
-        return Err("server: send_timeout must be greater than 0".to_owned());
+    // Audit ME 5: the limits on clients closed every connection at once when far shorter
+    // than any network round trip (`header_read_timeout = "1ns"`).
+    for (key, value) in [
+        ("header_read_timeout", server.header_read_timeout),
+        ("send_timeout", server.send_timeout),
+    ] {
+        if value < MIN_CLIENT_TIMEOUT {
+            return Err(format!(
+                "server: {key} ({}) must be at least {}",
+                hd(value),
+                hd(MIN_CLIENT_TIMEOUT)
+            ));
+        }
     }
     // hyper needs room for at least one 8 KiB read.
     if server.max_header_bytes < 8192 {
@@ -665,6 +673,13 @@ fn build_route(
     let name = match raw.name.as_deref() {
         None => return Err(format!("routes[{index}]: name is required")),
         Some("") => return Err(format!("routes[{index}]: name must not be empty")),
+        // Audit ME 5: blank in logs and as a metric label, and told apart from another
+        // blank name only by counting spaces.
+        Some(n) if n.trim().is_empty() => {
+            return Err(format!(
+                "routes[{index}]: name {n:?} is only whitespace; route names must not be blank"
+            ))
+        }
         // A route of that name would share its series with the requests that match none.
         Some(NO_ROUTE) => {
             return Err(format!(
@@ -779,6 +794,9 @@ fn build_route(
     })
 }
 
+/// The shortest `header_read_timeout` or `send_timeout`: below a round trip on any network
+/// a client could use, each closes connections that are doing nothing wrong.
+const MIN_CLIENT_TIMEOUT: Duration = Duration::from_millis(10);
 /// Far beyond any real route; keeps the admission semaphore within its bounds.
 const MAX_IN_FLIGHT: usize = 1_000_000;
 /// Far beyond any descriptor limit; keeps the connection semaphore within its bounds.
@@ -831,9 +849,19 @@ fn build_policy(
     }
     let retry_on = match &raw.retry_on {
         None => RetryOn::ALL,
-        Some(list) => list
-            .iter()
-            .fold(RetryOn(0), |set, c| set.with(RetryCause::from(*c))),
+        Some(list) => {
+            let causes: Vec<RetryCause> = list.iter().map(|&c| RetryCause::from(c)).collect();
+            // Audit ME 5: a cause named twice is most likely a typo for one left out.
+            for (i, c) in causes.iter().enumerate() {
+                if let Some(first) = causes[..i].iter().position(|f| f == c) {
+                    return Err(format!(
+                        "{label}: retry_on[{i}] ({:?}) is already in retry_on[{first}]; name each failure once",
+                        c.as_str()
+                    ));
+                }
+            }
+            causes.into_iter().fold(RetryOn(0), |set, c| set.with(c))
+        }
     };
     // One chain, each upstream in it once: the route's own, those balanced with it, the
     // fallbacks.

@@ -226,6 +226,12 @@ fn route_identity_errors() {
     assert_eq!(err(&unnamed), "t.toml: routes[1]: name is required");
     let empty = format!("{BASE}\n[[routes]]\nname = \"\"\npath_prefix = \"/a\"\n");
     assert_eq!(err(&empty), "t.toml: routes[1]: name must not be empty");
+    // Audit ME 5: a name of spaces only is no name either (and it becomes a metric label).
+    let blank = format!("{BASE}\n[[routes]]\nname = \" \\t \"\npath_prefix = \"/a\"\n");
+    assert_eq!(
+        err(&blank),
+        "t.toml: routes[1]: name \" \\t \" is only whitespace; route names must not be blank"
+    );
     let reserved = format!("{BASE}\n[[routes]]\nname = \"none\"\npath_prefix = \"/a\"\n");
     assert_eq!(
         err(&reserved),
@@ -338,6 +344,11 @@ fn route_limit_errors() {
             "retry_on is empty, so fallbacks would never be tried; name the failures that may \
              be tried again (connect, first_token, 5xx, 429, reset), or drop fallbacks",
         ),
+        // Audit ME 5: a cause named twice is a typo for another one, most likely.
+        (
+            "retry_on = [\"5xx\", \"connect\", \"5xx\"]",
+            "retry_on[2] (\"5xx\") is already in retry_on[0]; name each failure once",
+        ),
     ];
     for (keys, message) in cases {
         assert_eq!(
@@ -426,11 +437,21 @@ fn server_errors() {
         ),
         (
             "send_timeout = \"0s\"",
-            "send_timeout must be greater than 0",
+            "send_timeout (0s) must be at least 10ms",
+        ),
+        // Audit ME 5: a client-side limit this short closes every connection at once.
+        (
+            "send_timeout = \"9ms\"",
+            "send_timeout (9ms) must be at least 10ms",
         ),
         (
             "header_read_timeout = \"0s\"",
-            "header_read_timeout must be greater than 0",
+            "header_read_timeout (0s) must be at least 10ms",
+        ),
+        // Audit ME 5: a client-side limit this short closes every connection at once.
+        (
+            "header_read_timeout = \"9ms\"",
+            "header_read_timeout (9ms) must be at least 10ms",
         ),
         (
             "listen = \"127.0.0.1:9000\"\nadmin_listen = \"127.0.0.1:9000\"",
