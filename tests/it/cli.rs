@@ -198,6 +198,45 @@ first_token_timeout = "5s"
     );
 }
 
+/// Audit ME 5: a `RUST_LOG` the filter cannot read fell back to `info` without a word; the
+/// log now says which value was set aside.
+#[test]
+fn an_invalid_rust_log_is_named_in_a_warning() {
+    let (_dir, path) = temp_config(
+        "ok.toml",
+        "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+         [[routes]]\nname = \"chat\"\npath_prefix = \"/v1\"\nupstream = \"u\"\n",
+    );
+    for value in ["hourglass=loud", "debug,,="] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .args(["check", "--config", path.to_str().unwrap()])
+            .env_remove("HOURGLASS_CONFIG")
+            .env("RUST_LOG", value)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0), "{text}");
+        assert!(
+            text.contains(&format!("RUST_LOG {value:?} is not a valid log filter")),
+            "{value}: {text}"
+        );
+        assert!(text.contains("logging at info"), "{text}");
+    }
+    // A valid one says nothing of itself.
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["check", "--config", path.to_str().unwrap()])
+        .env_remove("HOURGLASS_CONFIG")
+        .env("RUST_LOG", "warn,hourglass=debug")
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("RUST_LOG"));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("RUST_LOG"));
+}
+
 #[test]
 fn the_server_refuses_to_start_on_a_bad_config() {
     let (_dir, path) = temp_config(
