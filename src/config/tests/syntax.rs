@@ -219,3 +219,24 @@ fn a_table_written_as_an_array_of_tables_says_so() {
         "`server`: invalid type: integer `5`, expected a table ([server])"
     );
 }
+
+/// Audit ME 6: a `retry_on` entry that is no failure's name says which value it was and
+/// which names are accepted; it was "wanted string or table", naming neither.
+#[test]
+fn a_bad_retry_on_entry_names_itself_and_the_accepted_ones() {
+    let accepted = "expected one of \"connect\", \"first_token\", \"5xx\", \"429\", \"reset\"";
+    for (entry, said) in [
+        ("3", "invalid type: integer `3`"),
+        ("429", "invalid type: integer `429`"),
+        ("\"5XX\"", "unknown failure \"5XX\""),
+    ] {
+        let (line, _, message) =
+            syntax(&with_route_keys(&format!("retry_on = [\"5xx\", {entry}]")));
+        assert_eq!(line, 12);
+        assert_eq!(
+            message,
+            format!("`routes.retry_on`: {said}, {accepted}"),
+            "{entry}"
+        );
+    }
+}
