@@ -272,10 +272,7 @@ impl BodyHold {
             Bodies::Requests => GatewayError::BodyMemoryFull { limit },
             Bodies::Responses => GatewayError::ResponseMemoryFull { limit },
         };
-        let more = u32::try_from(more).map_err(|_| full())?;
-        let permit = Arc::clone(&self.memory.bytes)
-            .try_acquire_many_owned(more)
-            .map_err(|_| full())?;
+        let permit = take(&self.memory.bytes, more).ok_or_else(full)?;
         match &mut self.permit {
             Some(held) => held.merge(permit),
             None => self.permit = Some(permit),
@@ -315,6 +312,25 @@ impl BodyHold {
         }
         Bytes::from_owner(Kept { data, _hold: self })
     }
+}
+
+/// `bytes` permits of `sem` as one permit, or none if they are not all free. tokio takes at
+/// most `u32::MAX` at a time, so more are taken in steps of that (audit ME 3: a hold of 4 GiB
+/// or more was refused as a full memory, 503 and `Retry-After`, for any `max_request_body`
+/// above it). A step that does not fit drops the steps before it: they go back at once.
+fn take(sem: &Arc<Semaphore>, bytes: u64) -> Option<OwnedSemaphorePermit> {
+    let mut taken: Option<OwnedSemaphorePermit> = None;
+    let mut left = bytes;
+    while left > 0 {
+        let step = u32::try_from(left).unwrap_or(u32::MAX);
+        let permit = Arc::clone(sem).try_acquire_many_owned(step).ok()?;
+        match &mut taken {
+            Some(t) => t.merge(permit),
+            None => taken = Some(permit),
+        }
+        left -= u64::from(step);
+    }
+    taken
 }
 
 impl Drop for BodyHold {
@@ -621,6 +637,36 @@ mod tests {
         c.cover(60).unwrap();
         assert!(c.cover(61).is_err());
         assert!(memory.hold().cover(u64::from(u32::MAX) + 1).is_err());
+    }
+
+    /// Audit ME 3: a hold of 4 GiB or more (a `max_request_body` above it, and a
+    /// `Content-Length` that says so) fits a memory that has the bytes free. It was refused
+    /// as a full memory, 503 with `Retry-After: 1`, which the client would retry forever.
+    #[test]
+    fn holds_above_four_gib_fit_a_memory_that_has_them() {
+        const GIB: u64 = 1 << 30;
+        let memory = BodyMemory::new(Bodies::Requests, 8 * GIB);
+        let free = || memory.bytes.available_permits() as u64;
+        let mut a = memory.hold();
+        a.cover(4 * GIB).unwrap();
+        assert_eq!(a.held(), 4 * GIB);
+        a.cover(5 * GIB + 1).unwrap();
+        assert_eq!(free(), 3 * GIB - 1);
+        // Refused, the other takes nothing: a partial grab goes back at once.
+        assert!(memory.hold().cover(3 * GIB).is_err());
+        assert_eq!(free(), 3 * GIB - 1);
+        let mut b = memory.hold();
+        b.cover(3 * GIB - 1).unwrap();
+        drop(a);
+        assert_eq!(free(), 5 * GIB + 1);
+        drop(b);
+        assert_eq!(free(), 8 * GIB);
+        // A limit lowered while 6 GiB are held owes them back as they are let go.
+        let mut c = memory.hold();
+        c.cover(6 * GIB).unwrap();
+        memory.resize(5 * GIB);
+        drop(c);
+        assert_eq!(free(), 5 * GIB);
     }
 
     /// Audit KF 2: answers take from their own memory in granules as they grow, are refused

@@ -44,6 +44,23 @@ pub fn idle_per_upstream() -> usize {
     usize::try_from(limit / 4).unwrap_or(usize::MAX).max(16)
 }
 
+/// What start-up warns of a `max_connections` the open-file limit `limit` cannot serve
+/// (audit ME 5: 1,000,000 under a limit of 20,000 passed without a word): a streaming
+/// client connection takes two descriptors, its own and its upstream's, so past half the
+/// limit accepts fail for want of one before `max_connections` binds (deployment.md).
+pub fn max_connections_warning(max_connections: Option<usize>, limit: u64) -> Option<String> {
+    let n = max_connections?;
+    let half = limit / 2;
+    (n as u64 > half).then(|| {
+        format!(
+            "server: max_connections ({n}) is above half the open-file limit (RLIMIT_NOFILE \
+             {limit}): each streaming client takes two descriptors, its own and its \
+             upstream's, so clients would be refused for want of a descriptor before \
+             max_connections is reached; set it to at most {half}, or raise the limit"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +86,19 @@ mod tests {
     fn an_upstream_keeps_idle_at_most_a_quarter_of_the_limit() {
         let limit = open_file_limit().unwrap().soft;
         assert_eq!(idle_per_upstream() as u64, (limit / 4).max(16));
+    }
+
+    /// Audit ME 5: a `max_connections` past half the limit is warned of, naming both.
+    #[test]
+    fn max_connections_past_half_the_limit_is_warned_of() {
+        let w = max_connections_warning(Some(1_000_000), 20_000).unwrap();
+        assert!(
+            w.starts_with("server: max_connections (1000000) is above half the open-file limit (RLIMIT_NOFILE 20000)"),
+            "{w}"
+        );
+        assert!(w.contains("at most 10000"), "{w}");
+        assert!(max_connections_warning(Some(10_001), 20_000).is_some());
+        assert_eq!(max_connections_warning(Some(10_000), 20_000), None);
+        assert_eq!(max_connections_warning(None, 1_024), None);
     }
 }

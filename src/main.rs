@@ -195,6 +195,15 @@ fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::telemetry::
     let (stdout, guard) = spawn(unbuffered(std::io::stdout())?)?;
     let mut guards = vec![guard];
     let mut counted = vec![stdout.clone()];
+    // A RUST_LOG the filter cannot read falls back to info, and says so once the log is up
+    // (audit ME 5: `hourglass=loud` was set aside without a word). Unset is no error.
+    let set_aside = match (
+        EnvFilter::try_from_default_env(),
+        std::env::var_os("RUST_LOG"),
+    ) {
+        (Err(e), Some(value)) => Some((value, e)),
+        _ => None,
+    };
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match format {
         LogFormat::Json => {
@@ -237,6 +246,9 @@ fn init_tracing(format: LogFormat) -> std::io::Result<Vec<hourglass::telemetry::
                 .with(rest)
                 .init();
         }
+    }
+    if let Some((value, e)) = set_aside {
+        tracing::warn!("RUST_LOG {value:?} is not a valid log filter ({e}); logging at info");
     }
     hourglass::telemetry::metrics::count_dropped_log_lines(move || {
         counted.iter().map(LogWriter::dropped).sum()
@@ -357,17 +369,24 @@ async fn run(
     let Signals { stop, hangups } = signals;
     // Before any listener or connection takes a descriptor (audit KF 6).
     match hourglass::descriptors::raise_open_file_limit() {
-        Ok(was) => tracing::info!(
-            soft_was = was.soft,
-            soft = was.hard,
-            hard = was.hard,
-            "open-file limit (RLIMIT_NOFILE): {}",
-            if was.soft < was.hard {
-                "soft raised to the hard limit"
-            } else {
-                "soft already at the hard limit"
+        Ok(was) => {
+            tracing::info!(
+                soft_was = was.soft,
+                soft = was.hard,
+                hard = was.hard,
+                "open-file limit (RLIMIT_NOFILE): {}",
+                if was.soft < was.hard {
+                    "soft raised to the hard limit"
+                } else {
+                    "soft already at the hard limit"
+                }
+            );
+            // Known only here, where the limit is (audit ME 5).
+            let max = config.server.max_connections;
+            if let Some(w) = hourglass::descriptors::max_connections_warning(max, was.hard) {
+                tracing::warn!("{w}");
             }
-        ),
+        }
         Err(e) => tracing::warn!("open-file limit (RLIMIT_NOFILE) left as it was: {e}"),
     }
     match hourglass::server::start_with_source(config, path.clone()).await {

@@ -148,9 +148,11 @@ fn syntax_error(text: &str, source: &str, err: &toml::de::Error) -> ConfigError 
 }
 
 /// The dotted key whose value holds byte `offset` of `text`, when the offset lies after the
-/// `=` of a `key = value` line: the table header above it (`routes` for `[[routes]]`; the
-/// line number tells which one) and the key. None elsewhere (a header, a key itself, the
-/// later lines of a multi-line value).
+/// `=` of a `key = value` line: the table header above it (`routes[1]` for the second
+/// `[[routes]]`), any inline tables the value sits in (`server = { max_headers = "x" }` is
+/// `server.max_headers`), and the key. None elsewhere (a header, a key itself, the later
+/// lines of a multi-line value). Audit ME 6: `routes.budget` did not say which route, and an
+/// inline table named only its own key.
 pub(super) fn key_at(text: &str, offset: usize) -> Option<String> {
     let (text, offset) = past_bom(text, offset);
     let mut end = offset.min(text.len());
@@ -158,23 +160,75 @@ pub(super) fn key_at(text: &str, offset: usize) -> Option<String> {
         end -= 1;
     }
     let line_start = text[..end].rfind('\n').map_or(0, |i| i + 1);
-    let eq = line_start + text[line_start..end].find('=')?;
-    let key = text[line_start..eq].trim();
-    if key.is_empty() || key.starts_with(['#', '[']) {
+    let mut path = inline_keys(&text[line_start..end])?;
+    if path[0].is_empty() || path[0].starts_with(['#', '[']) {
         return None;
     }
-    let table = text[..line_start]
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| l.starts_with('['))
-        .and_then(|h| h.trim_start_matches('[').split(']').next())
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
-    Some(match table {
-        Some(t) => format!("{t}.{key}"),
-        None => key.to_owned(),
-    })
+    let above = || text[..line_start].lines().rev().map(str::trim);
+    let table = above().find(|l| l.starts_with('[')).and_then(|header| {
+        let name = header.trim_start_matches('[').split(']').next()?.trim();
+        if name.is_empty() {
+            return None;
+        }
+        if !header.starts_with("[[") {
+            return Some(name.to_owned());
+        }
+        // An array of tables: which one, by the headers of its name above.
+        let count = above()
+            .filter(|l| {
+                l.strip_prefix("[[")
+                    .and_then(|l| l.split("]]").next())
+                    .is_some_and(|n| n.trim() == name)
+            })
+            .count();
+        Some(format!("{name}[{}]", count.saturating_sub(1)))
+    });
+    if let Some(t) = table {
+        path.insert(0, t);
+    }
+    Some(path.join("."))
+}
+
+/// The keys of a line's text up to a value: the line's own key, then the key of each
+/// inline table still open, innermost last. None without an `=`.
+fn inline_keys(line: &str) -> Option<Vec<String>> {
+    let mut open: Vec<String> = Vec::new();
+    let mut key: Option<String> = None;
+    let mut from = 0;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    let mut arrays = 0usize;
+    for (i, c) in line.char_indices() {
+        if let Some(q) = quote {
+            if c == q && !escaped {
+                quote = None;
+            }
+            escaped = q == '"' && c == '\\' && !escaped;
+            continue;
+        }
+        match c {
+            '"' | '\'' => quote = Some(c),
+            '[' => arrays += 1,
+            ']' => arrays = arrays.saturating_sub(1),
+            _ if arrays > 0 => {}
+            '=' => key = Some(line[from..i].trim().to_owned()),
+            '{' => {
+                open.push(key.take()?);
+                from = i + 1;
+            }
+            '}' => {
+                open.pop();
+                key = None;
+            }
+            ',' => {
+                key = None;
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    open.push(key?);
+    Some(open)
 }
 
 /// `text` after a UTF-8 byte order mark, and `offset` moved with it: the mark is no column,
@@ -315,11 +369,19 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
             server.response_body_memory, server.max_response_body
         ));
     }
-    if server.header_read_timeout.is_zero() {
-        return Err("server: header_read_timeout must be greater than 0".to_owned());
-    }
-    if server.send_timeout.is_zero() {
-        return Err("server: send_timeout must be greater than 0".to_owned());
+    // Audit ME 5: the limits on clients closed every connection at once when far shorter
+    // than any network round trip (`header_read_timeout = "1ns"`).
+    for (key, value) in [
+        ("header_read_timeout", server.header_read_timeout),
+        ("send_timeout", server.send_timeout),
+    ] {
+        if value < MIN_CLIENT_TIMEOUT {
+            return Err(format!(
+                "server: {key} ({}) must be at least {}",
+                hd(value),
+                hd(MIN_CLIENT_TIMEOUT)
+            ));
+        }
     }
     // hyper needs room for at least one 8 KiB read.
     if server.max_header_bytes < 8192 {
@@ -665,6 +727,13 @@ fn build_route(
     let name = match raw.name.as_deref() {
         None => return Err(format!("routes[{index}]: name is required")),
         Some("") => return Err(format!("routes[{index}]: name must not be empty")),
+        // Audit ME 5: blank in logs and as a metric label, and told apart from another
+        // blank name only by counting spaces.
+        Some(n) if n.trim().is_empty() => {
+            return Err(format!(
+                "routes[{index}]: name {n:?} is only whitespace; route names must not be blank"
+            ))
+        }
         // A route of that name would share its series with the requests that match none.
         Some(NO_ROUTE) => {
             return Err(format!(
@@ -779,6 +848,9 @@ fn build_route(
     })
 }
 
+/// The shortest `header_read_timeout` or `send_timeout`: below a round trip on any network
+/// a client could use, each closes connections that are doing nothing wrong.
+const MIN_CLIENT_TIMEOUT: Duration = Duration::from_millis(10);
 /// Far beyond any real route; keeps the admission semaphore within its bounds.
 const MAX_IN_FLIGHT: usize = 1_000_000;
 /// Far beyond any descriptor limit; keeps the connection semaphore within its bounds.
@@ -831,9 +903,19 @@ fn build_policy(
     }
     let retry_on = match &raw.retry_on {
         None => RetryOn::ALL,
-        Some(list) => list
-            .iter()
-            .fold(RetryOn(0), |set, c| set.with(RetryCause::from(*c))),
+        Some(list) => {
+            let causes: Vec<RetryCause> = list.iter().map(|&c| RetryCause::from(c)).collect();
+            // Audit ME 5: a cause named twice is most likely a typo for one left out.
+            for (i, c) in causes.iter().enumerate() {
+                if let Some(first) = causes[..i].iter().position(|f| f == c) {
+                    return Err(format!(
+                        "{label}: retry_on[{i}] ({:?}) is already in retry_on[{first}]; name each failure once",
+                        c.as_str()
+                    ));
+                }
+            }
+            causes.into_iter().fold(RetryOn(0), |set, c| set.with(c))
+        }
     };
     // One chain, each upstream in it once: the route's own, those balanced with it, the
     // fallbacks.
@@ -865,6 +947,7 @@ fn build_policy(
     }
     let fallbacks = lists.pop().unwrap_or_default();
     let balanced = lists.pop().unwrap_or_default();
+    check_seeds(label, &chain, limits)?;
     if retry_on.0 == 0 && (retries > 0 || !fallbacks.is_empty()) {
         let what = match (retries > 0, fallbacks.is_empty()) {
             (true, true) => format!("retries ({retries})"),
@@ -898,6 +981,45 @@ fn build_policy(
         fallbacks,
         hedge_after,
     })
+}
+
+/// Audit ME 1: an upstream's `expected_first_token` that a route calling it could never
+/// see confirmed shuts the route out. An attempt is made only when the estimate fits what is
+/// left of the budget after its reserve, and no first token is observed later than
+/// `first_token_timeout`, while the estimate returns to its seed between observations: a
+/// seed at or past either limit refused every request with the route's budget (504
+/// `insufficient_budget`) however fast the upstream answered. Checked as `hedge_after` is.
+fn check_seeds(label: &str, chain: &[Arc<UpstreamConfig>], limits: &Limits) -> Result<(), String> {
+    let room = limits.budget.saturating_sub(limits.reserve);
+    let (limit, what) = if limits.first_token_timeout <= room {
+        (
+            limits.first_token_timeout,
+            format!("first_token_timeout ({})", hd(limits.first_token_timeout)),
+        )
+    } else {
+        (
+            room,
+            format!(
+                "budget less its reserve ({} - {} = {})",
+                hd(limits.budget),
+                hd(limits.reserve),
+                hd(room)
+            ),
+        )
+    };
+    for up in chain {
+        if let Some(seed) = up.expected_first_token.filter(|&s| s >= limit) {
+            return Err(format!(
+                "{label}: upstream {:?} has expected_first_token ({}), which must be less than \
+                 the route's {what}: no first token is observed later than that, so the \
+                 estimate could never come down, and every request with the route's budget \
+                 would be refused (504 insufficient_budget)",
+                up.name,
+                hd(seed)
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn check_limits(l: &Limits) -> Result<(), LimitsError> {

@@ -126,6 +126,14 @@ impl Config {
             } else if let Some(w) = up.http2.warning() {
                 out.push(format!("upstream {name:?}: {w}"));
             }
+            if is_own_listen(&up.url, self.server.listen) {
+                out.push(format!(
+                    "upstream {name:?}: url {} is this gateway's own listen address \
+                     (server.listen {}): requests sent to it come back to the gateway, a loop",
+                    up.url_text(),
+                    self.server.listen
+                ));
+            }
             if users().next().is_none() {
                 out.push(format!("upstream {name:?} is not used by any route"));
             }
@@ -400,6 +408,32 @@ impl Config {
 
 /// A file of secrets that cannot be read makes startup fail; one others may read is a
 /// leak waiting to happen.
+/// Whether `url` reaches the gateway's own `listen` address (audit ME 5: a certain loop,
+/// each request coming back until refused 508 `loop_detected`). Judged from the address
+/// alone: an unspecified `listen` (every address) counts loopback names and addresses only,
+/// since the machine's other addresses are not known here; port 0 is never one.
+fn is_own_listen(url: &http::Uri, listen: std::net::SocketAddr) -> bool {
+    use std::net::IpAddr;
+    let default_port = match url.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    if listen.port() == 0 || url.port_u16().unwrap_or(default_port) != listen.port() {
+        return false;
+    }
+    let Some(host) = url.host() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let localhost = host.eq_ignore_ascii_case("localhost");
+    let listen_ip = listen.ip().to_canonical();
+    match host.parse::<IpAddr>().map(|ip| ip.to_canonical()) {
+        Ok(ip) if ip == listen_ip => true,
+        Ok(ip) => listen_ip.is_unspecified() && (ip.is_loopback() || ip.is_unspecified()),
+        Err(_) => localhost && (listen_ip.is_unspecified() || listen_ip.is_loopback()),
+    }
+}
+
 fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
     match std::fs::metadata(path) {
         Err(e) => out.push(missing_file(label, path, &e)),

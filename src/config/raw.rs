@@ -343,18 +343,46 @@ impl RawRoute {
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RawDuration(pub(super) Duration);
 
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy)]
 pub(super) enum RawRetryCause {
-    #[serde(rename = "connect")]
     Connect,
-    #[serde(rename = "first_token")]
     FirstToken,
-    #[serde(rename = "5xx")]
     Status5xx,
-    #[serde(rename = "429")]
     Status429,
-    #[serde(rename = "reset")]
     Reset,
+}
+
+/// What a `retry_on` entry may be, as its errors say.
+const RETRY_CAUSES: &str = "one of \"connect\", \"first_token\", \"5xx\", \"429\", \"reset\"";
+
+/// Hand-rolled rather than derived: a derived enum answered any entry that is no string
+/// (`retry_on = ["5xx", 3]`) with toml's "wanted string or table", naming neither the
+/// value nor the names accepted (audit ME 6).
+impl<'de> Deserialize<'de> for RawRetryCause {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Names;
+        impl serde::de::Visitor<'_> for Names {
+            type Value = RawRetryCause;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(RETRY_CAUSES)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawRetryCause, E> {
+                Ok(match v {
+                    "connect" => RawRetryCause::Connect,
+                    "first_token" => RawRetryCause::FirstToken,
+                    "5xx" => RawRetryCause::Status5xx,
+                    "429" => RawRetryCause::Status429,
+                    "reset" => RawRetryCause::Reset,
+                    other => {
+                        return Err(E::custom(format_args!(
+                            "unknown failure {other:?}, expected {RETRY_CAUSES}"
+                        )))
+                    }
+                })
+            }
+        }
+        d.deserialize_any(Names)
+    }
 }
 
 impl From<RawRetryCause> for RetryCause {

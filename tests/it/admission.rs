@@ -27,6 +27,15 @@ fn one_slot(extra_upstream: &str) -> String {
         )
 }
 
+/// One slot, and an upstream expected to need 2 s to its first token: under a first-token
+/// limit of 3 s, as a seed at or past the route's limit is refused (audit ME 1).
+fn slow_one_slot() -> String {
+    one_slot("expected_first_token = \"2s\"\n").replace(
+        "first_token_timeout = \"2s\"",
+        "first_token_timeout = \"3s\"",
+    )
+}
+
 /// Takes the route's only slot with a stream that stays open until the returned parts drop.
 async fn hold_the_slot(h: &Harness) -> (hyper::body::Incoming, Conn) {
     let (resp, conn) = h
@@ -45,7 +54,7 @@ async fn overloaded_count(h: &Harness) -> f64 {
 
 #[tokio::test]
 async fn a_full_route_refuses_before_the_budget_is_spent_and_with_retry_after() {
-    let h = Harness::with_config(&one_slot("expected_first_token = \"2s\"\n")).await;
+    let h = Harness::with_config(&slow_one_slot()).await;
     let held = hold_the_slot(&h).await;
 
     // 4 s of budget, 2 s of it needed by the upstream and 50 ms of slack: waits 1950 ms at
@@ -95,7 +104,7 @@ async fn a_full_route_refuses_before_the_budget_is_spent_and_with_retry_after() 
 async fn a_budget_that_cannot_wait_at_all_is_refused_at_once() {
     // The upstream is expected to need 2 s before its first token; 1.5 s of budget cannot
     // wait for a slot at all.
-    let h = Harness::with_config(&one_slot("expected_first_token = \"2s\"\n")).await;
+    let h = Harness::with_config(&slow_one_slot()).await;
     let _held = {
         let (resp, conn) = h
             .chat(&[
@@ -898,6 +907,47 @@ async fn a_body_that_falls_silent_is_cut_after_the_header_read_timeout() {
         1,
         "only the steady one was forwarded"
     );
+}
+
+/// Audit ME 3: with `max_request_body` above 4 GiB, a `Content-Length` of 4 GiB or more
+/// that the memory has room for is taken and read. It was refused at once as a full
+/// `request_body_memory` (503 `overloaded`, `Retry-After: 1`), which a client retries forever.
+/// Here the body then falls silent: the gateway read it, so it is cut as a silent body is.
+#[tokio::test]
+async fn a_body_of_four_gib_or_more_is_read_when_the_limits_allow_it() {
+    let cfg = BASE.replace(
+        "[server]\n",
+        "[server]\nheader_read_timeout = \"300ms\"\nmax_request_body = 6442450944\n\
+         request_body_memory = 8589934592\n",
+    );
+    let h = Harness::with_config(&cfg).await;
+    for length in [4_294_967_296u64, 5_000_000_000] {
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        s.write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\n\
+                 content-type: application/json\r\ncontent-length: {length}\r\n\r\n{{\"model\":"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let text = raw_answer(&mut s).await;
+        assert!(text.starts_with("HTTP/1.1 408"), "{length}: {text}");
+        assert!(text.contains("\"code\":\"body_timeout\""), "{text}");
+        assert!(!text.contains("retry-after"), "{text}");
+    }
+    // Past `max_request_body`, the length alone is refused, and not as a retry.
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\n\
+          content-type: application/json\r\ncontent-length: 7000000000\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let text = raw_answer(&mut s).await;
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert_eq!(h.fake.requests().len(), 0);
 }
 
 /// A request with a valid key that fails before its body picks the route (a budget header

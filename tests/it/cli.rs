@@ -167,6 +167,77 @@ first_token_timeout = "40s"
     assert!(stderr.contains("budget (8s)"), "{stderr}");
 }
 
+/// Audit ME 1: `check` passed an upstream's `expected_first_token` past the first-token
+/// limit of the route calling it, and every request with the route's budget was then
+/// refused 504 `insufficient_budget`.
+#[test]
+fn check_refuses_an_expected_first_token_past_the_routes_limit() {
+    let (_dir, path) = temp_config(
+        "seed.toml",
+        r#"
+[upstreams.fake]
+url = "http://127.0.0.1:9"
+expected_first_token = "9s"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1"
+upstream = "fake"
+budget = "8s"
+first_token_timeout = "5s"
+"#,
+    );
+    let out = hourglass(&["check", "--config", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "route \"chat\": upstream \"fake\" has expected_first_token (9s), which must be \
+             less than the route's first_token_timeout (5s)"
+        ),
+        "{stderr}"
+    );
+}
+
+/// Audit ME 5: a `RUST_LOG` the filter cannot read fell back to `info` without a word; the
+/// log now says which value was set aside.
+#[test]
+fn an_invalid_rust_log_is_named_in_a_warning() {
+    let (_dir, path) = temp_config(
+        "ok.toml",
+        "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+         [[routes]]\nname = \"chat\"\npath_prefix = \"/v1\"\nupstream = \"u\"\n",
+    );
+    for value in ["hourglass=loud", "debug,,="] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .args(["check", "--config", path.to_str().unwrap()])
+            .env_remove("HOURGLASS_CONFIG")
+            .env("RUST_LOG", value)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(0), "{text}");
+        assert!(
+            text.contains(&format!("RUST_LOG {value:?} is not a valid log filter")),
+            "{value}: {text}"
+        );
+        assert!(text.contains("logging at info"), "{text}");
+    }
+    // A valid one says nothing of itself.
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["check", "--config", path.to_str().unwrap()])
+        .env_remove("HOURGLASS_CONFIG")
+        .env("RUST_LOG", "warn,hourglass=debug")
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("RUST_LOG"));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("RUST_LOG"));
+}
+
 #[test]
 fn the_server_refuses_to_start_on_a_bad_config() {
     let (_dir, path) = temp_config(

@@ -577,7 +577,7 @@ hedge_after = "100ms"
 
 /// A primary and a backup it hedges to after 100 ms, the backup ejected (by one 503 of
 /// each; the primary has five failures to go) and due for its probe: `eject_for` is 300 ms,
-/// and 400 have passed. `settings` go beside `eject_for`.
+/// and 400 have passed. `settings` go beside `eject_for`. The first-token limit is 4 s.
 async fn backup_due_for_a_probe(settings: &str) -> (FakeUpstream, FakeUpstream, Process) {
     let (primary, backup) = fakes().await;
     let text = config(
@@ -585,6 +585,12 @@ async fn backup_due_for_a_probe(settings: &str) -> (FakeUpstream, FakeUpstream, 
         &backup,
         "",
         "fallbacks = [\"backup\"]\nhedge_after = \"100ms\"",
+    )
+    // Room for a backup seeded with 3 s: a seed at or past the route's first-token limit is
+    // refused (audit ME 1).
+    .replace(
+        "first_token_timeout = \"2s\"",
+        "first_token_timeout = \"4s\"",
     )
     .replace(
         "eject_after = 1\n",

@@ -1014,7 +1014,13 @@ async fn a_request_ended_during_its_fallback_names_the_fallback() {
 /// 100 ms last time cannot tell why 1.5 s was not enough.
 #[tokio::test]
 async fn a_budget_refused_for_the_upstreams_expected_first_token_names_it() {
-    let p = pair("", "expected_first_token = \"3s\"", "").await;
+    // A seed past the route's first-token limit is refused (audit ME 1): the limit is raised.
+    let p = pair(
+        "first_token_timeout = \"4s\"",
+        "expected_first_token = \"3s\"",
+        "",
+    )
+    .await;
     let (resp, _c) = p.chat(&[("x-request-budget-ms", "1500")]).await;
     assert_eq!(resp.status(), 504);
     let body = json_body(resp).await;

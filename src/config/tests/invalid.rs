@@ -226,6 +226,12 @@ fn route_identity_errors() {
     assert_eq!(err(&unnamed), "t.toml: routes[1]: name is required");
     let empty = format!("{BASE}\n[[routes]]\nname = \"\"\npath_prefix = \"/a\"\n");
     assert_eq!(err(&empty), "t.toml: routes[1]: name must not be empty");
+    // Audit ME 5: a name of spaces only is no name either (and it becomes a metric label).
+    let blank = format!("{BASE}\n[[routes]]\nname = \" \\t \"\npath_prefix = \"/a\"\n");
+    assert_eq!(
+        err(&blank),
+        "t.toml: routes[1]: name \" \\t \" is only whitespace; route names must not be blank"
+    );
     let reserved = format!("{BASE}\n[[routes]]\nname = \"none\"\npath_prefix = \"/a\"\n");
     assert_eq!(
         err(&reserved),
@@ -338,6 +344,11 @@ fn route_limit_errors() {
             "retry_on is empty, so fallbacks would never be tried; name the failures that may \
              be tried again (connect, first_token, 5xx, 429, reset), or drop fallbacks",
         ),
+        // Audit ME 5: a cause named twice is a typo for another one, most likely.
+        (
+            "retry_on = [\"5xx\", \"connect\", \"5xx\"]",
+            "retry_on[2] (\"5xx\") is already in retry_on[0]; name each failure once",
+        ),
     ];
     for (keys, message) in cases {
         assert_eq!(
@@ -426,11 +437,21 @@ fn server_errors() {
         ),
         (
             "send_timeout = \"0s\"",
-            "send_timeout must be greater than 0",
+            "send_timeout (0s) must be at least 10ms",
+        ),
+        // Audit ME 5: a client-side limit this short closes every connection at once.
+        (
+            "send_timeout = \"9ms\"",
+            "send_timeout (9ms) must be at least 10ms",
         ),
         (
             "header_read_timeout = \"0s\"",
-            "header_read_timeout must be greater than 0",
+            "header_read_timeout (0s) must be at least 10ms",
+        ),
+        // Audit ME 5: a client-side limit this short closes every connection at once.
+        (
+            "header_read_timeout = \"9ms\"",
+            "header_read_timeout (9ms) must be at least 10ms",
         ),
         (
             "listen = \"127.0.0.1:9000\"\nadmin_listen = \"127.0.0.1:9000\"",
@@ -637,4 +658,72 @@ fn a_shell_style_variable_reference_is_refused() {
             && message.ends_with("(\"REDIS_PASSWORD\")"),
         "{message}"
     );
+}
+
+/// Audit ME 1: an upstream's `expected_first_token` at or past the first-token limit of a
+/// route that calls it (its own upstream, one balanced with it, a fallback) is refused, as
+/// `hedge_after` is: no first token is observed later than that limit, so the estimate could
+/// never come down, and every request with the route's budget was refused 504
+/// `insufficient_budget` however fast the upstream answered.
+#[test]
+fn an_expected_first_token_a_route_could_never_see_is_refused() {
+    // `route` replaces the route's `upstream = "openai"` line.
+    let seeded = |seed: &str, route: &str| {
+        BASE.replace(
+            "auth = \"x-api-key\"\n",
+            &format!("auth = \"x-api-key\"\nexpected_first_token = \"{seed}\"\n"),
+        )
+        .replace("upstream = \"openai\"\n", route)
+    };
+    let limits = "budget = \"8s\"\nfirst_token_timeout = \"5s\"\n";
+    let tail = "no first token is observed later than that, so the estimate could never \
+                come down, and every request with the route's budget would be refused \
+                (504 insufficient_budget)";
+    for (seed, route) in [
+        ("9s", format!("upstream = \"anthropic\"\n{limits}")),
+        (
+            "5s",
+            format!("upstream = \"openai\"\nfallbacks = [\"anthropic\"]\n{limits}"),
+        ),
+        (
+            "6s",
+            format!("upstream = \"openai\"\nbalance_with = [\"anthropic\"]\n{limits}"),
+        ),
+    ] {
+        assert_eq!(
+            err(&seeded(seed, &route)),
+            format!(
+                "t.toml: route \"chat\": upstream \"anthropic\" has expected_first_token \
+                 ({seed}), which must be less than the route's first_token_timeout (5s): {tail}"
+            ),
+            "{route}"
+        );
+    }
+    // Inherited from [defaults] (30 s), and the room a reserve leaves of the budget.
+    assert_eq!(
+        err(&seeded(
+            "30s",
+            "upstream = \"openai\"\nfallbacks = [\"anthropic\"]\n"
+        )),
+        format!(
+            "t.toml: route \"chat\": upstream \"anthropic\" has expected_first_token (30s), \
+             which must be less than the route's first_token_timeout (30s): {tail}"
+        )
+    );
+    assert_eq!(
+        err(&seeded(
+            "7s",
+            "upstream = \"openai\"\nfallbacks = [\"anthropic\"]\nbudget = \"10s\"\nfirst_token_timeout = \"9s\"\nreserve = \"3s\"\n"
+        )),
+        format!(
+            "t.toml: route \"chat\": upstream \"anthropic\" has expected_first_token (7s), \
+             which must be less than the route's budget less its reserve (10s - 3s = 7s): {tail}"
+        )
+    );
+    // Below every limit, and on an upstream the route does not call, it stands.
+    load(&seeded(
+        "4999ms",
+        &format!("upstream = \"openai\"\nfallbacks = [\"anthropic\"]\n{limits}"),
+    ));
+    load(&seeded("1m", &format!("upstream = \"openai\"\n{limits}")));
 }

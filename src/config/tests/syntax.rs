@@ -66,7 +66,8 @@ fn bad_values_are_located() {
     let (line, col, message) = syntax(&with_route_keys("budget = \"8 parsecs\""));
     assert_eq!((line, col), (12, 10));
     assert!(
-        message.starts_with("`routes.budget`: invalid duration \"8 parsecs\": unknown time unit"),
+        message
+            .starts_with("`routes[0].budget`: invalid duration \"8 parsecs\": unknown time unit"),
         "{message}"
     );
 
@@ -74,14 +75,14 @@ fn bad_values_are_located() {
     let (_, _, message) = syntax(&with_route_keys("budget = \"-5s\""));
     assert_eq!(
         message,
-        "`routes.budget`: invalid duration \"-5s\": durations cannot be negative"
+        "`routes[0].budget`: invalid duration \"-5s\": durations cannot be negative"
     );
 
     let (line, col, message) = syntax(&with_route_keys("budget = 8"));
     assert_eq!((line, col), (12, 10));
     assert_eq!(
         message,
-        "`routes.budget`: invalid type: integer `8`, expected a duration string such as \"250ms\", \"8s\" or \"10m\""
+        "`routes[0].budget`: invalid type: integer `8`, expected a duration string such as \"250ms\", \"8s\" or \"10m\""
     );
 
     let (line, col, message) = syntax(&format!("[server]\nlisten = \"localhost:80\"\n{BASE}"));
@@ -149,8 +150,30 @@ fn a_value_of_the_wrong_type_names_its_key() {
     let (line, _, message) = syntax(&with_route_keys("  retries = \"two\""));
     assert_eq!(line, 12);
     assert!(
-        message.starts_with("`routes.retries`: invalid type"),
+        message.starts_with("`routes[0].retries`: invalid type"),
         "{message}"
+    );
+    // Audit ME 6: which route, and the key inside an inline table.
+    let (line, _, message) = syntax(&format!(
+        "{BASE}\n[[routes]]\nname = \"b\"\npath_prefix = \"/b\"\nupstream = \"openai\"\nbudget = 8\n"
+    ));
+    assert_eq!(line, 17);
+    assert!(
+        message.starts_with("`routes[1].budget`: invalid type"),
+        "{message}"
+    );
+    let (_, _, message) = syntax(&format!("server = {{ max_headers = \"x\" }}\n{BASE}"));
+    assert!(
+        message.starts_with("`server.max_headers`: invalid type"),
+        "{message}"
+    );
+    assert_eq!(
+        key_at("a = { b = 1, c = { d = [1, 2], e = x } }\n", 36).as_deref(),
+        Some("a.c.e")
+    );
+    assert_eq!(
+        key_at("a = { b = \"{,=\", c = x }\n", 21).as_deref(),
+        Some("a.c")
     );
     // A key itself, a header, or a line without `=` name nothing more.
     assert_eq!(key_at("[a]\nb = 1\n", 4), None);
@@ -159,7 +182,7 @@ fn a_value_of_the_wrong_type_names_its_key() {
     assert_eq!(key_at("x = 1\n", 4).as_deref(), Some("x"));
     assert_eq!(
         key_at("[[routes]]\n# c\nname = 1\n", 22).as_deref(),
-        Some("routes.name")
+        Some("routes[0].name")
     );
     assert_eq!(
         key_at("[u.\"a b\"]\nk = é\n", 16).as_deref(),
@@ -218,4 +241,25 @@ fn a_table_written_as_an_array_of_tables_says_so() {
         message,
         "`server`: invalid type: integer `5`, expected a table ([server])"
     );
+}
+
+/// Audit ME 6: a `retry_on` entry that is no failure's name says which value it was and
+/// which names are accepted; it was "wanted string or table", naming neither.
+#[test]
+fn a_bad_retry_on_entry_names_itself_and_the_accepted_ones() {
+    let accepted = "expected one of \"connect\", \"first_token\", \"5xx\", \"429\", \"reset\"";
+    for (entry, said) in [
+        ("3", "invalid type: integer `3`"),
+        ("429", "invalid type: integer `429`"),
+        ("\"5XX\"", "unknown failure \"5XX\""),
+    ] {
+        let (line, _, message) =
+            syntax(&with_route_keys(&format!("retry_on = [\"5xx\", {entry}]")));
+        assert_eq!(line, 12);
+        assert_eq!(
+            message,
+            format!("`routes[0].retry_on`: {said}, {accepted}"),
+            "{entry}"
+        );
+    }
 }

@@ -242,3 +242,45 @@ fn io_error_names_the_path() {
         "{shown}"
     );
 }
+
+/// Audit ME 5: an upstream whose url is the gateway's own `listen` address is a certain loop
+/// (each request came back until it was refused 508 `loop_detected`): `check` and start-up
+/// warn of it. Another port, another host, or a `listen` on port 0 are no loop.
+#[test]
+fn an_upstream_at_the_gateways_own_listen_address_is_warned_of() {
+    let warned = |listen: &str, url: &str| {
+        let text = format!("[server]\nlisten = \"{listen}\"\n{BASE}")
+            .replace("https://api.openai.com", url);
+        load(&text)
+            .warnings()
+            .into_iter()
+            .filter(|w| w.contains("own listen address"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        warned("127.0.0.1:8000", "http://127.0.0.1:8000/v1"),
+        [
+            "upstream \"openai\": url http://127.0.0.1:8000/v1 is this gateway's own listen \
+          address (server.listen 127.0.0.1:8000): requests sent to it come back to the \
+          gateway, a loop"
+        ]
+    );
+    for (listen, url) in [
+        ("0.0.0.0:8000", "http://localhost:8000"),
+        ("0.0.0.0:443", "https://127.0.0.1"),
+        ("[::]:8000", "http://[::1]:8000"),
+        ("127.0.0.1:80", "http://LOCALHOST"),
+        ("[::ffff:127.0.0.1]:8000", "http://127.0.0.1:8000"),
+    ] {
+        assert_eq!(warned(listen, url).len(), 1, "{listen} {url}");
+    }
+    for (listen, url) in [
+        ("127.0.0.1:8000", "http://127.0.0.1:8001"),
+        ("127.0.0.1:8000", "http://10.0.0.1:8000"),
+        ("127.0.0.1:80", "https://127.0.0.1"),
+        ("127.0.0.1:0", "http://127.0.0.1:80"),
+        ("10.0.0.2:8000", "http://localhost:8000"),
+    ] {
+        assert!(warned(listen, url).is_empty(), "{listen} {url}");
+    }
+}
