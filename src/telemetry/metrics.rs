@@ -78,6 +78,7 @@ pub struct Metrics {
     tls_handshake_failures: IntCounterVec,
     tls_expiry: IntGaugeVec,
     tls_crl_due: IntGaugeVec,
+    tls_pending: IntGaugeVec,
     runs: RunMetrics,
     stream_upstream: IntCounterVec,
     partial_answers: IntCounterVec,
@@ -533,6 +534,14 @@ impl Metrics {
                  Unix seconds, by issuer; set at start-up and on every reload.",
             &["issuer"],
         );
+        let tls_pending = gauge(
+            "hourglass_tls_certificate_pending_timestamp_seconds",
+            "A [server.tls] cert file whose certificate is held back for its dates \
+                 (not_yet_valid, expired) while the served one is valid: when it is tried \
+                 again (its notBefore, or the served one's notAfter), in Unix seconds; \
+                 absent otherwise.",
+            &["listener", "reason"],
+        );
         let log_lines_dropped = registered(
             &registry,
             IntCounter::new(
@@ -611,6 +620,7 @@ impl Metrics {
             tls_handshake_failures,
             tls_expiry,
             tls_crl_due,
+            tls_pending,
             requests,
             cancellations,
             budget,
@@ -884,6 +894,20 @@ impl Metrics {
             None => {
                 let _ = self.tls_expiry.remove_label_values(&["client"]);
             }
+        }
+    }
+
+    /// A listener certificate held back for its dates (`not_yet_valid`, `expired`), and when
+    /// it is tried again; `None` (none held back) removes the series.
+    pub fn tls_certificate_pending(&self, held: Option<(&str, Option<std::time::SystemTime>)>) {
+        self.tls_pending.reset();
+        if let Some((reason, at)) = held {
+            let secs = at
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .unwrap_or_default();
+            self.tls_pending
+                .with_label_values(&["client", reason])
+                .set(i64::try_from(secs.as_secs()).unwrap_or(i64::MAX));
         }
     }
 

@@ -53,8 +53,9 @@ async fn a_rotated_certificate_is_served_without_a_signal() {
 }
 
 /// Audit DE 1: a renewal installed before its notBefore (or an expired certificate) is refused
-/// by every client, so a reload does not put it in place of the valid pair served: it fails
-/// as for a key that does not fit, in the error count and `/readyz`, naming the dates.
+/// by every client, so a reload does not put it in place of the valid pair served: it is held
+/// back, named with its dates in a warning and by `/readyz` (audit MB 1: the rest of the
+/// reload applies, and it is counted as the reload it is).
 #[tokio::test]
 async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
     let c = certs("not-yet-valid");
@@ -63,22 +64,29 @@ async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
         p.not_before = rcgen::date_time_ymd(2090, 1, 1);
         p.not_after = rcgen::date_time_ymd(2091, 1, 1);
     });
-    let e = gw.reload().await.unwrap_err().to_string();
-    assert!(
-        e.contains("the certificate is not valid yet (valid from 2090-01-01T00:00:00Z"),
-        "{e}"
-    );
+    gw.reload().await.unwrap();
     assert!(tls_client(gw.addr, &c, b"http/1.1", false).await.is_ok());
     let ready = admin_get(gw.admin_addr, "/readyz").await;
-    assert!(ready.contains("last reload failed"), "{ready}");
-    assert!(gw
-        .metrics
-        .encode()
-        .contains("hourglass_config_reloads_total{result=\"error\"} 1"));
+    assert!(
+        ready.contains("certificate pending: server.tls.cert ")
+            && ready.contains("the certificate is not valid yet (valid from 2090-01-01T00:00:00Z")
+            && ready.contains("tried again at 2090-01-01T00:00:01Z (its notBefore)"),
+        "{ready}"
+    );
+    let metrics = gw.metrics.encode();
+    // 2090-01-01T00:00:01Z.
+    assert!(
+        metrics.contains(
+            "hourglass_tls_certificate_pending_timestamp_seconds{listener=\"client\",\
+         reason=\"not_yet_valid\"} 3786912001"
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
     gw.shutdown().await;
 }
 
-/// Audit EA 1: a renewal refused for being not valid yet is taken once it is, without a
+/// Audit EA 1: a renewal held back for being not valid yet is taken once it is, without a
 /// change of its file (the watcher reloads only changed files, and the served certificate
 /// expired behind the refusal).
 #[tokio::test]
@@ -89,8 +97,12 @@ async fn a_certificate_refused_as_not_valid_yet_is_taken_once_it_is() {
         p.not_before = (std::time::SystemTime::now() + Duration::from_secs(2)).into();
         p.not_after = rcgen::date_time_ymd(2091, 1, 1);
     });
-    let e = gw.reload().await.unwrap_err().to_string();
-    assert!(e.contains("the certificate is not valid yet"), "{e}");
+    gw.reload().await.unwrap();
+    let ready = admin_get(gw.admin_addr, "/readyz").await;
+    assert!(
+        ready.contains("the certificate is not valid yet"),
+        "{ready}"
+    );
     gw.watch_config(Duration::from_millis(50));
     // 2091-01-01T00:00:00Z, the new certificate's notAfter.
     let taken =
@@ -104,8 +116,100 @@ async fn a_certificate_refused_as_not_valid_yet_is_taken_once_it_is() {
     assert!(gw
         .metrics
         .encode()
-        .contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
+        .contains("hourglass_config_reloads_total{result=\"ok\"} 2"));
     gw.shutdown().await;
+}
+
+/// Audit MB 1: a renewal staged before its notBefore (as deployment.md allows) holds back
+/// the certificate alone. The reload that finds it applies the rest, here a client key
+/// removed from its file, which is refused at once; the old pair is served on, `/readyz` and
+/// a gauge say a certificate is pending (not that the reload failed), and the watcher takes
+/// the new one at its notBefore.
+#[tokio::test]
+async fn a_staged_certificate_keeps_the_old_pair_while_the_rest_of_the_reload_applies() {
+    const TEAM_A: &str = "hg-client-key-team-a-0123456789";
+    const TEAM_B: &str = "hg-client-key-team-b-0123456789";
+    let c = certs("staged-renewal");
+    let keys = c.dir.path().join("client-keys");
+    std::fs::write(&keys, format!("team-a {TEAM_A}\nteam-b {TEAM_B}\n")).unwrap();
+    let toml = tls_config_toml(&c, false).replacen(
+        "upstream = \"fake\"\n",
+        &format!(
+            "upstream = \"fake\"\nclient_keys_file = {:?}\n",
+            keys.display().to_string()
+        ),
+        1,
+    );
+    let (gw, _fake) = from_a_file(&c, &toml).await;
+    let old = served_leaf(gw.addr, &c).await;
+    assert_eq!(status_with_key(gw.addr, &c, TEAM_B).await, 200);
+
+    renew(&c, |p| {
+        p.not_before = (std::time::SystemTime::now() + Duration::from_secs(4)).into();
+        p.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    });
+    std::fs::write(&keys, format!("team-a {TEAM_A}\n")).unwrap();
+    let reloaded = gw.reload().await;
+    assert!(reloaded.is_ok(), "{reloaded:?}");
+    assert_eq!(status_with_key(gw.addr, &c, TEAM_B).await, 401);
+    assert_eq!(status_with_key(gw.addr, &c, TEAM_A).await, 200);
+    assert_eq!(
+        served_leaf(gw.addr, &c).await,
+        old,
+        "the old pair is served on"
+    );
+    let ready = admin_get(gw.admin_addr, "/readyz").await;
+    assert!(
+        ready.contains("; certificate pending: server.tls.cert "),
+        "{ready}"
+    );
+    assert!(!ready.contains("last reload failed"), "{ready}");
+    let metrics = gw.metrics.encode();
+    assert!(
+        metrics.contains("hourglass_tls_certificate_pending_timestamp_seconds{listener=\"client\",reason=\"not_yet_valid\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
+
+    // Taken at its notBefore by the watcher, the file unchanged since.
+    gw.watch_config(Duration::from_millis(50));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while served_leaf(gw.addr, &c).await == old {
+        assert!(
+            Instant::now() < deadline,
+            "the staged certificate was never taken"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ready = admin_get(gw.admin_addr, "/readyz").await;
+    assert!(!ready.contains("pending"), "{ready}");
+    assert!(!gw
+        .metrics
+        .encode()
+        .contains("hourglass_tls_certificate_pending_timestamp_seconds{"));
+    assert_eq!(status_with_key(gw.addr, &c, TEAM_B).await, 401);
+    gw.shutdown().await;
+}
+
+/// The leaf certificate the listener serves.
+async fn served_leaf(addr: std::net::SocketAddr, c: &Certs) -> CertificateDer<'static> {
+    let tls = tls_client(addr, c, b"http/1.1", false).await.unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].clone()
+}
+
+/// The status of a chat request over TLS with this client key.
+async fn status_with_key(addr: std::net::SocketAddr, c: &Certs, key: &str) -> http::StatusCode {
+    let s = tls_client(addr, c, b"http/1.1", false).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let bearer = format!("Bearer {key}");
+    let resp = sender
+        .send_request(chat_request(&[("authorization", &bearer)], false))
+        .await
+        .unwrap();
+    resp.status()
 }
 
 /// Writes over `c`'s certificate another for its key, from its CA, dated by `dates`.
