@@ -496,12 +496,13 @@ impl Metrics {
                 Opts::new(
                     "hourglass_refused_heads_total",
                     "Client request heads refused before they became requests (no log line): \
-                 malformed (a bare 400), too_large (431), header_timeout (408).",
+                 malformed (a bare 400), too_large (431), header_timeout (408), tls (a TLS \
+                 client on the plaintext listener, sent a handshake_failure alert).",
                 ),
                 &["reason"],
             ),
         );
-        for reason in ["malformed", "too_large", "header_timeout"] {
+        for reason in ["malformed", "too_large", "header_timeout", "tls"] {
             refused_heads.with_label_values(&[reason]);
         }
         let tls_handshake_failures = registered(
@@ -868,7 +869,7 @@ impl Metrics {
         self.panics.inc();
     }
 
-    /// A client head refused before it became a request: `reason` is one of the three the
+    /// A client head refused before it became a request: `reason` is one of the four the
     /// metric's help names.
     pub fn refused_head(&self, reason: &'static str) {
         self.refused_heads.with_label_values(&[reason]).inc();

@@ -1022,3 +1022,49 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
         .as_secs_f64();
     assert!(expiry > now, "{expiry}");
 }
+
+/// Audit MB 2: a TLS client on the plaintext listener (an `https://` URL for a gateway
+/// without `[server.tls]`) is told with a TLS alert it can read, not hyper's bare HTTP 400
+/// (which it reads as a record of another version), and counted as such, not as a malformed
+/// head.
+#[tokio::test]
+async fn a_tls_client_on_the_plaintext_listener_gets_an_alert_and_is_counted() {
+    let c = certs("tls-on-plaintext");
+    let h = Harness::start().await;
+    let e = tls_client(h.addr(), &c, b"http/1.1", false)
+        .await
+        .expect_err("no TLS without [server.tls]");
+    let alert = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    assert_eq!(
+        alert,
+        Some(&rustls::Error::AlertReceived(
+            rustls::AlertDescription::HandshakeFailure
+        )),
+        "{e}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h
+        .metric("hourglass_refused_heads_total{reason=\"tls\"}")
+        .await
+        < 1.0
+    {
+        assert!(Instant::now() < deadline, "{}", h.metrics_text().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        h.metric("hourglass_refused_heads_total{reason=\"malformed\"}")
+            .await,
+        0.0
+    );
+    // A byte that merely looks like a record's start is HTTP's to refuse, as before.
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(b"\x16GARBAGE\r\n\r\n").await.unwrap();
+    let mut got = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(3), s.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got, b"HTTP/1.1 400");
+}
