@@ -590,7 +590,23 @@ async fn serve_connection(
     };
     if let Err(e) = result {
         // hyper answers these heads itself: they never reach the handler or its log line.
-        let refused = if e.is_parse_too_large() {
+        let refused = if e.is_parse_version_h2() {
+            // The whole HTTP/2 preface, read by the HTTP/1 server: only over TLS, where the
+            // client did not choose `h2` by ALPN (cleartext sniffs the preface first). RFC
+            // 9113 3.3 has such a client refused; hyper closes without a word, so it is
+            // counted and said here. No GOAWAY: that would take reading every such
+            // connection's first bytes ahead of hyper, to close one a client misconfigured.
+            static SAID: Throttle = Throttle::every(Duration::from_secs(60));
+            if SAID.due() {
+                tracing::info!(
+                    %peer,
+                    "HTTP/2 prior knowledge over TLS without ALPN h2 (curl --no-alpn \
+                     --http2-prior-knowledge): refused, connection closed; a client speaks \
+                     HTTP/2 over TLS by offering h2 in ALPN (said at most once a minute)"
+                );
+            }
+            Some("h2_without_alpn")
+        } else if e.is_parse_too_large() {
             Some("too_large")
         } else if e.is_parse() {
             Some("malformed")

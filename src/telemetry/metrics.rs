@@ -497,12 +497,19 @@ impl Metrics {
                     "hourglass_refused_heads_total",
                     "Client request heads refused before they became requests (no log line): \
                  malformed (a bare 400), too_large (431), header_timeout (408), tls (a TLS \
-                 client on the plaintext listener, sent a handshake_failure alert).",
+                 client on the plaintext listener, sent a handshake_failure alert), \
+                 h2_without_alpn (HTTP/2 prior knowledge over TLS without ALPN h2, closed).",
                 ),
                 &["reason"],
             ),
         );
-        for reason in ["malformed", "too_large", "header_timeout", "tls"] {
+        for reason in [
+            "malformed",
+            "too_large",
+            "header_timeout",
+            "tls",
+            "h2_without_alpn",
+        ] {
             refused_heads.with_label_values(&[reason]);
         }
         let tls_handshake_failures = registered(
@@ -869,7 +876,7 @@ impl Metrics {
         self.panics.inc();
     }
 
-    /// A client head refused before it became a request: `reason` is one of the four the
+    /// A client head refused before it became a request: `reason` is one of the five the
     /// metric's help names.
     pub fn refused_head(&self, reason: &'static str) {
         self.refused_heads.with_label_values(&[reason]).inc();

@@ -1068,3 +1068,46 @@ async fn a_tls_client_on_the_plaintext_listener_gets_an_alert_and_is_counted() {
         .unwrap();
     assert_eq!(&got, b"HTTP/1.1 400");
 }
+
+/// Audit MB 3: HTTP/2 prior knowledge over TLS without ALPN `h2` (`curl --no-alpn
+/// --http2-prior-knowledge`) is refused, as RFC 9113 3.3 has it, and no longer silently: the
+/// connection is closed, counted and logged.
+#[tokio::test]
+async fn http2_prior_knowledge_over_tls_without_alpn_is_counted() {
+    let c = certs("h2-without-alpn");
+    let h = Harness::with_config(&tls_config_toml(&c, false)).await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(c.ca.der().clone()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let mut tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), None);
+    // The preface and an empty SETTINGS frame.
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection is closed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let sample = "hourglass_refused_heads_total{reason=\"h2_without_alpn\"}";
+    while h.metric(sample).await < 1.0 {
+        assert!(Instant::now() < deadline, "{}", h.metrics_text().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        h.metric("hourglass_refused_heads_total{reason=\"malformed\"}")
+            .await,
+        0.0
+    );
+}
