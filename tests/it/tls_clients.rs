@@ -197,6 +197,12 @@ async fn served_leaf(addr: std::net::SocketAddr, c: &Certs) -> CertificateDer<'s
     tls.get_ref().1.peer_certificates().unwrap()[0].clone()
 }
 
+/// The leaf certificate the listener serves, to a client presenting its certificate.
+async fn served_leaf_to(addr: std::net::SocketAddr, c: &Certs) -> CertificateDer<'static> {
+    let tls = tls_client(addr, c, b"http/1.1", true).await.unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].clone()
+}
+
 /// The status of a chat request over TLS with this client key.
 async fn status_with_key(addr: std::net::SocketAddr, c: &Certs, key: &str) -> http::StatusCode {
     let s = tls_client(addr, c, b"http/1.1", false).await.unwrap();
@@ -619,6 +625,38 @@ async fn a_certificate_revoked_in_a_new_crl_is_refused_without_a_signal() {
         .metrics
         .encode()
         .contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
+    gw.shutdown().await;
+}
+
+/// Audit MB 1: a certificate held back for its dates holds back the certificate pair alone:
+/// a CRL that revokes a client, changed by the same reload, is used at once.
+#[tokio::test]
+async fn a_new_crl_is_used_while_the_certificate_is_held_back() {
+    let c = certs("crl-held-cert");
+    let leaked = c.client(2);
+    let crl = c.write_crl(&[]);
+    let (gw, _fake) = from_a_file(&c, &with_crl(&tls_config_toml(&c, true), &crl)).await;
+    let old = served_leaf_to(gw.addr, &c).await;
+    assert_eq!(
+        status_as(gw.addr, &c, &leaked).await,
+        Some(http::StatusCode::OK)
+    );
+    renew(&c, |p| {
+        p.not_before = rcgen::date_time_ymd(2090, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    });
+    c.write_crl(&[2]);
+    gw.reload().await.unwrap();
+    assert_eq!(status_as(gw.addr, &c, &leaked).await, None);
+    assert_eq!(
+        status_as(gw.addr, &c, &c.client).await,
+        Some(http::StatusCode::OK)
+    );
+    assert_eq!(
+        served_leaf_to(gw.addr, &c).await,
+        old,
+        "the old pair is served on"
+    );
     gw.shutdown().await;
 }
 
