@@ -140,8 +140,23 @@ enum Protocol {
 /// How a client speaking HTTP/2 without TLS opens the connection (RFC 9113 3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// What a cleartext client's first bytes say it speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sniffed {
+    Http(Protocol),
+    /// A TLS handshake record (content type 22, version 3.x): a client given an `https://`
+    /// URL for a listener without `[server.tls]`.
+    Tls,
+}
+
+/// A fatal `handshake_failure` alert record (RFC 8446 6, 5.1): what a TLS client on the
+/// plaintext listener is sent, which it reports as the server's refusal of the handshake.
+/// hyper's bare HTTP 400 it read as a record of an unknown type ("wrong version number").
+const HANDSHAKE_FAILURE_ALERT: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x28];
+
 /// Which protocol a cleartext client speaks, from its first bytes (read into `first`, which
 /// hyper then reads first): `None` when the client closed, or sent nothing that tells by `by`.
+/// A TLS record's first two bytes tell a TLS client (no request line starts with 0x16).
 /// Read, not peeked: a peek returns at once while bytes wait, so a client that sent part of
 /// the preface had it polled until the limit, and its FIN behind them went unseen (audit CC).
 ///
@@ -150,7 +165,7 @@ const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// `max_connections` slot, forever), and hands hyper those bytes alone in its first read,
 /// which made hyper double its read buffer to 16 KiB on every connection (`ClientIo` hands
 /// them with what the socket has besides).
-async fn sniff(stream: &mut TcpStream, by: Instant, first: &mut First) -> Option<Protocol> {
+async fn sniff(stream: &mut TcpStream, by: Instant, first: &mut First) -> Option<Sniffed> {
     use tokio::io::AsyncReadExt;
     let look = async {
         loop {
@@ -160,11 +175,16 @@ async fn sniff(stream: &mut TcpStream, by: Instant, first: &mut First) -> Option
             }
             first.add(n);
             let got = first.got();
+            match got {
+                [0x16] => continue,
+                [0x16, 0x03, ..] => return Some(Sniffed::Tls),
+                _ => {}
+            }
             if got != &PREFACE[..got.len()] {
-                return Some(Protocol::Http1);
+                return Some(Sniffed::Http(Protocol::Http1));
             }
             if got.len() == PREFACE.len() {
-                return Some(Protocol::Http2);
+                return Some(Sniffed::Http(Protocol::Http2));
             }
         }
     };
@@ -210,6 +230,31 @@ async fn answer_plain_http(mut stream: TcpStream) {
         stream.write_all(answer.as_bytes()).await?;
         stream.write_all(&body).await
     })
+    .await;
+    if matches!(sent, Ok(Ok(()))) {
+        crate::server::client_io::linger_close(stream);
+    }
+}
+
+/// Refuses a TLS client on the plaintext listener: a `handshake_failure` alert, then a
+/// lingering close (its ClientHello is left unread, and a plain close would reset the
+/// connection under the alert). Logged at most once a minute: a client misconfigured with
+/// `https://` retries in a loop.
+async fn refuse_tls(mut stream: TcpStream, peer: SocketAddr) {
+    use tokio::io::AsyncWriteExt;
+    static SAID: Throttle = Throttle::every(Duration::from_secs(60));
+    if SAID.due() {
+        tracing::info!(
+            %peer,
+            "a TLS client connected to the plaintext listener ([server.tls] is not set): \
+             refused with a handshake_failure alert (counted in \
+             hourglass_refused_heads_total{{reason=\"tls\"}}; said at most once a minute)"
+        );
+    }
+    let sent = tokio::time::timeout(
+        Duration::from_secs(1),
+        stream.write_all(&HANDSHAKE_FAILURE_ALERT),
+    )
     .await;
     if matches!(sent, Ok(Ok(()))) {
         crate::server::client_io::linger_close(stream);
@@ -499,8 +544,14 @@ async fn serve_connection(
                 p = sniff(&mut stream, accepted + server.header_read_timeout, &mut first) => p,
                 () = drain.fired() => None,
             };
-            let Some(protocol) = protocol else {
-                return;
+            let protocol = match protocol {
+                Some(Sniffed::Http(protocol)) => protocol,
+                Some(Sniffed::Tls) => {
+                    shared.metrics.refused_head("tls");
+                    refuse_tls(stream, peer).await;
+                    return;
+                }
+                None => return,
             };
             let (io, returned) = ClientIo::new(stream, first, server.send_timeout, writes.clone());
             let result = match protocol {
@@ -539,7 +590,23 @@ async fn serve_connection(
     };
     if let Err(e) = result {
         // hyper answers these heads itself: they never reach the handler or its log line.
-        let refused = if e.is_parse_too_large() {
+        let refused = if e.is_parse_version_h2() {
+            // The whole HTTP/2 preface, read by the HTTP/1 server: only over TLS, where the
+            // client did not choose `h2` by ALPN (cleartext sniffs the preface first). RFC
+            // 9113 3.3 has such a client refused; hyper closes without a word, so it is
+            // counted and said here. No GOAWAY: that would take reading every such
+            // connection's first bytes ahead of hyper, to close one a client misconfigured.
+            static SAID: Throttle = Throttle::every(Duration::from_secs(60));
+            if SAID.due() {
+                tracing::info!(
+                    %peer,
+                    "HTTP/2 prior knowledge over TLS without ALPN h2 (curl --no-alpn \
+                     --http2-prior-knowledge): refused, connection closed; a client speaks \
+                     HTTP/2 over TLS by offering h2 in ALPN (said at most once a minute)"
+                );
+            }
+            Some("h2_without_alpn")
+        } else if e.is_parse_too_large() {
             Some("too_large")
         } else if e.is_parse() {
             Some("malformed")
@@ -898,7 +965,10 @@ mod tests {
             });
             let mut first = First::default();
             let by = Instant::now() + Duration::from_secs(10);
-            assert_eq!(sniff(&mut server, by, &mut first).await, Some(protocol));
+            assert_eq!(
+                sniff(&mut server, by, &mut first).await,
+                Some(Sniffed::Http(protocol))
+            );
             let (mut io, _) = ClientIo::new(
                 server,
                 first,
@@ -908,6 +978,30 @@ mod tests {
             let mut got = Vec::new();
             io.read_to_end(&mut got).await.unwrap();
             assert_eq!(got, pieces.concat());
+        }
+    }
+
+    /// Audit MB 2: a TLS record's start tells a TLS client, its two bytes in one read or
+    /// two; 0x16 followed by anything else is HTTP/1's to refuse.
+    #[tokio::test(start_paused = true)]
+    async fn a_tls_record_is_told_from_http() {
+        use tokio::io::AsyncWriteExt;
+        let cases: [(&[&[u8]], Sniffed); 3] = [
+            (&[b"\x16\x03\x01\x02\x00\x01"], Sniffed::Tls),
+            (&[b"\x16", b"\x03\x03"], Sniffed::Tls),
+            (&[b"\x16GET / HTTP/1.1\r\n"], Sniffed::Http(Protocol::Http1)),
+        ];
+        for (pieces, sniffed) in cases {
+            let (mut client, mut server) = pair().await;
+            tokio::spawn(async move {
+                for piece in pieces {
+                    client.write_all(piece).await.unwrap();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            });
+            let by = Instant::now() + Duration::from_secs(10);
+            let told = sniff(&mut server, by, &mut First::default()).await;
+            assert_eq!(told, Some(sniffed), "{pieces:?}");
         }
     }
 

@@ -144,8 +144,8 @@ impl Running {
     }
 }
 
-/// Whether the time came to try again a certificate a reload refused for its dates (taken
-/// once: should the reload fail again, it sets the next time).
+/// Whether the time came to try again a certificate a reload held back for its dates (taken
+/// once: a reload that holds it back again sets the next time).
 fn certificate_due(shared: &Shared) -> bool {
     let mut due = shared
         .tls_due
@@ -280,7 +280,7 @@ enum Cause {
     Requested,
     /// The files whose contents changed (or came or went), the config file first.
     Changed(Vec<PathBuf>),
-    /// The time came when a certificate refused for its dates may be taken.
+    /// The time came when a certificate held back for its dates may be taken.
     CertificateDue,
 }
 
@@ -290,7 +290,7 @@ impl fmt::Display for Cause {
             Self::Signal => f.write_str("SIGHUP"),
             Self::Requested => f.write_str("requested"),
             Self::CertificateDue => {
-                f.write_str("the certificate a reload refused for its dates may be taken now")
+                f.write_str("the certificate a reload held back for its dates may be taken now")
             }
             Self::Changed(files) => {
                 f.write_str("changed: ")?;
@@ -486,24 +486,19 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
         .into_iter()
         .chain(old.runs().config().restart_needed_for(&config.runs))
         .collect();
+    let mut held = None;
     let (tls, expires, validity, crls_due, crls) = match &config.server.tls {
         Some(t) => {
-            let loaded = crate::server::tls::acceptor(t)?;
+            let served = shared.tls.load_full();
             let serving = *shared
                 .tls_validity
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let now = std::time::SystemTime::now();
-            if let Err(e) =
-                crate::server::tls::refuse_outside_validity(t, loaded.validity, serving, now)
-            {
-                *shared
-                    .tls_due
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) =
-                    crate::server::tls::due(loaded.validity, serving, now);
-                return Err(e.into());
-            }
+            // A certificate outside its dates is held back alone: the rest applies.
+            let (loaded, h) =
+                crate::server::tls::reload_acceptor(t, served.as_deref().zip(serving))?;
+            warnings.extend(h.as_ref().map(|h| h.reason.clone()));
+            held = h;
             warnings.extend(loaded.warnings);
             if let Some(path) = &t.client_crl {
                 let served = shared.crls.lock().unwrap_or_else(PoisonError::into_inner);
@@ -536,10 +531,11 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
     shared.gateway.store(Arc::new(gateway));
     shared.gateway.load().took_over(&old);
     shared.tls.store(tls);
+    // A certificate held back is tried again when it may be taken (the watcher reloads).
     *shared
         .tls_due
         .lock()
-        .unwrap_or_else(PoisonError::into_inner) = None;
+        .unwrap_or_else(PoisonError::into_inner) = held.as_ref().and_then(|h| h.due);
     *shared
         .tls_validity
         .lock()
@@ -554,7 +550,14 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
     shared.server.store(server);
     shared.metrics.reload(true);
     shared.metrics.config_loaded(&fingerprint);
-    shared.health.set_detail(format!("config {fingerprint}"));
+    shared
+        .metrics
+        .tls_certificate_pending(held.as_ref().map(|h| (h.state, h.due)));
+    // The reload applied: a certificate held back is said as pending, not as a failure.
+    shared.health.set_detail(match &held {
+        Some(h) => format!("config {fingerprint}; certificate pending: {}", h.reason),
+        None => format!("config {fingerprint}"),
+    });
     tracing::info!(config = %fingerprint, %cause, "config reloaded");
     Ok(fingerprint)
 }

@@ -55,7 +55,7 @@ pub(super) struct Shared {
     /// When the served TLS certificate is valid (`None` without TLS): a reload's outside
     /// its dates does not replace one inside them.
     pub(super) tls_validity: std::sync::Mutex<Option<crate::server::tls::Validity>>,
-    /// When a certificate a reload refused for its dates is to be tried again: when it
+    /// When a certificate a reload held back for its dates is to be tried again: when it
     /// becomes valid, or the one served runs out (the watcher reloads then).
     pub(super) tls_due: std::sync::Mutex<Option<std::time::SystemTime>>,
     /// What only a restart changes, as the process started with it.

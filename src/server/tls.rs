@@ -333,47 +333,63 @@ impl Validity {
     }
 }
 
-/// A reload's certificate that clients refuse now (expired, or not valid yet) does not
-/// replace one they accept: the reload fails as for a key that does not fit, and the old
-/// pair is served on. Where nothing valid is served (start-up, TLS turned on by this reload,
-/// a served certificate that has run out too) it goes ahead, with the warning.
-pub fn refuse_outside_validity(
+/// A reload's certificate that clients refuse now (expired, or not valid yet), held back
+/// while the one served is valid: the served pair stays, and the rest of the reload applies
+/// (audit MB 1: failing the whole reload, as for a key that does not fit, froze every other
+/// change, a client key revoked included, until a renewal staged days early was valid).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// Said as a warning and by `/readyz`: the file, its dates, and when it is tried again.
+    pub reason: String,
+    /// `not_yet_valid` or `expired`: the `reason` label of
+    /// `hourglass_tls_certificate_pending_timestamp_seconds`.
+    pub state: &'static str,
+    /// When it may be taken after all ([`due`]): the watcher reloads then.
+    pub due: Option<SystemTime>,
+}
+
+/// Whether a reload's certificate, valid over `new`, is held back for its dates (see
+/// [`Held`]). Where nothing valid is served (start-up, TLS turned on by this reload, a
+/// served certificate that has run out too) it is not: it is served, with the warning.
+pub fn held_for_dates(
     tls: &ServerTls,
     new: Validity,
     serving: Option<Validity>,
     now: SystemTime,
-) -> Result<(), TlsError> {
-    let Some(serving) = serving.filter(|v| v.holds_at(now)) else {
-        return Ok(());
-    };
+) -> Option<Held> {
+    let serving = serving.filter(|v| v.holds_at(now))?;
     if new.holds_at(now) {
-        return Ok(());
+        return None;
     }
     let at = |t: Option<SystemTime>| {
         t.map_or("?".to_owned(), |t| {
             humantime::format_rfc3339_seconds(t).to_string()
         })
     };
-    let state = if new.from.is_some_and(|from| from > now) {
-        "is not valid yet"
+    let (state, label, when) = if new.from.is_some_and(|from| from > now) {
+        ("is not valid yet", "not_yet_valid", "its notBefore")
     } else {
-        "has expired"
+        ("has expired", "expired", "when the one served runs out")
     };
-    Err(file_err(
-        "cert",
-        &tls.cert,
-        format!(
-            "the certificate {state} (valid from {} to {}; now {}): clients would refuse it, \
-             so the one served (valid until {}) is kept",
+    let due = due(new, Some(serving), now);
+    Some(Held {
+        reason: format!(
+            "server.tls.cert {}: the certificate {state} (valid from {} to {}; now {}): \
+             clients would refuse it, so the pair served (valid until {}) is kept, and this \
+             one tried again at {} ({when}); the rest of the config is applied",
+            tls.cert.display(),
             at(new.from),
             at(new.until),
             at(Some(now)),
-            at(serving.until)
+            at(serving.until),
+            at(due),
         ),
-    ))
+        state: label,
+        due,
+    })
 }
 
-/// When a certificate [`refuse_outside_validity`] refused may be taken after all: once it is
+/// When a certificate [`held_for_dates`] held back may be taken after all: once it is
 /// valid, or once the one served has run out (a second after, as a second is their unit).
 /// Without this, a renewal issued a little ahead of its notBefore was refused for good: the
 /// watcher reloads only a file that changes, and the served one then expired (audit EA).
@@ -396,7 +412,14 @@ impl ListenerTls {
     /// are past their nextUpdate, whose CA may have revoked more since.
     pub fn warnings(&self, tls: &ServerTls, now: SystemTime) -> Vec<String> {
         let mut out: Vec<String> = self.expiry_warning(tls, now).into_iter().collect();
-        out.extend(self.notes.iter().cloned());
+        out.extend(self.undated_warnings(tls, now));
+        out
+    }
+
+    /// [`ListenerTls::warnings`] but the certificate's dates: what a reload whose
+    /// certificate is held back ([`Held`]) still has to say.
+    fn undated_warnings(&self, tls: &ServerTls, now: SystemTime) -> Vec<String> {
+        let mut out = self.notes.clone();
         let Some(path) = &tls.client_crl else {
             return out;
         };
@@ -414,8 +437,7 @@ impl ListenerTls {
         out
     }
 
-    /// A warning when the certificate is not valid yet (a renewal installed early, a clock
-    /// behind), has expired, or expires within `EXPIRY_WARNING`.
+    /// When the certificate is valid.
     pub fn validity(&self) -> Validity {
         Validity {
             from: self.valid_from,
@@ -423,6 +445,8 @@ impl ListenerTls {
         }
     }
 
+    /// A warning when the certificate is not valid yet (a renewal installed early, a clock
+    /// behind), has expired, or expires within `EXPIRY_WARNING`.
     pub fn expiry_warning(&self, tls: &ServerTls, now: SystemTime) -> Option<String> {
         if let Some(from) = self.valid_from.filter(|from| *from > now) {
             return Some(format!(
@@ -561,17 +585,54 @@ pub struct Acceptor {
     pub warnings: Vec<String>,
 }
 
-/// The listener's acceptor, at start-up or on a reload.
+/// The listener's acceptor at start-up, where nothing is served yet.
 pub fn acceptor(tls: &ServerTls) -> Result<Acceptor, TlsError> {
+    reload_acceptor(tls, None).map(|(acceptor, _)| acceptor)
+}
+
+/// The listener's acceptor on a reload, given the one served and its certificate's dates.
+/// A certificate [`held_for_dates`] holds back is not served: the new acceptor takes the
+/// served one's certificate pair, and the rest of `[server.tls]` from the files (a
+/// `client_ca` or CRL changed by the same reload is not held back with it); its dates and
+/// the gauges' are the served pair's. A file that cannot be used at all (garbage, a key
+/// that does not fit) fails the reload as before.
+pub fn reload_acceptor(
+    tls: &ServerTls,
+    served: Option<(&tokio_rustls::TlsAcceptor, Validity)>,
+) -> Result<(Acceptor, Option<Held>), TlsError> {
     let listener = server_config(tls)?;
-    Ok(Acceptor {
-        warnings: listener.warnings(tls, SystemTime::now()),
-        validity: listener.validity(),
-        acceptor: Arc::new(tokio_rustls::TlsAcceptor::from(listener.config)),
-        expires: listener.expires,
-        crls_due: listener.crls_due,
-        crls: listener.served,
-    })
+    let now = SystemTime::now();
+    let kept = served.and_then(|(acceptor, serving)| {
+        let held = held_for_dates(tls, listener.validity(), Some(serving), now)?;
+        Some((acceptor, serving, held))
+    });
+    let Some((served, serving, held)) = kept else {
+        return Ok((
+            Acceptor {
+                warnings: listener.warnings(tls, now),
+                validity: listener.validity(),
+                acceptor: Arc::new(tokio_rustls::TlsAcceptor::from(listener.config)),
+                expires: listener.expires,
+                crls_due: listener.crls_due,
+                crls: listener.served,
+            },
+            None,
+        ));
+    };
+    let warnings = listener.undated_warnings(tls, now);
+    let mut config = Arc::unwrap_or_clone(listener.config);
+    config.cert_resolver = served.config().cert_resolver.clone();
+    Ok((
+        Acceptor {
+            warnings,
+            validity: serving,
+            acceptor: Arc::new(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+            expires: serving.until,
+            crls_due: listener.crls_due,
+            crls: listener.served,
+        },
+        Some(held),
+    ))
 }
 
 /// Why a client's TLS handshake failed, as `hourglass_tls_handshake_failures_total` counts
@@ -698,9 +759,9 @@ mod tests {
     }
 
     /// A certificate installed before its notBefore is refused by every client, as an
-    /// expired one is: warned of alike, and a reload does not serve it over a valid one.
+    /// expired one is: warned of alike, and a reload holds it back while a valid one is served.
     #[test]
-    fn a_certificate_not_valid_yet_is_warned_of_and_not_reloaded_over_a_valid_one() {
+    fn a_certificate_not_valid_yet_is_warned_of_and_held_back_over_a_valid_one() {
         let at = |y, m, d| {
             let secs = rcgen::date_time_ymd(y, m, d).unix_timestamp();
             SystemTime::UNIX_EPOCH + Duration::from_secs(secs.try_into().unwrap())
@@ -725,33 +786,48 @@ mod tests {
         let valid_now = server_config(&valid).unwrap().validity();
         let serving = Some(valid_now);
         assert_eq!(
-            refuse_outside_validity(&future, listener.validity(), serving, now)
-                .unwrap_err()
-                .to_string(),
-            format!(
-                "server.tls.cert {}: the certificate is not valid yet (valid from \
-                 2027-06-01T00:00:00Z to 2028-01-01T00:00:00Z; now 2026-12-06T00:00:00Z): \
-                 clients would refuse it, so the one served (valid until \
-                 2029-01-01T00:00:00Z) is kept",
-                future.cert.display()
-            )
+            held_for_dates(&future, listener.validity(), serving, now),
+            Some(Held {
+                reason: format!(
+                    "server.tls.cert {}: the certificate is not valid yet (valid from \
+                     2027-06-01T00:00:00Z to 2028-01-01T00:00:00Z; now 2026-12-06T00:00:00Z): \
+                     clients would refuse it, so the pair served (valid until \
+                     2029-01-01T00:00:00Z) is kept, and this one tried again at \
+                     2027-06-01T00:00:01Z (its notBefore); the rest of the config is applied",
+                    future.cert.display()
+                ),
+                state: "not_yet_valid",
+                due: Some(at(2027, 6, 1) + Duration::from_secs(1)),
+            })
         );
         let (_dir, expired) = server_pair(2024, 2025);
-        let e = refuse_outside_validity(
+        let held = held_for_dates(
             &expired,
             server_config(&expired).unwrap().validity(),
             serving,
             now,
         )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("the certificate has expired (valid from 2024-06-01T00:00:00Z to 2025-01-01T00:00:00Z"), "{e}");
-        // Nothing valid served (TLS off until now, or run out too): the reload goes ahead.
-        assert!(refuse_outside_validity(&future, listener.validity(), None, now).is_ok());
+        .unwrap();
+        assert_eq!(held.state, "expired");
+        assert!(held.reason.contains("the certificate has expired (valid from 2024-06-01T00:00:00Z to 2025-01-01T00:00:00Z"), "{}", held.reason);
+        assert!(
+            held.reason
+                .contains("tried again at 2029-01-01T00:00:01Z (when the one served runs out)"),
+            "{}",
+            held.reason
+        );
+        // Nothing valid served (TLS off until now, or run out too): it is taken.
+        assert_eq!(
+            held_for_dates(&future, listener.validity(), None, now),
+            None
+        );
         let run_out = Some(server_config(&expired).unwrap().validity());
-        assert!(refuse_outside_validity(&future, listener.validity(), run_out, now).is_ok());
-        assert!(refuse_outside_validity(&valid, valid_now, run_out, now).is_ok());
-        assert!(refuse_outside_validity(&valid, valid_now, serving, now).is_ok());
+        assert_eq!(
+            held_for_dates(&future, listener.validity(), run_out, now),
+            None
+        );
+        assert_eq!(held_for_dates(&valid, valid_now, run_out, now), None);
+        assert_eq!(held_for_dates(&valid, valid_now, serving, now), None);
     }
 
     /// Audit DE 4: a served certificate marked CA (`openssl req -x509`'s default), which

@@ -78,6 +78,7 @@ pub struct Metrics {
     tls_handshake_failures: IntCounterVec,
     tls_expiry: IntGaugeVec,
     tls_crl_due: IntGaugeVec,
+    tls_pending: IntGaugeVec,
     runs: RunMetrics,
     stream_upstream: IntCounterVec,
     partial_answers: IntCounterVec,
@@ -501,12 +502,20 @@ impl Metrics {
                 Opts::new(
                     "hourglass_refused_heads_total",
                     "Client request heads refused before they became requests (no log line): \
-                 malformed (a bare 400), too_large (431), header_timeout (408).",
+                 malformed (a bare 400), too_large (431), header_timeout (408), tls (a TLS \
+                 client on the plaintext listener, sent a handshake_failure alert), \
+                 h2_without_alpn (HTTP/2 prior knowledge over TLS without ALPN h2, closed).",
                 ),
                 &["reason"],
             ),
         );
-        for reason in ["malformed", "too_large", "header_timeout"] {
+        for reason in [
+            "malformed",
+            "too_large",
+            "header_timeout",
+            "tls",
+            "h2_without_alpn",
+        ] {
             refused_heads.with_label_values(&[reason]);
         }
         let tls_handshake_failures = registered(
@@ -538,6 +547,14 @@ impl Metrics {
             "When each [server.tls] client_crl CRL is due to be replaced (its nextUpdate), in \
                  Unix seconds, by issuer; set at start-up and on every reload.",
             &["issuer"],
+        );
+        let tls_pending = gauge(
+            "hourglass_tls_certificate_pending_timestamp_seconds",
+            "A [server.tls] cert file whose certificate is held back for its dates \
+                 (not_yet_valid, expired) while the served one is valid: when it is tried \
+                 again (its notBefore, or the served one's notAfter), in Unix seconds; \
+                 absent otherwise.",
+            &["listener", "reason"],
         );
         let log_lines_dropped = registered(
             &registry,
@@ -617,6 +634,7 @@ impl Metrics {
             tls_handshake_failures,
             tls_expiry,
             tls_crl_due,
+            tls_pending,
             requests,
             cancellations,
             budget,
@@ -864,7 +882,7 @@ impl Metrics {
         self.panics.inc();
     }
 
-    /// A client head refused before it became a request: `reason` is one of the three the
+    /// A client head refused before it became a request: `reason` is one of the five the
     /// metric's help names.
     pub fn refused_head(&self, reason: &'static str) {
         self.refused_heads.with_label_values(&[reason]).inc();
@@ -890,6 +908,20 @@ impl Metrics {
             None => {
                 let _ = self.tls_expiry.remove_label_values(&["client"]);
             }
+        }
+    }
+
+    /// A listener certificate held back for its dates (`not_yet_valid`, `expired`), and when
+    /// it is tried again; `None` (none held back) removes the series.
+    pub fn tls_certificate_pending(&self, held: Option<(&str, Option<std::time::SystemTime>)>) {
+        self.tls_pending.reset();
+        if let Some((reason, at)) = held {
+            let secs = at
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .unwrap_or_default();
+            self.tls_pending
+                .with_label_values(&["client", reason])
+                .set(i64::try_from(secs.as_secs()).unwrap_or(i64::MAX));
         }
     }
 

@@ -53,8 +53,9 @@ async fn a_rotated_certificate_is_served_without_a_signal() {
 }
 
 /// Audit DE 1: a renewal installed before its notBefore (or an expired certificate) is refused
-/// by every client, so a reload does not put it in place of the valid pair served: it fails
-/// as for a key that does not fit, in the error count and `/readyz`, naming the dates.
+/// by every client, so a reload does not put it in place of the valid pair served: it is held
+/// back, named with its dates in a warning and by `/readyz` (audit MB 1: the rest of the
+/// reload applies, and it is counted as the reload it is).
 #[tokio::test]
 async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
     let c = certs("not-yet-valid");
@@ -63,22 +64,29 @@ async fn a_reload_keeps_a_valid_certificate_over_one_not_valid_yet() {
         p.not_before = rcgen::date_time_ymd(2090, 1, 1);
         p.not_after = rcgen::date_time_ymd(2091, 1, 1);
     });
-    let e = gw.reload().await.unwrap_err().to_string();
-    assert!(
-        e.contains("the certificate is not valid yet (valid from 2090-01-01T00:00:00Z"),
-        "{e}"
-    );
+    gw.reload().await.unwrap();
     assert!(tls_client(gw.addr, &c, b"http/1.1", false).await.is_ok());
     let ready = admin_get(gw.admin_addr, "/readyz").await;
-    assert!(ready.contains("last reload failed"), "{ready}");
-    assert!(gw
-        .metrics
-        .encode()
-        .contains("hourglass_config_reloads_total{result=\"error\"} 1"));
+    assert!(
+        ready.contains("certificate pending: server.tls.cert ")
+            && ready.contains("the certificate is not valid yet (valid from 2090-01-01T00:00:00Z")
+            && ready.contains("tried again at 2090-01-01T00:00:01Z (its notBefore)"),
+        "{ready}"
+    );
+    let metrics = gw.metrics.encode();
+    // 2090-01-01T00:00:01Z.
+    assert!(
+        metrics.contains(
+            "hourglass_tls_certificate_pending_timestamp_seconds{listener=\"client\",\
+         reason=\"not_yet_valid\"} 3786912001"
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
     gw.shutdown().await;
 }
 
-/// Audit EA 1: a renewal refused for being not valid yet is taken once it is, without a
+/// Audit EA 1: a renewal held back for being not valid yet is taken once it is, without a
 /// change of its file (the watcher reloads only changed files, and the served certificate
 /// expired behind the refusal).
 #[tokio::test]
@@ -89,8 +97,12 @@ async fn a_certificate_refused_as_not_valid_yet_is_taken_once_it_is() {
         p.not_before = (std::time::SystemTime::now() + Duration::from_secs(2)).into();
         p.not_after = rcgen::date_time_ymd(2091, 1, 1);
     });
-    let e = gw.reload().await.unwrap_err().to_string();
-    assert!(e.contains("the certificate is not valid yet"), "{e}");
+    gw.reload().await.unwrap();
+    let ready = admin_get(gw.admin_addr, "/readyz").await;
+    assert!(
+        ready.contains("the certificate is not valid yet"),
+        "{ready}"
+    );
     gw.watch_config(Duration::from_millis(50));
     // 2091-01-01T00:00:00Z, the new certificate's notAfter.
     let taken =
@@ -104,8 +116,106 @@ async fn a_certificate_refused_as_not_valid_yet_is_taken_once_it_is() {
     assert!(gw
         .metrics
         .encode()
-        .contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
+        .contains("hourglass_config_reloads_total{result=\"ok\"} 2"));
     gw.shutdown().await;
+}
+
+/// Audit MB 1: a renewal staged before its notBefore (as deployment.md allows) holds back
+/// the certificate alone. The reload that finds it applies the rest, here a client key
+/// removed from its file, which is refused at once; the old pair is served on, `/readyz` and
+/// a gauge say a certificate is pending (not that the reload failed), and the watcher takes
+/// the new one at its notBefore.
+#[tokio::test]
+async fn a_staged_certificate_keeps_the_old_pair_while_the_rest_of_the_reload_applies() {
+    const TEAM_A: &str = "hg-client-key-team-a-0123456789";
+    const TEAM_B: &str = "hg-client-key-team-b-0123456789";
+    let c = certs("staged-renewal");
+    let keys = c.dir.path().join("client-keys");
+    std::fs::write(&keys, format!("team-a {TEAM_A}\nteam-b {TEAM_B}\n")).unwrap();
+    let toml = tls_config_toml(&c, false).replacen(
+        "upstream = \"fake\"\n",
+        &format!(
+            "upstream = \"fake\"\nclient_keys_file = {:?}\n",
+            keys.display().to_string()
+        ),
+        1,
+    );
+    let (gw, _fake) = from_a_file(&c, &toml).await;
+    let old = served_leaf(gw.addr, &c).await;
+    assert_eq!(status_with_key(gw.addr, &c, TEAM_B).await, 200);
+
+    renew(&c, |p| {
+        p.not_before = (std::time::SystemTime::now() + Duration::from_secs(4)).into();
+        p.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    });
+    std::fs::write(&keys, format!("team-a {TEAM_A}\n")).unwrap();
+    let reloaded = gw.reload().await;
+    assert!(reloaded.is_ok(), "{reloaded:?}");
+    assert_eq!(status_with_key(gw.addr, &c, TEAM_B).await, 401);
+    assert_eq!(status_with_key(gw.addr, &c, TEAM_A).await, 200);
+    assert_eq!(
+        served_leaf(gw.addr, &c).await,
+        old,
+        "the old pair is served on"
+    );
+    let ready = admin_get(gw.admin_addr, "/readyz").await;
+    assert!(
+        ready.contains("; certificate pending: server.tls.cert "),
+        "{ready}"
+    );
+    assert!(!ready.contains("last reload failed"), "{ready}");
+    let metrics = gw.metrics.encode();
+    assert!(
+        metrics.contains("hourglass_tls_certificate_pending_timestamp_seconds{listener=\"client\",reason=\"not_yet_valid\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("hourglass_config_reloads_total{result=\"ok\"} 1"));
+
+    // Taken at its notBefore by the watcher, the file unchanged since.
+    gw.watch_config(Duration::from_millis(50));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while served_leaf(gw.addr, &c).await == old {
+        assert!(
+            Instant::now() < deadline,
+            "the staged certificate was never taken"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ready = admin_get(gw.admin_addr, "/readyz").await;
+    assert!(!ready.contains("pending"), "{ready}");
+    assert!(!gw
+        .metrics
+        .encode()
+        .contains("hourglass_tls_certificate_pending_timestamp_seconds{"));
+    assert_eq!(status_with_key(gw.addr, &c, TEAM_B).await, 401);
+    gw.shutdown().await;
+}
+
+/// The leaf certificate the listener serves.
+async fn served_leaf(addr: std::net::SocketAddr, c: &Certs) -> CertificateDer<'static> {
+    let tls = tls_client(addr, c, b"http/1.1", false).await.unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].clone()
+}
+
+/// The leaf certificate the listener serves, to a client presenting its certificate.
+async fn served_leaf_to(addr: std::net::SocketAddr, c: &Certs) -> CertificateDer<'static> {
+    let tls = tls_client(addr, c, b"http/1.1", true).await.unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].clone()
+}
+
+/// The status of a chat request over TLS with this client key.
+async fn status_with_key(addr: std::net::SocketAddr, c: &Certs, key: &str) -> http::StatusCode {
+    let s = tls_client(addr, c, b"http/1.1", false).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let bearer = format!("Bearer {key}");
+    let resp = sender
+        .send_request(chat_request(&[("authorization", &bearer)], false))
+        .await
+        .unwrap();
+    resp.status()
 }
 
 /// Writes over `c`'s certificate another for its key, from its CA, dated by `dates`.
@@ -518,6 +628,38 @@ async fn a_certificate_revoked_in_a_new_crl_is_refused_without_a_signal() {
     gw.shutdown().await;
 }
 
+/// Audit MB 1: a certificate held back for its dates holds back the certificate pair alone:
+/// a CRL that revokes a client, changed by the same reload, is used at once.
+#[tokio::test]
+async fn a_new_crl_is_used_while_the_certificate_is_held_back() {
+    let c = certs("crl-held-cert");
+    let leaked = c.client(2);
+    let crl = c.write_crl(&[]);
+    let (gw, _fake) = from_a_file(&c, &with_crl(&tls_config_toml(&c, true), &crl)).await;
+    let old = served_leaf_to(gw.addr, &c).await;
+    assert_eq!(
+        status_as(gw.addr, &c, &leaked).await,
+        Some(http::StatusCode::OK)
+    );
+    renew(&c, |p| {
+        p.not_before = rcgen::date_time_ymd(2090, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2091, 1, 1);
+    });
+    c.write_crl(&[2]);
+    gw.reload().await.unwrap();
+    assert_eq!(status_as(gw.addr, &c, &leaked).await, None);
+    assert_eq!(
+        status_as(gw.addr, &c, &c.client).await,
+        Some(http::StatusCode::OK)
+    );
+    assert_eq!(
+        served_leaf_to(gw.addr, &c).await,
+        old,
+        "the old pair is served on"
+    );
+    gw.shutdown().await;
+}
+
 /// A refused client certificate is named in the log. A CRL older than the one served,
 /// copied over it (from a backup, a stale mirror), lets the clients revoked in between back
 /// in. The reload goes ahead (the file is the operator's, and a restart would serve it
@@ -917,4 +1059,93 @@ async fn failed_tls_handshakes_are_counted_by_reason() {
         .unwrap()
         .as_secs_f64();
     assert!(expiry > now, "{expiry}");
+}
+
+/// Audit MB 2: a TLS client on the plaintext listener (an `https://` URL for a gateway
+/// without `[server.tls]`) is told with a TLS alert it can read, not hyper's bare HTTP 400
+/// (which it reads as a record of another version), and counted as such, not as a malformed
+/// head.
+#[tokio::test]
+async fn a_tls_client_on_the_plaintext_listener_gets_an_alert_and_is_counted() {
+    let c = certs("tls-on-plaintext");
+    let h = Harness::start().await;
+    let e = tls_client(h.addr(), &c, b"http/1.1", false)
+        .await
+        .expect_err("no TLS without [server.tls]");
+    let alert = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    assert_eq!(
+        alert,
+        Some(&rustls::Error::AlertReceived(
+            rustls::AlertDescription::HandshakeFailure
+        )),
+        "{e}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h
+        .metric("hourglass_refused_heads_total{reason=\"tls\"}")
+        .await
+        < 1.0
+    {
+        assert!(Instant::now() < deadline, "{}", h.metrics_text().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        h.metric("hourglass_refused_heads_total{reason=\"malformed\"}")
+            .await,
+        0.0
+    );
+    // A byte that merely looks like a record's start is HTTP's to refuse, as before.
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(b"\x16GARBAGE\r\n\r\n").await.unwrap();
+    let mut got = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(3), s.read_exact(&mut got))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&got, b"HTTP/1.1 400");
+}
+
+/// Audit MB 3: HTTP/2 prior knowledge over TLS without ALPN `h2` (`curl --no-alpn
+/// --http2-prior-knowledge`) is refused, as RFC 9113 3.3 has it, and no longer silently: the
+/// connection is closed, counted and logged.
+#[tokio::test]
+async fn http2_prior_knowledge_over_tls_without_alpn_is_counted() {
+    let c = certs("h2-without-alpn");
+    let h = Harness::with_config(&tls_config_toml(&c, false)).await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(c.ca.der().clone()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let mut tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), None);
+    // The preface and an empty SETTINGS frame.
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut rest)).await;
+    assert!(read.is_ok(), "the connection is closed");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let sample = "hourglass_refused_heads_total{reason=\"h2_without_alpn\"}";
+    while h.metric(sample).await < 1.0 {
+        assert!(Instant::now() < deadline, "{}", h.metrics_text().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        h.metric("hourglass_refused_heads_total{reason=\"malformed\"}")
+            .await,
+        0.0
+    );
 }
