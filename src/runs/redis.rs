@@ -17,9 +17,11 @@
 //! admission (the store slow, or its own budget spent) sends `cancel.lua`, which gives back
 //! an admission already made, or leaves a tombstone (the field `x:TOKEN` of the run's hash)
 //! that turns one still on its way into a no-op: a store that was only paused never keeps a
-//! reservation nobody will give back. Every script names the run's hash alone: in a cluster,
-//! a script of two keys with one missing is refused (TRYAGAIN) all the while its slot
-//! migrates, which turned a run's calls into store errors for as long (audit W).
+//! reservation nobody will give back. A tombstone lives the run's `ttl`, then a later
+//! admission prunes it, as it gives back expired reservations. Every script names the run's
+//! hash alone: in a cluster, a script of two keys with one missing is refused (TRYAGAIN) all
+//! the while its slot migrates, which turned a run's calls into store errors for as long
+//! (audit W).
 //!
 //! One multiplexed connection (`ConnectionManager`), opened lazily and reopened by the next
 //! command that needs it: a gateway starts while Redis is down, and its runs resume when
