@@ -17,9 +17,11 @@
 //! admission (the store slow, or its own budget spent) sends `cancel.lua`, which gives back
 //! an admission already made, or leaves a tombstone (the field `x:TOKEN` of the run's hash)
 //! that turns one still on its way into a no-op: a store that was only paused never keeps a
-//! reservation nobody will give back. Every script names the run's hash alone: in a cluster,
-//! a script of two keys with one missing is refused (TRYAGAIN) all the while its slot
-//! migrates, which turned a run's calls into store errors for as long (audit W).
+//! reservation nobody will give back. A tombstone lives the run's `ttl`, then a later
+//! admission prunes it, as it gives back expired reservations. Every script names the run's
+//! hash alone: in a cluster, a script of two keys with one missing is refused (TRYAGAIN) all
+//! the while its slot migrates, which turned a run's calls into store errors for as long
+//! (audit W).
 //!
 //! One multiplexed connection (`ConnectionManager`), opened lazily and reopened by the next
 //! command that needs it: a gateway starts while Redis is down, and its runs resume when
@@ -56,6 +58,11 @@ pub enum StoreError {
     Timeout(Duration, Option<String>),
     #[error("the run store failed: {0}")]
     Failed(String),
+    /// Redis answered the command with an error reply that it gives before a script writes
+    /// anything (see `refused_before_writing`): the script left nothing behind. Said as
+    /// `Failed` is.
+    #[error("the run store failed: {0}")]
+    Refused(String),
     /// The store is a node of a Redis Cluster, and `store_cluster` is not set: it sends the
     /// keys of runs on other nodes' slots there (MOVED), which the single-server client does
     /// not follow. Named as such, so that the operator is not left to read a redirection as
@@ -75,10 +82,65 @@ impl From<redis::RedisError> for StoreError {
             redis::ErrorKind::Server(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)
         ) {
             Self::Cluster(e.to_string())
+        } else if refused_before_writing(&e) {
+            Self::Refused(e.to_string())
         } else {
             Self::Failed(e.to_string())
         }
     }
+}
+
+impl StoreError {
+    /// Whether the command may have run, in part or whole (a timeout, a lost connection, a
+    /// script that failed midway), so that a script sent for a call may have left something
+    /// the call must undo. An error reply that Redis gives before the script's first write
+    /// (or before it runs at all), and a redirection, left nothing: an admission refused so
+    /// needs no cancel (audit MD 1: under OOM every call sent cancel.lua, itself refused,
+    /// for a minute).
+    pub fn may_have_run(&self) -> bool {
+        matches!(self, Self::Timeout(..) | Self::Failed(_))
+    }
+}
+
+/// Whether `e` is an error reply that Redis (7, and Valkey) gives before a script has
+/// written anything. A failed script keeps the writes it made before failing, so only
+/// these codes qualify:
+/// - before the script runs at all: NOSCRIPT, BUSY (another script runs), LOADING,
+///   MASTERDOWN, NOAUTH, WRONGPASS, NOPERM (a denial inside a script comes back as "ERR
+///   ... can't run this command", which is not here), and a cluster's CLUSTERDOWN,
+///   TRYAGAIN, CROSSSLOT, MOVED, ASK;
+/// - at the script's first write, never later: OOM (deny-oom is checked only while the
+///   script has written nothing), READONLY and MISCONF (neither can change while a script
+///   runs, so the first write is the one refused);
+/// - WRONGTYPE: every script here touches its one key first, and a key's type cannot change
+///   while the script runs.
+///
+/// Anything else (ERR, a Lua error, a reply of another code) may come after a write.
+fn refused_before_writing(e: &redis::RedisError) -> bool {
+    if e.is_io_error() {
+        return false;
+    }
+    matches!(
+        e.code(),
+        Some(
+            "NOSCRIPT"
+                | "BUSY"
+                | "LOADING"
+                | "MASTERDOWN"
+                | "NOAUTH"
+                | "WRONGPASS"
+                | "NOPERM"
+                | "CLUSTERDOWN"
+                | "TRYAGAIN"
+                | "CROSSSLOT"
+                | "MOVED"
+                | "ASK"
+                | "OOM"
+                | "READONLY"
+                | "MISCONF"
+                | "WRONGTYPE"
+        )
+    )
 }
 
 /// How commands reach the store.
@@ -430,9 +492,10 @@ impl RedisStore {
             // (the manager reconnects only then): once more, on the new one. A reply lost
             // after the script ran would admit the call twice; the write that failed never
             // reached the store, and that is the case a restart makes.
-            Err(e) if e.is_connection_dropped() => {
-                self.noted(invocation.invoke_async(&mut conn).await)?
-            }
+            // Whatever the second try says, the first may have run: never `Refused`.
+            Err(e) if e.is_connection_dropped() => self
+                .noted(invocation.invoke_async(&mut conn).await)
+                .map_err(|e| StoreError::Failed(e.to_string()))?,
             reply => reply?,
         };
         // The script says the run's deadline as time after the call's arrival: counted from
@@ -922,5 +985,64 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("13571 127.0.0.1:21026"), "{e}");
+    }
+
+    /// An error reply that Redis gives before a script's first write left nothing behind,
+    /// and so needs no cancel; one that may come after a write (ERR: a Lua error, or an ACL
+    /// denial inside the script, which Redis says as ERR), a lost connection and a timeout
+    /// may have left an admission made (audit MD 1).
+    #[test]
+    fn only_what_may_have_run_needs_undoing() {
+        let reply = |code: &str, detail: &str| {
+            StoreError::from(redis::make_extension_error(
+                code.to_owned(),
+                Some(detail.to_owned()),
+            ))
+        };
+        for (code, detail) in [
+            (
+                "OOM",
+                "command not allowed when used memory > 'maxmemory'. script: 5f2e",
+            ),
+            (
+                "MISCONF",
+                "Redis is configured to save RDB snapshots, but it's unable to",
+            ),
+            ("BUSY", "Redis is busy running a script."),
+            (
+                "WRONGTYPE",
+                "Operation against a key holding the wrong kind of value",
+            ),
+        ] {
+            let e = reply(code, detail);
+            assert!(!e.may_have_run(), "{code}: {e:?}");
+            assert!(e.to_string().contains(code), "named: {e}");
+        }
+        for kind in [
+            redis::ServerErrorKind::ReadOnly,
+            redis::ServerErrorKind::NoPerm,
+            redis::ServerErrorKind::NoScript,
+            redis::ServerErrorKind::BusyLoading,
+            redis::ServerErrorKind::TryAgain,
+        ] {
+            let e = StoreError::from(redis::RedisError::from((
+                redis::ErrorKind::Server(kind),
+                "An error was signalled by the server",
+                "refused".to_owned(),
+            )));
+            assert!(!e.may_have_run(), "{kind:?}: {e:?}");
+        }
+        let midway = StoreError::from(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "An error was signalled by the server",
+            "The user executing the script can't run this command or subcommand script: 8a0a"
+                .to_owned(),
+        )));
+        assert!(midway.may_have_run(), "{midway:?}");
+        let dropped = StoreError::from(redis::RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert!(dropped.may_have_run(), "{dropped:?}");
+        assert!(StoreError::Timeout(Duration::from_millis(200), None).may_have_run());
     }
 }

@@ -123,6 +123,8 @@ impl Runs {
                 on_error: config.on_store_error,
                 metrics: metrics.clone(),
                 last_warning: Throttle::every(Duration::from_secs(1)),
+                gave_up: AtomicU64::new(0),
+                gave_up_warning: Throttle::every(crate::runs::shared::GAVE_UP_EVERY),
                 last_error: Mutex::new(None),
                 nonce: crate::runs::shared::nonce(),
                 calls: AtomicU64::new(0),
@@ -283,11 +285,15 @@ impl Runs {
             }
             Err(e) => {
                 shared.failed("admit", &e);
-                // Whatever failed (a timeout, the connection's own, a dropped connection),
-                // the script may have run or may still: what it took is given back, or it
-                // is made a no-op (cancel.lua, idempotent, sent until answered).
-                let served = shared.on_error == OnStoreError::Allow;
-                shared.cancel_later(key_of(key), token, served);
+                // A timeout, a dropped connection, a script failed midway: the script may
+                // have run or may still, so what it took is given back, or it is made a
+                // no-op (cancel.lua, idempotent, sent until answered). An error reply given
+                // before its first write (OOM, READONLY, ...) left nothing to cancel, and a
+                // cancel would be refused alike for as long (audit MD 1).
+                if e.may_have_run() {
+                    let served = shared.on_error == OnStoreError::Allow;
+                    shared.cancel_later(key_of(key), token, served);
+                }
                 match shared.on_error {
                     OnStoreError::Allow => Ok(Joined::Unlimited),
                     OnStoreError::Deny => Err((

@@ -21,6 +21,10 @@ use crate::telemetry::throttle::Throttle;
 /// or kept them; either way what the call reserved ends with the run's ttl.
 const GIVE_BACK_FOR: Duration = Duration::from_secs(60);
 
+/// How often at most the ends and cancels given up on are logged: a store that refuses
+/// writes for a minute gives up on every call of that minute, a minute later.
+pub(super) const GAVE_UP_EVERY: Duration = Duration::from_secs(10);
+
 /// What the calls of a Redis store share.
 pub struct Shared {
     pub(super) store: RedisStore,
@@ -32,6 +36,9 @@ pub struct Shared {
     pub(super) metrics: RunMetrics,
     /// Store failures logged: at most one a second.
     pub(super) last_warning: Throttle,
+    /// Ends and cancels given up on since that was last logged, and when it was.
+    pub(super) gave_up: AtomicU64,
+    pub(super) gave_up_warning: Throttle,
     /// The last failure, for /readyz.
     pub(super) last_error: Mutex<Option<(Instant, String)>>,
     /// This process's part of every call token, and its count of calls: a token names one
@@ -151,6 +158,25 @@ impl Shared {
         });
     }
 
+    /// Logs that the `op` (end or cancel) of a call of `run` was given up on: at most once
+    /// per `GAVE_UP_EVERY`, with how many were given up on since the last line (this one
+    /// included), naming the last.
+    fn gave_up(&self, op: &str, run: &str) {
+        self.gave_up.fetch_add(1, Ordering::Relaxed);
+        if !self.gave_up_warning.due() {
+            return;
+        }
+        let given_up = self.gave_up.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            store = %self.shown,
+            run,
+            op,
+            given_up,
+            "run store: gave up sending a call's {op} after {}s ({given_up} given up since the last such line, the last of run {run}); whatever those calls reserved is given back when it expires",
+            GIVE_BACK_FOR.as_secs()
+        );
+    }
+
     /// Sends `op` (an idempotent script) until the store answers, with backoff, for at most
     /// `GIVE_BACK_FOR`. Each try waits at least 500 ms: a try cut short may leave its script
     /// half sent (EVALSHA answered NOSCRIPT, the SCRIPT LOAD never made), which is what a
@@ -187,14 +213,7 @@ impl Shared {
                 Err(_) => {}
             }
             if Instant::now() + pause > give_up {
-                tracing::warn!(
-                    store = %self.shown,
-                    run,
-                    op = op.unwrap_or("cancel"),
-                    "run store: gave up sending a call's {} after {}s; its reservation is given back when it expires",
-                    op.unwrap_or("cancel"),
-                    GIVE_BACK_FOR.as_secs()
-                );
+                self.gave_up(op.unwrap_or("cancel"), run);
                 return;
             }
             tokio::time::sleep(pause).await;
@@ -223,6 +242,8 @@ mod tests {
             on_error: OnStoreError::Deny,
             metrics: Metrics::new().runs().clone(),
             last_warning: Throttle::every(Duration::from_secs(1)),
+            gave_up: AtomicU64::new(0),
+            gave_up_warning: Throttle::every(GAVE_UP_EVERY),
             last_error: Mutex::new(None),
             nonce: 1,
             calls: AtomicU64::new(0),
@@ -255,6 +276,44 @@ mod tests {
         assert_eq!(gave_up.len(), 1, "{text}");
         assert!(gave_up[0].contains("WARN"), "{text}");
         assert!(gave_up[0].contains("hg:{-/lost}"), "{text}");
+    }
+
+    /// Ends and cancels given up on in a burst (a store refusing writes for a minute) are
+    /// said in one line with their count, not one line each (audit MD 1: 7,239 lines for
+    /// 7,239 calls).
+    #[tokio::test(start_paused = true)]
+    async fn ends_given_up_on_together_are_logged_once_with_their_count() {
+        let shared = unreachable();
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _log = tracing::subscriber::set_default(subscriber);
+        for run in ["hg:{-/a}", "hg:{-/b}", "hg:{-/c}"] {
+            shared
+                .until_answered(Some("finish"), run, || async {
+                    Err(StoreError::Failed("down".to_owned()))
+                })
+                .await;
+        }
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let gave_up: Vec<&str> = text.lines().filter(|l| l.contains("gave up")).collect();
+        assert_eq!(gave_up.len(), 1, "{text}");
+        assert!(gave_up[0].contains("hg:{-/a}"), "{text}");
+        // The next line, a period later, counts those it left unsaid.
+        shared.gave_up_warning.reset_for_test();
+        shared
+            .until_answered(None, "hg:{-/d}", || async {
+                Err(StoreError::Failed("down".to_owned()))
+            })
+            .await;
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let gave_up: Vec<&str> = text.lines().filter(|l| l.contains("gave up")).collect();
+        assert_eq!(gave_up.len(), 2, "{text}");
+        assert!(gave_up[1].contains("given_up=3"), "{text}");
+        assert!(gave_up[1].contains("hg:{-/d}"), "{text}");
     }
 
     /// A shutdown's wait for the ends still being sent is bounded, and says how many it

@@ -30,6 +30,13 @@ impl Throttle {
         self.due_at(START.get_or_init(Instant::now).elapsed())
     }
 
+    /// As if never said: the next line is due (for tests, whose paused clock is not the
+    /// one this reads).
+    #[cfg(test)]
+    pub fn reset_for_test(&self) {
+        self.last.store(0, Ordering::Relaxed);
+    }
+
     /// As [`Throttle::due`], at `now` since the process's start. The clock is monotonic and
     /// counts milliseconds, not calendar seconds: two lines are never less than a period
     /// apart, whatever second they fall in.

@@ -1106,5 +1106,7 @@ async fn the_first_look_at_a_run_after_redis_restarted_is_answered() {
 
 /// How replicas reach Redis: passwords, ACL users, a cluster, TLS.
 mod connecting;
+/// A Redis that answers with an error, and the tombstones of cancels.
+mod refusals;
 /// A run's time against a Redis far away.
 mod store_trip;

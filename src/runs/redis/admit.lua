@@ -5,7 +5,8 @@
 --          script of two keys, one of them missing, is refused with TRYAGAIN all the while
 --          its slot migrates. Its field `x:TOKEN` is this call's tombstone, set by cancel.lua
 --          when the call stopped waiting for this admission, so that an admission run later
---          changes nothing; a hash with no `route` is no run yet (a tombstone alone).
+--          changes nothing (its value: when it expires, past which the reclaim below prunes
+--          it); a hash with no `route` is no run yet (a tombstone alone).
 -- ARGV     1 route, 2 budget_ms, 3 max_budget_ms, 4 max_calls, 5 max_tokens,
 --          6 max_repeats, 7 token_estimate ('' for unset): the limits a new run takes;
 --          8 reserve, 9 asked_budget_ms (''), 10 request fingerprint (''), 11 need_ms,
@@ -51,8 +52,10 @@ local in_flight = num(h.in_flight) or 0
 
 -- Reservations whose end never came (a replica killed mid-call, a store restored from an
 -- older snapshot, an end given up after its retries): each has an expiry (`e:TOKEN`), past
--- which its call has ended and its end been tried, and is given back here. `reclaim` holds
--- the earliest expiry, so the fields are looked through only once one has passed.
+-- which its call has ended and its end been tried, and is given back here. Cancel
+-- tombstones (`x:TOKEN`) past their expiry are pruned here too (one without a time, as
+-- cancel.lua once left them, at once). `reclaim` holds the earliest expiry of either, so the
+-- fields are looked through only once one has passed.
 local due = num(h.reclaim)
 if due ~= nil and due <= now then
   local gone, next_due = {}, nil
@@ -67,6 +70,13 @@ if due ~= nil and due <= now then
         table.insert(gone, 'p:' .. token)
         in_flight = math.max(0, in_flight - 1)
         reserved = math.max(0, reserved - held)
+      elseif next_due == nil or at < next_due then
+        next_due = at
+      end
+    elseif string.sub(f, 1, 2) == 'x:' then
+      local at = tonumber(v)
+      if at == nil or at <= now then
+        table.insert(gone, f)
       elseif next_due == nil or at < next_due then
         next_due = at
       end

@@ -4,8 +4,8 @@
 -- the first case what it took is given back now, in the others the tombstone makes it a
 -- no-op when it comes. Idempotent: safe to send again when its answer is lost.
 --
--- KEYS[1]  the run's hash, whose field `x:TOKEN` is the call's tombstone (one key: see
---          admit.lua)
+-- KEYS[1]  the run's hash, whose field `x:TOKEN` is the call's tombstone, its value the
+--          time it expires (one key: see admit.lua)
 -- ARGV     1 call token, 2 '1' when the call was never served (it counts as no call),
 --          3 the tombstone's life in ms (the run's ttl)
 --
@@ -25,9 +25,17 @@ local function ended_now(given_back)
   if started == 0 then started = now end
   return {given_back, 1, e[1] or '', num(e[2]), num(e[3]), now - started, e[5] or ''}
 end
--- The tombstone lives at least the run's ttl, as long as an admission may be on its way.
+-- The tombstone lives the run's ttl, as long as an admission may be on its way: its value is
+-- when it expires (by Redis's clock), and admit.lua prunes it after that as it gives back
+-- expired reservations (`reclaim` holds the earliest of either). Kept for good, they grew a
+-- run that lived through store hiccups by one field per failed call, read by every
+-- admission (audit MD 3). The key lives at least as long.
 local function tombstone()
-  redis.call('HSET', k, 'x:' .. ARGV[1], 1)
+  local t = redis.call('TIME')
+  local at = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
+  redis.call('HSET', k, 'x:' .. ARGV[1], at)
+  local due = redis.call('HGET', k, 'reclaim')
+  if not due or at < tonumber(due) then redis.call('HSET', k, 'reclaim', at) end
   if redis.call('PTTL', k) < tonumber(ARGV[3]) then redis.call('PEXPIRE', k, ARGV[3]) end
 end
 local held = redis.call('HGET', k, 'p:' .. ARGV[1])

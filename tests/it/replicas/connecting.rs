@@ -242,3 +242,77 @@ async fn an_acl_user_with_a_password_from_the_environment_reaches_redis() {
     let (out, err) = p.stop().await;
     assert!(!out.contains("UserPw!42") && !err.contains("UserPw!42"));
 }
+
+/// The ACL user of docs/deployment.md, as its `ACL SETUSER` line there says, with `password`.
+fn documented_acl_user(password: &str) -> String {
+    let doc = include_str!("../../../docs/deployment.md");
+    let line = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER hourglass "))
+        .expect("docs/deployment.md has the ACL SETUSER line");
+    line.replace(">PASSWORD", &format!(">{password}"))
+}
+
+/// The documented ACL user serves a run whose slot is migrating, as `redis-cli --cluster
+/// reshard` leaves one (audit MD 2): the cluster client sends ASKING to the importing node,
+/// and PING to each node it connects to, which the documented user lacked. Every new run of
+/// a migrating slot failed 503 after the store timeout, its NOPERM never named.
+#[tokio::test]
+async fn the_documented_acl_user_serves_a_run_whose_slot_is_migrating() {
+    let Some((_plain, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (low, high) = two_node_cluster(dir.path()).await;
+    for node in [&low, &high] {
+        assert_eq!(node.query(&documented_acl_user("hgpass")).await, "+OK");
+    }
+    // `hg:{-/a}` is on slot 11976, the high node's: moving to the low one, as a reshard
+    // does it (the importing side first).
+    let myid = |n: &RedisServer| {
+        let client = redis::Client::open(n.url()).unwrap();
+        async move {
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let id: String = redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            id
+        }
+    };
+    let (low_id, high_id) = (myid(&low).await, myid(&high).await);
+    let importing = format!("CLUSTER SETSLOT 11976 IMPORTING {high_id}");
+    assert_eq!(low.query(&importing).await, "+OK");
+    let migrating = format!("CLUSTER SETSLOT 11976 MIGRATING {low_id}");
+    assert_eq!(high.query(&migrating).await, "+OK");
+    // A new run: the high node no longer holds the key, and asks that it be made on the
+    // low one.
+    assert!(high.query("EXISTS hg:{-/a}").await.starts_with("-ASK"));
+
+    let store = format!("redis://hourglass@{}/0", low.addr);
+    let toml = config(&fake, &store, "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_cluster = true\nstore_password_env = \"HOURGLASS_TEST_REDIS_PASSWORD\"",
+    );
+    let p = Process::spawn(&toml, &[], &[("HOURGLASS_TEST_REDIS_PASSWORD", "hgpass")]).await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "a")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    // Made where it moves (the importing node shows it only to a client that says ASKING).
+    let client = redis::Client::open(low.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (exists,): (u8,) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("EXISTS")
+        .arg("hg:{-/a}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(exists, 1);
+    // Nothing the gateway sent was denied, on either node.
+    for node in [&low, &high] {
+        assert_eq!(node.query("ACL LOG").await, "*0", "{}", node.port());
+    }
+    p.stop().await;
+}
