@@ -31,9 +31,9 @@ impl Throttle {
         Self::new(3, 20)
     }
 
-    /// A route's hedges: at most 1, or 10% of its requests in flight. A hedge is for the
-    /// tail ("The Tail at Scale" hedges ~5% of requests); more means the usual latency is
-    /// past `hedge_after`, where a hedge doubles the load and wins nothing.
+    /// A route's hedges racing at once: at most 1, or 10% of its requests in flight. This
+    /// bounds races in parallel only; the share of requests hedged is bounded by the route's
+    /// hedge budget (`gateway/hedges.rs`), since a fast fallback frees its slot at once.
     pub const fn hedges() -> Self {
         Self::new(1, 10)
     }
