@@ -229,6 +229,28 @@ mod tests {
     use crate::telemetry::metrics::Metrics;
 
     /// A store at a port nothing listens on.
+    /// The log of this thread's tracing, captured while the guard lives.
+    fn logged() -> (Captured, tracing::subscriber::DefaultGuard) {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        (out, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// The whole log, and its "gave up" lines.
+    fn gave_up_lines(out: &Captured) -> (String, Vec<String>) {
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines = text
+            .lines()
+            .filter(|l| l.contains("gave up"))
+            .map(str::to_owned)
+            .collect();
+        (text, lines)
+    }
+
     fn unreachable() -> Arc<Shared> {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
@@ -256,13 +278,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_end_given_up_on_is_logged_with_its_run() {
         let shared = unreachable();
-        let out = Captured::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
-        let _log = tracing::subscriber::set_default(subscriber);
+        let (out, _log) = logged();
         let tries = AtomicU64::new(0);
         shared
             .until_answered(Some("finish"), "hg:{-/lost}", || {
@@ -270,9 +286,8 @@ mod tests {
                 async { Err(StoreError::Failed("down".to_owned())) }
             })
             .await;
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         assert!(tries.load(Ordering::Relaxed) > 1, "tried again");
-        let gave_up: Vec<&str> = text.lines().filter(|l| l.contains("gave up")).collect();
+        let (text, gave_up) = gave_up_lines(&out);
         assert_eq!(gave_up.len(), 1, "{text}");
         assert!(gave_up[0].contains("WARN"), "{text}");
         assert!(gave_up[0].contains("hg:{-/lost}"), "{text}");
@@ -284,13 +299,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn ends_given_up_on_together_are_logged_once_with_their_count() {
         let shared = unreachable();
-        let out = Captured::default();
-        let writer = out.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .finish();
-        let _log = tracing::subscriber::set_default(subscriber);
+        let (out, _log) = logged();
         for run in ["hg:{-/a}", "hg:{-/b}", "hg:{-/c}"] {
             shared
                 .until_answered(Some("finish"), run, || async {
@@ -298,8 +307,7 @@ mod tests {
                 })
                 .await;
         }
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        let gave_up: Vec<&str> = text.lines().filter(|l| l.contains("gave up")).collect();
+        let (text, gave_up) = gave_up_lines(&out);
         assert_eq!(gave_up.len(), 1, "{text}");
         assert!(gave_up[0].contains("hg:{-/a}"), "{text}");
         // The next line, a period later, counts those it left unsaid.
@@ -309,8 +317,7 @@ mod tests {
                 Err(StoreError::Failed("down".to_owned()))
             })
             .await;
-        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-        let gave_up: Vec<&str> = text.lines().filter(|l| l.contains("gave up")).collect();
+        let (text, gave_up) = gave_up_lines(&out);
         assert_eq!(gave_up.len(), 2, "{text}");
         assert!(gave_up[1].contains("given_up=3"), "{text}");
         assert!(gave_up[1].contains("hg:{-/d}"), "{text}");
