@@ -797,8 +797,16 @@ impl RequestRecord {
             _ => self.code,
         };
         // "openai:connect_timeout:512ms,backup:ok:1203ms": every attempt, in order; one still
-        // running ended with the request.
-        let attempts = (self.attempts.len() > 1).then(|| {
+        // running ended with the request. A lone attempt is named too when it failed and the
+        // request then ended for another reason (the client left while a retry waited out
+        // the 429's `Retry-After`): the line has no status then, and the answer was the
+        // upstream's (audit OA 2).
+        let lone_failure = matches!(end, End::Cancelled(_))
+            && self
+                .attempts
+                .first()
+                .is_some_and(|a| a.outcome.is_some_and(|o| o != "ok"));
+        let attempts = (self.attempts.len() > 1 || lone_failure).then(|| {
             self.attempts
                 .iter()
                 .map(|a| {

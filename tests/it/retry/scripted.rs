@@ -508,3 +508,46 @@ async fn an_idempotent_request_on_a_connection_closed_unanswered_is_sent_again()
     json_body(resp).await;
     assert_eq!(asked.load(Ordering::SeqCst), 2);
 }
+
+/// Audit OA 2: an attempt answered 429 (or 5xx) whose request the client left while the retry
+/// waited out its `Retry-After` was in no log line: one attempt, so no `attempts`, and no
+/// status, though `hourglass_upstream_responses_total` counted the answer. The log line names
+/// an attempt that failed whenever the request ended otherwise.
+#[tokio::test]
+async fn an_answer_the_client_left_during_the_retry_wait_is_in_the_log_line() {
+    use std::sync::atomic::Ordering;
+    let busy = answer(
+        Duration::ZERO,
+        "429 Too Many Requests",
+        "retry-after: 5\r\n",
+    );
+    let (url, asked) = scripted(vec![busy]).await;
+    let text = config(
+        &url,
+        "http://127.0.0.1:9",
+        "retries = 1\nbudget = \"30s\"",
+        "",
+        "",
+    );
+    let p = Process::spawn(&text, &["--log-format", "json"], &[]).await;
+    let conn = Conn::open(p.addr).await;
+    let pending = tokio::spawn(conn.send(chat_request(&[], false)));
+    let start = Instant::now();
+    while asked.load(Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never asked");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Long enough for the 429 to be read; far less than the 5 s it asks to wait.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    pending.abort();
+    let _ = pending.await;
+    let fields = p.request_line().await;
+    assert_eq!(fields["outcome"], "cancelled", "{fields}");
+    let attempts = fields["attempts"].as_str().unwrap_or_default();
+    assert!(attempts.starts_with("primary:status_429:"), "{fields}");
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        1,
+        "no retry after the client left"
+    );
+}
