@@ -22,7 +22,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::budget::{names, Budget};
 use crate::error::GatewayError;
 use crate::gateway::template::Outgoing;
-use crate::http::headers::{answer_framing_fault, BodyShape};
+use crate::http::headers::{answer_framing_fault, answers_without_content, BodyShape};
 use crate::provider::inspect::Inspector;
 use crate::provider::{ErrorType, Format};
 use crate::stream::progress::Progress;
@@ -342,7 +342,7 @@ impl<'a> Attempt<'a> {
             if self.hold && parts.status.is_success() {
                 // An encoded answer is held to its first byte, as any body that is not SSE text.
                 let is_sse =
-                    shape.readable_sse() && !head && parts.status != http::StatusCode::NO_CONTENT;
+                    shape.readable_sse() && !head && !answers_without_content(parts.status);
                 let inspector = format
                     .filter(|_| is_sse)
                     .map(|f| Inspector::new(f, true).with_choices(choices));

@@ -271,3 +271,25 @@ async fn an_empty_stream_of_an_unknown_api_ends_as_it_ends() {
         assert_eq!(g.failures_in_a_row("primary").await, 0, "{case}");
     }
 }
+
+/// A 205 Reset Content has no content (RFC 9110 15.3.6), whatever its content-type says: it
+/// is not an answer that could end short, and it goes out as it came, empty (audit NA 4),
+/// whether its head passes at once or is held for a retry.
+#[tokio::test]
+async fn a_205_is_answered_without_content() {
+    let answer = b"HTTP/1.1 205 Reset Content\r\ncontent-type: text/event-stream\r\n\
+                   content-length: 0\r\nconnection: close\r\n\r\n"
+        .to_vec();
+    for route_extra in ["", "retries = 1"] {
+        for (route, path, body) in APIS {
+            let g = gateway(answer.clone(), route_extra).await;
+            let (status, read) = g.call(path, body).await;
+            let case = format!("{route}, {route_extra:?}: {}", read.text());
+            assert_eq!(status, 205, "{case}");
+            assert!(read.error.is_none(), "{case}: {:?}", read.error);
+            assert!(read.bytes.is_empty(), "{case}");
+            assert_eq!(g.outcome(route, "ok").await, 1.0, "{case}");
+            assert_eq!(g.failures_in_a_row("primary").await, 0, "{case}");
+        }
+    }
+}
