@@ -1,6 +1,6 @@
 //! A 2xx event stream of a known API (Chat Completions, Messages, Responses) that ends before
 //! any event of its answer (audit MC 1): an empty body, chunked or close-delimited, or one of
-//! comments or pings alone. The answer never began, so it is a truncation like any other: a
+//! comments or pings alone (or `data: [DONE]` alone, audit NA 5). The answer never began, so it is a truncation like any other: a
 //! streaming client gets `event: error`, the request and the upstream's health count it as a
 //! failure, and on a route that holds the head until the first token a fallback answers
 //! instead. Before, each passed as an empty 200 logged `ok`, and no fallback was tried.
@@ -104,6 +104,10 @@ fn ends() -> Vec<(&'static str, Vec<u8>)> {
             "event: ping",
             chunked("event: ping\ndata: {\"type\":\"ping\"}\n\n"),
         ),
+        // Neither the end marker nor a keep-alive without its `event:` line begins an answer
+        // (audit NA 5: both passed as an empty 200 to a streaming client, on Chat).
+        ("[DONE] alone", chunked("data: [DONE]\n\n")),
+        ("data-only ping", chunked("data: {\"type\":\"ping\"}\n\n")),
     ]
 }
 
