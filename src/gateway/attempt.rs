@@ -140,8 +140,9 @@ impl<'a> Attempt<'a> {
         // A HEAD's answer has no content: nothing to hold to a first token, nor to end short.
         let head = req.method() == http::Method::HEAD;
         // RFC 9112 9.3.1.1: such a request may be sent again when its connection closed
-        // before any answer (see `classify`).
-        let resendable = bodiless && req.method().is_idempotent();
+        // before any answer (see `classify`). Only one of a safe method (GET, HEAD, OPTIONS):
+        // a DELETE or PUT is idempotent, but the first one may have acted (audit NA 3).
+        let resendable = bodiless && req.method().is_safe();
         let (parts, body) = req.into_parts();
         let (body, sent) = RequestBody::new(body, upstream.may_speak_h2());
         let mut req = http::Request::from_parts(parts, body);
@@ -256,7 +257,7 @@ impl<'a> Attempt<'a> {
                 let request = SentAs {
                     connected,
                     bodiless,
-                    resendable,
+                    resendable: resendable && pooled_unanswered(&connection),
                 };
                 classify(upstream, &e, budget.connect_timeout, request)
             })?;
@@ -566,8 +567,25 @@ struct SentAs {
     connected: bool,
     /// The request had no body (it went whole in its head).
     bodiless: bool,
-    /// Besides, its method is idempotent (GET, HEAD, OPTIONS, ...).
+    /// Besides, its method is safe (GET, HEAD, OPTIONS), and it went out on a pooled
+    /// HTTP/1.1 connection that read none of its answer (`pooled_unanswered`).
     resendable: bool,
+}
+
+/// The request went out on an HTTP/1.1 connection that had carried an earlier exchange, and
+/// not a byte of its answer was read ([`Abandon`]'s counts): the stale pooled connection a
+/// resend is for (audit MC 5). A new connection closed unanswered is an upstream that fails
+/// (audit NA 2), and one that closed after part of the answer (a partial head, a `100
+/// Continue`) may have processed the request (audit NA 3).
+fn pooled_unanswered(connection: &CaptureConnection) -> bool {
+    let mut extras = http::Extensions::new();
+    match &*connection.connection_metadata() {
+        Some(connected) => connected.get_extras(&mut extras),
+        None => return false,
+    }
+    extras
+        .get::<Abandon>()
+        .is_some_and(|a| a.reused() && !a.answer_begun())
 }
 
 fn classify(
@@ -597,11 +615,12 @@ fn classify(
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
         }
-        // An HTTP/1.1 connection that closed with nothing of the answer read (a pooled one
-        // the upstream's keep-alive timeout closed as the request went out, audit MC 5): an
-        // idempotent request without a body may be sent again on a new connection
-        // (RFC 9112 9.3.1.1), once, as one refused unprocessed is. Never one with a body or
-        // of another method: the upstream may have acted on it (9.3.1).
+        // A pooled HTTP/1.1 connection that closed with nothing of the answer read (the
+        // upstream's keep-alive timeout closed it as the request went out, audit MC 5): a
+        // request of a safe method without a body may be sent again on a new connection
+        // (RFC 9112 9.3.1.1), once, as one refused unprocessed is, and is held neither way
+        // against the upstream. Never one with a body or of another method: the upstream may
+        // have acted on it (9.3.1). Any other such close is a reset.
         if resendable
             && s.downcast_ref::<hyper::Error>()
                 .is_some_and(hyper::Error::is_incomplete_message)
@@ -638,6 +657,7 @@ fn classify(
         GatewayError::UpstreamRefused {
             upstream: name,
             reason,
+            unanswered: reason == CLOSED_UNANSWERED,
         }
     } else if let Some(after) = timed_out {
         GatewayError::ConnectTimeout {
@@ -787,8 +807,8 @@ fn unprocessed(e: &h2::Error) -> Option<&'static str> {
     }
 }
 
-const CLOSED_UNANSWERED: &str = "the upstream closed its connection without answering a \
-     request without a body, of an idempotent method";
+const CLOSED_UNANSWERED: &str = "a pooled HTTP/1.1 connection, closed before any of the \
+     answer came; the request had no body and a safe method";
 const GONE_AWAY_WAITING: &str = "HTTP/2 GOAWAY: the upstream closed its HTTP/2 connection while \
      the request waited for a stream";
 const GONE_AWAY_WAITING_BODILESS: &str = "the upstream closed its HTTP/2 connection (GOAWAY) \
