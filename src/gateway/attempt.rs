@@ -162,10 +162,20 @@ impl<'a> Attempt<'a> {
                     .min(send_by),
             );
             tokio::pin!(timer);
-            let (mut body_sent, mut uploaded) = match sent {
-                Sent::WithTheHead => (None, true),
-                Sent::Later(rx) => (Some(rx), false),
+            let (mut body_sent, mut uploaded, taken) = match sent {
+                Sent::WithTheHead => (None, true, None),
+                Sent::Later(rx, taken) => (Some(rx), false, Some(taken)),
             };
+            // While the body goes out: since when the upstream took none of it (from the
+            // head). One that takes no piece for the route's first-token limit (cut, as that
+            // wait is, to leave a fallback its room) is stalled, not slowly taking an upload:
+            // the attempt fails, against its health, and the chain moves on (audit NA 1: an
+            // HTTP/2 window kept shut held the whole budget, the fallback untried). One that
+            // took some is taking it, however slowly (audit DA 1: an upstream that reads the
+            // rest of a 12 MB upload after a pause is no first-token timeout).
+            let stall_limit = budget.route_first_token_timeout;
+            let mut took_none_since: Option<Instant> = None;
+            let mut stalled = false;
             let mut connected = false;
             // The start of the first-token clock: the body's last byte handed to the
             // connection (DESIGN 4, "from request sent").
@@ -179,13 +189,33 @@ impl<'a> Attempt<'a> {
                     _ = connection.wait_for_connection_metadata(), if !connected => {
                         connected = true;
                         rechecking = None;
-                        timer.as_mut().reset(upload_wait);
+                        match taken.as_ref().filter(|t| !uploaded && t.pieces() == 0) {
+                            Some(_) => {
+                                let at = Instant::now();
+                                took_none_since = Some(at);
+                                let check = (at + stall_limit).min(head_wait).min(upload_wait);
+                                timer.as_mut().reset(check);
+                            }
+                            None => timer.as_mut().reset(upload_wait),
+                        }
                     }
                     // Dropped unsent, the body will not go: the answer (or error) is next.
                     _ = async { body_sent.as_mut().expect("while not uploaded").await }, if !uploaded => {
                         uploaded = true;
                     }
                     () = &mut timer => {
+                        if let (Some(_), Some(t), false) = (took_none_since, taken.as_ref(), uploaded) {
+                            if timer.deadline() < upload_wait {
+                                if t.pieces() == 0 {
+                                    stalled = true;
+                                    break Err(timer.deadline());
+                                }
+                                // It took some: an upload under way, until it is sent.
+                                took_none_since = None;
+                                timer.as_mut().reset(upload_wait);
+                                continue;
+                            }
+                        }
                         if let Some(due) = rechecking.take() {
                             break Err(due);
                         }
@@ -222,6 +252,15 @@ impl<'a> Attempt<'a> {
                             None,
                             false,
                         ));
+                    }
+                    if let (true, Some(since)) = (stalled, took_none_since) {
+                        // The wait for the upload, cut at the first-token limit: a stall is
+                        // held against the upstream as a first token that did not come.
+                        return Err(GatewayError::FirstTokenTimeout {
+                            upstream: upstream.name.to_string(),
+                            after: Instant::now().saturating_duration_since(since),
+                            patience: false,
+                        });
                     }
                     let e = self.limit_error(connected, now, sent_at, fired);
                     // Sent, and not even a head for the route's whole first-token limit (not one
