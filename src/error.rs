@@ -266,11 +266,14 @@ pub enum GatewayError {
     UpstreamError { upstream: String, reason: String },
     /// The upstream turned the request away before processing any of it (HTTP/2's
     /// REFUSED_STREAM, or a GOAWAY that left it out): safe to send again, which the gateway
-    /// does once by itself.
-    #[error("upstream {upstream:?} refused the request before processing it ({reason}); nothing of it was processed, it is safe to send again")]
+    /// does once by itself. Or (`unanswered`) a pooled HTTP/1.1 connection closed before any
+    /// of the answer to a bodiless request of a safe method came: sent again once too (RFC
+    /// 9112 9.3.1.1), but nobody can say the upstream did not process it (audit NA 3).
+    #[error("{}", refused_words(.upstream, .reason, *.unanswered))]
     UpstreamRefused {
         upstream: String,
         reason: &'static str,
+        unanswered: bool,
     },
     /// The gateway could not open a connection to the upstream for want of its own
     /// descriptors or memory: nothing is known of the upstream, which neither is blamed (no
@@ -933,6 +936,20 @@ impl GatewayError {
                 client_budget: true,
                 ..
             }
+        )
+    }
+}
+
+fn refused_words(upstream: &str, reason: &str, unanswered: bool) -> String {
+    if unanswered {
+        format!(
+            "upstream {upstream:?} closed its connection without answering the request \
+             ({reason})"
+        )
+    } else {
+        format!(
+            "upstream {upstream:?} refused the request before processing it ({reason}); \
+             nothing of it was processed, it is safe to send again"
         )
     }
 }

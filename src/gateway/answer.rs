@@ -23,8 +23,8 @@ use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
 use crate::http::conn::ClientConn;
 use crate::http::headers::{
-    answer_request_id, insert_request_id, keep_reason_phrase, request_id, strip_hop_by_hop,
-    uncached_event_stream,
+    answer_request_id, answers_without_content, insert_request_id, keep_reason_phrase, request_id,
+    strip_hop_by_hop, uncached_event_stream,
 };
 use crate::http::hops::max_forwards;
 use crate::http::path::{for_routing, has_dot_segment, normalized};
@@ -119,9 +119,10 @@ impl Gateway {
                     // a body; to HTTP/1.0 clients it answers in 1.0 whatever it is given,
                     // and HTTP/2 has no status line.
                     parts.version = Version::HTTP_11;
-                    let no_content = matches!(parts.status.as_u16(), 100..=199 | 204 | 304);
-                    // A 204 (or 1xx) never carries a length (RFC 9110 8.6); a 304's, if the
-                    // upstream sent one, is the 200's and stays.
+                    let no_content = answers_without_content(parts.status);
+                    // A 204 (or 1xx) never carries a length (RFC 9110 8.6), and a 205's content
+                    // is none whatever its length said; a 304's, if the upstream sent one, is
+                    // the 200's and stays.
                     if no_content && parts.status != StatusCode::NOT_MODIFIED {
                         parts.headers.remove(header::CONTENT_LENGTH);
                     }

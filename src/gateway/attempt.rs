@@ -22,7 +22,7 @@ use tokio::time::{sleep_until, Instant};
 use crate::budget::{names, Budget};
 use crate::error::GatewayError;
 use crate::gateway::template::Outgoing;
-use crate::http::headers::{answer_framing_fault, BodyShape};
+use crate::http::headers::{answer_framing_fault, answers_without_content, BodyShape};
 use crate::provider::inspect::Inspector;
 use crate::provider::{ErrorType, Format};
 use crate::stream::progress::Progress;
@@ -140,8 +140,9 @@ impl<'a> Attempt<'a> {
         // A HEAD's answer has no content: nothing to hold to a first token, nor to end short.
         let head = req.method() == http::Method::HEAD;
         // RFC 9112 9.3.1.1: such a request may be sent again when its connection closed
-        // before any answer (see `classify`).
-        let resendable = bodiless && req.method().is_idempotent();
+        // before any answer (see `classify`). Only one of a safe method (GET, HEAD, OPTIONS):
+        // a DELETE or PUT is idempotent, but the first one may have acted (audit NA 3).
+        let resendable = bodiless && req.method().is_safe();
         let (parts, body) = req.into_parts();
         let (body, sent) = RequestBody::new(body, upstream.may_speak_h2());
         let mut req = http::Request::from_parts(parts, body);
@@ -161,10 +162,20 @@ impl<'a> Attempt<'a> {
                     .min(send_by),
             );
             tokio::pin!(timer);
-            let (mut body_sent, mut uploaded) = match sent {
-                Sent::WithTheHead => (None, true),
-                Sent::Later(rx) => (Some(rx), false),
+            let (mut body_sent, mut uploaded, taken) = match sent {
+                Sent::WithTheHead => (None, true, None),
+                Sent::Later(rx, taken) => (Some(rx), false, Some(taken)),
             };
+            // While the body goes out: since when the upstream took none of it (from the
+            // head). One that takes no piece for the route's first-token limit (cut, as that
+            // wait is, to leave a fallback its room) is stalled, not slowly taking an upload:
+            // the attempt fails, against its health, and the chain moves on (audit NA 1: an
+            // HTTP/2 window kept shut held the whole budget, the fallback untried). One that
+            // took some is taking it, however slowly (audit DA 1: an upstream that reads the
+            // rest of a 12 MB upload after a pause is no first-token timeout).
+            let stall_limit = budget.route_first_token_timeout;
+            let mut took_none_since: Option<Instant> = None;
+            let mut stalled = false;
             let mut connected = false;
             // The start of the first-token clock: the body's last byte handed to the
             // connection (DESIGN 4, "from request sent").
@@ -178,13 +189,33 @@ impl<'a> Attempt<'a> {
                     _ = connection.wait_for_connection_metadata(), if !connected => {
                         connected = true;
                         rechecking = None;
-                        timer.as_mut().reset(upload_wait);
+                        match taken.as_ref().filter(|t| !uploaded && t.pieces() == 0) {
+                            Some(_) => {
+                                let at = Instant::now();
+                                took_none_since = Some(at);
+                                let check = (at + stall_limit).min(head_wait).min(upload_wait);
+                                timer.as_mut().reset(check);
+                            }
+                            None => timer.as_mut().reset(upload_wait),
+                        }
                     }
                     // Dropped unsent, the body will not go: the answer (or error) is next.
                     _ = async { body_sent.as_mut().expect("while not uploaded").await }, if !uploaded => {
                         uploaded = true;
                     }
                     () = &mut timer => {
+                        if let (Some(_), Some(t), false) = (took_none_since, taken.as_ref(), uploaded) {
+                            if timer.deadline() < upload_wait {
+                                if t.pieces() == 0 {
+                                    stalled = true;
+                                    break Err(timer.deadline());
+                                }
+                                // It took some: an upload under way, until it is sent.
+                                took_none_since = None;
+                                timer.as_mut().reset(upload_wait);
+                                continue;
+                            }
+                        }
                         if let Some(due) = rechecking.take() {
                             break Err(due);
                         }
@@ -222,6 +253,15 @@ impl<'a> Attempt<'a> {
                             false,
                         ));
                     }
+                    if let (true, Some(since)) = (stalled, took_none_since) {
+                        // The wait for the upload, cut at the first-token limit: a stall is
+                        // held against the upstream as a first token that did not come.
+                        return Err(GatewayError::FirstTokenTimeout {
+                            upstream: upstream.name.to_string(),
+                            after: Instant::now().saturating_duration_since(since),
+                            patience: false,
+                        });
+                    }
                     let e = self.limit_error(connected, now, sent_at, fired);
                     // Sent, and not even a head for the route's whole first-token limit (not one
                     // a client's short timeout or a fallback's room cut): on a shared HTTP/2
@@ -256,7 +296,7 @@ impl<'a> Attempt<'a> {
                 let request = SentAs {
                     connected,
                     bodiless,
-                    resendable,
+                    resendable: resendable && pooled_unanswered(&connection),
                 };
                 classify(upstream, &e, budget.connect_timeout, request)
             })?;
@@ -342,7 +382,7 @@ impl<'a> Attempt<'a> {
             if self.hold && parts.status.is_success() {
                 // An encoded answer is held to its first byte, as any body that is not SSE text.
                 let is_sse =
-                    shape.readable_sse() && !head && parts.status != http::StatusCode::NO_CONTENT;
+                    shape.readable_sse() && !head && !answers_without_content(parts.status);
                 let inspector = format
                     .filter(|_| is_sse)
                     .map(|f| Inspector::new(f, true).with_choices(choices));
@@ -566,8 +606,25 @@ struct SentAs {
     connected: bool,
     /// The request had no body (it went whole in its head).
     bodiless: bool,
-    /// Besides, its method is idempotent (GET, HEAD, OPTIONS, ...).
+    /// Besides, its method is safe (GET, HEAD, OPTIONS), and it went out on a pooled
+    /// HTTP/1.1 connection that read none of its answer (`pooled_unanswered`).
     resendable: bool,
+}
+
+/// The request went out on an HTTP/1.1 connection that had carried an earlier exchange, and
+/// not a byte of its answer was read ([`Abandon`]'s counts): the stale pooled connection a
+/// resend is for (audit MC 5). A new connection closed unanswered is an upstream that fails
+/// (audit NA 2), and one that closed after part of the answer (a partial head, a `100
+/// Continue`) may have processed the request (audit NA 3).
+fn pooled_unanswered(connection: &CaptureConnection) -> bool {
+    let mut extras = http::Extensions::new();
+    match &*connection.connection_metadata() {
+        Some(connected) => connected.get_extras(&mut extras),
+        None => return false,
+    }
+    extras
+        .get::<Abandon>()
+        .is_some_and(|a| a.reused() && !a.answer_begun())
 }
 
 fn classify(
@@ -597,11 +654,12 @@ fn classify(
         if let Some(h2) = s.downcast_ref::<h2::Error>() {
             refused = refused.or_else(|| unprocessed(h2));
         }
-        // An HTTP/1.1 connection that closed with nothing of the answer read (a pooled one
-        // the upstream's keep-alive timeout closed as the request went out, audit MC 5): an
-        // idempotent request without a body may be sent again on a new connection
-        // (RFC 9112 9.3.1.1), once, as one refused unprocessed is. Never one with a body or
-        // of another method: the upstream may have acted on it (9.3.1).
+        // A pooled HTTP/1.1 connection that closed with nothing of the answer read (the
+        // upstream's keep-alive timeout closed it as the request went out, audit MC 5): a
+        // request of a safe method without a body may be sent again on a new connection
+        // (RFC 9112 9.3.1.1), once, as one refused unprocessed is, and is held neither way
+        // against the upstream. Never one with a body or of another method: the upstream may
+        // have acted on it (9.3.1). Any other such close is a reset.
         if resendable
             && s.downcast_ref::<hyper::Error>()
                 .is_some_and(hyper::Error::is_incomplete_message)
@@ -638,6 +696,7 @@ fn classify(
         GatewayError::UpstreamRefused {
             upstream: name,
             reason,
+            unanswered: reason == CLOSED_UNANSWERED,
         }
     } else if let Some(after) = timed_out {
         GatewayError::ConnectTimeout {
@@ -787,8 +846,8 @@ fn unprocessed(e: &h2::Error) -> Option<&'static str> {
     }
 }
 
-const CLOSED_UNANSWERED: &str = "the upstream closed its connection without answering a \
-     request without a body, of an idempotent method";
+const CLOSED_UNANSWERED: &str = "a pooled HTTP/1.1 connection, closed before any of the \
+     answer came; the request had no body and a safe method";
 const GONE_AWAY_WAITING: &str = "HTTP/2 GOAWAY: the upstream closed its HTTP/2 connection while \
      the request waited for a stream";
 const GONE_AWAY_WAITING_BODILESS: &str = "the upstream closed its HTTP/2 connection (GOAWAY) \

@@ -635,9 +635,27 @@ async fn single(
         let now = Instant::now();
         let index = record.attempt_started(entry, now, true);
         let began = entry.upstream.health.since();
-        let result = attempt(entry, route, budget, first_token_timeout, switch_by)
+        let mut result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
+        // Sent again, and closed unanswered again: no stale connection but an upstream that
+        // fails, counted against its health like a reset and not sent a third time (audit
+        // NA 2: one that closed every GET stayed in rotation, each request sent twice).
+        if let Err(GatewayError::UpstreamRefused {
+            upstream,
+            unanswered: true,
+            ..
+        }) = &mut result
+        {
+            if sent_again {
+                result = Err(GatewayError::UpstreamError {
+                    upstream: std::mem::take(upstream),
+                    reason: "closed its connection without answering the request, and again \
+                             when it was sent again"
+                        .to_owned(),
+                });
+            }
+        }
         note(
             metrics,
             budget,

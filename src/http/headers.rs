@@ -188,6 +188,15 @@ fn coding_fault(headers: &HeaderMap) -> Option<(Coding, String)> {
     ))
 }
 
+/// Whether an answer of `status` has no content, whatever its head says: a 1xx, a 204 (RFC
+/// 9110 15.3.5), a 205 (15.3.6: "MUST NOT generate content") or a 304 (15.4.5). Such an
+/// answer is no stream or document to read, nor one that could end short; its body, if the
+/// upstream sent one anyway, is dropped. The one definition both the held attempt and the
+/// answer use (audit NA 4: a 205 was read as an event stream and given an error event).
+pub fn answers_without_content(status: http::StatusCode) -> bool {
+    matches!(status.as_u16(), 100..=199 | 204 | 205 | 304)
+}
+
 /// What an upstream answer's head says that hyper's client accepts but the gateway must not
 /// pass on, in words for the 502; `None` when the head can go out. A transfer coding other
 /// than one `chunked` (RFC 9112 6.1: never sent unless the request's `TE` asked, and the

@@ -61,9 +61,6 @@ pub struct Inspector {
     /// `keepalive` events too), errors aside. 32 bits: in the padding of the struct, and
     /// four billion events are no answer.
     dispatched: u32,
-    /// An event other than a keep-alive was dispatched, recognised or not: the answer began.
-    /// One that ends before then never did (audit MC 1). Beside `dispatched`, in its padding.
-    began: bool,
 }
 
 /// What the scanner hands each event's data to.
@@ -91,6 +88,10 @@ struct Reader {
     recognised: bool,
     /// OpenAI's `[DONE]` was seen: the end, whatever came before it.
     done: bool,
+    /// An event other than a keep-alive or `[DONE]` was dispatched, recognised or not, or
+    /// the provider's error: the answer began. One that ends before then never did (audit
+    /// MC 1); the end marker or a keep-alive alone is no answer either (audit NA 5).
+    began: bool,
     /// An event that ends an answer was seen: a choice's `finish_reason`, a `message_delta`'s
     /// `stop_reason`, `message_stop`, `response.completed` (`incomplete`, `failed`).
     ended: bool,
@@ -128,6 +129,7 @@ impl Inspector {
                 extra: None,
                 recognised: false,
                 done: false,
+                began: false,
                 ended: false,
                 over: false,
                 choices_seen: 0,
@@ -135,7 +137,6 @@ impl Inspector {
                 choices_wide: false,
             },
             dispatched: 0,
-            began: false,
         }
     }
 
@@ -229,16 +230,18 @@ impl Inspector {
         match &self.scanner {
             Some(s) => {
                 let r = &self.reader;
-                s.open_event() || !self.began || (r.recognised && !r.finished())
+                s.open_event() || !r.began || (r.recognised && !r.finished())
             }
             None => self.reader.json.open_value(),
         }
     }
 
     /// The answer has ended: the stream would not be short if it stopped here (see
-    /// `ended_short`), though more of it may follow (a Chat usage chunk, `[DONE]`).
+    /// `ended_short`), though more of it may follow (a Chat usage chunk, `[DONE]`). An end
+    /// marker before the answer began ends none (audit NA 5).
     pub fn answer_ended(&self) -> bool {
-        self.scanner.is_some() && self.reader.recognised && self.reader.finished()
+        let r = &self.reader;
+        self.scanner.is_some() && r.began && r.recognised && r.finished()
     }
 
     /// The event after which nothing of the answer follows has come: `[DONE]`,
@@ -293,9 +296,6 @@ impl Inspector {
         scan.progress = scan
             .progress
             .saturating_sub(u32::from(self.reader.keepalives));
-        // Progress is every event but keep-alives and errors; an error ends the stream as
-        // the provider's answer, so it began too.
-        self.began |= scan.progress > 0 || scan.error_end.is_some();
         (scan, self.reader.output)
     }
 }
@@ -396,6 +396,24 @@ impl Reader {
             error: ev.error || kind == EventType::Error,
             ..ev
         };
+        // A keep-alive without its `event:` line (`event: ping` never gets here): the scanner
+        // counted it as progress, which the idle limit must not see (audit KE 3). Chat has
+        // none of its own, but a data-only `{"type":"ping"}` there is one all the same, not a
+        // chunk of the answer (audit NA 5).
+        let keepalive = ev.kind == Kind::KeepAlive && !ev.choices && !ev.error;
+        let done = ev.done_seen == 6 && ev.done_ok;
+        // The end marker and keep-alives say nothing of the answer: any other event begins
+        // it, the provider's error too (audit NA 5: `data: [DONE]` alone passed as a whole
+        // empty answer to a streaming client, and as a truncation rebuilt for one that did
+        // not stream).
+        self.began |= !(keepalive || done);
+        if keepalive {
+            self.keepalives = self.keepalives.saturating_add(1);
+            // No output, and on Chat no sign of the format: it is read by its chunks.
+            if self.format == Format::Chat {
+                return false;
+            }
+        }
         let t = &mut self.tokens;
         // What the event is, when it is recognised; `None` when it is not.
         let output = match (self.format, ev.kind) {
@@ -406,20 +424,17 @@ impl Reader {
             (Format::Messages | Format::Responses, Kind::Item) => {
                 Some(t.output_events == 0 && ev.is_output())
             }
-            (Format::Messages | Format::Responses, Kind::Framing | Kind::Error) => Some(false),
-            (Format::Messages | Format::Responses, Kind::KeepAlive) => {
-                // Data only (`event: ping` never gets here): the scanner counted it as
-                // progress, which the idle limit must not see (audit KE 3).
-                self.keepalives = self.keepalives.saturating_add(1);
-                Some(false)
-            }
-            _ if ev.done_seen == 6 && ev.done_ok => Some(false),
+            (
+                Format::Messages | Format::Responses,
+                Kind::Framing | Kind::Error | Kind::KeepAlive,
+            ) => Some(false),
+            _ if done => Some(false),
             _ => None,
         };
         if output.is_some() {
             self.recognised = true;
         }
-        self.done |= ev.done_seen == 6 && ev.done_ok;
+        self.done |= done;
         self.ended |= ev.finished;
         self.over |= ev.last;
         self.choices_seen |= ev.choices_seen;

@@ -24,7 +24,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -56,11 +56,25 @@ pub struct UpstreamIo {
 #[derive(Clone, Default)]
 pub struct Abandon(Arc<AbandonState>);
 
+///
+/// It also keeps what the attempt needs to tell a connection the upstream closed unanswered
+/// (audits MC 5, NA 2, NA 3): whether the connection was used before its current request,
+/// and whether any of that request's answer was read. hyper reports both a close with nothing
+/// read and one inside a head (or after a `100 Continue`) as the same "connection closed
+/// before message completed".
 #[derive(Default)]
 struct AbandonState {
     abandoned: AtomicBool,
     /// The connection's task, while its write waits.
     writer: Mutex<Option<Waker>>,
+    /// Reads that returned (bytes, or the end) since the last write, up to 2. HTTP/1.1 writes
+    /// a request, then reads its answer: a close that ends a read of no bytes leaves 1, and
+    /// 2 means bytes of the answer came before it. Counted, not summed: a read's byte count
+    /// is hyper's cursor's, which only unsafe code could read back.
+    reads: AtomicU8,
+    /// A read came before the last write began: the connection carried an earlier exchange,
+    /// so its current request went out on a pooled connection.
+    reused: AtomicBool,
 }
 
 impl Abandon {
@@ -79,6 +93,32 @@ impl Abandon {
 
     fn abandoned(&self) -> bool {
         self.0.abandoned.load(Ordering::Acquire)
+    }
+
+    /// The connection's request went out on it after an earlier exchange (it was pooled).
+    pub fn reused(&self) -> bool {
+        self.0.reused.load(Ordering::Relaxed)
+    }
+
+    /// Some of the current request's answer was read (see `reads`).
+    pub fn answer_begun(&self) -> bool {
+        self.0.reads.load(Ordering::Relaxed) >= 2
+    }
+
+    /// A read returned. Only the connection's task reads and writes: a load and a store.
+    fn read(&self) {
+        let reads = self.0.reads.load(Ordering::Relaxed);
+        if reads < 2 {
+            self.0.reads.store(reads + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes were written: after reads, a new request began.
+    fn wrote(&self) {
+        if self.0.reads.load(Ordering::Relaxed) > 0 {
+            self.0.reads.store(0, Ordering::Relaxed);
+            self.0.reused.store(true, Ordering::Relaxed);
+        }
     }
 
     /// A write waits: wakes `waker` when abandoned. Whether it was already.
@@ -203,6 +243,13 @@ impl UpstreamIo {
         ))
     }
 
+    /// After a write of bytes (not a flush, which hyper also makes while it reads).
+    fn wrote_bytes(&self, r: &Poll<io::Result<usize>>) {
+        if let (Poll::Ready(Ok(1..)), Some(a)) = (r, &self.abandon) {
+            a.wrote();
+        }
+    }
+
     /// After a write: one that waits is woken by an abandon, and fails then.
     fn wrote<T>(&self, cx: &Context<'_>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
         match (&r, &self.abandon) {
@@ -275,7 +322,12 @@ impl Read for UpstreamIo {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.first_frame.is_none() || buf.remaining() == 0 {
-            return this.poll_read_inner(cx, buf);
+            let asked = buf.remaining() > 0;
+            let read = this.poll_read_inner(cx, buf);
+            if let (Some(a), Poll::Ready(Ok(())), true) = (&this.abandon, &read, asked) {
+                a.read();
+            }
+            return read;
         }
         // Read through a buffer of its own, to see the bytes on their way to hyper.
         let mut scratch = [0u8; 512];
@@ -341,6 +393,7 @@ impl Write for UpstreamIo {
             Stream::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
             Stream::Tls(tls) => Pin::new(&mut **tls).poll_write(cx, buf),
         };
+        this.wrote_bytes(&r);
         this.wrote(cx, r)
     }
 
@@ -357,6 +410,7 @@ impl Write for UpstreamIo {
             Stream::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
             Stream::Tls(tls) => Pin::new(&mut **tls).poll_write_vectored(cx, bufs),
         };
+        this.wrote_bytes(&r);
         this.wrote(cx, r)
     }
 

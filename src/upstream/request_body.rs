@@ -4,6 +4,8 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
@@ -21,6 +23,8 @@ const PIECE: usize = 64 * 1024;
 pub struct RequestBody {
     rest: Bytes,
     sent: Option<oneshot::Sender<()>>,
+    /// Counts the pieces let go, for a body that is sent later.
+    taken: Option<Taken>,
 }
 
 /// A body of one piece over HTTP/1.1 goes with the head, into hyper's buffer, as soon as the
@@ -29,7 +33,20 @@ pub struct RequestBody {
 /// which the upstream may keep shut (audit MC 4): there it is sent when the last piece is.
 pub enum Sent {
     WithTheHead,
-    Later(BodySent),
+    Later(BodySent, Taken),
+}
+
+/// How many of a body's pieces the connection has let go so far: an upstream that takes none
+/// for the route's first-token limit after the head is stalled, not slowly taking an upload
+/// (audit NA 1).
+/// Read when the attempt looks, never waited on: a piece costs one atomic add.
+#[derive(Clone, Default)]
+pub struct Taken(Arc<AtomicUsize>);
+
+impl Taken {
+    pub fn pieces(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// Resolves once the body's last piece was taken by the connection (at once for an empty body,
@@ -46,6 +63,7 @@ pub type BodySent = oneshot::Receiver<()>;
 pub struct Piece {
     bytes: Bytes,
     last: Option<oneshot::Sender<()>>,
+    taken: Option<Arc<AtomicUsize>>,
 }
 
 impl Buf for Piece {
@@ -69,6 +87,9 @@ impl Buf for Piece {
 
 impl Drop for Piece {
     fn drop(&mut self) {
+        if let Some(taken) = &self.taken {
+            taken.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(tx) = self.last.take() {
             // The attempt may have ended already: nobody to tell.
             let _ = tx.send(());
@@ -84,15 +105,18 @@ impl RequestBody {
             let body = Self {
                 rest: bytes,
                 sent: None,
+                taken: None,
             };
             return (body, Sent::WithTheHead);
         }
         let (tx, rx) = oneshot::channel();
+        let taken = Taken::default();
         let body = Self {
             rest: bytes,
             sent: Some(tx),
+            taken: Some(taken.clone()),
         };
-        (body, Sent::Later(rx))
+        (body, Sent::Later(rx, taken))
     }
 }
 
@@ -117,7 +141,8 @@ impl Body for RequestBody {
         } else {
             None
         };
-        Poll::Ready(Some(Ok(Frame::data(Piece { bytes, last }))))
+        let taken = this.taken.as_ref().map(|t| t.0.clone());
+        Poll::Ready(Some(Ok(Frame::data(Piece { bytes, last, taken }))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -138,7 +163,7 @@ mod tests {
     #[tokio::test]
     async fn the_signal_comes_with_the_last_piece_and_not_before() {
         let (mut body, sent) = RequestBody::new(Bytes::from(vec![7u8; 2 * PIECE + 1]), false);
-        let Sent::Later(mut sent) = sent else {
+        let Sent::Later(mut sent, _) = sent else {
             panic!("a body of three pieces is sent after its head")
         };
         assert_eq!(body.size_hint().exact(), Some(2 * PIECE as u64 + 1));
@@ -180,7 +205,7 @@ mod tests {
         let (_, sent) = RequestBody::new(Bytes::new(), true);
         assert!(matches!(sent, Sent::WithTheHead));
         let (mut body, sent) = RequestBody::new(Bytes::from_static(b"{}"), true);
-        let Sent::Later(mut sent) = sent else {
+        let Sent::Later(mut sent, _) = sent else {
             panic!("may wait for the stream's window")
         };
         let piece = body.frame().await.unwrap().unwrap().into_data().unwrap();

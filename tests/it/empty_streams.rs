@@ -1,6 +1,6 @@
 //! A 2xx event stream of a known API (Chat Completions, Messages, Responses) that ends before
 //! any event of its answer (audit MC 1): an empty body, chunked or close-delimited, or one of
-//! comments or pings alone. The answer never began, so it is a truncation like any other: a
+//! comments or pings alone (or `data: [DONE]` alone, audit NA 5). The answer never began, so it is a truncation like any other: a
 //! streaming client gets `event: error`, the request and the upstream's health count it as a
 //! failure, and on a route that holds the head until the first token a fallback answers
 //! instead. Before, each passed as an empty 200 logged `ok`, and no fallback was tried.
@@ -104,6 +104,10 @@ fn ends() -> Vec<(&'static str, Vec<u8>)> {
             "event: ping",
             chunked("event: ping\ndata: {\"type\":\"ping\"}\n\n"),
         ),
+        // Neither the end marker nor a keep-alive without its `event:` line begins an answer
+        // (audit NA 5: both passed as an empty 200 to a streaming client, on Chat).
+        ("[DONE] alone", chunked("data: [DONE]\n\n")),
+        ("data-only ping", chunked("data: {\"type\":\"ping\"}\n\n")),
     ]
 }
 
@@ -269,5 +273,27 @@ async fn an_empty_stream_of_an_unknown_api_ends_as_it_ends() {
         );
         assert_eq!(g.outcome("other", "ok").await, 1.0, "{case}");
         assert_eq!(g.failures_in_a_row("primary").await, 0, "{case}");
+    }
+}
+
+/// A 205 Reset Content has no content (RFC 9110 15.3.6), whatever its content-type says: it
+/// is not an answer that could end short, and it goes out as it came, empty (audit NA 4),
+/// whether its head passes at once or is held for a retry.
+#[tokio::test]
+async fn a_205_is_answered_without_content() {
+    let answer = b"HTTP/1.1 205 Reset Content\r\ncontent-type: text/event-stream\r\n\
+                   content-length: 0\r\nconnection: close\r\n\r\n"
+        .to_vec();
+    for route_extra in ["", "retries = 1"] {
+        for (route, path, body) in APIS {
+            let g = gateway(answer.clone(), route_extra).await;
+            let (status, read) = g.call(path, body).await;
+            let case = format!("{route}, {route_extra:?}: {}", read.text());
+            assert_eq!(status, 205, "{case}");
+            assert!(read.error.is_none(), "{case}: {:?}", read.error);
+            assert!(read.bytes.is_empty(), "{case}");
+            assert_eq!(g.outcome(route, "ok").await, 1.0, "{case}");
+            assert_eq!(g.failures_in_a_row("primary").await, 0, "{case}");
+        }
     }
 }

@@ -112,6 +112,7 @@ async fn what_counts_against_an_upstreams_health() {
         GatewayError::UpstreamRefused {
             upstream: up(),
             reason: "REFUSED_STREAM",
+            unanswered: false,
         },
         GatewayError::ClientClosed,
         GatewayError::Starved {

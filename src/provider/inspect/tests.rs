@@ -983,9 +983,10 @@ fn it_stays_small() {
     // Chat choices seen and finished, which say when an answer of several choices ended; the
     // inspector by 8 more for the prompt's parts, kept apart so that a later usage that
     // names only some of them does not lose the others; its scanner by 8 for the longer line
-    // prefix that tells `event: keepalive`.)
+    // prefix that tells `event: keepalive`; by 8 when whether the answer began moved into
+    // the reader, which alone tells `[DONE]` and keep-alives from the answer's events.)
     let size = std::mem::size_of::<Inspector>();
-    assert!(size <= 320, "{size} bytes");
+    assert!(size <= 328, "{size} bytes");
     let shape = std::mem::size_of::<Shape>();
     assert!(shape <= 344, "{shape} bytes");
 }
@@ -1104,9 +1105,21 @@ fn a_stream_that_ends_before_its_answer_began_ended_short() {
             ": ping\n\n: keep-alive\n\n",
             "event: ping\ndata: {\"type\":\"ping\"}\n\n",
             "id: 1\n\nretry: 10\n\n",
+            // The end marker, or a keep-alive without its `event:` line, begins no answer
+            // (audit NA 5), on Chat too.
+            "data: [DONE]\n\n",
+            "data: {\"type\":\"ping\"}\n\n",
+            "data: {\"type\":\"ping\"}\n\ndata: [DONE]\n\n",
         ] {
-            let short = pieces(Inspector::new(format, true), body.as_bytes(), &[]).2;
+            let mut ins = Inspector::new(format, true);
+            let short = pieces(ins.clone(), body.as_bytes(), &[]).2;
             assert!(short, "{format:?}: {body:?}");
+            ins.feed(body.as_bytes());
+            assert!(!ins.answer_ended(), "{format:?}: {body:?}");
+            // A keep-alive is no output, nor progress for the idle limit.
+            let mut ins = Inspector::new(format, true);
+            let (scan, output) = ins.read(b"data: {\"type\":\"ping\"}\n\n");
+            assert!(!output && scan.progress == 0, "{format:?}");
         }
         let unknown = "data: {\"something\":\"else\"}\n\n";
         assert!(

@@ -424,6 +424,15 @@ async fn hedges_beyond_the_routes_share_are_not_sent() {
 async fn closes_its_second(
     body: &'static str,
 ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    answers_then(body, b"").await
+}
+
+/// As [`closes_its_second`], writing `second` (part of an answer, or nothing) before it
+/// closes on the second request.
+async fn answers_then(
+    body: &'static str,
+    second: &'static [u8],
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -444,6 +453,7 @@ async fn closes_its_second(
                 s.write_all(head.as_bytes()).await.unwrap();
                 read_request(&mut s).await;
                 seen.fetch_add(1, Ordering::SeqCst);
+                let _ = s.write_all(second).await;
             });
         }
     });
@@ -550,4 +560,114 @@ async fn an_answer_the_client_left_during_the_retry_wait_is_in_the_log_line() {
         1,
         "no retry after the client left"
     );
+}
+
+/// A gateway whose catch-all route `/v1` calls `url` (with `primary_extra`), `route` added.
+async fn catch_all(url: &str, route: &str, primary_extra: &str) -> Pair {
+    let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let text = config(url, &backup.url(), route, primary_extra, "").replace(
+        "path_prefix = \"/v1/chat/completions\"",
+        "path_prefix = \"/v1\"",
+    );
+    let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+        .await
+        .unwrap();
+    Pair {
+        primary: FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap(),
+        backup,
+        gw,
+    }
+}
+
+fn bodiless(method: http::Method, path: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "gateway")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap()
+}
+
+/// Audit NA 2: an upstream that closes every connection unanswered, a GET's too, is a
+/// failing upstream: a first send on a new connection is no stale pooled one, so it is not
+/// sent again and counts against the upstream's health like a reset, which ejects it after
+/// `eject_after`. It stayed in rotation for GETs forever, each paying two sends.
+#[tokio::test]
+async fn an_upstream_that_closes_every_get_unanswered_is_ejected() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let asked = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = asked.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                read_request(&mut s).await;
+                seen.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    let p = catch_all(&url, "fallbacks = [\"backup\"]", "eject_after = 2").await;
+    for i in 1..=2 {
+        let (resp, _c) = Conn::open(p.gw.addr)
+            .await
+            .send(bodiless(http::Method::GET, "/v1/models"))
+            .await;
+        assert_eq!(resp.status(), 200, "the fallback answers");
+        json_body(resp).await;
+        assert_eq!(asked.load(Ordering::SeqCst), i, "sent once");
+    }
+    let view: serde_json::Value =
+        serde_json::from_str(&admin_get(p.gw.admin_addr, "/upstreams").await).unwrap();
+    let primary = view["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "primary")
+        .unwrap()
+        .clone();
+    assert_eq!(primary["in_rotation"], false, "{view}");
+}
+
+/// Audit NA 3: a pooled connection that closed after part of the answer came (a partial
+/// head, a `100 Continue`) may have had its request processed, and so may a `DELETE`'s: none
+/// is sent again, and the 502 does not say that nothing of it was processed.
+#[tokio::test]
+async fn a_request_whose_connection_closed_after_part_of_its_answer_is_not_sent_again() {
+    use std::sync::atomic::Ordering;
+    let list = r#"{"object":"list","data":[]}"#;
+    for (case, second, method) in [
+        (
+            "partial head",
+            &b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"[..],
+            http::Method::GET,
+        ),
+        (
+            "100 Continue",
+            &b"HTTP/1.1 100 Continue\r\n\r\n"[..],
+            http::Method::GET,
+        ),
+        ("DELETE", &b""[..], http::Method::DELETE),
+    ] {
+        let (url, asked) = answers_then(list, second).await;
+        let p = catch_all(&url, "", "").await;
+        let conn = Conn::open(p.gw.addr).await;
+        let (resp, conn) = conn.send(bodiless(http::Method::GET, "/v1/models")).await;
+        assert_eq!(resp.status(), 200, "{case}");
+        json_body(resp).await;
+        let (resp, _conn) = conn.send(bodiless(method, "/v1/models")).await;
+        assert_eq!(resp.status(), 502, "{case}");
+        let v = json_body(resp).await;
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            !message.contains("nothing of it was processed"),
+            "{case}: {message}"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 2, "{case}: not sent again");
+    }
 }
