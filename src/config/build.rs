@@ -808,7 +808,31 @@ fn build_route(
         }
     })?;
 
-    let policy = build_policy(&label, &raw, &upstream, &limits, upstreams)?;
+    let (run_id, run_limits) = build_run_limits(&label, &overrides, raw_defaults)?;
+    // The run budget that bounds every call of a run on this route: the route's
+    // `run_budget` (a client may only shorten it), else the `run_max_budget` a client's
+    // own is clamped to.
+    let run_bound = [
+        (
+            "run_budget",
+            run_limits.budget,
+            overrides.run_budget.is_none(),
+        ),
+        (
+            "run_max_budget",
+            run_limits.max_budget,
+            overrides.run_max_budget.is_none(),
+        ),
+    ]
+    .into_iter()
+    .find_map(|(key, d, inherited)| {
+        d.map(|d| RunBound {
+            key,
+            budget: d,
+            inherited,
+        })
+    });
+    let policy = build_policy(&label, &raw, &upstream, &limits, run_bound, upstreams)?;
     let max_in_flight = match raw.max_in_flight {
         Some(0) => {
             return Err(format!(
@@ -822,7 +846,6 @@ fn build_route(
         }
         other => other,
     };
-    let (run_id, run_limits) = build_run_limits(&label, &overrides, raw_defaults)?;
     let stream_upstream = raw.stream_upstream.unwrap_or(false);
     let partial_answers = raw.partial_answers.unwrap_or(false);
     if partial_answers && !stream_upstream {
@@ -893,6 +916,7 @@ fn build_policy(
     raw: &RawRoute,
     upstream: &Arc<UpstreamConfig>,
     limits: &Limits,
+    run_bound: Option<RunBound>,
     upstreams: &[Arc<UpstreamConfig>],
 ) -> Result<Policy, String> {
     let retries = raw.retries.unwrap_or(0);
@@ -947,7 +971,7 @@ fn build_policy(
     }
     let fallbacks = lists.pop().unwrap_or_default();
     let balanced = lists.pop().unwrap_or_default();
-    check_seeds(label, &chain, limits)?;
+    check_seeds(label, &chain, limits, run_bound)?;
     if retry_on.0 == 0 && (retries > 0 || !fallbacks.is_empty()) {
         let what = match (retries > 0, fallbacks.is_empty()) {
             (true, true) => format!("retries ({retries})"),
@@ -983,15 +1007,33 @@ fn build_policy(
     })
 }
 
+/// The run budget key that bounds every call of a run on a route, for `check_seeds`.
+struct RunBound {
+    key: &'static str,
+    budget: Duration,
+    /// Taken from `[defaults]`.
+    inherited: bool,
+}
+
 /// Audit ME 1: an upstream's `expected_first_token` that a route calling it could never
 /// see confirmed shuts the route out. An attempt is made only when the estimate fits what is
 /// left of the budget after its reserve, and no first token is observed later than
 /// `first_token_timeout`, while the estimate returns to its seed between observations: a
 /// seed at or past either limit refused every request with the route's budget (504
 /// `insufficient_budget`) however fast the upstream answered. Checked as `hedge_after` is.
-fn check_seeds(label: &str, chain: &[Arc<UpstreamConfig>], limits: &Limits) -> Result<(), String> {
+/// Audit NB 1: a call of a run has at most the run's budget, so a seed at or past what the
+/// route's run budget leaves after the reserve refused every call with a run id (504
+/// `run_deadline_exceeded`), and a client may only shorten that budget.
+fn check_seeds(
+    label: &str,
+    chain: &[Arc<UpstreamConfig>],
+    limits: &Limits,
+    run_bound: Option<RunBound>,
+) -> Result<(), String> {
     let room = limits.budget.saturating_sub(limits.reserve);
-    let (limit, what) = if limits.first_token_timeout <= room {
+    let mut refused =
+        "every request with the route's budget would be refused (504 insufficient_budget)";
+    let (mut limit, mut what) = if limits.first_token_timeout <= room {
         (
             limits.first_token_timeout,
             format!("first_token_timeout ({})", hd(limits.first_token_timeout)),
@@ -1007,13 +1049,35 @@ fn check_seeds(label: &str, chain: &[Arc<UpstreamConfig>], limits: &Limits) -> R
             ),
         )
     };
+    if let Some(run) = run_bound {
+        let run_room = run.budget.saturating_sub(limits.reserve);
+        if run_room < limit {
+            let from = if run.inherited {
+                ", inherited from [defaults]"
+            } else {
+                ""
+            };
+            limit = run_room;
+            what = if limits.reserve.is_zero() {
+                format!("{} ({}{from})", run.key, hd(run.budget))
+            } else {
+                format!(
+                    "{} less its reserve ({}{from} - {} = {})",
+                    run.key,
+                    hd(run.budget),
+                    hd(limits.reserve),
+                    hd(run_room)
+                )
+            };
+            refused = "every call of a run would be refused (504 run_deadline_exceeded)";
+        }
+    }
     for up in chain {
         if let Some(seed) = up.expected_first_token.filter(|&s| s >= limit) {
             return Err(format!(
                 "{label}: upstream {:?} has expected_first_token ({}), which must be less than \
                  the route's {what}: no first token is observed later than that, so the \
-                 estimate could never come down, and every request with the route's budget \
-                 would be refused (504 insufficient_budget)",
+                 estimate could never come down, and {refused}",
                 up.name,
                 hd(seed)
             ));

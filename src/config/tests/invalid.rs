@@ -727,3 +727,59 @@ fn an_expected_first_token_a_route_could_never_see_is_refused() {
     ));
     load(&seeded("1m", &format!("upstream = \"openai\"\n{limits}")));
 }
+
+/// Audit NB 1: a seed at or past the room a route's run budget leaves (`run_budget`, or the
+/// `run_max_budget` a client's run budget is clamped to) passed, and every call with a run id
+/// was then refused 504 `run_deadline_exceeded` however fast the upstream answered.
+#[test]
+fn an_expected_first_token_past_a_routes_run_budget_is_refused() {
+    let seeded = |seed: &str, route: &str| {
+        BASE.replace(
+            "auth = \"x-api-key\"\n",
+            &format!("auth = \"x-api-key\"\nexpected_first_token = \"{seed}\"\n"),
+        )
+        .replace("upstream = \"openai\"\n", route)
+    };
+    let limits = "budget = \"8s\"\nfirst_token_timeout = \"8s\"\n";
+    let tail = "no first token is observed later than that, so the estimate could never \
+                come down, and every call of a run would be refused (504 run_deadline_exceeded)";
+    assert_eq!(
+        err(&seeded(
+            "7s",
+            &format!("upstream = \"anthropic\"\n{limits}run_budget = \"5s\"\n")
+        )),
+        format!(
+            "t.toml: route \"chat\": upstream \"anthropic\" has expected_first_token (7s), \
+             which must be less than the route's run_budget (5s): {tail}"
+        )
+    );
+    assert_eq!(
+        err(&seeded(
+            "4s",
+            &format!(
+                "upstream = \"openai\"\nfallbacks = [\"anthropic\"]\n{limits}reserve = \"1s\"\nrun_max_budget = \"5s\"\n"
+            )
+        )),
+        format!(
+            "t.toml: route \"chat\": upstream \"anthropic\" has expected_first_token (4s), \
+             which must be less than the route's run_max_budget less its reserve \
+             (5s - 1s = 4s): {tail}"
+        )
+    );
+    // Inherited from [defaults], the key says so.
+    assert_eq!(
+        err(&format!(
+            "[defaults]\nrun_budget = \"6s\"\n\n{}",
+            seeded("6s", &format!("upstream = \"anthropic\"\n{limits}"))
+        )),
+        format!(
+            "t.toml: route \"chat\": upstream \"anthropic\" has expected_first_token (6s), \
+             which must be less than the route's run_budget (6s, inherited from [defaults]): {tail}"
+        )
+    );
+    // Below it, it stands.
+    load(&seeded(
+        "4999ms",
+        &format!("upstream = \"anthropic\"\n{limits}run_budget = \"5s\"\n"),
+    ));
+}
