@@ -297,6 +297,7 @@ fn build(raw: RawConfig, source: &str, base_dir: Option<&Path>) -> Result<Config
         source: source.to_owned(),
         fingerprint: String::new(),
         inlined_secrets: Vec::new(),
+        relative_to_cwd: None,
         runs,
     })
 }

@@ -35,7 +35,13 @@ impl Config {
     pub fn warnings(&self) -> Vec<String> {
         self.warnings_with(&|name| std::env::var_os(name))
             .iter()
-            .map(|w| super::secrets::scrub(w))
+            .map(
+                |w| match missing_file_note(self.relative_to_cwd.as_deref(), w) {
+                    Some(note) => format!("{w} {note}"),
+                    None => w.clone(),
+                },
+            )
+            .map(|w| super::secrets::scrub(&w))
             .collect()
     }
 
@@ -439,6 +445,22 @@ fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
         Err(e) => out.push(missing_file(label, path, &e)),
         Ok(meta) => open_to_all_warning(label, path, &meta, out),
     }
+}
+
+/// Audit NB 2: why a file named relative to a config that is no regular file (a pipe) was
+/// looked for in `relative_to_cwd` (the working directory), for a message that says a file
+/// is missing; `None` for other messages, or a config that is a file.
+pub fn missing_file_note(relative_to_cwd: Option<&Path>, message: &str) -> Option<String> {
+    let dir = relative_to_cwd?;
+    let missing = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
+    let missing = message.contains("(os error 2)") || message.contains(&missing);
+    missing.then(|| {
+        format!(
+            "(the config is not a regular file, so its relative paths are resolved \
+             against the working directory, {})",
+            dir.display()
+        )
+    })
 }
 
 /// A file start-up needs that cannot be read here (it may be mounted only where the gateway

@@ -382,7 +382,7 @@ async fn read_source(
     // From the bytes just read: a second read could see another version of the file.
     let mut files = {
         let text = String::from_utf8_lossy(&text).into_owned();
-        let dir = path.parent().map(Path::to_path_buf);
+        let (dir, _) = crate::config::base_dir(path);
         tokio::task::spawn_blocking(move || Config::files_named(&text, dir.as_deref()))
             .await
             .unwrap_or_default()
