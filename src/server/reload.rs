@@ -553,6 +553,9 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
     shared
         .metrics
         .tls_certificate_pending(held.as_ref().map(|h| (h.state, h.due)));
+    shared
+        .health
+        .set_certificate(super::running::config_cert(&shared.server.load()).zip(validity));
     // The reload applied: a certificate held back is said as pending, not as a failure.
     shared.health.set_detail(match &held {
         Some(h) => format!("config {fingerprint}; certificate pending: {}", h.reason),
