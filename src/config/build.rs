@@ -376,11 +376,11 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
         ("header_read_timeout", server.header_read_timeout),
         ("send_timeout", server.send_timeout),
     ] {
-        if value < MIN_CLIENT_TIMEOUT {
+        if value < MIN_TIMEOUT {
             return Err(format!(
                 "server: {key} ({}) must be at least {}",
                 hd(value),
-                hd(MIN_CLIENT_TIMEOUT)
+                hd(MIN_TIMEOUT)
             ));
         }
     }
@@ -872,9 +872,10 @@ fn build_route(
     })
 }
 
-/// The shortest `header_read_timeout` or `send_timeout`: below a round trip on any network
-/// a client could use, each closes connections that are doing nothing wrong.
-const MIN_CLIENT_TIMEOUT: Duration = Duration::from_millis(10);
+/// The shortest `header_read_timeout`, `send_timeout`, `connect_timeout`,
+/// `first_token_timeout` or `idle_timeout`: below a round trip on any network a client or
+/// an upstream could use, each fails connections and calls that are doing nothing wrong.
+const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 /// Far beyond any real route; keeps the admission semaphore within its bounds.
 const MAX_IN_FLIGHT: usize = 1_000_000;
 /// Far beyond any descriptor limit; keeps the connection semaphore within its bounds.
@@ -1089,15 +1090,27 @@ fn check_seeds(
 
 fn check_limits(l: &Limits) -> Result<(), LimitsError> {
     let fail = |keys: &'static [&'static str], message: String| Err(LimitsError { message, keys });
-    let must_be_positive: [(&'static [&'static str], Duration); 4] = [
-        (&["budget"], l.budget),
+    if l.budget.is_zero() {
+        return fail(&["budget"], "budget must be greater than 0".to_owned());
+    }
+    // Audit NB 3: as the client timeouts (ME 5), these failed every request "within 0ms"
+    // when far shorter than any network round trip (`connect_timeout = "1ns"`).
+    let timeouts: [(&'static [&'static str], Duration); 3] = [
         (&["connect_timeout"], l.connect_timeout),
         (&["first_token_timeout"], l.first_token_timeout),
         (&["idle_timeout"], l.idle_timeout),
     ];
-    for (keys, value) in must_be_positive {
-        if value.is_zero() {
-            return fail(keys, format!("{} must be greater than 0", keys.join("")));
+    for (keys, value) in timeouts {
+        if value < MIN_TIMEOUT {
+            return fail(
+                keys,
+                format!(
+                    "{} ({}) must be at least {}",
+                    keys.join(""),
+                    hd(value),
+                    hd(MIN_TIMEOUT)
+                ),
+            );
         }
     }
     if l.budget > l.max_budget {

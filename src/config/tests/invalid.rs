@@ -327,13 +327,13 @@ fn route_limit_errors() {
         ),
         (
             "connect_timeout = \"0ms\"",
-            "connect_timeout must be greater than 0",
+            "connect_timeout (0s) must be at least 10ms",
         ),
         (
             "first_token_timeout = \"0s\"",
-            "first_token_timeout must be greater than 0",
+            "first_token_timeout (0s) must be at least 10ms",
         ),
-        ("idle_timeout = \"0s\"", "idle_timeout must be greater than 0"),
+        ("idle_timeout = \"0s\"", "idle_timeout (0s) must be at least 10ms"),
         (
             "retries = 3\nretry_on = []",
             "retry_on is empty, so retries (3) would never be tried; name the failures that \
@@ -379,7 +379,7 @@ fn defaults_are_checked_themselves() {
         ),
         (
             "idle_timeout = \"0s\"",
-            "idle_timeout must be greater than 0",
+            "idle_timeout (0s) must be at least 10ms",
         ),
     ];
     for (keys, message) in cases {
@@ -782,4 +782,27 @@ fn an_expected_first_token_past_a_routes_run_budget_is_refused() {
         "4999ms",
         &format!("upstream = \"anthropic\"\n{limits}run_budget = \"5s\"\n"),
     ));
+}
+
+/// Audit NB 3: the route timeouts were checked only for > 0, so `connect_timeout = "1ns"`
+/// or `first_token_timeout = "1ns"` passed, and requests failed "within 0ms". They have the
+/// floor ME 5 gave the client timeouts, in routes and in [defaults].
+#[test]
+fn route_timeouts_under_10ms_are_refused() {
+    for key in ["connect_timeout", "first_token_timeout", "idle_timeout"] {
+        for (value, shown) in [("1ns", "1ns"), ("9999us", "9ms 999us"), ("0s", "0s")] {
+            let keys = format!("{key} = \"{value}\"");
+            assert_eq!(
+                err(&with_route_keys(&keys)),
+                format!("t.toml: route \"chat\": {key} ({shown}) must be at least 10ms"),
+                "{keys}"
+            );
+            assert_eq!(
+                err(&format!("[defaults]\n{keys}\n{BASE}")),
+                format!("t.toml: defaults: {key} ({shown}) must be at least 10ms"),
+                "{keys}"
+            );
+        }
+        load(&with_route_keys(&format!("{key} = \"10ms\"")));
+    }
 }
