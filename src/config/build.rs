@@ -467,6 +467,31 @@ fn mapped_alike(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
         && a.ip().to_canonical() == b.ip().to_canonical()
 }
 
+/// Audit NB 6: a route or upstream name is a log field and a metric label. One made of an
+/// invisible character (a zero-width space, which `str::trim` keeps) looked blank, and
+/// "chat" beside "chat " looked like one name on a dashboard. The error completes
+/// `name "…" …`.
+fn check_name(name: &str) -> Result<(), String> {
+    let invisible = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}')
+            || matches!(c, '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+    };
+    if let Some(c) = name.chars().find(|&c| invisible(c)) {
+        return Err(format!(
+            "holds an invisible character (a format or control character), so it could look \
+             blank, or like another name (U+{:04X})",
+            u32::from(c)
+        ));
+    }
+    if name.trim() != name {
+        return Err(
+            "begins or ends with whitespace, so it could look like another name".to_owned(),
+        );
+    }
+    Ok(())
+}
+
 fn build_upstream(
     name: String,
     raw: RawUpstream,
@@ -475,6 +500,7 @@ fn build_upstream(
     if name.is_empty() {
         return Err("upstreams: an upstream name must not be empty".to_owned());
     }
+    check_name(&name).map_err(|why| format!("upstreams: upstream name {name:?} {why}"))?;
     let label = format!("upstream {name:?}");
     let http2 = build_http2(&raw).map_err(|why| format!("{label}: {why}"))?;
     let url_text = raw.url.ok_or_else(|| format!("{label}: url is required"))?;
@@ -743,6 +769,7 @@ fn build_route(
         }
         Some(n) => n.to_owned(),
     };
+    check_name(&name).map_err(|why| format!("routes[{index}]: name {name:?} {why}"))?;
     let label = format!("route {name:?}");
 
     let path_prefix = raw

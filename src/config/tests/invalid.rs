@@ -806,3 +806,61 @@ fn route_timeouts_under_10ms_are_refused() {
         load(&with_route_keys(&format!("{key} = \"10ms\"")));
     }
 }
+
+/// Audit NB 6: a name of a zero-width space passed the blank check (`str::trim` keeps
+/// U+200B), and "chat" beside "chat " gave two metric labels that look the same. Names with
+/// whitespace at either end, or with an invisible character, are refused, the name escaped.
+#[test]
+fn names_that_look_blank_or_like_another_are_refused() {
+    let route = |name: &str| {
+        err(&format!(
+            "{BASE}\n[[routes]]\nname = \"{name}\"\npath_prefix = \"/a\"\nupstream = \"openai\"\n"
+        ))
+    };
+    let invisible = "holds an invisible character (a format or control character), so it \
+                     could look blank, or like another name";
+    for (name, shown, code) in [
+        ("\\u200B", "\"\\u{200b}\"", "U+200B"),
+        ("chat\\u2060", "\"chat\\u{2060}\"", "U+2060"),
+        ("\\uFEFFchat", "\"\\u{feff}chat\"", "U+FEFF"),
+        ("ch\\u00ADat", "\"ch\\u{ad}at\"", "U+00AD"),
+        ("a\\u202Eb", "\"a\\u{202e}b\"", "U+202E"),
+        ("a\\u0007b", "\"a\\u{7}b\"", "U+0007"),
+    ] {
+        assert_eq!(
+            route(name),
+            format!("t.toml: routes[1]: name {shown} {invisible} ({code})"),
+            "{name}"
+        );
+    }
+    let ends = "begins or ends with whitespace, so it could look like another name";
+    assert_eq!(
+        route("chat "),
+        format!("t.toml: routes[1]: name \"chat \" {ends}")
+    );
+    assert_eq!(
+        route("\\u00A0chat"),
+        format!("t.toml: routes[1]: name \"\\u{{a0}}chat\" {ends}")
+    );
+    // Upstream names alike.
+    let upstream = |name: &str| {
+        err(&BASE.replace(
+            "[upstreams.anthropic]",
+            &format!(
+                "[upstreams.\"{name}\"]\nurl = \"https://x.example\"\n\n[upstreams.anthropic]"
+            ),
+        ))
+    };
+    assert_eq!(
+        upstream("openai "),
+        format!("t.toml: upstreams: upstream name \"openai \" {ends}")
+    );
+    assert_eq!(
+        upstream("\\u200B"),
+        format!("t.toml: upstreams: upstream name \"\\u{{200b}}\" {invisible} (U+200B)")
+    );
+    // Spaces inside a name are a name's own.
+    load(&format!(
+        "{BASE}\n[[routes]]\nname = \"chat two\"\npath_prefix = \"/a\"\nupstream = \"openai\"\n"
+    ));
+}
