@@ -367,6 +367,7 @@ async fn run(
     }
     let (path, baseline) = source.unzip();
     let Signals { stop, hangups } = signals;
+    let relative_to_cwd = config.relative_to_cwd.clone();
     // Before any listener or connection takes a descriptor (audit KF 6).
     match hourglass::descriptors::raise_open_file_limit() {
         Ok(was) => {
@@ -407,7 +408,10 @@ async fn run(
         Err(e) => {
             // Start-up errors quote what the file named (a key file, a variable), which
             // may be a key pasted into the wrong field.
-            eprintln!("hourglass: {}", hourglass::config::scrub(&e.to_string()));
+            let e = e.to_string();
+            let note = hourglass::config::missing_file_note(relative_to_cwd.as_deref(), &e)
+                .map_or_else(String::new, |n| format!(" {n}"));
+            eprintln!("hourglass: {}{note}", hourglass::config::scrub(&e));
             ExitCode::FAILURE
         }
     }

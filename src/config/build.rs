@@ -128,7 +128,8 @@ fn syntax_error(text: &str, source: &str, err: &toml::de::Error) -> ConfigError 
         Some(span) => {
             let (line, col) = line_col(text, span.start);
             // A value of the wrong type is located by its value: say whose it is.
-            let message = match key_at(text, span.start) {
+            let message = match key_at(text, span.start).or_else(|| key_named_at(text, span.start))
+            {
                 Some(key) => format!("`{key}`: {message}"),
                 None => message,
             };
@@ -187,6 +188,15 @@ pub(super) fn key_at(text: &str, offset: usize) -> Option<String> {
         path.insert(0, t);
     }
     Some(path.join("."))
+}
+
+/// The dotted key of the key that starts at byte `offset` (an unknown key is located by
+/// the key itself, before its `=`): the path its value would have. Audit NB 7:
+/// `unknown field `budegt`` did not say which `[[routes]]` entry, nor which inline table.
+fn key_named_at(text: &str, offset: usize) -> Option<String> {
+    let line = text.get(offset..)?.lines().next()?;
+    let eq = line.find('=')?;
+    key_at(text, offset + eq + 1)
 }
 
 /// The keys of a line's text up to a value: the line's own key, then the key of each
@@ -297,6 +307,7 @@ fn build(raw: RawConfig, source: &str, base_dir: Option<&Path>) -> Result<Config
         source: source.to_owned(),
         fingerprint: String::new(),
         inlined_secrets: Vec::new(),
+        relative_to_cwd: None,
         runs,
     })
 }
@@ -375,11 +386,11 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
         ("header_read_timeout", server.header_read_timeout),
         ("send_timeout", server.send_timeout),
     ] {
-        if value < MIN_CLIENT_TIMEOUT {
+        if value < MIN_TIMEOUT {
             return Err(format!(
                 "server: {key} ({}) must be at least {}",
                 hd(value),
-                hd(MIN_CLIENT_TIMEOUT)
+                hd(MIN_TIMEOUT)
             ));
         }
     }
@@ -466,6 +477,31 @@ fn mapped_alike(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
         && a.ip().to_canonical() == b.ip().to_canonical()
 }
 
+/// Audit NB 6: a route or upstream name is a log field and a metric label. One made of an
+/// invisible character (a zero-width space, which `str::trim` keeps) looked blank, and
+/// "chat" beside "chat " looked like one name on a dashboard. The error completes
+/// `name "…" …`.
+fn check_name(name: &str) -> Result<(), String> {
+    let invisible = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}')
+            || matches!(c, '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+    };
+    if let Some(c) = name.chars().find(|&c| invisible(c)) {
+        return Err(format!(
+            "holds an invisible character (a format or control character), so it could look \
+             blank, or like another name (U+{:04X})",
+            u32::from(c)
+        ));
+    }
+    if name.trim() != name {
+        return Err(
+            "begins or ends with whitespace, so it could look like another name".to_owned(),
+        );
+    }
+    Ok(())
+}
+
 fn build_upstream(
     name: String,
     raw: RawUpstream,
@@ -474,6 +510,7 @@ fn build_upstream(
     if name.is_empty() {
         return Err("upstreams: an upstream name must not be empty".to_owned());
     }
+    check_name(&name).map_err(|why| format!("upstreams: upstream name {name:?} {why}"))?;
     let label = format!("upstream {name:?}");
     let http2 = build_http2(&raw).map_err(|why| format!("{label}: {why}"))?;
     let url_text = raw.url.ok_or_else(|| format!("{label}: url is required"))?;
@@ -742,6 +779,7 @@ fn build_route(
         }
         Some(n) => n.to_owned(),
     };
+    check_name(&name).map_err(|why| format!("routes[{index}]: name {name:?} {why}"))?;
     let label = format!("route {name:?}");
 
     let path_prefix = raw
@@ -808,7 +846,31 @@ fn build_route(
         }
     })?;
 
-    let policy = build_policy(&label, &raw, &upstream, &limits, upstreams)?;
+    let (run_id, run_limits) = build_run_limits(&label, &overrides, raw_defaults)?;
+    // The run budget that bounds every call of a run on this route: the route's
+    // `run_budget` (a client may only shorten it), else the `run_max_budget` a client's
+    // own is clamped to.
+    let run_bound = [
+        (
+            "run_budget",
+            run_limits.budget,
+            overrides.run_budget.is_none(),
+        ),
+        (
+            "run_max_budget",
+            run_limits.max_budget,
+            overrides.run_max_budget.is_none(),
+        ),
+    ]
+    .into_iter()
+    .find_map(|(key, d, inherited)| {
+        d.map(|d| RunBound {
+            key,
+            budget: d,
+            inherited,
+        })
+    });
+    let policy = build_policy(&label, &raw, &upstream, &limits, run_bound, upstreams)?;
     let max_in_flight = match raw.max_in_flight {
         Some(0) => {
             return Err(format!(
@@ -822,7 +884,6 @@ fn build_route(
         }
         other => other,
     };
-    let (run_id, run_limits) = build_run_limits(&label, &overrides, raw_defaults)?;
     let stream_upstream = raw.stream_upstream.unwrap_or(false);
     let partial_answers = raw.partial_answers.unwrap_or(false);
     if partial_answers && !stream_upstream {
@@ -848,9 +909,10 @@ fn build_route(
     })
 }
 
-/// The shortest `header_read_timeout` or `send_timeout`: below a round trip on any network
-/// a client could use, each closes connections that are doing nothing wrong.
-const MIN_CLIENT_TIMEOUT: Duration = Duration::from_millis(10);
+/// The shortest `header_read_timeout`, `send_timeout`, `connect_timeout`,
+/// `first_token_timeout` or `idle_timeout`: below a round trip on any network a client or
+/// an upstream could use, each fails connections and calls that are doing nothing wrong.
+const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 /// Far beyond any real route; keeps the admission semaphore within its bounds.
 const MAX_IN_FLIGHT: usize = 1_000_000;
 /// Far beyond any descriptor limit; keeps the connection semaphore within its bounds.
@@ -893,6 +955,7 @@ fn build_policy(
     raw: &RawRoute,
     upstream: &Arc<UpstreamConfig>,
     limits: &Limits,
+    run_bound: Option<RunBound>,
     upstreams: &[Arc<UpstreamConfig>],
 ) -> Result<Policy, String> {
     let retries = raw.retries.unwrap_or(0);
@@ -947,7 +1010,7 @@ fn build_policy(
     }
     let fallbacks = lists.pop().unwrap_or_default();
     let balanced = lists.pop().unwrap_or_default();
-    check_seeds(label, &chain, limits)?;
+    check_seeds(label, &chain, limits, run_bound)?;
     if retry_on.0 == 0 && (retries > 0 || !fallbacks.is_empty()) {
         let what = match (retries > 0, fallbacks.is_empty()) {
             (true, true) => format!("retries ({retries})"),
@@ -983,15 +1046,33 @@ fn build_policy(
     })
 }
 
+/// The run budget key that bounds every call of a run on a route, for `check_seeds`.
+struct RunBound {
+    key: &'static str,
+    budget: Duration,
+    /// Taken from `[defaults]`.
+    inherited: bool,
+}
+
 /// Audit ME 1: an upstream's `expected_first_token` that a route calling it could never
 /// see confirmed shuts the route out. An attempt is made only when the estimate fits what is
 /// left of the budget after its reserve, and no first token is observed later than
 /// `first_token_timeout`, while the estimate returns to its seed between observations: a
 /// seed at or past either limit refused every request with the route's budget (504
 /// `insufficient_budget`) however fast the upstream answered. Checked as `hedge_after` is.
-fn check_seeds(label: &str, chain: &[Arc<UpstreamConfig>], limits: &Limits) -> Result<(), String> {
+/// Audit NB 1: a call of a run has at most the run's budget, so a seed at or past what the
+/// route's run budget leaves after the reserve refused every call with a run id (504
+/// `run_deadline_exceeded`), and a client may only shorten that budget.
+fn check_seeds(
+    label: &str,
+    chain: &[Arc<UpstreamConfig>],
+    limits: &Limits,
+    run_bound: Option<RunBound>,
+) -> Result<(), String> {
     let room = limits.budget.saturating_sub(limits.reserve);
-    let (limit, what) = if limits.first_token_timeout <= room {
+    let mut refused =
+        "every request with the route's budget would be refused (504 insufficient_budget)";
+    let (mut limit, mut what) = if limits.first_token_timeout <= room {
         (
             limits.first_token_timeout,
             format!("first_token_timeout ({})", hd(limits.first_token_timeout)),
@@ -1007,13 +1088,35 @@ fn check_seeds(label: &str, chain: &[Arc<UpstreamConfig>], limits: &Limits) -> R
             ),
         )
     };
+    if let Some(run) = run_bound {
+        let run_room = run.budget.saturating_sub(limits.reserve);
+        if run_room < limit {
+            let from = if run.inherited {
+                ", inherited from [defaults]"
+            } else {
+                ""
+            };
+            limit = run_room;
+            what = if limits.reserve.is_zero() {
+                format!("{} ({}{from})", run.key, hd(run.budget))
+            } else {
+                format!(
+                    "{} less its reserve ({}{from} - {} = {})",
+                    run.key,
+                    hd(run.budget),
+                    hd(limits.reserve),
+                    hd(run_room)
+                )
+            };
+            refused = "every call of a run would be refused (504 run_deadline_exceeded)";
+        }
+    }
     for up in chain {
         if let Some(seed) = up.expected_first_token.filter(|&s| s >= limit) {
             return Err(format!(
                 "{label}: upstream {:?} has expected_first_token ({}), which must be less than \
                  the route's {what}: no first token is observed later than that, so the \
-                 estimate could never come down, and every request with the route's budget \
-                 would be refused (504 insufficient_budget)",
+                 estimate could never come down, and {refused}",
                 up.name,
                 hd(seed)
             ));
@@ -1024,15 +1127,27 @@ fn check_seeds(label: &str, chain: &[Arc<UpstreamConfig>], limits: &Limits) -> R
 
 fn check_limits(l: &Limits) -> Result<(), LimitsError> {
     let fail = |keys: &'static [&'static str], message: String| Err(LimitsError { message, keys });
-    let must_be_positive: [(&'static [&'static str], Duration); 4] = [
-        (&["budget"], l.budget),
+    if l.budget.is_zero() {
+        return fail(&["budget"], "budget must be greater than 0".to_owned());
+    }
+    // Audit NB 3: as the client timeouts (ME 5), these failed every request "within 0ms"
+    // when far shorter than any network round trip (`connect_timeout = "1ns"`).
+    let timeouts: [(&'static [&'static str], Duration); 3] = [
         (&["connect_timeout"], l.connect_timeout),
         (&["first_token_timeout"], l.first_token_timeout),
         (&["idle_timeout"], l.idle_timeout),
     ];
-    for (keys, value) in must_be_positive {
-        if value.is_zero() {
-            return fail(keys, format!("{} must be greater than 0", keys.join("")));
+    for (keys, value) in timeouts {
+        if value < MIN_TIMEOUT {
+            return fail(
+                keys,
+                format!(
+                    "{} ({}) must be at least {}",
+                    keys.join(""),
+                    hd(value),
+                    hd(MIN_TIMEOUT)
+                ),
+            );
         }
     }
     if l.budget > l.max_budget {

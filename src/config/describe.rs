@@ -35,7 +35,13 @@ impl Config {
     pub fn warnings(&self) -> Vec<String> {
         self.warnings_with(&|name| std::env::var_os(name))
             .iter()
-            .map(|w| super::secrets::scrub(w))
+            .map(
+                |w| match missing_file_note(self.relative_to_cwd.as_deref(), w) {
+                    Some(note) => format!("{w} {note}"),
+                    None => w.clone(),
+                },
+            )
+            .map(|w| super::secrets::scrub(&w))
             .collect()
     }
 
@@ -412,6 +418,8 @@ impl Config {
 /// each request coming back until refused 508 `loop_detected`). Judged from the address
 /// alone: an unspecified `listen` (every address) counts loopback names and addresses only,
 /// since the machine's other addresses are not known here; port 0 is never one.
+/// Audit NB 4: judged by the parsed address, not its spelling: a name or form the resolver
+/// takes for a loopback or unspecified address (`localhost.`, `127.1`, `0.0.0.0`) counts.
 fn is_own_listen(url: &http::Uri, listen: std::net::SocketAddr) -> bool {
     use std::net::IpAddr;
     let default_port = match url.scheme_str() {
@@ -425,13 +433,63 @@ fn is_own_listen(url: &http::Uri, listen: std::net::SocketAddr) -> bool {
         return false;
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let localhost = host.eq_ignore_ascii_case("localhost");
     let listen_ip = listen.ip().to_canonical();
-    match host.parse::<IpAddr>().map(|ip| ip.to_canonical()) {
-        Ok(ip) if ip == listen_ip => true,
-        Ok(ip) => listen_ip.is_unspecified() && (ip.is_loopback() || ip.is_unspecified()),
-        Err(_) => localhost && (listen_ip.is_unspecified() || listen_ip.is_loopback()),
+    // `localhost` (with or without the root's dot) is every loopback address at once.
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.eq_ignore_ascii_case("localhost") {
+        return listen_ip.is_unspecified() || listen_ip.is_loopback();
     }
+    let Some(ip) = host
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| inet_aton(host).map(IpAddr::V4))
+        .map(|ip| ip.to_canonical())
+    else {
+        return false;
+    };
+    if ip == listen_ip {
+        return true;
+    }
+    if listen_ip.is_unspecified() {
+        return ip.is_loopback() || ip.is_unspecified();
+    }
+    // Linux connects to an unspecified address as to the loopback one of its family.
+    ip.is_unspecified()
+        && match ip {
+            IpAddr::V4(_) => listen_ip == IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
+            IpAddr::V6(_) => listen_ip == IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        }
+}
+
+/// An IPv4 address in the forms `inet_aton` (and so glibc's resolver) also takes: one to
+/// four parts, decimal, octal (`0` first) or hex (`0x`), the last filling the bytes left
+/// (`127.1` is 127.0.0.1, `2130706433` too). Only what is all digits and dots is tried.
+fn inet_aton(host: &str) -> Option<std::net::Ipv4Addr> {
+    let parts: Vec<u32> = host
+        .split('.')
+        .map(|p| {
+            let (digits, radix) = match p.get(..2) {
+                Some("0x" | "0X") => (&p[2..], 16),
+                _ if p.len() > 1 && p.starts_with('0') => (&p[1..], 8),
+                _ => (p, 10),
+            };
+            u32::from_str_radix(digits, radix).ok()
+        })
+        .collect::<Option<_>>()?;
+    let (last, head) = parts.split_last()?;
+    if head.len() > 3 || head.iter().any(|&p| p > 255) {
+        return None;
+    }
+    // The last part fills the bytes the others leave.
+    let room = 8 * (4 - head.len() as u32);
+    if room < 32 && *last >= 1 << room {
+        return None;
+    }
+    let value = head
+        .iter()
+        .enumerate()
+        .fold(*last, |v, (i, &p)| v | p << (24 - 8 * i as u32));
+    Some(std::net::Ipv4Addr::from(value))
 }
 
 fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
@@ -439,6 +497,22 @@ fn secret_file_warnings(label: &str, path: &Path, out: &mut Vec<String>) {
         Err(e) => out.push(missing_file(label, path, &e)),
         Ok(meta) => open_to_all_warning(label, path, &meta, out),
     }
+}
+
+/// Audit NB 2: why a file named relative to a config that is no regular file (a pipe) was
+/// looked for in `relative_to_cwd` (the working directory), for a message that says a file
+/// is missing; `None` for other messages, or a config that is a file.
+pub fn missing_file_note(relative_to_cwd: Option<&Path>, message: &str) -> Option<String> {
+    let dir = relative_to_cwd?;
+    let missing = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
+    let missing = message.contains("(os error 2)") || message.contains(&missing);
+    missing.then(|| {
+        format!(
+            "(the config is not a regular file, so its relative paths are resolved \
+             against the working directory, {})",
+            dir.display()
+        )
+    })
 }
 
 /// A file start-up needs that cannot be read here (it may be mounted only where the gateway

@@ -37,7 +37,7 @@ pub use build::DEFAULT_LIMITS;
 /// No duration in the file may exceed this (humantime's year is 365.25 days); nor a run's
 /// budget a client asks for (`x-run-budget-ms`), so that every store holds the same.
 pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(31_557_600);
-pub use describe::WILL_NOT_START;
+pub use describe::{missing_file_note, WILL_NOT_START};
 pub use http2::{Http2Config, Http2Mode};
 pub use routing::glob_match;
 pub use runs::{
@@ -75,6 +75,32 @@ pub struct Config {
     pub inlined_secrets: Vec<String>,
     /// The `[runs]` table.
     pub runs: RunsConfig,
+    /// The working directory relative paths were resolved against, for a config that is no
+    /// regular file (see [`base_dir`]); `None` when they were resolved against the config
+    /// file's folder. A missing file's message says so.
+    pub relative_to_cwd: Option<PathBuf>,
+}
+
+/// The folder the relative paths of the config at `path` are resolved against, and whether
+/// that is the working directory. Audit NB 2: a config read from a pipe
+/// (`--config <(envsubst < tmpl.toml)`, `/dev/stdin`) has no folder of its own, and
+/// `/dev/fd/63`'s parent made `api_key_file = "key"` into `/dev/fd/key`; such a config's
+/// relative paths are resolved against the working directory, as the shell that wrote
+/// the pipe resolves its own.
+pub fn base_dir(path: &Path) -> (Option<PathBuf>, bool) {
+    // A descriptor's name (`/dev/stdin` redirected from a file is a regular file, but
+    // `/dev` is not its folder) or anything else that is not a regular file.
+    let descriptor = path == Path::new("/dev/stdin")
+        || path.parent().is_some_and(|p| {
+            p == Path::new("/dev/fd") || (p.starts_with("/proc") && p.ends_with("fd"))
+        });
+    let not_a_file = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+    if descriptor || not_a_file {
+        if let Ok(cwd) = std::env::current_dir() {
+            return (Some(cwd), true);
+        }
+    }
+    (path.parent().map(Path::to_path_buf), false)
 }
 
 /// The `[server]` table.
@@ -529,7 +555,10 @@ impl Config {
                 ),
             }
         })?;
-        build::parse(&text, &source, path.parent())
+        let (dir, cwd) = base_dir(path);
+        let mut config = build::parse(&text, &source, dir.as_deref())?;
+        config.relative_to_cwd = dir.filter(|_| cwd);
+        Ok(config)
     }
 
     /// The files config `text` names (relative ones resolved against `base_dir`, the

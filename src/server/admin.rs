@@ -5,8 +5,10 @@
 //! exposes them.
 
 use std::convert::Infallible;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -18,6 +20,7 @@ use crate::gateway::Gateway;
 use crate::http::date;
 use crate::runs::id::check_id;
 use crate::runs::{RunKey, RunState, Runs};
+use crate::server::tls::Validity;
 use crate::telemetry::metrics::Metrics;
 
 /// What the admin listener serves from.
@@ -89,6 +92,10 @@ pub struct Health {
     ready: AtomicBool,
     /// Which config is served and how the last reload went, shown by /readyz.
     detail: std::sync::Mutex<String>,
+    /// The served certificate's file and dates. Audit NB 5: a certificate the watcher took
+    /// outside its dates (a renewal not valid yet, once the one served ran out) left
+    /// /readyz saying plain `ready`; it says so, at each asking, while that lasts.
+    certificate: std::sync::Mutex<Option<(String, Validity)>>,
 }
 
 impl Health {
@@ -96,11 +103,44 @@ impl Health {
         *self.detail.lock().unwrap_or_else(|e| e.into_inner()) = detail;
     }
 
+    /// The certificate served from now on (`None`: no TLS), its file and dates.
+    pub fn set_certificate(&self, served: Option<(String, Validity)>) {
+        *self.certificate.lock().unwrap_or_else(|e| e.into_inner()) = served;
+    }
+
     fn detail(&self) -> String {
-        self.detail
+        self.detail_at(SystemTime::now())
+    }
+
+    /// The detail, and a note when the certificate served is outside its dates at `now`.
+    fn detail_at(&self, now: SystemTime) -> String {
+        let mut detail = self
+            .detail
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .clone();
+        let served = self
+            .certificate
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some((path, v)) = served.filter(|(_, v)| !v.holds_at(now)) {
+            let at = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
+            let _ = match (v.from.filter(|from| *from > now), v.until) {
+                (Some(from), _) => write!(
+                    detail,
+                    "; the certificate served ({path}) is not valid until {} (its notBefore): \
+                     clients refuse it",
+                    at(from)
+                ),
+                (None, until) => write!(
+                    detail,
+                    "; the certificate served ({path}) expired at {}: clients refuse it",
+                    until.map_or_else(|| "?".to_owned(), at)
+                ),
+            };
+        }
+        detail
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -295,6 +335,37 @@ fn json(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Audit NB 5: once the watcher took a certificate not valid yet (the one served had run
+    /// out), `/readyz` said plain `ready`. It says so while the served certificate is outside
+    /// its dates, and no more once it is inside them.
+    #[test]
+    fn readyz_says_while_the_served_certificate_is_outside_its_dates() {
+        use std::time::{Duration, SystemTime};
+        let at = |secs: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+        let health = Health::default();
+        health.set_detail("config abc".into());
+        health.set_certificate(Some((
+            "/etc/tls.pem".into(),
+            crate::server::tls::Validity {
+                from: Some(at(1_800_000_000)),
+                until: Some(at(1_900_000_000)),
+            },
+        )));
+        assert_eq!(
+            health.detail_at(at(1_799_999_999)),
+            "config abc; the certificate served (/etc/tls.pem) is not valid until \
+             2027-01-15T08:00:00Z (its notBefore): clients refuse it"
+        );
+        assert_eq!(health.detail_at(at(1_850_000_000)), "config abc");
+        assert_eq!(
+            health.detail_at(at(1_900_000_001)),
+            "config abc; the certificate served (/etc/tls.pem) expired at \
+             2030-03-17T17:46:40Z: clients refuse it"
+        );
+        health.set_certificate(None);
+        assert_eq!(health.detail_at(at(1_799_999_999)), "config abc");
+    }
 
     /// The admin listener's answers are dated by the wall clock of their making, not by
     /// hyper's per-thread cache, which a step back of the clock froze (audit KD 2).

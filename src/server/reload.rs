@@ -382,7 +382,7 @@ async fn read_source(
     // From the bytes just read: a second read could see another version of the file.
     let mut files = {
         let text = String::from_utf8_lossy(&text).into_owned();
-        let dir = path.parent().map(Path::to_path_buf);
+        let (dir, _) = crate::config::base_dir(path);
         tokio::task::spawn_blocking(move || Config::files_named(&text, dir.as_deref()))
             .await
             .unwrap_or_default()
@@ -553,6 +553,9 @@ fn apply(shared: &Shared, config: Config, cause: &dyn fmt::Display) -> Result<St
     shared
         .metrics
         .tls_certificate_pending(held.as_ref().map(|h| (h.state, h.due)));
+    shared
+        .health
+        .set_certificate(super::running::config_cert(&shared.server.load()).zip(validity));
     // The reload applied: a certificate held back is said as pending, not as a failure.
     shared.health.set_detail(match &held {
         Some(h) => format!("config {fingerprint}; certificate pending: {}", h.reason),

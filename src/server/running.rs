@@ -116,6 +116,7 @@ pub async fn start_with_source(
     let admin_addr = local(&admin);
     metrics.config_loaded(&fingerprint);
     health.set_detail(format!("config {fingerprint}"));
+    health.set_certificate(config_cert(&server).zip(tls_validity));
     let at_start = AtStart::of(&server);
     let shared = Arc::new(Shared {
         gateway: Arc::new(ArcSwap::from_pointee(gateway)),
@@ -178,4 +179,10 @@ pub async fn start_with_source(
 /// [`start_with_source`] for a config that has no file to reload from.
 pub async fn start(config: Config) -> Result<Running, ServerError> {
     start_with_source(config, None).await
+}
+
+/// The served certificate's file, as `/readyz` names it.
+pub(super) fn config_cert(server: &crate::config::ServerConfig) -> Option<String> {
+    let tls = server.tls.as_ref()?;
+    Some(crate::config::scrub(&tls.cert.display().to_string()))
 }

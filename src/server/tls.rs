@@ -366,10 +366,20 @@ pub fn held_for_dates(
             humantime::format_rfc3339_seconds(t).to_string()
         })
     };
-    let (state, label, when) = if new.from.is_some_and(|from| from > now) {
-        ("is not valid yet", "not_yet_valid", "its notBefore")
+    let not_yet = new.from.filter(|from| *from > now);
+    let (state, label) = if not_yet.is_some() {
+        ("is not valid yet", "not_yet_valid")
     } else {
-        ("has expired", "expired", "when the one served runs out")
+        ("has expired", "expired")
+    };
+    // Said from what `due` takes, the earlier of the two (audit NB 5: a notBefore after the
+    // served pair's end was said to be the time, which was that end).
+    let when = match (not_yet, serving.until) {
+        (Some(from), Some(until)) if until < from => {
+            "when the one served runs out, before this one's notBefore"
+        }
+        (Some(_), _) => "its notBefore",
+        (None, _) => "when the one served runs out",
     };
     let due = due(new, Some(serving), now);
     Some(Held {

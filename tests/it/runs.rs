@@ -131,7 +131,9 @@ name = "slow"
 path_prefix = "/v1/chat/completions"
 models = ["slow"]
 upstream = "slow"
-run_budget = "600ms"
+# Room for the seed (a run budget that had none is refused, audit NB 1); a client's
+# x-run-budget-ms may shorten it below.
+run_budget = "5s"
 
 [[routes]]
 name = "ceiling"
@@ -543,13 +545,18 @@ async fn a_client_run_budget_may_only_shorten_the_run(store: Store) {
     }
 }
 
-/// The run leaves less than the upstream is known to need before its first token: no attempt
-/// is made, and since the run's deadline is what bounds the call, the refusal is the run's,
+/// The run (shortened by its client) leaves less than the upstream is known to need before
+/// its first token: no attempt is made, and since the run's deadline is what bounds the call, the refusal is the run's,
 /// which the SDKs do not retry (insufficient_budget, which they do, only spent the run).
 async fn a_run_too_short_for_any_attempt_is_refused_as_the_runs_deadline(store: Store) {
     let (h, _keep) = harness(store).await;
     let (resp, _c) = h
-        .send(call("/slow", false, &[("x-run-id", "short")], ""))
+        .send(call(
+            "/slow",
+            false,
+            &[("x-run-id", "short"), ("x-run-budget-ms", "600")],
+            "",
+        ))
         .await;
     assert_eq!(resp.status(), 504);
     assert_eq!(resp.headers()["x-should-retry"], "false");

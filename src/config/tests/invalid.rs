@@ -327,13 +327,13 @@ fn route_limit_errors() {
         ),
         (
             "connect_timeout = \"0ms\"",
-            "connect_timeout must be greater than 0",
+            "connect_timeout (0s) must be at least 10ms",
         ),
         (
             "first_token_timeout = \"0s\"",
-            "first_token_timeout must be greater than 0",
+            "first_token_timeout (0s) must be at least 10ms",
         ),
-        ("idle_timeout = \"0s\"", "idle_timeout must be greater than 0"),
+        ("idle_timeout = \"0s\"", "idle_timeout (0s) must be at least 10ms"),
         (
             "retries = 3\nretry_on = []",
             "retry_on is empty, so retries (3) would never be tried; name the failures that \
@@ -379,7 +379,7 @@ fn defaults_are_checked_themselves() {
         ),
         (
             "idle_timeout = \"0s\"",
-            "idle_timeout must be greater than 0",
+            "idle_timeout (0s) must be at least 10ms",
         ),
     ];
     for (keys, message) in cases {
@@ -726,4 +726,141 @@ fn an_expected_first_token_a_route_could_never_see_is_refused() {
         &format!("upstream = \"openai\"\nfallbacks = [\"anthropic\"]\n{limits}"),
     ));
     load(&seeded("1m", &format!("upstream = \"openai\"\n{limits}")));
+}
+
+/// Audit NB 1: a seed at or past the room a route's run budget leaves (`run_budget`, or the
+/// `run_max_budget` a client's run budget is clamped to) passed, and every call with a run id
+/// was then refused 504 `run_deadline_exceeded` however fast the upstream answered.
+#[test]
+fn an_expected_first_token_past_a_routes_run_budget_is_refused() {
+    let seeded = |seed: &str, route: &str| {
+        BASE.replace(
+            "auth = \"x-api-key\"\n",
+            &format!("auth = \"x-api-key\"\nexpected_first_token = \"{seed}\"\n"),
+        )
+        .replace("upstream = \"openai\"\n", route)
+    };
+    let limits = "budget = \"8s\"\nfirst_token_timeout = \"8s\"\n";
+    let tail = "no first token is observed later than that, so the estimate could never \
+                come down, and every call of a run would be refused (504 run_deadline_exceeded)";
+    assert_eq!(
+        err(&seeded(
+            "7s",
+            &format!("upstream = \"anthropic\"\n{limits}run_budget = \"5s\"\n")
+        )),
+        format!(
+            "t.toml: route \"chat\": upstream \"anthropic\" has expected_first_token (7s), \
+             which must be less than the route's run_budget (5s): {tail}"
+        )
+    );
+    assert_eq!(
+        err(&seeded(
+            "4s",
+            &format!(
+                "upstream = \"openai\"\nfallbacks = [\"anthropic\"]\n{limits}reserve = \"1s\"\nrun_max_budget = \"5s\"\n"
+            )
+        )),
+        format!(
+            "t.toml: route \"chat\": upstream \"anthropic\" has expected_first_token (4s), \
+             which must be less than the route's run_max_budget less its reserve \
+             (5s - 1s = 4s): {tail}"
+        )
+    );
+    // Inherited from [defaults], the key says so.
+    assert_eq!(
+        err(&format!(
+            "[defaults]\nrun_budget = \"6s\"\n\n{}",
+            seeded("6s", &format!("upstream = \"anthropic\"\n{limits}"))
+        )),
+        format!(
+            "t.toml: route \"chat\": upstream \"anthropic\" has expected_first_token (6s), \
+             which must be less than the route's run_budget (6s, inherited from [defaults]): {tail}"
+        )
+    );
+    // Below it, it stands.
+    load(&seeded(
+        "4999ms",
+        &format!("upstream = \"anthropic\"\n{limits}run_budget = \"5s\"\n"),
+    ));
+}
+
+/// Audit NB 3: the route timeouts were checked only for > 0, so `connect_timeout = "1ns"`
+/// or `first_token_timeout = "1ns"` passed, and requests failed "within 0ms". They have the
+/// floor ME 5 gave the client timeouts, in routes and in [defaults].
+#[test]
+fn route_timeouts_under_10ms_are_refused() {
+    for key in ["connect_timeout", "first_token_timeout", "idle_timeout"] {
+        for (value, shown) in [("1ns", "1ns"), ("9999us", "9ms 999us"), ("0s", "0s")] {
+            let keys = format!("{key} = \"{value}\"");
+            assert_eq!(
+                err(&with_route_keys(&keys)),
+                format!("t.toml: route \"chat\": {key} ({shown}) must be at least 10ms"),
+                "{keys}"
+            );
+            assert_eq!(
+                err(&format!("[defaults]\n{keys}\n{BASE}")),
+                format!("t.toml: defaults: {key} ({shown}) must be at least 10ms"),
+                "{keys}"
+            );
+        }
+        load(&with_route_keys(&format!("{key} = \"10ms\"")));
+    }
+}
+
+/// Audit NB 6: a name of a zero-width space passed the blank check (`str::trim` keeps
+/// U+200B), and "chat" beside "chat " gave two metric labels that look the same. Names with
+/// whitespace at either end, or with an invisible character, are refused, the name escaped.
+#[test]
+fn names_that_look_blank_or_like_another_are_refused() {
+    let route = |name: &str| {
+        err(&format!(
+            "{BASE}\n[[routes]]\nname = \"{name}\"\npath_prefix = \"/a\"\nupstream = \"openai\"\n"
+        ))
+    };
+    let invisible = "holds an invisible character (a format or control character), so it \
+                     could look blank, or like another name";
+    for (name, shown, code) in [
+        ("\\u200B", "\"\\u{200b}\"", "U+200B"),
+        ("chat\\u2060", "\"chat\\u{2060}\"", "U+2060"),
+        ("\\uFEFFchat", "\"\\u{feff}chat\"", "U+FEFF"),
+        ("ch\\u00ADat", "\"ch\\u{ad}at\"", "U+00AD"),
+        ("a\\u202Eb", "\"a\\u{202e}b\"", "U+202E"),
+        ("a\\u0007b", "\"a\\u{7}b\"", "U+0007"),
+    ] {
+        assert_eq!(
+            route(name),
+            format!("t.toml: routes[1]: name {shown} {invisible} ({code})"),
+            "{name}"
+        );
+    }
+    let ends = "begins or ends with whitespace, so it could look like another name";
+    assert_eq!(
+        route("chat "),
+        format!("t.toml: routes[1]: name \"chat \" {ends}")
+    );
+    assert_eq!(
+        route("\\u00A0chat"),
+        format!("t.toml: routes[1]: name \"\\u{{a0}}chat\" {ends}")
+    );
+    // Upstream names alike.
+    let upstream = |name: &str| {
+        err(&BASE.replace(
+            "[upstreams.anthropic]",
+            &format!(
+                "[upstreams.\"{name}\"]\nurl = \"https://x.example\"\n\n[upstreams.anthropic]"
+            ),
+        ))
+    };
+    assert_eq!(
+        upstream("openai "),
+        format!("t.toml: upstreams: upstream name \"openai \" {ends}")
+    );
+    assert_eq!(
+        upstream("\\u200B"),
+        format!("t.toml: upstreams: upstream name \"\\u{{200b}}\" {invisible} (U+200B)")
+    );
+    // Spaces inside a name are a name's own.
+    load(&format!(
+        "{BASE}\n[[routes]]\nname = \"chat two\"\npath_prefix = \"/a\"\nupstream = \"openai\"\n"
+    ));
 }

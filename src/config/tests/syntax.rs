@@ -38,7 +38,9 @@ fn unknown_keys_are_located() {
     let (line, col, message) = syntax(&with_route_keys("  first_token_timout = \"5s\""));
     assert_eq!((line, col), (12, 3));
     assert!(
-        message.starts_with("unknown field `first_token_timout`, expected one of"),
+        message.starts_with(
+            "`routes[0].first_token_timout`: unknown field `first_token_timout`, expected one of"
+        ),
         "{message}"
     );
 
@@ -46,7 +48,10 @@ fn unknown_keys_are_located() {
         "[server]\nlisten = \"127.0.0.1:1\"\nport = 1\n{BASE}"
     ));
     assert_eq!((line, col), (3, 1));
-    assert!(message.starts_with("unknown field `port`"), "{message}");
+    assert!(
+        message.starts_with("`server.port`: unknown field `port`"),
+        "{message}"
+    );
 
     let (line, col, _) = syntax(&format!("[defaults]\ntimeout = \"1s\"\n{BASE}"));
     assert_eq!((line, col), (2, 1));
@@ -58,7 +63,10 @@ fn unknown_keys_are_located() {
 
     let (line, col, message) = syntax(&format!("routing = 1\n{BASE}"));
     assert_eq!((line, col), (1, 1));
-    assert!(message.starts_with("unknown field `routing`"), "{message}");
+    assert!(
+        message.starts_with("`routing`: unknown field `routing`"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -262,4 +270,31 @@ fn a_bad_retry_on_entry_names_itself_and_the_accepted_ones() {
             "{entry}"
         );
     }
+}
+
+/// Audit NB 7: an unknown key is located by the key itself, before its `=`, where the path
+/// of a value was not looked for: `unknown field `budegt`` did not say which route, nor an
+/// inline table's key which table.
+#[test]
+fn unknown_keys_name_their_table() {
+    let (_, _, message) = syntax(&format!(
+        "{BASE}\n[[routes]]\nname = \"b\"\npath_prefix = \"/b\"\nupstream = \"openai\"\nbudegt = \"5s\"\n"
+    ));
+    assert!(
+        message.starts_with("`routes[1].budegt`: unknown field `budegt`, expected one of"),
+        "{message}"
+    );
+    let (_, _, message) = syntax(
+        "upstreams = { e = { url = \"http://a\", retries = \"3\" } }\n\
+         [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"e\"\n",
+    );
+    assert!(
+        message.starts_with("`upstreams.e.retries`: unknown field `retries`"),
+        "{message}"
+    );
+    let (_, _, message) = syntax(&format!("routing = 1\n{BASE}"));
+    assert!(
+        message.starts_with("`routing`: unknown field `routing`"),
+        "{message}"
+    );
 }

@@ -284,3 +284,47 @@ fn an_upstream_at_the_gateways_own_listen_address_is_warned_of() {
         assert!(warned(listen, url).is_empty(), "{listen} {url}");
     }
 }
+
+/// Audit NB 4: the self-loop warning compared names and addresses as strings, and missed
+/// forms that reach the listener: `0.0.0.0` (which Linux connects to 127.0.0.1, or `::` to
+/// `::1`), `127.1` and other inet_aton forms, any 127.0.0.0/8 address under an
+/// every-address listen, `localhost.` with its root dot, `[::1]` on a `::1` listen.
+#[test]
+fn every_form_of_a_loopback_or_unspecified_address_is_judged_by_the_address() {
+    let warned = |listen: &str, url: &str| {
+        let text = format!("[server]\nlisten = \"{listen}\"\n{BASE}")
+            .replace("https://api.openai.com", url);
+        load(&text)
+            .warnings()
+            .into_iter()
+            .any(|w| w.contains("own listen address"))
+    };
+    for (listen, url) in [
+        ("127.0.0.1:8000", "http://0.0.0.0:8000"),
+        ("127.0.0.1:8000", "http://127.1:8000"),
+        ("127.0.0.1:8000", "http://0x7f.1:8000"),
+        ("127.0.0.1:8000", "http://2130706433:8000"),
+        ("0.0.0.0:8000", "http://127.0.0.2:8000"),
+        ("0.0.0.0:8000", "http://127.1.2.3:8000"),
+        ("127.0.0.1:8000", "http://localhost.:8000"),
+        ("0.0.0.0:8000", "http://LocalHost.:8000"),
+        ("[::1]:8000", "http://[::1]:8000"),
+        ("[::1]:8000", "http://localhost:8000"),
+        ("[::1]:8000", "http://[::]:8000"),
+        ("[::]:8000", "http://[::1]:8000"),
+        ("[::]:8000", "http://0.0.0.0:8000"),
+    ] {
+        assert!(warned(listen, url), "{listen} {url}");
+    }
+    for (listen, url) in [
+        // Another loopback address than the one listened on is refused, not a loop.
+        ("127.0.0.1:8000", "http://127.0.0.2:8000"),
+        ("127.0.0.2:8000", "http://0.0.0.0:8000"),
+        ("10.0.0.2:8000", "http://0.0.0.0:8000"),
+        ("10.0.0.2:8000", "http://localhost.:8000"),
+        ("127.0.0.1:8000", "http://localhost.example:8000"),
+        ("127.0.0.1:8000", "http://127.1:8001"),
+    ] {
+        assert!(!warned(listen, url), "{listen} {url}");
+    }
+}

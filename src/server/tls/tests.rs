@@ -566,3 +566,29 @@ fn a_crl_older_than_one_served_before_is_warned_of() {
     assert_eq!(memory.rolled_back(&fresh, &path), Vec::<String>::new());
     assert_eq!(memory.rolled_back(&older, &path), [warning(5, 8)]);
 }
+
+/// Audit NB 5: a held-back certificate whose notBefore comes after the served pair runs out
+/// is tried again when that pair runs out (`due` takes the earlier), and the message said
+/// the time was "its notBefore".
+#[test]
+fn a_held_back_certificate_names_why_it_is_tried_again_then() {
+    let at = |y, m, d| {
+        let secs = rcgen::date_time_ymd(y, m, d).unix_timestamp();
+        SystemTime::UNIX_EPOCH + Duration::from_secs(secs.try_into().unwrap())
+    };
+    let now = at(2026, 12, 6);
+    let (_dir, future) = server_pair(2027, 2028);
+    let new = server_config(&future).unwrap().validity();
+    let (_dir, ending) = server_pair(2025, 2027);
+    let serving = Some(server_config(&ending).unwrap().validity());
+    let held = held_for_dates(&future, new, serving, now).unwrap();
+    assert_eq!(held.due, Some(at(2027, 1, 1) + Duration::from_secs(1)));
+    assert!(
+        held.reason.contains(
+            "tried again at 2027-01-01T00:00:01Z (when the one served runs out, before this \
+             one's notBefore)"
+        ),
+        "{}",
+        held.reason
+    );
+}

@@ -284,3 +284,74 @@ fn a_sigterm_while_a_config_pipe_is_waited_for_ends_the_process() {
         "{stderr}"
     );
 }
+
+/// Audit NB 2: a config from a pipe has no folder of its own. Its relative paths were
+/// resolved against `/dev/fd` (`<(...)`) or `/dev` (`/dev/stdin`): `check` warned of
+/// `api_key_file /dev/fd/key: No such file` and exited 0, and start-up failed on it. They
+/// are resolved against the working directory, and a missing file's message says so.
+#[test]
+fn a_piped_configs_relative_paths_are_resolved_against_the_working_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let (port, admin) = (free_port(), free_port());
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:{admin}\"\n\n\
+         [upstreams.e]\nurl = \"http://127.0.0.1:9\"\napi_key_file = \"key\"\n\n\
+         [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"e\"\n"
+    );
+    let (dir, path) = temp_config("gw.toml", &text);
+    let key = dir.path().join("key");
+    std::fs::write(&key, "sk-test\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let empty = tempfile::Builder::new()
+        .prefix("hourglass-cli-cwd-")
+        .tempdir()
+        .unwrap();
+    let bin = env!("CARGO_BIN_EXE_hourglass");
+    // `script` run by bash in `cwd`, with $0 the binary and $1 the config file.
+    let bash = |cwd: &std::path::Path, script: &str| {
+        let out = Command::new("timeout")
+            .args(["30", "bash", "-c", script, bin, path.to_str().unwrap()])
+            .current_dir(cwd)
+            .env_remove("HOURGLASS_CONFIG")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let found = format!("api_key_file {}", key.display());
+    for script in [
+        "exec \"$0\" check --config <(cat \"$1\")",
+        "exec \"$0\" check --config /dev/stdin < \"$1\"",
+        "cat \"$1\" | \"$0\" check --config /dev/stdin",
+    ] {
+        let (code, stdout, stderr) = bash(dir.path(), script);
+        assert_eq!(code, Some(0), "{script}: {stderr}");
+        assert!(!stderr.contains("No such file"), "{script}: {stderr}");
+        assert!(stdout.contains(&found), "{script}: {stdout}");
+    }
+    // Elsewhere, the file is missing, and the message says where it was looked for, and why.
+    let cwd = empty.path().display().to_string();
+    let why = format!(
+        "(the config is not a regular file, so its relative paths are resolved against the \
+         working directory, {cwd})"
+    );
+    let (code, _, stderr) = bash(empty.path(), "exec \"$0\" check --config <(cat \"$1\")");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!("api_key_file {cwd}/key: No such file")) && stderr.contains(&why),
+        "{stderr}"
+    );
+    let (code, _, stderr) = bash(empty.path(), "exec \"$0\" --config <(cat \"$1\")");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{cwd}/key: No such file")) && stderr.contains(&why),
+        "{stderr}"
+    );
+    // A config that is a file still names files beside itself, wherever it is run from.
+    let (code, stdout, stderr) = bash(empty.path(), "exec \"$0\" check --config \"$1\"");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains(&found), "{stdout}");
+}
