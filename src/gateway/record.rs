@@ -798,14 +798,14 @@ impl RequestRecord {
         };
         // "openai:connect_timeout:512ms,backup:ok:1203ms": every attempt, in order; one still
         // running ended with the request. A lone attempt is named too when it failed and the
-        // request then ended for another reason (the client left while a retry waited out
+        // request was then cancelled for another reason (the client left while a retry waited out
         // the 429's `Retry-After`): the line has no status then, and the answer was the
         // upstream's (audit OA 2).
         let lone_failure = matches!(end, End::Cancelled(_))
             && self
                 .attempts
                 .first()
-                .is_some_and(|a| a.outcome.is_some_and(|o| o != "ok"));
+                .is_some_and(|a| a.outcome.is_some_and(|o| o != "ok" && Some(o) != code));
         let attempts = (self.attempts.len() > 1 || lone_failure).then(|| {
             self.attempts
                 .iter()
