@@ -188,7 +188,10 @@ impl MemoryStore {
     fn sweep(&self, runs: &mut LruCache<RunKey, Entry>, now: Instant, most: usize) -> Vec<Entry> {
         let mut out = Vec::new();
         let mut looked = 0;
-        while looked < most.min(runs.len()) {
+        // Bounded by the runs held before the sweep: the map shortens with every run taken,
+        // and a bound read again would stop halfway through a sweep of all.
+        let most = most.min(runs.len());
+        while looked < most {
             looked += 1;
             let Some((_, e)) = runs.peek_lru() else { break };
             let (expires, busy) = {
@@ -383,6 +386,23 @@ mod tests {
             ]
         );
         assert_eq!(seen.1.load(std::sync::atomic::Ordering::Relaxed), 0);
+    }
+
+    /// One `expire` forgets every run past its ttl, not about half of them: the sweep's bound
+    /// was read again as each run it took made the map shorter.
+    #[tokio::test(start_paused = true)]
+    async fn one_expire_forgets_every_run_past_its_ttl() {
+        let ttl = Duration::from_secs(60);
+        let (s, seen) = store(100, ttl);
+        let route: Arc<str> = "chat".into();
+        let t0 = Instant::now();
+        for i in 0..10 {
+            let (run, _) = s.admit(&key(&format!("r{i}")), &route, &LIMITS, &call(t0));
+            s.finish(&run, 10, &Used::default(), t0);
+        }
+        s.expire(t0 + ttl);
+        assert_eq!(seen.1.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(lock(&seen.0).len(), 10);
     }
 
     /// A call refused before it was sent for want of the run's time: no call of the run, and
