@@ -102,9 +102,12 @@ pub(super) fn shown(v: &str) -> String {
     }
 }
 
-/// A store URL without its password: `redis://user:secret@host` prints as
-/// `redis://user:***@host`, and a `pass=`/`password=` query parameter (redis-rs's form for a
-/// socket) as `pass=***`.
+/// A URL as messages may show it: its userinfo's password masked (`redis://user:***@host`,
+/// `http://***@host`), and every value in its query (`?api-key=***`). A URL is quoted mostly
+/// because it was refused, and an upstream's is refused for the very query Azure (`api-key=`)
+/// and Gemini (`key=`) take keys in, so no value there is known to be safe, shaped like a key
+/// or not; the parameters' names stay, to say which one was wrong. (A fragment after a query
+/// goes with its last value; one without a query is shown: redis-rs reads `#insecure`.)
 pub fn redacted_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         // Not a URL the client reads, so no part of it is known to be safe.
@@ -129,11 +132,13 @@ pub fn redacted_url(url: &str) -> String {
         None => format!("{scheme}://{rest}"),
     };
     if let Some(query) = query {
+        // A parameter without `=` may be a key on its own.
         let params: Vec<String> = query
             .split('&')
             .map(|p| match p.split_once('=') {
-                Some((k, _)) if k.to_ascii_lowercase().contains("pass") => format!("{k}=***"),
-                _ => p.to_owned(),
+                Some((name, _)) => format!("{name}=***"),
+                None if p.is_empty() => String::new(),
+                None => "***".to_owned(),
             })
             .collect();
         out.push('?');
@@ -193,15 +198,38 @@ fn mask_userinfo(message: &str) -> String {
             .iter()
             .rposition(|&b| !(b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.')))
             .map_or(0, |j| j + 1);
-        let end = rest[i..]
-            .find(|c: char| matches!(c, '"' | '\'' | '`') || c.is_whitespace())
-            .map_or(rest.len(), |j| i + j);
+        // Quoted as messages quote a value (`{:?}`), it runs to the closing quote, past any
+        // space or escaped quote in it (a passphrase in its query); bare, to the next space
+        // or quote.
+        let end = if start > 0 && rest.as_bytes()[start - 1] == b'"' {
+            closing_quote(&rest[i..]).map_or(rest.len(), |j| i + j)
+        } else {
+            rest[i..]
+                .find(|c: char| matches!(c, '"' | '\'' | '`') || c.is_whitespace())
+                .map_or(rest.len(), |j| i + j)
+        };
         out.push_str(&rest[..start]);
         out.push_str(&redacted_url(&rest[start..end]));
         rest = &rest[end..];
     }
     out.push_str(rest);
     out
+}
+
+/// Where the `"` that closes a Debug-quoted string falls in `text`, its escapes (`\"`,
+/// `\\`) skipped.
+fn closing_quote(text: &str) -> Option<usize> {
+    let mut bytes = text.bytes().enumerate();
+    while let Some((j, b)) = bytes.next() {
+        match b {
+            b'\\' => {
+                bytes.next();
+            }
+            b'"' => return Some(j),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Warnings for string values anywhere in the file that look like inlined credentials.
@@ -322,6 +350,47 @@ mod scrub_tests {
                 "api_key_env pplx-{hex}0123456789abcdef is not set"
             )),
             "api_key_env *** is not set"
+        );
+    }
+
+    /// Audit OB 2: a URL is quoted in a message because it was refused, often for its very
+    /// query (an upstream's `url` takes none), and Azure (`api-key=`) and Gemini (`key=`) do
+    /// take keys there: every value, and any parameter without one, is masked, key-shaped or
+    /// not; the names stay, to say which parameter was wrong.
+    #[test]
+    fn every_query_value_of_a_quoted_url_is_masked() {
+        for (url, shown) in [
+            (
+                "http://127.0.0.1:1/v1beta?api-key=correct-horse-battery-staple",
+                "http://127.0.0.1:1/v1beta?api-key=***",
+            ),
+            (
+                "http://h/v1?api-key=Pa55word-Shorty&access_token=ya29.a0AfH6SMBx",
+                "http://h/v1?api-key=***&access_token=***",
+            ),
+            ("http://h/?apikey=S3cr3t-Pr0d-K3y", "http://h/?apikey=***"),
+            ("http://h/?secret=mysecretvalue", "http://h/?secret=***"),
+            ("http://h/?token=abc123secret", "http://h/?token=***"),
+            ("http://h/?auth=Basic%20dXNlcjpwYXNz", "http://h/?auth=***"),
+            // A parameter without `=` may be the key alone.
+            ("http://h/v1?hunter2", "http://h/v1?***"),
+            ("http://h/v1?a=1&hunter2&b=", "http://h/v1?a=***&***&b=***"),
+            ("http://h/v1?a=1#hunter2", "http://h/v1?a=***"),
+            // A store's password in its userinfo or its query, as before.
+            (
+                "redis://app:hunter2@127.0.0.1:6379/0?password=x",
+                "redis://app:***@127.0.0.1:6379/0?password=***",
+            ),
+        ] {
+            let message = format!("upstream \"u\": url {url:?} must not have a query string");
+            let want = format!("upstream \"u\": url {shown:?} must not have a query string");
+            assert_eq!(scrub(&message), want);
+        }
+        // Quoted (as messages quote a value, with `{:?}`), a URL runs to its closing quote:
+        // a space inside does not end it early.
+        assert_eq!(
+            scrub(r#"url "http://h/v1?api-key=correct horse \"battery\" staple" is not valid"#),
+            r#"url "http://h/v1?api-key=***" is not valid"#
         );
     }
 

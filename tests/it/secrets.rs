@@ -452,7 +452,7 @@ client_keys_env = "HOURGLASS_CANARY_CLIENTS"
 /// `client_keys_env`, `client_keys_file`, `ca_file`, `store_password_env`) passes the
 /// config's own checks and fails later, when the gateway is built: those errors, which quote
 /// the field's value, are scrubbed too, in the start-up error, the reload's log line and
-/// `/readyz`.
+/// `/readyz`; as is a url refused for the key in its query (audit OB 2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_pasted_into_a_file_or_variable_field_is_never_repeated() {
     const PASTED: &str = "sk-ant-api03-PASTEDkeyCANARY0123456789abcdefXYZ";
@@ -470,6 +470,14 @@ async fn a_key_pasted_into_a_file_or_variable_field_is_never_repeated() {
         format!("{base}{route}client_keys_env = \"{PASTED}\"\n"),
         format!("{base}{route}client_keys_file = \"{PASTED}\"\n"),
         format!("{base}ca_file = \"{PASTED}\"\n{route}").replace("http://", "https://"),
+        // Audit OB 2: a key in the url's query, not shaped like one (Azure takes `api-key=`).
+        format!("{base}{route}").replace(
+            &fake.url(),
+            &format!(
+                "{}/v1beta?api-key=correct-horse-CANARY-staple&token=abc123CANARY",
+                fake.url()
+            ),
+        ),
         format!(
             "[runs]\nstore = \"redis://127.0.0.1:1/0\"\nstore_password_env = \"{PASTED}\"\n\
              {base}{route}"
@@ -509,7 +517,7 @@ async fn a_key_pasted_into_a_file_or_variable_field_is_never_repeated() {
     }
     // On a reload: the log line and /readyz, for each in turn.
     let gw = Process::spawn(&format!("{base}{route}"), &["--log-format", "json"], &[]).await;
-    for (i, text) in pasted.iter().take(4).enumerate() {
+    for (i, text) in pasted.iter().take(5).enumerate() {
         std::fs::write(&gw.config, text).unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
@@ -529,7 +537,7 @@ async fn a_key_pasted_into_a_file_or_variable_field_is_never_repeated() {
     }
     let (stdout, stderr) = gw.stop().await;
     let all = format!("{stdout}{stderr}");
-    assert_eq!(all.matches("config reload failed").count(), 4, "{all}");
+    assert_eq!(all.matches("config reload failed").count(), 5, "{all}");
     assert!(!all.contains("CANARY"), "{all}");
 }
 
