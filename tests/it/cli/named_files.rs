@@ -17,23 +17,14 @@ fn mkfifo(path: &std::path::Path) {
 /// Runs the binary with `args`; its exit code and stderr, or a panic naming `what` when it
 /// has not exited within 30 s (generous: the point is that it does not wait for good).
 fn run_bounded(args: &[&str], what: &str) -> (Option<i32>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+    let child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
         .args(args)
         .env_remove("HOURGLASS_CONFIG")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what}: still running after 30 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = exited(child, what);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -245,7 +236,7 @@ fn a_sigterm_while_a_config_pipe_is_waited_for_ends_the_process() {
         .unwrap();
     let fifo = dir.path().join("config");
     mkfifo(&fifo);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+    let child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
         .args(["--config", fifo.to_str().unwrap()])
         .env_remove("HOURGLASS_CONFIG")
         .stdout(Stdio::null())
@@ -267,16 +258,7 @@ fn a_sigterm_while_a_config_pipe_is_waited_for_ends_the_process() {
         .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("still waiting for the pipe 30 s after SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = exited(child, "still waiting for the pipe after SIGTERM");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
@@ -354,4 +336,19 @@ fn a_piped_configs_relative_paths_are_resolved_against_the_working_directory() {
     let (code, stdout, stderr) = bash(empty.path(), "exec \"$0\" check --config \"$1\"");
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stdout.contains(&found), "{stdout}");
+}
+
+/// The child's output once it exits; killed, and the test failed naming `what`, if it is
+/// still running 30 s on (a gateway waiting on a FIFO would never exit by itself).
+fn exited(mut child: std::process::Child, what: &str) -> std::process::Output {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
 }
