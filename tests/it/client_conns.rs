@@ -374,28 +374,7 @@ async fn a_slow_http2_reader_gets_its_whole_document_past_the_idle_limit() {
         &BASE.replace("[server]\n", "[server]\nheader_read_timeout = \"300ms\"\n"),
     )
     .await;
-    let tcp = TcpStream::connect(h.addr()).await.unwrap();
-    let (mut client, conn) = h2::client::Builder::new()
-        .initial_window_size(1024)
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.addr()))
-        .header("content-type", "application/json")
-        .header("x-fake-chunks", "3000")
-        .header("x-fake-interval-ms", "0")
-        .body(())
-        .unwrap();
-    let (response, mut send) = client.send_request(req, false).unwrap();
-    send.send_data(
-        Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#),
-        true,
-    )
-    .unwrap();
-    let response = response.await.unwrap();
-    assert_eq!(response.status(), 200);
-    let mut body = response.into_body();
+    let (mut body, _conn) = h2_document(&h, Some(1024), "3000").await;
     let mut got = Vec::new();
     let read = async {
         while let Some(chunk) = body.data().await {
@@ -571,17 +550,29 @@ fn request(chunks: usize) -> String {
 /// larger than the 64 KiB stream window the client grants and never opens again: the client
 /// to read it, and the connection's task.
 async fn document_past_the_window(h: &Harness) -> (h2::RecvStream, tokio::task::JoinHandle<()>) {
+    h2_document(h, None, "20000").await
+}
+
+/// Starts a non-streaming chat call of `chunks` chunks over h2c, the client granting
+/// `window` bytes a stream (h2's 64 KiB if `None`): the answer's body, and the connection's
+/// task.
+async fn h2_document(
+    h: &Harness,
+    window: Option<u32>,
+    chunks: &str,
+) -> (h2::RecvStream, tokio::task::JoinHandle<()>) {
     let tcp = TcpStream::connect(h.addr()).await.unwrap();
-    let (mut client, conn) = h2::client::Builder::new()
-        .handshake::<_, Bytes>(tcp)
-        .await
-        .unwrap();
+    let mut builder = h2::client::Builder::new();
+    if let Some(window) = window {
+        builder.initial_window_size(window);
+    }
+    let (mut client, conn) = builder.handshake::<_, Bytes>(tcp).await.unwrap();
     let conn = tokio::spawn(async move {
         let _ = conn.await;
     });
     let req = http::Request::post(format!("http://{}/v1/chat/completions", h.addr()))
         .header("content-type", "application/json")
-        .header("x-fake-chunks", "20000")
+        .header("x-fake-chunks", chunks)
         .header("x-fake-interval-ms", "0")
         .body(())
         .unwrap();
