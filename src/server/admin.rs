@@ -18,6 +18,7 @@ use http_body_util::Full;
 use crate::config::redacted_url;
 use crate::gateway::Gateway;
 use crate::http::date;
+use crate::http::headers::check_framing;
 use crate::runs::id::check_id;
 use crate::runs::{RunKey, RunState, Runs};
 use crate::server::tls::Validity;
@@ -168,6 +169,14 @@ pub async fn handle<B>(
             header::CONNECTION,
             header::HeaderValue::from_static("close"),
         );
+        return Ok(resp);
+    }
+    // RFC 9112 3.2: an HTTP/1.1 request without Host, or with two, is answered 400, as
+    // the client listener answers it; a scraper or probe sending such heads is broken, and
+    // a proxy in front may read them differently (audit OB 4).
+    if let Err(e) = check_framing(req.version(), req.headers(), false) {
+        let mut resp = e.response().map(Full::new);
+        date::insert_if_missing(resp.headers_mut());
         return Ok(resp);
     }
     if let Some(raw) = req.uri().path().strip_prefix("/runs/") {

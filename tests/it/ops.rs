@@ -232,6 +232,47 @@ async fn the_admin_listeners_405_names_what_it_allows() {
     assert_eq!(text.matches("HTTP/1.1").count(), 1, "{text}");
 }
 
+/// RFC 9112 3.2: an HTTP/1.1 request without Host, or with two, is a 400 on the admin
+/// listener as on the client listener (audit OB 4: both were served 200), and the
+/// connection is closed after it; HTTP/1.0 without Host and one Host are served.
+#[tokio::test]
+async fn the_admin_listener_refuses_heads_without_one_host() {
+    let h = Harness::start().await;
+    let exchange = |head: &'static [u8]| async move {
+        let mut s = TcpStream::connect(h.gw.admin_addr).await.unwrap();
+        s.write_all(head).await.unwrap();
+        let mut all = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut all))
+            .await
+            .expect("closed")
+            .unwrap();
+        String::from_utf8_lossy(&all).into_owned()
+    };
+    for head in [
+        &b"GET /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\nhost: a\r\n\r\n"[..],
+        b"GET /metrics HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\nGET /healthz HTTP/1.1\r\nhost: a\r\n\r\n",
+        b"GET /readyz HTTP/1.1\r\nhost: a b\r\n\r\n",
+    ] {
+        let text = exchange(head).await;
+        assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+        assert!(text.contains("\"code\":\"invalid_request\""), "{text}");
+        assert!(text.to_ascii_lowercase().contains("connection: close"), "{text}");
+        // The pipelined request after it was never read.
+        assert!(!text.contains("HTTP/1.1 200"), "{text}");
+    }
+    for head in [
+        &b"GET /healthz HTTP/1.0\r\n\r\n"[..],
+        b"GET /healthz HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+    ] {
+        let text = exchange(head).await;
+        assert!(
+            text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200"),
+            "{text}"
+        );
+        assert!(text.ends_with("ok\n"), "{text}");
+    }
+}
+
 /// An edit that stops naming a file is one reload: the watcher's list of files comes from
 /// the text alone, so swapping in the config that no longer names it changes nothing more.
 #[tokio::test]
