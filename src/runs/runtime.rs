@@ -317,6 +317,10 @@ impl Runs {
                     .unwrap_or_else(|_| Err(shared.store.timed_out(Duration::from_secs(2))))
                     // As a call's 503 says it: the limit's name first, the store's last.
                     .map_err(|e| {
+                        // Seen by `/readyz` and the metric as a call's failure is: an
+                        // operator asking why a run was refused learns the store is down
+                        // there too (audit OB 3).
+                        shared.failed("find", &e);
                         GatewayError::RunStoreUnavailable {
                             reason: format!("{e} ({})", shared.shown),
                         }

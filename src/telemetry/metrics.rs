@@ -603,11 +603,11 @@ impl Metrics {
             ),
             store_errors: counter(
                 "hourglass_run_store_errors_total",
-                "Calls to the run store that failed or took longer than store_timeout, by operation; the call was then served without run limits (on_store_error = allow) or refused (deny).",
+                "Calls to the run store that failed or took longer than store_timeout, by operation: admit and finish (the call was then served without run limits, on_store_error = allow, or refused, deny), find (an admin /runs/{id} lookup, answered 503).",
                 &["op"],
             ),
         };
-        for op in ["admit", "finish"] {
+        for op in ["admit", "finish", "find"] {
             runs.store_errors.with_label_values(&[op]);
         }
         let stream_upstream = counter(

@@ -287,6 +287,36 @@ async fn redis_going_away_allow_serves_deny_refuses_and_runs_resume_when_it_is_b
     );
 }
 
+/// A `/runs/{id}` lookup the store fails is seen where a call's failure is: `/readyz` notes
+/// the store unavailable and `hourglass_run_store_errors_total{op="find"}` counts it (audit
+/// OB 3: the lookup answered 503 while `/readyz` said all was well and nothing counted).
+#[tokio::test]
+async fn a_failed_run_lookup_is_seen_by_readyz_and_the_metric() {
+    if crate::support::redis::skip() {
+        return;
+    }
+    let mut redis = RedisServer::start().await;
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let p = Process::spawn(&config(&fake, &redis.url(), "deny", "200ms"), &[], &[]).await;
+    let find = "hourglass_run_store_errors_total{op=\"find\"}";
+    assert_eq!(crate::support::metric(p.admin, find).await, 0.0, "at zero");
+    redis.stop();
+    let text = reqwest_like_get(p.admin, "/runs/lookup").await;
+    let found: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(found["error"]["code"], "run_store_unavailable", "{text}");
+    let ready = reqwest_like_get(p.admin, "/readyz").await;
+    assert!(ready.contains("; unavailable "), "{ready}");
+    assert_eq!(crate::support::metric(p.admin, find).await, 1.0);
+    let admit = "hourglass_run_store_errors_total{op=\"admit\"}";
+    assert_eq!(
+        crate::support::metric(p.admin, admit).await,
+        0.0,
+        "no call was made"
+    );
+}
+
 /// A store that accepts connections and never says a word; abort the handle to close it.
 async fn silent_store() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
