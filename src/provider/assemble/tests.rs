@@ -1120,3 +1120,81 @@ fn a_custom_tool_calls_input_is_joined() {
         "{d}"
     );
 }
+
+/// A Messages answer with one `tool_use` block whose input streams as `pieces`, stopped with
+/// `tool_use`; `cut`: the stream ends before its stop reason (the block was stopped).
+fn one_tool_use(pieces: &[&str], stop_reason: bool) -> String {
+    let mut events = vec![
+        MESSAGE_START.to_owned(),
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#
+            .to_owned(),
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Ordering."}}"#
+            .to_owned(),
+        r#"{"type":"content_block_stop","index":0}"#.to_owned(),
+        r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"order","input":{}}}"#
+            .to_owned(),
+    ];
+    for p in pieces {
+        events.push(
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": p}})
+                .to_string(),
+        );
+    }
+    events.push(r#"{"type":"content_block_stop","index":1}"#.to_owned());
+    if stop_reason {
+        events.push(r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":40}}"#.to_owned());
+        events.push(r#"{"type":"message_stop"}"#.to_owned());
+    }
+    let events: Vec<&str> = events.iter().map(String::as_str).collect();
+    sse(&events)
+}
+
+/// Audit PA 1: a tool_use block's input is the provider's JSON text as it wrote it, byte for
+/// byte: an integer past 64 bits stays that integer (a `Value` made it a float), the keys keep
+/// their order, and valid JSON a `Value` cannot hold (`1e400`, a lone surrogate escape) is
+/// kept, not dropped with its whole tool call from an answer that looks whole.
+#[test]
+fn a_tool_uses_input_is_the_providers_text() {
+    for input in [
+        r#"{"sku": "A-1", "quantity": 2, "order_ref": 123456789012345678901234, "price": 19.999999999999999999, "amount": 1.10}"#,
+        r#"{"x": 1e400}"#,
+        r#"{"s": "\ud83d"}"#,
+    ] {
+        // In three pieces, cut anywhere.
+        let (a, rest) = input.split_at(5);
+        let (b, c) = rest.split_at(rest.len() / 2);
+        let stream = one_tool_use(&["", a, b, c], true);
+        let out = assemble(Format::Messages, &stream, None, 1 << 20)
+            .finish(None)
+            .unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains(&format!(r#""input":{input}"#)),
+            "{input}: {out}"
+        );
+        assert!(out.contains(r#""stop_reason":"tool_use""#), "{out}");
+    }
+}
+
+/// Audit PA 1: a stopped tool_use block whose input is no JSON at all, in an answer the
+/// stream brought whole (its stop reason came), is not dropped from an answer given as whole
+/// (200, no tool call, `stop_reason: "tool_use"`): the document fails, as one with an event
+/// it cannot read does (a 502 for the client). Cut, the block is left out of the partial
+/// answer, as a tool use cut mid-way is.
+#[test]
+fn a_whole_answers_tool_input_that_is_no_json_fails_the_document() {
+    let stream = one_tool_use(&[r#"{"sku": "A-1", "#], true);
+    match assemble(Format::Messages, &stream, None, 1 << 20).finish(None) {
+        Err(AssembleError::Malformed(why)) => {
+            assert!(why.contains("tool_use block 1"), "{why}");
+            assert!(why.contains("no JSON the gateway can read"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let d = cut_doc(
+        Format::Messages,
+        &one_tool_use(&[r#"{"sku": "A-1", "#], false),
+    );
+    assert_eq!(blocks(&d), ["text"], "{d}");
+    assert_eq!(d["stop_reason"], "max_tokens");
+}
