@@ -238,7 +238,15 @@ impl Messages {
                 && b.get("signature")
                     .and_then(Value::as_str)
                     .is_none_or(str::is_empty);
-            if cut.is_some() && unsigned {
+            // A text block the cut left empty (right after its start) or with only
+            // whitespace so far: Anthropic never returns one, and refuses the turn that
+            // holds one (400 "text content blocks must be non-empty") when an agent sends
+            // it back (audit PA 2).
+            let blank = kind == Some("text")
+                && b.get("text")
+                    .and_then(Value::as_str)
+                    .is_none_or(|t| t.trim().is_empty());
+            if cut.is_some() && (unsigned || blank) {
                 continue;
             }
             let mut input = None;

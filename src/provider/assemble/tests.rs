@@ -1198,3 +1198,59 @@ fn a_whole_answers_tool_input_that_is_no_json_fails_the_document() {
     assert_eq!(blocks(&d), ["text"], "{d}");
     assert_eq!(d["stop_reason"], "max_tokens");
 }
+
+/// Audit PA 2: a text block the cut left empty (right after its `content_block_start`) or
+/// holding only whitespace is not in a partial answer: Anthropic never sends one, and
+/// refuses the turn that holds one when an agent sends it back ("text content blocks must
+/// be non-empty"). With nothing else kept, the cut has no partial answer (the limit's 504).
+#[test]
+fn a_text_block_the_cut_left_empty_is_not_in_a_partial_answer() {
+    let thinking = [
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let me think."}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"EqQB"}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+    ];
+    let start =
+        r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#;
+    let space =
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":" \n"}}"#;
+    for tail in [&[start][..], &[start, space][..]] {
+        let d = cut_doc(
+            Format::Messages,
+            &sse(&[&[MESSAGE_START][..], &thinking, tail].concat()),
+        );
+        assert_eq!(blocks(&d), ["thinking"], "{tail:?}: {d}");
+        assert_eq!(d["stop_reason"], "max_tokens");
+    }
+    let usage = Usage {
+        prompt: 9,
+        completion: 5,
+    };
+    let stream = sse(&[MESSAGE_START, start, space]);
+    let a = assemble(Format::Messages, &stream, None, 1 << 20);
+    assert!(a.has_output(), "whitespace is output as it came");
+    assert_eq!(a.finish(Some(usage)), Err(AssembleError::Empty));
+    // Text with something in it stays, its whitespace with it.
+    let word =
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}"#;
+    let d = cut_doc(Format::Messages, &sse(&[MESSAGE_START, start, space, word]));
+    assert_eq!(
+        d["content"],
+        json!([{"type": "text", "text": " \nHi"}]),
+        "{d}"
+    );
+    // A whole answer is the provider's, as it sent it.
+    let stop = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":1}}"#;
+    let d = doc(
+        Format::Messages,
+        &sse(&[
+            MESSAGE_START,
+            start,
+            r#"{"type":"content_block_stop","index":1}"#,
+            stop,
+        ]),
+        None,
+    );
+    assert_eq!(d["content"], json!([{"type": "text", "text": ""}]), "{d}");
+}
