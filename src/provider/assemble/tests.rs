@@ -1254,3 +1254,30 @@ fn a_text_block_the_cut_left_empty_is_not_in_a_partial_answer() {
     );
     assert_eq!(d["content"], json!([{"type": "text", "text": ""}]), "{d}");
 }
+
+/// Audit PA 3: a partial Responses message keeps the logprobs each
+/// `response.output_text.delta` carried (its `content_part.done`, which has them all, never
+/// came), as a partial Chat choice keeps its chunks'.
+#[test]
+fn a_cut_responses_message_keeps_its_deltas_logprobs() {
+    let created = r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}"#;
+    let stream = sse(&[
+        created,
+        r#"{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}"#,
+        r#"{"type":"response.content_part.added","sequence_number":2,"output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]}}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":3,"output_index":0,"content_index":0,"delta":"Hello","logprobs":[{"token":"Hello","logprob":-0.1,"bytes":[72,101,108,108,111],"top_logprobs":[]}]}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":4,"output_index":0,"content_index":0,"delta":",","logprobs":[]}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":5,"output_index":0,"content_index":0,"delta":" checking.","logprobs":[{"token":" checking","logprob":-0.5,"bytes":[32],"top_logprobs":[{"token":" checking","logprob":-0.5,"bytes":[32]}]},{"token":".","logprob":0,"bytes":[46],"top_logprobs":[]}]}"#,
+    ]);
+    let d = cut_doc(Format::Responses, &stream);
+    let part = &d["output"][0]["content"][0];
+    assert_eq!(part["text"], "Hello, checking.", "{d}");
+    let tokens: Vec<&str> = part["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, ["Hello", " checking", "."], "{d}");
+    assert_eq!(part["logprobs"][1]["top_logprobs"][0]["logprob"], -0.5);
+}
