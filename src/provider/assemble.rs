@@ -254,18 +254,27 @@ impl Assembler {
         if self.too_large {
             return Err(AssembleError::TooLarge { limit: self.limit });
         }
-        let doc = match self.format {
-            Format::Chat => self.chat.document(cut),
-            Format::Messages => self.messages.document(cut),
-            Format::Responses => self.responses.document(cut),
-        }
-        .ok_or(AssembleError::Empty)?;
+        let (out, held) = match self.format {
+            // Not a `Value`: a tool use's input is kept as the provider's text.
+            Format::Messages => {
+                let doc = self.messages.document(cut)?;
+                (serde_json::to_vec(&doc), doc.holds_output())
+            }
+            Format::Chat | Format::Responses => {
+                let doc = match self.format {
+                    Format::Chat => self.chat.document(cut),
+                    _ => self.responses.document(cut),
+                }
+                .ok_or(AssembleError::Empty)?;
+                (serde_json::to_vec(&doc), holds_output(&doc))
+            }
+        };
         // A cut that kept nothing (a tool call cut mid-way is dropped, its arguments not
         // JSON) has no partial answer to give: an empty assistant turn is not one.
-        if cut.is_some() && !holds_output(&doc) {
+        if cut.is_some() && !held {
             return Err(AssembleError::Empty);
         }
-        let out = serde_json::to_vec(&doc).expect("a JSON value serialises");
+        let out = out.expect("a JSON document serialises");
         if out.len() > self.limit {
             return Err(AssembleError::TooLarge { limit: self.limit });
         }
@@ -274,7 +283,8 @@ impl Assembler {
 }
 
 /// Whether a document holds any model output: a Chat message's content, refusal, reasoning
-/// or tool calls; a Messages content block; a Responses output item.
+/// or tool calls; a Responses output item. (A Messages document tells its own:
+/// `messages::Document::holds_output`.)
 fn holds_output(doc: &Value) -> bool {
     let non_empty = |v: &Value| match v {
         Value::String(s) => !s.is_empty(),
@@ -289,9 +299,7 @@ fn holds_output(doc: &Value) -> bool {
                 .is_some_and(|m| m.iter().any(|(k, v)| k != "role" && non_empty(v)))
         });
     }
-    ["content", "output"]
-        .iter()
-        .any(|k| doc.get(k).is_some_and(non_empty))
+    doc.get("output").is_some_and(non_empty)
 }
 
 /// A head field a chunk left empty: `""`, `0`, `null`.

@@ -978,3 +978,54 @@ async fn logging_access_lines() -> (hourglass_fake::FakeUpstream, crate::support
     .await;
     (fake, p)
 }
+
+/// Audit PA 1: a client that does not stream gets an Anthropic tool_use input as the
+/// provider wrote it (an integer past 64 bits, a number no float holds, the key order), not
+/// re-read as floats, nor dropped with its whole call from a 200 that says `tool_use`; an
+/// answer that came whole with an input that is no JSON is a 502, counted an error.
+#[tokio::test]
+async fn a_tool_uses_input_reaches_the_client_as_the_provider_wrote_it() {
+    let stream = |input: &str| {
+        let events = [
+            r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}"#.to_owned(),
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"order","input":{}}}"#.to_owned(),
+            serde_json::json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": input}}).to_string(),
+            r#"{"type":"content_block_stop","index":0}"#.to_owned(),
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":20}}"#.to_owned(),
+            r#"{"type":"message_stop"}"#.to_owned(),
+        ];
+        events
+            .iter()
+            .map(|e| format!("data: {e}\n\n"))
+            .collect::<String>()
+    };
+    let body = r#"{"model":"claude","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    let h = Harness::with_config(CONFIG).await;
+    let input = r#"{"sku": "A-1", "order_ref": 123456789012345678901234, "x": 1e400}"#;
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &stream(input),
+        Duration::from_millis(1),
+    )));
+    let (resp, _c) = h.send(post("/v1/messages", body.into(), &[])).await;
+    assert_eq!(resp.status(), 200);
+    let got = resp.into_body().collect().await.unwrap().to_bytes();
+    let got = String::from_utf8(got.to_vec()).unwrap();
+    assert!(got.contains(&format!(r#""input":{input}"#)), "{got}");
+
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &stream(r#"{"sku": "A-1", "#),
+        Duration::from_millis(1),
+    )));
+    let (resp, _c) = h.send(post("/v1/messages", body.into(), &[])).await;
+    assert_eq!(resp.status(), 502);
+    let got = json_body(resp).await;
+    assert_eq!(got["error"]["code"], "upstream_error", "{got}");
+    let message = got["error"]["message"].as_str().unwrap();
+    assert!(message.contains("tool_use block 0"), "{message}");
+    h.wait_requests("messages", 2.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"error\",route=\"messages\"}")
+            .await,
+        1.0
+    );
+}

@@ -1,7 +1,8 @@
 //! Anthropic Messages: the `message` from its events (content blocks with their deltas,
 //! thinking with its signature, tool use with its input joined, stop reason, usage).
 
-use super::{append, raw, Usage};
+use super::{append, raw, AssembleError, Usage};
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -215,51 +216,74 @@ impl Messages {
         }
     }
 
-    pub(super) fn document(self, cut: Option<Usage>) -> Option<Value> {
-        let mut message = self.message?;
+    pub(super) fn document(self, cut: Option<Usage>) -> Result<Document, AssembleError> {
+        let mut message = self.message.ok_or(AssembleError::Empty)?;
+        // `message_start` carries `"content":[]`: the blocks take its place.
+        message.remove("content");
         let mut blocks = self.blocks;
         blocks.sort_by_key(|b| b.index);
-        let content: Vec<Value> = blocks
-            .into_iter()
-            .filter_map(|block| {
-                let Block {
-                    fields: mut b,
-                    json,
-                    stopped,
-                    ..
-                } = block;
-                // A thinking block the cut left without its signature: Anthropic never returns
-                // one, and an agent that sends it back as its turn is refused (400). Dropped,
-                // as a tool call cut mid-way is.
-                let unsigned = b.get("type").and_then(Value::as_str) == Some("thinking")
-                    && b.get("signature")
-                        .and_then(Value::as_str)
-                        .is_none_or(str::is_empty);
-                if cut.is_some() && unsigned {
-                    return None;
+        let mut content = Vec::with_capacity(blocks.len());
+        for block in blocks {
+            let Block {
+                index,
+                fields: mut b,
+                json,
+                stopped,
+            } = block;
+            let kind = b.get("type").and_then(Value::as_str);
+            // A thinking block the cut left without its signature: Anthropic never returns
+            // one, and an agent that sends it back as its turn is refused (400). Dropped,
+            // as a tool call cut mid-way is.
+            let unsigned = kind == Some("thinking")
+                && b.get("signature")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty);
+            // A text block the cut left empty (right after its start) or with only
+            // whitespace so far: Anthropic never returns one, and refuses the turn that
+            // holds one (400 "text content blocks must be non-empty") when an agent sends
+            // it back (audit PA 2).
+            let blank = kind == Some("text")
+                && b.get("text")
+                    .and_then(Value::as_str)
+                    .is_none_or(|t| t.trim().is_empty());
+            if cut.is_some() && (unsigned || blank) {
+                continue;
+            }
+            let mut input = None;
+            if let Some(text) = json {
+                // A tool use the cut left before its stop was never finished, whatever
+                // its input looks like so far: an agent would run a call never made.
+                if cut.is_some() && !stopped {
+                    continue;
                 }
-                if let Some(text) = json {
-                    // A tool use the cut left before its stop was never finished, whatever
-                    // its input looks like so far: an agent would run a call never made.
-                    if cut.is_some() && !stopped {
-                        return None;
-                    }
-                    let input = if text.trim().is_empty() {
-                        // Streamed with its input whole at the start (or none at all).
-                        b.remove("input").unwrap_or_else(|| json!({}))
-                    } else {
-                        match serde_json::from_str::<Value>(&text) {
-                            Ok(v) => v,
-                            // Cut mid-way: never sent half-written.
-                            Err(_) => return None,
+                if text.trim().is_empty() {
+                    // Streamed with its input whole at the start (or none at all).
+                    b.entry("input").or_insert_with(|| json!({}));
+                } else {
+                    // Kept as the text the provider wrote, once checked to be JSON: a
+                    // `Value` would turn an integer past 64 bits into a float, sort the
+                    // keys, and refuse valid JSON it cannot hold (`1e400`) (audit PA 1).
+                    match RawValue::from_string(text) {
+                        Ok(raw) => {
+                            b.remove("input");
+                            input = Some(raw);
                         }
-                    };
-                    b.insert("input".into(), input);
+                        // Cut mid-way: never sent half-written.
+                        Err(_) if cut.is_some() => continue,
+                        // In an answer that came whole, the call cannot be left out: the
+                        // document would look whole and not be (as with an event that
+                        // cannot be read).
+                        Err(e) => {
+                            return Err(AssembleError::Malformed(format!(
+                            "the input of {} block {index} is no JSON the gateway can read ({e})",
+                            kind.unwrap_or("tool_use")
+                        )))
+                        }
+                    }
                 }
-                Some(Value::Object(b))
-            })
-            .collect();
-        message.insert("content".into(), Value::Array(content));
+            }
+            content.push(Content { fields: b, input });
+        }
         if let Some(u) = cut {
             // A stop reason that came before the cut stands, as a finished Chat choice's
             // does: the model had ended its answer.
@@ -279,6 +303,68 @@ impl Messages {
                 m.insert("output_tokens".into(), json!(reported.max(u.completion)));
             }
         }
-        Some(Value::Object(message))
+        Ok(Document { message, content })
+    }
+}
+
+/// The message the provider would have answered: its fields, and its content blocks apart,
+/// each tool use's input as the text the provider wrote.
+pub(super) struct Document {
+    /// Without `content`.
+    message: Map<String, Value>,
+    content: Vec<Content>,
+}
+
+/// One content block of the document: its fields, and a tool use's input as the provider's
+/// JSON text (`None`: the block has no input streamed, or it is among `fields`).
+struct Content {
+    fields: Map<String, Value>,
+    input: Option<Box<RawValue>>,
+}
+
+impl Document {
+    /// Whether it holds any content block.
+    pub(super) fn holds_output(&self) -> bool {
+        !self.content.is_empty()
+    }
+}
+
+impl Serialize for Document {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        With(&self.message, "content", &self.content).serialize(s)
+    }
+}
+
+impl Serialize for Content {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.input {
+            Some(input) => With(&self.fields, "input", input).serialize(s),
+            None => self.fields.serialize(s),
+        }
+    }
+}
+
+/// A map serialised with one more entry, at the place the map's own order gives its key
+/// (serde_json's `Map` keeps its keys sorted), so the document reads as a `Value` of it
+/// would. The map must not hold the key.
+struct With<'a, V>(&'a Map<String, Value>, &'static str, V);
+
+impl<V: Serialize> Serialize for With<'_, V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let With(map, key, value) = self;
+        let mut out = s.serialize_map(Some(map.len() + 1))?;
+        let mut pending = Some(value);
+        for (k, v) in *map {
+            if k.as_str() > *key {
+                if let Some(value) = pending.take() {
+                    out.serialize_entry(key, value)?;
+                }
+            }
+            out.serialize_entry(k, v)?;
+        }
+        if let Some(value) = pending {
+            out.serialize_entry(key, value)?;
+        }
+        out.end()
     }
 }

@@ -46,6 +46,9 @@ struct ResponsesEvent<'a> {
     annotation: Option<&'a RawValue>,
     #[serde(borrow)]
     delta: Option<std::borrow::Cow<'a, str>>,
+    /// An `output_text.delta`'s tokens (with `include: ["message.output_text.logprobs"]`).
+    #[serde(borrow)]
+    logprobs: Option<&'a RawValue>,
 }
 
 impl Responses {
@@ -187,6 +190,17 @@ impl Responses {
                     self.reasoning.add(&delta);
                 }
                 self.text += delta.len();
+                // The delta's tokens, joined into its part's as a partial Chat choice joins
+                // its chunks': a partial answer has no `content_part.done` with them all
+                // (audit PA 3). Parsed only when there are some: most deltas carry none.
+                let mut logprobs = None;
+                if let Some(l) = ev.logprobs.map(RawValue::get).filter(|l| {
+                    l.strip_prefix('[')
+                        .is_some_and(|rest| rest.trim_start() != "]")
+                }) {
+                    self.text += l.len();
+                    logprobs = serde_json::from_str::<Vec<Value>>(l).ok();
+                }
                 let Some(m) = self.item(ev.output_index) else {
                     return;
                 };
@@ -195,6 +209,12 @@ impl Responses {
                 } else if let Some(Value::Array(parts)) = m.get_mut(key) {
                     if let Some(Value::Object(p)) = parts.get_mut(index as usize) {
                         append(p, field, &delta);
+                        if let Some(items) = logprobs {
+                            match p.entry("logprobs").or_insert_with(|| json!([])) {
+                                Value::Array(a) => a.extend(items),
+                                other => *other = Value::Array(items),
+                            }
+                        }
                     }
                 }
             }

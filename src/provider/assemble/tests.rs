@@ -1120,3 +1120,164 @@ fn a_custom_tool_calls_input_is_joined() {
         "{d}"
     );
 }
+
+/// A Messages answer with one `tool_use` block whose input streams as `pieces`, stopped with
+/// `tool_use`; `cut`: the stream ends before its stop reason (the block was stopped).
+fn one_tool_use(pieces: &[&str], stop_reason: bool) -> String {
+    let mut events = vec![
+        MESSAGE_START.to_owned(),
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#
+            .to_owned(),
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Ordering."}}"#
+            .to_owned(),
+        r#"{"type":"content_block_stop","index":0}"#.to_owned(),
+        r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"order","input":{}}}"#
+            .to_owned(),
+    ];
+    for p in pieces {
+        events.push(
+            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": p}})
+                .to_string(),
+        );
+    }
+    events.push(r#"{"type":"content_block_stop","index":1}"#.to_owned());
+    if stop_reason {
+        events.push(r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":40}}"#.to_owned());
+        events.push(r#"{"type":"message_stop"}"#.to_owned());
+    }
+    let events: Vec<&str> = events.iter().map(String::as_str).collect();
+    sse(&events)
+}
+
+/// Audit PA 1: a tool_use block's input is the provider's JSON text as it wrote it, byte for
+/// byte: an integer past 64 bits stays that integer (a `Value` made it a float), the keys keep
+/// their order, and valid JSON a `Value` cannot hold (`1e400`, a lone surrogate escape) is
+/// kept, not dropped with its whole tool call from an answer that looks whole.
+#[test]
+fn a_tool_uses_input_is_the_providers_text() {
+    for input in [
+        r#"{"sku": "A-1", "quantity": 2, "order_ref": 123456789012345678901234, "price": 19.999999999999999999, "amount": 1.10}"#,
+        r#"{"x": 1e400}"#,
+        r#"{"s": "\ud83d"}"#,
+    ] {
+        // In three pieces, cut anywhere.
+        let (a, rest) = input.split_at(5);
+        let (b, c) = rest.split_at(rest.len() / 2);
+        let stream = one_tool_use(&["", a, b, c], true);
+        let out = assemble(Format::Messages, &stream, None, 1 << 20)
+            .finish(None)
+            .unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains(&format!(r#""input":{input}"#)),
+            "{input}: {out}"
+        );
+        assert!(out.contains(r#""stop_reason":"tool_use""#), "{out}");
+    }
+}
+
+/// Audit PA 1: a stopped tool_use block whose input is no JSON at all, in an answer the
+/// stream brought whole (its stop reason came), is not dropped from an answer given as whole
+/// (200, no tool call, `stop_reason: "tool_use"`): the document fails, as one with an event
+/// it cannot read does (a 502 for the client). Cut, the block is left out of the partial
+/// answer, as a tool use cut mid-way is.
+#[test]
+fn a_whole_answers_tool_input_that_is_no_json_fails_the_document() {
+    let stream = one_tool_use(&[r#"{"sku": "A-1", "#], true);
+    match assemble(Format::Messages, &stream, None, 1 << 20).finish(None) {
+        Err(AssembleError::Malformed(why)) => {
+            assert!(why.contains("tool_use block 1"), "{why}");
+            assert!(why.contains("no JSON the gateway can read"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let d = cut_doc(
+        Format::Messages,
+        &one_tool_use(&[r#"{"sku": "A-1", "#], false),
+    );
+    assert_eq!(blocks(&d), ["text"], "{d}");
+    assert_eq!(d["stop_reason"], "max_tokens");
+}
+
+/// Audit PA 2: a text block the cut left empty (right after its `content_block_start`) or
+/// holding only whitespace is not in a partial answer: Anthropic never sends one, and
+/// refuses the turn that holds one when an agent sends it back ("text content blocks must
+/// be non-empty"). With nothing else kept, the cut has no partial answer (the limit's 504).
+#[test]
+fn a_text_block_the_cut_left_empty_is_not_in_a_partial_answer() {
+    let thinking = [
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let me think."}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"EqQB"}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+    ];
+    let start =
+        r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#;
+    let space =
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":" \n"}}"#;
+    for tail in [&[start][..], &[start, space][..]] {
+        let d = cut_doc(
+            Format::Messages,
+            &sse(&[&[MESSAGE_START][..], &thinking, tail].concat()),
+        );
+        assert_eq!(blocks(&d), ["thinking"], "{tail:?}: {d}");
+        assert_eq!(d["stop_reason"], "max_tokens");
+    }
+    let usage = Usage {
+        prompt: 9,
+        completion: 5,
+    };
+    let stream = sse(&[MESSAGE_START, start, space]);
+    let a = assemble(Format::Messages, &stream, None, 1 << 20);
+    assert!(a.has_output(), "whitespace is output as it came");
+    assert_eq!(a.finish(Some(usage)), Err(AssembleError::Empty));
+    // Text with something in it stays, its whitespace with it.
+    let word =
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}"#;
+    let d = cut_doc(Format::Messages, &sse(&[MESSAGE_START, start, space, word]));
+    assert_eq!(
+        d["content"],
+        json!([{"type": "text", "text": " \nHi"}]),
+        "{d}"
+    );
+    // A whole answer is the provider's, as it sent it.
+    let stop = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":1}}"#;
+    let d = doc(
+        Format::Messages,
+        &sse(&[
+            MESSAGE_START,
+            start,
+            r#"{"type":"content_block_stop","index":1}"#,
+            stop,
+        ]),
+        None,
+    );
+    assert_eq!(d["content"], json!([{"type": "text", "text": ""}]), "{d}");
+}
+
+/// Audit PA 3: a partial Responses message keeps the logprobs each
+/// `response.output_text.delta` carried (its `content_part.done`, which has them all, never
+/// came), as a partial Chat choice keeps its chunks'.
+#[test]
+fn a_cut_responses_message_keeps_its_deltas_logprobs() {
+    let created = r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}"#;
+    let stream = sse(&[
+        created,
+        r#"{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}"#,
+        r#"{"type":"response.content_part.added","sequence_number":2,"output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]}}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":3,"output_index":0,"content_index":0,"delta":"Hello","logprobs":[{"token":"Hello","logprob":-0.1,"bytes":[72,101,108,108,111],"top_logprobs":[]}]}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":4,"output_index":0,"content_index":0,"delta":",","logprobs":[]}"#,
+        r#"{"type":"response.output_text.delta","sequence_number":5,"output_index":0,"content_index":0,"delta":" checking.","logprobs":[{"token":" checking","logprob":-0.5,"bytes":[32],"top_logprobs":[{"token":" checking","logprob":-0.5,"bytes":[32]}]},{"token":".","logprob":0,"bytes":[46],"top_logprobs":[]}]}"#,
+    ]);
+    let d = cut_doc(Format::Responses, &stream);
+    let part = &d["output"][0]["content"][0];
+    assert_eq!(part["text"], "Hello, checking.", "{d}");
+    let tokens: Vec<&str> = part["logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, ["Hello", " checking", "."], "{d}");
+    assert_eq!(part["logprobs"][1]["top_logprobs"][0]["logprob"], -0.5);
+}
