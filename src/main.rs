@@ -275,27 +275,32 @@ fn check(path: &Path, strict: bool) -> ExitCode {
             // The TLS files are read here as start-up reads them: a key that does not fit its
             // certificate, or a file with no PEM in it, fails the check, not the deploy. A
             // file this machine cannot read (a secret mounted only where the gateway runs)
-            // is a warning, as key files are.
+            // is a warning, as key files are. Every such file is named, not the first alone,
+            // so that `--strict` as a deploy gate lists them in one run (audit PE 2).
             if let Some(tls) = &config.server.tls {
-                let unreadable = [("cert", Some(&tls.cert)), ("key", Some(&tls.key))]
+                let unreadable: Vec<_> = [("cert", Some(&tls.cert)), ("key", Some(&tls.key))]
                     .into_iter()
                     .chain([
                         ("client_ca", tls.client_ca.as_ref()),
                         ("client_crl", tls.client_crl.as_ref()),
                     ])
                     .filter_map(|(key, p)| Some((key, p?)))
-                    .find_map(|(key, p)| {
+                    .filter_map(|(key, p)| {
                         // Probed, not opened: a FIFO's open waits for a writer (audit ME 2);
                         // the read refuses it, saying what it is.
                         hourglass::config::file::probe(p).err().map(|e| (key, p, e))
-                    });
-                match unreadable {
-                    Some((key, p, e)) => warn(format!(
+                    })
+                    .collect();
+                for (key, p, e) in &unreadable {
+                    warn(format!(
                         "server.tls.{key} {}: {e}; {} it",
                         p.display(),
                         hourglass::config::WILL_NOT_START
-                    )),
-                    None => match hourglass::server::tls::server_config(tls) {
+                    ));
+                }
+                // The files are read together only when all of them can be.
+                if unreadable.is_empty() {
+                    match hourglass::server::tls::server_config(tls) {
                         Err(e) => {
                             eprintln!("{e}");
                             return ExitCode::FAILURE;
@@ -306,7 +311,7 @@ fn check(path: &Path, strict: bool) -> ExitCode {
                                 warn(w);
                             }
                         }
-                    },
+                    }
                 }
             }
             let errors = hourglass::gateway::preflight::startup_errors(&config);

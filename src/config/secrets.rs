@@ -38,6 +38,27 @@ fn mixed_case_token(v: &str) -> bool {
         })
 }
 
+/// The surer signs of a key, the ones that count where ids are common (a URL's path, a
+/// Cloudflare account's 32 hex digits): a key's prefix, or random text of mixed case.
+fn surely_secret(token: &str) -> bool {
+    token.len() >= 12 && PREFIXES.iter().any(|p| token.starts_with(p)) || mixed_case_token(token)
+}
+
+/// Whether a URL's path or query (what follows its authority) holds a token with the surer
+/// signs of a key. [`scrub`] masks such a token wherever it shows the URL; this says so, so
+/// that a key pasted into a URL is warned of as one in any other value is (audit PE 3).
+fn key_in_url(v: &str) -> bool {
+    let Some((_, rest)) = v.split_once("://") else {
+        return false;
+    };
+    let Some(i) = rest.find(['/', '?', '#']) else {
+        return false;
+    };
+    rest[i..]
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .any(surely_secret)
+}
+
 /// A run of 32 or more letters and digits, both, with no separator: a random token (Azure
 /// OpenAI's keys are 32 hex digits; `pplx-` and others put one after a prefix).
 fn random_run(v: &str) -> bool {
@@ -171,8 +192,7 @@ pub fn scrub(message: &str) -> String {
         let token = &masked[start..i];
         let in_path = start > 0 && bytes[start - 1] == b'/' && bytes.get(i) == Some(&b'/');
         let secret = if in_path {
-            token.len() >= 12 && PREFIXES.iter().any(|p| token.starts_with(p))
-                || mixed_case_token(token)
+            surely_secret(token)
         } else {
             looks_like_secret(token)
         };
@@ -240,6 +260,10 @@ pub(super) fn inlined_secrets(text: &str) -> Vec<String> {
         match v {
             toml::Value::String(s) if looks_like_secret(s) => out.push(format!(
                 "{path} looks like an inlined API key; keep keys out of the config file (use api_key_env or api_key_file)"
+            )),
+            toml::Value::String(s) if key_in_url(s) => out.push(format!(
+                "{path} looks like it holds an inlined API key (masked where the URL is shown); \
+                 keep keys out of the config file (use api_key_env or api_key_file)"
             )),
             toml::Value::Array(items) => {
                 for (i, item) in items.iter().enumerate() {
@@ -392,6 +416,32 @@ mod scrub_tests {
             scrub(r#"url "http://h/v1?api-key=correct horse \"battery\" staple" is not valid"#),
             r#"url "http://h/v1?api-key=***" is not valid"#
         );
+    }
+
+    /// A URL holds a key where its path or query has a token with the surer signs (audit
+    /// PE 3); ids, names and the authority do not count.
+    #[test]
+    fn a_key_in_a_url_path_or_query_is_found() {
+        use super::key_in_url;
+        let key = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWXYZabcdef012345";
+        for url in [
+            format!("https://api.openai.com/v1/{key}"),
+            format!("https://api.openai.com/{key}/v1"),
+            format!("redis://127.0.0.1:6379/0?password={key}"),
+            format!("https://h?key={key}"),
+            "https://h/v1?token=AbCdEfGhIjKlMnOpQrStUvWxYz0123456789".to_owned(),
+        ] {
+            assert!(key_in_url(&url), "{url}");
+        }
+        for url in [
+            "https://gateway.ai.cloudflare.com/v1/3f9a1c0e5b7d4e2a8c6b1d0f9e8a7c6b/gw/openai",
+            "https://h/v1/models/Llama-4-Maverick-17B-128E-Instruct-FP8",
+            "https://sk-proj-host.example.com",
+            "https://x.openai.azure.com/?api-version=2024-10-21",
+            "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWXYZabcdef012345",
+        ] {
+            assert!(!key_in_url(url), "{url}");
+        }
     }
 
     #[test]

@@ -251,17 +251,34 @@ async fn run(runs: &Runs, id: &str) -> Response<Full<Bytes>> {
         return json(StatusCode::NOT_FOUND, &body);
     }
     let now = tokio::time::Instant::now();
+    let wall = SystemTime::now();
     let body = serde_json::json!({
         "id": id,
-        "runs": found.iter().map(|(k, r)| describe(k, r, now)).collect::<Vec<_>>(),
+        "runs": found.iter().map(|(k, r)| describe(k, r, now, wall)).collect::<Vec<_>>(),
     });
     json(StatusCode::OK, &body)
 }
 
-fn describe(key: &RunKey, r: &RunState, now: tokio::time::Instant) -> serde_json::Value {
+/// `wall` is the wall clock at `now`: the run's deadline, an instant, is given as the time of
+/// day it falls at (DESIGN §10: "limits, used, left, deadline"), which an operator can read
+/// beside logs and compare across replicas, where `remaining_ms` is stale once read.
+fn describe(
+    key: &RunKey,
+    r: &RunState,
+    now: tokio::time::Instant,
+    wall: SystemTime,
+) -> serde_json::Value {
     let l = &r.limits;
     let ms = |d: std::time::Duration| d.as_millis() as u64;
     let view = r.view();
+    let deadline = view.deadline.map(|d| {
+        let at = if d >= now {
+            wall + (d - now)
+        } else {
+            wall - (now - d)
+        };
+        humantime::format_rfc3339_millis(at).to_string()
+    });
     serde_json::json!({
         "scope": key.scope.map(|_| key.to_string().split('/').next().unwrap_or_default().to_owned()),
         "route": &*r.route,
@@ -283,6 +300,7 @@ fn describe(key: &RunKey, r: &RunState, now: tokio::time::Instant) -> serde_json
             "calls": view.calls_left,
             "tokens": view.tokens_left,
         },
+        "deadline": deadline,
         "repeats": {
             "answer": r.answer.as_ref().map(|a| serde_json::json!({"tool": a.tool, "count": a.count})),
             "request": r.request.as_ref().map(|a| a.count),

@@ -1,6 +1,6 @@
 //! Property tests for the parsers that read hostile input: every budget header source
 //! (DESIGN 3), and the config loader (never panics, and what it accepts is consistent). The
-//! SSE scanner's split invariance is in `src/sse.rs`, next to its reference parser.
+//! SSE scanner's split invariance is in `src/http/sse/tests.rs`, next to its reference parser.
 
 use std::time::Duration;
 

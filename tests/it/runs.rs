@@ -230,6 +230,7 @@ on_both_stores!(
     a_later_deadline_refusal_says_what_is_left_now,
     a_call_limit_reached_only_by_calls_given_back_ends_no_run,
     a_run_budget_past_a_year_is_a_year,
+    a_runs_deadline_is_given_as_a_time,
 );
 
 /// The loop stop: the same tool calls, or the same request, again and again.
@@ -874,4 +875,52 @@ async fn a_run_budget_past_a_year_is_a_year(store: Store) {
     let run = run_json(&h, "forever").await;
     let left = run["runs"][0]["left"]["remaining_ms"].as_u64().unwrap();
     assert!((YEAR_MS - 60_000..=YEAR_MS).contains(&left), "{run}");
+}
+
+/// `GET /runs/{id}` gives the run's deadline (DESIGN §10: "limits, used, left, deadline") as
+/// an RFC 3339 UTC time, `null` for a run without one; it gave only `left.remaining_ms`
+/// (audit PE 5). The time is the one `remaining_ms` counts down to.
+async fn a_runs_deadline_is_given_as_a_time(store: Store) {
+    use std::time::SystemTime;
+    let (h, _keep) = harness(store).await;
+    let before = SystemTime::now();
+    let (resp, _c) = h
+        .send(call(
+            "/ceiling",
+            false,
+            &[("x-run-id", "dated"), ("x-run-budget-ms", "3000")],
+            "",
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    let after = SystemTime::now();
+    let run = run_json(&h, "dated").await;
+    let entry = &run["runs"][0];
+    let text = entry["deadline"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{run}"));
+    assert!(text.ends_with('Z'), "UTC: {text}");
+    let deadline = humantime::parse_rfc3339(text).unwrap();
+    // Fixed when the call arrived, between `before` and `after`; the slack is for the
+    // instant's conversion to the wall clock and the text's whole milliseconds.
+    let slack = Duration::from_secs(1);
+    let budget = Duration::from_millis(3000);
+    assert!(
+        deadline + slack >= before + budget && deadline <= after + budget + slack,
+        "{text}: {run}"
+    );
+    // A run with no deadline has none to give.
+    let (resp, _c) = h
+        .send(call("/plain", false, &[("x-run-id", "undated")], ""))
+        .await;
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    let run = run_json(&h, "undated").await;
+    assert!(run["runs"][0]["deadline"].is_null(), "{run}");
+    assert!(
+        run["runs"][0].as_object().unwrap().contains_key("deadline"),
+        "{run}"
+    );
+    assert!(run["runs"][0]["left"]["remaining_ms"].is_null(), "{run}");
 }

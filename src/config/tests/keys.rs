@@ -131,6 +131,49 @@ fn inlined_keys_are_warned_about_and_never_repeated() {
     }
 }
 
+/// A key pasted into an upstream URL's path is masked where the URL is shown, and warned of
+/// as a key written into any other value is: `check` printed `https://api.openai.com/v1/***`
+/// and nothing told the operator to move the key (audit PE 3). Only the surer signs count in
+/// a URL (a key's prefix, or a long run mixing digits and both cases), since a path holds ids
+/// (a Cloudflare account's 32 hex digits) that are no keys.
+#[test]
+fn a_key_in_an_upstream_url_is_warned_about() {
+    const KEY: &str = "sk-proj-ABCDEFGHIJKLMNOPQRSTUVWXYZabcdef012345";
+    let warned = "upstreams.openai.url looks like it holds an inlined API key (masked where the \
+                  URL is shown); keep keys out of the config file (use api_key_env or \
+                  api_key_file)";
+    for url in [
+        format!("https://api.openai.com/v1/{KEY}"),
+        format!("https://api.openai.com/{KEY}/v1"),
+        "https://api.openai.com/v1/AbCdEfGhIjKlMnOpQrStUvWxYz0123456789".to_owned(),
+    ] {
+        let c = load(&BASE.replace(
+            "url = \"https://api.openai.com\"\n",
+            &format!("url = {url:?}\n"),
+        ));
+        let w = c.warnings_with(&|_| None);
+        assert!(w.iter().any(|w| w == warned), "{url}: {w:?}");
+        assert!(
+            !format!("{w:?}{}", c.describe()).contains("ABCDEFGH"),
+            "{w:?}"
+        );
+    }
+    // Ids in a path, and model names, are not keys.
+    for url in [
+        "https://gateway.ai.cloudflare.com/v1/3f9a1c0e5b7d4e2a8c6b1d0f9e8a7c6b/my-gateway/openai",
+        "https://api.fireworks.ai/inference/v1/accounts/fireworks/models/llama-v3p1-405b-instruct",
+        "https://x.openai.azure.com/openai/deployments/gpt-4o-mini-2024-07-18",
+        "https://h/v1/models/Llama-4-Maverick-17B-128E-Instruct-FP8",
+    ] {
+        let c = load(&BASE.replace(
+            "url = \"https://api.openai.com\"\n",
+            &format!("url = {url:?}\n"),
+        ));
+        let w = c.warnings_with(&|_| None);
+        assert!(!w.iter().any(|w| w.contains("inlined")), "{url}: {w:?}");
+    }
+}
+
 #[test]
 fn key_sources_are_checked_by_warnings() {
     let dir = tempfile::Builder::new()

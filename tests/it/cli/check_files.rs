@@ -332,3 +332,72 @@ fn check_reads_the_store_ca_file_as_start_up_does() {
         "{stderr}"
     );
 }
+
+/// Every `[server.tls]` file this machine cannot read is named in one run, as the other file
+/// keys are, so that `check --strict` as a deploy gate lists them all at once: it named only
+/// the first (cert), then, once cert and key were there, client_ca but not client_crl (audit
+/// PE 2).
+#[test]
+fn check_names_every_unreadable_tls_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-cli-tls-all-")
+        .tempdir()
+        .unwrap();
+    let run = |cert: &str, key: &str, strict: bool| {
+        let path = dir.path().join("tls.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:0\"\n\n[server.tls]\ncert = {cert:?}\nkey = {key:?}\n\
+                 client_ca = \"/nonexistent/ca.pem\"\nclient_crl = \"/nonexistent/clients.crl\"\n\n\
+                 [upstreams.up]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+                 [[routes]]\nname = \"chat\"\npath_prefix = \"/\"\nupstream = \"up\"\n"
+            ),
+        )
+        .unwrap();
+        let path = path.to_str().unwrap();
+        let args: &[&str] = if strict {
+            &["check", "--strict", "--config", path]
+        } else {
+            &["check", "--config", path]
+        };
+        let out = hourglass(args);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let named = |stderr: &str, level: &str, key: &str, file: &str| {
+        stderr.contains(&format!("{level}: server.tls.{key} {file}: "))
+    };
+    let missing = [
+        ("cert", "/nonexistent/cert.pem"),
+        ("key", "/nonexistent/key.pem"),
+        ("client_ca", "/nonexistent/ca.pem"),
+        ("client_crl", "/nonexistent/clients.crl"),
+    ];
+    let (code, stderr) = run(missing[0].1, missing[1].1, false);
+    assert_eq!(code, Some(0), "{stderr}");
+    for (key, file) in missing {
+        assert!(named(&stderr, "warning", key, file), "{key}: {stderr}");
+    }
+    let (code, stderr) = run(missing[0].1, missing[1].1, true);
+    assert_eq!(code, Some(1), "{stderr}");
+    for (key, file) in missing {
+        assert!(named(&stderr, "error", key, file), "{key}: {stderr}");
+    }
+    // Cert and key readable: the two client files that are not are both named.
+    let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert = dir.path().join("server.pem");
+    std::fs::write(&cert, server.cert.pem()).unwrap();
+    let key = dir.path().join("server.key");
+    std::fs::write(&key, server.key_pair.serialize_pem()).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let (code, stderr) = run(cert.to_str().unwrap(), key.to_str().unwrap(), true);
+    assert_eq!(code, Some(1), "{stderr}");
+    for (key, file) in &missing[2..] {
+        assert!(named(&stderr, "error", key, file), "{key}: {stderr}");
+    }
+    assert!(!stderr.contains("server.tls.cert"), "{stderr}");
+}
