@@ -285,7 +285,8 @@ fn head_fields(head: &[u8]) -> http::HeaderMap {
 /// would otherwise fill the log.
 static CRL_WARNED: Throttle = Throttle::every(Duration::from_secs(60));
 
-/// Serves until `stop`, then drains; what is left of `shutdown_grace` once drained.
+/// Serves until `stop` and `drain_delay` after it, then drains; what is left of
+/// `shutdown_grace` once drained.
 pub(super) async fn serve_clients(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -294,11 +295,16 @@ pub(super) async fn serve_clients(
     let graceful = GracefulShutdown::new();
     let initial = shared.server.load_full();
     let slots = initial.max_connections.map(|n| Arc::new(Semaphore::new(n)));
+    // What the connections drain by: fired once the listener closes, not at `stop`, so that
+    // during the delay the connections already open keep serving as well.
+    let drain = Signal::new();
+    let closing = close_after_delay(&shared, &stop);
+    tokio::pin!(closing);
     loop {
         let permit = match &slots {
             Some(s) => tokio::select! {
                 p = s.clone().acquire_owned() => Some(p.expect("semaphore is never closed")),
-                () = stop.fired() => break,
+                () = &mut closing => break,
             },
             None => None,
         };
@@ -320,21 +326,23 @@ pub(super) async fn serve_clients(
                     continue;
                 }
             },
-            () = stop.fired() => break,
+            () = &mut closing => break,
         };
         #[cfg(not(target_os = "linux"))]
         tune(SockRef::from(&stream));
         let open = shared.metrics.client_connection();
         let shared = shared.clone();
         let watcher = graceful.watcher();
-        let drain = stop.clone();
+        let drain = drain.clone();
         tokio::spawn(async move {
             serve_connection(stream, peer, shared, watcher, drain).await;
             drop((permit, open));
         });
     }
+    // Ready already false (`close_after_delay`); set again for a stop that came before it ran.
     shared.health.set_ready(false);
     drop(listener);
+    drain.fire();
     let grace = shared.server.load().shutdown_grace;
     let began = tokio::time::Instant::now();
     let drained = graceful.shutdown();
@@ -355,6 +363,32 @@ pub(super) async fn serve_clients(
     }
     shared.cut.fire();
     grace.saturating_sub(began.elapsed())
+}
+
+/// Ends `drain_delay` after `stop`, during which `/readyz` answers 503 and the client listener
+/// still accepts (audit PD 2): a load balancer polling `/readyz` takes the replica out of its
+/// pool within a few checks, and until then the requests it sends are served rather than
+/// refused at a closed port. A second signal (which fires the cut) ends the delay at once.
+async fn close_after_delay(shared: &Shared, stop: &Signal) {
+    stop.fired().await;
+    shared.health.set_ready(false);
+    // Read at the stop, as `shutdown_grace` is: a reload changes the next stop's.
+    let delay = shared.server.load().drain_delay;
+    if delay.is_zero() {
+        return;
+    }
+    tracing::info!(
+        ?delay,
+        "stop signal: /readyz answers 503; still accepting clients for drain_delay, then draining"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(delay) => {
+            tracing::info!("drain_delay over: the client listener closes, draining");
+        }
+        () = shared.cut.fired() => {
+            tracing::warn!("second signal during drain_delay: the client listener closes now");
+        }
+    }
 }
 
 /// When the requests still in flight are cut: at the grace's end, or sooner if the cut is
