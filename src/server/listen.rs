@@ -109,6 +109,15 @@ fn protocols(server: &ServerConfig, accepted: Instant, fd: RawFd) -> Protocols {
     if server.max_headers != HYPER_MAX_HEADERS {
         h1.max_headers(server.max_headers);
     }
+    Protocols {
+        http1: h1,
+        http2: http2_builder(server),
+    }
+}
+
+/// hyper's HTTP/2 connection settings, from `[server]`: the client listener's, and the admin
+/// listener's.
+fn http2_builder(server: &ServerConfig) -> http2::Builder<TokioExecutor> {
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_concurrent_streams(server.http2_max_concurrent_streams)
@@ -120,10 +129,7 @@ fn protocols(server: &ServerConfig, accepted: Instant, fd: RawFd) -> Protocols {
         // past the h2 crate's own bound gets its bare 431, which no log line or metric sees.
         .max_header_list_size(h2_header_list_bound(server.max_header_bytes))
         .keep_alive_interval(Some(Duration::from_secs(30)));
-    Protocols {
-        http1: h1,
-        http2: h2,
-    }
+    h2
 }
 
 /// What the h2 crate is told to accept of a header list: twice `max_header_bytes`.
@@ -815,7 +821,22 @@ impl Spare {
     }
 }
 
-pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>, spare: Spare) {
+/// Serves the admin listener: HTTP/1.1, and HTTP/2 with prior knowledge (h2c, told by the
+/// preface as on the client listener), so that a load balancer whose checks speak the
+/// protocol of its servers (haproxy's `proto h2`) is answered (audit PD 3: it got no byte, and
+/// marked every replica down). Its HTTP/2 limits are the client listener's, as `server` had
+/// them at start-up.
+pub(super) async fn serve_admin(
+    listener: TcpListener,
+    admin: Arc<Admin>,
+    spare: Spare,
+    server: Arc<ServerConfig>,
+) {
+    let h2 = Arc::new(http2_builder(&server));
+    let send_timeout = server.send_timeout;
+    // The admin connections are no part of a drain (the listener outlives the client one,
+    // and is aborted at the end): a watcher and a drain signal that nothing waits for.
+    let (graceful, never) = (GracefulShutdown::new(), Signal::new());
     loop {
         spare.refill();
         let (stream, on_spare) = match listener.accept().await {
@@ -840,19 +861,48 @@ pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>, spare:
                 }
             }
         };
-        let (admin, spare) = (admin.clone(), spare.clone());
+        let (admin, spare, h2) = (admin.clone(), spare.clone(), h2.clone());
+        let (watcher, never) = (graceful.watcher(), never.clone());
         tokio::spawn(async move {
+            let accepted = Instant::now();
             let svc = service_fn(move |req| crate::server::admin::handle(req, admin.clone()));
             // A scraper's head arrives at once: one that does not is not left holding a
             // descriptor of the port the health probes depend on.
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT)
-                // On the spare, one request and close: a scraper's keep-alive connection
-                // would hold the one descriptor the next probe needs.
-                .keep_alive(!on_spare)
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            let mut stream = stream;
+            let mut first = First::default();
+            let by = accepted + ADMIN_HEADER_READ_TIMEOUT;
+            let protocol = sniff(&mut stream, by, &mut first).await;
+            let (io, _) = ClientIo::new(stream, first, send_timeout, ClientWrites::default());
+            match protocol {
+                // A TLS client too: hyper refuses its handshake as a malformed head, as before.
+                Some(Sniffed::Http(Protocol::Http1) | Sniffed::Tls) => {
+                    let _ = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT)
+                        // On the spare, one request and close: a scraper's keep-alive
+                        // connection would hold the one descriptor the next probe needs.
+                        .keep_alive(!on_spare)
+                        .serve_connection(TokioIo::new(io), svc)
+                        .await;
+                }
+                // Closed when idle for the same limit as an HTTP/1.1 keep-alive one (on the
+                // spare too: a check's connection ends at once, an idle one within 20 s).
+                Some(Sniffed::Http(Protocol::Http2)) => {
+                    let _ = crate::server::h2_idle::serve(
+                        &h2,
+                        TokioIo::new(io),
+                        |_| svc,
+                        ADMIN_HEADER_READ_TIMEOUT,
+                        accepted,
+                        never,
+                        watcher,
+                        Stuck::new(send_timeout, ClientWrites::default()),
+                    )
+                    .await;
+                }
+                // Closed, or silent for the head's limit.
+                None => drop(io),
+            }
             // The connection's descriptor is closed: keep it for the next probe.
             spare.refill();
         });

@@ -147,6 +147,7 @@ pub async fn start_with_source(
             scrape: Scrape::default(),
         }),
         spare,
+        shared.server.load_full(),
     ));
     let task = {
         let (shared, stop, runs) = (shared.clone(), stop.clone(), runs.clone());
