@@ -358,6 +358,7 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
             .header_read_timeout
             .map_or(DEFAULT_HEADER_READ_TIMEOUT, |d| d.0),
         shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
+        drain_delay: raw.drain_delay.map_or(Duration::ZERO, |d| d.0),
         send_timeout: raw.send_timeout.map_or(DEFAULT_SEND_TIMEOUT, |d| d.0),
         max_connections: raw.max_connections,
     };
@@ -393,6 +394,16 @@ fn build_server(raw: &RawServer, base_dir: Option<&Path>) -> Result<ServerConfig
                 hd(MIN_TIMEOUT)
             ));
         }
+    }
+    // Every stop waits this long before its drain even begins: a typo ("30m" for "30s")
+    // would hold each rolling restart for half an hour.
+    if server.drain_delay > MAX_DRAIN_DELAY {
+        return Err(format!(
+            "server: drain_delay ({}) must be at most {} (it is how long a load balancer \
+             takes to see /readyz turn 503: a few health-check intervals)",
+            hd(server.drain_delay),
+            hd(MAX_DRAIN_DELAY)
+        ));
     }
     // hyper needs room for at least one 8 KiB read.
     if server.max_header_bytes < 8192 {
@@ -919,6 +930,9 @@ const MAX_IN_FLIGHT: usize = 1_000_000;
 const MAX_CONNECTIONS: usize = 1_000_000;
 /// Envoy's own ceiling for headers per request is 100 by default; 1000 leaves room.
 const MAX_HEADERS: usize = 1000;
+/// The longest `[server] drain_delay`: load balancers see a replica's `/readyz` turn 503
+/// within a few health-check intervals, seconds rather than minutes.
+pub(super) const MAX_DRAIN_DELAY: Duration = Duration::from_secs(600);
 
 fn build_client_auth(
     label: &str,

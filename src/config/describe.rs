@@ -247,6 +247,11 @@ impl Config {
         );
         let _ = writeln!(out, "  header_read_timeout: {}", hd(s.header_read_timeout));
         let _ = writeln!(out, "  shutdown_grace: {}", hd(s.shutdown_grace));
+        let _ = writeln!(
+            out,
+            "  drain_delay: {} (accepting after a stop signal, /readyz 503)",
+            hd(s.drain_delay)
+        );
         let _ = writeln!(out, "  send_timeout: {}", hd(s.send_timeout));
         let max_connections = s
             .max_connections

@@ -131,6 +131,10 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// How long in-flight requests get to finish on shutdown (default 30s).
     pub shutdown_grace: Duration,
+    /// How long, after a shutdown signal, the client listener keeps accepting and serving
+    /// while `/readyz` already answers 503 (default 0s), so that a load balancer polling
+    /// `/readyz` takes the replica out before its port closes. At most 10 minutes.
+    pub drain_delay: Duration,
     /// How long a write to a client may wait for the client to read (default 60s, like
     /// nginx's `send_timeout`); past it the connection is closed, and an HTTP/2 stream that its
     /// client gives no window for as long has its upstream call ended (`reaper`). Never zero.

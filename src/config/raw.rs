@@ -126,6 +126,7 @@ pub(super) struct RawServer {
     pub(super) response_body_memory: Option<u64>,
     pub(super) header_read_timeout: Option<RawDuration>,
     pub(super) shutdown_grace: Option<RawDuration>,
+    pub(super) drain_delay: Option<RawDuration>,
     pub(super) send_timeout: Option<RawDuration>,
     pub(super) max_connections: Option<usize>,
     pub(super) max_header_bytes: Option<usize>,

@@ -109,6 +109,15 @@ fn protocols(server: &ServerConfig, accepted: Instant, fd: RawFd) -> Protocols {
     if server.max_headers != HYPER_MAX_HEADERS {
         h1.max_headers(server.max_headers);
     }
+    Protocols {
+        http1: h1,
+        http2: http2_builder(server),
+    }
+}
+
+/// hyper's HTTP/2 connection settings, from `[server]`: the client listener's, and the admin
+/// listener's.
+fn http2_builder(server: &ServerConfig) -> http2::Builder<TokioExecutor> {
     let mut h2 = http2::Builder::new(TokioExecutor::new());
     h2.timer(TokioTimer::new())
         .max_concurrent_streams(server.http2_max_concurrent_streams)
@@ -120,10 +129,7 @@ fn protocols(server: &ServerConfig, accepted: Instant, fd: RawFd) -> Protocols {
         // past the h2 crate's own bound gets its bare 431, which no log line or metric sees.
         .max_header_list_size(h2_header_list_bound(server.max_header_bytes))
         .keep_alive_interval(Some(Duration::from_secs(30)));
-    Protocols {
-        http1: h1,
-        http2: h2,
-    }
+    h2
 }
 
 /// What the h2 crate is told to accept of a header list: twice `max_header_bytes`.
@@ -285,7 +291,8 @@ fn head_fields(head: &[u8]) -> http::HeaderMap {
 /// would otherwise fill the log.
 static CRL_WARNED: Throttle = Throttle::every(Duration::from_secs(60));
 
-/// Serves until `stop`, then drains; what is left of `shutdown_grace` once drained.
+/// Serves until `stop` and `drain_delay` after it, then drains; what is left of
+/// `shutdown_grace` once drained.
 pub(super) async fn serve_clients(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -294,11 +301,16 @@ pub(super) async fn serve_clients(
     let graceful = GracefulShutdown::new();
     let initial = shared.server.load_full();
     let slots = initial.max_connections.map(|n| Arc::new(Semaphore::new(n)));
+    // What the connections drain by: fired once the listener closes, not at `stop`, so that
+    // during the delay the connections already open keep serving as well.
+    let drain = Signal::new();
+    let closing = close_after_delay(&shared, &stop);
+    tokio::pin!(closing);
     loop {
         let permit = match &slots {
             Some(s) => tokio::select! {
                 p = s.clone().acquire_owned() => Some(p.expect("semaphore is never closed")),
-                () = stop.fired() => break,
+                () = &mut closing => break,
             },
             None => None,
         };
@@ -320,21 +332,23 @@ pub(super) async fn serve_clients(
                     continue;
                 }
             },
-            () = stop.fired() => break,
+            () = &mut closing => break,
         };
         #[cfg(not(target_os = "linux"))]
         tune(SockRef::from(&stream));
         let open = shared.metrics.client_connection();
         let shared = shared.clone();
         let watcher = graceful.watcher();
-        let drain = stop.clone();
+        let drain = drain.clone();
         tokio::spawn(async move {
             serve_connection(stream, peer, shared, watcher, drain).await;
             drop((permit, open));
         });
     }
+    // Ready already false (`close_after_delay`); set again for a stop that came before it ran.
     shared.health.set_ready(false);
     drop(listener);
+    drain.fire();
     let grace = shared.server.load().shutdown_grace;
     let began = tokio::time::Instant::now();
     let drained = graceful.shutdown();
@@ -355,6 +369,32 @@ pub(super) async fn serve_clients(
     }
     shared.cut.fire();
     grace.saturating_sub(began.elapsed())
+}
+
+/// Ends `drain_delay` after `stop`, during which `/readyz` answers 503 and the client listener
+/// still accepts (audit PD 2): a load balancer polling `/readyz` takes the replica out of its
+/// pool within a few checks, and until then the requests it sends are served rather than
+/// refused at a closed port. A second signal (which fires the cut) ends the delay at once.
+async fn close_after_delay(shared: &Shared, stop: &Signal) {
+    stop.fired().await;
+    shared.health.set_ready(false);
+    // Read at the stop, as `shutdown_grace` is: a reload changes the next stop's.
+    let delay = shared.server.load().drain_delay;
+    if delay.is_zero() {
+        return;
+    }
+    tracing::info!(
+        ?delay,
+        "stop signal: /readyz answers 503; still accepting clients for drain_delay, then draining"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(delay) => {
+            tracing::info!("drain_delay over: the client listener closes, draining");
+        }
+        () = shared.cut.fired() => {
+            tracing::warn!("second signal during drain_delay: the client listener closes now");
+        }
+    }
 }
 
 /// When the requests still in flight are cut: at the grace's end, or sooner if the cut is
@@ -781,7 +821,22 @@ impl Spare {
     }
 }
 
-pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>, spare: Spare) {
+/// Serves the admin listener: HTTP/1.1, and HTTP/2 with prior knowledge (h2c, told by the
+/// preface as on the client listener), so that a load balancer whose checks speak the
+/// protocol of its servers (haproxy's `proto h2`) is answered (audit PD 3: it got no byte, and
+/// marked every replica down). Its HTTP/2 limits are the client listener's, as `server` had
+/// them at start-up.
+pub(super) async fn serve_admin(
+    listener: TcpListener,
+    admin: Arc<Admin>,
+    spare: Spare,
+    server: Arc<ServerConfig>,
+) {
+    let h2 = Arc::new(http2_builder(&server));
+    let send_timeout = server.send_timeout;
+    // The admin connections are no part of a drain (the listener outlives the client one,
+    // and is aborted at the end): a watcher and a drain signal that nothing waits for.
+    let (graceful, never) = (GracefulShutdown::new(), Signal::new());
     loop {
         spare.refill();
         let (stream, on_spare) = match listener.accept().await {
@@ -806,19 +861,48 @@ pub(super) async fn serve_admin(listener: TcpListener, admin: Arc<Admin>, spare:
                 }
             }
         };
-        let (admin, spare) = (admin.clone(), spare.clone());
+        let (admin, spare, h2) = (admin.clone(), spare.clone(), h2.clone());
+        let (watcher, never) = (graceful.watcher(), never.clone());
         tokio::spawn(async move {
+            let accepted = Instant::now();
             let svc = service_fn(move |req| crate::server::admin::handle(req, admin.clone()));
             // A scraper's head arrives at once: one that does not is not left holding a
             // descriptor of the port the health probes depend on.
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT)
-                // On the spare, one request and close: a scraper's keep-alive connection
-                // would hold the one descriptor the next probe needs.
-                .keep_alive(!on_spare)
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
+            let mut stream = stream;
+            let mut first = First::default();
+            let by = accepted + ADMIN_HEADER_READ_TIMEOUT;
+            let protocol = sniff(&mut stream, by, &mut first).await;
+            let (io, _) = ClientIo::new(stream, first, send_timeout, ClientWrites::default());
+            match protocol {
+                // A TLS client too: hyper refuses its handshake as a malformed head, as before.
+                Some(Sniffed::Http(Protocol::Http1) | Sniffed::Tls) => {
+                    let _ = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(ADMIN_HEADER_READ_TIMEOUT)
+                        // On the spare, one request and close: a scraper's keep-alive
+                        // connection would hold the one descriptor the next probe needs.
+                        .keep_alive(!on_spare)
+                        .serve_connection(TokioIo::new(io), svc)
+                        .await;
+                }
+                // Closed when idle for the same limit as an HTTP/1.1 keep-alive one (on the
+                // spare too: a check's connection ends at once, an idle one within 20 s).
+                Some(Sniffed::Http(Protocol::Http2)) => {
+                    let _ = crate::server::h2_idle::serve(
+                        &h2,
+                        TokioIo::new(io),
+                        |_| svc,
+                        ADMIN_HEADER_READ_TIMEOUT,
+                        accepted,
+                        never,
+                        watcher,
+                        Stuck::new(send_timeout, ClientWrites::default()),
+                    )
+                    .await;
+                }
+                // Closed, or silent for the head's limit.
+                None => drop(io),
+            }
             // The connection's descriptor is closed: keep it for the next probe.
             spare.refill();
         });

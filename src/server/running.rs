@@ -38,7 +38,8 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting, lets in-flight requests finish for up to `shutdown_grace`, then cuts
+    /// Turns `/readyz` 503 and, after `drain_delay` (during which the client listener still
+    /// accepts), stops accepting, lets in-flight requests finish for up to `shutdown_grace`, then cuts
     /// the rest (origin `shutdown`, each told with an error event or a 503); then waits for
     /// the run store's call ends still being sent (the rest of the grace, at least the grace
     /// or 10 s, whichever is shorter) and returns.
@@ -48,7 +49,8 @@ impl Running {
     }
 
     /// Serves until a `signal()` completes, then shuts down gracefully; another `signal()`
-    /// during the drain cuts what is still in flight at once, as the grace's end would, and
+    /// during `drain_delay` or the drain closes the listener and cuts what is still in flight
+    /// at once, as the grace's end would, and
     /// one after the drain ends the wait for the run store at once (audit HA 4: it was
     /// ignored, and the process waited out the grace with nothing in flight).
     pub async fn serve_until<F: Future<Output = ()>>(self, mut signal: impl FnMut() -> F) {
@@ -145,6 +147,7 @@ pub async fn start_with_source(
             scrape: Scrape::default(),
         }),
         spare,
+        shared.server.load_full(),
     ));
     let task = {
         let (shared, stop, runs) = (shared.clone(), stop.clone(), runs.clone());

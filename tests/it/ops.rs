@@ -273,6 +273,30 @@ async fn the_admin_listener_refuses_heads_without_one_host() {
     }
 }
 
+/// Audit PD 3: the admin listener answered nothing to an HTTP/2 prior-knowledge client (its
+/// preface got no byte in 3 s), so haproxy's `proto h2` checks, which inherit the server's
+/// protocol, marked every replica down. It speaks h2c as the client listener does, and
+/// HTTP/1.1 as before, on one port.
+#[tokio::test]
+async fn the_admin_listener_speaks_http2_prior_knowledge() {
+    let h = Harness::start().await;
+    for path in ["/readyz", "/healthz", "/metrics"] {
+        let req = http::Request::get(path)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = h2_send(h.gw.admin_addr, req)
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(resp.version(), http::Version::HTTP_2, "{path}");
+        let body = read_body(resp.into_body()).await.text();
+        assert!(!body.is_empty(), "{path}");
+    }
+    assert!(admin_get(h.gw.admin_addr, "/readyz")
+        .await
+        .starts_with("ready"));
+}
+
 /// An edit that stops naming a file is one reload: the watcher's list of files comes from
 /// the text alone, so swapping in the config that no longer names it changes nothing more.
 #[tokio::test]

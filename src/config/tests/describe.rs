@@ -16,6 +16,7 @@ fn describe_lists_every_resolved_value() {
         "max_request_body: 2048 bytes",
         "header_read_timeout: 5s",
         "shutdown_grace: 1m",
+        "drain_delay: 5s (accepting after a stop signal, /readyz 503)",
         "send_timeout: 20s",
         "max_connections: 500",
         "max_header_bytes: ",

@@ -446,6 +446,11 @@ fn server_errors() {
             "send_timeout (9ms) must be at least 10ms",
         ),
         (
+            "drain_delay = \"11m\"",
+            "drain_delay (11m) must be at most 10m (it is how long a load balancer takes to \
+             see /readyz turn 503: a few health-check intervals)",
+        ),
+        (
             "header_read_timeout = \"0s\"",
             "header_read_timeout (0s) must be at least 10ms",
         ),

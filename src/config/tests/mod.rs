@@ -20,6 +20,7 @@ admin_listen = "127.0.0.1:9100"
 max_request_body = 2048
 header_read_timeout = "5s"
 shutdown_grace = "1m"
+drain_delay = "5s"
 send_timeout = "20s"
 max_connections = 500
 

@@ -296,3 +296,77 @@ async fn a_second_signal_during_the_drain_cuts_at_once() {
         .expect("shutdown returned")
         .unwrap();
 }
+
+/// Audit PD 2: `/readyz` turned 503 at the same instant the client listener closed, so a load
+/// balancer polling it always sent some requests to the closed port. With `drain_delay`,
+/// `/readyz` is 503 at once while a new connection is still accepted and served; a second
+/// signal ends the delay (here ten minutes) at once, and the listener then refuses.
+#[tokio::test]
+async fn drain_delay_keeps_serving_new_connections_while_readyz_is_503() {
+    let h = Harness::with_config(&BASE.replace(
+        "[server]\n",
+        "[server]\ndrain_delay = \"10m\"\nshutdown_grace = \"10m\"\n",
+    ))
+    .await;
+    let (addr, admin) = (h.gw.addr, h.gw.admin_addr);
+    let Harness { gw, fake: _fake } = h;
+    let health = gw.health.clone();
+    let signals = Arc::new(tokio::sync::Semaphore::new(0));
+    let sender = signals.clone();
+    let serving = tokio::spawn(gw.serve_until(move || {
+        let signals = signals.clone();
+        async move {
+            signals.acquire().await.expect("open").forget();
+        }
+    }));
+    sender.add_permits(1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while health.is_ready() {
+        assert!(
+            Instant::now() < deadline,
+            "still ready 5 s after the signal"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let readyz = admin_get(admin, "/readyz").await;
+    assert!(readyz.starts_with("not ready"), "{readyz}");
+    // A connection made after /readyz turned 503 is served in full.
+    let conn = Conn::open(addr).await;
+    let (resp, _conn) = conn.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    let body = read_body(resp.into_body()).await.text();
+    assert!(body.contains("chat.completion"), "{body}");
+    assert!(!serving.is_finished(), "the delay is ten minutes");
+    // The second signal does not wait out the delay: the listener closes and the shutdown
+    // ends (the 20 s bounds a hang, not a measure).
+    sender.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(20), serving)
+        .await
+        .expect("shutdown returned without waiting out the delay")
+        .unwrap();
+    assert!(TcpStream::connect(addr).await.is_err(), "refused after");
+}
+
+/// The delay ends on its own: then the listener refuses, and the drain goes on as without it.
+#[tokio::test]
+async fn drain_delay_ends_on_its_own_and_then_the_listener_refuses() {
+    let h =
+        Harness::with_config(&BASE.replace("[server]\n", "[server]\ndrain_delay = \"300ms\"\n"))
+            .await;
+    let addr = h.gw.addr;
+    let Harness { gw, fake: _fake } = h;
+    let health = gw.health.clone();
+    let stopping = tokio::spawn(gw.shutdown());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while health.is_ready() || TcpStream::connect(addr).await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "still accepting 10 s after the stop"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::timeout(Duration::from_secs(20), stopping)
+        .await
+        .expect("shutdown returned")
+        .unwrap();
+}
