@@ -395,6 +395,15 @@ impl SseScanner {
         self.stopped && self.pending_cr
     }
 
+    /// The stream so far ends in a CR that ended a blank line: a block boundary whose LF, if
+    /// it is a CRLF, has not come. A writer that appends events after it (the gateway's cut)
+    /// writes that LF first: to the standard it completes the CRLF, so it is no extra line,
+    /// and readers that know only `\r\n\r\n`, `\n\n` and `\r\r` as block ends (sseclient-py)
+    /// then see the block end and do not merge the next event into it (audit PB 1).
+    pub fn ends_in_blank_cr(&self) -> bool {
+        !self.stopped && self.pending_cr && self.cr_was_blank
+    }
+
     /// True when bytes have been seen since the last block boundary (a partial block is
     /// open). A complete leading BOM does not count; a partial one does, since it may turn
     /// out to be line content.

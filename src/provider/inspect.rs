@@ -215,6 +215,13 @@ impl Inspector {
         self.scanner.as_ref().is_some_and(SseScanner::error_pending)
     }
 
+    /// The stream so far ends in the CR of a blank line (see `SseScanner::ends_in_blank_cr`).
+    pub fn ends_in_blank_cr(&self) -> bool {
+        self.scanner
+            .as_ref()
+            .is_some_and(SseScanner::ends_in_blank_cr)
+    }
+
     /// The stream ended short: an event was still open (it had data, and no blank line
     /// came to end it), no event of the answer came at all (an empty body, comments or
     /// pings alone: a 2xx answer of these APIs that never began is a truncation, not an

@@ -107,6 +107,16 @@ impl Progress {
         }
     }
 
+    /// The SSE body so far ends in the CR of a blank line, perhaps half a CRLF (see
+    /// `SseScanner::ends_in_blank_cr`).
+    pub fn ends_in_blank_cr(&self) -> bool {
+        match &self.reader {
+            Reader::Opaque(_) => false,
+            Reader::Events(s) => s.ends_in_blank_cr(),
+            Reader::Inspected(i) => i.ends_in_blank_cr(),
+        }
+    }
+
     /// Whether the document rebuilt from the stream can only end as an error.
     pub fn answer_failed(&self) -> bool {
         match &self.reader {

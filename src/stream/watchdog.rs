@@ -1045,6 +1045,15 @@ fn cut<B, O: Observer>(
                 // that follows is one of its own.
                 ready.push_back(Bytes::from_static(b"\n\n"));
                 written += 2;
+            } else if progress.ends_in_blank_cr() {
+                // The client's last byte is the CR of a blank line whose LF never came (a
+                // CRLF upstream that stalled between them; audit PB 1). The LF goes first:
+                // the standard reads it as the rest of that CRLF, so no line or event is
+                // added, and readers that know only `\r\n\r\n`, `\n\n` and `\r\r` as block
+                // ends (sseclient-py) see the block end instead of merging the last event
+                // into the error event.
+                ready.push_back(Bytes::from_static(b"\n"));
+                written += 1;
             }
             let event = err.sse_event(progress.next_sequence_number());
             written += event.len();

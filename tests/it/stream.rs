@@ -215,6 +215,90 @@ async fn an_event_split_across_frames_is_held_until_complete() {
     assert!(read_body(body).await.bytes.is_empty());
 }
 
+/// The events a WHATWG parser dispatches from `stream` (the gateway's own scanner, the same
+/// algorithm), with their types: `error` for the gateway's error event, `message` otherwise.
+fn whatwg_events(stream: &[u8]) -> Vec<(String, &'static str)> {
+    use hourglass::http::sse::{EventSink, EventType, SseScanner};
+    #[derive(Default)]
+    struct Events {
+        data: Vec<u8>,
+        out: Vec<(String, &'static str)>,
+    }
+    impl EventSink for Events {
+        fn data(&mut self, value: &[u8]) {
+            self.data.extend_from_slice(value);
+        }
+        fn data_line_end(&mut self) {
+            self.data.push(b'\n');
+        }
+        fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
+            let data = std::mem::take(&mut self.data);
+            if dispatched {
+                let kind = if kind == EventType::Error {
+                    "error"
+                } else {
+                    "message"
+                };
+                self.out
+                    .push((String::from_utf8_lossy(&data).into_owned(), kind));
+            }
+            false
+        }
+    }
+    let mut events = Events::default();
+    SseScanner::new().scan_with(stream, &mut events);
+    events.out
+}
+
+/// Audit PB 1: an upstream that frames with CRLF and stalls between the CR and the LF of the
+/// blank line that ends an event. The cut's error event must not follow that lone CR: valid
+/// SSE, but readers that know only `\r\n\r\n`, `\n\n` and `\r\r` as block ends (sseclient-py)
+/// merged the last token into the error event, whose data then no longer parsed. An LF first
+/// completes the CRLF: a WHATWG parser reads the same events as without it, and nothing more.
+#[tokio::test]
+async fn a_cut_after_a_lone_cr_completes_the_crlf_before_its_error_event() {
+    let (up, tx) = stepped_upstream().await;
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    let (resp, _c) = h.chat(&[]).await;
+    assert_eq!(resp.status(), 200);
+    let first = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t1 \"}}]}\r\n\r\n";
+    let last = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t9 \"}}]}\r\n\r";
+    tx.send(first.to_vec()).unwrap();
+    tx.send(last.to_vec()).unwrap();
+    // Then silence (the sender is kept): the idle limit cuts the stream.
+    let read = read_body(resp.into_body()).await;
+    drop(tx);
+    assert!(read.error.is_none(), "{:?}", read.error);
+    let text = read.text();
+    let sent = [&first[..], &last[..]].concat();
+    let rest = read
+        .bytes
+        .strip_prefix(&sent[..])
+        .unwrap_or_else(|| panic!("the events did not go out as they came: {text:?}"));
+    assert!(
+        rest.starts_with(b"\nevent: error\n"),
+        "the error event does not start with the LF that completes the CRLF: {text:?}"
+    );
+    // A reader that splits blocks at `\r\n\r\n`, `\n\n` or `\r\r` only (sseclient-py) finds
+    // the last token's block whole, and the error event on its own.
+    let blocks: Vec<&str> = text
+        .split("\r\n\r\n")
+        .flat_map(|b| b.split("\n\n"))
+        .filter(|b| !b.is_empty())
+        .collect();
+    assert_eq!(blocks.len(), 3, "{blocks:?}");
+    assert!(blocks[1].ends_with("\"t9 \"}}]}"), "{blocks:?}");
+    // A WHATWG parser: both tokens, then the error event, nothing merged or added.
+    let events = whatwg_events(&read.bytes);
+    assert_eq!(events.len(), 3, "{events:?}");
+    assert_eq!(events[0].1, "message");
+    assert!(events[1].0.contains("\"t9 \"") && events[1].1 == "message");
+    assert_eq!(events[2].1, "error");
+    let error: serde_json::Value = serde_json::from_str(&events[2].0).expect("error is JSON");
+    assert_eq!(error["error"]["code"], "idle_timeout");
+    assert_eq!(read.error_event().unwrap()["code"], "idle_timeout");
+}
+
 #[tokio::test]
 async fn a_complete_non_streaming_answer_is_ok_and_its_upstream_connection_reused() {
     let h = Harness::start().await;

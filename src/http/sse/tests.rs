@@ -409,6 +409,38 @@ fn crlf_split_across_chunks_is_one_line_end() {
     assert_eq!(scans[1], scan(Some(10), 2, None));
 }
 
+/// Audit PB 1: `ends_in_blank_cr` says the stream so far ends in the CR of a blank line, and
+/// an LF written after it completes that CRLF: the standard dispatches the same events, with
+/// an event appended after the LF on its own.
+#[test]
+fn a_stream_ending_in_a_blank_lines_cr_takes_an_lf_as_no_extra_line() {
+    for (chunks, expect) in [
+        (&[&b"data: a\r\n\r"[..]][..], true),
+        (&[b"data: a\r\r"], true),
+        (&[b"data: a\r\n\r", b"\n"], false),
+        (&[b"data: a\r"], false),
+        (&[b"data: a\n\n"], false),
+        (&[b"data: a\r\n\r\n"], false),
+        (&[b"event: error\ndata: x\r\r"], false),
+    ] {
+        let (_, sc) = feed(chunks);
+        assert_eq!(sc.ends_in_blank_cr(), expect, "{chunks:?}");
+    }
+    let stream = b"data: a\r\n\r\nevent: error\ndata: e\n\n";
+    let events = reference_events(stream);
+    assert_eq!(
+        events,
+        vec![
+            (b"a\n".to_vec(), EventType::Other),
+            (b"e\n".to_vec(), EventType::Error)
+        ]
+    );
+    let error = b"event: error\ndata: e\n\n";
+    let (scans, _) = feed(&[b"data: a\r\n\r", b"\n", error]);
+    assert_eq!(scans[1], scan(Some(1), 0, None));
+    assert_eq!(scans[2].error_end, Some(error.len()));
+}
+
 #[test]
 fn leading_bom_is_ignored_whole_or_split() {
     assert_eq!(one(b"\xEF\xBB\xBFdata: a\n\n").0, scan(Some(12), 1, None));
