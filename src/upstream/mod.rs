@@ -44,7 +44,7 @@ use self::resolve::SharedResolver;
 use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
-use crate::http::headers::{present, split_port, strip_credentials};
+use crate::http::headers::{present, split_port, strip_account_selectors, strip_credentials};
 use crate::provider::Format;
 
 /// The most an HTTP/1.1 upstream connection buffers of what it reads.
@@ -274,11 +274,13 @@ impl Upstream {
         TlsFiles::now(&self.config).is_ok_and(|now| now == self.tls_files)
     }
 
-    /// Replaces whatever credentials the client sent with the upstream's own. Without a
-    /// configured key the client's own headers pass through untouched.
+    /// Replaces whatever credentials the client sent with the upstream's own, and drops the
+    /// client's choice of the account that key acts for (`ACCOUNT_SELECTORS`). Without a
+    /// configured key the client's own headers pass through untouched: its key, its account.
     pub fn apply_credentials(&self, headers: &mut HeaderMap) {
         if let Some((name, value)) = &self.credential {
             strip_credentials(headers);
+            strip_account_selectors(headers);
             headers.insert(name.clone(), value.clone());
         }
     }
