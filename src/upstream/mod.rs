@@ -226,6 +226,15 @@ impl Upstream {
         }
     }
 
+    /// Whether a request to the client's `path` with a body of `body_len` bytes asks this
+    /// upstream's model for anything: a call of the API itself (`call_format`) with a body.
+    /// What else it serves (embeddings, moderations, files, audio, a count of tokens, a
+    /// stored response polled, a list of models) asks none: such a call says nothing of a
+    /// run's loop of tool calls (audit MA 1), and is charged none of its tokens (audit PC 5).
+    pub fn asks_model(&self, path: &str, body_len: u64) -> bool {
+        body_len > 0 && self.call_format(path).is_some()
+    }
+
     /// The upstream URI for a client request's path and query. Put together from parts: a
     /// `format!` and a parse of the whole URI cost four allocations per request.
     pub fn uri_for(&self, path_and_query: &PathAndQuery) -> Result<Uri, http::Error> {
