@@ -91,9 +91,11 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    /// The model this upstream is asked for: its own `model`, else the one the client named.
+    /// The model this upstream is asked for: its own `model`, else the one the client named;
+    /// none where the client named none, whose body the `model` rewrite leaves as it came (a
+    /// GET, an upload: such a call asks for no model, and teaches no model's estimate).
     pub fn model_for<'a>(&'a self, asked: Option<&'a str>) -> Option<&'a str> {
-        self.config.model.as_deref().or(asked)
+        asked.map(|asked| self.config.model.as_deref().unwrap_or(asked))
     }
 
     /// Takes over what `old` learned (its estimates, its health): the upstream this one
