@@ -52,10 +52,14 @@ pub fn strip_credentials(headers: &mut HeaderMap) {
 /// project's files and batches and bill another organization (audit PC 4). Azure's resource
 /// and Anthropic's workspace follow the URL and the key, which the client cannot pick.
 pub const ACCOUNT_SELECTORS: [HeaderName; 3] = [
-    HeaderName::from_static("openai-organization"),
-    HeaderName::from_static("openai-project"),
+    OPENAI_ORGANIZATION,
+    OPENAI_PROJECT,
     HeaderName::from_static("x-goog-user-project"),
 ];
+/// What an upstream's `organization` sets.
+pub const OPENAI_ORGANIZATION: HeaderName = HeaderName::from_static("openai-organization");
+/// What an upstream's `project` sets.
+pub const OPENAI_PROJECT: HeaderName = HeaderName::from_static("openai-project");
 
 /// Removes every header in `ACCOUNT_SELECTORS` (looking up only those present, as
 /// `strip_credentials` does).

@@ -44,7 +44,10 @@ use self::resolve::SharedResolver;
 use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
-use crate::http::headers::{present, split_port, strip_account_selectors, strip_credentials};
+use crate::http::headers::{
+    present, split_port, strip_account_selectors, strip_credentials, OPENAI_ORGANIZATION,
+    OPENAI_PROJECT,
+};
 use crate::provider::Format;
 
 /// The most an HTTP/1.1 upstream connection buffers of what it reads.
@@ -59,6 +62,8 @@ pub struct Upstream {
     authority: Authority,
     prefix: String,
     credential: Option<(HeaderName, HeaderValue)>,
+    /// The account its key acts for (`organization`, `project`), sent beside the key.
+    account: Vec<(HeaderName, HeaderValue)>,
     /// The TLS files its TLS config was built from.
     tls_files: TlsFiles,
     clients: Lanes,
@@ -194,6 +199,17 @@ impl Upstream {
             h2.mode == Http2Mode::Always,
         );
         let credential = credential(&config)?;
+        // Checked at load: visible ASCII, which every header value takes.
+        let account = [
+            (OPENAI_ORGANIZATION, &config.organization),
+            (OPENAI_PROJECT, &config.project),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let value = HeaderValue::from_str(value.as_deref()?).ok()?;
+            Some((name, value))
+        })
+        .collect();
         let url = &config.url;
         let scheme = url.scheme().cloned().unwrap_or(Scheme::HTTP);
         let authority = url
@@ -213,6 +229,7 @@ impl Upstream {
             authority,
             prefix,
             credential,
+            account,
             tls_files,
             clients,
         })
@@ -293,6 +310,9 @@ impl Upstream {
             strip_credentials(headers);
             strip_account_selectors(headers);
             headers.insert(name.clone(), value.clone());
+            for (name, value) in &self.account {
+                headers.insert(name.clone(), value.clone());
+            }
         }
     }
 

@@ -626,8 +626,8 @@ client_keys_file = "{clients}"
 /// beside the key the gateway injected, so a client holding only a gateway key chose which
 /// organization or project the operator's key acted for (and billed). Where the gateway sends
 /// its key, the headers that pick the key's account (OpenAI's two, Google's
-/// `x-goog-user-project`) are dropped; where the client's own key goes, they are its own and
-/// pass.
+/// `x-goog-user-project`) are dropped, or set to the upstream's `organization` and `project`;
+/// where the client's own key goes, they are its own and pass.
 #[tokio::test]
 async fn a_client_cannot_pick_the_account_the_gateways_key_acts_for() {
     let dir = tempfile::Builder::new()
@@ -648,6 +648,12 @@ admin_listen = "127.0.0.1:0"
 url = "{{FAKE}}"
 api_key_file = "{key_file}"
 
+[upstreams.pinned]
+url = "{{FAKE}}"
+api_key_file = "{key_file}"
+organization = "org-operator"
+project = "proj_operator"
+
 [upstreams.bare]
 url = "{{FAKE}}"
 auth = "none"
@@ -661,7 +667,7 @@ client_keys_file = "{clients}"
 [[routes]]
 name = "open"
 path_prefix = "/v1/responses"
-upstream = "keyed"
+upstream = "pinned"
 
 [[routes]]
 name = "bare"
@@ -677,10 +683,14 @@ upstream = "bare"
         ("openai-project", "proj_other"),
         ("x-goog-user-project", "their-project"),
     ];
-    for (path, injected) in [
-        ("/v1/chat/completions", true),
-        ("/v1/responses", true),
-        ("/v1/messages", false),
+    let theirs = account.map(|(_, v)| Some(v));
+    for (path, want) in [
+        ("/v1/chat/completions", [None; 3]),
+        (
+            "/v1/responses",
+            [Some("org-operator"), Some("proj_operator"), None],
+        ),
+        ("/v1/messages", theirs),
     ] {
         let mut req = Request::post(path)
             .header("host", "gateway")
@@ -698,10 +708,11 @@ upstream = "bare"
         let (resp, _c) = h.send(req).await;
         assert_eq!(resp.status(), 200, "{path}");
         let sent = h.fake.requests().last().expect("forwarded").headers.clone();
-        for (name, value) in account {
-            let want = (!injected).then_some(value);
+        for ((name, _), want) in account.iter().zip(want) {
+            let all: Vec<_> = sent.get_all(*name).iter().collect();
+            assert!(all.len() <= 1, "{path}: {name}: {all:?}");
             assert_eq!(
-                sent.get(name).map(|v| v.to_str().unwrap()),
+                sent.get(*name).map(|v| v.to_str().unwrap()),
                 want,
                 "{path}: {name}"
             );
