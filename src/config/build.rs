@@ -577,12 +577,34 @@ fn build_upstream(
             ))
         }
     };
+    // Pins the account of the key the gateway sends: with no key of its own the client's
+    // passes, with its own account.
+    for (field, value) in [
+        ("organization", &raw.organization),
+        ("project", &raw.project),
+    ] {
+        let Some(value) = value else { continue };
+        if value.is_empty() || !value.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "{label}: {field} must be an id such as org-... or proj_... (visible ASCII, no spaces)"
+            ));
+        }
+        let keyed = raw.api_key_env.is_some() || api_key_file.is_some();
+        if !keyed || matches!(raw.auth, Some(RawAuth::None)) {
+            return Err(format!(
+                "{label}: {field} names the account the upstream's key acts for, but the \
+                 gateway sends no key here: set api_key_env or api_key_file"
+            ));
+        }
+    }
     Ok(UpstreamConfig {
         name,
         http2,
         url,
         api_key_env: raw.api_key_env,
         api_key_file,
+        organization: raw.organization,
+        project: raw.project,
         auth: match raw.auth {
             None | Some(RawAuth::Bearer) => AuthMode::Bearer,
             Some(RawAuth::XApiKey) => AuthMode::XApiKey,

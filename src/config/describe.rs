@@ -583,6 +583,12 @@ fn write_upstream(out: &mut String, up: &UpstreamConfig) {
             out.push_str(" alone (trust_public_roots false)");
         }
     }
+    if let Some(org) = &up.organization {
+        let _ = write!(out, ", organization {org}");
+    }
+    if let Some(project) = &up.project {
+        let _ = write!(out, ", project {project}");
+    }
     if let Some(c) = &up.client_cert {
         let _ = write!(out, ", client_cert {}", c.cert.display());
     }

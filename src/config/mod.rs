@@ -208,6 +208,10 @@ pub struct UpstreamConfig {
     pub api_key_file: Option<PathBuf>,
     /// How the key is sent.
     pub auth: AuthMode,
+    /// The OpenAI organization and project the key acts for (`OpenAI-Organization`,
+    /// `OpenAI-Project`), sent beside it; a client's own choice never is (audit PC 4).
+    pub organization: Option<String>,
+    pub project: Option<String>,
     /// Extra CA bundle (PEM) to trust; relative paths are already resolved
     /// against the config file's directory.
     pub ca_file: Option<PathBuf>,

@@ -209,6 +209,8 @@ pub(super) struct RawUpstream {
     pub(super) api_key_env: Option<String>,
     pub(super) api_key_file: Option<PathBuf>,
     pub(super) auth: Option<RawAuth>,
+    pub(super) organization: Option<String>,
+    pub(super) project: Option<String>,
     pub(super) ca_file: Option<PathBuf>,
     pub(super) trust_public_roots: Option<bool>,
     pub(super) client_cert: Option<PathBuf>,

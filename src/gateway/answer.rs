@@ -193,13 +193,20 @@ impl Gateway {
                     // A batch's JSON names its results by the upstream's URL, which the
                     // SDK fetches as it is: read whole (up to `max_response_body`) to make
                     // it the gateway's.
-                    let relocate = started.results_urls.filter(|_| {
+                    let rewritten = started.results_urls.filter(|_| {
                         shape.json
                             && shape.readable
                             && !shape.event_stream
-                            && !head
                             && parts.status.is_success()
                     });
+                    // A HEAD's length is the one its GET would answer (RFC 9110 9.3.2), and
+                    // the GET's rewritten document has a length of its own, which only its
+                    // body would tell: the upstream's would misstate it, so none is said
+                    // (audit PC 6).
+                    if head && rewritten.is_some() {
+                        parts.headers.remove(header::CONTENT_LENGTH);
+                    }
+                    let relocate = rewritten.filter(|_| !head);
                     let held =
                         (document && !head && parts.status.is_success()) || relocate.is_some();
                     // (An answer without content goes out by `without_content`, below.)

@@ -323,7 +323,17 @@ impl Gateway {
             budget.ensure_useful(Instant::now())?;
             // After the call's own budget is checked, so that a call refused for it is not
             // counted against its run.
-            match run::join(&self.runs, route, client_key, &headers, &body, &mut budget).await {
+            match run::join(
+                &self.runs,
+                route,
+                client_key,
+                &headers,
+                uri.path(),
+                &body,
+                &mut budget,
+            )
+            .await
+            {
                 Ok(InRun::Call(run)) => {
                     record.set_budget(&budget);
                     record.join_run(run);

@@ -357,7 +357,7 @@ impl RequestRecord {
         let run = self.run.as_ref()?;
         let mut view = run.view?;
         if let (Some(left), Some(call)) = (view.tokens_left, &run.call) {
-            let used = run_tokens_used(tokens, self.request_bytes, None);
+            let used = self.run_tokens_used(tokens, None);
             view.tokens_left = Some(if spent {
                 0
             } else {
@@ -367,8 +367,32 @@ impl RequestRecord {
         Some(view)
     }
 
-    /// The token limit the answer streams under, when its run has one.
+    /// Whether the call asked the model for anything, as the upstream that answered it
+    /// reads its path ([`Upstream::asks_model`]): a call that did not reserves none of its
+    /// run's tokens (`gateway::run::join`) and is charged none, whatever usage its answer
+    /// reports (an `api = "openai"` upstream reads an embedding's; audit PC 5).
+    fn asks_model(&self) -> bool {
+        self.upstream
+            .as_ref()
+            .is_some_and(|u| u.asks_model(&self.path, self.request_bytes))
+    }
+
+    /// What the call used of its run's tokens: see `run_tokens_used`, and none for a call
+    /// that asked the model nothing.
+    fn run_tokens_used(&self, tokens: Option<Tokens>, unread: Option<u64>) -> u64 {
+        if self.asks_model() {
+            run_tokens_used(tokens, self.request_bytes, unread)
+        } else {
+            0
+        }
+    }
+
+    /// The token limit the answer streams under, when its run has one and the call asked
+    /// the model (no other is charged tokens).
     pub fn run_tokens(&self) -> Option<RunTokens> {
+        if !self.asks_model() {
+            return None;
+        }
         let call = self.run.as_ref()?.call.as_ref()?;
         Some(RunTokens {
             run: call.id.clone(),
@@ -683,21 +707,14 @@ impl RequestRecord {
                 Origin::Client
             })
         });
+        // Only a call that asked the model (`asks_model`) is charged by bytes when its
+        // answer went unread, and only its answer says which tool calls the model asked for.
+        let status = self.status.unwrap_or(0);
+        let generation = self.asks_model();
+        let unread = ((200..300).contains(&status) && generation).then_some(self.answer_bytes);
+        let tokens = self.run_tokens_used(self.tokens, unread);
         if let Some(run) = self.run.as_mut() {
             if let Some(call) = run.call.take() {
-                let status = self.status.unwrap_or(0);
-                // A call without a body asked the model nothing (a stored response polled,
-                // a list of models), nor does any but a call of the API itself (embeddings,
-                // count_tokens, moderations): only those are charged by bytes when their
-                // answer went unread, and only their answers say which tool calls the model
-                // asked for.
-                let generation = self
-                    .upstream
-                    .as_ref()
-                    .is_some_and(|u| u.call_format(&self.path).is_some());
-                let unread = ((200..300).contains(&status) && self.request_bytes > 0 && generation)
-                    .then_some(self.answer_bytes);
-                let tokens = run_tokens_used(self.tokens, self.request_bytes, unread);
                 let answered = end == End::Ok;
                 let request = call.request();
                 call.finish(&Used {
@@ -708,11 +725,7 @@ impl RequestRecord {
                     // a count of tokens) says neither: the streak stands (audit MA 1: an
                     // agent whose tool embedded between steps was never stopped).
                     answer: match run.answer.take() {
-                        _ if !answered
-                            || !(200..300).contains(&status)
-                            || self.request_bytes == 0
-                            || !generation =>
-                        {
+                        _ if !answered || !(200..300).contains(&status) || !generation => {
                             Answer::Unread
                         }
                         Some((fp, tool)) => Answer::Tools(fp, tool),

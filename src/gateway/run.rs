@@ -50,6 +50,7 @@ pub async fn join(
     route: &RouteRuntime,
     client_key: Option<KeyId>,
     headers: &HeaderMap,
+    path: &str,
     body: &[u8],
     budget: &mut Budget,
 ) -> Result<InRun, NotJoined> {
@@ -68,13 +69,24 @@ pub async fn join(
     // A call without a body (a stored response polled, the models listed) asks the model for
     // nothing: it reserves no tokens, and is no request sent again, whatever its path.
     let asks = !body.is_empty();
+    // Nor does any call but one of the API itself (embeddings, moderations, files, audio,
+    // count_tokens), which is never charged tokens (`RequestRecord::asks_model`): it reserves
+    // none either, or a run's `run_max_tokens` below the route's `run_token_estimate`
+    // refused it (audit PC 5). Its upstream is not picked yet: a call any upstream of the
+    // chain would take as one of its API reserves.
+    let asks_model = route
+        .chain
+        .iter()
+        .any(|e| e.upstream.asks_model(path, body.len() as u64));
     let call = Call {
         // Read whatever this route's limits: the run may have a token limit from the route
         // that started it.
-        reserve: match max_output_tokens(body).map_err(GatewayError::from)? {
-            Some(tokens) => tokens,
-            None if asks => limits.token_estimate,
-            None => 0,
+        reserve: if asks_model {
+            max_output_tokens(body)
+                .map_err(GatewayError::from)?
+                .unwrap_or(limits.token_estimate)
+        } else {
+            0
         },
         asked_budget,
         request: (asks && route.fingerprint_requests).then(|| fingerprint::of(body)),

@@ -45,6 +45,34 @@ pub fn strip_credentials(headers: &mut HeaderMap) {
     }
 }
 
+/// The headers that pick which account a key acts for, where one key may act for several:
+/// OpenAI's organization and project (a user key or a multi-project key) and Google's quota
+/// and billing project. Beside a key the gateway injects they are the operator's to choose,
+/// never the client's: a client holding only a gateway key could otherwise read another
+/// project's files and batches and bill another organization (audit PC 4). Azure's resource
+/// and Anthropic's workspace follow the URL and the key, which the client cannot pick.
+pub const ACCOUNT_SELECTORS: [HeaderName; 3] = [
+    OPENAI_ORGANIZATION,
+    OPENAI_PROJECT,
+    HeaderName::from_static("x-goog-user-project"),
+];
+/// What an upstream's `organization` sets.
+pub const OPENAI_ORGANIZATION: HeaderName = HeaderName::from_static("openai-organization");
+/// What an upstream's `project` sets.
+pub const OPENAI_PROJECT: HeaderName = HeaderName::from_static("openai-project");
+
+/// Removes every header in `ACCOUNT_SELECTORS` (looking up only those present, as
+/// `strip_credentials` does).
+pub fn strip_account_selectors(headers: &mut HeaderMap) {
+    for (name, _) in ACCOUNT_SELECTORS
+        .iter()
+        .zip(present(headers, ACCOUNT_SELECTORS.each_ref()))
+        .filter(|(_, p)| *p)
+    {
+        headers.remove(name);
+    }
+}
+
 /// Gives a status without a standard reason phrase one, where nothing upstream gave it one:
 /// hyper writes `<none>` on an HTTP/1.1 status line otherwise (an HTTP/2 upstream sends no
 /// phrase). Anthropic's 529 is its overload; any other such status gets an empty phrase,

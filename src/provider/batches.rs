@@ -14,10 +14,18 @@ use crate::provider::Api;
 /// create (`POST .../messages/batches`), list (`GET` the same), retrieve (`GET
 /// .../messages/batches/{id}`) and cancel (`POST .../messages/batches/{id}/cancel`, which
 /// answers the batch too). An OpenAI upstream has no such path; `auto` may be Anthropic.
+/// A HEAD is the GET without its body (RFC 9110 9.3.2): it names them as the GET would,
+/// though there is no body to rewrite, so that its answer says no length the GET would not
+/// send (audit PC 6).
 pub fn names_results_urls(api: Api, method: &Method, path: &str) -> bool {
-    if api == Api::OpenAi || !matches!(*method, Method::GET | Method::POST) {
+    if api == Api::OpenAi || !matches!(*method, Method::GET | Method::HEAD | Method::POST) {
         return false;
     }
+    let method = if *method == Method::HEAD {
+        &Method::GET
+    } else {
+        method
+    };
     let path = path.split('?').next().unwrap_or_default();
     let mut rest = path.trim_end_matches('/').rsplit('/');
     let (last, before, third, fourth) = (rest.next(), rest.next(), rest.next(), rest.next());
@@ -191,6 +199,14 @@ mod tests {
             (Api::Anthropic, Method::POST, "/v1/messages", false),
             (Api::Anthropic, Method::GET, "/v1/batches/b", false),
             (Api::OpenAi, Method::GET, "/v1/messages/batches/b", false),
+            (Api::Anthropic, Method::HEAD, "/v1/messages/batches/b", true),
+            (Api::Auto, Method::HEAD, "/v1/messages/batches", true),
+            (
+                Api::Anthropic,
+                Method::HEAD,
+                "/v1/messages/batches/b/cancel",
+                false,
+            ),
         ] {
             assert_eq!(
                 names_results_urls(api, &method, path),

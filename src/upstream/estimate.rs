@@ -2,6 +2,7 @@
 //! that decides whether an attempt still fits a request's remaining budget. One per model the
 //! upstream serves: a reasoning model's first token can take a minute where a small model's
 //! takes 300 ms, and one estimate for both would refuse the small model's short budgets.
+//! A request that names no model has none to learn from: see `TtftEstimates`.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
@@ -163,22 +164,29 @@ impl TtftEstimate {
 pub const MAX_MODELS: usize = 64;
 
 /// The longest model name that gets an estimate of its own, in bytes. No provider's names come
-/// near it; a longer one is the client's, and shares the estimate of requests naming no model,
-/// so that what the table holds is bounded whatever the clients send.
+/// near it; a longer one is the client's, and is taken as naming no model, so that what the
+/// table holds is bounded whatever the clients send.
 pub const MAX_MODEL_NAME: usize = 256;
 
 /// An upstream's estimates, by the model the upstream is asked for. A model gets its own at
 /// its first observation (the upstream answered for it, or made it wait out a first-token
-/// limit: a model it refuses at once is never observed). Until then, and for requests that
-/// name no model, what is expected is the seed, `expected_first_token`.
+/// limit: a model it refuses at once is never observed). Until then what is expected is the
+/// seed, `expected_first_token`.
+///
+/// A request that names no model (a GET, a multipart upload or transcription, a batch
+/// created) is expected to take the seed, always: it neither teaches nor reads a learned
+/// estimate. Such requests have nothing in common: the models listed answer in a
+/// millisecond where a transcription takes a minute, and one estimate learned from all of
+/// them refused every short budget among them with 504 `insufficient_budget` after a few slow
+/// ones, for as long as they kept coming (audit PC 2: four 6 s transcriptions shut
+/// `/v1/models`, `/v1/files/{id}` and `/v1/batches/{id}` to 4 s budgets). Their own
+/// watchdogs still bound them.
 #[derive(Debug)]
 pub struct TtftEstimates {
     seed: Option<Duration>,
     /// A handful of models in practice, at most `MAX_MODELS`: searched in order, which costs
     /// less than hashing the name.
     models: RwLock<Vec<(Box<str>, TtftEstimate)>>,
-    /// Requests that name no model, or one longer than `MAX_MODEL_NAME`.
-    other: TtftEstimate,
 }
 
 impl TtftEstimates {
@@ -186,14 +194,13 @@ impl TtftEstimates {
         Self {
             seed,
             models: RwLock::default(),
-            other: TtftEstimate::new(seed),
         }
     }
 
     /// What an attempt for `model` is expected to take until its first token.
     pub fn get(&self, model: Option<&str>) -> Duration {
         let Some(model) = model.filter(|m| m.len() <= MAX_MODEL_NAME) else {
-            return self.other.get();
+            return self.seed.unwrap_or_default();
         };
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
         match find(&models, model) {
@@ -213,8 +220,9 @@ impl TtftEstimates {
     }
 
     fn with(&self, model: Option<&str>, f: impl FnOnce(&TtftEstimate)) {
+        // Naming no model, it teaches nothing (see `TtftEstimates`).
         let Some(model) = model.filter(|m| m.len() <= MAX_MODEL_NAME) else {
-            return f(&self.other);
+            return;
         };
         {
             let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
@@ -249,15 +257,15 @@ impl TtftEstimates {
 }
 
 impl TtftEstimates {
-    /// Every estimate as it stands: the models with their own, then the shared one (requests
-    /// that name no model, or one longer than `MAX_MODEL_NAME`).
+    /// Every estimate as it stands: the models with their own, then what requests that name
+    /// no model (or one longer than `MAX_MODEL_NAME`) expect, the seed.
     pub fn snapshot(&self) -> (Vec<(String, Duration)>, Duration) {
         let models = self.models.read().unwrap_or_else(PoisonError::into_inner);
         let each = models
             .iter()
             .map(|(m, e)| (m.to_string(), e.get()))
             .collect();
-        (each, self.other.get())
+        (each, self.get(None))
     }
 }
 
@@ -426,6 +434,28 @@ mod tests {
         );
     }
 
+    /// Audit PC 2: slow transcriptions (no model) made every other call naming none (the
+    /// models listed, a file retrieved) expect their time, and refused short budgets.
+    #[tokio::test(start_paused = true)]
+    async fn requests_naming_no_model_neither_teach_nor_read_an_estimate() {
+        let e = TtftEstimates::new(None);
+        for _ in 0..4 {
+            e.observe(None, ms(6000));
+        }
+        e.observe_bound(None, ms(60_000));
+        assert_eq!(e.get(None), Duration::ZERO, "unknown: no obstacle");
+        assert!(e.models.read().unwrap().is_empty());
+        assert_eq!(e.snapshot().1, Duration::ZERO);
+        e.observe(Some("gpt-4o"), ms(300));
+        e.observe(None, ms(6000));
+        assert_eq!(e.get(Some("gpt-4o")), ms(300), "a model's is its own");
+        // Seeded, they expect the seed: what the operator said the upstream takes.
+        let seeded = TtftEstimates::new(Some(ms(800)));
+        seeded.observe(None, ms(6000));
+        assert_eq!(seeded.get(None), ms(800));
+        assert_eq!(seeded.snapshot().1, ms(800));
+    }
+
     #[test]
     fn the_count_of_observations_stops_at_its_cap() {
         let e = TtftEstimate::new(None);
@@ -441,8 +471,12 @@ mod tests {
         let long = "A".repeat(MAX_MODEL_NAME + 1);
         e.observe(Some(&long), ms(4000));
         assert!(e.models.read().unwrap().is_empty());
-        assert_eq!(e.get(Some(&long)), ms(4000), "the shared one");
-        assert_eq!(e.get(None), ms(4000));
+        assert_eq!(
+            e.get(Some(&long)),
+            Duration::ZERO,
+            "as naming none: the seed"
+        );
+        assert_eq!(e.get(None), Duration::ZERO);
         assert_eq!(e.get(Some("m")), Duration::ZERO);
         // However many and however long the names, the table holds at most this many bytes.
         for i in 0..MAX_MODELS * 4 {

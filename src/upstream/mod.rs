@@ -44,7 +44,10 @@ use self::resolve::SharedResolver;
 use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, UpstreamConfig};
-use crate::http::headers::{present, split_port, strip_credentials};
+use crate::http::headers::{
+    present, split_port, strip_account_selectors, strip_credentials, OPENAI_ORGANIZATION,
+    OPENAI_PROJECT,
+};
 use crate::provider::Format;
 
 /// The most an HTTP/1.1 upstream connection buffers of what it reads.
@@ -59,6 +62,8 @@ pub struct Upstream {
     authority: Authority,
     prefix: String,
     credential: Option<(HeaderName, HeaderValue)>,
+    /// The account its key acts for (`organization`, `project`), sent beside the key.
+    account: Vec<(HeaderName, HeaderValue)>,
     /// The TLS files its TLS config was built from.
     tls_files: TlsFiles,
     clients: Lanes,
@@ -91,9 +96,11 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    /// The model this upstream is asked for: its own `model`, else the one the client named.
+    /// The model this upstream is asked for: its own `model`, else the one the client named;
+    /// none where the client named none, whose body the `model` rewrite leaves as it came (a
+    /// GET, an upload: such a call asks for no model, and teaches no model's estimate).
     pub fn model_for<'a>(&'a self, asked: Option<&'a str>) -> Option<&'a str> {
-        self.config.model.as_deref().or(asked)
+        asked.map(|asked| self.config.model.as_deref().unwrap_or(asked))
     }
 
     /// Takes over what `old` learned (its estimates, its health): the upstream this one
@@ -192,6 +199,17 @@ impl Upstream {
             h2.mode == Http2Mode::Always,
         );
         let credential = credential(&config)?;
+        // Checked at load: visible ASCII, which every header value takes.
+        let account = [
+            (OPENAI_ORGANIZATION, &config.organization),
+            (OPENAI_PROJECT, &config.project),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| {
+            let value = HeaderValue::from_str(value.as_deref()?).ok()?;
+            Some((name, value))
+        })
+        .collect();
         let url = &config.url;
         let scheme = url.scheme().cloned().unwrap_or(Scheme::HTTP);
         let authority = url
@@ -211,6 +229,7 @@ impl Upstream {
             authority,
             prefix,
             credential,
+            account,
             tls_files,
             clients,
         })
@@ -224,6 +243,15 @@ impl Upstream {
         } else {
             Format::call(self.config.api, &format!("{}{path}", self.prefix))
         }
+    }
+
+    /// Whether a request to the client's `path` with a body of `body_len` bytes asks this
+    /// upstream's model for anything: a call of the API itself (`call_format`) with a body.
+    /// What else it serves (embeddings, moderations, files, audio, a count of tokens, a
+    /// stored response polled, a list of models) asks none: such a call says nothing of a
+    /// run's loop of tool calls (audit MA 1), and is charged none of its tokens (audit PC 5).
+    pub fn asks_model(&self, path: &str, body_len: u64) -> bool {
+        body_len > 0 && self.call_format(path).is_some()
     }
 
     /// The upstream URI for a client request's path and query. Put together from parts: a
@@ -274,12 +302,17 @@ impl Upstream {
         TlsFiles::now(&self.config).is_ok_and(|now| now == self.tls_files)
     }
 
-    /// Replaces whatever credentials the client sent with the upstream's own. Without a
-    /// configured key the client's own headers pass through untouched.
+    /// Replaces whatever credentials the client sent with the upstream's own, and drops the
+    /// client's choice of the account that key acts for (`ACCOUNT_SELECTORS`). Without a
+    /// configured key the client's own headers pass through untouched: its key, its account.
     pub fn apply_credentials(&self, headers: &mut HeaderMap) {
         if let Some((name, value)) = &self.credential {
             strip_credentials(headers);
+            strip_account_selectors(headers);
             headers.insert(name.clone(), value.clone());
+            for (name, value) in &self.account {
+                headers.insert(name.clone(), value.clone());
+            }
         }
     }
 

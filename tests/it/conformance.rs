@@ -1022,6 +1022,40 @@ async fn a_batchs_results_url_on_the_upstream_is_made_the_gateways() {
     }
 }
 
+/// Audit PC 6: a HEAD of a batch answered the upstream's Content-Length (157) where a GET
+/// of it answers its rewritten document's (135): RFC 9110 9.3.2 makes a HEAD's length the
+/// one GET would send, which the gateway cannot know without the body, so it says none.
+/// A HEAD of what the gateway passes unchanged keeps the upstream's.
+#[tokio::test]
+async fn a_head_of_a_batch_whose_get_is_rewritten_says_no_length() {
+    let up = raw_upstream(now(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 157\r\n\
+          connection: close\r\n\r\n",
+    ))
+    .await;
+    let h = through(up).await;
+    for (path, length) in [
+        ("/v1/messages/batches/msgbatch_01", None),
+        ("/v1/messages/batches?limit=2", None),
+        ("/v1/messages/batches/msgbatch_01/results", Some("157")),
+        ("/v1/messages/models", Some("157")),
+    ] {
+        let req = http::Request::head(path)
+            .header("host", "gateway")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        assert_eq!(
+            resp.headers()
+                .get("content-length")
+                .map(|v| v.to_str().unwrap()),
+            length,
+            "{path}"
+        );
+    }
+}
+
 /// Audit IC 5: an event stream's `Cache-Control: no-store, private` was replaced by
 /// `no-cache`, which lets a shared cache store a user's answer.
 #[tokio::test]

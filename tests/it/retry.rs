@@ -1151,3 +1151,84 @@ async fn a_hedge_the_client_left_is_counted_without_a_winner() {
         assert_eq!(p.metric(&sample).await, n, "{sample}");
     }
 }
+
+/// Audit PC 2: every request without a JSON `model` (GETs, multipart uploads and
+/// transcriptions, batch creates) shared one learned first-token estimate per upstream: one
+/// slow transcription made `/v1/models` and `/v1/files/{id}` (answered at once) fail fast with
+/// 504 `insufficient_budget` for the next half-life. Calls that name no model have nothing in
+/// common to learn from: they neither teach nor read a learned estimate, only the upstream's
+/// seed (`expected_first_token`, here none), which `/upstreams` shows as `other`.
+#[tokio::test]
+async fn a_slow_call_naming_no_model_refuses_no_other() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::AsyncWriteExt;
+                let req = read_request(&mut s).await;
+                if req.contains("transcriptions") {
+                    tokio::time::sleep(Duration::from_millis(600)).await;
+                }
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                          content-length: 2\r\nconnection: close\r\n\r\n{}",
+                    )
+                    .await;
+            });
+        }
+    });
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.openai]
+url = "http://{up}"
+auth = "none"
+
+[[routes]]
+name = "audio"
+path_prefix = "/v1/audio"
+upstream = "openai"
+
+[[routes]]
+name = "rest"
+path_prefix = "/v1"
+upstream = "openai"
+"#
+    );
+    let h = Harness::with_config(&config).await;
+    let upload = "--b\r\ncontent-disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nabc\r\n--b--\r\n";
+    for _ in 0..2 {
+        let req = http::Request::post("/v1/audio/transcriptions")
+            .header("host", "gateway")
+            .header("content-type", "multipart/form-data; boundary=b")
+            .body(http_body_util::Full::new(bytes::Bytes::from(upload)))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), 200);
+        read_body(resp.into_body()).await;
+    }
+    // 400 ms: less than the transcriptions took, far more than these take.
+    for path in ["/v1/models", "/v1/files/file-abc", "/v1/batches/batch_1"] {
+        let req = http::Request::get(path)
+            .header("host", "gateway")
+            .header("x-request-budget-ms", "400")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(
+            resp.status(),
+            200,
+            "{path}: {}",
+            read_body(resp.into_body()).await.text()
+        );
+    }
+    let text = admin_get(h.gw.admin_addr, "/upstreams").await;
+    let view: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let estimates = &view["upstreams"][0]["expected_first_token_ms"];
+    assert_eq!(estimates["other"], 0, "{estimates}");
+}

@@ -621,3 +621,103 @@ client_keys_file = "{clients}"
         }
     }
 }
+
+/// Audit PC 4: a client's `OpenAI-Organization` and `OpenAI-Project` reached the upstream
+/// beside the key the gateway injected, so a client holding only a gateway key chose which
+/// organization or project the operator's key acted for (and billed). Where the gateway sends
+/// its key, the headers that pick the key's account (OpenAI's two, Google's
+/// `x-goog-user-project`) are dropped, or set to the upstream's `organization` and `project`;
+/// where the client's own key goes, they are its own and pass.
+#[tokio::test]
+async fn a_client_cannot_pick_the_account_the_gateways_key_acts_for() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-account-")
+        .tempdir()
+        .unwrap();
+    let key_file = dir.path().join("provider.key");
+    std::fs::write(&key_file, format!("{PROVIDER_FILE_KEY}\n")).unwrap();
+    let clients = dir.path().join("clients");
+    std::fs::write(&clients, format!("{CLIENT_KEY}\n")).unwrap();
+    let cfg = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.keyed]
+url = "{{FAKE}}"
+api_key_file = "{key_file}"
+
+[upstreams.pinned]
+url = "{{FAKE}}"
+api_key_file = "{key_file}"
+organization = "org-operator"
+project = "proj_operator"
+
+[upstreams.bare]
+url = "{{FAKE}}"
+auth = "none"
+
+[[routes]]
+name = "keyed"
+path_prefix = "/v1/chat/completions"
+upstream = "keyed"
+client_keys_file = "{clients}"
+
+[[routes]]
+name = "open"
+path_prefix = "/v1/responses"
+upstream = "pinned"
+
+[[routes]]
+name = "bare"
+path_prefix = "/v1/messages"
+upstream = "bare"
+"#,
+        key_file = key_file.display(),
+        clients = clients.display(),
+    );
+    let h = Harness::with_config(&cfg).await;
+    let account = [
+        ("openai-organization", "org-someone-else"),
+        ("openai-project", "proj_other"),
+        ("x-goog-user-project", "their-project"),
+    ];
+    let theirs = account.map(|(_, v)| Some(v));
+    for (path, want) in [
+        ("/v1/chat/completions", [None; 3]),
+        (
+            "/v1/responses",
+            [Some("org-operator"), Some("proj_operator"), None],
+        ),
+        ("/v1/messages", theirs),
+    ] {
+        let mut req = Request::post(path)
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {CLIENT_KEY}"))
+            .header("openai-beta", "assistants=v2");
+        for (name, value) in account {
+            req = req.header(name, value);
+        }
+        let req = req
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"g","messages":[]}"#,
+            )))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        let sent = h.fake.requests().last().expect("forwarded").headers.clone();
+        for ((name, _), want) in account.iter().zip(want) {
+            let all: Vec<_> = sent.get_all(*name).iter().collect();
+            assert!(all.len() <= 1, "{path}: {name}: {all:?}");
+            assert_eq!(
+                sent.get(*name).map(|v| v.to_str().unwrap()),
+                want,
+                "{path}: {name}"
+            );
+        }
+        // What selects no account passes.
+        assert_eq!(sent["openai-beta"], "assistants=v2", "{path}");
+    }
+}

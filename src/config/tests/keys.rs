@@ -74,6 +74,47 @@ fn provider_key_file_is_resolved_and_exclusive_with_the_variable() {
     );
 }
 
+/// Audit PC 4: the account the gateway's key acts for is the operator's to pin.
+#[test]
+fn the_account_of_the_provider_key_is_pinned_beside_a_key_alone() {
+    let pinned = |extra: &str| {
+        BASE.replace(
+            "url = \"https://api.openai.com\"\n",
+            &format!("url = \"https://api.openai.com\"\n{extra}"),
+        )
+    };
+    let c = load(&pinned(
+        "api_key_env = \"K\"\norganization = \"org-abc\"\nproject = \"proj_1\"\n",
+    ));
+    assert_eq!(c.upstreams[0].organization.as_deref(), Some("org-abc"));
+    assert_eq!(c.upstreams[0].project.as_deref(), Some("proj_1"));
+    assert!(c
+        .describe()
+        .contains(", organization org-abc, project proj_1"));
+    assert_eq!(
+        err(&pinned("organization = \"org-abc\"\n")),
+        "t.toml: upstream \"openai\": organization names the account the upstream's key acts \
+         for, but the gateway sends no key here: set api_key_env or api_key_file"
+    );
+    assert_eq!(
+        err(&pinned(
+            "api_key_env = \"K\"\nauth = \"none\"\nproject = \"proj_1\"\n"
+        )),
+        "t.toml: upstream \"openai\": project names the account the upstream's key acts for, \
+         but the gateway sends no key here: set api_key_env or api_key_file"
+    );
+    for bad in ["", "org abc", "org-\u{e9}"] {
+        assert_eq!(
+            err(&pinned(&format!(
+                "api_key_env = \"K\"\norganization = \"{bad}\"\n"
+            ))),
+            "t.toml: upstream \"openai\": organization must be an id such as org-... or \
+             proj_... (visible ASCII, no spaces)",
+            "{bad:?}"
+        );
+    }
+}
+
 #[test]
 fn inlined_keys_are_warned_about_and_never_repeated() {
     const CANARY: &str = "sk-proj-CANARY0123456789abcdefXYZ";

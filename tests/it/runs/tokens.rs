@@ -15,6 +15,7 @@ on_both_stores!(
     an_assembled_answer_says_what_the_run_has_left_when_it_is_sent,
     an_unread_answer_counts_against_the_runs_tokens,
     a_documents_head_says_what_the_run_has_left_with_its_usage,
+    a_call_that_asks_no_model_reserves_and_is_charged_nothing,
 );
 
 async fn tokens_are_reserved_before_the_call_and_reconciled_after(store: Store) {
@@ -523,4 +524,99 @@ async fn a_documents_head_says_what_the_run_has_left_with_its_usage(store: Store
     let run = run_json(&h, "error-head").await;
     assert_eq!(run["runs"][0]["left"]["tokens"], left, "{run}");
     assert_eq!(left, 100_000);
+}
+
+/// Audit PC 5: embeddings, moderations, file uploads and transcriptions were refused by
+/// `run_max_tokens` ("would reserve 1024": the route's `run_token_estimate`), though nothing
+/// ever charges them; on an `api = "openai"` upstream an embedding was also charged its
+/// reported usage (5 tokens). A call that asks the model nothing (not a call of a generation
+/// API, the classification loops use: audit MA 1) reserves and is charged nothing, on every
+/// `api`; it still counts as a call of its run. A call of the model still reserves.
+async fn a_call_that_asks_no_model_reserves_and_is_charged_nothing(store: Store) {
+    let doc = r#"{"object":"list","data":[],"usage":{"prompt_tokens":5,"total_tokens":5}}"#;
+    let up = raw_upstream(vec![(
+        Duration::ZERO,
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+             connection: close\r\n\r\n{doc}",
+            doc.len()
+        )
+        .into_bytes(),
+    )])
+    .await;
+    let (redis, url) = run_store(store).await;
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[runs]
+store = "{url}"
+
+[upstreams.auto]
+url = "http://{up}"
+auth = "none"
+
+[upstreams.openai]
+url = "http://{up}"
+auth = "none"
+api = "openai"
+
+[[routes]]
+name = "openai"
+path_prefix = "/o/v1"
+upstream = "openai"
+run_max_tokens = 1000
+run_max_calls = 100
+
+[[routes]]
+name = "auto"
+path_prefix = "/v1"
+upstream = "auto"
+run_max_tokens = 1000
+run_max_calls = 100
+"#
+    );
+    let h = Harness::with_config(&config).await;
+    let json = "application/json";
+    let multipart = "multipart/form-data; boundary=b";
+    let upload = "--b\r\ncontent-disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nabc\r\n--b--\r\n";
+    for (base, route) in [("", "auto"), ("/o", "openai")] {
+        let run = format!("no-model{base}");
+        for (path, kind, body) in [
+            ("/v1/embeddings", json, r#"{"model":"e","input":"hi"}"#),
+            ("/v1/moderations", json, r#"{"input":"hi"}"#),
+            ("/v1/files", multipart, upload),
+            ("/v1/audio/transcriptions", multipart, upload),
+        ] {
+            let req = Request::post(format!("{base}{path}"))
+                .header("host", "gateway")
+                .header("content-type", kind)
+                .header("x-run-id", &run)
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let (resp, _c) = h.send(req).await;
+            assert_eq!(resp.status(), 200, "{base}{path}");
+            assert_eq!(tokens_left(&resp), 1000, "{base}{path}");
+            read_body(resp.into_body()).await;
+        }
+        h.wait_requests(route, 4.0).await;
+        let used = run_json(&h, &run).await;
+        assert_eq!(used["runs"][0]["used"]["tokens"], 0, "{run}: {used}");
+        assert_eq!(used["runs"][0]["used"]["calls"], 4, "{run}: {used}");
+        // A call of the model reserves its `max_tokens` as ever.
+        let req = Request::post(format!("{base}/v1/chat/completions"))
+            .header("host", "gateway")
+            .header("content-type", json)
+            .header("x-run-id", &run)
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"m","messages":[],"max_tokens":1001}"#,
+            )))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), 429, "{run}");
+        assert_eq!(json_body(resp).await["error"]["code"], "run_token_limit");
+    }
+    drop(redis);
 }
