@@ -299,9 +299,9 @@ pub enum GatewayError {
         limit: usize,
         waited: Duration,
     },
-    /// The request bodies being received (or waiting for a slot) fill `[server]
-    /// request_body_memory`: this one is not read further.
-    #[error("the request bodies this gateway is receiving fill its request_body_memory ({limit} bytes); try again")]
+    /// The request bodies being received, waiting for a slot or kept for calls in flight
+    /// fill `[server] request_body_memory`: this one is not read further.
+    #[error("the request bodies this gateway is receiving or forwarding fill its request_body_memory ({limit} bytes); try again")]
     BodyMemoryFull { limit: u64 },
     /// The answers held before their heads go out (documents rebuilt from streams, JSON
     /// documents read whole) fill `[server] response_body_memory`: this one is given up, its

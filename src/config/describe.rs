@@ -236,7 +236,7 @@ impl Config {
         let _ = writeln!(out, "  max_request_body: {} bytes", s.max_request_body);
         let _ = writeln!(
             out,
-            "  request_body_memory: {} bytes (all bodies being received at once)",
+            "  request_body_memory: {} bytes (all request bodies being received or forwarded at once)",
             s.request_body_memory
         );
         let _ = writeln!(out, "  max_response_body: {} bytes", s.max_response_body);

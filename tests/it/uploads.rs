@@ -206,3 +206,104 @@ async fn an_upload_answered_early_ends_its_connection() {
         .expect("the upstream connection was reset")
         .unwrap();
 }
+
+/// An upstream that holds every request it reads (telling `got` of it) until `release` is
+/// set, then answers it 200; requests read after that are answered at once.
+async fn holding_upstream(
+    got: tokio::sync::mpsc::UnboundedSender<()>,
+    release: tokio::sync::watch::Receiver<bool>,
+) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (got, mut release) = (got.clone(), release.clone());
+            tokio::spawn(async move {
+                loop {
+                    read_request(&mut s).await;
+                    let _ = got.send(());
+                    let _ = release.wait_for(|r| *r).await;
+                    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                              content-length: 2\r\n\r\n{}";
+                    if s.write_all(ok.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Audit PC 1: a body stays in memory until the last attempt that could resend it is done,
+/// and it counts against `request_body_memory` for as long. Its share was given back once the
+/// request was admitted, before it went upstream: uploads held by a slow provider took 483 MB
+/// against a pool of 256 MiB. Now the next body is refused (503 `overloaded`, `Retry-After`)
+/// while the first is in flight, and admitted once it has ended.
+#[tokio::test]
+async fn a_body_in_flight_upstream_counts_against_request_body_memory() {
+    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel();
+    let (release, released) = tokio::sync::watch::channel(false);
+    let up = holding_upstream(got_tx, released).await;
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_request_body = 3000
+request_body_memory = 4096
+
+[defaults]
+budget = "20s"
+first_token_timeout = "10s"
+
+[upstreams.held]
+url = "http://{up}"
+auth = "none"
+
+[[routes]]
+name = "uploads"
+path_prefix = "/"
+upstream = "held"
+retries = 2
+"#
+    );
+    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
+        .await
+        .unwrap();
+    let send = |addr: SocketAddr| async move {
+        let req = Request::post("/v1/audio/transcriptions")
+            .header("host", "gateway")
+            .header("content-type", "application/octet-stream")
+            .body(Full::new(Bytes::from(vec![b'a'; 3000])))
+            .unwrap();
+        let (resp, _c) = Conn::open(addr).await.send(req).await;
+        let retry_after = resp.headers().get("retry-after").cloned();
+        let status = resp.status().as_u16();
+        (
+            status,
+            retry_after,
+            read_body(resp.into_body()).await.text(),
+        )
+    };
+    // The first body goes upstream, and is held there.
+    let first = tokio::spawn(send(gw.addr));
+    got.recv().await.unwrap();
+
+    // The second does not fit beside it: refused, and never forwarded.
+    let (status, retry_after, text) = tokio::select! {
+        second = send(gw.addr) => second,
+        _ = got.recv() => panic!("a second body went upstream while the first was in flight"),
+    };
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(retry_after.unwrap(), "1");
+    assert!(text.contains("\"code\":\"overloaded\""), "{text}");
+    assert!(text.contains("request_body_memory (4096 bytes)"), "{text}");
+
+    // The first ends: its bytes come back, and the next body is served.
+    release.send(true).unwrap();
+    let (status, _, text) = first.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let (status, _, text) = send(gw.addr).await;
+    assert_eq!(status, 200, "{text}");
+}
