@@ -240,7 +240,7 @@ pub enum GatewayError {
         /// As for `FirstTokenTimeout`.
         patience: bool,
     },
-    #[error("deadline exceeded: {}", spent(*.budget, *.reserve, *.patience))]
+    #[error("deadline exceeded: {}{}", spent(*.budget, *.reserve, *.patience), uploading_words(.uploading))]
     DeadlineExceeded {
         budget: Duration,
         /// What the route holds back for after the upstream's share: the cut came that much
@@ -252,6 +252,9 @@ pub enum GatewayError {
         /// The deadline was the client's patience (the timeout its SDK announced) for an
         /// answer held until whole, which ends before its budget: `budget` is that patience.
         patience: bool,
+        /// The deadline passed while the client was still sending the request's body: its
+        /// own upload spent the budget, and the same upload would spend it again.
+        uploading: Option<Uploading>,
     },
     #[error("upstream {upstream:?} unavailable: {reason}")]
     UpstreamUnavailable {
@@ -405,6 +408,16 @@ fn overload_detail(waited: Duration) -> String {
             ms(waited)
         )
     }
+}
+
+/// How far the client's upload had come when the deadline passed (see
+/// `GatewayError::DeadlineExceeded`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uploading {
+    /// The body's bytes received.
+    pub received: u64,
+    /// Its `Content-Length`, when it had one.
+    pub length: Option<u64>,
 }
 
 /// What a call of a run needs that the run's time left does not fit.
@@ -564,6 +577,23 @@ fn spent(budget: Duration, reserve: Duration, patience: bool) -> String {
             held(reserve)
         )
     }
+}
+
+/// Why a deadline that passed during the client's upload is told not to retry: the budget
+/// ran from the request's arrival (DESIGN 3), so the same upload at the same speed would be
+/// cut the same way (audit PC 3: the OpenAI SDK sent a cut upload three times).
+fn uploading_words(uploading: &Option<Uploading>) -> String {
+    let Some(u) = uploading else {
+        return String::new();
+    };
+    let came = match u.length {
+        Some(length) => format!("{} of {length} bytes came", u.received),
+        None => format!("{} bytes came", u.received),
+    };
+    format!(
+        " while the client was still sending the request body ({came}); the same upload would \
+         spend it again: send it faster, or with a larger budget (x-request-budget-ms)"
+    )
 }
 
 fn held(reserve: Duration) -> String {
@@ -934,6 +964,12 @@ impl GatewayError {
             | Self::RunDeadlineExceeded { .. }
             | Self::DeadlineExceeded {
                 client_budget: true,
+                ..
+            }
+            // Spent by the client's own upload, which would spend it again (the budget runs
+            // from arrival).
+            | Self::DeadlineExceeded {
+                uploading: Some(_),
                 ..
             }
         )

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::admission::BodyMemory;
 use crate::auth::strip_client_credentials;
 use crate::budget::{names, Budget, BudgetRequest};
-use crate::error::{BoxError, GatewayError};
+use crate::error::{BoxError, GatewayError, Uploading};
 use crate::gateway::attempt::Started;
 use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::Gateway;
@@ -320,7 +320,16 @@ impl Gateway {
             let mut budget = asked.resolve(&route.route.limits, arrival);
             budget.body_read(body_read);
             record.set_budget(&budget);
-            budget.ensure_useful(Instant::now())?;
+            budget.ensure_useful(Instant::now()).map_err(|e| {
+                // The chosen route's deadline passed before the body's last byte came (the
+                // body was read within another candidate's): its upload spent it.
+                if budget.work_deadline() <= body_read {
+                    let len = body.len() as u64;
+                    spent_uploading(e, len, Some(len))
+                } else {
+                    e
+                }
+            })?;
             // After the call's own budget is checked, so that a call refused for it is not
             // counted against its run.
             match run::join(&self.runs, route, client_key, &headers, &body, &mut budget).await {
@@ -468,7 +477,7 @@ where
             frame = body.frame() => frame,
             () = &mut timer => {
                 return Err(if Instant::now() >= deadline {
-                    budget.deadline_error()
+                    spent_uploading(budget.deadline_error(), total, length)
                 } else {
                     GatewayError::BodyTimeout { after: quiet }
                 });
@@ -501,6 +510,30 @@ where
         more.freeze()
     };
     Ok(hold.keep_with(whole))
+}
+
+/// `e`, when it is the request's deadline, told that it passed while the client was still
+/// sending its body (`received` bytes of `length`): the budget runs from arrival (DESIGN 3),
+/// so the same upload would be cut again, and the answer says not to retry it (audit PC 3:
+/// the OpenAI SDK sent an upload cut by its route's budget three times). A run's deadline
+/// says so already.
+fn spent_uploading(e: GatewayError, received: u64, length: Option<u64>) -> GatewayError {
+    match e {
+        GatewayError::DeadlineExceeded {
+            budget,
+            reserve,
+            client_budget,
+            patience,
+            ..
+        } => GatewayError::DeadlineExceeded {
+            budget,
+            reserve,
+            client_budget,
+            patience,
+            uploading: Some(Uploading { received, length }),
+        },
+        other => other,
+    }
 }
 
 /// What a body that could not be read is to the client: too large, its own cancel, or
