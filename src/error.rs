@@ -144,10 +144,15 @@ pub enum GatewayError {
         model: Option<String>,
         by_model: bool,
     },
-    /// Named as the gateway's setting, with the length the client declared when it did: a
-    /// client's report then says which setting to raise, and by how much.
-    #[error("request body{} exceeds the gateway's [server] max_request_body ({limit} bytes)", sent_suffix(.sent))]
-    BodyTooLarge { limit: u64, sent: Option<u64> },
+    /// Named as the gateway's setting (`[server] max_request_body`, or `route`'s own), with
+    /// the length the client declared when it did: a client's report then says which
+    /// setting to raise, and by how much.
+    #[error("request body{} exceeds the gateway's {} ({limit} bytes)", sent_suffix(.sent), body_limit_key(.route))]
+    BodyTooLarge {
+        limit: u64,
+        sent: Option<u64>,
+        route: Option<String>,
+    },
     #[error("{message}")]
     BadRequest { message: String },
     /// The client went away (closed the connection, reset its HTTP/2 stream) while sending
@@ -476,6 +481,13 @@ fn loop_detail(tool: &Option<String>, count: u32) -> String {
         [] => unreachable!("split yields at least one piece"),
     };
     format!("the model asked for {tools} with the same arguments {count} times in a row")
+}
+
+fn body_limit_key(route: &Option<String>) -> String {
+    match route {
+        Some(r) => format!("max_request_body of route {r:?}"),
+        None => "[server] max_request_body".to_owned(),
+    }
 }
 
 fn sent_suffix(sent: &Option<u64>) -> String {

@@ -352,6 +352,9 @@ impl Config {
             if let Some(n) = r.max_in_flight {
                 let _ = writeln!(out, "  max_in_flight: {n}");
             }
+            if let Some(n) = r.max_request_body {
+                let _ = writeln!(out, "  max_request_body: {n} bytes");
+            }
             if let Some(auth) = &r.client_auth {
                 let mut from = Vec::new();
                 if let Some(var) = &auth.env {

@@ -22,7 +22,7 @@ use crate::budget::{names, Budget, BudgetRequest};
 use crate::error::{BoxError, GatewayError, Uploading};
 use crate::gateway::attempt::Started;
 use crate::gateway::record::RequestRecord;
-use crate::gateway::routes::Gateway;
+use crate::gateway::routes::{Gateway, RouteRuntime};
 use crate::gateway::run::{self, InRun};
 use crate::gateway::template::Template;
 use crate::http::content_type::content_type_fault;
@@ -201,6 +201,7 @@ impl Gateway {
                 return Err(unsupported_encoding(&headers));
             }
             let asked = BudgetRequest::from_headers(&headers)?;
+            let server_body_limit = self.config.server.max_request_body;
 
             // Until the body names the model, the widest budget among the candidates bounds the
             // body read; the chosen route's own budget is then resolved from the same arrival.
@@ -231,13 +232,15 @@ impl Gateway {
                     record.set_budget(&budget);
                     budget.ensure_useful(now)?;
                 }
-                let limit = self.config.server.max_request_body;
+                // As the budget: the largest body any candidate takes, until the body names
+                // the model that picks one.
+                let limit = candidates()
+                    .map(|r| body_limit(r, server_body_limit))
+                    .max_by_key(|l| l.bytes)
+                    .expect("candidates is not empty");
                 let length = content_length(&headers);
-                if length.is_some_and(|len| len > limit) {
-                    return Err(GatewayError::BodyTooLarge {
-                        limit,
-                        sent: length,
-                    });
+                if length.is_some_and(|len| len > limit.bytes) {
+                    return Err(limit.too_large(length));
                 }
                 let quiet = self.config.server.header_read_timeout;
                 let read =
@@ -297,6 +300,12 @@ impl Gateway {
             record.set_client_id(client);
             if refused {
                 return Err(GatewayError::Unauthorized);
+            }
+            // Read within the largest limit among the candidates: the route the model chose
+            // may take less.
+            let own = body_limit(route, server_body_limit);
+            if body.len() as u64 > own.bytes {
+                return Err(own.too_large(content_length(&headers)));
             }
             if encoded
                 && route
@@ -442,7 +451,7 @@ impl Gateway {
 /// held its connection and its memory for the whole budget.
 async fn read_body<B>(
     body: B,
-    limit: u64,
+    limit: BodyLimit<'_>,
     length: Option<u64>,
     memory: &BodyMemory,
     quiet: Duration,
@@ -458,7 +467,7 @@ where
     }
     let mut body = std::pin::pin!(Limited::new(
         body,
-        usize::try_from(limit).unwrap_or(usize::MAX)
+        usize::try_from(limit.bytes).unwrap_or(usize::MAX)
     ));
     // Most bodies come in one frame: that one is kept as it came, without a copy.
     let mut first: Option<Bytes> = None;
@@ -536,14 +545,47 @@ fn spent_uploading(e: GatewayError, received: u64, length: Option<u64>) -> Gatew
     }
 }
 
+/// The largest body a request may send, and whose setting that is: the route's own
+/// `max_request_body` (audit PC 3: Files and audio uploads, far above a chat body, got 413
+/// under one listener-wide limit), else `[server] max_request_body`.
+#[derive(Clone, Copy)]
+struct BodyLimit<'a> {
+    bytes: u64,
+    /// The route whose own limit it is.
+    route: Option<&'a str>,
+}
+
+impl BodyLimit<'_> {
+    fn too_large(self, sent: Option<u64>) -> GatewayError {
+        GatewayError::BodyTooLarge {
+            limit: self.bytes,
+            sent,
+            route: self.route.map(str::to_owned),
+        }
+    }
+}
+
+fn body_limit(r: &RouteRuntime, server: u64) -> BodyLimit<'_> {
+    match r.route.max_request_body {
+        Some(bytes) => BodyLimit {
+            bytes,
+            route: Some(&r.route.name),
+        },
+        None => BodyLimit {
+            bytes: server,
+            route: None,
+        },
+    }
+}
+
 /// What a body that could not be read is to the client: too large, its own cancel, or
 /// malformed.
-fn body_error(e: BoxError, limit: u64) -> GatewayError {
+fn body_error(e: BoxError, limit: BodyLimit<'_>) -> GatewayError {
     if e.downcast_ref::<http_body_util::LengthLimitError>()
         .is_some()
     {
         // Past the limit only without a Content-Length: one over it is refused before reading.
-        GatewayError::BodyTooLarge { limit, sent: None }
+        limit.too_large(None)
     } else if client_left(&*e) {
         GatewayError::ClientClosed
     } else {

@@ -307,3 +307,93 @@ retries = 2
     let (status, _, text) = send(gw.addr).await;
     assert_eq!(status, 200, "{text}");
 }
+
+/// Audit PC 3 (a): `max_request_body` per route. Files and audio uploads (512 MB, 25 MB at
+/// the providers) got 413 under the one listener-wide limit a chat body wants. A route may
+/// raise it (the body is read within the largest limit among the routes its path may take)
+/// or lower it (checked again once the body's model picked the route); the 413 names the
+/// setting that refused it.
+#[tokio::test]
+async fn a_route_raises_or_lowers_max_request_body() {
+    let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\
+               connection: close\r\n\r\n{}"
+        .to_vec();
+    let up = raw_upstream(vec![(Duration::ZERO, ok)]).await;
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_request_body = 1000
+
+[upstreams.up]
+url = "http://{up}"
+auth = "none"
+
+[[routes]]
+name = "files"
+path_prefix = "/v1/files"
+upstream = "up"
+max_request_body = 5000
+
+[[routes]]
+name = "small"
+path_prefix = "/v1/chat/completions"
+models = ["small-*"]
+upstream = "up"
+max_request_body = 200
+
+[[routes]]
+name = "rest"
+path_prefix = "/v1"
+upstream = "up"
+"#
+    );
+    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
+        .await
+        .unwrap();
+    let send = |path: &'static str, body: Vec<u8>| {
+        let addr = gw.addr;
+        async move {
+            let req = Request::post(path)
+                .header("host", "gateway")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let (resp, _c) = Conn::open(addr).await.send(req).await;
+            let status = resp.status().as_u16();
+            (status, read_body(resp.into_body()).await.text())
+        }
+    };
+    let chat = |model: &str, size: usize| {
+        let pad = "x".repeat(size - 30 - model.len());
+        format!(r#"{{"model":"{model}","pad":"{pad}"}}"#).into_bytes()
+    };
+
+    // Raised: an upload past the server's limit, on the route that takes it.
+    let (status, text) = send("/v1/files", vec![b'a'; 4000]).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = send("/v1/files", vec![b'a'; 6000]).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains(r#"max_request_body of route \"files\" (5000 bytes)"#),
+        "{text}"
+    );
+    // Elsewhere the server's limit holds.
+    let (status, text) = send("/v1/embeddings", vec![b'a'; 4000]).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains("[server] max_request_body (1000 bytes)"),
+        "{text}"
+    );
+
+    // Lowered, for the route the model picks: read within the server's 1000, then refused.
+    let (status, text) = send("/v1/chat/completions", chat("small-1", 500)).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains(r#"max_request_body of route \"small\" (200 bytes)"#),
+        "{text}"
+    );
+    let (status, text) = send("/v1/chat/completions", chat("big-1", 500)).await;
+    assert_eq!(status, 200, "{text}");
+}
