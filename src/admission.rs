@@ -7,7 +7,8 @@
 //! until the response ends (it travels with the request's record).
 //!
 //! Request bodies are bounded together as well ([`BodyMemory`]): they are read whole before
-//! a slot is taken (the model that picks the route is in them), so slots alone bound none.
+//! a slot is taken (the model that picks the route is in them), so slots alone bound none,
+//! and each counts until its request's upstream call is done (a retry may resend it).
 //! So are the answers the gateway holds before their heads go out (a document rebuilt from a
 //! stream, a JSON document read whole), each of which may hold up to `max_response_body`.
 
@@ -194,7 +195,8 @@ pub struct BodyMemory {
 /// The bodies a [`BodyMemory`] bounds, which the error of one it cannot take names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Bodies {
-    /// Request bodies being received, or read and waiting for a slot.
+    /// Request bodies being received, waiting for a slot, or kept for the attempts of a
+    /// call in flight (which may resend them).
     Requests,
     /// Answers held before their heads go out: documents rebuilt from a stream
     /// (`stream_upstream`), JSON documents read whole. Each may hold up to
@@ -296,7 +298,7 @@ impl BodyHold {
     /// `data`, holding this share until the last of its clones is dropped: an answer counts
     /// against the memory until hyper has written it to the client (or the connection is
     /// gone), not only while it was gathered, or clients that read slowly could hold any
-    /// number of them.
+    /// number of them; a request body until the last attempt that could resend it is done.
     pub fn keep_with(self, data: Bytes) -> Bytes {
         struct Kept {
             data: Bytes,

@@ -385,6 +385,7 @@ pub fn deadline_error(
             reserve,
             client_budget,
             patience: false,
+            uploading: None,
         },
         Some(r) => GatewayError::RunDeadlineExceeded {
             run: r.id.to_string(),

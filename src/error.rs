@@ -144,10 +144,15 @@ pub enum GatewayError {
         model: Option<String>,
         by_model: bool,
     },
-    /// Named as the gateway's setting, with the length the client declared when it did: a
-    /// client's report then says which setting to raise, and by how much.
-    #[error("request body{} exceeds the gateway's [server] max_request_body ({limit} bytes)", sent_suffix(.sent))]
-    BodyTooLarge { limit: u64, sent: Option<u64> },
+    /// Named as the gateway's setting (`[server] max_request_body`, or `route`'s own), with
+    /// the length the client declared when it did: a client's report then says which
+    /// setting to raise, and by how much.
+    #[error("request body{} exceeds the gateway's {} ({limit} bytes)", sent_suffix(.sent), body_limit_key(.route))]
+    BodyTooLarge {
+        limit: u64,
+        sent: Option<u64>,
+        route: Option<String>,
+    },
     #[error("{message}")]
     BadRequest { message: String },
     /// The client went away (closed the connection, reset its HTTP/2 stream) while sending
@@ -240,7 +245,7 @@ pub enum GatewayError {
         /// As for `FirstTokenTimeout`.
         patience: bool,
     },
-    #[error("deadline exceeded: {}", spent(*.budget, *.reserve, *.patience))]
+    #[error("deadline exceeded: {}{}", spent(*.budget, *.reserve, *.patience), uploading_words(.uploading))]
     DeadlineExceeded {
         budget: Duration,
         /// What the route holds back for after the upstream's share: the cut came that much
@@ -252,6 +257,9 @@ pub enum GatewayError {
         /// The deadline was the client's patience (the timeout its SDK announced) for an
         /// answer held until whole, which ends before its budget: `budget` is that patience.
         patience: bool,
+        /// The deadline passed while the client was still sending the request's body: its
+        /// own upload spent the budget, and the same upload would spend it again.
+        uploading: Option<Uploading>,
     },
     #[error("upstream {upstream:?} unavailable: {reason}")]
     UpstreamUnavailable {
@@ -299,9 +307,9 @@ pub enum GatewayError {
         limit: usize,
         waited: Duration,
     },
-    /// The request bodies being received (or waiting for a slot) fill `[server]
-    /// request_body_memory`: this one is not read further.
-    #[error("the request bodies this gateway is receiving fill its request_body_memory ({limit} bytes); try again")]
+    /// The request bodies being received, waiting for a slot or kept for calls in flight
+    /// fill `[server] request_body_memory`: this one is not read further.
+    #[error("the request bodies this gateway is receiving or forwarding fill its request_body_memory ({limit} bytes); try again")]
     BodyMemoryFull { limit: u64 },
     /// The answers held before their heads go out (documents rebuilt from streams, JSON
     /// documents read whole) fill `[server] response_body_memory`: this one is given up, its
@@ -407,6 +415,16 @@ fn overload_detail(waited: Duration) -> String {
     }
 }
 
+/// How far the client's upload had come when the deadline passed (see
+/// `GatewayError::DeadlineExceeded`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uploading {
+    /// The body's bytes received.
+    pub received: u64,
+    /// Its `Content-Length`, when it had one.
+    pub length: Option<u64>,
+}
+
 /// What a call of a run needs that the run's time left does not fit.
 #[derive(Debug, Clone)]
 pub struct RunNeed {
@@ -463,6 +481,13 @@ fn loop_detail(tool: &Option<String>, count: u32) -> String {
         [] => unreachable!("split yields at least one piece"),
     };
     format!("the model asked for {tools} with the same arguments {count} times in a row")
+}
+
+fn body_limit_key(route: &Option<String>) -> String {
+    match route {
+        Some(r) => format!("max_request_body of route {r:?}"),
+        None => "[server] max_request_body".to_owned(),
+    }
 }
 
 fn sent_suffix(sent: &Option<u64>) -> String {
@@ -564,6 +589,23 @@ fn spent(budget: Duration, reserve: Duration, patience: bool) -> String {
             held(reserve)
         )
     }
+}
+
+/// Why a deadline that passed during the client's upload is told not to retry: the budget
+/// ran from the request's arrival (DESIGN 3), so the same upload at the same speed would be
+/// cut the same way (audit PC 3: the OpenAI SDK sent a cut upload three times).
+fn uploading_words(uploading: &Option<Uploading>) -> String {
+    let Some(u) = uploading else {
+        return String::new();
+    };
+    let came = match u.length {
+        Some(length) => format!("{} of {length} bytes came", u.received),
+        None => format!("{} bytes came", u.received),
+    };
+    format!(
+        " while the client was still sending the request body ({came}); the same upload would \
+         spend it again: send it faster, or with a larger budget (x-request-budget-ms)"
+    )
 }
 
 fn held(reserve: Duration) -> String {
@@ -934,6 +976,12 @@ impl GatewayError {
             | Self::RunDeadlineExceeded { .. }
             | Self::DeadlineExceeded {
                 client_budget: true,
+                ..
+            }
+            // Spent by the client's own upload, which would spend it again (the budget runs
+            // from arrival).
+            | Self::DeadlineExceeded {
+                uploading: Some(_),
                 ..
             }
         )

@@ -291,6 +291,16 @@ fn build(raw: RawConfig, source: &str, base_dir: Option<&Path>) -> Result<Config
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (index, r) in raw.routes.into_iter().enumerate() {
         let route = build_route(index, r, &defaults, &raw.defaults, &upstreams, base_dir)?;
+        // Bodies share the one memory: a route's larger body could never be read whole.
+        if let Some(n) = route
+            .max_request_body
+            .filter(|&n| n > server.request_body_memory)
+        {
+            return Err(format!(
+                "routes[{index}].max_request_body ({n}) must be at most [server] request_body_memory ({}), or no body of that size could be read",
+                server.request_body_memory
+            ));
+        }
         if let Some(first) = seen.insert(route.name.clone(), index) {
             return Err(format!(
                 "routes[{index}]: name {:?} is already used by routes[{first}]; route names must be unique",
@@ -917,6 +927,11 @@ fn build_route(
         }
         other => other,
     };
+    if raw.max_request_body == Some(0) {
+        return Err(format!(
+            "routes[{index}].max_request_body must be greater than 0 (omit it for [server] max_request_body)"
+        ));
+    }
     let stream_upstream = raw.stream_upstream.unwrap_or(false);
     let partial_answers = raw.partial_answers.unwrap_or(false);
     if partial_answers && !stream_upstream {
@@ -934,6 +949,7 @@ fn build_route(
         limits,
         policy,
         max_in_flight,
+        max_request_body: raw.max_request_body,
         stream_upstream,
         partial_answers,
         client_auth,

@@ -236,7 +236,7 @@ impl Config {
         let _ = writeln!(out, "  max_request_body: {} bytes", s.max_request_body);
         let _ = writeln!(
             out,
-            "  request_body_memory: {} bytes (all bodies being received at once)",
+            "  request_body_memory: {} bytes (all request bodies being received or forwarded at once)",
             s.request_body_memory
         );
         let _ = writeln!(out, "  max_response_body: {} bytes", s.max_response_body);
@@ -356,6 +356,9 @@ impl Config {
             }
             if let Some(n) = r.max_in_flight {
                 let _ = writeln!(out, "  max_in_flight: {n}");
+            }
+            if let Some(n) = r.max_request_body {
+                let _ = writeln!(out, "  max_request_body: {n} bytes");
             }
             if let Some(auth) = &r.client_auth {
                 let mut from = Vec::new();

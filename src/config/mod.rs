@@ -330,6 +330,10 @@ pub struct Route {
     /// Most requests this route serves at once (`max_in_flight`); `None` means no limit.
     /// Never `Some(0)`.
     pub max_in_flight: Option<usize>,
+    /// The largest request body this route takes (`max_request_body`), raising or lowering
+    /// `[server] max_request_body`; `None`: the server's. Never `Some(0)`, never above
+    /// `[server] request_body_memory`.
+    pub max_request_body: Option<u64>,
     /// Ask the upstream to stream a request whose client did not (known formats only), so
     /// that the first-token and idle limits watch it, and answer with the one JSON document.
     pub stream_upstream: bool,

@@ -300,6 +300,7 @@ pub(super) struct RawRoute {
     pub(super) fallbacks: Option<Vec<String>>,
     pub(super) hedge_after: Option<RawDuration>,
     pub(super) max_in_flight: Option<usize>,
+    pub(super) max_request_body: Option<u64>,
     pub(super) stream_upstream: Option<bool>,
     pub(super) partial_answers: Option<bool>,
     pub(super) client_keys_env: Option<String>,

@@ -158,6 +158,7 @@ fn every_limit_is_named_in_words_in_its_message() {
                 reserve: Duration::ZERO,
                 client_budget: false,
                 patience: false,
+                uploading: None,
             },
             "deadline exceeded: the request's budget of 1000ms is spent",
         ),
@@ -167,6 +168,7 @@ fn every_limit_is_named_in_words_in_its_message() {
                 reserve: Duration::ZERO,
                 client_budget: false,
                 patience: true,
+                uploading: None,
             },
             "deadline exceeded: the answer was not whole 1000ms after the request, when it had to go out to reach the client before the timeout its SDK announced",
         ),
@@ -242,6 +244,7 @@ fn an_sse_event_on_a_responses_stream_is_numbered() {
         reserve: Duration::ZERO,
         client_budget: false,
         patience: false,
+        uploading: None,
     };
     let ev = e.sse_event(Some(7));
     let text = std::str::from_utf8(&ev).unwrap();

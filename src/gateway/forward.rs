@@ -16,13 +16,13 @@ use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 
-use crate::admission::{BodyHold, BodyMemory};
+use crate::admission::BodyMemory;
 use crate::auth::strip_client_credentials;
 use crate::budget::{names, Budget, BudgetRequest};
-use crate::error::{BoxError, GatewayError};
+use crate::error::{BoxError, GatewayError, Uploading};
 use crate::gateway::attempt::Started;
 use crate::gateway::record::RequestRecord;
-use crate::gateway::routes::Gateway;
+use crate::gateway::routes::{Gateway, RouteRuntime};
 use crate::gateway::run::{self, InRun};
 use crate::gateway::template::Template;
 use crate::http::content_type::content_type_fault;
@@ -201,13 +201,14 @@ impl Gateway {
                 return Err(unsupported_encoding(&headers));
             }
             let asked = BudgetRequest::from_headers(&headers)?;
+            let server_body_limit = self.config.server.max_request_body;
 
             // Until the body names the model, the widest budget among the candidates bounds the
             // body read; the chosen route's own budget is then resolved from the same arrival.
             // (In a block of its own so that it is not kept in the future past the read.)
-            // The body's memory is held until the request has its slot: past that,
-            // `max_in_flight` bounds what bodies hold.
-            let (body, body_hold) = {
+            // The body holds its share of `request_body_memory` for as long as it lives: the
+            // template keeps it for every attempt that may resend it (audit PC 1).
+            let body = {
                 let provisional = candidates()
                     .map(|r| asked.resolve(&r.route.limits, arrival))
                     // By what the upstream could use, not the deadline: candidates share a
@@ -231,13 +232,15 @@ impl Gateway {
                     record.set_budget(&budget);
                     budget.ensure_useful(now)?;
                 }
-                let limit = self.config.server.max_request_body;
+                // As the budget: the largest body any candidate takes, until the body names
+                // the model that picks one.
+                let limit = candidates()
+                    .map(|r| body_limit(r, server_body_limit))
+                    .max_by_key(|l| l.bytes)
+                    .expect("candidates is not empty");
                 let length = content_length(&headers);
-                if length.is_some_and(|len| len > limit) {
-                    return Err(GatewayError::BodyTooLarge {
-                        limit,
-                        sent: length,
-                    });
+                if length.is_some_and(|len| len > limit.bytes) {
+                    return Err(limit.too_large(length));
                 }
                 let quiet = self.config.server.header_read_timeout;
                 let read =
@@ -298,6 +301,12 @@ impl Gateway {
             if refused {
                 return Err(GatewayError::Unauthorized);
             }
+            // Read within the largest limit among the candidates: the route the model chose
+            // may take less.
+            let own = body_limit(route, server_body_limit);
+            if body.len() as u64 > own.bytes {
+                return Err(own.too_large(content_length(&headers)));
+            }
             if encoded
                 && route
                     .chain
@@ -320,7 +329,16 @@ impl Gateway {
             let mut budget = asked.resolve(&route.route.limits, arrival);
             budget.body_read(body_read);
             record.set_budget(&budget);
-            budget.ensure_useful(Instant::now())?;
+            budget.ensure_useful(Instant::now()).map_err(|e| {
+                // The chosen route's deadline passed before the body's last byte came (the
+                // body was read within another candidate's): its upload spent it.
+                if budget.work_deadline() <= body_read {
+                    let len = body.len() as u64;
+                    spent_uploading(e, len, Some(len))
+                } else {
+                    e
+                }
+            })?;
             // After the call's own budget is checked, so that a call refused for it is not
             // counted against its run.
             match run::join(
@@ -427,24 +445,28 @@ impl Gateway {
                 // The wait for the slot spent the budget (and the client's patience).
                 budget.ensure_useful(Instant::now())?;
             }
-            drop(body_hold);
             crate::gateway::retry::run(&self.metrics, route, &template, &budget, record).await
         }
     }
 }
 
-/// The whole body, at most `limit` bytes, read before the budget's work deadline, with its
-/// share of the bodies' memory: all of a declared `length` at once, or as bytes arrive. A
-/// body that falls silent for `quiet` (`header_read_timeout`) is cut as a stalled head is:
-/// otherwise it held its connection and its memory for the whole budget.
+/// The whole body, at most `limit` bytes, read before the budget's work deadline, holding
+/// its share of the bodies' memory: all of a declared `length` at once, or as bytes arrive,
+/// and, once read, until the last clone of the bytes is dropped. The template keeps them for
+/// every attempt (a retry or a fallback resends them) until the request's upstream call is
+/// done: given back at admission, they stayed in memory, counted by nothing (audit PC 1: 50
+/// uploads of 9 MiB held by a slow provider took 483 MB against a pool of 256 MiB). A hold
+/// never waits for room, so a request cannot wait for bytes that it holds itself. A body that
+/// falls silent for `quiet` (`header_read_timeout`) is cut as a stalled head is: otherwise it
+/// held its connection and its memory for the whole budget.
 async fn read_body<B>(
     body: B,
-    limit: u64,
+    limit: BodyLimit<'_>,
     length: Option<u64>,
     memory: &BodyMemory,
     quiet: Duration,
     budget: &Budget,
-) -> Result<(Bytes, BodyHold), GatewayError>
+) -> Result<Bytes, GatewayError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -455,7 +477,7 @@ where
     }
     let mut body = std::pin::pin!(Limited::new(
         body,
-        usize::try_from(limit).unwrap_or(usize::MAX)
+        usize::try_from(limit.bytes).unwrap_or(usize::MAX)
     ));
     // Most bodies come in one frame: that one is kept as it came, without a copy.
     let mut first: Option<Bytes> = None;
@@ -474,7 +496,7 @@ where
             frame = body.frame() => frame,
             () = &mut timer => {
                 return Err(if Instant::now() >= deadline {
-                    budget.deadline_error()
+                    spent_uploading(budget.deadline_error(), total, length)
                 } else {
                     GatewayError::BodyTimeout { after: quiet }
                 });
@@ -506,17 +528,74 @@ where
     } else {
         more.freeze()
     };
-    Ok((whole, hold))
+    Ok(hold.keep_with(whole))
+}
+
+/// `e`, when it is the request's deadline, told that it passed while the client was still
+/// sending its body (`received` bytes of `length`): the budget runs from arrival (DESIGN 3),
+/// so the same upload would be cut again, and the answer says not to retry it (audit PC 3:
+/// the OpenAI SDK sent an upload cut by its route's budget three times). A run's deadline
+/// says so already.
+fn spent_uploading(e: GatewayError, received: u64, length: Option<u64>) -> GatewayError {
+    match e {
+        GatewayError::DeadlineExceeded {
+            budget,
+            reserve,
+            client_budget,
+            patience,
+            ..
+        } => GatewayError::DeadlineExceeded {
+            budget,
+            reserve,
+            client_budget,
+            patience,
+            uploading: Some(Uploading { received, length }),
+        },
+        other => other,
+    }
+}
+
+/// The largest body a request may send, and whose setting that is: the route's own
+/// `max_request_body` (audit PC 3: Files and audio uploads, far above a chat body, got 413
+/// under one listener-wide limit), else `[server] max_request_body`.
+#[derive(Clone, Copy)]
+struct BodyLimit<'a> {
+    bytes: u64,
+    /// The route whose own limit it is.
+    route: Option<&'a str>,
+}
+
+impl BodyLimit<'_> {
+    fn too_large(self, sent: Option<u64>) -> GatewayError {
+        GatewayError::BodyTooLarge {
+            limit: self.bytes,
+            sent,
+            route: self.route.map(str::to_owned),
+        }
+    }
+}
+
+fn body_limit(r: &RouteRuntime, server: u64) -> BodyLimit<'_> {
+    match r.route.max_request_body {
+        Some(bytes) => BodyLimit {
+            bytes,
+            route: Some(&r.route.name),
+        },
+        None => BodyLimit {
+            bytes: server,
+            route: None,
+        },
+    }
 }
 
 /// What a body that could not be read is to the client: too large, its own cancel, or
 /// malformed.
-fn body_error(e: BoxError, limit: u64) -> GatewayError {
+fn body_error(e: BoxError, limit: BodyLimit<'_>) -> GatewayError {
     if e.downcast_ref::<http_body_util::LengthLimitError>()
         .is_some()
     {
         // Past the limit only without a Content-Length: one over it is refused before reading.
-        GatewayError::BodyTooLarge { limit, sent: None }
+        limit.too_large(None)
     } else if client_left(&*e) {
         GatewayError::ClientClosed
     } else {

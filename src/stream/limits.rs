@@ -80,6 +80,7 @@ impl StreamLimits {
                 reserve: Duration::ZERO,
                 client_budget: false,
                 patience: true,
+                uploading: None,
             };
         }
         deadline_error(

@@ -218,6 +218,12 @@ async fn a_body_read_past_the_chosen_routes_deadline_is_deadline_exceeded() {
     let answer = body_in_two_parts(&h, "short-x", "", 500).await;
     assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
     assert!(answer.contains("\"deadline_exceeded\""), "{answer}");
+    // The client's upload spent it (audit PC 3): the same upload would again.
+    assert!(answer.contains("x-should-retry: false"), "{answer}");
+    assert!(
+        answer.contains("while the client was still sending the request body"),
+        "{answer}"
+    );
     assert!(h.fake.requests().is_empty());
 }
 
@@ -1070,4 +1076,38 @@ async fn a_python_read_timeout_starts_once_the_body_is_read() {
     let answer = body_in_two_parts(&h, "m", node, 1500).await;
     assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
     assert!(answer.contains("x-stainless-timeout"), "named: {answer}");
+}
+
+/// Audit PC 3 (b): a budget that runs out while the client is still sending its body was
+/// spent by the upload itself, and the same upload would spend it again: the 504 says so, and
+/// says `x-should-retry: false` (the OpenAI SDK sent a 26 MB upload cut at its route's 5 s
+/// budget three times). It is still `deadline_exceeded`, from the budget fixed on arrival.
+#[tokio::test]
+async fn a_budget_spent_by_the_clients_own_upload_says_not_to_retry() {
+    let h = Harness::with_config(&BASE.replace(
+        "[[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n",
+        "[[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n\
+         budget = \"300ms\"\nfirst_token_timeout = \"200ms\"\n",
+    ))
+    .await;
+    let mut s = TcpStream::connect(h.addr()).await.unwrap();
+    s.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          content-length: 100\r\n\r\n{\"model\":",
+    )
+    .await
+    .unwrap();
+    // The rest never comes: the route's budget (from the config, not the client) ends the
+    // read; the answer closes the connection.
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 504"), "{text}");
+    assert!(text.contains("\"code\":\"deadline_exceeded\""), "{text}");
+    assert!(text.contains("x-should-retry: false"), "{text}");
+    assert!(
+        text.contains("while the client was still sending the request body (9 of 100 bytes came)"),
+        "{text}"
+    );
+    assert!(h.fake.connections().is_empty());
 }

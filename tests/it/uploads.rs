@@ -206,3 +206,194 @@ async fn an_upload_answered_early_ends_its_connection() {
         .expect("the upstream connection was reset")
         .unwrap();
 }
+
+/// An upstream that holds every request it reads (telling `got` of it) until `release` is
+/// set, then answers it 200; requests read after that are answered at once.
+async fn holding_upstream(
+    got: tokio::sync::mpsc::UnboundedSender<()>,
+    release: tokio::sync::watch::Receiver<bool>,
+) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (got, mut release) = (got.clone(), release.clone());
+            tokio::spawn(async move {
+                loop {
+                    read_request(&mut s).await;
+                    let _ = got.send(());
+                    let _ = release.wait_for(|r| *r).await;
+                    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                              content-length: 2\r\n\r\n{}";
+                    if s.write_all(ok.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Audit PC 1: a body stays in memory until the last attempt that could resend it is done,
+/// and it counts against `request_body_memory` for as long. Its share was given back once the
+/// request was admitted, before it went upstream: uploads held by a slow provider took 483 MB
+/// against a pool of 256 MiB. Now the next body is refused (503 `overloaded`, `Retry-After`)
+/// while the first is in flight, and admitted once it has ended.
+#[tokio::test]
+async fn a_body_in_flight_upstream_counts_against_request_body_memory() {
+    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel();
+    let (release, released) = tokio::sync::watch::channel(false);
+    let up = holding_upstream(got_tx, released).await;
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_request_body = 3000
+request_body_memory = 4096
+
+[defaults]
+budget = "20s"
+first_token_timeout = "10s"
+
+[upstreams.held]
+url = "http://{up}"
+auth = "none"
+
+[[routes]]
+name = "uploads"
+path_prefix = "/"
+upstream = "held"
+retries = 2
+"#
+    );
+    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
+        .await
+        .unwrap();
+    let send = |addr: SocketAddr| async move {
+        let req = Request::post("/v1/audio/transcriptions")
+            .header("host", "gateway")
+            .header("content-type", "application/octet-stream")
+            .body(Full::new(Bytes::from(vec![b'a'; 3000])))
+            .unwrap();
+        let (resp, _c) = Conn::open(addr).await.send(req).await;
+        let retry_after = resp.headers().get("retry-after").cloned();
+        let status = resp.status().as_u16();
+        (
+            status,
+            retry_after,
+            read_body(resp.into_body()).await.text(),
+        )
+    };
+    // The first body goes upstream, and is held there.
+    let first = tokio::spawn(send(gw.addr));
+    got.recv().await.unwrap();
+
+    // The second does not fit beside it: refused, and never forwarded.
+    let (status, retry_after, text) = tokio::select! {
+        second = send(gw.addr) => second,
+        _ = got.recv() => panic!("a second body went upstream while the first was in flight"),
+    };
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(retry_after.unwrap(), "1");
+    assert!(text.contains("\"code\":\"overloaded\""), "{text}");
+    assert!(text.contains("request_body_memory (4096 bytes)"), "{text}");
+
+    // The first ends: its bytes come back, and the next body is served.
+    release.send(true).unwrap();
+    let (status, _, text) = first.await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    let (status, _, text) = send(gw.addr).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+/// Audit PC 3 (a): `max_request_body` per route. Files and audio uploads (512 MB, 25 MB at
+/// the providers) got 413 under the one listener-wide limit a chat body wants. A route may
+/// raise it (the body is read within the largest limit among the routes its path may take)
+/// or lower it (checked again once the body's model picked the route); the 413 names the
+/// setting that refused it.
+#[tokio::test]
+async fn a_route_raises_or_lowers_max_request_body() {
+    let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\
+               connection: close\r\n\r\n{}"
+        .to_vec();
+    let up = raw_upstream(vec![(Duration::ZERO, ok)]).await;
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_request_body = 1000
+
+[upstreams.up]
+url = "http://{up}"
+auth = "none"
+
+[[routes]]
+name = "files"
+path_prefix = "/v1/files"
+upstream = "up"
+max_request_body = 5000
+
+[[routes]]
+name = "small"
+path_prefix = "/v1/chat/completions"
+models = ["small-*"]
+upstream = "up"
+max_request_body = 200
+
+[[routes]]
+name = "rest"
+path_prefix = "/v1"
+upstream = "up"
+"#
+    );
+    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
+        .await
+        .unwrap();
+    let send = |path: &'static str, body: Vec<u8>| {
+        let addr = gw.addr;
+        async move {
+            let req = Request::post(path)
+                .header("host", "gateway")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            let (resp, _c) = Conn::open(addr).await.send(req).await;
+            let status = resp.status().as_u16();
+            (status, read_body(resp.into_body()).await.text())
+        }
+    };
+    let chat = |model: &str, size: usize| {
+        let pad = "x".repeat(size - 30 - model.len());
+        format!(r#"{{"model":"{model}","pad":"{pad}"}}"#).into_bytes()
+    };
+
+    // Raised: an upload past the server's limit, on the route that takes it.
+    let (status, text) = send("/v1/files", vec![b'a'; 4000]).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = send("/v1/files", vec![b'a'; 6000]).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains(r#"max_request_body of route \"files\" (5000 bytes)"#),
+        "{text}"
+    );
+    // Elsewhere the server's limit holds.
+    let (status, text) = send("/v1/embeddings", vec![b'a'; 4000]).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains("[server] max_request_body (1000 bytes)"),
+        "{text}"
+    );
+
+    // Lowered, for the route the model picks: read within the server's 1000, then refused.
+    let (status, text) = send("/v1/chat/completions", chat("small-1", 500)).await;
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains(r#"max_request_body of route \"small\" (200 bytes)"#),
+        "{text}"
+    );
+    let (status, text) = send("/v1/chat/completions", chat("big-1", 500)).await;
+    assert_eq!(status, 200, "{text}");
+}

@@ -376,3 +376,28 @@ fn a_key_source_under_auth_none_is_shown_as_ignored() {
     assert!(d.contains("auth bearer, api_key_env K, "), "{d}");
     assert!(!d.contains("(ignored)"), "{d}");
 }
+
+/// Audit PC 3 (a): a route may raise or lower `[server] max_request_body` (Files and audio
+/// uploads are far larger than a chat body); `check` prints it.
+#[test]
+fn a_route_sets_its_own_max_request_body() {
+    let c = load(&with_route_keys("max_request_body = 104857600"));
+    assert_eq!(c.routes[0].max_request_body, Some(104_857_600));
+    let d = c.describe();
+    assert!(d.contains("  max_request_body: 104857600 bytes\n"), "{d}");
+    assert_eq!(load(BASE).routes[0].max_request_body, None);
+}
+
+/// ... never 0, and never more than the bodies' memory, which could not hold it; the error
+/// names the route by its index and key, and the value.
+#[test]
+fn a_routes_max_request_body_errors_name_route_key_and_value() {
+    assert_eq!(
+        err(&with_route_keys("max_request_body = 0")),
+        "t.toml: routes[0].max_request_body must be greater than 0 (omit it for [server] max_request_body)"
+    );
+    assert_eq!(
+        err(&with_route_keys("max_request_body = 300000000")),
+        "t.toml: routes[0].max_request_body (300000000) must be at most [server] request_body_memory (268435456), or no body of that size could be read"
+    );
+}

@@ -125,6 +125,7 @@ async fn what_counts_against_an_upstreams_health() {
             reserve: Duration::ZERO,
             client_budget: false,
             patience: false,
+            uploading: None,
         },
     ] {
         assert_eq!(v(neither), Verdict::Neither);
