@@ -27,6 +27,7 @@ mod build;
 mod describe;
 pub mod file;
 mod http2;
+mod locate;
 mod raw;
 mod routing;
 mod runs;
@@ -556,7 +557,7 @@ impl Config {
         let text = String::from_utf8(bytes).map_err(|e| {
             let at = e.utf8_error().valid_up_to();
             let valid = std::str::from_utf8(&e.as_bytes()[..at]).expect("valid up to there");
-            let (line, col) = build::line_col(valid, at);
+            let (line, col) = locate::line_col(valid, at);
             ConfigError::Syntax {
                 source_name: source.clone(),
                 line,

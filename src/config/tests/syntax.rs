@@ -2,7 +2,7 @@
 //! in characters, and every error displays as one line.
 
 use super::{with_route_keys, BASE};
-use crate::config::build::{key_at, line_col};
+use crate::config::locate::{key_at, line_col};
 use crate::config::{Config, ConfigError};
 
 fn syntax(text: &str) -> (usize, usize, String) {
