@@ -2,6 +2,8 @@ use super::*;
 use crate::provider::inspect::Inspector;
 use serde_json::json;
 
+mod messages;
+
 const CHAT: &str = include_str!("../../../tests/fixtures/openai_chat.sse");
 const MESSAGES: &str = include_str!("../../../tests/fixtures/anthropic_messages.sse");
 const RESPONSES: &str = include_str!("../../../tests/fixtures/openai_responses.sse");
@@ -558,35 +560,6 @@ fn cut_doc(format: Format, stream: &str) -> Value {
     doc(format, stream, Some((stream.len(), usage)))
 }
 
-/// A tool_use block's start carries `"input":{}` whatever its input will be: cut before its
-/// `content_block_stop`, the call was never finished, and a partial answer that presented
-/// it (with empty arguments) would have an agent run a call the model never made. One that
-/// was stopped keeps the input its start carried whole.
-#[test]
-fn a_tool_use_never_stopped_is_not_in_a_partial_answer() {
-    let text = [
-        MESSAGE_START,
-        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
-        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"I'll delete the files."}}"#,
-        r#"{"type":"content_block_stop","index":0}"#,
-    ];
-    let start = r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"delete_files","input":{}}}"#;
-    let empty = r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}"#;
-    let stop = r#"{"type":"content_block_stop","index":1}"#;
-    for tail in [&[start][..], &[start, empty][..]] {
-        let d = cut_doc(Format::Messages, &sse(&[&text[..], tail].concat()));
-        assert_eq!(blocks(&d), ["text"], "{tail:?}: {d}");
-        assert_eq!(d["stop_reason"], "max_tokens");
-    }
-    // Stopped with no delta: its start's input was the whole of it.
-    let d = cut_doc(
-        Format::Messages,
-        &sse(&[&text[..], &[start, stop]].concat()),
-    );
-    assert_eq!(blocks(&d), ["text", "tool_use:delete_files"], "{d}");
-    assert_eq!(d["content"][1]["input"], json!({}));
-}
-
 /// A Responses call item is finished by its `response.output_item.done`: one the cut left
 /// before it is not in the partial answer, whatever its arguments or input look like so far.
 #[test]
@@ -677,16 +650,6 @@ fn messages_whole_but_its_end() -> Vec<&'static str> {
     ]
 }
 
-/// The stop reason had come when the cut came (only `message_stop` was missing): it stands,
-/// as a Chat choice that finished keeps its finish reason.
-#[test]
-fn a_stop_reason_that_came_before_the_cut_stands() {
-    let d = cut_doc(Format::Messages, &sse(&messages_whole_but_its_end()));
-    assert_eq!(d["stop_reason"], "tool_use", "{d}");
-    assert_eq!(blocks(&d), ["text", "tool_use:get_weather"]);
-    assert_eq!(d["usage"]["output_tokens"], 40);
-}
-
 /// An answer is whole once all that is missing is the stream's own end: Anthropic's stop
 /// reason came, every Chat choice finished and the usage after them came, the Responses
 /// answer completed. Before that, it is not.
@@ -718,74 +681,6 @@ fn an_answer_is_whole_once_only_its_end_is_missing() {
     let cut = RESPONSES.find("event: response.completed").unwrap();
     assert!(!whole(Format::Responses, &RESPONSES[..cut]));
     assert!(whole(Format::Responses, RESPONSES));
-}
-
-/// Anthropic's compaction block (a beta) streams its summary in `compaction_delta`s: the
-/// content joined, the opaque `encrypted_content` as last sent (the client must send it
-/// back verbatim). A delta of a type not known yet has its string fields joined and its
-/// other values taken, so a new beta's block is not emptied.
-#[test]
-fn compaction_and_unknown_deltas_are_kept() {
-    let stop = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":30}}"#;
-    let stream = sse(&[
-        MESSAGE_START,
-        r#"{"type":"content_block_start","index":0,"content_block":{"type":"compaction","content":null}}"#,
-        r#"{"type":"content_block_delta","index":0,"delta":{"type":"compaction_delta","content":"Summary of ","encrypted_content":"ENCold"}}"#,
-        r#"{"type":"content_block_delta","index":0,"delta":{"type":"compaction_delta","content":"earlier turns.","encrypted_content":"ENCxyz"}}"#,
-        r#"{"type":"content_block_stop","index":0}"#,
-        r#"{"type":"content_block_start","index":1,"content_block":{"type":"novelty","body":"","meta":null}}"#,
-        r#"{"type":"content_block_delta","index":1,"delta":{"type":"novelty_delta","body":"a","meta":{"n":1}}}"#,
-        r#"{"type":"content_block_delta","index":1,"delta":{"type":"novelty_delta","body":"b","meta":{"n":2}}}"#,
-        r#"{"type":"content_block_stop","index":1}"#,
-        stop,
-        r#"{"type":"message_stop"}"#,
-    ]);
-    let d = doc(Format::Messages, &stream, None);
-    assert_eq!(
-        d["content"][0],
-        json!({"type": "compaction", "content": "Summary of earlier turns.", "encrypted_content": "ENCxyz"})
-    );
-    assert_eq!(
-        d["content"][1],
-        json!({"type": "novelty", "body": "ab", "meta": {"n": 2}})
-    );
-}
-
-/// A prompt read wholly from the cache reports `"input_tokens":0`: a count, not a gap. A
-/// partial answer fills `input_tokens` only when it is absent, and so never counts the
-/// cache reads twice (once in it, once in `cache_read_input_tokens`).
-#[test]
-fn a_partial_answer_fills_only_an_absent_input_count() {
-    let stream = |usage: &str| {
-        sse(&[
-            &MESSAGE_START.replace(r#"{"input_tokens":50,"output_tokens":1}"#, usage),
-            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
-            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
-        ])
-    };
-    let cut = |usage: &str, prompt: u64| {
-        let s = stream(usage);
-        let d = doc(
-            Format::Messages,
-            &s,
-            Some((
-                s.len(),
-                Usage {
-                    prompt,
-                    completion: 2,
-                },
-            )),
-        );
-        d["usage"].clone()
-    };
-    let u = cut(
-        r#"{"input_tokens":0,"cache_creation_input_tokens":0,"cache_read_input_tokens":1000,"output_tokens":1}"#,
-        1000,
-    );
-    assert_eq!(u["input_tokens"], 0, "{u}");
-    assert_eq!(u["cache_read_input_tokens"], 1000, "{u}");
-    let u = cut(r#"{"output_tokens":1}"#, 40);
-    assert_eq!(u["input_tokens"], 40, "absent: filled, {u}");
 }
 
 /// An event that cannot be read fails the document (a 502 for the client), naming it by
@@ -1119,140 +1014,6 @@ fn a_custom_tool_calls_input_is_joined() {
         serde_json::json!([{"id":"call_A","type":"custom","custom":{"name":"code_exec","input":"print('hello world')"}}]),
         "{d}"
     );
-}
-
-/// A Messages answer with one `tool_use` block whose input streams as `pieces`, stopped with
-/// `tool_use`; `cut`: the stream ends before its stop reason (the block was stopped).
-fn one_tool_use(pieces: &[&str], stop_reason: bool) -> String {
-    let mut events = vec![
-        MESSAGE_START.to_owned(),
-        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#
-            .to_owned(),
-        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Ordering."}}"#
-            .to_owned(),
-        r#"{"type":"content_block_stop","index":0}"#.to_owned(),
-        r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"order","input":{}}}"#
-            .to_owned(),
-    ];
-    for p in pieces {
-        events.push(
-            json!({"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": p}})
-                .to_string(),
-        );
-    }
-    events.push(r#"{"type":"content_block_stop","index":1}"#.to_owned());
-    if stop_reason {
-        events.push(r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":40}}"#.to_owned());
-        events.push(r#"{"type":"message_stop"}"#.to_owned());
-    }
-    let events: Vec<&str> = events.iter().map(String::as_str).collect();
-    sse(&events)
-}
-
-/// Audit PA 1: a tool_use block's input is the provider's JSON text as it wrote it, byte for
-/// byte: an integer past 64 bits stays that integer (a `Value` made it a float), the keys keep
-/// their order, and valid JSON a `Value` cannot hold (`1e400`, a lone surrogate escape) is
-/// kept, not dropped with its whole tool call from an answer that looks whole.
-#[test]
-fn a_tool_uses_input_is_the_providers_text() {
-    for input in [
-        r#"{"sku": "A-1", "quantity": 2, "order_ref": 123456789012345678901234, "price": 19.999999999999999999, "amount": 1.10}"#,
-        r#"{"x": 1e400}"#,
-        r#"{"s": "\ud83d"}"#,
-    ] {
-        // In three pieces, cut anywhere.
-        let (a, rest) = input.split_at(5);
-        let (b, c) = rest.split_at(rest.len() / 2);
-        let stream = one_tool_use(&["", a, b, c], true);
-        let out = assemble(Format::Messages, &stream, None, 1 << 20)
-            .finish(None)
-            .unwrap();
-        let out = String::from_utf8(out).unwrap();
-        assert!(
-            out.contains(&format!(r#""input":{input}"#)),
-            "{input}: {out}"
-        );
-        assert!(out.contains(r#""stop_reason":"tool_use""#), "{out}");
-    }
-}
-
-/// Audit PA 1: a stopped tool_use block whose input is no JSON at all, in an answer the
-/// stream brought whole (its stop reason came), is not dropped from an answer given as whole
-/// (200, no tool call, `stop_reason: "tool_use"`): the document fails, as one with an event
-/// it cannot read does (a 502 for the client). Cut, the block is left out of the partial
-/// answer, as a tool use cut mid-way is.
-#[test]
-fn a_whole_answers_tool_input_that_is_no_json_fails_the_document() {
-    let stream = one_tool_use(&[r#"{"sku": "A-1", "#], true);
-    match assemble(Format::Messages, &stream, None, 1 << 20).finish(None) {
-        Err(AssembleError::Malformed(why)) => {
-            assert!(why.contains("tool_use block 1"), "{why}");
-            assert!(why.contains("no JSON the gateway can read"), "{why}");
-        }
-        other => panic!("{other:?}"),
-    }
-    let d = cut_doc(
-        Format::Messages,
-        &one_tool_use(&[r#"{"sku": "A-1", "#], false),
-    );
-    assert_eq!(blocks(&d), ["text"], "{d}");
-    assert_eq!(d["stop_reason"], "max_tokens");
-}
-
-/// Audit PA 2: a text block the cut left empty (right after its `content_block_start`) or
-/// holding only whitespace is not in a partial answer: Anthropic never sends one, and
-/// refuses the turn that holds one when an agent sends it back ("text content blocks must
-/// be non-empty"). With nothing else kept, the cut has no partial answer (the limit's 504).
-#[test]
-fn a_text_block_the_cut_left_empty_is_not_in_a_partial_answer() {
-    let thinking = [
-        r#"{"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}"#,
-        r#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"Let me think."}}"#,
-        r#"{"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"EqQB"}}"#,
-        r#"{"type":"content_block_stop","index":0}"#,
-    ];
-    let start =
-        r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#;
-    let space =
-        r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":" \n"}}"#;
-    for tail in [&[start][..], &[start, space][..]] {
-        let d = cut_doc(
-            Format::Messages,
-            &sse(&[&[MESSAGE_START][..], &thinking, tail].concat()),
-        );
-        assert_eq!(blocks(&d), ["thinking"], "{tail:?}: {d}");
-        assert_eq!(d["stop_reason"], "max_tokens");
-    }
-    let usage = Usage {
-        prompt: 9,
-        completion: 5,
-    };
-    let stream = sse(&[MESSAGE_START, start, space]);
-    let a = assemble(Format::Messages, &stream, None, 1 << 20);
-    assert!(a.has_output(), "whitespace is output as it came");
-    assert_eq!(a.finish(Some(usage)), Err(AssembleError::Empty));
-    // Text with something in it stays, its whitespace with it.
-    let word =
-        r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"Hi"}}"#;
-    let d = cut_doc(Format::Messages, &sse(&[MESSAGE_START, start, space, word]));
-    assert_eq!(
-        d["content"],
-        json!([{"type": "text", "text": " \nHi"}]),
-        "{d}"
-    );
-    // A whole answer is the provider's, as it sent it.
-    let stop = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":1}}"#;
-    let d = doc(
-        Format::Messages,
-        &sse(&[
-            MESSAGE_START,
-            start,
-            r#"{"type":"content_block_stop","index":1}"#,
-            stop,
-        ]),
-        None,
-    );
-    assert_eq!(d["content"], json!([{"type": "text", "text": ""}]), "{d}");
 }
 
 /// Audit PA 3: a partial Responses message keeps the logprobs each
