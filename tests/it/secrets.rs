@@ -541,20 +541,49 @@ async fn a_key_pasted_into_a_file_or_variable_field_is_never_repeated() {
     assert!(!all.contains("CANARY"), "{all}");
 }
 
+/// A directory holding a provider key file and a client keys file (each with the test's
+/// key), and the two paths, for configs that name them.
+fn key_files(prefix: &str) -> (tempfile::TempDir, String, String) {
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let key_file = dir.path().join("provider.key");
+    std::fs::write(&key_file, format!("{PROVIDER_FILE_KEY}\n")).unwrap();
+    let clients = dir.path().join("clients");
+    std::fs::write(&clients, format!("{CLIENT_KEY}\n")).unwrap();
+    let shown = |p: std::path::PathBuf| p.display().to_string();
+    (dir, shown(key_file), shown(clients))
+}
+
+/// A chat request to `path` with the client key and `extra` headers, answered 200: the
+/// headers the upstream received.
+async fn forwarded<'a>(
+    h: &Harness,
+    path: &str,
+    extra: impl IntoIterator<Item = &'a (&'a str, &'a str)>,
+) -> http::HeaderMap {
+    let mut req = Request::post(path)
+        .header("host", "gateway")
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {CLIENT_KEY}"));
+    for (name, value) in extra {
+        req = req.header(*name, *value);
+    }
+    let req = req
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"g","messages":[]}"#,
+        )))
+        .unwrap();
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200, "{path}");
+    h.fake.requests().last().expect("forwarded").headers.clone()
+}
+
 /// Audit IC 4: the keys clients send to the proxies and gateways an upstream may be
 /// (LiteLLM, which prefers its own header to `Authorization`, Azure API Management,
 /// Cloudflare AI Gateway, Portkey) reached the upstream beside the gateway's key, on a keyed
 /// route with a provider key and on one without.
 #[tokio::test]
 async fn proxy_and_gateway_keys_do_not_ride_along_with_the_gateways() {
-    let dir = tempfile::Builder::new()
-        .prefix("hourglass-proxy-keys-")
-        .tempdir()
-        .unwrap();
-    let key_file = dir.path().join("provider.key");
-    std::fs::write(&key_file, format!("{PROVIDER_FILE_KEY}\n")).unwrap();
-    let clients = dir.path().join("clients");
-    std::fs::write(&clients, format!("{CLIENT_KEY}\n")).unwrap();
+    let (_dir, key_file, clients) = key_files("hourglass-proxy-keys-");
     let cfg = format!(
         r#"
 [server]
@@ -581,11 +610,8 @@ path_prefix = "/v1/messages"
 upstream = "bare"
 client_keys_file = "{clients}"
 "#,
-        key_file = key_file.display(),
-        clients = clients.display(),
     );
     let h = Harness::with_config(&cfg).await;
-    let bearer = format!("Bearer {CLIENT_KEY}");
     let theirs = [
         ("x-litellm-api-key", "sk-client-litellm"),
         ("ocp-apim-subscription-key", "client-apim"),
@@ -593,22 +619,8 @@ client_keys_file = "{clients}"
         ("x-portkey-api-key", "pk-client"),
     ];
     for path in ["/v1/chat/completions", "/v1/messages"] {
-        let mut req = Request::post(path)
-            .header("host", "gateway")
-            .header("content-type", "application/json")
-            .header("authorization", &bearer)
-            .header("x-portkey-provider", "openai");
-        for (name, value) in theirs {
-            req = req.header(name, value);
-        }
-        let req = req
-            .body(Full::new(Bytes::from_static(
-                br#"{"model":"g","messages":[]}"#,
-            )))
-            .unwrap();
-        let (resp, _c) = h.send(req).await;
-        assert_eq!(resp.status(), 200, "{path}");
-        let sent = h.fake.requests().last().expect("forwarded").headers.clone();
+        let extra = [("x-portkey-provider", "openai")];
+        let sent = forwarded(&h, path, theirs.iter().chain(&extra)).await;
         for (name, _) in theirs {
             assert_eq!(sent.get(name), None, "{path}: {name}");
         }
@@ -630,14 +642,7 @@ client_keys_file = "{clients}"
 /// where the client's own key goes, they are its own and pass.
 #[tokio::test]
 async fn a_client_cannot_pick_the_account_the_gateways_key_acts_for() {
-    let dir = tempfile::Builder::new()
-        .prefix("hourglass-account-")
-        .tempdir()
-        .unwrap();
-    let key_file = dir.path().join("provider.key");
-    std::fs::write(&key_file, format!("{PROVIDER_FILE_KEY}\n")).unwrap();
-    let clients = dir.path().join("clients");
-    std::fs::write(&clients, format!("{CLIENT_KEY}\n")).unwrap();
+    let (_dir, key_file, clients) = key_files("hourglass-account-");
     let cfg = format!(
         r#"
 [server]
@@ -674,8 +679,6 @@ name = "bare"
 path_prefix = "/v1/messages"
 upstream = "bare"
 "#,
-        key_file = key_file.display(),
-        clients = clients.display(),
     );
     let h = Harness::with_config(&cfg).await;
     let account = [
@@ -692,22 +695,8 @@ upstream = "bare"
         ),
         ("/v1/messages", theirs),
     ] {
-        let mut req = Request::post(path)
-            .header("host", "gateway")
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {CLIENT_KEY}"))
-            .header("openai-beta", "assistants=v2");
-        for (name, value) in account {
-            req = req.header(name, value);
-        }
-        let req = req
-            .body(Full::new(Bytes::from_static(
-                br#"{"model":"g","messages":[]}"#,
-            )))
-            .unwrap();
-        let (resp, _c) = h.send(req).await;
-        assert_eq!(resp.status(), 200, "{path}");
-        let sent = h.fake.requests().last().expect("forwarded").headers.clone();
+        let extra = [("openai-beta", "assistants=v2")];
+        let sent = forwarded(&h, path, account.iter().chain(&extra)).await;
         for ((name, _), want) in account.iter().zip(want) {
             let all: Vec<_> = sent.get_all(*name).iter().collect();
             assert!(all.len() <= 1, "{path}: {name}: {all:?}");
