@@ -306,6 +306,9 @@ fn describe(
     let l = &r.limits;
     let ms = |d: std::time::Duration| d.as_millis() as u64;
     let view = r.view();
+    // This replica's wall clock plus the time left: a store's runs follow its clock (Redis's)
+    // only as time left, so replicas whose clocks differ show one run's deadline as far apart,
+    // and agree on `remaining_ms` (audit QB 3; docs/metrics.md says so).
     let deadline = view.deadline.map(|d| {
         let at = if d >= now {
             wall + (d - now)
