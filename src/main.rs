@@ -276,34 +276,42 @@ fn check(path: &Path, strict: bool) -> ExitCode {
             // certificate, or a file with no PEM in it, fails the check, not the deploy. A
             // file this machine cannot read (a secret mounted only where the gateway runs)
             // is a warning, as key files are. Every such file is named, not the first alone,
-            // so that `--strict` as a deploy gate lists them in one run (audit PE 2).
+            // so that `--strict` as a deploy gate lists them in one run (audit PE 2), and so
+            // is every file that is there but wrong (empty, a directory), whatever the others
+            // are (audit QB 4).
+            let mut tls_failed = false;
             if let Some(tls) = &config.server.tls {
-                let unreadable: Vec<_> = [("cert", Some(&tls.cert)), ("key", Some(&tls.key))]
+                let files = [("cert", Some(&tls.cert)), ("key", Some(&tls.key))]
                     .into_iter()
                     .chain([
                         ("client_ca", tls.client_ca.as_ref()),
                         ("client_crl", tls.client_crl.as_ref()),
                     ])
-                    .filter_map(|(key, p)| Some((key, p?)))
-                    .filter_map(|(key, p)| {
-                        // Probed, not opened: a FIFO's open waits for a writer (audit ME 2);
-                        // the read refuses it, saying what it is.
-                        hourglass::config::file::probe(p).err().map(|e| (key, p, e))
-                    })
-                    .collect();
-                for (key, p, e) in &unreadable {
-                    warn(format!(
-                        "server.tls.{key} {}: {e}; {} it",
-                        p.display(),
-                        hourglass::config::WILL_NOT_START
-                    ));
+                    .filter_map(|(key, p)| Some((key, p?)));
+                let mut every_file_usable = true;
+                for (key, p) in files {
+                    // Probed, not opened: a FIFO's open waits for a writer (audit ME 2);
+                    // the read refuses it, saying what it is.
+                    if let Err(e) = hourglass::config::file::probe(p) {
+                        every_file_usable = false;
+                        warn(format!(
+                            "server.tls.{key} {}: {e}; {} it",
+                            p.display(),
+                            hourglass::config::WILL_NOT_START
+                        ));
+                    } else if let Err(e) = hourglass::server::tls::file_problem(key, p) {
+                        every_file_usable = false;
+                        tls_failed = true;
+                        eprintln!("{e}");
+                    }
                 }
-                // The files are read together only when all of them can be.
-                if unreadable.is_empty() {
+                // What takes the files together (a key that fits its certificate, CRLs their
+                // CAs signed) only when each is usable alone.
+                if every_file_usable {
                     match hourglass::server::tls::server_config(tls) {
                         Err(e) => {
                             eprintln!("{e}");
-                            return ExitCode::FAILURE;
+                            tls_failed = true;
                         }
                         Ok(listener) => {
                             let now = std::time::SystemTime::now();
@@ -313,6 +321,9 @@ fn check(path: &Path, strict: bool) -> ExitCode {
                         }
                     }
                 }
+            }
+            if tls_failed {
+                return ExitCode::FAILURE;
             }
             let errors = hourglass::gateway::preflight::startup_errors(&config);
             for e in &errors {

@@ -12,13 +12,14 @@ use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::{header, Method, Request, Response, StatusCode};
+use http::{header, Method, Request, Response, StatusCode, Version};
 use http_body_util::Full;
 
 use crate::config::redacted_url;
+use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::http::date;
-use crate::http::headers::check_framing;
+use crate::http::headers::{check_framing, host_not_authority};
 use crate::runs::id::check_id;
 use crate::runs::{RunKey, RunState, Runs};
 use crate::server::tls::Validity;
@@ -157,6 +158,23 @@ pub async fn handle<B>(
     req: Request<B>,
     admin: Arc<Admin>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let head = req.method() == Method::HEAD;
+    let mut resp = answer(req, admin).await;
+    if head {
+        // RFC 9110 9.3.2: GET's fields, its length among them, and no content. hyper's
+        // HTTP/1 codec leaves a HEAD answer's body unsent, but its HTTP/2 server sends it, as
+        // DATA that h2 clients fail as a PROTOCOL_ERROR (audit QB 1): the body goes here.
+        let length = http_body::Body::size_hint(resp.body()).exact().unwrap_or(0);
+        resp.headers_mut()
+            .entry(header::CONTENT_LENGTH)
+            .or_insert_with(|| length.into());
+        *resp.body_mut() = Full::default();
+    }
+    Ok(resp)
+}
+
+/// The answer to `req`, a HEAD answered as a GET.
+async fn answer<B>(req: Request<B>, admin: Arc<Admin>) -> Response<Full<Bytes>> {
     let (metrics, health) = (&admin.metrics, &admin.health);
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut resp = text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
@@ -169,22 +187,39 @@ pub async fn handle<B>(
             header::CONNECTION,
             header::HeaderValue::from_static("close"),
         );
-        return Ok(resp);
+        return resp;
     }
     // RFC 9112 3.2: an HTTP/1.1 request without Host, or with two, is answered 400, as
     // the client listener answers it; a scraper or probe sending such heads is broken, and
     // a proxy in front may read them differently (audit OB 4).
-    if let Err(e) = check_framing(req.version(), req.headers(), false) {
+    // RFC 9113 8.3.1: an HTTP/2 request whose Host names another server than its
+    // `:authority` is malformed, and the client listener answers it 400 (audit QB 5).
+    let framing =
+        check_framing(req.version(), req.headers(), false).and_then(|()| match host_not_authority(
+            req.uri(),
+            req.headers(),
+        ) {
+            Some((host, authority)) if req.version() == Version::HTTP_2 => {
+                Err(GatewayError::BadRequest {
+                    message: format!(
+                        "Host {host:?} names another server than :authority {authority:?}: \
+                         an HTTP/2 request names one (RFC 9113 8.3.1)"
+                    ),
+                })
+            }
+            _ => Ok(()),
+        });
+    if let Err(e) = framing {
         let mut resp = e.response().map(Full::new);
         date::insert_if_missing(resp.headers_mut());
-        return Ok(resp);
+        return resp;
     }
     if let Some(raw) = req.uri().path().strip_prefix("/runs/") {
         // A run id may hold `?`, `#` or `%`: asked for percent-encoded, as a path must.
         let id = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
-        return Ok(run(&admin.runs, &id).await);
+        return run(&admin.runs, &id).await;
     }
-    Ok(match req.uri().path() {
+    match req.uri().path() {
         "/metrics" => {
             // Off the runtime's workers: with many client series (a key file of thousands of
             // named keys) a scrape takes a second, which would stall the streams beside it.
@@ -213,7 +248,7 @@ pub async fn handle<B>(
             StatusCode::NOT_FOUND,
             "not found: try /metrics, /healthz, /readyz, /runs/{id} or /upstreams\n",
         ),
-    })
+    }
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -271,6 +306,9 @@ fn describe(
     let l = &r.limits;
     let ms = |d: std::time::Duration| d.as_millis() as u64;
     let view = r.view();
+    // This replica's wall clock plus the time left: a store's runs follow its clock (Redis's)
+    // only as time left, so replicas whose clocks differ show one run's deadline as far apart,
+    // and agree on `remaining_ms` (audit QB 3; docs/metrics.md says so).
     let deadline = view.deadline.map(|d| {
         let at = if d >= now {
             wall + (d - now)

@@ -865,7 +865,17 @@ pub(super) async fn serve_admin(
         let (watcher, never) = (graceful.watcher(), never.clone());
         tokio::spawn(async move {
             let accepted = Instant::now();
-            let svc = service_fn(move |req| crate::server::admin::handle(req, admin.clone()));
+            // On the spare, an HTTP/2 connection is shut down gracefully (GOAWAY) once its
+            // first request came, as an HTTP/1.1 one closes after it: a poller reusing its
+            // connection held the one descriptor every other probe needs (audit QB 2).
+            let first_request = Signal::new();
+            let seen = first_request.clone();
+            let svc = service_fn(move |req| {
+                if on_spare {
+                    seen.fire();
+                }
+                crate::server::admin::handle(req, admin.clone())
+            });
             // A scraper's head arrives at once: one that does not is not left holding a
             // descriptor of the port the health probes depend on.
             let mut stream = stream;
@@ -885,8 +895,9 @@ pub(super) async fn serve_admin(
                         .serve_connection(TokioIo::new(io), svc)
                         .await;
                 }
-                // Closed when idle for the same limit as an HTTP/1.1 keep-alive one (on the
-                // spare too: a check's connection ends at once, an idle one within 20 s).
+                // Closed when idle for the same limit as an HTTP/1.1 keep-alive one; on the
+                // spare, after its first request too (shut down as a drain would, which
+                // lets the streams already open finish).
                 Some(Sniffed::Http(Protocol::Http2)) => {
                     let _ = crate::server::h2_idle::serve(
                         &h2,
@@ -894,7 +905,7 @@ pub(super) async fn serve_admin(
                         |_| svc,
                         ADMIN_HEADER_READ_TIMEOUT,
                         accepted,
-                        never,
+                        if on_spare { first_request } else { never },
                         watcher,
                         Stuck::new(send_timeout, ClientWrites::default()),
                     )

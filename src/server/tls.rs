@@ -5,9 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rustls::pki_types::{CertificateDer, CertificateRevocationListDer};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use rustls::server::danger::ClientCertVerifier;
 use rustls::server::{VerifierBuilderError, WebPkiClientVerifier};
+use rustls::sign::SigningKey;
 
 use crate::config::ServerTls;
 use crate::server::client_cert::Naming;
@@ -512,6 +513,43 @@ fn check_key_fits(
     Err(file_err("cert", &tls.cert, reason))
 }
 
+/// The key in `path`, and what signs with it. Loaded to tell a key of a kind the provider
+/// cannot sign with (P-521, RSA-PSS) from a key that is not the certificate's: rustls says
+/// "do not fit" of both.
+fn signing_key(
+    path: &Path,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<(PrivateKeyDer<'static>, Arc<dyn SigningKey>), TlsError> {
+    let key = crate::pem::private_key(&read("key", path)?).map_err(|e| file_err("key", path, e))?;
+    let signing = provider
+        .key_provider
+        .load_private_key(key.clone_key())
+        .map_err(|_| {
+            file_err(
+                "key",
+                path,
+                "a key of a kind this server cannot sign with; it takes RSA, ECDSA P-256 or \
+                 P-384, and Ed25519 keys",
+            )
+        })?;
+    Ok((key, signing))
+}
+
+/// What stops the listener in the `[server.tls]` file `key` names (`cert`, `key`,
+/// `client_ca`, `client_crl`), read alone: no PEM of its kind in it, a key of a kind this
+/// server cannot sign with, a directory. `check` asks it of every file, so that one run
+/// names each bad one (audit QB 4); what takes two files (a key that does not fit its
+/// certificate, a CRL that is not its CA's) is [`server_config`]'s to say.
+pub fn file_problem(key: &'static str, path: &Path) -> Result<(), TlsError> {
+    match key {
+        "key" => signing_key(path, &rustls::crypto::ring::default_provider()).map(drop),
+        "client_crl" => crate::pem::crls(&read(key, path)?)
+            .map(drop)
+            .map_err(|e| file_err(key, path, e)),
+        _ => certs(key, path).map(drop),
+    }
+}
+
 /// Builds the acceptor's config. Called at start-up and on every reload, so a rotated
 /// certificate is picked up without a restart.
 pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
@@ -530,22 +568,8 @@ pub fn server_config(tls: &ServerTls) -> Result<ListenerTls, TlsError> {
         })
         .into_iter()
         .collect();
-    let key = crate::pem::private_key(&read("key", &tls.key)?)
-        .map_err(|e| file_err("key", &tls.key, e))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    // Loaded here to tell a key of a kind the provider cannot sign with (P-521, RSA-PSS)
-    // from a key that is not the certificate's: rustls says "do not fit" of both.
-    let signing = provider
-        .key_provider
-        .load_private_key(key.clone_key())
-        .map_err(|_| {
-            file_err(
-                "key",
-                &tls.key,
-                "a key of a kind this server cannot sign with; it takes RSA, ECDSA P-256 or \
-                 P-384, and Ed25519 keys",
-            )
-        })?;
+    let (key, signing) = signing_key(&tls.key, &provider)?;
     check_key_fits(tls, &chain, signing)?;
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

@@ -170,3 +170,62 @@ async fn after_a_burst_the_idle_pool_leaves_descriptors_for_another_upstream() {
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     p.stop().await;
 }
+
+/// Audit QB 2: an HTTP/2 connection accepted on the admin listener's spare descriptor kept it
+/// for as long as its client polled (HTTP/1.1 closes after one request there), so while the
+/// client connections held every other descriptor, each HTTP/1.1 probe failed. On the spare an
+/// h2 connection serves its first request and is closed gracefully (GOAWAY).
+#[tokio::test]
+async fn an_h2_connection_on_the_admin_spare_is_closed_after_its_first_request() {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = config(&fake).replace("[server]\n", "[server]\nheader_read_timeout = \"60s\"\n");
+    let p = Process::spawn_with_nofile(&toml, &[], &[], Some((64, 64))).await;
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(tokio::net::TcpStream::connect(p.addr).await.unwrap());
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !format!("{}{}", p.output().0, p.output().1).contains("accept failed") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the client listener never ran out of descriptors"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The first admin connection lands on the spare: an h2 poller.
+    let tcp = tokio::net::TcpStream::connect(p.admin).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::get("http://admin/readyz")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(5), sender.send_request(req))
+        .await
+        .expect("the first request on the spare answered within 5 s")
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+    // The server ends the connection (GOAWAY, then close), well before its 10 s idle limit
+    // would have: the poller holds the spare no longer.
+    tokio::time::timeout(std::time::Duration::from_secs(5), conn)
+        .await
+        .expect("the h2 connection on the spare still open 5 s after its first answer")
+        .unwrap()
+        .unwrap();
+    // The next probe, over HTTP/1.1, is answered on the spare.
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        admin_get(p.admin, "/healthz"),
+    )
+    .await
+    .expect("/healthz: no answer within 5 s after the h2 connection on the spare");
+    drop(held);
+    p.stop().await;
+}

@@ -297,6 +297,102 @@ async fn the_admin_listener_speaks_http2_prior_knowledge() {
         .starts_with("ready"));
 }
 
+/// Audit QB 1: a HEAD over h2c to the admin listener was answered with GET's body (HEADERS
+/// without END_STREAM, then DATA), which h2 clients (curl, nghttp, Node, Go) fail as a
+/// PROTOCOL_ERROR: a health checker sending HEAD over h2 failed every check. A HEAD answer
+/// carries GET's status and fields, `content-length` included, and no body, on both
+/// protocols.
+#[tokio::test]
+async fn a_head_to_the_admin_listener_has_gets_fields_and_no_body_on_both_protocols() {
+    let h = Harness::start().await;
+    for path in ["/healthz", "/readyz", "/nonexistent", "/runs/none"] {
+        let get = h2_send(
+            h.gw.admin_addr,
+            http::Request::get(path)
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        let (status, length) = (get.status(), get.headers()["content-length"].clone());
+        let body = read_body(get.into_body()).await;
+        assert_eq!(
+            length.to_str().unwrap(),
+            body.bytes.len().to_string(),
+            "GET {path}"
+        );
+
+        let head = h2_send(
+            h.gw.admin_addr,
+            http::Request::head(path)
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("HEAD {path} over h2: {e}"));
+        assert_eq!(head.status(), status, "HEAD {path} over h2");
+        assert_eq!(
+            head.headers().get("content-length"),
+            Some(&length),
+            "HEAD {path} over h2"
+        );
+        let read = read_body(head.into_body()).await;
+        assert_eq!(
+            (read.error, read.bytes.len()),
+            (None, 0),
+            "HEAD {path} over h2"
+        );
+
+        let mut tcp = tokio::net::TcpStream::connect(h.gw.admin_addr)
+            .await
+            .unwrap();
+        tcp.write_all(
+            format!("HEAD {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut raw = Vec::new();
+        tcp.read_to_end(&mut raw).await.unwrap();
+        let raw = String::from_utf8_lossy(&raw).to_lowercase();
+        let (head, rest) = raw
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("{raw}"));
+        assert!(
+            head.starts_with(&format!("http/1.1 {}", status.as_u16())),
+            "HEAD {path}: {raw}"
+        );
+        assert!(
+            head.contains(&format!("content-length: {}", length.to_str().unwrap())),
+            "HEAD {path}: {raw}"
+        );
+        assert_eq!(rest, "", "HEAD {path} over HTTP/1.1");
+    }
+}
+
+/// Audit QB 5: over h2 the admin listener answered 200 to a request whose `host` named
+/// another server than its `:authority`, which RFC 9113 8.3.1 makes malformed; the client
+/// listener answers it 400, and the admin listener follows the client listener's Host rules
+/// (audit OB 4).
+#[tokio::test]
+async fn the_admin_listener_refuses_an_h2_host_that_is_not_the_authority() {
+    let h = Harness::start().await;
+    let req = |host: &str| {
+        http::Request::get("/readyz")
+            .header("host", host)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    // h2_send_as_is sends `:authority: gateway`.
+    let resp = h2_send_as_is(h.gw.admin_addr, req("other")).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let body = read_body(resp.into_body()).await.text();
+    assert!(body.contains(":authority"), "{body}");
+    let same = h2_send_as_is(h.gw.admin_addr, req("GATEWAY:80"))
+        .await
+        .unwrap();
+    assert_eq!(same.status(), 200);
+}
+
 /// An edit that stops naming a file is one reload: the watcher's list of files comes from
 /// the text alone, so swapping in the config that no longer names it changes nothing more.
 #[tokio::test]

@@ -401,3 +401,56 @@ fn check_names_every_unreadable_tls_file() {
     }
     assert!(!stderr.contains("server.tls.cert"), "{stderr}");
 }
+
+/// Every bad `[server.tls]` file is named in one run, the unreadable and the readable but
+/// wrong alike: an empty certificate was never mentioned while another file could not be
+/// read, and of several wrong files only the first was named (audit QB 4).
+#[test]
+fn check_names_every_bad_tls_file_readable_or_not() {
+    let dir = tempfile::Builder::new()
+        .prefix("hourglass-cli-tls-bad-")
+        .tempdir()
+        .unwrap();
+    let server = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert = dir.path().join("empty.pem");
+    std::fs::write(&cert, "").unwrap();
+    // A certificate where the key should be: no key in it.
+    let key = dir.path().join("nokey.pem");
+    std::fs::write(&key, server.cert.pem()).unwrap();
+    let ca = dir.path().join("cas");
+    std::fs::create_dir(&ca).unwrap();
+    let crl = "/nonexistent/clients.crl";
+    let path = dir.path().join("tls.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[server.tls]\ncert = {cert:?}\nkey = {key:?}\n\
+             client_ca = {ca:?}\nclient_crl = {crl:?}\n\n\
+             [upstreams.up]\nurl = \"http://127.0.0.1:9\"\nauth = \"none\"\n\n\
+             [[routes]]\nname = \"chat\"\npath_prefix = \"/\"\nupstream = \"up\"\n"
+        ),
+    )
+    .unwrap();
+    let path = path.to_str().unwrap();
+    for strict in [false, true] {
+        let args: &[&str] = if strict {
+            &["check", "--strict", "--config", path]
+        } else {
+            &["check", "--config", path]
+        };
+        let out = hourglass(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "strict {strict}: {stderr}");
+        for (key, file) in [("cert", &cert), ("key", &key), ("client_ca", &ca)] {
+            assert!(
+                stderr.contains(&format!("server.tls.{key} {}: ", file.display())),
+                "strict {strict}, {key}: {stderr}"
+            );
+        }
+        let level = if strict { "error" } else { "warning" };
+        assert!(
+            stderr.contains(&format!("{level}: server.tls.client_crl {crl}: ")),
+            "strict {strict}: {stderr}"
+        );
+    }
+}
