@@ -1052,7 +1052,7 @@ fn a_whole_responses_answer_counts_its_deltas_logprobs_once() {
     let token = |i: usize| {
         format!(
             r#"{{"token":"t{i}","logprob":-0.5,"bytes":[116],"top_logprobs":[{}]}}"#,
-            vec![r#"{"token":"alternative","logprob":-1.25,"bytes":[97,108,116]}"#; 6].join(",")
+            [r#"{"token":"alternative","logprob":-1.25,"bytes":[97,108,116]}"#; 6].join(",")
         )
     };
     let n = 60;
