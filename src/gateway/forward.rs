@@ -428,6 +428,7 @@ impl Gateway {
                 headers,
                 accept_encoding,
                 body,
+                bodies: self.bodies.clone(),
                 stream_upstream: route.route.stream_upstream,
                 partial_answers: route.route.partial_answers,
                 model,

@@ -9,6 +9,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request, Uri};
 
+use crate::admission::BodyMemory;
 use crate::error::GatewayError;
 use crate::provider::batches::{names_results_urls, sdk_base_path};
 use crate::provider::rewrite::{include_usage, rewrite_model, stream_request};
@@ -25,6 +26,9 @@ pub struct Template {
     /// The client's own `Accept-Encoding`, for answers that are not read.
     pub accept_encoding: Option<HeaderValue>,
     pub body: Bytes,
+    /// The memory request bodies share (`request_body_memory`), which `body` already holds
+    /// from: an attempt's rewritten copy of it takes its own share there.
+    pub bodies: BodyMemory,
     /// Ask a known format's upstream to stream what the client did not (`stream_upstream`).
     pub stream_upstream: bool,
     /// A limit that cuts such an answer after output came gives the client a partial one.
@@ -72,10 +76,13 @@ impl Template {
                 .map_err(|e| GatewayError::BadRequest {
                     message: format!("request target cannot be forwarded: {e}"),
                 })?;
-        let mut body = match &upstream.config.model {
-            Some(model) => rewrite_model(&self.body, model)?.unwrap_or_else(|| self.body.clone()),
-            None => self.body.clone(),
+        let rewritten = match &upstream.config.model {
+            Some(model) => rewrite_model(&self.body, model)?,
+            None => None,
         };
+        // Whether `body` is a copy of the template's rather than its bytes.
+        let mut copied = rewritten.is_some();
+        let mut body = rewritten.unwrap_or_else(|| self.body.clone());
         let format = Format::detect(upstream.config.api, uri.path());
         let results_urls = names_results_urls(upstream.config.api, &self.method, uri.path())
             .then(|| Arc::from(sdk_base_path(self.path_and_query.path())));
@@ -89,13 +96,26 @@ impl Template {
         if let Some(f) = call {
             if let Some(streamed) = stream_request(&body, f, upstream.config.assembled_usage)? {
                 body = streamed;
+                copied = true;
                 assembled = true;
             }
         }
         if upstream.config.include_usage && format == Some(Format::Chat) {
             if let Some(with_usage) = include_usage(&body, false)? {
                 body = with_usage;
+                copied = true;
             }
+        }
+        // A rewritten body is a copy beside the template's, alive until hyper has written it
+        // (or longer, on a stalled upstream), and one per attempt in flight (a hedge, a
+        // concurrent fallback): it holds its own share of the memory as the template's does,
+        // taken without waiting, as `read_body` takes it, so no request waits for bytes it
+        // holds itself. Uncounted, bodies on a route with `model =` or `stream_upstream` took
+        // twice `request_body_memory` (audit QA 2).
+        if copied {
+            let mut hold = self.bodies.hold();
+            hold.cover(body.len() as u64)?;
+            body = hold.keep_with(body);
         }
         let mut req = Request::builder()
             .method(self.method.clone())

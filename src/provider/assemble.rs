@@ -118,7 +118,7 @@ impl Assembler {
         if self.too_large {
             return;
         }
-        if self.buf.len() + piece.len() + self.answer_len() > self.limit {
+        if self.buf.len() + piece.len() + self.counted_len() > self.limit {
             self.too_large = true;
             self.buf = Vec::new();
             return;
@@ -181,7 +181,18 @@ impl Assembler {
     /// and the answer's text. What it takes from the memory answers share
     /// (`response_body_memory`) follows this.
     pub fn held(&self) -> usize {
-        self.buf.len() + self.answer_len()
+        self.buf.len() + self.counted_len()
+    }
+
+    /// The answer's bytes as counted beside the event being gathered: without what that
+    /// event may replace when read (a Responses part's joined logprobs, which its
+    /// `content_part.done` and the final response repeat whole). Both live while it is
+    /// gathered, an answer's memory then at most twice its limit for that event's time.
+    fn counted_len(&self) -> usize {
+        match self.format {
+            Format::Responses => self.answer_len() - self.responses.replaceable(),
+            _ => self.answer_len(),
+        }
     }
 
     /// Bytes of text held by the answer so far (an upper bound of what it adds).

@@ -308,6 +308,89 @@ retries = 2
     assert_eq!(status, 200, "{text}");
 }
 
+/// Audit QA 2: an attempt whose upstream rewrites the body (here its `model`) sends a copy of
+/// it, alive beside the template's until hyper has written it: on an upstream that reads
+/// slowly or not at all, for as long as the call is in flight. Uncounted, bodies on such a
+/// route took twice `request_body_memory`. The copy holds its share too: beside a first call
+/// stalled upstream (its body and its copy), a second body that would fit beside the first's
+/// body alone is refused, 503 `overloaded`, and never forwarded.
+#[tokio::test]
+async fn an_attempts_rewritten_body_counts_against_request_body_memory() {
+    // An upstream that reads each request's first bytes, tells `got`, and reads no more.
+    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut head = vec![0u8; 16 * 1024];
+            let _ = s.read(&mut head).await;
+            let _ = got_tx.send(());
+            held.push(s);
+        }
+    });
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_request_body = {max}
+request_body_memory = {memory}
+
+[defaults]
+budget = "20s"
+first_token_timeout = "10s"
+
+[upstreams.stalled]
+url = "http://{up}"
+auth = "none"
+model = "rewritten"
+
+[[routes]]
+name = "chat"
+path_prefix = "/"
+upstream = "stalled"
+"#,
+        max = UPLOAD + 1024,
+        // Two bodies, or one and its copy, with room to spare; not two and a copy.
+        memory = 2 * UPLOAD + UPLOAD / 2,
+    );
+    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
+        .await
+        .unwrap();
+    let send = |addr: SocketAddr| async move {
+        let mut body = br#"{"model":"m","messages":[{"role":"user","content":""#.to_vec();
+        body.resize(UPLOAD, b'a');
+        body.extend_from_slice(br#""}]}"#);
+        let req = Request::post("/v1/chat/completions")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let (resp, _c) = Conn::open(addr).await.send(req).await;
+        let retry_after = resp.headers().get("retry-after").cloned();
+        let status = resp.status().as_u16();
+        (
+            status,
+            retry_after,
+            read_body(resp.into_body()).await.text(),
+        )
+    };
+    // The first call's copy is larger than the sockets hold: it stays, unwritten.
+    let first = tokio::spawn(send(gw.addr));
+    got.recv().await.unwrap();
+
+    let (status, retry_after, text) = tokio::select! {
+        second = send(gw.addr) => second,
+        _ = got.recv() => panic!("a second body went upstream beside the first and its copy"),
+    };
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(retry_after.unwrap(), "1");
+    assert!(text.contains("\"code\":\"overloaded\""), "{text}");
+    assert!(text.contains("request_body_memory"), "{text}");
+    first.abort();
+}
+
 /// Audit PC 3 (a): `max_request_body` per route. Files and audio uploads (512 MB, 25 MB at
 /// the providers) got 413 under the one listener-wide limit a chat body wants. A route may
 /// raise it (the body is read within the largest limit among the routes its path may take)

@@ -40,6 +40,7 @@ fallbacks = ["b"]
         headers: HeaderMap::new(),
         accept_encoding: None,
         body: bytes::Bytes::new(),
+        bodies: crate::admission::BodyMemory::new(crate::admission::Bodies::Requests, 1 << 20),
         stream_upstream: false,
         partial_answers: false,
         model: None,

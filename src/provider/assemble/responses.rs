@@ -16,7 +16,12 @@ pub(super) struct Responses {
     /// The reasoning text and its summaries, for the usage of a cut answer.
     reasoning: Reasoning,
     pub(super) output: bool,
+    /// Bytes of the answer so far: the deltas' text and the logprobs in `joined`.
     pub(super) text: usize,
+    /// Bytes of logprobs joined from `output_text.delta`s, by output and content index:
+    /// kept for a cut only. The part's `content_part.done`, its item's done and the final
+    /// response repeat them all and replace them, so they stop counting then (audit QA 1).
+    joined: Vec<(u64, u64, usize)>,
 }
 
 /// Only an event's type.
@@ -52,6 +57,27 @@ struct ResponsesEvent<'a> {
 }
 
 impl Responses {
+    /// Bytes of `text` the event being gathered may replace when it is read: the joined
+    /// logprobs, which a part's or the answer's final event repeats whole. Counting both
+    /// while it is gathered refused a whole answer at half of `max_response_body` (audit
+    /// QA 1); they are let go once it is read (`supersede`).
+    pub(super) fn replaceable(&self) -> usize {
+        self.joined.iter().map(|(.., n)| n).sum()
+    }
+
+    /// The joined logprobs of the parts an event brought whole stop counting: those of
+    /// `output_index` (all when `None`), of its `content_index` only when given.
+    fn supersede(&mut self, output_index: Option<u64>, content_index: Option<u64>) {
+        let text = &mut self.text;
+        self.joined.retain(|&(o, c, n)| {
+            let gone = output_index.is_none_or(|i| i == o) && content_index.is_none_or(|i| i == c);
+            if gone {
+                *text -= n;
+            }
+            !gone
+        });
+    }
+
     fn item(&mut self, index: u64) -> Option<&mut Map<String, Value>> {
         self.items
             .iter_mut()
@@ -110,6 +136,7 @@ impl Responses {
                 if let Some(Value::Object(r)) = ev.response.map(raw) {
                     self.response = Some(r);
                     self.done = true;
+                    self.supersede(None, None);
                 }
             }
             "response.output_item.added" | "response.output_item.done" => {
@@ -118,6 +145,9 @@ impl Responses {
                         self.output = true;
                     }
                     let done = ev.kind == "response.output_item.done";
+                    if done {
+                        self.supersede(Some(ev.output_index), None);
+                    }
                     match self.items.iter_mut().find(|(i, ..)| *i == ev.output_index) {
                         Some(slot) => *slot = (ev.output_index, item, done || slot.2),
                         None => self.items.push((ev.output_index, item, done)),
@@ -152,6 +182,9 @@ impl Responses {
                     if let Some(slot) = parts.get_mut(index as usize) {
                         *slot = part;
                     }
+                }
+                if key == "content" {
+                    self.supersede(Some(ev.output_index), Some(index));
                 }
             }
             // A citation as it came, before its part ended.
@@ -193,28 +226,42 @@ impl Responses {
                 // The delta's tokens, joined into its part's as a partial Chat choice joins
                 // its chunks': a partial answer has no `content_part.done` with them all
                 // (audit PA 3). Parsed only when there are some: most deltas carry none.
-                let mut logprobs = None;
-                if let Some(l) = ev.logprobs.map(RawValue::get).filter(|l| {
-                    l.strip_prefix('[')
-                        .is_some_and(|rest| rest.trim_start() != "]")
-                }) {
-                    self.text += l.len();
-                    logprobs = serde_json::from_str::<Vec<Value>>(l).ok();
-                }
-                let Some(m) = self.item(ev.output_index) else {
+                let logprobs = ev
+                    .logprobs
+                    .map(RawValue::get)
+                    .filter(|l| {
+                        l.strip_prefix('[')
+                            .is_some_and(|rest| rest.trim_start() != "]")
+                    })
+                    .and_then(|l| Some((l.len(), serde_json::from_str::<Vec<Value>>(l).ok()?)));
+                let output_index = ev.output_index;
+                let Some(m) = self.item(output_index) else {
                     return;
                 };
+                let mut kept = 0;
                 if key.is_empty() {
                     append(m, field, &delta);
                 } else if let Some(Value::Array(parts)) = m.get_mut(key) {
                     if let Some(Value::Object(p)) = parts.get_mut(index as usize) {
                         append(p, field, &delta);
-                        if let Some(items) = logprobs {
+                        if let Some((len, items)) = logprobs {
                             match p.entry("logprobs").or_insert_with(|| json!([])) {
                                 Value::Array(a) => a.extend(items),
                                 other => *other = Value::Array(items),
                             }
+                            kept = len;
                         }
+                    }
+                }
+                if kept > 0 {
+                    self.text += kept;
+                    match self
+                        .joined
+                        .iter_mut()
+                        .find(|(o, c, _)| (*o, *c) == (output_index, index))
+                    {
+                        Some((.., n)) => *n += kept,
+                        None => self.joined.push((output_index, index, kept)),
                     }
                 }
             }

@@ -1042,3 +1042,80 @@ fn a_cut_responses_message_keeps_its_deltas_logprobs() {
     assert_eq!(tokens, ["Hello", " checking", "."], "{d}");
     assert_eq!(part["logprobs"][1]["top_logprobs"][0]["logprob"], -0.5);
 }
+
+/// Audit QA 1: a whole Responses answer whose deltas carry logprobs counts them once against
+/// `max_response_body`: its `output_text.done`, `content_part.done`, `output_item.done` and
+/// `response.completed` repeat them all and replace the joined ones. Counted on top, they
+/// refused an answer at half the limit, while its cut was served.
+#[test]
+fn a_whole_responses_answer_counts_its_deltas_logprobs_once() {
+    let token = |i: usize| {
+        format!(
+            r#"{{"token":"t{i}","logprob":-0.5,"bytes":[116],"top_logprobs":[{}]}}"#,
+            [r#"{"token":"alternative","logprob":-1.25,"bytes":[97,108,116]}"#; 6].join(",")
+        )
+    };
+    let n = 60;
+    let tokens: Vec<String> = (0..n).map(token).collect();
+    let all = format!("[{}]", tokens.join(","));
+    let text: String = (0..n).map(|i| format!("t{i}")).collect();
+    let part =
+        format!(r#"{{"type":"output_text","text":"{text}","annotations":[],"logprobs":{all}}}"#);
+    let item = format!(
+        r#"{{"id":"msg_1","type":"message","status":"completed","role":"assistant","content":[{part}]}}"#
+    );
+    let mut events = vec![
+        r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","output":[],"usage":null}}"#.to_owned(),
+        r#"{"type":"response.output_item.added","sequence_number":1,"output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}"#.to_owned(),
+        r#"{"type":"response.content_part.added","sequence_number":2,"output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]}}"#.to_owned(),
+    ];
+    events.extend(tokens.iter().enumerate().map(|(i, t)| {
+        format!(
+            r#"{{"type":"response.output_text.delta","sequence_number":{},"output_index":0,"content_index":0,"delta":"t{i}","logprobs":[{t}]}}"#,
+            i + 3
+        )
+    }));
+    let deltas = events.len();
+    events.extend([
+        format!(
+            r#"{{"type":"response.output_text.done","sequence_number":900,"output_index":0,"content_index":0,"text":"{text}","logprobs":{all}}}"#
+        ),
+        format!(
+            r#"{{"type":"response.content_part.done","sequence_number":901,"output_index":0,"content_index":0,"part":{part}}}"#
+        ),
+        format!(
+            r#"{{"type":"response.output_item.done","sequence_number":902,"output_index":0,"item":{item}}}"#
+        ),
+        format!(
+            r#"{{"type":"response.completed","sequence_number":903,"response":{{"id":"resp_1","object":"response","status":"completed","output":[{item}],"usage":{{"input_tokens":5,"output_tokens":{n},"total_tokens":{}}}}}}}"#,
+            n + 5
+        ),
+    ]);
+    let events: Vec<&str> = events.iter().map(String::as_str).collect();
+    let whole = sse(&events);
+    let answer = serde_json::to_vec(&doc(Format::Responses, &whole, None)).unwrap();
+    // Between once and twice the answer, its logprobs (nearly all of it) fit once only.
+    let limit = answer.len() * 3 / 2;
+    let a = assemble(Format::Responses, &whole, None, limit);
+    let d: Value = serde_json::from_slice(&a.finish(None).expect("fits the limit")).unwrap();
+    assert_eq!(d["status"], "completed");
+    assert_eq!(
+        d["output"][0]["content"][0]["logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        n
+    );
+    // Its cut, under the same limit, still keeps the deltas' logprobs (audit PA 3).
+    let cut = sse(&events[..deltas]);
+    let a = assemble(Format::Responses, &cut, None, limit);
+    let usage = Usage {
+        prompt: 5,
+        completion: n as u64,
+    };
+    let d: Value = serde_json::from_slice(&a.finish(Some(usage)).expect("fits")).unwrap();
+    assert_eq!(d["status"], "incomplete");
+    let part = &d["output"][0]["content"][0];
+    assert_eq!(part["text"], text.as_str());
+    assert_eq!(part["logprobs"].as_array().unwrap().len(), n, "{d}");
+}
