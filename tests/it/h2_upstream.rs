@@ -544,6 +544,9 @@ async fn an_http2_upstream_that_never_sends_its_settings_is_not_connected() {
     assert_eq!(body["error"]["code"], "connect_timeout", "{body}");
     let connect = "hourglass_cancellations_total{origin=\"connect\",route=\"chat\"}";
     assert_eq!(h.metric(connect).await, 1.0);
+    // Audit RA 2: counted for the upstream too, as a connect that timed out.
+    let timeout = "hourglass_upstream_connect_errors_total{reason=\"timeout\",upstream=\"fake\"}";
+    assert_eq!(h.metric(timeout).await, 1.0);
 
     let (resp, _c) = h.send(chat_request(&[], false)).await;
     assert_eq!(resp.status(), 200);
