@@ -583,6 +583,20 @@ fn check_url(text: &str) -> Result<http::Uri, String> {
     if authority.as_str().contains('@') {
         return Err("must not contain credentials (use api_key_env)".to_owned());
     }
+    // http::Uri takes an IPv6 zone id (`[fe80::1%25eth0]`, RFC 6874, or `%eth0`), but the
+    // connector reads the host with no zone, looks it up as a name and fails every request
+    // as a "dns error": refuse it here, naming it (audit RA 3).
+    if let Some(zone) = authority
+        .host()
+        .strip_prefix('[')
+        .and_then(|h| h.find('%').map(|i| &h[i..]))
+    {
+        let zone = zone.trim_end_matches(']');
+        return Err(format!(
+            "has an IPv6 zone id ({zone:?}), which is not supported: use an address or a name \
+             that needs none"
+        ));
+    }
     // http::Uri keeps a port it cannot read as a u16 and reports none: the connect would
     // then go to the scheme's default port, or fail, without naming the mistake.
     if let Some(port) = authority.as_str()[authority.host().len()..].strip_prefix(':') {

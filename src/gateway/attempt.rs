@@ -263,6 +263,9 @@ impl<'a> Attempt<'a> {
                         });
                     }
                     let e = self.limit_error(connected, now, sent_at, fired);
+                    if matches!(e, GatewayError::ConnectTimeout { .. }) {
+                        self.answers.connect_error("timeout");
+                    }
                     // Sent, and not even a head for the route's whole first-token limit (not one
                     // a client's short timeout or a fallback's room cut): on a shared HTTP/2
                     // connection, the peer may be gone while the socket stays open, and every
@@ -298,7 +301,11 @@ impl<'a> Attempt<'a> {
                     bodiless,
                     resendable: resendable && pooled_unanswered(&connection),
                 };
-                classify(upstream, &e, budget.connect_timeout, request)
+                let error = classify(upstream, &e, budget.connect_timeout, request);
+                if let Some(reason) = connect_failure(&e, &error) {
+                    self.answers.connect_error(reason);
+                }
+                error
             })?;
             // Counted as it comes: whatever ends the attempt after its head (a held head's
             // first-token limit, a lost hedge, a bad framing) the upstream did answer it.
@@ -775,6 +782,43 @@ fn classify(
             },
         }
     }
+}
+
+/// Why an attempt's connection could not be made, as
+/// `hourglass_upstream_connect_errors_total` counts it (audit RA 2: a refused port or a name
+/// that did not resolve showed in no per-upstream series). None where a connection was made,
+/// or where the gateway's own want of descriptors or ports failed it (`Starved`, which is no
+/// fault of the upstream's).
+fn connect_failure(
+    e: &hyper_util::client::legacy::Error,
+    error: &GatewayError,
+) -> Option<&'static str> {
+    match error {
+        GatewayError::ConnectTimeout { .. } => return Some("timeout"),
+        GatewayError::UpstreamUnavailable { .. } => {}
+        _ => return None,
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        // hyper-util's words for a failed lookup, as `lookup_starved` reads them.
+        if s.to_string() == "dns error" {
+            return Some("dns");
+        }
+        if s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return Some("refused");
+        }
+        if s.is::<crate::upstream::NoH2ByAlpn>() {
+            return Some("tls");
+        }
+        source = s.source();
+    }
+    Some(if crate::upstream::tls_failed(e) {
+        "tls"
+    } else {
+        "other"
+    })
 }
 
 /// A connect error's reason with what it was connecting to: hyper-util's says neither the

@@ -51,10 +51,12 @@ pub struct Line<'a> {
 impl Line<'_> {
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(256);
+        // An IPv4 client of a dual-stack (`[::]`) listener arrives as `::ffff:a.b.c.d`; log
+        // tools, GeoIP and ban rules expect the IPv4 address itself (audit RA 4).
         let ip = self
             .client
             .addr
-            .map_or_else(|| "-".to_string(), |a| a.ip().to_string());
+            .map_or_else(|| "-".to_string(), |a| a.ip().to_canonical().to_string());
         let version = match self.client.version {
             Version::HTTP_2 => "HTTP/2.0",
             Version::HTTP_10 => "HTTP/1.0",
@@ -208,6 +210,39 @@ mod tests {
             named.render(),
             "10.1.2.3 - deadbeef000102a3 [10/Oct/2000:13:55:36 +0000] \"POST /v1/chat/completions HTTP/1.1\" 200 952 \"-\" \"OpenAI/Python 1.0\\\" injected=\\\"x\" request_id=abc route=chat duration_ms=87.0 outcome=ok client_cert=\"CN=agent \\\"7\\\",O=Acme\""
         );
+    }
+
+    /// A dual-stack (`[::]`) listener sees an IPv4 client as `::ffff:a.b.c.d`; the line
+    /// writes it as the IPv4 address log tools, GeoIP and ban rules expect (audit RA 4).
+    #[test]
+    fn an_ipv4_client_of_a_dual_stack_listener_is_written_as_ipv4() {
+        let at = |addr: &str| ClientInfo {
+            addr: Some(addr.parse().unwrap()),
+            user_agent: None,
+            referer: None,
+            version: Version::HTTP_11,
+            at: UNIX_EPOCH,
+        };
+        let line = |client: &ClientInfo| {
+            Line {
+                client,
+                method: &Method::GET,
+                path: "/",
+                status: Some(200),
+                bytes: 0,
+                request_id: "r",
+                route: None,
+                elapsed: Duration::ZERO,
+                outcome: "ok",
+                origin: None,
+                user: None,
+                client_cert: None,
+            }
+            .render()
+        };
+        assert!(line(&at("[::ffff:127.0.0.1]:5555")).starts_with("127.0.0.1 - - ["));
+        assert!(line(&at("[::1]:5555")).starts_with("::1 - - ["));
+        assert!(line(&at("[2001:db8::1]:5555")).starts_with("2001:db8::1 - - ["));
     }
 
     /// The fields after the combined format are logfmt: a request id (the client's, any

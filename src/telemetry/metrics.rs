@@ -56,6 +56,7 @@ pub struct Metrics {
     tokens_cancelled: IntCounterVec,
     stream_errors: IntCounterVec,
     responses: IntCounterVec,
+    connect_errors: IntCounterVec,
     in_flight: IntGaugeVec,
     requests_in_flight: IntGaugeVec,
     client_connections: IntGauge,
@@ -148,6 +149,7 @@ pub struct AnswerMetrics {
     stream_errors: IntCounterVec,
     /// Answers by status class, in `RESPONSE_CLASSES` order.
     responses: [IntCounter; 6],
+    connect_errors: IntCounterVec,
     route: Arc<str>,
     upstream: Arc<str>,
 }
@@ -177,7 +179,20 @@ impl AnswerMetrics {
         };
         self.responses[class].inc();
     }
+
+    /// Counts an attempt whose connection to the upstream could not be made: `reason` is one
+    /// of [`CONNECT_ERRORS`]. Once per failed attempt, never per chunk, so the label lookup
+    /// happens here.
+    pub fn connect_error(&self, reason: &'static str) {
+        debug_assert!(CONNECT_ERRORS.contains(&reason), "{reason}");
+        self.connect_errors
+            .with_label_values(&[&*self.upstream, reason])
+            .inc();
+    }
 }
+
+/// The `reason` label values of `hourglass_upstream_connect_errors_total`.
+pub const CONNECT_ERRORS: [&str; 5] = ["dns", "refused", "timeout", "tls", "other"];
 
 /// The `class` label values of `hourglass_upstream_responses_total`, in `AnswerMetrics` order.
 /// `other`: a status outside the 100 to 599 that HTTP defines.
@@ -388,6 +403,11 @@ impl Metrics {
             "hourglass_upstream_responses_total",
             "Answers upstreams gave to attempts (each attempt's head, retried or not), by status class.",
             &["route", "upstream", "class"],
+        );
+        let connect_errors = counter(
+            "hourglass_upstream_connect_errors_total",
+            "Attempts whose connection to the upstream could not be made, by reason: dns (the name did not resolve), refused, timeout (connect_timeout, or the server's first HTTP/2 frame), tls (the handshake failed), other.",
+            &["upstream", "reason"],
         );
         let in_flight = gauge(
             "hourglass_upstream_requests_in_flight",
@@ -647,6 +667,7 @@ impl Metrics {
             tokens_cancelled,
             stream_errors,
             responses,
+            connect_errors,
             in_flight,
             requests_in_flight,
             client_connections,
@@ -732,6 +753,7 @@ impl Metrics {
             stream_errors: self.stream_errors.clone(),
             responses: RESPONSE_CLASSES
                 .map(|class| self.responses.with_label_values(&[route, upstream, class])),
+            connect_errors: self.connect_errors.clone(),
             route: Arc::from(route),
             upstream: Arc::from(upstream),
         }
@@ -803,9 +825,13 @@ impl Metrics {
     }
 
     /// Sets an upstream's ejection gauge to its state (a new config's upstreams: reused ones
-    /// keep theirs, new ones start in rotation), creating its series.
+    /// keep theirs, new ones start in rotation), creating its series (its connect errors'
+    /// too, at zero).
     pub fn set_ejected(&self, upstream: &str, out: bool) {
         self.ejections.with_label_values(&[upstream]);
+        for reason in CONNECT_ERRORS {
+            self.connect_errors.with_label_values(&[upstream, reason]);
+        }
         self.ejected
             .with_label_values(&[upstream])
             .set(i64::from(out));

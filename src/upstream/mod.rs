@@ -23,6 +23,7 @@ pub use self::io::Abandon;
 pub use self::request_body::{RequestBody, Sent};
 pub use self::tls::{
     certificate_error, client_certificate_refused, handshake_refused, no_common_tls_version,
+    tls_failed,
 };
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -172,6 +172,12 @@ fn tls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<Cow<'a, rus
     e.source().and_then(tls_error)
 }
 
+/// Whether TLS is what failed: the handshake (a certificate, an alert, no version in
+/// common, a server that does not speak TLS), or an alert the server sent for it later.
+pub fn tls_failed(e: &(dyn std::error::Error + 'static)) -> bool {
+    tls_error(e).is_some()
+}
+
 /// Whether the TLS handshake failed because the server has none of the protocols offered
 /// by ALPN (RFC 7301 §3.2's `no_application_protocol` alert).
 pub(super) fn refused_h2(e: &(dyn std::error::Error + 'static)) -> bool {

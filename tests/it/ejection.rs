@@ -784,3 +784,78 @@ async fn out_of_descriptors(by_name: bool, said: &str) {
     read_body(resp.into_body()).await;
     assert_eq!(primary.requests().len(), 1);
 }
+
+/// Audit RA 2: an attempt whose connection could not be made is counted for its upstream, by
+/// why: a name that does not resolve, a refused port, a TLS handshake that failed. Before,
+/// such a failure showed only in the route's `outcome="error"` until the upstream was ejected.
+#[tokio::test]
+async fn failed_connects_are_counted_per_upstream_by_kind() {
+    let (_refusing, refused) = refused_addr();
+    // A plain HTTP server spoken to over TLS: the handshake fails.
+    let plain = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let text = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "10s"
+first_token_timeout = "2s"
+connect_timeout = "2s"
+
+[upstreams.nx]
+url = "http://no-such-host.invalid:{port}"
+auth = "none"
+eject_after = 0
+
+[upstreams.refused]
+url = "http://{refused}"
+auth = "none"
+eject_after = 0
+
+[upstreams.plain]
+url = "https://{plain}"
+auth = "none"
+eject_after = 0
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "nx"
+fallbacks = ["refused", "plain"]
+"#,
+        port = refused.port(),
+        plain = plain.addr(),
+    );
+    let config = hourglass::config::Config::from_toml(&text, "test.toml").unwrap();
+    let gw = hourglass::server::start(config).await.unwrap();
+    let sample = |upstream: &str, reason: &str| {
+        format!("hourglass_upstream_connect_errors_total{{reason=\"{reason}\",upstream=\"{upstream}\"}}")
+    };
+    const REASONS: [&str; 5] = ["dns", "refused", "timeout", "tls", "other"];
+    // Every upstream's series exist at zero before any attempt.
+    for upstream in ["nx", "refused", "plain"] {
+        for reason in REASONS {
+            assert_eq!(metric(gw.admin_addr, &sample(upstream, reason)).await, 0.0);
+        }
+    }
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], true))
+        .await;
+    assert_eq!(resp.status(), 502);
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
+    for (upstream, want) in [("nx", "dns"), ("refused", "refused"), ("plain", "tls")] {
+        for reason in REASONS {
+            assert_eq!(
+                metric(gw.admin_addr, &sample(upstream, reason)).await,
+                if reason == want { 1.0 } else { 0.0 },
+                "{upstream} {reason}"
+            );
+        }
+    }
+}

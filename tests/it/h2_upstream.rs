@@ -544,6 +544,9 @@ async fn an_http2_upstream_that_never_sends_its_settings_is_not_connected() {
     assert_eq!(body["error"]["code"], "connect_timeout", "{body}");
     let connect = "hourglass_cancellations_total{origin=\"connect\",route=\"chat\"}";
     assert_eq!(h.metric(connect).await, 1.0);
+    // Audit RA 2: counted for the upstream too, as a connect that timed out.
+    let timeout = "hourglass_upstream_connect_errors_total{reason=\"timeout\",upstream=\"fake\"}";
+    assert_eq!(h.metric(timeout).await, 1.0);
 
     let (resp, _c) = h.send(chat_request(&[], false)).await;
     assert_eq!(resp.status(), 200);
@@ -1025,7 +1028,11 @@ async fn a_request_without_a_body_waiting_for_a_stream_is_not_sent_again() {
     );
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
     let metrics = crate::support::admin_get(h.gw.admin_addr, "/metrics").await;
-    assert!(!metrics.contains("reason=\"refused\""), "{metrics}");
+    // (`hourglass_upstream_connect_errors_total` has a `refused` series of its own, at 0.)
+    assert!(
+        !metrics.contains("hourglass_retries_total{reason=\"refused\""),
+        "{metrics}"
+    );
 }
 
 /// An h2 server that takes one stream at a time on each connection and answers only once it

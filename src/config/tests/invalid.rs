@@ -75,6 +75,16 @@ fn upstream_url_errors() {
             "http://[::1]:70000",
             "has port \"70000\", which is not a TCP port (1 to 65535)",
         ),
+        // The connector reads an IPv6 host with no zone, looks `::1%lo` up as a name and
+        // fails every request as a "dns error" (audit RA 3).
+        (
+            "http://[::1%25lo]:8000",
+            "has an IPv6 zone id (\"%25lo\"), which is not supported: use an address or a name that needs none",
+        ),
+        (
+            "http://[fe80::1%eth0]/v1",
+            "has an IPv6 zone id (\"%eth0\"), which is not supported: use an address or a name that needs none",
+        ),
     ];
     for (url, why) in cases {
         let text = BASE.replace("https://api.openai.com", url);
