@@ -22,7 +22,7 @@ impl ConnectProxy {
 }
 
 /// A CONNECT proxy that answers every CONNECT with `answer` (a status line and headers,
-/// without the blank line), and splices a 2xx tunnel to the target's port on 127.0.0.1.
+/// without the blank line; none when empty), and splices a 2xx tunnel to the target's port on 127.0.0.1.
 async fn connect_proxy(answer: &'static str) -> ConnectProxy {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -45,6 +45,11 @@ async fn connect_proxy(answer: &'static str) -> ConnectProxy {
                 let head = String::from_utf8(head).unwrap();
                 let target = head.split(' ').nth(1).unwrap().to_owned();
                 seen.lock().unwrap().push(head);
+                if answer.is_empty() {
+                    // Holds the CONNECT unanswered.
+                    let _ = client.read_u8().await;
+                    return;
+                }
                 let reply = format!("{answer}\r\n\r\n");
                 client.write_all(reply.as_bytes()).await.unwrap();
                 if !answer.starts_with("HTTP/1.1 200") {
@@ -121,6 +126,25 @@ async fn a_proxy_refusing_connect_is_a_502_that_names_it() {
         .await,
         1.0
     );
+}
+
+/// `connect_timeout` covers the tunnel's setup: a proxy that never answers CONNECT is a
+/// connect timeout, not a request left waiting for its first token.
+#[tokio::test]
+async fn a_proxy_that_never_answers_connect_is_a_connect_timeout() {
+    let proxy = connect_proxy("").await;
+    let keys = format!("proxy = \"http://{}\"\n", proxy.addr);
+    let gw = server::start(config_with("https://localhost:9", None, &keys))
+        .await
+        .unwrap();
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], true))
+        .await;
+    assert_eq!(resp.status(), 504);
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "connect_timeout", "{v}");
+    assert_eq!(proxy.heads().len(), 1);
 }
 
 /// The gateway as a process with `env` set, its upstream the fake provider over plain HTTP
