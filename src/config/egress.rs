@@ -10,7 +10,7 @@ use hyper_util::client::proxy::matcher::Matcher;
 use super::secrets::redacted_url;
 
 /// An upstream's `proxy` key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub enum EgressProxy {
     /// No key: as the process environment says.
     #[default]
@@ -19,6 +19,17 @@ pub enum EgressProxy {
     Direct,
     /// `proxy = "http://[user:password@]host:port"`, checked at load.
     Url(String),
+}
+
+impl std::fmt::Debug for EgressProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Env => f.write_str("Env"),
+            Self::Direct => f.write_str("Direct"),
+            // Never the proxy's password (a config is debug-printed by tests and panics).
+            Self::Url(url) => write!(f, "Url({:?})", redacted_url(url)),
+        }
+    }
 }
 
 /// The proxy an upstream's connections go through.

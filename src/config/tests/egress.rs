@@ -32,6 +32,8 @@ fn check_shows_the_proxy_masked_or_none() {
     let d = load(&with_proxy("http://u:hunter2@proxy.corp:3128")).describe();
     assert!(d.contains(", proxy http://u:***@proxy.corp:3128"), "{d}");
     assert!(!d.contains("hunter2"), "{d}");
+    let config = load(&with_proxy("http://u:hunter2@proxy.corp:3128"));
+    assert!(!format!("{config:?}").contains("hunter2"));
     let d = load(&with_proxy("none")).describe();
     assert!(d.contains(", proxy none"), "{d}");
 }
