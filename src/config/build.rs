@@ -456,9 +456,15 @@ fn build_upstream(
             ));
         }
     }
+    let proxy = match raw.proxy.as_deref() {
+        None => super::EgressProxy::Env,
+        Some(v) => super::EgressProxy::parse(v)
+            .map_err(|e| format!("{label}: upstreams.{name}.proxy {e}"))?,
+    };
     Ok(UpstreamConfig {
         name,
         http2,
+        proxy,
         url,
         api_key_env: raw.api_key_env,
         api_key_file,

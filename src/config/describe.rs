@@ -595,6 +595,24 @@ fn write_upstream(out: &mut String, up: &UpstreamConfig) {
     if let Some(c) = &up.client_cert {
         let _ = write!(out, ", client_cert {}", c.cert.display());
     }
+    // Which proxy its connections go through: an operator behind one needs to see that the
+    // environment's was taken, or passed over (NO_PROXY, `proxy = "none"`).
+    match (
+        &up.proxy,
+        up.proxy.target(&up.url, super::ProxyEnv::process()),
+    ) {
+        (super::EgressProxy::Direct, _) => out.push_str(", proxy none"),
+        (super::EgressProxy::Url(_), Ok(Some(p))) => {
+            let _ = write!(out, ", proxy {}", p.shown);
+        }
+        (_, Ok(Some(p))) => {
+            let _ = write!(out, ", proxy {} (from the environment)", p.shown);
+        }
+        (_, Ok(None)) => {}
+        (_, Err(e)) => {
+            let _ = write!(out, ", proxy: {e}");
+        }
+    }
     let _ = write!(out, ", propagate_budget {}", up.propagate_budget);
     if let Some(m) = &up.model {
         let _ = write!(out, ", model {m:?}");

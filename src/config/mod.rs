@@ -25,6 +25,7 @@ use crate::provider::Api;
 
 mod build;
 mod describe;
+mod egress;
 pub mod file;
 mod http2;
 mod locate;
@@ -39,6 +40,7 @@ pub use build::DEFAULT_LIMITS;
 /// budget a client asks for (`x-run-budget-ms`), so that every store holds the same.
 pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(31_557_600);
 pub use describe::{missing_file_note, WILL_NOT_START};
+pub use egress::{EgressProxy, ProxyEnv, ProxyTarget};
 pub use http2::{Http2Config, Http2Mode};
 pub use routing::glob_match;
 pub use runs::{
@@ -247,6 +249,9 @@ pub struct UpstreamConfig {
     pub ejection: Ejection,
     /// Which HTTP version to speak, and how streams share HTTP/2 connections.
     pub http2: Http2Config,
+    /// The HTTP CONNECT proxy its connections go through (`proxy`; by default the
+    /// environment's, `HTTPS_PROXY` and the rest).
+    pub proxy: EgressProxy,
 }
 
 /// An upstream's `client_cert` and `client_cert_key`: PEM files, paths already resolved

@@ -228,6 +228,7 @@ pub(super) struct RawUpstream {
     pub(super) http2_max_connections: Option<u64>,
     pub(super) http2_stream_window: Option<u64>,
     pub(super) http2_connection_window: Option<u64>,
+    pub(super) proxy: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -171,6 +171,10 @@ impl Gateway {
         if previous.is_none() {
             for u in &upstreams {
                 metrics.set_ejected(&u.name, false);
+                // Said at start: an operator behind a proxy sees which upstreams take it.
+                if let Some(proxy) = u.proxy_shown() {
+                    tracing::info!(upstream = %u.name, %proxy, "upstream connects through an egress proxy (HTTP CONNECT)");
+                }
             }
         }
         let find = |name: &str| {

@@ -10,21 +10,23 @@ use std::time::Duration;
 
 use http::Uri;
 use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::{Connection, HttpConnector};
+use hyper_util::client::legacy::connect::Connection;
 
 use crate::config::Http2Mode;
 use crate::error::BoxError;
+use crate::upstream::egress::EgressConnector;
 use crate::upstream::io::UpstreamIo;
-use crate::upstream::resolve::SharedResolver;
 use crate::upstream::tls::refused_h2;
 
-/// What every upstream client connects through: TCP, then TLS where the URL asks, all of it
-/// under one bound.
-pub(crate) type Connector = TimeoutConnector<HttpsConnector<HttpConnector<SharedResolver>>>;
+/// What every upstream client connects through: TCP (through its egress proxy's CONNECT
+/// tunnel where it has one), then TLS where the URL asks, all of it under one bound.
+pub(crate) type Connector = TimeoutConnector<HttpsConnector<EgressConnector>>;
 
 /// The connect step took longer than allowed. Mapped to `connect_timeout` by the proxy.
 #[derive(Debug, thiserror::Error)]
-#[error("connect (name lookup, TCP and TLS) did not finish within {0:?}")]
+#[error(
+    "connect (name lookup, TCP, any egress proxy's tunnel, and TLS) did not finish within {0:?}"
+)]
 pub struct ConnectTimedOut(pub Duration);
 
 /// `http2 = "always"` over TLS, and the provider's ALPN did not choose `h2`.

@@ -20,4 +20,7 @@ pub enum UpstreamBuildError {
         path: String,
         reason: String,
     },
+    /// Its egress proxy (the environment's) is one it cannot use.
+    #[error("upstream {upstream:?}: {reason}")]
+    Proxy { upstream: String, reason: String },
 }

@@ -6,6 +6,7 @@
 
 pub mod connect;
 mod credential;
+mod egress;
 pub mod error;
 pub mod estimate;
 mod h2_pool;
@@ -38,13 +39,14 @@ use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use self::credential::credential;
+use self::egress::EgressConnector;
 use self::estimate::TtftEstimates;
 use self::h2_pool::Lanes;
 use self::health::Health;
 use self::resolve::SharedResolver;
 use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
-use crate::config::{Http2Mode, UpstreamConfig};
+use crate::config::{Http2Mode, ProxyEnv, ProxyTarget, UpstreamConfig};
 use crate::http::headers::{
     present, split_port, strip_account_selectors, strip_credentials, OPENAI_ORGANIZATION,
     OPENAI_PROJECT,
@@ -80,6 +82,8 @@ pub struct Upstream {
     retired: AtomicBool,
     /// The connector's own connect bound (a reload reuses this upstream only if unchanged).
     pub connect_bound: Duration,
+    /// The egress proxy its connections go through, if any.
+    proxy: Option<Arc<ProxyTarget>>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -147,13 +151,35 @@ impl Upstream {
         config: Arc<UpstreamConfig>,
         connect_timeout: Duration,
     ) -> Result<Self, UpstreamBuildError> {
+        Self::with_proxy_env(config, connect_timeout, ProxyEnv::process())
+    }
+
+    /// As `new`, with the proxy rules `env` gives in place of the process environment's
+    /// (tests: the environment is shared by every test running at once).
+    pub fn with_proxy_env(
+        config: Arc<UpstreamConfig>,
+        connect_timeout: Duration,
+        env: &ProxyEnv,
+    ) -> Result<Self, UpstreamBuildError> {
         let name: Arc<str> = Arc::from(config.name.as_str());
         let (tls, tls_files) = tls_config(&config)?;
+        let proxy = config
+            .proxy
+            .target(&config.url, env)
+            .map_err(|reason| UpstreamBuildError::Proxy {
+                upstream: config.name.clone(),
+                reason,
+            })?
+            .map(Arc::new);
         let mut http = HttpConnector::new_with_resolver(SharedResolver::process());
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_keepalive(Some(Duration::from_secs(30)));
         http.set_connect_timeout(Some(connect_timeout));
+        let http = EgressConnector {
+            tcp: http,
+            proxy: proxy.clone(),
+        };
         let h2 = &config.http2;
         // What ALPN offers: the protocols the mode allows. (Plain http:// connections are
         // not negotiated: `http2_only` below is what makes those speak h2c.)
@@ -233,7 +259,13 @@ impl Upstream {
             account,
             tls_files,
             clients,
+            proxy,
         })
+    }
+
+    /// The egress proxy its connections go through, as messages show it (masked).
+    pub fn proxy_shown(&self) -> Option<&str> {
+        self.proxy.as_deref().map(|p| p.shown.as_str())
     }
 
     /// The format of a request to the client's `path` here when it is a call of the API

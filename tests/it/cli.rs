@@ -998,3 +998,65 @@ fn a_sigterm_during_start_up_drains_and_exits_0() {
     assert_eq!(status.code(), Some(0), "{status:?}\n{text}");
     assert!(text.contains("shutting down"), "{text}");
 }
+
+/// Audit RA 1: `check` says which upstreams go through which egress proxy (the environment's
+/// with its password masked, the key's, or none), and refuses a proxy it cannot use.
+#[test]
+fn check_shows_each_upstreams_egress_proxy() {
+    let (_dir, path) = temp_config(
+        "egress.toml",
+        r#"
+[upstreams.openai]
+url = "https://api.openai.com"
+
+[upstreams.internal]
+url = "https://llm.corp.example"
+
+[upstreams.direct]
+url = "https://api.anthropic.com"
+proxy = "none"
+
+[[routes]]
+name = "chat"
+path_prefix = "/v1/chat/completions"
+upstream = "openai"
+fallbacks = ["internal", "direct"]
+"#,
+    );
+    let check = |proxy: &str| {
+        Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .args(["check", "--config", path.to_str().unwrap()])
+            .env_remove("HOURGLASS_CONFIG")
+            .env("HTTPS_PROXY", proxy)
+            .env("NO_PROXY", "corp.example")
+            .output()
+            .expect("the binary runs")
+    };
+    let out = check("http://gw:hunter2@proxy.corp.example:3128");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let line = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.contains(&format!("{name} (https://")))
+            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+            .to_owned()
+    };
+    assert!(
+        line("openai")
+            .contains(", proxy http://gw:***@proxy.corp.example:3128 (from the environment)"),
+        "{stdout}"
+    );
+    assert!(!line("internal").contains("proxy"), "{stdout}");
+    assert!(line("direct").contains(", proxy none"), "{stdout}");
+    assert!(!stdout.contains("hunter2"), "{stdout}");
+    // A SOCKS proxy in the environment is refused, not passed over.
+    let out = check("socks5://gw:hunter2@proxy.corp.example:1080");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("socks5://gw:***@proxy.corp.example:1080"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+}

@@ -18,6 +18,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
+mod egress_proxy;
+
 struct Tls {
     relay: SocketAddr,
     ca_pem: std::path::PathBuf,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::Config;
 
 mod describe;
+mod egress;
 mod invalid;
 mod keys;
 mod routing;
