@@ -271,19 +271,13 @@ retries = 2
     let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
         .await
         .unwrap();
-    let send = |addr: SocketAddr| async move {
-        let req = Request::post("/v1/audio/transcriptions")
-            .header("host", "gateway")
-            .header("content-type", "application/octet-stream")
-            .body(Full::new(Bytes::from(vec![b'a'; 3000])))
-            .unwrap();
-        let (resp, _c) = Conn::open(addr).await.send(req).await;
-        let retry_after = resp.headers().get("retry-after").cloned();
-        let status = resp.status().as_u16();
-        (
-            status,
-            retry_after,
-            read_body(resp.into_body()).await.text(),
+    let send = |addr: SocketAddr| {
+        let body = Bytes::from(vec![b'a'; 3000]);
+        posted(
+            addr,
+            "/v1/audio/transcriptions",
+            "application/octet-stream",
+            body,
         )
     };
     // The first body goes upstream, and is held there.
@@ -358,22 +352,15 @@ upstream = "stalled"
     let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
         .await
         .unwrap();
-    let send = |addr: SocketAddr| async move {
+    let send = |addr: SocketAddr| {
         let mut body = br#"{"model":"m","messages":[{"role":"user","content":""#.to_vec();
         body.resize(UPLOAD, b'a');
         body.extend_from_slice(br#""}]}"#);
-        let req = Request::post("/v1/chat/completions")
-            .header("host", "gateway")
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .unwrap();
-        let (resp, _c) = Conn::open(addr).await.send(req).await;
-        let retry_after = resp.headers().get("retry-after").cloned();
-        let status = resp.status().as_u16();
-        (
-            status,
-            retry_after,
-            read_body(resp.into_body()).await.text(),
+        posted(
+            addr,
+            "/v1/chat/completions",
+            "application/json",
+            body.into(),
         )
     };
     // The first call's copy is larger than the sockets hold: it stays, unwritten.
@@ -479,4 +466,26 @@ upstream = "up"
     );
     let (status, text) = send("/v1/chat/completions", chat("big-1", 500)).await;
     assert_eq!(status, 200, "{text}");
+}
+
+/// POSTs `body` to `path` on a connection of its own: the status, `Retry-After` and body.
+async fn posted(
+    addr: SocketAddr,
+    path: &'static str,
+    content_type: &'static str,
+    body: Bytes,
+) -> (u16, Option<http::HeaderValue>, String) {
+    let req = Request::post(path)
+        .header("host", "gateway")
+        .header("content-type", content_type)
+        .body(Full::new(body))
+        .unwrap();
+    let (resp, _c) = Conn::open(addr).await.send(req).await;
+    let retry_after = resp.headers().get("retry-after").cloned();
+    let status = resp.status().as_u16();
+    (
+        status,
+        retry_after,
+        read_body(resp.into_body()).await.text(),
+    )
 }
