@@ -49,29 +49,7 @@ async fn the_soft_open_file_limit_is_raised_to_the_hard_one_at_start() {
 /// the descriptors in use against the limit.
 #[tokio::test]
 async fn the_admin_listener_answers_when_client_connections_hold_every_descriptor() {
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    // Idle client connections are held for a minute, not the default 10 s.
-    let toml = config(&fake).replace("[server]\n", "[server]\nheader_read_timeout = \"60s\"\n");
-    let p = Process::spawn_with_nofile(&toml, &[], &[], Some((64, 64))).await;
-    // More connections than the process has descriptors: the rest wait in the backlog.
-    let mut held = Vec::new();
-    for _ in 0..100 {
-        held.push(tokio::net::TcpStream::connect(p.addr).await.unwrap());
-    }
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let (out, err) = p.output();
-        if format!("{out}{err}").contains("accept failed") {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the client listener never ran out of descriptors:\n{out}{err}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let (_fake, p, held) = starved().await;
     // Several probes in a row, as the kubelet sends them, each answered.
     for path in ["/healthz", "/readyz", "/healthz"] {
         tokio::time::timeout(std::time::Duration::from_secs(5), admin_get(p.admin, path))
@@ -177,23 +155,7 @@ async fn after_a_burst_the_idle_pool_leaves_descriptors_for_another_upstream() {
 /// h2 connection serves its first request and is closed gracefully (GOAWAY).
 #[tokio::test]
 async fn an_h2_connection_on_the_admin_spare_is_closed_after_its_first_request() {
-    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let toml = config(&fake).replace("[server]\n", "[server]\nheader_read_timeout = \"60s\"\n");
-    let p = Process::spawn_with_nofile(&toml, &[], &[], Some((64, 64))).await;
-    let mut held = Vec::new();
-    for _ in 0..100 {
-        held.push(tokio::net::TcpStream::connect(p.addr).await.unwrap());
-    }
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !format!("{}{}", p.output().0, p.output().1).contains("accept failed") {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the client listener never ran out of descriptors"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let (_fake, p, held) = starved().await;
     // The first admin connection lands on the spare: an h2 poller.
     let tcp = tokio::net::TcpStream::connect(p.admin).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
@@ -228,4 +190,31 @@ async fn an_h2_connection_on_the_admin_spare_is_closed_after_its_first_request()
     .expect("/healthz: no answer within 5 s after the h2 connection on the spare");
     drop(held);
     p.stop().await;
+}
+
+/// The gateway with 64 descriptors and 100 client connections that hold every one it may
+/// open (the rest wait in the backlog), once it has logged that an accept failed; the
+/// connections are held for a minute, not the default 10 s.
+async fn starved() -> (FakeUpstream, Process, Vec<tokio::net::TcpStream>) {
+    let fake = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let toml = config(&fake).replace("[server]\n", "[server]\nheader_read_timeout = \"60s\"\n");
+    let p = Process::spawn_with_nofile(&toml, &[], &[], Some((64, 64))).await;
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(tokio::net::TcpStream::connect(p.addr).await.unwrap());
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (out, err) = p.output();
+        if format!("{out}{err}").contains("accept failed") {
+            return (fake, p, held);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the client listener never ran out of descriptors:\n{out}{err}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
