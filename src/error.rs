@@ -311,6 +311,17 @@ pub enum GatewayError {
     /// fill `[server] request_body_memory`: this one is not read further.
     #[error("the request bodies this gateway is receiving or forwarding fill its request_body_memory ({limit} bytes); try again")]
     BodyMemoryFull { limit: u64 },
+    /// An attempt's upstream rewrites the body (`model`, `stream_upstream`, `include_usage`):
+    /// the body and that copy hold `[server] request_body_memory` together, and the two are
+    /// more than all of it, so no retry could ever be admitted (audit QC 1: an idle gateway
+    /// said 503 "try again" to every one).
+    #[error("request body ({body} bytes) and the rewritten copy of it sent to upstream {upstream:?} ({copy} bytes) are together more than the gateway's request_body_memory ({limit} bytes), which both hold while the call is in flight; send a smaller body")]
+    BodyCopyTooLarge {
+        body: u64,
+        copy: u64,
+        limit: u64,
+        upstream: String,
+    },
     /// The answers held before their heads go out (documents rebuilt from streams, JSON
     /// documents read whole) fill `[server] response_body_memory`: this one is given up, its
     /// upstream call cancelled.
@@ -669,7 +680,7 @@ impl GatewayError {
         match self {
             Self::InvalidBudget { .. } => "invalid_budget",
             Self::NoRoute { .. } => "no_route",
-            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BodyTooLarge { .. } | Self::BodyCopyTooLarge { .. } => "body_too_large",
             Self::UnsupportedEncoding { .. } => "unsupported_encoding",
             Self::BadRequest { .. }
             | Self::AmbiguousRequest { .. }
@@ -727,7 +738,9 @@ impl GatewayError {
             Self::RunDeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             Self::RunStoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
-            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTooLarge { .. } | Self::BodyCopyTooLarge { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             Self::TooManyHeaders { .. } | Self::HeadTooLarge { .. } => {
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
             }
@@ -763,6 +776,7 @@ impl GatewayError {
             Self::InvalidBudget { .. }
             | Self::NoRoute { .. }
             | Self::BodyTooLarge { .. }
+            | Self::BodyCopyTooLarge { .. }
             | Self::UnsupportedEncoding { .. }
             | Self::BadRequest { .. }
             | Self::ClientClosed
@@ -962,6 +976,7 @@ impl GatewayError {
             // (An unsupported coding's body is never read: the answer also closes, as every
             // answer made before the body was read does, `gateway::body::error_answer`.)
             | Self::LoopDetected { .. }
+            | Self::BodyCopyTooLarge { .. }
             | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }
             | Self::InsufficientBudget { whole: true, .. }

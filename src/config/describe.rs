@@ -206,6 +206,23 @@ impl Config {
                 }
             }
         }
+        // An attempt that rewrites the body sends a copy, which holds its own share of the
+        // memory beside the body's: a body over half of it is then refused whatever else is in
+        // flight (413, audit QC 1). Warned of rather than refused: such a config served
+        // smaller bodies before, and still does.
+        let memory = self.server.request_body_memory;
+        for r in &self.routes {
+            let largest = r.max_request_body.unwrap_or(self.server.max_request_body);
+            let rewrites =
+                r.stream_upstream || r.chain().any(|u| u.model.is_some() || u.include_usage);
+            if rewrites && memory < largest.saturating_mul(2) {
+                out.push(format!(
+                    "route {:?}: request_body_memory ({memory}) is less than twice its max_request_body ({largest}), and its attempts may rewrite the body (an upstream's model or include_usage, stream_upstream), whose copy holds its own share: a body over about {} bytes will be refused (413)",
+                    r.name,
+                    memory / 2
+                ));
+            }
+        }
         for (i, later) in self.routes.iter().enumerate() {
             if let Some(earlier) = self.routes[..i].iter().find(|e| shadows(e, later)) {
                 out.push(format!(

@@ -113,6 +113,22 @@ impl Template {
         // holds itself. Uncounted, bodies on a route with `model =` or `stream_upstream` took
         // twice `request_body_memory` (audit QA 2).
         if copied {
+            // Taken beside the template's own share: where the two are more than the whole
+            // memory, no moment would ever have room, and a 503 "try again" would be
+            // answered to every retry (audit QC 1). Refused for good instead.
+            let (held, copy, limit) = (
+                self.body.len() as u64,
+                body.len() as u64,
+                self.bodies.limit(),
+            );
+            if held.saturating_add(copy) > limit {
+                return Err(GatewayError::BodyCopyTooLarge {
+                    body: held,
+                    copy,
+                    limit,
+                    upstream: upstream.config.name.clone(),
+                });
+            }
             let mut hold = self.bodies.hold();
             hold.cover(body.len() as u64)?;
             body = hold.keep_with(body);

@@ -285,12 +285,12 @@ retries = 2
     got.recv().await.unwrap();
 
     // The second does not fit beside it: refused, and never forwarded.
-    let (status, retry_after, text) = tokio::select! {
+    let (status, headers, text) = tokio::select! {
         second = send(gw.addr) => second,
         _ = got.recv() => panic!("a second body went upstream while the first was in flight"),
     };
     assert_eq!(status, 503, "{text}");
-    assert_eq!(retry_after.unwrap(), "1");
+    assert_eq!(headers["retry-after"], "1");
     assert!(text.contains("\"code\":\"overloaded\""), "{text}");
     assert!(text.contains("request_body_memory (4096 bytes)"), "{text}");
 
@@ -367,15 +367,84 @@ upstream = "stalled"
     let first = tokio::spawn(send(gw.addr));
     got.recv().await.unwrap();
 
-    let (status, retry_after, text) = tokio::select! {
+    let (status, headers, text) = tokio::select! {
         second = send(gw.addr) => second,
         _ = got.recv() => panic!("a second body went upstream beside the first and its copy"),
     };
     assert_eq!(status, 503, "{text}");
-    assert_eq!(retry_after.unwrap(), "1");
+    assert_eq!(headers["retry-after"], "1");
     assert!(text.contains("\"code\":\"overloaded\""), "{text}");
     assert!(text.contains("request_body_memory"), "{text}");
     first.abort();
+}
+
+/// Audit QC 1: on a route whose attempts rewrite the body (an upstream's `model`), the body
+/// and its copy each hold their share of `request_body_memory`. A body larger than half of it
+/// could never be admitted, not even by an idle gateway: it was answered 503 `overloaded`,
+/// "try again", `Retry-After: 1`, again and again. Now it is refused for good (413, naming
+/// `request_body_memory` and the copy, `x-should-retry: false`), and never forwarded; a body
+/// whose copy fits beside it is still served.
+#[tokio::test]
+async fn a_body_whose_copy_could_never_fit_is_refused_for_good() {
+    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel();
+    let (_release, released) = tokio::sync::watch::channel(true);
+    let up = holding_upstream(got_tx, released).await;
+    const MEMORY: usize = 8192;
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_request_body = {MEMORY}
+request_body_memory = {MEMORY}
+
+[defaults]
+budget = "20s"
+first_token_timeout = "10s"
+
+[upstreams.rewrites]
+url = "http://{up}"
+auth = "none"
+model = "rewritten"
+
+[[routes]]
+name = "chat"
+path_prefix = "/"
+upstream = "rewrites"
+"#
+    );
+    let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
+        .await
+        .unwrap();
+    let send = |addr: SocketAddr, size: usize| {
+        let mut body = br#"{"model":"m","messages":[{"role":"user","content":""#.to_vec();
+        body.resize(size, b'a');
+        body.extend_from_slice(br#""}]}"#);
+        posted(
+            addr,
+            "/v1/chat/completions",
+            "application/json",
+            body.into(),
+        )
+    };
+    // Nothing else in flight, twice: the same answer, which says not to retry.
+    for _ in 0..2 {
+        let (status, headers, text) = send(gw.addr, MEMORY * 6 / 10).await;
+        assert_eq!(status, 413, "{text}");
+        assert_eq!(headers["x-should-retry"], "false", "{text}");
+        assert!(!headers.contains_key("retry-after"), "{text}");
+        assert!(text.contains("\"code\":\"body_too_large\""), "{text}");
+        assert!(
+            text.contains(&format!("request_body_memory ({MEMORY} bytes)")),
+            "{text}"
+        );
+        assert!(text.contains("copy"), "{text}");
+        assert!(got.try_recv().is_err(), "the body went upstream");
+    }
+    // One whose copy fits beside it goes upstream.
+    let (status, _, text) = send(gw.addr, MEMORY * 4 / 10).await;
+    assert_eq!(status, 200, "{text}");
+    got.recv().await.unwrap();
 }
 
 /// Audit PC 3 (a): `max_request_body` per route. Files and audio uploads (512 MB, 25 MB at
@@ -468,24 +537,20 @@ upstream = "up"
     assert_eq!(status, 200, "{text}");
 }
 
-/// POSTs `body` to `path` on a connection of its own: the status, `Retry-After` and body.
+/// POSTs `body` to `path` on a connection of its own: the status, the headers and the body.
 async fn posted(
     addr: SocketAddr,
     path: &'static str,
     content_type: &'static str,
     body: Bytes,
-) -> (u16, Option<http::HeaderValue>, String) {
+) -> (u16, http::HeaderMap, String) {
     let req = Request::post(path)
         .header("host", "gateway")
         .header("content-type", content_type)
         .body(Full::new(body))
         .unwrap();
     let (resp, _c) = Conn::open(addr).await.send(req).await;
-    let retry_after = resp.headers().get("retry-after").cloned();
+    let headers = resp.headers().clone();
     let status = resp.status().as_u16();
-    (
-        status,
-        retry_after,
-        read_body(resp.into_body()).await.text(),
-    )
+    (status, headers, read_body(resp.into_body()).await.text())
 }

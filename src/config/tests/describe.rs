@@ -229,3 +229,47 @@ fn describe_shows_an_ejection_policy_other_than_the_default() {
     let d = with("eject_after = 0");
     assert!(d.contains(", never ejected,"), "{d}");
 }
+
+/// Audit QC 1: on a route whose attempts may rewrite the body, the body and its copy each
+/// hold their share of `request_body_memory`, so a body over half of it is refused (413)
+/// even by an idle gateway. `check` says so where the memory is less than twice the route's
+/// largest body; a route that never rewrites, or a memory twice as large, is not warned of.
+#[test]
+fn a_rewriting_route_whose_body_and_copy_exceed_the_memory_is_a_warning() {
+    let set = |_: &str| Some(OsString::from("sk-test"));
+    let warnings = |memory: u64, route_keys: &str| {
+        let text = format!(
+            "[server]\nmax_request_body = 2097152\nrequest_body_memory = {memory}\n{BASE}{route_keys}\n"
+        );
+        load(&text)
+            .warnings_with(&set)
+            .into_iter()
+            .filter(|w| w.contains("request_body_memory"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        warnings(2097152, "stream_upstream = true"),
+        ["route \"chat\": request_body_memory (2097152) is less than twice its max_request_body (2097152), and its attempts may rewrite the body (an upstream's model or include_usage, stream_upstream), whose copy holds its own share: a body over about 1048576 bytes will be refused (413)"]
+    );
+    // The route's own limit is the one that counts.
+    assert_eq!(
+        warnings(
+            4194304,
+            "stream_upstream = true\nmax_request_body = 3000000"
+        )
+        .len(),
+        1
+    );
+    assert!(warnings(4194304, "stream_upstream = true").is_empty());
+    assert!(warnings(2097152, "").is_empty());
+    let model = BASE.replace(
+        "url = \"https://api.openai.com\"",
+        "url = \"https://api.openai.com\"\nmodel = \"gpt-4o-mini\"",
+    );
+    let text =
+        format!("[server]\nmax_request_body = 2097152\nrequest_body_memory = 2097152\n{model}");
+    assert!(load(&text)
+        .warnings_with(&set)
+        .iter()
+        .any(|w| w.starts_with("route \"chat\": request_body_memory (2097152)")));
+}
