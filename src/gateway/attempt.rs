@@ -438,6 +438,7 @@ impl<'a> Attempt<'a> {
         } else if !connected {
             GatewayError::ConnectTimeout {
                 upstream,
+                proxy: self.upstream.proxy_shown().map(str::to_owned),
                 // Cut short to leave a fallback room, the wait was less than the limit.
                 after: self
                     .budget
@@ -708,6 +709,7 @@ fn classify(
     } else if let Some(after) = timed_out {
         GatewayError::ConnectTimeout {
             upstream: name,
+            proxy: upstream.proxy_shown().map(str::to_owned),
             // Timed out on a connection the request went out on: the HTTP/2 server never
             // sent its SETTINGS (`upstream::io`), in the bound the connector gives them.
             after: if sent { upstream.connect_bound } else { after },
