@@ -118,6 +118,11 @@ async fn a_proxy_refusing_connect_is_a_502_that_names_it() {
     assert!(!message.contains("secret"), "{message}");
     assert!(!message.contains("dns error"), "{message}");
     assert_eq!(proxy.heads().len(), 1);
+    // Audit QC 6: `/upstreams` shows the upstream's proxy, masked.
+    let view: serde_json::Value =
+        serde_json::from_str(&admin_get(gw.admin_addr, "/upstreams").await).unwrap();
+    assert_eq!(view["upstreams"][0]["proxy"], shown.as_str(), "{view}");
+    assert!(!view.to_string().contains("secret"), "{view}");
     assert_eq!(
         metric(
             gw.admin_addr,
@@ -144,6 +149,12 @@ async fn a_proxy_that_never_answers_connect_is_a_connect_timeout() {
     assert_eq!(resp.status(), 504);
     let v = json_body(resp).await;
     assert_eq!(v["error"]["code"], "connect_timeout", "{v}");
+    // Audit QC 6: the proxy is named, not taken for the upstream.
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("egress proxy http://{}", proxy.addr)),
+        "{message}"
+    );
     assert_eq!(proxy.heads().len(), 1);
 }
 
