@@ -230,3 +230,19 @@ async fn no_proxy_proxy_none_and_loopback_go_direct() {
     assert_eq!(status, 200);
     assert_eq!(heads, Vec::<String>::new());
 }
+
+/// Audit QC 6: a proxy that grants the tunnel and then closes it (here: the upstream behind
+/// it refuses) fails the TLS handshake inside the tunnel; the message names the proxy.
+#[tokio::test]
+async fn a_tunnel_closed_after_200_names_the_proxy() {
+    let proxy = connect_proxy("HTTP/1.1 200 Connection established").await;
+    let keys = format!("proxy = \"http://{}\"\n", proxy.addr);
+    let gw = server::start(config_with("https://localhost:9", None, &keys))
+        .await
+        .unwrap();
+    let (_, message) = unavailable(gw.addr).await;
+    assert!(
+        message.contains(&format!("through the egress proxy http://{}", proxy.addr)),
+        "{message}"
+    );
+}
