@@ -221,10 +221,13 @@ pub enum GatewayError {
         /// which ends before its budget does.
         patience: bool,
     },
-    #[error("connect timeout: upstream {upstream:?} {}", connect_wait(*.after, *.sent))]
+    #[error("connect timeout: upstream {upstream:?} {}", connect_wait(*.after, *.sent, .proxy.as_deref()))]
     ConnectTimeout {
         upstream: String,
         after: Duration,
+        /// The egress proxy its connections go through (password masked), if any: a slow
+        /// proxy or tunnel is then named, not taken for the upstream (audit QC 6).
+        proxy: Option<String>,
         /// The request had gone out on the connection: HTTP/2 sends it before the server's
         /// SETTINGS come, and a server that never sent them may still have processed it.
         sent: bool,
@@ -556,10 +559,16 @@ pub fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// What a connect timeout waited for.
-fn connect_wait(after: Duration, sent: bool) -> String {
+fn connect_wait(after: Duration, sent: bool, proxy: Option<&str>) -> String {
     if sent {
         format!(
             "sent no HTTP/2 SETTINGS within {} of connecting (the request had been sent on the connection)",
+            ms(after)
+        )
+    } else if let Some(proxy) = proxy {
+        format!(
+            "not connected (through the egress proxy {proxy}: TCP to it, its CONNECT tunnel, \
+             and TLS) within {}",
             ms(after)
         )
     } else {

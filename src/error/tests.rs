@@ -121,9 +121,20 @@ fn every_limit_is_named_in_words_in_its_message() {
             GatewayError::ConnectTimeout {
                 upstream: upstream(),
                 after,
+                proxy: None,
                 sent: false,
             },
             "connect timeout: upstream \"fake\" not connected (name lookup, TCP and TLS) within 1000ms",
+        ),
+        (
+            // Audit QC 6: through a proxy, the proxy is named.
+            GatewayError::ConnectTimeout {
+                upstream: upstream(),
+                after,
+                proxy: Some("http://u:***@proxy.corp:3128".to_owned()),
+                sent: false,
+            },
+            "connect timeout: upstream \"fake\" not connected (through the egress proxy http://u:***@proxy.corp:3128: TCP to it, its CONNECT tunnel, and TLS) within 1000ms",
         ),
         (
             GatewayError::FirstTokenTimeout {

@@ -438,6 +438,7 @@ impl<'a> Attempt<'a> {
         } else if !connected {
             GatewayError::ConnectTimeout {
                 upstream,
+                proxy: self.upstream.proxy_shown().map(str::to_owned),
                 // Cut short to leave a fallback room, the wait was less than the limit.
                 after: self
                     .budget
@@ -708,6 +709,7 @@ fn classify(
     } else if let Some(after) = timed_out {
         GatewayError::ConnectTimeout {
             upstream: name,
+            proxy: upstream.proxy_shown().map(str::to_owned),
             // Timed out on a connection the request went out on: the HTTP/2 server never
             // sent its SETTINGS (`upstream::io`), in the bound the connector gives them.
             after: if sent { upstream.connect_bound } else { after },
@@ -823,8 +825,19 @@ fn connect_failure(
 
 /// A connect error's reason with what it was connecting to: hyper-util's says neither the
 /// name that did not resolve nor where the connect was refused (audit GG 4).
+///
+/// Behind an egress proxy the proxy is named too: a tunnel it granted and then closed
+/// fails inside it (a reset, a TLS handshake's EOF), and is no fault of the upstream's
+/// that the message could show (audit QC 6).
 fn connecting(upstream: &Upstream, reason: &str) -> String {
-    format!("connecting to {}: {reason}", upstream.target())
+    match upstream.proxy_shown() {
+        // (Not twice where the proxy's own error already names it.)
+        Some(proxy) if !reason.contains(proxy) => format!(
+            "connecting to {} through the egress proxy {proxy}: {reason}",
+            upstream.target()
+        ),
+        _ => format!("connecting to {}: {reason}", upstream.target()),
+    }
 }
 
 /// A connect that failed for want of the gateway's own descriptors or memory (a socket it

@@ -168,11 +168,22 @@ impl Gateway {
                 None => Arc::new(Upstream::new(up.clone(), connect)?),
             });
         }
-        if previous.is_none() {
-            for u in &upstreams {
+        for u in &upstreams {
+            if previous.is_none() {
                 metrics.set_ejected(&u.name, false);
-                // Said at start: an operator behind a proxy sees which upstreams take it.
-                if let Some(proxy) = u.proxy_shown() {
+            }
+            // Said at start, and at a reload that adds a proxied upstream or changes its
+            // proxy (audit QC 6): an operator behind a proxy sees which upstreams take it.
+            let before = previous.map(|g| {
+                g.routes
+                    .iter()
+                    .flat_map(|r| r.chain.iter())
+                    .map(|e| &e.upstream)
+                    .find(|p| p.name == u.name)
+                    .and_then(|p| p.proxy_shown().map(str::to_owned))
+            });
+            if let Some(proxy) = u.proxy_shown() {
+                if before.is_none_or(|b| b.as_deref() != Some(proxy)) {
                     tracing::info!(upstream = %u.name, %proxy, "upstream connects through an egress proxy (HTTP CONNECT)");
                 }
             }
@@ -357,5 +368,51 @@ impl Gateway {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::Gateway;
+    use crate::stream::signal::Signal;
+    use crate::telemetry::json::tests::Captured;
+
+    fn config(proxy: &str) -> Arc<crate::config::Config> {
+        let text = format!(
+            "[upstreams.a]\nurl = \"http://api.example:9\"\nauth = \"none\"\n{proxy}\n\
+             [[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"a\"\n"
+        );
+        Arc::new(crate::config::Config::from_toml(&text, "t.toml").unwrap())
+    }
+
+    /// Audit QC 6: a reload that gives an upstream a proxy, or another one, logs the line
+    /// start-up logs; one that leaves it as it was does not.
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_that_adds_or_changes_a_proxy_logs_it() {
+        let metrics = Arc::new(super::Metrics::new());
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let direct = Gateway::new(config(""), &metrics, None, Signal::new()).unwrap();
+            let one = "proxy = \"http://u:pw@proxy.one:3128\"";
+            let first = Gateway::new(config(one), &metrics, Some(&direct), Signal::new()).unwrap();
+            let same = Gateway::new(config(one), &metrics, Some(&first), Signal::new()).unwrap();
+            let two = "proxy = \"http://proxy.two:3128\"";
+            Gateway::new(config(two), &metrics, Some(&same), Signal::new()).unwrap();
+        });
+        let logged = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = logged
+            .lines()
+            .filter(|l| l.contains("egress proxy"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{logged}");
+        assert!(lines[0].contains("http://u:***@proxy.one:3128"), "{logged}");
+        assert!(lines[1].contains("http://proxy.two:3128"), "{logged}");
+        assert!(!logged.contains("pw@"), "{logged}");
     }
 }

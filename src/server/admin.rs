@@ -364,6 +364,9 @@ fn upstreams(gateway: &Gateway) -> serde_json::Value {
             serde_json::json!({
                 "name": &*u.name,
                 "url": redacted_url(&u.config.url_text()),
+                // The egress proxy its connections go through (password masked), or null:
+                // a proxy's failures count against the upstream (audit QC 6).
+                "proxy": u.proxy_shown(),
                 "routes": routes,
                 "in_flight": in_flight.get(),
                 "in_rotation": health.in_rotation,

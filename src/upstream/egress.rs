@@ -134,15 +134,62 @@ async fn tunnel(
         })?;
         got.push(b);
     }
-    // "HTTP/1.x NNN reason"
-    let status = got
-        .strip_prefix(b"HTTP/1.")
-        .and_then(|rest| rest.get(2..5))
-        .and_then(|code| http::StatusCode::from_bytes(code).ok())
-        .ok_or(Tunnel::Bad("its answer to CONNECT is not HTTP/1.x"))?;
+    let status =
+        connect_status(&got).ok_or(Tunnel::Bad("its answer to CONNECT is not HTTP/1.x"))?;
     if status.is_success() {
         Ok(())
     } else {
         Err(Tunnel::Refused(status))
+    }
+}
+
+/// The status of a proxy's answer to CONNECT: `HTTP/1.0` or `HTTP/1.1`, SP, three digits,
+/// then SP (a reason) or the line's end (RFC 9112 4). Read strictly: a line that only
+/// starts like one (`HTTP/1.1 2000 OK`) is not a 200, and the tunnel fails naming the proxy.
+fn connect_status(head: &[u8]) -> Option<http::StatusCode> {
+    let rest = head
+        .strip_prefix(b"HTTP/1.1 ")
+        .or_else(|| head.strip_prefix(b"HTTP/1.0 "))?;
+    let (code, after) = rest.split_at_checked(3)?;
+    if !code.iter().all(u8::is_ascii_digit)
+        || !(after.starts_with(b" ") || after.starts_with(b"\r\n"))
+    {
+        return None;
+    }
+    http::StatusCode::from_bytes(code).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connect_status;
+
+    /// Audit QC 5: the status line is `HTTP/1.x SP 3DIGIT SP reason CRLF` (RFC 9112 4);
+    /// `HTTP/1.1 2000 OK` is not a 200.
+    #[test]
+    fn a_connect_status_line_is_read_strictly() {
+        for (head, status) in [
+            (
+                &b"HTTP/1.1 200 Connection established\r\n\r\n"[..],
+                Some(200),
+            ),
+            (b"HTTP/1.0 200 OK\r\n\r\n", Some(200)),
+            (b"HTTP/1.1 200\r\n\r\n", Some(200)),
+            (
+                b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n",
+                Some(407),
+            ),
+            (b"HTTP/1.1 2000 OK\r\n\r\n", None),
+            (b"HTTP/1.1 200OK\r\n\r\n", None),
+            (b"HTTP/1.9 200 OK\r\n\r\n", None),
+            (b"HTTP/1.1  200 OK\r\n\r\n", None),
+            (b"HTTP/1.1 20 OK\r\n\r\n", None),
+        ] {
+            assert_eq!(
+                connect_status(head).map(|s| s.as_u16()),
+                status,
+                "{:?}",
+                String::from_utf8_lossy(head)
+            );
+        }
     }
 }

@@ -81,6 +81,7 @@ async fn what_counts_against_an_upstreams_health() {
     let v = |e: GatewayError| verdict(&Err(e), &budget);
     let connect = |after, sent| GatewayError::ConnectTimeout {
         upstream: up(),
+        proxy: None,
         after,
         sent,
     };
@@ -146,11 +147,13 @@ async fn a_fallbacks_room_is_kept_only_by_the_cut_wait_that_ended_the_attempt() 
     };
     let connect = GatewayError::ConnectTimeout {
         upstream: "a".into(),
+        proxy: None,
         after: ms(500),
         sent: false,
     };
     let silent = GatewayError::ConnectTimeout {
         upstream: "a".into(),
+        proxy: None,
         after: ms(500),
         sent: true,
     };

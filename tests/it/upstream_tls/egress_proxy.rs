@@ -118,6 +118,11 @@ async fn a_proxy_refusing_connect_is_a_502_that_names_it() {
     assert!(!message.contains("secret"), "{message}");
     assert!(!message.contains("dns error"), "{message}");
     assert_eq!(proxy.heads().len(), 1);
+    // Audit QC 6: `/upstreams` shows the upstream's proxy, masked.
+    let view: serde_json::Value =
+        serde_json::from_str(&admin_get(gw.admin_addr, "/upstreams").await).unwrap();
+    assert_eq!(view["upstreams"][0]["proxy"], shown.as_str(), "{view}");
+    assert!(!view.to_string().contains("secret"), "{view}");
     assert_eq!(
         metric(
             gw.admin_addr,
@@ -144,6 +149,12 @@ async fn a_proxy_that_never_answers_connect_is_a_connect_timeout() {
     assert_eq!(resp.status(), 504);
     let v = json_body(resp).await;
     assert_eq!(v["error"]["code"], "connect_timeout", "{v}");
+    // Audit QC 6: the proxy is named, not taken for the upstream.
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("egress proxy http://{}", proxy.addr)),
+        "{message}"
+    );
     assert_eq!(proxy.heads().len(), 1);
 }
 
@@ -218,4 +229,20 @@ async fn no_proxy_proxy_none_and_loopback_go_direct() {
     let (status, heads, _) = through_env(&[("ALL_PROXY", "{PROXY}")], "127.0.0.1", "").await;
     assert_eq!(status, 200);
     assert_eq!(heads, Vec::<String>::new());
+}
+
+/// Audit QC 6: a proxy that grants the tunnel and then closes it (here: the upstream behind
+/// it refuses) fails the TLS handshake inside the tunnel; the message names the proxy.
+#[tokio::test]
+async fn a_tunnel_closed_after_200_names_the_proxy() {
+    let proxy = connect_proxy("HTTP/1.1 200 Connection established").await;
+    let keys = format!("proxy = \"http://{}\"\n", proxy.addr);
+    let gw = server::start(config_with("https://localhost:9", None, &keys))
+        .await
+        .unwrap();
+    let (_, message) = unavailable(gw.addr).await;
+    assert!(
+        message.contains(&format!("through the egress proxy http://{}", proxy.addr)),
+        "{message}"
+    );
 }
