@@ -1,7 +1,7 @@
 //! A Redis that answers with an error reply (out of memory, a read-only replica, a failed
 //! save, an ACL that refuses the script), and the cancel tombstones a paused one leaves.
 
-use super::{call, config, redis_and_fake, send};
+use super::{call, config, redis_and_fake, run_state, send};
 use crate::support::Process;
 
 /// Redis's `INFO commandstats` line for `cmd` (`cmdstat_evalsha:calls=...`), or "".
@@ -37,6 +37,11 @@ async fn an_admission_redis_refused_sends_no_cancel_and_holds_no_shutdown() {
         // The scripts loaded first, while Redis still has room.
         let (status, _, body) = send(&p, call(false, &[("x-run-id", "roomy")], 0)).await;
         assert_eq!(status, 200, "{body}");
+        // Its end lands in Redis a moment after the answer: waited for, so that it is not
+        // refused under the OOM below (on a loaded machine it landed after the reset, its
+        // first write past the HDEL refused: six failed calls counted, not five).
+        let run = run_state(&p, "roomy", |u| u["in_flight"] == 0).await;
+        assert_eq!(run["runs"][0]["used"]["in_flight"], 0, "{run}");
         let _: () = redis::cmd("CONFIG")
             .arg("SET")
             .arg("maxmemory")
@@ -62,8 +67,7 @@ async fn an_admission_redis_refused_sends_no_cancel_and_holds_no_shutdown() {
         // A cancel would be sent at once, and again 100 ms later.
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let stat = commandstat(&mut conn, "evalsha").await;
-        // The five admissions refused, and nothing more (the end of the first call may
-        // land after the reset, and succeeds: its first write is an HDEL).
+        // The five admissions refused, and nothing more.
         assert!(stat.ends_with(",failed_calls=5"), "{on_error}: {stat}");
         let (out, err) = p.stop().await;
         let text = out + &err;
