@@ -48,12 +48,7 @@ async fn an_overload_sent_as_an_error_event_before_any_output_falls_back() {
             true,
         ),
     ] {
-        let head = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
-             connection: close\r\n\r\n{event}",
-            event.len()
-        );
-        let up = raw_upstream(vec![(Duration::ZERO, head.into_bytes())]).await;
+        let up = event_stream(&event).await;
         let p = pair_with(
             "fallbacks = [\"backup\"]",
             "",
@@ -95,12 +90,7 @@ async fn a_response_failed_before_any_output_falls_back() {
         "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"status\":\"in_progress\",\"output\":[],\"error\":null}}\n\n",
         "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"r\",\"status\":\"failed\",\"output\":[],\"error\":{\"code\":\"server_error\",\"message\":\"The model failed\"}}}\n\n",
     );
-    let head = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n{stream}",
-        stream.len()
-    );
-    let up = raw_upstream(vec![(Duration::ZERO, head.into_bytes())]).await;
+    let up = event_stream(stream).await;
     let backup = FakeUpstream::start("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -180,12 +170,7 @@ async fn a_failed_response_is_answered_as_its_code_says() {
             "event: response.created\ndata: {{\"type\":\"response.created\",\"response\":{{\"id\":\"r\",\"status\":\"in_progress\",\"output\":[],\"error\":null}}}}\n\n\
              event: response.failed\ndata: {{\"type\":\"response.failed\",\"response\":{{\"id\":\"r\",\"status\":\"failed\",\"output\":[],\"error\":{error}}}}}\n\n"
         );
-        let head = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
-             connection: close\r\n\r\n{stream}",
-            stream.len()
-        );
-        let up = raw_upstream(vec![(Duration::ZERO, head.into_bytes())]).await;
+        let up = event_stream(&stream).await;
         let text = config(
             &format!("http://{up}"),
             &backup.url(),
@@ -213,12 +198,7 @@ async fn a_failed_response_is_answered_as_its_code_says() {
         "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"status\":\"in_progress\",\"output\":[],\"error\":null}}\n\n",
         "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"r\",\"status\":\"failed\",\"output\":[],\"error\":null}}\n\n",
     );
-    let head = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n{stream}",
-        stream.len()
-    );
-    let up = raw_upstream(vec![(Duration::ZERO, head.into_bytes())]).await;
+    let up = event_stream(stream).await;
     let text = config(
         &format!("http://{up}"),
         &backup.url(),
@@ -236,4 +216,15 @@ async fn a_failed_response_is_answered_as_its_code_says() {
     assert!(text.contains("response.completed"), "{text}");
     assert!(!text.contains("response.failed"), "{text}");
     assert_eq!(backup.requests().len(), 1);
+}
+
+/// An upstream that answers one request with `stream` as a whole `text/event-stream` body
+/// and closes.
+async fn event_stream(stream: &str) -> std::net::SocketAddr {
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{stream}",
+        stream.len()
+    );
+    raw_upstream(vec![(Duration::ZERO, head.into_bytes())]).await
 }
