@@ -184,6 +184,7 @@ fn limits() -> StreamLimits {
         upstream: Arc::from("bench"),
         run: None,
         run_tokens: None,
+        connection: None,
     }
 }
 

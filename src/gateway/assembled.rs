@@ -424,6 +424,7 @@ mod tests {
             upstream: "inner".into(),
             run: None,
             run_tokens: None,
+            connection: None,
         };
         let event = |e: &GatewayError| -> serde_json::Value {
             let text = String::from_utf8(e.sse_event(None).to_vec()).unwrap();

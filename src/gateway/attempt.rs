@@ -367,6 +367,14 @@ impl<'a> Attempt<'a> {
                 upstream: upstream.name.clone(),
                 run: budget.run.clone().map(Box::new),
                 run_tokens: None,
+                // A limit that cuts the stream asks whether its HTTP/2 connection went
+                // silent as a whole (audit RA 5).
+                connection: slot.watch(
+                    connection
+                        .connection_metadata()
+                        .as_ref()
+                        .is_some_and(|c| c.is_negotiated_h2()),
+                ),
             };
             let (mut parts, incoming) = response.into_parts();
             if let Some(reason) = answer_framing_fault(parts.status, &mut parts.headers) {
@@ -510,19 +518,22 @@ async fn hold_until_first_token(
             f = body.inner.frame() => f,
             () = &mut timer => {
                 let now = Instant::now();
+                let recheck = recheck_at(timer.deadline(), now).filter(|_| !rechecked);
+                if let (Some(at), true) = (recheck, now < limits.deadline) {
+                    // The gateway stalled past the limit: a token that came meanwhile waits
+                    // for its connection's task, which gets a turn first.
+                    rechecked = true;
+                    timer.as_mut().reset(at.min(limits.deadline));
+                    continue;
+                }
+                // As the watchdog does for a stream it cuts (audit RA 5).
+                if let Some(connection) = &limits.connection {
+                    connection.retire_if_silent(limits.idle_timeout);
+                }
                 if now >= limits.deadline {
                     return Err(limits.deadline_error());
                 }
-                match recheck_at(timer.deadline(), now) {
-                    // The gateway stalled past the limit: a token that came meanwhile waits
-                    // for its connection's task, which gets a turn first.
-                    Some(at) if !rechecked => {
-                        rechecked = true;
-                        timer.as_mut().reset(at.min(limits.deadline));
-                        continue;
-                    }
-                    _ => return Err(limits.first_token_error()),
-                }
+                return Err(limits.first_token_error());
             }
         };
         match frame {

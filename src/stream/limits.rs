@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::budget::{deadline_error, RunBound};
 use crate::error::GatewayError;
 use crate::runs::state::RunLive;
+use crate::upstream::ConnectionWatch;
 
 /// The limits of one stream, as absolute instants fixed before the head arrived.
 #[derive(Debug, Clone)]
@@ -42,6 +43,10 @@ pub struct StreamLimits {
     pub run: Option<Box<RunBound>>,
     /// The most tokens this answer may use before its run passes `run_max_tokens`.
     pub run_tokens: Option<Box<RunTokens>>,
+    /// The stream's HTTP/2 connection, retired when a limit cuts the stream and the whole
+    /// connection was silent for `idle_timeout` (`upstream::ConnectionWatch`); `None` over
+    /// HTTP/1.1, where a cut closes the connection anyway.
+    pub connection: Option<ConnectionWatch>,
 }
 
 /// The token limit an answer streams under: its run's.

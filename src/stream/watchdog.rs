@@ -719,6 +719,13 @@ where
                             continue;
                         }
                     }
+                    // Whichever limit it is, the stream was silent: its HTTP/2 connection
+                    // takes no new streams if it read nothing at all, from any stream, for
+                    // the route's idle limit (audit RA 5). Asked before the body (and its
+                    // place on the connection) is dropped below.
+                    if let Some(connection) = &limits.connection {
+                        connection.retire_if_silent(limits.idle_timeout);
+                    }
                     let upstream = limits.upstream.to_string();
                     // The limit that ran out: the client's silence, when it was first.
                     let client_first = match limits.client_silence {

@@ -15,7 +15,7 @@ use hyper_util::client::legacy::connect::Connection;
 use crate::config::Http2Mode;
 use crate::error::BoxError;
 use crate::upstream::egress::EgressConnector;
-use crate::upstream::io::UpstreamIo;
+use crate::upstream::io::{LastRead, UpstreamIo};
 use crate::upstream::tls::refused_h2;
 
 /// What every upstream client connects through: TCP (through its egress proxy's CONNECT
@@ -65,6 +65,8 @@ pub struct TimeoutConnector<C> {
     /// new lane starts, so that a burst that opens it does not queue past the provider's
     /// limit before its own connection's SETTINGS arrive.
     pub(super) peer_streams_seen: Arc<AtomicUsize>,
+    /// When the lane's HTTP/2 connection last read (`io.rs`).
+    pub(super) last_read: Arc<LastRead>,
 }
 
 const ALPN_UNKNOWN: u8 = 0;
@@ -99,14 +101,16 @@ impl<C: Clone> TimeoutConnector<C> {
             chose: Arc::new(AtomicU8::new(ALPN_UNKNOWN)),
             peer_streams: Arc::new(AtomicUsize::new(usize::MAX)),
             peer_streams_seen: Arc::new(AtomicUsize::new(usize::MAX)),
+            last_read: Arc::new(LastRead::new()),
         }
     }
 
-    /// The connector of a new lane: turns and a stream limit of its own, what ALPN chose
-    /// shared.
+    /// The connector of a new lane: turns, a stream limit and reads of its own, what ALPN
+    /// chose shared.
     pub(super) fn for_lane(&self) -> Self {
         Self {
             turns: Arc::default(),
+            last_read: Arc::new(LastRead::new()),
             peer_streams: Arc::new(AtomicUsize::new(
                 self.peer_streams_seen.load(Ordering::Acquire),
             )),
@@ -141,6 +145,7 @@ where
             Arc::clone(&self.peer_streams),
             Arc::clone(&self.peer_streams_seen),
         ];
+        let last_read = Arc::clone(&self.last_read);
         // Called once this connect has its turn: the inner connector's future may start
         // its work when made.
         let mut inner = self.inner.clone();
@@ -207,7 +212,11 @@ where
                 // A bound of its own from the connection being made: a connect that took
                 // most of its bound must not leave the server no time to answer the
                 // preface (one more round trip over h2c or TLS 1.2).
-                io.expect_first_frame_by(tokio::time::Instant::now() + timeout, peer_streams);
+                io.expect_first_frame_by(
+                    tokio::time::Instant::now() + timeout,
+                    peer_streams,
+                    last_read,
+                );
             }
             Ok(io)
         })

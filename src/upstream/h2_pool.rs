@@ -28,6 +28,18 @@
 //! the connections still draining). A slow but healthy connection costs one new connection a
 //! first-token timeout at most.
 //!
+//! A stream that got its head and then fell silent is watched by its body's limits instead
+//! ([`ConnectionWatch`]): when a limit cuts it (idle, first token, deadline), its connection
+//! is retired if it read nothing at all, from any stream, for the route's whole idle limit
+//! (audit RA 5: a stream cut by `idle_timeout` left its silent connection in service, and
+//! the next request waited out its first-token limit there). A connection whose other
+//! streams still get frames, or whose provider sends this stream keep-alives while it is
+//! slow, stays; so does one whose provider answered hyper's keep-alive PING (sent after 30 s
+//! without a frame) within an idle limit longer than that. A provider silent on its only
+//! stream for a shorter idle limit cannot be told from a dead peer: its connection goes, for
+//! the price of a new one. The lane's HTTP/2 connection stamps each read (`io::LastRead`),
+//! so the question costs the streams nothing until a limit fires.
+//!
 //! An upstream that cannot speak HTTP/2 (`http2 = "never"`, or `auto` over plain http) has
 //! one lane with no limit: HTTP/1.1 pools a connection per request in flight anyway. Under
 //! `auto` over TLS the provider may still choose HTTP/1.1 by ALPN; lanes then only split the
@@ -35,11 +47,14 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use hyper_util::client::legacy::{Builder, Client, ResponseFuture};
+use tokio::time::Instant;
 
 use super::connect::Connector;
+use super::io::LastRead;
 use super::request_body::RequestBody;
 
 type HttpClient = Client<Connector, RequestBody>;
@@ -74,6 +89,8 @@ struct Lane {
     /// that, as another lane's did; `usize::MAX` until one did), where that is below
     /// `http2_max_streams_per_connection`.
     peer_streams: Arc<AtomicUsize>,
+    /// When its HTTP/2 connection last read anything.
+    last_read: Arc<LastRead>,
 }
 
 /// One stream's place on its lane, given back when dropped.
@@ -94,6 +111,44 @@ impl StreamSlot {
         if self.multiplexed && (negotiated_h2 || self.h2_only) {
             self.lane.retired.store(true, Ordering::Release);
         }
+    }
+
+    /// What the stream's answer body watches its connection with, once the head came: only
+    /// where streams share it (as [`StreamSlot::retire`]).
+    pub fn watch(&self, negotiated_h2: bool) -> Option<ConnectionWatch> {
+        (self.multiplexed && (negotiated_h2 || self.h2_only)).then(|| ConnectionWatch {
+            lane: Arc::clone(&self.lane),
+        })
+    }
+}
+
+/// The HTTP/2 connection an answer streams on, as its limits see it: when one of them cuts
+/// the stream, the connection takes no new streams if it was silent too (see the module's
+/// notes).
+#[derive(Clone)]
+pub struct ConnectionWatch {
+    lane: Arc<Lane>,
+}
+
+impl ConnectionWatch {
+    /// A limit cut the stream: the connection is retired if it has read nothing for
+    /// `silence` (the route's idle limit). Called before the stream's body (and slot) is
+    /// dropped, whose drop then lets go of the retired lane's connection if it was the last.
+    pub fn retire_if_silent(&self, silence: Duration) {
+        let Some(last) = self.lane.last_read.at() else {
+            return;
+        };
+        if Instant::now().saturating_duration_since(last) >= silence {
+            self.lane.retired.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl std::fmt::Debug for ConnectionWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionWatch")
+            .field("last_read", &self.lane.last_read.at())
+            .finish_non_exhaustive()
     }
 }
 
@@ -125,6 +180,7 @@ impl Lane {
         let connector = connector.for_lane();
         Arc::new(Lane {
             peer_streams: Arc::clone(&connector.peer_streams),
+            last_read: Arc::clone(&connector.last_read),
             client: ArcSwapOption::from_pointee(builder.build(connector)),
             streams: AtomicUsize::new(0),
             retired: AtomicBool::new(false),

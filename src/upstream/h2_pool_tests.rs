@@ -190,3 +190,40 @@ fn the_provider_s_lower_stream_limit_caps_every_lane() {
     assert_eq!(u.clients.counts(), [2, 2, 1]);
     drop(held);
 }
+
+/// Audit RA 5: a limit that cuts a stream retires its HTTP/2 connection only when the whole
+/// connection read nothing (`io::LastRead`) for the route's idle limit; a read of any stream
+/// within it keeps the connection. Over HTTP/1.1 nothing is watched.
+#[tokio::test(start_paused = true)]
+async fn a_cut_retires_a_connection_that_read_nothing_for_the_idle_limit() {
+    let idle = Duration::from_millis(300);
+    let u = upstream("http2 = \"always\"");
+    let held = slots(&u, 1);
+    let watch = held[0].watch(false).expect("an HTTP/2 stream is watched");
+    // No read yet says nothing (the head of a stream always comes by one).
+    watch.retire_if_silent(Duration::ZERO);
+    assert!(!held[0].lane.is_retired());
+    held[0].lane.last_read.stamp();
+    tokio::time::advance(idle - Duration::from_millis(1)).await;
+    watch.retire_if_silent(idle);
+    assert!(!held[0].lane.is_retired(), "it read within the idle limit");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    watch.retire_if_silent(idle);
+    assert!(held[0].lane.is_retired(), "silent for the whole idle limit");
+    // The next stream goes to a fresh lane, and the retired one goes with its last stream.
+    let retired = Arc::clone(&held[0].lane);
+    let fresh = slots(&u, 1);
+    assert!(!Arc::ptr_eq(&fresh[0].lane, &retired));
+    drop(held);
+    assert!(retired.client.load().is_none());
+
+    assert!(slots(&upstream(""), 1)[0].watch(true).is_none(), "HTTP/1.1");
+    // `auto` over TLS: watched when ALPN chose HTTP/2.
+    let toml = "[upstreams.u]\nurl = \"https://127.0.0.1:9\"\nauth = \"none\"\n\n\
+                [[routes]]\nname = \"r\"\npath_prefix = \"/\"\nupstream = \"u\"\n";
+    let config = Config::from_toml(toml, "test").expect("config");
+    let u = Upstream::new(config.upstreams[0].clone(), Duration::from_secs(1)).expect("upstream");
+    let held = slots(&u, 1);
+    assert!(held[0].watch(false).is_none(), "HTTP/1.1 by ALPN");
+    assert!(held[0].watch(true).is_some(), "HTTP/2 by ALPN");
+}

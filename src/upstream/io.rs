@@ -20,11 +20,14 @@
 //! to hyper and handed to the connection's lane (`h2_pool.rs`), which puts no more streams
 //! on the connection than that (audit Z2). Only the first SETTINGS frame is read: providers'
 //! front ends (nginx, haproxy, Envoy) announce their limit there and do not change it.
+//!
+//! Each read of an HTTP/2 connection is also stamped on its lane ([`LastRead`]): a limit
+//! that cuts a silent stream asks whether the whole connection was silent too (audit RA 5).
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -45,6 +48,44 @@ pub struct UpstreamIo {
     first_frame: Option<Box<FirstFrame>>,
     /// An HTTP/1.1 connection's: how its request's attempt says it gave up on it.
     abandon: Option<Abandon>,
+    /// An HTTP/2 connection's: where its reads are stamped.
+    last_read: Option<Arc<LastRead>>,
+}
+
+/// When a lane's HTTP/2 connection last read anything from its server (a frame of any
+/// stream, a PING's answer, a SETTINGS): what tells a connection gone silent (a dropped
+/// flow, a hung front end, a stopped relay) from one stream's slow provider
+/// (`h2_pool::ConnectionWatch`). One store per read by the connection's own task, and a
+/// clock read, next to the read's system call: nothing per chunk, no lock.
+pub(super) struct LastRead {
+    /// What the stamps count from.
+    epoch: Instant,
+    /// Nanoseconds from `epoch` to the last read, plus one; 0 until the first.
+    nanos: AtomicU64,
+}
+
+impl LastRead {
+    pub(super) fn new() -> LastRead {
+        LastRead {
+            epoch: Instant::now(),
+            nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// A read returned.
+    pub(super) fn stamp(&self) {
+        let since = Instant::now().saturating_duration_since(self.epoch);
+        let nanos = u64::try_from(since.as_nanos()).unwrap_or(u64::MAX - 1);
+        self.nanos.store(nanos + 1, Ordering::Relaxed);
+    }
+
+    /// When the last read was; `None` before the first (no HTTP/2 connection read yet).
+    pub(super) fn at(&self) -> Option<Instant> {
+        match self.nanos.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(self.epoch + std::time::Duration::from_nanos(n - 1)),
+        }
+    }
 }
 
 /// How an attempt that gave up on its request before the answer's head ends the HTTP/1.1
@@ -260,13 +301,16 @@ impl UpstreamIo {
         }
     }
 
-    /// Fails the connection's reads if the server has sent nothing by `deadline`, and puts
-    /// the stream limit its first SETTINGS frame announces in both `peer_streams`.
+    /// Fails the connection's reads if the server has sent nothing by `deadline`, puts
+    /// the stream limit its first SETTINGS frame announces in both `peer_streams`, and
+    /// stamps every read on `last_read`.
     pub(super) fn expect_first_frame_by(
         &mut self,
         deadline: Instant,
         peer_streams: [Arc<AtomicUsize>; 2],
+        last_read: Arc<LastRead>,
     ) {
+        self.last_read = Some(last_read);
         self.first_frame = Some(Box::new(FirstFrame {
             deadline: Some(Box::pin(tokio::time::sleep_until(deadline))),
             scan: SettingsScan::default(),
@@ -296,6 +340,7 @@ impl From<Tls> for UpstreamIo {
             stream,
             first_frame: None,
             abandon: None,
+            last_read: None,
         }
     }
 }
@@ -324,8 +369,13 @@ impl Read for UpstreamIo {
         if this.first_frame.is_none() || buf.remaining() == 0 {
             let asked = buf.remaining() > 0;
             let read = this.poll_read_inner(cx, buf);
-            if let (Some(a), Poll::Ready(Ok(())), true) = (&this.abandon, &read, asked) {
-                a.read();
+            if let (Poll::Ready(Ok(())), true) = (&read, asked) {
+                if let Some(a) = &this.abandon {
+                    a.read();
+                }
+                if let Some(r) = &this.last_read {
+                    r.stamp();
+                }
             }
             return read;
         }
@@ -339,6 +389,9 @@ impl Read for UpstreamIo {
         };
         match read {
             Poll::Ready(Ok(())) => {
+                if let Some(r) = &this.last_read {
+                    r.stamp();
+                }
                 let got = own.filled();
                 buf.put_slice(got);
                 // Bytes or the end: the server has spoken, or never will.
@@ -502,8 +555,8 @@ mod tests {
     #[test]
     fn a_plain_connection_is_not_sized_for_a_tls_session() {
         // 40 for a plain stream and the enum's tag, 8 for the first-frame timer's box, 8 for
-        // an HTTP/1.1 connection's `Abandon`.
-        assert!(std::mem::size_of::<UpstreamIo>() <= 56);
+        // an HTTP/1.1 connection's `Abandon`, 8 for an HTTP/2 one's `LastRead`.
+        assert!(std::mem::size_of::<UpstreamIo>() <= 64);
         assert!(std::mem::size_of::<Tls>() > 512, "what the box saves");
     }
 }

@@ -19,7 +19,7 @@ mod tls;
 
 pub use self::connect::{ConnectTimedOut, NoH2ByAlpn, TimeoutConnector};
 pub use self::error::UpstreamBuildError;
-pub use self::h2_pool::StreamSlot;
+pub use self::h2_pool::{ConnectionWatch, StreamSlot};
 pub use self::io::Abandon;
 pub use self::request_body::{RequestBody, Sent};
 pub use self::tls::{

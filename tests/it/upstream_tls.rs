@@ -283,6 +283,9 @@ async fn a_client_leaving_resets_the_http2_upstream_stream() {
     assert_eq!(rec.version, Version::HTTP_2);
 }
 
+/// The provider is slow on this stream, not gone: its keep-alives, which the idle limit does
+/// not count, show the connection alive (one that read nothing at all for the idle limit is
+/// retired, audit RA 5: `h2_upstream::an_idle_cut_on_a_connection_gone_silent_retires_it`).
 #[tokio::test]
 async fn an_idle_limit_resets_the_http2_upstream_stream_and_the_connection_is_reused() {
     let tls = tls_fake(&[b"h2", b"http/1.1"]).await;
@@ -292,7 +295,10 @@ async fn an_idle_limit_resets_the_http2_upstream_stream_and_the_connection_is_re
         .unwrap();
     let (resp, _c) = Conn::open(gw.addr)
         .await
-        .send(chat_request(&[("x-fake-freeze-after", "1")], true))
+        .send(chat_request(
+            &[("x-fake-freeze-after", "1"), ("x-fake-keepalive-ms", "50")],
+            true,
+        ))
         .await;
     let read = read_body(resp.into_body()).await;
     assert_eq!(read.error_event().unwrap()["code"], "idle_timeout");

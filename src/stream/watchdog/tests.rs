@@ -82,6 +82,7 @@ fn limits(first: u64, idle: u64, total: u64) -> StreamLimits {
         upstream: Arc::from("up"),
         run: None,
         run_tokens: None,
+        connection: None,
     }
 }
 
