@@ -179,10 +179,12 @@ impl Admission {
 }
 
 /// The bytes that the bodies of one kind ([`Bodies`]) hold together: at most `[server]
-/// request_body_memory` or `response_body_memory`. Taken as bytes arrive (all at once when a
-/// `Content-Length` says how many will come) and never waited for: a body that does not fit
-/// is refused at once, since bodies waiting for each other's bytes could all wait until their
-/// deadlines. Clones share the bytes, and a reload resizes them in place.
+/// request_body_memory` or `response_body_memory`. Taken as bytes arrive, never for bytes
+/// only announced (audit SA 1: a `Content-Length` booked all its bytes before any came, and
+/// 26 connections that sent 80 bytes between them held 256 MiB, refusing every other body
+/// for up to `max_budget`), and never waited for: a body that does not fit is refused at
+/// once, since bodies waiting for each other's bytes could all wait until their deadlines.
+/// Clones share the bytes, and a reload resizes them in place.
 #[derive(Clone)]
 pub struct BodyMemory {
     bodies: Bodies,
@@ -258,8 +260,39 @@ impl BodyMemory {
 
 impl BodyHold {
     /// The bytes held.
-    fn held(&self) -> u64 {
+    pub fn held(&self) -> u64 {
         self.permit.as_ref().map_or(0, |p| p.num_permits() as u64)
+    }
+
+    /// Makes the hold cover `received` bytes of a body that comes frame by frame and will
+    /// be at most `most` bytes (its `Content-Length`, else its limit). Where it must grow, it
+    /// grows to twice what it held (at most `most`): a body takes from the memory a few dozen
+    /// times, not once a frame, and holds at most twice what it has received, so a client
+    /// holds only about what it sent, however much it announced (audit SA 1). Where the
+    /// doubled step no longer fits, `received` alone is taken; where that does not fit
+    /// either, 503 `overloaded` as [`cover`](Self::cover). What it holds after is the room
+    /// the body's buffer may have.
+    pub fn grow(&mut self, received: u64, most: u64) -> Result<(), GatewayError> {
+        let held = self.held();
+        if received <= held {
+            return Ok(());
+        }
+        let step = held.saturating_mul(2).min(most).max(received);
+        self.cover(step).or_else(|_| self.cover(received))
+    }
+
+    /// Gives back what is held past `bytes` (a body that ended short of the room it grew):
+    /// what a lowered limit is still owed is paid from it first.
+    pub fn shrink_to(&mut self, bytes: u64) {
+        let Some(permit) = &mut self.permit else {
+            return;
+        };
+        let keep = usize::try_from(bytes).unwrap_or(usize::MAX);
+        if let Some(extra) = permit.num_permits().checked_sub(keep).filter(|&e| e > 0) {
+            if let Some(extra) = permit.split(extra) {
+                give_back(&self.memory, extra);
+            }
+        }
     }
 
     /// Makes the hold `total` bytes, or refuses (503 `overloaded`) if the memory has not
@@ -337,21 +370,25 @@ fn take(sem: &Arc<Semaphore>, bytes: u64) -> Option<OwnedSemaphorePermit> {
 
 impl Drop for BodyHold {
     fn drop(&mut self) {
-        let Some(permit) = &mut self.permit else {
-            return;
-        };
-        let held = permit.num_permits();
-        let mut owed = 0;
-        let _ = self
-            .memory
-            .debt
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
-                owed = d.min(held);
-                (owed > 0).then_some(d - owed)
-            });
-        if let Some(paid) = permit.split(owed) {
-            paid.forget();
+        if let Some(permit) = self.permit.take() {
+            give_back(&self.memory, permit);
         }
+    }
+}
+
+/// Returns `permit`'s bytes to `memory`, less what a lowered limit is still owed, which is
+/// forgotten instead.
+fn give_back(memory: &BodyMemory, mut permit: OwnedSemaphorePermit) {
+    let held = permit.num_permits();
+    let mut owed = 0;
+    let _ = memory
+        .debt
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+            owed = d.min(held);
+            (owed > 0).then_some(d - owed)
+        });
+    if let Some(paid) = permit.split(owed) {
+        paid.forget();
     }
 }
 
@@ -669,6 +706,45 @@ mod tests {
         memory.resize(5 * GIB);
         drop(c);
         assert_eq!(free(), 5 * GIB);
+    }
+
+    /// Audit SA 1: a request body's hold grows with the bytes received, doubling (a few
+    /// dozen steps for any body), never past the most it may be, and never for bytes only
+    /// announced; where a step does not fit, what came alone is taken; past that, 503.
+    #[test]
+    fn a_body_holds_what_it_received_growing_in_doubling_steps() {
+        let memory = BodyMemory::new(Bodies::Requests, 1000);
+        let free = || memory.bytes.available_permits() as u64;
+        let mut a = memory.hold();
+        a.grow(1, 600).unwrap();
+        assert_eq!(a.held(), 1, "one byte came of 600 announced");
+        a.grow(2, 600).unwrap();
+        a.grow(3, 600).unwrap();
+        assert_eq!(a.held(), 4);
+        a.grow(4, 600).unwrap();
+        assert_eq!(a.held(), 4, "inside the step: nothing taken");
+        a.grow(150, 600).unwrap();
+        assert_eq!(a.held(), 150, "a frame past the doubled step: what came");
+        a.grow(151, 600).unwrap();
+        assert_eq!(a.held(), 300);
+        a.grow(301, 600).unwrap();
+        assert_eq!(a.held(), 600, "never past the most it may be");
+        // 400 free: a step of 2 × 300 does not fit, what came does.
+        let mut b = memory.hold();
+        b.grow(300, 1000).unwrap();
+        b.grow(301, 1000).unwrap();
+        assert_eq!(b.held(), 301);
+        assert_eq!(free(), 99);
+        let err = b.grow(401, 1000).unwrap_err();
+        assert_eq!(err.code(), "overloaded");
+        assert!(err.to_string().contains("request_body_memory (1000 bytes)"));
+        assert_eq!(b.held(), 301, "refused, it keeps what it had");
+        // Ended short of its room: the rest goes back, and the debt of a lowered limit first.
+        memory.resize(900);
+        b.shrink_to(200);
+        assert_eq!((b.held(), free()), (200, 100));
+        drop((a, b));
+        assert_eq!(free(), 900);
     }
 
     /// Audit KF 2: answers take from their own memory in granules as they grow, are refused

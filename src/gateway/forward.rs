@@ -8,7 +8,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::uri::PathAndQuery;
 use http::{Method, Request};
@@ -452,8 +452,9 @@ impl Gateway {
 }
 
 /// The whole body, at most `limit` bytes, read before the budget's work deadline, holding
-/// its share of the bodies' memory: all of a declared `length` at once, or as bytes arrive,
-/// and, once read, until the last clone of the bytes is dropped. The template keeps them for
+/// its share of the bodies' memory as its bytes arrive (never for a declared `length` before
+/// they do: audit SA 1, bodies announced and never sent held the whole memory), and, once
+/// read, until the last clone of the bytes is dropped. The template keeps them for
 /// every attempt (a retry or a fallback resends them) until the request's upstream call is
 /// done: given back at admission, they stayed in memory, counted by nothing (audit PC 1: 50
 /// uploads of 9 MiB held by a slow provider took 483 MB against a pool of 256 MiB). A hold
@@ -473,16 +474,18 @@ where
     B::Error: Into<BoxError>,
 {
     let mut hold = memory.hold();
-    if let Some(len) = length {
-        hold.cover(len)?;
-    }
+    // The hold grows with the bytes received, in doubling steps up to this (the `Content-
+    // Length` was checked against the limit before any byte was read).
+    let most = length.unwrap_or(limit.bytes);
     let mut body = std::pin::pin!(Limited::new(
         body,
         usize::try_from(limit.bytes).unwrap_or(usize::MAX)
     ));
     // Most bodies come in one frame: that one is kept as it came, without a copy.
     let mut first: Option<Bytes> = None;
-    let mut more = BytesMut::new();
+    // The others are gathered here, with room for what the hold covers and no more: what
+    // the body takes in memory is what it holds.
+    let mut more: Vec<u8> = Vec::new();
     let mut total = 0u64;
     // One timer for the whole body: the silence it may keep, moved on by each frame, and
     // never past the budget's deadline.
@@ -512,12 +515,16 @@ where
             continue;
         }
         total += data.len() as u64;
-        hold.cover(total)?;
+        // Refused here, the body is not read further: 503 `overloaded`.
+        hold.grow(total, most)?;
         match &first {
             None => first = Some(data),
             Some(f) => {
+                // `held >= total`: room to the hold at once, so that `extend_from_slice`
+                // never grows the buffer past it (a no-op until the hold grows again).
+                let room = usize::try_from(hold.held()).unwrap_or(usize::MAX);
+                more.reserve_exact(room.saturating_sub(more.len()));
                 if more.is_empty() {
-                    more.reserve(length.map_or(2 * f.len(), |l| l as usize));
                     more.extend_from_slice(f);
                 }
                 more.extend_from_slice(&data);
@@ -527,7 +534,13 @@ where
     let whole = if more.is_empty() {
         first.unwrap_or_default()
     } else {
-        more.freeze()
+        // A body that ended short of the room it grew (no `Content-Length`) gives back the
+        // rest, so that it holds what it is (a rewritten copy is judged against that).
+        if hold.held() > total {
+            more.shrink_to_fit();
+            hold.shrink_to(total);
+        }
+        Bytes::from(more)
     };
     Ok(hold.keep_with(whole))
 }

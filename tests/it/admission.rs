@@ -688,10 +688,10 @@ async fn raw_answer(s: &mut TcpStream) -> String {
 }
 
 /// Request bodies being received hold `request_body_memory` together, whatever
-/// `max_in_flight` says (bodies are read before a slot is taken): a body that would take
-/// more is refused at once with 503 `overloaded`, whether its `Content-Length` says so or its
-/// chunks outgrow what is free, and nothing of it is forwarded. The memory comes back when
-/// a body's request has its slot or ends.
+/// `max_in_flight` says (bodies are read before a slot is taken): a body whose bytes
+/// outgrow what is free, by a `Content-Length` or by chunks, is refused as they arrive with
+/// 503 `overloaded`, and nothing of it is forwarded. What a body holds is what it received
+/// (audit SA 1), and it comes back when the body's request ends.
 #[tokio::test]
 async fn request_bodies_being_received_are_bounded_together() {
     let cfg = BASE.replace(
@@ -705,18 +705,20 @@ async fn request_bodies_being_received_are_bounded_together() {
              {framing}\r\n\r\n"
         )
     };
-    // A slow client: 30,000 bytes declared, 10 sent; the body holds all 30,000.
+    // A slow client: 30,000 bytes declared, all but one sent; the body holds what came.
     let mut slow = TcpStream::connect(h.addr()).await.unwrap();
-    slow.write_all(format!("{}{{\"model\":", head("content-length: 30000")).as_bytes())
+    let sent = format!("{{{}", "x".repeat(29998));
+    slow.write_all(format!("{}{sent}", head("content-length: 30000")).as_bytes())
         .await
         .unwrap();
-    // Let its head be read before the others come.
+    // Let its bytes be read before the others come.
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    // 30,000 more do not fit: refused by the length alone.
+    // 30,002 more do not fit: refused as they arrive.
     let mut declared = TcpStream::connect(h.addr()).await.unwrap();
+    let more = format!("{{{}", "x".repeat(30001));
     declared
-        .write_all(head("content-length: 30001").as_bytes())
+        .write_all(format!("{}{more}", head("content-length: 30002")).as_bytes())
         .await
         .unwrap();
     let text = raw_answer(&mut declared).await;
@@ -750,7 +752,7 @@ async fn request_bodies_being_received_are_bounded_together() {
     read_body(resp.into_body()).await;
     assert_eq!(h.fake.requests().len(), 1, "only the one that fitted");
 
-    // The slow client leaves: its 30,000 bytes come back.
+    // The slow client leaves: the 29,999 bytes it sent come back.
     drop(slow);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -779,6 +781,93 @@ async fn request_bodies_being_received_are_bounded_together() {
     );
 }
 
+/// The memory of [`request_bodies_being_received_are_bounded_together`], and a budget of the
+/// whole `max_budget`, as the attack of audit SA 1 asked for.
+const ANNOUNCED: &str = "[server]\nmax_request_body = 40000\nrequest_body_memory = 60000\n";
+
+/// Audit SA 1: bodies hold the memory of the bytes that came, not of the bytes their
+/// `Content-Length` announced. Two connections that each announced 30,000 bytes and sent one
+/// booked the whole 60,000, and every other body was refused 503 `overloaded` for as long as
+/// they trickled a byte now and then (up to `max_budget`; 80 bytes refused every chat call).
+/// Now they hold two bytes each, and other bodies are served beside them.
+#[tokio::test]
+async fn bodies_announced_over_http1_hold_only_the_bytes_sent() {
+    let h = Harness::with_config(&BASE.replace("[server]\n", ANNOUNCED)).await;
+    let mut trickling = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        s.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+              x-request-budget-ms: 30000\r\ncontent-length: 30000\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        trickling.push(s);
+    }
+    // Let their heads and first bytes be read before the others come.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for round in 0..2 {
+        let (resp, _c) = h.chat(&[]).await;
+        let status = resp.status();
+        let text = read_body(resp.into_body()).await.text();
+        assert_eq!(status, 200, "round {round}: {text}");
+        // A byte more each: still far from what they announced.
+        for s in &mut trickling {
+            s.write_all(b" ").await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(h.fake.requests().len(), 2, "the two served calls alone");
+    assert_eq!(
+        h.metric("hourglass_cancellations_total{origin=\"overloaded\",route=\"chat\"}")
+            .await,
+        0.0
+    );
+}
+
+/// Audit SA 1 over HTTP/2: one connection whose streams each announce 30,000 bytes
+/// (`content-length`) and send one DATA byte booked the whole memory, as HTTP/1.1
+/// connections did: neither those streams nor any other client's body was then taken.
+#[tokio::test]
+async fn bodies_announced_over_http2_hold_only_the_bytes_sent() {
+    let h = Harness::with_config(&BASE.replace("[server]\n", ANNOUNCED)).await;
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut trickling = Vec::new();
+    for _ in 0..3 {
+        let req = http::Request::post(format!("http://{}/v1/chat/completions", h.addr()))
+            .header("content-type", "application/json")
+            .header("x-request-budget-ms", "30000")
+            .header("content-length", "30000")
+            .body(())
+            .unwrap();
+        let (response, mut send) = client.send_request(req, false).unwrap();
+        send.send_data(Bytes::from_static(b"{"), false).unwrap();
+        trickling.push((response, send));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for round in 0..2 {
+        let (resp, _c) = h.chat(&[]).await;
+        let status = resp.status();
+        let text = read_body(resp.into_body()).await.text();
+        assert_eq!(status, 200, "round {round}: {text}");
+        for (_, send) in &mut trickling {
+            send.send_data(Bytes::from_static(b" "), false).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The trickling streams themselves were not refused either: no answer yet.
+    for (response, _) in &mut trickling {
+        let answered = tokio::time::timeout(Duration::from_millis(1), response).await;
+        assert!(
+            answered.is_err(),
+            "a trickling stream was answered: {answered:?}"
+        );
+    }
+    assert_eq!(h.fake.requests().len(), 2, "the two served calls alone");
+}
+
 /// Audit IB 2: a reload that changes `request_body_memory` resizes the one memory bodies
 /// share: bodies held keep their shares and count against the new limit. A changed limit
 /// used to start a new, empty memory beside the old one, so that one byte more let a
@@ -801,9 +890,9 @@ async fn a_reload_resizes_the_bodies_memory_and_keeps_what_is_held() {
              content-length: {length}\r\n\r\n"
         )
     };
-    // Held: a body declared, its bytes still to come.
+    // Held: a body of `length` bytes, all but its last one sent (what it holds is what came).
     let hold = |length: usize| {
-        let text = format!("{}{{\"model\":", head(length));
+        let text = format!("{}{{{}", head(length), "x".repeat(length - 2));
         let addr = h.addr();
         async move {
             let mut s = TcpStream::connect(addr).await.unwrap();
@@ -913,6 +1002,8 @@ async fn a_body_that_falls_silent_is_cut_after_the_header_read_timeout() {
 /// that the memory has room for is taken and read. It was refused at once as a full
 /// `request_body_memory` (503 `overloaded`, `Retry-After: 1`), which a client retries forever.
 /// Here the body then falls silent: the gateway read it, so it is cut as a silent body is.
+/// (Since audit SA 1 the length books nothing before bytes come; holds of that size are the
+/// unit test `holds_above_four_gib_fit_a_memory_that_has_them`.)
 #[tokio::test]
 async fn a_body_of_four_gib_or_more_is_read_when_the_limits_allow_it() {
     let cfg = BASE.replace(
