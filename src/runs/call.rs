@@ -55,8 +55,8 @@ impl std::fmt::Debug for RunCall {
 }
 
 impl RunCall {
-    /// A call admitted into a run whose limits are `limits` (the run's, which the route
-    /// that started it fixed, not the route of this call).
+    /// A call admitted into a run whose limits are `limits` (the run's, which the first of
+    /// its calls' routes with run keys fixed, not the route of this call).
     pub(super) fn new(
         ticket: Ticket,
         call: &Call,
