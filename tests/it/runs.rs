@@ -981,4 +981,23 @@ async fn a_run_begun_on_a_route_without_run_keys_takes_the_first_limits_it_meets
     let run = &run_json(&h, "late-calls").await["runs"][0];
     assert_eq!(run["route"], "scarce", "{run}");
     assert_eq!(run["limits"]["max_calls"], 2, "{run}");
+    // A run_budget taken so is the run's whole budget, from its first call (one deadline a
+    // run); a shorter one its client asked for before stays.
+    for (id, asked, budget) in [
+        ("late-time", None, 1500),
+        ("late-short", Some("1000"), 1000),
+    ] {
+        let mut headers = vec![("x-run-id", id)];
+        headers.extend(asked.map(|ms| ("x-run-budget-ms", ms)));
+        let (resp, _c) = h.send(call("/plain", false, &headers, "")).await;
+        assert_eq!(resp.status(), 200);
+        read_body(resp.into_body()).await;
+        let (resp, _c) = h.send(call("/timed", false, &[("x-run-id", id)], "")).await;
+        assert_eq!(resp.status(), 200);
+        assert!(remaining_ms(&resp) <= budget, "{id}");
+        read_body(resp.into_body()).await;
+        let run = &run_json(&h, id).await["runs"][0];
+        assert_eq!(run["limits"]["budget_ms"], budget, "{id}: {run}");
+        assert_eq!(run["route"], "timed", "{id}: {run}");
+    }
 }
