@@ -356,6 +356,14 @@ impl RunState {
         }
     }
 
+    /// The tokens the run has left once a call admitted with `reserve` tokens is charged
+    /// `used` instead (that call still in flight): its other calls as they are now.
+    pub fn tokens_left_after(&self, reserve: u64, used: u64) -> Option<u64> {
+        let committed =
+            self.tokens_used.saturating_add(used) + self.tokens_reserved.saturating_sub(reserve);
+        self.limits.max_tokens.map(|m| m.saturating_sub(committed))
+    }
+
     /// The run has used all its tokens.
     fn exhausted(&self) -> bool {
         self.limits

@@ -455,3 +455,42 @@ async fn a_run_without_limits_takes_those_of_the_first_route_that_has_some() {
         Some(t0 + ms(3000))
     );
 }
+
+/// Audit SF 2: what the run has left once a call in flight is charged what it used, with its
+/// other calls as they are now (one ended since, one still holding its reservation).
+#[tokio::test(start_paused = true)]
+async fn tokens_left_after_a_call_count_the_runs_other_calls_as_they_are_now() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_tokens: Some(2500),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let mine = r.admit(&call(t0)).unwrap();
+    assert_eq!(mine.view.tokens_left, Some(2400));
+    r.admit(&call(t0)).unwrap();
+    r.admit(&call(t0)).unwrap();
+    // One of the others ends, having used 400 of its 100.
+    r.finish(
+        100,
+        &Used {
+            tokens: 400,
+            ..Used::default()
+        },
+    );
+    // Mine used 400 too: 2500 - 400 - 400 - 100 (the other in flight).
+    assert_eq!(r.tokens_left_after(100, 400), Some(1600));
+    r.finish(
+        100,
+        &Used {
+            tokens: 400,
+            ..Used::default()
+        },
+    );
+    assert_eq!(
+        r.view().tokens_left,
+        Some(1600),
+        "as the run says once mine is back"
+    );
+    assert_eq!(run(RunLimits::UNLIMITED, t0).tokens_left_after(0, 5), None);
+}
