@@ -351,18 +351,21 @@ impl RequestRecord {
 
     /// What the run has left once this call's tokens are known (`tokens`, read from an
     /// answer the gateway assembled before sending its head): its reservation replaced by
-    /// what it used, none left when the run's tokens ran out (`spent`). Other calls of the
-    /// run are as admission saw them.
+    /// what it used, none left when the run's tokens ran out (`spent`). The run's other calls
+    /// as they are now where the store can say without a round trip (memory: audit SF 2);
+    /// in Redis, as admission saw them.
     pub fn run_view_after(&self, tokens: Option<Tokens>, spent: bool) -> Option<View> {
         let run = self.run.as_ref()?;
         let mut view = run.view?;
-        if let (Some(left), Some(call)) = (view.tokens_left, &run.call) {
+        if let Some(call) = &run.call {
             let used = self.run_tokens_used(tokens, None);
-            view.tokens_left = Some(if spent {
-                0
-            } else {
-                left.saturating_add(call.reserve()).saturating_sub(used)
+            view.tokens_left = call.tokens_left_after(used).unwrap_or_else(|| {
+                view.tokens_left
+                    .map(|left| left.saturating_add(call.reserve()).saturating_sub(used))
             });
+            if spent {
+                view.tokens_left = view.tokens_left.map(|_| 0);
+            }
         }
         Some(view)
     }

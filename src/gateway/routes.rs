@@ -55,8 +55,8 @@ pub struct RouteRuntime {
     /// (`gateway::hedges`).
     pub hedges: Arc<Hedges>,
     /// Whether a run this route's calls join may stop loops of repeated requests: some
-    /// route of the config does, and a run keeps the limits of the route that started it,
-    /// so a call here is fingerprinted even when this route sets no `run_max_repeats`.
+    /// route of the config does, and a run keeps the limits of the first route with run keys
+    /// that it met, so a call here is fingerprinted even when this route sets no `run_max_repeats`.
     pub fingerprint_requests: bool,
 }
 

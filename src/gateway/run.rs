@@ -80,7 +80,7 @@ pub async fn join(
         .any(|e| e.upstream.asks_model(path, body.len() as u64));
     let call = Call {
         // Read whatever this route's limits: the run may have a token limit from the route
-        // that started it.
+        // that fixed its limits.
         reserve: if asks_model {
             max_output_tokens(body)
                 .map_err(GatewayError::from)?

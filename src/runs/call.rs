@@ -55,8 +55,8 @@ impl std::fmt::Debug for RunCall {
 }
 
 impl RunCall {
-    /// A call admitted into a run whose limits are `limits` (the run's, which the route
-    /// that started it fixed, not the route of this call).
+    /// A call admitted into a run whose limits are `limits` (the run's, which the first of
+    /// its calls' routes with run keys fixed, not the route of this call).
     pub(super) fn new(
         ticket: Ticket,
         call: &Call,
@@ -123,6 +123,25 @@ impl RunCall {
     /// The run's token limit, if it has one.
     pub fn limit_tokens(&self) -> Option<u64> {
         self.limits_tokens
+    }
+
+    /// The tokens the run has left once this call is charged `used`, read now: the run's
+    /// other calls that ended (or were admitted) since this one's admission counted, as `GET
+    /// /runs/{id}` shows once the call is back (audit SF 2: five concurrent calls' heads said
+    /// 2100 ... 1700 tokens left, the run 500). The memory store's, one short hold of the
+    /// run's lock; `None` for a Redis run, which only a store round trip on the answer's
+    /// path could read (its end is sent after the answer, in the background). The calls
+    /// left stay as admission counted this call (a rate limit's `remaining`).
+    pub fn tokens_left_after(&self, used: u64) -> Option<Option<u64>> {
+        match &self.ticket {
+            Ticket::Memory(_, entry) => Some(
+                entry
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .tokens_left_after(self.reserve, used),
+            ),
+            Ticket::Redis(..) => None,
+        }
     }
 
     /// The call ended having used `used`: its reservation becomes that.

@@ -134,7 +134,8 @@ impl MemoryStore {
         }
     }
 
-    /// Admits `call` into the run `key` (starting it, with `route`'s limits, if it is new).
+    /// Admits `call` into the run `key` (starting it if it is new), a call on `route`: a run
+    /// whose limits are not fixed yet takes `route`'s, if it has any (`RunState::take_limits`).
     pub fn admit(
         &self,
         key: &RunKey,
@@ -186,6 +187,7 @@ impl MemoryStore {
         self.ends.held(held);
         let result = {
             let mut run = lock(&entry);
+            run.take_limits(route, limits);
             let result = run.admit(call);
             if let Some(end) = run.take_report() {
                 self.ends.ended(&run, end, now);

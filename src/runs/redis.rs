@@ -299,8 +299,8 @@ pub struct RedisStore {
 
 /// What an admission in Redis said.
 pub enum RedisAdmission {
-    /// Admitted into a run with these limits (the run's, fixed by the route that started it).
-    /// ... and the run's route.
+    /// Admitted into a run with these limits (the run's, fixed by the first of its calls'
+    /// routes with run keys), and the run's route.
     Admitted(Admitted, RunOf, Arc<str>),
     Refused {
         refusal: Refusal,
@@ -454,7 +454,7 @@ impl RedisStore {
     }
 
     /// Admits `call` into the run `key` (starting it with `limits`, for `route`, if it is
-    /// new) as the call `token`; the key lives `expire` from now at least, and what the call
+    /// new, and fixing them if it has none yet: `RunState::take_limits`) as the call `token`; the key lives `expire` from now at least, and what the call
     /// reserves is given back `life` after its arrival if its end has not come by then.
     #[allow(clippy::too_many_arguments)]
     pub async fn admit(

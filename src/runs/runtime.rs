@@ -162,7 +162,8 @@ impl Runs {
         &self.config
     }
 
-    /// Admits one call of the run `key` (a run `route` starts with `limits` if it is new), by
+    /// Admits one call of the run `key` on `route` (a run that has no limits yet takes its
+    /// `limits`: `RunState::take_limits`), by
     /// `bound` at the latest (past it, the call's budget cannot fit the upstream call).
     /// `Err`: the client's answer, with what the run has left when the run refused it.
     pub async fn admit(

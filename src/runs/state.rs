@@ -107,8 +107,8 @@ pub struct Admitted {
     pub started: bool,
 }
 
-/// What an admitted call needs to know of its run's limits (the run's, which the route that
-/// started it fixed, not those of the call's own route).
+/// What an admitted call needs to know of its run's limits (the run's, which the first of its
+/// calls' routes with run keys fixed, not those of the call's own route).
 #[derive(Debug, Clone, Copy)]
 pub struct RunOf {
     pub max_tokens: Option<u64>,
@@ -203,7 +203,8 @@ pub struct RunLive {
 /// One run.
 #[derive(Debug, Clone)]
 pub struct RunState {
-    /// The route whose limits the run took (the call that started it).
+    /// The route whose limits the run took: the first of its calls' routes that has run keys
+    /// (see `take_limits`), else the route of its first call.
     pub route: std::sync::Arc<str>,
     pub limits: RunLimits,
     pub started: Instant,
@@ -253,6 +254,29 @@ impl RunState {
             short_of_time: false,
             live: Arc::default(),
         }
+    }
+
+    /// A call on `route`, whose run keys are `limits`, is about to be admitted: a run whose
+    /// limits are not fixed yet (its calls so far came on routes without run keys: the models
+    /// listed, an embedding, a planner on another route) takes them, and is named by that
+    /// route from now on. Audit SF 1: such a run kept its first call's limits, none, and a
+    /// route with `run_max_repeats = 3` served eight identical tool calls of it. The calls
+    /// before still count (calls, tokens, repeats); once fixed, the limits never change.
+    /// A `run_budget` taken now counts from the run's first call's arrival (one deadline per
+    /// run), and a deadline a client set before with `x-run-budget-ms` may only shorten it,
+    /// as on any call (clamped by `run_max_budget` too).
+    pub fn take_limits(&mut self, route: &std::sync::Arc<str>, limits: &RunLimits) {
+        if self.limits.any() || !limits.any() {
+            return;
+        }
+        self.route = route.clone();
+        self.limits = *limits;
+        // A run that has no call yet (its first ones withdrawn) starts with this call.
+        if self.calls == 0 && self.deadline.is_none() {
+            return;
+        }
+        self.budget = self.budget_for(self.budget);
+        self.deadline = self.budget.map(|b| self.started + b);
     }
 
     /// The run's budget as a client asks for it: the route's `run_budget`, which the client's
@@ -330,6 +354,14 @@ impl RunState {
                 .max_tokens
                 .map(|m| m.saturating_sub(self.tokens_used + self.tokens_reserved)),
         }
+    }
+
+    /// The tokens the run has left once a call admitted with `reserve` tokens is charged
+    /// `used` instead (that call still in flight): its other calls as they are now.
+    pub fn tokens_left_after(&self, reserve: u64, used: u64) -> Option<u64> {
+        let committed =
+            self.tokens_used.saturating_add(used) + self.tokens_reserved.saturating_sub(reserve);
+        self.limits.max_tokens.map(|m| m.saturating_sub(committed))
     }
 
     /// The run has used all its tokens.

@@ -231,6 +231,7 @@ on_both_stores!(
     a_call_limit_reached_only_by_calls_given_back_ends_no_run,
     a_run_budget_past_a_year_is_a_year,
     a_runs_deadline_is_given_as_a_time,
+    a_run_begun_on_a_route_without_run_keys_takes_the_first_limits_it_meets,
 );
 
 /// The loop stop: the same tool calls, or the same request, again and again.
@@ -923,4 +924,80 @@ async fn a_runs_deadline_is_given_as_a_time(store: Store) {
         "{run}"
     );
     assert!(run["runs"][0]["left"]["remaining_ms"].is_null(), "{run}");
+}
+
+/// Audit SF 1: a run whose first call came on a route without run keys (an embedding, the
+/// models listed, a planner on another route) took that route's limits, none, for good: eight
+/// identical tool calls then passed a route with `run_max_repeats = 3`, and five a route with
+/// `run_max_calls = 3`. The first call on a route that has run keys fixes the run's limits (and
+/// names its route); the calls before it still count.
+async fn a_run_begun_on_a_route_without_run_keys_takes_the_first_limits_it_meets(store: Store) {
+    let (h, _keep) = harness(store).await;
+    // The loop stop, after a call on "plain" (no run keys).
+    let (resp, _c) = h
+        .send(call("/plain", false, &[("x-run-id", "late-loop")], ""))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("x-run-calls-left").is_none());
+    read_body(resp.into_body()).await;
+    run_json(&h, "late-loop").await;
+    let tool = [
+        ("x-run-id", "late-loop"),
+        ("x-fake-tool-call", "get_weather"),
+    ];
+    let mut statuses = Vec::new();
+    for n in 0..5 {
+        let turn = format!(r#","user":"turn {n}""#);
+        let (resp, _c) = h.send(call("/loops", false, &tool, &turn)).await;
+        statuses.push(resp.status().as_u16());
+        read_body(resp.into_body()).await;
+        // Each answer's tool calls counted before the next call (a shared store is told a
+        // moment after the client).
+        run_json(&h, "late-loop").await;
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    let run = &run_json(&h, "late-loop").await["runs"][0];
+    assert_eq!(run["route"], "loops", "{run}");
+    assert_eq!(run["limits"]["max_repeats"], 3, "{run}");
+    assert_eq!(run["used"]["calls"], 4, "the call on plain counts: {run}");
+    assert_eq!(run["ended"], "loop", "{run}");
+    // The call limit: the call on "plain" takes one of the two calls "scarce" gives a run.
+    let (resp, _c) = h
+        .send(call("/plain", false, &[("x-run-id", "late-calls")], ""))
+        .await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    let calls = [("x-run-id", "late-calls")];
+    let (resp, _c) = h.send(call("/scarce", false, &calls, "")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-run-calls-left"], "0");
+    read_body(resp.into_body()).await;
+    // Once fixed, the run's limits are the route's that fixed them, whatever route comes next.
+    for route in ["/calls", "/scarce"] {
+        let (resp, _c) = h.send(call(route, false, &calls, "")).await;
+        assert_eq!(resp.status(), 429, "{route}");
+        assert_eq!(json_body(resp).await["error"]["code"], "run_call_limit");
+    }
+    let run = &run_json(&h, "late-calls").await["runs"][0];
+    assert_eq!(run["route"], "scarce", "{run}");
+    assert_eq!(run["limits"]["max_calls"], 2, "{run}");
+    // A run_budget taken so is the run's whole budget, from its first call (one deadline a
+    // run); a shorter one its client asked for before stays.
+    for (id, asked, budget) in [
+        ("late-time", None, 1500),
+        ("late-short", Some("1000"), 1000),
+    ] {
+        let mut headers = vec![("x-run-id", id)];
+        headers.extend(asked.map(|ms| ("x-run-budget-ms", ms)));
+        let (resp, _c) = h.send(call("/plain", false, &headers, "")).await;
+        assert_eq!(resp.status(), 200);
+        read_body(resp.into_body()).await;
+        let (resp, _c) = h.send(call("/timed", false, &[("x-run-id", id)], "")).await;
+        assert_eq!(resp.status(), 200);
+        assert!(remaining_ms(&resp) <= budget, "{id}");
+        read_body(resp.into_body()).await;
+        let run = &run_json(&h, id).await["runs"][0];
+        assert_eq!(run["limits"]["budget_ms"], budget, "{id}: {run}");
+        assert_eq!(run["route"], "timed", "{id}: {run}");
+    }
 }

@@ -8,7 +8,8 @@
 --          changes nothing (its value: when it expires, past which the reclaim below prunes
 --          it); a hash with no `route` is no run yet (a tombstone alone).
 -- ARGV     1 route, 2 budget_ms, 3 max_budget_ms, 4 max_calls, 5 max_tokens,
---          6 max_repeats, 7 token_estimate ('' for unset): the limits a new run takes;
+--          6 max_repeats, 7 token_estimate ('' for unset): the limits a new run takes,
+--          as does one whose limits are not fixed yet (below);
 --          8 reserve, 9 asked_budget_ms (''), 10 request fingerprint (''), 11 need_ms,
 --          12 since_arrival_ms, 13 expire_ms (ttl plus this call's budget), 14 call token,
 --          15 life_ms: how long after the call's arrival its reservation is given back if
@@ -41,6 +42,21 @@ local raw = redis.call('HGETALL', k)
 local h = {}
 for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
 local function num(v) if v == nil or v == '' then return nil end return tonumber(v) end
+-- A run whose calls so far came on routes without run keys has no limits yet: the first call
+-- on a route that has some fixes them, and names the run's route from then on (state.rs,
+-- RunState::take_limits; audit SF 1). The same fields a new run is given: a replica still
+-- running the script before this one reads such a run as before (and fixes nothing).
+local function unset(v) return v == nil or v == '' end
+local adopted = false
+if not fresh and unset(h.budget) and unset(h.max_budget) and unset(h.max_calls)
+    and unset(h.max_tokens) and unset(h.max_repeats)
+    and not (ARGV[2] == '' and ARGV[3] == '' and ARGV[4] == '' and ARGV[5] == '' and ARGV[6] == '') then
+  redis.call('HSET', k, 'route', ARGV[1], 'budget', ARGV[2], 'max_budget', ARGV[3],
+    'max_calls', ARGV[4], 'max_tokens', ARGV[5], 'max_repeats', ARGV[6], 'estimate', ARGV[7])
+  h.route, h.budget, h.max_budget, h.max_calls = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+  h.max_tokens, h.max_repeats, h.estimate = ARGV[5], ARGV[6], ARGV[7]
+  adopted = true
+end
 local budget, max_budget = num(h.budget), num(h.max_budget)
 local max_calls, max_tokens, max_repeats = num(h.max_calls), num(h.max_tokens), num(h.max_repeats)
 local calls, used, reserved = num(h.calls), num(h.used), num(h.reserved)
@@ -106,6 +122,14 @@ local function budget_for(a)
     return a
   end
   return budget
+end
+
+-- A run_budget taken with the limits counts from the run's first call's arrival (one deadline
+-- per run); a deadline a client set before may only shorten it (RunState::take_limits). A run
+-- with no call yet (its first ones withdrawn) starts with this one, below.
+if adopted and not (calls == 0 and deadline == nil) then
+  run_budget = budget_for(run_budget)
+  if run_budget ~= nil then deadline = started_ms + run_budget end
 end
 
 local started = calls == 0 and (h.ended == nil or h.ended == '') and deadline == nil

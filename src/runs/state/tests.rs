@@ -388,3 +388,109 @@ async fn a_run_keeps_a_bounded_part_of_the_answers_names() {
     assert!(kept.len() <= MAX_NAMES, "{}", kept.len());
     assert!(kept.starts_with(&"é".repeat(32)));
 }
+
+/// Audit SF 1: a run whose first calls came on a route without run keys takes the limits of
+/// the first call on a route that has some; the calls before count against them, a
+/// `run_budget` taken so runs from the run's first call, and the limits never change again.
+#[tokio::test(start_paused = true)]
+async fn a_run_without_limits_takes_those_of_the_first_route_that_has_some() {
+    let t0 = Instant::now();
+    let mut r = RunState::new(Arc::from("free"), RunLimits::UNLIMITED, t0);
+    // Its client asked for 20 s on the free route: the run's deadline, for now.
+    let asked = Call {
+        asked_budget: Some(ms(20_000)),
+        ..call(t0)
+    };
+    assert_eq!(
+        r.admit(&asked).unwrap().view.deadline,
+        Some(t0 + ms(20_000))
+    );
+    r.finish(100, &tool(7));
+    let later = t0 + ms(1000);
+    // A route without run keys fixes nothing.
+    r.take_limits(&Arc::from("other-free"), &RunLimits::UNLIMITED);
+    assert_eq!((&*r.route, r.limits.any()), ("free", false));
+    let limits = RunLimits {
+        budget: Some(ms(10_000)),
+        max_calls: Some(3),
+        max_repeats: Some(2),
+        ..RunLimits::UNLIMITED
+    };
+    r.take_limits(&Arc::from("chat"), &limits);
+    let a = r.admit(&call(later)).unwrap();
+    assert_eq!(&*r.route, "chat");
+    assert_eq!(
+        a.view.calls_left,
+        Some(1),
+        "the call on the free route counts"
+    );
+    assert_eq!(
+        a.view.deadline,
+        Some(t0 + ms(10_000)),
+        "from the run's first call, the client's longer budget shortened"
+    );
+    r.finish(100, &tool(7));
+    // Another route's limits change nothing now.
+    let looser = RunLimits {
+        max_calls: Some(100),
+        ..RunLimits::UNLIMITED
+    };
+    r.take_limits(&Arc::from("wide"), &looser);
+    assert_eq!((&*r.route, r.limits.max_calls), ("chat", Some(3)));
+    // The same tool call twice, once on each route: a loop.
+    assert!(matches!(
+        r.admit(&call(later)).unwrap_err().0,
+        Refusal::Loop(_)
+    ));
+    // A client's budget shorter than the route's stays the run's.
+    let mut r = RunState::new(Arc::from("free"), RunLimits::UNLIMITED, t0);
+    let short = Call {
+        asked_budget: Some(ms(3000)),
+        ..call(t0)
+    };
+    r.admit(&short).unwrap();
+    r.take_limits(&Arc::from("chat"), &limits);
+    assert_eq!(
+        r.admit(&call(later)).unwrap().view.deadline,
+        Some(t0 + ms(3000))
+    );
+}
+
+/// Audit SF 2: what the run has left once a call in flight is charged what it used, with its
+/// other calls as they are now (one ended since, one still holding its reservation).
+#[tokio::test(start_paused = true)]
+async fn tokens_left_after_a_call_count_the_runs_other_calls_as_they_are_now() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_tokens: Some(2500),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let mine = r.admit(&call(t0)).unwrap();
+    assert_eq!(mine.view.tokens_left, Some(2400));
+    r.admit(&call(t0)).unwrap();
+    r.admit(&call(t0)).unwrap();
+    // One of the others ends, having used 400 of its 100.
+    r.finish(
+        100,
+        &Used {
+            tokens: 400,
+            ..Used::default()
+        },
+    );
+    // Mine used 400 too: 2500 - 400 - 400 - 100 (the other in flight).
+    assert_eq!(r.tokens_left_after(100, 400), Some(1600));
+    r.finish(
+        100,
+        &Used {
+            tokens: 400,
+            ..Used::default()
+        },
+    );
+    assert_eq!(
+        r.view().tokens_left,
+        Some(1600),
+        "as the run says once mine is back"
+    );
+    assert_eq!(run(RunLimits::UNLIMITED, t0).tokens_left_after(0, 5), None);
+}

@@ -620,3 +620,58 @@ run_max_calls = 100
     }
     drop(redis);
 }
+
+/// Audit SF 2: a document's (and an assembled answer's) head, written once the answer is
+/// complete, said what the run had left from what admission saw of the run's other calls:
+/// five concurrent calls said 2100 ... 1700 tokens left, and `/runs` then 500. It says what the
+/// run has left once this call is back, the other calls' ends since its admission counted, as
+/// `GET /runs/{id}` shows. The memory store's (a Redis run's is read at admission only: see
+/// docs/lifecycle.md).
+#[tokio::test]
+async fn a_documents_head_counts_what_the_runs_other_calls_used_meanwhile() {
+    let (h, _keep) = harness(Store::Memory).await;
+    let h = std::sync::Arc::new(h);
+    let in_flight = |run: &serde_json::Value| run["runs"][0]["used"]["in_flight"].clone();
+    for route in ["wide", "assembled"] {
+        let id: &'static str = if route == "wide" {
+            "meanwhile-doc"
+        } else {
+            "meanwhile-assembled"
+        };
+        let max = r#","max_tokens":100"#;
+        let slow = tokio::spawn({
+            let h = h.clone();
+            async move {
+                let headers = [("x-run-id", id), ("x-fake-ttft-ms", "1500")];
+                let (resp, _c) = h.send(call(route, false, &headers, max)).await;
+                assert_eq!(resp.status(), 200);
+                let left = tokens_left(&resp);
+                json_body(resp).await;
+                left
+            }
+        });
+        // Admitted first, it waits for its answer while another call of the run comes and
+        // goes.
+        let bound = Instant::now() + Duration::from_secs(5);
+        while in_flight(&run_json_now(&h, id).await) != 1 {
+            assert!(Instant::now() < bound, "{route}: the slow call never came");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (resp, _c) = h.send(call(route, false, &[("x-run-id", id)], max)).await;
+        assert_eq!(resp.status(), 200);
+        json_body(resp).await;
+        let run = run_json_now(&h, id).await;
+        assert_eq!(
+            in_flight(&run),
+            1,
+            "{route}: the other's end is counted: {run}"
+        );
+        assert!(
+            !slow.is_finished(),
+            "{route}: the slow call is answered after the other's end"
+        );
+        let left = slow.await.unwrap();
+        let run = run_json(&h, id).await;
+        assert_eq!(run["runs"][0]["left"]["tokens"], left, "{route}: {run}");
+    }
+}
