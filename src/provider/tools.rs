@@ -1,7 +1,8 @@
 //! The tool calls a model answered with, gathered as the answer passes (each SSE event's data,
 //! or the whole JSON document), so that a run can tell the same tool call asked for again and
-//! again. A call is its name and its arguments in canonical JSON (keys sorted, no whitespace),
-//! so that key order and spacing never make two equal calls look different.
+//! again. A call is its name and its arguments in canonical JSON (keys sorted, no whitespace,
+//! strings by what they decode to, numbers as written: `canonical_json`), so that key order and
+//! spacing never make two equal calls look different, nor f64 two different ones alike.
 //!
 //! | format | streamed | whole |
 //! |---|---|---|
@@ -10,10 +11,11 @@
 //! | Chat Completions, legacy | `choices[].delta.function_call` pieces | `choices[].message.function_call` |
 //! | Responses | `response.output_item.added` of a `function_call`, its `function_call_arguments.delta`s (`.done` has them whole); of a `custom_tool_call`, its `custom_tool_call_input.delta`s; `computer_call`, `local_shell_call`, `shell_call` (named `computer`, `local_shell`, `shell`): their `action` | `output[]` items of those types |
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 
 use memchr::memmem;
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -495,13 +497,143 @@ fn mentions_a_tool(data: &[u8]) -> bool {
     WORDS.iter().any(|w| w.find(data).is_some())
 }
 
-/// JSON with sorted keys and no whitespace (serde_json's map is ordered by key); text that is
-/// not JSON, trimmed, as it is.
+/// How deeply `canonical_json` reads nested arguments (serde_json's own limit for a `Value`):
+/// deeper ones are compared as written, and the recursion stays bounded.
+const MAX_DEPTH: usize = 128;
+
+/// JSON with sorted keys (a key given twice counts once, with its last value, as in
+/// serde_json's map) and no whitespace, strings by what they decode to; text that is not JSON,
+/// or is nested deeper than `MAX_DEPTH`, trimmed, as it is.
+///
+/// Numbers (and `true`, `false`, `null`) keep their text: parsed into a `Value` they became an
+/// f64 past i64/u64 or f64's precision, and different ids or amounts one call (audit SF 3:
+/// `98765432109876543210` and `…211`). So `2.0` and `2` are different arguments, as they
+/// always were. (serde_json's `arbitrary_precision` would keep them too, but for every `Value`
+/// in the gateway.) Two passes over the text: serde_json checks it is JSON, then `Canon`
+/// writes it, so that a deep one is not read again at each level.
 fn canonical_json(text: &str) -> String {
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(v) => v.to_string(),
-        Err(_) => text.trim().to_owned(),
+    if serde_json::from_str::<IgnoredAny>(text).is_ok() {
+        let mut out = String::with_capacity(text.len());
+        if (Canon { text, at: 0 }).value(MAX_DEPTH, &mut out).is_some() {
+            return out;
+        }
     }
+    text.trim().to_owned()
+}
+
+/// Reads text already checked to be JSON, once, writing it canonical (`canonical_json`). Were
+/// it not JSON after all, it would end in `None`, never loop or panic: each step takes a byte
+/// at least or fails.
+struct Canon<'a> {
+    text: &'a str,
+    at: usize,
+}
+
+impl Canon<'_> {
+    /// The next byte after whitespace, not taken.
+    fn peek(&mut self) -> u8 {
+        let bytes = self.text.as_bytes();
+        while bytes.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+        bytes.get(self.at).copied().unwrap_or_default()
+    }
+
+    /// Writes the value that starts here; `None` when it nests deeper than `depth`.
+    fn value(&mut self, depth: usize, out: &mut String) -> Option<()> {
+        match self.peek() {
+            b'{' => {
+                let depth = depth.checked_sub(1)?;
+                self.at += 1;
+                // Each member canonical, by its canonical key: one order for equal keys
+                // however they were escaped, and a key given twice keeps its last value.
+                let mut members = BTreeMap::new();
+                while self.peek() != b'}' {
+                    let mut key = String::new();
+                    push_string(self.string()?, &mut key)?;
+                    self.peek();
+                    self.at += 1; // the `:`
+                    let mut value = String::new();
+                    self.value(depth, &mut value)?;
+                    members.insert(key, value);
+                    if self.peek() == b',' {
+                        self.at += 1;
+                    }
+                }
+                self.at += 1;
+                out.push('{');
+                for (i, (key, value)) in members.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(key);
+                    out.push(':');
+                    out.push_str(value);
+                }
+                out.push('}');
+            }
+            b'[' => {
+                let depth = depth.checked_sub(1)?;
+                self.at += 1;
+                out.push('[');
+                let mut first = true;
+                while self.peek() != b']' {
+                    if !std::mem::take(&mut first) {
+                        out.push(',');
+                    }
+                    self.value(depth, out)?;
+                    if self.peek() == b',' {
+                        self.at += 1;
+                    }
+                }
+                self.at += 1;
+                out.push(']');
+            }
+            b'"' => push_string(self.string()?, out)?,
+            // A number or a literal, as written: it ends where the JSON around it goes on.
+            _ => {
+                let rest = self.text.get(self.at..)?;
+                let end = rest
+                    .find([',', '}', ']', ' ', '\t', '\n', '\r'])
+                    .unwrap_or(rest.len());
+                if end == 0 {
+                    return None;
+                }
+                out.push_str(&rest[..end]);
+                self.at += end;
+            }
+        }
+        Some(())
+    }
+
+    /// The string that starts here, as written, quotes and escapes included.
+    fn string(&mut self) -> Option<&str> {
+        let bytes = self.text.as_bytes();
+        let start = self.at;
+        let mut at = start + 1;
+        loop {
+            at += memchr::memchr2(b'"', b'\\', bytes.get(at..)?)?;
+            if bytes[at] == b'"' {
+                break;
+            }
+            at += 2; // an escape: its next byte is never the end
+        }
+        self.at = at + 1;
+        self.text.get(start..self.at)
+    }
+}
+
+/// A JSON string as written, written by what it decodes to, as serde_json writes it.
+fn push_string(written: &str, out: &mut String) -> Option<()> {
+    // Without an escape that is as it was written: serde_json escapes only `"`, `\` and
+    // control characters, which JSON text cannot hold unescaped.
+    if !written.contains('\\') {
+        out.push_str(written);
+        return Some(());
+    }
+    let decoded: String = serde_json::from_str(written).ok()?;
+    out.push_str(&serde_json::to_string(&decoded).ok()?);
+    Some(())
 }
 
 #[derive(Deserialize)]

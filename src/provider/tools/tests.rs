@@ -450,3 +450,136 @@ fn parallel_calls_in_another_order_are_the_same_calls() {
     feed(&mut t, &event(0, "b"));
     assert_eq!(t.canonical().unwrap().1, "b,a");
 }
+
+/// Audit SF 3: numbers an f64 cannot tell apart (integers past i64/u64, decimals past its
+/// precision) are different arguments, compared as written: `get_order` asked for three
+/// different 20-digit ids was refused as a loop on the 4th call. (`2.0` and `2` stay apart, as
+/// they always were.)
+#[test]
+fn numbers_are_compared_as_written() {
+    let repros = [
+        [
+            r#"{"order_id":98765432109876543210}"#,
+            r#"{"order_id":98765432109876543211}"#,
+            r#"{"order_id":98765432109876543212}"#,
+        ],
+        [
+            r#"{"amount":0.1000000000000000001}"#,
+            r#"{"amount":0.1000000000000000002}"#,
+            r#"{"amount":0.1}"#,
+        ],
+        [
+            r#"{"n":-9223372036854775809}"#,
+            r#"{"n":-9223372036854775810}"#,
+            r#"{"n":-9223372036854775811}"#,
+        ],
+        [r#"{"b":2.0}"#, r#"{"b":2}"#, r#"{"b":2e0}"#],
+    ];
+    for [a, b, c] in repros {
+        let (a, b, c) = (canonical_json(a), canonical_json(b), canonical_json(c));
+        assert!(a != b && b != c && a != c, "{a} {b} {c}");
+    }
+    // Through a whole answer too, and each number keeps its text, nested or not.
+    let call = |arguments: &str| {
+        let arguments = serde_json::to_string(arguments).unwrap();
+        whole(
+            Format::Chat,
+            &format!(
+                r#"{{"choices":[{{"index":0,"message":{{"tool_calls":[{{"function":{{"name":"get_order","arguments":{arguments}}}}}]}}}}]}}"#
+            ),
+        )
+        .unwrap()
+        .0
+    };
+    assert_ne!(
+        call(r#"{"order_id":98765432109876543210}"#),
+        call(r#"{"order_id":98765432109876543211}"#)
+    );
+    assert_eq!(
+        canonical_json(r#"{ "b" : [ 1.50 , -0, 1E400, {"x": 98765432109876543210} ], "a": 1e-7 }"#),
+        r#"{"a":1e-7,"b":[1.50,-0,1E400,{"x":98765432109876543210}]}"#
+    );
+}
+
+/// What made two equal calls one before SF 3 still does: key order at every depth,
+/// whitespace, a string's escapes (`"\u0041"` is `"A"`), and a key given twice (the last one
+/// counts, as serde_json's own map has it); text that is not JSON is compared trimmed.
+#[test]
+fn equal_arguments_are_one_canonical_text() {
+    let canon = r#"{"a":{"x":"A","y":[true,null,"é\n"]},"b":2}"#;
+    for same in [
+        r#"{"a":{"x":"A","y":[true,null,"é\n"]},"b":2}"#,
+        r#"{"b":2,"a":{"y":[true,null,"é\n"],"x":"A"}}"#,
+        " {\n \"b\" : 2 ,\t\"a\" : { \"y\" : [ true , null , \"\\u00e9\\n\" ] , \"x\" : \"\\u0041\" } } ",
+        r#"{"\u0062":1,"a":{"x":"\u0041","y":[true,null,"\u00e9\u000a"]},"b":2}"#,
+    ] {
+        assert_eq!(canonical_json(same), canon, "{same}");
+    }
+    assert_eq!(canonical_json(r#""\u0041\/""#), r#""A/""#);
+    assert_eq!(
+        canonical_json(r#"{"a":"\u0000\"\\"}"#),
+        r#"{"a":"\u0000\"\\"}"#
+    );
+    assert_eq!(canonical_json("  ls -la /tmp \n"), "ls -la /tmp");
+    assert_eq!(canonical_json(r#"{"a":1,}"#), r#"{"a":1,}"#, "not JSON");
+    assert_eq!(canonical_json(" [] "), "[]");
+    assert_eq!(canonical_json(" {} "), "{}");
+    // Whatever the text holds, its canonical form is the same JSON, at the same length or less.
+    for text in [
+        r#"{"a":"x\\","b":"}\"], {","c":[[],{},[{}]],"d":"\\\"","e":-1.5e-3}"#,
+        " [ \"a,b\" , { \"k\" : \"\\u2028\\ud83d\\ude00😀\" } , false , null ] ",
+        r#"{"":0,"é":{"ß":[0.5,"]"]}}"#,
+    ] {
+        let canon = canonical_json(text);
+        let value = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap();
+        assert_eq!(value(&canon), value(text), "{canon}");
+        assert!(canon.len() <= text.len(), "{canon}");
+    }
+}
+
+/// Arguments nested past serde_json's own limit (128) are compared as written, as they were
+/// before SF 3: however deep, never a stack overflow.
+#[test]
+fn deeply_nested_arguments_are_compared_as_written() {
+    let deep = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    assert_eq!(canonical_json(&deep(100)), deep(100));
+    let very = format!(" {} ", deep(1 << 20));
+    assert_eq!(canonical_json(&very), deep(1 << 20));
+    let objects =
+        |depth: usize| format!("{}1{}", r#"{"b":0, "a":"#.repeat(depth), "}".repeat(depth));
+    assert_eq!(
+        canonical_json(&objects(3)),
+        r#"{"a":{"a":{"a":1,"b":0},"b":0},"b":0}"#
+    );
+    assert_eq!(
+        canonical_json(&objects(200)),
+        objects(200),
+        "as written past the limit"
+    );
+}
+
+/// `Canon` reads only what serde_json found to be JSON; were it anything else, it ends in
+/// `None`, never in a panic or a loop.
+#[test]
+fn canon_ends_on_text_that_is_not_json() {
+    for text in [
+        r#"{"a":1"#,
+        "[1,",
+        r#"["a"#,
+        r#"{"a"#,
+        r#"{"a\"#,
+        "[",
+        "{",
+        "",
+        " ",
+        "[1 2",
+        r#"{"a" 1}"#,
+    ] {
+        let mut out = String::new();
+        assert_eq!(
+            Canon { text, at: 0 }.value(MAX_DEPTH, &mut out),
+            None,
+            "{text}"
+        );
+    }
+}
