@@ -106,7 +106,11 @@ pub async fn run(
         }
         for n in 0..=policy.retries {
             let now = Instant::now();
-            let Turn::Go(probe) = turn(chain, i, template, budget, now) else {
+            // The ejection the attempt is judged under, read before it is judged: one judged
+            // in rotation that starts after an ejection tells of the upstream before it, and
+            // does not end that ejection (`Health::report`).
+            let mut began = entry.upstream.health.since();
+            let Turn::Go(mut probe) = turn(chain, i, template, budget, now) else {
                 metrics.skipped(&route.name, &entry.upstream.name);
                 record.passed_over(&entry.upstream.name);
                 break;
@@ -181,6 +185,25 @@ pub async fn run(
             } else {
                 None
             };
+            // Ejected while the retry waited (by other requests' failures): judged again, by
+            // the rule it was judged by before the wait. Judged only before it, requests that
+            // waited out a `Retry-After` all retried the ejected upstream while the fallback
+            // was in rotation, and their answers ended the ejection (audit SC 1).
+            if n > 0 && probe.is_none() && entry.upstream.health.is_out() {
+                began = entry.upstream.health.since();
+                match turn(chain, i, template, budget, Instant::now()) {
+                    Turn::Go(Some(p)) => probe = Some(p),
+                    Turn::Go(None) => {
+                        record.throttled(Throttled::RetryOutOfRotation);
+                        break;
+                    }
+                    Turn::PassOver => {
+                        metrics.skipped(&route.name, &entry.upstream.name);
+                        record.passed_over(&entry.upstream.name);
+                        break;
+                    }
+                }
+            }
             // The attempt is made: what it replaces is dropped (and so cancelled) now.
             drop(std::mem::replace(&mut last, Last::None));
             if n > 0 {
@@ -236,7 +259,15 @@ pub async fn run(
                 (ft, switch_by) =
                     first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
                 let outcome = single(
-                    metrics, route, entry, template, budget, record, ft, switch_by, probe,
+                    metrics,
+                    route,
+                    entry,
+                    template,
+                    budget,
+                    record,
+                    ft,
+                    switch_by,
+                    (probe, began),
                 )
                 .await;
                 own = Own::of(outcome.as_ref());
@@ -626,15 +657,15 @@ async fn single(
     record: &mut RequestRecord,
     first_token_timeout: Duration,
     switch_by: Option<SwitchBy>,
-    // Held until the attempt (and a resend of it) has reported, or dropped with it.
-    probe: Option<Probe<'_>>,
+    // The probe's turn, held until the attempt (and a resend of it) has reported, or
+    // dropped with it; and the ejection the attempt was judged under (`Health::since`).
+    (probe, began): (Option<Probe<'_>>, Since),
 ) -> Result<Started, GatewayError> {
     let mut sent_again = false;
     loop {
         let out = template.request_for(&entry.upstream)?;
         let now = Instant::now();
         let index = record.attempt_started(entry, now, true);
-        let began = entry.upstream.health.since();
         let mut result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;

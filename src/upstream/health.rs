@@ -119,7 +119,10 @@ impl Health {
         self.timing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// What an attempt beginning now reports with.
+    /// What an attempt judged now reports with: read when the attempt is judged (in rotation,
+    /// its probe, or tried because nothing else is), before any wait. An attempt judged in
+    /// rotation that starts after a `Retry-After` wait inside an ejection tells of the
+    /// upstream before that ejection, and does not end it (audit SC 1).
     pub fn since(&self) -> Since {
         Since(self.ejections.load(Ordering::Relaxed))
     }

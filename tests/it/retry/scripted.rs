@@ -671,3 +671,69 @@ async fn a_request_whose_connection_closed_after_part_of_its_answer_is_not_sent_
         assert_eq!(asked.load(Ordering::SeqCst), 2, "{case}: not sent again");
     }
 }
+
+/// A retry that waits out a `Retry-After` is judged again when its wait ends: an upstream
+/// ejected meanwhile is passed over for the fallback in rotation, as it would have been
+/// before the wait, and no attempt begun as though it were in rotation ends its ejection.
+/// Judged only before the wait, four requests of eight slept 4 s and then all retried the
+/// ejected primary, and their answers put it back 2 s into a 10 s ejection (audit SC 1).
+#[tokio::test]
+async fn a_retry_whose_upstream_was_ejected_during_its_wait_goes_to_the_fallback() {
+    let asked_later = answer(
+        Duration::ZERO,
+        "429 Too Many Requests",
+        "retry-after: 1\r\n",
+    );
+    // Its third call would answer, and put it back in rotation.
+    let (url, asked) = scripted(vec![asked_later.clone(), asked_later, completion()]).await;
+    let p = std::sync::Arc::new(
+        pair_with(
+            "retries = 1\nfallbacks = [\"backup\"]",
+            "eject_after = 2\neject_for = \"30s\"",
+            "",
+            Some(url),
+        )
+        .await,
+    );
+    let waits = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+            let status = resp.status();
+            read_body(resp.into_body()).await;
+            status
+        })
+    };
+    // The first request's 429 is in (and reported): it waits out its second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while asked.load(std::sync::atomic::Ordering::SeqCst) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the first request reached the primary"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The second's 429 ejects the primary: it goes on to the backup at once.
+    let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"primary\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(waits.await.unwrap(), 200);
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the ejected primary was retried"
+    );
+    assert_eq!(p.backup.requests().len(), 2);
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"primary\"}")
+            .await,
+        1.0,
+        "still out of rotation"
+    );
+}
