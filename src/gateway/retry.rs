@@ -85,6 +85,9 @@ pub async fn run(
 ) -> Result<Started, GatewayError> {
     let policy = &route.route.policy;
     let mut last = Last::None;
+    // A copy of the last upstream answer that the next attempt replaced, passed through
+    // should the chain end in an error of the gateway's own.
+    let mut kept: Option<Box<Started>> = None;
     // The last failure of the upstream being retried.
     let mut own = Own::default();
     let mut previous: Option<usize> = None;
@@ -100,7 +103,7 @@ pub async fn run(
     if policy.hedge_after.is_some() {
         route.hedges.request();
     }
-    for (i, entry) in chain.iter().enumerate() {
+    'chain: for (i, entry) in chain.iter().enumerate() {
         if raced.contains(&i) {
             continue;
         }
@@ -204,8 +207,17 @@ pub async fn run(
                     }
                 }
             }
-            // The attempt is made: what it replaces is dropped (and so cancelled) now.
-            drop(std::mem::replace(&mut last, Last::None));
+            // The attempt is made: what it replaces is dropped (and so cancelled) now, all but
+            // a copy of an upstream answer. Should the attempts after it end in the gateway's
+            // own error (a fallback refused, one that hung to the deadline), the provider's
+            // 429 and its `Retry-After` are the better answer: they were lost for a 502 that
+            // said not to retry, or a 504 (audit SC 2).
+            if let Last::Answer(started) = std::mem::replace(&mut last, Last::None) {
+                let by = Instant::now() + KEPT_BODY_WAIT;
+                if let Some(copy) = started.keep(KEPT_BODY_MOST, by).await {
+                    kept = Some(Box::new(copy));
+                }
+            }
             if n > 0 {
                 metrics.retry(
                     &route.name,
@@ -300,7 +312,8 @@ pub async fn run(
                     let retryable =
                         error_cause(&error).is_some_and(|c| policy.retry_on.contains(c));
                     if !retryable {
-                        return Err(error);
+                        last = Last::Error(error);
+                        break 'chain;
                     }
                     // A certificate that failed fails every retry here the same way: on to
                     // the fallback, if any.
@@ -319,6 +332,10 @@ pub async fn run(
             }
         }
     }
+    let last = match (last, kept) {
+        (Last::Error(e), Some(answer)) if gateways_own(&e) => Last::Answer(answer),
+        (last, _) => last,
+    };
     match last {
         Last::Answer(started) => {
             // No attempt was left to make: the upstream's own answer passes through.
@@ -348,6 +365,21 @@ pub async fn run(
             ))
         }
     }
+}
+
+/// The longest a kept answer's body is waited for (see `Started::keep`), and its most bytes.
+/// Error bodies come with their heads: one that does not is not kept, and costs the next
+/// attempt no more than this.
+const KEPT_BODY_WAIT: Duration = Duration::from_millis(100);
+const KEPT_BODY_MOST: usize = 64 * 1024;
+
+/// Whether `e`, ending a chain after an upstream's answer was replaced, is the gateway's
+/// account of a later attempt (a failed or hung connect, a first token late, a reset, the
+/// deadline spent waiting), which that answer passes through in place of. The deadline too:
+/// the provider said when to come back, where a 504 says only that time ran out. Not a
+/// client that left, a shutdown, or the gateway's own want of memory or descriptors.
+fn gateways_own(e: &GatewayError) -> bool {
+    error_cause(e).is_some() || matches!(e, GatewayError::DeadlineExceeded { .. })
 }
 
 /// Exponential backoff with jitter before retry `n` (1-based) on the same upstream: 100 ms,

@@ -737,3 +737,48 @@ async fn a_retry_whose_upstream_was_ejected_during_its_wait_goes_to_the_fallback
         "still out of rotation"
     );
 }
+
+/// A provider's rate limit, with what it says of when to come back.
+fn rate_limited() -> Vec<(Duration, Vec<u8>)> {
+    let body = r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#;
+    let head = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nx-ratelimit-remaining-requests: 0\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    vec![(Duration::ZERO, head.into_bytes())]
+}
+
+/// A primary's 429 is not lost when its fallback then fails in a way of the gateway's own
+/// (a connect refused, a wait that spent the budget): the provider's answer, with its
+/// `Retry-After`, passes through as it would had no fallback followed. It was replaced by a
+/// 502 naming the fallback that said not to retry, or a 504 (audit SC 2).
+#[tokio::test]
+async fn a_429_is_passed_through_when_the_fallback_fails_on_its_own() {
+    let (_refusing, refused) = closed_port();
+    let (hanging, _) = scripted(vec![vec![(Duration::from_secs(30), Vec::new())]]).await;
+    for (backup, budget) in [(refused, "5000"), (hanging, "1500")] {
+        let (primary, asked) = scripted(vec![rate_limited()]).await;
+        let text = config(&primary, &backup, "fallbacks = [\"backup\"]", "", "");
+        let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+            .await
+            .unwrap();
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[("x-request-budget-ms", budget)], false))
+            .await;
+        assert_eq!(resp.status(), 429, "the provider's answer ({backup})");
+        let headers = resp.headers().clone();
+        assert_eq!(headers["retry-after"], "1", "{headers:?}");
+        assert_eq!(
+            headers["x-ratelimit-remaining-requests"], "0",
+            "{headers:?}"
+        );
+        // Two attempts were made: the client's SDK is told the gateway retried.
+        assert_eq!(headers["x-should-retry"], "false", "{headers:?}");
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+}
