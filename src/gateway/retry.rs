@@ -667,7 +667,7 @@ const SLOW_CONNECT: Duration = Duration::from_secs(1);
 /// the upstream from requests with time to wait.
 fn verdict(result: &Result<Started, GatewayError>, budget: &Budget) -> Verdict {
     match result {
-        Ok(s) if answer_cause(s).is_some() => Verdict::Failed,
+        Ok(s) if answer_cause(s).is_some() => Verdict::Failed(answer_outcome(s)),
         Ok(_) => Verdict::Healthy,
         Err(GatewayError::UpstreamRefused { .. }) => Verdict::Neither,
         Err(GatewayError::ConnectTimeout { after, .. })
@@ -680,7 +680,7 @@ fn verdict(result: &Result<Started, GatewayError>, budget: &Budget) -> Verdict {
         {
             Verdict::Neither
         }
-        Err(e) if error_cause(e).is_some() => Verdict::Failed,
+        Err(e) if error_cause(e).is_some() => Verdict::Failed(e.code()),
         Err(_) => Verdict::Neither,
     }
 }
@@ -783,18 +783,28 @@ fn note(
     result: &Result<Started, GatewayError>,
 ) {
     let upstream = &entry.upstream;
+    let verdict = verdict(result, budget);
     let change = upstream
         .health
-        .report(verdict(result, budget), Instant::now(), probe, began);
+        .report(verdict, Instant::now(), probe, began);
     // An upstream a reload replaced still hears from the attempts it had begun, but its
     // name's series belong to the upstream now serving.
     match change.filter(|_| !upstream.is_retired()) {
         Some(Change::Ejected) => {
+            // How the attempt that ejected it failed: a key at its rate limit (`status_429`)
+            // and a provider down (`connect_timeout`, `status_5xx`) otherwise look alike
+            // (audit SC 5).
+            let reason = match verdict {
+                Verdict::Failed(how) => how,
+                _ => "other",
+            };
             tracing::warn!(
                 upstream = &*upstream.name,
-                "upstream out of rotation for {}ms after {} failed attempts in a row",
+                reason,
+                "upstream out of rotation for {}ms after {} failed attempts in a row (the last: {})",
                 upstream.config.ejection.duration.as_millis(),
                 upstream.config.ejection.after,
+                reason,
             );
             metrics.ejection(&upstream.name);
         }
@@ -804,17 +814,23 @@ fn note(
         }
         None => {}
     }
-    let outcome = match result {
-        Ok(s) if s.error_event.is_some() => Ok("error_event"),
-        Ok(s) if s.response.status().is_success() => Ok("ok"),
-        Ok(s) => Ok(match status_cause(s.response.status()) {
+    let outcome = result.as_ref().map(answer_outcome);
+    record.attempt(entry, index, outcome);
+}
+
+/// An answer as the request log's `attempts` names it.
+fn answer_outcome(s: &Started) -> &'static str {
+    if s.error_event.is_some() {
+        "error_event"
+    } else if s.response.status().is_success() {
+        "ok"
+    } else {
+        match status_cause(s.response.status()) {
             Some(RetryCause::Status429) => "status_429",
             Some(_) => "status_5xx",
             None => "status_4xx",
-        }),
-        Err(e) => Err(e),
-    };
-    record.attempt(entry, index, outcome);
+        }
+    }
 }
 
 /// Counts a hedge, once both attempts started, by who won when it ends: `none` too when the
