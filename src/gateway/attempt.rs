@@ -388,10 +388,12 @@ impl<'a> Attempt<'a> {
             let shape = BodyShape::of(&parts.headers);
             let mut body = UpstreamBody {
                 prefix: VecDeque::new(),
-                inner: incoming,
-                _in_flight: self.in_flight,
-                _stream: slot,
-                _unsent: unanswered,
+                inner: Some(incoming),
+                _call: Some(Call {
+                    _in_flight: self.in_flight,
+                    _stream: slot,
+                    _unsent: unanswered,
+                }),
             };
             let (mut first_token_at, mut first_byte_at, mut error_event) = (None, None, None);
             if self.hold && parts.status.is_success() {
@@ -515,7 +517,13 @@ async fn hold_until_first_token(
     loop {
         let frame = tokio::select! {
             biased;
-            f = body.inner.frame() => f,
+            // (A copy kept whole has no more: `Started::keep`.)
+            f = async {
+                match body.inner.as_mut() {
+                    Some(inner) => inner.frame().await,
+                    None => None,
+                }
+            } => f,
             () = &mut timer => {
                 let now = Instant::now();
                 let recheck = recheck_at(timer.deadline(), now).filter(|_| !rechecked);
@@ -585,13 +593,48 @@ pin_project! {
     /// flight (and as a stream on its upstream connection) until it is dropped.
     pub struct UpstreamBody {
         prefix: VecDeque<Bytes>,
+        // None in a copy kept whole in `prefix`, its call over (`Started::keep`).
         #[pin]
-        inner: Incoming,
-        _in_flight: InFlight,
-        _stream: StreamSlot,
-        // An answer that came before the request's body was all sent: its connection is
-        // abandoned when the answer is done with.
-        _unsent: Unanswered,
+        inner: Option<Incoming>,
+        _call: Option<Call>,
+    }
+}
+
+/// What an answer holds of its upstream call until its body is done with.
+struct Call {
+    _in_flight: InFlight,
+    _stream: StreamSlot,
+    // An answer that came before the request's body was all sent: its connection is
+    // abandoned when the answer is done with.
+    _unsent: Unanswered,
+}
+
+impl Started {
+    /// A copy of this answer, whole, to pass through should the attempts after it end in an
+    /// error of the gateway's own (`retry::run`): its head, and its body read to its end, at
+    /// most `most` bytes and by `by` (none when it is longer or slower: an error body is a
+    /// few hundred bytes, sent with its head). A provider's error event read while the head
+    /// was held is whole in what was read; the rest of that stream is not waited for. The
+    /// upstream call is over: its connection and its count in flight are let go now.
+    pub async fn keep(mut self, most: usize, by: Instant) -> Option<Started> {
+        let body = self.response.body_mut();
+        if self.error_event.is_none() {
+            let mut read: usize = body.prefix.iter().map(Bytes::len).sum();
+            let inner = body.inner.as_mut()?;
+            while let Some(frame) = tokio::time::timeout_at(by, inner.frame()).await.ok()? {
+                let Ok(data) = frame.ok()?.into_data() else {
+                    continue;
+                };
+                read += data.len();
+                if read > most {
+                    return None;
+                }
+                body.prefix.push_back(data);
+            }
+        }
+        body.inner = None;
+        body._call = None;
+        Some(self)
     }
 }
 
@@ -607,15 +650,22 @@ impl Body for UpstreamBody {
         if let Some(b) = this.prefix.pop_front() {
             return Poll::Ready(Some(Ok(Frame::data(b))));
         }
-        this.inner.poll_frame(cx)
+        match this.inner.as_pin_mut() {
+            Some(inner) => inner.poll_frame(cx),
+            None => Poll::Ready(None),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.prefix.is_empty() && self.inner.is_end_stream()
+        self.prefix.is_empty() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        crate::stream::watchdog::with_held(self.inner.size_hint(), &self.prefix)
+        let inner = self
+            .inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        crate::stream::watchdog::with_held(inner, &self.prefix)
     }
 }
 

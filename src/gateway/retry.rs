@@ -85,6 +85,9 @@ pub async fn run(
 ) -> Result<Started, GatewayError> {
     let policy = &route.route.policy;
     let mut last = Last::None;
+    // A copy of the last upstream answer that the next attempt replaced, passed through
+    // should the chain end in an error of the gateway's own.
+    let mut kept: Option<Box<Started>> = None;
     // The last failure of the upstream being retried.
     let mut own = Own::default();
     let mut previous: Option<usize> = None;
@@ -100,13 +103,17 @@ pub async fn run(
     if policy.hedge_after.is_some() {
         route.hedges.request();
     }
-    for (i, entry) in chain.iter().enumerate() {
+    'chain: for (i, entry) in chain.iter().enumerate() {
         if raced.contains(&i) {
             continue;
         }
         for n in 0..=policy.retries {
             let now = Instant::now();
-            let Turn::Go(probe) = turn(chain, i, template, budget, now) else {
+            // The ejection the attempt is judged under, read before it is judged: one judged
+            // in rotation that starts after an ejection tells of the upstream before it, and
+            // does not end that ejection (`Health::report`).
+            let mut began = entry.upstream.health.since();
+            let Turn::Go(mut probe) = turn(chain, i, template, budget, now) else {
                 metrics.skipped(&route.name, &entry.upstream.name);
                 record.passed_over(&entry.upstream.name);
                 break;
@@ -139,6 +146,15 @@ pub async fn run(
                 let backoff = backoff(n);
                 asked = own.retry_after.is_some_and(|a| a > backoff);
                 wait = retry_wait(own.retry_after, backoff, fastrand::f64(), fits);
+                // Asked to come back later, a balanced upstream leaves the retry to a peer in
+                // rotation that this request has not tried: `balance_with` spreads a
+                // provider's rate limits over keys, and the other key is free now (audit SC
+                // 3: 2.3 s waiting out one key's `Retry-After` against 2 ms on the other).
+                // Fallbacks keep their order: a fallback may be another model.
+                if asked && peer_free(chain, i, &raced, template, budget, now) {
+                    tracing::debug!(?wait, "moving on to a balance peer instead of waiting");
+                    break;
+                }
                 if let Some(c) = own.cause {
                     tracing::debug!(reason = c.as_str(), ?wait, "retrying");
                 }
@@ -181,8 +197,36 @@ pub async fn run(
             } else {
                 None
             };
-            // The attempt is made: what it replaces is dropped (and so cancelled) now.
-            drop(std::mem::replace(&mut last, Last::None));
+            // Ejected while the retry waited (by other requests' failures): judged again, by
+            // the rule it was judged by before the wait. Judged only before it, requests that
+            // waited out a `Retry-After` all retried the ejected upstream while the fallback
+            // was in rotation, and their answers ended the ejection (audit SC 1).
+            if n > 0 && probe.is_none() && entry.upstream.health.is_out() {
+                began = entry.upstream.health.since();
+                match turn(chain, i, template, budget, Instant::now()) {
+                    Turn::Go(Some(p)) => probe = Some(p),
+                    Turn::Go(None) => {
+                        record.throttled(Throttled::RetryOutOfRotation);
+                        break;
+                    }
+                    Turn::PassOver => {
+                        metrics.skipped(&route.name, &entry.upstream.name);
+                        record.passed_over(&entry.upstream.name);
+                        break;
+                    }
+                }
+            }
+            // The attempt is made: what it replaces is dropped (and so cancelled) now, all but
+            // a copy of an upstream answer. Should the attempts after it end in the gateway's
+            // own error (a fallback refused, one that hung to the deadline), the provider's
+            // 429 and its `Retry-After` are the better answer: they were lost for a 502 that
+            // said not to retry, or a 504 (audit SC 2).
+            if let Last::Answer(started) = std::mem::replace(&mut last, Last::None) {
+                let by = Instant::now() + KEPT_BODY_WAIT;
+                if let Some(copy) = started.keep(KEPT_BODY_MOST, by).await {
+                    kept = Some(Box::new(copy));
+                }
+            }
             if n > 0 {
                 metrics.retry(
                     &route.name,
@@ -236,7 +280,15 @@ pub async fn run(
                 (ft, switch_by) =
                     first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
                 let outcome = single(
-                    metrics, route, entry, template, budget, record, ft, switch_by, probe,
+                    metrics,
+                    route,
+                    entry,
+                    template,
+                    budget,
+                    record,
+                    ft,
+                    switch_by,
+                    (probe, began),
                 )
                 .await;
                 own = Own::of(outcome.as_ref());
@@ -269,7 +321,8 @@ pub async fn run(
                     let retryable =
                         error_cause(&error).is_some_and(|c| policy.retry_on.contains(c));
                     if !retryable {
-                        return Err(error);
+                        last = Last::Error(error);
+                        break 'chain;
                     }
                     // A certificate that failed fails every retry here the same way: on to
                     // the fallback, if any.
@@ -288,6 +341,10 @@ pub async fn run(
             }
         }
     }
+    let last = match (last, kept) {
+        (Last::Error(e), Some(answer)) if gateways_own(&e) => Last::Answer(answer),
+        (last, _) => last,
+    };
     match last {
         Last::Answer(started) => {
             // No attempt was left to make: the upstream's own answer passes through.
@@ -317,6 +374,21 @@ pub async fn run(
             ))
         }
     }
+}
+
+/// The longest a kept answer's body is waited for (see `Started::keep`), and its most bytes.
+/// Error bodies come with their heads: one that does not is not kept, and costs the next
+/// attempt no more than this.
+const KEPT_BODY_WAIT: Duration = Duration::from_millis(100);
+const KEPT_BODY_MOST: usize = 64 * 1024;
+
+/// Whether `e`, ending a chain after an upstream's answer was replaced, is the gateway's
+/// account of a later attempt (a failed or hung connect, a first token late, a reset, the
+/// deadline spent waiting), which that answer passes through in place of. The deadline too:
+/// the provider said when to come back, where a 504 says only that time ran out. Not a
+/// client that left, a shutdown, or the gateway's own want of memory or descriptors.
+fn gateways_own(e: &GatewayError) -> bool {
+    error_cause(e).is_some() || matches!(e, GatewayError::DeadlineExceeded { .. })
 }
 
 /// Exponential backoff with jitter before retry `n` (1-based) on the same upstream: 100 ms,
@@ -512,6 +584,26 @@ fn error_cause(e: &GatewayError) -> Option<RetryCause> {
     }
 }
 
+/// Whether a balanced upstream after the `i`th of the chain (the `i`th being balanced too) is
+/// in rotation, untried by this request (not raced beside it), with an attempt there that
+/// fits the budget.
+fn peer_free(
+    chain: Order<'_>,
+    i: usize,
+    raced: &[usize],
+    template: &Template,
+    budget: &Budget,
+    now: Instant,
+) -> bool {
+    chain.balanced(i)
+        && (i + 1..).take_while(|&k| chain.balanced(k)).any(|k| {
+            let upstream = &chain[k].upstream;
+            !raced.contains(&k)
+                && !upstream.health.is_out()
+                && budget.usable(now) >= template.expected_ttft(upstream).max(budget.min_useful)
+        })
+}
+
 /// Whether the attempt on the `i`th upstream of the chain is made.
 enum Turn<'a> {
     /// It is, as the upstream's probe when it is out of rotation and its turn to be probed
@@ -575,7 +667,7 @@ const SLOW_CONNECT: Duration = Duration::from_secs(1);
 /// the upstream from requests with time to wait.
 fn verdict(result: &Result<Started, GatewayError>, budget: &Budget) -> Verdict {
     match result {
-        Ok(s) if answer_cause(s).is_some() => Verdict::Failed,
+        Ok(s) if answer_cause(s).is_some() => Verdict::Failed(answer_outcome(s)),
         Ok(_) => Verdict::Healthy,
         Err(GatewayError::UpstreamRefused { .. }) => Verdict::Neither,
         Err(GatewayError::ConnectTimeout { after, .. })
@@ -588,7 +680,7 @@ fn verdict(result: &Result<Started, GatewayError>, budget: &Budget) -> Verdict {
         {
             Verdict::Neither
         }
-        Err(e) if error_cause(e).is_some() => Verdict::Failed,
+        Err(e) if error_cause(e).is_some() => Verdict::Failed(e.code()),
         Err(_) => Verdict::Neither,
     }
 }
@@ -626,15 +718,15 @@ async fn single(
     record: &mut RequestRecord,
     first_token_timeout: Duration,
     switch_by: Option<SwitchBy>,
-    // Held until the attempt (and a resend of it) has reported, or dropped with it.
-    probe: Option<Probe<'_>>,
+    // The probe's turn, held until the attempt (and a resend of it) has reported, or
+    // dropped with it; and the ejection the attempt was judged under (`Health::since`).
+    (probe, began): (Option<Probe<'_>>, Since),
 ) -> Result<Started, GatewayError> {
     let mut sent_again = false;
     loop {
         let out = template.request_for(&entry.upstream)?;
         let now = Instant::now();
         let index = record.attempt_started(entry, now, true);
-        let began = entry.upstream.health.since();
         let mut result = attempt(entry, route, budget, first_token_timeout, switch_by)
             .run(out)
             .await;
@@ -691,18 +783,28 @@ fn note(
     result: &Result<Started, GatewayError>,
 ) {
     let upstream = &entry.upstream;
+    let verdict = verdict(result, budget);
     let change = upstream
         .health
-        .report(verdict(result, budget), Instant::now(), probe, began);
+        .report(verdict, Instant::now(), probe, began);
     // An upstream a reload replaced still hears from the attempts it had begun, but its
     // name's series belong to the upstream now serving.
     match change.filter(|_| !upstream.is_retired()) {
         Some(Change::Ejected) => {
+            // How the attempt that ejected it failed: a key at its rate limit (`status_429`)
+            // and a provider down (`connect_timeout`, `status_5xx`) otherwise look alike
+            // (audit SC 5).
+            let reason = match verdict {
+                Verdict::Failed(how) => how,
+                _ => "other",
+            };
             tracing::warn!(
                 upstream = &*upstream.name,
-                "upstream out of rotation for {}ms after {} failed attempts in a row",
+                reason,
+                "upstream out of rotation for {}ms after {} failed attempts in a row (the last: {})",
                 upstream.config.ejection.duration.as_millis(),
                 upstream.config.ejection.after,
+                reason,
             );
             metrics.ejection(&upstream.name);
         }
@@ -712,17 +814,23 @@ fn note(
         }
         None => {}
     }
-    let outcome = match result {
-        Ok(s) if s.error_event.is_some() => Ok("error_event"),
-        Ok(s) if s.response.status().is_success() => Ok("ok"),
-        Ok(s) => Ok(match status_cause(s.response.status()) {
+    let outcome = result.as_ref().map(answer_outcome);
+    record.attempt(entry, index, outcome);
+}
+
+/// An answer as the request log's `attempts` names it.
+fn answer_outcome(s: &Started) -> &'static str {
+    if s.error_event.is_some() {
+        "error_event"
+    } else if s.response.status().is_success() {
+        "ok"
+    } else {
+        match status_cause(s.response.status()) {
             Some(RetryCause::Status429) => "status_429",
             Some(_) => "status_5xx",
             None => "status_4xx",
-        }),
-        Err(e) => Err(e),
-    };
-    record.attempt(entry, index, outcome);
+        }
+    }
 }
 
 /// Counts a hedge, once both attempts started, by who won when it ends: `none` too when the

@@ -371,6 +371,10 @@ fn upstreams(gateway: &Gateway) -> serde_json::Value {
                 "in_flight": in_flight.get(),
                 "in_rotation": health.in_rotation,
                 "failures_in_a_row": health.failures_in_a_row,
+                // How the last of them failed, in the words of the request log's `attempts`
+                // (`status_429`, `connect_timeout`, ...): a rate limit is no outage (audit SC
+                // 5). Null without failures in a row.
+                "last_failure": health.last_failure,
                 "ejected_for_ms": health.ejected_for.map(ms),
                 "probing": health.probing,
                 "eject_after": ejection.after,

@@ -31,7 +31,10 @@ use crate::config::Ejection;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Healthy,
-    Failed,
+    /// Failed, and how, in the words of the request log's `attempts` (`status_429`,
+    /// `connect_timeout`, ...): shown with the ejection, since a rate limit and an outage
+    /// otherwise look alike.
+    Failed(&'static str),
     /// Said nothing either way (the client left, the budget ran out): a probe's turn is
     /// handed on.
     Neither,
@@ -71,6 +74,8 @@ struct Timing {
     probe: Option<Turn>,
     /// Turns given so far, which tell one probe's from the next.
     turns: u64,
+    /// How the last failed attempt failed.
+    last_failure: Option<&'static str>,
 }
 
 /// A probe's turn: which one, and when it lapses should its guard never drop (a request that
@@ -119,7 +124,10 @@ impl Health {
         self.timing.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// What an attempt beginning now reports with.
+    /// What an attempt judged now reports with: read when the attempt is judged (in rotation,
+    /// its probe, or tried because nothing else is), before any wait. An attempt judged in
+    /// rotation that starts after a `Retry-After` wait inside an ejection tells of the
+    /// upstream before that ejection, and does not end it (audit SC 1).
     pub fn since(&self) -> Since {
         Since(self.ejections.load(Ordering::Relaxed))
     }
@@ -193,8 +201,10 @@ impl Health {
                 t.probe = None;
                 Some(Change::Restored)
             }
-            Verdict::Failed => {
+            Verdict::Failed(how) => {
                 let n = self.fails.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+                let mut t = self.timing();
+                t.last_failure = Some(how);
                 // Counted all the same (`/upstreams` shows it), but 0 never ejects.
                 if self.policy.after == 0 {
                     return None;
@@ -203,7 +213,6 @@ impl Health {
                 if !out && n < self.policy.after {
                     return None;
                 }
-                let mut t = self.timing();
                 // Out already: a failed probe (or an attempt that began before the ejection)
                 // starts the wait again. Only the probe's own failure ends its turn: a probe
                 // still waiting has yet to say what it found.
@@ -230,8 +239,9 @@ impl Health {
     /// The state as the admin listener shows it.
     pub fn view(&self, now: Instant) -> HealthView {
         let out = self.is_out();
+        let failures_in_a_row = self.fails.load(Ordering::Relaxed);
+        let t = self.timing();
         let (ejected_for, probing) = if out {
-            let t = self.timing();
             (
                 t.until.map(|u| u.saturating_duration_since(now)),
                 t.probing(now).is_some(),
@@ -241,9 +251,11 @@ impl Health {
         };
         HealthView {
             in_rotation: !out,
-            failures_in_a_row: self.fails.load(Ordering::Relaxed),
+            failures_in_a_row,
             ejected_for,
             probing,
+            // Of the failures that count now: a success ends the run (without the lock).
+            last_failure: t.last_failure.filter(|_| out || failures_in_a_row > 0),
         }
     }
 }
@@ -272,6 +284,8 @@ pub struct HealthView {
     pub ejected_for: Option<std::time::Duration>,
     /// A probe is in flight.
     pub probing: bool,
+    /// How the last of the failures in a row (or that ejected it) failed.
+    pub last_failure: Option<&'static str>,
 }
 
 #[cfg(test)]
@@ -290,14 +304,26 @@ mod tests {
     async fn failures_in_a_row_eject_and_a_success_between_them_forgives() {
         let h = health(3);
         let now = Instant::now();
-        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
-        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
+        assert_eq!(
+            h.report(Verdict::Failed("status_5xx"), now, None, h.since()),
+            None
+        );
+        assert_eq!(
+            h.report(Verdict::Failed("status_5xx"), now, None, h.since()),
+            None
+        );
         assert_eq!(h.report(Verdict::Healthy, now, None, h.since()), None);
-        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
-        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
+        assert_eq!(
+            h.report(Verdict::Failed("status_5xx"), now, None, h.since()),
+            None
+        );
+        assert_eq!(
+            h.report(Verdict::Failed("status_5xx"), now, None, h.since()),
+            None
+        );
         assert!(h.available(now));
         assert_eq!(
-            h.report(Verdict::Failed, now, None, h.since()),
+            h.report(Verdict::Failed("status_5xx"), now, None, h.since()),
             Some(Change::Ejected)
         );
         assert!(!h.available(now));
@@ -308,10 +334,14 @@ mod tests {
                 failures_in_a_row: 3,
                 ejected_for: Some(Duration::from_secs(6)),
                 probing: false,
+                last_failure: Some("status_5xx"),
             }
         );
         // More failures while out (attempts that began before) do not eject twice.
-        assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
+        assert_eq!(
+            h.report(Verdict::Failed("status_5xx"), now, None, h.since()),
+            None
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -319,7 +349,7 @@ mod tests {
         let h = health(1);
         let t0 = Instant::now();
         assert_eq!(
-            h.report(Verdict::Failed, t0, None, h.since()),
+            h.report(Verdict::Failed("status_5xx"), t0, None, h.since()),
             Some(Change::Ejected)
         );
         let later = t0 + Duration::from_secs(10);
@@ -344,16 +374,16 @@ mod tests {
     async fn a_failed_probe_ejects_again_for_the_whole_time() {
         let h = health(2);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0, None, h.since());
+        h.report(Verdict::Failed("status_5xx"), t0, None, h.since());
         assert_eq!(
-            h.report(Verdict::Failed, t0, None, h.since()),
+            h.report(Verdict::Failed("status_5xx"), t0, None, h.since()),
             Some(Change::Ejected)
         );
         let t1 = t0 + Duration::from_secs(11);
         let probe = h.attempt(t1, Duration::ZERO);
         // One failure is enough on probation, and it is no new ejection for the counters.
         assert_eq!(
-            h.report(Verdict::Failed, t1, probe.as_ref(), h.since()),
+            h.report(Verdict::Failed("status_5xx"), t1, probe.as_ref(), h.since()),
             None
         );
         assert!(!h.available(t1 + Duration::from_secs(9)));
@@ -364,7 +394,7 @@ mod tests {
     async fn a_probe_dropped_before_it_reports_hands_its_turn_on() {
         let h = health(1);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0, None, h.since());
+        h.report(Verdict::Failed("status_5xx"), t0, None, h.since());
         let t1 = t0 + Duration::from_secs(10);
         let probe = h.attempt(t1, Duration::ZERO);
         assert!(!h.available(t1));
@@ -396,7 +426,7 @@ mod tests {
     async fn a_probe_holds_its_turn_for_its_longest_wait() {
         let h = health(1);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0, None, h.since());
+        h.report(Verdict::Failed("status_5xx"), t0, None, h.since());
         let t1 = t0 + Duration::from_secs(10);
         let probe = h.attempt(t1, Duration::from_secs(30));
         assert!(probe.is_some());
@@ -408,7 +438,12 @@ mod tests {
         // next probe goes after the whole ejection.
         let failed = t1 + Duration::from_secs(30);
         assert_eq!(
-            h.report(Verdict::Failed, failed, probe.as_ref(), h.since()),
+            h.report(
+                Verdict::Failed("status_5xx"),
+                failed,
+                probe.as_ref(),
+                h.since()
+            ),
             None
         );
         assert!(!h.view(failed).probing);
@@ -429,11 +464,14 @@ mod tests {
     async fn only_the_probe_ends_its_own_turn() {
         let h = health(1);
         let t0 = Instant::now();
-        h.report(Verdict::Failed, t0, None, h.since());
+        h.report(Verdict::Failed("status_5xx"), t0, None, h.since());
         let t1 = t0 + Duration::from_secs(10);
         let probe = h.attempt(t1, Duration::from_secs(30));
         let t2 = t1 + Duration::from_secs(1);
-        assert_eq!(h.report(Verdict::Failed, t2, None, h.since()), None);
+        assert_eq!(
+            h.report(Verdict::Failed("status_5xx"), t2, None, h.since()),
+            None
+        );
         assert!(h.view(t2).probing, "the probe is still in flight");
         let past = t2 + Duration::from_secs(10);
         assert!(
@@ -448,7 +486,7 @@ mod tests {
         assert!(h.available(past));
         // Ejected again, a stale guard does not end the new probe's turn.
         assert_eq!(
-            h.report(Verdict::Failed, past, None, h.since()),
+            h.report(Verdict::Failed("status_5xx"), past, None, h.since()),
             Some(Change::Ejected)
         );
         let t3 = past + Duration::from_secs(10);
@@ -471,10 +509,13 @@ mod tests {
         let slow = h.since();
         let t1 = t0 + Duration::from_millis(100);
         for _ in 0..2 {
-            assert_eq!(h.report(Verdict::Failed, t1, None, h.since()), None);
+            assert_eq!(
+                h.report(Verdict::Failed("status_5xx"), t1, None, h.since()),
+                None
+            );
         }
         assert_eq!(
-            h.report(Verdict::Failed, t1, None, h.since()),
+            h.report(Verdict::Failed("status_5xx"), t1, None, h.since()),
             Some(Change::Ejected)
         );
         let answered = t0 + Duration::from_secs(1);
@@ -486,6 +527,7 @@ mod tests {
                 failures_in_a_row: 3,
                 ejected_for: Some(Duration::from_millis(9100)),
                 probing: false,
+                last_failure: Some("status_5xx"),
             }
         );
         assert!(!h.available(answered));
@@ -510,7 +552,7 @@ mod tests {
         let h = health(1);
         let t0 = Instant::now();
         assert_eq!(
-            h.report(Verdict::Failed, t0, None, h.since()),
+            h.report(Verdict::Failed("status_5xx"), t0, None, h.since()),
             Some(Change::Ejected)
         );
         let tried = h.since();
@@ -521,7 +563,7 @@ mod tests {
             Some(Change::Restored)
         );
         assert_eq!(
-            h.report(Verdict::Failed, t1, None, h.since()),
+            h.report(Verdict::Failed("status_5xx"), t1, None, h.since()),
             Some(Change::Ejected)
         );
         assert_eq!(h.report(Verdict::Healthy, t1, None, earlier), None);
@@ -533,7 +575,10 @@ mod tests {
         let h = health(0);
         let now = Instant::now();
         for _ in 0..100 {
-            assert_eq!(h.report(Verdict::Failed, now, None, h.since()), None);
+            assert_eq!(
+                h.report(Verdict::Failed("status_5xx"), now, None, h.since()),
+                None
+            );
         }
         assert!(h.available(now));
         assert_eq!(h.view(now).failures_in_a_row, 100);

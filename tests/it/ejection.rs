@@ -130,6 +130,9 @@ async fn a_failing_upstream_is_ejected_and_passed_over_for_the_fallback() {
     let primary_view = up("primary");
     assert_eq!(primary_view["in_rotation"], false, "{view}");
     assert_eq!(primary_view["failures_in_a_row"], 3, "{view}");
+    // Why it is out, in the words of the log's `attempts`: an outage and a rate limit look
+    // alike without it (audit SC 5).
+    assert_eq!(primary_view["last_failure"], "status_5xx", "{view}");
     assert_eq!(primary_view["eject_after"], 3, "{view}");
     assert_eq!(
         primary_view["routes"],
@@ -140,6 +143,7 @@ async fn a_failing_upstream_is_ejected_and_passed_over_for_the_fallback() {
     assert!(left > 0 && left <= 600_000, "{view}");
     let backup_view = up("backup");
     assert_eq!(backup_view["in_rotation"], true, "{view}");
+    assert!(backup_view["last_failure"].is_null(), "{view}");
     // Audit GC6: never ejected is null, not 0 (which says a probe may go); the url as
     // configured, with no `/` added.
     assert!(backup_view["ejected_for_ms"].is_null(), "{view}");
@@ -150,6 +154,15 @@ async fn a_failing_upstream_is_ejected_and_passed_over_for_the_fallback() {
         backup_view["expected_first_token_ms"]["models"]["gpt-test"].is_u64(),
         "{view}"
     );
+    let warned = p
+        .json_lines(1, |v| {
+            v["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("upstream out of rotation"))
+        })
+        .await;
+    assert_eq!(warned.len(), 1, "the ejection was logged");
+    assert_eq!(warned[0]["reason"], "status_5xx", "{}", warned[0]);
     let lines = p.request_lines(5).await;
     assert_eq!(lines.len(), 5);
     assert!(

@@ -55,7 +55,12 @@ fallbacks = ["b"]
     let is_probe = |t: &Turn<'_>| matches!(t, Turn::Go(Some(_)));
 
     assert!(matches!(judge(), Turn::Go(None)), "in rotation: no probe");
-    a.report(Verdict::Failed, Instant::now(), None, a.since());
+    a.report(
+        Verdict::Failed("status_5xx"),
+        Instant::now(),
+        None,
+        a.since(),
+    );
     assert!(matches!(judge(), Turn::PassOver), "ejected, b in rotation");
     tokio::time::advance(Duration::from_secs(10)).await;
     let first = judge();
@@ -66,7 +71,12 @@ fallbacks = ["b"]
     let second = judge();
     assert!(is_probe(&second), "handed on");
     // With nothing later in rotation, the upstream is tried all the same.
-    b.report(Verdict::Failed, Instant::now(), None, b.since());
+    b.report(
+        Verdict::Failed("status_5xx"),
+        Instant::now(),
+        None,
+        b.since(),
+    );
     assert!(matches!(judge(), Turn::Go(None)));
     drop(second);
 }
@@ -85,17 +95,29 @@ async fn what_counts_against_an_upstreams_health() {
         after,
         sent,
     };
-    assert_eq!(v(connect(Duration::from_secs(2), false)), Verdict::Failed);
-    assert_eq!(v(connect(Duration::from_secs(2), true)), Verdict::Failed);
+    assert!(matches!(
+        v(connect(Duration::from_secs(2), false)),
+        Verdict::Failed(_)
+    ));
+    assert!(matches!(
+        v(connect(Duration::from_secs(2), true)),
+        Verdict::Failed(_)
+    ));
     // Cut short by the budget, still slower than any healthy connect.
-    assert_eq!(v(connect(Duration::from_secs(1), false)), Verdict::Failed);
+    assert!(matches!(
+        v(connect(Duration::from_secs(1), false)),
+        Verdict::Failed(_)
+    ));
     assert_eq!(v(connect(ms(300), false)), Verdict::Neither);
     let first_token = |after| GatewayError::FirstTokenTimeout {
         upstream: up(),
         after,
         patience: false,
     };
-    assert_eq!(v(first_token(Duration::from_secs(30))), Verdict::Failed);
+    assert!(matches!(
+        v(first_token(Duration::from_secs(30))),
+        Verdict::Failed(_)
+    ));
     assert_eq!(v(first_token(Duration::from_secs(12))), Verdict::Neither);
     for failed in [
         GatewayError::UpstreamUnavailable {
@@ -108,7 +130,7 @@ async fn what_counts_against_an_upstreams_health() {
             reason: "reset".into(),
         },
     ] {
-        assert_eq!(v(failed), Verdict::Failed);
+        assert!(matches!(v(failed), Verdict::Failed(_)));
     }
     for neither in [
         GatewayError::UpstreamRefused {

@@ -671,3 +671,150 @@ async fn a_request_whose_connection_closed_after_part_of_its_answer_is_not_sent_
         assert_eq!(asked.load(Ordering::SeqCst), 2, "{case}: not sent again");
     }
 }
+
+/// A retry that waits out a `Retry-After` is judged again when its wait ends: an upstream
+/// ejected meanwhile is passed over for the fallback in rotation, as it would have been
+/// before the wait, and no attempt begun as though it were in rotation ends its ejection.
+/// Judged only before the wait, four requests of eight slept 4 s and then all retried the
+/// ejected primary, and their answers put it back 2 s into a 10 s ejection (audit SC 1).
+#[tokio::test]
+async fn a_retry_whose_upstream_was_ejected_during_its_wait_goes_to_the_fallback() {
+    let asked_later = answer(
+        Duration::ZERO,
+        "429 Too Many Requests",
+        "retry-after: 1\r\n",
+    );
+    // Its third call would answer, and put it back in rotation.
+    let (url, asked) = scripted(vec![asked_later.clone(), asked_later, completion()]).await;
+    let p = std::sync::Arc::new(
+        pair_with(
+            "retries = 1\nfallbacks = [\"backup\"]",
+            "eject_after = 2\neject_for = \"30s\"",
+            "",
+            Some(url),
+        )
+        .await,
+    );
+    let waits = {
+        let p = p.clone();
+        tokio::spawn(async move {
+            let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+            let status = resp.status();
+            read_body(resp.into_body()).await;
+            status
+        })
+    };
+    // The first request's 429 is in (and reported): it waits out its second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while asked.load(std::sync::atomic::Ordering::SeqCst) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the first request reached the primary"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The second's 429 ejects the primary: it goes on to the backup at once.
+    let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"primary\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(waits.await.unwrap(), 200);
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the ejected primary was retried"
+    );
+    assert_eq!(p.backup.requests().len(), 2);
+    assert_eq!(
+        p.metric("hourglass_upstream_ejected{upstream=\"primary\"}")
+            .await,
+        1.0,
+        "still out of rotation"
+    );
+}
+
+/// A provider's rate limit, with what it says of when to come back.
+fn rate_limited() -> Vec<(Duration, Vec<u8>)> {
+    let body = r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#;
+    let head = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nx-ratelimit-remaining-requests: 0\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    vec![(Duration::ZERO, head.into_bytes())]
+}
+
+/// A primary's 429 is not lost when its fallback then fails in a way of the gateway's own
+/// (a connect refused, a wait that spent the budget): the provider's answer, with its
+/// `Retry-After`, passes through as it would had no fallback followed. It was replaced by a
+/// 502 naming the fallback that said not to retry, or a 504 (audit SC 2).
+#[tokio::test]
+async fn a_429_is_passed_through_when_the_fallback_fails_on_its_own() {
+    let (_refusing, refused) = closed_port();
+    let (hanging, _) = scripted(vec![vec![(Duration::from_secs(30), Vec::new())]]).await;
+    for (backup, budget) in [(refused, "5000"), (hanging, "1500")] {
+        let (primary, asked) = scripted(vec![rate_limited()]).await;
+        let text = config(&primary, &backup, "fallbacks = [\"backup\"]", "", "");
+        let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+            .await
+            .unwrap();
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[("x-request-budget-ms", budget)], false))
+            .await;
+        assert_eq!(resp.status(), 429, "the provider's answer ({backup})");
+        let headers = resp.headers().clone();
+        assert_eq!(headers["retry-after"], "1", "{headers:?}");
+        assert_eq!(
+            headers["x-ratelimit-remaining-requests"], "0",
+            "{headers:?}"
+        );
+        // Two attempts were made: the client's SDK is told the gateway retried.
+        assert_eq!(headers["x-should-retry"], "false", "{headers:?}");
+        let body = json_body(resp).await;
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+}
+
+/// An answer that asks for a wait moves a request on to a balance peer in rotation at once:
+/// `balance_with` spreads a provider's rate limits over keys, and the other key is free now.
+/// Requests that started on the limited key waited out its whole `Retry-After` before
+/// trying the peer (audit SC 3: 2.3 s against 2 to 4 ms).
+#[tokio::test]
+async fn a_retry_after_moves_on_to_a_balance_peer_at_once() {
+    let (url, asked) = scripted(vec![
+        answer(
+            Duration::ZERO,
+            "429 Too Many Requests",
+            "retry-after: 2\r\n",
+        ),
+        completion(),
+    ])
+    .await;
+    let p = pair_with(
+        "retries = 1\nbalance_with = [\"backup\"]",
+        "",
+        "",
+        Some(url),
+    )
+    .await;
+    // Equals take turns: one of the two starts on the primary.
+    for k in 0..2 {
+        let (resp, _c) = p.chat(&[("x-fake-chunks", "2")]).await;
+        assert_eq!(resp.status(), 200, "request {k}");
+        read_body(resp.into_body()).await;
+    }
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the limited key was retried after its wait"
+    );
+    assert_eq!(p.backup.requests().len(), 2);
+}
