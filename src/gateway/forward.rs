@@ -29,7 +29,7 @@ use crate::http::content_type::content_type_fault;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, header_list_size,
-    host_not_authority, insert_request_id, join_cookies, present, strip_hop_by_hop,
+    host_not_authority, insert_request_id, join_cookies, present, strip_hop_by_hop, strip_rewrites,
     unsupported_encoding, websocket_upgrade, IDENTITY,
 };
 use crate::http::hops::{decrement_max_forwards, hops, via, HOURGLASS_HOPS, MAX_HOPS};
@@ -371,6 +371,8 @@ impl Gateway {
                 strip_client_credentials(&mut headers);
             }
             strip_hop_by_hop(&mut headers);
+            // The path and method routed are the ones the upstream serves.
+            strip_rewrites(&mut headers);
             if method == Method::OPTIONS {
                 decrement_max_forwards(&mut headers);
             }

@@ -127,6 +127,32 @@ pub fn strip_peer_steering(headers: &mut HeaderMap) {
     }
 }
 
+/// Headers with which some stacks serve another path or method than the request line's:
+/// IIS URL Rewrite and older Symfony read `X-Original-URL` and `X-Rewrite-URL`, and
+/// method-override middleware (Express's, Rails', Google's APIs) `X-HTTP-Method-Override`,
+/// `X-HTTP-Method` and `X-Method-Override`. The gateway routes, limits and logs a request by
+/// its request line, so an upstream that read one would serve a path or method the route
+/// never exposed, with the route's key (audit SA 3). Removed on every route.
+pub const REWRITES: [HeaderName; 5] = [
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
+
+/// Removes every header in `REWRITES` (looking up only those present, as
+/// `strip_credentials` does).
+pub fn strip_rewrites(headers: &mut HeaderMap) {
+    for (name, _) in REWRITES
+        .iter()
+        .zip(present(headers, REWRITES.each_ref()))
+        .filter(|(_, p)| *p)
+    {
+        headers.remove(name);
+    }
+}
+
 /// Gives a status without a standard reason phrase one, where nothing upstream gave it one:
 /// hyper writes `<none>` on an HTTP/1.1 status line otherwise (an HTTP/2 upstream sends no
 /// phrase). Anthropic's 529 is its overload; any other such status gets an empty phrase,

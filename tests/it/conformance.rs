@@ -745,6 +745,45 @@ async fn options_reads_and_updates_max_forwards() {
     }
 }
 
+/// Audit SA 3: `X-Original-URL`, `X-Rewrite-URL` and the method overrides reached the
+/// upstream, where some stacks (IIS URL Rewrite, older Symfony; method-override middleware)
+/// serve the path or method they name, not the one the gateway routed, with the route's key.
+/// They are dropped on every route. The forwarding headers pass as the client sent them, and
+/// the gateway adds none: the upstream is a third party, and the client's address is not its
+/// to learn.
+#[tokio::test]
+async fn rewrite_and_override_headers_are_not_forwarded() {
+    let h = Harness::start().await;
+    let rewrites = [
+        ("x-original-url", "/v1/files"),
+        ("x-rewrite-url", "/v1/files"),
+        ("x-http-method-override", "DELETE"),
+        ("x-http-method", "DELETE"),
+        ("x-method-override", "DELETE"),
+    ];
+    let forwarding = [
+        ("x-forwarded-for", "10.0.0.1"),
+        ("x-forwarded-host", "evil.example"),
+        ("forwarded", "for=1.2.3.4;host=evil"),
+    ];
+    let all: Vec<_> = rewrites.iter().chain(&forwarding).copied().collect();
+    let (resp, _c) = h.send(chat_request(&all, false)).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    let seen = h.fake.requests();
+    for (name, _) in rewrites {
+        assert_eq!(seen[0].headers.get(name), None, "{name}");
+    }
+    for (name, value) in forwarding {
+        let lines: Vec<_> = seen[0].headers.get_all(name).iter().collect();
+        assert_eq!(lines, [value], "{name}");
+        assert_eq!(seen[1].headers.get(name), None, "{name}: none added");
+    }
+}
+
 /// RFC 9112 3.2: `OPTIONS *` asks about the server itself, so the gateway answers it (it was
 /// 404 `no_route`), and an authority-form target on any method but CONNECT names no path:
 /// 400 saying so, not 404 for path `""` (audit M). Neither is forwarded.
