@@ -815,6 +815,50 @@ async fn targets_that_name_no_path() {
     assert!(h.fake.requests().is_empty(), "nothing forwarded");
 }
 
+/// Audit SA 5: an absolute-form target with userinfo (`http://user:pass@host/...`) was
+/// routed by its path and forwarded over HTTP/1.1, where HTTP/2 refuses the same authority;
+/// an `ftp://` target was served as if it were http. RFC 9110 4.2.4 has a recipient treat
+/// userinfo from an untrusted source as an error, and the gateway serves http(s) alone: 400
+/// `invalid_request` for either, nothing forwarded, the userinfo never repeated.
+#[tokio::test]
+async fn absolute_targets_with_userinfo_or_another_scheme_are_refused() {
+    let h = Harness::start().await;
+    let body = r#"{"model":"gpt-test","messages":[]}"#;
+    let ended = |got: &[u8]| got.windows(4).any(|w| w == b"\r\n\r\n") && got.ends_with(b"}");
+    for (target, says) in [
+        (
+            "http://user:pass@evil.example/v1/chat/completions",
+            "userinfo",
+        ),
+        ("https://user@gateway/v1/chat/completions", "userinfo"),
+        ("ftp://evil.example/v1/chat/completions", "scheme"),
+    ] {
+        let raw = format!(
+            "POST {target} HTTP/1.1\r\nhost: other\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let (text, _) = raw_exchange(h.addr(), raw.as_bytes(), ended).await;
+        assert!(text.starts_with("HTTP/1.1 400"), "{target}: {text}");
+        assert!(
+            text.contains("\"code\":\"invalid_request\""),
+            "{target}: {text}"
+        );
+        assert!(text.contains(says), "{target}: {text}");
+        assert!(!text.contains("pass"), "{target}: {text}");
+    }
+    assert!(h.fake.requests().is_empty(), "nothing forwarded");
+    // An absolute-form target of the gateway's schemes, without userinfo, is served.
+    let raw = format!(
+        "POST http://gateway/v1/chat/completions HTTP/1.1\r\nhost: gateway\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let (text, _) = raw_exchange(h.addr(), raw.as_bytes(), |_| false).await;
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(h.fake.requests().len(), 1);
+}
+
 /// RFC 9110 8.6: a user agent sends `Content-Length` in a POST even when it is 0, and some
 /// origins answer 411 without it (a batch's cancel, in the OpenAI and Anthropic SDKs, is an
 /// empty POST). hyper sends no length for an empty body, so the gateway's own length, which
