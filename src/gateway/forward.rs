@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::uri::PathAndQuery;
+use http::uri::{PathAndQuery, Scheme};
 use http::{Method, Request};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
@@ -29,7 +29,7 @@ use crate::http::content_type::content_type_fault;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, header_list_size,
-    host_not_authority, insert_request_id, join_cookies, present, strip_hop_by_hop,
+    host_not_authority, insert_request_id, join_cookies, present, strip_hop_by_hop, strip_rewrites,
     unsupported_encoding, websocket_upgrade, IDENTITY,
 };
 use crate::http::hops::{decrement_max_forwards, hops, via, HOURGLASS_HOPS, MAX_HOPS};
@@ -128,17 +128,39 @@ impl Gateway {
                 });
             }
             check_framing(version, &headers, both_lengths)?;
+            // An HTTP/2 `:authority`, or an HTTP/1.1 absolute-form target, with userinfo:
+            // RFC 9113 8.3.1 forbids the one, and RFC 9110 4.2.4 has a recipient treat the
+            // other, from an untrusted source, as an error. Routed by its path alone, the
+            // HTTP/1.1 one was forwarded where HTTP/2 refused it (audit SA 5).
+            if let Some(authority) = uri.authority().filter(|a| a.as_str().contains('@')) {
+                // Named by its host alone: userinfo is a credential, never logged.
+                let (what, rule) = if version == http::Version::HTTP_2 {
+                    (":authority", "an HTTP/2 request must not (RFC 9113 8.3.1)")
+                } else {
+                    ("the request target", "a request must not (RFC 9110 4.2.4)")
+                };
+                return Err(GatewayError::BadRequest {
+                    message: format!(
+                        "{what} for {:?} carries userinfo, which {rule}",
+                        authority.host()
+                    ),
+                });
+            }
+            // The gateway serves http and https; an absolute-form `ftp://` target was served
+            // as if it were either.
+            if let Some(scheme) = uri
+                .scheme()
+                .filter(|s| **s != Scheme::HTTP && **s != Scheme::HTTPS)
+            {
+                return Err(GatewayError::BadRequest {
+                    message: format!(
+                        "request target scheme {:?} is neither http nor https, the schemes this \
+                         gateway serves (RFC 9110 4.2)",
+                        scheme.as_str()
+                    ),
+                });
+            }
             if version == http::Version::HTTP_2 {
-                if let Some(authority) = uri.authority().filter(|a| a.as_str().contains('@')) {
-                    // Named by its host alone: userinfo is a credential, never logged.
-                    return Err(GatewayError::BadRequest {
-                        message: format!(
-                            ":authority for {:?} carries userinfo, which an HTTP/2 request must \
-                             not (RFC 9113 8.3.1)",
-                            authority.host()
-                        ),
-                    });
-                }
                 if let Some((host, authority)) = host_not_authority(&uri, &headers) {
                     return Err(GatewayError::BadRequest {
                         message: format!(
@@ -371,6 +393,8 @@ impl Gateway {
                 strip_client_credentials(&mut headers);
             }
             strip_hop_by_hop(&mut headers);
+            // The path and method routed are the ones the upstream serves.
+            strip_rewrites(&mut headers);
             if method == Method::OPTIONS {
                 decrement_max_forwards(&mut headers);
             }

@@ -73,6 +73,86 @@ pub fn strip_account_selectors(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether a header picks where a peer gateway in front of a provider sends the key it is
+/// given, or which credentials or account it uses there: Portkey's custom host, config (which
+/// can carry a host and keys), virtual key, and the headers of its clouds and providers that
+/// name a host, a region, an account or credentials; Helicone's target URL and provider, its
+/// older Azure base URL and its fallbacks (each a URL with headers); and LiteLLM's `x-pass-`
+/// form of a header the gateway removes itself (LiteLLM sends `x-pass-NAME` on as `NAME`).
+/// Beside a key the gateway injects these are the operator's to set, in the peer's own
+/// config, never the client's: a client holding only a gateway key had Portkey send the
+/// operator's provider key to a host of its choosing (audit SA 2). Those that pick no host,
+/// account or key (Portkey's provider, trace id, metadata, cache; Helicone's properties)
+/// pass.
+pub fn steers_peer(name: &HeaderName) -> bool {
+    let name = name.as_str();
+    if let Some(rest) = name.strip_prefix("x-portkey-") {
+        return matches!(
+            rest,
+            "custom-host"
+                | "config"
+                | "virtual-key"
+                | "openai-organization"
+                | "openai-project"
+                | "huggingface-base-url"
+                | "workers-ai-account-id"
+                | "fireworks-account-id"
+                | "snowflake-account"
+        ) || ["azure-", "aws-", "amz-", "vertex-", "oracle-"]
+            .iter()
+            .any(|cloud| rest.starts_with(cloud));
+    }
+    if let Some(rest) = name.strip_prefix("helicone-") {
+        return matches!(
+            rest,
+            "target-url" | "target-provider" | "openai-api-base" | "fallbacks"
+        );
+    }
+    if let Some(rest) = name.strip_prefix("x-pass-") {
+        return HeaderName::from_bytes(rest.as_bytes())
+            .is_ok_and(|n| CREDENTIALS.contains(&n) || ACCOUNT_SELECTORS.contains(&n));
+    }
+    false
+}
+
+/// Removes every header `steers_peer` names. One pass over the names finds them (most
+/// requests carry none); they are removed by name after it.
+pub fn strip_peer_steering(headers: &mut HeaderMap) {
+    if !headers.keys().any(steers_peer) {
+        return;
+    }
+    let steering: Vec<HeaderName> = headers.keys().filter(|n| steers_peer(n)).cloned().collect();
+    for name in steering {
+        headers.remove(name);
+    }
+}
+
+/// Headers with which some stacks serve another path or method than the request line's:
+/// IIS URL Rewrite and older Symfony read `X-Original-URL` and `X-Rewrite-URL`, and
+/// method-override middleware (Express's, Rails', Google's APIs) `X-HTTP-Method-Override`,
+/// `X-HTTP-Method` and `X-Method-Override`. The gateway routes, limits and logs a request by
+/// its request line, so an upstream that read one would serve a path or method the route
+/// never exposed, with the route's key (audit SA 3). Removed on every route.
+pub const REWRITES: [HeaderName; 5] = [
+    HeaderName::from_static("x-original-url"),
+    HeaderName::from_static("x-rewrite-url"),
+    HeaderName::from_static("x-http-method-override"),
+    HeaderName::from_static("x-http-method"),
+    HeaderName::from_static("x-method-override"),
+];
+
+/// Removes every header in `REWRITES` (looking up only those present, as
+/// `strip_credentials` does).
+pub fn strip_rewrites(headers: &mut HeaderMap) {
+    for (name, _) in REWRITES
+        .iter()
+        .zip(present(headers, REWRITES.each_ref()))
+        .filter(|(_, p)| *p)
+    {
+        headers.remove(name);
+    }
+}
+
 /// Gives a status without a standard reason phrase one, where nothing upstream gave it one:
 /// hyper writes `<none>` on an HTTP/1.1 status line otherwise (an HTTP/2 upstream sends no
 /// phrase). Anthropic's 529 is its overload; any other such status gets an empty phrase,
@@ -1105,6 +1185,63 @@ mod tests {
         assert_eq!(&*request_id(&h), "client-chosen-id");
         h.insert(REQUEST_ID, HeaderValue::from_static("has space"));
         assert_eq!(request_id(&h).len(), 32);
+    }
+
+    /// Audit SA 2.
+    #[test]
+    fn only_headers_that_steer_a_peer_gateway_are_named() {
+        for name in [
+            "x-portkey-custom-host",
+            "x-portkey-config",
+            "x-portkey-virtual-key",
+            "x-portkey-azure-resource-name",
+            "x-portkey-azure-foundry-url",
+            "x-portkey-aws-access-key-id",
+            "x-portkey-amz-server-side-encryption-aws-kms-key-id",
+            "x-portkey-vertex-region",
+            "x-portkey-oracle-region",
+            "x-portkey-openai-project",
+            "x-portkey-huggingface-base-url",
+            "helicone-target-url",
+            "helicone-target-provider",
+            "helicone-openai-api-base",
+            "helicone-fallbacks",
+            "x-pass-authorization",
+            "x-pass-x-api-key",
+            "x-pass-openai-organization",
+        ] {
+            assert!(steers_peer(&HeaderName::from_static(name)), "{name}");
+        }
+        for name in [
+            "x-portkey-provider",
+            "x-portkey-trace-id",
+            "x-portkey-metadata",
+            "x-portkey-cache",
+            "x-portkey-forward-headers",
+            "x-portkey-api-key",
+            "x-portkey-",
+            "helicone-auth",
+            "helicone-property-app",
+            "x-pass-anthropic-beta",
+            "x-pass-",
+            "authorization",
+            "openai-organization",
+            "content-type",
+        ] {
+            assert!(!steers_peer(&HeaderName::from_static(name)), "{name}");
+        }
+        let mut h = HeaderMap::new();
+        h.append(
+            "x-portkey-custom-host",
+            HeaderValue::from_static("http://a"),
+        );
+        h.append(
+            "x-portkey-custom-host",
+            HeaderValue::from_static("http://b"),
+        );
+        h.append("x-portkey-provider", HeaderValue::from_static("openai"));
+        strip_peer_steering(&mut h);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["x-portkey-provider"]);
     }
 
     #[test]

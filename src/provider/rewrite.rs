@@ -9,7 +9,10 @@ use crate::provider::request::{Members, Repeated};
 use crate::provider::Format;
 
 /// The body with its top-level `model` replaced by `model`, every other byte untouched.
-/// `Ok(None)` when the body is not a JSON object with a string `model` (then nothing is
+/// Whatever the value (a string, a number, an object, an array, `null`), it is replaced
+/// whole: the operator pinned the model, and a value of another type had gone to the
+/// upstream as the client sent it, for a provider to read as it would (audit SA 4).
+/// `Ok(None)` when the body is not a JSON object or names no `model` (then nothing is
 /// rewritten and the body is forwarded as the client sent it); an error when it names
 /// `model` twice, which the upstream would read one way and this rewrite another.
 pub fn rewrite_model(body: &Bytes, model: &str) -> Result<Option<Bytes>, Repeated> {
@@ -19,9 +22,6 @@ pub fn rewrite_model(body: &Bytes, model: &str) -> Result<Option<Bytes>, Repeate
     let Some(raw) = fields.get("model")? else {
         return Ok(None);
     };
-    if !raw.get().starts_with('"') {
-        return Ok(None);
-    }
     let start = offset(body, raw);
     let end = start + raw.get().len();
     let Ok(quoted) = serde_json::to_string(model) else {
@@ -168,12 +168,27 @@ mod tests {
         assert!(rewrite_model(&Bytes::from_static(b"not json"), "m")
             .unwrap()
             .is_none());
-        assert!(rewrite_model(&Bytes::from_static(br#"{"model":7}"#), "m")
-            .unwrap()
-            .is_none());
         assert!(rewrite_model(&Bytes::from_static(br#"{"x":1}"#), "m")
             .unwrap()
             .is_none());
+    }
+
+    /// Audit SA 4: a `model` that is no string went to the upstream as the client sent it.
+    #[test]
+    fn a_model_of_any_type_is_replaced_whole() {
+        for value in [
+            "7",
+            "-1.5e3",
+            "null",
+            "false",
+            r#"{"id":"gpt-4o","model":"x"}"#,
+            r#"["a",{"b":[1]}]"#,
+            r#""gpt-4o""#,
+        ] {
+            let body = Bytes::from(format!(r#"{{"n":1, "model" :{value} ,"x":[]}}"#));
+            let out = rewrite_model(&body, "m").unwrap().unwrap();
+            assert_eq!(&out[..], br#"{"n":1, "model" :"m" ,"x":[]}"#, "{value}");
+        }
     }
 
     fn with_usage(body: &str) -> Option<String> {

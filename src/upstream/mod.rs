@@ -48,8 +48,8 @@ use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, ProxyEnv, ProxyTarget, UpstreamConfig};
 use crate::http::headers::{
-    present, split_port, strip_account_selectors, strip_credentials, OPENAI_ORGANIZATION,
-    OPENAI_PROJECT,
+    present, split_port, strip_account_selectors, strip_credentials, strip_peer_steering,
+    OPENAI_ORGANIZATION, OPENAI_PROJECT,
 };
 use crate::provider::Format;
 
@@ -336,12 +336,14 @@ impl Upstream {
     }
 
     /// Replaces whatever credentials the client sent with the upstream's own, and drops the
-    /// client's choice of the account that key acts for (`ACCOUNT_SELECTORS`). Without a
-    /// configured key the client's own headers pass through untouched: its key, its account.
+    /// client's choice of the account that key acts for (`ACCOUNT_SELECTORS`) and of where
+    /// a peer gateway sends it (`steers_peer`). Without a configured key the client's own
+    /// headers pass through untouched: its key, its account, its choice of host.
     pub fn apply_credentials(&self, headers: &mut HeaderMap) {
         if let Some((name, value)) = &self.credential {
             strip_credentials(headers);
             strip_account_selectors(headers);
+            strip_peer_steering(headers);
             headers.insert(name.clone(), value.clone());
             for (name, value) in &self.account {
                 headers.insert(name.clone(), value.clone());

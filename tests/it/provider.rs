@@ -832,3 +832,33 @@ async fn a_responses_keepalive_does_not_reset_the_idle_limit() {
     assert_eq!(error["code"], "idle_timeout", "{}", read.text());
     assert_error_numbered_next(&read);
 }
+
+/// Audit SA 4: an upstream's `model` rewrote a string `model` only; a number, an object, an
+/// array or `null` reached the upstream as the client sent it, unpinned. The upstream's
+/// model replaces whatever value the body's top-level `model` has, and nothing else.
+#[tokio::test]
+async fn the_upstreams_model_replaces_a_model_of_any_type() {
+    let h = harness("model = \"real-model\"").await;
+    let values = [
+        "\"gpt-4o\"",
+        "123",
+        "-1.5e3",
+        r#"{"id":"gpt-4o","model":"x"}"#,
+        r#"["a",{"b":[1]}]"#,
+        "null",
+        "true",
+    ];
+    for value in values {
+        let body =
+            format!(r#"{{"model" : {value},"messages":[{{"role":"user","content":"hi"}}]}}"#);
+        let (resp, _c) = h.send(post("/v1/chat/completions", &body, &[])).await;
+        assert_eq!(resp.status(), 200, "{value}");
+        read_body(resp.into_body()).await;
+        let sent = h.fake.requests().last().expect("forwarded").body.clone();
+        assert_eq!(
+            std::str::from_utf8(&sent).unwrap(),
+            body.replace(value, "\"real-model\""),
+            "{value}"
+        );
+    }
+}

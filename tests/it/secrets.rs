@@ -710,3 +710,93 @@ upstream = "bare"
         assert_eq!(sent["openai-beta"], "assistants=v2", "{path}");
     }
 }
+
+/// Audit SA 2: a client holding only a gateway key sent `x-portkey-provider: openai` and
+/// `x-portkey-custom-host: http://attacker/v1` to a Portkey upstream, and Portkey sent the
+/// key the gateway injected to the attacker's host. Where the gateway sends its key, the
+/// headers that pick where a peer gateway sends it (Portkey's custom host and config,
+/// Helicone's target URL) or which credentials and account it uses (Portkey's virtual key
+/// and cloud headers, LiteLLM's `x-pass-` form of a key or account header) are dropped;
+/// those that pick no host (Portkey's provider, trace and metadata) pass. Where the client's
+/// own key goes, the key is the client's, and so is where it goes: they all pass.
+#[tokio::test]
+async fn a_client_cannot_pick_where_a_peer_gateway_sends_the_gateways_key() {
+    let (_dir, key_file, clients) = key_files("hourglass-peer-host-");
+    let cfg = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.keyed]
+url = "{{FAKE}}"
+api_key_file = "{key_file}"
+
+[upstreams.bare]
+url = "{{FAKE}}"
+auth = "none"
+
+[[routes]]
+name = "keyed"
+path_prefix = "/v1/chat/completions"
+upstream = "keyed"
+client_keys_file = "{clients}"
+
+[[routes]]
+name = "bare"
+path_prefix = "/v1/messages"
+upstream = "bare"
+"#,
+    );
+    let h = Harness::with_config(&cfg).await;
+    let steering = [
+        ("x-portkey-custom-host", "http://127.0.0.1:9/v1"),
+        (
+            "x-portkey-config",
+            r#"{"provider":"openai","custom_host":"http://127.0.0.1:9/v1"}"#,
+        ),
+        ("x-portkey-virtual-key", "vk-someone-else"),
+        ("x-portkey-azure-resource-name", "attacker"),
+        ("x-portkey-aws-region", "attacker"),
+        ("x-portkey-vertex-project-id", "their-project"),
+        ("x-portkey-huggingface-base-url", "http://127.0.0.1:9"),
+        ("x-portkey-openai-organization", "org-someone-else"),
+        ("helicone-target-url", "http://127.0.0.1:9"),
+        ("helicone-target-provider", "attacker"),
+        ("helicone-openai-api-base", "http://127.0.0.1:9"),
+        (
+            "helicone-fallbacks",
+            r#"[{"target-url":"http://127.0.0.1:9"}]"#,
+        ),
+        ("x-pass-openai-organization", "org-someone-else"),
+        ("x-pass-authorization", "Bearer sk-someone-else"),
+    ];
+    let harmless = [
+        ("x-portkey-provider", "openai"),
+        ("x-portkey-trace-id", "t-1"),
+        ("x-portkey-metadata", r#"{"user":"u"}"#),
+        ("helicone-user-id", "u"),
+        ("x-pass-anthropic-beta", "b"),
+    ];
+    for path in ["/v1/chat/completions", "/v1/messages"] {
+        let sent = forwarded(&h, path, steering.iter().chain(&harmless)).await;
+        let injected = path == "/v1/chat/completions";
+        for (name, value) in steering {
+            let want = (!injected).then_some(value);
+            assert_eq!(
+                sent.get(name).map(|v| v.to_str().unwrap()),
+                want,
+                "{path}: {name}"
+            );
+        }
+        for (name, value) in harmless {
+            assert_eq!(sent[name], value, "{path}: {name}");
+        }
+        let key = if injected {
+            format!("Bearer {PROVIDER_FILE_KEY}")
+        } else {
+            format!("Bearer {CLIENT_KEY}")
+        };
+        assert_eq!(sent["authorization"], key.as_str(), "{path}");
+    }
+}
