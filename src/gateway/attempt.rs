@@ -265,8 +265,13 @@ impl<'a> Attempt<'a> {
                         });
                     }
                     let e = self.limit_error(connected, now, sent_at, fired);
-                    if matches!(e, GatewayError::ConnectTimeout { .. }) {
+                    if let GatewayError::ConnectTimeout { after, .. } = &e {
                         self.answers.connect_error("timeout");
+                        // Before `response` drops: a connect this request was making ends
+                        // with it, and so does the wait of any request waiting for it.
+                        if !connected {
+                            slot.connect_timed_out(*after);
+                        }
                     }
                     // Sent, and not even a head for the route's whole first-token limit (not one
                     // a client's short timeout or a fallback's room cut): on a shared HTTP/2

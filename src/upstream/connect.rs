@@ -122,8 +122,18 @@ pub struct ConnectFailures {
 
 impl ConnectFailures {
     fn note(&self, e: &(dyn std::error::Error + 'static)) {
-        let copy = Arc::new(ConnectWaitedFor::copy(e));
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(copy);
+        self.note_copy(ConnectWaitedFor::copy(e));
+    }
+
+    /// A request's own connect limit (`after`) fired before its connection came, and it
+    /// is about to drop its connect, which hyper-util then ends with its waiters: that
+    /// limit fires a moment before the connector's own bound, which it usually equals.
+    pub(super) fn note_timeout(&self, after: Duration) {
+        self.note_copy(ConnectWaitedFor(Box::new(ConnectTimedOut(after))));
+    }
+
+    fn note_copy(&self, copy: ConnectWaitedFor) {
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(copy));
         self.count.fetch_add(1, Ordering::AcqRel);
     }
 

@@ -106,6 +106,14 @@ pub struct StreamSlot {
 }
 
 impl StreamSlot {
+    /// The request's connect limit fired before it had a connection (`after`): any request
+    /// waiting for the connect it drops is told that connect timed out.
+    pub fn connect_timed_out(&self, after: Duration) {
+        if self.h2_only {
+            self.lane.failures.note_timeout(after);
+        }
+    }
+
     /// What failed the connect this request waited for, where that is why it failed:
     /// hyper-util's pool, which makes one HTTP/2 connection at a time, let go of its waiters
     /// ("request was canceled") as a connect of the lane failed meanwhile (audit SB 1). None
