@@ -29,7 +29,9 @@ use crate::stream::progress::Progress;
 use crate::stream::timer::recheck_at;
 use crate::stream::StreamLimits;
 use crate::telemetry::metrics::{AnswerMetrics, InFlight};
-use crate::upstream::{Abandon, ConnectTimedOut, RequestBody, Sent, StreamSlot, Upstream};
+use crate::upstream::{
+    Abandon, ConnectTimedOut, ConnectWaitedFor, RequestBody, Sent, StreamSlot, Upstream,
+};
 
 /// What one attempt needs beyond the request itself.
 pub struct Attempt<'a> {
@@ -263,8 +265,13 @@ impl<'a> Attempt<'a> {
                         });
                     }
                     let e = self.limit_error(connected, now, sent_at, fired);
-                    if matches!(e, GatewayError::ConnectTimeout { .. }) {
+                    if let GatewayError::ConnectTimeout { after, .. } = &e {
                         self.answers.connect_error("timeout");
+                        // Before `response` drops: a connect this request was making ends
+                        // with it, and so does the wait of any request waiting for it.
+                        if !connected {
+                            slot.connect_timed_out(*after);
+                        }
                     }
                     // Sent, and not even a head for the route's whole first-token limit (not one
                     // a client's short timeout or a fallback's room cut): on a shared HTTP/2
@@ -301,8 +308,19 @@ impl<'a> Attempt<'a> {
                     bodiless,
                     resendable: resendable && pooled_unanswered(&connection),
                 };
-                let error = classify(upstream, &e, budget.connect_timeout, request);
-                if let Some(reason) = connect_failure(&e, &error) {
+                let waited = slot.connect_waited_for(&e);
+                let error = classify(
+                    upstream,
+                    &e,
+                    waited.as_deref(),
+                    budget.connect_timeout,
+                    request,
+                );
+                let cause: &(dyn std::error::Error + 'static) = match waited.as_deref() {
+                    Some(w) => w,
+                    None => &e,
+                };
+                if let Some(reason) = connect_failure(cause, &error) {
                     self.answers.connect_error(reason);
                 }
                 error
@@ -696,9 +714,12 @@ fn pooled_unanswered(connection: &CaptureConnection) -> bool {
         .is_some_and(|a| a.reused() && !a.answer_begun())
 }
 
+/// `waited`: the failure of another request's HTTP/2 connect this one waited for
+/// (`StreamSlot::connect_waited_for`), which is then this request's failure too.
 fn classify(
     upstream: &Upstream,
     e: &hyper_util::client::legacy::Error,
+    waited: Option<&ConnectWaitedFor>,
     connect_timeout: Duration,
     request: SentAs,
 ) -> GatewayError {
@@ -707,15 +728,18 @@ fn classify(
         bodiless,
         resendable,
     } = request;
-    let first: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let (cause, first): (&(dyn std::error::Error + 'static), _) = match waited {
+        Some(w) => (w, Some(w as &(dyn std::error::Error + 'static))),
+        None => (e, std::error::Error::source(e)),
+    };
     // hyper-util's own message ("client error (Connect)") says nothing its sources do not.
     let reason = first.map_or_else(|| e.to_string(), crate::error::with_causes);
     let mut source = first;
     let mut timed_out = None;
     let mut refused = None;
-    let certificate = crate::upstream::certificate_error(e);
-    let ours_refused = crate::upstream::client_certificate_refused(e);
-    let handshake_refused = crate::upstream::handshake_refused(e);
+    let certificate = crate::upstream::certificate_error(cause);
+    let ours_refused = crate::upstream::client_certificate_refused(cause);
+    let handshake_refused = crate::upstream::handshake_refused(cause);
     let mut no_h2 = false;
     let mut gone_away = false;
     while let Some(s) = source {
@@ -806,7 +830,7 @@ fn classify(
                 "{reason}: the upstream's certificate: {}",
                 problem.unwrap_or_default()
             ),
-            _ if crate::upstream::no_common_tls_version(e) => format!(
+            _ if crate::upstream::no_common_tls_version(cause) => format!(
                 "{reason}: the upstream speaks no TLS version the gateway does (TLS 1.2 and \
                  1.3 only)"
             ),
@@ -853,7 +877,7 @@ fn classify(
 /// or where the gateway's own want of descriptors or ports failed it (`Starved`, which is no
 /// fault of the upstream's).
 fn connect_failure(
-    e: &hyper_util::client::legacy::Error,
+    e: &(dyn std::error::Error + 'static),
     error: &GatewayError,
 ) -> Option<&'static str> {
     match error {

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -67,6 +67,92 @@ pub struct TimeoutConnector<C> {
     pub(super) peer_streams_seen: Arc<AtomicUsize>,
     /// When the lane's HTTP/2 connection last read (`io.rs`).
     pub(super) last_read: Arc<LastRead>,
+    /// The lane's connects that failed, for the requests that waited for them.
+    pub(super) failures: Arc<ConnectFailures>,
+}
+
+/// The connect a request waited for failed: hyper-util's pool makes one HTTP/2 connection at
+/// a time per upstream, and a request that finds one being made waits for it instead of
+/// connecting; when that connect fails, the pool tells its waiters no more than "request was
+/// canceled" (audit SB 1: a cold burst to an upstream whose connects hung got one 504
+/// `connect_timeout` and the rest 502 `upstream_unavailable`). Its source is a copy of what
+/// failed that connect (errors cannot be cloned): a timeout, an I/O error's kind, a TLS
+/// error, ALPN's refusal of h2, else its words.
+#[derive(Debug, thiserror::Error)]
+#[error("the HTTP/2 connection it waited for could not be made")]
+pub struct ConnectWaitedFor(#[source] BoxError);
+
+/// Words, where nothing in a failed connect's chain is copied.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Words(String);
+
+impl ConnectWaitedFor {
+    fn copy(e: &(dyn std::error::Error + 'static)) -> Self {
+        let mut source = Some(e);
+        while let Some(s) = source {
+            let copy: Option<BoxError> = if let Some(t) = s.downcast_ref::<ConnectTimedOut>() {
+                Some(Box::new(ConnectTimedOut(t.0)))
+            } else if s.is::<NoH2ByAlpn>() {
+                Some(Box::new(NoH2ByAlpn(None)))
+            } else if let Some(tls) = s.downcast_ref::<rustls::Error>() {
+                Some(Box::new(tls.clone()))
+            } else {
+                s.downcast_ref::<std::io::Error>().map(|io| {
+                    Box::new(std::io::Error::new(io.kind(), crate::error::with_causes(e)))
+                        as BoxError
+                })
+            };
+            if let Some(copy) = copy {
+                return Self(copy);
+            }
+            source = s.source();
+        }
+        Self(Box::new(Words(crate::error::with_causes(e))))
+    }
+}
+
+/// A lane's failed connects: how many, and the last, noted by the connector before it gives
+/// its error to hyper-util, and so before hyper-util lets the connect's waiters go.
+#[derive(Default)]
+pub struct ConnectFailures {
+    count: AtomicU64,
+    last: Mutex<Option<Arc<ConnectWaitedFor>>>,
+}
+
+impl ConnectFailures {
+    fn note(&self, e: &(dyn std::error::Error + 'static)) {
+        self.note_copy(ConnectWaitedFor::copy(e));
+    }
+
+    /// A request's own connect limit (`after`) fired before its connection came, and it
+    /// is about to drop its connect, which hyper-util then ends with its waiters: that
+    /// limit fires a moment before the connector's own bound, which it usually equals.
+    pub(super) fn note_timeout(&self, after: Duration) {
+        self.note_copy(ConnectWaitedFor(Box::new(ConnectTimedOut(after))));
+    }
+
+    fn note_copy(&self, copy: ConnectWaitedFor) {
+        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(copy));
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// How many connects have failed: a request notes it when it starts, to know later
+    /// whether one failed while it waited.
+    pub(super) fn count(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// The last failure, if one came after `seen` failures.
+    pub(super) fn since(&self, seen: u64) -> Option<Arc<ConnectWaitedFor>> {
+        if self.count() == seen {
+            return None;
+        }
+        self.last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 const ALPN_UNKNOWN: u8 = 0;
@@ -102,6 +188,7 @@ impl<C: Clone> TimeoutConnector<C> {
             peer_streams: Arc::new(AtomicUsize::new(usize::MAX)),
             peer_streams_seen: Arc::new(AtomicUsize::new(usize::MAX)),
             last_read: Arc::new(LastRead::new()),
+            failures: Arc::default(),
         }
     }
 
@@ -111,6 +198,7 @@ impl<C: Clone> TimeoutConnector<C> {
         Self {
             turns: Arc::default(),
             last_read: Arc::new(LastRead::new()),
+            failures: Arc::default(),
             peer_streams: Arc::new(AtomicUsize::new(
                 self.peer_streams_seen.load(Ordering::Acquire),
             )),
@@ -146,10 +234,14 @@ where
             Arc::clone(&self.peer_streams_seen),
         ];
         let last_read = Arc::clone(&self.last_read);
+        // Only `http2 = "always"` has hyper-util's pool make one connection at a time before
+        // the connect: under `auto` each request connects (`Turns`), and a turn's own
+        // timeout there is no connect anyone waited for.
+        let failures = (mode == Http2Mode::Always).then(|| Arc::clone(&self.failures));
         // Called once this connect has its turn: the inner connector's future may start
         // its work when made.
         let mut inner = self.inner.clone();
-        Box::pin(async move {
+        let connect = async move {
             let by = tokio::time::Instant::now() + timeout;
             let _turn = match &turns {
                 None => None,
@@ -219,6 +311,13 @@ where
                 );
             }
             Ok(io)
+        };
+        Box::pin(async move {
+            let connected = connect.await;
+            if let (Err(e), Some(failures)) = (&connected, &failures) {
+                failures.note(&**e);
+            }
+            connected
         })
     }
 }

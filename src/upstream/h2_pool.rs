@@ -53,7 +53,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use hyper_util::client::legacy::{Builder, Client, ResponseFuture};
 use tokio::time::Instant;
 
-use super::connect::Connector;
+use super::connect::{ConnectFailures, ConnectWaitedFor, Connector};
 use super::io::LastRead;
 use super::request_body::RequestBody;
 
@@ -91,6 +91,8 @@ struct Lane {
     peer_streams: Arc<AtomicUsize>,
     /// When its HTTP/2 connection last read anything.
     last_read: Arc<LastRead>,
+    /// Its connects that failed (`connect.rs`).
+    failures: Arc<ConnectFailures>,
 }
 
 /// One stream's place on its lane, given back when dropped.
@@ -99,9 +101,38 @@ pub struct StreamSlot {
     /// The lanes may hold HTTP/2 connections.
     multiplexed: bool,
     h2_only: bool,
+    /// The lane's failed connects when the request was handed to it.
+    failures_seen: u64,
 }
 
 impl StreamSlot {
+    /// The request's connect limit fired before it had a connection (`after`): any request
+    /// waiting for the connect it drops is told that connect timed out.
+    pub fn connect_timed_out(&self, after: Duration) {
+        if self.h2_only {
+            self.lane.failures.note_timeout(after);
+        }
+    }
+
+    /// What failed the connect this request waited for, where that is why it failed:
+    /// hyper-util's pool, which makes one HTTP/2 connection at a time, let go of its waiters
+    /// ("request was canceled") as a connect of the lane failed meanwhile (audit SB 1). None
+    /// for any other error, and where no connect failed (the request that was making it went
+    /// away, or hyper's own handshake failed after the connector's work).
+    pub fn connect_waited_for(
+        &self,
+        e: &hyper_util::client::legacy::Error,
+    ) -> Option<Arc<ConnectWaitedFor>> {
+        use hyper_util::client::legacy::pool;
+        let waited = e.is_connect()
+            && std::error::Error::source(e)
+                .and_then(|s| s.downcast_ref::<pool::Error>())
+                .is_some_and(|p| matches!(p, pool::Error::CheckoutNoLongerWanted));
+        waited
+            .then(|| self.lane.failures.since(self.failures_seen))
+            .flatten()
+    }
+
     /// The stream's connection took the request and sent no answer head in time: no new
     /// stream goes to it. `negotiated_h2`: the connection chose HTTP/2 by ALPN. Only where
     /// streams share a connection: an HTTP/1.1 connection that timed out is closed with its
@@ -181,6 +212,7 @@ impl Lane {
         Arc::new(Lane {
             peer_streams: Arc::clone(&connector.peer_streams),
             last_read: Arc::clone(&connector.last_read),
+            failures: Arc::clone(&connector.failures),
             client: ArcSwapOption::from_pointee(builder.build(connector)),
             streams: AtomicUsize::new(0),
             retired: AtomicBool::new(false),
@@ -249,8 +281,10 @@ impl Lanes {
     }
 
     fn slot(&self) -> StreamSlot {
+        let lane = self.take();
         StreamSlot {
-            lane: self.take(),
+            failures_seen: lane.failures.count(),
+            lane,
             multiplexed: self.multiplexed(),
             h2_only: self.h2_only,
         }

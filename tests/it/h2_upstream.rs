@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::support::*;
 
+mod connect;
 mod silence;
 
 /// BASE with limits far beyond `PROMPTLY`, HTTP/2 to the fake, and `keys` added to the
