@@ -26,8 +26,9 @@
 //! One multiplexed connection (`ConnectionManager`), opened lazily and reopened by the next
 //! command that needs it: a gateway starts while Redis is down, and its runs resume when
 //! Redis is back.
-//! With `store_cluster`, a cluster client instead (connected at first use): every script
-//! names its run's keys, one hash tag, so it runs on the node of that slot.
+//! With `store_cluster`, a cluster client instead (connected at first use, and made anew by
+//! a command that finds its connection dropped): every script names its run's keys, one hash
+//! tag, so it runs on the node of that slot.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +37,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
@@ -143,6 +144,13 @@ fn refused_before_writing(e: &redis::RedisError) -> bool {
     )
 }
 
+/// Whether `e` says the command's connection was gone (closed by Redis, while idle or at a
+/// restart), so that it may be sent again on a new one. A cluster client says it as "No
+/// connections found" when its connection to the node had been dropped.
+fn dropped(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+}
+
 /// How commands reach the store.
 enum Link {
     /// One server (or the primary of one with replicas).
@@ -223,7 +231,12 @@ impl Single {
 
 struct LazyCluster {
     client: ClusterClient,
-    conn: tokio::sync::OnceCell<ClusterConnection>,
+    /// The connection commands share: made by the first command, and made anew by one that
+    /// found it dropped (see `RedisStore::reconnected`).
+    conn: arc_swap::ArcSwapOption<ClusterConnection>,
+    /// Held while a connection is made, so that commands that find it missing or dropped
+    /// together make one.
+    connecting: tokio::sync::Mutex<()>,
     /// The last failed attempt to connect, and when: the next is made a second after it at
     /// the soonest, every command between given its error. Each attempt opens a connection to
     /// every node (and retries): a cluster that refused the password took 17,816 connections
@@ -233,6 +246,31 @@ struct LazyCluster {
 }
 
 impl LazyCluster {
+    /// The shared connection; the first command makes it.
+    async fn get(&self) -> redis::RedisResult<Arc<ClusterConnection>> {
+        match self.conn.load_full() {
+            Some(conn) => Ok(conn),
+            None => self.renew(None).await,
+        }
+    }
+
+    /// A new connection in place of `stale` (`None`: none was made yet), unless another
+    /// command made one since: then that one.
+    async fn renew(
+        &self,
+        stale: Option<&Arc<ClusterConnection>>,
+    ) -> redis::RedisResult<Arc<ClusterConnection>> {
+        let _one = self.connecting.lock().await;
+        if let Some(current) = self.conn.load_full() {
+            if stale.is_none_or(|stale| !Arc::ptr_eq(stale, &current)) {
+                return Ok(current);
+            }
+        }
+        let fresh = Arc::new(self.connect().await?);
+        self.conn.store(Some(fresh.clone()));
+        Ok(fresh)
+    }
+
     async fn connect(&self) -> redis::RedisResult<ClusterConnection> {
         let failed = || {
             self.failed
@@ -253,17 +291,18 @@ impl LazyCluster {
 }
 
 /// The connection one command takes (a clone: both kinds are handles to a shared one).
+/// A cluster's keeps the shared one it was cloned from, to make a new one in its place.
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, Arc<ClusterConnection>),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c, _) => c.req_packed_command(cmd),
         }
     }
 
@@ -275,14 +314,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c, _) => c.get_db(),
         }
     }
 }
@@ -403,7 +442,8 @@ impl RedisStore {
             let client = builder.build().map_err(|e| e.to_string())?;
             return Ok(Self::with_link(Link::Cluster(Box::new(LazyCluster {
                 client,
-                conn: tokio::sync::OnceCell::new(),
+                conn: arc_swap::ArcSwapOption::empty(),
+                connecting: tokio::sync::Mutex::new(()),
                 failed: std::sync::Mutex::new(None),
             }))));
         }
@@ -446,10 +486,35 @@ impl RedisStore {
         match &self.link {
             Link::Single(c) => Ok(Conn::Single((**c.manager.load()).clone())),
             Link::Cluster(c) => c
-                .conn
-                .get_or_try_init(|| c.connect())
+                .get()
                 .await
-                .map(|c| Conn::Cluster(c.clone())),
+                .map(|shared| Conn::Cluster((*shared).clone(), shared)),
+        }
+    }
+
+    /// After `conn` was found dropped (Redis closed it while idle, its `timeout`, or
+    /// restarted): a connection to send the command again on at once. One server's manager
+    /// reconnects by itself on that error, and its clones follow. A cluster connection's
+    /// own retries went to the same closed connection to the node (4 calls in 8 of a
+    /// quiet run failed "broken pipe", or "No connections found", audit SE 1): a new one
+    /// is made in its place, shared by the commands after it.
+    async fn reconnected(&self, conn: &mut Conn) -> redis::RedisResult<()> {
+        if let (Link::Cluster(c), Conn::Cluster(_, stale)) = (&self.link, &*conn) {
+            let shared = c.renew(Some(stale)).await?;
+            *conn = Conn::Cluster((*shared).clone(), shared);
+        }
+        Ok(())
+    }
+
+    /// `e` of a command on this store. A redirection is named as a cluster's only when
+    /// `store_cluster` is not set: a cluster client that still met one after its retries
+    /// (a slot moving while a connection was made anew) is not a store set up wrong.
+    fn error(&self, e: redis::RedisError) -> StoreError {
+        match StoreError::from(e) {
+            StoreError::Cluster(e) if matches!(self.link, Link::Cluster(_)) => {
+                StoreError::Refused(e)
+            }
+            e => e,
         }
     }
 
@@ -468,7 +533,6 @@ impl RedisStore {
         token: &str,
     ) -> Result<RedisAdmission, StoreError> {
         let ms = |d: Duration| d.as_millis() as u64;
-        let mut conn = self.connected().await?;
         let run = key_of(key);
         let mut invocation = self.admit.key(&run);
         invocation
@@ -487,17 +551,17 @@ impl RedisStore {
             .arg(ms(expire))
             .arg(token)
             .arg(ms(life));
-        let reply: Vec<Value> = match self.noted(invocation.invoke_async(&mut conn).await) {
-            // The first command after the store restarted finds the old connection broken
-            // (the manager reconnects only then): once more, on the new one. A reply lost
-            // after the script ran would admit the call twice; the write that failed never
-            // reached the store, and that is the case a restart makes.
-            // Whatever the second try says, the first may have run: never `Refused`.
-            Err(e) if e.is_connection_dropped() => self
-                .noted(invocation.invoke_async(&mut conn).await)
-                .map_err(|e| StoreError::Failed(e.to_string()))?,
-            reply => reply?,
-        };
+        // Sent again on a dropped connection (see `invoke`): a reply lost after the script
+        // ran would admit the call twice; the write that failed never reached the store,
+        // and that is the case a restart or an idle timeout makes. Whatever the second try
+        // says, the first may have run: never `Refused`.
+        let reply = self.invoke(&invocation).await.map_err(|(e, again)| {
+            if again {
+                StoreError::Failed(e.to_string())
+            } else {
+                self.error(e)
+            }
+        })?;
         // The script says the run's deadline as time after the call's arrival: counted from
         // the arrival here, so that neither the trip to Redis nor the one back is added to
         // the run (audit KD 1).
@@ -575,6 +639,26 @@ impl RedisStore {
         })
     }
 
+    /// Runs `script`; if it found its connection dropped (Redis restarted, or closed it while
+    /// idle: its `timeout`), once more at once on a new one, as the first command on a new
+    /// connection, not as an outage. The error says whether it was the second try's.
+    async fn invoke(
+        &self,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<Vec<Value>, (redis::RedisError, bool)> {
+        let mut conn = self.connected().await.map_err(|e| (e, false))?;
+        match self.noted(script.invoke_async(&mut conn).await) {
+            Err(e) if dropped(&e) => {
+                let again = match self.reconnected(&mut conn).await {
+                    Ok(()) => script.invoke_async(&mut conn).await,
+                    Err(e) => Err(e),
+                };
+                self.noted(again).map_err(|e| (e, true))
+            }
+            reply => reply.map_err(|e| (e, false)),
+        }
+    }
+
     /// Notes the error of a command's reply, if it is one; a reply clears it, so that a later
     /// timeout is not blamed on an error the store has recovered from.
     fn noted<T>(&self, reply: redis::RedisResult<T>) -> redis::RedisResult<T> {
@@ -627,26 +711,26 @@ impl RedisStore {
         used: &Used,
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
-        let mut conn = self.connected().await?;
         let (answer, tool) = match &used.answer {
             Answer::Unread => (String::new(), ""),
             Answer::Plain => ("-".to_owned(), ""),
             // Bounded here too: whatever the answer's names, a run's key keeps its size.
             Answer::Tools(fp, tool) => (format!("{fp:016x}"), clipped(tool, MAX_NAMES)),
         };
-        let reply: Vec<Value> = self.noted(
-            self.finish
-                .key(key)
-                .arg(reserve)
-                .arg(used.tokens)
-                .arg(answer)
-                .arg(tool)
-                .arg(ttl.as_millis() as u64)
-                .arg(opt(used.request.map(|f| format!("{f:016x}"))))
-                .arg(token)
-                .invoke_async(&mut conn)
-                .await,
-        )?;
+        let mut invocation = self.finish.key(key);
+        invocation
+            .arg(reserve)
+            .arg(used.tokens)
+            .arg(answer)
+            .arg(tool)
+            .arg(ttl.as_millis() as u64)
+            .arg(opt(used.request.map(|f| format!("{f:016x}"))))
+            .arg(token);
+        // finish.lua gives back once: safe to send again.
+        let reply = self
+            .invoke(&invocation)
+            .await
+            .map_err(|(e, _)| self.error(e))?;
         Ok(ended_of(&reply))
     }
 
@@ -660,32 +744,40 @@ impl RedisStore {
         served: bool,
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
-        let mut conn = self.connected().await?;
-        let reply: Vec<Value> = self.noted(
-            self.cancel
-                .key(key)
-                .arg(token)
-                .arg(u8::from(!served))
-                .arg(ttl.as_millis() as u64)
-                .invoke_async(&mut conn)
-                .await,
-        )?;
+        let mut invocation = self.cancel.key(key);
+        invocation
+            .arg(token)
+            .arg(u8::from(!served))
+            .arg(ttl.as_millis() as u64);
+        // cancel.lua is idempotent: safe to send again.
+        let reply = self
+            .invoke(&invocation)
+            .await
+            .map_err(|(e, _)| self.error(e))?;
         Ok(reply.get(1..).and_then(ended_of))
     }
 
     /// Every run with this id, whatever its scope (for the admin listener; a SCAN for the
     /// scoped ones).
     pub async fn find(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, StoreError> {
-        // As in `admit`: the first command after the store restarted finds the old
-        // connection broken, and the manager reconnects only then. (A read: safe to repeat.)
-        match self.noted(self.find_once(id).await) {
-            Err(e) if e.is_connection_dropped() => Ok(self.noted(self.find_once(id).await)?),
-            found => Ok(found?),
-        }
+        // As in `admit`: the first command after the store restarted, or closed the idle
+        // connection, finds it broken: once more, on a new one. (A read: safe to repeat.)
+        let mut conn = self.connected().await.map_err(|e| self.error(e))?;
+        let found = match self.noted(self.find_once(&mut conn, id).await) {
+            Err(e) if dropped(&e) => match self.reconnected(&mut conn).await {
+                Ok(()) => self.noted(self.find_once(&mut conn, id).await),
+                Err(e) => self.noted(Err(e)),
+            },
+            found => found,
+        };
+        found.map_err(|e| self.error(e))
     }
 
-    async fn find_once(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, redis::RedisError> {
-        let mut conn = self.conn().await?;
+    async fn find_once(
+        &self,
+        conn: &mut Conn,
+        id: &str,
+    ) -> Result<Vec<(RunKey, RunState)>, redis::RedisError> {
         let escaped: String = id
             .chars()
             .flat_map(|c| match c {
@@ -703,16 +795,16 @@ impl RedisStore {
         let mut keys: Vec<String> = Vec::new();
         let exists: bool = redis::cmd("EXISTS")
             .arg(&unscoped)
-            .query_async(&mut conn)
+            .query_async(&mut *conn)
             .await?;
         if exists {
             keys.push(unscoped);
         }
         let pattern = format!("hg:{{{}/{escaped}}}", "[0-9a-f]".repeat(16));
         // A cluster's keys are spread over its primaries, each SCANned on its own.
-        let nodes = match &mut conn {
+        let nodes = match &mut *conn {
             Conn::Single(_) => vec![None],
-            Conn::Cluster(c) => primaries(c).await?.into_iter().map(Some).collect(),
+            Conn::Cluster(c, _) => primaries(c).await?.into_iter().map(Some).collect(),
         };
         for node in nodes {
             let mut cursor: u64 = 0;
@@ -723,8 +815,8 @@ impl RedisStore {
                     .arg(&pattern)
                     .arg("COUNT")
                     .arg(1000);
-                let (next, batch): (u64, Vec<String>) = match (&mut conn, &node) {
-                    (Conn::Cluster(c), Some((host, port))) => {
+                let (next, batch): (u64, Vec<String>) = match (&mut *conn, &node) {
+                    (Conn::Cluster(c, _), Some((host, port))) => {
                         let at = SingleNodeRoutingInfo::ByAddress {
                             host: host.clone(),
                             port: *port,
@@ -741,7 +833,7 @@ impl RedisStore {
                 }
             }
         }
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut *conn).await?;
         let redis_now = secs * 1000 + micros / 1000;
         let now = Instant::now();
         let mut out = Vec::new();
@@ -749,8 +841,10 @@ impl RedisStore {
             let Some(run_key) = parse_key(&k).filter(|r| &*r.id == id) else {
                 continue;
             };
-            let h: std::collections::HashMap<String, String> =
-                redis::cmd("HGETALL").arg(&k).query_async(&mut conn).await?;
+            let h: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(&k)
+                .query_async(&mut *conn)
+                .await?;
             // Expired between the look and the read, or a tombstone with no run yet.
             if !h.contains_key("route") {
                 continue;
@@ -985,6 +1079,38 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("13571 127.0.0.1:21026"), "{e}");
+    }
+
+    /// A redirection that a cluster client met after its retries (a slot moving while a
+    /// connection was made anew) is no store missing `store_cluster`: `/runs/{id}` said
+    /// "store_cluster is not set" of a store that had it (audit SE 1).
+    #[tokio::test]
+    async fn a_redirection_on_a_cluster_store_does_not_say_store_cluster_is_not_set() {
+        let moved = || {
+            redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::Moved),
+                "An error was signalled by the server",
+                "14629 127.0.0.1:61333".to_owned(),
+            ))
+        };
+        let cluster = RedisStore::new(
+            "redis://127.0.0.1:1/0",
+            Duration::from_millis(50),
+            None,
+            true,
+        )
+        .unwrap();
+        let e = cluster.error(moved());
+        assert!(matches!(e, StoreError::Refused(_)), "{e:?}");
+        assert!(e.to_string().contains("14629 127.0.0.1:61333"), "{e}");
+        let single = RedisStore::new(
+            "redis://127.0.0.1:1/0",
+            Duration::from_millis(50),
+            None,
+            false,
+        )
+        .unwrap();
+        assert!(matches!(single.error(moved()), StoreError::Cluster(_)));
     }
 
     /// An error reply that Redis gives before a script's first write left nothing behind,
