@@ -64,6 +64,11 @@ pub enum StoreError {
     /// `Failed` is.
     #[error("the run store failed: {0}")]
     Refused(String),
+    /// The command never reached the store: its connection could not be opened (nothing
+    /// listening, a certificate or a password refused, no connection to a cluster's node;
+    /// see `never_sent`). Nothing ran, so nothing needs undoing. Said as `Failed` is.
+    #[error("the run store failed: {0}")]
+    Unreached(String),
     /// The store is a node of a Redis Cluster, and `store_cluster` is not set: it sends the
     /// keys of runs on other nodes' slots there (MOVED), which the single-server client does
     /// not follow. Named as such, so that the operator is not left to read a redirection as
@@ -83,6 +88,8 @@ impl From<redis::RedisError> for StoreError {
             redis::ErrorKind::Server(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)
         ) {
             Self::Cluster(e.to_string())
+        } else if never_sent(&e) {
+            Self::Unreached(e.to_string())
         } else if refused_before_writing(&e) {
             Self::Refused(e.to_string())
         } else {
@@ -97,7 +104,9 @@ impl StoreError {
     /// the call must undo. An error reply that Redis gives before the script's first write
     /// (or before it runs at all), and a redirection, left nothing: an admission refused so
     /// needs no cancel (audit MD 1: under OOM every call sent cancel.lua, itself refused,
-    /// for a minute).
+    /// for a minute). Nor did a command whose connection could not be opened (audit SE 2:
+    /// each call refused by a stopped Redis left a cancel tried for a minute, which held a
+    /// shutdown its whole grace, and wrote a tombstone once Redis was back).
     pub fn may_have_run(&self) -> bool {
         matches!(self, Self::Timeout(..) | Self::Failed(_))
     }
@@ -144,11 +153,52 @@ fn refused_before_writing(e: &redis::RedisError) -> bool {
     )
 }
 
+/// Whether `e` is a failure to open the command's connection, so that the command was never
+/// sent: refused (nothing listening), a password or ACL user refused at connect
+/// (`AuthenticationFailed`; a WRONGPASS reply is `refused_before_writing`), no connection to
+/// a cluster's node, or a TLS handshake that refused the server's certificate. A connection
+/// that timed out is not here: a command's reply that timed out says the same.
+fn never_sent(e: &redis::RedisError) -> bool {
+    e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::ClusterConnectionNotFound
+        )
+        || tls_handshake_refused(e)
+}
+
+/// Whether `e` is rustls refusing the TLS handshake: the server's certificate, or no protocol
+/// version or cipher suite in common. These come only before the first byte of a command;
+/// other rustls errors (a corrupt record) may come while a reply is read. The redis crate
+/// keeps an I/O error as an `Arc` of it, and tokio-rustls puts rustls's error inside that.
+fn tls_handshake_refused(e: &redis::RedisError) -> bool {
+    type Inner = Arc<dyn std::error::Error + Send + Sync>;
+    let rustls = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<Inner>())
+        .and_then(|inner| inner.downcast_ref::<std::io::Error>())
+        .and_then(std::io::Error::get_ref)
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    matches!(
+        rustls,
+        Some(
+            rustls::Error::InvalidCertificate(_)
+                | rustls::Error::PeerIncompatible(_)
+                | rustls::Error::NoCertificatesPresented
+        )
+    )
+}
+
 /// Whether `e` says the command's connection was gone (closed by Redis, while idle or at a
 /// restart), so that it may be sent again on a new one. A cluster client says it as "No
 /// connections found" when its connection to the node had been dropped.
 fn dropped(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+}
+
+/// The failure `e` to make a connection (a cluster's, which is made before any command is
+/// sent on it): whatever it says, no command was sent.
+fn unreached(e: redis::RedisError) -> StoreError {
+    StoreError::Unreached(e.to_string())
 }
 
 /// How commands reach the store.
@@ -233,7 +283,7 @@ struct LazyCluster {
     client: ClusterClient,
     /// The connection commands share: made by the first command, and made anew by one that
     /// found it dropped (see `RedisStore::reconnected`).
-    conn: arc_swap::ArcSwapOption<ClusterConnection>,
+    conn: arc_swap::ArcSwapOption<Made>,
     /// Held while a connection is made, so that commands that find it missing or dropped
     /// together make one.
     connecting: tokio::sync::Mutex<()>,
@@ -245,28 +295,42 @@ struct LazyCluster {
     failed: std::sync::Mutex<Option<(Instant, redis::RedisError)>>,
 }
 
+/// A cluster connection, and when it was made.
+struct Made {
+    at: Instant,
+    conn: ClusterConnection,
+}
+
 impl LazyCluster {
     /// The shared connection; the first command makes it.
-    async fn get(&self) -> redis::RedisResult<Arc<ClusterConnection>> {
+    async fn get(&self) -> redis::RedisResult<Arc<Made>> {
         match self.conn.load_full() {
             Some(conn) => Ok(conn),
-            None => self.renew(None).await,
+            None => self.renew(None, false).await,
         }
     }
 
     /// A new connection in place of `stale` (`None`: none was made yet), unless another
-    /// command made one since: then that one.
+    /// command made one since: then that one. After a `refused` connection too, unless the
+    /// one there was made within the last second: a node that is down (until its replica
+    /// takes over) refuses every command of its slots, and each would otherwise make a
+    /// connection to every node.
     async fn renew(
         &self,
-        stale: Option<&Arc<ClusterConnection>>,
-    ) -> redis::RedisResult<Arc<ClusterConnection>> {
+        stale: Option<&Arc<Made>>,
+        refused: bool,
+    ) -> redis::RedisResult<Arc<Made>> {
         let _one = self.connecting.lock().await;
         if let Some(current) = self.conn.load_full() {
-            if stale.is_none_or(|stale| !Arc::ptr_eq(stale, &current)) {
+            let young = refused && current.at.elapsed() < RENEW_EVERY;
+            if young || stale.is_none_or(|stale| !Arc::ptr_eq(stale, &current)) {
                 return Ok(current);
             }
         }
-        let fresh = Arc::new(self.connect().await?);
+        let fresh = Arc::new(Made {
+            at: Instant::now(),
+            conn: self.connect().await?,
+        });
         self.conn.store(Some(fresh.clone()));
         Ok(fresh)
     }
@@ -295,7 +359,7 @@ impl LazyCluster {
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection, Arc<ClusterConnection>),
+    Cluster(ClusterConnection, Arc<Made>),
 }
 
 impl ConnectionLike for Conn {
@@ -488,7 +552,7 @@ impl RedisStore {
             Link::Cluster(c) => c
                 .get()
                 .await
-                .map(|shared| Conn::Cluster((*shared).clone(), shared)),
+                .map(|made| Conn::Cluster(made.conn.clone(), made)),
         }
     }
 
@@ -498,10 +562,10 @@ impl RedisStore {
     /// own retries went to the same closed connection to the node (4 calls in 8 of a
     /// quiet run failed "broken pipe", or "No connections found", audit SE 1): a new one
     /// is made in its place, shared by the commands after it.
-    async fn reconnected(&self, conn: &mut Conn) -> redis::RedisResult<()> {
+    async fn reconnected(&self, conn: &mut Conn, e: &redis::RedisError) -> redis::RedisResult<()> {
         if let (Link::Cluster(c), Conn::Cluster(_, stale)) = (&self.link, &*conn) {
-            let shared = c.renew(Some(stale)).await?;
-            *conn = Conn::Cluster((*shared).clone(), shared);
+            let made = c.renew(Some(stale), e.is_connection_refusal()).await?;
+            *conn = Conn::Cluster(made.conn.clone(), made);
         }
         Ok(())
     }
@@ -559,7 +623,7 @@ impl RedisStore {
             if again {
                 StoreError::Failed(e.to_string())
             } else {
-                self.error(e)
+                e
             }
         })?;
         // The script says the run's deadline as time after the call's arrival: counted from
@@ -641,21 +705,23 @@ impl RedisStore {
 
     /// Runs `script`; if it found its connection dropped (Redis restarted, or closed it while
     /// idle: its `timeout`), once more at once on a new one, as the first command on a new
-    /// connection, not as an outage. The error says whether it was the second try's.
+    /// connection, not as an outage. The error says whether it was the second try's after a
+    /// first that may have run (one whose connection was never opened did not).
     async fn invoke(
         &self,
         script: &ScriptInvocation<'_>,
-    ) -> Result<Vec<Value>, (redis::RedisError, bool)> {
-        let mut conn = self.connected().await.map_err(|e| (e, false))?;
+    ) -> Result<Vec<Value>, (StoreError, bool)> {
+        let mut conn = self.connected().await.map_err(|e| (unreached(e), false))?;
         match self.noted(script.invoke_async(&mut conn).await) {
             Err(e) if dropped(&e) => {
-                let again = match self.reconnected(&mut conn).await {
+                let first_sent = !never_sent(&e);
+                let again = match self.reconnected(&mut conn, &e).await {
                     Ok(()) => script.invoke_async(&mut conn).await,
                     Err(e) => Err(e),
                 };
-                self.noted(again).map_err(|e| (e, true))
+                self.noted(again).map_err(|e| (self.error(e), first_sent))
             }
-            reply => reply.map_err(|e| (e, false)),
+            reply => reply.map_err(|e| (self.error(e), false)),
         }
     }
 
@@ -727,10 +793,7 @@ impl RedisStore {
             .arg(opt(used.request.map(|f| format!("{f:016x}"))))
             .arg(token);
         // finish.lua gives back once: safe to send again.
-        let reply = self
-            .invoke(&invocation)
-            .await
-            .map_err(|(e, _)| self.error(e))?;
+        let reply = self.invoke(&invocation).await.map_err(|(e, _)| e)?;
         Ok(ended_of(&reply))
     }
 
@@ -750,10 +813,7 @@ impl RedisStore {
             .arg(u8::from(!served))
             .arg(ttl.as_millis() as u64);
         // cancel.lua is idempotent: safe to send again.
-        let reply = self
-            .invoke(&invocation)
-            .await
-            .map_err(|(e, _)| self.error(e))?;
+        let reply = self.invoke(&invocation).await.map_err(|(e, _)| e)?;
         Ok(reply.get(1..).and_then(ended_of))
     }
 
@@ -762,9 +822,9 @@ impl RedisStore {
     pub async fn find(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, StoreError> {
         // As in `admit`: the first command after the store restarted, or closed the idle
         // connection, finds it broken: once more, on a new one. (A read: safe to repeat.)
-        let mut conn = self.connected().await.map_err(|e| self.error(e))?;
+        let mut conn = self.connected().await.map_err(unreached)?;
         let found = match self.noted(self.find_once(&mut conn, id).await) {
-            Err(e) if dropped(&e) => match self.reconnected(&mut conn).await {
+            Err(e) if dropped(&e) => match self.reconnected(&mut conn, &e).await {
                 Ok(()) => self.noted(self.find_once(&mut conn, id).await),
                 Err(e) => self.noted(Err(e)),
             },
@@ -1079,6 +1139,70 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("13571 127.0.0.1:21026"), "{e}");
+    }
+
+    /// A command whose connection could not be opened (refused, a password refused at
+    /// connect, no connection to a cluster's node, a server certificate refused) was never
+    /// sent: an admission that failed so needs no cancel (audit SE 2: each call refused by a
+    /// stopped Redis left a cancel tried for a minute, and a tombstone once Redis was back).
+    #[tokio::test]
+    async fn what_never_reached_the_store_needs_no_undoing() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/0", closed.local_addr().unwrap());
+        drop(closed);
+        let store = RedisStore::new(&url, Duration::from_millis(500), None, false).unwrap();
+        let refused = store
+            .cancel("hg:{-/r}", "t", false, Duration::from_secs(60))
+            .await;
+        let Err(refused) = refused else {
+            panic!("nothing listens")
+        };
+        assert!(matches!(refused, StoreError::Unreached(_)), "{refused:?}");
+        assert!(refused.to_string().contains("refused"), "{refused}");
+        assert!(!refused.may_have_run());
+
+        for kind in [
+            redis::ErrorKind::AuthenticationFailed,
+            redis::ErrorKind::ClusterConnectionNotFound,
+        ] {
+            let e = StoreError::from(redis::RedisError::from((kind, "at connect")));
+            assert!(!e.may_have_run(), "{kind:?}: {e:?}");
+        }
+
+        // A server whose certificate no public root signed (a private CA not named in
+        // `store_ca_file`).
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.key_pair.serialize_der()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let _ = acceptor.accept(conn).await;
+            }
+        });
+        let url = format!("rediss://localhost:{port}/0");
+        let store = RedisStore::new(&url, Duration::from_millis(500), None, false).unwrap();
+        let untrusted = store
+            .cancel("hg:{-/r}", "t", false, Duration::from_secs(60))
+            .await;
+        let Err(untrusted) = untrusted else {
+            panic!("the certificate is refused")
+        };
+        assert!(
+            matches!(untrusted, StoreError::Unreached(_)),
+            "{untrusted:?}"
+        );
+        assert!(!untrusted.may_have_run());
     }
 
     /// A redirection that a cluster client met after its retries (a slot moving while a

@@ -289,7 +289,8 @@ impl Runs {
                 // have run or may still, so what it took is given back, or it is made a
                 // no-op (cancel.lua, idempotent, sent until answered). An error reply given
                 // before its first write (OOM, READONLY, ...) left nothing to cancel, and a
-                // cancel would be refused alike for as long (audit MD 1).
+                // cancel would be refused alike for as long (audit MD 1); nor did one whose
+                // connection was never opened (audit SE 2).
                 if e.may_have_run() {
                     let served = shared.on_error == OnStoreError::Allow;
                     shared.cancel_later(key_of(key), token, served);
