@@ -481,19 +481,20 @@ fn deadline_in(ms: i64, from: Instant) -> Option<Instant> {
 }
 
 impl RedisStore {
-    /// A store at `url` (`redis://` or `rediss://`); nothing is connected until it is used.
-    /// `ca`: the PEM certificates a `rediss://` server's certificate must chain to, instead
-    /// of the public roots.
-    /// `cluster`: `url` is a node of a Redis Cluster, which names the others.
+    /// A store at `urls[0]` (`redis://` or `rediss://`); nothing is connected until it is
+    /// used. `ca`: the PEM certificates a `rediss://` server's certificate must chain to,
+    /// instead of the public roots.
+    /// `cluster`: `urls` are nodes of a Redis Cluster, any one of which names the others:
+    /// a gateway started while one is down finds the cluster through another (audit SE 3).
     pub fn new(
-        url: &str,
+        urls: &[String],
         timeout: Duration,
         ca: Option<Vec<u8>>,
         cluster: bool,
     ) -> Result<Self, String> {
         let bound = timeout.max(Duration::from_millis(500));
         if cluster {
-            let mut builder = ClusterClient::builder(vec![url])
+            let mut builder = ClusterClient::builder(urls.iter().map(String::as_str))
                 .connection_timeout(bound)
                 .response_timeout(bound)
                 .retries(2);
@@ -511,6 +512,7 @@ impl RedisStore {
                 failed: std::sync::Mutex::new(None),
             }))));
         }
+        let url = urls.first().map_or("", String::as_str);
         let client = match ca {
             None => redis::Client::open(url),
             Some(root_cert) => redis::Client::build_with_tls(
@@ -1053,7 +1055,13 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
         drop(closed);
-        let store = RedisStore::new(&url, Duration::from_millis(50), None, false).unwrap();
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(50),
+            None,
+            false,
+        )
+        .unwrap();
         let quiet = store.timed_out(Duration::from_millis(50));
         assert_eq!(
             quiet.to_string(),
@@ -1086,7 +1094,13 @@ mod tests {
                 drop(conn);
             }
         });
-        let store = RedisStore::new(&url, Duration::from_millis(50), None, true).unwrap();
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(50),
+            None,
+            true,
+        )
+        .unwrap();
         assert!(store.find("r").await.is_err());
         let first = accepted.load(Ordering::Relaxed);
         assert!(first > 0, "the first command tried the node");
@@ -1113,7 +1127,13 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
         drop(closed);
-        let store = RedisStore::new(&url, Duration::from_millis(50), None, false).unwrap();
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(50),
+            None,
+            false,
+        )
+        .unwrap();
         assert!(store.find("r").await.is_err());
         assert!(store.recent_error().is_some());
         store.noted(Ok(())).unwrap();
@@ -1150,7 +1170,13 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
         drop(closed);
-        let store = RedisStore::new(&url, Duration::from_millis(500), None, false).unwrap();
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(500),
+            None,
+            false,
+        )
+        .unwrap();
         let refused = store
             .cancel("hg:{-/r}", "t", false, Duration::from_secs(60))
             .await;
@@ -1191,7 +1217,13 @@ mod tests {
             }
         });
         let url = format!("rediss://localhost:{port}/0");
-        let store = RedisStore::new(&url, Duration::from_millis(500), None, false).unwrap();
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(500),
+            None,
+            false,
+        )
+        .unwrap();
         let untrusted = store
             .cancel("hg:{-/r}", "t", false, Duration::from_secs(60))
             .await;
@@ -1218,7 +1250,7 @@ mod tests {
             ))
         };
         let cluster = RedisStore::new(
-            "redis://127.0.0.1:1/0",
+            &["redis://127.0.0.1:1/0".to_owned()],
             Duration::from_millis(50),
             None,
             true,
@@ -1228,7 +1260,7 @@ mod tests {
         assert!(matches!(e, StoreError::Refused(_)), "{e:?}");
         assert!(e.to_string().contains("14629 127.0.0.1:61333"), "{e}");
         let single = RedisStore::new(
-            "redis://127.0.0.1:1/0",
+            &["redis://127.0.0.1:1/0".to_owned()],
             Duration::from_millis(50),
             None,
             false,

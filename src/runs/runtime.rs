@@ -111,7 +111,7 @@ impl Runs {
             ))),
             RunStore::Redis(url) => Store::Redis(Arc::new(Shared {
                 store: RedisStore::new(
-                    &with_password(url, config)?,
+                    &store_urls(&with_password(url, config)?, config)?,
                     config.store_timeout,
                     store_ca(config)?,
                     config.store_cluster,
@@ -406,6 +406,16 @@ pub fn store_ca(config: &RunsConfig) -> Result<Option<Vec<u8>>, String> {
 }
 
 /// The store URL with the password of `store_password_env` in it, when one is named.
+/// `url` (the store, with its password), then the other cluster nodes that `store_nodes`
+/// names, each reached as it is.
+fn store_urls(url: &str, config: &RunsConfig) -> Result<Vec<String>, String> {
+    let mut urls = vec![url.to_owned()];
+    for node in &config.store_nodes {
+        urls.push(crate::config::node_url(url, node)?);
+    }
+    Ok(urls)
+}
+
 fn with_password(url: &str, config: &RunsConfig) -> Result<String, String> {
     let Some(var) = &config.store_password_env else {
         return Ok(url.to_owned());
@@ -520,6 +530,7 @@ mod tests {
                 store_password_env: None,
                 store_ca_file: None,
                 store_cluster: false,
+                store_nodes: Vec::new(),
                 store_timeout: Duration::from_millis(50),
                 on_store_error: crate::config::OnStoreError::Allow,
             },

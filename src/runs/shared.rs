@@ -257,7 +257,7 @@ mod tests {
         drop(closed);
         let timeout = Duration::from_millis(50);
         Arc::new(Shared {
-            store: RedisStore::new(&url, timeout, None, false).unwrap(),
+            store: RedisStore::new(std::slice::from_ref(&url), timeout, None, false).unwrap(),
             shown: url,
             ttl: Duration::from_secs(60),
             timeout,

@@ -363,3 +363,34 @@ async fn a_cluster_store_reconnects_after_redis_closed_its_idle_connections() {
     }
     p.stop().await;
 }
+
+/// A Redis Cluster store whose `store` node is down starts through another node that
+/// `store_nodes` names (audit SE 3: with one seed, a gateway started while that one node was
+/// down answered every run call 503 "Failed to create initial connections", however healthy
+/// the rest of the cluster).
+#[tokio::test]
+async fn a_cluster_store_starts_through_another_node_while_its_first_is_down() {
+    let Some((_plain, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (low, high) = two_node_cluster(dir.path()).await;
+    let down = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down_url = format!("redis://{}/0", down.local_addr().unwrap());
+    drop(down);
+    let toml = config(&fake, &down_url, "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        &format!(
+            "on_store_error = \"deny\"\nstore_cluster = true\nstore_nodes = [\"127.0.0.1:{}\"]",
+            low.port()
+        ),
+    );
+    let p = Process::spawn(&toml, &[], &[]).await;
+    for id in ["a", "c"] {
+        let (status, headers, body) = send(&p, call(false, &[("x-run-id", id)], 0)).await;
+        assert_eq!(status, 200, "{id}: {body}");
+        assert_eq!(headers["x-run-calls-left"], "9", "{id}");
+    }
+    assert_eq!(high.query("EXISTS hg:{-/a}").await, ":1");
+    p.stop().await;
+}
