@@ -109,11 +109,18 @@ impl Shared {
         let now = Instant::now();
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, e.to_string()));
         if self.last_warning.due() {
-            let policy = match self.on_error {
-                OnStoreError::Allow => {
+            // What the failure costs depends on the op: only an admission's refuses a call
+            // or serves it unlimited; a call's end is sent again (audit SE 4: an end's
+            // failure said calls were refused, and none was).
+            let policy = match (op, self.on_error) {
+                ("admit", OnStoreError::Allow) => {
                     "calls are served without run limits (on_store_error = allow)"
                 }
-                OnStoreError::Deny => "calls of runs are refused (on_store_error = deny)",
+                ("admit", OnStoreError::Deny) => {
+                    "calls of runs are refused (on_store_error = deny)"
+                }
+                ("finish", _) => "a call's end is not applied yet, and is sent again",
+                _ => "the admin's /runs lookup answered 503",
             };
             tracing::warn!(store = %self.shown, op, error = %e, "run store unavailable: {policy}");
         }
@@ -321,6 +328,23 @@ mod tests {
         assert_eq!(gave_up.len(), 2, "{text}");
         assert!(gave_up[1].contains("given_up=3"), "{text}");
         assert!(gave_up[1].contains("hg:{-/d}"), "{text}");
+    }
+
+    /// An end's failure is not said as an admission's: no call is refused for it (audit
+    /// SE 4: "calls of runs are refused (on_store_error = deny)", for an end sent again).
+    #[tokio::test]
+    async fn an_ends_failure_does_not_say_calls_are_refused() {
+        let shared = unreachable();
+        let (out, _log) = logged();
+        shared.failed("finish", &StoreError::Failed("broken pipe".to_owned()));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("op=\"finish\""), "{text}");
+        assert!(!text.contains("refused"), "{text}");
+        assert!(text.contains("sent again"), "{text}");
+        shared.last_warning.reset_for_test();
+        shared.failed("admit", &StoreError::Failed("broken pipe".to_owned()));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("calls of runs are refused"), "{text}");
     }
 
     /// A shutdown's wait for the ends still being sent is bounded, and says how many it

@@ -394,3 +394,39 @@ async fn a_cluster_store_starts_through_another_node_while_its_first_is_down() {
     assert_eq!(high.query("EXISTS hg:{-/a}").await, ":1");
     p.stop().await;
 }
+
+/// A call's end that finds the connection Redis closed while the call ran (its `timeout`
+/// for idle clients; here `CLIENT KILL`) is sent again at once on a new one, as an admission
+/// is: no store error counted, no WARN that calls are refused (audit SE 4: every end of a
+/// call longer than the timeout counted one, and `/readyz` showed it).
+#[tokio::test]
+async fn an_end_after_redis_closed_the_idle_connection_is_no_store_error() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let p = Process::spawn(&config(&fake, &redis.url(), "deny", "1s"), &[], &[]).await;
+    let addr = p.addr;
+    let slow = tokio::spawn(async move {
+        let req = call(false, &[("x-run-id", "idle"), ("x-fake-ttft-ms", "800")], 0);
+        let (resp, _c) = Conn::open(addr).await.send(req).await;
+        resp.status().as_u16()
+    });
+    let in_flight =
+        "EVAL \"return tonumber(redis.call('HGET', KEYS[1], 'in_flight'))\" 1 hg:{-/idle}";
+    let until = Instant::now() + Duration::from_secs(5);
+    while redis.query(in_flight).await != ":1" {
+        assert!(Instant::now() < until, "the call was admitted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let killed = redis.query("CLIENT KILL TYPE normal SKIPME yes").await;
+    assert!(killed.starts_with(':'), "{killed}");
+    assert_eq!(slow.await.unwrap(), 200);
+    while redis.query(in_flight).await != ":0" {
+        assert!(Instant::now() < until, "the end landed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let finish = "hourglass_run_store_errors_total{op=\"finish\"}";
+    assert_eq!(crate::support::metric(p.admin, finish).await, 0.0);
+    let (out, err) = p.stop().await;
+    assert!(!(out + &err).contains("run store unavailable"));
+}
