@@ -287,6 +287,20 @@ pub(super) fn build_runs(raw: &RawRuns, base_dir: Option<&Path>) -> Result<RunsC
             check_store_url(url)?;
             RunStore::Redis(url.to_owned())
         }
+        // Sentinel named as such, with what to use instead: a generic refusal left the
+        // operator guessing whether a spelling was wrong (audit SE 7).
+        Some(other)
+            if other
+                .split_once("://")
+                .is_some_and(|(scheme, _)| scheme.split('+').any(|part| part == "sentinel")) =>
+        {
+            return Err(format!(
+                "runs: store {}: Redis Sentinel is not supported: name the master by an \
+                 address that follows it (a DNS name, a virtual IP or a Kubernetes Service \
+                 that the failover moves), or use Redis Cluster (store_cluster = true)",
+                scheme_shown(other)
+            ))
+        }
         Some(other) => {
             return Err(format!(
                 "runs: store {} must be \"memory\" or a redis:// or rediss:// URL",

@@ -160,6 +160,16 @@ fn a_bad_runs_table_is_refused() {
         ("ttl = \"0s\"", "runs: ttl must be greater than 0"),
         ("max_runs = 0", "runs: max_runs (0) must be between 1 and"),
         (
+            "store = \"redis+sentinel://127.0.0.1:26379/mymaster\"",
+            "runs: store \"redis+sentinel:...\": Redis Sentinel is not supported: name the \
+             master by an address that follows it (a DNS name, a virtual IP or a Kubernetes \
+             Service that the failover moves), or use Redis Cluster (store_cluster = true)",
+        ),
+        (
+            "store = \"sentinel://s1:26379\"",
+            "runs: store \"sentinel:...\": Redis Sentinel is not supported",
+        ),
+        (
             "store = \"postgres://x\"",
             "runs: store \"postgres:...\" must be \"memory\" or a redis:// or rediss:// URL",
         ),
