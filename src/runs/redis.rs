@@ -195,6 +195,42 @@ fn dropped(e: &redis::RedisError) -> bool {
     e.is_connection_dropped() || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
 }
 
+const ADMIT_LUA: &str = include_str!("redis/admit.lua");
+const FINISH_LUA: &str = include_str!("redis/finish.lua");
+const CANCEL_LUA: &str = include_str!("redis/cancel.lua");
+
+/// `e` said as what it is when it is Redis's ACL denying a command inside the script
+/// `(name, text)`: Redis says "The user executing the script can't run this command ...,
+/// on @user_script:LINE" and names no command (audit SE 6), so the command is read from that
+/// line of the script.
+fn acl_denial(e: &StoreError, (name, text): (&str, &str)) -> Option<String> {
+    let said = e.to_string();
+    if !said.contains("can't run this command") {
+        return None;
+    }
+    let line: usize = said
+        .rsplit_once("@user_script:")?
+        .1
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()?;
+    let command = text
+        .lines()
+        .nth(line.checked_sub(1)?)?
+        .split_once("redis.call('")?
+        .1
+        .split('\'')
+        .next()?
+        .to_uppercase();
+    Some(format!(
+        "Redis's ACL denied the run store's user the command {command} (line {line} of the \
+         script {name}); give the user the ACL line of docs/deployment.md, and see ACL LOG on \
+         the server ({})",
+        said.trim_start_matches("the run store failed: ")
+    ))
+}
+
 /// The failure `e` to make a connection (a cluster's, which is made before any command is
 /// sent on it): whatever it says, no command was sent.
 fn unreached(e: redis::RedisError) -> StoreError {
@@ -541,9 +577,9 @@ impl RedisStore {
         Self {
             link,
             last_error: std::sync::Mutex::new(None),
-            admit: Script::new(include_str!("redis/admit.lua")),
-            finish: Script::new(include_str!("redis/finish.lua")),
-            cancel: Script::new(include_str!("redis/cancel.lua")),
+            admit: Script::new(ADMIT_LUA),
+            finish: Script::new(FINISH_LUA),
+            cancel: Script::new(CANCEL_LUA),
         }
     }
 
@@ -621,13 +657,16 @@ impl RedisStore {
         // ran would admit the call twice; the write that failed never reached the store,
         // and that is the case a restart or an idle timeout makes. Whatever the second try
         // says, the first may have run: never `Refused`.
-        let reply = self.invoke(&invocation).await.map_err(|(e, again)| {
-            if again {
-                StoreError::Failed(e.to_string())
-            } else {
-                e
-            }
-        })?;
+        let reply = self
+            .invoke(&invocation, ("admit.lua", ADMIT_LUA))
+            .await
+            .map_err(|(e, again)| {
+                if again {
+                    StoreError::Failed(e.to_string())
+                } else {
+                    e
+                }
+            })?;
         // The script says the run's deadline as time after the call's arrival: counted from
         // the arrival here, so that neither the trip to Redis nor the one back is added to
         // the run (audit KD 1).
@@ -709,16 +748,32 @@ impl RedisStore {
     /// idle: its `timeout`), once more at once on a new one, as the first command on a new
     /// connection, not as an outage. The error says whether it was the second try's after a
     /// first that may have run (one whose connection was never opened did not).
+    /// `source`: the script's name and text, to name a command an ACL denies in it.
     async fn invoke(
         &self,
         script: &ScriptInvocation<'_>,
+        source: (&str, &str),
     ) -> Result<Vec<Value>, (StoreError, bool)> {
         let mut conn = self.connected().await.map_err(|e| (unreached(e), false))?;
-        match self.noted(script.invoke_async(&mut conn).await) {
+        let reply = self.invoke_on(&mut conn, script).await;
+        reply.map_err(|(e, again)| match acl_denial(&e, source) {
+            // Said so, but still `Failed`: a denied command may follow the script's writes.
+            Some(denial) => (StoreError::Failed(denial), again),
+            None => (e, again),
+        })
+    }
+
+    /// What `invoke` sends, on `conn`.
+    async fn invoke_on(
+        &self,
+        conn: &mut Conn,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<Vec<Value>, (StoreError, bool)> {
+        match self.noted(script.invoke_async(&mut *conn).await) {
             Err(e) if dropped(&e) => {
                 let first_sent = !never_sent(&e);
-                let again = match self.reconnected(&mut conn, &e).await {
-                    Ok(()) => script.invoke_async(&mut conn).await,
+                let again = match self.reconnected(conn, &e).await {
+                    Ok(()) => script.invoke_async(&mut *conn).await,
                     Err(e) => Err(e),
                 };
                 self.noted(again).map_err(|e| (self.error(e), first_sent))
@@ -795,7 +850,10 @@ impl RedisStore {
             .arg(opt(used.request.map(|f| format!("{f:016x}"))))
             .arg(token);
         // finish.lua gives back once: safe to send again.
-        let reply = self.invoke(&invocation).await.map_err(|(e, _)| e)?;
+        let reply = self
+            .invoke(&invocation, ("finish.lua", FINISH_LUA))
+            .await
+            .map_err(|(e, _)| e)?;
         Ok(ended_of(&reply))
     }
 
@@ -815,7 +873,10 @@ impl RedisStore {
             .arg(u8::from(!served))
             .arg(ttl.as_millis() as u64);
         // cancel.lua is idempotent: safe to send again.
-        let reply = self.invoke(&invocation).await.map_err(|(e, _)| e)?;
+        let reply = self
+            .invoke(&invocation, ("cancel.lua", CANCEL_LUA))
+            .await
+            .map_err(|(e, _)| e)?;
         Ok(reply.get(1..).and_then(ended_of))
     }
 
@@ -1235,6 +1296,24 @@ mod tests {
             "{untrusted:?}"
         );
         assert!(!untrusted.may_have_run());
+    }
+
+    /// An ACL denial inside a script names the command on the line Redis gives (audit SE 6).
+    #[test]
+    fn an_acl_denial_names_the_command_of_its_line() {
+        let denied = StoreError::Failed(
+            "ResponseError: The user executing the script can't run this command or \
+             subcommand script: 6819, on @user_script:35."
+                .to_owned(),
+        );
+        let said = acl_denial(&denied, ("finish.lua", FINISH_LUA)).unwrap();
+        assert!(
+            said.contains("the command HSET (line 35 of the script finish.lua)"),
+            "{said}"
+        );
+        assert!(said.contains("ACL LOG"), "{said}");
+        let other = StoreError::Failed("ResponseError: oops".to_owned());
+        assert_eq!(acl_denial(&other, ("finish.lua", FINISH_LUA)), None);
     }
 
     /// A redirection that a cluster client met after its retries (a slot moving while a

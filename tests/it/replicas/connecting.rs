@@ -430,3 +430,27 @@ async fn an_end_after_redis_closed_the_idle_connection_is_no_store_error() {
     let (out, err) = p.stop().await;
     assert!(!(out + &err).contains("run store unavailable"));
 }
+
+/// A command of the run store's script that the ACL user may not run is named in the 503
+/// (audit SE 6: Redis says only "can't run this command ... on @user_script:30", and
+/// docs/deployment.md promised the command named).
+#[tokio::test]
+async fn an_acl_denial_inside_the_script_names_the_command() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let without_time = documented_acl_user("hgpass").replace(" +time", "");
+    assert_eq!(redis.query(&without_time).await, "+OK");
+    let store = format!("redis://hourglass@{}/0", redis.addr);
+    let toml = config(&fake, &store, "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_password_env = \"HOURGLASS_TEST_REDIS_PASSWORD\"",
+    );
+    let p = Process::spawn(&toml, &[], &[("HOURGLASS_TEST_REDIS_PASSWORD", "hgpass")]).await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "acl")], 0)).await;
+    assert_eq!(status, 503, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("ACL"), "{message}");
+    assert!(message.contains("TIME"), "{message}");
+    assert!(message.contains("ACL LOG"), "{message}");
+}
