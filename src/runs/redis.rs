@@ -880,6 +880,23 @@ impl RedisStore {
         Ok(reply.get(1..).and_then(ended_of))
     }
 
+    /// The store's `maxmemory-policy`, from `INFO memory` (an ACL may deny it). Not `CONFIG
+    /// GET`: a user allowed that may read every setting, passwords included.
+    pub async fn eviction_policy(&self) -> Result<String, StoreError> {
+        let mut conn = self.connected().await.map_err(unreached)?;
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+            .unwrap_or_default()
+            .trim()
+            .to_owned())
+    }
+
     /// Every run with this id, whatever its scope (for the admin listener; a SCAN for the
     /// scoped ones).
     pub async fn find(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, StoreError> {

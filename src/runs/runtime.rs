@@ -129,6 +129,8 @@ impl Runs {
                 nonce: crate::runs::shared::nonce(),
                 calls: AtomicU64::new(0),
                 pending: tokio_util::task::TaskTracker::new(),
+                policy_read: std::sync::atomic::AtomicBool::new(false),
+                evicting: Mutex::new(None),
             })),
         };
         Ok(Arc::new_cyclic(|me: &Weak<Runs>| {
@@ -255,6 +257,9 @@ impl Runs {
             }
             Err(_) => Err(shared.store.timed_out(wait)),
         };
+        if answer.is_ok() {
+            shared.read_policy_once();
+        }
         match answer {
             Ok(RedisAdmission::Admitted(admitted, run, run_route)) => {
                 Ok(Joined::Call(Box::new(RunCall::new(
@@ -364,13 +369,20 @@ impl Runs {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone();
+                let evicting = s
+                    .evicting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map(|p| format!("; maxmemory-policy {p} may evict runs (use noeviction)"))
+                    .unwrap_or_default();
                 match last {
                     Some((at, e)) if at.elapsed() < Duration::from_secs(30) => format!(
-                        "runs: {} (on_store_error = {policy}); unavailable {}s ago: {e}",
+                        "runs: {} (on_store_error = {policy}){evicting}; unavailable {}s ago: {e}",
                         s.shown,
                         at.elapsed().as_secs()
                     ),
-                    _ => format!("runs: {} (on_store_error = {policy})", s.shown),
+                    _ => format!("runs: {} (on_store_error = {policy}){evicting}", s.shown),
                 }
             }
         }

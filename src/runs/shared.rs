@@ -48,6 +48,10 @@ pub struct Shared {
     /// The ends and cancels still being sent, which a shutdown waits for: dropped with the
     /// runtime, each would leave its call's reservation until it expires.
     pub(super) pending: TaskTracker,
+    /// Whether the store's `maxmemory-policy` was read (once, after the first answer), and
+    /// the policy if it may evict run keys: for /readyz.
+    pub(super) policy_read: std::sync::atomic::AtomicBool,
+    pub(super) evicting: Mutex<Option<String>>,
 }
 
 /// A number no other replica (nor this one started again) draws.
@@ -92,6 +96,36 @@ impl Shared {
     pub(super) fn token(&self) -> String {
         let n = self.calls.fetch_add(1, Ordering::Relaxed);
         format!("{:016x}{n:x}", self.nonce)
+    }
+
+    /// Reads the store's `maxmemory-policy` in the background, the first time the store
+    /// answered: anything but `noeviction` may evict a run's key (each has a TTL, so the
+    /// `volatile-*` policies as well), and the run then starts over silently with fresh
+    /// limits (audit SE 5). Warned of once, and noted in /readyz. An ACL that denies
+    /// `CONFIG GET` (the documented user's does) leaves one INFO line.
+    pub(super) fn read_policy_once(self: &Arc<Self>) {
+        if self.policy_read.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let shared = self.clone();
+        tokio::spawn(async move {
+            match shared.store.eviction_policy().await {
+                Ok(policy) if policy == "noeviction" => {}
+                Ok(policy) => {
+                    tracing::warn!(
+                        store = %shared.shown,
+                        policy,
+                        "run store: Redis's maxmemory-policy {policy} may evict a run's key under memory pressure, and the run then starts over with fresh limits; set maxmemory-policy noeviction"
+                    );
+                    *shared.evicting.lock().unwrap_or_else(|p| p.into_inner()) = Some(policy);
+                }
+                Err(e) => tracing::info!(
+                    store = %shared.shown,
+                    error = %e,
+                    "run store: could not read Redis's maxmemory-policy (runs need noeviction)"
+                ),
+            }
+        });
     }
 
     pub(super) fn report(&self, e: &Ended) {
@@ -277,6 +311,8 @@ mod tests {
             nonce: 1,
             calls: AtomicU64::new(0),
             pending: TaskTracker::new(),
+            policy_read: std::sync::atomic::AtomicBool::new(false),
+            evicting: Mutex::new(None),
         })
     }
 

@@ -454,3 +454,39 @@ async fn an_acl_denial_inside_the_script_names_the_command() {
     assert!(message.contains("TIME"), "{message}");
     assert!(message.contains("ACL LOG"), "{message}");
 }
+
+/// A Redis whose `maxmemory-policy` may evict run keys is warned of at the first admission,
+/// and `/readyz` notes it (audit SE 5: a run evicted under `allkeys-lru` or `volatile-lru`
+/// started over silently, with its limits fresh; nothing checked the policy the docs ask
+/// for).
+#[tokio::test]
+async fn a_store_that_may_evict_runs_is_warned_of() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    assert_eq!(
+        redis
+            .query("CONFIG SET maxmemory-policy volatile-lru")
+            .await,
+        "+OK"
+    );
+    let p = Process::spawn(&config(&fake, &redis.url(), "deny", "1s"), &[], &[]).await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "ev")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    let until = Instant::now() + Duration::from_secs(5);
+    let ready = loop {
+        let ready = reqwest_like_get(p.admin, "/readyz").await;
+        if ready.contains("maxmemory-policy") || Instant::now() > until {
+            break ready;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(ready.contains("maxmemory-policy volatile-lru"), "{ready}");
+    let (out, err) = p.stop().await;
+    let text = out + &err;
+    let warned = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("maxmemory-policy"))
+        .count();
+    assert_eq!(warned, 1, "{text}");
+}
