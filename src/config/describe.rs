@@ -314,6 +314,9 @@ impl Config {
                 if runs.store_cluster {
                     s.push_str(" (Redis Cluster)");
                 }
+                if !runs.store_nodes.is_empty() {
+                    s.push_str(&format!(" (also {})", runs.store_nodes.join(", ")));
+                }
                 if let Some(ca) = &runs.store_ca_file {
                     s.push_str(&format!(" (CA from {})", ca.display()));
                 }

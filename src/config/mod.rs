@@ -44,7 +44,7 @@ pub use egress::{EgressProxy, ProxyEnv, ProxyTarget};
 pub use http2::{Http2Config, Http2Mode};
 pub use routing::glob_match;
 pub use runs::{
-    OnStoreError, RunIdSource, RunLimits, RunStore, RunsConfig, DEFAULT_TOKEN_ESTIMATE,
+    node_url, OnStoreError, RunIdSource, RunLimits, RunStore, RunsConfig, DEFAULT_TOKEN_ESTIMATE,
 };
 pub use secrets::looks_like_secret;
 pub use secrets::redacted_url;

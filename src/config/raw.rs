@@ -104,6 +104,7 @@ pub(super) struct RawRuns {
     pub(super) store_password_env: Option<String>,
     pub(super) store_ca_file: Option<PathBuf>,
     pub(super) store_cluster: Option<bool>,
+    pub(super) store_nodes: Option<Vec<String>>,
     pub(super) store_timeout: Option<RawDuration>,
     pub(super) on_store_error: Option<RawOnStoreError>,
 }

@@ -26,8 +26,9 @@
 //! One multiplexed connection (`ConnectionManager`), opened lazily and reopened by the next
 //! command that needs it: a gateway starts while Redis is down, and its runs resume when
 //! Redis is back.
-//! With `store_cluster`, a cluster client instead (connected at first use): every script
-//! names its run's keys, one hash tag, so it runs on the node of that slot.
+//! With `store_cluster`, a cluster client instead (connected at first use, and made anew by
+//! a command that finds its connection dropped): every script names its run's keys, one hash
+//! tag, so it runs on the node of that slot.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +37,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use crate::config::RunLimits;
@@ -63,6 +64,11 @@ pub enum StoreError {
     /// `Failed` is.
     #[error("the run store failed: {0}")]
     Refused(String),
+    /// The command never reached the store: its connection could not be opened (nothing
+    /// listening, a certificate or a password refused, no connection to a cluster's node;
+    /// see `never_sent`). Nothing ran, so nothing needs undoing. Said as `Failed` is.
+    #[error("the run store failed: {0}")]
+    Unreached(String),
     /// The store is a node of a Redis Cluster, and `store_cluster` is not set: it sends the
     /// keys of runs on other nodes' slots there (MOVED), which the single-server client does
     /// not follow. Named as such, so that the operator is not left to read a redirection as
@@ -82,6 +88,8 @@ impl From<redis::RedisError> for StoreError {
             redis::ErrorKind::Server(redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)
         ) {
             Self::Cluster(e.to_string())
+        } else if never_sent(&e) {
+            Self::Unreached(e.to_string())
         } else if refused_before_writing(&e) {
             Self::Refused(e.to_string())
         } else {
@@ -96,7 +104,9 @@ impl StoreError {
     /// the call must undo. An error reply that Redis gives before the script's first write
     /// (or before it runs at all), and a redirection, left nothing: an admission refused so
     /// needs no cancel (audit MD 1: under OOM every call sent cancel.lua, itself refused,
-    /// for a minute).
+    /// for a minute). Nor did a command whose connection could not be opened (audit SE 2:
+    /// each call refused by a stopped Redis left a cancel tried for a minute, which held a
+    /// shutdown its whole grace, and wrote a tombstone once Redis was back).
     pub fn may_have_run(&self) -> bool {
         matches!(self, Self::Timeout(..) | Self::Failed(_))
     }
@@ -141,6 +151,90 @@ fn refused_before_writing(e: &redis::RedisError) -> bool {
                 | "WRONGTYPE"
         )
     )
+}
+
+/// Whether `e` is a failure to open the command's connection, so that the command was never
+/// sent: refused (nothing listening), a password or ACL user refused at connect
+/// (`AuthenticationFailed`; a WRONGPASS reply is `refused_before_writing`), no connection to
+/// a cluster's node, or a TLS handshake that refused the server's certificate. A connection
+/// that timed out is not here: a command's reply that timed out says the same.
+fn never_sent(e: &redis::RedisError) -> bool {
+    e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::ClusterConnectionNotFound
+        )
+        || tls_handshake_refused(e)
+}
+
+/// Whether `e` is rustls refusing the TLS handshake: the server's certificate, or no protocol
+/// version or cipher suite in common. These come only before the first byte of a command;
+/// other rustls errors (a corrupt record) may come while a reply is read. The redis crate
+/// keeps an I/O error as an `Arc` of it, and tokio-rustls puts rustls's error inside that.
+fn tls_handshake_refused(e: &redis::RedisError) -> bool {
+    type Inner = Arc<dyn std::error::Error + Send + Sync>;
+    let rustls = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<Inner>())
+        .and_then(|inner| inner.downcast_ref::<std::io::Error>())
+        .and_then(std::io::Error::get_ref)
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    matches!(
+        rustls,
+        Some(
+            rustls::Error::InvalidCertificate(_)
+                | rustls::Error::PeerIncompatible(_)
+                | rustls::Error::NoCertificatesPresented
+        )
+    )
+}
+
+/// Whether `e` says the command's connection was gone (closed by Redis, while idle or at a
+/// restart), so that it may be sent again on a new one. A cluster client says it as "No
+/// connections found" when its connection to the node had been dropped.
+fn dropped(e: &redis::RedisError) -> bool {
+    e.is_connection_dropped() || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+}
+
+const ADMIT_LUA: &str = include_str!("redis/admit.lua");
+const FINISH_LUA: &str = include_str!("redis/finish.lua");
+const CANCEL_LUA: &str = include_str!("redis/cancel.lua");
+
+/// `e` said as what it is when it is Redis's ACL denying a command inside the script
+/// `(name, text)`: Redis says "The user executing the script can't run this command ...,
+/// on @user_script:LINE" and names no command (audit SE 6), so the command is read from that
+/// line of the script.
+fn acl_denial(e: &StoreError, (name, text): (&str, &str)) -> Option<String> {
+    let said = e.to_string();
+    if !said.contains("can't run this command") {
+        return None;
+    }
+    let line: usize = said
+        .rsplit_once("@user_script:")?
+        .1
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()?;
+    let command = text
+        .lines()
+        .nth(line.checked_sub(1)?)?
+        .split_once("redis.call('")?
+        .1
+        .split('\'')
+        .next()?
+        .to_uppercase();
+    Some(format!(
+        "Redis's ACL denied the run store's user the command {command} (line {line} of the \
+         script {name}); give the user the ACL line of docs/deployment.md, and see ACL LOG on \
+         the server ({})",
+        said.trim_start_matches("the run store failed: ")
+    ))
+}
+
+/// The failure `e` to make a connection (a cluster's, which is made before any command is
+/// sent on it): whatever it says, no command was sent.
+fn unreached(e: redis::RedisError) -> StoreError {
+    StoreError::Unreached(e.to_string())
 }
 
 /// How commands reach the store.
@@ -223,7 +317,12 @@ impl Single {
 
 struct LazyCluster {
     client: ClusterClient,
-    conn: tokio::sync::OnceCell<ClusterConnection>,
+    /// The connection commands share: made by the first command, and made anew by one that
+    /// found it dropped (see `RedisStore::reconnected`).
+    conn: arc_swap::ArcSwapOption<Made>,
+    /// Held while a connection is made, so that commands that find it missing or dropped
+    /// together make one.
+    connecting: tokio::sync::Mutex<()>,
     /// The last failed attempt to connect, and when: the next is made a second after it at
     /// the soonest, every command between given its error. Each attempt opens a connection to
     /// every node (and retries): a cluster that refused the password took 17,816 connections
@@ -232,7 +331,46 @@ struct LazyCluster {
     failed: std::sync::Mutex<Option<(Instant, redis::RedisError)>>,
 }
 
+/// A cluster connection, and when it was made.
+struct Made {
+    at: Instant,
+    conn: ClusterConnection,
+}
+
 impl LazyCluster {
+    /// The shared connection; the first command makes it.
+    async fn get(&self) -> redis::RedisResult<Arc<Made>> {
+        match self.conn.load_full() {
+            Some(conn) => Ok(conn),
+            None => self.renew(None, false).await,
+        }
+    }
+
+    /// A new connection in place of `stale` (`None`: none was made yet), unless another
+    /// command made one since: then that one. After a `refused` connection too, unless the
+    /// one there was made within the last second: a node that is down (until its replica
+    /// takes over) refuses every command of its slots, and each would otherwise make a
+    /// connection to every node.
+    async fn renew(
+        &self,
+        stale: Option<&Arc<Made>>,
+        refused: bool,
+    ) -> redis::RedisResult<Arc<Made>> {
+        let _one = self.connecting.lock().await;
+        if let Some(current) = self.conn.load_full() {
+            let young = refused && current.at.elapsed() < RENEW_EVERY;
+            if young || stale.is_none_or(|stale| !Arc::ptr_eq(stale, &current)) {
+                return Ok(current);
+            }
+        }
+        let fresh = Arc::new(Made {
+            at: Instant::now(),
+            conn: self.connect().await?,
+        });
+        self.conn.store(Some(fresh.clone()));
+        Ok(fresh)
+    }
+
     async fn connect(&self) -> redis::RedisResult<ClusterConnection> {
         let failed = || {
             self.failed
@@ -253,17 +391,18 @@ impl LazyCluster {
 }
 
 /// The connection one command takes (a clone: both kinds are handles to a shared one).
+/// A cluster's keeps the shared one it was cloned from, to make a new one in its place.
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(ClusterConnection, Arc<Made>),
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c, _) => c.req_packed_command(cmd),
         }
     }
 
@@ -275,14 +414,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c, _) => c.get_db(),
         }
     }
 }
@@ -378,19 +517,20 @@ fn deadline_in(ms: i64, from: Instant) -> Option<Instant> {
 }
 
 impl RedisStore {
-    /// A store at `url` (`redis://` or `rediss://`); nothing is connected until it is used.
-    /// `ca`: the PEM certificates a `rediss://` server's certificate must chain to, instead
-    /// of the public roots.
-    /// `cluster`: `url` is a node of a Redis Cluster, which names the others.
+    /// A store at `urls[0]` (`redis://` or `rediss://`); nothing is connected until it is
+    /// used. `ca`: the PEM certificates a `rediss://` server's certificate must chain to,
+    /// instead of the public roots.
+    /// `cluster`: `urls` are nodes of a Redis Cluster, any one of which names the others:
+    /// a gateway started while one is down finds the cluster through another (audit SE 3).
     pub fn new(
-        url: &str,
+        urls: &[String],
         timeout: Duration,
         ca: Option<Vec<u8>>,
         cluster: bool,
     ) -> Result<Self, String> {
         let bound = timeout.max(Duration::from_millis(500));
         if cluster {
-            let mut builder = ClusterClient::builder(vec![url])
+            let mut builder = ClusterClient::builder(urls.iter().map(String::as_str))
                 .connection_timeout(bound)
                 .response_timeout(bound)
                 .retries(2);
@@ -403,10 +543,12 @@ impl RedisStore {
             let client = builder.build().map_err(|e| e.to_string())?;
             return Ok(Self::with_link(Link::Cluster(Box::new(LazyCluster {
                 client,
-                conn: tokio::sync::OnceCell::new(),
+                conn: arc_swap::ArcSwapOption::empty(),
+                connecting: tokio::sync::Mutex::new(()),
                 failed: std::sync::Mutex::new(None),
             }))));
         }
+        let url = urls.first().map_or("", String::as_str);
         let client = match ca {
             None => redis::Client::open(url),
             Some(root_cert) => redis::Client::build_with_tls(
@@ -435,9 +577,9 @@ impl RedisStore {
         Self {
             link,
             last_error: std::sync::Mutex::new(None),
-            admit: Script::new(include_str!("redis/admit.lua")),
-            finish: Script::new(include_str!("redis/finish.lua")),
-            cancel: Script::new(include_str!("redis/cancel.lua")),
+            admit: Script::new(ADMIT_LUA),
+            finish: Script::new(FINISH_LUA),
+            cancel: Script::new(CANCEL_LUA),
         }
     }
 
@@ -446,10 +588,35 @@ impl RedisStore {
         match &self.link {
             Link::Single(c) => Ok(Conn::Single((**c.manager.load()).clone())),
             Link::Cluster(c) => c
-                .conn
-                .get_or_try_init(|| c.connect())
+                .get()
                 .await
-                .map(|c| Conn::Cluster(c.clone())),
+                .map(|made| Conn::Cluster(made.conn.clone(), made)),
+        }
+    }
+
+    /// After `conn` was found dropped (Redis closed it while idle, its `timeout`, or
+    /// restarted): a connection to send the command again on at once. One server's manager
+    /// reconnects by itself on that error, and its clones follow. A cluster connection's
+    /// own retries went to the same closed connection to the node (4 calls in 8 of a
+    /// quiet run failed "broken pipe", or "No connections found", audit SE 1): a new one
+    /// is made in its place, shared by the commands after it.
+    async fn reconnected(&self, conn: &mut Conn, e: &redis::RedisError) -> redis::RedisResult<()> {
+        if let (Link::Cluster(c), Conn::Cluster(_, stale)) = (&self.link, &*conn) {
+            let made = c.renew(Some(stale), e.is_connection_refusal()).await?;
+            *conn = Conn::Cluster(made.conn.clone(), made);
+        }
+        Ok(())
+    }
+
+    /// `e` of a command on this store. A redirection is named as a cluster's only when
+    /// `store_cluster` is not set: a cluster client that still met one after its retries
+    /// (a slot moving while a connection was made anew) is not a store set up wrong.
+    fn error(&self, e: redis::RedisError) -> StoreError {
+        match StoreError::from(e) {
+            StoreError::Cluster(e) if matches!(self.link, Link::Cluster(_)) => {
+                StoreError::Refused(e)
+            }
+            e => e,
         }
     }
 
@@ -468,7 +635,6 @@ impl RedisStore {
         token: &str,
     ) -> Result<RedisAdmission, StoreError> {
         let ms = |d: Duration| d.as_millis() as u64;
-        let mut conn = self.connected().await?;
         let run = key_of(key);
         let mut invocation = self.admit.key(&run);
         invocation
@@ -487,17 +653,20 @@ impl RedisStore {
             .arg(ms(expire))
             .arg(token)
             .arg(ms(life));
-        let reply: Vec<Value> = match self.noted(invocation.invoke_async(&mut conn).await) {
-            // The first command after the store restarted finds the old connection broken
-            // (the manager reconnects only then): once more, on the new one. A reply lost
-            // after the script ran would admit the call twice; the write that failed never
-            // reached the store, and that is the case a restart makes.
-            // Whatever the second try says, the first may have run: never `Refused`.
-            Err(e) if e.is_connection_dropped() => self
-                .noted(invocation.invoke_async(&mut conn).await)
-                .map_err(|e| StoreError::Failed(e.to_string()))?,
-            reply => reply?,
-        };
+        // Sent again on a dropped connection (see `invoke`): a reply lost after the script
+        // ran would admit the call twice; the write that failed never reached the store,
+        // and that is the case a restart or an idle timeout makes. Whatever the second try
+        // says, the first may have run: never `Refused`.
+        let reply = self
+            .invoke(&invocation, ("admit.lua", ADMIT_LUA))
+            .await
+            .map_err(|(e, again)| {
+                if again {
+                    StoreError::Failed(e.to_string())
+                } else {
+                    e
+                }
+            })?;
         // The script says the run's deadline as time after the call's arrival: counted from
         // the arrival here, so that neither the trip to Redis nor the one back is added to
         // the run (audit KD 1).
@@ -575,6 +744,44 @@ impl RedisStore {
         })
     }
 
+    /// Runs `script`; if it found its connection dropped (Redis restarted, or closed it while
+    /// idle: its `timeout`), once more at once on a new one, as the first command on a new
+    /// connection, not as an outage. The error says whether it was the second try's after a
+    /// first that may have run (one whose connection was never opened did not).
+    /// `source`: the script's name and text, to name a command an ACL denies in it.
+    async fn invoke(
+        &self,
+        script: &ScriptInvocation<'_>,
+        source: (&str, &str),
+    ) -> Result<Vec<Value>, (StoreError, bool)> {
+        let mut conn = self.connected().await.map_err(|e| (unreached(e), false))?;
+        let reply = self.invoke_on(&mut conn, script).await;
+        reply.map_err(|(e, again)| match acl_denial(&e, source) {
+            // Said so, but still `Failed`: a denied command may follow the script's writes.
+            Some(denial) => (StoreError::Failed(denial), again),
+            None => (e, again),
+        })
+    }
+
+    /// What `invoke` sends, on `conn`.
+    async fn invoke_on(
+        &self,
+        conn: &mut Conn,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<Vec<Value>, (StoreError, bool)> {
+        match self.noted(script.invoke_async(&mut *conn).await) {
+            Err(e) if dropped(&e) => {
+                let first_sent = !never_sent(&e);
+                let again = match self.reconnected(conn, &e).await {
+                    Ok(()) => script.invoke_async(&mut *conn).await,
+                    Err(e) => Err(e),
+                };
+                self.noted(again).map_err(|e| (self.error(e), first_sent))
+            }
+            reply => reply.map_err(|e| (self.error(e), false)),
+        }
+    }
+
     /// Notes the error of a command's reply, if it is one; a reply clears it, so that a later
     /// timeout is not blamed on an error the store has recovered from.
     fn noted<T>(&self, reply: redis::RedisResult<T>) -> redis::RedisResult<T> {
@@ -627,26 +834,26 @@ impl RedisStore {
         used: &Used,
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
-        let mut conn = self.connected().await?;
         let (answer, tool) = match &used.answer {
             Answer::Unread => (String::new(), ""),
             Answer::Plain => ("-".to_owned(), ""),
             // Bounded here too: whatever the answer's names, a run's key keeps its size.
             Answer::Tools(fp, tool) => (format!("{fp:016x}"), clipped(tool, MAX_NAMES)),
         };
-        let reply: Vec<Value> = self.noted(
-            self.finish
-                .key(key)
-                .arg(reserve)
-                .arg(used.tokens)
-                .arg(answer)
-                .arg(tool)
-                .arg(ttl.as_millis() as u64)
-                .arg(opt(used.request.map(|f| format!("{f:016x}"))))
-                .arg(token)
-                .invoke_async(&mut conn)
-                .await,
-        )?;
+        let mut invocation = self.finish.key(key);
+        invocation
+            .arg(reserve)
+            .arg(used.tokens)
+            .arg(answer)
+            .arg(tool)
+            .arg(ttl.as_millis() as u64)
+            .arg(opt(used.request.map(|f| format!("{f:016x}"))))
+            .arg(token);
+        // finish.lua gives back once: safe to send again.
+        let reply = self
+            .invoke(&invocation, ("finish.lua", FINISH_LUA))
+            .await
+            .map_err(|(e, _)| e)?;
         Ok(ended_of(&reply))
     }
 
@@ -660,32 +867,57 @@ impl RedisStore {
         served: bool,
         ttl: Duration,
     ) -> Result<Option<Ended>, StoreError> {
-        let mut conn = self.connected().await?;
-        let reply: Vec<Value> = self.noted(
-            self.cancel
-                .key(key)
-                .arg(token)
-                .arg(u8::from(!served))
-                .arg(ttl.as_millis() as u64)
-                .invoke_async(&mut conn)
-                .await,
-        )?;
+        let mut invocation = self.cancel.key(key);
+        invocation
+            .arg(token)
+            .arg(u8::from(!served))
+            .arg(ttl.as_millis() as u64);
+        // cancel.lua is idempotent: safe to send again.
+        let reply = self
+            .invoke(&invocation, ("cancel.lua", CANCEL_LUA))
+            .await
+            .map_err(|(e, _)| e)?;
         Ok(reply.get(1..).and_then(ended_of))
+    }
+
+    /// The store's `maxmemory-policy`, from `INFO memory` (an ACL may deny it). Not `CONFIG
+    /// GET`: a user allowed that may read every setting, passwords included.
+    pub async fn eviction_policy(&self) -> Result<String, StoreError> {
+        let mut conn = self.connected().await.map_err(unreached)?;
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("maxmemory_policy:"))
+            .unwrap_or_default()
+            .trim()
+            .to_owned())
     }
 
     /// Every run with this id, whatever its scope (for the admin listener; a SCAN for the
     /// scoped ones).
     pub async fn find(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, StoreError> {
-        // As in `admit`: the first command after the store restarted finds the old
-        // connection broken, and the manager reconnects only then. (A read: safe to repeat.)
-        match self.noted(self.find_once(id).await) {
-            Err(e) if e.is_connection_dropped() => Ok(self.noted(self.find_once(id).await)?),
-            found => Ok(found?),
-        }
+        // As in `admit`: the first command after the store restarted, or closed the idle
+        // connection, finds it broken: once more, on a new one. (A read: safe to repeat.)
+        let mut conn = self.connected().await.map_err(unreached)?;
+        let found = match self.noted(self.find_once(&mut conn, id).await) {
+            Err(e) if dropped(&e) => match self.reconnected(&mut conn, &e).await {
+                Ok(()) => self.noted(self.find_once(&mut conn, id).await),
+                Err(e) => self.noted(Err(e)),
+            },
+            found => found,
+        };
+        found.map_err(|e| self.error(e))
     }
 
-    async fn find_once(&self, id: &str) -> Result<Vec<(RunKey, RunState)>, redis::RedisError> {
-        let mut conn = self.conn().await?;
+    async fn find_once(
+        &self,
+        conn: &mut Conn,
+        id: &str,
+    ) -> Result<Vec<(RunKey, RunState)>, redis::RedisError> {
         let escaped: String = id
             .chars()
             .flat_map(|c| match c {
@@ -703,16 +935,16 @@ impl RedisStore {
         let mut keys: Vec<String> = Vec::new();
         let exists: bool = redis::cmd("EXISTS")
             .arg(&unscoped)
-            .query_async(&mut conn)
+            .query_async(&mut *conn)
             .await?;
         if exists {
             keys.push(unscoped);
         }
         let pattern = format!("hg:{{{}/{escaped}}}", "[0-9a-f]".repeat(16));
         // A cluster's keys are spread over its primaries, each SCANned on its own.
-        let nodes = match &mut conn {
+        let nodes = match &mut *conn {
             Conn::Single(_) => vec![None],
-            Conn::Cluster(c) => primaries(c).await?.into_iter().map(Some).collect(),
+            Conn::Cluster(c, _) => primaries(c).await?.into_iter().map(Some).collect(),
         };
         for node in nodes {
             let mut cursor: u64 = 0;
@@ -723,8 +955,8 @@ impl RedisStore {
                     .arg(&pattern)
                     .arg("COUNT")
                     .arg(1000);
-                let (next, batch): (u64, Vec<String>) = match (&mut conn, &node) {
-                    (Conn::Cluster(c), Some((host, port))) => {
+                let (next, batch): (u64, Vec<String>) = match (&mut *conn, &node) {
+                    (Conn::Cluster(c, _), Some((host, port))) => {
                         let at = SingleNodeRoutingInfo::ByAddress {
                             host: host.clone(),
                             port: *port,
@@ -741,7 +973,7 @@ impl RedisStore {
                 }
             }
         }
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut *conn).await?;
         let redis_now = secs * 1000 + micros / 1000;
         let now = Instant::now();
         let mut out = Vec::new();
@@ -749,8 +981,10 @@ impl RedisStore {
             let Some(run_key) = parse_key(&k).filter(|r| &*r.id == id) else {
                 continue;
             };
-            let h: std::collections::HashMap<String, String> =
-                redis::cmd("HGETALL").arg(&k).query_async(&mut conn).await?;
+            let h: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(&k)
+                .query_async(&mut *conn)
+                .await?;
             // Expired between the look and the read, or a tombstone with no run yet.
             if !h.contains_key("route") {
                 continue;
@@ -899,7 +1133,13 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
         drop(closed);
-        let store = RedisStore::new(&url, Duration::from_millis(50), None, false).unwrap();
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(50),
+            None,
+            false,
+        )
+        .unwrap();
         let quiet = store.timed_out(Duration::from_millis(50));
         assert_eq!(
             quiet.to_string(),
@@ -932,7 +1172,13 @@ mod tests {
                 drop(conn);
             }
         });
-        let store = RedisStore::new(&url, Duration::from_millis(50), None, true).unwrap();
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(50),
+            None,
+            true,
+        )
+        .unwrap();
         assert!(store.find("r").await.is_err());
         let first = accepted.load(Ordering::Relaxed);
         assert!(first > 0, "the first command tried the node");
@@ -959,7 +1205,13 @@ mod tests {
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("redis://{}/0", closed.local_addr().unwrap());
         drop(closed);
-        let store = RedisStore::new(&url, Duration::from_millis(50), None, false).unwrap();
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(50),
+            None,
+            false,
+        )
+        .unwrap();
         assert!(store.find("r").await.is_err());
         assert!(store.recent_error().is_some());
         store.noted(Ok(())).unwrap();
@@ -985,6 +1237,132 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("13571 127.0.0.1:21026"), "{e}");
+    }
+
+    /// A command whose connection could not be opened (refused, a password refused at
+    /// connect, no connection to a cluster's node, a server certificate refused) was never
+    /// sent: an admission that failed so needs no cancel (audit SE 2: each call refused by a
+    /// stopped Redis left a cancel tried for a minute, and a tombstone once Redis was back).
+    #[tokio::test]
+    async fn what_never_reached_the_store_needs_no_undoing() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("redis://{}/0", closed.local_addr().unwrap());
+        drop(closed);
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(500),
+            None,
+            false,
+        )
+        .unwrap();
+        let refused = store
+            .cancel("hg:{-/r}", "t", false, Duration::from_secs(60))
+            .await;
+        let Err(refused) = refused else {
+            panic!("nothing listens")
+        };
+        assert!(matches!(refused, StoreError::Unreached(_)), "{refused:?}");
+        assert!(refused.to_string().contains("refused"), "{refused}");
+        assert!(!refused.may_have_run());
+
+        for kind in [
+            redis::ErrorKind::AuthenticationFailed,
+            redis::ErrorKind::ClusterConnectionNotFound,
+        ] {
+            let e = StoreError::from(redis::RedisError::from((kind, "at connect")));
+            assert!(!e.may_have_run(), "{kind:?}: {e:?}");
+        }
+
+        // A server whose certificate no public root signed (a private CA not named in
+        // `store_ca_file`).
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(cert.key_pair.serialize_der()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let _ = acceptor.accept(conn).await;
+            }
+        });
+        let url = format!("rediss://localhost:{port}/0");
+        let store = RedisStore::new(
+            std::slice::from_ref(&url),
+            Duration::from_millis(500),
+            None,
+            false,
+        )
+        .unwrap();
+        let untrusted = store
+            .cancel("hg:{-/r}", "t", false, Duration::from_secs(60))
+            .await;
+        let Err(untrusted) = untrusted else {
+            panic!("the certificate is refused")
+        };
+        assert!(
+            matches!(untrusted, StoreError::Unreached(_)),
+            "{untrusted:?}"
+        );
+        assert!(!untrusted.may_have_run());
+    }
+
+    /// An ACL denial inside a script names the command on the line Redis gives (audit SE 6).
+    #[test]
+    fn an_acl_denial_names_the_command_of_its_line() {
+        let denied = StoreError::Failed(
+            "ResponseError: The user executing the script can't run this command or \
+             subcommand script: 6819, on @user_script:35."
+                .to_owned(),
+        );
+        let said = acl_denial(&denied, ("finish.lua", FINISH_LUA)).unwrap();
+        assert!(
+            said.contains("the command HSET (line 35 of the script finish.lua)"),
+            "{said}"
+        );
+        assert!(said.contains("ACL LOG"), "{said}");
+        let other = StoreError::Failed("ResponseError: oops".to_owned());
+        assert_eq!(acl_denial(&other, ("finish.lua", FINISH_LUA)), None);
+    }
+
+    /// A redirection that a cluster client met after its retries (a slot moving while a
+    /// connection was made anew) is no store missing `store_cluster`: `/runs/{id}` said
+    /// "store_cluster is not set" of a store that had it (audit SE 1).
+    #[tokio::test]
+    async fn a_redirection_on_a_cluster_store_does_not_say_store_cluster_is_not_set() {
+        let moved = || {
+            redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::Moved),
+                "An error was signalled by the server",
+                "14629 127.0.0.1:61333".to_owned(),
+            ))
+        };
+        let cluster = RedisStore::new(
+            &["redis://127.0.0.1:1/0".to_owned()],
+            Duration::from_millis(50),
+            None,
+            true,
+        )
+        .unwrap();
+        let e = cluster.error(moved());
+        assert!(matches!(e, StoreError::Refused(_)), "{e:?}");
+        assert!(e.to_string().contains("14629 127.0.0.1:61333"), "{e}");
+        let single = RedisStore::new(
+            &["redis://127.0.0.1:1/0".to_owned()],
+            Duration::from_millis(50),
+            None,
+            false,
+        )
+        .unwrap();
+        assert!(matches!(single.error(moved()), StoreError::Cluster(_)));
     }
 
     /// An error reply that Redis gives before a script's first write left nothing behind,

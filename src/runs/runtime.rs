@@ -111,7 +111,7 @@ impl Runs {
             ))),
             RunStore::Redis(url) => Store::Redis(Arc::new(Shared {
                 store: RedisStore::new(
-                    &with_password(url, config)?,
+                    &store_urls(&with_password(url, config)?, config)?,
                     config.store_timeout,
                     store_ca(config)?,
                     config.store_cluster,
@@ -129,6 +129,8 @@ impl Runs {
                 nonce: crate::runs::shared::nonce(),
                 calls: AtomicU64::new(0),
                 pending: tokio_util::task::TaskTracker::new(),
+                policy_read: std::sync::atomic::AtomicBool::new(false),
+                evicting: Mutex::new(None),
             })),
         };
         Ok(Arc::new_cyclic(|me: &Weak<Runs>| {
@@ -256,6 +258,9 @@ impl Runs {
             }
             Err(_) => Err(shared.store.timed_out(wait)),
         };
+        if answer.is_ok() {
+            shared.read_policy_once();
+        }
         match answer {
             Ok(RedisAdmission::Admitted(admitted, run, run_route)) => {
                 Ok(Joined::Call(Box::new(RunCall::new(
@@ -290,7 +295,8 @@ impl Runs {
                 // have run or may still, so what it took is given back, or it is made a
                 // no-op (cancel.lua, idempotent, sent until answered). An error reply given
                 // before its first write (OOM, READONLY, ...) left nothing to cancel, and a
-                // cancel would be refused alike for as long (audit MD 1).
+                // cancel would be refused alike for as long (audit MD 1); nor did one whose
+                // connection was never opened (audit SE 2).
                 if e.may_have_run() {
                     let served = shared.on_error == OnStoreError::Allow;
                     shared.cancel_later(key_of(key), token, served);
@@ -364,13 +370,20 @@ impl Runs {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .clone();
+                let evicting = s
+                    .evicting
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map(|p| format!("; maxmemory-policy {p} may evict runs (use noeviction)"))
+                    .unwrap_or_default();
                 match last {
                     Some((at, e)) if at.elapsed() < Duration::from_secs(30) => format!(
-                        "runs: {} (on_store_error = {policy}); unavailable {}s ago: {e}",
+                        "runs: {} (on_store_error = {policy}){evicting}; unavailable {}s ago: {e}",
                         s.shown,
                         at.elapsed().as_secs()
                     ),
-                    _ => format!("runs: {} (on_store_error = {policy})", s.shown),
+                    _ => format!("runs: {} (on_store_error = {policy}){evicting}", s.shown),
                 }
             }
         }
@@ -406,6 +419,16 @@ pub fn store_ca(config: &RunsConfig) -> Result<Option<Vec<u8>>, String> {
 }
 
 /// The store URL with the password of `store_password_env` in it, when one is named.
+/// `url` (the store, with its password), then the other cluster nodes that `store_nodes`
+/// names, each reached as it is.
+fn store_urls(url: &str, config: &RunsConfig) -> Result<Vec<String>, String> {
+    let mut urls = vec![url.to_owned()];
+    for node in &config.store_nodes {
+        urls.push(crate::config::node_url(url, node)?);
+    }
+    Ok(urls)
+}
+
 fn with_password(url: &str, config: &RunsConfig) -> Result<String, String> {
     let Some(var) = &config.store_password_env else {
         return Ok(url.to_owned());
@@ -520,6 +543,7 @@ mod tests {
                 store_password_env: None,
                 store_ca_file: None,
                 store_cluster: false,
+                store_nodes: Vec::new(),
                 store_timeout: Duration::from_millis(50),
                 on_store_error: crate::config::OnStoreError::Allow,
             },

@@ -48,6 +48,10 @@ pub struct Shared {
     /// The ends and cancels still being sent, which a shutdown waits for: dropped with the
     /// runtime, each would leave its call's reservation until it expires.
     pub(super) pending: TaskTracker,
+    /// Whether the store's `maxmemory-policy` was read (once, after the first answer), and
+    /// the policy if it may evict run keys: for /readyz.
+    pub(super) policy_read: std::sync::atomic::AtomicBool,
+    pub(super) evicting: Mutex<Option<String>>,
 }
 
 /// A number no other replica (nor this one started again) draws.
@@ -94,6 +98,36 @@ impl Shared {
         format!("{:016x}{n:x}", self.nonce)
     }
 
+    /// Reads the store's `maxmemory-policy` in the background, the first time the store
+    /// answered: anything but `noeviction` may evict a run's key (each has a TTL, so the
+    /// `volatile-*` policies as well), and the run then starts over silently with fresh
+    /// limits (audit SE 5). Warned of once, and noted in /readyz. An ACL that denies
+    /// `CONFIG GET` (the documented user's does) leaves one INFO line.
+    pub(super) fn read_policy_once(self: &Arc<Self>) {
+        if self.policy_read.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let shared = self.clone();
+        tokio::spawn(async move {
+            match shared.store.eviction_policy().await {
+                Ok(policy) if policy == "noeviction" => {}
+                Ok(policy) => {
+                    tracing::warn!(
+                        store = %shared.shown,
+                        policy,
+                        "run store: Redis's maxmemory-policy {policy} may evict a run's key under memory pressure, and the run then starts over with fresh limits; set maxmemory-policy noeviction"
+                    );
+                    *shared.evicting.lock().unwrap_or_else(|p| p.into_inner()) = Some(policy);
+                }
+                Err(e) => tracing::info!(
+                    store = %shared.shown,
+                    error = %e,
+                    "run store: could not read Redis's maxmemory-policy (runs need noeviction)"
+                ),
+            }
+        });
+    }
+
     pub(super) fn report(&self, e: &Ended) {
         self.metrics.ended(
             &e.route,
@@ -109,11 +143,18 @@ impl Shared {
         let now = Instant::now();
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some((now, e.to_string()));
         if self.last_warning.due() {
-            let policy = match self.on_error {
-                OnStoreError::Allow => {
+            // What the failure costs depends on the op: only an admission's refuses a call
+            // or serves it unlimited; a call's end is sent again (audit SE 4: an end's
+            // failure said calls were refused, and none was).
+            let policy = match (op, self.on_error) {
+                ("admit", OnStoreError::Allow) => {
                     "calls are served without run limits (on_store_error = allow)"
                 }
-                OnStoreError::Deny => "calls of runs are refused (on_store_error = deny)",
+                ("admit", OnStoreError::Deny) => {
+                    "calls of runs are refused (on_store_error = deny)"
+                }
+                ("finish", _) => "a call's end is not applied yet, and is sent again",
+                _ => "the admin's /runs lookup answered 503",
             };
             tracing::warn!(store = %self.shown, op, error = %e, "run store unavailable: {policy}");
         }
@@ -257,7 +298,7 @@ mod tests {
         drop(closed);
         let timeout = Duration::from_millis(50);
         Arc::new(Shared {
-            store: RedisStore::new(&url, timeout, None, false).unwrap(),
+            store: RedisStore::new(std::slice::from_ref(&url), timeout, None, false).unwrap(),
             shown: url,
             ttl: Duration::from_secs(60),
             timeout,
@@ -270,6 +311,8 @@ mod tests {
             nonce: 1,
             calls: AtomicU64::new(0),
             pending: TaskTracker::new(),
+            policy_read: std::sync::atomic::AtomicBool::new(false),
+            evicting: Mutex::new(None),
         })
     }
 
@@ -321,6 +364,23 @@ mod tests {
         assert_eq!(gave_up.len(), 2, "{text}");
         assert!(gave_up[1].contains("given_up=3"), "{text}");
         assert!(gave_up[1].contains("hg:{-/d}"), "{text}");
+    }
+
+    /// An end's failure is not said as an admission's: no call is refused for it (audit
+    /// SE 4: "calls of runs are refused (on_store_error = deny)", for an end sent again).
+    #[tokio::test]
+    async fn an_ends_failure_does_not_say_calls_are_refused() {
+        let shared = unreachable();
+        let (out, _log) = logged();
+        shared.failed("finish", &StoreError::Failed("broken pipe".to_owned()));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("op=\"finish\""), "{text}");
+        assert!(!text.contains("refused"), "{text}");
+        assert!(text.contains("sent again"), "{text}");
+        shared.last_warning.reset_for_test();
+        shared.failed("admit", &StoreError::Failed("broken pipe".to_owned()));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert!(text.contains("calls of runs are refused"), "{text}");
     }
 
     /// A shutdown's wait for the ends still being sent is bounded, and says how many it

@@ -160,6 +160,16 @@ fn a_bad_runs_table_is_refused() {
         ("ttl = \"0s\"", "runs: ttl must be greater than 0"),
         ("max_runs = 0", "runs: max_runs (0) must be between 1 and"),
         (
+            "store = \"redis+sentinel://127.0.0.1:26379/mymaster\"",
+            "runs: store \"redis+sentinel:...\": Redis Sentinel is not supported: name the \
+             master by an address that follows it (a DNS name, a virtual IP or a Kubernetes \
+             Service that the failover moves), or use Redis Cluster (store_cluster = true)",
+        ),
+        (
+            "store = \"sentinel://s1:26379\"",
+            "runs: store \"sentinel:...\": Redis Sentinel is not supported",
+        ),
+        (
             "store = \"postgres://x\"",
             "runs: store \"postgres:...\" must be \"memory\" or a redis:// or rediss:// URL",
         ),
@@ -189,6 +199,18 @@ fn a_bad_runs_table_is_refused() {
         (
             "store = \"redis://\"",
             "runs: store \"redis://\" names no host",
+        ),
+        (
+            "store = \"redis://10.0.0.1:6379\"\nstore_nodes = [\"10.0.0.2:6379\"]",
+            "runs: store_nodes (\"10.0.0.2:6379\", ...) needs store_cluster = true",
+        ),
+        (
+            "store = \"redis://10.0.0.1:6379\"\nstore_cluster = true\nstore_nodes = [\"10.0.0.2\"]",
+            "runs: store_nodes \"10.0.0.2\": must be HOST:PORT",
+        ),
+        (
+            "store = \"redis://10.0.0.1:6379\"\nstore_cluster = true\nstore_nodes = [\"redis://10.0.0.2:6379\"]",
+            "runs: store_nodes \"redis://10.0.0.2:6379\": must be HOST:PORT",
         ),
         (
             "store = \"redis://127.0.0.1:notaport/0\"",
@@ -304,6 +326,25 @@ fn a_cluster_store_is_named_as_one() {
         c.describe()
     );
     assert!(!load(BASE).runs.store_cluster);
+}
+
+/// A cluster store may name more nodes (audit SE 3), each reached as `store` is: its
+/// scheme, user and password.
+#[test]
+fn a_cluster_store_names_more_nodes_reached_as_its_first() {
+    let c = load(&format!(
+        "[runs]\nstore = \"rediss://hg:pw@redis-0:6379\"\nstore_cluster = true\n\
+         store_nodes = [\"redis-1:6380\", \"[::1]:6381\"]\n{BASE}"
+    ));
+    assert_eq!(c.runs.store_nodes, ["redis-1:6380", "[::1]:6381"]);
+    assert!(
+        c.describe().contains("(also redis-1:6380, [::1]:6381)"),
+        "{}",
+        c.describe()
+    );
+    let url = |node: &str| crate::config::node_url("rediss://hg:pw@redis-0:6379", node).unwrap();
+    assert_eq!(url("redis-1:6380"), "rediss://hg:pw@redis-1:6380");
+    assert_eq!(url("[::1]:6381"), "rediss://hg:pw@[::1]:6381");
 }
 
 /// A `rediss://` store signed by a private CA names it, relative to the config file as an

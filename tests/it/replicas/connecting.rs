@@ -316,3 +316,177 @@ async fn the_documented_acl_user_serves_a_run_whose_slot_is_migrating() {
     }
     p.stop().await;
 }
+
+/// A Redis Cluster store whose connections Redis closed while they were idle (its `timeout`,
+/// here `CLIENT KILL`, which does the same to an idle connection) is connected anew by the
+/// next command: the cluster client's own retries went to the same closed connection, and
+/// 4 calls in 8 of a quiet run were 503 "broken pipe" under `deny`, or served past its
+/// call limit under `allow` (audit SE 1). `/runs/{id}` is a command like a call's.
+#[tokio::test]
+async fn a_cluster_store_reconnects_after_redis_closed_its_idle_connections() {
+    let Some((_plain, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (low, high) = two_node_cluster(dir.path()).await;
+    let toml = config(&fake, &low.url(), "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_cluster = true",
+    );
+    let p = Process::spawn(&toml, &[], &[]).await;
+    let run = [("x-run-id", "a"), ("x-run-budget-ms", "60000")];
+    for turn in 0..6 {
+        let (status, headers, body) = send(&p, call(false, &run, turn)).await;
+        assert_eq!(status, 200, "turn {turn}: {body}");
+        assert_eq!(
+            headers["x-run-calls-left"],
+            (9 - turn).to_string().as_str(),
+            "turn {turn}"
+        );
+        // The call's end lands before its connection goes.
+        let until = Instant::now() + Duration::from_secs(5);
+        let in_flight =
+            "EVAL \"return tonumber(redis.call('HGET', KEYS[1], 'in_flight'))\" 1 hg:{-/a}";
+        while high.query(in_flight).await != ":0" {
+            assert!(Instant::now() < until, "the end of call {turn} landed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for node in [&low, &high] {
+            let killed = node.query("CLIENT KILL TYPE normal SKIPME yes").await;
+            assert!(killed.starts_with(':'), "{killed}");
+        }
+        let text = crate::support::admin_get(p.admin, "/runs/a").await;
+        assert!(text.contains("\"runs\""), "turn {turn}: {text}");
+        for node in [&low, &high] {
+            node.query("CLIENT KILL TYPE normal SKIPME yes").await;
+        }
+    }
+    p.stop().await;
+}
+
+/// A Redis Cluster store whose `store` node is down starts through another node that
+/// `store_nodes` names (audit SE 3: with one seed, a gateway started while that one node was
+/// down answered every run call 503 "Failed to create initial connections", however healthy
+/// the rest of the cluster).
+#[tokio::test]
+async fn a_cluster_store_starts_through_another_node_while_its_first_is_down() {
+    let Some((_plain, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (low, high) = two_node_cluster(dir.path()).await;
+    let down = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down_url = format!("redis://{}/0", down.local_addr().unwrap());
+    drop(down);
+    let toml = config(&fake, &down_url, "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        &format!(
+            "on_store_error = \"deny\"\nstore_cluster = true\nstore_nodes = [\"127.0.0.1:{}\"]",
+            low.port()
+        ),
+    );
+    let p = Process::spawn(&toml, &[], &[]).await;
+    for id in ["a", "c"] {
+        let (status, headers, body) = send(&p, call(false, &[("x-run-id", id)], 0)).await;
+        assert_eq!(status, 200, "{id}: {body}");
+        assert_eq!(headers["x-run-calls-left"], "9", "{id}");
+    }
+    assert_eq!(high.query("EXISTS hg:{-/a}").await, ":1");
+    p.stop().await;
+}
+
+/// A call's end that finds the connection Redis closed while the call ran (its `timeout`
+/// for idle clients; here `CLIENT KILL`) is sent again at once on a new one, as an admission
+/// is: no store error counted, no WARN that calls are refused (audit SE 4: every end of a
+/// call longer than the timeout counted one, and `/readyz` showed it).
+#[tokio::test]
+async fn an_end_after_redis_closed_the_idle_connection_is_no_store_error() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let p = Process::spawn(&config(&fake, &redis.url(), "deny", "1s"), &[], &[]).await;
+    let addr = p.addr;
+    let slow = tokio::spawn(async move {
+        let req = call(false, &[("x-run-id", "idle"), ("x-fake-ttft-ms", "800")], 0);
+        let (resp, _c) = Conn::open(addr).await.send(req).await;
+        resp.status().as_u16()
+    });
+    let in_flight =
+        "EVAL \"return tonumber(redis.call('HGET', KEYS[1], 'in_flight'))\" 1 hg:{-/idle}";
+    let until = Instant::now() + Duration::from_secs(5);
+    while redis.query(in_flight).await != ":1" {
+        assert!(Instant::now() < until, "the call was admitted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let killed = redis.query("CLIENT KILL TYPE normal SKIPME yes").await;
+    assert!(killed.starts_with(':'), "{killed}");
+    assert_eq!(slow.await.unwrap(), 200);
+    while redis.query(in_flight).await != ":0" {
+        assert!(Instant::now() < until, "the end landed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let finish = "hourglass_run_store_errors_total{op=\"finish\"}";
+    assert_eq!(crate::support::metric(p.admin, finish).await, 0.0);
+    let (out, err) = p.stop().await;
+    assert!(!(out + &err).contains("run store unavailable"));
+}
+
+/// A command of the run store's script that the ACL user may not run is named in the 503
+/// (audit SE 6: Redis says only "can't run this command ... on @user_script:30", and
+/// docs/deployment.md promised the command named).
+#[tokio::test]
+async fn an_acl_denial_inside_the_script_names_the_command() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let without_time = documented_acl_user("hgpass").replace(" +time", "");
+    assert_eq!(redis.query(&without_time).await, "+OK");
+    let store = format!("redis://hourglass@{}/0", redis.addr);
+    let toml = config(&fake, &store, "deny", "1s").replace(
+        "on_store_error = \"deny\"",
+        "on_store_error = \"deny\"\nstore_password_env = \"HOURGLASS_TEST_REDIS_PASSWORD\"",
+    );
+    let p = Process::spawn(&toml, &[], &[("HOURGLASS_TEST_REDIS_PASSWORD", "hgpass")]).await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "acl")], 0)).await;
+    assert_eq!(status, 503, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("ACL"), "{message}");
+    assert!(message.contains("TIME"), "{message}");
+    assert!(message.contains("ACL LOG"), "{message}");
+}
+
+/// A Redis whose `maxmemory-policy` may evict run keys is warned of at the first admission,
+/// and `/readyz` notes it (audit SE 5: a run evicted under `allkeys-lru` or `volatile-lru`
+/// started over silently, with its limits fresh; nothing checked the policy the docs ask
+/// for).
+#[tokio::test]
+async fn a_store_that_may_evict_runs_is_warned_of() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    assert_eq!(
+        redis
+            .query("CONFIG SET maxmemory-policy volatile-lru")
+            .await,
+        "+OK"
+    );
+    let p = Process::spawn(&config(&fake, &redis.url(), "deny", "1s"), &[], &[]).await;
+    let (status, _, body) = send(&p, call(false, &[("x-run-id", "ev")], 0)).await;
+    assert_eq!(status, 200, "{body}");
+    let until = Instant::now() + Duration::from_secs(5);
+    let ready = loop {
+        let ready = reqwest_like_get(p.admin, "/readyz").await;
+        if ready.contains("maxmemory-policy") || Instant::now() > until {
+            break ready;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(ready.contains("maxmemory-policy volatile-lru"), "{ready}");
+    let (out, err) = p.stop().await;
+    let text = out + &err;
+    let warned = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("maxmemory-policy"))
+        .count();
+    assert_eq!(warned, 1, "{text}");
+}

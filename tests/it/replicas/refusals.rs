@@ -139,3 +139,44 @@ async fn cancel_tombstones_are_pruned_once_no_admission_can_come() {
     assert_eq!(tombstones(&mut conn, key).await, Vec::<String>::new());
     p.stop().await;
 }
+
+/// An admission whose connection could not even be opened (nothing listening; a wrong CA or
+/// password alike) never reached Redis, so no cancel follows it (audit SE 2: each refused
+/// call left a cancel tried for a minute, a shutdown waited its whole grace for them, and a
+/// Redis started within that minute got one EVALSHA and one tombstone per refused call).
+#[tokio::test]
+async fn an_admission_that_never_reached_redis_sends_no_cancel_and_holds_no_shutdown() {
+    let Some((_redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = format!("redis://127.0.0.1:{port}/0");
+    let toml = config(&fake, &store, "deny", "3s")
+        .replace("[server]\n", "[server]\nshutdown_grace = \"20s\"\n");
+    let p = Process::spawn(&toml, &[], &[]).await;
+    for turn in 0..3 {
+        let (status, _, body) = send(&p, call(false, &[("x-run-id", "down")], turn)).await;
+        assert_eq!(status, 503, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("refused"), "{body}");
+    }
+    // Redis comes back where the calls were refused: a cancel would be sent to it within
+    // the second (tried 100 ms, then 200 ms, ... apart).
+    let redis = crate::support::redis::RedisServer::on(port).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    assert_eq!(commandstat(&mut conn, "evalsha").await, "");
+    assert_eq!(
+        tombstones(&mut conn, "hg:{-/down}").await,
+        Vec::<String>::new()
+    );
+    drop(redis);
+    let (out, err) = p.stop().await;
+    let text = out + &err;
+    assert!(!text.contains("still unsent at shutdown"), "{text}");
+}
