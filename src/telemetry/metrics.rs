@@ -623,7 +623,7 @@ impl Metrics {
             ),
             store_errors: counter(
                 "hourglass_run_store_errors_total",
-                "Calls to the run store that failed or took longer than store_timeout, by operation: admit and finish (the call was then served without run limits, on_store_error = allow, or refused, deny), find (an admin /runs/{id} lookup, answered 503).",
+                "Calls to the run store that failed or took longer than store_timeout, by operation: admit (the call was then served without run limits, on_store_error = allow, or refused, deny), finish (a call's end, sent again until the store answers), find (an admin /runs/{id} lookup, answered 503).",
                 &["op"],
             ),
         };
