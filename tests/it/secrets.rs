@@ -553,6 +553,43 @@ fn key_files(prefix: &str) -> (tempfile::TempDir, String, String) {
     (dir, shown(key_file), shown(clients))
 }
 
+/// Two routes to the fake, both behind the clients' keys file when `bare_keyed`, else only
+/// the first: `keyed` (`/v1/chat/completions`), where the gateway sends its provider key, and
+/// `bare` (`/v1/messages`), an `auth = "none"` upstream, where the client's own key goes.
+fn keyed_and_bare(key_file: &str, clients: &str, bare_keyed: bool) -> String {
+    let bare_keys = if bare_keyed {
+        format!("client_keys_file = \"{clients}\"\n")
+    } else {
+        String::new()
+    };
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.keyed]
+url = "{{FAKE}}"
+api_key_file = "{key_file}"
+
+[upstreams.bare]
+url = "{{FAKE}}"
+auth = "none"
+
+[[routes]]
+name = "keyed"
+path_prefix = "/v1/chat/completions"
+upstream = "keyed"
+client_keys_file = "{clients}"
+
+[[routes]]
+name = "bare"
+path_prefix = "/v1/messages"
+upstream = "bare"
+{bare_keys}"#,
+    )
+}
+
 /// A chat request to `path` with the client key and `extra` headers, answered 200: the
 /// headers the upstream received.
 async fn forwarded<'a>(
@@ -584,34 +621,7 @@ async fn forwarded<'a>(
 #[tokio::test]
 async fn proxy_and_gateway_keys_do_not_ride_along_with_the_gateways() {
     let (_dir, key_file, clients) = key_files("hourglass-proxy-keys-");
-    let cfg = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[upstreams.keyed]
-url = "{{FAKE}}"
-api_key_file = "{key_file}"
-
-[upstreams.bare]
-url = "{{FAKE}}"
-auth = "none"
-
-[[routes]]
-name = "keyed"
-path_prefix = "/v1/chat/completions"
-upstream = "keyed"
-client_keys_file = "{clients}"
-
-[[routes]]
-name = "bare"
-path_prefix = "/v1/messages"
-upstream = "bare"
-client_keys_file = "{clients}"
-"#,
-    );
-    let h = Harness::with_config(&cfg).await;
+    let h = Harness::with_config(&keyed_and_bare(&key_file, &clients, true)).await;
     let theirs = [
         ("x-litellm-api-key", "sk-client-litellm"),
         ("ocp-apim-subscription-key", "client-apim"),
@@ -722,33 +732,7 @@ upstream = "bare"
 #[tokio::test]
 async fn a_client_cannot_pick_where_a_peer_gateway_sends_the_gateways_key() {
     let (_dir, key_file, clients) = key_files("hourglass-peer-host-");
-    let cfg = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[upstreams.keyed]
-url = "{{FAKE}}"
-api_key_file = "{key_file}"
-
-[upstreams.bare]
-url = "{{FAKE}}"
-auth = "none"
-
-[[routes]]
-name = "keyed"
-path_prefix = "/v1/chat/completions"
-upstream = "keyed"
-client_keys_file = "{clients}"
-
-[[routes]]
-name = "bare"
-path_prefix = "/v1/messages"
-upstream = "bare"
-"#,
-    );
-    let h = Harness::with_config(&cfg).await;
+    let h = Harness::with_config(&keyed_and_bare(&key_file, &clients, false)).await;
     let steering = [
         ("x-portkey-custom-host", "http://127.0.0.1:9/v1"),
         (
