@@ -566,9 +566,9 @@ impl Canon<'_> {
                     if i > 0 {
                         out.push(',');
                     }
-                    out.push_str(key);
+                    put(out, key);
                     out.push(':');
-                    out.push_str(value);
+                    put(out, value);
                 }
                 out.push('}');
             }
@@ -599,7 +599,7 @@ impl Canon<'_> {
                 if end == 0 {
                     return None;
                 }
-                out.push_str(&rest[..end]);
+                put(out, &rest[..end]);
                 self.at += end;
             }
         }
@@ -628,12 +628,26 @@ fn push_string(written: &str, out: &mut String) -> Option<()> {
     // Without an escape that is as it was written: serde_json escapes only `"`, `\` and
     // control characters, which JSON text cannot hold unescaped.
     if !written.contains('\\') {
-        out.push_str(written);
+        put(out, written);
         return Some(());
     }
     let decoded: String = serde_json::from_str(written).ok()?;
-    out.push_str(&serde_json::to_string(&decoded).ok()?);
+    put(out, &serde_json::to_string(&decoded).ok()?);
     Some(())
+}
+
+/// Appends `s` to `out`: every text `canonical_json` copies goes through here, so that a test
+/// can count the bytes and see their sum grow with the text, not with the text times its depth.
+fn put(out: &mut String, s: &str) {
+    #[cfg(test)]
+    COPIED.with(|c| c.set(c.get() + s.len()));
+    out.push_str(s);
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The bytes `put` copied on this thread.
+    static COPIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 #[derive(Deserialize)]
