@@ -599,7 +599,13 @@ fn a_deep_argument_is_copied_no_more_than_a_flat_one() {
     for (open, close) in [(r#"{"k":"#, "}"), ("[", "]")] {
         let deep = format!(r#"{}"{big}"{}"#, open.repeat(127), close.repeat(127));
         let (canon, deep) = copied(&deep);
-        assert_eq!(canon.len(), big.len() + 2 + 127 * (open.len() + close.len()));
-        assert!(deep <= 2 * flat + 127 * 16, "{open}: {deep} bytes copied, flat {flat}");
+        assert_eq!(
+            canon.len(),
+            big.len() + 2 + 127 * (open.len() + close.len())
+        );
+        assert!(
+            deep <= 2 * flat + 127 * 16,
+            "{open}: {deep} bytes copied, flat {flat}"
+        );
     }
 }
