@@ -11,7 +11,8 @@
 //! | Chat Completions, legacy | `choices[].delta.function_call` pieces | `choices[].message.function_call` |
 //! | Responses | `response.output_item.added` of a `function_call`, its `function_call_arguments.delta`s (`.done` has them whole); of a `custom_tool_call`, its `custom_tool_call_input.delta`s; `computer_call`, `local_shell_call`, `shell_call` (named `computer`, `local_shell`, `shell`): their `action` | `output[]` items of those types |
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::LazyLock;
 
 use memchr::memmem;
@@ -509,8 +510,9 @@ const MAX_DEPTH: usize = 128;
 /// f64 past i64/u64 or f64's precision, and different ids or amounts one call (audit SF 3:
 /// `98765432109876543210` and `…211`). So `2.0` and `2` are different arguments, as they
 /// always were. (serde_json's `arbitrary_precision` would keep them too, but for every `Value`
-/// in the gateway.) Two passes over the text: serde_json checks it is JSON, then `Canon`
-/// writes it, so that a deep one is not read again at each level.
+/// in the gateway.) serde_json checks the text is JSON, `Canon` reads it once and writes it
+/// with its objects' members in order once (`Written`): a deep one is neither read nor copied
+/// again at each level, so it costs in proportion to its size, not its size times its depth.
 fn canonical_json(text: &str) -> String {
     if serde_json::from_str::<IgnoredAny>(text).is_ok() {
         let mut out = String::with_capacity(text.len());
@@ -541,55 +543,82 @@ impl Canon<'_> {
 
     /// Writes the value that starts here; `None` when it nests deeper than `depth`.
     fn value(&mut self, depth: usize, out: &mut String) -> Option<()> {
+        let mut written = Written {
+            text: String::with_capacity(self.text.len()),
+            objects: Vec::new(),
+        };
+        self.read(depth, &mut written)?;
+        written.emit(0..written.text.len(), 0, out);
+        Some(())
+    }
+
+    /// Reads the value that starts here into `written`: its text canonical but for the order of
+    /// its objects' members, which are noted there instead.
+    fn read(&mut self, depth: usize, written: &mut Written) -> Option<()> {
         match self.peek() {
             b'{' => {
                 let depth = depth.checked_sub(1)?;
                 self.at += 1;
-                // Each member canonical, by its canonical key: one order for equal keys
-                // however they were escaped, and a key given twice keeps its last value.
-                let mut members = BTreeMap::new();
+                // Noted before its members, so that the objects stay in the order they start.
+                let index = written.objects.len();
+                let start = written.text.len();
+                written.objects.push(Object {
+                    span: start..start,
+                    members: Vec::new(),
+                    after: index + 1,
+                });
+                written.text.push('{');
+                let mut members = Vec::new();
                 while self.peek() != b'}' {
-                    let mut key = String::new();
-                    push_string(self.string()?, &mut key)?;
+                    let key = written.text.len();
+                    push_string(self.string()?, &mut written.text)?;
+                    let key = key..written.text.len();
                     self.peek();
                     self.at += 1; // the `:`
-                    let mut value = String::new();
-                    self.value(depth, &mut value)?;
-                    members.insert(key, value);
+                    let (value, objects) = (written.text.len(), written.objects.len());
+                    self.read(depth, written)?;
+                    members.push(Member {
+                        key,
+                        value: value..written.text.len(),
+                        objects,
+                    });
                     if self.peek() == b',' {
                         self.at += 1;
                     }
                 }
                 self.at += 1;
-                out.push('{');
-                for (i, (key, value)) in members.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    out.push_str(key);
-                    out.push(':');
-                    out.push_str(value);
-                }
-                out.push('}');
+                written.text.push('}');
+                // By canonical key: one order for equal keys however they were escaped. Turned
+                // round and sorted stably, a key given twice has its last value first, which
+                // `dedup_by` keeps (as serde_json's map keeps the last).
+                let text = &written.text;
+                members.reverse();
+                members.sort_by(|a, b| text[a.key.clone()].cmp(&text[b.key.clone()]));
+                members.dedup_by(|a, b| text[a.key.clone()] == text[b.key.clone()]);
+                written.objects[index] = Object {
+                    span: start..written.text.len(),
+                    members,
+                    after: written.objects.len(),
+                };
             }
             b'[' => {
                 let depth = depth.checked_sub(1)?;
                 self.at += 1;
-                out.push('[');
+                written.text.push('[');
                 let mut first = true;
                 while self.peek() != b']' {
                     if !std::mem::take(&mut first) {
-                        out.push(',');
+                        written.text.push(',');
                     }
-                    self.value(depth, out)?;
+                    self.read(depth, written)?;
                     if self.peek() == b',' {
                         self.at += 1;
                     }
                 }
                 self.at += 1;
-                out.push(']');
+                written.text.push(']');
             }
-            b'"' => push_string(self.string()?, out)?,
+            b'"' => push_string(self.string()?, &mut written.text)?,
             // A number or a literal, as written: it ends where the JSON around it goes on.
             _ => {
                 let rest = self.text.get(self.at..)?;
@@ -599,7 +628,7 @@ impl Canon<'_> {
                 if end == 0 {
                     return None;
                 }
-                out.push_str(&rest[..end]);
+                put(&mut written.text, &rest[..end]);
                 self.at += end;
             }
         }
@@ -628,12 +657,80 @@ fn push_string(written: &str, out: &mut String) -> Option<()> {
     // Without an escape that is as it was written: serde_json escapes only `"`, `\` and
     // control characters, which JSON text cannot hold unescaped.
     if !written.contains('\\') {
-        out.push_str(written);
+        put(out, written);
         return Some(());
     }
     let decoded: String = serde_json::from_str(written).ok()?;
-    out.push_str(&serde_json::to_string(&decoded).ok()?);
+    put(out, &serde_json::to_string(&decoded).ok()?);
     Some(())
+}
+
+/// What `Canon` read, each value written once in the order it came: so that sorting an
+/// object's members copies none of their text, and a member nested in many objects is copied
+/// once more in all (`emit`), not once a level (audit TA 3: 127 objects around 4 MiB cost 50
+/// times a flat one).
+struct Written {
+    /// The values canonical, but each object's members in the order given, without commas.
+    text: String,
+    /// The objects in `text`, in the order they start there.
+    objects: Vec<Object>,
+}
+
+/// An object in `Written::text`: where it is, and its members there, sorted by key.
+struct Object {
+    span: Range<usize>,
+    members: Vec<Member>,
+    /// The index of the first object after this one and those nested in it.
+    after: usize,
+}
+
+struct Member {
+    key: Range<usize>,
+    value: Range<usize>,
+    /// The index of the first object in `value` or after it: `emit` goes from object to
+    /// object by index (`Object::after`), never searching for one.
+    objects: usize,
+}
+
+impl Written {
+    /// Writes `range` of the text to `out`, each object in it with its members in order;
+    /// `next` is the index of the first object in it or after it.
+    fn emit(&self, range: Range<usize>, mut next: usize, out: &mut String) {
+        let mut at = range.start;
+        while let Some(object) = self.objects.get(next) {
+            if object.span.start >= range.end {
+                break;
+            }
+            put(out, &self.text[at..object.span.start]);
+            out.push('{');
+            for (i, member) in object.members.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                put(out, &self.text[member.key.clone()]);
+                out.push(':');
+                self.emit(member.value.clone(), member.objects, out);
+            }
+            out.push('}');
+            at = object.span.end;
+            next = object.after;
+        }
+        put(out, &self.text[at..range.end]);
+    }
+}
+
+/// Appends `s` to `out`: every text `canonical_json` copies goes through here, so that a test
+/// can count the bytes and see their sum grow with the text, not with the text times its depth.
+fn put(out: &mut String, s: &str) {
+    #[cfg(test)]
+    COPIED.with(|c| c.set(c.get() + s.len()));
+    out.push_str(s);
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The bytes `put` copied on this thread.
+    static COPIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 #[derive(Deserialize)]

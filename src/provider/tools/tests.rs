@@ -583,3 +583,29 @@ fn canon_ends_on_text_that_is_not_json() {
         );
     }
 }
+
+/// Each byte of the arguments is copied a bounded number of times however deep it sits (audit
+/// TA 3: each object level copied its members' text into its own again, 127 levels around 4
+/// MiB cost 50 times a flat one). Counted in bytes, not timed.
+#[test]
+fn a_deep_argument_is_copied_no_more_than_a_flat_one() {
+    let big = "a".repeat(1 << 16);
+    let copied = |text: &str| {
+        COPIED.with(|c| c.set(0));
+        let canon = canonical_json(text);
+        (canon, COPIED.with(|c| c.get()))
+    };
+    let (_, flat) = copied(&format!(r#"{{"k":"{big}"}}"#));
+    for (open, close) in [(r#"{"k":"#, "}"), ("[", "]")] {
+        let deep = format!(r#"{}"{big}"{}"#, open.repeat(127), close.repeat(127));
+        let (canon, deep) = copied(&deep);
+        assert_eq!(
+            canon.len(),
+            big.len() + 2 + 127 * (open.len() + close.len())
+        );
+        assert!(
+            deep <= 2 * flat + 127 * 16,
+            "{open}: {deep} bytes copied, flat {flat}"
+        );
+    }
+}
