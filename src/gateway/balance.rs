@@ -17,29 +17,19 @@ use crate::gateway::routes::{ChainEntry, RouteRuntime};
 pub struct Order<'a> {
     chain: &'a [ChainEntry],
     first: usize,
-    /// The balanced upstreams, which come first: `upstream` and its `balance_with`.
-    members: usize,
 }
 
 impl<'a> Order<'a> {
     /// The order for a request arriving `now` on `route`.
     pub fn of(route: &'a RouteRuntime, now: Instant) -> Self {
-        let n = route.route.policy.balanced.len();
-        let first = match n {
+        let first = match route.route.policy.balanced.len() {
             0 => 0,
             n => pick(&route.chain[..=n], &route.turn, now),
         };
         Self {
             chain: &route.chain,
             first,
-            members: n + 1,
         }
-    }
-
-    /// Whether the `k`th upstream of this request's chain is one of the balanced ones (the
-    /// route's `upstream` and its `balance_with`), not a fallback.
-    pub fn balanced(&self, k: usize) -> bool {
-        k < self.members.min(self.chain.len())
     }
 
     /// Where the `k`th upstream of this request's chain sits in the route's.
@@ -102,11 +92,7 @@ mod tests {
     #[test]
     fn the_first_moves_to_the_front_and_the_rest_keep_their_order() {
         let slots = |first: usize, len: usize| -> Vec<usize> {
-            let o = Order {
-                chain: &[],
-                first,
-                members: len,
-            };
+            let o = Order { chain: &[], first };
             (0..len).map(|k| o.slot(k)).collect()
         };
         assert_eq!(slots(0, 4), [0, 1, 2, 3]);

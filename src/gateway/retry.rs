@@ -146,15 +146,11 @@ pub async fn run(
                 let backoff = backoff(n);
                 asked = own.retry_after.is_some_and(|a| a > backoff);
                 wait = retry_wait(own.retry_after, backoff, fastrand::f64(), fits);
-                // Asked to come back later, a balanced upstream leaves the retry to a peer in
-                // rotation that this request has not tried: `balance_with` spreads a
-                // provider's rate limits over keys, and the other key is free now (audit SC
-                // 3: 2.3 s waiting out one key's `Retry-After` against 2 ms on the other).
-                // Fallbacks keep their order: a fallback may be another model.
-                if asked && peer_free(chain, i, &raced, template, budget, now) {
-                    tracing::debug!(?wait, "moving on to a balance peer instead of waiting");
-                    break;
-                }
+                // The wait is kept even with a balance peer free: moving on to the peer at
+                // once (SC 3) gave up this retry for good, and when the peer asked for a
+                // longer wait the request ended on its 429 where this upstream's retry would
+                // have answered (audit TA 1). Coming back for the owed retry would take a
+                // second pass over the chain; waiting keeps the chain walked once.
                 if let Some(c) = own.cause {
                     tracing::debug!(reason = c.as_str(), ?wait, "retrying");
                 }
@@ -582,26 +578,6 @@ fn error_cause(e: &GatewayError) -> Option<RetryCause> {
         GatewayError::Starved { .. } => None,
         _ => None,
     }
-}
-
-/// Whether a balanced upstream after the `i`th of the chain (the `i`th being balanced too) is
-/// in rotation, untried by this request (not raced beside it), with an attempt there that
-/// fits the budget.
-fn peer_free(
-    chain: Order<'_>,
-    i: usize,
-    raced: &[usize],
-    template: &Template,
-    budget: &Budget,
-    now: Instant,
-) -> bool {
-    chain.balanced(i)
-        && (i + 1..).take_while(|&k| chain.balanced(k)).any(|k| {
-            let upstream = &chain[k].upstream;
-            !raced.contains(&k)
-                && !upstream.health.is_out()
-                && budget.usable(now) >= template.expected_ttft(upstream).max(budget.min_useful)
-        })
 }
 
 /// Whether the attempt on the `i`th upstream of the chain is made.

@@ -783,12 +783,11 @@ async fn a_429_is_passed_through_when_the_fallback_fails_on_its_own() {
     }
 }
 
-/// An answer that asks for a wait moves a request on to a balance peer in rotation at once:
-/// `balance_with` spreads a provider's rate limits over keys, and the other key is free now.
-/// Requests that started on the limited key waited out its whole `Retry-After` before
-/// trying the peer (audit SC 3: 2.3 s against 2 to 4 ms).
+/// An answer that asks for a wait is waited out, and its upstream retried, before a balance
+/// peer is tried: SC 3 moved on to the peer at once, which gave up the retry for good (audit
+/// TA 1, below). The request that starts on the limited key gets its 200 from the retry.
 #[tokio::test]
-async fn a_retry_after_moves_on_to_a_balance_peer_at_once() {
+async fn a_retry_after_is_waited_out_before_a_balance_peer() {
     let (url, asked) = scripted(vec![
         answer(
             Duration::ZERO,
@@ -813,8 +812,46 @@ async fn a_retry_after_moves_on_to_a_balance_peer_at_once() {
     }
     assert_eq!(
         asked.load(std::sync::atomic::Ordering::SeqCst),
-        1,
+        2,
         "the limited key was retried after its wait"
     );
-    assert_eq!(p.backup.requests().len(), 2);
+    assert_eq!(p.backup.requests().len(), 1);
+}
+
+/// Audit TA 1: `upstream = a`, `balance_with = [b]`, `retries = 1`; a always answers 429
+/// `retry-after: 2`, b answers 429 `retry-after: 1` and then 200. A request that started on
+/// b moved on to a at once (SC 3), waited out a's longer wait, and ended with a's 429: b's
+/// retry, which would have answered, was never made. Each upstream's own retry comes first,
+/// so both requests (one starts on each) get b's 200.
+#[tokio::test]
+async fn a_balance_peer_does_not_cost_the_retry_a_retry_after_was_owed() {
+    let limited = |ra: &str| {
+        answer(
+            Duration::ZERO,
+            "429 Too Many Requests",
+            &format!("retry-after: {ra}\r\n"),
+        )
+    };
+    let (a, _) = scripted(vec![limited("2")]).await;
+    let (b, b_asked) = scripted(vec![limited("1"), completion(), limited("1"), completion()]).await;
+    let text = config(
+        &a,
+        &b,
+        "retries = 1\nbalance_with = [\"backup\"]",
+        "eject_after = 100",
+        "eject_after = 100",
+    );
+    let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+        .await
+        .unwrap();
+    // Equals take turns: one of the two starts on a, the other on b.
+    for k in 0..2 {
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[], false))
+            .await;
+        assert_eq!(resp.status(), 200, "request {k}");
+        read_body(resp.into_body()).await;
+    }
+    assert_eq!(b_asked.load(std::sync::atomic::Ordering::SeqCst), 4);
 }
