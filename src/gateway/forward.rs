@@ -498,7 +498,7 @@ where
     B::Error: Into<BoxError>,
 {
     let mut hold = memory.hold();
-    // The hold grows with the bytes received, in doubling steps up to this (the `Content-
+    // The hold grows with the bytes received, a little ahead of them, up to this (the `Content-
     // Length` was checked against the limit before any byte was read).
     let most = length.unwrap_or(limit.bytes);
     let mut body = std::pin::pin!(Limited::new(

@@ -1140,3 +1140,50 @@ async fn a_slot_is_waited_for_no_longer_than_the_client_listens() {
     assert_eq!(h.fake.requests().len(), 1);
     drop(held);
 }
+
+/// Audit TA 2: bodies without a `Content-Length` (chunked) that fit `request_body_memory`
+/// together by the bytes they sent are all served. Each held up to twice what it had
+/// received (the doubling step, capped only by `max_request_body`), so three chunked uploads
+/// of 1.3 MB into a 4 MiB memory got one 503 `overloaded` although 3.9 MB fit.
+#[tokio::test]
+async fn chunked_bodies_that_fit_together_by_their_bytes_are_all_served() {
+    let cfg = BASE.replace(
+        "[server]\n",
+        "[server]\nmax_request_body = 4194304\nrequest_body_memory = 4194304\n",
+    );
+    let h = Harness::with_config(&cfg).await;
+    const BODY: usize = 1_300_000;
+    const CHUNK: usize = 64 * 1024;
+    let open = br#"{"model":"m","messages":[],"x":""#;
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(h.addr()).await.unwrap();
+        let mut head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\n\
+            content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+        head.extend_from_slice(format!("{:x}\r\n", open.len()).as_bytes());
+        head.extend_from_slice(open);
+        head.extend_from_slice(b"\r\n");
+        s.write_all(&head).await.unwrap();
+        conns.push(s);
+    }
+    // The three grow side by side, a chunk each in turn, as the audit's clients sent them.
+    let mut sent = open.len();
+    while sent < BODY {
+        let n = CHUNK.min(BODY - sent);
+        let chunk = format!("{n:x}\r\n{}\r\n", "a".repeat(n));
+        for s in &mut conns {
+            s.write_all(chunk.as_bytes()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        sent += n;
+    }
+    for s in &mut conns {
+        s.write_all(b"2\r\n\"}\r\n0\r\n\r\n").await.unwrap();
+    }
+    for (i, s) in conns.iter_mut().enumerate() {
+        let text = raw_answer(s).await;
+        assert!(text.starts_with("HTTP/1.1 200"), "body {i}: {text}");
+    }
+    assert_eq!(h.fake.requests().len(), 3);
+}
