@@ -288,7 +288,7 @@ fn check_key(key: &str) -> Result<(), String> {
 /// Removes what a client may have sent as a key, this gateway's or any other's, so that it
 /// never reaches the upstream (the upstream's own key, if it has one, is added later).
 pub fn strip_client_credentials(headers: &mut HeaderMap) {
-    crate::http::headers::strip_credentials(headers);
+    crate::http::client_steering::strip_credentials(headers);
 }
 
 #[cfg(test)]

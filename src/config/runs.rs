@@ -456,7 +456,7 @@ pub(super) fn build_run_limits(
         Some(h) => match HeaderName::from_bytes(h.as_bytes()) {
             // A run id is logged, named in refusals and served by `/runs/{id}`: read from a
             // header that carries a key, it would publish the key.
-            Ok(name) if crate::http::headers::carries_credentials(&name) => {
+            Ok(name) if crate::http::client_steering::carries_credentials(&name) => {
                 return Err(format!(
                     "{label}: run_id_header {h:?}{} carries credentials, and a run id is \
                      logged and shown; name a header of its own (e.g. \"x-run-id\")",

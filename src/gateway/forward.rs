@@ -25,11 +25,12 @@ use crate::gateway::record::RequestRecord;
 use crate::gateway::routes::{Gateway, RouteRuntime};
 use crate::gateway::run::{self, InRun};
 use crate::gateway::template::Template;
+use crate::http::client_steering::strip_rewrites;
 use crate::http::content_type::content_type_fault;
 use crate::http::framing::AmbiguousFraming;
 use crate::http::headers::{
     check_framing, client_accept_encoding, content_coding, content_length, header_list_size,
-    host_not_authority, insert_request_id, join_cookies, present, strip_hop_by_hop, strip_rewrites,
+    host_not_authority, insert_request_id, join_cookies, present, strip_hop_by_hop,
     unsupported_encoding, websocket_upgrade, IDENTITY,
 };
 use crate::http::hops::{decrement_max_forwards, hops, via, HOURGLASS_HOPS, MAX_HOPS};

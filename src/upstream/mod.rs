@@ -47,10 +47,11 @@ use self::resolve::SharedResolver;
 use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, ProxyEnv, ProxyTarget, UpstreamConfig};
-use crate::http::headers::{
-    present, split_port, strip_account_selectors, strip_credentials, strip_peer_steering,
-    OPENAI_ORGANIZATION, OPENAI_PROJECT,
+use crate::http::client_steering::{
+    strip_account_selectors, strip_credentials, strip_peer_steering, OPENAI_ORGANIZATION,
+    OPENAI_PROJECT,
 };
+use crate::http::headers::{present, split_port};
 use crate::provider::Format;
 
 /// The most an HTTP/1.1 upstream connection buffers of what it reads.
