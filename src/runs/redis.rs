@@ -267,7 +267,7 @@ pub enum RedisAdmission {
         view: View,
         /// This call ended the run (one replica sees it, once).
         ended: Option<Ended>,
-        /// The route that started the run, whose refusals these are.
+        /// The run's route (the one that fixed its limits, else its first call's), whose refusals these are.
         route: Arc<str>,
     },
 }

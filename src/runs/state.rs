@@ -264,9 +264,11 @@ impl RunState {
     /// before still count (calls, tokens, repeats); once fixed, the limits never change.
     /// A `run_budget` taken now counts from the run's first call's arrival (one deadline per
     /// run), and a deadline a client set before with `x-run-budget-ms` may only shorten it,
-    /// as on any call (clamped by `run_max_budget` too).
+    /// as on any call (clamped by `run_max_budget` too). A run that has ended keeps its
+    /// route and limits (audit TB 3): its end is counted under that route, and limits it
+    /// never met would only show on its refusals.
     pub fn take_limits(&mut self, route: &std::sync::Arc<str>, limits: &RunLimits) {
-        if self.limits.any() || !limits.any() {
+        if self.ended.is_some() || self.limits.any() || !limits.any() {
             return;
         }
         self.route = route.clone();

@@ -592,7 +592,7 @@ impl Metrics {
             active: runs_active,
             ends: counter(
                 "hourglass_runs_total",
-                "Runs that ended, by the route that started them and how they ended (expired, deadline, calls, tokens, loop, evicted).",
+                "Runs that ended, by the route that fixed their limits (else their first call's) and how they ended (expired, deadline, calls, tokens, loop, evicted).",
                 &["route", "end"],
             ),
             refusals: counter(

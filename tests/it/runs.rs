@@ -232,6 +232,7 @@ on_both_stores!(
     a_run_budget_past_a_year_is_a_year,
     a_runs_deadline_is_given_as_a_time,
     a_run_begun_on_a_route_without_run_keys_takes_the_first_limits_it_meets,
+    a_run_that_ended_before_it_met_any_limits_takes_none,
 );
 
 /// The loop stop: the same tool calls, or the same request, again and again.
@@ -1000,4 +1001,32 @@ async fn a_run_begun_on_a_route_without_run_keys_takes_the_first_limits_it_meets
         assert_eq!(run["limits"]["budget_ms"], budget, "{id}: {run}");
         assert_eq!(run["route"], "timed", "{id}: {run}");
     }
+}
+
+/// Audit TB 3: a run that ended on a route without run keys (its client's budget too short
+/// for any call) took the limits of the next route its agent called, and that route's name:
+/// its end was counted under one route, its later refusals under another, and a refusal
+/// showed calls left it never had. An ended run keeps its route and limits.
+async fn a_run_that_ended_before_it_met_any_limits_takes_none(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let ended = [("x-run-id", "over"), ("x-run-budget-ms", "1")];
+    let (resp, _c) = h.send(call("/plain", false, &ended, "")).await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "run_deadline_exceeded"
+    );
+    let (resp, _c) = h
+        .send(call("/loops", false, &[("x-run-id", "over")], ""))
+        .await;
+    assert_eq!(resp.status(), 504);
+    assert!(resp.headers().get("x-run-calls-left").is_none());
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "run_deadline_exceeded"
+    );
+    let run = &run_json(&h, "over").await["runs"][0];
+    assert_eq!(run["ended"], "deadline", "{run}");
+    assert_eq!(run["route"], "plain", "{run}");
+    assert!(run["limits"]["max_repeats"].is_null(), "{run}");
 }

@@ -45,10 +45,11 @@ local function num(v) if v == nil or v == '' then return nil end return tonumber
 -- A run whose calls so far came on routes without run keys has no limits yet: the first call
 -- on a route that has some fixes them, and names the run's route from then on (state.rs,
 -- RunState::take_limits; audit SF 1). The same fields a new run is given: a replica still
--- running the script before this one reads such a run as before (and fixes nothing).
+-- running the script before this one reads such a run as before (and fixes nothing). A run
+-- that has ended keeps its route and limits (audit TB 3): its end is counted under them.
 local function unset(v) return v == nil or v == '' end
 local adopted = false
-if not fresh and unset(h.budget) and unset(h.max_budget) and unset(h.max_calls)
+if not fresh and unset(h.ended) and unset(h.budget) and unset(h.max_budget) and unset(h.max_calls)
     and unset(h.max_tokens) and unset(h.max_repeats)
     and not (ARGV[2] == '' and ARGV[3] == '' and ARGV[4] == '' and ARGV[5] == '' and ARGV[6] == '') then
   redis.call('HSET', k, 'route', ARGV[1], 'budget', ARGV[2], 'max_budget', ARGV[3],

@@ -494,3 +494,34 @@ async fn tokens_left_after_a_call_count_the_runs_other_calls_as_they_are_now() {
     );
     assert_eq!(run(RunLimits::UNLIMITED, t0).tokens_left_after(0, 5), None);
 }
+
+/// Audit TB 3: a run that has ended (here its client's deadline passed) keeps its route and
+/// its limits, none: a later call on a route with run keys is refused as any call of it,
+/// and does not rename the run its end was counted under.
+#[tokio::test(start_paused = true)]
+async fn an_ended_run_takes_no_limits() {
+    let t0 = Instant::now();
+    let mut r = RunState::new(Arc::from("free"), RunLimits::UNLIMITED, t0);
+    let asked = Call {
+        asked_budget: Some(ms(500)),
+        ..call(t0)
+    };
+    r.admit(&asked).unwrap();
+    r.finish(100, &Used::default());
+    let late = t0 + ms(1000);
+    assert!(matches!(
+        r.admit(&call(late)).unwrap_err().0,
+        Refusal::Deadline { .. }
+    ));
+    assert_eq!(r.ended, Some(RunEnd::Deadline));
+    let limits = RunLimits {
+        max_calls: Some(100),
+        max_repeats: Some(3),
+        ..RunLimits::UNLIMITED
+    };
+    r.take_limits(&Arc::from("loops"), &limits);
+    assert_eq!((&*r.route, r.limits.any()), ("free", false));
+    let (refusal, view) = r.admit(&call(late)).unwrap_err();
+    assert!(matches!(refusal, Refusal::Deadline { .. }));
+    assert_eq!(view.calls_left, None);
+}
