@@ -720,6 +720,9 @@ impl RequestRecord {
             if let Some(call) = run.call.take() {
                 let answered = end == End::Ok;
                 let request = call.request();
+                // A call admitted before its run had limits did not gather its tool calls
+                // (audit TB 1): that it found none says nothing, and must not break the streak.
+                let gathered = call.stops_loops();
                 call.finish(&Used {
                     tokens,
                     // Only a successful answer of a call of the model, read to its end,
@@ -728,7 +731,11 @@ impl RequestRecord {
                     // a count of tokens) says neither: the streak stands (audit MA 1: an
                     // agent whose tool embedded between steps was never stopped).
                     answer: match run.answer.take() {
-                        _ if !answered || !(200..300).contains(&status) || !generation => {
+                        _ if !answered
+                            || !(200..300).contains(&status)
+                            || !generation
+                            || !gathered =>
+                        {
                             Answer::Unread
                         }
                         Some((fp, tool)) => Answer::Tools(fp, tool),

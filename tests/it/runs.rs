@@ -233,6 +233,7 @@ on_both_stores!(
     a_runs_deadline_is_given_as_a_time,
     a_run_begun_on_a_route_without_run_keys_takes_the_first_limits_it_meets,
     a_run_that_ended_before_it_met_any_limits_takes_none,
+    a_call_admitted_before_the_limits_leaves_the_streak_as_it_was,
 );
 
 /// The loop stop: the same tool calls, or the same request, again and again.
@@ -1029,4 +1030,47 @@ async fn a_run_that_ended_before_it_met_any_limits_takes_none(store: Store) {
     assert_eq!(run["ended"], "deadline", "{run}");
     assert_eq!(run["route"], "plain", "{run}");
     assert!(run["limits"]["max_repeats"].is_null(), "{run}");
+}
+
+/// Audit TB 1: a call admitted before its run had limits (a slow one on a route without run
+/// keys) gathered no tool calls, and its end said "no tool call": the streak of identical tool
+/// calls that calls on a limited route had built meanwhile was cleared, and six identical
+/// answers passed `run_max_repeats = 3`. Such a call's end leaves the streak as it was.
+async fn a_call_admitted_before_the_limits_leaves_the_streak_as_it_was(store: Store) {
+    let (h, _keep) = harness(store).await;
+    let slow = [
+        ("x-run-id", "early"),
+        ("x-fake-tool-call", "get_weather"),
+        ("x-fake-ttft-ms", "3000"),
+    ];
+    let early = async {
+        let (resp, _c) = h.send(call("/plain", false, &slow, "")).await;
+        let status = resp.status();
+        read_body(resp.into_body()).await;
+        status
+    };
+    let tool = [("x-run-id", "early"), ("x-fake-tool-call", "get_weather")];
+    let loops = async {
+        let admitted = Instant::now() + Duration::from_secs(5);
+        while h.fake.requests().is_empty() && Instant::now() < admitted {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(h.fake.requests().len(), 1, "the slow call is upstream");
+        let mut statuses = Vec::new();
+        for turn in 0..4 {
+            if turn >= 2 {
+                // Until no call of the run is in flight: the slow one has ended too, and a
+                // shared store has been told of the last answer.
+                run_json(&h, "early").await;
+            }
+            let extra = format!(r#","user":"turn {turn}""#);
+            let (resp, _c) = h.send(call("/loops", false, &tool, &extra)).await;
+            statuses.push(resp.status().as_u16());
+            read_body(resp.into_body()).await;
+        }
+        statuses
+    };
+    let (early, statuses) = tokio::join!(early, loops);
+    assert_eq!(early, 200);
+    assert_eq!(statuses, [200, 200, 200, 429]);
 }
