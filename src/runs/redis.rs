@@ -946,21 +946,30 @@ fn state_of(
 mod tests {
     use super::*;
 
+    /// A store of `url` (one node) with `store_timeout` of `timeout_ms`.
+    fn store_at(url: &str, timeout_ms: u64, cluster: bool) -> RedisStore {
+        RedisStore::new(
+            &[url.to_owned()],
+            Duration::from_millis(timeout_ms),
+            None,
+            cluster,
+        )
+        .unwrap()
+    }
+
+    /// A `redis://` URL where nothing listens (a port just given back).
+    fn closed_url() -> String {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("redis://{}/0", closed.local_addr().unwrap())
+    }
+
     /// A timeout names the store's last error: a store that refuses the password, or cannot
     /// be reached, fails slower than `store_timeout` while its connection is tried again, and
     /// a timeout alone read as latency (an audit's wrong password did).
     #[tokio::test]
     async fn a_timeout_names_the_stores_last_error() {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("redis://{}/0", closed.local_addr().unwrap());
-        drop(closed);
-        let store = RedisStore::new(
-            std::slice::from_ref(&url),
-            Duration::from_millis(50),
-            None,
-            false,
-        )
-        .unwrap();
+        let url = closed_url();
+        let store = store_at(&url, 50, false);
         let quiet = store.timed_out(Duration::from_millis(50));
         assert_eq!(
             quiet.to_string(),
@@ -993,13 +1002,7 @@ mod tests {
                 drop(conn);
             }
         });
-        let store = RedisStore::new(
-            std::slice::from_ref(&url),
-            Duration::from_millis(50),
-            None,
-            true,
-        )
-        .unwrap();
+        let store = store_at(&url, 50, true);
         assert!(store.find("r").await.is_err());
         let first = accepted.load(Ordering::Relaxed);
         assert!(first > 0, "the first command tried the node");
@@ -1023,16 +1026,8 @@ mod tests {
     /// a recovery named the refused connection of before (an audit's paused Redis).
     #[tokio::test]
     async fn a_reply_clears_the_last_error() {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("redis://{}/0", closed.local_addr().unwrap());
-        drop(closed);
-        let store = RedisStore::new(
-            std::slice::from_ref(&url),
-            Duration::from_millis(50),
-            None,
-            false,
-        )
-        .unwrap();
+        let url = closed_url();
+        let store = store_at(&url, 50, false);
         assert!(store.find("r").await.is_err());
         assert!(store.recent_error().is_some());
         store.noted(Ok(())).unwrap();
@@ -1049,16 +1044,8 @@ mod tests {
     /// stopped Redis left a cancel tried for a minute, and a tombstone once Redis was back).
     #[tokio::test]
     async fn what_never_reached_the_store_needs_no_undoing() {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("redis://{}/0", closed.local_addr().unwrap());
-        drop(closed);
-        let store = RedisStore::new(
-            std::slice::from_ref(&url),
-            Duration::from_millis(500),
-            None,
-            false,
-        )
-        .unwrap();
+        let url = closed_url();
+        let store = store_at(&url, 500, false);
         let refused = store
             .cancel("hg:{-/r}", "t", false, Duration::from_secs(60))
             .await;
@@ -1099,13 +1086,7 @@ mod tests {
             }
         });
         let url = format!("rediss://localhost:{port}/0");
-        let store = RedisStore::new(
-            std::slice::from_ref(&url),
-            Duration::from_millis(500),
-            None,
-            false,
-        )
-        .unwrap();
+        let store = store_at(&url, 500, false);
         let untrusted = store
             .cancel("hg:{-/r}", "t", false, Duration::from_secs(60))
             .await;
@@ -1131,23 +1112,11 @@ mod tests {
                 "14629 127.0.0.1:61333".to_owned(),
             ))
         };
-        let cluster = RedisStore::new(
-            &["redis://127.0.0.1:1/0".to_owned()],
-            Duration::from_millis(50),
-            None,
-            true,
-        )
-        .unwrap();
+        let cluster = store_at("redis://127.0.0.1:1/0", 50, true);
         let e = cluster.error(moved());
         assert!(matches!(e, StoreError::Refused(_)), "{e:?}");
         assert!(e.to_string().contains("14629 127.0.0.1:61333"), "{e}");
-        let single = RedisStore::new(
-            &["redis://127.0.0.1:1/0".to_owned()],
-            Duration::from_millis(50),
-            None,
-            false,
-        )
-        .unwrap();
+        let single = store_at("redis://127.0.0.1:1/0", 50, false);
         assert!(matches!(single.error(moved()), StoreError::Cluster(_)));
     }
 }

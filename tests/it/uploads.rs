@@ -323,32 +323,8 @@ async fn an_attempts_rewritten_body_counts_against_request_body_memory() {
             held.push(s);
         }
     });
-    let toml = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-max_request_body = {max}
-request_body_memory = {memory}
-
-[defaults]
-budget = "20s"
-first_token_timeout = "10s"
-
-[upstreams.stalled]
-url = "http://{up}"
-auth = "none"
-model = "rewritten"
-
-[[routes]]
-name = "chat"
-path_prefix = "/"
-upstream = "stalled"
-"#,
-        max = UPLOAD + 1024,
-        // Two bodies, or one and its copy, with room to spare; not two and a copy.
-        memory = 2 * UPLOAD + UPLOAD / 2,
-    );
+    // Two bodies, or one and its copy, with room to spare; not two and a copy.
+    let toml = rewriting(up, UPLOAD + 1024, 2 * UPLOAD + UPLOAD / 2);
     let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
         .await
         .unwrap();
@@ -390,29 +366,7 @@ async fn a_body_whose_copy_could_never_fit_is_refused_for_good() {
     let (_release, released) = tokio::sync::watch::channel(true);
     let up = holding_upstream(got_tx, released).await;
     const MEMORY: usize = 8192;
-    let toml = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-max_request_body = {MEMORY}
-request_body_memory = {MEMORY}
-
-[defaults]
-budget = "20s"
-first_token_timeout = "10s"
-
-[upstreams.rewrites]
-url = "http://{up}"
-auth = "none"
-model = "rewritten"
-
-[[routes]]
-name = "chat"
-path_prefix = "/"
-upstream = "rewrites"
-"#
-    );
+    let toml = rewriting(up, MEMORY, MEMORY);
     let gw = server::start(Config::from_toml(&toml, "test.toml").unwrap())
         .await
         .unwrap();
@@ -553,4 +507,32 @@ async fn posted(
     let headers = resp.headers().clone();
     let status = resp.status().as_u16();
     (status, headers, read_body(resp.into_body()).await.text())
+}
+
+/// A gateway config whose one route sends everything to `up` through an upstream that rewrites
+/// the body's `model` (so each attempt forwards a copy), with these body limits.
+fn rewriting(up: impl std::fmt::Display, max_request_body: usize, memory: usize) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+max_request_body = {max_request_body}
+request_body_memory = {memory}
+
+[defaults]
+budget = "20s"
+first_token_timeout = "10s"
+
+[upstreams.rewrites]
+url = "http://{up}"
+auth = "none"
+model = "rewritten"
+
+[[routes]]
+name = "chat"
+path_prefix = "/"
+upstream = "rewrites"
+"#
+    )
 }
