@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode};
 use tokio::time::{sleep, sleep_until, Instant};
 
+use crate::admission::BodyMemory;
 use crate::budget::Budget;
 use crate::config::{RetryCause, RetryOn};
 use crate::error::GatewayError;
@@ -76,18 +77,24 @@ fn says_no_retry(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
 }
 
+/// `answers`: the memory answers held before their heads share (`response_body_memory`),
+/// which a copy of an answer kept while a later attempt runs takes its bytes from.
 pub async fn run(
     metrics: &Metrics,
     route: &RouteRuntime,
     template: &Template,
     budget: &Budget,
     record: &mut RequestRecord,
+    answers: &BodyMemory,
 ) -> Result<Started, GatewayError> {
     let policy = &route.route.policy;
     let mut last = Last::None;
     // A copy of the last upstream answer that the next attempt replaced, passed through
     // should the chain end in an error of the gateway's own.
-    let mut kept: Option<Box<Started>> = None;
+    let mut kept = Kept {
+        memory: answers,
+        answer: None,
+    };
     // The last failure of the upstream being retried.
     let mut own = Own::default();
     let mut previous: Option<usize> = None;
@@ -218,7 +225,7 @@ pub async fn run(
             // 429 and its `Retry-After` are the better answer: they were lost for a 502 that
             // said not to retry, or a 504 (audit SC 2).
             if let Last::Answer(started) = std::mem::replace(&mut last, Last::None) {
-                keep_answer(Ok(*started), &mut kept).await;
+                kept.keep(Ok(*started)).await;
             }
             if n > 0 {
                 metrics.retry(
@@ -253,21 +260,17 @@ pub async fn run(
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
                 // (memcpy) several times per request on routes that never hedge.
+                // An answer a racer failed with is kept as one the chain moved on from.
                 let Race {
                     outcome,
                     raced: hedged,
                     primary,
-                    kept: lost,
                 } = Box::pin(hedge(
-                    metrics, route, chain, template, budget, record, ft, cut,
+                    metrics, route, chain, template, budget, record, ft, cut, &mut kept,
                 ))
                 .await;
                 raced = hedged;
                 own = primary.unwrap_or_else(|| Own::of(outcome.as_ref().map(|(s, _)| s)));
-                // An answer a racer lost with is kept as one the chain moved on from.
-                if lost.is_some() {
-                    kept = lost;
-                }
                 // The cut counts only where it alone ended the request's wait.
                 if raced.is_empty() {
                     switch_by = cut;
@@ -343,7 +346,7 @@ pub async fn run(
             }
         }
     }
-    let last = match (last, kept) {
+    let last = match (last, kept.answer) {
         (Last::Error(e), Some(answer)) if gateways_own(&e) => Last::Answer(answer),
         (last, _) => last,
     };
@@ -384,16 +387,28 @@ pub async fn run(
 const KEPT_BODY_WAIT: Duration = Duration::from_millis(100);
 const KEPT_BODY_MOST: usize = 64 * 1024;
 
-/// Keeps a copy of `result` in `kept` when it is an upstream answer, which the next attempt
-/// (or a racer still running) is about to replace: the later answer replaces an earlier one,
-/// the providers' latest word on when to come back. One that cannot be kept (its body too
-/// long or too slow) leaves the earlier one. Whatever else the result holds is dropped, and
-/// so its upstream call ended.
-async fn keep_answer(result: Result<Started, GatewayError>, kept: &mut Option<Box<Started>>) {
-    if let Ok(started) = result {
-        let by = Instant::now() + KEPT_BODY_WAIT;
-        if let Some(copy) = started.keep(KEPT_BODY_MOST, by).await {
-            *kept = Some(Box::new(copy));
+/// The copy of the latest upstream answer that a later attempt replaced, to pass through
+/// should the chain end in an error of the gateway's own (audit SC 2), with its bytes held in
+/// the memory answers share: up to 64 KiB a request while the later attempt runs, which was
+/// outside that bound (audit VA 2).
+struct Kept<'a> {
+    memory: &'a BodyMemory,
+    answer: Option<Box<Started>>,
+}
+
+impl Kept<'_> {
+    /// Keeps a copy of `result` when it is an upstream answer, which the next attempt (or a
+    /// racer still running) is about to replace: the later answer replaces an earlier one,
+    /// the providers' latest word on when to come back. One that cannot be kept (its body
+    /// too long or too slow, or the memory full) leaves the earlier one. Whatever else the
+    /// result holds is dropped, and so its upstream call ended.
+    async fn keep(&mut self, result: Result<Started, GatewayError>) {
+        if let Ok(started) = result {
+            let by = Instant::now() + KEPT_BODY_WAIT;
+            let hold = self.memory.hold();
+            if let Some(copy) = started.keep(KEPT_BODY_MOST, by, hold).await {
+                self.answer = Some(Box::new(copy));
+            }
         }
     }
 }
@@ -852,17 +867,15 @@ struct Race {
     raced: Vec<usize>,
     /// The primary's own failure, when the outcome is not the primary's.
     primary: Option<Own>,
-    /// A copy of the latest upstream answer a racer failed with that is not the outcome, to
-    /// pass through should the chain end in an error of the gateway's own (audit VA 1: a
-    /// hedge's 429 was lost for the 504 of a primary that hung to the deadline).
-    kept: Option<Box<Started>>,
 }
 
 /// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
 /// budget fits an attempt on the next upstream of the chain in rotation then, that one starts
 /// in parallel; the first to produce a data event wins and the other is dropped, which
 /// cancels it upstream. A hedge that fails while the primary runs hands the race on to the
-/// next upstream in rotation that fits.
+/// next upstream in rotation that fits. An upstream answer a racer failed with that is not
+/// the outcome goes to `kept` (audit VA 1: a hedge's 429 was lost for the 504 of a primary
+/// that hung to the deadline).
 #[allow(clippy::too_many_arguments)]
 async fn hedge(
     metrics: &Metrics,
@@ -873,12 +886,12 @@ async fn hedge(
     record: &mut RequestRecord,
     first_token_timeout: Duration,
     switch_by: Option<SwitchBy>,
+    kept: &mut Kept<'_>,
 ) -> Race {
     let alone = |outcome: Result<Started, GatewayError>| Race {
         outcome: outcome.map(|s| (s, 0)),
         raced: Vec::new(),
         primary: None,
-        kept: None,
     };
     let hedge_after = route.route.policy.hedge_after.unwrap_or_default();
     let primary_entry = &chain[0];
@@ -979,9 +992,8 @@ async fn hedge(
     // The last racer failed while the primary runs.
     let mut racer_done = false;
     // A failure that is not the outcome is dropped, but an upstream answer's copy is kept,
-    // as along the chain (`keep_answer`). Kept while the other attempt waits unpolled: an
+    // as along the chain (`Kept::keep`). Kept while the other attempt waits unpolled: an
     // error body comes with its head, and the wait is 100 ms at most.
-    let mut kept = None;
     let outcome = loop {
         tokio::select! {
             r = &mut primary, if !primary_done => {
@@ -1001,7 +1013,7 @@ async fn hedge(
                 }
                 primary_own = Some(Own::of(r.as_ref()));
                 primary_done = true;
-                keep_answer(r, &mut kept).await;
+                kept.keep(r).await;
             }
             r = &mut hedged, if !racer_done => {
                 let entry = &chain[racer.to];
@@ -1031,11 +1043,11 @@ async fn hedge(
                     .flatten();
                 let Some((to, req, next_probe)) = next else {
                     racer_done = true;
-                    keep_answer(r, &mut kept).await;
+                    kept.keep(r).await;
                     continue;
                 };
                 metrics.fallback(&route.name, &entry.upstream.name, &chain[to].upstream.name);
-                keep_answer(r, &mut kept).await;
+                kept.keep(r).await;
                 racer = Racer::start(chain, to, record, next_probe);
                 raced.push(to);
                 hedged.set(
@@ -1048,7 +1060,6 @@ async fn hedge(
         outcome,
         raced,
         primary: primary_own,
-        kept,
     }
 }
 
