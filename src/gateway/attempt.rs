@@ -903,7 +903,7 @@ fn connect_failure(
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
         // hyper-util's words for a failed lookup, as `lookup_starved` reads them.
-        if s.to_string() == "dns error" {
+        if s.to_string() == crate::upstream::LOOKUP_FAILED {
             return Some("dns");
         }
         if s.downcast_ref::<std::io::Error>()
@@ -972,7 +972,7 @@ fn lookup_starved(e: &(dyn std::error::Error + 'static)) -> Option<crate::error:
     let mut source = Some(e);
     let mut lookup = false;
     while let Some(s) = source {
-        lookup |= s.to_string() == "dns error";
+        lookup |= s.to_string() == crate::upstream::LOOKUP_FAILED;
         source = s.source();
     }
     if !lookup {
