@@ -453,7 +453,7 @@ row("Runs and clients that do not stream", 40)
 # budget and a loop stop. The run series of routes with run limits exist at zero from start-up.
 ts(
     "Runs ended, by how",
-    "hourglass_runs_total by end: expired (ttl after the last call), deadline, calls, tokens, loop (the same tool call run_max_repeats times in a row), evicted (max_runs).",
+    "hourglass_runs_total by end: expired (ttl after the last call), deadline, calls, tokens, loop (the same tool call run_max_repeats times in a row), evicted (max_runs), lost (a Redis run found gone at a call's end: run Redis with noeviction).",
     [target(f"sum by (end) (increase(hourglass_runs_total{{{R}}}[{RI}]))", "{{end}}", "A")],
     "none",
     0,

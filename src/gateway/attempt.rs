@@ -19,6 +19,7 @@ use hyper_util::client::legacy::connect::{capture_connection, CaptureConnection}
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant};
 
+use crate::admission::BodyHold;
 use crate::budget::{names, Budget};
 use crate::error::GatewayError;
 use crate::gateway::template::Outgoing;
@@ -634,10 +635,15 @@ impl Started {
     /// few hundred bytes, sent with its head). A provider's error event read while the head
     /// was held is whole in what was read; the rest of that stream is not waited for. The
     /// upstream call is over: its connection and its count in flight are let go now.
-    pub async fn keep(mut self, most: usize, by: Instant) -> Option<Started> {
+    ///
+    /// The body's bytes are taken from `hold` (`response_body_memory`) before they are kept,
+    /// and held until the copy is written to the client or dropped; none when the memory is
+    /// full. Taken exactly, not in granules: an error body is a frame or two.
+    pub async fn keep(mut self, most: usize, by: Instant, mut hold: BodyHold) -> Option<Started> {
         let body = self.response.body_mut();
+        let mut read: usize = body.prefix.iter().map(Bytes::len).sum();
+        hold.cover(read as u64).ok()?;
         if self.error_event.is_none() {
-            let mut read: usize = body.prefix.iter().map(Bytes::len).sum();
             let inner = body.inner.as_mut()?;
             while let Some(frame) = tokio::time::timeout_at(by, inner.frame()).await.ok()? {
                 let Ok(data) = frame.ok()?.into_data() else {
@@ -647,8 +653,17 @@ impl Started {
                 if read > most {
                     return None;
                 }
+                hold.cover(read as u64).ok()?;
                 body.prefix.push_back(data);
             }
+        }
+        // One piece that holds the bytes it took until its last clone goes.
+        if read > 0 {
+            let mut whole = Vec::with_capacity(read);
+            for piece in body.prefix.drain(..) {
+                whole.extend_from_slice(&piece);
+            }
+            body.prefix.push_back(hold.keep_with(Bytes::from(whole)));
         }
         body.inner = None;
         body._call = None;
@@ -888,7 +903,7 @@ fn connect_failure(
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
         // hyper-util's words for a failed lookup, as `lookup_starved` reads them.
-        if s.to_string() == "dns error" {
+        if s.to_string() == crate::upstream::LOOKUP_FAILED {
             return Some("dns");
         }
         if s.downcast_ref::<std::io::Error>()
@@ -957,7 +972,7 @@ fn lookup_starved(e: &(dyn std::error::Error + 'static)) -> Option<crate::error:
     let mut source = Some(e);
     let mut lookup = false;
     while let Some(s) = source {
-        lookup |= s.to_string() == "dns error";
+        lookup |= s.to_string() == crate::upstream::LOOKUP_FAILED;
         source = s.source();
     }
     if !lookup {

@@ -471,7 +471,9 @@ impl Gateway {
                 // The wait for the slot spent the budget (and the client's patience).
                 budget.ensure_useful(Instant::now())?;
             }
-            crate::gateway::retry::run(&self.metrics, route, &template, &budget, record).await
+            let answers = &self.answers;
+            crate::gateway::retry::run(&self.metrics, route, &template, &budget, record, answers)
+                .await
         }
     }
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use http::{HeaderMap, StatusCode};
 use tokio::time::{sleep, sleep_until, Instant};
 
+use crate::admission::BodyMemory;
 use crate::budget::Budget;
 use crate::config::{RetryCause, RetryOn};
 use crate::error::GatewayError;
@@ -76,18 +77,24 @@ fn says_no_retry(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
 }
 
+/// `answers`: the memory answers held before their heads share (`response_body_memory`),
+/// which a copy of an answer kept while a later attempt runs takes its bytes from.
 pub async fn run(
     metrics: &Metrics,
     route: &RouteRuntime,
     template: &Template,
     budget: &Budget,
     record: &mut RequestRecord,
+    answers: &BodyMemory,
 ) -> Result<Started, GatewayError> {
     let policy = &route.route.policy;
     let mut last = Last::None;
     // A copy of the last upstream answer that the next attempt replaced, passed through
     // should the chain end in an error of the gateway's own.
-    let mut kept: Option<Box<Started>> = None;
+    let mut kept = Kept {
+        memory: answers,
+        answer: None,
+    };
     // The last failure of the upstream being retried.
     let mut own = Own::default();
     let mut previous: Option<usize> = None;
@@ -218,10 +225,7 @@ pub async fn run(
             // 429 and its `Retry-After` are the better answer: they were lost for a 502 that
             // said not to retry, or a 504 (audit SC 2).
             if let Last::Answer(started) = std::mem::replace(&mut last, Last::None) {
-                let by = Instant::now() + KEPT_BODY_WAIT;
-                if let Some(copy) = started.keep(KEPT_BODY_MOST, by).await {
-                    kept = Some(Box::new(copy));
-                }
+                kept.keep(Ok(*started)).await;
             }
             if n > 0 {
                 metrics.retry(
@@ -256,8 +260,13 @@ pub async fn run(
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
                 // (memcpy) several times per request on routes that never hedge.
-                let (outcome, hedged, primary) = Box::pin(hedge(
-                    metrics, route, chain, template, budget, record, ft, cut,
+                // An answer a racer failed with is kept as one the chain moved on from.
+                let Race {
+                    outcome,
+                    raced: hedged,
+                    primary,
+                } = Box::pin(hedge(
+                    metrics, route, chain, template, budget, record, ft, cut, &mut kept,
                 ))
                 .await;
                 raced = hedged;
@@ -337,7 +346,7 @@ pub async fn run(
             }
         }
     }
-    let last = match (last, kept) {
+    let last = match (last, kept.answer) {
         (Last::Error(e), Some(answer)) if gateways_own(&e) => Last::Answer(answer),
         (last, _) => last,
     };
@@ -377,6 +386,32 @@ pub async fn run(
 /// attempt no more than this.
 const KEPT_BODY_WAIT: Duration = Duration::from_millis(100);
 const KEPT_BODY_MOST: usize = 64 * 1024;
+
+/// The copy of the latest upstream answer that a later attempt replaced, to pass through
+/// should the chain end in an error of the gateway's own (audit SC 2), with its bytes held in
+/// the memory answers share: up to 64 KiB a request while the later attempt runs, which was
+/// outside that bound (audit VA 2).
+struct Kept<'a> {
+    memory: &'a BodyMemory,
+    answer: Option<Box<Started>>,
+}
+
+impl Kept<'_> {
+    /// Keeps a copy of `result` when it is an upstream answer, which the next attempt (or a
+    /// racer still running) is about to replace: the later answer replaces an earlier one,
+    /// the providers' latest word on when to come back. One that cannot be kept (its body
+    /// too long or too slow, or the memory full) leaves the earlier one. Whatever else the
+    /// result holds is dropped, and so its upstream call ended.
+    async fn keep(&mut self, result: Result<Started, GatewayError>) {
+        if let Ok(started) = result {
+            let by = Instant::now() + KEPT_BODY_WAIT;
+            let hold = self.memory.hold();
+            if let Some(copy) = started.keep(KEPT_BODY_MOST, by, hold).await {
+                self.answer = Some(Box::new(copy));
+            }
+        }
+    }
+}
 
 /// Whether `e`, ending a chain after an upstream's answer was replaced, is the gateway's
 /// account of a later attempt (a failed or hung connect, a first token late, a reset, the
@@ -823,13 +858,24 @@ impl Drop for HedgeTally<'_> {
     }
 }
 
+/// How a hedged first attempt ended (`hedge`).
+struct Race {
+    /// The outcome, with the winner's chain index.
+    outcome: Result<(Started, usize), GatewayError>,
+    /// The chain indices raced beside the primary in the order they started (none if no
+    /// hedge was started).
+    raced: Vec<usize>,
+    /// The primary's own failure, when the outcome is not the primary's.
+    primary: Option<Own>,
+}
+
 /// The first attempt of a hedged route: if it has produced no token by `hedge_after` and the
 /// budget fits an attempt on the next upstream of the chain in rotation then, that one starts
 /// in parallel; the first to produce a data event wins and the other is dropped, which
 /// cancels it upstream. A hedge that fails while the primary runs hands the race on to the
-/// next upstream in rotation that fits. Returns the outcome (with the winner's chain index),
-/// the chain indices raced beside the primary in the order they started (none if no hedge
-/// was started), and the primary's own failure when the outcome is not the primary's.
+/// next upstream in rotation that fits. An upstream answer a racer failed with that is not
+/// the outcome goes to `kept` (audit VA 1: a hedge's 429 was lost for the 504 of a primary
+/// that hung to the deadline).
 #[allow(clippy::too_many_arguments)]
 async fn hedge(
     metrics: &Metrics,
@@ -840,17 +886,19 @@ async fn hedge(
     record: &mut RequestRecord,
     first_token_timeout: Duration,
     switch_by: Option<SwitchBy>,
-) -> (
-    Result<(Started, usize), GatewayError>,
-    Vec<usize>,
-    Option<Own>,
-) {
+    kept: &mut Kept<'_>,
+) -> Race {
+    let alone = |outcome: Result<Started, GatewayError>| Race {
+        outcome: outcome.map(|s| (s, 0)),
+        raced: Vec::new(),
+        primary: None,
+    };
     let hedge_after = route.route.policy.hedge_after.unwrap_or_default();
     let primary_entry = &chain[0];
     let t0 = Instant::now();
     let req = match template.request_for(&primary_entry.upstream) {
         Ok(out) => out,
-        Err(e) => return (Err(e), Vec::new(), None),
+        Err(e) => return alone(Err(e)),
     };
     let i0 = record.attempt_started(primary_entry, t0, true);
     let began0 = primary_entry.upstream.health.since();
@@ -867,7 +915,7 @@ async fn hedge(
         biased;
         r = &mut primary => {
             note(metrics, budget, primary_entry, (probe.as_ref(), began0), record, i0, &r);
-            return (r.map(|s| (s, 0)), Vec::new(), None);
+            return alone(r);
         }
         () = &mut fire => {}
     }
@@ -915,7 +963,7 @@ async fn hedge(
             i0,
             &r,
         );
-        return (r.map(|s| (s, 0)), Vec::new(), None);
+        return alone(r);
     };
     let mut tally = HedgeTally {
         metrics,
@@ -938,16 +986,20 @@ async fn hedge(
         Ok(s) => !answer_cause(s).is_some_and(|c| policy.retry_on.contains(c)),
         Err(_) => false,
     };
-    let mut primary_done: Option<Result<Started, GatewayError>> = None;
+    // The primary failed while a racer runs.
+    let mut primary_done = false;
     let mut primary_own = None;
-    // The last racer's failure, once no racer is left running.
-    let mut racer_done: Option<Result<Started, GatewayError>> = None;
+    // The last racer failed while the primary runs.
+    let mut racer_done = false;
+    // A failure that is not the outcome is dropped, but an upstream answer's copy is kept,
+    // as along the chain (`Kept::keep`). Kept while the other attempt waits unpolled: an
+    // error body comes with its head, and the wait is 100 ms at most.
     let outcome = loop {
         tokio::select! {
-            r = &mut primary, if primary_done.is_none() => {
+            r = &mut primary, if !primary_done => {
                 note(metrics, budget, primary_entry, (probe.as_ref(), began0), record, i0, &r);
                 if wins(&r) {
-                    if racer_done.is_none() {
+                    if !racer_done {
                         record.attempt(&chain[racer.to], racer.index, Ok("hedge_loser"));
                         record.hedge_loser();
                     }
@@ -956,17 +1008,18 @@ async fn hedge(
                 }
                 // Both failed: the later failure is what passes through if nothing follows;
                 // a retry of the primary goes on from the primary's own.
-                if racer_done.take().is_some() {
+                if racer_done {
                     break r.map(|s| (s, 0));
                 }
                 primary_own = Some(Own::of(r.as_ref()));
-                primary_done = Some(r);
+                primary_done = true;
+                kept.keep(r).await;
             }
-            r = &mut hedged, if racer_done.is_none() => {
+            r = &mut hedged, if !racer_done => {
                 let entry = &chain[racer.to];
                 note(metrics, budget, entry, (racer.probe.as_ref(), racer.began), record, racer.index, &r);
                 if wins(&r) {
-                    if primary_done.is_none() {
+                    if !primary_done {
                         record.attempt(primary_entry, i0, Ok("hedge_loser"));
                         record.hedge_loser();
                     }
@@ -975,7 +1028,7 @@ async fn hedge(
                 }
                 // With the primary failed too, nothing races any more: the chain goes on
                 // from here as after any attempt.
-                if primary_done.take().is_some() {
+                if primary_done {
                     break r.map(|s| (s, racer.to));
                 }
                 // A failure the chain moves on from hands the race to the next upstream, if
@@ -989,11 +1042,12 @@ async fn hedge(
                     .then(|| next_racer(route, chain, racer.to, template, budget))
                     .flatten();
                 let Some((to, req, next_probe)) = next else {
-                    racer_done = Some(r);
+                    racer_done = true;
+                    kept.keep(r).await;
                     continue;
                 };
                 metrics.fallback(&route.name, &entry.upstream.name, &chain[to].upstream.name);
-                drop(r);
+                kept.keep(r).await;
                 racer = Racer::start(chain, to, record, next_probe);
                 raced.push(to);
                 hedged.set(
@@ -1002,7 +1056,11 @@ async fn hedge(
             }
         }
     };
-    (outcome, raced, primary_own)
+    Race {
+        outcome,
+        raced,
+        primary: primary_own,
+    }
 }
 
 /// The attempt racing a hedged primary: where it sits in the chain and in the record, and

@@ -157,9 +157,13 @@ impl RunCall {
         match &self.ticket {
             Ticket::Memory(store, entry) => store.finish(entry, self.reserve, used, Instant::now()),
             // Not on the answer's path: the record reports without waiting for the store.
-            Ticket::Redis(shared, key, token) => {
-                shared.finish_later(key.clone(), token.clone(), self.reserve, used.clone())
-            }
+            Ticket::Redis(shared, key, token) => shared.finish_later(
+                key.clone(),
+                token.clone(),
+                self.reserve,
+                used.clone(),
+                self.refusals.0.clone(),
+            ),
         }
     }
 }

@@ -281,6 +281,16 @@ pub struct Ended {
     pub age: Duration,
 }
 
+/// What a call's end found in the store (`finish.lua`).
+pub enum Finished {
+    /// Its reservation given back (or found given back already), and the run's end when
+    /// this call counts it.
+    Given(Option<Ended>),
+    /// The run's key was gone (evicted, flushed, expired), and this call is the first to
+    /// find it so: the loss is this call's to count.
+    Lost,
+}
+
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("RedisStore")
@@ -654,7 +664,7 @@ impl RedisStore {
         reserve: u64,
         used: &Used,
         ttl: Duration,
-    ) -> Result<Option<Ended>, StoreError> {
+    ) -> Result<Finished, StoreError> {
         let (answer, tool) = match &used.answer {
             Answer::Unread => (String::new(), ""),
             Answer::Plain => ("-".to_owned(), ""),
@@ -675,7 +685,10 @@ impl RedisStore {
             .invoke(&invocation, ("finish.lua", FINISH_LUA))
             .await
             .map_err(|(e, _)| e)?;
-        Ok(ended_of(&reply))
+        if reply.first().map(int) == Some(-1) {
+            return Ok(Finished::Lost);
+        }
+        Ok(Finished::Given(ended_of(&reply)))
     }
 
     /// Cancels the admission of the call `token` into the run at `key`, made or yet to come

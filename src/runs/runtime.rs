@@ -391,7 +391,8 @@ impl Runs {
 
     /// Creates a route's run series at zero.
     pub fn init_metrics(&self, route: &str) {
-        let ends: Vec<&str> = RunEnd::ALL.iter().map(|e| e.as_str()).collect();
+        let mut ends: Vec<&str> = RunEnd::ALL.iter().map(|e| e.as_str()).collect();
+        ends.push(crate::telemetry::metrics::RUN_LOST);
         self.metrics
             .init(route, &ends, &["deadline", "calls", "tokens", "loop"]);
     }

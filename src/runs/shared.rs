@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::config::OnStoreError;
-use crate::runs::redis::{Ended, RedisStore, StoreError};
+use crate::runs::redis::{Finished, RedisStore, StoreError};
 use crate::runs::state::Used;
 
 use crate::telemetry::metrics::RunMetrics;
@@ -128,7 +128,7 @@ impl Shared {
         });
     }
 
-    pub(super) fn report(&self, e: &Ended) {
+    pub(super) fn report(&self, e: &crate::runs::redis::Ended) {
         self.metrics.ended(
             &e.route,
             e.end.as_str(),
@@ -163,24 +163,45 @@ impl Shared {
     /// Gives a call's reservation back in the background (`finish.lua`, which gives back
     /// once, so it can be sent again). Tried like a cancel: a store that stalls for a moment
     /// just after the answer would otherwise keep the reservation, and the call in flight,
-    /// until the run expires.
+    /// until the run expires. `route`: the run's, as its admission said it.
     pub(super) fn finish_later(
         self: &Arc<Self>,
         key: String,
         token: String,
         reserve: u64,
         used: Used,
+        route: Arc<str>,
     ) {
         let shared = self.clone();
         self.pending.spawn(async move {
-            shared
+            let finished = shared
                 .until_answered(Some("finish"), &key, || {
                     shared
                         .store
                         .finish(&key, &token, reserve, &used, shared.ttl)
                 })
                 .await;
+            match finished {
+                Some(Finished::Given(Some(ended))) => shared.report(&ended),
+                Some(Finished::Lost) => shared.lost(&route, &key),
+                Some(Finished::Given(None)) | None => {}
+            }
         });
+    }
+
+    /// The run at `key` (on `route`) was gone from the store at the end of one of its
+    /// calls, which is the first to find it so (`finish.lua`): what it had used and how it
+    /// ended are lost, and its next call starts it over with fresh limits. Counted under
+    /// `hourglass_runs_total{end="lost"}` (without the histograms: its figures are gone) and
+    /// warned of, once a run: an operator saw nothing of it (audit VA 3).
+    fn lost(&self, route: &str, key: &str) {
+        self.metrics.lost(route);
+        tracing::warn!(
+            store = %self.shown,
+            run = key,
+            route,
+            "run store: run {key} was gone from the store at a call's end (evicted under Redis's maxmemory-policy, flushed, or expired): what it had used is lost, and its next call starts it over with fresh limits; run Redis with maxmemory-policy noeviction"
+        );
     }
 
     /// Cancels, in the background, the admission of a call that stopped waiting for it. The
@@ -191,11 +212,14 @@ impl Shared {
     pub(super) fn cancel_later(self: &Arc<Self>, key: String, token: String, served: bool) {
         let shared = self.clone();
         self.pending.spawn(async move {
-            shared
+            let cancelled = shared
                 .until_answered(None, &key, || {
                     shared.store.cancel(&key, &token, served, shared.ttl)
                 })
                 .await;
+            if let Some(Some(ended)) = cancelled {
+                shared.report(&ended);
+            }
         });
     }
 
@@ -222,13 +246,13 @@ impl Shared {
     /// `GIVE_BACK_FOR`. Each try waits at least 500 ms: a try cut short may leave its script
     /// half sent (EVALSHA answered NOSCRIPT, the SCRIPT LOAD never made), which is what a
     /// store that just stalled does to the first use of a script. The first failure counts
-    /// under `op` (a cancel's does not: the admission it follows was counted). The run's end,
-    /// when the answer says this call counts it, is reported. Giving up is logged, naming
-    /// the run (its key), whose reservation then stays until it expires.
-    async fn until_answered<F, Fut>(&self, op: Option<&str>, run: &str, mut send: F)
+    /// under `op` (a cancel's does not: the admission it follows was counted). The answer,
+    /// or none when given up: giving up is logged, naming the run (its key), whose
+    /// reservation then stays until it expires.
+    async fn until_answered<T, F, Fut>(&self, op: Option<&str>, run: &str, mut send: F) -> Option<T>
     where
         F: FnMut() -> Fut,
-        Fut: Future<Output = Result<Option<Ended>, StoreError>>,
+        Fut: Future<Output = Result<T, StoreError>>,
     {
         let each = self.timeout.max(Duration::from_millis(500));
         let mut pause = Duration::from_millis(100);
@@ -239,12 +263,7 @@ impl Shared {
                 .await
                 .unwrap_or_else(|_| Err(self.store.timed_out(each)));
             match done {
-                Ok(ended) => {
-                    if let Some(ended) = ended {
-                        self.report(&ended);
-                    }
-                    return;
-                }
+                Ok(answer) => return Some(answer),
                 Err(e) if !counted => {
                     if let Some(op) = op {
                         self.failed(op, &e);
@@ -255,7 +274,7 @@ impl Shared {
             }
             if Instant::now() + pause > give_up {
                 self.gave_up(op.unwrap_or("cancel"), run);
-                return;
+                return None;
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(5));
@@ -316,6 +335,11 @@ mod tests {
         })
     }
 
+    /// A store's answer that never comes: it fails.
+    async fn down() -> Result<(), StoreError> {
+        Err(StoreError::Failed("down".to_owned()))
+    }
+
     /// An end given up on after its minute of tries says so, naming its run (audit GA 1: it
     /// was silent, and the run kept the call's reservation with no trace in the log).
     #[tokio::test(start_paused = true)]
@@ -326,7 +350,7 @@ mod tests {
         shared
             .until_answered(Some("finish"), "hg:{-/lost}", || {
                 tries.fetch_add(1, Ordering::Relaxed);
-                async { Err(StoreError::Failed("down".to_owned())) }
+                down()
             })
             .await;
         assert!(tries.load(Ordering::Relaxed) > 1, "tried again");
@@ -344,22 +368,14 @@ mod tests {
         let shared = unreachable();
         let (out, _log) = logged();
         for run in ["hg:{-/a}", "hg:{-/b}", "hg:{-/c}"] {
-            shared
-                .until_answered(Some("finish"), run, || async {
-                    Err(StoreError::Failed("down".to_owned()))
-                })
-                .await;
+            shared.until_answered(Some("finish"), run, down).await;
         }
         let (text, gave_up) = gave_up_lines(&out);
         assert_eq!(gave_up.len(), 1, "{text}");
         assert!(gave_up[0].contains("hg:{-/a}"), "{text}");
         // The next line, a period later, counts those it left unsaid.
         shared.gave_up_warning.reset_for_test();
-        shared
-            .until_answered(None, "hg:{-/d}", || async {
-                Err(StoreError::Failed("down".to_owned()))
-            })
-            .await;
+        shared.until_answered(None, "hg:{-/d}", down).await;
         let (text, gave_up) = gave_up_lines(&out);
         assert_eq!(gave_up.len(), 2, "{text}");
         assert!(gave_up[1].contains("given_up=3"), "{text}");

@@ -198,6 +198,10 @@ pub const CONNECT_ERRORS: [&str; 5] = ["dns", "refused", "timeout", "tls", "othe
 /// `other`: a status outside the 100 to 599 that HTTP defines.
 const RESPONSE_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "other"];
 
+/// The `end` of `hourglass_runs_total` for a run the Redis store lost (its key evicted,
+/// flushed or expired under a call): no end of the run's own, which left no state to end.
+pub const RUN_LOST: &str = "lost";
+
 /// What runs report: how many are held, how they end, what they are refused, and what a
 /// whole run cost when it ends. Touched per run and per refusal, never per chunk.
 #[derive(Clone)]
@@ -238,6 +242,12 @@ impl RunMetrics {
 
     pub fn refused(&self, route: &str, reason: &str) {
         self.refusals.with_label_values(&[route, reason]).inc();
+    }
+
+    /// A run on `route` was gone from the shared store at a call's end (`RUN_LOST`): counted
+    /// as an end, without the histograms, as what it used is gone with it.
+    pub fn lost(&self, route: &str) {
+        self.ends.with_label_values(&[route, RUN_LOST]).inc();
     }
 
     /// A call to the run store failed or timed out (`op`: admit, finish).
@@ -592,7 +602,7 @@ impl Metrics {
             active: runs_active,
             ends: counter(
                 "hourglass_runs_total",
-                "Runs that ended, by the route that fixed their limits (else their first call's) and how they ended (expired, deadline, calls, tokens, loop, evicted).",
+                "Runs that ended, by the route that fixed their limits (else their first call's) and how they ended (expired, deadline, calls, tokens, loop, evicted; lost: a Redis run found gone at a call's end, not in the run histograms).",
                 &["route", "end"],
             ),
             refusals: counter(

@@ -76,8 +76,8 @@ pub struct TimeoutConnector<C> {
 /// connecting; when that connect fails, the pool tells its waiters no more than "request was
 /// canceled" (audit SB 1: a cold burst to an upstream whose connects hung got one 504
 /// `connect_timeout` and the rest 502 `upstream_unavailable`). Its source is a copy of what
-/// failed that connect (errors cannot be cloned): a timeout, an I/O error's kind, a TLS
-/// error, ALPN's refusal of h2, else its words.
+/// failed that connect (errors cannot be cloned): a timeout, a failed name lookup, an I/O
+/// error's kind, a TLS error, ALPN's refusal of h2, else its words.
 #[derive(Debug, thiserror::Error)]
 #[error("the HTTP/2 connection it waited for could not be made")]
 pub struct ConnectWaitedFor(#[source] BoxError);
@@ -87,12 +87,25 @@ pub struct ConnectWaitedFor(#[source] BoxError);
 #[error("{0}")]
 struct Words(String);
 
+/// A name lookup that failed, said as hyper-util says it ("dns error", which the count of
+/// connect errors reads as `dns`), with its cause in words. Copied as an I/O error of kind
+/// `Other`, it was counted `other` for the requests that waited for the connect (audit VA 4).
+#[derive(Debug, thiserror::Error)]
+#[error("{LOOKUP_FAILED}")]
+struct LookupFailed(#[source] Option<Words>);
+
+/// hyper-util's words for a failed name lookup (its `ConnectError`, which is not public).
+pub const LOOKUP_FAILED: &str = "dns error";
+
 impl ConnectWaitedFor {
     fn copy(e: &(dyn std::error::Error + 'static)) -> Self {
         let mut source = Some(e);
         while let Some(s) = source {
             let copy: Option<BoxError> = if let Some(t) = s.downcast_ref::<ConnectTimedOut>() {
                 Some(Box::new(ConnectTimedOut(t.0)))
+            } else if s.to_string() == LOOKUP_FAILED {
+                let cause = s.source().map(|c| Words(crate::error::with_causes(c)));
+                Some(Box::new(LookupFailed(cause)))
             } else if s.is::<NoH2ByAlpn>() {
                 Some(Box::new(NoH2ByAlpn(None)))
             } else if let Some(tls) = s.downcast_ref::<rustls::Error>() {

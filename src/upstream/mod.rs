@@ -17,7 +17,9 @@ pub mod resolve;
 pub mod throttle;
 mod tls;
 
-pub use self::connect::{ConnectTimedOut, ConnectWaitedFor, NoH2ByAlpn, TimeoutConnector};
+pub use self::connect::{
+    ConnectTimedOut, ConnectWaitedFor, NoH2ByAlpn, TimeoutConnector, LOOKUP_FAILED,
+};
 pub use self::error::UpstreamBuildError;
 pub use self::h2_pool::{ConnectionWatch, StreamSlot};
 pub use self::io::Abandon;

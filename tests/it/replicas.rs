@@ -1136,6 +1136,8 @@ async fn the_first_look_at_a_run_after_redis_restarted_is_answered() {
 
 /// How replicas reach Redis: passwords, ACL users, a cluster, TLS.
 mod connecting;
+/// A run whose key is gone at a call's end.
+mod lost;
 /// A Redis that answers with an error, and the tombstones of cancels.
 mod refusals;
 /// A run's time against a Redis far away.

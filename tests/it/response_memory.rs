@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
 use crate::stream_upstream::chat;
-use crate::support::{json_body, read_request, Conn, Harness};
+use crate::support::{json_body, read_request, refused_addr, Conn, Harness};
 
 /// The least the memory may be (a JSON document is read whole up to 1 MiB), 16 granules of
 /// 64 KiB: an answer of 600,000 bytes takes ten, and a second cannot.
@@ -294,4 +294,91 @@ async fn documents_read_whole_share_the_response_body_memory() {
         },
     )
     .await;
+}
+
+/// The copy of a provider's answer kept while a later attempt runs (SC 2) takes its bytes
+/// from the memory too. With the memory full (a document of 1,000,000 bytes read whole holds
+/// all 16 granules), none is kept, and the chain ends in the gateway's own error, as before
+/// SC 2; once the document is written, the provider's 429 passes through again. The copy
+/// was outside the bound: up to 64 KiB a request, while the later attempt ran (audit VA 2).
+#[tokio::test]
+async fn a_kept_answer_takes_from_the_response_body_memory() {
+    let limited = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let limited_addr = limited.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = limited.accept().await {
+            tokio::spawn(async move {
+                read_request(&mut s).await;
+                let body =
+                    r#"{"error":{"message":"Rate limit reached","code":"rate_limit_exceeded"}}"#;
+                let answer = format!(
+                    "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+                     retry-after: 3\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let (_refusing, refused) = refused_addr();
+    let doc = format!(
+        "{{\"id\":\"c1\",\"object\":\"chat.completion\",\"created\":1,\"model\":\"m\",\
+         \"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":\"{}\"}},\
+         \"finish_reason\":\"stop\"}}]}}",
+        "x".repeat(1_000_000)
+    );
+    let head: &'static str = Box::leak(
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\
+             content-length: {}\r\n\r\n",
+            doc.len()
+        )
+        .into_boxed_str(),
+    );
+    let (first, rest) = doc.as_bytes().split_at(1_000_000);
+    let (upstream, gate, mut seen) = held_upstream(head, first.to_vec(), rest.to_vec()).await;
+    let config = format!(
+        "{}\n[upstreams.limited]\nurl = \"http://{limited_addr}\"\nauth = \"none\"\n\n\
+         [upstreams.refused]\nurl = \"http://{refused}\"\nauth = \"none\"\n\n\
+         [[routes]]\nname = \"limited\"\npath_prefix = \"/v1/chat/completions\"\n\
+         models = [\"limited\"]\nupstream = \"limited\"\nfallbacks = [\"refused\"]\n",
+        config(upstream)
+    );
+    let h = Harness::with_config(&config).await;
+    let addr = h.addr();
+    let filler = tokio::spawn(async move { Conn::open(addr).await.send(chat("plain", &[])).await });
+    assert_eq!(next(&mut seen).await, Seen::Held(0));
+    // Its first part reaches the gateway, and fills the memory, before the next request.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let (resp, _c) = h.send(chat("limited", &[])).await;
+    assert_eq!(
+        resp.status(),
+        502,
+        "no room for the copy: the gateway's own error"
+    );
+    let error = json_body(resp).await;
+    assert_eq!(error["error"]["code"], "upstream_unavailable", "{error}");
+
+    gate.add_permits(1);
+    let (resp, _c1) = filler.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    json_body(resp).await;
+    // The document's bytes came back: the copy is kept, and the provider's answer passes.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (resp, _c) = h.send(chat("limited", &[])).await;
+        if resp.status() == 429 {
+            assert_eq!(resp.headers()["retry-after"], "3");
+            let error = json_body(resp).await;
+            assert_eq!(error["error"]["code"], "rate_limit_exceeded", "{error}");
+            break;
+        }
+        assert!(
+            resp.status() == 502 && Instant::now() < deadline,
+            "{}",
+            resp.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

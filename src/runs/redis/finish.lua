@@ -8,12 +8,23 @@
 --          4 tool name, 5 ttl_ms, 6 request fingerprint ('' when it does not count),
 --          7 the call's token
 --
--- Returns {ended_now, route, calls, used, age_ms, end}; {} when the run is gone (expired).
+-- Returns {ended_now, route, calls, used, age_ms, end}; {-1} when the run is gone and this
+-- call is the first to find it so (it counts the loss); {} when it has nothing to give back.
 -- ended_now: the run has ended and this was its last call in flight: its end is counted by
 -- this call, which becomes the run's `reporter`. Sent again (its answer lost), it answers
 -- the same: the gateway reads one answer per call, so the end is counted once.
 local k = KEYS[1]
-if redis.call('EXISTS', k) == 0 then return {} end
+-- The run is gone: its key was evicted (a maxmemory-policy other than noeviction), flushed,
+-- or expired while this end waited on a store that was down. The first call to find it so
+-- counts the loss, and marks the key with its token (`lost`) for the ttl, as long as the run
+-- would have lived: the run's other calls in flight find the mark and count nothing, and
+-- this script sent again answers the same (audit VA 3: no end said anything). A new run
+-- under the same id starts in the marked key and lets the mark be.
+if redis.call('EXISTS', k) == 0 then
+  redis.call('HSET', k, 'lost', ARGV[7])
+  redis.call('PEXPIRE', k, tonumber(ARGV[5]))
+  return {-1}
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local h = {}
@@ -22,6 +33,7 @@ for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
 local function num(v) if v == nil or v == '' then return nil end return tonumber(v) end
 -- Given back once: a call that cancel.lua already gave back has nothing left to give.
 if redis.call('HDEL', k, 'p:' .. ARGV[7]) == 0 then
+  if h.lost == ARGV[7] then return {-1} end
   if h.reporter == ARGV[7] then
     return {1, h.route, num(h.calls) or 0, num(h.used) or 0, now - (num(h.started) or now),
       h.ended or ''}

@@ -7,7 +7,12 @@ const REQUESTS: usize = 6;
 /// `REQUESTS` chat requests at once to an HTTP/2 upstream at `up`: each one's status and
 /// error body, and the gateway.
 async fn burst(up: std::net::SocketAddr) -> (Vec<(http::StatusCode, serde_json::Value)>, Harness) {
-    let toml = config("eject_after = 0").replace("{FAKE}", &format!("http://{up}"));
+    burst_to(&format!("http://{up}")).await
+}
+
+/// [`burst`] to the upstream at `url`.
+async fn burst_to(url: &str) -> (Vec<(http::StatusCode, serde_json::Value)>, Harness) {
+    let toml = config("eject_after = 0").replace("{FAKE}", url);
     let h = Harness::with_config(&toml).await;
     let gateway = h.addr();
     let mut sent = tokio::task::JoinSet::new();
@@ -63,5 +68,21 @@ async fn every_request_waiting_for_an_http2_connect_that_was_refused_is_told_so(
         assert!(message.contains("refused"), "{message}");
     }
     assert_eq!(h.metric(&connect_errors("refused")).await, REQUESTS as f64);
+    assert_eq!(h.metric(&connect_errors("other")).await, 0.0);
+}
+
+/// ... and a name that does not resolve is a failed name lookup for each, as for a request
+/// that made the connect itself: the waiters were counted as connect errors of reason `other`
+/// (audit VA 4).
+#[tokio::test]
+async fn every_request_waiting_for_an_http2_connect_whose_name_did_not_resolve_is_told_so() {
+    let (answers, h) = burst_to("http://nonexistent.invalid:80").await;
+    for (status, body) in answers {
+        assert_eq!(status, 502, "{body}");
+        assert_eq!(body["error"]["code"], "upstream_unavailable", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("dns error"), "{message}");
+    }
+    assert_eq!(h.metric(&connect_errors("dns")).await, REQUESTS as f64);
     assert_eq!(h.metric(&connect_errors("other")).await, 0.0);
 }

@@ -740,14 +740,19 @@ async fn a_retry_whose_upstream_was_ejected_during_its_wait_goes_to_the_fallback
 
 /// A provider's rate limit, with what it says of when to come back.
 fn rate_limited() -> Vec<(Duration, Vec<u8>)> {
+    rate_limited_after(Duration::ZERO, "1")
+}
+
+/// A provider's rate limit after `delay`, asking for a wait of `retry_after` seconds.
+fn rate_limited_after(delay: Duration, retry_after: &str) -> Vec<(Duration, Vec<u8>)> {
     let body = r#"{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}"#;
     let head = format!(
         "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
-         retry-after: 1\r\nx-ratelimit-remaining-requests: 0\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n{body}",
+         retry-after: {retry_after}\r\nx-ratelimit-remaining-requests: 0\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
-    vec![(Duration::ZERO, head.into_bytes())]
+    vec![(delay, head.into_bytes())]
 }
 
 /// A primary's 429 is not lost when its fallback then fails in a way of the gateway's own
@@ -779,6 +784,50 @@ async fn a_429_is_passed_through_when_the_fallback_fails_on_its_own() {
         assert_eq!(headers["x-should-retry"], "false", "{headers:?}");
         let body = json_body(resp).await;
         assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+}
+
+/// On a hedged route a racer's answer is kept as one along the chain is (SC 2): a hedge's
+/// 429 while the primary hangs to the deadline, and the primary's 429 while the hedge's
+/// connect hangs, pass through with their `Retry-After`. The loser's answer was dropped in
+/// the race, and the client got the gateway's 504 (audit VA 1).
+#[tokio::test]
+async fn a_racers_429_is_passed_through_when_the_race_ends_in_the_gateways_own_error() {
+    let (hanging, _) = scripted(vec![vec![(Duration::from_secs(30), Vec::new())]]).await;
+    let (limited_hedge, hedge_asked) =
+        scripted(vec![rate_limited_after(Duration::ZERO, "3")]).await;
+    let (limited_primary, primary_asked) =
+        scripted(vec![rate_limited_after(Duration::from_millis(300), "3")]).await;
+    let (_held, unaccepting) = hourglass_fake::never_accepting_listener().unwrap();
+    let unaccepting = format!("http://{unaccepting}");
+    // The primary hangs past the 1.5 s budget; the hedge, at 100 ms, answers 429 at once.
+    // Then the primary's 429 at 300 ms, while the hedge's connect hangs to its 500 ms limit.
+    let cases = [
+        (&hanging, &limited_hedge, "1500", "the hedge's"),
+        (&limited_primary, &unaccepting, "5000", "the primary's"),
+    ];
+    for (primary, backup, budget, whose) in cases {
+        let route = "fallbacks = [\"backup\"]\nhedge_after = \"100ms\"";
+        let text = config(primary, backup, route, "", "");
+        let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+            .await
+            .unwrap();
+        let (resp, _c) = Conn::open(gw.addr)
+            .await
+            .send(chat_request(&[("x-request-budget-ms", budget)], false))
+            .await;
+        assert_eq!(resp.status(), 429, "{whose} answer");
+        let headers = resp.headers().clone();
+        assert_eq!(headers["retry-after"], "3", "{whose}: {headers:?}");
+        assert_eq!(headers["x-should-retry"], "false", "{whose}: {headers:?}");
+        let body = json_body(resp).await;
+        assert_eq!(
+            body["error"]["code"], "rate_limit_exceeded",
+            "{whose}: {body}"
+        );
+    }
+    for asked in [hedge_asked, primary_asked] {
         assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }

@@ -1,0 +1,61 @@
+//! A run whose key is gone from Redis at a call's end: evicted under a `maxmemory-policy`
+//! other than `noeviction`, flushed, or expired while an end waited on a store that was down.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{call, config, redis_and_fake};
+use crate::support::{metric, read_body, Conn, Process};
+
+/// The run's key is deleted (as an eviction would) while two of its calls stream: their ends
+/// find it gone. The run is counted once, `hourglass_runs_total{end="lost"}` under its route,
+/// by the first end to find it so, with one WARN line naming it; the second end finds the
+/// first's mark and counts nothing. An operator could not see that run state was lost: the
+/// ends found nothing and said nothing (audit VA 3).
+#[tokio::test]
+async fn a_run_gone_at_a_calls_end_is_counted_once_and_warned_of() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let p = Process::spawn(&config(&fake, &redis.url(), "deny", "1s"), &[], &[]).await;
+    let lost = "hourglass_runs_total{end=\"lost\",route=\"agent\"}";
+    assert_eq!(
+        metric(p.admin, lost).await,
+        0.0,
+        "the series starts at zero"
+    );
+    // Two calls of the run streaming at once, their ends 600 ms away.
+    let slow = [
+        ("x-run-id", "gone"),
+        ("x-fake-chunks", "3"),
+        ("x-fake-interval-ms", "200"),
+    ];
+    let mut streams = Vec::new();
+    for turn in 0..2 {
+        let (resp, c) = Conn::open(p.addr).await.send(call(true, &slow, turn)).await;
+        assert_eq!(resp.status(), 200);
+        streams.push((resp, c));
+    }
+    assert_eq!(redis.query("DEL hg:{-/gone}").await, ":1", "the run's key");
+    for (resp, _c) in streams {
+        let read = read_body(resp.into_body()).await;
+        assert!(read.error_event().is_none(), "the streams are whole");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(p.admin, lost).await < 1.0 {
+        assert!(Instant::now() < deadline, "the lost run counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Both ends have reached the store: the second found the mark.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(metric(p.admin, lost).await, 1.0, "counted once");
+    let (stdout, stderr) = p.stop().await;
+    let out = stdout + &stderr;
+    let warned: Vec<_> = out
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("hg:{-/gone}"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{out}");
+    assert!(warned[0].contains("gone from the store"), "{out}");
+}
