@@ -355,6 +355,9 @@ impl Gateway {
                 true => None,
                 false => detached(&method, &forwarded, uri.query(), &body)?,
             };
+            if detached.is_some() {
+                record.set_detached();
+            }
             let mut budget = asked.resolve(&route.route.limits, arrival);
             budget.body_read(body_read);
             record.set_budget(&budget);

@@ -29,7 +29,7 @@ async fn responses_reported(p: &Pair, n: f64) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let mut total = 0.0;
-        for o in ["ok", "error", "cancelled"] {
+        for o in ["ok", "error", "cancelled", "detached"] {
             total += p
                 .metric(&format!(
                     "hourglass_requests_total{{outcome=\"{o}\",route=\"responses\"}}"
@@ -61,6 +61,12 @@ async fn a_background_response_is_not_retried_after_a_late_first_token() {
     assert_eq!(error["code"], "first_token_timeout", "{}", read.text());
     assert_eq!(p.primary.requests().len(), 1, "sent once");
     responses_reported(&p, 1.0).await;
+    // Cut by the limit, the response runs on at the provider: nothing was cancelled (UC 2).
+    assert_eq!(
+        p.metric("hourglass_detached_total{origin=\"first_token\",route=\"responses\"}")
+            .await,
+        1.0
+    );
     assert_eq!(
         p.metric(
             "hourglass_retries_total{reason=\"first_token\",route=\"responses\",upstream=\"primary\"}"
