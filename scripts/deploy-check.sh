@@ -247,7 +247,7 @@ expect(not bad_ds, "every dashboard panel queries ${datasource} with an expressi
 text = json.dumps(dash)
 for needle in ["hourglass_budget_margin_seconds", "hourglass_budget_used_ratio", "hourglass_time_to_first_token_seconds",
                "hourglass_cancellations_total", "hourglass_requests_total", "hourglass_upstream_requests_in_flight",
-               "hourglass_retries_total", "hourglass_fallbacks_total"]:
+               "hourglass_retries_total", "hourglass_fallbacks_total", "hourglass_detached_total"]:
     expect(needle in text, f"dashboard has a panel on {needle}")
 sys.exit(1 if problems else 0)
 EOF

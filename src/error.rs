@@ -109,6 +109,22 @@ impl Origin {
         Origin::SendTimeout,
     ];
 
+    /// The origins that end a call by closing its upstream connection once the call was
+    /// sent: for a detached call (an OpenAI background response) the close cancels nothing,
+    /// and the request is counted `detached` by this origin instead. The others end a call
+    /// before it is sent (`connect`, `insufficient_budget`, `overloaded`) or are an attempt's
+    /// (`hedge_loser`), which a detached call never has.
+    pub const CLOSES: [Origin; 8] = [
+        Origin::Client,
+        Origin::Deadline,
+        Origin::FirstToken,
+        Origin::Idle,
+        Origin::Shutdown,
+        Origin::RunDeadline,
+        Origin::RunTokens,
+        Origin::SendTimeout,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Client => "client",

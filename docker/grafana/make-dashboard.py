@@ -237,18 +237,26 @@ stat(
 row("Traffic and cancellations", 5)
 ts(
     "Requests by outcome",
-    "hourglass_requests_total by outcome: ok (delivered in full, whatever its status), error (refused or upstream failed), cancelled (a limit fired or the client left).",
+    "hourglass_requests_total by outcome: ok (delivered in full, whatever its status), error (refused or upstream failed), cancelled (a limit fired or the client left), detached (an OpenAI background response whose connection closed: it runs on at the provider).",
     [target(f"sum by (outcome) (rate(hourglass_requests_total{{{R}}}[{RI}]))", "{{outcome}}", "A")],
     "reqps",
     0,
     6,
     stack=True,
-    overrides=[color("ok", "green"), color("error", "red"), color("cancelled", "orange")],
+    overrides=[
+        color("ok", "green"),
+        color("error", "red"),
+        color("cancelled", "orange"),
+        color("detached", "purple"),
+    ],
 )
 ts(
     "Cancellations by origin",
-    "hourglass_cancellations_total by origin: client (went away), deadline, first_token, idle, connect, insufficient_budget (failed fast, provider never called), shutdown.",
-    [target(f"sum by (origin) (rate(hourglass_cancellations_total{{{R}}}[{RI}])) > 0", "{{origin}}", "A")],
+    "hourglass_cancellations_total by origin: client (went away), deadline, first_token, idle, connect, insufficient_budget (failed fast, provider never called), shutdown. Beside them, as 'detached ORIGIN': hourglass_detached_total, OpenAI background responses whose connection closed while they run on at the provider (nothing cancelled).",
+    [
+        target(f"sum by (origin) (rate(hourglass_cancellations_total{{{R}}}[{RI}])) > 0", "{{origin}}", "A"),
+        target(f"sum by (origin) (rate(hourglass_detached_total{{{R}}}[{RI}])) > 0", "detached {{origin}}", "B"),
+    ],
     "reqps",
     8,
     6,

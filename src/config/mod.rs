@@ -423,6 +423,11 @@ impl RetryOn {
         self.0 & (1 << cause as u8) != 0
     }
 
+    /// The causes of `self` that are also `cause` (none, or that one).
+    pub fn only(self, cause: RetryCause) -> Self {
+        RetryOn(self.0 & (1 << cause as u8))
+    }
+
     fn with(self, cause: RetryCause) -> Self {
         RetryOn(self.0 | (1 << cause as u8))
     }

@@ -35,6 +35,7 @@ use crate::http::headers::{
 };
 use crate::http::hops::{decrement_max_forwards, hops, via, HOURGLASS_HOPS, MAX_HOPS};
 use crate::http::path::{for_routing, has_dot_segment, normalized};
+use crate::provider::background::detached;
 use crate::provider::request::{head_of, Head, Unreadable};
 use crate::provider::Format;
 
@@ -349,6 +350,14 @@ impl Gateway {
                 }
             }
             record.set_request_bytes(body.len());
+            // A body in a content coding is read by no one here: it is sent as any call.
+            let detached = match encoded {
+                true => None,
+                false => detached(&method, &forwarded, uri.query(), &body)?,
+            };
+            if detached.is_some() {
+                record.set_detached();
+            }
             let mut budget = asked.resolve(&route.route.limits, arrival);
             budget.body_read(body_read);
             record.set_budget(&budget);
@@ -458,6 +467,7 @@ impl Gateway {
                 partial_answers: route.route.partial_answers,
                 model,
                 choices,
+                detached,
             };
             if let Some(admission) = &route.admission {
                 let slot = admission

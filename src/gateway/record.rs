@@ -30,6 +30,9 @@ pub enum End {
     Ok,
     Error(&'static str),
     Cancelled(Origin),
+    /// A detached call's connection was closed by this origin once the call was sent: an
+    /// OpenAI background response runs on at the provider, so nothing was cancelled.
+    Detached(Origin),
 }
 
 impl End {
@@ -45,6 +48,7 @@ impl End {
             End::Ok => "ok",
             End::Error(_) => "error",
             End::Cancelled(_) => "cancelled",
+            End::Detached(_) => "detached",
         }
     }
 }
@@ -143,6 +147,8 @@ pub struct RequestRecord {
     /// The gateway reads the upstream's body itself before it answers (an assembled answer,
     /// a document read whole): what it reads is not yet the client's body.
     read_whole: bool,
+    /// The call outlives its connection (`provider::background`).
+    detached: bool,
     code: Option<&'static str>,
     /// The message that went with `code`.
     error: Option<Box<str>>,
@@ -237,6 +243,7 @@ impl RequestRecord {
             sent: 0,
             answer_bytes: 0,
             read_whole: false,
+            detached: false,
             code: None,
             end: None,
             attempts: Vec::new(),
@@ -267,6 +274,11 @@ impl RequestRecord {
     /// How many bytes the request's body had (a partial answer's prompt estimate).
     pub fn set_request_bytes(&mut self, n: usize) {
         self.request_bytes = n as u64;
+    }
+
+    /// The call outlives its connection: a close once it was sent is counted `detached`.
+    pub fn set_detached(&mut self) {
+        self.detached = true;
     }
 
     pub fn request_bytes(&self) -> u64 {
@@ -710,6 +722,16 @@ impl RequestRecord {
                 Origin::Client
             })
         });
+        // A detached call that was sent (an attempt started: whether it reached the upstream
+        // cannot be told) goes on at the provider: its close cancelled nothing (audit UC 2).
+        let end = match end {
+            End::Cancelled(o)
+                if self.detached && !self.attempts.is_empty() && Origin::CLOSES.contains(&o) =>
+            {
+                End::Detached(o)
+            }
+            end => end,
+        };
         // Only a call that asked the model (`asks_model`) is charged by bytes when its
         // answer went unread, and only its answer says which tool calls the model asked for.
         let status = self.status.unwrap_or(0);
@@ -745,7 +767,10 @@ impl RequestRecord {
                     // agent asking again.
                     request: request
                         .filter(|_| answered && !matches!(status, 0 | 408 | 409 | 429 | 500..)),
-                    run_deadline: end == End::Cancelled(Origin::RunDeadline),
+                    run_deadline: matches!(
+                        end,
+                        End::Cancelled(Origin::RunDeadline) | End::Detached(Origin::RunDeadline)
+                    ),
                 });
             }
         }
@@ -756,6 +781,12 @@ impl RequestRecord {
             End::Cancelled(origin) => {
                 m.cancelled.inc();
                 m.cancellation(origin).inc();
+            }
+            End::Detached(origin) => {
+                m.detached.inc();
+                if let Some(c) = m.detached_by(origin) {
+                    c.inc();
+                }
             }
         }
         let completion = self.tokens.map(|t| t.completion());
@@ -810,12 +841,14 @@ impl RequestRecord {
             }
         }
         let origin = match end {
-            End::Cancelled(o) => Some(o.as_str()),
+            End::Cancelled(o) | End::Detached(o) => Some(o.as_str()),
             _ => None,
         };
         let code = match end {
-            End::Cancelled(Origin::Client) => Some("client_closed"),
-            End::Cancelled(Origin::SendTimeout) => Some("send_timeout"),
+            End::Cancelled(Origin::Client) | End::Detached(Origin::Client) => Some("client_closed"),
+            End::Cancelled(Origin::SendTimeout) | End::Detached(Origin::SendTimeout) => {
+                Some("send_timeout")
+            }
             End::Error(c) => Some(c),
             _ => self.code,
         };
@@ -824,7 +857,7 @@ impl RequestRecord {
         // request was then cancelled for another reason (the client left while a retry waited out
         // the 429's `Retry-After`): the line has no status then, and the answer was the
         // upstream's (audit OA 2).
-        let lone_failure = matches!(end, End::Cancelled(_))
+        let lone_failure = matches!(end, End::Cancelled(_) | End::Detached(_))
             && self
                 .attempts
                 .first()

@@ -3,7 +3,8 @@
 //! first token, at least `min_useful`); an attempt that does not fit is not made. Nothing is
 //! retried once a byte reached the client (a route that may switch holds the head until the
 //! first data event), and nothing at all after the client left (dropping the handler drops
-//! every attempt in flight).
+//! every attempt in flight). An OpenAI background response is sent once: only a connect that
+//! failed (and so sent nothing) moves on (`provider::background`).
 
 use std::time::{Duration, SystemTime};
 
@@ -19,6 +20,7 @@ use crate::gateway::balance::Order;
 use crate::gateway::record::{RequestRecord, Throttled};
 use crate::gateway::routes::{ChainEntry, RouteRuntime};
 use crate::gateway::template::Template;
+use crate::provider::background::Detached;
 use crate::provider::ErrorType;
 use crate::telemetry::metrics::InFlight;
 use crate::telemetry::metrics::Metrics;
@@ -88,6 +90,13 @@ pub async fn run(
     answers: &BodyMemory,
 ) -> Result<Started, GatewayError> {
     let policy = &route.route.policy;
+    // A background response is never sent twice: OpenAI runs (and bills) each one it
+    // received until it is cancelled by its id, and closing a connection cancels nothing
+    // (audit UC 1). Only a failed connect, which sent nothing, may move on; it is never hedged.
+    let retry_on = match template.detached {
+        Some(Detached::Background) => policy.retry_on.only(RetryCause::Connect),
+        _ => policy.retry_on,
+    };
     let mut last = Last::None;
     // A copy of the last upstream answer that the next attempt replaced, passed through
     // should the chain end in an error of the gateway's own.
@@ -240,7 +249,10 @@ pub async fn run(
             // The race is with the next upstream in rotation, judged when the hedge fires.
             // Not while the primary is on probation: a probe that lost the race would say
             // nothing, and a primary slower than `hedge_after` would never come back.
+            // Nor a detached call (a background response, or its stream resumed): the
+            // loser's close would stop nothing, and a resume's two reads wait on one response.
             let hedges = policy.hedge_after.is_some()
+                && template.detached.is_none()
                 && i == 0
                 && n == 0
                 && route.chain.len() > 1
@@ -255,7 +267,7 @@ pub async fn run(
                     if (1..route.chain.len()).any(|k| chain[k].upstream.health.available(now)) {
                         (budget.first_token_timeout, None)
                     } else {
-                        first_token_limit(template, budget, policy.retry_on, chain.get(i + 1))
+                        first_token_limit(template, budget, retry_on, chain.get(i + 1))
                     };
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
@@ -282,8 +294,7 @@ pub async fn run(
                 outcome
             } else {
                 let ft;
-                (ft, switch_by) =
-                    first_token_limit(template, budget, policy.retry_on, chain.get(i + 1));
+                (ft, switch_by) = first_token_limit(template, budget, retry_on, chain.get(i + 1));
                 let outcome = single(
                     metrics,
                     route,
@@ -307,7 +318,7 @@ pub async fn run(
             };
             match outcome {
                 Ok((started, winner)) => {
-                    if answer_cause(&started).is_some_and(|c| policy.retry_on.contains(c)) {
+                    if answer_cause(&started).is_some_and(|c| retry_on.contains(c)) {
                         last = Last::Answer(Box::new(started));
                         // Told not to ask this upstream again: on to the next, as after
                         // any failure of this status that no retry is left for.
@@ -323,8 +334,7 @@ pub async fn run(
                     return Ok(started);
                 }
                 Err(error) => {
-                    let retryable =
-                        error_cause(&error).is_some_and(|c| policy.retry_on.contains(c));
+                    let retryable = error_cause(&error).is_some_and(|c| retry_on.contains(c));
                     if !retryable {
                         last = Last::Error(error);
                         break 'chain;
@@ -699,6 +709,7 @@ fn verdict(result: &Result<Started, GatewayError>, budget: &Budget) -> Verdict {
 fn attempt<'a>(
     entry: &'a ChainEntry,
     route: &RouteRuntime,
+    template: &Template,
     budget: &'a Budget,
     first_token_timeout: Duration,
     switch_by: Option<SwitchBy>,
@@ -708,7 +719,10 @@ fn attempt<'a>(
         budget,
         first_token_timeout,
         switch_by,
-        hold: route.route.policy.holds_head(),
+        // A background response is not sent again, so nothing is gained by holding its
+        // head: it and the first events (`response.created` names the response to resume
+        // or cancel) pass as they come, and a limit after them is an error event.
+        hold: route.route.policy.holds_head() && template.detached != Some(Detached::Background),
         in_flight: InFlight::new(&entry.in_flight),
         answers: &entry.answer,
     }
@@ -738,9 +752,16 @@ async fn single(
         let out = template.request_for(&entry.upstream)?;
         let now = Instant::now();
         let index = record.attempt_started(entry, now, true);
-        let mut result = attempt(entry, route, budget, first_token_timeout, switch_by)
-            .run(out)
-            .await;
+        let mut result = attempt(
+            entry,
+            route,
+            template,
+            budget,
+            first_token_timeout,
+            switch_by,
+        )
+        .run(out)
+        .await;
         // Sent again, and closed unanswered again: no stale connection but an upstream that
         // fails, counted against its health like a reset and not sent a third time (audit
         // NA 2: one that closed every GET stayed in rotation, each request sent twice).
@@ -907,7 +928,15 @@ async fn hedge(
         .upstream
         .health
         .attempt(t0, longest_wait(budget, t0));
-    let primary = attempt(primary_entry, route, budget, first_token_timeout, switch_by).run(req);
+    let primary = attempt(
+        primary_entry,
+        route,
+        template,
+        budget,
+        first_token_timeout,
+        switch_by,
+    )
+    .run(req);
     tokio::pin!(primary);
     let fire = sleep_until(t0 + hedge_after);
     tokio::pin!(fire);
@@ -978,7 +1007,15 @@ async fn hedge(
     // One share of hedges covers the race: after the hedge, each is a fallback's turn.
     let mut racer = Racer::start(chain, to, record, hedge_probe);
     let mut raced = vec![to];
-    let hedged = attempt(&chain[to], route, budget, budget.first_token_timeout, None).run(hreq);
+    let hedged = attempt(
+        &chain[to],
+        route,
+        template,
+        budget,
+        budget.first_token_timeout,
+        None,
+    )
+    .run(hreq);
     tokio::pin!(hedged);
     let policy = &route.route.policy;
     // An answer with a status the route would retry on is a failure here, not a win.
@@ -1051,7 +1088,7 @@ async fn hedge(
                 racer = Racer::start(chain, to, record, next_probe);
                 raced.push(to);
                 hedged.set(
-                    attempt(&chain[to], route, budget, budget.first_token_timeout, None).run(req),
+                    attempt(&chain[to], route, template, budget, budget.first_token_timeout, None).run(req),
                 );
             }
         }

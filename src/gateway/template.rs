@@ -11,6 +11,7 @@ use http::{Method, Request, Uri};
 
 use crate::admission::BodyMemory;
 use crate::error::GatewayError;
+use crate::provider::background::Detached;
 use crate::provider::batches::{names_results_urls, sdk_base_path};
 use crate::provider::rewrite::{include_usage, rewrite_model, stream_request};
 use crate::provider::Format;
@@ -37,6 +38,9 @@ pub struct Template {
     pub model: Option<Arc<str>>,
     /// The Chat choices the client asked for (`n`).
     pub choices: Option<u64>,
+    /// A call whose work goes on at the provider when its connection closes (an OpenAI
+    /// background response, or its stream resumed).
+    pub detached: Option<Detached>,
 }
 
 impl Template {

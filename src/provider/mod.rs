@@ -4,6 +4,7 @@
 //! mid-stream error types. Reading the streams themselves is `inspect`'s job.
 
 pub mod assemble;
+pub mod background;
 pub mod batches;
 pub mod inspect;
 pub mod request;

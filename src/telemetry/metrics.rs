@@ -46,6 +46,7 @@ pub struct Metrics {
     registry: Registry,
     requests: IntCounterVec,
     cancellations: IntCounterVec,
+    detached: IntCounterVec,
     budget: HistogramVec,
     margin: HistogramVec,
     used_ratio: HistogramVec,
@@ -108,6 +109,10 @@ pub struct RouteHandles {
     pub error: IntCounter,
     pub cancelled: IntCounter,
     cancellations: Vec<IntCounter>,
+    /// Requests whose detached call's connection was closed (outcome `detached`), and the
+    /// same by who closed it (`Origin::CLOSES`).
+    pub detached: IntCounter,
+    detached_by: Vec<(Origin, IntCounter)>,
     pub budget: Histogram,
     pub margin: Histogram,
     pub used_ratio: Histogram,
@@ -277,6 +282,14 @@ impl RouteHandles {
         &self.cancellations[origin as usize]
     }
 
+    /// Where a detached call closed by `origin` is counted; `None` for an origin that never
+    /// closes one (see `Origin::CLOSES`).
+    pub fn detached_by(&self, origin: Origin) -> Option<&IntCounter> {
+        self.detached_by
+            .iter()
+            .find_map(|(o, c)| (*o == origin).then_some(c))
+    }
+
     /// A partial answer was sent because `origin` cut the stream.
     pub fn partial_answer(&self, origin: Origin) {
         self.partial_answers
@@ -350,8 +363,13 @@ impl Metrics {
         };
         let requests = counter(
             "hourglass_requests_total",
-            "Requests finished, by route and outcome (ok, error, cancelled).",
+            "Requests finished, by route and outcome (ok, error, cancelled, detached).",
             &["route", "outcome"],
+        );
+        let detached = counter(
+            "hourglass_detached_total",
+            "Detached calls (OpenAI background responses and their resumed streams, which run on at the provider) whose connection was closed, by route and who closed it; not cancellations.",
+            &["route", "origin"],
         );
         let cancellations = counter(
             "hourglass_cancellations_total",
@@ -667,6 +685,7 @@ impl Metrics {
             tls_pending,
             requests,
             cancellations,
+            detached,
             budget,
             margin,
             used_ratio,
@@ -707,6 +726,11 @@ impl Metrics {
             ok: self.requests.with_label_values(&[route, "ok"]),
             error: self.requests.with_label_values(&[route, "error"]),
             cancelled: self.requests.with_label_values(&[route, "cancelled"]),
+            detached: self.requests.with_label_values(&[route, "detached"]),
+            detached_by: Origin::CLOSES
+                .iter()
+                .map(|&o| (o, self.detached.with_label_values(&[route, o.as_str()])))
+                .collect(),
             cancellations: Origin::ALL
                 .iter()
                 .map(|o| self.cancellations.with_label_values(&[route, o.as_str()]))
@@ -875,7 +899,7 @@ impl Metrics {
     /// what a client is billed from.
     pub fn init_clients(&self, route: &str, clients: &[String]) {
         for client in clients {
-            for outcome in ["ok", "error", "cancelled"] {
+            for outcome in ["ok", "error", "cancelled", "detached"] {
                 self.client_requests
                     .with_label_values(&[route, client, outcome]);
             }
@@ -1122,6 +1146,9 @@ mod tests {
             "hourglass_requests_total{outcome=\"ok\",route=\"chat\"} 0",
             "hourglass_cancellations_total{origin=\"idle\",route=\"chat\"} 1",
             "hourglass_cancellations_total{origin=\"client\",route=\"chat\"} 0",
+            "hourglass_requests_total{outcome=\"detached\",route=\"chat\"} 0",
+            "hourglass_detached_total{origin=\"client\",route=\"chat\"} 0",
+            "hourglass_detached_total{origin=\"first_token\",route=\"chat\"} 0",
             "hourglass_budget_seconds_bucket{route=\"chat\",le=\"+Inf\"} 0",
             "hourglass_time_to_first_token_seconds_count{route=\"chat\",upstream=\"openai\"} 0",
             "hourglass_time_to_first_byte_seconds_count{route=\"chat\",upstream=\"openai\"} 0",

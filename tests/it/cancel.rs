@@ -13,6 +13,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+mod detached;
+
 /// Limits far beyond `PROMPTLY`: only the client's leaving can end these requests early.
 async fn harness() -> Harness {
     Harness::with_config(

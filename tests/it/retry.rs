@@ -12,6 +12,7 @@ use hourglass::server::{self, Running};
 use hourglass_fake::FakeUpstream;
 use tokio::time::Instant;
 
+mod background;
 mod error_events;
 mod hedges;
 mod scripted;

@@ -45,6 +45,7 @@ fallbacks = ["b"]
         partial_answers: false,
         model: None,
         choices: None,
+        detached: None,
     };
     let budget = crate::budget::BudgetRequest::from_headers(&HeaderMap::new())
         .unwrap()

@@ -112,7 +112,7 @@ impl Harness {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let mut total = 0.0;
-            for outcome in ["ok", "error", "cancelled"] {
+            for outcome in ["ok", "error", "cancelled", "detached"] {
                 total += self
                     .metric(&format!(
                         "hourglass_requests_total{{outcome=\"{outcome}\",route=\"{route}\"}}"
