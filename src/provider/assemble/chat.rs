@@ -332,7 +332,8 @@ impl Chat {
 
     /// Reads one chunk (never the provider's error object: the inspector tells those apart).
     pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
-        let (choices, usage, groq) = if self.head.is_none() || self.head_open {
+        let first = self.head.is_none() || self.head_open;
+        let (choices, usage, groq) = if first {
             // The first chunk: its head (id, object, created, model, system_fingerprint,
             // service_tier, Azure's prompt_filter_results, ...) is the document's, whatever
             // fields a provider adds; a field it left empty is taken from the next chunks,
@@ -543,7 +544,38 @@ impl Chat {
         self.text += added;
         self.output |= output;
         self.reasoning.join(reasoning);
+        if !first && self.ended() {
+            self.read_end_whole(data);
+        }
         Ok(())
+    }
+
+    /// The chunks that end the answer (its finish reasons, then its usage) are read whole once
+    /// more: members a provider sends only there (xAI's `citations`, a `system_fingerprint`
+    /// the first chunk had `null`, which the OpenAI SDK's accumulator takes) are the
+    /// document's, as last sent; named ones only lost them (audit UB 1). The head's identity
+    /// stays the first chunk's (llama.cpp stamps each chunk's `created` anew). Only these
+    /// chunks: reading every chunk whole would cost every chunk.
+    fn read_end_whole(&mut self, data: &[u8]) {
+        let Ok(fields) =
+            serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)
+        else {
+            return;
+        };
+        let head = self.head.get_or_insert_with(Map::new);
+        for (k, v) in fields {
+            let identity = matches!(k, "id" | "object" | "created" | "model");
+            if matches!(k, "choices" | "usage" | "x_groq" | "obfuscation")
+                || (identity && !head.get(k).is_none_or(empty))
+            {
+                continue;
+            }
+            let v = raw(v);
+            // `null` (or `""`) never replaces what came.
+            if !empty(&v) || !head.contains_key(k) {
+                head.insert(k.to_owned(), v);
+            }
+        }
     }
 
     pub(super) fn document(self, cut: Option<Usage>) -> Option<Value> {

@@ -39,8 +39,6 @@ struct MessagesEvent<'a> {
     content_block: Option<&'a RawValue>,
     #[serde(borrow)]
     delta: Option<&'a RawValue>,
-    #[serde(borrow)]
-    usage: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -90,6 +88,17 @@ fn merge(block: &mut Map<String, Value>, delta: &RawValue, taken: &[&str]) -> us
     added
 }
 
+/// `fields` into `into`, each as last sent; a `null` only where `into` has no such field: it
+/// never replaces a value `message_start` gave (a `container`, `input_transformations`), as
+/// in the SDK's accumulator.
+fn last_sent(into: &mut Map<String, Value>, fields: impl IntoIterator<Item = (String, Value)>) {
+    for (k, v) in fields {
+        if !v.is_null() || !into.contains_key(&k) {
+            into.insert(k, v);
+        }
+    }
+}
+
 impl Messages {
     pub(super) fn whole(&self) -> bool {
         self.message
@@ -98,11 +107,12 @@ impl Messages {
     }
 
     pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
-        self.read(serde_json::from_slice::<MessagesEvent<'_>>(data)?);
+        self.read(serde_json::from_slice::<MessagesEvent<'_>>(data)?, data);
         Ok(())
     }
 
-    fn read(&mut self, ev: MessagesEvent<'_>) {
+    /// Reads `ev`, parsed from `data` (read whole again for `message_delta`).
+    fn read(&mut self, ev: MessagesEvent<'_>, data: &[u8]) {
         match ev.kind {
             "message_start" => {
                 if let Some(Value::Object(m)) = ev.message.map(raw) {
@@ -117,6 +127,15 @@ impl Messages {
                     );
                     if is_tool {
                         self.output = true;
+                    }
+                    // A fallback block (a beta) marks where a model that declined gave way
+                    // to the next: the message is that one's, as the unstreamed answer and
+                    // the SDK's accumulator (`model = block.to.model`) name it (audit UB 1).
+                    if b.get("type").and_then(Value::as_str) == Some("fallback") {
+                        let to = b.get("to").and_then(|t| t.get("model")).cloned();
+                        if let (Some(m), Some(to)) = (self.message.as_mut(), to) {
+                            m.insert("model".into(), to);
+                        }
                     }
                     self.blocks.push(Block {
                         index: ev.index,
@@ -194,21 +213,26 @@ impl Messages {
                 let Some(m) = self.message.as_mut() else {
                     return;
                 };
-                if let Some(Value::Object(delta)) = ev.delta.map(raw) {
-                    for (k, v) in delta {
-                        m.insert(k, v);
-                    }
-                }
-                if let Some(Value::Object(usage)) = ev.usage.map(raw) {
-                    let into = m
-                        .entry("usage")
-                        .or_insert_with(|| Value::Object(Map::new()));
-                    if let Value::Object(u) = into {
-                        for (k, v) in usage {
-                            if !v.is_null() {
-                                u.insert(k, v);
+                // Read whole (once an answer): besides `delta` and `usage`, its members are
+                // the message's too, whatever a beta adds (`context_management`,
+                // `input_transformations`): named ones only lost them (audit UB 1).
+                let Ok(fields) = serde_json::from_slice::<Map<String, Value>>(data) else {
+                    return;
+                };
+                for (k, v) in fields {
+                    match (k.as_str(), v) {
+                        ("type", _) => {}
+                        ("delta", Value::Object(delta)) => last_sent(m, delta),
+                        // Counts that came in `message_start` and not here stay as they were.
+                        ("usage", Value::Object(usage)) => {
+                            let into = m
+                                .entry("usage")
+                                .or_insert_with(|| Value::Object(Map::new()));
+                            if let Value::Object(u) = into {
+                                last_sent(u, usage);
                             }
                         }
+                        (_, v) => last_sent(m, [(k, v)]),
                     }
                 }
             }

@@ -87,6 +87,32 @@ fn the_chunks_obfuscation_is_not_in_the_document() {
     assert!(d.get("obfuscation").is_none(), "{d}");
 }
 
+/// Audit UB 1, Chat's alike: a provider may send top-level members only in the chunks that end
+/// an answer (xAI's `citations` in its last chunk; a `system_fingerprint` that came `null`
+/// at first, which the OpenAI SDK's accumulator takes from a later chunk). They are the
+/// document's, as last sent; the head's identity (`id`, `created`, `model`) stays the first
+/// chunk's (llama.cpp stamps each chunk's `created` anew).
+#[test]
+fn top_level_members_of_the_chunks_that_end_an_answer_are_the_documents() {
+    let stream = sse(&[
+        r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"grok-4","system_fingerprint":null,"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}"#,
+        r#"{"id":"c1","object":"chat.completion.chunk","created":2,"model":"grok-4","system_fingerprint":"fp_1","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+        r#"{"id":"c1","object":"chat.completion.chunk","created":3,"model":"grok-4","system_fingerprint":null,"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6},"citations":["https://x.ai/a","https://x.ai/b"]}"#,
+        "[DONE]",
+    ]);
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(
+        d["citations"],
+        json!(["https://x.ai/a", "https://x.ai/b"]),
+        "{d}"
+    );
+    assert_eq!(d["system_fingerprint"], "fp_1", "{d}");
+    assert_eq!(d["created"], 1, "{d}");
+    assert_eq!(d["object"], "chat.completion", "{d}");
+    assert_eq!(d["usage"]["total_tokens"], 6, "{d}");
+    assert_eq!(d["choices"][0]["message"]["content"], "Hi");
+}
+
 #[test]
 fn a_messages_stream_becomes_its_message() {
     let d = doc(Format::Messages, MESSAGES, None);

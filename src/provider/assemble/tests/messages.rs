@@ -243,3 +243,88 @@ fn a_text_block_the_cut_left_empty_is_not_in_a_partial_answer() {
     );
     assert_eq!(d["content"], json!([{"type": "text", "text": ""}]), "{d}");
 }
+
+/// Audit UB 1: the context-management beta reports the edits it applied at the top level of
+/// `message_delta` (`context_management`), beside `delta` and `usage`; the answer that did
+/// not stream has it in the message, and so must the one rebuilt from a stream (the audit's
+/// event, as the API sends it). The delta's `container` is kept with it.
+#[test]
+fn a_message_deltas_other_members_are_the_messages() {
+    let stream = sse(&[
+        MESSAGE_START,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null,"container":{"id":"container_1","expires_at":"2026-12-07T17:00:00Z"}},"usage":{"input_tokens":472,"cache_creation_input_tokens":1000,"cache_read_input_tokens":2000,"output_tokens":7},"context_management":{"applied_edits":[{"type":"clear_tool_uses_20250919","cleared_tool_uses":2,"cleared_input_tokens":5000}]}}"#,
+        r#"{"type":"message_stop"}"#,
+    ]);
+    let d = doc(Format::Messages, &stream, None);
+    assert_eq!(
+        d["context_management"],
+        json!({"applied_edits": [{"type": "clear_tool_uses_20250919", "cleared_tool_uses": 2, "cleared_input_tokens": 5000}]}),
+        "{d}"
+    );
+    assert_eq!(d["container"]["id"], "container_1", "{d}");
+    assert_eq!(d["usage"]["cache_read_input_tokens"], 2000, "{d}");
+    assert_eq!(d["usage"]["output_tokens"], 7, "{d}");
+    assert_eq!(d["stop_reason"], "end_turn");
+    assert!(d.get("type").is_some_and(|t| t == "message"), "{d}");
+}
+
+/// `input_transformations` (a beta) is final in `message_start`; a `message_delta` carries it
+/// only after a fallback mid-stream, and then it replaces that one. A member sent `null`, or
+/// not sent, leaves the message's as it was (as the SDK's accumulator does).
+#[test]
+fn a_message_deltas_member_replaces_message_starts_and_null_keeps_it() {
+    let start = MESSAGE_START.replace(
+        r#""content":[]"#,
+        r#""content":[],"input_transformations":[{"type":"thinking_dropped","path":"messages.1.content.0","reason":"model_binding_mismatch"}],"container":{"id":"container_0"}"#,
+    );
+    let text = [
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+    ];
+    let with = |delta: &str| {
+        let mut events = vec![start.as_str()];
+        events.extend(text);
+        events.push(delta);
+        doc(Format::Messages, &sse(&events), None)
+    };
+    let d = with(
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null,"container":null},"usage":{"output_tokens":7},"input_transformations":null,"context_management":null}"#,
+    );
+    assert_eq!(
+        d["input_transformations"][0]["reason"], "model_binding_mismatch",
+        "{d}"
+    );
+    assert_eq!(d["container"]["id"], "container_0", "{d}");
+    assert_eq!(d["context_management"], Value::Null, "{d}");
+    assert_eq!(d["stop_sequence"], Value::Null, "{d}");
+    let d = with(
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":7},"input_transformations":[]}"#,
+    );
+    assert_eq!(d["input_transformations"], json!([]), "{d}");
+}
+
+/// A `fallback` block (a beta) marks where the model that declined gave way to the next: the
+/// answer that did not stream names the model that served it, and so does the SDK's
+/// accumulator (`model = block.to.model`). The block itself stays in the content.
+#[test]
+fn a_fallback_block_names_the_model_that_served_the_answer() {
+    let fallback = r#"{"type":"content_block_start","index":0,"content_block":{"type":"fallback","from":{"model":"claude"},"to":{"model":"claude-sonnet-4-5-20250929"},"trigger":{"type":"refusal","category":null}}}"#;
+    let stream = sse(&[
+        MESSAGE_START,
+        fallback,
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"content_block_start","index":1,"content_block":{"type":"text","text":""}}"#,
+        r#"{"type":"content_block_delta","index":1,"delta":{"type":"text_delta","text":"hi"}}"#,
+        r#"{"type":"content_block_stop","index":1}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":7}}"#,
+        r#"{"type":"message_stop"}"#,
+    ]);
+    let d = doc(Format::Messages, &stream, None);
+    assert_eq!(d["model"], "claude-sonnet-4-5-20250929", "{d}");
+    assert_eq!(blocks(&d), ["fallback", "text"], "{d}");
+    assert_eq!(d["content"][0]["from"]["model"], "claude", "{d}");
+}
