@@ -63,6 +63,46 @@ impl LeadingBom {
     }
 }
 
+/// OpenAI's end marker, which ends a stream where its event's data starts with it.
+const DONE: &[u8; 6] = b"[DONE]";
+
+/// Whether an event's data is OpenAI's end marker, followed as the data passes in pieces (a
+/// line's end as `\n`). The one rule for every reading of a stream (audit UE 2): the data
+/// starts with `[DONE]`, whatever follows (`[DONE]x`, or an empty `data:` line after it), as
+/// openai-python (`startswith("[DONE]")`) and openai-node end a stream. A client that
+/// streams stops there, so the document rebuilt from the stream must end there too, not read
+/// the marker as a chunk it cannot parse.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EndMarker {
+    /// Bytes of the data compared so far (at most `DONE`'s), and whether one differed.
+    compared: u8,
+    differed: bool,
+}
+
+impl EndMarker {
+    /// The next piece of the event's data.
+    #[inline]
+    pub fn note(&mut self, piece: &[u8]) {
+        let from = usize::from(self.compared);
+        let n = piece.len().min(DONE.len() - from);
+        self.differed |= piece[..n] != DONE[from..from + n];
+        // `n` is at most 6.
+        self.compared += n as u8;
+    }
+
+    /// The data so far starts with the marker.
+    pub fn found(self) -> bool {
+        usize::from(self.compared) == DONE.len() && !self.differed
+    }
+
+    /// Whether `data`, an event's whole data, is the end marker.
+    pub fn is(data: &[u8]) -> bool {
+        let mut m = EndMarker::default();
+        m.note(data);
+        m.found()
+    }
+}
+
 /// How many leading bytes of a line are looked at (and kept, when the line straddles
 /// chunks). A line classifies the same as its first `PREFIX` bytes would on their own, as
 /// long as `PREFIX` exceeds the longest line whose end matters, `event: keepalive`: without

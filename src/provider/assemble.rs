@@ -11,6 +11,7 @@
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::http::sse::EndMarker;
 use crate::provider::Format;
 
 mod chat;
@@ -144,7 +145,9 @@ impl Assembler {
             let text = trim_end_newline(&data);
             if error {
                 self.error = serde_json::from_slice(text).ok();
-            } else if text != b"[DONE]" && !text.is_empty() {
+            } else if !text.is_empty() && !EndMarker::is(text) {
+                // The end marker by the rule the inspector ends the stream by (audit UE 2:
+                // `[DONE]x` ended a streaming client's answer and failed a whole one here).
                 let read = match self.format {
                     Format::Chat => self.chat.event(text),
                     Format::Messages => self.messages.event(text),
