@@ -16,6 +16,8 @@
 //! mandates never swallows an ASCII byte into a replacement character, so line terminators,
 //! colons and the ASCII field names and event types compare the same either way.
 
+use std::borrow::Cow;
+
 use memchr::memchr2;
 
 /// The UTF-8 byte order mark, which the standard's decoder strips once at stream start.
@@ -61,6 +63,17 @@ impl LeadingBom {
         }
         (pos, &[])
     }
+}
+
+/// An event's data as text, decoded as the standard decodes the stream: UTF-8, each invalid
+/// sequence read as U+FFFD. A client that streams reads `A\xffB` as `A\u{FFFD}B` (WHATWG's
+/// decoder, every SDK's); what the gateway reads from the same event (the document rebuilt
+/// from it, its tool calls) must read that too, not refuse it (audit UE 1). Line ends and the
+/// ASCII around the data decode alike either way, so an event decodes alone as it would in
+/// the stream. Borrowed when the data is valid, as a provider's is: only a broken event is
+/// copied.
+pub fn data_text(data: &[u8]) -> Cow<'_, str> {
+    String::from_utf8_lossy(data)
 }
 
 /// OpenAI's end marker, which ends a stream where its event's data starts with it.

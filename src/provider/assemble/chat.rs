@@ -331,14 +331,14 @@ impl Chat {
     }
 
     /// Reads one chunk (never the provider's error object: the inspector tells those apart).
-    pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
+    pub(super) fn event(&mut self, data: &str) -> serde_json::Result<()> {
         let (choices, usage, groq) = if self.head.is_none() || self.head_open {
             // The first chunk: its head (id, object, created, model, system_fingerprint,
             // service_tier, Azure's prompt_filter_results, ...) is the document's, whatever
             // fields a provider adds; a field it left empty is taken from the next chunks,
             // while the head is open.
             let mut fields =
-                serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)?;
+                serde_json::from_str::<std::collections::BTreeMap<&str, &RawValue>>(data)?;
             let choices = fields.remove("choices");
             let usage = fields.remove("usage");
             let groq = match fields.get("x_groq") {
@@ -365,7 +365,7 @@ impl Chat {
                     .any(|k| head.get(*k).is_none_or(empty));
             (choices, usage, groq)
         } else {
-            let chunk = serde_json::from_slice::<ChatChunk<'_>>(data)?;
+            let chunk = serde_json::from_str::<ChatChunk<'_>>(data)?;
             (chunk.choices.unwrap_or_default(), chunk.usage, chunk.x_groq)
         };
         let real = |u: &&RawValue| u.get() != "null";

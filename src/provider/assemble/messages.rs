@@ -97,8 +97,8 @@ impl Messages {
             .is_some_and(|m| m.get("stop_reason").is_some_and(|r| !r.is_null()))
     }
 
-    pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
-        self.read(serde_json::from_slice::<MessagesEvent<'_>>(data)?);
+    pub(super) fn event(&mut self, data: &str) -> serde_json::Result<()> {
+        self.read(serde_json::from_str::<MessagesEvent<'_>>(data)?);
         Ok(())
     }
 
