@@ -16,6 +16,8 @@
 //! mandates never swallows an ASCII byte into a replacement character, so line terminators,
 //! colons and the ASCII field names and event types compare the same either way.
 
+use std::borrow::Cow;
+
 use memchr::memchr2;
 
 /// The UTF-8 byte order mark, which the standard's decoder strips once at stream start.
@@ -60,6 +62,57 @@ impl LeadingBom {
             return (pos, &BOM[..usize::from(self.matched)]);
         }
         (pos, &[])
+    }
+}
+
+/// An event's data as text, decoded as the standard decodes the stream: UTF-8, each invalid
+/// sequence read as U+FFFD. A client that streams reads `A\xffB` as `A\u{FFFD}B` (WHATWG's
+/// decoder, every SDK's); what the gateway reads from the same event (the document rebuilt
+/// from it, its tool calls) must read that too, not refuse it (audit UE 1). Line ends and the
+/// ASCII around the data decode alike either way, so an event decodes alone as it would in
+/// the stream. Borrowed when the data is valid, as a provider's is: only a broken event is
+/// copied.
+pub fn data_text(data: &[u8]) -> Cow<'_, str> {
+    String::from_utf8_lossy(data)
+}
+
+/// OpenAI's end marker, which ends a stream where its event's data starts with it.
+const DONE: &[u8; 6] = b"[DONE]";
+
+/// Whether an event's data is OpenAI's end marker, followed as the data passes in pieces (a
+/// line's end as `\n`). The one rule for every reading of a stream (audit UE 2): the data
+/// starts with `[DONE]`, whatever follows (`[DONE]x`, or an empty `data:` line after it), as
+/// openai-python (`startswith("[DONE]")`) and openai-node end a stream. A client that
+/// streams stops there, so the document rebuilt from the stream must end there too, not read
+/// the marker as a chunk it cannot parse.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EndMarker {
+    /// Bytes of the data compared so far (at most `DONE`'s), and whether one differed.
+    compared: u8,
+    differed: bool,
+}
+
+impl EndMarker {
+    /// The next piece of the event's data.
+    #[inline]
+    pub fn note(&mut self, piece: &[u8]) {
+        let from = usize::from(self.compared);
+        let n = piece.len().min(DONE.len() - from);
+        self.differed |= piece[..n] != DONE[from..from + n];
+        // `n` is at most 6.
+        self.compared += n as u8;
+    }
+
+    /// The data so far starts with the marker.
+    pub fn found(self) -> bool {
+        usize::from(self.compared) == DONE.len() && !self.differed
+    }
+
+    /// Whether `data`, an event's whole data, is the end marker.
+    pub fn is(data: &[u8]) -> bool {
+        let mut m = EndMarker::default();
+        m.note(data);
+        m.found()
     }
 }
 

@@ -11,6 +11,7 @@
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::http::sse::{data_text, EndMarker};
 use crate::provider::Format;
 
 mod chat;
@@ -141,14 +142,19 @@ impl Assembler {
             self.events += 1;
         }
         if dispatched && !self.failed() {
-            let text = trim_end_newline(&data);
+            let bytes = trim_end_newline(&data);
+            // Read as a client that streams decodes it (audit UE 1: one invalid byte, U+FFFD
+            // to such a client, made the whole answer a 502 here).
+            let text = data_text(bytes);
             if error {
-                self.error = serde_json::from_slice(text).ok();
-            } else if text != b"[DONE]" && !text.is_empty() {
+                self.error = serde_json::from_str(&text).ok();
+            } else if !text.is_empty() && !EndMarker::is(bytes) {
+                // The end marker by the rule the inspector ends the stream by (audit UE 2:
+                // `[DONE]x` ended a streaming client's answer and failed a whole one here).
                 let read = match self.format {
-                    Format::Chat => self.chat.event(text),
-                    Format::Messages => self.messages.event(text),
-                    Format::Responses => self.responses.event(text),
+                    Format::Chat => self.chat.event(&text),
+                    Format::Messages => self.messages.event(&text),
+                    Format::Responses => self.responses.event(&text),
                 };
                 // Not skipped: a document rebuilt without it would look whole and not be.
                 // Its text is not quoted: it is the model's output, and may be long.

@@ -408,7 +408,7 @@ impl Reader {
         // none of its own, but a data-only `{"type":"ping"}` there is one all the same, not a
         // chunk of the answer (audit NA 5).
         let keepalive = ev.kind == Kind::KeepAlive && !ev.choices && !ev.error;
-        let done = ev.done_seen == 6 && ev.done_ok;
+        let done = ev.done.found();
         // The end marker and keep-alives say nothing of the answer: any other event begins
         // it, the provider's error too (audit NA 5: `data: [DONE]` alone passed as a whole
         // empty answer to a streaming client, and as a truncation rebuilt for one that did

@@ -20,6 +20,7 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::http::sse::data_text;
 use crate::provider::Format;
 
 /// An event or document larger than this is not read for tool calls, nor an answer whose calls
@@ -128,7 +129,9 @@ impl ToolCalls {
     pub fn event_end(&mut self, dispatched: bool) {
         if dispatched && !self.overflow && mentions_a_tool(&self.buf) {
             let data = std::mem::take(&mut self.buf);
-            self.event(&data);
+            // Read as a client that streams decodes it (audit UE 1: an invalid byte lost
+            // the event, and the call its arguments).
+            self.event(&data_text(&data));
             if !self.overflow {
                 self.buf = data;
             }
@@ -216,10 +219,10 @@ impl ToolCalls {
         }
     }
 
-    fn event(&mut self, data: &[u8]) {
+    fn event(&mut self, data: &str) {
         match self.format {
             Format::Chat => {
-                let Ok(chunk) = serde_json::from_slice::<ChatChunk>(data) else {
+                let Ok(chunk) = serde_json::from_str::<ChatChunk>(data) else {
                     return;
                 };
                 for choice in chunk.choices.unwrap_or_default() {
@@ -271,7 +274,7 @@ impl ToolCalls {
                 }
             }
             Format::Messages => {
-                let Ok(ev) = serde_json::from_slice::<MessagesEvent>(data) else {
+                let Ok(ev) = serde_json::from_str::<MessagesEvent>(data) else {
                     return;
                 };
                 match (ev.kind.as_str(), ev.content_block, ev.delta) {
@@ -295,7 +298,7 @@ impl ToolCalls {
                 }
             }
             Format::Responses => {
-                let Ok(ev) = serde_json::from_slice::<ResponsesEvent>(data) else {
+                let Ok(ev) = serde_json::from_str::<ResponsesEvent>(data) else {
                     return;
                 };
                 match ev.kind.as_str() {

@@ -24,13 +24,21 @@ const BOUND: u64 = 24 << 20;
 /// An upstream that streams complete SSE events as fast as its socket takes them, forever,
 /// counting what it managed to write.
 async fn firehose() -> (SocketAddr, Arc<AtomicU64>) {
+    let (addr, written, _) = firehose_counting_closes().await;
+    (addr, written)
+}
+
+/// `firehose`, also counting the connections it saw closed by the gateway (a write failed).
+async fn firehose_counting_closes() -> (SocketAddr, Arc<AtomicU64>, Arc<AtomicU64>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let written = Arc::new(AtomicU64::new(0));
-    let count = written.clone();
+    let closes = Arc::new(AtomicU64::new(0));
+    let (count, closed) = (written.clone(), closes.clone());
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             let count = count.clone();
+            let closed = closed.clone();
             tokio::spawn(async move {
                 let mut buf = [0u8; 4096];
                 let mut req = Vec::new();
@@ -48,6 +56,7 @@ async fn firehose() -> (SocketAddr, Arc<AtomicU64>) {
                 let block = event.repeat(16);
                 loop {
                     if s.write_all(block.as_bytes()).await.is_err() {
+                        closed.fetch_add(1, Ordering::Relaxed);
                         return;
                     }
                     count.fetch_add(block.len() as u64, Ordering::Relaxed);
@@ -55,7 +64,7 @@ async fn firehose() -> (SocketAddr, Arc<AtomicU64>) {
             });
         }
     });
-    (addr, written)
+    (addr, written, closes)
 }
 
 fn rss_bytes() -> u64 {
@@ -355,6 +364,73 @@ async fn a_slow_but_steady_reader_is_not_cut_by_send_timeout() {
     h.wait_requests("chat", 1.0).await;
     assert_eq!(cancelled(&h, "send_timeout").await, 1.0);
     assert_eq!(cancelled(&h, "client").await, 0.0);
+}
+
+/// Audit UE 3: a client that reads a fast stream slowly but steadily (a 4 KiB receive buffer,
+/// 16 KiB every 10 ms) past a short deadline. At the deadline the upstream call ends (its
+/// in-flight count drops: the gateway stops reading it and closes it, though the client
+/// still reads); the client then gets what was already between the two sockets, bounded by
+/// buffers, not what the upstream could still send, and then the reason, `event: error`
+/// `deadline_exceeded`, and the body's end. The audit's reader (1000 B every 10 ms) saw no end
+/// in 10 s only because the socket buffers it was draining hold megabytes at that pace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_past_its_deadline_gets_what_was_sent_then_the_reason() {
+    let _serial = SERIAL.lock().await;
+    let (up, written, closes) = firehose_counting_closes().await;
+    let h = Harness::with_config(&config(up)).await;
+    let start = Instant::now();
+    let (mut client, _) = client_with_buffer(h.addr(), 1500, 4096).await;
+    let mut closed = None;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut ended = None;
+    let mut at_end = 0;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while !got.ends_with(b"\r\n0\r\n\r\n") {
+            let n = client.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before the end of the body");
+            got.extend_from_slice(&buf[..n]);
+            if ended.is_none()
+                && h.metric("hourglass_upstream_requests_in_flight{upstream=\"fake\"}")
+                    .await
+                    == 0.0
+            {
+                ended = Some(start.elapsed());
+                at_end = got.len();
+            }
+            if closed.is_none() && closes.load(Ordering::Relaxed) > 0 {
+                closed = Some(start.elapsed());
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the stream ends");
+    let ended = ended.expect("the upstream call ended while the client read");
+    // (a) The upstream call ended at the deadline, not when the client caught up.
+    assert!(
+        ended >= Duration::from_millis(1500) && ended < Duration::from_secs(6),
+        "ended after {ended:?}"
+    );
+    // The upstream connection itself was closed then, not left to wait for the client.
+    let closed = closed.expect("the upstream connection was closed while the client read");
+    assert!(closed < Duration::from_secs(6), "closed after {closed:?}");
+    // (b) What came after it was already on its way: the upstream wrote no more once it
+    // ended, and what the client read past that point is within the buffers' bound.
+    let after = (got.len() - at_end) as u64;
+    eprintln!(
+        "slow reader past its deadline: upstream ended at {ended:?}, closed at {closed:?}, wrote {} KiB; client read {} KiB, {} KiB of it after the end",
+        written.load(Ordering::Relaxed) >> 10,
+        got.len() >> 10,
+        after >> 10
+    );
+    assert!(after < BOUND, "{after} bytes after the upstream ended");
+    assert!((got.len() as u64) <= written.load(Ordering::Relaxed) + (1 << 20));
+    let text = String::from_utf8_lossy(&got[got.len().saturating_sub(2000)..]).into_owned();
+    assert!(text.contains("event: error"), "{text}");
+    assert!(text.contains("deadline_exceeded"), "{text}");
+    h.wait_requests("chat", 1.0).await;
+    assert_eq!(cancelled(&h, "deadline").await, 1.0);
 }
 
 /// HTTP/2: one stream whose client grants it no more window, while another stream on the same

@@ -873,3 +873,78 @@ async fn an_end_marker_before_the_answer_is_whole_ends_it_short() {
         assert_eq!(read.text(), stream, "{route}");
     }
 }
+
+/// Audit UE 1, UE 2: the two readings of one stream agree. A stream with an invalid UTF-8
+/// byte in a delta, or ended by `[DONE]` with more after it in its event, reaches a client
+/// that streams as it came (a WHATWG decoder reads the byte as U+FFFD; openai-python ends at
+/// data starting with `[DONE]`); the document rebuilt from it for one that does not stream
+/// was a 502. It is the answer now, with the U+FFFD the streaming client reads.
+#[tokio::test]
+async fn a_stream_both_readings_take_alike_is_one_answer() {
+    let chunk = |content: &[u8]| {
+        [
+            &br#"data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":""#[..],
+            content,
+            br#""},"finish_reason":null}]}"#,
+            b"\n\n",
+        ]
+        .concat()
+    };
+    let end = [
+        &br#"data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#[..],
+        b"\n\n",
+        br#"data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#,
+        b"\n\n",
+    ]
+    .concat();
+    let h = Harness::with_config(CONFIG).await;
+    let body = r#"{"model":"watched","messages":[{"role":"user","content":"hi"}]}"#;
+    for (events, content) in [
+        (
+            vec![chunk(b"A\xffB"), end.clone(), b"data: [DONE]\n\n".to_vec()],
+            "A\u{FFFD}B",
+        ),
+        (
+            vec![chunk(b"Hi"), end.clone(), b"data: [DONE]x\n\n".to_vec()],
+            "Hi",
+        ),
+        (
+            vec![
+                chunk(b"Hi"),
+                end.clone(),
+                b"data: [DONE]\ndata:\n\n".to_vec(),
+            ],
+            "Hi",
+        ),
+    ] {
+        let stream = events.concat();
+        let replay = || hourglass_fake::Replay {
+            content_type: "text/event-stream",
+            events: events
+                .iter()
+                .map(|e| bytes::Bytes::from(e.clone()))
+                .collect(),
+            interval: Duration::from_millis(1),
+        };
+        h.fake.set_replay(Some(replay()));
+        let streamed = body.replacen('{', r#"{"stream":true,"#, 1);
+        let (resp, _c) = h.send(post("/v1/chat/completions", streamed, &[])).await;
+        assert_eq!(resp.status(), 200);
+        let read = crate::support::read_body(resp.into_body()).await;
+        assert_eq!(read.bytes, stream, "{content}: passed as it came");
+
+        h.fake.set_replay(Some(replay()));
+        let (resp, _c) = h.send(post("/v1/chat/completions", body.into(), &[])).await;
+        assert_eq!(resp.status(), 200, "{content}");
+        let doc = json_body(resp).await;
+        assert_eq!(doc["choices"][0]["message"]["content"], content, "{doc}");
+        assert_eq!(doc["choices"][0]["finish_reason"], "stop");
+        assert_eq!(doc["usage"]["completion_tokens"], 1);
+    }
+    h.wait_requests("watched", 6.0).await;
+    assert_eq!(
+        h.metric("hourglass_requests_total{outcome=\"ok\",route=\"watched\"}")
+            .await,
+        6.0
+    );
+}

@@ -745,3 +745,34 @@ fn realistic_anthropic_stream() {
         }
     );
 }
+
+/// Audit UE 2: the end marker is `[DONE]` at the start of the data, whatever follows, in
+/// whatever pieces the data comes.
+#[test]
+fn the_end_marker_is_done_at_the_start_of_the_data() {
+    for (data, is) in [
+        (&b"[DONE]"[..], true),
+        (b"[DONE]x", true),
+        (b"[DONE]\n", true),
+        (b"[DONE] {}", true),
+        (b"[DONE", false),
+        (b"", false),
+        (b" [DONE]", false),
+        (b"[DONe]", false),
+        (b"[DO\nNE]", false),
+        (b"{\"choices\":[]}", false),
+    ] {
+        assert_eq!(
+            EndMarker::is(data),
+            is,
+            "{:?}",
+            String::from_utf8_lossy(data)
+        );
+        for at in 0..=data.len() {
+            let mut m = EndMarker::default();
+            m.note(&data[..at]);
+            m.note(&data[at..]);
+            assert_eq!(m.found(), is, "{data:?} cut at {at}");
+        }
+    }
+}

@@ -331,7 +331,7 @@ impl Chat {
     }
 
     /// Reads one chunk (never the provider's error object: the inspector tells those apart).
-    pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
+    pub(super) fn event(&mut self, data: &str) -> serde_json::Result<()> {
         let first = self.head.is_none() || self.head_open;
         let (choices, usage, groq) = if first {
             // The first chunk: its head (id, object, created, model, system_fingerprint,
@@ -339,7 +339,7 @@ impl Chat {
             // fields a provider adds; a field it left empty is taken from the next chunks,
             // while the head is open.
             let mut fields =
-                serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)?;
+                serde_json::from_str::<std::collections::BTreeMap<&str, &RawValue>>(data)?;
             let choices = fields.remove("choices");
             let usage = fields.remove("usage");
             let groq = match fields.get("x_groq") {
@@ -366,7 +366,7 @@ impl Chat {
                     .any(|k| head.get(*k).is_none_or(empty));
             (choices, usage, groq)
         } else {
-            let chunk = serde_json::from_slice::<ChatChunk<'_>>(data)?;
+            let chunk = serde_json::from_str::<ChatChunk<'_>>(data)?;
             (chunk.choices.unwrap_or_default(), chunk.usage, chunk.x_groq)
         };
         let real = |u: &&RawValue| u.get() != "null";
@@ -556,9 +556,8 @@ impl Chat {
     /// document's, as last sent; named ones only lost them (audit UB 1). The head's identity
     /// stays the first chunk's (llama.cpp stamps each chunk's `created` anew). Only these
     /// chunks: reading every chunk whole would cost every chunk.
-    fn read_end_whole(&mut self, data: &[u8]) {
-        let Ok(fields) =
-            serde_json::from_slice::<std::collections::BTreeMap<&str, &RawValue>>(data)
+    fn read_end_whole(&mut self, data: &str) {
+        let Ok(fields) = serde_json::from_str::<std::collections::BTreeMap<&str, &RawValue>>(data)
         else {
             return;
         };

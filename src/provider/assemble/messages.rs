@@ -106,13 +106,13 @@ impl Messages {
             .is_some_and(|m| m.get("stop_reason").is_some_and(|r| !r.is_null()))
     }
 
-    pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
-        self.read(serde_json::from_slice::<MessagesEvent<'_>>(data)?, data);
+    pub(super) fn event(&mut self, data: &str) -> serde_json::Result<()> {
+        self.read(serde_json::from_str::<MessagesEvent<'_>>(data)?, data);
         Ok(())
     }
 
     /// Reads `ev`, parsed from `data` (read whole again for `message_delta`).
-    fn read(&mut self, ev: MessagesEvent<'_>, data: &[u8]) {
+    fn read(&mut self, ev: MessagesEvent<'_>, data: &str) {
         match ev.kind {
             "message_start" => {
                 if let Some(Value::Object(m)) = ev.message.map(raw) {
@@ -216,7 +216,7 @@ impl Messages {
                 // Read whole (once an answer): besides `delta` and `usage`, its members are
                 // the message's too, whatever a beta adds (`context_management`,
                 // `input_transformations`): named ones only lost them (audit UB 1).
-                let Ok(fields) = serde_json::from_slice::<Map<String, Value>>(data) else {
+                let Ok(fields) = serde_json::from_str::<Map<String, Value>>(data) else {
                     return;
                 };
                 for (k, v) in fields {

@@ -85,8 +85,8 @@ impl Responses {
             .map(|(_, m, _)| m)
     }
 
-    pub(super) fn event(&mut self, data: &[u8]) -> serde_json::Result<()> {
-        match serde_json::from_slice::<ResponsesEvent<'_>>(data) {
+    pub(super) fn event(&mut self, data: &str) -> serde_json::Result<()> {
+        match serde_json::from_str::<ResponsesEvent<'_>>(data) {
             Ok(ev) => {
                 self.read(ev);
                 Ok(())
@@ -94,7 +94,7 @@ impl Responses {
             // The API adds events, whose fields may have other shapes (a `delta` that is
             // no string): one of a kind this reader does not use is no fault, as long as it
             // is an event at all.
-            Err(e) => match serde_json::from_slice::<EventKind<'_>>(data) {
+            Err(e) => match serde_json::from_str::<EventKind<'_>>(data) {
                 Ok(k) if !Self::reads(&k.kind) => Ok(()),
                 _ => Err(e),
             },

@@ -2,6 +2,7 @@ use super::*;
 use crate::provider::inspect::Inspector;
 use serde_json::json;
 
+mod decoding;
 mod messages;
 
 const CHAT: &str = include_str!("../../../tests/fixtures/openai_chat.sse");

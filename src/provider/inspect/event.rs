@@ -1,6 +1,7 @@
 //! What one event says, as the inspector reads it: filled in by the JSON reader as its data
 //! passes and decided when the event dispatches.
 
+use crate::http::sse::EndMarker;
 use crate::provider::ErrorType;
 
 /// What the event being read says, decided when it dispatches.
@@ -16,9 +17,9 @@ pub(super) struct Event {
     pub(super) choices: bool,
     /// What the top-level `type` names.
     pub(super) kind: Kind,
-    /// How many bytes of the data matched `[DONE]` from its start, and whether all did.
-    pub(super) done_seen: u8,
-    pub(super) done_ok: bool,
+    /// Whether the data is OpenAI's end marker (`sse::EndMarker`: the rule the document
+    /// rebuilt from the stream ends by too).
+    pub(super) done: EndMarker,
     /// The answer's end: a choice's non-null `finish_reason`, a `message_delta`'s
     /// `stop_reason`, `message_stop`, or a `response.completed` (`incomplete`, `failed`).
     pub(super) finished: bool,
@@ -96,12 +97,6 @@ impl Event {
     /// Follows whether the event's data is `[DONE]` (the end marker of OpenAI streams).
     #[inline]
     pub(super) fn note_done(&mut self, data: &[u8]) {
-        if self.done_seen == 0 {
-            self.done_ok = true;
-        }
-        for &b in data.iter().take(usize::from(6 - self.done_seen.min(6))) {
-            self.done_ok &= b == b"[DONE]"[usize::from(self.done_seen)];
-            self.done_seen += 1;
-        }
+        self.done.note(data);
     }
 }

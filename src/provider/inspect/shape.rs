@@ -156,11 +156,9 @@ impl Shape {
             self.misses = 0;
             // `ev` holds only the `[DONE]` match of this data so far, which the shape's own
             // must not replace.
-            let (seen, ok) = (ev.done_seen, ev.done_ok);
             *ev = Event {
                 output_bytes: self.event.output_bytes + output_bytes,
-                done_seen: seen,
-                done_ok: ok,
+                done: ev.done,
                 ..self.event
             };
             json.clone_from(&self.json);

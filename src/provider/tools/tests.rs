@@ -609,3 +609,26 @@ fn a_deep_argument_is_copied_no_more_than_a_flat_one() {
         );
     }
 }
+
+/// Audit UE 1: a tool call's arguments with an invalid UTF-8 byte reach a client that streams,
+/// whose decoder reads it as U+FFFD; the event was skipped here (serde_json refuses invalid
+/// UTF-8), so the call had no arguments and its fingerprint was another call's. It is read
+/// as the standard decodes it, as the rebuilt document reads it.
+#[test]
+fn an_invalid_utf8_byte_in_streamed_arguments_is_read_as_the_standard_decodes_it() {
+    let mut t = ToolCalls::new(Format::Chat);
+    for ev in [
+        &br#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]}}]}"#[..],
+        b"{\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"city\\\":\\\"Par\xffis\\\"}\"}}]}}]}",
+    ] {
+        t.data(ev);
+        t.line_end();
+        t.event_end(true);
+    }
+    let (canon, names) = t.canonical().expect("a call");
+    assert_eq!(names, "get_weather");
+    assert_eq!(
+        String::from_utf8(canon).unwrap(),
+        "get_weather\0{\"city\":\"Par\u{FFFD}is\"}\0"
+    );
+}
