@@ -76,7 +76,8 @@ pub fn strip_account_selectors(headers: &mut HeaderMap) {
 /// Beside a key the gateway injects these are the operator's to set, in the peer's own
 /// config, never the client's: a client holding only a gateway key had Portkey send the
 /// operator's provider key to a host of its choosing (audit SA 2), or, by naming another
-/// provider, to that provider's host (audit UD 1). Those that pick no host, account or key (Portkey's trace id,
+/// provider, to that provider's host (audit UD 1); the operator pins it with the upstream's
+/// `headers`. Those that pick no host, account or key (Portkey's trace id,
 /// metadata, cache; Helicone's properties) pass.
 pub fn steers_peer(name: &HeaderName) -> bool {
     let name = name.as_str();
