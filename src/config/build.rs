@@ -470,6 +470,8 @@ fn build_upstream(
         api_key_file,
         organization: raw.organization,
         project: raw.project,
+        set_headers: super::peer_headers::set_headers(&label, raw.headers)?,
+        hide_headers: super::peer_headers::hide_headers(&label, raw.hide_headers)?,
         auth: match raw.auth {
             None | Some(RawAuth::Bearer) => AuthMode::Bearer,
             Some(RawAuth::XApiKey) => AuthMode::XApiKey,

@@ -612,6 +612,22 @@ fn write_upstream(out: &mut String, up: &UpstreamConfig) {
     if let Some(project) = &up.project {
         let _ = write!(out, ", project {project}");
     }
+    // Shown, values too: they are not secrets by design (a key goes in api_key_env). Those
+    // of a header that may carry a peer's credentials or account (`steers_peer`: Portkey's
+    // virtual key, config, AWS secret) are masked all the same.
+    for (name, value) in &up.set_headers {
+        let value =
+            if crate::http::client_steering::steers_peer(name) && *name != "x-portkey-provider" {
+                "***"
+            } else {
+                value.to_str().unwrap_or("?")
+            };
+        let _ = write!(out, ", header {name}: {value}");
+    }
+    if !up.hide_headers.is_empty() {
+        let shown: Vec<String> = up.hide_headers.iter().map(|p| p.to_string()).collect();
+        let _ = write!(out, ", hide_headers {}", shown.join(" "));
+    }
     if let Some(c) = &up.client_cert {
         let _ = write!(out, ", client_cert {}", c.cert.display());
     }

@@ -29,6 +29,7 @@ mod egress;
 pub mod file;
 mod http2;
 mod locate;
+mod peer_headers;
 mod raw;
 mod routing;
 mod runs;
@@ -42,6 +43,7 @@ pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(31_
 pub use describe::{missing_file_note, WILL_NOT_START};
 pub use egress::{EgressProxy, ProxyEnv, ProxyTarget};
 pub use http2::{Http2Config, Http2Mode};
+pub use peer_headers::{hide, HidePattern};
 pub use routing::glob_match;
 pub use runs::{
     node_url, OnStoreError, RunIdSource, RunLimits, RunStore, RunsConfig, DEFAULT_TOKEN_ESTIMATE,
@@ -215,6 +217,13 @@ pub struct UpstreamConfig {
     /// `OpenAI-Project`), sent beside it; a client's own choice never is (audit PC 4).
     pub organization: Option<String>,
     pub project: Option<String>,
+    /// Request headers set on every attempt here (`headers`), replacing any the client
+    /// sent: what a peer gateway reads that the client may not choose beside the gateway's
+    /// key, such as Portkey's provider (audit UD 1). Never one the gateway sets itself.
+    pub set_headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// Answer headers dropped from every answer here (`hide_headers`), before the gateway
+    /// adds its own: a peer's internal ones, such as LiteLLM's `x-litellm-*` (audit UD 2).
+    pub hide_headers: Vec<HidePattern>,
     /// Extra CA bundle (PEM) to trust; relative paths are already resolved
     /// against the config file's directory.
     pub ca_file: Option<PathBuf>,

@@ -212,6 +212,8 @@ pub(super) struct RawUpstream {
     pub(super) auth: Option<RawAuth>,
     pub(super) organization: Option<String>,
     pub(super) project: Option<String>,
+    pub(super) headers: Option<std::collections::BTreeMap<String, String>>,
+    pub(super) hide_headers: Option<Vec<String>>,
     pub(super) ca_file: Option<PathBuf>,
     pub(super) trust_public_roots: Option<bool>,
     pub(super) client_cert: Option<PathBuf>,

@@ -404,6 +404,7 @@ impl<'a> Attempt<'a> {
                 });
             }
             upstream.localize_locations(&mut parts.headers);
+            upstream.hide_headers(&mut parts.headers);
             let shape = BodyShape::of(&parts.headers);
             let mut body = UpstreamBody {
                 prefix: VecDeque::new(),

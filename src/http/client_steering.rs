@@ -66,22 +66,26 @@ pub fn strip_account_selectors(headers: &mut HeaderMap) {
 }
 
 /// Whether a header picks where a peer gateway in front of a provider sends the key it is
-/// given, or which credentials or account it uses there: Portkey's custom host, config (which
-/// can carry a host and keys), virtual key, and the headers of its clouds and providers that
+/// given, or which credentials or account it uses there: Portkey's provider (which picks
+/// the provider's host: `groq` is api.groq.com, `azure-openai` an Azure resource anyone may
+/// register), custom host, config (which can carry a host and keys), virtual key, and the
+/// headers of its clouds and providers that
 /// name a host, a region, an account or credentials; Helicone's target URL and provider, its
 /// older Azure base URL and its fallbacks (each a URL with headers); and LiteLLM's `x-pass-`
 /// form of a header the gateway removes itself (LiteLLM sends `x-pass-NAME` on as `NAME`).
 /// Beside a key the gateway injects these are the operator's to set, in the peer's own
 /// config, never the client's: a client holding only a gateway key had Portkey send the
-/// operator's provider key to a host of its choosing (audit SA 2). Those that pick no host,
-/// account or key (Portkey's provider, trace id, metadata, cache; Helicone's properties)
-/// pass.
+/// operator's provider key to a host of its choosing (audit SA 2), or, by naming another
+/// provider, to that provider's host (audit UD 1); the operator pins it with the upstream's
+/// `headers`. Those that pick no host, account or key (Portkey's trace id,
+/// metadata, cache; Helicone's properties) pass.
 pub fn steers_peer(name: &HeaderName) -> bool {
     let name = name.as_str();
     if let Some(rest) = name.strip_prefix("x-portkey-") {
         return matches!(
             rest,
-            "custom-host"
+            "provider"
+                | "custom-host"
                 | "config"
                 | "virtual-key"
                 | "openai-organization"
@@ -179,11 +183,12 @@ mod tests {
             "x-pass-authorization",
             "x-pass-x-api-key",
             "x-pass-openai-organization",
+            // Audit UD 1: the provider picks the host.
+            "x-portkey-provider",
         ] {
             assert!(steers_peer(&HeaderName::from_static(name)), "{name}");
         }
         for name in [
-            "x-portkey-provider",
             "x-portkey-trace-id",
             "x-portkey-metadata",
             "x-portkey-cache",
@@ -209,8 +214,8 @@ mod tests {
             "x-portkey-custom-host",
             HeaderValue::from_static("http://b"),
         );
-        h.append("x-portkey-provider", HeaderValue::from_static("openai"));
+        h.append("x-portkey-trace-id", HeaderValue::from_static("t-1"));
         strip_peer_steering(&mut h);
-        assert_eq!(h.keys().collect::<Vec<_>>(), ["x-portkey-provider"]);
+        assert_eq!(h.keys().collect::<Vec<_>>(), ["x-portkey-trace-id"]);
     }
 }

@@ -70,6 +70,11 @@ fn hop_at(name: &HeaderName) -> Option<usize> {
     })
 }
 
+/// Whether a header is about one connection, not the message (`HOP_BY_HOP`).
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
+    hop_at(name).is_some()
+}
+
 /// Refuses heads whose target two parsers could read differently (RFC 9112 3.2). hyper's
 /// HTTP/1 parser already refuses obs-fold, bare CR, conflicting or malformed lengths and
 /// codings that do not end in chunked, and merges equal lengths; what it leaves is checked

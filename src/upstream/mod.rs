@@ -341,7 +341,8 @@ impl Upstream {
     /// Replaces whatever credentials the client sent with the upstream's own, and drops the
     /// client's choice of the account that key acts for (`ACCOUNT_SELECTORS`) and of where
     /// a peer gateway sends it (`steers_peer`). Without a configured key the client's own
-    /// headers pass through untouched: its key, its account, its choice of host.
+    /// headers pass through untouched: its key, its account, its choice of host. Then sets
+    /// the upstream's `headers`.
     pub fn apply_credentials(&self, headers: &mut HeaderMap) {
         if let Some((name, value)) = &self.credential {
             strip_credentials(headers);
@@ -352,6 +353,20 @@ impl Upstream {
                 headers.insert(name.clone(), value.clone());
             }
         }
+        // The operator's `headers`, with a key or without: theirs replace the client's
+        // (audit UD 1: what pins Portkey's provider once the client's is dropped).
+        for (name, value) in &self.config.set_headers {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+
+    /// Drops from an answer's head what the upstream's `hide_headers` names (audit UD 2:
+    /// LiteLLM's `x-litellm-model-api-base` told clients the provider's address behind it).
+    /// Called on the upstream's head as it arrives, before the gateway adds its own headers,
+    /// so every answer from here (success or error, streamed or whole, kept for later) has
+    /// them dropped, and none of the gateway's is ever hidden.
+    pub fn hide_headers(&self, headers: &mut HeaderMap) {
+        crate::config::hide(headers, &self.config.hide_headers);
     }
 
     /// Rewrites an answer's `Location` and `Content-Location` that name this upstream's

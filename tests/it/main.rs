@@ -21,6 +21,7 @@ mod faults;
 mod h2_upstream;
 mod limits;
 mod ops;
+mod peer_headers;
 mod properties;
 mod provider;
 mod replicas;

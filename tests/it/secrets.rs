@@ -629,12 +629,12 @@ async fn proxy_and_gateway_keys_do_not_ride_along_with_the_gateways() {
         ("x-portkey-api-key", "pk-client"),
     ];
     for path in ["/v1/chat/completions", "/v1/messages"] {
-        let extra = [("x-portkey-provider", "openai")];
+        let extra = [("x-portkey-trace-id", "t-1")];
         let sent = forwarded(&h, path, theirs.iter().chain(&extra)).await;
         for (name, _) in theirs {
             assert_eq!(sent.get(name), None, "{path}: {name}");
         }
-        assert_eq!(sent["x-portkey-provider"], "openai", "{path}");
+        assert_eq!(sent["x-portkey-trace-id"], "t-1", "{path}");
         let keys: Vec<_> = sent.get_all("authorization").iter().collect();
         if path == "/v1/messages" {
             assert!(keys.is_empty(), "{path}: {keys:?}");
@@ -727,8 +727,11 @@ upstream = "bare"
 /// headers that pick where a peer gateway sends it (Portkey's custom host and config,
 /// Helicone's target URL) or which credentials and account it uses (Portkey's virtual key
 /// and cloud headers, LiteLLM's `x-pass-` form of a key or account header) are dropped;
-/// those that pick no host (Portkey's provider, trace and metadata) pass. Where the client's
-/// own key goes, the key is the client's, and so is where it goes: they all pass.
+/// those that pick no host (Portkey's trace and metadata) pass. Audit UD 1: Portkey's
+/// provider picks the host too (`groq` sends the key to api.groq.com, `azure-openai` to
+/// `undefined.openai.azure.com`, a name anyone may register), so it is dropped with them.
+/// Where the client's own key goes, the key is the client's, and so is where it goes: they
+/// all pass.
 #[tokio::test]
 async fn a_client_cannot_pick_where_a_peer_gateway_sends_the_gateways_key() {
     let (_dir, key_file, clients) = key_files("hourglass-peer-host-");
@@ -754,9 +757,9 @@ async fn a_client_cannot_pick_where_a_peer_gateway_sends_the_gateways_key() {
         ),
         ("x-pass-openai-organization", "org-someone-else"),
         ("x-pass-authorization", "Bearer sk-someone-else"),
+        ("x-portkey-provider", "azure-openai"),
     ];
     let harmless = [
-        ("x-portkey-provider", "openai"),
         ("x-portkey-trace-id", "t-1"),
         ("x-portkey-metadata", r#"{"user":"u"}"#),
         ("helicone-user-id", "u"),

@@ -401,3 +401,37 @@ fn a_routes_max_request_body_errors_name_route_key_and_value() {
         "t.toml: routes[0].max_request_body (300000000) must be at most [server] request_body_memory (268435456), or no body of that size could be read"
     );
 }
+
+/// Audit UD 1 and UD 2: an upstream's `headers` and `hide_headers` load checked, and `check`
+/// shows them (the value of a header that may carry a peer's credentials masked).
+#[test]
+fn an_upstreams_headers_and_hidden_headers_are_checked_and_shown() {
+    let with = |extra: &str| {
+        BASE.replace(
+            "url = \"https://api.openai.com\"\n",
+            &format!("url = \"https://api.openai.com\"\n{extra}"),
+        )
+    };
+    let c = load(&with(
+        "api_key_env = \"K\"\nheaders = { \"x-portkey-provider\" = \"openai\", \
+         \"x-portkey-virtual-key\" = \"vk-1\" }\nhide_headers = [\"x-litellm-*\", \"server\"]\n",
+    ));
+    let shown = c.describe();
+    assert!(
+        shown.contains(
+            ", header x-portkey-provider: openai, header x-portkey-virtual-key: ***, \
+             hide_headers x-litellm-* server"
+        ),
+        "{shown}"
+    );
+    assert_eq!(
+        err(&with("headers = { \"Authorization\" = \"Bearer x\" }\n")),
+        "t.toml: upstream \"openai\": headers: authorization cannot be set here: the gateway \
+         sends the upstream's key itself (api_key_env, api_key_file, auth)"
+    );
+    assert_eq!(
+        err(&with("hide_headers = [\"content-*\"]\n")),
+        "t.toml: upstream \"openai\": hide_headers: content-* would hide content-type, which \
+         the gateway reads the answer's body by"
+    );
+}

@@ -1,0 +1,145 @@
+//! Peer gateways behind Hourglass: an upstream's `headers`, set on every attempt in place of
+//! the client's (audit UD 1), and its `hide_headers`, dropped from every answer (audit UD 2).
+//! The upstream is a loopback stub that records each request head and answers as a LiteLLM
+//! would, with its internal headers.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+
+use crate::support::{read_body, read_request, Harness};
+
+const PROVIDER_KEY: &str = "sk-operator-ud";
+
+/// Answers like a LiteLLM in front of a provider: its internal headers on every answer, an
+/// event stream to a request whose model is `sse`, a 500 to `err`, JSON otherwise. Each
+/// request's head is recorded (lowercased).
+async fn peer() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
+    use tokio::io::AsyncWriteExt;
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let req = read_request(&mut s).await;
+                let (status, kind, body) = if req.contains(r#""model":"sse""#) {
+                    (
+                        "200 OK",
+                        "text/event-stream",
+                        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n",
+                    )
+                } else if req.contains(r#""model":"err""#) {
+                    (
+                        "500 Internal Server Error",
+                        "application/json",
+                        r#"{"error":{"message":"down"}}"#,
+                    )
+                } else {
+                    (
+                        "200 OK",
+                        "application/json",
+                        r#"{"choices":[{"message":{"role":"assistant","content":"hi"}}]}"#,
+                    )
+                };
+                seen.lock().unwrap().push(req);
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\
+                     x-litellm-model-api-base: http://127.0.0.1:9/v1\r\n\
+                     x-litellm-key-spend: 0.0\r\nX-LiteLLM-Version: 1.108.7\r\n\
+                     x-request-id: peer-id\r\nx-peer-kept: yes\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (addr, heads)
+}
+
+/// Audit UD 1 and UD 2: behind a key the gateway injects, the client's
+/// `x-portkey-provider: azure-openai` had a Portkey upstream send the operator's key to
+/// `undefined.openai.azure.com`; now the client's is dropped, and the upstream's `headers`
+/// pins the provider on every attempt (a retried 500's too). LiteLLM's
+/// `x-litellm-model-api-base` told clients the provider's address behind it; the upstream's
+/// `hide_headers` drops it from every answer (JSON, streamed, and an error kept across a
+/// retry), and never the gateway's own `x-request-id`.
+#[tokio::test]
+async fn an_upstreams_headers_are_set_and_hidden_on_every_attempt_and_answer() {
+    let (addr, heads) = peer().await;
+    let dir = crate::support::temp_dir("hourglass-peer-headers-");
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, PROVIDER_KEY).unwrap();
+    let cfg = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.peer]
+url = "http://{addr}"
+api_key_file = "{}"
+headers = {{ "X-Portkey-Provider" = "openai" }}
+hide_headers = ["x-litellm-*", "x-request-id"]
+
+[[routes]]
+name = "peer"
+path_prefix = "/v1/chat/completions"
+upstream = "peer"
+retries = 1
+retry_on = ["5xx"]
+"#,
+        key_file.display()
+    );
+    let h = Harness::with_config(&cfg).await;
+    for (model, status, attempts) in [("json", 200, 1), ("sse", 200, 1), ("err", 500, 2)] {
+        let before = heads.lock().unwrap().len();
+        let req = Request::post("/v1/chat/completions")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header("x-portkey-provider", "azure-openai")
+            .header("x-portkey-trace-id", "t-1")
+            .body(Full::new(Bytes::from(format!(
+                r#"{{"model":"{model}","stream":{},"messages":[]}}"#,
+                model == "sse"
+            ))))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), status, "{model}");
+        let head = resp.headers().clone();
+        for hidden in [
+            "x-litellm-model-api-base",
+            "x-litellm-key-spend",
+            "x-litellm-version",
+            "x-upstream-request-id",
+        ] {
+            assert_eq!(head.get(hidden), None, "{model}: {hidden}");
+        }
+        assert_eq!(head["x-peer-kept"], "yes", "{model}");
+        // The gateway's own id, never hidden.
+        let id = head["x-request-id"].to_str().unwrap();
+        assert_ne!(id, "peer-id", "{model}");
+        assert!(
+            !read_body(resp.into_body()).await.text().is_empty(),
+            "{model}"
+        );
+        let sent: Vec<String> = heads.lock().unwrap()[before..].to_vec();
+        assert_eq!(sent.len(), attempts, "{model}");
+        for req in sent {
+            let lines: Vec<&str> = req
+                .lines()
+                .filter(|l| l.starts_with("x-portkey-provider:"))
+                .collect();
+            assert_eq!(lines, ["x-portkey-provider: openai"], "{model}");
+            assert!(req.contains("x-portkey-trace-id: t-1"), "{model}");
+            assert!(
+                req.contains(&format!("authorization: bearer {PROVIDER_KEY}")),
+                "{model}"
+            );
+        }
+    }
+}
