@@ -14,6 +14,8 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 
+mod usage_chunk;
+
 const CHAT: &str = include_str!("../fixtures/openai_chat.sse");
 const CHAT_ERROR: &str = include_str!("../fixtures/openai_chat_error.sse");
 const MESSAGES: &str = include_str!("../fixtures/anthropic_messages.sse");
