@@ -86,7 +86,12 @@ impl Template {
         // Whether `body` is a copy of the template's rather than its bytes.
         let mut copied = rewritten.is_some();
         let mut body = rewritten.unwrap_or_else(|| self.body.clone());
-        let format = Format::detect(upstream.config.api, uri.path());
+        // A background response streamed again is read for its usage too (audit UC 4).
+        let format = Format::detect(upstream.config.api, uri.path()).or_else(|| {
+            (self.method == Method::GET)
+                .then(|| Format::resumed(upstream.config.api, uri.path(), uri.query()))
+                .flatten()
+        });
         let results_urls = names_results_urls(upstream.config.api, &self.method, uri.path())
             .then(|| Arc::from(sdk_base_path(self.path_and_query.path())));
         let mut assembled = false;

@@ -57,11 +57,7 @@ impl Format {
     pub fn detect(api: Api, path: &str) -> Option<Format> {
         let path = path.split('?').next().unwrap_or_default();
         let path = path.trim_end_matches('/');
-        if api != Api::Auto
-            && ["/chat/completions/", "/responses/", "/messages/"]
-                .iter()
-                .any(|call| path.contains(call))
-        {
+        if api != Api::Auto && below_call(path) {
             return None;
         }
         match api {
@@ -73,6 +69,25 @@ impl Format {
             Api::Auto if path.ends_with("/v1/responses") => Some(Format::Responses),
             Api::Auto => None,
         }
+    }
+
+    /// The format of a background response streamed again, `GET …/responses/{id}?stream=true`
+    /// (`path` without its query, `query` the request's), on an upstream that speaks OpenAI
+    /// (or `auto`, under `/v1/`): Responses. Its `response.completed` carries the only usage
+    /// a background response reports (its `POST` answers a `queued` response without one), so
+    /// the token metrics and the log line count it (audit UC 4). Its run is charged none of
+    /// it, as of any call that asks the model nothing (`Upstream::asks_model`: no body). A
+    /// polled response (no `stream=true`) is a document read again: not read.
+    pub fn resumed(api: Api, path: &str, query: Option<&str>) -> Option<Format> {
+        let path = path.trim_end_matches('/');
+        let (parent, id) = path.rsplit_once('/')?;
+        let responses = match api {
+            Api::OpenAi => parent.ends_with("/responses"),
+            Api::Auto => parent.ends_with("/v1/responses"),
+            Api::Anthropic => false,
+        };
+        let streamed = query.is_some_and(|q| q.split('&').any(|pair| pair == "stream=true"));
+        (responses && !id.is_empty() && streamed).then_some(Format::Responses)
     }
 
     /// The format of a request to `path` when it is a call of the API itself (create a chat
@@ -93,6 +108,27 @@ impl Format {
             Api::Auto => Format::detect(api, path),
         }
     }
+}
+
+/// A path below one of the APIs' calls (`…/chat/completions/{id}`, `…/responses/{id}`,
+/// `/cancel`, `…/messages/count_tokens`, `…/messages/batches`): a stored object, its
+/// cancellation, a count of tokens, a batch; never the model's generation itself.
+fn below_call(path: &str) -> bool {
+    ["/chat/completions/", "/responses/", "/messages/"]
+        .iter()
+        .any(|call| path.contains(call))
+}
+
+/// Whether a request may be a call in which the model generates, as far as its method, path
+/// and body tell: a `POST` to no path below one of the APIs' calls (a stored response, its
+/// `/cancel`, a count of tokens, a batch), other than a background response created without
+/// a stream (`"background": true`), which is answered at once with a `queued` response. GET
+/// polls and resumes, `DELETE` and the like read or remove what was generated before. The
+/// time-to-first-token histogram takes only these (audit UC 4); a path the gateway does not
+/// know stays in, as before.
+pub fn may_generate(method: &http::Method, path: &str, background: bool) -> bool {
+    let path = path.split('?').next().unwrap_or_default();
+    method == http::Method::POST && !below_call(path) && !background
 }
 
 /// The type of a provider's mid-stream error, as the `type` label of

@@ -14,6 +14,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 
+mod background;
 mod usage_chunk;
 
 const CHAT: &str = include_str!("../fixtures/openai_chat.sse");
