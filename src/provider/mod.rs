@@ -258,6 +258,65 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_resumed_background_stream_is_read_and_nothing_below_a_call_generates() {
+        use http::Method;
+        let resumed = |api, path, query| Format::resumed(api, path, query);
+        let r = Some(Format::Responses);
+        assert_eq!(
+            resumed(Api::OpenAi, "/v1/responses/resp_1", Some("stream=true")),
+            r
+        );
+        assert_eq!(
+            resumed(Api::Auto, "/v1/responses/resp_1", Some("a=1&stream=true")),
+            r
+        );
+        assert_eq!(resumed(Api::OpenAi, "/v1/responses/resp_1", None), None);
+        assert_eq!(
+            resumed(Api::OpenAi, "/v1/responses/resp_1", Some("stream=false")),
+            None
+        );
+        assert_eq!(
+            resumed(Api::Auto, "/x/responses/resp_1", Some("stream=true")),
+            None
+        );
+        assert_eq!(
+            resumed(
+                Api::OpenAi,
+                "/v1/responses/resp_1/input_items",
+                Some("stream=true")
+            ),
+            None
+        );
+        assert_eq!(
+            resumed(Api::Anthropic, "/v1/responses/resp_1", Some("stream=true")),
+            None
+        );
+        assert!(may_generate(&Method::POST, "/v1/responses", false));
+        assert!(may_generate(&Method::POST, "/custom/generate", false));
+        assert!(!may_generate(&Method::POST, "/v1/responses", true));
+        assert!(!may_generate(
+            &Method::POST,
+            "/v1/responses/resp_1/cancel",
+            false
+        ));
+        assert!(!may_generate(
+            &Method::POST,
+            "/v1/messages/count_tokens",
+            false
+        ));
+        assert!(!may_generate(
+            &Method::GET,
+            "/v1/responses/resp_1?stream=true",
+            false
+        ));
+        assert!(!may_generate(
+            &Method::DELETE,
+            "/v1/responses/resp_1",
+            false
+        ));
+    }
+
+    #[test]
     fn formats_by_api_and_path() {
         use Format::*;
         let cases = [
