@@ -253,6 +253,9 @@ impl Gateway {
                             if record.wants_tool_calls() {
                                 inspector = inspector.with_tool_calls();
                             }
+                            if started.hide_usage && !assemble {
+                                inspector = inspector.hiding_usage();
+                            }
                             if assemble {
                                 let limit = self.config.server.max_response_body;
                                 inspector = inspector

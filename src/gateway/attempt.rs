@@ -86,6 +86,8 @@ pub struct Started {
     pub shape: BodyShape,
     /// The upstream was asked to stream on the client's behalf (`stream_upstream`).
     pub assembled: bool,
+    /// The answer's usage-only chunk is the gateway's, not the client's (UC 3).
+    pub hide_usage: bool,
     /// ... and a limit that cuts it after output came gives the client a partial answer.
     pub partial_answers: bool,
     /// The Chat choices the answer has (`n`), none of which may be missing at its end.
@@ -110,6 +112,7 @@ impl<'a> Attempt<'a> {
             request: mut req,
             format,
             assembled,
+            hide_usage,
             partial_answers,
             choices,
             results_urls,
@@ -441,6 +444,7 @@ impl<'a> Attempt<'a> {
                 format,
                 shape,
                 assembled,
+                hide_usage,
                 partial_answers,
                 choices,
                 error_event,

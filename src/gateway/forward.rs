@@ -279,8 +279,10 @@ impl Gateway {
             let Head {
                 model,
                 choices,
+                background,
                 unreadable,
             } = head_of(&body)?;
+            record.set_background(background);
             // A body in a content coding is read by no one here (and may open with a NUL).
             let unreadable = unreadable
                 .or_else(|| {

@@ -14,7 +14,7 @@ use crate::budget::{Budget, BudgetSource};
 use crate::error::{GatewayError, Origin};
 use crate::gateway::routes::ChainEntry;
 use crate::provider::inspect::{Source, Tokens};
-use crate::provider::ErrorType;
+use crate::provider::{may_generate, ErrorType};
 use crate::runs::state::View;
 use crate::runs::{Answer, RunCall, Used};
 use crate::stream::limits::RunTokens;
@@ -119,6 +119,8 @@ pub struct RequestRecord {
     upstream: Option<Arc<Upstream>>,
     /// The model the client named: whose first-token estimate the upstream's answer teaches.
     model: Option<Arc<str>>,
+    /// A background response created without a stream (`set_background`).
+    background: bool,
     metrics: RouteMetrics,
     ttft_metric: Option<Histogram>,
     answer_metrics: Option<Arc<AnswerMetrics>>,
@@ -259,6 +261,7 @@ impl RequestRecord {
             request_bytes: 0,
             body_unread: false,
             model: None,
+            background: false,
             error: None,
         }
     }
@@ -504,6 +507,19 @@ impl RequestRecord {
         self.model = model;
     }
 
+    /// The request creates a background response without a stream (see `may_generate`).
+    pub fn set_background(&mut self, background: bool) {
+        self.background = background;
+    }
+
+    /// Whether the call may have the model generate (`provider::may_generate`): only such a
+    /// call's first token is one, for the histogram and the upstream's estimate (audit UC 4:
+    /// every poll, `/cancel` and `DELETE` of a stored response, and a background response's
+    /// `queued` acknowledgement, was a sample).
+    fn may_generate(&self) -> bool {
+        may_generate(&self.method, &self.path, self.background)
+    }
+
     /// The upstream whose answer the client gets (the last attempt, or the hedge winner): when
     /// its request was sent, and its first body byte if it was read while the head was held.
     pub fn set_upstream(
@@ -524,9 +540,12 @@ impl RequestRecord {
 
     /// Observes the time to first token, once, when both it and its histogram are known.
     fn observe_ttft(&mut self) {
-        if let (false, Some(at), Some(h)) =
-            (self.ttft_observed, self.first_token_at, &self.ttft_metric)
-        {
+        if let (false, Some(at), Some(h), true) = (
+            self.ttft_observed,
+            self.first_token_at,
+            &self.ttft_metric,
+            self.may_generate(),
+        ) {
             h.observe((at - self.arrival).as_secs_f64());
             self.ttft_observed = true;
         }
@@ -949,7 +968,9 @@ impl Observer for RequestRecord {
         let answered = self.status.is_none_or(|s| (200..300).contains(&s));
         if self.first_token_at.is_none() && answered {
             self.first_token_at = Some(at);
-            if let (Some(up), Some(sent)) = (&self.upstream, self.sent_at) {
+            if let (Some(up), Some(sent), true) =
+                (&self.upstream, self.sent_at, self.may_generate())
+            {
                 up.observe_first_token(self.model.as_deref(), at.saturating_duration_since(sent));
             }
             self.observe_ttft();

@@ -59,6 +59,9 @@ pub struct Outgoing {
     /// The upstream was asked to stream on the client's behalf: its stream is to be
     /// assembled into the one document the client expects.
     pub assembled: bool,
+    /// The gateway added `stream_options.include_usage` to a streaming Chat request whose
+    /// client did not ask for it: the usage-only chunk it brings is not the client's.
+    pub hide_usage: bool,
     pub partial_answers: bool,
     /// The Chat choices the answer has (`n`), at most 64 (see `Inspector::with_choices`).
     pub choices: u8,
@@ -87,10 +90,16 @@ impl Template {
         // Whether `body` is a copy of the template's rather than its bytes.
         let mut copied = rewritten.is_some();
         let mut body = rewritten.unwrap_or_else(|| self.body.clone());
-        let format = Format::detect(upstream.config.api, uri.path());
+        // A background response streamed again is read for its usage too (audit UC 4).
+        let format = Format::detect(upstream.config.api, uri.path()).or_else(|| {
+            (self.method == Method::GET)
+                .then(|| Format::resumed(upstream.config.api, uri.path(), uri.query()))
+                .flatten()
+        });
         let results_urls = names_results_urls(upstream.config.api, &self.method, uri.path())
             .then(|| Arc::from(sdk_base_path(self.path_and_query.path())));
         let mut assembled = false;
+        let mut hide_usage = false;
         // Asked to stream only where it is a call of the API itself: the rest of it
         // (count_tokens, batches, embeddings) refuses a `stream` it never takes.
         let call = self
@@ -108,6 +117,8 @@ impl Template {
             if let Some(with_usage) = include_usage(&body, false)? {
                 body = with_usage;
                 copied = true;
+                // (A stream assembled into a document already asked: `stream_request`.)
+                hide_usage = true;
             }
         }
         // A rewritten body is a copy beside the template's, alive until hyper has written it
@@ -175,6 +186,7 @@ impl Template {
             request: req,
             format,
             assembled,
+            hide_usage,
             partial_answers: self.partial_answers,
             choices: self.choices.map_or(1, |n| n.clamp(1, 64) as u8),
             results_urls,

@@ -160,6 +160,12 @@ pub trait EventSink {
     /// dispatches it; `kind`: its type. Returns true when the event is the provider's error,
     /// which ends the stream as an `event: error` does: nothing after it is scanned.
     fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool;
+    /// Asked at every blank line, after `end_event`: the event that just ended is to be left
+    /// out of what the client gets (reported through [`Scan::left_out`]).
+    #[inline]
+    fn left_out(&mut self) -> bool {
+        false
+    }
 }
 
 /// The sink of a scan that needs only boundaries and progress.
@@ -252,6 +258,20 @@ pub struct Scan {
     /// reports `error_end` `Some(1)` if it starts with the LF, else `Some(0)`; a body that
     /// ends first ended the event at the CR. So the offset never depends on the cuts.
     pub error_end: Option<usize>,
+    /// The last event in this chunk that the sink asked to leave out (see
+    /// [`EventSink::left_out`]).
+    pub left_out: Option<LeftOut>,
+}
+
+/// Where an event to be left out lies in the chunk that ended it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeftOut {
+    /// Where the event began in this chunk; `None` when it began in an earlier chunk (or at
+    /// this one's start, its earlier chunks having ended at a boundary): its bytes before
+    /// this chunk are those since the last boundary reported before it.
+    pub start: Option<usize>,
+    /// Just past its blank line (a boundary).
+    pub end: usize,
 }
 
 impl SseScanner {
@@ -294,6 +314,8 @@ impl SseScanner {
                 return out;
             }
         }
+        // Where the open block began in this chunk, once a boundary in it was passed.
+        let mut block_start = None;
         if self.pending_cr {
             // `pending_cr` implies the BOM was settled before this chunk, so `pos` is 0.
             self.pending_cr = false;
@@ -301,6 +323,7 @@ impl SseScanner {
                 pos = 1;
                 if self.cr_was_blank {
                     out.last_boundary = Some(1);
+                    block_start = Some(1);
                 }
             }
         }
@@ -391,6 +414,13 @@ impl SseScanner {
                         self.stopped = true;
                         return out;
                     }
+                    if sink.left_out() {
+                        out.left_out = Some(LeftOut {
+                            start: block_start,
+                            end: pos,
+                        });
+                    }
+                    block_start = Some(pos);
                 }
                 Line::Data => {
                     sink.data_line_end();

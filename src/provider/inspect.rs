@@ -103,6 +103,11 @@ struct Reader {
     choices_seen: u64,
     choices_done: u64,
     choices_wide: bool,
+    /// Chat's usage-only event (`choices: []` with a `usage`) is left out of the stream: the
+    /// gateway asked for it, not the client (`include_usage`, audit UC 3).
+    hide_usage: bool,
+    /// The event that just ended is such an event (see `EventSink::left_out`).
+    leave_out: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -135,6 +140,8 @@ impl Inspector {
                 choices_seen: 0,
                 choices_done: 0,
                 choices_wide: false,
+                hide_usage: false,
+                leave_out: false,
             },
             dispatched: 0,
         }
@@ -154,6 +161,16 @@ impl Inspector {
         if self.reader.format == Format::Chat {
             self.reader.choices_seen = u64::MAX >> (64 - u32::from(n.clamp(1, 64)));
         }
+        self
+    }
+
+    /// Leaves a Chat stream's usage-only event (`"choices": []` with the `usage`) out of what
+    /// the client gets, still reading its usage: the gateway added
+    /// `stream_options.include_usage` to the request, and a client that did not ask for the
+    /// event may index `choices[0]` of every chunk (audit UC 3). Other formats have no such
+    /// event, and a JSON document none at all.
+    pub fn hiding_usage(mut self) -> Self {
+        self.reader.hide_usage = self.scanner.is_some() && self.reader.format == Format::Chat;
         self
     }
 
@@ -361,6 +378,11 @@ impl EventSink for Reader {
         }
         error
     }
+
+    #[inline]
+    fn left_out(&mut self) -> bool {
+        std::mem::take(&mut self.leave_out)
+    }
 }
 
 impl Reader {
@@ -386,6 +408,7 @@ impl Reader {
     fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
         let ev = std::mem::take(&mut self.event);
         let status = self.json.error_status();
+        let usage = self.json.top_usage();
         self.json.reset();
         if !dispatched || kind == EventType::Ping {
             return false;
@@ -421,6 +444,15 @@ impl Reader {
                 return false;
             }
         }
+        // A chunk of no choice that carries the usage is the one `include_usage` adds: read,
+        // and left out when the gateway asked for it. (Azure's first chunk, `choices: []`
+        // with `prompt_filter_results` and no usage, is not it, and passes.)
+        self.leave_out = self.hide_usage
+            && ev.choices
+            && ev.choices_seen == 0
+            && !ev.choices_wide
+            && usage
+            && !ev.error;
         let t = &mut self.tokens;
         // What the event is, when it is recognised; `None` when it is not.
         let output = match (self.format, ev.kind) {

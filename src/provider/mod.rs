@@ -58,11 +58,7 @@ impl Format {
     pub fn detect(api: Api, path: &str) -> Option<Format> {
         let path = path.split('?').next().unwrap_or_default();
         let path = path.trim_end_matches('/');
-        if api != Api::Auto
-            && ["/chat/completions/", "/responses/", "/messages/"]
-                .iter()
-                .any(|call| path.contains(call))
-        {
+        if api != Api::Auto && below_call(path) {
             return None;
         }
         match api {
@@ -74,6 +70,25 @@ impl Format {
             Api::Auto if path.ends_with("/v1/responses") => Some(Format::Responses),
             Api::Auto => None,
         }
+    }
+
+    /// The format of a background response streamed again, `GET …/responses/{id}?stream=true`
+    /// (`path` without its query, `query` the request's), on an upstream that speaks OpenAI
+    /// (or `auto`, under `/v1/`): Responses. Its `response.completed` carries the only usage
+    /// a background response reports (its `POST` answers a `queued` response without one), so
+    /// the token metrics and the log line count it (audit UC 4). Its run is charged none of
+    /// it, as of any call that asks the model nothing (`Upstream::asks_model`: no body). A
+    /// polled response (no `stream=true`) is a document read again: not read.
+    pub fn resumed(api: Api, path: &str, query: Option<&str>) -> Option<Format> {
+        let path = path.trim_end_matches('/');
+        let (parent, id) = path.rsplit_once('/')?;
+        let responses = match api {
+            Api::OpenAi => parent.ends_with("/responses"),
+            Api::Auto => parent.ends_with("/v1/responses"),
+            Api::Anthropic => false,
+        };
+        let streamed = query.is_some_and(|q| q.split('&').any(|pair| pair == "stream=true"));
+        (responses && !id.is_empty() && streamed).then_some(Format::Responses)
     }
 
     /// The format of a request to `path` when it is a call of the API itself (create a chat
@@ -94,6 +109,27 @@ impl Format {
             Api::Auto => Format::detect(api, path),
         }
     }
+}
+
+/// A path below one of the APIs' calls (`…/chat/completions/{id}`, `…/responses/{id}`,
+/// `/cancel`, `…/messages/count_tokens`, `…/messages/batches`): a stored object, its
+/// cancellation, a count of tokens, a batch; never the model's generation itself.
+fn below_call(path: &str) -> bool {
+    ["/chat/completions/", "/responses/", "/messages/"]
+        .iter()
+        .any(|call| path.contains(call))
+}
+
+/// Whether a request may be a call in which the model generates, as far as its method, path
+/// and body tell: a `POST` to no path below one of the APIs' calls (a stored response, its
+/// `/cancel`, a count of tokens, a batch), other than a background response created without
+/// a stream (`"background": true`), which is answered at once with a `queued` response. GET
+/// polls and resumes, `DELETE` and the like read or remove what was generated before. The
+/// time-to-first-token histogram takes only these (audit UC 4); a path the gateway does not
+/// know stays in, as before.
+pub fn may_generate(method: &http::Method, path: &str, background: bool) -> bool {
+    let path = path.split('?').next().unwrap_or_default();
+    method == http::Method::POST && !below_call(path) && !background
 }
 
 /// The type of a provider's mid-stream error, as the `type` label of
@@ -221,6 +257,65 @@ impl ErrorType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resumed_background_stream_is_read_and_nothing_below_a_call_generates() {
+        use http::Method;
+        let resumed = |api, path, query| Format::resumed(api, path, query);
+        let r = Some(Format::Responses);
+        assert_eq!(
+            resumed(Api::OpenAi, "/v1/responses/resp_1", Some("stream=true")),
+            r
+        );
+        assert_eq!(
+            resumed(Api::Auto, "/v1/responses/resp_1", Some("a=1&stream=true")),
+            r
+        );
+        assert_eq!(resumed(Api::OpenAi, "/v1/responses/resp_1", None), None);
+        assert_eq!(
+            resumed(Api::OpenAi, "/v1/responses/resp_1", Some("stream=false")),
+            None
+        );
+        assert_eq!(
+            resumed(Api::Auto, "/x/responses/resp_1", Some("stream=true")),
+            None
+        );
+        assert_eq!(
+            resumed(
+                Api::OpenAi,
+                "/v1/responses/resp_1/input_items",
+                Some("stream=true")
+            ),
+            None
+        );
+        assert_eq!(
+            resumed(Api::Anthropic, "/v1/responses/resp_1", Some("stream=true")),
+            None
+        );
+        assert!(may_generate(&Method::POST, "/v1/responses", false));
+        assert!(may_generate(&Method::POST, "/custom/generate", false));
+        assert!(!may_generate(&Method::POST, "/v1/responses", true));
+        assert!(!may_generate(
+            &Method::POST,
+            "/v1/responses/resp_1/cancel",
+            false
+        ));
+        assert!(!may_generate(
+            &Method::POST,
+            "/v1/messages/count_tokens",
+            false
+        ));
+        assert!(!may_generate(
+            &Method::GET,
+            "/v1/responses/resp_1?stream=true",
+            false
+        ));
+        assert!(!may_generate(
+            &Method::DELETE,
+            "/v1/responses/resp_1",
+            false
+        ));
+    }
 
     #[test]
     fn formats_by_api_and_path() {

@@ -106,6 +106,9 @@ fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
 pub struct Head<'a> {
     pub model: Option<Cow<'a, str>>,
     pub choices: Option<u64>,
+    /// A background response created without a stream (`"background": true` without
+    /// `"stream": true`): answered at once with a `queued` response, nothing generated yet.
+    pub background: bool,
     /// Set when the body looks like JSON but is not one JSON object in UTF-8: why not.
     pub unreadable: Option<Unreadable>,
 }
@@ -230,6 +233,7 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                     // Each member's value as first read: `Some(None)` when it was no string
                     // (no count), so that a second one is still seen.
                     let (mut model, mut choices) = (None, None);
+                    let (mut background, mut stream) = (None, None);
                     let mut repeated = None;
                     let mut otherwise = None;
                     while let Some(Name(name)) = map.next_key::<Name<'de>>()? {
@@ -248,6 +252,15 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                                 }
                                 choices.get_or_insert(count_of(raw));
                             }
+                            "background" | "stream" => {
+                                let raw: &RawValue = map.next_value()?;
+                                let slot = if name == "background" {
+                                    &mut background
+                                } else {
+                                    &mut stream
+                                };
+                                slot.get_or_insert(raw.get() == "true");
+                            }
                             _ => {
                                 if otherwise.is_none() {
                                     otherwise = spelled_otherwise(&name)
@@ -260,6 +273,7 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                     let head = Head {
                         model: model.flatten(),
                         choices: choices.flatten(),
+                        background: background == Some(true) && stream != Some(true),
                         unreadable: None,
                     };
                     Ok(Read(head, repeated, otherwise))

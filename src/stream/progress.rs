@@ -4,7 +4,7 @@
 //! and by an attempt that holds its head until the first token: both decide the first token
 //! here and nowhere else.
 
-use crate::http::sse::SseScanner;
+use crate::http::sse::{LeftOut, SseScanner};
 use crate::provider::assemble::Assembler;
 use crate::provider::inspect::{Inspector, Tokens};
 
@@ -38,6 +38,9 @@ pub struct Read {
     /// The provider's own error event (`event: error`, or a data-only error object that the
     /// inspector recognises) ended at this offset; nothing after it is read.
     pub error_end: Option<usize>,
+    /// An event the inspector leaves out of what the client gets ended in this piece (see
+    /// `Inspector::hiding_usage`).
+    pub left_out: Option<LeftOut>,
 }
 
 impl Progress {
@@ -173,6 +176,7 @@ impl Progress {
             events: scan.progress,
             boundary: scan.last_boundary,
             error_end: scan.error_end,
+            left_out: scan.left_out,
         }
     }
 }

@@ -23,10 +23,11 @@ use tokio::time::Instant;
 
 use crate::error::{BoxError, GatewayError};
 use crate::http::headers::strip_from_trailers;
+use crate::http::sse::LeftOut;
 use crate::provider::inspect::Inspector;
 use crate::stream::limits::StreamLimits;
 use crate::stream::observer::{Observer, StreamEnd};
-use crate::stream::progress::Progress;
+use crate::stream::progress::{Progress, Read};
 use crate::stream::reaper::{Reaped, ReapedBy, ReapedError};
 use crate::stream::signal::{Signal, Waiter};
 use crate::stream::timer::{recheck_at, Timer};
@@ -471,6 +472,16 @@ where
                         b.is_end_stream() || (sized && b.size_hint().exact() == Some(0))
                     });
                     let read = this.progress.read(&data);
+                    // An event the client did not ask for (UC 3: the usage chunk the gateway's
+                    // `include_usage` added) goes no further. It is held until whole, as any
+                    // event is, so it is dropped whole; one of which some part already went
+                    // (past `MAX_HELD_EVENT`) passes.
+                    let (data, read) = match (read.left_out, this.sse.as_mut()) {
+                        (Some(event), Some(sse)) if event.start.is_some() || !sse.partial_sent => {
+                            leave_out(sse, this.ready, data, read, event)
+                        }
+                        _ => (data, read),
+                    };
                     if let Some(err) = run_tokens_spent(this.progress, this.limits) {
                         // The frame's whole events came and are paid for: they go out
                         // before the error event, as a ready frame wins over any limit.
@@ -541,9 +552,14 @@ where
                     match read.boundary {
                         // The common case, a frame of whole events with nothing held
                         // before it, goes straight out (`ready` is always empty when the
-                        // inner body is polled).
-                        Some(end) if end == data.len() && sse.held.is_empty() && !ended => {
-                            debug_assert!(this.ready.is_empty());
+                        // inner body is polled, unless an event was left out of it).
+                        Some(end)
+                            if end == data.len()
+                                && end > 0
+                                && sse.held.is_empty()
+                                && this.ready.is_empty()
+                                && !ended =>
+                        {
                             sse.partial_sent = false;
                             return hand_out(this.last_out, this.observer, data);
                         }
@@ -1013,6 +1029,33 @@ fn release_held(sse: &mut Sse, ready: &mut VecDeque<Bytes>, rest: Bytes) {
         }
     }
     sse.held_len = 0;
+}
+
+/// Leaves `event`, which ended in `data`, out of what goes to the client: what came before
+/// it (held, and in `data`) is ready to go, and what follows it is returned, with what the
+/// piece read in it (its offsets then in that rest). Once a stream, so the slices cost
+/// nothing a chunk.
+fn leave_out(
+    sse: &mut Sse,
+    ready: &mut VecDeque<Bytes>,
+    mut data: Bytes,
+    mut read: Read,
+    event: LeftOut,
+) -> (Bytes, Read) {
+    match event.start {
+        Some(start) => release_held(sse, ready, data.slice(..start)),
+        // It began in the frames held: they are all its own.
+        None => {
+            sse.held.clear();
+            sse.held_len = 0;
+        }
+    }
+    sse.partial_sent = false;
+    let rest = data.split_off(event.end);
+    // Both at or past the event's end: the last boundary, and an error after it.
+    read.boundary = read.boundary.map(|b| b - event.end);
+    read.error_end = read.error_end.map(|e| e - event.end);
+    (rest, read)
 }
 
 fn flush_held(sse: &mut Option<Sse>, ready: &mut VecDeque<Bytes>) {

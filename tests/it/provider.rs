@@ -14,6 +14,9 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 
+mod background;
+mod usage_chunk;
+
 const CHAT: &str = include_str!("../fixtures/openai_chat.sse");
 const CHAT_ERROR: &str = include_str!("../fixtures/openai_chat_error.sse");
 const MESSAGES: &str = include_str!("../fixtures/anthropic_messages.sse");

@@ -20,6 +20,7 @@ fn scan(last_boundary: Option<usize>, progress: u32, error_end: Option<usize>) -
         progress,
         dispatched: progress,
         error_end,
+        left_out: None,
     }
 }
 

@@ -304,6 +304,12 @@ impl Json {
         self.error_status = None;
     }
 
+    /// The event had a top-level usage object (or the Responses `response.usage`); a
+    /// `"usage": null` is none.
+    pub(super) fn top_usage(&self) -> bool {
+        self.top_usage
+    }
+
     /// The numeric `code` of the event's error object, or the event's own (the Responses
     /// `error` event's), if it had one.
     pub(super) fn error_status(&self) -> Option<u64> {
