@@ -115,13 +115,18 @@ impl Pair {
     }
 
     async fn wait_reported(&self, n: f64) {
+        self.wait_reported_on("chat", n).await
+    }
+
+    /// Waits until `n` requests on `route` are counted, whatever their outcome.
+    async fn wait_reported_on(&self, route: &str, n: f64) {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let mut total = 0.0;
-            for o in ["ok", "error", "cancelled"] {
+            for o in ["ok", "error", "cancelled", "detached"] {
                 total += self
                     .metric(&format!(
-                        "hourglass_requests_total{{outcome=\"{o}\",route=\"chat\"}}"
+                        "hourglass_requests_total{{outcome=\"{o}\",route=\"{route}\"}}"
                     ))
                     .await;
             }

@@ -25,28 +25,6 @@ fn background(stream: bool) -> http::Request<http_body_util::Full<bytes::Bytes>>
         .unwrap()
 }
 
-async fn responses_reported(p: &Pair, n: f64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let mut total = 0.0;
-        for o in ["ok", "error", "cancelled", "detached"] {
-            total += p
-                .metric(&format!(
-                    "hourglass_requests_total{{outcome=\"{o}\",route=\"responses\"}}"
-                ))
-                .await;
-        }
-        if total >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{total} of {n} requests reported"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// `retries = 1` and a first token later than the limit: the request went, so it is not sent
 /// again. Its head passed at once, and the limit is an error event after it.
 #[tokio::test]
@@ -60,7 +38,7 @@ async fn a_background_response_is_not_retried_after_a_late_first_token() {
     let error = read.error_event().expect("the limit ends the stream");
     assert_eq!(error["code"], "first_token_timeout", "{}", read.text());
     assert_eq!(p.primary.requests().len(), 1, "sent once");
-    responses_reported(&p, 1.0).await;
+    p.wait_reported_on("responses", 1.0).await;
     // Cut by the limit, the response runs on at the provider: nothing was cancelled (UC 2).
     assert_eq!(
         p.metric("hourglass_detached_total{origin=\"first_token\",route=\"responses\"}")
@@ -90,7 +68,7 @@ async fn a_background_response_is_not_hedged() {
     assert_eq!(resp.status(), 200);
     let read = read_body(resp.into_body()).await;
     assert!(read.error_event().is_none(), "{}", read.text());
-    responses_reported(&p, 1.0).await;
+    p.wait_reported_on("responses", 1.0).await;
     assert_eq!(p.primary.requests().len(), 1);
     assert!(p.backup.requests().is_empty(), "no hedge was sent");
     assert_eq!(
