@@ -614,14 +614,19 @@ fn write_upstream(out: &mut String, up: &UpstreamConfig) {
     }
     // Shown, values too: they are not secrets by design (a key goes in api_key_env). Those
     // of a header that may carry a peer's credentials or account (`steers_peer`: Portkey's
-    // virtual key, config, AWS secret) are masked all the same.
+    // virtual key, config, AWS secret) are masked all the same, and so are those whose name
+    // looks like a secret's: a peer gateway's own key beside the provider's (Kong's
+    // `x-kong-api-key`, Braintrust's `x-bt-api-key`) can only be set here, and `check`'s
+    // output lands in CI logs (audit VB 3).
     for (name, value) in &up.set_headers {
-        let value =
-            if crate::http::client_steering::steers_peer(name) && *name != "x-portkey-provider" {
-                "***"
-            } else {
-                value.to_str().unwrap_or("?")
-            };
+        let masked = (crate::http::client_steering::steers_peer(name)
+            && *name != "x-portkey-provider")
+            || looks_secret(name.as_str());
+        let value = if masked {
+            "***"
+        } else {
+            value.to_str().unwrap_or("?")
+        };
         let _ = write!(out, ", header {name}: {value}");
     }
     if !up.hide_headers.is_empty() {
@@ -691,4 +696,24 @@ fn write_upstream(out: &mut String, up: &UpstreamConfig) {
         out.push(')');
     }
     out.push(')');
+}
+
+/// A header name that suggests its value is a credential: it contains `key`, `token`,
+/// `secret`, `auth`, `password`, `credential` or `session`, or it is `cookie` (names are
+/// lowercase). `check` shows such a value as `***` (audit VB 3). Portkey's own prefix is
+/// not read: its `key` would mask `x-portkey-provider`, which is no secret.
+fn looks_secret(name: &str) -> bool {
+    let name = name.strip_prefix("x-portkey-").unwrap_or(name);
+    name == "cookie"
+        || [
+            "key",
+            "token",
+            "secret",
+            "auth",
+            "password",
+            "credential",
+            "session",
+        ]
+        .iter()
+        .any(|part| name.contains(part))
 }

@@ -105,6 +105,8 @@ impl Gateway {
                 Ok(started) => {
                     let (mut parts, body) = started.response.into_parts();
                     let shape = started.shape;
+                    // What the operator hides is the client's view only (audit VB 2).
+                    started.served_by.hide_headers(&mut parts.headers);
                     strip_hop_by_hop(&mut parts.headers);
                     // The upstream's alternative services are its origin's, not the gateway's:
                     // OpenAI's `alt-svc: h3=":443"` sent on would tell the client that the

@@ -100,6 +100,10 @@ pub struct Started {
     /// The upstream whose URLs a batch answer's `results_url` may name, to be made the
     /// gateway's (see `names_results_urls`), and the path of the client's SDK base URL.
     pub results_urls: Option<(Arc<Upstream>, Arc<str>)>,
+    /// The upstream that answered, whose `hide_headers` are dropped from the head where it
+    /// goes out to the client, and not before: the gateway reads what it hides
+    /// (`retry-after`, `x-should-retry`) as any head (audit VB 2).
+    pub served_by: Arc<Upstream>,
 }
 
 impl<'a> Attempt<'a> {
@@ -407,7 +411,6 @@ impl<'a> Attempt<'a> {
                 });
             }
             upstream.localize_locations(&mut parts.headers);
-            upstream.hide_headers(&mut parts.headers);
             let shape = BodyShape::of(&parts.headers);
             let mut body = UpstreamBody {
                 prefix: VecDeque::new(),
@@ -449,6 +452,7 @@ impl<'a> Attempt<'a> {
                 choices,
                 error_event,
                 results_urls: results_urls.map(|base| (upstream.clone(), base)),
+                served_by: upstream.clone(),
             })
         }
     }

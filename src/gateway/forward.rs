@@ -35,7 +35,7 @@ use crate::http::headers::{
 };
 use crate::http::hops::{decrement_max_forwards, hops, via, HOURGLASS_HOPS, MAX_HOPS};
 use crate::http::path::{for_routing, has_dot_segment, normalized};
-use crate::provider::background::detached;
+use crate::provider::background::{detached, Detached};
 use crate::provider::request::{head_of, Head, Unreadable};
 use crate::provider::Format;
 
@@ -352,12 +352,10 @@ impl Gateway {
                 }
             }
             record.set_request_bytes(body.len());
-            // A body in a content coding is read by no one here: it is sent as any call.
-            let detached = match encoded {
-                true => None,
-                false => detached(&method, &forwarded, uri.query(), &body)?,
-            };
-            if detached.is_some() {
+            // A body in a content coding is read by no one here.
+            let readable = (!encoded).then_some(&body[..]);
+            let detached = detached(&method, &forwarded, uri.query(), readable)?;
+            if detached.is_some_and(Detached::runs_on) {
                 record.set_detached();
             }
             let mut budget = asked.resolve(&route.route.limits, arrival);

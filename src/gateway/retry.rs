@@ -93,8 +93,9 @@ pub async fn run(
     // A background response is never sent twice: OpenAI runs (and bills) each one it
     // received until it is cancelled by its id, and closing a connection cancels nothing
     // (audit UC 1). Only a failed connect, which sent nothing, may move on; it is never hedged.
+    // Nor one whose body the gateway does not read, which the provider may read as one (VB 1).
     let retry_on = match template.detached {
-        Some(Detached::Background) => policy.retry_on.only(RetryCause::Connect),
+        Some(d) if d.creates() => policy.retry_on.only(RetryCause::Connect),
         _ => policy.retry_on,
     };
     let mut last = Last::None;
@@ -721,8 +722,9 @@ fn attempt<'a>(
         switch_by,
         // A background response is not sent again, so nothing is gained by holding its
         // head: it and the first events (`response.created` names the response to resume
-        // or cancel) pass as they come, and a limit after them is an error event.
-        hold: route.route.policy.holds_head() && template.detached != Some(Detached::Background),
+        // or cancel) pass as they come, and a limit after them is an error event. So for one
+        // that may be background (VB 1): with no second attempt, holding gains nothing.
+        hold: route.route.policy.holds_head() && !template.detached.is_some_and(Detached::creates),
         in_flight: InFlight::new(&entry.in_flight),
         answers: &entry.answer,
     }

@@ -18,22 +18,41 @@ pub enum Detached {
     /// `GET …/responses/{id}?stream=true`: it reads a background response as it runs, and
     /// may be read again.
     Resume,
+    /// `POST …/responses` whose body the gateway does not read (in a content coding, or not
+    /// a JSON object: a UTF-8 BOM before it, which Python's and .NET's parsers accept): the
+    /// provider may read `"background": true` in it, so it is sent as [`Self::Background`]
+    /// is (audit VB 1). Not known to run on, its close is still counted as a cancellation.
+    Unread,
 }
 
-/// Whether a request to `path` (without its query; `query` apart) with `body` is a detached
-/// call. A body that names `background` twice is refused, as any member the gateway reads.
+impl Detached {
+    /// A creation that must not be sent twice: known, or possibly, a background response.
+    pub fn creates(self) -> bool {
+        matches!(self, Self::Background | Self::Unread)
+    }
+
+    /// Known to run on at the provider when its connection closes.
+    pub fn runs_on(self) -> bool {
+        matches!(self, Self::Background | Self::Resume)
+    }
+}
+
+/// Whether a request to `path` (without its query; `query` apart) with `body` (`None`: in a
+/// content coding, which the gateway does not decode) is a detached call. A body that names
+/// `background` twice is refused, as any member the gateway reads.
 pub fn detached(
     method: &Method,
     path: &str,
     query: Option<&str>,
-    body: &[u8],
+    body: Option<&[u8]>,
 ) -> Result<Option<Detached>, Repeated> {
     let path = path.trim_end_matches('/');
     if *method == Method::POST && path.ends_with("/responses") {
-        let background = Members::parse(body)
-            .map(|m| m.get("background"))
-            .transpose()?
-            .flatten()
+        let Some(members) = body.and_then(Members::parse) else {
+            return Ok(Some(Detached::Unread));
+        };
+        let background = members
+            .get("background")?
             .is_some_and(|b| b.get() == "true");
         return Ok(background.then_some(Detached::Background));
     }
@@ -52,8 +71,8 @@ mod tests {
 
     #[test]
     fn what_is_detached() {
-        let post = |path, body: &str| detached(&Method::POST, path, None, body.as_bytes());
-        let get = |path, query| detached(&Method::GET, path, query, b"");
+        let post = |path, body: &str| detached(&Method::POST, path, None, Some(body.as_bytes()));
+        let get = |path, query| detached(&Method::GET, path, query, Some(b""));
         let background = Some(Detached::Background);
         assert_eq!(
             post("/v1/responses", r#"{"background":true}"#),
@@ -68,7 +87,20 @@ mod tests {
         );
         assert_eq!(post("/v1/responses", r#"{"background":false}"#), Ok(None));
         assert_eq!(post("/v1/responses", r#"{"model":"m"}"#), Ok(None));
-        assert_eq!(post("/v1/responses", "not json"), Ok(None));
+        // A body the gateway cannot read may be background to the provider (VB 1).
+        let unread = Some(Detached::Unread);
+        assert_eq!(post("/v1/responses", "not json"), Ok(unread));
+        assert_eq!(
+            post("/openai/responses", "\u{feff}{\"background\":true}"),
+            Ok(unread)
+        );
+        assert_eq!(
+            detached(&Method::POST, "/v1/responses", None, None),
+            Ok(unread),
+            "in a content coding"
+        );
+        assert_eq!(post("/v1/chat/completions", "not json"), Ok(None));
+        assert_eq!(post("/v1/responses/resp_1/cancel", "not json"), Ok(None));
         assert_eq!(
             post("/v1/chat/completions", r#"{"background":true}"#),
             Ok(None)

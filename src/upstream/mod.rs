@@ -362,9 +362,11 @@ impl Upstream {
 
     /// Drops from an answer's head what the upstream's `hide_headers` names (audit UD 2:
     /// LiteLLM's `x-litellm-model-api-base` told clients the provider's address behind it).
-    /// Called on the upstream's head as it arrives, before the gateway adds its own headers,
-    /// so every answer from here (success or error, streamed or whole, kept for later) has
-    /// them dropped, and none of the gateway's is ever hidden.
+    /// Called where the answer's head goes out to the client (a kept copy's too), before the
+    /// gateway adds its own headers: only the client's view changes, as with nginx's
+    /// `proxy_hide_header`; the gateway still reads the whole head (audit VB 2: hidden
+    /// `retry-after` and `x-should-retry` were ignored by its retries), and none of the
+    /// gateway's own headers is ever hidden.
     pub fn hide_headers(&self, headers: &mut HeaderMap) {
         crate::config::hide(headers, &self.config.hide_headers);
     }

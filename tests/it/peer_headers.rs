@@ -27,13 +27,27 @@ async fn peer() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
             let seen = seen.clone();
             tokio::spawn(async move {
                 let req = read_request(&mut s).await;
-                let (status, kind, body) = if req.contains(r#""model":"sse""#) {
+                // The provider's wait (longer than any budget here) and its "do not retry".
+                let extra = if req.contains(r#""model":"wait""#) {
+                    "retry-after: 3600\r\nretry-after-ms: 3600000\r\n"
+                } else if req.contains(r#""model":"final""#) {
+                    "x-should-retry: false\r\n"
+                } else {
+                    ""
+                };
+                let (status, kind, body) = if req.contains(r#""model":"wait""#) {
+                    (
+                        "429 Too Many Requests",
+                        "application/json",
+                        r#"{"error":{"message":"slow down"}}"#,
+                    )
+                } else if req.contains(r#""model":"sse""#) {
                     (
                         "200 OK",
                         "text/event-stream",
                         "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n",
                     )
-                } else if req.contains(r#""model":"err""#) {
+                } else if req.contains(r#""model":"err""#) || req.contains(r#""model":"final""#) {
                     (
                         "500 Internal Server Error",
                         "application/json",
@@ -51,7 +65,7 @@ async fn peer() -> (std::net::SocketAddr, Arc<Mutex<Vec<String>>>) {
                     "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\
                      x-litellm-model-api-base: http://127.0.0.1:9/v1\r\n\
                      x-litellm-key-spend: 0.0\r\nX-LiteLLM-Version: 1.108.7\r\n\
-                     x-request-id: peer-id\r\nx-peer-kept: yes\r\nconnection: close\r\n\r\n{body}",
+                     x-request-id: peer-id\r\nx-peer-kept: yes\r\n{extra}connection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = s.write_all(answer.as_bytes()).await;
@@ -139,6 +153,61 @@ retry_on = ["5xx"]
             assert!(
                 req.contains(&format!("authorization: bearer {PROVIDER_KEY}")),
                 "{model}"
+            );
+        }
+    }
+}
+
+/// Audit VB 2: hiding `retry-after`, `retry-after-ms` and `x-should-retry` from clients made
+/// the gateway itself ignore them, as they were dropped when the head arrived: a 429 whose
+/// one-hour wait fits no budget was retried at once, and a 500 with `x-should-retry: false` was
+/// retried. Hiding changes only what the client sees (as nginx's `proxy_hide_header`).
+#[tokio::test]
+async fn hidden_headers_still_steer_the_gateways_retries() {
+    let (addr, heads) = peer().await;
+    let cfg = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.peer]
+url = "http://{addr}"
+auth = "none"
+hide_headers = ["retry-after", "retry-after-ms", "x-should-retry", "x-litellm-*"]
+
+[[routes]]
+name = "peer"
+path_prefix = "/v1/chat/completions"
+upstream = "peer"
+retries = 1
+retry_on = ["429", "5xx"]
+"#
+    );
+    let h = Harness::with_config(&cfg).await;
+    for (model, status) in [("wait", 429), ("final", 500)] {
+        let before = heads.lock().unwrap().len();
+        let req = Request::post("/v1/chat/completions")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(format!(
+                r#"{{"model":"{model}","messages":[]}}"#
+            ))))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        let (got, head) = (resp.status(), resp.headers().clone());
+        read_body(resp.into_body()).await;
+        let sent = heads.lock().unwrap().len() - before;
+        assert_eq!(
+            sent, 1,
+            "{model}: the provider's word was heeded, sent once"
+        );
+        assert_eq!(got, status, "{model}: the provider's answer passes through");
+        for hidden in ["retry-after", "retry-after-ms", "x-litellm-version"] {
+            assert_eq!(
+                head.get(hidden),
+                None,
+                "{model}: {hidden} hidden from the client"
             );
         }
     }

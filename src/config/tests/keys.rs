@@ -402,6 +402,36 @@ fn a_routes_max_request_body_errors_name_route_key_and_value() {
     );
 }
 
+/// Audit VB 3: `check` masks the `headers` values whose names look like a credential's (a
+/// peer gateway's own key beside the provider's), and shows the others.
+#[test]
+fn check_masks_header_values_whose_names_look_secret() {
+    let c = load(&BASE.replace(
+        "url = \"https://api.openai.com\"\n",
+        "url = \"https://api.openai.com\"\napi_key_env = \"K\"\nheaders = { \
+         \"x-bt-api-key\" = \"bt-SECRET\", \"x-kong-api-key\" = \"kong-SECRET\", \
+         \"cookie\" = \"session=SECRET\", \"x-peer-token\" = \"t-SECRET\", \
+         \"x-session-id\" = \"s-SECRET\", \"x-db-password\" = \"p-SECRET\", \
+         \"x-team\" = \"blue\" }\n",
+    ));
+    let shown = c.describe();
+    assert!(!shown.contains("SECRET"), "{shown}");
+    for name in [
+        "x-bt-api-key",
+        "x-kong-api-key",
+        "cookie",
+        "x-peer-token",
+        "x-session-id",
+        "x-db-password",
+    ] {
+        assert!(
+            shown.contains(&format!("header {name}: ***")),
+            "{name}: {shown}"
+        );
+    }
+    assert!(shown.contains("header x-team: blue"), "{shown}");
+}
+
 /// Audit UD 1 and UD 2: an upstream's `headers` and `hide_headers` load checked, and `check`
 /// shows them (the value of a header that may carry a peer's credentials masked).
 #[test]

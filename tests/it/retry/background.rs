@@ -109,3 +109,85 @@ async fn a_background_response_falls_back_when_the_connect_failed() {
     read_body(resp.into_body()).await;
     assert_eq!(p.backup.requests().len(), 1);
 }
+
+/// A Responses POST whose body the gateway does not read: gzip on `/v1/responses`, and a
+/// UTF-8 BOM before the JSON (which Python's and .NET's parsers accept) on Azure's path, whose
+/// format is not read under `api = auto`. The provider may read `"background": true` in it,
+/// so it is sent as one that does (audit VB 1: it was sent three times).
+fn unread_bodies() -> Vec<http::Request<http_body_util::Full<bytes::Bytes>>> {
+    let json = br#"{"model":"gpt-test","input":"hi","background":true}"#;
+    // `json` compressed (Python's gzip.compress, mtime 0).
+    let gzip: Vec<u8> = vec![
+        31, 139, 8, 0, 0, 0, 0, 0, 2, 3, 171, 86, 202, 205, 79, 73, 205, 81, 178, 82, 74, 47, 40,
+        209, 45, 73, 45, 46, 81, 210, 81, 202, 204, 43, 40, 45, 1, 10, 101, 100, 2, 57, 73, 137,
+        201, 217, 233, 69, 249, 165, 121, 41, 74, 86, 37, 69, 165, 169, 181, 0, 107, 189, 231, 91,
+        51, 0, 0, 0,
+    ];
+    let bom = [&b"\xEF\xBB\xBF"[..], json].concat();
+    let post = |path: &str| {
+        http::Request::post(path)
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+    };
+    vec![
+        post("/v1/responses")
+            .header("content-encoding", "gzip")
+            .body(http_body_util::Full::new(bytes::Bytes::from(gzip)))
+            .unwrap(),
+        post("/openai/responses?api-version=2025-04-01-preview")
+            .body(http_body_util::Full::new(bytes::Bytes::from(bom)))
+            .unwrap(),
+    ]
+}
+
+/// The Responses route with `route`'s keys, and an Azure-style route on the primary alike.
+fn unread_routes(route: &str) -> String {
+    format!(
+        "{}\n[[routes]]\nname = \"azure\"\npath_prefix = \"/openai\"\n\
+         upstream = \"primary\"\n{route}",
+        responses_route(route)
+    )
+}
+
+/// `retries = 1` and a fallback: the 503 passes through, sent once, nothing to the fallback.
+#[tokio::test]
+async fn a_responses_post_the_gateway_cannot_read_is_sent_once() {
+    let p = pair(
+        &unread_routes("retries = 1\nfallbacks = [\"backup\"]"),
+        "",
+        "",
+    )
+    .await;
+    p.primary.set_script(&[("x-fake-status", "503")]);
+    for (n, request) in unread_bodies().into_iter().enumerate() {
+        let path = request.uri().to_string();
+        let (resp, _c) = Conn::open(p.gw.addr).await.send(request).await;
+        let status = resp.status();
+        read_body(resp.into_body()).await;
+        assert!(p.backup.requests().is_empty(), "{path}: no fallback");
+        assert_eq!(p.primary.requests().len(), n + 1, "{path}: sent once");
+        assert_eq!(status, 503, "{path}: the upstream's answer passes through");
+    }
+}
+
+/// A hedge would be a second send of what may be a background response.
+#[tokio::test]
+async fn a_responses_post_the_gateway_cannot_read_is_not_hedged() {
+    let p = pair(
+        &unread_routes("fallbacks = [\"backup\"]\nhedge_after = \"200ms\""),
+        "",
+        "",
+    )
+    .await;
+    p.primary
+        .set_script(&[("x-fake-status", "503"), ("x-fake-ttft-ms", "800")]);
+    for (n, request) in unread_bodies().into_iter().enumerate() {
+        let path = request.uri().to_string();
+        let (resp, _c) = Conn::open(p.gw.addr).await.send(request).await;
+        let status = resp.status();
+        read_body(resp.into_body()).await;
+        assert!(p.backup.requests().is_empty(), "{path}: no hedge was sent");
+        assert_eq!(p.primary.requests().len(), n + 1, "{path}: sent once");
+        assert_eq!(status, 503, "{path}");
+    }
+}
