@@ -18,8 +18,20 @@ use crate::telemetry::metrics::RunMetrics;
 /// Where the call's run is, to give its reservation back.
 pub(super) enum Ticket {
     Memory(Arc<MemoryStore>, Entry),
-    /// The store, the run's key, and the call's token there.
-    Redis(Arc<Shared>, String, String),
+    /// The store, and where the call is in it (boxed: this call is in every request's
+    /// future that names a run).
+    Redis(Arc<Shared>, Box<InRedis>),
+}
+
+/// Where a call is in the Redis store.
+pub(super) struct InRedis {
+    /// The run's key.
+    pub(super) key: String,
+    /// The call's token there.
+    pub(super) token: String,
+    /// The run's generation as the admission said it: the call's end tells by it its run
+    /// from one started over in the same key after its own was lost (audit VC 6).
+    pub(super) generation: String,
 }
 
 pub static REMAINING_MS: HeaderName = HeaderName::from_static("x-run-remaining-ms");
@@ -157,9 +169,10 @@ impl RunCall {
         match &self.ticket {
             Ticket::Memory(store, entry) => store.finish(entry, self.reserve, used, Instant::now()),
             // Not on the answer's path: the record reports without waiting for the store.
-            Ticket::Redis(shared, key, token) => shared.finish_later(
-                key.clone(),
-                token.clone(),
+            Ticket::Redis(shared, at) => shared.finish_later(
+                at.key.clone(),
+                at.token.clone(),
+                at.generation.clone(),
                 self.reserve,
                 used.clone(),
                 self.refusals.0.clone(),
@@ -180,8 +193,8 @@ impl RunCall {
                 store.withdraw(entry, self.reserve, run_deadline, Instant::now())
             }
             // cancel.lua, as for an admission nobody waited for: never served.
-            Ticket::Redis(shared, key, token) => {
-                shared.cancel_later(key.clone(), token.clone(), false)
+            Ticket::Redis(shared, at) => {
+                shared.cancel_later(at.key.clone(), at.token.clone(), false)
             }
         }
     }

@@ -21,7 +21,10 @@
 //! admission prunes it, as it gives back expired reservations. Every script names the run's
 //! hash alone: in a cluster, a script of two keys with one missing is refused (TRYAGAIN) all
 //! the while its slot migrates, which turned a run's calls into store errors for as long
-//! (audit W).
+//! (audit W). Each run holds its generation (`gen`, the token of the call that started it),
+//! which every admitted call carries back to its end: a run lost from the store and started
+//! over in the same key by a new call is told apart from the one the end's call was in, and
+//! its loss counted (audit VC 6).
 //!
 //! One multiplexed connection (`ConnectionManager`), opened lazily and reopened by the next
 //! command that needs it: a gateway starts while Redis is down, and its runs resume when
@@ -260,8 +263,9 @@ pub struct RedisStore {
 /// What an admission in Redis said.
 pub enum RedisAdmission {
     /// Admitted into a run with these limits (the run's, fixed by the first of its calls'
-    /// routes with run keys), and the run's route.
-    Admitted(Admitted, RunOf, Arc<str>),
+    /// routes with run keys), the run's route, and its generation (the call's end gives it
+    /// back to `finish`; empty for a run a previous release started and did not stamp).
+    Admitted(Admitted, RunOf, Arc<str>, String),
     Refused {
         refusal: Refusal,
         view: View,
@@ -286,8 +290,9 @@ pub enum Finished {
     /// Its reservation given back (or found given back already), and the run's end when
     /// this call counts it.
     Given(Option<Ended>),
-    /// The run's key was gone (evicted, flushed, expired), and this call is the first to
-    /// find it so: the loss is this call's to count.
+    /// The run's key was gone (evicted, flushed, expired), or held a run started over in
+    /// its place, and this call is the first of its run to find it so: the loss is this
+    /// call's to count.
     Lost,
 }
 
@@ -526,6 +531,7 @@ impl RedisStore {
                     r if r.is_empty() => Arc::from(route),
                     r => Arc::from(r),
                 },
+                reply.get(10).map(text).unwrap_or_default(),
             ));
         }
         let view = View {
@@ -656,11 +662,13 @@ impl RedisStore {
             .map(|(_, e)| e.clone())
     }
 
-    /// The end of the call `token`, admitted into the run at `key` with `reserve` tokens.
+    /// The end of the call `token`, admitted into the run at `key` of `generation` (as its
+    /// admission said it) with `reserve` tokens.
     pub async fn finish(
         &self,
         key: &str,
         token: &str,
+        generation: &str,
         reserve: u64,
         used: &Used,
         ttl: Duration,
@@ -679,7 +687,8 @@ impl RedisStore {
             .arg(tool)
             .arg(ttl.as_millis() as u64)
             .arg(opt(used.request.map(|f| format!("{f:016x}"))))
-            .arg(token);
+            .arg(token)
+            .arg(generation);
         // finish.lua gives back once: safe to send again.
         let reply = self
             .invoke(&invocation, ("finish.lua", FINISH_LUA))

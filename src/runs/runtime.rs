@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::config::{OnStoreError, RunLimits, RunStore, RunsConfig};
 use crate::error::GatewayError;
-use crate::runs::call::{RunCall, Ticket};
+use crate::runs::call::{InRedis, RunCall, Ticket};
 use crate::runs::id::RunKey;
 use crate::runs::memory::{Ends, MemoryStore};
 use crate::runs::redis::{key_of, RedisAdmission, RedisStore};
@@ -262,9 +262,16 @@ impl Runs {
             shared.read_policy_once();
         }
         match answer {
-            Ok(RedisAdmission::Admitted(admitted, run, run_route)) => {
+            Ok(RedisAdmission::Admitted(admitted, run, run_route, generation)) => {
                 Ok(Joined::Call(Box::new(RunCall::new(
-                    Ticket::Redis(shared.clone(), key_of(key), token),
+                    Ticket::Redis(
+                        shared.clone(),
+                        Box::new(InRedis {
+                            key: key_of(key),
+                            token,
+                            generation,
+                        }),
+                    ),
                     call,
                     key.id.clone(),
                     admitted,

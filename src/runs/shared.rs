@@ -163,11 +163,12 @@ impl Shared {
     /// Gives a call's reservation back in the background (`finish.lua`, which gives back
     /// once, so it can be sent again). Tried like a cancel: a store that stalls for a moment
     /// just after the answer would otherwise keep the reservation, and the call in flight,
-    /// until the run expires. `route`: the run's, as its admission said it.
+    /// until the run expires. `route` and `generation`: the run's, as its admission said them.
     pub(super) fn finish_later(
         self: &Arc<Self>,
         key: String,
         token: String,
+        generation: String,
         reserve: u64,
         used: Used,
         route: Arc<str>,
@@ -178,7 +179,7 @@ impl Shared {
                 .until_answered(Some("finish"), &key, || {
                     shared
                         .store
-                        .finish(&key, &token, reserve, &used, shared.ttl)
+                        .finish(&key, &token, &generation, reserve, &used, shared.ttl)
                 })
                 .await;
             match finished {

@@ -369,7 +369,9 @@ impl Chat {
             let chunk = serde_json::from_str::<ChatChunk<'_>>(data)?;
             (chunk.choices.unwrap_or_default(), chunk.usage, chunk.x_groq)
         };
-        let real = |u: &&RawValue| u.get() != "null";
+        // A usage is an object: a `null` (the chunks before the last), or any other value,
+        // is no count and never replaces one that came (audit VC 5).
+        let real = |u: &&RawValue| u.get().trim_start().starts_with('{');
         if let Some(u) = usage.filter(real) {
             self.usage = Some(raw(u));
             self.usage_root = true;

@@ -216,23 +216,40 @@ impl Messages {
                 // Read whole (once an answer): besides `delta` and `usage`, its members are
                 // the message's too, whatever a beta adds (`context_management`,
                 // `input_transformations`): named ones only lost them (audit UB 1).
-                let Ok(fields) = serde_json::from_str::<Map<String, Value>>(data) else {
+                let Ok(mut fields) = serde_json::from_str::<Map<String, Value>>(data) else {
                     return;
                 };
+                // The delta's members are the message's as last sent; a top-level member of
+                // the same name never takes a delta's place (not even its `null`).
+                if let Some(Value::Object(delta)) = fields.remove("delta") {
+                    fields.retain(|k, _| !delta.contains_key(k));
+                    last_sent(m, delta);
+                }
+                // Counts that came in `message_start` and not here stay as they were; a
+                // `usage` that is no object is no count, and never replaces them (audit VC 5).
+                if let Some(Value::Object(usage)) = fields.remove("usage") {
+                    let into = m
+                        .entry("usage")
+                        .or_insert_with(|| Value::Object(Map::new()));
+                    if let Value::Object(u) = into {
+                        last_sent(u, usage);
+                    }
+                }
                 for (k, v) in fields {
-                    match (k.as_str(), v) {
-                        ("type", _) => {}
-                        ("delta", Value::Object(delta)) => last_sent(m, delta),
-                        // Counts that came in `message_start` and not here stay as they were.
-                        ("usage", Value::Object(usage)) => {
-                            let into = m
-                                .entry("usage")
-                                .or_insert_with(|| Value::Object(Map::new()));
-                            if let Value::Object(u) = into {
-                                last_sent(u, usage);
+                    match k.as_str() {
+                        "type" | "content" => {}
+                        // The betas that report here what they did (as the SDK's accumulator
+                        // takes them): as last sent, a `null` keeping `message_start`'s.
+                        "context_management" | "input_transformations" => last_sent(m, [(k, v)]),
+                        // Any other only where the message has no value yet: a top-level
+                        // `id`, `model`, `role` or `stop_reason` never overwrites what
+                        // `message_start` and the delta gave (audit VC 5), while a member
+                        // a new beta sends only here is kept.
+                        _ => {
+                            if m.get(&k).is_none_or(Value::is_null) {
+                                m.insert(k, v);
                             }
                         }
-                        (_, v) => last_sent(m, [(k, v)]),
                     }
                 }
             }

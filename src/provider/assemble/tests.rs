@@ -1146,3 +1146,23 @@ fn a_whole_responses_answer_counts_its_deltas_logprobs_once() {
     assert_eq!(part["text"], text.as_str());
     assert_eq!(part["logprobs"].as_array().unwrap().len(), n, "{d}");
 }
+
+/// Audit VC 5, Chat's alike: the chunks that end an answer, read whole, never replace the
+/// head's identity (the audit's final chunk), its choices, or its usage with one that is no
+/// object.
+#[test]
+fn the_chunks_that_end_an_answer_keep_the_heads_identity() {
+    let stream = sse(&[
+        r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"gpt","choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"finish_reason":null}]}"#,
+        r#"{"id":"OTHER","object":"chat.completion.chunk","created":999,"model":"OTHERMODEL","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#,
+        r#"{"id":"OTHER","object":"other","created":999,"model":"OTHERMODEL","choices":[],"usage":5}"#,
+        "[DONE]",
+    ]);
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(d["id"], "c1", "{d}");
+    assert_eq!(d["created"], 1, "{d}");
+    assert_eq!(d["model"], "gpt", "{d}");
+    assert_eq!(d["object"], "chat.completion", "{d}");
+    assert_eq!(d["choices"][0]["message"]["content"], "Hi", "{d}");
+    assert_eq!(d["usage"]["total_tokens"], 6, "{d}");
+}

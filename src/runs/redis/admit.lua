@@ -16,8 +16,9 @@
 --          its end never comes ('' for never)
 --
 -- Returns {1, deadline_ms, calls_left, tokens_left, allowance, run_budget_ms, started,
---          max_tokens, max_repeats, route} (max_tokens and max_repeats the run's limits,
---          which the call is held to, -1 for none; route the run's), {0, ended_now, deadline_ms, calls_left, tokens_left, route,
+--          max_tokens, max_repeats, route, gen} (max_tokens and max_repeats the run's limits,
+--          which the call is held to, -1 for none; route the run's; gen its generation,
+--          which the call's end gives finish.lua), {0, ended_now, deadline_ms, calls_left, tokens_left, route,
 --          refusal...}, or {2} for a call already cancelled. ended_now: the run ended with
 --          this refusal and no call in flight, so its end is counted now (else the last
 --          call to finish counts it). deadline_ms: the run's deadline after this call's
@@ -41,6 +42,14 @@ end
 local raw = redis.call('HGETALL', k)
 local h = {}
 for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+-- The run's generation: the token of the call that started it (or, in a run a previous
+-- release started, of its first call here). Each admitted call carries it back to
+-- finish.lua, which tells by it a run that is still the call's from one started over in the
+-- same key after the call's was lost (audit VC 6). A previous release reads past it.
+if h.gen == nil then
+  redis.call('HSET', k, 'gen', ARGV[14])
+  h.gen = ARGV[14]
+end
 local function num(v) if v == nil or v == '' then return nil end return tonumber(v) end
 -- A run whose calls so far came on routes without run keys has no limits yet: the first call
 -- on a route that has some fixes them, and names the run's route from then on (state.rs,
@@ -161,7 +170,7 @@ if held then
   if max_tokens ~= nil then allowance = math.max(0, max_tokens - (used + reserved - tonumber(held))) end
   return {1, deadline_ms(), left_of(max_calls, calls), view_tokens(), allowance,
     run_budget or -1, h.starter == ARGV[14] and 1 or 0, max_tokens or -1, max_repeats or -1,
-    h.route}
+    h.route, h.gen}
 end
 
 -- The refusal, as a list: the kind, then what the message needs.
@@ -237,4 +246,4 @@ if redis.call('PTTL', k) < expire then redis.call('PEXPIRE', k, expire) end
 local allowance = -1
 if max_tokens ~= nil then allowance = math.max(0, max_tokens - (used + reserved - reserve)) end
 return {1, deadline_ms(), left_of(max_calls, calls), view_tokens(), allowance,
-  run_budget or -1, started and 1 or 0, max_tokens or -1, max_repeats or -1, h.route}
+  run_budget or -1, started and 1 or 0, max_tokens or -1, max_repeats or -1, h.route, h.gen}

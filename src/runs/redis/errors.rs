@@ -218,12 +218,12 @@ mod tests {
     fn an_acl_denial_names_the_command_of_its_line() {
         let denied = StoreError::Failed(
             "ResponseError: The user executing the script can't run this command or \
-             subcommand script: 6819, on @user_script:47."
+             subcommand script: 6819, on @user_script:68."
                 .to_owned(),
         );
         let said = acl_denial(&denied, ("finish.lua", FINISH_LUA)).unwrap();
         assert!(
-            said.contains("the command HSET (line 47 of the script finish.lua)"),
+            said.contains("the command HSET (line 68 of the script finish.lua)"),
             "{said}"
         );
         assert!(said.contains("ACL LOG"), "{said}");

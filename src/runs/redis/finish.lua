@@ -6,7 +6,8 @@
 -- ARGV     1 reserve, 2 tokens used, 3 answer: '' none read (the streak stands), '-' one
 --          without a tool call (it breaks the streak), else its tool calls' fingerprint;
 --          4 tool name, 5 ttl_ms, 6 request fingerprint ('' when it does not count),
---          7 the call's token
+--          7 the call's token, 8 the run's generation as its admission said it (admit.lua;
+--          '' or absent: a run a previous release started, or a previous release's call)
 --
 -- Returns {ended_now, route, calls, used, age_ms, end}; {-1} when the run is gone and this
 -- call is the first to find it so (it counts the loss); {} when it has nothing to give back.
@@ -20,8 +21,15 @@ local k = KEYS[1]
 -- would have lived: the run's other calls in flight find the mark and count nothing, and
 -- this script sent again answers the same (audit VA 3: no end said anything). A new run
 -- under the same id starts in the marked key and lets the mark be.
+--
+-- A call that knows its run's generation marks the loss of that generation (`l:GEN`), not of
+-- the key: the run may be started over in the key before the lost run's calls end (a new
+-- call of the same id, as agents make calls in parallel), and their ends must still tell
+-- their run gone from the new one, each generation lost counted once (audit VC 6).
+local gen = ARGV[8] or ''
+local lost_mark = gen == '' and 'lost' or ('l:' .. gen)
 if redis.call('EXISTS', k) == 0 then
-  redis.call('HSET', k, 'lost', ARGV[7])
+  redis.call('HSET', k, lost_mark, ARGV[7])
   redis.call('PEXPIRE', k, tonumber(ARGV[5]))
   return {-1}
 end
@@ -30,6 +38,19 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local h = {}
 local raw = redis.call('HGETALL', k)
 for i = 1, #raw, 2 do h[raw[i]] = raw[i + 1] end
+-- The key holds another generation (a run started over), or none (only marks, or a
+-- tombstone): this call's run is gone. Counted by the first of its calls to find it so; the
+-- new run's fields are left as they are, and the key lives at least the ttl for the mark.
+if gen ~= '' and h.gen ~= gen then
+  local mark = h[lost_mark]
+  if mark == ARGV[7] then return {-1} end
+  -- Counted already: by another call of the run, or (during a rolling upgrade) by a
+  -- previous release's call of it, whose mark names no generation.
+  if mark ~= nil or (h.gen == nil and h.lost ~= nil) then return {} end
+  redis.call('HSET', k, lost_mark, ARGV[7])
+  if redis.call('PTTL', k) < tonumber(ARGV[5]) then redis.call('PEXPIRE', k, tonumber(ARGV[5])) end
+  return {-1}
+end
 local function num(v) if v == nil or v == '' then return nil end return tonumber(v) end
 -- Given back once: a call that cancel.lua already gave back has nothing left to give.
 if redis.call('HDEL', k, 'p:' .. ARGV[7]) == 0 then

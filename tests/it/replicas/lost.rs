@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{call, config, redis_and_fake};
+use super::{call, config, redis_and_fake, send};
 use crate::support::{metric, read_body, Conn, Process};
 
 /// The run's key is deleted (as an eviction would) while two of its calls stream: their ends
@@ -55,6 +55,83 @@ async fn a_run_gone_at_a_calls_end_is_counted_once_and_warned_of() {
     let warned: Vec<_> = out
         .lines()
         .filter(|l| l.contains("WARN") && l.contains("hg:{-/gone}"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{out}");
+    assert!(warned[0].contains("gone from the store"), "{out}");
+}
+
+/// A field of the run `key`'s hash, as a number (`:N`; `:0` when missing).
+async fn field(redis: &crate::support::redis::RedisServer, key: &str, f: &str) -> String {
+    redis
+        .query(&format!(
+            "EVAL \"return tonumber(redis.call('HGET', KEYS[1], '{f}') or 0)\" 1 {key}"
+        ))
+        .await
+}
+
+/// The run's key is deleted while two of its calls stream, and a new call of the same run id
+/// is admitted (and ends) before they do: it starts the run over in the same key, as agents
+/// making parallel calls do. The streaming calls' ends find a key, but not their run: the loss
+/// is counted once (`end="lost"`, one WARN), and the new run's counts are left as its own call
+/// made them. The ends found the key, their reservations missing, and said nothing: the old
+/// run's tokens and its loss vanished (audit VC 6).
+#[tokio::test]
+async fn a_run_lost_and_started_over_before_its_calls_end_is_counted_once() {
+    let Some((redis, fake)) = redis_and_fake().await else {
+        return;
+    };
+    let p = Process::spawn(&config(&fake, &redis.url(), "deny", "1s"), &[], &[]).await;
+    let lost = "hourglass_runs_total{end=\"lost\",route=\"agent\"}";
+    let key = "hg:{-/renewed}";
+    let slow = [
+        ("x-run-id", "renewed"),
+        ("x-fake-chunks", "10"),
+        ("x-fake-interval-ms", "100"),
+    ];
+    let mut streams = Vec::new();
+    for turn in 0..2 {
+        let (resp, c) = Conn::open(p.addr).await.send(call(true, &slow, turn)).await;
+        assert_eq!(resp.status(), 200);
+        streams.push((resp, c));
+    }
+    assert_eq!(
+        redis.query(&format!("DEL {key}")).await,
+        ":1",
+        "the run's key"
+    );
+    let again = [("x-run-id", "renewed")];
+    let (status, _, body) = send(&p, call(false, &again, 2)).await;
+    assert_eq!(status, 200, "{body}");
+    // Its end reached the store: the new run has one call, none in flight.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while field(&redis, key, "in_flight").await != ":0" {
+        assert!(Instant::now() < deadline, "the new call's end applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let used = field(&redis, key, "used").await;
+    assert_ne!(used, ":0", "the new call's tokens counted");
+    assert_eq!(field(&redis, key, "calls").await, ":1");
+    for (resp, _c) in streams {
+        let read = read_body(resp.into_body()).await;
+        assert!(read.error_event().is_none(), "the streams are whole");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(p.admin, lost).await < 1.0 {
+        assert!(Instant::now() < deadline, "the lost run counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Both ends have reached the store: the second found the first's mark.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(metric(p.admin, lost).await, 1.0, "counted once");
+    assert_eq!(field(&redis, key, "calls").await, ":1", "the new run's");
+    assert_eq!(field(&redis, key, "used").await, used, "the new run's");
+    assert_eq!(field(&redis, key, "in_flight").await, ":0");
+    assert_eq!(field(&redis, key, "reserved").await, ":0");
+    let (stdout, stderr) = p.stop().await;
+    let out = stdout + &stderr;
+    let warned: Vec<_> = out
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains(key))
         .collect();
     assert_eq!(warned.len(), 1, "{out}");
     assert!(warned[0].contains("gone from the store"), "{out}");

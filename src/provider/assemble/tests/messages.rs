@@ -328,3 +328,36 @@ fn a_fallback_block_names_the_model_that_served_the_answer() {
     assert_eq!(blocks(&d), ["fallback", "text"], "{d}");
     assert_eq!(d["content"][0]["from"]["model"], "claude", "{d}");
 }
+
+/// Audit VC 5: a `message_delta`'s top-level members are the message's only where it has
+/// none yet: a top-level `id`, `model`, `role` or `stop_reason` (the audit's event) never
+/// overwrites what `message_start` and the delta gave, and a `usage` that is no object never
+/// replaces the message's. The Anthropic SDK's accumulator takes only the delta, the usage
+/// and the betas' `context_management` and `input_transformations` from this event.
+#[test]
+fn a_message_deltas_top_level_members_never_overwrite_the_messages() {
+    let stream = sse(&[
+        MESSAGE_START,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":7},"id":"msg_OTHER","model":"OTHER","role":"user","stop_reason":"bogus","stop_sequence":"bogus","content":[{"type":"text","text":"OTHER"}],"novelty":{"n":1}}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":5}"#,
+        r#"{"type":"message_stop"}"#,
+    ]);
+    let d = doc(Format::Messages, &stream, None);
+    assert_eq!(d["id"], "msg_1", "{d}");
+    assert_eq!(d["model"], "claude", "{d}");
+    assert_eq!(d["role"], "assistant", "{d}");
+    assert_eq!(d["stop_reason"], "end_turn", "{d}");
+    // The delta's `null` is the delta's: a top-level member never fills what it names.
+    assert_eq!(d["stop_sequence"], Value::Null, "{d}");
+    assert_eq!(d["content"], json!([{"type": "text", "text": "hi"}]), "{d}");
+    assert_eq!(
+        d["usage"],
+        json!({"input_tokens": 50, "output_tokens": 7}),
+        "{d}"
+    );
+    // A member the message has no value for is still taken (a beta's, not known yet).
+    assert_eq!(d["novelty"], json!({"n": 1}), "{d}");
+}
