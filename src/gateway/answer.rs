@@ -258,6 +258,9 @@ impl Gateway {
                             if started.hide_usage && !assemble {
                                 inspector = inspector.hiding_usage();
                             }
+                            if started.usage_only {
+                                inspector = inspector.reading_usage_only();
+                            }
                             if assemble {
                                 let limit = self.config.server.max_response_body;
                                 inspector = inspector

@@ -88,6 +88,8 @@ pub struct Started {
     pub assembled: bool,
     /// The answer's usage-only chunk is the gateway's, not the client's (UC 3).
     pub hide_usage: bool,
+    /// The answer is read for its usage only (a resumed background stream, VC 1).
+    pub usage_only: bool,
     /// ... and a limit that cuts it after output came gives the client a partial answer.
     pub partial_answers: bool,
     /// The Chat choices the answer has (`n`), none of which may be missing at its end.
@@ -115,6 +117,7 @@ impl<'a> Attempt<'a> {
         let Outgoing {
             request: mut req,
             format,
+            usage_only,
             assembled,
             hide_usage,
             partial_answers,
@@ -428,7 +431,14 @@ impl<'a> Attempt<'a> {
                     shape.readable_sse() && !head && !answers_without_content(parts.status);
                 let inspector = format
                     .filter(|_| is_sse)
-                    .map(|f| Inspector::new(f, true).with_choices(choices));
+                    .map(|f| Inspector::new(f, true).with_choices(choices))
+                    .map(|i| {
+                        if usage_only {
+                            i.reading_usage_only()
+                        } else {
+                            i
+                        }
+                    });
                 // Boxed: only routes that may switch hold, and inline the hold's state would
                 // grow every request's future by its size.
                 (first_token_at, first_byte_at, error_event) = Box::pin(hold_until_first_token(
@@ -448,6 +458,7 @@ impl<'a> Attempt<'a> {
                 shape,
                 assembled,
                 hide_usage,
+                usage_only,
                 partial_answers,
                 choices,
                 error_event,

@@ -62,6 +62,9 @@ pub struct Outgoing {
     /// The gateway added `stream_options.include_usage` to a streaming Chat request whose
     /// client did not ask for it: the usage-only chunk it brings is not the client's.
     pub hide_usage: bool,
+    /// The answer is read for its usage only (a resumed background stream; see
+    /// `Inspector::reading_usage_only`).
+    pub usage_only: bool,
     pub partial_answers: bool,
     /// The Chat choices the answer has (`n`), at most 64 (see `Inspector::with_choices`).
     pub choices: u8,
@@ -91,11 +94,19 @@ impl Template {
         let mut copied = rewritten.is_some();
         let mut body = rewritten.unwrap_or_else(|| self.body.clone());
         // A background response streamed again is read for its usage too (audit UC 4).
-        let format = Format::detect(upstream.config.api, uri.path()).or_else(|| {
-            (self.method == Method::GET)
-                .then(|| Format::resumed(upstream.config.api, uri.path(), uri.query()))
-                .flatten()
-        });
+        // It asks the model nothing, so it is read for that usage only: not held to the
+        // first-token limit or the format's end (audit VC 1, VC 2).
+        let detected = Format::detect(upstream.config.api, uri.path());
+        let resumed = detected
+            .is_none()
+            .then(|| {
+                (self.method == Method::GET)
+                    .then(|| Format::resumed(upstream.config.api, uri.path(), uri.query()))
+                    .flatten()
+            })
+            .flatten();
+        let usage_only = resumed.is_some();
+        let format = detected.or(resumed);
         let results_urls = names_results_urls(upstream.config.api, &self.method, uri.path())
             .then(|| Arc::from(sdk_base_path(self.path_and_query.path())));
         let mut assembled = false;
@@ -185,6 +196,7 @@ impl Template {
         Ok(Outgoing {
             request: req,
             format,
+            usage_only,
             assembled,
             hide_usage,
             partial_answers: self.partial_answers,

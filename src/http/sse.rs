@@ -210,6 +210,9 @@ pub struct SseScanner {
     pending_cr: bool,
     /// The pending CR ended a blank line, so its LF also finishes a block boundary.
     cr_was_blank: bool,
+    /// ... the blank line of an event left out (see [`EventSink::left_out`]): its LF is the
+    /// event's too, and is left out with it (audit VC 3: it reached the client alone).
+    cr_left_out: bool,
     bom: LeadingBom,
     /// The open block has at least one `data` line, so it will dispatch.
     has_data: bool,
@@ -259,7 +262,8 @@ pub struct Scan {
     /// ends first ended the event at the CR. So the offset never depends on the cuts.
     pub error_end: Option<usize>,
     /// The last event in this chunk that the sink asked to leave out (see
-    /// [`EventSink::left_out`]).
+    /// [`EventSink::left_out`]), with those left out just before it, one after another; or
+    /// the LF of a left-out event whose blank line's CR ended the chunk before.
     pub left_out: Option<LeftOut>,
 }
 
@@ -319,11 +323,18 @@ impl SseScanner {
         if self.pending_cr {
             // `pending_cr` implies the BOM was settled before this chunk, so `pos` is 0.
             self.pending_cr = false;
+            let left_out = std::mem::take(&mut self.cr_left_out);
             if chunk[0] == b'\n' {
                 pos = 1;
                 if self.cr_was_blank {
                     out.last_boundary = Some(1);
                     block_start = Some(1);
+                    if left_out {
+                        out.left_out = Some(LeftOut {
+                            start: Some(0),
+                            end: 1,
+                        });
+                    }
                 }
             }
         }
@@ -414,12 +425,18 @@ impl SseScanner {
                         self.stopped = true;
                         return out;
                     }
-                    if sink.left_out() {
-                        out.left_out = Some(LeftOut {
-                            start: block_start,
-                            end: pos,
-                        });
+                    let left_out = sink.left_out();
+                    if left_out {
+                        // Events left out one after another are one range: the first of
+                        // two usage chunks in a frame reached the client (audit VC 4).
+                        let start = match out.left_out {
+                            Some(before) if Some(before.end) == block_start => before.start,
+                            _ => block_start,
+                        };
+                        out.left_out = Some(LeftOut { start, end: pos });
                     }
+                    // A CR ending the chunk may be half of a CRLF: its LF goes with the event.
+                    self.cr_left_out = left_out && self.pending_cr;
                     block_start = Some(pos);
                 }
                 Line::Data => {

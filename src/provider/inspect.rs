@@ -108,6 +108,9 @@ struct Reader {
     hide_usage: bool,
     /// The event that just ended is such an event (see `EventSink::left_out`).
     leave_out: bool,
+    /// Read for the usage only (see `Inspector::reading_usage_only`): the answer's shape is
+    /// not judged.
+    usage_only: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -142,6 +145,7 @@ impl Inspector {
                 choices_wide: false,
                 hide_usage: false,
                 leave_out: false,
+                usage_only: false,
             },
             dispatched: 0,
         }
@@ -171,6 +175,19 @@ impl Inspector {
     /// event, and a JSON document none at all.
     pub fn hiding_usage(mut self) -> Self {
         self.reader.hide_usage = self.scanner.is_some() && self.reader.format == Format::Chat;
+        self
+    }
+
+    /// Reads the stream for the usage it reports and nothing else, as a resumed background
+    /// stream (`Format::resumed`) is read: it asks the model nothing, so it is held to the
+    /// rules of a stream whose format is unknown, as it was before its usage was read (audit
+    /// VC 1, VC 2). Any event that dispatches is progress towards the first-token limit (a
+    /// response that reasons silently for minutes is still running, not stalled before its
+    /// first token), and a stream that ends cleanly, with no terminal event, is not short (a
+    /// cancelled response, `starting_after` at the last event, an empty stream). Only
+    /// `event: error` ends the reading, as the scanner alone sees it.
+    pub fn reading_usage_only(mut self) -> Self {
+        self.reader.usage_only = true;
         self
     }
 
@@ -252,6 +269,7 @@ impl Inspector {
     /// document did.
     pub fn ended_short(&self) -> bool {
         match &self.scanner {
+            Some(s) if self.reader.usage_only => s.open_event(),
             Some(s) => {
                 let r = &self.reader;
                 s.open_event() || !r.began || (r.recognised && !r.finished())
@@ -265,7 +283,7 @@ impl Inspector {
     /// marker before the answer began ends none (audit NA 5).
     pub fn answer_ended(&self) -> bool {
         let r = &self.reader;
-        self.scanner.is_some() && r.began && r.recognised && r.finished()
+        self.scanner.is_some() && !r.usage_only && r.began && r.recognised && r.finished()
     }
 
     /// The event after which nothing of the answer follows has come: `[DONE]`,
@@ -273,7 +291,7 @@ impl Inspector {
     /// `finish_reason` is not one: the usage chunk comes after it.
     pub fn answer_over(&self) -> bool {
         let r = &self.reader;
-        self.scanner.is_some() && (r.done || r.over)
+        self.scanner.is_some() && !r.usage_only && (r.done || r.over)
     }
 
     /// The `sequence_number` an event appended to this Responses stream takes: every event
@@ -315,6 +333,10 @@ impl Inspector {
         self.reader.keepalives = 0;
         let mut scan = scanner.scan_with(chunk, &mut self.reader);
         self.dispatched = self.dispatched.saturating_add(scan.dispatched);
+        if self.reader.usage_only {
+            // Any event is progress, as the scanner counts it for a stream of unknown format.
+            return (scan, scan.progress > 0);
+        }
         // Progress is what the idle limit moves on: keep-alives are none, with their
         // `event:` line or without it.
         scan.progress = scan
@@ -411,6 +433,11 @@ impl Reader {
         let usage = self.json.top_usage();
         self.json.reset();
         if !dispatched || kind == EventType::Ping {
+            return false;
+        }
+        if self.usage_only {
+            // The usage was read with the data. Nothing else is judged: the scanner itself
+            // ends the stream at `event: error`, as it ends one of unknown format.
             return false;
         }
         // A numeric code is the HTTP status the provider answers the error with, as the

@@ -1130,3 +1130,68 @@ fn a_stream_that_ends_before_its_answer_began_ended_short() {
         assert!(!Inspector::new(format, false).ended_short(), "{format:?}");
     }
 }
+
+/// What a client gets of `chunks` with the usage chunk hidden, the frames handled as the
+/// watchdog handles them (`leave_out`): bytes after the last boundary are held until one
+/// comes; a left-out range's bytes, and those held before it when it began earlier, go.
+fn hidden_usage_out(chunks: &[&[u8]]) -> Vec<u8> {
+    let mut ins = Inspector::new(Format::Chat, true).hiding_usage();
+    let (mut out, mut held) = (Vec::new(), Vec::new());
+    for chunk in chunks {
+        let (scan, _) = ins.read(chunk);
+        let (mut data, mut boundary) = (*chunk, scan.last_boundary);
+        if let Some(lo) = scan.left_out {
+            match lo.start {
+                Some(start) => {
+                    out.append(&mut held);
+                    out.extend_from_slice(&data[..start]);
+                }
+                None => held.clear(),
+            }
+            data = &data[lo.end..];
+            boundary = boundary.map(|b| b - lo.end);
+        }
+        match boundary {
+            Some(b) => {
+                out.append(&mut held);
+                out.extend_from_slice(&data[..b]);
+                held.extend_from_slice(&data[b..]);
+            }
+            None => held.extend_from_slice(data),
+        }
+    }
+    out.append(&mut held);
+    out
+}
+
+/// Audits VC 3 and VC 4: the usage-only chunk the gateway asked for is left out whole, at
+/// every split of the stream in two, with LF, CRLF or CR line ends, one usage chunk or two
+/// in a row. Before: a CRLF stream split between the usage chunk's final CR and LF let the
+/// LF through (VC 3), and of two usage chunks in one frame the first passed (VC 4).
+#[test]
+fn the_usage_chunk_is_left_out_whole_at_every_split() {
+    let c1 = r#"data: {"choices":[{"index":0,"delta":{"content":"Hi"}}],"usage":null}"#;
+    let c2 = r#"data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}"#;
+    let u = r#"data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
+    let done = "data: [DONE]";
+    for eol in ["\n", "\r\n", "\r"] {
+        for usages in [1, 2] {
+            let event = |e: &str| format!("{e}{eol}{eol}");
+            let kept = [c1, c2, done].map(event);
+            let mut events: Vec<String> = kept[..2].to_vec();
+            events.extend(std::iter::repeat_n(event(u), usages));
+            events.push(kept[2].clone());
+            let stream = events.concat();
+            let want = kept.concat();
+            for cut in 0..=stream.len() {
+                let (a, b) = stream.as_bytes().split_at(cut);
+                let got = hidden_usage_out(&[a, b]);
+                assert_eq!(
+                    String::from_utf8_lossy(&got),
+                    want,
+                    "eol {eol:?}, {usages} usage chunk(s), cut {cut}"
+                );
+            }
+        }
+    }
+}

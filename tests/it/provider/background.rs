@@ -122,3 +122,76 @@ async fn calls_that_generate_nothing_take_no_first_token_sample() {
         assert_eq!(h.metric(TTFT).await, n, "{body}");
     }
 }
+
+/// A gateway whose `/v1/responses` route allows 1 s to the first token (10 s between events).
+async fn gateway_with_first_token_limit(up: SocketAddr) -> Harness {
+    let toml = BASE.replace("{FAKE}", &format!("http://{up}"))
+        + r#"
+[[routes]]
+name = "responses"
+path_prefix = "/v1/responses"
+upstream = "fake"
+first_token_timeout = "1s"
+idle_timeout = "10s"
+"#;
+    Harness::with_config(&toml).await
+}
+
+/// An event stream's head, its body delimited by the connection's close.
+const STREAM_HEAD: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+
+const OK: &str = "hourglass_requests_total{outcome=\"ok\",route=\"responses\"}";
+
+/// Audit VC 1: a resumed background stream asks the model nothing; one of a response that
+/// reasons silently (nothing after `response.in_progress` for longer than the route's
+/// `first_token_timeout`) runs on to its end, as before UC 4, and its usage is counted.
+/// Before the fix: cut at 1 s with a `first_token_timeout` error event, counted `detached`.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_stream_that_reasons_silently_is_not_cut_at_the_first_token_limit() {
+    let split = RESUMED.find("event: response.output_text.delta").unwrap();
+    let (head, rest) = RESUMED.split_at(split);
+    let up = raw_upstream(vec![
+        (Duration::ZERO, format!("{STREAM_HEAD}{head}").into_bytes()),
+        (Duration::from_secs(3), rest.as_bytes().to_vec()),
+    ])
+    .await;
+    let h = gateway_with_first_token_limit(up).await;
+    let (resp, _c) = h
+        .send(request("GET", "/v1/responses/resp_1?stream=true", ""))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!(read.text(), RESUMED, "passed whole, as it came");
+    h.wait_requests("responses", 1.0).await;
+    assert_eq!(h.metric(OK).await, 1.0);
+    assert_eq!(
+        h.metric(&tokens("responses", "prompt", "reported")).await,
+        50.0
+    );
+}
+
+/// Audit VC 2: a resumed stream that ends cleanly without `response.completed` (a cancelled
+/// response; `starting_after` at or past the last event gives an empty stream) is a normal
+/// end, passed as it came and counted `ok`, as before UC 4. Before the fix: an injected
+/// "the stream ended before the answer did" error event, counted an `error`.
+#[tokio::test(start_paused = true)]
+async fn a_resumed_stream_that_ends_without_a_terminal_event_passes() {
+    let cut = RESUMED.find("event: response.completed").unwrap();
+    for (n, body) in [(1.0, &RESUMED[..cut]), (2.0, "")] {
+        let up = raw_upstream(vec![(
+            Duration::ZERO,
+            format!("{STREAM_HEAD}{body}").into_bytes(),
+        )])
+        .await;
+        let h = gateway_with_first_token_limit(up).await;
+        let (resp, _c) = h
+            .send(request("GET", "/v1/responses/resp_1?stream=true", ""))
+            .await;
+        assert_eq!(resp.status(), 200, "{body:?}");
+        let read = read_body(resp.into_body()).await;
+        assert_eq!(read.text(), body, "passed as it came");
+        h.wait_requests("responses", 1.0).await;
+        assert_eq!(h.metric(OK).await, 1.0, "case {n}: {body:?}");
+    }
+}
