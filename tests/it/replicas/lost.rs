@@ -3,10 +3,14 @@
 
 use std::time::Duration;
 
+use hyper::body::Incoming;
+use hyper::Response;
 use tokio::time::Instant;
 
 use super::{call, config, redis_and_fake, send};
 use crate::support::{metric, read_body, Conn, Process};
+
+const LOST: &str = "hourglass_runs_total{end=\"lost\",route=\"agent\"}";
 
 /// The run's key is deleted (as an eviction would) while two of its calls stream: their ends
 /// find it gone. The run is counted once, `hourglass_runs_total{end="lost"}` under its route,
@@ -19,9 +23,8 @@ async fn a_run_gone_at_a_calls_end_is_counted_once_and_warned_of() {
         return;
     };
     let p = Process::spawn(&config(&fake, &redis.url(), "deny", "1s"), &[], &[]).await;
-    let lost = "hourglass_runs_total{end=\"lost\",route=\"agent\"}";
     assert_eq!(
-        metric(p.admin, lost).await,
+        metric(p.admin, LOST).await,
         0.0,
         "the series starts at zero"
     );
@@ -31,33 +34,14 @@ async fn a_run_gone_at_a_calls_end_is_counted_once_and_warned_of() {
         ("x-fake-chunks", "3"),
         ("x-fake-interval-ms", "200"),
     ];
-    let mut streams = Vec::new();
-    for turn in 0..2 {
-        let (resp, c) = Conn::open(p.addr).await.send(call(true, &slow, turn)).await;
-        assert_eq!(resp.status(), 200);
-        streams.push((resp, c));
-    }
+    let streams = two_streams(&p, &slow).await;
     assert_eq!(redis.query("DEL hg:{-/gone}").await, ":1", "the run's key");
     for (resp, _c) in streams {
         let read = read_body(resp.into_body()).await;
         assert!(read.error_event().is_none(), "the streams are whole");
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while metric(p.admin, lost).await < 1.0 {
-        assert!(Instant::now() < deadline, "the lost run counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Both ends have reached the store: the second found the mark.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(metric(p.admin, lost).await, 1.0, "counted once");
-    let (stdout, stderr) = p.stop().await;
-    let out = stdout + &stderr;
-    let warned: Vec<_> = out
-        .lines()
-        .filter(|l| l.contains("WARN") && l.contains("hg:{-/gone}"))
-        .collect();
-    assert_eq!(warned.len(), 1, "{out}");
-    assert!(warned[0].contains("gone from the store"), "{out}");
+    counted_lost_once(&p).await;
+    warned_once_of(p, "hg:{-/gone}").await;
 }
 
 /// A field of the run `key`'s hash, as a number (`:N`; `:0` when missing).
@@ -81,19 +65,13 @@ async fn a_run_lost_and_started_over_before_its_calls_end_is_counted_once() {
         return;
     };
     let p = Process::spawn(&config(&fake, &redis.url(), "deny", "1s"), &[], &[]).await;
-    let lost = "hourglass_runs_total{end=\"lost\",route=\"agent\"}";
     let key = "hg:{-/renewed}";
     let slow = [
         ("x-run-id", "renewed"),
         ("x-fake-chunks", "10"),
         ("x-fake-interval-ms", "100"),
     ];
-    let mut streams = Vec::new();
-    for turn in 0..2 {
-        let (resp, c) = Conn::open(p.addr).await.send(call(true, &slow, turn)).await;
-        assert_eq!(resp.status(), 200);
-        streams.push((resp, c));
-    }
+    let streams = two_streams(&p, &slow).await;
     assert_eq!(
         redis.query(&format!("DEL {key}")).await,
         ":1",
@@ -115,18 +93,42 @@ async fn a_run_lost_and_started_over_before_its_calls_end_is_counted_once() {
         let read = read_body(resp.into_body()).await;
         assert!(read.error_event().is_none(), "the streams are whole");
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while metric(p.admin, lost).await < 1.0 {
-        assert!(Instant::now() < deadline, "the lost run counted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Both ends have reached the store: the second found the first's mark.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(metric(p.admin, lost).await, 1.0, "counted once");
+    counted_lost_once(&p).await;
     assert_eq!(field(&redis, key, "calls").await, ":1", "the new run's");
     assert_eq!(field(&redis, key, "used").await, used, "the new run's");
     assert_eq!(field(&redis, key, "in_flight").await, ":0");
     assert_eq!(field(&redis, key, "reserved").await, ":0");
+    warned_once_of(p, key).await;
+}
+
+/// Two calls of the run streaming at once, each on a connection of its own.
+async fn two_streams(p: &Process, headers: &[(&str, &str)]) -> Vec<(Response<Incoming>, Conn)> {
+    let mut streams = Vec::new();
+    for turn in 0..2 {
+        let (resp, c) = Conn::open(p.addr)
+            .await
+            .send(call(true, headers, turn))
+            .await;
+        assert_eq!(resp.status(), 200);
+        streams.push((resp, c));
+    }
+    streams
+}
+
+/// The loss is counted, and stays counted once after both ends have reached the store (the
+/// second finds the first's mark).
+async fn counted_lost_once(p: &Process) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metric(p.admin, LOST).await < 1.0 {
+        assert!(Instant::now() < deadline, "the lost run counted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(metric(p.admin, LOST).await, 1.0, "counted once");
+}
+
+/// One WARN line names the run's `key` as gone from the store.
+async fn warned_once_of(p: Process, key: &str) {
     let (stdout, stderr) = p.stop().await;
     let out = stdout + &stderr;
     let warned: Vec<_> = out
