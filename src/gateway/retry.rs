@@ -25,6 +25,7 @@ use crate::provider::ErrorType;
 use crate::telemetry::metrics::InFlight;
 use crate::telemetry::metrics::Metrics;
 use crate::upstream::health::{Change, Probe, Since, Verdict};
+use crate::upstream::throttle::Waiting;
 
 /// The last thing an attempt produced, returned when no further attempt is made.
 enum Last {
@@ -65,6 +66,35 @@ impl Own {
             },
         }
     }
+}
+
+/// A retry whose upstream asked for a wait (a `Retry-After` longer than the backoff), owed
+/// when the walk moved on from that upstream to a balance peer: made after the peers, before
+/// the fallbacks, when its attempt (what is left of the wait included) still fits.
+struct Owed<'a> {
+    /// The upstream's place in the chain, and the retry's number on it: an upstream has no
+    /// more attempts for owing one.
+    i: usize,
+    n: u32,
+    /// When the wait (spread as any `Retry-After` wait is) ends.
+    ready: Instant,
+    /// The upstream's own failure the retry is for: its reason and wait.
+    own: Own,
+    /// The request counts among those waiting to retry the upstream (`Throttle::wait`).
+    waiting: Waiting<'a>,
+}
+
+/// The retry owed that is ready first.
+fn first_ready(owed: &[Owed<'_>]) -> Option<usize> {
+    (0..owed.len()).min_by_key(|&k| owed[k].ready)
+}
+
+/// The first place of the chain from `k` on that no hedge raced.
+fn unraced(mut k: usize, raced: &[usize]) -> usize {
+    while raced.contains(&k) {
+        k += 1;
+    }
+    k
 }
 
 /// `x-should-retry: false`, which the OpenAI and Anthropic SDKs obey and Hourglass itself
@@ -120,11 +150,31 @@ pub async fn run(
     if policy.hedge_after.is_some() {
         route.hedges.request();
     }
-    'chain: for (i, entry) in chain.iter().enumerate() {
-        if raced.contains(&i) {
-            continue;
-        }
-        for n in 0..=policy.retries {
+    // The balance group leads the chain: `chain[..group]`, then the fallbacks.
+    let group = 1 + policy.balanced.len();
+    // The retries a wait was asked for that the walk moved on from to a balance peer.
+    let mut owed: Vec<Owed<'_>> = Vec::new();
+    // The next upstream of the chain the walk has not reached.
+    let mut cursor = 0;
+    'chain: loop {
+        // The next of the chain, but before the fallbacks (and at the chain's end) the
+        // retries owed, the one ready first first.
+        cursor = unraced(cursor, &raced);
+        let (i, from, mut resumed) =
+            if cursor < route.chain.len() && (cursor < group || owed.is_empty()) {
+                cursor += 1;
+                (cursor - 1, 0, None)
+            } else if let Some(k) = first_ready(&owed) {
+                let o = owed.swap_remove(k);
+                own = o.own;
+                (o.i, o.n, Some((o.ready, o.waiting)))
+            } else {
+                break;
+            };
+        let Some(entry) = chain.get(i) else {
+            break;
+        };
+        for n in from..=policy.retries {
             let now = Instant::now();
             // The ejection the attempt is judged under, read before it is judged: one judged
             // in rotation that starts after an ejection tells of the upstream before it, and
@@ -149,10 +199,23 @@ pub async fn run(
                     .expected_ttft(&entry.upstream)
                     .max(budget.min_useful)
             };
+            // Where the walk goes after this upstream (its retries apart), and what is left
+            // to wait there: a balance peer not tried yet, else the owed retry ready first,
+            // else the next of the chain; and, for a next of the chain, its place.
+            let after = unraced(cursor, &raced);
+            let (next, next_at) = if after < group || owed.is_empty() {
+                (chain.get(after).map(|e| (e, Duration::ZERO)), Some(after))
+            } else {
+                let next = first_ready(&owed).and_then(|k| {
+                    let o = &owed[k];
+                    Some((chain.get(o.i)?, o.ready.saturating_duration_since(now)))
+                });
+                (next, None)
+            };
             // A retry leaves room for the fallback after it: a failing upstream may not spend
             // the turn of a healthy one.
-            let room = match chain.get(i + 1) {
-                Some(next) if n > 0 => fallback_room(template, budget, next),
+            let room = match next {
+                Some((next, left)) if n > 0 => fallback_room(template, budget, next) + left,
                 _ => Duration::ZERO,
             };
             let mut wait = Duration::ZERO;
@@ -161,13 +224,39 @@ pub async fn run(
             if n > 0 {
                 let fits = budget.usable(now).saturating_sub(need + room);
                 let backoff = backoff(n);
-                asked = own.retry_after.is_some_and(|a| a > backoff);
-                wait = retry_wait(own.retry_after, backoff, fastrand::f64(), fits);
-                // The wait is kept even with a balance peer free: moving on to the peer at
-                // once (SC 3) gave up this retry for good, and when the peer asked for a
-                // longer wait the request ended on its 429 where this upstream's retry would
-                // have answered (audit TA 1). Coming back for the owed retry would take a
-                // second pass over the chain; waiting keeps the chain walked once.
+                asked = resumed.is_some() || own.retry_after.is_some_and(|a| a > backoff);
+                wait = match &resumed {
+                    // An owed retry waits what is left of the wait it was owed after.
+                    Some((ready, _)) => ready.saturating_duration_since(now),
+                    None => retry_wait(own.retry_after, backoff, fastrand::f64(), fits),
+                };
+                // A wait asked for with a balance peer in rotation not tried yet (or other
+                // retries owed, which may be ready sooner) is not idled away: the walk moves
+                // on, and owes this retry, made after the peers and before the fallbacks when
+                // it still fits. Waiting beside an idle peer cost the request the whole wait
+                // (audit SC 3); moving on without the retry gave it up for good, and when the
+                // peer asked for a longer wait the request ended on the peer's 429 where this
+                // upstream's retry would have answered (audit TA 1). A peer out of rotation
+                // is no reason to move on: it would be tried ahead of a retry in rotation.
+                let fits_now = budget.usable(now) >= need + wait
+                    && budget.head_by().is_none_or(|by| now + need + wait <= by);
+                let peer = (after..group).any(|k| {
+                    !raced.contains(&k)
+                        && chain
+                            .get(k)
+                            .is_some_and(|e| e.upstream.health.available(now))
+                });
+                if resumed.is_none() && asked && fits_now && (peer || !owed.is_empty()) {
+                    tracing::debug!(?wait, "retry owed after the balance peers");
+                    owed.push(Owed {
+                        i,
+                        n,
+                        ready: now + wait,
+                        own,
+                        waiting: entry.upstream.retries.wait(),
+                    });
+                    break;
+                }
                 if let Some(c) = own.cause {
                     tracing::debug!(reason = c.as_str(), ?wait, "retrying");
                 }
@@ -188,8 +277,12 @@ pub async fn run(
                 let retry = if asked {
                     // Asked to come back later, a retry counts against its upstream's share
                     // from its attempt on, judged when its wait ends; while it waits it only
-                    // adds to the base (`throttle.rs`).
-                    let waiting = throttle.wait();
+                    // adds to the base (`throttle.rs`). An owed retry has waited so since
+                    // the walk moved on from it.
+                    let waiting = match resumed.take() {
+                        Some((_, waiting)) => waiting,
+                        None => throttle.wait(),
+                    };
                     sleep(wait).await;
                     throttle.take_after_wait(waiting, attempts())
                 } else {
@@ -268,7 +361,7 @@ pub async fn run(
                     if (1..route.chain.len()).any(|k| chain[k].upstream.health.available(now)) {
                         (budget.first_token_timeout, None)
                     } else {
-                        first_token_limit(template, budget, retry_on, chain.get(i + 1))
+                        first_token_limit(template, budget, retry_on, next)
                     };
                 // Boxed: a hedge holds two attempts, and inline it would more than
                 // double the size of every request's future, which is moved whole
@@ -295,7 +388,7 @@ pub async fn run(
                 outcome
             } else {
                 let ft;
-                (ft, switch_by) = first_token_limit(template, budget, retry_on, chain.get(i + 1));
+                (ft, switch_by) = first_token_limit(template, budget, retry_on, next);
                 let outcome = single(
                     metrics,
                     route,
@@ -314,7 +407,7 @@ pub async fn run(
             // The fallback keeps the room of a wait that was cut and ended the attempt; any
             // other end (a 5xx, a wait left whole) leaves it to fit as any attempt does.
             room_kept_for = match &outcome {
-                Err(e) if ended_by_cut(switch_by, e) => Some(i + 1),
+                Err(e) if ended_by_cut(switch_by, e) => next_at,
                 _ => None,
             };
             match outcome {
@@ -533,19 +626,20 @@ fn fallback_room(template: &Template, budget: &Budget, next: &ChainEntry) -> Dur
 
 /// The first-token limit of an attempt, and when its waits end at the latest: the route's
 /// limit, and no end of their own, unless a fallback follows, when they are cut so that what
-/// remains still fits an attempt on that fallback. A connect that hangs spends the
+/// remains still fits an attempt on that fallback (`next`, with the wait left before it: an
+/// owed retry's). A connect that hangs spends the
 /// fallback's turn as surely as a first token that does. Only a wait whose failure moves on
 /// (`retry_on`) is cut: the others' failures are the client's answer, fallback or not.
 fn first_token_limit(
     template: &Template,
     budget: &Budget,
     retry_on: RetryOn,
-    next: Option<&ChainEntry>,
+    next: Option<(&ChainEntry, Duration)>,
 ) -> (Duration, Option<SwitchBy>) {
     let ft = budget.first_token_timeout;
     let connect = retry_on.contains(RetryCause::Connect);
     let first_token = retry_on.contains(RetryCause::FirstToken);
-    let Some(next) = next.filter(|_| connect || first_token) else {
+    let Some((next, waits)) = next.filter(|_| connect || first_token) else {
         return (ft, None);
     };
     let now = Instant::now();
@@ -555,7 +649,7 @@ fn first_token_limit(
             .head_by()
             .map_or(Duration::MAX, |by| by.saturating_duration_since(now)),
     );
-    match usable.checked_sub(fallback_room(template, budget, next)) {
+    match usable.checked_sub(fallback_room(template, budget, next) + waits) {
         Some(left) if left >= budget.min_useful && left < usable => {
             let ft = if first_token { ft.min(left) } else { ft };
             let switch = SwitchBy {
