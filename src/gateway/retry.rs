@@ -303,6 +303,13 @@ pub async fn run(
             } else {
                 None
             };
+            // A wait ends a little after its instant (a timer fires on the millisecond after
+            // it): a retry that no longer fits what is left is not made, its upstream's answer
+            // kept. Judged only before the wait, a retry that just fit was sent with 98 ms
+            // left of a 100 ms `min_useful` (audit WC 1), against DESIGN's "never contacted".
+            if n > 0 && !wait.is_zero() && budget.usable(Instant::now()) < need {
+                break;
+            }
             // Ejected while the retry waited (by other requests' failures): judged again, by
             // the rule it was judged by before the wait. Judged only before it, requests that
             // waited out a `Retry-After` all retried the ejected upstream while the fallback

@@ -1079,3 +1079,36 @@ async fn a_balance_peer_does_not_cost_the_retry_a_retry_after_was_owed() {
     }
     assert_eq!(b_asked.load(std::sync::atomic::Ordering::SeqCst), 4);
 }
+
+/// Audit WC 1: `budget = 1s`, `min_useful = 100ms`, `retries = 1`; the upstream's 503 asks
+/// for `retry-after-ms: 899`, which just fits after the first attempt's millisecond. A wait ends on the
+/// millisecond tick after its instant, later by up to a millisecond, and the retry went out
+/// with 98 or 99 ms left, below `min_useful`, which DESIGN says never reaches the upstream.
+/// It is judged again after the wait: the upstream is asked once, and its 503 is the answer.
+/// The clock is paused and set half a millisecond off a tick, so the wait ends late by that;
+/// before the fix the retry went out with 99.5 ms left and the client got a 504 at the
+/// deadline.
+#[tokio::test(start_paused = true)]
+async fn a_retry_that_no_longer_fits_after_its_wait_is_not_made() {
+    let (url, asked) = scripted(vec![
+        answer(
+            Duration::ZERO,
+            "503 Service Unavailable",
+            "retry-after-ms: 899\r\n",
+        ),
+        completion(),
+    ])
+    .await;
+    let p = pair_with(
+        "retries = 1\nbudget = \"1s\"\nmin_useful = \"100ms\"\nfirst_token_timeout = \"900ms\"",
+        "eject_after = 100",
+        "",
+        Some(url),
+    )
+    .await;
+    tokio::time::advance(Duration::from_micros(500)).await;
+    let (resp, _c) = p.chat(&[]).await;
+    assert_eq!(resp.status(), 503, "the upstream's answer passes through");
+    json_body(resp).await;
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
