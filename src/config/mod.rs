@@ -47,6 +47,7 @@ pub use peer_headers::{hide, HidePattern};
 pub use routing::glob_match;
 pub use runs::{
     node_url, OnStoreError, RunIdSource, RunLimits, RunStore, RunsConfig, DEFAULT_TOKEN_ESTIMATE,
+    MAX_RUN_TOKENS,
 };
 pub use secrets::looks_like_secret;
 pub use secrets::redacted_url;

@@ -54,6 +54,12 @@ pub struct RunLimits {
 /// `run_token_estimate` when a route names none.
 pub const DEFAULT_TOKEN_ESTIMATE: u64 = 1024;
 
+/// The most tokens a run may be limited to, or one call reserve: 2^53 - 1, the largest
+/// count the Redis store's Lua numbers (doubles) hold exactly. Past it 2^53 and 2^53 + 1
+/// compared equal there, and the Redis store admitted calls the memory store refused
+/// (audit WD 3); one bound for both stores keeps them to one rule.
+pub const MAX_RUN_TOKENS: u64 = (1 << 53) - 1;
+
 impl RunLimits {
     pub const UNLIMITED: RunLimits = RunLimits {
         budget: None,
@@ -512,7 +518,7 @@ pub(super) fn build_run_limits(
         "run_max_tokens",
         own.run_max_tokens,
         defaults.run_max_tokens,
-        u64::MAX / 4,
+        MAX_RUN_TOKENS,
         "no limit",
     )?;
     let max_repeats = pick(own.run_max_repeats, defaults.run_max_repeats);
@@ -529,7 +535,7 @@ pub(super) fn build_run_limits(
         "run_token_estimate",
         own.run_token_estimate,
         defaults.run_token_estimate,
-        u64::MAX / 4,
+        MAX_RUN_TOKENS,
         "the default, 1024",
     )?
     .unwrap_or(DEFAULT_TOKEN_ESTIMATE);

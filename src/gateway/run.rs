@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::auth::KeyId;
 use crate::budget::{run_budget, Budget};
+use crate::config::MAX_RUN_TOKENS;
 use crate::error::GatewayError;
 use crate::gateway::routes::RouteRuntime;
 use crate::provider::request::max_output_tokens;
@@ -81,10 +82,14 @@ pub async fn join(
     let call = Call {
         // Read whatever this route's limits: the run may have a token limit from the route
         // that fixed its limits.
+        // At most `MAX_RUN_TOKENS`, more than any run may hold: a larger ask (up to a
+        // number past 64 bits) is refused all the same, and both stores name the same
+        // reservation, which the Redis store's Lua numbers hold exactly (audit WD 3).
         reserve: if asks_model {
             max_output_tokens(body)
                 .map_err(GatewayError::from)?
                 .unwrap_or(limits.token_estimate)
+                .min(MAX_RUN_TOKENS)
         } else {
             0
         },

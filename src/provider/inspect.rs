@@ -29,7 +29,7 @@
 use self::event::{Event, Kind};
 use self::json::Json;
 use self::shape::Shape;
-pub use self::tokens::{PromptPart, Source, Tokens};
+pub use self::tokens::{PromptPart, Source, Tokens, MAX_REPORTED_TOKENS};
 
 use crate::http::sse::{EventSink, EventType, Scan, SseScanner};
 use crate::provider::assemble::Assembler;

@@ -47,7 +47,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
-use crate::config::RunLimits;
+use crate::config::{RunLimits, MAX_RUN_TOKENS};
 use crate::provider::tools::MAX_NAMES;
 use crate::runs::id::RunKey;
 use crate::runs::state::{
@@ -322,14 +322,29 @@ fn opt<T: ToString>(v: Option<T>) -> String {
     v.map_or_else(String::new, |v| v.to_string())
 }
 
+/// A number of a script's reply: an integer, or one written as text (a refusal's). Read as
+/// an integer first, exactly: through an f64 a count past 2^53 lost its last digits, and
+/// one past i64::MAX read as i64::MAX (audit WD 3). A script of a previous release writes
+/// some as Lua's `tostring` does (`1.2345678901235e+15`): read as the f64 they are.
 fn int(v: &Value) -> i64 {
     match v {
         Value::Int(n) => *n,
+        Value::BulkString(b) => std::str::from_utf8(b).ok().map_or(0, |s| {
+            s.parse::<i64>()
+                .unwrap_or_else(|_| s.parse::<f64>().map_or(0, |f| f as i64))
+        }),
+        _ => 0,
+    }
+}
+
+/// A count of a script's reply, as `int` reads it, never below 0; u64 written as text too.
+fn count(v: &Value) -> u64 {
+    match v {
         Value::BulkString(b) => std::str::from_utf8(b)
             .ok()
-            .and_then(|s| s.parse::<f64>().ok())
-            .map_or(0, |f| f as i64),
-        _ => 0,
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or_else(|| int(v).max(0) as u64),
+        _ => int(v).max(0) as u64,
     }
 }
 
@@ -481,7 +496,9 @@ impl RedisStore {
             .arg(opt(limits.max_tokens))
             .arg(opt(limits.max_repeats))
             .arg(limits.token_estimate)
-            .arg(call.reserve)
+            // Lua numbers are doubles: counts past 2^53 - 1 are held to it, as the limits
+            // are at `check`, so that the script compares exactly (audit WD 3).
+            .arg(call.reserve.min(MAX_RUN_TOKENS))
             .arg(opt(call.asked_budget.map(ms)))
             .arg(opt(call.request.map(|f| format!("{f:016x}"))))
             .arg(ms(call.need))
@@ -540,7 +557,7 @@ impl RedisStore {
             tokens_left: some(at(4)),
         };
         let s = |i: usize| reply.get(i).map(text).unwrap_or_default();
-        let n = |i: usize| reply.get(i).map_or(0, int).max(0) as u64;
+        let n = |i: usize| reply.get(i).map_or(0, count);
         let refusal = match s(9).as_str() {
             "deadline" => Refusal::Deadline {
                 budget: Duration::from_millis(n(10)),
@@ -681,8 +698,9 @@ impl RedisStore {
         };
         let mut invocation = self.finish.key(key);
         invocation
-            .arg(reserve)
-            .arg(used.tokens)
+            // Held to 2^53 - 1 as at admission: Lua's doubles count exactly below it.
+            .arg(reserve.min(MAX_RUN_TOKENS))
+            .arg(used.tokens.min(MAX_RUN_TOKENS))
             .arg(answer)
             .arg(tool)
             .arg(ttl.as_millis() as u64)

@@ -200,6 +200,31 @@ pub struct RunLive {
     pub used: AtomicU64,
 }
 
+impl RunLive {
+    /// Adds `n` to the count, saturating at u64::MAX rather than wrapping to a small number
+    /// that a stream would read as tokens left (audit WD 2); the new count.
+    pub fn add(&self, n: u64) -> u64 {
+        let old = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_add(n))
+            })
+            .unwrap_or_else(|u| u);
+        old.saturating_add(n)
+    }
+
+    /// Takes `n` back from the count, never below 0; the new count.
+    pub fn sub(&self, n: u64) -> u64 {
+        let old = self
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |u| {
+                Some(u.saturating_sub(n))
+            })
+            .unwrap_or_else(|u| u);
+        old.saturating_sub(n)
+    }
+}
+
 /// One run.
 #[derive(Debug, Clone)]
 pub struct RunState {
@@ -336,8 +361,9 @@ impl RunState {
         self.calls += 1;
         self.in_flight += 1;
         self.last_call = call.now;
+        // What the others hold, before this call's reservation joins them.
+        let others = self.committed();
         self.tokens_reserved = self.tokens_reserved.saturating_add(call.reserve);
-        let others = self.tokens_used + self.tokens_reserved - call.reserve;
         Ok(Admitted {
             view: self.view(),
             budget: self.budget,
@@ -352,17 +378,25 @@ impl RunState {
         View {
             deadline: self.deadline,
             calls_left: l.max_calls.map(|m| m.saturating_sub(self.calls)),
-            tokens_left: l
-                .max_tokens
-                .map(|m| m.saturating_sub(self.tokens_used + self.tokens_reserved)),
+            tokens_left: l.max_tokens.map(|m| m.saturating_sub(self.committed())),
         }
+    }
+
+    /// The tokens the run has used and its calls in flight hold. Every sum of tokens here
+    /// saturates: `tokens_used` may stand at u64::MAX, and a reservation beside it wrapped
+    /// the sum to a small number, a run past its limit saying it had most of it left (audit
+    /// WD 2).
+    fn committed(&self) -> u64 {
+        self.tokens_used.saturating_add(self.tokens_reserved)
     }
 
     /// The tokens the run has left once a call admitted with `reserve` tokens is charged
     /// `used` instead (that call still in flight): its other calls as they are now.
     pub fn tokens_left_after(&self, reserve: u64, used: u64) -> Option<u64> {
-        let committed =
-            self.tokens_used.saturating_add(used) + self.tokens_reserved.saturating_sub(reserve);
+        let committed = self
+            .tokens_used
+            .saturating_add(used)
+            .saturating_add(self.tokens_reserved.saturating_sub(reserve));
         self.limits.max_tokens.map(|m| m.saturating_sub(committed))
     }
 
@@ -419,8 +453,7 @@ impl RunState {
             }
         }
         if let Some(limit) = l.max_tokens {
-            let committed = self.tokens_used + self.tokens_reserved;
-            if committed.saturating_add(call.reserve) > limit {
+            if self.committed().saturating_add(call.reserve) > limit {
                 return Some(Refusal::Tokens {
                     limit,
                     used: self.tokens_used,
@@ -437,7 +470,7 @@ impl RunState {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.tokens_reserved = self.tokens_reserved.saturating_sub(reserve);
         self.tokens_used = self.tokens_used.saturating_add(used.tokens);
-        self.live.used.fetch_add(used.tokens, Ordering::Relaxed);
+        self.live.add(used.tokens);
         match &used.answer {
             Answer::Tools(fp, tool) => bump(&mut self.answer, *fp, Some(tool)),
             Answer::Plain => self.answer = None,

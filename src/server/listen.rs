@@ -128,7 +128,13 @@ fn http2_builder(server: &ServerConfig) -> http2::Builder<TokioExecutor> {
         // Twice the limit, which the handler holds requests to (`Gateway::forward`): a head
         // past the h2 crate's own bound gets its bare 431, which no log line or metric sees.
         .max_header_list_size(h2_header_list_bound(server.max_header_bytes))
-        .keep_alive_interval(Some(Duration::from_secs(30)));
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        // Every answer is dated by `http::date` (the handlers), which sends none when the
+        // wall clock has no HTTP-date (before 1970): hyper's own would then format it and
+        // panic, killing the answer (audit WD 4). HTTP/1 cannot be spared so: hyper renews
+        // its date cache on every poll of a connection whether or not it writes the header,
+        // and the clock must be set (docs/deployment.md).
+        .auto_date_header(false);
     h2
 }
 

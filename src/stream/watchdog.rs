@@ -11,7 +11,6 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -170,7 +169,7 @@ pin_project! {
             // counts what it really used.
             if let Some(run) = this.limits.run_tokens.as_mut() {
                 if let Some(live) = &run.live {
-                    live.used.fetch_sub(std::mem::take(&mut run.added), Ordering::Relaxed);
+                    live.sub(std::mem::take(&mut run.added));
                 }
             }
             // An answer of length 0 is whole with its head: hyper writes `content-length: 0`
@@ -982,16 +981,11 @@ fn run_tokens_spent(progress: &Progress, limits: &mut StreamLimits) -> Option<Ga
     // same operation, only when it changed (one atomic operation a chunk at most).
     let run_over = match &run.live {
         Some(live) if used != run.added => {
+            // Saturating both ways: a count wrapped past u64::MAX would read as tokens left.
             let total = if used > run.added {
-                let delta = used - run.added;
-                live.used
-                    .fetch_add(delta, Ordering::Relaxed)
-                    .saturating_add(delta)
+                live.add(used - run.added)
             } else {
-                let delta = run.added - used;
-                live.used
-                    .fetch_sub(delta, Ordering::Relaxed)
-                    .saturating_sub(delta)
+                live.sub(run.added - used)
             };
             run.added = used;
             total > run.limit

@@ -1067,3 +1067,37 @@ async fn an_http10_event_stream_says_its_connection_closes() {
     assert!(!head.contains("content-length"), "{head}");
     assert!(rest.ends_with("data: [DONE]\n\n"), "{rest}");
 }
+
+/// Audit WD 4: hyper's HTTP/2 dating is off (with a clock before 1970 it panicked on every
+/// answer the gateway made, once `http::date` sends no Date there): every answer over h2c
+/// still carries one Date, the gateway's, on the client and the admin listener alike.
+#[tokio::test]
+async fn h2_answers_carry_one_date_without_hyper_s() {
+    let h = Harness::start().await;
+    let proxied = h2_send(h.addr(), chat_request(&[], false)).await.unwrap();
+    let made = h2_send(
+        h.addr(),
+        http::Request::get("/nothing")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let admin = h2_send(
+        h.gw.admin_addr,
+        http::Request::get("/healthz")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    for (what, resp) in [("proxied", proxied), ("made", made), ("admin", admin)] {
+        let dates: Vec<_> = resp.headers().get_all("date").iter().collect();
+        assert_eq!(dates.len(), 1, "{what}: {:?}", resp.headers());
+        let at = httpdate::parse_http_date(dates[0].to_str().unwrap()).unwrap();
+        let off = std::time::SystemTime::now()
+            .duration_since(at)
+            .unwrap_or_default();
+        assert!(off < Duration::from_secs(5), "{what}: dated now: {dates:?}");
+    }
+}

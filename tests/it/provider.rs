@@ -14,6 +14,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 
+mod absurd_usage;
 mod background;
 mod usage_chunk;
 

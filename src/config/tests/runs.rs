@@ -111,6 +111,16 @@ fn bad_run_keys_are_refused_naming_the_route_and_key() {
             "run_max_calls = 5000000000",
             "run_max_calls (5000000000) must be at most 4294967295",
         ),
+        // Audit WD 3: past 2^53 the Redis store's Lua numbers are not exact (2^53 and
+        // 2^53 + 1 compare equal there), and the two stores would enforce different limits.
+        (
+            "run_max_tokens = 9007199254740992",
+            "run_max_tokens (9007199254740992) must be at most 9007199254740991",
+        ),
+        (
+            "run_token_estimate = 9007199254740992",
+            "run_token_estimate (9007199254740992) must be at most 9007199254740991",
+        ),
         ("run_max_calls = \"5\"", "invalid type"),
         ("run_limit = 5", "unknown field `run_limit`"),
     ] {

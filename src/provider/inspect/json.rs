@@ -5,7 +5,7 @@
 use memchr::{memchr2, memchr3};
 
 use super::event::{event_kind, Event, Kind};
-use super::tokens::{PromptPart, Tokens};
+use super::tokens::{PromptPart, Tokens, MAX_REPORTED_TOKENS};
 use crate::provider::ErrorType;
 
 /// Nesting levels whose meaning is tracked; anything deeper is ignored (but still balanced).
@@ -818,7 +818,9 @@ impl Json {
             Key::CompletionTokens | Key::OutputTokens => COMPLETION,
             _ => return,
         };
-        self.usage[slot] = n;
+        // Capped: a count past any answer's (up to one past 64 bits, read as u64::MAX) would
+        // wrap the token counters it is added to, and the sums made of it (audit WD 1).
+        self.usage[slot] = n.min(MAX_REPORTED_TOKENS);
         self.usage_seen |= 1 << slot;
     }
 }

@@ -1195,3 +1195,20 @@ fn the_usage_chunk_is_left_out_whole_at_every_split() {
         }
     }
 }
+
+/// Audit WD 1: a reported count past any answer's, up to one past 64 bits, reads as the cap,
+/// so the sums made of it (a prompt's parts, the token counters) cannot wrap.
+#[test]
+fn an_absurd_usage_reads_as_the_cap() {
+    let s = "data: {\"usage\":{\"prompt_tokens\":18446744073709551615,\"completion_tokens\":99999999999999999999999}}\n\n";
+    for cut in 0..s.len() {
+        let got = run(Format::Chat, s.as_bytes(), true, &[cut]);
+        assert_eq!(
+            (got.tokens.prompt(), got.tokens.completion),
+            (Some(MAX_REPORTED_TOKENS), Some(MAX_REPORTED_TOKENS))
+        );
+    }
+    let s = "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":18446744073709551615,\"cache_creation_input_tokens\":18446744073709551615,\"cache_read_input_tokens\":1099511627777}}}\n\n";
+    let got = run(Format::Messages, s.as_bytes(), true, &[]);
+    assert_eq!(got.tokens.prompt(), Some(3 * MAX_REPORTED_TOKENS));
+}

@@ -2,6 +2,14 @@
 
 use crate::provider::ErrorType;
 
+/// The most tokens one answer's usage may report of a part (the input, cache writes, cache
+/// reads, the completion): a count above it, up to a number past 64 bits, is read as this.
+/// No answer comes near it (2^40, a thousand times the largest context windows), and the
+/// sums of such counts (a prompt's parts, a counter's total over 2^24 answers, a run's
+/// tokens) stay far from u64::MAX, where an `AtomicU64` counter wraps and goes down (audit
+/// WD 1).
+pub const MAX_REPORTED_TOKENS: u64 = 1 << 40;
+
 /// Where the provider's token counts come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {

@@ -179,7 +179,8 @@ if h.refused ~= nil and h.refused ~= '' then
   refusal = cjson.decode(h.refused)
   -- What the run holds now, and this call's reservation, not the ended run's numbers; the
   -- time left now, not at the refusal that ended it.
-  if refusal[1] == 'tokens' then refusal = {'tokens', refusal[2], used, reserved, reserve} end
+  -- The limit is the run's own field: cjson wrote the refusal's numbers to 14 digits.
+  if refusal[1] == 'tokens' then refusal = {'tokens', max_tokens or refusal[2], used, reserved, reserve} end
   if refusal[1] == 'deadline' then refusal = {'deadline', refusal[2], math.max(0, deadline_left())} end
 end
 if refusal == nil and deadline ~= nil then
@@ -224,7 +225,11 @@ if refusal ~= nil then
   if fresh then redis.call('PEXPIRE', k, ARGV[13]) end
   local out = {0, ended_now, deadline_ms(), left_of(max_calls, calls), view_tokens(),
     h.route, calls, used, now - started_ms}
-  for _, v in ipairs(refusal) do table.insert(out, tostring(v)) end
+  -- Numbers as whole integers: `tostring` keeps 14 significant digits (audit WD 3).
+  for _, v in ipairs(refusal) do
+    if type(v) == 'number' then v = string.format('%.0f', v) else v = tostring(v) end
+    table.insert(out, v)
+  end
   return out
 end
 

@@ -525,3 +525,48 @@ async fn an_ended_run_takes_no_limits() {
     assert!(matches!(refusal, Refusal::Deadline { .. }));
     assert_eq!(view.calls_left, None);
 }
+
+/// Audit WD 2: a run that used near u64::MAX tokens with a call still in flight had its sums
+/// `used + reserved` wrap: it said 99,001 tokens left (in `x-run-tokens-left` and
+/// `/runs/{id}`) while refusing calls for its tokens. Every sum saturates: none left.
+#[tokio::test(start_paused = true)]
+async fn a_run_that_used_near_u64_max_tokens_has_none_left() {
+    let t0 = Instant::now();
+    let limits = RunLimits {
+        max_tokens: Some(100_000),
+        ..RunLimits::UNLIMITED
+    };
+    let mut r = run(limits, t0);
+    let held = Call {
+        reserve: 1000,
+        ..call(t0)
+    };
+    r.admit(&held).unwrap();
+    let b = r.admit(&call(t0)).unwrap();
+    assert_eq!(b.token_allowance, Some(99_000));
+    assert_eq!(r.tokens_left_after(100, u64::MAX), Some(0), "B's own head");
+    r.finish(
+        100,
+        &Used {
+            tokens: u64::MAX,
+            ..Used::default()
+        },
+    );
+    assert_eq!(r.ended, Some(RunEnd::Tokens));
+    assert_eq!(r.view().tokens_left, Some(0), "what /runs/{{id}} says");
+    assert_eq!(r.tokens_left_after(1000, 0), Some(0));
+    let (e, view) = r.admit(&call(t0)).unwrap_err();
+    assert!(matches!(e, Refusal::Tokens { .. }), "{e:?}");
+    assert_eq!(view.tokens_left, Some(0), "C's header");
+    // The live count its streams read saturates as well: not wrapped to a small number.
+    assert_eq!(r.live.used.load(Ordering::Relaxed), u64::MAX);
+    r.finish(
+        100,
+        &Used {
+            tokens: 5,
+            ..Used::default()
+        },
+    );
+    assert_eq!(r.live.used.load(Ordering::Relaxed), u64::MAX);
+    assert_eq!(r.view().tokens_left, Some(0));
+}

@@ -16,6 +16,7 @@ on_both_stores!(
     an_unread_answer_counts_against_the_runs_tokens,
     a_documents_head_says_what_the_run_has_left_with_its_usage,
     a_call_that_asks_no_model_reserves_and_is_charged_nothing,
+    a_token_refusal_names_large_numbers_exactly,
 );
 
 async fn tokens_are_reserved_before_the_call_and_reconciled_after(store: Store) {
@@ -673,5 +674,33 @@ async fn a_documents_head_counts_what_the_runs_other_calls_used_meanwhile() {
         let left = slow.await.unwrap();
         let run = run_json(&h, id).await;
         assert_eq!(run["runs"][0]["left"]["tokens"], left, "{route}: {run}");
+    }
+}
+
+/// Audit WD 3: the Redis store wrote a refusal's numbers with Lua's `tostring` (14
+/// significant digits) and read them back through an f64 cast to i64: a reservation of
+/// 1234567890123456 read 1234567890123500, u64::MAX read i64::MAX. Both stores now name
+/// the same exact numbers, a reservation past 2^53 - 1 (the most the Redis store's Lua
+/// numbers hold exactly, and the most `run_max_tokens` may be) read as that.
+async fn a_token_refusal_names_large_numbers_exactly(store: Store) {
+    let (h, _keep) = harness(store).await;
+    for (asked, reserves) in [
+        ("1234567890123456", "1234567890123456"),
+        ("123456789012345678", "9007199254740991"),
+        ("1e20", "9007199254740991"),
+    ] {
+        let id = format!("big-{asked}");
+        let extra = format!(r#","max_tokens":{asked}"#);
+        let (resp, _c) = h
+            .send(call("/tokens", false, &[("x-run-id", &id)], &extra))
+            .await;
+        assert_eq!(resp.status(), 429);
+        let body = json_body(resp).await;
+        crate::support::assert_message_starts(
+            &body["error"],
+            &format!(
+                "run token limit: run \"{id}\" has used 0 of its 100 tokens and calls in flight hold 0; this call would reserve {reserves}"
+            ),
+        );
     }
 }
