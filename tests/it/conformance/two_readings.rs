@@ -1,0 +1,121 @@
+//! One request, two readings: what the upstream receives against what the client sent (audit
+//! WA). Trailers of a request body are dropped (and said so), a client's `?key=` never rides
+//! beside the gateway's key, the call rewrites (`stream_upstream`, `include_usage`) apply to
+//! a `POST` only, and repeated `Cookie` lines reach the upstream as one.
+
+use super::*;
+use http_body_util::Full;
+
+/// What the fake upstream received last: method, path and query, headers, body.
+fn last(h: &Harness) -> hourglass_fake::RequestRecord {
+    h.fake.requests().pop().expect("the upstream got a request")
+}
+
+const CALLS: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[defaults]
+budget = "10s"
+first_token_timeout = "2s"
+idle_timeout = "1s"
+
+[upstreams.fake]
+url = "{FAKE}"
+auth = "none"
+
+[upstreams.counted]
+url = "{FAKE}"
+auth = "none"
+include_usage = true
+model = "pinned"
+
+[[routes]]
+name = "watched"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+stream_upstream = true
+
+[[routes]]
+name = "counted"
+path_prefix = "/u/v1/chat/completions"
+upstream = "counted"
+"#;
+
+/// Audit WA 3: `stream_upstream` and `include_usage` rewrote the body of any method on a
+/// call's path: `GET /v1/chat/completions` (OpenAI's list of stored completions) with a body
+/// went up as a stream, and its answer was assembled as one. They are rewrites of a call,
+/// which is a `POST`; other methods keep their body. The model pin is the operator's for
+/// every body, whatever the method (a pin a method could skip would be no pin).
+#[tokio::test]
+async fn only_a_post_is_rewritten_as_a_call() {
+    let h = Harness::with_config(CALLS).await;
+    let send = |method: http::Method, path: &'static str, body: &'static str| {
+        http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+    let body = r#"{"model":"x","metadata":null}"#;
+    for method in [
+        http::Method::GET,
+        http::Method::PUT,
+        http::Method::PATCH,
+        http::Method::DELETE,
+    ] {
+        let (_resp, _c) = h
+            .send(send(method.clone(), "/v1/chat/completions?limit=1", body))
+            .await;
+        let seen = last(&h);
+        assert_eq!(seen.method, method);
+        assert_eq!(
+            std::str::from_utf8(&seen.body).unwrap(),
+            body,
+            "{method}: not asked to stream"
+        );
+        let (_resp, _c) = h
+            .send(send(
+                method.clone(),
+                "/u/v1/chat/completions",
+                r#"{"model":"x","stream":true}"#,
+            ))
+            .await;
+        let seen = last(&h);
+        assert_eq!(
+            std::str::from_utf8(&seen.body).unwrap(),
+            r#"{"model":"pinned","stream":true}"#,
+            "{method}: pinned, no usage asked"
+        );
+    }
+    // A POST is the call, rewritten as before.
+    let (resp, _c) = h
+        .send(send(http::Method::POST, "/v1/chat/completions", body))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let seen = last(&h);
+    assert!(
+        std::str::from_utf8(&seen.body)
+            .unwrap()
+            .starts_with(r#"{"stream":true,"model":"x""#),
+        "{:?}",
+        seen.body
+    );
+    let (resp, _c) = h
+        .send(send(
+            http::Method::POST,
+            "/u/v1/chat/completions",
+            r#"{"model":"x","stream":true}"#,
+        ))
+        .await;
+    // (The fake serves no `/u/...`: its 404 passes; what it received is the point.)
+    assert_eq!(resp.status(), 404);
+    let seen = last(&h);
+    assert_eq!(
+        std::str::from_utf8(&seen.body).unwrap(),
+        r#"{"model":"pinned","stream":true,"stream_options":{"include_usage":true}}"#
+    );
+}
