@@ -119,3 +119,28 @@ async fn only_a_post_is_rewritten_as_a_call() {
         r#"{"model":"pinned","stream":true,"stream_options":{"include_usage":true}}"#
     );
 }
+
+/// Audit WA 5: an HTTP/1.1 client's repeated `Cookie` lines reached the upstream as two
+/// lines, of which a framework that reads one field (Starlette's `headers.get("cookie")`)
+/// saw the first only; joined with "; " as HTTP/2 crumbs are (RFC 6265 5.4: one `Cookie`).
+/// Of two `X-Request-Id` lines the first is the request's id (forwarded and echoed), the
+/// others are dropped (documented).
+#[tokio::test]
+async fn an_http1_clients_cookie_lines_reach_the_upstream_as_one() {
+    let h = Harness::start().await;
+    let body = r#"{"model":"x","messages":[]}"#;
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         cookie: a=1\r\nx-request-id: first\r\ncookie: b=2\r\nx-request-id: second\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (answer, _) = raw_exchange(h.addr(), raw.as_bytes(), |_| false).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("x-request-id: first\r\n"), "{answer}");
+    let seen = last(&h);
+    let cookies: Vec<_> = seen.headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, ["a=1; b=2"]);
+    let ids: Vec<_> = seen.headers.get_all("x-request-id").iter().collect();
+    assert_eq!(ids, ["first"]);
+}
