@@ -11,6 +11,67 @@ fn last(h: &Harness) -> hourglass_fake::RequestRecord {
     h.fake.requests().pop().expect("the upstream got a request")
 }
 
+/// A gateway whose `fake` upstream sends the operator's key from a file.
+async fn keyed() -> (Harness, tempfile::TempDir) {
+    let dir = temp_dir("two-readings");
+    let key = dir.path().join("upstream-key");
+    std::fs::write(&key, "sk-operator-key-000000000000").unwrap();
+    let cfg = BASE.replace(
+        "api_key_env = \"HOURGLASS_TEST_KEY_UNSET\"",
+        &format!("api_key_file = {:?}", key.display().to_string()),
+    );
+    (Harness::with_config(&cfg).await, dir)
+}
+
+fn chat_at(target: &str) -> http::Request<Full<bytes::Bytes>> {
+    let mut req = chat_request(&[("authorization", "Bearer client")], false);
+    *req.uri_mut() = target.parse().unwrap();
+    req
+}
+
+/// Audit WA 2: Google's APIs take a key from `?key=` as from `x-goog-api-key`. Where the
+/// gateway sends its own key, the client's went beside it in the query. Now every `key`
+/// parameter (also percent-encoded in its name) is dropped, the rest of the query kept
+/// byte-exact; where the gateway sends no key, the query passes as it came.
+#[tokio::test]
+async fn a_client_key_in_the_query_never_rides_beside_the_gateways() {
+    let (h, _dir) = keyed().await;
+    for (target, forwarded) in [
+        (
+            "/v1/chat/completions?key=CLIENT-KEY",
+            "/v1/chat/completions",
+        ),
+        (
+            "/v1/chat/completions?alt=sse&key=CLIENT-KEY&x=%c3%a9",
+            "/v1/chat/completions?alt=sse&x=%c3%a9",
+        ),
+        (
+            "/v1/chat/completions?k%65y=A&keys=1&monkey=2&a&&key&b=key",
+            "/v1/chat/completions?keys=1&monkey=2&a&&b=key",
+        ),
+        ("/v1/chat/completions?", "/v1/chat/completions?"),
+        ("/v1/chat/completions?x=1", "/v1/chat/completions?x=1"),
+    ] {
+        let (resp, _c) = h.send(chat_at(target)).await;
+        assert_eq!(resp.status(), 200, "{target}");
+        let seen = last(&h);
+        assert_eq!(seen.path, forwarded, "{target}");
+        assert_eq!(
+            seen.headers["authorization"], "Bearer sk-operator-key-000000000000",
+            "{target}"
+        );
+    }
+
+    // No key of the gateway's: the client's own key, in the query too, is the one sent.
+    let h = Harness::start().await;
+    let target = "/v1/chat/completions?key=CLIENT-KEY&alt=sse";
+    let (resp, _c) = h.send(chat_at(target)).await;
+    assert_eq!(resp.status(), 200);
+    let seen = last(&h);
+    assert_eq!(seen.path, target);
+    assert_eq!(seen.headers["authorization"], "Bearer client");
+}
+
 const CALLS: &str = r#"
 [server]
 listen = "127.0.0.1:0"
