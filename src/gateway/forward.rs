@@ -547,6 +547,8 @@ where
         };
         let Some(frame) = frame else { break };
         timer.as_mut().reset(due());
+        // A trailers frame is dropped: the body goes upstream whole, with a length and no
+        // trailer section (RFC 9112 7.1.2; documented in lifecycle.md, audit WA 1).
         let Ok(data) = frame.map_err(|e| body_error(e, limit))?.into_data() else {
             continue;
         };

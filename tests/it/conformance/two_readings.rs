@@ -11,6 +11,67 @@ fn last(h: &Harness) -> hourglass_fake::RequestRecord {
     h.fake.requests().pop().expect("the upstream got a request")
 }
 
+/// Audit WA 1: a request's trailers end its body; the gateway reads the body whole and
+/// forwards it with a `content-length`, so the trailer fields go nowhere (RFC 9112 7.1.2
+/// lets a recipient that removes the chunked coding discard them). Documented in
+/// lifecycle.md; pinned here for HTTP/1.1 chunked bodies and HTTP/2 trailing HEADERS.
+#[tokio::test]
+async fn request_trailers_are_dropped_over_http1_and_http2() {
+    use http_body_util::BodyExt as _;
+    let h = Harness::start().await;
+    let body = r#"{"model":"x","messages":[]}"#;
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n\
+         te: trailers\r\ntrailer: x-checksum\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+         {:x}\r\n{body}\r\n0\r\nx-checksum: sha256=abc\r\n\r\n",
+        body.len()
+    );
+    let (answer, _) = raw_exchange(h.addr(), raw.as_bytes(), |_| false).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen = last(&h);
+    assert_eq!(&seen.body[..], body.as_bytes());
+    assert_eq!(seen.headers["content-length"], body.len().to_string());
+    assert!(
+        !seen.headers.contains_key("x-checksum"),
+        "{:?}",
+        seen.headers
+    );
+    assert!(!seen.headers.contains_key("trailer"), "{:?}", seen.headers);
+
+    // HTTP/2: HEADERS, DATA, then a trailing HEADERS.
+    let tcp = TcpStream::connect(h.addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-checksum", http::HeaderValue::from_static("sha256=abc"));
+    let req = http::Request::post("http://gateway/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(
+            Full::new(bytes::Bytes::from_static(body.as_bytes())).with_trailers(
+                std::future::ready(Some(Ok::<_, std::convert::Infallible>(trailers))),
+            ),
+        )
+        .unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), sender.send_request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let seen = last(&h);
+    assert_eq!(seen.version, http::Version::HTTP_11);
+    assert_eq!(&seen.body[..], body.as_bytes());
+    assert!(
+        !seen.headers.contains_key("x-checksum"),
+        "{:?}",
+        seen.headers
+    );
+}
+
 /// A gateway whose `fake` upstream sends the operator's key from a file.
 async fn keyed() -> (Harness, tempfile::TempDir) {
     let dir = temp_dir("two-readings");
