@@ -266,3 +266,29 @@ async fn an_http1_clients_cookie_lines_reach_the_upstream_as_one() {
     let ids: Vec<_> = seen.headers.get_all("x-request-id").iter().collect();
     assert_eq!(ids, ["first"]);
 }
+
+/// Audit WA 4: a lone surrogate escape in a member name was refused with 400 "unexpected end
+/// of hex escape", the same escape in a value passed. Both pass now, the model pinned.
+#[tokio::test]
+async fn a_lone_surrogate_in_a_member_name_passes_pinned() {
+    let h = Harness::with_config(CALLS).await;
+    for body in [
+        r#"{"model":"pin-a","\ud800":1}"#,
+        r#"{"model":"pin-a","x":"\ud800"}"#,
+    ] {
+        let req = http::Request::post("/u/v1/chat/completions")
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from_static(body.as_bytes())))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        // (The fake serves no `/u/...`: its 404 passes; what it received is the point.)
+        assert_eq!(resp.status(), 404, "{body}");
+        let seen = last(&h);
+        assert_eq!(
+            std::str::from_utf8(&seen.body).unwrap(),
+            body.replace("pin-a", "pinned"),
+            "{body}"
+        );
+    }
+}
