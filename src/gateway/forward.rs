@@ -408,9 +408,11 @@ impl Gateway {
             if method == Method::OPTIONS {
                 decrement_max_forwards(&mut headers);
             }
-            if version == http::Version::HTTP_2 {
-                join_cookies(&mut headers);
-            }
+            // One `Cookie` field toward the upstream (RFC 6265 5.4; RFC 9110 5.3: its values
+            // are no list to join with commas): HTTP/2 crumbs, and the lines of an HTTP/1.1
+            // client that sent several, of which a framework that reads one field
+            // (Starlette's `headers.get("cookie")`) saw the first alone (audit WA 5).
+            join_cookies(&mut headers);
             let [ms, grpc, envoy, run_ms] = names::INBOUND;
             let dropped = [
                 ms,
@@ -545,6 +547,8 @@ where
         };
         let Some(frame) = frame else { break };
         timer.as_mut().reset(due());
+        // A trailers frame is dropped: the body goes upstream whole, with a length and no
+        // trailer section (RFC 9112 7.1.2; documented in lifecycle.md, audit WA 1).
         let Ok(data) = frame.map_err(|e| body_error(e, limit))?.into_data() else {
             continue;
         };

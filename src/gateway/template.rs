@@ -111,10 +111,15 @@ impl Template {
             .then(|| Arc::from(sdk_base_path(self.path_and_query.path())));
         let mut assembled = false;
         let mut hide_usage = false;
+        // The body rewrites of a call (asked to stream, asked for its usage) are made to a
+        // `POST` only: that is what a call is. `GET /v1/chat/completions` lists stored
+        // completions, and a body sent with it, or with a PUT, PATCH or DELETE, went up
+        // rewritten and its answer was assembled as a stream's (audit WA 3). The model pin
+        // above holds for every method: a pin that a method could skip would be none.
+        let post = self.method == Method::POST;
         // Asked to stream only where it is a call of the API itself: the rest of it
         // (count_tokens, batches, embeddings) refuses a `stream` it never takes.
-        let call = self
-            .stream_upstream
+        let call = (self.stream_upstream && post)
             .then(|| Format::call(upstream.config.api, uri.path()))
             .flatten();
         if let Some(f) = call {
@@ -124,7 +129,7 @@ impl Template {
                 assembled = true;
             }
         }
-        if upstream.config.include_usage && format == Some(Format::Chat) {
+        if post && upstream.config.include_usage && format == Some(Format::Chat) {
             if let Some(with_usage) = include_usage(&body, false)? {
                 body = with_usage;
                 copied = true;

@@ -155,6 +155,48 @@ pub fn carries_credentials(name: &HeaderName) -> bool {
     CREDENTIALS.contains(name) || *name == header::PROXY_AUTHORIZATION || *name == header::COOKIE
 }
 
+/// A query without its `key` parameters: Google's APIs (Gemini, and its OpenAI-compatible
+/// endpoint) take an API key from `?key=` as from `x-goog-api-key`, so where the gateway sends
+/// its own key a client's must not ride beside it there either (audit WA 2). A name is read
+/// as a server decodes it (`k%65y` is `key`); every other byte of the query is kept as it
+/// came, separators too. `None` when the query has no such parameter (no allocation, as for
+/// nearly every request); `Some("")` when nothing is left of it.
+pub fn without_query_key(query: &str) -> Option<String> {
+    let is_key = |pair: &&str| {
+        let name = pair.split('=').next().unwrap_or_default();
+        name == "key" || (name.contains('%') && percent_decoded(name) == b"key")
+    };
+    if !query.split('&').any(|pair| is_key(&pair)) {
+        return None;
+    }
+    let kept: Vec<&str> = query.split('&').filter(|pair| !is_key(pair)).collect();
+    Some(kept.join("&"))
+}
+
+/// `text` with its `%XX` escapes decoded (a `%` not followed by two hex digits kept as is).
+fn percent_decoded(text: &str) -> Vec<u8> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let hex = bytes
+            .get(at + 1..at + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[at], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                at += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                at += 1;
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;
@@ -217,5 +259,24 @@ mod tests {
         h.append("x-portkey-trace-id", HeaderValue::from_static("t-1"));
         strip_peer_steering(&mut h);
         assert_eq!(h.keys().collect::<Vec<_>>(), ["x-portkey-trace-id"]);
+    }
+
+    /// Audit WA 2.
+    #[test]
+    fn a_key_parameter_is_dropped_from_a_query_and_nothing_else() {
+        for (query, left) in [
+            ("key=CLIENT", Some("")),
+            ("alt=sse&key=CLIENT&x=%c3%a9", Some("alt=sse&x=%c3%a9")),
+            ("key", Some("")),
+            ("key=a&key=b", Some("")),
+            ("k%65y=A&keys=1", Some("keys=1")),
+            ("%6B%65%79=A&a&&b=key", Some("a&&b=key")),
+            ("a&&key=1&", Some("a&&")),
+            ("keys=1&monkey=2&Key=3&x=key", None),
+            ("%zz&%", None),
+            ("", None),
+        ] {
+            assert_eq!(without_query_key(query).as_deref(), left, "{query}");
+        }
     }
 }

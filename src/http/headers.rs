@@ -506,7 +506,8 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// HTTP/2 carries a cookie as one field per crumb; before an HTTP/1.1 hop they must be one
-/// field joined with "; " (RFC 9113 8.2.3), which serves an HTTP/2 upstream as well.
+/// field joined with "; " (RFC 9113 8.2.3), which serves an HTTP/2 upstream as well. An
+/// HTTP/1.1 client's repeated `Cookie` lines are joined alike (RFC 6265 5.4 allows one).
 pub(crate) fn join_cookies(headers: &mut HeaderMap) {
     let mut crumbs = headers.get_all(header::COOKIE).iter();
     let (Some(first), Some(_)) = (crumbs.next(), crumbs.next()) else {

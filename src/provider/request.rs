@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 /// The top-level members of a request body's JSON object, names decoded as the provider
 /// decodes them (`"m\u006fdel"` is `model`), values raw and borrowed from the body. Most
 /// bodies have a handful of members: a vector searched in order costs less than a map.
-pub struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+pub struct Members<'a>(Vec<(Cow<'a, [u8]>, &'a RawValue)>);
 
 /// A member the gateway reads, named more than once. RFC 8259 4 leaves such an object's
 /// meaning to each parser: most take the last, some the first, so the gateway could route,
@@ -34,7 +34,11 @@ impl<'a> Members<'a> {
 
     /// The raw value of the member `name`, if the body has it.
     pub fn get(&self, name: &str) -> Result<Option<&'a RawValue>, Repeated> {
-        let mut found = self.0.iter().filter(|(n, _)| n == name).map(|(_, v)| *v);
+        let mut found = self
+            .0
+            .iter()
+            .filter(|(n, _)| **n == *name.as_bytes())
+            .map(|(_, v)| *v);
         match (found.next(), found.next()) {
             (Some(_), Some(_)) => Err(Repeated(name.to_owned())),
             (first, _) => Ok(first),
@@ -66,25 +70,38 @@ impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
     }
 }
 
-/// A member's name: borrowed from the body unless it had escapes to decode.
-struct Name<'a>(Cow<'a, str>);
+/// A member's name, as the bytes its escapes decode to: borrowed from the body unless it had
+/// escapes. Bytes, not `str`: a lone surrogate escape (`"\ud800"`) is no `str`, and read as
+/// one it made the whole body unreadable ("unexpected end of hex escape"), although Python's
+/// `json` reads it and the same escape in a value passes (audit WA 4). Such a name decodes
+/// to its WTF-8 bytes, which equal no name the gateway reads.
+struct Name<'a>(Cow<'a, [u8]>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Name<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Text;
-        impl<'de> Visitor<'de> for Text {
-            type Value = Name<'de>;
+        // Taken raw, the string is checked as a value's is (a control character or a bad
+        // escape is still an error) but not made `str`.
+        let raw = <&'de RawValue>::deserialize(d)?.get().as_bytes();
+        let inner = &raw[1..raw.len() - 1];
+        // The common case: no escape, the name is its bytes in the body.
+        if !inner.contains(&b'\\') {
+            return Ok(Name(Cow::Borrowed(inner)));
+        }
+        struct Decoded;
+        impl Visitor<'_> for Decoded {
+            type Value = Vec<u8>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a member name")
             }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Name(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Name(Cow::Owned(v.to_owned())))
+            fn visit_bytes<E>(self, v: &[u8]) -> Result<Self::Value, E> {
+                Ok(v.to_vec())
             }
         }
-        d.deserialize_str(Text)
+        // serde_json's bytes decode the escapes as its `str` does, a lone surrogate too.
+        let mut json = serde_json::Deserializer::from_slice(raw);
+        serde::Deserializer::deserialize_bytes(&mut json, Decoded)
+            .map(|name| Name(Cow::Owned(name)))
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -238,23 +255,23 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                     let mut otherwise = None;
                     while let Some(Name(name)) = map.next_key::<Name<'de>>()? {
                         match &*name {
-                            "model" => {
+                            b"model" => {
                                 let raw: &RawValue = map.next_value()?;
                                 if model.is_some() {
                                     repeated.get_or_insert("model");
                                 }
                                 model.get_or_insert(text(raw));
                             }
-                            "n" => {
+                            b"n" => {
                                 let raw: &RawValue = map.next_value()?;
                                 if choices.is_some() {
                                     repeated.get_or_insert("n");
                                 }
                                 choices.get_or_insert(count_of(raw));
                             }
-                            "background" | "stream" => {
+                            b"background" | b"stream" => {
                                 let raw: &RawValue = map.next_value()?;
-                                let slot = if name == "background" {
+                                let slot = if *name == *b"background" {
                                     &mut background
                                 } else {
                                     &mut stream
@@ -263,8 +280,14 @@ pub fn head_of(body: &[u8]) -> Result<Head<'_>, Repeated> {
                             }
                             _ => {
                                 if otherwise.is_none() {
-                                    otherwise = spelled_otherwise(&name)
-                                        .map(|member| (name.into_owned(), member));
+                                    // A name that is no UTF-8 (a lone surrogate) folds to
+                                    // none of the members: Go reads it as U+FFFD.
+                                    otherwise = std::str::from_utf8(&name)
+                                        .ok()
+                                        .and_then(spelled_otherwise)
+                                        .map(|member| {
+                                            (String::from_utf8_lossy(&name).into_owned(), member)
+                                        });
                                 }
                                 map.next_value::<IgnoredAny>()?;
                             }
@@ -512,5 +535,36 @@ mod tests {
         // Only top-level members: the same name inside messages is another object's.
         let body = br#"{"model":"m","messages":[{"model":"x"},{"model":"y"}]}"#;
         assert_eq!(model_of(body).unwrap().as_deref(), Some("m"));
+    }
+
+    /// Audit WA 4: a lone surrogate escape in a member name (`"\ud800"`), which Python's
+    /// `json` reads, was refused with "unexpected end of hex escape", while the same escape in
+    /// a value passed. Names are compared as the bytes they decode to, never made `str`.
+    #[test]
+    fn a_lone_surrogate_in_a_member_name_is_read_like_any_other_name() {
+        for body in [
+            r#"{"model":"pin-a","\ud800":1}"#,
+            r#"{"\udc00x":[1],"model":"pin-a"}"#,
+            r#"{"model":"pin-a","\ud800\ud800":1,"a\ud83d":2}"#,
+        ] {
+            let head = head_of(body.as_bytes()).unwrap();
+            assert_eq!(head.unreadable, None, "{body}");
+            assert_eq!(head.model.as_deref(), Some("pin-a"), "{body}");
+            let members = Members::parse(body.as_bytes()).expect("an object");
+            assert_eq!(members.get("model").unwrap().unwrap().get(), r#""pin-a""#);
+        }
+        // Not the member it would be without the surrogate.
+        let body = br#"{"model\ud800":"x","mod\u0065l":"m"}"#;
+        assert_eq!(model_of(body).unwrap().as_deref(), Some("m"));
+        // Still refused: a raw control character in a name, a bad escape.
+        let why = |b: &[u8]| head_of(b).unwrap().unreadable.map(|u| u.0);
+        assert!(why(b"{\"a\x01b\":1}")
+            .unwrap()
+            .contains("control character"));
+        assert!(why(b"{\"m\\u006fd\x01\":1}")
+            .unwrap()
+            .contains("control character"));
+        assert!(why(br#"{"\ud8":1}"#).is_some());
+        assert!(why(br#"{"\q":1}"#).unwrap().contains("escape"));
     }
 }

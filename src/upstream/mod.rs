@@ -50,8 +50,8 @@ use self::throttle::Throttle;
 use self::tls::{tls_config, TlsFiles};
 use crate::config::{Http2Mode, ProxyEnv, ProxyTarget, UpstreamConfig};
 use crate::http::client_steering::{
-    strip_account_selectors, strip_credentials, strip_peer_steering, OPENAI_ORGANIZATION,
-    OPENAI_PROJECT,
+    strip_account_selectors, strip_credentials, strip_peer_steering, without_query_key,
+    OPENAI_ORGANIZATION, OPENAI_PROJECT,
 };
 use crate::http::headers::{present, split_port};
 use crate::provider::Format;
@@ -292,7 +292,25 @@ impl Upstream {
 
     /// The upstream URI for a client request's path and query. Put together from parts: a
     /// `format!` and a parse of the whole URI cost four allocations per request.
+    /// Where the gateway sends its own key, a client's `?key=` is left out of the query,
+    /// as its key headers are (`without_query_key`, audit WA 2).
     pub fn uri_for(&self, path_and_query: &PathAndQuery) -> Result<Uri, http::Error> {
+        let scrubbed;
+        let path_and_query = match path_and_query
+            .query()
+            .filter(|_| self.credential.is_some())
+            .and_then(without_query_key)
+        {
+            Some(query) => {
+                let path = path_and_query.path();
+                scrubbed = PathAndQuery::try_from(match query.is_empty() {
+                    true => path.to_owned(),
+                    false => format!("{path}?{query}"),
+                })?;
+                &scrubbed
+            }
+            None => path_and_query,
+        };
         let path_and_query = if self.prefix.is_empty() {
             path_and_query.clone()
         } else {

@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 
 mod early_answers;
 mod request_targets;
+mod two_readings;
 
 /// A gateway whose one upstream is at `up`.
 async fn through(up: SocketAddr) -> Harness {

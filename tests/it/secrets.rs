@@ -275,8 +275,18 @@ client_keys_file = "{chat_clients}"
         .iter()
         .any(|r| r.contains(&format!("Bearer {PROVIDER_FILE_KEY}"))));
     assert!(upstream_seen.iter().any(|r| r.contains(PROVIDER_ENV_KEY)));
-    // The query's key is the provider's to read: forwarded with the path.
-    assert!(h.fake.requests().iter().any(|r| r.path.contains(QUERY_KEY)));
+    // The query's key is a client's: never forwarded beside the provider's (audit WA 2),
+    // though the requests that carried it were served, the rest of their query kept.
+    assert!(h
+        .fake
+        .requests()
+        .iter()
+        .all(|r| !r.path.contains(QUERY_KEY)));
+    assert!(h
+        .fake
+        .requests()
+        .iter()
+        .any(|r| r.path == "/v1/chat/completions?alt=sse"));
     for r in &upstream_seen {
         for m in ["CLIENTKEY-91b7", "CLIENTFILE-c4a2", "WRONGKEY-5e1f"] {
             assert!(!r.contains(m), "a client key reached the upstream: {r}");
@@ -438,12 +448,17 @@ client_keys_env = "HOURGLASS_CANARY_CLIENTS"
             "--log-format {format}:\n{}",
             request_lines.join("\n")
         );
-        // The provider got its keys (so they were in use): the environment's, and the query.
+        // The provider got its key (so it was in use), and never the client's from the query
+        // beside it (audit WA 2), though the requests that carried one were served.
         let got = &fake.requests()[before..];
         assert!(got
             .iter()
             .all(|r| r.headers["authorization"] == format!("Bearer {PROVIDER_ENV_KEY}").as_str()));
-        assert!(got.iter().any(|r| r.path.contains(QUERY_KEY)), "{format}");
+        assert!(got.iter().all(|r| !r.path.contains(QUERY_KEY)), "{format}");
+        assert!(
+            got.iter().any(|r| r.path == "/v1/chat/completions?alt=sse"),
+            "{format}"
+        );
     }
     assert!(leaks.is_empty(), "{}", leaks.join("\n"));
 }
