@@ -15,6 +15,10 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Anthropic's credential header (OpenAI's is `Authorization`).
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+/// Azure OpenAI's credential header (its `/openai/deployments/...` paths take no other).
+pub const API_KEY: HeaderName = HeaderName::from_static("api-key");
+/// Google's credential header (native Gemini, `generativelanguage.googleapis.com`).
+pub const X_GOOG_API_KEY: HeaderName = HeaderName::from_static("x-goog-api-key");
 
 /// Gives a status without a standard reason phrase one, where nothing upstream gave it one:
 /// hyper writes `<none>` on an HTTP/1.1 status line otherwise (an HTTP/2 upstream sends no
