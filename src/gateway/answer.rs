@@ -84,6 +84,8 @@ impl Gateway {
         // `OPTIONS *` (9.3.7), which asks about the server itself, not a resource upstream.
         let final_recipient = req.method() == Method::OPTIONS
             && (max_forwards(req.headers()) == Some(0) || req.uri().path() == "*");
+        // A stream of Gemini's native API, whose clients read errors in its own shape.
+        let gemini_stream = req.uri().path().ends_with(":streamGenerateContent");
         async move {
             if final_recipient {
                 record.set_status(200);
@@ -171,6 +173,14 @@ impl Gateway {
                     // A HEAD answer's body is never sent (nor polled by hyper): no event can
                     // be added to it, and it is whole with its head.
                     let readable_sse = shape.readable_sse() && parts.status.is_success() && !head;
+                    // A 2xx NDJSON stream (Ollama's) may gain an error line at a cut.
+                    let lines = shape.ndjson
+                        && shape.readable
+                        && parts.status.is_success()
+                        && !(head || no_content);
+                    if lines {
+                        parts.headers.remove(header::CONTENT_LENGTH);
+                    }
                     if shape.event_stream && !assemble {
                         if readable_sse {
                             // The body may gain an error event: its length is not the upstream's.
@@ -297,6 +307,12 @@ impl Gateway {
                     }
                     body.watch_shutdown(&self.shutdown);
                     body.watch_reaper(reaped);
+                    if gemini_stream {
+                        body.gemini_errors();
+                    }
+                    if lines {
+                        body.ndjson_lines();
+                    }
                     // All boxed: they hold the body and more across their awaits, and inline
                     // they would size every request's future (moved whole a few times per
                     // request) for these rare answers.

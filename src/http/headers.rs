@@ -328,6 +328,18 @@ pub(crate) fn is_json(headers: &HeaderMap) -> bool {
         })
 }
 
+fn is_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim)
+        .is_some_and(|m| {
+            m.eq_ignore_ascii_case("application/x-ndjson")
+                || m.eq_ignore_ascii_case("application/jsonl")
+        })
+}
+
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -383,6 +395,8 @@ pub struct BodyShape {
     pub event_stream: bool,
     /// `application/json` or a `+json` type.
     pub json: bool,
+    /// `application/x-ndjson` (Ollama's streams), or `application/jsonl`.
+    pub ndjson: bool,
     /// In no content coding, so its bytes are what its type says. An encoded body (an
     /// upstream that ignored `identity`) is passed through opaque: nothing is read from it
     /// or added to it.
@@ -394,6 +408,7 @@ impl BodyShape {
         Self {
             event_stream: is_event_stream(headers),
             json: is_json(headers),
+            ndjson: is_ndjson(headers),
             readable: content_coding(headers).is_none(),
         }
     }

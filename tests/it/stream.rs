@@ -597,7 +597,8 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
     );
 
     // Anything but a JSON document may be a stream (NDJSON here): never held back, so the
-    // client has the first line before the limit ends it with the connection.
+    // client has the first line before the limit ends it with the connection, after a line
+    // that names the limit (audit WB 7).
     let (_h, status, head, body) = http10_through(
         "content-type: application/x-ndjson\r\n",
         vec![
@@ -608,7 +609,9 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
     .await;
     assert_eq!(status, 200, "{head}");
     assert!(!head.contains("content-length"), "{head}");
-    assert_eq!(body, b"{\"n\":1}\n");
+    let body = String::from_utf8(body).unwrap();
+    let error = body.strip_prefix("{\"n\":1}\n").unwrap();
+    assert!(error.starts_with("{\"error\":\"idle timeout"), "{body}");
 
     // So is a JSON array (audit WB 5: Gemini's streamed answer), its head saying the
     // connection ends the body.
@@ -758,5 +761,92 @@ async fn an_idle_cut_of_a_streamed_json_array_keeps_the_elements_sent() {
             .await,
         1.0
     );
+    drop(tx);
+}
+
+/// Audit WB 6: google-genai reads every line of a native Gemini stream that is not `data: `
+/// as raw JSON, so the gateway's `event: error` line raised "Failed to parse response as
+/// JSON" and the limit that fired was never named. On a `:streamGenerateContent` stream a
+/// cut is written as Gemini writes its own errors: one data-only event, `{"error":{"code",
+/// "message","status"}}` with a numeric code, which the SDK raises as the error it names.
+#[tokio::test]
+async fn a_cut_gemini_stream_ends_with_an_error_in_geminis_shape() {
+    let (up, tx) = stepped_upstream().await;
+    let toml = BASE.replace("{FAKE}", &format!("http://{up}"))
+        + "\n[[routes]]\nname = \"gemini\"\npath_prefix = \"/v1beta/\"\nupstream = \"fake\"\n";
+    let h = Harness::with_config(&toml).await;
+    let chunk = "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"tok0 \"}]}}]}\r\n\r\n";
+    tx.send(chunk.as_bytes().to_vec()).unwrap();
+    let req = http::Request::post("/v1beta/models/gemini-2.0-flash:streamGenerateContent?alt=sse")
+        .header("host", "gateway")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    // Then silence past the idle limit (1 s).
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!(read.error, None);
+    let text = read.text();
+    let rest = text
+        .strip_prefix(chunk)
+        .unwrap_or_else(|| panic!("{text:?}"));
+    assert!(!rest.contains("event:"), "{rest:?}");
+    let data = rest
+        .strip_prefix("data: ")
+        .and_then(|d| d.strip_suffix("\n\n"))
+        .unwrap_or_else(|| panic!("one data-only event: {rest:?}"));
+    let v: serde_json::Value = serde_json::from_str(data).unwrap();
+    assert_eq!(v["error"]["code"], 504, "{v}");
+    assert_eq!(v["error"]["status"], "DEADLINE_EXCEEDED", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("idle timeout"),
+        "{v}"
+    );
+    drop(tx);
+}
+
+/// Audit WB 7: a limit that cut an NDJSON stream (Ollama's `/api/chat`) left the client a
+/// broken body and no reason. It ends with one line in Ollama's own error shape, which
+/// ollama-python raises as `ResponseError` with the text; a line incomplete when the limit
+/// fired is dropped, never left half before it.
+#[tokio::test]
+async fn a_cut_ndjson_stream_ends_with_an_error_line() {
+    let (up, tx) = stepped_upstream_of("application/x-ndjson").await;
+    let toml = BASE.replace("{FAKE}", &format!("http://{up}"))
+        + "\n[[routes]]\nname = \"ollama\"\npath_prefix = \"/api/\"\nupstream = \"fake\"\n";
+    let h = Harness::with_config(&toml).await;
+    let lines = "{\"message\":{\"content\":\"tok0 \"},\"done\":false}\n";
+    tx.send(lines.as_bytes().to_vec()).unwrap();
+    tx.send(b"{\"message\":{\"cont".to_vec()).unwrap();
+    let req = http::Request::post("/api/chat")
+        .header("host", "gateway")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"model":"m","messages":[]}"#,
+        )))
+        .unwrap();
+    // Then silence past the idle limit (1 s).
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!(read.error, None, "{}", read.text());
+    let text = read.text();
+    let rest = text
+        .strip_prefix(lines)
+        .unwrap_or_else(|| panic!("{text:?}"));
+    let line = rest
+        .strip_suffix('\n')
+        .unwrap_or_else(|| panic!("{rest:?}"));
+    assert!(!line.contains('\n'), "one line: {rest:?}");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert!(
+        v["error"].as_str().unwrap().starts_with("idle timeout"),
+        "{v}"
+    );
+    assert_eq!(v["code"], "idle_timeout", "{v}");
     drop(tx);
 }
