@@ -429,6 +429,11 @@ struct ErrorObject {
     kind: &'static str,
 }
 
+fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
+    // Strings and plain structs into a Vec: serde_json cannot fail on these.
+    serde_json::to_writer(out, value).expect("an error body serialises");
+}
+
 /// How the error that ends a cut stream is written, after the head has gone: as the
 /// clients of that stream read one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -443,11 +448,6 @@ pub enum StreamErrorShape {
     /// One NDJSON line, `{"error":TEXT,"code","type"}`: Ollama's in-band error, which
     /// ollama-python raises as `ResponseError` with the text (audit WB 7).
     Line,
-}
-
-fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
-    // Strings and plain structs into a Vec: serde_json cannot fail on these.
-    serde_json::to_writer(out, value).expect("an error body serialises");
 }
 
 fn overload_detail(waited: Duration) -> String {
