@@ -475,6 +475,8 @@ fn build_upstream(
         auth: match raw.auth {
             None | Some(RawAuth::Bearer) => AuthMode::Bearer,
             Some(RawAuth::XApiKey) => AuthMode::XApiKey,
+            Some(RawAuth::ApiKey) => AuthMode::ApiKey,
+            Some(RawAuth::XGoogApiKey) => AuthMode::GoogApiKey,
             Some(RawAuth::None) => AuthMode::None,
         },
         ca_file,

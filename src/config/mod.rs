@@ -180,6 +180,10 @@ pub enum AuthMode {
     Bearer,
     /// `x-api-key: <key>` (Anthropic style).
     XApiKey,
+    /// `api-key: <key>` (Azure OpenAI, whose deployment paths take no other header).
+    ApiKey,
+    /// `x-goog-api-key: <key>` (native Gemini).
+    GoogApiKey,
     /// The proxy adds no credentials of its own.
     None,
 }
@@ -190,6 +194,8 @@ impl fmt::Display for AuthMode {
         f.write_str(match self {
             AuthMode::Bearer => "bearer",
             AuthMode::XApiKey => "x-api-key",
+            AuthMode::ApiKey => "api-key",
+            AuthMode::GoogApiKey => "x-goog-api-key",
             AuthMode::None => "none",
         })
     }

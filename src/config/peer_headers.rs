@@ -55,9 +55,18 @@ pub fn hide(headers: &mut HeaderMap, patterns: &[HidePattern]) {
 /// Why the gateway keeps a request header to itself: `None` where `headers` may set it.
 fn set_by_gateway(name: &HeaderName) -> Option<&'static str> {
     if CREDENTIALS.contains(name) {
-        return Some(
-            "the gateway sends the upstream's key itself (api_key_env, api_key_file, auth)",
-        );
+        // The two a provider reads its own key from name the `auth` that sends it there.
+        return Some(match name.as_str() {
+            "api-key" => {
+                "the gateway sends the upstream's key itself: set api_key_env or \
+                 api_key_file, and auth = \"api-key\""
+            }
+            "x-goog-api-key" => {
+                "the gateway sends the upstream's key itself: set api_key_env or \
+                 api_key_file, and auth = \"x-goog-api-key\""
+            }
+            _ => "the gateway sends the upstream's key itself (api_key_env, api_key_file, auth)",
+        });
     }
     if ACCOUNT_SELECTORS.contains(name) {
         return Some(

@@ -200,6 +200,8 @@ impl RawLimits {
 pub(super) enum RawAuth {
     Bearer,
     XApiKey,
+    ApiKey,
+    XGoogApiKey,
     None,
 }
 

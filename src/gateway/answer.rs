@@ -84,6 +84,8 @@ impl Gateway {
         // `OPTIONS *` (9.3.7), which asks about the server itself, not a resource upstream.
         let final_recipient = req.method() == Method::OPTIONS
             && (max_forwards(req.headers()) == Some(0) || req.uri().path() == "*");
+        // A stream of Gemini's native API, whose clients read errors in its own shape.
+        let gemini_stream = req.uri().path().ends_with(":streamGenerateContent");
         async move {
             if final_recipient {
                 record.set_status(200);
@@ -171,6 +173,14 @@ impl Gateway {
                     // A HEAD answer's body is never sent (nor polled by hyper): no event can
                     // be added to it, and it is whole with its head.
                     let readable_sse = shape.readable_sse() && parts.status.is_success() && !head;
+                    // A 2xx NDJSON stream (Ollama's) may gain an error line at a cut.
+                    let lines = shape.ndjson
+                        && shape.readable
+                        && parts.status.is_success()
+                        && !(head || no_content);
+                    if lines {
+                        parts.headers.remove(header::CONTENT_LENGTH);
+                    }
                     if shape.event_stream && !assemble {
                         if readable_sse {
                             // The body may gain an error event: its length is not the upstream's.
@@ -186,7 +196,7 @@ impl Gateway {
                     no_retry_after_retries(&mut parts.headers, parts.status, &record);
                     // A JSON answer in a known format is one document (these APIs stream as
                     // SSE), which arrives at once when it is ready: a 2xx one is read whole
-                    // before its head goes (see `with_length`). A provider's error answer
+                    // before its head goes (see `with_length`), unless it opens as an array. A provider's error answer
                     // passes through as it comes (DESIGN 6), its head at once.
                     let document = started.format.is_some()
                         && !shape.event_stream
@@ -297,6 +307,12 @@ impl Gateway {
                     }
                     body.watch_shutdown(&self.shutdown);
                     body.watch_reaper(reaped);
+                    if gemini_stream {
+                        body.gemini_errors();
+                    }
+                    if lines {
+                        body.ndjson_lines();
+                    }
                     // All boxed: they hold the body and more across their awaits, and inline
                     // they would size every request's future (moved whole a few times per
                     // request) for these rare answers.
@@ -322,22 +338,13 @@ impl Gateway {
                             None => LENGTH_CAP,
                         };
                         let hold = self.answers.hold();
-                        return Box::pin(with_length(parts, body, &id, cap, relocate, hold)).await;
+                        let read = with_length(parts, body, &id, cap, relocate, hold);
+                        return Box::pin(read).await.unwrap_or_else(|(mut parts, body)| {
+                            as_it_comes(&mut parts, &body, close_delimited);
+                            Response::from_parts(parts, Either::Right(body))
+                        });
                     }
-                    if close_delimited
-                        && !parts.headers.contains_key(header::CONTENT_LENGTH)
-                        && body.size_hint().exact().is_none()
-                    {
-                        // Only the connection's close ends this body for an HTTP/1.0 client
-                        // (no chunked coding), so its head must not promise keep-alive (RFC
-                        // 9112 C.2.2). hyper judges from the answer's own version: left at
-                        // 1.1, it added `connection: keep-alive` for a client that asked for
-                        // it, then closed. At 1.0 and with `close`, it ends the connection.
-                        parts.version = Version::HTTP_10;
-                        parts
-                            .headers
-                            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                    }
+                    as_it_comes(&mut parts, &body, close_delimited);
                     Response::from_parts(parts, Either::Right(body))
                 }
                 // The client left while sending: counted as its cancel, with no status or
@@ -360,6 +367,23 @@ impl Gateway {
     }
 }
 
+/// Readies the head of an answer whose body goes out as it comes. Only the connection's
+/// close ends a body without a length for an HTTP/1.0 client (no chunked coding), so its head
+/// must not promise keep-alive (RFC 9112 C.2.2). hyper judges from the answer's own version:
+/// left at 1.1, it added `connection: keep-alive` for a client that asked for it, then
+/// closed. At 1.0 and with `close`, it ends the connection.
+fn as_it_comes(parts: &mut http::response::Parts, body: &WatchedBody, close_delimited: bool) {
+    if close_delimited
+        && !parts.headers.contains_key(header::CONTENT_LENGTH)
+        && body.size_hint().exact().is_none()
+    {
+        parts.version = Version::HTTP_10;
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+}
+
 /// A document is read whole before it is sent, up to this many bytes.
 pub const LENGTH_CAP: usize = crate::config::DOCUMENT_READ_WHOLE as usize;
 
@@ -371,8 +395,13 @@ pub const LENGTH_CAP: usize = crate::config::DOCUMENT_READ_WHOLE as usize;
 /// head with the body's first bytes and, polling on, the abort took both), and to HTTP/1.0,
 /// which has no chunked coding, the abort that tells a failure looked like the end. One
 /// longer than `LENGTH_CAP` goes out as it comes from there, an abort telling its failure.
-/// Anything else (SSE, NDJSON, audio, a JSON array streamed piece by piece) is never held
-/// back: it streams as it comes.
+/// Anything else (SSE, NDJSON, audio) is never held back: it streams as it comes. So does a
+/// JSON array, told by its first byte that is not JSON whitespace: no call of these APIs
+/// answers with one, and an upstream whose `api` is named gives every path a format, so
+/// Gemini's `:streamGenerateContent` without `alt=sse` (an array whose elements come as
+/// they are generated) was held whole, and a limit that cut it lost what had come (audit
+/// WB 5). Such an answer, and one past `cap`, is handed back (`Err`) with what was read put
+/// back in its body, to go out as it comes from there, an abort telling its failure.
 ///
 /// `relocate`: the upstream whose URLs (or Anthropic's public ones) a batch's `results_url`
 /// names, made the gateway's in the whole document; one longer than `cap` passes as it
@@ -389,11 +418,13 @@ async fn with_length(
     cap: usize,
     relocate: Option<(Arc<Upstream>, Arc<str>)>,
     mut hold: BodyHold,
-) -> Response<ProxyBody> {
+) -> Result<Response<ProxyBody>, (http::response::Parts, Box<WatchedBody>)> {
     // Most documents come in one frame: the list of the others is made only for a second.
     let mut first: Option<Bytes> = None;
     let mut rest: Vec<Bytes> = Vec::new();
     let mut len = 0;
+    // The body's first byte that is not JSON whitespace, once one has come.
+    let mut opening: Option<u8> = None;
     loop {
         match body.frame().await {
             None => break,
@@ -404,11 +435,18 @@ async fn with_length(
                     continue;
                 };
                 len += data.len();
+                opening = opening.or_else(|| {
+                    data.iter()
+                        .copied()
+                        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+                });
                 match first {
                     None => first = Some(data),
                     Some(_) => rest.push(data),
                 }
-                if len > cap {
+                // A batch's document (`relocate`) is an object whatever comes.
+                let array = opening == Some(b'[') && relocate.is_none();
+                if len > cap || array {
                     body.unread(first.into_iter().chain(rest));
                     // From here the client reads the body as it comes: what was read goes
                     // out first, and is counted as it does.
@@ -419,13 +457,13 @@ async fn with_length(
                     if let Some(view) = record.run_view() {
                         insert_run_headers(&mut parts.headers, &view, Instant::now());
                     }
-                    return Response::from_parts(parts, Either::Right(body));
+                    return Err((parts, body));
                 }
                 if let Err(e) = hold.cover_in_granules(len as u64) {
                     // Dropped with the body on return: the upstream call ends here.
                     let record = body.observer_mut();
                     record.fail(&e);
-                    return error_answer(&e, record, id);
+                    return Ok(error_answer(&e, record, id));
                 }
             }
             Some(Err(e)) => {
@@ -434,7 +472,7 @@ async fn with_length(
                     .downcast::<GatewayError>()
                     .map_or(GatewayError::Internal, |e| *e);
                 // The watchdog has already noted how the body ended.
-                return error_answer(&e, body.observer_mut(), id);
+                return Ok(error_answer(&e, body.observer_mut(), id));
             }
         }
     }
@@ -472,7 +510,10 @@ async fn with_length(
     }
     record.sent_whole(whole.len());
     record.set_status(parts.status.as_u16());
-    Response::from_parts(parts, document(body, hold.keep_with(whole)))
+    Ok(Response::from_parts(
+        parts,
+        document(body, hold.keep_with(whole)),
+    ))
 }
 
 /// The answer for a status without content (1xx, 204, 304), or to a HEAD (whose body hyper

@@ -6,7 +6,7 @@
 
 use http::header::{self, HeaderMap, HeaderName};
 
-use super::headers::{present, X_API_KEY};
+use super::headers::{present, API_KEY, X_API_KEY, X_GOOG_API_KEY};
 
 /// Every header a provider, or a proxy or gateway in front of one, reads a key from:
 /// OpenAI's and Anthropic's, Azure OpenAI's `api-key`, Google's `x-goog-api-key`, Azure API
@@ -17,8 +17,8 @@ use super::headers::{present, X_API_KEY};
 pub const CREDENTIALS: [HeaderName; 8] = [
     header::AUTHORIZATION,
     X_API_KEY,
-    HeaderName::from_static("api-key"),
-    HeaderName::from_static("x-goog-api-key"),
+    API_KEY,
+    X_GOOG_API_KEY,
     HeaderName::from_static("ocp-apim-subscription-key"),
     HeaderName::from_static("x-litellm-api-key"),
     HeaderName::from_static("cf-aig-authorization"),

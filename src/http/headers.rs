@@ -15,6 +15,10 @@ pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Anthropic's credential header (OpenAI's is `Authorization`).
 pub const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+/// Azure OpenAI's credential header (its `/openai/deployments/...` paths take no other).
+pub const API_KEY: HeaderName = HeaderName::from_static("api-key");
+/// Google's credential header (native Gemini, `generativelanguage.googleapis.com`).
+pub const X_GOOG_API_KEY: HeaderName = HeaderName::from_static("x-goog-api-key");
 
 /// Gives a status without a standard reason phrase one, where nothing upstream gave it one:
 /// hyper writes `<none>` on an HTTP/1.1 status line otherwise (an HTTP/2 upstream sends no
@@ -324,6 +328,18 @@ pub(crate) fn is_json(headers: &HeaderMap) -> bool {
         })
 }
 
+fn is_ndjson(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::trim)
+        .is_some_and(|m| {
+            m.eq_ignore_ascii_case("application/x-ndjson")
+                || m.eq_ignore_ascii_case("application/jsonl")
+        })
+}
+
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
@@ -379,6 +395,8 @@ pub struct BodyShape {
     pub event_stream: bool,
     /// `application/json` or a `+json` type.
     pub json: bool,
+    /// `application/x-ndjson` (Ollama's streams), or `application/jsonl`.
+    pub ndjson: bool,
     /// In no content coding, so its bytes are what its type says. An encoded body (an
     /// upstream that ignored `identity`) is passed through opaque: nothing is read from it
     /// or added to it.
@@ -390,6 +408,7 @@ impl BodyShape {
         Self {
             event_stream: is_event_stream(headers),
             json: is_json(headers),
+            ndjson: is_ndjson(headers),
             readable: content_coding(headers).is_none(),
         }
     }

@@ -20,7 +20,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
-use crate::error::{BoxError, GatewayError};
+use crate::error::{BoxError, GatewayError, StreamErrorShape};
 use crate::http::headers::strip_from_trailers;
 use crate::http::sse::LeftOut;
 use crate::provider::inspect::Inspector;
@@ -54,7 +54,8 @@ pub const JOIN_PIECE: usize = 64;
 /// the client a wait for the idle limit.
 pub const END_GRACE: Duration = Duration::from_millis(250);
 
-/// The frames of an SSE event not yet complete.
+/// The frames of an SSE event not yet complete; or, on an NDJSON body (`shape` `Line`), of a
+/// line not yet complete.
 struct Sse {
     /// The bytes of an event not yet complete, as the frames that carried them.
     held: Vec<Bytes>,
@@ -65,6 +66,9 @@ struct Sse {
     /// A cut is an error of the body rather than an error event: the reader is the gateway
     /// itself, assembling the stream for a client that did not stream.
     fail: bool,
+    /// How the error that ends a cut stream is written (and, `Line`, that its records are
+    /// lines).
+    shape: StreamErrorShape,
 }
 
 /// Whether the client's connection has taken the answer's end, where it can tell.
@@ -251,12 +255,7 @@ where
             last_out,
             rechecked: None,
             progress,
-            sse: is_sse.then(|| Sse {
-                held: Vec::new(),
-                held_len: 0,
-                partial_sent: false,
-                fail: false,
-            }),
+            sse: is_sse.then(|| Sse::new(StreamErrorShape::Event)),
             ready: VecDeque::new(),
             state: State::Streaming,
             length,
@@ -314,6 +313,25 @@ where
         }
     }
 
+    /// A cut of this SSE stream ends with its error in Gemini's shape (a stream of Gemini's
+    /// native API: see `StreamErrorShape::Gemini`).
+    pub fn gemini_errors(&mut self) {
+        if let Some(sse) = self.sse.as_mut() {
+            sse.shape = StreamErrorShape::Gemini;
+        }
+    }
+
+    /// The body is NDJSON (not SSE): a line incomplete at a frame's end is held as an SSE
+    /// event is, and a cut ends the body with an error line of its own (Ollama's shape, see
+    /// `StreamErrorShape::Line`) instead of aborting it, which left the client a broken body
+    /// and no reason (audit WB 7). Its limits are those of any non-SSE body. The head must
+    /// then give no length: the body may gain that line.
+    pub fn ndjson_lines(&mut self) {
+        if self.sse.is_none() {
+            self.sse = Some(Sse::new(StreamErrorShape::Line));
+        }
+    }
+
     /// The reader of the body, to take what it gathered once the body is done.
     pub fn progress_mut(&mut self) -> &mut Progress {
         &mut self.progress
@@ -334,7 +352,8 @@ where
     /// body the first token becomes the first event carrying model output, and the
     /// provider's data-only error event ends the stream as an `event: error` does.
     pub fn with_inspector(mut self, inspector: Option<Inspector>) -> Self {
-        self.progress = Progress::new(self.sse.is_some(), inspector);
+        let sse = self.sse.as_ref().is_some_and(|s| !s.lines());
+        self.progress = Progress::new(sse, inspector);
         self
     }
 }
@@ -470,7 +489,11 @@ where
                     let ended = this.inner.as_ref().as_pin_ref().is_some_and(|b| {
                         b.is_end_stream() || (sized && b.size_hint().exact() == Some(0))
                     });
-                    let read = this.progress.read(&data);
+                    let mut read = this.progress.read(&data);
+                    if this.sse.as_ref().is_some_and(Sse::lines) {
+                        // An NDJSON body's records end at its line ends.
+                        read.boundary = memchr::memrchr(b'\n', &data).map(|i| i + 1);
+                    }
                     // An event the client did not ask for (UC 3: the usage chunk the gateway's
                     // `include_usage` added) goes no further. It is held until whole, as any
                     // event is, so it is dropped whole; one of which some part already went
@@ -897,8 +920,8 @@ fn end_of_body<B: Body, O: Observer>(
             return true;
         }
         let reason = match sse {
-            Some(_) => ENDED_SHORT,
-            None => DOCUMENT_ENDED_SHORT,
+            Some(sse) if !sse.lines() => ENDED_SHORT,
+            _ => DOCUMENT_ENDED_SHORT,
         };
         let err = GatewayError::UpstreamError {
             upstream: limits.upstream.to_string(),
@@ -1052,6 +1075,23 @@ fn leave_out(
     (rest, read)
 }
 
+impl Sse {
+    fn new(shape: StreamErrorShape) -> Self {
+        Self {
+            held: Vec::new(),
+            held_len: 0,
+            partial_sent: false,
+            fail: false,
+            shape,
+        }
+    }
+
+    /// The body is NDJSON, not SSE (`WatchdogBody::ndjson_lines`).
+    fn lines(&self) -> bool {
+        self.shape == StreamErrorShape::Line
+    }
+}
+
 fn flush_held(sse: &mut Option<Sse>, ready: &mut VecDeque<Bytes>) {
     if let Some(sse) = sse {
         ready.extend(sse.held.drain(..));
@@ -1086,9 +1126,10 @@ fn cut<B, O: Observer>(
             if std::mem::take(&mut sse.partial_sent) {
                 // "\n\n" ends any line (even one whose CR already went out) and then the
                 // block: the truncated event is dispatched as it stands, and the error event
-                // that follows is one of its own.
-                ready.push_back(Bytes::from_static(b"\n\n"));
-                written += 2;
+                // that follows is one of its own. An NDJSON line needs only its end.
+                let end: &'static [u8] = if sse.lines() { b"\n" } else { b"\n\n" };
+                ready.push_back(Bytes::from_static(end));
+                written += end.len();
             } else if progress.ends_in_blank_cr() {
                 // The client's last byte is the CR of a blank line whose LF never came (a
                 // CRLF upstream that stalled between them; audit PB 1). The LF goes first:
@@ -1099,7 +1140,7 @@ fn cut<B, O: Observer>(
                 ready.push_back(Bytes::from_static(b"\n"));
                 written += 1;
             }
-            let event = err.sse_event(progress.next_sequence_number());
+            let event = err.stream_error(sse.shape, progress.next_sequence_number());
             written += event.len();
             ready.push_back(event);
             // Written for the client, though no byte of the upstream's: the log line's

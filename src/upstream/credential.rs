@@ -5,7 +5,7 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::HeaderValue;
 
 use crate::config::{AuthMode, UpstreamConfig};
-use crate::http::headers::X_API_KEY;
+use crate::http::headers::{API_KEY, X_API_KEY, X_GOOG_API_KEY};
 use crate::upstream::error::UpstreamBuildError;
 
 /// U+FEFF, which Windows editors put at the start of a text file.
@@ -70,14 +70,18 @@ pub(super) fn credential(
     if !key.bytes().all(|b| b.is_ascii_graphic()) {
         return Err(bad());
     }
-    let (name, mut value) = match config.auth {
-        AuthMode::Bearer => (
-            AUTHORIZATION,
-            HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| bad())?,
-        ),
-        AuthMode::XApiKey => (X_API_KEY, HeaderValue::from_str(key).map_err(|_| bad())?),
+    let name = match config.auth {
+        AuthMode::Bearer => AUTHORIZATION,
+        AuthMode::XApiKey => X_API_KEY,
+        AuthMode::ApiKey => API_KEY,
+        AuthMode::GoogApiKey => X_GOOG_API_KEY,
         AuthMode::None => return Ok(None),
     };
+    let value = match config.auth {
+        AuthMode::Bearer => format!("Bearer {key}"),
+        _ => key.to_owned(),
+    };
+    let mut value = HeaderValue::from_str(&value).map_err(|_| bad())?;
     // Kept out of HPACK tables and printed as "Sensitive" by Debug.
     value.set_sensitive(true);
     Ok(Some((name, value)))
@@ -113,6 +117,37 @@ mod tests {
         let e = credential(&config).unwrap_err().to_string();
         assert!(e.contains("printable ASCII"), "{e}");
         assert!(!e.contains("0123456789abcdef"), "{e}");
+    }
+
+    /// Audit WB 3: Azure OpenAI reads its key from `api-key` alone and native Gemini from
+    /// `x-goog-api-key`; each `auth` sends the key as is in its header (only `bearer` adds a
+    /// scheme), marked sensitive.
+    #[test]
+    fn each_auth_sends_the_key_in_its_header() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.key");
+        std::fs::write(&path, "0123456789abcdef0123456789abcdef\n").unwrap();
+        for (auth, header, value) in [
+            (
+                "bearer",
+                "authorization",
+                "Bearer 0123456789abcdef0123456789abcdef",
+            ),
+            ("x-api-key", "x-api-key", "0123456789abcdef0123456789abcdef"),
+            ("api-key", "api-key", "0123456789abcdef0123456789abcdef"),
+            (
+                "x-goog-api-key",
+                "x-goog-api-key",
+                "0123456789abcdef0123456789abcdef",
+            ),
+        ] {
+            let mut config = upstream(auth);
+            config.api_key_file = Some(path.clone());
+            assert_eq!(config.auth.to_string(), auth);
+            let (name, sent) = credential(&config).unwrap().unwrap();
+            assert_eq!((name.as_str(), sent.to_str().unwrap()), (header, value));
+            assert!(sent.is_sensitive(), "{auth}");
+        }
     }
 
     /// A key file that `auth = "none"` leaves unread may be missing; one that is read may not.

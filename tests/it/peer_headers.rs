@@ -212,3 +212,96 @@ retry_on = ["429", "5xx"]
         }
     }
 }
+
+/// Audit WB 3: Azure OpenAI takes its key only in `api-key`, native Gemini in
+/// `x-goog-api-key`, and `auth` had no mode for either, so the gateway could not hold those
+/// keys at all. With `auth = "api-key"` / `"x-goog-api-key"` the upstream gets the operator's
+/// key in that header, and none of the keys the client sent (its gateway key, or its own
+/// provider key in any header) rides beside it.
+#[tokio::test]
+async fn azure_and_gemini_keys_go_in_their_own_headers() {
+    let (addr, heads) = peer().await;
+    let dir = crate::support::temp_dir("hourglass-auth-headers-");
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, PROVIDER_KEY).unwrap();
+    let clients = dir.path().join("clients");
+    std::fs::write(&clients, "hg-client-wb3-0123456789\n").unwrap();
+    let key = key_file.display();
+    let cfg = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.azure]
+url = "http://{addr}"
+api_key_file = "{key}"
+auth = "api-key"
+
+[upstreams.gemini]
+url = "http://{addr}"
+api_key_file = "{key}"
+auth = "x-goog-api-key"
+
+[[routes]]
+name = "azure"
+path_prefix = "/openai/"
+upstream = "azure"
+client_keys_file = "{clients}"
+
+[[routes]]
+name = "gemini"
+path_prefix = "/v1beta/"
+upstream = "gemini"
+"#,
+        clients = clients.display()
+    );
+    let h = Harness::with_config(&cfg).await;
+    for (path, header, client_key) in [
+        (
+            "/openai/deployments/d/chat/completions?api-version=2024-10-21",
+            "api-key",
+            ("api-key", "hg-client-wb3-0123456789"),
+        ),
+        (
+            "/v1beta/models/gemini-2.0-flash:generateContent",
+            "x-goog-api-key",
+            ("x-goog-api-key", "client-own-gemini-key"),
+        ),
+    ] {
+        let before = heads.lock().unwrap().len();
+        let req = Request::post(path)
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header(client_key.0, client_key.1)
+            .header("authorization", "Bearer hg-client-wb3-0123456789")
+            .header("x-api-key", "client-x-api-key")
+            .body(Full::new(Bytes::from_static(br#"{"model":"json"}"#)))
+            .unwrap();
+        let (resp, _c) = h.send(req).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        read_body(resp.into_body()).await;
+        let sent: Vec<String> = heads.lock().unwrap()[before..].to_vec();
+        assert_eq!(sent.len(), 1, "{path}");
+        let req = &sent[0];
+        let keys: Vec<&str> = req
+            .lines()
+            .filter(|l| {
+                [
+                    "authorization:",
+                    "x-api-key:",
+                    "api-key:",
+                    "x-goog-api-key:",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            [format!("{header}: {PROVIDER_KEY}")],
+            "{path}: only the operator's key, in {header}"
+        );
+        assert!(!req.contains("client"), "{path}: {req}");
+    }
+}

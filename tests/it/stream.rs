@@ -56,6 +56,13 @@ async fn scripted_upstream_with(
 /// it is sent; dropping the sender ends the body. For order assertions that hold on a busy
 /// machine: "the client has the first event before the second is even written".
 async fn stepped_upstream() -> (SocketAddr, tokio::sync::mpsc::UnboundedSender<Vec<u8>>) {
+    stepped_upstream_of("text/event-stream").await
+}
+
+/// `stepped_upstream` answering with content type `kind`.
+async fn stepped_upstream_of(
+    kind: &'static str,
+) -> (SocketAddr, tokio::sync::mpsc::UnboundedSender<Vec<u8>>) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -63,7 +70,9 @@ async fn stepped_upstream() -> (SocketAddr, tokio::sync::mpsc::UnboundedSender<V
         let (mut s, _) = listener.accept().await.unwrap();
         s.set_nodelay(true).unwrap();
         read_request(&mut s).await;
-        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
         s.write_all(head.as_bytes()).await.unwrap();
         while let Some(chunk) = rx.recv().await {
             let mut frame = format!("{:x}\r\n", chunk.len()).into_bytes();
@@ -588,7 +597,8 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
     );
 
     // Anything but a JSON document may be a stream (NDJSON here): never held back, so the
-    // client has the first line before the limit ends it with the connection.
+    // client has the first line before the limit ends it with the connection, after a line
+    // that names the limit (audit WB 7).
     let (_h, status, head, body) = http10_through(
         "content-type: application/x-ndjson\r\n",
         vec![
@@ -599,7 +609,24 @@ async fn an_http10_client_gets_a_json_answer_with_a_length_or_an_error() {
     .await;
     assert_eq!(status, 200, "{head}");
     assert!(!head.contains("content-length"), "{head}");
-    assert_eq!(body, b"{\"n\":1}\n");
+    let body = String::from_utf8(body).unwrap();
+    let error = body.strip_prefix("{\"n\":1}\n").unwrap();
+    assert!(error.starts_with("{\"error\":\"idle timeout"), "{body}");
+
+    // So is a JSON array (audit WB 5: Gemini's streamed answer), its head saying the
+    // connection ends the body.
+    let (_h, status, head, body) = http10_through(
+        JSON,
+        vec![
+            (Duration::ZERO, b" [{\"n\":1}\n".to_vec()),
+            (Duration::from_secs(30), b",{\"n\":2}]".to_vec()),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{head}");
+    assert!(!head.contains("content-length"), "{head}");
+    assert!(head.contains("\r\nconnection: close"), "{head}");
+    assert_eq!(body, b" [{\"n\":1}\n");
 
     // Longer than the gateway reads ahead: it goes out as it comes, every byte of it.
     let big = vec![b'x'; hourglass::gateway::LENGTH_CAP / 4];
@@ -647,4 +674,179 @@ async fn first_token_and_first_byte_are_observed_when_they_come_and_once() {
         assert_eq!(h.metric(ttft).await, 1.0, "{route}: TTFT once");
         assert_eq!(h.metric(ttfb).await, 1.0, "{route}: TTFB once");
     }
+}
+
+/// A gateway in front of `up` whose upstream names its api (`openai`), as configuration.md
+/// tells Azure users to, with a route for Gemini's native paths; and the request for
+/// Gemini's streamed array (`:streamGenerateContent` without `alt=sse`).
+async fn named_api_gemini(
+    up: SocketAddr,
+) -> (Harness, http::Request<http_body_util::Full<bytes::Bytes>>) {
+    let toml = BASE.replace("{FAKE}", &format!("http://{up}")).replace(
+        "auth = \"bearer\"\n",
+        "auth = \"bearer\"\napi = \"openai\"\n",
+    )
+        + "\n[[routes]]\nname = \"gemini\"\npath_prefix = \"/v1beta/\"\nupstream = \"fake\"\n";
+    let h = Harness::with_config(&toml).await;
+    let req = http::Request::post("/v1beta/models/gemini-2.0-flash:streamGenerateContent")
+        .header("host", "gateway")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"contents":[{"parts":[{"text":"hi"}]}]}"#,
+        )))
+        .unwrap();
+    (h, req)
+}
+
+/// Audit WB 5: with `api = "openai"` every path has a format, and a 2xx JSON answer in a
+/// known format was held whole before its head went: Gemini's streamed JSON array reached
+/// the client only at its end. An array (after any JSON whitespace) is no document of
+/// these APIs: it streams as it comes, each element before the upstream writes the next.
+#[tokio::test]
+async fn a_json_array_streamed_piece_by_piece_is_never_held() {
+    let (up, tx) = stepped_upstream_of("application/json").await;
+    let (h, req) = named_api_gemini(up).await;
+    let pieces: [&[u8]; 4] = [
+        b"\r\n",
+        b"[{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"tok0 \"}]}}]}\r\n",
+        b",\r\n{\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"tok1 \"}]}}]}\r\n",
+        b",\r\n{\"usageMetadata\":{\"promptTokenCount\":3}}\r\n",
+    ];
+    // Sent before the request, so that a gateway that holds the body waits for the rest.
+    tx.send(pieces[0].to_vec()).unwrap();
+    tx.send(pieces[1].to_vec()).unwrap();
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200, "the head goes before the array ends");
+    assert_eq!(resp.headers().get("content-length"), None);
+    let mut body = resp.into_body();
+    let first = pieces[0].len() + pieces[1].len();
+    assert_eq!(next_bytes(&mut body, first).await, pieces[..2].concat());
+    for piece in &pieces[2..] {
+        tx.send(piece.to_vec()).unwrap();
+        assert_eq!(next_bytes(&mut body, piece.len()).await, *piece);
+    }
+    tx.send(b"]".to_vec()).unwrap();
+    drop(tx);
+    let read = read_body(body).await;
+    assert_eq!((read.text(), read.error), ("]".to_owned(), None));
+    h.wait_requests("gemini", 1.0).await;
+    assert_eq!(
+        h.metric(r#"hourglass_requests_total{outcome="ok",route="gemini"}"#)
+            .await,
+        1.0
+    );
+}
+
+/// Audit WB 5: held whole, a streamed array cut by the idle limit was answered 504 and the
+/// elements that had arrived were lost. Streamed, they reach the client, and the cut is an
+/// abort (DESIGN 6: a non-SSE body that cannot be completed never looks whole).
+#[tokio::test]
+async fn an_idle_cut_of_a_streamed_json_array_keeps_the_elements_sent() {
+    let (up, tx) = stepped_upstream_of("application/json").await;
+    let (h, req) = named_api_gemini(up).await;
+    let sent = b"[{\"candidates\":[]}\r\n,\r\n{\"candidates\":[]}\r\n";
+    tx.send(sent.to_vec()).unwrap();
+    // Then silence past the idle limit (1 s), the connection kept open.
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!(read.bytes, &sent[..]);
+    assert!(
+        read.error.is_some(),
+        "an abort, never a body that looks whole"
+    );
+    h.wait_requests("gemini", 1.0).await;
+    assert_eq!(
+        h.metric(r#"hourglass_cancellations_total{origin="idle",route="gemini"}"#)
+            .await,
+        1.0
+    );
+    drop(tx);
+}
+
+/// Audit WB 6: google-genai reads every line of a native Gemini stream that is not `data: `
+/// as raw JSON, so the gateway's `event: error` line raised "Failed to parse response as
+/// JSON" and the limit that fired was never named. On a `:streamGenerateContent` stream a
+/// cut is written as Gemini writes its own errors: one data-only event, `{"error":{"code",
+/// "message","status"}}` with a numeric code, which the SDK raises as the error it names.
+#[tokio::test]
+async fn a_cut_gemini_stream_ends_with_an_error_in_geminis_shape() {
+    let (up, tx) = stepped_upstream().await;
+    let toml = BASE.replace("{FAKE}", &format!("http://{up}"))
+        + "\n[[routes]]\nname = \"gemini\"\npath_prefix = \"/v1beta/\"\nupstream = \"fake\"\n";
+    let h = Harness::with_config(&toml).await;
+    let chunk = "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"tok0 \"}]}}]}\r\n\r\n";
+    tx.send(chunk.as_bytes().to_vec()).unwrap();
+    let req = http::Request::post("/v1beta/models/gemini-2.0-flash:streamGenerateContent?alt=sse")
+        .header("host", "gateway")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+        .unwrap();
+    // Then silence past the idle limit (1 s).
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!(read.error, None);
+    let text = read.text();
+    let rest = text
+        .strip_prefix(chunk)
+        .unwrap_or_else(|| panic!("{text:?}"));
+    assert!(!rest.contains("event:"), "{rest:?}");
+    let data = rest
+        .strip_prefix("data: ")
+        .and_then(|d| d.strip_suffix("\n\n"))
+        .unwrap_or_else(|| panic!("one data-only event: {rest:?}"));
+    let v: serde_json::Value = serde_json::from_str(data).unwrap();
+    assert_eq!(v["error"]["code"], 504, "{v}");
+    assert_eq!(v["error"]["status"], "DEADLINE_EXCEEDED", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("idle timeout"),
+        "{v}"
+    );
+    drop(tx);
+}
+
+/// Audit WB 7: a limit that cut an NDJSON stream (Ollama's `/api/chat`) left the client a
+/// broken body and no reason. It ends with one line in Ollama's own error shape, which
+/// ollama-python raises as `ResponseError` with the text; a line incomplete when the limit
+/// fired is dropped, never left half before it.
+#[tokio::test]
+async fn a_cut_ndjson_stream_ends_with_an_error_line() {
+    let (up, tx) = stepped_upstream_of("application/x-ndjson").await;
+    let toml = BASE.replace("{FAKE}", &format!("http://{up}"))
+        + "\n[[routes]]\nname = \"ollama\"\npath_prefix = \"/api/\"\nupstream = \"fake\"\n";
+    let h = Harness::with_config(&toml).await;
+    let lines = "{\"message\":{\"content\":\"tok0 \"},\"done\":false}\n";
+    tx.send(lines.as_bytes().to_vec()).unwrap();
+    tx.send(b"{\"message\":{\"cont".to_vec()).unwrap();
+    let req = http::Request::post("/api/chat")
+        .header("host", "gateway")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"model":"m","messages":[]}"#,
+        )))
+        .unwrap();
+    // Then silence past the idle limit (1 s).
+    let (resp, _c) = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert_eq!(read.error, None, "{}", read.text());
+    let text = read.text();
+    let rest = text
+        .strip_prefix(lines)
+        .unwrap_or_else(|| panic!("{text:?}"));
+    let line = rest
+        .strip_suffix('\n')
+        .unwrap_or_else(|| panic!("{rest:?}"));
+    assert!(!line.contains('\n'), "one line: {rest:?}");
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert!(
+        v["error"].as_str().unwrap().starts_with("idle timeout"),
+        "{v}"
+    );
+    assert_eq!(v["code"], "idle_timeout", "{v}");
+    drop(tx);
 }

@@ -465,3 +465,34 @@ fn an_upstreams_headers_and_hidden_headers_are_checked_and_shown() {
          the gateway reads the answer's body by"
     );
 }
+
+/// Audit WB 3: Azure OpenAI's and Gemini's key headers are `auth` modes, shown by `check`;
+/// `headers` still refuses them, and says which `auth` sends the key there.
+#[test]
+fn azure_and_gemini_key_headers_are_auth_modes() {
+    let with = |extra: &str| {
+        BASE.replace(
+            "url = \"https://api.openai.com\"\n",
+            &format!("url = \"https://api.openai.com\"\n{extra}"),
+        )
+    };
+    for auth in ["api-key", "x-goog-api-key"] {
+        let c = load(&with(&format!(
+            "api_key_env = \"AZURE_KEY\"\nauth = \"{auth}\"\n"
+        )));
+        let shown = c.describe();
+        assert!(
+            shown.contains(&format!(
+                "openai (https://api.openai.com, auth {auth}, api_key_env AZURE_KEY"
+            )),
+            "{shown}"
+        );
+        assert_eq!(
+            err(&with(&format!("headers = {{ \"{auth}\" = \"k\" }}\n"))),
+            format!(
+                "t.toml: upstream \"openai\": headers: {auth} cannot be set here: the gateway \
+                 sends the upstream's key itself: set api_key_env or api_key_file, and auth = \"{auth}\""
+            )
+        );
+    }
+}

@@ -105,7 +105,7 @@ fn bad_values_are_located() {
     assert_eq!((line, col), (6, 8));
     assert_eq!(
         message,
-        "`upstreams.anthropic.auth`: unknown variant `basic`, expected one of `bearer`, `x-api-key`, `none`"
+        "`upstreams.anthropic.auth`: unknown variant `basic`, expected one of `bearer`, `x-api-key`, `api-key`, `x-goog-api-key`, `none`"
     );
 }
 
