@@ -613,6 +613,14 @@ async fn hold_until_first_token(
                 if read.output {
                     return Ok((Some(now), Some(byte_at), None));
                 }
+                // `[DONE]` before the answer began: short now, as the watchdog would cut it
+                // (audit WB 1), not once the upstream closes or the first-token limit fires.
+                if progress.ended_early() {
+                    return Err(GatewayError::UpstreamError {
+                        upstream: limits.upstream.to_string(),
+                        reason: crate::stream::ENDED_SHORT.to_owned(),
+                    });
+                }
                 // An error event whose end waits on the next byte (`error_pending`) is as much
                 // the upstream's answer as one that ended.
                 if read.error_end.is_some() || progress.error_pending() {

@@ -72,6 +72,12 @@ impl Progress {
         matches!(&self.reader, Reader::Inspected(i) if i.answer_ended())
     }
 
+    /// The SSE answer of a known format had its end marker before it ended (see
+    /// `Inspector::ended_early`): the stream is short now.
+    pub fn ended_early(&self) -> bool {
+        matches!(&self.reader, Reader::Inspected(i) if i.ended_early())
+    }
+
     /// The SSE answer of a known format has had its final event (see
     /// `Inspector::answer_over`).
     pub fn answer_over(&self) -> bool {

@@ -482,6 +482,26 @@ where
                         }
                         _ => (data, read),
                     };
+                    if this.progress.ended_early() {
+                        // `[DONE]` came before the answer ended (audit WB 1): the client's
+                        // SDK stops reading at it, so an error written after it was never
+                        // seen. The marker was left out above; what came before it is ready,
+                        // and the error event goes in its place, the upstream closed now.
+                        let err = GatewayError::UpstreamError {
+                            upstream: this.limits.upstream.to_string(),
+                            reason: ENDED_SHORT.to_owned(),
+                        };
+                        cut(
+                            this.inner.as_mut(),
+                            this.sse,
+                            this.ready,
+                            this.state,
+                            this.observer,
+                            this.progress,
+                            err,
+                        );
+                        continue;
+                    }
                     if let Some(err) = run_tokens_spent(this.progress, this.limits) {
                         // The frame's whole events came and are paid for: they go out
                         // before the error event, as a ready frame wins over any limit.
