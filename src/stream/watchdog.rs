@@ -530,7 +530,15 @@ where
                         continue;
                     }
                     let Some(sse) = this.sse.as_mut() else {
-                        mark_progress(this.last_progress, this.observer, this.timer, this.limits);
+                        // Any byte, but a document's leading whitespace (`Progress::read`).
+                        if read.output {
+                            mark_progress(
+                                this.last_progress,
+                                this.observer,
+                                this.timer,
+                                this.limits,
+                            );
+                        }
                         if ended {
                             this.inner.set(None);
                             this.observer.finish(StreamEnd::Complete);
