@@ -429,9 +429,13 @@ impl<'a> Attempt<'a> {
                 // An encoded answer is held to its first byte, as any body that is not SSE text.
                 let is_sse =
                     shape.readable_sse() && !head && !answers_without_content(parts.status);
+                // A JSON document's first token is its first byte other than whitespace
+                // (`Progress::read`, audit WB 4).
+                let is_json =
+                    shape.readable && shape.json && !head && !answers_without_content(parts.status);
                 let inspector = format
-                    .filter(|_| is_sse)
-                    .map(|f| Inspector::new(f, true).with_choices(choices))
+                    .filter(|_| is_sse || is_json)
+                    .map(|f| Inspector::new(f, is_sse).with_choices(choices))
                     .map(|i| {
                         if usage_only {
                             i.reading_usage_only()
@@ -612,6 +616,14 @@ async fn hold_until_first_token(
                 body.prefix.push_back(data);
                 if read.output {
                     return Ok((Some(now), Some(byte_at), None));
+                }
+                // `[DONE]` before the answer began: short now, as the watchdog would cut it
+                // (audit WB 1), not once the upstream closes or the first-token limit fires.
+                if progress.ended_early() {
+                    return Err(GatewayError::UpstreamError {
+                        upstream: limits.upstream.to_string(),
+                        reason: crate::stream::ENDED_SHORT.to_owned(),
+                    });
                 }
                 // An error event whose end waits on the next byte (`error_pending`) is as much
                 // the upstream's answer as one that ended.

@@ -90,7 +90,9 @@ struct Reader {
     done: bool,
     /// An event other than a keep-alive or `[DONE]` was dispatched, recognised or not, or
     /// the provider's error: the answer began. One that ends before then never did (audit
-    /// MC 1); the end marker or a keep-alive alone is no answer either (audit NA 5).
+    /// MC 1); the end marker or a keep-alive alone is no answer either (audit NA 5), nor a
+    /// Chat chunk of framing only (a role, an empty content, Azure's `prompt_filter_results`
+    /// with no choice: audit WB 1).
     began: bool,
     /// An event that ends an answer was seen: a choice's `finish_reason`, a `message_delta`'s
     /// `stop_reason`, `message_stop`, `response.completed` (`incomplete`, `failed`).
@@ -286,6 +288,15 @@ impl Inspector {
         self.scanner.is_some() && !r.usage_only && r.began && r.recognised && r.finished()
     }
 
+    /// The end marker (`[DONE]`) came, and the answer had not ended by it: it never began,
+    /// or (for a document rebuilt from the stream) it is not whole. Nothing after the
+    /// marker can make it whole, and a client that streams stops reading there (openai-python
+    /// and openai-node ignore anything after it): the stream is short now, and the marker,
+    /// left out of what the client gets (audit WB 1), gives way to the error event.
+    pub fn ended_early(&self) -> bool {
+        self.answer_over() && !self.answer_ended()
+    }
+
     /// The event after which nothing of the answer follows has come: `[DONE]`,
     /// `message_stop`, `response.completed` (`incomplete`, `failed`). A Chat choice's
     /// `finish_reason` is not one: the usage chunk comes after it.
@@ -405,6 +416,12 @@ impl EventSink for Reader {
     fn left_out(&mut self) -> bool {
         std::mem::take(&mut self.leave_out)
     }
+
+    /// llama.cpp's `error:` field is its error event (audit WB 2), in the formats read;
+    /// a stream read for its usage only ends at `event: error` alone.
+    fn reads_error_field(&self) -> bool {
+        !self.usage_only
+    }
 }
 
 impl Reader {
@@ -462,8 +479,13 @@ impl Reader {
         // The end marker and keep-alives say nothing of the answer: any other event begins
         // it, the provider's error too (audit NA 5: `data: [DONE]` alone passed as a whole
         // empty answer to a streaming client, and as a truncation rebuilt for one that did
-        // not stream).
-        self.began |= !(keepalive || done);
+        // not stream). A Chat chunk that carries no output, no finish reason and no error is
+        // framing too (audit WB 1: a role chunk, then `[DONE]`, reached both OpenAI SDKs as
+        // a successful empty completion).
+        let framing = self.format == Format::Chat
+            && ev.choices
+            && !(ev.is_output() || ev.finished || ev.error || ev.nested_error);
+        self.began |= !(keepalive || done || framing);
         if keepalive {
             self.keepalives = self.keepalives.saturating_add(1);
             // No output, and on Chat no sign of the format: it is read by its chunks.
@@ -480,7 +502,6 @@ impl Reader {
             && !ev.choices_wide
             && usage
             && !ev.error;
-        let t = &mut self.tokens;
         // What the event is, when it is recognised; `None` when it is not.
         let output = match (self.format, ev.kind) {
             _ if ev.error => Some(false),
@@ -488,7 +509,7 @@ impl Reader {
             (Format::Messages | Format::Responses, Kind::Content) => Some(ev.is_output()),
             (Format::Messages | Format::Responses, Kind::Output) => Some(true),
             (Format::Messages | Format::Responses, Kind::Item) => {
-                Some(t.output_events == 0 && ev.is_output())
+                Some(self.tokens.output_events == 0 && ev.is_output())
             }
             (
                 Format::Messages | Format::Responses,
@@ -506,8 +527,14 @@ impl Reader {
         self.choices_seen |= ev.choices_seen;
         self.choices_done |= ev.choices_done;
         self.choices_wide |= ev.choices_wide;
+        // An end marker the answer did not end by (`Inspector::ended_early`) is left out:
+        // the error event takes its place, where a client that streams still reads it.
+        if done && !(self.began && self.finished()) {
+            self.leave_out = true;
+        }
         match output {
             Some(true) => {
+                let t = &mut self.tokens;
                 t.output_events += 1;
                 t.output_bytes = t.output_bytes.saturating_add(ev.output_bytes);
                 self.output = true;
@@ -516,6 +543,7 @@ impl Reader {
             // Not a shape this reader knows: a token, as any data event would be.
             None => self.output = true,
         }
+        let t = &mut self.tokens;
         if ev.error {
             t.error = Some(named.unwrap_or(ErrorType::Other));
             return true;

@@ -16,8 +16,13 @@ pub struct Progress {
 
 #[derive(Debug, Clone)]
 enum Reader {
-    /// Anything but SSE text; a known format (JSON) is still read for its usage.
-    Opaque(Option<Inspector>),
+    /// Anything but SSE text; a known format (JSON) is still read for its usage. `leading`:
+    /// a JSON document of a known format whose first byte other than whitespace has not come
+    /// (see `read`).
+    Opaque {
+        inspector: Option<Inspector>,
+        leading: bool,
+    },
     /// SSE of a format the gateway does not know: events only.
     Events(SseScanner),
     /// SSE of a known format: the inspector reads the events' data as the scanner passes.
@@ -41,6 +46,9 @@ pub struct Read {
     /// An event the inspector leaves out of what the client gets ended in this piece (see
     /// `Inspector::hiding_usage`).
     pub left_out: Option<LeftOut>,
+    /// The provider's error at `error_end` came as an `error` field, which clients skip:
+    /// where its block lies, to be rewritten (see `EventSink::reads_error_field`).
+    pub error_field: Option<LeftOut>,
 }
 
 impl Progress {
@@ -48,7 +56,10 @@ impl Progress {
     /// that is known (made for the same kind of body).
     pub fn new(sse: bool, inspector: Option<Inspector>) -> Self {
         let reader = match (sse, inspector) {
-            (false, inspector) => Reader::Opaque(inspector),
+            (false, inspector) => Reader::Opaque {
+                leading: inspector.is_some(),
+                inspector,
+            },
             (true, None) => Reader::Events(SseScanner::new()),
             (true, Some(inspector)) => Reader::Inspected(inspector),
         };
@@ -60,7 +71,9 @@ impl Progress {
     /// format inside a value. See `Inspector::ended_short`.
     pub fn ended_short(&self) -> bool {
         match &self.reader {
-            Reader::Opaque(inspector) => inspector.as_ref().is_some_and(Inspector::ended_short),
+            Reader::Opaque { inspector, .. } => {
+                inspector.as_ref().is_some_and(Inspector::ended_short)
+            }
             Reader::Events(s) => s.open_event(),
             Reader::Inspected(i) => i.ended_short(),
         }
@@ -72,6 +85,12 @@ impl Progress {
         matches!(&self.reader, Reader::Inspected(i) if i.answer_ended())
     }
 
+    /// The SSE answer of a known format had its end marker before it ended (see
+    /// `Inspector::ended_early`): the stream is short now.
+    pub fn ended_early(&self) -> bool {
+        matches!(&self.reader, Reader::Inspected(i) if i.ended_early())
+    }
+
     /// The SSE answer of a known format has had its final event (see
     /// `Inspector::answer_over`).
     pub fn answer_over(&self) -> bool {
@@ -79,7 +98,7 @@ impl Progress {
     }
 
     pub fn is_sse(&self) -> bool {
-        !matches!(self.reader, Reader::Opaque(_))
+        !matches!(self.reader, Reader::Opaque { .. })
     }
 
     /// The `sequence_number` of an event appended to a Responses stream (see
@@ -94,7 +113,7 @@ impl Progress {
     /// What the inspector counted so far, when the format is known.
     pub fn tokens(&self) -> Option<Tokens> {
         match &self.reader {
-            Reader::Opaque(i) => i.as_ref().map(Inspector::tokens),
+            Reader::Opaque { inspector, .. } => inspector.as_ref().map(Inspector::tokens),
             Reader::Events(_) => None,
             Reader::Inspected(i) => Some(i.tokens()),
         }
@@ -104,7 +123,7 @@ impl Progress {
     /// piece says whether an LF belongs to it (see `SseScanner::error_pending`).
     pub fn error_pending(&self) -> bool {
         match &self.reader {
-            Reader::Opaque(_) => false,
+            Reader::Opaque { .. } => false,
             Reader::Events(s) => s.error_pending(),
             Reader::Inspected(i) => i.error_pending(),
         }
@@ -114,7 +133,7 @@ impl Progress {
     /// `SseScanner::ends_in_blank_cr`).
     pub fn ends_in_blank_cr(&self) -> bool {
         match &self.reader {
-            Reader::Opaque(_) => false,
+            Reader::Opaque { .. } => false,
             Reader::Events(s) => s.ends_in_blank_cr(),
             Reader::Inspected(i) => i.ends_in_blank_cr(),
         }
@@ -147,7 +166,10 @@ impl Progress {
     /// The tool calls the answer asked for, when its inspector gathers them.
     pub fn tool_calls(&mut self) -> Option<(Vec<u8>, String)> {
         match &mut self.reader {
-            Reader::Opaque(Some(i)) | Reader::Inspected(i) => i.tool_calls(),
+            Reader::Opaque {
+                inspector: Some(i), ..
+            }
+            | Reader::Inspected(i) => i.tool_calls(),
             _ => None,
         }
     }
@@ -156,12 +178,21 @@ impl Progress {
     #[inline]
     pub fn read(&mut self, data: &[u8]) -> Read {
         let (scan, output) = match &mut self.reader {
-            Reader::Opaque(inspector) => {
+            Reader::Opaque { inspector, leading } => {
                 if let Some(inspector) = inspector {
                     inspector.feed(data);
                 }
+                // A JSON document of a known format begins at its first byte other than
+                // JSON whitespace: DeepSeek sends blank lines while a request that does not
+                // stream waits in its queue (audit WB 4), and they are no more the first
+                // token than an SSE comment is. Once it began, every byte is.
+                if *leading {
+                    *leading = data
+                        .iter()
+                        .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+                }
                 return Read {
-                    output: !data.is_empty(),
+                    output: !(data.is_empty() || *leading),
                     ..Read::default()
                 };
             }
@@ -177,6 +208,7 @@ impl Progress {
             boundary: scan.last_boundary,
             error_end: scan.error_end,
             left_out: scan.left_out,
+            error_field: scan.error_field,
         }
     }
 }

@@ -504,6 +504,26 @@ where
                         }
                         _ => (data, read),
                     };
+                    if this.progress.ended_early() {
+                        // `[DONE]` came before the answer ended (audit WB 1): the client's
+                        // SDK stops reading at it, so an error written after it was never
+                        // seen. The marker was left out above; what came before it is ready,
+                        // and the error event goes in its place, the upstream closed now.
+                        let err = GatewayError::UpstreamError {
+                            upstream: this.limits.upstream.to_string(),
+                            reason: ENDED_SHORT.to_owned(),
+                        };
+                        cut(
+                            this.inner.as_mut(),
+                            this.sse,
+                            this.ready,
+                            this.state,
+                            this.observer,
+                            this.progress,
+                            err,
+                        );
+                        continue;
+                    }
                     if let Some(err) = run_tokens_spent(this.progress, this.limits) {
                         // The frame's whole events came and are paid for: they go out
                         // before the error event, as a ready frame wins over any limit.
@@ -532,7 +552,15 @@ where
                         continue;
                     }
                     let Some(sse) = this.sse.as_mut() else {
-                        mark_progress(this.last_progress, this.observer, this.timer, this.limits);
+                        // Any byte, but a document's leading whitespace (`Progress::read`).
+                        if read.output {
+                            mark_progress(
+                                this.last_progress,
+                                this.observer,
+                                this.timer,
+                                this.limits,
+                            );
+                        }
                         if ended {
                             this.inner.set(None);
                             this.observer.finish(StreamEnd::Complete);
@@ -561,10 +589,29 @@ where
                     }
                     if let Some(end) = read.error_end {
                         // The upstream's own error event is passed through and ends the
-                        // stream; Hourglass adds none of its own after it.
-                        flush_held(this.sse, this.ready);
-                        if end > 0 {
-                            this.ready.push_back(data.slice(..end));
+                        // stream; Hourglass adds none of its own after it. One that came as
+                        // an `error` field, which SDKs skip, is written as the event they
+                        // read (audit WB 2).
+                        match (read.error_field, this.sse.as_mut()) {
+                            (Some(block), Some(sse))
+                                if block.start.is_some() || !sse.partial_sent =>
+                            {
+                                let event = rewrite_error_field(
+                                    sse,
+                                    this.ready,
+                                    &data,
+                                    block,
+                                    this.progress.next_sequence_number(),
+                                );
+                                this.observer.own_data(event.len());
+                                this.ready.push_back(event);
+                            }
+                            _ => {
+                                flush_held(this.sse, this.ready);
+                                if end > 0 {
+                                    this.ready.push_back(data.slice(..end));
+                                }
+                            }
                         }
                         this.inner.set(None);
                         this.observer.finish(StreamEnd::UpstreamErrorEvent);
@@ -1048,6 +1095,35 @@ fn release_held(sse: &mut Sse, ready: &mut VecDeque<Bytes>, rest: Bytes) {
     sse.held_len = 0;
 }
 
+/// The provider's error that came as an `error` field in `block` of `data` (see
+/// `EventSink::reads_error_field`): what came before the block is ready to go, and the event
+/// a client reads in its place is returned. The block's bytes are its held frames (when it
+/// began in them) and its part of `data`.
+fn rewrite_error_field(
+    sse: &mut Sse,
+    ready: &mut VecDeque<Bytes>,
+    data: &Bytes,
+    block: LeftOut,
+    sequence_number: Option<u64>,
+) -> Bytes {
+    let mut raw = Vec::new();
+    match block.start {
+        Some(start) => {
+            release_held(sse, ready, data.slice(..start));
+            raw.extend_from_slice(&data[start..block.end]);
+        }
+        None => {
+            for piece in sse.held.drain(..) {
+                raw.extend_from_slice(&piece);
+            }
+            sse.held_len = 0;
+            raw.extend_from_slice(&data[..block.end]);
+        }
+    }
+    sse.partial_sent = false;
+    crate::http::sse::error_field_event(&raw, sequence_number)
+}
+
 /// Leaves `event`, which ended in `data`, out of what goes to the client: what came before
 /// it (held, and in `data`) is ready to go, and what follows it is returned, with what the
 /// piece read in it (its offsets then in that rest). Once a stream, so the slices cost
@@ -1072,6 +1148,11 @@ fn leave_out(
     // Both at or past the event's end: the last boundary, and an error after it.
     read.boundary = read.boundary.map(|b| b - event.end);
     read.error_end = read.error_end.map(|e| e - event.end);
+    // An `error` field block after the left-out event starts past its end.
+    read.error_field = read.error_field.map(|b| LeftOut {
+        start: b.start.map(|s| s - event.end),
+        end: b.end - event.end,
+    });
     (rest, read)
 }
 

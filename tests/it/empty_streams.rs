@@ -297,3 +297,40 @@ async fn a_205_is_answered_without_content() {
         }
     }
 }
+
+/// The Chat streams of audit WB 1 that end with `data: [DONE]` before their answer began: a
+/// role-only chunk and an OpenRouter comment (case A), and llama.cpp's `error:` line (case B).
+/// openai-python and openai-node stop reading at `[DONE]`, so an error written after it was
+/// never seen, and each SDK reported an empty success. The marker is held back and the
+/// error event takes its place: it comes, and no `[DONE]` before it.
+#[tokio::test]
+async fn an_end_marker_before_the_answer_began_gives_way_to_the_error_event() {
+    let cases = [
+        (
+            "A: role chunk, comment, [DONE]",
+            "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\
+             \"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n\
+             : OPENROUTER PROCESSING\n\ndata: [DONE]\n\n",
+        ),
+        (
+            "B: llama.cpp error line, [DONE]",
+            "error: {\"code\":400,\"message\":\"the request exceeds the available context size\",\
+             \"type\":\"exceed_context_size_error\"}\n\ndata: [DONE]\n\n",
+        ),
+    ];
+    let (_, path, body) = APIS[0];
+    for (case, stream) in cases {
+        let g = gateway(chunked(stream), "").await;
+        let (status, read) = g.call(path, body).await;
+        let text = read.text();
+        let case = format!("{case}: {text:?}");
+        assert_eq!(status, 200, "{case}");
+        assert!(read.error.is_none(), "{case}: {:?}", read.error);
+        let at = text
+            .find("event: error\n")
+            .unwrap_or_else(|| panic!("{case}"));
+        assert!(!text[..at].contains("[DONE]"), "{case}");
+        assert!(read.error_event().is_some(), "{case}");
+        assert_eq!(g.outcome("chat", "error").await, 1.0, "{case}");
+    }
+}

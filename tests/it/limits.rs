@@ -385,3 +385,47 @@ upstream = "fake"
     assert_eq!(fake_health["in_rotation"], true, "{upstreams}");
     gw.stop().await;
 }
+
+/// DeepSeek keeps a queued request that does not stream alive with blank lines before its
+/// JSON document (audit WB 4). They are JSON whitespace, not the answer: the first token of
+/// a document of a known format is its first other byte, so the first-token limit still
+/// fires while only blank lines come, and the first-token time is the document's, not the
+/// first blank line's.
+#[tokio::test]
+async fn a_documents_leading_blank_lines_are_no_first_token() {
+    let doc = r#"{"id":"c1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+    // A blank line every 100 ms, `blank` of them, then the document; the body ends at close.
+    let answer = |blank: usize| {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n";
+        let mut pieces = vec![(Duration::ZERO, head.as_bytes().to_vec())];
+        for _ in 0..blank {
+            pieces.push((Duration::from_millis(100), b"\n".to_vec()));
+        }
+        pieces.push((Duration::from_millis(100), doc.as_bytes().to_vec()));
+        pieces
+    };
+    // Blank lines for a second against a first-token limit of 300 ms.
+    let up = raw_upstream(answer(10)).await;
+    let cfg = BASE.replace("{FAKE}", &format!("http://{up}")).replace(
+        "first_token_timeout = \"2s\"",
+        "first_token_timeout = \"300ms\"",
+    );
+    let h = Harness::with_config(&cfg).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 504);
+    let v = json_body(resp).await;
+    assert_eq!(v["error"]["code"], "first_token_timeout", "{v}");
+    assert_one_cancellation(&h, "chat", "first_token").await;
+    // Blank lines for 300 ms, then the document (at 400 ms or later), within the limit.
+    let up = raw_upstream(answer(3)).await;
+    let h = Harness::with_config(&BASE.replace("{FAKE}", &format!("http://{up}"))).await;
+    let (resp, _c) = h.send(chat_request(&[], false)).await;
+    assert_eq!(resp.status(), 200);
+    let v = json_body(resp).await;
+    assert_eq!(v["choices"][0]["message"]["content"], "hi", "{v}");
+    h.wait_requests("chat", 1.0).await;
+    let ttft = h
+        .metric("hourglass_time_to_first_token_seconds_sum{route=\"chat\",upstream=\"fake\"}")
+        .await;
+    assert!(ttft >= 0.4, "first token at {ttft}s, before the document");
+}

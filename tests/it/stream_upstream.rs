@@ -1029,3 +1029,84 @@ async fn a_tool_uses_input_reaches_the_client_as_the_provider_wrote_it() {
         1.0
     );
 }
+
+/// llama.cpp writes an error inside a 200 stream as a block with an `error:` field, then
+/// `data: [DONE]` (audit WB 2). WHATWG's parser ignores the field, and so did the gateway:
+/// the reason was lost, a streaming client got a cut answer as a success, a client that did
+/// not stream got a 502 of the gateway's, and a route with retries tried the 400 again. Read
+/// as the provider's error event: a streaming client gets an `event: error` its SDK reads,
+/// with the provider's code, type and message, and nothing after it; one that did not stream
+/// gets the 400 and the message; the error is counted, and a 400 is not retried.
+#[tokio::test]
+async fn llama_cpps_error_field_is_the_providers_error_event() {
+    let config = format!(
+        "{CONFIG}\n[[routes]]\nname = \"retried\"\npath_prefix = \"/v1/chat/completions\"\n\
+         models = [\"retried\"]\nupstream = \"fake\"\nretries = 2\n"
+    );
+    let head = r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"tok0 "},"finish_reason":null}]}"#;
+    let error = r#"{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}"#;
+    let event = format!("event: error\ndata: {{\"type\":\"error\",\"error\":{error}}}\n\n");
+    let h = Harness::with_config(&config).await;
+    // After output, to a client that streams.
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &format!("data: {head}\n\nerror: {error}\n\ndata: [DONE]\n\n"),
+        Duration::from_millis(1),
+    )));
+    let (resp, _c) = h
+        .send(post(
+            "/v1/chat/completions",
+            r#"{"model":"plain","stream":true,"messages":[]}"#.into(),
+            &[],
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        format!("data: {head}\n\n{event}"),
+        "the provider's error, readable, and nothing after it"
+    );
+    let counted = |route: &'static str| {
+        let h = &h;
+        async move {
+            h.metric(&format!(
+                "hourglass_upstream_stream_errors_total{{route=\"{route}\",type=\"invalid_request_error\",upstream=\"fake\"}}"
+            ))
+            .await
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while counted("plain").await < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "not counted: {}",
+            h.metrics_text().await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // To a client that did not stream: the provider's status and message.
+    let (resp, _c) = h.send(chat("watched", &[])).await;
+    assert_eq!(resp.status(), 400);
+    let got = json_body(resp).await;
+    assert_eq!(
+        got["error"]["message"], "the request exceeds the available context size",
+        "{got}"
+    );
+    // Before any output, on a route that retries: the 400 is the answer, tried once.
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &format!("error: {error}\n\ndata: [DONE]\n\n"),
+        Duration::from_millis(1),
+    )));
+    let before = h.fake.requests().len();
+    let (resp, _c) = h
+        .send(post(
+            "/v1/chat/completions",
+            r#"{"model":"retried","stream":true,"messages":[]}"#.into(),
+            &[],
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(String::from_utf8_lossy(&body), event);
+    assert_eq!(h.fake.requests().len() - before, 1, "a 400 is not retried");
+}
