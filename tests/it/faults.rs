@@ -869,6 +869,56 @@ async fn a_client_that_leaves_at_done_while_the_framing_is_awaited_counts_ok() {
     }
 }
 
+/// The same for a client that does not stream (`stream_upstream`): its document is written
+/// only once the stream ended (here its last chunk 100 ms after `[DONE]`), and a client that
+/// leaves once it has read it all, over HTTP/1.1 or HTTP/2, had it whole: `ok`.
+#[tokio::test]
+async fn a_client_that_leaves_after_its_assembled_document_counts_ok() {
+    let hostile = Hostile::start().await;
+    let toml = config(&hostile).replace(
+        "path_prefix = \"/evil\"",
+        "path_prefix = \"/evil\"\nstream_upstream = true",
+    );
+    let h = Harness::with_config(&toml).await;
+    let mut n = 0.0;
+    let script = "usage-done-then-end-later";
+    for h2 in [false, true] {
+        let (resp, conn) = if h2 {
+            (h2_send(h.addr(), evil(script, false)).await.unwrap(), None)
+        } else {
+            let (resp, conn) = h.send(evil(script, false)).await;
+            (resp, Some(conn))
+        };
+        assert_eq!(resp.status(), 200, "{script}, h2 {h2}");
+        let length: usize = resp.headers()["content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut body = resp.into_body();
+        let mut doc = Vec::new();
+        while doc.len() < length {
+            let frame = body.frame().await.expect("more frames").expect("a frame");
+            doc.extend_from_slice(&frame.into_data().unwrap_or_default());
+        }
+        let doc: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+        assert_eq!(doc["choices"][0]["finish_reason"], "stop", "{doc}");
+        drop(body);
+        drop(conn);
+        n += 1.0;
+        h.wait_requests("evil", n).await;
+    }
+    for (sample, value) in [
+        ("hourglass_requests_total{outcome=\"ok\",route=\"evil\"}", n),
+        (
+            "hourglass_cancellations_total{origin=\"client\",route=\"evil\"}",
+            0.0,
+        ),
+    ] {
+        assert_eq!(h.metric(sample).await, value, "{sample}");
+    }
+}
+
 #[tokio::test]
 async fn a_chunked_stream_without_its_last_chunk_ends_with_an_error_event() {
     let out = survive("chunked-eof", true, "error").await;
