@@ -207,6 +207,18 @@ pin_project! {
                 // (the usual end of such a stream): `send_timeout` ended it, as when it reads
                 // again and finds it aborted (`poll_frame`), not the client's departure.
                 this.observer.finish(StreamEnd::SendTimeout);
+            } else if matches!(this.state, State::Streaming)
+                && this.ready.is_empty()
+                && this.progress.answer_ended()
+                && !this.progress.error_pending()
+            {
+                // The client left with the answer whole, all of it handed over, while the
+                // rest of the stream was still waited for: the upstream's framing after
+                // `[DONE]` (`END_GRACE`), a usage chunk. Its leaving stopped only that rest,
+                // as a limit would have, and cancelled nothing (audit XA 1). Over HTTP/2 the
+                // answer's end is still confirmed below, as its last byte went alone.
+                let end = whole_end(this.progress, GatewayError::ClientClosed.code());
+                this.observer.finish(end);
             }
             if matches!(this.delivery, Delivery::Held(_) | Delivery::Handed) {
                 // The connection ended before h2 took the answer's end.
@@ -386,8 +398,12 @@ where
         let polled = self.as_mut().poll_answer(cx);
         let this = self.project();
         if let (Delivery::Sending, Poll::Ready(Some(Ok(frame)))) = (&*this.delivery, &polled) {
-            let last =
-                this.ready.is_empty() && matches!(this.state, State::Done | State::Trailers(_));
+            // The body's last frame, or the last of an answer that has ended: a client that
+            // leaves while the rest of the stream is waited for had it whole only once h2
+            // took its end (see `PinnedDrop`).
+            let last = this.ready.is_empty()
+                && (matches!(this.state, State::Done | State::Trailers(_))
+                    || this.progress.answer_ended());
             if let (true, Some(data)) = (last, frame.data_ref()) {
                 match data.len() {
                     0 => {}

@@ -49,6 +49,9 @@ fn chunk(data: &[u8]) -> Vec<u8> {
 /// an answer cut short.
 const DONE: &[u8] = b"data: [DONE]\n\n";
 const FINISHED: &[u8] = b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n";
+/// The finish reason with the answer's usage, in one event.
+const FINISHED_USAGE: &[u8] = b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\
+    \"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}\n\n";
 
 fn event(i: usize) -> Vec<u8> {
     format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n").into_bytes()
@@ -282,6 +285,17 @@ async fn run(s: &mut TcpStream, script: &str) -> bool {
             out.extend(chunk(DONE));
             let _ = s.write_all(&out).await;
             tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = s.write_all(b"0\r\n\r\n").await;
+            true
+        }
+        // The last content, then the finish reason with the usage and `[DONE]` in one
+        // chunk, and the last chunk 100 ms later, in a write of its own (audit XA 1).
+        "usage-done-then-end-later" => {
+            let mut out = SSE_HEAD.as_bytes().to_vec();
+            out.extend(chunk(&event(1)));
+            out.extend(chunk(&[FINISHED_USAGE, DONE].concat()));
+            let _ = s.write_all(&out).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             let _ = s.write_all(b"0\r\n\r\n").await;
             true
         }
@@ -798,6 +812,111 @@ async fn a_last_chunk_a_moment_after_done_keeps_its_connection() {
         "{:?}",
         hostile.seen()
     );
+}
+
+/// Audit XA 1: a client that reads the answer to its `[DONE]` and leaves while the gateway
+/// still waits (`END_GRACE`) for the upstream's framing, its last chunk a moment later or
+/// never, had the whole answer: `ok`, no cancellation, no cancelled tokens. Over HTTP/1.1 it
+/// closes its connection, over HTTP/2 it resets its stream (CANCEL).
+#[tokio::test]
+async fn a_client_that_leaves_at_done_while_the_framing_is_awaited_counts_ok() {
+    let hostile = Hostile::start().await;
+    let h = Harness::with_config(&config(&hostile)).await;
+    let mut n = 0.0;
+    for script in ["usage-done-then-end-later", "done-then-silent"] {
+        for h2 in [false, true] {
+            let (resp, conn) = if h2 {
+                (h2_send(h.addr(), evil(script, true)).await.unwrap(), None)
+            } else {
+                let (resp, conn) = h.send(evil(script, true)).await;
+                (resp, Some(conn))
+            };
+            assert_eq!(resp.status(), 200, "{script}, h2 {h2}");
+            let mut body = resp.into_body();
+            let mut text = Vec::new();
+            while !text.ends_with(DONE) {
+                let frame = body.frame().await.expect("more frames").expect("a frame");
+                text.extend_from_slice(&frame.into_data().unwrap_or_default());
+            }
+            // Gone at `[DONE]`, as an SDK that stops there (or an aborted fetch) is.
+            drop(body);
+            drop(conn);
+            n += 1.0;
+            h.wait_requests("evil", n).await;
+        }
+    }
+    for (sample, value) in [
+        ("hourglass_requests_total{outcome=\"ok\",route=\"evil\"}", n),
+        (
+            "hourglass_requests_total{outcome=\"cancelled\",route=\"evil\"}",
+            0.0,
+        ),
+        (
+            "hourglass_cancellations_total{origin=\"client\",route=\"evil\"}",
+            0.0,
+        ),
+        (
+            "hourglass_tokens_cancelled_total{origin=\"client\",route=\"evil\"}",
+            0.0,
+        ),
+        // Each upstream call was let go when its client left, as before.
+        (
+            "hourglass_upstream_requests_in_flight{upstream=\"hostile\"}",
+            0.0,
+        ),
+    ] {
+        assert_eq!(h.metric(sample).await, value, "{sample}");
+    }
+}
+
+/// The same for a client that does not stream (`stream_upstream`): its document is written
+/// only once the stream ended (here its last chunk 100 ms after `[DONE]`), and a client that
+/// leaves once it has read it all, over HTTP/1.1 or HTTP/2, had it whole: `ok`.
+#[tokio::test]
+async fn a_client_that_leaves_after_its_assembled_document_counts_ok() {
+    let hostile = Hostile::start().await;
+    let toml = config(&hostile).replace(
+        "path_prefix = \"/evil\"",
+        "path_prefix = \"/evil\"\nstream_upstream = true",
+    );
+    let h = Harness::with_config(&toml).await;
+    let mut n = 0.0;
+    let script = "usage-done-then-end-later";
+    for h2 in [false, true] {
+        let (resp, conn) = if h2 {
+            (h2_send(h.addr(), evil(script, false)).await.unwrap(), None)
+        } else {
+            let (resp, conn) = h.send(evil(script, false)).await;
+            (resp, Some(conn))
+        };
+        assert_eq!(resp.status(), 200, "{script}, h2 {h2}");
+        let length: usize = resp.headers()["content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut body = resp.into_body();
+        let mut doc = Vec::new();
+        while doc.len() < length {
+            let frame = body.frame().await.expect("more frames").expect("a frame");
+            doc.extend_from_slice(&frame.into_data().unwrap_or_default());
+        }
+        let doc: serde_json::Value = serde_json::from_slice(&doc).unwrap();
+        assert_eq!(doc["choices"][0]["finish_reason"], "stop", "{doc}");
+        drop(body);
+        drop(conn);
+        n += 1.0;
+        h.wait_requests("evil", n).await;
+    }
+    for (sample, value) in [
+        ("hourglass_requests_total{outcome=\"ok\",route=\"evil\"}", n),
+        (
+            "hourglass_cancellations_total{origin=\"client\",route=\"evil\"}",
+            0.0,
+        ),
+    ] {
+        assert_eq!(h.metric(sample).await, value, "{sample}");
+    }
 }
 
 #[tokio::test]

@@ -973,6 +973,81 @@ async fn after_its_final_event_the_upstreams_end_within_the_grace_ends_the_strea
     assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("complete"));
 }
 
+/// Polls the body as hyper does, until it waits: the frames that were ready.
+async fn take_ready(b: &mut TestBody) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        match std::future::poll_fn(|cx| Poll::Ready(b.as_mut().poll_frame(cx))).await {
+            Poll::Ready(Some(Ok(f))) => out.extend_from_slice(&f.into_data().unwrap()),
+            Poll::Pending => return out,
+            Poll::Ready(other) => panic!("the body ended: {other:?}"),
+        }
+    }
+}
+
+/// Audit XA 1: a client that leaves once it has the answer's end (`[DONE]`, or every
+/// choice's finish reason), while the rest of the stream is still waited for (the upstream's
+/// framing, a usage chunk), had the answer whole: its leaving cancels nothing, and the
+/// upstream is let go as ever. One that leaves before the answer ended cancelled it.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_after_the_answer_ended_had_it_whole() {
+    for (pieces, end) in [
+        (&[CONTENT, FINISHED, DONE][..], Some("complete")),
+        (
+            &[CONTENT, FINISHED][..],
+            Some("complete after client_closed"),
+        ),
+        (&[CONTENT][..], None),
+    ] {
+        let (mut tx, mut b, probe) = chat_body(limits(1000, 3000, 60_000));
+        for piece in pieces {
+            tx.send_data(Bytes::from_static(piece.as_bytes()))
+                .await
+                .unwrap();
+        }
+        assert_eq!(take_ready(&mut b).await, pieces.concat().as_bytes());
+        drop(b);
+        {
+            let seen = probe.0.lock().unwrap();
+            assert_eq!(seen.end.as_deref(), end, "{pieces:?}");
+            assert!(!seen.undelivered, "{pieces:?}");
+        }
+        assert!(
+            tx.send_data(Bytes::from_static(b": late\n\n"))
+                .await
+                .is_err(),
+            "{pieces:?}: the upstream body was dropped"
+        );
+    }
+}
+
+/// The same over HTTP/2, where h2 may still hold what was handed over (audit KC 1): the
+/// answer's end goes out as a last byte of its own, though the upstream's framing has not
+/// ended, and the client had it only once the body was asked for a frame after it.
+#[tokio::test(start_paused = true)]
+async fn over_http2_a_client_leaving_after_the_answer_ended_had_it_once_its_end_was_taken() {
+    let answer = [CONTENT, FINISHED, DONE].concat();
+    for asked_again in [true, false] {
+        let (mut tx, mut b, probe) = chat_body(limits(1000, 3000, 60_000));
+        b.confirm_delivery();
+        tx.send_data(Bytes::from(answer.clone())).await.unwrap();
+        let first = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, &answer.as_bytes()[..answer.len() - 1]);
+        let last = b.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(last, &answer.as_bytes()[answer.len() - 1..]);
+        if asked_again {
+            assert!(take_ready(&mut b).await.is_empty());
+        }
+        drop(b);
+        let seen = probe.0.lock().unwrap();
+        assert_eq!(seen.end.as_deref(), Some("complete"));
+        assert_eq!(seen.sent, answer.len());
+        assert_eq!(seen.undelivered, !asked_again);
+        drop(seen);
+        drop(tx);
+    }
+}
+
 /// A Chat answer whose every choice has its finish reason has ended (a stream that stopped
 /// there would be whole), though a usage chunk and `[DONE]` may still come: the idle limit
 /// still waits for them, but what ends the stream then adds no error to a whole answer.
