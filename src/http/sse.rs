@@ -76,43 +76,6 @@ pub fn data_text(data: &[u8]) -> Cow<'_, str> {
     String::from_utf8_lossy(data)
 }
 
-/// The event a client reads for the provider's error that came as an `error` field in
-/// `block`, the bytes of its block (see [`EventSink::reads_error_field`]): the gateway's
-/// `event: error`, whose data carries the field's value as its `error` when that is a JSON
-/// object (llama.cpp's `code`, `message` and `type`, as they came), else the value as its
-/// `message`. openai-python and openai-node raise it with that message; they skip the field.
-/// `sequence_number`: the one a Responses stream's next event takes. Built once a stream, on
-/// its error only.
-pub fn error_field_event(block: &[u8], sequence_number: Option<u64>) -> bytes::Bytes {
-    let value = block
-        .split(|&b| b == b'\n' || b == b'\r')
-        .find_map(|line| match line.strip_prefix(b"error") {
-            Some([]) => Some(&[][..]),
-            Some([b':', value @ ..]) => Some(value.strip_prefix(b" ").unwrap_or(value)),
-            _ => None,
-        })
-        .unwrap_or_default();
-    let object = serde_json::from_slice::<Box<serde_json::value::RawValue>>(value)
-        .ok()
-        .filter(|raw| raw.get().starts_with('{'));
-    let mut out = Vec::with_capacity(64 + value.len());
-    out.extend_from_slice(b"event: error\ndata: {\"type\":\"error\",");
-    if let Some(n) = sequence_number {
-        out.extend_from_slice(format!("\"sequence_number\":{n},").as_bytes());
-    }
-    out.extend_from_slice(b"\"error\":");
-    match object {
-        // Valid JSON on one line (the field's line): as it came.
-        Some(raw) => out.extend_from_slice(raw.get().as_bytes()),
-        None => {
-            let message = serde_json::json!({ "message": data_text(value) });
-            out.extend_from_slice(message.to_string().as_bytes());
-        }
-    }
-    out.extend_from_slice(b"}\n\n");
-    bytes::Bytes::from(out)
-}
-
 /// OpenAI's end marker, which ends a stream where its event's data starts with it.
 const DONE: &[u8; 6] = b"[DONE]";
 
@@ -182,20 +145,12 @@ pub enum EventType {
     Error,
 }
 
-/// The start of what a sink is handed of an `error` field's value (see
-/// [`EventSink::reads_error_field`]), and its end.
-const ERROR_OPEN: &[u8] = b"{\"error\":";
-const ERROR_CLOSE: &[u8] = b"}";
-
 /// What a complete line means to the block it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Line {
     Blank,
     Data,
     Event(EventType),
-    /// An `error` field: llama.cpp's error event, for a sink that reads it (see
-    /// [`EventSink::reads_error_field`]); ignored otherwise, as the standard ignores it.
-    Error,
     /// Comments, `id`, `retry` and unknown fields: they never make a block dispatch.
     Ignored,
 }
@@ -216,18 +171,6 @@ pub trait EventSink {
     /// out of what the client gets (reported through [`Scan::left_out`]).
     #[inline]
     fn left_out(&mut self) -> bool {
-        false
-    }
-
-    /// Whether a line of the field `error` is the provider's error, as llama.cpp's server
-    /// writes one inside a 200 stream (`error: {"code":400,...}`, a blank line, then
-    /// `data: [DONE]`). The standard ignores a field it does not know, and so does every SDK:
-    /// the reason would be lost, the stream read as a success. A sink that says yes is handed
-    /// the value as the data `{"error":VALUE}` (the shape an OpenAI-compatible server's
-    /// data-only error has), and the block ends as an `event: error` does, reported through
-    /// [`Scan::error_field`]. Asked only of a line that is neither `data` nor `event`.
-    #[inline]
-    fn reads_error_field(&self) -> bool {
         false
     }
 }
@@ -268,11 +211,6 @@ pub struct SseScanner {
     /// In the value of a `data` line that straddles chunks: its rest goes to the sink.
     /// `Value` once past the optional space after the colon.
     data_line: DataLine,
-    /// ... of an `error` line, read as the provider's error (see
-    /// [`EventSink::reads_error_field`]): its end closes the object the sink was handed.
-    error_line: bool,
-    /// The open block has such a line: it ends as the provider's error.
-    error_field: bool,
     /// The previous chunk ended with a CR, so an LF starting the next chunk finishes that
     /// same CRLF terminator rather than ending an extra (blank) line. With `stopped`, that
     /// CR ended the error event (see [`Scan::error_end`]).
@@ -334,11 +272,6 @@ pub struct Scan {
     /// [`EventSink::left_out`]), with those left out just before it, one after another; or
     /// the LF of a left-out event whose blank line's CR ended the chunk before.
     pub left_out: Option<LeftOut>,
-    /// The error event at `error_end` came as an `error` field (see
-    /// [`EventSink::reads_error_field`]): where its block lies, for a client that cannot read
-    /// it as it came. Its end is `error_end`, reported at once even at a CR that ends the
-    /// chunk: the block is rewritten, its line ends with it.
-    pub error_field: Option<LeftOut>,
 }
 
 /// Where an event to be left out lies in the chunk that ended it.
@@ -428,9 +361,6 @@ impl SseScanner {
                     sink.data(value);
                 }
                 let Some(i) = found else { break };
-                if std::mem::take(&mut self.error_line) {
-                    sink.data(ERROR_CLOSE);
-                }
                 sink.data_line_end();
                 self.data_line = DataLine::None;
                 pos = self.line_end(chunk, pos + i, false);
@@ -438,17 +368,8 @@ impl SseScanner {
             }
             let Some(i) = found else {
                 // A line that goes on in the next chunk: a `data` line hands over what it has
-                // of its value (so does an `error` line the sink reads); any other keeps its
-                // first bytes to be classified at its end.
-                let start = match self.data_start(rest) {
-                    Some(at) => Some(at),
-                    None => self.error_start(rest, sink).inspect(|_| {
-                        sink.data(ERROR_OPEN);
-                        self.error_line = true;
-                        self.error_field = true;
-                    }),
-                };
-                match start {
+                // of its value; any other keeps its first bytes to be classified at its end.
+                match self.data_start(rest) {
                     Some(at) => {
                         self.prefix_len = 0;
                         self.has_data = true;
@@ -477,15 +398,14 @@ impl SseScanner {
                         sink.data(&body[at.min(body.len())..]);
                         Line::Data
                     }
-                    None => match classify(&body[..body.len().min(PREFIX)]) {
-                        // `data` without a colon: an empty value.
-                        Line::Data => {
+                    None => {
+                        let line = classify(&body[..body.len().min(PREFIX)]);
+                        if line == Line::Data {
+                            // `data` without a colon: an empty value.
                             sink.data(&[]);
-                            Line::Data
                         }
-                        Line::Error => self.error_value(body, 0, sink),
-                        line => line,
-                    },
+                        line
+                    }
                 }
             } else {
                 let line = match self.data_start(body) {
@@ -494,17 +414,10 @@ impl SseScanner {
                         sink.data(value.strip_prefix(b" ").unwrap_or(value));
                         Line::Data
                     }
-                    None => match self.error_start(body, sink) {
-                        Some(at) => self.error_value(body, at, sink),
-                        None => {
-                            self.push_prefix(body);
-                            match classify(&self.prefix[..usize::from(self.prefix_len)]) {
-                                // `error` alone, without a colon, begun in an earlier chunk.
-                                Line::Error => self.error_value(&[], 0, sink),
-                                line => line,
-                            }
-                        }
-                    },
+                    None => {
+                        self.push_prefix(body);
+                        classify(&self.prefix[..usize::from(self.prefix_len)])
+                    }
                 };
                 self.prefix_len = 0;
                 line
@@ -513,23 +426,9 @@ impl SseScanner {
             match line {
                 Line::Blank => {
                     out.last_boundary = Some(pos);
-                    let error_field = self.error_field;
                     if self.end_block(&mut out, sink) {
-                        if error_field {
-                            // The provider's error as an `error` field: its block is
-                            // rewritten for the client, so it ends here, whatever follows
-                            // its CR.
-                            self.pending_cr = false;
-                            out.error_end = Some(pos);
-                            out.error_field = Some(LeftOut {
-                                start: block_start,
-                                end: pos,
-                            });
-                        } else {
-                            // A CR ending the chunk may be half of a CRLF: the next chunk
-                            // tells.
-                            out.error_end = (!self.pending_cr).then_some(pos);
-                        }
+                        // A CR ending the chunk may be half of a CRLF: the next chunk tells.
+                        out.error_end = (!self.pending_cr).then_some(pos);
                         self.stopped = true;
                         return out;
                     }
@@ -556,40 +455,10 @@ impl SseScanner {
                     self.kind = kind;
                     self.block_open = true;
                 }
-                // Read as a `data` line by `error_value`, when the sink reads it.
-                Line::Error | Line::Ignored => self.block_open = true,
+                Line::Ignored => self.block_open = true,
             }
         }
         out
-    }
-
-    /// Hands the sink the value of an `error` line, `line` (the line's rest in this chunk;
-    /// its value starts at `at`, or at the field's colon when `at` is 0), as the data
-    /// `{"error":VALUE}`, when it reads the field (see [`EventSink::reads_error_field`]).
-    /// Called on a line that is neither `data` nor `event`, so a `data` line costs nothing.
-    fn error_value<S: EventSink>(&mut self, line: &[u8], at: usize, sink: &mut S) -> Line {
-        if !sink.reads_error_field() {
-            return Line::Ignored;
-        }
-        let at = match at {
-            0 if line.starts_with(b"error:") => 6,
-            0 => line.len(),
-            at => at,
-        };
-        let value = &line[at.min(line.len())..];
-        sink.data(ERROR_OPEN);
-        sink.data(value.strip_prefix(b" ").unwrap_or(value));
-        sink.data(ERROR_CLOSE);
-        self.has_data = true;
-        self.error_field = true;
-        Line::Data
-    }
-
-    /// Where the value starts in `piece`, as `data_start`, when the line is an `error` line
-    /// the sink reads as the provider's error.
-    fn error_start<S: EventSink>(&self, piece: &[u8], sink: &S) -> Option<usize> {
-        self.field_start(piece, b"error:")
-            .filter(|_| sink.reads_error_field())
     }
 
     /// Consumes the line terminator at `eol` (CR, LF, or CRLF, whose LF may come in the next
@@ -612,25 +481,18 @@ impl SseScanner {
 
     /// Where the value starts in `piece`, the continuation of the line in `prefix`, when the
     /// two together start with `data:` (the offset just past the colon).
-    #[inline]
     fn data_start(&self, piece: &[u8]) -> Option<usize> {
-        self.field_start(piece, b"data:")
-    }
-
-    /// Where the value starts in `piece`, the continuation of the line in `prefix`, when the
-    /// two together start with `field` (a field's name and colon): the offset past the colon.
-    #[inline]
-    fn field_start(&self, piece: &[u8], field: &[u8]) -> Option<usize> {
         let have = usize::from(self.prefix_len);
+        const DATA: &[u8; 5] = b"data:";
         if have == 0 {
-            return piece.starts_with(field).then_some(field.len());
+            return piece.starts_with(DATA).then_some(5);
         }
-        // A prefix as long as the field is never its line's (it would have become one).
-        if have >= field.len() || self.prefix[..have] != field[..have] {
+        // A prefix of five bytes or more is never a `data` line's (it would have become one).
+        if have >= DATA.len() || self.prefix[..have] != DATA[..have] {
             return None;
         }
-        let need = field.len() - have;
-        (piece.len() >= need && piece[..need] == field[have..]).then_some(need)
+        let need = DATA.len() - have;
+        (piece.len() >= need && piece[..need] == DATA[have..]).then_some(need)
     }
 
     /// An error event ended with the last chunk's final byte, a CR: the next chunk's
@@ -675,11 +537,7 @@ impl SseScanner {
     /// true when the dispatched event is an `error`, or one the sink calls the provider's.
     fn end_block<S: EventSink>(&mut self, out: &mut Scan, sink: &mut S) -> bool {
         let dispatches = std::mem::take(&mut self.has_data);
-        let mut kind = std::mem::take(&mut self.kind);
-        // An `error` line the sink reads makes its block the provider's error event.
-        if std::mem::take(&mut self.error_field) {
-            kind = EventType::Error;
-        }
+        let kind = std::mem::take(&mut self.kind);
         self.block_open = false;
         let provider_error = sink.end_event(dispatches, kind);
         if !dispatches {
@@ -719,7 +577,6 @@ fn classify(head: &[u8]) -> Line {
     };
     match name {
         b"data" => Line::Data,
-        b"error" => Line::Error,
         b"event" => Line::Event(match value.strip_prefix(b" ").unwrap_or(value) {
             b"ping" | b"keepalive" => EventType::Ping,
             b"error" => EventType::Error,

@@ -416,12 +416,6 @@ impl EventSink for Reader {
     fn left_out(&mut self) -> bool {
         std::mem::take(&mut self.leave_out)
     }
-
-    /// llama.cpp's `error:` field is its error event (audit WB 2), in the formats read;
-    /// a stream read for its usage only ends at `event: error` alone.
-    fn reads_error_field(&self) -> bool {
-        !self.usage_only
-    }
 }
 
 impl Reader {

@@ -46,9 +46,6 @@ pub struct Read {
     /// An event the inspector leaves out of what the client gets ended in this piece (see
     /// `Inspector::hiding_usage`).
     pub left_out: Option<LeftOut>,
-    /// The provider's error at `error_end` came as an `error` field, which clients skip:
-    /// where its block lies, to be rewritten (see `EventSink::reads_error_field`).
-    pub error_field: Option<LeftOut>,
 }
 
 impl Progress {
@@ -208,7 +205,6 @@ impl Progress {
             boundary: scan.last_boundary,
             error_end: scan.error_end,
             left_out: scan.left_out,
-            error_field: scan.error_field,
         }
     }
 }

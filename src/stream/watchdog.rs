@@ -605,29 +605,10 @@ where
                     }
                     if let Some(end) = read.error_end {
                         // The upstream's own error event is passed through and ends the
-                        // stream; Hourglass adds none of its own after it. One that came as
-                        // an `error` field, which SDKs skip, is written as the event they
-                        // read (audit WB 2).
-                        match (read.error_field, this.sse.as_mut()) {
-                            (Some(block), Some(sse))
-                                if block.start.is_some() || !sse.partial_sent =>
-                            {
-                                let event = rewrite_error_field(
-                                    sse,
-                                    this.ready,
-                                    &data,
-                                    block,
-                                    this.progress.next_sequence_number(),
-                                );
-                                this.observer.own_data(event.len());
-                                this.ready.push_back(event);
-                            }
-                            _ => {
-                                flush_held(this.sse, this.ready);
-                                if end > 0 {
-                                    this.ready.push_back(data.slice(..end));
-                                }
-                            }
+                        // stream; Hourglass adds none of its own after it.
+                        flush_held(this.sse, this.ready);
+                        if end > 0 {
+                            this.ready.push_back(data.slice(..end));
                         }
                         this.inner.set(None);
                         this.observer.finish(StreamEnd::UpstreamErrorEvent);
@@ -1111,35 +1092,6 @@ fn release_held(sse: &mut Sse, ready: &mut VecDeque<Bytes>, rest: Bytes) {
     sse.held_len = 0;
 }
 
-/// The provider's error that came as an `error` field in `block` of `data` (see
-/// `EventSink::reads_error_field`): what came before the block is ready to go, and the event
-/// a client reads in its place is returned. The block's bytes are its held frames (when it
-/// began in them) and its part of `data`.
-fn rewrite_error_field(
-    sse: &mut Sse,
-    ready: &mut VecDeque<Bytes>,
-    data: &Bytes,
-    block: LeftOut,
-    sequence_number: Option<u64>,
-) -> Bytes {
-    let mut raw = Vec::new();
-    match block.start {
-        Some(start) => {
-            release_held(sse, ready, data.slice(..start));
-            raw.extend_from_slice(&data[start..block.end]);
-        }
-        None => {
-            for piece in sse.held.drain(..) {
-                raw.extend_from_slice(&piece);
-            }
-            sse.held_len = 0;
-            raw.extend_from_slice(&data[..block.end]);
-        }
-    }
-    sse.partial_sent = false;
-    crate::http::sse::error_field_event(&raw, sequence_number)
-}
-
 /// Leaves `event`, which ended in `data`, out of what goes to the client: what came before
 /// it (held, and in `data`) is ready to go, and what follows it is returned, with what the
 /// piece read in it (its offsets then in that rest). Once a stream, so the slices cost
@@ -1164,11 +1116,6 @@ fn leave_out(
     // Both at or past the event's end: the last boundary, and an error after it.
     read.boundary = read.boundary.map(|b| b - event.end);
     read.error_end = read.error_end.map(|e| e - event.end);
-    // An `error` field block after the left-out event starts past its end.
-    read.error_field = read.error_field.map(|b| LeftOut {
-        start: b.start.map(|s| s - event.end),
-        end: b.end - event.end,
-    });
     (rest, read)
 }
 

@@ -21,7 +21,6 @@ fn scan(last_boundary: Option<usize>, progress: u32, error_end: Option<usize>) -
         dispatched: progress,
         error_end,
         left_out: None,
-        error_field: None,
     }
 }
 
@@ -777,101 +776,4 @@ fn the_end_marker_is_done_at_the_start_of_the_data() {
             assert_eq!(m.found(), is, "{data:?} cut at {at}");
         }
     }
-}
-
-/// A sink that reads llama.cpp's `error` field as the provider's error (audit WB 2).
-#[derive(Default)]
-struct ReadsErrors(Recording);
-
-impl EventSink for ReadsErrors {
-    fn data(&mut self, value: &[u8]) {
-        self.0.data(value);
-    }
-    fn data_line_end(&mut self) {
-        self.0.data_line_end();
-    }
-    fn end_event(&mut self, dispatched: bool, kind: EventType) -> bool {
-        self.0.end_event(dispatched, kind);
-        kind == EventType::Error
-    }
-    fn reads_error_field(&self) -> bool {
-        true
-    }
-}
-
-/// llama.cpp's error block, split at every byte: a sink that reads the field gets its value
-/// as `{"error":VALUE}`, the block is an error event that ends the scan at its blank line
-/// (at its CR too, a CRLF split between them), and its range is reported; the standard's
-/// reading (any other sink) ignores the field.
-#[test]
-fn an_error_field_is_the_providers_error_for_a_sink_that_reads_it() {
-    let value = br#"{"code":400,"message":"the request exceeds the available context size","type":"exceed_context_size_error"}"#;
-    for eol in ["\n", "\r\n", "\r"] {
-        let head = format!("data: {{\"a\":1}}{eol}{eol}");
-        let block = format!("error: {}{eol}{eol}", std::str::from_utf8(value).unwrap());
-        let stream = format!("{head}{block}data: [DONE]{eol}{eol}");
-        let stream = stream.as_bytes();
-        let end = head.len() + block.len();
-        for k in 0..=stream.len() {
-            let (a, b) = stream.split_at(k);
-            let mut sc = SseScanner::new();
-            let mut sink = ReadsErrors::default();
-            let first = sc.scan_with(a, &mut sink);
-            let second = sc.scan_with(b, &mut sink);
-            let case = format!("{eol:?} split at {k}");
-            let (scan, offset) = match first.error_end {
-                Some(_) => (first, 0),
-                None => (second, k),
-            };
-            // A CRLF split between its CR and LF: the block ends at the CR, the LF unread.
-            let end = if eol == "\r\n" && k == end - 1 {
-                end - 1
-            } else {
-                end
-            };
-            assert_eq!(scan.error_end.map(|e| e + offset), Some(end), "{case}");
-            let field = scan.error_field.expect(&case);
-            assert_eq!(field.end + offset, end, "{case}");
-            match field.start {
-                Some(start) => assert_eq!(start + offset, head.len(), "{case}"),
-                // Begun before the chunk: at its start, or in the chunk before.
-                None => assert!(offset > 0 && k >= head.len(), "{case}"),
-            }
-            let mut want = b"{\"error\":".to_vec();
-            want.extend_from_slice(value);
-            want.extend_from_slice(b"}\n");
-            assert_eq!(
-                sink.0.events,
-                vec![
-                    (b"{\"a\":1}\n".to_vec(), EventType::Other),
-                    (want, EventType::Error)
-                ],
-                "{case}"
-            );
-            // The standard's reading: the field is ignored, the stream goes on to `[DONE]`.
-            let (scans, _) = feed(&[a, b]);
-            assert!(
-                scans
-                    .iter()
-                    .all(|s| s.error_end.is_none() && s.error_field.is_none()),
-                "{case}"
-            );
-        }
-    }
-}
-
-/// The event a client reads in place of the block: the value as the error when it is an
-/// object, as the message otherwise.
-#[test]
-fn an_error_field_is_rewritten_as_an_event_clients_read() {
-    let event = error_field_event(b"error: {\"code\":400,\"message\":\"m\"}\r\n\r\n", None);
-    assert_eq!(
-        &event[..],
-        b"event: error\ndata: {\"type\":\"error\",\"error\":{\"code\":400,\"message\":\"m\"}}\n\n"
-    );
-    let event = error_field_event(b"id: 1\nerror:boom\n\n", Some(7));
-    assert_eq!(
-        &event[..],
-        b"event: error\ndata: {\"type\":\"error\",\"sequence_number\":7,\"error\":{\"message\":\"boom\"}}\n\n"
-    );
 }
