@@ -84,8 +84,6 @@ impl Gateway {
         // `OPTIONS *` (9.3.7), which asks about the server itself, not a resource upstream.
         let final_recipient = req.method() == Method::OPTIONS
             && (max_forwards(req.headers()) == Some(0) || req.uri().path() == "*");
-        // A stream of Gemini's native API, whose clients read errors in its own shape.
-        let gemini_stream = req.uri().path().ends_with(":streamGenerateContent");
         async move {
             if final_recipient {
                 record.set_status(200);
@@ -307,9 +305,6 @@ impl Gateway {
                     }
                     body.watch_shutdown(&self.shutdown);
                     body.watch_reaper(reaped);
-                    if gemini_stream {
-                        body.gemini_errors();
-                    }
                     if lines {
                         body.ndjson_lines();
                     }

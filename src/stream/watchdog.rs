@@ -325,14 +325,6 @@ where
         }
     }
 
-    /// A cut of this SSE stream ends with its error in Gemini's shape (a stream of Gemini's
-    /// native API: see `StreamErrorShape::Gemini`).
-    pub fn gemini_errors(&mut self) {
-        if let Some(sse) = self.sse.as_mut() {
-            sse.shape = StreamErrorShape::Gemini;
-        }
-    }
-
     /// The body is NDJSON (not SSE): a line incomplete at a frame's end is held as an SSE
     /// event is, and a cut ends the body with an error line of its own (Ollama's shape, see
     /// `StreamErrorShape::Line`) instead of aborting it, which left the client a broken body
