@@ -159,12 +159,15 @@ pub async fn run(
     let mut owed: Vec<Owed<'_>> = Vec::new();
     // The next upstream of the chain the walk has not reached.
     let mut cursor = 0;
+    // A peer failed in a way nothing moves on from (an answer or error not retried): only
+    // the retries owed before it are still made.
+    let mut only_owed = false;
     'chain: loop {
         // The next of the chain, but before the fallbacks (and at the chain's end) the
         // retries owed, the one ready first first.
         cursor = unraced(cursor, &raced);
         let (i, from, mut resumed) =
-            if cursor < route.chain.len() && (cursor < group || owed.is_empty()) {
+            if !only_owed && cursor < route.chain.len() && (cursor < group || owed.is_empty()) {
                 cursor += 1;
                 (cursor - 1, 0, None)
             } else if let Some(k) = first_ready(&owed) {
@@ -249,7 +252,11 @@ pub async fn run(
                             .get(k)
                             .is_some_and(|e| e.upstream.health.available(now))
                 });
-                if resumed.is_none() && asked && fits_now && (peer || !owed.is_empty()) {
+                // Nor does a retry of the upstream's own go ahead of a retry owed that is
+                // due before it: a peer that hung to its first-token limit made the owed
+                // retry, due long since, wait for its own retry's hang too (audit YA 2).
+                let due = owed.iter().any(|o| o.ready <= now + wait);
+                if resumed.is_none() && fits_now && ((asked && (peer || !owed.is_empty())) || due) {
                     tracing::debug!(?wait, "retry owed after the balance peers");
                     owed.push(Owed {
                         i,
@@ -431,6 +438,17 @@ pub async fn run(
                         }
                         continue;
                     }
+                    // A peer's failure that nothing moves on from does not end the walk
+                    // before the retries owed to the keys before it: a peer's 401 (its key
+                    // revoked) ended the request while the key that asked for a wait would
+                    // have answered (audit YA 1).
+                    let failed = started.response.status().is_client_error()
+                        || started.response.status().is_server_error();
+                    if failed && !owed.is_empty() {
+                        last = Last::Answer(Box::new(started));
+                        only_owed = true;
+                        break;
+                    }
                     record.set_upstream(&chain[winner], started.sent_at, started.first_byte_at);
                     if let Some(at) = started.first_token_at {
                         crate::stream::Observer::first_token(record, at);
@@ -441,7 +459,11 @@ pub async fn run(
                     let retryable = error_cause(&error).is_some_and(|c| retry_on.contains(c));
                     if !retryable {
                         last = Last::Error(error);
-                        break 'chain;
+                        if owed.is_empty() {
+                            break 'chain;
+                        }
+                        only_owed = true;
+                        break;
                     }
                     // A certificate that failed fails every retry here the same way: on to
                     // the fallback, if any.
