@@ -107,6 +107,8 @@ pub struct Budget {
     /// last byte (`body_read`).
     patience_from: Instant,
     patience_after_body: bool,
+    /// When the request's body was read whole (the arrival until it is).
+    body_read_at: Instant,
     /// The call's run, when the run's deadline comes before the call's own: then every limit
     /// that reads the deadline names the run.
     pub run: Option<RunBound>,
@@ -214,6 +216,7 @@ impl BudgetRequest {
             patience: self.patience,
             patience_from: arrival,
             patience_after_body: self.patience_after_body,
+            body_read_at: arrival,
             run: None,
         }
     }
@@ -239,6 +242,7 @@ impl Budget {
     /// from it (audit IF 1: a 5 MiB upload at 500 KB/s with a 20 s timeout got a 504 the
     /// client would have waited for).
     pub fn body_read(&mut self, at: Instant) {
+        self.body_read_at = at.max(self.arrival);
         if self.patience_after_body {
             self.patience_from = at.max(self.arrival);
         }
@@ -279,6 +283,23 @@ impl Budget {
         self.work_deadline().saturating_duration_since(now)
     }
 
+    /// What a call could wait at `at`: the usable budget, or less where the client stops
+    /// waiting for the head first.
+    fn room_at(&self, at: Instant) -> Duration {
+        let usable = self.usable(at);
+        self.head_by()
+            .map_or(usable, |by| usable.min(by.saturating_duration_since(at)))
+    }
+
+    /// Whether the client's own upload spent what a call needing `need` needed: it fit on
+    /// arrival and no longer did once the body's last byte came. The same upload would
+    /// spend it again: the answer says so, and not to retry (audit ZA 2).
+    pub fn spent_uploading(&self, need: Duration) -> bool {
+        self.body_read_at > self.arrival
+            && self.room_at(self.arrival) >= need
+            && self.room_at(self.body_read_at) < need
+    }
+
     /// The fail-fast rule: with less than `min_useful` usable, the upstream is never called;
     /// nor when the client stops waiting for the answer's head sooner than that.
     pub fn ensure_useful(&self, now: Instant) -> Result<(), GatewayError> {
@@ -292,6 +313,7 @@ impl Budget {
                     expected_by: None,
                     whole: patience <= self.min_useful,
                     patience: true,
+                    uploading: None,
                 });
             }
         }
@@ -349,6 +371,7 @@ impl Budget {
             expected_by: expected_by.map(|(u, m)| (u.to_owned(), m.map(str::to_owned))),
             whole,
             patience: false,
+            uploading: None,
         }
     }
 

@@ -220,7 +220,7 @@ pub enum GatewayError {
     /// bound is set above the limit so that they reach the handler, its log and its metrics.
     #[error("request head has {bytes} bytes of header fields, more than this gateway's max_header_bytes ({limit})")]
     HeadTooLarge { bytes: usize, limit: usize },
-    #[error("insufficient budget: {}; at least {} is needed to call the upstream{}", left(*.remaining, *.reserve, *.patience), ms(*.min_useful), expected(.expected_by.as_ref(), *.min_useful))]
+    #[error("insufficient budget: {}; at least {} is needed to call the upstream{}{}", left(*.remaining, *.reserve, *.patience), ms(*.min_useful), expected(.expected_by.as_ref(), *.min_useful), upload_spent(.uploading))]
     InsufficientBudget {
         /// What is left of the budget after the reserve, or of the client's patience.
         remaining: Duration,
@@ -236,6 +236,9 @@ pub enum GatewayError {
         /// What bounds the call is the client's own patience (the timeout its SDK announced),
         /// which ends before its budget does.
         patience: bool,
+        /// The call would have fit when the request's body began, and the client's upload
+        /// spent what it needed: the same upload would leave as little again.
+        uploading: Option<Uploading>,
     },
     #[error("connect timeout: upstream {upstream:?} {}", connect_wait(*.after, *.sent, .proxy.as_deref()))]
     ConnectTimeout {
@@ -638,6 +641,49 @@ fn spent(budget: Duration, reserve: Duration, patience: bool) -> String {
     }
 }
 
+impl GatewayError {
+    /// This error, when it is the request's deadline or a budget too short for a call, told
+    /// that the client's own upload spent it: the budget runs from arrival (DESIGN 3), so the
+    /// same upload would be cut again, and the answer says not to retry it (audit PC 3: the
+    /// OpenAI SDK sent an upload cut by its route's budget three times; ZA 2: one that left
+    /// too little for the call). A run's deadline says so already.
+    pub fn spent_uploading(self, upload: Uploading) -> GatewayError {
+        match self {
+            GatewayError::DeadlineExceeded {
+                budget,
+                reserve,
+                client_budget,
+                patience,
+                ..
+            } => GatewayError::DeadlineExceeded {
+                budget,
+                reserve,
+                client_budget,
+                patience,
+                uploading: Some(upload),
+            },
+            GatewayError::InsufficientBudget {
+                remaining,
+                reserve,
+                min_useful,
+                expected_by,
+                whole,
+                patience,
+                ..
+            } => GatewayError::InsufficientBudget {
+                remaining,
+                reserve,
+                min_useful,
+                expected_by,
+                whole,
+                patience,
+                uploading: Some(upload),
+            },
+            other => other,
+        }
+    }
+}
+
 /// Why a deadline that passed during the client's upload is told not to retry: the budget
 /// ran from the request's arrival (DESIGN 3), so the same upload at the same speed would be
 /// cut the same way (audit PC 3: the OpenAI SDK sent a cut upload three times).
@@ -652,6 +698,20 @@ fn uploading_words(uploading: &Option<Uploading>) -> String {
     format!(
         " while the client was still sending the request body ({came}); the same upload would \
          spend it again: send it faster, or with a larger budget (x-request-budget-ms)"
+    )
+}
+
+/// Why a call the client's upload left too little for is told not to retry: the budget ran
+/// from the request's arrival, and the same upload would spend as much again (audit ZA 2:
+/// a 1.2 s upload of a 3 s budget, sent three times by the OpenAI SDK).
+fn upload_spent(uploading: &Option<Uploading>) -> String {
+    let Some(u) = uploading else {
+        return String::new();
+    };
+    format!(
+        "; the request body's upload ({} bytes) spent the rest, and the same upload would \
+         again: send it faster, or with a larger budget (x-request-budget-ms)",
+        u.received
     )
 }
 
@@ -1048,6 +1108,10 @@ impl GatewayError {
             | Self::UnsupportedTransferCoding { .. }
             | Self::UpgradeUnsupported { .. }
             | Self::InsufficientBudget { whole: true, .. }
+            | Self::InsufficientBudget {
+                uploading: Some(_),
+                ..
+            }
             | Self::UpstreamUnavailable {
                 certificate: true,
                 ..

@@ -32,6 +32,7 @@ fn only_a_budget_too_small_from_the_start_tells_sdks_not_to_retry() {
         expected_by: None,
         whole,
         patience: false,
+        uploading: None,
     };
     let hopeless = insufficient(true).response();
     assert_eq!(hopeless.status(), StatusCode::GATEWAY_TIMEOUT);
@@ -114,6 +115,7 @@ fn every_limit_is_named_in_words_in_its_message() {
                 expected_by: None,
                 whole: false,
                 patience: false,
+                uploading: None,
             },
             "insufficient budget: 40ms of budget left",
         ),

@@ -267,8 +267,9 @@ impl Gateway {
                     return Err(limit.too_large(length));
                 }
                 let quiet = self.config.server.header_read_timeout;
+                let h2 = version == http::Version::HTTP_2;
                 let read =
-                    read_body(body, limit, length, &self.bodies, quiet, &provisional).await?;
+                    read_body(body, limit, length, h2, &self.bodies, quiet, &provisional).await?;
                 record.set_body_unread(false);
                 read
             };
@@ -363,10 +364,15 @@ impl Gateway {
             record.set_budget(&budget);
             budget.ensure_useful(Instant::now()).map_err(|e| {
                 // The chosen route's deadline passed before the body's last byte came (the
-                // body was read within another candidate's): its upload spent it.
-                if budget.work_deadline() <= body_read {
+                // body was read within another candidate's), or what was left after it is
+                // too little: its upload spent it.
+                if budget.work_deadline() <= body_read || budget.spent_uploading(budget.min_useful)
+                {
                     let len = body.len() as u64;
-                    spent_uploading(e, len, Some(len))
+                    e.spent_uploading(Uploading {
+                        received: len,
+                        length: Some(len),
+                    })
                 } else {
                     e
                 }
@@ -504,6 +510,7 @@ async fn read_body<B>(
     body: B,
     limit: BodyLimit<'_>,
     length: Option<u64>,
+    h2: bool,
     memory: &BodyMemory,
     quiet: Duration,
     budget: &Budget,
@@ -539,7 +546,10 @@ where
             frame = body.frame() => frame,
             () = &mut timer => {
                 return Err(if Instant::now() >= deadline {
-                    spent_uploading(budget.deadline_error(), total, length)
+                    budget.deadline_error().spent_uploading(Uploading {
+                        received: total,
+                        length,
+                    })
                 } else {
                     GatewayError::BodyTimeout { after: quiet }
                 });
@@ -572,6 +582,18 @@ where
             }
         }
     }
+    // hyper ends an HTTP/2 body at the client's RST_STREAM(NO_ERROR) as at its END_STREAM
+    // (RFC 9113 8.1 lets a server so stop an upload it has answered; a client's reset
+    // cancels its request): a body cut so went upstream as whole, with the length of what
+    // came (audit ZA 1: 5,000 of a declared 100,000 bytes, answered 200). Short of its
+    // `Content-Length` it is cut. Without one, the reset is already on the stream: one
+    // yield lets hyper's stream task see it and drop this request before it is sent.
+    if length.is_some_and(|len| total < len) {
+        return Err(GatewayError::ClientClosed);
+    }
+    if h2 && length.is_none() {
+        tokio::task::yield_now().await;
+    }
     let whole = if more.is_empty() {
         first.unwrap_or_default()
     } else {
@@ -584,30 +606,6 @@ where
         Bytes::from(more)
     };
     Ok(hold.keep_with(whole))
-}
-
-/// `e`, when it is the request's deadline, told that it passed while the client was still
-/// sending its body (`received` bytes of `length`): the budget runs from arrival (DESIGN 3),
-/// so the same upload would be cut again, and the answer says not to retry it (audit PC 3:
-/// the OpenAI SDK sent an upload cut by its route's budget three times). A run's deadline
-/// says so already.
-fn spent_uploading(e: GatewayError, received: u64, length: Option<u64>) -> GatewayError {
-    match e {
-        GatewayError::DeadlineExceeded {
-            budget,
-            reserve,
-            client_budget,
-            patience,
-            ..
-        } => GatewayError::DeadlineExceeded {
-            budget,
-            reserve,
-            client_budget,
-            patience,
-            uploading: Some(Uploading { received, length }),
-        },
-        other => other,
-    }
 }
 
 /// The largest body a request may send, and whose setting that is: the route's own
@@ -694,4 +692,46 @@ fn client_left(e: &(dyn std::error::Error + 'static)) -> bool {
         cause = c.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::Bodies;
+    use crate::budget::BudgetRequest;
+    use crate::config::Limits;
+    use http_body_util::{BodyExt, Full};
+
+    /// Audit ZA 1: a body that ends short of its `Content-Length` without an error (hyper's
+    /// reading of an HTTP/2 client's `RST_STREAM(NO_ERROR)`) is the client's cancel, never a
+    /// whole body; one that ends at its length is whole.
+    #[tokio::test]
+    async fn a_body_that_ends_short_of_its_length_is_cut() {
+        let limits = Limits {
+            budget: Duration::from_secs(10),
+            max_budget: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(1),
+            first_token_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(5),
+            reserve: Duration::ZERO,
+            min_useful: Duration::from_millis(100),
+        };
+        let budget = BudgetRequest::default().resolve(&limits, Instant::now());
+        let memory = BodyMemory::new(Bodies::Requests, 1 << 20);
+        let limit = BodyLimit {
+            bytes: 1 << 20,
+            route: None,
+        };
+        let quiet = Duration::from_secs(5);
+        let body = || {
+            Full::new(Bytes::from_static(b"{\"model\":\"m\"}"))
+                .map_err(|e| -> BoxError { match e {} })
+        };
+        for h2 in [false, true] {
+            let cut = read_body(body(), limit, Some(100), h2, &memory, quiet, &budget).await;
+            assert!(matches!(cut, Err(GatewayError::ClientClosed)), "{cut:?}");
+            let whole = read_body(body(), limit, Some(13), h2, &memory, quiet, &budget).await;
+            assert_eq!(&whole.unwrap()[..], b"{\"model\":\"m\"}");
+        }
+    }
 }

@@ -14,7 +14,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use crate::admission::BodyMemory;
 use crate::budget::Budget;
 use crate::config::{RetryCause, RetryOn};
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Uploading};
 use crate::gateway::attempt::{Attempt, Started, SwitchBy};
 use crate::gateway::balance::Order;
 use crate::gateway::record::{RequestRecord, Throttled};
@@ -502,9 +502,10 @@ pub async fn run(
         Last::None => {
             let upstream = &chain[0].upstream;
             let expected = template.expected_ttft(upstream);
-            Err(budget.too_little(
+            let need = expected.max(budget.min_useful);
+            let e = budget.too_little(
                 Instant::now(),
-                expected.max(budget.min_useful),
+                need,
                 (expected > budget.min_useful).then(|| {
                     (
                         &*upstream.name,
@@ -512,7 +513,17 @@ pub async fn run(
                     )
                 }),
                 false,
-            ))
+            );
+            // No attempt made, and the call fit when the request came: the client's upload
+            // spent its room (audit ZA 2).
+            if previous.is_none() && budget.spent_uploading(need) {
+                let len = template.body.len() as u64;
+                return Err(e.spent_uploading(Uploading {
+                    received: len,
+                    length: Some(len),
+                }));
+            }
+            Err(e)
         }
     }
 }

@@ -536,3 +536,72 @@ upstream = "rewrites"
 "#
     )
 }
+
+/// Sends a chat request's head and the first half of its body, waits `pause`, sends the rest,
+/// and returns the whole answer (the gateway closes the connection after an error answer).
+async fn upload_in_two_halves(h: &Harness, pause: Duration) -> String {
+    let body = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut s = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&body[..20]).await.unwrap();
+    tokio::time::sleep(pause).await;
+    s.write_all(&body[20..]).await.unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Audit ZA 2: an upload that leaves the call less than it needs (`min_useful`, or the
+/// upstream's expected first token) was a plain 504 `insufficient_budget` without
+/// `x-should-retry: false`, and the OpenAI SDK sent the same upload three times (4.99 s for a
+/// 3 s budget). The call fit when the request came: the upload spent its room, the same
+/// upload would again, and the answer says so, as one the deadline cut mid-upload does (PC 3).
+#[tokio::test]
+async fn a_call_the_clients_upload_left_too_little_for_says_not_to_retry() {
+    let route = "[[routes]]\nname = \"chat\"\npath_prefix = \"/v1/chat/completions\"\nupstream = \"fake\"\n";
+    // By `min_useful` (checked once the body is read), then by the upstream's expected
+    // first token (checked before the attempt).
+    let cases = [
+        (
+            "budget = \"1s\"\nfirst_token_timeout = \"900ms\"\nmin_useful = \"600ms\"\n",
+            "",
+        ),
+        (
+            "budget = \"1s\"\nfirst_token_timeout = \"900ms\"\nmin_useful = \"50ms\"\n",
+            "expected_first_token = \"600ms\"\n",
+        ),
+    ];
+    for (limits, upstream) in cases {
+        let text = BASE.replace(route, &format!("{route}{limits}")).replace(
+            "auth = \"bearer\"\n",
+            &format!("auth = \"bearer\"\n{upstream}"),
+        );
+        let h = Harness::with_config(&text).await;
+        let answer = upload_in_two_halves(&h, Duration::from_millis(600)).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 504"),
+            "{limits}{upstream}: {answer}"
+        );
+        assert!(
+            answer.contains("\"code\":\"insufficient_budget\""),
+            "{answer}"
+        );
+        assert!(answer.contains("x-should-retry: false"), "{answer}");
+        assert!(
+            answer.contains("the request body's upload (67 bytes) spent the rest"),
+            "{answer}"
+        );
+        assert!(h.fake.requests().is_empty(), "never sent");
+        // The same budget without the slow upload is called: the rule is the upload's.
+        let answer = upload_in_two_halves(&h, Duration::ZERO).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "{limits}{upstream}: {answer}"
+        );
+    }
+}
