@@ -37,6 +37,7 @@ use crate::provider::tools::ToolCalls;
 use crate::provider::{status_of_code, ErrorType, Format};
 
 mod event;
+pub mod gemini;
 mod json;
 mod shape;
 mod tokens;

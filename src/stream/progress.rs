@@ -4,14 +4,19 @@
 //! and by an attempt that holds its head until the first token: both decide the first token
 //! here and nowhere else.
 
+use crate::error::StreamErrorShape;
 use crate::http::sse::{LeftOut, SseScanner};
 use crate::provider::assemble::Assembler;
+use crate::provider::inspect::gemini::GeminiErrors;
 use crate::provider::inspect::{Inspector, Tokens};
+use crate::provider::ErrorType;
 
 /// The reader of one response body.
 #[derive(Debug, Clone)]
 pub struct Progress {
     reader: Reader,
+    /// Gemini's native stream (`gemini_errors`), whatever reads it.
+    gemini: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -27,6 +32,9 @@ enum Reader {
     Events(SseScanner),
     /// SSE of a known format: the inspector reads the events' data as the scanner passes.
     Inspected(Inspector),
+    /// Gemini's native stream, of no format the upstream's `api` reads: events, and its
+    /// data-only error event (see `provider::inspect::gemini`).
+    Gemini(GeminiErrors),
 }
 
 /// What one piece of the body held.
@@ -60,7 +68,42 @@ impl Progress {
             (true, None) => Reader::Events(SseScanner::new()),
             (true, Some(inspector)) => Reader::Inspected(inspector),
         };
-        Self { reader }
+        Self {
+            reader,
+            gemini: false,
+        }
+    }
+
+    /// Reads an SSE body of no known format as Gemini's native stream, for its error event,
+    /// when `gemini` (its request's path says so: `gemini::streams`). Decided once per
+    /// request: every other stream is read as before, at no cost.
+    pub fn gemini_errors(mut self, gemini: bool) -> Self {
+        if gemini && matches!(self.reader, Reader::Events(_)) {
+            self.reader = Reader::Gemini(GeminiErrors::new());
+        }
+        self.gemini = gemini;
+        self
+    }
+
+    /// How a cut of this SSE body writes its error: in Gemini's shape on its native stream,
+    /// which google-genai reads and a gateway in front reads as this one reads it (WB 6,
+    /// break audit YB 1); else `event: error`.
+    pub fn error_shape(&self) -> StreamErrorShape {
+        if self.gemini {
+            StreamErrorShape::Gemini
+        } else {
+            StreamErrorShape::Event
+        }
+    }
+
+    /// The type of the provider's error event, when one came and its type is known (a
+    /// format's error, typed by the inspector; Gemini's, by its code).
+    pub fn error_type(&self) -> Option<ErrorType> {
+        match &self.reader {
+            Reader::Inspected(i) => i.tokens().error,
+            Reader::Gemini(g) => g.error(),
+            _ => None,
+        }
     }
 
     /// The body that just ended by itself ended short: an SSE body with half an event, or
@@ -73,6 +116,7 @@ impl Progress {
             }
             Reader::Events(s) => s.open_event(),
             Reader::Inspected(i) => i.ended_short(),
+            Reader::Gemini(g) => g.open_event(),
         }
     }
 
@@ -111,7 +155,7 @@ impl Progress {
     pub fn tokens(&self) -> Option<Tokens> {
         match &self.reader {
             Reader::Opaque { inspector, .. } => inspector.as_ref().map(Inspector::tokens),
-            Reader::Events(_) => None,
+            Reader::Events(_) | Reader::Gemini(_) => None,
             Reader::Inspected(i) => Some(i.tokens()),
         }
     }
@@ -123,6 +167,7 @@ impl Progress {
             Reader::Opaque { .. } => false,
             Reader::Events(s) => s.error_pending(),
             Reader::Inspected(i) => i.error_pending(),
+            Reader::Gemini(g) => g.error_pending(),
         }
     }
 
@@ -133,6 +178,7 @@ impl Progress {
             Reader::Opaque { .. } => false,
             Reader::Events(s) => s.ends_in_blank_cr(),
             Reader::Inspected(i) => i.ends_in_blank_cr(),
+            Reader::Gemini(g) => g.ends_in_blank_cr(),
         }
     }
 
@@ -198,6 +244,7 @@ impl Progress {
                 (scan, scan.progress > 0)
             }
             Reader::Inspected(inspector) => inspector.read(data),
+            Reader::Gemini(g) => g.read(data),
         };
         Read {
             output,

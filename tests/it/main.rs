@@ -18,6 +18,7 @@ mod descriptors;
 mod ejection;
 mod empty_streams;
 mod faults;
+mod gemini;
 mod h2_upstream;
 mod limits;
 mod ops;
