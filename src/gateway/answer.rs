@@ -292,8 +292,9 @@ impl Gateway {
                         record.connection_streams(),
                     );
                     let reaped = body.reaped_by();
-                    let progress =
-                        Progress::new(readable_sse, inspector).gemini_errors(gemini_stream);
+                    let progress = Progress::new(readable_sse, inspector)
+                        .gemini_errors(gemini_stream)
+                        .ndjson(lines);
                     let mut limits = started.limits;
                     // A stream is cut when its run's tokens run out; a JSON document has
                     // arrived, paid for, by the time its usage is read: it is delivered, and

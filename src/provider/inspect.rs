@@ -39,6 +39,7 @@ use crate::provider::{status_of_code, ErrorType, Format};
 mod event;
 pub mod gemini;
 mod json;
+pub mod ndjson;
 mod shape;
 mod tokens;
 
