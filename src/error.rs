@@ -443,6 +443,12 @@ fn write_json(out: &mut Vec<u8>, value: &impl serde::Serialize) {
 pub enum StreamErrorShape {
     /// `event: error` and the error object (OpenAI's and Anthropic's SDKs).
     Event,
+    /// A data-only event in Gemini's error shape, `{"error":{"code":504,"message","status"}}`,
+    /// for Gemini's native streams (`:streamGenerateContent?alt=sse`): google-genai reads
+    /// any line but `data: ` as raw JSON, and raised "Failed to parse response as JSON" at
+    /// `event: error` (audit WB 6); its own errors it raises with their message. A gateway
+    /// in front of this one reads it as its upstream's error (break audit YB 1).
+    Gemini,
     /// One NDJSON line, `{"error":TEXT,"code","type"}`: Ollama's in-band error, which
     /// ollama-python raises as `ResponseError` with the text (audit WB 7).
     Line,
@@ -1000,8 +1006,60 @@ impl GatewayError {
     pub fn stream_error(&self, shape: StreamErrorShape, sequence_number: Option<u64>) -> Bytes {
         match shape {
             StreamErrorShape::Event => self.sse_event(sequence_number),
+            StreamErrorShape::Gemini => self.gemini_event(),
             StreamErrorShape::Line => self.ndjson_line(),
         }
+    }
+
+    /// Gemini's error event: its HTTP status as the numeric `code` (google-genai makes its
+    /// `status_code` of it, and raises `ServerError` for a 5xx), the gRPC status name that
+    /// Google pairs with it, and the gateway's code as the reason of an `ErrorInfo` detail.
+    fn gemini_event(&self) -> Bytes {
+        #[derive(serde::Serialize)]
+        struct Detail {
+            #[serde(rename = "@type")]
+            kind: &'static str,
+            reason: &'static str,
+            domain: &'static str,
+        }
+        #[derive(serde::Serialize)]
+        struct Error {
+            code: u16,
+            message: String,
+            status: &'static str,
+            details: [Detail; 1],
+        }
+        #[derive(serde::Serialize)]
+        struct Data {
+            error: Error,
+        }
+        let status = self.status();
+        // google.rpc.Code's HTTP mapping.
+        let name = match status.as_u16() {
+            504 => "DEADLINE_EXCEEDED",
+            429 => "RESOURCE_EXHAUSTED",
+            502 | 503 => "UNAVAILABLE",
+            _ => "INTERNAL",
+        };
+        let mut out = Vec::with_capacity(320);
+        out.extend_from_slice(b"data: ");
+        write_json(
+            &mut out,
+            &Data {
+                error: Error {
+                    code: status.as_u16(),
+                    message: self.to_string(),
+                    status: name,
+                    details: [Detail {
+                        kind: "type.googleapis.com/google.rpc.ErrorInfo",
+                        reason: self.code(),
+                        domain: "hourglass",
+                    }],
+                },
+            },
+        );
+        out.extend_from_slice(b"\n\n");
+        Bytes::from(out)
     }
 
     /// Ollama's in-band error line: `error` is the text (all that ollama-python reads), the

@@ -24,7 +24,7 @@ use crate::budget::{names, Budget};
 use crate::error::GatewayError;
 use crate::gateway::template::Outgoing;
 use crate::http::headers::{answer_framing_fault, answers_without_content, BodyShape};
-use crate::provider::inspect::Inspector;
+use crate::provider::inspect::{gemini, Inspector};
 use crate::provider::{ErrorType, Format};
 use crate::stream::progress::Progress;
 use crate::stream::timer::recheck_at;
@@ -156,6 +156,8 @@ impl<'a> Attempt<'a> {
         // before any answer (see `classify`). Only one of a safe method (GET, HEAD, OPTIONS):
         // a DELETE or PUT is idempotent, but the first one may have acted (audit NA 3).
         let resendable = bodiless && req.method().is_safe();
+        // Gemini's native stream is read for its error event (break audit YB 1).
+        let gemini = gemini::streams(req.uri().path());
         let (parts, body) = req.into_parts();
         let (body, sent) = RequestBody::new(body, upstream.may_speak_h2());
         let mut req = http::Request::from_parts(parts, body);
@@ -447,7 +449,7 @@ impl<'a> Attempt<'a> {
                 // grow every request's future by its size.
                 (first_token_at, first_byte_at, error_event) = Box::pin(hold_until_first_token(
                     &mut body,
-                    Progress::new(is_sse, inspector),
+                    Progress::new(is_sse, inspector).gemini_errors(gemini),
                     &limits,
                 ))
                 .await?;
@@ -631,7 +633,7 @@ async fn hold_until_first_token(
                     // The upstream's own error event: no token will come. It is the
                     // upstream's answer to pass through, unless its type says the route may
                     // try again (`retry::answer_cause`).
-                    let kind = progress.tokens().and_then(|t| t.error);
+                    let kind = progress.error_type();
                     return Ok((None, Some(byte_at), Some(kind.unwrap_or(ErrorType::Other))));
                 }
             }

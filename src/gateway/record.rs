@@ -138,6 +138,9 @@ pub struct RequestRecord {
     ttfb_observed: bool,
     /// What the stream's inspector counted (only for a known format).
     tokens: Option<Tokens>,
+    /// The type of the provider's error event, as its reader typed it (Gemini's stream too,
+    /// which has no inspector).
+    provider_error: Option<ErrorType>,
     bytes: u64,
     /// The bytes of the client's body (the access line's size): what the gateway handed
     /// over, as it streamed or in one piece, which on an assembled answer is not what came
@@ -241,6 +244,7 @@ impl RequestRecord {
             ttft_observed: false,
             ttfb_observed: false,
             tokens: None,
+            provider_error: None,
             bytes: 0,
             sent: 0,
             answer_bytes: 0,
@@ -951,11 +955,13 @@ impl RequestRecord {
 }
 
 impl RequestRecord {
-    /// The provider's own mid-stream error: the type the inspector read, or `other` for an
-    /// error event it could not name (or that came on a stream of unknown format).
+    /// The provider's own mid-stream error: the type the inspector (or Gemini's reader)
+    /// read, or `other` for an error event it could not name (or that came on a stream of
+    /// unknown format).
     fn stream_error(&self) -> Option<ErrorType> {
         self.tokens
             .and_then(|t| t.error)
+            .or(self.provider_error)
             .or_else(|| (self.code == Some("upstream_error_event")).then_some(ErrorType::Other))
     }
 }
@@ -1002,6 +1008,10 @@ impl Observer for RequestRecord {
 
     fn tokens(&mut self, tokens: Tokens) {
         self.tokens = Some(tokens);
+    }
+
+    fn provider_error(&mut self, kind: Option<ErrorType>) {
+        self.provider_error = kind;
     }
 
     /// Not `ok` with every byte (audit KC 1): reported as a request dropped unfinished, the

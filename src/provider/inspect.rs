@@ -37,7 +37,9 @@ use crate::provider::tools::ToolCalls;
 use crate::provider::{status_of_code, ErrorType, Format};
 
 mod event;
+pub mod gemini;
 mod json;
+pub mod ndjson;
 mod shape;
 mod tokens;
 

@@ -5,6 +5,7 @@ use tokio::time::Instant;
 
 use crate::error::GatewayError;
 use crate::provider::inspect::Tokens;
+use crate::provider::ErrorType;
 
 /// How a stream ended, as the watchdog saw it.
 #[derive(Debug)]
@@ -46,6 +47,9 @@ pub trait Observer {
     fn undelivered(&mut self) {}
     /// What the inspector counted, told once when the body is dropped (only with one).
     fn tokens(&mut self, _tokens: Tokens) {}
+    /// The type of the provider's error event, when one came and its type is known (told
+    /// once when the body is dropped, with or without an inspector: Gemini's stream has none).
+    fn provider_error(&mut self, _kind: Option<ErrorType>) {}
     /// The tool calls the answer asked for (canonical form, first name), told once when the
     /// body is dropped (only when they were gathered).
     fn tool_calls(&mut self, _calls: Option<(Vec<u8>, String)>) {}

@@ -4,14 +4,20 @@
 //! and by an attempt that holds its head until the first token: both decide the first token
 //! here and nowhere else.
 
+use crate::error::StreamErrorShape;
 use crate::http::sse::{LeftOut, SseScanner};
 use crate::provider::assemble::Assembler;
+use crate::provider::inspect::gemini::GeminiErrors;
+use crate::provider::inspect::ndjson::NdjsonEnd;
 use crate::provider::inspect::{Inspector, Tokens};
+use crate::provider::ErrorType;
 
 /// The reader of one response body.
 #[derive(Debug, Clone)]
 pub struct Progress {
     reader: Reader,
+    /// Gemini's native stream (`gemini_errors`), whatever reads it.
+    gemini: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -27,6 +33,11 @@ enum Reader {
     Events(SseScanner),
     /// SSE of a known format: the inspector reads the events' data as the scanner passes.
     Inspected(Inspector),
+    /// Gemini's native stream, of no format the upstream's `api` reads: events, and its
+    /// data-only error event (see `provider::inspect::gemini`).
+    Gemini(GeminiErrors),
+    /// An NDJSON answer (Ollama's), read for its `"done": true` line: the answer's end.
+    Lines(NdjsonEnd),
 }
 
 /// What one piece of the body held.
@@ -60,7 +71,62 @@ impl Progress {
             (true, None) => Reader::Events(SseScanner::new()),
             (true, Some(inspector)) => Reader::Inspected(inspector),
         };
-        Self { reader }
+        Self {
+            reader,
+            gemini: false,
+        }
+    }
+
+    /// Reads an SSE body of no known format as Gemini's native stream, for its error event,
+    /// when `gemini` (its request's path says so: `gemini::streams`). Decided once per
+    /// request: every other stream is read as before, at no cost.
+    pub fn gemini_errors(mut self, gemini: bool) -> Self {
+        if gemini && matches!(self.reader, Reader::Events(_)) {
+            self.reader = Reader::Gemini(GeminiErrors::new());
+        }
+        self.gemini = gemini;
+        self
+    }
+
+    /// Reads a body of no known format as NDJSON (`lines`: a 2xx `application/x-ndjson`
+    /// answer), for the line that ends its answer (see `provider::inspect::ndjson`): once
+    /// that line ended, the answer is whole, as an SSE answer is at its final event, and what
+    /// stops the stream after it (the upstream holding its connection open, a limit) is no
+    /// error (break audit YB 3). Every byte is still a token, as of any body that is not SSE.
+    pub fn ndjson(mut self, lines: bool) -> Self {
+        if lines
+            && matches!(
+                self.reader,
+                Reader::Opaque {
+                    inspector: None,
+                    ..
+                }
+            )
+        {
+            self.reader = Reader::Lines(NdjsonEnd::new());
+        }
+        self
+    }
+
+    /// How a cut of this SSE body writes its error: in Gemini's shape on its native stream,
+    /// which google-genai reads and a gateway in front reads as this one reads it (WB 6,
+    /// break audit YB 1); else `event: error`.
+    pub fn error_shape(&self) -> StreamErrorShape {
+        if self.gemini {
+            StreamErrorShape::Gemini
+        } else {
+            StreamErrorShape::Event
+        }
+    }
+
+    /// The type of the provider's error event, when one came and its type is known (a
+    /// format's error, typed by the inspector; Gemini's, by its code).
+    pub fn error_type(&self) -> Option<ErrorType> {
+        match &self.reader {
+            Reader::Inspected(i) => i.tokens().error,
+            Reader::Gemini(g) => g.error(),
+            _ => None,
+        }
     }
 
     /// The body that just ended by itself ended short: an SSE body with half an event, or
@@ -73,13 +139,20 @@ impl Progress {
             }
             Reader::Events(s) => s.open_event(),
             Reader::Inspected(i) => i.ended_short(),
+            Reader::Gemini(g) => g.open_event(),
+            Reader::Lines(_) => false,
         }
     }
 
-    /// The SSE answer of a known format has ended (see `Inspector::answer_ended`): nothing
-    /// that cuts the stream now leaves it short.
+    /// The SSE answer of a known format has ended (see `Inspector::answer_ended`), or the
+    /// `"done": true` line of an NDJSON one (`ndjson`): nothing that cuts the stream now
+    /// leaves it short.
     pub fn answer_ended(&self) -> bool {
-        matches!(&self.reader, Reader::Inspected(i) if i.answer_ended())
+        match &self.reader {
+            Reader::Inspected(i) => i.answer_ended(),
+            Reader::Lines(l) => l.over(),
+            _ => false,
+        }
     }
 
     /// The SSE answer of a known format had its end marker before it ended (see
@@ -89,13 +162,17 @@ impl Progress {
     }
 
     /// The SSE answer of a known format has had its final event (see
-    /// `Inspector::answer_over`).
+    /// `Inspector::answer_over`), or an NDJSON one its `"done": true` line.
     pub fn answer_over(&self) -> bool {
-        matches!(&self.reader, Reader::Inspected(i) if i.answer_over())
+        match &self.reader {
+            Reader::Inspected(i) => i.answer_over(),
+            Reader::Lines(l) => l.over(),
+            _ => false,
+        }
     }
 
     pub fn is_sse(&self) -> bool {
-        !matches!(self.reader, Reader::Opaque { .. })
+        !matches!(self.reader, Reader::Opaque { .. } | Reader::Lines(_))
     }
 
     /// The `sequence_number` of an event appended to a Responses stream (see
@@ -111,7 +188,7 @@ impl Progress {
     pub fn tokens(&self) -> Option<Tokens> {
         match &self.reader {
             Reader::Opaque { inspector, .. } => inspector.as_ref().map(Inspector::tokens),
-            Reader::Events(_) => None,
+            Reader::Events(_) | Reader::Gemini(_) | Reader::Lines(_) => None,
             Reader::Inspected(i) => Some(i.tokens()),
         }
     }
@@ -120,9 +197,10 @@ impl Progress {
     /// piece says whether an LF belongs to it (see `SseScanner::error_pending`).
     pub fn error_pending(&self) -> bool {
         match &self.reader {
-            Reader::Opaque { .. } => false,
+            Reader::Opaque { .. } | Reader::Lines(_) => false,
             Reader::Events(s) => s.error_pending(),
             Reader::Inspected(i) => i.error_pending(),
+            Reader::Gemini(g) => g.error_pending(),
         }
     }
 
@@ -130,9 +208,10 @@ impl Progress {
     /// `SseScanner::ends_in_blank_cr`).
     pub fn ends_in_blank_cr(&self) -> bool {
         match &self.reader {
-            Reader::Opaque { .. } => false,
+            Reader::Opaque { .. } | Reader::Lines(_) => false,
             Reader::Events(s) => s.ends_in_blank_cr(),
             Reader::Inspected(i) => i.ends_in_blank_cr(),
+            Reader::Gemini(g) => g.ends_in_blank_cr(),
         }
     }
 
@@ -198,6 +277,14 @@ impl Progress {
                 (scan, scan.progress > 0)
             }
             Reader::Inspected(inspector) => inspector.read(data),
+            Reader::Gemini(g) => g.read(data),
+            Reader::Lines(l) => {
+                l.read(data);
+                return Read {
+                    output: !data.is_empty(),
+                    ..Read::default()
+                };
+            }
         };
         Read {
             output,

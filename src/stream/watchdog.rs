@@ -228,6 +228,7 @@ pin_project! {
                 this.observer.tokens(tokens);
                 this.observer.tool_calls(this.progress.tool_calls());
             }
+            this.observer.provider_error(this.progress.error_type());
         }
     }
 }
@@ -252,7 +253,7 @@ where
             _ => limits.first_token_deadline,
         }
         .min(limits.deadline);
-        let is_sse = progress.is_sse();
+        let sse = progress.is_sse().then(|| Sse::new(progress.error_shape()));
         let length = match inner.size_hint().exact() {
             None => Length::Unknown,
             Some(0) => Length::Zero,
@@ -267,7 +268,7 @@ where
             last_out,
             rechecked: None,
             progress,
-            sse: is_sse.then(|| Sse::new(StreamErrorShape::Event)),
+            sse,
             ready: VecDeque::new(),
             state: State::Streaming,
             length,

@@ -764,13 +764,14 @@ async fn an_idle_cut_of_a_streamed_json_array_keeps_the_elements_sent() {
     drop(tx);
 }
 
-/// Break audit YB 1: WB 6 ended a cut `:streamGenerateContent` stream with a data-only event
-/// in Gemini's error shape, which google-genai reads; but a gateway in front of this one read
-/// it as output: the cut counted `ok`, the error as the first token. A cut Gemini stream ends
-/// with the `event: error` every SSE stream ends with, which a chained Hourglass reads as its
-/// upstream's error (google-genai reports it as a parse failure: errors.md says so).
+/// Audit WB 6: google-genai reads every line of a native Gemini stream that is not `data: `
+/// as raw JSON, so the gateway's `event: error` line raised "Failed to parse response as
+/// JSON" and the limit that fired was never named. On a `:streamGenerateContent` stream a
+/// cut is written as Gemini writes its own errors: one data-only event, `{"error":{"code",
+/// "message","status"}}` with a numeric code, which the SDK raises as the error it names
+/// (and a gateway in front of this one reads as its upstream's error: `gemini.rs`, YB 1).
 #[tokio::test]
-async fn a_cut_gemini_stream_ends_with_the_error_event_a_chained_gateway_reads() {
+async fn a_cut_gemini_stream_ends_with_an_error_in_geminis_shape() {
     let (up, tx) = stepped_upstream().await;
     let toml = BASE.replace("{FAKE}", &format!("http://{up}"))
         + "\n[[routes]]\nname = \"gemini\"\npath_prefix = \"/v1beta/\"\nupstream = \"fake\"\n";
@@ -788,9 +789,24 @@ async fn a_cut_gemini_stream_ends_with_the_error_event_a_chained_gateway_reads()
     let read = read_body(resp.into_body()).await;
     assert_eq!(read.error, None);
     let text = read.text();
-    assert!(text.starts_with(chunk), "{text:?}");
-    let event = read.error_event().unwrap_or_else(|| panic!("{text:?}"));
-    assert_eq!(event["code"], "idle_timeout", "{event}");
+    let rest = text
+        .strip_prefix(chunk)
+        .unwrap_or_else(|| panic!("{text:?}"));
+    assert!(!rest.contains("event:"), "{rest:?}");
+    let data = rest
+        .strip_prefix("data: ")
+        .and_then(|d| d.strip_suffix("\n\n"))
+        .unwrap_or_else(|| panic!("one data-only event: {rest:?}"));
+    let v: serde_json::Value = serde_json::from_str(data).unwrap();
+    assert_eq!(v["error"]["code"], 504, "{v}");
+    assert_eq!(v["error"]["status"], "DEADLINE_EXCEEDED", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("idle timeout"),
+        "{v}"
+    );
     drop(tx);
 }
 

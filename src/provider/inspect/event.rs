@@ -34,6 +34,8 @@ pub(super) struct Event {
     pub(super) choices_wide: bool,
     /// A top-level `error` object, or `"type": "error"`: the provider's error event.
     pub(super) error: bool,
+    /// The top-level `error` is an object (Gemini's error event is only that: see `gemini`).
+    pub(super) error_object: bool,
     /// An error nested in the answer (`response.failed`): counted, not an end.
     pub(super) nested_error: bool,
     /// A `response.failed`, with or without an error object.

@@ -727,7 +727,10 @@ impl Json {
             }
         };
         match ctx {
-            Ctx::ErrorRoot => ev.error = true,
+            Ctx::ErrorRoot => {
+                ev.error = true;
+                ev.error_object = true;
+            }
             Ctx::ErrorNested => ev.nested_error = true,
             Ctx::Choices => ev.choices = true,
             Ctx::Choice => {

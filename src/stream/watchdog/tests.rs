@@ -1030,6 +1030,50 @@ async fn data_only_keep_alives_do_not_move_the_idle_limit() {
     }
 }
 
+/// Audit WB 6: a cut Gemini stream ends with one data-only event in Gemini's error shape
+/// (google-genai parses every line but `data: ` as JSON), its numeric code the status.
+#[tokio::test(start_paused = true)]
+async fn a_cut_gemini_stream_gets_a_data_only_error_in_geminis_shape() {
+    let (tx, rx) = Channel::<Bytes, std::io::Error>::new(64);
+    let probe = Probe::default();
+    let progress = Progress::new(true, None).gemini_errors(true);
+    let mut b = Box::pin(WatchdogBody::reading(
+        rx,
+        progress,
+        limits(1000, 300, 10_000),
+        probe.clone(),
+    ));
+    let t = feeder(
+        tx,
+        vec![
+            (10, "data: {\"candidates\":[]}\r\n\r\n"),
+            (10, "data: {\"cand"),
+        ],
+    );
+    let (out, err) = drain(&mut b).await;
+    assert!(err.is_none());
+    let text = String::from_utf8(out).unwrap();
+    let event = text
+        .strip_prefix("data: {\"candidates\":[]}\r\n\r\n")
+        .unwrap();
+    assert!(!event.contains("event:"), "{event}");
+    let data = event
+        .strip_prefix("data: ")
+        .unwrap()
+        .strip_suffix("\n\n")
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(data).unwrap();
+    assert_eq!(v["error"]["code"], 504);
+    assert_eq!(v["error"]["status"], "DEADLINE_EXCEEDED");
+    assert_eq!(v["error"]["details"][0]["reason"], "idle_timeout");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("silent for 300ms"));
+    assert_eq!(probe.0.lock().unwrap().end.as_deref(), Some("idle_timeout"));
+    drop(t);
+}
+
 /// Audit WB 7: an NDJSON body holds a line incomplete at a frame's end until its newline
 /// (nothing of it goes out before), and a cut drops it and ends the body cleanly with an
 /// error line in Ollama's shape; a body that ends by itself sends a last line without its
