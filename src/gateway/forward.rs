@@ -37,7 +37,7 @@ use crate::http::hops::{decrement_max_forwards, hops, via, HOURGLASS_HOPS, MAX_H
 use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::background::{detached, Detached};
 use crate::provider::request::{head_of, Head, Unreadable};
-use crate::provider::Format;
+use crate::provider::{may_generate, Format};
 
 impl Gateway {
     /// Not an `async fn`, and the request taken apart before the future is made: an
@@ -450,6 +450,7 @@ impl Gateway {
             let accept_encoding = client_accept_encoding(&headers);
             headers.insert(header::ACCEPT_ENCODING, IDENTITY);
             insert_request_id(&mut headers, id);
+            let generates = may_generate(&method, &forwarded, background);
             let template = Template {
                 method,
                 path_and_query: match forwarded {
@@ -476,6 +477,7 @@ impl Gateway {
                 model,
                 choices,
                 detached,
+                generates,
             };
             if let Some(admission) = &route.admission {
                 let slot = admission

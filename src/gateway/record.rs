@@ -830,7 +830,12 @@ impl RequestRecord {
         }
         // Only a token of a 2xx answer is noted (`first_token`), whatever ended the request
         // after it: an assembled answer cut by a limit had its first token all the same.
-        let ttft = self.first_token_at.map(|t| t - self.arrival);
+        // As the histogram: a call in which the model generates nothing (a count of tokens,
+        // a stored response read) has a first byte, not a first token (audit ZD 3).
+        let ttft = self
+            .first_token_at
+            .filter(|_| self.ttft_observed)
+            .map(|t| t - self.arrival);
         let ttfb = self.first_byte_at.map(|t| t - self.arrival);
         if let Some(a) = &self.answer_metrics {
             if let Some(p) = self.tokens.and_then(|t| t.prompt()) {

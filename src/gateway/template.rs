@@ -41,12 +41,23 @@ pub struct Template {
     /// A call whose work goes on at the provider when its connection closes (an OpenAI
     /// background response, or its stream resumed).
     pub detached: Option<Detached>,
+    /// The call may have the model generate (`provider::may_generate`).
+    pub generates: bool,
 }
 
 impl Template {
-    /// What an attempt on `upstream` is expected to take until its first token.
+    /// What an attempt on `upstream` is expected to take until its first token: nothing
+    /// more than `min_useful` for a call in which the model generates nothing (a count of
+    /// tokens, a stored response, a batch), answered in milliseconds. Held to its model's
+    /// time to a generation's first token, a `count_tokens` of a thinking model was refused
+    /// `insufficient_budget` with 1.5 s left (audit ZD 2); such calls take no sample of it
+    /// either (audit UC 4).
     pub fn expected_ttft(&self, upstream: &Upstream) -> Duration {
-        upstream.expected_ttft(self.model.as_deref())
+        if self.generates {
+            upstream.expected_ttft(self.model.as_deref())
+        } else {
+            Duration::ZERO
+        }
     }
 }
 

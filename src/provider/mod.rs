@@ -58,17 +58,37 @@ impl Format {
     pub fn detect(api: Api, path: &str) -> Option<Format> {
         let path = path.split('?').next().unwrap_or_default();
         let path = path.trim_end_matches('/');
-        if api != Api::Auto && below_call(path) {
+        if api != Api::Auto && below_call(path) && !Format::compaction(api, path) {
             return None;
         }
         match api {
             Api::Anthropic => Some(Format::Messages),
-            Api::OpenAi if path.ends_with("/responses") => Some(Format::Responses),
+            Api::OpenAi if path.ends_with("/responses") || compacts(path) => {
+                Some(Format::Responses)
+            }
             Api::OpenAi => Some(Format::Chat),
             Api::Auto if path.ends_with("/v1/messages") => Some(Format::Messages),
             Api::Auto if path.ends_with("/chat/completions") => Some(Format::Chat),
             Api::Auto if path.ends_with("/v1/responses") => Some(Format::Responses),
+            Api::Auto if Format::compaction(api, path) => Some(Format::Responses),
             Api::Auto => None,
+        }
+    }
+
+    /// Whether `path` (query allowed) is OpenAI's `POST …/responses/compact` on an upstream
+    /// that speaks `api` (`auto`: under `/v1/`): a model pass over a conversation that
+    /// shrinks it, answered as one document with a Responses `usage`. Below `…/responses`
+    /// by its path, it is a call of the model all the same: its usage counts, and a run
+    /// reserves tokens for it and is charged them (audit ZD 1: three compactions reporting
+    /// 43,000 tokens each left a run of 1,500 with 1,500). It is no call `stream_upstream`
+    /// may ask to stream: it takes no `stream`.
+    pub fn compaction(api: Api, path: &str) -> bool {
+        let path = path.split('?').next().unwrap_or_default();
+        let path = path.trim_end_matches('/');
+        match api {
+            Api::OpenAi => compacts(path),
+            Api::Auto => path.ends_with("/v1/responses/compact"),
+            Api::Anthropic => false,
         }
     }
 
@@ -106,6 +126,8 @@ impl Format {
             Api::OpenAi if path.ends_with("/chat/completions") => Some(Format::Chat),
             Api::OpenAi if path.ends_with("/responses") => Some(Format::Responses),
             Api::Anthropic | Api::OpenAi => None,
+            // A compaction takes no `stream` (`Format::compaction`).
+            Api::Auto if Format::compaction(api, path) => None,
             Api::Auto => Format::detect(api, path),
         }
     }
@@ -137,6 +159,11 @@ fn below_call(path: &str) -> bool {
     false
 }
 
+/// A path (without its query) that ends in `/responses/compact` (see `Format::compaction`).
+fn compacts(path: &str) -> bool {
+    path.trim_end_matches('/').ends_with("/responses/compact")
+}
+
 /// Whether a request may be a call in which the model generates, as far as its method, path
 /// and body tell: a `POST` to no path below one of the APIs' calls (a stored response, its
 /// `/cancel`, a count of tokens, a batch), other than a background response created without
@@ -145,7 +172,9 @@ fn below_call(path: &str) -> bool {
 /// time-to-first-token histogram takes only these (audit UC 4); a path the gateway does not
 /// know stays in, as before.
 pub fn may_generate(method: &http::Method, path: &str, background: bool) -> bool {
-    method == http::Method::POST && !background && !below_call(path)
+    method == http::Method::POST
+        && !background
+        && (!below_call(path) || compacts(path.split('?').next().unwrap_or_default()))
 }
 
 /// The type of a provider's mid-stream error, as the `type` label of
@@ -340,6 +369,44 @@ mod tests {
             "/v1/responses/resp_1",
             false
         ));
+        // A compaction is a model pass (audit ZD 1); a count of input tokens is not.
+        assert!(may_generate(&Method::POST, "/v1/responses/compact", false));
+        assert!(!may_generate(
+            &Method::POST,
+            "/v1/responses/input_tokens",
+            false
+        ));
+    }
+
+    #[test]
+    fn a_compaction_is_read_as_a_responses_call_and_no_other_path_below_one_is() {
+        use super::Format;
+        for (api, path, read) in [
+            (
+                Api::OpenAi,
+                "/v1/responses/compact",
+                Some(Format::Responses),
+            ),
+            (
+                Api::OpenAi,
+                "/openai/responses/compact/?x=1",
+                Some(Format::Responses),
+            ),
+            (Api::Auto, "/v1/responses/compact", Some(Format::Responses)),
+            (Api::Auto, "/x/responses/compact", None),
+            (Api::Anthropic, "/v1/responses/compact", None),
+            (Api::OpenAi, "/v1/responses/input_tokens", None),
+            (Api::OpenAi, "/v1/responses/resp_1/compact", None),
+        ] {
+            assert_eq!(Format::detect(api, path), read, "{api} {path}");
+            assert_eq!(
+                Format::compaction(api, path),
+                read.is_some(),
+                "{api} {path}"
+            );
+            // Never one `stream_upstream` asks to stream.
+            assert_eq!(Format::call(api, path), None, "{api} {path}");
+        }
     }
 
     #[test]

@@ -286,8 +286,18 @@ impl Upstream {
     /// What else it serves (embeddings, moderations, files, audio, a count of tokens, a
     /// stored response polled, a list of models) asks none: such a call says nothing of a
     /// run's loop of tool calls (audit MA 1), and is charged none of its tokens (audit PC 5).
+    /// A compaction (`Format::compaction`) asks the model too.
     pub fn asks_model(&self, path: &str, body_len: u64) -> bool {
-        body_len > 0 && self.call_format(path).is_some()
+        if body_len == 0 {
+            return false;
+        }
+        let api = self.config.api;
+        let asks = |path: &str| Format::call(api, path).is_some() || Format::compaction(api, path);
+        if self.prefix.is_empty() {
+            asks(path)
+        } else {
+            asks(&format!("{}{path}", self.prefix))
+        }
     }
 
     /// The upstream URI for a client request's path and query. Put together from parts: a

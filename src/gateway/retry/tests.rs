@@ -46,6 +46,7 @@ fallbacks = ["b"]
         model: None,
         choices: None,
         detached: None,
+        generates: true,
     };
     let budget = crate::budget::BudgetRequest::from_headers(&HeaderMap::new())
         .unwrap()

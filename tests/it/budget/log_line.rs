@@ -222,3 +222,57 @@ async fn the_log_line_keeps_the_gateways_own_bytes_out_of_the_upstreams_timings(
     assert!(failed.get("ttfb_ms").is_some(), "{failed}");
     assert!(failed.get("ttft_ms").is_none(), "{failed}");
 }
+
+/// Audit ZD 2, ZD 3: a call in which the model generates nothing (a count of tokens) was held
+/// to its model's time to a generation's first token (refused `insufficient_budget` with 1 s
+/// left against a 1.5 s estimate, though it is answered in milliseconds), and its log line
+/// had a `ttft_ms` the first-token histogram leaves out. It needs only `min_useful`, and its
+/// log line has the first byte only, as the histogram has nothing.
+#[tokio::test]
+async fn a_count_of_tokens_is_no_generation_for_the_budget_or_the_log() {
+    let doc = r#"{"input_tokens":9}"#;
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{doc}",
+        doc.len()
+    );
+    let up = raw_upstream(vec![(Duration::ZERO, answer.into_bytes())]).await;
+    let toml = BASE.replace("{FAKE}", &format!("http://{up}")).replace(
+        "api_key_env = \"HOURGLASS_TEST_KEY_UNSET\"\n",
+        "expected_first_token = \"1500ms\"\n",
+    );
+    let p = Process::spawn(&toml, &["--log-format", "json"], &[]).await;
+    let count = |path: &str| {
+        Request::post(path)
+            .header("host", "x")
+            .header("content-type", "application/json")
+            .header("x-request-budget-ms", "1000")
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"claude-x","messages":[{"role":"user","content":"hi"}]}"#,
+            )))
+            .unwrap()
+    };
+    let (resp, _c) = Conn::open(p.addr)
+        .await
+        .send(count("/v1/messages/count_tokens"))
+        .await;
+    assert_eq!(resp.status(), 200, "a count needs no generation's time");
+    read_body(resp.into_body()).await;
+    // A generation of the same model is still held to the estimate.
+    let (resp, _c) = Conn::open(p.addr).await.send(count("/v1/messages")).await;
+    assert_eq!(resp.status(), 504);
+    assert_eq!(
+        json_body(resp).await["error"]["code"],
+        "insufficient_budget"
+    );
+    let (stdout, stderr) = p.stop().await;
+    let out = stdout + &stderr;
+    let counted = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+        .map(|v| v.get("fields").cloned().unwrap_or(v))
+        .find(|f| f.get("outcome").is_some() && f["status"] == 200)
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(counted.get("ttfb_ms").is_some(), "{counted}");
+    assert!(counted.get("ttft_ms").is_none(), "{counted}");
+}

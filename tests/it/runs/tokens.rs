@@ -704,3 +704,76 @@ async fn a_token_refusal_names_large_numbers_exactly(store: Store) {
         );
     }
 }
+
+/// Audit ZD 1: OpenAI's `POST /v1/responses/compact` is a model pass over the conversation
+/// that reports its usage, but its path is below `/responses`, where a stored response is
+/// read: it reserved nothing and was charged nothing (three compactions of 43,000 tokens each
+/// left a run of 1,500 with 1,500), and no token metric counted it. It is read as a Responses
+/// call: reserved, charged its reported usage, counted. Its count of input tokens
+/// (`/responses/input_tokens`) still asks the model nothing.
+#[tokio::test]
+async fn a_compaction_is_charged_its_reported_usage() {
+    let doc = r#"{"id":"cmp_1","object":"response.compaction","output":[],"usage":{"input_tokens":40000,"input_tokens_details":{"cached_tokens":30000},"output_tokens":3000,"output_tokens_details":{"reasoning_tokens":2000},"total_tokens":43000}}"#;
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{doc}",
+        doc.len()
+    );
+    let up = raw_upstream(vec![(Duration::ZERO, answer.into_bytes())]).await;
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[upstreams.openai]
+url = "http://{up}"
+auth = "none"
+api = "openai"
+
+[[routes]]
+name = "responses"
+path_prefix = "/v1"
+upstream = "openai"
+run_max_tokens = 50000
+run_token_estimate = 1000
+"#
+    );
+    let h = Harness::with_config(&config).await;
+    let call = |path: &str| {
+        Request::post(path)
+            .header("host", "gateway")
+            .header("content-type", "application/json")
+            .header("x-run-id", "compacting")
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"gpt-5.1","input":[{"role":"user","content":"a long conversation"}]}"#,
+            )))
+            .unwrap()
+    };
+    // A count of input tokens: no reservation, no charge.
+    let (resp, _c) = h.send(call("/v1/responses/input_tokens")).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(tokens_left(&resp), 50_000);
+    read_body(resp.into_body()).await;
+    // The compaction reserves the route's estimate ...
+    let (resp, _c) = h.send(call("/v1/responses/compact")).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    h.wait_requests("responses", 2.0).await;
+    // ... and is charged what it reported.
+    let run = run_json(&h, "compacting").await;
+    assert_eq!(run["runs"][0]["used"]["tokens"], 43_000, "{run}");
+    assert_eq!(run["runs"][0]["used"]["calls"], 2, "{run}");
+    let prompt = h
+        .metric(
+            "hourglass_tokens_total{kind=\"prompt\",route=\"responses\",source=\"reported\",upstream=\"openai\"}",
+        )
+        .await;
+    assert_eq!(prompt, 40_000.0);
+    // The 7,000 left fit a second one's reservation; the third finds the run spent.
+    let (resp, _c) = h.send(call("/v1/responses/compact")).await;
+    assert_eq!(resp.status(), 200);
+    read_body(resp.into_body()).await;
+    let (resp, _c) = h.send(call("/v1/responses/compact")).await;
+    assert_eq!(resp.status(), 429, "the run's tokens are spent");
+}
