@@ -115,6 +115,7 @@ enum Length {
 }
 
 pin_project! {
+    #[project = Watched]
     pub struct WatchdogBody<B, O>
     where
         O: Observer,
@@ -597,10 +598,12 @@ where
                     }
                     if let Some(end) = read.error_end {
                         // The upstream's own error event is passed through and ends the
-                        // stream; Hourglass adds none of its own after it.
-                        flush_held(this.sse, this.ready);
-                        if end > 0 {
-                            this.ready.push_back(data.slice(..end));
+                        // stream; Hourglass adds none of its own after it (see `error_field`).
+                        if !error_field::replaced(&mut this, &data, read.error_field) {
+                            flush_held(this.sse, this.ready);
+                            if end > 0 {
+                                this.ready.push_back(data.slice(..end));
+                            }
                         }
                         this.inner.set(None);
                         this.observer.finish(StreamEnd::UpstreamErrorEvent);
@@ -1108,6 +1111,7 @@ fn leave_out(
     // Both at or past the event's end: the last boundary, and an error after it.
     read.boundary = read.boundary.map(|b| b - event.end);
     read.error_end = read.error_end.map(|e| e - event.end);
+    read.error_field = error_field::shifted(read.error_field, event.end);
     (rest, read)
 }
 
@@ -1188,5 +1192,6 @@ fn cut<B, O: Observer>(
     }
 }
 
+mod error_field;
 #[cfg(test)]
 mod tests;
