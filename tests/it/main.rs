@@ -20,6 +20,7 @@ mod empty_streams;
 mod faults;
 mod h2_upstream;
 mod limits;
+mod llama_errors;
 mod ops;
 mod peer_headers;
 mod properties;
