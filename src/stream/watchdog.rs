@@ -115,7 +115,6 @@ enum Length {
 }
 
 pin_project! {
-    #[project = Watched]
     pub struct WatchdogBody<B, O>
     where
         O: Observer,
@@ -596,15 +595,18 @@ where
                         *this.end_by = Some(by);
                         this.timer.reset(by);
                     }
-                    if let Some(end) = read.error_end {
-                        // The upstream's own error event is passed through and ends the
-                        // stream; Hourglass adds none of its own after it (see `error_field`).
-                        if !error_field::replaced(&mut this, &data, read.error_field) {
-                            flush_held(this.sse, this.ready);
-                            if end > 0 {
-                                this.ready.push_back(data.slice(..end));
-                            }
-                        }
+                    if read.error_end.is_some() {
+                        // The upstream's own error event ends the stream; Hourglass adds none
+                        // of its own after it (see `error_field::pass`).
+                        error_field::pass(
+                            this.sse,
+                            this.ready,
+                            this.observer,
+                            this.progress,
+                            this.limits,
+                            &data,
+                            read,
+                        );
                         this.inner.set(None);
                         this.observer.finish(StreamEnd::UpstreamErrorEvent);
                         *this.state = State::Done;
