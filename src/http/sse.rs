@@ -10,7 +10,10 @@
 //!
 //! The scanner is the one reader of SSE lines in the gateway: what else needs an event's data
 //! (the provider inspector, which reads tokens and usage from it) is an [`EventSink`] that
-//! the scanner hands each `data` value to, in place, as it passes.
+//! the scanner hands each `data` value to, in place, as it passes. It also hands it the value
+//! of an `error` line, which the standard ignores: llama.cpp's server writes its error event
+//! as a block of that field alone, and a sink that reads it may end the stream there (see
+//! [`EventSink::error_field`]); a block with data is read as the standard reads it.
 //!
 //! Working on bytes instead of decoded text is exact here: the UTF-8 decoder the standard
 //! mandates never swallows an ASCII byte into a replacement character, so line terminators,
@@ -151,6 +154,9 @@ enum Line {
     Blank,
     Data,
     Event(EventType),
+    /// An `error` field: no WHATWG field, so it never makes a block dispatch, but its value
+    /// goes to the sink (see [`EventSink::error_field`]).
+    Error,
     /// Comments, `id`, `retry` and unknown fields: they never make a block dispatch.
     Ignored,
 }
@@ -171,6 +177,20 @@ pub trait EventSink {
     /// out of what the client gets (reported through [`Scan::left_out`]).
     #[inline]
     fn left_out(&mut self) -> bool {
+        false
+    }
+    /// The next piece of the value of an `error` line, which llama.cpp's server writes as its
+    /// error event inside a 200 stream (`error: {"code":400,...}`, a blank line, no `data`).
+    /// The standard ignores a field it does not know, and so does every SDK; the sink may
+    /// read it (see `error_block_end`). A line's end comes as `\n`.
+    #[inline]
+    fn error_field(&mut self, _value: &[u8]) {}
+    /// A block that had an `error` line ended (after `end_event`); `dispatched`: it had a
+    /// `data` line too, and the standard's reading stands (its data is the event). Returns
+    /// true when the sink reads the block, without data, as the provider's error: it ends the
+    /// stream as an `event: error` does, and is reported through [`Scan::error_field`].
+    #[inline]
+    fn error_block_end(&mut self, _dispatched: bool) -> bool {
         false
     }
 }
@@ -209,7 +229,7 @@ pub struct SseScanner {
     prefix: [u8; PREFIX],
     prefix_len: u8,
     /// In the value of a `data` line that straddles chunks: its rest goes to the sink.
-    /// `Value` once past the optional space after the colon.
+    /// `Value` once past the optional space after the colon. (`Error`: of an `error` line.)
     data_line: DataLine,
     /// The previous chunk ended with a CR, so an LF starting the next chunk finishes that
     /// same CRLF terminator rather than ending an extra (blank) line. With `stopped`, that
@@ -226,6 +246,8 @@ pub struct SseScanner {
     kind: EventType,
     /// Some non-blank line belongs to the open block.
     block_open: bool,
+    /// ... an `error` line among them (see [`EventSink::error_field`]).
+    error_field: bool,
     /// An `error` event was dispatched; nothing after it is scanned.
     stopped: bool,
 }
@@ -237,6 +259,9 @@ enum DataLine {
     /// Just after `data:`: one space may follow.
     Space,
     Value,
+    /// The value of an `error` line, past its optional space or not (that space is the
+    /// sink's to skip): rare, so it shares the `data` line's one test a chunk.
+    Error,
 }
 
 /// What [`SseScanner::scan`] found in one chunk. Offsets are relative to that chunk.
@@ -272,6 +297,11 @@ pub struct Scan {
     /// [`EventSink::left_out`]), with those left out just before it, one after another; or
     /// the LF of a left-out event whose blank line's CR ended the chunk before.
     pub left_out: Option<LeftOut>,
+    /// The error event at `error_end` came as a block with an `error` field and no data
+    /// (see [`EventSink::error_block_end`]): where it lies, for a writer to put an event a
+    /// client reads in its place. Its end is `error_end`, reported at once even at a CR that
+    /// ends the chunk: the block is replaced, its line end with it.
+    pub error_field: Option<LeftOut>,
 }
 
 /// Where an event to be left out lies in the chunk that ended it.
@@ -351,6 +381,15 @@ impl SseScanner {
             if self.data_line != DataLine::None {
                 // The rest of a `data` line begun in an earlier chunk.
                 let mut value = &rest[..found.unwrap_or(rest.len())];
+                if self.data_line == DataLine::Error {
+                    // ... or of an `error` line: its value is the sink's whole.
+                    sink.error_field(value);
+                    let Some(i) = found else { break };
+                    sink.error_field(b"\n");
+                    self.data_line = DataLine::None;
+                    pos = self.line_end(chunk, pos + i, false);
+                    continue;
+                }
                 if self.data_line == DataLine::Space && !value.is_empty() {
                     if value[0] == b' ' {
                         value = &value[1..];
@@ -386,7 +425,18 @@ impl SseScanner {
                             }
                         }
                     }
-                    None => self.push_prefix(rest),
+                    // An `error` line's value goes to the sink as it comes, as a `data`
+                    // line's; anything else keeps its first bytes.
+                    None => match self.field_start(rest, b"error:") {
+                        Some(at) => {
+                            self.prefix_len = 0;
+                            self.error_field = true;
+                            self.block_open = true;
+                            self.data_line = DataLine::Error;
+                            sink.error_field(&rest[at..]);
+                        }
+                        None => self.push_prefix(rest),
+                    },
                 }
                 break;
             };
@@ -400,9 +450,12 @@ impl SseScanner {
                     }
                     None => {
                         let line = classify(&body[..body.len().min(PREFIX)]);
-                        if line == Line::Data {
+                        match line {
                             // `data` without a colon: an empty value.
-                            sink.data(&[]);
+                            Line::Data => sink.data(&[]),
+                            // Past `error` and its colon, if it has one.
+                            Line::Error => sink.error_field(body.get(6..).unwrap_or_default()),
+                            _ => {}
                         }
                         line
                     }
@@ -414,10 +467,17 @@ impl SseScanner {
                         sink.data(value.strip_prefix(b" ").unwrap_or(value));
                         Line::Data
                     }
-                    None => {
-                        self.push_prefix(body);
-                        classify(&self.prefix[..usize::from(self.prefix_len)])
-                    }
+                    None => match self.field_start(body, b"error:") {
+                        Some(at) => {
+                            sink.error_field(&body[at..]);
+                            Line::Error
+                        }
+                        None => {
+                            self.push_prefix(body);
+                            // `error` alone, without a colon, is an empty value.
+                            classify(&self.prefix[..usize::from(self.prefix_len)])
+                        }
+                    },
                 };
                 self.prefix_len = 0;
                 line
@@ -426,7 +486,16 @@ impl SseScanner {
             match line {
                 Line::Blank => {
                     out.last_boundary = Some(pos);
-                    if self.end_block(&mut out, sink) {
+                    if let Some(field) = self.end_block(&mut out, sink) {
+                        if field {
+                            // Replaced for the client, line end and all: it ends here,
+                            // whatever follows its CR.
+                            self.pending_cr = false;
+                            out.error_field = Some(LeftOut {
+                                start: block_start,
+                                end: pos,
+                            });
+                        }
                         // A CR ending the chunk may be half of a CRLF: the next chunk tells.
                         out.error_end = (!self.pending_cr).then_some(pos);
                         self.stopped = true;
@@ -455,6 +524,11 @@ impl SseScanner {
                     self.kind = kind;
                     self.block_open = true;
                 }
+                Line::Error => {
+                    sink.error_field(b"\n");
+                    self.error_field = true;
+                    self.block_open = true;
+                }
                 Line::Ignored => self.block_open = true,
             }
         }
@@ -481,18 +555,25 @@ impl SseScanner {
 
     /// Where the value starts in `piece`, the continuation of the line in `prefix`, when the
     /// two together start with `data:` (the offset just past the colon).
+    #[inline]
     fn data_start(&self, piece: &[u8]) -> Option<usize> {
+        self.field_start(piece, b"data:")
+    }
+
+    /// Where the value starts in `piece`, the continuation of the line in `prefix`, when the
+    /// two together start with `field` (a field's name and its colon): just past the colon.
+    #[inline]
+    fn field_start(&self, piece: &[u8], field: &[u8]) -> Option<usize> {
         let have = usize::from(self.prefix_len);
-        const DATA: &[u8; 5] = b"data:";
         if have == 0 {
-            return piece.starts_with(DATA).then_some(5);
+            return piece.starts_with(field).then_some(field.len());
         }
-        // A prefix of five bytes or more is never a `data` line's (it would have become one).
-        if have >= DATA.len() || self.prefix[..have] != DATA[..have] {
+        // A prefix as long as the field is never its line's (it would have become one).
+        if have >= field.len() || self.prefix[..have] != field[..have] {
             return None;
         }
-        let need = DATA.len() - have;
-        (piece.len() >= need && piece[..need] == DATA[have..]).then_some(need)
+        let need = field.len() - have;
+        (piece.len() >= need && piece[..need] == field[have..]).then_some(need)
     }
 
     /// An error event ended with the last chunk's final byte, a CR: the next chunk's
@@ -521,7 +602,8 @@ impl SseScanner {
     /// An event is open that would have dispatched had its blank line come: it has a `data`
     /// line, or is in one. (A block of comments, `id:` or `retry:` dispatches nothing.)
     pub fn open_event(&self) -> bool {
-        !self.stopped && (self.has_data || self.data_line != DataLine::None)
+        !self.stopped
+            && (self.has_data || matches!(self.data_line, DataLine::Space | DataLine::Value))
     }
 
     /// Appends the next bytes of the line in progress, keeping only its first `PREFIX`.
@@ -534,22 +616,27 @@ impl SseScanner {
     }
 
     /// Ends the open block at a blank line, counting its event if it dispatches. Returns
-    /// true when the dispatched event is an `error`, or one the sink calls the provider's.
-    fn end_block<S: EventSink>(&mut self, out: &mut Scan, sink: &mut S) -> bool {
+    /// `Some` when the dispatched event is an `error`, or one the sink calls the provider's
+    /// (`Some(false)`), or a block of an `error` field and no data that the sink reads as the
+    /// provider's error (`Some(true)`).
+    fn end_block<S: EventSink>(&mut self, out: &mut Scan, sink: &mut S) -> Option<bool> {
         let dispatches = std::mem::take(&mut self.has_data);
         let kind = std::mem::take(&mut self.kind);
         self.block_open = false;
         let provider_error = sink.end_event(dispatches, kind);
+        if std::mem::take(&mut self.error_field) && sink.error_block_end(dispatches) {
+            return Some(true);
+        }
         if !dispatches {
-            return false;
+            return None;
         }
         match kind {
             EventType::Other => out.progress = out.progress.saturating_add(1),
             EventType::Ping => {}
-            EventType::Error => return true,
+            EventType::Error => return Some(false),
         }
         out.dispatched = out.dispatched.saturating_add(1);
-        provider_error
+        provider_error.then_some(false)
     }
 }
 
@@ -577,6 +664,7 @@ fn classify(head: &[u8]) -> Line {
     };
     match name {
         b"data" => Line::Data,
+        b"error" => Line::Error,
         b"event" => Line::Event(match value.strip_prefix(b" ").unwrap_or(value) {
             b"ping" | b"keepalive" => EventType::Ping,
             b"error" => EventType::Error,

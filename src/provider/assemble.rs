@@ -183,6 +183,15 @@ impl Assembler {
         }
     }
 
+    /// The provider's error came as a block with an `error` field and no data (see
+    /// `inspect::error_field`), read as the data-only error event `error` (`{"error":VALUE}`)
+    /// would be by `event_end`.
+    pub fn error_field(&mut self, error: Value) {
+        if !self.failed() {
+            self.error = Some(error);
+        }
+    }
+
     /// Bytes the answer holds so far, as its `limit` counts them: the event being gathered
     /// and the answer's text. What it takes from the memory answers share
     /// (`response_body_memory`) follows this.

@@ -20,12 +20,16 @@
 //! | Messages | its `type` | `content_block_delta` with a non-empty field besides `type`/`signature`; `content_block_start` of a block other than an empty text or thinking one (`tool_use`, ...) | `input_tokens` + cache writes + cache reads (prompt; each as the last `usage` that named it said), `usage.output_tokens` | `type: "error"`, `error.type` |
 //! | Responses | a `type` starting `response.` | a `response.*.delta` event with a non-empty `delta` | `response.usage.{input,output}_tokens` | `type: "error"` (`code`); `response.failed` (`response.error.code`: before any output, the provider's error event; after, counted, and the stream passes as it is) |
 //!
+//! In every format, a block with an `error` field and no `data` line (llama.cpp's error event,
+//! which the standard and the SDKs ignore) is the provider's error too (see `error_field`).
+//!
 //! So role-only preambles (`"content":""`), `message_start`, pings, `content_block_stop`,
 //! `response.created` and `data: [DONE]` are not tokens. An event that is not recognised at
 //! all (a provider shape Hourglass does not know) counts as a token, as every data event did
 //! before formats were known, so an unfamiliar stream cannot starve the first-token limit.
 //! Non-streaming JSON bodies are read the same way, for their top-level `usage` only.
 
+use self::error_field::ErrorField;
 use self::event::{Event, Kind};
 use self::json::Json;
 use self::shape::Shape;
@@ -36,6 +40,7 @@ use crate::provider::assemble::Assembler;
 use crate::provider::tools::ToolCalls;
 use crate::provider::{status_of_code, ErrorType, Format};
 
+mod error_field;
 mod event;
 pub mod gemini;
 mod json;
@@ -123,6 +128,11 @@ struct Extra {
     tools: Option<ToolCalls>,
     /// The document being rebuilt from the stream, for a client that did not stream.
     assembler: Option<Assembler>,
+    /// The `error` field of the open block, llama.cpp's error event (see `error_field`).
+    error_field: Option<ErrorField>,
+    /// The message of such an event, once one ended the stream: the client's error event
+    /// says it (see `Inspector::error_field_message`).
+    error_message: Option<String>,
 }
 
 impl Inspector {
@@ -315,6 +325,13 @@ impl Inspector {
             .then_some(u64::from(self.dispatched))
     }
 
+    /// The provider's message, when its error came as a block with an `error` field and no
+    /// data (see `error_field`): a client skips that block, so it is told in an event of the
+    /// gateway's.
+    pub fn error_field_message(&self) -> Option<&str> {
+        self.reader.extra.as_ref()?.error_message.as_deref()
+    }
+
     /// What has been counted so far.
     pub fn tokens(&self) -> Tokens {
         self.reader.tokens
@@ -417,6 +434,44 @@ impl EventSink for Reader {
     #[inline]
     fn left_out(&mut self) -> bool {
         std::mem::take(&mut self.leave_out)
+    }
+
+    /// Gathered in the formats read; a stream read for its usage only keeps the standard's
+    /// reading (only `event: error` ends it).
+    fn error_field(&mut self, value: &[u8]) {
+        if self.usage_only {
+            return;
+        }
+        let extra = self.extra.get_or_insert_with(Default::default);
+        extra
+            .error_field
+            .get_or_insert_with(Default::default)
+            .push(value);
+    }
+
+    /// A block with data is read as the standard reads it: its data is the event, and the
+    /// field is dropped (audit YC 1). One without is the provider's error, as a data-only
+    /// error object is (`end_event`): it begins the answer, is counted by its type, and
+    /// gives the document rebuilt from the stream its error.
+    fn error_block_end(&mut self, dispatched: bool) -> bool {
+        let Some(extra) = self.extra.as_mut() else {
+            return false;
+        };
+        let Some(field) = extra.error_field.take() else {
+            return false;
+        };
+        if dispatched {
+            return false;
+        }
+        let read = field.read();
+        if let Some(a) = extra.assembler.as_mut() {
+            a.error_field(read.event);
+        }
+        extra.error_message = Some(read.message);
+        self.began = true;
+        self.recognised = true;
+        self.tokens.error = Some(read.kind);
+        true
     }
 }
 

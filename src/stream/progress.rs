@@ -57,6 +57,10 @@ pub struct Read {
     /// An event the inspector leaves out of what the client gets ended in this piece (see
     /// `Inspector::hiding_usage`).
     pub left_out: Option<LeftOut>,
+    /// The provider's error at `error_end` came as a block with an `error` field and no data,
+    /// which clients skip: where it lies, to put an event they read in its place (see
+    /// `SseScanner`'s `Scan::error_field`).
+    pub error_field: Option<LeftOut>,
 }
 
 impl Progress {
@@ -184,6 +188,15 @@ impl Progress {
         }
     }
 
+    /// The provider's message of an error that came as an `error` field (see
+    /// `Inspector::error_field_message`).
+    pub fn error_field_message(&self) -> Option<&str> {
+        match &self.reader {
+            Reader::Inspected(i) => i.error_field_message(),
+            _ => None,
+        }
+    }
+
     /// What the inspector counted so far, when the format is known.
     pub fn tokens(&self) -> Option<Tokens> {
         match &self.reader {
@@ -292,6 +305,7 @@ impl Progress {
             boundary: scan.last_boundary,
             error_end: scan.error_end,
             left_out: scan.left_out,
+            error_field: scan.error_field,
         }
     }
 }

@@ -596,13 +596,18 @@ where
                         *this.end_by = Some(by);
                         this.timer.reset(by);
                     }
-                    if let Some(end) = read.error_end {
-                        // The upstream's own error event is passed through and ends the
-                        // stream; Hourglass adds none of its own after it.
-                        flush_held(this.sse, this.ready);
-                        if end > 0 {
-                            this.ready.push_back(data.slice(..end));
-                        }
+                    if read.error_end.is_some() {
+                        // The upstream's own error event ends the stream; Hourglass adds none
+                        // of its own after it (see `error_field::pass`).
+                        error_field::pass(
+                            this.sse,
+                            this.ready,
+                            this.observer,
+                            this.progress,
+                            this.limits,
+                            &data,
+                            read,
+                        );
                         this.inner.set(None);
                         this.observer.finish(StreamEnd::UpstreamErrorEvent);
                         *this.state = State::Done;
@@ -1109,6 +1114,7 @@ fn leave_out(
     // Both at or past the event's end: the last boundary, and an error after it.
     read.boundary = read.boundary.map(|b| b - event.end);
     read.error_end = read.error_end.map(|e| e - event.end);
+    read.error_field = error_field::shifted(read.error_field, event.end);
     (rest, read)
 }
 
@@ -1189,5 +1195,6 @@ fn cut<B, O: Observer>(
     }
 }
 
+mod error_field;
 #[cfg(test)]
 mod tests;

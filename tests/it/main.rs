@@ -21,6 +21,7 @@ mod faults;
 mod gemini;
 mod h2_upstream;
 mod limits;
+mod llama_errors;
 mod ollama;
 mod ops;
 mod peer_headers;

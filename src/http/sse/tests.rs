@@ -1,6 +1,9 @@
 use super::*;
 use proptest::prelude::*;
 
+/// llama.cpp's `error:` field, read by a sink that reads it (audit WB 2, YC 1).
+mod error_field;
+
 /// Feeds `chunks` in order; returns the per-chunk results and the final scanner.
 fn feed(chunks: &[&[u8]]) -> (Vec<Scan>, SseScanner) {
     let mut sc = SseScanner::new();
@@ -21,6 +24,7 @@ fn scan(last_boundary: Option<usize>, progress: u32, error_end: Option<usize>) -
         dispatched: progress,
         error_end,
         left_out: None,
+        error_field: None,
     }
 }
 

@@ -9,6 +9,9 @@ mod errors;
 /// The usage a stream reports, and the usage chunk left out of the client's stream.
 mod usage;
 
+/// llama.cpp's error event, a block of an `error` field and no data (audit WB 2).
+mod error_field;
+
 const CHAT: &str = include_str!("../../../tests/fixtures/openai_chat.sse");
 const CHAT_ERROR: &str = include_str!("../../../tests/fixtures/openai_chat_error.sse");
 const MESSAGES: &str = include_str!("../../../tests/fixtures/anthropic_messages.sse");
