@@ -231,6 +231,11 @@ fn accumulate(acc: &mut Map<String, Value>, delta: Map<String, Value>) -> usize 
     added
 }
 
+/// A finish reason that says none: compatible servers' `""` on every chunk but the last.
+fn no_reason(reason: &str) -> bool {
+    reason.is_empty() || reason == "null"
+}
+
 /// `extra`'s fields that `into` has no value for.
 fn add_missing(into: &mut Map<String, Value>, extra: Map<String, Value>) {
     for (k, v) in extra {
@@ -385,7 +390,9 @@ impl Chat {
         let mut reasoning = Reasoning::default();
         for c in choices {
             let choice = self.choice(c.index);
-            if let Some(reason) = c.finish_reason {
+            // `""` (or koboldcpp's `"null"`) is no reason: the inspector reads it so too
+            // (audit ZB 1).
+            if let Some(reason) = c.finish_reason.filter(|r| !no_reason(r)) {
                 choice.finish_reason = Some(reason);
             }
             if let Some(f) = c.content_filter_results.filter(|f| !empty_object(f)) {

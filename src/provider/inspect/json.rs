@@ -677,9 +677,14 @@ impl Json {
                         ev.failed |= name == b"response.failed";
                     }
                     (Ctx::BlockDelta, Key::StopReason) => ev.finished = true,
+                    // sglang, Ollama and koboldcpp (before their fixes) send `""` (koboldcpp
+                    // `"null"`) on every chunk before the last: no reason, so no end, as the
+                    // SDKs read it (audit ZB 1). A name too long to keep, or escaped, is one.
                     (Ctx::Choice, Key::FinishReason) => {
-                        ev.finished = true;
-                        self.choice_finished = true;
+                        if len > 0 && name != b"null" {
+                            ev.finished = true;
+                            self.choice_finished = true;
+                        }
                     }
                     (Ctx::Root, Key::Code) => ev.root_code = ErrorType::parse(name),
                     // The errors of compatible servers that are no error object: TGI's and

@@ -1,0 +1,97 @@
+//! Streams of OpenAI-compatible servers and Anthropic that an assembled answer
+//! (`stream_upstream`) must read as the SDKs do: empty finish reasons, a tool input cut by
+//! `max_tokens`, a string split inside a surrogate pair. The routes and helpers are
+//! `stream_upstream.rs`'s.
+
+use std::time::Duration;
+
+use super::stream_upstream::{post, CONFIG};
+use crate::support::{json_body, read_body, Harness};
+
+/// A chunk of choice 0 as sglang, older Ollama and koboldcpp send it.
+fn chunk(delta: &str, finish: &str) -> String {
+    format!(
+        "data: {{\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+    )
+}
+
+/// Audit ZB 1: with `"finish_reason":""` on every chunk, the first chunk no longer ends the
+/// answer. A stream that breaks after two of them is a 502 (and an error event for a client
+/// that streams), one that goes silent a partial answer flagged as one, not a 200 that looks
+/// whole; the same stream ended by its `stop` chunk is the document.
+#[tokio::test]
+async fn an_empty_finish_reason_leaves_the_answer_open() {
+    let start = [
+        chunk(r#"{"role":"assistant","content":"The answer is"}"#, r#""""#),
+        chunk(r#"{"content":" forty"}"#, r#""""#),
+    ]
+    .concat();
+    let whole = format!(
+        "{start}{}{}data: [DONE]\n\n",
+        chunk(r#"{"content":" two"}"#, r#""""#),
+        chunk("{}", r#""stop""#)
+    );
+    let ask = |model: &str, stream: bool| {
+        format!(
+            r#"{{"model":"{model}","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    let h = Harness::with_config(CONFIG).await;
+    let replay = || {
+        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            &whole,
+            Duration::from_millis(1),
+        )))
+    };
+    // The upstream closes after two chunks.
+    replay();
+    let cut = [("x-fake-disconnect-after", "2")];
+    let (resp, _c) = h
+        .send(post("/v1/chat/completions", ask("watched", false), &cut))
+        .await;
+    assert_eq!(resp.status(), 502);
+    assert_eq!(json_body(resp).await["error"]["code"], "upstream_error");
+    replay();
+    let (resp, _c) = h
+        .send(post("/v1/chat/completions", ask("watched", true), &cut))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    let error = read.error_event();
+    assert_eq!(
+        error.map(|e| e["code"].clone()),
+        Some("upstream_error".into()),
+        "{}",
+        read.text()
+    );
+    // Silent after two chunks, past the idle limit, on a route with partial answers.
+    replay();
+    let (resp, _c) = h
+        .send(post(
+            "/v1/chat/completions",
+            ask("partial", false),
+            &[("x-fake-freeze-after", "2")],
+        ))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-hourglass-partial"], "idle_timeout");
+    let doc = json_body(resp).await;
+    assert_eq!(doc["choices"][0]["finish_reason"], "length", "{doc}");
+    assert_eq!(
+        doc["choices"][0]["message"]["content"],
+        "The answer is forty"
+    );
+    // Whole: the reason of its last chunk.
+    replay();
+    let (resp, _c) = h
+        .send(post("/v1/chat/completions", ask("watched", false), &[]))
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("x-hourglass-partial").is_none());
+    let doc = json_body(resp).await;
+    assert_eq!(doc["choices"][0]["finish_reason"], "stop", "{doc}");
+    assert_eq!(
+        doc["choices"][0]["message"]["content"],
+        "The answer is forty two"
+    );
+}
