@@ -410,8 +410,11 @@ impl Chat {
                 }
             }
             let Some(delta) = c.delta else { continue };
-            if delta.role.is_some() {
-                choice.role = delta.role;
+            // An empty string never replaces what came: MiniMax sends `"role":""` after the
+            // first delta, DashScope `"id":""` on every piece of a call (audit ZB 2). The
+            // OpenAI SDK's accumulator joins such strings, so `""` leaves them as they were.
+            if let Some(role) = delta.role.filter(|r| !r.is_empty()) {
+                choice.role = Some(role);
             }
             if !delta.extra.is_empty() {
                 output |= delta.extra.values().any(|v| !v.is_null() && v != "");
@@ -444,11 +447,11 @@ impl Chat {
                     }
                 };
                 call.given = tc.index;
-                if tc.id.is_some() {
-                    call.id = tc.id;
+                if let Some(id) = tc.id.filter(|i| !i.is_empty()) {
+                    call.id = Some(id);
                 }
-                if tc.kind.is_some() {
-                    call.kind = tc.kind;
+                if let Some(kind) = tc.kind.filter(|k| !k.is_empty()) {
+                    call.kind = Some(kind);
                 }
                 added += accumulate(&mut call.extra, tc.extra);
                 if let Some(f) = tc.function {
@@ -478,8 +481,8 @@ impl Chat {
             }
             if let Some(a) = delta.audio {
                 let audio = choice.audio.get_or_insert_with(Default::default);
-                if a.id.is_some() {
-                    audio.id = a.id;
+                if let Some(id) = a.id.filter(|i| !i.is_empty()) {
+                    audio.id = Some(id);
                 }
                 if let Some(e) = a.expires_at.filter(|e| e.get() != "null") {
                     audio.expires_at = Some(raw(e));

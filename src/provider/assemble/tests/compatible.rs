@@ -41,3 +41,69 @@ fn an_empty_finish_reason_does_not_end_the_answer() {
         assert_eq!(d["usage"]["completion_tokens"], 2);
     }
 }
+
+/// Audit ZB 2: DashScope repeats `"id":""` (and the type) on every later piece of a call,
+/// MiniMax sends `"role":""` after the first delta: an empty string never replaces what came,
+/// as in the OpenAI SDK's accumulator (which joins the strings), so each call keeps the id
+/// its results must name.
+#[test]
+fn empty_strings_in_later_deltas_replace_nothing() {
+    let stream = [
+        chunk(r#"{"role":"assistant","content":null,"tool_calls":[{"id":"call_a1ad8367","type":"function","index":0,"function":{"name":"get_weather","arguments":""}}]}"#, "null"),
+        chunk(r#"{"role":"","tool_calls":[{"id":"","type":"function","index":0,"function":{"arguments":"{\"city\": "}}]}"#, "null"),
+        chunk(r#"{"tool_calls":[{"id":"","type":"","index":0,"function":{"arguments":"\"Paris\"}"}}]}"#, "null"),
+        chunk(r#"{"tool_calls":[{"id":"call_b2be9478","type":"function","index":1,"function":{"name":"get_time","arguments":""}}]}"#, "null"),
+        chunk(r#"{"role":"","tool_calls":[{"id":"","type":"function","index":1,"function":{"arguments":"{\"tz\": \"CET\"}"}}]}"#, "null"),
+        chunk("{}", r#""tool_calls""#),
+        USAGE.to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &stream, None);
+    let message = &d["choices"][0]["message"];
+    assert_eq!(message["role"], "assistant", "{d}");
+    let calls: Vec<(&str, &str, &str, &str)> = message["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap(),
+                c["type"].as_str().unwrap(),
+                c["function"]["name"].as_str().unwrap(),
+                c["function"]["arguments"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            (
+                "call_a1ad8367",
+                "function",
+                "get_weather",
+                r#"{"city": "Paris"}"#
+            ),
+            ("call_b2be9478", "function", "get_time", r#"{"tz": "CET"}"#),
+        ]
+    );
+    // An audio id, the same.
+    let audio = [
+        chunk(
+            r#"{"role":"assistant","audio":{"id":"audio_1","transcript":"Hi"}}"#,
+            "null",
+        ),
+        chunk(
+            r#"{"audio":{"id":"","transcript":" there","expires_at":9}}"#,
+            "null",
+        ),
+        chunk("{}", r#""stop""#),
+        USAGE.to_owned(),
+    ]
+    .concat();
+    let d = doc(Format::Chat, &audio, None);
+    assert_eq!(d["choices"][0]["message"]["audio"]["id"], "audio_1", "{d}");
+    assert_eq!(
+        d["choices"][0]["message"]["audio"]["transcript"],
+        "Hi there"
+    );
+}
