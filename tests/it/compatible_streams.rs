@@ -95,3 +95,45 @@ async fn an_empty_finish_reason_leaves_the_answer_open() {
         "The answer is forty two"
     );
 }
+
+/// The events of an Anthropic answer, each its own SSE event.
+fn messages(events: &[&str]) -> String {
+    events.iter().map(|e| format!("data: {e}\n\n")).collect()
+}
+
+const MESSAGE_START: &str = r#"{"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","model":"claude","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":1}}}"#;
+
+const ASK: &str =
+    r#"{"model":"claude","max_tokens":20,"messages":[{"role":"user","content":"hi"}]}"#;
+
+/// Audit ZB 3: Anthropic stopped by `max_tokens` inside a tool_use input: a 200 with
+/// `stop_reason: "max_tokens"` and the block, its input what came whole of it, from one
+/// generation (it was a 502 that the SDK retried twice more).
+#[tokio::test]
+async fn a_tool_input_cut_by_max_tokens_is_answered_once() {
+    let stream = messages(&[
+        MESSAGE_START,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"write","input":{}}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"path\": \"a.txt\", \"content\": \"lorem ip"}}"#,
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":20}}"#,
+        r#"{"type":"message_stop"}"#,
+    ]);
+    let h = Harness::with_config(CONFIG).await;
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &stream,
+        Duration::from_millis(1),
+    )));
+    let (resp, _c) = h.send(post("/v1/messages", ASK.into(), &[])).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("x-hourglass-partial").is_none());
+    let doc = json_body(resp).await;
+    assert_eq!(doc["stop_reason"], "max_tokens", "{doc}");
+    assert_eq!(doc["content"][0]["type"], "tool_use", "{doc}");
+    assert_eq!(
+        doc["content"][0]["input"],
+        serde_json::json!({"path": "a.txt"})
+    );
+    assert_eq!(doc["usage"]["output_tokens"], 20);
+    assert_eq!(h.fake.requests().len(), 1);
+}

@@ -261,6 +261,10 @@ impl Messages {
         let mut message = self.message.ok_or(AssembleError::Empty)?;
         // `message_start` carries `"content":[]`: the blocks take its place.
         message.remove("content");
+        let truncated = matches!(
+            message.get("stop_reason").and_then(Value::as_str),
+            Some("max_tokens" | "model_context_window_exceeded")
+        );
         let mut blocks = self.blocks;
         blocks.sort_by_key(|b| b.index);
         let mut content = Vec::with_capacity(blocks.len());
@@ -300,6 +304,17 @@ impl Messages {
                 if text.trim().is_empty() {
                     // Streamed with its input whole at the start (or none at all).
                     b.entry("input").or_insert_with(|| json!({}));
+                } else if cut.is_none()
+                    && truncated
+                    && serde_json::from_str::<&RawValue>(&text).is_err()
+                {
+                    // The model ran out of tokens inside the call: Anthropic answers it so
+                    // unstreamed, with `stop_reason: "max_tokens"`, and tells clients to
+                    // raise `max_tokens` on it. The input is what came whole of it, as the
+                    // SDK's accumulator reads it (audit ZB 3), never a 502 that the SDK
+                    // would retry, paying for the same cut generation again.
+                    b.remove("input");
+                    input = Some(closed_json(&text));
                 } else {
                     // Kept as the text the provider wrote, once checked to be JSON: a
                     // `Value` would turn an integer past 64 bits into a float, sort the
@@ -346,6 +361,81 @@ impl Messages {
         }
         Ok(Document { message, content })
     }
+}
+
+/// What came whole of a JSON text the model stopped writing: the text up to its last whole
+/// value (a member without its value, a string or number cut mid-way, a comma left out), with
+/// the objects and arrays still open closed, byte for byte otherwise; `{}` when not even that
+/// reads. `{"path": "a.txt", "content": "lorem ip` is `{"path": "a.txt"}`, as the Anthropic
+/// SDK's partial reading of the input gives it.
+pub(super) fn closed_json(text: &str) -> Box<RawValue> {
+    // The open containers' closers; the end of the last whole value (or opening) and how
+    // many containers were open there.
+    let mut open: Vec<u8> = Vec::new();
+    let mut good: Option<(usize, usize)> = None;
+    // In an object: the next string is a key.
+    let mut key_next = false;
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'{' | b'[' => {
+                open.push(if b[i] == b'{' { b'}' } else { b']' });
+                key_next = b[i] == b'{';
+                i += 1;
+                good = Some((i, open.len()));
+            }
+            b'}' | b']' => {
+                open.pop();
+                i += 1;
+                key_next = false;
+                good = Some((i, open.len()));
+            }
+            b',' => {
+                key_next = open.last() == Some(&b'}');
+                i += 1;
+            }
+            b'"' => {
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                if j >= b.len() {
+                    break;
+                }
+                i = j + 1;
+                if !std::mem::take(&mut key_next) {
+                    good = Some((i, open.len()));
+                }
+            }
+            c if c.is_ascii_whitespace() || c == b':' => i += 1,
+            // A number or literal: whole only once something follows it.
+            _ => {
+                let j = i + b[i..]
+                    .iter()
+                    .position(|c| matches!(c, b',' | b'}' | b']') || c.is_ascii_whitespace())
+                    .unwrap_or(b.len() - i);
+                if j >= b.len() {
+                    break;
+                }
+                i = j;
+                good = Some((i, open.len()));
+            }
+        }
+    }
+    let closed = good.map(|(end, depth)| {
+        let mut s = text[..end].to_owned();
+        s.extend(
+            open[..depth.min(open.len())]
+                .iter()
+                .rev()
+                .map(|&c| c as char),
+        );
+        s
+    });
+    closed
+        .and_then(|s| RawValue::from_string(s).ok())
+        .unwrap_or_else(|| RawValue::from_string("{}".into()).expect("JSON"))
 }
 
 /// The message the provider would have answered: its fields, and its content blocks apart,

@@ -361,3 +361,44 @@ fn a_message_deltas_top_level_members_never_overwrite_the_messages() {
     // A member the message has no value for is still taken (a beta's, not known yet).
     assert_eq!(d["novelty"], json!({"n": 1}), "{d}");
 }
+
+/// Audit ZB 3: Anthropic stopped by `max_tokens` inside a tool_use input ends the block and
+/// says `stop_reason: "max_tokens"`. That is the provider's answer, as it gives it unstreamed,
+/// not a malformed stream: a 200 with the block, its input what came whole of it (as the
+/// SDK's accumulator reads it), never a 502 the SDK retries three times.
+#[test]
+fn a_tool_input_cut_by_max_tokens_is_the_answer() {
+    let stream = one_tool_use(&[r#"{"path": "a.txt", "#, r#""content": "lorem ip"#], true).replace(
+        r#""stop_reason":"tool_use""#,
+        r#""stop_reason":"max_tokens""#,
+    );
+    let out = assemble(Format::Messages, &stream, None, 1 << 20)
+        .finish(None)
+        .unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains(r#""input":{"path": "a.txt"}"#), "{out}");
+    let d: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(d["stop_reason"], "max_tokens");
+    assert_eq!(blocks(&d), ["text", "tool_use:order"], "{d}");
+    assert_eq!(d["content"][1]["id"], "toolu_1");
+}
+
+#[test]
+fn what_came_whole_of_a_cut_json_text_is_closed() {
+    use crate::provider::assemble::messages::closed_json;
+    for (text, want) in [
+        (r#"{"a": [1, 2"#, r#"{"a": [1]}"#),
+        (r#"{"a": {"b": tr"#, r#"{"a": {}}"#),
+        (r#"{"a": "x\""#, "{}"),
+        (r#"{"a": 1, "b""#, r#"{"a": 1}"#),
+        (r#"{"a": 1, "b":"#, r#"{"a": 1}"#),
+        (r#"{"a": 1, "#, r#"{"a": 1}"#),
+        (r#"{"a":{"b":1},"c":[true,"#, r#"{"a":{"b":1},"c":[true]}"#),
+        (r#"{"é": "ü😀", "n": 12"#, r#"{"é": "ü😀"}"#),
+        (r#"{"a": 12"#, "{}"),
+        (r#"{"#, "{}"),
+        ("not json", "{}"),
+    ] {
+        assert_eq!(closed_json(text).get(), want, "{text}");
+    }
+}
