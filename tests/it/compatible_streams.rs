@@ -137,3 +137,46 @@ async fn a_tool_input_cut_by_max_tokens_is_answered_once() {
     assert_eq!(doc["usage"]["output_tokens"], 20);
     assert_eq!(h.fake.requests().len(), 1);
 }
+
+/// Audit ZB 4: an emoji's surrogate pair split across two text deltas cannot be read into the
+/// document: a 502, as in Chat and Responses, not a 200 without the two deltas. A client that
+/// streams gets the events as they came.
+#[tokio::test]
+async fn a_block_delta_that_cannot_be_read_is_a_502() {
+    let text = |t: &str| {
+        format!(
+            r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{t}"}}}}"#
+        )
+    };
+    let (a, b) = (text(r"smile \ud83d"), text(r"\ude00 and the rest."));
+    let stream = messages(&[
+        MESSAGE_START,
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        &text("Hello "),
+        &a,
+        &b,
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":9}}"#,
+        r#"{"type":"message_stop"}"#,
+    ]);
+    let h = Harness::with_config(CONFIG).await;
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &stream,
+        Duration::from_millis(1),
+    )));
+    let (resp, _c) = h.send(post("/v1/messages", ASK.into(), &[])).await;
+    assert_eq!(resp.status(), 502);
+    let error = json_body(resp).await;
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("event 4 of the stream"), "{error}");
+    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
+        &stream,
+        Duration::from_millis(1),
+    )));
+    let streamed = ASK.replacen('{', r#"{"stream":true,"#, 1);
+    let (resp, _c) = h.send(post("/v1/messages", streamed, &[])).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body()).await;
+    assert!(read.text().contains(r"smile \ud83d"), "{}", read.text());
+    assert!(read.error_event().is_none(), "{}", read.text());
+}

@@ -43,8 +43,9 @@ struct MessagesEvent<'a> {
 
 #[derive(Deserialize)]
 struct BlockDelta<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
+    /// `Cow`: a name with an escape in it is no fault either.
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
     #[serde(borrow)]
     text: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
@@ -61,11 +62,14 @@ struct BlockDelta<'a> {
 /// Anthropic streams joins its text (the names in `taken` are taken as last sent instead),
 /// other values as last sent; `type`, and `null`s, left out. Returns how many bytes it added
 /// (an upper bound). Only deltas without a reader of their own come here: their rare cost
-/// (a parse into values) is not that of text deltas.
-fn merge(block: &mut Map<String, Value>, delta: &RawValue, taken: &[&str]) -> usize {
-    let Ok(fields) = serde_json::from_str::<Map<String, Value>>(delta.get()) else {
-        return 0;
-    };
+/// (a parse into values) is not that of text deltas. One that cannot be read is an error, as
+/// any event is: merged without it, the block would look whole and not be.
+fn merge(
+    block: &mut Map<String, Value>,
+    delta: &RawValue,
+    taken: &[&str],
+) -> serde_json::Result<usize> {
+    let fields = serde_json::from_str::<Map<String, Value>>(delta.get())?;
     let mut added = 0;
     for (k, v) in fields {
         match v {
@@ -85,7 +89,23 @@ fn merge(block: &mut Map<String, Value>, delta: &RawValue, taken: &[&str]) -> us
             }
         }
     }
-    added
+    Ok(added)
+}
+
+/// The deltas `BlockDelta` reads the fields of; any other is merged (`merge`).
+const READ_DELTAS: [&str; 5] = [
+    "text_delta",
+    "thinking_delta",
+    "signature_delta",
+    "input_json_delta",
+    "citations_delta",
+];
+
+/// A delta's type alone.
+#[derive(Deserialize)]
+struct DeltaKind<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
 }
 
 /// `fields` into `into`, each as last sent; a `null` only where `into` has no such field: it
@@ -107,12 +127,11 @@ impl Messages {
     }
 
     pub(super) fn event(&mut self, data: &str) -> serde_json::Result<()> {
-        self.read(serde_json::from_str::<MessagesEvent<'_>>(data)?, data);
-        Ok(())
+        self.read(serde_json::from_str::<MessagesEvent<'_>>(data)?, data)
     }
 
     /// Reads `ev`, parsed from `data` (read whole again for `message_delta`).
-    fn read(&mut self, ev: MessagesEvent<'_>, data: &str) {
+    fn read(&mut self, ev: MessagesEvent<'_>, data: &str) -> serde_json::Result<()> {
         match ev.kind {
             "message_start" => {
                 if let Some(Value::Object(m)) = ev.message.map(raw) {
@@ -151,11 +170,26 @@ impl Messages {
                 }
             }
             "content_block_delta" => {
-                let Some((raw_delta, d)) = ev.delta.and_then(|raw| {
-                    let d = serde_json::from_str::<BlockDelta<'_>>(raw.get()).ok()?;
-                    Some((raw, d))
-                }) else {
-                    return;
+                let Some(raw_delta) = ev.delta else {
+                    return Ok(());
+                };
+                // A delta that cannot be read (a lone surrogate escape: an emoji's pair split
+                // across two events by a server that slices UTF-16) fails the document, as in
+                // Chat and Responses (audit ZB 4): dropped, the answer looked whole. One of a
+                // kind not read here is merged, whatever its fields hold.
+                let d = match serde_json::from_str::<BlockDelta<'_>>(raw_delta.get()) {
+                    Ok(d) => d,
+                    Err(e) => match serde_json::from_str::<DeltaKind<'_>>(raw_delta.get()) {
+                        Ok(k) if !READ_DELTAS.contains(&k.kind.as_ref()) => BlockDelta {
+                            kind: k.kind,
+                            text: None,
+                            thinking: None,
+                            signature: None,
+                            partial_json: None,
+                            citation: None,
+                        },
+                        _ => return Err(e),
+                    },
                 };
                 let Some(Block {
                     fields: block,
@@ -163,10 +197,10 @@ impl Messages {
                     ..
                 }) = self.blocks.iter_mut().find(|b| b.index == ev.index)
                 else {
-                    return;
+                    return Ok(());
                 };
                 let mut added = 0;
-                match d.kind {
+                match d.kind.as_ref() {
                     "text_delta" => {
                         let t = d.text.unwrap_or_default();
                         added = t.len();
@@ -199,10 +233,12 @@ impl Messages {
                         }
                     }
                     // The opaque `encrypted_content` is sent whole, and must go back verbatim.
-                    "compaction_delta" => added = merge(block, raw_delta, &["encrypted_content"]),
+                    "compaction_delta" => {
+                        added = merge(block, raw_delta, &["encrypted_content"])?;
+                    }
                     // A delta this reader does not know yet (a new beta): merged as the known
                     // ones are, rather than lost.
-                    _ => added = merge(block, raw_delta, &[]),
+                    _ => added = merge(block, raw_delta, &[])?,
                 }
                 if added > 0 && d.kind != "signature_delta" {
                     self.output = true;
@@ -211,13 +247,13 @@ impl Messages {
             }
             "message_delta" => {
                 let Some(m) = self.message.as_mut() else {
-                    return;
+                    return Ok(());
                 };
                 // Read whole (once an answer): besides `delta` and `usage`, its members are
                 // the message's too, whatever a beta adds (`context_management`,
                 // `input_transformations`): named ones only lost them (audit UB 1).
                 let Ok(mut fields) = serde_json::from_str::<Map<String, Value>>(data) else {
-                    return;
+                    return Ok(());
                 };
                 // The delta's members are the message's as last sent; a top-level member of
                 // the same name never takes a delta's place (not even its `null`).
@@ -255,6 +291,7 @@ impl Messages {
             }
             _ => {}
         }
+        Ok(())
     }
 
     pub(super) fn document(self, cut: Option<Usage>) -> Result<Document, AssembleError> {

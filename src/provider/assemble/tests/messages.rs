@@ -402,3 +402,46 @@ fn what_came_whole_of_a_cut_json_text_is_closed() {
         assert_eq!(closed_json(text).get(), want, "{text}");
     }
 }
+
+/// Audit ZB 4: a content block delta the reader cannot read (an emoji's surrogate pair split
+/// across two events, as a server that slices UTF-16 writes it) fails the document, as in
+/// Chat and Responses, never dropped from a 200 that looks whole. A type written with an
+/// escape is read, and a delta of a kind not known here is merged whatever its fields hold.
+#[test]
+fn a_block_delta_that_cannot_be_read_fails_the_document() {
+    let start =
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#;
+    let end = [
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":9}}"#,
+        r#"{"type":"message_stop"}"#,
+    ];
+    let text = |t: &str| {
+        format!(
+            r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{t}"}}}}"#
+        )
+    };
+    let (a, b) = (text(r"smile \ud83d"), text(r"\ude00 and the rest."));
+    let mut events = vec![MESSAGE_START, start, a.as_str(), b.as_str()];
+    events.extend(end);
+    match assemble(Format::Messages, &sse(&events), None, 1 << 20).finish(None) {
+        Err(AssembleError::Malformed(why)) => {
+            assert!(why.starts_with("event 3 of the stream is no "), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let escaped = r#"{"type":"content_block_delta","index":0,"delta":{"type":"text\u005fdelta","text":"Hi"}}"#;
+    let mut events = vec![MESSAGE_START, start, escaped];
+    events.extend(end);
+    let d = doc(Format::Messages, &sse(&events), None);
+    assert_eq!(d["content"][0]["text"], "Hi", "{d}");
+    let future = [
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"future","text":null}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"future_delta","text":{"rich":true}}}"#,
+    ];
+    let mut events = vec![MESSAGE_START];
+    events.extend(future);
+    events.extend(end);
+    let d = doc(Format::Messages, &sse(&events), None);
+    assert_eq!(d["content"][0]["text"]["rich"], true, "{d}");
+}
