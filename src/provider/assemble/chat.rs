@@ -114,6 +114,10 @@ struct ChunkChoice<'a> {
     finish_reason: Option<String>,
     #[serde(borrow)]
     content_filter_results: Option<&'a RawValue>,
+    /// Moonshot's (Kimi's) usage, sent in its last chunk's choice: the answer's, which its
+    /// unstreamed answer has at the top level (audit ZB 6).
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
     #[serde(flatten)]
     extra: Map<String, Value>,
 }
@@ -389,6 +393,12 @@ impl Chat {
         let mut output = false;
         let mut reasoning = Reasoning::default();
         for c in choices {
+            // As Groq's: a top-level usage wins.
+            if let Some(u) = c.usage.filter(real) {
+                if !self.usage_root {
+                    self.usage = Some(raw(u));
+                }
+            }
             let choice = self.choice(c.index);
             // `""` (or koboldcpp's `"null"`) is no reason: the inspector reads it so too
             // (audit ZB 1).

@@ -107,3 +107,23 @@ fn empty_strings_in_later_deltas_replace_nothing() {
         "Hi there"
     );
 }
+
+/// Audit ZB 6: Moonshot (Kimi) sends the answer's usage in its last chunk's choice: it is the
+/// document's top-level usage, as in Moonshot's unstreamed answer, not a field of the choice;
+/// a top-level usage wins.
+#[test]
+fn moonshots_usage_in_the_choice_is_the_documents() {
+    let kimi = r#"data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop","usage":{"prompt_tokens":812,"completion_tokens":5,"total_tokens":817,"cached_tokens":800}}]}"#;
+    let stream = format!(
+        "{}{kimi}\n\ndata: [DONE]\n\n",
+        chunk(r#"{"role":"assistant","content":"Hi there"}"#, "null")
+    );
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(d["usage"]["prompt_tokens"], 812, "{d}");
+    assert_eq!(d["usage"]["total_tokens"], 817, "{d}");
+    assert_eq!(d["usage"]["cached_tokens"], 800, "{d}");
+    assert!(d["choices"][0].get("usage").is_none(), "{d}");
+    let stream = stream.replace("data: [DONE]", &format!("{USAGE}data: [DONE]"));
+    let d = doc(Format::Chat, &stream, None);
+    assert_eq!(d["usage"]["total_tokens"], 5, "{d}");
+}
