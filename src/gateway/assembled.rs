@@ -17,6 +17,7 @@ use crate::gateway::record::RequestRecord;
 use crate::http::headers::carry_provider_headers;
 use crate::provider::assemble::{AssembleError, Usage};
 use crate::provider::inspect::{PromptPart, Tokens};
+use crate::provider::tools::ToolCalls;
 use crate::provider::ErrorType;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::{Observer, StreamLimits};
@@ -333,6 +334,7 @@ pub(super) async fn assembled(
         // `include_usage`): the document still has the usage the provider's would have.
         assembler.fill_missing_usage(used);
     }
+    let format = assembler.format();
     let doc = match assembler.finish(partial.map(|_| used)) {
         Ok(doc) => doc,
         // Nothing kept of what came (a tool call cut mid-way): the cut, as with no output.
@@ -356,6 +358,13 @@ pub(super) async fn assembled(
     };
     if let Some((code, origin)) = partial {
         record.note_partial(origin);
+        if record.wants_tool_calls() {
+            // The whole calls it hands out, not those of the stream it was cut from.
+            let mut calls = ToolCalls::new(format);
+            calls.data(&doc);
+            calls.document_end();
+            record.handed_calls(calls.canonical());
+        }
         parts
             .headers
             .insert(PARTIAL.clone(), HeaderValue::from_static(code));

@@ -215,6 +215,8 @@ struct RunPart {
     answer: Option<(u64, String)>,
     /// Served without the run's limits: its store could not answer.
     unenforced: bool,
+    /// A partial answer, whose `answer` is the calls its document handed out (`handed_calls`).
+    partial: bool,
 }
 
 impl RequestRecord {
@@ -307,6 +309,16 @@ impl RequestRecord {
         self.metrics.partial_answer(origin);
     }
 
+    /// A partial answer handed out these whole tool calls (`None`: none), read from its
+    /// document: they are its answer for the run's loop stop, not the stream's calls, which
+    /// hold the one the cut left half-written and the document dropped (audit ZB 5).
+    pub fn handed_calls(&mut self, calls: Option<(Vec<u8>, String)>) {
+        if let Some(run) = self.run.as_mut() {
+            run.answer = calls.map(|(canon, name)| (crate::runs::fingerprint::of(&canon), name));
+            run.partial = true;
+        }
+    }
+
     /// The request is an admitted call of a run.
     pub fn join_run(&mut self, call: RunCall) {
         self.run = Some(Box::new(RunPart {
@@ -315,6 +327,7 @@ impl RequestRecord {
             call: Some(call),
             answer: None,
             unenforced: false,
+            partial: false,
         }));
     }
 
@@ -344,6 +357,7 @@ impl RequestRecord {
             view,
             answer: None,
             unenforced: false,
+            partial: false,
         }));
     }
 
@@ -764,6 +778,10 @@ impl RequestRecord {
         if let Some(run) = self.run.as_mut() {
             if let Some(call) = run.call.take() {
                 let answered = end == End::Ok;
+                // A partial answer (a cut) that handed out whole calls a client may act on
+                // is an answer of them; one that handed out none leaves the streak as it was
+                // (audit ZB 5).
+                let handed = answered || (run.partial && run.answer.is_some());
                 let request = call.request();
                 // A call admitted before its run had limits did not gather its tool calls
                 // (audit TB 1): that it found none says nothing, and must not break the streak.
@@ -776,7 +794,7 @@ impl RequestRecord {
                     // a count of tokens) says neither: the streak stands (audit MA 1: an
                     // agent whose tool embedded between steps was never stopped).
                     answer: match run.answer.take() {
-                        _ if !answered
+                        _ if !handed
                             || !(200..300).contains(&status)
                             || !generation
                             || !gathered =>
@@ -1028,7 +1046,7 @@ impl Observer for RequestRecord {
     }
 
     fn tool_calls(&mut self, calls: Option<(Vec<u8>, String)>) {
-        if let Some(run) = self.run.as_mut() {
+        if let Some(run) = self.run.as_mut().filter(|r| !r.partial) {
             run.answer = calls.map(|(canon, name)| (crate::runs::fingerprint::of(&canon), name));
         }
     }

@@ -231,6 +231,10 @@ impl Assembler {
     }
 
     /// Whether any model output arrived (text, reasoning, a tool call).
+    pub fn format(&self) -> Format {
+        self.format
+    }
+
     pub fn has_output(&self) -> bool {
         match self.format {
             Format::Chat => self.chat.output,

@@ -260,8 +260,10 @@ impl ToolCalls {
                         );
                         self.edit((choice.index, index), |c| {
                             c.given = tc.index;
-                            if tc.id.is_some() {
-                                c.id = tc.id;
+                            // DashScope's `"id":""` on each later piece is no new id (audit
+                            // ZB 2): the call keeps its own, as the document does.
+                            if let Some(id) = tc.id.filter(|i| !i.is_empty()) {
+                                c.id = Some(id);
                             }
                             if let Some(n) = name {
                                 c.name.push_str(&n);

@@ -13,6 +13,7 @@ mod cancel;
 mod chain;
 mod cli;
 mod client_conns;
+mod compatible_streams;
 mod conformance;
 mod descriptors;
 mod ejection;

@@ -114,6 +114,10 @@ struct ChunkChoice<'a> {
     finish_reason: Option<String>,
     #[serde(borrow)]
     content_filter_results: Option<&'a RawValue>,
+    /// Moonshot's (Kimi's) usage, sent in its last chunk's choice: the answer's, which its
+    /// unstreamed answer has at the top level (audit ZB 6).
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
     #[serde(flatten)]
     extra: Map<String, Value>,
 }
@@ -229,6 +233,11 @@ fn accumulate(acc: &mut Map<String, Value>, delta: Map<String, Value>) -> usize 
         }
     }
     added
+}
+
+/// A finish reason that says none: compatible servers' `""` on every chunk but the last.
+fn no_reason(reason: &str) -> bool {
+    reason.is_empty() || reason == "null"
 }
 
 /// `extra`'s fields that `into` has no value for.
@@ -384,8 +393,16 @@ impl Chat {
         let mut output = false;
         let mut reasoning = Reasoning::default();
         for c in choices {
+            // As Groq's: a top-level usage wins.
+            if let Some(u) = c.usage.filter(real) {
+                if !self.usage_root {
+                    self.usage = Some(raw(u));
+                }
+            }
             let choice = self.choice(c.index);
-            if let Some(reason) = c.finish_reason {
+            // `""` (or koboldcpp's `"null"`) is no reason: the inspector reads it so too
+            // (audit ZB 1).
+            if let Some(reason) = c.finish_reason.filter(|r| !no_reason(r)) {
                 choice.finish_reason = Some(reason);
             }
             if let Some(f) = c.content_filter_results.filter(|f| !empty_object(f)) {
@@ -403,8 +420,11 @@ impl Chat {
                 }
             }
             let Some(delta) = c.delta else { continue };
-            if delta.role.is_some() {
-                choice.role = delta.role;
+            // An empty string never replaces what came: MiniMax sends `"role":""` after the
+            // first delta, DashScope `"id":""` on every piece of a call (audit ZB 2). The
+            // OpenAI SDK's accumulator joins such strings, so `""` leaves them as they were.
+            if let Some(role) = delta.role.filter(|r| !r.is_empty()) {
+                choice.role = Some(role);
             }
             if !delta.extra.is_empty() {
                 output |= delta.extra.values().any(|v| !v.is_null() && v != "");
@@ -437,11 +457,11 @@ impl Chat {
                     }
                 };
                 call.given = tc.index;
-                if tc.id.is_some() {
-                    call.id = tc.id;
+                if let Some(id) = tc.id.filter(|i| !i.is_empty()) {
+                    call.id = Some(id);
                 }
-                if tc.kind.is_some() {
-                    call.kind = tc.kind;
+                if let Some(kind) = tc.kind.filter(|k| !k.is_empty()) {
+                    call.kind = Some(kind);
                 }
                 added += accumulate(&mut call.extra, tc.extra);
                 if let Some(f) = tc.function {
@@ -471,8 +491,8 @@ impl Chat {
             }
             if let Some(a) = delta.audio {
                 let audio = choice.audio.get_or_insert_with(Default::default);
-                if a.id.is_some() {
-                    audio.id = a.id;
+                if let Some(id) = a.id.filter(|i| !i.is_empty()) {
+                    audio.id = Some(id);
                 }
                 if let Some(e) = a.expires_at.filter(|e| e.get() != "null") {
                     audio.expires_at = Some(raw(e));

@@ -43,8 +43,9 @@ struct MessagesEvent<'a> {
 
 #[derive(Deserialize)]
 struct BlockDelta<'a> {
-    #[serde(rename = "type")]
-    kind: &'a str,
+    /// `Cow`: a name with an escape in it is no fault either.
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
     #[serde(borrow)]
     text: Option<std::borrow::Cow<'a, str>>,
     #[serde(borrow)]
@@ -61,11 +62,14 @@ struct BlockDelta<'a> {
 /// Anthropic streams joins its text (the names in `taken` are taken as last sent instead),
 /// other values as last sent; `type`, and `null`s, left out. Returns how many bytes it added
 /// (an upper bound). Only deltas without a reader of their own come here: their rare cost
-/// (a parse into values) is not that of text deltas.
-fn merge(block: &mut Map<String, Value>, delta: &RawValue, taken: &[&str]) -> usize {
-    let Ok(fields) = serde_json::from_str::<Map<String, Value>>(delta.get()) else {
-        return 0;
-    };
+/// (a parse into values) is not that of text deltas. One that cannot be read is an error, as
+/// any event is: merged without it, the block would look whole and not be.
+fn merge(
+    block: &mut Map<String, Value>,
+    delta: &RawValue,
+    taken: &[&str],
+) -> serde_json::Result<usize> {
+    let fields = serde_json::from_str::<Map<String, Value>>(delta.get())?;
     let mut added = 0;
     for (k, v) in fields {
         match v {
@@ -85,7 +89,23 @@ fn merge(block: &mut Map<String, Value>, delta: &RawValue, taken: &[&str]) -> us
             }
         }
     }
-    added
+    Ok(added)
+}
+
+/// The deltas `BlockDelta` reads the fields of; any other is merged (`merge`).
+const READ_DELTAS: [&str; 5] = [
+    "text_delta",
+    "thinking_delta",
+    "signature_delta",
+    "input_json_delta",
+    "citations_delta",
+];
+
+/// A delta's type alone.
+#[derive(Deserialize)]
+struct DeltaKind<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: std::borrow::Cow<'a, str>,
 }
 
 /// `fields` into `into`, each as last sent; a `null` only where `into` has no such field: it
@@ -107,12 +127,11 @@ impl Messages {
     }
 
     pub(super) fn event(&mut self, data: &str) -> serde_json::Result<()> {
-        self.read(serde_json::from_str::<MessagesEvent<'_>>(data)?, data);
-        Ok(())
+        self.read(serde_json::from_str::<MessagesEvent<'_>>(data)?, data)
     }
 
     /// Reads `ev`, parsed from `data` (read whole again for `message_delta`).
-    fn read(&mut self, ev: MessagesEvent<'_>, data: &str) {
+    fn read(&mut self, ev: MessagesEvent<'_>, data: &str) -> serde_json::Result<()> {
         match ev.kind {
             "message_start" => {
                 if let Some(Value::Object(m)) = ev.message.map(raw) {
@@ -151,11 +170,26 @@ impl Messages {
                 }
             }
             "content_block_delta" => {
-                let Some((raw_delta, d)) = ev.delta.and_then(|raw| {
-                    let d = serde_json::from_str::<BlockDelta<'_>>(raw.get()).ok()?;
-                    Some((raw, d))
-                }) else {
-                    return;
+                let Some(raw_delta) = ev.delta else {
+                    return Ok(());
+                };
+                // A delta that cannot be read (a lone surrogate escape: an emoji's pair split
+                // across two events by a server that slices UTF-16) fails the document, as in
+                // Chat and Responses (audit ZB 4): dropped, the answer looked whole. One of a
+                // kind not read here is merged, whatever its fields hold.
+                let d = match serde_json::from_str::<BlockDelta<'_>>(raw_delta.get()) {
+                    Ok(d) => d,
+                    Err(e) => match serde_json::from_str::<DeltaKind<'_>>(raw_delta.get()) {
+                        Ok(k) if !READ_DELTAS.contains(&k.kind.as_ref()) => BlockDelta {
+                            kind: k.kind,
+                            text: None,
+                            thinking: None,
+                            signature: None,
+                            partial_json: None,
+                            citation: None,
+                        },
+                        _ => return Err(e),
+                    },
                 };
                 let Some(Block {
                     fields: block,
@@ -163,10 +197,10 @@ impl Messages {
                     ..
                 }) = self.blocks.iter_mut().find(|b| b.index == ev.index)
                 else {
-                    return;
+                    return Ok(());
                 };
                 let mut added = 0;
-                match d.kind {
+                match d.kind.as_ref() {
                     "text_delta" => {
                         let t = d.text.unwrap_or_default();
                         added = t.len();
@@ -199,10 +233,12 @@ impl Messages {
                         }
                     }
                     // The opaque `encrypted_content` is sent whole, and must go back verbatim.
-                    "compaction_delta" => added = merge(block, raw_delta, &["encrypted_content"]),
+                    "compaction_delta" => {
+                        added = merge(block, raw_delta, &["encrypted_content"])?;
+                    }
                     // A delta this reader does not know yet (a new beta): merged as the known
                     // ones are, rather than lost.
-                    _ => added = merge(block, raw_delta, &[]),
+                    _ => added = merge(block, raw_delta, &[])?,
                 }
                 if added > 0 && d.kind != "signature_delta" {
                     self.output = true;
@@ -211,13 +247,13 @@ impl Messages {
             }
             "message_delta" => {
                 let Some(m) = self.message.as_mut() else {
-                    return;
+                    return Ok(());
                 };
                 // Read whole (once an answer): besides `delta` and `usage`, its members are
                 // the message's too, whatever a beta adds (`context_management`,
                 // `input_transformations`): named ones only lost them (audit UB 1).
                 let Ok(mut fields) = serde_json::from_str::<Map<String, Value>>(data) else {
-                    return;
+                    return Ok(());
                 };
                 // The delta's members are the message's as last sent; a top-level member of
                 // the same name never takes a delta's place (not even its `null`).
@@ -255,12 +291,17 @@ impl Messages {
             }
             _ => {}
         }
+        Ok(())
     }
 
     pub(super) fn document(self, cut: Option<Usage>) -> Result<Document, AssembleError> {
         let mut message = self.message.ok_or(AssembleError::Empty)?;
         // `message_start` carries `"content":[]`: the blocks take its place.
         message.remove("content");
+        let truncated = matches!(
+            message.get("stop_reason").and_then(Value::as_str),
+            Some("max_tokens" | "model_context_window_exceeded")
+        );
         let mut blocks = self.blocks;
         blocks.sort_by_key(|b| b.index);
         let mut content = Vec::with_capacity(blocks.len());
@@ -300,6 +341,17 @@ impl Messages {
                 if text.trim().is_empty() {
                     // Streamed with its input whole at the start (or none at all).
                     b.entry("input").or_insert_with(|| json!({}));
+                } else if cut.is_none()
+                    && truncated
+                    && serde_json::from_str::<&RawValue>(&text).is_err()
+                {
+                    // The model ran out of tokens inside the call: Anthropic answers it so
+                    // unstreamed, with `stop_reason: "max_tokens"`, and tells clients to
+                    // raise `max_tokens` on it. The input is what came whole of it, as the
+                    // SDK's accumulator reads it (audit ZB 3), never a 502 that the SDK
+                    // would retry, paying for the same cut generation again.
+                    b.remove("input");
+                    input = Some(closed_json(&text));
                 } else {
                     // Kept as the text the provider wrote, once checked to be JSON: a
                     // `Value` would turn an integer past 64 bits into a float, sort the
@@ -346,6 +398,81 @@ impl Messages {
         }
         Ok(Document { message, content })
     }
+}
+
+/// What came whole of a JSON text the model stopped writing: the text up to its last whole
+/// value (a member without its value, a string or number cut mid-way, a comma left out), with
+/// the objects and arrays still open closed, byte for byte otherwise; `{}` when not even that
+/// reads. `{"path": "a.txt", "content": "lorem ip` is `{"path": "a.txt"}`, as the Anthropic
+/// SDK's partial reading of the input gives it.
+pub(super) fn closed_json(text: &str) -> Box<RawValue> {
+    // The open containers' closers; the end of the last whole value (or opening) and how
+    // many containers were open there.
+    let mut open: Vec<u8> = Vec::new();
+    let mut good: Option<(usize, usize)> = None;
+    // In an object: the next string is a key.
+    let mut key_next = false;
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'{' | b'[' => {
+                open.push(if b[i] == b'{' { b'}' } else { b']' });
+                key_next = b[i] == b'{';
+                i += 1;
+                good = Some((i, open.len()));
+            }
+            b'}' | b']' => {
+                open.pop();
+                i += 1;
+                key_next = false;
+                good = Some((i, open.len()));
+            }
+            b',' => {
+                key_next = open.last() == Some(&b'}');
+                i += 1;
+            }
+            b'"' => {
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                if j >= b.len() {
+                    break;
+                }
+                i = j + 1;
+                if !std::mem::take(&mut key_next) {
+                    good = Some((i, open.len()));
+                }
+            }
+            c if c.is_ascii_whitespace() || c == b':' => i += 1,
+            // A number or literal: whole only once something follows it.
+            _ => {
+                let j = i + b[i..]
+                    .iter()
+                    .position(|c| matches!(c, b',' | b'}' | b']') || c.is_ascii_whitespace())
+                    .unwrap_or(b.len() - i);
+                if j >= b.len() {
+                    break;
+                }
+                i = j;
+                good = Some((i, open.len()));
+            }
+        }
+    }
+    let closed = good.map(|(end, depth)| {
+        let mut s = text[..end].to_owned();
+        s.extend(
+            open[..depth.min(open.len())]
+                .iter()
+                .rev()
+                .map(|&c| c as char),
+        );
+        s
+    });
+    closed
+        .and_then(|s| RawValue::from_string(s).ok())
+        .unwrap_or_else(|| RawValue::from_string("{}".into()).expect("JSON"))
 }
 
 /// The message the provider would have answered: its fields, and its content blocks apart,

@@ -2,6 +2,7 @@ use super::*;
 use crate::provider::inspect::Inspector;
 use serde_json::json;
 
+mod compatible;
 mod decoding;
 mod messages;
 

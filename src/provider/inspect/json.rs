@@ -36,8 +36,9 @@ enum Ctx {
     /// Groq's `x_groq`, whose `usage` is a stream's usage unless `include_usage` asked for
     /// a top-level one.
     XGroq,
-    /// `x_groq.usage`: the usage unless the event has a top-level one, which wins whatever
-    /// their order, as in the document rebuilt from the stream (audit HB4).
+    /// `x_groq.usage`, or Moonshot's `choices[i].usage`: the usage unless the event has a
+    /// top-level one, which wins whatever their order, as in the document rebuilt from the
+    /// stream (audit HB4).
     GroqUsage,
     ErrorRoot,
     ErrorNested,
@@ -146,6 +147,8 @@ fn child(parent: Ctx, key: Key, array: bool) -> Ctx {
         (Root, Key::Response, false) => Response,
         (Root, Key::XGroq, false) => XGroq,
         (XGroq, Key::Usage, false) => GroqUsage,
+        // Moonshot's (Kimi's) usage, in its last chunk's choice: the same fallback (ZB 6).
+        (Choice, Key::Usage, false) => GroqUsage,
         (Root, Key::Error, false) => ErrorRoot,
         (Root, Key::Delta, false) => BlockDelta,
         (Root, Key::ContentBlock, false) => ContentBlock,
@@ -677,9 +680,14 @@ impl Json {
                         ev.failed |= name == b"response.failed";
                     }
                     (Ctx::BlockDelta, Key::StopReason) => ev.finished = true,
+                    // sglang, Ollama and koboldcpp (before their fixes) send `""` (koboldcpp
+                    // `"null"`) on every chunk before the last: no reason, so no end, as the
+                    // SDKs read it (audit ZB 1). A name too long to keep, or escaped, is one.
                     (Ctx::Choice, Key::FinishReason) => {
-                        ev.finished = true;
-                        self.choice_finished = true;
+                        if len > 0 && name != b"null" {
+                            ev.finished = true;
+                            self.choice_finished = true;
+                        }
                     }
                     (Ctx::Root, Key::Code) => ev.root_code = ErrorType::parse(name),
                     // The errors of compatible servers that are no error object: TGI's and

@@ -1105,3 +1105,39 @@ fn a_stream_that_ends_before_its_answer_began_ended_short() {
         assert!(!Inspector::new(format, false).ended_short(), "{format:?}");
     }
 }
+
+/// Audit ZB 1: sglang, older Ollama and koboldcpp send `"finish_reason":""` (koboldcpp
+/// `"null"`) on every chunk before the last. That is no reason, as the SDKs read it: the
+/// answer has not ended, so a stream that stops there ended short; the chunk with a reason
+/// ends it. Read whole or byte by byte, with shapes or without.
+#[test]
+fn an_empty_finish_reason_is_no_end() {
+    let chunk = |delta: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    for none in [r#""""#, r#""null""#] {
+        let start = [
+            chunk(r#"{"role":"assistant","content":"The answer is"}"#, none),
+            chunk(r#"{"content":" forty"}"#, none),
+            chunk(r#"{"content":" two"}"#, none),
+        ]
+        .concat();
+        let end = format!("{start}{}", chunk("{}", r#""stop""#));
+        for shapes in [true, false] {
+            let ins = Inspector::new(Format::Chat, true);
+            let ins = if shapes { ins } else { ins.without_shapes() };
+            for (stream, short) in [(&start, true), (&end, false)] {
+                let cuts: Vec<usize> = (0..stream.len()).collect();
+                for cuts in [&[][..], &cuts[..]] {
+                    let (_, _, ended_short) = pieces(ins.clone(), stream.as_bytes(), cuts);
+                    assert_eq!(ended_short, short, "{none} {shapes} {stream}");
+                }
+                let mut whole = ins.clone();
+                whole.feed(stream.as_bytes());
+                assert_eq!(whole.answer_ended(), !short, "{none} {shapes}");
+            }
+        }
+    }
+}

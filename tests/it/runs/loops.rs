@@ -604,3 +604,84 @@ run_max_calls = 40
         assert_eq!(h.fake.requests().len(), before, "{api}: never forwarded");
     }
 }
+
+/// Audit ZB 5: a partial answer (`partial_answers`, cut by the idle limit) hands out the
+/// whole tool calls it holds, which an agent may run: the same whole call in answer after
+/// answer is a loop, stopped at the fourth call as with whole answers. The call the cut left
+/// half-written, dropped from the document, is no part of the answer; a partial answer that
+/// hands out no call leaves the streak as it was.
+#[tokio::test]
+async fn whole_calls_in_partial_answers_count_toward_the_loop_stop() {
+    let (_redis, url) = run_store(Store::Memory).await;
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[runs]
+store = "{url}"
+
+[upstreams.fake]
+url = "{{FAKE}}"
+auth = "none"
+
+[[routes]]
+name = "partial"
+path_prefix = "/v1/chat/completions"
+upstream = "fake"
+stream_upstream = true
+partial_answers = true
+idle_timeout = "300ms"
+run_max_repeats = 3
+"#
+    );
+    let h = Harness::with_config(&config).await;
+    // A word, then two parallel calls of two pieces each; silent one piece into the second
+    // (after 4 content events), or into the first (after 2).
+    let send = |run: &'static str, n: usize, freeze: &'static str| {
+        let h = &h;
+        async move {
+            let headers = [
+                ("x-run-id", run),
+                ("x-fake-tool-call", "get_weather+get_time"),
+                ("x-fake-tool-args", r#"{"city":"Paris"}"#),
+                ("x-fake-chunks", "2"),
+                ("x-fake-tool-preamble", "1"),
+                ("x-fake-freeze-after", freeze),
+            ];
+            let turn = format!(r#","user":"turn {n}""#);
+            let (resp, _c) = h.send(call("/partial", false, &headers, &turn)).await;
+            let status = resp.status().as_u16();
+            let partial = resp.headers().get("x-hourglass-partial").cloned();
+            let body = json_body(resp).await;
+            (status, partial, body)
+        }
+    };
+    let mut seen = 0.0;
+    for n in 0..3 {
+        let (status, partial, body) = send("handed", n, "4").await;
+        assert_eq!(status, 200, "call {n}: {body}");
+        assert_eq!(partial.unwrap(), "idle_timeout");
+        let calls = &body["choices"][0]["message"]["tool_calls"];
+        assert_eq!(calls.as_array().map(Vec::len), Some(1), "{body}");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        seen += 1.0;
+        h.wait_requests("partial", seen).await;
+        run_json(&h, "handed").await;
+    }
+    let (status, _, body) = send("handed", 3, "4").await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["code"], "run_loop_detected");
+    // Cut inside the first call: its text alone is handed out, no call, and no streak.
+    for n in 0..4 {
+        let (status, partial, body) = send("nothing", n, "2").await;
+        assert_eq!(status, 200, "call {n}: {body}");
+        assert_eq!(partial.unwrap(), "idle_timeout");
+        let message = &body["choices"][0]["message"];
+        assert!(message.get("tool_calls").is_none(), "{body}");
+        seen += 1.0;
+        h.wait_requests("partial", seen).await;
+        run_json(&h, "nothing").await;
+    }
+}

@@ -361,3 +361,87 @@ fn a_message_deltas_top_level_members_never_overwrite_the_messages() {
     // A member the message has no value for is still taken (a beta's, not known yet).
     assert_eq!(d["novelty"], json!({"n": 1}), "{d}");
 }
+
+/// Audit ZB 3: Anthropic stopped by `max_tokens` inside a tool_use input ends the block and
+/// says `stop_reason: "max_tokens"`. That is the provider's answer, as it gives it unstreamed,
+/// not a malformed stream: a 200 with the block, its input what came whole of it (as the
+/// SDK's accumulator reads it), never a 502 the SDK retries three times.
+#[test]
+fn a_tool_input_cut_by_max_tokens_is_the_answer() {
+    let stream = one_tool_use(&[r#"{"path": "a.txt", "#, r#""content": "lorem ip"#], true).replace(
+        r#""stop_reason":"tool_use""#,
+        r#""stop_reason":"max_tokens""#,
+    );
+    let out = assemble(Format::Messages, &stream, None, 1 << 20)
+        .finish(None)
+        .unwrap();
+    let out = String::from_utf8(out).unwrap();
+    assert!(out.contains(r#""input":{"path": "a.txt"}"#), "{out}");
+    let d: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(d["stop_reason"], "max_tokens");
+    assert_eq!(blocks(&d), ["text", "tool_use:order"], "{d}");
+    assert_eq!(d["content"][1]["id"], "toolu_1");
+}
+
+#[test]
+fn what_came_whole_of_a_cut_json_text_is_closed() {
+    use crate::provider::assemble::messages::closed_json;
+    for (text, want) in [
+        (r#"{"a": [1, 2"#, r#"{"a": [1]}"#),
+        (r#"{"a": {"b": tr"#, r#"{"a": {}}"#),
+        (r#"{"a": "x\""#, "{}"),
+        (r#"{"a": 1, "b""#, r#"{"a": 1}"#),
+        (r#"{"a": 1, "b":"#, r#"{"a": 1}"#),
+        (r#"{"a": 1, "#, r#"{"a": 1}"#),
+        (r#"{"a":{"b":1},"c":[true,"#, r#"{"a":{"b":1},"c":[true]}"#),
+        (r#"{"é": "ü😀", "n": 12"#, r#"{"é": "ü😀"}"#),
+        (r#"{"a": 12"#, "{}"),
+        (r#"{"#, "{}"),
+        ("not json", "{}"),
+    ] {
+        assert_eq!(closed_json(text).get(), want, "{text}");
+    }
+}
+
+/// Audit ZB 4: a content block delta the reader cannot read (an emoji's surrogate pair split
+/// across two events, as a server that slices UTF-16 writes it) fails the document, as in
+/// Chat and Responses, never dropped from a 200 that looks whole. A type written with an
+/// escape is read, and a delta of a kind not known here is merged whatever its fields hold.
+#[test]
+fn a_block_delta_that_cannot_be_read_fails_the_document() {
+    let start =
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#;
+    let end = [
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"end_turn","stop_sequence":null},"usage":{"output_tokens":9}}"#,
+        r#"{"type":"message_stop"}"#,
+    ];
+    let text = |t: &str| {
+        format!(
+            r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{t}"}}}}"#
+        )
+    };
+    let (a, b) = (text(r"smile \ud83d"), text(r"\ude00 and the rest."));
+    let mut events = vec![MESSAGE_START, start, a.as_str(), b.as_str()];
+    events.extend(end);
+    match assemble(Format::Messages, &sse(&events), None, 1 << 20).finish(None) {
+        Err(AssembleError::Malformed(why)) => {
+            assert!(why.starts_with("event 3 of the stream is no "), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let escaped = r#"{"type":"content_block_delta","index":0,"delta":{"type":"text\u005fdelta","text":"Hi"}}"#;
+    let mut events = vec![MESSAGE_START, start, escaped];
+    events.extend(end);
+    let d = doc(Format::Messages, &sse(&events), None);
+    assert_eq!(d["content"][0]["text"], "Hi", "{d}");
+    let future = [
+        r#"{"type":"content_block_start","index":0,"content_block":{"type":"future","text":null}}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"future_delta","text":{"rich":true}}}"#,
+    ];
+    let mut events = vec![MESSAGE_START];
+    events.extend(future);
+    events.extend(end);
+    let d = doc(Format::Messages, &sse(&events), None);
+    assert_eq!(d["content"][0]["text"]["rich"], true, "{d}");
+}

@@ -115,3 +115,28 @@ fn an_absurd_usage_reads_as_the_cap() {
     let got = run(Format::Messages, s.as_bytes(), true, &[]);
     assert_eq!(got.tokens.prompt(), Some(3 * MAX_REPORTED_TOKENS));
 }
+
+/// Audit ZB 6: Moonshot (Kimi) sends the answer's usage in its last chunk's choice,
+/// `choices[0].usage`: it is the usage, as Groq's `x_groq.usage` is, and a top-level one in
+/// the same chunk wins whatever their order.
+#[test]
+fn moonshot_reports_its_usage_in_the_choice() {
+    let kimi = r#"{"index":0,"delta":{},"finish_reason":"stop","usage":{"prompt_tokens":812,"completion_tokens":5,"total_tokens":817,"cached_tokens":800}}"#;
+    let s = format!(
+        "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"Hello\"}},\"finish_reason\":null}}]}}\n\ndata: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{kimi}]}}\n\ndata: [DONE]\n\n"
+    );
+    let cuts: Vec<usize> = (0..s.len()).collect();
+    for cuts in [&[][..], &cuts[..]] {
+        let got = run(Format::Chat, s.as_bytes(), true, cuts);
+        assert_eq!(got.tokens.prompt(), Some(812));
+        assert_eq!(got.tokens.completion(), (5, Source::Reported));
+    }
+    let top = r#""usage":{"prompt_tokens":5,"completion_tokens":6,"total_tokens":11}"#;
+    let choices = format!(r#""choices":[{kimi}]"#);
+    for (first, second) in [(top, choices.as_str()), (choices.as_str(), top)] {
+        let s = format!("data: {{\"id\":\"c\",{first},{second}}}\n\ndata: [DONE]\n\n");
+        let got = run(Format::Chat, s.as_bytes(), true, &[]);
+        assert_eq!(got.tokens.prompt(), Some(5), "{s}");
+        assert_eq!(got.tokens.completion(), (6, Source::Reported), "{s}");
+    }
+}
