@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
@@ -22,11 +22,10 @@ use tokio::time::Instant;
 
 use crate::error::{BoxError, GatewayError, StreamErrorShape};
 use crate::http::headers::strip_from_trailers;
-use crate::http::sse::LeftOut;
 use crate::provider::inspect::Inspector;
 use crate::stream::limits::StreamLimits;
 use crate::stream::observer::{Observer, StreamEnd};
-use crate::stream::progress::{Progress, Read};
+use crate::stream::progress::Progress;
 use crate::stream::reaper::{Reaped, ReapedBy, ReapedError};
 use crate::stream::signal::{Signal, Waiter};
 use crate::stream::timer::{recheck_at, Timer};
@@ -53,23 +52,6 @@ pub const JOIN_PIECE: usize = 64;
 /// once the last frame was taken); one still open after it costs a new connection, never
 /// the client a wait for the idle limit.
 pub const END_GRACE: Duration = Duration::from_millis(250);
-
-/// The frames of an SSE event not yet complete; or, on an NDJSON body (`shape` `Line`), of a
-/// line not yet complete.
-struct Sse {
-    /// The bytes of an event not yet complete, as the frames that carried them.
-    held: Vec<Bytes>,
-    held_len: usize,
-    /// Part of the open event already went to the client (it outgrew `MAX_HELD_EVENT`), so
-    /// an error event must first end that event's line and block to parse on its own.
-    partial_sent: bool,
-    /// A cut is an error of the body rather than an error event: the reader is the gateway
-    /// itself, assembling the stream for a client that did not stream.
-    fail: bool,
-    /// How the error that ends a cut stream is written (and, `Line`, that its records are
-    /// lines).
-    shape: StreamErrorShape,
-}
 
 /// Whether the client's connection has taken the answer's end, where it can tell.
 ///
@@ -1063,85 +1045,6 @@ fn run_tokens_spent(progress: &Progress, limits: &mut StreamLimits) -> Option<Ga
     })
 }
 
-/// The held event is complete with `rest`, the frame up to its last boundary. Each piece it
-/// came in would go out as a chunk of its own: an event written a byte at a time cost the
-/// client six times its size in chunk framing. So one that came in three pieces or more of a
-/// few bytes each is copied into one frame, with `rest` (whose whole events the scanner does
-/// not tell apart from the held event's end). Two pieces, the usual split, and events in
-/// pieces of more than `JOIN_PIECE` bytes on average, whose framing is a small part of them,
-/// go out as they came, uncopied.
-fn release_held(sse: &mut Sse, ready: &mut VecDeque<Bytes>, rest: Bytes) {
-    let len = sse.held_len + rest.len();
-    let pieces = sse.held.len() + 1;
-    // Pieces of a few bytes on average: each costs a chunk head of about as many.
-    if pieces >= 3 && len <= JOIN_MAX && len <= JOIN_PIECE * pieces {
-        let mut joined = BytesMut::with_capacity(len);
-        for piece in sse.held.drain(..) {
-            joined.extend_from_slice(&piece);
-        }
-        joined.extend_from_slice(&rest);
-        ready.push_back(joined.freeze());
-    } else {
-        ready.extend(sse.held.drain(..));
-        if !rest.is_empty() {
-            ready.push_back(rest);
-        }
-    }
-    sse.held_len = 0;
-}
-
-/// Leaves `event`, which ended in `data`, out of what goes to the client: what came before
-/// it (held, and in `data`) is ready to go, and what follows it is returned, with what the
-/// piece read in it (its offsets then in that rest). Once a stream, so the slices cost
-/// nothing a chunk.
-fn leave_out(
-    sse: &mut Sse,
-    ready: &mut VecDeque<Bytes>,
-    mut data: Bytes,
-    mut read: Read,
-    event: LeftOut,
-) -> (Bytes, Read) {
-    match event.start {
-        Some(start) => release_held(sse, ready, data.slice(..start)),
-        // It began in the frames held: they are all its own.
-        None => {
-            sse.held.clear();
-            sse.held_len = 0;
-        }
-    }
-    sse.partial_sent = false;
-    let rest = data.split_off(event.end);
-    // Both at or past the event's end: the last boundary, and an error after it.
-    read.boundary = read.boundary.map(|b| b - event.end);
-    read.error_end = read.error_end.map(|e| e - event.end);
-    read.error_field = error_field::shifted(read.error_field, event.end);
-    (rest, read)
-}
-
-impl Sse {
-    fn new(shape: StreamErrorShape) -> Self {
-        Self {
-            held: Vec::new(),
-            held_len: 0,
-            partial_sent: false,
-            fail: false,
-            shape,
-        }
-    }
-
-    /// The body is NDJSON, not SSE (`WatchdogBody::ndjson_lines`).
-    fn lines(&self) -> bool {
-        self.shape == StreamErrorShape::Line
-    }
-}
-
-fn flush_held(sse: &mut Option<Sse>, ready: &mut VecDeque<Bytes>) {
-    if let Some(sse) = sse {
-        ready.extend(sse.held.drain(..));
-        sse.held_len = 0;
-    }
-}
-
 /// Ends the stream because of `err`: the upstream body is dropped now (that is what closes
 /// the upstream connection), a held partial event is discarded so that the error event that
 /// follows parses on its own, and the observer learns the cause.
@@ -1196,5 +1099,7 @@ fn cut<B, O: Observer>(
 }
 
 mod error_field;
+mod held;
+use held::{flush_held, leave_out, release_held, Sse};
 #[cfg(test)]
 mod tests;
