@@ -516,40 +516,13 @@ impl GatewayError {
     /// same upload would be cut again, and the answer says not to retry it (audit PC 3: the
     /// OpenAI SDK sent an upload cut by its route's budget three times; ZA 2: one that left
     /// too little for the call). A run's deadline says so already.
-    pub fn spent_uploading(self, upload: Uploading) -> GatewayError {
-        match self {
-            GatewayError::DeadlineExceeded {
-                budget,
-                reserve,
-                client_budget,
-                patience,
-                ..
-            } => GatewayError::DeadlineExceeded {
-                budget,
-                reserve,
-                client_budget,
-                patience,
-                uploading: Some(upload),
-            },
-            GatewayError::InsufficientBudget {
-                remaining,
-                reserve,
-                min_useful,
-                expected_by,
-                whole,
-                patience,
-                ..
-            } => GatewayError::InsufficientBudget {
-                remaining,
-                reserve,
-                min_useful,
-                expected_by,
-                whole,
-                patience,
-                uploading: Some(upload),
-            },
-            other => other,
+    pub fn spent_uploading(mut self, upload: Uploading) -> GatewayError {
+        if let GatewayError::DeadlineExceeded { uploading, .. }
+        | GatewayError::InsufficientBudget { uploading, .. } = &mut self
+        {
+            *uploading = Some(upload);
         }
+        self
     }
 }
 

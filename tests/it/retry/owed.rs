@@ -38,6 +38,32 @@ async fn scripted_named(
     url
 }
 
+type Arrivals = std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>;
+
+/// A key, a, that asks for a 1 s wait (`Retry-After`) and then answers, and its balance peer
+/// b that answers `b` (`retries = 1`): the gateway over both, and the order of their calls.
+async fn limited_key_and_peer(b: Vec<Vec<(Duration, Vec<u8>)>>) -> (Running, Arrivals) {
+    let arrivals = Arrivals::default();
+    let a = scripted_named(
+        "a",
+        &arrivals,
+        vec![rate_limited_after(Duration::ZERO, "1"), completion()],
+    )
+    .await;
+    let b = scripted_named("b", &arrivals, b).await;
+    let text = config(
+        &a,
+        &b,
+        "retries = 1\nbalance_with = [\"backup\"]",
+        "eject_after = 100",
+        "eject_after = 100",
+    );
+    let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
+        .await
+        .unwrap();
+    (gw, arrivals)
+}
+
 /// A key that asks for a wait does not idle the request while a balance peer is free: the
 /// request that starts on the limited key is answered by the peer at once, and the limited
 /// key's retry, owed until then, is not needed (audit SC 3: it slept 2 s beside an idle
@@ -89,25 +115,8 @@ async fn a_retry_after_on_a_balanced_key_moves_on_to_the_free_peer_first() {
 /// the request gets a's 200 from the owed retry, in that order of calls.
 #[tokio::test]
 async fn a_retry_owed_to_a_limited_key_is_made_after_its_peer_fails() {
-    let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let a = scripted_named(
-        "a",
-        &arrivals,
-        vec![rate_limited_after(Duration::ZERO, "1"), completion()],
-    )
-    .await;
     let failing = answer(Duration::ZERO, "500 Internal Server Error", "");
-    let b = scripted_named("b", &arrivals, vec![failing]).await;
-    let text = config(
-        &a,
-        &b,
-        "retries = 1\nbalance_with = [\"backup\"]",
-        "eject_after = 100",
-        "eject_after = 100",
-    );
-    let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
-        .await
-        .unwrap();
+    let (gw, arrivals) = limited_key_and_peer(vec![failing]).await;
     // The first request of equals starts at the route's own upstream.
     let (resp, _c) = Conn::open(gw.addr)
         .await
@@ -145,25 +154,8 @@ async fn a_retry_owed_to_a_limited_key_is_made_after_its_peer_fails() {
 /// is not cut), so it hangs to the deadline.
 #[tokio::test]
 async fn an_owed_retry_that_no_longer_fits_leaves_the_kept_answer() {
-    let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let a = scripted_named(
-        "a",
-        &arrivals,
-        vec![rate_limited_after(Duration::ZERO, "1"), completion()],
-    )
-    .await;
     let hangs = vec![(Duration::from_secs(30), Vec::new())];
-    let b = scripted_named("b", &arrivals, vec![hangs]).await;
-    let text = config(
-        &a,
-        &b,
-        "retries = 1\nbalance_with = [\"backup\"]",
-        "eject_after = 100",
-        "eject_after = 100",
-    );
-    let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
-        .await
-        .unwrap();
+    let (gw, arrivals) = limited_key_and_peer(vec![hangs]).await;
     // 1.2 s: the owed retry (1 s wait, then 100 ms at least) fits when a asks for the wait,
     // but room for it in b's wait would leave b less than `min_useful`, so none is kept.
     let (resp, _c) = Conn::open(gw.addr)
@@ -185,25 +177,8 @@ async fn an_owed_retry_that_no_longer_fits_leaves_the_kept_answer() {
 /// 429.
 #[tokio::test]
 async fn a_hung_peer_leaves_the_owed_retry_its_room() {
-    let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let a = scripted_named(
-        "a",
-        &arrivals,
-        vec![rate_limited_after(Duration::ZERO, "1"), completion()],
-    )
-    .await;
     let hangs = vec![(Duration::from_secs(30), Vec::new())];
-    let b = scripted_named("b", &arrivals, vec![hangs]).await;
-    let text = config(
-        &a,
-        &b,
-        "retries = 1\nbalance_with = [\"backup\"]",
-        "eject_after = 100",
-        "eject_after = 100",
-    );
-    let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
-        .await
-        .unwrap();
+    let (gw, arrivals) = limited_key_and_peer(vec![hangs]).await;
     let (resp, _c) = Conn::open(gw.addr)
         .await
         .send(chat_request(&[("x-request-budget-ms", "1800")], false))
@@ -221,25 +196,8 @@ async fn a_hung_peer_leaves_the_owed_retry_its_room() {
 /// which hung 2 s more first (the client waited 4 s for a's answer, not 2).
 #[tokio::test]
 async fn an_owed_retry_due_goes_before_the_peers_own_retry() {
-    let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let a = scripted_named(
-        "a",
-        &arrivals,
-        vec![rate_limited_after(Duration::ZERO, "1"), completion()],
-    )
-    .await;
     let hangs = vec![(Duration::from_secs(30), Vec::new())];
-    let b = scripted_named("b", &arrivals, vec![hangs]).await;
-    let text = config(
-        &a,
-        &b,
-        "retries = 1\nbalance_with = [\"backup\"]",
-        "eject_after = 100",
-        "eject_after = 100",
-    );
-    let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
-        .await
-        .unwrap();
+    let (gw, arrivals) = limited_key_and_peer(vec![hangs]).await;
     let (resp, _c) = Conn::open(gw.addr)
         .await
         .send(chat_request(&[("x-request-budget-ms", "10000")], false))
@@ -268,24 +226,7 @@ async fn an_owed_retry_due_goes_before_the_peers_own_retry() {
 #[tokio::test]
 async fn a_peers_failure_not_retried_leaves_the_owed_retry() {
     for status in ["401 Unauthorized", "400 Bad Request"] {
-        let arrivals = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let a = scripted_named(
-            "a",
-            &arrivals,
-            vec![rate_limited_after(Duration::ZERO, "1"), completion()],
-        )
-        .await;
-        let b = scripted_named("b", &arrivals, vec![answer(Duration::ZERO, status, "")]).await;
-        let text = config(
-            &a,
-            &b,
-            "retries = 1\nbalance_with = [\"backup\"]",
-            "eject_after = 100",
-            "eject_after = 100",
-        );
-        let gw = server::start(Config::from_toml(&text, "retry-test.toml").unwrap())
-            .await
-            .unwrap();
+        let (gw, arrivals) = limited_key_and_peer(vec![answer(Duration::ZERO, status, "")]).await;
         let (resp, _c) = Conn::open(gw.addr)
             .await
             .send(chat_request(&[], false))
