@@ -29,7 +29,7 @@ use crate::http::headers::{
 use crate::http::hops::max_forwards;
 use crate::http::path::{for_routing, has_dot_segment, normalized};
 use crate::provider::batches::{anthropic_path, base_relative, localize_results_urls};
-use crate::provider::inspect::{gemini, Inspector};
+use crate::provider::inspect::{gemini, ndjson, Inspector};
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::progress::Progress;
 use crate::stream::WatchdogBody;
@@ -87,6 +87,8 @@ impl Gateway {
         // A stream of Gemini's native API: read for its error event, and ended at a cut with
         // one in its shape, which its clients read (WB 6, break audit YB 1).
         let gemini_stream = gemini::streams(req.uri().path());
+        // An NDJSON answer that ends at its `"done": true` line (Ollama's calls).
+        let ends_at_done = ndjson::ends_at_done(req.uri().path());
         async move {
             if final_recipient {
                 record.set_status(200);
@@ -294,7 +296,7 @@ impl Gateway {
                     let reaped = body.reaped_by();
                     let progress = Progress::new(readable_sse, inspector)
                         .gemini_errors(gemini_stream)
-                        .ndjson(lines);
+                        .ndjson(lines && ends_at_done);
                     let mut limits = started.limits;
                     // A stream is cut when its run's tokens run out; a JSON document has
                     // arrived, paid for, by the time its usage is read: it is delivered, and

@@ -442,8 +442,11 @@ pub async fn run(
                     // before the retries owed to the keys before it: a peer's 401 (its key
                     // revoked) ended the request while the key that asked for a wait would
                     // have answered (audit YA 1).
+                    // An error event before any output (a 200's `authentication_error`,
+                    // llama.cpp's 400) is such a failure too (break audit ZC 4).
                     let failed = started.response.status().is_client_error()
-                        || started.response.status().is_server_error();
+                        || started.response.status().is_server_error()
+                        || started.error_event.is_some();
                     if failed && !owed.is_empty() {
                         last = Last::Answer(Box::new(started));
                         only_owed = true;

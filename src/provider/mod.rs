@@ -172,9 +172,7 @@ fn compacts(path: &str) -> bool {
 /// time-to-first-token histogram takes only these (audit UC 4); a path the gateway does not
 /// know stays in, as before.
 pub fn may_generate(method: &http::Method, path: &str, background: bool) -> bool {
-    method == http::Method::POST
-        && !background
-        && (!below_call(path) || compacts(path.split('?').next().unwrap_or_default()))
+    method == http::Method::POST && !background && !below_call(path)
 }
 
 /// The type of a provider's mid-stream error, as the `type` label of
@@ -369,8 +367,9 @@ mod tests {
             "/v1/responses/resp_1",
             false
         ));
-        // A compaction is a model pass (audit ZD 1); a count of input tokens is not.
-        assert!(may_generate(&Method::POST, "/v1/responses/compact", false));
+        // A compaction is a model pass (audit ZD 1), but its answer is one document whose
+        // first byte comes at its end: no sample of a first token (break audit ZC 3).
+        assert!(!may_generate(&Method::POST, "/v1/responses/compact", false));
         assert!(!may_generate(
             &Method::POST,
             "/v1/responses/input_tokens",

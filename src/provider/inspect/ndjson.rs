@@ -12,6 +12,17 @@
 
 use memchr::memchr2;
 
+/// Whether a request to `path` (its query allowed) is one of Ollama's calls whose NDJSON
+/// answer ends at its `"done": true` line (`/api/chat`, `/api/generate`). Any other NDJSON
+/// body (a file's content, Ollama's `/api/pull` progress) may well hold such a line before
+/// its end: read so, its rest was dropped from a clean 200 once the upstream paused after it
+/// (break audit ZC 1: 20 of 61 bytes of a file passed, logged `ok`).
+pub fn ends_at_done(path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or_default();
+    let path = path.trim_end_matches('/');
+    path.ends_with("/api/chat") || path.ends_with("/api/generate")
+}
+
 const DONE: &[u8] = b"done";
 const TRUE: &[u8] = b"true";
 

@@ -275,3 +275,26 @@ async fn a_balance_peer_does_not_cost_the_retry_a_retry_after_was_owed() {
     }
     assert_eq!(b_asked.load(std::sync::atomic::Ordering::SeqCst), 4);
 }
+
+/// Break audit ZC 4: a peer's failure told as an error event before any output (a 200, then
+/// an `authentication_error`: its key revoked) ended the request before the retry owed, as its
+/// 401 had before YA 1. Such an answer is the same failure: the owed retry is made.
+#[tokio::test]
+async fn a_peers_error_event_before_output_leaves_the_owed_retry() {
+    let event = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"authentication_error\",\"message\":\"invalid x-api-key\"}}\n\n";
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{event}",
+        event.len()
+    );
+    let (gw, arrivals) =
+        limited_key_and_peer(vec![vec![(Duration::ZERO, head.into_bytes())]]).await;
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], true))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let body = json_body(resp).await;
+    assert_eq!(body["id"], "c1", "a's answer: {body}");
+    assert_eq!(*arrivals.lock().unwrap(), ["a", "b", "a"]);
+}

@@ -68,3 +68,25 @@ fn only_a_top_level_done_true_ends_it() {
     r.read(b"{{{[[\"a\":\n{\"done\":true}\n");
     assert!(r.over());
 }
+
+/// Break audit ZC 1: only Ollama's calls end at `"done": true`; a file's NDJSON content (or a
+/// pull's progress) that holds such a line passes whole.
+#[test]
+fn only_ollamas_calls_end_at_their_done_line() {
+    for path in [
+        "/api/chat",
+        "/api/generate",
+        "/ollama/api/chat/",
+        "/api/generate?x=1",
+    ] {
+        assert!(ends_at_done(path), "{path}");
+    }
+    for path in [
+        "/v1/files/f1/content",
+        "/api/pull",
+        "/api/chats",
+        "/v1/chat/completions",
+    ] {
+        assert!(!ends_at_done(path), "{path}");
+    }
+}
