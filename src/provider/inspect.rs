@@ -38,7 +38,7 @@ pub use self::tokens::{PromptPart, Source, Tokens, MAX_REPORTED_TOKENS};
 use crate::http::sse::{EventSink, EventType, Scan, SseScanner};
 use crate::provider::assemble::Assembler;
 use crate::provider::tools::ToolCalls;
-use crate::provider::{status_of_code, ErrorType, Format};
+use crate::provider::{error_type_of, ErrorType, Format};
 
 mod error_field;
 mod event;
@@ -511,12 +511,7 @@ impl Reader {
         // A numeric code is the HTTP status the provider answers the error with, as the
         // document rebuilt from the stream is answered (audit GB 6), unless a named type
         // says more than a generic status (audits HB5, HC3).
-        let named = status_of_code(ev.error_type, status)
-            .and_then(|s| ErrorType::from_status(u64::from(s)))
-            .or(ev.error_type)
-            .or(status.and_then(ErrorType::from_status))
-            .or(ev.error_code)
-            .or(ev.root_code);
+        let named = error_type_of(ev.error_type, status, ev.error_code.or(ev.root_code));
         let ev = Event {
             error: ev.error || kind == EventType::Error,
             ..ev

@@ -214,6 +214,23 @@ pub fn status_of_code(typed: Option<ErrorType>, code: Option<u64>) -> Option<u16
     (!(generic && specific)).then_some(status)
 }
 
+/// The type a provider's error is counted by: its numeric `code` as the HTTP status it is
+/// where that decides (`status_of_code`), else its named `type`, else any status its code is,
+/// else a type its `code` names (`named_code`). One rule for every reader of provider
+/// errors: the inspector's events and llama.cpp's `error` field.
+#[inline]
+pub fn error_type_of(
+    typed: Option<ErrorType>,
+    status: Option<u64>,
+    named_code: Option<ErrorType>,
+) -> Option<ErrorType> {
+    status_of_code(typed, status)
+        .and_then(|s| ErrorType::from_status(u64::from(s)))
+        .or(typed)
+        .or(status.and_then(ErrorType::from_status))
+        .or(named_code)
+}
+
 impl ErrorType {
     /// The type named by a provider's `error.type` (or `code`), if it is a known one.
     /// Also the names compatible servers give their errors: vLLM's `type` (the OpenAI SDK's

@@ -423,6 +423,20 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
+        // Every cut of the answer ends the same parts of this body.
+        macro_rules! cut_here {
+            ($err:expr) => {
+                cut(
+                    this.inner.as_mut(),
+                    this.sse,
+                    this.ready,
+                    this.state,
+                    this.observer,
+                    this.progress,
+                    $err,
+                )
+            };
+        }
         loop {
             if let Some(b) = this.ready.pop_front() {
                 return hand_out(this.last_out, this.observer, b);
@@ -504,15 +518,7 @@ where
                             upstream: this.limits.upstream.to_string(),
                             reason: ENDED_SHORT.to_owned(),
                         };
-                        cut(
-                            this.inner.as_mut(),
-                            this.sse,
-                            this.ready,
-                            this.state,
-                            this.observer,
-                            this.progress,
-                            err,
-                        );
+                        cut_here!(err);
                         continue;
                     }
                     if let Some(err) = run_tokens_spent(this.progress, this.limits) {
@@ -531,15 +537,7 @@ where
                             sse.partial_sent = false;
                             release_held(sse, this.ready, data.slice(..end));
                         }
-                        cut(
-                            this.inner.as_mut(),
-                            this.sse,
-                            this.ready,
-                            this.state,
-                            this.observer,
-                            this.progress,
-                            err,
-                        );
+                        cut_here!(err);
                         continue;
                     }
                     let Some(sse) = this.sse.as_mut() else {
@@ -692,15 +690,7 @@ where
                             reason: crate::error::with_causes(&*e),
                         }
                     };
-                    cut(
-                        this.inner.as_mut(),
-                        this.sse,
-                        this.ready,
-                        this.state,
-                        this.observer,
-                        this.progress,
-                        err,
-                    );
+                    cut_here!(err);
                 }
                 Poll::Ready(None) => {
                     end_of_body(
@@ -731,15 +721,7 @@ where
                                 );
                                 continue;
                             }
-                            cut(
-                                this.inner.as_mut(),
-                                this.sse,
-                                this.ready,
-                                this.state,
-                                this.observer,
-                                this.progress,
-                                GatewayError::Shutdown,
-                            );
+                            cut_here!(GatewayError::Shutdown);
                             continue;
                         }
                     }
@@ -830,15 +812,7 @@ where
                         );
                         continue;
                     }
-                    cut(
-                        this.inner.as_mut(),
-                        this.sse,
-                        this.ready,
-                        this.state,
-                        this.observer,
-                        this.progress,
-                        err,
-                    );
+                    cut_here!(err);
                 }
             }
         }
@@ -1100,6 +1074,6 @@ fn cut<B, O: Observer>(
 
 mod error_field;
 mod held;
-use held::{flush_held, leave_out, release_held, Sse};
+use held::{drop_event, flush_held, leave_out, release_held, Sse};
 #[cfg(test)]
 mod tests;

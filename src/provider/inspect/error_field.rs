@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::provider::{status_of_code, ErrorType};
+use crate::provider::{error_type_of, ErrorType};
 
 /// The most of a value kept. llama.cpp's is a line of a few hundred bytes; one past this is
 /// read by its first bytes, as text (cut, it is no JSON), so an upstream cannot make the
@@ -70,15 +70,10 @@ impl ErrorField {
                     .and_then(|t| ErrorType::parse(t.as_bytes()));
                 let code = object.get("code");
                 let status = code.and_then(Value::as_u64);
-                let kind = status_of_code(typed, status)
-                    .and_then(|s| ErrorType::from_status(u64::from(s)))
-                    .or(typed)
-                    .or(status.and_then(ErrorType::from_status))
-                    .or_else(|| {
-                        code.and_then(Value::as_str)
-                            .and_then(|c| ErrorType::parse(c.as_bytes()))
-                    })
-                    .unwrap_or(ErrorType::Other);
+                let named_code = code
+                    .and_then(Value::as_str)
+                    .and_then(|c| ErrorType::parse(c.as_bytes()));
+                let kind = error_type_of(typed, status, named_code).unwrap_or(ErrorType::Other);
                 FieldError {
                     event: serde_json::json!({ "error": object }),
                     kind,

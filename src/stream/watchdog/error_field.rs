@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
-use super::{flush_held, release_held, Sse};
+use super::{drop_event, flush_held, Sse};
 use crate::error::GatewayError;
 use crate::http::sse::LeftOut;
 use crate::stream::limits::StreamLimits;
@@ -51,19 +51,10 @@ pub(super) fn pass<O: Observer>(
     };
     let Some(sse) = sse.as_mut() else { return };
     let mut written = 0;
-    match block.start {
-        Some(start) => release_held(sse, ready, data.slice(..start)),
-        // It began in the frames held (or in those that went out past the limit): all its own.
-        None => {
-            sse.held.clear();
-            sse.held_len = 0;
-            if sse.partial_sent {
-                ready.push_back(Bytes::from_static(b"\n\n"));
-                written += 2;
-            }
-        }
+    if drop_event(sse, ready, data, block.start) {
+        ready.push_back(Bytes::from_static(b"\n\n"));
+        written += 2;
     }
-    sse.partial_sent = false;
     let err = GatewayError::UpstreamError {
         upstream: limits.upstream.to_string(),
         reason: progress

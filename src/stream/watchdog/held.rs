@@ -60,6 +60,26 @@ pub(super) fn release_held(sse: &mut Sse, ready: &mut VecDeque<Bytes>, rest: Byt
 /// it (held, and in `data`) is ready to go, and what follows it is returned, with what the
 /// piece read in it (its offsets then in that rest). Once a stream, so the slices cost
 /// nothing a chunk.
+/// Lets what came before an event that began at `start` in `data` (`None`: in the frames
+/// held, which are then all its own) go to the client, and drops the event's bytes held.
+/// Whether part of the event had gone out already (it outgrew `MAX_HELD_EVENT`).
+pub(super) fn drop_event(
+    sse: &mut Sse,
+    ready: &mut VecDeque<Bytes>,
+    data: &Bytes,
+    start: Option<usize>,
+) -> bool {
+    match start {
+        Some(start) => release_held(sse, ready, data.slice(..start)),
+        None => {
+            sse.held.clear();
+            sse.held_len = 0;
+        }
+    }
+    let partial = std::mem::take(&mut sse.partial_sent);
+    start.is_none() && partial
+}
+
 pub(super) fn leave_out(
     sse: &mut Sse,
     ready: &mut VecDeque<Bytes>,
@@ -67,15 +87,7 @@ pub(super) fn leave_out(
     mut read: Read,
     event: LeftOut,
 ) -> (Bytes, Read) {
-    match event.start {
-        Some(start) => release_held(sse, ready, data.slice(..start)),
-        // It began in the frames held: they are all its own.
-        None => {
-            sse.held.clear();
-            sse.held_len = 0;
-        }
-    }
-    sse.partial_sent = false;
+    drop_event(sse, ready, &data, event.start);
     let rest = data.split_off(event.end);
     // Both at or past the event's end: the last boundary, and an error after it.
     read.boundary = read.boundary.map(|b| b - event.end);
