@@ -231,7 +231,9 @@ async fn a_block_with_data_and_an_error_field_is_delivered() {
 #[tokio::test]
 async fn a_block_past_the_hold_ends_with_the_error_event() {
     let h = harness().await;
-    let long = "x".repeat(1_100_000);
+    // Twice the hold: the upstream's frames (64 KiB at most) that take the block past it
+    // cannot also bring its end, which would complete it (and replace it whole).
+    let long = "x".repeat(2 * 1_048_576);
     let head = format!("data: {CHUNK}\n\n");
     replay(
         &h,
