@@ -729,6 +729,10 @@ impl GatewayError {
     /// a Responses stream, whose every event is numbered, it takes the next number
     /// (`sequence_number`).
     pub fn sse_event(&self, sequence_number: Option<u64>) -> Bytes {
+        self.sse_event_as(sequence_number, self.error_type())
+    }
+
+    fn sse_event_as(&self, sequence_number: Option<u64>, kind: &'static str) -> Bytes {
         #[derive(serde::Serialize)]
         struct Data {
             error: ErrorObject,
@@ -742,7 +746,10 @@ impl GatewayError {
         write_json(
             &mut out,
             &Data {
-                error: self.error_object(),
+                error: ErrorObject {
+                    kind,
+                    ..self.error_object()
+                },
                 sequence_number,
                 kind: "error",
             },
@@ -754,10 +761,23 @@ impl GatewayError {
     /// What ends a stream that a limit or failure cut, written as its clients read errors
     /// (see `StreamErrorShape`).
     pub fn stream_error(&self, shape: StreamErrorShape, sequence_number: Option<u64>) -> Bytes {
+        self.stream_error_as(shape, sequence_number, self.error_type())
+    }
+
+    /// `stream_error` with the `type` of another's error: the provider's, whose error the
+    /// gateway writes in its words (llama.cpp's `error` field), so that a gateway in front
+    /// reads its kind (a 503's `overloaded_error` failed over, break audit ZC 2) as it reads
+    /// the provider's own events.
+    pub fn stream_error_as(
+        &self,
+        shape: StreamErrorShape,
+        sequence_number: Option<u64>,
+        kind: &'static str,
+    ) -> Bytes {
         match shape {
-            StreamErrorShape::Event => self.sse_event(sequence_number),
+            StreamErrorShape::Event => self.sse_event_as(sequence_number, kind),
             StreamErrorShape::Gemini => self.gemini_event(),
-            StreamErrorShape::Line => self.ndjson_line(),
+            StreamErrorShape::Line => self.ndjson_line(kind),
         }
     }
 
@@ -814,7 +834,7 @@ impl GatewayError {
 
     /// Ollama's in-band error line: `error` is the text (all that ollama-python reads), the
     /// gateway's `code` and `type` beside it.
-    fn ndjson_line(&self) -> Bytes {
+    fn ndjson_line(&self, kind: &'static str) -> Bytes {
         #[derive(serde::Serialize)]
         struct Line {
             error: String,
@@ -828,7 +848,7 @@ impl GatewayError {
             &Line {
                 error: self.to_string(),
                 code: self.code(),
-                kind: self.error_type(),
+                kind,
             },
         );
         out.push(b'\n');

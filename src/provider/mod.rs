@@ -252,7 +252,10 @@ impl ErrorType {
             | b"generation"
             | b"incomplete_generation"
             | b"500"
-            | b"502" => Self::Server,
+            | b"502"
+            // A gateway's own (Hourglass's code and type of an upstream that failed, answered
+            // 502 before its head): a chain reads its cut as the 502 it would have been.
+            | b"upstream_error" => Self::Server,
             b"invalid_request_error"
             | b"BadRequestError"
             | b"UnprocessableEntityError"
@@ -523,6 +526,8 @@ mod tests {
             Some("rate_limit_error")
         );
         assert_eq!(ErrorType::parse(b"some_new_error_of_the_week"), None);
+        // Break audit ZC 2: a gateway's cut for its failed upstream, read by one in front.
+        assert_eq!(ErrorType::parse(b"upstream_error"), Some(ErrorType::Server));
         // Audit HB3: the Responses API's codes of a failed response.
         for (code, ty) in [
             (&b"invalid_prompt"[..], ErrorType::InvalidRequest),

@@ -260,3 +260,40 @@ async fn a_block_past_the_hold_ends_with_the_error_event() {
     )
     .await;
 }
+
+/// Break audit ZC 2: a gateway in front of another read the inner one's event for a
+/// llama.cpp 503 as an error of no kind (`upstream_error`), and did not fail it over as one
+/// gateway does. The inner event carries the provider's kind (`overloaded_error`), which the
+/// front reads as it reads the provider's own events: before output, it falls back.
+#[tokio::test]
+async fn a_503_block_down_the_chain_is_failed_over_at_the_front() {
+    let inner = harness().await;
+    replay(
+        &inner,
+        "error: {\"code\":503,\"message\":\"loading model\"}\n\ndata: [DONE]\n\n",
+    );
+    let front = Harness::with_config(&format!(
+        "{CONFIG}\n[upstreams.inner]\nurl = \"http://{}\"\nauth = \"none\"\n\
+         model = \"plain\"\n\n\
+         [[routes]]\nname = \"chained\"\npath_prefix = \"/v1/chat/completions\"\n\
+         models = [\"chained\"]\nupstream = \"inner\"\nfallbacks = [\"fake\"]\n",
+        inner.addr()
+    ))
+    .await;
+    // The inner gateway's own event, as its client reads it.
+    let (_, body) = stream(&inner, "plain").await;
+    let error = gateway_error(&body);
+    assert_eq!(error["type"], "overloaded_error", "{error}");
+    // The front's upstream sends `chained` on as the inner gateway's `plain`.
+    let (status, body) = stream(&front, "chained").await;
+    assert_eq!(status, 200);
+    assert!(!body.contains("event: error"), "{body}");
+    assert!(body.contains("[DONE]"), "{body}");
+    assert_eq!(front.fake.requests().len(), 1, "the fallback answered");
+    counted(
+        &front,
+        "hourglass_fallbacks_total{from=\"inner\",route=\"chained\",to=\"fake\"}",
+        1.0,
+    )
+    .await;
+}

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use super::{drop_event, flush_held, Sse};
 use crate::error::GatewayError;
 use crate::http::sse::LeftOut;
+use crate::provider::ErrorType;
 use crate::stream::limits::StreamLimits;
 use crate::stream::observer::Observer;
 use crate::stream::progress::{Progress, Read};
@@ -62,7 +63,11 @@ pub(super) fn pass<O: Observer>(
             .unwrap_or("the provider sent an error")
             .to_owned(),
     };
-    let event = err.stream_error(sse.shape, progress.next_sequence_number());
+    let kind = match progress.error_type() {
+        Some(kind) if kind != ErrorType::Other => kind.as_str(),
+        _ => err.error_type(),
+    };
+    let event = err.stream_error_as(sse.shape, progress.next_sequence_number(), kind);
     written += event.len();
     ready.push_back(event);
     // Written for the client, no byte of the upstream's: the log line's `bytes` counts them.
