@@ -352,15 +352,10 @@ fn mapped_alike(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
 /// "chat" beside "chat " looked like one name on a dashboard. The error completes
 /// `name "…" …`.
 fn check_name(name: &str) -> Result<(), String> {
-    let invisible = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}')
-            || matches!(c, '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
-    };
-    if let Some(c) = name.chars().find(|&c| invisible(c)) {
+    if let Some(c) = name.chars().find(|&c| crate::http::headers::invisible(c)) {
         return Err(format!(
-            "holds an invisible character (a format or control character), so it could look \
-             blank, or like another name (U+{:04X})",
+            "holds an invisible character (a format or control character, or a line \
+             separator), so it could look blank, or like another name (U+{:04X})",
             u32::from(c)
         ));
     }

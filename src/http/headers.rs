@@ -20,6 +20,17 @@ pub const API_KEY: HeaderName = HeaderName::from_static("api-key");
 /// Google's credential header (native Gemini, `generativelanguage.googleapis.com`).
 pub const X_GOOG_API_KEY: HeaderName = HeaderName::from_static("x-goog-api-key");
 
+/// A character that text shows as nothing, or as something it is not: a control character,
+/// a format character (zero-width spaces and joiners, bidi controls, the BOM, the soft
+/// hyphen) or a line or paragraph separator (U+2028, U+2029), which `splitlines()` and many
+/// log viewers break a line at. A name the operator gives is refused with one; the access
+/// log escapes a client's (audit AG 1: a User-Agent with U+2028 forged an access line).
+pub fn invisible(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}')
+        || matches!(c, '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+}
+
 /// Gives a status without a standard reason phrase one, where nothing upstream gave it one:
 /// hyper writes `<none>` on an HTTP/1.1 status line otherwise (an HTTP/2 upstream sends no
 /// phrase). Anthropic's 529 is its overload; any other such status gets an empty phrase,

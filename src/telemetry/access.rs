@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{Method, Version};
 
+use crate::http::headers::invisible;
+
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
 pub fn enable() {
@@ -106,13 +108,27 @@ fn value(s: &str) -> std::borrow::Cow<'_, str> {
         return s.into();
     }
     // Quoted as logfmt parsers unquote (go-logfmt: JSON's rules, `\n`, `\u0007`), not with
-    // the combined format's `\xHH`, which they refuse: a JSON string is exactly that.
-    serde_json::to_string(s)
-        .expect("a string serialises")
-        .into()
+    // the combined format's `\xHH`, which they refuse: a JSON string is exactly that. JSON
+    // leaves the invisible characters that are no controls as they are: escaped too.
+    let quoted = serde_json::to_string(s).expect("a string serialises");
+    if !quoted.chars().any(invisible) {
+        return quoted.into();
+    }
+    let mut out = String::with_capacity(quoted.len() + 12);
+    for c in quoted.chars() {
+        if invisible(c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
 }
 
-/// Quotes and control characters would let a client forge log fields.
+/// Quotes, control characters and line separators would let a client forge log fields or
+/// lines, format characters hide or reorder what is shown: written as `\xHH` (a C1 control
+/// as its code, as before; any other, its UTF-8 bytes, as nginx writes every byte past
+/// ASCII).
 fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
@@ -121,6 +137,11 @@ fn escape(s: &str) -> String {
             '\\' => out.push_str("\\\\"),
             c if c.is_control() => {
                 let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if invisible(c) => {
+                for b in c.encode_utf8(&mut [0; 4]).bytes() {
+                    let _ = write!(out, "\\x{b:02x}");
+                }
             }
             c => out.push(c),
         }
@@ -172,6 +193,46 @@ mod tests {
         assert_eq!(clf_time(t), "30/Nov/2026:09:15:25 +0000");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(clf_time(leap), "29/Feb/2000:00:00:00 +0000");
+    }
+
+    /// Audit AG 1: a User-Agent with U+2028 and U+2029 was one line by `\n` and four by
+    /// `splitlines()`, one of them a forged access line; bidi and zero-width characters went
+    /// in as they were. A route named with them (refused by the config now) is escaped too.
+    #[test]
+    fn line_separators_and_format_characters_are_escaped() {
+        let client = ClientInfo {
+            addr: Some("10.1.2.3:5555".parse().unwrap()),
+            user_agent: Some(
+                "curl/8 \u{2028}FORGED 200 0\u{2029}x\u{85}y \u{202e}gpj\u{200b}é".into(),
+            ),
+            referer: Some("http://r/\u{feff}".into()),
+            version: Version::HTTP_11,
+            at: UNIX_EPOCH,
+        };
+        let line = Line {
+            client: &client,
+            method: &Method::GET,
+            path: "/v1/models",
+            status: Some(200),
+            bytes: 0,
+            request_id: "a\u{2028}b",
+            route: Some("r\u{2029}"),
+            elapsed: Duration::ZERO,
+            outcome: "ok",
+            origin: None,
+            user: None,
+            client_cert: None,
+        }
+        .render();
+        assert_eq!(line.lines().count(), 1, "{line}");
+        assert!(!line.contains(|c: char| invisible(c)), "{line}");
+        assert!(line.contains(
+            "\"http://r/\\xef\\xbb\\xbf\" \"curl/8 \\xe2\\x80\\xa8FORGED 200 0\\xe2\\x80\\xa9x\\x85y \\xe2\\x80\\xaegpj\\xe2\\x80\\x8bé\""
+        ), "{line}");
+        assert!(
+            line.contains(r#"request_id="a\u2028b" route="r\u2029""#),
+            "{line}"
+        );
     }
 
     #[test]

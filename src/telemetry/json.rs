@@ -245,7 +245,8 @@ impl Write for Escaped<'_> {
             return self.0.write_str(s);
         }
         let mut plain = 0;
-        for (i, b) in s.bytes().enumerate() {
+        let bytes = s.as_bytes();
+        for (i, &b) in bytes.iter().enumerate() {
             let escape: &str = match b {
                 b'"' => "\\\"",
                 b'\\' => "\\\\",
@@ -253,6 +254,18 @@ impl Write for Escaped<'_> {
                 b'\r' => "\\r",
                 b'\t' => "\\t",
                 0..=0x1f => "",
+                // U+2028 and U+2029, which JSON allows raw and `splitlines()`, JavaScript
+                // before ES2019 and many log viewers break a line at (audit AG 1): escaped,
+                // as Go's encoding/json does.
+                0xE2 if bytes.get(i + 1) == Some(&0x80)
+                    && matches!(bytes.get(i + 2), Some(0xA8 | 0xA9)) =>
+                {
+                    if bytes[i + 2] == 0xA8 {
+                        "\\u2028"
+                    } else {
+                        "\\u2029"
+                    }
+                }
                 _ => continue,
             };
             self.0.write_str(&s[plain..i])?;
@@ -261,14 +274,15 @@ impl Write for Escaped<'_> {
             } else {
                 self.0.write_str(escape)?;
             }
-            plain = i + 1;
+            plain = i + if b == 0xE2 { 3 } else { 1 };
         }
         self.0.write_str(&s[plain..])
     }
 }
 
-/// Whether any byte is a control character, `"` or `\\`: eight bytes at a time, since
-/// nearly every string in a log line needs no escaping at all.
+/// Whether any byte is a control character, `"`, `\\` or the lead byte of a line
+/// separator's (0xE2, also that of other punctuation: those are then looked at one by one):
+/// eight bytes at a time, since nearly every string in a log line needs no escaping at all.
 fn needs_escape(s: &[u8]) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -279,7 +293,10 @@ fn needs_escape(s: &[u8]) -> bool {
     let mut chunks = s.chunks_exact(8);
     for c in &mut chunks {
         let v = u64::from_le_bytes(c.try_into().expect("chunks of eight"));
-        if below(v, 0x20) | zero(v ^ (ONES * u64::from(b'"'))) | zero(v ^ (ONES * u64::from(b'\\')))
+        if below(v, 0x20)
+            | zero(v ^ (ONES * u64::from(b'"')))
+            | zero(v ^ (ONES * u64::from(b'\\')))
+            | zero(v ^ (ONES * 0xE2))
             != 0
         {
             return true;
@@ -288,7 +305,7 @@ fn needs_escape(s: &[u8]) -> bool {
     chunks
         .remainder()
         .iter()
-        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0xE2)
 }
 
 #[cfg(test)]
@@ -385,9 +402,27 @@ pub(crate) mod tests {
         assert!(l.get("spans").is_none());
     }
 
+    /// Audit AG 1: a client's model name with U+2028 and U+2029 was valid JSON that
+    /// `splitlines()` cut into three lines, none of them JSON. Other characters of the same
+    /// lead byte (a curly quote, an ellipsis) stay as they are.
+    #[test]
+    fn line_separators_are_escaped_and_their_neighbours_are_not() {
+        let forged = "m-1\u{2028}{\"forged\":true}\u{2029}’…\u{2027}";
+        let out = captured(|| tracing::info!(target: "hourglass::request", model = forged));
+        assert_eq!(out.lines().count(), 1);
+        assert!(!out.contains(['\u{2028}', '\u{2029}']), "{out}");
+        let want = r#""model":"m-1\u2028{\"forged\":true}\u2029’…"#;
+        assert!(out.contains(&format!("{want}\u{2027}\"")), "{out}");
+        let parsed: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
+        assert_eq!(parsed["model"], forged);
+    }
+
     #[test]
     fn the_escape_check_agrees_with_the_plain_one_on_every_byte_at_every_position() {
-        let plain = |s: &[u8]| s.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
+        let plain = |s: &[u8]| {
+            s.iter()
+                .any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0xE2)
+        };
         for len in 0..20 {
             for pos in 0..len {
                 for b in 0..=255u8 {

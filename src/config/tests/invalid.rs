@@ -833,8 +833,8 @@ fn names_that_look_blank_or_like_another_are_refused() {
             "{BASE}\n[[routes]]\nname = \"{name}\"\npath_prefix = \"/a\"\nupstream = \"openai\"\n"
         ))
     };
-    let invisible = "holds an invisible character (a format or control character), so it \
-                     could look blank, or like another name";
+    let invisible = "holds an invisible character (a format or control character, or a \
+                     line separator), so it could look blank, or like another name";
     for (name, shown, code) in [
         ("\\u200B", "\"\\u{200b}\"", "U+200B"),
         ("chat\\u2060", "\"chat\\u{2060}\"", "U+2060"),
@@ -842,6 +842,9 @@ fn names_that_look_blank_or_like_another_are_refused() {
         ("ch\\u00ADat", "\"ch\\u{ad}at\"", "U+00AD"),
         ("a\\u202Eb", "\"a\\u{202e}b\"", "U+202E"),
         ("a\\u0007b", "\"a\\u{7}b\"", "U+0007"),
+        // Audit AG 1: every log line of the route split where `splitlines()` reads them.
+        ("a\\u2028b", "\"a\\u{2028}b\"", "U+2028"),
+        ("a\\u2029b", "\"a\\u{2029}b\"", "U+2029"),
     ] {
         assert_eq!(
             route(name),
