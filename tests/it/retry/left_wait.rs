@@ -162,3 +162,28 @@ async fn retries_that_waited_out_each_wait_say_not_to_retry() {
         gw.shutdown().await;
     }
 }
+
+/// An owed retry that no longer fits when its peer has failed (here: hung to the deadline of
+/// the route's 1.2 s budget) leaves the wait its key asked for: the key's 429, kept, passes
+/// through without `x-should-retry: false`, though two attempts were made.
+#[tokio::test]
+async fn an_owed_retry_that_no_longer_fits_leaves_the_wait_to_the_sdk() {
+    let limited = rate_limited_after(Duration::ZERO, "1");
+    let (a, a_calls) = scripted(vec![limited, completion()]).await;
+    let (b, b_calls) = scripted(vec![vec![(Duration::from_secs(30), Vec::new())]]).await;
+    let route = "retries = 1\nbalance_with = [\"backup\"]\nbudget = \"1200ms\"\n\
+                 first_token_timeout = \"1200ms\"";
+    let gw = gateway(&a, &b, route, "eject_after = 100").await;
+    let (resp, _c) = Conn::open(gw.addr)
+        .await
+        .send(chat_request(&[], false))
+        .await;
+    assert_eq!(resp.status(), 429, "the key's answer, kept");
+    assert_eq!(resp.headers()["retry-after"], "1");
+    assert_eq!(says(resp).await, None);
+    assert_eq!(
+        (calls(&a_calls), calls(&b_calls)),
+        (1, 1),
+        "no owed retry made"
+    );
+}
