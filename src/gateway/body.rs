@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::error::GatewayError;
 use crate::gateway::attempt::UpstreamBody;
 use crate::gateway::record::RequestRecord;
+use crate::gateway::retry::retry_after;
 use crate::http::headers::insert_request_id;
 use crate::runs::call::insert_headers as insert_run_headers;
 use crate::stream::reaper::Reapable;
@@ -39,11 +40,18 @@ pub(super) fn document(mut body: Box<WatchedBody>, doc: Bytes) -> ProxyBody {
     Either::Left(Full::new(doc))
 }
 
-/// The JSON error answer for `e`, noted in `record` as what the client was sent.
-/// A failure the SDKs retry (408, 409, 429 or 5xx) that the gateway's own retries or
-/// fallbacks ended in says so to the client's SDK: the OpenAI and Anthropic SDKs retry such
-/// answers twice by default, and each of their retries ran the route's whole chain again
-/// (retries = 2: nine upstream calls, three of a run's calls, for one call of the agent).
+/// `x-should-retry: false` on a failure the SDKs retry (408, 409, 429 or 5xx), where the
+/// SDK's retry would only add calls or time:
+/// - The gateway's own retries or fallbacks ended in it: the OpenAI and Anthropic SDKs retry
+///   such answers twice by default, and each of their retries ran the route's whole chain
+///   again (retries = 2: nine upstream calls, three of a run's calls, for one call of the
+///   agent). Not when the last upstream asked for a wait the gateway did not wait out
+///   (`RequestRecord::left_wait`): the SDK's retry after it is the one the gateway did not
+///   make (audit AE 1 to 3).
+/// - The answer asks for a wait longer than what is left of a budget the client set itself,
+///   after any number of attempts: the SDK's retry would come past the deadline the client
+///   named, as after a 504 `deadline_exceeded` (audit AE 4: a 1 s budget took 4 s and three
+///   calls).
 pub(super) fn no_retry_after_retries(
     headers: &mut http::HeaderMap,
     status: http::StatusCode,
@@ -54,7 +62,15 @@ pub(super) fn no_retry_after_retries(
         status,
         S::REQUEST_TIMEOUT | S::CONFLICT | S::TOO_MANY_REQUESTS
     ) || status.is_server_error();
-    if record.retried() && sdks_retry {
+    if !sdks_retry {
+        return;
+    }
+    let past_deadline = || {
+        record
+            .client_budget_left(Instant::now())
+            .is_some_and(|left| retry_after(headers).is_some_and(|wait| wait > left))
+    };
+    if (record.retried() && !record.left_a_wait()) || past_deadline() {
         headers.insert(
             http::HeaderName::from_static("x-should-retry"),
             HeaderValue::from_static("false"),
@@ -62,6 +78,7 @@ pub(super) fn no_retry_after_retries(
     }
 }
 
+/// The JSON error answer for `e`, noted in `record` as what the client was sent.
 pub(super) fn error_answer(
     e: &GatewayError,
     record: &mut RequestRecord,

@@ -163,6 +163,9 @@ pub struct RequestRecord {
     passed_over: Vec<Arc<str>>,
     /// The extra attempts not made to spare an upstream (`Throttled` bits).
     throttled: u8,
+    /// The last upstream answer asked for a wait that the gateway did not wait out
+    /// (`left_wait`).
+    left_wait: bool,
     /// The route's admission slot, freed when the request is reported.
     slot: Option<crate::admission::Slot>,
     /// Only kept when the access log is on.
@@ -257,6 +260,7 @@ impl RequestRecord {
             attempts: Vec::new(),
             passed_over: Vec::new(),
             throttled: 0,
+            left_wait: false,
             slot: None,
             client: None,
             client_id: None,
@@ -648,6 +652,28 @@ impl RequestRecord {
         self.throttled |= why as u8;
     }
 
+    /// The retry walk broke off its upstream's retries (out of rotation, or no room in the
+    /// budget or the client's patience) with the retry for the wait that upstream `asked`
+    /// for not made. Such attempts did not stand in for the SDK's retry, which waits it out
+    /// (audit AE 1 to 3: the SDK told not to retry lost calls the same SDK won alone). Until
+    /// the next attempt, which clears it: it speaks of the answer the chain ended on.
+    pub fn left_wait(&mut self, asked: bool) {
+        self.left_wait |= asked;
+    }
+
+    /// See `left_wait`.
+    pub fn left_a_wait(&self) -> bool {
+        self.left_wait
+    }
+
+    /// What is left of a budget the client's own headers set (the rule of `deadline_error`),
+    /// at `now`; `None` for a budget of the route's, or a run's.
+    pub fn client_budget_left(&self, now: Instant) -> Option<Duration> {
+        self.budget
+            .filter(|b| b.source.is_client())
+            .map(|b| b.deadline.saturating_duration_since(now))
+    }
+
     pub fn set_status(&mut self, status: u16) {
         self.status = Some(status);
     }
@@ -666,6 +692,7 @@ impl RequestRecord {
         if current || self.upstream.is_none() {
             self.upstream = Some(entry.upstream.clone());
         }
+        self.left_wait = false;
         if let Some(call) = self.run.as_mut().and_then(|r| r.call.as_mut()) {
             call.sent();
         }

@@ -194,8 +194,14 @@ pub async fn run(
             // Out of rotation and tried only because nothing later is: once is enough. Its
             // retries would only add to the load that ejected it, on every request while the
             // whole chain is out (audit GD 3: five calls for each client's one).
+            let backoff = if n > 0 { backoff(n) } else { Duration::ZERO };
+            // The upstream asked for the wait (a `Retry-After` longer than the backoff): a
+            // retry not made for it leaves the wait to the client's SDK (`left_wait`).
+            let asked =
+                n > 0 && (resumed.is_some() || own.retry_after.is_some_and(|a| a > backoff));
             if n > 0 && probe.is_none() && entry.upstream.health.is_out() {
                 record.throttled(Throttled::RetryOutOfRotation);
+                record.left_wait(asked);
                 break;
             }
             let need = if room_kept_for == Some(i) && n == 0 {
@@ -225,12 +231,8 @@ pub async fn run(
                 _ => Duration::ZERO,
             };
             let mut wait = Duration::ZERO;
-            // The upstream asked for the wait (a `Retry-After` longer than the backoff).
-            let mut asked = false;
             if n > 0 {
                 let fits = budget.usable(now).saturating_sub(need + room);
-                let backoff = backoff(n);
-                asked = resumed.is_some() || own.retry_after.is_some_and(|a| a > backoff);
                 wait = match &resumed {
                     // An owed retry waits what is left of the wait it was owed after.
                     Some((ready, _)) => ready.saturating_duration_since(now),
@@ -273,12 +275,14 @@ pub async fn run(
             }
             if budget.usable(now) < need + wait + room {
                 // Retry-After, backoff or the estimate does not fit: on to the next upstream.
+                record.left_wait(asked);
                 break;
             }
             // Nor does an attempt after the first start past the client's patience: its
             // head could not reach the client in time.
             let first = i == 0 && n == 0;
             if !first && budget.head_by().is_some_and(|by| now + need + wait > by) {
+                record.left_wait(asked);
                 break;
             }
             let _retry = if n > 0 {
@@ -318,6 +322,7 @@ pub async fn run(
             // kept. Judged only before the wait, a retry that just fit was sent with 98 ms
             // left of a 100 ms `min_useful` (audit WC 1), against DESIGN's "never contacted".
             if n > 0 && !wait.is_zero() && budget.usable(Instant::now()) < need {
+                record.left_wait(asked);
                 break;
             }
             // Ejected while the retry waited (by other requests' failures): judged again, by
@@ -330,6 +335,7 @@ pub async fn run(
                     Turn::Go(Some(p)) => probe = Some(p),
                     Turn::Go(None) => {
                         record.throttled(Throttled::RetryOutOfRotation);
+                        record.left_wait(asked);
                         break;
                     }
                     Turn::PassOver => {

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 mod background;
 mod error_events;
 mod hedges;
+mod left_wait;
 mod owed;
 mod scripted;
 

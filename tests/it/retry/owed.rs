@@ -165,6 +165,8 @@ async fn an_owed_retry_that_no_longer_fits_leaves_the_kept_answer() {
     assert_eq!(resp.status(), 429, "the provider's answer");
     let headers = resp.headers().clone();
     assert_eq!(headers["retry-after"], "1", "{headers:?}");
+    // Its wait runs past the 1.2 s the client set itself (audit AE 4); with a budget of the
+    // route's, the wait left would be the SDK's (`left_wait::an_owed_retry_that_no_longer_fits`).
     assert_eq!(headers["x-should-retry"], "false", "{headers:?}");
     let body = json_body(resp).await;
     assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
