@@ -346,9 +346,8 @@ pub(super) async fn serve_clients(
         let shared = shared.clone();
         let watcher = graceful.watcher();
         let drain = drain.clone();
-        let stop = stop.clone();
         tokio::spawn(async move {
-            serve_connection(stream, peer, shared, watcher, drain, stop).await;
+            serve_connection(stream, peer, shared, watcher, drain).await;
             drop((permit, open));
         });
     }
@@ -433,7 +432,6 @@ async fn serve_connection(
     shared: Arc<Shared>,
     watcher: hyper_util::server::graceful::Watcher,
     drain: Signal,
-    stop: Signal,
 ) {
     let accepted = Instant::now();
     let server = shared.server.load_full();
@@ -475,12 +473,9 @@ async fn serve_connection(
                     certificate: certificate.as_ref(),
                     writes: Some(&writes),
                 };
-                Box::pin(Handler::new(
-                    shared.metrics.clone(),
-                    peer,
-                    stop.clone(),
-                    || gateway.handle(req, Some(client)),
-                ))
+                Box::pin(Handler::new(shared.metrics.clone(), peer, || {
+                    gateway.handle(req, Some(client))
+                }))
             })
         }
     };
@@ -733,8 +728,6 @@ pin_project! {
         panic: Option<String>,
         metrics: Arc<Metrics>,
         peer: SocketAddr,
-        // The stop signal: fired, an HTTP/1 answer closes its connection.
-        stop: Signal,
     }
 }
 
@@ -743,12 +736,7 @@ impl<F> Handler<F> {
     // once the service closure grew the framing check), the future was returned by `memcpy`,
     // 400 instructions a request (callgrind).
     #[inline(always)]
-    fn new(
-        metrics: Arc<Metrics>,
-        peer: SocketAddr,
-        stop: Signal,
-        make: impl FnOnce() -> F,
-    ) -> Self {
+    fn new(metrics: Arc<Metrics>, peer: SocketAddr, make: impl FnOnce() -> F) -> Self {
         let (inner, panic) = match std::panic::catch_unwind(AssertUnwindSafe(make)) {
             Ok(f) => (Some(f), None),
             Err(payload) => (None, Some(panic_message(&*payload))),
@@ -758,7 +746,6 @@ impl<F> Handler<F> {
             panic,
             metrics,
             peer,
-            stop,
         }
     }
 }
@@ -774,7 +761,6 @@ impl<F: Future<Output = Response<ProxyBody>>> Future for Handler<F> {
                     // Dated here, not by hyper's cache, which a step back of the wall clock
                     // freezes (see `http::date`); an upstream's own Date stays.
                     date::insert_if_missing(resp.headers_mut());
-                    close_when_stopping(this.stop, resp.headers_mut());
                     return Poll::Ready(Ok(resp));
                 }
                 Ok(Poll::Pending) => return Poll::Pending,
@@ -793,21 +779,6 @@ impl<F: Future<Output = Response<ProxyBody>>> Future for Handler<F> {
             .map(|b| Either::Left(Full::new(b)));
         date::insert_if_missing(resp.headers_mut());
         Poll::Ready(Ok(resp))
-    }
-}
-
-/// Once the stop signal came, during `drain_delay` (the listener still accepting), an HTTP/1
-/// answer says `Connection: close` and hyper closes the connection after it, as Envoy does
-/// while it drains: a client that reused its kept-alive connection just as the drain closed
-/// it lost its POST (audit AD, 1 in about 500 at the drain's start), and a connection that
-/// served during the delay is closed by its last answer rather than under a request.
-/// hyper leaves the header out of HTTP/2 answers, whose drain is its GOAWAY.
-fn close_when_stopping(stop: &Signal, headers: &mut http::HeaderMap) {
-    if stop.is_fired() {
-        headers.insert(
-            http::header::CONNECTION,
-            http::HeaderValue::from_static("close"),
-        );
     }
 }
 
@@ -973,9 +944,7 @@ mod tests {
     ) -> (http::StatusCode, String) {
         let metrics = Arc::new(Metrics::new());
         let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let resp = Handler::new(metrics.clone(), peer, Signal::new(), make)
-            .await
-            .unwrap();
+        let resp = Handler::new(metrics.clone(), peer, make).await.unwrap();
         (resp.status(), panics_counted(&metrics))
     }
 
@@ -1014,9 +983,7 @@ mod tests {
         ) -> http::HeaderMap {
             let metrics = Arc::new(Metrics::new());
             let peer: SocketAddr = "127.0.0.1:9".parse().unwrap();
-            let resp = Handler::new(metrics, peer, Signal::new(), make)
-                .await
-                .unwrap();
+            let resp = Handler::new(metrics, peer, make).await.unwrap();
             resp.headers().clone()
         }
         let before = std::time::SystemTime::now() - Duration::from_secs(1);
