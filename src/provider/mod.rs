@@ -286,6 +286,9 @@ impl ErrorType {
             b"timeout_error" | b"vector_store_timeout" | b"408" | b"504" => Self::Timeout,
             b"billing_error" | b"402" => Self::Billing,
             b"insufficient_quota" => Self::InsufficientQuota,
+            // Hourglass's name for a provider's error of no kind it knows: read back as such
+            // by a gateway in front, never as the `upstream_error` of its `code`.
+            b"other" => Self::Other,
             _ => return None,
         })
     }
@@ -528,6 +531,8 @@ mod tests {
         assert_eq!(ErrorType::parse(b"some_new_error_of_the_week"), None);
         // Break audit ZC 2: a gateway's cut for its failed upstream, read by one in front.
         assert_eq!(ErrorType::parse(b"upstream_error"), Some(ErrorType::Server));
+        // Break audit AH 1: the kind of no rule's, which an inner gateway writes as its type.
+        assert_eq!(ErrorType::parse(b"other"), Some(ErrorType::Other));
         // Audit HB3: the Responses API's codes of a failed response.
         for (code, ty) in [
             (&b"invalid_prompt"[..], ErrorType::InvalidRequest),

@@ -296,4 +296,16 @@ async fn a_503_block_down_the_chain_is_failed_over_at_the_front() {
         1.0,
     )
     .await;
+    // Break audit AH 1: a block of no kind the rules know (a 409, a text) was the inner's
+    // `upstream_error`, which the front failed over as a broken upstream where one gateway
+    // passes it on. It is `other`, passed on at the front too.
+    for block in [r#"{"code":409,"message":"conflict"}"#, "just some text"] {
+        replay(&inner, &format!("error: {block}\n\ndata: [DONE]\n\n"));
+        let (_, body) = stream(&inner, "plain").await;
+        assert_eq!(gateway_error(&body)["type"], "other", "{block}");
+        let (status, body) = stream(&front, "chained").await;
+        assert_eq!(status, 200);
+        assert_eq!(gateway_error(&body)["type"], "other", "{block}: {body}");
+        assert_eq!(front.fake.requests().len(), 1, "{block}: not failed over");
+    }
 }

@@ -63,10 +63,10 @@ pub(super) fn pass<O: Observer>(
             .unwrap_or("the provider sent an error")
             .to_owned(),
     };
-    let kind = match progress.error_type() {
-        Some(kind) if kind != ErrorType::Other => kind.as_str(),
-        _ => err.error_type(),
-    };
+    // Of a kind no rule knows (a 409, a text): `other`, which a gateway in front reads as
+    // such and passes on as this one does; its own `upstream_error` would read as the 502 a
+    // broken upstream is, and be retried and failed over there (break audit AH 1).
+    let kind = progress.error_type().unwrap_or(ErrorType::Other).as_str();
     let event = err.stream_error_as(sse.shape, progress.next_sequence_number(), kind);
     written += event.len();
     ready.push_back(event);
