@@ -21,14 +21,34 @@ pub const API_KEY: HeaderName = HeaderName::from_static("api-key");
 pub const X_GOOG_API_KEY: HeaderName = HeaderName::from_static("x-goog-api-key");
 
 /// A character that text shows as nothing, or as something it is not: a control character,
-/// a format character (zero-width spaces and joiners, bidi controls, the BOM, the soft
-/// hyphen) or a line or paragraph separator (U+2028, U+2029), which `splitlines()` and many
-/// log viewers break a line at. A name the operator gives is refused with one; the access
-/// log escapes a client's (audit AG 1: a User-Agent with U+2028 forged an access line).
+/// one of Unicode's default ignorable code points (zero-width spaces and joiners, bidi
+/// controls, the BOM, the soft hyphen, fillers, variation selectors, tags; break audit AH 5
+/// found U+061C, U+180E, U+3164 and tags passed), the interlinear annotation controls, or a
+/// line or paragraph separator (U+2028, U+2029), which `splitlines()` and many log viewers
+/// break a line at. A name the operator gives is refused with one; the access log escapes a
+/// client's (audit AG 1: a User-Agent with U+2028 forged an access line).
 pub fn invisible(c: char) -> bool {
     c.is_control()
-        || matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}')
-        || matches!(c, '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+        || matches!(
+            c,
+            '\u{00AD}'
+                | '\u{034F}'
+                | '\u{061C}'
+                | '\u{115F}'..='\u{1160}'
+                | '\u{17B4}'..='\u{17B5}'
+                | '\u{180B}'..='\u{180F}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{2028}'..='\u{202E}'
+                | '\u{2060}'..='\u{206F}'
+                | '\u{3164}'
+                | '\u{FE00}'..='\u{FE0F}'
+                | '\u{FEFF}'
+                | '\u{FFA0}'
+                | '\u{FFF0}'..='\u{FFFB}'
+                | '\u{1BCA0}'..='\u{1BCA3}'
+                | '\u{1D173}'..='\u{1D17A}'
+                | '\u{E0000}'..='\u{E0FFF}'
+        )
 }
 
 /// Gives a status without a standard reason phrase one, where nothing upstream gave it one:

@@ -233,6 +233,8 @@ mod tests {
             line.contains(r#"request_id="a\u2028b" route="r\u2029""#),
             "{line}"
         );
+        // Break audit AH 5: the rest of the default ignorables (an Arabic letter mark, a tag).
+        assert_eq!(escape("a\u{61c}\u{e0041}b"), r"a\xd8\x9c\xf3\xa0\x81\x81b");
     }
 
     #[test]

@@ -256,7 +256,8 @@ impl Write for Escaped<'_> {
                 0..=0x1f => "",
                 // U+2028 and U+2029, which JSON allows raw and `splitlines()`, JavaScript
                 // before ES2019 and many log viewers break a line at (audit AG 1): escaped,
-                // as Go's encoding/json does.
+                // as Go's encoding/json does; and U+0085 (NEL), at which `splitlines()`
+                // breaks too (break audit AH 4).
                 0xE2 if bytes.get(i + 1) == Some(&0x80)
                     && matches!(bytes.get(i + 2), Some(0xA8 | 0xA9)) =>
                 {
@@ -266,6 +267,7 @@ impl Write for Escaped<'_> {
                         "\\u2029"
                     }
                 }
+                0xC2 if bytes.get(i + 1) == Some(&0x85) => "\\u0085",
                 _ => continue,
             };
             self.0.write_str(&s[plain..i])?;
@@ -274,14 +276,19 @@ impl Write for Escaped<'_> {
             } else {
                 self.0.write_str(escape)?;
             }
-            plain = i + if b == 0xE2 { 3 } else { 1 };
+            plain = i + match b {
+                0xE2 => 3,
+                0xC2 => 2,
+                _ => 1,
+            };
         }
         self.0.write_str(&s[plain..])
     }
 }
 
 /// Whether any byte is a control character, `"`, `\\` or the lead byte of a line
-/// separator's (0xE2, also that of other punctuation: those are then looked at one by one):
+/// separator's (0xE2 or 0xC2, also those of other punctuation and Latin-1 letters: those are
+/// then looked at one by one):
 /// eight bytes at a time, since nearly every string in a log line needs no escaping at all.
 fn needs_escape(s: &[u8]) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
@@ -297,6 +304,7 @@ fn needs_escape(s: &[u8]) -> bool {
             | zero(v ^ (ONES * u64::from(b'"')))
             | zero(v ^ (ONES * u64::from(b'\\')))
             | zero(v ^ (ONES * 0xE2))
+            | zero(v ^ (ONES * 0xC2))
             != 0
         {
             return true;
@@ -305,7 +313,7 @@ fn needs_escape(s: &[u8]) -> bool {
     chunks
         .remainder()
         .iter()
-        .any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0xE2)
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0xE2 || b == 0xC2)
 }
 
 #[cfg(test)]
@@ -407,12 +415,12 @@ pub(crate) mod tests {
     /// lead byte (a curly quote, an ellipsis) stay as they are.
     #[test]
     fn line_separators_are_escaped_and_their_neighbours_are_not() {
-        let forged = "m-1\u{2028}{\"forged\":true}\u{2029}’…\u{2027}";
+        let forged = "m-1\u{2028}{\"forged\":true}\u{2029}\u{85}’…\u{2027}°";
         let out = captured(|| tracing::info!(target: "hourglass::request", model = forged));
         assert_eq!(out.lines().count(), 1);
-        assert!(!out.contains(['\u{2028}', '\u{2029}']), "{out}");
-        let want = r#""model":"m-1\u2028{\"forged\":true}\u2029’…"#;
-        assert!(out.contains(&format!("{want}\u{2027}\"")), "{out}");
+        assert!(!out.contains(['\u{2028}', '\u{2029}', '\u{85}']), "{out}");
+        let want = r#""model":"m-1\u2028{\"forged\":true}\u2029\u0085’…"#;
+        assert!(out.contains(&format!("{want}\u{2027}°\"")), "{out}");
         let parsed: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
         assert_eq!(parsed["model"], forged);
     }
@@ -421,7 +429,7 @@ pub(crate) mod tests {
     fn the_escape_check_agrees_with_the_plain_one_on_every_byte_at_every_position() {
         let plain = |s: &[u8]| {
             s.iter()
-                .any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0xE2)
+                .any(|&b| b < 0x20 || b == b'"' || b == b'\\' || b == 0xE2 || b == 0xC2)
         };
         for len in 0..20 {
             for pos in 0..len {

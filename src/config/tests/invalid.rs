@@ -852,6 +852,18 @@ fn names_that_look_blank_or_like_another_are_refused() {
             "{name}"
         );
     }
+    // Break audit AH 5: default ignorables the list left out (shown as `{:?}` shows them).
+    for (name, raw, code) in [
+        ("a\\u061Cb", "a\u{61c}b", "U+061C"),
+        ("a\\u3164b", "a\u{3164}b", "U+3164"),
+        ("a\\U000E0041b", "a\u{e0041}b", "U+E0041"),
+    ] {
+        assert_eq!(
+            route(name),
+            format!("t.toml: routes[1]: name {raw:?} {invisible} ({code})"),
+            "{name}"
+        );
+    }
     let ends = "begins or ends with whitespace, so it could look like another name";
     assert_eq!(
         route("chat "),
