@@ -479,7 +479,8 @@ async fn a_client_that_stalls_for_send_timeout_is_ended_by_it() {
     for reads_again in [true, false] {
         let send_timeout = ms(400);
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-        let reaper = crate::stream::reaper::Reaper::new(send_timeout);
+        let reaper =
+            crate::stream::reaper::Reaper::new(send_timeout, crate::stream::signal::Signal::new());
         let reapable = reaper.guard(rx, None::<()>, Instant::now() + ms(60_000), None, None);
         let reaped = reapable.reaped_by();
         let probe = Probe::default();
@@ -534,7 +535,8 @@ async fn a_client_that_stalls_for_send_timeout_is_ended_by_it() {
 async fn a_client_that_leaves_after_the_reaper_took_its_upstream_at_the_deadline_counts_as_the_deadline(
 ) {
     let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-    let reaper = crate::stream::reaper::Reaper::new(ms(60_000));
+    let reaper =
+        crate::stream::reaper::Reaper::new(ms(60_000), crate::stream::signal::Signal::new());
     let l = limits(1000, 1000, 500);
     let reapable = reaper.guard(rx, None::<()>, l.deadline, None, None);
     let reaped = reapable.reaped_by();
