@@ -562,6 +562,49 @@ async fn a_client_that_leaves_after_the_reaper_took_its_upstream_at_the_deadline
     assert!(s.dropped);
 }
 
+/// Audit AD 2: a client not reading at the shutdown's cut, whose upstream the reaper then
+/// ended, counts as the shutdown whether it leaves without reading again or reads again (and
+/// then gets the `shutdown` event), not as leaving.
+#[tokio::test(start_paused = true)]
+async fn a_stream_the_reaper_took_at_the_cut_counts_as_the_shutdown() {
+    for reads_again in [false, true] {
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
+        let cut = crate::stream::signal::Signal::new();
+        let reaper = crate::stream::reaper::Reaper::new(ms(60_000), cut.clone());
+        let l = limits(1000, 1000, 5000);
+        let reapable = reaper.guard(rx, None::<()>, l.deadline, None, None);
+        let reaped = reapable.reaped_by();
+        let probe = Probe::default();
+        let mut b = Box::pin(WatchdogBody::new(reapable, true, l, probe.clone()));
+        b.watch_reaper(reaped);
+        tx.send_data(Bytes::from_static(b"data: a\n\n"))
+            .await
+            .unwrap();
+        b.frame().await.unwrap().unwrap();
+        // Not polled again: only the reaper sees the cut.
+        cut.fire();
+        tokio::time::sleep(ms(10)).await;
+        assert!(
+            tx.send_data(Bytes::from_static(b"data: b\n\n"))
+                .await
+                .is_err(),
+            "upstream dropped at the cut"
+        );
+        if reads_again {
+            let event = b.frame().await.unwrap().unwrap().into_data().unwrap();
+            let event = String::from_utf8_lossy(&event).into_owned();
+            assert!(event.contains("\"code\":\"shutdown\""), "{event}");
+        }
+        drop(b);
+        let s = probe.0.lock().unwrap();
+        assert_eq!(
+            s.end.as_deref(),
+            Some("shutdown"),
+            "reads again: {reads_again}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn oversized_event_is_forwarded_as_it_comes() {
     let (mut tx, mut b, _probe) = body(true, limits(1000, 1000, 10_000));
