@@ -217,6 +217,9 @@ pub const GRANULE: u64 = 64 * 1024;
 pub struct BodyHold {
     memory: BodyMemory,
     permit: Option<OwnedSemaphorePermit>,
+    /// The limit when the hold was made: a reload that lowers the memory does not fail a
+    /// body in flight that fits the memory it started under (audit AD 1).
+    started: u64,
 }
 
 /// The permits a limit of `limit` bytes is: a semaphore holds at most `MAX_PERMITS`.
@@ -242,7 +245,8 @@ impl BodyMemory {
     /// changed limit started a new, empty memory beside the old one, so bodies held under
     /// the old one did not count). Bodies held keep their bytes; raised, the new bytes are
     /// free at once (after what a lowering still owes); lowered, free bytes go now and held
-    /// ones as they are let go, so new bodies are judged against the new limit.
+    /// ones as they are let go, so new bodies are judged against the new limit, while bodies
+    /// held before may still grow within the limit they started under ([`BodyHold::cover`]).
     pub fn resize(&self, limit: u64) {
         let i = self;
         let old = permits(i.limit.swap(limit, Ordering::Relaxed));
@@ -254,6 +258,7 @@ impl BodyMemory {
         BodyHold {
             memory: self.clone(),
             permit: None,
+            started: self.limit(),
         }
     }
 }
@@ -306,7 +311,9 @@ impl BodyHold {
     }
 
     /// Makes the hold `total` bytes, or refuses (503 `overloaded`) if the memory has not
-    /// that much free; a smaller total than held changes nothing.
+    /// that much free; a smaller total than held changes nothing. A hold made before a
+    /// reload lowered the memory may still grow while all the bodies hold together no
+    /// more than the limit it started under ([`overdraw`](Self::overdraw)).
     pub fn cover(&mut self, total: u64) -> Result<(), GatewayError> {
         let held = self.held();
         let Some(more) = total.checked_sub(held).filter(|&m| m > 0) else {
@@ -317,12 +324,44 @@ impl BodyHold {
             Bodies::Requests => GatewayError::BodyMemoryFull { limit },
             Bodies::Responses => GatewayError::ResponseMemoryFull { limit },
         };
-        let permit = take(&self.memory.bytes, more).ok_or_else(full)?;
+        let permit = take(&self.memory.bytes, more)
+            .or_else(|| self.overdraw(limit, more))
+            .ok_or_else(full)?;
         match &mut self.permit {
             Some(held) => held.merge(permit),
             None => self.permit = Some(permit),
         }
         Ok(())
+    }
+
+    /// `more` bytes for a hold that started under a higher limit than `limit`, now in force,
+    /// which the memory has not free: the missing permits are added and owed at once (the
+    /// `debt` a lowering keeps), so they are forgotten as bytes come back and the memory
+    /// still ends at `limit`. Allowed while the bytes held in all (`limit` less the free
+    /// ones, plus what is owed) and `more` stay within the limit the hold started under:
+    /// requests in flight keep the limits they started with, as per-request ones do.
+    /// Only reached when a take failed, so the common path pays no more than before.
+    fn overdraw(&self, limit: u64, more: u64) -> Option<OwnedSemaphorePermit> {
+        if self.started <= limit {
+            return None;
+        }
+        let m = &self.memory;
+        let free = m.bytes.available_permits();
+        let owed = m.debt.load(Ordering::Relaxed);
+        let in_use = (permits(limit).saturating_sub(free) as u64).saturating_add(owed as u64);
+        if in_use.saturating_add(more) > self.started {
+            return None;
+        }
+        let missing = usize::try_from(more)
+            .ok()?
+            .saturating_sub(free)
+            .min(Semaphore::MAX_PERMITS - free);
+        // Owed before added, so no byte of them can go back to the memory for good. Another
+        // body may take them before this one does: then the take fails and 503 as before,
+        // and what was added is forgotten as the next bytes come back.
+        m.debt.fetch_add(missing, Ordering::Relaxed);
+        m.bytes.add_permits(missing);
+        take(&m.bytes, more)
     }
 
     /// Makes the hold at least `total` bytes as [`cover`](Self::cover) does, in whole
@@ -827,5 +866,63 @@ mod tests {
         assert_eq!(&copy[..], b"{}");
         drop(copy);
         assert_eq!(free(), 3 * GRANULE);
+    }
+
+    /// Audit AD 1: a reload that lowered a memory failed bodies in flight (uploads cut
+    /// mid-way, rebuilt answers thrown away). A hold made before the lowering still grows
+    /// while all the bodies hold together no more than the limit it started under; a new
+    /// hold is judged against the new limit; and what the old holds took past it is
+    /// forgotten as they let go, so the memory ends at the new limit.
+    #[test]
+    fn a_hold_made_before_a_lowering_grows_within_the_limit_it_started_under() {
+        let memory = BodyMemory::new(Bodies::Requests, 1000);
+        let free = || memory.bytes.available_permits() as u64;
+        let mut a = memory.hold();
+        let mut b = memory.hold();
+        a.cover(300).unwrap();
+        b.cover(300).unwrap();
+        memory.resize(500);
+        assert_eq!(free(), 0, "600 held of 500: 100 owed");
+        a.cover(500).unwrap();
+        b.cover(500).unwrap();
+        assert_eq!(a.held() + b.held(), 1000);
+        let err = a.cover(501).unwrap_err();
+        assert!(err.to_string().contains("(500 bytes)"), "{err}");
+        assert_eq!(a.held(), 500, "refused past the 1000 it started under");
+        let err = memory.hold().cover(1).unwrap_err();
+        assert_eq!(err.code(), "overloaded");
+        drop(a);
+        assert_eq!(free(), 0, "the 500 it held are owed");
+        let mut c = memory.hold();
+        assert!(
+            c.cover(1).is_err(),
+            "a new hold counts what the old ones hold"
+        );
+        drop(b);
+        assert_eq!(free(), 500);
+        c.cover(500).unwrap();
+        assert!(c.cover(501).is_err(), "a new hold never past the new limit");
+        drop(c);
+        assert_eq!(free(), 500);
+        assert_eq!(memory.debt.load(Ordering::Relaxed), 0);
+    }
+
+    /// Granules (answers) past a lowered limit: the same overdraft, and a raise after it
+    /// pays what is owed before freeing new bytes.
+    #[test]
+    fn an_answer_held_before_a_lowering_keeps_growing_in_granules() {
+        let memory = BodyMemory::new(Bodies::Responses, 4 * GRANULE);
+        let free = || memory.bytes.available_permits() as u64;
+        let mut a = memory.hold();
+        a.cover_in_granules(GRANULE).unwrap();
+        memory.resize(GRANULE);
+        a.cover_in_granules(3 * GRANULE).unwrap();
+        assert_eq!(a.held(), 3 * GRANULE);
+        assert!(memory.hold().cover_in_granules(1).is_err());
+        memory.resize(2 * GRANULE);
+        assert_eq!(free(), 0, "3 granules held of 2");
+        drop(a);
+        assert_eq!(free(), 2 * GRANULE);
+        assert_eq!(memory.debt.load(Ordering::Relaxed), 0);
     }
 }

@@ -288,7 +288,7 @@ impl Gateway {
         let reaper = previous
             .map(|g| g.reaper.clone())
             .filter(|r| r.send_timeout() == send_timeout)
-            .unwrap_or_else(|| Reaper::new(send_timeout));
+            .unwrap_or_else(|| Reaper::new(send_timeout, shutdown.clone()));
         // The bodies' memory is one across reloads, resized in place: bodies held count
         // against the new limit (audit IB 2: a new memory beside the old let a second
         // limit's worth in).

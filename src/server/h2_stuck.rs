@@ -115,7 +115,7 @@ mod tests {
             let mut builder = http2::Builder::new(TokioExecutor::new());
             builder.timer(TokioTimer::new());
             let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-            let reaper = Reaper::new(SEND);
+            let reaper = Reaper::new(SEND, Signal::new());
             let writes = ClientWrites::default();
             let held: Arc<Mutex<Vec<Open>>> = Arc::default();
             let service = |streams: Streams| {

@@ -22,8 +22,14 @@
 //!   HTTP/2 `RST_STREAM` with `CANCEL`), as an HTTP/1 client finds its connection closed; the
 //!   request counts as `origin="client"`.
 //!
-//! A stream whose upstream went at the deadline and whose client then leaves without reading
-//! again was ended by the deadline all the same: the watchdog asks [`ReapedBy`] when it is
+//! - at the end of the shutdown grace (the cut), every stream still open: the watchdog sees
+//!   the cut only when polled, so a client not reading then (a full socket buffer, an HTTP/2
+//!   stream without window) held its upstream call until the connections were closed two
+//!   seconds later, and was counted as leaving (audit AD 2). A client that reads again gets
+//!   the `shutdown` event.
+//!
+//! A stream whose upstream went at the deadline or the cut and whose client then leaves
+//! without reading again was ended by the deadline (or the shutdown) all the same: the watchdog asks [`ReapedBy`] when it is
 //! dropped unfinished, so that the request counts as `origin="deadline"`, not the client's.
 //!
 //! Over HTTP/2 the client's stream is reset only when hyper polls the reaped body, and hyper
@@ -61,6 +67,7 @@ use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
 
 use crate::http::conn::{ClientWrites, Streams, Unpolled};
+use crate::stream::signal::Signal;
 
 /// Stall checks per `send_timeout`.
 const CHECKS: u32 = 4;
@@ -84,6 +91,8 @@ struct Wheel {
     early: Notify,
     /// The task has been spawned (on the first stream, from within the runtime).
     started: AtomicBool,
+    /// The shutdown's cut: every stream still open is reaped then, and any opened after.
+    cut: Signal,
 }
 
 struct Queue {
@@ -97,7 +106,8 @@ struct Queue {
 trait Check: Send + Sync {
     /// At `now`: the reason to drop the upstream, or when to look again (which the stream
     /// records as its place in the queue), or `None` once the body is gone.
-    fn check(&self, now: Instant, every: Duration, send_timeout: Duration) -> Verdict;
+    /// `cut`: the shutdown's cut has come, and every stream goes.
+    fn check(&self, now: Instant, every: Duration, send_timeout: Duration, cut: bool) -> Verdict;
     fn reap(&self, why: Reaped);
     /// Why the reaper dropped the body, if it did.
     fn reaped(&self) -> Option<Reaped>;
@@ -110,9 +120,10 @@ enum Verdict {
 }
 
 impl Reaper {
-    /// A reaper for streams whose client may take nothing for `send_timeout`. Its task starts
-    /// with the first stream and ends once the reaper and all its streams are dropped.
-    pub fn new(send_timeout: Duration) -> Self {
+    /// A reaper for streams whose client may take nothing for `send_timeout`, all of which
+    /// go when `cut` fires. Its task starts with the first stream and ends once the reaper
+    /// and all its streams are dropped.
+    pub fn new(send_timeout: Duration, cut: Signal) -> Self {
         Self {
             wheel: Arc::new(Wheel {
                 every: (send_timeout / CHECKS).max(Duration::from_millis(1)),
@@ -124,6 +135,7 @@ impl Reaper {
                 }),
                 early: Notify::new(),
                 started: AtomicBool::new(false),
+                cut,
             }),
         }
     }
@@ -157,7 +169,12 @@ impl Reaper {
         if !wheel.started.load(Ordering::Relaxed) && !wheel.started.swap(true, Ordering::AcqRel) {
             tokio::spawn(turn_forever(wheel.clone()));
         }
-        let when = (Instant::now() + wheel.every).min(deadline);
+        // Opened after the cut (a request whose head came just before it): due at once.
+        let when = if wheel.cut.is_fired() {
+            Instant::now()
+        } else {
+            (Instant::now() + wheel.every).min(deadline)
+        };
         let mut queue = wheel.lock();
         let id = queue.next_id;
         queue.next_id += 1;
@@ -194,12 +211,12 @@ impl Wheel {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Looks at every stream due by `now`, puts each one back at its next look or into
-    /// `reap`, and returns when the task is to wake next.
-    fn turn(&self, now: Instant, reap: &mut Vec<(Arc<dyn Check>, Reaped)>) -> Instant {
+    /// Looks at every stream due by `now` (every stream, once `cut`), puts each one back at
+    /// its next look or into `reap`, and returns when the task is to wake next.
+    fn turn(&self, now: Instant, cut: bool, reap: &mut Vec<(Arc<dyn Check>, Reaped)>) -> Instant {
         let mut queue = self.lock();
         while let Some(entry) = queue.due.first_entry() {
-            if entry.key().0 > now {
+            if entry.key().0 > now && !cut {
                 break;
             }
             let ((_, id), stream) = entry.remove_entry();
@@ -207,7 +224,7 @@ impl Wheel {
             let Some(stream) = stream.upgrade() else {
                 continue;
             };
-            match stream.check(now, self.every, self.send_timeout) {
+            match stream.check(now, self.every, self.send_timeout, cut) {
                 Verdict::Again(when) => {
                     queue.due.insert((when, id), Arc::downgrade(&stream));
                 }
@@ -231,7 +248,8 @@ async fn turn_forever(wheel: Arc<Wheel>) {
     tokio::pin!(timer);
     // Only this task holds the wheel: the reaper and all its streams are gone.
     while Arc::strong_count(&wheel) > 1 {
-        let wakes = wheel.turn(Instant::now(), &mut reap);
+        let cut = wheel.cut.is_fired();
+        let wakes = wheel.turn(Instant::now(), cut, &mut reap);
         // Dropped outside the queue's lock: dropping an upstream body does I/O bookkeeping.
         for (stream, why) in reap.drain(..) {
             stream.reap(why);
@@ -240,6 +258,7 @@ async fn turn_forever(wheel: Arc<Wheel>) {
         tokio::select! {
             () = timer.as_mut() => {}
             () = wheel.early.notified() => {}
+            () = wheel.cut.fired(), if !cut => {}
         }
     }
 }
@@ -312,10 +331,13 @@ impl<B, H> Shared<B, H> {
 }
 
 impl<B: Send, H: Send> Check for Shared<B, H> {
-    fn check(&self, now: Instant, every: Duration, send_timeout: Duration) -> Verdict {
+    fn check(&self, now: Instant, every: Duration, send_timeout: Duration, cut: bool) -> Verdict {
         let mut up = self.lock();
         if up.body.is_none() {
             return Verdict::Gone;
+        }
+        if cut {
+            return Verdict::Reap(Reaped::Shutdown);
         }
         if now >= up.deadline {
             return Verdict::Reap(Reaped::Deadline);
@@ -385,6 +407,8 @@ pub enum Reaped {
     Deadline,
     #[error("the client took nothing for send_timeout ({}ms)", .0.as_millis())]
     Stalled(Duration),
+    #[error("the shutdown grace ended")]
+    Shutdown,
 }
 
 /// The error a reaped body is read with. Its source is an HTTP/2 `CANCEL`: hyper resets the
@@ -484,7 +508,7 @@ mod tests {
     async fn an_unpolled_body_is_dropped_at_the_deadline_with_its_slot() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
-        let reaper = Reaper::new(HOUR);
+        let reaper = Reaper::new(HOUR, Signal::new());
         let deadline = Instant::now() + Duration::from_millis(500);
         let mut body = reaper.guard(rx, Some(slot(&slots)), deadline, None, None);
         tx.send_data(Bytes::from_static(b"a")).await.unwrap();
@@ -505,9 +529,40 @@ mod tests {
         assert_eq!(why, Some(Reaped::Deadline));
     }
 
+    /// Audit AD 2: at the shutdown's cut every stream still open loses its upstream at
+    /// once, polled or not (a client not reading held it until its connection was closed),
+    /// and one opened after the cut goes at once too; a later poll reads why.
+    #[tokio::test(start_paused = true)]
+    async fn the_cut_drops_every_open_upstream_at_once() {
+        let cut = Signal::new();
+        let reaper = Reaper::new(HOUR, cut.clone());
+        let slots = Arc::new(tokio::sync::Semaphore::new(2));
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
+        let mut body = reaper.guard(rx, Some(slot(&slots)), Instant::now() + HOUR, None, None);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        cut.fire();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(
+            tx.send_data(Bytes::from_static(b"a")).await.is_err(),
+            "upstream dropped at the cut"
+        );
+        assert_eq!(slots.available_permits(), 2, "slot freed");
+        assert_eq!(body.reaped_by().get(), Some(Reaped::Shutdown));
+        let err = body.frame().await.unwrap().unwrap_err();
+        let why = err.downcast_ref::<ReapedError>().map(|e| e.why);
+        assert_eq!(why, Some(Reaped::Shutdown));
+
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
+        let late = reaper.guard(rx, None::<()>, Instant::now() + HOUR, None, None);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(tx.send_data(Bytes::from_static(b"a")).await.is_err());
+        assert_eq!(late.reaped_by().get(), Some(Reaped::Shutdown));
+        assert_eq!(queued(&reaper), 0);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_deadline_shorter_than_the_tasks_sleep_wakes_it_early() {
-        let reaper = Reaper::new(HOUR);
+        let reaper = Reaper::new(HOUR, Signal::new());
         let (_tx1, rx1) = Channel::<Bytes, std::io::Error>::new(1);
         let (mut tx2, rx2) = Channel::<Bytes, std::io::Error>::new(1);
         let _long = reaper.guard(rx1, None::<()>, Instant::now() + HOUR, None, None);
@@ -532,7 +587,7 @@ mod tests {
     async fn dropping_the_body_drops_the_upstream_and_the_slot_at_once() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
-        let reaper = Reaper::new(HOUR);
+        let reaper = Reaper::new(HOUR, Signal::new());
         let body = reaper.guard(
             rx,
             Some(slot(&slots)),
@@ -554,7 +609,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_task_ends_once_the_reaper_and_its_streams_are_gone() {
-        let reaper = Reaper::new(SEND);
+        let reaper = Reaper::new(SEND, Signal::new());
         let (_tx, rx) = Channel::<Bytes, std::io::Error>::new(1);
         let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, None, None);
         let wheel = Arc::downgrade(&reaper.wheel);
@@ -572,7 +627,7 @@ mod tests {
     async fn a_frame_the_client_never_makes_room_for_ends_the_upstream_after_send_timeout() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
         let slots = Arc::new(tokio::sync::Semaphore::new(1));
-        let reaper = Reaper::new(SEND);
+        let reaper = Reaper::new(SEND, Signal::new());
         let mut body = reaper.guard(rx, Some(slot(&slots)), Instant::now() + HOUR, None, None);
         tx.send_data(Bytes::from_static(b"a")).await.unwrap();
         body.frame().await.unwrap().unwrap();
@@ -595,7 +650,7 @@ mod tests {
     async fn streams_are_looked_at_on_their_own_clocks() {
         // Two stalled streams, the second opened half a send_timeout after the first: each is
         // reaped a send_timeout (and at most a quarter more) after its own last poll.
-        let reaper = Reaper::new(SEND);
+        let reaper = Reaper::new(SEND, Signal::new());
         let (mut tx1, rx1) = Channel::<Bytes, std::io::Error>::new(4);
         let (mut tx2, rx2) = Channel::<Bytes, std::io::Error>::new(4);
         let mut first = reaper.guard(rx1, None::<()>, Instant::now() + HOUR, None, None);
@@ -626,7 +681,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_upstream_or_a_slow_steady_reader_is_not_a_stall() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-        let reaper = Reaper::new(SEND);
+        let reaper = Reaper::new(SEND, Signal::new());
         let body = reaper.guard(rx, None::<()>, Instant::now() + HOUR, None, None);
         tokio::pin!(body);
         // The client waits on a silent upstream: polled, nothing handed out.
@@ -647,7 +702,7 @@ mod tests {
     /// body is polled (which resets the client's stream) or dropped; one never reaped, never.
     #[tokio::test(start_paused = true)]
     async fn a_reaped_stream_counts_on_its_connection_until_polled_or_dropped() {
-        let reaper = Reaper::new(HOUR);
+        let reaper = Reaper::new(HOUR, Signal::new());
         let streams = crate::http::conn::Streams::default();
         let soon = || Instant::now() + Duration::from_millis(100);
         let (_tx1, rx1) = Channel::<Bytes, std::io::Error>::new(1);
@@ -674,7 +729,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_sockets_late_signal_of_reading_keeps_the_stream() {
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-        let reaper = Reaper::new(SEND);
+        let reaper = Reaper::new(SEND, Signal::new());
         let writes = ClientWrites::default();
         let body = reaper.guard(
             rx,

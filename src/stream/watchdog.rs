@@ -165,18 +165,23 @@ pin_project! {
                 && this.sse.is_none()
             {
                 this.observer.finish(StreamEnd::Complete);
-            } else if matches!(this.state, State::Streaming)
-                && this.reaped.as_ref().and_then(ReapedBy::get) == Some(Reaped::Deadline)
+            } else if let (State::Streaming, Some(why @ (Reaped::Deadline | Reaped::Shutdown))) =
+                (&this.state, this.reaped.as_ref().and_then(ReapedBy::get))
             {
                 // The client left without reading again after the reaper ended the upstream
-                // call at the deadline: the deadline ended the stream, as it would have told
-                // a reader (`poll_frame`), not the client's departure.
+                // call at the deadline or at the shutdown's cut: that ended the stream, as it
+                // would have told a reader (`poll_frame`), not the client's departure (audit
+                // AD 2: a client not reading at the cut was counted `origin="client"`).
+                let err = match why {
+                    Reaped::Shutdown => GatewayError::Shutdown,
+                    _ => this.limits.deadline_error(),
+                };
                 let end = if this.progress.error_pending() {
                     StreamEnd::UpstreamErrorEvent
                 } else if this.progress.answer_ended() {
-                    whole_end(this.progress, this.limits.deadline_error().code())
+                    whole_end(this.progress, err.code())
                 } else {
-                    StreamEnd::Cut(this.limits.deadline_error())
+                    StreamEnd::Cut(err)
                 };
                 this.observer.finish(end);
             } else if matches!(this.state, State::Streaming)
@@ -437,6 +442,26 @@ where
                 )
             };
         }
+        // The shutdown's cut: seen by the body's own waiter, or as the reaper's error when it
+        // took the upstream first (the client was not reading at the cut).
+        macro_rules! shut_here {
+            () => {{
+                if this.progress.error_pending() {
+                    end_after_error(this.inner.as_mut(), this.state, this.observer);
+                } else if this.progress.answer_ended() {
+                    end_whole(
+                        this.inner.as_mut(),
+                        this.sse,
+                        this.state,
+                        this.observer,
+                        whole_end(this.progress, GatewayError::Shutdown.code()),
+                    );
+                } else {
+                    cut_here!(GatewayError::Shutdown);
+                }
+                continue;
+            }};
+        }
         loop {
             if let Some(b) = this.ready.pop_front() {
                 return hand_out(this.last_out, this.observer, b);
@@ -650,6 +675,13 @@ where
                 Poll::Ready(Some(Err(e))) => {
                     let e: BoxError = e.into();
                     if let Some(ReapedError {
+                        why: Reaped::Shutdown,
+                        ..
+                    }) = e.downcast_ref::<ReapedError>()
+                    {
+                        shut_here!();
+                    }
+                    if let Some(ReapedError {
                         why: Reaped::Stalled(_),
                         ..
                     }) = e.downcast_ref::<ReapedError>()
@@ -707,22 +739,7 @@ where
                 Poll::Pending => {
                     if let Some(s) = this.shutdown.as_mut() {
                         if s.poll_fired(cx).is_ready() {
-                            if this.progress.error_pending() {
-                                end_after_error(this.inner.as_mut(), this.state, this.observer);
-                                continue;
-                            }
-                            if this.progress.answer_ended() {
-                                end_whole(
-                                    this.inner.as_mut(),
-                                    this.sse,
-                                    this.state,
-                                    this.observer,
-                                    whole_end(this.progress, GatewayError::Shutdown.code()),
-                                );
-                                continue;
-                            }
-                            cut_here!(GatewayError::Shutdown);
-                            continue;
+                            shut_here!();
                         }
                     }
                     if this.timer.poll(cx).is_pending() {

@@ -605,3 +605,68 @@ async fn a_call_the_clients_upload_left_too_little_for_says_not_to_retry() {
         );
     }
 }
+
+/// Audit AD 1: a reload that lowered `request_body_memory` failed uploads in flight, 503
+/// `overloaded` mid-upload, although they had been admitted to the larger memory. Now a body
+/// that began before the lowering grows within the limit it started under, while a new body
+/// of the same size is judged against the new limit and refused.
+#[tokio::test]
+async fn an_upload_in_flight_survives_a_reload_that_lowers_the_bodies_memory() {
+    const SIZE: usize = 300_000;
+    const SENT: usize = 100_000;
+    let cfg = |memory: usize| {
+        BASE.replace(
+            "[server]\n",
+            &format!("[server]\nmax_request_body = {SIZE}\nrequest_body_memory = {memory}\n"),
+        )
+    };
+    let h = Harness::with_config(&cfg(1_000_000)).await;
+    let pad = SIZE - r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"pad":""}"#.len();
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"pad":"{}"}}"#,
+        "y".repeat(pad)
+    );
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+         connection: close\r\ncontent-length: {SIZE}\r\n\r\n{body}"
+    )
+    .into_bytes();
+    let head = request.len() - SIZE;
+    // Three uploads a third of the way in: 300,000 bytes or more held, of 1,000,000.
+    let mut uploads = Vec::new();
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
+        s.write_all(&request[..head + SENT]).await.unwrap();
+        uploads.push(s);
+    }
+    // Let their bytes be read before the memory is lowered.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lowered = cfg(SIZE).replace("{FAKE}", &h.fake.url());
+    h.gw.apply(Config::from_toml(&lowered, "test.toml").unwrap())
+        .await
+        .unwrap();
+
+    // A new upload of the same size does not fit the lowered memory beside them.
+    let mut new = tokio::net::TcpStream::connect(h.addr()).await.unwrap();
+    let (mut reader, mut writer) = new.split();
+    let (_, answer) = tokio::join!(writer.write_all(&request), async {
+        let mut answer = Vec::new();
+        let _ = reader.read_to_end(&mut answer).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    });
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.contains(&format!("request_body_memory ({SIZE} bytes)")),
+        "{answer}"
+    );
+
+    // The three in flight end their uploads, 900,000 bytes in all, and are served.
+    for mut s in uploads {
+        s.write_all(&request[head + SENT..]).await.unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).await.unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    assert_eq!(h.fake.requests().len(), 3);
+}

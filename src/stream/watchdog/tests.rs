@@ -479,7 +479,8 @@ async fn a_client_that_stalls_for_send_timeout_is_ended_by_it() {
     for reads_again in [true, false] {
         let send_timeout = ms(400);
         let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-        let reaper = crate::stream::reaper::Reaper::new(send_timeout);
+        let reaper =
+            crate::stream::reaper::Reaper::new(send_timeout, crate::stream::signal::Signal::new());
         let reapable = reaper.guard(rx, None::<()>, Instant::now() + ms(60_000), None, None);
         let reaped = reapable.reaped_by();
         let probe = Probe::default();
@@ -534,7 +535,8 @@ async fn a_client_that_stalls_for_send_timeout_is_ended_by_it() {
 async fn a_client_that_leaves_after_the_reaper_took_its_upstream_at_the_deadline_counts_as_the_deadline(
 ) {
     let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
-    let reaper = crate::stream::reaper::Reaper::new(ms(60_000));
+    let reaper =
+        crate::stream::reaper::Reaper::new(ms(60_000), crate::stream::signal::Signal::new());
     let l = limits(1000, 1000, 500);
     let reapable = reaper.guard(rx, None::<()>, l.deadline, None, None);
     let reaped = reapable.reaped_by();
@@ -558,6 +560,49 @@ async fn a_client_that_leaves_after_the_reaper_took_its_upstream_at_the_deadline
     let s = probe.0.lock().unwrap();
     assert_eq!(s.end.as_deref(), Some("deadline_exceeded"));
     assert!(s.dropped);
+}
+
+/// Audit AD 2: a client not reading at the shutdown's cut, whose upstream the reaper then
+/// ended, counts as the shutdown whether it leaves without reading again or reads again (and
+/// then gets the `shutdown` event), not as leaving.
+#[tokio::test(start_paused = true)]
+async fn a_stream_the_reaper_took_at_the_cut_counts_as_the_shutdown() {
+    for reads_again in [false, true] {
+        let (mut tx, rx) = Channel::<Bytes, std::io::Error>::new(4);
+        let cut = crate::stream::signal::Signal::new();
+        let reaper = crate::stream::reaper::Reaper::new(ms(60_000), cut.clone());
+        let l = limits(1000, 1000, 5000);
+        let reapable = reaper.guard(rx, None::<()>, l.deadline, None, None);
+        let reaped = reapable.reaped_by();
+        let probe = Probe::default();
+        let mut b = Box::pin(WatchdogBody::new(reapable, true, l, probe.clone()));
+        b.watch_reaper(reaped);
+        tx.send_data(Bytes::from_static(b"data: a\n\n"))
+            .await
+            .unwrap();
+        b.frame().await.unwrap().unwrap();
+        // Not polled again: only the reaper sees the cut.
+        cut.fire();
+        tokio::time::sleep(ms(10)).await;
+        assert!(
+            tx.send_data(Bytes::from_static(b"data: b\n\n"))
+                .await
+                .is_err(),
+            "upstream dropped at the cut"
+        );
+        if reads_again {
+            let event = b.frame().await.unwrap().unwrap().into_data().unwrap();
+            let event = String::from_utf8_lossy(&event).into_owned();
+            assert!(event.contains("\"code\":\"shutdown\""), "{event}");
+        }
+        drop(b);
+        let s = probe.0.lock().unwrap();
+        assert_eq!(
+            s.end.as_deref(),
+            Some("shutdown"),
+            "reads again: {reads_again}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -370,3 +370,67 @@ async fn drain_delay_ends_on_its_own_and_then_the_listener_refuses() {
         .expect("shutdown returned")
         .unwrap();
 }
+
+/// Audit AD 2: a client not reading at the grace's end (its socket buffer full) was not cut
+/// there: the watchdog sees the cut only when polled, so its upstream call went on until the
+/// connections were closed two seconds later, and it was counted `origin="client"`. Now its
+/// upstream goes at the cut, it counts once as `shutdown`, and a client that reads again
+/// before its connection is closed gets the `shutdown` event.
+#[tokio::test]
+async fn a_client_not_reading_at_the_cut_loses_its_upstream_there_and_counts_as_shutdown() {
+    let h = Harness::with_config(
+        &BASE
+            .replace("[server]\n", "[server]\nshutdown_grace = \"1s\"\n")
+            .replace("idle_timeout = \"1s\"", "idle_timeout = \"20s\""),
+    )
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut client = socket.connect(h.gw.addr).await.unwrap();
+    let body = r#"{"model":"gpt-test","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n\
+         x-fake-chunks: 1000000\r\nx-fake-interval-ms: 0\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.fake.connections().is_empty() {
+        assert!(Instant::now() < deadline, "never sent upstream");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The client reads nothing: the buffers between it and the upstream fill (the gateway's
+    // socket buffer grows to a few MB; the fake fills it in about a second).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let Harness { gw, fake } = h;
+    let metrics = gw.metrics.clone();
+    let stopping = tokio::spawn(gw.shutdown());
+    let conn = fake.connections()[0].id;
+    fake.wait_closed(conn, Duration::from_secs(10))
+        .await
+        .expect("the upstream connection was closed");
+    // At the cut, not at the connections' close two seconds later: the client's connection
+    // is still open, and reading again it gets the event that says why its stream ended.
+    assert!(
+        !stopping.is_finished(),
+        "closed only when the gateway ended"
+    );
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut got)).await;
+    let text = String::from_utf8_lossy(&got);
+    let tail = &text[text.len().saturating_sub(400)..];
+    assert!(
+        tail.contains("event: error") && tail.contains("\"code\":\"shutdown\""),
+        "{tail}"
+    );
+    stopping.await.unwrap();
+    let text = metrics.encode();
+    assert!(
+        text.contains("hourglass_cancellations_total{origin=\"shutdown\",route=\"chat\"} 1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("hourglass_cancellations_total{origin=\"client\",route=\"chat\"} 1"),
+        "{text}"
+    );
+}
