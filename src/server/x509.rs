@@ -444,8 +444,9 @@ fn escape(out: &mut String, value: &str) {
             ' ' if i == 0 || i == last => out.push_str("\\ "),
             // Control characters as RFC 4514's hex pairs: a subject is whatever the client's
             // certificate says, and a newline or an escape sequence in it would forge log
-            // lines in the text format.
-            c if c.is_control() => {
+            // lines in the text format; so would a line separator, and a bidi or zero-width
+            // character would disguise the name (the access log's rule, audit AG 1).
+            c if crate::http::headers::invisible(c) => {
                 let mut utf8 = [0u8; 4];
                 for b in c.encode_utf8(&mut utf8).bytes() {
                     let _ = write!(out, "\\{b:02X}");
@@ -625,6 +626,9 @@ mod tests {
         let mut forged = String::new();
         escape(&mut forged, "evil\n2026 INFO forged\x1b[31m\u{85}\0");
         assert_eq!(forged, "evil\\0A2026 INFO forged\\1B[31m\\C2\\85\\00");
+        let mut hidden = String::new();
+        escape(&mut hidden, "ok\u{2028}2026 INFO forged \u{202e}gpj");
+        assert_eq!(hidden, "ok\\E2\\80\\A82026 INFO forged \\E2\\80\\AEgpj");
         let mut hash_first = String::new();
         escape(&mut hash_first, "#1");
         assert_eq!(hash_first, "\\#1");
