@@ -3,8 +3,6 @@
 //! `max_tokens`, a string split inside a surrogate pair. The routes and helpers are
 //! `stream_upstream.rs`'s.
 
-use std::time::Duration;
-
 use super::stream_upstream::{post, CONFIG};
 use crate::support::{json_body, read_body, Harness};
 
@@ -37,12 +35,7 @@ async fn an_empty_finish_reason_leaves_the_answer_open() {
         )
     };
     let h = Harness::with_config(CONFIG).await;
-    let replay = || {
-        h.fake.set_replay(Some(hourglass_fake::Replay::sse(
-            &whole,
-            Duration::from_millis(1),
-        )))
-    };
+    let replay = || h.replay(&whole);
     // The upstream closes after two chunks.
     replay();
     let cut = [("x-fake-disconnect-after", "2")];
@@ -120,10 +113,7 @@ async fn a_tool_input_cut_by_max_tokens_is_answered_once() {
         r#"{"type":"message_stop"}"#,
     ]);
     let h = Harness::with_config(CONFIG).await;
-    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
-        &stream,
-        Duration::from_millis(1),
-    )));
+    h.replay(&stream);
     let (resp, _c) = h.send(post("/v1/messages", ASK.into(), &[])).await;
     assert_eq!(resp.status(), 200);
     assert!(resp.headers().get("x-hourglass-partial").is_none());
@@ -160,19 +150,13 @@ async fn a_block_delta_that_cannot_be_read_is_a_502() {
         r#"{"type":"message_stop"}"#,
     ]);
     let h = Harness::with_config(CONFIG).await;
-    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
-        &stream,
-        Duration::from_millis(1),
-    )));
+    h.replay(&stream);
     let (resp, _c) = h.send(post("/v1/messages", ASK.into(), &[])).await;
     assert_eq!(resp.status(), 502);
     let error = json_body(resp).await;
     let message = error["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("event 4 of the stream"), "{error}");
-    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
-        &stream,
-        Duration::from_millis(1),
-    )));
+    h.replay(&stream);
     let streamed = ASK.replacen('{', r#"{"stream":true,"#, 1);
     let (resp, _c) = h.send(post("/v1/messages", streamed, &[])).await;
     assert_eq!(resp.status(), 200);

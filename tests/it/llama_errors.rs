@@ -31,13 +31,6 @@ async fn harness() -> Harness {
     Harness::with_config(&config).await
 }
 
-fn replay(h: &Harness, stream: &str) {
-    h.fake.set_replay(Some(hourglass_fake::Replay::sse(
-        stream,
-        Duration::from_millis(1),
-    )));
-}
-
 /// A streaming request on `model`'s route: its status and body.
 async fn stream(h: &Harness, model: &str) -> (u16, String) {
     let body = format!(r#"{{"model":"{model}","stream":true,"messages":[]}}"#);
@@ -105,10 +98,9 @@ async fn counted(h: &Harness, sample: &str, want: f64) {
 #[tokio::test]
 async fn after_output_the_client_reads_the_providers_error() {
     let h = harness().await;
-    replay(
-        &h,
-        &format!("data: {CHUNK}\n\nerror: {ERROR}\n\ndata: [DONE]\n\n"),
-    );
+    h.replay(&format!(
+        "data: {CHUNK}\n\nerror: {ERROR}\n\ndata: [DONE]\n\n"
+    ));
     let (status, body) = stream(&h, "plain").await;
     assert_eq!(status, 200);
     assert!(
@@ -140,7 +132,7 @@ async fn after_output_the_client_reads_the_providers_error() {
 #[tokio::test]
 async fn before_output_a_4xx_is_not_failed_over_and_a_5xx_is() {
     let h = harness().await;
-    replay(&h, &format!("error: {ERROR}\n\ndata: [DONE]\n\n"));
+    h.replay(&format!("error: {ERROR}\n\ndata: [DONE]\n\n"));
     let before = h.fake.requests().len();
     let (status, body) = stream(&h, "fallback").await;
     assert_eq!(status, 200);
@@ -154,10 +146,7 @@ async fn before_output_a_4xx_is_not_failed_over_and_a_5xx_is() {
         .as_str()
         .unwrap()
         .ends_with(MESSAGE));
-    replay(
-        &h,
-        "error: {\"code\":503,\"message\":\"loading model\"}\n\ndata: [DONE]\n\n",
-    );
+    h.replay("error: {\"code\":503,\"message\":\"loading model\"}\n\ndata: [DONE]\n\n");
     let before = h.fake.requests().len();
     let (_, body) = stream(&h, "fallback").await;
     assert_eq!(h.fake.requests().len() - before, 2, "a 503 is failed over");
@@ -177,7 +166,7 @@ async fn any_value_gives_the_message() {
         ("the model crashed: {oops}", "the model crashed: {oops}"),
         (r#""server busy""#, "server busy"),
     ] {
-        replay(&h, &format!("data: {CHUNK}\n\nerror: {value}\n\n"));
+        h.replay(&format!("data: {CHUNK}\n\nerror: {value}\n\n"));
         let (_, body) = stream(&h, "plain").await;
         let error = gateway_error(&body);
         assert!(
@@ -197,7 +186,7 @@ async fn any_value_gives_the_message() {
 async fn a_client_that_did_not_stream_gets_the_providers_status_and_message() {
     let h = harness().await;
     for head in [format!("data: {CHUNK}\n\n"), String::new()] {
-        replay(&h, &format!("{head}error: {ERROR}\n\ndata: [DONE]\n\n"));
+        h.replay(&format!("{head}error: {ERROR}\n\ndata: [DONE]\n\n"));
         let (resp, _c) = h.send(crate::stream_upstream::chat("watched", &[])).await;
         assert_eq!(resp.status(), 400);
         let got = json_body(resp).await;
@@ -212,7 +201,7 @@ async fn a_client_that_did_not_stream_gets_the_providers_status_and_message() {
 async fn a_block_with_data_and_an_error_field_is_delivered() {
     let h = harness().await;
     let upstream = format!("error: {ERROR}\ndata: {CHUNK}\n\ndata: {FINISH}\n\ndata: [DONE]\n\n");
-    replay(&h, &upstream);
+    h.replay(&upstream);
     let (status, body) = stream(&h, "plain").await;
     assert_eq!(status, 200);
     assert_eq!(body, upstream);
@@ -235,10 +224,9 @@ async fn a_block_past_the_hold_ends_with_the_error_event() {
     // cannot also bring its end, which would complete it (and replace it whole).
     let long = "x".repeat(2 * 1_048_576);
     let head = format!("data: {CHUNK}\n\n");
-    replay(
-        &h,
-        &format!("{head}error: {{\"code\":400,\"message\":\"{long}\"}}\n\ndata: [DONE]\n\n"),
-    );
+    h.replay(&format!(
+        "{head}error: {{\"code\":400,\"message\":\"{long}\"}}\n\ndata: [DONE]\n\n"
+    ));
     let (status, body) = stream(&h, "plain").await;
     assert_eq!(status, 200);
     // Part of the block went out before its end came; its end did not.
@@ -268,10 +256,7 @@ async fn a_block_past_the_hold_ends_with_the_error_event() {
 #[tokio::test]
 async fn a_503_block_down_the_chain_is_failed_over_at_the_front() {
     let inner = harness().await;
-    replay(
-        &inner,
-        "error: {\"code\":503,\"message\":\"loading model\"}\n\ndata: [DONE]\n\n",
-    );
+    inner.replay("error: {\"code\":503,\"message\":\"loading model\"}\n\ndata: [DONE]\n\n");
     let front = Harness::with_config(&format!(
         "{CONFIG}\n[upstreams.inner]\nurl = \"http://{}\"\nauth = \"none\"\n\
          model = \"plain\"\n\n\
@@ -300,7 +285,7 @@ async fn a_503_block_down_the_chain_is_failed_over_at_the_front() {
     // `upstream_error`, which the front failed over as a broken upstream where one gateway
     // passes it on. It is `other`, passed on at the front too.
     for block in [r#"{"code":409,"message":"conflict"}"#, "just some text"] {
-        replay(&inner, &format!("error: {block}\n\ndata: [DONE]\n\n"));
+        inner.replay(&format!("error: {block}\n\ndata: [DONE]\n\n"));
         let (_, body) = stream(&inner, "plain").await;
         assert_eq!(gateway_error(&body)["type"], "other", "{block}");
         let (status, body) = stream(&front, "chained").await;

@@ -86,6 +86,15 @@ impl Harness {
         self.gw.addr
     }
 
+    /// The fake provider answers the next requests with `stream`'s SSE events as they are,
+    /// one a millisecond.
+    pub fn replay(&self, stream: &str) {
+        self.fake.set_replay(Some(hourglass_fake::Replay::sse(
+            stream,
+            Duration::from_millis(1),
+        )));
+    }
+
     /// Sends a request on a fresh connection and returns the response head.
     pub async fn send(&self, req: Request<Full<Bytes>>) -> (Response<Incoming>, Conn) {
         let conn = Conn::open(self.addr()).await;
